@@ -1,0 +1,3 @@
+from souq.client.cli import main
+
+main()

@@ -1,0 +1,20 @@
+"""The bus between brokers and workers: subjects, codec and transports."""
+
+from souq.bus import subjects
+from souq.bus.codec import decode, encode, error_reply, ok_reply, unwrap
+from souq.bus.memory import MemoryTransport, subject_matches
+from souq.bus.transport import Handler, Subscription, Transport
+
+__all__ = [
+    "Handler",
+    "MemoryTransport",
+    "Subscription",
+    "Transport",
+    "decode",
+    "encode",
+    "error_reply",
+    "ok_reply",
+    "subject_matches",
+    "subjects",
+    "unwrap",
+]

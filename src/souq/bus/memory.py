@@ -1,0 +1,118 @@
+"""An in-memory transport with NATS's subject semantics, for unit tests and the simulator."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from souq.bus.transport import Handler
+from souq.errors import Unavailable
+
+__all__ = ["MemoryTransport", "subject_matches"]
+
+
+def subject_matches(pattern: str, subject: str) -> bool:
+    """NATS wildcard matching: ``*`` matches one token, ``>`` the rest."""
+    p_tokens = pattern.split(".")
+    s_tokens = subject.split(".")
+    for i, tok in enumerate(p_tokens):
+        if tok == ">":
+            return len(s_tokens) > i
+        if i >= len(s_tokens) or (tok != "*" and tok != s_tokens[i]):
+            return False
+    return len(p_tokens) == len(s_tokens)
+
+
+@dataclass
+class _Sub:
+    pattern: str
+    handler: Handler
+    queue: str | None
+    bus: MemoryTransport
+
+    async def unsubscribe(self) -> None:
+        if self in self.bus._subs:
+            self.bus._subs.remove(self)
+
+
+class MemoryTransport:
+    """All peers share one instance. Handlers run as tasks, as on NATS."""
+
+    def __init__(self) -> None:
+        self._subs: list[_Sub] = []
+        self._tasks: set[asyncio.Task[bytes | None]] = set()
+        self.connected_flag = True
+
+    @property
+    def connected(self) -> bool:
+        return self.connected_flag
+
+    def _targets(self, subject: str) -> list[_Sub]:
+        out: list[_Sub] = []
+        queues: set[str] = set()
+        for sub in self._subs:
+            if subject_matches(sub.pattern, subject):
+                if sub.queue is not None:
+                    if sub.queue in queues:
+                        continue
+                    queues.add(sub.queue)
+                out.append(sub)
+        return out
+
+    def _spawn(self, sub: _Sub, subject: str, data: bytes) -> asyncio.Task[bytes | None]:
+        task = asyncio.create_task(sub.handler(subject, data))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def _check(self) -> None:
+        if not self.connected_flag:
+            raise Unavailable("the bus is down")
+
+    async def publish(self, subject: str, data: bytes) -> None:
+        self._check()
+        for sub in self._targets(subject):
+            self._spawn(sub, subject, data)
+
+    async def request(self, subject: str, data: bytes, timeout: float) -> bytes:
+        self._check()
+        targets = self._targets(subject)
+        if not targets:
+            raise Unavailable(f"nobody answers on {subject}")
+        try:
+            reply = await asyncio.wait_for(self._spawn(targets[0], subject, data), timeout)
+        except TimeoutError as exc:
+            raise Unavailable(f"no reply on {subject} within {timeout:g}s") from exc
+        if reply is None:
+            raise Unavailable(f"no reply on {subject}")
+        return reply
+
+    async def gather(
+        self, subject: str, data: bytes, *, expect: int | None, timeout: float
+    ) -> list[bytes]:
+        self._check()
+        tasks = [self._spawn(sub, subject, data) for sub in self._targets(subject)]
+        replies: list[bytes] = []
+        if not tasks:
+            return replies
+        try:
+            async with asyncio.timeout(timeout):
+                for next_done in asyncio.as_completed(tasks):
+                    reply = await next_done
+                    if reply is not None:
+                        replies.append(reply)
+                    if expect is not None and len(replies) >= expect:
+                        break
+        except TimeoutError:
+            pass
+        return replies
+
+    async def subscribe(self, subject: str, handler: Handler, *, queue: str | None = None) -> _Sub:
+        sub = _Sub(subject, handler, queue, self)
+        self._subs.append(sub)
+        return sub
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        self._subs.clear()

@@ -1,0 +1,48 @@
+"""The one transport interface: NATS in production, in-memory for unit tests and the simulator.
+
+A handler receives the subject and the payload of a message; when the message expects a reply, the
+bytes the handler returns are sent back. Each message is handled in its own task, owned by the
+transport, so a slow handler (a ``wait``) never holds up the next message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol
+
+__all__ = ["Handler", "Subscription", "Transport"]
+
+Handler = Callable[[str, bytes], Coroutine[Any, Any, bytes | None]]
+
+
+class Subscription(Protocol):
+    async def unsubscribe(self) -> None: ...
+
+
+class Transport(Protocol):
+    @property
+    def connected(self) -> bool:
+        """Whether messages can flow right now."""
+        ...
+
+    async def publish(self, subject: str, data: bytes) -> None:
+        """Fire and forget."""
+        ...
+
+    async def request(self, subject: str, data: bytes, timeout: float) -> bytes:
+        """One reply from one responder. Raises :class:`souq.errors.Unavailable` when nobody
+        answers in time or nobody listens."""
+        ...
+
+    async def gather(
+        self, subject: str, data: bytes, *, expect: int | None, timeout: float
+    ) -> list[bytes]:
+        """Scatter ``data`` and collect replies until ``expect`` have arrived or ``timeout``
+        passes, whichever is first. Never raises for missing replies: the caller counts them."""
+        ...
+
+    async def subscribe(
+        self, subject: str, handler: Handler, *, queue: str | None = None
+    ) -> Subscription: ...
+
+    async def close(self) -> None: ...

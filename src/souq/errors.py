@@ -1,0 +1,151 @@
+"""Souq's one error tree.
+
+Every error a user can see is a :class:`SouqError`. Each carries a human message, an optional
+hint naming what to do, a stable machine-readable ``status`` code and the HTTP status it maps to.
+Lower layers (SQLite, NATS, the OS) raise their own exceptions; they are translated into this
+tree at the boundary that catches them, so nothing above a boundary handles foreign errors::
+
+    SouqError                      500 internal
+    ├── InvalidInput               422 invalid_input     (a field of a request is wrong)
+    │   ├── MalformedRequest       400 malformed_request (the body is not JSON at all)
+    │   └── UnknownRegion          422 unknown_region
+    ├── NotFound                   404 not_found
+    ├── Conflict                   409 conflict
+    │   ├── IllegalTransition      409 illegal_transition (e.g. start a destroyed machine)
+    │   ├── IdempotencyConflict    409 idempotency_conflict (same key, different body)
+    │   └── ClaimRefused           409 claim_refused      (a worker refused a claim; internal)
+    ├── InsufficientCapacity       409 insufficient_capacity (carries the placement record)
+    ├── WaitTimeout                408 timeout
+    ├── Unavailable                503 unavailable       (NATS or the owning worker is unreachable)
+    └── StorageError               500 storage_error     (the agent's state file failed)
+
+The CLI exits with status 3 for :class:`InsufficientCapacity` and 1 for every other error.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+__all__ = [
+    "ClaimRefused",
+    "Conflict",
+    "IdempotencyConflict",
+    "IllegalTransition",
+    "InsufficientCapacity",
+    "InvalidInput",
+    "MalformedRequest",
+    "NotFound",
+    "SouqError",
+    "StorageError",
+    "Unavailable",
+    "UnknownRegion",
+    "WaitTimeout",
+    "error_from_body",
+]
+
+
+class SouqError(Exception):
+    """Base of every error Souq reports to a user."""
+
+    status: ClassVar[str] = "internal"
+    http_status: ClassVar[int] = 500
+
+    def __init__(
+        self, message: str, *, hint: str | None = None, details: dict[str, Any] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        self.details = details or {}
+
+    def to_body(self) -> dict[str, Any]:
+        """The JSON body of an API error: ``{error, status, hint?, ...details}``."""
+        body: dict[str, Any] = {"error": self.message, "status": self.status}
+        if self.hint:
+            body["hint"] = self.hint
+        body.update(self.details)
+        return body
+
+    def __str__(self) -> str:
+        return f"{self.message} ({self.hint})" if self.hint else self.message
+
+
+class InvalidInput(SouqError):
+    status = "invalid_input"
+    http_status = 422
+
+
+class MalformedRequest(InvalidInput):
+    status = "malformed_request"
+    http_status = 400
+
+
+class UnknownRegion(InvalidInput):
+    status = "unknown_region"
+    http_status = 422
+
+
+class NotFound(SouqError):
+    status = "not_found"
+    http_status = 404
+
+
+class Conflict(SouqError):
+    status = "conflict"
+    http_status = 409
+
+
+class IllegalTransition(Conflict):
+    status = "illegal_transition"
+
+
+class IdempotencyConflict(Conflict):
+    status = "idempotency_conflict"
+
+
+class ClaimRefused(Conflict):
+    status = "claim_refused"
+
+
+class InsufficientCapacity(SouqError):
+    status = "insufficient_capacity"
+    http_status = 409
+
+
+class WaitTimeout(SouqError):
+    status = "timeout"
+    http_status = 408
+
+
+class Unavailable(SouqError):
+    status = "unavailable"
+    http_status = 503
+
+
+class StorageError(SouqError):
+    status = "storage_error"
+    http_status = 500
+
+
+def _all_subclasses(cls: type[SouqError]) -> list[type[SouqError]]:
+    out: list[type[SouqError]] = [cls]
+    for sub in cls.__subclasses__():
+        out.extend(_all_subclasses(sub))
+    return out
+
+
+_BY_STATUS: dict[str, type[SouqError]] = {c.status: c for c in _all_subclasses(SouqError)}
+
+
+def error_from_body(body: dict[str, Any], http_status: int | None = None) -> SouqError:
+    """Rebuild a typed error from an API or bus error body (the inverse of ``to_body``)."""
+    status = str(body.get("status", "internal"))
+    cls = _BY_STATUS.get(status, SouqError)
+    details = {k: v for k, v in body.items() if k not in {"error", "status", "hint"}}
+    err = cls(str(body.get("error", "unknown error")), hint=body.get("hint"), details=details)
+    if cls is SouqError and status != "internal":
+        # An unknown code from a newer peer: keep its code and HTTP status visible.
+        err.status = status  # type: ignore[misc]
+        if http_status is not None:
+            err.http_status = http_status  # type: ignore[misc]
+    return err

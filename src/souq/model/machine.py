@@ -1,0 +1,155 @@
+"""Machines: the config a user asks for, and the machine record a worker keeps."""
+
+from __future__ import annotations
+
+import re
+import signal as _signal
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from souq.model.base import Input, Record
+from souq.model.placement import Placement
+from souq.model.resources import Resources
+
+__all__ = [
+    "APP_NAME_PATTERN",
+    "GuestConfig",
+    "Machine",
+    "MachineConfig",
+    "MachineEvent",
+    "MachineState",
+    "RestartConfig",
+    "RestartPolicy",
+    "StopConfig",
+    "normalise_signal",
+]
+
+APP_NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
+_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$")
+
+
+class MachineState(StrEnum):
+    CREATED = "created"
+    STARTING = "starting"
+    STARTED = "started"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    DESTROYING = "destroying"
+    DESTROYED = "destroyed"
+    FAILED = "failed"
+
+
+class RestartPolicy(StrEnum):
+    NO = "no"
+    ON_FAILURE = "on-failure"
+    ALWAYS = "always"
+
+
+def normalise_signal(value: str | int) -> str:
+    """``"term"``, ``"SIGTERM"`` and ``15`` all become ``"SIGTERM"``; anything else is an error."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        try:
+            return _signal.Signals(value).name
+        except ValueError:
+            raise ValueError(f"unknown signal number {value}") from None
+    text = str(value).strip().upper()
+    if text.isdigit():
+        return normalise_signal(int(text))
+    name = text if text.startswith("SIG") else "SIG" + text
+    if name not in _signal.Signals.__members__:
+        raise ValueError(f"unknown signal {value!r}; use a name such as SIGINT or SIGTERM")
+    return name
+
+
+class GuestConfig(Input):
+    cpus: float = Field(default=1, gt=0, le=1024, description="CPU cores (fractions allowed)")
+    memory_mb: int = Field(default=256, gt=0, le=16 * 1024 * 1024, description="Memory in MiB")
+
+    def resources(self) -> Resources:
+        return Resources(cpus=self.cpus, memory_mb=self.memory_mb)
+
+
+class RestartConfig(Input):
+    policy: RestartPolicy = Field(
+        default=RestartPolicy.ON_FAILURE,
+        description="`no`, `on-failure` (restart on a non-zero exit) or `always`",
+    )
+    max_retries: int = Field(
+        default=10, ge=0, le=10_000, description="restarts allowed by `on-failure`"
+    )
+
+
+class StopConfig(Input):
+    signal: str = Field(default="SIGINT", description="signal sent first on stop")
+    timeout_s: float = Field(
+        default=5.0, ge=0, le=3600, description="seconds before SIGKILL follows the signal"
+    )
+
+    @field_validator("signal", mode="before")
+    @classmethod
+    def _signal(cls, v: Any) -> str:
+        return normalise_signal(v)
+
+
+class MachineConfig(Input):
+    cmd: list[str] = Field(min_length=1, description="the command and its arguments")
+    env: dict[str, str] = Field(default_factory=dict)
+    guest: GuestConfig = Field(default_factory=GuestConfig)
+    restart: RestartConfig = Field(default_factory=RestartConfig)
+    stop_config: StopConfig = Field(default_factory=StopConfig)
+    metadata: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("cmd")
+    @classmethod
+    def _cmd(cls, v: list[str]) -> list[str]:
+        if not v[0].strip():
+            raise ValueError("the command (cmd[0]) must not be empty")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        for key in v:
+            if not _ENV_KEY.match(key):
+                raise ValueError(f"environment variable name {key!r} is not valid")
+            if key.startswith("SOUQ_"):
+                raise ValueError(f"{key!r}: names starting with SOUQ_ are set by Souq")
+        return v
+
+
+def validate_name(v: str | None) -> str | None:
+    if v is not None and not _NAME.match(v):
+        raise ValueError(
+            "name must be 1-63 letters, digits, '-', '_' or '.', starting alphanumeric"
+        )
+    return v
+
+
+class MachineEvent(Record):
+    type: str = Field(description="launch, start, exit, stop, restart, signal, destroy, fail")
+    status: MachineState = Field(description="the machine's state after the event")
+    source: Literal["agent", "user"]
+    timestamp: int = Field(description="milliseconds since the epoch")
+    exit_code: int | None = None
+    signal: str | None = None
+    message: str | None = None
+
+
+class Machine(Record):
+    id: str
+    name: str
+    app: str
+    region: str
+    worker_id: str
+    state: MachineState
+    config: MachineConfig
+    created_at: str
+    updated_at: str
+    events: list[MachineEvent] = Field(default_factory=list, description="newest first")
+    placement: Placement | None = None
+    restarts: int = 0
+    pid: int | None = None
+    exit_code: int | None = None

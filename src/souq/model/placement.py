@@ -1,0 +1,46 @@
+"""The placement record: why a machine landed where it did (or could not land at all)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from souq.model.base import Record
+
+__all__ = ["ClaimAttempt", "OfferOutcome", "Placement", "Timings"]
+
+
+class OfferOutcome(Record):
+    """One worker's offer as the pipeline saw it: rejected with a reason, or scored per stage."""
+
+    worker_id: str
+    rejected: str | None = Field(default=None, description="reason code when filtered out")
+    detail: str | None = Field(default=None, description="human words for the rejection")
+    scores: dict[str, float] = Field(default_factory=dict, description="score per stage")
+    score: float | None = Field(default=None, description="final score, when not rejected")
+
+
+class ClaimAttempt(Record):
+    worker_id: str
+    ok: bool
+    reason: str | None = None
+
+
+class Timings(Record):
+    gather_ms: float = 0.0
+    rank_ms: float = 0.0
+    claim_ms: float = 0.0
+    total_ms: float = 0.0
+
+
+class Placement(Record):
+    request_id: str
+    region: str
+    policy: str = "best-fit"
+    expected_offers: int = Field(default=0, description="live workers of the region asked")
+    offers_received: int = 0
+    rejections: dict[str, int] = Field(default_factory=dict, description="count per reason")
+    offers: list[OfferOutcome] = Field(default_factory=list, description="best first")
+    winner: str | None = None
+    runner_up: str | None = None
+    claims: list[ClaimAttempt] = Field(default_factory=list)
+    timings: Timings = Field(default_factory=Timings)

@@ -1,0 +1,140 @@
+"""Messages between brokers and workers. Each travels as JSON over the bus; replies to requests
+travel inside a :class:`Reply` envelope so that typed errors cross the wire intact."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+
+from souq.model.base import Input, Record
+from souq.model.machine import MachineConfig, MachineEvent, MachineState
+from souq.model.placement import Placement
+from souq.model.resources import Resources
+from souq.model.worker import WorkerInfo
+
+__all__ = [
+    "ClaimRequest",
+    "DestroyCommand",
+    "EventsCommand",
+    "ListCommand",
+    "LocateCommand",
+    "LocateReply",
+    "LogsCommand",
+    "LogsReply",
+    "MachineEventMessage",
+    "MachineRef",
+    "Offer",
+    "OfferRequest",
+    "Reply",
+    "SignalCommand",
+    "StopCommand",
+    "WaitCommand",
+]
+
+
+class OfferRequest(Input):
+    """Request for offers, scattered on a region's subject."""
+
+    request_id: str
+    app: str
+    region: str
+    resources: Resources
+
+
+class Offer(Record):
+    """A worker's answer to a request for offers. ``eligible`` is false when the worker cannot take
+    the machine; ``reason`` then says why (``full``, ``cordoned`` ...)."""
+
+    worker: WorkerInfo
+    eligible: bool
+    reason: str | None = None
+    detail: str | None = None
+    existing_machine_id: str | None = Field(
+        default=None, description="a machine this worker already made for the same request id"
+    )
+
+
+class ClaimRequest(Input):
+    """Sent to one worker: reserve the capacity and create the machine, atomically."""
+
+    request_id: str
+    body_hash: str
+    app: str
+    name: str | None = None
+    region: str
+    config: MachineConfig
+    skip_launch: bool = False
+    placement: Placement | None = None
+
+
+class MachineRef(Input):
+    app: str
+    machine_id: str
+
+
+class StopCommand(MachineRef):
+    signal: str | None = None
+    timeout_s: float | None = None
+
+
+class SignalCommand(MachineRef):
+    signal: str
+
+
+class DestroyCommand(MachineRef):
+    force: bool = False
+
+
+class WaitCommand(MachineRef):
+    state: MachineState
+    timeout_s: float
+
+
+class LogsCommand(MachineRef):
+    offset: int = 0
+    max_bytes: int = 65536
+    wait_s: float = Field(default=0.0, description="long-poll: wait this long for new output")
+
+
+class LogsReply(Record):
+    data: str
+    next_offset: int
+    finished: bool = Field(description="the machine is destroyed: no more output will come")
+
+
+class EventsCommand(MachineRef):
+    pass
+
+
+class ListCommand(Input):
+    app: str | None = None
+    include_destroyed: bool = False
+
+
+class LocateCommand(Input):
+    machine_id: str
+
+
+class LocateReply(Record):
+    worker_id: str
+    found: bool
+
+
+class MachineEventMessage(Record):
+    """Published on ``souq.evt.<region>.<worker>`` for every state change of a machine."""
+
+    machine_id: str
+    app: str
+    worker_id: str
+    region: str
+    state: MachineState
+    event: MachineEvent
+
+
+class Reply(Record):
+    """Envelope of every reply: ``ok`` with a ``result``, or an ``error`` body."""
+
+    ok: bool
+    result: Any = None
+    error: dict[str, Any] | None = None

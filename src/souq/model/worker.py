@@ -1,0 +1,45 @@
+"""Workers as the rest of the cluster sees them."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import Field
+
+from souq.model.base import Record
+from souq.model.resources import Resources
+
+__all__ = ["Fingerprint", "Heartbeat", "WorkerInfo", "WorkerState"]
+
+
+class WorkerState(StrEnum):
+    UP = "up"
+    DOWN = "down"
+    CORDONED = "cordoned"
+
+
+class Fingerprint(Record):
+    hostname: str
+    os: str
+    arch: str
+    cpus: float
+    memory_mb: int
+    drivers: list[str] = Field(default_factory=lambda: ["exec"])
+
+
+class WorkerInfo(Record):
+    id: str
+    region: str
+    state: WorkerState = WorkerState.UP
+    capacity: Resources
+    allocated: Resources
+    labels: dict[str, str] = Field(default_factory=dict)
+    fingerprint: Fingerprint | None = None
+    machines: int = Field(default=0, description="machines not destroyed")
+    last_seen: int | None = Field(default=None, description="ms since epoch of the last heartbeat")
+
+
+class Heartbeat(Record):
+    worker: WorkerInfo
+    seq: int
+    interval_s: float

@@ -1,0 +1,41 @@
+"""Piecewise-linear utility curves: the shape behind best-fit by linear interpolation."""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from dataclasses import dataclass
+
+__all__ = ["DEFAULT_CURVE", "Curve"]
+
+
+@dataclass(frozen=True)
+class Curve:
+    """Points ``(x, y)`` with x ascending in [0, 1]; ``value(x)`` interpolates linearly and holds
+    the end values outside the points."""
+
+    points: tuple[tuple[float, float], ...]
+
+    def __post_init__(self) -> None:
+        if len(self.points) < 2:
+            raise ValueError("a curve needs at least two points")
+        xs = [x for x, _ in self.points]
+        if xs != sorted(xs) or len(set(xs)) != len(xs):
+            raise ValueError("curve points must have strictly increasing x")
+        if any(not 0.0 <= y <= 1.0 for _, y in self.points):
+            raise ValueError("curve values must lie in [0, 1]")
+
+    def value(self, x: float) -> float:
+        pts = self.points
+        if x <= pts[0][0]:
+            return pts[0][1]
+        if x >= pts[-1][0]:
+            return pts[-1][1]
+        i = bisect_right([p[0] for p in pts], x)
+        (x0, y0), (x1, y1) = pts[i - 1], pts[i]
+        return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+# Utility rises while a worker fills towards a comfortable 75 %, then falls steeply: an empty
+# worker (0.4) beats one that the placement would push past ~88 %, so nothing becomes a hot spot
+# while there is room elsewhere, yet workers fill before new ones are touched.
+DEFAULT_CURVE = Curve(((0.0, 0.4), (0.75, 1.0), (0.9, 0.5), (1.0, 0.0)))
