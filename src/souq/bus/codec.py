@@ -1,4 +1,4 @@
-"""JSON on the wire: typed models in, bytes out, and the reply envelope that carries typed errors."""
+"""JSON on the wire: typed models in, bytes out, and the reply envelope carrying typed errors."""
 
 from __future__ import annotations
 

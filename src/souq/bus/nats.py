@@ -51,6 +51,7 @@ class NatsTransport:
         self._inbox = nc.new_inbox()
         self._inbox_sub: Any = None
         self.on_reconnect: list[Callable[[], Any]] = []
+        self.closing = False
 
     async def _start(self) -> None:
         self._inbox_sub = await self._nc.subscribe(self._inbox + ".*", cb=self._on_gather_reply)
@@ -141,6 +142,7 @@ class NatsTransport:
             raise Unavailable(f"NATS flush failed: {exc}") from exc
 
     async def close(self) -> None:
+        self.closing = True
         for task in list(self._tasks):
             task.cancel()
         if self._tasks:
@@ -167,25 +169,30 @@ async def connect(url: str, *, name: str, connect_timeout: float = 5.0) -> NatsT
                 await result
 
     async def disconnected() -> None:
-        log.warning("NATS connection lost; reconnecting")
+        transport = holder.get("t")
+        if transport is not None and not transport.closing:
+            log.warning("NATS connection lost; reconnecting")
 
     async def error(exc: Exception) -> None:
         log.debug("NATS error: %s", exc)
 
     try:
-        nc = await nats.connect(
-            url,
-            name=name,
-            connect_timeout=max(1, round(connect_timeout)),
-            max_reconnect_attempts=-1,
-            reconnect_time_wait=0.5,
-            reconnected_cb=reconnected,
-            disconnected_cb=disconnected,
-            error_cb=error,
-        )
+        # nats-py keeps retrying a first connection when reconnects are unlimited: bound it.
+        async with asyncio.timeout(connect_timeout):
+            nc = await nats.connect(
+                url,
+                name=name,
+                connect_timeout=max(1, round(connect_timeout)),
+                max_reconnect_attempts=-1,
+                reconnect_time_wait=0.5,
+                reconnected_cb=reconnected,
+                disconnected_cb=disconnected,
+                error_cb=error,
+            )
     except (nats.errors.Error, OSError, TimeoutError) as exc:
         raise Unavailable(
-            f"cannot connect to NATS at {url}: {exc}", hint="is the NATS server running?"
+            f"cannot connect to NATS at {url}: {str(exc) or 'timed out'}",
+            hint="is the NATS server running?",
         ) from exc
     transport = NatsTransport(nc)
     holder["t"] = transport

@@ -1,0 +1,142 @@
+"""The spine: create→started latency of one machine on a one-region, four-worker cluster, beside
+the floor measured in the same run (an HTTP round trip to the broker plus spawning the same process
+directly), and placements per second with 32 concurrent clients."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from bench.stats import machine_line, summary_ms
+from souq.testing import Cluster
+
+REGION = "bench"
+CMD = ["sleep", "3600"]
+SEQUENTIAL = 300
+WARMUP = 30
+CONCURRENCY = 32
+PLACEMENTS = 1500
+
+
+def _floor(client: httpx.Client, n: int) -> tuple[list[float], list[float]]:
+    rtt: list[float] = []
+    spawn: list[float] = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        client.get("/healthz")
+        rtt.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(
+            CMD,
+            start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL,
+        )
+        spawn.append(time.perf_counter() - t0)
+        proc.kill()
+        proc.wait()
+    return rtt, spawn
+
+
+def _create_started(client: httpx.Client, app: str, n: int) -> list[float]:
+    body = {"region": REGION, "config": {"cmd": CMD, "guest": {"cpus": 0.01, "memory_mb": 1}}}
+    times: list[float] = []
+    ids: list[str] = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        r = client.post(f"/v1/apps/{app}/machines", json=body)
+        elapsed = time.perf_counter() - t0
+        r.raise_for_status()
+        machine = r.json()
+        assert machine["state"] == "started", machine["state"]
+        times.append(elapsed)
+        ids.append(machine["id"])
+        client.delete(f"/v1/apps/{app}/machines/{machine['id']}", params={"force": "true"})
+    return times
+
+
+async def _concurrent(
+    api: str, app: str, total: int, skip_launch: bool
+) -> tuple[float, list[float], list[str]]:
+    body = {
+        "region": REGION,
+        "skip_launch": skip_launch,
+        "config": {"cmd": CMD, "guest": {"cpus": 0.01, "memory_mb": 1}},
+    }
+    latencies: list[float] = []
+    ids: list[str] = []
+    remaining = total
+    limits = httpx.Limits(max_connections=CONCURRENCY, max_keepalive_connections=CONCURRENCY)
+    async with httpx.AsyncClient(base_url=api, timeout=60, limits=limits) as client:
+
+        async def worker() -> None:
+            nonlocal remaining
+            while remaining > 0:
+                remaining -= 1
+                t0 = time.perf_counter()
+                r = await client.post(f"/v1/apps/{app}/machines", json=body)
+                latencies.append(time.perf_counter() - t0)
+                r.raise_for_status()
+                ids.append(r.json()["id"])
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
+        wall = time.perf_counter() - t0
+    return wall, latencies, ids
+
+
+async def _destroy_all(api: str, app: str, ids: list[str]) -> None:
+    async with httpx.AsyncClient(base_url=api, timeout=60) as client:
+        sem = asyncio.Semaphore(16)
+
+        async def one(mid: str) -> None:
+            async with sem:
+                await client.delete(f"/v1/apps/{app}/machines/{mid}", params={"force": "true"})
+
+        await asyncio.gather(*(one(m) for m in ids))
+
+
+def main() -> None:
+    print(f"# spine benchmark — {machine_line()}")
+    with (
+        tempfile.TemporaryDirectory(prefix="souq-bench-") as tmp,
+        Cluster(Path(tmp), regions={REGION: 4}, cpus=1000, memory_mb=1_000_000) as cluster,
+    ):
+        api = cluster.api_url
+        with httpx.Client(base_url=api, timeout=30) as client:
+            _create_started(client, "warm", WARMUP)
+            _floor(client, WARMUP)
+            rtt, spawn = _floor(client, SEQUENTIAL)
+            created = _create_started(client, "seq", SEQUENTIAL)
+        floor = [a + b for a, b in zip(rtt, spawn, strict=True)]
+        results: dict[str, object] = {
+            "floor_http_rtt_ms": summary_ms(rtt),
+            "floor_spawn_ms": summary_ms(spawn),
+            "floor_total_ms": summary_ms(floor),
+            "create_started_ms": summary_ms(created),
+        }
+        for skip in (True, False):
+            label = "placements_skip_launch" if skip else "placements_started"
+            wall, lat, ids = asyncio.run(
+                _concurrent(api, label.replace("_", "-"), PLACEMENTS, skip)
+            )
+            results[label] = {
+                "per_s": round(len(ids) / wall, 1),
+                "latency_ms": summary_ms(lat),
+                "n": len(ids),
+            }
+            asyncio.run(_destroy_all(api, label.replace("_", "-"), ids))
+    c, f = results["create_started_ms"], results["floor_total_ms"]
+    assert isinstance(c, dict) and isinstance(f, dict)
+    results["ratio_p50_vs_floor"] = round(c["p50"] / f["p50"], 2)
+    print(json.dumps(results, indent=2))
+    out = Path("bench/results")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "spine.json").write_text(json.dumps({"machine": machine_line(), **results}, indent=2))

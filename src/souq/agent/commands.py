@@ -1,0 +1,342 @@
+"""The machine commands a broker sends (claim, start, stop, restart, signal, destroy, wait, logs,
+events): each checks the request against the life-cycle table, then begins an operation on the
+:class:`~souq.agent.executor.Executor`, which logs and runs its steps.
+
+Every command takes the ``app`` the caller believes the machine belongs to; a machine of another
+app is :class:`~souq.errors.NotFound`, as if it did not exist.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from souq.agent import lifecycle
+from souq.agent.executor import Executor, Source
+from souq.agent.lifecycle import Event
+from souq.agent.operations import OpEvent, OpKind, advance
+from souq.agent.records import MachineRow
+from souq.clock import Clock
+from souq.errors import (
+    ClaimRefused,
+    Conflict,
+    IdempotencyConflict,
+    IllegalTransition,
+    InvalidInput,
+    WaitTimeout,
+)
+from souq.ids import new_machine_id
+from souq.model.machine import Machine, MachineEvent, MachineState, normalise_signal
+from souq.model.protocol import ClaimRequest, LogsReply
+from souq.model.resources import Resources
+
+__all__ = ["LOG_POLL_S", "Commands"]
+
+S = MachineState
+LOG_POLL_S = 0.1  # `logs` long-polling checks the output file this often (tail -f)
+_RESTARTABLE = (S.STARTED, S.STOPPED, S.CREATED, S.FAILED, S.STARTING)
+
+
+class Commands:
+    def __init__(self, executor: Executor, clock: Clock) -> None:
+        self._ex = executor
+        self._clock = clock
+
+    def claim(self, req: ClaimRequest, capacity: Resources) -> Machine:
+        """Reserve capacity and record the machine in one transaction, then (unless
+        ``skip_launch``) start it: the reply shows ``started``, or ``failed``. A claim for a
+        known request id returns that machine (same body) or is an idempotency conflict."""
+        ex = self._ex
+        if req.region != ex.region:
+            raise ClaimRefused(
+                f"worker {ex.worker_id} is in region {ex.region}, not {req.region}",
+                details={"reason": "wrong_region"},
+            )
+        known = ex.machine_for_request(req.request_id)
+        if known is not None:
+            return self._claimed_before(req, known)
+        now = self._clock.now_ms()
+        op = ex.new_op(OpKind.CREATE, new_machine_id(), source="user", type="start")
+        events = [MachineEvent(type="launch", status=S.CREATED, source="user", timestamp=now)]
+        if req.skip_launch:
+            op_event, state = OpEvent.SKIP, S.CREATED
+        else:
+            op_event, state = OpEvent.BEGIN, lifecycle.transition(S.CREATED, Event.START)
+            events.append(MachineEvent(type="start", status=state, source="user", timestamp=now))
+        step = advance(op.kind, op.state, op_event)
+        row = MachineRow(
+            id=op.machine_id,
+            app=req.app,
+            name=req.name or op.machine_id,
+            region=req.region,
+            request_id=req.request_id,
+            body_hash=req.body_hash,
+            state=state,
+            config=req.config,
+            placement=req.placement,
+            created_at=now,
+            updated_at=now,
+            events=tuple(reversed(events)),
+        )
+        existing = ex.create(row, capacity, op, op_event, step.next)
+        if existing is not None:
+            return self._claimed_before(req, existing)
+        ex.execute(op, step.actions)
+        return ex.machine(row.app, row.id)
+
+    def _claimed_before(self, req: ClaimRequest, machine_id: str) -> Machine:
+        row = self._ex.row_by_id(machine_id)
+        if row.body_hash != req.body_hash:
+            raise IdempotencyConflict(
+                f"request {req.request_id} already created machine {machine_id} "
+                "with a different body",
+                hint="use a new idempotency key for a different request",
+                details={"machine_id": machine_id},
+            )
+        return row.to_machine(self._ex.worker_id)
+
+    def start(self, app: str, machine_id: str) -> Machine:
+        ex = self._ex
+        row = ex.row(app, machine_id)
+        lifecycle.transition(row.state, Event.START, machine_id=row.id)
+        self._check_idle(row)
+        op = ex.new_op(OpKind.START, row.id, source="user", type="start")
+        actions = ex.apply(
+            row.id,
+            event=Event.START,
+            type="start",
+            source="user",
+            op=op,
+            op_event=OpEvent.BEGIN,
+            restarts=0,  # a user start is a fresh start for the restart policy
+        )
+        ex.execute(op, actions)
+        return ex.machine(app, machine_id)
+
+    def stop(
+        self,
+        app: str,
+        machine_id: str,
+        *,
+        signal: str | None = None,
+        timeout_s: float | None = None,
+        source: Source = "user",
+    ) -> Machine:
+        """Send the stop signal (SIGKILL follows after ``timeout_s``) and answer at once:
+        ``stopping``, or ``stopped`` when nothing was running."""
+        ex = self._ex
+        row = ex.row(app, machine_id)
+        current = ex.current_op(row.id)
+        if row.state is S.STOPPED or (current is not None and current.kind is OpKind.STOP):
+            return row.to_machine(ex.worker_id)  # stopped, or a stop is already under way
+        if current is not None and current.kind is OpKind.RESTART:
+            raise IllegalTransition(
+                f"machine {row.id} is restarting; it cannot be stopped now",
+                hint="wait for the restart to finish, then stop it",
+            )
+        lifecycle.transition(row.state, Event.STOP, machine_id=row.id)
+        self._check_idle(row)
+        sig, timeout = _stop_params(row, signal, timeout_s)
+        running = row.state in (S.STARTED, S.STOPPING)
+        op = ex.new_op(OpKind.STOP, row.id, source=source, signal=sig, timeout_s=timeout)
+        actions = ex.apply(
+            row.id,
+            event=Event.STOP,
+            type="stop",
+            source=source,
+            signal=sig if running else None,
+            op=op,
+            op_event=OpEvent.BEGIN if running else OpEvent.IDLE,
+        )
+        ex.execute(op, actions)
+        return ex.machine(app, machine_id)
+
+    async def restart(
+        self,
+        app: str,
+        machine_id: str,
+        *,
+        signal: str | None = None,
+        timeout_s: float | None = None,
+    ) -> Machine:
+        """Stop the machine if it runs, then start it again; answer once it has started."""
+        ex = self._ex
+        row = ex.row(app, machine_id)
+        if row.state not in _RESTARTABLE:
+            raise IllegalTransition(
+                f"machine {row.id} is {row.state}; it cannot be restarted",
+                hint="wait until it is stopped, then start it"
+                if row.state is S.STOPPING
+                else "it is gone; create a new machine",
+            )
+        self._check_idle(row)
+        sig, timeout = _stop_params(row, signal, timeout_s)
+        op = ex.new_op(
+            OpKind.RESTART, row.id, source="user", type="restart", signal=sig, timeout_s=timeout
+        )
+        if row.state is S.STARTED:
+            actions = ex.apply(
+                row.id,
+                event=Event.STOP,
+                type="restart",
+                source="user",
+                signal=sig,
+                op=op,
+                op_event=OpEvent.BEGIN,
+            )
+        else:
+            actions = ex.apply(
+                row.id,
+                event=Event.START,
+                type="restart",
+                source="user",
+                op=op,
+                op_event=OpEvent.IDLE,
+                restarts=0,
+            )
+        ex.execute(op, actions)
+        await op.done
+        return ex.machine(app, machine_id)
+
+    def signal(self, app: str, machine_id: str, signal: str) -> Machine:
+        ex = self._ex
+        row = ex.row(app, machine_id)
+        lifecycle.transition(row.state, Event.SIGNAL, machine_id=row.id)
+        name = _signal_name(signal)
+        if ex.handle(row.id) is None:
+            raise IllegalTransition(
+                f"machine {row.id} has no running process to signal", hint="start it first"
+            )
+        op = ex.new_op(OpKind.SIGNAL, row.id, source="user", signal=name)
+        actions = ex.apply(
+            row.id,
+            event=Event.SIGNAL,
+            type="signal",
+            source="user",
+            signal=name,
+            op=op,
+            op_event=OpEvent.BEGIN,
+        )
+        ex.execute(op, actions)
+        return ex.machine(app, machine_id)
+
+    async def destroy(self, app: str, machine_id: str, *, force: bool = False) -> Machine:
+        """Destroy a machine and release its reservation. A running machine needs ``force``:
+        it is killed first."""
+        ex = self._ex
+        row = ex.row(app, machine_id)
+        event = Event.FORCE_DESTROY if force else Event.DESTROY
+        lifecycle.transition(row.state, event, machine_id=row.id)
+        current = ex.current_op(row.id)
+        if current is not None and current.kind is OpKind.DESTROY:
+            await current.done
+            return ex.machine(app, machine_id)
+        if current is not None:  # a stop or restart waiting for its process: superseded
+            ex.supervisor.disarm_kill(row.id)
+            ex.apply(row.id, op=current, op_event=OpEvent.ABORT)
+        op = ex.new_op(OpKind.DESTROY, row.id, source="user")
+        actions = ex.apply(
+            row.id,
+            event=event,
+            type="destroy",
+            source="user",
+            op=op,
+            op_event=OpEvent.BEGIN if ex.handle(row.id) else OpEvent.IDLE,
+        )
+        ex.execute(op, actions)
+        await op.done
+        return ex.machine(app, machine_id)
+
+    async def wait(
+        self, app: str, machine_id: str, state: MachineState, timeout_s: float
+    ) -> Machine:
+        """Answer once the machine is in ``state``; :class:`WaitTimeout` after ``timeout_s``.
+        Woken by the machine's transitions: no polling."""
+        ex = self._ex
+        ex.row(app, machine_id)
+        try:
+            async with asyncio.timeout(timeout_s):
+                while True:
+                    row = ex.row_by_id(machine_id)
+                    if row.state is state:
+                        return row.to_machine(ex.worker_id)
+                    if row.state is S.DESTROYED:
+                        raise Conflict(
+                            f"machine {machine_id} is destroyed; it will never be {state}"
+                        )
+                    await ex.changed(machine_id).wait()
+        except TimeoutError:
+            now = ex.row_by_id(machine_id).state
+            raise WaitTimeout(
+                f"machine {machine_id} did not reach {state} within {timeout_s:g}s (it is {now})",
+                details={"state": str(now)},
+            ) from None
+
+    async def logs(
+        self, app: str, machine_id: str, *, offset: int, max_bytes: int, wait_s: float
+    ) -> LogsReply:
+        """Output from byte ``offset``; with ``wait_s``, wait up to that long for new output.
+        ``finished`` once the machine is destroyed."""
+        ex = self._ex
+        ex.row(app, machine_id)
+        offset = max(offset, 0)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        while True:
+            finished = ex.row_by_id(machine_id).state is S.DESTROYED
+            data, _ = ex.driver.read_output(machine_id, offset, max_bytes)
+            remaining = deadline - loop.time()
+            if data or finished or remaining <= 0:
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(ex.changed(machine_id).wait(), min(LOG_POLL_S, remaining))
+        text, used = _decode(data)
+        return LogsReply(data=text, next_offset=offset + used, finished=finished)
+
+    def events(self, app: str, machine_id: str) -> list[MachineEvent]:
+        """Every event of the machine, newest first."""
+        self._ex.row(app, machine_id)
+        return self._ex.store.events(machine_id)
+
+    async def stop_all(self) -> None:
+        """Stop every machine and wait until each has stopped (``stop_machines_on_exit``)."""
+        for row in self._ex.rows():
+            if row.state in (S.STARTED, S.STARTING) and self._ex.current_op(row.id) is None:
+                with contextlib.suppress(Conflict):
+                    self.stop(row.app, row.id, source="agent")
+        pending = [op.done for op in self._ex.ops()]
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    def _check_idle(self, row: MachineRow) -> None:
+        current = self._ex.current_op(row.id)
+        if current is not None:
+            raise IllegalTransition(
+                f"machine {row.id} is busy: a {current.kind} is in progress",
+                hint="wait for it to finish",
+            )
+
+
+def _stop_params(row: MachineRow, signal: str | None, timeout_s: float | None) -> tuple[str, float]:
+    sig = _signal_name(signal) if signal else row.config.stop_config.signal
+    if timeout_s is not None and not 0 <= timeout_s <= 3600:
+        raise InvalidInput("timeout_s must be between 0 and 3600 seconds")
+    return sig, timeout_s if timeout_s is not None else row.config.stop_config.timeout_s
+
+
+def _signal_name(value: str) -> str:
+    try:
+        return normalise_signal(value)
+    except ValueError as exc:
+        raise InvalidInput(str(exc), details={"field": "signal"}) from None
+
+
+def _decode(data: bytes) -> tuple[str, int]:
+    """Text of ``data`` and how many bytes it used: a UTF-8 character cut at the end is left
+    for the next read."""
+    try:
+        return data.decode(), len(data)
+    except UnicodeDecodeError as exc:
+        if exc.reason == "unexpected end of data" and exc.start > 0:
+            return data[: exc.start].decode(errors="replace"), exc.start
+        return data.decode(errors="replace"), len(data)

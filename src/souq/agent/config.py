@@ -1,0 +1,63 @@
+"""The agent's configuration: typed, frozen, validated once, unknown keys rejected."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from souq.agent.restart import Backoff
+
+__all__ = ["DEFAULT_DATA_DIR", "AgentConfig"]
+
+DEFAULT_DATA_DIR = Path("~/.local/share/souq/agent")
+_TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+class AgentConfig(BaseModel):
+    """How one worker agent runs.
+
+    ``data_dir`` holds ``state.db`` (SQLite: machines, reservations, events, the op log) and
+    ``machines/<id>/output.log``; it defaults to ``~/.local/share/souq/agent``. ``cpus`` and
+    ``memory_mb`` override what the host fingerprint reports. By default SIGTERM leaves machine
+    processes running so that the next agent on the same data dir re-adopts them;
+    ``stop_machines_on_exit`` (set by ``souq dev``) stops them first.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    region: str
+    nats_url: str
+    data_dir: Path = Field(default_factory=DEFAULT_DATA_DIR.expanduser)
+    cpus: float | None = Field(default=None, gt=0)
+    memory_mb: int | None = Field(default=None, gt=0)
+    labels: dict[str, str] = Field(default_factory=dict)
+    heartbeat_interval_s: float = Field(default=1.0, gt=0)
+    stop_machines_on_exit: bool = False
+    restart_backoff_base_s: float = Field(default=0.1, ge=0)
+    restart_backoff_max_s: float = Field(default=30.0, ge=0)
+    restart_reset_after_s: float = Field(default=10.0, ge=0)
+
+    @field_validator("region")
+    @classmethod
+    def _region(cls, v: str) -> str:
+        if not _TOKEN.match(v):
+            raise ValueError("a region is 1-64 letters, digits, '-' or '_' (e.g. mad)")
+        return v
+
+    @field_validator("data_dir", mode="before")
+    @classmethod
+    def _data_dir(cls, v: Any) -> Any:
+        if v is None:
+            return DEFAULT_DATA_DIR.expanduser()
+        return Path(v).expanduser() if isinstance(v, str | Path) else v
+
+    @property
+    def backoff(self) -> Backoff:
+        return Backoff(
+            base_s=self.restart_backoff_base_s,
+            max_s=self.restart_backoff_max_s,
+            reset_after_s=self.restart_reset_after_s,
+        )

@@ -1,0 +1,520 @@
+"""The executor is the engine under the machine commands, and the only writer of machine state.
+
+Every command is an operation (:mod:`souq.agent.operations`). The executor's one step primitive,
+:meth:`Executor.apply`, writes the machine's transition (checked by :mod:`souq.agent.lifecycle`),
+its event and the operation's step in one transaction, then updates memory, wakes waiters and
+queues the event for the bus; :meth:`Executor.execute` then runs the step's actions. Actions are
+synchronous (a ``Popen``, a signal, a timer), so nothing interleaves between a command's checks
+and its writes. Exits arrive from the supervisor's watchers (:meth:`Executor._on_exit`): an exit
+an operation waits for advances it; any other goes through the restart policy.
+
+After an agent restart, :meth:`Executor.recover` re-adopts running processes, resumes unfinished
+operations from their last logged step, and reports the exits of processes that died meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal as _signal
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from souq.agent import lifecycle
+from souq.agent.lifecycle import Event
+from souq.agent.operations import Action, OpEvent, OpKind, OpState, advance
+from souq.agent.records import RECENT_EVENTS, MachineRow, OpStep
+from souq.agent.restart import Backoff
+from souq.agent.store import Store
+from souq.agent.supervisor import Supervisor
+from souq.clock import Clock
+from souq.drivers.base import Driver, ExitStatus, Handle, MachineSpec, SpawnError
+from souq.errors import (
+    NotFound,
+    SouqError,
+)
+from souq.ids import new_request_id
+from souq.model.machine import Machine, MachineEvent, MachineState
+from souq.model.protocol import MachineEventMessage
+from souq.model.resources import Resources
+
+__all__ = ["Executor", "Op", "Source"]
+
+log = logging.getLogger(__name__)
+
+S = MachineState
+Source = Literal["agent", "user"]
+_WAITING_FOR_EXIT = (OpState.SIGNALLING, OpState.KILLING)
+
+
+@dataclass
+class Op:
+    """An operation in progress (its steps are in the op log)."""
+
+    id: str
+    kind: OpKind
+    machine_id: str
+    params: dict[str, Any]
+    state: OpState = OpState.NEW
+    done: asyncio.Future[None] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+
+    @property
+    def source(self) -> Source:
+        return "agent" if self.params.get("source") == "agent" else "user"
+
+
+class Executor:
+    def __init__(
+        self,
+        *,
+        worker_id: str,
+        region: str,
+        store: Store,
+        driver: Driver,
+        backoff: Backoff,
+        clock: Clock,
+        on_event: Callable[[MachineEventMessage], None],
+    ) -> None:
+        self.worker_id = worker_id
+        self.region = region
+        self.store = store
+        self.driver = driver
+        self._clock = clock
+        self._on_event = on_event
+        rows = store.load_machines()
+        self._rows: dict[str, MachineRow] = {r.id: r for r in rows}
+        self._by_request: dict[str, str] = {r.request_id: r.id for r in rows}
+        self._allocated = store.allocated()
+        self._handles: dict[str, Handle] = {}
+        self._ops: dict[str, Op] = {}
+        self._ran_since: dict[str, float] = {}
+        self._changed: dict[str, asyncio.Event] = {}
+        self.supervisor = Supervisor(
+            driver,
+            backoff,
+            on_exit=self._on_exit,
+            on_kill_due=self._on_kill_due,
+            on_restart_due=self._on_restart_due,
+        )
+
+    # -- queries -------------------------------------------------------------------------------
+
+    @property
+    def allocated(self) -> Resources:
+        return self._allocated
+
+    def machine_count(self) -> int:
+        """Machines not destroyed."""
+        return sum(1 for r in self._rows.values() if r.state is not S.DESTROYED)
+
+    def machine_for_request(self, request_id: str) -> str | None:
+        return self._by_request.get(request_id)
+
+    def has(self, machine_id: str) -> bool:
+        return machine_id in self._rows
+
+    def row(self, app: str, machine_id: str) -> MachineRow:
+        row = self._rows.get(machine_id)
+        if row is None or row.app != app:
+            raise NotFound(
+                f"machine {machine_id} not found in app {app}",
+                hint="check the machine id and the app name",
+            )
+        return row
+
+    def machine(self, app: str, machine_id: str) -> Machine:
+        return self.row(app, machine_id).to_machine(self.worker_id)
+
+    def list_machines(self, app: str | None, *, include_destroyed: bool = False) -> list[Machine]:
+        return [
+            r.to_machine(self.worker_id)
+            for r in self._rows.values()
+            if (app is None or r.app == app) and (include_destroyed or r.state is not S.DESTROYED)
+        ]
+
+    def row_by_id(self, machine_id: str) -> MachineRow:
+        return self._rows[machine_id]
+
+    def rows(self) -> list[MachineRow]:
+        return list(self._rows.values())
+
+    def current_op(self, machine_id: str) -> Op | None:
+        """The operation in progress on a machine, if any (at most one at a time)."""
+        return self._ops.get(machine_id)
+
+    def ops(self) -> list[Op]:
+        return list(self._ops.values())
+
+    def handle(self, machine_id: str) -> Handle | None:
+        return self._handles.get(machine_id)
+
+    # -- recording ---------------------------------------------------------------------------
+
+    def create(
+        self,
+        row: MachineRow,
+        capacity: Resources,
+        op: Op,
+        op_event: OpEvent,
+        op_state: OpState,
+    ) -> str | None:
+        """Record a new machine, its reservation, its events and its operation's first step in
+        one transaction (the capacity is checked in it). Returns the id of the machine already
+        made for the same request id instead, if there is one."""
+        now = row.created_at
+        log_step = OpStep(op.id, row.id, op.kind, op_state, op_event, now, op.params)
+        existing = self.store.claim(row, capacity, [log_step])
+        if existing is not None:
+            return existing
+        self._rows[row.id] = row
+        self._by_request[row.request_id] = row.id
+        self._allocated = self._allocated.plus(row.resources)
+        for event in reversed(row.events):
+            self._publish(row, event)
+        self._op_reached(op, op_state)
+        return None
+
+    # -- the step primitive --------------------------------------------------------------------
+
+    def apply(
+        self,
+        machine_id: str,
+        *,
+        event: Event | None = None,
+        type: str | None = None,
+        source: Source = "agent",
+        status: ExitStatus | None = None,
+        signal: str | None = None,
+        message: str | None = None,
+        op: Op | None = None,
+        op_event: OpEvent | None = None,
+        release: bool = False,
+        **changes: Any,
+    ) -> tuple[Action, ...]:
+        """One step: the machine's transition (if ``event``), its event record (if ``type``)
+        and the operation's step (if ``op``), written in one transaction; then memory, waiters
+        and the bus. Returns the operation step's actions for :meth:`execute`."""
+        row = self._rows[machine_id]
+        state = lifecycle.transition(row.state, event, machine_id=row.id) if event else row.state
+        step = advance(op.kind, op.state, op_event) if op is not None and op_event else None
+        now = self._clock.now_ms()
+        recorded: list[MachineEvent] = []
+        if type is not None:
+            recorded.append(
+                MachineEvent(
+                    type=type,
+                    status=state,
+                    source=source,
+                    timestamp=now,
+                    exit_code=status.code if status else None,
+                    signal=signal or (status.signal if status else None),
+                    message=message,
+                )
+            )
+        new = replace(
+            row,
+            state=state,
+            updated_at=now,
+            events=(*recorded, *row.events)[:RECENT_EVENTS],
+            **changes,
+        )
+        steps = []
+        if op is not None and step is not None and op_event is not None:
+            steps.append(OpStep(op.id, row.id, op.kind, step.next, op_event, now, op.params))
+        self.store.commit(new, recorded, steps, release=release)
+        self._rows[row.id] = new
+        if release:
+            self._allocated = self._allocated.minus(row.resources)
+        if op is not None and step is not None:
+            self._op_reached(op, step.next)
+        self._notify(row.id)
+        for record in recorded:
+            self._publish(new, record)
+        return step.actions if step else ()
+
+    def _op_reached(self, op: Op, state: OpState) -> None:
+        op.state = state
+        if state is OpState.DONE:
+            if self._ops.get(op.machine_id) is op:
+                del self._ops[op.machine_id]
+            if not op.done.done():
+                op.done.set_result(None)
+        else:
+            self._ops[op.machine_id] = op
+
+    def execute(self, op: Op, actions: tuple[Action, ...]) -> None:
+        at = op.state
+        for action in actions:
+            if op.state is not at:
+                return  # an action already moved the operation on (e.g. the process was gone)
+            mid = op.machine_id
+            if action is Action.SPAWN:
+                self._spawn(op)
+            elif action is Action.ADOPT_OR_SPAWN:
+                self._adopt_or_spawn(op)
+            elif action is Action.SEND_SIGNAL:
+                self._send(op, _signal.Signals[op.params["signal"]])
+            elif action is Action.SEND_KILL:
+                self._send(op, _signal.SIGKILL)
+            elif action is Action.ARM_KILL_TIMER:
+                self.supervisor.arm_kill(mid, float(op.params["timeout_s"]))
+            elif action is Action.CANCEL_RESTART:
+                self.supervisor.cancel_restart(mid)
+            elif action is Action.CLEANUP:
+                self._cleanup(op)
+
+    # -- actions -------------------------------------------------------------------------------
+
+    def _to_starting(self, op: Op) -> MachineRow:
+        row = self._rows[op.machine_id]
+        if row.state is not S.STARTING:  # a restart whose stop has just finished
+            self.apply(row.id, event=Event.START, type="start", source=op.source)
+        return self._rows[op.machine_id]
+
+    def _spawn(self, op: Op) -> None:
+        row = self._to_starting(op)
+        spec = MachineSpec(
+            machine_id=row.id,
+            app=row.app,
+            region=row.region,
+            worker_id=self.worker_id,
+            cmd=tuple(row.config.cmd),
+            env=row.config.env,
+        )
+        try:
+            handle = self.driver.start(spec)
+        except SpawnError as exc:
+            actions = self.apply(
+                row.id,
+                event=Event.SPAWN_FAILED,
+                type="fail",
+                message=str(exc),
+                op=op,
+                op_event=OpEvent.SPAWN_FAILED,
+                pid=None,
+                pid_start_time=None,
+            )
+            self.execute(op, actions)
+            return
+        self._spawned(op, handle, watch=True)
+
+    def _spawned(self, op: Op, handle: Handle, *, watch: bool, message: str | None = None) -> None:
+        mid = op.machine_id
+        self._handles[mid] = handle
+        if watch:  # a fresh process (an adopted one keeps the time it was adopted)
+            self._ran_since[mid] = self._clock.monotonic()
+        try:
+            actions = self.apply(
+                mid,
+                event=Event.SPAWNED,
+                type=str(op.params.get("type", "start")),
+                message=message,
+                op=op,
+                op_event=OpEvent.SPAWNED,
+                pid=handle.pid,
+                pid_start_time=handle.start_time,
+                exit_code=None,
+            )
+        except SouqError:
+            # Not recorded: leave no unrecorded process behind.
+            self._handles.pop(mid, None)
+            self.driver.signal(handle, _signal.SIGKILL)
+            raise
+        if watch:
+            self.supervisor.watch(mid, handle)
+        self.execute(op, actions)
+
+    def _adopt_or_spawn(self, op: Op) -> None:
+        handle = self._handles.get(op.machine_id)
+        if handle is None:
+            self._spawn(op)
+        else:  # adopted by recover(), already watched
+            self._to_starting(op)
+            self._spawned(op, handle, watch=False, message="adopted after an agent restart")
+
+    def _send(self, op: Op, sig: int) -> None:
+        handle = self._handles.get(op.machine_id)
+        if handle is None:
+            if op.state in _WAITING_FOR_EXIT:
+                # Nothing runs (it died while no agent watched): the operation sees the exit now.
+                self._exited_during_op(op, ExitStatus())
+            return
+        self.driver.signal(handle, sig)  # False: it is exiting, and its watcher will report
+
+    def _cleanup(self, op: Op) -> None:
+        self.driver.destroy(op.machine_id)
+        self._ran_since.pop(op.machine_id, None)
+        actions = self.apply(
+            op.machine_id,
+            event=Event.DESTROYED,
+            type="destroy",
+            op=op,
+            op_event=OpEvent.CLEANED,
+            release=True,
+            pid=None,
+            pid_start_time=None,
+        )
+        self.execute(op, actions)
+
+    # -- what the supervisor reports -----------------------------------------------------------
+
+    def _on_exit(self, machine_id: str, status: ExitStatus) -> None:
+        self._handles.pop(machine_id, None)
+        self.supervisor.disarm_kill(machine_id)
+        now = self._clock.monotonic()
+        ran_for = now - self._ran_since.pop(machine_id, now)
+        row = self._rows.get(machine_id)
+        if row is None:
+            return
+        op = self._ops.get(machine_id)
+        if op is not None and op.state in _WAITING_FOR_EXIT:
+            self._exited_during_op(op, status)
+            return
+        if row.state not in (S.STARTED, S.STOPPING):
+            log.warning("machine %s exited while %s", machine_id, row.state)
+            self.apply(
+                machine_id,
+                type="exit",
+                status=status,
+                message=status.describe(),
+                pid=None,
+                pid_start_time=None,
+                exit_code=status.code,
+            )
+            return
+        decision = self.supervisor.decide(
+            row.config.restart,
+            status,
+            restarts=row.restarts,
+            ran_for_s=ran_for,
+            user_stop=row.state is S.STOPPING,
+        )
+        self.apply(
+            machine_id,
+            event=Event.EXITED_RESTART if decision.restart else Event.EXITED_STAY,
+            type="exit",
+            status=status,
+            message=f"{status.describe()}; {decision.reason}",
+            restarts=decision.restarts,
+            pid=None,
+            pid_start_time=None,
+            exit_code=status.code,
+        )
+        if decision.restart:
+            self.supervisor.schedule_restart(machine_id, decision.delay_s)
+
+    def _exited_during_op(self, op: Op, status: ExitStatus) -> None:
+        self._handles.pop(op.machine_id, None)
+        actions = self.apply(
+            op.machine_id,
+            event=Event.EXITED_STAY,
+            type="exit",
+            status=status,
+            message=status.describe(),
+            op=op,
+            op_event=OpEvent.EXITED,
+            pid=None,
+            pid_start_time=None,
+            exit_code=status.code,
+        )
+        self.execute(op, actions)
+
+    def _on_kill_due(self, machine_id: str) -> None:
+        op = self._ops.get(machine_id)
+        if op is None or op.state is not OpState.SIGNALLING:
+            return
+        actions = self.apply(
+            machine_id,
+            type="signal",
+            signal="SIGKILL",
+            message=f"still running {op.params['timeout_s']:g}s after {op.params['signal']}",
+            op=op,
+            op_event=OpEvent.TIMEOUT,
+        )
+        self.execute(op, actions)
+
+    def _on_restart_due(self, machine_id: str) -> None:
+        row = self._rows.get(machine_id)
+        if row is None or row.state is not S.STARTING or machine_id in self._ops:
+            return
+        op = self.new_op(OpKind.START, machine_id, source="agent", type="restart")
+        self.execute(op, self.apply(machine_id, op=op, op_event=OpEvent.BEGIN))
+
+    # -- recovery and shutdown -----------------------------------------------------------------
+
+    def recover(self) -> None:
+        """Re-adopt live processes, resume unfinished operations from their last logged step,
+        and report what happened to machines whose process died while no agent watched."""
+        pending = self.store.unfinished_ops()
+        with_ops = {s.machine_id for s in pending}
+        for row in list(self._rows.values()):
+            handle = self._last_handle(row, row.id in with_ops)
+            if handle is not None and self.driver.recover(handle):
+                log.info("re-adopted machine %s (pid %d)", row.id, handle.pid)
+                self._handles[row.id] = handle
+                self._ran_since[row.id] = self._clock.monotonic()
+                self.supervisor.watch(row.id, handle)
+        for last in pending:
+            if last.machine_id not in self._rows or last.machine_id in self._ops:
+                continue
+            op = Op(last.op_id, last.kind, last.machine_id, dict(last.detail), last.state)
+            self._ops[op.machine_id] = op
+            self.execute(op, self.apply(op.machine_id, op=op, op_event=OpEvent.RECOVER))
+        for row in list(self._rows.values()):
+            if row.id in self._ops or row.id in self._handles:
+                continue
+            if row.state in (S.STARTED, S.STOPPING):
+                self._on_exit(row.id, ExitStatus())
+            elif row.state is S.STARTING:  # it was waiting out a restart backoff
+                self.supervisor.schedule_restart(row.id, 0.0)
+            elif row.state is S.DESTROYING:
+                op = self.new_op(OpKind.DESTROY, row.id, source="agent")
+                self.execute(
+                    op, self.apply(row.id, event=Event.DESTROY, op=op, op_event=OpEvent.IDLE)
+                )
+
+    def _last_handle(self, row: MachineRow, has_op: bool) -> Handle | None:
+        if row.state is S.DESTROYED:
+            return None
+        if row.pid is not None and row.pid_start_time is not None:
+            return Handle(row.id, row.pid, row.pid_start_time)
+        if has_op or row.state in (S.STARTING, S.STARTED, S.STOPPING, S.DESTROYING):
+            return self.driver.find(row.id)  # started, but the agent died before recording it
+        return None
+
+    async def shutdown(self) -> None:
+        """Stop watching: machines keep running, for the next agent to re-adopt. (To stop them
+        first, see :meth:`souq.agent.commands.Commands.stop_all`.)"""
+        await self.supervisor.aclose()
+        self.driver.close()
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def new_op(self, kind: OpKind, machine_id: str, **params: Any) -> Op:
+        return Op(new_request_id(), kind, machine_id, params)
+
+    def changed(self, machine_id: str) -> asyncio.Event:
+        event = self._changed.get(machine_id)
+        if event is None:
+            event = self._changed[machine_id] = asyncio.Event()
+        return event
+
+    def _notify(self, machine_id: str) -> None:
+        event = self._changed.pop(machine_id, None)
+        if event is not None:
+            event.set()
+
+    def _publish(self, row: MachineRow, event: MachineEvent) -> None:
+        self._on_event(
+            MachineEventMessage(
+                machine_id=row.id,
+                app=row.app,
+                worker_id=self.worker_id,
+                region=row.region,
+                state=row.state,
+                event=event,
+            )
+        )

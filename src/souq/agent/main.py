@@ -1,0 +1,190 @@
+"""Running an agent: :class:`Agent` wires the pieces, :func:`serve` embeds one in an event loop,
+:func:`run` is the blocking entry point behind ``souq agent``.
+
+Start-up order: open the store (which locks the data dir), fingerprint the host, re-adopt running
+machines and resume unfinished operations, connect to NATS, subscribe, announce a heartbeat.
+Shutdown order: stop taking requests, stop the machines (only with ``stop_machines_on_exit``;
+otherwise they keep running for the next agent to re-adopt), publish the last events, close the
+store and the connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from souq.agent.commands import Commands
+from souq.agent.config import AgentConfig
+from souq.agent.executor import Executor
+from souq.agent.fingerprint import capacity_of, fingerprint
+from souq.agent.service import AgentService
+from souq.agent.store import Store
+from souq.bus.transport import Transport
+from souq.clock import Clock, SystemClock
+from souq.drivers.exec import ExecDriver
+from souq.model.protocol import MachineEventMessage
+
+__all__ = ["Agent", "run", "serve"]
+
+log = logging.getLogger(__name__)
+
+
+class Agent:
+    """One worker agent. ``await start()``, then ``await aclose()``.
+
+    Pass a ``transport`` to run on a bus you own (e.g. :class:`souq.bus.MemoryTransport`);
+    otherwise the agent connects to ``config.nats_url`` and closes the connection itself.
+    """
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        *,
+        transport: Transport | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        self.config = config
+        self._transport = transport
+        self._own_transport = transport is None
+        self._clock = clock or SystemClock()
+        self._store: Store | None = None
+        self._executor: Executor | None = None
+        self._commands: Commands | None = None
+        self._service: AgentService | None = None
+        self.fingerprint = fingerprint(config)
+        self.capacity = capacity_of(self.fingerprint)
+        self.worker_id = ""
+
+    @property
+    def executor(self) -> Executor:
+        assert self._executor is not None, "the agent is not started"
+        return self._executor
+
+    @property
+    def commands(self) -> Commands:
+        assert self._commands is not None, "the agent is not started"
+        return self._commands
+
+    @property
+    def store(self) -> Store:
+        assert self._store is not None, "the agent is not started"
+        return self._store
+
+    async def start(self) -> None:
+        config = self.config
+        self._store = Store(config.data_dir)
+        try:
+            self.worker_id = self._store.worker_id()
+            outbox: asyncio.Queue[MachineEventMessage] = asyncio.Queue()
+            self._executor = Executor(
+                worker_id=self.worker_id,
+                region=config.region,
+                store=self._store,
+                driver=ExecDriver(config.data_dir / "machines"),
+                backoff=config.backoff,
+                clock=self._clock,
+                on_event=outbox.put_nowait,
+            )
+            self._commands = Commands(self._executor, self._clock)
+            self._executor.recover()
+            if self._transport is None:
+                from souq.bus.nats import connect
+
+                self._transport = await connect(
+                    config.nats_url, name=f"souq-agent-{self.worker_id}"
+                )
+            self._service = AgentService(
+                self._executor,
+                self._commands,
+                self._transport,
+                outbox,
+                capacity=self.capacity,
+                labels=config.labels,
+                fingerprint=self.fingerprint,
+                heartbeat_interval_s=config.heartbeat_interval_s,
+                clock=self._clock,
+            )
+            await self._service.start()
+        except BaseException:
+            await self.aclose()
+            raise
+        log.info("agent %s ready in region %s", self.worker_id, config.region)
+
+    async def aclose(self) -> None:
+        if self._service is not None:
+            await self._service.stop_listening()
+        if self._commands is not None and self.config.stop_machines_on_exit:
+            await self._commands.stop_all()
+        if self._executor is not None:
+            await self._executor.shutdown()
+            self._executor = self._commands = None
+        if self._service is not None:
+            await self._service.aclose()
+            self._service = None
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+        if self._transport is not None and self._own_transport:
+            await self._transport.close()
+            self._transport = None
+
+    def ready_line(self) -> str:
+        return (
+            f"souq agent {self.worker_id} ready in region {self.config.region} "
+            f"({self.capacity.cpus:g} cpus, {self.capacity.memory_mb} MiB)"
+        )
+
+
+async def serve(
+    config: AgentConfig,
+    *,
+    ready: asyncio.Event | None = None,
+    stop: asyncio.Event | None = None,
+    transport: Transport | None = None,
+) -> None:
+    """Run an agent until ``stop`` is set (forever without one). ``ready`` is set once it
+    answers on the bus."""
+    agent = Agent(config, transport=transport)
+    await agent.start()
+    try:
+        if ready is not None:
+            ready.set()
+        await (stop or asyncio.Event()).wait()
+    finally:
+        await asyncio.shield(agent.aclose())
+
+
+def run(config: AgentConfig) -> None:
+    """Run an agent in the foreground until SIGINT or SIGTERM (blocking). Prints one line to
+    stderr when ready: ``souq agent <worker id> ready in region <region> (<n> cpus, <m> MiB)``.
+    Uses uvloop when it is installed."""
+    loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None
+    try:
+        import uvloop
+
+        loop_factory = uvloop.new_event_loop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        pass
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        runner.run(_main(config))
+
+
+def _main(config: AgentConfig) -> Coroutine[Any, Any, None]:
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        agent = Agent(config)
+        await agent.start()
+        print(agent.ready_line(), file=sys.stderr, flush=True)
+        try:
+            await stop.wait()
+        finally:
+            await agent.aclose()
+
+    return main()

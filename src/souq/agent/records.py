@@ -1,0 +1,74 @@
+"""The agent's own records: a machine row as stored, and one step of the op log."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from souq.agent.operations import OpEvent, OpKind, OpState
+from souq.clock import iso_from_ms
+from souq.model.machine import Machine, MachineConfig, MachineEvent, MachineState
+from souq.model.placement import Placement
+from souq.model.resources import Resources
+
+__all__ = ["RECENT_EVENTS", "MachineRow", "OpStep"]
+
+RECENT_EVENTS = 20  # events kept on the machine record (newest first); the `events` verb has all
+
+
+@dataclass(frozen=True)
+class MachineRow:
+    """One machine as the agent keeps it. Immutable: a change makes a new row, written to the
+    store first and kept in memory only once the write committed."""
+
+    id: str
+    app: str
+    name: str
+    region: str
+    request_id: str
+    body_hash: str
+    state: MachineState
+    config: MachineConfig
+    placement: Placement | None
+    created_at: int  # ms since the epoch
+    updated_at: int
+    pid: int | None = None
+    pid_start_time: float | None = None
+    restarts: int = 0
+    exit_code: int | None = None
+    events: tuple[MachineEvent, ...] = ()  # newest first, at most RECENT_EVENTS
+
+    @property
+    def resources(self) -> Resources:
+        return self.config.guest.resources()
+
+    def to_machine(self, worker_id: str) -> Machine:
+        return Machine(
+            id=self.id,
+            name=self.name,
+            app=self.app,
+            region=self.region,
+            worker_id=worker_id,
+            state=self.state,
+            config=self.config,
+            created_at=iso_from_ms(self.created_at),
+            updated_at=iso_from_ms(self.updated_at),
+            events=list(self.events),
+            placement=self.placement,
+            restarts=self.restarts,
+            pid=self.pid,
+            exit_code=self.exit_code,
+        )
+
+
+@dataclass(frozen=True)
+class OpStep:
+    """One row of the op log: operation ``op_id`` reached ``state`` through ``event``."""
+
+    op_id: str
+    machine_id: str
+    kind: OpKind
+    state: OpState
+    event: OpEvent
+    ts: int
+    detail: dict[str, Any] = field(default_factory=dict)

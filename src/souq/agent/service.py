@@ -1,0 +1,282 @@
+"""The agent on the bus: exactly the subjects and messages of docs/architecture.md.
+
+* ``souq.offers.<region>``: answer an :class:`Offer` (eligible, or why not).
+* ``souq.worker.<id>.<verb>``: ``claim``, ``get``, ``start``, ``stop``, ``restart``, ``signal``,
+  ``destroy``, ``wait``, ``logs``, ``events``.
+* ``souq.all.list`` and ``souq.all.locate``: every worker answers for its own machines.
+* ``souq.discover``: publish a heartbeat at once.
+* Publishes a :class:`Heartbeat` on ``souq.hb.<region>.<id>`` every interval (and at start and on
+  reconnect) and a :class:`MachineEventMessage` on ``souq.evt.<region>.<id>`` for every event.
+
+Every reply is a ``Reply`` envelope: a typed error from the tree crosses the bus intact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from pydantic import BaseModel
+
+from souq.agent.capacity import shortfall
+from souq.agent.commands import Commands
+from souq.agent.executor import Executor
+from souq.bus import subjects
+from souq.bus.codec import decode, encode, error_reply, ok_reply
+from souq.bus.transport import Subscription, Transport
+from souq.clock import Clock
+from souq.errors import NotFound, SouqError, Unavailable
+from souq.model.protocol import (
+    ClaimRequest,
+    DestroyCommand,
+    EventsCommand,
+    ListCommand,
+    LocateCommand,
+    LocateReply,
+    LogsCommand,
+    MachineEventMessage,
+    MachineRef,
+    Offer,
+    OfferRequest,
+    SignalCommand,
+    StopCommand,
+    WaitCommand,
+)
+from souq.model.resources import Resources
+from souq.model.worker import Fingerprint, Heartbeat, WorkerInfo, WorkerState
+
+__all__ = ["AgentService"]
+
+log = logging.getLogger(__name__)
+
+Verb = Callable[[bytes], Awaitable[BaseModel | list[Any]]]
+
+
+class AgentService:
+    def __init__(
+        self,
+        executor: Executor,
+        commands: Commands,
+        transport: Transport,
+        outbox: asyncio.Queue[MachineEventMessage],
+        *,
+        capacity: Resources,
+        labels: dict[str, str],
+        fingerprint: Fingerprint,
+        heartbeat_interval_s: float,
+        clock: Clock,
+    ) -> None:
+        self._ex = executor
+        self._cmd = commands
+        self._transport = transport
+        self._outbox = outbox
+        self.worker_id = executor.worker_id
+        self.region = executor.region
+        self.capacity = capacity
+        self.labels = dict(labels)
+        self.fingerprint = fingerprint
+        self._interval = heartbeat_interval_s
+        self._clock = clock
+        self._seq = 0
+        self._subs: list[Subscription] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self._hooks: list[Callable[[], Any]] | None = None
+        self._verbs: dict[str, Verb] = {
+            "claim": self._claim,
+            "get": self._get,
+            "start": self._start,
+            "stop": self._stop,
+            "restart": self._restart,
+            "signal": self._signal,
+            "destroy": self._destroy,
+            "wait": self._wait,
+            "logs": self._logs,
+            "events": self._events,
+        }
+
+    # -- life ----------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        t = self._transport
+        self._subs = [
+            await t.subscribe(subjects.offers(self.region), self._on_offer),
+            await t.subscribe(subjects.worker_verbs(self.worker_id), self._on_worker),
+            await t.subscribe(subjects.all_workers("list"), self._on_list),
+            await t.subscribe(subjects.all_workers("locate"), self._on_locate),
+            await t.subscribe(subjects.DISCOVER, self._on_discover),
+        ]
+        hooks = getattr(t, "on_reconnect", None)
+        if isinstance(hooks, list):  # NATS: announce ourselves again after an outage
+            hooks.append(self.heartbeat)
+            self._hooks = hooks
+        flush = getattr(t, "flush", None)
+        if flush is not None:
+            await flush()  # subscriptions are live on the server before we announce ourselves
+        loop = asyncio.get_running_loop()
+        self._tasks = [
+            loop.create_task(self._publish_events(), name="souq-agent-events"),
+            loop.create_task(self._heartbeats(), name="souq-agent-heartbeat"),
+        ]
+        await self.heartbeat()
+
+    async def stop_listening(self) -> None:
+        """Take no more requests (at shutdown, before machines are stopped)."""
+        for sub in self._subs:
+            await sub.unsubscribe()
+        self._subs = []
+        if self._hooks is not None:
+            with contextlib.suppress(ValueError):
+                self._hooks.remove(self.heartbeat)
+            self._hooks = None
+
+    async def aclose(self) -> None:
+        await self.stop_listening()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        while not self._outbox.empty():  # events of the shutdown itself
+            await self._send_event(self._outbox.get_nowait())
+
+    # -- heartbeats and events -----------------------------------------------------------------
+
+    def worker_info(self) -> WorkerInfo:
+        return WorkerInfo(
+            id=self.worker_id,
+            region=self.region,
+            state=WorkerState.UP,
+            capacity=self.capacity,
+            allocated=self._ex.allocated,
+            labels=self.labels,
+            fingerprint=self.fingerprint,
+            machines=self._ex.machine_count(),
+            last_seen=self._clock.now_ms(),
+        )
+
+    async def heartbeat(self) -> None:
+        self._seq += 1
+        beat = Heartbeat(worker=self.worker_info(), seq=self._seq, interval_s=self._interval)
+        try:
+            await self._transport.publish(
+                subjects.heartbeat(self.region, self.worker_id), encode(beat)
+            )
+        except Unavailable as exc:
+            log.debug("heartbeat not sent: %s", exc)
+
+    async def _heartbeats(self) -> None:
+        while True:
+            await asyncio.sleep(self._interval)
+            await self.heartbeat()
+
+    async def _publish_events(self) -> None:
+        while True:
+            await self._send_event(await self._outbox.get())
+
+    async def _send_event(self, msg: MachineEventMessage) -> None:
+        try:
+            await self._transport.publish(subjects.events(self.region, self.worker_id), encode(msg))
+        except Unavailable as exc:
+            log.warning("event of machine %s not published: %s", msg.machine_id, exc)
+
+    # -- requests ------------------------------------------------------------------------------
+
+    async def _answer(self, verb: Verb, data: bytes) -> bytes:
+        try:
+            return ok_reply(await verb(data))
+        except SouqError as exc:
+            return error_reply(exc)
+        except Exception as exc:
+            log.exception("the agent failed to answer a request")
+            return error_reply(SouqError(f"worker {self.worker_id} failed: {exc!r}"))
+
+    async def _on_worker(self, subject: str, data: bytes) -> bytes:
+        name = subjects.verb_of(subject)
+        verb = self._verbs.get(name)
+        if verb is None:
+            return error_reply(NotFound(f"worker {self.worker_id} has no verb {name!r}"))
+        return await self._answer(verb, data)
+
+    async def _on_offer(self, subject: str, data: bytes) -> bytes:
+        return await self._answer(self._offer, data)
+
+    async def _on_list(self, subject: str, data: bytes) -> bytes:
+        return await self._answer(self._list, data)
+
+    async def _on_locate(self, subject: str, data: bytes) -> bytes:
+        return await self._answer(self._locate, data)
+
+    async def _on_discover(self, subject: str, data: bytes) -> None:
+        await self.heartbeat()
+
+    def offer(self, req: OfferRequest) -> Offer:
+        info = self.worker_info()
+        existing = self._ex.machine_for_request(req.request_id)
+        if existing is not None:
+            return Offer(worker=info, eligible=True, existing_machine_id=existing)
+        short = shortfall(req.resources, info.capacity, info.allocated)
+        if short is not None:
+            return Offer(worker=info, eligible=False, reason=short.reason, detail=short.detail)
+        return Offer(worker=info, eligible=True)
+
+    async def _offer(self, data: bytes) -> Offer:
+        return self.offer(decode(data, OfferRequest))
+
+    async def _list(self, data: bytes) -> list[Any]:
+        cmd = decode(data, ListCommand)
+        return self._ex.list_machines(cmd.app, include_destroyed=cmd.include_destroyed)
+
+    async def _locate(self, data: bytes) -> LocateReply:
+        cmd = decode(data, LocateCommand)
+        return LocateReply(worker_id=self.worker_id, found=self._ex.has(cmd.machine_id))
+
+    async def _claim(self, data: bytes) -> BaseModel:
+        return self._cmd.claim(decode(data, ClaimRequest), self.capacity)
+
+    async def _get(self, data: bytes) -> BaseModel:
+        ref = decode(data, MachineRef)
+        return self._ex.machine(ref.app, ref.machine_id)
+
+    async def _start(self, data: bytes) -> BaseModel:
+        ref = decode(data, MachineRef)
+        return self._cmd.start(ref.app, ref.machine_id)
+
+    async def _stop(self, data: bytes) -> BaseModel:
+        cmd = decode(data, StopCommand)
+        return self._cmd.stop(cmd.app, cmd.machine_id, signal=cmd.signal, timeout_s=cmd.timeout_s)
+
+    async def _restart(self, data: bytes) -> BaseModel:
+        cmd = decode(data, StopCommand)
+        return await self._cmd.restart(
+            cmd.app, cmd.machine_id, signal=cmd.signal, timeout_s=cmd.timeout_s
+        )
+
+    async def _signal(self, data: bytes) -> BaseModel:
+        cmd = decode(data, SignalCommand)
+        return self._cmd.signal(cmd.app, cmd.machine_id, cmd.signal)
+
+    async def _destroy(self, data: bytes) -> BaseModel:
+        cmd = decode(data, DestroyCommand)
+        return await self._cmd.destroy(cmd.app, cmd.machine_id, force=cmd.force)
+
+    async def _wait(self, data: bytes) -> BaseModel:
+        cmd = decode(data, WaitCommand)
+        return await self._cmd.wait(cmd.app, cmd.machine_id, cmd.state, cmd.timeout_s)
+
+    async def _logs(self, data: bytes) -> BaseModel:
+        cmd = decode(data, LogsCommand)
+        return await self._cmd.logs(
+            cmd.app,
+            cmd.machine_id,
+            offset=cmd.offset,
+            max_bytes=cmd.max_bytes,
+            wait_s=cmd.wait_s,
+        )
+
+    async def _events(self, data: bytes) -> list[Any]:
+        cmd = decode(data, EventsCommand)
+        return self._cmd.events(cmd.app, cmd.machine_id)

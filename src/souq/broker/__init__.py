@@ -1,0 +1,27 @@
+"""The broker: the public HTTP API. It places machines through the market (solicit offers →
+rank → claim), forwards commands to the worker that owns each machine, and serves the worker
+table it learns from heartbeats. It holds no state of record.
+
+=================  ===========================================================================
+module             holds
+=================  ===========================================================================
+``config``         :class:`BrokerConfig`
+``liveness``       the worker table, from heartbeats (up / down / cordoned)
+``market``         placement: solicit, rank, claim, explain
+``directory``      which worker owns which machine
+``idempotency``    request ids, body hashes, coalescing of identical creates
+``service``        the use cases (:class:`BrokerService`)
+``schemas``        the HTTP request bodies and the error body
+``http_errors``    errors → ``{error, status, hint?}`` with their HTTP status
+``app``            the FastAPI routes (:func:`create_app`)
+``main``           :func:`serve` (embeddable) and :func:`run` (the daemon)
+=================  ===========================================================================
+"""
+
+from souq.broker.app import create_app
+from souq.broker.config import BrokerConfig
+from souq.broker.liveness import Liveness
+from souq.broker.market import Market
+from souq.broker.service import BrokerService
+
+__all__ = ["BrokerConfig", "BrokerService", "Liveness", "Market", "create_app"]

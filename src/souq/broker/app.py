@@ -1,0 +1,250 @@
+"""The HTTP API: thin routes over :class:`BrokerService`. Each route parses its input, calls one
+use case and answers JSON; errors are answered by :mod:`souq.broker.http_errors`.
+
+Request bodies are parsed here rather than by FastAPI so that they are validated as JSON against
+Souq's strict models (unknown keys rejected, no silent coercion), and so that a body that is not
+JSON at all is told apart (400 ``malformed_request``) from a wrong field (422 ``invalid_input``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Sequence
+from typing import Annotated, Any, TypeVar
+
+from fastapi import Depends, FastAPI, Header, Query, Request
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import PlainTextResponse, Response, StreamingResponse
+from pydantic import BaseModel, ValidationError
+
+from souq import __version__
+from souq.broker.http_errors import install_error_handlers, invalid_input
+from souq.broker.schemas import (
+    CreateMachineRequest,
+    ErrorBody,
+    Health,
+    SignalRequest,
+    StopRequest,
+    check_app_name,
+)
+from souq.broker.service import BrokerService
+from souq.errors import InvalidInput, MalformedRequest, SouqError, Unavailable
+from souq.model import Machine, MachineEvent, MachineState, WorkerInfo
+
+__all__ = ["create_app"]
+
+log = logging.getLogger(__name__)
+
+M = TypeVar("M", bound=BaseModel)
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody, "description": text}
+    for code, text in {
+        400: "the body is not JSON (`malformed_request`)",
+        404: "no such machine (`not_found`)",
+        409: "`illegal_transition`, `idempotency_conflict` or `insufficient_capacity`",
+        422: "a field is invalid (`invalid_input`, `unknown_region`)",
+        503: "NATS or the owning worker is unreachable (`unavailable`)",
+    }.items()
+}
+
+
+def _body_schema(model: type[BaseModel], *, required: bool = True) -> dict[str, Any]:
+    ref = {"$ref": f"#/components/schemas/{model.__name__}"}
+    return {"requestBody": {"required": required, "content": {"application/json": {"schema": ref}}}}
+
+
+async def _parse(request: Request, model: type[M], *, optional: bool = False) -> M:
+    raw = await request.body()
+    if not raw.strip():
+        if optional:
+            return model()
+        raise MalformedRequest(
+            "the request body is empty",
+            hint="send a JSON object with Content-Type: application/json",
+        )
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as exc:
+        raise invalid_input(exc.errors()) from exc
+
+
+def _json(value: BaseModel | Sequence[BaseModel], status_code: int = 200) -> Response:
+    if isinstance(value, BaseModel):
+        content = value.model_dump_json()
+    else:
+        content = "[" + ",".join(v.model_dump_json() for v in value) + "]"
+    return Response(content, status_code=status_code, media_type="application/json")
+
+
+def _app_name(app: str) -> str:
+    problem = check_app_name(app)
+    if problem:
+        raise InvalidInput(problem)
+    return app
+
+
+AppName = Annotated[str, Depends(_app_name)]
+
+
+def create_app(service: BrokerService) -> FastAPI:
+    """The broker's ASGI app. The caller owns ``service`` (starts and closes it)."""
+    api = FastAPI(
+        title="Souq Machines API",
+        version=__version__,
+        description="Place and run machines on a Souq cluster.",
+        separate_input_output_schemas=False,
+        responses=_ERRORS,
+    )
+    install_error_handlers(api)
+    _install_openapi(api, [CreateMachineRequest, StopRequest, SignalRequest])
+    machine_path = "/v1/apps/{app}/machines/{machine_id}"
+
+    @api.get("/healthz", response_model=Health, tags=["cluster"])
+    async def healthz() -> Response:
+        if not service.connected:
+            raise Unavailable("NATS is unreachable", hint="check the NATS server")
+        return _json(Health(workers=service.liveness.live_count()))
+
+    @api.get("/v1/workers", response_model=list[WorkerInfo], tags=["cluster"])
+    async def list_workers() -> Response:
+        return _json(await service.workers())
+
+    @api.post(
+        "/v1/apps/{app}/machines",
+        status_code=201,
+        response_model=Machine,
+        openapi_extra=_body_schema(CreateMachineRequest),
+        tags=["machines"],
+    )
+    async def create_machine(
+        app: AppName,
+        request: Request,
+        idempotency_key: Annotated[
+            str | None, Header(alias="Idempotency-Key", max_length=255)
+        ] = None,
+    ) -> Response:
+        body = await _parse(request, CreateMachineRequest)
+        machine = await service.create_machine(app, body, idempotency_key=idempotency_key)
+        return _json(machine, status_code=201)
+
+    @api.get("/v1/apps/{app}/machines", response_model=list[Machine], tags=["machines"])
+    async def list_machines(app: AppName) -> Response:
+        return _json(await service.list_machines(app))
+
+    @api.get(machine_path, response_model=Machine, tags=["machines"])
+    async def get_machine(app: AppName, machine_id: str) -> Response:
+        return _json(await service.get_machine(app, machine_id))
+
+    @api.delete(machine_path, response_model=Machine, tags=["machines"])
+    async def destroy_machine(app: AppName, machine_id: str, force: bool = False) -> Response:
+        return _json(await service.destroy_machine(app, machine_id, force=force))
+
+    @api.post(machine_path + "/start", response_model=Machine, tags=["machines"])
+    async def start_machine(app: AppName, machine_id: str) -> Response:
+        return _json(await service.start_machine(app, machine_id))
+
+    @api.post(
+        machine_path + "/stop",
+        response_model=Machine,
+        openapi_extra=_body_schema(StopRequest, required=False),
+        tags=["machines"],
+    )
+    async def stop_machine(app: AppName, machine_id: str, request: Request) -> Response:
+        body = await _parse(request, StopRequest, optional=True)
+        machine = await service.stop_machine(
+            app, machine_id, signal=body.signal, timeout_s=body.timeout_s
+        )
+        return _json(machine)
+
+    @api.post(
+        machine_path + "/restart",
+        response_model=Machine,
+        openapi_extra=_body_schema(StopRequest, required=False),
+        tags=["machines"],
+    )
+    async def restart_machine(app: AppName, machine_id: str, request: Request) -> Response:
+        body = await _parse(request, StopRequest, optional=True)
+        machine = await service.restart_machine(
+            app, machine_id, signal=body.signal, timeout_s=body.timeout_s
+        )
+        return _json(machine)
+
+    @api.post(
+        machine_path + "/signal",
+        response_model=Machine,
+        openapi_extra=_body_schema(SignalRequest),
+        tags=["machines"],
+    )
+    async def signal_machine(app: AppName, machine_id: str, request: Request) -> Response:
+        body = await _parse(request, SignalRequest)
+        return _json(await service.signal_machine(app, machine_id, body.signal))
+
+    @api.get(
+        machine_path + "/wait",
+        response_model=Machine,
+        responses={408: {"model": ErrorBody, "description": "not reached in time (`timeout`)"}},
+        tags=["machines"],
+    )
+    async def wait_machine(
+        app: AppName,
+        machine_id: str,
+        state: Annotated[MachineState, Query(description="the state to wait for")],
+        timeout: Annotated[float, Query(ge=0, le=3600, description="seconds")] = 60.0,
+    ) -> Response:
+        return _json(await service.wait(app, machine_id, state, timeout_s=timeout))
+
+    @api.get(
+        machine_path + "/logs",
+        response_class=PlainTextResponse,
+        responses={200: {"content": {"text/plain": {}}, "description": "the machine's output"}},
+        tags=["machines"],
+    )
+    async def machine_logs(app: AppName, machine_id: str, follow: bool = False) -> Response:
+        if not follow:
+            return PlainTextResponse(await service.logs(app, machine_id))
+        await service.get_machine(app, machine_id)  # a 404 before the stream starts
+        return StreamingResponse(
+            _until_error(service.follow_logs(app, machine_id)),
+            media_type="text/plain; charset=utf-8",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+
+    @api.get(machine_path + "/events", response_model=list[MachineEvent], tags=["machines"])
+    async def machine_events(app: AppName, machine_id: str) -> Response:
+        return _json(await service.events(app, machine_id))
+
+    return api
+
+
+async def _until_error(chunks: AsyncIterator[str]) -> AsyncIterator[str]:
+    """A stream already under way cannot change its status: it ends at the first error."""
+    try:
+        async for chunk in chunks:
+            yield chunk
+    except SouqError as exc:
+        log.warning("a followed log stream ended early: %s", exc)
+
+
+def _install_openapi(api: FastAPI, bodies: Sequence[type[BaseModel]]) -> None:
+    """FastAPI's schema, plus the request bodies that the routes parse themselves."""
+
+    def openapi() -> dict[str, Any]:
+        if api.openapi_schema is None:
+            schema = get_openapi(
+                title=api.title,
+                version=api.version,
+                description=api.description,
+                routes=api.routes,
+                separate_input_output_schemas=False,
+            )
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            for model in bodies:
+                extra = model.model_json_schema(ref_template="#/components/schemas/{model}")
+                for name, definition in extra.pop("$defs", {}).items():
+                    components.setdefault(name, definition)
+                components.setdefault(model.__name__, extra)
+            api.openapi_schema = schema
+        return api.openapi_schema
+
+    api.openapi = openapi  # type: ignore[method-assign]

@@ -1,0 +1,75 @@
+"""Which worker owns which machine: a cache filled by creates, listings and machine events, with
+``souq.all.locate`` as the fallback on a miss. Machines never move, so a cached route stays true
+until the machine's worker is gone for good."""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+
+from souq.broker.wire import load
+from souq.bus import Subscription, Transport, decode, encode, subjects, unwrap
+from souq.errors import NotFound, SouqError
+from souq.model import LocateCommand, LocateReply, MachineEventMessage
+
+__all__ = ["Directory"]
+
+log = logging.getLogger(__name__)
+
+
+class Directory:
+    def __init__(self, transport: Transport, *, max_entries: int = 100_000) -> None:
+        self._transport = transport
+        self._routes: OrderedDict[str, str] = OrderedDict()
+        self._max = max_entries
+        self._sub: Subscription | None = None
+
+    async def start(self) -> None:
+        self._sub = await self._transport.subscribe(subjects.ALL_EVENTS, self._on_event)
+
+    async def close(self) -> None:
+        if self._sub is not None:
+            await self._sub.unsubscribe()
+            self._sub = None
+
+    async def _on_event(self, subject: str, data: bytes) -> None:
+        try:
+            message = decode(data, MachineEventMessage)
+        except SouqError as exc:
+            log.warning("ignoring a machine event on %s: %s", subject, exc)
+            return
+        self.remember(message.machine_id, message.worker_id)
+
+    def remember(self, machine_id: str, worker_id: str) -> None:
+        self._routes[machine_id] = worker_id
+        self._routes.move_to_end(machine_id)
+        while len(self._routes) > self._max:
+            self._routes.popitem(last=False)
+
+    def cached(self, machine_id: str) -> str | None:
+        return self._routes.get(machine_id)
+
+    async def owner(self, machine_id: str, *, expect: int, timeout: float) -> str:
+        """The worker holding ``machine_id``; asks every worker on a cache miss."""
+        worker_id = self._routes.get(machine_id)
+        if worker_id is not None:
+            return worker_id
+        replies = await self._transport.gather(
+            subjects.all_workers("locate"),
+            encode(LocateCommand(machine_id=machine_id)),
+            expect=expect or None,
+            timeout=timeout,
+        )
+        for data in replies:
+            try:
+                reply = load(LocateReply, unwrap(data))
+            except (SouqError, ValueError) as exc:
+                log.warning("ignoring a locate reply that could not be read: %s", exc)
+                continue
+            if reply.found:
+                self.remember(machine_id, reply.worker_id)
+                return reply.worker_id
+        raise NotFound(
+            f"machine {machine_id} not found",
+            hint="list the app's machines with `souq machine list --app APP`",
+        )

@@ -1,0 +1,141 @@
+"""Worker liveness: the broker's table of workers, learnt from their heartbeats.
+
+A worker is ``up`` while its heartbeats arrive, ``cordoned`` when it says so, and ``down`` once
+``down_after_missed`` of its heartbeat intervals pass without one. The state is computed when the
+table is read, so no timer runs; the injected clock makes it testable.
+
+Heartbeats come every interval, so the capacity they report can lag a claim or a destroy by that
+much. :meth:`Liveness.refresh` asks every worker for a heartbeat now (``souq.discover``) and waits
+until each live one has answered, for a table that is exact at the time of the call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+from souq.bus import Subscription, Transport, decode, subjects
+from souq.clock import Clock
+from souq.errors import SouqError
+from souq.model import Heartbeat, WorkerInfo, WorkerState
+
+__all__ = ["Liveness"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Entry:
+    info: WorkerInfo
+    interval_s: float
+    last_beat: float  # clock.monotonic() when the last heartbeat arrived
+    last_seen_ms: int
+    received: int  # the table's heartbeat counter when this one arrived
+
+
+class Liveness:
+    def __init__(self, transport: Transport, clock: Clock, *, down_after_missed: int = 3) -> None:
+        self._transport = transport
+        self._clock = clock
+        self._down_after_missed = down_after_missed
+        self._workers: dict[str, _Entry] = {}
+        self._sub: Subscription | None = None
+        self._received = 0
+        self._beat = asyncio.Event()
+
+    async def start(self) -> None:
+        """Listen to heartbeats, then ask every worker to announce itself at once."""
+        self._sub = await self._transport.subscribe(subjects.ALL_HEARTBEATS, self._on_heartbeat)
+        await self.discover()
+
+    async def discover(self) -> None:
+        await self._transport.publish(subjects.DISCOVER, b"")
+
+    async def close(self) -> None:
+        if self._sub is not None:
+            await self._sub.unsubscribe()
+            self._sub = None
+
+    async def _on_heartbeat(self, subject: str, data: bytes) -> None:
+        try:
+            beat = decode(data, Heartbeat)
+        except SouqError as exc:
+            log.warning("ignoring a heartbeat on %s: %s", subject, exc)
+            return
+        self.observe(beat)
+
+    def observe(self, beat: Heartbeat) -> None:
+        """Record one heartbeat."""
+        self._received += 1
+        self._workers[beat.worker.id] = _Entry(
+            info=beat.worker,
+            interval_s=beat.interval_s,
+            last_beat=self._clock.monotonic(),
+            last_seen_ms=self._clock.now_ms(),
+            received=self._received,
+        )
+        self._beat.set()
+        self._beat = asyncio.Event()
+
+    async def wait_workers(self, count: int, timeout: float) -> bool:
+        """Wait until at least ``count`` workers are known; False if ``timeout`` passes first."""
+        try:
+            async with asyncio.timeout(timeout):
+                while len(self._workers) < count:
+                    await self._beat.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    async def refresh(self, timeout: float) -> None:
+        """Ask for a heartbeat now and wait until every live worker has sent one (or until
+        ``timeout``: a worker that died a moment ago must not hold up the answer)."""
+        mark = self._received
+        waiting = {
+            worker_id
+            for worker_id, entry in self._workers.items()
+            if self._state(entry) != WorkerState.DOWN
+        }
+        await self.discover()
+        try:
+            async with asyncio.timeout(timeout):
+                while any(self._workers[w].received <= mark for w in waiting):
+                    await self._beat.wait()
+        except TimeoutError:
+            pass
+
+    def _state(self, entry: _Entry) -> WorkerState:
+        silent_for = self._clock.monotonic() - entry.last_beat
+        if silent_for > self._down_after_missed * entry.interval_s:
+            return WorkerState.DOWN
+        if entry.info.state == WorkerState.CORDONED:
+            return WorkerState.CORDONED
+        return WorkerState.UP
+
+    def workers(self) -> list[WorkerInfo]:
+        """Every worker ever heard of, with its state now, by region then id."""
+        out = [
+            e.info.model_copy(update={"state": self._state(e), "last_seen": e.last_seen_ms})
+            for e in self._workers.values()
+        ]
+        return sorted(out, key=lambda w: (w.region, w.id))
+
+    def state_of(self, worker_id: str) -> WorkerState | None:
+        entry = self._workers.get(worker_id)
+        return None if entry is None else self._state(entry)
+
+    def regions(self) -> list[str]:
+        """Regions named by any heartbeat, even if all their workers are down now."""
+        return sorted({e.info.region for e in self._workers.values()})
+
+    def knows_region(self, region: str) -> bool:
+        return any(e.info.region == region for e in self._workers.values())
+
+    def live_count(self, region: str | None = None) -> int:
+        """Workers that answer requests (``up`` or ``cordoned``), in one region or in all."""
+        return sum(
+            1
+            for e in self._workers.values()
+            if (region is None or e.info.region == region) and self._state(e) != WorkerState.DOWN
+        )

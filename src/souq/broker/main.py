@@ -1,0 +1,161 @@
+"""Running a broker: connect to NATS, start the service, serve HTTP, shut down in order.
+
+:func:`serve` is the embeddable form (``souq dev`` runs a broker in its own event loop);
+:func:`run` is the daemon (``souq broker``): uvloop, and SIGINT/SIGTERM for an orderly stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+from collections.abc import Iterator
+
+import uvicorn
+
+from souq.broker.app import create_app
+from souq.broker.config import BrokerConfig
+from souq.broker.service import BrokerService
+from souq.bus.nats import NatsTransport, connect
+from souq.errors import Unavailable
+
+__all__ = ["run", "serve"]
+
+log = logging.getLogger(__name__)
+
+# How long open connections (e.g. `logs --follow` streams) may hold up a shutdown.
+GRACEFUL_SHUTDOWN_S = 2
+
+
+class _EmbeddedServer(uvicorn.Server):
+    """uvicorn without its own signal handlers (whoever runs the loop owns the signals), and
+    with an event for "listening"."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.listening = asyncio.Event()
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            self.listening.set()
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """Bind the listening socket here, so that a taken port is an error we can report (uvicorn
+    would exit the process)."""
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise Unavailable(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}",
+            hint="is another broker or `souq dev` using that port? pick another one",
+        ) from exc
+    return sock
+
+
+async def serve(
+    config: BrokerConfig,
+    *,
+    ready: asyncio.Event | None = None,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Serve the broker until ``stop`` is set (or for ever). ``ready`` is set once the HTTP
+    socket listens and the broker has asked the workers to announce themselves."""
+    transport = await _connect(config)
+    service = BrokerService(transport, config)
+    sock: socket.socket | None = None
+    try:
+        sock = _bind(config.listen_host, config.listen_port)
+        await service.start()
+        transport.on_reconnect.append(service.liveness.discover)
+        server = _EmbeddedServer(
+            uvicorn.Config(
+                create_app(service),
+                host=config.listen_host,
+                port=config.listen_port,
+                http="httptools",
+                lifespan="off",
+                access_log=False,
+                log_level="warning",
+                timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+            )
+        )
+        serving = asyncio.create_task(server.serve([sock]), name="souq-broker-http")
+        listening = asyncio.create_task(server.listening.wait(), name="souq-broker-listening")
+        stopping = asyncio.create_task((stop or asyncio.Event()).wait(), name="souq-broker-stop")
+        try:
+            await asyncio.wait({serving, listening}, return_when=asyncio.FIRST_COMPLETED)
+            if serving.done():
+                serving.result()  # raises the start-up error, if any
+                raise Unavailable("the broker's HTTP server stopped at start-up")
+            host, port = sock.getsockname()[:2]
+            log.info("broker listening on http://%s:%s", host, port)
+            if ready is not None:
+                ready.set()
+            await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            if serving.done():
+                serving.result()  # the HTTP server failed: say why
+        finally:
+            server.should_exit = True
+            for task in (listening, stopping):
+                task.cancel()
+            await asyncio.gather(serving, listening, stopping, return_exceptions=True)
+    finally:
+        if sock is not None:
+            sock.close()
+        await service.close()
+        await transport.close()
+
+
+async def _connect(config: BrokerConfig) -> NatsTransport:
+    # The deadline is kept here as well as in `connect`: nats-py retries a first connection for
+    # ever when reconnects are unbounded, and a broker pointed at the wrong URL must say so.
+    timeout = config.nats_connect_timeout_s
+    try:
+        async with asyncio.timeout(timeout):
+            return await connect(config.nats_url, name="souq-broker", connect_timeout=timeout)
+    except TimeoutError:
+        raise Unavailable(
+            f"cannot connect to NATS at {config.nats_url} within {timeout:g}s",
+            hint="is the NATS server running? check --nats",
+        ) from None
+
+
+def run(config: BrokerConfig) -> None:
+    """Run a broker in the foreground until SIGINT or SIGTERM."""
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            await serve(config, stop=stop)
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        runner.run(main())
+
+
+def _loop_factory() -> type[asyncio.AbstractEventLoop] | None:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is not built for every platform
+        return None
+    loop_class: type[asyncio.AbstractEventLoop] = uvloop.Loop
+    return loop_class

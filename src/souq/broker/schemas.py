@@ -1,0 +1,91 @@
+"""The HTTP API's own bodies: what a caller sends, and the error and health answers. Machines,
+workers and events are the models of :mod:`souq.model`."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from souq.model import APP_NAME_PATTERN, Input, MachineConfig, normalise_signal
+from souq.model.machine import validate_name
+
+__all__ = [
+    "REGION_PATTERN",
+    "CreateMachineRequest",
+    "ErrorBody",
+    "Health",
+    "SignalRequest",
+    "StopRequest",
+    "check_app_name",
+]
+
+REGION_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"  # as the agent accepts
+_APP = re.compile(APP_NAME_PATTERN)
+
+
+def check_app_name(app: str) -> str | None:
+    """Why ``app`` is not a valid app name, or None when it is."""
+    if _APP.match(app):
+        return None
+    return (
+        f"app name {app!r} is not valid: use 1-63 lowercase letters, digits and '-', "
+        "starting with a letter or digit"
+    )
+
+
+class CreateMachineRequest(Input):
+    """``POST /v1/apps/{app}/machines``."""
+
+    name: str | None = Field(default=None, description="defaults to a generated name")
+    region: str = Field(pattern=REGION_PATTERN, description="where to place the machine")
+    skip_launch: bool = Field(default=False, description="create it, but do not start it")
+    config: MachineConfig
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str | None) -> str | None:
+        return validate_name(v)
+
+
+class StopRequest(Input):
+    """``POST .../stop`` and ``.../restart`` (the body is optional)."""
+
+    signal: str | None = Field(default=None, description="defaults to the machine's stop signal")
+    timeout_s: float | None = Field(
+        default=None, ge=0, le=3600, description="seconds before SIGKILL follows the signal"
+    )
+
+    @field_validator("signal", mode="before")
+    @classmethod
+    def _signal(cls, v: Any) -> str | None:
+        return None if v is None else normalise_signal(v)
+
+
+class SignalRequest(Input):
+    """``POST .../signal``."""
+
+    signal: str = Field(description="a name such as SIGUSR1 or USR1, or a number")
+
+    @field_validator("signal", mode="before")
+    @classmethod
+    def _signal(cls, v: Any) -> str:
+        return normalise_signal(v)
+
+
+class ErrorBody(BaseModel):
+    """Every error answer. More keys may follow (e.g. ``placement`` with
+    ``insufficient_capacity``)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    error: str = Field(description="what went wrong, in words")
+    status: str = Field(description="a stable machine-readable code, e.g. not_found")
+    hint: str | None = Field(default=None, description="what to do about it")
+
+
+class Health(BaseModel):
+    status: str = "ok"
+    nats: str = "connected"
+    workers: int = Field(description="live workers known to this broker")

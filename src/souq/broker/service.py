@@ -1,0 +1,264 @@
+"""The broker's use cases over the bus: create (through the market), read, command and follow
+machines, and the worker table. Holds no state of record: the workers do.
+
+Every machine command goes to the worker that owns the machine (see :class:`Directory`); the
+worker's typed errors (``not_found``, ``illegal_transition``, ``timeout``) reach the caller
+unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+from pydantic import BaseModel
+
+from souq.broker.config import BrokerConfig
+from souq.broker.directory import Directory
+from souq.broker.idempotency import Coalescer, body_hash
+from souq.broker.liveness import Liveness
+from souq.broker.market import Market
+from souq.broker.schemas import CreateMachineRequest
+from souq.broker.wire import ask_worker, load, load_list
+from souq.bus import Transport, encode, subjects, unwrap
+from souq.clock import Clock, SystemClock
+from souq.errors import SouqError, Unavailable
+from souq.ids import idempotent_request_id, new_request_id
+from souq.model import (
+    ClaimRequest,
+    DestroyCommand,
+    EventsCommand,
+    ListCommand,
+    LogsCommand,
+    LogsReply,
+    Machine,
+    MachineEvent,
+    MachineRef,
+    MachineState,
+    SignalCommand,
+    StopCommand,
+    WaitCommand,
+    WorkerInfo,
+)
+from souq.placement import Pipeline
+
+__all__ = ["BrokerService"]
+
+log = logging.getLogger(__name__)
+
+LOGS_CHUNK_BYTES = 65536
+LOGS_MAX_BYTES = 16 * 1024 * 1024  # a plain `logs` call returns at most this much
+FOLLOW_POLL_S = 10.0  # long-poll window of each `logs` request while following
+
+
+class BrokerService:
+    def __init__(
+        self,
+        transport: Transport,
+        config: BrokerConfig,
+        *,
+        clock: Clock | None = None,
+        pipeline: Pipeline | None = None,
+    ) -> None:
+        self.config = config
+        self._transport = transport
+        self._clock = clock or SystemClock()
+        self.liveness = Liveness(transport, self._clock, down_after_missed=config.down_after_missed)
+        self.directory = Directory(transport)
+        self.market = Market(transport, self.liveness, config, self._clock, pipeline=pipeline)
+        self._creates: Coalescer[Machine] = Coalescer()
+
+    async def start(self) -> None:
+        await self.directory.start()
+        await self.liveness.start()
+
+    async def close(self) -> None:
+        await self.liveness.close()
+        await self.directory.close()
+
+    @property
+    def connected(self) -> bool:
+        return self._transport.connected
+
+    # -- cluster ---------------------------------------------------------------------------
+
+    async def workers(self) -> list[WorkerInfo]:
+        """The worker table, refreshed: each live worker reports its allocation right now."""
+        if not self.connected:
+            raise Unavailable("NATS is unreachable", hint="check the NATS server")
+        await self.liveness.refresh(timeout=self.config.offer_timeout_s)
+        return self.liveness.workers()
+
+    # -- create ----------------------------------------------------------------------------
+
+    async def create_machine(
+        self, app: str, body: CreateMachineRequest, *, idempotency_key: str | None = None
+    ) -> Machine:
+        digest = body_hash(body)
+        request_id = (
+            idempotent_request_id(app, idempotency_key) if idempotency_key else new_request_id()
+        )
+        order = ClaimRequest(
+            request_id=request_id,
+            body_hash=digest,
+            app=app,
+            name=body.name,
+            region=body.region,
+            config=body.config,
+            skip_launch=body.skip_launch,
+        )
+
+        async def place() -> Machine:
+            machine = await self.market.place(order)
+            self.directory.remember(machine.id, machine.worker_id)
+            return machine
+
+        if idempotency_key is None:
+            return await place()
+        return await self._creates.run(request_id, digest, place, key=idempotency_key)
+
+    # -- read ------------------------------------------------------------------------------
+
+    async def list_machines(self, app: str) -> list[Machine]:
+        """Every worker's machines of ``app`` (not destroyed), oldest first."""
+        replies = await self._transport.gather(
+            subjects.all_workers("list"),
+            encode(ListCommand(app=app)),
+            expect=self.liveness.live_count() or None,
+            timeout=self.config.gather_timeout_s,
+        )
+        machines: dict[str, Machine] = {}
+        for data in replies:
+            try:
+                batch = load_list(Machine, unwrap(data))
+            except (SouqError, ValueError) as exc:
+                log.warning("ignoring a list reply that could not be read: %s", exc)
+                continue
+            for machine in batch:
+                self.directory.remember(machine.id, machine.worker_id)
+                machines[machine.id] = machine
+        return sorted(machines.values(), key=lambda m: (m.created_at, m.id))
+
+    async def get_machine(self, app: str, machine_id: str) -> Machine:
+        ref = MachineRef(app=app, machine_id=machine_id)
+        return load(Machine, await self._ask(machine_id, "get", ref))
+
+    async def events(self, app: str, machine_id: str) -> list[MachineEvent]:
+        """The machine's events, newest first."""
+        ref = EventsCommand(app=app, machine_id=machine_id)
+        return load_list(MachineEvent, await self._ask(machine_id, "events", ref))
+
+    # -- commands --------------------------------------------------------------------------
+
+    async def start_machine(self, app: str, machine_id: str) -> Machine:
+        ref = MachineRef(app=app, machine_id=machine_id)
+        return load(Machine, await self._ask(machine_id, "start", ref))
+
+    async def stop_machine(
+        self,
+        app: str,
+        machine_id: str,
+        *,
+        signal: str | None = None,
+        timeout_s: float | None = None,
+    ) -> Machine:
+        """Returns once the signal is sent (the machine is ``stopping``); see :meth:`wait`."""
+        cmd = StopCommand(app=app, machine_id=machine_id, signal=signal, timeout_s=timeout_s)
+        return load(Machine, await self._ask(machine_id, "stop", cmd))
+
+    async def restart_machine(
+        self,
+        app: str,
+        machine_id: str,
+        *,
+        signal: str | None = None,
+        timeout_s: float | None = None,
+    ) -> Machine:
+        """Returns once the machine has stopped and started again."""
+        grace = timeout_s if timeout_s is not None else await self._stop_timeout(app, machine_id)
+        cmd = StopCommand(app=app, machine_id=machine_id, signal=signal, timeout_s=timeout_s)
+        return load(Machine, await self._ask(machine_id, "restart", cmd, extra_s=grace))
+
+    async def signal_machine(self, app: str, machine_id: str, signal: str) -> Machine:
+        cmd = SignalCommand(app=app, machine_id=machine_id, signal=signal)
+        return load(Machine, await self._ask(machine_id, "signal", cmd))
+
+    async def destroy_machine(self, app: str, machine_id: str, *, force: bool = False) -> Machine:
+        """Returns once the machine is ``destroyed``."""
+        grace = 0.0 if force else await self._stop_timeout(app, machine_id)
+        cmd = DestroyCommand(app=app, machine_id=machine_id, force=force)
+        return load(Machine, await self._ask(machine_id, "destroy", cmd, extra_s=grace))
+
+    async def wait(
+        self, app: str, machine_id: str, state: MachineState, *, timeout_s: float
+    ) -> Machine:
+        """The machine once it reaches ``state``; :class:`WaitTimeout` after ``timeout_s``."""
+        cmd = WaitCommand(app=app, machine_id=machine_id, state=state, timeout_s=timeout_s)
+        return load(Machine, await self._ask(machine_id, "wait", cmd, extra_s=timeout_s))
+
+    # -- logs ------------------------------------------------------------------------------
+
+    async def logs(self, app: str, machine_id: str) -> str:
+        """The machine's output so far (at most the last ``LOGS_MAX_BYTES`` bytes read)."""
+        parts: list[str] = []
+        offset = 0
+        size = 0
+        while size < LOGS_MAX_BYTES:
+            reply = await self._logs(app, machine_id, offset, wait_s=0.0)
+            if not reply.data or reply.next_offset == offset:
+                break
+            parts.append(reply.data)
+            size += reply.next_offset - offset
+            offset = reply.next_offset
+        return "".join(parts)
+
+    async def follow_logs(self, app: str, machine_id: str) -> AsyncIterator[str]:
+        """The machine's output so far, then new output as it comes, until the machine is
+        destroyed (or the caller stops iterating)."""
+        offset = 0
+        while True:
+            reply = await self._logs(app, machine_id, offset, wait_s=FOLLOW_POLL_S)
+            if reply.data:
+                yield reply.data
+            offset = reply.next_offset
+            if reply.finished and not reply.data:
+                return
+
+    async def _logs(self, app: str, machine_id: str, offset: int, *, wait_s: float) -> LogsReply:
+        cmd = LogsCommand(
+            app=app,
+            machine_id=machine_id,
+            offset=offset,
+            max_bytes=LOGS_CHUNK_BYTES,
+            wait_s=wait_s,
+        )
+        return load(LogsReply, await self._ask(machine_id, "logs", cmd, extra_s=wait_s))
+
+    # -- routing ---------------------------------------------------------------------------
+
+    async def _ask(
+        self, machine_id: str, verb: str, body: BaseModel, *, extra_s: float = 0.0
+    ) -> object:
+        worker_id = await self.directory.owner(
+            machine_id, expect=self.liveness.live_count(), timeout=self.config.gather_timeout_s
+        )
+        try:
+            return await ask_worker(
+                self._transport,
+                worker_id,
+                verb,
+                body,
+                timeout=self.config.command_timeout_s + extra_s,
+            )
+        except Unavailable as exc:
+            if not self._transport.connected:
+                raise
+            raise Unavailable(
+                f"worker {worker_id}, which holds machine {machine_id}, did not answer: "
+                f"{exc.message}",
+                hint="check `souq workers`; the machine is back when its worker is",
+            ) from exc
+
+    async def _stop_timeout(self, app: str, machine_id: str) -> float:
+        machine = await self.get_machine(app, machine_id)
+        return machine.config.stop_config.timeout_s

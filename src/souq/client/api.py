@@ -1,0 +1,241 @@
+"""The Python client of the Machines API (synchronous, over httpx).
+
+Every error comes back as the typed :class:`souq.errors.SouqError` the broker reported; a broker
+that cannot be reached is :class:`souq.errors.Unavailable`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Mapping
+from typing import Any, TypeVar
+
+import httpx
+from pydantic import BaseModel, TypeAdapter
+
+from souq.errors import SouqError, Unavailable, error_from_body
+from souq.model import Machine, MachineConfig, MachineEvent, MachineState, WorkerInfo
+
+__all__ = ["DEFAULT_API", "SouqClient"]
+
+DEFAULT_API = "http://127.0.0.1:4280"
+WAIT_MARGIN_S = 15.0  # a wait's HTTP timeout: the wait's own timeout plus this
+# Restart and destroy may wait for the machine's stop timeout (at most an hour); the broker
+# bounds them, so the client only needs to outlast the broker.
+LONG_CALL_S = 3600.0 + WAIT_MARGIN_S
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class SouqClient:
+    """``SouqClient()`` talks to ``$SOUQ_API`` (default ``http://127.0.0.1:4280``), with
+    ``$SOUQ_TOKEN`` as a bearer token when set. ``transport`` is for tests."""
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        token: str | None = None,
+        timeout: float = 30.0,
+        *,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.base_url = (base_url or os.environ.get("SOUQ_API") or DEFAULT_API).rstrip("/")
+        token = token if token is not None else os.environ.get("SOUQ_TOKEN")
+        headers = {"Accept": "application/json", "User-Agent": "souq-client"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        self._http = httpx.Client(
+            base_url=self.base_url, headers=headers, timeout=timeout, transport=transport
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> SouqClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- cluster ---------------------------------------------------------------------------
+
+    def healthz(self) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("GET", "/healthz").json()
+        return result
+
+    def workers(self) -> list[WorkerInfo]:
+        return _many(WorkerInfo, self._call("GET", "/v1/workers"))
+
+    # -- machines --------------------------------------------------------------------------
+
+    def create_machine(
+        self,
+        app: str,
+        region: str,
+        config: Mapping[str, Any] | MachineConfig,
+        *,
+        name: str | None = None,
+        skip_launch: bool = False,
+        idempotency_key: str | None = None,
+    ) -> Machine:
+        body: dict[str, Any] = {
+            "region": region,
+            "config": config.model_dump(mode="json")
+            if isinstance(config, MachineConfig)
+            else dict(config),
+        }
+        if name is not None:
+            body["name"] = name
+        if skip_launch:
+            body["skip_launch"] = True
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+        response = self._call("POST", _machines(app), json=body, headers=headers)
+        return _one(Machine, response)
+
+    def list_machines(self, app: str) -> list[Machine]:
+        return _many(Machine, self._call("GET", _machines(app)))
+
+    def get_machine(self, app: str, machine_id: str) -> Machine:
+        return _one(Machine, self._call("GET", _machine(app, machine_id)))
+
+    def start(self, app: str, machine_id: str) -> Machine:
+        return _one(Machine, self._call("POST", _machine(app, machine_id, "start")))
+
+    def stop(
+        self,
+        app: str,
+        machine_id: str,
+        *,
+        signal: str | None = None,
+        timeout_s: float | None = None,
+    ) -> Machine:
+        """Sends the stop signal; the machine is ``stopping`` (see :meth:`wait`)."""
+        body = _without_none({"signal": signal, "timeout_s": timeout_s})
+        return _one(Machine, self._call("POST", _machine(app, machine_id, "stop"), json=body))
+
+    def restart(
+        self,
+        app: str,
+        machine_id: str,
+        *,
+        signal: str | None = None,
+        timeout_s: float | None = None,
+    ) -> Machine:
+        body = _without_none({"signal": signal, "timeout_s": timeout_s})
+        timeout = LONG_CALL_S if timeout_s is None else timeout_s + WAIT_MARGIN_S
+        path = _machine(app, machine_id, "restart")
+        return _one(Machine, self._call("POST", path, json=body, timeout=timeout))
+
+    def signal(self, app: str, machine_id: str, signal: str) -> Machine:
+        path = _machine(app, machine_id, "signal")
+        return _one(Machine, self._call("POST", path, json={"signal": signal}))
+
+    def destroy(self, app: str, machine_id: str, *, force: bool = False) -> Machine:
+        params = {"force": "true"} if force else None
+        path = _machine(app, machine_id)
+        return _one(Machine, self._call("DELETE", path, params=params, timeout=LONG_CALL_S))
+
+    def wait(
+        self, app: str, machine_id: str, state: MachineState | str, *, timeout: float = 60.0
+    ) -> Machine:
+        """The machine once it is in ``state``; :class:`souq.errors.WaitTimeout` after
+        ``timeout`` seconds."""
+        params = {"state": str(state), "timeout": f"{timeout:g}"}
+        path = _machine(app, machine_id, "wait")
+        response = self._call("GET", path, params=params, timeout=timeout + WAIT_MARGIN_S)
+        return _one(Machine, response)
+
+    def logs(self, app: str, machine_id: str) -> str:
+        return self._call("GET", _machine(app, machine_id, "logs")).text
+
+    def follow_logs(self, app: str, machine_id: str) -> Iterator[str]:
+        """The output so far, then new output as it comes, until the machine is destroyed."""
+        path = _machine(app, machine_id, "logs")
+        timeout = httpx.Timeout(self._http.timeout.connect, read=None)
+        try:
+            with self._http.stream(
+                "GET", path, params={"follow": "true"}, timeout=timeout
+            ) as response:
+                if response.is_error:
+                    response.read()
+                    raise _error(response)
+                yield from response.iter_text()
+        except httpx.TransportError as exc:
+            raise self._unreachable(exc) from exc
+
+    def events(self, app: str, machine_id: str) -> list[MachineEvent]:
+        return _many(MachineEvent, self._call("GET", _machine(app, machine_id, "events")))
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: Mapping[str, str] | None = None,
+        headers: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> httpx.Response:
+        try:
+            response = self._http.request(
+                method,
+                path,
+                json=json,
+                params=params,
+                headers=headers,
+                timeout=timeout if timeout is not None else self._http.timeout,
+            )
+        except httpx.TransportError as exc:
+            raise self._unreachable(exc) from exc
+        if response.is_error:
+            raise _error(response)
+        return response
+
+    def _unreachable(self, exc: httpx.TransportError) -> Unavailable:
+        if isinstance(exc, httpx.TimeoutException):
+            return Unavailable(
+                f"the Souq API at {self.base_url} did not answer in time",
+                hint="the broker may be overloaded; try again",
+            )
+        return Unavailable(
+            f"cannot reach the Souq API at {self.base_url}: {exc}",
+            hint=f"is `souq dev` or a broker running at {self.base_url}? (set SOUQ_API)",
+        )
+
+
+def _machines(app: str) -> str:
+    return f"/v1/apps/{app}/machines"
+
+
+def _machine(app: str, machine_id: str, verb: str | None = None) -> str:
+    path = f"/v1/apps/{app}/machines/{machine_id}"
+    return f"{path}/{verb}" if verb else path
+
+
+def _without_none(values: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def _one(model: type[M], response: httpx.Response) -> M:
+    return model.model_validate_json(response.content)
+
+
+def _many(model: type[M], response: httpx.Response) -> list[M]:
+    adapter: TypeAdapter[list[M]] = TypeAdapter(list[model])  # type: ignore[valid-type]
+    return adapter.validate_json(response.content)
+
+
+def _error(response: httpx.Response) -> SouqError:
+    try:
+        body = json.loads(response.content)
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and "status" in body:
+        return error_from_body(body, response.status_code)
+    text = response.text.strip()[:200] or response.reason_phrase
+    err = SouqError(f"HTTP {response.status_code}: {text}")
+    err.http_status = response.status_code  # type: ignore[misc]
+    return err

@@ -1,0 +1,373 @@
+"""The ``souq`` command line: client commands over the HTTP API, and the daemons.
+
+Exit status: 0 on success, 3 when a placement was refused for lack of capacity, 1 for any other
+error (2 for a command line click cannot parse). Messages go to stderr; every client command
+takes ``--json``. Only :mod:`souq.client.render` prints.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from pydantic import ValidationError
+
+from souq import __version__
+from souq.client import render
+from souq.client.api import SouqClient
+from souq.errors import InsufficientCapacity, InvalidInput, SouqError
+from souq.model import MachineState, RestartPolicy
+
+__all__ = ["app", "main", "make_client"]
+
+EXIT_ERROR = 1
+EXIT_NO_CAPACITY = 3
+STOP_WAIT_MARGIN_S = 10.0
+
+app = typer.Typer(
+    name="souq",
+    help="Souq: a cluster orchestrator that schedules like a market.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+machine_app = typer.Typer(help="Run and manage machines.", no_args_is_help=True)
+app.add_typer(machine_app, name="machine")
+
+
+def make_client() -> SouqClient:
+    """The client every command uses (``$SOUQ_API``, ``$SOUQ_TOKEN``); tests replace it."""
+    return SouqClient()
+
+
+@contextmanager
+def _reporting(as_json: bool = False) -> Iterator[None]:
+    """Turn an error into its message on stderr and the exit status."""
+    try:
+        yield
+    except SouqError as err:
+        render.error(err, as_json=as_json)
+        code = EXIT_NO_CAPACITY if isinstance(err, InsufficientCapacity) else EXIT_ERROR
+        raise typer.Exit(code) from None
+    except ValidationError as exc:
+        render.error(InvalidInput(_first_error(exc)), as_json=as_json)
+        raise typer.Exit(EXIT_ERROR) from None
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+
+
+def _first_error(exc: ValidationError) -> str:
+    e = exc.errors()[0]
+    where = ".".join(str(p) for p in e["loc"])
+    return f"{where}: {e['msg']}" if where else str(e["msg"])
+
+
+def _pairs(values: list[str] | None, what: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in values or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise typer.BadParameter(f"{item!r} is not {what}=VALUE", param_hint=f"--{what}")
+        out[key] = value
+    return out
+
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
+AppOpt = Annotated[str, typer.Option("--app", "-a", help="The app the machine belongs to.")]
+IdArg = Annotated[str, typer.Argument(metavar="ID", help="The machine's id.")]
+
+
+@app.callback(invoke_without_command=True)
+def _root(
+    version: Annotated[bool, typer.Option("--version", help="Print the version.")] = False,
+) -> None:
+    if version:
+        render.line(f"souq {__version__}")
+        raise typer.Exit(0)
+
+
+# -- client commands ---------------------------------------------------------------------------
+
+
+@machine_app.command("run", context_settings={"allow_interspersed_args": False})
+def machine_run(
+    *,
+    command: Annotated[
+        list[str], typer.Argument(metavar="-- COMMAND [ARG...]", help="What the machine runs.")
+    ],
+    app_name: AppOpt,
+    region: Annotated[str, typer.Option("--region", "-r", help="Where to place it.")],
+    cpus: Annotated[float | None, typer.Option("--cpus", help="CPU cores.")] = None,
+    memory_mb: Annotated[int | None, typer.Option("--memory-mb", help="Memory in MiB.")] = None,
+    restart: Annotated[
+        RestartPolicy | None, typer.Option("--restart", help="Restart policy.")
+    ] = None,
+    max_retries: Annotated[
+        int | None, typer.Option("--max-retries", help="Restarts allowed by on-failure.")
+    ] = None,
+    env: Annotated[list[str] | None, typer.Option("--env", "-e", help="K=V, repeatable.")] = None,
+    name: Annotated[str | None, typer.Option("--name", help="The machine's name.")] = None,
+    skip_start: Annotated[
+        bool, typer.Option("--skip-start", help="Create it, but do not start it.")
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Place a machine and start it; prints its id."""
+    config: dict[str, Any] = {"cmd": command}
+    guest = {k: v for k, v in (("cpus", cpus), ("memory_mb", memory_mb)) if v is not None}
+    if guest:
+        config["guest"] = guest
+    restart_config: dict[str, Any] = {}
+    if restart is not None:
+        restart_config["policy"] = restart.value
+    if max_retries is not None:
+        restart_config["max_retries"] = max_retries
+    if restart_config:
+        config["restart"] = restart_config
+    if env:
+        config["env"] = _pairs(env, "env")
+    with _reporting(as_json):
+        machine = make_client().create_machine(
+            app_name, region, config, name=name, skip_launch=skip_start
+        )
+        render.machine_id(machine, as_json=as_json)
+
+
+@machine_app.command("list")
+def machine_list(app_name: AppOpt, as_json: JsonOpt = False) -> None:
+    """List the app's machines."""
+    with _reporting(as_json):
+        render.machines(make_client().list_machines(app_name), as_json=as_json)
+
+
+@machine_app.command("show")
+def machine_show(machine_id: IdArg, app_name: AppOpt, as_json: JsonOpt = False) -> None:
+    """Show a machine: config, state, events and placement."""
+    with _reporting(as_json):
+        render.machine(make_client().get_machine(app_name, machine_id), as_json=as_json)
+
+
+@machine_app.command("start")
+def machine_start(machine_id: IdArg, app_name: AppOpt, as_json: JsonOpt = False) -> None:
+    """Start a stopped machine."""
+    with _reporting(as_json):
+        render.machine_state(make_client().start(app_name, machine_id), as_json=as_json)
+
+
+@machine_app.command("stop")
+def machine_stop(
+    machine_id: IdArg,
+    app_name: AppOpt,
+    signal: Annotated[
+        str | None, typer.Option("--signal", "-s", help="Signal to send first.")
+    ] = None,
+    timeout: Annotated[
+        float | None, typer.Option("--timeout", help="Seconds before SIGKILL.")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Stop a machine and wait until it has stopped."""
+    with _reporting(as_json):
+        client = make_client()
+        machine = client.stop(app_name, machine_id, signal=signal, timeout_s=timeout)
+        grace = timeout if timeout is not None else machine.config.stop_config.timeout_s
+        machine = client.wait(
+            app_name, machine_id, MachineState.STOPPED, timeout=grace + STOP_WAIT_MARGIN_S
+        )
+        render.machine_state(machine, as_json=as_json)
+
+
+@machine_app.command("restart")
+def machine_restart(machine_id: IdArg, app_name: AppOpt, as_json: JsonOpt = False) -> None:
+    """Stop a machine and start it again."""
+    with _reporting(as_json):
+        render.machine_state(make_client().restart(app_name, machine_id), as_json=as_json)
+
+
+@machine_app.command("destroy")
+def machine_destroy(
+    machine_id: IdArg,
+    app_name: AppOpt,
+    force: Annotated[
+        bool, typer.Option("--force", "-f", help="Kill it at once if it runs.")
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Destroy a machine and free its reservation."""
+    with _reporting(as_json):
+        render.machine_state(
+            make_client().destroy(app_name, machine_id, force=force), as_json=as_json
+        )
+
+
+@machine_app.command("wait")
+def machine_wait(
+    machine_id: IdArg,
+    app_name: AppOpt,
+    state: Annotated[MachineState, typer.Option("--state", help="The state to wait for.")],
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds.")] = 60.0,
+    as_json: JsonOpt = False,
+) -> None:
+    """Wait until a machine reaches a state."""
+    with _reporting(as_json):
+        machine = make_client().wait(app_name, machine_id, state, timeout=timeout)
+        render.machine_state(machine, as_json=as_json)
+
+
+@machine_app.command("logs")
+def machine_logs(
+    machine_id: IdArg,
+    app_name: AppOpt,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing new output.")
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Print a machine's output (stdout and stderr)."""
+    with _reporting(as_json):
+        client = make_client()
+        chunks = (
+            client.follow_logs(app_name, machine_id)
+            if follow
+            else [client.logs(app_name, machine_id)]
+        )
+        for chunk in chunks:
+            render.logs(chunk, as_json=as_json)
+
+
+@machine_app.command("events")
+def machine_events(machine_id: IdArg, app_name: AppOpt, as_json: JsonOpt = False) -> None:
+    """List a machine's events, newest first."""
+    with _reporting(as_json):
+        render.events(make_client().events(app_name, machine_id), as_json=as_json)
+
+
+@app.command("workers")
+def workers(as_json: JsonOpt = False) -> None:
+    """List the workers the broker knows, with their state and capacity."""
+    with _reporting(as_json):
+        render.workers(make_client().workers(), as_json=as_json)
+
+
+# -- daemons -----------------------------------------------------------------------------------
+
+
+def _daemon_logging() -> None:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+
+
+def _given(**values: Any) -> dict[str, Any]:
+    """Options the user gave: the rest keep the config's own defaults."""
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def _host_port(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit():
+        raise typer.BadParameter(f"{text!r} is not HOST:PORT", param_hint="--listen")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+@app.command("agent")
+def agent(
+    *,
+    region: Annotated[str, typer.Option("--region", help="The worker's region.")],
+    nats: Annotated[str, typer.Option("--nats", help="NATS URL, e.g. nats://127.0.0.1:4222.")],
+    data_dir: Annotated[
+        Path | None, typer.Option("--data-dir", help="Where the agent keeps its state.")
+    ] = None,
+    cpus: Annotated[float | None, typer.Option("--cpus", help="CPU cores to offer.")] = None,
+    memory_mb: Annotated[
+        int | None, typer.Option("--memory-mb", help="Memory to offer, in MiB.")
+    ] = None,
+    label: Annotated[list[str] | None, typer.Option("--label", help="k=v, repeatable.")] = None,
+    stop_machines_on_exit: Annotated[
+        bool,
+        typer.Option("--stop-machines-on-exit", help="Stop the machines when the agent exits."),
+    ] = False,
+) -> None:
+    """Run a worker agent in the foreground."""
+    labels = _pairs(label, "label")
+    with _reporting():
+        from souq.agent.config import AgentConfig
+        from souq.agent.main import run as run_agent
+
+        config = AgentConfig(
+            region=region,
+            nats_url=nats,
+            labels=labels,
+            stop_machines_on_exit=stop_machines_on_exit,
+            **_given(data_dir=data_dir, cpus=cpus, memory_mb=memory_mb),
+        )
+        run_agent(config)
+
+
+@app.command("broker")
+def broker(
+    nats: Annotated[str, typer.Option("--nats", help="NATS URL, e.g. nats://127.0.0.1:4222.")],
+    listen: Annotated[
+        str, typer.Option("--listen", help="HOST:PORT for the HTTP API.")
+    ] = "127.0.0.1:4280",
+) -> None:
+    """Run a broker (the HTTP API) in the foreground."""
+    host, port = _host_port(listen)
+    _daemon_logging()
+    with _reporting():
+        from souq.broker.config import BrokerConfig
+        from souq.broker.main import run as run_broker
+
+        run_broker(BrokerConfig(nats_url=nats, listen_host=host, listen_port=port))
+
+
+@app.command("dev")
+def dev(
+    *,
+    port: Annotated[int, typer.Option("--port", help="Port of the HTTP API.")] = 4280,
+    nats_port: Annotated[
+        int | None, typer.Option("--nats-port", help="Port of the embedded NATS server.")
+    ] = None,
+    regions: Annotated[str, typer.Option("--regions", help="Comma-separated regions.")] = "mad,syd",
+    workers_per_region: Annotated[
+        int, typer.Option("--workers-per-region", help="Workers started in each region.")
+    ] = 2,
+    worker_cpus: Annotated[
+        float | None, typer.Option("--worker-cpus", help="CPU cores each worker offers.")
+    ] = None,
+    worker_memory_mb: Annotated[
+        int | None, typer.Option("--worker-memory-mb", help="MiB each worker offers.")
+    ] = None,
+    data_dir: Annotated[
+        Path | None, typer.Option("--data-dir", help="Where the cluster keeps its state.")
+    ] = None,
+) -> None:
+    """Run a whole local cluster: NATS, a broker and workers, all on loopback."""
+    names = tuple(r.strip() for r in regions.split(",") if r.strip())
+    if not names:
+        raise typer.BadParameter("name at least one region", param_hint="--regions")
+    with _reporting():
+        from souq.dev import DevConfig
+        from souq.dev import run as run_dev
+
+        config = DevConfig(
+            port=port,
+            regions=names,
+            workers_per_region=workers_per_region,
+            **_given(
+                nats_port=nats_port,
+                worker_cpus=worker_cpus,
+                worker_memory_mb=worker_memory_mb,
+                data_dir=data_dir,
+            ),
+        )
+        run_dev(config)
+
+
+def main() -> None:
+    """The ``souq`` console script."""
+    app(prog_name="souq")

@@ -1,0 +1,282 @@
+"""The only module of Souq that prints: rich tables for people, JSON with ``--json``.
+
+Everything else returns data; the CLI hands it here. Output goes to stdout, errors to stderr.
+Markup is off everywhere: commands, names and messages are printed as they are.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+from pydantic import BaseModel, ValidationError
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from souq.clock import iso_from_ms
+from souq.errors import InsufficientCapacity, SouqError
+from souq.model import Machine, MachineEvent, Placement, WorkerInfo
+
+__all__ = [
+    "error",
+    "events",
+    "json_value",
+    "line",
+    "logs",
+    "machine",
+    "machine_id",
+    "machine_state",
+    "machines",
+    "workers",
+]
+
+_STATE_STYLES = {
+    "started": "green",
+    "up": "green",
+    "starting": "cyan",
+    "stopping": "yellow",
+    "stopped": "yellow",
+    "cordoned": "yellow",
+    "created": "blue",
+    "failed": "red",
+    "down": "red",
+    "destroying": "magenta",
+    "destroyed": "dim",
+}
+
+
+def _console(stream: TextIO) -> Console:
+    # Piped output is read by programs and people's tools: never cut it to a terminal's width.
+    width = None if stream.isatty() else 1000
+    return Console(file=stream, width=width, markup=False, highlight=False, emoji=False)
+
+
+def _out() -> Console:
+    return _console(sys.stdout)
+
+
+def _err() -> Console:
+    return _console(sys.stderr)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def json_value(value: Any) -> None:
+    """``value`` (a model, a list of models, or plain data) as indented JSON on stdout."""
+    sys.stdout.write(json.dumps(_jsonable(value), indent=2, ensure_ascii=False) + "\n")
+    sys.stdout.flush()
+
+
+def line(text: str) -> None:
+    """One plain line on stdout."""
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
+def logs(chunk: str, *, as_json: bool = False) -> None:
+    """Machine output exactly as it came; with ``--json`` one ``{"data": ...}`` line per chunk."""
+    if as_json:
+        chunk = json.dumps({"data": chunk}, ensure_ascii=False) + "\n"
+    sys.stdout.write(chunk)
+    sys.stdout.flush()
+
+
+def machine_id(m: Machine, *, as_json: bool = False) -> None:
+    if as_json:
+        json_value(m)
+    else:
+        line(m.id)
+
+
+def machine_state(m: Machine, *, as_json: bool = False) -> None:
+    """After a command: the machine's id and the state it is in now."""
+    if as_json:
+        json_value(m)
+    else:
+        line(f"{m.id} {m.state}")
+
+
+def machines(items: Sequence[Machine], *, as_json: bool = False) -> None:
+    if as_json:
+        json_value(list(items))
+        return
+    if not items:
+        _err().print("no machines")
+        return
+    table = Table(box=None, pad_edge=False)
+    for title in ("ID", "NAME", "STATE", "REGION", "WORKER", "CPUS", "MEMORY", "CREATED", "CMD"):
+        table.add_column(title, no_wrap=title != "CMD", min_width=len(title))
+    for m in items:
+        guest = m.config.guest
+        table.add_row(
+            m.id,
+            m.name,
+            _cell_state(m.state),
+            m.region,
+            m.worker_id,
+            f"{guest.cpus:g}",
+            f"{guest.memory_mb} MiB",
+            m.created_at,
+            shlex.join(m.config.cmd),
+        )
+    _out().print(table)
+
+
+def _cell_state(state: str) -> Text:
+    return Text(str(state), style=_STATE_STYLES.get(str(state), ""))
+
+
+def machine(m: Machine, *, as_json: bool = False) -> None:
+    if as_json:
+        json_value(m)
+        return
+    console = _out()
+    details = Table.grid(padding=(0, 2))
+    details.add_column(style="bold")
+    details.add_column()
+    config = m.config
+    rows: list[tuple[str, Any]] = [
+        ("id", m.id),
+        ("name", m.name),
+        ("app", m.app),
+        ("state", _cell_state(m.state)),
+        ("region", m.region),
+        ("worker", m.worker_id),
+        ("cmd", shlex.join(config.cmd)),
+        ("guest", f"{config.guest.cpus:g} cpus, {config.guest.memory_mb} MiB"),
+        ("restart", _restart(m)),
+        (
+            "stop",
+            f"{config.stop_config.signal}, then SIGKILL after {config.stop_config.timeout_s:g}s",
+        ),
+        ("created", m.created_at),
+        ("updated", m.updated_at),
+    ]
+    if config.env:
+        rows.append(("env", " ".join(f"{k}={v}" for k, v in sorted(config.env.items()))))
+    if m.pid is not None:
+        rows.append(("pid", str(m.pid)))
+    if m.exit_code is not None:
+        rows.append(("exit code", str(m.exit_code)))
+    for key, value in rows:
+        details.add_row(key, value)
+    console.print(details)
+    if m.events:
+        console.print()
+        console.print(_events_table(m.events[:10]))
+    if m.placement is not None:
+        console.print()
+        _print_placement(console, m.placement)
+
+
+def _restart(m: Machine) -> str:
+    restart = m.config.restart
+    text = str(restart.policy)
+    if restart.policy == "on-failure":
+        text += f" (at most {restart.max_retries} times)"
+    if m.restarts:
+        text += f"; restarted {m.restarts} times"
+    return text
+
+
+def _events_table(items: Sequence[MachineEvent]) -> Table:
+    table = Table(box=None, pad_edge=False, title="events (newest first)", title_justify="left")
+    for title in ("TIME", "TYPE", "STATUS", "SOURCE", "DETAIL"):
+        table.add_column(title, no_wrap=title != "DETAIL")
+    for e in items:
+        detail = []
+        if e.exit_code is not None:
+            detail.append(f"exit code {e.exit_code}")
+        if e.signal:
+            detail.append(e.signal)
+        if e.message:
+            detail.append(e.message)
+        table.add_row(
+            iso_from_ms(e.timestamp), e.type, _cell_state(e.status), e.source, "; ".join(detail)
+        )
+    return table
+
+
+def events(items: Sequence[MachineEvent], *, as_json: bool = False) -> None:
+    if as_json:
+        json_value(list(items))
+        return
+    _out().print(_events_table(items))
+
+
+def _print_placement(console: Console, p: Placement) -> None:
+    head = (
+        f"placement ({p.policy}): {p.offers_received} of {p.expected_offers} workers offered"
+        f" in {p.timings.gather_ms:g} ms; total {p.timings.total_ms:g} ms"
+    )
+    console.print(head)
+    if p.winner:
+        runner_up = f", runner-up {p.runner_up}" if p.runner_up else ""
+        console.print(f"winner {p.winner}{runner_up}")
+    if p.rejections:
+        rejected = ", ".join(f"{n} {reason}" for reason, n in sorted(p.rejections.items()))
+        console.print(f"rejected: {rejected}")
+    if p.offers:
+        table = Table(box=None, pad_edge=False)
+        for title in ("WORKER", "SCORE", "SCORES", "REJECTED"):
+            table.add_column(title)
+        for o in p.offers:
+            scores = " ".join(f"{k}={v:.3f}" for k, v in o.scores.items())
+            score = "" if o.score is None else f"{o.score:.3f}"
+            rejected = f"{o.rejected}: {o.detail}" if o.rejected else ""
+            table.add_row(o.worker_id, score, scores, rejected)
+        console.print(table)
+    refused = [c for c in p.claims if not c.ok]
+    for c in refused:
+        console.print(f"claim on {c.worker_id} failed: {c.reason}")
+
+
+def workers(items: Sequence[WorkerInfo], *, as_json: bool = False) -> None:
+    if as_json:
+        json_value(list(items))
+        return
+    if not items:
+        _err().print("no workers")
+        return
+    table = Table(box=None, pad_edge=False)
+    for title in ("ID", "REGION", "STATE", "CPUS", "MEMORY", "MACHINES", "LABELS"):
+        table.add_column(title, no_wrap=title != "LABELS", min_width=len(title))
+    for w in items:
+        table.add_row(
+            w.id,
+            w.region,
+            _cell_state(w.state),
+            f"{w.allocated.cpus:g}/{w.capacity.cpus:g}",
+            f"{w.allocated.memory_mb}/{w.capacity.memory_mb} MiB",
+            str(w.machines),
+            ",".join(f"{k}={v}" for k, v in sorted(w.labels.items())),
+        )
+    _out().print(table)
+
+
+def error(err: SouqError, *, as_json: bool = False) -> None:
+    """An error on stderr: its message and hint (and, for a refused placement, why)."""
+    if as_json:
+        sys.stderr.write(json.dumps(err.to_body(), indent=2, ensure_ascii=False) + "\n")
+        sys.stderr.flush()
+        return
+    console = _err()
+    console.print(f"error: {err.message}", style="red")
+    if err.hint:
+        console.print(f"hint: {err.hint}")
+    if isinstance(err, InsufficientCapacity) and isinstance(err.details.get("placement"), dict):
+        try:
+            record = Placement.model_validate(err.details["placement"])
+        except ValidationError:
+            return
+        _print_placement(console, record)

@@ -1,0 +1,280 @@
+"""``souq dev``: the whole cluster on one machine.
+
+One process runs the embedded nats-server (a child process), the broker (in this process) and
+the workers (one ``souq agent`` child process each, with ``--stop-machines-on-exit``). Workers are
+separate processes on purpose: each keeps its own SQLite file and supervises its own machines
+exactly as on a real host, and a crash of one does not take the others down.
+
+On SIGINT or SIGTERM everything started here stops, in order: the broker, then the agents (which
+stop their machines with each machine's stop config), then nats-server. This process makes itself
+a child subreaper, so a machine process orphaned by a crashed agent is re-parented here and is
+killed too: nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import psutil
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from souq.errors import SouqError, Unavailable
+from souq.natsserver import NatsServer, free_port
+
+__all__ = ["DevCluster", "DevConfig", "run", "start_agent_process"]
+
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+class DevConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    port: int = Field(default=4280, ge=0, le=65535, description="broker HTTP port (0: any free)")
+    nats_port: int | None = Field(default=None, ge=0, le=65535, description="default: any free")
+    regions: tuple[str, ...] = ("mad", "syd")
+    workers_per_region: int = Field(default=2, ge=1, le=64)
+    worker_cpus: float | None = Field(default=None, gt=0)
+    worker_memory_mb: int | None = Field(default=None, gt=0)
+    data_dir: Path | None = Field(default=None, description="default: a temporary directory")
+    host: str = "127.0.0.1"
+    ready_timeout_s: float = 60.0
+
+    @field_validator("regions")
+    @classmethod
+    def _regions(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if not v:
+            raise ValueError("at least one region is needed")
+        for region in v:
+            if not region or not region.replace("-", "").isalnum():
+                raise ValueError(f"region {region!r} must be letters, digits and '-'")
+        return v
+
+
+@dataclass(frozen=True)
+class DevCluster:
+    """What ``souq dev`` started, reported once it is ready."""
+
+    api_url: str
+    nats_url: str
+    data_dir: Path
+    workers: tuple[tuple[str, str], ...]  # (region, data dir name)
+
+
+def set_child_subreaper() -> bool:
+    """Become the reaper of orphaned descendants (Linux); False where unsupported."""
+    if not sys.platform.startswith("linux"):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    return bool(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
+
+
+def start_agent_process(
+    *,
+    region: str,
+    nats_url: str,
+    data_dir: Path,
+    cpus: float | None = None,
+    memory_mb: int | None = None,
+    labels: dict[str, str] | None = None,
+    stop_machines_on_exit: bool = True,
+    log_path: Path | None = None,
+) -> subprocess.Popen[bytes]:
+    """``souq agent`` as a child process; its stderr goes to ``log_path`` (default: beside its
+    data dir)."""
+    args = [
+        sys.executable,
+        "-m",
+        "souq",
+        "agent",
+        "--region",
+        region,
+        "--nats",
+        nats_url,
+        "--data-dir",
+        str(data_dir),
+    ]
+    if cpus is not None:
+        args += ["--cpus", f"{cpus:g}"]
+    if memory_mb is not None:
+        args += ["--memory-mb", str(memory_mb)]
+    for key, value in (labels or {}).items():
+        args += ["--label", f"{key}={value}"]
+    if stop_machines_on_exit:
+        args.append("--stop-machines-on-exit")
+    data_dir.mkdir(parents=True, exist_ok=True)
+    log = log_path or data_dir.with_name(data_dir.name + ".log")
+    with open(log, "ab") as err:
+        return subprocess.Popen(
+            args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err
+        )
+
+
+def _reap_orphans() -> None:
+    """Collect exit statuses of re-parented orphans so none lingers as a zombie."""
+    with contextlib.suppress(ChildProcessError):
+        while True:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                return
+
+
+def _kill_descendants(keep: set[int]) -> None:
+    """SIGKILL every descendant of this process not in ``keep`` and reap it."""
+    me = psutil.Process()
+    victims = [p for p in me.children(recursive=True) if p.pid not in keep]
+    for proc in victims:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(victims, timeout=5)
+    _reap_orphans()
+
+
+async def _wait_ready(
+    api_url: str, workers: int, agents: list[subprocess.Popen[bytes]], deadline: float
+) -> None:
+    async with httpx.AsyncClient(base_url=api_url, timeout=2.0) as client:
+        while True:
+            for agent in agents:
+                if agent.poll() is not None:
+                    raise Unavailable(
+                        f"a worker agent exited at start with status {agent.returncode}",
+                        hint="see its log in the dev data directory",
+                    )
+            with contextlib.suppress(httpx.HTTPError):
+                resp = await client.get("/v1/workers")
+                if resp.status_code == 200 and len(resp.json()) >= workers:
+                    return
+            if time.monotonic() > deadline:
+                raise Unavailable("the dev cluster did not become ready in time")
+            await asyncio.sleep(0.05)
+
+
+async def _serve(config: DevConfig, report: Callable[[DevCluster], None]) -> None:
+    from souq.broker.config import BrokerConfig
+    from souq.broker.main import serve as serve_broker
+
+    own_dir = config.data_dir is None
+    data_dir = config.data_dir or Path(tempfile.mkdtemp(prefix="souq-dev-"))
+    data_dir.mkdir(parents=True, exist_ok=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+
+    nats = NatsServer(port=config.nats_port or None, store_dir=data_dir / "nats")
+    agents: list[subprocess.Popen[bytes]] = []
+    broker_task: asyncio.Task[None] | None = None
+    broker_stop = asyncio.Event()
+    try:
+        nats.start()
+        names: list[tuple[str, str]] = []
+        for region in config.regions:
+            for i in range(1, config.workers_per_region + 1):
+                name = f"{region}-{i}"
+                names.append((region, name))
+                agents.append(
+                    start_agent_process(
+                        region=region,
+                        nats_url=nats.url,
+                        data_dir=data_dir / "workers" / name,
+                        cpus=config.worker_cpus,
+                        memory_mb=config.worker_memory_mb,
+                    )
+                )
+        port = config.port or free_port(config.host)
+        broker_ready = asyncio.Event()
+        broker_task = asyncio.create_task(
+            serve_broker(
+                BrokerConfig(nats_url=nats.url, listen_host=config.host, listen_port=port),
+                ready=broker_ready,
+                stop=broker_stop,
+            )
+        )
+        api_url = f"http://{config.host}:{port}"
+        deadline = time.monotonic() + config.ready_timeout_s
+        ready = asyncio.create_task(_wait_ready(api_url, len(agents), agents, deadline))
+        stopped = asyncio.create_task(stop.wait())
+        done, _ = await asyncio.wait(
+            {ready, stopped, broker_task}, return_when=asyncio.FIRST_COMPLETED
+        )
+        if ready in done:
+            ready.result()
+            report(DevCluster(api_url, nats.url, data_dir, tuple(names)))
+            await asyncio.wait({stopped, broker_task}, return_when=asyncio.FIRST_COMPLETED)
+        else:
+            ready.cancel()
+        if broker_task.done() and not broker_task.cancelled():
+            broker_task.result()  # surface why the broker stopped (e.g. port in use)
+        stopped.cancel()
+    finally:
+        broker_stop.set()
+        if broker_task is not None:
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.wait_for(broker_task, 10)
+        await asyncio.to_thread(_stop_agents, agents)
+        nats.stop()
+        if own_dir:
+            shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def _stop_agents(agents: list[subprocess.Popen[bytes]], timeout: float = 30.0) -> None:
+    keep = {os.getpid()}
+    if nats_pids := [p.pid for p in psutil.Process().children() if p.name() == "nats-server"]:
+        keep.update(nats_pids)
+    for agent in agents:
+        if agent.poll() is None:
+            agent.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for agent in agents:
+        try:
+            agent.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            agent.kill()
+            agent.wait()
+    _kill_descendants(keep)
+
+
+def _print_ready(cluster: DevCluster) -> None:
+    lines = [
+        "Souq dev cluster is ready",
+        f"  API:  {cluster.api_url}",
+        f"  NATS: {cluster.nats_url}",
+        f"  data: {cluster.data_dir}",
+        "  workers: " + ", ".join(name for _, name in cluster.workers),
+        "Try: souq machine run --app hello --region "
+        + cluster.workers[0][0]
+        + " -- python3 -m http.server 8080",
+        "Press Ctrl-C to stop everything.",
+    ]
+    sys.stdout.write("\n".join(lines) + "\n")
+    sys.stdout.flush()
+
+
+def run(config: DevConfig, *, report: Callable[[DevCluster], None] | None = None) -> None:
+    """Run the dev cluster in the foreground until SIGINT or SIGTERM."""
+    set_child_subreaper()
+    try:
+        import uvloop
+
+        runner: Callable[..., None] = uvloop.run
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        runner = asyncio.run
+    try:
+        runner(_serve(config, report or _print_ready))
+    except SouqError:
+        raise
+    except OSError as exc:
+        raise Unavailable(f"souq dev could not start: {exc}") from exc

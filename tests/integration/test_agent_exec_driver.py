@@ -1,0 +1,140 @@
+"""The exec driver on its own: real processes, pidfd exit watching, signals, adoption."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from souq.drivers import ExecDriver, ExitStatus, Handle, MachineSpec, SpawnError
+from tests.integration.agent_harness import eventually, pid_alive
+
+
+def spec(*cmd: str, env: dict[str, str] | None = None, machine_id: str = "m1") -> MachineSpec:
+    return MachineSpec(
+        machine_id=machine_id,
+        app="demo",
+        region="mad",
+        worker_id="w1",
+        cmd=cmd,
+        env=env or {},
+    )
+
+
+def test_exit_codes_and_signals_are_reported(tmp_path: Path) -> None:
+    async def body() -> None:
+        driver = ExecDriver(tmp_path)
+        ok = driver.start(spec("sh", "-c", "exit 0", machine_id="ok"))
+        bad = driver.start(spec("sh", "-c", "exit 42", machine_id="bad"))
+        killed = driver.start(spec("sleep", "60", machine_id="killed"))
+        assert driver.inspect(killed)
+        assert driver.signal(killed, signal.SIGTERM)
+        statuses = await asyncio.gather(driver.wait(ok), driver.wait(bad), driver.wait(killed))
+        assert statuses == [ExitStatus(code=0), ExitStatus(code=42), ExitStatus(signal="SIGTERM")]
+        assert not driver.inspect(killed)
+        assert not driver.signal(killed, signal.SIGTERM)
+        driver.close()
+
+    asyncio.run(body())
+
+
+def test_an_exit_before_anyone_waits_is_not_lost(tmp_path: Path) -> None:
+    async def body() -> None:
+        driver = ExecDriver(tmp_path)
+        handle = driver.start(spec("sh", "-c", "exit 3"))
+        # Let the loop run the exit callback (and reap) before anyone waits.
+        watch = driver._watches[handle.pid]
+        await eventually(watch.exited.done, what="the exit callback")
+        assert await driver.wait(handle) == ExitStatus(code=3)
+        driver.close()
+
+    asyncio.run(body())
+
+
+def test_stop_escalates_to_sigkill(tmp_path: Path) -> None:
+    async def body() -> None:
+        driver = ExecDriver(tmp_path)
+        handle = driver.start(spec("sh", "-c", "trap '' INT; echo ready; exec sleep 60"))
+        log = tmp_path / "m1" / "output.log"
+        await eventually(lambda: log.exists() and "ready" in log.read_text())
+        status = await driver.stop(handle, signal.SIGINT, 0.2)
+        assert status == ExitStatus(signal="SIGKILL")
+        driver.close()
+
+    asyncio.run(body())
+
+
+def test_the_environment_is_minimal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SOUQ_TEST_SECRET", "leak")
+
+    async def body() -> None:
+        driver = ExecDriver(tmp_path)
+        handle = driver.start(spec("sh", "-c", "env; pwd", env={"ONE": "1"}))
+        assert await driver.wait(handle) == ExitStatus(code=0)
+        data, size = driver.read_output("m1", 0, 1 << 20)
+        lines = data.decode().splitlines()
+        names = {line.split("=", 1)[0] for line in lines if "=" in line}
+        assert "SOUQ_TEST_SECRET" not in names
+        assert {"ONE", "SOUQ_MACHINE_ID", "SOUQ_APP", "SOUQ_REGION", "SOUQ_WORKER_ID"} <= names
+        assert names <= {
+            "ONE",
+            "SOUQ_MACHINE_ID",
+            "SOUQ_APP",
+            "SOUQ_REGION",
+            "SOUQ_WORKER_ID",
+            "PATH",
+            "HOME",
+            "LANG",
+            "PWD",  # set by the shell itself
+            "SHLVL",
+            "_",
+            "OLDPWD",
+        }
+        assert str(tmp_path / "m1") in lines  # the working directory is the machine's
+        assert size == len(data)
+        assert driver.read_output("m1", size, 10) == (b"", size)
+        assert driver.read_output("nope", 0, 10) == (b"", 0)
+        driver.close()
+
+    asyncio.run(body())
+
+
+def test_spawn_failures_raise_spawn_error(tmp_path: Path) -> None:
+    async def body() -> None:
+        driver = ExecDriver(tmp_path)
+        with pytest.raises(SpawnError, match="/no/such"):
+            driver.start(spec("/no/such/thing"))
+        with pytest.raises(SpawnError, match="ermission"):
+            driver.start(spec(str(tmp_path)))  # a directory cannot be executed
+        driver.close()
+
+    asyncio.run(body())
+
+
+def test_recover_checks_identity_by_start_time(tmp_path: Path) -> None:
+    async def body() -> None:
+        first = ExecDriver(tmp_path)
+        handle = first.start(spec("sleep", "60"))
+        assert first.find("m1") == handle  # the pid file
+        first.close()  # an agent going away: the process keeps running
+        assert pid_alive(handle.pid)
+
+        second = ExecDriver(tmp_path)
+        impostor = dataclasses.replace(handle, start_time=handle.start_time - 100)
+        assert not second.recover(impostor)
+        assert not second.recover(Handle("m1", 2**22 + 7, 0.0))
+        assert second.recover(handle)
+        assert second.inspect(handle)
+        os.killpg(handle.pid, signal.SIGKILL)
+        # Not our child: the exit is seen, its status is not.
+        assert await second.wait(handle) == ExitStatus()
+        assert not second.find("m1")  # the pid file goes with the process
+        second.destroy("m1")
+        assert not (tmp_path / "m1").exists()
+        second.close()
+
+    asyncio.run(body())

@@ -1,0 +1,202 @@
+"""The agent's side of the market: offers, claims to the exact limit, reservations,
+idempotency, heartbeats and events."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from souq.bus import subjects
+from souq.bus.codec import encode, unwrap
+from souq.errors import ClaimRefused, IdempotencyConflict
+from souq.model import (
+    ClaimRequest,
+    DestroyCommand,
+    Heartbeat,
+    MachineConfig,
+    MachineEventMessage,
+    MachineState,
+    Offer,
+    OfferRequest,
+    Resources,
+    StopCommand,
+)
+from souq.natsserver import NatsServer
+from tests.integration.agent_harness import APP, Harness, eventually, load, running_agent
+
+S = MachineState
+SLEEPER = ["sleep", "60"]
+
+
+@pytest.fixture(scope="module")
+def nats_url() -> Iterator[str]:
+    with NatsServer() as server:
+        yield server.url
+
+
+async def ask_offer(h: Harness, cpus: float, memory_mb: int, request_id: str = "r1") -> Offer:
+    req = OfferRequest(
+        request_id=request_id,
+        app=APP,
+        region="mad",
+        resources=Resources(cpus=cpus, memory_mb=memory_mb),
+    )
+    replies = await h.bus.gather(subjects.offers("mad"), encode(req), expect=1, timeout=5)
+    assert len(replies) == 1
+    return load(Offer, unwrap(replies[0]))
+
+
+def test_offers_say_whether_and_why(nats_url: str, tmp_path: Path) -> None:
+    async def body() -> None:
+        async with running_agent(
+            nats_url, tmp_path, cpus=2, memory_mb=1024, labels={"disk": "ssd"}
+        ) as h:
+            offer = await ask_offer(h, 2, 1024)
+            assert offer.eligible
+            worker = offer.worker
+            assert (worker.id, worker.region, worker.labels) == (
+                h.worker_id,
+                "mad",
+                {"disk": "ssd"},
+            )
+            assert worker.capacity == Resources(cpus=2, memory_mb=1024)
+            assert worker.allocated == Resources.zero()
+            assert worker.fingerprint is not None
+            assert worker.fingerprint.cpus == 2
+            assert worker.fingerprint.drivers == ["exec"]
+            cpu = await ask_offer(h, 2.5, 10)
+            assert (cpu.eligible, cpu.reason) == (False, "insufficient_cpu")
+            assert "2.5 cpus" in (cpu.detail or "")
+            memory = await ask_offer(h, 1, 2048)
+            assert (memory.eligible, memory.reason) == (False, "insufficient_memory")
+            assert "2048 MiB" in (memory.detail or "")
+            m = await h.claim(SLEEPER, request_id="r-known", cpus=2, memory_mb=1024)
+            full = await ask_offer(h, 0.5, 10)
+            assert (full.eligible, full.reason) == (False, "insufficient_cpu")
+            assert full.worker.allocated == Resources(cpus=2, memory_mb=1024)
+            assert full.worker.machines == 1
+            again = await ask_offer(h, 2, 1024, request_id="r-known")
+            assert (again.eligible, again.existing_machine_id) == (True, m.id)
+
+    asyncio.run(body())
+
+
+def test_claims_fill_to_the_exact_limit_and_destroy_releases(nats_url: str, tmp_path: Path) -> None:
+    async def body() -> None:
+        async with running_agent(nats_url, tmp_path, cpus=2, memory_mb=1024) as h:
+            a = await h.claim(SLEEPER, cpus=1, memory_mb=512)
+            b = await h.claim(SLEEPER, cpus=1, memory_mb=256, skip_launch=True)
+            assert h.agent.executor.allocated == Resources(cpus=2, memory_mb=768)  # cpus full
+            with pytest.raises(ClaimRefused) as info:
+                await h.claim(SLEEPER, cpus=0.001, memory_mb=1)
+            assert info.value.details["reason"] == "insufficient_cpu"
+            assert info.value.http_status == 409
+            await h.machine("destroy", DestroyCommand(app=APP, machine_id=b.id))
+            with pytest.raises(ClaimRefused) as info:
+                await h.claim(SLEEPER, cpus=0.5, memory_mb=513)
+            assert info.value.details["reason"] == "insufficient_memory"
+            c = await h.claim(SLEEPER, cpus=1, memory_mb=512)  # exactly full again
+            assert c.state is S.STARTED
+            # A stopped machine keeps its reservation...
+            await h.machine("stop", StopCommand(app=APP, machine_id=a.id))
+            await h.wait(a.id, S.STOPPED)
+            with pytest.raises(ClaimRefused):
+                await h.claim(SLEEPER, cpus=0.5, memory_mb=10)
+            # ...until it is destroyed.
+            await h.machine("destroy", DestroyCommand(app=APP, machine_id=a.id))
+            d = await h.claim(SLEEPER, cpus=1, memory_mb=512)
+            assert d.state is S.STARTED
+            assert h.agent.executor.allocated == Resources(cpus=2, memory_mb=1024)
+            assert h.agent.store.allocated() == h.agent.executor.allocated
+
+    asyncio.run(body())
+
+
+def test_claims_are_idempotent_on_the_request_id(nats_url: str, tmp_path: Path) -> None:
+    async def body() -> None:
+        async with running_agent(nats_url, tmp_path) as h:
+            first = await h.claim(SLEEPER, request_id="k1", body_hash="h1")
+            again = await h.claim(SLEEPER, request_id="k1", body_hash="h1")
+            assert again.id == first.id
+            assert again.pid == first.pid
+            assert len(h.agent.executor.list_machines(APP)) == 1
+            with pytest.raises(IdempotencyConflict) as info:
+                await h.claim(SLEEPER, request_id="k1", body_hash="h2")
+            assert info.value.details["machine_id"] == first.id
+            assert info.value.status == "idempotency_conflict"
+
+    asyncio.run(body())
+
+
+def test_a_claim_for_another_region_is_refused(nats_url: str, tmp_path: Path) -> None:
+    async def body() -> None:
+        async with running_agent(nats_url, tmp_path, region="syd") as h:
+            req = ClaimRequest(
+                request_id="x",
+                body_hash="x",
+                app=APP,
+                region="mad",
+                config=MachineConfig(cmd=SLEEPER),
+            )
+            with pytest.raises(ClaimRefused) as info:
+                await h.ask("claim", req)
+            assert info.value.details["reason"] == "wrong_region"
+
+    asyncio.run(body())
+
+
+def test_heartbeats_discover_and_events(nats_url: str, tmp_path: Path) -> None:
+    async def body() -> None:
+        beats: list[Heartbeat] = []
+        events: list[MachineEventMessage] = []
+
+        async def on_beat(subject: str, data: bytes) -> None:
+            beats.append(Heartbeat.model_validate_json(data))
+
+        async def on_event(subject: str, data: bytes) -> None:
+            events.append(MachineEventMessage.model_validate_json(data))
+
+        async with running_agent(nats_url, tmp_path, heartbeat_interval_s=60) as h:
+            await h.bus.subscribe(subjects.heartbeat("mad", h.worker_id), on_beat)
+            await h.bus.subscribe(subjects.events("mad", h.worker_id), on_event)
+            await h.bus.flush()
+            await h.bus.publish(subjects.DISCOVER, b"")
+            beat = (await eventually(lambda: beats, what="a heartbeat"))[0]
+            assert beat.worker.id == h.worker_id
+            assert beat.interval_s == 60
+            assert beat.worker.capacity == Resources(cpus=4, memory_mb=4096)
+            m = await h.claim(SLEEPER, skip_launch=True)
+            await h.bus.publish(subjects.DISCOVER, b"")
+            latest = await eventually(lambda: len(beats) >= 2 and beats[-1], what="a beat")
+            assert latest.seq > beat.seq
+            assert latest.worker.allocated == Resources(cpus=1, memory_mb=256)
+            await h.machine("destroy", DestroyCommand(app=APP, machine_id=m.id))
+            await eventually(lambda: len(events) >= 3, what="three events")
+            assert [(e.event.type, e.state) for e in events] == [
+                ("launch", S.CREATED),
+                ("destroy", S.DESTROYING),
+                ("destroy", S.DESTROYED),
+            ]
+            assert {(e.machine_id, e.app, e.worker_id, e.region) for e in events} == {
+                (m.id, APP, h.worker_id, "mad")
+            }
+
+    asyncio.run(body())
+
+
+def test_heartbeats_flow_every_interval(nats_url: str, tmp_path: Path) -> None:
+    async def body() -> None:
+        async with running_agent(nats_url, tmp_path, heartbeat_interval_s=0.05) as h:
+            beats: list[int] = []
+
+            async def on_beat(subject: str, data: bytes) -> None:
+                beats.append(Heartbeat.model_validate_json(data).seq)
+
+            await h.bus.subscribe(subjects.ALL_HEARTBEATS, on_beat)
+            await eventually(lambda: len(beats) >= 3, what="three heartbeats")
+            assert beats == sorted(beats)
+
+    asyncio.run(body())

@@ -1,0 +1,97 @@
+"""`souq dev` starts a whole cluster and, on SIGINT or SIGTERM, leaves no process behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from souq.natsserver import free_port
+from souq.testing import wait_until
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_dev_runs_machines_and_stops_everything(tmp_path: Path, sig: int) -> None:
+    port, nats_port = free_port(), free_port()
+    out = tmp_path / "dev.out"
+    with open(out, "wb") as sink:
+        dev = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "souq",
+                "dev",
+                "--port",
+                str(port),
+                "--nats-port",
+                str(nats_port),
+                "--regions",
+                "mad,syd",
+                "--workers-per-region",
+                "1",
+                "--data-dir",
+                str(tmp_path / "data"),
+            ],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+    api = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(
+            lambda: f"NATS: nats://127.0.0.1:{nats_port}" in out.read_text(),
+            timeout=60,
+            message="the ready banner",
+        )
+        assert api in out.read_text()
+        workers = httpx.get(f"{api}/v1/workers").json()
+        assert sorted(w["region"] for w in workers) == ["mad", "syd"]
+        assert httpx.get(f"{api}/healthz").status_code == 200
+
+        # A machine whose process has a child of its own, in each region.
+        for region in ("mad", "syd"):
+            r = httpx.post(
+                f"{api}/v1/apps/dev/machines",
+                json={
+                    "region": region,
+                    "config": {"cmd": ["sh", "-c", "sleep 600 & exec sleep 601"]},
+                },
+                timeout=30,
+            )
+            assert r.status_code == 201, r.text
+        tree = wait_until(
+            lambda: (
+                (d := psutil.Process(dev.pid).children(recursive=True))
+                and sum(1 for p in d if p.name() == "sleep") == 4
+                and d
+            ),
+            timeout=10,
+            message="both machines and their children",
+        )
+        pids = [p.pid for p in tree]
+        assert any(p.name() == "nats-server" for p in tree)
+
+        dev.send_signal(sig)
+        assert dev.wait(60) == 0
+        leftover = [pid for pid in pids if _alive(pid)]
+        assert leftover == [], f"processes left behind: {leftover}"
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", nats_port), timeout=0.5).close()
+    finally:
+        if dev.poll() is None:
+            os.kill(dev.pid, signal.SIGKILL)
+            dev.wait()

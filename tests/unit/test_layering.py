@@ -1,0 +1,136 @@
+"""The public surface of each pure package is pinned, and pure modules never import I/O."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "souq"
+
+PURE = [
+    "errors.py",
+    "clock.py",
+    "ids.py",
+    "model",
+    "placement",
+    "agent/lifecycle.py",
+    "agent/operations.py",
+    "agent/restart.py",
+]
+
+# Anything that touches the network, processes, files or a database.
+IO_MODULES = {
+    "nats",
+    "fastapi",
+    "starlette",
+    "httpx",
+    "uvicorn",
+    "sqlite3",
+    "subprocess",
+    "socket",
+    "psutil",
+    "asyncio",
+    "souq.bus.nats",
+    "souq.agent.store",
+    "souq.agent.service",
+    "souq.broker",
+    "souq.client",
+    "souq.drivers",
+    "souq.dev",
+    "souq.natsserver",
+    "souq.testing",
+}
+
+
+def _pure_files() -> list[Path]:
+    files: list[Path] = []
+    for entry in PURE:
+        path = SRC / entry
+        files.extend(sorted(path.rglob("*.py")) if path.is_dir() else [path])
+    return files
+
+
+def _imports(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return names
+
+
+@pytest.mark.parametrize("path", _pure_files(), ids=lambda p: str(p.relative_to(SRC)))
+def test_pure_modules_import_no_io(path: Path) -> None:
+    bad = {
+        name
+        for name in _imports(path)
+        if any(name == io or name.startswith(io + ".") for io in IO_MODULES)
+    }
+    assert not bad, f"{path.relative_to(SRC)} imports I/O modules: {sorted(bad)}"
+
+
+PUBLIC = {
+    "souq.errors": {
+        "ClaimRefused",
+        "Conflict",
+        "IdempotencyConflict",
+        "IllegalTransition",
+        "InsufficientCapacity",
+        "InvalidInput",
+        "MalformedRequest",
+        "NotFound",
+        "SouqError",
+        "StorageError",
+        "Unavailable",
+        "UnknownRegion",
+        "WaitTimeout",
+        "error_from_body",
+    },
+    "souq.placement": {
+        "DEFAULT_CURVE",
+        "BestFitScorer",
+        "Curve",
+        "EligibleFilter",
+        "Filter",
+        "Pipeline",
+        "PlacementRequest",
+        "Ranking",
+        "Rejection",
+        "ResourcesFilter",
+        "Scorer",
+        "default_pipeline",
+        "utilisation_after",
+    },
+    "souq.bus": {
+        "Handler",
+        "MemoryTransport",
+        "Subscription",
+        "Transport",
+        "decode",
+        "encode",
+        "error_reply",
+        "ok_reply",
+        "subject_matches",
+        "subjects",
+        "unwrap",
+    },
+}
+
+
+@pytest.mark.parametrize("module", sorted(PUBLIC))
+def test_public_surface_is_pinned(module: str) -> None:
+    mod = importlib.import_module(module)
+    assert set(mod.__all__) == PUBLIC[module]
+    for name in mod.__all__:
+        assert hasattr(mod, name), f"{module}.{name} is exported but missing"
+
+
+def test_model_exports_resolve() -> None:
+    model = importlib.import_module("souq.model")
+    assert {"Machine", "MachineConfig", "Offer", "ClaimRequest", "Placement"} <= set(model.__all__)
+    for name in model.__all__:
+        assert hasattr(model, name)
