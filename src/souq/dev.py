@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from souq.errors import SouqError, Unavailable
 from souq.natsserver import NatsServer, free_port
+from souq.procs import terminate
 
 __all__ = ["DevCluster", "DevConfig", "run", "start_agent_process"]
 
@@ -234,16 +235,7 @@ def _stop_agents(agents: list[subprocess.Popen[bytes]], timeout: float = 30.0) -
     keep = {os.getpid()}
     if nats_pids := [p.pid for p in psutil.Process().children() if p.name() == "nats-server"]:
         keep.update(nats_pids)
-    for agent in agents:
-        if agent.poll() is None:
-            agent.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    for agent in agents:
-        try:
-            agent.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            agent.kill()
-            agent.wait()
+    terminate(*agents, timeout=timeout)
     _kill_descendants(keep)
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from types import TracebackType
 
 from souq.errors import Unavailable
+from souq.procs import terminate
 
 __all__ = ["NatsServer", "free_port", "nats_server_binary"]
 
@@ -90,13 +91,7 @@ class NatsServer:
         proc = self.process
         if proc is None:
             return
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        terminate(proc, timeout=timeout)
         self.process = None
         if self._own_dir:
             shutil.rmtree(self.store_dir, ignore_errors=True)

@@ -23,6 +23,7 @@ import psutil
 from souq.client.api import SouqClient
 from souq.dev import start_agent_process
 from souq.natsserver import NatsServer, free_port
+from souq.procs import terminate
 
 __all__ = ["AgentProcess", "BrokerProcess", "Cluster", "wait_until"]
 
@@ -121,13 +122,7 @@ class AgentProcess:
         proc = self.process
         if proc is None:
             return None
-        if proc.poll() is None:
-            proc.send_signal(sig)
-            try:
-                proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        terminate(proc, sig=sig, timeout=timeout)
         self.process = None
         return proc.returncode
 
@@ -182,13 +177,7 @@ class BrokerProcess:
         proc = self.process
         if proc is None:
             return
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        terminate(proc, timeout=timeout)
         self.process = None
 
 

@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -33,17 +32,10 @@ from souq.model import (
     StopCommand,
     WaitCommand,
 )
-from souq.natsserver import NatsServer
 from tests.integration.agent_harness import APP, eventually, load, pid_alive, running_agent
 
 S = MachineState
 SLEEPER = ["sleep", "60"]
-
-
-@pytest.fixture(scope="module")
-def nats_url() -> Iterator[str]:
-    with NatsServer() as server:
-        yield server.url
 
 
 class AgentChild:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,17 +30,10 @@ from souq.model import (
     StopCommand,
     WaitCommand,
 )
-from souq.natsserver import NatsServer
 from tests.integration.agent_harness import APP, eventually, load, pid_alive, running_agent
 
 S = MachineState
 SLEEPER = ["sleep", "60"]
-
-
-@pytest.fixture(scope="module")
-def nats_url() -> Iterator[str]:
-    with NatsServer() as server:
-        yield server.url
 
 
 def test_claim_starts_the_process_with_souq_env(nats_url: str, tmp_path: Path) -> None:

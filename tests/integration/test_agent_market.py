@@ -4,7 +4,6 @@ idempotency, heartbeats and events."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,17 +23,10 @@ from souq.model import (
     Resources,
     StopCommand,
 )
-from souq.natsserver import NatsServer
 from tests.integration.agent_harness import APP, Harness, eventually, load, running_agent
 
 S = MachineState
 SLEEPER = ["sleep", "60"]
-
-
-@pytest.fixture(scope="module")
-def nats_url() -> Iterator[str]:
-    with NatsServer() as server:
-        yield server.url
 
 
 async def ask_offer(h: Harness, cpus: float, memory_mb: int, request_id: str = "r1") -> Offer:

@@ -3,22 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 from souq.model import DestroyCommand, MachineRef, MachineState, StopCommand
-from souq.natsserver import NatsServer
 from tests.integration.agent_harness import APP, eventually, pid_alive, running_agent
 
 S = MachineState
-
-
-@pytest.fixture(scope="module")
-def nats_url() -> Iterator[str]:
-    with NatsServer() as server:
-        yield server.url
 
 
 def runs(path: Path) -> int:

@@ -102,7 +102,9 @@ PUBLIC = {
         "Rejection",
         "ResourcesFilter",
         "Scorer",
+        "Shortfall",
         "default_pipeline",
+        "shortfall",
         "utilisation_after",
     },
     "souq.bus": {
@@ -117,6 +119,8 @@ PUBLIC = {
         "subject_matches",
         "subjects",
         "unwrap",
+        "unwrap_as",
+        "unwrap_list_as",
     },
 }
 

@@ -80,8 +80,8 @@ def test_rejections_carry_named_reasons_and_are_counted() -> None:
     assert ranking.rejections == {"cordoned": 1, "insufficient_cpu": 2, "insufficient_memory": 1}
     by_worker = {o.worker_id: o for o in ranking.outcomes}
     assert by_worker["no-cpu"].rejected == "insufficient_cpu"
-    assert by_worker["no-cpu"].detail == "needs 1 cpus, 0.5 free"
-    assert by_worker["no-mem"].detail == "needs 1024 MiB, 96 MiB free"
+    assert by_worker["no-cpu"].detail == "needs 1 cpus; 0.5 of 4 free"
+    assert by_worker["no-mem"].detail == "needs 1024 MiB; 96 of 4096 MiB free"
     assert by_worker["cordoned"].score is None
     # Feasible offers come first in the record, best first.
     assert ranking.outcomes[0].worker_id == "ok"

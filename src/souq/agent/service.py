@@ -21,7 +21,6 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from souq.agent.capacity import shortfall
 from souq.agent.commands import Commands
 from souq.agent.executor import Executor
 from souq.bus import subjects
@@ -47,6 +46,7 @@ from souq.model.protocol import (
 )
 from souq.model.resources import Resources
 from souq.model.worker import Fingerprint, Heartbeat, WorkerInfo, WorkerState
+from souq.placement.stages import shortfall
 
 __all__ = ["AgentService"]
 

@@ -20,7 +20,6 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from souq.agent.capacity import shortfall
 from souq.agent.operations import OpEvent, OpKind, OpState
 from souq.agent.records import RECENT_EVENTS, MachineRow, OpStep
 from souq.errors import ClaimRefused, IdempotencyConflict, StorageError
@@ -28,6 +27,7 @@ from souq.ids import new_worker_id
 from souq.model.machine import MachineConfig, MachineEvent, MachineState
 from souq.model.placement import Placement
 from souq.model.resources import Resources
+from souq.placement.stages import shortfall
 
 __all__ = ["Store"]
 

@@ -77,7 +77,7 @@ def _json(value: BaseModel | Sequence[BaseModel], status_code: int = 200) -> Res
     return Response(content, status_code=status_code, media_type="application/json")
 
 
-def _app_name(app: str) -> str:
+async def _app_name(app: str) -> str:
     problem = check_app_name(app)
     if problem:
         raise InvalidInput(problem)

@@ -7,8 +7,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 
-from souq.broker.wire import load
-from souq.bus import Subscription, Transport, decode, encode, subjects, unwrap
+from souq.bus import Subscription, Transport, decode, encode, subjects, unwrap_as
 from souq.errors import NotFound, SouqError
 from souq.model import LocateCommand, LocateReply, MachineEventMessage
 
@@ -62,7 +61,7 @@ class Directory:
         )
         for data in replies:
             try:
-                reply = load(LocateReply, unwrap(data))
+                reply = unwrap_as(data, LocateReply)
             except (SouqError, ValueError) as exc:
                 log.warning("ignoring a locate reply that could not be read: %s", exc)
                 continue

@@ -19,8 +19,8 @@ from collections.abc import Sequence
 
 from souq.broker.config import BrokerConfig
 from souq.broker.liveness import Liveness
-from souq.broker.wire import ask_worker, load
-from souq.bus import Transport, encode, subjects, unwrap
+from souq.broker.wire import ask_worker
+from souq.bus import Transport, encode, subjects, unwrap_as
 from souq.clock import Clock
 from souq.errors import ClaimRefused, InsufficientCapacity, SouqError, Unavailable, UnknownRegion
 from souq.model import ClaimAttempt, ClaimRequest, Machine, Offer, OfferRequest, Placement, Timings
@@ -67,7 +67,7 @@ class Market:
                 order,
                 timeout=self._config.claim_timeout_s,
             )
-            return load(Machine, result)
+            return unwrap_as(result, Machine)
 
         request = PlacementRequest(
             request_id=order.request_id,
@@ -111,18 +111,18 @@ class Market:
             )
             claim = order.model_copy(update={"placement": attempt})
             try:
-                result = await ask_worker(
+                reply = await ask_worker(
                     self._transport,
                     worker_id,
                     "claim",
                     claim,
                     timeout=self._config.claim_timeout_s,
                 )
+                machine = unwrap_as(reply, Machine)
             except (ClaimRefused, Unavailable) as exc:
                 log.info("claim on %s for %s failed: %s", worker_id, order.request_id, exc)
                 claims.append(ClaimAttempt(worker_id=worker_id, ok=False, reason=exc.status))
                 continue
-            machine = load(Machine, result)
             # Answer with the final timings (the stored record was written before the claim).
             final = attempt.model_copy(update={"timings": timings(self._clock.monotonic())})
             return machine.model_copy(update={"placement": final})
@@ -189,7 +189,7 @@ def _decode_offers(replies: Sequence[bytes]) -> list[Offer]:
     offers: list[Offer] = []
     for data in replies:
         try:
-            offers.append(load(Offer, unwrap(data)))
+            offers.append(unwrap_as(data, Offer))
         except (SouqError, ValueError) as exc:
             log.warning("ignoring an offer that could not be read: %s", exc)
     return offers

@@ -19,8 +19,8 @@ from souq.broker.idempotency import Coalescer, body_hash
 from souq.broker.liveness import Liveness
 from souq.broker.market import Market
 from souq.broker.schemas import CreateMachineRequest
-from souq.broker.wire import ask_worker, load, load_list
-from souq.bus import Transport, encode, subjects, unwrap
+from souq.broker.wire import ask_worker
+from souq.bus import Transport, encode, subjects, unwrap_as, unwrap_list_as
 from souq.clock import Clock, SystemClock
 from souq.errors import SouqError, Unavailable
 from souq.ids import idempotent_request_id, new_request_id
@@ -130,7 +130,7 @@ class BrokerService:
         machines: dict[str, Machine] = {}
         for data in replies:
             try:
-                batch = load_list(Machine, unwrap(data))
+                batch = unwrap_list_as(data, Machine)
             except (SouqError, ValueError) as exc:
                 log.warning("ignoring a list reply that could not be read: %s", exc)
                 continue
@@ -141,18 +141,18 @@ class BrokerService:
 
     async def get_machine(self, app: str, machine_id: str) -> Machine:
         ref = MachineRef(app=app, machine_id=machine_id)
-        return load(Machine, await self._ask(machine_id, "get", ref))
+        return unwrap_as(await self._ask(machine_id, "get", ref), Machine)
 
     async def events(self, app: str, machine_id: str) -> list[MachineEvent]:
         """The machine's events, newest first."""
         ref = EventsCommand(app=app, machine_id=machine_id)
-        return load_list(MachineEvent, await self._ask(machine_id, "events", ref))
+        return unwrap_list_as(await self._ask(machine_id, "events", ref), MachineEvent)
 
     # -- commands --------------------------------------------------------------------------
 
     async def start_machine(self, app: str, machine_id: str) -> Machine:
         ref = MachineRef(app=app, machine_id=machine_id)
-        return load(Machine, await self._ask(machine_id, "start", ref))
+        return unwrap_as(await self._ask(machine_id, "start", ref), Machine)
 
     async def stop_machine(
         self,
@@ -164,7 +164,7 @@ class BrokerService:
     ) -> Machine:
         """Returns once the signal is sent (the machine is ``stopping``); see :meth:`wait`."""
         cmd = StopCommand(app=app, machine_id=machine_id, signal=signal, timeout_s=timeout_s)
-        return load(Machine, await self._ask(machine_id, "stop", cmd))
+        return unwrap_as(await self._ask(machine_id, "stop", cmd), Machine)
 
     async def restart_machine(
         self,
@@ -177,24 +177,24 @@ class BrokerService:
         """Returns once the machine has stopped and started again."""
         grace = timeout_s if timeout_s is not None else await self._stop_timeout(app, machine_id)
         cmd = StopCommand(app=app, machine_id=machine_id, signal=signal, timeout_s=timeout_s)
-        return load(Machine, await self._ask(machine_id, "restart", cmd, extra_s=grace))
+        return unwrap_as(await self._ask(machine_id, "restart", cmd, extra_s=grace), Machine)
 
     async def signal_machine(self, app: str, machine_id: str, signal: str) -> Machine:
         cmd = SignalCommand(app=app, machine_id=machine_id, signal=signal)
-        return load(Machine, await self._ask(machine_id, "signal", cmd))
+        return unwrap_as(await self._ask(machine_id, "signal", cmd), Machine)
 
     async def destroy_machine(self, app: str, machine_id: str, *, force: bool = False) -> Machine:
         """Returns once the machine is ``destroyed``."""
         grace = 0.0 if force else await self._stop_timeout(app, machine_id)
         cmd = DestroyCommand(app=app, machine_id=machine_id, force=force)
-        return load(Machine, await self._ask(machine_id, "destroy", cmd, extra_s=grace))
+        return unwrap_as(await self._ask(machine_id, "destroy", cmd, extra_s=grace), Machine)
 
     async def wait(
         self, app: str, machine_id: str, state: MachineState, *, timeout_s: float
     ) -> Machine:
         """The machine once it reaches ``state``; :class:`WaitTimeout` after ``timeout_s``."""
         cmd = WaitCommand(app=app, machine_id=machine_id, state=state, timeout_s=timeout_s)
-        return load(Machine, await self._ask(machine_id, "wait", cmd, extra_s=timeout_s))
+        return unwrap_as(await self._ask(machine_id, "wait", cmd, extra_s=timeout_s), Machine)
 
     # -- logs ------------------------------------------------------------------------------
 
@@ -232,13 +232,13 @@ class BrokerService:
             max_bytes=LOGS_CHUNK_BYTES,
             wait_s=wait_s,
         )
-        return load(LogsReply, await self._ask(machine_id, "logs", cmd, extra_s=wait_s))
+        return unwrap_as(await self._ask(machine_id, "logs", cmd, extra_s=wait_s), LogsReply)
 
     # -- routing ---------------------------------------------------------------------------
 
     async def _ask(
         self, machine_id: str, verb: str, body: BaseModel, *, extra_s: float = 0.0
-    ) -> object:
+    ) -> bytes:
         worker_id = await self.directory.owner(
             machine_id, expect=self.liveness.live_count(), timeout=self.config.gather_timeout_s
         )

@@ -1,21 +1,29 @@
-"""JSON on the wire: typed models in, bytes out, and the reply envelope carrying typed errors."""
+"""JSON on the wire: typed models in, bytes out, and the reply envelope carrying typed errors.
+
+A reply is ``{"ok": true, "result": ...}`` or ``{"ok": false, "error": {...}}``. Replies are
+written and read in one pass each: :func:`ok_reply` splices the result's JSON into the envelope,
+and :func:`unwrap_as` validates envelope and result together into the expected model.
+"""
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from functools import cache
+from typing import Any, Generic, TypeVar
 
-from pydantic import BaseModel, ValidationError
+import pydantic_core
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from souq.errors import InvalidInput, SouqError, error_from_body
 from souq.model.protocol import Reply
 
-__all__ = ["decode", "encode", "error_reply", "ok_reply", "unwrap"]
+__all__ = ["decode", "encode", "error_reply", "ok_reply", "unwrap", "unwrap_as", "unwrap_list_as"]
 
 M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
 
 
 def encode(model: BaseModel) -> bytes:
-    return model.model_dump_json(exclude_none=False).encode()
+    return model.model_dump_json().encode()
 
 
 def decode(data: bytes, model: type[M]) -> M:
@@ -28,12 +36,20 @@ def decode(data: bytes, model: type[M]) -> M:
 
 def ok_reply(result: BaseModel | list[Any] | dict[str, Any] | None) -> bytes:
     if isinstance(result, BaseModel):
-        payload: Any = result.model_dump(mode="json")
+        payload = result.model_dump_json().encode()
     elif isinstance(result, list):
-        payload = [r.model_dump(mode="json") if isinstance(r, BaseModel) else r for r in result]
+        payload = b"[" + b",".join(_json(item) for item in result) + b"]"
     else:
-        payload = result
-    return Reply(ok=True, result=payload).model_dump_json().encode()
+        payload = pydantic_core.to_json(result)
+    return b'{"ok":true,"result":' + payload + b"}"
+
+
+def _json(item: Any) -> bytes:
+    return (
+        item.model_dump_json().encode()
+        if isinstance(item, BaseModel)
+        else pydantic_core.to_json(item)
+    )
 
 
 def error_reply(err: SouqError) -> bytes:
@@ -41,8 +57,48 @@ def error_reply(err: SouqError) -> bytes:
 
 
 def unwrap(data: bytes) -> Any:
-    """The result of a reply envelope, or its error raised as the typed error it was."""
+    """The result of a reply envelope as plain JSON values, or its error raised as the typed
+    error it was."""
     reply = Reply.model_validate_json(data)
     if not reply.ok:
         raise error_from_body(reply.error or {})
     return reply.result
+
+
+class _Envelope(BaseModel, Generic[T]):
+    model_config = ConfigDict(extra="ignore")
+
+    ok: bool
+    result: T | None = None
+    error: dict[str, Any] | None = None
+
+
+@cache
+def _envelope(kind: Any) -> type[_Envelope[Any]]:
+    return _Envelope[kind]
+
+
+def _unwrap_typed(data: bytes, kind: Any) -> Any:
+    try:
+        reply = _envelope(kind).model_validate_json(data)
+    except ValidationError as exc:
+        # A malformed result may still be a well-formed error: let the error speak first.
+        plain = Reply.model_validate_json(data)
+        if not plain.ok:
+            raise error_from_body(plain.error or {}) from exc
+        raise InvalidInput(f"malformed reply: {exc.errors()[0]['msg']}") from exc
+    if not reply.ok or reply.result is None:
+        raise error_from_body(reply.error or {"error": "empty reply"})
+    return reply.result
+
+
+def unwrap_as(data: bytes, model: type[M]) -> M:
+    """The result of a reply envelope validated as ``model``, or the reply's error raised."""
+    result: M = _unwrap_typed(data, model)
+    return result
+
+
+def unwrap_list_as(data: bytes, model: type[M]) -> list[M]:
+    """The result of a reply envelope validated as a list of ``model``."""
+    result: list[M] = _unwrap_typed(data, list[model])  # type: ignore[valid-type]
+    return result

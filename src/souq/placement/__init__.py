@@ -10,6 +10,8 @@ from souq.placement.stages import (
     Rejection,
     ResourcesFilter,
     Scorer,
+    Shortfall,
+    shortfall,
     utilisation_after,
 )
 
@@ -25,6 +27,8 @@ __all__ = [
     "Rejection",
     "ResourcesFilter",
     "Scorer",
+    "Shortfall",
     "default_pipeline",
+    "shortfall",
     "utilisation_after",
 ]

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from souq.model.protocol import Offer
+from souq.model.resources import Resources
 from souq.placement.curves import DEFAULT_CURVE, Curve
 from souq.placement.request import PlacementRequest
 
@@ -17,6 +18,8 @@ __all__ = [
     "Rejection",
     "ResourcesFilter",
     "Scorer",
+    "Shortfall",
+    "shortfall",
     "utilisation_after",
 ]
 
@@ -56,6 +59,32 @@ class EligibleFilter:
         return Rejection(reason, offer.detail or f"worker declined: {reason}")
 
 
+@dataclass(frozen=True)
+class Shortfall:
+    reason: str  # a stable code: insufficient_cpu or insufficient_memory
+    detail: str  # human words
+
+
+def shortfall(want: Resources, capacity: Resources, allocated: Resources) -> Shortfall | None:
+    """None when ``want`` fits in what ``capacity`` leaves after ``allocated``; else why not.
+
+    The one fit rule: the broker's filter, a worker's offers (advisory) and its claims (binding)
+    all use it."""
+    free = capacity.minus(allocated)
+    if want.millicpus > free.millicpus:
+        return Shortfall(
+            "insufficient_cpu",
+            f"needs {want.cpus:g} cpus; {max(free.cpus, 0):g} of {capacity.cpus:g} free",
+        )
+    if want.memory_mb > free.memory_mb:
+        left = max(free.memory_mb, 0)
+        return Shortfall(
+            "insufficient_memory",
+            f"needs {want.memory_mb} MiB; {left} of {capacity.memory_mb} MiB free",
+        )
+    return None
+
+
 class ResourcesFilter:
     """Free capacity must hold the machine's cpus and memory."""
 
@@ -63,15 +92,8 @@ class ResourcesFilter:
 
     def check(self, request: PlacementRequest, offer: Offer) -> Rejection | None:
         w = offer.worker
-        free = w.capacity.minus(w.allocated)
-        want = request.resources
-        if want.fits_within(free):
-            return None
-        if want.millicpus > free.millicpus:
-            return Rejection("insufficient_cpu", f"needs {want.cpus:g} cpus, {free.cpus:g} free")
-        return Rejection(
-            "insufficient_memory", f"needs {want.memory_mb} MiB, {free.memory_mb} MiB free"
-        )
+        short = shortfall(request.resources, w.capacity, w.allocated)
+        return None if short is None else Rejection(short.reason, short.detail)
 
 
 def utilisation_after(request: PlacementRequest, offer: Offer) -> tuple[float, float]:
