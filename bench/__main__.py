@@ -1,16 +1,20 @@
-"""Run every benchmark, or those named: ``python -m bench [spine ...]``."""
+"""Run the benchmarks, or those named: ``python -m bench [spine scale c1m ...]``.
+
+Without names, the default suites run (``spine`` and ``scale``); ``c1m`` (100,000 machines
+onto 5,000 hollow workers, several minutes) runs only when named."""
 
 from __future__ import annotations
 
 import sys
 
-from bench import spine
+from bench import scale, spine
 
-SUITES = {"spine": spine.main}
+SUITES = {"spine": spine.main, "scale": scale.main_scale, "c1m": scale.main_c1m}
+DEFAULT = ["spine", "scale"]
 
 
 def main(argv: list[str]) -> None:
-    names = argv or list(SUITES)
+    names = argv or DEFAULT
     unknown = [n for n in names if n not in SUITES]
     if unknown:
         raise SystemExit(f"unknown benchmark(s) {unknown}; choose from {sorted(SUITES)}")

@@ -13,8 +13,10 @@ tree at the boundary that catches them, so nothing above a boundary handles fore
     ├── Conflict                   409 conflict
     │   ├── IllegalTransition      409 illegal_transition (e.g. start a destroyed machine)
     │   ├── IdempotencyConflict    409 idempotency_conflict (same key, different body)
+    │   ├── QuoteUsed              409 quote_used         (a quote already made its machine)
     │   └── ClaimRefused           409 claim_refused      (a worker refused a claim; internal)
     ├── InsufficientCapacity       409 insufficient_capacity (carries the placement record)
+    ├── QuoteExpired               410 quote_expired     (the hold's TTL passed or it was released)
     ├── WaitTimeout                408 timeout
     ├── Unavailable                503 unavailable       (NATS or the owning worker is unreachable)
     └── StorageError               500 storage_error     (the agent's state file failed)
@@ -35,6 +37,8 @@ __all__ = [
     "InvalidInput",
     "MalformedRequest",
     "NotFound",
+    "QuoteExpired",
+    "QuoteUsed",
     "SouqError",
     "StorageError",
     "Unavailable",
@@ -107,9 +111,18 @@ class ClaimRefused(Conflict):
     status = "claim_refused"
 
 
+class QuoteUsed(Conflict):
+    status = "quote_used"
+
+
 class InsufficientCapacity(SouqError):
     status = "insufficient_capacity"
     http_status = 409
+
+
+class QuoteExpired(SouqError):
+    status = "quote_expired"
+    http_status = 410
 
 
 class WaitTimeout(SouqError):

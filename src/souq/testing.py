@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import TypeVar
@@ -25,7 +25,7 @@ from souq.dev import start_agent_process
 from souq.natsserver import NatsServer, free_port
 from souq.procs import terminate
 
-__all__ = ["AgentProcess", "BrokerProcess", "Cluster", "wait_until"]
+__all__ = ["AgentProcess", "BrokerProcess", "Cluster", "FleetProcess", "wait_until"]
 
 T = TypeVar("T")
 
@@ -131,13 +131,77 @@ class AgentProcess:
         self.stop(signal.SIGKILL)
 
 
+class FleetProcess:
+    """One ``souq fleet`` child process: ``workers`` hollow workers in ``region``."""
+
+    def __init__(
+        self,
+        *,
+        nats_url: str,
+        region: str,
+        workers: int,
+        log_path: Path,
+        cpus: float | None = None,
+        memory_mb: int | None = None,
+    ) -> None:
+        self.nats_url = nats_url
+        self.region = region
+        self.workers = workers
+        self.log_path = log_path
+        self.cpus = cpus
+        self.memory_mb = memory_mb
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None, "the fleet is not running"
+        return self.process.pid
+
+    def start(self, timeout: float = 120.0) -> None:
+        args = [sys.executable, "-m", "souq", "fleet", "--nats", self.nats_url]
+        args += ["--workers", str(self.workers), "--region", self.region]
+        if self.cpus is not None:
+            args += ["--cpus", str(self.cpus)]
+        if self.memory_mb is not None:
+            args += ["--memory-mb", str(self.memory_mb)]
+        offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        with open(self.log_path, "ab") as err:
+            self.process = subprocess.Popen(
+                args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err
+            )
+
+        def ready() -> bool:
+            assert self.process is not None
+            text = self.log_path.read_text(errors="replace")[offset:]
+            if self.process.poll() is not None:
+                raise RuntimeError(f"fleet exited at start: {text[-2000:]}")
+            return "souq fleet ready:" in text
+
+        wait_until(ready, timeout=timeout, interval=0.05, message="the fleet to be ready")
+
+    def stop(self, timeout: float = 60.0) -> None:
+        proc = self.process
+        if proc is None:
+            return
+        terminate(proc, timeout=timeout)
+        self.process = None
+
+
 class BrokerProcess:
     """One ``souq broker`` child process serving HTTP on a loopback port."""
 
-    def __init__(self, *, nats_url: str, log_path: Path, port: int | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        nats_url: str,
+        log_path: Path,
+        port: int | None = None,
+        extra_args: Sequence[str] = (),
+    ) -> None:
         self.nats_url = nats_url
         self.port = port or free_port()
         self.log_path = log_path
+        self.extra_args = list(extra_args)  # e.g. ["--sample-above", "64"]
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -154,6 +218,7 @@ class BrokerProcess:
             self.nats_url,
             "--listen",
             f"127.0.0.1:{self.port}",
+            *self.extra_args,
         ]
         with open(self.log_path, "ab") as err:
             self.process = subprocess.Popen(

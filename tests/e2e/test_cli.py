@@ -118,7 +118,7 @@ def test_run_json_prints_the_machine(cluster: Cluster) -> None:
     assert run.returncode == 0, run.stderr
     machine = json.loads(run.stdout)
     assert machine["state"] == "created"
-    assert machine["config"]["guest"] == {"cpus": 1, "memory_mb": 128}
+    assert machine["config"]["guest"] == {"cpus": 1, "memory_mb": 128, "disk_mb": 0, "gpus": 0}
     assert machine["config"]["restart"]["policy"] == "no"
     souq(cluster, "machine", "destroy", machine["id"], "--app", app)
 
@@ -171,3 +171,101 @@ def test_unreachable_api_is_a_clear_error(tmp_path: Path) -> None:
     )
     assert r.returncode == 1
     assert "127.0.0.1:9" in r.stderr
+
+
+def test_explain_dry_run_quote_and_cordon(cluster: Cluster) -> None:
+    app = "cli" + uuid.uuid4().hex[:8]
+    dry = souq(
+        cluster,
+        "machine",
+        "run",
+        "--app",
+        app,
+        "--region",
+        "mad",
+        "--dry-run",
+        "--json",
+        "--",
+        "sleep",
+        "600",
+    )
+    assert dry.returncode == 0, dry.stderr
+    record = json.loads(dry.stdout)
+    assert record["winner"] == cluster.agents[0].worker_id
+    assert json.loads(souq(cluster, "machine", "list", "--app", app, "--json").stdout) == []
+
+    created = souq(
+        cluster,
+        "quote",
+        "create",
+        "--app",
+        app,
+        "--region",
+        "mad",
+        "--cpus",
+        "1",
+        "--ttl",
+        "60",
+        "--json",
+        "--",
+        "sleep",
+        "600",
+    )
+    assert created.returncode == 0, created.stderr
+    quote = json.loads(created.stdout)
+    assert quote["state"] == "held"
+    shown = souq(cluster, "quote", "show", quote["id"], "--app", app)
+    assert "held" in shown.stdout
+    run = souq(
+        cluster,
+        "machine",
+        "run",
+        "--app",
+        app,
+        "--region",
+        "mad",
+        "--cpus",
+        "1",
+        "--quote",
+        quote["id"],
+        "--",
+        "sleep",
+        "600",
+    )
+    assert run.returncode == 0, run.stderr
+    mid = run.stdout.strip()
+
+    explain = souq(cluster, "machine", "explain", mid, "--app", app)
+    assert explain.returncode == 0, explain.stderr
+    assert f"winner {quote['worker_id']}" in explain.stdout
+    assert "timings: gather" in explain.stdout
+
+    again = souq(
+        cluster,
+        "machine",
+        "run",
+        "--app",
+        app,
+        "--region",
+        "mad",
+        "--cpus",
+        "1",
+        "--quote",
+        quote["id"],
+        "--",
+        "sleep",
+        "600",
+    )
+    assert again.returncode == 1
+    assert "already used" in again.stderr
+
+    worker = cluster.agents[0].worker_id
+    assert worker is not None
+    cordon = souq(cluster, "workers", "cordon", worker, "--json")
+    assert cordon.returncode == 0, cordon.stderr
+    assert json.loads(cordon.stdout)[0]["state"] == "cordoned"
+    refused = souq(cluster, "machine", "run", "--app", app, "--region", "mad", "--", "true")
+    assert refused.returncode == 3
+    assert "cordoned" in refused.stderr
+    assert souq(cluster, "workers", "uncordon", worker).returncode == 0
+    souq(cluster, "machine", "destroy", mid, "--app", app, "--force")

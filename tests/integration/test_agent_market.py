@@ -54,7 +54,7 @@ def test_offers_say_whether_and_why(nats_url: str, tmp_path: Path) -> None:
                 "mad",
                 {"disk": "ssd"},
             )
-            assert worker.capacity == Resources(cpus=2, memory_mb=1024)
+            assert (worker.capacity.cpus, worker.capacity.memory_mb) == (2, 1024)
             assert worker.allocated == Resources.zero()
             assert worker.fingerprint is not None
             assert worker.fingerprint.cpus == 2
@@ -159,7 +159,7 @@ def test_heartbeats_discover_and_events(nats_url: str, tmp_path: Path) -> None:
             beat = (await eventually(lambda: beats, what="a heartbeat"))[0]
             assert beat.worker.id == h.worker_id
             assert beat.interval_s == 60
-            assert beat.worker.capacity == Resources(cpus=4, memory_mb=4096)
+            assert (beat.worker.capacity.cpus, beat.worker.capacity.memory_mb) == (4, 4096)
             m = await h.claim(SLEEPER, skip_launch=True)
             await h.bus.publish(subjects.DISCOVER, b"")
             latest = await eventually(lambda: len(beats) >= 2 and beats[-1], what="a beat")

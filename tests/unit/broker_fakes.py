@@ -68,6 +68,8 @@ class FakeWorker:
     seq: int = 0
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     polling: asyncio.Event = field(default_factory=asyncio.Event)  # a logs long-poll waits
+    labels: dict[str, str] = field(default_factory=dict)
+    artifacts: list[str] = field(default_factory=list)  # the worker's artifact cache
 
     async def start(self) -> FakeWorker:
         await self.bus.subscribe(subjects.offers(self.region), self._offer)
@@ -90,8 +92,12 @@ class FakeWorker:
             state=WorkerState.CORDONED if self.cordoned else WorkerState.UP,
             capacity=Resources(cpus=self.cpus, memory_mb=self.memory_mb),
             allocated=self.allocated,
+            labels=self.labels,
             machines=sum(1 for m in self.machines.values() if m.state != "destroyed"),
         )
+
+    def app_machines(self, app: str) -> int:
+        return sum(1 for m in self.machines.values() if m.app == app and m.state != "destroyed")
 
     async def heartbeat(self) -> None:
         self.seq += 1
@@ -118,7 +124,8 @@ class FakeWorker:
             offer = Offer(worker=self.info(), eligible=ask.resources.fits_within(self._free()))
             if not offer.eligible:
                 offer = Offer(worker=self.info(), eligible=False, reason="full", detail="full")
-        return ok_reply(offer)
+        live = {"artifacts": self.artifacts, "app_machines": self.app_machines(ask.app)}
+        return ok_reply(offer.model_copy(update=live))
 
     async def _list(self, subject: str, data: bytes) -> bytes:
         cmd = decode(data, ListCommand)

@@ -208,8 +208,8 @@ async def test_healthz_and_workers(api: Api) -> None:
     assert [w["id"] for w in r.json()] == ["wa", "wb"]
     w = r.json()[0]
     assert w["state"] == "up"
-    assert w["capacity"] == {"cpus": 2.0, "memory_mb": 4096}
-    assert w["allocated"] == {"cpus": 0.0, "memory_mb": 0}
+    assert w["capacity"] == {"cpus": 2.0, "memory_mb": 4096, "disk_mb": 0, "gpus": 0}
+    assert w["allocated"] == {"cpus": 0.0, "memory_mb": 0, "disk_mb": 0, "gpus": 0}
     assert w["labels"] == {}
 
 

@@ -74,7 +74,7 @@ async def test_a_silent_worker_is_skipped_like_a_refusal() -> None:
     assert machine.placement.claims[0].reason == "unavailable"
 
 
-async def test_claims_are_bounded_then_capacity_is_refused_with_the_record() -> None:
+async def test_refused_claims_go_down_the_ranking_then_capacity_is_refused() -> None:
     bus = MemoryTransport()
     racers = [FakeWorker(bus, f"w{i}", refuse_claims=True) for i in range(3)]
     service = await started_service(bus, *racers, max_claim_attempts=2)
@@ -84,12 +84,25 @@ async def test_claims_are_bounded_then_capacity_is_refused_with_the_record() -> 
 
     err = caught.value
     assert err.http_status == 409
-    assert "2 claims refused" in err.message
+    # A refusal (another broker won the race) is cheap: every offer is tried.
+    assert "3 claims refused" in err.message
     record = Placement.model_validate(err.details["placement"])
-    assert len(record.claims) == 2
+    assert len(record.claims) == 3
     assert not any(c.ok for c in record.claims)
     assert record.winner is None
-    assert sum(len(w.claims) for w in racers) == 2
+    assert sum(len(w.claims) for w in racers) == 3
+
+
+async def test_unanswered_claims_are_bounded() -> None:
+    bus = MemoryTransport()
+    mute = [FakeWorker(bus, f"w{i}", silent_claims=True) for i in range(3)]
+    service = await started_service(bus, *mute, max_claim_attempts=2, claim_timeout_s=0.05)
+
+    with pytest.raises(InsufficientCapacity) as caught:
+        await service.create_machine("web", create_body())
+
+    record = Placement.model_validate(caught.value.details["placement"])
+    assert [c.reason for c in record.claims] == ["unavailable", "unavailable"]
 
 
 async def test_insufficient_capacity_names_the_reasons_with_counts() -> None:

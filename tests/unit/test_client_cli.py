@@ -109,7 +109,7 @@ def test_machine_run_builds_the_config_and_prints_the_id(stub: StubClient) -> No
             "env": {"A": "1", "B": "x=y"},
         },
     )
-    assert kwargs == {"name": "web-1", "skip_launch": True}
+    assert kwargs == {"name": "web-1", "skip_launch": True, "quote": None, "placement": None}
 
 
 def test_machine_run_minimal_and_json(stub: StubClient) -> None:
@@ -216,7 +216,7 @@ def test_list_show_events_and_workers_render(stub: StubClient) -> None:
     assert workers.exit_code == 0, workers.output
     assert "w1" in workers.stdout and "1/4" in workers.stdout and "disk=ssd" in workers.stdout
     [w] = json.loads(invoke("workers", "--json").stdout)
-    assert w["capacity"] == {"cpus": 4.0, "memory_mb": 4096}
+    assert w["capacity"] == {"cpus": 4.0, "memory_mb": 4096, "disk_mb": 0, "gpus": 0}
 
 
 def test_logs_and_follow(stub: StubClient) -> None:
@@ -288,3 +288,52 @@ def test_version_and_help() -> None:
     assert invoke("--version").stdout.startswith("souq ")
     assert invoke("--help").exit_code == 0
     assert "COMMAND" in invoke("machine", "run", "--help").stdout
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("label.disk=ssd", {"attribute": "label.disk", "operator": "=", "value": "ssd"}),
+        ("fingerprint.cpus >= 4", {"attribute": "fingerprint.cpus", "operator": ">=", "value": 4}),
+        ("label.zone in a, b", {"attribute": "label.zone", "operator": "in", "value": ["a", "b"]}),
+        ("region != mad", {"attribute": "region", "operator": "!=", "value": "mad"}),
+        (
+            "fingerprint.arch regexp ^x86",
+            {"attribute": "fingerprint.arch", "operator": "regexp", "value": "^x86"},
+        ),
+    ],
+)
+def test_constraint_flags_read_as_a_person_writes_them(
+    stub: StubClient, text: str, expected: dict[str, Any]
+) -> None:
+    result = invoke(
+        "machine",
+        "run",
+        "--app",
+        "web",
+        "--region",
+        "mad",
+        "--constraint",
+        text,
+        "--distinct-workers",
+        "--policy",
+        "spread",
+        "--",
+        "true",
+    )
+    assert result.exit_code == 0, result.output
+    [(name, args, kwargs)] = stub.calls
+    assert name == "create_machine"
+    assert args[2]["constraints"] == [expected]
+    assert args[2]["distinct_workers_for"] == "app"
+    assert kwargs["placement"] == {"policy": "spread"}
+
+
+@pytest.mark.parametrize("text", ["label.disk", "fingerprint.cpus > many", "=ssd"])
+def test_a_malformed_constraint_is_a_clear_error(stub: StubClient, text: str) -> None:
+    result = invoke(
+        "machine", "run", "--app", "web", "--region", "mad", "--constraint", text, "--", "true"
+    )
+    assert result.exit_code == 1
+    assert "constraint" in result.stderr
+    assert stub.calls == []

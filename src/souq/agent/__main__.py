@@ -1,5 +1,6 @@
 """``python -m souq.agent --region R --nats URL [--data-dir DIR] [--cpus N] [--memory-mb N]
-[--label k=v]... [--stop-machines-on-exit]``: the agent without the CLI package."""
+[--disk-mb N] [--gpus N] [--label k=v]... [--stop-machines-on-exit]``: the agent without the CLI
+package."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", default=None, help=f"default {DEFAULT_DATA_DIR}")
     parser.add_argument("--cpus", type=float, default=None)
     parser.add_argument("--memory-mb", type=int, default=None)
+    parser.add_argument("--disk-mb", type=int, default=None)
+    parser.add_argument("--gpus", type=int, default=None)
     parser.add_argument("--label", action="append", default=[], metavar="K=V")
     parser.add_argument("--stop-machines-on-exit", action="store_true")
     args = parser.parse_args(argv)
@@ -36,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
             data_dir=args.data_dir,
             cpus=args.cpus,
             memory_mb=args.memory_mb,
+            disk_mb=args.disk_mb,
+            gpus=args.gpus,
             labels=labels,
             stop_machines_on_exit=args.stop_machines_on_exit,
         )

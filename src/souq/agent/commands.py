@@ -78,7 +78,7 @@ class Commands:
             updated_at=now,
             events=tuple(reversed(events)),
         )
-        existing = ex.create(row, capacity, op, op_event, step.next)
+        existing = ex.create(row, capacity, op, op_event, step.next, quote_id=req.quote_id)
         if existing is not None:
             return self._claimed_before(req, existing)
         ex.execute(op, step.actions)

@@ -20,8 +20,9 @@ class AgentConfig(BaseModel):
     """How one worker agent runs.
 
     ``data_dir`` holds ``state.db`` (SQLite: machines, reservations, events, the op log) and
-    ``machines/<id>/output.log``; it defaults to ``~/.local/share/souq/agent``. ``cpus`` and
-    ``memory_mb`` override what the host fingerprint reports. By default SIGTERM leaves machine
+    ``machines/<id>/output.log``; it defaults to ``~/.local/share/souq/agent``. ``cpus``,
+    ``memory_mb``, ``disk_mb`` (default: the data dir's free space) and ``gpus`` (default 0)
+    override what the host fingerprint reports. By default SIGTERM leaves machine
     processes running so that the next agent on the same data dir re-adopts them;
     ``stop_machines_on_exit`` (set by ``souq dev``) stops them first.
     """
@@ -33,6 +34,8 @@ class AgentConfig(BaseModel):
     data_dir: Path = Field(default_factory=DEFAULT_DATA_DIR.expanduser)
     cpus: float | None = Field(default=None, gt=0)
     memory_mb: int | None = Field(default=None, gt=0)
+    disk_mb: int | None = Field(default=None, ge=0)
+    gpus: int | None = Field(default=None, ge=0)
     labels: dict[str, str] = Field(default_factory=dict)
     heartbeat_interval_s: float = Field(default=1.0, gt=0)
     stop_machines_on_exit: bool = False

@@ -160,13 +160,15 @@ class Executor:
         op: Op,
         op_event: OpEvent,
         op_state: OpState,
+        *,
+        quote_id: str | None = None,
     ) -> str | None:
         """Record a new machine, its reservation, its events and its operation's first step in
-        one transaction (the capacity is checked in it). Returns the id of the machine already
-        made for the same request id instead, if there is one."""
+        one transaction (the capacity is checked in it, or the quote's hold is used). Returns
+        the id of the machine already made for the same request id instead, if there is one."""
         now = row.created_at
         log_step = OpStep(op.id, row.id, op.kind, op_state, op_event, now, op.params)
-        existing = self.store.claim(row, capacity, [log_step])
+        existing = self.store.claim(row, capacity, [log_step], quote_id=quote_id)
         if existing is not None:
             return existing
         self._rows[row.id] = row

@@ -1,10 +1,12 @@
-"""What this host is: hostname, OS, architecture, cpus, memory, drivers."""
+"""What this host is: hostname, OS, architecture, cpus, memory, disk, gpus, drivers."""
 
 from __future__ import annotations
 
 import os
 import platform
+import shutil
 import socket
+from pathlib import Path
 
 import psutil
 
@@ -12,26 +14,42 @@ from souq.agent.config import AgentConfig
 from souq.model.resources import Resources
 from souq.model.worker import Fingerprint
 
-__all__ = ["capacity_of", "fingerprint"]
+__all__ = ["capacity_of", "disk_free_mb", "fingerprint"]
 
 
 def fingerprint(config: AgentConfig, drivers: list[str] | None = None) -> Fingerprint:
-    """The host as detected, with ``cpus`` and ``memory_mb`` overridden by the config."""
+    """The host as detected, with ``cpus``, ``memory_mb``, ``disk_mb`` and ``gpus`` overridden
+    by the config. Disk is the free space of the data dir's file system; gpus are 0 unless
+    configured (no GPU driver yet)."""
     cpus = config.cpus if config.cpus is not None else float(os.cpu_count() or 1)
     memory_mb = (
         config.memory_mb
         if config.memory_mb is not None
         else int(psutil.virtual_memory().total // (1024 * 1024))
     )
+    disk_mb = config.disk_mb if config.disk_mb is not None else disk_free_mb(config.data_dir)
     return Fingerprint(
         hostname=socket.gethostname(),
         os=platform.system().lower(),
         arch=platform.machine(),
         cpus=cpus,
         memory_mb=memory_mb,
+        disk_mb=disk_mb,
+        gpus=config.gpus or 0,
         drivers=drivers or ["exec"],
     )
 
 
+def disk_free_mb(path: Path) -> int:
+    """Free MiB on the file system that holds ``path`` (or its nearest existing parent)."""
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        return int(shutil.disk_usage(probe).free // (1024 * 1024))
+    except OSError:
+        return 0
+
+
 def capacity_of(fp: Fingerprint) -> Resources:
-    return Resources(cpus=fp.cpus, memory_mb=fp.memory_mb)
+    return Resources(cpus=fp.cpus, memory_mb=fp.memory_mb, disk_mb=fp.disk_mb, gpus=fp.gpus)

@@ -25,6 +25,7 @@ from souq.agent.service import AgentService
 from souq.agent.store import Store
 from souq.bus.transport import Transport
 from souq.clock import Clock, SystemClock
+from souq.drivers.base import Driver
 from souq.drivers.exec import ExecDriver
 from souq.model.protocol import MachineEventMessage
 
@@ -46,8 +47,12 @@ class Agent:
         *,
         transport: Transport | None = None,
         clock: Clock | None = None,
+        store: Store | None = None,
+        driver: Driver | None = None,
     ) -> None:
         self.config = config
+        self._given_store = store  # e.g. the hollow fleet's in-memory store
+        self._given_driver = driver  # e.g. the hollow fleet's no-op driver
         self._transport = transport
         self._own_transport = transport is None
         self._clock = clock or SystemClock()
@@ -76,7 +81,7 @@ class Agent:
 
     async def start(self) -> None:
         config = self.config
-        self._store = Store(config.data_dir)
+        self._store = self._given_store or Store(config.data_dir)
         try:
             self.worker_id = self._store.worker_id()
             outbox: asyncio.Queue[MachineEventMessage] = asyncio.Queue()
@@ -84,7 +89,7 @@ class Agent:
                 worker_id=self.worker_id,
                 region=config.region,
                 store=self._store,
-                driver=ExecDriver(config.data_dir / "machines"),
+                driver=self._given_driver or ExecDriver(config.data_dir / "machines"),
                 backoff=config.backoff,
                 clock=self._clock,
                 on_event=outbox.put_nowait,

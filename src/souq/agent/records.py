@@ -9,9 +9,10 @@ from souq.agent.operations import OpEvent, OpKind, OpState
 from souq.clock import iso_from_ms
 from souq.model.machine import Machine, MachineConfig, MachineEvent, MachineState
 from souq.model.placement import Placement
+from souq.model.protocol import Quote, QuoteState
 from souq.model.resources import Resources
 
-__all__ = ["RECENT_EVENTS", "MachineRow", "OpStep"]
+__all__ = ["RECENT_EVENTS", "HoldRow", "MachineRow", "OpStep"]
 
 RECENT_EVENTS = 20  # events kept on the machine record (newest first); the `events` verb has all
 
@@ -72,3 +73,36 @@ class OpStep:
     event: OpEvent
     ts: int
     detail: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class HoldRow:
+    """Capacity held for a quote: from ``created_at`` until used, released or ``expires_at``."""
+
+    id: str
+    app: str
+    region: str
+    resources: Resources
+    config: MachineConfig
+    placement: Placement | None
+    ttl_s: float
+    created_at: int  # ms since the epoch
+    expires_at: int
+    state: QuoteState = QuoteState.HELD
+    machine_id: str | None = None
+
+    def to_quote(self, worker_id: str) -> Quote:
+        return Quote(
+            id=self.id,
+            app=self.app,
+            region=self.region,
+            worker_id=worker_id,
+            state=self.state,
+            resources=self.resources,
+            config=self.config,
+            ttl_s=self.ttl_s,
+            created_at=iso_from_ms(self.created_at),
+            expires_at=iso_from_ms(self.expires_at),
+            machine_id=self.machine_id,
+            placement=self.placement,
+        )

@@ -2,7 +2,8 @@
 
 * ``souq.offers.<region>``: answer an :class:`Offer` (eligible, or why not).
 * ``souq.worker.<id>.<verb>``: ``claim``, ``get``, ``start``, ``stop``, ``restart``, ``signal``,
-  ``destroy``, ``wait``, ``logs``, ``events``.
+  ``destroy``, ``wait``, ``logs``, ``events``; ``hold``, ``quote``, ``release`` (quotes);
+  ``cordon`` (cordon or uncordon the worker).
 * ``souq.all.list`` and ``souq.all.locate``: every worker answers for its own machines.
 * ``souq.discover``: publish a heartbeat at once.
 * Publishes a :class:`Heartbeat` on ``souq.hb.<region>.<id>`` every interval (and at start and on
@@ -21,17 +22,25 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from souq.agent.artifacts import ArtifactCache
+from souq.agent.batch import claim_batch
 from souq.agent.commands import Commands
 from souq.agent.executor import Executor
+from souq.agent.load import LoadGauge
+from souq.agent.quotes import Quotes
 from souq.bus import subjects
 from souq.bus.codec import decode, encode, error_reply, ok_reply
 from souq.bus.transport import Subscription, Transport
 from souq.clock import Clock
-from souq.errors import NotFound, SouqError, Unavailable
+from souq.errors import ClaimRefused, NotFound, SouqError, Unavailable
+from souq.model.batch import BatchClaimRequest
+from souq.model.machine import MachineState
 from souq.model.protocol import (
     ClaimRequest,
+    CordonCommand,
     DestroyCommand,
     EventsCommand,
+    HoldRequest,
     ListCommand,
     LocateCommand,
     LocateReply,
@@ -40,6 +49,7 @@ from souq.model.protocol import (
     MachineRef,
     Offer,
     OfferRequest,
+    QuoteRef,
     SignalCommand,
     StopCommand,
     WaitCommand,
@@ -85,6 +95,8 @@ class AgentService:
         self._tasks: list[asyncio.Task[None]] = []
         self._hooks: list[Callable[[], Any]] | None = None
         self._verbs: dict[str, Verb] = {
+            "offer": self._offer,  # a sampled request for offers (see souq.broker.sampling)
+            "claim_batch": self._claim_batch,  # several machines in one claim (souq.agent.batch)
             "claim": self._claim,
             "get": self._get,
             "start": self._start,
@@ -95,7 +107,16 @@ class AgentService:
             "wait": self._wait,
             "logs": self._logs,
             "events": self._events,
+            "hold": self._hold,
+            "quote": self._quote,
+            "release": self._release,
+            "cordon": self._cordon,
         }
+        self.cordoned = executor.store.meta("cordoned") == "1"
+        self.quotes = Quotes(executor.store, clock, self.worker_id, on_change=self._announce)
+        self._announcing: asyncio.Task[None] | None = None
+        self._load = LoadGauge(clock)
+        self._artifacts = ArtifactCache()
 
     # -- life ----------------------------------------------------------------------------------
 
@@ -120,6 +141,7 @@ class AgentService:
             loop.create_task(self._publish_events(), name="souq-agent-events"),
             loop.create_task(self._heartbeats(), name="souq-agent-heartbeat"),
         ]
+        self.quotes.start()
         await self.heartbeat()
 
     async def stop_listening(self) -> None:
@@ -134,6 +156,7 @@ class AgentService:
 
     async def aclose(self) -> None:
         await self.stop_listening()
+        self.quotes.close()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -149,9 +172,9 @@ class AgentService:
         return WorkerInfo(
             id=self.worker_id,
             region=self.region,
-            state=WorkerState.UP,
+            state=WorkerState.CORDONED if self.cordoned else WorkerState.UP,
             capacity=self.capacity,
-            allocated=self._ex.allocated,
+            allocated=self._ex.allocated.plus(self.quotes.held()),
             labels=self.labels,
             fingerprint=self.fingerprint,
             machines=self._ex.machine_count(),
@@ -167,6 +190,11 @@ class AgentService:
             )
         except Unavailable as exc:
             log.debug("heartbeat not sent: %s", exc)
+
+    def _announce(self) -> None:
+        """Publish a heartbeat soon: the worker's capacity or state just changed."""
+        if self._announcing is None or self._announcing.done():
+            self._announcing = asyncio.get_running_loop().create_task(self.heartbeat())
 
     async def _heartbeats(self) -> None:
         while True:
@@ -218,10 +246,31 @@ class AgentService:
         existing = self._ex.machine_for_request(req.request_id)
         if existing is not None:
             return Offer(worker=info, eligible=True, existing_machine_id=existing)
+        if self.cordoned:
+            return Offer(
+                worker=info,
+                eligible=False,
+                reason="cordoned",
+                detail=f"worker {self.worker_id} is cordoned: it takes no new machines",
+            )
+        # What placement scores beyond capacity: the host's measured load (cached, refreshed
+        # at most every 0.5 s), the artifact cache, and the app's machines already here.
+        rows = self._ex.rows()
+        load = self._load.read()
+        artifacts = self._artifacts.artifacts(rows)
+        mine = sum(1 for r in rows if r.app == req.app and r.state is not MachineState.DESTROYED)
         short = shortfall(req.resources, info.capacity, info.allocated)
         if short is not None:
-            return Offer(worker=info, eligible=False, reason=short.reason, detail=short.detail)
-        return Offer(worker=info, eligible=True)
+            return Offer(
+                worker=info,
+                eligible=False,
+                reason=short.reason,
+                detail=short.detail,
+                load=load,
+                artifacts=artifacts,
+                app_machines=mine,
+            )
+        return Offer(worker=info, eligible=True, load=load, artifacts=artifacts, app_machines=mine)
 
     async def _offer(self, data: bytes) -> Offer:
         return self.offer(decode(data, OfferRequest))
@@ -235,7 +284,64 @@ class AgentService:
         return LocateReply(worker_id=self.worker_id, found=self._ex.has(cmd.machine_id))
 
     async def _claim(self, data: bytes) -> BaseModel:
-        return self._cmd.claim(decode(data, ClaimRequest), self.capacity)
+        req = decode(data, ClaimRequest)
+        if self.cordoned and req.quote_id is None:
+            raise ClaimRefused(
+                f"worker {self.worker_id} is cordoned",
+                hint="it takes no new machines; try another worker",
+                details={"reason": "cordoned"},
+            )
+        if req.quote_id is not None and req.placement is None:
+            # The machine keeps the explanation of the placement its quote made.
+            req = req.model_copy(update={"placement": self.quotes.placement(req.quote_id)})
+        machine = self._cmd.claim(req, self.capacity)
+        if req.quote_id is not None:
+            self.quotes.used(req.quote_id)
+        return machine
+
+    async def _claim_batch(self, data: bytes) -> BaseModel:
+        req = decode(data, BatchClaimRequest)
+        if self.cordoned:
+            raise ClaimRefused(
+                f"worker {self.worker_id} is cordoned",
+                hint="it takes no new machines; try another worker",
+                details={"reason": "cordoned"},
+            )
+        return claim_batch(
+            self._ex,
+            self._cmd,
+            req,
+            capacity=self.capacity,
+            in_use=self.worker_info().allocated,
+        )
+
+    async def _hold(self, data: bytes) -> BaseModel:
+        req = decode(data, HoldRequest)
+        if self.cordoned:
+            raise ClaimRefused(
+                f"worker {self.worker_id} is cordoned",
+                hint="it takes no new machines; try another worker",
+                details={"reason": "cordoned"},
+            )
+        return self.quotes.hold(req, self.capacity)
+
+    async def _quote(self, data: bytes) -> BaseModel:
+        ref = decode(data, QuoteRef)
+        return self.quotes.get(ref.app, ref.quote_id)
+
+    async def _release(self, data: bytes) -> BaseModel:
+        ref = decode(data, QuoteRef)
+        return self.quotes.release(ref.app, ref.quote_id)
+
+    async def _cordon(self, data: bytes) -> BaseModel:
+        """Cordon or uncordon: a cordoned worker makes no offers and refuses new claims; its
+        machines keep running. Kept across agent restarts."""
+        cmd = decode(data, CordonCommand)
+        if cmd.cordoned != self.cordoned:
+            self._ex.store.set_meta("cordoned", "1" if cmd.cordoned else "0")
+            self.cordoned = cmd.cordoned
+            await self.heartbeat()
+        return self.worker_info()
 
     async def _get(self, data: bytes) -> BaseModel:
         ref = decode(data, MachineRef)

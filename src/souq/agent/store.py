@@ -1,9 +1,10 @@
 """The agent's state file: ``<data_dir>/state.db``, SQLite in WAL mode with ``synchronous=FULL``.
 
-Tables: ``meta`` (the persistent worker id), ``machines``, ``reservations`` (capacity held by a
-machine from claim to destroy), ``events`` (append-only) and ``ops`` (the append-only op log: one
-row per step of every operation). Every change is one transaction, so a machine's state, its
-event and its op step land together or not at all. sqlite3 errors become
+Tables: ``meta`` (the persistent worker id, whether it is cordoned), ``machines``,
+``reservations`` (capacity held by a machine from claim to destroy), ``holds`` (capacity held by a
+quote until it is used, released or expires), ``events`` (append-only) and ``ops`` (the
+append-only op log: one row per step of every operation). Every change is one transaction,
+so a machine's state, its event and its op step land together or not at all. sqlite3 errors become
 :class:`souq.errors.StorageError` here; nothing above this module sees them.
 
 A lock file (``agent.lock``, ``flock``) keeps two agents off the same data dir.
@@ -21,11 +22,21 @@ from pathlib import Path
 from typing import Any
 
 from souq.agent.operations import OpEvent, OpKind, OpState
-from souq.agent.records import RECENT_EVENTS, MachineRow, OpStep
-from souq.errors import ClaimRefused, IdempotencyConflict, StorageError
+from souq.agent.records import RECENT_EVENTS, HoldRow, MachineRow, OpStep
+from souq.clock import iso_from_ms
+from souq.errors import (
+    ClaimRefused,
+    IdempotencyConflict,
+    InvalidInput,
+    NotFound,
+    QuoteExpired,
+    QuoteUsed,
+    StorageError,
+)
 from souq.ids import new_worker_id
 from souq.model.machine import MachineConfig, MachineEvent, MachineState
 from souq.model.placement import Placement
+from souq.model.protocol import QuoteState
 from souq.model.resources import Resources
 from souq.placement.stages import shortfall
 
@@ -53,7 +64,25 @@ CREATE TABLE IF NOT EXISTS machines (
 CREATE TABLE IF NOT EXISTS reservations (
     machine_id TEXT PRIMARY KEY REFERENCES machines(id),
     millicpus INTEGER NOT NULL,
-    memory_mb INTEGER NOT NULL
+    memory_mb INTEGER NOT NULL,
+    disk_mb INTEGER NOT NULL DEFAULT 0,
+    gpus INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS holds (
+    id TEXT PRIMARY KEY,
+    app TEXT NOT NULL,
+    region TEXT NOT NULL,
+    millicpus INTEGER NOT NULL,
+    memory_mb INTEGER NOT NULL,
+    disk_mb INTEGER NOT NULL DEFAULT 0,
+    gpus INTEGER NOT NULL DEFAULT 0,
+    config TEXT NOT NULL,
+    placement TEXT,
+    ttl_s REAL NOT NULL,
+    created_at INTEGER NOT NULL,
+    expires_at INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    machine_id TEXT
 );
 CREATE TABLE IF NOT EXISTS events (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -84,6 +113,10 @@ _MACHINE_COLUMNS = (
     "pid_start_time, restarts, exit_code, created_at, updated_at"
 )
 _EVENT_COLUMNS = "type, status, source, ts, exit_code, signal, message"
+_HOLD_COLUMNS = (
+    "id, app, region, millicpus, memory_mb, disk_mb, gpus, config, placement, ttl_s, created_at, "
+    "expires_at, state, machine_id"
+)
 
 
 def _fail(exc: sqlite3.Error) -> StorageError:
@@ -148,18 +181,45 @@ class Store:
             db.execute("INSERT OR IGNORE INTO meta VALUES ('worker_id', ?)", (new_worker_id(),))
         return str(self._read("SELECT value FROM meta WHERE key = 'worker_id'")[0][0])
 
+    def meta(self, key: str) -> str | None:
+        rows = self._read("SELECT value FROM meta WHERE key = ?", (key,))
+        return str(rows[0][0]) if rows else None
+
+    def set_meta(self, key: str, value: str) -> None:
+        with self._write() as db:
+            db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
+
     def allocated(self) -> Resources:
-        row = self._read(
-            "SELECT COALESCE(SUM(millicpus), 0), COALESCE(SUM(memory_mb), 0) FROM reservations"
-        )
-        return Resources(cpus=int(row[0][0]) / 1000, memory_mb=int(row[0][1]))
+        """What the machines reserve (holds not included)."""
+        return _sum(self._read(f"SELECT {_SUMS} FROM reservations")[0])  # noqa: S608
+
+    @staticmethod
+    def _in_use(db: sqlite3.Connection, now_ms: int) -> Resources:
+        """Machines' reservations plus live holds: what a new claim or hold must fit beside."""
+        used = db.execute(
+            f"SELECT {_SUMS} FROM ("  # noqa: S608
+            f"  SELECT {_AMOUNTS} FROM reservations"
+            "  UNION ALL"
+            f"  SELECT {_AMOUNTS} FROM holds WHERE state = 'held' AND expires_at > ?"
+            ")",
+            (now_ms,),
+        ).fetchone()
+        return _sum(used)
 
     # -- machines ------------------------------------------------------------------------------
 
-    def claim(self, row: MachineRow, capacity: Resources, steps: Sequence[OpStep]) -> str | None:
+    def claim(
+        self,
+        row: MachineRow,
+        capacity: Resources,
+        steps: Sequence[OpStep],
+        *,
+        quote_id: str | None = None,
+    ) -> str | None:
         """In one transaction: refuse a different body for a known request id, return the
-        machine already made for it, or check the capacity, reserve it and record the machine
-        with its events and op steps. Returns the id of an existing machine, or None."""
+        machine already made for it, or check the capacity (or use the quote's hold), reserve it
+        and record the machine with its events and op steps. Returns the id of an existing
+        machine, or None."""
         with self._write() as db:
             found = db.execute(
                 "SELECT id, body_hash FROM machines WHERE request_id = ?", (row.request_id,)
@@ -173,17 +233,16 @@ class Store:
                         details={"machine_id": found[0]},
                     )
                 return str(found[0])
-            used = db.execute(
-                "SELECT COALESCE(SUM(millicpus), 0), COALESCE(SUM(memory_mb), 0) FROM reservations"
-            ).fetchone()
-            allocated = Resources(cpus=used[0] / 1000, memory_mb=used[1])
-            short = shortfall(row.resources, capacity, allocated)
-            if short is not None:
-                raise ClaimRefused(
-                    f"the machine no longer fits: {short.detail}",
-                    hint="another claim took the capacity first; try another worker",
-                    details={"reason": short.reason},
-                )
+            if quote_id is not None:
+                self._use_hold(db, quote_id, row)
+            else:
+                short = shortfall(row.resources, capacity, self._in_use(db, row.created_at))
+                if short is not None:
+                    raise ClaimRefused(
+                        f"the machine no longer fits: {short.detail}",
+                        hint="another claim took the capacity first; try another worker",
+                        details={"reason": short.reason},
+                    )
             db.execute(
                 f"INSERT INTO machines ({_MACHINE_COLUMNS}) "  # noqa: S608 (constant columns)
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -206,8 +265,8 @@ class Store:
                 ),
             )
             db.execute(
-                "INSERT INTO reservations VALUES (?, ?, ?)",
-                (row.id, row.resources.millicpus, row.resources.memory_mb),
+                f"INSERT INTO reservations (machine_id, {_AMOUNTS}) VALUES (?, ?, ?, ?, ?)",  # noqa: S608
+                (row.id, *_amounts(row.resources)),
             )
             self._append(db, row.id, reversed(row.events), steps)
         return None
@@ -325,6 +384,98 @@ class Store:
             )
         ]
 
+    # -- holds (quotes) ------------------------------------------------------------------------
+
+    def hold(self, hold: HoldRow, capacity: Resources) -> HoldRow:
+        """Hold capacity for a quote, checked in one transaction; a known quote id returns the
+        hold already recorded for it."""
+        with self._write() as db:
+            found = db.execute(f"SELECT {_HOLD_COLUMNS} FROM holds WHERE id = ?", (hold.id,))  # noqa: S608
+            existing = found.fetchone()
+            if existing is not None:
+                return _hold(existing)
+            short = shortfall(hold.resources, capacity, self._in_use(db, hold.created_at))
+            if short is not None:
+                raise ClaimRefused(
+                    f"the quote no longer fits: {short.detail}",
+                    hint="another claim took the capacity first; try another worker",
+                    details={"reason": short.reason},
+                )
+            db.execute(
+                f"INSERT INTO holds ({_HOLD_COLUMNS}) "  # noqa: S608
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    hold.id,
+                    hold.app,
+                    hold.region,
+                    *_amounts(hold.resources),
+                    hold.config.model_dump_json(),
+                    hold.placement.model_dump_json() if hold.placement else None,
+                    hold.ttl_s,
+                    hold.created_at,
+                    hold.expires_at,
+                    str(hold.state),
+                    hold.machine_id,
+                ),
+            )
+        return hold
+
+    def get_hold(self, quote_id: str) -> HoldRow | None:
+        rows = self._read(f"SELECT {_HOLD_COLUMNS} FROM holds WHERE id = ?", (quote_id,))  # noqa: S608
+        return _hold(rows[0]) if rows else None
+
+    def holds(self, state: QuoteState) -> list[HoldRow]:
+        return [
+            _hold(r)
+            for r in self._read(
+                f"SELECT {_HOLD_COLUMNS} FROM holds WHERE state = ?",  # noqa: S608
+                (str(state),),
+            )
+        ]
+
+    def end_hold(self, quote_id: str, state: QuoteState) -> None:
+        """Mark a live hold expired or released (a hold already ended stays as it was)."""
+        with self._write() as db:
+            db.execute(
+                "UPDATE holds SET state = ? WHERE id = ? AND state = 'held'",
+                (str(state), quote_id),
+            )
+
+    @staticmethod
+    def _use_hold(db: sqlite3.Connection, quote_id: str, row: MachineRow) -> None:
+        """Inside a claim: turn the quote's hold into the machine's reservation."""
+        found = db.execute(f"SELECT {_HOLD_COLUMNS} FROM holds WHERE id = ?", (quote_id,))  # noqa: S608
+        raw = found.fetchone()
+        if raw is None or _hold(raw).app != row.app:
+            raise NotFound(
+                f"quote {quote_id} not found in app {row.app}",
+                hint="quotes belong to the app that asked for them",
+            )
+        hold = _hold(raw)
+        if hold.state is QuoteState.USED:
+            raise QuoteUsed(
+                f"quote {quote_id} was already used by machine {hold.machine_id}",
+                hint="a quote makes one machine; ask for a new quote",
+                details={"machine_id": hold.machine_id},
+            )
+        if hold.state is not QuoteState.HELD or hold.expires_at <= row.created_at:
+            raise QuoteExpired(
+                f"quote {quote_id} expired at {iso_from_ms(hold.expires_at)}"
+                if hold.state is not QuoteState.RELEASED
+                else f"quote {quote_id} was released",
+                hint="ask for a new quote, or create the machine without one",
+            )
+        if not row.resources.fits_within(hold.resources):
+            raise InvalidInput(
+                f"the machine asks for {row.resources.cpus:g} cpus / "
+                f"{row.resources.memory_mb} MiB but quote {quote_id} holds "
+                f"{hold.resources.cpus:g} cpus / {hold.resources.memory_mb} MiB",
+                hint="use the guest size the quote was made for",
+            )
+        db.execute(
+            "UPDATE holds SET state = 'used', machine_id = ? WHERE id = ?", (row.id, quote_id)
+        )
+
     # -- the op log ----------------------------------------------------------------------------
 
     def unfinished_ops(self) -> list[OpStep]:
@@ -376,6 +527,35 @@ def _event(r: Sequence[Any]) -> MachineEvent:
         exit_code=_int_or_none(r[4]),
         signal=str(r[5]) if r[5] is not None else None,
         message=str(r[6]) if r[6] is not None else None,
+    )
+
+
+_AMOUNTS = "millicpus, memory_mb, disk_mb, gpus"
+_SUMS = ", ".join(f"COALESCE(SUM({c}), 0)" for c in _AMOUNTS.split(", "))
+
+
+def _amounts(r: Resources) -> tuple[int, int, int, int]:
+    return (r.millicpus, r.memory_mb, r.disk_mb, r.gpus)
+
+
+def _sum(r: Sequence[Any]) -> Resources:
+    """Resources from (millicpus, memory_mb, disk_mb, gpus) columns."""
+    return Resources(cpus=int(r[0]) / 1000, memory_mb=int(r[1]), disk_mb=int(r[2]), gpus=int(r[3]))
+
+
+def _hold(r: Sequence[Any]) -> HoldRow:
+    return HoldRow(
+        id=str(r[0]),
+        app=str(r[1]),
+        region=str(r[2]),
+        resources=_sum(r[3:7]),
+        config=MachineConfig.model_validate_json(str(r[7])),
+        placement=Placement.model_validate_json(str(r[8])) if r[8] else None,
+        ttl_s=float(r[9]),
+        created_at=int(r[10]),
+        expires_at=int(r[11]),
+        state=QuoteState(r[12]),
+        machine_id=str(r[13]) if r[13] is not None else None,
     )
 
 

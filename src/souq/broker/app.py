@@ -21,15 +21,18 @@ from souq import __version__
 from souq.broker.http_errors import install_error_handlers, invalid_input
 from souq.broker.schemas import (
     CreateMachineRequest,
+    DryRun,
     ErrorBody,
     Health,
+    QuoteRequest,
     SignalRequest,
     StopRequest,
     check_app_name,
 )
 from souq.broker.service import BrokerService
 from souq.errors import InvalidInput, MalformedRequest, SouqError, Unavailable
-from souq.model import Machine, MachineEvent, MachineState, WorkerInfo
+from souq.model import Machine, MachineEvent, MachineState, Quote, WorkerInfo
+from souq.model.batch import BatchCreateRequest, BatchResult
 
 __all__ = ["create_app"]
 
@@ -42,7 +45,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     for code, text in {
         400: "the body is not JSON (`malformed_request`)",
         404: "no such machine (`not_found`)",
-        409: "`illegal_transition`, `idempotency_conflict` or `insufficient_capacity`",
+        409: "`illegal_transition`, `idempotency_conflict`, `quote_used`, `insufficient_capacity`",
         422: "a field is invalid (`invalid_input`, `unknown_region`)",
         503: "NATS or the owning worker is unreachable (`unavailable`)",
     }.items()
@@ -97,7 +100,9 @@ def create_app(service: BrokerService) -> FastAPI:
         responses=_ERRORS,
     )
     install_error_handlers(api)
-    _install_openapi(api, [CreateMachineRequest, StopRequest, SignalRequest])
+    _install_openapi(
+        api, [CreateMachineRequest, QuoteRequest, StopRequest, SignalRequest, BatchCreateRequest]
+    )
     machine_path = "/v1/apps/{app}/machines/{machine_id}"
 
     @api.get("/healthz", response_model=Health, tags=["cluster"])
@@ -123,10 +128,65 @@ def create_app(service: BrokerService) -> FastAPI:
         idempotency_key: Annotated[
             str | None, Header(alias="Idempotency-Key", max_length=255)
         ] = None,
+        dry_run: Annotated[
+            bool,
+            Query(description="answer 200 with the placement record; claim nothing"),
+        ] = False,
     ) -> Response:
         body = await _parse(request, CreateMachineRequest)
+        if dry_run:
+            return _json(DryRun(placement=await service.explain(app, body)))
         machine = await service.create_machine(app, body, idempotency_key=idempotency_key)
         return _json(machine, status_code=201)
+
+    @api.post(
+        "/v1/apps/{app}/machines/batch",
+        status_code=201,
+        response_model=BatchResult,
+        openapi_extra=_body_schema(BatchCreateRequest),
+        tags=["machines"],
+    )
+    async def create_batch(
+        app: AppName,
+        request: Request,
+        idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
+    ) -> Response:
+        """Place ``count`` machines of one config at once (see souq.broker.batch)."""
+        if idempotency_key is not None:
+            raise InvalidInput(
+                "a batch create takes no Idempotency-Key (yet)",
+                hint="send single creates with a key, or retry a batch only after listing",
+            )
+        body = await _parse(request, BatchCreateRequest)
+        return _json(await service.create_batch(app, body), status_code=201)
+
+    @api.post(
+        "/v1/apps/{app}/quotes",
+        status_code=201,
+        response_model=Quote,
+        openapi_extra=_body_schema(QuoteRequest),
+        responses={410: {"model": ErrorBody, "description": "`quote_expired`"}},
+        tags=["quotes"],
+    )
+    async def create_quote(app: AppName, request: Request) -> Response:
+        body = await _parse(request, QuoteRequest)
+        return _json(await service.create_quote(app, body), status_code=201)
+
+    @api.get("/v1/apps/{app}/quotes/{quote_id}", response_model=Quote, tags=["quotes"])
+    async def get_quote(app: AppName, quote_id: str) -> Response:
+        return _json(await service.get_quote(app, quote_id))
+
+    @api.delete("/v1/apps/{app}/quotes/{quote_id}", response_model=Quote, tags=["quotes"])
+    async def release_quote(app: AppName, quote_id: str) -> Response:
+        return _json(await service.release_quote(app, quote_id))
+
+    @api.post("/v1/workers/{worker_id}/cordon", response_model=WorkerInfo, tags=["cluster"])
+    async def cordon_worker(worker_id: str) -> Response:
+        return _json(await service.cordon(worker_id, cordoned=True))
+
+    @api.post("/v1/workers/{worker_id}/uncordon", response_model=WorkerInfo, tags=["cluster"])
+    async def uncordon_worker(worker_id: str) -> Response:
+        return _json(await service.cordon(worker_id, cordoned=False))
 
     @api.get("/v1/apps/{app}/machines", response_model=list[Machine], tags=["machines"])
     async def list_machines(app: AppName) -> Response:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from souq.model.policy import PlacementDefaults
+
 __all__ = ["BrokerConfig"]
 
 
@@ -27,8 +29,35 @@ class BrokerConfig(BaseModel):
         default=2.0, gt=0, description="how long to gather list and locate answers"
     )
     max_claim_attempts: int = Field(
-        default=3, ge=1, description="claims tried, best offer first, before giving up"
+        default=3,
+        ge=1,
+        description="unanswered claims (or batch claim rounds) before giving up; a refused "
+        "claim moves on to the next offer",
     )
     down_after_missed: int = Field(
         default=3, ge=1, description="missed heartbeats after which a worker is down"
+    )
+    placement: PlacementDefaults = Field(
+        default_factory=PlacementDefaults,
+        description="the placement policy of a create that names none (a create's `placement` "
+        "is laid over it); see docs/placement.md",
+    )
+    sample_above: int = Field(
+        default=64,
+        ge=0,
+        description="past this many up workers in a region, ask a random sample for offers",
+    )
+    sample_factor_d: float = Field(
+        default=2.0, ge=1.0, le=64.0, description="Sparrow's d: ask d x m workers for m machines"
+    )
+    sample_min: int = Field(
+        default=8, ge=1, description="ask at least this many workers when sampling"
+    )
+    batch_offer_timeout_s: float = Field(
+        default=2.0,
+        gt=0,
+        description="how long a batch create gathers offers (a bigger order, a longer wait)",
+    )
+    max_batch: int = Field(
+        default=1000, ge=1, description="most machines one batch create may ask for"
     )

@@ -24,6 +24,8 @@ __all__ = ["Liveness"]
 
 log = logging.getLogger(__name__)
 
+UP_INDEX_TTL_S = 0.5  # how stale the sampling population of a region may be
+
 
 @dataclass
 class _Entry:
@@ -43,6 +45,7 @@ class Liveness:
         self._sub: Subscription | None = None
         self._received = 0
         self._beat = asyncio.Event()
+        self._up_index: dict[str, tuple[float, list[str]]] = {}
 
     async def start(self) -> None:
         """Listen to heartbeats, then ask every worker to announce itself at once."""
@@ -67,6 +70,14 @@ class Liveness:
 
     def observe(self, beat: Heartbeat) -> None:
         """Record one heartbeat."""
+        old = self._workers.get(beat.worker.id)
+        if (
+            old is None
+            or old.info.region != beat.worker.region
+            or old.info.state != beat.worker.state
+            or self._state(old) == WorkerState.DOWN
+        ):
+            self._up_index.clear()  # someone joined, moved, came back or changed state
         self._received += 1
         self._workers[beat.worker.id] = _Entry(
             info=beat.worker,
@@ -121,6 +132,11 @@ class Liveness:
         ]
         return sorted(out, key=lambda w: (w.region, w.id))
 
+    def info(self, worker_id: str) -> WorkerInfo | None:
+        """The worker as its last heartbeat described it (capacity, allocation, labels)."""
+        entry = self._workers.get(worker_id)
+        return None if entry is None else entry.info
+
     def state_of(self, worker_id: str) -> WorkerState | None:
         entry = self._workers.get(worker_id)
         return None if entry is None else self._state(entry)
@@ -131,6 +147,24 @@ class Liveness:
 
     def knows_region(self, region: str) -> bool:
         return any(e.info.region == region for e in self._workers.values())
+
+    def up_workers(self, region: str) -> list[str]:
+        """Ids of the region's ``up`` workers, sorted: whom a sampling broker draws from.
+
+        Cached: recomputed when a worker joins, changes region or state, or comes back, and at
+        least every ``UP_INDEX_TTL_S`` (so a worker that fell silent leaves it within that), so
+        that a placement does not walk the whole table of a large region."""
+        now = self._clock.monotonic()
+        cached = self._up_index.get(region)
+        if cached is not None and now - cached[0] < UP_INDEX_TTL_S:
+            return cached[1]
+        ids = sorted(
+            worker_id
+            for worker_id, e in self._workers.items()
+            if e.info.region == region and self._state(e) == WorkerState.UP
+        )
+        self._up_index[region] = (now, ids)
+        return ids
 
     def live_count(self, region: str | None = None) -> int:
         """Workers that answer requests (``up`` or ``cordoned``), in one region or in all."""

@@ -8,14 +8,17 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from souq.model import APP_NAME_PATTERN, Input, MachineConfig, normalise_signal
+from souq.model import APP_NAME_PATTERN, Input, MachineConfig, Placement, normalise_signal
 from souq.model.machine import validate_name
+from souq.model.policy import PlacementPolicy
 
 __all__ = [
     "REGION_PATTERN",
     "CreateMachineRequest",
+    "DryRun",
     "ErrorBody",
     "Health",
+    "QuoteRequest",
     "SignalRequest",
     "StopRequest",
     "check_app_name",
@@ -42,11 +45,28 @@ class CreateMachineRequest(Input):
     region: str = Field(pattern=REGION_PATTERN, description="where to place the machine")
     skip_launch: bool = Field(default=False, description="create it, but do not start it")
     config: MachineConfig
+    quote: str | None = Field(
+        default=None, description="a quote id: use exactly the capacity that quote holds"
+    )
+    placement: PlacementPolicy | None = Field(
+        default=None, description="how to rank the workers' offers (over the broker's default)"
+    )
 
     @field_validator("name")
     @classmethod
     def _name(cls, v: str | None) -> str | None:
         return validate_name(v)
+
+
+class QuoteRequest(Input):
+    """``POST /v1/apps/{app}/quotes``: hold capacity for a machine like ``config``."""
+
+    region: str = Field(pattern=REGION_PATTERN, description="where to hold the capacity")
+    ttl_s: float = Field(default=10.0, gt=0, le=3600, description="how long the hold lasts")
+    config: MachineConfig
+    placement: PlacementPolicy | None = Field(
+        default=None, description="how to rank the offers (see docs/placement.md)"
+    )
 
 
 class StopRequest(Input):
@@ -72,6 +92,13 @@ class SignalRequest(Input):
     @classmethod
     def _signal(cls, v: Any) -> str:
         return normalise_signal(v)
+
+
+class DryRun(BaseModel):
+    """``POST /v1/apps/{app}/machines?dry_run=true``: where the machine would go, and why."""
+
+    dry_run: bool = True
+    placement: Placement
 
 
 class ErrorBody(BaseModel):

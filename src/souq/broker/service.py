@@ -13,19 +13,21 @@ from collections.abc import AsyncIterator
 
 from pydantic import BaseModel
 
+from souq.broker.batch import BatchPlacer
 from souq.broker.config import BrokerConfig
 from souq.broker.directory import Directory
 from souq.broker.idempotency import Coalescer, body_hash
 from souq.broker.liveness import Liveness
 from souq.broker.market import Market
-from souq.broker.schemas import CreateMachineRequest
+from souq.broker.schemas import CreateMachineRequest, QuoteRequest
 from souq.broker.wire import ask_worker
 from souq.bus import Transport, encode, subjects, unwrap_as, unwrap_list_as
 from souq.clock import Clock, SystemClock
-from souq.errors import SouqError, Unavailable
-from souq.ids import idempotent_request_id, new_request_id
+from souq.errors import NotFound, SouqError, Unavailable
+from souq.ids import idempotent_request_id, new_request_id, quote_worker
 from souq.model import (
     ClaimRequest,
+    CordonCommand,
     DestroyCommand,
     EventsCommand,
     ListCommand,
@@ -35,11 +37,15 @@ from souq.model import (
     MachineEvent,
     MachineRef,
     MachineState,
+    Placement,
+    Quote,
+    QuoteRef,
     SignalCommand,
     StopCommand,
     WaitCommand,
     WorkerInfo,
 )
+from souq.model.batch import BatchCreateRequest, BatchResult
 from souq.placement import Pipeline
 
 __all__ = ["BrokerService"]
@@ -66,6 +72,9 @@ class BrokerService:
         self.liveness = Liveness(transport, self._clock, down_after_missed=config.down_after_missed)
         self.directory = Directory(transport)
         self.market = Market(transport, self.liveness, config, self._clock, pipeline=pipeline)
+        self.batches = BatchPlacer(
+            transport, self.liveness, self.directory, config, self._clock, pipeline=pipeline
+        )
         self._creates: Coalescer[Machine] = Coalescer()
 
     async def start(self) -> None:
@@ -106,16 +115,105 @@ class BrokerService:
             region=body.region,
             config=body.config,
             skip_launch=body.skip_launch,
+            policy=body.placement,
         )
 
         async def place() -> Machine:
-            machine = await self.market.place(order)
+            if body.quote is not None:
+                machine = await self._create_with_quote(order, body.quote)
+            else:
+                machine = await self.market.place(order)
             self.directory.remember(machine.id, machine.worker_id)
             return machine
 
         if idempotency_key is None:
             return await place()
         return await self._creates.run(request_id, digest, place, key=idempotency_key)
+
+    async def create_batch(self, app: str, body: BatchCreateRequest) -> BatchResult:
+        """``count`` machines of one config in one placement (see :mod:`souq.broker.batch`)."""
+        return await self.batches.place(
+            app, body, request_id=new_request_id(), body_hash=body_hash(body)
+        )
+
+    async def _create_with_quote(self, order: ClaimRequest, quote_id: str) -> Machine:
+        """Claim exactly the quote's hold on the worker that holds it; the machine keeps the
+        quote's placement record."""
+        worker_id = _quote_worker(quote_id)
+        claim = order.model_copy(update={"quote_id": quote_id})
+        reply = await self._ask_worker(worker_id, "claim", claim, what=f"quote {quote_id}")
+        return unwrap_as(reply, Machine)
+
+    async def explain(self, app: str, body: CreateMachineRequest) -> Placement:
+        """A dry run of a create: the placement record, nothing claimed."""
+        if body.quote is not None:
+            quote = await self.get_quote(app, body.quote)
+            if quote.placement is None:
+                raise NotFound(f"quote {body.quote} has no placement record")
+            return quote.placement
+        order = ClaimRequest(
+            request_id=new_request_id(),
+            body_hash=body_hash(body),
+            app=app,
+            name=body.name,
+            region=body.region,
+            config=body.config,
+            policy=body.placement,
+        )
+        return await self.market.explain(order)
+
+    # -- quotes ----------------------------------------------------------------------------
+
+    async def create_quote(self, app: str, body: QuoteRequest) -> Quote:
+        """Hold capacity on the best worker for ``body.ttl_s``: a dry run that binds."""
+        order = ClaimRequest(
+            request_id=new_request_id(),
+            body_hash=body_hash(body),
+            app=app,
+            region=body.region,
+            config=body.config,
+            policy=body.placement,
+        )
+        return await self.market.hold(order, ttl_s=body.ttl_s)
+
+    async def get_quote(self, app: str, quote_id: str) -> Quote:
+        ref = QuoteRef(app=app, quote_id=quote_id)
+        reply = await self._ask_worker(
+            _quote_worker(quote_id), "quote", ref, what=f"quote {quote_id}"
+        )
+        return unwrap_as(reply, Quote)
+
+    async def release_quote(self, app: str, quote_id: str) -> Quote:
+        ref = QuoteRef(app=app, quote_id=quote_id)
+        worker_id = _quote_worker(quote_id)
+        reply = await self._ask_worker(worker_id, "release", ref, what=f"quote {quote_id}")
+        return unwrap_as(reply, Quote)
+
+    # -- workers ---------------------------------------------------------------------------
+
+    async def cordon(self, worker_id: str, *, cordoned: bool) -> WorkerInfo:
+        """Cordon (or uncordon) a worker: it makes no offers; its machines keep running."""
+        if self.liveness.state_of(worker_id) is None:
+            raise NotFound(
+                f"worker {worker_id} not found",
+                hint="list the workers with `souq workers`",
+            )
+        cmd = CordonCommand(cordoned=cordoned)
+        reply = await self._ask_worker(worker_id, "cordon", cmd, what="the worker")
+        return unwrap_as(reply, WorkerInfo)
+
+    async def _ask_worker(self, worker_id: str, verb: str, body: BaseModel, *, what: str) -> bytes:
+        try:
+            return await ask_worker(
+                self._transport, worker_id, verb, body, timeout=self.config.command_timeout_s
+            )
+        except Unavailable as exc:
+            if not self._transport.connected:
+                raise
+            raise Unavailable(
+                f"worker {worker_id} did not answer ({verb} of {what}): {exc.message}",
+                hint="check `souq workers`; is the worker up?",
+            ) from exc
 
     # -- read ------------------------------------------------------------------------------
 
@@ -262,3 +360,13 @@ class BrokerService:
     async def _stop_timeout(self, app: str, machine_id: str) -> float:
         machine = await self.get_machine(app, machine_id)
         return machine.config.stop_config.timeout_s
+
+
+def _quote_worker(quote_id: str) -> str:
+    worker_id = quote_worker(quote_id)
+    if worker_id is None:
+        raise NotFound(
+            f"quote {quote_id} not found: it is not a quote id",
+            hint="quote ids look like q_<worker>_<hex>; ask for one with POST .../quotes",
+        )
+    return worker_id

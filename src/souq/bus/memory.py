@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from souq.bus.transport import Handler
@@ -103,6 +104,28 @@ class MemoryTransport:
                         replies.append(reply)
                     if expect is not None and len(replies) >= expect:
                         break
+        except TimeoutError:
+            pass
+        return replies
+
+    async def gather_from(
+        self, subjects: Sequence[str], data: bytes, *, timeout: float
+    ) -> list[bytes]:
+        self._check()
+        tasks = []
+        for subject in subjects:
+            targets = self._targets(subject)
+            if targets:  # one responder per subject, as a request
+                tasks.append(self._spawn(targets[0], subject, data))
+        replies: list[bytes] = []
+        if not tasks:
+            return replies
+        try:
+            async with asyncio.timeout(timeout):
+                for next_done in asyncio.as_completed(tasks):
+                    reply = await next_done
+                    if reply is not None:
+                        replies.append(reply)
         except TimeoutError:
             pass
         return replies

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +29,8 @@ class _Gathering:
     expect: int | None
     replies: list[bytes] = field(default_factory=list)
     done: asyncio.Event = field(default_factory=asyncio.Event)
+    per_subject: bool = False  # gather_from: a "no responders" answers for one subject only
+    silent: int = 0  # subjects nobody listens on (gather_from)
 
 
 class _NatsSubscription:
@@ -59,6 +61,12 @@ class NatsTransport:
     @property
     def connected(self) -> bool:
         return bool(self._nc.is_connected)
+
+    @property
+    def client(self) -> Client:
+        """The nats-py connection, for a component that must answer one message more than once
+        (the hollow fleet: many workers behind one subscription)."""
+        return self._nc
 
     async def publish(self, subject: str, data: bytes) -> None:
         try:
@@ -101,15 +109,44 @@ class NatsTransport:
             del self._gatherings[token]
         return gathering.replies
 
+    async def gather_from(
+        self, subjects: Sequence[str], data: bytes, *, timeout: float
+    ) -> list[bytes]:
+        if not self._nc.is_connected:
+            raise Unavailable("the NATS connection is down", hint="check that NATS is running")
+        if not subjects:
+            return []
+        token = str(next(self._ids))
+        gathering = _Gathering(expect=len(subjects), per_subject=True)
+        self._gatherings[token] = gathering
+        reply = f"{self._inbox}.{token}"
+        try:
+            for subject in subjects:  # buffered by the client: one write for the lot
+                await self._nc.publish(subject, data, reply=reply)
+            try:
+                async with asyncio.timeout(timeout):
+                    await gathering.done.wait()
+            except TimeoutError:
+                pass
+        except nats.errors.Error as exc:
+            raise Unavailable(f"NATS publish to {len(subjects)} subjects failed: {exc}") from exc
+        finally:
+            del self._gatherings[token]
+        return gathering.replies
+
     async def _on_gather_reply(self, msg: Msg) -> None:
         gathering = self._gatherings.get(msg.subject.rsplit(".", 1)[-1])
         if gathering is None:
             return  # a late reply: its gathering is over
         if msg.headers and msg.headers.get("Status") == _NO_RESPONDERS:
-            gathering.done.set()
-            return
-        gathering.replies.append(bytes(msg.data))
-        if gathering.expect is not None and len(gathering.replies) >= gathering.expect:
+            if not gathering.per_subject:
+                gathering.done.set()
+                return
+            gathering.silent += 1
+        else:
+            gathering.replies.append(bytes(msg.data))
+        answered = len(gathering.replies) + gathering.silent
+        if gathering.expect is not None and answered >= gathering.expect:
             gathering.done.set()
 
     async def subscribe(

@@ -7,7 +7,7 @@ transport, so a slow handler (a ``wait``) never holds up the next message.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Protocol
 
 __all__ = ["Handler", "Subscription", "Transport"]
@@ -39,6 +39,15 @@ class Transport(Protocol):
     ) -> list[bytes]:
         """Scatter ``data`` and collect replies until ``expect`` have arrived or ``timeout``
         passes, whichever is first. Never raises for missing replies: the caller counts them."""
+        ...
+
+    async def gather_from(
+        self, subjects: Sequence[str], data: bytes, *, timeout: float
+    ) -> list[bytes]:
+        """Send ``data`` to each of ``subjects`` (one responder each, e.g. a sample of workers)
+        and collect the replies into one inbox until every subject has answered or ``timeout``
+        passes. A subject nobody listens on counts as answered, with no reply. Never raises for
+        missing replies: the caller counts them."""
         ...
 
     async def subscribe(

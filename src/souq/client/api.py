@@ -15,7 +15,15 @@ import httpx
 from pydantic import BaseModel, TypeAdapter
 
 from souq.errors import SouqError, Unavailable, error_from_body
-from souq.model import Machine, MachineConfig, MachineEvent, MachineState, WorkerInfo
+from souq.model import (
+    Machine,
+    MachineConfig,
+    MachineEvent,
+    MachineState,
+    Placement,
+    Quote,
+    WorkerInfo,
+)
 
 __all__ = ["DEFAULT_API", "SouqClient"]
 
@@ -78,20 +86,63 @@ class SouqClient:
         name: str | None = None,
         skip_launch: bool = False,
         idempotency_key: str | None = None,
+        quote: str | None = None,
+        placement: Mapping[str, Any] | None = None,
     ) -> Machine:
-        body: dict[str, Any] = {
-            "region": region,
-            "config": config.model_dump(mode="json")
-            if isinstance(config, MachineConfig)
-            else dict(config),
-        }
-        if name is not None:
-            body["name"] = name
-        if skip_launch:
-            body["skip_launch"] = True
+        """Place a machine (on exactly ``quote``'s hold when given) and return it.
+        ``placement`` chooses how offers are ranked (see docs/placement.md)."""
+        body = _create_body(
+            region, config, name=name, skip_launch=skip_launch, quote=quote, placement=placement
+        )
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
         response = self._call("POST", _machines(app), json=body, headers=headers)
         return _one(Machine, response)
+
+    def explain_create(
+        self,
+        app: str,
+        region: str,
+        config: Mapping[str, Any] | MachineConfig,
+        *,
+        quote: str | None = None,
+        placement: Mapping[str, Any] | None = None,
+    ) -> Placement:
+        """A dry run: where a machine would go and why; nothing is claimed."""
+        body = _create_body(region, config, quote=quote, placement=placement)
+        response = self._call("POST", _machines(app), json=body, params={"dry_run": "true"})
+        return Placement.model_validate(response.json()["placement"])
+
+    # -- quotes ----------------------------------------------------------------------------
+
+    def create_quote(
+        self,
+        app: str,
+        region: str,
+        config: Mapping[str, Any] | MachineConfig,
+        *,
+        ttl_s: float | None = None,
+        placement: Mapping[str, Any] | None = None,
+    ) -> Quote:
+        """Hold capacity for a machine like ``config`` for ``ttl_s`` seconds (default 10)."""
+        body = _create_body(region, config, placement=placement)
+        if ttl_s is not None:
+            body["ttl_s"] = ttl_s
+        return _one(Quote, self._call("POST", f"/v1/apps/{app}/quotes", json=body))
+
+    def get_quote(self, app: str, quote_id: str) -> Quote:
+        return _one(Quote, self._call("GET", f"/v1/apps/{app}/quotes/{quote_id}"))
+
+    def release_quote(self, app: str, quote_id: str) -> Quote:
+        return _one(Quote, self._call("DELETE", f"/v1/apps/{app}/quotes/{quote_id}"))
+
+    # -- workers ---------------------------------------------------------------------------
+
+    def cordon(self, worker_id: str) -> WorkerInfo:
+        """The worker makes no offers from now on; its machines keep running."""
+        return _one(WorkerInfo, self._call("POST", f"/v1/workers/{worker_id}/cordon"))
+
+    def uncordon(self, worker_id: str) -> WorkerInfo:
+        return _one(WorkerInfo, self._call("POST", f"/v1/workers/{worker_id}/uncordon"))
 
     def list_machines(self, app: str) -> list[Machine]:
         return _many(Machine, self._call("GET", _machines(app)))
@@ -239,3 +290,29 @@ def _error(response: httpx.Response) -> SouqError:
     err = SouqError(f"HTTP {response.status_code}: {text}")
     err.http_status = response.status_code  # type: ignore[misc]
     return err
+
+
+def _create_body(
+    region: str,
+    config: Mapping[str, Any] | MachineConfig,
+    *,
+    name: str | None = None,
+    skip_launch: bool = False,
+    quote: str | None = None,
+    placement: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "region": region,
+        "config": config.model_dump(mode="json")
+        if isinstance(config, MachineConfig)
+        else dict(config),
+    }
+    if name is not None:
+        body["name"] = name
+    if skip_launch:
+        body["skip_launch"] = True
+    if quote is not None:
+        body["quote"] = quote
+    if placement is not None:
+        body["placement"] = dict(placement)
+    return body

@@ -8,6 +8,7 @@ takes ``--json``. Only :mod:`souq.client.render` prints.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -37,6 +38,12 @@ app = typer.Typer(
 )
 machine_app = typer.Typer(help="Run and manage machines.", no_args_is_help=True)
 app.add_typer(machine_app, name="machine")
+quote_app = typer.Typer(
+    help="Hold capacity now, place a machine on it later.", no_args_is_help=True
+)
+app.add_typer(quote_app, name="quote")
+workers_app = typer.Typer(help="List, cordon and uncordon workers.")
+app.add_typer(workers_app, name="workers")
 
 
 def make_client() -> SouqClient:
@@ -79,6 +86,28 @@ def _pairs(values: list[str] | None, what: str) -> dict[str, str]:
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
 AppOpt = Annotated[str, typer.Option("--app", "-a", help="The app the machine belongs to.")]
 IdArg = Annotated[str, typer.Argument(metavar="ID", help="The machine's id.")]
+QuoteArg = Annotated[str, typer.Argument(metavar="QUOTE", help="The quote's id.")]
+ConstraintOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--constraint",
+        "-c",
+        help="Where it may run, e.g. 'label.disk=ssd', 'fingerprint.cpus>=4', "
+        "'label.zone in a,b'; repeatable.",
+    ),
+]
+DistinctOpt = Annotated[
+    bool,
+    typer.Option("--distinct-workers", help="Never on a worker that runs this app already."),
+]
+ArtifactOpt = Annotated[
+    str | None, typer.Option("--artifact", help="What it runs from (workers cache it).")
+]
+PolicyOpt = Annotated[
+    str | None,
+    typer.Option("--policy", help="How to rank offers: best-fit (default), binpack or spread."),
+]
+WorkerArg = Annotated[str, typer.Argument(metavar="WORKER", help="The worker's id.")]
 
 
 @app.callback(invoke_without_command=True)
@@ -114,10 +143,71 @@ def machine_run(
     skip_start: Annotated[
         bool, typer.Option("--skip-start", help="Create it, but do not start it.")
     ] = False,
+    quote: Annotated[
+        str | None, typer.Option("--quote", help="Use exactly this quote's held capacity.")
+    ] = None,
+    constraint: ConstraintOpt = None,
+    distinct: DistinctOpt = False,
+    artifact: ArtifactOpt = None,
+    policy: PolicyOpt = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Show where it would go and why; claim nothing.")
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Place a machine and start it; prints its id."""
+    with _reporting(as_json):
+        config = _config(
+            command,
+            cpus,
+            memory_mb,
+            restart=restart,
+            max_retries=max_retries,
+            env=env,
+            constraints=constraint,
+            distinct=distinct,
+            artifact=artifact,
+        )
+        placement = {"policy": policy} if policy else None
+        client = make_client()
+        if dry_run:
+            record = client.explain_create(
+                app_name, region, config, quote=quote, placement=placement
+            )
+            render.placement(record, as_json=as_json)
+            return
+        machine = client.create_machine(
+            app_name,
+            region,
+            config,
+            name=name,
+            skip_launch=skip_start,
+            quote=quote,
+            placement=placement,
+        )
+        render.machine_id(machine, as_json=as_json)
+
+
+def _config(
+    command: list[str],
+    cpus: float | None,
+    memory_mb: int | None,
+    *,
+    restart: RestartPolicy | None = None,
+    max_retries: int | None = None,
+    env: list[str] | None = None,
+    constraints: list[str] | None = None,
+    distinct: bool = False,
+    artifact: str | None = None,
+) -> dict[str, Any]:
+    """A machine config from command-line options (validated by the broker)."""
     config: dict[str, Any] = {"cmd": command}
+    if constraints:
+        config["constraints"] = [_constraint(text) for text in constraints]
+    if distinct:
+        config["distinct_workers_for"] = "app"
+    if artifact:
+        config["artifact"] = artifact
     guest = {k: v for k, v in (("cpus", cpus), ("memory_mb", memory_mb)) if v is not None}
     if guest:
         config["guest"] = guest
@@ -130,11 +220,97 @@ def machine_run(
         config["restart"] = restart_config
     if env:
         config["env"] = _pairs(env, "env")
-    with _reporting(as_json):
-        machine = make_client().create_machine(
-            app_name, region, config, name=name, skip_launch=skip_start
+    return config
+
+
+_CONSTRAINT = re.compile(
+    r"^\s*(?P<attribute>[^\s=!<>]+)\s*"
+    r"(?P<operator>!=|<=|>=|=|<|>|\s(?:in|not_in|regexp)\s)\s*(?P<value>.+?)\s*$"
+)
+
+
+def _constraint(text: str) -> dict[str, Any]:
+    """``label.disk=ssd``, ``fingerprint.cpus >= 4``, ``label.zone in a,b`` as a constraint."""
+    match = _CONSTRAINT.match(text)
+    if match is None:
+        raise InvalidInput(
+            f"constraint {text!r} is not ATTRIBUTE OPERATOR VALUE",
+            hint="e.g. --constraint 'label.disk=ssd' or --constraint 'label.zone in a,b'; "
+            "operators: = != < <= > >= in not_in regexp",
         )
-        render.machine_id(machine, as_json=as_json)
+    operator = match["operator"].strip()
+    raw = match["value"]
+    value: Any = raw
+    if operator in {"in", "not_in"}:
+        value = [v.strip() for v in raw.split(",") if v.strip()]
+    elif operator in {"<", "<=", ">", ">="}:
+        try:
+            value = float(raw)
+        except ValueError:
+            raise InvalidInput(f"constraint {text!r}: {raw!r} is not a number") from None
+    return {"attribute": match["attribute"], "operator": operator, "value": value}
+
+
+@machine_app.command("explain")
+def machine_explain(machine_id: IdArg, app_name: AppOpt, as_json: JsonOpt = False) -> None:
+    """Why the machine landed where it did: offers, rejections, scores per stage, claims."""
+    with _reporting(as_json):
+        m = make_client().get_machine(app_name, machine_id)
+        if m.placement is None:
+            render.line(f"machine {m.id} has no placement record")
+            return
+        render.placement(m.placement, as_json=as_json)
+
+
+# -- quotes ------------------------------------------------------------------------------------
+
+
+@quote_app.command("create", context_settings={"allow_interspersed_args": False})
+def quote_create(
+    *,
+    command: Annotated[
+        list[str], typer.Argument(metavar="-- COMMAND [ARG...]", help="What the machine runs.")
+    ],
+    app_name: AppOpt,
+    region: Annotated[str, typer.Option("--region", "-r", help="Where to hold capacity.")],
+    cpus: Annotated[float | None, typer.Option("--cpus", help="CPU cores.")] = None,
+    memory_mb: Annotated[int | None, typer.Option("--memory-mb", help="Memory in MiB.")] = None,
+    ttl: Annotated[
+        float | None, typer.Option("--ttl", help="Seconds the hold lasts (default 10).")
+    ] = None,
+    constraint: ConstraintOpt = None,
+    distinct: DistinctOpt = False,
+    artifact: ArtifactOpt = None,
+    policy: PolicyOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Hold capacity for a machine (a dry run that binds); use it with `machine run --quote`."""
+    with _reporting(as_json):
+        config = _config(
+            command,
+            cpus,
+            memory_mb,
+            constraints=constraint,
+            distinct=distinct,
+            artifact=artifact,
+        )
+        placement = {"policy": policy} if policy else None
+        quote = make_client().create_quote(app_name, region, config, ttl_s=ttl, placement=placement)
+        render.quote(quote, as_json=as_json)
+
+
+@quote_app.command("show")
+def quote_show(quote_id: QuoteArg, app_name: AppOpt, as_json: JsonOpt = False) -> None:
+    """Show a quote: what it holds, where, until when, and why there."""
+    with _reporting(as_json):
+        render.quote(make_client().get_quote(app_name, quote_id), as_json=as_json)
+
+
+@quote_app.command("release")
+def quote_release(quote_id: QuoteArg, app_name: AppOpt, as_json: JsonOpt = False) -> None:
+    """Give a quote's capacity back before its TTL."""
+    with _reporting(as_json):
+        render.quote(make_client().release_quote(app_name, quote_id), as_json=as_json)
 
 
 @machine_app.command("list")
@@ -246,11 +422,27 @@ def machine_events(machine_id: IdArg, app_name: AppOpt, as_json: JsonOpt = False
         render.events(make_client().events(app_name, machine_id), as_json=as_json)
 
 
-@app.command("workers")
-def workers(as_json: JsonOpt = False) -> None:
+@workers_app.callback(invoke_without_command=True)
+def workers(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     """List the workers the broker knows, with their state and capacity."""
+    if ctx.invoked_subcommand is not None:
+        return
     with _reporting(as_json):
         render.workers(make_client().workers(), as_json=as_json)
+
+
+@workers_app.command("cordon")
+def workers_cordon(worker_id: WorkerArg, as_json: JsonOpt = False) -> None:
+    """Stop offers from a worker; its machines keep running."""
+    with _reporting(as_json):
+        render.workers([make_client().cordon(worker_id)], as_json=as_json)
+
+
+@workers_app.command("uncordon")
+def workers_uncordon(worker_id: WorkerArg, as_json: JsonOpt = False) -> None:
+    """Let a cordoned worker make offers again."""
+    with _reporting(as_json):
+        render.workers([make_client().uncordon(worker_id)], as_json=as_json)
 
 
 # -- daemons -----------------------------------------------------------------------------------
@@ -286,6 +478,11 @@ def agent(
     memory_mb: Annotated[
         int | None, typer.Option("--memory-mb", help="Memory to offer, in MiB.")
     ] = None,
+    disk_mb: Annotated[
+        int | None,
+        typer.Option("--disk-mb", help="Disk to offer, in MiB (default: the data dir's free)."),
+    ] = None,
+    gpus: Annotated[int | None, typer.Option("--gpus", help="GPUs to offer (default 0).")] = None,
     label: Annotated[list[str] | None, typer.Option("--label", help="k=v, repeatable.")] = None,
     stop_machines_on_exit: Annotated[
         bool,
@@ -303,7 +500,7 @@ def agent(
             nats_url=nats,
             labels=labels,
             stop_machines_on_exit=stop_machines_on_exit,
-            **_given(data_dir=data_dir, cpus=cpus, memory_mb=memory_mb),
+            **_given(data_dir=data_dir, cpus=cpus, memory_mb=memory_mb, disk_mb=disk_mb, gpus=gpus),
         )
         run_agent(config)
 
@@ -314,6 +511,13 @@ def broker(
     listen: Annotated[
         str, typer.Option("--listen", help="HOST:PORT for the HTTP API.")
     ] = "127.0.0.1:4280",
+    sample_above: Annotated[
+        int | None,
+        typer.Option("--sample-above", help="Ask a random sample past this many workers."),
+    ] = None,
+    sample_d: Annotated[
+        float | None, typer.Option("--sample-d", help="Sparrow's d: ask d x m for m machines.")
+    ] = None,
 ) -> None:
     """Run a broker (the HTTP API) in the foreground."""
     host, port = _host_port(listen)
@@ -322,7 +526,44 @@ def broker(
         from souq.broker.config import BrokerConfig
         from souq.broker.main import run as run_broker
 
-        run_broker(BrokerConfig(nats_url=nats, listen_host=host, listen_port=port))
+        run_broker(
+            BrokerConfig(
+                nats_url=nats,
+                listen_host=host,
+                listen_port=port,
+                **_given(sample_above=sample_above, sample_factor_d=sample_d),
+            )
+        )
+
+
+@app.command("fleet")
+def fleet(
+    *,
+    nats: Annotated[str, typer.Option("--nats", help="NATS URL, e.g. nats://127.0.0.1:4222.")],
+    workers: Annotated[int, typer.Option("--workers", help="How many hollow workers.")],
+    region: Annotated[str, typer.Option("--region", help="Their region.")],
+    cpus: Annotated[float | None, typer.Option("--cpus", help="CPU cores each offers.")] = None,
+    memory_mb: Annotated[int | None, typer.Option("--memory-mb", help="MiB each offers.")] = None,
+    data_dir: Annotated[
+        Path | None,
+        typer.Option("--data-dir", help="Keep each worker's state in a file (default: memory)."),
+    ] = None,
+) -> None:
+    """Run N hollow workers in one process: the real protocol, no processes (for scale)."""
+    _daemon_logging()
+    logging.getLogger().setLevel(logging.WARNING)  # one line per worker would drown the rest
+    with _reporting():
+        from souq.fleet import FleetConfig
+        from souq.fleet import run as run_fleet
+
+        run_fleet(
+            FleetConfig(
+                nats_url=nats,
+                workers=workers,
+                region=region,
+                **_given(cpus=cpus, memory_mb=memory_mb, data_dir=data_dir),
+            )
+        )
 
 
 @app.command("dev")

@@ -19,7 +19,7 @@ from rich.text import Text
 
 from souq.clock import iso_from_ms
 from souq.errors import InsufficientCapacity, SouqError
-from souq.model import Machine, MachineEvent, Placement, WorkerInfo
+from souq.model import Machine, MachineEvent, Placement, Quote, WorkerInfo
 
 __all__ = [
     "error",
@@ -239,6 +239,42 @@ def _print_placement(console: Console, p: Placement) -> None:
     refused = [c for c in p.claims if not c.ok]
     for c in refused:
         console.print(f"claim on {c.worker_id} failed: {c.reason}")
+
+
+def placement(p: Placement, *, as_json: bool = False) -> None:
+    """A placement record in full: offers, per-stage scores, rejections, claims, timings."""
+    if as_json:
+        json_value(p)
+        return
+    console = _out()
+    _print_placement(console, p)
+    t = p.timings
+    console.print(
+        f"timings: gather {t.gather_ms:g} ms, rank {t.rank_ms:g} ms, claim {t.claim_ms:g} ms"
+    )
+
+
+def quote(q: Quote, *, as_json: bool = False) -> None:
+    if as_json:
+        json_value(q)
+        return
+    console = _out()
+    details = Table.grid(padding=(0, 2))
+    for key, value in (
+        ("id", q.id),
+        ("state", q.state.value),
+        ("app", q.app),
+        ("region", q.region),
+        ("worker", q.worker_id),
+        ("holds", f"{q.resources.cpus:g} cpus, {q.resources.memory_mb} MiB"),
+        ("expires", q.expires_at),
+        ("machine", q.machine_id or ""),
+    ):
+        details.add_row(key, value)
+    console.print(details)
+    if q.placement is not None:
+        console.print()
+        _print_placement(console, q.placement)
 
 
 def workers(items: Sequence[WorkerInfo], *, as_json: bool = False) -> None:

@@ -1,6 +1,7 @@
 """Souq's typed data. Pure: imports nothing that does I/O."""
 
 from souq.model.base import Input, Record
+from souq.model.constraint import Constraint, ConstraintOperator
 from souq.model.machine import (
     APP_NAME_PATTERN,
     GuestConfig,
@@ -14,10 +15,13 @@ from souq.model.machine import (
     normalise_signal,
 )
 from souq.model.placement import ClaimAttempt, OfferOutcome, Placement, Timings
+from souq.model.policy import Curves, PlacementDefaults, PlacementPolicy
 from souq.model.protocol import (
     ClaimRequest,
+    CordonCommand,
     DestroyCommand,
     EventsCommand,
+    HoldRequest,
     ListCommand,
     LocateCommand,
     LocateReply,
@@ -27,25 +31,34 @@ from souq.model.protocol import (
     MachineRef,
     Offer,
     OfferRequest,
+    Quote,
+    QuoteRef,
+    QuoteState,
     Reply,
     SignalCommand,
     StopCommand,
     WaitCommand,
 )
 from souq.model.resources import Resources
-from souq.model.worker import Fingerprint, Heartbeat, WorkerInfo, WorkerState
+from souq.model.worker import Fingerprint, Heartbeat, Load, WorkerInfo, WorkerState
 
 __all__ = [
     "APP_NAME_PATTERN",
     "ClaimAttempt",
     "ClaimRequest",
+    "Constraint",
+    "ConstraintOperator",
+    "CordonCommand",
+    "Curves",
     "DestroyCommand",
     "EventsCommand",
     "Fingerprint",
     "GuestConfig",
     "Heartbeat",
+    "HoldRequest",
     "Input",
     "ListCommand",
+    "Load",
     "LocateCommand",
     "LocateReply",
     "LogsCommand",
@@ -60,6 +73,11 @@ __all__ = [
     "OfferOutcome",
     "OfferRequest",
     "Placement",
+    "PlacementDefaults",
+    "PlacementPolicy",
+    "Quote",
+    "QuoteRef",
+    "QuoteState",
     "Record",
     "Reply",
     "Resources",

@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from souq.model.base import Input, Record
+from souq.model.constraint import Constraint
 from souq.model.placement import Placement
 from souq.model.resources import Resources
 
@@ -67,9 +68,13 @@ def normalise_signal(value: str | int) -> str:
 class GuestConfig(Input):
     cpus: float = Field(default=1, gt=0, le=1024, description="CPU cores (fractions allowed)")
     memory_mb: int = Field(default=256, gt=0, le=16 * 1024 * 1024, description="Memory in MiB")
+    disk_mb: int = Field(default=0, ge=0, le=1024 * 1024 * 1024, description="Disk in MiB")
+    gpus: int = Field(default=0, ge=0, le=1024, description="Whole GPUs")
 
     def resources(self) -> Resources:
-        return Resources(cpus=self.cpus, memory_mb=self.memory_mb)
+        return Resources(
+            cpus=self.cpus, memory_mb=self.memory_mb, disk_mb=self.disk_mb, gpus=self.gpus
+        )
 
 
 class RestartConfig(Input):
@@ -101,6 +106,20 @@ class MachineConfig(Input):
     restart: RestartConfig = Field(default_factory=RestartConfig)
     stop_config: StopConfig = Field(default_factory=StopConfig)
     metadata: dict[str, str] = Field(default_factory=dict)
+    constraints: list[Constraint] = Field(
+        default_factory=list, description="every one must hold on the worker that takes it"
+    )
+    distinct_workers_for: Literal["app"] | None = Field(
+        default=None, description="`app`: never two machines of this app on one worker"
+    )
+    artifact: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=512,
+        pattern=r"^\S+$",
+        description="what the machine runs, e.g. sha256:<hex> or registry/name:tag; placement "
+        "prefers workers that hold it already",
+    )
 
     @field_validator("cmd")
     @classmethod

@@ -6,7 +6,7 @@ from pydantic import Field
 
 from souq.model.base import Record
 
-__all__ = ["ClaimAttempt", "OfferOutcome", "Placement", "Timings"]
+__all__ = ["ClaimAttempt", "OfferOutcome", "Placement", "Sampling", "Timings"]
 
 
 class OfferOutcome(Record):
@@ -32,10 +32,26 @@ class Timings(Record):
     total_ms: float = 0.0
 
 
+class Sampling(Record):
+    """The broker asked a random sample of the region's workers instead of all of them."""
+
+    asked: int = Field(description="workers asked for an offer")
+    of: int = Field(description="live workers of the region")
+    seed: str = Field(description="the sample is seeded with this (the request id)")
+
+
 class Placement(Record):
     request_id: str
     region: str
     policy: str = "best-fit"
+    weights: dict[str, float] = Field(
+        default_factory=dict, description="weight per scorer (the final score is their mean)"
+    )
+    unmet: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="per rejection reason, what the request asked that workers did not meet, "
+        'e.g. {"constraint": ["label.disk = ssd"]}',
+    )
     expected_offers: int = Field(default=0, description="live workers of the region asked")
     offers_received: int = 0
     rejections: dict[str, int] = Field(default_factory=dict, description="count per reason")
@@ -44,3 +60,6 @@ class Placement(Record):
     runner_up: str | None = None
     claims: list[ClaimAttempt] = Field(default_factory=list)
     timings: Timings = Field(default_factory=Timings)
+    sampled: Sampling | None = Field(
+        default=None, description="set when only a random sample of the workers was asked"
+    )

@@ -3,6 +3,7 @@ travel inside a :class:`Reply` envelope so that typed errors cross the wire inta
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Any
 
 from pydantic import Field
@@ -10,13 +11,16 @@ from pydantic import Field
 from souq.model.base import Input, Record
 from souq.model.machine import MachineConfig, MachineEvent, MachineState
 from souq.model.placement import Placement
+from souq.model.policy import PlacementPolicy
 from souq.model.resources import Resources
-from souq.model.worker import WorkerInfo
+from souq.model.worker import Load, WorkerInfo
 
 __all__ = [
     "ClaimRequest",
+    "CordonCommand",
     "DestroyCommand",
     "EventsCommand",
+    "HoldRequest",
     "ListCommand",
     "LocateCommand",
     "LocateReply",
@@ -26,6 +30,9 @@ __all__ = [
     "MachineRef",
     "Offer",
     "OfferRequest",
+    "Quote",
+    "QuoteRef",
+    "QuoteState",
     "Reply",
     "SignalCommand",
     "StopCommand",
@@ -53,6 +60,13 @@ class Offer(Record):
     existing_machine_id: str | None = Field(
         default=None, description="a machine this worker already made for the same request id"
     )
+    load: Load | None = Field(default=None, description="the host's measured use right now")
+    artifacts: list[str] = Field(
+        default_factory=list, description="artifacts the worker holds (its cache), newest first"
+    )
+    app_machines: int = Field(
+        default=0, description="machines of the requesting app on this worker, not destroyed"
+    )
 
 
 class ClaimRequest(Input):
@@ -66,6 +80,12 @@ class ClaimRequest(Input):
     config: MachineConfig
     skip_launch: bool = False
     placement: Placement | None = None
+    quote_id: str | None = Field(
+        default=None, description="use this worker's hold instead of new capacity"
+    )
+    policy: PlacementPolicy | None = Field(
+        default=None, description="how the broker ranks offers for it (the create's placement)"
+    )
 
 
 class MachineRef(Input):
@@ -114,6 +134,50 @@ class ListCommand(Input):
 
 class LocateCommand(Input):
     machine_id: str
+
+
+class HoldRequest(Input):
+    """Sent to one worker: hold capacity for a machine like ``config`` for ``ttl_s`` (a quote)."""
+
+    quote_id: str
+    app: str
+    region: str
+    config: MachineConfig
+    ttl_s: float = Field(gt=0, le=3600)
+    placement: Placement | None = None
+
+
+class QuoteRef(Input):
+    app: str
+    quote_id: str
+
+
+class QuoteState(StrEnum):
+    HELD = "held"
+    USED = "used"
+    EXPIRED = "expired"
+    RELEASED = "released"
+
+
+class Quote(Record):
+    """Capacity a worker holds for a machine that is not made yet: a dry run that binds."""
+
+    id: str
+    app: str
+    region: str
+    worker_id: str
+    state: QuoteState
+    resources: Resources
+    config: MachineConfig
+    ttl_s: float
+    created_at: str
+    expires_at: str
+    machine_id: str | None = Field(default=None, description="the machine that used the hold")
+    placement: Placement | None = None
+
+
+class CordonCommand(Input):
+    cordoned: bool
 
 
 class LocateReply(Record):

@@ -9,7 +9,7 @@ from pydantic import Field
 from souq.model.base import Record
 from souq.model.resources import Resources
 
-__all__ = ["Fingerprint", "Heartbeat", "WorkerInfo", "WorkerState"]
+__all__ = ["Fingerprint", "Heartbeat", "Load", "WorkerInfo", "WorkerState"]
 
 
 class WorkerState(StrEnum):
@@ -24,7 +24,17 @@ class Fingerprint(Record):
     arch: str
     cpus: float
     memory_mb: int
+    disk_mb: int = Field(default=0, description="free disk of the data dir at start, in MiB")
+    gpus: int = 0
     drivers: list[str] = Field(default_factory=lambda: ["exec"])
+
+
+class Load(Record):
+    """What a worker's host measures right now (not what is reserved): placement's live view."""
+
+    cpu_percent: float = Field(default=0.0, description="host CPU busy, 0-100")
+    memory_used_mb: int = Field(default=0, description="host memory in use, in MiB")
+    memory_percent: float = Field(default=0.0, description="host memory in use, 0-100")
 
 
 class WorkerInfo(Record):

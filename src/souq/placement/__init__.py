@@ -1,14 +1,43 @@
-"""Placement: a pure pipeline of filters and scorers. Imports nothing that does I/O."""
+"""Placement: a pure pipeline of filters, scorers and selectors. Imports nothing that does I/O.
 
+``build_pipeline(policy, defaults)`` wires the chain (:mod:`souq.placement.policy`);
+``Pipeline.rank(request, offers)`` runs it and returns a :class:`Ranking` that explains itself.
+docs/placement.md tells the stages, the defaults and how to tune them.
+"""
+
+from souq.placement.constraints import attribute_of, unmet
 from souq.placement.curves import DEFAULT_CURVE, Curve
-from souq.placement.pipeline import Pipeline, Ranking, default_pipeline
-from souq.placement.request import PlacementRequest
-from souq.placement.stages import (
-    BestFitScorer,
+from souq.placement.filters import (
+    ConstraintFilter,
+    DistinctWorkersFilter,
+    DriverFilter,
     EligibleFilter,
+    RegionFilter,
+    ResourcesFilter,
+    StateFilter,
+)
+from souq.placement.pipeline import NOT_SAMPLED, Pipeline, Ranking
+from souq.placement.policy import (
+    DEFAULT_WEIGHTS,
+    PipelineCache,
+    build_pipeline,
+    default_pipeline,
+    weights_of,
+)
+from souq.placement.request import PlacementRequest
+from souq.placement.scorers import (
+    NOMAD_MAX_FIT,
+    AntiAffinityScorer,
+    BestFitScorer,
+    BinPackScorer,
+    CacheScorer,
+    LoadScorer,
+    SpreadScorer,
+    nomad_binpack,
+)
+from souq.placement.stages import (
     Filter,
     Rejection,
-    ResourcesFilter,
     Scorer,
     Shortfall,
     shortfall,
@@ -17,18 +46,37 @@ from souq.placement.stages import (
 
 __all__ = [
     "DEFAULT_CURVE",
+    "DEFAULT_WEIGHTS",
+    "NOMAD_MAX_FIT",
+    "NOT_SAMPLED",
+    "AntiAffinityScorer",
     "BestFitScorer",
+    "BinPackScorer",
+    "CacheScorer",
+    "ConstraintFilter",
     "Curve",
+    "DistinctWorkersFilter",
+    "DriverFilter",
     "EligibleFilter",
     "Filter",
+    "LoadScorer",
     "Pipeline",
+    "PipelineCache",
     "PlacementRequest",
     "Ranking",
+    "RegionFilter",
     "Rejection",
     "ResourcesFilter",
     "Scorer",
     "Shortfall",
+    "SpreadScorer",
+    "StateFilter",
+    "attribute_of",
+    "build_pipeline",
     "default_pipeline",
+    "nomad_binpack",
     "shortfall",
+    "unmet",
     "utilisation_after",
+    "weights_of",
 ]

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+from souq.model.policy import check_curve_points
 
 __all__ = ["DEFAULT_CURVE", "Curve"]
 
@@ -16,13 +19,17 @@ class Curve:
     points: tuple[tuple[float, float], ...]
 
     def __post_init__(self) -> None:
-        if len(self.points) < 2:
-            raise ValueError("a curve needs at least two points")
-        xs = [x for x, _ in self.points]
-        if xs != sorted(xs) or len(set(xs)) != len(xs):
-            raise ValueError("curve points must have strictly increasing x")
-        if any(not 0.0 <= y <= 1.0 for _, y in self.points):
-            raise ValueError("curve values must lie in [0, 1]")
+        problem = check_curve_points(self.points)
+        if problem is not None:
+            raise ValueError(problem)
+
+    @classmethod
+    def of(cls, points: Sequence[Sequence[float]]) -> Curve:
+        """A curve from ``[[x, y], ...]`` as written in a placement policy."""
+        pairs = tuple((float(p[0]), float(p[1])) for p in points if len(p) == 2)
+        if len(pairs) != len(points):
+            raise ValueError("each curve point is a pair [x, y]")
+        return cls(pairs)
 
     def value(self, x: float) -> float:
         pts = self.points

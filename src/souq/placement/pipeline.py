@@ -1,4 +1,4 @@
-"""The pipeline: filter every offer, score the survivors, order them best first.
+"""The pipeline: filter every offer, sample, score the survivors, order them best first.
 
 The result is an ordered list of workers to claim on and the per-offer record that goes into the
 machine's placement explanation. Pure: no I/O, no clock, randomness seeded from the request id.
@@ -6,24 +6,27 @@ machine's placement explanation. Pure: no I/O, no clock, randomness seeded from 
 
 from __future__ import annotations
 
-import random
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from souq.model.placement import OfferOutcome
 from souq.model.protocol import Offer
+from souq.placement import select
 from souq.placement.request import PlacementRequest
-from souq.placement.stages import BestFitScorer, EligibleFilter, Filter, ResourcesFilter, Scorer
+from souq.placement.stages import Filter, Rejection, Scorer
 
-__all__ = ["Pipeline", "Ranking", "default_pipeline"]
+__all__ = ["NOT_SAMPLED", "Pipeline", "Ranking"]
+
+NOT_SAMPLED = "not_sampled"  # feasible, but left out by the pipeline's limit
 
 
 @dataclass(frozen=True)
 class Ranking:
-    ordered: list[Offer]  # feasible offers, best first: the claim order
-    outcomes: list[OfferOutcome]  # every offer, feasible ones first (best first)
+    ordered: list[Offer]  # feasible offers that were scored, best first: the claim order
+    outcomes: list[OfferOutcome]  # every offer, scored ones first (best first)
     rejections: dict[str, int]  # count per rejection reason
+    unmet: dict[str, list[str]] = field(default_factory=dict)  # reason -> what was not met
 
     @property
     def winner(self) -> str | None:
@@ -36,56 +39,69 @@ class Ranking:
 
 @dataclass(frozen=True)
 class Pipeline:
-    name: str
+    name: str  # the policy: best-fit, binpack or spread
     filters: Sequence[Filter]
     scorers: Sequence[Scorer]
+    limit: int | None = None  # score at most this many feasible offers (a seeded sample)
+
+    @property
+    def weights(self) -> dict[str, float]:
+        return {s.name: s.weight for s in self.scorers}
 
     def rank(self, request: PlacementRequest, offers: Sequence[Offer]) -> Ranking:
         rejected: list[OfferOutcome] = []
-        scored: list[tuple[float, Offer, OfferOutcome]] = []
         counts: Counter[str] = Counter()
-        # Shuffle first with a seed from the request id: equal scores then break ties at random,
-        # yet the same request always ranks the same way.
-        pool = list(offers)
-        random.Random(request.request_id).shuffle(pool)
-        total_weight = sum(s.weight for s in self.scorers) or 1.0
-        for offer in pool:
-            rejection = next(
-                (r for f in self.filters if (r := f.check(request, offer)) is not None), None
-            )
-            if rejection is not None:
-                counts[rejection.reason] += 1
-                rejected.append(
-                    OfferOutcome(
-                        worker_id=offer.worker.id,
-                        rejected=rejection.reason,
-                        detail=rejection.detail,
-                    )
-                )
+        unmet: dict[str, list[str]] = {}
+        feasible: list[Offer] = []
+        # Sorted first, so that the order replies happened to arrive in does not matter: the
+        # same request over the same offers always ranks the same way.
+        in_order = sorted(offers, key=lambda o: o.worker.id)
+        for offer in select.shuffled(in_order, request.request_id):
+            rejection = self._reject(request, offer)
+            if rejection is None:
+                feasible.append(offer)
                 continue
-            scores = {s.name: round(s.score(request, offer), 6) for s in self.scorers}
-            final = sum(s.weight * scores[s.name] for s in self.scorers) / total_weight
+            counts[rejection.reason] += 1
+            if rejection.unmet is not None and rejection.unmet not in unmet.get(
+                rejection.reason, []
+            ):
+                unmet.setdefault(rejection.reason, []).append(rejection.unmet)
+            rejected.append(
+                OfferOutcome(
+                    worker_id=offer.worker.id, rejected=rejection.reason, detail=rejection.detail
+                )
+            )
+
+        sampled, left_out = select.limit(feasible, self.limit)
+        for offer in left_out:
+            counts[NOT_SAMPLED] += 1
+            rejected.append(
+                OfferOutcome(
+                    worker_id=offer.worker.id,
+                    rejected=NOT_SAMPLED,
+                    detail=f"feasible, but not among the {self.limit} sampled",
+                )
+            )
+
+        weights = self.weights
+        scored: list[tuple[float, tuple[Offer, OfferOutcome]]] = []
+        for offer in sampled:
+            raw = {s.name: s.score(request, offer) for s in self.scorers}
+            final = select.weighted_mean(raw, weights)
+            scores = {name: round(v, 6) for name, v in raw.items() if v is not None}
             outcome = OfferOutcome(worker_id=offer.worker.id, scores=scores, score=round(final, 6))
-            scored.append((final, offer, outcome))
-        scored.sort(key=lambda item: item[0], reverse=True)  # stable: keeps the seeded order
+            scored.append((final, (offer, outcome)))
+        best = [pair for _, pair in select.best_first(scored)]
         return Ranking(
-            ordered=[offer for _, offer, _ in scored],
-            outcomes=[outcome for _, _, outcome in scored] + rejected,
+            ordered=[offer for offer, _ in best],
+            outcomes=[outcome for _, outcome in best] + rejected,
             rejections=dict(counts),
+            unmet={reason: sorted(items) for reason, items in unmet.items()},
         )
 
-
-def default_pipeline() -> Pipeline:
-    return Pipeline(
-        name="best-fit",
-        filters=(
-            # The worker's own refusal first: its reason (cordoned, full) is the most precise.
-            EligibleFilter(),
-            # Then the broker re-checks the offer's free capacity against the request.
-            ResourcesFilter(),
-        ),
-        scorers=(
-            # Default scorer: fill workers to a comfortable level, never into hot spots.
-            BestFitScorer(),
-        ),
-    )
+    def _reject(self, request: PlacementRequest, offer: Offer) -> Rejection | None:
+        for f in self.filters:
+            rejection = f.check(request, offer)
+            if rejection is not None:
+                return rejection
+        return None

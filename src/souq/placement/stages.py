@@ -1,5 +1,15 @@
-"""The stages of the placement pipeline: filters reject with a named reason; scorers add one
-bounded, named score in [0, 1]."""
+"""The interfaces of the pipeline's stages and the one fit rule.
+
+* A **filter** accepts an offer (``None``) or rejects it with a :class:`Rejection`: a stable
+  ``reason`` code, human ``detail``, and, when the request itself asked for what was not met, the
+  ``unmet`` item (a constraint's text) so that a refusal can name it.
+* A **scorer** returns one bounded score in [0, 1] under its ``name``, or ``None`` when it has no
+  opinion on this request (cache locality without an artifact); the pipeline then leaves it out
+  of that offer's mean.
+
+:func:`shortfall` is the one fit rule: the broker's filter, a worker's offers (advisory) and its
+claims (binding) all use it.
+"""
 
 from __future__ import annotations
 
@@ -8,15 +18,11 @@ from typing import Protocol
 
 from souq.model.protocol import Offer
 from souq.model.resources import Resources
-from souq.placement.curves import DEFAULT_CURVE, Curve
 from souq.placement.request import PlacementRequest
 
 __all__ = [
-    "BestFitScorer",
-    "EligibleFilter",
     "Filter",
     "Rejection",
-    "ResourcesFilter",
     "Scorer",
     "Shortfall",
     "shortfall",
@@ -26,8 +32,9 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Rejection:
-    reason: str  # a stable code, e.g. "full", "cordoned"
-    detail: str  # human words
+    reason: str  # a stable code, e.g. "insufficient_cpu", "cordoned", "constraint"
+    detail: str  # human words about this worker
+    unmet: str | None = None  # what the request asked that this worker lacks, e.g. "label.a = b"
 
 
 class Filter(Protocol):
@@ -44,83 +51,55 @@ class Scorer(Protocol):
     @property
     def weight(self) -> float: ...
 
-    def score(self, request: PlacementRequest, offer: Offer) -> float: ...
-
-
-class EligibleFilter:
-    """The worker itself declined (cordoned, full, draining): keep its own reason."""
-
-    name = "eligible"
-
-    def check(self, request: PlacementRequest, offer: Offer) -> Rejection | None:
-        if offer.eligible:
-            return None
-        reason = offer.reason or "declined"
-        return Rejection(reason, offer.detail or f"worker declined: {reason}")
+    def score(self, request: PlacementRequest, offer: Offer) -> float | None: ...
 
 
 @dataclass(frozen=True)
 class Shortfall:
-    reason: str  # a stable code: insufficient_cpu or insufficient_memory
+    reason: str  # insufficient_cpu, insufficient_memory, insufficient_disk or insufficient_gpus
     detail: str  # human words
 
 
 def shortfall(want: Resources, capacity: Resources, allocated: Resources) -> Shortfall | None:
-    """None when ``want`` fits in what ``capacity`` leaves after ``allocated``; else why not.
-
-    The one fit rule: the broker's filter, a worker's offers (advisory) and its claims (binding)
-    all use it."""
-    free = capacity.minus(allocated)
-    if want.millicpus > free.millicpus:
+    """None when ``want`` fits in what ``capacity`` leaves after ``allocated``; else why not
+    (the first resource short, in the order cpu, memory, disk, gpus)."""
+    free_milli = capacity.millicpus - allocated.millicpus
+    if want.millicpus > free_milli:
         return Shortfall(
             "insufficient_cpu",
-            f"needs {want.cpus:g} cpus; {max(free.cpus, 0):g} of {capacity.cpus:g} free",
+            f"needs {want.cpus:g} cpus; {max(free_milli, 0) / 1000:g} of {capacity.cpus:g} free",
         )
-    if want.memory_mb > free.memory_mb:
-        left = max(free.memory_mb, 0)
+    free_mb = capacity.memory_mb - allocated.memory_mb
+    if want.memory_mb > free_mb:
         return Shortfall(
             "insufficient_memory",
-            f"needs {want.memory_mb} MiB; {left} of {capacity.memory_mb} MiB free",
+            f"needs {want.memory_mb} MiB; {max(free_mb, 0)} of {capacity.memory_mb} MiB free",
+        )
+    free_disk = capacity.disk_mb - allocated.disk_mb
+    if want.disk_mb > free_disk:
+        return Shortfall(
+            "insufficient_disk",
+            f"needs {want.disk_mb} MiB of disk; {max(free_disk, 0)} of {capacity.disk_mb} MiB free",
+        )
+    free_gpus = capacity.gpus - allocated.gpus
+    if want.gpus > free_gpus:
+        return Shortfall(
+            "insufficient_gpus",
+            f"needs {want.gpus} gpus; {max(free_gpus, 0)} of {capacity.gpus} free",
         )
     return None
 
 
-class ResourcesFilter:
-    """Free capacity must hold the machine's cpus and memory."""
-
-    name = "resources"
-
-    def check(self, request: PlacementRequest, offer: Offer) -> Rejection | None:
-        w = offer.worker
-        short = shortfall(request.resources, w.capacity, w.allocated)
-        return None if short is None else Rejection(short.reason, short.detail)
+def _ratio(used: int, cap: int) -> float:
+    if cap <= 0:
+        return 1.0 if used > 0 else 0.0
+    return min(max(used / cap, 0.0), 1.0)
 
 
 def utilisation_after(request: PlacementRequest, offer: Offer) -> tuple[float, float]:
-    """(cpu, memory) utilisation of the worker if the machine were placed there."""
+    """(cpu, memory) utilisation of the worker if the machine were placed there, in [0, 1]."""
     w = offer.worker
     want = request.resources
-
-    def ratio(used: int, cap: int) -> float:
-        if cap <= 0:
-            return 1.0 if used > 0 else 0.0
-        return used / cap
-
-    cpu = ratio(w.allocated.millicpus + want.millicpus, w.capacity.millicpus)
-    mem = ratio(w.allocated.memory_mb + want.memory_mb, w.capacity.memory_mb)
+    cpu = _ratio(w.allocated.millicpus + want.millicpus, w.capacity.millicpus)
+    mem = _ratio(w.allocated.memory_mb + want.memory_mb, w.capacity.memory_mb)
     return cpu, mem
-
-
-@dataclass(frozen=True)
-class BestFitScorer:
-    """Best fit by linear interpolation: the mean of a utility curve per resource, taken at the
-    utilisation the worker would have after the placement."""
-
-    cpu_curve: Curve = DEFAULT_CURVE
-    memory_curve: Curve = DEFAULT_CURVE
-    weight: float = 1.0
-    name: str = "best-fit"
-
-    def score(self, request: PlacementRequest, offer: Offer) -> float:
-        cpu, mem = utilisation_after(request, offer)
-        return (self.cpu_curve.value(cpu) + self.memory_curve.value(mem)) / 2

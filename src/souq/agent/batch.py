@@ -1,0 +1,81 @@
+"""The ``claim_batch`` verb: several machines of one config in one claim.
+
+The broker's batch create assigns ``k`` machines to this worker and sends them in one message
+instead of ``k`` claims. The worker decides for the whole batch at once:
+
+* an item whose request id it knows is answered with the machine it already made (and the
+  whole batch is an ``idempotency_conflict`` if that machine was made from another body);
+* the new items must fit **together** beside what is reserved and held, or the whole batch is
+  refused (``claim_refused`` with the shortfall's reason) and nothing is made;
+* then each new item goes through the ordinary claim (:meth:`Commands.claim`): its own
+  transaction, events and start.
+
+Nothing awaits between the check and the last claim, so no other request interleaves on this
+worker: the batch is atomic with respect to every other claim. It is *not* one transaction: an
+agent that crashes half-way leaves the first items made, and a retry of the same batch (same
+item request ids) returns those and makes the rest.
+"""
+
+from __future__ import annotations
+
+from souq.agent.commands import Commands
+from souq.agent.executor import Executor
+from souq.errors import ClaimRefused, IdempotencyConflict
+from souq.model.batch import BatchClaimReply, BatchClaimRequest
+from souq.model.machine import Machine
+from souq.model.protocol import ClaimRequest
+from souq.model.resources import Resources
+from souq.placement.stages import shortfall
+
+__all__ = ["claim_batch"]
+
+
+def claim_batch(
+    executor: Executor,
+    commands: Commands,
+    req: BatchClaimRequest,
+    *,
+    capacity: Resources,
+    in_use: Resources,
+) -> BatchClaimReply:
+    """Make every item of ``req`` or none (see the module). ``in_use`` is what is reserved and
+    held on this worker now."""
+    if req.region != executor.region:
+        raise ClaimRefused(
+            f"worker {executor.worker_id} is in region {executor.region}, not {req.region}",
+            details={"reason": "wrong_region"},
+        )
+    new = 0
+    for request_id in req.request_ids:
+        known = executor.machine_for_request(request_id)
+        if known is None:
+            new += 1
+        elif executor.row_by_id(known).body_hash != req.body_hash:
+            raise IdempotencyConflict(
+                f"request {request_id} already created machine {known} with a different body",
+                hint="use a new idempotency key for a different request",
+                details={"machine_id": known},
+            )
+    one = req.config.guest.resources()
+    want = Resources(cpus=one.millicpus * new / 1000, memory_mb=one.memory_mb * new)
+    short = shortfall(want, capacity, in_use)
+    if short is not None:
+        raise ClaimRefused(
+            f"{new} machines no longer fit together: {short.detail}",
+            hint="another claim took the capacity first; try another worker",
+            details={"reason": short.reason},
+        )
+    machines: list[Machine] = []
+    for request_id in req.request_ids:
+        claim = ClaimRequest.model_construct(
+            request_id=request_id,
+            body_hash=req.body_hash,
+            app=req.app,
+            name=None,
+            region=req.region,
+            config=req.config,
+            skip_launch=req.skip_launch,
+            placement=req.placement,
+        )
+        machines.append(commands.claim(claim, capacity))
+    return BatchClaimReply(machines=machines)

@@ -1,0 +1,107 @@
+"""Batch creates: many machines of one config placed in one call (Sparrow's batch sampling).
+
+Over HTTP: ``POST /v1/apps/{app}/machines/batch`` with a :class:`BatchCreateRequest`, answered
+with a :class:`BatchResult`. Between broker and worker: one :class:`BatchClaimRequest` per worker
+(``souq.worker.<id>.claim_batch``), answered with a :class:`BatchClaimReply`.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from souq.model.base import Input, Record
+from souq.model.machine import Machine, MachineConfig
+from souq.model.placement import OfferOutcome, Placement, Sampling, Timings
+
+__all__ = [
+    "BatchClaim",
+    "BatchClaimReply",
+    "BatchClaimRequest",
+    "BatchCreateRequest",
+    "BatchPlacement",
+    "BatchResult",
+]
+
+
+class BatchCreateRequest(Input):
+    """``POST /v1/apps/{app}/machines/batch``: ``count`` machines of one config.
+
+    Immediate-or-cancel, like a single create: the call places what it can now and never
+    queues the rest. ``min_count`` says how much is enough: if fewer than ``min_count`` could be
+    placed, the machines made are destroyed again and the answer is ``409
+    insufficient_capacity`` (all-or-nothing, the default: ``min_count = count``). With a lower
+    ``min_count`` the answer is ``201`` with the machines placed and, for the rest, the reasons.
+    """
+
+    region: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$", description="where to place them")
+    count: int = Field(ge=1, description="how many machines")
+    min_count: int | None = Field(
+        default=None, ge=1, description="fewest acceptable; default: count (all or nothing)"
+    )
+    skip_launch: bool = Field(default=False, description="create them, but do not start them")
+    config: MachineConfig
+
+
+class BatchClaimRequest(Input):
+    """Sent to one worker: create one machine per request id, all of one config; all of them
+    fit or none is made. A known request id returns the machine already made for it. Every
+    machine stores the same ``placement`` record (this worker's share of the batch)."""
+
+    request_id: str = Field(description="the batch's request id")
+    body_hash: str
+    app: str
+    region: str
+    config: MachineConfig
+    skip_launch: bool = False
+    request_ids: list[str] = Field(min_length=1, description="one per machine")
+    placement: Placement | None = None
+
+
+class BatchClaimReply(Record):
+    machines: list[Machine] = Field(description="one per item, in the items' order")
+
+
+class BatchClaim(Record):
+    """One batch claim the broker sent: ``count`` machines on one worker."""
+
+    worker_id: str
+    count: int
+    ok: bool
+    reason: str | None = None
+
+
+class BatchPlacement(Record):
+    """Why a batch landed where it did: the offers (sampled or not), the ranking, how many
+    machines went to each worker, and every claim tried."""
+
+    request_id: str
+    region: str
+    policy: str = "best-fit"
+    requested: int
+    min_count: int
+    placed: int = 0
+    expected_offers: int = 0
+    offers_received: int = 0
+    sampled: Sampling | None = None
+    rejections: dict[str, int] = Field(default_factory=dict, description="count per reason")
+    offers: list[OfferOutcome] = Field(
+        default_factory=list, description="the initial ranking, best first (at most 50)"
+    )
+    assignments: dict[str, int] = Field(
+        default_factory=dict, description="machines placed per worker"
+    )
+    claims: list[BatchClaim] = Field(default_factory=list)
+    rounds: int = Field(default=0, description="claim rounds (a refused claim re-assigns)")
+    timings: Timings = Field(default_factory=Timings)
+
+
+class BatchResult(Record):
+    """The answer to a batch create."""
+
+    requested: int
+    placed: int
+    machines: list[Machine] = Field(default_factory=list)
+    unplaced: list[str] = Field(
+        default_factory=list, description="why the rest could not be placed, when placed < count"
+    )
+    placement: BatchPlacement

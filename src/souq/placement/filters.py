@@ -1,0 +1,138 @@
+"""Filters: each accepts an offer or rejects it with one named reason.
+
+The reasons are stable codes (they are counted in every placement record and named in
+``insufficient_capacity`` errors):
+
+=======================  ==================================================================
+``cordoned``             the worker is cordoned: it takes no new machines
+``draining``             the worker is draining its machines away
+``wrong_region``         the offer came from a worker of another region
+``driver_missing``       the worker has no driver for the machine
+``constraint``           one of the machine's constraints does not hold on the worker
+``distinct_workers``     the worker already runs a machine of the app (``distinct_workers_for``)
+``insufficient_cpu``     and ``insufficient_memory``, ``insufficient_disk``,
+                         ``insufficient_gpus``: the worker lacks free capacity
+(the worker's own)       a worker that declines says why; :class:`EligibleFilter` keeps it
+=======================  ==================================================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from souq.model.protocol import Offer
+from souq.placement.constraints import unmet
+from souq.placement.request import PlacementRequest
+from souq.placement.stages import Rejection, shortfall
+
+__all__ = [
+    "ConstraintFilter",
+    "DistinctWorkersFilter",
+    "DriverFilter",
+    "EligibleFilter",
+    "RegionFilter",
+    "ResourcesFilter",
+    "StateFilter",
+]
+
+
+@dataclass(frozen=True)
+class StateFilter:
+    """A worker that takes no new machines (cordoned, draining) is out, whatever else it says."""
+
+    name: str = "state"
+
+    def check(self, request: PlacementRequest, offer: Offer) -> Rejection | None:
+        state = str(offer.worker.state)
+        if state in ("cordoned", "draining"):
+            return Rejection(state, f"worker {offer.worker.id} is {state}: no new machines")
+        return None
+
+
+@dataclass(frozen=True)
+class RegionFilter:
+    """Only workers of the requested region: a stray offer from elsewhere never wins."""
+
+    name: str = "region"
+
+    def check(self, request: PlacementRequest, offer: Offer) -> Rejection | None:
+        region = offer.worker.region
+        if region == request.region:
+            return None
+        return Rejection("wrong_region", f"worker is in region {region}, not {request.region}")
+
+
+@dataclass(frozen=True)
+class DriverFilter:
+    """The worker must have the machine's driver. A worker that does not say (no fingerprint)
+    is given the benefit of the doubt: its claim fails if it really cannot run it."""
+
+    name: str = "driver"
+
+    def check(self, request: PlacementRequest, offer: Offer) -> Rejection | None:
+        fp = offer.worker.fingerprint
+        if fp is None or request.driver in fp.drivers:
+            return None
+        return Rejection(
+            "driver_missing",
+            f"worker has drivers {', '.join(fp.drivers) or 'none'}, not {request.driver}",
+            unmet=f"driver {request.driver}",
+        )
+
+
+@dataclass(frozen=True)
+class ConstraintFilter:
+    """Every constraint of the machine must hold; the first that does not is named."""
+
+    name: str = "constraints"
+
+    def check(self, request: PlacementRequest, offer: Offer) -> Rejection | None:
+        for constraint in request.constraints:
+            why = unmet(constraint, offer)
+            if why is not None:
+                text = str(constraint)
+                return Rejection("constraint", f"{text}: {why}", unmet=text)
+        return None
+
+
+@dataclass(frozen=True)
+class DistinctWorkersFilter:
+    """``distinct_workers_for: app``: a worker that already runs a machine of the app is out."""
+
+    name: str = "distinct-workers"
+
+    def check(self, request: PlacementRequest, offer: Offer) -> Rejection | None:
+        if request.distinct_workers_for != "app" or offer.app_machines == 0:
+            return None
+        n = offer.app_machines
+        return Rejection(
+            "distinct_workers",
+            f"worker already runs {n} machine{'s' if n > 1 else ''} of app {request.app}",
+            unmet="distinct_workers_for: app",
+        )
+
+
+@dataclass(frozen=True)
+class EligibleFilter:
+    """The worker itself declined (full, cordoned ...): keep its own reason, the most precise
+    (it counts its quotes' holds, which the broker cannot see)."""
+
+    name: str = "eligible"
+
+    def check(self, request: PlacementRequest, offer: Offer) -> Rejection | None:
+        if offer.eligible:
+            return None
+        reason = offer.reason or "declined"
+        return Rejection(reason, offer.detail or f"worker declined: {reason}")
+
+
+@dataclass(frozen=True)
+class ResourcesFilter:
+    """Free capacity must hold the machine's cpus, memory, disk and gpus."""
+
+    name: str = "resources"
+
+    def check(self, request: PlacementRequest, offer: Offer) -> Rejection | None:
+        w = offer.worker
+        short = shortfall(request.resources, w.capacity, w.allocated)
+        return None if short is None else Rejection(short.reason, short.detail)

@@ -1,0 +1,126 @@
+"""Wiring: from a placement policy (the request's, over the broker's defaults) to a pipeline.
+
+:func:`build_pipeline` is the one place that says which stages run and in what order; the
+comment on each stage says why it sits there. :class:`PipelineCache` keeps built pipelines by
+policy, so a broker builds each distinct policy once.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from souq.model.policy import FIT_SCORERS, PlacementDefaults, PlacementPolicy
+from souq.placement.curves import DEFAULT_CURVE, Curve
+from souq.placement.filters import (
+    ConstraintFilter,
+    DistinctWorkersFilter,
+    DriverFilter,
+    EligibleFilter,
+    RegionFilter,
+    ResourcesFilter,
+    StateFilter,
+)
+from souq.placement.pipeline import Pipeline
+from souq.placement.scorers import (
+    AntiAffinityScorer,
+    BestFitScorer,
+    BinPackScorer,
+    CacheScorer,
+    LoadScorer,
+    SpreadScorer,
+)
+from souq.placement.stages import Scorer
+
+__all__ = ["DEFAULT_WEIGHTS", "PipelineCache", "build_pipeline", "default_pipeline", "weights_of"]
+
+# Weights of the scorers beside the fit scorer (which weighs 1). Anti-affinity at half keeps an
+# app's machines apart when the fit scores are close (an empty worker against one at half load
+# with a machine of the app: spread wins) but not at the price of a hot spot. Load and cache
+# locality nudge between otherwise equal workers: a busy host or a cold cache costs about a
+# quarter of what the fit is worth.
+DEFAULT_WEIGHTS: dict[str, float] = {"anti-affinity": 0.5, "load": 0.25, "cache": 0.25}
+
+
+def weights_of(policy: PlacementPolicy) -> dict[str, float]:
+    """Every scorer's weight under ``policy``: the chosen fit scorer 1, the other fit scorers 0,
+    the rest :data:`DEFAULT_WEIGHTS`; then the policy's own ``weights`` on top."""
+    base: dict[str, float] = {n: 1.0 if n == policy.policy else 0.0 for n in FIT_SCORERS}
+    return {**base, **DEFAULT_WEIGHTS, **policy.weights}
+
+
+def build_pipeline(policy: PlacementPolicy | None, defaults: PlacementDefaults) -> Pipeline:
+    """The pipeline for ``policy`` laid over the broker's ``defaults`` (None: the defaults)."""
+    merged = defaults if policy is None else policy.over(defaults)
+    w = weights_of(merged)
+    curves = merged.curves
+    cpu_curve = Curve.of(curves.cpu) if curves and curves.cpu else DEFAULT_CURVE
+    mem_curve = Curve.of(curves.memory) if curves and curves.memory else DEFAULT_CURVE
+    scorers: list[Scorer] = [
+        # Fit: how full the worker would be after the placement. The policy's choice weighs 1;
+        # another fit scorer runs only if a weight asks for it (e.g. best-fit with some spread).
+        BestFitScorer(cpu_curve=cpu_curve, memory_curve=mem_curve, weight=w["best-fit"]),
+        BinPackScorer(weight=w["binpack"]),
+        SpreadScorer(weight=w["spread"]),
+        # Keep an app's machines on different workers, so that one host lost is not the app lost.
+        AntiAffinityScorer(weight=w["anti-affinity"]),
+        # Reservations are promises, load is what the host really does: prefer the quieter one.
+        LoadScorer(weight=w["load"]),
+        # A worker holding the artifact starts the machine without fetching it first.
+        CacheScorer(weight=w["cache"]),
+    ]
+    return Pipeline(
+        name=merged.policy,
+        filters=(
+            # A worker that takes no new machines (cordoned, draining) is out before anything
+            # else is asked of it.
+            StateFilter(),
+            # Only the requested region; cheap, and guards against a stray offer.
+            RegionFilter(),
+            # The machine's driver must exist there; nothing else matters if it cannot run.
+            DriverFilter(),
+            # The user's constraints: before capacity, so that a refusal names the constraint
+            # rather than a full worker the constraint would have excluded anyway.
+            ConstraintFilter(),
+            # distinct_workers_for: app (a hard rule; the anti-affinity scorer is the soft one).
+            DistinctWorkersFilter(),
+            # The worker's own refusal (full, by its count, which includes its quotes' holds).
+            EligibleFilter(),
+            # The broker re-checks free capacity: a lax or older worker cannot overcommit.
+            ResourcesFilter(),
+        ),
+        # Zero-weight scorers are off: not computed, not shown.
+        scorers=tuple(s for s in scorers if s.weight > 0),
+        # Then sample (seeded from the request id), weight and average the bounded scores, and
+        # order best first, ties in the seeded order: see souq.placement.select.
+        limit=defaults.limit,
+    )
+
+
+def default_pipeline() -> Pipeline:
+    """The default chain: best-fit, anti-affinity, load and cache locality, every filter."""
+    return build_pipeline(None, PlacementDefaults())
+
+
+class PipelineCache:
+    """Built pipelines by policy (the request's merged over ``defaults``), least recently used
+    dropped beyond ``size``. No policy is the defaults' pipeline, built once."""
+
+    def __init__(self, defaults: PlacementDefaults, *, size: int = 64) -> None:
+        self.defaults = defaults
+        self.default = build_pipeline(None, defaults)
+        self._size = size
+        self._built: OrderedDict[str, Pipeline] = OrderedDict()
+
+    def get(self, policy: PlacementPolicy | None) -> Pipeline:
+        if policy is None:
+            return self.default
+        key = policy.model_dump_json(exclude_unset=True)
+        pipeline = self._built.get(key)
+        if pipeline is None:
+            pipeline = build_pipeline(policy, self.defaults)
+            self._built[key] = pipeline
+            if len(self._built) > self._size:
+                self._built.popitem(last=False)
+        else:
+            self._built.move_to_end(key)
+        return pipeline

@@ -1,0 +1,132 @@
+"""Scorers: each gives one bounded score in [0, 1] under its name, higher is better, or ``None``
+when it has no opinion on the request (then the offer's mean leaves it out).
+
+Fit scorers read the worker's utilisation *after* the placement (reservations, not load):
+
+* ``best-fit`` — a piecewise-linear utility per resource (:mod:`souq.placement.curves`),
+  averaged over cpu and memory: fill workers to a comfortable level, never into hot spots.
+* ``binpack`` — Nomad's formula, ``20 - (10^free_cpu + 10^free_mem)`` over 18: the fuller the
+  better, right up to 100 %.
+* ``spread`` — worst fit, ``1 - utilisation``: the emptier the better.
+
+The others read what the worker reports about itself:
+
+* ``anti-affinity`` — ``1 / (1 + n)`` for ``n`` machines of the same app already on the worker.
+* ``load`` — ``1 - measured utilisation`` (cpu and memory the host really uses), so placement
+  sees real load, not only reservations; no opinion when the worker does not measure it.
+* ``cache`` — 1 when the worker already holds the machine's artifact, else 0; no opinion when
+  the machine names no artifact.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from souq.model.protocol import Offer
+from souq.placement.curves import DEFAULT_CURVE, Curve
+from souq.placement.request import PlacementRequest
+from souq.placement.stages import utilisation_after
+
+__all__ = [
+    "NOMAD_MAX_FIT",
+    "AntiAffinityScorer",
+    "BestFitScorer",
+    "BinPackScorer",
+    "CacheScorer",
+    "LoadScorer",
+    "SpreadScorer",
+    "nomad_binpack",
+]
+
+NOMAD_MAX_FIT = 18.0  # 20 - (10^0 + 10^0): both resources exactly full
+
+
+def nomad_binpack(cpu: float, memory: float) -> float:
+    """Nomad's bin-pack fitness of a node at utilisations ``cpu`` and ``memory`` (after the
+    placement), normalised from [0, 18] to [0, 1]."""
+    free_cpu, free_mem = 1.0 - _unit(cpu), 1.0 - _unit(memory)
+    fitness = 20.0 - (10.0**free_cpu + 10.0**free_mem)
+    return _unit(fitness / NOMAD_MAX_FIT)
+
+
+@dataclass(frozen=True)
+class BestFitScorer:
+    """Best fit by linear interpolation: the mean of a utility curve per resource, taken at the
+    utilisation the worker would have after the placement."""
+
+    cpu_curve: Curve = DEFAULT_CURVE
+    memory_curve: Curve = DEFAULT_CURVE
+    weight: float = 1.0
+    name: str = "best-fit"
+
+    def score(self, request: PlacementRequest, offer: Offer) -> float:
+        cpu, mem = utilisation_after(request, offer)
+        return (self.cpu_curve.value(cpu) + self.memory_curve.value(mem)) / 2
+
+
+@dataclass(frozen=True)
+class BinPackScorer:
+    """Nomad's bin-pack formula: prefer the worker the placement leaves fullest."""
+
+    weight: float = 1.0
+    name: str = "binpack"
+
+    def score(self, request: PlacementRequest, offer: Offer) -> float:
+        return nomad_binpack(*utilisation_after(request, offer))
+
+
+@dataclass(frozen=True)
+class SpreadScorer:
+    """Worst fit: prefer the worker the placement leaves emptiest."""
+
+    weight: float = 1.0
+    name: str = "spread"
+
+    def score(self, request: PlacementRequest, offer: Offer) -> float:
+        cpu, mem = utilisation_after(request, offer)
+        return 1.0 - (cpu + mem) / 2
+
+
+@dataclass(frozen=True)
+class AntiAffinityScorer:
+    """Fewer machines of the same app on the worker is better: ``1 / (1 + n)``."""
+
+    weight: float = 1.0
+    name: str = "anti-affinity"
+
+    def score(self, request: PlacementRequest, offer: Offer) -> float:
+        return 1.0 / (1 + max(offer.app_machines, 0))
+
+
+@dataclass(frozen=True)
+class LoadScorer:
+    """A less busy host is better: ``1 - mean(cpu %, memory %) / 100`` as measured."""
+
+    weight: float = 1.0
+    name: str = "load"
+
+    def score(self, request: PlacementRequest, offer: Offer) -> float | None:
+        load = offer.load
+        if load is None:
+            return None
+        busy = (_unit(load.cpu_percent / 100) + _unit(load.memory_percent / 100)) / 2
+        return 1.0 - busy
+
+
+@dataclass(frozen=True)
+class CacheScorer:
+    """A worker that already holds the machine's artifact starts it without fetching it."""
+
+    weight: float = 1.0
+    name: str = "cache"
+
+    def score(self, request: PlacementRequest, offer: Offer) -> float | None:
+        if request.artifact is None:
+            return None
+        return 1.0 if request.artifact in offer.artifacts else 0.0
+
+
+def _unit(x: float) -> float:
+    """``x`` clamped to [0, 1] (NaN counts as 0)."""
+    return 0.0 if math.isnan(x) else min(max(x, 0.0), 1.0)
