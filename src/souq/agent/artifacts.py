@@ -8,7 +8,7 @@ the machine records (kept in the store), so it survives an agent restart.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Collection
 
 from souq.agent.records import MachineRow
 
@@ -18,20 +18,19 @@ CACHE_SIZE = 32
 
 
 class ArtifactCache:
-    """Artifacts newest first, without repeats, bounded; recomputed only when the machine
-    records changed since the last look (a config never changes, so the number of records and
-    the last one added are enough to know)."""
+    """Artifacts newest first, without repeats, bounded; recomputed only when a machine record
+    was added since the last look (a config never changes, so that is the only change)."""
 
     def __init__(self, size: int = CACHE_SIZE) -> None:
         self._size = size
-        self._seen: tuple[int, str | None] = (-1, None)
+        self._seen = -1
         self._artifacts: list[str] = []
 
-    def artifacts(self, rows: Sequence[MachineRow]) -> list[str]:
-        """The cache, given the worker's machine records in the order they were added."""
-        key = (len(rows), rows[-1].id if rows else None)
-        if key != self._seen:
-            newest = sorted(rows, key=lambda r: r.created_at, reverse=True)
+    def artifacts(self, made: int, rows: Callable[[], Collection[MachineRow]]) -> list[str]:
+        """The cache, given how many machine records were ever made (a change marker) and a
+        way to read them, called only when that number changed."""
+        if made != self._seen:
+            newest = sorted(rows(), key=lambda r: r.created_at, reverse=True)
             found: dict[str, None] = {}
             for row in newest:
                 artifact = row.config.artifact
@@ -40,5 +39,5 @@ class ArtifactCache:
                     if len(found) >= self._size:
                         break
             self._artifacts = list(found)
-            self._seen = key
+            self._seen = made
         return self._artifacts

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal as _signal
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -87,6 +88,9 @@ class Executor:
         rows = store.load_machines()
         self._rows: dict[str, MachineRow] = {r.id: r for r in rows}
         self._by_request: dict[str, str] = {r.request_id: r.id for r in rows}
+        # Kept up to date so that offers never scan the machine records.
+        self._live_by_app: Counter[str] = Counter(r.app for r in rows if r.state is not S.DESTROYED)
+        self.records_made = len(rows)  # grows with every new machine record
         self._allocated = store.allocated()
         self._handles: dict[str, Handle] = {}
         self._ops: dict[str, Op] = {}
@@ -106,9 +110,11 @@ class Executor:
     def allocated(self) -> Resources:
         return self._allocated
 
-    def machine_count(self) -> int:
-        """Machines not destroyed."""
-        return sum(1 for r in self._rows.values() if r.state is not S.DESTROYED)
+    def machine_count(self, app: str | None = None) -> int:
+        """Machines not destroyed (of ``app``, when given)."""
+        if app is not None:
+            return self._live_by_app[app]
+        return sum(self._live_by_app.values())
 
     def machine_for_request(self, request_id: str) -> str | None:
         return self._by_request.get(request_id)
@@ -173,6 +179,8 @@ class Executor:
             return existing
         self._rows[row.id] = row
         self._by_request[row.request_id] = row.id
+        self._live_by_app[row.app] += 1
+        self.records_made += 1
         self._allocated = self._allocated.plus(row.resources)
         for event in reversed(row.events):
             self._publish(row, event)
@@ -228,6 +236,10 @@ class Executor:
             steps.append(OpStep(op.id, row.id, op.kind, step.next, op_event, now, op.params))
         self.store.commit(new, recorded, steps, release=release)
         self._rows[row.id] = new
+        if state is S.DESTROYED and row.state is not S.DESTROYED:
+            self._live_by_app[row.app] -= 1
+            if not self._live_by_app[row.app]:
+                del self._live_by_app[row.app]
         if release:
             self._allocated = self._allocated.minus(row.resources)
         if op is not None and step is not None:

@@ -34,7 +34,6 @@ from souq.bus.transport import Subscription, Transport
 from souq.clock import Clock
 from souq.errors import ClaimRefused, NotFound, SouqError, Unavailable
 from souq.model.batch import BatchClaimRequest
-from souq.model.machine import MachineState
 from souq.model.protocol import (
     ClaimRequest,
     CordonCommand,
@@ -255,10 +254,9 @@ class AgentService:
             )
         # What placement scores beyond capacity: the host's measured load (cached, refreshed
         # at most every 0.5 s), the artifact cache, and the app's machines already here.
-        rows = self._ex.rows()
         load = self._load.read()
-        artifacts = self._artifacts.artifacts(rows)
-        mine = sum(1 for r in rows if r.app == req.app and r.state is not MachineState.DESTROYED)
+        artifacts = self._artifacts.artifacts(self._ex.records_made, self._ex.rows)
+        mine = self._ex.machine_count(req.app)
         short = shortfall(req.resources, info.capacity, info.allocated)
         if short is not None:
             return Offer(
