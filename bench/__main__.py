@@ -1,7 +1,7 @@
 """Run the benchmarks, or those named: ``python -m bench [spine scale c1m ...]``.
 
-Without names, the default suites run (``spine`` and ``scale``); ``c1m`` (100,000 machines
-onto 5,000 hollow workers, several minutes) runs only when named."""
+Without names, the default suites run (``spine``, ``scale``, ``tradeoff``); ``c1m``
+(100,000 machines onto 5,000 hollow workers, a few minutes) runs only when named."""
 
 from __future__ import annotations
 
@@ -9,8 +9,13 @@ import sys
 
 from bench import scale, spine
 
-SUITES = {"spine": spine.main, "scale": scale.main_scale, "c1m": scale.main_c1m}
-DEFAULT = ["spine", "scale"]
+SUITES = {
+    "spine": spine.main,
+    "scale": scale.main_scale,
+    "tradeoff": scale.main_tradeoff,
+    "c1m": scale.main_c1m,
+}
+DEFAULT = ["spine", "scale", "tradeoff"]
 
 
 def main(argv: list[str]) -> None:

@@ -4,9 +4,10 @@ real NATS, with the load generator in this process.
 Suites (``python -m bench NAME``):
 
 * ``scale`` — 1,000 hollow workers. Single creates from 32 concurrent clients, and batch
-  creates (100 machines each) from 32 concurrent clients, against 1, 2 and 4 brokers; then the
-  sampling trade-off on one broker: asking all 1,000 workers against asking a sample, live
-  (latency, throughput) and in a replay of the real pipeline (placement quality).
+  creates (100 machines each) from 32 concurrent clients, against 1, 2 and 4 brokers.
+* ``tradeoff`` — the sampling trade-off on one broker and 1,000 hollow workers: asking all of
+  them against asking a sample, live (latency, throughput, broker CPU) and in a replay of the
+  real pipeline (placement quality).
 * ``c1m`` — Nomad's C1M in miniature: 100,000 machines onto 5,000 hollow workers with batch
   creates, reporting the rate, the total time and the brokers' memory.
 
@@ -66,15 +67,23 @@ def _rss(proc: object) -> float:
     return round(psutil.Process(pid).memory_info().rss / 2**20, 1)
 
 
-def _start(root: Path, workers: int, brokers: int, broker_args: Sequence[str] = ()) -> Bench:
+def _start(
+    root: Path,
+    workers: int,
+    brokers: int,
+    broker_args: Sequence[str] = (),
+    *,
+    cpus: float = WORKER_CPUS,
+    memory_mb: int = WORKER_MEMORY_MB,
+) -> Bench:
     nats = NatsServer(store_dir=root / "nats")
     nats.start()
     fleet = FleetProcess(
         nats_url=nats.url,
         region=REGION,
         workers=workers,
-        cpus=WORKER_CPUS,
-        memory_mb=WORKER_MEMORY_MB,
+        cpus=cpus,
+        memory_mb=memory_mb,
         log_path=root / "fleet.log",
     )
     fleet.start(timeout=300)
@@ -193,7 +202,9 @@ def _broker_cpu_s(bench: Bench) -> float:
     return total
 
 
-def _batches(bench: Bench, app: str, requests: int, count: int) -> dict[str, object]:
+def _batches(
+    bench: Bench, app: str, requests: int, count: int, concurrency: int = CONCURRENCY
+) -> dict[str, object]:
     result = asyncio.run(
         _load(
             bench.urls,
@@ -201,9 +212,11 @@ def _batches(bench: Bench, app: str, requests: int, count: int) -> dict[str, obj
             _batch_body(count),
             requests=requests,
             per_request=lambda r: int(r.json()["placed"]),
+            concurrency=concurrency,
         )
     )
     result["batch"] = count
+    result["concurrency"] = concurrency
     return result
 
 
@@ -211,7 +224,7 @@ def _batches(bench: Bench, app: str, requests: int, count: int) -> dict[str, obj
 
 
 def replay_quality(
-    workers: int = 1000, placements: int = 2000, sample: int | None = None, seed: int = 7
+    workers: int = 1000, placements: int = 1500, sample: int | None = None, seed: int = 7
 ) -> dict[str, float]:
     """Place ``placements`` one-off machines of random sizes on ``workers`` workers (random
     starting loads) with the default pipeline, asking everyone (``sample=None``) or a seeded
@@ -234,6 +247,7 @@ def replay_quality(
     offers = [offer(i) for i in range(workers)]
     missed = 0
     regret = 0.0
+    percentile = 0.0  # where the chosen worker stands in the full ranking (1.0: the best)
     refused = 0
     for n in range(placements):
         want = Resources(cpus=rng.choice([0.25, 0.5, 1, 2]), memory_mb=rng.choice([256, 1024]))
@@ -255,6 +269,8 @@ def replay_quality(
                 continue
         winner = chosen.ordered[0].worker.id
         score = chosen.outcomes[0].score or 0.0
+        position = next(i for i, o in enumerate(full.ordered) if o.worker.id == winner)
+        percentile += 1 - position / len(full.ordered)
         if winner != full.ordered[0].worker.id and score < best:
             missed += 1
             regret += best - score
@@ -267,6 +283,7 @@ def replay_quality(
         "asked": workers if sample is None else sample,
         "best_missed_pct": round(100 * missed / placements, 1),
         "mean_score_lost": round(regret / placements, 4),
+        "chosen_percentile_mean": round(100 * percentile / placements, 1),
         "refused": refused,
         "cpu_util_mean": round(mean, 3),
         "cpu_util_p10": round(utils[len(utils) // 10], 3),
@@ -295,15 +312,27 @@ def scale(workers: int = 1000, singles: int = 3000, batches: int = 200, batch: i
                 results[f"batch_{label}"] = _batches(bench, f"batch{n}", batches, batch)
                 print(label, "batch", json.dumps(results[f"batch_{label}"]), flush=True)
             results["rss_mb"] = bench.rss_mb()
-            # The sampling trade-off, live: one broker sampling, then one asking everyone; one
-            # client (latency, broker CPU per placement), then 32 (throughput under load).
-            for mode, args in (("sampled", []), ("ask_all", ["--sample-above", str(workers)])):
+        finally:
+            _stop(bench)
+    _write("scale", results)
+
+
+def tradeoff(workers: int = 1000, requests: int = 500) -> None:
+    """Sampling against asking everyone: live on one broker (one client for latency and the
+    broker's CPU per placement, 32 for throughput), then replayed through the real pipeline
+    for placement quality."""
+    print(f"# sampling trade-off — {workers} hollow workers — {machine_line()}", flush=True)
+    results: dict[str, object] = {"workers": workers}
+    with tempfile.TemporaryDirectory(prefix="souq-bench-") as tmp:
+        bench = _start(Path(tmp), workers, 0)
+        try:
+            for mode, args in (("sampled", []), ("ask-all", ["--sample-above", str(workers)])):
                 _stop_brokers(bench)
                 _add_brokers(bench, 1, args)
                 _singles(bench, f"warm-{mode}", 50, concurrency=1)
                 for clients in (1, CONCURRENCY):
-                    key = f"tradeoff_{mode}_{clients}_clients"
-                    results[key] = _singles(bench, f"t-{mode}-{clients}", 500, clients)
+                    key = f"{mode}_{clients}_clients"
+                    results[key] = _singles(bench, f"t-{mode}-{clients}", requests, clients)
                     print(key, json.dumps(results[key]), flush=True)
         finally:
             _stop(bench)
@@ -312,19 +341,29 @@ def scale(workers: int = 1000, singles: int = 3000, batches: int = 200, batch: i
         "sample_8": replay_quality(sample=8),
         "sample_2": replay_quality(sample=2),
     }
-    _write("scale", results)
+    _write("tradeoff", results)
 
 
-def c1m(workers: int = 5000, machines: int = 100_000, batch: int = 500, brokers: int = 1) -> None:
+def c1m(
+    workers: int = 5000,
+    machines: int = 100_000,
+    batch: int = 500,
+    brokers: int = 1,
+    concurrency: int = 8,
+    worker_cpus: float = 4,
+) -> None:
+    """Each worker offers ``worker_cpus`` (40 machines of 0.1 cpu): 100,000 machines fill the
+    fleet to half, so best-fit has to use over half of the 5,000 workers."""
     print(f"# c1m benchmark — {machines} machines onto {workers} workers — {machine_line()}")
-    results: dict[str, object] = {"workers": workers, "machines": machines, "batch": batch}
+    results: dict[str, object] = {"workers": workers, "machines": machines, "brokers": brokers}
     with tempfile.TemporaryDirectory(prefix="souq-bench-") as tmp:
         t_fleet = time.perf_counter()
-        bench = _start(Path(tmp), workers, brokers)
+        bench = _start(Path(tmp), workers, brokers, cpus=worker_cpus, memory_mb=16_384)
+        results["worker_cpus"] = worker_cpus
         results["fleet_start_s"] = round(time.perf_counter() - t_fleet, 1)
         try:
             results["rss_mb_before"] = bench.rss_mb()
-            run = _batches(bench, "c1m", machines // batch, batch)
+            run = _batches(bench, "c1m", machines // batch, batch, concurrency)
             results["run"] = run
             results["rss_mb_after"] = bench.rss_mb()
             placed = run["placed"]
@@ -346,6 +385,10 @@ def _write(name: str, results: dict[str, object]) -> None:
 
 def main_scale() -> None:
     scale()
+
+
+def main_tradeoff() -> None:
+    tradeoff()
 
 
 def main_c1m() -> None:

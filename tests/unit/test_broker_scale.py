@@ -172,3 +172,14 @@ async def test_the_hollow_driver_runs_until_signalled() -> None:
     assert not driver.inspect(handle)
     assert not driver.signal(handle, signal.SIGKILL)
     assert driver.read_output("m1", 0, 100) == (b"", 0)
+
+
+async def test_a_short_sample_is_topped_up_from_the_workers_not_asked_yet() -> None:
+    async with hollow_cluster(12, sample_above=4, sample_min=2) as (service, agents):
+        # An estimate far too high (as from stale heartbeats): the first sample is 2 workers.
+        service.batches._slots = lambda book, seed: 100  # type: ignore[method-assign]
+        result = await service.create_batch("web", batch(8))
+        assert result.placed == 8
+        record = result.placement
+        assert record.sampled is not None and record.sampled.asked > 2
+        assert all(a.executor.allocated.cpus <= 2 for a in agents)

@@ -12,8 +12,9 @@ of each: this is what lets one broker place thousands of machines a second. Phas
    moves on; ``distinct_workers_for`` allows one per worker). When the offers run out and the
    region was sampled, ask a fresh sample of workers not asked yet;
 4. **claim** — one ``claim_batch`` per worker, all at once; each is atomic on its worker (all of
-   its machines fit or none is made). A refused or silent worker's machines are re-assigned to
-   the others, for at most ``max_claim_attempts`` rounds.
+   its machines fit or none is made). An unanswered claim is sent once more to the same worker
+   (idempotent per request id). A refused or silent worker's machines are re-assigned to the
+   others, for at most ``max_claim_attempts`` rounds.
 
 Immediate-or-cancel: if fewer than ``min_count`` machines were placed (default: all of them),
 the ones made are destroyed again and the call raises :class:`InsufficientCapacity` with the
@@ -69,7 +70,7 @@ from souq.model.batch import (
     BatchResult,
 )
 from souq.model.placement import Sampling
-from souq.placement import Pipeline, PlacementRequest, default_pipeline
+from souq.placement import Pipeline, PipelineCache, PlacementRequest
 
 __all__ = ["BatchPlacer"]
 
@@ -78,6 +79,7 @@ log = logging.getLogger(__name__)
 RECORD_OFFERS = 50  # offers listed in a batch's record (the counts cover all of them)
 SLOT_PEEK = 16  # workers whose last heartbeat estimates how many machines a worker takes
 SLOT_CAP = 1_000_000
+CLAIM_S_PER_MACHINE = 0.01  # a batch claim's deadline grows by this per machine it carries
 
 
 @dataclass(order=True)
@@ -127,7 +129,8 @@ class BatchPlacer:
         self._directory = directory
         self._config = config
         self._clock = clock
-        self._pipeline = pipeline or default_pipeline()
+        # The broker's configured default policy (a batch names no policy of its own yet).
+        self._pipeline = pipeline or PipelineCache(config.placement).default
 
     async def place(
         self, app: str, body: BatchCreateRequest, *, request_id: str, body_hash: str
@@ -159,10 +162,11 @@ class BatchPlacer:
         while pending and rounds < self._config.max_claim_attempts:
             rounds += 1
             groups = self._assign(book, pending)
-            if len(pending) > sum(len(v) for v in groups.values()) and await self._more(
-                book, app, len(pending)
-            ):
-                groups = self._assign(book, pending)  # with the fresh sample's offers too
+            assigned = {i for indexes in groups.values() for i in indexes}
+            rest = [i for i in pending if i not in assigned]
+            if rest and await self._more(book, app, len(rest)):
+                for worker_id, indexes in self._assign(book, rest).items():
+                    groups.setdefault(worker_id, []).extend(indexes)
             if not groups:
                 break
             record = self._record(book, min_count, rounds, started, gathered)
@@ -342,14 +346,21 @@ class BatchPlacer:
                 request_ids=[f"{book.request_id}-{i}" for i in indexes],
                 placement=share,
             )
+            # A worker makes each machine in turn: allow time per machine. A claim that goes
+            # unanswered is sent once more to the same worker (it is idempotent per request
+            # id), so that a slow worker's late success is collected, not duplicated elsewhere.
+            timeout = self._config.claim_timeout_s + CLAIM_S_PER_MACHINE * len(indexes)
             try:
-                reply = await ask_worker(
-                    self._transport,
-                    worker_id,
-                    "claim_batch",
-                    claim,
-                    timeout=self._config.claim_timeout_s,
-                )
+                try:
+                    reply = await ask_worker(
+                        self._transport, worker_id, "claim_batch", claim, timeout=timeout
+                    )
+                except Unavailable:
+                    if not self._transport.connected:
+                        raise
+                    reply = await ask_worker(
+                        self._transport, worker_id, "claim_batch", claim, timeout=timeout
+                    )
                 machines = unwrap_as(reply, BatchClaimReply).machines
             except (ClaimRefused, Unavailable) as exc:
                 log.info("batch claim of %d on %s failed: %s", len(indexes), worker_id, exc)
