@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 TSTAMP := $(VENV)/.installed-test
 
-.PHONY: dev test bench lint typecheck unit clean
+.PHONY: dev test bench bwrap lint typecheck unit clean browser-deps
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -19,7 +19,12 @@ $(TSTAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $(STAMP) $@
 
-dev: $(STAMP)
+# The sandbox driver needs bubblewrap; without it (or without root) workers offer exec only.
+bwrap:
+	@command -v bwrap >/dev/null || (apt-get update -qq && apt-get install -y -qq bubblewrap) \
+		>/dev/null 2>&1 || echo "bubblewrap not installed: the sandbox driver is off" >&2
+
+dev: $(STAMP) bwrap
 	$(BIN)/souq dev $(ARGS)
 
 lint: $(TSTAMP)
@@ -29,7 +34,23 @@ lint: $(TSTAMP)
 typecheck: $(TSTAMP)
 	$(BIN)/mypy
 
-test: $(TSTAMP) lint typecheck
+# The dashboard's browser test (tests/browser) drives Debian's chromium with playwright-core from
+# npm; no browser is downloaded. Installed here when missing; as non-root without them, the test
+# skips (as root, which CI is, it never skips).
+BROWSER := tests/browser
+PLAYWRIGHT := $(BROWSER)/node_modules/.package-lock.json
+
+browser-deps: $(PLAYWRIGHT)
+	@command -v chromium >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else echo "browser-deps: chromium is missing and this is not root: the browser test will skip"; fi; }
+
+$(PLAYWRIGHT): $(BROWSER)/package-lock.json
+	@if command -v npm >/dev/null; then cd $(BROWSER) && npm ci --no-audit --no-fund --loglevel=error; \
+	else echo "browser-deps: npm is missing: the browser test will skip or fail"; fi
+
+test: $(TSTAMP) browser-deps lint typecheck
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 unit: $(TSTAMP)

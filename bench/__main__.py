@@ -1,21 +1,22 @@
 """Run the benchmarks, or those named: ``python -m bench [spine scale c1m ...]``.
 
-Without names, the default suites run (``spine``, ``scale``, ``tradeoff``); ``c1m``
+Without names, the default suites run (``spine``, ``scale``, ``tradeoff``, ``view``); ``c1m``
 (100,000 machines onto 5,000 hollow workers, a few minutes) runs only when named."""
 
 from __future__ import annotations
 
 import sys
 
-from bench import scale, spine
+from bench import scale, spine, view
 
 SUITES = {
     "spine": spine.main,
     "scale": scale.main_scale,
     "tradeoff": scale.main_tradeoff,
     "c1m": scale.main_c1m,
+    "view": view.main,
 }
-DEFAULT = ["spine", "scale", "tradeoff"]
+DEFAULT = ["spine", "scale", "tradeoff", "view"]
 
 
 def main(argv: list[str]) -> None:

@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import httpx
 import psutil
@@ -52,6 +53,9 @@ class DevConfig(BaseModel):
     data_dir: Path | None = Field(default=None, description="default: a temporary directory")
     host: str = "127.0.0.1"
     ready_timeout_s: float = 60.0
+    log_format: Literal["text", "json"] = Field(
+        default="text", description="json: agents log one JSON object per line too"
+    )
 
     @field_validator("regions")
     @classmethod
@@ -92,6 +96,8 @@ def start_agent_process(
     labels: dict[str, str] | None = None,
     stop_machines_on_exit: bool = True,
     log_path: Path | None = None,
+    heartbeat_interval_s: float | None = None,
+    log_format: str = "text",
 ) -> subprocess.Popen[bytes]:
     """``souq agent`` as a child process; its stderr goes to ``log_path`` (default: beside its
     data dir)."""
@@ -115,6 +121,10 @@ def start_agent_process(
         args += ["--label", f"{key}={value}"]
     if stop_machines_on_exit:
         args.append("--stop-machines-on-exit")
+    if heartbeat_interval_s is not None:
+        args += ["--heartbeat-interval", f"{heartbeat_interval_s:g}"]
+    if log_format != "text":
+        args += ["--log-format", log_format]
     data_dir.mkdir(parents=True, exist_ok=True)
     log = log_path or data_dir.with_name(data_dir.name + ".log")
     with open(log, "ab") as err:
@@ -193,6 +203,7 @@ async def _serve(config: DevConfig, report: Callable[[DevCluster], None]) -> Non
                         data_dir=data_dir / "workers" / name,
                         cpus=config.worker_cpus,
                         memory_mb=config.worker_memory_mb,
+                        log_format=config.log_format,
                     )
                 )
         port = config.port or free_port(config.host)

@@ -62,8 +62,10 @@ class AgentProcess:
         memory_mb: int | None = None,
         labels: Mapping[str, str] | None = None,
         stop_machines_on_exit: bool = True,
+        heartbeat_interval_s: float | None = None,
     ) -> None:
         self.region = region
+        self.heartbeat_interval_s = heartbeat_interval_s
         self.nats_url = nats_url
         self.data_dir = data_dir
         self.cpus = cpus
@@ -90,6 +92,7 @@ class AgentProcess:
             labels=self.labels,
             stop_machines_on_exit=self.stop_machines_on_exit,
             log_path=self.log_path,
+            heartbeat_interval_s=self.heartbeat_interval_s,
         )
 
         def ready() -> str | None:

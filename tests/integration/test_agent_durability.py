@@ -122,14 +122,16 @@ def test_sigterm_leaves_machines_running_and_a_new_agent_adopts_them(
             restarted = await ask(bus, second.worker_id, "wait", cmd)
             assert restarted.pid != dies.pid
             exit_event = next(e for e in restarted.events if e.type == "exit")
-            assert "status unknown" in (exit_event.message or "")
-            # An adopted process stops like any other; its exit status is unknown.
+            # souq-waiter kept its real status for the new agent.
+            assert (exit_event.signal, exit_event.exit_code) == ("SIGKILL", None)
+            assert (exit_event.message or "").startswith("killed by SIGKILL")
+            # An adopted process stops like any other, and its status is known too.
             stop = StopCommand(app=APP, machine_id=keep.id)
             assert (await ask(bus, second.worker_id, "stop", stop)).state is S.STOPPING
             cmd = WaitCommand(app=APP, machine_id=keep.id, state=S.STOPPED, timeout_s=5)
             stopped = await ask(bus, second.worker_id, "wait", cmd)
             assert stopped.events[0].type == "exit"
-            assert stopped.exit_code is None
+            assert stopped.events[0].signal == "SIGINT"  # the default stop signal
             assert not pid_alive(keep.pid or 0)
             assert restarted.pid is not None
             return restarted.pid

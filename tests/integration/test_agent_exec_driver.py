@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from souq.drivers import ExecDriver, ExitStatus, Handle, MachineSpec, SpawnError
+from souq.drivers.waiter import waiter_path
+from souq.testing import wait_until
 from tests.integration.agent_harness import eventually, pid_alive
 
 
@@ -115,26 +117,68 @@ def test_spawn_failures_raise_spawn_error(tmp_path: Path) -> None:
     asyncio.run(body())
 
 
-def test_recover_checks_identity_by_start_time(tmp_path: Path) -> None:
+WAITER_MODES = [
+    pytest.param(
+        True,
+        id="waiter",
+        marks=pytest.mark.skipif(
+            waiter_path() is None, reason="no C compiler to build souq-waiter"
+        ),
+    ),
+    pytest.param(False, id="direct"),
+]
+
+
+@pytest.mark.parametrize("use_waiter", WAITER_MODES)
+def test_recover_checks_identity_by_start_time(tmp_path: Path, use_waiter: bool) -> None:
     async def body() -> None:
-        first = ExecDriver(tmp_path)
+        first = ExecDriver(tmp_path, use_waiter=use_waiter)
         handle = first.start(spec("sleep", "60"))
         assert first.find("m1") == handle  # the pid file
         first.close()  # an agent going away: the process keeps running
         assert pid_alive(handle.pid)
 
-        second = ExecDriver(tmp_path)
+        second = ExecDriver(tmp_path, use_waiter=use_waiter)
         impostor = dataclasses.replace(handle, start_time=handle.start_time - 100)
         assert not second.recover(impostor)
         assert not second.recover(Handle("m1", 2**22 + 7, 0.0))
         assert second.recover(handle)
         assert second.inspect(handle)
         os.killpg(handle.pid, signal.SIGKILL)
-        # Not our child: the exit is seen, its status is not.
-        assert await second.wait(handle) == ExitStatus()
+        # Not our child: the exit is seen; its status only through souq-waiter.
+        known = ExitStatus(signal="SIGKILL") if use_waiter else ExitStatus()
+        assert await second.wait(handle) == known
         assert not second.find("m1")  # the pid file goes with the process
         second.destroy("m1")
         assert not (tmp_path / "m1").exists()
+        second.close()
+
+    asyncio.run(body())
+
+
+@pytest.mark.skipif(waiter_path() is None, reason="no C compiler to build souq-waiter")
+def test_exit_codes_outlive_the_driver_through_souq_waiter(tmp_path: Path) -> None:
+    async def body() -> None:
+        first = ExecDriver(tmp_path)
+        assert first.waiter is not None
+        gate = tmp_path / "gate"
+        later = first.start(spec("sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.01; done; exit 7"))
+        gone = first.start(spec("sh", "-c", "exit 3", machine_id="m2"))
+        first.close()  # the agent dies; m2 exits while nobody watches
+
+        second = ExecDriver(tmp_path)
+        assert second.recover(later)  # adopted through its waiter
+        wait_until(lambda: second.last_exit("m2").known, message="m2's waiter to record it")
+        assert not second.recover(gone)
+        assert second.last_exit("m2") == ExitStatus(code=3)
+        gate.touch()
+        assert await second.wait(later) == ExitStatus(code=7)
+        assert second.last_exit("m1") == ExitStatus(code=7)
+        # A new start forgets the last status.
+        again = second.start(spec("sleep", "60"))
+        assert second.last_exit("m1") == ExitStatus()
+        second.signal(again, signal.SIGTERM)
+        assert await second.wait(again) == ExitStatus(signal="SIGTERM")
         second.close()
 
     asyncio.run(body())

@@ -19,6 +19,8 @@ PURE = [
     "agent/lifecycle.py",
     "agent/operations.py",
     "agent/restart.py",
+    "view/digest.py",
+    "view/regions.py",
 ]
 
 # Anything that touches the network, processes, files or a database.
@@ -128,6 +130,19 @@ PUBLIC = {
         "unmet",
         "utilisation_after",
         "weights_of",
+    },
+    "souq.view": {
+        "AppCount",
+        "ClusterEvent",
+        "ClusterView",
+        "EventLog",
+        "RegionSummary",
+        "ViewStatus",
+        "ViewStore",
+        "WorkerSource",
+        "fits",
+        "machines_digest",
+        "summarise_regions",
     },
     "souq.bus": {
         "Handler",

@@ -26,7 +26,7 @@ from souq.errors import (
     WaitTimeout,
 )
 from souq.ids import new_machine_id
-from souq.model.machine import Machine, MachineEvent, MachineState, normalise_signal
+from souq.model.machine import Machine, MachineEvent, MachineState, OpRecord, normalise_signal
 from souq.model.protocol import ClaimRequest, LogsReply
 from souq.model.resources import Resources
 
@@ -293,10 +293,40 @@ class Commands:
         text, used = _decode(data)
         return LogsReply(data=text, next_offset=offset + used, finished=finished)
 
+    def ops(self, app: str, machine_id: str) -> list[OpRecord]:
+        """The machine's op log: every step of every operation, oldest first."""
+        self._ex.row(app, machine_id)
+        return [
+            OpRecord(
+                op_id=s.op_id,
+                kind=str(s.kind),
+                state=str(s.state),
+                event=str(s.event),
+                timestamp=s.ts,
+                detail=dict(s.detail),
+            )
+            for s in self._ex.store.op_log(machine_id)
+        ]
+
     def events(self, app: str, machine_id: str) -> list[MachineEvent]:
         """Every event of the machine, newest first."""
         self._ex.row(app, machine_id)
         return self._ex.store.events(machine_id)
+
+    def stop_every(self) -> list[str]:
+        """Send every running machine its stop (each with its own stop config) without waiting;
+        return their ids. A machine busy with another operation is left to it."""
+        stopped = []
+        for row in self._ex.rows():
+            if row.state in (S.STARTED, S.STARTING) and self._ex.current_op(row.id) is None:
+                with contextlib.suppress(Conflict):
+                    self.stop(row.app, row.id, source="agent")
+                    stopped.append(row.id)
+        return stopped
+
+    def running(self) -> bool:
+        """Whether any machine still runs or is on its way up or down."""
+        return any(r.state in (S.STARTED, S.STARTING, S.STOPPING) for r in self._ex.rows())
 
     async def stop_all(self) -> None:
         """Stop every machine and wait until each has stopped (``stop_machines_on_exit``)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -38,10 +38,17 @@ class AgentConfig(BaseModel):
     gpus: int | None = Field(default=None, ge=0)
     labels: dict[str, str] = Field(default_factory=dict)
     heartbeat_interval_s: float = Field(default=1.0, gt=0)
+    metrics_port: int = Field(
+        default=0, ge=0, le=65535, description="serve Prometheus /metrics here; 0: off"
+    )
     stop_machines_on_exit: bool = False
     restart_backoff_base_s: float = Field(default=0.1, ge=0)
     restart_backoff_max_s: float = Field(default=30.0, ge=0)
     restart_reset_after_s: float = Field(default=10.0, ge=0)
+    cgroups: Literal["auto", "v2", "v1", "none"] = Field(
+        default="auto", description="how machine limits are enforced (auto: v2, else v1, else none)"
+    )
+    pids_max: int | None = Field(default=4096, gt=0, description="per machine; None: unlimited")
 
     @field_validator("region")
     @classmethod

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from souq.agent import lifecycle
+from souq.agent.faults import FaultPoint
 from souq.agent.lifecycle import Event
 from souq.agent.operations import Action, OpEvent, OpKind, OpState, advance
 from souq.agent.records import RECENT_EVENTS, MachineRow, OpStep
@@ -30,7 +31,15 @@ from souq.agent.restart import Backoff
 from souq.agent.store import Store
 from souq.agent.supervisor import Supervisor
 from souq.clock import Clock
-from souq.drivers.base import Driver, ExitStatus, Handle, MachineSpec, SpawnError
+from souq.drivers.base import (
+    Driver,
+    ExitStatus,
+    Handle,
+    Limits,
+    MachineSpec,
+    RecordsExits,
+    SpawnError,
+)
 from souq.errors import (
     NotFound,
     SouqError,
@@ -96,6 +105,7 @@ class Executor:
         self._ops: dict[str, Op] = {}
         self._ran_since: dict[str, float] = {}
         self._changed: dict[str, asyncio.Event] = {}
+        self.fault: FaultPoint | None = None  # crash tests only (souq.agent.faults)
         self.supervisor = Supervisor(
             driver,
             backoff,
@@ -177,6 +187,8 @@ class Executor:
         existing = self.store.claim(row, capacity, [log_step], quote_id=quote_id)
         if existing is not None:
             return existing
+        if self.fault is not None:
+            self.fault.after_step(op.kind, op_state)
         self._rows[row.id] = row
         self._by_request[row.request_id] = row.id
         self._live_by_app[row.app] += 1
@@ -235,6 +247,8 @@ class Executor:
         if op is not None and step is not None and op_event is not None:
             steps.append(OpStep(op.id, row.id, op.kind, step.next, op_event, now, op.params))
         self.store.commit(new, recorded, steps, release=release)
+        if self.fault is not None and steps:
+            self.fault.after_step(steps[0].kind, steps[0].state)
         self._rows[row.id] = new
         if state is S.DESTROYED and row.state is not S.DESTROYED:
             self._live_by_app[row.app] -= 1
@@ -297,6 +311,9 @@ class Executor:
             worker_id=self.worker_id,
             cmd=tuple(row.config.cmd),
             env=row.config.env,
+            driver=row.config.driver,
+            limits=Limits(memory_mb=row.config.guest.memory_mb, cpus=row.config.guest.cpus),
+            network=row.config.sandbox.network,
         )
         try:
             handle = self.driver.start(spec)
@@ -354,7 +371,7 @@ class Executor:
         if handle is None:
             if op.state in _WAITING_FOR_EXIT:
                 # Nothing runs (it died while no agent watched): the operation sees the exit now.
-                self._exited_during_op(op, ExitStatus())
+                self._exited_during_op(op, self._last_exit(op.machine_id))
             return
         self.driver.signal(handle, sig)  # False: it is exiting, and its watcher will report
 
@@ -481,7 +498,7 @@ class Executor:
             if row.id in self._ops or row.id in self._handles:
                 continue
             if row.state in (S.STARTED, S.STOPPING):
-                self._on_exit(row.id, ExitStatus())
+                self._on_exit(row.id, self._last_exit(row.id))
             elif row.state is S.STARTING:  # it was waiting out a restart backoff
                 self.supervisor.schedule_restart(row.id, 0.0)
             elif row.state is S.DESTROYING:
@@ -506,6 +523,12 @@ class Executor:
         self.driver.close()
 
     # -- helpers -------------------------------------------------------------------------------
+
+    def _last_exit(self, machine_id: str) -> ExitStatus:
+        """How a process that died while no agent watched it ended, if the driver kept it."""
+        if isinstance(self.driver, RecordsExits):
+            return self.driver.last_exit(machine_id)
+        return ExitStatus()
 
     def new_op(self, kind: OpKind, machine_id: str, **params: Any) -> Op:
         return Op(new_request_id(), kind, machine_id, params)

@@ -17,7 +17,11 @@ from souq.model.worker import Fingerprint
 __all__ = ["capacity_of", "disk_free_mb", "fingerprint"]
 
 
-def fingerprint(config: AgentConfig, drivers: list[str] | None = None) -> Fingerprint:
+def fingerprint(
+    config: AgentConfig,
+    drivers: list[str] | None = None,
+    isolation: dict[str, object] | None = None,
+) -> Fingerprint:
     """The host as detected, with ``cpus``, ``memory_mb``, ``disk_mb`` and ``gpus`` overridden
     by the config. Disk is the free space of the data dir's file system; gpus are 0 unless
     configured (no GPU driver yet)."""
@@ -37,6 +41,7 @@ def fingerprint(config: AgentConfig, drivers: list[str] | None = None) -> Finger
         disk_mb=disk_mb,
         gpus=config.gpus or 0,
         drivers=drivers or ["exec"],
+        isolation=isolation or {"cgroups": "none", "enforced": []},
     )
 
 

@@ -20,13 +20,16 @@ from typing import Any
 from souq.agent.commands import Commands
 from souq.agent.config import AgentConfig
 from souq.agent.executor import Executor
+from souq.agent.faults import fault_point
 from souq.agent.fingerprint import capacity_of, fingerprint
+from souq.agent.metrics import AgentCollector, MetricsServer, serve_metrics
+from souq.agent.reaper import Reaper, make_subreaper
 from souq.agent.service import AgentService
 from souq.agent.store import Store
 from souq.bus.transport import Transport
 from souq.clock import Clock, SystemClock
 from souq.drivers.base import Driver
-from souq.drivers.exec import ExecDriver
+from souq.drivers.host import HostDriver
 from souq.model.protocol import MachineEventMessage
 
 __all__ = ["Agent", "run", "serve"]
@@ -60,9 +63,25 @@ class Agent:
         self._executor: Executor | None = None
         self._commands: Commands | None = None
         self._service: AgentService | None = None
-        self.fingerprint = fingerprint(config)
+        self.metrics: MetricsServer | None = None  # --metrics-port
+        self._host_driver = (
+            None
+            if driver is not None
+            else HostDriver(
+                config.data_dir / "machines", cgroups=config.cgroups, pids_max=config.pids_max
+            )
+        )
+        self.fingerprint = fingerprint(
+            config,
+            drivers=self._host_driver.drivers if self._host_driver else None,
+            isolation=self._host_driver.isolation if self._host_driver else None,
+        )
         self.capacity = capacity_of(self.fingerprint)
         self.worker_id = ""
+
+    def _require_host_driver(self) -> HostDriver:
+        assert self._host_driver is not None
+        return self._host_driver
 
     @property
     def executor(self) -> Executor:
@@ -89,11 +108,12 @@ class Agent:
                 worker_id=self.worker_id,
                 region=config.region,
                 store=self._store,
-                driver=self._given_driver or ExecDriver(config.data_dir / "machines"),
+                driver=self._given_driver or self._require_host_driver(),
                 backoff=config.backoff,
                 clock=self._clock,
                 on_event=outbox.put_nowait,
             )
+            self._executor.fault = fault_point(config.data_dir)
             self._commands = Commands(self._executor, self._clock)
             self._executor.recover()
             if self._transport is None:
@@ -114,12 +134,19 @@ class Agent:
                 clock=self._clock,
             )
             await self._service.start()
+            if config.metrics_port:
+                self.metrics = serve_metrics(
+                    config.metrics_port, AgentCollector(self.worker_id, self._executor.rows)
+                )
         except BaseException:
             await self.aclose()
             raise
         log.info("agent %s ready in region %s", self.worker_id, config.region)
 
     async def aclose(self) -> None:
+        if self.metrics is not None:
+            self.metrics.close()
+            self.metrics = None
         if self._service is not None:
             await self._service.stop_listening()
         if self._commands is not None and self.config.stop_machines_on_exit:
@@ -184,12 +211,21 @@ def _main(config: AgentConfig) -> Coroutine[Any, Any, None]:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+        # Orphans of machines become ours, not init's, and are reaped at once (souq.agent.reaper).
+        if not make_subreaper():
+            log.warning("cannot become a child subreaper: orphans of machines go to init")
         agent = Agent(config)
         await agent.start()
+        owned = getattr(agent.executor.driver, "owned_pids", None)
+        reaper = Reaper(owned) if owned is not None else None
+        if reaper is not None:
+            reaper.install()
         print(agent.ready_line(), file=sys.stderr, flush=True)
         try:
             await stop.wait()
         finally:
             await agent.aclose()
+            if reaper is not None:
+                reaper.uninstall()
 
     return main()

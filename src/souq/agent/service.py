@@ -2,9 +2,12 @@
 
 * ``souq.offers.<region>``: answer an :class:`Offer` (eligible, or why not).
 * ``souq.worker.<id>.<verb>``: ``claim``, ``get``, ``start``, ``stop``, ``restart``, ``signal``,
-  ``destroy``, ``wait``, ``logs``, ``events``; ``hold``, ``quote``, ``release`` (quotes);
-  ``cordon`` (cordon or uncordon the worker).
-* ``souq.all.list`` and ``souq.all.locate``: every worker answers for its own machines.
+  ``destroy``, ``wait``, ``logs``, ``events``, ``ops`` (the op log); ``hold``, ``quote``,
+  ``release`` (quotes);
+  ``cordon`` (cordon or uncordon the worker); ``drain`` (cordon it and stop its machines).
+* ``souq.all.list``, ``souq.all.locate`` and ``souq.all.digest``: every worker answers for its
+  own machines (``digest``: a hash of them, for the cluster view's anti-entropy; ``list`` and
+  ``digest`` are worker verbs too).
 * ``souq.discover``: publish a heartbeat at once.
 * Publishes a :class:`Heartbeat` on ``souq.hb.<region>.<id>`` every interval (and at start and on
   reconnect) and a :class:`MachineEventMessage` on ``souq.evt.<region>.<id>`` for every event.
@@ -17,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -31,13 +35,16 @@ from souq.agent.quotes import Quotes
 from souq.bus import subjects
 from souq.bus.codec import decode, encode, error_reply, ok_reply
 from souq.bus.transport import Subscription, Transport
-from souq.clock import Clock
+from souq.clock import Clock, iso_from_ms
 from souq.errors import ClaimRefused, NotFound, SouqError, Unavailable
+from souq.logs import log_context
 from souq.model.batch import BatchClaimRequest
+from souq.model.machine import MachineState
 from souq.model.protocol import (
     ClaimRequest,
     CordonCommand,
     DestroyCommand,
+    DrainCommand,
     EventsCommand,
     HoldRequest,
     ListCommand,
@@ -52,16 +59,19 @@ from souq.model.protocol import (
     SignalCommand,
     StopCommand,
     WaitCommand,
+    WorkerDigest,
 )
 from souq.model.resources import Resources
 from souq.model.worker import Fingerprint, Heartbeat, WorkerInfo, WorkerState
 from souq.placement.stages import shortfall
+from souq.view.digest import machines_digest
 
 __all__ = ["AgentService"]
 
 log = logging.getLogger(__name__)
 
 Verb = Callable[[bytes], Awaitable[BaseModel | list[Any]]]
+_MACHINE_ID = re.compile(rb'"machine_id":\s*"([^"]{1,64})"')  # for log lines (souq.logs)
 
 
 class AgentService:
@@ -106,12 +116,17 @@ class AgentService:
             "wait": self._wait,
             "logs": self._logs,
             "events": self._events,
+            "ops": self._ops,
             "hold": self._hold,
             "quote": self._quote,
             "release": self._release,
             "cordon": self._cordon,
+            "drain": self._drain,
+            "list": self._list,  # one worker's machines (the cluster view's anti-entropy)
+            "digest": self._digest,
         }
         self.cordoned = executor.store.meta("cordoned") == "1"
+        self.draining = executor.store.meta("draining") == "1"
         self.quotes = Quotes(executor.store, clock, self.worker_id, on_change=self._announce)
         self._announcing: asyncio.Task[None] | None = None
         self._load = LoadGauge(clock)
@@ -126,6 +141,7 @@ class AgentService:
             await t.subscribe(subjects.worker_verbs(self.worker_id), self._on_worker),
             await t.subscribe(subjects.all_workers("list"), self._on_list),
             await t.subscribe(subjects.all_workers("locate"), self._on_locate),
+            await t.subscribe(subjects.all_workers("digest"), self._on_digest),
             await t.subscribe(subjects.DISCOVER, self._on_discover),
         ]
         hooks = getattr(t, "on_reconnect", None)
@@ -171,7 +187,7 @@ class AgentService:
         return WorkerInfo(
             id=self.worker_id,
             region=self.region,
-            state=WorkerState.CORDONED if self.cordoned else WorkerState.UP,
+            state=self._state(),
             capacity=self.capacity,
             allocated=self._ex.allocated.plus(self.quotes.held()),
             labels=self.labels,
@@ -179,6 +195,11 @@ class AgentService:
             machines=self._ex.machine_count(),
             last_seen=self._clock.now_ms(),
         )
+
+    def _state(self) -> WorkerState:
+        if self.draining and self._cmd.running():
+            return WorkerState.DRAINING
+        return WorkerState.CORDONED if self.cordoned else WorkerState.UP
 
     async def heartbeat(self) -> None:
         self._seq += 1
@@ -226,7 +247,10 @@ class AgentService:
         verb = self._verbs.get(name)
         if verb is None:
             return error_reply(NotFound(f"worker {self.worker_id} has no verb {name!r}"))
-        return await self._answer(verb, data)
+        found = _MACHINE_ID.search(data)
+        machine_id = found.group(1).decode() if found else None
+        with log_context(worker_id=self.worker_id, machine_id=machine_id):
+            return await self._answer(verb, data)
 
     async def _on_offer(self, subject: str, data: bytes) -> bytes:
         return await self._answer(self._offer, data)
@@ -236,6 +260,9 @@ class AgentService:
 
     async def _on_locate(self, subject: str, data: bytes) -> bytes:
         return await self._answer(self._locate, data)
+
+    async def _on_digest(self, subject: str, data: bytes) -> bytes:
+        return await self._answer(self._digest, data)
 
     async def _on_discover(self, subject: str, data: bytes) -> None:
         await self.heartbeat()
@@ -276,6 +303,14 @@ class AgentService:
     async def _list(self, data: bytes) -> list[Any]:
         cmd = decode(data, ListCommand)
         return self._ex.list_machines(cmd.app, include_destroyed=cmd.include_destroyed)
+
+    async def _digest(self, data: bytes) -> WorkerDigest:
+        rows = [r for r in self._ex.rows() if r.state is not MachineState.DESTROYED]
+        return WorkerDigest(
+            worker_id=self.worker_id,
+            machines=len(rows),
+            digest=machines_digest((r.id, r.state.value, iso_from_ms(r.updated_at)) for r in rows),
+        )
 
     async def _locate(self, data: bytes) -> LocateReply:
         cmd = decode(data, LocateCommand)
@@ -335,10 +370,27 @@ class AgentService:
         """Cordon or uncordon: a cordoned worker makes no offers and refuses new claims; its
         machines keep running. Kept across agent restarts."""
         cmd = decode(data, CordonCommand)
-        if cmd.cordoned != self.cordoned:
+        if cmd.cordoned != self.cordoned or (self.draining and not cmd.cordoned):
             self._ex.store.set_meta("cordoned", "1" if cmd.cordoned else "0")
+            if not cmd.cordoned:
+                self._ex.store.set_meta("draining", "0")
+                self.draining = False
             self.cordoned = cmd.cordoned
             await self.heartbeat()
+        return self.worker_info()
+
+    async def _drain(self, data: bytes) -> BaseModel:
+        """Cordon the worker and stop its machines gracefully, each with its own stop config.
+        Answers at once; the worker reports ``draining`` until none runs, then ``cordoned``.
+        ``uncordon`` ends a drain (stopped machines stay stopped)."""
+        decode(data, DrainCommand)
+        if not (self.cordoned and self.draining):
+            self._ex.store.set_meta("cordoned", "1")
+            self._ex.store.set_meta("draining", "1")
+            self.cordoned = self.draining = True
+        stopped = self._cmd.stop_every()
+        log.info("draining worker %s: stopping %d machines", self.worker_id, len(stopped))
+        await self.heartbeat()
         return self.worker_info()
 
     async def _get(self, data: bytes) -> BaseModel:
@@ -380,6 +432,10 @@ class AgentService:
             max_bytes=cmd.max_bytes,
             wait_s=cmd.wait_s,
         )
+
+    async def _ops(self, data: bytes) -> list[Any]:
+        ref = decode(data, MachineRef)
+        return self._cmd.ops(ref.app, ref.machine_id)
 
     async def _events(self, data: bytes) -> list[Any]:
         cmd = decode(data, EventsCommand)

@@ -17,6 +17,7 @@ import fcntl
 import json
 import os
 import sqlite3
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -132,7 +133,9 @@ class Store:
         self.path = data_dir / "state.db"
         self._lock_fd = _lock(data_dir / "agent.lock")
         try:
+            _refuse_set_aside(self.path)
             self._db = sqlite3.connect(self.path, isolation_level=None)
+            self._check_integrity()
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.execute("PRAGMA foreign_keys=ON")
@@ -140,6 +143,32 @@ class Store:
         except sqlite3.Error as exc:
             os.close(self._lock_fd)
             raise _fail(exc) from exc
+        except StorageError:
+            os.close(self._lock_fd)
+            raise
+
+    def _check_integrity(self) -> None:
+        """``PRAGMA quick_check`` at start: a corrupt state file is renamed aside (with a
+        timestamp) and the agent refuses to start, rather than forget its machines silently."""
+        try:
+            rows = self._db.execute("PRAGMA quick_check").fetchall()
+            problem = None if [tuple(r) for r in rows] == [("ok",)] else str(rows[:3])
+        except sqlite3.DatabaseError as exc:  # e.g. "file is not a database"
+            problem = str(exc)
+        if problem is None:
+            return
+        with contextlib.suppress(sqlite3.Error):
+            self._db.close()
+        stamp = time.strftime("%Y%m%dT%H%M%S")
+        aside = self.path.with_name(f"{self.path.name}.corrupt-{stamp}")
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.replace(f"{self.path}{suffix}", f"{aside}{suffix}")
+        raise StorageError(
+            f"the agent's state file {self.path} is corrupt ({problem}); it was moved to {aside}",
+            hint=_SET_ASIDE_HINT,
+            details={"set_aside": str(aside)},
+        )
 
     def close(self) -> None:
         with contextlib.suppress(sqlite3.Error):
@@ -561,6 +590,25 @@ def _hold(r: Sequence[Any]) -> HoldRow:
 
 def _int_or_none(v: Any) -> int | None:
     return int(v) if v is not None else None
+
+
+_SET_ASIDE_HINT = (
+    "restore state.db from a backup, or delete the corrupt copy to start with an empty state "
+    "(the machines it knew are then forgotten; their processes may still run)"
+)
+
+
+def _refuse_set_aside(path: Path) -> None:
+    """Keep refusing to start after a corrupt state file was set aside, until someone decides."""
+    if path.exists():
+        return
+    aside = sorted(path.parent.glob(f"{path.name}.corrupt-*[0-9]"))
+    if aside:
+        raise StorageError(
+            f"the agent's state file was corrupt and set aside as {aside[-1]}",
+            hint=_SET_ASIDE_HINT,
+            details={"set_aside": str(aside[-1])},
+        )
 
 
 def _lock(path: Path) -> int:

@@ -18,12 +18,19 @@ from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
 from souq import __version__
+from souq.broker.cluster_routes import (
+    cluster_router,
+    machines_response,
+    stale_machine_response,
+)
 from souq.broker.http_errors import install_error_handlers, invalid_input
+from souq.broker.request_context import RequestContext
 from souq.broker.schemas import (
     CreateMachineRequest,
     DryRun,
     ErrorBody,
     Health,
+    ListedMachine,
     QuoteRequest,
     SignalRequest,
     StopRequest,
@@ -31,7 +38,7 @@ from souq.broker.schemas import (
 )
 from souq.broker.service import BrokerService
 from souq.errors import InvalidInput, MalformedRequest, SouqError, Unavailable
-from souq.model import Machine, MachineEvent, MachineState, Quote, WorkerInfo
+from souq.model import Machine, MachineEvent, MachineState, OpRecord, Quote, WorkerInfo
 from souq.model.batch import BatchCreateRequest, BatchResult
 
 __all__ = ["create_app"]
@@ -90,6 +97,20 @@ async def _app_name(app: str) -> str:
 AppName = Annotated[str, Depends(_app_name)]
 
 
+def _add_durability_routes(api: FastAPI, service: BrokerService, machine_path: str) -> None:
+    """A worker's drain and a machine's op log (docs/architecture.md, "Durability")."""
+
+    @api.post("/v1/workers/{worker_id}/drain", response_model=WorkerInfo, tags=["cluster"])
+    async def drain_worker(worker_id: str) -> Response:
+        """Cordon the worker and stop its machines gracefully; ``uncordon`` ends the drain."""
+        return _json(await service.drain(worker_id))
+
+    @api.get(machine_path + "/ops", response_model=list[OpRecord], tags=["machines"])
+    async def machine_ops(app: AppName, machine_id: str) -> Response:
+        """The machine's op log: each step of each operation, oldest first."""
+        return _json(await service.ops(app, machine_id))
+
+
 def create_app(service: BrokerService) -> FastAPI:
     """The broker's ASGI app. The caller owns ``service`` (starts and closes it)."""
     api = FastAPI(
@@ -100,6 +121,7 @@ def create_app(service: BrokerService) -> FastAPI:
         responses=_ERRORS,
     )
     install_error_handlers(api)
+    api.add_middleware(RequestContext)  # X-Request-Id, and ids on every log line
     _install_openapi(
         api, [CreateMachineRequest, QuoteRequest, StopRequest, SignalRequest, BatchCreateRequest]
     )
@@ -188,13 +210,22 @@ def create_app(service: BrokerService) -> FastAPI:
     async def uncordon_worker(worker_id: str) -> Response:
         return _json(await service.cordon(worker_id, cordoned=False))
 
-    @api.get("/v1/apps/{app}/machines", response_model=list[Machine], tags=["machines"])
+    @api.get("/v1/apps/{app}/machines", response_model=list[ListedMachine], tags=["machines"])
     async def list_machines(app: AppName) -> Response:
-        return _json(await service.list_machines(app))
+        """The app's machines, from the cluster view (see the ``X-Souq-View*`` headers);
+        ``worker_state`` says whether each one's worker is ``up``, ``cordoned`` or ``down``."""
+        return await machines_response(service, app)
 
     @api.get(machine_path, response_model=Machine, tags=["machines"])
-    async def get_machine(app: AppName, machine_id: str) -> Response:
-        return _json(await service.get_machine(app, machine_id))
+    async def get_machine(
+        app: AppName,
+        machine_id: str,
+        stale: Annotated[
+            bool, Query(description="accept the cluster view's copy instead of the worker's")
+        ] = False,
+    ) -> Response:
+        cached = stale_machine_response(service, app, machine_id) if stale else None
+        return cached or _json(await service.get_machine(app, machine_id))
 
     @api.delete(machine_path, response_model=Machine, tags=["machines"])
     async def destroy_machine(app: AppName, machine_id: str, force: bool = False) -> Response:
@@ -274,6 +305,12 @@ def create_app(service: BrokerService) -> FastAPI:
     async def machine_events(app: AppName, machine_id: str) -> Response:
         return _json(await service.events(app, machine_id))
 
+    _add_durability_routes(api, service, machine_path)
+    api.include_router(cluster_router(service))  # /v1/apps, /v1/regions, /v1/events
+
+    from souq.broker.ui import router as dashboard
+
+    api.include_router(dashboard)  # GET /ui: the read-only dashboard over this API
     return api
 
 

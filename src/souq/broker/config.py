@@ -61,3 +61,11 @@ class BrokerConfig(BaseModel):
     max_batch: int = Field(
         default=1000, ge=1, description="most machines one batch create may ask for"
     )
+    view_sync_interval_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="how often the cluster view compares digests with every worker (anti-entropy)",
+    )
+    events_buffer: int = Field(
+        default=10_000, ge=1, description="events kept for `GET /v1/events` to resume from"
+    )

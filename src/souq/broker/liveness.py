@@ -120,8 +120,8 @@ class Liveness:
         silent_for = self._clock.monotonic() - entry.last_beat
         if silent_for > self._down_after_missed * entry.interval_s:
             return WorkerState.DOWN
-        if entry.info.state == WorkerState.CORDONED:
-            return WorkerState.CORDONED
+        if entry.info.state in (WorkerState.CORDONED, WorkerState.DRAINING):
+            return entry.info.state
         return WorkerState.UP
 
     def workers(self) -> list[WorkerInfo]:

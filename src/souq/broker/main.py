@@ -81,6 +81,7 @@ async def serve(
         sock = _bind(config.listen_host, config.listen_port)
         await service.start()
         transport.on_reconnect.append(service.liveness.discover)
+        transport.on_reconnect.append(service.view.resync)
         server = _EmbeddedServer(
             uvicorn.Config(
                 create_app(service),

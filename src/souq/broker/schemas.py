@@ -8,7 +8,15 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from souq.model import APP_NAME_PATTERN, Input, MachineConfig, Placement, normalise_signal
+from souq.model import (
+    APP_NAME_PATTERN,
+    Input,
+    Machine,
+    MachineConfig,
+    Placement,
+    WorkerState,
+    normalise_signal,
+)
 from souq.model.machine import validate_name
 from souq.model.policy import PlacementPolicy
 
@@ -18,6 +26,7 @@ __all__ = [
     "DryRun",
     "ErrorBody",
     "Health",
+    "ListedMachine",
     "QuoteRequest",
     "SignalRequest",
     "StopRequest",
@@ -116,3 +125,10 @@ class Health(BaseModel):
     status: str = "ok"
     nats: str = "connected"
     workers: int = Field(description="live workers known to this broker")
+
+
+class ListedMachine(Machine):
+    """A machine as a list shows it: with the state of the worker holding it, as this broker
+    sees it now (a machine on a ``down`` worker keeps the last state its worker reported)."""
+
+    worker_state: WorkerState

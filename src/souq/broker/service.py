@@ -19,6 +19,7 @@ from souq.broker.directory import Directory
 from souq.broker.idempotency import Coalescer, body_hash
 from souq.broker.liveness import Liveness
 from souq.broker.market import Market
+from souq.broker.metrics import BrokerMetrics
 from souq.broker.schemas import CreateMachineRequest, QuoteRequest
 from souq.broker.wire import ask_worker
 from souq.bus import Transport, encode, subjects, unwrap_as, unwrap_list_as
@@ -29,6 +30,7 @@ from souq.model import (
     ClaimRequest,
     CordonCommand,
     DestroyCommand,
+    DrainCommand,
     EventsCommand,
     ListCommand,
     LogsCommand,
@@ -37,9 +39,11 @@ from souq.model import (
     MachineEvent,
     MachineRef,
     MachineState,
+    OpRecord,
     Placement,
     Quote,
     QuoteRef,
+    Resources,
     SignalCommand,
     StopCommand,
     WaitCommand,
@@ -47,6 +51,7 @@ from souq.model import (
 )
 from souq.model.batch import BatchCreateRequest, BatchResult
 from souq.placement import Pipeline
+from souq.view import ClusterView, RegionSummary, summarise_regions
 
 __all__ = ["BrokerService"]
 
@@ -76,12 +81,29 @@ class BrokerService:
             transport, self.liveness, self.directory, config, self._clock, pipeline=pipeline
         )
         self._creates: Coalescer[Machine] = Coalescer()
+        self.view = ClusterView(
+            transport,
+            self.liveness,
+            self._clock,
+            sync_interval_s=config.view_sync_interval_s,
+            request_timeout_s=config.gather_timeout_s,
+            events_capacity=config.events_buffer,
+        )
+        self.metrics = BrokerMetrics()
+        self.metrics.watch(
+            self.liveness.workers,
+            self.view.status,
+            self.view.store.counts_by_state,
+            self._clock.now_ms,
+        )
 
     async def start(self) -> None:
         await self.directory.start()
+        await self.view.start()
         await self.liveness.start()
 
     async def close(self) -> None:
+        await self.view.close()
         await self.liveness.close()
         await self.directory.close()
 
@@ -97,6 +119,13 @@ class BrokerService:
             raise Unavailable("NATS is unreachable", hint="check the NATS server")
         await self.liveness.refresh(timeout=self.config.offer_timeout_s)
         return self.liveness.workers()
+
+    async def regions(self, size: Resources) -> list[RegionSummary]:
+        """Every region with its workers and how many machines of ``size`` fit, from the worker
+        table, refreshed as for :meth:`workers`."""
+        if self.connected:
+            await self.liveness.refresh(timeout=self.config.offer_timeout_s)
+        return summarise_regions(self.liveness.workers(), size)
 
     # -- create ----------------------------------------------------------------------------
 
@@ -119,11 +148,17 @@ class BrokerService:
         )
 
         async def place() -> Machine:
-            if body.quote is not None:
-                machine = await self._create_with_quote(order, body.quote)
-            else:
-                machine = await self.market.place(order)
+            try:
+                if body.quote is not None:
+                    machine = await self._create_with_quote(order, body.quote)
+                else:
+                    machine = await self.market.place(order)
+            except SouqError as exc:
+                self.metrics.placed(exc.status, _placement_of(exc))
+                raise
+            self.metrics.placed("placed", machine.placement)
             self.directory.remember(machine.id, machine.worker_id)
+            self.view.apply(machine)
             return machine
 
         if idempotency_key is None:
@@ -132,9 +167,12 @@ class BrokerService:
 
     async def create_batch(self, app: str, body: BatchCreateRequest) -> BatchResult:
         """``count`` machines of one config in one placement (see :mod:`souq.broker.batch`)."""
-        return await self.batches.place(
+        result = await self.batches.place(
             app, body, request_id=new_request_id(), body_hash=body_hash(body)
         )
+        for machine in result.machines:
+            self.view.apply(machine)
+        return result
 
     async def _create_with_quote(self, order: ClaimRequest, quote_id: str) -> Machine:
         """Claim exactly the quote's hold on the worker that holds it; the machine keeps the
@@ -142,7 +180,7 @@ class BrokerService:
         worker_id = _quote_worker(quote_id)
         claim = order.model_copy(update={"quote_id": quote_id})
         reply = await self._ask_worker(worker_id, "claim", claim, what=f"quote {quote_id}")
-        return unwrap_as(reply, Machine)
+        return self._seen(unwrap_as(reply, Machine))
 
     async def explain(self, app: str, body: CreateMachineRequest) -> Placement:
         """A dry run of a create: the placement record, nothing claimed."""
@@ -202,6 +240,17 @@ class BrokerService:
         reply = await self._ask_worker(worker_id, "cordon", cmd, what="the worker")
         return unwrap_as(reply, WorkerInfo)
 
+    async def drain(self, worker_id: str) -> WorkerInfo:
+        """Drain a worker: cordon it and stop its machines gracefully (each with its stop
+        config). Answers once the stops are sent; the worker reports ``draining`` meanwhile."""
+        if self.liveness.state_of(worker_id) is None:
+            raise NotFound(
+                f"worker {worker_id} not found",
+                hint="list the workers with `souq workers`",
+            )
+        reply = await self._ask_worker(worker_id, "drain", DrainCommand(), what="the worker")
+        return unwrap_as(reply, WorkerInfo)
+
     async def _ask_worker(self, worker_id: str, verb: str, body: BaseModel, *, what: str) -> bytes:
         try:
             return await ask_worker(
@@ -219,6 +268,17 @@ class BrokerService:
 
     async def list_machines(self, app: str) -> list[Machine]:
         """Every worker's machines of ``app`` (not destroyed), oldest first."""
+        return [Machine.model_validate_json(body) for _, body in await self.list_rows(app)]
+
+    async def list_rows(self, app: str) -> list[tuple[str, str]]:
+        """``(worker_id, machine JSON)`` of the app's machines, oldest first: from the cluster
+        view once it is complete, else by asking every live worker (see docs/architecture.md,
+        "The cluster view")."""
+        if self.view.complete:
+            return self.view.store.app_rows(app)
+        return [(m.worker_id, m.model_dump_json()) for m in await self._gather_machines(app)]
+
+    async def _gather_machines(self, app: str) -> list[Machine]:
         replies = await self._transport.gather(
             subjects.all_workers("list"),
             encode(ListCommand(app=app)),
@@ -234,12 +294,26 @@ class BrokerService:
                 continue
             for machine in batch:
                 self.directory.remember(machine.id, machine.worker_id)
+                self.view.apply(machine)
                 machines[machine.id] = machine
         return sorted(machines.values(), key=lambda m: (m.created_at, m.id))
 
+    def cached_machine(self, app: str, machine_id: str) -> Machine | None:
+        """The view's copy of a machine (``?stale=true``), or None if the view has none."""
+        body = self.view.store.machine_json(machine_id)
+        if body is None:
+            return None
+        machine = Machine.model_validate_json(body)
+        return machine if machine.app == app else None
+
     async def get_machine(self, app: str, machine_id: str) -> Machine:
         ref = MachineRef(app=app, machine_id=machine_id)
-        return unwrap_as(await self._ask(machine_id, "get", ref), Machine)
+        return self._seen(unwrap_as(await self._ask(machine_id, "get", ref), Machine))
+
+    async def ops(self, app: str, machine_id: str) -> list[OpRecord]:
+        """The machine's op log, oldest first."""
+        ref = MachineRef(app=app, machine_id=machine_id)
+        return unwrap_list_as(await self._ask(machine_id, "ops", ref), OpRecord)
 
     async def events(self, app: str, machine_id: str) -> list[MachineEvent]:
         """The machine's events, newest first."""
@@ -250,7 +324,7 @@ class BrokerService:
 
     async def start_machine(self, app: str, machine_id: str) -> Machine:
         ref = MachineRef(app=app, machine_id=machine_id)
-        return unwrap_as(await self._ask(machine_id, "start", ref), Machine)
+        return self._seen(unwrap_as(await self._ask(machine_id, "start", ref), Machine))
 
     async def stop_machine(
         self,
@@ -262,7 +336,7 @@ class BrokerService:
     ) -> Machine:
         """Returns once the signal is sent (the machine is ``stopping``); see :meth:`wait`."""
         cmd = StopCommand(app=app, machine_id=machine_id, signal=signal, timeout_s=timeout_s)
-        return unwrap_as(await self._ask(machine_id, "stop", cmd), Machine)
+        return self._seen(unwrap_as(await self._ask(machine_id, "stop", cmd), Machine))
 
     async def restart_machine(
         self,
@@ -275,24 +349,30 @@ class BrokerService:
         """Returns once the machine has stopped and started again."""
         grace = timeout_s if timeout_s is not None else await self._stop_timeout(app, machine_id)
         cmd = StopCommand(app=app, machine_id=machine_id, signal=signal, timeout_s=timeout_s)
-        return unwrap_as(await self._ask(machine_id, "restart", cmd, extra_s=grace), Machine)
+        return self._seen(
+            unwrap_as(await self._ask(machine_id, "restart", cmd, extra_s=grace), Machine)
+        )
 
     async def signal_machine(self, app: str, machine_id: str, signal: str) -> Machine:
         cmd = SignalCommand(app=app, machine_id=machine_id, signal=signal)
-        return unwrap_as(await self._ask(machine_id, "signal", cmd), Machine)
+        return self._seen(unwrap_as(await self._ask(machine_id, "signal", cmd), Machine))
 
     async def destroy_machine(self, app: str, machine_id: str, *, force: bool = False) -> Machine:
         """Returns once the machine is ``destroyed``."""
         grace = 0.0 if force else await self._stop_timeout(app, machine_id)
         cmd = DestroyCommand(app=app, machine_id=machine_id, force=force)
-        return unwrap_as(await self._ask(machine_id, "destroy", cmd, extra_s=grace), Machine)
+        return self._seen(
+            unwrap_as(await self._ask(machine_id, "destroy", cmd, extra_s=grace), Machine)
+        )
 
     async def wait(
         self, app: str, machine_id: str, state: MachineState, *, timeout_s: float
     ) -> Machine:
         """The machine once it reaches ``state``; :class:`WaitTimeout` after ``timeout_s``."""
         cmd = WaitCommand(app=app, machine_id=machine_id, state=state, timeout_s=timeout_s)
-        return unwrap_as(await self._ask(machine_id, "wait", cmd, extra_s=timeout_s), Machine)
+        return self._seen(
+            unwrap_as(await self._ask(machine_id, "wait", cmd, extra_s=timeout_s), Machine)
+        )
 
     # -- logs ------------------------------------------------------------------------------
 
@@ -334,6 +414,11 @@ class BrokerService:
 
     # -- routing ---------------------------------------------------------------------------
 
+    def _seen(self, machine: Machine) -> Machine:
+        """A machine record straight from its worker: this broker's view takes it at once."""
+        self.view.apply(machine)
+        return machine
+
     async def _ask(
         self, machine_id: str, verb: str, body: BaseModel, *, extra_s: float = 0.0
     ) -> bytes:
@@ -360,6 +445,17 @@ class BrokerService:
     async def _stop_timeout(self, app: str, machine_id: str) -> float:
         machine = await self.get_machine(app, machine_id)
         return machine.config.stop_config.timeout_s
+
+
+def _placement_of(exc: SouqError) -> Placement | None:
+    """The placement record an ``insufficient_capacity`` error carries, if any."""
+    raw = (exc.details or {}).get("placement")
+    if not isinstance(raw, dict):
+        return None
+    try:
+        return Placement.model_validate(raw)
+    except ValueError:
+        return None
 
 
 def _quote_worker(quote_id: str) -> str:

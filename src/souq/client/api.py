@@ -20,6 +20,7 @@ from souq.model import (
     MachineConfig,
     MachineEvent,
     MachineState,
+    OpRecord,
     Placement,
     Quote,
     WorkerInfo,
@@ -141,6 +142,10 @@ class SouqClient:
         """The worker makes no offers from now on; its machines keep running."""
         return _one(WorkerInfo, self._call("POST", f"/v1/workers/{worker_id}/cordon"))
 
+    def drain(self, worker_id: str) -> WorkerInfo:
+        """Cordon the worker and stop its machines gracefully (state ``draining``)."""
+        return _one(WorkerInfo, self._call("POST", f"/v1/workers/{worker_id}/drain"))
+
     def uncordon(self, worker_id: str) -> WorkerInfo:
         return _one(WorkerInfo, self._call("POST", f"/v1/workers/{worker_id}/uncordon"))
 
@@ -215,8 +220,42 @@ class SouqClient:
         except httpx.TransportError as exc:
             raise self._unreachable(exc) from exc
 
+    def ops(self, app: str, machine_id: str) -> list[OpRecord]:
+        """The machine's op log, oldest first."""
+        return _many(OpRecord, self._call("GET", _machine(app, machine_id, "ops")))
+
     def events(self, app: str, machine_id: str) -> list[MachineEvent]:
         return _many(MachineEvent, self._call("GET", _machine(app, machine_id, "events")))
+
+    # -- the cluster's event stream ---------------------------------------------------------
+
+    def cluster_events(
+        self,
+        *,
+        app: str | None = None,
+        worker: str | None = None,
+        follow: bool = False,
+        since: int | None = None,
+    ) -> Iterator[dict[str, Any]]:
+        """``GET /v1/events``: machine and worker events (plain dicts: ``seq``, ``kind``,
+        ``timestamp``, ``worker_id``, ``region``, ``state``, and for machines ``machine_id``,
+        ``app`` and ``event``), oldest first; with ``follow`` until the caller stops."""
+        params = {"follow": "true" if follow else "false"}
+        params |= {k: str(v) for k, v in (("app", app), ("worker", worker)) if v is not None}
+        if since is not None:
+            params["since"] = str(since)
+        timeout = httpx.Timeout(self._http.timeout.connect, read=None)
+        try:
+            with self._http.stream("GET", "/v1/events", params=params, timeout=timeout) as response:
+                if response.is_error:
+                    response.read()
+                    raise _error(response)
+                for text in response.iter_lines():
+                    if text.startswith("data: "):
+                        event: dict[str, Any] = json.loads(text[6:])
+                        yield event
+        except httpx.TransportError as exc:
+            raise self._unreachable(exc) from exc
 
     # -- plumbing --------------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ import logging
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -42,7 +43,7 @@ quote_app = typer.Typer(
     help="Hold capacity now, place a machine on it later.", no_args_is_help=True
 )
 app.add_typer(quote_app, name="quote")
-workers_app = typer.Typer(help="List, cordon and uncordon workers.")
+workers_app = typer.Typer(help="List, cordon, drain and uncordon workers.")
 app.add_typer(workers_app, name="workers")
 
 
@@ -415,11 +416,38 @@ def machine_logs(
             render.logs(chunk, as_json=as_json)
 
 
+@machine_app.command("ops")
+def machine_ops(machine_id: IdArg, app_name: AppOpt, as_json: JsonOpt = False) -> None:
+    """List a machine's op log: each step of each operation, oldest first."""
+    with _reporting(as_json):
+        render.ops(make_client().ops(app_name, machine_id), as_json=as_json)
+
+
 @machine_app.command("events")
 def machine_events(machine_id: IdArg, app_name: AppOpt, as_json: JsonOpt = False) -> None:
     """List a machine's events, newest first."""
     with _reporting(as_json):
         render.events(make_client().events(app_name, machine_id), as_json=as_json)
+
+
+@app.command("events")
+def cluster_events(
+    app_name: Annotated[str | None, typer.Option("--app", help="Only this app's machines.")] = None,
+    worker: Annotated[str | None, typer.Option("--worker", help="Only this worker.")] = None,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing new events.")
+    ] = False,
+    since: Annotated[
+        int | None, typer.Option("--since", help="Only events after this sequence number.")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Print the cluster's machine and worker events (the broker keeps the recent ones)."""
+    with _reporting(as_json):
+        for event in make_client().cluster_events(
+            app=app_name, worker=worker, follow=follow, since=since
+        ):
+            render.cluster_event(event, as_json=as_json)
 
 
 @workers_app.callback(invoke_without_command=True)
@@ -438,6 +466,13 @@ def workers_cordon(worker_id: WorkerArg, as_json: JsonOpt = False) -> None:
         render.workers([make_client().cordon(worker_id)], as_json=as_json)
 
 
+@workers_app.command("drain")
+def workers_drain(worker_id: WorkerArg, as_json: JsonOpt = False) -> None:
+    """Cordon a worker and stop its machines gracefully (uncordon ends the drain)."""
+    with _reporting(as_json):
+        render.workers([make_client().drain(worker_id)], as_json=as_json)
+
+
 @workers_app.command("uncordon")
 def workers_uncordon(worker_id: WorkerArg, as_json: JsonOpt = False) -> None:
     """Let a cordoned worker make offers again."""
@@ -448,10 +483,15 @@ def workers_uncordon(worker_id: WorkerArg, as_json: JsonOpt = False) -> None:
 # -- daemons -----------------------------------------------------------------------------------
 
 
-def _daemon_logging() -> None:
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+class LogFormatOpt(StrEnum):
+    TEXT = "text"
+    JSON = "json"
+
+
+def _daemon_logging(log_format: str = "text") -> None:
+    from souq.logs import configure
+
+    configure("json" if log_format == "json" else "text", logging.INFO)
 
 
 def _given(**values: Any) -> dict[str, Any]:
@@ -488,9 +528,23 @@ def agent(
         bool,
         typer.Option("--stop-machines-on-exit", help="Stop the machines when the agent exits."),
     ] = False,
+    heartbeat_interval: Annotated[
+        float | None,
+        typer.Option("--heartbeat-interval", help="Seconds between heartbeats (default 1)."),
+    ] = None,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option("--metrics-port", help="Serve Prometheus /metrics on this port (0: off)."),
+    ] = None,
+    log_format: Annotated[
+        LogFormatOpt,
+        typer.Option("--log-format", help="text, or json: one object per line with ids."),
+    ] = LogFormatOpt.TEXT,
 ) -> None:
     """Run a worker agent in the foreground."""
     labels = _pairs(label, "label")
+    if log_format is LogFormatOpt.JSON:
+        _daemon_logging("json")
     with _reporting():
         from souq.agent.config import AgentConfig
         from souq.agent.main import run as run_agent
@@ -500,7 +554,15 @@ def agent(
             nats_url=nats,
             labels=labels,
             stop_machines_on_exit=stop_machines_on_exit,
-            **_given(data_dir=data_dir, cpus=cpus, memory_mb=memory_mb, disk_mb=disk_mb, gpus=gpus),
+            **_given(
+                data_dir=data_dir,
+                cpus=cpus,
+                memory_mb=memory_mb,
+                disk_mb=disk_mb,
+                gpus=gpus,
+                heartbeat_interval_s=heartbeat_interval,
+                metrics_port=metrics_port,
+            ),
         )
         run_agent(config)
 
@@ -518,10 +580,14 @@ def broker(
     sample_d: Annotated[
         float | None, typer.Option("--sample-d", help="Sparrow's d: ask d x m for m machines.")
     ] = None,
+    log_format: Annotated[
+        LogFormatOpt,
+        typer.Option("--log-format", help="text, or json: one object per line with ids."),
+    ] = LogFormatOpt.TEXT,
 ) -> None:
     """Run a broker (the HTTP API) in the foreground."""
     host, port = _host_port(listen)
-    _daemon_logging()
+    _daemon_logging(log_format.value)
     with _reporting():
         from souq.broker.config import BrokerConfig
         from souq.broker.main import run as run_broker
@@ -586,8 +652,14 @@ def dev(
     data_dir: Annotated[
         Path | None, typer.Option("--data-dir", help="Where the cluster keeps its state.")
     ] = None,
+    log_format: Annotated[
+        LogFormatOpt,
+        typer.Option("--log-format", help="text, or json: one object per line with ids."),
+    ] = LogFormatOpt.TEXT,
 ) -> None:
     """Run a whole local cluster: NATS, a broker and workers, all on loopback."""
+    if log_format is LogFormatOpt.JSON:
+        _daemon_logging("json")
     names = tuple(r.strip() for r in regions.split(",") if r.strip())
     if not names:
         raise typer.BadParameter("name at least one region", param_hint="--regions")
@@ -604,6 +676,7 @@ def dev(
                 worker_cpus=worker_cpus,
                 worker_memory_mb=worker_memory_mb,
                 data_dir=data_dir,
+                log_format=None if log_format is LogFormatOpt.TEXT else log_format.value,
             ),
         )
         run_dev(config)

@@ -19,7 +19,7 @@ from rich.text import Text
 
 from souq.clock import iso_from_ms
 from souq.errors import InsufficientCapacity, SouqError
-from souq.model import Machine, MachineEvent, Placement, Quote, WorkerInfo
+from souq.model import Machine, MachineEvent, OpRecord, Placement, Quote, WorkerInfo
 
 __all__ = [
     "error",
@@ -31,6 +31,7 @@ __all__ = [
     "machine_id",
     "machine_state",
     "machines",
+    "ops",
     "workers",
 ]
 
@@ -41,6 +42,7 @@ _STATE_STYLES = {
     "stopping": "yellow",
     "stopped": "yellow",
     "cordoned": "yellow",
+    "draining": "yellow",
     "created": "blue",
     "failed": "red",
     "down": "red",
@@ -207,11 +209,43 @@ def _events_table(items: Sequence[MachineEvent]) -> Table:
     return table
 
 
+def ops(items: Sequence[OpRecord], *, as_json: bool = False) -> None:
+    """A machine's op log, oldest first."""
+    if as_json:
+        json_value(list(items))
+        return
+    table = Table(box=None, pad_edge=False, title="op log (oldest first)", title_justify="left")
+    for title in ("TIME", "OP", "KIND", "STATE", "EVENT"):
+        table.add_column(title, no_wrap=True)
+    for step in items:
+        table.add_row(iso_from_ms(step.timestamp), step.op_id, step.kind, step.state, step.event)
+    _out().print(table)
+
+
 def events(items: Sequence[MachineEvent], *, as_json: bool = False) -> None:
     if as_json:
         json_value(list(items))
         return
     _out().print(_events_table(items))
+
+
+def cluster_event(event: dict[str, Any], *, as_json: bool = False) -> None:
+    """One event of ``souq events``: a JSON line, or ``seq time kind who state detail``."""
+    if as_json:
+        line(json.dumps(event, ensure_ascii=False))
+        return
+    when = iso_from_ms(int(event["timestamp"]))
+    if event["kind"] == "machine":
+        detail = event.get("event") or {}
+        line(
+            f"{event['seq']:>6} {when} machine {event['machine_id']} app={event['app']} "
+            f"worker={event['worker_id']} {event['state']} ({detail.get('type', '')})"
+        )
+    else:
+        line(
+            f"{event['seq']:>6} {when} worker  {event['worker_id']} region={event['region']} "
+            f"{event.get('previous') or '-'} -> {event['state']}"
+        )
 
 
 def _print_placement(console: Console, p: Placement) -> None:

@@ -12,13 +12,22 @@ from __future__ import annotations
 import signal as _signal
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
-__all__ = ["Driver", "ExitStatus", "Handle", "MachineSpec", "SpawnError"]
+__all__ = ["Driver", "ExitStatus", "Handle", "Limits", "MachineSpec", "RecordsExits", "SpawnError"]
 
 
 class SpawnError(Exception):
     """The machine's process could not be started (no such command, permission denied...)."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a machine may use, enforced by cgroups where the host has them (None: unlimited)."""
+
+    memory_mb: int | None = None
+    cpus: float | None = None
+    pids: int | None = None
 
 
 @dataclass(frozen=True)
@@ -29,6 +38,9 @@ class MachineSpec:
     worker_id: str
     cmd: tuple[str, ...]
     env: Mapping[str, str]
+    driver: str = "exec"  # "exec" or "sandbox"
+    limits: Limits = Limits()
+    network: bool = True  # sandbox only: False gives the machine a network namespace with lo
 
 
 @dataclass(frozen=True)
@@ -45,6 +57,7 @@ class ExitStatus:
 
     code: int | None = None
     signal: str | None = None
+    reason: str | None = None  # why, when the driver knows: "oom" (killed by the OOM killer)
 
     @classmethod
     def from_returncode(cls, returncode: int) -> ExitStatus:
@@ -60,6 +73,9 @@ class ExitStatus:
         return self.code is not None or self.signal is not None
 
     def describe(self) -> str:
+        if self.reason == "oom":
+            how = f"killed by {self.signal}" if self.signal else f"exited with code {self.code}"
+            return f"{how}: out of memory (oom)"
         if self.code is not None:
             return f"exited with code {self.code}"
         if self.signal is not None:
@@ -111,3 +127,12 @@ class Driver(Protocol):
     def close(self) -> None:
         """Stop watching processes (they keep running)."""
         ...
+
+
+@runtime_checkable
+class RecordsExits(Protocol):
+    """A driver that keeps each machine's last exit status on disk (the exec driver with
+    souq-waiter), so that a process that died while no agent watched it is reported with its
+    real status."""
+
+    def last_exit(self, machine_id: str) -> ExitStatus: ...

@@ -10,8 +10,13 @@
   thread, no SIGCHLD handler. When it becomes readable the driver kills whatever is left of the
   process group and reaps the child with ``Popen.poll`` (the Popen object is kept alive until
   then, so the standard library never reaps it behind our back).
-* A process adopted after an agent restart is not our child: it is watched with a pidfd too, but
-  its exit status is unknown.
+* With ``souq-waiter`` (:mod:`souq.drivers.waiter`, the default when a C compiler exists) the
+  process is the waiter's child, not the agent's: the waiter writes its exit status to
+  ``<root>/<id>/exit`` and exits, and the driver watches the *waiter's* pidfd and reads that
+  file. The status therefore survives an agent crash: a restarted agent re-adopts the waiter
+  (recorded in the pid file) or, if the machine died meanwhile, reads the file. Without the
+  waiter a process adopted after an agent restart is not our child and its exit status is
+  unknown.
 * Signals go to the whole process group (``os.killpg``).
 
 Linux only (pidfd needs Linux 5.3).
@@ -33,6 +38,7 @@ from pathlib import Path
 import psutil
 
 from souq.drivers.base import ExitStatus, Handle, MachineSpec, SpawnError
+from souq.drivers.waiter import parse_exit_file, waiter_path
 from souq.errors import Unavailable
 
 __all__ = ["INHERITED_ENV", "ExecDriver"]
@@ -40,6 +46,7 @@ __all__ = ["INHERITED_ENV", "ExecDriver"]
 INHERITED_ENV = ("PATH", "HOME", "LANG")
 _LOG = "output.log"
 _PIDFILE = "pid"
+_EXIT = "exit"  # written by souq-waiter: "code N" or "signal N"
 _START_TIME_TOLERANCE_S = 0.005  # start times have clock-tick (10 ms) resolution
 
 
@@ -51,6 +58,7 @@ class _Watch:
 
     fd: int | None
     exited: asyncio.Future[ExitStatus]
+    waiter: bool = False  # fd is the waiter's: the status is in the exit file
 
 
 def _start_time(pid: int) -> float | None:
@@ -68,7 +76,7 @@ def _readable(fd: int) -> bool:
 class ExecDriver:
     name = "exec"
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, use_waiter: bool = True) -> None:
         if not hasattr(os, "pidfd_open"):
             raise Unavailable(
                 "the exec driver needs os.pidfd_open (Linux 5.3 or later)",
@@ -78,6 +86,11 @@ class ExecDriver:
         self._base_env = {k: os.environ[k] for k in INHERITED_ENV if k in os.environ}
         self._children: dict[int, subprocess.Popen[bytes]] = {}
         self._watches: dict[int, _Watch] = {}
+        self.waiter = waiter_path() if use_waiter else None
+
+    def owned_pids(self) -> set[int]:
+        """Pids of the children this driver reaps itself (the agent's reaper leaves them be)."""
+        return {proc.pid for proc in self._children.values()}
 
     def machine_dir(self, machine_id: str) -> Path:
         return self.root / machine_id
@@ -96,42 +109,99 @@ class ExecDriver:
         }
         try:
             workdir.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                (workdir / _EXIT).unlink()  # the status of the last run, already reported
             out = os.open(
                 workdir / _LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644
             )
         except OSError as exc:
             raise SpawnError(f"cannot prepare {workdir}: {exc.strerror or exc}") from exc
         try:
-            proc = subprocess.Popen(
-                list(spec.cmd),
+            if self.waiter is None:
+                proc = self._popen(list(spec.cmd), env, out, workdir)
+                pid = proc.pid
+            else:
+                proc, pid = self._spawn_waited(self.waiter, spec.cmd, env, out, workdir)
+        finally:
+            os.close(out)
+        self._children[pid] = proc
+        handle = Handle(spec.machine_id, pid, _start_time(pid) or 0.0)
+        try:
+            fd = os.pidfd_open(proc.pid)  # the waiter's, or the process's own
+        except OSError as exc:  # e.g. out of file descriptors: do not run it unwatched
+            os.killpg(pid, signal.SIGKILL)
+            proc.wait()
+            del self._children[pid]
+            raise SpawnError(f"cannot watch the process: {exc.strerror or exc}") from exc
+        self._watch(handle, fd, waiter=self.waiter is not None)
+        line = f"{handle.pid} {handle.start_time!r}"
+        if self.waiter is not None:
+            line += f" {proc.pid} {_start_time(proc.pid) or 0.0!r}"
+        with contextlib.suppress(OSError):
+            (workdir / _PIDFILE).write_text(line + "\n")
+        return handle
+
+    @staticmethod
+    def _popen(
+        argv: list[str],
+        env: dict[str, str],
+        out: int,
+        workdir: Path,
+        pass_fds: tuple[int, ...] = (),
+    ) -> subprocess.Popen[bytes]:
+        try:
+            return subprocess.Popen(
+                argv,
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=out,
                 cwd=workdir,
                 start_new_session=True,
+                pass_fds=pass_fds,
             )
         except OSError as exc:
-            raise SpawnError(f"cannot run {spec.cmd[0]!r}: {exc.strerror or exc}") from exc
-        finally:
-            os.close(out)
-        self._children[proc.pid] = proc
-        handle = Handle(spec.machine_id, proc.pid, _start_time(proc.pid) or 0.0)
-        try:
-            fd = os.pidfd_open(proc.pid)
-        except OSError as exc:  # e.g. out of file descriptors: do not run it unwatched
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            del self._children[proc.pid]
-            raise SpawnError(f"cannot watch the process: {exc.strerror or exc}") from exc
-        self._watch(handle, fd)
-        with contextlib.suppress(OSError):
-            (workdir / _PIDFILE).write_text(f"{handle.pid} {handle.start_time!r}\n")
-        return handle
+            raise SpawnError(f"cannot run {argv[0]!r}: {exc.strerror or exc}") from exc
 
-    def _watch(self, handle: Handle, fd: int) -> None:
+    def _spawn_waited(
+        self,
+        waiter: Path,
+        cmd: tuple[str, ...],
+        env: dict[str, str],
+        out: int,
+        workdir: Path,
+    ) -> tuple[subprocess.Popen[bytes], int]:
+        """Start ``cmd`` under souq-waiter; return the waiter and the machine's pid, once the
+        waiter reports that the command was exec'd (one line on a pipe, about 1 ms)."""
+        r, w = os.pipe()
+        try:
+            argv = [str(waiter), str(w), str(workdir / _EXIT), *cmd]
+            proc = self._popen(argv, env, out, workdir, pass_fds=(w,))
+        except SpawnError:
+            os.close(r)
+            raise
+        finally:
+            os.close(w)
+        report = b""
+        try:
+            while not report.endswith(b"\n"):
+                chunk = os.read(r, 64)
+                if not chunk:
+                    break
+                report += chunk
+        finally:
+            os.close(r)
+        kind, _, value = report.decode(errors="replace").strip().partition(" ")
+        if kind == "P" and value.isdigit():
+            return proc, int(value)
+        proc.wait()
+        if kind == "E" and value.isdigit():
+            raise SpawnError(f"cannot run {cmd[0]!r}: {os.strerror(int(value))}")
+        raise SpawnError(f"souq-waiter failed to start {cmd[0]!r} (exit {proc.returncode})")
+
+    def _watch(self, handle: Handle, fd: int, *, waiter: bool = False) -> None:
         loop = asyncio.get_running_loop()
-        self._watches[handle.pid] = _Watch(fd, loop.create_future())
+        self._watches[handle.pid] = _Watch(fd, loop.create_future(), waiter)
         loop.add_reader(fd, self._on_exit, handle)
 
     def _on_exit(self, handle: Handle) -> None:
@@ -142,7 +212,14 @@ class ExecDriver:
         os.close(watch.fd)
         watch.fd = None
         proc = self._children.pop(handle.pid, None)
-        if proc is not None:
+        if watch.waiter:
+            if proc is not None:
+                proc.wait()  # the waiter, which has exited
+            status = self.last_exit(handle.machine_id)
+            if not status.known:  # the waiter was killed: leave nothing of the machine behind
+                with contextlib.suppress(OSError):
+                    os.killpg(handle.pid, signal.SIGKILL)
+        elif proc is not None:
             # The leader is a zombie until we reap it, so its pid still names our group:
             # anything the machine left behind in it goes too.
             with contextlib.suppress(OSError):
@@ -209,23 +286,52 @@ class ExecDriver:
             return watch.fd is not None
         if not self._same_process(handle):
             return False
+        waiter = self._recorded_waiter(handle)
+        watched = waiter or handle
         try:
-            fd = os.pidfd_open(handle.pid)
+            fd = os.pidfd_open(watched.pid)
         except OSError:
             return False
         # Check again through the pidfd: the pid cannot be recycled under an open pidfd.
-        if _readable(fd) or not self._same_process(handle):
+        if _readable(fd) or not self._same_process(handle) or not self._same_process(watched):
             os.close(fd)
             return False
-        self._watch(handle, fd)
+        self._watch(handle, fd, waiter=waiter is not None)
         return True
+
+    def _pidfile(self, machine_id: str) -> list[str]:
+        try:
+            return (self.machine_dir(machine_id) / _PIDFILE).read_text().split()
+        except OSError:
+            return []
+
+    def _recorded_waiter(self, handle: Handle) -> Handle | None:
+        """The live waiter the pid file names for this very process, if any."""
+        words = self._pidfile(handle.machine_id)
+        try:
+            if len(words) != 4 or int(words[0]) != handle.pid:
+                return None
+            waiter = Handle(handle.machine_id, int(words[2]), float(words[3]))
+        except ValueError:
+            return None
+        return waiter if self._same_process(waiter) else None
 
     def find(self, machine_id: str) -> Handle | None:
         try:
-            pid, start_time = (self.machine_dir(machine_id) / _PIDFILE).read_text().split()
+            pid, start_time = self._pidfile(machine_id)[:2]
             return Handle(machine_id, int(pid), float(start_time))
-        except (OSError, ValueError):
+        except ValueError:
             return None
+
+    def last_exit(self, machine_id: str) -> ExitStatus:
+        """The status souq-waiter recorded for the machine's last process (unknown without
+        one): how a process that died while no agent watched it is reported."""
+        try:
+            text = (self.machine_dir(machine_id) / _EXIT).read_text()
+        except OSError:
+            return ExitStatus()
+        code = parse_exit_file(text)
+        return ExitStatus() if code is None else ExitStatus.from_returncode(code)
 
     def destroy(self, machine_id: str) -> None:
         shutil.rmtree(self.machine_dir(machine_id), ignore_errors=True)

@@ -9,6 +9,7 @@ from souq.model.machine import (
     MachineConfig,
     MachineEvent,
     MachineState,
+    OpRecord,
     RestartConfig,
     RestartPolicy,
     StopConfig,
@@ -20,6 +21,7 @@ from souq.model.protocol import (
     ClaimRequest,
     CordonCommand,
     DestroyCommand,
+    DrainCommand,
     EventsCommand,
     HoldRequest,
     ListCommand,
@@ -38,6 +40,7 @@ from souq.model.protocol import (
     SignalCommand,
     StopCommand,
     WaitCommand,
+    WorkerDigest,
 )
 from souq.model.resources import Resources
 from souq.model.worker import Fingerprint, Heartbeat, Load, WorkerInfo, WorkerState
@@ -51,6 +54,7 @@ __all__ = [
     "CordonCommand",
     "Curves",
     "DestroyCommand",
+    "DrainCommand",
     "EventsCommand",
     "Fingerprint",
     "GuestConfig",
@@ -72,6 +76,7 @@ __all__ = [
     "Offer",
     "OfferOutcome",
     "OfferRequest",
+    "OpRecord",
     "Placement",
     "PlacementDefaults",
     "PlacementPolicy",
@@ -88,6 +93,7 @@ __all__ = [
     "StopConfig",
     "Timings",
     "WaitCommand",
+    "WorkerDigest",
     "WorkerInfo",
     "WorkerState",
     "normalise_signal",

@@ -21,8 +21,10 @@ __all__ = [
     "MachineConfig",
     "MachineEvent",
     "MachineState",
+    "OpRecord",
     "RestartConfig",
     "RestartPolicy",
+    "SandboxConfig",
     "StopConfig",
     "normalise_signal",
 ]
@@ -99,8 +101,18 @@ class StopConfig(Input):
         return normalise_signal(v)
 
 
+class SandboxConfig(Input):
+    network: bool = Field(default=True, description="false: the machine sees only `lo`")
+
+
 class MachineConfig(Input):
     cmd: list[str] = Field(min_length=1, description="the command and its arguments")
+    driver: Literal["exec", "sandbox"] = Field(
+        default="exec",
+        description="`exec`: a plain process; `sandbox`: under bubblewrap (read-only host root, "
+        "private /tmp and /dev, own pid, ipc and uts namespaces)",
+    )
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     env: dict[str, str] = Field(default_factory=dict)
     guest: GuestConfig = Field(default_factory=GuestConfig)
     restart: RestartConfig = Field(default_factory=RestartConfig)
@@ -155,6 +167,17 @@ class MachineEvent(Record):
     exit_code: int | None = None
     signal: str | None = None
     message: str | None = None
+
+
+class OpRecord(Record):
+    """One step of a machine's operation log (``GET .../machines/{id}/ops``), oldest first."""
+
+    op_id: str
+    kind: str = Field(description="create, start, stop, restart, signal, destroy")
+    state: str = Field(description="the operation's state after the step (done: finished)")
+    event: str = Field(description="what moved it: begin, idle, spawned, exited, recover...")
+    timestamp: int = Field(description="milliseconds since the epoch")
+    detail: dict[str, Any] = Field(default_factory=dict, description="the operation's params")
 
 
 class Machine(Record):

@@ -37,6 +37,7 @@ __all__ = [
     "SignalCommand",
     "StopCommand",
     "WaitCommand",
+    "WorkerDigest",
 ]
 
 
@@ -180,6 +181,10 @@ class CordonCommand(Input):
     cordoned: bool
 
 
+class DrainCommand(Input):
+    """Cordon the worker and stop its machines gracefully (each with its stop config)."""
+
+
 class LocateReply(Record):
     worker_id: str
     found: bool
@@ -194,6 +199,15 @@ class MachineEventMessage(Record):
     region: str
     state: MachineState
     event: MachineEvent
+
+
+class WorkerDigest(Record):
+    """A worker's answer on ``souq.all.digest`` (anti-entropy): a hash over the ``(id, state,
+    updated_at)`` of its machines not destroyed (see :func:`souq.view.digest.machines_digest`)."""
+
+    worker_id: str
+    machines: int
+    digest: str
 
 
 class Reply(Record):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Any
 
 from pydantic import Field
 
@@ -16,6 +17,7 @@ class WorkerState(StrEnum):
     UP = "up"
     DOWN = "down"
     CORDONED = "cordoned"
+    DRAINING = "draining"  # cordoned, and stopping its machines (souq workers drain)
 
 
 class Fingerprint(Record):
@@ -27,6 +29,10 @@ class Fingerprint(Record):
     disk_mb: int = Field(default=0, description="free disk of the data dir at start, in MiB")
     gpus: int = 0
     drivers: list[str] = Field(default_factory=lambda: ["exec"])
+    isolation: dict[str, Any] = Field(
+        default_factory=lambda: {"cgroups": "none", "enforced": []},
+        description='resource limits: {"cgroups": "v2"|"v1"|"none", "enforced": [controllers]}',
+    )
 
 
 class Load(Record):

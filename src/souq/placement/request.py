@@ -36,4 +36,5 @@ class PlacementRequest:
             constraints=tuple(config.constraints),
             distinct_workers_for=config.distinct_workers_for,
             artifact=config.artifact,
+            driver=config.driver,
         )

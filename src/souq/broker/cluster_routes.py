@@ -1,0 +1,155 @@
+"""The cluster view's routes: ``GET /v1/apps``, ``GET /v1/regions`` and ``GET /v1/events``
+(server-sent events), and the headers that say how fresh a view-served answer is."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Query
+from fastapi.responses import PlainTextResponse, Response, StreamingResponse
+from pydantic import Field
+
+from souq.broker.metrics import CONTENT_TYPE
+from souq.broker.service import BrokerService
+from souq.clock import iso_from_ms
+from souq.model import Record, Resources, WorkerState
+from souq.view import ClusterEvent, RegionSummary
+
+__all__ = [
+    "AppSummary",
+    "cluster_router",
+    "machines_response",
+    "stale_machine_response",
+    "view_headers",
+]
+
+KEEPALIVE_S = 15.0  # a comment line this often keeps idle streams (and proxies) open
+
+
+class AppSummary(Record):
+    name: str
+    machines: int = Field(description="machines not destroyed")
+    states: dict[str, int] = Field(description="machines by state")
+    regions: list[str]
+
+
+def view_headers(service: BrokerService, *, from_view: bool) -> dict[str, str]:
+    """``X-Souq-View``: ``view`` (answered from the cluster view) or ``workers`` (asked every
+    worker); ``X-Souq-View-As-Of``: when every live worker last matched the view;
+    ``X-Souq-View-Lag-Ms``: how late the last event reached the view."""
+    status = service.view.status()
+    headers = {
+        "X-Souq-View": "view" if from_view else "workers",
+        "X-Souq-View-Lag-Ms": str(status.lag_ms),
+    }
+    if status.as_of_ms is not None:
+        headers["X-Souq-View-As-Of"] = iso_from_ms(status.as_of_ms)
+    return headers
+
+
+async def machines_response(service: BrokerService, app: str) -> Response:
+    """``GET /v1/apps/{app}/machines``: the machines with ``worker_state`` added."""
+    from_view = service.view.complete
+    rows = await service.list_rows(app)
+    states = {w: service.liveness.state_of(w) for w in {w for w, _ in rows}}
+    content = "[" + ",".join(_with_worker_state(b, states[w]) for w, b in rows) + "]"
+    return Response(
+        content, media_type="application/json", headers=view_headers(service, from_view=from_view)
+    )
+
+
+def stale_machine_response(service: BrokerService, app: str, machine_id: str) -> Response | None:
+    """``GET ...machines/{id}?stale=true``: the view's copy, or None to ask the worker."""
+    cached = service.cached_machine(app, machine_id)
+    if cached is None:
+        return None
+    return Response(
+        cached.model_dump_json(),
+        media_type="application/json",
+        headers=view_headers(service, from_view=True),
+    )
+
+
+def _with_worker_state(body: str, state: WorkerState | None) -> str:
+    """A machine's JSON with ``worker_state`` added (``down`` when its worker is unknown)."""
+    value = (state or WorkerState.DOWN).value
+    return body[:-1] + f',"worker_state":"{value}"}}'
+
+
+def _sse(event: ClusterEvent) -> str:
+    return f"id: {event.seq}\nevent: {event.kind}\ndata: {event.model_dump_json()}\n\n"
+
+
+def cluster_router(service: BrokerService) -> APIRouter:
+    router = APIRouter(tags=["cluster"])
+
+    @router.get("/v1/apps", response_model=list[AppSummary])
+    async def list_apps() -> Response:
+        """Every app with machines not destroyed, from the cluster view."""
+        apps = [
+            AppSummary(name=a.app, machines=a.machines, states=a.states, regions=a.regions)
+            for a in service.view.store.apps()
+        ]
+        content = "[" + ",".join(a.model_dump_json() for a in apps) + "]"
+        return Response(
+            content,
+            media_type="application/json",
+            headers=view_headers(service, from_view=True),
+        )
+
+    @router.get("/metrics", response_class=PlainTextResponse)
+    async def metrics() -> Response:
+        """Prometheus metrics, every name prefixed ``souq_``."""
+        return Response(service.metrics.render(), media_type=CONTENT_TYPE)
+
+    @router.get("/v1/regions", response_model=list[RegionSummary])
+    async def list_regions(
+        cpus: Annotated[float, Query(gt=0, le=1024, description="size of one machine")] = 1,
+        memory_mb: Annotated[int, Query(gt=0, description="size of one machine, MiB")] = 256,
+    ) -> Response:
+        """Regions, their workers, and how many more machines of the size given fit."""
+        size = Resources(cpus=cpus, memory_mb=memory_mb)
+        regions = await service.regions(size)
+        content = "[" + ",".join(r.model_dump_json() for r in regions) + "]"
+        return Response(content, media_type="application/json")
+
+    @router.get(
+        "/v1/events",
+        response_class=StreamingResponse,
+        responses={200: {"content": {"text/event-stream": {}}, "description": "events"}},
+    )
+    async def events(
+        app: str | None = None,
+        worker: str | None = None,
+        follow: bool = False,
+        since: Annotated[int | None, Query(ge=0, description="resume after this id")] = None,
+        last_event_id: Annotated[int | None, Header(alias="Last-Event-ID", ge=0)] = None,
+    ) -> Response:
+        """Machine and worker events as server-sent events, oldest first, from the ones this
+        broker still holds; ``follow=true`` keeps the stream open for new ones."""
+        start = last_event_id if last_event_id is not None else (since or 0)
+        return StreamingResponse(
+            _stream(service, start, app=app, worker=worker, follow=follow),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+
+    return router
+
+
+async def _stream(
+    service: BrokerService, seq: int, *, app: str | None, worker: str | None, follow: bool
+) -> AsyncIterator[str]:
+    log = service.view.events
+    if follow:
+        yield ": souq events\n\n"  # headers and a first line at once: the stream is open
+    while True:
+        batch = log.since(seq, app=app, worker=worker)
+        seq = max(seq, log.last_seq)
+        if batch:
+            yield "".join(_sse(e) for e in batch)
+        if not follow:
+            return
+        if not await log.wait_after(seq, KEEPALIVE_S):
+            yield ": keepalive\n\n"

@@ -1,0 +1,592 @@
+// The Souq dashboard: a read-only view over the public HTTP API, in plain browser JavaScript.
+//
+// Where it learns what changed:
+//   * `GET /v1/events?follow=true` (server-sent events), when the broker has it: each machine
+//     event makes the page fetch that one machine again.
+//   * otherwise polling: `GET /v1/workers` and `GET /v1/apps/{app}/machines` every second, and
+//     the feed shows the changes the polls saw.
+// Which apps it shows: `GET /v1/apps` when the broker has it, plus the apps the user typed and
+// the apps named by events (remembered in localStorage).
+// Everything the API sends is put into the page as text, never as HTML.
+"use strict";
+
+(() => {
+  const POLL_MS = 1000; // while there is no event stream
+  const SLOW_POLL_MS = 5000; // a safety net while the event stream is up
+  const FEED_MAX = 200;
+  const APP_NAME = /^[a-z0-9][a-z0-9-]{0,62}$/;
+  const STORE_KEY = "souq.dashboard.apps";
+
+  const state = {
+    mode: "starting", // "events" | "polling"
+    apps: new Set(loadApps()),
+    machines: new Map(), // id -> machine
+    workers: [],
+    regions: null, // the answer of /v1/regions, when it exists
+    hasApps: null, // null until /v1/apps has been tried
+    hasRegions: null,
+    selected: null, // {app, id}
+    pollTimer: null,
+    workersQueued: false,
+  };
+
+  const $ = (id) => document.getElementById(id);
+
+  // ---- small helpers ------------------------------------------------------------------------
+
+  function el(tag, props, ...children) {
+    const node = document.createElement(tag);
+    for (const [key, value] of Object.entries(props || {})) {
+      if (value === undefined || value === null) continue;
+      if (key === "class") node.className = value;
+      else if (key === "dataset") Object.assign(node.dataset, value);
+      else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+      else node.setAttribute(key, value);
+    }
+    for (const child of children.flat(Infinity)) {
+      if (child === undefined || child === null) continue;
+      node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    }
+    return node;
+  }
+
+  class HttpError extends Error {
+    constructor(status, message) {
+      super(message);
+      this.status = status;
+    }
+  }
+
+  async function getJSON(path) {
+    const response = await fetch(path, { headers: { Accept: "application/json" }, cache: "no-store" });
+    if (!response.ok) {
+      let message = `${response.status} ${response.statusText}`;
+      try {
+        const body = await response.json();
+        if (body && body.error) message = body.error;
+      } catch (_) {
+        // not JSON: keep the status line
+      }
+      throw new HttpError(response.status, `GET ${path}: ${message}`);
+    }
+    return response.json();
+  }
+
+  const missing = (err) => err instanceof HttpError && (err.status === 404 || err.status === 405);
+
+  function loadApps() {
+    try {
+      const apps = JSON.parse(localStorage.getItem(STORE_KEY) || "[]");
+      return Array.isArray(apps) ? apps.filter((a) => APP_NAME.test(a)) : [];
+    } catch (_) {
+      return [];
+    }
+  }
+
+  function rememberApp(app) {
+    if (typeof app !== "string" || !APP_NAME.test(app) || state.apps.has(app)) return false;
+    state.apps.add(app);
+    try {
+      localStorage.setItem(STORE_KEY, JSON.stringify([...state.apps]));
+    } catch (_) {
+      // private mode or storage off: the app is still watched until the page closes
+    }
+    renderApps();
+    return true;
+  }
+
+  const clock = (ms) => new Date(ms).toLocaleTimeString([], { hour12: false });
+  const shortTime = (iso) => {
+    const when = Date.parse(iso);
+    return Number.isNaN(when) ? iso || "" : clock(when);
+  };
+  const percent = (used, total) => (total > 0 ? Math.min(100, (100 * used) / total) : 0);
+  const num = (x) => (Number.isInteger(x) ? String(x) : Number(x).toFixed(2).replace(/\.?0+$/, ""));
+
+  function meter(used, total, unit) {
+    const share = percent(used, total);
+    const fill = el("div", { class: share >= 85 ? "fill hot" : "fill" });
+    fill.style.width = `${share}%`;
+    return el(
+      "div",
+      { class: "meter", title: `${share.toFixed(0)}%` },
+      el("div", { class: "bar" }, fill),
+      el("span", {}, `${num(used)} / ${num(total)}${unit}`),
+    );
+  }
+
+  const badge = (value) => el("span", { class: "state", dataset: { state: value } }, value);
+
+  function setProblem(text) {
+    const node = $("problem");
+    node.hidden = !text;
+    node.textContent = text || "";
+  }
+
+  function setMode(mode) {
+    state.mode = mode;
+    const node = $("mode");
+    node.dataset.mode = mode;
+    node.textContent = mode === "events" ? "live: event stream" : `polling every ${POLL_MS / 1000} s`;
+  }
+
+  // ---- the event feed -----------------------------------------------------------------------
+
+  function feed(kind, text, machineId) {
+    const list = $("feed");
+    const item = el(
+      "li",
+      { dataset: machineId ? { machineId } : {} },
+      el("time", {}, clock(Date.now())),
+      el("span", { class: "kind" }, kind),
+      text,
+    );
+    list.prepend(item);
+    while (list.children.length > FEED_MAX) list.lastElementChild.remove();
+  }
+
+  // ---- fetching -----------------------------------------------------------------------------
+
+  async function refreshWorkers() {
+    state.workers = await getJSON("/v1/workers");
+    renderWorkers();
+    renderRegions();
+  }
+
+  function queueWorkers() {
+    // Many events at once (a batch create) cost one fetch of the workers and the regions.
+    if (state.workersQueued) return;
+    state.workersQueued = true;
+    setTimeout(() => {
+      state.workersQueued = false;
+      Promise.all([refreshWorkers(), refreshRegions()]).catch(report);
+    }, 200);
+  }
+
+  async function refreshRegions() {
+    if (state.hasRegions === false) return;
+    try {
+      const body = await getJSON("/v1/regions");
+      state.hasRegions = true;
+      state.regions = Array.isArray(body) ? body : body.regions || null;
+    } catch (err) {
+      if (!missing(err)) throw err;
+      state.hasRegions = false; // this broker has no /v1/regions: derive them from the workers
+    }
+    renderRegions();
+  }
+
+  async function refreshApps() {
+    if (state.hasApps === false) return;
+    try {
+      const body = await getJSON("/v1/apps");
+      state.hasApps = true;
+      const apps = Array.isArray(body) ? body : body.apps || [];
+      for (const app of apps) rememberApp(typeof app === "string" ? app : app.name || app.app || app.id);
+    } catch (err) {
+      if (!missing(err)) throw err;
+      state.hasApps = false; // type an app name, or let the events name them
+    }
+  }
+
+  async function refreshApp(app) {
+    const listed = await getJSON(`/v1/apps/${encodeURIComponent(app)}/machines`);
+    const seen = new Set();
+    for (const machine of listed) {
+      seen.add(machine.id);
+      upsert(machine);
+    }
+    for (const [id, machine] of state.machines) {
+      if (machine.app === app && !seen.has(id)) state.machines.delete(id);
+    }
+    renderMachines();
+  }
+
+  async function refreshMachine(app, id) {
+    try {
+      upsert(await getJSON(`/v1/apps/${encodeURIComponent(app)}/machines/${encodeURIComponent(id)}`));
+    } catch (err) {
+      if (!(err instanceof HttpError && err.status === 404)) throw err;
+      state.machines.delete(id);
+    }
+    renderMachines();
+  }
+
+  // Record a machine; while polling, say in the feed what changed since the last poll.
+  function upsert(machine) {
+    const before = state.machines.get(machine.id);
+    state.machines.set(machine.id, machine);
+    rememberApp(machine.app);
+    if (state.mode === "events") return;
+    if (!before) feed("machine", `${machine.app}/${machine.id} is ${machine.state}`, machine.id);
+    else if (before.state !== machine.state) {
+      feed("machine", `${machine.app}/${machine.id} ${before.state} → ${machine.state}`, machine.id);
+    }
+  }
+
+  async function refreshAll() {
+    await refreshApps();
+    await Promise.all([refreshWorkers(), refreshRegions(), ...[...state.apps].map(refreshApp)]);
+    $("updated").textContent = `updated ${clock(Date.now())}`;
+  }
+
+  function report(err) {
+    setProblem(err instanceof Error ? err.message : String(err));
+  }
+
+  async function poll() {
+    clearTimeout(state.pollTimer);
+    try {
+      await refreshAll();
+      setProblem("");
+    } catch (err) {
+      report(err);
+    }
+    state.pollTimer = setTimeout(poll, state.mode === "events" ? SLOW_POLL_MS : POLL_MS);
+  }
+
+  // ---- the event stream (server-sent events over fetch, so that a 404 is seen) ---------------
+
+  async function follow() {
+    let response;
+    try {
+      response = await fetch("/v1/events?follow=true", {
+        headers: { Accept: "text/event-stream" },
+        cache: "no-store",
+      });
+    } catch (_) {
+      setMode("polling");
+      setTimeout(follow, SLOW_POLL_MS);
+      return;
+    }
+    const type = response.headers.get("content-type") || "";
+    if (!response.ok || !type.startsWith("text/event-stream")) {
+      setMode("polling");
+      if (response.status !== 404 && response.status !== 405) setTimeout(follow, SLOW_POLL_MS);
+      return; // no event stream on this broker: polling it is
+    }
+    setMode("events");
+    feed("stream", "following the broker's event stream");
+    try {
+      await readEvents(response.body);
+    } catch (_) {
+      // the connection dropped; fall through to polling and try again
+    }
+    setMode("polling");
+    feed("stream", "event stream closed; polling until it is back");
+    poll();
+    setTimeout(follow, 2000);
+  }
+
+  async function readEvents(body) {
+    const reader = body.pipeThrough(new TextDecoderStream()).getReader();
+    let buffer = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) return;
+      buffer += value.replace(/\r\n?/g, "\n");
+      let end;
+      while ((end = buffer.indexOf("\n\n")) >= 0) {
+        const block = buffer.slice(0, end);
+        buffer = buffer.slice(end + 2);
+        let name = "message";
+        const data = [];
+        for (const line of block.split("\n")) {
+          if (line.startsWith(":")) continue; // a keep-alive comment
+          const colon = line.indexOf(":");
+          const field = colon < 0 ? line : line.slice(0, colon);
+          const text = colon < 0 ? "" : line.slice(colon + 1).replace(/^ /, "");
+          if (field === "event") name = text;
+          else if (field === "data") data.push(text);
+        }
+        if (data.length) onEvent(name, data.join("\n"));
+      }
+    }
+  }
+
+  function onEvent(name, text) {
+    let event;
+    try {
+      event = JSON.parse(text);
+    } catch (_) {
+      feed(name, text);
+      return;
+    }
+    if (!event || typeof event !== "object") {
+      feed(name, String(event));
+      return;
+    }
+    // The broker's ClusterEvent: {seq, kind: machine|worker, worker_id, region, machine_id?, app?,
+    // state, previous?, event?: {type, status, message, ...}}; other shapes are shown as they come.
+    const machine = event.machine && typeof event.machine === "object" ? event.machine : null;
+    const detail = event.event && typeof event.event === "object" ? event.event : {};
+    const kind = [event.kind || name, detail.type || event.type].filter(Boolean).join(" ");
+    const id =
+      event.machine_id || (machine && machine.id) || (/machine/.test(`${name} ${kind}`) ? event.id : null);
+    const app = event.app || (machine && machine.app) || (id && state.machines.get(id)?.app) || null;
+    const status = event.state || event.status || detail.status || (machine && machine.state) || "";
+    const change = event.previous ? `${event.previous} → ${status}` : status;
+    const where = event.worker_id || (machine && machine.worker_id) || "";
+    const subject = id ? `${app ? app + "/" : ""}${id}` : where || event.region || "";
+    const words = [subject, change, id && where ? `on ${where}` : "", detail.message || event.message || ""];
+    feed(kind, words.filter(Boolean).join(" "), id);
+
+    if (app) rememberApp(app);
+    if (machine && machine.id && machine.app && machine.state && machine.config) {
+      upsert(machine);
+      renderMachines();
+    } else if (id && app) {
+      refreshMachine(app, id).catch(report);
+    } else if (id) {
+      Promise.all([...state.apps].map(refreshApp)).catch(report);
+    }
+    queueWorkers(); // allocations move with machines; worker events change worker rows
+    if (state.selected && id === state.selected.id) renderSelectedHeader();
+  }
+
+  // ---- rendering ----------------------------------------------------------------------------
+
+  function renderApps() {
+    const holder = $("apps");
+    holder.replaceChildren(...[...state.apps].sort().map((app) => el("span", { class: "chip" }, app)));
+  }
+
+  function renderWorkers() {
+    const rows = [...state.workers]
+      .sort((a, b) => a.region.localeCompare(b.region) || a.id.localeCompare(b.id))
+      .map((w) =>
+        el(
+          "tr",
+          { dataset: { workerId: w.id } },
+          el("td", { class: "id" }, w.id),
+          el("td", {}, w.region),
+          el("td", {}, badge(w.state)),
+          el("td", {}, meter(w.allocated.cpus, w.capacity.cpus, "")),
+          el("td", {}, meter(w.allocated.memory_mb, w.capacity.memory_mb, " MiB")),
+          el("td", {}, w.machines ?? ""),
+          el("td", { class: "mono" }, Object.entries(w.labels || {}).map(([k, v]) => `${k}=${v}`).join(" ")),
+        ),
+      );
+    $("workers").replaceChildren(...(rows.length ? rows : [emptyRow(7, "no workers yet")]));
+  }
+
+  function renderRegions() {
+    const byRegion = new Map();
+    for (const w of state.workers) {
+      const r = byRegion.get(w.region) || { up: 0, total: 0, cpus: 0, cpusUsed: 0, mem: 0, memUsed: 0, machines: 0 };
+      r.total += 1;
+      if (w.state !== "down") r.up += 1;
+      r.cpus += w.capacity.cpus;
+      r.cpusUsed += w.allocated.cpus;
+      r.mem += w.capacity.memory_mb;
+      r.memUsed += w.allocated.memory_mb;
+      r.machines += w.machines || 0;
+      byRegion.set(w.region, r);
+    }
+    // GET /v1/regions, when the broker has it, is the better source: it counts cordoned and
+    // down workers apart and says how many machines of a default size still fit.
+    const details = new Map();
+    for (const item of state.regions || []) {
+      const name = typeof item === "string" ? item : item.name || item.region || item.id;
+      if (!name) continue;
+      if (typeof item === "object" && item.capacity && item.allocated) {
+        byRegion.set(name, {
+          up: item.workers_up ?? item.workers,
+          total: item.workers,
+          cpus: item.capacity.cpus,
+          cpusUsed: item.allocated.cpus,
+          mem: item.capacity.memory_mb,
+          memUsed: item.allocated.memory_mb,
+          machines: item.machines,
+        });
+      } else if (!byRegion.has(name)) byRegion.set(name, null);
+      if (typeof item === "object") {
+        details.set(name, scalars(item, ["name", "region", "id", "workers", "workers_up", "machines"]));
+      }
+    }
+    const rows = [...byRegion.keys()].sort().map((name) => {
+      const r = byRegion.get(name);
+      return el(
+        "tr",
+        { dataset: { region: name } },
+        el("td", {}, name),
+        el("td", {}, r ? `${r.up} / ${r.total}` : "—"),
+        el("td", {}, r ? meter(r.cpusUsed, r.cpus, "") : "—"),
+        el("td", {}, r ? meter(r.memUsed, r.mem, " MiB") : "—"),
+        el("td", {}, r ? r.machines : "—"),
+        el("td", { class: "mono" }, details.get(name) || ""),
+      );
+    });
+    $("regions").replaceChildren(...(rows.length ? rows : [emptyRow(6, "no regions yet")]));
+  }
+
+  function scalars(object, skip) {
+    return Object.entries(object)
+      .filter(([k, v]) => !skip.includes(k) && v !== null && typeof v !== "object")
+      .map(([k, v]) => `${k}=${v}`)
+      .join(" ");
+  }
+
+  function renderMachines() {
+    const rows = [...state.machines.values()]
+      .sort((a, b) => a.app.localeCompare(b.app) || a.created_at.localeCompare(b.created_at))
+      .map((m) => {
+        const selected = state.selected && state.selected.id === m.id;
+        return el(
+          "tr",
+          {
+            class: selected ? "selected" : null,
+            dataset: { machineId: m.id, app: m.app, state: m.state },
+            onclick: () => select(m.app, m.id),
+          },
+          el("td", { class: "id" }, m.id),
+          el("td", {}, m.name),
+          el("td", {}, m.app),
+          el("td", {}, m.region),
+          el("td", { class: "id" }, m.worker_id),
+          el("td", { class: "machine-state" }, badge(m.state)),
+          el("td", {}, num(m.config.guest.cpus)),
+          el("td", {}, `${m.config.guest.memory_mb} MiB`),
+          el("td", {}, m.restarts ?? 0),
+          el("td", { title: m.updated_at }, shortTime(m.updated_at)),
+        );
+      });
+    $("machines").replaceChildren(
+      ...(rows.length ? rows : [emptyRow(10, state.apps.size ? "no machines" : "type an app name to watch its machines")]),
+    );
+    if (state.selected) renderSelectedHeader();
+  }
+
+  const emptyRow = (span, text) => el("tr", {}, el("td", { colspan: span, class: "empty" }, text));
+
+  // ---- the placement explanation ------------------------------------------------------------
+
+  async function select(app, id) {
+    state.selected = { app, id };
+    renderMachines();
+    $("placement-section").hidden = false;
+    $("placement").replaceChildren(el("p", { class: "empty" }, "loading…"));
+    try {
+      const machine = await getJSON(`/v1/apps/${encodeURIComponent(app)}/machines/${encodeURIComponent(id)}`);
+      if (!state.selected || state.selected.id !== id) return; // another click came first
+      upsert(machine);
+      renderPlacement(machine);
+    } catch (err) {
+      $("placement").replaceChildren(el("p", { class: "empty" }, err.message));
+    }
+  }
+
+  function renderSelectedHeader() {
+    const m = state.machines.get(state.selected.id);
+    $("placement-machine").replaceChildren(
+      el("span", { class: "mono" }, state.selected.id),
+      " ",
+      m ? badge(m.state) : "",
+    );
+  }
+
+  function renderPlacement(machine) {
+    renderSelectedHeader();
+    const p = machine.placement;
+    if (!p) {
+      $("placement").replaceChildren(el("p", { class: "empty" }, "this machine has no placement record"));
+      return;
+    }
+    const facts = [
+      ["winner", el("span", { id: "placement-winner", class: "mono" }, p.winner || "none")],
+      ["runner-up", el("span", { class: "mono" }, p.runner_up || "none")],
+      ["request", el("span", { class: "mono" }, p.request_id)],
+      ["region", p.region],
+      ["policy", p.policy],
+      ["asked for", `${num(machine.config.guest.cpus)} cpus, ${machine.config.guest.memory_mb} MiB`],
+      ["offers", `${p.offers_received} of ${p.expected_offers} expected`],
+    ];
+    if (p.sampled) facts.push(["sampled", `${p.sampled.asked} of ${p.sampled.of} workers (seed ${p.sampled.seed})`]);
+    if (p.weights && Object.keys(p.weights).length) facts.push(["weights", scalars(p.weights, [])]);
+    const parts = [el("dl", {}, facts.map(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]))];
+
+    const reasons = Object.entries(p.rejections || {});
+    parts.push(el("h3", {}, "Rejections"));
+    parts.push(
+      reasons.length
+        ? el(
+            "ul",
+            { id: "placement-rejections" },
+            reasons.map(([reason, count]) =>
+              el("li", {}, `${reason}: ${count}`, p.unmet && p.unmet[reason] ? ` (${p.unmet[reason].join(", ")})` : ""),
+            ),
+          )
+        : el("p", { class: "empty" }, "no offer was rejected"),
+    );
+
+    const stages = [...new Set((p.offers || []).flatMap((o) => Object.keys(o.scores || {})))];
+    parts.push(el("h3", {}, "Offers, best first"));
+    parts.push(
+      el(
+        "table",
+        { id: "placement-offers" },
+        el("thead", {}, el("tr", {}, el("th", {}, "worker"), stages.map((s) => el("th", {}, s)), el("th", {}, "score"))),
+        el(
+          "tbody",
+          {},
+          (p.offers || []).map((o) =>
+            el(
+              "tr",
+              { class: o.worker_id === p.winner ? "winner" : o.rejected ? "rejected" : null, dataset: { workerId: o.worker_id } },
+              el("td", { class: "id" }, o.worker_id),
+              o.rejected
+                ? el("td", { colspan: stages.length + 1 }, `rejected: ${o.rejected}${o.detail ? ` (${o.detail})` : ""}`)
+                : [stages.map((s) => el("td", {}, s in o.scores ? o.scores[s].toFixed(3) : "")), el("td", {}, o.score == null ? "" : o.score.toFixed(3))],
+            ),
+          ),
+        ),
+      ),
+    );
+
+    parts.push(el("h3", {}, "Claims"));
+    parts.push(
+      (p.claims || []).length
+        ? el("ol", {}, p.claims.map((c) => el("li", {}, `${c.worker_id}: ${c.ok ? "claimed" : `refused${c.reason ? ` (${c.reason})` : ""}`}`)))
+        : el("p", { class: "empty" }, "no claim (a dry run, or nothing fitted)"),
+    );
+
+    const t = p.timings || {};
+    parts.push(el("h3", {}, "Timings"));
+    parts.push(
+      el(
+        "dl",
+        { id: "placement-timings" },
+        ["gather_ms", "rank_ms", "claim_ms", "total_ms"].map((k) => [
+          el("dt", {}, k.replace("_ms", "")),
+          el("dd", {}, `${(t[k] || 0).toFixed(1)} ms`),
+        ]),
+      ),
+    );
+    $("placement").replaceChildren(...parts);
+  }
+
+  // ---- start --------------------------------------------------------------------------------
+
+  function start() {
+    $("app-form").addEventListener("submit", (event) => {
+      event.preventDefault();
+      const input = $("app-input");
+      const app = input.value.trim();
+      if (!APP_NAME.test(app)) {
+        setProblem(`${app || "an empty name"} is not an app name`);
+        return;
+      }
+      input.value = "";
+      rememberApp(app);
+      refreshApp(app).catch(report);
+    });
+    for (const app of new URLSearchParams(location.search).getAll("app")) rememberApp(app);
+    renderApps();
+    renderMachines();
+    setMode("polling");
+    follow();
+    poll();
+  }
+
+  start();
+})();

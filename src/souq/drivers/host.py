@@ -1,0 +1,156 @@
+"""The driver an agent uses on a real host: ``exec`` or ``sandbox`` per machine, with cgroup
+limits on both.
+
+It wraps an :class:`~souq.drivers.exec.ExecDriver`, which does the spawning, watching, reaping
+and adoption for both kinds: a sandboxed machine is an exec machine whose command is prefixed
+with ``bwrap`` (see :mod:`souq.drivers.sandbox`), and a limited one an exec machine whose
+command is prefixed with the cgroup placement shell (see :mod:`souq.drivers.cgroups`); a
+sandboxed, limited machine has both, the shell first (so ``bwrap`` itself is confined). Exit
+statuses pass through :meth:`Cgroups.annotate`, which marks out-of-memory kills. ``destroy``
+removes the machine's cgroup.
+
+Because the prefixes ``exec`` into the command, a command that cannot be found would only show
+as an exit with status 127; ``start`` looks it up first, so that it still fails as a
+:class:`SpawnError` (a ``failed`` machine), as with the bare exec driver.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+from souq.drivers import sandbox
+from souq.drivers.base import ExitStatus, Handle, MachineSpec, RecordsExits, SpawnError
+from souq.drivers.cgroups import DEFAULT_PIDS_MAX, Cgroups, Mode, detect, prune
+from souq.drivers.exec import ExecDriver
+
+__all__ = ["HostDriver"]
+
+log = logging.getLogger(__name__)
+
+_REMOVE_RETRIES = 8
+
+
+class HostDriver:
+    name = "exec"
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        cgroups: Mode | Cgroups = "auto",
+        pids_max: int | None = DEFAULT_PIDS_MAX,
+        sandbox_enabled: bool | None = None,
+    ) -> None:
+        self.exec = ExecDriver(root)
+        self.root = root
+        self.cgroups = (
+            cgroups if isinstance(cgroups, Cgroups) else Cgroups(detect(cgroups), pids_max=pids_max)
+        )
+        self.sandbox = sandbox.available() if sandbox_enabled is None else sandbox_enabled
+        prune(self.cgroups.backend)
+        self._pending_removal: set[asyncio.TimerHandle] = set()
+
+    @property
+    def drivers(self) -> list[str]:
+        """The driver names this worker offers (its fingerprint's ``drivers``)."""
+        return ["exec", "sandbox"] if self.sandbox else ["exec"]
+
+    @property
+    def isolation(self) -> dict[str, object]:
+        return self.cgroups.isolation
+
+    # -- start ---------------------------------------------------------------------------------
+
+    def start(self, spec: MachineSpec) -> Handle:
+        if spec.driver not in self.drivers:
+            raise SpawnError(f"this worker has no {spec.driver!r} driver")
+        workdir = self.exec.machine_dir(spec.machine_id)
+        program = self._resolve(spec, workdir)
+        try:
+            workdir.mkdir(parents=True, exist_ok=True)
+            prefix = list(self.cgroups.prepare(spec.machine_id, spec.limits))
+        except OSError as exc:
+            raise SpawnError(f"cannot set up the machine's cgroup: {exc}") from exc
+        cmd = [program, *spec.cmd[1:]]
+        if spec.driver == "sandbox":
+            jail = sandbox.bwrap_argv(workdir, network=spec.network, machines_root=self.root)
+            prefix += jail
+        if not prefix:
+            return self.exec.start(spec)
+        return self.exec.start(replace(spec, cmd=(*prefix, *cmd)))
+
+    def _resolve(self, spec: MachineSpec, workdir: Path) -> str:
+        """The command's program, checked before a prefix ``exec``s it."""
+        program = spec.cmd[0]
+        if "/" in program:
+            found = str(workdir / program) if not os.path.isabs(program) else program
+        else:
+            path = spec.env.get("PATH", os.environ.get("PATH", os.defpath))
+            found = shutil.which(program, path=path) or ""
+        if not found or not os.path.isfile(found):
+            raise SpawnError(f"cannot run {program!r}: No such file or directory")
+        if not os.access(found, os.X_OK):
+            raise SpawnError(f"cannot run {program!r}: Permission denied")
+        return program if spec.driver == "sandbox" else found
+
+    # -- everything else is the exec driver's, with exits annotated ----------------------------
+
+    async def wait(self, handle: Handle) -> ExitStatus:
+        return self.cgroups.annotate(handle.machine_id, await self.exec.wait(handle))
+
+    async def stop(self, handle: Handle, sig: int, timeout_s: float) -> ExitStatus:
+        status = await self.exec.stop(handle, sig, timeout_s)
+        return self.cgroups.annotate(handle.machine_id, status)
+
+    def last_exit(self, machine_id: str) -> ExitStatus:
+        inner = self.exec
+        status = inner.last_exit(machine_id) if isinstance(inner, RecordsExits) else ExitStatus()
+        return self.cgroups.annotate(machine_id, status)
+
+    def owned_pids(self) -> set[int]:
+        return self.exec.owned_pids()
+
+    def signal(self, handle: Handle, sig: int) -> bool:
+        return self.exec.signal(handle, sig)
+
+    def inspect(self, handle: Handle) -> bool:
+        return self.exec.inspect(handle)
+
+    def recover(self, handle: Handle) -> bool:
+        return self.exec.recover(handle)
+
+    def find(self, machine_id: str) -> Handle | None:
+        return self.exec.find(machine_id)
+
+    def read_output(self, machine_id: str, offset: int, max_bytes: int) -> tuple[bytes, int]:
+        return self.exec.read_output(machine_id, offset, max_bytes)
+
+    def destroy(self, machine_id: str) -> None:
+        self.exec.destroy(machine_id)
+        if not self.cgroups.remove(machine_id):
+            self._remove_later(machine_id, 0)
+
+    def _remove_later(self, machine_id: str, attempt: int) -> None:
+        """Its processes were killed but have not all finished dying: try again, backing off."""
+        if attempt >= _REMOVE_RETRIES:
+            log.warning("the cgroup of machine %s is still busy; leaving it", machine_id)
+            return
+
+        def retry() -> None:
+            self._pending_removal.discard(timer)
+            if not self.cgroups.remove(machine_id):
+                self._remove_later(machine_id, attempt + 1)
+
+        timer = asyncio.get_running_loop().call_later(0.005 * 2**attempt, retry)
+        self._pending_removal.add(timer)
+
+    def close(self) -> None:
+        for timer in self._pending_removal:
+            timer.cancel()
+        self._pending_removal.clear()
+        self.exec.close()

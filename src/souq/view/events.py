@@ -1,0 +1,117 @@
+"""The broker's stream of cluster events: a bounded ring of machine and worker events, each with a
+per-broker sequence number, that ``GET /v1/events`` reads (and follows) from any point still held.
+
+Sequence numbers are this broker's: they start at 1 when the broker starts and only grow; another
+broker numbers the same events differently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import Literal
+
+from pydantic import Field
+
+from souq.model import MachineEvent, MachineState, Record, WorkerState
+
+__all__ = ["ClusterEvent", "EventLog"]
+
+
+class ClusterEvent(Record):
+    """One event of the stream: a machine's state change (``kind: machine``) or a worker going
+    up or down (``kind: worker``)."""
+
+    seq: int = Field(description="per-broker, strictly increasing; the SSE `id:`")
+    kind: Literal["machine", "worker"]
+    timestamp: int = Field(description="milliseconds since the epoch")
+    worker_id: str
+    region: str
+    machine_id: str | None = None
+    app: str | None = None
+    state: MachineState | WorkerState = Field(description="the machine's or the worker's state")
+    previous: WorkerState | None = Field(default=None, description="worker events: before")
+    event: MachineEvent | None = Field(default=None, description="machine events: the event")
+
+
+class EventLog:
+    """A ring of the last ``capacity`` events, and a way to wait for the next one."""
+
+    def __init__(self, capacity: int = 10_000) -> None:
+        self._ring: deque[ClusterEvent] = deque(maxlen=capacity)
+        self._seq = 0
+        self._changed = asyncio.Event()
+
+    @property
+    def last_seq(self) -> int:
+        return self._seq
+
+    def append_machine(
+        self, *, machine_id: str, app: str, worker_id: str, region: str, event: MachineEvent
+    ) -> ClusterEvent:
+        return self._append(
+            kind="machine",
+            timestamp=event.timestamp,
+            worker_id=worker_id,
+            region=region,
+            machine_id=machine_id,
+            app=app,
+            state=event.status,
+            event=event,
+        )
+
+    def append_worker(
+        self,
+        *,
+        worker_id: str,
+        region: str,
+        state: WorkerState,
+        previous: WorkerState | None,
+        timestamp: int,
+    ) -> ClusterEvent:
+        return self._append(
+            kind="worker",
+            timestamp=timestamp,
+            worker_id=worker_id,
+            region=region,
+            state=state,
+            previous=previous,
+        )
+
+    def _append(self, **fields: object) -> ClusterEvent:
+        self._seq += 1
+        item = ClusterEvent.model_validate({"seq": self._seq, **fields})
+        self._ring.append(item)
+        self._changed.set()
+        self._changed = asyncio.Event()
+        return item
+
+    def since(
+        self, seq: int, *, app: str | None = None, worker: str | None = None
+    ) -> list[ClusterEvent]:
+        """Events after ``seq`` still in the ring, oldest first, filtered."""
+        if not self._ring or seq >= self._seq:
+            return []
+        first = self._ring[0].seq
+        start = max(0, seq + 1 - first)
+        out = []
+        for i in range(start, len(self._ring)):
+            item = self._ring[i]
+            if app is not None and item.app != app:
+                continue
+            if worker is not None and item.worker_id != worker:
+                continue
+            out.append(item)
+        return out
+
+    async def wait_after(self, seq: int, timeout: float) -> bool:
+        """Wait until an event after ``seq`` exists; False if ``timeout`` passes first."""
+        if self._seq > seq:
+            return True
+        try:
+            async with asyncio.timeout(timeout):
+                while self._seq <= seq:
+                    await self._changed.wait()
+        except TimeoutError:
+            return False
+        return True

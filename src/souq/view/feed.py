@@ -1,0 +1,276 @@
+"""The cluster view on the bus: keeps a :class:`ViewStore` in step with the workers.
+
+* Every machine event (``souq.evt.>``) is applied to its row at once, and appended to the
+  broker's :class:`EventLog`. An event for a machine the view has not seen makes it fetch the
+  record from the worker (``get``).
+* Anti-entropy: every ``sync_interval_s`` (and at once when a worker appears or comes back) the
+  view gathers ``souq.all.digest``; a worker whose digest differs from the view's rows for it is
+  listed (``souq.worker.<id>.list``) and its rows are replaced — at once if it was not synced
+  yet, else when it differs in two rounds running (a single difference is usually events still
+  in flight). A missed or reordered event heals within two rounds.
+* Worker liveness comes from :class:`souq.broker.liveness.Liveness`; a watcher turns changes of a
+  worker's state into worker events.
+
+The view is *complete* once every worker that is not down has been synced since it was last seen
+appearing or coming back; until then the broker answers lists the old way (asking every worker).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+from typing import Protocol
+
+from souq.bus import Subscription, Transport, decode, encode, subjects, unwrap_as, unwrap_list_as
+from souq.clock import Clock
+from souq.errors import SouqError
+from souq.model import (
+    ListCommand,
+    Machine,
+    MachineEventMessage,
+    MachineRef,
+    WorkerDigest,
+    WorkerInfo,
+    WorkerState,
+)
+from souq.view.digest import machines_digest
+from souq.view.events import EventLog
+from souq.view.store import ViewStore
+
+__all__ = ["ClusterView", "ViewStatus", "WorkerSource"]
+
+log = logging.getLogger(__name__)
+
+TOMBSTONE_TTL_MS = 10 * 60 * 1000
+
+
+class WorkerSource(Protocol):
+    """What the view needs of the worker table (a :class:`Liveness` provides it)."""
+
+    def workers(self) -> list[WorkerInfo]: ...
+
+    def state_of(self, worker_id: str) -> WorkerState | None: ...
+
+
+@dataclass(frozen=True)
+class ViewStatus:
+    complete: bool
+    as_of_ms: int | None  # the last time every live worker was confirmed equal to the view
+    lag_ms: int  # how late the last applied event arrived (receipt - its timestamp)
+    machines: int  # rows, tombstones included
+    bytes: int  # what the view's SQLite database holds
+
+
+class ClusterView:
+    def __init__(
+        self,
+        transport: Transport,
+        workers: WorkerSource,
+        clock: Clock,
+        *,
+        sync_interval_s: float = 5.0,
+        tick_s: float = 0.25,
+        request_timeout_s: float = 2.0,
+        events_capacity: int = 10_000,
+    ) -> None:
+        self.store = ViewStore()
+        self.events = EventLog(events_capacity)
+        self._transport = transport
+        self._workers = workers
+        self._clock = clock
+        self._sync_interval_s = sync_interval_s
+        self._tick_s = tick_s
+        self._timeout = request_timeout_s
+        self._sub: Subscription | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._fetching: set[str] = set()
+        self._fetches: set[asyncio.Task[None]] = set()
+        self._synced: set[str] = set()
+        self._suspects: set[str] = set()  # synced workers whose digest differed last round
+        self._states: dict[str, WorkerState] = {}
+        self._wake = asyncio.Event()
+        self._rounds = 0
+        self._as_of_ms: int | None = None
+        self._lag_ms = 0
+        self.applied = 0  # events applied (a counter for metrics and tests)
+
+    async def start(self) -> None:
+        self._sub = await self._transport.subscribe(subjects.ALL_EVENTS, self._on_event)
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="souq-view")
+
+    async def close(self) -> None:
+        if self._sub is not None:
+            await self._sub.unsubscribe()
+            self._sub = None
+        tasks = [t for t in (self._task, *self._fetches) if t is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._task = None
+        self.store.close()
+
+    # -- status ------------------------------------------------------------------------------
+
+    @property
+    def complete(self) -> bool:
+        if self._rounds == 0:
+            return False
+        return all(
+            w.id in self._synced for w in self._workers.workers() if w.state != WorkerState.DOWN
+        )
+
+    def status(self) -> ViewStatus:
+        return ViewStatus(
+            complete=self.complete,
+            as_of_ms=self._as_of_ms,
+            lag_ms=self._lag_ms,
+            machines=self.store.size(),
+            bytes=self.store.memory_bytes(),
+        )
+
+    # -- changes -----------------------------------------------------------------------------
+
+    def apply(self, machine: Machine) -> None:
+        """A machine record straight from its worker (e.g. a create or destroy this broker
+        made): read-your-writes on this broker."""
+        self.store.apply_machine(machine)
+
+    async def _on_event(self, subject: str, data: bytes) -> None:
+        try:
+            msg = decode(data, MachineEventMessage)
+        except SouqError as exc:
+            log.warning("the view ignores an event on %s: %s", subject, exc)
+            return
+        self.on_event(msg)
+
+    def on_event(self, msg: MachineEventMessage) -> None:
+        self._lag_ms = max(0, self._clock.now_ms() - msg.event.timestamp)
+        self.events.append_machine(
+            machine_id=msg.machine_id,
+            app=msg.app,
+            worker_id=msg.worker_id,
+            region=msg.region,
+            event=msg.event,
+        )
+        applied = self.store.apply_event(msg)
+        if applied is None:
+            self._fetch(msg)
+        elif applied:
+            self.applied += 1
+
+    def _fetch(self, msg: MachineEventMessage) -> None:
+        if msg.machine_id in self._fetching:
+            return
+        self._fetching.add(msg.machine_id)
+        task = asyncio.get_running_loop().create_task(self._get(msg))
+        self._fetches.add(task)
+        task.add_done_callback(self._fetches.discard)
+
+    async def _get(self, msg: MachineEventMessage) -> None:
+        ref = MachineRef(app=msg.app, machine_id=msg.machine_id)
+        try:
+            data = await self._transport.request(
+                subjects.worker(msg.worker_id, "get"), encode(ref), timeout=self._timeout
+            )
+            self.store.apply_machine(unwrap_as(data, Machine))
+            self.applied += 1
+        except (SouqError, ValueError) as exc:
+            log.info("the view could not fetch machine %s: %s", msg.machine_id, exc)
+        finally:
+            self._fetching.discard(msg.machine_id)
+
+    # -- the loop: worker states and anti-entropy --------------------------------------------
+
+    async def _run(self) -> None:
+        next_round = 0.0
+        while True:
+            self._watch_workers()
+            now = self._clock.monotonic()
+            if now >= next_round or self._wake.is_set():
+                self._wake.clear()
+                try:
+                    await self.sync_round()
+                except SouqError as exc:
+                    log.info("a view sync round failed: %s", exc)
+                next_round = self._clock.monotonic() + self._sync_interval_s
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._tick_s):
+                    await self._wake.wait()
+
+    def _watch_workers(self) -> None:
+        """Turn changes of each worker's state into worker events; a worker that appears or
+        comes back must be synced again before the view counts as complete."""
+        now = self._clock.now_ms()
+        for w in self._workers.workers():
+            before = self._states.get(w.id)
+            if before == w.state:
+                continue
+            self._states[w.id] = w.state
+            if w.state != WorkerState.DOWN and (before is None or before == WorkerState.DOWN):
+                self._synced.discard(w.id)
+                self._wake.set()
+            self.events.append_worker(
+                worker_id=w.id, region=w.region, state=w.state, previous=before, timestamp=now
+            )
+
+    async def sync_round(self) -> None:
+        """Compare every worker's digest with the view's; re-list the workers that differ."""
+        started_ms = self._clock.now_ms()
+        live = [w.id for w in self._workers.workers() if w.state != WorkerState.DOWN]
+        replies = await self._transport.gather(
+            subjects.all_workers("digest"), b"{}", expect=len(live) or None, timeout=self._timeout
+        )
+        answered: set[str] = set()
+        mine = self.store.digests()
+        empty = machines_digest([])
+        suspects: set[str] = set()
+        for i, data in enumerate(replies):
+            if i % 200 == 199:
+                await asyncio.sleep(0)  # a large cluster's digests must not stall the events
+            try:
+                digest = unwrap_as(data, WorkerDigest)
+            except (SouqError, ValueError) as exc:
+                log.info("the view ignores a digest reply: %s", exc)
+                continue
+            wid = digest.worker_id
+            answered.add(wid)
+            if digest.digest == mine.get(wid, empty):
+                self._synced.add(wid)
+            elif wid in self._synced and wid not in self._suspects:
+                suspects.add(wid)  # maybe events in flight: re-list it if it still differs
+            elif await self._resync(wid, before=started_ms):
+                self._synced.add(wid)
+        self._suspects = suspects
+        self.store.prune(destroyed_before=started_ms - TOMBSTONE_TTL_MS)
+        self._rounds += 1
+        if all(w in answered for w in live):
+            self._as_of_ms = started_ms
+
+    async def _resync(self, worker_id: str, *, before: int) -> bool:
+        try:
+            data = await self._transport.request(
+                subjects.worker(worker_id, "list"), encode(ListCommand()), timeout=self._timeout
+            )
+            machines = unwrap_list_as(data, Machine)
+        except (SouqError, ValueError) as exc:
+            log.info("the view could not list worker %s: %s", worker_id, exc)
+            return False
+        changed = self.store.reconcile_worker(worker_id, machines, before=before)
+        if changed:
+            log.info("anti-entropy: %d machine rows of worker %s healed", changed, worker_id)
+        return True
+
+    async def resync(self) -> None:
+        """After a NATS outage events may be lost: sync every worker again before serving lists
+        from the view (until then lists ask the workers)."""
+        self._synced.clear()
+        self._suspects.clear()
+        self._wake.set()
+
+    def wake(self) -> None:
+        """Run a sync round now (tests; a broker that reconnected to NATS)."""
+        self._wake.set()

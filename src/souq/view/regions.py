@@ -1,0 +1,73 @@
+"""Regions as a caller sizing a deploy sees them: workers up and down, and how many more machines
+of a given size fit. Pure: computed from the worker table."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from pydantic import Field
+
+from souq.model import Record, Resources, WorkerInfo, WorkerState
+
+__all__ = ["RegionSummary", "fits", "summarise_regions"]
+
+
+class RegionSummary(Record):
+    name: str
+    workers: int
+    workers_up: int = Field(description="up and taking machines")
+    workers_cordoned: int = Field(description="cordoned or draining: no new machines")
+    workers_down: int
+    capacity: Resources = Field(description="summed over the workers up or cordoned")
+    allocated: Resources
+    machines: int = Field(description="machines not destroyed, as the workers last reported")
+    fits: int = Field(
+        description="machines of the asked size that fit: over up workers, floor(free / size) "
+        "per resource, the least across resources, summed"
+    )
+
+
+def fits(worker: WorkerInfo, size: Resources) -> int:
+    """How many machines of ``size`` fit in what ``worker`` has free."""
+    free = worker.capacity.minus(worker.allocated)
+    pairs = [
+        (free.millicpus, size.millicpus),
+        (free.memory_mb, size.memory_mb),
+        (free.disk_mb, size.disk_mb),
+        (free.gpus, size.gpus),
+    ]
+    counts = [max(0, have // need) for have, need in pairs if need > 0]
+    return min(counts) if counts else 0
+
+
+def summarise_regions(workers: Iterable[WorkerInfo], size: Resources) -> list[RegionSummary]:
+    by_region: dict[str, list[WorkerInfo]] = {}
+    for w in workers:
+        by_region.setdefault(w.region, []).append(w)
+    out = []
+    for name in sorted(by_region):
+        ws = by_region[name]
+        live = [w for w in ws if w.state != WorkerState.DOWN]
+        out.append(
+            RegionSummary(
+                name=name,
+                workers=len(ws),
+                workers_up=sum(w.state == WorkerState.UP for w in ws),
+                workers_cordoned=sum(
+                    w.state in (WorkerState.CORDONED, WorkerState.DRAINING) for w in ws
+                ),
+                workers_down=sum(w.state == WorkerState.DOWN for w in ws),
+                capacity=_sum(w.capacity for w in live),
+                allocated=_sum(w.allocated for w in live),
+                machines=sum(w.machines for w in live),
+                fits=sum(fits(w, size) for w in ws if w.state == WorkerState.UP),
+            )
+        )
+    return out
+
+
+def _sum(items: Iterable[Resources]) -> Resources:
+    total = Resources.zero()
+    for r in items:
+        total = total.plus(r)
+    return total

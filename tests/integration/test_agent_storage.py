@@ -1,0 +1,86 @@
+"""Storage faults: a corrupt state file is detected at start, set aside, and the agent refuses
+to start with a clear message instead of forgetting its machines silently."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from souq.agent.store import Store
+from souq.errors import StorageError
+from souq.model import MachineState, StopCommand
+from tests.integration.agent_harness import APP, pid_alive, running_agent
+
+
+def corrupt(path: Path) -> None:
+    with open(path, "r+b") as f:
+        f.seek(0)
+        f.write(b"this is not sqlite at all!!")
+
+
+def test_a_corrupt_state_file_is_set_aside_and_the_store_refuses(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    worker_id = store.worker_id()
+    store.close()
+    corrupt(tmp_path / "state.db")
+    with pytest.raises(StorageError, match="is corrupt") as caught:
+        Store(tmp_path)
+    aside = Path(caught.value.details["set_aside"])
+    assert aside.exists() and aside.name.startswith("state.db.corrupt-")
+    assert not (tmp_path / "state.db").exists()
+    # It keeps refusing (no silent fresh start) until someone decides.
+    with pytest.raises(StorageError, match="set aside"):
+        Store(tmp_path)
+    # Deleting the corrupt copy is a decision to start afresh.
+    aside.unlink()
+    fresh = Store(tmp_path)
+    assert fresh.worker_id() != worker_id
+    fresh.close()
+
+
+def test_souq_agent_refuses_to_start_on_a_corrupt_state_file(tmp_path: Path) -> None:
+    Store(tmp_path).close()
+    corrupt(tmp_path / "state.db")
+    args = ["--region", "mad", "--nats", "nats://127.0.0.1:1", "--data-dir", str(tmp_path)]
+    done = subprocess.run(
+        [sys.executable, "-m", "souq.agent", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert done.returncode == 1
+    assert "is corrupt" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_failed_write_fails_the_operation_cleanly(nats_url: str, tmp_path: Path) -> None:
+    """A write that fails (here the connection turned read-only, as a read-only file or a full
+    disk would) fails the command with ``storage_error``; nothing is half-done."""
+
+    async def body() -> None:
+        async with running_agent(nats_url, tmp_path) as h:
+            m = await h.claim(["sleep", "60"])
+            db = h.agent.store._db
+            db.execute("PRAGMA query_only=1")
+            with pytest.raises(StorageError, match="state file failed"):
+                await h.claim(["sleep", "60"])
+            with pytest.raises(StorageError):
+                await h.machine("stop", StopCommand(app=APP, machine_id=m.id))
+            # Nothing happened: no new machine, no signal sent, nothing reserved.
+            assert m.pid is not None and pid_alive(m.pid)
+            assert (await h.get(m.id)).state is MachineState.STARTED
+            assert h.agent.executor.machine_count() == 1
+            assert h.agent.executor.allocated.cpus == 1
+            db.execute("PRAGMA query_only=0")
+            assert db.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+            assert (await h.machine("stop", StopCommand(app=APP, machine_id=m.id))).state in (
+                MachineState.STOPPING,
+                MachineState.STOPPED,
+            )
+
+    asyncio.run(body())

@@ -1,0 +1,216 @@
+"""Limits and sandboxes on this host: real cgroups (v2 or v1, whichever the host has) and real
+bubblewrap. Assertions read the kernel's counters, never timings."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from souq.drivers import sandbox
+from souq.drivers.base import Limits, MachineSpec, SpawnError
+from souq.drivers.cgroups import Cgroups, detect
+from souq.drivers.host import HostDriver
+from souq.model import MachineState
+from tests.integration.agent_harness import eventually, running_agent
+
+_BACKEND = detect()
+needs_cgroups = pytest.mark.skipif(_BACKEND is None, reason="no usable cgroups on this host")
+needs_bwrap = pytest.mark.skipif(not sandbox.available(), reason="bubblewrap cannot run here")
+
+
+def spec(
+    *cmd: str,
+    machine_id: str,
+    limits: Limits | None = None,
+    driver: str = "exec",
+    network: bool = True,
+) -> MachineSpec:
+    return MachineSpec(
+        machine_id=machine_id,
+        app="demo",
+        region="mad",
+        worker_id="w1",
+        cmd=cmd,
+        env={},
+        limits=limits or Limits(),
+        driver=driver,
+        network=network,
+    )
+
+
+def driver(root: Path) -> HostDriver:
+    return HostDriver(root, cgroups=Cgroups(_BACKEND), sandbox_enabled=sandbox.available())
+
+
+@needs_cgroups
+def test_a_machine_that_allocates_beyond_its_memory_limit_exits_with_oom(tmp_path: Path) -> None:
+    hog = "b = bytearray(256 * 1024 * 1024)\nfor i in range(0, len(b), 4096): b[i] = 1"
+    mid = "oom-hog"
+
+    async def body() -> None:
+        d = driver(tmp_path)
+        assert d.isolation["cgroups"] in ("v1", "v2")
+        assert "memory" in d.isolation["enforced"]  # type: ignore[operator]
+        handle = d.start(spec(sys.executable, "-c", hog, machine_id=mid, limits=Limits(64)))
+        status = await asyncio.wait_for(d.wait(handle), 30)
+        assert status.reason == "oom", status
+        assert status.signal == "SIGKILL"
+        assert "out of memory (oom)" in status.describe()
+        ok = d.start(spec("true", machine_id=mid, limits=Limits(64)))  # the same cgroup, reused
+        assert (await asyncio.wait_for(d.wait(ok), 30)).reason is None  # counted from its start
+        d.destroy(mid)
+        await eventually(lambda: not any(p.exists() for p in d.cgroups.backend.dirs(mid)))  # type: ignore[union-attr]
+        d.close()
+
+    asyncio.run(body())
+
+
+@needs_cgroups
+def test_a_cpu_limited_busy_loop_is_throttled_by_the_kernel(tmp_path: Path) -> None:
+    mid = "busy"
+
+    async def body() -> None:
+        d = driver(tmp_path)
+        handle = d.start(
+            spec("sh", "-c", "while :; do :; done", machine_id=mid, limits=Limits(cpus=0.05))
+        )
+        stat = await eventually(
+            lambda: d.cgroups.cpu_stat(mid).get("nr_throttled", 0) >= 2 and d.cgroups.cpu_stat(mid),
+            timeout=10,
+            what="the kernel to throttle the machine",
+        )
+        assert stat["nr_throttled"] >= 2
+        await d.stop(handle, signal.SIGKILL, 5)
+        d.destroy(mid)
+        d.close()
+
+    asyncio.run(body())
+
+
+@needs_cgroups
+def test_the_machine_is_in_its_cgroup_from_its_first_instruction(tmp_path: Path) -> None:
+    mid = "where"
+
+    async def body() -> None:
+        d = driver(tmp_path)
+        handle = d.start(spec("cat", "/proc/self/cgroup", machine_id=mid, limits=Limits(128, 1)))
+        await asyncio.wait_for(d.wait(handle), 10)
+        out, _ = d.read_output(mid, 0, 1 << 16)
+        assert f"/souq/{mid}" in out.decode(), out
+        pids_max = d.cgroups.backend.dirs(mid)[-1].parent / mid / "pids.max"  # type: ignore[union-attr]
+        if pids_max.exists():
+            assert pids_max.read_text().strip() == "4096"
+        d.destroy(mid)
+        d.close()
+
+    asyncio.run(body())
+
+
+@needs_bwrap
+def test_a_sandboxed_machine_is_jailed(tmp_path: Path) -> None:
+    script = (
+        "echo pid=$$; "
+        "touch /usr/souq-escape 2>/dev/null && echo usr=writable || echo usr=readonly; "
+        'echo tmp="$(ls -A /tmp | wc -l)"; '
+        'echo ifaces="$(tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d " " | sort | tr "\\n" ,)"; '
+        "echo here > mine && echo workdir=writable"
+    )
+
+    async def body() -> None:
+        d = driver(tmp_path)
+        assert "sandbox" in d.drivers
+        handle = d.start(
+            spec("sh", "-c", script, machine_id="jail", driver="sandbox", network=False)
+        )
+        assert (await asyncio.wait_for(d.wait(handle), 10)).code == 0
+        out = dict(
+            line.split("=", 1) for line in d.read_output("jail", 0, 1 << 16)[0].decode().split()
+        )
+        assert int(out["pid"]) <= 3  # its own pid namespace: bwrap is 1, the command 2
+        assert out["usr"] == "readonly"
+        assert out["tmp"] == "0"
+        assert out["ifaces"] == "lo,"
+        assert out["workdir"] == "writable"
+        assert (tmp_path / "jail" / "mine").read_text() == "here\n"
+        d.destroy("jail")
+        d.close()
+
+    asyncio.run(body())
+
+
+@needs_bwrap
+def test_a_sandboxed_machine_with_network_keeps_the_hosts_interfaces(tmp_path: Path) -> None:
+    async def body() -> None:
+        d = driver(tmp_path)
+        handle = d.start(
+            spec("cat", "/proc/net/dev", machine_id="net", driver="sandbox", network=True)
+        )
+        assert (await asyncio.wait_for(d.wait(handle), 10)).code == 0
+        host = Path("/proc/net/dev").read_text().count(":")
+        assert d.read_output("net", 0, 1 << 16)[0].decode().count(":") == host
+        d.close()
+
+    asyncio.run(body())
+
+
+def test_without_cgroups_machines_run_unenforced_and_say_so(tmp_path: Path) -> None:
+    async def body() -> None:
+        d = HostDriver(tmp_path, cgroups="none", sandbox_enabled=False)
+        assert d.isolation == {"cgroups": "none", "enforced": []}
+        assert d.drivers == ["exec"]
+        handle = d.start(spec("true", machine_id="plain", limits=Limits(64, 0.5)))
+        assert (await asyncio.wait_for(d.wait(handle), 10)).code == 0
+        d.close()
+
+    asyncio.run(body())
+
+
+def test_a_command_that_cannot_be_found_still_fails_to_spawn(tmp_path: Path) -> None:
+    async def body() -> None:
+        d = driver(tmp_path)
+        with pytest.raises(SpawnError, match="cannot run 'no-such-command-souq'"):
+            d.start(spec("no-such-command-souq", machine_id="nope", limits=Limits(64)))
+        d.close()
+
+    asyncio.run(body())
+
+
+@needs_cgroups
+def test_the_agent_reports_an_oom_exit_and_its_isolation(nats_url: str, tmp_path: Path) -> None:
+    hog = "b = bytearray(256 * 1024 * 1024)\nfor i in range(0, len(b), 4096): b[i] = 1"
+
+    async def body() -> None:
+        async with running_agent(nats_url, tmp_path) as h:
+            fp = h.agent.fingerprint
+            assert fp.isolation["cgroups"] in ("v1", "v2")
+            assert "memory" in fp.isolation["enforced"]
+            assert fp.drivers == (["exec", "sandbox"] if sandbox.available() else ["exec"])
+            m = await h.claim([sys.executable, "-c", hog], memory_mb=64, restart={"policy": "no"})
+            m = await h.wait(m.id, MachineState.STOPPED, timeout_s=30)
+            exit_event = next(e for e in m.events if e.type == "exit")
+            assert exit_event.signal == "SIGKILL"
+            assert exit_event.message is not None
+            assert "out of memory (oom)" in exit_event.message
+
+    asyncio.run(body())
+
+
+@needs_bwrap
+def test_the_agent_runs_a_machine_in_the_sandbox_when_asked(nats_url: str, tmp_path: Path) -> None:
+    async def body() -> None:
+        async with running_agent(nats_url, tmp_path) as h:
+            m = await h.claim(
+                ["sh", "-c", "echo pid=$$ host=$(hostname)"],
+                driver="sandbox",
+                sandbox={"network": False},
+            )
+            assert m.config.driver == "sandbox"
+            out = await h.output(m.id, "host=")
+            assert "host=sandbox" in out
+            assert int(out.split("pid=")[1].split()[0]) <= 3
+
+    asyncio.run(body())

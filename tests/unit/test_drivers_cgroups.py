@@ -1,0 +1,68 @@
+"""The cgroup backends against a fake cgroup tree (plain directories): which files they write,
+and how the placement prefix and OOM marking work."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from souq.drivers.base import ExitStatus, Limits
+from souq.drivers.cgroups import Cgroups, V1Backend, V2Backend, prune
+
+
+def test_v2_writes_memory_cpu_and_pids_limits(tmp_path: Path) -> None:
+    cg = Cgroups(V2Backend(tmp_path), pids_max=100)
+    prefix = cg.prepare("m1", Limits(memory_mb=64, cpus=0.5))
+    d = tmp_path / "m1"
+    assert (d / "memory.max").read_text() == str(64 * 1024 * 1024)
+    assert (d / "cpu.max").read_text() == "50000 100000"
+    assert (d / "pids.max").read_text() == "100"
+    assert prefix[:2] == ("/bin/sh", "-c")
+    assert f"echo $$ > {d}/cgroup.procs" in prefix[2]
+    assert prefix[2].endswith('exec "$@"')
+    assert cg.isolation == {"cgroups": "v2", "enforced": ["memory", "cpu", "pids"]}
+
+
+def test_v1_writes_one_directory_per_controller(tmp_path: Path) -> None:
+    bases = {c: tmp_path / c for c in ("memory", "cpu", "pids")}
+    for b in bases.values():
+        b.mkdir()
+    cg = Cgroups(V1Backend(bases))
+    prefix = cg.prepare("m1", Limits(memory_mb=32, cpus=2))
+    assert (bases["memory"] / "m1" / "memory.limit_in_bytes").read_text() == str(32 << 20)
+    assert (bases["cpu"] / "m1" / "cpu.cfs_quota_us").read_text() == "200000"
+    assert (bases["pids"] / "m1" / "pids.max").read_text() == "4096"
+    assert prefix[2].count("cgroup.procs") == 3
+
+
+def test_an_exit_is_marked_oom_when_the_kernel_counter_rose_since_the_start(
+    tmp_path: Path,
+) -> None:
+    cg = Cgroups(V2Backend(tmp_path))
+    cg.prepare("m1", Limits(memory_mb=64))
+    events = tmp_path / "m1" / "memory.events"
+    events.write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 0\n")
+    killed = ExitStatus(signal="SIGKILL")
+    assert cg.annotate("m1", killed) == killed  # the baseline was read before the file existed
+    cg.prepare("m1", Limits(memory_mb=64))  # a restart: baseline 0
+    events.write_text("oom 1\noom_kill 1\n")
+    assert cg.annotate("m1", killed).reason == "oom"
+    assert cg.annotate("m1", killed).reason == "oom"  # asking twice gives the same answer
+    assert "out of memory" in cg.annotate("m1", killed).describe()
+
+
+def test_without_a_backend_nothing_is_prefixed_or_enforced() -> None:
+    cg = Cgroups(None)
+    assert cg.prepare("m1", Limits(memory_mb=64)) == ()
+    assert cg.annotate("m1", ExitStatus(code=1)) == ExitStatus(code=1)
+    assert cg.isolation == {"cgroups": "none", "enforced": []}
+    assert cg.remove("m1")
+
+
+def test_prune_removes_old_empty_cgroups_only(tmp_path: Path) -> None:
+    backend = V2Backend(tmp_path)
+    (tmp_path / "old").mkdir()
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "cgroup.procs").write_text("1\n")
+    assert prune(backend, older_than_s=60) == 0  # both are new
+    assert prune(backend, older_than_s=-1) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["busy"]

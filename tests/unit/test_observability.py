@@ -1,0 +1,63 @@
+"""JSON log lines carry the ids bound to their context; the agent's metrics server answers."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+
+import httpx
+
+from souq.agent.metrics import AgentCollector, serve_metrics
+from souq.logs import JsonFormatter, bind, current, log_context
+from souq.model import MachineState
+
+
+def _line(logger: logging.Logger, formatter: JsonFormatter, text: str) -> dict[str, object]:
+    record = logger.makeRecord(logger.name, logging.INFO, __file__, 1, text, (), None)
+    parsed: dict[str, object] = json.loads(formatter.format(record))
+    return parsed
+
+
+def test_json_lines_carry_the_context_ids_and_drop_them_after() -> None:
+    logger = logging.getLogger("souq.test")
+    formatter = JsonFormatter()
+    with log_context(request_id="r1", machine_id="m1", app=None):
+        line = _line(logger, formatter, "claimed")
+        assert {k: line[k] for k in ("request_id", "machine_id", "msg", "level")} == {
+            "request_id": "r1",
+            "machine_id": "m1",
+            "msg": "claimed",
+            "level": "info",
+        }
+        assert "app" not in line
+    assert "request_id" not in _line(logger, formatter, "after")
+    assert current() == {}
+
+
+def test_bind_adds_to_the_current_context() -> None:
+    with log_context(request_id="r2"):
+        bind(machine_id="m2")
+        assert current() == {"request_id": "r2", "machine_id": "m2"}
+    assert current() == {}
+
+
+@dataclass
+class Row:
+    state: MachineState
+    restarts: int
+
+
+def test_the_agent_serves_machines_by_state_and_restarts() -> None:
+    rows = [
+        Row(MachineState.STARTED, 2),
+        Row(MachineState.STARTED, 0),
+        Row(MachineState.STOPPED, 1),
+    ]
+    server = serve_metrics(0, AgentCollector("w1", lambda: rows))
+    try:
+        text = httpx.get(f"http://127.0.0.1:{server.port}/metrics", timeout=10).text
+    finally:
+        server.close()
+    assert 'souq_agent_machines{state="started",worker="w1"} 2.0' in text
+    assert 'souq_agent_machine_restarts_total{worker="w1"} 3.0' in text
