@@ -553,5 +553,6 @@ class Executor:
                 region=row.region,
                 state=row.state,
                 event=event,
+                machine=row.to_machine(self.worker_id) if event.type == "launch" else None,
             )
         )

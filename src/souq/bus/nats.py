@@ -90,46 +90,36 @@ class NatsTransport:
     async def gather(
         self, subject: str, data: bytes, *, expect: int | None, timeout: float
     ) -> list[bytes]:
-        if not self._nc.is_connected:
-            raise Unavailable("the NATS connection is down", hint="check that NATS is running")
-        token = str(next(self._ids))
-        gathering = _Gathering(expect=expect)
-        self._gatherings[token] = gathering
-        try:
-            await self._nc.publish(subject, data, reply=f"{self._inbox}.{token}")
-            if expect != 0:
-                try:
-                    async with asyncio.timeout(timeout):
-                        await gathering.done.wait()
-                except TimeoutError:
-                    pass
-        except nats.errors.Error as exc:
-            raise Unavailable(f"NATS publish on {subject} failed: {exc}") from exc
-        finally:
-            del self._gatherings[token]
-        return gathering.replies
+        return await self._collect([subject], data, _Gathering(expect=expect), timeout)
 
     async def gather_from(
         self, subjects: Sequence[str], data: bytes, *, timeout: float
     ) -> list[bytes]:
-        if not self._nc.is_connected:
-            raise Unavailable("the NATS connection is down", hint="check that NATS is running")
         if not subjects:
             return []
-        token = str(next(self._ids))
         gathering = _Gathering(expect=len(subjects), per_subject=True)
+        return await self._collect(subjects, data, gathering, timeout)
+
+    async def _collect(
+        self, subjects: Sequence[str], data: bytes, gathering: _Gathering, timeout: float
+    ) -> list[bytes]:
+        """Publish ``data`` to every subject with one reply inbox, and collect the replies
+        until ``gathering`` is done or ``timeout`` passes."""
+        if not self._nc.is_connected:
+            raise Unavailable("the NATS connection is down", hint="check that NATS is running")
+        token = str(next(self._ids))
         self._gatherings[token] = gathering
         reply = f"{self._inbox}.{token}"
         try:
             for subject in subjects:  # buffered by the client: one write for the lot
                 await self._nc.publish(subject, data, reply=reply)
-            try:
-                async with asyncio.timeout(timeout):
-                    await gathering.done.wait()
-            except TimeoutError:
-                pass
+            if gathering.expect != 0:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(timeout):
+                        await gathering.done.wait()
         except nats.errors.Error as exc:
-            raise Unavailable(f"NATS publish to {len(subjects)} subjects failed: {exc}") from exc
+            where = subjects[0] if len(subjects) == 1 else f"{len(subjects)} subjects"
+            raise Unavailable(f"NATS publish on {where} failed: {exc}") from exc
         finally:
             del self._gatherings[token]
         return gathering.replies

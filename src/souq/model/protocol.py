@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import Field
 
 from souq.model.base import Input, Record
-from souq.model.machine import MachineConfig, MachineEvent, MachineState
+from souq.model.machine import Machine, MachineConfig, MachineEvent, MachineState
 from souq.model.placement import Placement
 from souq.model.policy import PlacementPolicy
 from souq.model.resources import Resources
@@ -199,6 +199,11 @@ class MachineEventMessage(Record):
     region: str
     state: MachineState
     event: MachineEvent
+    machine: Machine | None = Field(
+        default=None,
+        description="the whole record, on a machine's first event (launch): a view learns a "
+        "new machine from its events alone, without asking the worker",
+    )
 
 
 class WorkerDigest(Record):

@@ -156,6 +156,8 @@ class ClusterView:
             region=msg.region,
             event=msg.event,
         )
+        if msg.machine is not None:  # a new machine's first event carries its record
+            self.store.apply_machine(msg.machine)
         applied = self.store.apply_event(msg)
         if applied is None:
             self._fetch(msg)
