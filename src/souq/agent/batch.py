@@ -57,7 +57,12 @@ def claim_batch(
                 details={"machine_id": known},
             )
     one = req.config.guest.resources()
-    want = Resources(cpus=one.millicpus * new / 1000, memory_mb=one.memory_mb * new)
+    want = Resources(
+        cpus=one.millicpus * new / 1000,
+        memory_mb=one.memory_mb * new,
+        disk_mb=one.disk_mb * new,
+        gpus=one.gpus * new,
+    )
     short = shortfall(want, capacity, in_use)
     if short is not None:
         raise ClaimRefused(

@@ -316,14 +316,18 @@ class AgentService:
         cmd = decode(data, LocateCommand)
         return LocateReply(worker_id=self.worker_id, found=self._ex.has(cmd.machine_id))
 
-    async def _claim(self, data: bytes) -> BaseModel:
-        req = decode(data, ClaimRequest)
-        if self.cordoned and req.quote_id is None:
+    def _refuse_if_cordoned(self) -> None:
+        if self.cordoned:
             raise ClaimRefused(
                 f"worker {self.worker_id} is cordoned",
                 hint="it takes no new machines; try another worker",
                 details={"reason": "cordoned"},
             )
+
+    async def _claim(self, data: bytes) -> BaseModel:
+        req = decode(data, ClaimRequest)
+        if req.quote_id is None:  # a quote's hold was made before any cordon
+            self._refuse_if_cordoned()
         if req.quote_id is not None and req.placement is None:
             # The machine keeps the explanation of the placement its quote made.
             req = req.model_copy(update={"placement": self.quotes.placement(req.quote_id)})
@@ -334,12 +338,7 @@ class AgentService:
 
     async def _claim_batch(self, data: bytes) -> BaseModel:
         req = decode(data, BatchClaimRequest)
-        if self.cordoned:
-            raise ClaimRefused(
-                f"worker {self.worker_id} is cordoned",
-                hint="it takes no new machines; try another worker",
-                details={"reason": "cordoned"},
-            )
+        self._refuse_if_cordoned()
         return claim_batch(
             self._ex,
             self._cmd,
@@ -350,12 +349,7 @@ class AgentService:
 
     async def _hold(self, data: bytes) -> BaseModel:
         req = decode(data, HoldRequest)
-        if self.cordoned:
-            raise ClaimRefused(
-                f"worker {self.worker_id} is cordoned",
-                hint="it takes no new machines; try another worker",
-                details={"reason": "cordoned"},
-            )
+        self._refuse_if_cordoned()
         return self.quotes.hold(req, self.capacity)
 
     async def _quote(self, data: bytes) -> BaseModel:

@@ -222,6 +222,25 @@ class Store:
         """What the machines reserve (holds not included)."""
         return _sum(self._read(f"SELECT {_SUMS} FROM reservations")[0])  # noqa: S608
 
+    @classmethod
+    def _check_fits(
+        cls,
+        db: sqlite3.Connection,
+        want: Resources,
+        capacity: Resources,
+        now_ms: int,
+        what: str,
+    ) -> None:
+        """Inside a claim or hold: refuse when ``want`` no longer fits beside what machines and
+        live holds use (another claim took the room since the offer)."""
+        short = shortfall(want, capacity, cls._in_use(db, now_ms))
+        if short is not None:
+            raise ClaimRefused(
+                f"the {what} no longer fits: {short.detail}",
+                hint="another claim took the capacity first; try another worker",
+                details={"reason": short.reason},
+            )
+
     @staticmethod
     def _in_use(db: sqlite3.Connection, now_ms: int) -> Resources:
         """Machines' reservations plus live holds: what a new claim or hold must fit beside."""
@@ -265,13 +284,7 @@ class Store:
             if quote_id is not None:
                 self._use_hold(db, quote_id, row)
             else:
-                short = shortfall(row.resources, capacity, self._in_use(db, row.created_at))
-                if short is not None:
-                    raise ClaimRefused(
-                        f"the machine no longer fits: {short.detail}",
-                        hint="another claim took the capacity first; try another worker",
-                        details={"reason": short.reason},
-                    )
+                self._check_fits(db, row.resources, capacity, row.created_at, "machine")
             db.execute(
                 f"INSERT INTO machines ({_MACHINE_COLUMNS}) "  # noqa: S608 (constant columns)
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -423,13 +436,7 @@ class Store:
             existing = found.fetchone()
             if existing is not None:
                 return _hold(existing)
-            short = shortfall(hold.resources, capacity, self._in_use(db, hold.created_at))
-            if short is not None:
-                raise ClaimRefused(
-                    f"the quote no longer fits: {short.detail}",
-                    hint="another claim took the capacity first; try another worker",
-                    details={"reason": short.reason},
-                )
+            self._check_fits(db, hold.resources, capacity, hold.created_at, "quote")
             db.execute(
                 f"INSERT INTO holds ({_HOLD_COLUMNS}) "  # noqa: S608
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",

@@ -1,15 +1,15 @@
-"""Which worker owns which machine: a cache filled by creates, listings and machine events, with
-``souq.all.locate`` as the fallback on a miss. Machines never move, so a cached route stays true
-until the machine's worker is gone for good."""
+"""Which worker owns which machine: a cache filled by creates, listings and machine events (the
+cluster view passes each event it decodes), with ``souq.all.locate`` as the fallback on a miss.
+Machines never move, so a cached route stays true until the machine's worker is gone for good."""
 
 from __future__ import annotations
 
 import logging
 from collections import OrderedDict
 
-from souq.bus import Subscription, Transport, decode, encode, subjects, unwrap_as
+from souq.bus import Transport, encode, subjects, unwrap_as
 from souq.errors import NotFound, SouqError
-from souq.model import LocateCommand, LocateReply, MachineEventMessage
+from souq.model import LocateCommand, LocateReply
 
 __all__ = ["Directory"]
 
@@ -21,23 +21,6 @@ class Directory:
         self._transport = transport
         self._routes: OrderedDict[str, str] = OrderedDict()
         self._max = max_entries
-        self._sub: Subscription | None = None
-
-    async def start(self) -> None:
-        self._sub = await self._transport.subscribe(subjects.ALL_EVENTS, self._on_event)
-
-    async def close(self) -> None:
-        if self._sub is not None:
-            await self._sub.unsubscribe()
-            self._sub = None
-
-    async def _on_event(self, subject: str, data: bytes) -> None:
-        try:
-            message = decode(data, MachineEventMessage)
-        except SouqError as exc:
-            log.warning("ignoring a machine event on %s: %s", subject, exc)
-            return
-        self.remember(message.machine_id, message.worker_id)
 
     def remember(self, machine_id: str, worker_id: str) -> None:
         self._routes[machine_id] = worker_id

@@ -88,6 +88,7 @@ class BrokerService:
             sync_interval_s=config.view_sync_interval_s,
             request_timeout_s=config.gather_timeout_s,
             events_capacity=config.events_buffer,
+            on_machine_event=lambda m: self.directory.remember(m.machine_id, m.worker_id),
         )
         self.metrics = BrokerMetrics()
         self.metrics.watch(
@@ -98,14 +99,12 @@ class BrokerService:
         )
 
     async def start(self) -> None:
-        await self.directory.start()
         await self.view.start()
         await self.liveness.start()
 
     async def close(self) -> None:
         await self.view.close()
         await self.liveness.close()
-        await self.directory.close()
 
     @property
     def connected(self) -> bool:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -74,8 +75,12 @@ class ClusterView:
         tick_s: float = 0.25,
         request_timeout_s: float = 2.0,
         events_capacity: int = 10_000,
+        on_machine_event: Callable[[MachineEventMessage], None] | None = None,
     ) -> None:
         self.store = ViewStore()
+        # Told of every machine event the view decodes (the broker's routing cache), so that
+        # one subscription and one decode serve both.
+        self._on_machine_event = on_machine_event
         self.events = EventLog(events_capacity)
         self._transport = transport
         self._workers = workers
@@ -148,6 +153,8 @@ class ClusterView:
         self.on_event(msg)
 
     def on_event(self, msg: MachineEventMessage) -> None:
+        if self._on_machine_event is not None:
+            self._on_machine_event(msg)
         self._lag_ms = max(0, self._clock.now_ms() - msg.event.timestamp)
         self.events.append_machine(
             machine_id=msg.machine_id,
