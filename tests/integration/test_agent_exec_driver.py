@@ -182,3 +182,56 @@ def test_exit_codes_outlive_the_driver_through_souq_waiter(tmp_path: Path) -> No
         second.close()
 
     asyncio.run(body())
+
+
+@pytest.mark.skipif(waiter_path() is None, reason="no C compiler to build souq-waiter")
+def test_ready_waiters_start_machines_and_go_quietly(tmp_path: Path) -> None:
+    async def body() -> None:
+        driver = ExecDriver(tmp_path)
+        first = driver.start(spec("sleep", "60", env={"GREETING": "hi"}))
+        # A waiter is kept ready after a spawn; the next machine takes it.
+        await eventually(lambda: len(driver._pool) == 2, what="ready waiters")
+        ready = {idle.proc.pid for idle in driver._pool}
+        assert ready <= driver.owned_pids()  # the agent's reaper leaves them be
+        echo = driver.start(
+            spec(
+                "sh",
+                "-c",
+                'echo "$GREETING $SOUQ_APP $PWD"',
+                env={"GREETING": "hi"},
+                machine_id="m2",
+            )
+        )
+        assert driver._children[echo.pid].pid in ready
+        assert await driver.wait(echo) == ExitStatus(code=0)
+        assert driver.read_output("m2", 0, 100)[0] == f"hi demo {tmp_path / 'm2'}\n".encode()
+        driver.signal(first, signal.SIGKILL)
+        assert await driver.wait(first) == ExitStatus(signal="SIGKILL")
+        idle = list(driver._pool)
+        driver.close()  # ready waiters get an empty job and exit
+        assert all(i.proc.returncode == 0 for i in idle)
+
+    asyncio.run(body())
+
+
+@pytest.mark.skipif(waiter_path() is None, reason="no C compiler to build souq-waiter")
+def test_a_program_that_cannot_be_exec_d_exits_127_with_the_reason_in_its_log(
+    tmp_path: Path,
+) -> None:
+    async def body() -> None:
+        bogus = tmp_path / "bogus"
+        bogus.write_text("#!/no/such/interpreter\n")
+        bogus.chmod(0o755)  # passes the check before the spawn; the exec itself fails
+        driver = ExecDriver(tmp_path)
+        handle = driver.start(spec(str(bogus)))
+        assert await driver.wait(handle) == ExitStatus(code=127)
+        out = driver.read_output("m1", 0, 1000)[0].decode()
+        assert f"souq-waiter: cannot run {bogus}: No such file or directory" in out
+        # A cgroup the child cannot join: the start fails, and nothing runs.
+        with pytest.raises(SpawnError, match="cannot start 'sleep'"):
+            driver.start(
+                spec("sleep", "60", machine_id="m2"), cgroup_procs=[tmp_path / "no" / "procs"]
+            )
+        driver.close()
+
+    asyncio.run(body())

@@ -1,21 +1,23 @@
 """The cgroup backends against a fake cgroup tree (plain directories): which files they write,
-and how the placement prefix and OOM marking work."""
+which cgroup.procs files a machine joins, the placement shell, and OOM marking."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from souq.drivers.base import ExitStatus, Limits
-from souq.drivers.cgroups import Cgroups, V1Backend, V2Backend, prune
+from souq.drivers.cgroups import Cgroups, V1Backend, V2Backend, placement_shell, prune
 
 
 def test_v2_writes_memory_cpu_and_pids_limits(tmp_path: Path) -> None:
     cg = Cgroups(V2Backend(tmp_path), pids_max=100)
-    prefix = cg.prepare("m1", Limits(memory_mb=64, cpus=0.5))
+    procs = cg.prepare("m1", Limits(memory_mb=64, cpus=0.5))
     d = tmp_path / "m1"
     assert (d / "memory.max").read_text() == str(64 * 1024 * 1024)
     assert (d / "cpu.max").read_text() == "50000 100000"
     assert (d / "pids.max").read_text() == "100"
+    assert procs == (d / "cgroup.procs",)
+    prefix = placement_shell(procs)
     assert prefix[:2] == ("/bin/sh", "-c")
     assert f"echo $$ > {d}/cgroup.procs" in prefix[2]
     assert prefix[2].endswith('exec "$@"')
@@ -27,11 +29,15 @@ def test_v1_writes_one_directory_per_controller(tmp_path: Path) -> None:
     for b in bases.values():
         b.mkdir()
     cg = Cgroups(V1Backend(bases))
-    prefix = cg.prepare("m1", Limits(memory_mb=32, cpus=2))
+    procs = cg.prepare("m1", Limits(memory_mb=32, cpus=2))
     assert (bases["memory"] / "m1" / "memory.limit_in_bytes").read_text() == str(32 << 20)
     assert (bases["cpu"] / "m1" / "cpu.cfs_quota_us").read_text() == "200000"
     assert (bases["pids"] / "m1" / "pids.max").read_text() == "4096"
-    assert prefix[2].count("cgroup.procs") == 3
+    assert procs == tuple(bases[c] / "m1" / "cgroup.procs" for c in ("memory", "cpu", "pids"))
+    assert placement_shell(procs)[2].count("cgroup.procs") == 3
+    # A restart reuses the cgroups and sets the cpu period it no longer can assume.
+    cg.prepare("m1", Limits(memory_mb=32, cpus=2))
+    assert (bases["cpu"] / "m1" / "cpu.cfs_period_us").read_text() == "100000"
 
 
 def test_an_exit_is_marked_oom_when_the_kernel_counter_rose_since_the_start(

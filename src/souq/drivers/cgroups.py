@@ -6,15 +6,15 @@ memory (``memory.max`` / ``memory.limit_in_bytes``, swap included where the host
 cpu (``cpu.max`` / ``cpu.cfs_quota_us`` over a 100 ms period) and pids (``pids.max``).
 
 **Placement.** The machine's process must be in its cgroup before it runs user code, and Python
-cannot ``clone3(CLONE_INTO_CGROUP)``. A ``preexec_fn`` would make ``Popen`` fork instead of
-vfork and is not thread-safe. So the command runs behind a tiny shell prefix,
-``sh -c 'echo $$ > <cgroup>/cgroup.procs && exec "$@"' souq <cmd...>``: the shell writes its
-own pid (the pid the machine keeps: ``exec`` preserves it) and then execs the command. If the
-write fails the machine exits with status 2 and the shell's message in its output rather than
-run unconfined. Measured here: ``Popen`` returns 0.06 ms later than without the prefix (it
-returns once ``sh`` is exec'd), and the command itself starts about 1 ms later (one more exec).
-Moving the pid after ``Popen`` returned costs the agent 0.14 ms and leaves a window where the
-command runs (and may fork) outside its cgroup; the prefix has no window.
+cannot ``clone3(CLONE_INTO_CGROUP)`` (a ``preexec_fn`` would make ``Popen`` fork instead of vfork
+and is not thread-safe). :meth:`Cgroups.prepare` returns the cgroup's ``cgroup.procs`` files and
+souq-waiter's child writes itself into them between its fork and its exec: no window, and no
+extra exec. Without the waiter the command runs behind a tiny shell prefix instead
+(:func:`placement_shell`: ``sh -c 'echo $$ > <cgroup>/cgroup.procs && exec "$@"' souq
+<cmd...>``), which costs one more exec. Either way, if the join fails the machine does not run
+unconfined: it fails to start (waiter) or exits with status 2 and the shell's message in its
+output. A new cgroup needs no cleanup and no OOM baseline read: only a cgroup reused by a restart
+is emptied of leftovers first.
 
 **Out of memory.** The kernel's ``oom_kill`` counter (``memory.events`` on v2,
 ``memory.oom_control`` on v1) is read when the machine starts and when it exits; a rise means
@@ -65,6 +65,15 @@ def _write(path: Path, value: str) -> None:
         f.write(value)
 
 
+def _mkdir(path: Path) -> bool:
+    """Create a directory; True when it is new, False when it was there."""
+    try:
+        os.mkdir(path)
+    except FileExistsError:
+        return False
+    return True
+
+
 def _read_kv(path: Path) -> dict[str, int]:
     """A flat-keyed cgroup file (``key value`` per line) as a dict; empty when unreadable."""
     out: dict[str, int] = {}
@@ -91,21 +100,26 @@ class V2Backend:
     base: Path
     enforced: tuple[str, ...] = CONTROLLERS
     version: str = "v2"
+    _swap: bool | None = field(default=None, init=False, repr=False)  # memory.swap.max exists
 
     def dirs(self, name: str) -> list[Path]:
         return [self.base / name]
 
-    def create(self, name: str, limits: Limits) -> None:
+    def create(self, name: str, limits: Limits) -> bool:
+        """Make (or reuse) the cgroup and write its limits; True when it is new."""
         d = self.base / name
-        d.mkdir(exist_ok=True)
+        new = _mkdir(d)
         if limits.memory_mb is not None and "memory" in self.enforced:
             _write(d / "memory.max", str(limits.memory_mb * 1024 * 1024))
-            if (d / "memory.swap.max").exists():
+            if self._swap is None:
+                self._swap = (d / "memory.swap.max").exists()
+            if self._swap:
                 _write(d / "memory.swap.max", "0")
         if limits.cpus is not None and "cpu" in self.enforced:
             _write(d / "cpu.max", f"{_quota_us(limits.cpus)} {CPU_PERIOD_US}")
         if limits.pids is not None and "pids" in self.enforced:
             _write(d / "pids.max", str(limits.pids))
+        return new
 
     def pids(self, name: str) -> list[int]:
         return _pids_in(self.base / name / "cgroup.procs")
@@ -124,6 +138,7 @@ class V1Backend:
     bases: dict[str, Path]
     version: str = "v1"
     enforced: tuple[str, ...] = field(init=False)
+    _memsw: bool | None = field(default=None, init=False, repr=False)  # swap accounting
 
     def __post_init__(self) -> None:
         self.enforced = tuple(c for c in CONTROLLERS if c in self.bases)
@@ -131,21 +146,29 @@ class V1Backend:
     def dirs(self, name: str) -> list[Path]:
         return [base / name for base in self.bases.values()]
 
-    def create(self, name: str, limits: Limits) -> None:
-        for d in self.dirs(name):
-            d.mkdir(exist_ok=True)
+    def create(self, name: str, limits: Limits) -> bool:
+        """Make (or reuse) the cgroups and write their limits; True when they are new."""
+        made = [_mkdir(d) for d in self.dirs(name)]  # every one, even after one existed
+        new = all(made)
         if limits.memory_mb is not None and "memory" in self.bases:
             d = self.bases["memory"] / name
             limit = str(limits.memory_mb * 1024 * 1024)
             _write(d / "memory.limit_in_bytes", limit)
-            with contextlib.suppress(OSError):  # no swap accounting: memory alone is limited
-                _write(d / "memory.memsw.limit_in_bytes", limit)
+            if self._memsw is not False:
+                try:
+                    _write(d / "memory.memsw.limit_in_bytes", limit)
+                    self._memsw = True
+                except OSError:
+                    if self._memsw is None and not (d / "memory.memsw.limit_in_bytes").exists():
+                        self._memsw = False  # no swap accounting: memory alone is limited
         if limits.cpus is not None and "cpu" in self.bases:
             d = self.bases["cpu"] / name
-            _write(d / "cpu.cfs_period_us", str(CPU_PERIOD_US))
+            if not new:  # a new cgroup has the kernel's default period, which is ours
+                _write(d / "cpu.cfs_period_us", str(CPU_PERIOD_US))
             _write(d / "cpu.cfs_quota_us", str(_quota_us(limits.cpus)))
         if limits.pids is not None and "pids" in self.bases:
             _write(self.bases["pids"] / name / "pids.max", str(limits.pids))
+        return new
 
     def pids(self, name: str) -> list[int]:
         found: set[int] = set()
@@ -186,22 +209,21 @@ class Cgroups:
             return {"cgroups": "none", "enforced": []}
         return {"cgroups": self.backend.version, "enforced": list(self.backend.enforced)}
 
-    def prepare(self, machine_id: str, limits: Limits) -> tuple[str, ...]:
+    def prepare(self, machine_id: str, limits: Limits) -> tuple[Path, ...]:
         """Create (or reuse) the machine's cgroup with ``limits``, kill anything a previous run
-        left in it, and return the argv prefix that puts the command in it (empty without
+        left in it, and return the ``cgroup.procs`` files the process must join (none without
         cgroups). Raises OSError when the cgroup cannot be set up."""
         b = self.backend
         if b is None:
             return ()
         if limits.pids is None and self.pids_max is not None:
             limits = Limits(memory_mb=limits.memory_mb, cpus=limits.cpus, pids=self.pids_max)
-        b.create(machine_id, limits)
-        _kill(b.pids(machine_id))
-        self._oom_at_start[machine_id] = b.oom_kills(machine_id)
-        writes = " && ".join(
-            f"echo $$ > {shlex.quote(str(d / 'cgroup.procs'))}" for d in b.dirs(machine_id)
-        )
-        return ("/bin/sh", "-c", f'{writes} && exec "$@"', "souq")
+        if b.create(machine_id, limits):  # a new cgroup: empty, and no OOM kill counted yet
+            self._oom_at_start[machine_id] = 0
+        else:
+            _kill(b.pids(machine_id))
+            self._oom_at_start[machine_id] = b.oom_kills(machine_id)
+        return tuple(d / "cgroup.procs" for d in b.dirs(machine_id))
 
     def annotate(self, machine_id: str, status: ExitStatus) -> ExitStatus:
         """``status`` with ``reason="oom"`` when the OOM killer struck since the start."""
@@ -253,6 +275,13 @@ def prune(backend: Backend | None, *, older_than_s: float = 60.0) -> int:
                         d.rmdir()
                         removed += 1
     return removed
+
+
+def placement_shell(cgroup_procs: Iterable[Path]) -> tuple[str, ...]:
+    """The argv prefix that puts a command in its cgroup when no souq-waiter does: a shell
+    writes its own pid to each ``cgroup.procs`` file, then ``exec``s the command."""
+    writes = " && ".join(f"echo $$ > {shlex.quote(str(p))}" for p in cgroup_procs)
+    return ("/bin/sh", "-c", f'{writes} && exec "$@"', "souq")
 
 
 def _kill(pids: Iterable[int]) -> None:

@@ -26,28 +26,35 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import select
 import shutil
 import signal
 import subprocess
 import warnings
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import psutil
 
 from souq.drivers.base import ExitStatus, Handle, MachineSpec, SpawnError
+from souq.drivers.cgroups import placement_shell
 from souq.drivers.waiter import parse_exit_file, waiter_path
 from souq.errors import Unavailable
 
-__all__ = ["INHERITED_ENV", "ExecDriver"]
+__all__ = ["INHERITED_ENV", "ExecDriver", "resolve_program"]
+
+log = logging.getLogger(__name__)
 
 INHERITED_ENV = ("PATH", "HOME", "LANG")
 _LOG = "output.log"
 _PIDFILE = "pid"
 _EXIT = "exit"  # written by souq-waiter: "code N" or "signal N"
 _START_TIME_TOLERANCE_S = 0.005  # start times have clock-tick (10 ms) resolution
+_POOL_SIZE = 2  # souq-waiters kept ready
+_REFILL_DELAY_S = 0.001
 
 
 @dataclass
@@ -61,11 +68,44 @@ class _Watch:
     waiter: bool = False  # fd is the waiter's: the status is in the exit file
 
 
+@dataclass(frozen=True)
+class _IdleWaiter:
+    """A souq-waiter started ahead of need, blocked reading its job on ``proc.stdin``."""
+
+    proc: subprocess.Popen[bytes]
+    report: int  # the read end of its report pipe
+    start_time: float
+
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+_BOOT_TIME = psutil.boot_time()
+
+
 def _start_time(pid: int) -> float | None:
+    """When the process started, in seconds since the epoch, as ``psutil`` reports it (read
+    straight from ``/proc/<pid>/stat``: this is on the path of every spawn)."""
     try:
-        return float(psutil.Process(pid).create_time())
-    except psutil.Error:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+        ticks = int(data[data.rindex(b")") + 2 :].split()[19])  # field 22, starttime
+    except (OSError, ValueError, IndexError):
         return None
+    return ticks / _CLOCK_TICKS + _BOOT_TIME
+
+
+def resolve_program(program: str, env: Mapping[str, str], workdir: Path) -> str:
+    """The path ``program`` runs as (looked up in the machine's ``PATH``, or relative to its
+    working directory); SpawnError when it is missing or not executable."""
+    if "/" in program:
+        found = program if os.path.isabs(program) else str(workdir / program)
+    else:
+        path = env.get("PATH", os.environ.get("PATH", os.defpath))
+        found = shutil.which(program, path=path) or ""
+    if not found or not os.path.exists(found):
+        raise SpawnError(f"cannot run {program!r}: No such file or directory")
+    if not os.path.isfile(found) or not os.access(found, os.X_OK):
+        raise SpawnError(f"cannot run {program!r}: Permission denied")
+    return found
 
 
 def _readable(fd: int) -> bool:
@@ -87,18 +127,29 @@ class ExecDriver:
         self._children: dict[int, subprocess.Popen[bytes]] = {}
         self._watches: dict[int, _Watch] = {}
         self.waiter = waiter_path() if use_waiter else None
+        self._pool: list[_IdleWaiter] = []  # waiters ready for a job
+        self._idle_pids: set[int] = set()
+        self._refill: asyncio.TimerHandle | None = None
 
     def owned_pids(self) -> set[int]:
         """Pids of the children this driver reaps itself (the agent's reaper leaves them be)."""
-        return {proc.pid for proc in self._children.values()}
+        return {proc.pid for proc in self._children.values()} | self._idle_pids
 
     def machine_dir(self, machine_id: str) -> Path:
         return self.root / machine_id
 
     # -- start and watch -----------------------------------------------------------------------
 
-    def start(self, spec: MachineSpec) -> Handle:
+    def start(self, spec: MachineSpec, *, cgroup_procs: Sequence[Path] = ()) -> Handle:
+        """Spawn the machine. ``cgroup_procs``: the ``cgroup.procs`` files the process must be
+        in before it runs (its cgroup, see :mod:`souq.drivers.cgroups`): souq-waiter's child
+        joins them before its exec; without the waiter the command runs behind the cgroup
+        placement shell instead."""
+        if cgroup_procs and self.waiter is None:
+            spec = replace(spec, cmd=(*placement_shell(cgroup_procs), *spec.cmd))
         workdir = self.machine_dir(spec.machine_id)
+        if self.waiter is not None:  # the waiter reports before its child's exec: check first
+            resolve_program(spec.cmd[0], spec.env, workdir)
         env = {
             **self._base_env,
             **spec.env,
@@ -111,19 +162,16 @@ class ExecDriver:
             workdir.mkdir(parents=True, exist_ok=True)
             with contextlib.suppress(FileNotFoundError):
                 (workdir / _EXIT).unlink()  # the status of the last run, already reported
-            out = os.open(
-                workdir / _LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644
-            )
         except OSError as exc:
             raise SpawnError(f"cannot prepare {workdir}: {exc.strerror or exc}") from exc
-        try:
-            if self.waiter is None:
-                proc = self._popen(list(spec.cmd), env, out, workdir)
-                pid = proc.pid
-            else:
-                proc, pid = self._spawn_waited(self.waiter, spec.cmd, env, out, workdir)
-        finally:
-            os.close(out)
+        waiter_start = 0.0
+        if self.waiter is None:
+            proc = self._spawn_direct(list(spec.cmd), env, workdir)
+            pid = proc.pid
+        else:
+            idle = self._take_waiter()
+            proc, waiter_start = idle.proc, idle.start_time
+            pid = self._run_job(idle, spec.cmd, env, workdir, cgroup_procs)
         self._children[pid] = proc
         handle = Handle(spec.machine_id, pid, _start_time(pid) or 0.0)
         try:
@@ -136,19 +184,21 @@ class ExecDriver:
         self._watch(handle, fd, waiter=self.waiter is not None)
         line = f"{handle.pid} {handle.start_time!r}"
         if self.waiter is not None:
-            line += f" {proc.pid} {_start_time(proc.pid) or 0.0!r}"
+            line += f" {proc.pid} {waiter_start!r}"
         with contextlib.suppress(OSError):
             (workdir / _PIDFILE).write_text(line + "\n")
         return handle
 
-    @staticmethod
-    def _popen(
-        argv: list[str],
-        env: dict[str, str],
-        out: int,
-        workdir: Path,
-        pass_fds: tuple[int, ...] = (),
+    def _spawn_direct(
+        self, argv: list[str], env: dict[str, str], workdir: Path
     ) -> subprocess.Popen[bytes]:
+        """Without souq-waiter: the machine is the agent's own child."""
+        try:
+            out = os.open(
+                workdir / _LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644
+            )
+        except OSError as exc:
+            raise SpawnError(f"cannot open the machine's log: {exc.strerror or exc}") from exc
         try:
             return subprocess.Popen(
                 argv,
@@ -158,32 +208,87 @@ class ExecDriver:
                 stderr=out,
                 cwd=workdir,
                 start_new_session=True,
-                pass_fds=pass_fds,
             )
         except OSError as exc:
             raise SpawnError(f"cannot run {argv[0]!r}: {exc.strerror or exc}") from exc
+        finally:
+            os.close(out)
 
-    def _spawn_waited(
-        self,
-        waiter: Path,
-        cmd: tuple[str, ...],
-        env: dict[str, str],
-        out: int,
-        workdir: Path,
-    ) -> tuple[subprocess.Popen[bytes], int]:
-        """Start ``cmd`` under souq-waiter; return the waiter and the machine's pid, once the
-        waiter reports that the command was exec'd (one line on a pipe, about 1 ms)."""
+    # -- souq-waiter ---------------------------------------------------------------------------
+
+    def _new_waiter(self, waiter: Path) -> _IdleWaiter:
+        """Start a waiter, which blocks reading its job: about 1 ms until it is ready here (an
+        exec), which is why a few are kept ready ahead of need."""
+        self.root.mkdir(parents=True, exist_ok=True)
         r, w = os.pipe()
         try:
-            argv = [str(waiter), str(w), str(workdir / _EXIT), *cmd]
-            proc = self._popen(argv, env, out, workdir, pass_fds=(w,))
-        except SpawnError:
+            proc = subprocess.Popen(
+                [str(waiter), str(w)],
+                env={},
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                cwd=self.root,
+                start_new_session=True,
+                pass_fds=(w,),
+            )
+        except OSError as exc:
             os.close(r)
-            raise
+            raise SpawnError(f"cannot run souq-waiter: {exc.strerror or exc}") from exc
         finally:
             os.close(w)
+        self._idle_pids.add(proc.pid)
+        return _IdleWaiter(proc, r, _start_time(proc.pid) or 0.0)
+
+    def _take_waiter(self) -> _IdleWaiter:
+        assert self.waiter is not None
+        idle = self._pool.pop() if self._pool else self._new_waiter(self.waiter)
+        if self._refill is None:
+            # Shortly after, so that the reply to the request that spawned goes out first.
+            self._refill = asyncio.get_running_loop().call_later(_REFILL_DELAY_S, self._fill)
+        return idle
+
+    def _fill(self) -> None:
+        self._refill = None
+        while self.waiter is not None and len(self._pool) < _POOL_SIZE:
+            try:
+                self._pool.append(self._new_waiter(self.waiter))
+            except SpawnError as exc:
+                log.warning("cannot keep a souq-waiter ready: %s", exc)
+                return
+
+    def _run_job(
+        self,
+        idle: _IdleWaiter,
+        cmd: tuple[str, ...],
+        env: dict[str, str],
+        workdir: Path,
+        cgroup_procs: Sequence[Path],
+    ) -> int:
+        """Hand the job to a ready waiter; return the machine's pid once the waiter reports its
+        child ready to exec (see waiter.c for the job's format)."""
+        proc, r = idle.proc, idle.report
+        self._idle_pids.discard(proc.pid)
+        fields = [
+            str(workdir / _EXIT),
+            str(workdir),
+            str(workdir / _LOG),
+            str(len(cgroup_procs)),
+            *map(str, cgroup_procs),
+            str(len(cmd)),
+            *cmd,
+            str(len(env)),
+            *(f"{k}={v}" for k, v in env.items()),
+        ]
+        job = b"".join(os.fsencode(f) + b"\0" for f in fields)
+        assert proc.stdin is not None
         report = b""
         try:
+            try:
+                proc.stdin.write(job)
+                proc.stdin.close()
+            except OSError:
+                pass  # the waiter died: its report (none) says so below
             while not report.endswith(b"\n"):
                 chunk = os.read(r, 64)
                 if not chunk:
@@ -193,10 +298,10 @@ class ExecDriver:
             os.close(r)
         kind, _, value = report.decode(errors="replace").strip().partition(" ")
         if kind == "P" and value.isdigit():
-            return proc, int(value)
+            return int(value)
         proc.wait()
         if kind == "E" and value.isdigit():
-            raise SpawnError(f"cannot run {cmd[0]!r}: {os.strerror(int(value))}")
+            raise SpawnError(f"cannot start {cmd[0]!r}: {os.strerror(int(value))}")
         raise SpawnError(f"souq-waiter failed to start {cmd[0]!r} (exit {proc.returncode})")
 
     def _watch(self, handle: Handle, fd: int, *, waiter: bool = False) -> None:
@@ -348,6 +453,18 @@ class ExecDriver:
             return b"", 0
 
     def close(self) -> None:
+        if self._refill is not None:
+            self._refill.cancel()
+            self._refill = None
+        for idle in self._pool:  # an empty job: each ends at once
+            with contextlib.suppress(OSError):
+                if idle.proc.stdin is not None:
+                    idle.proc.stdin.close()
+                os.close(idle.report)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                idle.proc.wait(timeout=1)
+        self._pool.clear()
+        self._idle_pids.clear()
         loop = asyncio.get_running_loop()
         for watch in self._watches.values():
             if watch.fd is not None:

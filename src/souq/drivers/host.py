@@ -3,13 +3,14 @@ limits on both.
 
 It wraps an :class:`~souq.drivers.exec.ExecDriver`, which does the spawning, watching, reaping
 and adoption for both kinds: a sandboxed machine is an exec machine whose command is prefixed
-with ``bwrap`` (see :mod:`souq.drivers.sandbox`), and a limited one an exec machine whose
-command is prefixed with the cgroup placement shell (see :mod:`souq.drivers.cgroups`); a
-sandboxed, limited machine has both, the shell first (so ``bwrap`` itself is confined). Exit
+with ``bwrap`` (see :mod:`souq.drivers.sandbox`), and a limited one an exec machine that joins
+its cgroup before its exec (souq-waiter's child writes itself into the cgroup; without the
+waiter a placement shell does, see :mod:`souq.drivers.cgroups`); a sandboxed, limited machine
+has both, and ``bwrap`` itself is confined. Exit
 statuses pass through :meth:`Cgroups.annotate`, which marks out-of-memory kills. ``destroy``
 removes the machine's cgroup.
 
-Because the prefixes ``exec`` into the command, a command that cannot be found would only show
+Because a prefix ``exec``s into the command, a command that cannot be found would only show
 as an exit with status 127; ``start`` looks it up first, so that it still fails as a
 :class:`SpawnError` (a ``failed`` machine), as with the bare exec driver.
 """
@@ -18,15 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import shutil
 from dataclasses import replace
 from pathlib import Path
 
 from souq.drivers import sandbox
 from souq.drivers.base import ExitStatus, Handle, MachineSpec, RecordsExits, SpawnError
 from souq.drivers.cgroups import DEFAULT_PIDS_MAX, Cgroups, Mode, detect, prune
-from souq.drivers.exec import ExecDriver
+from souq.drivers.exec import ExecDriver, resolve_program
 
 __all__ = ["HostDriver"]
 
@@ -72,31 +71,19 @@ class HostDriver:
         workdir = self.exec.machine_dir(spec.machine_id)
         program = self._resolve(spec, workdir)
         try:
-            workdir.mkdir(parents=True, exist_ok=True)
-            prefix = list(self.cgroups.prepare(spec.machine_id, spec.limits))
+            procs = self.cgroups.prepare(spec.machine_id, spec.limits)
         except OSError as exc:
             raise SpawnError(f"cannot set up the machine's cgroup: {exc}") from exc
-        cmd = [program, *spec.cmd[1:]]
+        cmd: tuple[str, ...] = (program, *spec.cmd[1:])
         if spec.driver == "sandbox":
             jail = sandbox.bwrap_argv(workdir, network=spec.network, machines_root=self.root)
-            prefix += jail
-        if not prefix:
-            return self.exec.start(spec)
-        return self.exec.start(replace(spec, cmd=(*prefix, *cmd)))
+            cmd = (*jail, *cmd)
+        return self.exec.start(replace(spec, cmd=cmd), cgroup_procs=procs)
 
     def _resolve(self, spec: MachineSpec, workdir: Path) -> str:
         """The command's program, checked before a prefix ``exec``s it."""
-        program = spec.cmd[0]
-        if "/" in program:
-            found = str(workdir / program) if not os.path.isabs(program) else program
-        else:
-            path = spec.env.get("PATH", os.environ.get("PATH", os.defpath))
-            found = shutil.which(program, path=path) or ""
-        if not found or not os.path.isfile(found):
-            raise SpawnError(f"cannot run {program!r}: No such file or directory")
-        if not os.access(found, os.X_OK):
-            raise SpawnError(f"cannot run {program!r}: Permission denied")
-        return program if spec.driver == "sandbox" else found
+        found = resolve_program(spec.cmd[0], spec.env, workdir)
+        return spec.cmd[0] if spec.driver == "sandbox" else found
 
     # -- everything else is the exec driver's, with exits annotated ----------------------------
 

@@ -1,14 +1,26 @@
 /* souq-waiter: the parent of one machine process, so that its exit status outlives the agent.
  *
- *   souq-waiter REPORT_FD EXIT_FILE CMD [ARG...]
+ *   souq-waiter REPORT_FD < JOB
  *
- * Forks CMD in a new session (its own process group, as the exec driver always did), with
- * PR_SET_PDEATHSIG so that the machine never runs without its waiter. Writes one line to
- * REPORT_FD and closes it: "P <pid>" once CMD has been exec'd, or "E <errno>" if it could not
- * be. Then waits for CMD, kills what is left of its process group, reaps it and writes
- * "code N" or "signal N" to EXIT_FILE atomically (EXIT_FILE.tmp, fsync, rename) before it exits.
- * It execs nothing else and ignores the signals a stray kill might send it. Built once per host
- * by souq.drivers.waiter with the system's C compiler. */
+ * The agent starts waiters ahead of need and keeps one or two idle: an idle waiter blocks
+ * reading its job on stdin, so starting a machine costs a fork, not an exec of the waiter too.
+ * The job is a list of NUL-terminated fields, then end of file:
+ *
+ *   EXIT_FILE WORKDIR LOG_FILE N CGROUP_PROCS_FILE*N ARGC ARG*ARGC ENVC ENV*ENVC
+ *
+ * An empty job (the agent went away) ends the waiter quietly. Otherwise it forks the command
+ * in a new session (its own process group), with PR_SET_PDEATHSIG so that the machine never
+ * runs without its waiter. The child changes to WORKDIR, takes /dev/null as stdin and LOG_FILE
+ * (appended to) as stdout and stderr, and writes itself into each cgroup.procs file (the
+ * machine's cgroup, one per controller on v1), so that the command's first instruction already
+ * runs under its limits. The waiter writes one line to REPORT_FD and closes it: "P <pid>" once
+ * the child is in its session and cgroup and about to exec (the exec runs in parallel with the
+ * agent), or "E <errno>" if the child could not get there. If the exec fails the child writes
+ * why to the log and exits with status 127, an ordinary exit (the agent checks the program
+ * first). Then the waiter waits for the command, kills what is left of its process group, reaps
+ * it and writes "code N" or "signal N" to EXIT_FILE atomically (EXIT_FILE.tmp, fsync, rename)
+ * before it exits. It execs nothing else and ignores the signals a stray kill might send it.
+ * Built once per host by souq.drivers.waiter with the system's C compiler. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -20,6 +32,9 @@
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#define MAX_JOB (1 << 20)
+#define MAX_FIELDS 8192
 
 static void report(int fd, char kind, long value) {
     char line[32];
@@ -41,16 +56,93 @@ static int write_status(const char *path, int status) {
     return ok && rename(tmp, path) == 0 ? 0 : -1;
 }
 
+/* The whole job from stdin, split at NULs into fields; the count, or -1 if malformed. */
+static int read_job(char *buf, char **fields) {
+    size_t len = 0;
+    for (;;) {
+        ssize_t got = read(0, buf + len, MAX_JOB - 1 - len);
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0) return -1;
+        if (got == 0) break;
+        len += (size_t)got;
+        if (len >= MAX_JOB - 1) return -1;
+    }
+    int n = 0;
+    for (size_t at = 0; at < len; n++) {
+        if (n == MAX_FIELDS) return -1;
+        fields[n] = buf + at;
+        char *end = memchr(buf + at, '\0', len - at);
+        if (end == NULL) return -1;
+        at = (size_t)(end - buf) + 1;
+    }
+    return n;
+}
+
+/* A count field followed by that many fields, starting at fields[*at]; NULL if they run out. */
+static char **take(char **fields, int nfields, int *at, int *count) {
+    if (*at >= nfields) return NULL;
+    char *end;
+    long n = strtol(fields[*at], &end, 10);
+    if (*end != '\0' || n < 0 || n > nfields - *at - 1) return NULL;
+    char **first = fields + *at + 1;
+    *count = (int)n;
+    *at += 1 + (int)n;
+    return first;
+}
+
+/* Move the calling process into the cgroup whose cgroup.procs file is PATH: 0 or an errno. */
+static int join(const char *path) {
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0) return errno;
+    int e = write(fd, "0\n", 2) == 2 ? 0 : errno;
+    close(fd);
+    return e;
+}
+
+/* In the child: everything up to the exec. 0 when ready, else an errno. */
+static int prepare(const char *workdir, const char *log, char **joins, int njoins) {
+    if (chdir(workdir) < 0) return errno;
+    int in = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (in < 0) return errno;
+    int out = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (out < 0) return errno;
+    if (dup2(in, 0) < 0 || dup2(out, 1) < 0 || dup2(out, 2) < 0) return errno;
+    for (int i = 0; i < njoins; i++) {
+        int e = join(joins[i]);
+        if (e != 0) return e;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
-    if (argc < 4) {
-        fprintf(stderr, "usage: souq-waiter REPORT_FD EXIT_FILE CMD [ARG...]\n");
+    if (argc != 2) {
+        fprintf(stderr, "usage: souq-waiter REPORT_FD < JOB\n");
         return 2;
     }
     int report_fd = atoi(argv[1]);
-    const char *exit_path = argv[2];
+    static char buf[MAX_JOB];
+    static char *fields[MAX_FIELDS + 1];
+    int nfields = read_job(buf, fields);
+    if (nfields == 0) return 0; /* an idle waiter whose agent went away */
+    int at = 3, njoins = 0, cmdc = 0, envc = 0;
+    char **joins = nfields > 3 ? take(fields, nfields, &at, &njoins) : NULL;
+    char **cmd = joins ? take(fields, nfields, &at, &cmdc) : NULL;
+    char **env = cmd && cmdc > 0 ? take(fields, nfields, &at, &envc) : NULL;
+    if (env == NULL || at != nfields) {
+        report(report_fd, 'E', EINVAL);
+        return 2;
+    }
+    const char *exit_path = fields[0], *workdir = fields[1], *log = fields[2];
+    /* The argv and environment arrays end with NULL: move each list down over its count. */
+    char **cmdv = cmd - 1, **envv = env - 1;
+    memmove(cmdv, cmd, (size_t)cmdc * sizeof *cmd);
+    cmdv[cmdc] = NULL;
+    memmove(envv, env, (size_t)envc * sizeof *env);
+    envv[envc] = NULL;
+
     pid_t parent = getpid();
-    int errpipe[2];
-    if (pipe2(errpipe, O_CLOEXEC) < 0) {
+    int ready[2];
+    if (pipe2(ready, O_CLOEXEC) < 0) {
         report(report_fd, 'E', errno);
         return 127;
     }
@@ -60,25 +152,30 @@ int main(int argc, char **argv) {
         return 127;
     }
     if (pid == 0) {
-        close(errpipe[0]);
+        close(ready[0]);
         close(report_fd);
         setsid();
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         if (getppid() != parent) _exit(127); /* the waiter died before the prctl */
-        execvp(argv[3], argv + 3);
-        int e = errno;
-        if (write(errpipe[1], &e, sizeof e) < 0) { /* nothing more to do */ }
+        int e = prepare(workdir, log, joins, njoins);
+        /* Ready (0) or why not: the waiter reports the pid now, while this process execs. */
+        if (write(ready[1], &e, sizeof e) < 0 || e != 0) _exit(127);
+        close(ready[1]);
+        for (int i = 0; i < envc; i++) /* execvpe searches the caller's PATH: the machine's */
+            if (strncmp(envv[i], "PATH=", 5) == 0) setenv("PATH", envv[i] + 5, 1);
+        execvpe(cmdv[0], cmdv, envv);
+        dprintf(2, "souq-waiter: cannot run %s: %s\n", cmdv[0], strerror(errno));
         _exit(127);
     }
-    close(errpipe[1]);
-    int err = 0;
+    close(ready[1]);
+    int err = -1;
     ssize_t got;
-    do got = read(errpipe[0], &err, sizeof err); while (got < 0 && errno == EINTR);
-    close(errpipe[0]);
+    do got = read(ready[0], &err, sizeof err); while (got < 0 && errno == EINTR);
+    close(ready[0]);
     int status;
-    if (got == (ssize_t)sizeof err) {
+    if (got != (ssize_t)sizeof err || err != 0) {
         while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
-        report(report_fd, 'E', err);
+        report(report_fd, 'E', got == (ssize_t)sizeof err ? err : ECHILD);
         return 127;
     }
     report(report_fd, 'P', pid);
