@@ -78,7 +78,7 @@ class _IdleWaiter:
 
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-_BOOT_TIME = psutil.boot_time()
+_BOOT_TIME: float = psutil.boot_time()
 
 
 def _start_time(pid: int) -> float | None:
