@@ -27,7 +27,15 @@ from souq.model import (
     WorkerInfo,
     WorkerState,
 )
-from souq.view import ClusterView, EventLog, ViewStore, fits, machines_digest, summarise_regions
+from souq.view import (
+    ClusterView,
+    EventLog,
+    ViewStore,
+    feed,
+    fits,
+    machines_digest,
+    summarise_regions,
+)
 
 from .broker_fakes import FakeWorker, started_service
 
@@ -160,6 +168,7 @@ class ViewWorker:
         self.bus = bus
         self.id = wid
         self.machines: dict[str, Machine] = {}
+        self.asked: list[str] = []  # the subjects its digest was asked on
 
     async def start(self) -> None:
         await self.bus.subscribe(subjects.all_workers("digest"), self._digest)
@@ -169,6 +178,7 @@ class ViewWorker:
         return [m for m in self.machines.values() if m.state != MachineState.DESTROYED]
 
     async def _digest(self, subject: str, data: bytes) -> bytes:
+        self.asked.append(subject)
         rows = [(m.id, m.state.value, m.updated_at) for m in self.live()]
         digest = WorkerDigest(worker_id=self.id, machines=len(rows), digest=machines_digest(rows))
         return ok_reply(digest)
@@ -176,6 +186,8 @@ class ViewWorker:
     async def _verb(self, subject: str, data: bytes) -> bytes:
         if verb_of(subject) == "list":
             return ok_reply(self.live())
+        if verb_of(subject) == "digest":
+            return await self._digest(subject, data)
         ref = decode(data, MachineRef)
         return ok_reply(self.machines[ref.machine_id])
 
@@ -242,6 +254,28 @@ async def test_anti_entropy_heals_a_missed_event(
     await v.sync_round()
     await v.sync_round()
     assert v.store.machine_json("m1") is None
+
+
+async def test_a_large_cluster_is_compared_a_slice_of_workers_at_a_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(feed, "SYNC_SLICE", 2)
+    bus = MemoryTransport()
+    table = Workers()
+    workers = [ViewWorker(bus, f"w{i}") for i in range(5)]
+    for w in workers:
+        await w.start()
+        table.set(w.id, WorkerState.UP)
+        w.machines[f"m-{w.id}"] = machine(f"m-{w.id}", MachineState.STARTED, T0, worker=w.id)
+    v = ClusterView(bus, table, ManualClock(T0 + 1000), sync_interval_s=3600, tick_s=0.01)
+    await v.start()
+    await wait_for(lambda: v.complete)  # the first round lists every worker
+    assert {Machine.model_validate_json(b).id for _, b in v.store.app_rows("web")} == {
+        f"m-{w.id}" for w in workers
+    }
+    # Each worker was asked on its own subject (in slices), none on the all-workers one.
+    assert all(set(w.asked) == {subjects.worker(w.id, "digest")} for w in workers)
+    await v.close()
 
 
 async def test_an_event_for_an_unknown_machine_fetches_it(

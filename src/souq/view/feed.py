@@ -45,6 +45,7 @@ __all__ = ["ClusterView", "ViewStatus", "WorkerSource"]
 log = logging.getLogger(__name__)
 
 TOMBSTONE_TTL_MS = 10 * 60 * 1000
+SYNC_SLICE = 100  # workers asked for their digests at a time in a large cluster
 
 
 class WorkerSource(Protocol):
@@ -227,19 +228,52 @@ class ClusterView:
             )
 
     async def sync_round(self) -> None:
-        """Compare every worker's digest with the view's; re-list the workers that differ."""
+        """Compare every worker's digest with the view's; re-list the workers that differ.
+
+        A small cluster is asked at once on the all-workers subject (a worker not heard of yet
+        answers too). A large one is asked ``SYNC_SLICE`` workers at a time, each on its own
+        subject, so that neither the workers' side nor this event loop takes a burst of
+        thousands of digests at once while events are flowing."""
         started_ms = self._clock.now_ms()
         live = [w.id for w in self._workers.workers() if w.state != WorkerState.DOWN]
-        replies = await self._transport.gather(
-            subjects.all_workers("digest"), b"{}", expect=len(live) or None, timeout=self._timeout
-        )
         answered: set[str] = set()
-        mine = self.store.digests()
-        empty = machines_digest([])
         suspects: set[str] = set()
+        if len(live) <= SYNC_SLICE:
+            replies = await self._transport.gather(
+                subjects.all_workers("digest"),
+                b"{}",
+                expect=len(live) or None,
+                timeout=self._timeout,
+            )
+            await self._compare(replies, self.store.digests(), answered, suspects, started_ms)
+        else:
+            for at in range(0, len(live), SYNC_SLICE):
+                part = live[at : at + SYNC_SLICE]
+                replies = await self._transport.gather_from(
+                    [subjects.worker(w, "digest") for w in part], b"{}", timeout=self._timeout
+                )
+                mine = self.store.digests(part)
+                await self._compare(replies, mine, answered, suspects, started_ms)
+        self._suspects = suspects
+        self.store.prune(destroyed_before=started_ms - TOMBSTONE_TTL_MS)
+        self._rounds += 1
+        if all(w in answered for w in live):
+            self._as_of_ms = started_ms
+
+    async def _compare(
+        self,
+        replies: list[bytes],
+        mine: dict[str, str],
+        answered: set[str],
+        suspects: set[str],
+        started_ms: int,
+    ) -> None:
+        """Check digest replies against the view's own (``mine``); re-list a worker that still
+        differs from the last round (one difference may be events in flight)."""
+        empty = machines_digest([])
         for i, data in enumerate(replies):
-            if i % 200 == 199:
-                await asyncio.sleep(0)  # a large cluster's digests must not stall the events
+            if i % 100 == 99:
+                await asyncio.sleep(0)  # many digests must not stall the events
             try:
                 digest = unwrap_as(data, WorkerDigest)
             except (SouqError, ValueError) as exc:
@@ -253,11 +287,6 @@ class ClusterView:
                 suspects.add(wid)  # maybe events in flight: re-list it if it still differs
             elif await self._resync(wid, before=started_ms):
                 self._synced.add(wid)
-        self._suspects = suspects
-        self.store.prune(destroyed_before=started_ms - TOMBSTONE_TTL_MS)
-        self._rounds += 1
-        if all(w in answered for w in live):
-            self._as_of_ms = started_ms
 
     async def _resync(self, worker_id: str, *, before: int) -> bool:
         try:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -224,12 +224,15 @@ class ViewStore:
             )
         )
 
-    def digests(self) -> dict[str, str]:
-        """:meth:`digest` of every worker with rows, in one pass."""
+    def digests(self, workers: Sequence[str] | None = None) -> dict[str, str]:
+        """:meth:`digest` of every worker with rows (or of ``workers``), in one pass."""
+        sql = "SELECT worker_id, id, state, updated_at FROM machines WHERE state != ?"
+        args: list[str] = [DESTROYED]
+        if workers is not None:
+            sql += f" AND worker_id IN ({','.join('?' * len(workers))})"
+            args += workers
         rows: dict[str, list[tuple[str, str, str]]] = {}
-        for worker_id, machine_id, state, updated_at in self._db.execute(
-            "SELECT worker_id, id, state, updated_at FROM machines WHERE state != ?", (DESTROYED,)
-        ):
+        for worker_id, machine_id, state, updated_at in self._db.execute(sql, args):
             rows.setdefault(worker_id, []).append((machine_id, state, updated_at))
         return {w: machines_digest(r) for w, r in rows.items()}
 
