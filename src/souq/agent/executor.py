@@ -214,6 +214,7 @@ class Executor:
         op: Op | None = None,
         op_event: OpEvent | None = None,
         release: bool = False,
+        durable: bool = True,
         **changes: Any,
     ) -> tuple[Action, ...]:
         """One step: the machine's transition (if ``event``), its event record (if ``type``)
@@ -246,7 +247,7 @@ class Executor:
         steps = []
         if op is not None and step is not None and op_event is not None:
             steps.append(OpStep(op.id, row.id, op.kind, step.next, op_event, now, op.params))
-        self.store.commit(new, recorded, steps, release=release)
+        self.store.commit(new, recorded, steps, release=release, durable=durable)
         if self.fault is not None and steps:
             self.fault.after_step(steps[0].kind, steps[0].state)
         self._rows[row.id] = new
@@ -345,6 +346,7 @@ class Executor:
                 message=message,
                 op=op,
                 op_event=OpEvent.SPAWNED,
+                durable=False,  # lost only with the process itself: see souq.agent.store
                 pid=handle.pid,
                 pid_start_time=handle.start_time,
                 exit_code=None,

@@ -7,6 +7,13 @@ append-only op log: one row per step of every operation). Every change is one tr
 so a machine's state, its event and its op step land together or not at all. sqlite3 errors become
 :class:`souq.errors.StorageError` here; nothing above this module sees them.
 
+One kind of write is not fsynced: the record that a process was spawned
+(:meth:`Store.commit` with ``durable=False``, ``synchronous=NORMAL`` for that one transaction).
+It survives a crash or kill -9 of the agent like every other write (WAL); only a power loss or
+kernel crash could drop it, and that also ends the process it records, so the operation resumes
+from its last durable step (the spawn intended) and spawns again. The next durable write syncs it
+anyway.
+
 A lock file (``agent.lock``, ``flock``) keeps two agents off the same data dir.
 """
 
@@ -177,8 +184,14 @@ class Store:
             os.close(self._lock_fd)
 
     @contextlib.contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        """One ``BEGIN IMMEDIATE`` transaction; any exception rolls it back."""
+    def _write(self, *, durable: bool = True) -> Iterator[sqlite3.Connection]:
+        """One ``BEGIN IMMEDIATE`` transaction; any exception rolls it back. ``durable=False``:
+        not fsynced at commit (see the module's docstring for the one use)."""
+        if not durable:
+            with self._synchronous("NORMAL"):
+                with self._write() as db:
+                    yield db
+            return
         try:
             self._db.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as exc:
@@ -192,6 +205,18 @@ class Store:
             if isinstance(exc, sqlite3.Error):
                 raise _fail(exc) from exc
             raise
+
+    @contextlib.contextmanager
+    def _synchronous(self, level: str) -> Iterator[None]:
+        try:
+            self._db.execute(f"PRAGMA synchronous={level}")
+        except sqlite3.Error as exc:
+            raise _fail(exc) from exc
+        try:
+            yield
+        finally:
+            with contextlib.suppress(sqlite3.Error):
+                self._db.execute("PRAGMA synchronous=FULL")
 
     def _read(self, sql: str, args: Sequence[object] = ()) -> list[Any]:
         try:
@@ -320,10 +345,11 @@ class Store:
         steps: Sequence[OpStep] = (),
         *,
         release: bool = False,
+        durable: bool = True,
     ) -> None:
         """Write ``row``'s mutable fields, append its new events and op steps, and release its
-        reservation when asked: one transaction."""
-        with self._write() as db:
+        reservation when asked: one transaction (fsynced unless ``durable=False``)."""
+        with self._write(durable=durable) as db:
             db.execute(
                 "UPDATE machines SET state = ?, pid = ?, pid_start_time = ?, restarts = ?, "
                 "exit_code = ?, updated_at = ? WHERE id = ?",
