@@ -135,6 +135,13 @@ async def test_the_event_log_resumes_filters_and_stays_bounded() -> None:
     assert [e.machine_id for e in log.since(0, app="web")] == ["m3"]
     assert await log.wait_after(4, timeout=0.01)
     assert not await log.wait_after(5, timeout=0.01)
+    # Resuming after an id whose successors are gone, or that this log never gave, is a gap.
+    assert log.missed(0) is None and log.missed(2) is None and log.missed(5) is None
+    gone = log.missed(1)
+    assert gone is not None and (gone.after, gone.resume_from) == (1, 3)
+    assert "events 2 to 2 are no longer held" in gone.message
+    ahead = log.missed(9)
+    assert ahead is not None and ahead.resume_from == 3 and "another broker" in ahead.message
 
 
 def test_regions_count_what_fits_on_up_workers_only() -> None:
@@ -349,5 +356,11 @@ async def test_lists_events_apps_and_regions_over_http() -> None:
             last = int(text.strip().split("\n\n")[-1].split("\n")[0].removeprefix("id: "))
             again = await http.get("/v1/events", headers={"Last-Event-ID": str(last)})
             assert f'"machine_id":"{mid}"' not in again.text
+            assert "event: gap" not in again.text
+            # An id this broker never gave (another broker's): a gap, then what is held.
+            other = await http.get("/v1/events", headers={"Last-Event-ID": str(last + 100)})
+            head, _, rest = other.text.partition("\n\n")
+            assert head.startswith("event: gap\ndata: ") and '"kind":"gap"' in head
+            assert f'"machine_id":"{mid}"' in rest
     finally:
         await service.close()

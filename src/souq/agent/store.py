@@ -188,9 +188,8 @@ class Store:
         """One ``BEGIN IMMEDIATE`` transaction; any exception rolls it back. ``durable=False``:
         not fsynced at commit (see the module's docstring for the one use)."""
         if not durable:
-            with self._synchronous("NORMAL"):
-                with self._write() as db:
-                    yield db
+            with self._synchronous("NORMAL"), self._write() as db:
+                yield db
             return
         try:
             self._db.execute("BEGIN IMMEDIATE")

@@ -127,7 +127,9 @@ def cluster_router(service: BrokerService) -> APIRouter:
         last_event_id: Annotated[int | None, Header(alias="Last-Event-ID", ge=0)] = None,
     ) -> Response:
         """Machine and worker events as server-sent events, oldest first, from the ones this
-        broker still holds; ``follow=true`` keeps the stream open for new ones."""
+        broker still holds; ``follow=true`` keeps the stream open for new ones. Resuming after
+        an id whose successors are gone (or that another broker gave) first sends a ``gap``
+        event: re-list what you follow, then go on."""
         start = last_event_id if last_event_id is not None else (since or 0)
         return StreamingResponse(
             _stream(service, start, app=app, worker=worker, follow=follow),
@@ -145,6 +147,10 @@ async def _stream(
     if follow:
         yield ": souq events\n\n"  # headers and a first line at once: the stream is open
     while True:
+        gap = log.missed(seq)
+        if gap is not None:  # say so before going on from what is held
+            yield f"event: gap\ndata: {gap.model_dump_json()}\n\n"
+            seq = gap.resume_from - 1
         batch = log.since(seq, app=app, worker=worker)
         seq = max(seq, log.last_seq)
         if batch:

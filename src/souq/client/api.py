@@ -239,7 +239,8 @@ class SouqClient:
     ) -> Iterator[dict[str, Any]]:
         """``GET /v1/events``: machine and worker events (plain dicts: ``seq``, ``kind``,
         ``timestamp``, ``worker_id``, ``region``, ``state``, and for machines ``machine_id``,
-        ``app`` and ``event``), oldest first; with ``follow`` until the caller stops."""
+        ``app`` and ``event``), oldest first; with ``follow`` until the caller stops. A dict of
+        ``kind`` ``gap`` (``after``, ``resume_from``, ``message``) says events were missed."""
         params = {"follow": "true" if follow else "false"}
         params |= {k: str(v) for k, v in (("app", app), ("worker", worker)) if v is not None}
         if since is not None:

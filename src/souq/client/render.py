@@ -234,6 +234,9 @@ def cluster_event(event: dict[str, Any], *, as_json: bool = False) -> None:
     if as_json:
         line(json.dumps(event, ensure_ascii=False))
         return
+    if event["kind"] == "gap":
+        line(f"  --- gap: {event['message']}")
+        return
     when = iso_from_ms(int(event["timestamp"]))
     if event["kind"] == "machine":
         detail = event.get("event") or {}

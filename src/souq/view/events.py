@@ -2,7 +2,10 @@
 per-broker sequence number, that ``GET /v1/events`` reads (and follows) from any point still held.
 
 Sequence numbers are this broker's: they start at 1 when the broker starts and only grow; another
-broker numbers the same events differently.
+broker numbers the same events differently. A reader resuming after an id whose successors are no
+longer held (the ring moved on, or the id came from another broker or an earlier run of this one)
+is told so by :meth:`EventLog.missed` (the stream's ``gap`` event), so it can re-list instead of
+trusting a stream with a hole in it.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from pydantic import Field
 
 from souq.model import MachineEvent, MachineState, Record, WorkerState
 
-__all__ = ["ClusterEvent", "EventLog"]
+__all__ = ["ClusterEvent", "EventLog", "Gap"]
 
 
 class ClusterEvent(Record):
@@ -32,6 +35,15 @@ class ClusterEvent(Record):
     state: MachineState | WorkerState = Field(description="the machine's or the worker's state")
     previous: WorkerState | None = Field(default=None, description="worker events: before")
     event: MachineEvent | None = Field(default=None, description="machine events: the event")
+
+
+class Gap(Record):
+    """Events a resuming reader cannot get: it should re-list what it follows."""
+
+    kind: Literal["gap"] = "gap"
+    after: int = Field(description="the id the reader resumed after")
+    resume_from: int = Field(description="the first id the stream goes on from")
+    message: str
 
 
 class EventLog:
@@ -85,6 +97,32 @@ class EventLog:
         self._changed.set()
         self._changed = asyncio.Event()
         return item
+
+    def missed(self, seq: int) -> Gap | None:
+        """The gap a reader resuming after ``seq`` would not see, or None when every event
+        after it is still held (``seq`` 0 means "whatever is held": never a gap)."""
+        if seq <= 0:
+            return None
+        if seq > self._seq:
+            return Gap(
+                after=seq,
+                resume_from=self._ring[0].seq if self._ring else self._seq + 1,
+                message=(
+                    f"event id {seq} is past this broker's last ({self._seq}): it came from "
+                    "another broker or an earlier run of this one; re-list, then follow from here"
+                ),
+            )
+        first = self._ring[0].seq if self._ring else self._seq + 1
+        if seq + 1 >= first:
+            return None
+        return Gap(
+            after=seq,
+            resume_from=first,
+            message=(
+                f"events {seq + 1} to {first - 1} are no longer held (this broker keeps the "
+                f"last {self._ring.maxlen}); re-list, then follow from here"
+            ),
+        )
 
     def since(
         self, seq: int, *, app: str | None = None, worker: str | None = None
