@@ -54,7 +54,6 @@ _PIDFILE = "pid"
 _EXIT = "exit"  # written by souq-waiter: "code N" or "signal N"
 _START_TIME_TOLERANCE_S = 0.005  # start times have clock-tick (10 ms) resolution
 _POOL_SIZE = 2  # souq-waiters kept ready
-_REFILL_DELAY_S = 0.001
 
 
 @dataclass
@@ -129,7 +128,7 @@ class ExecDriver:
         self.waiter = waiter_path() if use_waiter else None
         self._pool: list[_IdleWaiter] = []  # waiters ready for a job
         self._idle_pids: set[int] = set()
-        self._refill: asyncio.TimerHandle | None = None
+        self._refill: asyncio.Task[None] | None = None
 
     def owned_pids(self) -> set[int]:
         """Pids of the children this driver reaps itself (the agent's reaper leaves them be)."""
@@ -217,8 +216,9 @@ class ExecDriver:
     # -- souq-waiter ---------------------------------------------------------------------------
 
     def _new_waiter(self, waiter: Path) -> _IdleWaiter:
-        """Start a waiter, which blocks reading its job: about 1 ms until it is ready here (an
-        exec), which is why a few are kept ready ahead of need."""
+        """Start a waiter, which blocks reading its job. ``Popen`` returns once the waiter is
+        exec'd, about 1 ms here: so a few are kept ready, started from a thread of the
+        default executor (see :meth:`_fill`)."""
         self.root.mkdir(parents=True, exist_ok=True)
         r, w = os.pipe()
         try:
@@ -244,18 +244,23 @@ class ExecDriver:
         assert self.waiter is not None
         idle = self._pool.pop() if self._pool else self._new_waiter(self.waiter)
         if self._refill is None:
-            # Shortly after, so that the reply to the request that spawned goes out first.
-            self._refill = asyncio.get_running_loop().call_later(_REFILL_DELAY_S, self._fill)
+            self._refill = asyncio.get_running_loop().create_task(self._fill(self.waiter))
         return idle
 
-    def _fill(self) -> None:
-        self._refill = None
-        while self.waiter is not None and len(self._pool) < _POOL_SIZE:
-            try:
-                self._pool.append(self._new_waiter(self.waiter))
-            except SpawnError as exc:
-                log.warning("cannot keep a souq-waiter ready: %s", exc)
-                return
+    async def _fill(self, waiter: Path) -> None:
+        """Top the pool of ready waiters up, off the event loop: a waiter is not a machine
+        process (it sets no parent-death signal of its own; its child's is tied to the waiter,
+        which is single-threaded), so starting it from a helper thread is safe, and the loop
+        stays free to answer offers and claims meanwhile."""
+        loop = asyncio.get_running_loop()
+        try:
+            while len(self._pool) < _POOL_SIZE:
+                idle = await loop.run_in_executor(None, self._new_waiter, waiter)
+                self._pool.append(idle)
+        except SpawnError as exc:
+            log.warning("cannot keep a souq-waiter ready: %s", exc)
+        finally:
+            self._refill = None
 
     def _run_job(
         self,
@@ -454,7 +459,7 @@ class ExecDriver:
 
     def close(self) -> None:
         if self._refill is not None:
-            self._refill.cancel()
+            self._refill.cancel()  # a waiter it is starting gets EOF when its pipe is dropped
             self._refill = None
         for idle in self._pool:  # an empty job: each ends at once
             with contextlib.suppress(OSError):
