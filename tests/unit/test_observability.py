@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import dataclass
 
 import httpx
 
-from souq.agent.metrics import AgentCollector, serve_metrics
+from souq.agent.metrics import AgentCollector, AgentStats, serve_metrics
 from souq.logs import JsonFormatter, bind, current, log_context
-from souq.model import MachineState
+from souq.model import MachineState, Resources
 
 
 def _line(logger: logging.Logger, formatter: JsonFormatter, text: str) -> dict[str, object]:
@@ -61,3 +62,31 @@ def test_the_agent_serves_machines_by_state_and_restarts() -> None:
         server.close()
     assert 'souq_agent_machines{state="started",worker="w1"} 2.0' in text
     assert 'souq_agent_machine_restarts_total{worker="w1"} 3.0' in text
+
+
+def test_the_agent_serves_its_claims_capacity_and_bus_state() -> None:
+    stats = AgentStats(
+        capacity=lambda: Resources(cpus=4, memory_mb=2048),
+        allocated=lambda: Resources(cpus=1.5, memory_mb=512),
+        pending_events=lambda: 3,
+        connected=lambda: False,
+    )
+    stats.claimed("accepted")
+    stats.claimed("accepted")
+    stats.claimed("cordoned")
+    stats.offers = 7
+    stats.last_heartbeat = time.time() - 5
+    server = serve_metrics(0, AgentCollector("w1", list, stats))
+    try:
+        text = httpx.get(f"http://127.0.0.1:{server.port}/metrics", timeout=10).text
+    finally:
+        server.close()
+    assert 'souq_agent_capacity{resource="cpus",worker="w1"} 4.0' in text
+    assert 'souq_agent_allocated{resource="memory_mb",worker="w1"} 512.0' in text
+    assert 'souq_agent_claims_total{outcome="accepted",worker="w1"} 2.0' in text
+    assert 'souq_agent_claims_total{outcome="cordoned",worker="w1"} 1.0' in text
+    assert 'souq_agent_offers_total{worker="w1"} 7.0' in text
+    assert 'souq_agent_events_pending{worker="w1"} 3.0' in text
+    assert 'souq_agent_bus_connected{worker="w1"} 0.0' in text
+    age = next(x for x in text.splitlines() if x.startswith("souq_agent_heartbeat_age_seconds{"))
+    assert 5.0 <= float(age.rsplit(" ", 1)[1]) < 60

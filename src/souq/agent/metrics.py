@@ -1,19 +1,44 @@
-"""The agent's Prometheus metrics on ``--metrics-port`` (0, the default, serves none): machines by
-state and restarts, read from the executor's records when scraped; names prefixed ``souq_``.
+"""The agent's Prometheus metrics on ``--metrics-port`` (0, the default, serves none), names
+prefixed ``souq_agent_``: machines by state and restarts (read from the executor's records when
+scraped), capacity and allocation by resource, claims by outcome (and refusals by reason), offers
+answered, machine events waiting to be published, whether the bus is connected, and the age of
+the last heartbeat sent.
 
 Served by prometheus_client's own HTTP server in a thread; a scrape only reads a snapshot of the
-records (one ``list()`` of them), so it never waits for the event loop."""
+records (one ``list()`` of them) and of :class:`AgentStats` (plain counters the event loop bumps),
+so it never waits for the event loop."""
 
 from __future__ import annotations
 
+import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-__all__ = ["AgentCollector", "MetricsServer", "serve_metrics"]
+__all__ = ["AgentCollector", "AgentStats", "MetricsServer", "serve_metrics"]
+
+RESOURCES = ("cpus", "memory_mb", "disk_mb", "gpus")
+
+
+@dataclass
+class AgentStats:
+    """What the agent counts as it works (bumped on the event loop, read by scrapes)."""
+
+    claims: Counter[str] = field(default_factory=Counter)  # by outcome: "accepted", a refusal
+    offers: int = 0
+    last_heartbeat: float | None = None  # time.time() of the last one sent
+    capacity: Callable[[], object] | None = None  # Resources-like: RESOURCES attributes
+    allocated: Callable[[], object] | None = None
+    pending_events: Callable[[], int] | None = None
+    connected: Callable[[], bool] | None = None
+
+    def claimed(self, outcome: str) -> None:
+        self.claims[outcome] += 1
 
 
 class _Row(Protocol):
@@ -22,9 +47,15 @@ class _Row(Protocol):
 
 
 class AgentCollector(Collector):
-    def __init__(self, worker_id: str, rows: Callable[[], Iterable[object]]) -> None:
+    def __init__(
+        self,
+        worker_id: str,
+        rows: Callable[[], Iterable[object]],
+        stats: AgentStats | None = None,
+    ) -> None:
         self._worker_id = worker_id
         self._rows = rows
+        self._stats = stats
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         rows = list(self._rows())
@@ -47,6 +78,61 @@ class AgentCollector(Collector):
         )
         total.add_metric([self._worker_id], restarts)
         yield total
+        if self._stats is not None:
+            yield from self._collect_stats(self._stats)
+
+    def _collect_stats(
+        self, stats: AgentStats
+    ) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        w = self._worker_id
+        for name, source, what in (
+            ("souq_agent_capacity", stats.capacity, "what this worker offers, by resource"),
+            ("souq_agent_allocated", stats.allocated, "what its machines reserve, by resource"),
+        ):
+            if source is None:
+                continue
+            family = GaugeMetricFamily(name, what, labels=["worker", "resource"])
+            amounts = source()
+            for resource in RESOURCES:
+                family.add_metric([w, resource], float(getattr(amounts, resource, 0) or 0))
+            yield family
+        claims = CounterMetricFamily(
+            "souq_agent_claims",
+            "claims answered: accepted, or refused with the refusal's reason",
+            labels=["worker", "outcome"],
+        )
+        for outcome, n in sorted(dict(stats.claims).items()):
+            claims.add_metric([w, outcome], n)
+        yield claims
+        offers = CounterMetricFamily(
+            "souq_agent_offers", "requests for offers answered", labels=["worker"]
+        )
+        offers.add_metric([w], stats.offers)
+        yield offers
+        if stats.pending_events is not None:
+            pending = GaugeMetricFamily(
+                "souq_agent_events_pending",
+                "machine events waiting to be published (they wait out a bus outage)",
+                labels=["worker"],
+            )
+            pending.add_metric([w], stats.pending_events())
+            yield pending
+        if stats.connected is not None:
+            connected = GaugeMetricFamily(
+                "souq_agent_bus_connected",
+                "1 while the agent is connected to NATS",
+                labels=["worker"],
+            )
+            connected.add_metric([w], 1.0 if stats.connected() else 0.0)
+            yield connected
+        if stats.last_heartbeat is not None:
+            age = GaugeMetricFamily(
+                "souq_agent_heartbeat_age_seconds",
+                "seconds since this worker last sent a heartbeat",
+                labels=["worker"],
+            )
+            age.add_metric([w], max(0.0, time.time() - stats.last_heartbeat))
+            yield age
 
 
 class MetricsServer:
