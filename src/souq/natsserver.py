@@ -42,7 +42,11 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 class NatsServer:
-    """A nats-server child process. ``start()`` returns once it accepts connections."""
+    """A nats-server child process. ``start()`` returns once it accepts connections.
+
+    ``stop(keep_store=True)`` then ``start()`` (or ``restart()``) brings the server back on the
+    same port with the same store directory: clients reconnect to the URL they know, as after
+    an outage of a production server."""
 
     def __init__(
         self, port: int | None = None, store_dir: Path | None = None, host: str = "127.0.0.1"
@@ -87,14 +91,24 @@ class NatsServer:
         self.stop()
         raise Unavailable(f"nats-server did not accept connections on port {self.port}")
 
-    def stop(self, timeout: float = 5.0) -> None:
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self, timeout: float = 5.0, *, keep_store: bool = False) -> None:
+        """Stop the server (SIGTERM, then SIGKILL after ``timeout``). A store directory this
+        object made is removed, unless ``keep_store`` (for a ``start()`` to come)."""
         proc = self.process
-        if proc is None:
-            return
-        terminate(proc, timeout=timeout)
-        self.process = None
-        if self._own_dir:
+        if proc is not None:
+            terminate(proc, timeout=timeout)
+            self.process = None
+        if self._own_dir and not keep_store:
             shutil.rmtree(self.store_dir, ignore_errors=True)
+
+    def restart(self, timeout: float = 10.0) -> None:
+        """Stop the server and start it again on the same port and store directory."""
+        self.stop(keep_store=True)
+        self.start(timeout=timeout)
 
     def kill(self) -> None:
         """Kill -9, as a crash would."""

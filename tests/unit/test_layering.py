@@ -149,6 +149,7 @@ PUBLIC = {
         "MemoryTransport",
         "Subscription",
         "Transport",
+        "bus_unavailable",
         "decode",
         "encode",
         "error_reply",

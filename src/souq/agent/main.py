@@ -23,6 +23,7 @@ from souq.agent.executor import Executor
 from souq.agent.faults import fault_point
 from souq.agent.fingerprint import capacity_of, fingerprint
 from souq.agent.metrics import AgentCollector, MetricsServer, serve_metrics
+from souq.agent.outbox import Outbox
 from souq.agent.reaper import Reaper, make_subreaper
 from souq.agent.service import AgentService
 from souq.agent.store import Store
@@ -30,7 +31,6 @@ from souq.bus.transport import Transport
 from souq.clock import Clock, SystemClock
 from souq.drivers.base import Driver
 from souq.drivers.host import HostDriver
-from souq.model.protocol import MachineEventMessage
 
 __all__ = ["Agent", "run", "serve"]
 
@@ -103,7 +103,7 @@ class Agent:
         self._store = self._given_store or Store(config.data_dir)
         try:
             self.worker_id = self._store.worker_id()
-            outbox: asyncio.Queue[MachineEventMessage] = asyncio.Queue()
+            outbox = Outbox()  # events wait here while the bus is down
             self._executor = Executor(
                 worker_id=self.worker_id,
                 region=config.region,
@@ -111,7 +111,7 @@ class Agent:
                 driver=self._given_driver or self._require_host_driver(),
                 backoff=config.backoff,
                 clock=self._clock,
-                on_event=outbox.put_nowait,
+                on_event=outbox.put,
             )
             self._executor.fault = fault_point(config.data_dir)
             self._commands = Commands(self._executor, self._clock)

@@ -12,6 +12,11 @@
 * Publishes a :class:`Heartbeat` on ``souq.hb.<region>.<id>`` every interval (and at start and on
   reconnect) and a :class:`MachineEventMessage` on ``souq.evt.<region>.<id>`` for every event.
 
+NATS outages: machines go on (their supervision is local). Events wait in the :class:`Outbox`
+until the connection is back, then go out in order; heartbeats are not sent meanwhile. On
+reconnect the agent announces itself at once with ``reconnects`` one higher, which makes every
+broker re-list its machines (what a lost connection may have swallowed comes back that way).
+
 Every reply is a ``Reply`` envelope: a typed error from the tree crosses the bus intact.
 """
 
@@ -31,6 +36,7 @@ from souq.agent.batch import claim_batch
 from souq.agent.commands import Commands
 from souq.agent.executor import Executor
 from souq.agent.load import LoadGauge
+from souq.agent.outbox import Outbox
 from souq.agent.quotes import Quotes
 from souq.bus import subjects
 from souq.bus.codec import decode, encode, error_reply, ok_reply
@@ -51,7 +57,6 @@ from souq.model.protocol import (
     LocateCommand,
     LocateReply,
     LogsCommand,
-    MachineEventMessage,
     MachineRef,
     Offer,
     OfferRequest,
@@ -80,7 +85,7 @@ class AgentService:
         executor: Executor,
         commands: Commands,
         transport: Transport,
-        outbox: asyncio.Queue[MachineEventMessage],
+        outbox: Outbox,
         *,
         capacity: Resources,
         labels: dict[str, str],
@@ -100,9 +105,11 @@ class AgentService:
         self._interval = heartbeat_interval_s
         self._clock = clock
         self._seq = 0
+        self.reconnects = 0  # times the bus came back (sent in heartbeats)
+        self._bus_up = asyncio.Event()
         self._subs: list[Subscription] = []
         self._tasks: list[asyncio.Task[None]] = []
-        self._hooks: list[Callable[[], Any]] | None = None
+        self._hooks: list[tuple[list[Callable[[], Any]], Callable[[], Any]]] = []
         self._verbs: dict[str, Verb] = {
             "offer": self._offer,  # a sampled request for offers (see souq.broker.sampling)
             "claim_batch": self._claim_batch,  # several machines in one claim (souq.agent.batch)
@@ -144,10 +151,13 @@ class AgentService:
             await t.subscribe(subjects.all_workers("digest"), self._on_digest),
             await t.subscribe(subjects.DISCOVER, self._on_discover),
         ]
-        hooks = getattr(t, "on_reconnect", None)
-        if isinstance(hooks, list):  # NATS: announce ourselves again after an outage
-            hooks.append(self.heartbeat)
-            self._hooks = hooks
+        for name, hook in (("on_disconnect", self._bus_lost), ("on_reconnect", self._bus_back)):
+            hooks = getattr(t, name, None)
+            if isinstance(hooks, list):  # NATS: keep events during an outage, then announce
+                hooks.append(hook)
+                self._hooks.append((hooks, hook))
+        if t.connected:
+            self._bus_up.set()
         flush = getattr(t, "flush", None)
         if flush is not None:
             await flush()  # subscriptions are live on the server before we announce ourselves
@@ -164,10 +174,10 @@ class AgentService:
         for sub in self._subs:
             await sub.unsubscribe()
         self._subs = []
-        if self._hooks is not None:
+        for hooks, hook in self._hooks:
             with contextlib.suppress(ValueError):
-                self._hooks.remove(self.heartbeat)
-            self._hooks = None
+                hooks.remove(hook)
+        self._hooks = []
 
     async def aclose(self) -> None:
         await self.stop_listening()
@@ -178,8 +188,14 @@ class AgentService:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks = []
-        while not self._outbox.empty():  # events of the shutdown itself
-            await self._send_event(self._outbox.get_nowait())
+        if self._transport.connected:
+            await self._send_events()  # events of the shutdown itself
+        if self._outbox:
+            log.warning(
+                "%d machine events not published (the bus is down); the next agent's "
+                "announcement makes the brokers re-list this worker",
+                len(self._outbox),
+            )
 
     # -- heartbeats and events -----------------------------------------------------------------
 
@@ -202,8 +218,15 @@ class AgentService:
         return WorkerState.CORDONED if self.cordoned else WorkerState.UP
 
     async def heartbeat(self) -> None:
+        if not self._transport.connected:
+            return  # a stale heartbeat buffered through an outage would tell nothing true
         self._seq += 1
-        beat = Heartbeat(worker=self.worker_info(), seq=self._seq, interval_s=self._interval)
+        beat = Heartbeat(
+            worker=self.worker_info(),
+            seq=self._seq,
+            interval_s=self._interval,
+            reconnects=self.reconnects,
+        )
         try:
             await self._transport.publish(
                 subjects.heartbeat(self.region, self.worker_id), encode(beat)
@@ -221,15 +244,44 @@ class AgentService:
             await asyncio.sleep(self._interval)
             await self.heartbeat()
 
+    async def _bus_lost(self) -> None:
+        self._bus_up.clear()
+        log.warning("the bus is down: machines go on, their events wait in the outbox")
+
+    async def _bus_back(self) -> None:
+        self.reconnects += 1
+        self._bus_up.set()
+        log.warning(
+            "the bus is back: announcing worker %s, publishing %d held events",
+            self.worker_id,
+            len(self._outbox),
+        )
+        await self.heartbeat()
+
     async def _publish_events(self) -> None:
         while True:
-            await self._send_event(await self._outbox.get())
+            await self._outbox.wait()
+            await self._bus_up.wait()
+            await self._send_events()
 
-    async def _send_event(self, msg: MachineEventMessage) -> None:
-        try:
-            await self._transport.publish(subjects.events(self.region, self.worker_id), encode(msg))
-        except Unavailable as exc:
-            log.warning("event of machine %s not published: %s", msg.machine_id, exc)
+    async def _send_events(self) -> None:
+        """Send what the outbox holds, in order; put back what the bus did not take."""
+        batch = self._outbox.take()
+        subject = subjects.events(self.region, self.worker_id)
+        for i, msg in enumerate(batch):
+            if not self._transport.connected and self._hooks:
+                self._bus_up.clear()  # the reconnect hook sets it again
+                self._outbox.put_back(batch[i:])
+                return
+            try:
+                await self._transport.publish(subject, encode(msg))
+            except Unavailable as exc:
+                if self._transport.connected or not self._hooks:  # not an outage: skip it
+                    log.warning("event of machine %s not published: %s", msg.machine_id, exc)
+                    continue
+                self._bus_up.clear()
+                self._outbox.put_back(batch[i:])
+                return
 
     # -- requests ------------------------------------------------------------------------------
 

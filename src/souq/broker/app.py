@@ -37,7 +37,7 @@ from souq.broker.schemas import (
     check_app_name,
 )
 from souq.broker.service import BrokerService
-from souq.errors import InvalidInput, MalformedRequest, SouqError, Unavailable
+from souq.errors import InvalidInput, MalformedRequest, SouqError
 from souq.model import Machine, MachineEvent, MachineState, OpRecord, Quote, WorkerInfo
 from souq.model.batch import BatchCreateRequest, BatchResult
 
@@ -129,8 +129,8 @@ def create_app(service: BrokerService) -> FastAPI:
 
     @api.get("/healthz", response_model=Health, tags=["cluster"])
     async def healthz() -> Response:
-        if not service.connected:
-            raise Unavailable("NATS is unreachable", hint="check the NATS server")
+        """200 while the broker is connected to the bus; 503 ``unavailable`` while it is not."""
+        service.require_bus()
         return _json(Health(workers=service.liveness.live_count()))
 
     @api.get("/v1/workers", response_model=list[WorkerInfo], tags=["cluster"])

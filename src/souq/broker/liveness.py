@@ -7,12 +7,20 @@ table is read, so no timer runs; the injected clock makes it testable.
 Heartbeats come every interval, so the capacity they report can lag a claim or a destroy by that
 much. :meth:`Liveness.refresh` asks every worker for a heartbeat now (``souq.discover``) and waits
 until each live one has answered, for a table that is exact at the time of the call.
+
+While the broker's own connection to the bus is down (:meth:`Liveness.pause`) the table is
+frozen: silence the broker cannot hear through is no sign of a dead worker, so nobody goes
+``down`` for it, and :meth:`Liveness.resume` gives every worker the time it was paused back.
+A heartbeat whose ``reconnects`` differs from the last one (the worker lost the bus and is back)
+or whose ``seq`` went back (its agent restarted) is reported to ``on_rejoin``: the cluster view
+re-lists that worker.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from souq.bus import Subscription, Transport, decode, subjects
@@ -34,6 +42,8 @@ class _Entry:
     last_beat: float  # clock.monotonic() when the last heartbeat arrived
     last_seen_ms: int
     received: int  # the table's heartbeat counter when this one arrived
+    reconnects: int  # the worker's count of reconnections to the bus
+    seq: int  # the heartbeat's number (from 1 when the agent starts)
 
 
 class Liveness:
@@ -46,6 +56,8 @@ class Liveness:
         self._received = 0
         self._beat = asyncio.Event()
         self._up_index: dict[str, tuple[float, list[str]]] = {}
+        self._paused_at: float | None = None
+        self.on_rejoin: Callable[[str], None] | None = None
 
     async def start(self) -> None:
         """Listen to heartbeats, then ask every worker to announce itself at once."""
@@ -85,9 +97,36 @@ class Liveness:
             last_beat=self._clock.monotonic(),
             last_seen_ms=self._clock.now_ms(),
             received=self._received,
+            reconnects=beat.reconnects,
+            seq=beat.seq,
         )
         self._beat.set()
         self._beat = asyncio.Event()
+        rejoined = old is not None and (old.reconnects != beat.reconnects or beat.seq < old.seq)
+        if rejoined and self.on_rejoin is not None:
+            self.on_rejoin(beat.worker.id)
+
+    # -- the broker's own outages ----------------------------------------------------------------
+
+    @property
+    def paused(self) -> bool:
+        return self._paused_at is not None
+
+    def pause(self) -> None:
+        """The broker lost the bus: freeze every worker's state as it is."""
+        if self._paused_at is None:
+            self._paused_at = self._clock.monotonic()
+
+    def resume(self) -> None:
+        """The broker has the bus again: the silence of the pause does not count."""
+        if self._paused_at is None:
+            return
+        now = self._clock.monotonic()
+        paused_for = now - self._paused_at
+        self._paused_at = None
+        for entry in self._workers.values():
+            entry.last_beat = min(now, entry.last_beat + paused_for)
+        self._up_index.clear()
 
     async def wait_workers(self, count: int, timeout: float) -> bool:
         """Wait until at least ``count`` workers are known; False if ``timeout`` passes first."""
@@ -117,7 +156,8 @@ class Liveness:
             pass
 
     def _state(self, entry: _Entry) -> WorkerState:
-        silent_for = self._clock.monotonic() - entry.last_beat
+        now = self._paused_at if self._paused_at is not None else self._clock.monotonic()
+        silent_for = now - entry.last_beat
         if silent_for > self._down_after_missed * entry.interval_s:
             return WorkerState.DOWN
         if entry.info.state in (WorkerState.CORDONED, WorkerState.DRAINING):

@@ -79,9 +79,7 @@ async def serve(
     sock: socket.socket | None = None
     try:
         sock = _bind(config.listen_host, config.listen_port)
-        await service.start()
-        transport.on_reconnect.append(service.liveness.discover)
-        transport.on_reconnect.append(service.view.resync)
+        await service.start()  # (it hooks itself to the transport's outages: broker.outage)
         server = _EmbeddedServer(
             uvicorn.Config(
                 create_app(service),

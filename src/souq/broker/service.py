@@ -4,6 +4,11 @@ machines, and the worker table. Holds no state of record: the workers do.
 Every machine command goes to the worker that owns the machine (see :class:`Directory`); the
 worker's typed errors (``not_found``, ``illegal_transition``, ``timeout``) reach the caller
 unchanged.
+
+While the bus is down (and until the workers are back on it) every use case that needs it fails
+at once with 503 ``unavailable`` (:class:`souq.broker.outage.BusGuard`); one cut short by the
+outage fails the same way, whatever error it would otherwise have ended with (a placement whose
+claims all went unanswered is not a lack of capacity).
 """
 
 from __future__ import annotations
@@ -20,9 +25,10 @@ from souq.broker.idempotency import Coalescer, body_hash
 from souq.broker.liveness import Liveness
 from souq.broker.market import Market
 from souq.broker.metrics import BrokerMetrics
+from souq.broker.outage import BusGuard
 from souq.broker.schemas import CreateMachineRequest, QuoteRequest
 from souq.broker.wire import ask_worker
-from souq.bus import Transport, encode, subjects, unwrap_as, unwrap_list_as
+from souq.bus import Transport, bus_unavailable, encode, subjects, unwrap_as, unwrap_list_as
 from souq.clock import Clock, SystemClock
 from souq.errors import NotFound, SouqError, Unavailable
 from souq.ids import idempotent_request_id, new_request_id, quote_worker
@@ -90,6 +96,10 @@ class BrokerService:
             events_capacity=config.events_buffer,
             on_machine_event=lambda m: self.directory.remember(m.machine_id, m.worker_id),
         )
+        self.liveness.on_rejoin = self.view.resync_worker  # a worker back from an outage
+        self.bus = BusGuard(
+            transport, self.liveness, self.view, rejoin_timeout_s=config.gather_timeout_s
+        )
         self.metrics = BrokerMetrics()
         self.metrics.watch(
             self.liveness.workers,
@@ -101,8 +111,10 @@ class BrokerService:
     async def start(self) -> None:
         await self.view.start()
         await self.liveness.start()
+        self.bus.install()
 
     async def close(self) -> None:
+        await self.bus.close()
         await self.view.close()
         await self.liveness.close()
 
@@ -110,20 +122,23 @@ class BrokerService:
     def connected(self) -> bool:
         return self._transport.connected
 
+    def require_bus(self) -> None:
+        """Fail at once, 503 ``unavailable``, while the bus is down or the workers rejoin."""
+        self.bus.require()
+
     # -- cluster ---------------------------------------------------------------------------
 
     async def workers(self) -> list[WorkerInfo]:
         """The worker table, refreshed: each live worker reports its allocation right now."""
-        if not self.connected:
-            raise Unavailable("NATS is unreachable", hint="check the NATS server")
+        self.require_bus()
         await self.liveness.refresh(timeout=self.config.offer_timeout_s)
         return self.liveness.workers()
 
     async def regions(self, size: Resources) -> list[RegionSummary]:
         """Every region with its workers and how many machines of ``size`` fit, from the worker
         table, refreshed as for :meth:`workers`."""
-        if self.connected:
-            await self.liveness.refresh(timeout=self.config.offer_timeout_s)
+        self.require_bus()
+        await self.liveness.refresh(timeout=self.config.offer_timeout_s)
         return summarise_regions(self.liveness.workers(), size)
 
     # -- create ----------------------------------------------------------------------------
@@ -148,13 +163,18 @@ class BrokerService:
 
         async def place() -> Machine:
             try:
+                self.require_bus()
                 if body.quote is not None:
                     machine = await self._create_with_quote(order, body.quote)
                 else:
                     machine = await self.market.place(order)
             except SouqError as exc:
-                self.metrics.placed(exc.status, _placement_of(exc))
-                raise
+                # Cut short by an outage, a placement is unavailable, whatever it ended as.
+                err = exc if self.connected else bus_unavailable()
+                self.metrics.placed(err.status, _placement_of(err))
+                if err is exc:
+                    raise
+                raise err from exc
             self.metrics.placed("placed", machine.placement)
             self.directory.remember(machine.id, machine.worker_id)
             self.view.apply(machine)
@@ -166,9 +186,15 @@ class BrokerService:
 
     async def create_batch(self, app: str, body: BatchCreateRequest) -> BatchResult:
         """``count`` machines of one config in one placement (see :mod:`souq.broker.batch`)."""
-        result = await self.batches.place(
-            app, body, request_id=new_request_id(), body_hash=body_hash(body)
-        )
+        self.require_bus()
+        try:
+            result = await self.batches.place(
+                app, body, request_id=new_request_id(), body_hash=body_hash(body)
+            )
+        except SouqError as exc:
+            if not self.connected:
+                raise bus_unavailable() from exc
+            raise
         for machine in result.machines:
             self.view.apply(machine)
         return result
@@ -183,6 +209,7 @@ class BrokerService:
 
     async def explain(self, app: str, body: CreateMachineRequest) -> Placement:
         """A dry run of a create: the placement record, nothing claimed."""
+        self.require_bus()
         if body.quote is not None:
             quote = await self.get_quote(app, body.quote)
             if quote.placement is None:
@@ -203,6 +230,7 @@ class BrokerService:
 
     async def create_quote(self, app: str, body: QuoteRequest) -> Quote:
         """Hold capacity on the best worker for ``body.ttl_s``: a dry run that binds."""
+        self.require_bus()
         order = ClaimRequest(
             request_id=new_request_id(),
             body_hash=body_hash(body),
@@ -251,6 +279,7 @@ class BrokerService:
         return unwrap_as(reply, WorkerInfo)
 
     async def _ask_worker(self, worker_id: str, verb: str, body: BaseModel, *, what: str) -> bytes:
+        self.require_bus()
         try:
             return await ask_worker(
                 self._transport, worker_id, verb, body, timeout=self.config.command_timeout_s
@@ -272,7 +301,8 @@ class BrokerService:
     async def list_rows(self, app: str) -> list[tuple[str, str]]:
         """``(worker_id, machine JSON)`` of the app's machines, oldest first: from the cluster
         view once it is complete, else by asking every live worker (see docs/architecture.md,
-        "The cluster view")."""
+        "The cluster view"). Unavailable while the bus is down: the view cannot be trusted then."""
+        self.require_bus()
         if self.view.complete:
             return self.view.store.app_rows(app)
         return [(m.worker_id, m.model_dump_json()) for m in await self._gather_machines(app)]
@@ -421,6 +451,7 @@ class BrokerService:
     async def _ask(
         self, machine_id: str, verb: str, body: BaseModel, *, extra_s: float = 0.0
     ) -> bytes:
+        self.require_bus()
         worker_id = await self.directory.owner(
             machine_id, expect=self.liveness.live_count(), timeout=self.config.gather_timeout_s
         )

@@ -11,13 +11,14 @@ from souq.bus.codec import (
     unwrap_list_as,
 )
 from souq.bus.memory import MemoryTransport, subject_matches
-from souq.bus.transport import Handler, Subscription, Transport
+from souq.bus.transport import Handler, Subscription, Transport, bus_unavailable
 
 __all__ = [
     "Handler",
     "MemoryTransport",
     "Subscription",
     "Transport",
+    "bus_unavailable",
     "decode",
     "encode",
     "error_reply",

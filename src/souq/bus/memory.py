@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from souq.bus.transport import Handler
+from souq.bus.transport import Handler, bus_unavailable
 from souq.errors import Unavailable
 
 __all__ = ["MemoryTransport", "subject_matches"]
@@ -43,10 +44,23 @@ class MemoryTransport:
         self._subs: list[_Sub] = []
         self._tasks: set[asyncio.Task[bytes | None]] = set()
         self.connected_flag = True
+        self.on_disconnect: list[Callable[[], Any]] = []
+        self.on_reconnect: list[Callable[[], Any]] = []
 
     @property
     def connected(self) -> bool:
         return self.connected_flag
+
+    async def set_connected(self, up: bool) -> None:
+        """Lose the bus (``False``) or get it back (``True``), running the hooks as the NATS
+        transport does: an outage in a unit test."""
+        if up == self.connected_flag:
+            return
+        self.connected_flag = up
+        for callback in list(self.on_reconnect if up else self.on_disconnect):
+            result = callback()
+            if asyncio.iscoroutine(result):
+                await result
 
     def _targets(self, subject: str) -> list[_Sub]:
         out: list[_Sub] = []
@@ -68,7 +82,7 @@ class MemoryTransport:
 
     def _check(self) -> None:
         if not self.connected_flag:
-            raise Unavailable("the bus is down")
+            raise bus_unavailable()
 
     async def publish(self, subject: str, data: bytes) -> None:
         self._check()

@@ -1,4 +1,12 @@
-"""The NATS transport (nats-py). Lower-layer errors are translated to :mod:`souq.errors` here."""
+"""The NATS transport (nats-py). Lower-layer errors are translated to :mod:`souq.errors` here.
+
+Outages: the client reconnects for ever, every ``reconnect_wait_s``, to the same URL. While the
+connection is down, requests and gathers fail at once with :func:`souq.bus.bus_unavailable`,
+and the ones already waiting when it drops are cut short with the same error (they do not sit
+out their deadlines). ``on_disconnect`` and ``on_reconnect`` run when it drops and when it is
+back (after the subscriptions are restored): the agent keeps its events meanwhile and announces
+itself again, the broker freezes its worker table and re-syncs its view.
+"""
 
 from __future__ import annotations
 
@@ -15,13 +23,18 @@ import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from souq.bus.transport import Handler
+from souq.bus.transport import Handler, bus_unavailable
 from souq.errors import Unavailable
 
-__all__ = ["NatsTransport", "connect"]
+__all__ = ["PING_INTERVAL_S", "RECONNECT_WAIT_S", "NatsTransport", "connect"]
 
 log = logging.getLogger(__name__)
 _NO_RESPONDERS = "503"
+RECONNECT_WAIT_S = 0.25  # between two attempts to reconnect (the attempts never stop)
+# A dead server closes its connections at once; a silent network cut is noticed when
+# MAX_OUTSTANDING_PINGS + 1 pings in a row go unanswered (15 s; nats-py's default is 6 min).
+PING_INTERVAL_S = 5.0
+MAX_OUTSTANDING_PINGS = 2
 
 
 @dataclass
@@ -52,6 +65,8 @@ class NatsTransport:
         self._ids = itertools.count(1)
         self._inbox = nc.new_inbox()
         self._inbox_sub: Any = None
+        self._waits: set[asyncio.Timeout] = set()  # deadlines a lost connection cuts short
+        self.on_disconnect: list[Callable[[], Any]] = []
         self.on_reconnect: list[Callable[[], Any]] = []
         self.closing = False
 
@@ -74,16 +89,33 @@ class NatsTransport:
         except nats.errors.Error as exc:
             raise Unavailable(f"cannot publish to NATS: {exc}") from exc
 
+    def _cut_waits(self) -> None:
+        """The connection is lost: every request or gather under way ends now, unavailable."""
+        now = asyncio.get_running_loop().time()
+        for deadline in list(self._waits):
+            with contextlib.suppress(RuntimeError):  # already expiring
+                deadline.reschedule(now)
+
     async def request(self, subject: str, data: bytes, timeout: float) -> bytes:
         if not self._nc.is_connected:
-            raise Unavailable("the NATS connection is down", hint="check that NATS is running")
+            raise bus_unavailable()
         try:
-            msg = await self._nc.request(subject, data, timeout=timeout)
+            async with asyncio.timeout(timeout) as deadline:
+                self._waits.add(deadline)
+                try:
+                    # nats-py's own deadline is a fallback: ours (cut short on a disconnect) wins
+                    msg = await self._nc.request(subject, data, timeout=timeout + 1)
+                finally:
+                    self._waits.discard(deadline)
         except nats.errors.NoRespondersError as exc:
             raise Unavailable(f"nobody answers on {subject}") from exc
         except (nats.errors.TimeoutError, TimeoutError) as exc:
+            if not self._nc.is_connected:
+                raise bus_unavailable() from exc
             raise Unavailable(f"no reply on {subject} within {timeout:g}s") from exc
         except nats.errors.Error as exc:
+            if not self._nc.is_connected:
+                raise bus_unavailable() from exc
             raise Unavailable(f"NATS request on {subject} failed: {exc}") from exc
         return bytes(msg.data)
 
@@ -106,7 +138,7 @@ class NatsTransport:
         """Publish ``data`` to every subject with one reply inbox, and collect the replies
         until ``gathering`` is done or ``timeout`` passes."""
         if not self._nc.is_connected:
-            raise Unavailable("the NATS connection is down", hint="check that NATS is running")
+            raise bus_unavailable()
         token = str(next(self._ids))
         self._gatherings[token] = gathering
         reply = f"{self._inbox}.{token}"
@@ -115,13 +147,21 @@ class NatsTransport:
                 await self._nc.publish(subject, data, reply=reply)
             if gathering.expect != 0:
                 with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(timeout):
-                        await gathering.done.wait()
+                    async with asyncio.timeout(timeout) as deadline:
+                        self._waits.add(deadline)
+                        try:
+                            await gathering.done.wait()
+                        finally:
+                            self._waits.discard(deadline)
         except nats.errors.Error as exc:
+            if not self._nc.is_connected:
+                raise bus_unavailable() from exc
             where = subjects[0] if len(subjects) == 1 else f"{len(subjects)} subjects"
             raise Unavailable(f"NATS publish on {where} failed: {exc}") from exc
         finally:
             del self._gatherings[token]
+        if not self._nc.is_connected:
+            raise bus_unavailable()  # cut short: the replies are not all there may be
         return gathering.replies
 
     async def _on_gather_reply(self, msg: Msg) -> None:
@@ -181,24 +221,43 @@ class NatsTransport:
                 await self._nc.close()
 
 
-async def connect(url: str, *, name: str, connect_timeout: float = 5.0) -> NatsTransport:
-    """Connect to NATS, retrying for ever after the first connection (the agent must outlive an
-    outage of the NATS server). The first connection must succeed within ``connect_timeout``."""
+async def _run_hooks(hooks: list[Callable[[], Any]], what: str) -> None:
+    for callback in list(hooks):
+        try:
+            result = callback()
+            if asyncio.iscoroutine(result):
+                await result
+        except Exception:  # one failing hook must not keep the others from running
+            log.exception("a NATS %s hook failed", what)
+
+
+async def connect(
+    url: str,
+    *,
+    name: str,
+    connect_timeout: float = 5.0,
+    reconnect_wait_s: float = RECONNECT_WAIT_S,
+    ping_interval_s: float = PING_INTERVAL_S,
+) -> NatsTransport:
+    """Connect to NATS, retrying for ever after the first connection, every
+    ``reconnect_wait_s`` (agents and brokers must outlive an outage of the NATS server). The
+    first connection must succeed within ``connect_timeout``."""
     holder: dict[str, NatsTransport] = {}
 
     async def reconnected() -> None:
         transport = holder.get("t")
         if transport is None:
             return
-        for callback in transport.on_reconnect:
-            result = callback()
-            if asyncio.iscoroutine(result):
-                await result
+        log.warning("NATS connection re-established")
+        await _run_hooks(transport.on_reconnect, "reconnect")
 
     async def disconnected() -> None:
         transport = holder.get("t")
-        if transport is not None and not transport.closing:
-            log.warning("NATS connection lost; reconnecting")
+        if transport is None or transport.closing:
+            return
+        log.warning("NATS connection lost; reconnecting every %gs", reconnect_wait_s)
+        transport._cut_waits()
+        await _run_hooks(transport.on_disconnect, "disconnect")
 
     async def error(exc: Exception) -> None:
         log.debug("NATS error: %s", exc)
@@ -211,7 +270,9 @@ async def connect(url: str, *, name: str, connect_timeout: float = 5.0) -> NatsT
                 name=name,
                 connect_timeout=max(1, round(connect_timeout)),
                 max_reconnect_attempts=-1,
-                reconnect_time_wait=0.5,
+                reconnect_time_wait=reconnect_wait_s,
+                ping_interval=ping_interval_s,
+                max_outstanding_pings=MAX_OUTSTANDING_PINGS,
                 reconnected_cb=reconnected,
                 disconnected_cb=disconnected,
                 error_cb=error,

@@ -10,9 +10,20 @@ from __future__ import annotations
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Protocol
 
-__all__ = ["Handler", "Subscription", "Transport"]
+from souq.errors import Unavailable
+
+__all__ = ["Handler", "Subscription", "Transport", "bus_unavailable"]
 
 Handler = Callable[[str, bytes], Coroutine[Any, Any, bytes | None]]
+
+
+def bus_unavailable() -> Unavailable:
+    """The one error for "the bus is down": every request, gather and API call that needs the bus
+    answers it (HTTP 503, ``unavailable``) at once while the connection is lost."""
+    return Unavailable(
+        "the message bus (NATS) is unreachable; retry shortly",
+        hint="the connection is re-established by itself once the NATS server is back",
+    )
 
 
 class Subscription(Protocol):
@@ -22,7 +33,9 @@ class Subscription(Protocol):
 class Transport(Protocol):
     @property
     def connected(self) -> bool:
-        """Whether messages can flow right now."""
+        """Whether messages can flow right now. A transport that can lose its connection (NATS)
+        also has ``on_disconnect`` and ``on_reconnect``: lists of callbacks (plain or async)
+        that it calls when the connection is lost and when it is back."""
         ...
 
     async def publish(self, subject: str, data: bytes) -> None:

@@ -144,7 +144,9 @@ class WorkerPort:
     def __init__(self, bus: FleetBus) -> None:
         self._bus = bus
         self._t = bus.transport
-        self.on_reconnect = bus.transport.on_reconnect  # every worker announces itself again
+        # An outage: every worker keeps its events, then announces itself again.
+        self.on_disconnect = bus.transport.on_disconnect
+        self.on_reconnect = bus.transport.on_reconnect
 
     @property
     def connected(self) -> bool:

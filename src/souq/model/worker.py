@@ -59,3 +59,8 @@ class Heartbeat(Record):
     worker: WorkerInfo
     seq: int
     interval_s: float
+    reconnects: int = Field(
+        default=0,
+        description="how many times the worker has reconnected to the bus; a change tells "
+        "brokers to re-list its machines (it may have missed requests and lost events)",
+    )

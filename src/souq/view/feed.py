@@ -10,6 +10,12 @@
   in flight). A missed or reordered event heals within two rounds.
 * Worker liveness comes from :class:`souq.broker.liveness.Liveness`; a watcher turns changes of a
   worker's state into worker events.
+* Outages: after the broker's own reconnection every worker is compared again (:meth:`resync`);
+  a worker that reconnected (:meth:`resync_worker`, from its heartbeat) is re-listed whatever
+  its digest says, since a digest does not cover everything a record holds (restarts, pid).
+  Events of a re-listed record that the event log never had are appended to it then
+  (:class:`souq.view.seen.SeenEvents`): the stream misses nothing an outage swallowed, and
+  tells nothing twice.
 
 The view is *complete* once every worker that is not down has been synced since it was last seen
 appearing or coming back; until then the broker answers lists the old way (asking every worker).
@@ -38,6 +44,7 @@ from souq.model import (
 )
 from souq.view.digest import machines_digest
 from souq.view.events import EventLog
+from souq.view.seen import SeenEvents
 from souq.view.store import ViewStore
 
 __all__ = ["ClusterView", "ViewStatus", "WorkerSource"]
@@ -83,6 +90,7 @@ class ClusterView:
         # one subscription and one decode serve both.
         self._on_machine_event = on_machine_event
         self.events = EventLog(events_capacity)
+        self._seen = SeenEvents(events_capacity, horizon_ms=clock.now_ms())
         self._transport = transport
         self._workers = workers
         self._clock = clock
@@ -95,6 +103,7 @@ class ClusterView:
         self._fetches: set[asyncio.Task[None]] = set()
         self._synced: set[str] = set()
         self._suspects: set[str] = set()  # synced workers whose digest differed last round
+        self._relist: set[str] = set()  # workers to re-list whatever their digest says
         self._states: dict[str, WorkerState] = {}
         self._wake = asyncio.Event()
         self._rounds = 0
@@ -157,13 +166,14 @@ class ClusterView:
         if self._on_machine_event is not None:
             self._on_machine_event(msg)
         self._lag_ms = max(0, self._clock.now_ms() - msg.event.timestamp)
-        self.events.append_machine(
-            machine_id=msg.machine_id,
-            app=msg.app,
-            worker_id=msg.worker_id,
-            region=msg.region,
-            event=msg.event,
-        )
+        if self._seen.first_time(msg.machine_id, msg.event):
+            self.events.append_machine(
+                machine_id=msg.machine_id,
+                app=msg.app,
+                worker_id=msg.worker_id,
+                region=msg.region,
+                event=msg.event,
+            )
         if msg.machine is not None:  # a new machine's first event carries its record
             self.store.apply_machine(msg.machine)
         applied = self.store.apply_event(msg)
@@ -203,7 +213,8 @@ class ClusterView:
             if now >= next_round or self._wake.is_set():
                 self._wake.clear()
                 try:
-                    await self.sync_round()
+                    if self._transport.connected:  # (the reconnection wakes the loop)
+                        await self.sync_round()
                 except SouqError as exc:
                     log.info("a view sync round failed: %s", exc)
                 next_round = self._clock.monotonic() + self._sync_interval_s
@@ -281,7 +292,11 @@ class ClusterView:
                 continue
             wid = digest.worker_id
             answered.add(wid)
-            if digest.digest == mine.get(wid, empty):
+            if wid in self._relist:
+                if await self._resync(wid, before=started_ms):
+                    self._relist.discard(wid)
+                    self._synced.add(wid)
+            elif digest.digest == mine.get(wid, empty):
                 self._synced.add(wid)
             elif wid in self._synced and wid not in self._suspects:
                 suspects.add(wid)  # maybe events in flight: re-list it if it still differs
@@ -297,16 +312,41 @@ class ClusterView:
         except (SouqError, ValueError) as exc:
             log.info("the view could not list worker %s: %s", worker_id, exc)
             return False
+        self._tell_missed(machines)
         changed = self.store.reconcile_worker(worker_id, machines, before=before)
         if changed:
             log.info("anti-entropy: %d machine rows of worker %s healed", changed, worker_id)
         return True
+
+    def _tell_missed(self, machines: list[Machine]) -> None:
+        """Append to the event log the events of these records it never had, oldest first."""
+        told = 0
+        for machine in machines:
+            for event in self._seen.missed(machine):
+                self._seen.first_time(machine.id, event)
+                self.events.append_machine(
+                    machine_id=machine.id,
+                    app=machine.app,
+                    worker_id=machine.worker_id,
+                    region=machine.region,
+                    event=event,
+                )
+                told += 1
+        if told:
+            log.info("anti-entropy: %d machine events the stream had missed", told)
 
     async def resync(self) -> None:
         """After a NATS outage events may be lost: sync every worker again before serving lists
         from the view (until then lists ask the workers)."""
         self._synced.clear()
         self._suspects.clear()
+        self._wake.set()
+
+    def resync_worker(self, worker_id: str) -> None:
+        """The worker lost the bus and is back (or its agent restarted): re-list it in the next
+        round, which starts now, whatever its digest says."""
+        self._relist.add(worker_id)
+        self._synced.discard(worker_id)
         self._wake.set()
 
     def wake(self) -> None:

@@ -8,8 +8,10 @@ A row's *version* is the newest time (ms) the record speaks for: the machine's `
 its newest event's timestamp. Events of one worker arrive in the order they happened, so a change
 with an equal version is applied (two transitions in one millisecond); an older one is dropped.
 A row keeps the machine's JSON in two parts: ``body`` (what events do not change: config,
-placement ...) and the ``state``, ``updated_at`` and ``events`` columns that events do change,
-so that applying an event never parses or re-serialises the whole record.
+placement, restarts, pid ...) and the ``state``, ``updated_at`` and ``events`` columns that
+events do change, so that applying an event never parses or re-serialises the whole record.
+``body_version`` is the version of the record the body came from: a record older than the row
+(an event overtook it) still refreshes a body older than itself.
 
 Destroyed machines stay as tombstones (so a late event cannot bring one back) until
 :meth:`ViewStore.prune` removes them.
@@ -40,6 +42,7 @@ CREATE TABLE machines (
     region TEXT NOT NULL,
     state TEXT NOT NULL,
     version INTEGER NOT NULL,
+    body_version INTEGER NOT NULL,
     updated_at TEXT NOT NULL,
     created_at TEXT NOT NULL,
     events TEXT NOT NULL,
@@ -94,12 +97,14 @@ class ViewStore:
     def apply_machine(self, machine: Machine) -> bool:
         """Take a worker's record of a machine, unless the row is newer. True if applied."""
         version = version_of(machine)
+        body = machine.model_dump_json(exclude=_MUTABLE)
         cur = self._db.execute(
-            "INSERT INTO machines (id, app, worker_id, region, state, version, updated_at,"
-            " created_at, events, body) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            "INSERT INTO machines (id, app, worker_id, region, state, version, body_version,"
+            " updated_at, created_at, events, body) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
             " ON CONFLICT (id) DO UPDATE SET app = excluded.app, worker_id = excluded.worker_id,"
             " region = excluded.region, state = excluded.state, version = excluded.version,"
-            " updated_at = excluded.updated_at, events = excluded.events, body = excluded.body"
+            " body_version = excluded.body_version, updated_at = excluded.updated_at,"
+            " events = excluded.events, body = excluded.body"
             " WHERE excluded.version >= machines.version",
             (
                 machine.id,
@@ -108,13 +113,20 @@ class ViewStore:
                 machine.region,
                 machine.state.value,
                 version,
+                version,
                 machine.updated_at,
                 machine.created_at,
                 _events_json(machine.events[:RECENT_EVENTS]),
-                machine.model_dump_json(exclude=_MUTABLE),
+                body,
             ),
         )
-        return cur.rowcount > 0
+        if cur.rowcount > 0:
+            return True
+        self._db.execute(  # an event overtook the record: its body is still the freshest
+            "UPDATE machines SET body = ?, body_version = ? WHERE id = ? AND body_version < ?",
+            (body, version, machine.id, version),
+        )
+        return False
 
     def apply_event(self, msg: MachineEventMessage) -> bool | None:
         """Apply one event to its row. True if applied, False if stale, None if the machine is
