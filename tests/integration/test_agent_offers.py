@@ -4,12 +4,17 @@ how many machines of the asking app it runs; and its disk and gpus in the finger
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 from pathlib import Path
 
+import httpx
+
 from souq.bus import subjects
 from souq.bus.codec import encode, unwrap
+from souq.errors import ClaimRefused
 from souq.model import DestroyCommand, Offer, OfferRequest, Resources
+from souq.natsserver import free_port
 from tests.integration.agent_harness import APP, Harness, load, running_agent
 
 SLEEPER = ["sleep", "60"]
@@ -70,5 +75,33 @@ def test_disk_and_gpus_are_fingerprinted_and_accounted(nats_url: str, tmp_path: 
             assert not offer.eligible
             assert offer.reason == "insufficient_disk"
             assert offer.worker.allocated.disk_mb == 600
+
+    asyncio.run(body())
+
+
+def test_the_agents_metrics_count_offers_claims_and_refusals(nats_url: str, tmp_path: Path) -> None:
+    async def body() -> None:
+        async with running_agent(nats_url, tmp_path, metrics_port=free_port()) as h:
+            assert h.agent.metrics is not None
+            url = f"http://127.0.0.1:{h.agent.metrics.port}/metrics"
+            ask = OfferRequest(
+                request_id="r1", app=APP, region="mad", resources=Resources(cpus=1, memory_mb=1)
+            )
+            load(
+                Offer,
+                unwrap(await h.bus.request(subjects.worker(h.worker_id, "offer"), encode(ask), 5)),
+            )
+            await h.claim(["sleep", "60"], cpus=1)
+            with contextlib.suppress(ClaimRefused):
+                await h.claim(["sleep", "60"], cpus=100)  # more than the worker has
+            async with httpx.AsyncClient() as http:
+                text = (await http.get(url)).text
+            w = h.worker_id
+            assert f'souq_agent_offers_total{{worker="{w}"}} 1.0' in text
+            assert f'souq_agent_claims_total{{outcome="accepted",worker="{w}"}} 1.0' in text
+            assert f'souq_agent_claims_total{{outcome="insufficient_cpu",worker="{w}"}} 1.0' in text
+            assert f'souq_agent_allocated{{resource="cpus",worker="{w}"}} 1.0' in text
+            assert f'souq_agent_bus_connected{{worker="{w}"}} 1.0' in text
+            assert "souq_agent_heartbeat_age_seconds{" in text
 
     asyncio.run(body())

@@ -136,7 +136,8 @@ class Agent:
             await self._service.start()
             if config.metrics_port:
                 self.metrics = serve_metrics(
-                    config.metrics_port, AgentCollector(self.worker_id, self._executor.rows)
+                    config.metrics_port,
+                    AgentCollector(self.worker_id, self._executor.rows, self._service.stats),
                 )
         except BaseException:
             await self.aclose()

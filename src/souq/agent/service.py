@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import logging
 import re
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -36,6 +37,7 @@ from souq.agent.batch import claim_batch
 from souq.agent.commands import Commands
 from souq.agent.executor import Executor
 from souq.agent.load import LoadGauge
+from souq.agent.metrics import AgentStats
 from souq.agent.outbox import Outbox
 from souq.agent.quotes import Quotes
 from souq.bus import subjects
@@ -106,6 +108,12 @@ class AgentService:
         self._clock = clock
         self._seq = 0
         self.reconnects = 0  # times the bus came back (sent in heartbeats)
+        self.stats = AgentStats(
+            capacity=lambda: self.capacity,
+            allocated=lambda: self._ex.allocated,
+            pending_events=lambda: len(self._outbox),
+            connected=lambda: self._transport.connected,
+        )
         self._bus_up = asyncio.Event()
         self._subs: list[Subscription] = []
         self._tasks: list[asyncio.Task[None]] = []
@@ -233,6 +241,8 @@ class AgentService:
             )
         except Unavailable as exc:
             log.debug("heartbeat not sent: %s", exc)
+        else:
+            self.stats.last_heartbeat = time.time()
 
     def _announce(self) -> None:
         """Publish a heartbeat soon: the worker's capacity or state just changed."""
@@ -350,6 +360,7 @@ class AgentService:
         return Offer(worker=info, eligible=True, load=load, artifacts=artifacts, app_machines=mine)
 
     async def _offer(self, data: bytes) -> Offer:
+        self.stats.offers += 1
         return self.offer(decode(data, OfferRequest))
 
     async def _list(self, data: bytes) -> list[Any]:
@@ -378,12 +389,17 @@ class AgentService:
 
     async def _claim(self, data: bytes) -> BaseModel:
         req = decode(data, ClaimRequest)
-        if req.quote_id is None:  # a quote's hold was made before any cordon
-            self._refuse_if_cordoned()
-        if req.quote_id is not None and req.placement is None:
-            # The machine keeps the explanation of the placement its quote made.
-            req = req.model_copy(update={"placement": self.quotes.placement(req.quote_id)})
-        machine = self._cmd.claim(req, self.capacity)
+        try:
+            if req.quote_id is None:  # a quote's hold was made before any cordon
+                self._refuse_if_cordoned()
+            if req.quote_id is not None and req.placement is None:
+                # The machine keeps the explanation of the placement its quote made.
+                req = req.model_copy(update={"placement": self.quotes.placement(req.quote_id)})
+            machine = self._cmd.claim(req, self.capacity)
+        except ClaimRefused as exc:
+            self.stats.claimed(str(exc.details.get("reason", exc.status)))
+            raise
+        self.stats.claimed("accepted")
         if req.quote_id is not None:
             self.quotes.used(req.quote_id)
         return machine
