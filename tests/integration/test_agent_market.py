@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from souq.bus import subjects
-from souq.bus.codec import encode, unwrap
+from souq.bus.codec import decode_one_or_many, encode, unwrap
 from souq.errors import ClaimRefused, IdempotencyConflict
 from souq.model import (
     ClaimRequest,
@@ -149,7 +149,7 @@ def test_heartbeats_discover_and_events(nats_url: str, tmp_path: Path) -> None:
             beats.append(Heartbeat.model_validate_json(data))
 
         async def on_event(subject: str, data: bytes) -> None:
-            events.append(MachineEventMessage.model_validate_json(data))
+            events.extend(decode_one_or_many(data, MachineEventMessage))
 
         async with running_agent(nats_url, tmp_path, heartbeat_interval_s=60) as h:
             await h.bus.subscribe(subjects.heartbeat("mad", h.worker_id), on_beat)

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from souq.agent import service as service_module
 from souq.agent.config import AgentConfig
 from souq.agent.main import Agent
 from souq.agent.outbox import Outbox
@@ -16,6 +17,7 @@ from souq.broker.config import BrokerConfig
 from souq.broker.liveness import Liveness
 from souq.broker.service import BrokerService
 from souq.bus import MemoryTransport, decode, subjects
+from souq.bus.codec import decode_one_or_many, encode
 from souq.clock import ManualClock, iso_from_ms
 from souq.errors import Unavailable
 from souq.fleet import HollowDriver
@@ -114,7 +116,7 @@ async def test_the_agent_holds_events_while_the_bus_is_down_and_announces_its_re
     beats: list[Heartbeat] = []
 
     async def on_event(subject: str, data: bytes) -> None:
-        events.append(decode(data, MachineEventMessage))
+        events.extend(decode_one_or_many(data, MachineEventMessage))
 
     async def on_beat(subject: str, data: bytes) -> None:
         beats.append(decode(data, Heartbeat))
@@ -131,7 +133,10 @@ async def test_the_agent_holds_events_while_the_bus_is_down_and_announces_its_re
     seen = len(events)
     agent.commands.stop("web", m.id)  # the machine's life goes on without the bus
     await wait_for(lambda: agent.executor.machine("web", m.id).state == MachineState.STOPPED)
-    await asyncio.sleep(0.05)  # let the publisher try: nothing may go out, nothing be lost
+    # The publisher was woken by the stop's events and found the bus down: they wait.
+    pending = agent._service.stats.pending_events  # type: ignore[union-attr]
+    assert pending is not None
+    await wait_for(lambda: pending() >= 2)
     assert len(events) == seen
 
     await bus.set_connected(True)
@@ -301,3 +306,16 @@ async def test_a_rejoined_worker_is_relisted_and_its_missed_events_told_once(
         )
     )
     assert [e.event.type for e in v.events.since(0) if e.event is not None] == told
+
+
+def test_events_ready_together_go_in_one_message_up_to_a_size(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    msgs = [message(f"m{i}", T0 + i, record=i == 0) for i in range(5)]
+    ((n, payload),) = list(service_module._event_messages(msgs))
+    assert n == 5 and decode_one_or_many(payload, MachineEventMessage) == msgs
+    (one,) = list(service_module._event_messages(msgs[1:2]))
+    assert one == (1, encode(msgs[1]))  # a lone event is sent as itself
+    monkeypatch.setattr(service_module, "MESSAGE_BYTES", len(encode(msgs[1])) * 2 + 2)
+    sizes = [n for n, _ in service_module._event_messages(msgs[1:])]
+    assert sizes == [2, 2]  # in order, none lost, none over the size

@@ -10,7 +10,8 @@
   ``digest`` are worker verbs too).
 * ``souq.discover``: publish a heartbeat at once.
 * Publishes a :class:`Heartbeat` on ``souq.hb.<region>.<id>`` every interval (and at start and on
-  reconnect) and a :class:`MachineEventMessage` on ``souq.evt.<region>.<id>`` for every event.
+  reconnect) and a :class:`MachineEventMessage` on ``souq.evt.<region>.<id>`` for every event
+  (the events ready at once go in one message: a JSON array of them).
 
 NATS outages: machines go on (their supervision is local). Events wait in the :class:`Outbox`
 until the connection is back, then go out in order; heartbeats are not sent meanwhile. On
@@ -27,7 +28,7 @@ import contextlib
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 from pydantic import BaseModel
@@ -41,7 +42,7 @@ from souq.agent.metrics import AgentStats
 from souq.agent.outbox import Outbox
 from souq.agent.quotes import Quotes
 from souq.bus import subjects
-from souq.bus.codec import decode, encode, error_reply, ok_reply
+from souq.bus.codec import decode, encode, encode_many, error_reply, ok_reply
 from souq.bus.transport import Subscription, Transport
 from souq.clock import Clock, iso_from_ms
 from souq.errors import ClaimRefused, NotFound, SouqError, Unavailable
@@ -59,6 +60,7 @@ from souq.model.protocol import (
     LocateCommand,
     LocateReply,
     LogsCommand,
+    MachineEventMessage,
     MachineRef,
     Offer,
     OfferRequest,
@@ -79,6 +81,25 @@ log = logging.getLogger(__name__)
 
 Verb = Callable[[bytes], Awaitable[BaseModel | list[Any]]]
 _MACHINE_ID = re.compile(rb'"machine_id":\s*"([^"]{1,64})"')  # for log lines (souq.logs)
+
+
+MESSAGE_BYTES = 256 * 1024  # events per message: up to this size (NATS allows 1 MiB)
+
+
+def _event_messages(batch: list[MachineEventMessage]) -> Iterator[tuple[int, bytes]]:
+    """``batch`` as messages of consecutive events: ``(how many, payload)``, each payload one
+    event or a JSON array of several (:func:`souq.bus.codec.encode_many`)."""
+    group: list[bytes] = []
+    size = 0
+    for msg in batch:
+        data = encode(msg)
+        if group and size + len(data) > MESSAGE_BYTES:
+            yield len(group), group[0] if len(group) == 1 else encode_many(group)
+            group, size = [], 0
+        group.append(data)
+        size += len(data) + 1
+    if group:
+        yield len(group), group[0] if len(group) == 1 else encode_many(group)
 
 
 class AgentService:
@@ -275,23 +296,27 @@ class AgentService:
             await self._send_events()
 
     async def _send_events(self) -> None:
-        """Send what the outbox holds, in order; put back what the bus did not take."""
+        """Send what the outbox holds, in order, several events to a message (a claim makes
+        three at once; a batch claim hundreds); put back what the bus did not take."""
         batch = self._outbox.take()
         subject = subjects.events(self.region, self.worker_id)
-        for i, msg in enumerate(batch):
+        at = 0
+        for size, payload in _event_messages(batch):
             if not self._transport.connected and self._hooks:
                 self._bus_up.clear()  # the reconnect hook sets it again
-                self._outbox.put_back(batch[i:])
+                self._outbox.put_back(batch[at:])
                 return
             try:
-                await self._transport.publish(subject, encode(msg))
+                await self._transport.publish(subject, payload)
             except Unavailable as exc:
                 if self._transport.connected or not self._hooks:  # not an outage: skip it
-                    log.warning("event of machine %s not published: %s", msg.machine_id, exc)
+                    log.warning("%d machine events not published: %s", size, exc)
+                    at += size
                     continue
                 self._bus_up.clear()
-                self._outbox.put_back(batch[i:])
+                self._outbox.put_back(batch[at:])
                 return
+            at += size
 
     # -- requests ------------------------------------------------------------------------------
 

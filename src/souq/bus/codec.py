@@ -7,16 +7,27 @@ and :func:`unwrap_as` validates envelope and result together into the expected m
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import cache
 from typing import Any, Generic, TypeVar
 
 import pydantic_core
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from souq.errors import InvalidInput, SouqError, error_from_body
 from souq.model.protocol import Reply
 
-__all__ = ["decode", "encode", "error_reply", "ok_reply", "unwrap", "unwrap_as", "unwrap_list_as"]
+__all__ = [
+    "decode",
+    "decode_one_or_many",
+    "encode",
+    "encode_many",
+    "error_reply",
+    "ok_reply",
+    "unwrap",
+    "unwrap_as",
+    "unwrap_list_as",
+]
 
 M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")
@@ -32,6 +43,27 @@ def decode(data: bytes, model: type[M]) -> M:
         return model.model_validate_json(data)
     except ValidationError as exc:
         raise InvalidInput(f"malformed {model.__name__} message: {exc.errors()[0]['msg']}") from exc
+
+
+def encode_many(encoded: Sequence[bytes]) -> bytes:
+    """Already encoded models as one JSON array (a batch in one message)."""
+    return b"[" + b",".join(encoded) + b"]"
+
+
+@cache
+def _list_of(model: type[BaseModel]) -> TypeAdapter[list[Any]]:
+    return TypeAdapter(list[model])  # type: ignore[valid-type]
+
+
+def decode_one_or_many(data: bytes, model: type[M]) -> list[M]:
+    """A message that is one ``model`` or a JSON array of them (see :func:`encode_many`)."""
+    if data.lstrip()[:1] != b"[":
+        return [decode(data, model)]
+    try:
+        items: list[M] = _list_of(model).validate_json(data)
+    except ValidationError as exc:
+        raise InvalidInput(f"malformed {model.__name__} batch: {exc.errors()[0]['msg']}") from exc
+    return items
 
 
 def ok_reply(result: BaseModel | list[Any] | dict[str, Any] | None) -> bytes:

@@ -30,7 +30,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from souq.bus import Subscription, Transport, decode, encode, subjects, unwrap_as, unwrap_list_as
+from souq.bus import Subscription, Transport, encode, subjects, unwrap_as, unwrap_list_as
+from souq.bus.codec import decode_one_or_many
 from souq.clock import Clock
 from souq.errors import SouqError
 from souq.model import (
@@ -156,11 +157,16 @@ class ClusterView:
 
     async def _on_event(self, subject: str, data: bytes) -> None:
         try:
-            msg = decode(data, MachineEventMessage)
+            msgs = decode_one_or_many(data, MachineEventMessage)
         except SouqError as exc:
             log.warning("the view ignores an event on %s: %s", subject, exc)
             return
-        self.on_event(msg)
+        if len(msgs) == 1:
+            self.on_event(msgs[0])
+            return
+        with self.store.transaction():  # a worker's batch of events: one write
+            for msg in msgs:
+                self.on_event(msg)
 
     def on_event(self, msg: MachineEventMessage) -> None:
         if self._on_machine_event is not None:

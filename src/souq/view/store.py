@@ -19,9 +19,10 @@ Destroyed machines stay as tombstones (so a late event cannot bring one back) un
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -91,6 +92,15 @@ class ViewStore:
 
     def close(self) -> None:
         self._db.close()
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        """Several changes in one transaction (cheaper than one each)."""
+        self._db.execute("BEGIN")
+        try:
+            yield
+        finally:
+            self._db.execute("COMMIT")
 
     # -- changes -------------------------------------------------------------------------------
 
