@@ -42,14 +42,23 @@ from .test_view import T0, ViewWorker, Workers, machine, wait_for
 pytestmark = pytest.mark.anyio
 
 
-def message(mid: str, at: int, *, record: bool = False) -> MachineEventMessage:
-    event = MachineEvent(type="x", status=MachineState.STARTED, source="agent", timestamp=at)
+def message(
+    mid: str,
+    at: int,
+    *,
+    record: bool = False,
+    event: MachineEvent | None = None,
+) -> MachineEventMessage:
+    """An event message of machine ``mid`` (a ``started`` one at ``at`` unless ``event``)."""
+    event = event or MachineEvent(
+        type="x", status=MachineState.STARTED, source="agent", timestamp=at
+    )
     return MachineEventMessage(
         machine_id=mid,
         app="web",
         worker_id="w1",
         region="mad",
-        state=MachineState.STARTED,
+        state=event.status,
         event=event,
         machine=machine(mid, MachineState.STARTED, at) if record else None,
     )
@@ -216,16 +225,7 @@ def test_a_record_overtaken_by_an_event_still_refreshes_the_body() -> None:
     store = ViewStore()
     store.apply_machine(machine("m1", MachineState.STARTED, T0))
     newer = MachineEvent(type="x", status=MachineState.STARTING, source="agent", timestamp=T0 + 20)
-    store.apply_event(
-        MachineEventMessage(
-            machine_id="m1",
-            app="web",
-            worker_id="w1",
-            region="mad",
-            state=MachineState.STARTING,
-            event=newer,
-        )
-    )
+    store.apply_event(message("m1", T0 + 20, event=newer))
     record = machine("m1", MachineState.STARTED, T0 + 10).model_copy(
         update={"restarts": 3, "pid": 42}
     )
@@ -295,16 +295,8 @@ async def test_a_rejoined_worker_is_relisted_and_its_missed_events_told_once(
     await wait_for(lambda: v.complete and '"pid":7' in (v.store.machine_json("m1") or ""))
     told = [e.event.type for e in v.events.since(0) if e.event is not None]
     assert told == ["launch", "restart"]
-    v.on_event(  # the agent's held copy arrives after the re-list: not told twice
-        MachineEventMessage(
-            machine_id="m1",
-            app="web",
-            worker_id="w1",
-            region="mad",
-            state=MachineState.STARTED,
-            event=restart,
-        )
-    )
+    # The agent's held copy arrives after the re-list: not told twice.
+    v.on_event(message("m1", restart.timestamp, event=restart))
     assert [e.event.type for e in v.events.since(0) if e.event is not None] == told
 
 

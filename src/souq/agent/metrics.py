@@ -109,30 +109,36 @@ class AgentCollector(Collector):
         )
         offers.add_metric([w], stats.offers)
         yield offers
-        if stats.pending_events is not None:
-            pending = GaugeMetricFamily(
+        gauges: list[tuple[str, str, Callable[[], float] | None]] = [
+            (
                 "souq_agent_events_pending",
                 "machine events waiting to be published (they wait out a bus outage)",
-                labels=["worker"],
-            )
-            pending.add_metric([w], stats.pending_events())
-            yield pending
-        if stats.connected is not None:
-            connected = GaugeMetricFamily(
+                stats.pending_events,
+            ),
+            (
                 "souq_agent_bus_connected",
                 "1 while the agent is connected to NATS",
-                labels=["worker"],
-            )
-            connected.add_metric([w], 1.0 if stats.connected() else 0.0)
-            yield connected
-        if stats.last_heartbeat is not None:
-            age = GaugeMetricFamily(
+                None if stats.connected is None else _as_number(stats.connected),
+            ),
+            (
                 "souq_agent_heartbeat_age_seconds",
                 "seconds since this worker last sent a heartbeat",
-                labels=["worker"],
-            )
-            age.add_metric([w], max(0.0, time.time() - stats.last_heartbeat))
-            yield age
+                None if stats.last_heartbeat is None else _age(stats.last_heartbeat),
+            ),
+        ]
+        for name, what, read in gauges:
+            if read is not None:
+                gauge = GaugeMetricFamily(name, what, labels=["worker"])
+                gauge.add_metric([w], float(read()))
+                yield gauge
+
+
+def _as_number(flag: Callable[[], bool]) -> Callable[[], float]:
+    return lambda: 1.0 if flag() else 0.0
+
+
+def _age(since: float) -> Callable[[], float]:
+    return lambda: max(0.0, time.time() - since)
 
 
 class MetricsServer:
