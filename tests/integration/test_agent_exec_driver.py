@@ -227,11 +227,12 @@ def test_a_program_that_cannot_be_exec_d_exits_127_with_the_reason_in_its_log(
         assert await driver.wait(handle) == ExitStatus(code=127)
         out = driver.read_output("m1", 0, 1000)[0].decode()
         assert f"souq-waiter: cannot run {bogus}: No such file or directory" in out
-        # A cgroup the child cannot join: the start fails, and nothing runs.
-        with pytest.raises(SpawnError, match="cannot start 'sleep'"):
-            driver.start(
-                spec("sleep", "60", machine_id="m2"), cgroup_procs=[tmp_path / "no" / "procs"]
-            )
+        # A cgroup the child cannot join: it exits 127 before its exec, saying why.
+        procs = tmp_path / "no" / "cgroup.procs"
+        jailed = driver.start(spec("sleep", "60", machine_id="m2"), cgroup_procs=[procs])
+        assert await driver.wait(jailed) == ExitStatus(code=127)
+        out = driver.read_output("m2", 0, 1000)[0].decode()
+        assert f"souq-waiter: cannot join cgroup {procs}: No such file or directory" in out
         driver.close()
 
     asyncio.run(body())

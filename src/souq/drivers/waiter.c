@@ -11,16 +11,17 @@
  * An empty job (the agent went away) ends the waiter quietly. Otherwise it forks the command
  * in a new session (its own process group), with PR_SET_PDEATHSIG so that the machine never
  * runs without its waiter. The child changes to WORKDIR, takes /dev/null as stdin and LOG_FILE
- * (appended to) as stdout and stderr, and writes itself into each cgroup.procs file (the
- * machine's cgroup, one per controller on v1), so that the command's first instruction already
- * runs under its limits. The waiter writes one line to REPORT_FD and closes it: "P <pid>" once
- * the child is in its session and cgroup and about to exec (the exec runs in parallel with the
- * agent), or "E <errno>" if the child could not get there. If the exec fails the child writes
- * why to the log and exits with status 127, an ordinary exit (the agent checks the program
- * first). Then the waiter waits for the command, kills what is left of its process group, reaps
- * it and writes "code N" or "signal N" to EXIT_FILE atomically (EXIT_FILE.tmp, fsync, rename)
- * before it exits. It execs nothing else and ignores the signals a stray kill might send it.
- * Built once per host by souq.drivers.waiter with the system's C compiler. */
+ * (appended to) as stdout and stderr, and reports ready. The waiter writes one line to
+ * REPORT_FD and closes it: "P <pid>" once the child is in its session with its streams, or
+ * "E <errno>" if it could not get there. Then the child writes itself into each cgroup.procs
+ * file (the machine's cgroup, one per controller on v1) and execs the command, in parallel with
+ * the agent: the command's first instruction runs under its limits. If a join or the exec
+ * fails the child writes why to the log and exits with status 127, an ordinary exit (the agent
+ * checks the program first). The waiter waits for the command, kills what is left of its
+ * process group, reaps it and writes "code N" or "signal N" to EXIT_FILE atomically
+ * (EXIT_FILE.tmp, then a rename) before it exits. It execs nothing else and ignores the signals
+ * a stray kill might send it. Built once per host by souq.drivers.waiter with the system's C
+ * compiler. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -51,7 +52,10 @@ static int write_status(const char *path, int status) {
     else n = snprintf(line, sizeof line, "signal %d\n", WTERMSIG(status));
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) return -1;
-    int ok = write(fd, line, (size_t)n) == n && fsync(fd) == 0;
+    /* No fsync: the status must outlive the agent, not the host (a power loss ends the machine
+     * too, and its exit is then unknown anyway); an fsync here could delay the exit by the
+     * file system's journal commit. The rename makes it appear whole or not at all. */
+    int ok = write(fd, line, (size_t)n) == n;
     close(fd);
     return ok && rename(tmp, path) == 0 ? 0 : -1;
 }
@@ -99,18 +103,15 @@ static int join(const char *path) {
     return e;
 }
 
-/* In the child: everything up to the exec. 0 when ready, else an errno. */
-static int prepare(const char *workdir, const char *log, char **joins, int njoins) {
+/* In the child, before it reports ready: its working directory and standard streams. 0 when
+ * ready, else an errno. */
+static int prepare(const char *workdir, const char *log) {
     if (chdir(workdir) < 0) return errno;
     int in = open("/dev/null", O_RDONLY | O_CLOEXEC);
     if (in < 0) return errno;
     int out = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (out < 0) return errno;
     if (dup2(in, 0) < 0 || dup2(out, 1) < 0 || dup2(out, 2) < 0) return errno;
-    for (int i = 0; i < njoins; i++) {
-        int e = join(joins[i]);
-        if (e != 0) return e;
-    }
     return 0;
 }
 
@@ -157,10 +158,19 @@ int main(int argc, char **argv) {
         setsid();
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         if (getppid() != parent) _exit(127); /* the waiter died before the prctl */
-        int e = prepare(workdir, log, joins, njoins);
-        /* Ready (0) or why not: the waiter reports the pid now, while this process execs. */
+        int e = prepare(workdir, log);
+        /* Ready (0) or why not: the waiter reports the pid now. Joining the cgroup comes after:
+         * a migration can wait out an RCU grace period (milliseconds), which the agent need
+         * not wait for; the command still runs its first instruction under its limits. */
         if (write(ready[1], &e, sizeof e) < 0 || e != 0) _exit(127);
         close(ready[1]);
+        for (int i = 0; i < njoins; i++) {
+            e = join(joins[i]);
+            if (e != 0) {
+                dprintf(2, "souq-waiter: cannot join cgroup %s: %s\n", joins[i], strerror(e));
+                _exit(127);
+            }
+        }
         for (int i = 0; i < envc; i++) /* execvpe searches the caller's PATH: the machine's */
             if (strncmp(envv[i], "PATH=", 5) == 0) setenv("PATH", envv[i] + 5, 1);
         execvpe(cmdv[0], cmdv, envv);
