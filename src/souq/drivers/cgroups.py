@@ -12,9 +12,9 @@ souq-waiter's child writes itself into them between its fork and its exec: no wi
 extra exec. Without the waiter the command runs behind a tiny shell prefix instead
 (:func:`placement_shell`: ``sh -c 'echo $$ > <cgroup>/cgroup.procs && exec "$@"' souq
 <cmd...>``), which costs one more exec. Either way, if the join fails the machine does not run
-unconfined: it fails to start (waiter) or exits with status 2 and the shell's message in its
-output. A new cgroup needs no cleanup and no OOM baseline read: only a cgroup reused by a restart
-is emptied of leftovers first.
+unconfined: it exits with status 127 (waiter) or 2 (shell), the reason in its output. A new
+cgroup needs no cleanup and no OOM baseline read: only a cgroup reused by a restart is emptied
+of leftovers first.
 
 **Out of memory.** The kernel's ``oom_kill`` counter (``memory.events`` on v2,
 ``memory.oom_control`` on v1) is read when the machine starts and when it exits; a rise means
