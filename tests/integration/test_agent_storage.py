@@ -84,3 +84,20 @@ def test_a_failed_write_fails_the_operation_cleanly(nats_url: str, tmp_path: Pat
             )
 
     asyncio.run(body())
+
+
+def test_a_write_that_skips_its_fsync_leaves_the_sync_level_as_it_was(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    level = lambda: store._db.execute("PRAGMA synchronous").fetchone()[0]  # noqa: E731
+    assert level() == 2  # FULL: every write is fsynced unless said otherwise
+    with store._write(durable=False) as db:
+        assert level() == 1  # NORMAL, for this transaction only
+        db.execute("INSERT OR REPLACE INTO meta VALUES ('k', 'v')")
+    assert level() == 2
+    store.sync()  # one durable write, for a batch written without fsyncs
+    assert store.meta("synced_at") is not None
+    store._db.execute("PRAGMA synchronous=OFF")  # a hollow worker's store
+    with store._write(durable=False):
+        assert level() == 0  # not raised to NORMAL
+    assert level() == 0
+    store.close()

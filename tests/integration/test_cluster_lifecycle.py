@@ -6,6 +6,7 @@ import os
 import sys
 import uuid
 
+import httpx
 import psutil
 import pytest
 
@@ -176,3 +177,28 @@ def test_machine_process_runs_in_its_own_session(cluster: Cluster) -> None:
     assert m.pid is not None
     assert os.getsid(m.pid) == m.pid
     client.destroy(app, m.id, force=True)
+
+
+def test_a_batch_starts_every_machine_with_its_own_process(cluster: Cluster) -> None:
+    app = app_name()
+    body = {
+        "region": "mad",
+        "count": 6,
+        "config": {
+            "cmd": ["sh", "-c", "echo up $SOUQ_MACHINE_ID; exec sleep 600"],
+            "guest": {"cpus": 0.1, "memory_mb": 32},
+        },
+    }
+    r = httpx.post(f"{cluster.api_url}/v1/apps/{app}/machines/batch", json=body, timeout=30)
+    assert r.status_code == 201, r.text
+    machines = r.json()["machines"]
+    assert len(machines) == 6 and {m["state"] for m in machines} == {"started"}
+    pids = {m["pid"] for m in machines}
+    assert len(pids) == 6 and all(psutil.pid_exists(p) for p in pids)
+    client = cluster.client()
+    for m in machines:
+        wait_until(
+            lambda m=m: f"up {m['id']}" in client.logs(app, m["id"]),
+            message=f"the output of {m['id']}",
+        )
+        client.destroy(app, m["id"], force=True)

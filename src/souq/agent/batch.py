@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from souq.agent.commands import Commands
 from souq.agent.executor import Executor
+from souq.drivers.base import PreparesSpawns
 from souq.errors import ClaimRefused, IdempotencyConflict
 from souq.model.batch import BatchClaimReply, BatchClaimRequest
 from souq.model.machine import Machine
@@ -70,6 +71,8 @@ def claim_batch(
             hint="another claim took the capacity first; try another worker",
             details={"reason": short.reason},
         )
+    if not req.skip_launch and isinstance(executor.driver, PreparesSpawns):
+        executor.driver.prepare_spawns(new)
     machines: list[Machine] = []
     for request_id in req.request_ids:
         claim = ClaimRequest.model_construct(
@@ -82,5 +85,6 @@ def claim_batch(
             skip_launch=req.skip_launch,
             placement=req.placement,
         )
-        machines.append(commands.claim(claim, capacity))
+        machines.append(commands.claim(claim, capacity, durable=False))
+    executor.store.sync()  # one fsync for the whole batch, before it is answered
     return BatchClaimReply(machines=machines)

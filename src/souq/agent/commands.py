@@ -42,7 +42,7 @@ class Commands:
         self._ex = executor
         self._clock = clock
 
-    def claim(self, req: ClaimRequest, capacity: Resources) -> Machine:
+    def claim(self, req: ClaimRequest, capacity: Resources, *, durable: bool = True) -> Machine:
         """Reserve capacity and record the machine in one transaction, then (unless
         ``skip_launch``) start it: the reply shows ``started``, or ``failed``. A claim for a
         known request id returns that machine (same body) or is an idempotency conflict."""
@@ -78,7 +78,9 @@ class Commands:
             updated_at=now,
             events=tuple(reversed(events)),
         )
-        existing = ex.create(row, capacity, op, op_event, step.next, quote_id=req.quote_id)
+        existing = ex.create(
+            row, capacity, op, op_event, step.next, quote_id=req.quote_id, durable=durable
+        )
         if existing is not None:
             return self._claimed_before(req, existing)
         ex.execute(op, step.actions)

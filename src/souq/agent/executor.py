@@ -178,13 +178,15 @@ class Executor:
         op_state: OpState,
         *,
         quote_id: str | None = None,
+        durable: bool = True,
     ) -> str | None:
         """Record a new machine, its reservation, its events and its operation's first step in
         one transaction (the capacity is checked in it, or the quote's hold is used). Returns
-        the id of the machine already made for the same request id instead, if there is one."""
+        the id of the machine already made for the same request id instead, if there is one.
+        ``durable=False``: not fsynced; the caller syncs before it answers (a batch)."""
         now = row.created_at
         log_step = OpStep(op.id, row.id, op.kind, op_state, op_event, now, op.params)
-        existing = self.store.claim(row, capacity, [log_step], quote_id=quote_id)
+        existing = self.store.claim(row, capacity, [log_step], quote_id=quote_id, durable=durable)
         if existing is not None:
             return existing
         if self.fault is not None:

@@ -7,12 +7,18 @@ append-only op log: one row per step of every operation). Every change is one tr
 so a machine's state, its event and its op step land together or not at all. sqlite3 errors become
 :class:`souq.errors.StorageError` here; nothing above this module sees them.
 
-One kind of write is not fsynced: the record that a process was spawned
-(:meth:`Store.commit` with ``durable=False``, ``synchronous=NORMAL`` for that one transaction).
-It survives a crash or kill -9 of the agent like every other write (WAL); only a power loss or
-kernel crash could drop it, and that also ends the process it records, so the operation resumes
-from its last durable step (the spawn intended) and spawns again. The next durable write syncs it
-anyway.
+Two kinds of write are not fsynced (``durable=False``, ``synchronous=NORMAL`` for that one
+transaction); both survive a crash or kill -9 of the agent like every other write (WAL), and only a
+power loss or kernel crash could drop them:
+
+* the record that a process was spawned (:meth:`Store.commit`): a power loss also ends the
+  process it records, so the operation resumes from its last durable step (the spawn intended)
+  and spawns again;
+* the machines of a batch claim (:meth:`Store.claim`), which :meth:`Store.sync` makes durable
+  with one fsync before the batch is answered: a power loss before that ends the machines too,
+  and the broker, never answered, reports the batch failed (its idempotency key retries it).
+
+The next durable write syncs them anyway.
 
 A lock file (``agent.lock``, ``flock``) keeps two agents off the same data dir.
 """
@@ -134,6 +140,9 @@ def _fail(exc: sqlite3.Error) -> StorageError:
     )
 
 
+_SYNC_LEVELS = {"OFF": 0, "NORMAL": 1, "FULL": 2, "EXTRA": 3}
+
+
 class Store:
     def __init__(self, data_dir: Path) -> None:
         data_dir.mkdir(parents=True, exist_ok=True)
@@ -207,7 +216,13 @@ class Store:
 
     @contextlib.contextmanager
     def _synchronous(self, level: str) -> Iterator[None]:
+        """``PRAGMA synchronous=level`` for a while, unless it already syncs less (a hollow
+        worker's store runs with ``OFF``); then back to what it was."""
         try:
+            before = int(self._db.execute("PRAGMA synchronous").fetchone()[0])
+            if before <= _SYNC_LEVELS[level]:
+                yield
+                return
             self._db.execute(f"PRAGMA synchronous={level}")
         except sqlite3.Error as exc:
             raise _fail(exc) from exc
@@ -215,7 +230,7 @@ class Store:
             yield
         finally:
             with contextlib.suppress(sqlite3.Error):
-                self._db.execute("PRAGMA synchronous=FULL")
+                self._db.execute(f"PRAGMA synchronous={before}")
 
     def _read(self, sql: str, args: Sequence[object] = ()) -> list[Any]:
         try:
@@ -287,12 +302,13 @@ class Store:
         steps: Sequence[OpStep],
         *,
         quote_id: str | None = None,
+        durable: bool = True,
     ) -> str | None:
         """In one transaction: refuse a different body for a known request id, return the
         machine already made for it, or check the capacity (or use the quote's hold), reserve it
         and record the machine with its events and op steps. Returns the id of an existing
-        machine, or None."""
-        with self._write() as db:
+        machine, or None. ``durable=False``: not fsynced (a batch syncs once, :meth:`sync`)."""
+        with self._write(durable=durable) as db:
             found = db.execute(
                 "SELECT id, body_hash FROM machines WHERE request_id = ?", (row.request_id,)
             ).fetchone()
@@ -336,6 +352,12 @@ class Store:
             )
             self._append(db, row.id, reversed(row.events), steps)
         return None
+
+    def sync(self) -> None:
+        """Make every transaction so far durable: one fsynced write (a batch's writes are not
+        fsynced one by one)."""
+        with self._write() as db:
+            db.execute("INSERT OR REPLACE INTO meta VALUES ('synced_at', ?)", (str(time.time()),))
 
     def commit(
         self,

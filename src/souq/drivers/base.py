@@ -14,7 +14,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-__all__ = ["Driver", "ExitStatus", "Handle", "Limits", "MachineSpec", "RecordsExits", "SpawnError"]
+__all__ = [
+    "Driver",
+    "ExitStatus",
+    "Handle",
+    "Limits",
+    "MachineSpec",
+    "PreparesSpawns",
+    "RecordsExits",
+    "SpawnError",
+]
 
 
 class SpawnError(Exception):
@@ -136,3 +145,11 @@ class RecordsExits(Protocol):
     real status."""
 
     def last_exit(self, machine_id: str) -> ExitStatus: ...
+
+
+@runtime_checkable
+class PreparesSpawns(Protocol):
+    """A driver that can get ready for several spawns at once (the exec driver starts that many
+    souq-waiters together, so that they start up in parallel rather than one after another)."""
+
+    def prepare_spawns(self, count: int) -> None: ...

@@ -240,9 +240,17 @@ class ExecDriver:
         self._idle_pids.add(proc.pid)
         return _IdleWaiter(proc, r, _start_time(proc.pid) or 0.0)
 
+    def prepare_spawns(self, count: int) -> None:
+        """Have ``count`` waiters ready (started now, together, if need be): a batch's spawns
+        then wait for no waiter's start-up but the first."""
+        if self.waiter is None:
+            return
+        while len(self._pool) < count:
+            self._pool.append(self._new_waiter(self.waiter))
+
     def _take_waiter(self) -> _IdleWaiter:
         assert self.waiter is not None
-        idle = self._pool.pop() if self._pool else self._new_waiter(self.waiter)
+        idle = self._pool.pop(0) if self._pool else self._new_waiter(self.waiter)
         if self._refill is None:
             self._refill = asyncio.get_running_loop().create_task(self._fill(self.waiter))
         return idle

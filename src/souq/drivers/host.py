@@ -102,6 +102,9 @@ class HostDriver:
     def owned_pids(self) -> set[int]:
         return self.exec.owned_pids()
 
+    def prepare_spawns(self, count: int) -> None:
+        self.exec.prepare_spawns(count)
+
     def signal(self, handle: Handle, sig: int) -> bool:
         return self.exec.signal(handle, sig)
 
