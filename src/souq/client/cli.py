@@ -488,6 +488,13 @@ class LogFormatOpt(StrEnum):
     JSON = "json"
 
 
+class CgroupsOpt(StrEnum):
+    AUTO = "auto"
+    V2 = "v2"
+    V1 = "v1"
+    NONE = "none"
+
+
 def _daemon_logging(log_format: str = "text") -> None:
     from souq.logs import configure
 
@@ -536,6 +543,14 @@ def agent(
         int | None,
         typer.Option("--metrics-port", help="Serve Prometheus /metrics on this port (0: off)."),
     ] = None,
+    cgroups: Annotated[
+        CgroupsOpt,
+        typer.Option(
+            "--cgroups",
+            envvar="SOUQ_CGROUPS",
+            help="How machine limits are enforced: auto (v2, else v1, else none), v2, v1, none.",
+        ),
+    ] = CgroupsOpt.AUTO,
     log_format: Annotated[
         LogFormatOpt,
         typer.Option("--log-format", help="text, or json: one object per line with ids."),
@@ -554,6 +569,7 @@ def agent(
             nats_url=nats,
             labels=labels,
             stop_machines_on_exit=stop_machines_on_exit,
+            cgroups=cgroups.value,
             **_given(
                 data_dir=data_dir,
                 cpus=cpus,
