@@ -364,3 +364,24 @@ async def test_lists_events_apps_and_regions_over_http() -> None:
             assert f'"machine_id":"{mid}"' in rest
     finally:
         await service.close()
+
+
+def test_a_machines_events_in_one_message_are_applied_in_one_write() -> None:
+    store = ViewStore()
+    record = machine("m1", MachineState.STARTING, T0)
+    launch = event("m1", MachineState.STARTING, T0).model_copy(update={"machine": record})
+    started = event("m1", MachineState.STARTED, T0 + 2)
+    stale = event("m1", MachineState.CREATED, T0 - 5)
+    assert store.apply_events([launch, started]) is True
+    body = store.machine_json("m1")
+    assert body is not None
+    got = Machine.model_validate_json(body)
+    assert got.state == MachineState.STARTED
+    statuses = [MachineState.STARTED, MachineState.STARTING, MachineState.STARTING]
+    assert [e.status for e in got.events] == statuses  # the record's launch, then the two
+    assert store.apply_events([stale]) is False
+    # The same events again (a re-sent batch) change nothing and are not listed twice.
+    assert store.apply_events([started]) is True
+    got = Machine.model_validate_json(store.machine_json("m1") or "")
+    assert [e.status for e in got.events] == statuses
+    assert store.apply_events([event("m9", MachineState.STARTED, T0)]) is None

@@ -73,6 +73,17 @@ class ViewStatus:
     bytes: int  # what the view's SQLite database holds
 
 
+def _by_machine(msgs: list[MachineEventMessage]) -> list[list[MachineEventMessage]]:
+    """Consecutive runs of one machine's events, in order."""
+    runs: list[list[MachineEventMessage]] = []
+    for msg in msgs:
+        if runs and runs[-1][0].machine_id == msg.machine_id:
+            runs[-1].append(msg)
+        else:
+            runs.append([msg])
+    return runs
+
+
 class ClusterView:
     def __init__(
         self,
@@ -162,29 +173,32 @@ class ClusterView:
             log.warning("the view ignores an event on %s: %s", subject, exc)
             return
         if len(msgs) == 1:
-            self.on_event(msgs[0])
+            self.on_events(msgs)
             return
         with self.store.transaction():  # a worker's batch of events: one write
-            for msg in msgs:
-                self.on_event(msg)
+            for run in _by_machine(msgs):
+                self.on_events(run)
 
     def on_event(self, msg: MachineEventMessage) -> None:
-        if self._on_machine_event is not None:
-            self._on_machine_event(msg)
-        self._lag_ms = max(0, self._clock.now_ms() - msg.event.timestamp)
-        if self._seen.first_time(msg.machine_id, msg.event):
-            self.events.append_machine(
-                machine_id=msg.machine_id,
-                app=msg.app,
-                worker_id=msg.worker_id,
-                region=msg.region,
-                event=msg.event,
-            )
-        if msg.machine is not None:  # a new machine's first event carries its record
-            self.store.apply_machine(msg.machine)
-        applied = self.store.apply_event(msg)
+        self.on_events([msg])
+
+    def on_events(self, msgs: list[MachineEventMessage]) -> None:
+        """Events of one machine, oldest first: told in the event log, applied to its row."""
+        for msg in msgs:
+            if self._on_machine_event is not None:
+                self._on_machine_event(msg)
+            if self._seen.first_time(msg.machine_id, msg.event):
+                self.events.append_machine(
+                    machine_id=msg.machine_id,
+                    app=msg.app,
+                    worker_id=msg.worker_id,
+                    region=msg.region,
+                    event=msg.event,
+                )
+        self._lag_ms = max(0, self._clock.now_ms() - msgs[-1].event.timestamp)
+        applied = self.store.apply_events(msgs)
         if applied is None:
-            self._fetch(msg)
+            self._fetch(msgs[-1])
         elif applied:
             self.applied += 1
 

@@ -141,19 +141,49 @@ class ViewStore:
     def apply_event(self, msg: MachineEventMessage) -> bool | None:
         """Apply one event to its row. True if applied, False if stale, None if the machine is
         not in the view (the caller fetches its record)."""
+        return self.apply_events([msg])
+
+    def apply_events(self, msgs: Sequence[MachineEventMessage]) -> bool | None:
+        """Apply events of one machine, oldest first, in one write: the newest that is not
+        stale sets the state, and every one that is not stale joins the recent events. A
+        record one of them carries (a new machine's first event) is taken first, unless the
+        row already has it (this broker made the machine and applied the claim's answer).
+        True if any applied, False if all were stale, None if the machine is not in the view
+        (the caller fetches its record)."""
+        machine_id = msgs[0].machine_id
         row = self._db.execute(
-            "SELECT version, events FROM machines WHERE id = ?", (msg.machine_id,)
+            "SELECT version, events FROM machines WHERE id = ?", (machine_id,)
         ).fetchone()
+        record = next((m.machine for m in msgs if m.machine is not None), None)
+        if record is not None and (row is None or version_of(record) > row[0]):
+            self.apply_machine(record)
+            row = self._db.execute(
+                "SELECT version, events FROM machines WHERE id = ?", (machine_id,)
+            ).fetchone()
         if row is None:
             return None
         version, events = row
-        ts = msg.event.timestamp
-        if ts < version:
+        fresh = [m for m in msgs if m.event.timestamp >= version]
+        if not fresh:
             return False
-        recent = [msg.event.model_dump(mode="json"), *json.loads(events)][:RECENT_EVENTS]
+        held = json.loads(events)
+        known = {(e["timestamp"], e["type"], e["status"]) for e in held}
+        new = [
+            e
+            for e in (m.event.model_dump(mode="json") for m in reversed(fresh))
+            if (e["timestamp"], e["type"], e["status"]) not in known
+        ]
+        last = fresh[-1]
+        ts = last.event.timestamp
         self._db.execute(
             "UPDATE machines SET state = ?, version = ?, updated_at = ?, events = ? WHERE id = ?",
-            (msg.state.value, ts, iso_from_ms(ts), json.dumps(recent), msg.machine_id),
+            (
+                last.state.value,
+                ts,
+                iso_from_ms(ts),
+                json.dumps([*new, *held][:RECENT_EVENTS]),
+                machine_id,
+            ),
         )
         return True
 
