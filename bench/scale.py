@@ -22,6 +22,7 @@ import json
 import random
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -135,6 +136,7 @@ async def _load(
     latencies: list[float] = []
     placed = 0
     failed = 0
+    reasons: Counter[str] = Counter()
     remaining = requests
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(timeout=120, limits=limits) as client:
@@ -151,6 +153,7 @@ async def _load(
                     placed += per_request(r)
                 else:
                     failed += 1
+                    reasons[_reason(r)] += 1
 
         t0 = time.perf_counter()
         await asyncio.gather(*(worker(i) for i in range(concurrency)))
@@ -159,6 +162,7 @@ async def _load(
         "placements_per_s": round(placed / wall, 1),
         "placed": placed,
         "failed_requests": failed,
+        "failures": dict(reasons),
         "wall_s": round(wall, 2),
         "latency_ms": summary_ms(latencies),
     }
@@ -200,6 +204,14 @@ def _broker_cpu_s(bench: Bench) -> float:
             times = psutil.Process(broker.process.pid).cpu_times()
             total += times.user + times.system
     return total
+
+
+def _reason(r: httpx.Response) -> str:
+    """A failed request as ``HTTP-status status-code``, e.g. ``409 insufficient_capacity``."""
+    try:
+        return f"{r.status_code} {r.json().get('status', '?')}"
+    except ValueError:
+        return str(r.status_code)
 
 
 def _batches(

@@ -17,6 +17,7 @@ import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from souq import gc_tuning
 from souq.agent.commands import Commands
 from souq.agent.config import AgentConfig
 from souq.agent.executor import Executor
@@ -195,6 +196,7 @@ def run(config: AgentConfig) -> None:
     """Run an agent in the foreground until SIGINT or SIGTERM (blocking). Prints one line to
     stderr when ready: ``souq agent <worker id> ready in region <region> (<n> cpus, <m> MiB)``.
     Uses uvloop when it is installed."""
+    gc_tuning.tune()
     loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None
     try:
         import uvloop

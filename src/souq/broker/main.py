@@ -15,6 +15,7 @@ from collections.abc import Iterator
 
 import uvicorn
 
+from souq import gc_tuning
 from souq.broker.app import create_app
 from souq.broker.config import BrokerConfig
 from souq.broker.service import BrokerService
@@ -135,6 +136,7 @@ async def _connect(config: BrokerConfig) -> NatsTransport:
 
 def run(config: BrokerConfig) -> None:
     """Run a broker in the foreground until SIGINT or SIGTERM."""
+    gc_tuning.tune()
 
     async def main() -> None:
         stop = asyncio.Event()

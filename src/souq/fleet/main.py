@@ -25,6 +25,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from souq import gc_tuning
 from souq.agent.config import AgentConfig
 from souq.agent.main import Agent
 from souq.bus.nats import NatsTransport, connect
@@ -139,6 +140,7 @@ class Fleet:
 def run(config: FleetConfig) -> None:
     """Run a fleet in the foreground until SIGINT or SIGTERM (blocking). Prints one line to
     stderr when ready: ``souq fleet ready: N workers in region R``."""
+    gc_tuning.tune()
 
     async def main() -> None:
         stop = asyncio.Event()
