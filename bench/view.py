@@ -1,10 +1,11 @@
 """The cluster view at scale (``python -m bench view``): 1,000 hollow workers, 10,000 machines.
 
-* **propagation** — a machine's state change (a stop through broker A) until it shows in broker
-  B's view. B's event stream (``/v1/events?follow=true``) is read here: B appends an event to its
-  stream in the same step as it applies it to its view, so the time an event reaches this process
-  minus the event's own timestamp (the hollow worker's clock, same host) bounds the propagation
-  from above.
+* **propagation** — a machine's state change (a stop through broker A, 100 a second for 12 s,
+  so that two anti-entropy rounds fall inside) until it shows in broker B's view. B's event
+  stream (``/v1/events?follow=true``) is read here: B appends an event to its stream in the
+  same step as it applies it to its view, so the time an event reaches this process minus the
+  event's own timestamp (the hollow worker's clock, same host) bounds the propagation from
+  above.
 * **memory** — broker B's RSS before and after the 10,000 machines, and the SQLite pages the
   view holds.
 * **list latency** — ``GET /v1/apps/{app}/machines`` of a 1,000-machine app, and ``GET /v1/apps``,
@@ -29,7 +30,8 @@ from bench.stats import machine_line, summary_ms
 APPS = 10
 PER_APP = 1000
 BATCH = 100
-STOPS = 500
+STOP_RATE = 100  # state changes a second, steadily,
+STOP_SECONDS = 12  # for long enough to span two anti-entropy rounds (every 5 s)
 
 
 def view(workers: int = 1000) -> None:
@@ -95,17 +97,25 @@ def _metric(url: str, name: str) -> float | None:
 
 
 def _propagation(a: str, b: str) -> dict[str, object]:
-    """Stop ``STOPS`` machines through A; time each resulting event's arrival at B."""
-    ids = [m["id"] for m in httpx.get(f"{b}/v1/apps/view0/machines", timeout=30).json()][:STOPS]
+    """Stop machines through A, ``STOP_RATE`` a second for ``STOP_SECONDS`` (long enough to
+    span two anti-entropy rounds); time each resulting event's arrival at B."""
+    wanted = STOP_RATE * STOP_SECONDS
+    ids: list[str] = []
+    for i in range(APPS):
+        if len(ids) >= wanted:
+            break
+        ids += [m["id"] for m in httpx.get(f"{b}/v1/apps/view{i}/machines", timeout=30).json()]
+    ids = ids[:wanted]
+    targets = set(ids)
     lags: list[float] = []
     seen: set[str] = set()
     ready = threading.Event()
     done = threading.Event()
 
     def follow() -> None:
-        last = httpx.get(f"{b}/v1/events?app=view0", timeout=30).text.rsplit("id: ", 1)
+        last = httpx.get(f"{b}/v1/events", timeout=30).text.rsplit("id: ", 1)
         since = last[1].split("\n", 1)[0] if len(last) > 1 else "0"
-        url = f"{b}/v1/events?follow=true&app=view0&since={since}"
+        url = f"{b}/v1/events?follow=true&since={since}"
         with httpx.stream("GET", url, timeout=httpx.Timeout(30, read=60)) as stream:
             ready.set()
             for line in stream.iter_lines():
@@ -113,7 +123,7 @@ def _propagation(a: str, b: str) -> dict[str, object]:
                     continue
                 now_ms = time.time() * 1000
                 event = json.loads(line[6:])
-                if event["kind"] == "machine" and event["state"] == "stopped":
+                if event.get("machine_id") in targets and event["state"] == "stopped":
                     lags.append(max(0.0, now_ms - event["event"]["timestamp"]) / 1000)
                     seen.add(event["machine_id"])
                     if len(seen) >= len(ids):
@@ -123,23 +133,25 @@ def _propagation(a: str, b: str) -> dict[str, object]:
     thread = threading.Thread(target=follow, daemon=True)
     thread.start()
     ready.wait(30)
+    owner = {m: f"view{n // PER_APP}" for n, m in enumerate(ids)}
 
     async def stops() -> None:
         limits = httpx.Limits(max_connections=16)
         async with httpx.AsyncClient(timeout=60, limits=limits) as client:
-            sem = asyncio.Semaphore(16)
+            start = time.perf_counter()
 
-            async def stop(mid: str) -> None:
-                async with sem:
-                    await client.post(f"{a}/v1/apps/view0/machines/{mid}/stop")
+            async def stop(n: int, mid: str) -> None:
+                await asyncio.sleep(max(0.0, start + n / STOP_RATE - time.perf_counter()))
+                await client.post(f"{a}/v1/apps/{owner[mid]}/machines/{mid}/stop")
 
-            await asyncio.gather(*(stop(m) for m in ids))
+            await asyncio.gather(*(stop(n, m) for n, m in enumerate(ids)))
 
     t0 = time.perf_counter()
     asyncio.run(stops())
     done.wait(60)
     return {
         "stops": len(ids),
+        "rate_per_s": STOP_RATE,
         "events_seen": len(lags),
         "wall_s": round(time.perf_counter() - t0, 2),
         "lag_ms": summary_ms(lags) if lags else None,
