@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from datetime import UTC, datetime
 from typing import Protocol
@@ -45,6 +46,8 @@ class ManualClock:
         self._ms += int(seconds * 1000)
 
 
+@functools.lru_cache(maxsize=4096)
 def iso_from_ms(ms: int) -> str:
-    """RFC 3339 timestamp with milliseconds, UTC, e.g. ``2026-11-21T14:36:50.123Z``."""
+    """RFC 3339 timestamp with milliseconds, UTC, e.g. ``2026-11-21T14:36:50.123Z`` (cached:
+    the same few instants are formatted over and over, e.g. every machine of a batch)."""
     return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"

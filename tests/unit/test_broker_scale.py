@@ -16,7 +16,7 @@ from souq.broker.config import BrokerConfig
 from souq.broker.sampling import plan_sample
 from souq.broker.service import BrokerService
 from souq.bus import MemoryTransport, encode, subjects, unwrap_as
-from souq.errors import ClaimRefused, InsufficientCapacity, InvalidInput
+from souq.errors import ClaimRefused, InsufficientCapacity, InvalidInput, Unavailable
 from souq.fleet import HollowDriver
 from souq.fleet.store import memory_store
 from souq.model import MachineConfig, MachineState
@@ -183,3 +183,16 @@ async def test_a_short_sample_is_topped_up_from_the_workers_not_asked_yet() -> N
         record = result.placement
         assert record.sampled is not None and record.sampled.asked > 2
         assert all(a.executor.allocated.cpus <= 2 for a in agents)
+
+
+async def test_batches_take_turns_and_one_that_waits_too_long_is_told_to_retry() -> None:
+    config = {"batch_concurrency": 1, "batch_admission_timeout_s": 0.05}
+    async with hollow_cluster(2, **config) as (service, _):
+        turns = service.batches._turns
+        await turns.acquire()  # another batch is being placed
+        with pytest.raises(Unavailable, match="busy placing other batches") as caught:
+            await service.create_batch("web", batch(1))
+        assert caught.value.status == "unavailable"
+        turns.release()  # its turn comes: placed, and the turn is handed back
+        assert (await service.create_batch("web", batch(1))).placed == 1
+        assert not turns.locked()

@@ -35,6 +35,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+
 from souq.agent.operations import OpEvent, OpKind, OpState
 from souq.agent.records import RECENT_EVENTS, HoldRow, MachineRow, OpStep
 from souq.clock import iso_from_ms
@@ -145,6 +147,7 @@ _SYNC_LEVELS = {"OFF": 0, "NORMAL": 1, "FULL": 2, "EXTRA": 3}
 
 class Store:
     def __init__(self, data_dir: Path) -> None:
+        self._json_memo: dict[int, tuple[BaseModel, str]] = {}
         data_dir.mkdir(parents=True, exist_ok=True)
         self.path = data_dir / "state.db"
         self._lock_fd = _lock(data_dir / "agent.lock")
@@ -336,8 +339,8 @@ class Store:
                     row.request_id,
                     row.body_hash,
                     str(row.state),
-                    row.config.model_dump_json(),
-                    row.placement.model_dump_json() if row.placement else None,
+                    self._json(row.config),
+                    self._json(row.placement) if row.placement else None,
                     row.pid,
                     row.pid_start_time,
                     row.restarts,
@@ -352,6 +355,18 @@ class Store:
             )
             self._append(db, row.id, reversed(row.events), steps)
         return None
+
+    def _json(self, model: BaseModel) -> str:
+        """``model`` as JSON, remembered for the same object: a batch's machines share one
+        config and one placement record, serialised once."""
+        held = self._json_memo.get(id(model))
+        if held is not None and held[0] is model:
+            return held[1]
+        text = model.model_dump_json()
+        if len(self._json_memo) >= 4:
+            self._json_memo.clear()
+        self._json_memo[id(model)] = (model, text)
+        return text
 
     def sync(self) -> None:
         """Make every transaction so far durable: one fsynced write (a batch's writes are not

@@ -131,6 +131,7 @@ class BatchPlacer:
         self._clock = clock
         # The broker's configured default policy (a batch names no policy of its own yet).
         self._pipeline = pipeline or PipelineCache(config.placement).default
+        self._turns = asyncio.Semaphore(config.batch_concurrency)
 
     async def place(
         self, app: str, body: BatchCreateRequest, *, request_id: str, body_hash: str
@@ -144,6 +145,32 @@ class BatchPlacer:
             )
         if min_count > count:
             raise InvalidInput("min_count: cannot exceed count", details={"field": "min_count"})
+        try:
+            async with asyncio.timeout(self._config.batch_admission_timeout_s):
+                await self._turns.acquire()
+        except TimeoutError:
+            raise Unavailable(
+                f"the broker is busy placing other batches (at most "
+                f"{self._config.batch_concurrency} at once); nothing was placed",
+                hint="retry shortly, or spread batches over several brokers",
+            ) from None
+        try:
+            return await self._place(
+                app, body, request_id=request_id, body_hash=body_hash, min_count=min_count
+            )
+        finally:
+            self._turns.release()
+
+    async def _place(
+        self,
+        app: str,
+        body: BatchCreateRequest,
+        *,
+        request_id: str,
+        body_hash: str,
+        min_count: int,
+    ) -> BatchResult:
+        count = body.count
         started = self._clock.monotonic()
         book = _Book(
             request_id=request_id,

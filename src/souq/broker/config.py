@@ -58,6 +58,15 @@ class BrokerConfig(BaseModel):
         gt=0,
         description="how long a batch create gathers offers (a bigger order, a longer wait)",
     )
+    batch_concurrency: int = Field(
+        default=4,
+        ge=1,
+        description="batches placed at once; more wait their turn (a busy broker that took "
+        "every batch at once would let their offers and claims time out)",
+    )
+    batch_admission_timeout_s: float = Field(
+        default=15.0, gt=0, description="how long a batch may wait for its turn (then 503)"
+    )
     max_batch: int = Field(
         default=1000, ge=1, description="most machines one batch create may ask for"
     )

@@ -25,6 +25,7 @@ __all__ = ["file_store", "memory_store"]
 class _MemoryStore(Store):
     def __init__(self) -> None:  # no data dir, no lock file: nothing to share it with
         self.path = Path(":memory:")
+        self._json_memo = {}
         self._lock_fd = -1  # Store.close() tolerates it
         self._db = sqlite3.connect(":memory:", isolation_level=None)
         self._db.execute("PRAGMA synchronous=OFF")
