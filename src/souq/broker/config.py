@@ -59,7 +59,7 @@ class BrokerConfig(BaseModel):
         description="how long a batch create gathers offers (a bigger order, a longer wait)",
     )
     batch_concurrency: int = Field(
-        default=4,
+        default=8,
         ge=1,
         description="batches placed at once; more wait their turn (a busy broker that took "
         "every batch at once would let their offers and claims time out)",
