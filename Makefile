@@ -4,6 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 TSTAMP := $(VENV)/.installed-test
+BSTAMP := $(VENV)/.installed-bench
 
 .PHONY: dev test bench bwrap lint typecheck unit clean browser-deps
 
@@ -18,6 +19,11 @@ $(STAMP): pyproject.toml | $(BIN)/python
 $(TSTAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $(STAMP) $@
+
+# The benchmarks also need supervisord and circus (the `bench` extra), to compare against.
+$(BSTAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
+	touch $(STAMP) $(TSTAMP) $@
 
 # The sandbox driver needs bubblewrap; without it (or without root) workers offer exec only.
 bwrap:
@@ -56,7 +62,7 @@ test: $(TSTAMP) browser-deps lint typecheck
 unit: $(TSTAMP)
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
 
-bench: $(TSTAMP)
+bench: $(BSTAMP)
 	$(BIN)/python -m bench $(ARGS)
 
 clean:

@@ -1,13 +1,14 @@
 """Run the benchmarks, or those named: ``python -m bench [spine scale c1m ...]``.
 
-Without names, the default suites run (``spine``, ``scale``, ``tradeoff``, ``view``); ``c1m``
-(100,000 machines onto 5,000 hollow workers, a few minutes) runs only when named."""
+Without names, the default suites run (``spine``, ``scale``, ``tradeoff``, ``view``,
+``supervise``); ``c1m`` (100,000 machines onto 5,000 hollow workers, a few minutes) runs only
+when named."""
 
 from __future__ import annotations
 
 import sys
 
-from bench import scale, spine, view
+from bench import scale, spine, supervise, view
 
 SUITES = {
     "spine": spine.main,
@@ -15,8 +16,9 @@ SUITES = {
     "tradeoff": scale.main_tradeoff,
     "c1m": scale.main_c1m,
     "view": view.main,
+    "supervise": supervise.main,
 }
-DEFAULT = ["spine", "scale", "tradeoff", "view"]
+DEFAULT = ["spine", "scale", "tradeoff", "view", "supervise"]
 
 
 def main(argv: list[str]) -> None:
