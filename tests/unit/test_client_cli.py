@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import types
 from typing import Any
@@ -337,3 +338,15 @@ def test_a_malformed_constraint_is_a_clear_error(stub: StubClient, text: str) ->
     assert result.exit_code == 1
     assert "constraint" in result.stderr
     assert stub.calls == []
+
+
+def test_the_daemons_do_not_load_the_client_stack() -> None:
+    # `souq agent` runs on every host: the CLI it starts from must not load httpx or rich.
+    code = (
+        "import sys, souq.client.cli, souq.agent.main, souq.broker.main; "
+        "print(sorted(m for m in ('httpx', 'rich.console') if m in sys.modules))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert done.stdout.strip() == "[]"

@@ -7,22 +7,46 @@ takes ``--json``. Only :mod:`souq.client.render` prints.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import re
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from pydantic import ValidationError
 
 from souq import __version__
-from souq.client import render
-from souq.client.api import SouqClient
 from souq.errors import InsufficientCapacity, InvalidInput, SouqError
 from souq.model import MachineState, RestartPolicy
+
+
+def _lazy(name: str) -> ModuleType:
+    """Import ``name`` on first use (``importlib.util.LazyLoader``): the daemons (``souq agent``
+    keeps one per host) never load the client's HTTP and rendering stack, about 8 MiB."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.find_spec(name)
+    assert spec is not None, name
+    assert spec.loader is not None, name
+    loader = importlib.util.LazyLoader(spec.loader)
+    spec.loader = loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    loader.exec_module(module)
+    return module
+
+
+if TYPE_CHECKING:
+    from souq.client import render
+    from souq.client.api import SouqClient
+else:
+    render = _lazy("souq.client.render")
 
 __all__ = ["app", "main", "make_client"]
 
@@ -49,6 +73,8 @@ app.add_typer(workers_app, name="workers")
 
 def make_client() -> SouqClient:
     """The client every command uses (``$SOUQ_API``, ``$SOUQ_TOKEN``); tests replace it."""
+    from souq.client.api import SouqClient
+
     return SouqClient()
 
 
