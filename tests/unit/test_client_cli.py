@@ -341,10 +341,12 @@ def test_a_malformed_constraint_is_a_clear_error(stub: StubClient, text: str) ->
 
 
 def test_the_daemons_do_not_load_the_client_stack() -> None:
-    # `souq agent` runs on every host: the CLI it starts from must not load httpx or rich.
+    # `souq agent` runs on every host: the CLI it starts from must not load httpx or rich, nor
+    # the metrics library unless a metrics port is set.
     code = (
-        "import sys, souq.client.cli, souq.agent.main, souq.broker.main; "
-        "print(sorted(m for m in ('httpx', 'rich.console') if m in sys.modules))"
+        "import sys, souq.client.cli, souq.agent.main; "
+        "print(sorted(m for m in ('httpx', 'rich.console', 'prometheus_client') "
+        "if m in sys.modules))"
     )
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60

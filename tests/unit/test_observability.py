@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 import httpx
 
-from souq.agent.metrics import AgentCollector, AgentStats, serve_metrics
+from souq.agent.metrics import AgentCollector, serve_metrics
+from souq.agent.stats import AgentStats
 from souq.logs import JsonFormatter, bind, current, log_context
 from souq.model import MachineState, Resources
 

@@ -15,7 +15,7 @@ import logging
 import signal
 import sys
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from souq import gc_tuning
 from souq.agent.commands import Commands
@@ -23,7 +23,6 @@ from souq.agent.config import AgentConfig
 from souq.agent.executor import Executor
 from souq.agent.faults import fault_point
 from souq.agent.fingerprint import capacity_of, fingerprint
-from souq.agent.metrics import AgentCollector, MetricsServer, serve_metrics
 from souq.agent.outbox import Outbox
 from souq.agent.reaper import Reaper, make_subreaper
 from souq.agent.service import AgentService
@@ -32,6 +31,9 @@ from souq.bus.transport import Transport
 from souq.clock import Clock, SystemClock
 from souq.drivers.base import Driver
 from souq.drivers.host import HostDriver
+
+if TYPE_CHECKING:
+    from souq.agent.metrics import MetricsServer
 
 __all__ = ["Agent", "run", "serve"]
 
@@ -136,6 +138,8 @@ class Agent:
             )
             await self._service.start()
             if config.metrics_port:
+                from souq.agent.metrics import AgentCollector, serve_metrics
+
                 self.metrics = serve_metrics(
                     config.metrics_port,
                     AgentCollector(self.worker_id, self._executor.rows, self._service.stats),

@@ -6,39 +6,22 @@ the last heartbeat sent.
 
 Served by prometheus_client's own HTTP server in a thread; a scrape only reads a snapshot of the
 records (one ``list()`` of them) and of :class:`AgentStats` (plain counters the event loop bumps),
-so it never waits for the event loop."""
+so it never waits for the event loop. Imported only when a metrics port is set: an agent without
+one does not load ``prometheus_client`` (about 2 MiB)."""
 
 from __future__ import annotations
 
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from souq.agent.stats import RESOURCES, AgentStats
+
 __all__ = ["AgentCollector", "AgentStats", "MetricsServer", "serve_metrics"]
-
-RESOURCES = ("cpus", "memory_mb", "disk_mb", "gpus")
-
-
-@dataclass
-class AgentStats:
-    """What the agent counts as it works (bumped on the event loop, read by scrapes)."""
-
-    claims: Counter[str] = field(default_factory=Counter)  # by outcome: "accepted", a refusal
-    offers: int = 0
-    last_heartbeat: float | None = None  # time.time() of the last one sent
-    capacity: Callable[[], object] | None = None  # Resources-like: RESOURCES attributes
-    allocated: Callable[[], object] | None = None
-    pending_events: Callable[[], int] | None = None
-    connected: Callable[[], bool] | None = None
-
-    def claimed(self, outcome: str) -> None:
-        self.claims[outcome] += 1
 
 
 class _Row(Protocol):

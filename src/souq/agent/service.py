@@ -38,9 +38,9 @@ from souq.agent.batch import claim_batch
 from souq.agent.commands import Commands
 from souq.agent.executor import Executor
 from souq.agent.load import LoadGauge
-from souq.agent.metrics import AgentStats
 from souq.agent.outbox import Outbox
 from souq.agent.quotes import Quotes
+from souq.agent.stats import AgentStats
 from souq.bus import subjects
 from souq.bus.codec import decode, encode, encode_many, error_reply, ok_reply
 from souq.bus.transport import Subscription, Transport
