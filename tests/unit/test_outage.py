@@ -225,7 +225,7 @@ def test_a_record_overtaken_by_an_event_still_refreshes_the_body() -> None:
     store = ViewStore()
     store.apply_machine(machine("m1", MachineState.STARTED, T0))
     newer = MachineEvent(type="x", status=MachineState.STARTING, source="agent", timestamp=T0 + 20)
-    store.apply_event(message("m1", T0 + 20, event=newer))
+    store.apply_events([message("m1", T0 + 20, event=newer)])
     record = machine("m1", MachineState.STARTED, T0 + 10).model_copy(
         update={"restarts": 3, "pid": 42}
     )
@@ -296,7 +296,7 @@ async def test_a_rejoined_worker_is_relisted_and_its_missed_events_told_once(
     told = [e.event.type for e in v.events.since(0) if e.event is not None]
     assert told == ["launch", "restart"]
     # The agent's held copy arrives after the re-list: not told twice.
-    v.on_event(message("m1", restart.timestamp, event=restart))
+    v.on_events([message("m1", restart.timestamp, event=restart)])
     assert [e.event.type for e in v.events.since(0) if e.event is not None] == told
 
 

@@ -73,10 +73,10 @@ def event(mid: str, state: MachineState, at: int, *, worker: str = "w1") -> Mach
 def test_a_stale_event_is_dropped_and_an_equal_time_one_applied() -> None:
     store = ViewStore()
     store.apply_machine(machine("m1", MachineState.STARTED, T0 + 10))
-    assert store.apply_event(event("m1", MachineState.STOPPING, T0 + 5)) is False
-    assert store.apply_event(event("m1", MachineState.STOPPING, T0 + 10)) is True
-    assert store.apply_event(event("m1", MachineState.STOPPED, T0 + 20)) is True
-    assert store.apply_event(event("m2", MachineState.STARTED, T0)) is None
+    assert store.apply_events([event("m1", MachineState.STOPPING, T0 + 5)]) is False
+    assert store.apply_events([event("m1", MachineState.STOPPING, T0 + 10)]) is True
+    assert store.apply_events([event("m1", MachineState.STOPPED, T0 + 20)]) is True
+    assert store.apply_events([event("m2", MachineState.STARTED, T0)]) is None
     # an older full record does not undo a newer event either
     assert store.apply_machine(machine("m1", MachineState.STARTED, T0 + 15)) is False
     ((_, body),) = store.app_rows("web")
@@ -86,9 +86,9 @@ def test_a_stale_event_is_dropped_and_an_equal_time_one_applied() -> None:
 def test_destroyed_machines_leave_lists_but_stay_as_tombstones() -> None:
     store = ViewStore()
     store.apply_machine(machine("m1", MachineState.STARTED, T0))
-    store.apply_event(event("m1", MachineState.DESTROYED, T0 + 1))
+    store.apply_events([event("m1", MachineState.DESTROYED, T0 + 1)])
     assert store.app_rows("web") == []
-    assert store.apply_event(event("m1", MachineState.STARTED, T0)) is False  # no resurrection
+    assert store.apply_events([event("m1", MachineState.STARTED, T0)]) is False  # no resurrection
     assert store.prune(destroyed_before=T0 + 2) == 1
     assert store.size() == 0
 
@@ -291,7 +291,7 @@ async def test_an_event_for_an_unknown_machine_fetches_it(
     v, worker, _ = view
     await wait_for(lambda: v.complete)
     worker.machines["m9"] = machine("m9", MachineState.STARTED, T0 + 7)
-    v.on_event(event("m9", MachineState.STARTED, T0 + 7))
+    v.on_events([event("m9", MachineState.STARTED, T0 + 7)])
     await wait_for(lambda: v.store.machine_json("m9") is not None)
     assert v.events.since(0)[-1].machine_id == "m9"
 

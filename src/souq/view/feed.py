@@ -179,9 +179,6 @@ class ClusterView:
             for run in _by_machine(msgs):
                 self.on_events(run)
 
-    def on_event(self, msg: MachineEventMessage) -> None:
-        self.on_events([msg])
-
     def on_events(self, msgs: list[MachineEventMessage]) -> None:
         """Events of one machine, oldest first: told in the event log, applied to its row."""
         for msg in msgs:

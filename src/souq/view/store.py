@@ -138,11 +138,6 @@ class ViewStore:
         )
         return False
 
-    def apply_event(self, msg: MachineEventMessage) -> bool | None:
-        """Apply one event to its row. True if applied, False if stale, None if the machine is
-        not in the view (the caller fetches its record)."""
-        return self.apply_events([msg])
-
     def apply_events(self, msgs: Sequence[MachineEventMessage]) -> bool | None:
         """Apply events of one machine, oldest first, in one write: the newest that is not
         stale sets the state, and every one that is not stale joins the recent events. A
