@@ -32,6 +32,7 @@ import httpx
 import psutil
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from souq.daemon import loop_factory
 from souq.errors import SouqError, Unavailable
 from souq.natsserver import NatsServer, free_port
 from souq.procs import terminate
@@ -270,13 +271,8 @@ def run(config: DevConfig, *, report: Callable[[DevCluster], None] | None = None
     """Run the dev cluster in the foreground until SIGINT or SIGTERM."""
     set_child_subreaper()
     try:
-        import uvloop
-
-        runner: Callable[..., None] = uvloop.run
-    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
-        runner = asyncio.run
-    try:
-        runner(_serve(config, report or _print_ready))
+        with asyncio.Runner(loop_factory=loop_factory()) as runner:
+            runner.run(_serve(config, report or _print_ready))
     except SouqError:
         raise
     except OSError as exc:

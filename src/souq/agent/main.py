@@ -14,10 +14,10 @@ import asyncio
 import logging
 import signal
 import sys
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
-from souq import gc_tuning
+from souq import daemon
 from souq.agent.commands import Commands
 from souq.agent.config import AgentConfig
 from souq.agent.executor import Executor
@@ -200,16 +200,7 @@ def run(config: AgentConfig) -> None:
     """Run an agent in the foreground until SIGINT or SIGTERM (blocking). Prints one line to
     stderr when ready: ``souq agent <worker id> ready in region <region> (<n> cpus, <m> MiB)``.
     Uses uvloop when it is installed."""
-    gc_tuning.tune()
-    loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None
-    try:
-        import uvloop
-
-        loop_factory = uvloop.new_event_loop
-    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
-        pass
-    with asyncio.Runner(loop_factory=loop_factory) as runner:
-        runner.run(_main(config))
+    daemon.run(_main(config))
 
 
 def _main(config: AgentConfig) -> Coroutine[Any, Any, None]:

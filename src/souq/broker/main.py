@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import uvicorn
 
-from souq import gc_tuning
+from souq import daemon
 from souq.broker.app import create_app
 from souq.broker.config import BrokerConfig
 from souq.broker.service import BrokerService
@@ -136,7 +136,6 @@ async def _connect(config: BrokerConfig) -> NatsTransport:
 
 def run(config: BrokerConfig) -> None:
     """Run a broker in the foreground until SIGINT or SIGTERM."""
-    gc_tuning.tune()
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -149,14 +148,4 @@ def run(config: BrokerConfig) -> None:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
 
-    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-        runner.run(main())
-
-
-def _loop_factory() -> type[asyncio.AbstractEventLoop] | None:
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is not built for every platform
-        return None
-    loop_class: type[asyncio.AbstractEventLoop] = uvloop.Loop
-    return loop_class
+    daemon.run(main())

@@ -20,12 +20,11 @@ import logging
 import re
 import signal
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from souq import gc_tuning
+from souq import daemon
 from souq.agent.config import AgentConfig
 from souq.agent.main import Agent
 from souq.bus.nats import NatsTransport, connect
@@ -140,7 +139,6 @@ class Fleet:
 def run(config: FleetConfig) -> None:
     """Run a fleet in the foreground until SIGINT or SIGTERM (blocking). Prints one line to
     stderr when ready: ``souq fleet ready: N workers in region R``."""
-    gc_tuning.tune()
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -155,12 +153,4 @@ def run(config: FleetConfig) -> None:
         finally:
             await fleet.aclose()
 
-    loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None
-    try:
-        import uvloop
-
-        loop_factory = uvloop.new_event_loop
-    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
-        pass
-    with asyncio.Runner(loop_factory=loop_factory) as runner:
-        runner.run(main())
+    daemon.run(main())
