@@ -22,6 +22,10 @@ run (for Souq, the agent's launch, then ``claim_batch`` requests as soon as it i
 
 "Runs" means the program's ``execve`` completed, as the kernel reports it (bench/procevents.py):
 one stopwatch for all three, which none of them can see or be slowed by.
+
+For a quicker look, ``SUPERVISE_ONLY`` names the variants to run (labels separated by ``|``,
+e.g. ``souq|souq, no cgroups``) and ``SUPERVISE_PHASES`` the phases (``warm,restart,memory``);
+such a run writes bench/results/supervise.partial.json instead of supervise.json.
 """
 
 from __future__ import annotations
@@ -342,6 +346,9 @@ def supervise() -> None:
         return
     print(f"# supervision benchmark — {machine_line()}", flush=True)
     versions = _versions()
+    only = [label for label in os.environ.get("SUPERVISE_ONLY", "").split("|") if label]
+    phases = os.environ.get("SUPERVISE_PHASES", "warm,restart,memory").split(",")
+    partial = bool(only) or set(phases) != {"warm", "restart", "memory"}
     with (
         tempfile.TemporaryDirectory(prefix="souq-bench-") as tmp,
         ProcEvents() as events,
@@ -350,13 +357,14 @@ def supervise() -> None:
         nats = NatsServer(store_dir=root / "nats")
         nats.start()
         try:
-            variants = _variants(nats.url)
+            variants = [v for v in _variants(nats.url) if not only or v.label in only]
             runs = [Run(events, v, root / f"v{i}") for i, v in enumerate(variants)]
-            _warm_phase([r for r in runs if r.variant.warm])
-            for run in runs:
+            if "warm" in phases:
+                _warm_phase([r for r in runs if r.variant.warm])
+            for run in runs if "restart" in phases else []:
                 run.restarts()
                 print(run.variant.label, "restart", json.dumps(run.out["restart_ms"]), flush=True)
-            for run in runs:
+            for run in runs if "memory" in phases else []:
                 if run.variant.memory:
                     run.memory(SMALL)
                     run.memory(LARGE)
@@ -377,7 +385,8 @@ def supervise() -> None:
     print(json.dumps(out, indent=2))
     path = Path("bench/results")
     path.mkdir(parents=True, exist_ok=True)
-    (path / "supervise.json").write_text(json.dumps(out, indent=2))
+    name = "supervise.partial.json" if partial else "supervise.json"
+    (path / name).write_text(json.dumps(out, indent=2))
 
 
 def main() -> None:

@@ -4,16 +4,20 @@ bubblewrap. Assertions read the kernel's counters, never timings."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import signal
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
 
 from souq.drivers import sandbox
 from souq.drivers.base import Limits, MachineSpec, SpawnError
-from souq.drivers.cgroups import Cgroups, detect
+from souq.drivers.cgroups import WAITERS, Cgroups, V1Backend, V2Backend, detect
 from souq.drivers.host import HostDriver
+from souq.drivers.waiter import waiter_path
 from souq.model import MachineState
 from tests.integration.agent_harness import eventually, running_agent
 
@@ -108,6 +112,128 @@ def test_the_machine_is_in_its_cgroup_from_its_first_instruction(tmp_path: Path)
         d.close()
 
     asyncio.run(body())
+
+
+def _spares_ready(d: HostDriver) -> bool:
+    pool = d.exec._pool
+    return len(pool) >= 2 and all(idle.spare is not None for idle in pool)
+
+
+def _cgroup_lines(text: str) -> dict[str, str]:
+    """``/proc/<pid>/cgroup`` as {controller: path}."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        _, controllers, path = line.split(":", 2)
+        for c in controllers.split(",") if controllers else [""]:
+            out[c] = path
+    return out
+
+
+@pytest.mark.skipif(
+    not isinstance(_BACKEND, V1Backend) or waiter_path() is None,
+    reason="needs cgroup v1 and souq-waiter",
+)
+def test_on_v1_a_ready_waiters_spare_cgroup_becomes_the_machines_own(tmp_path: Path) -> None:
+    """The waiter sits in a spare cgroup ahead of need; a start renames it to the machine's, so
+    the process is born inside (no migration), and the waiter then moves out of it."""
+    assert isinstance(_BACKEND, V1Backend)
+    bases = _BACKEND.bases
+
+    async def body() -> None:
+        d = driver(tmp_path)
+        first = d.start(spec("true", machine_id="warm", limits=Limits(64)))  # fills the pool
+        await asyncio.wait_for(d.wait(first), 10)
+        for run in range(2):  # a first start, then a restart in the cgroup the first one left
+            await eventually(lambda: _spares_ready(d), what="ready waiters in spare cgroups")
+            spare = d.exec._pool[0].spare
+            assert spare is not None
+            waiter = d.exec._pool[0].proc.pid
+            for b in bases.values():
+                assert str(waiter) in (b / spare / "cgroup.procs").read_text()
+            handle = d.start(spec("sleep", "60", machine_id="kept", limits=Limits(64, 1)))
+            assert not any((b / spare).exists() for b in bases.values())  # renamed, not copied
+            where = _cgroup_lines(Path(f"/proc/{handle.pid}/cgroup").read_text())
+            for controller in bases:
+                assert where[controller].endswith("/souq/kept"), (run, where)
+            assert (bases["pids"] / "kept" / "pids.max").read_text().strip() == "4096"
+            assert (bases["memory"] / "kept" / "memory.limit_in_bytes").read_text().strip() == str(
+                64 << 20
+            )
+            # The waiter leaves: the machine's cgroup holds the machine alone.
+            alone = [str(handle.pid)]
+            await eventually(
+                lambda: all(
+                    (b / "kept" / "cgroup.procs").read_text().split() == alone  # noqa: B023
+                    for b in bases.values()
+                ),
+                what="the waiter to move out of the machine's cgroup",
+            )
+            assert str(waiter) in (bases["memory"] / WAITERS / "cgroup.procs").read_text().split()
+            assert (await d.stop(handle, signal.SIGTERM, 5)).signal == "SIGTERM"
+        d.destroy("kept")
+        await eventually(lambda: not any((b / "kept").exists() for b in bases.values()))
+        d.close()
+        leftovers = [
+            p.name
+            for b in bases.values()
+            for p in b.iterdir()
+            if p.name.startswith(f"spare-{os.getpid()}-")
+        ]
+        assert leftovers == []  # the ready waiters' spares went with them
+
+    asyncio.run(body())
+
+
+def _v2_scratch() -> Path | None:
+    """A scratch cgroup v2 directory under our own, or None when the host has no writable v2."""
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        left, _, right = line.partition(" - ")
+        if right.split()[:1] == ["cgroup2"]:
+            own = next(
+                (
+                    ln[3:]
+                    for ln in Path("/proc/self/cgroup").read_text().splitlines()
+                    if ln.startswith("0::")
+                ),
+                None,
+            )
+            if own is None:
+                return None
+            d = Path(left.split()[4]) / own.lstrip("/") / f"souq-test-{uuid.uuid4().hex[:8]}"
+            try:
+                d.mkdir()
+            except OSError:
+                return None
+            return d
+    return None
+
+
+@pytest.mark.skipif(waiter_path() is None, reason="needs souq-waiter")
+def test_on_v2_the_waiter_creates_the_process_inside_its_cgroup(tmp_path: Path) -> None:
+    """clone3(CLONE_INTO_CGROUP): the process is born in the machine's cgroup. Tried on this
+    host's unified hierarchy, with no controllers enforced if it has none."""
+    scratch = _v2_scratch()
+    if scratch is None:
+        pytest.skip("no writable cgroup v2 hierarchy")
+    assert scratch is not None
+
+    async def body() -> None:
+        d = HostDriver(
+            tmp_path, cgroups=Cgroups(V2Backend(scratch, enforced=())), sandbox_enabled=False
+        )
+        handle = d.start(spec("cat", "/proc/self/cgroup", machine_id="born", limits=Limits(64)))
+        assert (await asyncio.wait_for(d.wait(handle), 10)).code == 0
+        out, _ = d.read_output("born", 0, 1 << 16)
+        assert _cgroup_lines(out.decode())[""].endswith(f"{scratch.name}/born"), out
+        d.destroy("born")
+        await eventually(lambda: not (scratch / "born").exists())
+        d.close()
+
+    try:
+        asyncio.run(body())
+    finally:
+        with contextlib.suppress(OSError):
+            scratch.rmdir()
 
 
 @needs_bwrap

@@ -7,14 +7,25 @@ cpu (``cpu.max`` / ``cpu.cfs_quota_us`` over a 100 ms period) and pids (``pids.m
 
 **Placement.** The machine's process must be in its cgroup before it runs user code, and Python
 cannot ``clone3(CLONE_INTO_CGROUP)`` (a ``preexec_fn`` would make ``Popen`` fork instead of vfork
-and is not thread-safe). :meth:`Cgroups.prepare` returns the cgroup's ``cgroup.procs`` files and
-souq-waiter's child writes itself into them between its fork and its exec: no window, and no
-extra exec. Without the waiter the command runs behind a tiny shell prefix instead
-(:func:`placement_shell`: ``sh -c 'echo $$ > <cgroup>/cgroup.procs && exec "$@"' souq
-<cmd...>``), which costs one more exec. Either way, if the join fails the machine does not run
-unconfined: it exits with status 127 (waiter) or 2 (shell), the reason in its output. A new
-cgroup needs no cleanup and no OOM baseline read: only a cgroup reused by a restart is emptied
-of leftovers first.
+and is not thread-safe), so souq-waiter places it; :meth:`Cgroups.prepare` says how, as a
+:class:`Placement`. Moving a process between cgroups (a write to ``cgroup.procs``) can wait out
+an RCU grace period, several milliseconds here, so the way in avoids one where it can:
+
+* v2: the waiter creates the process *in* its cgroup with ``clone3(CLONE_INTO_CGROUP)``.
+* v1 has no such call, but allows renaming a cgroup. Each ready waiter is moved, off the
+  event loop and ahead of need, into a spare cgroup of its own (``souq/spare-…``);
+  :meth:`Cgroups.prepare` renames that spare to the machine's name and writes its limits, and
+  the waiter's child is born inside. The waiter then moves itself out to ``souq/waiters``, off
+  the command's way; until it has (a few milliseconds), it counts against the machine's
+  ``pids.max``.
+* Otherwise (no spare at hand, a restart's cgroup still busy with dying leftovers) the child
+  writes itself into the cgroup's ``cgroup.procs`` files between its fork and its exec.
+
+Without the waiter the command runs behind a tiny shell prefix instead (:func:`placement_shell`:
+``sh -c 'echo $$ > <cgroup>/cgroup.procs && exec "$@"' souq <cmd...>``), which costs one more
+exec. Either way, if the join fails the machine does not run unconfined: it exits with status
+127 (waiter) or 2 (shell), the reason in its output. A new cgroup needs no cleanup and no OOM
+baseline read: only a cgroup reused by a restart is emptied of leftovers first.
 
 **Out of memory.** The kernel's ``oom_kill`` counter (``memory.events`` on v2,
 ``memory.oom_control`` on v1) is read when the machine starts and when it exits; a rise means
@@ -30,13 +41,14 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import logging
 import os
 import shlex
 import signal
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
@@ -46,6 +58,7 @@ __all__ = [
     "CPU_PERIOD_US",
     "DEFAULT_PIDS_MAX",
     "Cgroups",
+    "Placement",
     "V1Backend",
     "V2Backend",
     "detect",
@@ -58,6 +71,24 @@ CPU_PERIOD_US = 100_000
 DEFAULT_PIDS_MAX = 4096
 CONTROLLERS = ("memory", "cpu", "pids")
 Mode = Literal["auto", "v2", "v1", "none"]
+WAITERS = "waiters"  # v1: where a waiter placed ahead of need moves once its child is born
+SPARE_PREFIX = "spare-"
+_spare_numbers = itertools.count()  # spare names are unique per process (agents share bases)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """How a machine's new process gets into its cgroup (see the module's docstring)."""
+
+    join: tuple[Path, ...] = ()  # cgroup.procs files the process writes itself into
+    clone_into: Path | None = None  # v2: the cgroup directory to create the process in
+    leave: tuple[Path, ...] = ()  # v1 spare: where the waiter moves itself once its child is born
+
+    def waiter_fields(self) -> list[str]:
+        """The job's CGROUP entries for souq-waiter (see waiter.c)."""
+        if self.clone_into is not None:  # the waiter joins <dir>/cgroup.procs if it cannot clone
+            return [f"c:{self.clone_into}"]
+        return [f"j:{p}" for p in self.join] + [f"l:{p}" for p in self.leave]
 
 
 def _write(path: Path, value: str) -> None:
@@ -107,8 +138,12 @@ class V2Backend:
 
     def create(self, name: str, limits: Limits) -> bool:
         """Make (or reuse) the cgroup and write its limits; True when it is new."""
+        new = _mkdir(self.base / name)
+        self.limit(name, limits, new=new)
+        return new
+
+    def limit(self, name: str, limits: Limits, *, new: bool) -> None:
         d = self.base / name
-        new = _mkdir(d)
         if limits.memory_mb is not None and "memory" in self.enforced:
             _write(d / "memory.max", str(limits.memory_mb * 1024 * 1024))
             if self._swap is None:
@@ -119,7 +154,6 @@ class V2Backend:
             _write(d / "cpu.max", f"{_quota_us(limits.cpus)} {CPU_PERIOD_US}")
         if limits.pids is not None and "pids" in self.enforced:
             _write(d / "pids.max", str(limits.pids))
-        return new
 
     def pids(self, name: str) -> list[int]:
         return _pids_in(self.base / name / "cgroup.procs")
@@ -150,6 +184,10 @@ class V1Backend:
         """Make (or reuse) the cgroups and write their limits; True when they are new."""
         made = [_mkdir(d) for d in self.dirs(name)]  # every one, even after one existed
         new = all(made)
+        self.limit(name, limits, new=new)
+        return new
+
+    def limit(self, name: str, limits: Limits, *, new: bool) -> None:
         if limits.memory_mb is not None and "memory" in self.bases:
             d = self.bases["memory"] / name
             limit = str(limits.memory_mb * 1024 * 1024)
@@ -168,7 +206,19 @@ class V1Backend:
             _write(d / "cpu.cfs_quota_us", str(_quota_us(limits.cpus)))
         if limits.pids is not None and "pids" in self.bases:
             _write(self.bases["pids"] / name / "pids.max", str(limits.pids))
-        return new
+
+    def rename(self, old: str, new: str) -> None:
+        """Rename the cgroups (v1 allows it within one parent), every one or none."""
+        done: list[Path] = []
+        try:
+            for base in self.bases.values():
+                (base / old).rename(base / new)
+                done.append(base)
+        except OSError:
+            for base in done:
+                with contextlib.suppress(OSError):
+                    (base / new).rename(base / old)
+            raise
 
     def pids(self, name: str) -> list[int]:
         found: set[int] = set()
@@ -201,6 +251,8 @@ class Cgroups:
         self.backend = backend
         self.pids_max = pids_max
         self._oom_at_start: dict[str, int] = {}
+        self._stale: list[str] = []  # spare cgroups to remove once empty
+        self._cpu_later: dict[str, Limits] = {}  # cpu quotas to write once spawned
 
     @property
     def isolation(self) -> dict[str, object]:
@@ -209,21 +261,108 @@ class Cgroups:
             return {"cgroups": "none", "enforced": []}
         return {"cgroups": self.backend.version, "enforced": list(self.backend.enforced)}
 
-    def prepare(self, machine_id: str, limits: Limits) -> tuple[Path, ...]:
-        """Create (or reuse) the machine's cgroup with ``limits``, kill anything a previous run
-        left in it, and return the ``cgroup.procs`` files the process must join (none without
-        cgroups). Raises OSError when the cgroup cannot be set up."""
+    def prepare(self, machine_id: str, limits: Limits, spare: str | None = None) -> Placement:
+        """Set the machine's cgroup up with ``limits`` and say how its process gets in.
+        ``spare``: the spare cgroup its waiter sits in (:meth:`make_spare`), used as the
+        machine's own when it can be (v1). A cgroup a previous run left is emptied of
+        leftovers first. Raises OSError when the cgroup cannot be set up."""
         b = self.backend
         if b is None:
-            return ()
+            return Placement()
         if limits.pids is None and self.pids_max is not None:
             limits = Limits(memory_mb=limits.memory_mb, cpus=limits.cpus, pids=self.pids_max)
+        self._sweep()
+        self._cpu_later.pop(machine_id, None)
+        if spare is not None:
+            if self._adopt(spare, machine_id, limits):
+                self._oom_at_start[machine_id] = 0
+                return Placement(leave=self._procs(WAITERS))
+            self._stale.append(spare)  # removed once its waiter has moved out
         if b.create(machine_id, limits):  # a new cgroup: empty, and no OOM kill counted yet
             self._oom_at_start[machine_id] = 0
         else:
             _kill(b.pids(machine_id))
             self._oom_at_start[machine_id] = b.oom_kills(machine_id)
-        return tuple(d / "cgroup.procs" for d in b.dirs(machine_id))
+        leave = self._procs(WAITERS) if spare is not None else ()
+        if isinstance(b, V2Backend):
+            return Placement(clone_into=b.base / machine_id, leave=leave)
+        return Placement(join=self._procs(machine_id), leave=leave)
+
+    def _procs(self, name: str) -> tuple[Path, ...]:
+        assert self.backend is not None
+        return tuple(d / "cgroup.procs" for d in self.backend.dirs(name))
+
+    def _adopt(self, spare: str, machine_id: str, limits: Limits) -> bool:
+        """Make the spare cgroup the machine's (v1); False when it cannot be: a cgroup a
+        previous run left is still busy, or the limits leave no room for the waiter's child."""
+        b = self.backend
+        if not isinstance(b, V1Backend) or (limits.pids is not None and limits.pids < 2):
+            return False
+        try:
+            if any(d.exists() for d in b.dirs(machine_id)):  # a restart: what the last run left
+                _kill(b.pids(machine_id))
+                for d in b.dirs(machine_id):
+                    with contextlib.suppress(FileNotFoundError):
+                        d.rmdir()  # EBUSY while leftovers are dying
+            b.rename(spare, machine_id)
+        except OSError:
+            return False
+        # The waiter's fork and report would be charged to a small cpu quota (0.01 cpu is 1 ms
+        # per 100 ms period) and stall the start by up to a period: the quota comes right
+        # after the spawn (:meth:`started`).
+        b.limit(machine_id, replace(limits, cpus=None), new=True)
+        if limits.cpus is not None:
+            self._cpu_later[machine_id] = limits
+        return True
+
+    def started(self, machine_id: str) -> None:
+        """The machine's process was spawned: write a cpu quota :meth:`prepare` held back."""
+        limits = self._cpu_later.pop(machine_id, None)
+        if limits is not None and self.backend is not None:
+            self.backend.limit(machine_id, Limits(cpus=limits.cpus), new=True)
+
+    def make_spare(self, pid: int) -> str | None:
+        """Move the waiter ``pid`` into a new spare cgroup of its own and return its name; None
+        when spares are of no use (v2, none) or it could not be done. Blocks for the move's
+        grace period: call it off the event loop."""
+        b = self.backend
+        if not isinstance(b, V1Backend):
+            return None
+        name = f"{SPARE_PREFIX}{os.getpid()}-{next(_spare_numbers)}"
+        try:
+            for d in b.dirs(WAITERS):
+                d.mkdir(exist_ok=True)
+            for d in b.dirs(name):
+                d.mkdir()
+                _write(d / "cgroup.procs", str(pid))
+        except OSError as exc:
+            log.warning("cannot place a souq-waiter in a spare cgroup: %s", exc)
+            for d in b.dirs(name):  # what is left is pruned later
+                with contextlib.suppress(OSError):
+                    d.rmdir()
+            return None
+        return name
+
+    def drop_spare(self, name: str) -> None:
+        """Remove a spare cgroup whose waiter has exited (later, if it is still busy)."""
+        self._stale.append(name)
+        self._sweep()
+
+    def _sweep(self) -> None:
+        """Remove the spare cgroups given up since their waiters moved out (or exited)."""
+        if not self._stale or self.backend is None:
+            return
+        left: list[str] = []
+        for name in self._stale:
+            for d in self.backend.dirs(name):
+                try:
+                    d.rmdir()
+                except FileNotFoundError:
+                    pass
+                except OSError:
+                    left.append(name)
+                    break
+        self._stale = left
 
     def annotate(self, machine_id: str, status: ExitStatus) -> ExitStatus:
         """``status`` with ``reason="oom"`` when the OOM killer struck since the start."""
@@ -271,7 +410,7 @@ def prune(backend: Backend | None, *, older_than_s: float = 60.0) -> int:
             for d in base.iterdir():
                 with contextlib.suppress(OSError):
                     old = d.is_dir() and now - d.stat().st_mtime > older_than_s
-                    if old and not _pids_in(d / "cgroup.procs"):
+                    if old and d.name != WAITERS and not _pids_in(d / "cgroup.procs"):
                         d.rmdir()
                         removed += 1
     return removed

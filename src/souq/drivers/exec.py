@@ -25,6 +25,7 @@ Linux only (pidfd needs Linux 5.3).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import os
@@ -33,14 +34,14 @@ import shutil
 import signal
 import subprocess
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import psutil
 
 from souq.drivers.base import ExitStatus, Handle, MachineSpec, SpawnError
-from souq.drivers.cgroups import placement_shell
+from souq.drivers.cgroups import Cgroups, Placement, placement_shell
 from souq.drivers.waiter import parse_exit_file, waiter_path
 from souq.errors import Unavailable
 
@@ -74,6 +75,7 @@ class _IdleWaiter:
     proc: subprocess.Popen[bytes]
     report: int  # the read end of its report pipe
     start_time: float
+    spare: str | None = None  # the spare cgroup it sits in (see souq.drivers.cgroups)
 
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -107,6 +109,13 @@ def resolve_program(program: str, env: Mapping[str, str], workdir: Path) -> str:
     return found
 
 
+def _placed(place: Callable[[str | None], Placement], spare: str | None) -> Placement:
+    try:
+        return place(spare)
+    except OSError as exc:
+        raise SpawnError(f"cannot set up the machine's cgroup: {exc}") from exc
+
+
 def _readable(fd: int) -> bool:
     ready, _, _ = select.select([fd], [], [], 0)
     return bool(ready)
@@ -115,7 +124,9 @@ def _readable(fd: int) -> bool:
 class ExecDriver:
     name = "exec"
 
-    def __init__(self, root: Path, *, use_waiter: bool = True) -> None:
+    def __init__(
+        self, root: Path, *, use_waiter: bool = True, spares: Cgroups | None = None
+    ) -> None:
         if not hasattr(os, "pidfd_open"):
             raise Unavailable(
                 "the exec driver needs os.pidfd_open (Linux 5.3 or later)",
@@ -129,6 +140,9 @@ class ExecDriver:
         self._pool: list[_IdleWaiter] = []  # waiters ready for a job
         self._idle_pids: set[int] = set()
         self._refill: asyncio.Task[None] | None = None
+        self._starter: concurrent.futures.ThreadPoolExecutor | None = None  # starts waiters
+        self._starting: concurrent.futures.Future[_IdleWaiter] | None = None
+        self.spares = spares  # places the waiters kept ready in spare cgroups (v1)
 
     def owned_pids(self) -> set[int]:
         """Pids of the children this driver reaps itself (the agent's reaper leaves them be)."""
@@ -139,13 +153,17 @@ class ExecDriver:
 
     # -- start and watch -----------------------------------------------------------------------
 
-    def start(self, spec: MachineSpec, *, cgroup_procs: Sequence[Path] = ()) -> Handle:
-        """Spawn the machine. ``cgroup_procs``: the ``cgroup.procs`` files the process must be
-        in before it runs (its cgroup, see :mod:`souq.drivers.cgroups`): souq-waiter's child
-        joins them before its exec; without the waiter the command runs behind the cgroup
-        placement shell instead."""
-        if cgroup_procs and self.waiter is None:
-            spec = replace(spec, cmd=(*placement_shell(cgroup_procs), *spec.cmd))
+    def start(
+        self, spec: MachineSpec, *, place: Callable[[str | None], Placement] | None = None
+    ) -> Handle:
+        """Spawn the machine. ``place`` sets its cgroup up (see :mod:`souq.drivers.cgroups`),
+        given the spare cgroup of the waiter that will run it, and says how the process gets in
+        before it runs: souq-waiter does it; without the waiter the command runs behind the
+        cgroup placement shell. OSError from ``place`` fails the spawn."""
+        if place is not None and self.waiter is None:
+            placement = _placed(place, None)
+            if placement.join:
+                spec = replace(spec, cmd=(*placement_shell(placement.join), *spec.cmd))
         workdir = self.machine_dir(spec.machine_id)
         if self.waiter is not None:  # the waiter reports before its child's exec: check first
             resolve_program(spec.cmd[0], spec.env, workdir)
@@ -169,8 +187,13 @@ class ExecDriver:
             pid = proc.pid
         else:
             idle = self._take_waiter()
+            try:
+                placement = Placement() if place is None else _placed(place, idle.spare)
+            except SpawnError:
+                self._discard(idle)
+                raise
             proc, waiter_start = idle.proc, idle.start_time
-            pid = self._run_job(idle, spec.cmd, env, workdir, cgroup_procs)
+            pid = self._run_job(idle, spec.cmd, env, workdir, placement)
         self._children[pid] = proc
         handle = Handle(spec.machine_id, pid, _start_time(pid) or 0.0)
         try:
@@ -215,10 +238,11 @@ class ExecDriver:
 
     # -- souq-waiter ---------------------------------------------------------------------------
 
-    def _new_waiter(self, waiter: Path) -> _IdleWaiter:
-        """Start a waiter, which blocks reading its job. ``Popen`` returns once the waiter is
-        exec'd, about 1 ms here: so a few are kept ready, started from a thread of the
-        default executor (see :meth:`_fill`)."""
+    def _new_waiter(self, waiter: Path, spare: bool = False) -> _IdleWaiter:
+        """Start a waiter, which blocks reading its job; with ``spare``, in a spare cgroup.
+        ``Popen`` returns once the waiter is exec'd, about 1 ms here, and a move into a cgroup
+        can take several: so a few are kept ready, started from a thread of the default
+        executor (see :meth:`_fill`)."""
         self.root.mkdir(parents=True, exist_ok=True)
         r, w = os.pipe()
         try:
@@ -238,7 +262,8 @@ class ExecDriver:
         finally:
             os.close(w)
         self._idle_pids.add(proc.pid)
-        return _IdleWaiter(proc, r, _start_time(proc.pid) or 0.0)
+        cgroup = self.spares.make_spare(proc.pid) if spare and self.spares is not None else None
+        return _IdleWaiter(proc, r, _start_time(proc.pid) or 0.0, cgroup)
 
     def prepare_spawns(self, count: int) -> None:
         """Have ``count`` waiters ready (started now, together, if need be): a batch's spawns
@@ -256,14 +281,17 @@ class ExecDriver:
         return idle
 
     async def _fill(self, waiter: Path) -> None:
-        """Top the pool of ready waiters up, off the event loop: a waiter is not a machine
-        process (it sets no parent-death signal of its own; its child's is tied to the waiter,
-        which is single-threaded), so starting it from a helper thread is safe, and the loop
-        stays free to answer offers and claims meanwhile."""
-        loop = asyncio.get_running_loop()
+        """Top the pool of ready waiters up, off the event loop (a thread of our own): a waiter
+        is not a machine process (it sets no parent-death signal of its own; its child's is
+        tied to the waiter, which is single-threaded), so starting it from a helper thread is
+        safe, and the loop stays free to answer offers and claims meanwhile."""
+        if self._starter is None:
+            self._starter = concurrent.futures.ThreadPoolExecutor(1, "souq-waiters")
         try:
             while len(self._pool) < _POOL_SIZE:
-                idle = await loop.run_in_executor(None, self._new_waiter, waiter)
+                self._starting = self._starter.submit(self._new_waiter, waiter, True)
+                idle = await asyncio.wrap_future(self._starting)
+                self._starting = None
                 self._pool.append(idle)
         except SpawnError as exc:
             log.warning("cannot keep a souq-waiter ready: %s", exc)
@@ -276,7 +304,7 @@ class ExecDriver:
         cmd: tuple[str, ...],
         env: dict[str, str],
         workdir: Path,
-        cgroup_procs: Sequence[Path],
+        placement: Placement,
     ) -> int:
         """Hand the job to a ready waiter; return the machine's pid once the waiter reports its
         child ready to exec (see waiter.c for the job's format)."""
@@ -286,8 +314,8 @@ class ExecDriver:
             str(workdir / _EXIT),
             str(workdir),
             str(workdir / _LOG),
-            str(len(cgroup_procs)),
-            *map(str, cgroup_procs),
+            str(len(cgroups := placement.waiter_fields())),
+            *cgroups,
             str(len(cmd)),
             *cmd,
             str(len(env)),
@@ -316,6 +344,18 @@ class ExecDriver:
         if kind == "E" and value.isdigit():
             raise SpawnError(f"cannot start {cmd[0]!r}: {os.strerror(int(value))}")
         raise SpawnError(f"souq-waiter failed to start {cmd[0]!r} (exit {proc.returncode})")
+
+    def _discard(self, idle: _IdleWaiter) -> None:
+        """End a ready waiter (an empty job: it exits at once) and drop its spare cgroup."""
+        self._idle_pids.discard(idle.proc.pid)
+        with contextlib.suppress(OSError):
+            if idle.proc.stdin is not None:
+                idle.proc.stdin.close()
+            os.close(idle.report)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            idle.proc.wait(timeout=1)
+        if idle.spare is not None and self.spares is not None:
+            self.spares.drop_spare(idle.spare)
 
     def _watch(self, handle: Handle, fd: int, *, waiter: bool = False) -> None:
         loop = asyncio.get_running_loop()
@@ -467,15 +507,17 @@ class ExecDriver:
 
     def close(self) -> None:
         if self._refill is not None:
-            self._refill.cancel()  # a waiter it is starting gets EOF when its pipe is dropped
+            self._refill.cancel()
             self._refill = None
-        for idle in self._pool:  # an empty job: each ends at once
-            with contextlib.suppress(OSError):
-                if idle.proc.stdin is not None:
-                    idle.proc.stdin.close()
-                os.close(idle.report)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                idle.proc.wait(timeout=1)
+        if self._starting is not None:  # a waiter being started: let it finish, then end it
+            with contextlib.suppress(Exception):
+                self._discard(self._starting.result(timeout=5))
+            self._starting = None
+        if self._starter is not None:
+            self._starter.shutdown(wait=False)
+            self._starter = None
+        for idle in self._pool:
+            self._discard(idle)
         self._pool.clear()
         self._idle_pids.clear()
         loop = asyncio.get_running_loop()

@@ -4,8 +4,8 @@ limits on both.
 It wraps an :class:`~souq.drivers.exec.ExecDriver`, which does the spawning, watching, reaping
 and adoption for both kinds: a sandboxed machine is an exec machine whose command is prefixed
 with ``bwrap`` (see :mod:`souq.drivers.sandbox`), and a limited one an exec machine that joins
-its cgroup before its exec (souq-waiter's child writes itself into the cgroup; without the
-waiter a placement shell does, see :mod:`souq.drivers.cgroups`); a sandboxed, limited machine
+its cgroup before its exec (souq-waiter places it, see :mod:`souq.drivers.cgroups`; without
+the waiter a placement shell does); a sandboxed, limited machine
 has both, and ``bwrap`` itself is confined. Exit
 statuses pass through :meth:`Cgroups.annotate`, which marks out-of-memory kills. ``destroy``
 removes the machine's cgroup.
@@ -18,7 +18,9 @@ as an exit with status 127; ``start`` looks it up first, so that it still fails 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import signal
 from dataclasses import replace
 from pathlib import Path
 
@@ -45,11 +47,11 @@ class HostDriver:
         pids_max: int | None = DEFAULT_PIDS_MAX,
         sandbox_enabled: bool | None = None,
     ) -> None:
-        self.exec = ExecDriver(root)
         self.root = root
         self.cgroups = (
             cgroups if isinstance(cgroups, Cgroups) else Cgroups(detect(cgroups), pids_max=pids_max)
         )
+        self.exec = ExecDriver(root, spares=self.cgroups)
         self.sandbox = sandbox.available() if sandbox_enabled is None else sandbox_enabled
         prune(self.cgroups.backend)
         self._pending_removal: set[asyncio.TimerHandle] = set()
@@ -70,15 +72,18 @@ class HostDriver:
             raise SpawnError(f"this worker has no {spec.driver!r} driver")
         workdir = self.exec.machine_dir(spec.machine_id)
         program = self._resolve(spec, workdir)
-        try:
-            procs = self.cgroups.prepare(spec.machine_id, spec.limits)
-        except OSError as exc:
-            raise SpawnError(f"cannot set up the machine's cgroup: {exc}") from exc
         cmd: tuple[str, ...] = (program, *spec.cmd[1:])
         if spec.driver == "sandbox":
             jail = sandbox.bwrap_argv(workdir, network=spec.network, machines_root=self.root)
             cmd = (*jail, *cmd)
-        return self.exec.start(replace(spec, cmd=cmd), cgroup_procs=procs)
+        place = functools.partial(self.cgroups.prepare, spec.machine_id, spec.limits)
+        handle = self.exec.start(replace(spec, cmd=cmd), place=place)
+        try:
+            self.cgroups.started(spec.machine_id)
+        except OSError as exc:  # it must not run without its cpu limit
+            self.exec.signal(handle, signal.SIGKILL)
+            raise SpawnError(f"cannot set the machine's cpu limit: {exc}") from exc
+        return handle
 
     def _resolve(self, spec: MachineSpec, workdir: Path) -> str:
         """The command's program, checked before a prefix ``exec``s it."""

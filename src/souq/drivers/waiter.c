@@ -6,22 +6,33 @@
  * reading its job on stdin, so starting a machine costs a fork, not an exec of the waiter too.
  * The job is a list of NUL-terminated fields, then end of file:
  *
- *   EXIT_FILE WORKDIR LOG_FILE N CGROUP_PROCS_FILE*N ARGC ARG*ARGC ENVC ENV*ENVC
+ *   EXIT_FILE WORKDIR LOG_FILE N CGROUP*N ARGC ARG*ARGC ENVC ENV*ENVC
  *
- * An empty job (the agent went away) ends the waiter quietly. Otherwise it forks the command
+ * An empty job (the agent went away) ends the waiter quietly. Otherwise it starts the command
  * in a new session (its own process group), with PR_SET_PDEATHSIG so that the machine never
  * runs without its waiter. The child changes to WORKDIR, takes /dev/null as stdin and LOG_FILE
  * (appended to) as stdout and stderr, and reports ready. The waiter writes one line to
  * REPORT_FD and closes it: "P <pid>" once the child is in its session with its streams, or
- * "E <errno>" if it could not get there. Then the child writes itself into each cgroup.procs
- * file (the machine's cgroup, one per controller on v1) and execs the command, in parallel with
- * the agent: the command's first instruction runs under its limits. If a join or the exec
- * fails the child writes why to the log and exits with status 127, an ordinary exit (the agent
- * checks the program first). The waiter waits for the command, kills what is left of its
- * process group, reaps it and writes "code N" or "signal N" to EXIT_FILE atomically
- * (EXIT_FILE.tmp, then a rename) before it exits. It execs nothing else and ignores the signals
- * a stray kill might send it. Built once per host by souq.drivers.waiter with the system's C
- * compiler. */
+ * "E <errno>" if it could not get there. The child then execs the command, in parallel with
+ * the agent. If the exec fails the child writes why to the log and exits with status 127, an
+ * ordinary exit (the agent checks the program first). The waiter waits for the command, kills
+ * what is left of its process group, reaps it and writes "code N" or "signal N" to EXIT_FILE
+ * atomically (EXIT_FILE.tmp, then a rename) before it exits. It execs nothing else and ignores
+ * the signals a stray kill might send it.
+ *
+ * Each CGROUP entry says how the command gets into its machine's cgroup (see
+ * souq.drivers.cgroups), so that its first instruction runs under its limits:
+ *
+ *   c:DIR   (cgroup v2) the child is created in DIR by clone3(CLONE_INTO_CGROUP): no migration;
+ *           if the kernel cannot, the child joins DIR/cgroup.procs instead
+ *   j:PROCS the child writes itself into the cgroup.procs file PROCS before its exec
+ *   l:PROCS (cgroup v1) the waiter was placed in the machine's cgroup ahead of need, so its
+ *           child is born there; once it has reported, the waiter moves itself to PROCS
+ *
+ * A migration (j:, l:) can wait out an RCU grace period, milliseconds: the waiter reports the
+ * pid before any, and c: and l: keep them off the command's way altogether. If a join fails the
+ * child writes why to the log and exits with status 127. Built once per host by
+ * souq.drivers.waiter with the system's C compiler. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -30,9 +41,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <linux/sched.h>
 
 #define MAX_JOB (1 << 20)
 #define MAX_FIELDS 8192
@@ -103,6 +116,39 @@ static int join(const char *path) {
     return e;
 }
 
+/* fork(), or clone3(CLONE_INTO_CGROUP) into the cgroup directory INTO when there is one and the
+ * kernel can: then *placed is set and the child needs no join. The waiter is single-threaded,
+ * so a raw clone leaves the child's libc as consistent as fork would. */
+static pid_t spawn(const char *into, int *placed) {
+    *placed = 0;
+#if defined(CLONE_INTO_CGROUP) && defined(SYS_clone3)
+    if (into != NULL) {
+        int dir = open(into, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dir >= 0) {
+            struct clone_args args;
+            memset(&args, 0, sizeof args);
+            args.flags = CLONE_INTO_CGROUP;
+            args.exit_signal = SIGCHLD;
+            args.cgroup = (unsigned long long)dir;
+            long pid = syscall(SYS_clone3, &args, sizeof args);
+            int e = errno;
+            if (pid != 0) close(dir);
+            if (pid >= 0) {
+                *placed = 1;
+                return (pid_t)pid;
+            }
+            if (e != ENOSYS && e != EINVAL && e != EOPNOTSUPP && e != EPERM) {
+                errno = e;
+                return -1;
+            }
+        }
+    }
+#else
+    (void)into;
+#endif
+    return fork();
+}
+
 /* In the child, before it reports ready: its working directory and standard streams. 0 when
  * ready, else an errno. */
 static int prepare(const char *workdir, const char *log) {
@@ -125,15 +171,24 @@ int main(int argc, char **argv) {
     static char *fields[MAX_FIELDS + 1];
     int nfields = read_job(buf, fields);
     if (nfields == 0) return 0; /* an idle waiter whose agent went away */
-    int at = 3, njoins = 0, cmdc = 0, envc = 0;
-    char **joins = nfields > 3 ? take(fields, nfields, &at, &njoins) : NULL;
-    char **cmd = joins ? take(fields, nfields, &at, &cmdc) : NULL;
+    int at = 3, ncgroups = 0, cmdc = 0, envc = 0;
+    char **cgroups = nfields > 3 ? take(fields, nfields, &at, &ncgroups) : NULL;
+    char **cmd = cgroups ? take(fields, nfields, &at, &cmdc) : NULL;
     char **env = cmd && cmdc > 0 ? take(fields, nfields, &at, &envc) : NULL;
     if (env == NULL || at != nfields) {
         report(report_fd, 'E', EINVAL);
         return 2;
     }
     const char *exit_path = fields[0], *workdir = fields[1], *log = fields[2];
+    const char *into = NULL;
+    for (int i = 0; i < ncgroups; i++) {
+        char kind = cgroups[i][0];
+        if ((kind != 'c' && kind != 'j' && kind != 'l') || cgroups[i][1] != ':') {
+            report(report_fd, 'E', EINVAL);
+            return 2;
+        }
+        if (kind == 'c') into = cgroups[i] + 2;
+    }
     /* The argv and environment arrays end with NULL: move each list down over its count. */
     char **cmdv = cmd - 1, **envv = env - 1;
     memmove(cmdv, cmd, (size_t)cmdc * sizeof *cmd);
@@ -147,7 +202,8 @@ int main(int argc, char **argv) {
         report(report_fd, 'E', errno);
         return 127;
     }
-    pid_t pid = fork();
+    int placed;
+    pid_t pid = spawn(into, &placed);
     if (pid < 0) {
         report(report_fd, 'E', errno);
         return 127;
@@ -159,15 +215,24 @@ int main(int argc, char **argv) {
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         if (getppid() != parent) _exit(127); /* the waiter died before the prctl */
         int e = prepare(workdir, log);
-        /* Ready (0) or why not: the waiter reports the pid now. Joining the cgroup comes after:
-         * a migration can wait out an RCU grace period (milliseconds), which the agent need
-         * not wait for; the command still runs its first instruction under its limits. */
+        /* Ready (0) or why not: the waiter reports the pid now, before any migration. */
         if (write(ready[1], &e, sizeof e) < 0 || e != 0) _exit(127);
         close(ready[1]);
-        for (int i = 0; i < njoins; i++) {
-            e = join(joins[i]);
+        for (int i = 0; i < ncgroups; i++) {
+            char procs[4096];
+            const char *target = cgroups[i] + 2;
+            if (cgroups[i][0] == 'l' || (cgroups[i][0] == 'c' && placed)) continue;
+            if (cgroups[i][0] == 'c') {
+                if (snprintf(procs, sizeof procs, "%s/cgroup.procs", target) >= (int)sizeof procs)
+                    e = ENAMETOOLONG;
+                else
+                    e = join(procs);
+                if (e == 0) continue;
+            } else {
+                e = join(target);
+            }
             if (e != 0) {
-                dprintf(2, "souq-waiter: cannot join cgroup %s: %s\n", joins[i], strerror(e));
+                dprintf(2, "souq-waiter: cannot join cgroup %s: %s\n", target, strerror(e));
                 _exit(127);
             }
         }
@@ -189,6 +254,8 @@ int main(int argc, char **argv) {
         return 127;
     }
     report(report_fd, 'P', pid);
+    for (int i = 0; i < ncgroups; i++) /* out of the machine's cgroup, off its way */
+        if (cgroups[i][0] == 'l') join(cgroups[i] + 2);
     signal(SIGINT, SIG_IGN);
     signal(SIGTERM, SIG_IGN);
     signal(SIGHUP, SIG_IGN);
