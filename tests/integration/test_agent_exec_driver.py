@@ -51,8 +51,27 @@ def test_an_exit_before_anyone_waits_is_not_lost(tmp_path: Path) -> None:
         handle = driver.start(spec("sh", "-c", "exit 3"))
         # Let the loop run the exit callback (and reap) before anyone waits.
         watch = driver._watches[handle.pid]
-        await eventually(watch.exited.done, what="the exit callback")
+        await eventually(lambda: watch.status is not None, what="the exit callback")
         assert await driver.wait(handle) == ExitStatus(code=3)
+        # Delivered once: the watch is gone, and a later watch learns nothing more.
+        assert handle.pid not in driver._watches
+        assert await driver.wait(handle) == ExitStatus()
+        driver.close()
+
+    asyncio.run(body())
+
+
+def test_every_watcher_of_an_exit_is_told_once(tmp_path: Path) -> None:
+    async def body() -> None:
+        driver = ExecDriver(tmp_path)
+        handle = driver.start(spec("sleep", "60"))
+        seen: list[tuple[str, ExitStatus]] = []
+        driver.watch(handle, lambda status: seen.append(("supervisor", status)))
+        driver.watch(handle, lambda status: seen.append(("stop", status)))
+        assert driver.signal(handle, signal.SIGTERM)
+        await eventually(lambda: len(seen) == 2, what="both watchers")
+        killed = ExitStatus(signal="SIGTERM")
+        assert seen == [("supervisor", killed), ("stop", killed)]
         driver.close()
 
     asyncio.run(body())
@@ -192,7 +211,7 @@ def test_ready_waiters_start_machines_and_go_quietly(tmp_path: Path) -> None:
         first = driver.start(spec("sleep", "60", env={"GREETING": "hi"}))
         # A waiter is kept ready after a spawn; the next machine takes it.
         await eventually(lambda: len(driver._pool) == 2, what="ready waiters")
-        ready = {idle.proc.pid for idle in driver._pool}
+        ready = {idle.pid for idle in driver._pool}
         assert ready <= driver.owned_pids()  # the agent's reaper leaves them be
         echo = driver.start(
             spec(
@@ -203,14 +222,14 @@ def test_ready_waiters_start_machines_and_go_quietly(tmp_path: Path) -> None:
                 machine_id="m2",
             )
         )
-        assert driver._children[echo.pid].pid in ready
+        assert driver._children[echo.pid] in ready
         assert await driver.wait(echo) == ExitStatus(code=0)
         assert driver.read_output("m2", 0, 100)[0] == f"hi demo {tmp_path / 'm2'}\n".encode()
         driver.signal(first, signal.SIGKILL)
         assert await driver.wait(first) == ExitStatus(signal="SIGKILL")
-        idle = list(driver._pool)
-        driver.close()  # ready waiters get an empty job and exit
-        assert all(i.proc.returncode == 0 for i in idle)
+        idle = [i.pid for i in driver._pool]
+        driver.close()  # ready waiters get an empty job, exit, and are reaped (no zombies)
+        assert not any(os.path.exists(f"/proc/{pid}") for pid in idle)
 
     asyncio.run(body())
 

@@ -147,7 +147,7 @@ def test_on_v1_a_ready_waiters_spare_cgroup_becomes_the_machines_own(tmp_path: P
             await eventually(lambda: _spares_ready(d), what="ready waiters in spare cgroups")
             spare = d.exec._pool[0].spare
             assert spare is not None
-            waiter = d.exec._pool[0].proc.pid
+            waiter = d.exec._pool[0].pid
             for b in bases.values():
                 assert str(waiter) in (b / spare / "cgroup.procs").read_text()
             handle = d.start(spec("sleep", "60", machine_id="kept", limits=Limits(64, 1)))

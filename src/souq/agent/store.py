@@ -158,6 +158,7 @@ class Store:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.execute("PRAGMA foreign_keys=ON")
+            self._db.execute("PRAGMA cache_size=-256")
             self._db.executescript(_SCHEMA)
         except sqlite3.Error as exc:
             os.close(self._lock_fd)

@@ -1,7 +1,7 @@
 """The supervisor owns every background job that follows a machine's process:
 
-* one *exit watcher* task per running process (``driver.wait``), which hands the exit status to
-  the agent's ``on_exit``;
+* the *exit watch* of every running process (``driver.watch``: a callback, not a task), which
+  hands the exit status to the agent's ``on_exit``;
 * one *kill timer* per stop in progress (SIGKILL is due when it fires);
 * one *restart timer* per machine waiting out its backoff.
 
@@ -13,7 +13,7 @@ restart and shutdown cancels everything: nothing outlives its owner.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import functools
 import logging
 from collections.abc import Callable
 
@@ -41,21 +41,18 @@ class Supervisor:
         self._on_exit = on_exit
         self._on_kill_due = on_kill_due
         self._on_restart_due = on_restart_due
-        self._watchers: dict[str, asyncio.Task[None]] = {}
+        self._closed = False
         self._kill_timers: dict[str, asyncio.TimerHandle] = {}
         self._restart_timers: dict[str, asyncio.TimerHandle] = {}
 
     # -- exits ---------------------------------------------------------------------------------
 
     def watch(self, machine_id: str, handle: Handle) -> None:
-        self._watchers[machine_id] = asyncio.get_running_loop().create_task(
-            self._watch(machine_id, handle), name=f"souq-watch-{machine_id}"
-        )
+        self._driver.watch(handle, functools.partial(self._exited, machine_id))
 
-    async def _watch(self, machine_id: str, handle: Handle) -> None:
-        status = await self._driver.wait(handle)
-        self._watchers.pop(machine_id, None)
-        self._guarded(self._on_exit, machine_id, status)
+    def _exited(self, machine_id: str, status: ExitStatus) -> None:
+        if not self._closed:
+            self._guarded(self._on_exit, machine_id, status)
 
     def decide(
         self,
@@ -123,15 +120,10 @@ class Supervisor:
     # -- shutdown ------------------------------------------------------------------------------
 
     async def aclose(self) -> None:
-        """Cancel every timer and watcher (the processes themselves keep running)."""
+        """Cancel every timer and stop passing exits on (the processes themselves keep
+        running)."""
+        self._closed = True
         for timers in (self._kill_timers, self._restart_timers):
             for timer in timers.values():
                 timer.cancel()
             timers.clear()
-        tasks = list(self._watchers.values())
-        self._watchers.clear()
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task

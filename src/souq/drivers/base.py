@@ -10,7 +10,7 @@ started; the agent records that as a ``failed`` machine rather than an error.
 from __future__ import annotations
 
 import signal as _signal
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -100,8 +100,14 @@ class Driver(Protocol):
         """Start the machine's process; raise :class:`SpawnError` when it cannot start."""
         ...
 
+    def watch(self, handle: Handle, on_exit: Callable[[ExitStatus], None]) -> None:
+        """Call ``on_exit`` once, from the event loop, with the exit status when the process
+        exits (soon if it already has; an unknown status if the handle is not being watched).
+        The agent's way to follow a running machine: no task per machine."""
+        ...
+
     async def wait(self, handle: Handle) -> ExitStatus:
-        """Until the process exits."""
+        """Until the process exits (:meth:`watch` as a coroutine)."""
         ...
 
     def signal(self, handle: Handle, sig: int) -> bool:

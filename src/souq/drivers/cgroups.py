@@ -92,8 +92,11 @@ class Placement:
 
 
 def _write(path: Path, value: str) -> None:
-    with open(path, "w") as f:
-        f.write(value)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        os.write(fd, value.encode())
+    finally:
+        os.close(fd)
 
 
 def _mkdir(path: Path) -> bool:

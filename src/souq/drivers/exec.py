@@ -35,7 +35,7 @@ import signal
 import subprocess
 import warnings
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import psutil
@@ -57,25 +57,50 @@ _START_TIME_TOLERANCE_S = 0.005  # start times have clock-tick (10 ms) resolutio
 _POOL_SIZE = 2  # souq-waiters kept ready
 
 
-@dataclass
+@dataclass(slots=True)
 class _Watch:
-    """A process being watched: its pidfd (None once it exited) and its exit status to come.
-    ``wait`` drops the watch after reading the status, so no exit is ever lost to a race
-    between the exit and the first ``wait``."""
+    """A process being watched: its pidfd (None once it exited) and who wants its exit status.
+    An exit nobody watched yet is kept (``status``) for the first :meth:`ExecDriver.watch`, so
+    no exit is ever lost to a race between the exit and the watch. One small object per
+    running machine: no task, no future."""
 
     fd: int | None
-    exited: asyncio.Future[ExitStatus]
     waiter: bool = False  # fd is the waiter's: the status is in the exit file
+    status: ExitStatus | None = None
+    callbacks: list[Callable[[ExitStatus], None]] = field(default_factory=list)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class _IdleWaiter:
-    """A souq-waiter started ahead of need, blocked reading its job on ``proc.stdin``."""
+    """A souq-waiter started ahead of need, blocked reading its job on its stdin."""
 
-    proc: subprocess.Popen[bytes]
+    pid: int
+    job: int  # the write end of its stdin
     report: int  # the read end of its report pipe
     start_time: float
     spare: str | None = None  # the spare cgroup it sits in (see souq.drivers.cgroups)
+
+
+# A child the driver reaps itself: a souq-waiter (a pid: spawned with os.posix_spawn, no Popen
+# object per running machine) or, without the waiter, the machine's own Popen.
+_Child = subprocess.Popen[bytes] | int
+
+
+def _reap(child: _Child) -> int:
+    """Wait for the child; its ``Popen.returncode``-style status."""
+    if isinstance(child, int):
+        while True:
+            try:
+                return os.waitstatus_to_exitcode(os.waitpid(child, 0)[1])
+            except InterruptedError:
+                continue
+            except ChildProcessError:
+                return 0  # reaped already (by the agent's reaper, after a discard timed out)
+    return child.wait()
+
+
+def _pid(child: _Child) -> int:
+    return child if isinstance(child, int) else child.pid
 
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -109,6 +134,18 @@ def resolve_program(program: str, env: Mapping[str, str], workdir: Path) -> str:
     return found
 
 
+def _exit_of(driver: ExecDriver, handle: Handle) -> asyncio.Future[ExitStatus]:
+    """A future for the process's exit status, from :meth:`ExecDriver.watch`."""
+    exited: asyncio.Future[ExitStatus] = asyncio.get_running_loop().create_future()
+
+    def done(status: ExitStatus) -> None:
+        if not exited.done():
+            exited.set_result(status)
+
+    driver.watch(handle, done)
+    return exited
+
+
 def _placed(place: Callable[[str | None], Placement], spare: str | None) -> Placement:
     try:
         return place(spare)
@@ -134,7 +171,7 @@ class ExecDriver:
             )
         self.root = root
         self._base_env = {k: os.environ[k] for k in INHERITED_ENV if k in os.environ}
-        self._children: dict[int, subprocess.Popen[bytes]] = {}
+        self._children: dict[int, _Child] = {}  # by machine pid
         self._watches: dict[int, _Watch] = {}
         self.waiter = waiter_path() if use_waiter else None
         self._pool: list[_IdleWaiter] = []  # waiters ready for a job
@@ -146,7 +183,7 @@ class ExecDriver:
 
     def owned_pids(self) -> set[int]:
         """Pids of the children this driver reaps itself (the agent's reaper leaves them be)."""
-        return {proc.pid for proc in self._children.values()} | self._idle_pids
+        return {_pid(child) for child in self._children.values()} | self._idle_pids
 
     def machine_dir(self, machine_id: str) -> Path:
         return self.root / machine_id
@@ -182,6 +219,7 @@ class ExecDriver:
         except OSError as exc:
             raise SpawnError(f"cannot prepare {workdir}: {exc.strerror or exc}") from exc
         waiter_start = 0.0
+        proc: _Child
         if self.waiter is None:
             proc = self._spawn_direct(list(spec.cmd), env, workdir)
             pid = proc.pid
@@ -192,21 +230,21 @@ class ExecDriver:
             except SpawnError:
                 self._discard(idle)
                 raise
-            proc, waiter_start = idle.proc, idle.start_time
+            proc, waiter_start = idle.pid, idle.start_time
             pid = self._run_job(idle, spec.cmd, env, workdir, placement)
         self._children[pid] = proc
         handle = Handle(spec.machine_id, pid, _start_time(pid) or 0.0)
         try:
-            fd = os.pidfd_open(proc.pid)  # the waiter's, or the process's own
+            fd = os.pidfd_open(_pid(proc))  # the waiter's, or the process's own
         except OSError as exc:  # e.g. out of file descriptors: do not run it unwatched
             os.killpg(pid, signal.SIGKILL)
-            proc.wait()
+            _reap(proc)
             del self._children[pid]
             raise SpawnError(f"cannot watch the process: {exc.strerror or exc}") from exc
         self._watch(handle, fd, waiter=self.waiter is not None)
         line = f"{handle.pid} {handle.start_time!r}"
         if self.waiter is not None:
-            line += f" {proc.pid} {waiter_start!r}"
+            line += f" {_pid(proc)} {waiter_start!r}"
         with contextlib.suppress(OSError):
             (workdir / _PIDFILE).write_text(line + "\n")
         return handle
@@ -240,30 +278,35 @@ class ExecDriver:
 
     def _new_waiter(self, waiter: Path, spare: bool = False) -> _IdleWaiter:
         """Start a waiter, which blocks reading its job; with ``spare``, in a spare cgroup.
-        ``Popen`` returns once the waiter is exec'd, about 1 ms here, and a move into a cgroup
-        can take several: so a few are kept ready, started from a thread of the default
-        executor (see :meth:`_fill`)."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        r, w = os.pipe()
+        ``os.posix_spawn`` (a vfork: about half the CPU of ``Popen``, and no Popen object to
+        keep per machine) returns once the waiter is exec'd, about 0.7 ms here, and a move into
+        a cgroup can take several: so a few are kept ready, started from a thread of our own
+        (see :meth:`_fill`)."""
+        job_r, job_w = os.pipe()
+        report_r, report_w = os.pipe()
         try:
-            proc = subprocess.Popen(
-                [str(waiter), str(w)],
-                env={},
-                stdin=subprocess.PIPE,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                cwd=self.root,
-                start_new_session=True,
-                pass_fds=(w,),
+            pid = os.posix_spawn(
+                waiter,
+                [str(waiter), "3"],
+                {},
+                file_actions=[
+                    (os.POSIX_SPAWN_DUP2, job_r, 0),
+                    (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
+                    (os.POSIX_SPAWN_DUP2, 1, 2),
+                    (os.POSIX_SPAWN_DUP2, report_w, 3),
+                ],
+                setsid=True,
             )
         except OSError as exc:
-            os.close(r)
+            os.close(job_w)
+            os.close(report_r)
             raise SpawnError(f"cannot run souq-waiter: {exc.strerror or exc}") from exc
         finally:
-            os.close(w)
-        self._idle_pids.add(proc.pid)
-        cgroup = self.spares.make_spare(proc.pid) if spare and self.spares is not None else None
-        return _IdleWaiter(proc, r, _start_time(proc.pid) or 0.0, cgroup)
+            os.close(job_r)
+            os.close(report_w)
+        self._idle_pids.add(pid)
+        cgroup = self.spares.make_spare(pid) if spare and self.spares is not None else None
+        return _IdleWaiter(pid, job_w, report_r, _start_time(pid) or 0.0, cgroup)
 
     def prepare_spawns(self, count: int) -> None:
         """Have ``count`` waiters ready (started now, together, if need be): a batch's spawns
@@ -308,8 +351,8 @@ class ExecDriver:
     ) -> int:
         """Hand the job to a ready waiter; return the machine's pid once the waiter reports its
         child ready to exec (see waiter.c for the job's format)."""
-        proc, r = idle.proc, idle.report
-        self._idle_pids.discard(proc.pid)
+        r = idle.report
+        self._idle_pids.discard(idle.pid)
         fields = [
             str(workdir / _EXIT),
             str(workdir),
@@ -321,15 +364,16 @@ class ExecDriver:
             str(len(env)),
             *(f"{k}={v}" for k, v in env.items()),
         ]
-        job = b"".join(os.fsencode(f) + b"\0" for f in fields)
-        assert proc.stdin is not None
+        job = memoryview(b"".join(os.fsencode(f) + b"\0" for f in fields))
         report = b""
         try:
             try:
-                proc.stdin.write(job)
-                proc.stdin.close()
+                while job:
+                    job = job[os.write(idle.job, job) :]
             except OSError:
                 pass  # the waiter died: its report (none) says so below
+            finally:
+                os.close(idle.job)
             while not report.endswith(b"\n"):
                 chunk = os.read(r, 64)
                 if not chunk:
@@ -340,27 +384,32 @@ class ExecDriver:
         kind, _, value = report.decode(errors="replace").strip().partition(" ")
         if kind == "P" and value.isdigit():
             return int(value)
-        proc.wait()
+        code = _reap(idle.pid)
         if kind == "E" and value.isdigit():
             raise SpawnError(f"cannot start {cmd[0]!r}: {os.strerror(int(value))}")
-        raise SpawnError(f"souq-waiter failed to start {cmd[0]!r} (exit {proc.returncode})")
+        raise SpawnError(f"souq-waiter failed to start {cmd[0]!r} (exit {code})")
 
     def _discard(self, idle: _IdleWaiter) -> None:
         """End a ready waiter (an empty job: it exits at once) and drop its spare cgroup."""
-        self._idle_pids.discard(idle.proc.pid)
-        with contextlib.suppress(OSError):
-            if idle.proc.stdin is not None:
-                idle.proc.stdin.close()
-            os.close(idle.report)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            idle.proc.wait(timeout=1)
+        self._idle_pids.discard(idle.pid)
+        for fd in (idle.job, idle.report):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        try:
+            pidfd = os.pidfd_open(idle.pid)
+        except OSError:
+            pass
+        else:
+            ended = bool(select.select([pidfd], [], [], 1.0)[0])
+            os.close(pidfd)
+            if ended:  # else the agent's reaper gets it, now that it is not ours
+                _reap(idle.pid)
         if idle.spare is not None and self.spares is not None:
             self.spares.drop_spare(idle.spare)
 
     def _watch(self, handle: Handle, fd: int, *, waiter: bool = False) -> None:
-        loop = asyncio.get_running_loop()
-        self._watches[handle.pid] = _Watch(fd, loop.create_future(), waiter)
-        loop.add_reader(fd, self._on_exit, handle)
+        self._watches[handle.pid] = _Watch(fd, waiter)
+        asyncio.get_running_loop().add_reader(fd, self._on_exit, handle)
 
     def _on_exit(self, handle: Handle) -> None:
         watch = self._watches.get(handle.pid)
@@ -372,7 +421,7 @@ class ExecDriver:
         proc = self._children.pop(handle.pid, None)
         if watch.waiter:
             if proc is not None:
-                proc.wait()  # the waiter, which has exited
+                _reap(proc)  # the waiter, which has exited
             status = self.last_exit(handle.machine_id)
             if not status.known:  # the waiter was killed: leave nothing of the machine behind
                 with contextlib.suppress(OSError):
@@ -382,22 +431,36 @@ class ExecDriver:
             # anything the machine left behind in it goes too.
             with contextlib.suppress(OSError):
                 os.killpg(handle.pid, signal.SIGKILL)
-            status = ExitStatus.from_returncode(proc.wait())
+            status = ExitStatus.from_returncode(_reap(proc))
         else:
             status = ExitStatus()
         with contextlib.suppress(OSError):
             (self.machine_dir(handle.machine_id) / _PIDFILE).unlink()
-        if not watch.exited.done():
-            watch.exited.set_result(status)
+        if not watch.callbacks:
+            watch.status = status  # for the first watch to come
+            return
+        del self._watches[handle.pid]
+        for callback in watch.callbacks:
+            try:
+                callback(status)
+            except Exception:
+                log.exception("handling the exit of machine %s failed", handle.machine_id)
+
+    def watch(self, handle: Handle, on_exit: Callable[[ExitStatus], None]) -> None:
+        """Call ``on_exit`` with the process's exit status when it exits (from the event loop;
+        at once, soon, if it already has, or with an unknown status if it is not watched)."""
+        watch = self._watches.get(handle.pid)
+        loop = asyncio.get_running_loop()
+        if watch is None:
+            loop.call_soon(on_exit, ExitStatus())
+        elif watch.status is not None:
+            del self._watches[handle.pid]
+            loop.call_soon(on_exit, watch.status)
+        else:
+            watch.callbacks.append(on_exit)
 
     async def wait(self, handle: Handle) -> ExitStatus:
-        watch = self._watches.get(handle.pid)
-        if watch is None:
-            return ExitStatus()
-        status = await asyncio.shield(watch.exited)
-        if self._watches.get(handle.pid) is watch:
-            del self._watches[handle.pid]
-        return status
+        return await _exit_of(self, handle)
 
     # -- signals -------------------------------------------------------------------------------
 
@@ -417,15 +480,15 @@ class ExecDriver:
         return True
 
     async def stop(self, handle: Handle, sig: int, timeout_s: float) -> ExitStatus:
-        watch = self._watches.get(handle.pid)
-        if watch is None:
+        if handle.pid not in self._watches:
             return ExitStatus()
+        exited = _exit_of(self, handle)
         self.signal(handle, sig)
         try:
-            return await asyncio.wait_for(asyncio.shield(watch.exited), timeout_s)
+            return await asyncio.wait_for(asyncio.shield(exited), timeout_s)
         except TimeoutError:
             self.signal(handle, signal.SIGKILL)
-            return await asyncio.shield(watch.exited)
+            return await exited
 
     # -- adoption and cleanup ------------------------------------------------------------------
 
@@ -525,11 +588,11 @@ class ExecDriver:
             if watch.fd is not None:
                 loop.remove_reader(watch.fd)
                 os.close(watch.fd)
-            watch.exited.cancel()
         self._watches.clear()
-        # Processes left running are not killed: the next agent re-adopts them. Dropping their
-        # Popen objects hands them to the standard library's reaper (subprocess._active); its
-        # "still running" ResourceWarning is exactly what we mean here.
+        # Processes left running are not killed: the next agent re-adopts them. Their waiters
+        # are no longer ours to reap (the agent's reaper takes them); dropping the Popen objects
+        # of direct children hands those to the standard library's reaper (subprocess._active),
+        # whose "still running" ResourceWarning is exactly what we mean here.
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ResourceWarning)
             self._children.clear()

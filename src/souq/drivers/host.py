@@ -21,6 +21,7 @@ import asyncio
 import functools
 import logging
 import signal
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -91,6 +92,10 @@ class HostDriver:
         return spec.cmd[0] if spec.driver == "sandbox" else found
 
     # -- everything else is the exec driver's, with exits annotated ----------------------------
+
+    def watch(self, handle: Handle, on_exit: Callable[[ExitStatus], None]) -> None:
+        annotate = self.cgroups.annotate
+        self.exec.watch(handle, lambda status: on_exit(annotate(handle.machine_id, status)))
 
     async def wait(self, handle: Handle) -> ExitStatus:
         return self.cgroups.annotate(handle.machine_id, await self.exec.wait(handle))

@@ -11,6 +11,7 @@ import asyncio
 import itertools
 import signal as _signal
 import time
+from collections.abc import Callable
 
 from souq.drivers.base import ExitStatus, Handle, MachineSpec
 
@@ -42,6 +43,13 @@ class HollowDriver:
     def start(self, spec: MachineSpec) -> Handle:
         self._running[spec.machine_id] = asyncio.get_running_loop().create_future()
         return Handle(spec.machine_id, next(self._pids), time.time())
+
+    def watch(self, handle: Handle, on_exit: Callable[[ExitStatus], None]) -> None:
+        exit_ = self._running.get(handle.machine_id)
+        if exit_ is None:
+            asyncio.get_running_loop().call_soon(on_exit, ExitStatus())
+        else:
+            exit_.add_done_callback(lambda done: on_exit(done.result()))
 
     async def wait(self, handle: Handle) -> ExitStatus:
         exit_ = self._running.get(handle.machine_id)
