@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import resource
 import signal
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 
 from souq.drivers import ExecDriver, ExitStatus, Handle, MachineSpec, SpawnError
 from souq.drivers.cgroups import Placement
+from souq.drivers.exec import machine_nofile
 from souq.drivers.waiter import waiter_path
 from souq.testing import wait_until
 from tests.integration.agent_harness import eventually, pid_alive
@@ -258,3 +260,38 @@ def test_a_program_that_cannot_be_exec_d_exits_127_with_the_reason_in_its_log(
         driver.close()
 
     asyncio.run(body())
+
+
+@pytest.mark.skipif(waiter_path() is None, reason="no C compiler to build souq-waiter")
+def test_the_agent_takes_more_descriptors_and_machines_keep_its_old_limit(tmp_path: Path) -> None:
+    """The agent holds a pidfd per running machine: it raises its soft RLIMIT_NOFILE to the
+    hard one and still watches machines whose descriptors are past 1024 (no ``select``), while
+    each machine gets the limit the agent started with."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard < 2048:
+        pytest.skip("the hard descriptor limit is too low to try")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
+    machine_nofile.cache_clear()
+    padding: list[int] = []
+
+    async def body() -> None:
+        driver = ExecDriver(tmp_path)
+        assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == hard
+        while len(padding) < 1100:  # the next descriptors are past select()'s 1024
+            padding.append(os.open(os.devnull, os.O_RDONLY))
+        handle = driver.start(spec("sh", "-c", "ulimit -n; exec sleep 60"))
+        log = tmp_path / "m1" / "output.log"
+        await eventually(lambda: log.exists() and log.read_text().strip() != "")
+        assert log.read_text().split() == ["1024"]
+        assert driver.inspect(handle)
+        assert await driver.stop(handle, signal.SIGTERM, 5) == ExitStatus(signal="SIGTERM")
+        assert not driver.inspect(handle)
+        driver.close()
+
+    try:
+        asyncio.run(body())
+    finally:
+        for fd in padding:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        machine_nofile.cache_clear()

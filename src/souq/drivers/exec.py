@@ -27,8 +27,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import logging
 import os
+import resource
 import select
 import shutil
 import signal
@@ -111,8 +113,11 @@ def _start_time(pid: int) -> float | None:
     """When the process started, in seconds since the epoch, as ``psutil`` reports it (read
     straight from ``/proc/<pid>/stat``: this is on the path of every spawn)."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            data = os.read(fd, 4096)
+        finally:
+            os.close(fd)
         ticks = int(data[data.rindex(b")") + 2 :].split()[19])  # field 22, starttime
     except (OSError, ValueError, IndexError):
         return None
@@ -153,9 +158,25 @@ def _placed(place: Callable[[str | None], Placement], spare: str | None) -> Plac
         raise SpawnError(f"cannot set up the machine's cgroup: {exc}") from exc
 
 
-def _readable(fd: int) -> bool:
-    ready, _, _ = select.select([fd], [], [], 0)
-    return bool(ready)
+@functools.cache
+def machine_nofile() -> int:
+    """The soft ``RLIMIT_NOFILE`` machines get: the agent's own as it started. The agent then
+    raises its own soft limit to the hard one, since it holds a pidfd per running machine (a
+    host's usual soft limit, 1024, would end it near a thousand machines); souq-waiter puts the
+    machine's back (see waiter.c)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return soft
+
+
+def _readable(fd: int, timeout_s: float = 0.0) -> bool:
+    """Whether ``fd`` (a pidfd: the process exited) is readable, waiting up to ``timeout_s``.
+    ``poll``, not ``select``: an agent with a thousand machines has descriptors past 1024."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(timeout_s * 1000))
 
 
 class ExecDriver:
@@ -174,6 +195,7 @@ class ExecDriver:
         self._children: dict[int, _Child] = {}  # by machine pid
         self._watches: dict[int, _Watch] = {}
         self.waiter = waiter_path() if use_waiter else None
+        self._nofile = machine_nofile() if self.waiter is not None else None
         self._pool: list[_IdleWaiter] = []  # waiters ready for a job
         self._idle_pids: set[int] = set()
         self._refill: asyncio.Task[None] | None = None
@@ -287,7 +309,7 @@ class ExecDriver:
         try:
             pid = os.posix_spawn(
                 waiter,
-                [str(waiter), "3"],
+                [str(waiter), "3", str(self._nofile)],
                 {},
                 file_actions=[
                     (os.POSIX_SPAWN_DUP2, job_r, 0),
@@ -400,7 +422,7 @@ class ExecDriver:
         except OSError:
             pass
         else:
-            ended = bool(select.select([pidfd], [], [], 1.0)[0])
+            ended = _readable(pidfd, 1.0)
             os.close(pidfd)
             if ended:  # else the agent's reaper gets it, now that it is not ours
                 _reap(idle.pid)
@@ -476,7 +498,11 @@ class ExecDriver:
         try:
             os.killpg(handle.pid, sig)
         except ProcessLookupError:
-            return False
+            # No such group yet: souq-waiter reports the pid before its child's setsid.
+            try:
+                os.kill(handle.pid, sig)
+            except ProcessLookupError:
+                return False
         return True
 
     async def stop(self, handle: Handle, sig: int, timeout_s: float) -> ExitStatus:

@@ -1,6 +1,6 @@
 /* souq-waiter: the parent of one machine process, so that its exit status outlives the agent.
  *
- *   souq-waiter REPORT_FD < JOB
+ *   souq-waiter REPORT_FD [NOFILE] < JOB
  *
  * The agent starts waiters ahead of need and keeps one or two idle: an idle waiter blocks
  * reading its job on stdin, so starting a machine costs a fork, not an exec of the waiter too.
@@ -8,14 +8,15 @@
  *
  *   EXIT_FILE WORKDIR LOG_FILE N CGROUP*N ARGC ARG*ARGC ENVC ENV*ENVC
  *
- * An empty job (the agent went away) ends the waiter quietly. Otherwise it starts the command
- * in a new session (its own process group), with PR_SET_PDEATHSIG so that the machine never
- * runs without its waiter. The child changes to WORKDIR, takes /dev/null as stdin and LOG_FILE
- * (appended to) as stdout and stderr, and reports ready. The waiter writes one line to
- * REPORT_FD and closes it: "P <pid>" once the child is in its session with its streams, or
- * "E <errno>" if it could not get there. The child then execs the command, in parallel with
- * the agent. If the exec fails the child writes why to the log and exits with status 127, an
- * ordinary exit (the agent checks the program first). The waiter waits for the command, kills
+ * NOFILE, if given, is the soft RLIMIT_NOFILE the machine gets (the agent raises its own, see
+ * souq.drivers.exec.machine_nofile). An empty job (the agent went away) ends the waiter quietly. Otherwise the waiter opens
+ * WORKDIR, /dev/null and LOG_FILE (appended to), then starts the command in a new session (its
+ * own process group), with PR_SET_PDEATHSIG so that the machine never runs without its waiter.
+ * It writes one line to REPORT_FD and closes it: "P <pid>" as soon as the child exists, or
+ * "E <errno>" if the files could not be opened or the fork failed. The child, in parallel with
+ * the agent, changes to WORKDIR, takes /dev/null as stdin and the log as stdout and stderr, and
+ * execs the command. If the exec fails the child writes why to the log and exits with status
+ * 127, an ordinary exit (the agent checks the program first). The waiter waits for the command, kills
  * what is left of its process group, reaps it and writes "code N" or "signal N" to EXIT_FILE
  * atomically (EXIT_FILE.tmp, then a rename) before it exits. It execs nothing else and ignores
  * the signals a stray kill might send it.
@@ -41,6 +42,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -149,24 +151,32 @@ static pid_t spawn(const char *into, int *placed) {
     return fork();
 }
 
-/* In the child, before it reports ready: its working directory and standard streams. 0 when
- * ready, else an errno. */
-static int prepare(const char *workdir, const char *log) {
-    if (chdir(workdir) < 0) return errno;
-    int in = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    if (in < 0) return errno;
-    int out = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    if (out < 0) return errno;
-    if (dup2(in, 0) < 0 || dup2(out, 1) < 0 || dup2(out, 2) < 0) return errno;
+/* Before the fork: the child's working directory and log, opened by the waiter so that any
+ * failure is reported as "E <errno>" and the child has nothing left that can fail. */
+static int open_streams(const char *workdir, const char *log, int *dir, int *in, int *out) {
+    *dir = open(workdir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (*dir < 0) return errno;
+    *in = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (*in < 0) return errno;
+    *out = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (*out < 0) return errno;
     return 0;
 }
 
 int main(int argc, char **argv) {
-    if (argc != 2) {
-        fprintf(stderr, "usage: souq-waiter REPORT_FD < JOB\n");
+    if (argc != 2 && argc != 3) {
+        fprintf(stderr, "usage: souq-waiter REPORT_FD [NOFILE] < JOB\n");
         return 2;
     }
     int report_fd = atoi(argv[1]);
+    struct rlimit nofile;
+    if (argc == 3 && getrlimit(RLIMIT_NOFILE, &nofile) == 0) {
+        rlim_t soft = (rlim_t)strtoull(argv[2], NULL, 10);
+        if (soft > 0 && soft < nofile.rlim_cur) {
+            nofile.rlim_cur = soft;
+            setrlimit(RLIMIT_NOFILE, &nofile);
+        }
+    }
     if (chdir("/") < 0) { /* keep no directory of the agent's busy; the child moves anyway */ }
     static char buf[MAX_JOB];
     static char *fields[MAX_FIELDS + 1];
@@ -198,9 +208,10 @@ int main(int argc, char **argv) {
     envv[envc] = NULL;
 
     pid_t parent = getpid();
-    int ready[2];
-    if (pipe2(ready, O_CLOEXEC) < 0) {
-        report(report_fd, 'E', errno);
+    int dir = -1, in = -1, out = -1;
+    int e = open_streams(workdir, log, &dir, &in, &out);
+    if (e != 0) {
+        report(report_fd, 'E', e);
         return 127;
     }
     int placed;
@@ -210,15 +221,11 @@ int main(int argc, char **argv) {
         return 127;
     }
     if (pid == 0) {
-        close(ready[0]);
         close(report_fd);
         setsid();
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         if (getppid() != parent) _exit(127); /* the waiter died before the prctl */
-        int e = prepare(workdir, log);
-        /* Ready (0) or why not: the waiter reports the pid now, before any migration. */
-        if (write(ready[1], &e, sizeof e) < 0 || e != 0) _exit(127);
-        close(ready[1]);
+        if (fchdir(dir) < 0 || dup2(in, 0) < 0 || dup2(out, 1) < 0 || dup2(out, 2) < 0) _exit(127);
         for (int i = 0; i < ncgroups; i++) {
             char procs[4096];
             const char *target = cgroups[i] + 2;
@@ -243,17 +250,10 @@ int main(int argc, char **argv) {
         dprintf(2, "souq-waiter: cannot run %s: %s\n", cmdv[0], strerror(errno));
         _exit(127);
     }
-    close(ready[1]);
-    int err = -1;
-    ssize_t got;
-    do got = read(ready[0], &err, sizeof err); while (got < 0 && errno == EINTR);
-    close(ready[0]);
+    close(dir);
+    close(in);
+    close(out);
     int status;
-    if (got != (ssize_t)sizeof err || err != 0) {
-        while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
-        report(report_fd, 'E', got == (ssize_t)sizeof err ? err : ECHILD);
-        return 127;
-    }
     report(report_fd, 'P', pid);
     for (int i = 0; i < ncgroups; i++) /* out of the machine's cgroup, off its way */
         if (cgroups[i][0] == 'l') join(cgroups[i] + 2);
