@@ -293,6 +293,9 @@ class AgentService:
         while True:
             await self._outbox.wait()
             await self._bus_up.wait()
+            # One more turn of the loop: the reply to the claim or command that made these
+            # events goes out first (its flush is due now), the events right after.
+            await asyncio.sleep(0)
             await self._send_events()
 
     async def _send_events(self) -> None:

@@ -13,6 +13,7 @@ claims all went unanswered is not a lack of capacity).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 
@@ -175,14 +176,19 @@ class BrokerService:
                 if err is exc:
                     raise
                 raise err from exc
-            self.metrics.placed("placed", machine.placement)
             self.directory.remember(machine.id, machine.worker_id)
-            self.view.apply(machine)
+            # After the answer is on its way (the next turn of the loop, still before any
+            # later request is read): read-your-writes on this broker, off the create's path.
+            asyncio.get_running_loop().call_soon(self._placed, machine)
             return machine
 
         if idempotency_key is None:
             return await place()
         return await self._creates.run(request_id, digest, place, key=idempotency_key)
+
+    def _placed(self, machine: Machine) -> None:
+        self.metrics.placed("placed", machine.placement)
+        self.view.apply(machine)
 
     async def create_batch(self, app: str, body: BatchCreateRequest) -> BatchResult:
         """``count`` machines of one config in one placement (see :mod:`souq.broker.batch`)."""
