@@ -255,7 +255,7 @@ class Cgroups:
         self.pids_max = pids_max
         self._oom_at_start: dict[str, int] = {}
         self._stale: list[str] = []  # spare cgroups to remove once empty
-        self._cpu_later: dict[str, Limits] = {}  # cpu quotas to write once spawned
+        self._cpu_later: dict[str, float] = {}  # cpus to write as a quota once spawned
 
     @property
     def isolation(self) -> dict[str, object]:
@@ -286,9 +286,9 @@ class Cgroups:
         else:
             _kill(b.pids(machine_id))
             self._oom_at_start[machine_id] = b.oom_kills(machine_id)
+        if isinstance(b, V2Backend):  # no spares on v2: nothing to leave
+            return Placement(clone_into=b.base / machine_id)
         leave = self._procs(WAITERS) if spare is not None else ()
-        if isinstance(b, V2Backend):
-            return Placement(clone_into=b.base / machine_id, leave=leave)
         return Placement(join=self._procs(machine_id), leave=leave)
 
     def _procs(self, name: str) -> tuple[Path, ...]:
@@ -301,12 +301,9 @@ class Cgroups:
         b = self.backend
         if not isinstance(b, V1Backend) or (limits.pids is not None and limits.pids < 2):
             return False
+        if not self.remove(machine_id):  # a restart: the last run's cgroup, still busy
+            return False
         try:
-            if any(d.exists() for d in b.dirs(machine_id)):  # a restart: what the last run left
-                _kill(b.pids(machine_id))
-                for d in b.dirs(machine_id):
-                    with contextlib.suppress(FileNotFoundError):
-                        d.rmdir()  # EBUSY while leftovers are dying
             b.rename(spare, machine_id)
         except OSError:
             return False
@@ -315,14 +312,14 @@ class Cgroups:
         # after the spawn (:meth:`started`).
         b.limit(machine_id, replace(limits, cpus=None), new=True)
         if limits.cpus is not None:
-            self._cpu_later[machine_id] = limits
+            self._cpu_later[machine_id] = limits.cpus
         return True
 
     def started(self, machine_id: str) -> None:
         """The machine's process was spawned: write a cpu quota :meth:`prepare` held back."""
-        limits = self._cpu_later.pop(machine_id, None)
-        if limits is not None and self.backend is not None:
-            self.backend.limit(machine_id, Limits(cpus=limits.cpus), new=True)
+        cpus = self._cpu_later.pop(machine_id, None)
+        if cpus is not None and self.backend is not None:
+            self.backend.limit(machine_id, Limits(cpus=cpus), new=True)
 
     def make_spare(self, pid: int) -> str | None:
         """Move the waiter ``pid`` into a new spare cgroup of its own and return its name; None

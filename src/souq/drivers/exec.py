@@ -88,6 +88,19 @@ class _IdleWaiter:
 _Child = subprocess.Popen[bytes] | int
 
 
+def _kill_group(pid: int, sig: int = signal.SIGKILL) -> bool:
+    """Signal the machine's process group, or the process alone while it has none yet
+    (souq-waiter reports the pid before its child's ``setsid``). False when it is gone."""
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            return False
+    return True
+
+
 def _reap(child: _Child) -> int:
     """Wait for the child; its ``Popen.returncode``-style status."""
     if isinstance(child, int):
@@ -259,7 +272,7 @@ class ExecDriver:
         try:
             fd = os.pidfd_open(_pid(proc))  # the waiter's, or the process's own
         except OSError as exc:  # e.g. out of file descriptors: do not run it unwatched
-            os.killpg(pid, signal.SIGKILL)
+            _kill_group(pid)
             _reap(proc)
             del self._children[pid]
             raise SpawnError(f"cannot watch the process: {exc.strerror or exc}") from exc
@@ -495,15 +508,7 @@ class ExecDriver:
     def signal(self, handle: Handle, sig: int) -> bool:
         if not self.inspect(handle):
             return False
-        try:
-            os.killpg(handle.pid, sig)
-        except ProcessLookupError:
-            # No such group yet: souq-waiter reports the pid before its child's setsid.
-            try:
-                os.kill(handle.pid, sig)
-            except ProcessLookupError:
-                return False
-        return True
+        return _kill_group(handle.pid, sig)
 
     async def stop(self, handle: Handle, sig: int, timeout_s: float) -> ExitStatus:
         if handle.pid not in self._watches:
