@@ -295,3 +295,24 @@ def test_the_agent_takes_more_descriptors_and_machines_keep_its_old_limit(tmp_pa
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
         machine_nofile.cache_clear()
+
+
+@pytest.mark.skipif(waiter_path() is None, reason="no C compiler to build souq-waiter")
+def test_a_machine_starts_with_no_signal_ignored_or_blocked(tmp_path: Path) -> None:
+    """An ignored signal stays ignored across exec. Python ignores SIGPIPE and glibc's
+    posix_spawn ignores its two internal signals in the waiter: a machine must inherit none of
+    it (an ignored SIGPIPE turns ``yes | head`` into EPIPE errors)."""
+    assert signal.getsignal(signal.SIGPIPE) == signal.SIG_IGN  # the agent's own, as in Python
+
+    async def body() -> None:
+        driver = ExecDriver(tmp_path)
+        for machine_id in ("first", "second"):  # a waiter started at once, then a ready one
+            handle = driver.start(
+                spec("grep", "^Sig[IB]", "/proc/self/status", machine_id=machine_id)
+            )
+            assert await driver.wait(handle) == ExitStatus(code=0)
+            out = driver.read_output(machine_id, 0, 1000)[0].decode().split()
+            assert out == ["SigBlk:", "0" * 16, "SigIgn:", "0" * 16], out
+        driver.close()
+
+    asyncio.run(body())

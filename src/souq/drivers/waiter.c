@@ -15,7 +15,7 @@
  * It writes one line to REPORT_FD and closes it: "P <pid>" as soon as the child exists, or
  * "E <errno>" if the files could not be opened or the fork failed. The child, in parallel with
  * the agent, changes to WORKDIR, takes /dev/null as stdin and the log as stdout and stderr, and
- * execs the command. If the exec fails the child writes why to the log and exits with status
+ * resets every signal to its default action (none blocked) and execs the command. If the exec fails the child writes why to the log and exits with status
  * 127, an ordinary exit (the agent checks the program first). The waiter waits for the command, kills
  * what is left of its process group, reaps it and writes "code N" or "signal N" to EXIT_FILE
  * atomically (EXIT_FILE.tmp, then a rename) before it exits. It execs nothing else and ignores
@@ -116,6 +116,21 @@ static int join(const char *path) {
     int e = write(fd, "0\n", 2) == 2 ? 0 : errno;
     close(fd);
     return e;
+}
+
+/* In the child: every signal to its default action and none blocked. An ignored signal stays
+ * ignored across exec: the agent's Python ignores SIGPIPE and SIGXFSZ, and glibc's posix_spawn
+ * (which starts the waiter) ignores its two internal signals, 32 and 33, which libc's own
+ * signal() refuses to touch. So the raw system call: a zeroed kernel sigaction is SIG_DFL with
+ * no flags and no mask, whatever the architecture's layout. */
+static void default_signals(void) {
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    unsigned long dfl[4] = {0, 0, 0, 0};
+    for (int sig = 1; sig <= 64; sig++)
+        if (sig != SIGKILL && sig != SIGSTOP)
+            syscall(SYS_rt_sigaction, sig, dfl, NULL, (size_t)(64 / 8));
 }
 
 /* fork(), or clone3(CLONE_INTO_CGROUP) into the cgroup directory INTO when there is one and the
@@ -226,6 +241,7 @@ int main(int argc, char **argv) {
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         if (getppid() != parent) _exit(127); /* the waiter died before the prctl */
         if (fchdir(dir) < 0 || dup2(in, 0) < 0 || dup2(out, 1) < 0 || dup2(out, 2) < 0) _exit(127);
+        default_signals();
         for (int i = 0; i < ncgroups; i++) {
             char procs[4096];
             const char *target = cgroups[i] + 2;
