@@ -9,17 +9,18 @@
  *   EXIT_FILE WORKDIR LOG_FILE N CGROUP*N ARGC ARG*ARGC ENVC ENV*ENVC
  *
  * NOFILE, if given, is the soft RLIMIT_NOFILE the machine gets (the agent raises its own, see
- * souq.drivers.exec.machine_nofile). An empty job (the agent went away) ends the waiter quietly. Otherwise the waiter opens
- * WORKDIR, /dev/null and LOG_FILE (appended to), then starts the command in a new session (its
- * own process group), with PR_SET_PDEATHSIG so that the machine never runs without its waiter.
- * It writes one line to REPORT_FD and closes it: "P <pid>" as soon as the child exists, or
- * "E <errno>" if the files could not be opened or the fork failed. The child, in parallel with
- * the agent, changes to WORKDIR, takes /dev/null as stdin and the log as stdout and stderr, and
- * resets every signal to its default action (none blocked) and execs the command. If the exec fails the child writes why to the log and exits with status
- * 127, an ordinary exit (the agent checks the program first). The waiter waits for the command, kills
- * what is left of its process group, reaps it and writes "code N" or "signal N" to EXIT_FILE
- * atomically (EXIT_FILE.tmp, then a rename) before it exits. It execs nothing else and ignores
- * the signals a stray kill might send it.
+ * souq.drivers.exec.machine_nofile). An empty job (the agent went away) ends the waiter
+ * quietly. Otherwise the waiter opens WORKDIR, /dev/null and LOG_FILE (appended to), then
+ * starts the command in a new session (its own process group), with PR_SET_PDEATHSIG so that
+ * the machine never runs without its waiter. It writes one line to REPORT_FD and closes it:
+ * "P <pid>" as soon as the child exists, or "E <errno>" if the files could not be opened or the
+ * fork failed. The child, in parallel with the agent, changes to WORKDIR, takes /dev/null as
+ * stdin and the log as stdout and stderr, resets every signal to its default action (none
+ * blocked) and execs the command. If the exec fails the child writes why to the log and exits
+ * with status 127, an ordinary exit (the agent checks the program first). The waiter waits for
+ * the command, kills what is left of its process group, reaps it and writes "code N" or
+ * "signal N" to EXIT_FILE atomically (EXIT_FILE.tmp, then a rename) before it exits. It execs
+ * nothing else and ignores the signals a stray kill might send it.
  *
  * Each CGROUP entry says how the command gets into its machine's cgroup (see
  * souq.drivers.cgroups), so that its first instruction runs under its limits:
