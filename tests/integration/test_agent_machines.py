@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 from pathlib import Path
 
@@ -61,6 +62,27 @@ def test_claim_starts_the_process_with_souq_env(nats_url: str, tmp_path: Path) -
             assert (await h.get(m.id)).state is S.STARTED
 
     asyncio.run(body())
+
+
+def test_a_machine_inherits_no_descriptor_of_the_agent(nats_url: str, tmp_path: Path) -> None:
+    """The agent holds SQLite files, sockets, pidfds and pipes, and whatever its own parent left
+    open; its waiters are started with posix_spawn, which closes only close-on-exec
+    descriptors. The machine has its three (``ls`` adds the one it lists with)."""
+    leaked = os.open(os.devnull, os.O_RDONLY)
+    os.set_inheritable(leaked, True)  # as a careless parent of the agent would leave it
+
+    async def body() -> None:
+        async with running_agent(nats_url, tmp_path) as h:
+            for _ in range(2):  # a waiter started on demand, then one kept ready
+                m = await h.claim(["ls", "/proc/self/fd"])
+                await h.wait(m.id, S.STOPPED)
+                out = (await h.logs(m.id)).data
+                assert out.split() == ["0", "1", "2", "3"], out
+
+    try:
+        asyncio.run(body())
+    finally:
+        os.close(leaked)
 
 
 def test_skip_launch_then_start_stop_and_destroy(nats_url: str, tmp_path: Path) -> None:

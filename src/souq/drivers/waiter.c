@@ -8,10 +8,11 @@
  *
  *   EXIT_FILE WORKDIR LOG_FILE N CGROUP*N ARGC ARG*ARGC ENVC ENV*ENVC
  *
- * NOFILE, if given, is the soft RLIMIT_NOFILE the machine gets (the agent raises its own, see
- * souq.drivers.exec.machine_nofile). An empty job (the agent went away) ends the waiter
- * quietly. Otherwise the waiter opens WORKDIR, /dev/null and LOG_FILE (appended to), then
- * starts the command in a new session (its own process group), with PR_SET_PDEATHSIG so that
+ * At start it closes every descriptor but 0-2 and REPORT_FD (what the agent inherited must not
+ * reach a machine). NOFILE, if given, is the soft RLIMIT_NOFILE the machine gets (the agent
+ * raises its own, see souq.drivers.exec.machine_nofile). An empty job (the agent went away)
+ * ends the waiter quietly. Otherwise the waiter opens WORKDIR, /dev/null and LOG_FILE
+ * (appended to), then starts the command in a new session (its own process group), with PR_SET_PDEATHSIG so that
  * the machine never runs without its waiter. It writes one line to REPORT_FD and closes it:
  * "P <pid>" as soon as the child exists, or "E <errno>" if the files could not be opened or the
  * fork failed. The child, in parallel with the agent, changes to WORKDIR, takes /dev/null as
@@ -36,6 +37,7 @@
  * child writes why to the log and exits with status 127. Built once per host by
  * souq.drivers.waiter with the system's C compiler. */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -119,6 +121,25 @@ static int join(const char *path) {
     return e;
 }
 
+/* Close every descriptor but 0-2 and KEEP: os.posix_spawn, which starts the waiter, closes only
+ * close-on-exec ones, and whatever the agent inherited must not reach a machine. */
+static void close_others(int keep) {
+#ifdef SYS_close_range
+    if ((keep <= 3 || syscall(SYS_close_range, 3U, (unsigned)keep - 1, 0U) == 0) &&
+        syscall(SYS_close_range, (unsigned)keep + 1, ~0U, 0U) == 0)
+        return;
+#endif
+    DIR *fds = opendir("/proc/self/fd");
+    if (fds == NULL) return;
+    int self = dirfd(fds);
+    struct dirent *entry;
+    while ((entry = readdir(fds)) != NULL) {
+        int fd = atoi(entry->d_name);
+        if (fd > 2 && fd != keep && fd != self) close(fd);
+    }
+    closedir(fds);
+}
+
 /* In the child: every signal to its default action and none blocked. An ignored signal stays
  * ignored across exec: the agent's Python ignores SIGPIPE and SIGXFSZ, and glibc's posix_spawn
  * (which starts the waiter) ignores its two internal signals, 32 and 33, which libc's own
@@ -185,6 +206,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     int report_fd = atoi(argv[1]);
+    close_others(report_fd);
     struct rlimit nofile;
     if (argc == 3 && getrlimit(RLIMIT_NOFILE, &nofile) == 0) {
         rlim_t soft = (rlim_t)strtoull(argv[2], NULL, 10);
