@@ -12,8 +12,9 @@
  * reach a machine). NOFILE, if given, is the soft RLIMIT_NOFILE the machine gets (the agent
  * raises its own, see souq.drivers.exec.machine_nofile). An empty job (the agent went away)
  * ends the waiter quietly. Otherwise the waiter opens WORKDIR, /dev/null and LOG_FILE
- * (appended to), then starts the command in a new session (its own process group), with PR_SET_PDEATHSIG so that
- * the machine never runs without its waiter. It writes one line to REPORT_FD and closes it:
+ * (appended to), then starts the command in a new session (its own process group), with
+ * PR_SET_PDEATHSIG so that the machine never runs without its waiter. It writes one line to
+ * REPORT_FD and closes it:
  * "P <pid>" as soon as the child exists, or "E <errno>" if the files could not be opened or the
  * fork failed. The child, in parallel with the agent, changes to WORKDIR, takes /dev/null as
  * stdin and the log as stdout and stderr, resets every signal to its default action (none
