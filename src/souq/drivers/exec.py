@@ -1,23 +1,26 @@
 """The exec driver: a machine is a process in its own session (process group).
 
-* ``start``: ``subprocess.Popen`` from the event-loop thread, stdin from /dev/null, stdout and
-  stderr appended to ``<root>/<id>/output.log``, working directory ``<root>/<id>``. The process
-  sees a minimal inherited environment (``PATH``, ``HOME``, ``LANG``), the config's ``env`` and
-  ``SOUQ_MACHINE_ID``, ``SOUQ_APP``, ``SOUQ_REGION``, ``SOUQ_WORKER_ID``. A pid file
-  (``<root>/<id>/pid``: pid and start time) lets a restarted agent find a process it started but
-  had not yet recorded.
-* Exits are watched with a pidfd (``os.pidfd_open``) registered with the event loop: no helper
-  thread, no SIGCHLD handler. When it becomes readable the driver kills whatever is left of the
-  process group and reaps the child with ``Popen.poll`` (the Popen object is kept alive until
-  then, so the standard library never reaps it behind our back).
+* ``start``: stdin from /dev/null, stdout and stderr appended to ``<root>/<id>/output.log``,
+  working directory ``<root>/<id>``. The process sees a minimal inherited environment
+  (``PATH``, ``HOME``, ``LANG``), the config's ``env`` and ``SOUQ_MACHINE_ID``, ``SOUQ_APP``,
+  ``SOUQ_REGION``, ``SOUQ_WORKER_ID``, every signal at its default and no descriptor of the
+  agent's. A pid file (``<root>/<id>/pid``: pid and start time) lets a restarted agent find a
+  process it started but had not yet recorded.
 * With ``souq-waiter`` (:mod:`souq.drivers.waiter`, the default when a C compiler exists) the
-  process is the waiter's child, not the agent's: the waiter writes its exit status to
-  ``<root>/<id>/exit`` and exits, and the driver watches the *waiter's* pidfd and reads that
-  file. The status therefore survives an agent crash: a restarted agent re-adopts the waiter
-  (recorded in the pid file) or, if the machine died meanwhile, reads the file. Without the
-  waiter a process adopted after an agent restart is not our child and its exit status is
-  unknown.
-* Signals go to the whole process group (``os.killpg``).
+  process is the waiter's child, not the agent's. Two waiters are kept ready (started with
+  ``os.posix_spawn`` from a thread of the driver's own, see :meth:`ExecDriver._fill`); a start
+  hands one its job. The waiter writes the process's exit status to ``<root>/<id>/exit`` and
+  exits, and the driver watches the *waiter's* pidfd and reads that file. The status therefore
+  survives an agent crash: a restarted agent re-adopts the waiter (recorded in the pid file)
+  or, if the machine died meanwhile, reads the file. Without the waiter the process is the
+  agent's own ``subprocess.Popen`` child, and one adopted after an agent restart is not our
+  child: its exit status is unknown.
+* Exits are watched with a pidfd (``os.pidfd_open``) registered with the event loop: no task
+  per machine, no SIGCHLD handler. When it becomes readable the driver reaps its child (the
+  waiter, or the process), kills whatever is left of the process group, and hands the status
+  to whoever watches (:meth:`ExecDriver.watch`).
+* Signals go to the whole process group (``os.killpg``), or to the process alone in the moment
+  before its ``setsid``.
 
 Linux only (pidfd needs Linux 5.3).
 """
