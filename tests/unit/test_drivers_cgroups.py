@@ -3,6 +3,7 @@ which cgroup.procs files a machine joins, the placement shell, and OOM marking."
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from souq.drivers.base import ExitStatus, Limits
@@ -124,3 +125,17 @@ def test_v2_has_no_use_for_spares(tmp_path: Path) -> None:
     (tmp_path / "spare-3").mkdir()
     placement = cg.prepare("m1", Limits(memory_mb=64), spare="spare-3")
     assert placement.clone_into == tmp_path / "m1"
+
+
+def test_prune_removes_the_empty_spares_of_agents_that_are_gone_whatever_their_age(
+    tmp_path: Path,
+) -> None:
+    backend = V2Backend(tmp_path)
+    gone = tmp_path / "spare-4000000-0"  # above any pid_max: no such agent
+    ours = tmp_path / f"spare-{os.getpid()}-0"
+    busy = tmp_path / "spare-4000000-1"
+    for d in (gone, ours, busy):
+        d.mkdir()
+    (busy / "cgroup.procs").write_text("1\n")
+    assert prune(backend, older_than_s=60) == 1  # new, but its agent is dead
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([ours.name, busy.name])

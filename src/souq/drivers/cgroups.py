@@ -398,9 +398,17 @@ class Cgroups:
 
 
 def prune(backend: Backend | None, *, older_than_s: float = 60.0) -> int:
-    """Remove machine cgroups that hold no process and were made more than ``older_than_s``
-    ago: those of machines whose agent and data are gone (a machine that runs again gets a new
-    one). The age spares a cgroup that another agent is about to fill. Returns how many."""
+    """Remove cgroups that hold no process and that nobody will fill:
+
+    * machine cgroups made more than ``older_than_s`` ago: those of machines whose agent and
+      data are gone (a machine that runs again gets a new one). The age spares a cgroup that
+      another agent is about to fill. On cgroupfs a directory's mtime is when the kernel set up
+      its inode, which can be later than its making but never earlier: an old cgroup may wait
+      for a later prune, a new one is never taken.
+    * spare cgroups whose agent, named in ``spare-<pid>-<n>``, is no longer running: a spare is
+      only ever filled by the agent that made it, so an empty one of a dead agent goes at once.
+
+    Returns how many."""
     if backend is None:
         return 0
     bases = [backend.base] if isinstance(backend, V2Backend) else list(backend.bases.values())
@@ -409,11 +417,34 @@ def prune(backend: Backend | None, *, older_than_s: float = 60.0) -> int:
         with contextlib.suppress(OSError):
             for d in base.iterdir():
                 with contextlib.suppress(OSError):
-                    old = d.is_dir() and now - d.stat().st_mtime > older_than_s
-                    if old and d.name != WAITERS and not _pids_in(d / "cgroup.procs"):
+                    if not d.is_dir() or d.name == WAITERS or _pids_in(d / "cgroup.procs"):
+                        continue
+                    if d.name.startswith(SPARE_PREFIX):
+                        gone = not _agent_alive(d.name)
+                    else:
+                        gone = now - d.stat().st_mtime > older_than_s
+                    if gone:
                         d.rmdir()
                         removed += 1
     return removed
+
+
+def _agent_alive(spare: str) -> bool:
+    """Whether the agent that made the spare cgroup ``spare-<pid>-<n>`` still runs (when the
+    name cannot be read, assume it does)."""
+    try:
+        pid = int(spare[len(SPARE_PREFIX) :].split("-", 1)[0])
+    except ValueError:
+        return True
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def placement_shell(cgroup_procs: Iterable[Path]) -> tuple[str, ...]:
