@@ -56,11 +56,7 @@ def test_the_agent_serves_machines_by_state_and_restarts() -> None:
         Row(MachineState.STARTED, 0),
         Row(MachineState.STOPPED, 1),
     ]
-    server = serve_metrics(0, AgentCollector("w1", lambda: rows))
-    try:
-        text = httpx.get(f"http://127.0.0.1:{server.port}/metrics", timeout=10).text
-    finally:
-        server.close()
+    text = _scrape(AgentCollector("w1", lambda: rows))
     assert 'souq_agent_machines{state="started",worker="w1"} 2.0' in text
     assert 'souq_agent_machine_restarts_total{worker="w1"} 3.0' in text
 
@@ -77,11 +73,7 @@ def test_the_agent_serves_its_claims_capacity_and_bus_state() -> None:
     stats.claimed("cordoned")
     stats.offers = 7
     stats.last_heartbeat = time.time() - 5
-    server = serve_metrics(0, AgentCollector("w1", list, stats))
-    try:
-        text = httpx.get(f"http://127.0.0.1:{server.port}/metrics", timeout=10).text
-    finally:
-        server.close()
+    text = _scrape(AgentCollector("w1", list, stats))
     assert 'souq_agent_capacity{resource="cpus",worker="w1"} 4.0' in text
     assert 'souq_agent_allocated{resource="memory_mb",worker="w1"} 512.0' in text
     assert 'souq_agent_claims_total{outcome="accepted",worker="w1"} 2.0' in text
@@ -91,3 +83,12 @@ def test_the_agent_serves_its_claims_capacity_and_bus_state() -> None:
     assert 'souq_agent_bus_connected{worker="w1"} 0.0' in text
     age = next(x for x in text.splitlines() if x.startswith("souq_agent_heartbeat_age_seconds{"))
     assert 5.0 <= float(age.rsplit(" ", 1)[1]) < 60
+
+
+def _scrape(collector: AgentCollector) -> str:
+    """What the agent's metrics endpoint serves for ``collector``, over real HTTP."""
+    server = serve_metrics(0, collector)
+    try:
+        return httpx.get(f"http://127.0.0.1:{server.port}/metrics", timeout=10).text
+    finally:
+        server.close()
