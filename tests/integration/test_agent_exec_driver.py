@@ -318,3 +318,59 @@ def test_a_machine_starts_with_no_signal_ignored_or_blocked(tmp_path: Path) -> N
         driver.close()
 
     asyncio.run(body())
+
+
+@pytest.mark.parametrize("use_waiter", WAITER_MODES)
+def test_meanwhile_runs_once_while_the_process_is_on_its_way(
+    tmp_path: Path, use_waiter: bool
+) -> None:
+    """``start(meanwhile=...)``: the agent makes its claim durable while the process is
+    spawned. It runs once, when the job is already in the waiter's hands (the waiter opens the
+    machine's log before it forks, so the log appears while ``meanwhile`` waits for it), and
+    before ``start`` returns."""
+
+    async def body() -> None:
+        driver = ExecDriver(tmp_path, use_waiter=use_waiter)
+        log = tmp_path / "m1" / "output.log"
+        calls: list[bool] = []
+
+        def meanwhile() -> None:
+            wait_until(log.exists, timeout=10, message="the waiter to take the job")
+            calls.append(True)
+
+        handle = driver.start(spec("sleep", "60"), meanwhile=meanwhile)
+        assert calls == [True]
+        assert driver.inspect(handle)
+        assert driver.signal(handle, signal.SIGKILL)
+        assert await driver.wait(handle) == ExitStatus(signal="SIGKILL")
+        driver.close()
+
+    asyncio.run(body())
+
+
+@pytest.mark.parametrize("use_waiter", WAITER_MODES)
+def test_a_failing_meanwhile_leaves_no_process(tmp_path: Path, use_waiter: bool) -> None:
+    """If ``meanwhile`` raises (the claim could not be made durable), the process it overlapped
+    is killed and reaped, and the error is the caller's: nothing runs unrecorded."""
+
+    class Boom(Exception):
+        pass
+
+    async def body() -> None:
+        driver = ExecDriver(tmp_path, use_waiter=use_waiter)
+        before = driver.owned_pids()
+
+        def meanwhile() -> None:
+            raise Boom("the disk is full")
+
+        with pytest.raises(Boom):
+            driver.start(spec("sh", "-c", "echo $$ > pid.txt; exec sleep 60"), meanwhile=meanwhile)
+        assert driver.owned_pids() == before
+        pid_file = tmp_path / "m1" / "pid.txt"
+        if pid_file.exists() and pid_file.read_text().strip():  # it got as far as its exec
+            pid = int(pid_file.read_text())
+            await eventually(lambda: not pid_alive(pid), what="the process to be gone")
+        assert driver.find("m1") is None
+        driver.close()
+
+    asyncio.run(body())

@@ -4,6 +4,7 @@ to start with a clear message instead of forgetting its machines silently."""
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 
 from souq.agent.store import Store
 from souq.errors import StorageError
+from souq.fleet.store import memory_store
 from souq.model import MachineState, StopCommand
 from tests.integration.agent_harness import APP, pid_alive, running_agent
 
@@ -86,7 +88,17 @@ def test_a_failed_write_fails_the_operation_cleanly(nats_url: str, tmp_path: Pat
     asyncio.run(body())
 
 
-def test_a_write_that_skips_its_fsync_leaves_the_sync_level_as_it_was(tmp_path: Path) -> None:
+def test_a_write_that_skips_its_fsync_leaves_the_sync_level_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced: list[str] = []
+    real = os.fdatasync
+
+    def spy(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", spy)
     store = Store(tmp_path)
     level = lambda: store._db.execute("PRAGMA synchronous").fetchone()[0]  # noqa: E731
     assert level() == 2  # FULL: every write is fsynced unless said otherwise
@@ -94,10 +106,57 @@ def test_a_write_that_skips_its_fsync_leaves_the_sync_level_as_it_was(tmp_path: 
         assert level() == 1  # NORMAL, for this transaction only
         db.execute("INSERT OR REPLACE INTO meta VALUES ('k', 'v')")
     assert level() == 2
-    store.sync()  # one durable write, for a batch written without fsyncs
-    assert store.meta("synced_at") is not None
+    assert synced == []
+    store.sync()  # makes it durable: the WAL is synced, as FULL would have at its commit
+    store.sync()  # the WAL file stays open between syncs
+    assert synced == [str(tmp_path / "state.db-wal")] * 2
+    assert store.meta("k") == "v"
+    store.close()
+    store = Store(tmp_path)  # the WAL reopened: the next sync opens it afresh
+    assert store.meta("k") == "v"
+    with store._write(durable=False) as db:
+        db.execute("INSERT OR REPLACE INTO meta VALUES ('k', 'w')")
+    store.sync()
+    assert synced[2:] == [str(tmp_path / "state.db-wal")]
     store._db.execute("PRAGMA synchronous=OFF")  # a hollow worker's store
     with store._write(durable=False):
         assert level() == 0  # not raised to NORMAL
     assert level() == 0
     store.close()
+    hollow = memory_store()
+    hollow.sync()  # nothing to make durable
+    assert len(synced) == 3
+    hollow.close()
+
+
+def test_a_claim_is_made_durable_before_it_is_answered(
+    nats_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A claim commits without an fsync and syncs the WAL once before it answers (while the
+    waiter forks, when it spawns); a claim that fails its spawn is made durable by the failure's
+    own synced write."""
+    synced: list[str] = []
+    real = os.fdatasync
+
+    def spy(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", spy)
+    wal = str(tmp_path / "state.db-wal")
+
+    async def body() -> None:
+        async with running_agent(nats_url, tmp_path) as h:
+            synced.clear()
+            started = await h.claim(["sleep", "60"])
+            assert started.state is MachineState.STARTED
+            assert synced == [wal]
+            created = await h.claim(["sleep", "60"], skip_launch=True)
+            assert created.state is MachineState.CREATED
+            assert synced == [wal] * 2
+            failed = await h.claim(["/no/such/program"])
+            assert failed.state is MachineState.FAILED
+            assert synced == [wal] * 2  # the failure's write was a synced one
+            assert not h.agent.executor._unsynced
+
+    asyncio.run(body())

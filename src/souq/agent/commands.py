@@ -84,6 +84,7 @@ class Commands:
         if existing is not None:
             return self._claimed_before(req, existing)
         ex.execute(op, step.actions)
+        ex.sync()  # if the spawn did not (skip_launch, or it failed before its fork)
         return ex.machine(row.app, row.id)
 
     def _claimed_before(self, req: ClaimRequest, machine_id: str) -> Machine:

@@ -105,6 +105,7 @@ class Executor:
         self._ops: dict[str, Op] = {}
         self._ran_since: dict[str, float] = {}
         self._changed: dict[str, asyncio.Event] = {}
+        self._unsynced = False  # a claim was recorded and is not yet durable (see create)
         self.fault: FaultPoint | None = None  # crash tests only (souq.agent.faults)
         self.supervisor = Supervisor(
             driver,
@@ -183,12 +184,18 @@ class Executor:
         """Record a new machine, its reservation, its events and its operation's first step in
         one transaction (the capacity is checked in it, or the quote's hold is used). Returns
         the id of the machine already made for the same request id instead, if there is one.
-        ``durable=False``: not fsynced; the caller syncs before it answers (a batch)."""
+
+        The transaction reaches the operating system before anything runs, and the disk before
+        the claim is answered: it commits unsynced, and :meth:`sync` (called by the caller at
+        the latest) makes it durable. A spawn syncs while souq-waiter forks, so the fsync and
+        the fork overlap. ``durable=False``: the caller syncs the store itself (a batch, once
+        for all its claims)."""
         now = row.created_at
         log_step = OpStep(op.id, row.id, op.kind, op_state, op_event, now, op.params)
-        existing = self.store.claim(row, capacity, [log_step], quote_id=quote_id, durable=durable)
+        existing = self.store.claim(row, capacity, [log_step], quote_id=quote_id, durable=False)
         if existing is not None:
             return existing
+        self._unsynced = durable
         if self.fault is not None:
             self.fault.after_step(op.kind, op_state)
         self._rows[row.id] = row
@@ -250,6 +257,8 @@ class Executor:
         if op is not None and step is not None and op_event is not None:
             steps.append(OpStep(op.id, row.id, op.kind, step.next, op_event, now, op.params))
         self.store.commit(new, recorded, steps, release=release, durable=durable)
+        if durable:
+            self._unsynced = False  # a synced commit syncs every write before it
         if self.fault is not None and steps:
             self.fault.after_step(steps[0].kind, steps[0].state)
         self._rows[row.id] = new
@@ -265,6 +274,12 @@ class Executor:
         for record in recorded:
             self._publish(new, record)
         return step.actions if step else ()
+
+    def sync(self) -> None:
+        """Make a claim recorded by :meth:`create` durable, if it is not yet."""
+        if self._unsynced:
+            self.store.sync()
+            self._unsynced = False
 
     def _op_reached(self, op: Op, state: OpState) -> None:
         op.state = state
@@ -319,7 +334,7 @@ class Executor:
             network=row.config.sandbox.network,
         )
         try:
-            handle = self.driver.start(spec)
+            handle = self.driver.start(spec, meanwhile=self.sync)
         except SpawnError as exc:
             actions = self.apply(
                 row.id,

@@ -7,18 +7,20 @@ append-only op log: one row per step of every operation). Every change is one tr
 so a machine's state, its event and its op step land together or not at all. sqlite3 errors become
 :class:`souq.errors.StorageError` here; nothing above this module sees them.
 
-Two kinds of write are not fsynced (``durable=False``, ``synchronous=NORMAL`` for that one
-transaction); both survive a crash or kill -9 of the agent like every other write (WAL), and only a
-power loss or kernel crash could drop them:
+Some writes are not fsynced when they commit (``durable=False``, ``synchronous=NORMAL`` for that
+one transaction). Like every other write they reach the operating system at once (WAL), so they
+survive a crash or kill -9 of the agent; only a power loss or kernel crash could drop them, and
+that also ends every process they could describe:
 
-* the record that a process was spawned (:meth:`Store.commit`): a power loss also ends the
-  process it records, so the operation resumes from its last durable step (the spawn intended)
-  and spawns again;
-* the machines of a batch claim (:meth:`Store.claim`), which :meth:`Store.sync` makes durable
-  with one fsync before the batch is answered: a power loss before that ends the machines too,
-  and the broker, never answered, reports the batch failed (its idempotency key retries it).
+* the record that a process was spawned (:meth:`Store.commit`): after a power loss the
+  operation resumes from its last durable step (the spawn intended) and spawns again;
+* a claim (:meth:`Store.claim`): :meth:`Store.sync` makes it durable before it is answered. A
+  single claim syncs while souq-waiter forks its process (see
+  :meth:`souq.agent.executor.Executor.create`), a batch once for all its machines. A power loss
+  before that ends the machines too, and the broker, never answered, reports the claim failed.
 
-The next durable write syncs them anyway.
+:meth:`Store.sync` is an ``fdatasync`` of the WAL: what ``synchronous=FULL`` does at each commit,
+without a transaction of its own. The next durable write syncs them anyway.
 
 A lock file (``agent.lock``, ``flock``) keeps two agents off the same data dir.
 """
@@ -146,6 +148,9 @@ _SYNC_LEVELS = {"OFF": 0, "NORMAL": 1, "FULL": 2, "EXTRA": 3}
 
 
 class Store:
+    fsyncs = True  # False for a hollow worker's store (synchronous=OFF): :meth:`sync` is a no-op
+    _wal_fd: int | None = None  # the WAL, opened by the first :meth:`sync`
+
     def __init__(self, data_dir: Path) -> None:
         self._json_memo: dict[int, tuple[BaseModel, str]] = {}
         data_dir.mkdir(parents=True, exist_ok=True)
@@ -193,6 +198,10 @@ class Store:
     def close(self) -> None:
         with contextlib.suppress(sqlite3.Error):
             self._db.close()
+        if self._wal_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._wal_fd)
+            self._wal_fd = None
         with contextlib.suppress(OSError):
             os.close(self._lock_fd)
 
@@ -370,10 +379,25 @@ class Store:
         return text
 
     def sync(self) -> None:
-        """Make every transaction so far durable: one fsynced write (a batch's writes are not
-        fsynced one by one)."""
-        with self._write() as db:
-            db.execute("INSERT OR REPLACE INTO meta VALUES ('synced_at', ?)", (str(time.time()),))
+        """Make every transaction so far durable: ``fdatasync`` the WAL, as ``synchronous=FULL``
+        does at each commit (the transactions committed with ``durable=False`` are all in it, or
+        already checkpointed into the database file, which a checkpoint syncs). It releases the
+        GIL: the agent runs it while souq-waiter forks."""
+        if not self.fsyncs:
+            return
+        try:
+            fd = self._wal_fd
+            if fd is None or os.fstat(fd).st_nlink == 0:  # not open yet, or the WAL was replaced
+                if fd is not None:
+                    os.close(fd)
+                    self._wal_fd = None
+                fd = self._wal_fd = os.open(f"{self.path}-wal", os.O_RDONLY | os.O_CLOEXEC)
+            os.fdatasync(fd)
+        except OSError as exc:
+            raise StorageError(
+                f"cannot make the agent's state file {self.path} durable: {exc.strerror or exc}",
+                hint="check the disk under the agent's data dir (full? read-only?)",
+            ) from exc
 
     def commit(
         self,

@@ -96,8 +96,10 @@ class Driver(Protocol):
     @property
     def name(self) -> str: ...
 
-    def start(self, spec: MachineSpec) -> Handle:
-        """Start the machine's process; raise :class:`SpawnError` when it cannot start."""
+    def start(self, spec: MachineSpec, *, meanwhile: Callable[[], None] | None = None) -> Handle:
+        """Start the machine's process; raise :class:`SpawnError` when it cannot start.
+        ``meanwhile`` is called at most once, while the process is on its way (the agent makes
+        its claim durable then); if it raises, the process is killed and the error raised."""
         ...
 
     def watch(self, handle: Handle, on_exit: Callable[[ExitStatus], None]) -> None:

@@ -301,12 +301,15 @@ class Cgroups:
         b = self.backend
         if not isinstance(b, V1Backend) or (limits.pids is not None and limits.pids < 2):
             return False
-        if not self.remove(machine_id):  # a restart: the last run's cgroup, still busy
-            return False
         try:
             b.rename(spare, machine_id)
-        except OSError:
-            return False
+        except OSError:  # a restart: the last run's cgroup is there; remove it if it is idle
+            if not self.remove(machine_id):  # still busy
+                return False
+            try:
+                b.rename(spare, machine_id)
+            except OSError:
+                return False
         # The waiter's fork and report would be charged to a small cpu quota (0.01 cpu is 1 ms
         # per 100 ms period) and stall the start by up to a period: the quota comes right
         # after the spawn (:meth:`started`).

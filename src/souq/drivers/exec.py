@@ -117,6 +117,18 @@ def _reap(child: _Child) -> int:
     return child.wait()
 
 
+def _attempt(call: Callable[[], None] | None) -> Exception | None:
+    """Run ``call`` (if any); what it raised, for the caller to raise once its process is
+    dealt with."""
+    if call is None:
+        return None
+    try:
+        call()
+    except Exception as exc:
+        return exc
+    return None
+
+
 def _pid(child: _Child) -> int:
     return child if isinstance(child, int) else child.pid
 
@@ -229,12 +241,18 @@ class ExecDriver:
     # -- start and watch -----------------------------------------------------------------------
 
     def start(
-        self, spec: MachineSpec, *, place: Callable[[str | None], Placement] | None = None
+        self,
+        spec: MachineSpec,
+        *,
+        place: Callable[[str | None], Placement] | None = None,
+        meanwhile: Callable[[], None] | None = None,
     ) -> Handle:
         """Spawn the machine. ``place`` sets its cgroup up (see :mod:`souq.drivers.cgroups`),
         given the spare cgroup of the waiter that will run it, and says how the process gets in
         before it runs: souq-waiter does it; without the waiter the command runs behind the
-        cgroup placement shell. OSError from ``place`` fails the spawn."""
+        cgroup placement shell. OSError from ``place`` fails the spawn. ``meanwhile`` runs
+        between handing the job to the waiter and its report (it overlaps the fork), or after
+        the spawn without one; if it raises, the process is killed and the error raised."""
         if place is not None and self.waiter is None:
             placement = _placed(place, None)
             if placement.join:
@@ -258,9 +276,11 @@ class ExecDriver:
             raise SpawnError(f"cannot prepare {workdir}: {exc.strerror or exc}") from exc
         waiter_start = 0.0
         proc: _Child
+        failure: Exception | None = None
         if self.waiter is None:
             proc = self._spawn_direct(list(spec.cmd), env, workdir)
             pid = proc.pid
+            failure = _attempt(meanwhile)
         else:
             idle = self._take_waiter()
             try:
@@ -269,7 +289,13 @@ class ExecDriver:
                 self._discard(idle)
                 raise
             proc, waiter_start = idle.pid, idle.start_time
-            pid = self._run_job(idle, spec.cmd, env, workdir, placement)
+            pid, failure = self._run_job(
+                idle, spec.cmd, env, workdir, placement, meanwhile=meanwhile
+            )
+        if failure is not None:
+            _kill_group(pid)
+            _reap(proc)
+            raise failure
         self._children[pid] = proc
         handle = Handle(spec.machine_id, pid, _start_time(pid) or 0.0)
         try:
@@ -386,9 +412,12 @@ class ExecDriver:
         env: dict[str, str],
         workdir: Path,
         placement: Placement,
-    ) -> int:
-        """Hand the job to a ready waiter; return the machine's pid once the waiter reports its
-        child ready to exec (see waiter.c for the job's format)."""
+        *,
+        meanwhile: Callable[[], None] | None = None,
+    ) -> tuple[int, Exception | None]:
+        """Hand the job to a ready waiter, run ``meanwhile`` while it forks, and return the
+        machine's pid once the waiter reports its child ready to exec (see waiter.c for the
+        job's format), with what ``meanwhile`` raised."""
         r = idle.report
         self._idle_pids.discard(idle.pid)
         fields = [
@@ -412,6 +441,7 @@ class ExecDriver:
                 pass  # the waiter died: its report (none) says so below
             finally:
                 os.close(idle.job)
+            failure = _attempt(meanwhile)
             while not report.endswith(b"\n"):
                 chunk = os.read(r, 64)
                 if not chunk:
@@ -421,8 +451,10 @@ class ExecDriver:
             os.close(r)
         kind, _, value = report.decode(errors="replace").strip().partition(" ")
         if kind == "P" and value.isdigit():
-            return int(value)
+            return int(value), failure
         code = _reap(idle.pid)
+        if failure is not None:
+            raise failure
         if kind == "E" and value.isdigit():
             raise SpawnError(f"cannot start {cmd[0]!r}: {os.strerror(int(value))}")
         raise SpawnError(f"souq-waiter failed to start {cmd[0]!r} (exit {code})")

@@ -68,7 +68,7 @@ class HostDriver:
 
     # -- start ---------------------------------------------------------------------------------
 
-    def start(self, spec: MachineSpec) -> Handle:
+    def start(self, spec: MachineSpec, *, meanwhile: Callable[[], None] | None = None) -> Handle:
         if spec.driver not in self.drivers:
             raise SpawnError(f"this worker has no {spec.driver!r} driver")
         workdir = self.exec.machine_dir(spec.machine_id)
@@ -78,7 +78,7 @@ class HostDriver:
             jail = sandbox.bwrap_argv(workdir, network=spec.network, machines_root=self.root)
             cmd = (*jail, *cmd)
         place = functools.partial(self.cgroups.prepare, spec.machine_id, spec.limits)
-        handle = self.exec.start(replace(spec, cmd=cmd), place=place)
+        handle = self.exec.start(replace(spec, cmd=cmd), place=place, meanwhile=meanwhile)
         try:
             self.cgroups.started(spec.machine_id)
         except OSError as exc:  # it must not run without its cpu limit

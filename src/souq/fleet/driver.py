@@ -40,7 +40,9 @@ class HollowDriver:
         self._pids = itertools.count(_FIRST_PID)
         self._running: dict[str, asyncio.Future[ExitStatus]] = {}
 
-    def start(self, spec: MachineSpec) -> Handle:
+    def start(self, spec: MachineSpec, *, meanwhile: Callable[[], None] | None = None) -> Handle:
+        if meanwhile is not None:
+            meanwhile()
         self._running[spec.machine_id] = asyncio.get_running_loop().create_future()
         return Handle(spec.machine_id, next(self._pids), time.time())
 

@@ -23,6 +23,8 @@ __all__ = ["file_store", "memory_store"]
 
 
 class _MemoryStore(Store):
+    fsyncs = False
+
     def __init__(self) -> None:  # no data dir, no lock file: nothing to share it with
         self.path = Path(":memory:")
         self._json_memo = {}
@@ -40,4 +42,5 @@ def memory_store() -> Store:
 def file_store(data_dir: Path) -> Store:
     store = Store(data_dir)
     store._db.execute("PRAGMA synchronous=OFF")
+    store.fsyncs = False
     return store
