@@ -78,6 +78,9 @@ from souq.view.digest import machines_digest
 __all__ = ["AgentService"]
 
 log = logging.getLogger(__name__)
+# Machine events wait this long after the reply that made them (they also gather: a burst of
+# changes goes out in fewer messages). Long enough for the broker to read the reply first.
+EVENTS_LINGER_S = 0.002
 
 Verb = Callable[[bytes], Awaitable[BaseModel | list[Any]]]
 _MACHINE_ID = re.compile(rb'"machine_id":\s*"([^"]{1,64})"')  # for log lines (souq.logs)
@@ -293,9 +296,10 @@ class AgentService:
         while True:
             await self._outbox.wait()
             await self._bus_up.wait()
-            # One more turn of the loop: the reply to the claim or command that made these
-            # events goes out first (its flush is due now), the events right after.
-            await asyncio.sleep(0)
+            # The reply to the claim or command that made these events goes out first, and the
+            # events a moment later (EVENTS_LINGER_S): sent at once, they reach the broker
+            # with the reply, and it applies them to its view before it reads the reply.
+            await asyncio.sleep(EVENTS_LINGER_S)
             await self._send_events()
 
     async def _send_events(self) -> None:
