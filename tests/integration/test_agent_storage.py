@@ -88,17 +88,24 @@ def test_a_failed_write_fails_the_operation_cleanly(nats_url: str, tmp_path: Pat
     asyncio.run(body())
 
 
-def test_a_write_that_skips_its_fsync_leaves_the_sync_level_as_it_was(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    synced: list[str] = []
+@pytest.fixture
+def synced(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The files ``os.fdatasync`` is called on from now (the store's own syncs; SQLite's are
+    its C library's and not seen here)."""
+    files: list[str] = []
     real = os.fdatasync
 
     def spy(fd: int) -> None:
-        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        files.append(os.readlink(f"/proc/self/fd/{fd}"))
         real(fd)
 
     monkeypatch.setattr(os, "fdatasync", spy)
+    return files
+
+
+def test_a_write_that_skips_its_fsync_leaves_the_sync_level_as_it_was(
+    tmp_path: Path, synced: list[str]
+) -> None:
     store = Store(tmp_path)
     level = lambda: store._db.execute("PRAGMA synchronous").fetchone()[0]  # noqa: E731
     assert level() == 2  # FULL: every write is fsynced unless said otherwise
@@ -130,19 +137,11 @@ def test_a_write_that_skips_its_fsync_leaves_the_sync_level_as_it_was(
 
 
 def test_a_claim_is_made_durable_before_it_is_answered(
-    nats_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    nats_url: str, tmp_path: Path, synced: list[str]
 ) -> None:
     """A claim commits without an fsync and syncs the WAL once before it answers (while the
     waiter forks, when it spawns); a claim that fails its spawn is made durable by the failure's
     own synced write."""
-    synced: list[str] = []
-    real = os.fdatasync
-
-    def spy(fd: int) -> None:
-        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
-        real(fd)
-
-    monkeypatch.setattr(os, "fdatasync", spy)
     wal = str(tmp_path / "state.db-wal")
 
     async def body() -> None:
