@@ -1,6 +1,8 @@
 """The spine: create→started latency of one machine on a one-region, four-worker cluster, beside
-the floor measured in the same run (an HTTP round trip to the broker plus spawning the same process
-directly), and placements per second with 32 concurrent clients."""
+two floors measured in the same run: an HTTP round trip to the broker plus spawning the same
+process directly, and the placement path's skeleton (the same processes and hops with none of
+Souq's work on them, :mod:`bench.skeleton`); and placements per second with 32 concurrent
+clients."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from pathlib import Path
 
 import httpx
 
+from bench import skeleton
 from bench.stats import machine_line, summary_ms
 from souq.testing import Cluster
 
@@ -126,6 +129,8 @@ def main() -> None:
             "floor_total_ms": summary_ms(floor),
             "create_started_ms": summary_ms(created),
         }
+        # The skeleton's processes run after the cluster's creates, not beside them.
+        results["skeleton_ms"] = summary_ms(skeleton.measure(SEQUENTIAL, WARMUP))
         for skip in (True, False):
             label = "placements_skip_launch" if skip else "placements_started"
             wall, lat, ids = asyncio.run(
@@ -137,9 +142,10 @@ def main() -> None:
                 "n": len(ids),
             }
             asyncio.run(_destroy_all(api, label.replace("_", "-"), ids))
-    c, f = results["create_started_ms"], results["floor_total_ms"]
-    assert isinstance(c, dict) and isinstance(f, dict)
+    c, f, k = results["create_started_ms"], results["floor_total_ms"], results["skeleton_ms"]
+    assert isinstance(c, dict) and isinstance(f, dict) and isinstance(k, dict)
     results["ratio_p50_vs_floor"] = round(c["p50"] / f["p50"], 2)
+    results["ratio_p50_vs_skeleton"] = round(c["p50"] / k["p50"], 2)
     print(json.dumps(results, indent=2))
     out = Path("bench/results")
     out.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,185 @@
+"""The placement path's skeleton: the spine benchmark's hops with none of Souq's work on them.
+
+A create here crosses the same processes and wires as a create in Souq: an HTTP request to a
+front process (uvicorn with httptools and uvloop, like the broker), a request for offers
+scatter-gathered over NATS to four worker processes (nats-py, like the agents), a request to
+the best of them, which spawns the same command with ``subprocess.Popen`` and answers, and the
+answer back to the client. Nothing is validated, recorded, synced, isolated or supervised. Its
+latency is what the hops alone cost on this machine, the floor under any design with these
+processes, measured in the same run as the spine's create→started.
+
+Run as a benchmark through :func:`measure`; the processes are ``python -m bench.skeleton
+worker NATS_URL NAME`` and ``python -m bench.skeleton front NATS_URL PORT``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import httpx
+
+from souq import daemon
+from souq.natsserver import NatsServer, free_port
+
+CMD = ["sleep", "3600"]
+OFFERS = "skeleton.offers"
+
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+async def _worker(nats_url: str, name: str) -> None:
+    import nats
+
+    spawned: list[subprocess.Popen[bytes]] = []
+    nc = await nats.connect(nats_url)
+
+    async def offer(msg: Any) -> None:
+        await msg.respond(json.dumps({"worker": name, "free": 1000 - len(spawned)}).encode())
+
+    async def claim(msg: Any) -> None:
+        proc = subprocess.Popen(
+            CMD,
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        spawned.append(proc)
+        await msg.respond(json.dumps({"pid": proc.pid, "state": "started"}).encode())
+
+    await nc.subscribe(OFFERS, cb=offer)
+    await nc.subscribe(f"skeleton.claim.{name}", cb=claim)
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    await stop.wait()
+    for proc in spawned:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    await nc.close()
+
+
+def _front_app(nats_url: str, workers: int) -> Callable[..., Awaitable[None]]:
+    import nats
+
+    conn: dict[str, Any] = {}
+
+    async def place(body: bytes) -> bytes:
+        nc = conn["nc"]
+        inbox = nc.new_inbox()
+        offers: list[dict[str, Any]] = []
+        done = asyncio.Event()
+
+        async def on_offer(msg: Any) -> None:
+            offers.append(json.loads(msg.data))
+            if len(offers) == workers:
+                done.set()
+
+        sub = await nc.subscribe(inbox, cb=on_offer)
+        await nc.publish(OFFERS, body, reply=inbox)
+        await asyncio.wait_for(done.wait(), 2)
+        await sub.unsubscribe()
+        best = max(offers, key=lambda o: o["free"])["worker"]
+        reply = await nc.request(f"skeleton.claim.{best}", body, timeout=2)
+        return bytes(reply.data)
+
+    async def app(scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            while (await receive())["type"] != "lifespan.shutdown":
+                conn["nc"] = await nats.connect(nats_url)
+                await send({"type": "lifespan.startup.complete"})
+            await conn["nc"].close()
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        out = b"{}" if scope["path"] == "/healthz" else await place(body)
+        headers = [(b"content-type", b"application/json")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": out})
+
+    return app
+
+
+def _front(nats_url: str, port: int, workers: int) -> None:
+    import uvicorn
+
+    uvicorn.run(
+        _front_app(nats_url, workers),
+        host="127.0.0.1",
+        port=port,
+        loop="uvloop",
+        http="httptools",
+        log_level="warning",
+    )
+
+
+def measure(n: int, warmup: int, workers: int = 4) -> list[float]:
+    """Time ``n`` sequential creates through the skeleton (after ``warmup`` untimed ones), on a
+    nats-server, ``workers`` worker processes and one front process of its own."""
+    nats = NatsServer()
+    nats.start()
+    port = free_port("127.0.0.1")
+    me = [sys.executable, "-m", "bench.skeleton"]
+    procs = [subprocess.Popen([*me, "worker", nats.url, f"w{i}"]) for i in range(workers)]
+    procs.append(subprocess.Popen([*me, "front", nats.url, str(port), str(workers)]))
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    client.get("/healthz")
+                    break
+                except httpx.TransportError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.05)
+            body = {"config": {"cmd": CMD}}
+            times: list[float] = []
+            for i in range(warmup + n):
+                t0 = time.perf_counter()
+                r = client.post("/create", json=body)
+                elapsed = time.perf_counter() - t0
+                r.raise_for_status()
+                assert r.json()["state"] == "started"
+                if i >= warmup:
+                    times.append(elapsed)
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        nats.stop()
+    return times
+
+
+def main(argv: list[str]) -> None:
+    role, nats_url, *rest = argv
+    if role == "worker":
+        daemon.run(_worker(nats_url, rest[0]))
+    elif role == "front":
+        _front(nats_url, int(rest[0]), int(rest[1]))
+    else:
+        raise SystemExit(f"unknown role {role!r}: worker or front")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
