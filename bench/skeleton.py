@@ -37,6 +37,17 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 
+def spawn(cmd: list[str]) -> subprocess.Popen[bytes]:
+    """Start ``cmd`` directly, in a session of its own, with no stdio: how both floors spawn."""
+    return subprocess.Popen(
+        cmd,
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
 async def _worker(nats_url: str, name: str) -> None:
     import nats
 
@@ -47,13 +58,7 @@ async def _worker(nats_url: str, name: str) -> None:
         await msg.respond(json.dumps({"worker": name, "free": 1000 - len(spawned)}).encode())
 
     async def claim(msg: Any) -> None:
-        proc = subprocess.Popen(
-            CMD,
-            start_new_session=True,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        proc = spawn(CMD)
         spawned.append(proc)
         await msg.respond(json.dumps({"pid": proc.pid, "state": "started"}).encode())
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -35,13 +34,7 @@ def _floor(client: httpx.Client, n: int) -> tuple[list[float], list[float]]:
         client.get("/healthz")
         rtt.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
-        proc = subprocess.Popen(
-            CMD,
-            start_new_session=True,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            stdin=subprocess.DEVNULL,
-        )
+        proc = skeleton.spawn(CMD)
         spawn.append(time.perf_counter() - t0)
         proc.kill()
         proc.wait()
