@@ -239,6 +239,30 @@ def test_ready_waiters_start_machines_and_go_quietly(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(waiter_path() is None, reason="no C compiler to build souq-waiter")
+def test_a_ready_waiter_killed_while_it_waited_is_passed_over(tmp_path: Path) -> None:
+    async def body() -> None:
+        driver = ExecDriver(tmp_path)
+        first = driver.start(spec("sleep", "60"))
+        await eventually(lambda: len(driver._pool) == 2, what="ready waiters")
+        killed = [idle.pid for idle in driver._pool]
+        for pid in killed:
+            os.kill(pid, signal.SIGKILL)
+        await eventually(
+            lambda: not any(pid_alive(pid) for pid in killed), what="the killed waiters to die"
+        )
+        second = driver.start(spec("sleep", "60", machine_id="m2"))
+        assert pid_alive(second.pid)
+        assert driver._children[second.pid] not in killed  # a new waiter runs it
+        assert not any(os.path.exists(f"/proc/{pid}") for pid in killed)  # reaped, no zombies
+        for handle in (first, second):
+            driver.signal(handle, signal.SIGKILL)
+            assert await driver.wait(handle) == ExitStatus(signal="SIGKILL")
+        driver.close()
+
+    asyncio.run(body())
+
+
+@pytest.mark.skipif(waiter_path() is None, reason="no C compiler to build souq-waiter")
 def test_a_program_that_cannot_be_exec_d_exits_127_with_the_reason_in_its_log(
     tmp_path: Path,
 ) -> None:

@@ -117,6 +117,14 @@ def _reap(child: _Child) -> int:
     return child.wait()
 
 
+def _exited(pid: int) -> bool:
+    """Whether the child ``pid`` has exited (it is left to be reaped), or is not ours."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
+
+
 def _attempt(call: Callable[[], None] | None) -> Exception | None:
     """Run ``call`` (if any); what it raised, for the caller to raise once its process is
     dealt with."""
@@ -381,8 +389,19 @@ class ExecDriver:
             self._pool.append(self._new_waiter(self.waiter))
 
     def _take_waiter(self) -> _IdleWaiter:
+        """The first ready waiter still alive (one killed while it waited, by a stray
+        ``kill -9`` or the OOM killer, is reaped and passed over), else a new one."""
         assert self.waiter is not None
-        idle = self._pool.pop(0) if self._pool else self._new_waiter(self.waiter)
+        while self._pool:
+            idle = self._pool.pop(0)
+            if not _exited(idle.pid):
+                break
+            log.warning(
+                "a ready souq-waiter (pid %d) died while it waited; using another", idle.pid
+            )
+            self._discard(idle)
+        else:
+            idle = self._new_waiter(self.waiter)
         if self._refill is None:
             self._refill = asyncio.get_running_loop().create_task(self._fill(self.waiter))
         return idle
