@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import signal
@@ -78,30 +79,49 @@ def _front_app(nats_url: str, workers: int) -> Callable[..., Awaitable[None]]:
     import nats
 
     conn: dict[str, Any] = {}
+    gatherings: dict[str, tuple[list[bytes], asyncio.Event]] = {}
+    tokens = itertools.count()
+
+    async def on_offer(msg: Any) -> None:  # one subscription for every gathering, as Souq's
+        gathering = gatherings.get(msg.subject.rsplit(".", 1)[1])
+        if gathering is None:
+            return  # late: its gathering is over
+        offers, done = gathering
+        offers.append(msg.data)
+        if len(offers) == workers:
+            done.set()
+
+    async def gather(body: bytes, timeout: float) -> list[bytes]:
+        token = str(next(tokens))
+        offers: list[bytes] = []
+        done = asyncio.Event()
+        gatherings[token] = (offers, done)
+        try:
+            await conn["nc"].publish(OFFERS, body, reply=f"{conn['inbox']}.{token}")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(done.wait(), timeout)
+        finally:
+            del gatherings[token]
+        return offers
 
     async def place(body: bytes) -> bytes:
-        nc = conn["nc"]
-        inbox = nc.new_inbox()
-        offers: list[dict[str, Any]] = []
-        done = asyncio.Event()
-
-        async def on_offer(msg: Any) -> None:
-            offers.append(json.loads(msg.data))
-            if len(offers) == workers:
-                done.set()
-
-        sub = await nc.subscribe(inbox, cb=on_offer)
-        await nc.publish(OFFERS, body, reply=inbox)
-        await asyncio.wait_for(done.wait(), 2)
-        await sub.unsubscribe()
+        offers = [json.loads(o) for o in await gather(body, 2)]
+        if len(offers) < workers:
+            raise RuntimeError(f"{len(offers)} offers of {workers}")
         best = max(offers, key=lambda o: o["free"])["worker"]
-        reply = await nc.request(f"skeleton.claim.{best}", body, timeout=2)
+        reply = await conn["nc"].request(f"skeleton.claim.{best}", body, timeout=2)
         return bytes(reply.data)
+
+    async def ready() -> bytes:
+        """Every worker answers (they subscribe after the front may already serve)."""
+        return json.dumps({"workers": len(await gather(b"{}", 0.2))}).encode()
 
     async def app(scope: dict[str, Any], receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
             while (await receive())["type"] != "lifespan.shutdown":
-                conn["nc"] = await nats.connect(nats_url)
+                conn["nc"] = nc = await nats.connect(nats_url)
+                conn["inbox"] = nc.new_inbox()
+                await nc.subscribe(conn["inbox"] + ".*", cb=on_offer)
                 await send({"type": "lifespan.startup.complete"})
             await conn["nc"].close()
             await send({"type": "lifespan.shutdown.complete"})
@@ -112,7 +132,12 @@ def _front_app(nats_url: str, workers: int) -> Callable[..., Awaitable[None]]:
             body += message.get("body", b"")
             if not message.get("more_body"):
                 break
-        out = b"{}" if scope["path"] == "/healthz" else await place(body)
+        if scope["path"] == "/healthz":
+            out = b"{}"
+        elif scope["path"] == "/ready":
+            out = await ready()
+        else:
+            out = await place(body)
         headers = [(b"content-type", b"application/json")]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": out})
@@ -147,12 +172,13 @@ def measure(n: int, warmup: int, workers: int = 4) -> list[float]:
             deadline = time.monotonic() + 30
             while True:
                 try:
-                    client.get("/healthz")
-                    break
+                    if client.get("/ready").json()["workers"] == workers:
+                        break
                 except httpx.TransportError:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.05)
+                    pass
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the skeleton's {workers} workers did not all answer")
+                time.sleep(0.05)
             body = {"config": {"cmd": CMD}}
             times: list[float] = []
             for i in range(warmup + n):
