@@ -30,6 +30,8 @@ import httpx
 
 from souq import daemon
 from souq.natsserver import NatsServer, free_port
+from souq.procs import terminate
+from souq.testing import wait_until
 
 CMD = ["sleep", "3600"]
 OFFERS = "skeleton.offers"
@@ -161,44 +163,37 @@ def _front(nats_url: str, port: int, workers: int) -> None:
 def measure(n: int, warmup: int, workers: int = 4) -> list[float]:
     """Time ``n`` sequential creates through the skeleton (after ``warmup`` untimed ones), on a
     nats-server, ``workers`` worker processes and one front process of its own."""
-    nats = NatsServer()
-    nats.start()
     port = free_port("127.0.0.1")
     me = [sys.executable, "-m", "bench.skeleton"]
-    procs = [subprocess.Popen([*me, "worker", nats.url, f"w{i}"]) for i in range(workers)]
-    procs.append(subprocess.Popen([*me, "front", nats.url, str(port), str(workers)]))
-    try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    if client.get("/ready").json()["workers"] == workers:
-                        break
-                except httpx.TransportError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"the skeleton's {workers} workers did not all answer")
-                time.sleep(0.05)
-            body = {"config": {"cmd": CMD}}
-            times: list[float] = []
-            for i in range(warmup + n):
-                t0 = time.perf_counter()
-                r = client.post("/create", json=body)
-                elapsed = time.perf_counter() - t0
-                r.raise_for_status()
-                assert r.json()["state"] == "started"
-                if i >= warmup:
-                    times.append(elapsed)
-    finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        nats.stop()
+    with NatsServer() as nats:
+        procs = [subprocess.Popen([*me, "worker", nats.url, f"w{i}"]) for i in range(workers)]
+        procs.append(subprocess.Popen([*me, "front", nats.url, str(port), str(workers)]))
+        try:
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
+
+                def ready() -> bool:
+                    try:
+                        return bool(client.get("/ready").json()["workers"] == workers)
+                    except httpx.TransportError:
+                        return False
+
+                wait_until(ready, timeout=30, interval=0.05, message="the skeleton's workers")
+                return _creates(client, n, warmup)
+        finally:
+            terminate(*procs)
+
+
+def _creates(client: httpx.Client, n: int, warmup: int) -> list[float]:
+    body = {"config": {"cmd": CMD}}
+    times: list[float] = []
+    for i in range(warmup + n):
+        t0 = time.perf_counter()
+        r = client.post("/create", json=body)
+        elapsed = time.perf_counter() - t0
+        r.raise_for_status()
+        assert r.json()["state"] == "started"
+        if i >= warmup:
+            times.append(elapsed)
     return times
 
 
