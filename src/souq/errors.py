@@ -19,6 +19,7 @@ tree at the boundary that catches them, so nothing above a boundary handles fore
     ├── QuoteExpired               410 quote_expired     (the hold's TTL passed or it was released)
     ├── WaitTimeout                408 timeout
     ├── Unavailable                503 unavailable       (NATS or the owning worker is unreachable)
+    ├── UnknownVerb                501 unknown_verb      (a peer does not speak that protocol verb)
     └── StorageError               500 storage_error     (the agent's state file failed)
 
 The CLI exits with status 3 for :class:`InsufficientCapacity` and 1 for every other error.
@@ -43,6 +44,7 @@ __all__ = [
     "StorageError",
     "Unavailable",
     "UnknownRegion",
+    "UnknownVerb",
     "WaitTimeout",
     "error_from_body",
 ]
@@ -133,6 +135,13 @@ class WaitTimeout(SouqError):
 class Unavailable(SouqError):
     status = "unavailable"
     http_status = 503
+
+
+class UnknownVerb(SouqError):
+    """A peer (an agent or broker of another version) does not know the verb it was sent."""
+
+    status = "unknown_verb"
+    http_status = 501
 
 
 class StorageError(SouqError):

@@ -17,8 +17,6 @@ from pydantic import BaseModel
 
 from souq.agent.config import AgentConfig
 from souq.agent.main import Agent
-from souq.bus import subjects
-from souq.bus.codec import encode, unwrap
 from souq.bus.nats import NatsTransport, connect
 from souq.ids import new_request_id
 from souq.model import (
@@ -31,10 +29,14 @@ from souq.model import (
     MachineState,
     WaitCommand,
 )
+from souq.protocol import Verb, WorkerClient
+from souq.protocol import verbs as v
 
 APP = "demo"
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
+Q = TypeVar("Q", bound=BaseModel)
+A = TypeVar("A")
 
 
 def load(model: type[M], result: Any) -> M:
@@ -67,9 +69,9 @@ class Harness:
     def worker_id(self) -> str:
         return self.agent.worker_id
 
-    async def ask(self, verb: str, msg: BaseModel, timeout: float = 10.0) -> Any:
-        reply = await self.bus.request(subjects.worker(self.worker_id, verb), encode(msg), timeout)
-        return unwrap(reply)
+    async def call(self, verb: Verb[Q, A], msg: Q, timeout: float = 10.0) -> A:
+        """Send ``verb`` to the agent as a broker does (:class:`WorkerClient`)."""
+        return await WorkerClient(self.bus).call(self.worker_id, verb, msg, timeout=timeout)
 
     async def claim(
         self,
@@ -96,21 +98,18 @@ class Harness:
             config=mc,
             skip_launch=skip_launch,
         )
-        return load(Machine, await self.ask("claim", req))
-
-    async def machine(self, verb: str, msg: BaseModel, timeout: float = 10.0) -> Machine:
-        return load(Machine, await self.ask(verb, msg, timeout))
+        return await self.call(v.CLAIM, req)
 
     async def get(self, machine_id: str, app: str = APP) -> Machine:
-        return await self.machine("get", MachineRef(app=app, machine_id=machine_id))
+        return await self.call(v.GET, MachineRef(app=app, machine_id=machine_id))
 
     async def wait(self, machine_id: str, state: MachineState, timeout_s: float = 5.0) -> Machine:
         cmd = WaitCommand(app=APP, machine_id=machine_id, state=state, timeout_s=timeout_s)
-        return await self.machine("wait", cmd, timeout=timeout_s + 5)
+        return await self.call(v.WAIT, cmd, timeout=timeout_s + 5)
 
     async def logs(self, machine_id: str, offset: int = 0, wait_s: float = 0.0) -> LogsReply:
         cmd = LogsCommand(app=APP, machine_id=machine_id, offset=offset, wait_s=wait_s)
-        return load(LogsReply, await self.ask("logs", cmd, timeout=wait_s + 5))
+        return await self.call(v.LOGS, cmd, timeout=wait_s + 5)
 
     async def output(self, machine_id: str, contains: str, timeout: float = 5.0) -> str:
         """The machine's output once it contains ``contains``."""

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -19,8 +20,6 @@ from pydantic import BaseModel
 from souq.agent.operations import OpEvent, OpKind, OpState
 from souq.agent.records import OpStep
 from souq.agent.store import Store
-from souq.bus import subjects
-from souq.bus.codec import encode, unwrap
 from souq.bus.nats import NatsTransport, connect
 from souq.errors import StorageError
 from souq.model import (
@@ -32,7 +31,9 @@ from souq.model import (
     StopCommand,
     WaitCommand,
 )
-from tests.integration.agent_harness import APP, eventually, load, pid_alive, running_agent
+from souq.protocol import Verb, WorkerClient
+from souq.protocol import verbs as v
+from tests.integration.agent_harness import APP, eventually, pid_alive, running_agent
 
 S = MachineState
 SLEEPER = ["sleep", "60"]
@@ -70,9 +71,10 @@ class AgentChild:
         return self.proc.wait(20)
 
 
-async def ask(bus: NatsTransport, worker_id: str, verb: str, msg: BaseModel) -> Machine:
-    reply = await bus.request(subjects.worker(worker_id, verb), encode(msg), 10)
-    return load(Machine, unwrap(reply))
+async def ask(
+    bus: NatsTransport, worker_id: str, verb: Verb[Any, Machine], msg: BaseModel
+) -> Machine:
+    return await WorkerClient(bus).call(worker_id, verb, msg, timeout=10)
 
 
 def test_sigterm_leaves_machines_running_and_a_new_agent_adopts_them(
@@ -96,7 +98,7 @@ def test_sigterm_leaves_machines_running_and_a_new_agent_adopts_them(
                     region="mad",
                     config=MachineConfig(cmd=SLEEPER),
                 )
-                machines.append(await ask(bus, first.worker_id, "claim", req))
+                machines.append(await ask(bus, first.worker_id, v.CLAIM, req))
             return machines[0], machines[1]
         finally:
             await bus.close()
@@ -114,12 +116,12 @@ def test_sigterm_leaves_machines_running_and_a_new_agent_adopts_them(
         bus = await connect(nats_url, name="test")
         try:
             adopted = await ask(
-                bus, second.worker_id, "get", MachineRef(app=APP, machine_id=keep.id)
+                bus, second.worker_id, v.GET, MachineRef(app=APP, machine_id=keep.id)
             )
             assert (adopted.state, adopted.pid) == (S.STARTED, keep.pid)
             # The exit that happened meanwhile is reported; on-failure restarts it.
             cmd = WaitCommand(app=APP, machine_id=dies.id, state=S.STARTED, timeout_s=5)
-            restarted = await ask(bus, second.worker_id, "wait", cmd)
+            restarted = await ask(bus, second.worker_id, v.WAIT, cmd)
             assert restarted.pid != dies.pid
             exit_event = next(e for e in restarted.events if e.type == "exit")
             # souq-waiter kept its real status for the new agent.
@@ -127,9 +129,9 @@ def test_sigterm_leaves_machines_running_and_a_new_agent_adopts_them(
             assert (exit_event.message or "").startswith("killed by SIGKILL")
             # An adopted process stops like any other, and its status is known too.
             stop = StopCommand(app=APP, machine_id=keep.id)
-            assert (await ask(bus, second.worker_id, "stop", stop)).state is S.STOPPING
+            assert (await ask(bus, second.worker_id, v.STOP, stop)).state is S.STOPPING
             cmd = WaitCommand(app=APP, machine_id=keep.id, state=S.STOPPED, timeout_s=5)
-            stopped = await ask(bus, second.worker_id, "wait", cmd)
+            stopped = await ask(bus, second.worker_id, v.WAIT, cmd)
             assert stopped.events[0].type == "exit"
             assert stopped.events[0].signal == "SIGINT"  # the default stop signal
             assert not pid_alive(keep.pid or 0)
@@ -270,8 +272,8 @@ def test_no_op_is_left_unfinished_in_normal_use(nats_url: str, tmp_path: Path) -
     async def body() -> None:
         async with running_agent(nats_url, tmp_path) as h:
             m = await h.claim(SLEEPER)
-            await h.machine("restart", StopCommand(app=APP, machine_id=m.id))
-            await h.machine("stop", StopCommand(app=APP, machine_id=m.id))
+            await h.call(v.RESTART, StopCommand(app=APP, machine_id=m.id))
+            await h.call(v.STOP, StopCommand(app=APP, machine_id=m.id))
             await eventually(lambda: not h.agent.store.unfinished_ops(), what="ops to finish")
             kinds = {(s.kind, s.state) for s in h.agent.store.op_log(m.id)}
             assert (OpKind.CREATE, OpState.DONE) in kinds

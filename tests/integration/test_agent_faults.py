@@ -16,8 +16,6 @@ import pytest
 from pydantic import BaseModel
 
 from souq.agent.operations import TABLES, OpKind, OpState
-from souq.bus import subjects
-from souq.bus.codec import encode, unwrap
 from souq.bus.nats import NatsTransport, connect
 from souq.ids import new_request_id
 from souq.model import (
@@ -31,10 +29,10 @@ from souq.model import (
     StopCommand,
 )
 from souq.model.protocol import CordonCommand
-from souq.model.worker import WorkerInfo
 from souq.natsserver import NatsServer
+from souq.protocol import Verb, WorkerClient
+from souq.protocol import verbs as v
 from souq.testing import AgentProcess, environment
-from tests.integration.agent_harness import load
 
 S = MachineState
 APP = "faults"
@@ -68,8 +66,8 @@ def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentProcess]:
             agent.stop()
 
 
-async def ask(bus: NatsTransport, worker_id: str, verb: str, msg: BaseModel) -> Any:
-    return unwrap(await bus.request(subjects.worker(worker_id, verb), encode(msg), 10))
+async def ask(bus: NatsTransport, worker_id: str, verb: Verb[Any, Any], msg: BaseModel) -> Any:
+    return await WorkerClient(bus).call(worker_id, verb, msg, timeout=10)
 
 
 def claim(skip_launch: bool = False) -> ClaimRequest:
@@ -84,18 +82,18 @@ def claim(skip_launch: bool = False) -> ClaimRequest:
     )
 
 
-def command(kind: OpKind, state: OpState, machine: Machine) -> tuple[str, BaseModel]:
+def command(kind: OpKind, state: OpState, machine: Machine) -> tuple[Verb[Any, Any], BaseModel]:
     """The verb and message that run ``kind`` on ``machine`` through ``state``."""
     ref = {"app": APP, "machine_id": machine.id}
     # SIGCONT leaves sleep running, so the stop times out and the kill step is reached.
     slow = {"signal": "SIGCONT", "timeout_s": 0.2} if state is OpState.KILLING else {}
     if kind is OpKind.START:
-        return "start", MachineRef(**ref)
+        return v.START, MachineRef(**ref)
     if kind in (OpKind.STOP, OpKind.RESTART):
-        return str(kind), StopCommand(**ref, **slow)
+        return v.VERBS[str(kind)], StopCommand(**ref, **slow)
     if kind is OpKind.SIGNAL:
-        return "signal", SignalCommand(**ref, signal="SIGCONT")
-    return "destroy", DestroyCommand(**ref, force=True)
+        return v.SIGNAL, SignalCommand(**ref, signal="SIGCONT")
+    return v.DESTROY, DestroyCommand(**ref, force=True)
 
 
 def sleepers(agent: AgentProcess, machine_id: str) -> list[int]:
@@ -122,13 +120,10 @@ def test_a_crash_after_each_step_recovers(
             if kind is OpKind.CREATE:
                 before = None
                 fault.write_text(f"{kind}:{state}")
-                verb, msg = "claim", claim()
+                verb, msg = v.CLAIM, claim()
             else:
-                before = load(
-                    Machine,
-                    await ask(
-                        bus, agent.worker_id, "claim", claim(skip_launch=kind is OpKind.START)
-                    ),
+                before = await ask(
+                    bus, agent.worker_id, v.CLAIM, claim(skip_launch=kind is OpKind.START)
                 )
                 fault.write_text(f"{kind}:{state}")
                 verb, msg = command(kind, state, before)
@@ -161,7 +156,7 @@ def test_a_crash_after_each_step_recovers(
                 mid = before.id
 
             async def settled() -> Machine | None:
-                m = load(Machine, await ask(bus, wid, "get", MachineRef(app=APP, machine_id=mid)))
+                m = await ask(bus, wid, v.GET, MachineRef(app=APP, machine_id=mid))
                 return m if m.state is FINAL[kind] else None
 
             deadline = asyncio.get_running_loop().time() + 10
@@ -182,7 +177,7 @@ def test_a_crash_after_each_step_recovers(
                 assert before is not None
                 assert m.pid != before.pid
             # No reservation leaks: allocated is the sum of the live machines' guests.
-            info = load(WorkerInfo, await ask(bus, wid, "cordon", CordonCommand(cordoned=False)))
+            info = await ask(bus, wid, v.CORDON, CordonCommand(cordoned=False))
             live = [x for x in await list_machines(bus) if x.state is not S.DESTROYED]
             assert info.allocated.cpus == pytest.approx(sum(x.config.guest.cpus for x in live))
             assert info.allocated.memory_mb == sum(x.config.guest.memory_mb for x in live)
@@ -190,7 +185,7 @@ def test_a_crash_after_each_step_recovers(
                 assert x.state in STABLE, f"{x.id} is {x.state}"
             # Leave nothing running for the next case.
             if m.state is not S.DESTROYED:
-                await ask(bus, wid, "destroy", DestroyCommand(app=APP, machine_id=m.id, force=True))
+                await ask(bus, wid, v.DESTROY, DestroyCommand(app=APP, machine_id=m.id, force=True))
         finally:
             await bus.close()
 
@@ -200,9 +195,8 @@ def test_a_crash_after_each_step_recovers(
 async def list_machines(bus: NatsTransport) -> list[Machine]:
     from souq.model.protocol import ListCommand
 
-    msg = encode(ListCommand(app=APP))
-    replies = await bus.gather(subjects.all_workers("list"), msg, expect=1, timeout=5)
-    return [load(Machine, m) for r in replies for m in unwrap(r)]
+    replies = await WorkerClient(bus).ask_all(v.LIST, ListCommand(app=APP), expect=1, timeout=5)
+    return [m for r in replies for m in r]
 
 
 def test_every_step_is_covered() -> None:

@@ -21,16 +21,15 @@ from souq.model import (
     LocateCommand,
     LocateReply,
     LogsCommand,
-    LogsReply,
     Machine,
     MachineConfig,
-    MachineEvent,
     MachineRef,
     MachineState,
     SignalCommand,
     StopCommand,
     WaitCommand,
 )
+from souq.protocol import verbs as v
 from tests.integration.agent_harness import APP, eventually, load, pid_alive, running_agent
 
 S = MachineState
@@ -92,31 +91,31 @@ def test_skip_launch_then_start_stop_and_destroy(nats_url: str, tmp_path: Path) 
             assert m.state is S.CREATED
             assert m.pid is None
             ref = MachineRef(app=APP, machine_id=m.id)
-            started = await h.machine("start", ref)
+            started = await h.call(v.START, ref)
             assert started.state is S.STARTED
             with pytest.raises(IllegalTransition, match="cannot be started"):
-                await h.machine("start", ref)
-            stopping = await h.machine("stop", StopCommand(app=APP, machine_id=m.id))
+                await h.call(v.START, ref)
+            stopping = await h.call(v.STOP, StopCommand(app=APP, machine_id=m.id))
             assert stopping.state is S.STOPPING
             stopped = await h.wait(m.id, S.STOPPED)
             assert stopped.events[0].type == "exit"
             assert stopped.events[0].signal == "SIGINT"  # Fly's default stop signal
             assert stopped.pid is None
             assert not pid_alive(started.pid or 0)
-            again = await h.machine("stop", StopCommand(app=APP, machine_id=m.id))
+            again = await h.call(v.STOP, StopCommand(app=APP, machine_id=m.id))
             assert again.state is S.STOPPED  # nothing to stop
-            restarted = await h.machine("start", ref)
+            restarted = await h.call(v.START, ref)
             assert restarted.state is S.STARTED
             assert restarted.pid != started.pid
             with pytest.raises(IllegalTransition) as info:
-                await h.machine("destroy", DestroyCommand(app=APP, machine_id=m.id))
+                await h.call(v.DESTROY, DestroyCommand(app=APP, machine_id=m.id))
             assert "force" in (info.value.hint or "")
-            gone = await h.machine("destroy", DestroyCommand(app=APP, machine_id=m.id, force=True))
+            gone = await h.call(v.DESTROY, DestroyCommand(app=APP, machine_id=m.id, force=True))
             assert gone.state is S.DESTROYED
             assert not pid_alive(restarted.pid or 0)
             assert not (tmp_path / "machines" / m.id).exists()
             with pytest.raises(IllegalTransition, match="destroyed; it cannot be started"):
-                await h.machine("start", ref)
+                await h.call(v.START, ref)
 
     asyncio.run(body())
 
@@ -131,17 +130,17 @@ def test_commands_check_the_app(nats_url: str, tmp_path: Path) -> None:
             assert "other" in info.value.message
             ref = {"app": "other", "machine_id": m.id}
             for verb, msg in (
-                ("start", MachineRef(**ref)),
-                ("stop", StopCommand(**ref)),
-                ("restart", StopCommand(**ref)),
-                ("signal", SignalCommand(**ref, signal="TERM")),
-                ("destroy", DestroyCommand(**ref)),
-                ("events", EventsCommand(**ref)),
-                ("wait", WaitCommand(**ref, state=S.STARTED, timeout_s=1)),
-                ("logs", LogsCommand(**ref)),
+                (v.START, MachineRef(**ref)),
+                (v.STOP, StopCommand(**ref)),
+                (v.RESTART, StopCommand(**ref)),
+                (v.SIGNAL, SignalCommand(**ref, signal="TERM")),
+                (v.DESTROY, DestroyCommand(**ref)),
+                (v.EVENTS, EventsCommand(**ref)),
+                (v.WAIT, WaitCommand(**ref, state=S.STARTED, timeout_s=1)),
+                (v.LOGS, LogsCommand(**ref)),
             ):
                 with pytest.raises(NotFound):
-                    await h.ask(verb, msg)
+                    await h.call(verb, msg)
             with pytest.raises(NotFound):
                 await h.get("00000000000000")
 
@@ -154,21 +153,21 @@ def test_signal_restart_and_events(nats_url: str, tmp_path: Path) -> None:
             script = "trap 'echo got-usr1' USR1; echo ready; while true; do sleep 0.05; done"
             m = await h.claim(["sh", "-c", script])
             await h.output(m.id, "ready")
-            signalled = await h.machine(
-                "signal", SignalCommand(app=APP, machine_id=m.id, signal="usr1")
+            signalled = await h.call(
+                v.SIGNAL, SignalCommand(app=APP, machine_id=m.id, signal="usr1")
             )
             assert signalled.events[0].type == "signal"
             assert signalled.events[0].signal == "SIGUSR1"
             await h.output(m.id, "got-usr1")
             with pytest.raises(InvalidInput, match="unknown signal"):
-                await h.ask("signal", SignalCommand(app=APP, machine_id=m.id, signal="SIGNOPE"))
-            restarted = await h.machine(
-                "restart", StopCommand(app=APP, machine_id=m.id, signal="SIGTERM")
+                await h.call(v.SIGNAL, SignalCommand(app=APP, machine_id=m.id, signal="SIGNOPE"))
+            restarted = await h.call(
+                v.RESTART, StopCommand(app=APP, machine_id=m.id, signal="SIGTERM")
             )
             assert restarted.state is S.STARTED
             assert restarted.pid != m.pid
-            events = await h.ask("events", EventsCommand(app=APP, machine_id=m.id))
-            history = [MachineEvent.model_validate_json(_json(e)) for e in events]
+            events = await h.call(v.EVENTS, EventsCommand(app=APP, machine_id=m.id))
+            history = events
             assert [(e.type, e.status) for e in history][:5] == [
                 ("restart", S.STARTED),
                 ("start", S.STARTING),
@@ -198,8 +197,8 @@ def test_a_command_that_cannot_run_fails_the_machine(nats_url: str, tmp_path: Pa
             assert denied.state is S.FAILED
             assert "ermission" in (denied.events[0].message or "")
             # A failed machine can be destroyed, and its reservation goes with it.
-            await h.machine("destroy", DestroyCommand(app=APP, machine_id=m.id))
-            await h.machine("destroy", DestroyCommand(app=APP, machine_id=denied.id))
+            await h.call(v.DESTROY, DestroyCommand(app=APP, machine_id=m.id))
+            await h.call(v.DESTROY, DestroyCommand(app=APP, machine_id=denied.id))
             assert h.agent.executor.allocated.cpus == 0
 
     asyncio.run(body())
@@ -215,7 +214,7 @@ def test_wait_answers_on_the_transition_or_times_out(nats_url: str, tmp_path: Pa
             assert "started" in info.value.message
             waiter = asyncio.create_task(h.wait(m.id, S.STOPPED, timeout_s=5))
             await asyncio.sleep(0)  # let the wait reach the agent before the stop
-            await h.machine("stop", StopCommand(app=APP, machine_id=m.id))
+            await h.call(v.STOP, StopCommand(app=APP, machine_id=m.id))
             assert (await waiter).state is S.STOPPED
             assert (await h.wait(m.id, S.STOPPED, timeout_s=0.1)).state is S.STOPPED
 
@@ -230,7 +229,7 @@ def test_logs_offsets_long_poll_and_finish(nats_url: str, tmp_path: Path) -> Non
             m = await h.claim(["sh", "-c", script], skip_launch=True)
             first = await h.logs(m.id)
             assert (first.data, first.next_offset, first.finished) == ("", 0, False)
-            await h.machine("start", MachineRef(app=APP, machine_id=m.id))
+            await h.call(v.START, MachineRef(app=APP, machine_id=m.id))
             await h.output(m.id, "one\n")
             out = await h.logs(m.id)
             assert (out.data, out.next_offset) == ("one\n", 4)
@@ -249,7 +248,7 @@ def test_logs_offsets_long_poll_and_finish(nats_url: str, tmp_path: Path) -> Non
             # So does the machine's destruction.
             poll = asyncio.create_task(h.logs(m.id, offset=8, wait_s=10))
             await asyncio.sleep(0.05)
-            await h.machine("destroy", DestroyCommand(app=APP, machine_id=m.id))
+            await h.call(v.DESTROY, DestroyCommand(app=APP, machine_id=m.id))
             done = await asyncio.wait_for(poll, 5)
             assert done.finished
 
@@ -262,7 +261,7 @@ def test_logs_never_split_a_character(nats_url: str, tmp_path: Path) -> None:
             m = await h.claim(["sh", "-c", "printf 'añb'; sleep 60"])
             await h.output(m.id, "añb")
             cmd = LogsCommand(app=APP, machine_id=m.id, offset=0, max_bytes=2)
-            part = load(LogsReply, await h.ask("logs", cmd))
+            part = await h.call(v.LOGS, cmd)
             assert (part.data, part.next_offset) == ("a", 1)
             rest = await h.logs(m.id, offset=part.next_offset)
             assert rest.data == "ñb"
@@ -275,7 +274,7 @@ def test_list_and_locate_over_the_all_subjects(nats_url: str, tmp_path: Path) ->
         async with running_agent(nats_url, tmp_path) as h:
             a = await h.claim(SLEEPER, skip_launch=True)
             b = await h.claim(SLEEPER, skip_launch=True, app="other")
-            await h.machine("destroy", DestroyCommand(app="other", machine_id=b.id))
+            await h.call(v.DESTROY, DestroyCommand(app="other", machine_id=b.id))
 
             async def listing(cmd: ListCommand) -> list[str]:
                 replies = await h.bus.gather(
@@ -315,7 +314,7 @@ def test_destroy_without_force_after_stop_and_no_orphans(nats_url: str, tmp_path
             stopped = await h.wait(m.id, S.STOPPED)
             assert stopped.events[0].signal == "SIGTERM"
             await eventually(lambda: not pid_alive(child), what="the orphan to be killed")
-            gone = await h.machine("destroy", DestroyCommand(app=APP, machine_id=m.id))
+            gone = await h.call(v.DESTROY, DestroyCommand(app=APP, machine_id=m.id))
             assert gone.state is S.DESTROYED
 
     asyncio.run(body())

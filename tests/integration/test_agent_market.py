@@ -23,6 +23,7 @@ from souq.model import (
     Resources,
     StopCommand,
 )
+from souq.protocol import verbs as v
 from tests.integration.agent_harness import APP, Harness, eventually, load, running_agent
 
 S = MachineState
@@ -86,19 +87,19 @@ def test_claims_fill_to_the_exact_limit_and_destroy_releases(nats_url: str, tmp_
                 await h.claim(SLEEPER, cpus=0.001, memory_mb=1)
             assert info.value.details["reason"] == "insufficient_cpu"
             assert info.value.http_status == 409
-            await h.machine("destroy", DestroyCommand(app=APP, machine_id=b.id))
+            await h.call(v.DESTROY, DestroyCommand(app=APP, machine_id=b.id))
             with pytest.raises(ClaimRefused) as info:
                 await h.claim(SLEEPER, cpus=0.5, memory_mb=513)
             assert info.value.details["reason"] == "insufficient_memory"
             c = await h.claim(SLEEPER, cpus=1, memory_mb=512)  # exactly full again
             assert c.state is S.STARTED
             # A stopped machine keeps its reservation...
-            await h.machine("stop", StopCommand(app=APP, machine_id=a.id))
+            await h.call(v.STOP, StopCommand(app=APP, machine_id=a.id))
             await h.wait(a.id, S.STOPPED)
             with pytest.raises(ClaimRefused):
                 await h.claim(SLEEPER, cpus=0.5, memory_mb=10)
             # ...until it is destroyed.
-            await h.machine("destroy", DestroyCommand(app=APP, machine_id=a.id))
+            await h.call(v.DESTROY, DestroyCommand(app=APP, machine_id=a.id))
             d = await h.claim(SLEEPER, cpus=1, memory_mb=512)
             assert d.state is S.STARTED
             assert h.agent.executor.allocated == Resources(cpus=2, memory_mb=1024)
@@ -134,7 +135,7 @@ def test_a_claim_for_another_region_is_refused(nats_url: str, tmp_path: Path) ->
                 config=MachineConfig(cmd=SLEEPER),
             )
             with pytest.raises(ClaimRefused) as info:
-                await h.ask("claim", req)
+                await h.call(v.CLAIM, req)
             assert info.value.details["reason"] == "wrong_region"
 
     asyncio.run(body())
@@ -165,7 +166,7 @@ def test_heartbeats_discover_and_events(nats_url: str, tmp_path: Path) -> None:
             latest = await eventually(lambda: len(beats) >= 2 and beats[-1], what="a beat")
             assert latest.seq > beat.seq
             assert latest.worker.allocated == Resources(cpus=1, memory_mb=256)
-            await h.machine("destroy", DestroyCommand(app=APP, machine_id=m.id))
+            await h.call(v.DESTROY, DestroyCommand(app=APP, machine_id=m.id))
             await eventually(lambda: len(events) >= 3, what="three events")
             assert [(e.event.type, e.state) for e in events] == [
                 ("launch", S.CREATED),

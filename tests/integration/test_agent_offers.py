@@ -15,6 +15,7 @@ from souq.bus.codec import encode, unwrap
 from souq.errors import ClaimRefused
 from souq.model import DestroyCommand, Offer, OfferRequest, Resources
 from souq.natsserver import free_port
+from souq.protocol import verbs as v
 from tests.integration.agent_harness import APP, Harness, load, running_agent
 
 SLEEPER = ["sleep", "60"]
@@ -51,7 +52,7 @@ def test_offers_carry_load_artifacts_and_the_apps_machines(nats_url: str, tmp_pa
             assert (await ask_offer(h, app="other")).app_machines == 1
 
             # Destroyed machines leave the count, but their artifacts stay cached.
-            await h.machine("destroy", DestroyCommand(app=APP, machine_id=a.id, force=True))
+            await h.call(v.DESTROY, DestroyCommand(app=APP, machine_id=a.id, force=True))
             offer = await ask_offer(h)
             assert offer.app_machines == 1
             assert "registry.example/web:1" in offer.artifacts

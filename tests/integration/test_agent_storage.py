@@ -15,6 +15,7 @@ from souq.agent.store import Store
 from souq.errors import StorageError
 from souq.fleet.store import memory_store
 from souq.model import MachineState, StopCommand
+from souq.protocol import verbs as v
 from tests.integration.agent_harness import APP, pid_alive, running_agent
 
 
@@ -72,7 +73,7 @@ def test_a_failed_write_fails_the_operation_cleanly(nats_url: str, tmp_path: Pat
             with pytest.raises(StorageError, match="state file failed"):
                 await h.claim(["sleep", "60"])
             with pytest.raises(StorageError):
-                await h.machine("stop", StopCommand(app=APP, machine_id=m.id))
+                await h.call(v.STOP, StopCommand(app=APP, machine_id=m.id))
             # Nothing happened: no new machine, no signal sent, nothing reserved.
             assert m.pid is not None and pid_alive(m.pid)
             assert (await h.get(m.id)).state is MachineState.STARTED
@@ -80,7 +81,7 @@ def test_a_failed_write_fails_the_operation_cleanly(nats_url: str, tmp_path: Pat
             assert h.agent.executor.allocated.cpus == 1
             db.execute("PRAGMA query_only=0")
             assert db.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
-            assert (await h.machine("stop", StopCommand(app=APP, machine_id=m.id))).state in (
+            assert (await h.call(v.STOP, StopCommand(app=APP, machine_id=m.id))).state in (
                 MachineState.STOPPING,
                 MachineState.STOPPED,
             )

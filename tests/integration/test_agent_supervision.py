@@ -6,6 +6,7 @@ import asyncio
 from pathlib import Path
 
 from souq.model import DestroyCommand, MachineRef, MachineState, StopCommand
+from souq.protocol import verbs as v
 from tests.integration.agent_harness import APP, eventually, pid_alive, running_agent
 
 S = MachineState
@@ -23,7 +24,7 @@ def test_stop_escalates_to_sigkill_after_the_timeout(nats_url: str, tmp_path: Pa
             await h.output(m.id, "ready")
             loop = asyncio.get_running_loop()
             t0 = loop.time()
-            stopping = await h.machine("stop", StopCommand(app=APP, machine_id=m.id))
+            stopping = await h.call(v.STOP, StopCommand(app=APP, machine_id=m.id))
             assert stopping.state is S.STOPPING
             assert loop.time() - t0 < 0.25  # the reply does not wait for the exit
             stopped = await h.wait(m.id, S.STOPPED)
@@ -54,7 +55,7 @@ def test_a_stop_command_can_override_signal_and_timeout(nats_url: str, tmp_path:
             m = await h.claim(["sh", "-c", "trap '' INT TERM; echo ready; exec sleep 60"])
             await h.output(m.id, "ready")
             cmd = StopCommand(app=APP, machine_id=m.id, signal="TERM", timeout_s=0.1)
-            assert (await h.machine("stop", cmd)).events[0].signal == "SIGTERM"
+            assert (await h.call(v.STOP, cmd)).events[0].signal == "SIGTERM"
             stopped = await h.wait(m.id, S.STOPPED, timeout_s=3)
             assert stopped.events[0].signal == "SIGKILL"
 
@@ -81,7 +82,7 @@ def test_on_failure_restarts_exactly_max_retries_times(nats_url: str, tmp_path: 
             assert kinds.count(("exit", S.STARTING)) == 2
             assert kinds.count(("restart", S.STARTED)) == 2
             # A user start is a fresh start: the counter begins again.
-            again = await h.machine("start", MachineRef(app=APP, machine_id=m.id))
+            again = await h.call(v.START, MachineRef(app=APP, machine_id=m.id))
             assert again.restarts == 0
             await h.wait(m.id, S.STOPPED)
             assert runs(log) == 6
@@ -118,7 +119,7 @@ def test_always_restarts_until_stopped_and_stop_cancels_the_restart(
                 ["sh", "-c", f"echo run >> {log}; exit 0"], restart={"policy": "always"}
             )
             await eventually(lambda: runs(log) >= 3, what="three runs")
-            await h.machine("stop", StopCommand(app=APP, machine_id=m.id))
+            await h.call(v.STOP, StopCommand(app=APP, machine_id=m.id))
             stopped = await h.wait(m.id, S.STOPPED)
             assert stopped.state is S.STOPPED
             assert not h.agent.executor.supervisor.restart_pending(m.id)
@@ -140,23 +141,23 @@ def test_a_pending_restart_waits_its_backoff_unless_started(nats_url: str, tmp_p
             assert supervisor.restart_pending(m.id)
             # A user start does not wait out the backoff.
             flag.touch()
-            started = await h.machine("start", MachineRef(app=APP, machine_id=m.id))
+            started = await h.call(v.START, MachineRef(app=APP, machine_id=m.id))
             assert started.state is S.STARTED
             assert not supervisor.restart_pending(m.id)
-            await h.machine("stop", StopCommand(app=APP, machine_id=m.id))
+            await h.call(v.STOP, StopCommand(app=APP, machine_id=m.id))
             await h.wait(m.id, S.STOPPED)
             # Stopping a machine that waits for its restart cancels the restart.
             flag.unlink()
-            await h.machine("start", MachineRef(app=APP, machine_id=m.id))
+            await h.call(v.START, MachineRef(app=APP, machine_id=m.id))
             await h.wait(m.id, S.STARTING)
             assert supervisor.restart_pending(m.id)
-            stopped = await h.machine("stop", StopCommand(app=APP, machine_id=m.id))
+            stopped = await h.call(v.STOP, StopCommand(app=APP, machine_id=m.id))
             assert stopped.state is S.STOPPED
             assert not supervisor.restart_pending(m.id)
             # And so does destroying it.
-            await h.machine("start", MachineRef(app=APP, machine_id=m.id))
+            await h.call(v.START, MachineRef(app=APP, machine_id=m.id))
             await h.wait(m.id, S.STARTING)
-            gone = await h.machine("destroy", DestroyCommand(app=APP, machine_id=m.id))
+            gone = await h.call(v.DESTROY, DestroyCommand(app=APP, machine_id=m.id))
             assert gone.state is S.DESTROYED
             assert not supervisor.restart_pending(m.id)
 
@@ -175,6 +176,6 @@ def test_the_restart_counter_resets_after_a_long_run(nats_url: str, tmp_path: Pa
             await eventually(lambda: runs(log) >= 3, what="a third run")
             machine = await h.get(m.id)
             assert machine.restarts <= 1
-            await h.machine("destroy", DestroyCommand(app=APP, machine_id=m.id, force=True))
+            await h.call(v.DESTROY, DestroyCommand(app=APP, machine_id=m.id, force=True))
 
     asyncio.run(body())

@@ -19,6 +19,8 @@ PURE = [
     "agent/lifecycle.py",
     "agent/operations.py",
     "agent/restart.py",
+    "protocol/verbs.py",
+    "protocol/dispatch.py",
     "view/digest.py",
     "view/regions.py",
 ]
@@ -45,6 +47,9 @@ IO_MODULES = {
     "souq.natsserver",
     "souq.testing",
     "souq.fleet",
+    "souq.loop_clock",
+    "souq.virtual_loop",
+    "souq.protocol.client",
 }
 
 
@@ -92,6 +97,7 @@ PUBLIC = {
         "StorageError",
         "Unavailable",
         "UnknownRegion",
+        "UnknownVerb",
         "WaitTimeout",
         "error_from_body",
     },

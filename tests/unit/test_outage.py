@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from souq.agent import service as service_module
+from souq.agent import publisher as publisher_module
 from souq.agent.config import AgentConfig
 from souq.agent.main import Agent
 from souq.agent.outbox import Outbox
@@ -304,10 +304,10 @@ def test_events_ready_together_go_in_one_message_up_to_a_size(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     msgs = [message(f"m{i}", T0 + i, record=i == 0) for i in range(5)]
-    ((n, payload),) = list(service_module._event_messages(msgs))
+    ((n, payload),) = list(publisher_module._event_messages(msgs))
     assert n == 5 and decode_one_or_many(payload, MachineEventMessage) == msgs
-    (one,) = list(service_module._event_messages(msgs[1:2]))
+    (one,) = list(publisher_module._event_messages(msgs[1:2]))
     assert one == (1, encode(msgs[1]))  # a lone event is sent as itself
-    monkeypatch.setattr(service_module, "MESSAGE_BYTES", len(encode(msgs[1])) * 2 + 2)
-    sizes = [n for n, _ in service_module._event_messages(msgs[1:])]
+    monkeypatch.setattr(publisher_module, "MESSAGE_BYTES", len(encode(msgs[1])) * 2 + 2)
+    sizes = [n for n, _ in publisher_module._event_messages(msgs[1:])]
     assert sizes == [2, 2]  # in order, none lost, none over the size

@@ -38,8 +38,6 @@ from souq.broker.config import BrokerConfig
 from souq.broker.directory import Directory
 from souq.broker.liveness import Liveness
 from souq.broker.sampling import plan_sample
-from souq.broker.wire import ask_worker
-from souq.bus import Transport, encode, subjects, unwrap_as
 from souq.clock import Clock
 from souq.errors import (
     ClaimRefused,
@@ -63,7 +61,6 @@ from souq.model import (
 )
 from souq.model.batch import (
     BatchClaim,
-    BatchClaimReply,
     BatchClaimRequest,
     BatchCreateRequest,
     BatchPlacement,
@@ -71,6 +68,8 @@ from souq.model.batch import (
 )
 from souq.model.placement import Sampling
 from souq.placement import Pipeline, PipelineCache, PlacementRequest
+from souq.protocol import WorkerClient
+from souq.protocol.verbs import CLAIM_BATCH, DESTROY, OFFER
 
 __all__ = ["BatchPlacer"]
 
@@ -116,7 +115,7 @@ class _Book:
 class BatchPlacer:
     def __init__(
         self,
-        transport: Transport,
+        workers: WorkerClient,
         liveness: Liveness,
         directory: Directory,
         config: BrokerConfig,
@@ -124,7 +123,7 @@ class BatchPlacer:
         *,
         pipeline: Pipeline | None = None,
     ) -> None:
-        self._transport = transport
+        self._workers = workers
         self._liveness = liveness
         self._directory = directory
         self._config = config
@@ -243,24 +242,18 @@ class BatchPlacer:
         )
         if plan.workers is None:
             expected = self._liveness.live_count(body.region)
-            replies = await self._transport.gather(
-                subjects.offers(body.region),
-                encode(ask),
-                expect=expected or None,
-                timeout=config.batch_offer_timeout_s,
+            offers = await self._workers.ask_region(
+                body.region, ask, expect=expected or None, timeout=config.batch_offer_timeout_s
             )
         else:
             book.sampled = True
             expected = len(plan.workers)
-            replies = await self._transport.gather_from(
-                [subjects.worker(w, "offer") for w in plan.workers],
-                encode(ask),
-                timeout=config.batch_offer_timeout_s,
+            offers = await self._workers.call_each(
+                plan.workers, OFFER, ask, timeout=config.batch_offer_timeout_s
             )
             book.asked.update(plan.workers)
         book.solicits += 1
         book.expected += expected
-        offers = _decode(replies)
         book.received += len(offers)
         self._rank(book, offers)
 
@@ -379,16 +372,12 @@ class BatchPlacer:
             timeout = self._config.claim_timeout_s + CLAIM_S_PER_MACHINE * len(indexes)
             try:
                 try:
-                    reply = await ask_worker(
-                        self._transport, worker_id, "claim_batch", claim, timeout=timeout
-                    )
+                    reply = await self._workers.call(worker_id, CLAIM_BATCH, claim, timeout=timeout)
                 except Unavailable:
-                    if not self._transport.connected:
+                    if not self._workers.connected:
                         raise
-                    reply = await ask_worker(
-                        self._transport, worker_id, "claim_batch", claim, timeout=timeout
-                    )
-                machines = unwrap_as(reply, BatchClaimReply).machines
+                    reply = await self._workers.call(worker_id, CLAIM_BATCH, claim, timeout=timeout)
+                machines = reply.machines
             except (ClaimRefused, Unavailable) as exc:
                 log.info("batch claim of %d on %s failed: %s", len(indexes), worker_id, exc)
                 book.claims.append(
@@ -408,14 +397,9 @@ class BatchPlacer:
         async def destroy(machine: Machine) -> None:
             cmd = DestroyCommand(app=app, machine_id=machine.id, force=True)
             try:
-                reply = await ask_worker(
-                    self._transport,
-                    machine.worker_id,
-                    "destroy",
-                    cmd,
-                    timeout=self._config.command_timeout_s,
+                await self._workers.call(
+                    machine.worker_id, DESTROY, cmd, timeout=self._config.command_timeout_s
                 )
-                unwrap_as(reply, Machine)
             except SouqError as exc:
                 log.warning("could not destroy %s of a failed batch: %s", machine.id, exc)
 
@@ -479,16 +463,6 @@ def _charge(offer: Offer, want: Resources) -> Offer:
 def _drop(book: _Book, worker_id: str) -> None:
     book.heap = [s for s in book.heap if s.offer.worker.id != worker_id]
     heapq.heapify(book.heap)
-
-
-def _decode(replies: Sequence[bytes]) -> list[Offer]:
-    offers: list[Offer] = []
-    for data in replies:
-        try:
-            offers.append(unwrap_as(data, Offer))
-        except (SouqError, ValueError) as exc:
-            log.warning("ignoring an offer that could not be read: %s", exc)
-    return offers
 
 
 def _reasons(book: _Book, count: int) -> list[str]:

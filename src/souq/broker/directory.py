@@ -7,9 +7,10 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 
-from souq.bus import Transport, encode, subjects, unwrap_as
-from souq.errors import NotFound, SouqError
-from souq.model import LocateCommand, LocateReply
+from souq.errors import NotFound
+from souq.model import LocateCommand
+from souq.protocol import WorkerClient
+from souq.protocol.verbs import LOCATE
 
 __all__ = ["Directory"]
 
@@ -17,8 +18,8 @@ log = logging.getLogger(__name__)
 
 
 class Directory:
-    def __init__(self, transport: Transport, *, max_entries: int = 100_000) -> None:
-        self._transport = transport
+    def __init__(self, workers: WorkerClient, *, max_entries: int = 100_000) -> None:
+        self._workers = workers
         self._routes: OrderedDict[str, str] = OrderedDict()
         self._max = max_entries
 
@@ -36,18 +37,10 @@ class Directory:
         worker_id = self._routes.get(machine_id)
         if worker_id is not None:
             return worker_id
-        replies = await self._transport.gather(
-            subjects.all_workers("locate"),
-            encode(LocateCommand(machine_id=machine_id)),
-            expect=expect or None,
-            timeout=timeout,
+        replies = await self._workers.ask_all(
+            LOCATE, LocateCommand(machine_id=machine_id), expect=expect or None, timeout=timeout
         )
-        for data in replies:
-            try:
-                reply = unwrap_as(data, LocateReply)
-            except (SouqError, ValueError) as exc:
-                log.warning("ignoring a locate reply that could not be read: %s", exc)
-                continue
+        for reply in replies:
             if reply.found:
                 self.remember(machine_id, reply.worker_id)
                 return reply.worker_id

@@ -18,7 +18,7 @@ A dry run (:meth:`Market.explain`) stops after phase 3; a quote (:meth:`Market.h
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -27,8 +27,6 @@ from pydantic import BaseModel
 from souq.broker.config import BrokerConfig
 from souq.broker.liveness import Liveness
 from souq.broker.sampling import plan_sample
-from souq.broker.wire import ask_worker
-from souq.bus import Transport, encode, subjects, unwrap_as
 from souq.clock import Clock
 from souq.errors import (
     ClaimRefused,
@@ -52,25 +50,28 @@ from souq.model import (
 )
 from souq.model.placement import Sampling
 from souq.placement import Pipeline, PipelineCache, PlacementRequest, Ranking
+from souq.protocol import Verb, WorkerClient
+from souq.protocol.verbs import CLAIM, HOLD, OFFER
 
 __all__ = ["Market"]
 
 log = logging.getLogger(__name__)
 
-R = TypeVar("R", bound=BaseModel)
+Q = TypeVar("Q", bound=BaseModel)
+R = TypeVar("R")
 
 
 class Market:
     def __init__(
         self,
-        transport: Transport,
+        workers: WorkerClient,
         liveness: Liveness,
         config: BrokerConfig,
         clock: Clock,
         *,
         pipeline: Pipeline | None = None,
     ) -> None:
-        self._transport = transport
+        self._workers = workers
         self._liveness = liveness
         self._config = config
         self._clock = clock
@@ -85,19 +86,14 @@ class Market:
         if auction.existing is not None:
             # The worker recognises the request id and returns the machine it made (or refuses
             # with idempotency_conflict when the body differs).
-            reply = await ask_worker(
-                self._transport,
-                auction.existing,
-                "claim",
-                order,
-                timeout=self._config.claim_timeout_s,
+            return await self._workers.call(
+                auction.existing, CLAIM, order, timeout=self._config.claim_timeout_s
             )
-            return unwrap_as(reply, Machine)
 
-        def claim(worker_id: str, record: Placement) -> BaseModel:
+        def claim(worker_id: str, record: Placement) -> ClaimRequest:
             return order.model_copy(update={"placement": record})
 
-        machine, final = await self._close(auction, "claim", claim, Machine)
+        machine, final = await self._close(auction, CLAIM, claim)
         return machine.model_copy(update={"placement": final})
 
     async def explain(self, order: ClaimRequest) -> Placement:
@@ -119,7 +115,7 @@ class Market:
         """A dry run that binds: hold capacity for ``order`` on the best worker for ``ttl_s``."""
         auction = await self._open(order)
 
-        def hold(worker_id: str, record: Placement) -> BaseModel:
+        def hold(worker_id: str, record: Placement) -> HoldRequest:
             return HoldRequest(
                 quote_id=new_quote_id(worker_id),
                 app=order.app,
@@ -129,7 +125,7 @@ class Market:
                 placement=record,
             )
 
-        quote, final = await self._close(auction, "hold", hold, Quote)
+        quote, final = await self._close(auction, HOLD, hold)
         return quote.model_copy(update={"placement": final})
 
     # -- phases ----------------------------------------------------------------------------
@@ -175,9 +171,8 @@ class Market:
     async def _close(
         self,
         auction: _Auction,
-        verb: str,
-        build: Callable[[str, Placement], BaseModel],
-        result: type[R],
+        verb: Verb[Q, R],
+        build: Callable[[str, Placement], Q],
     ) -> tuple[R, Placement]:
         """Claim (``verb``) on the best offer, falling back to the next on a refusal or silence
         (at most ``max_claim_attempts`` silences). Returns the worker's answer and the final
@@ -203,16 +198,11 @@ class Market:
                 }
             )
             try:
-                reply = await ask_worker(
-                    self._transport,
-                    worker_id,
-                    verb,
-                    build(worker_id, attempt),
-                    timeout=self._config.claim_timeout_s,
+                answer = await self._workers.call(
+                    worker_id, verb, build(worker_id, attempt), timeout=self._config.claim_timeout_s
                 )
-                answer = unwrap_as(reply, result)
             except (ClaimRefused, Unavailable) as exc:
-                log.info("%s on %s for %s failed: %s", verb, worker_id, record.request_id, exc)
+                log.info("%s on %s for %s failed: %s", verb.name, worker_id, record.request_id, exc)
                 claims.append(ClaimAttempt(worker_id=worker_id, ok=False, reason=exc.status))
                 silent += isinstance(exc, Unavailable)
                 continue
@@ -244,23 +234,18 @@ class Market:
             minimum=config.sample_min,
         )
         if plan.workers is not None:
-            replies = await self._transport.gather_from(
-                [subjects.worker(w, "offer") for w in plan.workers],
-                encode(ask),
-                timeout=config.offer_timeout_s,
+            offers = await self._workers.call_each(
+                plan.workers, OFFER, ask, timeout=config.offer_timeout_s
             )
             sampled = Sampling(asked=len(plan.workers), of=plan.population, seed=order.request_id)
-            return _decode_offers(replies), len(plan.workers), sampled
+            return offers, len(plan.workers), sampled
         expected = self._liveness.live_count(order.region)
         # With no live worker on record (a broker just started, or every worker silent), ask
         # anyway without a count: whoever answers within the deadline is heard.
-        replies = await self._transport.gather(
-            subjects.offers(order.region),
-            encode(ask),
-            expect=expected or None,
-            timeout=config.offer_timeout_s,
+        offers = await self._workers.ask_region(
+            order.region, ask, expect=expected or None, timeout=config.offer_timeout_s
         )
-        return _decode_offers(replies), expected, None
+        return offers, expected, None
 
     def _pipeline_for(self, order: ClaimRequest) -> Pipeline:
         return self._pipeline if order.policy is None else self._pipelines.get(order.policy)
@@ -319,16 +304,6 @@ class _Auction:
             claim_ms=_ms(now - self.ranked),
             total_ms=_ms(now - self.started),
         )
-
-
-def _decode_offers(replies: Sequence[bytes]) -> list[Offer]:
-    offers: list[Offer] = []
-    for data in replies:
-        try:
-            offers.append(unwrap_as(data, Offer))
-        except (SouqError, ValueError) as exc:
-            log.warning("ignoring an offer that could not be read: %s", exc)
-    return offers
 
 
 def _runner_up(ranking: Ranking, winner: str) -> str | None:

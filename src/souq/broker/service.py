@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
+from typing import TypeVar
 
 from pydantic import BaseModel
 
@@ -28,8 +29,7 @@ from souq.broker.market import Market
 from souq.broker.metrics import BrokerMetrics
 from souq.broker.outage import BusGuard
 from souq.broker.schemas import CreateMachineRequest, QuoteRequest
-from souq.broker.wire import ask_worker
-from souq.bus import Transport, bus_unavailable, encode, subjects, unwrap_as, unwrap_list_as
+from souq.bus import Transport, bus_unavailable
 from souq.clock import Clock, SystemClock
 from souq.errors import NotFound, SouqError, Unavailable
 from souq.ids import idempotent_request_id, new_request_id, quote_worker
@@ -58,11 +58,16 @@ from souq.model import (
 )
 from souq.model.batch import BatchCreateRequest, BatchResult
 from souq.placement import Pipeline
+from souq.protocol import Verb, WorkerClient
+from souq.protocol import verbs as v
 from souq.view import ClusterView, RegionSummary, summarise_regions
 
 __all__ = ["BrokerService"]
 
 log = logging.getLogger(__name__)
+
+Q = TypeVar("Q", bound=BaseModel)
+A = TypeVar("A")
 
 LOGS_CHUNK_BYTES = 65536
 LOGS_MAX_BYTES = 16 * 1024 * 1024  # a plain `logs` call returns at most this much
@@ -81,11 +86,12 @@ class BrokerService:
         self.config = config
         self._transport = transport
         self._clock = clock or SystemClock()
+        self.client = WorkerClient(transport)
         self.liveness = Liveness(transport, self._clock, down_after_missed=config.down_after_missed)
-        self.directory = Directory(transport)
-        self.market = Market(transport, self.liveness, config, self._clock, pipeline=pipeline)
+        self.directory = Directory(self.client)
+        self.market = Market(self.client, self.liveness, config, self._clock, pipeline=pipeline)
         self.batches = BatchPlacer(
-            transport, self.liveness, self.directory, config, self._clock, pipeline=pipeline
+            self.client, self.liveness, self.directory, config, self._clock, pipeline=pipeline
         )
         self._creates: Coalescer[Machine] = Coalescer()
         self.view = ClusterView(
@@ -210,8 +216,9 @@ class BrokerService:
         quote's placement record."""
         worker_id = _quote_worker(quote_id)
         claim = order.model_copy(update={"quote_id": quote_id})
-        reply = await self._ask_worker(worker_id, "claim", claim, what=f"quote {quote_id}")
-        return self._seen(unwrap_as(reply, Machine))
+        return self._seen(
+            await self._ask_worker(worker_id, v.CLAIM, claim, what=f"quote {quote_id}")
+        )
 
     async def explain(self, app: str, body: CreateMachineRequest) -> Placement:
         """A dry run of a create: the placement record, nothing claimed."""
@@ -249,16 +256,14 @@ class BrokerService:
 
     async def get_quote(self, app: str, quote_id: str) -> Quote:
         ref = QuoteRef(app=app, quote_id=quote_id)
-        reply = await self._ask_worker(
-            _quote_worker(quote_id), "quote", ref, what=f"quote {quote_id}"
+        return await self._ask_worker(
+            _quote_worker(quote_id), v.QUOTE, ref, what=f"quote {quote_id}"
         )
-        return unwrap_as(reply, Quote)
 
     async def release_quote(self, app: str, quote_id: str) -> Quote:
         ref = QuoteRef(app=app, quote_id=quote_id)
         worker_id = _quote_worker(quote_id)
-        reply = await self._ask_worker(worker_id, "release", ref, what=f"quote {quote_id}")
-        return unwrap_as(reply, Quote)
+        return await self._ask_worker(worker_id, v.RELEASE, ref, what=f"quote {quote_id}")
 
     # -- workers ---------------------------------------------------------------------------
 
@@ -270,8 +275,7 @@ class BrokerService:
                 hint="list the workers with `souq workers`",
             )
         cmd = CordonCommand(cordoned=cordoned)
-        reply = await self._ask_worker(worker_id, "cordon", cmd, what="the worker")
-        return unwrap_as(reply, WorkerInfo)
+        return await self._ask_worker(worker_id, v.CORDON, cmd, what="the worker")
 
     async def drain(self, worker_id: str) -> WorkerInfo:
         """Drain a worker: cordon it and stop its machines gracefully (each with its stop
@@ -281,20 +285,19 @@ class BrokerService:
                 f"worker {worker_id} not found",
                 hint="list the workers with `souq workers`",
             )
-        reply = await self._ask_worker(worker_id, "drain", DrainCommand(), what="the worker")
-        return unwrap_as(reply, WorkerInfo)
+        return await self._ask_worker(worker_id, v.DRAIN, DrainCommand(), what="the worker")
 
-    async def _ask_worker(self, worker_id: str, verb: str, body: BaseModel, *, what: str) -> bytes:
+    async def _ask_worker(self, worker_id: str, verb: Verb[Q, A], body: Q, *, what: str) -> A:
         self.require_bus()
         try:
-            return await ask_worker(
-                self._transport, worker_id, verb, body, timeout=self.config.command_timeout_s
+            return await self.client.call(
+                worker_id, verb, body, timeout=self.config.command_timeout_s
             )
         except Unavailable as exc:
             if not self._transport.connected:
                 raise
             raise Unavailable(
-                f"worker {worker_id} did not answer ({verb} of {what}): {exc.message}",
+                f"worker {worker_id} did not answer ({verb.name} of {what}): {exc.message}",
                 hint="check `souq workers`; is the worker up?",
             ) from exc
 
@@ -314,19 +317,14 @@ class BrokerService:
         return [(m.worker_id, m.model_dump_json()) for m in await self._gather_machines(app)]
 
     async def _gather_machines(self, app: str) -> list[Machine]:
-        replies = await self._transport.gather(
-            subjects.all_workers("list"),
-            encode(ListCommand(app=app)),
+        replies = await self.client.ask_all(
+            v.LIST,
+            ListCommand(app=app),
             expect=self.liveness.live_count() or None,
             timeout=self.config.gather_timeout_s,
         )
         machines: dict[str, Machine] = {}
-        for data in replies:
-            try:
-                batch = unwrap_list_as(data, Machine)
-            except (SouqError, ValueError) as exc:
-                log.warning("ignoring a list reply that could not be read: %s", exc)
-                continue
+        for batch in replies:
             for machine in batch:
                 self.directory.remember(machine.id, machine.worker_id)
                 self.view.apply(machine)
@@ -343,23 +341,23 @@ class BrokerService:
 
     async def get_machine(self, app: str, machine_id: str) -> Machine:
         ref = MachineRef(app=app, machine_id=machine_id)
-        return self._seen(unwrap_as(await self._ask(machine_id, "get", ref), Machine))
+        return self._seen(await self._ask(machine_id, v.GET, ref))
 
     async def ops(self, app: str, machine_id: str) -> list[OpRecord]:
         """The machine's op log, oldest first."""
         ref = MachineRef(app=app, machine_id=machine_id)
-        return unwrap_list_as(await self._ask(machine_id, "ops", ref), OpRecord)
+        return await self._ask(machine_id, v.OPS, ref)
 
     async def events(self, app: str, machine_id: str) -> list[MachineEvent]:
         """The machine's events, newest first."""
         ref = EventsCommand(app=app, machine_id=machine_id)
-        return unwrap_list_as(await self._ask(machine_id, "events", ref), MachineEvent)
+        return await self._ask(machine_id, v.EVENTS, ref)
 
     # -- commands --------------------------------------------------------------------------
 
     async def start_machine(self, app: str, machine_id: str) -> Machine:
         ref = MachineRef(app=app, machine_id=machine_id)
-        return self._seen(unwrap_as(await self._ask(machine_id, "start", ref), Machine))
+        return self._seen(await self._ask(machine_id, v.START, ref))
 
     async def stop_machine(
         self,
@@ -371,7 +369,7 @@ class BrokerService:
     ) -> Machine:
         """Returns once the signal is sent (the machine is ``stopping``); see :meth:`wait`."""
         cmd = StopCommand(app=app, machine_id=machine_id, signal=signal, timeout_s=timeout_s)
-        return self._seen(unwrap_as(await self._ask(machine_id, "stop", cmd), Machine))
+        return self._seen(await self._ask(machine_id, v.STOP, cmd))
 
     async def restart_machine(
         self,
@@ -384,30 +382,24 @@ class BrokerService:
         """Returns once the machine has stopped and started again."""
         grace = timeout_s if timeout_s is not None else await self._stop_timeout(app, machine_id)
         cmd = StopCommand(app=app, machine_id=machine_id, signal=signal, timeout_s=timeout_s)
-        return self._seen(
-            unwrap_as(await self._ask(machine_id, "restart", cmd, extra_s=grace), Machine)
-        )
+        return self._seen(await self._ask(machine_id, v.RESTART, cmd, extra_s=grace))
 
     async def signal_machine(self, app: str, machine_id: str, signal: str) -> Machine:
         cmd = SignalCommand(app=app, machine_id=machine_id, signal=signal)
-        return self._seen(unwrap_as(await self._ask(machine_id, "signal", cmd), Machine))
+        return self._seen(await self._ask(machine_id, v.SIGNAL, cmd))
 
     async def destroy_machine(self, app: str, machine_id: str, *, force: bool = False) -> Machine:
         """Returns once the machine is ``destroyed``."""
         grace = 0.0 if force else await self._stop_timeout(app, machine_id)
         cmd = DestroyCommand(app=app, machine_id=machine_id, force=force)
-        return self._seen(
-            unwrap_as(await self._ask(machine_id, "destroy", cmd, extra_s=grace), Machine)
-        )
+        return self._seen(await self._ask(machine_id, v.DESTROY, cmd, extra_s=grace))
 
     async def wait(
         self, app: str, machine_id: str, state: MachineState, *, timeout_s: float
     ) -> Machine:
         """The machine once it reaches ``state``; :class:`WaitTimeout` after ``timeout_s``."""
         cmd = WaitCommand(app=app, machine_id=machine_id, state=state, timeout_s=timeout_s)
-        return self._seen(
-            unwrap_as(await self._ask(machine_id, "wait", cmd, extra_s=timeout_s), Machine)
-        )
+        return self._seen(await self._ask(machine_id, v.WAIT, cmd, extra_s=timeout_s))
 
     # -- logs ------------------------------------------------------------------------------
 
@@ -445,7 +437,7 @@ class BrokerService:
             max_bytes=LOGS_CHUNK_BYTES,
             wait_s=wait_s,
         )
-        return unwrap_as(await self._ask(machine_id, "logs", cmd, extra_s=wait_s), LogsReply)
+        return await self._ask(machine_id, v.LOGS, cmd, extra_s=wait_s)
 
     # -- routing ---------------------------------------------------------------------------
 
@@ -454,20 +446,14 @@ class BrokerService:
         self.view.apply(machine)
         return machine
 
-    async def _ask(
-        self, machine_id: str, verb: str, body: BaseModel, *, extra_s: float = 0.0
-    ) -> bytes:
+    async def _ask(self, machine_id: str, verb: Verb[Q, A], body: Q, *, extra_s: float = 0.0) -> A:
         self.require_bus()
         worker_id = await self.directory.owner(
             machine_id, expect=self.liveness.live_count(), timeout=self.config.gather_timeout_s
         )
         try:
-            return await ask_worker(
-                self._transport,
-                worker_id,
-                verb,
-                body,
-                timeout=self.config.command_timeout_s + extra_s,
+            return await self.client.call(
+                worker_id, verb, body, timeout=self.config.command_timeout_s + extra_s
             )
         except Unavailable as exc:
             if not self._transport.connected:

@@ -3,6 +3,9 @@
 A reply is ``{"ok": true, "result": ...}`` or ``{"ok": false, "error": {...}}``. Replies are
 written and read in one pass each: :func:`ok_reply` splices the result's JSON into the envelope,
 and :func:`unwrap_as` validates envelope and result together into the expected model.
+
+Everything read here comes from another process, so it is validated in the :data:`PEER`
+context: keys a newer peer added are dropped, not refused (see :mod:`souq.model.base`).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import pydantic_core
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from souq.errors import InvalidInput, SouqError, error_from_body
+from souq.model.base import PEER
 from souq.model.protocol import Reply
 
 __all__ = [
@@ -27,6 +31,7 @@ __all__ = [
     "unwrap",
     "unwrap_as",
     "unwrap_list_as",
+    "unwrap_typed",
 ]
 
 M = TypeVar("M", bound=BaseModel)
@@ -40,7 +45,7 @@ def encode(model: BaseModel) -> bytes:
 def decode(data: bytes, model: type[M]) -> M:
     """Parse bytes into ``model``; a malformed message becomes :class:`InvalidInput`."""
     try:
-        return model.model_validate_json(data)
+        return model.model_validate_json(data, context=PEER)
     except ValidationError as exc:
         raise InvalidInput(f"malformed {model.__name__} message: {exc.errors()[0]['msg']}") from exc
 
@@ -60,7 +65,7 @@ def decode_one_or_many(data: bytes, model: type[M]) -> list[M]:
     if data.lstrip()[:1] != b"[":
         return [decode(data, model)]
     try:
-        items: list[M] = _list_of(model).validate_json(data)
+        items: list[M] = _list_of(model).validate_json(data, context=PEER)
     except ValidationError as exc:
         raise InvalidInput(f"malformed {model.__name__} batch: {exc.errors()[0]['msg']}") from exc
     return items
@@ -110,9 +115,11 @@ def _envelope(kind: Any) -> type[_Envelope[Any]]:
     return _Envelope[kind]
 
 
-def _unwrap_typed(data: bytes, kind: Any) -> Any:
+def unwrap_typed(data: bytes, kind: Any) -> Any:
+    """The result of a reply envelope validated as ``kind`` (a model, ``list[model]`` ...), or
+    the reply's error raised as the typed error it was."""
     try:
-        reply = _envelope(kind).model_validate_json(data)
+        reply = _envelope(kind).model_validate_json(data, context=PEER)
     except ValidationError as exc:
         # A malformed result may still be a well-formed error: let the error speak first.
         plain = Reply.model_validate_json(data)
@@ -126,11 +133,11 @@ def _unwrap_typed(data: bytes, kind: Any) -> Any:
 
 def unwrap_as(data: bytes, model: type[M]) -> M:
     """The result of a reply envelope validated as ``model``, or the reply's error raised."""
-    result: M = _unwrap_typed(data, model)
+    result: M = unwrap_typed(data, model)
     return result
 
 
 def unwrap_list_as(data: bytes, model: type[M]) -> list[M]:
     """The result of a reply envelope validated as a list of ``model``."""
-    result: list[M] = _unwrap_typed(data, list[model])  # type: ignore[valid-type]
+    result: list[M] = unwrap_typed(data, list[model])  # type: ignore[valid-type]
     return result

@@ -19,6 +19,7 @@ __all__ = [
     "ClaimRequest",
     "CordonCommand",
     "DestroyCommand",
+    "DigestCommand",
     "EventsCommand",
     "HoldRequest",
     "ListCommand",
@@ -131,6 +132,10 @@ class EventsCommand(MachineRef):
 class ListCommand(Input):
     app: str | None = None
     include_destroyed: bool = False
+
+
+class DigestCommand(Input):
+    """Ask a worker for the digest of its machines (the cluster view's anti-entropy)."""
 
 
 class LocateCommand(Input):

@@ -64,3 +64,6 @@ class Heartbeat(Record):
         description="how many times the worker has reconnected to the bus; a change tells "
         "brokers to re-list its machines (it may have missed requests and lost events)",
     )
+    protocol: int = Field(
+        default=0, description="the minor version of the bus protocol the worker speaks"
+    )

@@ -30,11 +30,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from souq.bus import Subscription, Transport, encode, subjects, unwrap_as, unwrap_list_as
+from souq.bus import Subscription, Transport, subjects
 from souq.bus.codec import decode_one_or_many
 from souq.clock import Clock
 from souq.errors import SouqError
 from souq.model import (
+    DigestCommand,
     ListCommand,
     Machine,
     MachineEventMessage,
@@ -43,6 +44,8 @@ from souq.model import (
     WorkerInfo,
     WorkerState,
 )
+from souq.protocol import WorkerClient
+from souq.protocol.verbs import DIGEST, GET, LIST
 from souq.view.digest import machines_digest
 from souq.view.events import EventLog
 from souq.view.seen import SeenEvents
@@ -104,6 +107,7 @@ class ClusterView:
         self.events = EventLog(events_capacity)
         self._seen = SeenEvents(events_capacity, horizon_ms=clock.now_ms())
         self._transport = transport
+        self._client = WorkerClient(transport)
         self._workers = workers
         self._clock = clock
         self._sync_interval_s = sync_interval_s
@@ -210,10 +214,8 @@ class ClusterView:
     async def _get(self, msg: MachineEventMessage) -> None:
         ref = MachineRef(app=msg.app, machine_id=msg.machine_id)
         try:
-            data = await self._transport.request(
-                subjects.worker(msg.worker_id, "get"), encode(ref), timeout=self._timeout
-            )
-            self.store.apply_machine(unwrap_as(data, Machine))
+            machine = await self._client.call(msg.worker_id, GET, ref, timeout=self._timeout)
+            self.store.apply_machine(machine)
             self.applied += 1
         except (SouqError, ValueError) as exc:
             log.info("the view could not fetch machine %s: %s", msg.machine_id, exc)
@@ -267,18 +269,15 @@ class ClusterView:
         answered: set[str] = set()
         suspects: set[str] = set()
         if len(live) <= SYNC_SLICE:
-            replies = await self._transport.gather(
-                subjects.all_workers("digest"),
-                b"{}",
-                expect=len(live) or None,
-                timeout=self._timeout,
+            replies = await self._client.ask_all(
+                DIGEST, DigestCommand(), expect=len(live) or None, timeout=self._timeout
             )
             await self._compare(replies, self.store.digests(), answered, suspects, started_ms)
         else:
             for at in range(0, len(live), SYNC_SLICE):
                 part = live[at : at + SYNC_SLICE]
-                replies = await self._transport.gather_from(
-                    [subjects.worker(w, "digest") for w in part], b"{}", timeout=self._timeout
+                replies = await self._client.call_each(
+                    part, DIGEST, DigestCommand(), timeout=self._timeout
                 )
                 mine = self.store.digests(part)
                 await self._compare(replies, mine, answered, suspects, started_ms)
@@ -290,7 +289,7 @@ class ClusterView:
 
     async def _compare(
         self,
-        replies: list[bytes],
+        replies: list[WorkerDigest],
         mine: dict[str, str],
         answered: set[str],
         suspects: set[str],
@@ -299,14 +298,9 @@ class ClusterView:
         """Check digest replies against the view's own (``mine``); re-list a worker that still
         differs from the last round (one difference may be events in flight)."""
         empty = machines_digest([])
-        for i, data in enumerate(replies):
+        for i, digest in enumerate(replies):
             if i % 100 == 99:
                 await asyncio.sleep(0)  # many digests must not stall the events
-            try:
-                digest = unwrap_as(data, WorkerDigest)
-            except (SouqError, ValueError) as exc:
-                log.info("the view ignores a digest reply: %s", exc)
-                continue
             wid = digest.worker_id
             answered.add(wid)
             if wid in self._relist:
@@ -322,10 +316,9 @@ class ClusterView:
 
     async def _resync(self, worker_id: str, *, before: int) -> bool:
         try:
-            data = await self._transport.request(
-                subjects.worker(worker_id, "list"), encode(ListCommand()), timeout=self._timeout
+            machines = await self._client.call(
+                worker_id, LIST, ListCommand(), timeout=self._timeout
             )
-            machines = unwrap_list_as(data, Machine)
         except (SouqError, ValueError) as exc:
             log.info("the view could not list worker %s: %s", worker_id, exc)
             return False

@@ -1,0 +1,204 @@
+"""What the agent tells the cluster without being asked: heartbeats and machine events.
+
+* A :class:`~souq.model.Heartbeat` on ``souq.hb.<region>.<id>`` every interval, at start, on
+  ``souq.discover``, on reconnect, and soon after the worker's capacity or state changes
+  (:meth:`Publisher.announce`).
+* Every machine event on ``souq.evt.<region>.<id>``: the executor puts them in the
+  :class:`~souq.agent.outbox.Outbox`; they leave a moment after the reply that made them
+  (``EVENTS_LINGER_S``), the events ready at once in one message (a JSON array of them).
+
+NATS outages: events wait in the outbox until the connection is back, then go out in order;
+heartbeats are not sent meanwhile. On reconnect the agent announces itself at once with
+``reconnects`` one higher, which makes every broker re-list its machines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from souq.agent.outbox import Outbox
+from souq.agent.stats import AgentStats
+from souq.bus import subjects
+from souq.bus.codec import encode, encode_many
+from souq.bus.transport import Transport
+from souq.errors import Unavailable
+from souq.model.protocol import MachineEventMessage
+from souq.model.worker import Heartbeat, WorkerInfo
+from souq.protocol.verbs import PROTOCOL_MINOR
+
+__all__ = ["EVENTS_LINGER_S", "MESSAGE_BYTES", "Publisher"]
+
+log = logging.getLogger(__name__)
+
+# Machine events wait this long after the reply that made them (they also gather: a burst of
+# changes goes out in fewer messages). Long enough for the broker to read the reply first.
+EVENTS_LINGER_S = 0.002
+MESSAGE_BYTES = 256 * 1024  # events per message: up to this size (NATS allows 1 MiB)
+
+
+class Publisher:
+    def __init__(
+        self,
+        transport: Transport,
+        outbox: Outbox,
+        *,
+        region: str,
+        worker_id: str,
+        interval_s: float,
+        worker_info: Callable[[], WorkerInfo],
+        stats: AgentStats,
+    ) -> None:
+        self._transport = transport
+        self._outbox = outbox
+        self._region = region
+        self._worker_id = worker_id
+        self._interval = interval_s
+        self._worker_info = worker_info
+        self._stats = stats
+        self._seq = 0
+        self.reconnects = 0  # times the bus came back (sent in heartbeats)
+        self._bus_up = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._hooks: list[tuple[list[Callable[[], Any]], Callable[[], Any]]] = []
+        self._announcing: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        t = self._transport
+        for name, hook in (("on_disconnect", self._bus_lost), ("on_reconnect", self._bus_back)):
+            hooks = getattr(t, name, None)
+            if isinstance(hooks, list):  # NATS: keep events during an outage, then announce
+                hooks.append(hook)
+                self._hooks.append((hooks, hook))
+        if t.connected:
+            self._bus_up.set()
+        loop = asyncio.get_running_loop()
+        self._tasks = [
+            loop.create_task(self._publish_events(), name="souq-agent-events"),
+            loop.create_task(self._heartbeats(), name="souq-agent-heartbeat"),
+        ]
+
+    def unhook(self) -> None:
+        """Stop following the bus's outages (at shutdown)."""
+        for hooks, hook in self._hooks:
+            with contextlib.suppress(ValueError):
+                hooks.remove(hook)
+        self._hooks = []
+
+    async def aclose(self) -> None:
+        self.unhook()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        if self._transport.connected:
+            await self._send_events()  # events of the shutdown itself
+        if self._outbox:
+            log.warning(
+                "%d machine events not published (the bus is down); the next agent's "
+                "announcement makes the brokers re-list this worker",
+                len(self._outbox),
+            )
+
+    # -- heartbeats ------------------------------------------------------------------------
+
+    async def heartbeat(self) -> None:
+        if not self._transport.connected:
+            return  # a stale heartbeat buffered through an outage would tell nothing true
+        self._seq += 1
+        beat = Heartbeat(
+            worker=self._worker_info(),
+            seq=self._seq,
+            interval_s=self._interval,
+            reconnects=self.reconnects,
+            protocol=PROTOCOL_MINOR,
+        )
+        try:
+            await self._transport.publish(
+                subjects.heartbeat(self._region, self._worker_id), encode(beat)
+            )
+        except Unavailable as exc:
+            log.debug("heartbeat not sent: %s", exc)
+        else:
+            self._stats.last_heartbeat = time.time()
+
+    def announce(self) -> None:
+        """Publish a heartbeat soon: the worker's capacity or state just changed."""
+        if self._announcing is None or self._announcing.done():
+            self._announcing = asyncio.get_running_loop().create_task(self.heartbeat())
+
+    async def _heartbeats(self) -> None:
+        while True:
+            await asyncio.sleep(self._interval)
+            await self.heartbeat()
+
+    async def _bus_lost(self) -> None:
+        self._bus_up.clear()
+        log.warning("the bus is down: machines go on, their events wait in the outbox")
+
+    async def _bus_back(self) -> None:
+        self.reconnects += 1
+        self._bus_up.set()
+        log.warning(
+            "the bus is back: announcing worker %s, publishing %d held events",
+            self._worker_id,
+            len(self._outbox),
+        )
+        await self.heartbeat()
+
+    # -- machine events --------------------------------------------------------------------
+
+    async def _publish_events(self) -> None:
+        while True:
+            await self._outbox.wait()
+            await self._bus_up.wait()
+            # The reply to the claim or command that made these events goes out first, and the
+            # events a moment later (EVENTS_LINGER_S): sent at once, they reach the broker
+            # with the reply, and it applies them to its view before it reads the reply.
+            await asyncio.sleep(EVENTS_LINGER_S)
+            await self._send_events()
+
+    async def _send_events(self) -> None:
+        """Send what the outbox holds, in order, several events to a message (a claim makes
+        three at once; a batch claim hundreds); put back what the bus did not take."""
+        batch = self._outbox.take()
+        subject = subjects.events(self._region, self._worker_id)
+        at = 0
+        for size, payload in _event_messages(batch):
+            if not self._transport.connected and self._hooks:
+                self._bus_up.clear()  # the reconnect hook sets it again
+                self._outbox.put_back(batch[at:])
+                return
+            try:
+                await self._transport.publish(subject, payload)
+            except Unavailable as exc:
+                if self._transport.connected or not self._hooks:  # not an outage: skip it
+                    log.warning("%d machine events not published: %s", size, exc)
+                    at += size
+                    continue
+                self._bus_up.clear()
+                self._outbox.put_back(batch[at:])
+                return
+            at += size
+
+
+def _event_messages(batch: list[MachineEventMessage]) -> Iterator[tuple[int, bytes]]:
+    """``batch`` as messages of consecutive events: ``(how many, payload)``, each payload one
+    event or a JSON array of several (:func:`souq.bus.codec.encode_many`)."""
+    group: list[bytes] = []
+    size = 0
+    for msg in batch:
+        data = encode(msg)
+        if group and size + len(data) > MESSAGE_BYTES:
+            yield len(group), group[0] if len(group) == 1 else encode_many(group)
+            group, size = [], 0
+        group.append(data)
+        size += len(data) + 1
+    if group:
+        yield len(group), group[0] if len(group) == 1 else encode_many(group)

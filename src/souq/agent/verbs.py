@@ -1,0 +1,302 @@
+"""The agent's answer to each verb of the protocol (:mod:`souq.protocol.verbs`).
+
+:meth:`WorkerVerbs.dispatcher` is the table the bus shell (:mod:`souq.agent.service`) and the
+hollow fleet hand every request to. Each handler takes the verb's typed request and returns its
+typed reply; the rules of who may claim what live in :mod:`souq.agent.admission`, the machine
+commands in :mod:`souq.agent.commands`.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from souq.agent.artifacts import ArtifactCache
+from souq.agent.batch import claim_batch
+from souq.agent.commands import Commands
+from souq.agent.executor import Executor
+from souq.agent.load import LoadGauge
+from souq.agent.publisher import Publisher
+from souq.agent.quotes import Quotes
+from souq.agent.stats import AgentStats
+from souq.clock import Clock, iso_from_ms
+from souq.errors import ClaimRefused
+from souq.model.batch import BatchClaimReply, BatchClaimRequest
+from souq.model.machine import Machine, MachineEvent, MachineState, OpRecord
+from souq.model.protocol import (
+    ClaimRequest,
+    CordonCommand,
+    DestroyCommand,
+    DigestCommand,
+    DrainCommand,
+    EventsCommand,
+    HoldRequest,
+    ListCommand,
+    LocateCommand,
+    LocateReply,
+    LogsCommand,
+    LogsReply,
+    MachineRef,
+    Offer,
+    OfferRequest,
+    Quote,
+    QuoteRef,
+    SignalCommand,
+    StopCommand,
+    WaitCommand,
+    WorkerDigest,
+)
+from souq.model.resources import Resources
+from souq.model.worker import Fingerprint, WorkerInfo, WorkerState
+from souq.placement.stages import shortfall
+from souq.protocol import verbs as v
+from souq.protocol.dispatch import Dispatcher
+from souq.view.digest import machines_digest
+
+__all__ = ["WorkerVerbs"]
+
+log = logging.getLogger(__name__)
+
+
+class WorkerVerbs:
+    """The worker's handlers, and what they share: its identity, capacity and flags."""
+
+    def __init__(
+        self,
+        executor: Executor,
+        commands: Commands,
+        *,
+        capacity: Resources,
+        labels: dict[str, str],
+        fingerprint: Fingerprint,
+        clock: Clock,
+        stats: AgentStats,
+    ) -> None:
+        self._ex = executor
+        self._cmd = commands
+        self.worker_id = executor.worker_id
+        self.region = executor.region
+        self.capacity = capacity
+        self.labels = dict(labels)
+        self.fingerprint = fingerprint
+        self._clock = clock
+        self.stats = stats
+        self.cordoned = executor.store.meta("cordoned") == "1"
+        self.draining = executor.store.meta("draining") == "1"
+        self.quotes = Quotes(executor.store, clock, self.worker_id, on_change=self._announce)
+        self.publisher: Publisher | None = None  # set by the shell once it is on the bus
+        self._load = LoadGauge(clock)
+        self._artifacts = ArtifactCache()
+
+    def dispatcher(self) -> Dispatcher:
+        d = Dispatcher(f"worker {self.worker_id}")
+        d.route(v.OFFER, self._offer)
+        d.route(v.CLAIM, self._claim)
+        d.route(v.CLAIM_BATCH, self._claim_batch)
+        d.route(v.GET, self._get)
+        d.route(v.START, self._start)
+        d.route(v.STOP, self._stop)
+        d.route(v.RESTART, self._restart)
+        d.route(v.SIGNAL, self._signal)
+        d.route(v.DESTROY, self._destroy)
+        d.route(v.WAIT, self._wait)
+        d.route(v.LOGS, self._logs)
+        d.route(v.EVENTS, self._events)
+        d.route(v.OPS, self._ops)
+        d.route(v.HOLD, self._hold)
+        d.route(v.QUOTE, self._quote)
+        d.route(v.RELEASE, self._release)
+        d.route(v.CORDON, self._cordon)
+        d.route(v.DRAIN, self._drain)
+        d.route(v.LIST, self._list)
+        d.route(v.DIGEST, self._digest)
+        d.route(v.LOCATE, self._locate)
+        return d
+
+    # -- the worker as others see it -------------------------------------------------------
+
+    def worker_info(self) -> WorkerInfo:
+        return WorkerInfo(
+            id=self.worker_id,
+            region=self.region,
+            state=self._state(),
+            capacity=self.capacity,
+            allocated=self._ex.allocated.plus(self.quotes.held()),
+            labels=self.labels,
+            fingerprint=self.fingerprint,
+            machines=self._ex.machine_count(),
+            last_seen=self._clock.now_ms(),
+        )
+
+    def _state(self) -> WorkerState:
+        if self.draining and self._cmd.running():
+            return WorkerState.DRAINING
+        return WorkerState.CORDONED if self.cordoned else WorkerState.UP
+
+    def _announce(self) -> None:
+        if self.publisher is not None:
+            self.publisher.announce()
+
+    async def _heartbeat(self) -> None:
+        if self.publisher is not None:
+            await self.publisher.heartbeat()
+
+    def offer(self, req: OfferRequest) -> Offer:
+        info = self.worker_info()
+        existing = self._ex.machine_for_request(req.request_id)
+        if existing is not None:
+            return Offer(worker=info, eligible=True, existing_machine_id=existing)
+        if self.cordoned:
+            return Offer(
+                worker=info,
+                eligible=False,
+                reason="cordoned",
+                detail=f"worker {self.worker_id} is cordoned: it takes no new machines",
+            )
+        # What placement scores beyond capacity: the host's measured load (cached, refreshed
+        # at most every 0.5 s), the artifact cache, and the app's machines already here.
+        load = self._load.read()
+        artifacts = self._artifacts.artifacts(self._ex.records_made, self._ex.rows)
+        mine = self._ex.machine_count(req.app)
+        short = shortfall(req.resources, info.capacity, info.allocated)
+        if short is not None:
+            return Offer(
+                worker=info,
+                eligible=False,
+                reason=short.reason,
+                detail=short.detail,
+                load=load,
+                artifacts=artifacts,
+                app_machines=mine,
+            )
+        return Offer(worker=info, eligible=True, load=load, artifacts=artifacts, app_machines=mine)
+
+    # -- placement -------------------------------------------------------------------------
+
+    async def _offer(self, req: OfferRequest) -> Offer:
+        self.stats.offers += 1
+        return self.offer(req)
+
+    def _refuse_if_cordoned(self) -> None:
+        if self.cordoned:
+            raise ClaimRefused(
+                f"worker {self.worker_id} is cordoned",
+                hint="it takes no new machines; try another worker",
+                details={"reason": "cordoned"},
+            )
+
+    async def _claim(self, req: ClaimRequest) -> Machine:
+        try:
+            if req.quote_id is None:  # a quote's hold was made before any cordon
+                self._refuse_if_cordoned()
+            if req.quote_id is not None and req.placement is None:
+                # The machine keeps the explanation of the placement its quote made.
+                req = req.model_copy(update={"placement": self.quotes.placement(req.quote_id)})
+            machine = self._cmd.claim(req, self.capacity)
+        except ClaimRefused as exc:
+            self.stats.claimed(str(exc.details.get("reason", exc.status)))
+            raise
+        self.stats.claimed("accepted")
+        if req.quote_id is not None:
+            self.quotes.used(req.quote_id)
+        return machine
+
+    async def _claim_batch(self, req: BatchClaimRequest) -> BatchClaimReply:
+        self._refuse_if_cordoned()
+        return claim_batch(
+            self._ex,
+            self._cmd,
+            req,
+            capacity=self.capacity,
+            in_use=self.worker_info().allocated,
+        )
+
+    async def _hold(self, req: HoldRequest) -> Quote:
+        self._refuse_if_cordoned()
+        return self.quotes.hold(req, self.capacity)
+
+    async def _quote(self, ref: QuoteRef) -> Quote:
+        return self.quotes.get(ref.app, ref.quote_id)
+
+    async def _release(self, ref: QuoteRef) -> Quote:
+        return self.quotes.release(ref.app, ref.quote_id)
+
+    # -- the worker ------------------------------------------------------------------------
+
+    async def _cordon(self, cmd: CordonCommand) -> WorkerInfo:
+        """Cordon or uncordon: a cordoned worker makes no offers and refuses new claims; its
+        machines keep running. Kept across agent restarts."""
+        if cmd.cordoned != self.cordoned or (self.draining and not cmd.cordoned):
+            self._ex.store.set_meta("cordoned", "1" if cmd.cordoned else "0")
+            if not cmd.cordoned:
+                self._ex.store.set_meta("draining", "0")
+                self.draining = False
+            self.cordoned = cmd.cordoned
+            await self._heartbeat()
+        return self.worker_info()
+
+    async def _drain(self, cmd: DrainCommand) -> WorkerInfo:
+        """Cordon the worker and stop its machines gracefully, each with its own stop config.
+        Answers at once; the worker reports ``draining`` until none runs, then ``cordoned``.
+        ``uncordon`` ends a drain (stopped machines stay stopped)."""
+        if not (self.cordoned and self.draining):
+            self._ex.store.set_meta("cordoned", "1")
+            self._ex.store.set_meta("draining", "1")
+            self.cordoned = self.draining = True
+        stopped = self._cmd.stop_every()
+        log.info("draining worker %s: stopping %d machines", self.worker_id, len(stopped))
+        await self._heartbeat()
+        return self.worker_info()
+
+    async def _list(self, cmd: ListCommand) -> list[Machine]:
+        return self._ex.list_machines(cmd.app, include_destroyed=cmd.include_destroyed)
+
+    async def _digest(self, cmd: DigestCommand) -> WorkerDigest:
+        rows = [r for r in self._ex.rows() if r.state is not MachineState.DESTROYED]
+        return WorkerDigest(
+            worker_id=self.worker_id,
+            machines=len(rows),
+            digest=machines_digest((r.id, r.state.value, iso_from_ms(r.updated_at)) for r in rows),
+        )
+
+    async def _locate(self, cmd: LocateCommand) -> LocateReply:
+        return LocateReply(worker_id=self.worker_id, found=self._ex.has(cmd.machine_id))
+
+    # -- machines --------------------------------------------------------------------------
+
+    async def _get(self, ref: MachineRef) -> Machine:
+        return self._ex.machine(ref.app, ref.machine_id)
+
+    async def _start(self, ref: MachineRef) -> Machine:
+        return self._cmd.start(ref.app, ref.machine_id)
+
+    async def _stop(self, cmd: StopCommand) -> Machine:
+        return self._cmd.stop(cmd.app, cmd.machine_id, signal=cmd.signal, timeout_s=cmd.timeout_s)
+
+    async def _restart(self, cmd: StopCommand) -> Machine:
+        return await self._cmd.restart(
+            cmd.app, cmd.machine_id, signal=cmd.signal, timeout_s=cmd.timeout_s
+        )
+
+    async def _signal(self, cmd: SignalCommand) -> Machine:
+        return self._cmd.signal(cmd.app, cmd.machine_id, cmd.signal)
+
+    async def _destroy(self, cmd: DestroyCommand) -> Machine:
+        return await self._cmd.destroy(cmd.app, cmd.machine_id, force=cmd.force)
+
+    async def _wait(self, cmd: WaitCommand) -> Machine:
+        return await self._cmd.wait(cmd.app, cmd.machine_id, cmd.state, cmd.timeout_s)
+
+    async def _logs(self, cmd: LogsCommand) -> LogsReply:
+        return await self._cmd.logs(
+            cmd.app,
+            cmd.machine_id,
+            offset=cmd.offset,
+            max_bytes=cmd.max_bytes,
+            wait_s=cmd.wait_s,
+        )
+
+    async def _ops(self, ref: MachineRef) -> list[OpRecord]:
+        return self._cmd.ops(ref.app, ref.machine_id)
+
+    async def _events(self, cmd: EventsCommand) -> list[MachineEvent]:
+        return self._cmd.events(cmd.app, cmd.machine_id)

@@ -1,0 +1,188 @@
+"""Every verb of the bus protocol, typed, in one registry.
+
+A verb is a request one process sends and the reply it gets: its name (the last token of the
+subject), the request's type, the reply's type, and the protocol's minor version that brought
+it in. Brokers call verbs through :class:`souq.protocol.WorkerClient`; workers answer them through
+a :class:`souq.protocol.Dispatcher`. Nothing else spells a verb's name.
+
+=================  ======================  =============================  =====================
+verb               request                 reply                          where
+=================  ======================  =============================  =====================
+``offer``          OfferRequest            Offer                          worker, region, all
+``claim``          ClaimRequest            Machine                        worker
+``claim_batch``    BatchClaimRequest       BatchClaimReply                worker
+``get``            MachineRef              Machine                        worker
+``start``          MachineRef              Machine                        worker
+``stop``           StopCommand             Machine                        worker
+``restart``        StopCommand             Machine                        worker
+``signal``         SignalCommand           Machine                        worker
+``destroy``        DestroyCommand          Machine                        worker
+``wait``           WaitCommand             Machine                        worker
+``logs``           LogsCommand             LogsReply                      worker
+``events``         EventsCommand           list[MachineEvent]             worker
+``ops``            MachineRef              list[OpRecord]                 worker
+``hold``           HoldRequest             Quote                          worker
+``quote``          QuoteRef                Quote                          worker
+``release``        QuoteRef                Quote                          worker
+``cordon``         CordonCommand           WorkerInfo                     worker
+``drain``          DrainCommand            WorkerInfo                     worker
+``list``           ListCommand             list[Machine]                  worker, all
+``digest``         DigestCommand           WorkerDigest                   worker, all
+``locate``         LocateCommand           LocateReply                    all
+=================  ======================  =============================  =====================
+
+**Versions.** The protocol is ``MAJOR.MINOR``. Peers of the same major version interoperate:
+a message's unknown keys are dropped (:data:`souq.model.base.PEER`), and a verb a peer does not
+know is answered with :class:`souq.errors.UnknownVerb` (``unknown_verb``). A worker names the
+minor version it speaks in its heartbeats, so a broker can tell before it asks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, Generic, TypeVar
+
+from pydantic import BaseModel, TypeAdapter
+
+from souq.model.base import PEER
+from souq.model.batch import BatchClaimReply, BatchClaimRequest
+from souq.model.machine import Machine, MachineEvent, OpRecord
+from souq.model.protocol import (
+    ClaimRequest,
+    CordonCommand,
+    DestroyCommand,
+    DigestCommand,
+    DrainCommand,
+    EventsCommand,
+    HoldRequest,
+    ListCommand,
+    LocateCommand,
+    LocateReply,
+    LogsCommand,
+    LogsReply,
+    MachineRef,
+    Offer,
+    OfferRequest,
+    Quote,
+    QuoteRef,
+    SignalCommand,
+    StopCommand,
+    WaitCommand,
+    WorkerDigest,
+)
+from souq.model.worker import WorkerInfo
+
+__all__ = [
+    "CLAIM",
+    "CLAIM_BATCH",
+    "CORDON",
+    "DESTROY",
+    "DIGEST",
+    "DRAIN",
+    "EVENTS",
+    "GET",
+    "HOLD",
+    "LIST",
+    "LOCATE",
+    "LOGS",
+    "OFFER",
+    "OPS",
+    "PROTOCOL_MAJOR",
+    "PROTOCOL_MINOR",
+    "QUOTE",
+    "RELEASE",
+    "RESTART",
+    "SIGNAL",
+    "START",
+    "STOP",
+    "VERBS",
+    "WAIT",
+    "Verb",
+]
+
+PROTOCOL_MAJOR = 1
+PROTOCOL_MINOR = 1  # 1: heartbeats say which minor version they speak; unknown verbs are typed
+
+Q = TypeVar("Q", bound=BaseModel)
+A = TypeVar("A")
+
+
+@dataclass(frozen=True, eq=False)
+class Verb(Generic[Q, A]):
+    """One verb: ``request`` goes out, a reply of type ``reply`` comes back."""
+
+    name: str
+    request: type[Q]
+    reply: Any  # the reply's type: a model, or list[model]
+    since: int = 0  # the protocol's minor version that brought this verb in
+    doc: str = field(default="", compare=False)
+
+    @cached_property
+    def reply_adapter(self) -> TypeAdapter[A]:
+        return TypeAdapter(self.reply)
+
+    def decode_request(self, data: bytes) -> Q:
+        """The request as this process knows it; unknown keys (a newer peer's) are dropped."""
+        return self.request.model_validate_json(data or b"{}", context=PEER)
+
+
+VERBS: dict[str, Verb[Any, Any]] = {}
+
+
+def _verb(name: str, request: type[Q], reply: Any, doc: str, *, since: int = 0) -> Verb[Q, Any]:
+    verb: Verb[Q, Any] = Verb(name, request, reply, since, doc)
+    assert name not in VERBS, f"verb {name} defined twice"
+    VERBS[name] = verb
+    return verb
+
+
+OFFER: Verb[OfferRequest, Offer] = _verb(
+    "offer", OfferRequest, Offer, "what the worker can offer a machine of this size"
+)
+CLAIM: Verb[ClaimRequest, Machine] = _verb(
+    "claim", ClaimRequest, Machine, "reserve the capacity and make the machine, atomically"
+)
+CLAIM_BATCH: Verb[BatchClaimRequest, BatchClaimReply] = _verb(
+    "claim_batch", BatchClaimRequest, BatchClaimReply, "several machines of one config, all or none"
+)
+GET: Verb[MachineRef, Machine] = _verb("get", MachineRef, Machine, "one machine's record")
+START: Verb[MachineRef, Machine] = _verb("start", MachineRef, Machine, "start a machine")
+STOP: Verb[StopCommand, Machine] = _verb("stop", StopCommand, Machine, "send the stop signal")
+RESTART: Verb[StopCommand, Machine] = _verb(
+    "restart", StopCommand, Machine, "stop, then start again; answered once started"
+)
+SIGNAL: Verb[SignalCommand, Machine] = _verb(
+    "signal", SignalCommand, Machine, "send a signal to the machine's process"
+)
+DESTROY: Verb[DestroyCommand, Machine] = _verb(
+    "destroy", DestroyCommand, Machine, "destroy and release the reservation"
+)
+WAIT: Verb[WaitCommand, Machine] = _verb(
+    "wait", WaitCommand, Machine, "answer once the machine reaches a state"
+)
+LOGS: Verb[LogsCommand, LogsReply] = _verb("logs", LogsCommand, LogsReply, "output from an offset")
+EVENTS: Verb[EventsCommand, list[MachineEvent]] = _verb(
+    "events", EventsCommand, list[MachineEvent], "every event of a machine, newest first"
+)
+OPS: Verb[MachineRef, list[OpRecord]] = _verb(
+    "ops", MachineRef, list[OpRecord], "the machine's op log, oldest first"
+)
+HOLD: Verb[HoldRequest, Quote] = _verb("hold", HoldRequest, Quote, "hold capacity (a quote)")
+QUOTE: Verb[QuoteRef, Quote] = _verb("quote", QuoteRef, Quote, "one quote")
+RELEASE: Verb[QuoteRef, Quote] = _verb("release", QuoteRef, Quote, "give a quote's hold back")
+CORDON: Verb[CordonCommand, WorkerInfo] = _verb(
+    "cordon", CordonCommand, WorkerInfo, "cordon or uncordon the worker"
+)
+DRAIN: Verb[DrainCommand, WorkerInfo] = _verb(
+    "drain", DrainCommand, WorkerInfo, "cordon the worker and stop its machines"
+)
+LIST: Verb[ListCommand, list[Machine]] = _verb(
+    "list", ListCommand, list[Machine], "the worker's machines"
+)
+DIGEST: Verb[DigestCommand, WorkerDigest] = _verb(
+    "digest", DigestCommand, WorkerDigest, "a hash of the worker's machines (anti-entropy)"
+)
+LOCATE: Verb[LocateCommand, LocateReply] = _verb(
+    "locate", LocateCommand, LocateReply, "whether the worker holds a machine"
+)
