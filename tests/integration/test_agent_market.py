@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from souq.bus import subjects
-from souq.bus.codec import decode_one_or_many, encode, unwrap
+from souq.bus.codec import decode, decode_one_or_many, encode, unwrap
 from souq.errors import ClaimRefused, IdempotencyConflict
 from souq.model import (
     ClaimRequest,
@@ -22,6 +22,7 @@ from souq.model import (
     OfferRequest,
     Resources,
     StopCommand,
+    WorkerUsage,
 )
 from souq.protocol import verbs as v
 from tests.integration.agent_harness import APP, Harness, eventually, load, running_agent
@@ -191,5 +192,37 @@ def test_heartbeats_flow_every_interval(nats_url: str, tmp_path: Path) -> None:
             await h.bus.subscribe(subjects.ALL_HEARTBEATS, on_beat)
             await eventually(lambda: len(beats) >= 3, what="three heartbeats")
             assert beats == sorted(beats)
+
+    asyncio.run(body())
+
+
+def test_the_worker_tells_its_usage_when_a_claim_or_destroy_changes_it(
+    nats_url: str, tmp_path: Path
+) -> None:
+    async def body() -> None:
+        async with running_agent(nats_url, tmp_path, cpus=2, memory_mb=1024) as h:
+            told: list[WorkerUsage] = []
+
+            async def on_usage(subject: str, data: bytes) -> None:
+                told.append(decode(data, WorkerUsage))
+
+            await h.bus.subscribe(subjects.ALL_USAGE, on_usage)
+            await h.bus.flush()
+            m = await h.claim(SLEEPER, cpus=1.5, memory_mb=256)
+            claimed = await eventually(
+                lambda: [u for u in told if u.allocated.cpus == 1.5], what="the usage"
+            )
+            assert claimed[-1].worker_id == h.worker_id
+            assert claimed[-1].capacity.cpus == 2
+            await h.call(v.DESTROY, DestroyCommand(app=APP, machine_id=m.id, force=True))
+            freed = await eventually(
+                lambda: [u for u in told if u.allocated.cpus == 0], what="the freed usage"
+            )
+            assert freed[-1].version > claimed[-1].version
+            # Refused claims carry it too, so that a broker corrects its book at once.
+            await h.claim(SLEEPER, cpus=1.5, memory_mb=256)
+            with pytest.raises(ClaimRefused) as caught:
+                await h.claim(SLEEPER, cpus=1, memory_mb=256)
+            assert caught.value.details["usage"]["allocated"]["cpus"] == 1.5
 
     asyncio.run(body())

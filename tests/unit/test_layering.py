@@ -19,6 +19,7 @@ PURE = [
     "agent/lifecycle.py",
     "agent/operations.py",
     "agent/restart.py",
+    "agent/admission.py",
     "protocol/verbs.py",
     "protocol/dispatch.py",
     "view/digest.py",

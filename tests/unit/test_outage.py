@@ -135,7 +135,7 @@ async def test_the_agent_holds_events_while_the_bus_is_down_and_announces_its_re
     claim = ClaimRequest(
         request_id="r1", body_hash="h", app="web", region="mad", config=MachineConfig(cmd=["x"])
     )
-    m = agent.commands.claim(claim, Resources(cpus=4, memory_mb=4096))
+    m = agent.commands.claim(claim)
     await wait_for(lambda: any(e.event.status == MachineState.STARTED for e in events))
 
     await bus.set_connected(False)

@@ -21,31 +21,18 @@ from __future__ import annotations
 from souq.agent.commands import Commands
 from souq.agent.executor import Executor
 from souq.drivers.base import PreparesSpawns
-from souq.errors import ClaimRefused, IdempotencyConflict
+from souq.errors import IdempotencyConflict
 from souq.model.batch import BatchClaimReply, BatchClaimRequest
 from souq.model.machine import Machine
 from souq.model.protocol import ClaimRequest
-from souq.model.resources import Resources
-from souq.placement.stages import shortfall
 
 __all__ = ["claim_batch"]
 
 
 def claim_batch(
-    executor: Executor,
-    commands: Commands,
-    req: BatchClaimRequest,
-    *,
-    capacity: Resources,
-    in_use: Resources,
+    executor: Executor, commands: Commands, req: BatchClaimRequest, *, now_ms: int
 ) -> BatchClaimReply:
-    """Make every item of ``req`` or none (see the module). ``in_use`` is what is reserved and
-    held on this worker now."""
-    if req.region != executor.region:
-        raise ClaimRefused(
-            f"worker {executor.worker_id} is in region {executor.region}, not {req.region}",
-            details={"reason": "wrong_region"},
-        )
+    """Make every item of ``req`` or none (see the module)."""
     new = 0
     for request_id in req.request_ids:
         known = executor.machine_for_request(request_id)
@@ -57,20 +44,7 @@ def claim_batch(
                 hint="use a new idempotency key for a different request",
                 details={"machine_id": known},
             )
-    one = req.config.guest.resources()
-    want = Resources(
-        cpus=one.millicpus * new / 1000,
-        memory_mb=one.memory_mb * new,
-        disk_mb=one.disk_mb * new,
-        gpus=one.gpus * new,
-    )
-    short = shortfall(want, capacity, in_use)
-    if short is not None:
-        raise ClaimRefused(
-            f"{new} machines no longer fit together: {short.detail}",
-            hint="another claim took the capacity first; try another worker",
-            details={"reason": short.reason},
-        )
+    executor.admission.check_batch(req.region, req.config.guest.resources(), new, now_ms)
     if not req.skip_launch and isinstance(executor.driver, PreparesSpawns):
         executor.driver.prepare_spawns(new)
     machines: list[Machine] = []
@@ -85,6 +59,6 @@ def claim_batch(
             skip_launch=req.skip_launch,
             placement=req.placement,
         )
-        machines.append(commands.claim(claim, capacity, durable=False))
+        machines.append(commands.claim(claim, durable=False, admitted=True))
     executor.store.sync()  # one fsync for the whole batch, before it is answered
     return BatchClaimReply(machines=machines)

@@ -12,13 +12,13 @@ import asyncio
 import contextlib
 
 from souq.agent import lifecycle
+from souq.agent.admission import HeldQuote
 from souq.agent.executor import Executor, Source
 from souq.agent.lifecycle import Event
 from souq.agent.operations import OpEvent, OpKind, advance
 from souq.agent.records import MachineRow
 from souq.clock import Clock
 from souq.errors import (
-    ClaimRefused,
     Conflict,
     IdempotencyConflict,
     IllegalTransition,
@@ -28,7 +28,6 @@ from souq.errors import (
 from souq.ids import new_machine_id
 from souq.model.machine import Machine, MachineEvent, MachineState, OpRecord, normalise_signal
 from souq.model.protocol import ClaimRequest, LogsReply
-from souq.model.resources import Resources
 
 __all__ = ["LOG_POLL_S", "Commands"]
 
@@ -42,20 +41,26 @@ class Commands:
         self._ex = executor
         self._clock = clock
 
-    def claim(self, req: ClaimRequest, capacity: Resources, *, durable: bool = True) -> Machine:
+    def claim(
+        self,
+        req: ClaimRequest,
+        *,
+        quote: HeldQuote | None = None,
+        durable: bool = True,
+        admitted: bool = False,
+    ) -> Machine:
         """Reserve capacity and record the machine in one transaction, then (unless
         ``skip_launch``) start it: the reply shows ``started``, or ``failed``. A claim for a
-        known request id returns that machine (same body) or is an idempotency conflict."""
+        known request id returns that machine (same body) or is an idempotency conflict.
+        Admission judges the claim first (:mod:`souq.agent.admission`), with ``quote``'s hold
+        when it names one; ``admitted``: it already did (a batch, judged as a whole)."""
         ex = self._ex
-        if req.region != ex.region:
-            raise ClaimRefused(
-                f"worker {ex.worker_id} is in region {ex.region}, not {req.region}",
-                details={"reason": "wrong_region"},
-            )
         known = ex.machine_for_request(req.request_id)
         if known is not None:
             return self._claimed_before(req, known)
         now = self._clock.now_ms()
+        if not admitted:
+            ex.admission.check_claim(req.region, req.config.guest.resources(), now, quote=quote)
         op = ex.new_op(OpKind.CREATE, new_machine_id(), source="user", type="start")
         events = [MachineEvent(type="launch", status=S.CREATED, source="user", timestamp=now)]
         if req.skip_launch:
@@ -78,9 +83,7 @@ class Commands:
             updated_at=now,
             events=tuple(reversed(events)),
         )
-        existing = ex.create(
-            row, capacity, op, op_event, step.next, quote_id=req.quote_id, durable=durable
-        )
+        existing = ex.create(row, op, op_event, step.next, quote_id=req.quote_id, durable=durable)
         if existing is not None:
             return self._claimed_before(req, existing)
         ex.execute(op, step.actions)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from souq.agent import lifecycle
+from souq.agent.admission import Admission
 from souq.agent.faults import FaultPoint
 from souq.agent.lifecycle import Event
 from souq.agent.operations import Action, OpEvent, OpKind, OpState, advance
@@ -87,6 +88,7 @@ class Executor:
         backoff: Backoff,
         clock: Clock,
         on_event: Callable[[MachineEventMessage], None],
+        admission: Admission,
     ) -> None:
         self.worker_id = worker_id
         self.region = region
@@ -100,7 +102,7 @@ class Executor:
         # Kept up to date so that offers never scan the machine records.
         self._live_by_app: Counter[str] = Counter(r.app for r in rows if r.state is not S.DESTROYED)
         self.records_made = len(rows)  # grows with every new machine record
-        self._allocated = store.allocated()
+        self.admission = admission  # the ledger: reservations are recorded there too
         self._handles: dict[str, Handle] = {}
         self._ops: dict[str, Op] = {}
         self._ran_since: dict[str, float] = {}
@@ -119,7 +121,8 @@ class Executor:
 
     @property
     def allocated(self) -> Resources:
-        return self._allocated
+        """What the machines reserve (quotes' holds not included)."""
+        return self.admission.reserved
 
     def machine_count(self, app: str | None = None) -> int:
         """Machines not destroyed (of ``app``, when given)."""
@@ -173,7 +176,6 @@ class Executor:
     def create(
         self,
         row: MachineRow,
-        capacity: Resources,
         op: Op,
         op_event: OpEvent,
         op_state: OpState,
@@ -182,7 +184,7 @@ class Executor:
         durable: bool = True,
     ) -> str | None:
         """Record a new machine, its reservation, its events and its operation's first step in
-        one transaction (the capacity is checked in it, or the quote's hold is used). Returns
+        one transaction (admission judged it before; a quote's hold is marked used). Returns
         the id of the machine already made for the same request id instead, if there is one.
 
         The transaction reaches the operating system before anything runs, and the disk before
@@ -192,7 +194,7 @@ class Executor:
         for all its claims)."""
         now = row.created_at
         log_step = OpStep(op.id, row.id, op.kind, op_state, op_event, now, op.params)
-        existing = self.store.claim(row, capacity, [log_step], quote_id=quote_id, durable=False)
+        existing = self.store.claim(row, [log_step], quote_id=quote_id, durable=False)
         if existing is not None:
             return existing
         self._unsynced = durable
@@ -202,7 +204,7 @@ class Executor:
         self._by_request[row.request_id] = row.id
         self._live_by_app[row.app] += 1
         self.records_made += 1
-        self._allocated = self._allocated.plus(row.resources)
+        self.admission.reserve(row.resources)
         for event in reversed(row.events):
             self._publish(row, event)
         self._op_reached(op, op_state)
@@ -267,7 +269,7 @@ class Executor:
             if not self._live_by_app[row.app]:
                 del self._live_by_app[row.app]
         if release:
-            self._allocated = self._allocated.minus(row.resources)
+            self.admission.release(row.resources)
         if op is not None and step is not None:
             self._op_reached(op, step.next)
         self._notify(row.id)

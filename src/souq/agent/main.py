@@ -18,6 +18,7 @@ from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 from souq import daemon
+from souq.agent.admission import Admission
 from souq.agent.commands import Commands
 from souq.agent.config import AgentConfig
 from souq.agent.executor import Executor
@@ -28,9 +29,10 @@ from souq.agent.reaper import Reaper, make_subreaper
 from souq.agent.service import AgentService
 from souq.agent.store import Store
 from souq.bus.transport import Transport
-from souq.clock import Clock, SystemClock
+from souq.clock import Clock
 from souq.drivers.base import Driver
 from souq.drivers.host import HostDriver
+from souq.loop_clock import LoopClock
 
 if TYPE_CHECKING:
     from souq.agent.metrics import MetricsServer
@@ -61,7 +63,7 @@ class Agent:
         self._given_driver = driver  # e.g. the hollow fleet's no-op driver
         self._transport = transport
         self._own_transport = transport is None
-        self._clock = clock or SystemClock()
+        self._clock = clock or LoopClock()
         self._store: Store | None = None
         self._executor: Executor | None = None
         self._commands: Commands | None = None
@@ -107,6 +109,14 @@ class Agent:
         try:
             self.worker_id = self._store.worker_id()
             outbox = Outbox()  # events wait here while the bus is down
+            admission = Admission(
+                worker_id=self.worker_id,
+                region=config.region,
+                capacity=self.capacity,
+                reserved=self._store.allocated(),
+                cordoned=self._store.meta("cordoned") == "1",
+                draining=self._store.meta("draining") == "1",
+            )
             self._executor = Executor(
                 worker_id=self.worker_id,
                 region=config.region,
@@ -115,6 +125,7 @@ class Agent:
                 backoff=config.backoff,
                 clock=self._clock,
                 on_event=outbox.put,
+                admission=admission,
             )
             self._executor.fault = fault_point(config.data_dir)
             self._commands = Commands(self._executor, self._clock)
@@ -130,7 +141,6 @@ class Agent:
                 self._commands,
                 self._transport,
                 outbox,
-                capacity=self.capacity,
                 labels=config.labels,
                 fingerprint=self.fingerprint,
                 heartbeat_interval_s=config.heartbeat_interval_s,

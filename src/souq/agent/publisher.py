@@ -28,7 +28,7 @@ from souq.bus.codec import encode, encode_many
 from souq.bus.transport import Transport
 from souq.errors import Unavailable
 from souq.model.protocol import MachineEventMessage
-from souq.model.worker import Heartbeat, WorkerInfo
+from souq.model.worker import Heartbeat, WorkerInfo, WorkerUsage
 from souq.protocol.verbs import PROTOCOL_MINOR
 
 __all__ = ["EVENTS_LINGER_S", "MESSAGE_BYTES", "Publisher"]
@@ -51,6 +51,8 @@ class Publisher:
         worker_id: str,
         interval_s: float,
         worker_info: Callable[[], WorkerInfo],
+        usage: Callable[[], WorkerUsage],
+        artifacts: Callable[[], list[str]],
         stats: AgentStats,
     ) -> None:
         self._transport = transport
@@ -59,6 +61,9 @@ class Publisher:
         self._worker_id = worker_id
         self._interval = interval_s
         self._worker_info = worker_info
+        self._usage = usage
+        self._artifacts = artifacts
+        self._usage_sent = -1  # the ledger version last told (heartbeats tell it too)
         self._stats = stats
         self._seq = 0
         self.reconnects = 0  # times the bus came back (sent in heartbeats)
@@ -112,13 +117,16 @@ class Publisher:
         if not self._transport.connected:
             return  # a stale heartbeat buffered through an outage would tell nothing true
         self._seq += 1
+        info = self._worker_info()
         beat = Heartbeat(
-            worker=self._worker_info(),
+            worker=info,
             seq=self._seq,
             interval_s=self._interval,
             reconnects=self.reconnects,
             protocol=PROTOCOL_MINOR,
+            artifacts=self._artifacts(),
         )
+        self._usage_sent = max(self._usage_sent, info.version)
         try:
             await self._transport.publish(
                 subjects.heartbeat(self._region, self._worker_id), encode(beat)
@@ -163,6 +171,22 @@ class Publisher:
             # with the reply, and it applies them to its view before it reads the reply.
             await asyncio.sleep(EVENTS_LINGER_S)
             await self._send_events()
+            await self._send_usage()
+
+    async def _send_usage(self) -> None:
+        """Tell what the worker has promised, if that changed since it was last told: a claim
+        or a destroy moves it, and brokers choose workers by it between heartbeats."""
+        usage = self._usage()
+        if usage.version == self._usage_sent or not self._transport.connected:
+            return
+        try:
+            await self._transport.publish(
+                subjects.usage(self._region, self._worker_id), encode(usage)
+            )
+        except Unavailable as exc:
+            log.debug("usage not sent: %s", exc)
+        else:
+            self._usage_sent = usage.version
 
     async def _send_events(self) -> None:
         """Send what the outbox holds, in order, several events to a message (a claim makes

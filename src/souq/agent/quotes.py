@@ -1,25 +1,26 @@
 """Quotes on the worker: capacity held for a machine that is not made yet, for a while.
 
-A hold is recorded in the store (``holds``) before the broker hears of it, and counts against the
-worker's capacity in offers and claims until it is used by a claim, released, or expires. The
-worker itself releases an expired hold: a timer per hold marks it expired at ``expires_at`` and
-announces the freed capacity; claims and new holds also ignore a hold past its expiry even if its
-timer has not fired yet (after an agent restart, overdue holds are expired at start).
+Admission judges a hold (:meth:`souq.agent.admission.Admission.check_hold`); the store records
+it (``holds``) before the broker hears of it; from then on it counts against the worker's
+capacity in offers and claims until a claim uses it, it is released, or it expires. The worker
+itself releases an expired hold: a timer per hold (on the injected clock, so a virtual clock
+drives it in tests and the simulator) marks it expired at ``expires_at`` and announces the freed
+capacity; admission ignores a hold past its expiry even before its timer fires (after an agent
+restart, overdue holds are expired at start).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 
+from souq.agent.admission import Admission, HeldQuote
 from souq.agent.records import HoldRow
 from souq.agent.store import Store
-from souq.clock import Clock
+from souq.clock import Clock, Timer
 from souq.errors import NotFound
 from souq.model.placement import Placement
 from souq.model.protocol import HoldRequest, Quote, QuoteState
-from souq.model.resources import Resources
 
 __all__ = ["Quotes"]
 
@@ -28,56 +29,75 @@ log = logging.getLogger(__name__)
 
 class Quotes:
     def __init__(
-        self, store: Store, clock: Clock, worker_id: str, *, on_change: Callable[[], None]
+        self,
+        store: Store,
+        clock: Clock,
+        admission: Admission,
+        *,
+        on_change: Callable[[], None],
     ) -> None:
         self._store = store
         self._clock = clock
-        self._worker_id = worker_id
+        self._admission = admission
+        self._worker_id = admission.worker_id
         self._on_change = on_change
-        self._live: dict[str, HoldRow] = {h.id: h for h in store.holds(QuoteState.HELD)}
-        self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._expires: dict[str, int] = {}  # live holds: quote id -> expires_at (ms)
+        self._timers: dict[str, Timer] = {}
+        for hold in store.holds(QuoteState.HELD):
+            self._expires[hold.id] = hold.expires_at
+            admission.hold(hold.id, hold.resources, hold.expires_at)
 
     def start(self) -> None:
         """Arm a timer for every live hold (expiring the overdue ones at once)."""
-        for hold in list(self._live.values()):
-            self._arm(hold)
+        for quote_id in list(self._expires):
+            self._arm(quote_id)
 
     def close(self) -> None:
         for timer in self._timers.values():
             timer.cancel()
         self._timers.clear()
 
-    def held(self) -> Resources:
-        """What live holds keep from new machines."""
+    def hold(self, req: HoldRequest) -> Quote:
         now = self._clock.now_ms()
-        total = Resources.zero()
-        for hold in self._live.values():
-            if hold.expires_at > now:
-                total = total.plus(hold.resources)
-        return total
-
-    def hold(self, req: HoldRequest, capacity: Resources) -> Quote:
-        now = self._clock.now_ms()
+        known = self._store.get_hold(req.quote_id)
+        if known is not None:  # a retried hold
+            return known.to_quote(self._worker_id)
+        want = req.config.guest.resources()
+        self._admission.check_hold(req.region, want, now)
         row = HoldRow(
             id=req.quote_id,
             app=req.app,
             region=req.region,
-            resources=req.config.guest.resources(),
+            resources=want,
             config=req.config,
             placement=req.placement,
             ttl_s=req.ttl_s,
             created_at=now,
             expires_at=now + round(req.ttl_s * 1000),
         )
-        stored = self._store.hold(row, capacity)
-        if stored.state is QuoteState.HELD and stored.id not in self._live:
-            self._live[stored.id] = stored
-            self._arm(stored)
+        stored = self._store.hold(row)
+        if stored.state is QuoteState.HELD and stored.id not in self._expires:
+            self._expires[stored.id] = stored.expires_at
+            self._admission.hold(stored.id, stored.resources, stored.expires_at)
+            self._arm(stored.id)
             self._on_change()
         return stored.to_quote(self._worker_id)
 
     def get(self, app: str, quote_id: str) -> Quote:
         return self._find(app, quote_id).to_quote(self._worker_id)
+
+    def held_quote(self, app: str, quote_id: str) -> HeldQuote:
+        """The quote a claim names, as admission judges it (``not_found`` if it is not the
+        app's)."""
+        row = self._find(app, quote_id)
+        return HeldQuote(
+            id=row.id,
+            app=row.app,
+            resources=row.resources,
+            expires_at=row.expires_at,
+            state=row.state,
+            machine_id=row.machine_id,
+        )
 
     def placement(self, quote_id: str) -> Placement | None:
         """The placement record the quote was made with (None for an unknown quote)."""
@@ -92,7 +112,8 @@ class Quotes:
 
     def used(self, quote_id: str) -> None:
         """A claim turned the hold into a machine's reservation (in its own transaction)."""
-        self._live.pop(quote_id, None)
+        self._expires.pop(quote_id, None)
+        self._admission.end_hold(quote_id)
         timer = self._timers.pop(quote_id, None)
         if timer is not None:
             timer.cancel()
@@ -106,25 +127,25 @@ class Quotes:
             )
         return hold
 
-    def _arm(self, hold: HoldRow) -> None:
-        delay = max(0.0, (hold.expires_at - self._clock.now_ms()) / 1000)
-        loop = asyncio.get_running_loop()
-        self._timers[hold.id] = loop.call_later(delay, self._expire, hold.id)
+    def _arm(self, quote_id: str) -> None:
+        delay = max(0.0, (self._expires[quote_id] - self._clock.now_ms()) / 1000)
+        self._timers[quote_id] = self._clock.call_later(delay, lambda: self._expire(quote_id))
 
     def _expire(self, quote_id: str) -> None:
         self._timers.pop(quote_id, None)
-        hold = self._live.get(quote_id)
-        if hold is None:
+        expires_at = self._expires.get(quote_id)
+        if expires_at is None:
             return
-        if hold.expires_at > self._clock.now_ms():  # the clock lags the loop's timer: re-arm
-            self._arm(hold)
+        if expires_at > self._clock.now_ms():  # the wall clock lags the timer: re-arm
+            self._arm(quote_id)
             return
         log.info("quote %s expired; its capacity is free again", quote_id)
         self._end(quote_id, QuoteState.EXPIRED)
 
     def _end(self, quote_id: str, state: QuoteState) -> None:
         self._store.end_hold(quote_id, state)
-        if self._live.pop(quote_id, None) is not None:
+        if self._expires.pop(quote_id, None) is not None:
+            self._admission.end_hold(quote_id)
             timer = self._timers.pop(quote_id, None)
             if timer is not None:
                 timer.cancel()

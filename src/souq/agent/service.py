@@ -26,7 +26,6 @@ from souq.bus import subjects
 from souq.bus.transport import Subscription, Transport
 from souq.clock import Clock
 from souq.logs import log_context
-from souq.model.resources import Resources
 from souq.model.worker import Fingerprint
 from souq.protocol.verbs import DIGEST, LIST, LOCATE, OFFER
 
@@ -45,7 +44,6 @@ class AgentService:
         transport: Transport,
         outbox: Outbox,
         *,
-        capacity: Resources,
         labels: dict[str, str],
         fingerprint: Fingerprint,
         heartbeat_interval_s: float,
@@ -56,7 +54,7 @@ class AgentService:
         self.worker_id = executor.worker_id
         self.region = executor.region
         self.stats = AgentStats(
-            capacity=lambda: self.verbs.capacity,
+            capacity=lambda: executor.admission.capacity,
             allocated=lambda: executor.allocated,
             pending_events=lambda: len(outbox),
             connected=lambda: transport.connected,
@@ -64,7 +62,6 @@ class AgentService:
         self.verbs = WorkerVerbs(
             executor,
             commands,
-            capacity=capacity,
             labels=labels,
             fingerprint=fingerprint,
             clock=clock,
@@ -77,6 +74,8 @@ class AgentService:
             worker_id=self.worker_id,
             interval_s=heartbeat_interval_s,
             worker_info=self.verbs.worker_info,
+            usage=self.verbs.usage,
+            artifacts=self.verbs.artifacts,
             stats=self.stats,
         )
         self.verbs.publisher = self.publisher

@@ -41,14 +41,8 @@ from pydantic import BaseModel
 
 from souq.agent.operations import OpEvent, OpKind, OpState
 from souq.agent.records import RECENT_EVENTS, HoldRow, MachineRow, OpStep
-from souq.clock import iso_from_ms
 from souq.errors import (
-    ClaimRefused,
     IdempotencyConflict,
-    InvalidInput,
-    NotFound,
-    QuoteExpired,
-    QuoteUsed,
     StorageError,
 )
 from souq.ids import new_worker_id
@@ -56,7 +50,6 @@ from souq.model.machine import MachineConfig, MachineEvent, MachineState
 from souq.model.placement import Placement
 from souq.model.protocol import QuoteState
 from souq.model.resources import Resources
-from souq.placement.stages import shortfall
 
 __all__ = ["Store"]
 
@@ -274,53 +267,21 @@ class Store:
         """What the machines reserve (holds not included)."""
         return _sum(self._read(f"SELECT {_SUMS} FROM reservations")[0])  # noqa: S608
 
-    @classmethod
-    def _check_fits(
-        cls,
-        db: sqlite3.Connection,
-        want: Resources,
-        capacity: Resources,
-        now_ms: int,
-        what: str,
-    ) -> None:
-        """Inside a claim or hold: refuse when ``want`` no longer fits beside what machines and
-        live holds use (another claim took the room since the offer)."""
-        short = shortfall(want, capacity, cls._in_use(db, now_ms))
-        if short is not None:
-            raise ClaimRefused(
-                f"the {what} no longer fits: {short.detail}",
-                hint="another claim took the capacity first; try another worker",
-                details={"reason": short.reason},
-            )
-
-    @staticmethod
-    def _in_use(db: sqlite3.Connection, now_ms: int) -> Resources:
-        """Machines' reservations plus live holds: what a new claim or hold must fit beside."""
-        used = db.execute(
-            f"SELECT {_SUMS} FROM ("  # noqa: S608
-            f"  SELECT {_AMOUNTS} FROM reservations"
-            "  UNION ALL"
-            f"  SELECT {_AMOUNTS} FROM holds WHERE state = 'held' AND expires_at > ?"
-            ")",
-            (now_ms,),
-        ).fetchone()
-        return _sum(used)
-
     # -- machines ------------------------------------------------------------------------------
 
     def claim(
         self,
         row: MachineRow,
-        capacity: Resources,
         steps: Sequence[OpStep],
         *,
         quote_id: str | None = None,
         durable: bool = True,
     ) -> str | None:
         """In one transaction: refuse a different body for a known request id, return the
-        machine already made for it, or check the capacity (or use the quote's hold), reserve it
-        and record the machine with its events and op steps. Returns the id of an existing
-        machine, or None. ``durable=False``: not fsynced (a batch syncs once, :meth:`sync`)."""
+        machine already made for it, or record the machine, its reservation (or mark the quote
+        whose hold it takes used), its events and op steps. Admission judged the claim before
+        (:mod:`souq.agent.admission`). Returns the id of an existing machine, or None.
+        ``durable=False``: not fsynced (a batch syncs once, :meth:`sync`)."""
         with self._write(durable=durable) as db:
             found = db.execute(
                 "SELECT id, body_hash FROM machines WHERE request_id = ?", (row.request_id,)
@@ -335,9 +296,10 @@ class Store:
                     )
                 return str(found[0])
             if quote_id is not None:
-                self._use_hold(db, quote_id, row)
-            else:
-                self._check_fits(db, row.resources, capacity, row.created_at, "machine")
+                db.execute(
+                    "UPDATE holds SET state = 'used', machine_id = ? WHERE id = ?",
+                    (row.id, quote_id),
+                )
             db.execute(
                 f"INSERT INTO machines ({_MACHINE_COLUMNS}) "  # noqa: S608 (constant columns)
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -515,15 +477,14 @@ class Store:
 
     # -- holds (quotes) ------------------------------------------------------------------------
 
-    def hold(self, hold: HoldRow, capacity: Resources) -> HoldRow:
-        """Hold capacity for a quote, checked in one transaction; a known quote id returns the
-        hold already recorded for it."""
+    def hold(self, hold: HoldRow) -> HoldRow:
+        """Record a quote's hold (admission judged it); a known quote id returns the hold
+        already recorded for it."""
         with self._write() as db:
             found = db.execute(f"SELECT {_HOLD_COLUMNS} FROM holds WHERE id = ?", (hold.id,))  # noqa: S608
             existing = found.fetchone()
             if existing is not None:
                 return _hold(existing)
-            self._check_fits(db, hold.resources, capacity, hold.created_at, "quote")
             db.execute(
                 f"INSERT INTO holds ({_HOLD_COLUMNS}) "  # noqa: S608
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -563,41 +524,6 @@ class Store:
                 "UPDATE holds SET state = ? WHERE id = ? AND state = 'held'",
                 (str(state), quote_id),
             )
-
-    @staticmethod
-    def _use_hold(db: sqlite3.Connection, quote_id: str, row: MachineRow) -> None:
-        """Inside a claim: turn the quote's hold into the machine's reservation."""
-        found = db.execute(f"SELECT {_HOLD_COLUMNS} FROM holds WHERE id = ?", (quote_id,))  # noqa: S608
-        raw = found.fetchone()
-        if raw is None or _hold(raw).app != row.app:
-            raise NotFound(
-                f"quote {quote_id} not found in app {row.app}",
-                hint="quotes belong to the app that asked for them",
-            )
-        hold = _hold(raw)
-        if hold.state is QuoteState.USED:
-            raise QuoteUsed(
-                f"quote {quote_id} was already used by machine {hold.machine_id}",
-                hint="a quote makes one machine; ask for a new quote",
-                details={"machine_id": hold.machine_id},
-            )
-        if hold.state is not QuoteState.HELD or hold.expires_at <= row.created_at:
-            raise QuoteExpired(
-                f"quote {quote_id} expired at {iso_from_ms(hold.expires_at)}"
-                if hold.state is not QuoteState.RELEASED
-                else f"quote {quote_id} was released",
-                hint="ask for a new quote, or create the machine without one",
-            )
-        if not row.resources.fits_within(hold.resources):
-            raise InvalidInput(
-                f"the machine asks for {row.resources.cpus:g} cpus / "
-                f"{row.resources.memory_mb} MiB but quote {quote_id} holds "
-                f"{hold.resources.cpus:g} cpus / {hold.resources.memory_mb} MiB",
-                hint="use the guest size the quote was made for",
-            )
-        db.execute(
-            "UPDATE holds SET state = 'used', machine_id = ? WHERE id = ?", (row.id, quote_id)
-        )
 
     # -- the op log ----------------------------------------------------------------------------
 

@@ -46,8 +46,7 @@ from souq.model.protocol import (
     WorkerDigest,
 )
 from souq.model.resources import Resources
-from souq.model.worker import Fingerprint, WorkerInfo, WorkerState
-from souq.placement.stages import shortfall
+from souq.model.worker import Fingerprint, WorkerInfo, WorkerState, WorkerUsage
 from souq.protocol import verbs as v
 from souq.protocol.dispatch import Dispatcher
 from souq.view.digest import machines_digest
@@ -65,7 +64,6 @@ class WorkerVerbs:
         executor: Executor,
         commands: Commands,
         *,
-        capacity: Resources,
         labels: dict[str, str],
         fingerprint: Fingerprint,
         clock: Clock,
@@ -75,14 +73,12 @@ class WorkerVerbs:
         self._cmd = commands
         self.worker_id = executor.worker_id
         self.region = executor.region
-        self.capacity = capacity
+        self.admission = executor.admission
         self.labels = dict(labels)
         self.fingerprint = fingerprint
         self._clock = clock
         self.stats = stats
-        self.cordoned = executor.store.meta("cordoned") == "1"
-        self.draining = executor.store.meta("draining") == "1"
-        self.quotes = Quotes(executor.store, clock, self.worker_id, on_change=self._announce)
+        self.quotes = Quotes(executor.store, clock, self.admission, on_change=self._announce)
         self.publisher: Publisher | None = None  # set by the shell once it is on the bus
         self._load = LoadGauge(clock)
         self._artifacts = ArtifactCache()
@@ -114,23 +110,39 @@ class WorkerVerbs:
 
     # -- the worker as others see it -------------------------------------------------------
 
+    @property
+    def capacity(self) -> Resources:
+        return self.admission.capacity
+
     def worker_info(self) -> WorkerInfo:
+        now = self._clock.now_ms()
         return WorkerInfo(
             id=self.worker_id,
             region=self.region,
-            state=self._state(),
-            capacity=self.capacity,
-            allocated=self._ex.allocated.plus(self.quotes.held()),
+            state=self.state(),
+            capacity=self.admission.capacity,
+            allocated=self.admission.in_use(now),
             labels=self.labels,
             fingerprint=self.fingerprint,
             machines=self._ex.machine_count(),
-            last_seen=self._clock.now_ms(),
+            last_seen=now,
+            version=self.admission.version,
+            load=self._load.read(),
         )
 
-    def _state(self) -> WorkerState:
-        if self.draining and self._cmd.running():
+    def usage(self) -> WorkerUsage:
+        """What the worker has promised now (sent whenever it changes)."""
+        return self.admission.usage(
+            self._clock.now_ms(), state=self.state(), machines=self._ex.machine_count()
+        )
+
+    def artifacts(self) -> list[str]:
+        return self._artifacts.artifacts(self._ex.records_made, self._ex.rows)
+
+    def state(self) -> WorkerState:
+        if self.admission.draining and self._cmd.running():
             return WorkerState.DRAINING
-        return WorkerState.CORDONED if self.cordoned else WorkerState.UP
+        return WorkerState.CORDONED if self.admission.cordoned else WorkerState.UP
 
     def _announce(self) -> None:
         if self.publisher is not None:
@@ -145,30 +157,20 @@ class WorkerVerbs:
         existing = self._ex.machine_for_request(req.request_id)
         if existing is not None:
             return Offer(worker=info, eligible=True, existing_machine_id=existing)
-        if self.cordoned:
-            return Offer(
-                worker=info,
-                eligible=False,
-                reason="cordoned",
-                detail=f"worker {self.worker_id} is cordoned: it takes no new machines",
-            )
+        refusal = self.admission.offer_refusal(req.resources, self._clock.now_ms())
+        if refusal is not None and refusal[0] == "cordoned":
+            return Offer(worker=info, eligible=False, reason=refusal[0], detail=refusal[1])
         # What placement scores beyond capacity: the host's measured load (cached, refreshed
         # at most every 0.5 s), the artifact cache, and the app's machines already here.
-        load = self._load.read()
-        artifacts = self._artifacts.artifacts(self._ex.records_made, self._ex.rows)
-        mine = self._ex.machine_count(req.app)
-        short = shortfall(req.resources, info.capacity, info.allocated)
-        if short is not None:
-            return Offer(
-                worker=info,
-                eligible=False,
-                reason=short.reason,
-                detail=short.detail,
-                load=load,
-                artifacts=artifacts,
-                app_machines=mine,
-            )
-        return Offer(worker=info, eligible=True, load=load, artifacts=artifacts, app_machines=mine)
+        return Offer(
+            worker=info,
+            eligible=refusal is None,
+            reason=refusal[0] if refusal else None,
+            detail=refusal[1] if refusal else None,
+            load=info.load,
+            artifacts=self.artifacts(),
+            app_machines=self._ex.machine_count(req.app),
+        )
 
     # -- placement -------------------------------------------------------------------------
 
@@ -176,22 +178,16 @@ class WorkerVerbs:
         self.stats.offers += 1
         return self.offer(req)
 
-    def _refuse_if_cordoned(self) -> None:
-        if self.cordoned:
-            raise ClaimRefused(
-                f"worker {self.worker_id} is cordoned",
-                hint="it takes no new machines; try another worker",
-                details={"reason": "cordoned"},
-            )
-
     async def _claim(self, req: ClaimRequest) -> Machine:
         try:
-            if req.quote_id is None:  # a quote's hold was made before any cordon
-                self._refuse_if_cordoned()
-            if req.quote_id is not None and req.placement is None:
-                # The machine keeps the explanation of the placement its quote made.
-                req = req.model_copy(update={"placement": self.quotes.placement(req.quote_id)})
-            machine = self._cmd.claim(req, self.capacity)
+            quote = None
+            if req.quote_id is not None:
+                quote = self.quotes.held_quote(req.app, req.quote_id)
+                if req.placement is None:
+                    # The machine keeps the explanation of the placement its quote made.
+                    placement = self.quotes.placement(req.quote_id)
+                    req = req.model_copy(update={"placement": placement})
+            machine = self._cmd.claim(req, quote=quote)
         except ClaimRefused as exc:
             self.stats.claimed(str(exc.details.get("reason", exc.status)))
             raise
@@ -201,18 +197,10 @@ class WorkerVerbs:
         return machine
 
     async def _claim_batch(self, req: BatchClaimRequest) -> BatchClaimReply:
-        self._refuse_if_cordoned()
-        return claim_batch(
-            self._ex,
-            self._cmd,
-            req,
-            capacity=self.capacity,
-            in_use=self.worker_info().allocated,
-        )
+        return claim_batch(self._ex, self._cmd, req, now_ms=self._clock.now_ms())
 
     async def _hold(self, req: HoldRequest) -> Quote:
-        self._refuse_if_cordoned()
-        return self.quotes.hold(req, self.capacity)
+        return self.quotes.hold(req)
 
     async def _quote(self, ref: QuoteRef) -> Quote:
         return self.quotes.get(ref.app, ref.quote_id)
@@ -225,12 +213,13 @@ class WorkerVerbs:
     async def _cordon(self, cmd: CordonCommand) -> WorkerInfo:
         """Cordon or uncordon: a cordoned worker makes no offers and refuses new claims; its
         machines keep running. Kept across agent restarts."""
-        if cmd.cordoned != self.cordoned or (self.draining and not cmd.cordoned):
+        a = self.admission
+        if cmd.cordoned != a.cordoned or (a.draining and not cmd.cordoned):
             self._ex.store.set_meta("cordoned", "1" if cmd.cordoned else "0")
-            if not cmd.cordoned:
+            draining = a.draining and cmd.cordoned
+            if not draining:
                 self._ex.store.set_meta("draining", "0")
-                self.draining = False
-            self.cordoned = cmd.cordoned
+            a.set_flags(cordoned=cmd.cordoned, draining=draining)
             await self._heartbeat()
         return self.worker_info()
 
@@ -238,10 +227,10 @@ class WorkerVerbs:
         """Cordon the worker and stop its machines gracefully, each with its own stop config.
         Answers at once; the worker reports ``draining`` until none runs, then ``cordoned``.
         ``uncordon`` ends a drain (stopped machines stay stopped)."""
-        if not (self.cordoned and self.draining):
+        if not (self.admission.cordoned and self.admission.draining):
             self._ex.store.set_meta("cordoned", "1")
             self._ex.store.set_meta("draining", "1")
-            self.cordoned = self.draining = True
+            self.admission.set_flags(cordoned=True, draining=True)
         stopped = self._cmd.stop_every()
         log.info("draining worker %s: stopping %d machines", self.worker_id, len(stopped))
         await self._heartbeat()

@@ -8,6 +8,7 @@ subject                            pattern                what travels
 ``souq.all.<verb>``                scatter-gather         list / locate, answered by every worker
 ``souq.hb.<region>.<worker>``      publish                heartbeat (WorkerInfo), every interval
 ``souq.evt.<region>.<worker>``     publish                machine events (state changes)
+``souq.use.<region>.<worker>``     publish                the worker's usage, when it changes
 ``souq.discover``                  publish                "heartbeat now": a new broker asks
 =================================  =====================  ==========================================
 """
@@ -21,6 +22,7 @@ __all__ = [
     "events",
     "heartbeat",
     "offers",
+    "usage",
     "worker",
     "worker_verbs",
 ]
@@ -29,6 +31,7 @@ PREFIX = "souq"
 DISCOVER = f"{PREFIX}.discover"
 ALL_HEARTBEATS = f"{PREFIX}.hb.>"
 ALL_EVENTS = f"{PREFIX}.evt.>"
+ALL_USAGE = f"{PREFIX}.use.>"
 
 
 def _token(value: str) -> str:
@@ -60,6 +63,10 @@ def heartbeat(region: str, worker_id: str) -> str:
 
 def events(region: str, worker_id: str) -> str:
     return f"{PREFIX}.evt.{_token(region)}.{_token(worker_id)}"
+
+
+def usage(region: str, worker_id: str) -> str:
+    return f"{PREFIX}.use.{_token(region)}.{_token(worker_id)}"
 
 
 def verb_of(subject: str) -> str:

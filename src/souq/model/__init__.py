@@ -44,7 +44,14 @@ from souq.model.protocol import (
     WorkerDigest,
 )
 from souq.model.resources import Resources
-from souq.model.worker import Fingerprint, Heartbeat, Load, WorkerInfo, WorkerState
+from souq.model.worker import (
+    Fingerprint,
+    Heartbeat,
+    Load,
+    WorkerInfo,
+    WorkerState,
+    WorkerUsage,
+)
 
 __all__ = [
     "APP_NAME_PATTERN",
@@ -98,5 +105,6 @@ __all__ = [
     "WorkerDigest",
     "WorkerInfo",
     "WorkerState",
+    "WorkerUsage",
     "normalise_signal",
 ]

@@ -10,7 +10,7 @@ from pydantic import Field
 from souq.model.base import Record
 from souq.model.resources import Resources
 
-__all__ = ["Fingerprint", "Heartbeat", "Load", "WorkerInfo", "WorkerState"]
+__all__ = ["Fingerprint", "Heartbeat", "Load", "WorkerInfo", "WorkerState", "WorkerUsage"]
 
 
 class WorkerState(StrEnum):
@@ -53,6 +53,12 @@ class WorkerInfo(Record):
     fingerprint: Fingerprint | None = None
     machines: int = Field(default=0, description="machines not destroyed")
     last_seen: int | None = Field(default=None, description="ms since epoch of the last heartbeat")
+    version: int = Field(
+        default=0,
+        description="the worker's ledger version: it grows with every change of what the "
+        "worker has promised, so the newest allocation heard wins",
+    )
+    load: Load | None = Field(default=None, description="what the host measures right now")
 
 
 class Heartbeat(Record):
@@ -64,6 +70,23 @@ class Heartbeat(Record):
         description="how many times the worker has reconnected to the bus; a change tells "
         "brokers to re-list its machines (it may have missed requests and lost events)",
     )
+    artifacts: list[str] = Field(
+        default_factory=list, description="artifacts the worker holds (its cache), newest first"
+    )
     protocol: int = Field(
         default=0, description="the minor version of the bus protocol the worker speaks"
     )
+
+
+class WorkerUsage(Record):
+    """What a worker has promised, sent on ``souq.use.<region>.<worker>`` whenever it changes
+    (a claim, a destroy, a quote): brokers keep their book of free capacity fresh with it
+    between heartbeats, and a refused claim carries one. The highest ``version`` wins."""
+
+    worker_id: str
+    region: str
+    state: WorkerState = WorkerState.UP
+    capacity: Resources
+    allocated: Resources = Field(description="what machines reserve and live quotes hold")
+    version: int
+    machines: int = Field(default=0, description="machines not destroyed")

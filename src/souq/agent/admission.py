@@ -1,0 +1,236 @@
+"""Admission: what a worker has promised, and the one place that says which claims it takes.
+
+Pure (sans-I/O): an :class:`Admission` is the worker's ledger — its capacity, what its machines
+reserve, the quotes it holds, whether it is cordoned or draining — and the rules every claim,
+batch claim, hold and offer is judged by. The agent's shell asks before it records anything
+(:mod:`souq.agent.verbs`, :mod:`souq.agent.commands`, :mod:`souq.agent.quotes`) and tells it
+what it recorded (:meth:`reserve`, :meth:`release`, :meth:`hold`, :meth:`end_hold` ...). The
+store keeps the records; nothing in it judges capacity.
+
+Every change of what is promised moves :attr:`Admission.version` on by one. The worker sends its
+allocation with that version (heartbeats, usage messages, refusals), so a broker keeps the newest
+it has heard and never goes back to an older one.
+
+Nothing awaits between a check and the record that follows it on the agent's event loop, so a
+check and its record are atomic with respect to every other claim.
+
+The rules, in the order they are checked:
+
+1. ``wrong_region`` — a claim for another region;
+2. ``cordoned`` — a cordoned (or draining) worker takes no new machine, except one whose quote
+   it already holds (the hold was made before the cordon);
+3. a quote must be this app's, live (:class:`~souq.errors.QuoteExpired` when its TTL passed or it
+   was released, :class:`~souq.errors.QuoteUsed` when it made its machine) and big enough;
+4. ``insufficient_cpu`` / ``_memory`` / ``_disk`` / ``_gpus`` — what is asked must fit beside
+   what machines reserve and live quotes hold (a batch: all of its new machines together).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from souq.clock import iso_from_ms
+from souq.errors import ClaimRefused, InvalidInput, NotFound, QuoteExpired, QuoteUsed
+from souq.model.protocol import QuoteState
+from souq.model.resources import Resources
+from souq.model.worker import WorkerState, WorkerUsage
+from souq.placement.stages import Shortfall, shortfall
+
+__all__ = ["Admission", "HeldQuote"]
+
+
+@dataclass(frozen=True)
+class HeldQuote:
+    """What admission needs to know of a quote a claim names."""
+
+    id: str
+    app: str
+    resources: Resources
+    expires_at: int  # ms since the epoch
+    state: QuoteState
+    machine_id: str | None = None
+
+
+@dataclass(frozen=True)
+class _Hold:
+    resources: Resources
+    expires_at: int
+
+
+class Admission:
+    def __init__(
+        self,
+        *,
+        worker_id: str,
+        region: str,
+        capacity: Resources,
+        reserved: Resources | None = None,
+        cordoned: bool = False,
+        draining: bool = False,
+    ) -> None:
+        self.worker_id = worker_id
+        self.region = region
+        self.capacity = capacity
+        self.reserved = reserved or Resources.zero()
+        self.cordoned = cordoned
+        self.draining = draining
+        self.version = 0
+        self._holds: dict[str, _Hold] = {}
+
+    # -- what is promised ------------------------------------------------------------------
+
+    def held(self, now_ms: int) -> Resources:
+        """What live quotes hold (a quote past its expiry holds nothing, timer or not)."""
+        total = Resources.zero()
+        for hold in self._holds.values():
+            if hold.expires_at > now_ms:
+                total = total.plus(hold.resources)
+        return total
+
+    def in_use(self, now_ms: int) -> Resources:
+        """Reservations plus live holds: what a new machine must fit beside."""
+        if not self._holds:
+            return self.reserved
+        return self.reserved.plus(self.held(now_ms))
+
+    def usage(
+        self, now_ms: int, *, state: WorkerState = WorkerState.UP, machines: int = 0
+    ) -> WorkerUsage:
+        return WorkerUsage(
+            worker_id=self.worker_id,
+            region=self.region,
+            state=state,
+            capacity=self.capacity,
+            allocated=self.in_use(now_ms),
+            version=self.version,
+            machines=machines,
+        )
+
+    # -- the rules -------------------------------------------------------------------------
+
+    def shortfall(self, want: Resources, now_ms: int) -> Shortfall | None:
+        """Why ``want`` does not fit now (None when it does)."""
+        return shortfall(want, self.capacity, self.in_use(now_ms))
+
+    def check_claim(
+        self, region: str, want: Resources, now_ms: int, *, quote: HeldQuote | None = None
+    ) -> None:
+        """Raise the refusal for one new machine of ``want`` (with ``quote``'s hold, if given),
+        or return: it may be recorded."""
+        self._check_region(region)
+        if quote is None:
+            self._check_open()
+            self._check_fits(want, now_ms, "the machine")
+            return
+        _check_quote(quote, want, now_ms)
+
+    def check_quote_app(self, quote: HeldQuote | None, quote_id: str, app: str) -> HeldQuote:
+        if quote is None or quote.app != app:
+            raise NotFound(
+                f"quote {quote_id} not found in app {app}",
+                hint="quotes belong to the app that asked for them",
+            )
+        return quote
+
+    def check_batch(self, region: str, want: Resources, count: int, now_ms: int) -> None:
+        """Raise the refusal for ``count`` new machines of ``want`` together, or return."""
+        self._check_region(region)
+        self._check_open()
+        total = Resources(
+            cpus=want.millicpus * count / 1000,
+            memory_mb=want.memory_mb * count,
+            disk_mb=want.disk_mb * count,
+            gpus=want.gpus * count,
+        )
+        self._check_fits(total, now_ms, f"{count} machines together")
+
+    def check_hold(self, region: str, want: Resources, now_ms: int) -> None:
+        self._check_region(region)
+        self._check_open()
+        self._check_fits(want, now_ms, "the quote")
+
+    def offer_refusal(self, want: Resources, now_ms: int) -> tuple[str, str] | None:
+        """``(reason, detail)`` when an offer must say no; None when the worker can take it."""
+        if self.cordoned:
+            return "cordoned", f"worker {self.worker_id} is cordoned: it takes no new machines"
+        short = self.shortfall(want, now_ms)
+        return None if short is None else (short.reason, short.detail)
+
+    def _check_region(self, region: str) -> None:
+        if region != self.region:
+            raise ClaimRefused(
+                f"worker {self.worker_id} is in region {self.region}, not {region}",
+                details={"reason": "wrong_region"},
+            )
+
+    def _check_open(self) -> None:
+        if self.cordoned:
+            raise ClaimRefused(
+                f"worker {self.worker_id} is cordoned",
+                hint="it takes no new machines; try another worker",
+                details={"reason": "cordoned"},
+            )
+
+    def _check_fits(self, want: Resources, now_ms: int, what: str) -> None:
+        short = self.shortfall(want, now_ms)
+        if short is not None:
+            raise ClaimRefused(
+                f"{what} no longer fits: {short.detail}",
+                hint="another claim took the capacity first; try another worker",
+                details={
+                    "reason": short.reason,
+                    "usage": self.usage(now_ms).model_dump(mode="json"),
+                },
+            )
+
+    # -- what was recorded -----------------------------------------------------------------
+
+    def reserve(self, want: Resources) -> None:
+        self.reserved = self.reserved.plus(want)
+        self.version += 1
+
+    def release(self, freed: Resources) -> None:
+        self.reserved = self.reserved.minus(freed)
+        self.version += 1
+
+    def hold(self, quote_id: str, want: Resources, expires_at: int) -> None:
+        self._holds[quote_id] = _Hold(want, expires_at)
+        self.version += 1
+
+    def end_hold(self, quote_id: str) -> bool:
+        """The hold ended (expired, released, or used by a claim, which reserves on its own);
+        False when it was not live."""
+        if self._holds.pop(quote_id, None) is None:
+            return False
+        self.version += 1
+        return True
+
+    def holds(self) -> list[str]:
+        return list(self._holds)
+
+    def set_flags(self, *, cordoned: bool, draining: bool) -> None:
+        if (cordoned, draining) != (self.cordoned, self.draining):
+            self.cordoned, self.draining = cordoned, draining
+            self.version += 1
+
+
+def _check_quote(quote: HeldQuote, want: Resources, now_ms: int) -> None:
+    if quote.state is QuoteState.USED:
+        raise QuoteUsed(
+            f"quote {quote.id} was already used by machine {quote.machine_id}",
+            hint="a quote makes one machine; ask for a new quote",
+            details={"machine_id": quote.machine_id},
+        )
+    if quote.state is not QuoteState.HELD or quote.expires_at <= now_ms:
+        raise QuoteExpired(
+            f"quote {quote.id} was released"
+            if quote.state is QuoteState.RELEASED
+            else f"quote {quote.id} expired at {iso_from_ms(quote.expires_at)}",
+            hint="ask for a new quote, or create the machine without one",
+        )
+    if not want.fits_within(quote.resources):
+        raise InvalidInput(
+            f"the machine asks for {want.cpus:g} cpus / {want.memory_mb} MiB but quote "
+            f"{quote.id} holds {quote.resources.cpus:g} cpus / {quote.resources.memory_mb} MiB",
+            hint="use the guest size the quote was made for",
+        )
