@@ -153,7 +153,7 @@ async def test_missing_offers_are_counted_in_the_record() -> None:
     bus = MemoryTransport()
     quiet = FakeWorker(bus, "wquiet", silent_offers=True)
     full = FakeWorker(bus, "wfull", cpus=0.5)
-    service = await started_service(bus, quiet, full)
+    service = await started_service(bus, quiet, full, candidates_from="offers")
 
     with pytest.raises(InsufficientCapacity) as caught:
         await service.create_machine("web", create_body())

@@ -13,13 +13,13 @@ import pytest
 from souq.agent.config import AgentConfig
 from souq.agent.main import Agent
 from souq.broker.config import BrokerConfig
-from souq.broker.sampling import plan_sample
 from souq.broker.service import BrokerService
 from souq.bus import MemoryTransport, encode, subjects, unwrap_as
 from souq.errors import ClaimRefused, InsufficientCapacity, InvalidInput, Unavailable
 from souq.fleet import HollowDriver
 from souq.fleet.store import memory_store
-from souq.model import MachineConfig, MachineState
+from souq.market.sampling import plan_sample
+from souq.model import MachineConfig, MachineState, Resources, WorkerUsage
 from souq.model.batch import BatchClaimReply, BatchClaimRequest, BatchCreateRequest
 
 from .broker_fakes import create_body
@@ -174,21 +174,42 @@ async def test_the_hollow_driver_runs_until_signalled() -> None:
     assert driver.read_output("m1", 0, 100) == (b"", 0)
 
 
-async def test_a_short_sample_is_topped_up_from_the_workers_not_asked_yet() -> None:
+async def test_a_stale_book_costs_refused_claims_and_the_machines_go_elsewhere() -> None:
     async with hollow_cluster(12, sample_above=4, sample_min=2) as (service, agents):
-        # An estimate far too high (as from stale heartbeats): the first sample is 2 workers.
-        service.batches._slots = lambda book, seed: 100  # type: ignore[method-assign]
+        # Six workers filled behind the broker's back, and a book that still thinks them empty
+        # (as a broker that missed their usage would): their claims are refused, each refusal
+        # corrects the book, and the machines are drawn again elsewhere.
+        full = agents[:6]
+        for agent in full:
+            agent.executor.admission.reserve(Resources(cpus=2, memory_mb=0))
+            service.book.observe_usage(
+                WorkerUsage(
+                    worker_id=agent.worker_id,
+                    region="mad",
+                    capacity=Resources(cpus=2, memory_mb=2048),
+                    allocated=Resources.zero(),
+                    version=0,
+                )
+            )
         result = await service.create_batch("web", batch(8))
         assert result.placed == 8
         record = result.placement
+        assert record.source == "book"
         assert record.sampled is not None and record.sampled.asked > 2
+        refused = [c for c in record.claims if not c.ok]
+        assert refused and {c.worker_id for c in refused} <= {a.worker_id for a in full}
         assert all(a.executor.allocated.cpus <= 2 for a in agents)
+        assert all(
+            service.book.allocated(a.worker_id) == a.executor.allocated
+            for a in full
+            if a.worker_id in {c.worker_id for c in refused}
+        )
 
 
 async def test_batches_take_turns_and_one_that_waits_too_long_is_told_to_retry() -> None:
     config = {"batch_concurrency": 1, "batch_admission_timeout_s": 0.05}
     async with hollow_cluster(2, **config) as (service, _):
-        turns = service.batches._turns
+        turns = service.market._turns
         await turns.acquire()  # another batch is being placed
         with pytest.raises(Unavailable, match="busy placing other batches") as caught:
             await service.create_batch("web", batch(1))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from souq.model.policy import PlacementDefaults
@@ -42,6 +44,12 @@ class BrokerConfig(BaseModel):
         description="the placement policy of a create that names none (a create's `placement` "
         "is laid over it); see docs/placement.md",
     )
+    candidates_from: Literal["book", "offers"] = Field(
+        default="book",
+        description="where a placement finds its candidates: `book` draws them from what the "
+        "broker knows of every worker (heartbeats and usage messages; nobody is asked, a stale "
+        "entry costs a refused claim), `offers` asks the workers for fresh offers every time",
+    )
     sample_above: int = Field(
         default=64,
         ge=0,
@@ -51,7 +59,10 @@ class BrokerConfig(BaseModel):
         default=2.0, ge=1.0, le=64.0, description="Sparrow's d: ask d x m workers for m machines"
     )
     sample_min: int = Field(
-        default=8, ge=1, description="ask at least this many workers when sampling"
+        default=8,
+        ge=1,
+        description="consider at least this many workers with room when sampling (drawn from "
+        "the book, or asked for offers)",
     )
     batch_offer_timeout_s: float = Field(
         default=2.0,

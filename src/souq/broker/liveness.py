@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from souq.bus import Subscription, Transport, decode, subjects
 from souq.clock import Clock
 from souq.errors import SouqError
-from souq.model import Heartbeat, WorkerInfo, WorkerState
+from souq.market.book import WorkerBook
+from souq.model import Heartbeat, WorkerInfo, WorkerState, WorkerUsage
 
 __all__ = ["Liveness"]
 
@@ -47,12 +48,23 @@ class _Entry:
 
 
 class Liveness:
-    def __init__(self, transport: Transport, clock: Clock, *, down_after_missed: int = 3) -> None:
+    def __init__(
+        self,
+        transport: Transport,
+        clock: Clock,
+        *,
+        down_after_missed: int = 3,
+        book: WorkerBook | None = None,
+    ) -> None:
         self._transport = transport
+        # What every worker has promised (souq.market.book): heartbeats and usage messages
+        # keep it fresh, and placements draw their candidates from it.
+        self.book = book if book is not None else WorkerBook()
         self._clock = clock
         self._down_after_missed = down_after_missed
         self._workers: dict[str, _Entry] = {}
         self._sub: Subscription | None = None
+        self._usage_sub: Subscription | None = None
         self._received = 0
         self._beat = asyncio.Event()
         self._up_index: dict[str, tuple[float, list[str]]] = {}
@@ -62,15 +74,17 @@ class Liveness:
     async def start(self) -> None:
         """Listen to heartbeats, then ask every worker to announce itself at once."""
         self._sub = await self._transport.subscribe(subjects.ALL_HEARTBEATS, self._on_heartbeat)
+        self._usage_sub = await self._transport.subscribe(subjects.ALL_USAGE, self._on_usage)
         await self.discover()
 
     async def discover(self) -> None:
         await self._transport.publish(subjects.DISCOVER, b"")
 
     async def close(self) -> None:
-        if self._sub is not None:
-            await self._sub.unsubscribe()
-            self._sub = None
+        for sub in (self._sub, self._usage_sub):
+            if sub is not None:
+                await sub.unsubscribe()
+        self._sub = self._usage_sub = None
 
     async def _on_heartbeat(self, subject: str, data: bytes) -> None:
         try:
@@ -79,6 +93,14 @@ class Liveness:
             log.warning("ignoring a heartbeat on %s: %s", subject, exc)
             return
         self.observe(beat)
+
+    async def _on_usage(self, subject: str, data: bytes) -> None:
+        try:
+            usage = decode(data, WorkerUsage)
+        except SouqError as exc:
+            log.warning("ignoring a usage message on %s: %s", subject, exc)
+            return
+        self.book.observe_usage(usage)
 
     def observe(self, beat: Heartbeat) -> None:
         """Record one heartbeat."""
@@ -100,6 +122,7 @@ class Liveness:
             reconnects=beat.reconnects,
             seq=beat.seq,
         )
+        self.book.observe(beat.worker, artifacts=beat.artifacts)
         self._beat.set()
         self._beat = asyncio.Event()
         rejoined = old is not None and (old.reconnects != beat.reconnects or beat.seq < old.seq)
@@ -180,6 +203,11 @@ class Liveness:
     def state_of(self, worker_id: str) -> WorkerState | None:
         entry = self._workers.get(worker_id)
         return None if entry is None else self._state(entry)
+
+    def is_live(self, worker_id: str) -> bool:
+        """Whether the worker is heard (up, cordoned or draining: not down)."""
+        entry = self._workers.get(worker_id)
+        return entry is not None and self._state(entry) != WorkerState.DOWN
 
     def regions(self) -> list[str]:
         """Regions named by any heartbeat, even if all their workers are down now."""

@@ -1,45 +1,42 @@
-"""The market: solicit offers from a region's workers, rank them, claim on the best.
+"""The market's shell: drives the pure placement core (:mod:`souq.market`) over the bus.
 
-An order is immediate-or-cancel: the machine is created within the call, or the call raises
-:class:`InsufficientCapacity` carrying the placement record that explains why. Phases:
+An :class:`~souq.market.Auction` decides; this module only performs what it asks for — offers
+asked of the workers (:meth:`WorkerClient.ask_region`, :meth:`WorkerClient.call_each`), claims
+sent (``claim``, ``claim_batch`` or ``hold``, several at once for a batch) — and feeds the
+answers back, until the auction finishes. Immediate-or-cancel: the machines are made within the
+call, or it raises :class:`InsufficientCapacity` carrying the placement record that explains why.
 
-1. **solicit** — scatter an :class:`OfferRequest` on the region's subject and gather the offers
-   until every live worker of the region has answered or ``offer_timeout_s`` passes;
-2. **recognise** — an offer naming ``existing_machine_id`` means this request id was already
-   filled (a retried idempotent create): claim there again, and the worker returns that machine;
-3. **rank** — run the placement pipeline (filters with named reasons, bounded scores);
-4. **claim** — claim on the best offer; on a refusal try the next, down the whole ranking; on
-   silence try the next too, but give up after ``max_claim_attempts`` unanswered claims.
-
-A dry run (:meth:`Market.explain`) stops after phase 3; a quote (:meth:`Market.hold`) runs phase
-4 with ``hold`` instead of ``claim``: the worker reserves the capacity for a while, no machine.
+* :meth:`Market.place` — one machine (``claim``);
+* :meth:`Market.place_batch` — ``count`` machines of one config in one call, one ``claim_batch``
+  per chosen worker; fewer than ``min_count`` placed and the ones made are destroyed again;
+* :meth:`Market.hold` — a quote: the best worker holds the capacity for a while (``hold``);
+* :meth:`Market.explain` — a dry run: the ranking, nothing claimed.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TypeVar
-
-from pydantic import BaseModel
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
 
 from souq.broker.config import BrokerConfig
 from souq.broker.liveness import Liveness
-from souq.broker.sampling import plan_sample
 from souq.clock import Clock
 from souq.errors import (
     ClaimRefused,
-    IdempotencyConflict,
     InsufficientCapacity,
+    InvalidInput,
     SouqError,
     Unavailable,
     UnknownRegion,
 )
 from souq.ids import new_quote_id
+from souq.market import AskOffers, Auction, Finished, Order, Purpose, Rules, SendClaim, WorkerBook
 from souq.model import (
-    ClaimAttempt,
     ClaimRequest,
+    DestroyCommand,
     HoldRequest,
     Machine,
     Offer,
@@ -47,18 +44,20 @@ from souq.model import (
     Placement,
     Quote,
     Timings,
+    WorkerUsage,
 )
-from souq.model.placement import Sampling
-from souq.placement import Pipeline, PipelineCache, PlacementRequest, Ranking
-from souq.protocol import Verb, WorkerClient
-from souq.protocol.verbs import CLAIM, HOLD, OFFER
+from souq.model.batch import BatchClaimRequest, BatchCreateRequest, BatchResult
+from souq.placement import Pipeline, PipelineCache, PlacementRequest
+from souq.protocol import WorkerClient
+from souq.protocol.verbs import CLAIM, CLAIM_BATCH, DESTROY, HOLD, OFFER
 
 __all__ = ["Market"]
 
 log = logging.getLogger(__name__)
 
-Q = TypeVar("Q", bound=BaseModel)
-R = TypeVar("R")
+CLAIM_S_PER_MACHINE = 0.01  # a batch claim's deadline grows by this per machine it carries
+
+Claimer = Callable[[SendClaim], Coroutine[Any, Any, list[Any]]]
 
 
 class Market:
@@ -69,189 +68,281 @@ class Market:
         config: BrokerConfig,
         clock: Clock,
         *,
+        book: WorkerBook | None = None,
         pipeline: Pipeline | None = None,
     ) -> None:
         self._workers = workers
         self._liveness = liveness
         self._config = config
         self._clock = clock
+        self.book = book if book is not None else liveness.book
         # Pipelines by placement policy (a create's, over the broker's default); ``pipeline``
         # replaces the default one (tests).
         self._pipelines = PipelineCache(config.placement)
         self._pipeline = pipeline or self._pipelines.default
+        self._rules = Rules(
+            use_book=config.candidates_from == "book",
+            candidates=config.sample_min,
+            factor_d=config.sample_factor_d,
+            sample_above=config.sample_above,
+            sample_min=config.sample_min,
+            max_silent=config.max_claim_attempts,
+            max_rounds=config.max_claim_attempts,
+        )
+        self._turns = asyncio.Semaphore(config.batch_concurrency)
 
-    async def place(self, order: ClaimRequest) -> Machine:
-        """Place ``order`` (a claim without its placement record yet) and return the machine."""
-        auction = await self._open(order)
-        if auction.existing is not None:
-            # The worker recognises the request id and returns the machine it made (or refuses
-            # with idempotency_conflict when the body differs).
-            return await self._workers.call(
-                auction.existing, CLAIM, order, timeout=self._config.claim_timeout_s
+    # -- one machine -----------------------------------------------------------------------
+
+    async def place(self, order: ClaimRequest, *, idempotent: bool = False) -> Machine:
+        """Place ``order`` (a claim without its placement record yet) and return the machine.
+        ``idempotent``: the request id may have made a machine already; find it first."""
+
+        async def claim(action: SendClaim) -> list[Any]:
+            body = (
+                order if action.existing else order.model_copy(update={"placement": action.record})
             )
+            return [
+                await self._workers.call(
+                    action.worker_id, CLAIM, body, timeout=self._config.claim_timeout_s
+                )
+            ]
 
-        def claim(worker_id: str, record: Placement) -> ClaimRequest:
-            return order.model_copy(update={"placement": record})
-
-        machine, final = await self._close(auction, CLAIM, claim)
-        return machine.model_copy(update={"placement": final})
+        auction = self._auction(order, Purpose.CLAIM, find_existing=idempotent)
+        done = self._outcome(auction, await self._run(auction, claim))
+        machine: Machine = done.placed[0]
+        if auction.existing is None:  # an earlier machine keeps the record it was made with
+            machine = machine.model_copy(update={"placement": done.record})
+        return machine
 
     async def explain(self, order: ClaimRequest) -> Placement:
         """A dry run: the placement record of ``order`` as if placed now, claiming nothing.
         Raises :class:`InsufficientCapacity` (with the record) when nothing would fit."""
-        auction = await self._open(order)
-        if auction.existing is not None:
-            raise IdempotencyConflict(
-                f"request {order.request_id} already made machine {auction.existing_machine}",
-                hint="a dry run with a used idempotency key would place nothing",
-                details={"machine_id": auction.existing_machine},
-            )
-        ranking, record = auction.ranking, auction.record
-        if ranking.winner is None:
-            raise _insufficient(order, record.model_copy(update={"timings": auction.timings()}))
-        return record.model_copy(update={"winner": ranking.winner, "timings": auction.timings()})
+
+        async def nothing(action: SendClaim) -> list[Any]:
+            raise AssertionError("a dry run claims nothing")  # pragma: no cover
+
+        auction = self._auction(order, Purpose.EXPLAIN)
+        done = self._outcome(auction, await self._run(auction, nothing))
+        record: Placement = done.record
+        return record
 
     async def hold(self, order: ClaimRequest, *, ttl_s: float) -> Quote:
         """A dry run that binds: hold capacity for ``order`` on the best worker for ``ttl_s``."""
-        auction = await self._open(order)
 
-        def hold(worker_id: str, record: Placement) -> HoldRequest:
-            return HoldRequest(
-                quote_id=new_quote_id(worker_id),
+        async def hold(action: SendClaim) -> list[Any]:
+            body = HoldRequest(
+                quote_id=new_quote_id(action.worker_id),
                 app=order.app,
                 region=order.region,
                 config=order.config,
                 ttl_s=ttl_s,
-                placement=record,
+                placement=action.record,
             )
+            return [
+                await self._workers.call(
+                    action.worker_id, HOLD, body, timeout=self._config.claim_timeout_s
+                )
+            ]
 
-        quote, final = await self._close(auction, HOLD, hold)
-        return quote.model_copy(update={"placement": final})
+        auction = self._auction(order, Purpose.HOLD)
+        done = self._outcome(auction, await self._run(auction, hold))
+        quote: Quote = done.placed[0]
+        return quote.model_copy(update={"placement": done.record})
 
-    # -- phases ----------------------------------------------------------------------------
+    # -- a batch ---------------------------------------------------------------------------
 
-    async def _open(self, order: ClaimRequest) -> _Auction:
-        """Solicit offers and rank them."""
-        started = self._clock.monotonic()
-        offers, expected, sampled = await self._solicit(order)
-        gathered = self._clock.monotonic()
-        if not offers:
-            raise self._no_offers(order, expected, gathered - started)
-        existing = next((o for o in offers if o.existing_machine_id), None)
+    async def place_batch(
+        self, app: str, body: BatchCreateRequest, *, request_id: str, body_hash: str
+    ) -> BatchResult:
+        """``count`` machines of one config in one placement. At most ``batch_concurrency``
+        batches run at once on this broker; the others wait their turn (at most
+        ``batch_admission_timeout_s``, then 503)."""
+        count = body.count
+        min_count = body.min_count if body.min_count is not None else count
+        if count > self._config.max_batch:
+            raise InvalidInput(
+                f"count: at most {self._config.max_batch} machines per batch",
+                details={"field": "count"},
+            )
+        if min_count > count:
+            raise InvalidInput("min_count: cannot exceed count", details={"field": "min_count"})
+        try:
+            async with asyncio.timeout(self._config.batch_admission_timeout_s):
+                await self._turns.acquire()
+        except TimeoutError:
+            raise Unavailable(
+                f"the broker is busy placing other batches (at most "
+                f"{self._config.batch_concurrency} at once); nothing was placed",
+                hint="retry shortly, or spread batches over several brokers",
+            ) from None
+        try:
+            return await self._place_batch(app, body, request_id, body_hash, min_count)
+        finally:
+            self._turns.release()
+
+    async def _place_batch(
+        self, app: str, body: BatchCreateRequest, request_id: str, body_hash: str, min_count: int
+    ) -> BatchResult:
+        async def claim(action: SendClaim) -> list[Any]:
+            req = BatchClaimRequest(
+                request_id=request_id,
+                body_hash=body_hash,
+                app=app,
+                region=body.region,
+                config=body.config,
+                skip_launch=body.skip_launch,
+                request_ids=[f"{request_id}-{i}" for i in action.indexes],
+                placement=action.record,
+            )
+            # A worker makes each machine in turn: allow time per machine. A claim that goes
+            # unanswered is sent once more to the same worker (it is idempotent per request
+            # id), so that a slow worker's late success is collected, not duplicated elsewhere.
+            timeout = self._config.claim_timeout_s + CLAIM_S_PER_MACHINE * len(action.indexes)
+            try:
+                reply = await self._workers.call(
+                    action.worker_id, CLAIM_BATCH, req, timeout=timeout
+                )
+            except Unavailable:
+                if not self._workers.connected:
+                    raise
+                reply = await self._workers.call(
+                    action.worker_id, CLAIM_BATCH, req, timeout=timeout
+                )
+            return list(reply.machines)
+
+        request = PlacementRequest.for_machine(request_id, app, body.region, body.config)
+        order = Order(request, count=body.count, min_count=min_count, batch=True)
+        auction = self._new_auction(order, self._pipeline)
+        done = await self._run(auction, claim, offer_timeout=self._config.batch_offer_timeout_s)
+        if done.error is not None and done.placed:
+            await self._undo(app, list(done.placed.values()))
+        self._outcome(auction, done)
+        machines = list(done.placed.values())
+        return BatchResult(
+            requested=body.count,
+            placed=len(machines),
+            machines=machines,
+            unplaced=auction.record.reasons(len(machines)) if len(machines) < body.count else [],
+            placement=done.record,
+        )
+
+    async def _undo(self, app: str, machines: Sequence[Machine]) -> None:
+        """Destroy machines of a batch that fell short of its ``min_count``."""
+
+        async def destroy(machine: Machine) -> None:
+            cmd = DestroyCommand(app=app, machine_id=machine.id, force=True)
+            try:
+                await self._workers.call(
+                    machine.worker_id, DESTROY, cmd, timeout=self._config.command_timeout_s
+                )
+            except SouqError as exc:
+                log.warning("could not destroy %s of a failed batch: %s", machine.id, exc)
+
+        await asyncio.gather(*(destroy(m) for m in machines))
+
+    # -- driving an auction ----------------------------------------------------------------
+
+    def _auction(
+        self, order: ClaimRequest, purpose: Purpose, *, find_existing: bool = False
+    ) -> Auction:
         request = PlacementRequest.for_machine(
             order.request_id, order.app, order.region, order.config
         )
-        pipeline = self._pipeline_for(order)
-        ranking = pipeline.rank(request, offers)
-        record = Placement(
-            request_id=order.request_id,
-            region=order.region,
-            policy=pipeline.name,
-            weights=pipeline.weights,
-            unmet=ranking.unmet,
-            expected_offers=expected,
-            offers_received=len(offers),
-            rejections=ranking.rejections,
-            offers=ranking.outcomes,
-            runner_up=ranking.runner_up,
-            sampled=sampled,
-        )
-        return _Auction(
-            order=order,
-            ranking=ranking,
-            record=record,
-            clock=self._clock,
-            started=started,
-            gathered=gathered,
-            ranked=self._clock.monotonic(),
-            existing=existing.worker.id if existing else None,
-            existing_machine=existing.existing_machine_id if existing else None,
+        pipeline = self._pipeline if order.policy is None else self._pipelines.get(order.policy)
+        return self._new_auction(
+            Order(request, purpose=purpose, find_existing=find_existing), pipeline
         )
 
-    async def _close(
-        self,
-        auction: _Auction,
-        verb: Verb[Q, R],
-        build: Callable[[str, Placement], Q],
-    ) -> tuple[R, Placement]:
-        """Claim (``verb``) on the best offer, falling back to the next on a refusal or silence
-        (at most ``max_claim_attempts`` silences). Returns the worker's answer and the final
-        record."""
-        ranking, record = auction.ranking, auction.record
-        claims: list[ClaimAttempt] = []
-        silent = 0
-        # Down the whole ranking: a refusal (another broker took the room first) costs one
-        # round trip, and giving up while a worker that answered still has room would leave
-        # capacity unused under contention. Only unanswered claims are bounded.
-        for offer in ranking.ordered:
-            if silent >= self._config.max_claim_attempts:
-                break
-            worker_id = offer.worker.id
-            # The record the worker stores names this claim as the winner: it is only kept if
-            # the claim succeeds.
-            attempt = record.model_copy(
-                update={
-                    "winner": worker_id,
-                    "runner_up": _runner_up(ranking, worker_id),
-                    "claims": [*claims, ClaimAttempt(worker_id=worker_id, ok=True)],
-                    "timings": auction.timings(),
-                }
-            )
-            try:
-                answer = await self._workers.call(
-                    worker_id, verb, build(worker_id, attempt), timeout=self._config.claim_timeout_s
-                )
-            except (ClaimRefused, Unavailable) as exc:
-                log.info("%s on %s for %s failed: %s", verb.name, worker_id, record.request_id, exc)
-                claims.append(ClaimAttempt(worker_id=worker_id, ok=False, reason=exc.status))
-                silent += isinstance(exc, Unavailable)
-                continue
-            # Answer with the final timings (the stored record was written before the claim).
-            return answer, attempt.model_copy(update={"timings": auction.timings()})
-
-        failed = record.model_copy(
-            update={"claims": claims, "runner_up": None, "timings": auction.timings()}
+    def _new_auction(self, order: Order, pipeline: Pipeline) -> Auction:
+        return Auction(
+            order,
+            pipeline=pipeline,
+            book=self.book,
+            rules=self._rules,
+            now=self._clock.monotonic(),
+            up_workers=self._liveness.up_workers(order.region),
+            live=lambda: self._liveness.live_count(order.region),
+            alive=self._liveness.is_live,
         )
-        raise _insufficient(auction.order, failed)
 
-    async def _solicit(self, order: ClaimRequest) -> tuple[list[Offer], int, Sampling | None]:
-        """Ask for offers: every worker of the region on its subject, or, past
-        ``sample_above`` up workers, a random sample seeded from the request id, each on its
-        own ``offer`` verb (see :mod:`souq.broker.sampling`). Returns the offers, how many
-        answers were expected, and the sample drawn (None when everyone was asked)."""
+    async def _run(
+        self, auction: Auction, claim: Claimer, *, offer_timeout: float | None = None
+    ) -> Finished:
+        """Perform the auction's actions until it finishes."""
+        clock = self._clock
+        actions = auction.start(clock.monotonic())
+        running: dict[asyncio.Task[list[Any]], SendClaim] = {}
+        try:
+            while True:
+                for action in actions:
+                    if isinstance(action, Finished):
+                        return action
+                    if isinstance(action, AskOffers):
+                        offers = await self._ask(auction, action, offer_timeout)
+                        actions.extend(auction.offers(offers, clock.monotonic()))
+                    else:
+                        task = asyncio.get_running_loop().create_task(claim(action))
+                        running[task] = action
+                actions = []
+                if not running:  # pragma: no cover - the core always says what comes next
+                    raise SouqError("the placement stopped without an answer")
+                done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    actions.extend(self._answered(auction, running.pop(task), task))
+        finally:
+            for task in running:
+                task.cancel()
+
+    def _answered(
+        self, auction: Auction, action: SendClaim, task: asyncio.Task[list[Any]]
+    ) -> list[Any]:
+        now = self._clock.monotonic()
+        worker_id = action.worker_id
+        try:
+            answers = task.result()
+        except ClaimRefused as exc:
+            log.info("claim on %s for %s refused: %s", worker_id, auction.order.request_id, exc)
+            usage = exc.details.get("usage")
+            if isinstance(usage, dict):
+                with contextlib.suppress(ValueError):
+                    self.book.observe_usage(WorkerUsage.model_validate(usage))
+            reason = str(exc.details.get("reason", exc.status))
+            return auction.refused(worker_id, reason, now, silent=False)
+        except Unavailable as exc:
+            if not self._workers.connected:
+                raise
+            log.info("claim on %s for %s unanswered: %s", worker_id, auction.order.request_id, exc)
+            return auction.refused(worker_id, exc.status, now, silent=True)
+        return auction.claimed(worker_id, answers, now)
+
+    async def _ask(self, auction: Auction, action: AskOffers, timeout: float | None) -> list[Offer]:
+        order = auction.order
         ask = OfferRequest(
             request_id=order.request_id,
-            app=order.app,
+            app=order.request.app,
             region=order.region,
-            resources=order.config.guest.resources(),
+            resources=order.request.resources,
         )
-        config = self._config
-        plan = plan_sample(
-            order.request_id,
-            self._liveness.up_workers(order.region),
-            above=config.sample_above,
-            factor_d=config.sample_factor_d,
-            minimum=config.sample_min,
-        )
-        if plan.workers is not None:
-            offers = await self._workers.call_each(
-                plan.workers, OFFER, ask, timeout=config.offer_timeout_s
-            )
-            sampled = Sampling(asked=len(plan.workers), of=plan.population, seed=order.request_id)
-            return offers, len(plan.workers), sampled
-        expected = self._liveness.live_count(order.region)
+        timeout = timeout or self._config.offer_timeout_s
+        if action.workers is not None:
+            return await self._workers.call_each(list(action.workers), OFFER, ask, timeout=timeout)
         # With no live worker on record (a broker just started, or every worker silent), ask
         # anyway without a count: whoever answers within the deadline is heard.
-        offers = await self._workers.ask_region(
-            order.region, ask, expect=expected or None, timeout=config.offer_timeout_s
+        return await self._workers.ask_region(
+            order.region, ask, expect=action.expect, timeout=timeout
         )
-        return offers, expected, None
 
-    def _pipeline_for(self, order: ClaimRequest) -> Pipeline:
-        return self._pipeline if order.policy is None else self._pipelines.get(order.policy)
+    def _outcome(self, auction: Auction, done: Finished) -> Finished:
+        """``done``, or its error raised (no candidate at all: say why there was none)."""
+        if done.error is None:
+            return done
+        if auction.record.considered == 0:
+            raise self._nobody(auction, done)
+        raise done.error
 
-    def _no_offers(self, order: ClaimRequest, expected: int, gather_s: float) -> SouqError:
-        region = order.region
+    def _nobody(self, auction: Auction, done: Finished) -> SouqError:
+        """No candidate at all: an unknown region, no live worker, or nobody answered."""
+        region = auction.order.region
         if not self._liveness.knows_region(region):
             known = self._liveness.regions()
             if known:
@@ -263,79 +354,24 @@ class Market:
                 f"region {region!r} is unknown: no worker has announced itself yet",
                 hint=f"start a worker with `souq agent --region {region} --nats URL`",
             )
-        record = Placement(
-            request_id=order.request_id,
-            region=region,
-            policy=self._pipeline_for(order).name,
-            expected_offers=expected,
-            timings=Timings(gather_ms=_ms(gather_s), total_ms=_ms(gather_s)),
-        )
+        expected = self._liveness.live_count(region)
+        timeout = self._config.offer_timeout_s
+        record = done.record
+        if isinstance(record, Placement):
+            total = record.timings.total_ms
+            record = record.model_copy(
+                update={
+                    "expected_offers": expected,
+                    "timings": Timings(gather_ms=total, total_ms=total),
+                }
+            )
         message = (
             f"no live workers in region {region}"
             if expected == 0
-            else f"no worker in region {region} answered within {self._config.offer_timeout_s:g}s"
+            else f"no worker in region {region} answered within {timeout:g}s"
         )
         return InsufficientCapacity(
             message,
             hint="check `souq workers`, or try another region",
             details={"placement": record.model_dump(mode="json")},
         )
-
-
-@dataclass(frozen=True)
-class _Auction:
-    """One placement between its phases: offers ranked, claims not yet made."""
-
-    order: ClaimRequest
-    ranking: Ranking
-    record: Placement
-    clock: Clock
-    started: float
-    gathered: float
-    ranked: float
-    existing: str | None  # a worker that already made a machine for this request id
-    existing_machine: str | None
-
-    def timings(self) -> Timings:
-        now = self.clock.monotonic()
-        return Timings(
-            gather_ms=_ms(self.gathered - self.started),
-            rank_ms=_ms(self.ranked - self.gathered),
-            claim_ms=_ms(now - self.ranked),
-            total_ms=_ms(now - self.started),
-        )
-
-
-def _runner_up(ranking: Ranking, winner: str) -> str | None:
-    return next((o.worker.id for o in ranking.ordered if o.worker.id != winner), None)
-
-
-def _insufficient(order: ClaimRequest, record: Placement) -> InsufficientCapacity:
-    guest = order.config.guest
-    reasons = [
-        # Name what the request asked and nobody met, e.g. "2 constraint (label.disk = ssd)".
-        f"{n} {reason} ({'; '.join(record.unmet[reason])})"
-        if record.unmet.get(reason)
-        else f"{n} {reason}"
-        for reason, n in sorted(record.rejections.items())
-    ]
-    refused = sum(1 for c in record.claims if not c.ok)
-    if refused:
-        reasons.append(f"{refused} claim{'s' if refused > 1 else ''} refused")
-    silent = record.expected_offers - record.offers_received
-    if silent > 0:
-        reasons.append(f"{silent} did not answer")
-    return InsufficientCapacity(
-        f"no worker in region {order.region} can take {guest.cpus:g} cpus / "
-        f"{guest.memory_mb} MiB: {', '.join(reasons) or 'no offers'}",
-        hint=(
-            "relax the constraints, or add workers that meet them (see `souq workers`)"
-            if record.unmet and set(record.rejections) <= set(record.unmet)
-            else "ask for fewer resources, free capacity (destroy machines), or add workers"
-        ),
-        details={"placement": record.model_dump(mode="json")},
-    )
-
-
-def _ms(seconds: float) -> float:
-    return round(seconds * 1000, 3)

@@ -20,7 +20,6 @@ from typing import TypeVar
 
 from pydantic import BaseModel
 
-from souq.broker.batch import BatchPlacer
 from souq.broker.config import BrokerConfig
 from souq.broker.directory import Directory
 from souq.broker.idempotency import Coalescer, body_hash
@@ -44,6 +43,7 @@ from souq.model import (
     LogsReply,
     Machine,
     MachineEvent,
+    MachineEventMessage,
     MachineRef,
     MachineState,
     OpRecord,
@@ -89,10 +89,8 @@ class BrokerService:
         self.client = WorkerClient(transport)
         self.liveness = Liveness(transport, self._clock, down_after_missed=config.down_after_missed)
         self.directory = Directory(self.client)
+        self.book = self.liveness.book
         self.market = Market(self.client, self.liveness, config, self._clock, pipeline=pipeline)
-        self.batches = BatchPlacer(
-            self.client, self.liveness, self.directory, config, self._clock, pipeline=pipeline
-        )
         self._creates: Coalescer[Machine] = Coalescer()
         self.view = ClusterView(
             transport,
@@ -101,7 +99,7 @@ class BrokerService:
             sync_interval_s=config.view_sync_interval_s,
             request_timeout_s=config.gather_timeout_s,
             events_capacity=config.events_buffer,
-            on_machine_event=lambda m: self.directory.remember(m.machine_id, m.worker_id),
+            on_machine_event=self._machine_event,
         )
         self.liveness.on_rejoin = self.view.resync_worker  # a worker back from an outage
         self.bus = BusGuard(
@@ -174,7 +172,7 @@ class BrokerService:
                 if body.quote is not None:
                     machine = await self._create_with_quote(order, body.quote)
                 else:
-                    machine = await self.market.place(order)
+                    machine = await self.market.place(order, idempotent=idempotency_key is not None)
             except SouqError as exc:
                 # Cut short by an outage, a placement is unavailable, whatever it ended as.
                 err = exc if self.connected else bus_unavailable()
@@ -183,6 +181,7 @@ class BrokerService:
                     raise
                 raise err from exc
             self.directory.remember(machine.id, machine.worker_id)
+            self.book.placed(machine.id, machine.worker_id, machine.app)
             # After the answer is on its way (the next turn of the loop, still before any
             # later request is read): read-your-writes on this broker, off the create's path.
             asyncio.get_running_loop().call_soon(self._placed, machine)
@@ -192,15 +191,24 @@ class BrokerService:
             return await place()
         return await self._creates.run(request_id, digest, place, key=idempotency_key)
 
+    def _machine_event(self, msg: MachineEventMessage) -> None:
+        """Every machine event the view decodes: the route to its worker, and the book's count
+        of the app's machines there."""
+        self.directory.remember(msg.machine_id, msg.worker_id)
+        if msg.state is MachineState.DESTROYED:
+            self.book.gone(msg.machine_id)
+        else:
+            self.book.placed(msg.machine_id, msg.worker_id, msg.app)
+
     def _placed(self, machine: Machine) -> None:
         self.metrics.placed("placed", machine.placement)
         self.view.apply(machine)
 
     async def create_batch(self, app: str, body: BatchCreateRequest) -> BatchResult:
-        """``count`` machines of one config in one placement (see :mod:`souq.broker.batch`)."""
+        """``count`` machines of one config in one placement (see :mod:`souq.broker.market`)."""
         self.require_bus()
         try:
-            result = await self.batches.place(
+            result = await self.market.place_batch(
                 app, body, request_id=new_request_id(), body_hash=body_hash(body)
             )
         except SouqError as exc:
@@ -208,6 +216,8 @@ class BrokerService:
                 raise bus_unavailable() from exc
             raise
         for machine in result.machines:
+            self.directory.remember(machine.id, machine.worker_id)
+            self.book.placed(machine.id, machine.worker_id, machine.app)
             self.view.apply(machine)
         return result
 

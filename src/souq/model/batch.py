@@ -92,6 +92,7 @@ class BatchPlacement(Record):
     )
     claims: list[BatchClaim] = Field(default_factory=list)
     rounds: int = Field(default=0, description="claim rounds (a refused claim re-assigns)")
+    source: str = Field(default="offers", description="`book` or `offers`: see Placement.source")
     timings: Timings = Field(default_factory=Timings)
 
 

@@ -33,9 +33,11 @@ class Timings(Record):
 
 
 class Sampling(Record):
-    """The broker asked a random sample of the region's workers instead of all of them."""
+    """The broker considered a random sample of the region's workers instead of all of them."""
 
-    asked: int = Field(description="workers asked for an offer")
+    asked: int = Field(
+        description="workers considered (asked for an offer, or drawn from the book)"
+    )
     of: int = Field(description="live workers of the region")
     seed: str = Field(description="the sample is seeded with this (the request id)")
 
@@ -62,4 +64,10 @@ class Placement(Record):
     timings: Timings = Field(default_factory=Timings)
     sampled: Sampling | None = Field(
         default=None, description="set when only a random sample of the workers was asked"
+    )
+    source: str = Field(
+        default="offers",
+        description="where the candidates came from: `book` (the broker's book of what every "
+        "worker has promised, kept fresh by their usage messages; no worker asked) or `offers` "
+        "(offers asked of the workers)",
     )

@@ -1,0 +1,383 @@
+"""The placement core: one order of ``count`` machines, from candidates to claims. Pure.
+
+Sans-I/O: an :class:`Auction` takes events and returns actions; the broker's shell
+(:mod:`souq.broker.market`) performs the actions over the bus and feeds the answers back, and a
+simulator or a test can do the same with no bus at all. Single creates, batches, quotes and dry
+runs are all auctions; they differ in ``count`` and in what a claim asks the worker to do.
+
+Phases:
+
+1. **candidates** — from the broker's book (:class:`~souq.market.book.WorkerBook`): workers drawn
+   at random until enough have room, no worker asked. When the book cannot answer (it knows no
+   worker of the region, an idempotency key must find an earlier machine, or nobody in the book
+   has room) the action is :class:`AskOffers`: the region's workers, or a seeded sample of them,
+   are asked for fresh offers;
+2. **rank** — the placement pipeline filters and scores the candidates (once);
+3. **assign** — each machine goes to the best-scored worker, whose offer is then charged with it
+   and scored again, so that best-fit fills a worker to a comfortable level, then moves on;
+4. **claim** — one :class:`SendClaim` per chosen worker. A refusal drops that worker and
+   re-assigns its machines to the next; when the ranking runs out, more candidates are drawn (or
+   offers asked); unanswered claims and claim rounds are bounded by the :class:`Rules`;
+5. **finish** — :class:`Finished` with what was placed, the placement record, and the error when
+   fewer than ``min_count`` were placed (immediate-or-cancel: nothing waits).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from souq.errors import IdempotencyConflict, SouqError
+from souq.market.book import WorkerBook
+from souq.market.records import RecordKeeper
+from souq.market.sampling import plan_sample
+from souq.model.protocol import Offer
+from souq.model.resources import Resources
+from souq.placement import Pipeline, PlacementRequest
+
+__all__ = [
+    "Action",
+    "AskOffers",
+    "Auction",
+    "Finished",
+    "Order",
+    "Purpose",
+    "Rules",
+    "SendClaim",
+]
+
+
+class Purpose(StrEnum):
+    CLAIM = "claim"  # make the machines
+    HOLD = "hold"  # hold the capacity for a while (a quote)
+    EXPLAIN = "explain"  # a dry run: rank, claim nothing
+
+
+@dataclass(frozen=True)
+class Order:
+    """What to place: ``count`` machines like ``request`` (its resources, constraints,
+    policy), at least ``min_count`` of them or none."""
+
+    request: PlacementRequest
+    count: int = 1
+    min_count: int = 1
+    purpose: Purpose = Purpose.CLAIM
+    find_existing: bool = False  # an idempotent retry: ask offers to meet the earlier machine
+    batch: bool = False  # a batch create (claim_batch, a batch record), whatever its count
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def region(self) -> str:
+        return self.request.region
+
+
+@dataclass(frozen=True)
+class Rules:
+    """The broker's bounds on one auction (from its config)."""
+
+    use_book: bool = True  # candidates from the book; else always ask offers
+    candidates: int = 8  # workers with room the book proposes for one machine (d)
+    factor_d: float = 2.0  # Sparrow's d: room for d x m machines among the candidates
+    sample_above: int = 64  # asking offers: past this many up workers, ask a sample
+    sample_min: int = 8
+    max_silent: int = 3  # claims nobody answered, before giving up
+    max_rounds: int = 3  # claim rounds of a batch (a refusal re-assigns its machines)
+    max_draw: int = 256  # workers the book looks at for one round of candidates
+
+
+# -- actions ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AskOffers:
+    """Ask for fresh offers: ``workers`` each on its own subject, or (None) the whole region,
+    expecting ``expect`` answers."""
+
+    workers: tuple[str, ...] | None
+    expect: int | None
+
+
+@dataclass(frozen=True)
+class SendClaim:
+    """Claim machines ``indexes`` of the order on ``worker_id``; the worker stores ``record``.
+    ``existing``: the worker already made the machine for this request id and returns it."""
+
+    worker_id: str
+    indexes: tuple[int, ...]
+    record: Any  # Placement: this worker's share of the record
+    existing: bool = False
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The end: ``placed`` maps each placed index to the worker's answer; ``error`` is set when
+    the order failed (fewer than ``min_count``, nothing to rank ...)."""
+
+    placed: dict[int, Any]
+    record: Any  # Placement (one machine) or BatchPlacement
+    error: SouqError | None = None
+
+
+Action = AskOffers | SendClaim | Finished
+
+
+class _Source(StrEnum):
+    BOOK = "book"
+    OFFERS = "offers"
+
+
+@dataclass(order=True)
+class _Slot:
+    key: tuple[float, int]  # best score first, then the ranking's order
+    offer: Offer = field(compare=False)
+
+
+# -- the core ---------------------------------------------------------------------------------
+
+
+class Auction:
+    def __init__(
+        self,
+        order: Order,
+        *,
+        pipeline: Pipeline,
+        book: WorkerBook,
+        rules: Rules,
+        now: float,
+        up_workers: Sequence[str] = (),
+        live: Callable[[], int] = lambda: 0,
+        alive: Callable[[str], bool] | None = None,
+    ) -> None:
+        """``up_workers``: the region's up workers, sorted (whom a sample of offers is drawn
+        from); ``live()``: how many of the region's workers answer (up or cordoned);
+        ``alive(worker_id)``: whether the broker hears the worker and it takes machines."""
+        self.order = order
+        self._pipeline = pipeline
+        self._book = book
+        self._rules = rules
+        self._up = up_workers  # not copied: a large region's list is the broker's cached one
+        self._live = live
+        self._alive = alive or (lambda _: True)
+        self._want: Resources = order.request.resources
+        self._heap: list[_Slot] = []
+        self._seen: set[str] = set()  # workers considered (offered or drawn)
+        self._dropped: set[str] = set()  # workers refused or silent this auction
+        self._pending = list(range(order.count))
+        self._outstanding: dict[str, tuple[int, ...]] = {}
+        self._placed: dict[int, Any] = {}
+        self._silent = 0
+        self._rounds = 0
+        self._refills = 0
+        self._asked_offers = False
+        self._existing: str | None = None
+        self._ranked_base = 0
+        self.record = RecordKeeper(order, pipeline, started=now)
+
+    @property
+    def existing(self) -> str | None:
+        """The worker that had already made the machine (an idempotent retry), if any."""
+        return self._existing
+
+    # -- events ----------------------------------------------------------------------------
+
+    def start(self, now: float) -> list[Action]:
+        rules, order = self._rules, self.order
+        if not rules.use_book or order.find_existing or not self._book.knows(order.region):
+            return [self._ask_offers()]
+        if not self._draw(now):
+            return [self._ask_offers()]  # nobody in the book has room: ask, it may be stale
+        return self._next(now)
+
+    def offers(self, offers: Sequence[Offer], now: float) -> list[Action]:
+        """Offers arrived (those that were asked and answered)."""
+        self.record.received(len(offers), now)
+        existing = next((o for o in offers if o.existing_machine_id), None)
+        if existing is not None:
+            if self.order.purpose is Purpose.EXPLAIN:
+                return [self._finish(now, error=self._used_key(existing))]
+            self._existing = existing.worker.id
+            self._outstanding[existing.worker.id] = (0,)
+            return [SendClaim(existing.worker.id, (0,), None, existing=True)]
+        self._rank(offers, _Source.OFFERS, now)
+        return self._next(now)
+
+    def claimed(self, worker_id: str, answers: Sequence[Any], now: float) -> list[Action]:
+        """The worker made (or held) the machines it was sent, one answer per index."""
+        indexes = self._outstanding.pop(worker_id, ())
+        for index, answer in zip(indexes, answers, strict=True):
+            self._placed[index] = answer
+        if self._existing == worker_id:
+            return [self._finish(now)]
+        self.record.claim(worker_id, len(indexes), ok=True)
+        if self.order.purpose is Purpose.CLAIM:
+            self._book.charge(worker_id, self._want, count=len(indexes))
+        return self._next(now)
+
+    def refused(self, worker_id: str, reason: str, now: float, *, silent: bool) -> list[Action]:
+        """The claim on ``worker_id`` was refused (``reason``: the status or the refusal's
+        reason), or nobody answered it (``silent``)."""
+        indexes = self._outstanding.pop(worker_id, ())
+        self.record.claim(worker_id, len(indexes), ok=False, reason=reason)
+        self._silent += silent
+        self._dropped.add(worker_id)
+        self._heap = [s for s in self._heap if s.offer.worker.id != worker_id]
+        heapq.heapify(self._heap)
+        self._pending.extend(indexes)
+        self._pending.sort()
+        return self._next(now)
+
+    # -- the steps -------------------------------------------------------------------------
+
+    def _next(self, now: float) -> list[Action]:
+        """Claim what is pending, once every claim sent is answered; or finish."""
+        if self._outstanding:
+            return []  # a round ends when all its claims are answered
+        if not self._pending or self.order.purpose is Purpose.EXPLAIN:
+            return [self._finish(now)]
+        if self._silent >= self._rules.max_silent or self._rounds >= self._max_rounds():
+            return [self._finish(now)]
+        groups = self._assign(self._pending)
+        if not groups:
+            more = self._more(now)
+            if more is not None:
+                return more
+            return [self._finish(now)]
+        self._rounds += 1
+        self.record.claiming(now)
+        actions: list[Action] = []
+        for worker_id, indexes in groups.items():
+            self._outstanding[worker_id] = tuple(indexes)
+            actions.append(SendClaim(worker_id, tuple(indexes), self.record.share(worker_id)))
+        assigned = {i for indexes in groups.values() for i in indexes}
+        self._pending = [i for i in self._pending if i not in assigned]
+        return actions
+
+    def _max_rounds(self) -> int:
+        # One machine goes down its whole ranking (each refusal costs one round trip, and
+        # giving up while a worker that answered has room would waste capacity); a batch
+        # re-assigns at most max_rounds times.
+        return 1_000_000 if not self.order.batch else self._rules.max_rounds
+
+    def _more(self, now: float) -> list[Action] | None:
+        """The ranking ran out: draw more candidates from the book, or ask for offers once."""
+        if self.record.source == _Source.BOOK and self._refills < 2 and self._draw(now):
+            self._refills += 1
+            return self._next(now)
+        if (
+            not self._asked_offers
+            and self._rules.use_book
+            and self.order.purpose is not (Purpose.EXPLAIN)
+        ):
+            return [self._ask_offers()]
+        return None
+
+    def _draw(self, now: float) -> bool:
+        """Candidates from the book into the ranking; False when none has room."""
+        order, rules = self.order, self._rules
+        slots = math.ceil(rules.factor_d * len(self._pending)) if order.batch else 1
+        found = self._book.candidates(
+            order.region,
+            order.request.app,
+            self._want,
+            seed=f"{order.request_id}:{self._refills}",
+            wanted=rules.candidates,
+            slots=slots,
+            exclude=self._seen,
+            alive=self._alive,
+            max_draw=rules.max_draw,
+        )
+        if not found.feasible:
+            return False
+        self.record.drew(len(found.offers), found.population, now)
+        self._rank(found.offers, _Source.BOOK, now)
+        return True
+
+    def _ask_offers(self) -> AskOffers:
+        self._asked_offers = True
+        order, rules = self.order, self._rules
+        if self._seen:
+            # Fresh offers supersede what the book said: rank them anew (the claims tried so
+            # far stay in the record, and a worker that refused stays out).
+            self._heap, self._seen = [], set()
+            self.record.restart()
+        asking = [w for w in self._up if w not in self._dropped]
+        plan = plan_sample(
+            order.request_id,
+            asking,
+            machines=order.count,
+            above=rules.sample_above,
+            factor_d=rules.factor_d,
+            minimum=rules.sample_min,
+        )
+        if plan.workers is None:
+            live = self._live()
+            self.record.asking(None, live)
+            return AskOffers(None, expect=live or None)
+        self.record.asking(plan.workers, plan.population)
+        return AskOffers(tuple(plan.workers), expect=len(plan.workers))
+
+    def _rank(self, offers: Sequence[Offer], source: _Source, now: float) -> None:
+        fresh = [o for o in offers if o.worker.id not in self._seen]
+        self._seen.update(o.worker.id for o in fresh)
+        ranking = self._pipeline.rank(self.order.request, fresh)
+        self.record.ranked(ranking, source, now)
+        scores = {o.worker_id: o for o in ranking.outcomes if o.score is not None}
+        for i, offer in enumerate(ranking.ordered):
+            if offer.worker.id in self._dropped:
+                continue
+            score = scores[offer.worker.id].score or 0.0
+            heapq.heappush(self._heap, _Slot((-score, self._ranked_base + i), offer))
+        self._ranked_base += len(ranking.ordered)
+
+    def _assign(self, pending: Sequence[int]) -> dict[str, list[int]]:
+        """Give each pending machine to the best worker. A batch charges the worker's offer with
+        each machine and scores it again (best-fit fills a worker, then moves on); a single
+        machine, or one per worker (``distinct_workers_for``), takes the worker out."""
+        groups: dict[str, list[int]] = {}
+        request = self.order.request
+        refill = self.order.batch and request.distinct_workers_for is None
+        for index in pending:
+            if not self._heap:
+                break
+            slot = heapq.heappop(self._heap)
+            groups.setdefault(slot.offer.worker.id, []).append(index)
+            if not refill:
+                continue
+            charged = _charge(slot.offer, self._want)
+            again = self._pipeline.rank(request, [charged])
+            if again.ordered:
+                score = next(o.score for o in again.outcomes if o.score is not None)
+                heapq.heappush(self._heap, _Slot((-(score or 0.0), slot.key[1]), charged))
+        return groups
+
+    def _finish(self, now: float, *, error: SouqError | None = None) -> Finished:
+        placed = dict(sorted(self._placed.items()))
+        record = self.record.final(placed, now)
+        short = (
+            not self._heap
+            if self.order.purpose is Purpose.EXPLAIN
+            else len(placed) < self.order.min_count
+        )
+        if error is None and short:
+            error = self.record.shortfall(placed, now)
+        return Finished(placed=placed, record=record, error=error)
+
+    def _used_key(self, existing: Offer) -> SouqError:
+        return IdempotencyConflict(
+            f"request {self.order.request_id} already made machine {existing.existing_machine_id}",
+            hint="a dry run with a used idempotency key would place nothing",
+            details={"machine_id": existing.existing_machine_id},
+        )
+
+
+def _charge(offer: Offer, want: Resources) -> Offer:
+    """The offer as it would stand with one more machine of ``want`` on the worker."""
+    worker = offer.worker.model_copy(update={"allocated": offer.worker.allocated.plus(want)})
+    return offer.model_copy(update={"worker": worker})

@@ -1,0 +1,218 @@
+"""The broker's book of workers: what each has promised, kept fresh by what they say.
+
+Pure. A broker learns every worker's capacity and allocation from its heartbeats, its usage
+messages (sent after every claim or destroy, :class:`~souq.model.WorkerUsage`) and the
+refusals of its claims, each stamped with the worker's ledger version: the highest version heard
+wins, and an older one never overwrites it. Between two of them the book charges the claims
+this broker made itself, so that it does not send the next create to a worker it just filled.
+
+With the book a create does not ask every worker for an offer: :meth:`WorkerBook.candidates`
+draws workers of the region at random (seeded from the request id, so every broker that knows
+the same workers draws the same ones) and offers them to the placement pipeline as the book
+sees them, until enough have room (power of d choices, as Sparrow and Nomad do). Its cost does
+not grow with the region. The worker's claim stays the judge: a stale book costs a refused
+claim, which carries the worker's usage and corrects the book at once.
+
+The book also counts each app's machines per worker, from the machine events every broker
+receives (and its own placements): anti-affinity and ``distinct_workers_for`` need them.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+from souq.model.protocol import Offer
+from souq.model.resources import Resources
+from souq.model.worker import Load, WorkerInfo, WorkerState, WorkerUsage
+from souq.placement.stages import shortfall
+
+__all__ = ["Candidates", "WorkerBook"]
+
+_DRAW_ROUND = 16  # a region this small (x4) is shuffled whole to draw from
+
+
+@dataclass
+class _Entry:
+    info: WorkerInfo  # the worker's facts as last heard (labels, fingerprint, capacity)
+    allocated: Resources  # the best estimate: the newest heard, plus this broker's claims since
+    version: int  # the ledger version ``allocated`` stands on
+    state: WorkerState
+    load: Load | None = None
+    artifacts: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """What the book proposes for a placement: offers as the book sees them (full or cordoned
+    workers among them, for the explanation), and how many workers it drew from."""
+
+    offers: list[Offer]
+    feasible: int
+    population: int  # workers of the region the book knows
+
+
+class WorkerBook:
+    def __init__(self) -> None:
+        self._workers: dict[str, _Entry] = {}
+        self._regions: dict[str, list[str]] = {}  # region -> worker ids, in arrival order
+        self._machines: dict[str, tuple[str, str]] = {}  # machine id -> (worker id, app)
+        self._apps: Counter[tuple[str, str]] = Counter()  # (worker id, app) -> live machines
+
+    def __len__(self) -> int:
+        return len(self._workers)
+
+    def knows(self, region: str) -> bool:
+        return bool(self._regions.get(region))
+
+    def population(self, region: str) -> int:
+        return len(self._regions.get(region, ()))
+
+    # -- what workers say ------------------------------------------------------------------
+
+    def observe(self, info: WorkerInfo, *, artifacts: Sequence[str] | None = None) -> None:
+        """A heartbeat: the worker's facts, and its allocation if no newer one was heard."""
+        entry = self._workers.get(info.id)
+        if entry is None:
+            entry = _Entry(info, info.allocated, info.version, info.state)
+            self._workers[info.id] = entry
+            self._regions.setdefault(info.region, []).append(info.id)
+        elif entry.info.region != info.region:
+            self._regions[entry.info.region].remove(info.id)
+            self._regions.setdefault(info.region, []).append(info.id)
+        entry.info = info
+        entry.load = info.load
+        if artifacts is not None:
+            entry.artifacts = list(artifacts)
+        self._take(entry, info.allocated, info.version, info.state)
+
+    def observe_usage(self, usage: WorkerUsage) -> None:
+        entry = self._workers.get(usage.worker_id)
+        if entry is not None:
+            self._take(entry, usage.allocated, usage.version, usage.state)
+
+    @staticmethod
+    def _take(entry: _Entry, allocated: Resources, version: int, state: WorkerState) -> None:
+        # Version 0 is a peer that does not number its ledger: its newest word counts.
+        if version == 0 or version >= entry.version:
+            entry.allocated, entry.version, entry.state = allocated, version, state
+
+    def charge(self, worker_id: str, want: Resources, *, count: int = 1) -> None:
+        """This broker's claim was accepted: count it until the worker's next word."""
+        entry = self._workers.get(worker_id)
+        if entry is not None:
+            for _ in range(count):
+                entry.allocated = entry.allocated.plus(want)
+
+    def placed(self, machine_id: str, worker_id: str, app: str) -> None:
+        """A machine of ``app`` lives on ``worker_id`` (a placement, or an event)."""
+        if machine_id not in self._machines:
+            self._machines[machine_id] = (worker_id, app)
+            self._apps[worker_id, app] += 1
+
+    def gone(self, machine_id: str) -> None:
+        """A machine was destroyed."""
+        where = self._machines.pop(machine_id, None)
+        if where is not None:
+            self._apps[where] -= 1
+            if self._apps[where] <= 0:
+                del self._apps[where]
+
+    def app_machines(self, worker_id: str, app: str) -> int:
+        return self._apps.get((worker_id, app), 0)
+
+    def allocated(self, worker_id: str) -> Resources | None:
+        entry = self._workers.get(worker_id)
+        return None if entry is None else entry.allocated
+
+    # -- candidates ------------------------------------------------------------------------
+
+    def offer(self, worker_id: str, app: str, want: Resources) -> Offer | None:
+        """The worker's offer for a machine of ``want``, as the book sees it."""
+        e = self._workers.get(worker_id)
+        if e is None:
+            return None
+        worker = e.info.model_copy(update={"allocated": e.allocated, "state": e.state})
+        reason = detail = None
+        if e.state in (WorkerState.CORDONED, WorkerState.DRAINING):
+            reason, detail = "cordoned", f"worker {worker_id} takes no new machines"
+        else:
+            short = shortfall(want, e.info.capacity, e.allocated)
+            if short is not None:
+                reason, detail = short.reason, short.detail
+        return Offer.model_construct(
+            worker=worker,
+            eligible=reason is None,
+            reason=reason,
+            detail=detail,
+            existing_machine_id=None,
+            load=e.load,
+            artifacts=e.artifacts,
+            app_machines=self.app_machines(worker_id, app),
+        )
+
+    def candidates(
+        self,
+        region: str,
+        app: str,
+        want: Resources,
+        *,
+        seed: str,
+        wanted: int,
+        slots: int = 1,
+        exclude: set[str] | frozenset[str] = frozenset(),
+        alive: Callable[[str], bool] = lambda _: True,
+        max_draw: int = 256,
+    ) -> Candidates:
+        """Draw workers of ``region`` at random (seeded) until ``wanted`` of them have room for
+        ``want`` and, together, for ``slots`` machines of it; at most ``max_draw`` workers.
+        Workers in ``exclude`` (asked already) and those ``alive`` says are gone are skipped."""
+        ids = self._regions.get(region, [])
+        offers: list[Offer] = []
+        feasible = room = 0
+        for i in _draw(len(ids), random.Random(seed), max_draw * 2):
+            worker_id = ids[i]
+            if worker_id in exclude or not alive(worker_id):
+                continue
+            offer = self.offer(worker_id, app, want)
+            if offer is None:
+                continue
+            offers.append(offer)
+            if offer.eligible:
+                feasible += 1
+                room += _fits(want, offer.worker.capacity, offer.worker.allocated)
+            if len(offers) >= max_draw or (feasible >= wanted and room >= slots):
+                break
+        return Candidates(offers=offers, feasible=feasible, population=len(ids))
+
+
+def _draw(n: int, rng: random.Random, limit: int) -> Iterator[int]:
+    """Distinct indexes in ``range(n)`` in a random order, at most ``limit`` of them, at a cost
+    that grows with how many are taken, not with ``n`` (a small ``n`` is shuffled whole)."""
+    if n <= 4 * _DRAW_ROUND or n <= limit:
+        order = list(range(n))
+        rng.shuffle(order)
+        yield from order[:limit]
+        return
+    seen: set[int] = set()
+    while len(seen) < min(n, limit):
+        i = rng.randrange(n)
+        if i not in seen:
+            seen.add(i)
+            yield i
+
+
+def _fits(want: Resources, capacity: Resources, allocated: Resources) -> int:
+    """How many machines of ``want`` fit in what ``capacity`` leaves after ``allocated``."""
+    counts = []
+    for need, total, used in (
+        (want.millicpus, capacity.millicpus, allocated.millicpus),
+        (want.memory_mb, capacity.memory_mb, allocated.memory_mb),
+        (want.disk_mb, capacity.disk_mb, allocated.disk_mb),
+        (want.gpus, capacity.gpus, allocated.gpus),
+    ):
+        if need > 0:
+            counts.append(max(0, (total - used) // need))
+    return min(counts) if counts else 1_000_000
