@@ -88,7 +88,7 @@ class Rules:
     sample_above: int = 64  # asking offers: past this many up workers, ask a sample
     sample_min: int = 8
     max_silent: int = 3  # claims nobody answered, before giving up
-    max_rounds: int = 3  # claim rounds of a batch (a refusal re-assigns its machines)
+    max_rounds: int = 3  # claim rounds of a batch in a row that place nothing
     max_draw: int = 256  # workers the book looks at for one round of candidates
 
 
@@ -173,7 +173,8 @@ class Auction:
         self._outstanding: dict[str, tuple[int, ...]] = {}
         self._placed: dict[int, Any] = {}
         self._silent = 0
-        self._rounds = 0
+        self._futile = 0  # claim rounds in a row that placed nothing
+        self._placed_before = 0  # placed when the last round was sent
         self._refills = 0
         self._asked_offers = False
         self._existing: str | None = None
@@ -241,7 +242,11 @@ class Auction:
             return []  # a round ends when all its claims are answered
         if not self._pending or self.order.purpose is Purpose.EXPLAIN:
             return [self._finish(now)]
-        if self._silent >= self._rules.max_silent or self._rounds >= self._max_rounds():
+        if self._placed_before == len(self._placed) and self.record.rounds:
+            self._futile += 1
+        else:
+            self._futile = 0
+        if self._silent >= self._rules.max_silent or self._futile >= self._max_rounds():
             return [self._finish(now)]
         groups = self._assign(self._pending)
         if not groups:
@@ -249,7 +254,7 @@ class Auction:
             if more is not None:
                 return more
             return [self._finish(now)]
-        self._rounds += 1
+        self._placed_before = len(self._placed)
         self.record.claiming(now)
         actions: list[Action] = []
         for worker_id, indexes in groups.items():
@@ -262,7 +267,8 @@ class Auction:
     def _max_rounds(self) -> int:
         # One machine goes down its whole ranking (each refusal costs one round trip, and
         # giving up while a worker that answered has room would waste capacity); a batch
-        # re-assigns at most max_rounds times.
+        # goes on while its rounds place machines, and stops after max_rounds in a row that
+        # placed none (each refusal also corrects the book, so the next draw is better).
         return 1_000_000 if not self.order.batch else self._rules.max_rounds
 
     def _more(self, now: float) -> list[Action] | None:

@@ -47,6 +47,11 @@ class RecordKeeper:
         self._rounds = 0
 
     @property
+    def rounds(self) -> int:
+        """Claim rounds sent so far."""
+        return self._rounds
+
+    @property
     def considered(self) -> int:
         """Candidates the auction saw at all (drawn from the book, or offers received)."""
         return self._considered
