@@ -24,6 +24,8 @@ PURE = [
     "protocol/dispatch.py",
     "view/digest.py",
     "view/regions.py",
+    "market",
+    "sim",
 ]
 
 # Anything that touches the network, processes, files or a database.

@@ -84,7 +84,7 @@ class WorkerVerbs:
         self._artifacts = ArtifactCache()
 
     def dispatcher(self) -> Dispatcher:
-        d = Dispatcher(f"worker {self.worker_id}")
+        d = Dispatcher(f"worker {self.worker_id}", ledger=lambda: self.admission.version)
         d.route(v.OFFER, self._offer)
         d.route(v.CLAIM, self._claim)
         d.route(v.CLAIM_BATCH, self._claim_batch)

@@ -57,7 +57,9 @@ log = logging.getLogger(__name__)
 
 CLAIM_S_PER_MACHINE = 0.01  # a batch claim's deadline grows by this per machine it carries
 
-Claimer = Callable[[SendClaim], Coroutine[Any, Any, list[Any]]]
+# A claim's answers (one per machine) and the worker's ledger version once it was done.
+Answer = tuple[list[Any], int | None]
+Claimer = Callable[[SendClaim], Coroutine[Any, Any, Answer]]
 
 
 class Market:
@@ -97,15 +99,14 @@ class Market:
         """Place ``order`` (a claim without its placement record yet) and return the machine.
         ``idempotent``: the request id may have made a machine already; find it first."""
 
-        async def claim(action: SendClaim) -> list[Any]:
+        async def claim(action: SendClaim) -> Answer:
             body = (
                 order if action.existing else order.model_copy(update={"placement": action.record})
             )
-            return [
-                await self._workers.call(
-                    action.worker_id, CLAIM, body, timeout=self._config.claim_timeout_s
-                )
-            ]
+            machine, ledger = await self._workers.call_with_ledger(
+                action.worker_id, CLAIM, body, timeout=self._config.claim_timeout_s
+            )
+            return [machine], ledger
 
         auction = self._auction(order, Purpose.CLAIM, find_existing=idempotent)
         done = self._outcome(auction, await self._run(auction, claim))
@@ -118,7 +119,7 @@ class Market:
         """A dry run: the placement record of ``order`` as if placed now, claiming nothing.
         Raises :class:`InsufficientCapacity` (with the record) when nothing would fit."""
 
-        async def nothing(action: SendClaim) -> list[Any]:
+        async def nothing(action: SendClaim) -> Answer:
             raise AssertionError("a dry run claims nothing")  # pragma: no cover
 
         auction = self._auction(order, Purpose.EXPLAIN)
@@ -129,7 +130,7 @@ class Market:
     async def hold(self, order: ClaimRequest, *, ttl_s: float) -> Quote:
         """A dry run that binds: hold capacity for ``order`` on the best worker for ``ttl_s``."""
 
-        async def hold(action: SendClaim) -> list[Any]:
+        async def hold(action: SendClaim) -> Answer:
             body = HoldRequest(
                 quote_id=new_quote_id(action.worker_id),
                 app=order.app,
@@ -138,11 +139,10 @@ class Market:
                 ttl_s=ttl_s,
                 placement=action.record,
             )
-            return [
-                await self._workers.call(
-                    action.worker_id, HOLD, body, timeout=self._config.claim_timeout_s
-                )
-            ]
+            quote, ledger = await self._workers.call_with_ledger(
+                action.worker_id, HOLD, body, timeout=self._config.claim_timeout_s
+            )
+            return [quote], ledger
 
         auction = self._auction(order, Purpose.HOLD)
         done = self._outcome(auction, await self._run(auction, hold))
@@ -183,7 +183,7 @@ class Market:
     async def _place_batch(
         self, app: str, body: BatchCreateRequest, request_id: str, body_hash: str, min_count: int
     ) -> BatchResult:
-        async def claim(action: SendClaim) -> list[Any]:
+        async def claim(action: SendClaim) -> Answer:
             req = BatchClaimRequest(
                 request_id=request_id,
                 body_hash=body_hash,
@@ -199,16 +199,16 @@ class Market:
             # id), so that a slow worker's late success is collected, not duplicated elsewhere.
             timeout = self._config.claim_timeout_s + CLAIM_S_PER_MACHINE * len(action.indexes)
             try:
-                reply = await self._workers.call(
+                reply, ledger = await self._workers.call_with_ledger(
                     action.worker_id, CLAIM_BATCH, req, timeout=timeout
                 )
             except Unavailable:
                 if not self._workers.connected:
                     raise
-                reply = await self._workers.call(
+                reply, ledger = await self._workers.call_with_ledger(
                     action.worker_id, CLAIM_BATCH, req, timeout=timeout
                 )
-            return list(reply.machines)
+            return list(reply.machines), ledger
 
         request = PlacementRequest.for_machine(request_id, app, body.region, body.config)
         order = Order(request, count=body.count, min_count=min_count, batch=True)
@@ -271,7 +271,7 @@ class Market:
         """Perform the auction's actions until it finishes."""
         clock = self._clock
         actions = auction.start(clock.monotonic())
-        running: dict[asyncio.Task[list[Any]], SendClaim] = {}
+        running: dict[asyncio.Task[Answer], SendClaim] = {}
         try:
             while True:
                 for action in actions:
@@ -294,12 +294,12 @@ class Market:
                 task.cancel()
 
     def _answered(
-        self, auction: Auction, action: SendClaim, task: asyncio.Task[list[Any]]
+        self, auction: Auction, action: SendClaim, task: asyncio.Task[Answer]
     ) -> list[Any]:
         now = self._clock.monotonic()
         worker_id = action.worker_id
         try:
-            answers = task.result()
+            answers, ledger = task.result()
         except ClaimRefused as exc:
             log.info("claim on %s for %s refused: %s", worker_id, auction.order.request_id, exc)
             usage = exc.details.get("usage")
@@ -313,7 +313,7 @@ class Market:
                 raise
             log.info("claim on %s for %s unanswered: %s", worker_id, auction.order.request_id, exc)
             return auction.refused(worker_id, exc.status, now, silent=True)
-        return auction.claimed(worker_id, answers, now)
+        return auction.claimed(worker_id, answers, now, ledger=ledger)
 
     async def _ask(self, auction: Auction, action: AskOffers, timeout: float | None) -> list[Offer]:
         order = auction.order

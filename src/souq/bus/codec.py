@@ -32,6 +32,7 @@ __all__ = [
     "unwrap_as",
     "unwrap_list_as",
     "unwrap_typed",
+    "unwrap_with_ledger",
 ]
 
 M = TypeVar("M", bound=BaseModel)
@@ -71,14 +72,19 @@ def decode_one_or_many(data: bytes, model: type[M]) -> list[M]:
     return items
 
 
-def ok_reply(result: BaseModel | list[Any] | dict[str, Any] | None) -> bytes:
+def ok_reply(
+    result: BaseModel | list[Any] | dict[str, Any] | None, *, ledger: int | None = None
+) -> bytes:
+    """``{"ok": true, "result": ...}``; ``ledger``: the worker's ledger version once the request
+    was done (what a broker's book needs to count its own claim exactly once)."""
     if isinstance(result, BaseModel):
         payload = result.model_dump_json().encode()
     elif isinstance(result, list):
         payload = b"[" + b",".join(_json(item) for item in result) + b"]"
     else:
         payload = pydantic_core.to_json(result)
-    return b'{"ok":true,"result":' + payload + b"}"
+    tail = b"}" if ledger is None else b',"ledger":' + str(ledger).encode() + b"}"
+    return b'{"ok":true,"result":' + payload + tail
 
 
 def _json(item: Any) -> bytes:
@@ -108,6 +114,7 @@ class _Envelope(BaseModel, Generic[T]):
     ok: bool
     result: T | None = None
     error: dict[str, Any] | None = None
+    ledger: int | None = None
 
 
 @cache
@@ -118,6 +125,12 @@ def _envelope(kind: Any) -> type[_Envelope[Any]]:
 def unwrap_typed(data: bytes, kind: Any) -> Any:
     """The result of a reply envelope validated as ``kind`` (a model, ``list[model]`` ...), or
     the reply's error raised as the typed error it was."""
+    return unwrap_with_ledger(data, kind)[0]
+
+
+def unwrap_with_ledger(data: bytes, kind: Any) -> tuple[Any, int | None]:
+    """:func:`unwrap_typed`, and the ledger version the reply names (None when it names
+    none)."""
     try:
         reply = _envelope(kind).model_validate_json(data, context=PEER)
     except ValidationError as exc:
@@ -128,7 +141,7 @@ def unwrap_typed(data: bytes, kind: Any) -> Any:
         raise InvalidInput(f"malformed reply: {exc.errors()[0]['msg']}") from exc
     if not reply.ok or reply.result is None:
         raise error_from_body(reply.error or {"error": "empty reply"})
-    return reply.result
+    return reply.result, reply.ledger
 
 
 def unwrap_as(data: bytes, model: type[M]) -> M:

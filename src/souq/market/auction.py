@@ -209,16 +209,24 @@ class Auction:
         self._rank(offers, _Source.OFFERS, now)
         return self._next(now)
 
-    def claimed(self, worker_id: str, answers: Sequence[Any], now: float) -> list[Action]:
-        """The worker made (or held) the machines it was sent, one answer per index."""
+    def claimed(
+        self,
+        worker_id: str,
+        answers: Sequence[Any],
+        now: float,
+        *,
+        ledger: int | None = None,
+    ) -> list[Action]:
+        """The worker made (or held) the machines it was sent, one answer per index;
+        ``ledger``: its ledger version once it had (the book counts the claim until then)."""
         indexes = self._outstanding.pop(worker_id, ())
         for index, answer in zip(indexes, answers, strict=True):
             self._placed[index] = answer
         if self._existing == worker_id:
             return [self._finish(now)]
         self.record.claim(worker_id, len(indexes), ok=True)
-        if self.order.purpose is Purpose.CLAIM:
-            self._book.charge(worker_id, self._want, count=len(indexes))
+        if self.order.purpose is not Purpose.EXPLAIN:
+            self._book.charge(worker_id, self._want, count=len(indexes), version=ledger)
         return self._next(now)
 
     def refused(self, worker_id: str, reason: str, now: float, *, silent: bool) -> list[Action]:

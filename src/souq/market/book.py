@@ -37,11 +37,25 @@ _DRAW_ROUND = 16  # a region this small (x4) is shuffled whole to draw from
 @dataclass
 class _Entry:
     info: WorkerInfo  # the worker's facts as last heard (labels, fingerprint, capacity)
-    allocated: Resources  # the best estimate: the newest heard, plus this broker's claims since
-    version: int  # the ledger version ``allocated`` stands on
+    allocated: Resources  # the best estimate: the newest word, plus this broker's claims since
+    version: int  # the ledger version of the newest word
     state: WorkerState
+    base: Resources = field(default_factory=Resources.zero)  # allocation as of ``version``
+    # This broker's accepted claims the newest word may not include yet: (the worker's ledger
+    # version once the claim was made, what it took). A word of that version or newer has it.
+    pending: list[tuple[int, Resources]] = field(default_factory=list)
     load: Load | None = None
     artifacts: list[str] = field(default_factory=list)
+    shown: WorkerInfo | None = None  # ``info`` with ``allocated`` and ``state`` as they are now
+
+    def as_now(self) -> WorkerInfo:
+        """The worker as the book sees it now (built again only after it changed)."""
+        shown = self.shown
+        if shown is None or shown.allocated is not self.allocated or shown.state != self.state:
+            shown = self.shown = self.info.model_copy(
+                update={"allocated": self.allocated, "state": self.state}
+            )
+        return shown
 
 
 @dataclass(frozen=True)
@@ -76,13 +90,14 @@ class WorkerBook:
         """A heartbeat: the worker's facts, and its allocation if no newer one was heard."""
         entry = self._workers.get(info.id)
         if entry is None:
-            entry = _Entry(info, info.allocated, info.version, info.state)
+            entry = _Entry(info, info.allocated, info.version, info.state, base=info.allocated)
             self._workers[info.id] = entry
             self._regions.setdefault(info.region, []).append(info.id)
         elif entry.info.region != info.region:
             self._regions[entry.info.region].remove(info.id)
             self._regions.setdefault(info.region, []).append(info.id)
         entry.info = info
+        entry.shown = None
         entry.load = info.load
         if artifacts is not None:
             entry.artifacts = list(artifacts)
@@ -97,14 +112,27 @@ class WorkerBook:
     def _take(entry: _Entry, allocated: Resources, version: int, state: WorkerState) -> None:
         # Version 0 is a peer that does not number its ledger: its newest word counts.
         if version == 0 or version >= entry.version:
-            entry.allocated, entry.version, entry.state = allocated, version, state
+            entry.base, entry.version, entry.state = allocated, version, state
+            entry.pending = [(v, r) for v, r in entry.pending if v > version]
+            _estimate(entry)
 
-    def charge(self, worker_id: str, want: Resources, *, count: int = 1) -> None:
-        """This broker's claim was accepted: count it until the worker's next word."""
+    def charge(
+        self, worker_id: str, want: Resources, *, count: int = 1, version: int | None = None
+    ) -> None:
+        """This broker's claim was accepted: count it until the worker's word of ``version``
+        (its ledger version once the claim was made) or newer; with no version, until its next
+        word."""
         entry = self._workers.get(worker_id)
-        if entry is not None:
-            for _ in range(count):
-                entry.allocated = entry.allocated.plus(want)
+        if entry is None or (version is not None and version <= entry.version):
+            return  # the newest word already has it
+        taken = Resources(
+            cpus=want.millicpus * count / 1000,
+            memory_mb=want.memory_mb * count,
+            disk_mb=want.disk_mb * count,
+            gpus=want.gpus * count,
+        )
+        entry.pending.append((version or 0, taken))
+        _estimate(entry)
 
     def placed(self, machine_id: str, worker_id: str, app: str) -> None:
         """A machine of ``app`` lives on ``worker_id`` (a placement, or an event)."""
@@ -134,7 +162,7 @@ class WorkerBook:
         e = self._workers.get(worker_id)
         if e is None:
             return None
-        worker = e.info.model_copy(update={"allocated": e.allocated, "state": e.state})
+        worker = e.as_now()
         reason = detail = None
         if e.state in (WorkerState.CORDONED, WorkerState.DRAINING):
             reason, detail = "cordoned", f"worker {worker_id} takes no new machines"
@@ -186,6 +214,13 @@ class WorkerBook:
             if len(offers) >= max_draw or (feasible >= wanted and room >= slots):
                 break
         return Candidates(offers=offers, feasible=feasible, population=len(ids))
+
+
+def _estimate(entry: _Entry) -> None:
+    allocated = entry.base
+    for _, taken in entry.pending:
+        allocated = allocated.plus(taken)
+    entry.allocated = allocated
 
 
 def _draw(n: int, rng: random.Random, limit: int) -> Iterator[int]:

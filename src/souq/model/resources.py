@@ -4,6 +4,8 @@ none and a machine that asks for none fits anywhere."""
 
 from __future__ import annotations
 
+from functools import cached_property
+
 from pydantic import Field
 
 from souq.model.base import Input
@@ -17,7 +19,7 @@ class Resources(Input):
     disk_mb: int = Field(default=0, ge=0, description="Disk in MiB")
     gpus: int = Field(default=0, ge=0, description="Whole GPUs")
 
-    @property
+    @cached_property
     def millicpus(self) -> int:
         return round(self.cpus * 1000)
 

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 from souq.bus import Transport, encode, subjects
-from souq.bus.codec import unwrap_typed
+from souq.bus.codec import unwrap_typed, unwrap_with_ledger
 from souq.errors import SouqError
 from souq.model.protocol import Offer, OfferRequest
 from souq.protocol.verbs import OFFER, Verb
@@ -48,6 +48,17 @@ class WorkerClient:
             subjects.worker(worker_id, verb.name), encode(request), timeout
         )
         reply: A = unwrap_typed(data, verb.reply)
+        return reply
+
+    async def call_with_ledger(
+        self, worker_id: str, verb: Verb[Q, A], request: Q, *, timeout: float
+    ) -> tuple[A, int | None]:
+        """:meth:`call`, and the worker's ledger version once it was done (claims: the book
+        counts the claim until the worker's word of that version or a newer one)."""
+        data = await self.transport.request(
+            subjects.worker(worker_id, verb.name), encode(request), timeout
+        )
+        reply: tuple[A, int | None] = unwrap_with_ledger(data, verb.reply)
         return reply
 
     async def call_each(

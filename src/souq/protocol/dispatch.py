@@ -31,8 +31,10 @@ VerbHandler = Callable[[Any], Awaitable[Any]]
 class Dispatcher:
     """Routes each verb to its handler. ``owner`` names this side in errors (``worker w-1``)."""
 
-    def __init__(self, owner: str) -> None:
+    def __init__(self, owner: str, *, ledger: Callable[[], int] | None = None) -> None:
+        """``ledger()``: the worker's ledger version, named in every successful reply."""
         self.owner = owner
+        self._ledger = ledger
         self._routes: dict[str, tuple[Verb[Any, Any], VerbHandler]] = {}
 
     def route(self, verb: Verb[Q, Any], handler: Callable[[Q], Awaitable[Any]]) -> None:
@@ -63,7 +65,8 @@ class Dispatcher:
                 )
             )
         try:
-            return ok_reply(await handler(request))
+            result = await handler(request)
+            return ok_reply(result, ledger=self._ledger() if self._ledger else None)
         except SouqError as exc:
             return error_reply(exc)
         except Exception as exc:

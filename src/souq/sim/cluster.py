@@ -1,0 +1,265 @@
+"""A whole cluster in one process on virtual time: brokers and workers running the real cores.
+
+Pure and deterministic. Each broker is a :class:`~souq.market.WorkerBook` and the
+:class:`~souq.market.Auction` s it runs; each worker is an
+:class:`~souq.agent.admission.Admission`, the worker's own admission core. Messages between them
+are timers on a :class:`~souq.clock.VirtualClock` (``hop_s`` each way), so that races happen
+as they would on a network: two brokers may send claims for the last capacity at the same time,
+and the worker judges them in the order they arrive. Workers tell every broker their usage after
+each change, as agents do on ``souq.use.<region>.<worker>``.
+
+What it leaves out: processes (a machine is its reservation), heartbeats (the book is filled at
+start and kept by usage messages) and offers asked of workers (a broker that cannot find a
+candidate in its book refuses). The simulator and the tests of the market core stand on it.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from souq.agent.admission import Admission
+from souq.clock import VirtualClock
+from souq.errors import ClaimRefused, SouqError
+from souq.market import AskOffers, Auction, Finished, Order, Rules, SendClaim, WorkerBook
+from souq.model.constraint import Constraint
+from souq.model.resources import Resources
+from souq.model.worker import WorkerInfo, WorkerUsage
+from souq.placement import Pipeline, PlacementRequest, default_pipeline
+
+__all__ = ["Placed", "SimBroker", "SimMachine", "SimWorker", "VirtualCluster"]
+
+
+@dataclass
+class SimWorker:
+    """A worker: its admission core and the machines it holds."""
+
+    id: str
+    region: str
+    admission: Admission
+    labels: dict[str, str] = field(default_factory=dict)
+    machines: dict[str, Resources] = field(default_factory=dict)
+
+    def info(self, now_ms: int) -> WorkerInfo:
+        a = self.admission
+        return WorkerInfo(
+            id=self.id,
+            region=self.region,
+            capacity=a.capacity,
+            allocated=a.in_use(now_ms),
+            labels=self.labels,
+            version=a.version,
+        )
+
+
+@dataclass
+class SimBroker:
+    id: str
+    book: WorkerBook = field(default_factory=WorkerBook)
+
+
+@dataclass(frozen=True)
+class SimMachine:
+    id: str
+    worker_id: str
+
+
+@dataclass(frozen=True)
+class Placed:
+    """How one create ended: the machines' workers (by index), its record, its error, and when
+    it started and ended on the virtual clock."""
+
+    workers: dict[int, str]
+    record: Any
+    error: SouqError | None
+    started: float
+    finished: float
+
+
+class VirtualCluster:
+    def __init__(
+        self,
+        *,
+        clock: VirtualClock | None = None,
+        pipeline: Pipeline | None = None,
+        rules: Rules | None = None,
+        hop_s: float = 0.0005,
+    ) -> None:
+        self.clock = clock or VirtualClock()
+        self.pipeline = pipeline or default_pipeline()
+        self.rules = rules or Rules()
+        self.hop_s = hop_s
+        self.workers: dict[str, SimWorker] = {}
+        self.brokers: list[SimBroker] = []
+        self._ids = itertools.count(1)
+
+    # -- the cluster -----------------------------------------------------------------------
+
+    def add_broker(self) -> SimBroker:
+        broker = SimBroker(f"b{len(self.brokers) + 1}")
+        now = self.clock.now_ms()
+        for worker in self.workers.values():
+            broker.book.observe(worker.info(now))
+        self.brokers.append(broker)
+        return broker
+
+    def add_worker(
+        self, region: str, capacity: Resources, *, labels: dict[str, str] | None = None
+    ) -> SimWorker:
+        worker_id = f"w{len(self.workers) + 1:05d}"
+        worker = SimWorker(
+            worker_id,
+            region,
+            Admission(worker_id=worker_id, region=region, capacity=capacity),
+            labels=dict(labels or {}),
+        )
+        self.workers[worker_id] = worker
+        now = self.clock.now_ms()
+        for broker in self.brokers:
+            broker.book.observe(worker.info(now))
+        return worker
+
+    def allocated(self, worker_id: str) -> Resources:
+        return self.workers[worker_id].admission.reserved
+
+    # -- creates ---------------------------------------------------------------------------
+
+    def create(
+        self,
+        broker: SimBroker,
+        *,
+        app: str,
+        region: str,
+        resources: Resources,
+        count: int = 1,
+        min_count: int | None = None,
+        constraints: tuple[Constraint, ...] = (),
+        on_done: Callable[[Placed], None] | None = None,
+    ) -> None:
+        """Start a create on ``broker`` now; ``on_done`` is called when it ends (in virtual
+        time: run the clock)."""
+        request = PlacementRequest(
+            request_id=f"r{next(self._ids):08d}",
+            app=app,
+            region=region,
+            resources=resources,
+            constraints=constraints,
+        )
+        order = Order(
+            request,
+            count=count,
+            min_count=count if min_count is None else min_count,
+            batch=count > 1,
+        )
+        started = self.clock.monotonic()
+        auction = Auction(
+            order,
+            pipeline=self.pipeline,
+            book=broker.book,
+            rules=self.rules,
+            now=started,
+        )
+
+        def finish(done: Finished) -> None:
+            if on_done is not None:
+                workers = {i: m.worker_id for i, m in done.placed.items()}
+                on_done(Placed(workers, done.record, done.error, started, self.clock.monotonic()))
+
+        self._perform(broker, auction, auction.start(started), finish)
+
+    def place(self, broker: SimBroker, **create: Any) -> Placed:
+        """One create, run to its end on virtual time."""
+        ended: list[Placed] = []
+        self.create(broker, on_done=ended.append, **create)
+        self.clock.run()
+        (placed,) = ended
+        return placed
+
+    def destroy(self, worker_id: str, machine_id: str) -> None:
+        worker = self.workers[worker_id]
+        freed = worker.machines.pop(machine_id)
+        worker.admission.release(freed)
+        self._tell_usage(worker)
+
+    # -- messages --------------------------------------------------------------------------
+
+    def _perform(
+        self,
+        broker: SimBroker,
+        auction: Auction,
+        actions: list[Any],
+        finish: Callable[[Finished], None],
+    ) -> None:
+        for action in actions:
+            if isinstance(action, Finished):
+                finish(action)
+            elif isinstance(action, AskOffers):
+                # No offers to ask here: the book is all a simulated broker knows.
+                self._perform(broker, auction, auction.offers([], self.clock.monotonic()), finish)
+            elif isinstance(action, SendClaim):
+                self.clock.call_later(self.hop_s, self._arrive(broker, auction, action, finish))
+
+    def _arrive(
+        self,
+        broker: SimBroker,
+        auction: Auction,
+        action: SendClaim,
+        finish: Callable[[Finished], None],
+    ) -> Callable[[], None]:
+        return lambda: self._claim(broker, auction, action, finish)
+
+    def _claim(
+        self,
+        broker: SimBroker,
+        auction: Auction,
+        action: SendClaim,
+        finish: Callable[[Finished], None],
+    ) -> None:
+        """The worker judges the claim on arrival; its answer travels back one hop."""
+        worker = self.workers[action.worker_id]
+        want = auction.order.request.resources
+        now_ms = self.clock.now_ms()
+        answer: list[SimMachine] | ClaimRefused
+        ledger = None
+        try:
+            worker.admission.check_batch(worker.region, want, len(action.indexes), now_ms)
+        except ClaimRefused as exc:
+            answer = exc
+        else:
+            answer = []
+            for _ in action.indexes:
+                machine_id = f"m{next(self._ids):08d}"
+                worker.machines[machine_id] = want
+                worker.admission.reserve(want)
+                answer.append(SimMachine(machine_id, worker.id))
+            ledger = worker.admission.version
+            self._tell_usage(worker)
+
+        def back() -> None:
+            now = self.clock.monotonic()
+            if isinstance(answer, ClaimRefused):
+                usage = answer.details.get("usage")
+                if isinstance(usage, dict):
+                    broker.book.observe_usage(_usage(usage))
+                reason = str(answer.details.get("reason", answer.status))
+                actions = auction.refused(action.worker_id, reason, now, silent=False)
+            else:
+                actions = auction.claimed(action.worker_id, answer, now, ledger=ledger)
+            self._perform(broker, auction, actions, finish)
+
+        self.clock.call_later(self.hop_s, back)
+
+    def _tell_usage(self, worker: SimWorker) -> None:
+        usage = worker.admission.usage(self.clock.now_ms(), machines=len(worker.machines))
+        for broker in self.brokers:
+            self.clock.call_later(self.hop_s, _tell(broker.book, usage))
+
+
+def _tell(book: WorkerBook, usage: WorkerUsage) -> Callable[[], None]:
+    return lambda: book.observe_usage(usage)
+
+
+def _usage(raw: dict[str, Any]) -> WorkerUsage:
+    return WorkerUsage.model_validate(raw)
