@@ -151,10 +151,12 @@ class BrokerService:
     async def create_machine(
         self, app: str, body: CreateMachineRequest, *, idempotency_key: str | None = None
     ) -> Machine:
-        digest = body_hash(body)
+        # A body hash tells a retried key's body from another; a request without a key has a
+        # fresh id that nothing can retry, so its id serves (and the hash is not computed).
         request_id = (
             idempotent_request_id(app, idempotency_key) if idempotency_key else new_request_id()
         )
+        digest = body_hash(body) if idempotency_key else request_id
         order = ClaimRequest(
             request_id=request_id,
             body_hash=digest,

@@ -170,12 +170,11 @@ class WorkerBook:
             short = shortfall(want, e.info.capacity, e.allocated)
             if short is not None:
                 reason, detail = short.reason, short.detail
-        return Offer.model_construct(
+        return Offer(
             worker=worker,
             eligible=reason is None,
             reason=reason,
             detail=detail,
-            existing_machine_id=None,
             load=e.load,
             artifacts=e.artifacts,
             app_machines=self.app_machines(worker_id, app),

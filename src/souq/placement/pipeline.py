@@ -89,13 +89,7 @@ class Pipeline:
             raw = {s.name: s.score(request, offer) for s in self.scorers}
             final = select.weighted_mean(raw, weights)
             scores = {name: round(v, 6) for name, v in raw.items() if v is not None}
-            outcome = OfferOutcome.model_construct(
-                worker_id=offer.worker.id,
-                rejected=None,
-                detail=None,
-                scores=scores,
-                score=round(final, 6),
-            )
+            outcome = OfferOutcome(worker_id=offer.worker.id, scores=scores, score=round(final, 6))
             scored.append((final, (offer, outcome)))
         best = [pair for _, pair in select.best_first(scored)]
         return Ranking(
