@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 TSTAMP := $(VENV)/.installed-test
 BSTAMP := $(VENV)/.installed-bench
 
-.PHONY: dev test bench bwrap lint typecheck unit clean browser-deps
+.PHONY: dev test bench bwrap wrk lint typecheck unit clean browser-deps
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,11 @@ $(BSTAMP): pyproject.toml | $(BIN)/python
 bwrap:
 	@command -v bwrap >/dev/null || (apt-get update -qq && apt-get install -y -qq bubblewrap) \
 		>/dev/null 2>&1 || echo "bubblewrap not installed: the sandbox driver is off" >&2
+
+# The creates benchmark (bench/creates.py) drives the broker with wrk, Debian's package.
+wrk:
+	@command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk) \
+		>/dev/null 2>&1 || echo "wrk not installed: the creates benchmark cannot run" >&2
 
 dev: $(STAMP) bwrap
 	$(BIN)/souq dev $(ARGS)
@@ -62,7 +67,7 @@ test: $(TSTAMP) browser-deps lint typecheck
 unit: $(TSTAMP)
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
 
-bench: $(BSTAMP)
+bench: $(BSTAMP) wrk
 	$(BIN)/python -m bench $(ARGS)
 
 clean:

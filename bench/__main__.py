@@ -1,14 +1,14 @@
 """Run the benchmarks, or those named: ``python -m bench [spine scale c1m ...]``.
 
 Without names, the default suites run (``spine``, ``scale``, ``tradeoff``, ``view``,
-``supervise``); ``c1m`` (100,000 machines onto 5,000 hollow workers, a few minutes) runs only
-when named."""
+``supervise``, ``creates``); ``c1m`` (100,000 machines onto 5,000 hollow workers, a few
+minutes) runs only when named."""
 
 from __future__ import annotations
 
 import sys
 
-from bench import scale, spine, supervise, view
+from bench import creates, scale, spine, supervise, view
 
 SUITES = {
     "spine": spine.main,
@@ -17,8 +17,9 @@ SUITES = {
     "c1m": scale.main_c1m,
     "view": view.main,
     "supervise": supervise.main,
+    "creates": creates.main,
 }
-DEFAULT = ["spine", "scale", "tradeoff", "view", "supervise"]
+DEFAULT = ["spine", "scale", "tradeoff", "view", "supervise", "creates"]
 
 
 def main(argv: list[str]) -> None:

@@ -31,7 +31,7 @@ import httpx
 import psutil
 
 from bench.stats import machine_line, summary_ms
-from souq.broker.sampling import plan_sample
+from souq.market.sampling import plan_sample
 from souq.model import Offer, Resources, WorkerInfo
 from souq.natsserver import NatsServer
 from souq.placement import PlacementRequest, default_pipeline
@@ -330,15 +330,20 @@ def scale(workers: int = 1000, singles: int = 3000, batches: int = 200, batch: i
 
 
 def tradeoff(workers: int = 1000, requests: int = 500) -> None:
-    """Sampling against asking everyone: live on one broker (one client for latency and the
-    broker's CPU per placement, 32 for throughput), then replayed through the real pipeline
-    for placement quality."""
+    """Candidates from the book, against asking a sample for offers, against asking everyone:
+    live on one broker (one client for latency and the broker's CPU per placement, 32 for
+    throughput), then replayed through the real pipeline for placement quality."""
     print(f"# sampling trade-off — {workers} hollow workers — {machine_line()}", flush=True)
     results: dict[str, object] = {"workers": workers}
     with tempfile.TemporaryDirectory(prefix="souq-bench-") as tmp:
         bench = _start(Path(tmp), workers, 0)
         try:
-            for mode, args in (("sampled", []), ("ask-all", ["--sample-above", str(workers)])):
+            offers = ["--candidates-from", "offers"]
+            for mode, args in (
+                ("book", []),
+                ("sampled", offers),
+                ("ask-all", [*offers, "--sample-above", str(workers)]),
+            ):
                 _stop_brokers(bench)
                 _add_brokers(bench, 1, args)
                 _singles(bench, f"warm-{mode}", 50, concurrency=1)

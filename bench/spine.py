@@ -103,27 +103,44 @@ async def _destroy_all(api: str, app: str, ids: list[str]) -> None:
         await asyncio.gather(*(one(m) for m in ids))
 
 
+def cluster(root: Path) -> Cluster:
+    """The spine's cluster (not started): one region of four agents that never run out of
+    capacity, and one broker."""
+    return Cluster(root, regions={REGION: 4}, cpus=1000, memory_mb=1_000_000)
+
+
+def create_started(api: str) -> dict[str, object]:
+    """create→started on the spine's cluster at ``api``, beside its floor and the skeleton, all
+    measured now: the figures of :func:`main` without the concurrent placements."""
+    with httpx.Client(base_url=api, timeout=30) as client:
+        _create_started(client, "warm", WARMUP)
+        _floor(client, WARMUP)
+        rtt, spawn = _floor(client, SEQUENTIAL)
+        created = _create_started(client, "seq", SEQUENTIAL)
+    floor = [a + b for a, b in zip(rtt, spawn, strict=True)]
+    results: dict[str, object] = {
+        "floor_http_rtt_ms": summary_ms(rtt),
+        "floor_spawn_ms": summary_ms(spawn),
+        "floor_total_ms": summary_ms(floor),
+        "create_started_ms": summary_ms(created),
+    }
+    # The skeleton's processes run after the cluster's creates, not beside them.
+    results["skeleton_ms"] = summary_ms(skeleton.measure(SEQUENTIAL, WARMUP))
+    c, f, k = results["create_started_ms"], results["floor_total_ms"], results["skeleton_ms"]
+    assert isinstance(c, dict) and isinstance(f, dict) and isinstance(k, dict)
+    results["ratio_p50_vs_floor"] = round(c["p50"] / f["p50"], 2)
+    results["ratio_p50_vs_skeleton"] = round(c["p50"] / k["p50"], 2)
+    return results
+
+
 def main() -> None:
     print(f"# spine benchmark — {machine_line()}")
     with (
         tempfile.TemporaryDirectory(prefix="souq-bench-") as tmp,
-        Cluster(Path(tmp), regions={REGION: 4}, cpus=1000, memory_mb=1_000_000) as cluster,
+        cluster(Path(tmp)) as running,
     ):
-        api = cluster.api_url
-        with httpx.Client(base_url=api, timeout=30) as client:
-            _create_started(client, "warm", WARMUP)
-            _floor(client, WARMUP)
-            rtt, spawn = _floor(client, SEQUENTIAL)
-            created = _create_started(client, "seq", SEQUENTIAL)
-        floor = [a + b for a, b in zip(rtt, spawn, strict=True)]
-        results: dict[str, object] = {
-            "floor_http_rtt_ms": summary_ms(rtt),
-            "floor_spawn_ms": summary_ms(spawn),
-            "floor_total_ms": summary_ms(floor),
-            "create_started_ms": summary_ms(created),
-        }
-        # The skeleton's processes run after the cluster's creates, not beside them.
-        results["skeleton_ms"] = summary_ms(skeleton.measure(SEQUENTIAL, WARMUP))
+        api = running.api_url
+        results = create_started(api)
         for skip in (True, False):
             label = "placements_skip_launch" if skip else "placements_started"
             wall, lat, ids = asyncio.run(
@@ -135,10 +152,6 @@ def main() -> None:
                 "n": len(ids),
             }
             asyncio.run(_destroy_all(api, label.replace("_", "-"), ids))
-    c, f, k = results["create_started_ms"], results["floor_total_ms"], results["skeleton_ms"]
-    assert isinstance(c, dict) and isinstance(f, dict) and isinstance(k, dict)
-    results["ratio_p50_vs_floor"] = round(c["p50"] / f["p50"], 2)
-    results["ratio_p50_vs_skeleton"] = round(c["p50"] / k["p50"], 2)
     print(json.dumps(results, indent=2))
     out = Path("bench/results")
     out.mkdir(parents=True, exist_ok=True)

@@ -514,6 +514,11 @@ class LogFormatOpt(StrEnum):
     JSON = "json"
 
 
+class CandidatesOpt(StrEnum):
+    BOOK = "book"
+    OFFERS = "offers"
+
+
 class CgroupsOpt(StrEnum):
     AUTO = "auto"
     V2 = "v2"
@@ -611,16 +616,28 @@ def agent(
 
 @app.command("broker")
 def broker(
+    *,
     nats: Annotated[str, typer.Option("--nats", help="NATS URL, e.g. nats://127.0.0.1:4222.")],
     listen: Annotated[
         str, typer.Option("--listen", help="HOST:PORT for the HTTP API.")
     ] = "127.0.0.1:4280",
+    candidates_from: Annotated[
+        CandidatesOpt | None,
+        typer.Option(
+            "--candidates-from",
+            help="book: draw candidates from what workers said (default); "
+            "offers: ask the workers every time.",
+        ),
+    ] = None,
     sample_above: Annotated[
         int | None,
-        typer.Option("--sample-above", help="Ask a random sample past this many workers."),
+        typer.Option(
+            "--sample-above", help="Asking offers: ask a random sample past this many workers."
+        ),
     ] = None,
     sample_d: Annotated[
-        float | None, typer.Option("--sample-d", help="Sparrow's d: ask d x m for m machines.")
+        float | None,
+        typer.Option("--sample-d", help="Sparrow's d: candidates with room for d x m machines."),
     ] = None,
     log_format: Annotated[
         LogFormatOpt,
@@ -639,7 +656,11 @@ def broker(
                 nats_url=nats,
                 listen_host=host,
                 listen_port=port,
-                **_given(sample_above=sample_above, sample_factor_d=sample_d),
+                **_given(
+                    candidates_from=candidates_from.value if candidates_from else None,
+                    sample_above=sample_above,
+                    sample_factor_d=sample_d,
+                ),
             )
         )
 
