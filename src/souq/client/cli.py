@@ -8,13 +8,10 @@ takes ``--json``. Only :mod:`souq.client.render` prints.
 from __future__ import annotations
 
 import importlib.util
-import logging
 import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from enum import StrEnum
-from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -79,7 +76,7 @@ def make_client() -> SouqClient:
 
 
 @contextmanager
-def _reporting(as_json: bool = False) -> Iterator[None]:
+def reporting(as_json: bool = False) -> Iterator[None]:
     """Turn an error into its message on stderr and the exit status."""
     try:
         yield
@@ -100,7 +97,7 @@ def _first_error(exc: ValidationError) -> str:
     return f"{where}: {e['msg']}" if where else str(e["msg"])
 
 
-def _pairs(values: list[str] | None, what: str) -> dict[str, str]:
+def pairs(values: list[str] | None, what: str) -> dict[str, str]:
     out: dict[str, str] = {}
     for item in values or []:
         key, sep, value = item.partition("=")
@@ -183,7 +180,7 @@ def machine_run(
     as_json: JsonOpt = False,
 ) -> None:
     """Place a machine and start it; prints its id."""
-    with _reporting(as_json):
+    with reporting(as_json):
         config = _config(
             command,
             cpus,
@@ -246,7 +243,7 @@ def _config(
     if restart_config:
         config["restart"] = restart_config
     if env:
-        config["env"] = _pairs(env, "env")
+        config["env"] = pairs(env, "env")
     return config
 
 
@@ -281,7 +278,7 @@ def _constraint(text: str) -> dict[str, Any]:
 @machine_app.command("explain")
 def machine_explain(machine_id: IdArg, app_name: AppOpt, as_json: JsonOpt = False) -> None:
     """Why the machine landed where it did: offers, rejections, scores per stage, claims."""
-    with _reporting(as_json):
+    with reporting(as_json):
         m = make_client().get_machine(app_name, machine_id)
         if m.placement is None:
             render.line(f"machine {m.id} has no placement record")
@@ -312,7 +309,7 @@ def quote_create(
     as_json: JsonOpt = False,
 ) -> None:
     """Hold capacity for a machine (a dry run that binds); use it with `machine run --quote`."""
-    with _reporting(as_json):
+    with reporting(as_json):
         config = _config(
             command,
             cpus,
@@ -329,35 +326,35 @@ def quote_create(
 @quote_app.command("show")
 def quote_show(quote_id: QuoteArg, app_name: AppOpt, as_json: JsonOpt = False) -> None:
     """Show a quote: what it holds, where, until when, and why there."""
-    with _reporting(as_json):
+    with reporting(as_json):
         render.quote(make_client().get_quote(app_name, quote_id), as_json=as_json)
 
 
 @quote_app.command("release")
 def quote_release(quote_id: QuoteArg, app_name: AppOpt, as_json: JsonOpt = False) -> None:
     """Give a quote's capacity back before its TTL."""
-    with _reporting(as_json):
+    with reporting(as_json):
         render.quote(make_client().release_quote(app_name, quote_id), as_json=as_json)
 
 
 @machine_app.command("list")
 def machine_list(app_name: AppOpt, as_json: JsonOpt = False) -> None:
     """List the app's machines."""
-    with _reporting(as_json):
+    with reporting(as_json):
         render.machines(make_client().list_machines(app_name), as_json=as_json)
 
 
 @machine_app.command("show")
 def machine_show(machine_id: IdArg, app_name: AppOpt, as_json: JsonOpt = False) -> None:
     """Show a machine: config, state, events and placement."""
-    with _reporting(as_json):
+    with reporting(as_json):
         render.machine(make_client().get_machine(app_name, machine_id), as_json=as_json)
 
 
 @machine_app.command("start")
 def machine_start(machine_id: IdArg, app_name: AppOpt, as_json: JsonOpt = False) -> None:
     """Start a stopped machine."""
-    with _reporting(as_json):
+    with reporting(as_json):
         render.machine_state(make_client().start(app_name, machine_id), as_json=as_json)
 
 
@@ -374,7 +371,7 @@ def machine_stop(
     as_json: JsonOpt = False,
 ) -> None:
     """Stop a machine and wait until it has stopped."""
-    with _reporting(as_json):
+    with reporting(as_json):
         client = make_client()
         machine = client.stop(app_name, machine_id, signal=signal, timeout_s=timeout)
         grace = timeout if timeout is not None else machine.config.stop_config.timeout_s
@@ -387,7 +384,7 @@ def machine_stop(
 @machine_app.command("restart")
 def machine_restart(machine_id: IdArg, app_name: AppOpt, as_json: JsonOpt = False) -> None:
     """Stop a machine and start it again."""
-    with _reporting(as_json):
+    with reporting(as_json):
         render.machine_state(make_client().restart(app_name, machine_id), as_json=as_json)
 
 
@@ -401,7 +398,7 @@ def machine_destroy(
     as_json: JsonOpt = False,
 ) -> None:
     """Destroy a machine and free its reservation."""
-    with _reporting(as_json):
+    with reporting(as_json):
         render.machine_state(
             make_client().destroy(app_name, machine_id, force=force), as_json=as_json
         )
@@ -416,7 +413,7 @@ def machine_wait(
     as_json: JsonOpt = False,
 ) -> None:
     """Wait until a machine reaches a state."""
-    with _reporting(as_json):
+    with reporting(as_json):
         machine = make_client().wait(app_name, machine_id, state, timeout=timeout)
         render.machine_state(machine, as_json=as_json)
 
@@ -431,7 +428,7 @@ def machine_logs(
     as_json: JsonOpt = False,
 ) -> None:
     """Print a machine's output (stdout and stderr)."""
-    with _reporting(as_json):
+    with reporting(as_json):
         client = make_client()
         chunks = (
             client.follow_logs(app_name, machine_id)
@@ -445,14 +442,14 @@ def machine_logs(
 @machine_app.command("ops")
 def machine_ops(machine_id: IdArg, app_name: AppOpt, as_json: JsonOpt = False) -> None:
     """List a machine's op log: each step of each operation, oldest first."""
-    with _reporting(as_json):
+    with reporting(as_json):
         render.ops(make_client().ops(app_name, machine_id), as_json=as_json)
 
 
 @machine_app.command("events")
 def machine_events(machine_id: IdArg, app_name: AppOpt, as_json: JsonOpt = False) -> None:
     """List a machine's events, newest first."""
-    with _reporting(as_json):
+    with reporting(as_json):
         render.events(make_client().events(app_name, machine_id), as_json=as_json)
 
 
@@ -469,7 +466,7 @@ def cluster_events(
     as_json: JsonOpt = False,
 ) -> None:
     """Print the cluster's machine and worker events (the broker keeps the recent ones)."""
-    with _reporting(as_json):
+    with reporting(as_json):
         for event in make_client().cluster_events(
             app=app_name, worker=worker, follow=follow, since=since
         ):
@@ -481,268 +478,38 @@ def workers(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     """List the workers the broker knows, with their state and capacity."""
     if ctx.invoked_subcommand is not None:
         return
-    with _reporting(as_json):
+    with reporting(as_json):
         render.workers(make_client().workers(), as_json=as_json)
 
 
 @workers_app.command("cordon")
 def workers_cordon(worker_id: WorkerArg, as_json: JsonOpt = False) -> None:
     """Stop offers from a worker; its machines keep running."""
-    with _reporting(as_json):
+    with reporting(as_json):
         render.workers([make_client().cordon(worker_id)], as_json=as_json)
 
 
 @workers_app.command("drain")
 def workers_drain(worker_id: WorkerArg, as_json: JsonOpt = False) -> None:
     """Cordon a worker and stop its machines gracefully (uncordon ends the drain)."""
-    with _reporting(as_json):
+    with reporting(as_json):
         render.workers([make_client().drain(worker_id)], as_json=as_json)
 
 
 @workers_app.command("uncordon")
 def workers_uncordon(worker_id: WorkerArg, as_json: JsonOpt = False) -> None:
     """Let a cordoned worker make offers again."""
-    with _reporting(as_json):
+    with reporting(as_json):
         render.workers([make_client().uncordon(worker_id)], as_json=as_json)
 
 
 # -- daemons -----------------------------------------------------------------------------------
 
 
-class LogFormatOpt(StrEnum):
-    TEXT = "text"
-    JSON = "json"
+# The daemons' commands (agent, broker, fleet, dev) live in souq.client.daemons.
+from souq.client.daemons import register_daemons  # noqa: E402 (it uses the helpers above)
 
-
-class CandidatesOpt(StrEnum):
-    BOOK = "book"
-    OFFERS = "offers"
-
-
-class CgroupsOpt(StrEnum):
-    AUTO = "auto"
-    V2 = "v2"
-    V1 = "v1"
-    NONE = "none"
-
-
-def _daemon_logging(log_format: str = "text") -> None:
-    from souq.logs import configure
-
-    configure("json" if log_format == "json" else "text", logging.INFO)
-
-
-def _given(**values: Any) -> dict[str, Any]:
-    """Options the user gave: the rest keep the config's own defaults."""
-    return {k: v for k, v in values.items() if v is not None}
-
-
-def _host_port(text: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit():
-        raise typer.BadParameter(f"{text!r} is not HOST:PORT", param_hint="--listen")
-    return host.strip("[]") or "127.0.0.1", int(port)
-
-
-@app.command("agent")
-def agent(
-    *,
-    region: Annotated[str, typer.Option("--region", help="The worker's region.")],
-    nats: Annotated[str, typer.Option("--nats", help="NATS URL, e.g. nats://127.0.0.1:4222.")],
-    data_dir: Annotated[
-        Path | None, typer.Option("--data-dir", help="Where the agent keeps its state.")
-    ] = None,
-    cpus: Annotated[float | None, typer.Option("--cpus", help="CPU cores to offer.")] = None,
-    memory_mb: Annotated[
-        int | None, typer.Option("--memory-mb", help="Memory to offer, in MiB.")
-    ] = None,
-    disk_mb: Annotated[
-        int | None,
-        typer.Option("--disk-mb", help="Disk to offer, in MiB (default: the data dir's free)."),
-    ] = None,
-    gpus: Annotated[int | None, typer.Option("--gpus", help="GPUs to offer (default 0).")] = None,
-    label: Annotated[list[str] | None, typer.Option("--label", help="k=v, repeatable.")] = None,
-    stop_machines_on_exit: Annotated[
-        bool,
-        typer.Option("--stop-machines-on-exit", help="Stop the machines when the agent exits."),
-    ] = False,
-    heartbeat_interval: Annotated[
-        float | None,
-        typer.Option("--heartbeat-interval", help="Seconds between heartbeats (default 1)."),
-    ] = None,
-    metrics_port: Annotated[
-        int | None,
-        typer.Option("--metrics-port", help="Serve Prometheus /metrics on this port (0: off)."),
-    ] = None,
-    cgroups: Annotated[
-        CgroupsOpt,
-        typer.Option(
-            "--cgroups",
-            envvar="SOUQ_CGROUPS",
-            help="How machine limits are enforced: auto (v2, else v1, else none), v2, v1, none.",
-        ),
-    ] = CgroupsOpt.AUTO,
-    log_format: Annotated[
-        LogFormatOpt,
-        typer.Option("--log-format", help="text, or json: one object per line with ids."),
-    ] = LogFormatOpt.TEXT,
-) -> None:
-    """Run a worker agent in the foreground."""
-    labels = _pairs(label, "label")
-    if log_format is LogFormatOpt.JSON:
-        _daemon_logging("json")
-    with _reporting():
-        from souq.agent.config import AgentConfig
-        from souq.agent.main import run as run_agent
-
-        config = AgentConfig(
-            region=region,
-            nats_url=nats,
-            labels=labels,
-            stop_machines_on_exit=stop_machines_on_exit,
-            cgroups=cgroups.value,
-            **_given(
-                data_dir=data_dir,
-                cpus=cpus,
-                memory_mb=memory_mb,
-                disk_mb=disk_mb,
-                gpus=gpus,
-                heartbeat_interval_s=heartbeat_interval,
-                metrics_port=metrics_port,
-            ),
-        )
-        run_agent(config)
-
-
-@app.command("broker")
-def broker(
-    *,
-    nats: Annotated[str, typer.Option("--nats", help="NATS URL, e.g. nats://127.0.0.1:4222.")],
-    listen: Annotated[
-        str, typer.Option("--listen", help="HOST:PORT for the HTTP API.")
-    ] = "127.0.0.1:4280",
-    candidates_from: Annotated[
-        CandidatesOpt | None,
-        typer.Option(
-            "--candidates-from",
-            help="book: draw candidates from what workers said (default); "
-            "offers: ask the workers every time.",
-        ),
-    ] = None,
-    sample_above: Annotated[
-        int | None,
-        typer.Option(
-            "--sample-above", help="Asking offers: ask a random sample past this many workers."
-        ),
-    ] = None,
-    sample_d: Annotated[
-        float | None,
-        typer.Option("--sample-d", help="Sparrow's d: candidates with room for d x m machines."),
-    ] = None,
-    log_format: Annotated[
-        LogFormatOpt,
-        typer.Option("--log-format", help="text, or json: one object per line with ids."),
-    ] = LogFormatOpt.TEXT,
-) -> None:
-    """Run a broker (the HTTP API) in the foreground."""
-    host, port = _host_port(listen)
-    _daemon_logging(log_format.value)
-    with _reporting():
-        from souq.broker.config import BrokerConfig
-        from souq.broker.main import run as run_broker
-
-        run_broker(
-            BrokerConfig(
-                nats_url=nats,
-                listen_host=host,
-                listen_port=port,
-                **_given(
-                    candidates_from=candidates_from.value if candidates_from else None,
-                    sample_above=sample_above,
-                    sample_factor_d=sample_d,
-                ),
-            )
-        )
-
-
-@app.command("fleet")
-def fleet(
-    *,
-    nats: Annotated[str, typer.Option("--nats", help="NATS URL, e.g. nats://127.0.0.1:4222.")],
-    workers: Annotated[int, typer.Option("--workers", help="How many hollow workers.")],
-    region: Annotated[str, typer.Option("--region", help="Their region.")],
-    cpus: Annotated[float | None, typer.Option("--cpus", help="CPU cores each offers.")] = None,
-    memory_mb: Annotated[int | None, typer.Option("--memory-mb", help="MiB each offers.")] = None,
-    data_dir: Annotated[
-        Path | None,
-        typer.Option("--data-dir", help="Keep each worker's state in a file (default: memory)."),
-    ] = None,
-) -> None:
-    """Run N hollow workers in one process: the real protocol, no processes (for scale)."""
-    _daemon_logging()
-    logging.getLogger().setLevel(logging.WARNING)  # one line per worker would drown the rest
-    with _reporting():
-        from souq.fleet import FleetConfig
-        from souq.fleet import run as run_fleet
-
-        run_fleet(
-            FleetConfig(
-                nats_url=nats,
-                workers=workers,
-                region=region,
-                **_given(cpus=cpus, memory_mb=memory_mb, data_dir=data_dir),
-            )
-        )
-
-
-@app.command("dev")
-def dev(
-    *,
-    port: Annotated[int, typer.Option("--port", help="Port of the HTTP API.")] = 4280,
-    nats_port: Annotated[
-        int | None, typer.Option("--nats-port", help="Port of the embedded NATS server.")
-    ] = None,
-    regions: Annotated[str, typer.Option("--regions", help="Comma-separated regions.")] = "mad,syd",
-    workers_per_region: Annotated[
-        int, typer.Option("--workers-per-region", help="Workers started in each region.")
-    ] = 2,
-    worker_cpus: Annotated[
-        float | None, typer.Option("--worker-cpus", help="CPU cores each worker offers.")
-    ] = None,
-    worker_memory_mb: Annotated[
-        int | None, typer.Option("--worker-memory-mb", help="MiB each worker offers.")
-    ] = None,
-    data_dir: Annotated[
-        Path | None, typer.Option("--data-dir", help="Where the cluster keeps its state.")
-    ] = None,
-    log_format: Annotated[
-        LogFormatOpt,
-        typer.Option("--log-format", help="text, or json: one object per line with ids."),
-    ] = LogFormatOpt.TEXT,
-) -> None:
-    """Run a whole local cluster: NATS, a broker and workers, all on loopback."""
-    if log_format is LogFormatOpt.JSON:
-        _daemon_logging("json")
-    names = tuple(r.strip() for r in regions.split(",") if r.strip())
-    if not names:
-        raise typer.BadParameter("name at least one region", param_hint="--regions")
-    with _reporting():
-        from souq.dev import DevConfig
-        from souq.dev import run as run_dev
-
-        config = DevConfig(
-            port=port,
-            regions=names,
-            workers_per_region=workers_per_region,
-            **_given(
-                nats_port=nats_port,
-                worker_cpus=worker_cpus,
-                worker_memory_mb=worker_memory_mb,
-                data_dir=data_dir,
-                log_format=None if log_format is LogFormatOpt.TEXT else log_format.value,
-            ),
-        )
-        run_dev(config)
+register_daemons(app)
 
 
 def main() -> None:

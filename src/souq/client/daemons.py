@@ -1,0 +1,260 @@
+"""The daemons' commands of the ``souq`` command line: ``souq agent``, ``souq broker``, ``souq
+fleet`` and ``souq dev``. Each builds its component's config from the options and runs it in the
+foreground; the component is imported only then, so the client's commands never load it."""
+
+from __future__ import annotations
+
+import logging
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from souq.client.cli import pairs, reporting
+
+__all__ = ["register_daemons"]
+
+daemons = typer.Typer()
+
+
+def register_daemons(app: typer.Typer) -> None:
+    """Add the daemons' commands to ``app``."""
+    for command in daemons.registered_commands:
+        app.registered_commands.append(command)
+
+
+class LogFormatOpt(StrEnum):
+    TEXT = "text"
+    JSON = "json"
+
+
+class CandidatesOpt(StrEnum):
+    BOOK = "book"
+    OFFERS = "offers"
+
+
+class CgroupsOpt(StrEnum):
+    AUTO = "auto"
+    V2 = "v2"
+    V1 = "v1"
+    NONE = "none"
+
+
+def _daemon_logging(log_format: str = "text") -> None:
+    from souq.logs import configure
+
+    configure("json" if log_format == "json" else "text", logging.INFO)
+
+
+def _given(**values: Any) -> dict[str, Any]:
+    """Options the user gave: the rest keep the config's own defaults."""
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def _host_port(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit():
+        raise typer.BadParameter(f"{text!r} is not HOST:PORT", param_hint="--listen")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+@daemons.command("agent")
+def agent(
+    *,
+    region: Annotated[str, typer.Option("--region", help="The worker's region.")],
+    nats: Annotated[str, typer.Option("--nats", help="NATS URL, e.g. nats://127.0.0.1:4222.")],
+    data_dir: Annotated[
+        Path | None, typer.Option("--data-dir", help="Where the agent keeps its state.")
+    ] = None,
+    cpus: Annotated[float | None, typer.Option("--cpus", help="CPU cores to offer.")] = None,
+    memory_mb: Annotated[
+        int | None, typer.Option("--memory-mb", help="Memory to offer, in MiB.")
+    ] = None,
+    disk_mb: Annotated[
+        int | None,
+        typer.Option("--disk-mb", help="Disk to offer, in MiB (default: the data dir's free)."),
+    ] = None,
+    gpus: Annotated[int | None, typer.Option("--gpus", help="GPUs to offer (default 0).")] = None,
+    label: Annotated[list[str] | None, typer.Option("--label", help="k=v, repeatable.")] = None,
+    stop_machines_on_exit: Annotated[
+        bool,
+        typer.Option("--stop-machines-on-exit", help="Stop the machines when the agent exits."),
+    ] = False,
+    heartbeat_interval: Annotated[
+        float | None,
+        typer.Option("--heartbeat-interval", help="Seconds between heartbeats (default 1)."),
+    ] = None,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option("--metrics-port", help="Serve Prometheus /metrics on this port (0: off)."),
+    ] = None,
+    cgroups: Annotated[
+        CgroupsOpt,
+        typer.Option(
+            "--cgroups",
+            envvar="SOUQ_CGROUPS",
+            help="How machine limits are enforced: auto (v2, else v1, else none), v2, v1, none.",
+        ),
+    ] = CgroupsOpt.AUTO,
+    log_format: Annotated[
+        LogFormatOpt,
+        typer.Option("--log-format", help="text, or json: one object per line with ids."),
+    ] = LogFormatOpt.TEXT,
+) -> None:
+    """Run a worker agent in the foreground."""
+    labels = pairs(label, "label")
+    if log_format is LogFormatOpt.JSON:
+        _daemon_logging("json")
+    with reporting():
+        from souq.agent.config import AgentConfig
+        from souq.agent.main import run as run_agent
+
+        config = AgentConfig(
+            region=region,
+            nats_url=nats,
+            labels=labels,
+            stop_machines_on_exit=stop_machines_on_exit,
+            cgroups=cgroups.value,
+            **_given(
+                data_dir=data_dir,
+                cpus=cpus,
+                memory_mb=memory_mb,
+                disk_mb=disk_mb,
+                gpus=gpus,
+                heartbeat_interval_s=heartbeat_interval,
+                metrics_port=metrics_port,
+            ),
+        )
+        run_agent(config)
+
+
+@daemons.command("broker")
+def broker(
+    *,
+    nats: Annotated[str, typer.Option("--nats", help="NATS URL, e.g. nats://127.0.0.1:4222.")],
+    listen: Annotated[
+        str, typer.Option("--listen", help="HOST:PORT for the HTTP API.")
+    ] = "127.0.0.1:4280",
+    candidates_from: Annotated[
+        CandidatesOpt | None,
+        typer.Option(
+            "--candidates-from",
+            help="book: draw candidates from what workers said (default); "
+            "offers: ask the workers every time.",
+        ),
+    ] = None,
+    sample_above: Annotated[
+        int | None,
+        typer.Option(
+            "--sample-above", help="Asking offers: ask a random sample past this many workers."
+        ),
+    ] = None,
+    sample_d: Annotated[
+        float | None,
+        typer.Option("--sample-d", help="Sparrow's d: candidates with room for d x m machines."),
+    ] = None,
+    log_format: Annotated[
+        LogFormatOpt,
+        typer.Option("--log-format", help="text, or json: one object per line with ids."),
+    ] = LogFormatOpt.TEXT,
+) -> None:
+    """Run a broker (the HTTP API) in the foreground."""
+    host, port = _host_port(listen)
+    _daemon_logging(log_format.value)
+    with reporting():
+        from souq.broker.config import BrokerConfig
+        from souq.broker.main import run as run_broker
+
+        run_broker(
+            BrokerConfig(
+                nats_url=nats,
+                listen_host=host,
+                listen_port=port,
+                **_given(
+                    candidates_from=candidates_from.value if candidates_from else None,
+                    sample_above=sample_above,
+                    sample_factor_d=sample_d,
+                ),
+            )
+        )
+
+
+@daemons.command("fleet")
+def fleet(
+    *,
+    nats: Annotated[str, typer.Option("--nats", help="NATS URL, e.g. nats://127.0.0.1:4222.")],
+    workers: Annotated[int, typer.Option("--workers", help="How many hollow workers.")],
+    region: Annotated[str, typer.Option("--region", help="Their region.")],
+    cpus: Annotated[float | None, typer.Option("--cpus", help="CPU cores each offers.")] = None,
+    memory_mb: Annotated[int | None, typer.Option("--memory-mb", help="MiB each offers.")] = None,
+    data_dir: Annotated[
+        Path | None,
+        typer.Option("--data-dir", help="Keep each worker's state in a file (default: memory)."),
+    ] = None,
+) -> None:
+    """Run N hollow workers in one process: the real protocol, no processes (for scale)."""
+    _daemon_logging()
+    logging.getLogger().setLevel(logging.WARNING)  # one line per worker would drown the rest
+    with reporting():
+        from souq.fleet import FleetConfig
+        from souq.fleet import run as run_fleet
+
+        run_fleet(
+            FleetConfig(
+                nats_url=nats,
+                workers=workers,
+                region=region,
+                **_given(cpus=cpus, memory_mb=memory_mb, data_dir=data_dir),
+            )
+        )
+
+
+@daemons.command("dev")
+def dev(
+    *,
+    port: Annotated[int, typer.Option("--port", help="Port of the HTTP API.")] = 4280,
+    nats_port: Annotated[
+        int | None, typer.Option("--nats-port", help="Port of the embedded NATS server.")
+    ] = None,
+    regions: Annotated[str, typer.Option("--regions", help="Comma-separated regions.")] = "mad,syd",
+    workers_per_region: Annotated[
+        int, typer.Option("--workers-per-region", help="Workers started in each region.")
+    ] = 2,
+    worker_cpus: Annotated[
+        float | None, typer.Option("--worker-cpus", help="CPU cores each worker offers.")
+    ] = None,
+    worker_memory_mb: Annotated[
+        int | None, typer.Option("--worker-memory-mb", help="MiB each worker offers.")
+    ] = None,
+    data_dir: Annotated[
+        Path | None, typer.Option("--data-dir", help="Where the cluster keeps its state.")
+    ] = None,
+    log_format: Annotated[
+        LogFormatOpt,
+        typer.Option("--log-format", help="text, or json: one object per line with ids."),
+    ] = LogFormatOpt.TEXT,
+) -> None:
+    """Run a whole local cluster: NATS, a broker and workers, all on loopback."""
+    if log_format is LogFormatOpt.JSON:
+        _daemon_logging("json")
+    names = tuple(r.strip() for r in regions.split(",") if r.strip())
+    if not names:
+        raise typer.BadParameter("name at least one region", param_hint="--regions")
+    with reporting():
+        from souq.dev import DevConfig
+        from souq.dev import run as run_dev
+
+        config = DevConfig(
+            port=port,
+            regions=names,
+            workers_per_region=workers_per_region,
+            **_given(
+                nats_port=nats_port,
+                worker_cpus=worker_cpus,
+                worker_memory_mb=worker_memory_mb,
+                data_dir=data_dir,
+                log_format=None if log_format is LogFormatOpt.TEXT else log_format.value,
+            ),
+        )
+        run_dev(config)
