@@ -209,7 +209,10 @@ class WorkerBook:
             offers.append(offer)
             if offer.eligible:
                 feasible += 1
-                room += _fits(want, offer.worker.capacity, offer.worker.allocated)
+                # One machine needs no count of how many fit: room for it is what eligible says.
+                room += (
+                    1 if slots == 1 else _fits(want, offer.worker.capacity, offer.worker.allocated)
+                )
             if len(offers) >= max_draw or (feasible >= wanted and room >= slots):
                 break
         return Candidates(offers=offers, feasible=feasible, population=len(ids))
