@@ -51,10 +51,23 @@ __all__ = [
 
 
 class SouqError(Exception):
-    """Base of every error Souq reports to a user."""
+    """Base of every error Souq reports to a user.
+
+    A subclass names its stable code and its HTTP status on its class line, as in the tree above:
+    ``class NotFound(SouqError, status="not_found", http_status=404)``; what it leaves out it
+    keeps from its parent (every :class:`Conflict` is a 409)."""
 
     status: ClassVar[str] = "internal"
     http_status: ClassVar[int] = 500
+
+    def __init_subclass__(
+        cls, *, status: str | None = None, http_status: int | None = None, **kwargs: Any
+    ) -> None:
+        super().__init_subclass__(**kwargs)
+        if status is not None:
+            cls.status = status
+        if http_status is not None:
+            cls.http_status = http_status
 
     def __init__(
         self, message: str, *, hint: str | None = None, details: dict[str, Any] | None = None
@@ -76,77 +89,50 @@ class SouqError(Exception):
         return f"{self.message} ({self.hint})" if self.hint else self.message
 
 
-class InvalidInput(SouqError):
-    status = "invalid_input"
-    http_status = 422
+class InvalidInput(SouqError, status="invalid_input", http_status=422): ...
 
 
-class MalformedRequest(InvalidInput):
-    status = "malformed_request"
-    http_status = 400
+class MalformedRequest(InvalidInput, status="malformed_request", http_status=400): ...
 
 
-class UnknownRegion(InvalidInput):
-    status = "unknown_region"
-    http_status = 422
+class UnknownRegion(InvalidInput, status="unknown_region"): ...
 
 
-class NotFound(SouqError):
-    status = "not_found"
-    http_status = 404
+class NotFound(SouqError, status="not_found", http_status=404): ...
 
 
-class Conflict(SouqError):
-    status = "conflict"
-    http_status = 409
+class Conflict(SouqError, status="conflict", http_status=409): ...
 
 
-class IllegalTransition(Conflict):
-    status = "illegal_transition"
+class IllegalTransition(Conflict, status="illegal_transition"): ...
 
 
-class IdempotencyConflict(Conflict):
-    status = "idempotency_conflict"
+class IdempotencyConflict(Conflict, status="idempotency_conflict"): ...
 
 
-class ClaimRefused(Conflict):
-    status = "claim_refused"
+class ClaimRefused(Conflict, status="claim_refused"): ...
 
 
-class QuoteUsed(Conflict):
-    status = "quote_used"
+class QuoteUsed(Conflict, status="quote_used"): ...
 
 
-class InsufficientCapacity(SouqError):
-    status = "insufficient_capacity"
-    http_status = 409
+class InsufficientCapacity(SouqError, status="insufficient_capacity", http_status=409): ...
 
 
-class QuoteExpired(SouqError):
-    status = "quote_expired"
-    http_status = 410
+class QuoteExpired(SouqError, status="quote_expired", http_status=410): ...
 
 
-class WaitTimeout(SouqError):
-    status = "timeout"
-    http_status = 408
+class WaitTimeout(SouqError, status="timeout", http_status=408): ...
 
 
-class Unavailable(SouqError):
-    status = "unavailable"
-    http_status = 503
+class Unavailable(SouqError, status="unavailable", http_status=503): ...
 
 
-class UnknownVerb(SouqError):
+class UnknownVerb(SouqError, status="unknown_verb", http_status=501):
     """A peer (an agent or broker of another version) does not know the verb it was sent."""
 
-    status = "unknown_verb"
-    http_status = 501
 
-
-class StorageError(SouqError):
-    status = "storage_error"
-    http_status = 500
+class StorageError(SouqError, status="storage_error", http_status=500): ...
 
 
 def _all_subclasses(cls: type[SouqError]) -> list[type[SouqError]]:

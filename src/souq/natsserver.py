@@ -12,7 +12,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from types import TracebackType
 
 from souq.errors import Unavailable
 from souq.procs import terminate
@@ -121,10 +120,5 @@ class NatsServer:
         self.start()
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()

@@ -13,9 +13,9 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
-from typing import TypeVar
+from typing import ClassVar, TypeVar
 
 import httpx
 import psutil
@@ -49,69 +49,95 @@ def wait_until(
         time.sleep(interval)
 
 
-class AgentProcess:
-    """One ``souq agent`` child process."""
+@dataclass(kw_only=True, eq=False)
+class _ChildProcess:
+    """What the child processes below share: the NATS server they join, the process, and its
+    stderr in ``log_path``."""
 
-    def __init__(
-        self,
-        *,
-        region: str,
-        nats_url: str,
-        data_dir: Path,
-        cpus: float | None = None,
-        memory_mb: int | None = None,
-        labels: Mapping[str, str] | None = None,
-        stop_machines_on_exit: bool = True,
-        heartbeat_interval_s: float | None = None,
-    ) -> None:
-        self.region = region
-        self.heartbeat_interval_s = heartbeat_interval_s
-        self.nats_url = nats_url
-        self.data_dir = data_dir
-        self.cpus = cpus
-        self.memory_mb = memory_mb
-        self.labels = dict(labels or {})
-        self.stop_machines_on_exit = stop_machines_on_exit
-        self.log_path = data_dir.with_name(data_dir.name + ".log")
-        self.process: subprocess.Popen[bytes] | None = None
-        self.worker_id: str | None = None
+    what: ClassVar[str]  # how errors name it: "agent", "fleet", "broker"
+    nats_url: str
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = field(default=None, init=False)
 
     @property
     def pid(self) -> int:
-        assert self.process is not None, "the agent is not running"
+        assert self.process is not None, f"the {self.what} is not running"
         return self.process.pid
 
+    def _log_size(self) -> int:
+        return self.log_path.stat().st_size if self.log_path.exists() else 0
+
+    def log_tail(self, chars: int = 2000) -> str:
+        if not self.log_path.exists():
+            return ""
+        return self.log_path.read_text(errors="replace")[-chars:]
+
+    def _spawn(self, args: list[str]) -> None:
+        with open(self.log_path, "ab") as err:
+            self.process = subprocess.Popen(
+                args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err
+            )
+
+    def _log_since(self, offset: int) -> str:
+        return self.log_path.read_text(errors="replace")[offset:]
+
+    def _check_started(self) -> None:
+        """:class:`RuntimeError`, with the log's tail, if the process has exited already."""
+        assert self.process is not None
+        if self.process.poll() is not None:
+            raise RuntimeError(f"{self.what} exited at start: {self.log_tail()}")
+
+    def _terminate(self, sig: int = signal.SIGTERM, *, timeout: float) -> int | None:
+        proc = self.process
+        if proc is None:
+            return None
+        terminate(proc, sig=sig, timeout=timeout)
+        self.process = None
+        return proc.returncode
+
+
+@dataclass(kw_only=True, eq=False)
+class AgentProcess(_ChildProcess):
+    """One ``souq agent`` child process."""
+
+    what = "agent"
+    region: str
+    data_dir: Path
+    cpus: float | None = None
+    memory_mb: int | None = None
+    labels: Mapping[str, str] | None = None
+    stop_machines_on_exit: bool = True
+    heartbeat_interval_s: float | None = None
+    log_path: Path = field(init=False)
+    worker_id: str | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        self.labels = dict(self.labels or {})
+        self.log_path = self.data_dir.with_name(self.data_dir.name + ".log")
+
     def start(self, timeout: float = 30.0) -> None:
-        offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        offset = self._log_size()
         self.process = start_agent_process(
             region=self.region,
             nats_url=self.nats_url,
             data_dir=self.data_dir,
             cpus=self.cpus,
             memory_mb=self.memory_mb,
-            labels=self.labels,
+            labels=dict(self.labels or {}),
             stop_machines_on_exit=self.stop_machines_on_exit,
             log_path=self.log_path,
             heartbeat_interval_s=self.heartbeat_interval_s,
         )
 
         def ready() -> str | None:
-            assert self.process is not None
-            if self.process.poll() is not None:
-                raise RuntimeError(f"agent exited at start: {self.log_tail()}")
-            text = self.log_path.read_text(errors="replace")[offset:]
-            for line in text.splitlines():
+            self._check_started()
+            for line in self._log_since(offset).splitlines():
                 words = line.split()
                 if len(words) >= 4 and words[:2] == ["souq", "agent"] and words[3] == "ready":
                     return words[2]
             return None
 
         self.worker_id = wait_until(ready, timeout=timeout, message="the agent to be ready")
-
-    def log_tail(self, chars: int = 2000) -> str:
-        if not self.log_path.exists():
-            return ""
-        return self.log_path.read_text(errors="replace")[-chars:]
 
     def machine_pids(self) -> list[int]:
         """Pids of the agent's descendants (its machines' processes)."""
@@ -122,43 +148,22 @@ class AgentProcess:
         return []
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int | None:
-        proc = self.process
-        if proc is None:
-            return None
-        terminate(proc, sig=sig, timeout=timeout)
-        self.process = None
-        return proc.returncode
+        return self._terminate(sig, timeout=timeout)
 
     def kill(self) -> None:
         """Kill -9: a crash."""
         self.stop(signal.SIGKILL)
 
 
-class FleetProcess:
+@dataclass(kw_only=True, eq=False)
+class FleetProcess(_ChildProcess):
     """One ``souq fleet`` child process: ``workers`` hollow workers in ``region``."""
 
-    def __init__(
-        self,
-        *,
-        nats_url: str,
-        region: str,
-        workers: int,
-        log_path: Path,
-        cpus: float | None = None,
-        memory_mb: int | None = None,
-    ) -> None:
-        self.nats_url = nats_url
-        self.region = region
-        self.workers = workers
-        self.log_path = log_path
-        self.cpus = cpus
-        self.memory_mb = memory_mb
-        self.process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def pid(self) -> int:
-        assert self.process is not None, "the fleet is not running"
-        return self.process.pid
+    what = "fleet"
+    region: str
+    workers: int
+    cpus: float | None = None
+    memory_mb: int | None = None
 
     def start(self, timeout: float = 120.0) -> None:
         args = [sys.executable, "-m", "souq", "fleet", "--nats", self.nats_url]
@@ -167,73 +172,41 @@ class FleetProcess:
             args += ["--cpus", str(self.cpus)]
         if self.memory_mb is not None:
             args += ["--memory-mb", str(self.memory_mb)]
-        offset = self.log_path.stat().st_size if self.log_path.exists() else 0
-        with open(self.log_path, "ab") as err:
-            self.process = subprocess.Popen(
-                args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err
-            )
+        offset = self._log_size()
+        self._spawn(args)
 
         def ready() -> bool:
-            assert self.process is not None
-            text = self.log_path.read_text(errors="replace")[offset:]
-            if self.process.poll() is not None:
-                raise RuntimeError(f"fleet exited at start: {text[-2000:]}")
-            return "souq fleet ready:" in text
+            self._check_started()
+            return "souq fleet ready:" in self._log_since(offset)
 
         wait_until(ready, timeout=timeout, interval=0.05, message="the fleet to be ready")
 
     def stop(self, timeout: float = 60.0) -> None:
-        proc = self.process
-        if proc is None:
-            return
-        terminate(proc, timeout=timeout)
-        self.process = None
+        self._terminate(timeout=timeout)
 
 
-class BrokerProcess:
+@dataclass(kw_only=True, eq=False)
+class BrokerProcess(_ChildProcess):
     """One ``souq broker`` child process serving HTTP on a loopback port."""
 
-    def __init__(
-        self,
-        *,
-        nats_url: str,
-        log_path: Path,
-        port: int | None = None,
-        extra_args: Sequence[str] = (),
-    ) -> None:
-        self.nats_url = nats_url
-        self.port = port or free_port()
-        self.log_path = log_path
-        self.extra_args = list(extra_args)  # e.g. ["--sample-above", "64"]
-        self.process: subprocess.Popen[bytes] | None = None
+    what = "broker"
+    port: int | None = None  # default: a free one
+    extra_args: Sequence[str] = ()  # e.g. ["--sample-above", "64"]
+
+    def __post_init__(self) -> None:
+        self.port = self.port or free_port()
+        self.extra_args = list(self.extra_args)
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 30.0) -> None:
-        args = [
-            sys.executable,
-            "-m",
-            "souq",
-            "broker",
-            "--nats",
-            self.nats_url,
-            "--listen",
-            f"127.0.0.1:{self.port}",
-            *self.extra_args,
-        ]
-        with open(self.log_path, "ab") as err:
-            self.process = subprocess.Popen(
-                args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err
-            )
+        args = [sys.executable, "-m", "souq", "broker", "--nats", self.nats_url]
+        self._spawn([*args, "--listen", f"127.0.0.1:{self.port}", *self.extra_args])
 
         def healthy() -> bool:
-            assert self.process is not None
-            if self.process.poll() is not None:
-                raise RuntimeError(
-                    "broker exited at start: " + self.log_path.read_text(errors="replace")[-2000:]
-                )
+            self._check_started()
             try:
                 return httpx.get(self.url + "/healthz", timeout=1.0).status_code == 200
             except httpx.HTTPError:
@@ -242,11 +215,7 @@ class BrokerProcess:
         wait_until(healthy, timeout=timeout, interval=0.02, message="the broker to answer")
 
     def stop(self, timeout: float = 10.0) -> None:
-        proc = self.process
-        if proc is None:
-            return
-        terminate(proc, timeout=timeout)
-        self.process = None
+        self._terminate(timeout=timeout)
 
 
 class Cluster:
@@ -330,12 +299,7 @@ class Cluster:
             self.stop()
             raise
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
 

@@ -271,31 +271,22 @@ def create_app(service: BrokerService) -> FastAPI:
     async def start_machine(app: AppName, machine_id: str) -> Response:
         return _json(await service.start_machine(app, machine_id))
 
-    @api.post(
-        machine_path + "/stop",
-        response_model=Machine,
-        openapi_extra=_body_schema(StopRequest, required=False),
-        tags=["machines"],
-    )
+    # Stop and restart take the same optional body: the signal and the grace before SIGKILL.
+    stop_route: dict[str, Any] = {
+        "response_model": Machine,
+        "openapi_extra": _body_schema(StopRequest, required=False),
+        "tags": ["machines"],
+    }
+
+    @api.post(machine_path + "/stop", **stop_route)
     async def stop_machine(app: AppName, machine_id: str, request: Request) -> Response:
         body = await _parse(request, StopRequest, optional=True)
-        machine = await service.stop_machine(
-            app, machine_id, signal=body.signal, timeout_s=body.timeout_s
-        )
-        return _json(machine)
+        return _json(await service.stop_machine(app, machine_id, **body.model_dump()))
 
-    @api.post(
-        machine_path + "/restart",
-        response_model=Machine,
-        openapi_extra=_body_schema(StopRequest, required=False),
-        tags=["machines"],
-    )
+    @api.post(machine_path + "/restart", **stop_route)
     async def restart_machine(app: AppName, machine_id: str, request: Request) -> Response:
         body = await _parse(request, StopRequest, optional=True)
-        machine = await service.restart_machine(
-            app, machine_id, signal=body.signal, timeout_s=body.timeout_s
-        )
-        return _json(machine)
+        return _json(await service.restart_machine(app, machine_id, **body.model_dump()))
 
     @api.post(
         machine_path + "/signal",

@@ -24,8 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from souq.bus import Subscription, Transport, decode, subjects
+from souq.bus.codec import decoding
 from souq.clock import Clock
-from souq.errors import SouqError
 from souq.market.book import WorkerBook
 from souq.model import Heartbeat, WorkerInfo, WorkerState, WorkerUsage
 
@@ -73,8 +73,20 @@ class Liveness:
 
     async def start(self) -> None:
         """Listen to heartbeats, then ask every worker to announce itself at once."""
-        self._sub = await self._transport.subscribe(subjects.ALL_HEARTBEATS, self._on_heartbeat)
-        self._usage_sub = await self._transport.subscribe(subjects.ALL_USAGE, self._on_usage)
+        on_heartbeat = decoding(
+            lambda data: decode(data, Heartbeat),
+            self.observe,
+            ignoring="ignoring a heartbeat",
+            log=log,
+        )
+        on_usage = decoding(
+            lambda data: decode(data, WorkerUsage),
+            self.book.observe_usage,
+            ignoring="ignoring a usage message",
+            log=log,
+        )
+        self._sub = await self._transport.subscribe(subjects.ALL_HEARTBEATS, on_heartbeat)
+        self._usage_sub = await self._transport.subscribe(subjects.ALL_USAGE, on_usage)
         await self.discover()
 
     async def discover(self) -> None:
@@ -85,22 +97,6 @@ class Liveness:
             if sub is not None:
                 await sub.unsubscribe()
         self._sub = self._usage_sub = None
-
-    async def _on_heartbeat(self, subject: str, data: bytes) -> None:
-        try:
-            beat = decode(data, Heartbeat)
-        except SouqError as exc:
-            log.warning("ignoring a heartbeat on %s: %s", subject, exc)
-            return
-        self.observe(beat)
-
-    async def _on_usage(self, subject: str, data: bytes) -> None:
-        try:
-            usage = decode(data, WorkerUsage)
-        except SouqError as exc:
-            log.warning("ignoring a usage message on %s: %s", subject, exc)
-            return
-        self.book.observe_usage(usage)
 
     def observe(self, beat: Heartbeat) -> None:
         """Record one heartbeat."""

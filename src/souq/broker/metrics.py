@@ -8,6 +8,7 @@ view and the worker table when scraped. Each broker has its own registry (no glo
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -24,24 +25,20 @@ _PHASE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 
 _OFFER_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 1024)
 
 
+@dataclass(frozen=True)
 class _ClusterCollector(Collector):
-    def __init__(
-        self,
-        workers: Callable[[], list[WorkerInfo]],
-        view: Callable[[], ViewStatus],
-        states: Callable[[], dict[str, int]],
-        now_ms: Callable[[], int],
-    ) -> None:
-        self._workers = workers
-        self._view = view
-        self._states = states
-        self._now_ms = now_ms
+    """Gauges read when scraped: what :meth:`BrokerMetrics.watch` names."""
+
+    workers: Callable[[], list[WorkerInfo]]
+    view: Callable[[], ViewStatus]
+    states: Callable[[], dict[str, int]]
+    now_ms: Callable[[], int]
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         by_state = GaugeMetricFamily(
             "souq_machines", "machines in the cluster view, by state", labels=["state"]
         )
-        for state, n in sorted(self._states().items()):
+        for state, n in sorted(self.states().items()):
             by_state.add_metric([state], n)
         yield by_state
         age = GaugeMetricFamily(
@@ -53,8 +50,8 @@ class _ClusterCollector(Collector):
             "souq_workers", "workers known, by region and state", labels=["region", "state"]
         )
         counts: dict[tuple[str, str], int] = {}
-        now = self._now_ms()
-        for w in self._workers():
+        now = self.now_ms()
+        for w in self.workers():
             if w.last_seen is not None:
                 age.add_metric([w.id, w.region, w.state.value], max(0, now - w.last_seen) / 1000)
             key = (w.region, w.state.value)
@@ -63,23 +60,24 @@ class _ClusterCollector(Collector):
             workers.add_metric([region, state], n)
         yield age
         yield workers
-        status = self._view()
-        lag = GaugeMetricFamily(
-            "souq_view_lag_seconds", "how late the last machine event reached the view"
-        )
-        lag.add_metric([], status.lag_ms / 1000)
-        yield lag
-        size = GaugeMetricFamily("souq_view_bytes", "bytes the cluster view's database holds")
-        size.add_metric([], status.bytes)
-        yield size
-        rows = GaugeMetricFamily("souq_view_rows", "machine rows in the view (tombstones too)")
-        rows.add_metric([], status.machines)
-        yield rows
-        complete = GaugeMetricFamily(
-            "souq_view_complete", "1 when every live worker is synced into the view"
-        )
-        complete.add_metric([], 1 if status.complete else 0)
-        yield complete
+        status = self.view()
+        for name, documentation, value in (
+            (
+                "souq_view_lag_seconds",
+                "how late the last machine event reached the view",
+                status.lag_ms / 1000,
+            ),
+            ("souq_view_bytes", "bytes the cluster view's database holds", status.bytes),
+            ("souq_view_rows", "machine rows in the view (tombstones too)", status.machines),
+            (
+                "souq_view_complete",
+                "1 when every live worker is synced into the view",
+                1 if status.complete else 0,
+            ),
+        ):
+            gauge = GaugeMetricFamily(name, documentation)
+            gauge.add_metric([], value)
+            yield gauge
 
 
 class BrokerMetrics:

@@ -157,15 +157,13 @@ class BrokerService:
             idempotent_request_id(app, idempotency_key) if idempotency_key else new_request_id()
         )
         digest = body_hash(body) if idempotency_key else request_id
-        order = ClaimRequest(
+        order = _order(
+            app,
+            body,
             request_id=request_id,
-            body_hash=digest,
-            app=app,
+            digest=digest,
             name=body.name,
-            region=body.region,
-            config=body.config,
             skip_launch=body.skip_launch,
-            policy=body.placement,
         )
 
         async def place() -> Machine:
@@ -240,31 +238,14 @@ class BrokerService:
             if quote.placement is None:
                 raise NotFound(f"quote {body.quote} has no placement record")
             return quote.placement
-        order = ClaimRequest(
-            request_id=new_request_id(),
-            body_hash=body_hash(body),
-            app=app,
-            name=body.name,
-            region=body.region,
-            config=body.config,
-            policy=body.placement,
-        )
-        return await self.market.explain(order)
+        return await self.market.explain(_order(app, body, name=body.name))
 
     # -- quotes ----------------------------------------------------------------------------
 
     async def create_quote(self, app: str, body: QuoteRequest) -> Quote:
         """Hold capacity on the best worker for ``body.ttl_s``: a dry run that binds."""
         self.require_bus()
-        order = ClaimRequest(
-            request_id=new_request_id(),
-            body_hash=body_hash(body),
-            app=app,
-            region=body.region,
-            config=body.config,
-            policy=body.placement,
-        )
-        return await self.market.hold(order, ttl_s=body.ttl_s)
+        return await self.market.hold(_order(app, body), ttl_s=body.ttl_s)
 
     async def get_quote(self, app: str, quote_id: str) -> Quote:
         ref = QuoteRef(app=app, quote_id=quote_id)
@@ -281,37 +262,33 @@ class BrokerService:
 
     async def cordon(self, worker_id: str, *, cordoned: bool) -> WorkerInfo:
         """Cordon (or uncordon) a worker: it makes no offers; its machines keep running."""
-        if self.liveness.state_of(worker_id) is None:
-            raise NotFound(
-                f"worker {worker_id} not found",
-                hint="list the workers with `souq workers`",
-            )
+        self._known_worker(worker_id)
         cmd = CordonCommand(cordoned=cordoned)
         return await self._ask_worker(worker_id, v.CORDON, cmd, what="the worker")
 
     async def drain(self, worker_id: str) -> WorkerInfo:
         """Drain a worker: cordon it and stop its machines gracefully (each with its stop
         config). Answers once the stops are sent; the worker reports ``draining`` meanwhile."""
+        self._known_worker(worker_id)
+        return await self._ask_worker(worker_id, v.DRAIN, DrainCommand(), what="the worker")
+
+    def _known_worker(self, worker_id: str) -> None:
         if self.liveness.state_of(worker_id) is None:
             raise NotFound(
                 f"worker {worker_id} not found",
                 hint="list the workers with `souq workers`",
             )
-        return await self._ask_worker(worker_id, v.DRAIN, DrainCommand(), what="the worker")
 
     async def _ask_worker(self, worker_id: str, verb: Verb[Q, A], body: Q, *, what: str) -> A:
         self.require_bus()
-        try:
-            return await self.client.call(
-                worker_id, verb, body, timeout=self.config.command_timeout_s
-            )
-        except Unavailable as exc:
-            if not self._transport.connected:
-                raise
-            raise Unavailable(
-                f"worker {worker_id} did not answer ({verb.name} of {what}): {exc.message}",
-                hint="check `souq workers`; is the worker up?",
-            ) from exc
+        return await self._call(
+            worker_id,
+            verb,
+            body,
+            timeout=self.config.command_timeout_s,
+            unanswered=f"worker {worker_id} did not answer ({verb.name} of {what})",
+            hint="check `souq workers`; is the worker up?",
+        )
 
     # -- read ------------------------------------------------------------------------------
 
@@ -463,22 +440,60 @@ class BrokerService:
         worker_id = await self.directory.owner(
             machine_id, expect=self.liveness.live_count(), timeout=self.config.gather_timeout_s
         )
+        return await self._call(
+            worker_id,
+            verb,
+            body,
+            timeout=self.config.command_timeout_s + extra_s,
+            unanswered=f"worker {worker_id}, which holds machine {machine_id}, did not answer",
+            hint="check `souq workers`; the machine is back when its worker is",
+        )
+
+    async def _call(
+        self,
+        worker_id: str,
+        verb: Verb[Q, A],
+        body: Q,
+        *,
+        timeout: float,
+        unanswered: str,
+        hint: str,
+    ) -> A:
+        """``verb`` on the worker; a worker that does not answer (while the bus is up) is
+        :class:`Unavailable`: ``unanswered``, why, and ``hint``."""
         try:
-            return await self.client.call(
-                worker_id, verb, body, timeout=self.config.command_timeout_s + extra_s
-            )
+            return await self.client.call(worker_id, verb, body, timeout=timeout)
         except Unavailable as exc:
             if not self._transport.connected:
                 raise
-            raise Unavailable(
-                f"worker {worker_id}, which holds machine {machine_id}, did not answer: "
-                f"{exc.message}",
-                hint="check `souq workers`; the machine is back when its worker is",
-            ) from exc
+            raise Unavailable(f"{unanswered}: {exc.message}", hint=hint) from exc
 
     async def _stop_timeout(self, app: str, machine_id: str) -> float:
         machine = await self.get_machine(app, machine_id)
         return machine.config.stop_config.timeout_s
+
+
+def _order(
+    app: str,
+    body: CreateMachineRequest | QuoteRequest,
+    *,
+    request_id: str | None = None,
+    digest: str | None = None,
+    name: str | None = None,
+    skip_launch: bool = False,
+) -> ClaimRequest:
+    """What a create, a dry run or a quote asks the market to place: ``body``, under a fresh
+    request id and the body's hash unless they are given."""
+    return ClaimRequest(
+        request_id=request_id or new_request_id(),
+        body_hash=digest or body_hash(body),
+        app=app,
+        name=name,
+        region=body.region,
+        config=body.config,
+        skip_launch=skip_launch,
+        policy=body.placement,
+    )
 
 
 def _placement_of(exc: SouqError) -> Placement | None:

@@ -10,13 +10,15 @@ context: keys a newer peer added are dropped, not refused (see :mod:`souq.model.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
 from functools import cache
 from typing import Any, Generic, TypeVar
 
 import pydantic_core
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
+from souq.bus.transport import Handler
 from souq.errors import InvalidInput, SouqError, error_from_body
 from souq.model.base import PEER
 from souq.model.protocol import Reply
@@ -24,6 +26,7 @@ from souq.model.protocol import Reply
 __all__ = [
     "decode",
     "decode_one_or_many",
+    "decoding",
     "encode",
     "encode_many",
     "error_reply",
@@ -49,6 +52,27 @@ def decode(data: bytes, model: type[M]) -> M:
         return model.model_validate_json(data, context=PEER)
     except ValidationError as exc:
         raise InvalidInput(f"malformed {model.__name__} message: {exc.errors()[0]['msg']}") from exc
+
+
+def decoding(
+    decode: Callable[[bytes], T],
+    handle: Callable[[T], object],
+    *,
+    ignoring: str,
+    log: logging.Logger,
+) -> Handler:
+    """A subscription's handler: each message ``decode``-d and handed to ``handle``; a malformed
+    one is dropped with a warning, ``"<ignoring> on <subject>: <why>"``."""
+
+    async def handler(subject: str, data: bytes) -> None:
+        try:
+            message = decode(data)
+        except SouqError as exc:
+            log.warning("%s on %s: %s", ignoring, subject, exc)
+            return
+        handle(message)
+
+    return handler
 
 
 def encode_many(encoded: Sequence[bytes]) -> bytes:

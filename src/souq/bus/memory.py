@@ -107,20 +107,7 @@ class MemoryTransport:
     ) -> list[bytes]:
         self._check()
         tasks = [self._spawn(sub, subject, data) for sub in self._targets(subject)]
-        replies: list[bytes] = []
-        if not tasks:
-            return replies
-        try:
-            async with asyncio.timeout(timeout):
-                for next_done in asyncio.as_completed(tasks):
-                    reply = await next_done
-                    if reply is not None:
-                        replies.append(reply)
-                    if expect is not None and len(replies) >= expect:
-                        break
-        except TimeoutError:
-            pass
-        return replies
+        return await _replies(tasks, expect=expect, timeout=timeout)
 
     async def gather_from(
         self, subjects: Sequence[str], data: bytes, *, timeout: float
@@ -131,18 +118,7 @@ class MemoryTransport:
             targets = self._targets(subject)
             if targets:  # one responder per subject, as a request
                 tasks.append(self._spawn(targets[0], subject, data))
-        replies: list[bytes] = []
-        if not tasks:
-            return replies
-        try:
-            async with asyncio.timeout(timeout):
-                for next_done in asyncio.as_completed(tasks):
-                    reply = await next_done
-                    if reply is not None:
-                        replies.append(reply)
-        except TimeoutError:
-            pass
-        return replies
+        return await _replies(tasks, expect=None, timeout=timeout)
 
     async def subscribe(self, subject: str, handler: Handler, *, queue: str | None = None) -> _Sub:
         sub = _Sub(subject, handler, queue, self)
@@ -153,3 +129,23 @@ class MemoryTransport:
         for task in list(self._tasks):
             task.cancel()
         self._subs.clear()
+
+
+async def _replies(
+    tasks: list[asyncio.Task[bytes | None]], *, expect: int | None, timeout: float
+) -> list[bytes]:
+    """The replies of ``tasks`` as they finish, until ``expect`` of them or ``timeout``."""
+    replies: list[bytes] = []
+    if not tasks:
+        return replies
+    try:
+        async with asyncio.timeout(timeout):
+            for next_done in asyncio.as_completed(tasks):
+                reply = await next_done
+                if reply is not None:
+                    replies.append(reply)
+                if expect is not None and len(replies) >= expect:
+                    break
+    except TimeoutError:
+        pass
+    return replies

@@ -110,6 +110,11 @@ def pairs(values: list[str] | None, what: str) -> dict[str, str]:
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
 AppOpt = Annotated[str, typer.Option("--app", "-a", help="The app the machine belongs to.")]
 IdArg = Annotated[str, typer.Argument(metavar="ID", help="The machine's id.")]
+CommandArg = Annotated[
+    list[str], typer.Argument(metavar="-- COMMAND [ARG...]", help="What the machine runs.")
+]
+CpusOpt = Annotated[float | None, typer.Option("--cpus", help="CPU cores.")]
+MemoryOpt = Annotated[int | None, typer.Option("--memory-mb", help="Memory in MiB.")]
 QuoteArg = Annotated[str, typer.Argument(metavar="QUOTE", help="The quote's id.")]
 ConstraintOpt = Annotated[
     list[str] | None,
@@ -149,13 +154,11 @@ def _root(
 @machine_app.command("run", context_settings={"allow_interspersed_args": False})
 def machine_run(
     *,
-    command: Annotated[
-        list[str], typer.Argument(metavar="-- COMMAND [ARG...]", help="What the machine runs.")
-    ],
+    command: CommandArg,
     app_name: AppOpt,
     region: Annotated[str, typer.Option("--region", "-r", help="Where to place it.")],
-    cpus: Annotated[float | None, typer.Option("--cpus", help="CPU cores.")] = None,
-    memory_mb: Annotated[int | None, typer.Option("--memory-mb", help="Memory in MiB.")] = None,
+    cpus: CpusOpt = None,
+    memory_mb: MemoryOpt = None,
     restart: Annotated[
         RestartPolicy | None, typer.Option("--restart", help="Restart policy.")
     ] = None,
@@ -292,13 +295,11 @@ def machine_explain(machine_id: IdArg, app_name: AppOpt, as_json: JsonOpt = Fals
 @quote_app.command("create", context_settings={"allow_interspersed_args": False})
 def quote_create(
     *,
-    command: Annotated[
-        list[str], typer.Argument(metavar="-- COMMAND [ARG...]", help="What the machine runs.")
-    ],
+    command: CommandArg,
     app_name: AppOpt,
     region: Annotated[str, typer.Option("--region", "-r", help="Where to hold capacity.")],
-    cpus: Annotated[float | None, typer.Option("--cpus", help="CPU cores.")] = None,
-    memory_mb: Annotated[int | None, typer.Option("--memory-mb", help="Memory in MiB.")] = None,
+    cpus: CpusOpt = None,
+    memory_mb: MemoryOpt = None,
     ttl: Annotated[
         float | None, typer.Option("--ttl", help="Seconds the hold lasts (default 10).")
     ] = None,

@@ -24,21 +24,27 @@ def register_daemons(app: typer.Typer) -> None:
         app.registered_commands.append(command)
 
 
-class LogFormatOpt(StrEnum):
+class LogFormat(StrEnum):
     TEXT = "text"
     JSON = "json"
 
 
-class CandidatesOpt(StrEnum):
+class Candidates(StrEnum):
     BOOK = "book"
     OFFERS = "offers"
 
 
-class CgroupsOpt(StrEnum):
+class Cgroups(StrEnum):
     AUTO = "auto"
     V2 = "v2"
     V1 = "v1"
     NONE = "none"
+
+
+NatsOpt = Annotated[str, typer.Option("--nats", help="NATS URL, e.g. nats://127.0.0.1:4222.")]
+LogFormatOpt = Annotated[
+    LogFormat, typer.Option("--log-format", help="text, or json: one object per line with ids.")
+]
 
 
 def _daemon_logging(log_format: str = "text") -> None:
@@ -63,7 +69,7 @@ def _host_port(text: str) -> tuple[str, int]:
 def agent(
     *,
     region: Annotated[str, typer.Option("--region", help="The worker's region.")],
-    nats: Annotated[str, typer.Option("--nats", help="NATS URL, e.g. nats://127.0.0.1:4222.")],
+    nats: NatsOpt,
     data_dir: Annotated[
         Path | None, typer.Option("--data-dir", help="Where the agent keeps its state.")
     ] = None,
@@ -90,21 +96,18 @@ def agent(
         typer.Option("--metrics-port", help="Serve Prometheus /metrics on this port (0: off)."),
     ] = None,
     cgroups: Annotated[
-        CgroupsOpt,
+        Cgroups,
         typer.Option(
             "--cgroups",
             envvar="SOUQ_CGROUPS",
             help="How machine limits are enforced: auto (v2, else v1, else none), v2, v1, none.",
         ),
-    ] = CgroupsOpt.AUTO,
-    log_format: Annotated[
-        LogFormatOpt,
-        typer.Option("--log-format", help="text, or json: one object per line with ids."),
-    ] = LogFormatOpt.TEXT,
+    ] = Cgroups.AUTO,
+    log_format: LogFormatOpt = LogFormat.TEXT,
 ) -> None:
     """Run a worker agent in the foreground."""
     labels = pairs(label, "label")
-    if log_format is LogFormatOpt.JSON:
+    if log_format is LogFormat.JSON:
         _daemon_logging("json")
     with reporting():
         from souq.agent.config import AgentConfig
@@ -132,12 +135,12 @@ def agent(
 @daemons.command("broker")
 def broker(
     *,
-    nats: Annotated[str, typer.Option("--nats", help="NATS URL, e.g. nats://127.0.0.1:4222.")],
+    nats: NatsOpt,
     listen: Annotated[
         str, typer.Option("--listen", help="HOST:PORT for the HTTP API.")
     ] = "127.0.0.1:4280",
     candidates_from: Annotated[
-        CandidatesOpt | None,
+        Candidates | None,
         typer.Option(
             "--candidates-from",
             help="book: draw candidates from what workers said (default); "
@@ -154,10 +157,7 @@ def broker(
         float | None,
         typer.Option("--sample-d", help="Sparrow's d: candidates with room for d x m machines."),
     ] = None,
-    log_format: Annotated[
-        LogFormatOpt,
-        typer.Option("--log-format", help="text, or json: one object per line with ids."),
-    ] = LogFormatOpt.TEXT,
+    log_format: LogFormatOpt = LogFormat.TEXT,
 ) -> None:
     """Run a broker (the HTTP API) in the foreground."""
     host, port = _host_port(listen)
@@ -183,7 +183,7 @@ def broker(
 @daemons.command("fleet")
 def fleet(
     *,
-    nats: Annotated[str, typer.Option("--nats", help="NATS URL, e.g. nats://127.0.0.1:4222.")],
+    nats: NatsOpt,
     workers: Annotated[int, typer.Option("--workers", help="How many hollow workers.")],
     region: Annotated[str, typer.Option("--region", help="Their region.")],
     cpus: Annotated[float | None, typer.Option("--cpus", help="CPU cores each offers.")] = None,
@@ -230,13 +230,10 @@ def dev(
     data_dir: Annotated[
         Path | None, typer.Option("--data-dir", help="Where the cluster keeps its state.")
     ] = None,
-    log_format: Annotated[
-        LogFormatOpt,
-        typer.Option("--log-format", help="text, or json: one object per line with ids."),
-    ] = LogFormatOpt.TEXT,
+    log_format: LogFormatOpt = LogFormat.TEXT,
 ) -> None:
     """Run a whole local cluster: NATS, a broker and workers, all on loopback."""
-    if log_format is LogFormatOpt.JSON:
+    if log_format is LogFormat.JSON:
         _daemon_logging("json")
     names = tuple(r.strip() for r in regions.split(",") if r.strip())
     if not names:
@@ -254,7 +251,7 @@ def dev(
                 worker_cpus=worker_cpus,
                 worker_memory_mb=worker_memory_mb,
                 data_dir=data_dir,
-                log_format=None if log_format is LogFormatOpt.TEXT else log_format.value,
+                log_format=None if log_format is LogFormat.TEXT else log_format.value,
             ),
         )
         run_dev(config)

@@ -6,11 +6,12 @@ Markup is off everywhere: commands, names and messages are printed as they are.
 
 from __future__ import annotations
 
+import functools
 import json
 import shlex
 import sys
-from collections.abc import Sequence
-from typing import Any, TextIO
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Protocol, TextIO, TypeVar
 
 from pydantic import BaseModel, ValidationError
 from rich.console import Console
@@ -34,6 +35,9 @@ __all__ = [
     "ops",
     "workers",
 ]
+
+T = TypeVar("T")
+T_contra = TypeVar("T_contra", contravariant=True)
 
 _STATE_STYLES = {
     "started": "green",
@@ -79,6 +83,51 @@ def json_value(value: Any) -> None:
     sys.stdout.flush()
 
 
+class _View(Protocol[T_contra]):
+    def __call__(self, value: T_contra, /, *, as_json: bool = False) -> None: ...
+
+
+def _json_or(text: Callable[[T], None]) -> _View[T]:
+    """A view of a value: with ``--json`` the value as JSON (:func:`json_value`), else what
+    ``text`` prints for people."""
+
+    @functools.wraps(text)
+    def view(value: T, /, *, as_json: bool = False) -> None:
+        if as_json:
+            json_value(value)
+        else:
+            text(value)
+
+    return view
+
+
+def _listing(
+    items: Sequence[T], what: str, titles: tuple[str, ...], row: Callable[[T], tuple[Any, ...]]
+) -> None:
+    """A table of ``items``, one ``row`` each, every column but the last on one line; ``no
+    <what>`` on stderr when there are none."""
+    if not items:
+        _err().print(f"no {what}")
+        return
+    table = Table(box=None, pad_edge=False)
+    for title in titles:
+        table.add_column(title, no_wrap=title != titles[-1], min_width=len(title))
+    for item in items:
+        table.add_row(*row(item))
+    _out().print(table)
+
+
+def _grid(rows: Iterable[tuple[str, Any]], *, bold_names: bool = False) -> Table:
+    """One record: a name and its value a line."""
+    grid = Table.grid(padding=(0, 2))
+    if bold_names:
+        grid.add_column(style="bold")
+        grid.add_column()
+    for name, value in rows:
+        grid.add_row(name, value)
+    return grid
+
+
 def line(text: str) -> None:
     """One plain line on stdout."""
     sys.stdout.write(text + "\n")
@@ -93,59 +142,44 @@ def logs(chunk: str, *, as_json: bool = False) -> None:
     sys.stdout.flush()
 
 
-def machine_id(m: Machine, *, as_json: bool = False) -> None:
-    if as_json:
-        json_value(m)
-    else:
-        line(m.id)
+@_json_or
+def machine_id(m: Machine) -> None:
+    line(m.id)
 
 
-def machine_state(m: Machine, *, as_json: bool = False) -> None:
+@_json_or
+def machine_state(m: Machine) -> None:
     """After a command: the machine's id and the state it is in now."""
-    if as_json:
-        json_value(m)
-    else:
-        line(f"{m.id} {m.state}")
+    line(f"{m.id} {m.state}")
 
 
-def machines(items: Sequence[Machine], *, as_json: bool = False) -> None:
-    if as_json:
-        json_value(list(items))
-        return
-    if not items:
-        _err().print("no machines")
-        return
-    table = Table(box=None, pad_edge=False)
-    for title in ("ID", "NAME", "STATE", "REGION", "WORKER", "CPUS", "MEMORY", "CREATED", "CMD"):
-        table.add_column(title, no_wrap=title != "CMD", min_width=len(title))
-    for m in items:
-        guest = m.config.guest
-        table.add_row(
-            m.id,
-            m.name,
-            _cell_state(m.state),
-            m.region,
-            m.worker_id,
-            f"{guest.cpus:g}",
-            f"{guest.memory_mb} MiB",
-            m.created_at,
-            shlex.join(m.config.cmd),
-        )
-    _out().print(table)
+@_json_or
+def machines(items: Sequence[Machine]) -> None:
+    titles = ("ID", "NAME", "STATE", "REGION", "WORKER", "CPUS", "MEMORY", "CREATED", "CMD")
+    _listing(items, "machines", titles, _machine_row)
+
+
+def _machine_row(m: Machine) -> tuple[Any, ...]:
+    guest = m.config.guest
+    return (
+        m.id,
+        m.name,
+        _cell_state(m.state),
+        m.region,
+        m.worker_id,
+        f"{guest.cpus:g}",
+        f"{guest.memory_mb} MiB",
+        m.created_at,
+        shlex.join(m.config.cmd),
+    )
 
 
 def _cell_state(state: str) -> Text:
     return Text(str(state), style=_STATE_STYLES.get(str(state), ""))
 
 
-def machine(m: Machine, *, as_json: bool = False) -> None:
-    if as_json:
-        json_value(m)
-        return
-    console = _out()
-    details = Table.grid(padding=(0, 2))
-    details.add_column(style="bold")
-    details.add_column()
+@_json_or
+def machine(m: Machine) -> None:
     config = m.config
     rows: list[tuple[str, Any]] = [
         ("id", m.id),
@@ -170,9 +204,8 @@ def machine(m: Machine, *, as_json: bool = False) -> None:
         rows.append(("pid", str(m.pid)))
     if m.exit_code is not None:
         rows.append(("exit code", str(m.exit_code)))
-    for key, value in rows:
-        details.add_row(key, value)
-    console.print(details)
+    console = _out()
+    console.print(_grid(rows, bold_names=True))
     if m.events:
         console.print()
         console.print(_events_table(m.events[:10]))
@@ -209,11 +242,9 @@ def _events_table(items: Sequence[MachineEvent]) -> Table:
     return table
 
 
-def ops(items: Sequence[OpRecord], *, as_json: bool = False) -> None:
+@_json_or
+def ops(items: Sequence[OpRecord]) -> None:
     """A machine's op log, oldest first."""
-    if as_json:
-        json_value(list(items))
-        return
     table = Table(box=None, pad_edge=False, title="op log (oldest first)", title_justify="left")
     for title in ("TIME", "OP", "KIND", "STATE", "EVENT"):
         table.add_column(title, no_wrap=True)
@@ -222,10 +253,8 @@ def ops(items: Sequence[OpRecord], *, as_json: bool = False) -> None:
     _out().print(table)
 
 
-def events(items: Sequence[MachineEvent], *, as_json: bool = False) -> None:
-    if as_json:
-        json_value(list(items))
-        return
+@_json_or
+def events(items: Sequence[MachineEvent]) -> None:
     _out().print(_events_table(items))
 
 
@@ -278,11 +307,9 @@ def _print_placement(console: Console, p: Placement) -> None:
         console.print(f"claim on {c.worker_id} failed: {c.reason}")
 
 
-def placement(p: Placement, *, as_json: bool = False) -> None:
+@_json_or
+def placement(p: Placement) -> None:
     """A placement record in full: offers, per-stage scores, rejections, claims, timings."""
-    if as_json:
-        json_value(p)
-        return
     console = _out()
     _print_placement(console, p)
     t = p.timings
@@ -291,13 +318,9 @@ def placement(p: Placement, *, as_json: bool = False) -> None:
     )
 
 
-def quote(q: Quote, *, as_json: bool = False) -> None:
-    if as_json:
-        json_value(q)
-        return
-    console = _out()
-    details = Table.grid(padding=(0, 2))
-    for key, value in (
+@_json_or
+def quote(q: Quote) -> None:
+    rows = [
         ("id", q.id),
         ("state", q.state.value),
         ("app", q.app),
@@ -306,35 +329,30 @@ def quote(q: Quote, *, as_json: bool = False) -> None:
         ("holds", f"{q.resources.cpus:g} cpus, {q.resources.memory_mb} MiB"),
         ("expires", q.expires_at),
         ("machine", q.machine_id or ""),
-    ):
-        details.add_row(key, value)
-    console.print(details)
+    ]
+    console = _out()
+    console.print(_grid(rows))
     if q.placement is not None:
         console.print()
         _print_placement(console, q.placement)
 
 
-def workers(items: Sequence[WorkerInfo], *, as_json: bool = False) -> None:
-    if as_json:
-        json_value(list(items))
-        return
-    if not items:
-        _err().print("no workers")
-        return
-    table = Table(box=None, pad_edge=False)
-    for title in ("ID", "REGION", "STATE", "CPUS", "MEMORY", "MACHINES", "LABELS"):
-        table.add_column(title, no_wrap=title != "LABELS", min_width=len(title))
-    for w in items:
-        table.add_row(
-            w.id,
-            w.region,
-            _cell_state(w.state),
-            f"{w.allocated.cpus:g}/{w.capacity.cpus:g}",
-            f"{w.allocated.memory_mb}/{w.capacity.memory_mb} MiB",
-            str(w.machines),
-            ",".join(f"{k}={v}" for k, v in sorted(w.labels.items())),
-        )
-    _out().print(table)
+@_json_or
+def workers(items: Sequence[WorkerInfo]) -> None:
+    titles = ("ID", "REGION", "STATE", "CPUS", "MEMORY", "MACHINES", "LABELS")
+    _listing(items, "workers", titles, _worker_row)
+
+
+def _worker_row(w: WorkerInfo) -> tuple[Any, ...]:
+    return (
+        w.id,
+        w.region,
+        _cell_state(w.state),
+        f"{w.allocated.cpus:g}/{w.capacity.cpus:g}",
+        f"{w.allocated.memory_mb}/{w.capacity.memory_mb} MiB",
+        str(w.machines),
+        ",".join(f"{k}={v}" for k, v in sorted(w.labels.items())),
+    )
 
 
 def error(err: SouqError, *, as_json: bool = False) -> None:

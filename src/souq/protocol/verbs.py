@@ -45,32 +45,10 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, TypeAdapter
 
+from souq.model import protocol as msg
 from souq.model.base import PEER
 from souq.model.batch import BatchClaimReply, BatchClaimRequest
 from souq.model.machine import Machine, MachineEvent, OpRecord
-from souq.model.protocol import (
-    ClaimRequest,
-    CordonCommand,
-    DestroyCommand,
-    DigestCommand,
-    DrainCommand,
-    EventsCommand,
-    HoldRequest,
-    ListCommand,
-    LocateCommand,
-    LocateReply,
-    LogsCommand,
-    LogsReply,
-    MachineRef,
-    Offer,
-    OfferRequest,
-    Quote,
-    QuoteRef,
-    SignalCommand,
-    StopCommand,
-    WaitCommand,
-    WorkerDigest,
-)
 from souq.model.worker import WorkerInfo
 
 __all__ = [
@@ -130,59 +108,43 @@ class Verb(Generic[Q, A]):
 VERBS: dict[str, Verb[Any, Any]] = {}
 
 
-def _verb(name: str, request: type[Q], reply: Any, doc: str, *, since: int = 0) -> Verb[Q, Any]:
-    verb: Verb[Q, Any] = Verb(name, request, reply, since, doc)
+def _verb(name: str, request: type[Q], reply: type[A], doc: str, *, since: int = 0) -> Verb[Q, A]:
+    verb: Verb[Q, A] = Verb(name, request, reply, since, doc)
     assert name not in VERBS, f"verb {name} defined twice"
     VERBS[name] = verb
     return verb
 
 
-OFFER: Verb[OfferRequest, Offer] = _verb(
-    "offer", OfferRequest, Offer, "what the worker can offer a machine of this size"
+OFFER = _verb(
+    "offer", msg.OfferRequest, msg.Offer, "what the worker can offer a machine of this size"
 )
-CLAIM: Verb[ClaimRequest, Machine] = _verb(
-    "claim", ClaimRequest, Machine, "reserve the capacity and make the machine, atomically"
+CLAIM = _verb(
+    "claim", msg.ClaimRequest, Machine, "reserve the capacity and make the machine, atomically"
 )
-CLAIM_BATCH: Verb[BatchClaimRequest, BatchClaimReply] = _verb(
+CLAIM_BATCH = _verb(
     "claim_batch", BatchClaimRequest, BatchClaimReply, "several machines of one config, all or none"
 )
-GET: Verb[MachineRef, Machine] = _verb("get", MachineRef, Machine, "one machine's record")
-START: Verb[MachineRef, Machine] = _verb("start", MachineRef, Machine, "start a machine")
-STOP: Verb[StopCommand, Machine] = _verb("stop", StopCommand, Machine, "send the stop signal")
-RESTART: Verb[StopCommand, Machine] = _verb(
-    "restart", StopCommand, Machine, "stop, then start again; answered once started"
+GET = _verb("get", msg.MachineRef, Machine, "one machine's record")
+START = _verb("start", msg.MachineRef, Machine, "start a machine")
+STOP = _verb("stop", msg.StopCommand, Machine, "send the stop signal")
+RESTART = _verb(
+    "restart", msg.StopCommand, Machine, "stop, then start again; answered once started"
 )
-SIGNAL: Verb[SignalCommand, Machine] = _verb(
-    "signal", SignalCommand, Machine, "send a signal to the machine's process"
+SIGNAL = _verb("signal", msg.SignalCommand, Machine, "send a signal to the machine's process")
+DESTROY = _verb("destroy", msg.DestroyCommand, Machine, "destroy and release the reservation")
+WAIT = _verb("wait", msg.WaitCommand, Machine, "answer once the machine reaches a state")
+LOGS = _verb("logs", msg.LogsCommand, msg.LogsReply, "output from an offset")
+EVENTS = _verb(
+    "events", msg.EventsCommand, list[MachineEvent], "every event of a machine, newest first"
 )
-DESTROY: Verb[DestroyCommand, Machine] = _verb(
-    "destroy", DestroyCommand, Machine, "destroy and release the reservation"
+OPS = _verb("ops", msg.MachineRef, list[OpRecord], "the machine's op log, oldest first")
+HOLD = _verb("hold", msg.HoldRequest, msg.Quote, "hold capacity (a quote)")
+QUOTE = _verb("quote", msg.QuoteRef, msg.Quote, "one quote")
+RELEASE = _verb("release", msg.QuoteRef, msg.Quote, "give a quote's hold back")
+CORDON = _verb("cordon", msg.CordonCommand, WorkerInfo, "cordon or uncordon the worker")
+DRAIN = _verb("drain", msg.DrainCommand, WorkerInfo, "cordon the worker and stop its machines")
+LIST = _verb("list", msg.ListCommand, list[Machine], "the worker's machines")
+DIGEST = _verb(
+    "digest", msg.DigestCommand, msg.WorkerDigest, "a hash of the worker's machines (anti-entropy)"
 )
-WAIT: Verb[WaitCommand, Machine] = _verb(
-    "wait", WaitCommand, Machine, "answer once the machine reaches a state"
-)
-LOGS: Verb[LogsCommand, LogsReply] = _verb("logs", LogsCommand, LogsReply, "output from an offset")
-EVENTS: Verb[EventsCommand, list[MachineEvent]] = _verb(
-    "events", EventsCommand, list[MachineEvent], "every event of a machine, newest first"
-)
-OPS: Verb[MachineRef, list[OpRecord]] = _verb(
-    "ops", MachineRef, list[OpRecord], "the machine's op log, oldest first"
-)
-HOLD: Verb[HoldRequest, Quote] = _verb("hold", HoldRequest, Quote, "hold capacity (a quote)")
-QUOTE: Verb[QuoteRef, Quote] = _verb("quote", QuoteRef, Quote, "one quote")
-RELEASE: Verb[QuoteRef, Quote] = _verb("release", QuoteRef, Quote, "give a quote's hold back")
-CORDON: Verb[CordonCommand, WorkerInfo] = _verb(
-    "cordon", CordonCommand, WorkerInfo, "cordon or uncordon the worker"
-)
-DRAIN: Verb[DrainCommand, WorkerInfo] = _verb(
-    "drain", DrainCommand, WorkerInfo, "cordon the worker and stop its machines"
-)
-LIST: Verb[ListCommand, list[Machine]] = _verb(
-    "list", ListCommand, list[Machine], "the worker's machines"
-)
-DIGEST: Verb[DigestCommand, WorkerDigest] = _verb(
-    "digest", DigestCommand, WorkerDigest, "a hash of the worker's machines (anti-entropy)"
-)
-LOCATE: Verb[LocateCommand, LocateReply] = _verb(
-    "locate", LocateCommand, LocateReply, "whether the worker holds a machine"
-)
+LOCATE = _verb("locate", msg.LocateCommand, msg.LocateReply, "whether the worker holds a machine")

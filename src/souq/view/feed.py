@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from souq.bus import Subscription, Transport, subjects
-from souq.bus.codec import decode_one_or_many
+from souq.bus.codec import decode_one_or_many, decoding
 from souq.clock import Clock
 from souq.errors import SouqError
 from souq.model import (
@@ -128,7 +128,13 @@ class ClusterView:
         self.applied = 0  # events applied (a counter for metrics and tests)
 
     async def start(self) -> None:
-        self._sub = await self._transport.subscribe(subjects.ALL_EVENTS, self._on_event)
+        on_event = decoding(
+            lambda data: decode_one_or_many(data, MachineEventMessage),
+            self._on_message,
+            ignoring="the view ignores an event",
+            log=log,
+        )
+        self._sub = await self._transport.subscribe(subjects.ALL_EVENTS, on_event)
         self._task = asyncio.get_running_loop().create_task(self._run(), name="souq-view")
 
     async def close(self) -> None:
@@ -170,12 +176,8 @@ class ClusterView:
         made): read-your-writes on this broker."""
         self.store.apply_machine(machine)
 
-    async def _on_event(self, subject: str, data: bytes) -> None:
-        try:
-            msgs = decode_one_or_many(data, MachineEventMessage)
-        except SouqError as exc:
-            log.warning("the view ignores an event on %s: %s", subject, exc)
-            return
+    def _on_message(self, msgs: list[MachineEventMessage]) -> None:
+        """One event message: one event, or a worker's batch of them."""
         if len(msgs) == 1:
             self.on_events(msgs)
             return
