@@ -8,8 +8,8 @@ from pathlib import Path
 
 from souq.drivers.base import ExitStatus, Limits
 from souq.drivers.cgroups import (
+    CgroupEntry,
     Cgroups,
-    Placement,
     V1Backend,
     V2Backend,
     placement_shell,
@@ -25,7 +25,7 @@ def test_v2_writes_memory_cpu_and_pids_limits(tmp_path: Path) -> None:
     assert (d / "cpu.max").read_text() == "50000 100000"
     assert (d / "pids.max").read_text() == "100"
     # souq-waiter creates the process in it (clone3); the shell (no waiter) makes it join.
-    assert placement == Placement(clone_into=d)
+    assert placement == CgroupEntry(clone_into=d)
     assert placement.waiter_fields() == [f"c:{d}"]
     prefix = placement_shell((d / "cgroup.procs",))
     assert prefix[:2] == ("/bin/sh", "-c")
@@ -68,7 +68,7 @@ def test_an_exit_is_marked_oom_when_the_kernel_counter_rose_since_the_start(
 
 def test_without_a_backend_nothing_is_prefixed_or_enforced() -> None:
     cg = Cgroups(None)
-    assert cg.prepare("m1", Limits(memory_mb=64)) == Placement()
+    assert cg.prepare("m1", Limits(memory_mb=64)) == CgroupEntry()
     assert cg.annotate("m1", ExitStatus(code=1)) == ExitStatus(code=1)
     assert cg.isolation == {"cgroups": "none", "enforced": []}
     assert cg.remove("m1")
@@ -92,7 +92,7 @@ def test_v1_a_waiters_spare_cgroup_is_renamed_to_the_machines(tmp_path: Path) ->
     placement = cg.prepare("m1", Limits(memory_mb=32, cpus=2), spare="spare-1")
     # The process is born inside; the waiter moves itself out to the waiters' cgroup after.
     waiters = tuple(bases[c] / "waiters" / "cgroup.procs" for c in ("memory", "cpu", "pids"))
-    assert placement == Placement(leave=waiters)
+    assert placement == CgroupEntry(leave=waiters)
     assert placement.waiter_fields() == [f"l:{p}" for p in waiters]
     assert not any((b / "spare-1").exists() for b in bases.values())
     assert (bases["memory"] / "m1" / "memory.limit_in_bytes").read_text() == str(32 << 20)

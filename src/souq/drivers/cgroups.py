@@ -5,10 +5,10 @@ v1), created on its first start and removed on destroy. Limits come from the mac
 memory (``memory.max`` / ``memory.limit_in_bytes``, swap included where the host allows it),
 cpu (``cpu.max`` / ``cpu.cfs_quota_us`` over a 100 ms period) and pids (``pids.max``).
 
-**Placement.** The machine's process must be in its cgroup before it runs user code, and Python
+**Entry.** The machine's process must be in its cgroup before it runs user code, and Python
 cannot ``clone3(CLONE_INTO_CGROUP)`` (a ``preexec_fn`` would make ``Popen`` fork instead of vfork
 and is not thread-safe), so souq-waiter places it; :meth:`Cgroups.prepare` says how, as a
-:class:`Placement`. Moving a process between cgroups (a write to ``cgroup.procs``) can wait out
+:class:`CgroupEntry`. Moving a process between cgroups (a write to ``cgroup.procs``) can wait out
 an RCU grace period, several milliseconds here, so the way in avoids one where it can:
 
 * v2: the waiter creates the process *in* its cgroup with ``clone3(CLONE_INTO_CGROUP)``.
@@ -57,8 +57,8 @@ from souq.drivers.base import ExitStatus, Limits
 __all__ = [
     "CPU_PERIOD_US",
     "DEFAULT_PIDS_MAX",
+    "CgroupEntry",
     "Cgroups",
-    "Placement",
     "V1Backend",
     "V2Backend",
     "detect",
@@ -77,7 +77,7 @@ _spare_numbers = itertools.count()  # spare names are unique per process (agents
 
 
 @dataclass(frozen=True)
-class Placement:
+class CgroupEntry:
     """How a machine's new process gets into its cgroup (see the module's docstring)."""
 
     join: tuple[Path, ...] = ()  # cgroup.procs files the process writes itself into
@@ -264,14 +264,14 @@ class Cgroups:
             return {"cgroups": "none", "enforced": []}
         return {"cgroups": self.backend.version, "enforced": list(self.backend.enforced)}
 
-    def prepare(self, machine_id: str, limits: Limits, spare: str | None = None) -> Placement:
+    def prepare(self, machine_id: str, limits: Limits, spare: str | None = None) -> CgroupEntry:
         """Set the machine's cgroup up with ``limits`` and say how its process gets in.
         ``spare``: the spare cgroup its waiter sits in (:meth:`make_spare`), used as the
         machine's own when it can be (v1). A cgroup a previous run left is emptied of
         leftovers first. Raises OSError when the cgroup cannot be set up."""
         b = self.backend
         if b is None:
-            return Placement()
+            return CgroupEntry()
         if limits.pids is None and self.pids_max is not None:
             limits = Limits(memory_mb=limits.memory_mb, cpus=limits.cpus, pids=self.pids_max)
         self._sweep()
@@ -279,7 +279,7 @@ class Cgroups:
         if spare is not None:
             if self._adopt(spare, machine_id, limits):
                 self._oom_at_start[machine_id] = 0
-                return Placement(leave=self._procs(WAITERS))
+                return CgroupEntry(leave=self._procs(WAITERS))
             self._stale.append(spare)  # removed once its waiter has moved out
         if b.create(machine_id, limits):  # a new cgroup: empty, and no OOM kill counted yet
             self._oom_at_start[machine_id] = 0
@@ -287,9 +287,9 @@ class Cgroups:
             _kill(b.pids(machine_id))
             self._oom_at_start[machine_id] = b.oom_kills(machine_id)
         if isinstance(b, V2Backend):  # no spares on v2: nothing to leave
-            return Placement(clone_into=b.base / machine_id)
+            return CgroupEntry(clone_into=b.base / machine_id)
         leave = self._procs(WAITERS) if spare is not None else ()
-        return Placement(join=self._procs(machine_id), leave=leave)
+        return CgroupEntry(join=self._procs(machine_id), leave=leave)
 
     def _procs(self, name: str) -> tuple[Path, ...]:
         assert self.backend is not None

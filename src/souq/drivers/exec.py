@@ -46,7 +46,7 @@ from pathlib import Path
 import psutil
 
 from souq.drivers.base import ExitStatus, Handle, MachineSpec, SpawnError
-from souq.drivers.cgroups import Cgroups, Placement, placement_shell
+from souq.drivers.cgroups import CgroupEntry, Cgroups, placement_shell
 from souq.drivers.waiter import parse_exit_file, waiter_path
 from souq.errors import Unavailable
 
@@ -187,7 +187,7 @@ def _exit_of(driver: ExecDriver, handle: Handle) -> asyncio.Future[ExitStatus]:
     return exited
 
 
-def _placed(place: Callable[[str | None], Placement], spare: str | None) -> Placement:
+def _placed(place: Callable[[str | None], CgroupEntry], spare: str | None) -> CgroupEntry:
     try:
         return place(spare)
     except OSError as exc:
@@ -252,7 +252,7 @@ class ExecDriver:
         self,
         spec: MachineSpec,
         *,
-        place: Callable[[str | None], Placement] | None = None,
+        place: Callable[[str | None], CgroupEntry] | None = None,
         meanwhile: Callable[[], None] | None = None,
     ) -> Handle:
         """Spawn the machine. ``place`` sets its cgroup up (see :mod:`souq.drivers.cgroups`),
@@ -292,7 +292,7 @@ class ExecDriver:
         else:
             idle = self._take_waiter()
             try:
-                placement = Placement() if place is None else _placed(place, idle.spare)
+                placement = CgroupEntry() if place is None else _placed(place, idle.spare)
             except SpawnError:
                 self._discard(idle)
                 raise
@@ -430,7 +430,7 @@ class ExecDriver:
         cmd: tuple[str, ...],
         env: dict[str, str],
         workdir: Path,
-        placement: Placement,
+        placement: CgroupEntry,
         *,
         meanwhile: Callable[[], None] | None = None,
     ) -> tuple[int, Exception | None]:
