@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from souq.drivers import ExecDriver, ExitStatus, Handle, MachineSpec, SpawnError
-from souq.drivers.cgroups import Placement
+from souq.drivers.cgroups import CgroupEntry
 from souq.drivers.exec import machine_nofile
 from souq.drivers.waiter import waiter_path
 from souq.testing import wait_until
@@ -278,7 +278,7 @@ def test_a_program_that_cannot_be_exec_d_exits_127_with_the_reason_in_its_log(
         # A cgroup the child cannot join: it exits 127 before its exec, saying why.
         procs = tmp_path / "no" / "cgroup.procs"
         jailed = driver.start(
-            spec("sleep", "60", machine_id="m2"), place=lambda spare: Placement(join=(procs,))
+            spec("sleep", "60", machine_id="m2"), place=lambda spare: CgroupEntry(join=(procs,))
         )
         assert await driver.wait(jailed) == ExitStatus(code=127)
         out = driver.read_output("m2", 0, 1000)[0].decode()
