@@ -6,12 +6,12 @@ import itertools
 
 import pytest
 
-from souq.agent.lifecycle import TRANSITIONS, Event, legal_events, transition
+from souq.agent.lifecycle import TRANSITIONS, Trigger, legal_events, transition
 from souq.errors import IllegalTransition
 from souq.model import MachineState
 
 S = MachineState
-E = Event
+E = Trigger
 
 LEGAL = [
     (S.CREATED, E.START, S.STARTING),
@@ -49,7 +49,7 @@ LEGAL = [
 
 
 @pytest.mark.parametrize(("state", "event", "after"), LEGAL)
-def test_legal_transitions(state: MachineState, event: Event, after: MachineState) -> None:
+def test_legal_transitions(state: MachineState, event: Trigger, after: MachineState) -> None:
     assert transition(state, event) is after
 
 
@@ -58,13 +58,13 @@ def test_the_table_is_exactly_the_legal_list() -> None:
 
 
 ILLEGAL = sorted(
-    set(itertools.product(MachineState, Event)) - set(TRANSITIONS),
+    set(itertools.product(MachineState, Trigger)) - set(TRANSITIONS),
     key=lambda pair: (pair[0].value, pair[1].value),
 )
 
 
 @pytest.mark.parametrize(("state", "event"), ILLEGAL)
-def test_everything_else_is_illegal(state: MachineState, event: Event) -> None:
+def test_everything_else_is_illegal(state: MachineState, event: Trigger) -> None:
     with pytest.raises(IllegalTransition) as info:
         transition(state, event, machine_id="m1")
     err = info.value

@@ -14,7 +14,7 @@ import contextlib
 from souq.agent import lifecycle
 from souq.agent.admission import HeldQuote
 from souq.agent.executor import Executor, Source
-from souq.agent.lifecycle import Event
+from souq.agent.lifecycle import Trigger
 from souq.agent.operations import OpEvent, OpKind, advance
 from souq.agent.records import MachineRow
 from souq.clock import Clock
@@ -66,7 +66,7 @@ class Commands:
         if req.skip_launch:
             op_event, state = OpEvent.SKIP, S.CREATED
         else:
-            op_event, state = OpEvent.BEGIN, lifecycle.transition(S.CREATED, Event.START)
+            op_event, state = OpEvent.BEGIN, lifecycle.transition(S.CREATED, Trigger.START)
             events.append(MachineEvent(type="start", status=state, source="user", timestamp=now))
         step = advance(op.kind, op.state, op_event)
         row = MachineRow(
@@ -104,12 +104,12 @@ class Commands:
     def start(self, app: str, machine_id: str) -> Machine:
         ex = self._ex
         row = ex.row(app, machine_id)
-        lifecycle.transition(row.state, Event.START, machine_id=row.id)
+        lifecycle.transition(row.state, Trigger.START, machine_id=row.id)
         self._check_idle(row)
         op = ex.new_op(OpKind.START, row.id, source="user", type="start")
         actions = ex.apply(
             row.id,
-            event=Event.START,
+            event=Trigger.START,
             type="start",
             source="user",
             op=op,
@@ -140,14 +140,14 @@ class Commands:
                 f"machine {row.id} is restarting; it cannot be stopped now",
                 hint="wait for the restart to finish, then stop it",
             )
-        lifecycle.transition(row.state, Event.STOP, machine_id=row.id)
+        lifecycle.transition(row.state, Trigger.STOP, machine_id=row.id)
         self._check_idle(row)
         sig, timeout = _stop_params(row, signal, timeout_s)
         running = row.state in (S.STARTED, S.STOPPING)
         op = ex.new_op(OpKind.STOP, row.id, source=source, signal=sig, timeout_s=timeout)
         actions = ex.apply(
             row.id,
-            event=Event.STOP,
+            event=Trigger.STOP,
             type="stop",
             source=source,
             signal=sig if running else None,
@@ -183,7 +183,7 @@ class Commands:
         if row.state is S.STARTED:
             actions = ex.apply(
                 row.id,
-                event=Event.STOP,
+                event=Trigger.STOP,
                 type="restart",
                 source="user",
                 signal=sig,
@@ -193,7 +193,7 @@ class Commands:
         else:
             actions = ex.apply(
                 row.id,
-                event=Event.START,
+                event=Trigger.START,
                 type="restart",
                 source="user",
                 op=op,
@@ -207,7 +207,7 @@ class Commands:
     def signal(self, app: str, machine_id: str, signal: str) -> Machine:
         ex = self._ex
         row = ex.row(app, machine_id)
-        lifecycle.transition(row.state, Event.SIGNAL, machine_id=row.id)
+        lifecycle.transition(row.state, Trigger.SIGNAL, machine_id=row.id)
         name = _signal_name(signal)
         if ex.handle(row.id) is None:
             raise IllegalTransition(
@@ -216,7 +216,7 @@ class Commands:
         op = ex.new_op(OpKind.SIGNAL, row.id, source="user", signal=name)
         actions = ex.apply(
             row.id,
-            event=Event.SIGNAL,
+            event=Trigger.SIGNAL,
             type="signal",
             source="user",
             signal=name,
@@ -231,7 +231,7 @@ class Commands:
         it is killed first."""
         ex = self._ex
         row = ex.row(app, machine_id)
-        event = Event.FORCE_DESTROY if force else Event.DESTROY
+        event = Trigger.FORCE_DESTROY if force else Trigger.DESTROY
         lifecycle.transition(row.state, event, machine_id=row.id)
         current = ex.current_op(row.id)
         if current is not None and current.kind is OpKind.DESTROY:

@@ -25,7 +25,7 @@ from typing import Any, Literal
 from souq.agent import lifecycle
 from souq.agent.admission import Admission
 from souq.agent.faults import FaultPoint
-from souq.agent.lifecycle import Event
+from souq.agent.lifecycle import Trigger
 from souq.agent.operations import Action, OpEvent, OpKind, OpState, advance
 from souq.agent.records import RECENT_EVENTS, MachineRow, OpStep
 from souq.agent.restart import Backoff
@@ -216,7 +216,7 @@ class Executor:
         self,
         machine_id: str,
         *,
-        event: Event | None = None,
+        event: Trigger | None = None,
         type: str | None = None,
         source: Source = "agent",
         status: ExitStatus | None = None,
@@ -319,7 +319,7 @@ class Executor:
     def _to_starting(self, op: Op) -> MachineRow:
         row = self._rows[op.machine_id]
         if row.state is not S.STARTING:  # a restart whose stop has just finished
-            self.apply(row.id, event=Event.START, type="start", source=op.source)
+            self.apply(row.id, event=Trigger.START, type="start", source=op.source)
         return self._rows[op.machine_id]
 
     def _spawn(self, op: Op) -> None:
@@ -340,7 +340,7 @@ class Executor:
         except SpawnError as exc:
             actions = self.apply(
                 row.id,
-                event=Event.SPAWN_FAILED,
+                event=Trigger.SPAWN_FAILED,
                 type="fail",
                 message=str(exc),
                 op=op,
@@ -360,7 +360,7 @@ class Executor:
         try:
             actions = self.apply(
                 mid,
-                event=Event.SPAWNED,
+                event=Trigger.SPAWNED,
                 type=str(op.params.get("type", "start")),
                 message=message,
                 op=op,
@@ -401,7 +401,7 @@ class Executor:
         self._ran_since.pop(op.machine_id, None)
         actions = self.apply(
             op.machine_id,
-            event=Event.DESTROYED,
+            event=Trigger.DESTROYED,
             type="destroy",
             op=op,
             op_event=OpEvent.CLEANED,
@@ -446,7 +446,7 @@ class Executor:
         )
         self.apply(
             machine_id,
-            event=Event.EXITED_RESTART if decision.restart else Event.EXITED_STAY,
+            event=Trigger.EXITED_RESTART if decision.restart else Trigger.EXITED_STAY,
             type="exit",
             status=status,
             message=f"{status.describe()}; {decision.reason}",
@@ -462,7 +462,7 @@ class Executor:
         self._handles.pop(op.machine_id, None)
         actions = self.apply(
             op.machine_id,
-            event=Event.EXITED_STAY,
+            event=Trigger.EXITED_STAY,
             type="exit",
             status=status,
             message=status.describe(),
@@ -525,7 +525,7 @@ class Executor:
             elif row.state is S.DESTROYING:
                 op = self.new_op(OpKind.DESTROY, row.id, source="agent")
                 self.execute(
-                    op, self.apply(row.id, event=Event.DESTROY, op=op, op_event=OpEvent.IDLE)
+                    op, self.apply(row.id, event=Trigger.DESTROY, op=op, op_event=OpEvent.IDLE)
                 )
 
     def _last_handle(self, row: MachineRow, has_op: bool) -> Handle | None:

@@ -26,10 +26,13 @@ from typing import Final
 from souq.errors import IllegalTransition
 from souq.model.machine import MachineState
 
-__all__ = ["TRANSITIONS", "Event", "legal_events", "transition"]
+__all__ = ["TRANSITIONS", "Trigger", "legal_events", "transition"]
 
 
-class Event(StrEnum):
+class Trigger(StrEnum):
+    """What moves a machine from one state to another (the table's input). A transition that
+    happens is recorded as a :class:`~souq.model.MachineEvent`."""
+
     START = "start"
     SPAWNED = "spawned"
     SPAWN_FAILED = "spawn_failed"
@@ -43,9 +46,9 @@ class Event(StrEnum):
 
 
 S = MachineState
-E = Event
+E = Trigger
 
-TRANSITIONS: Final[Mapping[tuple[MachineState, Event], MachineState]] = MappingProxyType(
+TRANSITIONS: Final[Mapping[tuple[MachineState, Trigger], MachineState]] = MappingProxyType(
     {
         (S.CREATED, E.START): S.STARTING,
         (S.CREATED, E.STOP): S.STOPPED,  # nothing runs: it is simply stopped
@@ -92,12 +95,12 @@ _PARTICIPLE = {
 }
 
 
-def legal_events(state: MachineState) -> list[Event]:
+def legal_events(state: MachineState) -> list[Trigger]:
     """The events the table accepts in ``state``, in table order."""
     return [event for (s, event) in TRANSITIONS if s is state]
 
 
-def transition(state: MachineState, event: Event, *, machine_id: str = "") -> MachineState:
+def transition(state: MachineState, event: Trigger, *, machine_id: str = "") -> MachineState:
     """The state after ``event``, or :class:`IllegalTransition` when the table has no entry."""
     try:
         return TRANSITIONS[(state, event)]
@@ -105,7 +108,7 @@ def transition(state: MachineState, event: Event, *, machine_id: str = "") -> Ma
         raise _illegal(state, event, machine_id) from None
 
 
-def _illegal(state: MachineState, event: Event, machine_id: str) -> IllegalTransition:
+def _illegal(state: MachineState, event: Trigger, machine_id: str) -> IllegalTransition:
     who = f"machine {machine_id}" if machine_id else "the machine"
     if event in _PARTICIPLE:
         message = f"{who} is {state}; it cannot be {_PARTICIPLE[event]}"
@@ -118,7 +121,7 @@ def _illegal(state: MachineState, event: Event, machine_id: str) -> IllegalTrans
     )
 
 
-_HINTS: Mapping[tuple[MachineState | None, Event | None], str] = {
+_HINTS: Mapping[tuple[MachineState | None, Trigger | None], str] = {
     (S.DESTROYED, None): "it is gone; create a new machine",
     (S.DESTROYING, None): "it is being destroyed",
     (S.STARTED, E.DESTROY): "stop it first, or destroy it with force",
@@ -129,7 +132,7 @@ _HINTS: Mapping[tuple[MachineState | None, Event | None], str] = {
 }
 
 
-def _hint(state: MachineState, event: Event) -> str:
+def _hint(state: MachineState, event: Trigger) -> str:
     for key in ((state, event), (state, None), (None, event)):
         if key in _HINTS:
             return _HINTS[key]
