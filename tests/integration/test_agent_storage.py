@@ -126,7 +126,7 @@ def test_a_write_that_skips_its_fsync_leaves_the_sync_level_as_it_was(
         db.execute("INSERT OR REPLACE INTO meta VALUES ('k', 'w')")
     store.sync()
     assert synced[2:] == [str(tmp_path / "state.db-wal")]
-    store._db.execute("PRAGMA synchronous=OFF")  # a hollow worker's store
+    store.set_synchronous("OFF")  # a hollow worker's store
     with store._write(durable=False):
         assert level() == 0  # not raised to NORMAL
     assert level() == 0

@@ -19,7 +19,8 @@ CACHE_SIZE = 32
 
 class ArtifactCache:
     """Artifacts newest first, without repeats, bounded; recomputed only when a machine record
-    was added since the last look (a config never changes, so that is the only change)."""
+    that names an artifact was added since the last look (a config never changes, so that is
+    the only change)."""
 
     def __init__(self, size: int = CACHE_SIZE) -> None:
         self._size = size
@@ -27,8 +28,8 @@ class ArtifactCache:
         self._artifacts: list[str] = []
 
     def artifacts(self, made: int, rows: Callable[[], Collection[MachineRow]]) -> list[str]:
-        """The cache, given how many machine records were ever made (a change marker) and a
-        way to read them, called only when that number changed."""
+        """The cache, given how many machine records naming an artifact were ever made (a
+        change marker) and a way to read them, called only when that number changed."""
         if made != self._seen:
             newest = sorted(rows(), key=lambda r: r.created_at, reverse=True)
             found: dict[str, None] = {}

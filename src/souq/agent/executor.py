@@ -101,7 +101,9 @@ class Executor:
         self._by_request: dict[str, str] = {r.request_id: r.id for r in rows}
         # Kept up to date so that offers never scan the machine records.
         self._live_by_app: Counter[str] = Counter(r.app for r in rows if r.state is not S.DESTROYED)
-        self.records_made = len(rows)  # grows with every new machine record
+        # Grows with every new machine record that names an artifact: the artifact cache
+        # changes with these only.
+        self.artifact_records = sum(1 for r in rows if r.config.artifact is not None)
         self.admission = admission  # the ledger: reservations are recorded there too
         self._handles: dict[str, Handle] = {}
         self._ops: dict[str, Op] = {}
@@ -203,7 +205,8 @@ class Executor:
         self._rows[row.id] = row
         self._by_request[row.request_id] = row.id
         self._live_by_app[row.app] += 1
-        self.records_made += 1
+        if row.config.artifact is not None:
+            self.artifact_records += 1
         self.admission.reserve(row.resources)
         for event in reversed(row.events):
             self._publish(row, event)

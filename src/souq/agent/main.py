@@ -24,7 +24,9 @@ from souq.agent.config import AgentConfig
 from souq.agent.executor import Executor
 from souq.agent.faults import fault_point
 from souq.agent.fingerprint import capacity_of, fingerprint
+from souq.agent.load import LoadGauge
 from souq.agent.outbox import Outbox
+from souq.agent.publisher import Pacer
 from souq.agent.reaper import Reaper, make_subreaper
 from souq.agent.service import AgentService
 from souq.agent.store import Store
@@ -57,10 +59,17 @@ class Agent:
         clock: Clock | None = None,
         store: Store | None = None,
         driver: Driver | None = None,
+        load: LoadGauge | None = None,
+        pacer: Pacer | None = None,
     ) -> None:
+        """``store``, ``driver``, ``load``, ``pacer``: the hollow fleet's (in-memory state, no
+        processes, one load gauge and one publishing schedule for every worker of the host);
+        by default the agent's own."""
         self.config = config
         self._given_store = store  # e.g. the hollow fleet's in-memory store
         self._given_driver = driver  # e.g. the hollow fleet's no-op driver
+        self._load = load
+        self._pacer = pacer
         self._transport = transport
         self._own_transport = transport is None
         self._clock = clock or LoopClock()
@@ -145,6 +154,8 @@ class Agent:
                 fingerprint=self.fingerprint,
                 heartbeat_interval_s=config.heartbeat_interval_s,
                 clock=self._clock,
+                load=self._load,
+                pacer=self._pacer,
             )
             await self._service.start()
             if config.metrics_port:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from souq.model.protocol import MachineEventMessage
@@ -43,6 +43,12 @@ class Outbox:
         self._ready = asyncio.Event()
         self._coalesced = 0
         self._dropped = 0
+        self._listener: Callable[[], None] | None = None
+
+    def listen(self, callback: Callable[[], None] | None) -> None:
+        """Call ``callback`` whenever events are queued (one schedule shared by many workers,
+        instead of a task that :meth:`wait`-s: see :class:`souq.agent.publisher.Pacer`)."""
+        self._listener = callback
 
     def __len__(self) -> int:
         return len(self._items)
@@ -53,6 +59,8 @@ class Outbox:
         if len(self._items) > self._limit:
             self._shrink()
         self._ready.set()
+        if self._listener is not None:
+            self._listener()
 
     def put_back(self, msgs: Iterable[MachineEventMessage]) -> None:
         """Return events that could not be sent, ahead of the ones queued since."""
@@ -61,6 +69,8 @@ class Outbox:
             self._shrink()
         if self._items:
             self._ready.set()
+            if self._listener is not None:
+                self._listener()
 
     def take(self) -> list[MachineEventMessage]:
         """Every queued event, oldest first; the outbox is empty afterwards."""

@@ -10,6 +10,10 @@
 NATS outages: events wait in the outbox until the connection is back, then go out in order;
 heartbeats are not sent meanwhile. On reconnect the agent announces itself at once with
 ``reconnects`` one higher, which makes every broker re-list its machines.
+
+When: an agent runs two tasks of its own (heartbeats, events). Many workers in one process (the
+hollow fleet) share one :class:`Pacer` instead, which calls :meth:`Publisher.heartbeat` and
+:meth:`Publisher.flush` on its own schedule: no task or timer per worker.
 """
 
 from __future__ import annotations
@@ -19,10 +23,11 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 from souq.agent.outbox import Outbox
 from souq.agent.stats import AgentStats
+from souq.agent.wire import JsonOf, dump, event_json
 from souq.bus import subjects
 from souq.bus.codec import encode, encode_many
 from souq.bus.transport import Transport
@@ -31,7 +36,7 @@ from souq.model.protocol import MachineEventMessage
 from souq.model.worker import Heartbeat, WorkerInfo, WorkerUsage
 from souq.protocol.verbs import PROTOCOL_MINOR
 
-__all__ = ["EVENTS_LINGER_S", "MESSAGE_BYTES", "Publisher"]
+__all__ = ["EVENTS_LINGER_S", "MESSAGE_BYTES", "Pacer", "Publisher"]
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +44,18 @@ log = logging.getLogger(__name__)
 # changes goes out in fewer messages). Long enough for the broker to read the reply first.
 EVENTS_LINGER_S = 0.002
 MESSAGE_BYTES = 256 * 1024  # events per message: up to this size (NATS allows 1 MiB)
+
+
+class Pacer(Protocol):
+    """A schedule shared by many publishers: it calls :meth:`Publisher.heartbeat` every
+    :attr:`Publisher.interval_s` and :meth:`Publisher.flush` ``EVENTS_LINGER_S`` after it was
+    told that events wait (:meth:`events_waiting`)."""
+
+    def add(self, publisher: Publisher) -> None: ...
+
+    def remove(self, publisher: Publisher) -> None: ...
+
+    def events_waiting(self, publisher: Publisher) -> None: ...
 
 
 class Publisher:
@@ -54,11 +71,18 @@ class Publisher:
         usage: Callable[[], WorkerUsage],
         artifacts: Callable[[], list[str]],
         stats: AgentStats,
+        pacer: Pacer | None = None,
+        json_of: JsonOf = dump,
     ) -> None:
+        """``pacer``: the schedule shared with other workers of the process (the hollow fleet);
+        by default the publisher runs its own tasks. ``json_of``: the JSON of a config or a
+        placement record, as the store made it (:mod:`souq.agent.wire`)."""
         self._transport = transport
         self._outbox = outbox
-        self._region = region
         self._worker_id = worker_id
+        self._heartbeat_subject = subjects.heartbeat(region, worker_id)
+        self._usage_subject = subjects.usage(region, worker_id)
+        self._events_subject = subjects.events(region, worker_id)
         self._interval = interval_s
         self._worker_info = worker_info
         self._usage = usage
@@ -71,6 +95,12 @@ class Publisher:
         self._tasks: list[asyncio.Task[None]] = []
         self._hooks: list[tuple[list[Callable[[], Any]], Callable[[], Any]]] = []
         self._announcing: asyncio.Task[None] | None = None
+        self._pacer = pacer
+        self._json_of = json_of
+
+    @property
+    def interval_s(self) -> float:
+        return self._interval
 
     async def start(self) -> None:
         t = self._transport
@@ -81,6 +111,12 @@ class Publisher:
                 self._hooks.append((hooks, hook))
         if t.connected:
             self._bus_up.set()
+        if self._pacer is not None:
+            self._pacer.add(self)
+            self._outbox.listen(self._events_waiting)
+            if self._outbox:
+                self._events_waiting()
+            return
         loop = asyncio.get_running_loop()
         self._tasks = [
             loop.create_task(self._publish_events(), name="souq-agent-events"),
@@ -96,6 +132,9 @@ class Publisher:
 
     async def aclose(self) -> None:
         self.unhook()
+        if self._pacer is not None:
+            self._pacer.remove(self)
+            self._outbox.listen(None)
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -128,9 +167,7 @@ class Publisher:
         )
         self._usage_sent = max(self._usage_sent, info.version)
         try:
-            await self._transport.publish(
-                subjects.heartbeat(self._region, self._worker_id), encode(beat)
-            )
+            await self._transport.publish(self._heartbeat_subject, encode(beat))
         except Unavailable as exc:
             log.debug("heartbeat not sent: %s", exc)
         else:
@@ -159,6 +196,8 @@ class Publisher:
             len(self._outbox),
         )
         await self.heartbeat()
+        if self._outbox:
+            self._events_waiting()
 
     # -- machine events --------------------------------------------------------------------
 
@@ -173,6 +212,19 @@ class Publisher:
             await self._send_events()
             await self._send_usage()
 
+    def _events_waiting(self) -> None:
+        if self._pacer is not None:
+            self._pacer.events_waiting(self)
+
+    async def flush(self) -> None:
+        """Send the events waiting in the outbox, then the usage if it changed (what the
+        publisher's own task does ``EVENTS_LINGER_S`` after events were queued; a
+        :class:`Pacer` calls it). Nothing while the bus is down: the events wait for it."""
+        if not self._bus_up.is_set():
+            return
+        await self._send_events()
+        await self._send_usage()
+
     async def _send_usage(self) -> None:
         """Tell what the worker has promised, if that changed since it was last told: a claim
         or a destroy moves it, and brokers choose workers by it between heartbeats."""
@@ -180,9 +232,7 @@ class Publisher:
         if usage.version == self._usage_sent or not self._transport.connected:
             return
         try:
-            await self._transport.publish(
-                subjects.usage(self._region, self._worker_id), encode(usage)
-            )
+            await self._transport.publish(self._usage_subject, encode(usage))
         except Unavailable as exc:
             log.debug("usage not sent: %s", exc)
         else:
@@ -192,9 +242,9 @@ class Publisher:
         """Send what the outbox holds, in order, several events to a message (a claim makes
         three at once; a batch claim hundreds); put back what the bus did not take."""
         batch = self._outbox.take()
-        subject = subjects.events(self._region, self._worker_id)
+        subject = self._events_subject
         at = 0
-        for size, payload in _event_messages(batch):
+        for size, payload in _event_messages(batch, self._json_of):
             if not self._transport.connected and self._hooks:
                 self._bus_up.clear()  # the reconnect hook sets it again
                 self._outbox.put_back(batch[at:])
@@ -212,13 +262,15 @@ class Publisher:
             at += size
 
 
-def _event_messages(batch: list[MachineEventMessage]) -> Iterator[tuple[int, bytes]]:
+def _event_messages(
+    batch: list[MachineEventMessage], json_of: JsonOf = dump
+) -> Iterator[tuple[int, bytes]]:
     """``batch`` as messages of consecutive events: ``(how many, payload)``, each payload one
     event or a JSON array of several (:func:`souq.bus.codec.encode_many`)."""
     group: list[bytes] = []
     size = 0
     for msg in batch:
-        data = encode(msg)
+        data = event_json(msg, json_of).encode()
         if group and size + len(data) > MESSAGE_BYTES:
             yield len(group), group[0] if len(group) == 1 else encode_many(group)
             group, size = [], 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from souq.agent.operations import OpEvent, OpKind, OpState
@@ -39,7 +40,7 @@ class MachineRow:
     exit_code: int | None = None
     events: tuple[MachineEvent, ...] = ()  # newest first, at most RECENT_EVENTS
 
-    @property
+    @cached_property
     def resources(self) -> Resources:
         return self.config.guest.resources()
 

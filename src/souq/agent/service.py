@@ -18,8 +18,9 @@ import re
 
 from souq.agent.commands import Commands
 from souq.agent.executor import Executor
+from souq.agent.load import LoadGauge
 from souq.agent.outbox import Outbox
-from souq.agent.publisher import Publisher
+from souq.agent.publisher import Pacer, Publisher
 from souq.agent.stats import AgentStats
 from souq.agent.verbs import WorkerVerbs
 from souq.bus import subjects
@@ -27,13 +28,14 @@ from souq.bus.transport import Subscription, Transport
 from souq.clock import Clock
 from souq.logs import log_context
 from souq.model.worker import Fingerprint
-from souq.protocol.verbs import DIGEST, LIST, LOCATE, OFFER
+from souq.protocol.verbs import CLAIM, CLAIM_BATCH, DIGEST, LIST, LOCATE, OFFER
 
 __all__ = ["AgentService"]
 
 log = logging.getLogger(__name__)
 
 _MACHINE_ID = re.compile(rb'"machine_id":\s*"([^"]{1,64})"')  # for log lines (souq.logs)
+_NEW_MACHINES = frozenset({CLAIM.name, CLAIM_BATCH.name})
 
 
 class AgentService:
@@ -48,6 +50,8 @@ class AgentService:
         fingerprint: Fingerprint,
         heartbeat_interval_s: float,
         clock: Clock,
+        load: LoadGauge | None = None,
+        pacer: Pacer | None = None,
     ) -> None:
         self._transport = transport
         self._outbox = outbox
@@ -66,6 +70,7 @@ class AgentService:
             fingerprint=fingerprint,
             clock=clock,
             stats=self.stats,
+            load=load,
         )
         self.publisher = Publisher(
             transport,
@@ -77,6 +82,8 @@ class AgentService:
             usage=self.verbs.usage,
             artifacts=self.verbs.artifacts,
             stats=self.stats,
+            pacer=pacer,
+            json_of=executor.store.json_of,
         )
         self.verbs.publisher = self.publisher
         self.dispatcher = self.verbs.dispatcher()
@@ -112,10 +119,12 @@ class AgentService:
         await self.publisher.aclose()
 
     async def _on_worker(self, subject: str, data: bytes) -> bytes:
-        found = _MACHINE_ID.search(data)
+        verb = subjects.verb_of(subject)
+        # A claim names no machine yet (and is the largest message: not worth a search).
+        found = None if verb in _NEW_MACHINES else _MACHINE_ID.search(data)
         machine_id = found.group(1).decode() if found else None
         with log_context(worker_id=self.worker_id, machine_id=machine_id):
-            return await self.dispatcher.answer(subjects.verb_of(subject), data)
+            return await self.dispatcher.answer(verb, data)
 
     async def _on_offer(self, subject: str, data: bytes) -> bytes:
         return await self.dispatcher.answer(OFFER.name, data)

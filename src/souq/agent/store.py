@@ -130,6 +130,10 @@ _HOLD_COLUMNS = (
 )
 
 
+class _Prepared(Exception):
+    """Rolls back :meth:`Store.prepare`'s transaction."""
+
+
 def _fail(exc: sqlite3.Error) -> StorageError:
     return StorageError(
         f"the agent's state file failed: {exc}",
@@ -137,15 +141,43 @@ def _fail(exc: sqlite3.Error) -> StorageError:
     )
 
 
+# The statements of a claim and of a machine's start (:meth:`Store.prepare` compiles them).
+_INSERT_MACHINE = (
+    f"INSERT INTO machines ({_MACHINE_COLUMNS}) "  # noqa: S608 (constant columns)
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+_INSERT_RESERVATION = (
+    "INSERT INTO reservations (machine_id, millicpus, memory_mb, disk_mb, gpus) "
+    "VALUES (?, ?, ?, ?, ?)"
+)
+_INSERT_EVENT = (
+    f"INSERT INTO events (machine_id, {_EVENT_COLUMNS}) "  # noqa: S608 (constant columns)
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+)
+_INSERT_OP = (
+    "INSERT INTO ops (op_id, machine_id, kind, state, event, ts, detail) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
+_UPDATE_MACHINE = (
+    "UPDATE machines SET state = ?, pid = ?, pid_start_time = ?, restarts = ?, "
+    "exit_code = ?, updated_at = ? WHERE id = ?"
+)
+
 _SYNC_LEVELS = {"OFF": 0, "NORMAL": 1, "FULL": 2, "EXTRA": 3}
+_JSON_MEMO = 8  # JSON texts remembered (Store.json_of)
+_NORMAL = _SYNC_LEVELS["NORMAL"]
 
 
 class Store:
     fsyncs = True  # False for a hollow worker's store (synchronous=OFF): :meth:`sync` is a no-op
+    # False for a store that is never opened again (a hollow worker's, in memory): machine rows
+    # and reservations are read only when a store is opened (load_machines, allocated), so it
+    # writes none; events, op steps, holds and meta are written as ever (verbs read them).
+    keeps_machines = True
     _wal_fd: int | None = None  # the WAL, opened by the first :meth:`sync`
 
     def __init__(self, data_dir: Path) -> None:
-        self._json_memo: dict[int, tuple[BaseModel, str]] = {}
+        self._json_memo: dict[int, tuple[object, str]] = {}
         data_dir.mkdir(parents=True, exist_ok=True)
         self.path = data_dir / "state.db"
         self._lock_fd = _lock(data_dir / "agent.lock")
@@ -154,7 +186,7 @@ class Store:
             self._db = sqlite3.connect(self.path, isolation_level=None)
             self._check_integrity()
             self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=FULL")
+            self.set_synchronous("FULL")
             self._db.execute("PRAGMA foreign_keys=ON")
             self._db.execute("PRAGMA cache_size=-256")
             self._db.executescript(_SCHEMA)
@@ -198,45 +230,64 @@ class Store:
         with contextlib.suppress(OSError):
             os.close(self._lock_fd)
 
-    @contextlib.contextmanager
-    def _write(self, *, durable: bool = True) -> Iterator[sqlite3.Connection]:
-        """One ``BEGIN IMMEDIATE`` transaction; any exception rolls it back. ``durable=False``:
-        not fsynced at commit (see the module's docstring for the one use)."""
-        if not durable:
-            with self._synchronous("NORMAL"), self._write() as db:
-                yield db
-            return
+    def set_synchronous(self, level: str) -> None:
+        """``PRAGMA synchronous=level`` from now on (a hollow worker's store: ``OFF``). The store
+        remembers it: a write with ``durable=False`` lowers it to ``NORMAL`` for its own
+        transaction only, and never raises it."""
         try:
-            self._db.execute("BEGIN IMMEDIATE")
+            self._db.execute(f"PRAGMA synchronous={_SYNC_LEVELS[level]}")
         except sqlite3.Error as exc:
             raise _fail(exc) from exc
+        self._sync_level = _SYNC_LEVELS[level]
+
+    @contextlib.contextmanager
+    def _write(self, *, durable: bool = True) -> Iterator[sqlite3.Cursor]:
+        """One ``BEGIN IMMEDIATE`` transaction; any exception rolls it back. ``durable=False``:
+        not fsynced at commit (see the module's docstring for the one use): ``synchronous`` is
+        ``NORMAL`` for this transaction, unless the store syncs less than that already."""
+        relaxed = not durable and self._sync_level > _NORMAL
         try:
-            yield self._db
-            self._db.execute("COMMIT")
+            db = self._db.cursor()  # one for the transaction's statements
+            if relaxed:
+                db.execute("PRAGMA synchronous=NORMAL")
+            db.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            if relaxed:
+                self._restore_sync_level()
+            raise _fail(exc) from exc
+        try:
+            yield db
+            db.execute("COMMIT")
         except BaseException as exc:
             with contextlib.suppress(sqlite3.Error):
-                self._db.execute("ROLLBACK")
+                db.execute("ROLLBACK")
             if isinstance(exc, sqlite3.Error):
                 raise _fail(exc) from exc
             raise
-
-    @contextlib.contextmanager
-    def _synchronous(self, level: str) -> Iterator[None]:
-        """``PRAGMA synchronous=level`` for a while, unless it already syncs less (a hollow
-        worker's store runs with ``OFF``); then back to what it was."""
-        try:
-            before = int(self._db.execute("PRAGMA synchronous").fetchone()[0])
-            if before <= _SYNC_LEVELS[level]:
-                yield
-                return
-            self._db.execute(f"PRAGMA synchronous={level}")
-        except sqlite3.Error as exc:
-            raise _fail(exc) from exc
-        try:
-            yield
         finally:
-            with contextlib.suppress(sqlite3.Error):
-                self._db.execute(f"PRAGMA synchronous={before}")
+            if relaxed:
+                self._restore_sync_level()
+
+    def _restore_sync_level(self) -> None:
+        with contextlib.suppress(sqlite3.Error):
+            self._db.execute(f"PRAGMA synchronous={self._sync_level}")
+
+    def prepare(self) -> None:
+        """Compile the statements of a claim and of a machine's start now (in a transaction
+        that is rolled back), rather than at the first claim: a hollow fleet's worker makes its
+        first claim long after it started, in the middle of the fleet's load."""
+        machine = ("-", "", "", "", "-", "", "", "", None, None, None, 0, None, 0, 0)
+        try:
+            with self._write() as db:
+                if self.keeps_machines:
+                    db.execute(_INSERT_MACHINE, machine)
+                    db.execute(_INSERT_RESERVATION, ("-", 0, 0, 0, 0))
+                    db.execute(_UPDATE_MACHINE, ("", None, None, 0, None, 0, "-"))
+                db.executemany(_INSERT_EVENT, [("-", "", "", "", 0, None, None, None)])
+                db.executemany(_INSERT_OP, [("", "-", "", "", "", 0, None)])
+                raise _Prepared
+        except _Prepared:
+            pass
 
     def _read(self, sql: str, args: Sequence[object] = ()) -> list[Any]:
         try:
@@ -283,26 +334,26 @@ class Store:
         (:mod:`souq.agent.admission`). Returns the id of an existing machine, or None.
         ``durable=False``: not fsynced (a batch syncs once, :meth:`sync`)."""
         with self._write(durable=durable) as db:
-            found = db.execute(
-                "SELECT id, body_hash FROM machines WHERE request_id = ?", (row.request_id,)
-            ).fetchone()
-            if found is not None:
-                if found[1] != row.body_hash:
-                    raise IdempotencyConflict(
-                        f"request {row.request_id} already created machine {found[0]} "
-                        "with a different body",
-                        hint="use a new idempotency key for a different request",
-                        details={"machine_id": found[0]},
-                    )
-                return str(found[0])
+            if self.keeps_machines:
+                existing = self._insert_machine(db, row)
+                if existing is not None:
+                    return existing
             if quote_id is not None:
                 db.execute(
                     "UPDATE holds SET state = 'used', machine_id = ? WHERE id = ?",
                     (row.id, quote_id),
                 )
+            if self.keeps_machines:
+                db.execute(_INSERT_RESERVATION, (row.id, *_amounts(row.resources)))
+            self._append(db, row.id, reversed(row.events), steps)
+        return None
+
+    def _insert_machine(self, db: sqlite3.Cursor, row: MachineRow) -> str | None:
+        """Insert the machine's row; if its request id is known, the id of the machine made
+        for it (:class:`IdempotencyConflict` for a different body)."""
+        try:
             db.execute(
-                f"INSERT INTO machines ({_MACHINE_COLUMNS}) "  # noqa: S608 (constant columns)
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                _INSERT_MACHINE,
                 (
                     row.id,
                     row.app,
@@ -311,8 +362,8 @@ class Store:
                     row.request_id,
                     row.body_hash,
                     str(row.state),
-                    self._json(row.config),
-                    self._json(row.placement) if row.placement else None,
+                    self.json_of(row.config),
+                    self.json_of(row.placement) if row.placement else None,
                     row.pid,
                     row.pid_start_time,
                     row.restarts,
@@ -321,23 +372,37 @@ class Store:
                     row.updated_at,
                 ),
             )
-            db.execute(
-                f"INSERT INTO reservations (machine_id, {_AMOUNTS}) VALUES (?, ?, ?, ?, ?)",  # noqa: S608
-                (row.id, *_amounts(row.resources)),
-            )
-            self._append(db, row.id, reversed(row.events), steps)
+        except sqlite3.IntegrityError:
+            # request_id is UNIQUE: the insert itself finds a known request (one statement
+            # fewer than looking first, for every claim that is new).
+            found = db.execute(
+                "SELECT id, body_hash FROM machines WHERE request_id = ?", (row.request_id,)
+            ).fetchone()
+            if found is None:
+                raise
+            if found[1] != row.body_hash:
+                raise IdempotencyConflict(
+                    f"request {row.request_id} already created machine {found[0]} "
+                    "with a different body",
+                    hint="use a new idempotency key for a different request",
+                    details={"machine_id": found[0]},
+                ) from None
+            return str(found[0])
         return None
 
-    def _json(self, model: BaseModel) -> str:
-        """``model`` as JSON, remembered for the same object: a batch's machines share one
-        config and one placement record, serialised once."""
-        held = self._json_memo.get(id(model))
-        if held is not None and held[0] is model:
+    def json_of(self, value: BaseModel | dict[str, Any]) -> str:
+        """``value`` (a model, or an operation's params) as JSON, remembered for the same
+        object: a batch's machines share one config and one placement record, serialised once;
+        a claim's reply and launch event reuse them (:mod:`souq.agent.wire`); every step of an
+        operation logs the same params."""
+        held = self._json_memo.pop(id(value), None)
+        if held is not None and held[0] is value:
+            self._json_memo[id(value)] = held  # the most recent now
             return held[1]
-        text = model.model_dump_json()
-        if len(self._json_memo) >= 4:
-            self._json_memo.clear()
-        self._json_memo[id(model)] = (model, text)
+        text = value.model_dump_json() if isinstance(value, BaseModel) else json.dumps(value)
+        if len(self._json_memo) >= _JSON_MEMO:
+            del self._json_memo[next(iter(self._json_memo))]  # the least recently used
+        self._json_memo[id(value)] = (value, text)
         return text
 
     def sync(self) -> None:
@@ -373,32 +438,32 @@ class Store:
         """Write ``row``'s mutable fields, append its new events and op steps, and release its
         reservation when asked: one transaction (fsynced unless ``durable=False``)."""
         with self._write(durable=durable) as db:
-            db.execute(
-                "UPDATE machines SET state = ?, pid = ?, pid_start_time = ?, restarts = ?, "
-                "exit_code = ?, updated_at = ? WHERE id = ?",
-                (
-                    str(row.state),
-                    row.pid,
-                    row.pid_start_time,
-                    row.restarts,
-                    row.exit_code,
-                    row.updated_at,
-                    row.id,
-                ),
-            )
+            if self.keeps_machines:
+                db.execute(
+                    _UPDATE_MACHINE,
+                    (
+                        str(row.state),
+                        row.pid,
+                        row.pid_start_time,
+                        row.restarts,
+                        row.exit_code,
+                        row.updated_at,
+                        row.id,
+                    ),
+                )
             self._append(db, row.id, events, steps)
-            if release:
+            if release and self.keeps_machines:
                 db.execute("DELETE FROM reservations WHERE machine_id = ?", (row.id,))
 
-    @staticmethod
     def _append(
-        db: sqlite3.Connection,
+        self,
+        db: sqlite3.Cursor,
         machine_id: str,
         events: Iterable[MachineEvent],
         steps: Sequence[OpStep],
     ) -> None:
         db.executemany(
-            f"INSERT INTO events (machine_id, {_EVENT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",  # noqa: S608
+            _INSERT_EVENT,
             [
                 (
                     machine_id,
@@ -414,8 +479,7 @@ class Store:
             ],
         )
         db.executemany(
-            "INSERT INTO ops (op_id, machine_id, kind, state, event, ts, detail) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            _INSERT_OP,
             [
                 (
                     s.op_id,
@@ -424,7 +488,7 @@ class Store:
                     str(s.state),
                     str(s.event),
                     s.ts,
-                    json.dumps(s.detail) if s.detail else None,
+                    self.json_of(s.detail) if s.detail else None,
                 )
                 for s in steps
             ],

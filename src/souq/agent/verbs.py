@@ -18,6 +18,8 @@ from souq.agent.load import LoadGauge
 from souq.agent.publisher import Publisher
 from souq.agent.quotes import Quotes
 from souq.agent.stats import AgentStats
+from souq.agent.wire import machine_json
+from souq.bus.codec import Encoded
 from souq.clock import Clock, iso_from_ms
 from souq.errors import ClaimRefused
 from souq.model.batch import BatchClaimReply, BatchClaimRequest
@@ -68,7 +70,10 @@ class WorkerVerbs:
         fingerprint: Fingerprint,
         clock: Clock,
         stats: AgentStats,
+        load: LoadGauge | None = None,
     ) -> None:
+        """``load``: the host's load gauge, shared by every worker on the host (the hollow
+        fleet); by default the worker measures its own."""
         self._ex = executor
         self._cmd = commands
         self.worker_id = executor.worker_id
@@ -80,7 +85,7 @@ class WorkerVerbs:
         self.stats = stats
         self.quotes = Quotes(executor.store, clock, self.admission, on_change=self._announce)
         self.publisher: Publisher | None = None  # set by the shell once it is on the bus
-        self._load = LoadGauge(clock)
+        self._load = load or LoadGauge(clock)
         self._artifacts = ArtifactCache()
 
     def dispatcher(self) -> Dispatcher:
@@ -137,7 +142,7 @@ class WorkerVerbs:
         )
 
     def artifacts(self) -> list[str]:
-        return self._artifacts.artifacts(self._ex.records_made, self._ex.rows)
+        return self._artifacts.artifacts(self._ex.artifact_records, self._ex.rows)
 
     def state(self) -> WorkerState:
         if self.admission.draining and self._cmd.running():
@@ -178,7 +183,12 @@ class WorkerVerbs:
         self.stats.offers += 1
         return self.offer(req)
 
-    async def _claim(self, req: ClaimRequest) -> Machine:
+    async def _claim(self, req: ClaimRequest) -> Encoded:
+        """The machine, encoded with the config and placement JSON the store made of them."""
+        machine = self._claim_machine(req)
+        return Encoded(machine_json(machine, self._ex.store.json_of).encode())
+
+    def _claim_machine(self, req: ClaimRequest) -> Machine:
         try:
             quote = None
             if req.quote_id is not None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import cache
 from typing import Any, Generic, TypeVar
 
@@ -24,6 +25,7 @@ from souq.model.base import PEER
 from souq.model.protocol import Reply
 
 __all__ = [
+    "Encoded",
     "decode",
     "decode_one_or_many",
     "decoding",
@@ -96,12 +98,21 @@ def decode_one_or_many(data: bytes, model: type[M]) -> list[M]:
     return items
 
 
+@dataclass(frozen=True)
+class Encoded:
+    """A result already encoded as JSON: :func:`ok_reply` puts it in the envelope as it is."""
+
+    json: bytes
+
+
 def ok_reply(
-    result: BaseModel | list[Any] | dict[str, Any] | None, *, ledger: int | None = None
+    result: BaseModel | Encoded | list[Any] | dict[str, Any] | None, *, ledger: int | None = None
 ) -> bytes:
     """``{"ok": true, "result": ...}``; ``ledger``: the worker's ledger version once the request
     was done (what a broker's book needs to count its own claim exactly once)."""
-    if isinstance(result, BaseModel):
+    if isinstance(result, Encoded):
+        payload = result.json
+    elif isinstance(result, BaseModel):
         payload = result.model_dump_json().encode()
     elif isinstance(result, list):
         payload = b"[" + b",".join(_json(item) for item in result) + b"]"

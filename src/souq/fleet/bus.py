@@ -8,7 +8,8 @@ worker gets a :class:`WorkerPort` (a :class:`~souq.bus.transport.Transport`) who
 are demultiplexed here:
 
 * one NATS subscription, ``souq.worker.*.*``, routes each verb to its worker by id (a task per
-  message, as on an agent: a ``wait`` must not hold up the next message);
+  message, as on an agent: a ``wait`` must not hold up the next message; the verbs that never
+  wait, claims and digests first, are answered in the subscription's task);
 * one NATS subscription per broadcast subject answers it for every worker in turn, in a single
   task, each reply published to the requester's inbox as it is made.
 
@@ -30,12 +31,17 @@ from nats.aio.msg import Msg
 from souq.bus import subjects
 from souq.bus.nats import NatsTransport
 from souq.bus.transport import Handler
+from souq.protocol.verbs import CLAIM, CLAIM_BATCH, DIGEST, GET, LOCATE
 
 __all__ = ["FleetBus", "WorkerPort"]
 
 log = logging.getLogger(__name__)
 
 _VERBS = f"{subjects.PREFIX}.worker.*.*"
+# Verbs whose answer never waits (no timer, no other message): the bulk of a broker's traffic,
+# answered in the subscription's own task rather than one task each. Any other verb (a wait,
+# a destroy that waits for its process...) gets a task of its own, so that it holds nothing up.
+_PROMPT = frozenset({CLAIM.name, CLAIM_BATCH.name, DIGEST.name, GET.name, LOCATE.name})
 FANOUT_SLICE = 64  # a broadcast answered for every worker yields to the loop this often
 
 
@@ -91,8 +97,13 @@ class FleetBus:
         task.add_done_callback(self._tasks.discard)
 
     async def _on_verb(self, msg: Msg) -> None:
-        handler = self._verbs.get(msg.subject.split(".", 3)[2])
-        if handler is not None:  # not one of ours (a real agent, or a worker that left)
+        _, _, worker_id, verb = msg.subject.split(".", 3)
+        handler = self._verbs.get(worker_id)
+        if handler is None:  # not one of ours (a real agent, or a worker that left)
+            return
+        if verb in _PROMPT:
+            await self._answer([handler], msg)  # answered before the next message is read
+        else:
             self._spawn(self._answer([handler], msg))
 
     async def _on_fanout(self, msg: Msg) -> None:

@@ -7,7 +7,11 @@ commands, service: the same code paths as ``souq agent``) with three things swap
 * the driver is :class:`~souq.fleet.driver.HollowDriver` (no process is started);
 * the store is SQLite ``:memory:`` (or one file per worker with ``synchronous=OFF`` under
   ``--data-dir``), see :mod:`souq.fleet.store`;
-* the transport is a :class:`~souq.fleet.bus.WorkerPort` on one shared NATS connection.
+* the transport is a :class:`~souq.fleet.bus.WorkerPort` on one shared NATS connection;
+
+and they share what one host needs once: its load gauge, and one publishing schedule
+(:class:`~souq.fleet.pacer.FleetPacer`: heartbeats and machine events without a task per
+worker).
 
 Heartbeats come every ``max(1, N / 500)`` seconds, so that the whole fleet sends about 500 a
 second whatever its size (each one costs every broker a decode).
@@ -26,10 +30,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from souq import daemon
 from souq.agent.config import AgentConfig
+from souq.agent.load import LoadGauge
 from souq.agent.main import Agent
 from souq.bus.nats import NatsTransport, connect
+from souq.clock import SystemClock
 from souq.fleet.bus import FleetBus
 from souq.fleet.driver import HollowDriver
+from souq.fleet.heap import SurvivorFreezer
+from souq.fleet.pacer import FleetPacer
 from souq.fleet.store import file_store, memory_store
 
 __all__ = ["Fleet", "FleetConfig", "run"]
@@ -79,6 +87,8 @@ class Fleet:
         self._own_transport = transport is None
         self._bus: FleetBus | None = None
         self.driver = HollowDriver()
+        self.load = LoadGauge(SystemClock())  # one host: its load, read once for every worker
+        self._pacer: FleetPacer | None = None
         self.agents: list[Agent] = []
 
     @property
@@ -92,6 +102,8 @@ class Fleet:
                 self._transport = await connect(config.nats_url, name="souq-fleet")
             self._bus = FleetBus(self._transport)
             await self._bus.start()
+            self._pacer = FleetPacer(interval_s=config.interval_s)
+            self._pacer.start()
             for n in range(config.workers):
                 await self._add(n)
             await self._bus.flush()
@@ -102,6 +114,7 @@ class Fleet:
 
     async def _add(self, n: int) -> None:
         assert self._bus is not None
+        assert self._pacer is not None
         config = self.config
         data_dir = config.data_dir / f"{config.region}-{n:05d}" if config.data_dir else None
         agent_config = AgentConfig(
@@ -117,6 +130,8 @@ class Fleet:
             transport=self._bus.port(),
             store=file_store(data_dir) if data_dir else memory_store(),
             driver=self.driver,
+            load=self.load,
+            pacer=self._pacer,
         )
         await agent.start()
         self.agents.append(agent)
@@ -125,6 +140,9 @@ class Fleet:
         for agent in self.agents:
             await agent.aclose()
         self.agents = []
+        if self._pacer is not None:
+            await self._pacer.aclose()
+            self._pacer = None
         if self._bus is not None:
             await self._bus.close()
             self._bus = None
@@ -147,10 +165,13 @@ def run(config: FleetConfig) -> None:
             loop.add_signal_handler(sig, stop.set)
         fleet = Fleet(config)
         await fleet.start()
+        heap = SurvivorFreezer()  # the workers' state, and every machine they make (heap.py)
+        heap.install()
         print(fleet.ready_line(), file=sys.stderr, flush=True)
         try:
             await stop.wait()
         finally:
+            heap.uninstall()
             await fleet.aclose()
 
     daemon.run(main())
