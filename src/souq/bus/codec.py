@@ -4,8 +4,8 @@ A reply is ``{"ok": true, "result": ...}`` or ``{"ok": false, "error": {...}}``.
 written and read in one pass each: :func:`ok_reply` splices the result's JSON into the envelope,
 and :func:`unwrap_as` validates envelope and result together into the expected model.
 
-Everything read here comes from another process, so it is validated in the :data:`PEER`
-context: keys a newer peer added are dropped, not refused (see :mod:`souq.model.base`).
+Everything read here comes from another process, so it is validated with ``extra=FROM_PEER``:
+keys a newer peer added are dropped, not refused (see :mod:`souq.model.base`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from souq.bus.transport import Handler
 from souq.errors import InvalidInput, SouqError, error_from_body
-from souq.model.base import PEER
+from souq.model.base import FROM_PEER
 from souq.model.protocol import Reply
 
 __all__ = [
@@ -51,7 +51,7 @@ def encode(model: BaseModel) -> bytes:
 def decode(data: bytes, model: type[M]) -> M:
     """Parse bytes into ``model``; a malformed message becomes :class:`InvalidInput`."""
     try:
-        return model.model_validate_json(data, context=PEER)
+        return model.model_validate_json(data, extra=FROM_PEER)
     except ValidationError as exc:
         raise InvalidInput(f"malformed {model.__name__} message: {exc.errors()[0]['msg']}") from exc
 
@@ -92,7 +92,7 @@ def decode_one_or_many(data: bytes, model: type[M]) -> list[M]:
     if data.lstrip()[:1] != b"[":
         return [decode(data, model)]
     try:
-        items: list[M] = _list_of(model).validate_json(data, context=PEER)
+        items: list[M] = _list_of(model).validate_json(data, extra=FROM_PEER)
     except ValidationError as exc:
         raise InvalidInput(f"malformed {model.__name__} batch: {exc.errors()[0]['msg']}") from exc
     return items
@@ -167,7 +167,7 @@ def unwrap_with_ledger(data: bytes, kind: Any) -> tuple[Any, int | None]:
     """:func:`unwrap_typed`, and the ledger version the reply names (None when it names
     none)."""
     try:
-        reply = _envelope(kind).model_validate_json(data, context=PEER)
+        reply = _envelope(kind).model_validate_json(data, extra=FROM_PEER)
     except ValidationError as exc:
         # A malformed result may still be a well-formed error: let the error speak first.
         plain = Reply.model_validate_json(data)

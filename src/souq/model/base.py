@@ -2,20 +2,21 @@
 
 A user's typo must not pass silently, but a peer one minor version ahead (a newer broker or
 agent during a rolling upgrade) may send fields this process does not know yet. So :class:`Input`
-rejects unknown keys, except while validating a message from a peer: :data:`PEER` is the
-validation context the protocol decodes with (:mod:`souq.protocol`), and under it unknown keys
-are dropped at every level of the message.
+rejects unknown keys, except while validating a message from a peer: the protocol decodes every
+message with ``extra=FROM_PEER`` (:mod:`souq.bus.codec`, :mod:`souq.protocol`), which drops
+unknown keys at every level of the message instead.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Final, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationInfo, model_validator
+from pydantic import BaseModel, ConfigDict
 
-__all__ = ["PEER", "Input", "Record"]
+__all__ = ["FROM_PEER", "Input", "Record"]
 
-PEER: dict[str, Any] = {"peer": True}  # validation context of a message from another process
+# How a message from another process treats keys this one does not know: they are dropped.
+FROM_PEER: Final[Literal["ignore"]] = "ignore"
 
 
 class Record(BaseModel):
@@ -27,29 +28,6 @@ class Record(BaseModel):
 
 class Input(BaseModel):
     """Data a user or a peer sends: frozen, strict types, unknown keys rejected (a typo must not
-    pass silently), except in a message from a peer (:data:`PEER`), where they are dropped."""
+    pass silently), except in a message from a peer (validated with ``extra=FROM_PEER``)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _drop_keys_of_newer_peers(cls, data: Any, info: ValidationInfo) -> Any:
-        if info.context is None or not info.context.get("peer") or not isinstance(data, dict):
-            return data
-        known = _keys(cls)
-        if known.issuperset(data):
-            return data
-        return {k: v for k, v in data.items() if k in known}
-
-
-_KEYS: dict[type[BaseModel], frozenset[str]] = {}
-
-
-def _keys(model: type[BaseModel]) -> frozenset[str]:
-    """The keys ``model`` accepts: its field names and their aliases."""
-    keys = _KEYS.get(model)
-    if keys is None:
-        names = set(model.model_fields)
-        names.update(f.alias for f in model.model_fields.values() if f.alias)
-        keys = _KEYS[model] = frozenset(names)
-    return keys

@@ -32,9 +32,9 @@ verb               request                 reply                          where
 =================  ======================  =============================  =====================
 
 **Versions.** The protocol is ``MAJOR.MINOR``. Peers of the same major version interoperate:
-a message's unknown keys are dropped (:data:`souq.model.base.PEER`), and a verb a peer does not
-know is answered with :class:`souq.errors.UnknownVerb` (``unknown_verb``). A worker names the
-minor version it speaks in its heartbeats, so a broker can tell before it asks.
+a message's unknown keys are dropped (``extra=FROM_PEER``, :mod:`souq.model.base`), and a verb
+a peer does not know is answered with :class:`souq.errors.UnknownVerb` (``unknown_verb``). A
+worker names the minor version it speaks in its heartbeats, so a broker can tell before it asks.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from typing import Any, Generic, TypeVar
 from pydantic import BaseModel, TypeAdapter
 
 from souq.model import protocol as msg
-from souq.model.base import PEER
+from souq.model.base import FROM_PEER
 from souq.model.batch import BatchClaimReply, BatchClaimRequest
 from souq.model.machine import Machine, MachineEvent, OpRecord
 from souq.model.worker import WorkerInfo
@@ -102,7 +102,7 @@ class Verb(Generic[Q, A]):
 
     def decode_request(self, data: bytes) -> Q:
         """The request as this process knows it; unknown keys (a newer peer's) are dropped."""
-        return self.request.model_validate_json(data or b"{}", context=PEER)
+        return self.request.model_validate_json(data or b"{}", extra=FROM_PEER)
 
 
 VERBS: dict[str, Verb[Any, Any]] = {}
