@@ -39,6 +39,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from souq.agent import schema as sql
 from souq.agent.operations import OpEvent, OpKind, OpState
 from souq.agent.records import RECENT_EVENTS, HoldRow, MachineRow, OpStep
 from souq.errors import (
@@ -53,82 +54,6 @@ from souq.model.resources import Resources
 
 __all__ = ["Store"]
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS machines (
-    id TEXT PRIMARY KEY,
-    app TEXT NOT NULL,
-    name TEXT NOT NULL,
-    region TEXT NOT NULL,
-    request_id TEXT NOT NULL UNIQUE,
-    body_hash TEXT NOT NULL,
-    state TEXT NOT NULL,
-    config TEXT NOT NULL,
-    placement TEXT,
-    pid INTEGER,
-    pid_start_time REAL,
-    restarts INTEGER NOT NULL DEFAULT 0,
-    exit_code INTEGER,
-    created_at INTEGER NOT NULL,
-    updated_at INTEGER NOT NULL
-);
-CREATE TABLE IF NOT EXISTS reservations (
-    machine_id TEXT PRIMARY KEY REFERENCES machines(id),
-    millicpus INTEGER NOT NULL,
-    memory_mb INTEGER NOT NULL,
-    disk_mb INTEGER NOT NULL DEFAULT 0,
-    gpus INTEGER NOT NULL DEFAULT 0
-);
-CREATE TABLE IF NOT EXISTS holds (
-    id TEXT PRIMARY KEY,
-    app TEXT NOT NULL,
-    region TEXT NOT NULL,
-    millicpus INTEGER NOT NULL,
-    memory_mb INTEGER NOT NULL,
-    disk_mb INTEGER NOT NULL DEFAULT 0,
-    gpus INTEGER NOT NULL DEFAULT 0,
-    config TEXT NOT NULL,
-    placement TEXT,
-    ttl_s REAL NOT NULL,
-    created_at INTEGER NOT NULL,
-    expires_at INTEGER NOT NULL,
-    state TEXT NOT NULL,
-    machine_id TEXT
-);
-CREATE TABLE IF NOT EXISTS events (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    machine_id TEXT NOT NULL,
-    type TEXT NOT NULL,
-    status TEXT NOT NULL,
-    source TEXT NOT NULL,
-    ts INTEGER NOT NULL,
-    exit_code INTEGER,
-    signal TEXT,
-    message TEXT
-);
-CREATE INDEX IF NOT EXISTS events_by_machine ON events (machine_id, seq);
-CREATE TABLE IF NOT EXISTS ops (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    op_id TEXT NOT NULL,
-    machine_id TEXT NOT NULL,
-    kind TEXT NOT NULL,
-    state TEXT NOT NULL,
-    event TEXT NOT NULL,
-    ts INTEGER NOT NULL,
-    detail TEXT
-);
-"""
-
-_MACHINE_COLUMNS = (
-    "id, app, name, region, request_id, body_hash, state, config, placement, pid, "
-    "pid_start_time, restarts, exit_code, created_at, updated_at"
-)
-_EVENT_COLUMNS = "type, status, source, ts, exit_code, signal, message"
-_HOLD_COLUMNS = (
-    "id, app, region, millicpus, memory_mb, disk_mb, gpus, config, placement, ttl_s, created_at, "
-    "expires_at, state, machine_id"
-)
-
 
 class _Prepared(Exception):
     """Rolls back :meth:`Store.prepare`'s transaction."""
@@ -140,28 +65,6 @@ def _fail(exc: sqlite3.Error) -> StorageError:
         hint="check the disk and the permissions of the agent's data dir",
     )
 
-
-# The statements of a claim and of a machine's start (:meth:`Store.prepare` compiles them).
-_INSERT_MACHINE = (
-    f"INSERT INTO machines ({_MACHINE_COLUMNS}) "  # noqa: S608 (constant columns)
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-)
-_INSERT_RESERVATION = (
-    "INSERT INTO reservations (machine_id, millicpus, memory_mb, disk_mb, gpus) "
-    "VALUES (?, ?, ?, ?, ?)"
-)
-_INSERT_EVENT = (
-    f"INSERT INTO events (machine_id, {_EVENT_COLUMNS}) "  # noqa: S608 (constant columns)
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
-)
-_INSERT_OP = (
-    "INSERT INTO ops (op_id, machine_id, kind, state, event, ts, detail) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?)"
-)
-_UPDATE_MACHINE = (
-    "UPDATE machines SET state = ?, pid = ?, pid_start_time = ?, restarts = ?, "
-    "exit_code = ?, updated_at = ? WHERE id = ?"
-)
 
 _SYNC_LEVELS = {"OFF": 0, "NORMAL": 1, "FULL": 2, "EXTRA": 3}
 _JSON_MEMO = 8  # JSON texts remembered (Store.json_of)
@@ -189,7 +92,7 @@ class Store:
             self.set_synchronous("FULL")
             self._db.execute("PRAGMA foreign_keys=ON")
             self._db.execute("PRAGMA cache_size=-256")
-            self._db.executescript(_SCHEMA)
+            self._db.executescript(sql.SCHEMA)
         except sqlite3.Error as exc:
             os.close(self._lock_fd)
             raise _fail(exc) from exc
@@ -280,11 +183,11 @@ class Store:
         try:
             with self._write() as db:
                 if self.keeps_machines:
-                    db.execute(_INSERT_MACHINE, machine)
-                    db.execute(_INSERT_RESERVATION, ("-", 0, 0, 0, 0))
-                    db.execute(_UPDATE_MACHINE, ("", None, None, 0, None, 0, "-"))
-                db.executemany(_INSERT_EVENT, [("-", "", "", "", 0, None, None, None)])
-                db.executemany(_INSERT_OP, [("", "-", "", "", "", 0, None)])
+                    db.execute(sql.INSERT_MACHINE, machine)
+                    db.execute(sql.INSERT_RESERVATION, ("-", 0, 0, 0, 0))
+                    db.execute(sql.UPDATE_MACHINE, ("", None, None, 0, None, 0, "-"))
+                db.executemany(sql.INSERT_EVENT, [("-", "", "", "", 0, None, None, None)])
+                db.executemany(sql.INSERT_OP, [("", "-", "", "", "", 0, None)])
                 raise _Prepared
         except _Prepared:
             pass
@@ -316,7 +219,7 @@ class Store:
 
     def allocated(self) -> Resources:
         """What the machines reserve (holds not included)."""
-        return _sum(self._read(f"SELECT {_SUMS} FROM reservations")[0])  # noqa: S608
+        return sql.resources_of(self._read(f"SELECT {sql.SUMS} FROM reservations")[0])  # noqa: S608
 
     # -- machines ------------------------------------------------------------------------------
 
@@ -344,7 +247,7 @@ class Store:
                     (row.id, quote_id),
                 )
             if self.keeps_machines:
-                db.execute(_INSERT_RESERVATION, (row.id, *_amounts(row.resources)))
+                db.execute(sql.INSERT_RESERVATION, (row.id, *sql.amounts_of(row.resources)))
             self._append(db, row.id, reversed(row.events), steps)
         return None
 
@@ -353,7 +256,7 @@ class Store:
         for it (:class:`IdempotencyConflict` for a different body)."""
         try:
             db.execute(
-                _INSERT_MACHINE,
+                sql.INSERT_MACHINE,
                 (
                     row.id,
                     row.app,
@@ -440,7 +343,7 @@ class Store:
         with self._write(durable=durable) as db:
             if self.keeps_machines:
                 db.execute(
-                    _UPDATE_MACHINE,
+                    sql.UPDATE_MACHINE,
                     (
                         str(row.state),
                         row.pid,
@@ -463,7 +366,7 @@ class Store:
         steps: Sequence[OpStep],
     ) -> None:
         db.executemany(
-            _INSERT_EVENT,
+            sql.INSERT_EVENT,
             [
                 (
                     machine_id,
@@ -479,7 +382,7 @@ class Store:
             ],
         )
         db.executemany(
-            _INSERT_OP,
+            sql.INSERT_OP,
             [
                 (
                     s.op_id,
@@ -498,14 +401,14 @@ class Store:
         """Every machine, destroyed ones included, each with its most recent events."""
         recent: dict[str, list[MachineEvent]] = {}
         for r in self._read(
-            f"SELECT machine_id, {_EVENT_COLUMNS} FROM ("  # noqa: S608
+            f"SELECT machine_id, {sql.EVENT_COLUMNS} FROM ("  # noqa: S608
             "  SELECT *, ROW_NUMBER() OVER (PARTITION BY machine_id ORDER BY seq DESC) AS n"
             "  FROM events"
             f") WHERE n <= {RECENT_EVENTS} ORDER BY machine_id, seq DESC"
         ):
-            recent.setdefault(str(r[0]), []).append(_event(r[1:]))
+            recent.setdefault(str(r[0]), []).append(sql.event_of(r[1:]))
         rows: list[MachineRow] = []
-        for r in self._read(f"SELECT {_MACHINE_COLUMNS} FROM machines ORDER BY created_at"):  # noqa: S608
+        for r in self._read(f"SELECT {sql.MACHINE_COLUMNS} FROM machines ORDER BY created_at"):  # noqa: S608
             mid = str(r[0])
             rows.append(
                 MachineRow(
@@ -518,10 +421,10 @@ class Store:
                     state=MachineState(r[6]),
                     config=MachineConfig.model_validate_json(str(r[7])),
                     placement=Placement.model_validate_json(str(r[8])) if r[8] else None,
-                    pid=_int_or_none(r[9]),
+                    pid=sql.int_or_none(r[9]),
                     pid_start_time=float(r[10]) if r[10] is not None else None,
                     restarts=int(r[11]),
-                    exit_code=_int_or_none(r[12]),
+                    exit_code=sql.int_or_none(r[12]),
                     created_at=int(r[13]),
                     updated_at=int(r[14]),
                     events=tuple(recent.get(mid, ())),
@@ -532,9 +435,9 @@ class Store:
     def events(self, machine_id: str) -> list[MachineEvent]:
         """Every event of a machine, newest first."""
         return [
-            _event(r)
+            sql.event_of(r)
             for r in self._read(
-                f"SELECT {_EVENT_COLUMNS} FROM events WHERE machine_id = ? ORDER BY seq DESC",  # noqa: S608
+                f"SELECT {sql.EVENT_COLUMNS} FROM events WHERE machine_id = ? ORDER BY seq DESC",  # noqa: S608
                 (machine_id,),
             )
         ]
@@ -545,18 +448,18 @@ class Store:
         """Record a quote's hold (admission judged it); a known quote id returns the hold
         already recorded for it."""
         with self._write() as db:
-            found = db.execute(f"SELECT {_HOLD_COLUMNS} FROM holds WHERE id = ?", (hold.id,))  # noqa: S608
+            found = db.execute(f"SELECT {sql.HOLD_COLUMNS} FROM holds WHERE id = ?", (hold.id,))  # noqa: S608
             existing = found.fetchone()
             if existing is not None:
-                return _hold(existing)
+                return sql.hold_of(existing)
             db.execute(
-                f"INSERT INTO holds ({_HOLD_COLUMNS}) "  # noqa: S608
+                f"INSERT INTO holds ({sql.HOLD_COLUMNS}) "  # noqa: S608
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     hold.id,
                     hold.app,
                     hold.region,
-                    *_amounts(hold.resources),
+                    *sql.amounts_of(hold.resources),
                     hold.config.model_dump_json(),
                     hold.placement.model_dump_json() if hold.placement else None,
                     hold.ttl_s,
@@ -569,14 +472,14 @@ class Store:
         return hold
 
     def get_hold(self, quote_id: str) -> HoldRow | None:
-        rows = self._read(f"SELECT {_HOLD_COLUMNS} FROM holds WHERE id = ?", (quote_id,))  # noqa: S608
-        return _hold(rows[0]) if rows else None
+        rows = self._read(f"SELECT {sql.HOLD_COLUMNS} FROM holds WHERE id = ?", (quote_id,))  # noqa: S608
+        return sql.hold_of(rows[0]) if rows else None
 
     def holds(self, state: QuoteState) -> list[HoldRow]:
         return [
-            _hold(r)
+            sql.hold_of(r)
             for r in self._read(
-                f"SELECT {_HOLD_COLUMNS} FROM holds WHERE state = ?",  # noqa: S608
+                f"SELECT {sql.HOLD_COLUMNS} FROM holds WHERE state = ?",  # noqa: S608
                 (str(state),),
             )
         ]
@@ -629,51 +532,6 @@ class Store:
                 (machine_id,),
             )
         ]
-
-
-def _event(r: Sequence[Any]) -> MachineEvent:
-    return MachineEvent(
-        type=str(r[0]),
-        status=MachineState(r[1]),
-        source="user" if r[2] == "user" else "agent",
-        timestamp=int(r[3]),
-        exit_code=_int_or_none(r[4]),
-        signal=str(r[5]) if r[5] is not None else None,
-        message=str(r[6]) if r[6] is not None else None,
-    )
-
-
-_AMOUNTS = "millicpus, memory_mb, disk_mb, gpus"
-_SUMS = ", ".join(f"COALESCE(SUM({c}), 0)" for c in _AMOUNTS.split(", "))
-
-
-def _amounts(r: Resources) -> tuple[int, int, int, int]:
-    return (r.millicpus, r.memory_mb, r.disk_mb, r.gpus)
-
-
-def _sum(r: Sequence[Any]) -> Resources:
-    """Resources from (millicpus, memory_mb, disk_mb, gpus) columns."""
-    return Resources(cpus=int(r[0]) / 1000, memory_mb=int(r[1]), disk_mb=int(r[2]), gpus=int(r[3]))
-
-
-def _hold(r: Sequence[Any]) -> HoldRow:
-    return HoldRow(
-        id=str(r[0]),
-        app=str(r[1]),
-        region=str(r[2]),
-        resources=_sum(r[3:7]),
-        config=MachineConfig.model_validate_json(str(r[7])),
-        placement=Placement.model_validate_json(str(r[8])) if r[8] else None,
-        ttl_s=float(r[9]),
-        created_at=int(r[10]),
-        expires_at=int(r[11]),
-        state=QuoteState(r[12]),
-        machine_id=str(r[13]) if r[13] is not None else None,
-    )
-
-
-def _int_or_none(v: Any) -> int | None:
-    return int(v) if v is not None else None
 
 
 _SET_ASIDE_HINT = (

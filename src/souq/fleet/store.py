@@ -23,7 +23,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from souq.agent import store as _store
+from souq.agent import schema as _schema
 from souq.agent.store import Store
 
 __all__ = ["file_store", "memory_store"]
@@ -40,7 +40,7 @@ class _MemoryStore(Store):
         self._db = sqlite3.connect(":memory:", isolation_level=None)
         self.set_synchronous("OFF")
         self._db.execute("PRAGMA foreign_keys=ON")
-        self._db.executescript(_store._SCHEMA)
+        self._db.executescript(_schema.SCHEMA)
         # One index fewer to keep at every event: the events verb scans this worker's few rows.
         self._db.execute("DROP INDEX events_by_machine")
 

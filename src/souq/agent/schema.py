@@ -1,0 +1,177 @@
+"""The agent's SQLite schema, the statements a claim and a start run, and the conversions
+between rows and records: what :mod:`souq.agent.store` reads and writes, kept apart from how it
+runs its transactions."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from souq.agent.records import HoldRow
+from souq.model.machine import MachineConfig, MachineEvent, MachineState
+from souq.model.placement import Placement
+from souq.model.protocol import QuoteState
+from souq.model.resources import Resources
+
+__all__ = [
+    "AMOUNTS",
+    "EVENT_COLUMNS",
+    "HOLD_COLUMNS",
+    "INSERT_EVENT",
+    "INSERT_MACHINE",
+    "INSERT_OP",
+    "INSERT_RESERVATION",
+    "MACHINE_COLUMNS",
+    "SCHEMA",
+    "SUMS",
+    "UPDATE_MACHINE",
+    "amounts_of",
+    "event_of",
+    "hold_of",
+    "int_or_none",
+    "resources_of",
+]
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS machines (
+    id TEXT PRIMARY KEY,
+    app TEXT NOT NULL,
+    name TEXT NOT NULL,
+    region TEXT NOT NULL,
+    request_id TEXT NOT NULL UNIQUE,
+    body_hash TEXT NOT NULL,
+    state TEXT NOT NULL,
+    config TEXT NOT NULL,
+    placement TEXT,
+    pid INTEGER,
+    pid_start_time REAL,
+    restarts INTEGER NOT NULL DEFAULT 0,
+    exit_code INTEGER,
+    created_at INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS reservations (
+    machine_id TEXT PRIMARY KEY REFERENCES machines(id),
+    millicpus INTEGER NOT NULL,
+    memory_mb INTEGER NOT NULL,
+    disk_mb INTEGER NOT NULL DEFAULT 0,
+    gpus INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS holds (
+    id TEXT PRIMARY KEY,
+    app TEXT NOT NULL,
+    region TEXT NOT NULL,
+    millicpus INTEGER NOT NULL,
+    memory_mb INTEGER NOT NULL,
+    disk_mb INTEGER NOT NULL DEFAULT 0,
+    gpus INTEGER NOT NULL DEFAULT 0,
+    config TEXT NOT NULL,
+    placement TEXT,
+    ttl_s REAL NOT NULL,
+    created_at INTEGER NOT NULL,
+    expires_at INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    machine_id TEXT
+);
+CREATE TABLE IF NOT EXISTS events (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    machine_id TEXT NOT NULL,
+    type TEXT NOT NULL,
+    status TEXT NOT NULL,
+    source TEXT NOT NULL,
+    ts INTEGER NOT NULL,
+    exit_code INTEGER,
+    signal TEXT,
+    message TEXT
+);
+CREATE INDEX IF NOT EXISTS events_by_machine ON events (machine_id, seq);
+CREATE TABLE IF NOT EXISTS ops (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    op_id TEXT NOT NULL,
+    machine_id TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    state TEXT NOT NULL,
+    event TEXT NOT NULL,
+    ts INTEGER NOT NULL,
+    detail TEXT
+);
+"""
+
+MACHINE_COLUMNS = (
+    "id, app, name, region, request_id, body_hash, state, config, placement, pid, "
+    "pid_start_time, restarts, exit_code, created_at, updated_at"
+)
+EVENT_COLUMNS = "type, status, source, ts, exit_code, signal, message"
+HOLD_COLUMNS = (
+    "id, app, region, millicpus, memory_mb, disk_mb, gpus, config, placement, ttl_s, created_at, "
+    "expires_at, state, machine_id"
+)
+
+
+# The statements of a claim and of a machine's start (:meth:`Store.prepare` compiles them).
+INSERT_MACHINE = (
+    f"INSERT INTO machines ({MACHINE_COLUMNS}) "  # noqa: S608 (constant columns)
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+INSERT_RESERVATION = (
+    "INSERT INTO reservations (machine_id, millicpus, memory_mb, disk_mb, gpus) "
+    "VALUES (?, ?, ?, ?, ?)"
+)
+INSERT_EVENT = (
+    f"INSERT INTO events (machine_id, {EVENT_COLUMNS}) "  # noqa: S608 (constant columns)
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+)
+INSERT_OP = (
+    "INSERT INTO ops (op_id, machine_id, kind, state, event, ts, detail) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
+UPDATE_MACHINE = (
+    "UPDATE machines SET state = ?, pid = ?, pid_start_time = ?, restarts = ?, "
+    "exit_code = ?, updated_at = ? WHERE id = ?"
+)
+
+
+def event_of(r: Sequence[Any]) -> MachineEvent:
+    return MachineEvent(
+        type=str(r[0]),
+        status=MachineState(r[1]),
+        source="user" if r[2] == "user" else "agent",
+        timestamp=int(r[3]),
+        exit_code=int_or_none(r[4]),
+        signal=str(r[5]) if r[5] is not None else None,
+        message=str(r[6]) if r[6] is not None else None,
+    )
+
+
+AMOUNTS = "millicpus, memory_mb, disk_mb, gpus"
+SUMS = ", ".join(f"COALESCE(SUM({c}), 0)" for c in AMOUNTS.split(", "))
+
+
+def amounts_of(r: Resources) -> tuple[int, int, int, int]:
+    return (r.millicpus, r.memory_mb, r.disk_mb, r.gpus)
+
+
+def resources_of(r: Sequence[Any]) -> Resources:
+    """Resources from (millicpus, memory_mb, disk_mb, gpus) columns."""
+    return Resources(cpus=int(r[0]) / 1000, memory_mb=int(r[1]), disk_mb=int(r[2]), gpus=int(r[3]))
+
+
+def hold_of(r: Sequence[Any]) -> HoldRow:
+    return HoldRow(
+        id=str(r[0]),
+        app=str(r[1]),
+        region=str(r[2]),
+        resources=resources_of(r[3:7]),
+        config=MachineConfig.model_validate_json(str(r[7])),
+        placement=Placement.model_validate_json(str(r[8])) if r[8] else None,
+        ttl_s=float(r[9]),
+        created_at=int(r[10]),
+        expires_at=int(r[11]),
+        state=QuoteState(r[12]),
+        machine_id=str(r[13]) if r[13] is not None else None,
+    )
+
+
+def int_or_none(v: Any) -> int | None:
+    return int(v) if v is not None else None
