@@ -30,23 +30,22 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import functools
 import logging
 import os
-import resource
-import select
 import shutil
 import signal
 import subprocess
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import psutil
 
+from souq.drivers import processes
 from souq.drivers.base import ExitStatus, Handle, MachineSpec, SpawnError
 from souq.drivers.cgroups import CgroupEntry, Cgroups, placement_shell
+from souq.drivers.processes import machine_nofile, resolve_program
 from souq.drivers.waiter import parse_exit_file, waiter_path
 from souq.errors import Unavailable
 
@@ -86,45 +85,6 @@ class _IdleWaiter:
     spare: str | None = None  # the spare cgroup it sits in (see souq.drivers.cgroups)
 
 
-# A child the driver reaps itself: a souq-waiter (a pid: spawned with os.posix_spawn, no Popen
-# object per running machine) or, without the waiter, the machine's own Popen.
-_Child = subprocess.Popen[bytes] | int
-
-
-def _kill_group(pid: int, sig: int = signal.SIGKILL) -> bool:
-    """Signal the machine's process group, or the process alone while it has none yet
-    (souq-waiter reports the pid before its child's ``setsid``). False when it is gone."""
-    try:
-        os.killpg(pid, sig)
-    except ProcessLookupError:
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            return False
-    return True
-
-
-def _reap(child: _Child) -> int:
-    """Wait for the child; its ``Popen.returncode``-style status."""
-    if isinstance(child, int):
-        while True:
-            try:
-                return os.waitstatus_to_exitcode(os.waitpid(child, 0)[1])
-            except InterruptedError:
-                continue
-            except ChildProcessError:
-                return 0  # reaped already (by the agent's reaper, after a discard timed out)
-    return child.wait()
-
-
-def _exited(pid: int) -> bool:
-    """Whether the child ``pid`` has exited (it is left to be reaped), or is not ours."""
-    try:
-        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
-    except ChildProcessError:
-        return True
-
-
 def _attempt(call: Callable[[], None] | None) -> Exception | None:
     """Run ``call`` (if any); what it raised, for the caller to raise once its process is
     dealt with."""
@@ -135,44 +95,6 @@ def _attempt(call: Callable[[], None] | None) -> Exception | None:
     except Exception as exc:
         return exc
     return None
-
-
-def _pid(child: _Child) -> int:
-    return child if isinstance(child, int) else child.pid
-
-
-_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-_BOOT_TIME: float = psutil.boot_time()
-
-
-def _start_time(pid: int) -> float | None:
-    """When the process started, in seconds since the epoch, as ``psutil`` reports it (read
-    straight from ``/proc/<pid>/stat``: this is on the path of every spawn)."""
-    try:
-        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            data = os.read(fd, 4096)
-        finally:
-            os.close(fd)
-        ticks = int(data[data.rindex(b")") + 2 :].split()[19])  # field 22, starttime
-    except (OSError, ValueError, IndexError):
-        return None
-    return ticks / _CLOCK_TICKS + _BOOT_TIME
-
-
-def resolve_program(program: str, env: Mapping[str, str], workdir: Path) -> str:
-    """The path ``program`` runs as (looked up in the machine's ``PATH``, or relative to its
-    working directory); SpawnError when it is missing or not executable."""
-    if "/" in program:
-        found = program if os.path.isabs(program) else str(workdir / program)
-    else:
-        path = env.get("PATH", os.environ.get("PATH", os.defpath))
-        found = shutil.which(program, path=path) or ""
-    if not found or not os.path.exists(found):
-        raise SpawnError(f"cannot run {program!r}: No such file or directory")
-    if not os.path.isfile(found) or not os.access(found, os.X_OK):
-        raise SpawnError(f"cannot run {program!r}: Permission denied")
-    return found
 
 
 def _exit_of(driver: ExecDriver, handle: Handle) -> asyncio.Future[ExitStatus]:
@@ -194,27 +116,6 @@ def _placed(place: Callable[[str | None], CgroupEntry], spare: str | None) -> Cg
         raise SpawnError(f"cannot set up the machine's cgroup: {exc}") from exc
 
 
-@functools.cache
-def machine_nofile() -> int:
-    """The soft ``RLIMIT_NOFILE`` machines get: the agent's own as it started. The agent then
-    raises its own soft limit to the hard one, since it holds a pidfd per running machine (a
-    host's usual soft limit, 1024, would end it near a thousand machines); souq-waiter puts the
-    machine's back (see waiter.c)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    return soft
-
-
-def _readable(fd: int, timeout_s: float = 0.0) -> bool:
-    """Whether ``fd`` (a pidfd: the process exited) is readable, waiting up to ``timeout_s``.
-    ``poll``, not ``select``: an agent with a thousand machines has descriptors past 1024."""
-    poller = select.poll()
-    poller.register(fd, select.POLLIN)
-    return bool(poller.poll(timeout_s * 1000))
-
-
 class ExecDriver:
     name = "exec"
 
@@ -228,7 +129,7 @@ class ExecDriver:
             )
         self.root = root
         self._base_env = {k: os.environ[k] for k in INHERITED_ENV if k in os.environ}
-        self._children: dict[int, _Child] = {}  # by machine pid
+        self._children: dict[int, processes.Child] = {}  # by machine pid
         self._watches: dict[int, _Watch] = {}
         self.waiter = waiter_path() if use_waiter else None
         self._nofile = machine_nofile() if self.waiter is not None else None
@@ -241,7 +142,7 @@ class ExecDriver:
 
     def owned_pids(self) -> set[int]:
         """Pids of the children this driver reaps itself (the agent's reaper leaves them be)."""
-        return {_pid(child) for child in self._children.values()} | self._idle_pids
+        return {processes.pid_of(child) for child in self._children.values()} | self._idle_pids
 
     def machine_dir(self, machine_id: str) -> Path:
         return self.root / machine_id
@@ -283,7 +184,7 @@ class ExecDriver:
         except OSError as exc:
             raise SpawnError(f"cannot prepare {workdir}: {exc.strerror or exc}") from exc
         waiter_start = 0.0
-        proc: _Child
+        proc: processes.Child
         failure: Exception | None = None
         if self.waiter is None:
             proc = self._spawn_direct(list(spec.cmd), env, workdir)
@@ -301,22 +202,22 @@ class ExecDriver:
                 idle, spec.cmd, env, workdir, placement, meanwhile=meanwhile
             )
         if failure is not None:
-            _kill_group(pid)
-            _reap(proc)
+            processes.kill_group(pid)
+            processes.reap(proc)
             raise failure
         self._children[pid] = proc
-        handle = Handle(spec.machine_id, pid, _start_time(pid) or 0.0)
+        handle = Handle(spec.machine_id, pid, processes.start_time(pid) or 0.0)
         try:
-            fd = os.pidfd_open(_pid(proc))  # the waiter's, or the process's own
+            fd = os.pidfd_open(processes.pid_of(proc))  # the waiter's, or the process's own
         except OSError as exc:  # e.g. out of file descriptors: do not run it unwatched
-            _kill_group(pid)
-            _reap(proc)
+            processes.kill_group(pid)
+            processes.reap(proc)
             del self._children[pid]
             raise SpawnError(f"cannot watch the process: {exc.strerror or exc}") from exc
         self._watch(handle, fd, waiter=self.waiter is not None)
         line = f"{handle.pid} {handle.start_time!r}"
         if self.waiter is not None:
-            line += f" {_pid(proc)} {waiter_start!r}"
+            line += f" {processes.pid_of(proc)} {waiter_start!r}"
         with contextlib.suppress(OSError):
             (workdir / _PIDFILE).write_text(line + "\n")
         return handle
@@ -378,7 +279,7 @@ class ExecDriver:
             os.close(report_w)
         self._idle_pids.add(pid)
         cgroup = self.spares.make_spare(pid) if spare and self.spares is not None else None
-        return _IdleWaiter(pid, job_w, report_r, _start_time(pid) or 0.0, cgroup)
+        return _IdleWaiter(pid, job_w, report_r, processes.start_time(pid) or 0.0, cgroup)
 
     def prepare_spawns(self, count: int) -> None:
         """Have ``count`` waiters ready (started now, together, if need be): a batch's spawns
@@ -394,7 +295,7 @@ class ExecDriver:
         assert self.waiter is not None
         while self._pool:
             idle = self._pool.pop(0)
-            if not _exited(idle.pid):
+            if not processes.exited(idle.pid):
                 break
             log.warning(
                 "a ready souq-waiter (pid %d) died while it waited; using another", idle.pid
@@ -471,7 +372,7 @@ class ExecDriver:
         kind, _, value = report.decode(errors="replace").strip().partition(" ")
         if kind == "P" and value.isdigit():
             return int(value), failure
-        code = _reap(idle.pid)
+        code = processes.reap(idle.pid)
         if failure is not None:
             raise failure
         if kind == "E" and value.isdigit():
@@ -489,10 +390,10 @@ class ExecDriver:
         except OSError:
             pass
         else:
-            ended = _readable(pidfd, 1.0)
+            ended = processes.pidfd_readable(pidfd, 1.0)
             os.close(pidfd)
             if ended:  # else the agent's reaper gets it, now that it is not ours
-                _reap(idle.pid)
+                processes.reap(idle.pid)
         if idle.spare is not None and self.spares is not None:
             self.spares.drop_spare(idle.spare)
 
@@ -510,7 +411,7 @@ class ExecDriver:
         proc = self._children.pop(handle.pid, None)
         if watch.waiter:
             if proc is not None:
-                _reap(proc)  # the waiter, which has exited
+                processes.reap(proc)  # the waiter, which has exited
             status = self.last_exit(handle.machine_id)
             if not status.known:  # the waiter was killed: leave nothing of the machine behind
                 with contextlib.suppress(OSError):
@@ -520,7 +421,7 @@ class ExecDriver:
             # anything the machine left behind in it goes too.
             with contextlib.suppress(OSError):
                 os.killpg(handle.pid, signal.SIGKILL)
-            status = ExitStatus.from_returncode(_reap(proc))
+            status = ExitStatus.from_returncode(processes.reap(proc))
         else:
             status = ExitStatus()
         with contextlib.suppress(OSError):
@@ -556,13 +457,13 @@ class ExecDriver:
     def inspect(self, handle: Handle) -> bool:
         watch = self._watches.get(handle.pid)
         if watch is not None:
-            return watch.fd is not None and not _readable(watch.fd)
+            return watch.fd is not None and not processes.pidfd_readable(watch.fd)
         return self._same_process(handle)
 
     def signal(self, handle: Handle, sig: int) -> bool:
         if not self.inspect(handle):
             return False
-        return _kill_group(handle.pid, sig)
+        return processes.kill_group(handle.pid, sig)
 
     async def stop(self, handle: Handle, sig: int, timeout_s: float) -> ExitStatus:
         if handle.pid not in self._watches:
@@ -578,7 +479,7 @@ class ExecDriver:
     # -- adoption and cleanup ------------------------------------------------------------------
 
     def _same_process(self, handle: Handle) -> bool:
-        started = _start_time(handle.pid)
+        started = processes.start_time(handle.pid)
         if started is None or abs(started - handle.start_time) > _START_TIME_TOLERANCE_S:
             return False
         try:
@@ -599,7 +500,11 @@ class ExecDriver:
         except OSError:
             return False
         # Check again through the pidfd: the pid cannot be recycled under an open pidfd.
-        if _readable(fd) or not self._same_process(handle) or not self._same_process(watched):
+        if (
+            processes.pidfd_readable(fd)
+            or not self._same_process(handle)
+            or not self._same_process(watched)
+        ):
             os.close(fd)
             return False
         self._watch(handle, fd, waiter=waiter is not None)
