@@ -20,6 +20,7 @@ from souq.model import (
     MachineState,
     Offer,
     OfferRequest,
+    Placement,
     Resources,
     StopCommand,
     WorkerUsage,
@@ -224,5 +225,29 @@ def test_the_worker_tells_its_usage_when_a_claim_or_destroy_changes_it(
             with pytest.raises(ClaimRefused) as caught:
                 await h.claim(SLEEPER, cpus=1, memory_mb=256)
             assert caught.value.details["usage"]["allocated"]["cpus"] == 1.5
+
+    asyncio.run(body())
+
+
+def test_a_claims_reply_leaves_out_the_record_it_brought_but_keeps_it(
+    nats_url: str, tmp_path: Path
+) -> None:
+    async def body() -> None:
+        async with running_agent(nats_url, tmp_path) as h:
+            record = Placement(request_id="r-rec", region="mad", winner=h.worker_id)
+            req = ClaimRequest(
+                request_id="r-rec",
+                body_hash="h",
+                app=APP,
+                region="mad",
+                config=MachineConfig(cmd=SLEEPER),
+                placement=record,
+            )
+            made = await h.call(v.CLAIM, req)
+            assert made.placement is None  # the caller has it: most of the reply's bytes
+            stored = await h.get(made.id)
+            assert stored.placement is not None and stored.placement.winner == h.worker_id
+            again = await h.call(v.CLAIM, req)  # a retry: the machine as it was made
+            assert again.id == made.id and again.placement == stored.placement
 
     asyncio.run(body())

@@ -184,8 +184,14 @@ class WorkerVerbs:
         return self.offer(req)
 
     async def _claim(self, req: ClaimRequest) -> Encoded:
-        """The machine, encoded with the config and placement JSON the store made of them."""
+        """The machine, encoded with the config JSON the store made of it. A new machine's
+        reply leaves out the placement record the claim brought (the caller has it, and it is
+        most of the reply's bytes); a machine made before (a retry) or through a quote keeps
+        the record it was made with."""
+        new = req.placement is not None and self._ex.machine_for_request(req.request_id) is None
         machine = self._claim_machine(req)
+        if new:
+            machine = machine.model_copy(update={"placement": None})
         return Encoded(machine_json(machine, self._ex.store.json_of).encode())
 
     def _claim_machine(self, req: ClaimRequest) -> Machine:
