@@ -22,31 +22,9 @@ from souq.agent.wire import machine_json
 from souq.bus.codec import Encoded
 from souq.clock import Clock, iso_from_ms
 from souq.errors import ClaimRefused
+from souq.model import protocol as msg
 from souq.model.batch import BatchClaimReply, BatchClaimRequest
 from souq.model.machine import Machine, MachineEvent, MachineState, OpRecord
-from souq.model.protocol import (
-    ClaimRequest,
-    CordonCommand,
-    DestroyCommand,
-    DigestCommand,
-    DrainCommand,
-    EventsCommand,
-    HoldRequest,
-    ListCommand,
-    LocateCommand,
-    LocateReply,
-    LogsCommand,
-    LogsReply,
-    MachineRef,
-    Offer,
-    OfferRequest,
-    Quote,
-    QuoteRef,
-    SignalCommand,
-    StopCommand,
-    WaitCommand,
-    WorkerDigest,
-)
 from souq.model.resources import Resources
 from souq.model.worker import Fingerprint, WorkerInfo, WorkerState, WorkerUsage
 from souq.protocol import verbs as v
@@ -157,17 +135,17 @@ class WorkerVerbs:
         if self.publisher is not None:
             await self.publisher.heartbeat()
 
-    def offer(self, req: OfferRequest) -> Offer:
+    def offer(self, req: msg.OfferRequest) -> msg.Offer:
         info = self.worker_info()
         existing = self._ex.machine_for_request(req.request_id)
         if existing is not None:
-            return Offer(worker=info, eligible=True, existing_machine_id=existing)
+            return msg.Offer(worker=info, eligible=True, existing_machine_id=existing)
         refusal = self.admission.offer_refusal(req.resources, self._clock.now_ms())
         if refusal is not None and refusal[0] == "cordoned":
-            return Offer(worker=info, eligible=False, reason=refusal[0], detail=refusal[1])
+            return msg.Offer(worker=info, eligible=False, reason=refusal[0], detail=refusal[1])
         # What placement scores beyond capacity: the host's measured load (cached, refreshed
         # at most every 0.5 s), the artifact cache, and the app's machines already here.
-        return Offer(
+        return msg.Offer(
             worker=info,
             eligible=refusal is None,
             reason=refusal[0] if refusal else None,
@@ -179,11 +157,11 @@ class WorkerVerbs:
 
     # -- placement -------------------------------------------------------------------------
 
-    async def _offer(self, req: OfferRequest) -> Offer:
+    async def _offer(self, req: msg.OfferRequest) -> msg.Offer:
         self.stats.offers += 1
         return self.offer(req)
 
-    async def _claim(self, req: ClaimRequest) -> Encoded:
+    async def _claim(self, req: msg.ClaimRequest) -> Encoded:
         """The machine, encoded with the config JSON the store made of it. A new machine's
         reply leaves out the placement record the claim brought (the caller has it, and it is
         most of the reply's bytes); a machine made before (a retry) or through a quote keeps
@@ -194,7 +172,7 @@ class WorkerVerbs:
             machine = machine.model_copy(update={"placement": None})
         return Encoded(machine_json(machine, self._ex.store.json_of).encode())
 
-    def _claim_machine(self, req: ClaimRequest) -> Machine:
+    def _claim_machine(self, req: msg.ClaimRequest) -> Machine:
         try:
             quote = None
             if req.quote_id is not None:
@@ -215,18 +193,18 @@ class WorkerVerbs:
     async def _claim_batch(self, req: BatchClaimRequest) -> BatchClaimReply:
         return claim_batch(self._ex, self._cmd, req, now_ms=self._clock.now_ms())
 
-    async def _hold(self, req: HoldRequest) -> Quote:
+    async def _hold(self, req: msg.HoldRequest) -> msg.Quote:
         return self.quotes.hold(req)
 
-    async def _quote(self, ref: QuoteRef) -> Quote:
+    async def _quote(self, ref: msg.QuoteRef) -> msg.Quote:
         return self.quotes.get(ref.app, ref.quote_id)
 
-    async def _release(self, ref: QuoteRef) -> Quote:
+    async def _release(self, ref: msg.QuoteRef) -> msg.Quote:
         return self.quotes.release(ref.app, ref.quote_id)
 
     # -- the worker ------------------------------------------------------------------------
 
-    async def _cordon(self, cmd: CordonCommand) -> WorkerInfo:
+    async def _cordon(self, cmd: msg.CordonCommand) -> WorkerInfo:
         """Cordon or uncordon: a cordoned worker makes no offers and refuses new claims; its
         machines keep running. Kept across agent restarts."""
         a = self.admission
@@ -239,7 +217,7 @@ class WorkerVerbs:
             await self._heartbeat()
         return self.worker_info()
 
-    async def _drain(self, cmd: DrainCommand) -> WorkerInfo:
+    async def _drain(self, cmd: msg.DrainCommand) -> WorkerInfo:
         """Cordon the worker and stop its machines gracefully, each with its own stop config.
         Answers at once; the worker reports ``draining`` until none runs, then ``cordoned``.
         ``uncordon`` ends a drain (stopped machines stay stopped)."""
@@ -252,46 +230,46 @@ class WorkerVerbs:
         await self._heartbeat()
         return self.worker_info()
 
-    async def _list(self, cmd: ListCommand) -> list[Machine]:
+    async def _list(self, cmd: msg.ListCommand) -> list[Machine]:
         return self._ex.list_machines(cmd.app, include_destroyed=cmd.include_destroyed)
 
-    async def _digest(self, cmd: DigestCommand) -> WorkerDigest:
+    async def _digest(self, cmd: msg.DigestCommand) -> msg.WorkerDigest:
         rows = [r for r in self._ex.rows() if r.state is not MachineState.DESTROYED]
-        return WorkerDigest(
+        return msg.WorkerDigest(
             worker_id=self.worker_id,
             machines=len(rows),
             digest=machines_digest((r.id, r.state.value, iso_from_ms(r.updated_at)) for r in rows),
         )
 
-    async def _locate(self, cmd: LocateCommand) -> LocateReply:
-        return LocateReply(worker_id=self.worker_id, found=self._ex.has(cmd.machine_id))
+    async def _locate(self, cmd: msg.LocateCommand) -> msg.LocateReply:
+        return msg.LocateReply(worker_id=self.worker_id, found=self._ex.has(cmd.machine_id))
 
     # -- machines --------------------------------------------------------------------------
 
-    async def _get(self, ref: MachineRef) -> Machine:
+    async def _get(self, ref: msg.MachineRef) -> Machine:
         return self._ex.machine(ref.app, ref.machine_id)
 
-    async def _start(self, ref: MachineRef) -> Machine:
+    async def _start(self, ref: msg.MachineRef) -> Machine:
         return self._cmd.start(ref.app, ref.machine_id)
 
-    async def _stop(self, cmd: StopCommand) -> Machine:
+    async def _stop(self, cmd: msg.StopCommand) -> Machine:
         return self._cmd.stop(cmd.app, cmd.machine_id, signal=cmd.signal, timeout_s=cmd.timeout_s)
 
-    async def _restart(self, cmd: StopCommand) -> Machine:
+    async def _restart(self, cmd: msg.StopCommand) -> Machine:
         return await self._cmd.restart(
             cmd.app, cmd.machine_id, signal=cmd.signal, timeout_s=cmd.timeout_s
         )
 
-    async def _signal(self, cmd: SignalCommand) -> Machine:
+    async def _signal(self, cmd: msg.SignalCommand) -> Machine:
         return self._cmd.signal(cmd.app, cmd.machine_id, cmd.signal)
 
-    async def _destroy(self, cmd: DestroyCommand) -> Machine:
+    async def _destroy(self, cmd: msg.DestroyCommand) -> Machine:
         return await self._cmd.destroy(cmd.app, cmd.machine_id, force=cmd.force)
 
-    async def _wait(self, cmd: WaitCommand) -> Machine:
+    async def _wait(self, cmd: msg.WaitCommand) -> Machine:
         return await self._cmd.wait(cmd.app, cmd.machine_id, cmd.state, cmd.timeout_s)
 
-    async def _logs(self, cmd: LogsCommand) -> LogsReply:
+    async def _logs(self, cmd: msg.LogsCommand) -> msg.LogsReply:
         return await self._cmd.logs(
             cmd.app,
             cmd.machine_id,
@@ -300,8 +278,8 @@ class WorkerVerbs:
             wait_s=cmd.wait_s,
         )
 
-    async def _ops(self, ref: MachineRef) -> list[OpRecord]:
+    async def _ops(self, ref: msg.MachineRef) -> list[OpRecord]:
         return self._cmd.ops(ref.app, ref.machine_id)
 
-    async def _events(self, cmd: EventsCommand) -> list[MachineEvent]:
+    async def _events(self, cmd: msg.EventsCommand) -> list[MachineEvent]:
         return self._cmd.events(cmd.app, cmd.machine_id)
