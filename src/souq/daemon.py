@@ -1,16 +1,17 @@
 """How Souq's daemons (``souq agent``, ``souq broker``, ``souq fleet``) run their event loop:
 uvloop when it is installed, and the garbage collector tuned for a long-lived process
-(:mod:`souq.gc_tuning`)."""
+(:mod:`souq.gc_tuning`); and how their parts end the tasks they own."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine
+import contextlib
+from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
 
 from souq import gc_tuning
 
-__all__ = ["loop_factory", "run"]
+__all__ = ["cancel_tasks", "loop_factory", "run"]
 
 
 def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -21,6 +22,16 @@ def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
         return None
     new_loop: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
     return new_loop
+
+
+async def cancel_tasks(tasks: Iterable[asyncio.Task[Any] | None]) -> None:
+    """Cancel each task, then wait for each to end (its cancellation swallowed)."""
+    owned = [t for t in tasks if t is not None]
+    for task in owned:
+        task.cancel()
+    for task in owned:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 def run(main: Coroutine[Any, Any, None]) -> None:

@@ -31,6 +31,7 @@ from souq.agent.wire import JsonOf, dump, event_json
 from souq.bus import subjects
 from souq.bus.codec import encode, encode_many
 from souq.bus.transport import Transport
+from souq.daemon import cancel_tasks
 from souq.errors import Unavailable
 from souq.model.protocol import MachineEventMessage
 from souq.model.worker import Heartbeat, WorkerInfo, WorkerUsage
@@ -135,11 +136,7 @@ class Publisher:
         if self._pacer is not None:
             self._pacer.remove(self)
             self._outbox.listen(None)
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_tasks(self._tasks)
         self._tasks = []
         if self._transport.connected:
             await self._send_events()  # events of the shutdown itself

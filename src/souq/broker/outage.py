@@ -21,6 +21,7 @@ from typing import Any
 
 from souq.broker.liveness import Liveness
 from souq.bus import Transport, bus_unavailable
+from souq.daemon import cancel_tasks
 from souq.errors import SouqError, Unavailable
 from souq.view import ClusterView
 
@@ -104,6 +105,4 @@ class BusGuard:
         self._hooks = []
         task, self._rejoining = self._rejoining, None
         if task is not None and not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_tasks([task])

@@ -15,10 +15,10 @@ write of its own. The fleet's pacer runs two tasks for all of them:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 from souq.agent.publisher import EVENTS_LINGER_S, Publisher
+from souq.daemon import cancel_tasks
 
 __all__ = ["TICK_S", "FleetPacer"]
 
@@ -50,11 +50,7 @@ class FleetPacer:
         ]
 
     async def aclose(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_tasks(self._tasks)
         self._tasks = []
 
     # -- the Pacer protocol --------------------------------------------------------------------

@@ -33,6 +33,7 @@ from typing import Protocol
 from souq.bus import Subscription, Transport, subjects
 from souq.bus.codec import decode_one_or_many, decoding
 from souq.clock import Clock
+from souq.daemon import cancel_tasks
 from souq.errors import SouqError
 from souq.model import (
     DigestCommand,
@@ -141,12 +142,7 @@ class ClusterView:
         if self._sub is not None:
             await self._sub.unsubscribe()
             self._sub = None
-        tasks = [t for t in (self._task, *self._fetches) if t is not None]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_tasks([self._task, *self._fetches])
         self._task = None
         self.store.close()
 
