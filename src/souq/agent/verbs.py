@@ -168,9 +168,8 @@ class WorkerVerbs:
         the record it was made with."""
         new = req.placement is not None and self._ex.machine_for_request(req.request_id) is None
         machine = self._claim_machine(req)
-        if new:
-            machine = machine.model_copy(update={"placement": None})
-        return Encoded(machine_json(machine, self._ex.store.json_of).encode())
+        json_of = self._ex.store.json_of
+        return Encoded(machine_json(machine, json_of, placement=not new).encode())
 
     def _claim_machine(self, req: msg.ClaimRequest) -> Machine:
         try:

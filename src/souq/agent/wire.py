@@ -30,11 +30,13 @@ def dump(model: BaseModel) -> str:
     return model.model_dump_json()
 
 
-def machine_json(machine: Machine, json_of: JsonOf = dump) -> str:
-    """``machine`` as JSON, with its config and placement as ``json_of`` encodes them."""
-    placement = "null" if machine.placement is None else json_of(machine.placement)
+def machine_json(machine: Machine, json_of: JsonOf = dump, *, placement: bool = True) -> str:
+    """``machine`` as JSON, with its config and placement as ``json_of`` encodes them
+    (``placement=False``: the placement left out, as ``null``)."""
+    record = machine.placement if placement else None
+    placement_json = "null" if record is None else json_of(record)
     rest = machine.model_dump_json(exclude=_MACHINE_PARTS)
-    return f'{rest[:-1]},"config":{json_of(machine.config)},"placement":{placement}}}'
+    return f'{rest[:-1]},"config":{json_of(machine.config)},"placement":{placement_json}}}'
 
 
 def event_json(msg: MachineEventMessage, json_of: JsonOf = dump) -> str:

@@ -206,7 +206,7 @@ class Auction:
             self._existing = existing.worker.id
             self._outstanding[existing.worker.id] = (0,)
             return [SendClaim(existing.worker.id, (0,), None, existing=True)]
-        self._rank(offers, _Source.OFFERS, now)
+        self._rank(offers, now)
         return self._next(now)
 
     def claimed(
@@ -310,7 +310,7 @@ class Auction:
         if not found.feasible:
             return False
         self.record.drew(len(found.offers), found.population, now)
-        self._rank(found.offers, _Source.BOOK, now)
+        self._rank(found.offers, now)
         return True
 
     def _ask_offers(self) -> AskOffers:
@@ -337,11 +337,11 @@ class Auction:
         self.record.asking(plan.workers, plan.population)
         return AskOffers(tuple(plan.workers), expect=len(plan.workers))
 
-    def _rank(self, offers: Sequence[Offer], source: _Source, now: float) -> None:
+    def _rank(self, offers: Sequence[Offer], now: float) -> None:
         fresh = [o for o in offers if o.worker.id not in self._seen]
         self._seen.update(o.worker.id for o in fresh)
         ranking = self._pipeline.rank(self.order.request, fresh)
-        self.record.ranked(ranking, source, now)
+        self.record.ranked(ranking, now)
         scores = {o.worker_id: o for o in ranking.outcomes if o.score is not None}
         for i, offer in enumerate(ranking.ordered):
             if offer.worker.id in self._dropped:

@@ -90,8 +90,9 @@ class RecordKeeper:
             self._sampled = Sampling(asked=asked, of=population, seed=self._order.request_id)
         self._gathered = self._gathered or now
 
-    def ranked(self, ranking: Ranking, source: str, now: float) -> None:
-        self.source = source if self._received == 0 or source == "book" else self.source
+    def ranked(self, ranking: Ranking, now: float) -> None:
+        """The candidates so far were ranked (where they came from, :meth:`drew` or
+        :meth:`restart` said)."""
         for reason, n in ranking.rejections.items():
             self._rejections[reason] += n
         for reason, items in ranking.unmet.items():
