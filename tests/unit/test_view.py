@@ -203,8 +203,8 @@ class Workers:
     def __init__(self) -> None:
         self.table: dict[str, WorkerInfo] = {}
 
-    def workers(self) -> list[WorkerInfo]:
-        return list(self.table.values())
+    def states(self) -> list[tuple[str, str, WorkerState]]:
+        return [(w.id, w.region, w.state) for w in self.table.values()]
 
     def state_of(self, worker_id: str) -> WorkerState | None:
         w = self.table.get(worker_id)
@@ -381,7 +381,7 @@ def test_a_machines_events_in_one_message_are_applied_in_one_write() -> None:
     assert [e.status for e in got.events] == statuses  # the record's launch, then the two
     assert store.apply_events([stale]) is False
     # The same events again (a re-sent batch) change nothing and are not listed twice.
-    assert store.apply_events([started]) is True
+    assert store.apply_events([started]) is False
     got = Machine.model_validate_json(store.machine_json("m1") or "")
     assert [e.status for e in got.events] == statuses
     assert store.apply_events([event("m9", MachineState.STARTED, T0)]) is None

@@ -16,6 +16,8 @@ from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
+from starlette.datastructures import Headers, QueryParams
+from starlette.types import ASGIApp
 
 from souq import __version__
 from souq.broker.cluster_routes import (
@@ -23,6 +25,7 @@ from souq.broker.cluster_routes import (
     machines_response,
     stale_machine_response,
 )
+from souq.broker.fast_path import CreateFastPath, CreateHandler
 from souq.broker.http_errors import install_error_handlers, invalid_input
 from souq.broker.request_context import RequestContext
 from souq.broker.schemas import (
@@ -65,7 +68,10 @@ def _body_schema(model: type[BaseModel], *, required: bool = True) -> dict[str, 
 
 
 async def _parse(request: Request, model: type[M], *, optional: bool = False) -> M:
-    raw = await request.body()
+    return _parsed(await request.body(), model, optional=optional)
+
+
+def _parsed(raw: bytes, model: type[M], *, optional: bool = False) -> M:
     if not raw.strip():
         if optional:
             return model()
@@ -107,8 +113,8 @@ _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off", ""}
 
 
-def _idempotency_key(request: Request) -> str | None:
-    key = request.headers.get("idempotency-key")
+def _idempotency_key(headers: Headers) -> str | None:
+    key = headers.get("idempotency-key")
     if key is not None and len(key) > 255:
         raise InvalidInput(
             "Idempotency-Key: at most 255 characters", details={"field": "Idempotency-Key"}
@@ -116,8 +122,8 @@ def _idempotency_key(request: Request) -> str | None:
     return key
 
 
-def _flag(request: Request, name: str) -> bool:
-    value = request.query_params.get(name)
+def _flag(query: QueryParams, name: str) -> bool:
+    value = query.get(name)
     if value is None:
         return False
     if value.lower() in _TRUE:
@@ -139,6 +145,23 @@ async def _app_name(app: str) -> str:
 AppName = Annotated[str, Depends(_app_name)]
 
 
+def create_handler(service: BrokerService) -> CreateHandler:
+    """``POST /v1/apps/{app}/machines``: 201 with the machine, or 200 with the placement record
+    of a dry run. The route reads its path, header and query itself (see
+    :mod:`souq.broker.fast_path`)."""
+
+    async def create(app: str, raw: bytes, headers: Headers, query: QueryParams) -> tuple[int, str]:
+        await _app_name(app)
+        idempotency_key = _idempotency_key(headers)
+        body = _parsed(raw, CreateMachineRequest)
+        if _flag(query, "dry_run"):
+            return 200, DryRun(placement=await service.explain(app, body)).model_dump_json()
+        machine = await service.create_machine(app, body, idempotency_key=idempotency_key)
+        return 201, machine.model_dump_json()
+
+    return create
+
+
 def _add_durability_routes(api: FastAPI, service: BrokerService, machine_path: str) -> None:
     """A worker's drain and a machine's op log (docs/architecture.md, "Durability")."""
 
@@ -153,8 +176,15 @@ def _add_durability_routes(api: FastAPI, service: BrokerService, machine_path: s
         return _json(await service.ops(app, machine_id))
 
 
-def create_app(service: BrokerService) -> FastAPI:
+def create_app(service: BrokerService) -> ASGIApp:
     """The broker's ASGI app. The caller owns ``service`` (starts and closes it)."""
+    create = create_handler(service)
+    api = _routes(service, create)
+    # Outermost: a request id on every answer and log line; then the create's fast path.
+    return RequestContext(CreateFastPath(api, create))
+
+
+def _routes(service: BrokerService, create: CreateHandler) -> FastAPI:
     api = FastAPI(
         title="Souq Machines API",
         version=__version__,
@@ -163,7 +193,6 @@ def create_app(service: BrokerService) -> FastAPI:
         responses=_ERRORS,
     )
     install_error_handlers(api)
-    api.add_middleware(RequestContext)  # X-Request-Id, and ids on every log line
     _install_openapi(
         api, [CreateMachineRequest, QuoteRequest, StopRequest, SignalRequest, BatchCreateRequest]
     )
@@ -187,15 +216,12 @@ def create_app(service: BrokerService) -> FastAPI:
         tags=["machines"],
     )
     async def create_machine(request: Request) -> Response:
-        # The hot route reads its path, header and query itself: FastAPI's dependency
-        # solving would cost it about a tenth of its CPU (docs/benchmarks.md, "Creates").
-        app = await _app_name(request.path_params["app"])
-        idempotency_key = _idempotency_key(request)
-        body = await _parse(request, CreateMachineRequest)
-        if _flag(request, "dry_run"):
-            return _json(DryRun(placement=await service.explain(app, body)))
-        machine = await service.create_machine(app, body, idempotency_key=idempotency_key)
-        return _json(machine, status_code=201)
+        """Answered by :mod:`souq.broker.fast_path` before FastAPI sees it; declared here for
+        the API's schema."""
+        status, content = await create(
+            request.path_params["app"], await request.body(), request.headers, request.query_params
+        )
+        return Response(content, status_code=status, media_type="application/json")
 
     @api.post(
         "/v1/apps/{app}/machines/batch",

@@ -14,7 +14,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from souq.errors import InvalidInput, MalformedRequest, NotFound, SouqError
 
-__all__ = ["install_error_handlers", "invalid_input", "souq_error_response"]
+__all__ = [
+    "install_error_handlers",
+    "invalid_input",
+    "souq_error_response",
+    "unexpected_error_response",
+]
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +71,13 @@ def souq_error_response(err: SouqError) -> JSONResponse:
     return JSONResponse(err.to_body(), status_code=err.http_status)
 
 
+def unexpected_error_response(method: str, path: str, exc: Exception) -> JSONResponse:
+    """A 500 ``internal`` for an exception no handler expected: a bug, logged with its trace."""
+    log.error("unexpected error on %s %s", method, path, exc_info=exc)
+    err = SouqError(f"internal error: {exc}", hint="this is a bug in Souq; please report it")
+    return souq_error_response(err)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     async def on_souq_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, SouqError)
@@ -87,9 +99,7 @@ def install_error_handlers(app: FastAPI) -> None:
         return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
 
     async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.error("unexpected error on %s %s", request.method, request.url.path, exc_info=exc)
-        err = SouqError(f"internal error: {exc}", hint="this is a bug in Souq; please report it")
-        return souq_error_response(err)
+        return unexpected_error_response(request.method, request.url.path, exc)
 
     app.add_exception_handler(SouqError, on_souq_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)

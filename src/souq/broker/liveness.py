@@ -183,6 +183,11 @@ class Liveness:
             return entry.info.state
         return WorkerState.UP
 
+    def states(self) -> list[tuple[str, str, WorkerState]]:
+        """``(id, region, state now)`` of every worker ever heard of, in no order: what
+        :meth:`workers` tells without copying each worker's record."""
+        return [(wid, e.info.region, self._state(e)) for wid, e in self._workers.items()]
+
     def workers(self) -> list[WorkerInfo]:
         """Every worker ever heard of, with its state now, by region then id."""
         out = [

@@ -42,7 +42,6 @@ from souq.model import (
     MachineEventMessage,
     MachineRef,
     WorkerDigest,
-    WorkerInfo,
     WorkerState,
 )
 from souq.protocol import WorkerClient
@@ -63,7 +62,9 @@ SYNC_SLICE = 100  # workers asked for their digests at a time in a large cluster
 class WorkerSource(Protocol):
     """What the view needs of the worker table (a :class:`Liveness` provides it)."""
 
-    def workers(self) -> list[WorkerInfo]: ...
+    def states(self) -> list[tuple[str, str, WorkerState]]:
+        """``(worker id, region, state now)`` of every worker known."""
+        ...
 
     def state_of(self, worker_id: str) -> WorkerState | None: ...
 
@@ -153,7 +154,9 @@ class ClusterView:
         if self._rounds == 0:
             return False
         return all(
-            w.id in self._synced for w in self._workers.workers() if w.state != WorkerState.DOWN
+            wid in self._synced
+            for wid, _, state in self._workers.states()
+            if state != WorkerState.DOWN
         )
 
     def status(self) -> ViewStatus:
@@ -243,16 +246,19 @@ class ClusterView:
         """Turn changes of each worker's state into worker events; a worker that appears or
         comes back must be synced again before the view counts as complete."""
         now = self._clock.now_ms()
-        for w in self._workers.workers():
-            before = self._states.get(w.id)
-            if before == w.state:
-                continue
-            self._states[w.id] = w.state
-            if w.state != WorkerState.DOWN and (before is None or before == WorkerState.DOWN):
-                self._synced.discard(w.id)
+        changed = [
+            (region, wid, state)
+            for wid, region, state in self._workers.states()
+            if self._states.get(wid) != state
+        ]
+        for region, wid, state in sorted(changed):
+            before = self._states.get(wid)
+            self._states[wid] = state
+            if state != WorkerState.DOWN and (before is None or before == WorkerState.DOWN):
+                self._synced.discard(wid)
                 self._wake.set()
             self.events.append_worker(
-                worker_id=w.id, region=w.region, state=w.state, previous=before, timestamp=now
+                worker_id=wid, region=region, state=state, previous=before, timestamp=now
             )
 
     async def sync_round(self) -> None:
@@ -263,7 +269,7 @@ class ClusterView:
         subject, so that neither the workers' side nor this event loop takes a burst of
         thousands of digests at once while events are flowing."""
         started_ms = self._clock.now_ms()
-        live = [w.id for w in self._workers.workers() if w.state != WorkerState.DOWN]
+        live = sorted(wid for wid, _, state in self._workers.states() if state != WorkerState.DOWN)
         answered: set[str] = set()
         suspects: set[str] = set()
         if len(live) <= SYNC_SLICE:

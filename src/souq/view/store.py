@@ -143,7 +143,8 @@ class ViewStore:
         stale sets the state, and every one that is not stale joins the recent events. A
         record one of them carries (a new machine's first event) is taken first, unless the
         row already has it (this broker made the machine and applied the claim's answer).
-        True if any applied, False if all were stale, None if the machine is not in the view
+        True if any changed the row, False if none did (all stale, or held already: this
+        broker's own create, whose record had them), None if the machine is not in the view
         (the caller fetches its record)."""
         machine_id = msgs[0].machine_id
         row = self._db.execute(
@@ -168,6 +169,8 @@ class ViewStore:
             for e in (m.event.model_dump(mode="json") for m in reversed(fresh))
             if (e["timestamp"], e["type"], e["status"]) not in known
         ]
+        if not new:  # the row's record has them all already (this broker's own create)
+            return False
         last = fresh[-1]
         ts = last.event.timestamp
         self._db.execute(
