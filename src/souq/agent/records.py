@@ -4,18 +4,35 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from souq.agent.operations import OpEvent, OpKind, OpState
 from souq.clock import iso_from_ms
+from souq.errors import NotFound
 from souq.model.machine import Machine, MachineConfig, MachineEvent, MachineState
 from souq.model.placement import Placement
 from souq.model.protocol import Quote, QuoteState
 from souq.model.resources import Resources
 
-__all__ = ["RECENT_EVENTS", "HoldRow", "MachineRow", "OpStep"]
+__all__ = ["RECENT_EVENTS", "HoldRow", "MachineRow", "OpStep", "of_app"]
 
 RECENT_EVENTS = 20  # events kept on the machine record (newest first); the `events` verb has all
+
+
+class _AppRecord(Protocol):
+    @property
+    def app(self) -> str: ...
+
+
+R = TypeVar("R", bound=_AppRecord)
+
+
+def of_app(record: R | None, app: str, kind: str, record_id: str, *, hint: str) -> R:
+    """``record`` when it belongs to ``app``. A missing record, or another app's, is
+    :class:`NotFound`: a caller never learns of records of other apps."""
+    if record is None or record.app != app:
+        raise NotFound(f"{kind} {record_id} not found in app {app}", hint=hint)
+    return record
 
 
 @dataclass(frozen=True)
