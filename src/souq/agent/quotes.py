@@ -88,15 +88,7 @@ class Quotes:
     def held_quote(self, app: str, quote_id: str) -> HeldQuote:
         """The quote a claim names, as admission judges it (``not_found`` if it is not the
         app's)."""
-        row = self._find(app, quote_id)
-        return HeldQuote(
-            id=row.id,
-            app=row.app,
-            resources=row.resources,
-            expires_at=row.expires_at,
-            state=row.state,
-            machine_id=row.machine_id,
-        )
+        return self._find(app, quote_id)
 
     def placement(self, quote_id: str) -> Placement | None:
         """The placement record the quote was made with (None for an unknown quote)."""

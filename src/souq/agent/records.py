@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Protocol, TypeVar
 
+from souq.agent.admission import HeldQuote
 from souq.agent.operations import OpEvent, OpKind, OpState
 from souq.clock import iso_from_ms
 from souq.errors import NotFound
@@ -93,21 +94,18 @@ class OpStep:
     detail: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class HoldRow:
-    """Capacity held for a quote: from ``created_at`` until used, released or ``expires_at``."""
+@dataclass(frozen=True, kw_only=True)
+class HoldRow(HeldQuote):
+    """Capacity held for a quote: from ``created_at`` until used, released or ``expires_at``.
+    What admission judges a claim that names the quote by (the :class:`HeldQuote`: id, app,
+    resources, expires_at, state, machine_id), and what the quote was asked with."""
 
-    id: str
-    app: str
     region: str
-    resources: Resources
     config: MachineConfig
     placement: Placement | None
     ttl_s: float
     created_at: int  # ms since the epoch
-    expires_at: int
     state: QuoteState = QuoteState.HELD
-    machine_id: str | None = None
 
     def to_quote(self, worker_id: str) -> Quote:
         return Quote(
