@@ -64,17 +64,11 @@ class MachineRow:
 
     def to_machine(self, worker_id: str) -> Machine:
         return Machine(
-            id=self.id,
+            **_shown(self, worker_id),
             name=self.name,
-            app=self.app,
-            region=self.region,
-            worker_id=worker_id,
             state=self.state,
-            config=self.config,
-            created_at=iso_from_ms(self.created_at),
             updated_at=iso_from_ms(self.updated_at),
             events=list(self.events),
-            placement=self.placement,
             restarts=self.restarts,
             pid=self.pid,
             exit_code=self.exit_code,
@@ -109,16 +103,23 @@ class HoldRow(HeldQuote):
 
     def to_quote(self, worker_id: str) -> Quote:
         return Quote(
-            id=self.id,
-            app=self.app,
-            region=self.region,
-            worker_id=worker_id,
+            **_shown(self, worker_id),
             state=self.state,
             resources=self.resources,
-            config=self.config,
             ttl_s=self.ttl_s,
-            created_at=iso_from_ms(self.created_at),
             expires_at=iso_from_ms(self.expires_at),
             machine_id=self.machine_id,
-            placement=self.placement,
         )
+
+
+def _shown(row: MachineRow | HoldRow, worker_id: str) -> dict[str, Any]:
+    """What a machine and a quote show alike, from the row the worker keeps of either."""
+    return {
+        "id": row.id,
+        "app": row.app,
+        "region": row.region,
+        "worker_id": worker_id,
+        "config": row.config,
+        "placement": row.placement,
+        "created_at": iso_from_ms(row.created_at),
+    }
