@@ -97,14 +97,21 @@ class _ChildProcess:
 
 
 @dataclass(kw_only=True, eq=False)
-class AgentProcess(_ChildProcess):
+class _WorkerProcess(_ChildProcess):
+    """A child process of workers: in ``region``, each offering ``cpus`` and ``memory_mb``
+    (None: the worker's own default)."""
+
+    region: str
+    cpus: float | None = None
+    memory_mb: int | None = None
+
+
+@dataclass(kw_only=True, eq=False)
+class AgentProcess(_WorkerProcess):
     """One ``souq agent`` child process."""
 
     what = "agent"
-    region: str
     data_dir: Path
-    cpus: float | None = None
-    memory_mb: int | None = None
     labels: Mapping[str, str] | None = None
     stop_machines_on_exit: bool = True
     heartbeat_interval_s: float | None = None
@@ -156,14 +163,11 @@ class AgentProcess(_ChildProcess):
 
 
 @dataclass(kw_only=True, eq=False)
-class FleetProcess(_ChildProcess):
+class FleetProcess(_WorkerProcess):
     """One ``souq fleet`` child process: ``workers`` hollow workers in ``region``."""
 
     what = "fleet"
-    region: str
     workers: int
-    cpus: float | None = None
-    memory_mb: int | None = None
 
     def start(self, timeout: float = 120.0) -> None:
         args = [sys.executable, "-m", "souq", "fleet", "--nats", self.nats_url]

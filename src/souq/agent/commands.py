@@ -107,16 +107,8 @@ class Commands:
         lifecycle.transition(row.state, Trigger.START, machine_id=row.id)
         self._check_idle(row)
         op = ex.new_op(OpKind.START, row.id, source="user", type="start")
-        actions = ex.apply(
-            row.id,
-            event=Trigger.START,
-            type="start",
-            source="user",
-            op=op,
-            op_event=OpEvent.BEGIN,
-            restarts=0,  # a user start is a fresh start for the restart policy
-        )
-        ex.execute(op, actions)
+        # restarts=0: a user start is a fresh start for the restart policy
+        ex.step(op, OpEvent.BEGIN, event=Trigger.START, type="start", source="user", restarts=0)
         return ex.machine(app, machine_id)
 
     def stop(
@@ -145,16 +137,14 @@ class Commands:
         sig, timeout = _stop_params(row, signal, timeout_s)
         running = row.state in (S.STARTED, S.STOPPING)
         op = ex.new_op(OpKind.STOP, row.id, source=source, signal=sig, timeout_s=timeout)
-        actions = ex.apply(
-            row.id,
+        ex.step(
+            op,
+            OpEvent.BEGIN if running else OpEvent.IDLE,
             event=Trigger.STOP,
             type="stop",
             source=source,
             signal=sig if running else None,
-            op=op,
-            op_event=OpEvent.BEGIN if running else OpEvent.IDLE,
         )
-        ex.execute(op, actions)
         return ex.machine(app, machine_id)
 
     async def restart(
@@ -181,26 +171,13 @@ class Commands:
             OpKind.RESTART, row.id, source="user", type="restart", signal=sig, timeout_s=timeout
         )
         if row.state is S.STARTED:
-            actions = ex.apply(
-                row.id,
-                event=Trigger.STOP,
-                type="restart",
-                source="user",
-                signal=sig,
-                op=op,
-                op_event=OpEvent.BEGIN,
+            ex.step(
+                op, OpEvent.BEGIN, event=Trigger.STOP, type="restart", source="user", signal=sig
             )
         else:
-            actions = ex.apply(
-                row.id,
-                event=Trigger.START,
-                type="restart",
-                source="user",
-                op=op,
-                op_event=OpEvent.IDLE,
-                restarts=0,
+            ex.step(
+                op, OpEvent.IDLE, event=Trigger.START, type="restart", source="user", restarts=0
             )
-        ex.execute(op, actions)
         await op.done
         return ex.machine(app, machine_id)
 
@@ -214,16 +191,7 @@ class Commands:
                 f"machine {row.id} has no running process to signal", hint="start it first"
             )
         op = ex.new_op(OpKind.SIGNAL, row.id, source="user", signal=name)
-        actions = ex.apply(
-            row.id,
-            event=Trigger.SIGNAL,
-            type="signal",
-            source="user",
-            signal=name,
-            op=op,
-            op_event=OpEvent.BEGIN,
-        )
-        ex.execute(op, actions)
+        ex.step(op, OpEvent.BEGIN, event=Trigger.SIGNAL, type="signal", source="user", signal=name)
         return ex.machine(app, machine_id)
 
     async def destroy(self, app: str, machine_id: str, *, force: bool = False) -> Machine:
@@ -241,15 +209,8 @@ class Commands:
             ex.supervisor.disarm_kill(row.id)
             ex.apply(row.id, op=current, op_event=OpEvent.ABORT)
         op = ex.new_op(OpKind.DESTROY, row.id, source="user")
-        actions = ex.apply(
-            row.id,
-            event=event,
-            type="destroy",
-            source="user",
-            op=op,
-            op_event=OpEvent.BEGIN if ex.handle(row.id) else OpEvent.IDLE,
-        )
-        ex.execute(op, actions)
+        op_event = OpEvent.BEGIN if ex.handle(row.id) else OpEvent.IDLE
+        ex.step(op, op_event, event=event, type="destroy", source="user")
         await op.done
         return ex.machine(app, machine_id)
 

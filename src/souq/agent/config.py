@@ -4,16 +4,25 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from souq.agent.restart import Backoff
 
-__all__ = ["DEFAULT_DATA_DIR", "AgentConfig"]
+__all__ = ["DEFAULT_DATA_DIR", "AgentConfig", "Region"]
 
 DEFAULT_DATA_DIR = Path("~/.local/share/souq/agent")
 _TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+def _region(v: str) -> str:
+    if not _TOKEN.match(v):
+        raise ValueError("a region is 1-64 letters, digits, '-' or '_' (e.g. mad)")
+    return v
+
+
+Region = Annotated[str, AfterValidator(_region)]  # a worker's region, as configs name it
 
 
 class AgentConfig(BaseModel):
@@ -29,7 +38,7 @@ class AgentConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    region: str
+    region: Region
     nats_url: str
     data_dir: Path = Field(default_factory=DEFAULT_DATA_DIR.expanduser)
     cpus: float | None = Field(default=None, gt=0)
@@ -49,13 +58,6 @@ class AgentConfig(BaseModel):
         default="auto", description="how machine limits are enforced (auto: v2, else v1, else none)"
     )
     pids_max: int | None = Field(default=4096, gt=0, description="per machine; None: unlimited")
-
-    @field_validator("region")
-    @classmethod
-    def _region(cls, v: str) -> str:
-        if not _TOKEN.match(v):
-            raise ValueError("a region is 1-64 letters, digits, '-' or '_' (e.g. mad)")
-        return v
 
     @field_validator("data_dir", mode="before")
     @classmethod

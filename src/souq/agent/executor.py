@@ -27,7 +27,7 @@ from souq.agent.admission import Admission
 from souq.agent.faults import FaultPoint
 from souq.agent.lifecycle import Trigger
 from souq.agent.operations import Action, OpEvent, OpKind, OpState, advance
-from souq.agent.records import RECENT_EVENTS, MachineRow, OpStep
+from souq.agent.records import RECENT_EVENTS, MachineRow, OpStep, of_app
 from souq.agent.restart import Backoff
 from souq.agent.store import Store
 from souq.agent.supervisor import Supervisor
@@ -41,10 +41,7 @@ from souq.drivers.base import (
     RecordsExits,
     SpawnError,
 )
-from souq.errors import (
-    NotFound,
-    SouqError,
-)
+from souq.errors import SouqError
 from souq.ids import new_request_id
 from souq.model.machine import Machine, MachineEvent, MachineState
 from souq.model.protocol import MachineEventMessage
@@ -139,13 +136,8 @@ class Executor:
         return machine_id in self._rows
 
     def row(self, app: str, machine_id: str) -> MachineRow:
-        row = self._rows.get(machine_id)
-        if row is None or row.app != app:
-            raise NotFound(
-                f"machine {machine_id} not found in app {app}",
-                hint="check the machine id and the app name",
-            )
-        return row
+        hint = "check the machine id and the app name"
+        return of_app(self._rows.get(machine_id), app, "machine", machine_id, hint=hint)
 
     def machine(self, app: str, machine_id: str) -> Machine:
         return self.row(app, machine_id).to_machine(self.worker_id)
@@ -233,7 +225,13 @@ class Executor:
     ) -> tuple[Action, ...]:
         """One step: the machine's transition (if ``event``), its event record (if ``type``)
         and the operation's step (if ``op``), written in one transaction; then memory, waiters
-        and the bus. Returns the operation step's actions for :meth:`execute`."""
+        and the bus. Returns the operation step's actions for :meth:`execute`.
+
+        An exit ``status`` means the process is gone: the row forgets its pid and keeps its exit
+        code, and the event's message says how it ended unless ``message`` says more."""
+        if status is not None:
+            message = status.describe() if message is None else message
+            changes = {"pid": None, "pid_start_time": None, "exit_code": status.code, **changes}
         row = self._rows[machine_id]
         state = lifecycle.transition(row.state, event, machine_id=row.id) if event else row.state
         step = advance(op.kind, op.state, op_event) if op is not None and op_event else None
@@ -296,6 +294,10 @@ class Executor:
         else:
             self._ops[op.machine_id] = op
 
+    def step(self, op: Op, op_event: OpEvent, **apply_args: Any) -> None:
+        """One step of ``op`` (:meth:`apply` with ``apply_args``), then its actions."""
+        self.execute(op, self.apply(op.machine_id, op=op, op_event=op_event, **apply_args))
+
     def execute(self, op: Op, actions: tuple[Action, ...]) -> None:
         at = op.state
         for action in actions:
@@ -341,17 +343,15 @@ class Executor:
         try:
             handle = self.driver.start(spec, meanwhile=self.sync)
         except SpawnError as exc:
-            actions = self.apply(
-                row.id,
+            self.step(
+                op,
+                OpEvent.SPAWN_FAILED,
                 event=Trigger.SPAWN_FAILED,
                 type="fail",
                 message=str(exc),
-                op=op,
-                op_event=OpEvent.SPAWN_FAILED,
                 pid=None,
                 pid_start_time=None,
             )
-            self.execute(op, actions)
             return
         self._spawned(op, handle, watch=True)
 
@@ -402,17 +402,15 @@ class Executor:
     def _cleanup(self, op: Op) -> None:
         self.driver.destroy(op.machine_id)
         self._ran_since.pop(op.machine_id, None)
-        actions = self.apply(
-            op.machine_id,
+        self.step(
+            op,
+            OpEvent.CLEANED,
             event=Trigger.DESTROYED,
             type="destroy",
-            op=op,
-            op_event=OpEvent.CLEANED,
             release=True,
             pid=None,
             pid_start_time=None,
         )
-        self.execute(op, actions)
 
     # -- what the supervisor reports -----------------------------------------------------------
 
@@ -430,15 +428,7 @@ class Executor:
             return
         if row.state not in (S.STARTED, S.STOPPING):
             log.warning("machine %s exited while %s", machine_id, row.state)
-            self.apply(
-                machine_id,
-                type="exit",
-                status=status,
-                message=status.describe(),
-                pid=None,
-                pid_start_time=None,
-                exit_code=status.code,
-            )
+            self.apply(machine_id, type="exit", status=status)
             return
         decision = self.supervisor.decide(
             row.config.restart,
@@ -454,49 +444,32 @@ class Executor:
             status=status,
             message=f"{status.describe()}; {decision.reason}",
             restarts=decision.restarts,
-            pid=None,
-            pid_start_time=None,
-            exit_code=status.code,
         )
         if decision.restart:
             self.supervisor.schedule_restart(machine_id, decision.delay_s)
 
     def _exited_during_op(self, op: Op, status: ExitStatus) -> None:
         self._handles.pop(op.machine_id, None)
-        actions = self.apply(
-            op.machine_id,
-            event=Trigger.EXITED_STAY,
-            type="exit",
-            status=status,
-            message=status.describe(),
-            op=op,
-            op_event=OpEvent.EXITED,
-            pid=None,
-            pid_start_time=None,
-            exit_code=status.code,
-        )
-        self.execute(op, actions)
+        self.step(op, OpEvent.EXITED, event=Trigger.EXITED_STAY, type="exit", status=status)
 
     def _on_kill_due(self, machine_id: str) -> None:
         op = self._ops.get(machine_id)
         if op is None or op.state is not OpState.SIGNALLING:
             return
-        actions = self.apply(
-            machine_id,
+        self.step(
+            op,
+            OpEvent.TIMEOUT,
             type="signal",
             signal="SIGKILL",
             message=f"still running {op.params['timeout_s']:g}s after {op.params['signal']}",
-            op=op,
-            op_event=OpEvent.TIMEOUT,
         )
-        self.execute(op, actions)
 
     def _on_restart_due(self, machine_id: str) -> None:
         row = self._rows.get(machine_id)
         if row is None or row.state is not S.STARTING or machine_id in self._ops:
             return
         op = self.new_op(OpKind.START, machine_id, source="agent", type="restart")
-        self.execute(op, self.apply(machine_id, op=op, op_event=OpEvent.BEGIN))
+        self.step(op, OpEvent.BEGIN)
 
     # -- recovery and shutdown -----------------------------------------------------------------
 
@@ -517,7 +490,7 @@ class Executor:
                 continue
             op = Op(last.op_id, last.kind, last.machine_id, dict(last.detail), last.state)
             self._ops[op.machine_id] = op
-            self.execute(op, self.apply(op.machine_id, op=op, op_event=OpEvent.RECOVER))
+            self.step(op, OpEvent.RECOVER)
         for row in list(self._rows.values()):
             if row.id in self._ops or row.id in self._handles:
                 continue
@@ -527,9 +500,7 @@ class Executor:
                 self.supervisor.schedule_restart(row.id, 0.0)
             elif row.state is S.DESTROYING:
                 op = self.new_op(OpKind.DESTROY, row.id, source="agent")
-                self.execute(
-                    op, self.apply(row.id, event=Trigger.DESTROY, op=op, op_event=OpEvent.IDLE)
-                )
+                self.step(op, OpEvent.IDLE, event=Trigger.DESTROY)
 
     def _last_handle(self, row: MachineRow, has_op: bool) -> Handle | None:
         if row.state is S.DESTROYED:

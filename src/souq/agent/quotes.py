@@ -15,10 +15,9 @@ import logging
 from collections.abc import Callable
 
 from souq.agent.admission import Admission, HeldQuote
-from souq.agent.records import HoldRow
+from souq.agent.records import HoldRow, of_app
 from souq.agent.store import Store
 from souq.clock import Clock, Timer
-from souq.errors import NotFound
 from souq.model.placement import Placement
 from souq.model.protocol import HoldRequest, Quote, QuoteState
 
@@ -89,15 +88,7 @@ class Quotes:
     def held_quote(self, app: str, quote_id: str) -> HeldQuote:
         """The quote a claim names, as admission judges it (``not_found`` if it is not the
         app's)."""
-        row = self._find(app, quote_id)
-        return HeldQuote(
-            id=row.id,
-            app=row.app,
-            resources=row.resources,
-            expires_at=row.expires_at,
-            state=row.state,
-            machine_id=row.machine_id,
-        )
+        return self._find(app, quote_id)
 
     def placement(self, quote_id: str) -> Placement | None:
         """The placement record the quote was made with (None for an unknown quote)."""
@@ -119,13 +110,8 @@ class Quotes:
             timer.cancel()
 
     def _find(self, app: str, quote_id: str) -> HoldRow:
-        hold = self._store.get_hold(quote_id)
-        if hold is None or hold.app != app:
-            raise NotFound(
-                f"quote {quote_id} not found in app {app}",
-                hint="quotes belong to the app that asked for them",
-            )
-        return hold
+        hint = "quotes belong to the app that asked for them"
+        return of_app(self._store.get_hold(quote_id), app, "quote", quote_id, hint=hint)
 
     def _arm(self, quote_id: str) -> None:
         delay = max(0.0, (self._expires[quote_id] - self._clock.now_ms()) / 1000)

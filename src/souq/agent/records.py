@@ -4,18 +4,36 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
+from souq.agent.admission import HeldQuote
 from souq.agent.operations import OpEvent, OpKind, OpState
 from souq.clock import iso_from_ms
+from souq.errors import NotFound
 from souq.model.machine import Machine, MachineConfig, MachineEvent, MachineState
 from souq.model.placement import Placement
 from souq.model.protocol import Quote, QuoteState
 from souq.model.resources import Resources
 
-__all__ = ["RECENT_EVENTS", "HoldRow", "MachineRow", "OpStep"]
+__all__ = ["RECENT_EVENTS", "HoldRow", "MachineRow", "OpStep", "of_app"]
 
 RECENT_EVENTS = 20  # events kept on the machine record (newest first); the `events` verb has all
+
+
+class _AppRecord(Protocol):
+    @property
+    def app(self) -> str: ...
+
+
+R = TypeVar("R", bound=_AppRecord)
+
+
+def of_app(record: R | None, app: str, kind: str, record_id: str, *, hint: str) -> R:
+    """``record`` when it belongs to ``app``. A missing record, or another app's, is
+    :class:`NotFound`: a caller never learns of records of other apps."""
+    if record is None or record.app != app:
+        raise NotFound(f"{kind} {record_id} not found in app {app}", hint=hint)
+    return record
 
 
 @dataclass(frozen=True)
@@ -46,17 +64,11 @@ class MachineRow:
 
     def to_machine(self, worker_id: str) -> Machine:
         return Machine(
-            id=self.id,
+            **_shown(self, worker_id),
             name=self.name,
-            app=self.app,
-            region=self.region,
-            worker_id=worker_id,
             state=self.state,
-            config=self.config,
-            created_at=iso_from_ms(self.created_at),
             updated_at=iso_from_ms(self.updated_at),
             events=list(self.events),
-            placement=self.placement,
             restarts=self.restarts,
             pid=self.pid,
             exit_code=self.exit_code,
@@ -76,34 +88,38 @@ class OpStep:
     detail: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class HoldRow:
-    """Capacity held for a quote: from ``created_at`` until used, released or ``expires_at``."""
+@dataclass(frozen=True, kw_only=True)
+class HoldRow(HeldQuote):
+    """Capacity held for a quote: from ``created_at`` until used, released or ``expires_at``.
+    What admission judges a claim that names the quote by (the :class:`HeldQuote`: id, app,
+    resources, expires_at, state, machine_id), and what the quote was asked with."""
 
-    id: str
-    app: str
     region: str
-    resources: Resources
     config: MachineConfig
     placement: Placement | None
     ttl_s: float
     created_at: int  # ms since the epoch
-    expires_at: int
     state: QuoteState = QuoteState.HELD
-    machine_id: str | None = None
 
     def to_quote(self, worker_id: str) -> Quote:
         return Quote(
-            id=self.id,
-            app=self.app,
-            region=self.region,
-            worker_id=worker_id,
+            **_shown(self, worker_id),
             state=self.state,
             resources=self.resources,
-            config=self.config,
             ttl_s=self.ttl_s,
-            created_at=iso_from_ms(self.created_at),
             expires_at=iso_from_ms(self.expires_at),
             machine_id=self.machine_id,
-            placement=self.placement,
         )
+
+
+def _shown(row: MachineRow | HoldRow, worker_id: str) -> dict[str, Any]:
+    """What a machine and a quote show alike, from the row the worker keeps of either."""
+    return {
+        "id": row.id,
+        "app": row.app,
+        "region": row.region,
+        "worker_id": worker_id,
+        "config": row.config,
+        "placement": row.placement,
+        "created_at": iso_from_ms(row.created_at),
+    }

@@ -4,10 +4,12 @@ runs its transactions."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
-from souq.agent.records import HoldRow
+from souq.agent.operations import OpEvent, OpKind, OpState
+from souq.agent.records import HoldRow, OpStep
 from souq.model.machine import MachineConfig, MachineEvent, MachineState
 from souq.model.placement import Placement
 from souq.model.protocol import QuoteState
@@ -22,6 +24,7 @@ __all__ = [
     "INSERT_OP",
     "INSERT_RESERVATION",
     "MACHINE_COLUMNS",
+    "OP_COLUMNS",
     "SCHEMA",
     "SUMS",
     "UPDATE_MACHINE",
@@ -29,6 +32,7 @@ __all__ = [
     "event_of",
     "hold_of",
     "int_or_none",
+    "op_step_of",
     "resources_of",
 ]
 
@@ -107,6 +111,7 @@ HOLD_COLUMNS = (
     "id, app, region, millicpus, memory_mb, disk_mb, gpus, config, placement, ttl_s, created_at, "
     "expires_at, state, machine_id"
 )
+OP_COLUMNS = "op_id, machine_id, kind, state, event, ts, detail"
 
 
 # The statements of a claim and of a machine's start (:meth:`Store.prepare` compiles them).
@@ -122,10 +127,7 @@ INSERT_EVENT = (
     f"INSERT INTO events (machine_id, {EVENT_COLUMNS}) "  # noqa: S608 (constant columns)
     "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
 )
-INSERT_OP = (
-    "INSERT INTO ops (op_id, machine_id, kind, state, event, ts, detail) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?)"
-)
+INSERT_OP = f"INSERT INTO ops ({OP_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)"  # noqa: S608
 UPDATE_MACHINE = (
     "UPDATE machines SET state = ?, pid = ?, pid_start_time = ?, restarts = ?, "
     "exit_code = ?, updated_at = ? WHERE id = ?"
@@ -170,6 +172,14 @@ def hold_of(r: Sequence[Any]) -> HoldRow:
         expires_at=int(r[11]),
         state=QuoteState(r[12]),
         machine_id=str(r[13]) if r[13] is not None else None,
+    )
+
+
+def op_step_of(r: Sequence[Any]) -> OpStep:
+    """An op step from :data:`OP_COLUMNS` (the record's fields, in order)."""
+    detail = json.loads(str(r[6])) if r[6] else {}
+    return OpStep(
+        str(r[0]), str(r[1]), OpKind(r[2]), OpState(r[3]), OpEvent(r[4]), int(r[5]), detail
     )
 
 

@@ -40,7 +40,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from souq.agent import schema as sql
-from souq.agent.operations import OpEvent, OpKind, OpState
+from souq.agent.operations import OpState
 from souq.agent.records import RECENT_EVENTS, HoldRow, MachineRow, OpStep
 from souq.errors import (
     IdempotencyConflict,
@@ -497,17 +497,9 @@ class Store:
     def unfinished_ops(self) -> list[OpStep]:
         """The last step of every operation that is not done, oldest first."""
         return [
-            OpStep(
-                op_id=str(r[0]),
-                machine_id=str(r[1]),
-                kind=OpKind(r[2]),
-                state=OpState(r[3]),
-                event=OpEvent(r[4]),
-                ts=int(r[5]),
-                detail=json.loads(str(r[6])) if r[6] else {},
-            )
+            sql.op_step_of(r)
             for r in self._read(
-                "SELECT op_id, machine_id, kind, state, event, ts, detail FROM ops "
+                f"SELECT {sql.OP_COLUMNS} FROM ops "  # noqa: S608
                 "WHERE seq IN (SELECT MAX(seq) FROM ops GROUP BY op_id) AND state != ? "
                 "ORDER BY seq",
                 (str(OpState.DONE),),
@@ -516,22 +508,8 @@ class Store:
 
     def op_log(self, machine_id: str) -> list[OpStep]:
         """Every op step of a machine, oldest first (for inspection and tests)."""
-        return [
-            OpStep(
-                op_id=str(r[0]),
-                machine_id=machine_id,
-                kind=OpKind(r[1]),
-                state=OpState(r[2]),
-                event=OpEvent(r[3]),
-                ts=int(r[4]),
-                detail=json.loads(str(r[5])) if r[5] else {},
-            )
-            for r in self._read(
-                "SELECT op_id, kind, state, event, ts, detail FROM ops WHERE machine_id = ? "
-                "ORDER BY seq",
-                (machine_id,),
-            )
-        ]
+        query = f"SELECT {sql.OP_COLUMNS} FROM ops WHERE machine_id = ? ORDER BY seq"  # noqa: S608
+        return [sql.op_step_of(r) for r in self._read(query, (machine_id,))]
 
 
 _SET_ASIDE_HINT = (

@@ -26,6 +26,49 @@ __all__ = ["Supervisor"]
 log = logging.getLogger(__name__)
 
 
+def _guarded(callback: Callable[..., None], *args: object) -> None:
+    try:
+        callback(*args)
+    except Exception:
+        log.exception("supervising machine %s failed", args[0])
+
+
+class _Timers:
+    """Loop timers by machine id, at most one a machine: when one fires, ``callback`` gets the
+    machine's id (an error it raises is logged)."""
+
+    def __init__(self, callback: Callable[[str], None]) -> None:
+        self._callback = callback
+        self._handles: dict[str, asyncio.TimerHandle] = {}
+
+    def arm(self, machine_id: str, delay_s: float) -> None:
+        """Set the machine's timer ``delay_s`` from now, in place of any set before."""
+        self.cancel(machine_id)
+        self._handles[machine_id] = asyncio.get_running_loop().call_later(
+            delay_s, self._fire, machine_id
+        )
+
+    def cancel(self, machine_id: str) -> bool:
+        """Whether the machine had a timer (now cancelled)."""
+        handle = self._handles.pop(machine_id, None)
+        if handle is None:
+            return False
+        handle.cancel()
+        return True
+
+    def pending(self, machine_id: str) -> bool:
+        return machine_id in self._handles
+
+    def cancel_all(self) -> None:
+        for handle in self._handles.values():
+            handle.cancel()
+        self._handles.clear()
+
+    def _fire(self, machine_id: str) -> None:
+        self._handles.pop(machine_id, None)
+        _guarded(self._callback, machine_id)
+
+
 class Supervisor:
     def __init__(
         self,
@@ -39,11 +82,9 @@ class Supervisor:
         self._driver = driver
         self.backoff = backoff
         self._on_exit = on_exit
-        self._on_kill_due = on_kill_due
-        self._on_restart_due = on_restart_due
         self._closed = False
-        self._kill_timers: dict[str, asyncio.TimerHandle] = {}
-        self._restart_timers: dict[str, asyncio.TimerHandle] = {}
+        self._kills = _Timers(on_kill_due)  # one per stop in progress: SIGKILL is due
+        self._restarts = _Timers(on_restart_due)  # one per machine waiting out its backoff
 
     # -- exits ---------------------------------------------------------------------------------
 
@@ -52,7 +93,7 @@ class Supervisor:
 
     def _exited(self, machine_id: str, status: ExitStatus) -> None:
         if not self._closed:
-            self._guarded(self._on_exit, machine_id, status)
+            _guarded(self._on_exit, machine_id, status)
 
     def decide(
         self,
@@ -75,47 +116,19 @@ class Supervisor:
     # -- timers --------------------------------------------------------------------------------
 
     def arm_kill(self, machine_id: str, timeout_s: float) -> None:
-        self.disarm_kill(machine_id)
-        self._kill_timers[machine_id] = asyncio.get_running_loop().call_later(
-            timeout_s, self._fire, self._kill_timers, self._on_kill_due, machine_id
-        )
+        self._kills.arm(machine_id, timeout_s)
 
     def disarm_kill(self, machine_id: str) -> None:
-        timer = self._kill_timers.pop(machine_id, None)
-        if timer is not None:
-            timer.cancel()
+        self._kills.cancel(machine_id)
 
     def schedule_restart(self, machine_id: str, delay_s: float) -> None:
-        self.cancel_restart(machine_id)
-        self._restart_timers[machine_id] = asyncio.get_running_loop().call_later(
-            delay_s, self._fire, self._restart_timers, self._on_restart_due, machine_id
-        )
+        self._restarts.arm(machine_id, delay_s)
 
     def cancel_restart(self, machine_id: str) -> bool:
-        timer = self._restart_timers.pop(machine_id, None)
-        if timer is None:
-            return False
-        timer.cancel()
-        return True
+        return self._restarts.cancel(machine_id)
 
     def restart_pending(self, machine_id: str) -> bool:
-        return machine_id in self._restart_timers
-
-    def _fire(
-        self,
-        timers: dict[str, asyncio.TimerHandle],
-        callback: Callable[[str], None],
-        machine_id: str,
-    ) -> None:
-        timers.pop(machine_id, None)
-        self._guarded(callback, machine_id)
-
-    @staticmethod
-    def _guarded(callback: Callable[..., None], *args: object) -> None:
-        try:
-            callback(*args)
-        except Exception:
-            log.exception("supervising machine %s failed", args[0])
+        return self._restarts.pending(machine_id)
 
     # -- shutdown ------------------------------------------------------------------------------
 
@@ -123,7 +136,5 @@ class Supervisor:
         """Cancel every timer and stop passing exits on (the processes themselves keep
         running)."""
         self._closed = True
-        for timers in (self._kill_timers, self._restart_timers):
-            for timer in timers.values():
-                timer.cancel()
-            timers.clear()
+        self._kills.cancel_all()
+        self._restarts.cancel_all()

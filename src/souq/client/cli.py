@@ -185,16 +185,9 @@ def machine_run(
     """Place a machine and start it; prints its id."""
     with reporting(as_json):
         config = _config(
-            command,
-            cpus,
-            memory_mb,
-            restart=restart,
-            max_retries=max_retries,
-            env=env,
-            constraints=constraint,
-            distinct=distinct,
-            artifact=artifact,
+            command, cpus, memory_mb, constraints=constraint, distinct=distinct, artifact=artifact
         )
+        config |= _run_config(restart, max_retries, env)
         placement = {"policy": policy} if policy else None
         client = make_client()
         if dry_run:
@@ -220,14 +213,12 @@ def _config(
     cpus: float | None,
     memory_mb: int | None,
     *,
-    restart: RestartPolicy | None = None,
-    max_retries: int | None = None,
-    env: list[str] | None = None,
-    constraints: list[str] | None = None,
-    distinct: bool = False,
-    artifact: str | None = None,
+    constraints: list[str] | None,
+    distinct: bool,
+    artifact: str | None,
 ) -> dict[str, Any]:
-    """A machine config from command-line options (validated by the broker)."""
+    """A machine config from command-line options (validated by the broker): what it runs,
+    what it needs and where it may run, as `machine run` and `quote create` both take them."""
     config: dict[str, Any] = {"cmd": command}
     if constraints:
         config["constraints"] = [_constraint(text) for text in constraints]
@@ -238,6 +229,15 @@ def _config(
     guest = {k: v for k, v in (("cpus", cpus), ("memory_mb", memory_mb)) if v is not None}
     if guest:
         config["guest"] = guest
+    return config
+
+
+def _run_config(
+    restart: RestartPolicy | None, max_retries: int | None, env: list[str] | None
+) -> dict[str, Any]:
+    """The part of a machine config only `machine run` takes: its restart policy and its
+    environment."""
+    config: dict[str, Any] = {}
     restart_config: dict[str, Any] = {}
     if restart is not None:
         restart_config["policy"] = restart.value
@@ -312,12 +312,7 @@ def quote_create(
     """Hold capacity for a machine (a dry run that binds); use it with `machine run --quote`."""
     with reporting(as_json):
         config = _config(
-            command,
-            cpus,
-            memory_mb,
-            constraints=constraint,
-            distinct=distinct,
-            artifact=artifact,
+            command, cpus, memory_mb, constraints=constraint, distinct=distinct, artifact=artifact
         )
         placement = {"policy": policy} if policy else None
         quote = make_client().create_quote(app_name, region, config, ttl_s=ttl, placement=placement)

@@ -53,9 +53,13 @@ def _daemon_logging(log_format: str = "text") -> None:
     configure("json" if log_format == "json" else "text", logging.INFO)
 
 
-def _given(**values: Any) -> dict[str, Any]:
-    """Options the user gave: the rest keep the config's own defaults."""
-    return {k: v for k, v in values.items() if v is not None}
+def _given(ctx: typer.Context, **converted: Any) -> dict[str, Any]:
+    """The config a daemon's command line asks for: every option the user gave, under its
+    parameter's name, which is the config field it sets, with ``converted`` in place of the
+    options the config takes in another form (None: an option that is not the config's). An
+    option left out (None) keeps the config's own default."""
+    options = ctx.params | converted
+    return {k: v for k, v in options.items() if v is not None}
 
 
 def _host_port(text: str) -> tuple[str, int]:
@@ -67,9 +71,10 @@ def _host_port(text: str) -> tuple[str, int]:
 
 @daemons.command("agent")
 def agent(
+    ctx: typer.Context,
     *,
     region: Annotated[str, typer.Option("--region", help="The worker's region.")],
-    nats: NatsOpt,
+    nats_url: NatsOpt,
     data_dir: Annotated[
         Path | None, typer.Option("--data-dir", help="Where the agent keeps its state.")
     ] = None,
@@ -82,12 +87,12 @@ def agent(
         typer.Option("--disk-mb", help="Disk to offer, in MiB (default: the data dir's free)."),
     ] = None,
     gpus: Annotated[int | None, typer.Option("--gpus", help="GPUs to offer (default 0).")] = None,
-    label: Annotated[list[str] | None, typer.Option("--label", help="k=v, repeatable.")] = None,
+    labels: Annotated[list[str] | None, typer.Option("--label", help="k=v, repeatable.")] = None,
     stop_machines_on_exit: Annotated[
         bool,
         typer.Option("--stop-machines-on-exit", help="Stop the machines when the agent exits."),
     ] = False,
-    heartbeat_interval: Annotated[
+    heartbeat_interval_s: Annotated[
         float | None,
         typer.Option("--heartbeat-interval", help="Seconds between heartbeats (default 1)."),
     ] = None,
@@ -106,36 +111,21 @@ def agent(
     log_format: LogFormatOpt = LogFormat.TEXT,
 ) -> None:
     """Run a worker agent in the foreground."""
-    labels = pairs(label, "label")
+    given = _given(ctx, labels=pairs(labels, "label"), cgroups=cgroups.value, log_format=None)
     if log_format is LogFormat.JSON:
         _daemon_logging("json")
     with reporting():
         from souq.agent.config import AgentConfig
         from souq.agent.main import run as run_agent
 
-        config = AgentConfig(
-            region=region,
-            nats_url=nats,
-            labels=labels,
-            stop_machines_on_exit=stop_machines_on_exit,
-            cgroups=cgroups.value,
-            **_given(
-                data_dir=data_dir,
-                cpus=cpus,
-                memory_mb=memory_mb,
-                disk_mb=disk_mb,
-                gpus=gpus,
-                heartbeat_interval_s=heartbeat_interval,
-                metrics_port=metrics_port,
-            ),
-        )
-        run_agent(config)
+        run_agent(AgentConfig(**given))
 
 
 @daemons.command("broker")
 def broker(
+    ctx: typer.Context,
     *,
-    nats: NatsOpt,
+    nats_url: NatsOpt,
     listen: Annotated[
         str, typer.Option("--listen", help="HOST:PORT for the HTTP API.")
     ] = "127.0.0.1:4280",
@@ -153,7 +143,7 @@ def broker(
             "--sample-above", help="Asking offers: ask a random sample past this many workers."
         ),
     ] = None,
-    sample_d: Annotated[
+    sample_factor_d: Annotated[
         float | None,
         typer.Option("--sample-d", help="Sparrow's d: candidates with room for d x m machines."),
     ] = None,
@@ -161,29 +151,28 @@ def broker(
 ) -> None:
     """Run a broker (the HTTP API) in the foreground."""
     host, port = _host_port(listen)
+    candidates = candidates_from.value if candidates_from else None
+    given = _given(
+        ctx,
+        listen=None,
+        log_format=None,
+        listen_host=host,
+        listen_port=port,
+        candidates_from=candidates,
+    )
     _daemon_logging(log_format.value)
     with reporting():
         from souq.broker.config import BrokerConfig
         from souq.broker.main import run as run_broker
 
-        run_broker(
-            BrokerConfig(
-                nats_url=nats,
-                listen_host=host,
-                listen_port=port,
-                **_given(
-                    candidates_from=candidates_from.value if candidates_from else None,
-                    sample_above=sample_above,
-                    sample_factor_d=sample_d,
-                ),
-            )
-        )
+        run_broker(BrokerConfig(**given))
 
 
 @daemons.command("fleet")
 def fleet(
+    ctx: typer.Context,
     *,
-    nats: NatsOpt,
+    nats_url: NatsOpt,
     workers: Annotated[int, typer.Option("--workers", help="How many hollow workers.")],
     region: Annotated[str, typer.Option("--region", help="Their region.")],
     cpus: Annotated[float | None, typer.Option("--cpus", help="CPU cores each offers.")] = None,
@@ -194,24 +183,19 @@ def fleet(
     ] = None,
 ) -> None:
     """Run N hollow workers in one process: the real protocol, no processes (for scale)."""
+    given = _given(ctx)
     _daemon_logging()
     logging.getLogger().setLevel(logging.WARNING)  # one line per worker would drown the rest
     with reporting():
         from souq.fleet import FleetConfig
         from souq.fleet import run as run_fleet
 
-        run_fleet(
-            FleetConfig(
-                nats_url=nats,
-                workers=workers,
-                region=region,
-                **_given(cpus=cpus, memory_mb=memory_mb, data_dir=data_dir),
-            )
-        )
+        run_fleet(FleetConfig(**given))
 
 
 @daemons.command("dev")
 def dev(
+    ctx: typer.Context,
     *,
     port: Annotated[int, typer.Option("--port", help="Port of the HTTP API.")] = 4280,
     nats_port: Annotated[
@@ -238,20 +222,11 @@ def dev(
     names = tuple(r.strip() for r in regions.split(",") if r.strip())
     if not names:
         raise typer.BadParameter("name at least one region", param_hint="--regions")
+    # The cluster's processes log in the format asked for (text: their default).
+    log_as = None if log_format is LogFormat.TEXT else log_format.value
+    given = _given(ctx, regions=names, log_format=log_as)
     with reporting():
         from souq.dev import DevConfig
         from souq.dev import run as run_dev
 
-        config = DevConfig(
-            port=port,
-            regions=names,
-            workers_per_region=workers_per_region,
-            **_given(
-                nats_port=nats_port,
-                worker_cpus=worker_cpus,
-                worker_memory_mb=worker_memory_mb,
-                data_dir=data_dir,
-                log_format=None if log_format is LogFormat.TEXT else log_format.value,
-            ),
-        )
-        run_dev(config)
+        run_dev(DevConfig(**given))

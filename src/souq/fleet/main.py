@@ -21,15 +21,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import signal
 import sys
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from souq import daemon
-from souq.agent.config import AgentConfig
+from souq.agent.config import AgentConfig, Region
 from souq.agent.load import LoadGauge
 from souq.agent.main import Agent
 from souq.bus.nats import NatsTransport, connect
@@ -45,14 +44,13 @@ __all__ = ["Fleet", "FleetConfig", "run"]
 log = logging.getLogger(__name__)
 
 HEARTBEATS_PER_S = 500  # the whole fleet's heartbeat rate
-_REGION = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # as the agent accepts
 
 
 class FleetConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     nats_url: str
-    region: str
+    region: Region
     workers: int = Field(ge=1, le=100_000)
     cpus: float = Field(default=4.0, gt=0, description="each worker offers this many")
     memory_mb: int = Field(default=8192, gt=0, description="each worker offers this much")
@@ -62,13 +60,6 @@ class FleetConfig(BaseModel):
     heartbeat_interval_s: float | None = Field(
         default=None, gt=0, description="default: max(1, workers / 500)"
     )
-
-    @field_validator("region")
-    @classmethod
-    def _region(cls, v: str) -> str:
-        if not _REGION.match(v):
-            raise ValueError("a region is 1-64 letters, digits, '-' or '_' (e.g. mad)")
-        return v
 
     @property
     def interval_s(self) -> float:

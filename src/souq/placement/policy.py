@@ -10,25 +10,9 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from souq.model.policy import FIT_SCORERS, PlacementDefaults, PlacementPolicy
+from souq.placement import filters, scorers
 from souq.placement.curves import DEFAULT_CURVE, Curve
-from souq.placement.filters import (
-    ConstraintFilter,
-    DistinctWorkersFilter,
-    DriverFilter,
-    EligibleFilter,
-    RegionFilter,
-    ResourcesFilter,
-    StateFilter,
-)
 from souq.placement.pipeline import Pipeline
-from souq.placement.scorers import (
-    AntiAffinityScorer,
-    BestFitScorer,
-    BinPackScorer,
-    CacheScorer,
-    LoadScorer,
-    SpreadScorer,
-)
 from souq.placement.stages import Scorer
 
 __all__ = ["DEFAULT_WEIGHTS", "PipelineCache", "build_pipeline", "default_pipeline", "weights_of"]
@@ -55,41 +39,41 @@ def build_pipeline(policy: PlacementPolicy | None, defaults: PlacementDefaults) 
     curves = merged.curves
     cpu_curve = Curve.of(curves.cpu) if curves and curves.cpu else DEFAULT_CURVE
     mem_curve = Curve.of(curves.memory) if curves and curves.memory else DEFAULT_CURVE
-    scorers: list[Scorer] = [
+    all_scorers: list[Scorer] = [
         # Fit: how full the worker would be after the placement. The policy's choice weighs 1;
         # another fit scorer runs only if a weight asks for it (e.g. best-fit with some spread).
-        BestFitScorer(cpu_curve=cpu_curve, memory_curve=mem_curve, weight=w["best-fit"]),
-        BinPackScorer(weight=w["binpack"]),
-        SpreadScorer(weight=w["spread"]),
+        scorers.BestFitScorer(cpu_curve=cpu_curve, memory_curve=mem_curve, weight=w["best-fit"]),
+        scorers.BinPackScorer(weight=w["binpack"]),
+        scorers.SpreadScorer(weight=w["spread"]),
         # Keep an app's machines on different workers, so that one host lost is not the app lost.
-        AntiAffinityScorer(weight=w["anti-affinity"]),
+        scorers.AntiAffinityScorer(weight=w["anti-affinity"]),
         # Reservations are promises, load is what the host really does: prefer the quieter one.
-        LoadScorer(weight=w["load"]),
+        scorers.LoadScorer(weight=w["load"]),
         # A worker holding the artifact starts the machine without fetching it first.
-        CacheScorer(weight=w["cache"]),
+        scorers.CacheScorer(weight=w["cache"]),
     ]
     return Pipeline(
         name=merged.policy,
         filters=(
             # A worker that takes no new machines (cordoned, draining) is out before anything
             # else is asked of it.
-            StateFilter(),
+            filters.StateFilter(),
             # Only the requested region; cheap, and guards against a stray offer.
-            RegionFilter(),
+            filters.RegionFilter(),
             # The machine's driver must exist there; nothing else matters if it cannot run.
-            DriverFilter(),
+            filters.DriverFilter(),
             # The user's constraints: before capacity, so that a refusal names the constraint
             # rather than a full worker the constraint would have excluded anyway.
-            ConstraintFilter(),
+            filters.ConstraintFilter(),
             # distinct_workers_for: app (a hard rule; the anti-affinity scorer is the soft one).
-            DistinctWorkersFilter(),
+            filters.DistinctWorkersFilter(),
             # The worker's own refusal (full, by its count, which includes its quotes' holds).
-            EligibleFilter(),
+            filters.EligibleFilter(),
             # The broker re-checks free capacity: a lax or older worker cannot overcommit.
-            ResourcesFilter(),
+            filters.ResourcesFilter(),
         ),
         # Zero-weight scorers are off: not computed, not shown.
-        scorers=tuple(s for s in scorers if s.weight > 0),
+        scorers=tuple(s for s in all_scorers if s.weight > 0),
         # Then sample (seeded from the request id), weight and average the bounded scores, and
         # order best first, ties in the seeded order: see souq.placement.select.
         limit=defaults.limit,

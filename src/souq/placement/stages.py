@@ -60,33 +60,26 @@ class Shortfall:
     detail: str  # human words
 
 
+# What a machine can be short of, in the order checked: the reason, the amount compared (cpu in
+# millicores, so that sums are exact) and how the shortfall reads, as "needs {...} free" with w:
+# what the machine wants, c: the worker's capacity, free: what is left of it (cores: in cores).
+_FITS: tuple[tuple[str, str, str], ...] = (
+    ("insufficient_cpu", "millicpus", "{w.cpus:g} cpus; {cores:g} of {c.cpus:g}"),
+    ("insufficient_memory", "memory_mb", "{w.memory_mb} MiB; {free} of {c.memory_mb} MiB"),
+    ("insufficient_disk", "disk_mb", "{w.disk_mb} MiB of disk; {free} of {c.disk_mb} MiB"),
+    ("insufficient_gpus", "gpus", "{w.gpus} gpus; {free} of {c.gpus}"),
+)
+
+
 def shortfall(want: Resources, capacity: Resources, allocated: Resources) -> Shortfall | None:
     """None when ``want`` fits in what ``capacity`` leaves after ``allocated``; else why not
     (the first resource short, in the order cpu, memory, disk, gpus)."""
-    free_milli = capacity.millicpus - allocated.millicpus
-    if want.millicpus > free_milli:
-        return Shortfall(
-            "insufficient_cpu",
-            f"needs {want.cpus:g} cpus; {max(free_milli, 0) / 1000:g} of {capacity.cpus:g} free",
-        )
-    free_mb = capacity.memory_mb - allocated.memory_mb
-    if want.memory_mb > free_mb:
-        return Shortfall(
-            "insufficient_memory",
-            f"needs {want.memory_mb} MiB; {max(free_mb, 0)} of {capacity.memory_mb} MiB free",
-        )
-    free_disk = capacity.disk_mb - allocated.disk_mb
-    if want.disk_mb > free_disk:
-        return Shortfall(
-            "insufficient_disk",
-            f"needs {want.disk_mb} MiB of disk; {max(free_disk, 0)} of {capacity.disk_mb} MiB free",
-        )
-    free_gpus = capacity.gpus - allocated.gpus
-    if want.gpus > free_gpus:
-        return Shortfall(
-            "insufficient_gpus",
-            f"needs {want.gpus} gpus; {max(free_gpus, 0)} of {capacity.gpus} free",
-        )
+    for reason, amount, reads in _FITS:
+        free: int = getattr(capacity, amount) - getattr(allocated, amount)
+        if getattr(want, amount) > free:
+            free = max(free, 0)
+            amounts = reads.format(w=want, c=capacity, free=free, cores=free / 1000)
+            return Shortfall(reason, f"needs {amounts} free")
     return None
 
 
