@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import itertools
 import os
 import shutil
 import signal
@@ -37,7 +38,7 @@ from souq.errors import SouqError, Unavailable
 from souq.natsserver import NatsServer, free_port
 from souq.procs import terminate
 
-__all__ = ["DevCluster", "DevConfig", "run", "start_agent_process"]
+__all__ = ["DevCluster", "DevConfig", "port_block", "run", "start_agent_process"]
 
 _PR_SET_CHILD_SUBREAPER = 36
 
@@ -87,6 +88,18 @@ def set_child_subreaper() -> bool:
     return bool(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
 
 
+PORT_BLOCKS = (20000, 32000, 250)  # agents started from here: 250 ports each, below 32768
+_port_blocks = itertools.count()
+
+
+def port_block() -> tuple[int, int]:
+    """The next block of host ports for an agent started from this process (the blocks come
+    round again after 48 agents; the agent skips a port something else listens on)."""
+    first, end, size = PORT_BLOCKS
+    low = first + (next(_port_blocks) * size) % (end - first)
+    return low, low + size - 1
+
+
 def start_agent_process(
     *,
     region: str,
@@ -99,9 +112,11 @@ def start_agent_process(
     log_path: Path | None = None,
     heartbeat_interval_s: float | None = None,
     log_format: str = "text",
+    ports: tuple[int, int] | None = None,
 ) -> subprocess.Popen[bytes]:
     """``souq agent`` as a child process; its stderr goes to ``log_path`` (default: beside its
-    data dir)."""
+    data dir). ``ports``: its machines' host ports (default: the next block of
+    :func:`port_block`, so that agents of one host never hand out the same port)."""
     args = [
         sys.executable,
         "-m",
@@ -126,6 +141,8 @@ def start_agent_process(
         args += ["--heartbeat-interval", f"{heartbeat_interval_s:g}"]
     if log_format != "text":
         args += ["--log-format", log_format]
+    low, high = ports or port_block()
+    args += ["--ports", f"{low}-{high}"]
     data_dir.mkdir(parents=True, exist_ok=True)
     log = log_path or data_dir.with_name(data_dir.name + ".log")
     with open(log, "ab") as err:

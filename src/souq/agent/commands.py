@@ -26,14 +26,24 @@ from souq.errors import (
     WaitTimeout,
 )
 from souq.ids import new_machine_id
-from souq.model.machine import Machine, MachineEvent, MachineState, OpRecord, normalise_signal
+from souq.model.machine import (
+    Machine,
+    MachineConfig,
+    MachineEvent,
+    MachineState,
+    OpRecord,
+    normalise_signal,
+)
 from souq.model.protocol import ClaimRequest, LogsReply
+from souq.model.services import MachineAddress
 
 __all__ = ["LOG_POLL_S", "Commands"]
 
 S = MachineState
 LOG_POLL_S = 0.1  # `logs` long-polling checks the output file this often (tail -f)
-_RESTARTABLE = (S.STARTED, S.STOPPED, S.CREATED, S.FAILED, S.STARTING)
+_RESTARTABLE = (S.STARTED, S.SUSPENDED, S.STOPPED, S.CREATED, S.FAILED, S.STARTING)
+_RUNNING = (S.STARTED, S.SUSPENDED, S.STOPPING)  # a process is there (frozen or not)
+_UP = (S.STARTED, S.SUSPENDED, S.STARTING)  # what stopping every machine stops
 
 
 class Commands:
@@ -63,7 +73,10 @@ class Commands:
             ex.admission.check_claim(req.region, req.config.guest.resources(), now, quote=quote)
         op = ex.new_op(OpKind.CREATE, new_machine_id(), source="user", type="start")
         events = [MachineEvent(type="launch", status=S.CREATED, source="user", timestamp=now)]
-        if req.skip_launch:
+        if req.config.standbys:  # a standby waits, stopped, until a primary's worker is lost
+            op_event, state = OpEvent.SKIP, lifecycle.transition(S.CREATED, Trigger.STOP)
+            events.append(MachineEvent(type="standby", status=state, source="user", timestamp=now))
+        elif req.skip_launch:
             op_event, state = OpEvent.SKIP, S.CREATED
         else:
             op_event, state = OpEvent.BEGIN, lifecycle.transition(S.CREATED, Trigger.START)
@@ -82,13 +95,30 @@ class Commands:
             created_at=now,
             updated_at=now,
             events=tuple(reversed(events)),
+            address=self._address(op.machine_id, req.config),
         )
-        existing = ex.create(row, op, op_event, step.next, quote_id=req.quote_id, durable=durable)
+        try:
+            existing = ex.create(
+                row, op, op_event, step.next, quote_id=req.quote_id, durable=durable
+            )
+        except BaseException:
+            ex.ports.give_back(row.id)
+            raise
         if existing is not None:
+            ex.ports.give_back(row.id)
             return self._claimed_before(req, existing)
         ex.execute(op, step.actions)
         ex.sync()  # if the spawn did not (skip_launch, or it failed before its fork)
         return ex.machine(row.app, row.id)
+
+    def _address(self, machine_id: str, config: MachineConfig) -> MachineAddress | None:
+        """Host ports for the machine's internal ports (:class:`ClaimRefused` ``no_ports``
+        when the worker's range has too few)."""
+        internal = config.internal_ports()
+        if not internal:
+            return None
+        ex = self._ex
+        return MachineAddress(host=ex.advertise, ports=ex.ports.take(machine_id, internal))
 
     def _claimed_before(self, req: ClaimRequest, machine_id: str) -> Machine:
         row = self._ex.row_by_id(machine_id)
@@ -102,13 +132,25 @@ class Commands:
         return row.to_machine(self._ex.worker_id)
 
     def start(self, app: str, machine_id: str) -> Machine:
+        """Start a machine; a suspended one is resumed (thawed: the same process)."""
         ex = self._ex
         row = ex.row(app, machine_id)
+        if row.state is S.SUSPENDED:
+            ex.freeze(row.id, frozen=False, source="user")
+            return ex.machine(app, machine_id)
         lifecycle.transition(row.state, Trigger.START, machine_id=row.id)
         self._check_idle(row)
         op = ex.new_op(OpKind.START, row.id, source="user", type="start")
         # restarts=0: a user start is a fresh start for the restart policy
         ex.step(op, OpEvent.BEGIN, event=Trigger.START, type="start", source="user", restarts=0)
+        return ex.machine(app, machine_id)
+
+    def suspend(self, app: str, machine_id: str, *, source: Source = "user") -> Machine:
+        """Freeze a started machine where it stands; :meth:`start` resumes it."""
+        ex = self._ex
+        row = ex.row(app, machine_id)
+        self._check_idle(row)
+        ex.freeze(row.id, frozen=True, source=source)
         return ex.machine(app, machine_id)
 
     def stop(
@@ -135,7 +177,7 @@ class Commands:
         lifecycle.transition(row.state, Trigger.STOP, machine_id=row.id)
         self._check_idle(row)
         sig, timeout = _stop_params(row, signal, timeout_s)
-        running = row.state in (S.STARTED, S.STOPPING)
+        running = row.state in _RUNNING
         op = ex.new_op(OpKind.STOP, row.id, source=source, signal=sig, timeout_s=timeout)
         ex.step(
             op,
@@ -170,7 +212,7 @@ class Commands:
         op = ex.new_op(
             OpKind.RESTART, row.id, source="user", type="restart", signal=sig, timeout_s=timeout
         )
-        if row.state is S.STARTED:
+        if row.state in (S.STARTED, S.SUSPENDED):
             ex.step(
                 op, OpEvent.BEGIN, event=Trigger.STOP, type="restart", source="user", signal=sig
             )
@@ -285,7 +327,7 @@ class Commands:
         return their ids. A machine busy with another operation is left to it."""
         stopped = []
         for row in self._ex.rows():
-            if row.state in (S.STARTED, S.STARTING) and self._ex.current_op(row.id) is None:
+            if row.state in _UP and self._ex.current_op(row.id) is None:
                 with contextlib.suppress(Conflict):
                     self.stop(row.app, row.id, source="agent")
                     stopped.append(row.id)
@@ -293,12 +335,12 @@ class Commands:
 
     def running(self) -> bool:
         """Whether any machine still runs or is on its way up or down."""
-        return any(r.state in (S.STARTED, S.STARTING, S.STOPPING) for r in self._ex.rows())
+        return any(r.state in (*_RUNNING, S.STARTING) for r in self._ex.rows())
 
     async def stop_all(self) -> None:
         """Stop every machine and wait until each has stopped (``stop_machines_on_exit``)."""
         for row in self._ex.rows():
-            if row.state in (S.STARTED, S.STARTING) and self._ex.current_op(row.id) is None:
+            if row.state in _UP and self._ex.current_op(row.id) is None:
                 with contextlib.suppress(Conflict):
                     self.stop(row.app, row.id, source="agent")
         pending = [op.done for op in self._ex.ops()]

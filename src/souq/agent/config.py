@@ -25,6 +25,9 @@ def _region(v: str) -> str:
 Region = Annotated[str, AfterValidator(_region)]  # a worker's region, as configs name it
 
 
+DEFAULT_PORTS = (20000, 29999)
+
+
 class AgentConfig(BaseModel):
     """How one worker agent runs.
 
@@ -58,6 +61,29 @@ class AgentConfig(BaseModel):
         default="auto", description="how machine limits are enforced (auto: v2, else v1, else none)"
     )
     pids_max: int | None = Field(default=4096, gt=0, description="per machine; None: unlimited")
+    advertise: str = Field(
+        default="127.0.0.1",
+        min_length=1,
+        description="the address machines are reached at (they listen on 127.0.0.1)",
+    )
+    ports: tuple[int, int] = Field(
+        default=DEFAULT_PORTS,
+        description="the host ports given to machines, LOW-HIGH (each agent of a host its own)",
+    )
+
+    @field_validator("ports", mode="before")
+    @classmethod
+    def _ports(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            first, sep, last = v.partition("-")
+            if not sep or not first.strip().isdigit() or not last.strip().isdigit():
+                raise ValueError(f"{v!r} is not a port range LOW-HIGH (e.g. 20000-29999)")
+            v = (int(first), int(last))
+        if isinstance(v, tuple | list) and len(v) == 2:
+            low, high = int(v[0]), int(v[1])
+            if not 1024 <= low <= high <= 65535:
+                raise ValueError(f"port range {low}-{high}: use 1024-65535, low to high")
+        return v
 
     @field_validator("data_dir", mode="before")
     @classmethod

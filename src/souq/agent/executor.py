@@ -27,6 +27,7 @@ from souq.agent.admission import Admission
 from souq.agent.faults import FaultPoint
 from souq.agent.lifecycle import Trigger
 from souq.agent.operations import Action, OpEvent, OpKind, OpState, advance
+from souq.agent.ports import PortPool
 from souq.agent.records import RECENT_EVENTS, MachineRow, OpStep, of_app
 from souq.agent.restart import Backoff
 from souq.agent.store import Store
@@ -41,7 +42,7 @@ from souq.drivers.base import (
     RecordsExits,
     SpawnError,
 )
-from souq.errors import SouqError
+from souq.errors import IllegalTransition, SouqError
 from souq.ids import new_request_id
 from souq.model.machine import Machine, MachineEvent, MachineState
 from souq.model.protocol import MachineEventMessage
@@ -86,6 +87,8 @@ class Executor:
         clock: Clock,
         on_event: Callable[[MachineEventMessage], None],
         admission: Admission,
+        ports: PortPool | None = None,
+        advertise: str = "127.0.0.1",
     ) -> None:
         self.worker_id = worker_id
         self.region = region
@@ -102,7 +105,14 @@ class Executor:
         # changes with these only.
         self.artifact_records = sum(1 for r in rows if r.config.artifact is not None)
         self.admission = admission  # the ledger: reservations are recorded there too
+        self.ports = ports or PortPool()  # host ports, given at claims (souq.agent.ports)
+        self.advertise = advertise
+        for r in rows:
+            if r.address is not None and r.state is not S.DESTROYED:
+                self.ports.restore(r.id, r.address.ports.values())
         self._handles: dict[str, Handle] = {}
+        # Suspended machines' processes: frozen by the driver, thawed before any signal.
+        self._frozen: set[str] = {r.id for r in rows if r.state is S.SUSPENDED}
         self._ops: dict[str, Op] = {}
         self._ran_since: dict[str, float] = {}
         self._changed: dict[str, asyncio.Event] = {}
@@ -266,6 +276,7 @@ class Executor:
             self.fault.after_step(steps[0].kind, steps[0].state)
         self._rows[row.id] = new
         if state is S.DESTROYED and row.state is not S.DESTROYED:
+            self.ports.give_back(row.id)
             self._live_by_app[row.app] -= 1
             if not self._live_by_app[row.app]:
                 del self._live_by_app[row.app]
@@ -335,7 +346,7 @@ class Executor:
             region=row.region,
             worker_id=self.worker_id,
             cmd=tuple(row.config.cmd),
-            env=row.config.env,
+            env=_with_ports(row),
             driver=row.config.driver,
             limits=Limits(memory_mb=row.config.guest.memory_mb, cpus=row.config.guest.cpus),
             network=row.config.sandbox.network,
@@ -390,8 +401,38 @@ class Executor:
             self._to_starting(op)
             self._spawned(op, handle, watch=False, message="adopted after an agent restart")
 
+    def freeze(self, machine_id: str, *, frozen: bool, source: Source) -> None:
+        """Suspend a started machine (its processes frozen where they stand: memory, sockets
+        and port kept) or resume a suspended one; one step, recorded as ``suspend`` or
+        ``resume``. :class:`IllegalTransition` from any other state."""
+        row = self._rows[machine_id]
+        trigger = Trigger.SUSPEND if frozen else Trigger.START
+        lifecycle.transition(row.state, trigger, machine_id=row.id)
+        if frozen and row.state is S.SUSPENDED:
+            return  # suspended already
+        handle = self._handles.get(machine_id)
+        if handle is None or not self.driver.freeze(handle, frozen):
+            raise IllegalTransition(
+                f"machine {machine_id} has no running process to "
+                f"{'suspend' if frozen else 'resume'}",
+                hint="its exit is being recorded; start it again once it is stopped",
+            )
+        if frozen:
+            self._frozen.add(machine_id)
+        else:
+            self._frozen.discard(machine_id)
+        self.apply(machine_id, event=trigger, type="suspend" if frozen else "resume", source=source)
+
+    def _thaw(self, machine_id: str, handle: Handle) -> None:
+        """A frozen machine must run again to take a signal (a stop, a kill)."""
+        if machine_id in self._frozen:
+            self._frozen.discard(machine_id)
+            self.driver.freeze(handle, False)
+
     def _send(self, op: Op, sig: int) -> None:
         handle = self._handles.get(op.machine_id)
+        if handle is not None:
+            self._thaw(op.machine_id, handle)
         if handle is None:
             if op.state in _WAITING_FOR_EXIT:
                 # Nothing runs (it died while no agent watched): the operation sees the exit now.
@@ -416,6 +457,7 @@ class Executor:
 
     def _on_exit(self, machine_id: str, status: ExitStatus) -> None:
         self._handles.pop(machine_id, None)
+        self._frozen.discard(machine_id)
         self.supervisor.disarm_kill(machine_id)
         now = self._clock.monotonic()
         ran_for = now - self._ran_since.pop(machine_id, now)
@@ -426,7 +468,7 @@ class Executor:
         if op is not None and op.state in _WAITING_FOR_EXIT:
             self._exited_during_op(op, status)
             return
-        if row.state not in (S.STARTED, S.STOPPING):
+        if row.state not in (S.STARTED, S.STOPPING, S.SUSPENDED):
             log.warning("machine %s exited while %s", machine_id, row.state)
             self.apply(machine_id, type="exit", status=status)
             return
@@ -494,7 +536,7 @@ class Executor:
         for row in list(self._rows.values()):
             if row.id in self._ops or row.id in self._handles:
                 continue
-            if row.state in (S.STARTED, S.STOPPING):
+            if row.state in (S.STARTED, S.STOPPING, S.SUSPENDED):
                 self._on_exit(row.id, self._last_exit(row.id))
             elif row.state is S.STARTING:  # it was waiting out a restart backoff
                 self.supervisor.schedule_restart(row.id, 0.0)
@@ -507,7 +549,7 @@ class Executor:
             return None
         if row.pid is not None and row.pid_start_time is not None:
             return Handle(row.id, row.pid, row.pid_start_time)
-        if has_op or row.state in (S.STARTING, S.STARTED, S.STOPPING, S.DESTROYING):
+        if has_op or row.state in (S.STARTING, S.STARTED, S.STOPPING, S.SUSPENDED, S.DESTROYING):
             return self.driver.find(row.id)  # started, but the agent died before recording it
         return None
 
@@ -551,3 +593,14 @@ class Executor:
                 machine=row.to_machine(self.worker_id) if event.type == "launch" else None,
             )
         )
+
+
+def _with_ports(row: MachineRow) -> dict[str, str]:
+    """The machine's environment with its host ports: ``PORT`` for its first service (or
+    check), ``PORT_<internal_port>`` for each. Set by Souq: they win over the config's."""
+    env = dict(row.config.env)
+    if row.address is not None and row.address.ports:
+        ports = row.address.ports
+        env["PORT"] = str(next(iter(ports.values())))
+        env.update({f"PORT_{inner}": str(outer) for inner, outer in ports.items()})
+    return env

@@ -9,6 +9,8 @@ observes (``spawned``, ``spawn_failed``, ``exited_stay``, ``exited_restart``, ``
            spawn_failed │   └─exited_restart───┤ (the restart policy says restart)       │
                         ▼                      └──exited_stay──▶ stopped ──start──▶ starting
                       failed ──start──▶ starting
+    started ──suspend──▶ suspended ──start──▶ started   (frozen, then thawed: the same process)
+                           └──stop──▶ stopping (thawed, then signalled)
     any state but destroyed ──destroy──▶ destroying ──destroyed──▶ destroyed
     (a running machine needs force_destroy: it is killed first)
 
@@ -37,6 +39,7 @@ class Trigger(StrEnum):
     SPAWNED = "spawned"
     SPAWN_FAILED = "spawn_failed"
     STOP = "stop"
+    SUSPEND = "suspend"
     SIGNAL = "signal"
     EXITED_STAY = "exited_stay"
     EXITED_RESTART = "exited_restart"
@@ -66,6 +69,15 @@ TRANSITIONS: Final[Mapping[tuple[MachineState, Trigger], MachineState]] = Mappin
         (S.STARTED, E.EXITED_STAY): S.STOPPED,
         (S.STARTED, E.EXITED_RESTART): S.STARTING,
         (S.STARTED, E.FORCE_DESTROY): S.DESTROYING,
+        (S.STARTED, E.SUSPEND): S.SUSPENDED,
+        # Suspended: the process is frozen (it keeps its memory and its port). A start thaws
+        # it; a stop thaws it and sends the stop signal; it can still die (killed, or OOM).
+        (S.SUSPENDED, E.START): S.STARTED,
+        (S.SUSPENDED, E.SUSPEND): S.SUSPENDED,
+        (S.SUSPENDED, E.STOP): S.STOPPING,
+        (S.SUSPENDED, E.EXITED_STAY): S.STOPPED,
+        (S.SUSPENDED, E.EXITED_RESTART): S.STARTING,
+        (S.SUSPENDED, E.FORCE_DESTROY): S.DESTROYING,
         (S.STOPPING, E.STOP): S.STOPPING,
         (S.STOPPING, E.SIGNAL): S.STOPPING,
         (S.STOPPING, E.EXITED_STAY): S.STOPPED,  # a user stop never restarts
@@ -89,6 +101,7 @@ TRANSITIONS: Final[Mapping[tuple[MachineState, Trigger], MachineState]] = Mappin
 _PARTICIPLE = {
     E.START: "started",
     E.STOP: "stopped",
+    E.SUSPEND: "suspended",
     E.SIGNAL: "signalled",
     E.DESTROY: "destroyed",
     E.FORCE_DESTROY: "destroyed",
@@ -126,6 +139,8 @@ _HINTS: Mapping[tuple[MachineState | None, Trigger | None], str] = {
     (S.DESTROYING, None): "it is being destroyed",
     (S.STARTED, E.DESTROY): "stop it first, or destroy it with force",
     (S.STOPPING, E.DESTROY): "stop it first, or destroy it with force",
+    (S.SUSPENDED, E.DESTROY): "stop it first, or destroy it with force",
+    (None, E.SUSPEND): "only a started machine can be suspended",
     (S.STARTED, E.START): "it is already running; use restart to run it afresh",
     (S.STOPPING, E.START): "wait until it is stopped, then start it",
     (None, E.SIGNAL): "only a running machine can be signalled; start it first",

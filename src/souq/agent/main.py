@@ -26,6 +26,7 @@ from souq.agent.faults import fault_point
 from souq.agent.fingerprint import capacity_of, fingerprint
 from souq.agent.load import LoadGauge
 from souq.agent.outbox import Outbox
+from souq.agent.ports import PortPool
 from souq.agent.publisher import Pacer
 from souq.agent.reaper import Reaper, make_subreaper
 from souq.agent.service import AgentService
@@ -135,6 +136,8 @@ class Agent:
                 clock=self._clock,
                 on_event=outbox.put,
                 admission=admission,
+                ports=PortPool(*config.ports),
+                advertise=config.advertise,
             )
             self._executor.fault = fault_point(config.data_dir)
             self._commands = Commands(self._executor, self._clock)

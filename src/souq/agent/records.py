@@ -14,6 +14,7 @@ from souq.model.machine import Machine, MachineConfig, MachineEvent, MachineStat
 from souq.model.placement import Placement
 from souq.model.protocol import Quote, QuoteState
 from souq.model.resources import Resources
+from souq.model.services import MachineAddress
 
 __all__ = ["RECENT_EVENTS", "HoldRow", "MachineRow", "OpStep", "of_app"]
 
@@ -57,6 +58,7 @@ class MachineRow:
     restarts: int = 0
     exit_code: int | None = None
     events: tuple[MachineEvent, ...] = ()  # newest first, at most RECENT_EVENTS
+    address: MachineAddress | None = None  # its host and host ports, given at the claim
 
     @cached_property
     def resources(self) -> Resources:
@@ -72,6 +74,7 @@ class MachineRow:
             restarts=self.restarts,
             pid=self.pid,
             exit_code=self.exit_code,
+            address=self.address,
         )
 
 

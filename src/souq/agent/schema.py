@@ -16,6 +16,7 @@ from souq.model.protocol import QuoteState
 from souq.model.resources import Resources
 
 __all__ = [
+    "ADDED_MACHINE_COLUMNS",
     "AMOUNTS",
     "EVENT_COLUMNS",
     "HOLD_COLUMNS",
@@ -53,7 +54,8 @@ CREATE TABLE IF NOT EXISTS machines (
     restarts INTEGER NOT NULL DEFAULT 0,
     exit_code INTEGER,
     created_at INTEGER NOT NULL,
-    updated_at INTEGER NOT NULL
+    updated_at INTEGER NOT NULL,
+    address TEXT
 );
 CREATE TABLE IF NOT EXISTS reservations (
     machine_id TEXT PRIMARY KEY REFERENCES machines(id),
@@ -104,8 +106,10 @@ CREATE TABLE IF NOT EXISTS ops (
 
 MACHINE_COLUMNS = (
     "id, app, name, region, request_id, body_hash, state, config, placement, pid, "
-    "pid_start_time, restarts, exit_code, created_at, updated_at"
+    "pid_start_time, restarts, exit_code, created_at, updated_at, address"
 )
+# Columns added since the first schema, for a state file an older agent made.
+ADDED_MACHINE_COLUMNS = {"address": "TEXT"}  # the host and the host ports it was given
 EVENT_COLUMNS = "type, status, source, ts, exit_code, signal, message"
 HOLD_COLUMNS = (
     "id, app, region, millicpus, memory_mb, disk_mb, gpus, config, placement, ttl_s, created_at, "
@@ -117,7 +121,7 @@ OP_COLUMNS = "op_id, machine_id, kind, state, event, ts, detail"
 # The statements of a claim and of a machine's start (:meth:`Store.prepare` compiles them).
 INSERT_MACHINE = (
     f"INSERT INTO machines ({MACHINE_COLUMNS}) "  # noqa: S608 (constant columns)
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 INSERT_RESERVATION = (
     "INSERT INTO reservations (machine_id, millicpus, memory_mb, disk_mb, gpus) "

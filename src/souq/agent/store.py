@@ -51,6 +51,7 @@ from souq.model.machine import MachineConfig, MachineEvent, MachineState
 from souq.model.placement import Placement
 from souq.model.protocol import QuoteState
 from souq.model.resources import Resources
+from souq.model.services import MachineAddress
 
 __all__ = ["Store"]
 
@@ -93,12 +94,20 @@ class Store:
             self._db.execute("PRAGMA foreign_keys=ON")
             self._db.execute("PRAGMA cache_size=-256")
             self._db.executescript(sql.SCHEMA)
+            self._add_columns()
         except sqlite3.Error as exc:
             os.close(self._lock_fd)
             raise _fail(exc) from exc
         except StorageError:
             os.close(self._lock_fd)
             raise
+
+    def _add_columns(self) -> None:
+        """Bring a state file an older agent made up to this schema (new columns only)."""
+        have = {str(r[1]) for r in self._db.execute("PRAGMA table_info(machines)")}
+        for column, kind in sql.ADDED_MACHINE_COLUMNS.items():
+            if column not in have:
+                self._db.execute(f"ALTER TABLE machines ADD COLUMN {column} {kind}")
 
     def _check_integrity(self) -> None:
         """``PRAGMA quick_check`` at start: a corrupt state file is renamed aside (with a
@@ -179,7 +188,7 @@ class Store:
         """Compile the statements of a claim and of a machine's start now (in a transaction
         that is rolled back), rather than at the first claim: a hollow fleet's worker makes its
         first claim long after it started, in the middle of the fleet's load."""
-        machine = ("-", "", "", "", "-", "", "", "", None, None, None, 0, None, 0, 0)
+        machine = ("-", "", "", "", "-", "", "", "", None, None, None, 0, None, 0, 0, None)
         try:
             with self._write() as db:
                 if self.keeps_machines:
@@ -273,6 +282,7 @@ class Store:
                     row.exit_code,
                     row.created_at,
                     row.updated_at,
+                    row.address.model_dump_json() if row.address else None,
                 ),
             )
         except sqlite3.IntegrityError:
@@ -427,6 +437,7 @@ class Store:
                     exit_code=sql.int_or_none(r[12]),
                     created_at=int(r[13]),
                     updated_at=int(r[14]),
+                    address=MachineAddress.model_validate_json(str(r[15])) if r[15] else None,
                     events=tuple(recent.get(mid, ())),
                 )
             )

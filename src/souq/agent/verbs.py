@@ -73,6 +73,7 @@ class WorkerVerbs:
         d.route(v.CLAIM_BATCH, self._claim_batch)
         d.route(v.GET, self._get)
         d.route(v.START, self._start)
+        d.route(v.SUSPEND, self._suspend)
         d.route(v.STOP, self._stop)
         d.route(v.RESTART, self._restart)
         d.route(v.SIGNAL, self._signal)
@@ -250,6 +251,9 @@ class WorkerVerbs:
 
     async def _start(self, ref: msg.MachineRef) -> Machine:
         return self._cmd.start(ref.app, ref.machine_id)
+
+    async def _suspend(self, ref: msg.MachineRef) -> Machine:
+        return self._cmd.suspend(ref.app, ref.machine_id)
 
     async def _stop(self, cmd: msg.StopCommand) -> Machine:
         return self._cmd.stop(cmd.app, cmd.machine_id, signal=cmd.signal, timeout_s=cmd.timeout_s)

@@ -295,7 +295,14 @@ def _routes(service: BrokerService, create: CreateHandler) -> FastAPI:
 
     @api.post(machine_path + "/start", response_model=Machine, tags=["machines"])
     async def start_machine(app: AppName, machine_id: str) -> Response:
+        """Start a stopped machine, or resume a suspended one."""
         return _json(await service.start_machine(app, machine_id))
+
+    @api.post(machine_path + "/suspend", response_model=Machine, tags=["machines"])
+    async def suspend_machine(app: AppName, machine_id: str) -> Response:
+        """Freeze a started machine: it keeps its memory and its port, and a start (or a
+        request through the proxy) resumes it."""
+        return _json(await service.suspend_machine(app, machine_id))
 
     # Stop and restart take the same optional body: the signal and the grace before SIGKILL.
     stop_route: dict[str, Any] = {

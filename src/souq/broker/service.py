@@ -348,6 +348,11 @@ class BrokerService:
         ref = MachineRef(app=app, machine_id=machine_id)
         return self._seen(await self._ask(machine_id, v.START, ref))
 
+    async def suspend_machine(self, app: str, machine_id: str) -> Machine:
+        """Freeze a started machine where it stands; a start resumes it."""
+        ref = MachineRef(app=app, machine_id=machine_id)
+        return self._seen(await self._ask(machine_id, v.SUSPEND, ref))
+
     async def stop_machine(
         self,
         app: str,

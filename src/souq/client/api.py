@@ -156,7 +156,12 @@ class SouqClient:
         return _one(Machine, self._call("GET", _machine(app, machine_id)))
 
     def start(self, app: str, machine_id: str) -> Machine:
+        """Start a stopped machine, or resume a suspended one."""
         return _one(Machine, self._call("POST", _machine(app, machine_id, "start")))
+
+    def suspend(self, app: str, machine_id: str) -> Machine:
+        """Freeze a started machine where it stands (:meth:`start` resumes it)."""
+        return _one(Machine, self._call("POST", _machine(app, machine_id, "suspend")))
 
     def stop(
         self,

@@ -349,9 +349,16 @@ def machine_show(machine_id: IdArg, app_name: AppOpt, as_json: JsonOpt = False) 
 
 @machine_app.command("start")
 def machine_start(machine_id: IdArg, app_name: AppOpt, as_json: JsonOpt = False) -> None:
-    """Start a stopped machine."""
+    """Start a stopped machine, or resume a suspended one."""
     with reporting(as_json):
         render.machine_state(make_client().start(app_name, machine_id), as_json=as_json)
+
+
+@machine_app.command("suspend")
+def machine_suspend(machine_id: IdArg, app_name: AppOpt, as_json: JsonOpt = False) -> None:
+    """Freeze a started machine: it keeps its memory and its port; `start` resumes it."""
+    with reporting(as_json):
+        render.machine_state(make_client().suspend(app_name, machine_id), as_json=as_json)
 
 
 @machine_app.command("stop")

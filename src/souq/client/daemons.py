@@ -108,6 +108,14 @@ def agent(
             help="How machine limits are enforced: auto (v2, else v1, else none), v2, v1, none.",
         ),
     ] = Cgroups.AUTO,
+    advertise: Annotated[
+        str | None,
+        typer.Option("--advertise", help="The address machines are reached at (127.0.0.1)."),
+    ] = None,
+    ports: Annotated[
+        str | None,
+        typer.Option("--ports", help="Host ports for machines, LOW-HIGH (default 20000-29999)."),
+    ] = None,
     log_format: LogFormatOpt = LogFormat.TEXT,
 ) -> None:
     """Run a worker agent in the foreground."""

@@ -45,6 +45,7 @@ _STATE_STYLES = {
     "starting": "cyan",
     "stopping": "yellow",
     "stopped": "yellow",
+    "suspended": "blue",
     "cordoned": "yellow",
     "draining": "yellow",
     "created": "blue",

@@ -116,6 +116,11 @@ class Driver(Protocol):
         """Send ``sig`` to the machine's processes. False when the process is already gone."""
         ...
 
+    def freeze(self, handle: Handle, frozen: bool) -> bool:
+        """Freeze the machine's processes where they stand (memory, sockets and port kept), or
+        thaw them. False when the process is already gone."""
+        ...
+
     async def stop(self, handle: Handle, sig: int, timeout_s: float) -> ExitStatus:
         """Send ``sig``, then SIGKILL if the process still runs after ``timeout_s``."""
         ...

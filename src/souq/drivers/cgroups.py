@@ -70,6 +70,7 @@ log = logging.getLogger(__name__)
 CPU_PERIOD_US = 100_000
 DEFAULT_PIDS_MAX = 4096
 CONTROLLERS = ("memory", "cpu", "pids")
+V1_FREEZER = "freezer"  # v1: its own hierarchy, used when mounted (v2 has cgroup.freeze)
 Mode = Literal["auto", "v2", "v1", "none"]
 WAITERS = "waiters"  # v1: where a waiter placed ahead of need moves once its child is born
 SPARE_PREFIX = "spare-"
@@ -164,6 +165,14 @@ class V2Backend:
     def oom_kills(self, name: str) -> int:
         return _read_kv(self.base / name / "memory.events").get("oom_kill", 0)
 
+    def freeze(self, name: str, frozen: bool) -> bool:
+        """Freeze (or thaw) every process of the cgroup; False when the kernel cannot."""
+        path = self.base / name / "cgroup.freeze"
+        if not path.exists():
+            return False
+        _write(path, "1" if frozen else "0")
+        return True
+
     def cpu_stat(self, name: str) -> dict[str, int]:
         return _read_kv(self.base / name / "cpu.stat")
 
@@ -228,6 +237,13 @@ class V1Backend:
         for d in self.dirs(name):
             found.update(_pids_in(d / "cgroup.procs"))
         return sorted(found)
+
+    def freeze(self, name: str, frozen: bool) -> bool:
+        """Freeze (or thaw) every process of the cgroup; False without the freezer."""
+        if V1_FREEZER not in self.bases:
+            return False
+        _write(self.bases[V1_FREEZER] / name / "freezer.state", "FROZEN" if frozen else "THAWED")
+        return True
 
     def oom_kills(self, name: str) -> int:
         if "memory" not in self.bases:
@@ -379,6 +395,17 @@ class Cgroups:
     def cpu_stat(self, machine_id: str) -> dict[str, int]:
         return {} if self.backend is None else self.backend.cpu_stat(machine_id)
 
+    def freeze(self, machine_id: str, frozen: bool) -> bool:
+        """Freeze or thaw the machine's processes with the cgroup freezer; False when the host
+        has none for it (the driver stops them with SIGSTOP instead)."""
+        if self.backend is None:
+            return False
+        try:
+            return self.backend.freeze(machine_id, frozen)
+        except OSError as exc:
+            log.info("cannot %s cgroup %s: %s", "freeze" if frozen else "thaw", machine_id, exc)
+            return False
+
     def remove(self, machine_id: str) -> bool:
         """Kill what is left in the machine's cgroup and remove it. False when a directory is
         still busy (its processes have not finished dying): call again later."""
@@ -386,6 +413,7 @@ class Cgroups:
         b = self.backend
         if b is None:
             return True
+        self.freeze(machine_id, False)  # a frozen process dies only once thawed
         _kill(b.pids(machine_id))
         done = True
         for d in b.dirs(machine_id):
@@ -534,7 +562,7 @@ def _detect_v2(mounts: list[_Mount], own: dict[str, str]) -> V2Backend | None:
 
 def _detect_v1(mounts: list[_Mount], own: dict[str, str]) -> V1Backend | None:
     bases: dict[str, Path] = {}
-    for c in CONTROLLERS:
+    for c in (*CONTROLLERS, V1_FREEZER):
         mount = next((m.path for m in mounts if m.fstype == "cgroup" and c in m.options), None)
         if mount is None:
             continue

@@ -465,6 +465,11 @@ class ExecDriver:
             return False
         return processes.kill_group(handle.pid, sig)
 
+    def freeze(self, handle: Handle, frozen: bool) -> bool:
+        """Without a cgroup freezer: SIGSTOP (which no process can catch) and SIGCONT, to the
+        machine's process group."""
+        return self.signal(handle, signal.SIGSTOP if frozen else signal.SIGCONT)
+
     async def stop(self, handle: Handle, sig: int, timeout_s: float) -> ExitStatus:
         if handle.pid not in self._watches:
             return ExitStatus()

@@ -118,6 +118,14 @@ class HostDriver:
     def signal(self, handle: Handle, sig: int) -> bool:
         return self.exec.signal(handle, sig)
 
+    def freeze(self, handle: Handle, frozen: bool) -> bool:
+        """The cgroup freezer where the host has one, else SIGSTOP and SIGCONT."""
+        if not self.exec.inspect(handle):
+            return False
+        if self.cgroups.freeze(handle.machine_id, frozen):
+            return True
+        return self.exec.freeze(handle, frozen)
+
     def inspect(self, handle: Handle) -> bool:
         return self.exec.inspect(handle)
 

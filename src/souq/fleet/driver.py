@@ -68,6 +68,10 @@ class HollowDriver:
             exit_.set_result(ExitStatus.from_returncode(-sig))
         return True
 
+    def freeze(self, handle: Handle, frozen: bool) -> bool:
+        exit_ = self._running.get(handle.machine_id)
+        return exit_ is not None and not exit_.done()  # nothing runs to freeze
+
     async def stop(self, handle: Handle, sig: int, timeout_s: float) -> ExitStatus:
         self.signal(handle, sig)
         return await self.wait(handle)

@@ -44,6 +44,7 @@ from souq.model.protocol import (
     WorkerDigest,
 )
 from souq.model.resources import Resources
+from souq.model.services import Check, Concurrency, MachineAddress, Service, ServicePort
 from souq.model.worker import (
     Fingerprint,
     Heartbeat,
@@ -55,8 +56,10 @@ from souq.model.worker import (
 
 __all__ = [
     "APP_NAME_PATTERN",
+    "Check",
     "ClaimAttempt",
     "ClaimRequest",
+    "Concurrency",
     "Constraint",
     "ConstraintOperator",
     "CordonCommand",
@@ -77,6 +80,7 @@ __all__ = [
     "LogsCommand",
     "LogsReply",
     "Machine",
+    "MachineAddress",
     "MachineConfig",
     "MachineEvent",
     "MachineEventMessage",
@@ -97,6 +101,8 @@ __all__ = [
     "Resources",
     "RestartConfig",
     "RestartPolicy",
+    "Service",
+    "ServicePort",
     "SignalCommand",
     "StopCommand",
     "StopConfig",

@@ -13,6 +13,7 @@ from souq.model.base import Input, Record
 from souq.model.constraint import Constraint
 from souq.model.placement import Placement
 from souq.model.resources import Resources
+from souq.model.services import Check, MachineAddress, Service
 
 __all__ = [
     "APP_NAME_PATTERN",
@@ -32,6 +33,7 @@ __all__ = [
 APP_NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$")
+MAX_SERVICES = 16
 
 
 class MachineState(StrEnum):
@@ -40,6 +42,7 @@ class MachineState(StrEnum):
     STARTED = "started"
     STOPPING = "stopping"
     STOPPED = "stopped"
+    SUSPENDED = "suspended"  # frozen: keeps its memory and its port, resumes on `start`
     DESTROYING = "destroying"
     DESTROYED = "destroyed"
     FAILED = "failed"
@@ -132,12 +135,49 @@ class MachineConfig(Input):
         description="what the machine runs, e.g. sha256:<hex> or registry/name:tag; placement "
         "prefers workers that hold it already",
     )
+    services: list[Service] = Field(
+        default_factory=list,
+        max_length=MAX_SERVICES,
+        description="ports the edge proxy routes to (each gets a host port: see `PORT`)",
+    )
+    checks: dict[str, Check] = Field(
+        default_factory=dict, max_length=MAX_SERVICES, description="health checks, by name"
+    )
+    standbys: list[str] = Field(
+        default_factory=list,
+        max_length=MAX_SERVICES,
+        description="machines this one stands by for: it stays stopped, on another worker, "
+        "until one of theirs goes down",
+    )
+
+    def internal_ports(self) -> list[int]:
+        """The ports the machine serves on, each once: its services' in order, then its
+        checks' (the worker gives each a host port)."""
+        ports = [s.internal_port for s in self.services]
+        ports += [c.port for c in self.checks.values()]
+        return list(dict.fromkeys(ports))
 
     @field_validator("cmd")
     @classmethod
     def _cmd(cls, v: list[str]) -> list[str]:
         if not v[0].strip():
             raise ValueError("the command (cmd[0]) must not be empty")
+        return v
+
+    @field_validator("checks")
+    @classmethod
+    def _checks(cls, v: dict[str, Check]) -> dict[str, Check]:
+        for name in v:
+            if not _NAME.match(name):
+                raise ValueError(f"check name {name!r}: 1-63 letters, digits, '-', '_' or '.'")
+        return v
+
+    @field_validator("standbys")
+    @classmethod
+    def _standbys(cls, v: list[str]) -> list[str]:
+        for machine_id in v:
+            if not _NAME.match(machine_id):
+                raise ValueError(f"standbys: {machine_id!r} is not a machine id")
         return v
 
     @field_validator("env")
@@ -195,3 +235,6 @@ class Machine(Record):
     restarts: int = 0
     pid: int | None = None
     exit_code: int | None = None
+    address: MachineAddress | None = Field(
+        default=None, description="where it serves: host and the host port of each internal port"
+    )

@@ -74,13 +74,16 @@ __all__ = [
     "SIGNAL",
     "START",
     "STOP",
+    "SUSPEND",
     "VERBS",
     "WAIT",
     "Verb",
 ]
 
 PROTOCOL_MAJOR = 1
-PROTOCOL_MINOR = 1  # 1: heartbeats say which minor version they speak; unknown verbs are typed
+# 1: heartbeats say which minor version they speak; unknown verbs are typed.
+# 2: `suspend`; machines have an address (host and ports) and may be `suspended`.
+PROTOCOL_MINOR = 2
 
 Q = TypeVar("Q", bound=BaseModel)
 A = TypeVar("A")
@@ -127,6 +130,9 @@ CLAIM_BATCH = _verb(
 GET = _verb("get", msg.MachineRef, Machine, "one machine's record")
 START = _verb("start", msg.MachineRef, Machine, "start a machine")
 STOP = _verb("stop", msg.StopCommand, Machine, "send the stop signal")
+SUSPEND = _verb(
+    "suspend", msg.MachineRef, Machine, "freeze a started machine (a start resumes it)", since=2
+)
 RESTART = _verb(
     "restart", msg.StopCommand, Machine, "stop, then start again; answered once started"
 )

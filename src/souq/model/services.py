@@ -1,0 +1,131 @@
+"""What a machine serves, in Fly's shape: ``services`` (the ports the edge proxy routes to it,
+with autostart, autostop and concurrency limits) and ``checks`` (how the proxy tells a healthy
+machine from one to keep out of rotation).
+
+A machine does not bind the port it names: every machine of a worker shares the host, so the
+worker gives each ``internal_port`` a free host port of its own (:class:`MachineAddress`) and the
+process reads it from ``PORT`` (the first service's) or ``PORT_<internal_port>``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from souq.model.base import Input, Record
+
+__all__ = [
+    "Check",
+    "Concurrency",
+    "MachineAddress",
+    "Service",
+    "ServicePort",
+    "parse_duration_s",
+]
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+def parse_duration_s(value: Any) -> float:
+    """``"15s"``, ``"500ms"``, ``"1m"`` or a number of seconds, as seconds."""
+    if isinstance(value, bool):
+        raise ValueError("a duration is a number of seconds or a string such as '15s'")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        match = _DURATION.match(str(value))
+        if match is None:
+            raise ValueError(f"{value!r} is not a duration (use e.g. '15s', '500ms' or '1m')")
+        seconds = float(match.group(1)) * _UNIT_S[match.group(2)]
+    if seconds <= 0:
+        raise ValueError("a duration must be more than zero")
+    return seconds
+
+
+class ServicePort(Input):
+    """A port the proxy listens on for the service: ``handlers: ["http"]`` terminates HTTP
+    (routing by Host, headers added); no handler passes TCP through."""
+
+    port: int | None = Field(default=None, ge=1, le=65535, description="the edge's port")
+    handlers: list[Literal["http"]] = Field(
+        default_factory=list, description='`["http"]`, or none for raw TCP'
+    )
+
+
+class Concurrency(Input):
+    """Fly's limits: the proxy prefers machines under ``soft_limit`` and never sends one more
+    than ``hard_limit`` (it queues, then answers 503)."""
+
+    type: Literal["connections", "requests"] = "connections"
+    soft_limit: int = Field(default=20, ge=1, le=1_000_000)
+    hard_limit: int = Field(default=25, ge=1, le=1_000_000)
+
+    @model_validator(mode="after")
+    def _limits(self) -> Concurrency:
+        if self.soft_limit > self.hard_limit:
+            raise ValueError(
+                f"soft_limit ({self.soft_limit}) must not exceed hard_limit ({self.hard_limit})"
+            )
+        return self
+
+
+class Service(Input):
+    protocol: Literal["tcp"] = Field(default="tcp", description="`tcp` (HTTP rides on it)")
+    internal_port: int = Field(ge=1, le=65535, description="the port the app serves on")
+    ports: list[ServicePort] = Field(
+        default_factory=lambda: [ServicePort(handlers=["http"])],
+        description="how the edge reaches it (default: HTTP on the proxy's port)",
+    )
+    autostart: bool = Field(default=True, description="a request starts a stopped machine")
+    autostop: Literal["off", "stop", "suspend"] = Field(
+        default="off", description="what the proxy does to an idle machine"
+    )
+    min_machines_running: int = Field(
+        default=0, ge=0, le=10_000, description="autostop leaves at least this many (per region)"
+    )
+    concurrency: Concurrency = Field(default_factory=Concurrency)
+
+    @field_validator("autostop", mode="before")
+    @classmethod
+    def _autostop(cls, v: Any) -> Any:
+        # fly.toml also says `auto_stop_machines = true/false`.
+        if v is True:
+            return "stop"
+        if v is False:
+            return "off"
+        return v
+
+
+class Check(Input):
+    type: Literal["http", "tcp"]
+    port: int = Field(ge=1, le=65535, description="an internal port (a service's, or its own)")
+    path: str = Field(default="/", pattern=r"^/", max_length=2048, description="http: GET this")
+    interval: float = Field(default=15.0, le=86_400, description="seconds, or e.g. '15s'")
+    timeout: float = Field(default=10.0, le=3600, description="seconds, or e.g. '2s'")
+    grace_period: float = Field(
+        default=0.0, ge=0, le=3600, description="failures right after a start do not count"
+    )
+
+    @field_validator("interval", "timeout", mode="before")
+    @classmethod
+    def _duration(cls, v: Any) -> float:
+        return parse_duration_s(v)
+
+    @field_validator("grace_period", mode="before")
+    @classmethod
+    def _grace(cls, v: Any) -> float:
+        return 0.0 if v in (0, "0", "0s") else parse_duration_s(v)
+
+
+class MachineAddress(Record):
+    """Where a machine is reached: the worker's address and the host port it gave each internal
+    port (``{internal_port: host_port}``)."""
+
+    host: str
+    ports: dict[int, int] = Field(default_factory=dict)
+
+    def port_for(self, internal_port: int) -> int | None:
+        return self.ports.get(internal_port)
