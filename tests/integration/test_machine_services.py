@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from souq.errors import IllegalTransition
+from souq.errors import IllegalTransition, InsufficientCapacity, InvalidInput
 from souq.model import MachineState
 from souq.testing import Cluster, wait_until
 
@@ -101,20 +101,34 @@ def test_suspend_freezes_the_process_and_start_resumes_it(one_worker: Cluster) -
     client.destroy(app, m.id)
 
 
-def test_a_standby_is_made_stopped_with_its_ports(one_worker: Cluster) -> None:
+def test_a_standby_is_made_stopped_on_another_worker_than_its_primary(tmp_path: Path) -> None:
+    with Cluster(tmp_path, regions={"mad": 2}) as c:
+        client = c.client()
+        app = app_name()
+        primary = client.create_machine(app, "mad", config())
+        standby = client.create_machine(app, "mad", config(standbys=[primary.id]))
+        assert standby.worker_id != primary.worker_id
+        assert standby.state == MachineState.STOPPED
+        assert standby.events[0].type == "standby"
+        assert standby.address is not None and 8080 in standby.address.ports
+        started = client.start(app, standby.id)
+        assert started.state in (MachineState.STARTING, MachineState.STARTED)
+        port = standby.address.ports[8080]
+        got = wait_until(lambda: served(port), message="the standby to serve")
+        assert got["machine_id"] == standby.id
+
+
+def test_a_standby_needs_a_known_primary_and_another_worker(one_worker: Cluster) -> None:
     client = one_worker.client()
     app = app_name()
-    standby = client.create_machine(app, "mad", config(standbys=["m0000000000000"]))
-    assert standby.state == MachineState.STOPPED
-    assert standby.events[0].type == "standby"
-    assert standby.address is not None and 8080 in standby.address.ports
-    started = client.start(app, standby.id)
-    assert started.state in (MachineState.STARTING, MachineState.STARTED)
-    port = standby.address.ports[8080]
-    assert wait_until(lambda: served(port), message="the standby to serve")["machine_id"] == (
-        standby.id
-    )
-    client.destroy(app, standby.id, force=True)
+    with pytest.raises(InvalidInput) as err:
+        client.create_machine(app, "mad", config(standbys=["m0000000000000"]))
+    assert "standbys: machine m0000000000000 is not known" in err.value.message
+    primary = client.create_machine(app, "mad", config())
+    with pytest.raises(InsufficientCapacity) as full:
+        client.create_machine(app, "mad", config(standbys=[primary.id]))
+    assert "standby_primary" in str(full.value.details)
+    client.destroy(app, primary.id, force=True)
 
 
 def test_bad_services_are_refused_with_the_field_named(one_worker: Cluster) -> None:

@@ -246,12 +246,30 @@ class Market:
         self, order: ClaimRequest, purpose: Purpose, *, find_existing: bool = False
     ) -> Auction:
         request = PlacementRequest.for_machine(
-            order.request_id, order.app, order.region, order.config
+            order.request_id,
+            order.app,
+            order.region,
+            order.config,
+            avoid_workers=self._primaries(order),
         )
         pipeline = self._pipeline if order.policy is None else self._pipelines.get(order.policy)
         return self._new_auction(
             Order(request, purpose=purpose, find_existing=find_existing), pipeline
         )
+
+    def _primaries(self, order: ClaimRequest) -> frozenset[str]:
+        """A standby's: the workers of the machines it stands by for (each must be known)."""
+        workers = set()
+        for machine_id in order.config.standbys:
+            worker = self.book.worker_of(machine_id)
+            if worker is None:
+                raise InvalidInput(
+                    f"standbys: machine {machine_id} is not known in this cluster",
+                    hint="create the machines it stands by for first",
+                    details={"field": "config.standbys"},
+                )
+            workers.add(worker)
+        return frozenset(workers)
 
     def _new_auction(self, order: Order, pipeline: Pipeline) -> Auction:
         return Auction(

@@ -148,6 +148,11 @@ class WorkerBook:
             if self._apps[where] <= 0:
                 del self._apps[where]
 
+    def worker_of(self, machine_id: str) -> str | None:
+        """The worker a machine lives on, as the book heard it (placements and events)."""
+        where = self._machines.get(machine_id)
+        return None if where is None else where[0]
+
     def app_machines(self, worker_id: str, app: str) -> int:
         return self._apps.get((worker_id, app), 0)
 

@@ -10,6 +10,7 @@ from souq.placement.curves import DEFAULT_CURVE, Curve
 from souq.placement.filters import (
     ConstraintFilter,
     DistinctWorkersFilter,
+    StandbyFilter,
     DriverFilter,
     EligibleFilter,
     RegionFilter,
@@ -56,6 +57,7 @@ __all__ = [
     "ConstraintFilter",
     "Curve",
     "DistinctWorkersFilter",
+    "StandbyFilter",
     "DriverFilter",
     "EligibleFilter",
     "Filter",

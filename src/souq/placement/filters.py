@@ -10,6 +10,7 @@ The reasons are stable codes (they are counted in every placement record and nam
 ``driver_missing``       the worker has no driver for the machine
 ``constraint``           one of the machine's constraints does not hold on the worker
 ``distinct_workers``     the worker already runs a machine of the app (``distinct_workers_for``)
+``standby_primary``      the worker runs a machine this standby stands by for (``standbys``)
 ``insufficient_cpu``     and ``insufficient_memory``, ``insufficient_disk``,
                          ``insufficient_gpus``: the worker lacks free capacity
 (the worker's own)       a worker that declines says why; :class:`EligibleFilter` keeps it
@@ -32,6 +33,7 @@ __all__ = [
     "EligibleFilter",
     "RegionFilter",
     "ResourcesFilter",
+    "StandbyFilter",
     "StateFilter",
 ]
 
@@ -109,6 +111,23 @@ class DistinctWorkersFilter:
             "distinct_workers",
             f"worker already runs {n} machine{'s' if n > 1 else ''} of app {request.app}",
             unmet="distinct_workers_for: app",
+        )
+
+
+@dataclass(frozen=True)
+class StandbyFilter:
+    """A standby never shares a worker with the machines it stands by for: it is there for
+    when their worker is lost."""
+
+    name: str = "standby"
+
+    def check(self, request: PlacementRequest, offer: Offer) -> Rejection | None:
+        if offer.worker.id not in request.avoid_workers:
+            return None
+        return Rejection(
+            "standby_primary",
+            "worker runs a machine this standby stands by for",
+            unmet="standbys: another worker",
         )
 
 

@@ -67,6 +67,8 @@ def build_pipeline(policy: PlacementPolicy | None, defaults: PlacementDefaults) 
             filters.ConstraintFilter(),
             # distinct_workers_for: app (a hard rule; the anti-affinity scorer is the soft one).
             filters.DistinctWorkersFilter(),
+            # A standby away from the workers of the machines it stands by for.
+            filters.StandbyFilter(),
             # The worker's own refusal (full, by its count, which includes its quotes' holds).
             filters.EligibleFilter(),
             # The broker re-checks free capacity: a lax or older worker cannot overcommit.

@@ -22,13 +22,22 @@ class PlacementRequest:
     distinct_workers_for: str | None = None  # "app": at most one machine of the app per worker
     artifact: str | None = None  # what the machine runs; cached on some workers
     driver: str = "exec"
+    # A standby's: the workers of the machines it stands by for (it must not share their fate).
+    avoid_workers: frozenset[str] = frozenset()
 
     @classmethod
     def for_machine(
-        cls, request_id: str, app: str, region: str, config: MachineConfig
+        cls,
+        request_id: str,
+        app: str,
+        region: str,
+        config: MachineConfig,
+        *,
+        avoid_workers: frozenset[str] = frozenset(),
     ) -> PlacementRequest:
         """The request to place a machine of ``config``: the one place that reads a config."""
         return cls(
+            avoid_workers=avoid_workers,
             request_id=request_id,
             app=app,
             region=region,
