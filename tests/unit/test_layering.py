@@ -116,6 +116,7 @@ PUBLIC = {
         "ConstraintFilter",
         "Curve",
         "DistinctWorkersFilter",
+        "StandbyFilter",
         "DriverFilter",
         "EligibleFilter",
         "Filter",

@@ -104,6 +104,7 @@ def test_the_default_chain() -> None:
         "driver",
         "constraints",
         "distinct-workers",
+        "standby",
         "eligible",
         "resources",
     ]
