@@ -101,11 +101,17 @@ class ClusterView:
         request_timeout_s: float = 2.0,
         events_capacity: int = 10_000,
         on_machine_event: Callable[[MachineEventMessage], None] | None = None,
+        on_change: Callable[[str], None] | None = None,
+        on_worker: Callable[[str, WorkerState, WorkerState | None], None] | None = None,
     ) -> None:
         self.store = ViewStore()
         # Told of every machine event the view decodes (the broker's routing cache), so that
         # one subscription and one decode serve both.
         self._on_machine_event = on_machine_event
+        # Told the id of every machine whose row changed, once the change is applied (the
+        # proxy's routing table follows the view this way); and of every worker state change.
+        self._on_change = on_change
+        self._on_worker = on_worker
         self.events = EventLog(events_capacity)
         self._seen = SeenEvents(events_capacity, horizon_ms=clock.now_ms())
         self._transport = transport
@@ -174,6 +180,11 @@ class ClusterView:
         """A machine record straight from its worker (e.g. a create or destroy this broker
         made): read-your-writes on this broker."""
         self.store.apply_machine(machine)
+        self._changed(machine.id)
+
+    def _changed(self, machine_id: str) -> None:
+        if self._on_change is not None:
+            self._on_change(machine_id)
 
     def _on_message(self, msgs: list[MachineEventMessage]) -> None:
         """One event message: one event, or a worker's batch of them."""
@@ -203,6 +214,7 @@ class ClusterView:
             self._fetch(msgs[-1])
         elif applied:
             self.applied += 1
+            self._changed(msgs[-1].machine_id)
 
     def _fetch(self, msg: MachineEventMessage) -> None:
         if msg.machine_id in self._fetching:
@@ -218,6 +230,7 @@ class ClusterView:
             machine = await self._client.call(msg.worker_id, GET, ref, timeout=self._timeout)
             self.store.apply_machine(machine)
             self.applied += 1
+            self._changed(machine.id)
         except (SouqError, ValueError) as exc:
             log.info("the view could not fetch machine %s: %s", msg.machine_id, exc)
         finally:
@@ -260,6 +273,8 @@ class ClusterView:
             self.events.append_worker(
                 worker_id=wid, region=region, state=state, previous=before, timestamp=now
             )
+            if self._on_worker is not None:
+                self._on_worker(wid, state, before)
 
     async def sync_round(self) -> None:
         """Compare every worker's digest with the view's; re-list the workers that differ.
@@ -327,7 +342,11 @@ class ClusterView:
             log.info("the view could not list worker %s: %s", worker_id, exc)
             return False
         self._tell_missed(machines)
+        held = self.store.machine_ids(worker_id) if self._on_change is not None else []
         changed = self.store.reconcile_worker(worker_id, machines, before=before)
+        if self._on_change is not None:
+            for machine_id in {*held, *(m.id for m in machines)}:
+                self._on_change(machine_id)
         if changed:
             log.info("anti-entropy: %d machine rows of worker %s healed", changed, worker_id)
         return True

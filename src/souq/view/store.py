@@ -220,6 +220,15 @@ class ViewStore:
 
     # -- queries -------------------------------------------------------------------------------
 
+    def machine_ids(self, worker_id: str) -> list[str]:
+        """The ids of the worker's rows, tombstones included."""
+        return [
+            str(mid)
+            for (mid,) in self._db.execute(
+                "SELECT id FROM machines WHERE worker_id = ?", (worker_id,)
+            )
+        ]
+
     def machine_json(self, machine_id: str) -> str | None:
         row = self._db.execute(
             "SELECT state, updated_at, events, body FROM machines WHERE id = ? AND state != ?",

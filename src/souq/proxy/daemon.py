@@ -1,0 +1,170 @@
+"""``souq proxy``: the edge. The relay (:mod:`souq.proxy.downstream` and its peers) answers
+requests from the routing table; this module runs what keeps that table true and acts on it:
+
+* a replica of the cluster view (machine events and anti-entropy over NATS) and the workers'
+  liveness (heartbeats), feeding the table (:mod:`souq.proxy.machines`);
+* wake-ups for requests that find no machine (:mod:`souq.proxy.wake`);
+* health checks (:mod:`souq.proxy.health`), the autostop round (:mod:`souq.proxy.idle`) and
+  standby failover (:mod:`souq.proxy.standby`);
+* an admin port: ``/metrics`` (Prometheus) and ``/decisions`` (what the control plane did, and
+  why).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from souq.broker.liveness import Liveness
+from souq.bus import Transport
+from souq.clock import Clock, SystemClock
+from souq.daemon import cancel_tasks
+from souq.model import Machine
+from souq.protocol import WorkerClient
+from souq.proxy.decisions import Decisions
+from souq.proxy.health import HealthChecks
+from souq.proxy.idle import Autostop
+from souq.proxy.machines import MachineFeed
+from souq.proxy.standby import Failover
+from souq.proxy.table import Backend, RoutingTable
+from souq.proxy.wake import Waker
+from souq.view import ClusterView
+
+__all__ = ["ControlPlane", "ProxyConfig"]
+
+log = logging.getLogger(__name__)
+
+
+class ProxyConfig(BaseModel):
+    """How one ``souq proxy`` runs."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    nats_url: str
+    region: str = Field(min_length=1, max_length=64, description="the proxy's own region")
+    listen: tuple[str, int] = ("127.0.0.1", 4281)
+    domain: str = Field(default="localhost", description="APP.<domain> routes to app APP")
+    admin_port: int = Field(default=0, ge=0, le=65535, description="/metrics, /decisions; 0: off")
+    autostop_interval_s: float = Field(default=60.0, gt=0, le=86_400)
+    wake_timeout_s: float = Field(default=10.0, gt=0, le=600, description="a request's wait")
+    drain_s: float = Field(default=30.0, ge=0, le=3600, description="autostop waits this long")
+    down_after_missed: int = Field(default=3, ge=1, le=100)
+    sync_interval_s: float = Field(default=5.0, gt=0)
+
+
+class ControlPlane:
+    """Everything of the proxy but the relay, on one transport. ``start()``, hand
+    :attr:`table` and :attr:`hooks` to the relay, then ``await aclose()``."""
+
+    def __init__(
+        self, config: ProxyConfig, transport: Transport, clock: Clock | None = None
+    ) -> None:
+        self.config = config
+        self._transport = transport
+        self._clock = clock or SystemClock()
+        workers = WorkerClient(transport)
+        self.table = RoutingTable()
+        self.decisions = Decisions()
+        self.liveness = Liveness(transport, self._clock, down_after_missed=config.down_after_missed)
+        self.health = HealthChecks(self.table, self.decisions)
+        self.feed = MachineFeed(self.table, self._read, on_backend=self._followed)
+        self.failover = Failover(
+            self.feed, workers, self.decisions, timeout_s=config.wake_timeout_s
+        )
+        self.view = ClusterView(
+            transport,
+            self.liveness,
+            self._clock,
+            sync_interval_s=config.sync_interval_s,
+            on_change=self.feed.changed,
+            on_worker=self.failover.worker_changed,
+        )
+        self.liveness.on_rejoin = self.view.resync_worker
+        self.waker = Waker(
+            self.table,
+            workers,
+            self.decisions,
+            seen=self._seen,
+            region=config.region,
+            timeout_s=config.wake_timeout_s,
+        )
+        self.autostop = Autostop(
+            self.feed, workers, self.decisions, drain_s=config.drain_s, timeout_s=10.0
+        )
+        self.hooks = Hooks(self.waker)
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        await self.view.start()
+        await self.liveness.start()
+        loop = asyncio.get_running_loop()
+        self._tasks.append(
+            loop.create_task(self.autostop.run(self.config.autostop_interval_s), name="autostop")
+        )
+
+    async def aclose(self) -> None:
+        await cancel_tasks(self._tasks)
+        await self.failover.aclose()
+        await self.health.aclose()
+        await self.liveness.close()
+        await self.view.close()
+
+    def _read(self, machine_id: str) -> Machine | None:
+        body = self.view.store.machine_json(machine_id)
+        return None if body is None else Machine.model_validate_json(body)
+
+    def _seen(self, machine: Machine) -> None:
+        """A record straight from a worker (a start's answer): the view and the table now."""
+        self.view.apply(machine)
+
+    def _followed(self, machine: Machine, backend: Backend | None) -> None:
+        if backend is None:
+            self.health.forget(machine.id)
+        else:
+            self.health.follow(machine)
+
+    def admin_app(self, metrics: Any = None) -> Starlette:
+        """``GET /metrics`` (the relay's ``metrics`` text, then the control plane's) and
+        ``GET /decisions[?app=APP]``."""
+        from prometheus_client import generate_latest
+
+        async def metrics_route(request: Request) -> Response:
+            text = (metrics() if metrics is not None else b"") + generate_latest(
+                self.decisions.registry
+            )
+            return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+        async def decisions_route(request: Request) -> Response:
+            app = request.query_params.get("app")
+            body = json.dumps(self.decisions.recent(app))
+            return Response(body, media_type="application/json")
+
+        return Starlette(
+            routes=[
+                Route("/metrics", metrics_route),
+                Route("/decisions", decisions_route),
+            ]
+        )
+
+
+class Hooks:
+    """The relay's hooks (:class:`souq.proxy.hooks.ProxyHooks`) over the control plane."""
+
+    def __init__(self, waker: Waker) -> None:
+        self._waker = waker
+
+    async def wake(self, app: str, region: str | None) -> Backend | None:
+        return await self._waker.wake(app, region)
+
+    def on_request_done(
+        self, app: str, backend: Backend | None, status: int, seconds: float
+    ) -> None:
+        return None

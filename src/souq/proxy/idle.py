@@ -1,0 +1,114 @@
+"""The autostop round: every ``--autostop-interval`` the proxy stops (or suspends) machines the
+load does not need, by the rule of :mod:`souq.proxy.autostop`.
+
+A machine chosen leaves rotation first (the table drains it: no new request goes to it), the
+round waits for what it is serving to finish (at most ``drain_s``), and only then is its stop
+(or suspend) sent to its worker: a stream of requests sees no error. Each stop is recorded
+with the rule's reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from souq.errors import SouqError
+from souq.model import MachineRef, StopCommand
+from souq.protocol import WorkerClient
+from souq.protocol.verbs import STOP, SUSPEND
+from souq.proxy.autostop import Idle, Running, choose
+from souq.proxy.decisions import Decisions
+from souq.proxy.machines import MachineFeed, http_service
+
+__all__ = ["Autostop"]
+
+log = logging.getLogger(__name__)
+
+_DRAIN_POLL_S = 0.01
+
+
+class Autostop:
+    def __init__(
+        self,
+        feed: MachineFeed,
+        workers: WorkerClient,
+        decisions: Decisions,
+        *,
+        drain_s: float = 30.0,
+        timeout_s: float = 10.0,
+    ) -> None:
+        self._feed = feed
+        self._workers = workers
+        self._decisions = decisions
+        self._drain = drain_s
+        self._timeout = timeout_s
+
+    def running(self) -> list[Running]:
+        """Every started, serving machine with its load now."""
+        table = self._feed.table
+        out = []
+        for machine in self._feed.machines.values():
+            service = http_service(machine)
+            backend = table.get(machine.id)
+            if service is None or backend is None or backend.state != "started":
+                continue
+            if table.is_draining(machine.id):
+                continue
+            out.append(
+                Running(
+                    machine.id,
+                    machine.app,
+                    machine.region,
+                    table.load(machine.id),
+                    service.concurrency.soft_limit,
+                    service.autostop,
+                    service.min_machines_running,
+                )
+            )
+        return out
+
+    async def round(self) -> list[Idle]:
+        """One round: choose, drain, then stop or suspend."""
+        chosen = choose(self.running())
+        await asyncio.gather(*(self._stop(idle) for idle in chosen))
+        return chosen
+
+    async def _stop(self, idle: Idle) -> None:
+        table = self._feed.table
+        machine = self._feed.machines.get(idle.machine_id)
+        if machine is None:
+            return
+        table.draining(idle.machine_id)
+        loop = asyncio.get_running_loop()
+        until = loop.time() + self._drain
+        # The load is a plain counter the relay updates on its hot path (no event to wait on).
+        while table.load(idle.machine_id) > 0 and loop.time() < until:  # noqa: ASYNC110
+            await asyncio.sleep(_DRAIN_POLL_S)
+        ref = MachineRef(app=machine.app, machine_id=machine.id)
+        try:
+            if idle.action == "suspend":
+                done = await self._workers.call(
+                    machine.worker_id, SUSPEND, ref, timeout=self._timeout
+                )
+            else:
+                done = await self._workers.call(
+                    machine.worker_id,
+                    STOP,
+                    StopCommand(app=machine.app, machine_id=machine.id),
+                    timeout=self._timeout,
+                )
+        except SouqError as exc:
+            table.draining(idle.machine_id, False)
+            log.info("autostop of machine %s failed: %s", idle.machine_id, exc)
+            return
+        self._feed.seen(done)
+        verb = "suspended" if idle.action == "suspend" else "stopped"
+        self._decisions.record("autostop", idle.app, idle.machine_id, f"{verb}: {idle.reason}")
+
+    async def run(self, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await self.round()
+            except Exception:  # a round must not end the loop
+                log.exception("an autostop round failed")

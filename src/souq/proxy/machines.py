@@ -1,0 +1,125 @@
+"""From the cluster view to the routing table: which machines the proxy can send requests to.
+
+The proxy keeps a replica of the cluster view (:class:`souq.view.ClusterView`, fed by every
+worker's machine events and healed by anti-entropy: no polling). Each time a machine's row
+changes, :class:`MachineFeed` reads the record again and tells the table what it now is
+(:func:`backend_of`), or that it is gone. Only machines that serve HTTP are in the table: those
+with a service whose ports have the ``http`` handler (the first such service is the one the
+proxy's port routes to), and an address the worker gave them.
+
+The feed also keeps, for the standby failover (:mod:`souq.proxy.standby`), which stopped
+machines stand by for which others.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import replace
+
+from souq.model import Machine, Service
+from souq.proxy.table import Backend, RoutingTable
+
+__all__ = ["MachineFeed", "backend_of", "http_service"]
+
+log = logging.getLogger(__name__)
+
+
+def http_service(machine: Machine) -> Service | None:
+    """The service the proxy's HTTP port routes to: the first with the ``http`` handler."""
+    for service in machine.config.services:
+        if any("http" in p.handlers for p in service.ports):
+            return service
+    return None
+
+
+def backend_of(machine: Machine) -> Backend | None:
+    """The machine as the routing table sees it, or None when it does not serve HTTP."""
+    service = http_service(machine)
+    address = machine.address
+    if service is None or address is None:
+        return None
+    port = address.port_for(service.internal_port)
+    if port is None:
+        return None
+    return Backend(
+        machine_id=machine.id,
+        app=machine.app,
+        region=machine.region,
+        host=address.host,
+        port=port,
+        worker_id=machine.worker_id,
+        state=machine.state.value,
+        kind=service.concurrency.type,
+        soft_limit=service.concurrency.soft_limit,
+        hard_limit=service.concurrency.hard_limit,
+        autostart=service.autostart,
+    )
+
+
+class MachineFeed:
+    """Keeps ``table`` in step with the view: call :meth:`changed` with a machine's id after its
+    row changed (the view's ``on_change``), and :meth:`seen` with a record fresh from a worker.
+    ``read`` gives the view's record of a machine (None: destroyed or unknown)."""
+
+    def __init__(
+        self,
+        table: RoutingTable,
+        read: Callable[[str], Machine | None],
+        *,
+        on_backend: Callable[[Machine, Backend | None], None] | None = None,
+    ) -> None:
+        self.table = table
+        self._read = read
+        self._on_backend = on_backend
+        self.machines: dict[str, Machine] = {}  # the records behind the table's backends
+        self.standbys: dict[str, set[str]] = {}  # machine id -> the standbys for it
+
+    def changed(self, machine_id: str) -> None:
+        try:
+            machine = self._read(machine_id)
+        except ValueError as exc:  # a record this proxy cannot read (a newer peer's)
+            log.warning("the proxy cannot read machine %s: %s", machine_id, exc)
+            return
+        if machine is None:
+            self._forget(machine_id)
+        else:
+            self.seen(machine)
+
+    def seen(self, machine: Machine) -> None:
+        """A record of ``machine`` (from the view, or the answer of a start)."""
+        backend = backend_of(machine)
+        if backend is None:
+            self._forget(machine.id)
+            return
+        old = self.table.get(machine.id)
+        if old is not None and old.state == backend.state and not old.healthy:
+            # Health is the checker's to say, until the process is a new one.
+            backend = replace(backend, healthy=False)
+        self.machines[machine.id] = machine
+        self._index_standby(machine)
+        self.table.upsert(backend)
+        if self._on_backend is not None:
+            self._on_backend(machine, backend)
+
+    def _forget(self, machine_id: str) -> None:
+        machine = self.machines.pop(machine_id, None)
+        if machine is None:
+            return
+        for primary in machine.config.standbys:
+            waiting = self.standbys.get(primary)
+            if waiting is not None:
+                waiting.discard(machine_id)
+                if not waiting:
+                    del self.standbys[primary]
+        self.table.remove(machine_id)
+        if self._on_backend is not None:
+            self._on_backend(machine, None)
+
+    def _index_standby(self, machine: Machine) -> None:
+        for primary in machine.config.standbys:
+            self.standbys.setdefault(primary, set()).add(machine.id)
+
+    def on_worker(self, worker_id: str) -> list[Machine]:
+        """The machines the proxy routes to on ``worker_id``."""
+        return [m for m in self.machines.values() if m.worker_id == worker_id]

@@ -1,0 +1,90 @@
+"""Failover to standbys, and machines on a lost worker out of rotation.
+
+When a worker goes down (its heartbeats stop: the view's liveness says ``down``), its machines
+leave rotation at once (requests would only time out on them), and every standby of a machine
+on it (``standbys: [ID]`` on the standby, which was placed on another worker and waits
+stopped) is started through its own worker. When the worker comes back, its machines return to
+rotation (their health checks still have the last word). Each failover is recorded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from souq.errors import SouqError
+from souq.model import MachineRef, WorkerState
+from souq.protocol import WorkerClient
+from souq.protocol.verbs import START
+from souq.proxy.decisions import Decisions
+from souq.proxy.machines import MachineFeed
+
+__all__ = ["Failover"]
+
+log = logging.getLogger(__name__)
+
+_STARTABLE = {"stopped", "created", "suspended", "failed"}
+
+
+class Failover:
+    def __init__(
+        self, feed: MachineFeed, workers: WorkerClient, decisions: Decisions, *, timeout_s: float
+    ) -> None:
+        self._feed = feed
+        self._workers = workers
+        self._decisions = decisions
+        self._timeout = timeout_s
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def worker_changed(
+        self, worker_id: str, state: WorkerState, before: WorkerState | None
+    ) -> None:
+        """The view's ``on_worker``: a worker's state changed."""
+        if state == WorkerState.DOWN:
+            self._lost(worker_id)
+        elif before == WorkerState.DOWN:
+            for machine in self._feed.on_worker(worker_id):
+                self._feed.table.set_healthy(machine.id, True)
+
+    def _lost(self, worker_id: str) -> None:
+        primaries = self._feed.on_worker(worker_id)
+        for machine in primaries:
+            self._feed.table.set_healthy(machine.id, False)
+        loop = asyncio.get_running_loop()
+        for primary in primaries:
+            for standby_id in sorted(self._feed.standbys.get(primary.id, ())):
+                standby = self._feed.machines.get(standby_id)
+                if standby is None or standby.worker_id == worker_id:
+                    continue
+                if standby.state.value not in _STARTABLE:
+                    continue
+                task = loop.create_task(
+                    self._start(standby.app, standby_id, standby.worker_id, primary.id, worker_id)
+                )
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+
+    async def _start(
+        self, app: str, standby_id: str, on_worker: str, primary_id: str, lost_worker: str
+    ) -> None:
+        try:
+            machine = await self._workers.call(
+                on_worker, START, MachineRef(app=app, machine_id=standby_id), timeout=self._timeout
+            )
+        except SouqError as exc:
+            self._decisions.record(
+                "failover", app, standby_id, f"could not start the standby for {primary_id}: {exc}"
+            )
+            return
+        self._feed.seen(machine)
+        self._decisions.record(
+            "failover",
+            app,
+            standby_id,
+            f"worker {lost_worker} of machine {primary_id} is down: started its standby",
+        )
+
+    async def aclose(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)

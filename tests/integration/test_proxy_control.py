@@ -1,0 +1,231 @@
+"""The proxy's control plane on a real cluster: its table follows the cluster view's events, a
+request's wake-up starts a stopped machine (or resumes a suspended one) and holds on until its
+port accepts, the autostop round drains then stops an idle machine, a failing health check
+takes a machine out of rotation, and a standby starts when its primary's worker is lost."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from souq.bus.nats import connect
+from souq.model import MachineState
+from souq.proxy.daemon import ControlPlane, ProxyConfig
+from souq.testing import Cluster
+
+pytestmark = pytest.mark.anyio
+
+ECHO = str(Path(__file__).with_name("echo_app.py"))
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def app_name() -> str:
+    return "p" + uuid.uuid4().hex[:10]
+
+
+def config(**service: object) -> dict[str, object]:
+    return {
+        "cmd": [sys.executable, ECHO],
+        "guest": {"cpus": 0.1, "memory_mb": 64},
+        "services": [{"internal_port": 8080, "autostop": "stop", **service}],
+    }
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with Cluster(tmp_path_factory.mktemp("proxy"), regions={"mad": 2}) as c:
+        yield c
+
+
+@pytest.fixture
+async def control(cluster: Cluster) -> AsyncIterator[ControlPlane]:
+    transport = await connect(cluster.nats.url, name="test-proxy")
+    plane = ControlPlane(
+        ProxyConfig(nats_url=cluster.nats.url, region="mad", autostop_interval_s=3600),
+        transport,
+    )
+    await plane.start()
+    try:
+        yield plane
+    finally:
+        await plane.aclose()
+        await transport.close()
+
+
+async def until(check: object, timeout: float = 15.0, what: str = "a condition") -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = check() if callable(check) else None  # type: ignore[operator]
+        if got:
+            return got
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def serves(port: int) -> dict[str, object] | None:
+    try:
+        return dict(httpx.get(f"http://127.0.0.1:{port}/", timeout=0.5).json())
+    except httpx.HTTPError:
+        return None
+
+
+async def get(port: int) -> dict[str, object]:
+    async with httpx.AsyncClient() as http:
+        r = await http.get(f"http://127.0.0.1:{port}/", timeout=2)
+    return dict(r.json())
+
+
+async def test_the_table_follows_machine_events(cluster: Cluster, control: ControlPlane) -> None:
+    client = cluster.client()
+    app = app_name()
+    m = await asyncio.to_thread(client.create_machine, app, "mad", config())
+    backend = await until(lambda: control.table.get(m.id), what="the machine in the table")
+    assert backend.state == "started" and backend.port == m.address.ports[8080]
+    await asyncio.to_thread(client.stop, app, m.id)
+    await until(
+        lambda: (b := control.table.get(m.id)) is not None and b.state == "stopped",
+        what="the table to see it stopped",
+    )
+    await asyncio.to_thread(client.destroy, app, m.id)
+    await until(lambda: control.table.get(m.id) is None, what="the machine to leave the table")
+
+
+async def test_a_wake_up_starts_a_stopped_machine_and_waits_for_its_port(
+    cluster: Cluster, control: ControlPlane
+) -> None:
+    client = cluster.client()
+    app = app_name()
+    m = await asyncio.to_thread(client.create_machine, app, "mad", config())
+    await asyncio.to_thread(client.stop, app, m.id)
+    await asyncio.to_thread(client.wait, app, m.id, "stopped")
+    await until(lambda: (b := control.table.get(m.id)) and b.state == "stopped", what="stopped")
+    # Three requests need a machine at once: one wake-up serves them all.
+    woken = await asyncio.gather(*(control.hooks.wake(app, "mad") for _ in range(3)))
+    assert {b.machine_id for b in woken if b is not None} == {m.id}
+    assert (await get(m.address.ports[8080]))["machine_id"] == m.id  # its port accepts
+    wakes = [d for d in control.decisions.recent(app) if d["kind"] == "wake"]
+    assert len(wakes) == 1 and "started the stopped machine" in wakes[0]["reason"]
+    await asyncio.to_thread(client.destroy, app, m.id, force=True)
+
+
+async def test_a_wake_up_resumes_a_suspended_machine(
+    cluster: Cluster, control: ControlPlane
+) -> None:
+    client = cluster.client()
+    app = app_name()
+    m = await asyncio.to_thread(client.create_machine, app, "mad", config(autostop="suspend"))
+    await until(lambda: control.table.get(m.id), what="the machine in the table")
+    await asyncio.to_thread(client.suspend, app, m.id)
+    await until(lambda: (b := control.table.get(m.id)) and b.state == "suspended", what="frozen")
+    woken = await control.hooks.wake(app, "mad")
+    assert woken is not None and woken.machine_id == m.id and woken.state == "started"
+    assert (await get(m.address.ports[8080]))["machine_id"] == m.id
+    [wake] = [d for d in control.decisions.recent(app) if d["kind"] == "wake"]
+    assert "resumed the suspended machine" in wake["reason"]
+    await asyncio.to_thread(client.destroy, app, m.id, force=True)
+
+
+async def test_nothing_to_wake_is_none(cluster: Cluster, control: ControlPlane) -> None:
+    client = cluster.client()
+    app = app_name()
+    m = await asyncio.to_thread(client.create_machine, app, "mad", config(autostart=False))
+    await asyncio.to_thread(client.stop, app, m.id)
+    await until(lambda: (b := control.table.get(m.id)) and b.state == "stopped", what="stopped")
+    assert await control.hooks.wake(app, "mad") is None  # autostart is off
+    await asyncio.to_thread(client.destroy, app, m.id, force=True)
+
+
+async def test_autostop_drains_then_stops_the_machine_the_load_does_not_need(
+    cluster: Cluster, control: ControlPlane
+) -> None:
+    client = cluster.client()
+    app = app_name()
+    a = await asyncio.to_thread(client.create_machine, app, "mad", config())
+    b = await asyncio.to_thread(client.create_machine, app, "mad", config())
+    await until(lambda: control.table.get(a.id) and control.table.get(b.id), what="both")
+    busy = control.table.claim_machine(a.id)  # one request in flight on a
+    assert busy is not None
+    stopped = await control.autostop.round()
+    assert [i.machine_id for i in stopped] == [b.id]  # the idle one
+    assert "2 machines running, 0 over their soft limit" in stopped[0].reason
+    got = await asyncio.to_thread(client.wait, app, b.id, "stopped")
+    assert got.state == MachineState.STOPPED
+    # The lone busy machine stays; once idle it is stopped in the next round.
+    assert await control.autostop.round() == []
+    control.table.release(busy)
+    [last] = await control.autostop.round()
+    assert last.machine_id == a.id and "no load" in last.reason
+    for mid in (a.id, b.id):
+        await asyncio.to_thread(client.destroy, app, mid, force=True)
+
+
+async def test_a_failing_check_takes_the_machine_out_of_rotation(
+    cluster: Cluster, control: ControlPlane
+) -> None:
+    client = cluster.client()
+    app = app_name()
+    cfg = config()
+    cfg["checks"] = {"ready": {"type": "http", "port": 8080, "path": "/", "interval": "0.2s"}}
+    m = await asyncio.to_thread(client.create_machine, app, "mad", cfg)
+    await until(lambda: (b := control.table.get(m.id)) and b.healthy, what="healthy")
+    # Stopped in its tracks (not suspended: the proxy would not route to that anyway), the
+    # machine still counts as started, and its check times out.
+    await asyncio.to_thread(client.signal, app, m.id, "SIGSTOP")
+    await until(lambda: (b := control.table.get(m.id)) and not b.healthy, what="unhealthy")
+    # (Its first check may have failed too, while the app was still starting.)
+    bad = [d for d in control.decisions.recent(app) if d["kind"] == "unhealthy"][-1]
+    assert not control.table.pick(app, region="mad")  # nothing to route to
+    assert "check ready failed" in bad["reason"]
+    await asyncio.to_thread(client.signal, app, m.id, "SIGCONT")
+    await until(lambda: (b := control.table.get(m.id)) and b.healthy, what="healthy again")
+    await asyncio.to_thread(client.destroy, app, m.id, force=True)
+
+
+async def test_a_standby_starts_when_its_primarys_worker_is_lost(tmp_path: Path) -> None:
+    with Cluster(tmp_path, regions={}) as c:
+        for _ in range(2):
+            c.add_agent("mad", heartbeat_interval_s=0.2, stop_machines_on_exit=False)
+        c.wait_for_workers()
+        transport = await connect(c.nats.url, name="test-proxy")
+        plane = ControlPlane(
+            ProxyConfig(nats_url=c.nats.url, region="mad", autostop_interval_s=3600), transport
+        )
+        await plane.start()
+        try:
+            client = c.client()
+            app = app_name()
+            primary = await asyncio.to_thread(client.create_machine, app, "mad", config())
+            standby = await asyncio.to_thread(
+                client.create_machine, app, "mad", {**config(), "standbys": [primary.id]}
+            )
+            assert standby.state == MachineState.STOPPED
+            await until(lambda: plane.table.get(standby.id), what="the standby in the table")
+            [lost] = [a for a in c.agents if a.worker_id == primary.worker_id]
+            t0 = time.monotonic()
+            lost.kill()  # kill -9: the worker's heartbeats stop
+            await until(
+                lambda: (b := plane.table.get(standby.id)) and b.state == "started",
+                what="the standby to be started",
+            )
+            took = time.monotonic() - t0
+            port = standby.address.ports[8080]
+            served = await until(lambda: serves(port), what="the standby to serve")
+            assert served["machine_id"] == standby.id
+            assert plane.table.get(primary.id).healthy is False  # out of rotation
+            [failover] = [d for d in plane.decisions.recent(app) if d["kind"] == "failover"]
+            assert f"machine {primary.id} is down: started its standby" in failover["reason"]
+            assert took < 10
+        finally:
+            await plane.aclose()
+            await transport.close()
