@@ -172,3 +172,22 @@ def test_ports_survive_an_agent_restart(tmp_path: Path) -> None:
         assert other.address is not None and other.address.ports[8080] != port
         client.destroy(app, m.id, force=True)
         client.destroy(app, other.id, force=True)
+
+
+def test_a_stop_leaves_rotation_before_its_signal(one_worker: Cluster) -> None:
+    client = one_worker.client()
+    app = app_name()
+    m = client.create_machine(app, "mad", config(stop_config={"drain_s": 30, "timeout_s": 5}))
+    port = m.address.ports[8080] if m.address else 0
+    wait_until(lambda: served(port), message="the machine to serve")
+    stopping = client.stop(app, m.id)
+    # `stopping` at once (a proxy stops routing to it), and the process still serves what
+    # reaches it: the signal waits out the drain.
+    assert stopping.state == MachineState.STOPPING
+    assert stopping.events[0].message == "out of rotation 30s before the signal"
+    assert served(port) is not None
+    ops = client.ops(app, m.id)
+    assert ops[-1].state == "draining"
+    # A forced destroy does not wait for the drain.
+    client.destroy(app, m.id, force=True)
+    wait_until(lambda: served(port) is None, message="the process to be gone")

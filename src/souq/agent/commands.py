@@ -178,14 +178,18 @@ class Commands:
         self._check_idle(row)
         sig, timeout = _stop_params(row, signal, timeout_s)
         running = row.state in _RUNNING
-        op = ex.new_op(OpKind.STOP, row.id, source=source, signal=sig, timeout_s=timeout)
+        drain = _drain_s(row) if running else 0.0
+        op = ex.new_op(
+            OpKind.STOP, row.id, source=source, signal=sig, timeout_s=timeout, drain_s=drain
+        )
         ex.step(
             op,
-            OpEvent.BEGIN if running else OpEvent.IDLE,
+            (OpEvent.DRAIN if drain else OpEvent.BEGIN) if running else OpEvent.IDLE,
             event=Trigger.STOP,
             type="stop",
             source=source,
             signal=sig if running else None,
+            message=f"out of rotation {drain:g}s before the signal" if drain else None,
         )
         return ex.machine(app, machine_id)
 
@@ -210,12 +214,17 @@ class Commands:
         self._check_idle(row)
         sig, timeout = _stop_params(row, signal, timeout_s)
         op = ex.new_op(
-            OpKind.RESTART, row.id, source="user", type="restart", signal=sig, timeout_s=timeout
+            OpKind.RESTART,
+            row.id,
+            source="user",
+            type="restart",
+            signal=sig,
+            timeout_s=timeout,
+            drain_s=_drain_s(row),
         )
         if row.state in (S.STARTED, S.SUSPENDED):
-            ex.step(
-                op, OpEvent.BEGIN, event=Trigger.STOP, type="restart", source="user", signal=sig
-            )
+            begin = OpEvent.DRAIN if _drain_s(row) else OpEvent.BEGIN
+            ex.step(op, begin, event=Trigger.STOP, type="restart", source="user", signal=sig)
         else:
             ex.step(
                 op, OpEvent.IDLE, event=Trigger.START, type="restart", source="user", restarts=0
@@ -354,6 +363,14 @@ class Commands:
                 f"machine {row.id} is busy: a {current.kind} is in progress",
                 hint="wait for it to finish",
             )
+
+
+def _drain_s(row: MachineRow) -> float:
+    """How long a stop leaves the machine out of the proxies' rotation before its signal: its
+    ``stop_config.drain_s`` when it has services (a proxy routes to it), else nothing."""
+    if not row.config.services or row.state is S.SUSPENDED:
+        return 0.0
+    return row.config.stop_config.drain_s
 
 
 def _stop_params(row: MachineRow, signal: str | None, timeout_s: float | None) -> tuple[str, float]:

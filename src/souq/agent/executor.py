@@ -54,7 +54,7 @@ log = logging.getLogger(__name__)
 
 S = MachineState
 Source = Literal["agent", "user"]
-_WAITING_FOR_EXIT = (OpState.SIGNALLING, OpState.KILLING)
+_WAITING_FOR_EXIT = (OpState.DRAINING, OpState.SIGNALLING, OpState.KILLING)
 
 
 @dataclass
@@ -325,6 +325,8 @@ class Executor:
                 self._send(op, _signal.SIGKILL)
             elif action is Action.ARM_KILL_TIMER:
                 self.supervisor.arm_kill(mid, float(op.params["timeout_s"]))
+            elif action is Action.ARM_DRAIN_TIMER:  # the stop's timer: first the drain's end
+                self.supervisor.arm_kill(mid, float(op.params["drain_s"]))
             elif action is Action.CANCEL_RESTART:
                 self.supervisor.cancel_restart(mid)
             elif action is Action.CLEANUP:
@@ -496,6 +498,9 @@ class Executor:
 
     def _on_kill_due(self, machine_id: str) -> None:
         op = self._ops.get(machine_id)
+        if op is not None and op.state is OpState.DRAINING:
+            self.step(op, OpEvent.DRAINED)
+            return
         if op is None or op.state is not OpState.SIGNALLING:
             return
         self.step(

@@ -48,6 +48,7 @@ class OpKind(StrEnum):
 
 class OpState(StrEnum):
     NEW = "new"
+    DRAINING = "draining"  # out of the proxies' rotation, the process still serving
     SPAWNING = "spawning"
     SIGNALLING = "signalling"
     KILLING = "killing"
@@ -57,6 +58,8 @@ class OpState(StrEnum):
 
 class OpEvent(StrEnum):
     BEGIN = "begin"
+    DRAIN = "drain"  # begin, but let the proxies stop routing to it first
+    DRAINED = "drained"  # the drain's time is up: the signal goes out
     IDLE = "idle"  # begin, but the machine has no process
     SKIP = "skip"  # create with skip_launch
     SPAWNED = "spawned"
@@ -73,6 +76,7 @@ class Action(StrEnum):
     ADOPT_OR_SPAWN = "adopt_or_spawn"  # after a crash: the process may already be running
     SEND_SIGNAL = "send_signal"  # the operation's signal, to the process group
     ARM_KILL_TIMER = "arm_kill_timer"
+    ARM_DRAIN_TIMER = "arm_drain_timer"  # the signal waits out the drain
     SEND_KILL = "send_kill"  # SIGKILL to the process group
     CANCEL_RESTART = "cancel_restart"  # a restart the supervisor has scheduled
     CLEANUP = "cleanup"  # the driver removes the machine's files
@@ -97,6 +101,12 @@ _SPAWNING: _Table = {
 
 _STOPPING: _Table = {
     (St.NEW, Ev.BEGIN): Step(St.SIGNALLING, (A.SEND_SIGNAL, A.ARM_KILL_TIMER)),
+    # A machine that serves through the proxy: its `stopping` state takes it out of rotation,
+    # and the signal follows once the drain is over (after a crash: at once).
+    (St.NEW, Ev.DRAIN): Step(St.DRAINING, (A.ARM_DRAIN_TIMER,)),
+    (St.DRAINING, Ev.DRAINED): Step(St.SIGNALLING, (A.SEND_SIGNAL, A.ARM_KILL_TIMER)),
+    (St.DRAINING, Ev.RECOVER): Step(St.SIGNALLING, (A.SEND_SIGNAL, A.ARM_KILL_TIMER)),
+    (St.DRAINING, Ev.ABORT): Step(St.DONE),
     (St.SIGNALLING, Ev.TIMEOUT): Step(St.KILLING, (A.SEND_KILL,)),
     # Unknown whether the signal went out before the crash: send it again, with a fresh timer.
     (St.SIGNALLING, Ev.RECOVER): Step(St.SIGNALLING, (A.SEND_SIGNAL, A.ARM_KILL_TIMER)),
@@ -121,6 +131,7 @@ TABLES: Final[Mapping[OpKind, Mapping[tuple[OpState, OpEvent], Step]]] = Mapping
             {
                 **_STOPPING,
                 (St.NEW, Ev.IDLE): Step(St.DONE, (A.CANCEL_RESTART,)),
+                (St.DRAINING, Ev.EXITED): Step(St.DONE),
                 (St.SIGNALLING, Ev.EXITED): Step(St.DONE),
                 (St.KILLING, Ev.EXITED): Step(St.DONE),
             }
@@ -130,6 +141,7 @@ TABLES: Final[Mapping[OpKind, Mapping[tuple[OpState, OpEvent], Step]]] = Mapping
                 **_STOPPING,
                 **_SPAWNING,
                 (St.NEW, Ev.IDLE): Step(St.SPAWNING, (A.CANCEL_RESTART, A.SPAWN)),
+                (St.DRAINING, Ev.EXITED): Step(St.SPAWNING, (A.SPAWN,)),
                 (St.SIGNALLING, Ev.EXITED): Step(St.SPAWNING, (A.SPAWN,)),
                 (St.KILLING, Ev.EXITED): Step(St.SPAWNING, (A.SPAWN,)),
             }

@@ -97,6 +97,13 @@ class StopConfig(Input):
     timeout_s: float = Field(
         default=5.0, ge=0, le=3600, description="seconds before SIGKILL follows the signal"
     )
+    drain_s: float = Field(
+        default=0.5,
+        ge=0,
+        le=3600,
+        description="a machine with services: seconds between leaving the proxies' rotation "
+        "(it is `stopping`) and the signal, so that no new request meets a stopping process",
+    )
 
     @field_validator("signal", mode="before")
     @classmethod
