@@ -1,0 +1,55 @@
+"""The edge proxy's data plane: a request with ``Host: APP.<domain>`` reaches a machine of APP.
+
+Modules, one concept each::
+
+    table       the routing table: machines per app, their load, the balancing (pure)
+    exchange    one request: its state and the head sent to the machine
+    errors      the proxy's errors and their JSON answers
+    hooks       what the relay asks of the control plane (wake, on_request_done)
+    config      the relay's settings
+    admission   the queue at the hard limit, shared wake-ups, drains
+    downstream  a client's connection: HTTP/1.1 keep-alive, pipelining, retries, replays
+    upstream    connections to machines and their keep-alive pool
+    tunnel      upgraded connections and raw TCP services: two sockets piped
+    metrics     per-app counters, exposed to Prometheus when scraped
+    relay       the data plane of one process: listeners (SO_REUSEPORT), serve()
+
+See docs/proxy.md.
+"""
+
+from souq.proxy.config import RelayConfig
+from souq.proxy.errors import AppNotFound, BadRequest, HeadersTooLarge, MachineError, NoMachines
+from souq.proxy.hooks import NoHooks, ProxyHooks
+from souq.proxy.metrics import CONTENT_TYPE, ProxyStats, metrics_text
+from souq.proxy.relay import Relay, reuse_port_socket, serve
+from souq.proxy.table import (
+    DEFAULT_HARD_LIMIT,
+    DEFAULT_SOFT_LIMIT,
+    Availability,
+    Backend,
+    RoutingTable,
+    Slot,
+)
+
+__all__ = [
+    "CONTENT_TYPE",
+    "DEFAULT_HARD_LIMIT",
+    "DEFAULT_SOFT_LIMIT",
+    "AppNotFound",
+    "Availability",
+    "Backend",
+    "BadRequest",
+    "HeadersTooLarge",
+    "MachineError",
+    "NoHooks",
+    "NoMachines",
+    "ProxyHooks",
+    "ProxyStats",
+    "Relay",
+    "RelayConfig",
+    "RoutingTable",
+    "Slot",
+    "metrics_text",
+    "reuse_port_socket",
+    "serve",
+]

@@ -1,0 +1,430 @@
+"""A client's connection to the proxy: HTTP/1.1 keep-alive, requests answered in order.
+
+httptools parses the client's bytes; each request becomes an :class:`Exchange`. One exchange
+is served at a time (the *active* one); pipelined requests wait in a queue, and the
+connection stops reading while one does. Serving an exchange:
+
+1. take a machine from the table and an idle connection to it from the pool, and write the
+   request head at once (the fast path: no task, no await);
+2. otherwise a task waits for a machine (queue, wake-up), connects, and then does the same;
+3. the body streams to the machine as it arrives, and up to ``replay_body_bytes`` of it is
+   kept so that a retry or a ``souq-replay`` can send it again;
+4. the machine's connection (:mod:`souq.proxy.upstream`) streams the answer back and calls
+   :meth:`ClientConnection.response_done`, :meth:`~ClientConnection.upstream_failed`,
+   :meth:`~ClientConnection.upstream_broke`, :meth:`~ClientConnection.replay` or
+   :meth:`~ClientConnection.switch` (an upgrade: the two sockets become a tunnel).
+
+Reading pauses for four reasons, each a bit of ``paused``: a waiting exchange holds all the
+body it may keep, a pipelined request waits, the machine's send buffer is full, or an upgrade
+waits for the machine's 101.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from time import perf_counter
+from typing import TYPE_CHECKING, cast
+
+from httptools import (
+    HttpParserCallbackError,
+    HttpParserError,
+    HttpParserUpgrade,
+    HttpRequestParser,
+)
+
+from souq.errors import SouqError
+from souq.proxy import dispatch
+from souq.proxy.errors import AppNotFound, BadRequest, HeadersTooLarge, answer
+from souq.proxy.exchange import Exchange
+from souq.proxy.table import Slot
+from souq.proxy.upstream import Replay, UpstreamConnection
+
+if TYPE_CHECKING:
+    from souq.proxy.relay import Relay
+
+__all__ = ["ClientConnection"]
+
+log = logging.getLogger(__name__)
+
+PAUSE_BODY = 1
+PAUSE_QUEUE = 2
+PAUSE_MACHINE = 4
+PAUSE_UPGRADE = 8
+PAUSE_BROKEN = 16
+
+
+class ClientConnection(asyncio.Protocol):
+    __slots__ = (
+        "active",
+        "closed",
+        "eof",
+        "feeding",
+        "header_bytes",
+        "last",
+        "last_used",
+        "parser",
+        "parsing",
+        "paused",
+        "peer_ip",
+        "queue",
+        "relay",
+        "transport",
+        "up_out",
+        "writing_paused",
+    )
+
+    transport: asyncio.Transport
+
+    def __init__(self, relay: Relay) -> None:
+        self.relay = relay
+        self.parser = HttpRequestParser(self)
+        self.parsing: Exchange | None = None
+        self.last: Exchange | None = None
+        self.active: Exchange | None = None
+        self.queue: deque[Exchange] = deque()
+        self.up_out: list[bytes] = []
+        self.peer_ip = b""
+        self.paused = 0
+        self.header_bytes = 0
+        self.feeding = self.closed = self.eof = self.writing_paused = False
+        self.last_used = 0.0
+
+    # -- asyncio -----------------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
+        peer = transport.get_extra_info("peername")
+        self.peer_ip = str(peer[0]).encode() if isinstance(peer, tuple) else b"unknown"
+        self.last_used = self.relay.loop.time()
+        self.relay.clients.add(self)
+
+    def data_received(self, data: bytes) -> None:
+        self.feeding = True
+        try:
+            self.parser.feed_data(data)
+        except HttpParserUpgrade as upgrade:
+            self._upgrade_waits(data[upgrade.args[0] :])
+        except HttpParserCallbackError as err:
+            cause = err.__context__
+            if not isinstance(cause, SouqError):
+                log.error("the proxy failed on a request", exc_info=cause or err)
+                cause = BadRequest("the proxy could not read this request")
+            self._unreadable(cause)
+        except HttpParserError as err:
+            self._unreadable(BadRequest(f"the request is not valid HTTP/1.1 ({err})"))
+        self.feeding = False
+        out = self.up_out
+        if out:
+            self.up_out = []
+            ex = self.active
+            up = ex.upstream if ex is not None else None
+            if up is not None and up.transport is not None:
+                up.transport.write(out[0] if len(out) == 1 else b"".join(out))
+
+    def eof_received(self) -> bool:
+        if self.parsing is not None or (self.active is None and not self.queue):
+            return False
+        self.eof = True  # answer what was asked, then close
+        return True
+
+    def pause_writing(self) -> None:
+        self.writing_paused = True
+        ex = self.active
+        if ex is not None and ex.upstream is not None:
+            ex.upstream.pause_reading()
+
+    def resume_writing(self) -> None:
+        self.writing_paused = False
+        ex = self.active
+        if ex is not None and ex.upstream is not None:
+            ex.upstream.resume_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        relay = self.relay
+        relay.clients.discard(self)
+        ex = self.active
+        if ex is not None and not ex.response_done:
+            ex.closed = ex.response_done = True
+            if ex.task is not None:
+                ex.task.cancel()
+                ex.task = None
+            if ex.upstream is not None:
+                ex.upstream.abandon()
+                ex.upstream = None
+            slot = self.release(ex)
+            relay.record(ex, 499, slot.backend if slot is not None else None)
+        for waiting in self.queue:
+            relay.record(waiting, 499, None)
+        self.queue.clear()
+
+    # -- httptools ---------------------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self.parsing = Exchange()
+        self.header_bytes = 0
+
+    def on_url(self, url: bytes) -> None:
+        ex = self.parsing
+        assert ex is not None
+        ex.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        ex = self.parsing
+        assert ex is not None
+        self.header_bytes += len(name) + len(value)
+        if self.header_bytes > self.relay.max_header_bytes:
+            raise HeadersTooLarge(
+                f"the request's headers are larger than {self.relay.max_header_bytes} bytes"
+            )
+        ex.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        ex = self.parsing
+        assert ex is not None
+        parser = self.parser
+        relay = self.relay
+        ex.t0 = perf_counter()
+        ex.method = parser.get_method()
+        ex.keep_alive = parser.should_keep_alive() and not self.eof
+        ex.http10 = parser.get_http_version() == "1.0"
+        ex.upgrade = parser.should_upgrade()
+        ex.prepare(self.peer_ip, relay.suffix)
+        stats = ex.stats = relay.stats_for(ex.app)
+        stats.in_flight += 1
+        if self.active is None:
+            self._start(ex)
+        else:
+            self.queue.append(ex)
+
+    def on_body(self, data: bytes) -> None:
+        ex = self.parsing
+        assert ex is not None
+        if ex.discard:
+            return
+        size = ex.body_size = ex.body_size + len(data)
+        kept = ex.kept
+        up = ex.upstream
+        if kept is not None:
+            if up is None:
+                kept.append(data)
+                if size > self.relay.keep_bytes:
+                    self._pause(PAUSE_BODY)
+            elif size <= self.relay.keep_bytes:
+                kept.append(data)
+            else:
+                ex.kept = None
+        if up is not None:
+            self._send_up(ex, b"%x\r\n%s\r\n" % (len(data), data) if ex.chunked else data)
+
+    def on_message_complete(self) -> None:
+        ex = self.parsing
+        assert ex is not None
+        self.parsing = None
+        self.last = ex
+        ex.request_done = True
+        if ex.upstream is not None and ex.chunked and not ex.discard:
+            self._send_up(ex, b"0\r\n\r\n")
+        if ex is self.active:
+            if ex.response_done:
+                self._finish(ex)
+        elif not ex.response_done:
+            self._pause(PAUSE_QUEUE)
+
+    # -- serving an exchange -----------------------------------------------------------------------
+
+    def _start(self, ex: Exchange) -> None:
+        self.active = ex
+        if ex.error is not None:
+            self.answer(ex, ex.error)
+            return
+        if ex.app is None:
+            self.answer(ex, AppNotFound(f"no app is served at {ex.host.decode(errors='replace')}"))
+            return
+        relay = self.relay
+        slot = relay.admission.try_claim(ex.app)
+        if slot is not None:
+            conn = relay.pool.checkout(slot.address)
+            if conn is not None:
+                self.attach(ex, slot, conn)
+                return
+        self.later(ex, slot)
+
+    def later(self, ex: Exchange, slot: Slot | None, *, fresh: bool = False) -> None:
+        """The slow path, in a task: wait for a machine, connect, then :meth:`attach`."""
+        ex.task = self.relay.loop.create_task(dispatch.serve_later(self, ex, slot, fresh=fresh))
+
+    def attach(self, ex: Exchange, slot: Slot, conn: UpstreamConnection) -> None:
+        ex.slot = slot
+        ex.upstream = conn
+        conn.attach(ex, self)
+        if ex.expect_continue and not ex.sent_continue and not ex.body_size:
+            ex.sent_continue = True
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        if ex.kept or ex.chunked:
+            self._send_up(ex, ex.replay_bytes())
+            if ex.body_size > self.relay.keep_bytes:
+                ex.kept = None
+        else:
+            self._send_up(ex, ex.head)
+        if self.paused & PAUSE_BODY:
+            self._resume(PAUSE_BODY)
+
+    def _send_up(self, ex: Exchange, data: bytes) -> None:
+        if self.feeding and ex is self.active:
+            self.up_out.append(data)
+        elif ex.upstream is not None and ex.upstream.transport is not None:
+            ex.upstream.transport.write(data)
+
+    def answer(self, ex: Exchange, err: SouqError) -> None:
+        """Answer ``ex`` with an error of the proxy's own."""
+        ex.kept = None
+        ex.discard = True
+        if not ex.request_done and ex.has_body:
+            ex.keep_alive = False  # rather than read a body nobody wants
+        ex.status = err.http_status
+        ex.response_started = True
+        self.transport.write(
+            answer(
+                err,
+                request_id=ex.request_id,
+                keep_alive=ex.keep_alive,
+                head_only=ex.head_request,
+            )
+        )
+        self.response_done(ex)
+
+    def _finish(self, ex: Exchange) -> None:
+        """``ex`` is answered and its request read: on to the next one, or close."""
+        self.active = None
+        if not ex.keep_alive or self.closed:
+            self._close()
+            return
+        self.last_used = self.relay.loop.time()
+        queue = self.queue
+        if queue:
+            nxt = queue.popleft()
+            if not queue:
+                self._resume(PAUSE_QUEUE)
+            self._start(nxt)
+        else:
+            if self.eof:
+                self._close()
+                return
+            if self.paused & PAUSE_QUEUE:
+                self._resume(PAUSE_QUEUE)
+
+    def release(self, ex: Exchange) -> Slot | None:
+        slot = ex.slot
+        if slot is not None:
+            ex.slot = None
+            self.relay.admission.release(slot)
+        return slot
+
+    def _close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.transport.close()
+
+    def _pause(self, why: int) -> None:
+        if not self.paused and not self.closed:
+            self.transport.pause_reading()
+        self.paused |= why
+
+    def _resume(self, why: int) -> None:
+        if self.paused & why:
+            self.paused &= ~why
+            if not self.paused and not self.closed:
+                self.transport.resume_reading()
+
+    def _upgrade_waits(self, tail: bytes) -> None:
+        """The request before ``tail`` asked for an upgrade: hold the bytes that follow."""
+        ex = self.last
+        if ex is not None and ex.upgrade and not ex.response_done:
+            ex.tunnel_tail = tail
+        self._pause(PAUSE_UPGRADE)
+
+    def _unreadable(self, err: SouqError) -> None:
+        """The bytes cannot be parsed: answer what came before, then ``err``, then close."""
+        self._pause(PAUSE_BROKEN)
+        ex, self.parsing = self.parsing, None
+        if ex is not None and ex is self.active and not ex.response_done:
+            ex.keep_alive = False
+            if ex.upstream is not None:
+                ex.upstream.abandon()
+                ex.upstream = None
+            if ex.task is not None:
+                ex.task.cancel()
+                ex.task = None
+            self.release(ex)
+            ex.request_done = True
+            if ex.response_started:
+                self.relay.record(ex, 400, None)
+                self._close()
+            else:
+                self.answer(ex, err)
+            return
+        if ex is not None and ex in self.queue:
+            self.queue.remove(ex)
+            self.relay.record(ex, 400, None)
+        broken = Exchange.refused(err, self.relay.stats.unrouted)
+        if self.active is None:
+            self._start(broken)
+        else:
+            self.queue.append(broken)
+
+    # -- what the machine's connection calls -------------------------------------------------------
+
+    def write(self, data: bytes) -> None:
+        self.transport.write(data)
+
+    def pause_for_machine(self) -> None:
+        self._pause(PAUSE_MACHINE)
+
+    def resume_for_machine(self) -> None:
+        self._resume(PAUSE_MACHINE)
+
+    def response_done(self, ex: Exchange) -> None:
+        ex.response_done = True
+        ex.upstream = None
+        slot = self.release(ex)
+        self.relay.record(ex, ex.status, slot.backend if slot is not None else None)
+        if ex.request_done:
+            self._finish(ex)
+        else:
+            ex.discard = True  # the rest of the body is read and dropped
+            ex.kept = None
+
+    def upstream_failed(self, ex: Exchange, conn: UpstreamConnection, what: str) -> None:
+        """The machine failed before the client got a byte: retry once, or answer 502."""
+        dispatch.retry_or_fail(self, ex, conn, what)
+
+    def upstream_broke(self, ex: Exchange) -> None:
+        """The machine failed in the middle of its answer: the client's connection is cut."""
+        ex.upstream = None
+        ex.response_done = True
+        slot = self.release(ex)
+        self.relay.record(ex, 502, slot.backend if slot is not None else None)
+        self.active = None
+        self._close()
+
+    def replay(self, ex: Exchange, target: Replay) -> None:
+        """The machine asked (``souq-replay``) for the request to go elsewhere."""
+        dispatch.replay(self, ex, target)
+
+    def switch(self, ex: Exchange, conn: UpstreamConnection, tail: bytes) -> None:
+        """The machine answered 101: from now on the two sockets are piped to each other."""
+        relay = self.relay
+        ex.upstream = None
+        ex.response_done = True
+        slot = ex.slot
+        ex.slot = None
+        relay.record(ex, 101, slot.backend if slot is not None else None)
+        self.active = None
+        self.closed = True
+        relay.clients.discard(self)
+        assert conn.transport is not None
+        assert slot is not None
+        relay.pipe(self.transport, conn.transport, slot, to_machine=ex.tunnel_tail, to_client=tail)

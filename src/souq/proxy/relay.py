@@ -1,0 +1,263 @@
+"""The proxy's data plane in one process: listeners, the machines' pool, the queue, the metrics.
+
+A :class:`Relay` serves one :class:`~souq.proxy.table.RoutingTable` (which the control plane
+keeps up to date) through any number of listeners: HTTP ones (:meth:`Relay.listen_http`,
+``Host: APP.<domain>`` picks the app) and raw TCP ones (:meth:`Relay.listen_tcp`, one app per
+port). Every listening socket is bound with ``SO_REUSEPORT``, so several proxy processes can
+share a port and the kernel spreads connections between them. :func:`serve` is the whole thing
+for one HTTP port, until cancelled.
+
+Usage::
+
+    table = RoutingTable()
+    table.upsert(Backend(machine_id="m1", app="web", region="mad", host="127.0.0.1", port=8080))
+    async with Relay(table, hooks, config=RelayConfig(region="mad")) as relay:
+        port = await relay.listen_http("0.0.0.0", 4281)
+        ...
+        text = relay.metrics_text()  # for the admin port
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from time import perf_counter
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+from souq.proxy.admission import Admission
+from souq.proxy.config import RelayConfig
+from souq.proxy.downstream import ClientConnection
+from souq.proxy.hooks import NoHooks, ProxyHooks
+from souq.proxy.metrics import AppStats, ProxyStats, metrics_text
+from souq.proxy.pool import UpstreamPool
+from souq.proxy.table import Backend, RoutingTable, Slot
+from souq.proxy.tunnel import TcpEntry, Tunnel
+
+if TYPE_CHECKING:
+    from souq.proxy.exchange import Exchange
+
+__all__ = ["Relay", "reuse_port_socket", "serve"]
+
+_SWEEP_EVERY_S = 1.0
+
+
+def reuse_port_socket(
+    host: str, port: int, *, backlog: int = 1024, reuse_port: bool = True
+) -> socket.socket:
+    """A listening TCP socket; with ``SO_REUSEPORT`` other processes may bind the same port
+    and the kernel spreads new connections between them."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
+        sock.listen(backlog)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+class Relay:
+    """The data plane of one proxy process. Make it inside the running event loop."""
+
+    def __init__(
+        self,
+        table: RoutingTable,
+        hooks: ProxyHooks | None = None,
+        *,
+        config: RelayConfig | None = None,
+        stats: ProxyStats | None = None,
+    ) -> None:
+        self.config = config = config or RelayConfig()
+        self.loop = asyncio.get_running_loop()
+        self.table = table
+        self.hooks: ProxyHooks = hooks or NoHooks()
+        self.region = config.region
+        self.suffix = b"." + config.domain.encode("ascii")
+        self.keep_bytes = config.replay_body_bytes
+        self.max_header_bytes = config.max_header_bytes
+        self.stats = stats or ProxyStats()
+        self.admission = Admission(
+            table,
+            self.hooks,
+            region=config.region,
+            queue_limit=config.queue_limit,
+            timeout_s=config.queue_timeout_s,
+        )
+        self.pool = UpstreamPool(
+            per_machine=config.idle_per_machine,
+            idle_s=config.upstream_idle_s,
+            connect_timeout_s=config.connect_timeout_s,
+        )
+        self.clients: set[ClientConnection] = set()
+        self.tunnels: set[Tunnel] = set()
+        self._servers: list[asyncio.Server] = []
+        self.port = 0  # the first HTTP port bound
+        self._on_done = self.hooks.on_request_done
+        self._sweeper: asyncio.Task[None] | None = None
+        self.stats.queued = self.admission.queued
+        self.stats.gauges.update(
+            {
+                "client_connections": lambda: len(self.clients),
+                "tunnels_open": lambda: len(self.tunnels),
+                "upstream_idle_connections": self.pool.idle_count,
+            }
+        )
+
+    # -- listeners ---------------------------------------------------------------------------------
+
+    async def listen_http(
+        self, host: str = "127.0.0.1", port: int = 0, *, reuse_port: bool = True
+    ) -> int:
+        """Serve HTTP on ``host:port``; returns the port bound. With ``reuse_port`` (the
+        default) other processes may listen on the same port and share its connections."""
+        sock = reuse_port_socket(host, port, backlog=self.config.backlog, reuse_port=reuse_port)
+        server = await self.loop.create_server(
+            lambda: ClientConnection(self), sock=sock, backlog=self.config.backlog
+        )
+        bound = self._started(server)
+        self.port = self.port or bound
+        return bound
+
+    async def listen_tcp(
+        self,
+        host: str,
+        port: int,
+        *,
+        app: str,
+        target_port: int | None = None,
+        reuse_port: bool = True,
+    ) -> int:
+        """Pipe every connection on ``host:port`` to a machine of ``app``, at the machine's
+        port or ``target_port``; returns the port bound."""
+        sock = reuse_port_socket(host, port, backlog=self.config.backlog, reuse_port=reuse_port)
+        server = await self.loop.create_server(
+            lambda: TcpEntry(self, app, target_port), sock=sock, backlog=self.config.backlog
+        )
+        return self._started(server)
+
+    def _started(self, server: asyncio.Server) -> int:
+        self._servers.append(server)
+        if self._sweeper is None:
+            self._sweeper = self.loop.create_task(self._sweep())
+        port: int = server.sockets[0].getsockname()[1]
+        return port
+
+    # -- what the control plane may call -----------------------------------------------------------
+
+    async def wait_drained(self, machine_id: str, timeout: float) -> bool:
+        """After ``table.draining(machine_id)``: wait until its requests and connections are
+        over (True), or ``timeout`` seconds (False)."""
+        return await self.admission.wait_drained(machine_id, timeout)
+
+    def metrics_text(self) -> bytes:
+        return metrics_text(self.stats)
+
+    async def close(self) -> None:
+        """Stop listening, close every connection, cancel every wait."""
+        for server in self._servers:
+            server.close()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+            self._sweeper = None
+        self.admission.close()
+        for client in list(self.clients):
+            client.transport.close()
+        for tunnel in list(self.tunnels):
+            tunnel.close()
+        self.pool.close()
+        for server in self._servers:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(server.wait_closed(), 1.0)
+        self._servers.clear()
+
+    async def __aenter__(self) -> Relay:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    def pipe(
+        self,
+        client: asyncio.Transport,
+        machine: asyncio.Transport,
+        slot: Slot,
+        *,
+        to_machine: bytes = b"",
+        to_client: bytes = b"",
+    ) -> None:
+        """Make the two connections a tunnel that holds ``slot`` until it is over."""
+        tunnels = self.tunnels
+        release = self.admission.release
+
+        def over() -> None:
+            release(slot)
+            tunnels.discard(tunnel)
+
+        tunnel = Tunnel(client, machine, over, to_machine=to_machine, to_client=to_client)
+        tunnels.add(tunnel)
+
+    # -- what the connections call -----------------------------------------------------------------
+
+    def stats_for(self, app: str | None) -> AppStats:
+        stats = self.stats
+        if app is not None:
+            found = stats.apps.get(app)
+            if found is not None:
+                return found
+            if self.table.backends(app):
+                return stats.app(app)
+        return stats.unrouted
+
+    def record(self, ex: Exchange, status: int, backend: Backend | None) -> None:
+        seconds = perf_counter() - ex.t0
+        if ex.stats is not None:
+            ex.stats.done(status, seconds)
+        self._on_done(ex.app or "", backend, status, seconds)
+
+    async def _sweep(self) -> None:
+        """Close keep-alive connections nobody used for a while, both sides."""
+        while True:
+            await asyncio.sleep(_SWEEP_EVERY_S)
+            self.pool.sweep()
+            limit = self.loop.time() - self.config.client_idle_s
+            for client in list(self.clients):
+                if (
+                    client.active is None
+                    and client.parsing is None
+                    and not client.queue
+                    and client.last_used < limit
+                ):
+                    client.transport.close()
+
+
+async def serve(
+    listen: str,
+    table: RoutingTable,
+    hooks: ProxyHooks | None = None,
+    *,
+    config: RelayConfig | None = None,
+    stats: ProxyStats | None = None,
+    ready: asyncio.Future[Relay] | None = None,
+) -> None:
+    """Serve HTTP on ``listen`` (``HOST:PORT``) until cancelled. ``ready`` gets the relay once
+    it listens (its bound port is ``relay.port``)."""
+    host, _, port = listen.rpartition(":")
+    async with Relay(table, hooks, config=config, stats=stats) as relay:
+        await relay.listen_http(host.strip("[]") or "127.0.0.1", int(port))
+        if ready is not None and not ready.done():
+            ready.set_result(relay)
+        await asyncio.Event().wait()
