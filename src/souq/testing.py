@@ -222,6 +222,47 @@ class BrokerProcess(_ChildProcess):
         self._terminate(timeout=timeout)
 
 
+@dataclass(kw_only=True, eq=False)
+class ProxyProcess(_ChildProcess):
+    """One ``souq proxy`` child process on loopback ports (HTTP, and its admin port)."""
+
+    what = "proxy"
+    region: str = "mad"
+    port: int | None = None  # default: a free one
+    admin_port: int | None = None
+    extra_args: Sequence[str] = ()  # e.g. ["--autostop-interval", "1"]
+
+    def __post_init__(self) -> None:
+        self.port = self.port or free_port()
+        self.admin_port = self.admin_port or free_port()
+        self.extra_args = list(self.extra_args)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://127.0.0.1:{self.admin_port}"
+
+    def start(self, timeout: float = 30.0) -> None:
+        args = [sys.executable, "-m", "souq", "proxy", "--nats", self.nats_url]
+        args += ["--region", self.region, "--listen", f"127.0.0.1:{self.port}"]
+        self._spawn([*args, "--admin-port", str(self.admin_port), *self.extra_args])
+
+        def up() -> bool:
+            self._check_started()
+            try:
+                return httpx.get(self.admin_url + "/decisions", timeout=1.0).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_until(up, timeout=timeout, interval=0.02, message="the proxy to answer")
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._terminate(timeout=timeout)
+
+
 class Cluster:
     """nats-server + agents + brokers, all real, all on loopback, under ``root``."""
 

@@ -7,11 +7,9 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import signal
 import socket
-from collections.abc import Iterator
 
 import uvicorn
 
@@ -21,6 +19,7 @@ from souq.broker.config import BrokerConfig
 from souq.broker.service import BrokerService
 from souq.bus.nats import NatsTransport, connect
 from souq.errors import Unavailable
+from souq.http_server import EmbeddedServer
 
 __all__ = ["run", "serve"]
 
@@ -28,24 +27,6 @@ log = logging.getLogger(__name__)
 
 # How long open connections (e.g. `logs --follow` streams) may hold up a shutdown.
 GRACEFUL_SHUTDOWN_S = 2
-
-
-class _EmbeddedServer(uvicorn.Server):
-    """uvicorn without its own signal handlers (whoever runs the loop owns the signals), and
-    with an event for "listening"."""
-
-    def __init__(self, config: uvicorn.Config) -> None:
-        super().__init__(config)
-        self.listening = asyncio.Event()
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets)
-        if self.started:
-            self.listening.set()
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -81,7 +62,7 @@ async def serve(
     try:
         sock = _bind(config.listen_host, config.listen_port)
         await service.start()  # (it hooks itself to the transport's outages: broker.outage)
-        server = _EmbeddedServer(
+        server = EmbeddedServer(
             uvicorn.Config(
                 create_app(service),
                 host=config.listen_host,

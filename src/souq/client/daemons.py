@@ -176,6 +176,40 @@ def broker(
         run_broker(BrokerConfig(**given))
 
 
+@daemons.command("proxy")
+def proxy(
+    ctx: typer.Context,
+    *,
+    nats_url: NatsOpt,
+    region: Annotated[str, typer.Option("--region", help="The proxy's own region.")],
+    listen: Annotated[
+        str, typer.Option("--listen", help="HOST:PORT for HTTP (APP.<domain> routes to APP).")
+    ] = "127.0.0.1:4281",
+    domain: Annotated[
+        str | None, typer.Option("--domain", help="APP.<domain> is app APP (localhost).")
+    ] = None,
+    autostop_interval_s: Annotated[
+        float | None,
+        typer.Option(
+            "--autostop-interval", help="Seconds between autostop rounds (default 60)."
+        ),
+    ] = None,
+    admin_port: Annotated[
+        int | None,
+        typer.Option("--admin-port", help="Serve /metrics and /decisions here (0: off)."),
+    ] = None,
+    log_format: LogFormatOpt = LogFormat.TEXT,
+) -> None:
+    """Run the edge proxy in the foreground: HTTP to apps' machines, scale from zero."""
+    given = _given(ctx, listen=_host_port(listen), log_format=None)
+    _daemon_logging(log_format.value)
+    with reporting():
+        from souq.proxy.daemon import ProxyConfig
+        from souq.proxy.main import run as run_proxy
+
+        run_proxy(ProxyConfig(**given))
+
+
 @daemons.command("fleet")
 def fleet(
     ctx: typer.Context,

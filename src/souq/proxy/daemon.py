@@ -88,18 +88,20 @@ class ControlPlane:
             on_worker=self.failover.worker_changed,
         )
         self.liveness.on_rejoin = self.view.resync_worker
+        self.autostop = Autostop(
+            self.feed, workers, self.decisions, drain_s=config.drain_s, timeout_s=10.0
+        )
         self.waker = Waker(
             self.table,
             workers,
             self.decisions,
             seen=self._seen,
+            waking=self.autostop.hold,
+            woken=self.autostop.touch,
             region=config.region,
             timeout_s=config.wake_timeout_s,
         )
-        self.autostop = Autostop(
-            self.feed, workers, self.decisions, drain_s=config.drain_s, timeout_s=10.0
-        )
-        self.hooks = Hooks(self.waker)
+        self.hooks = Hooks(self.waker, self.autostop)
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
@@ -158,8 +160,9 @@ class ControlPlane:
 class Hooks:
     """The relay's hooks (:class:`souq.proxy.hooks.ProxyHooks`) over the control plane."""
 
-    def __init__(self, waker: Waker) -> None:
+    def __init__(self, waker: Waker, autostop: Autostop) -> None:
         self._waker = waker
+        self._touch = autostop.touch
 
     async def wake(self, app: str, region: str | None) -> Backend | None:
         return await self._waker.wake(app, region)
@@ -167,4 +170,5 @@ class Hooks:
     def on_request_done(
         self, app: str, backend: Backend | None, status: int, seconds: float
     ) -> None:
-        return None
+        if backend is not None:
+            self._touch(backend.machine_id)

@@ -1,7 +1,9 @@
 """The autostop round: every ``--autostop-interval`` the proxy stops (or suspends) machines the
 load does not need, by the rule of :mod:`souq.proxy.autostop`.
 
-A machine chosen leaves rotation first (the table drains it: no new request goes to it), the
+A machine is idle when nothing is in flight on it and it served no request for a whole interval
+(a machine just woken for a request counts as having served). A machine chosen leaves rotation
+first (the table drains it: no new request goes to it), the
 round waits for what it is serving to finish (at most ``drain_s``), and only then is its stop
 (or suspend) sent to its worker: a stream of requests sees no error. Each stop is recorded
 with the rule's reason.
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from souq.errors import SouqError
 from souq.model import MachineRef, StopCommand
@@ -42,6 +45,22 @@ class Autostop:
         self._decisions = decisions
         self._drain = drain_s
         self._timeout = timeout_s
+        self._active: dict[str, float] = {}  # machine id -> when it last served (or woke)
+        self._held: set[str] = set()  # machines a wake-up is starting
+        self._interval = 0.0
+
+    def touch(self, machine_id: str) -> None:
+        """The machine served a request (or was just woken for one): not idle this round."""
+        self._active[machine_id] = time.monotonic()
+        self._held.discard(machine_id)
+
+    def hold(self, machine_id: str) -> None:
+        """A wake-up is starting the machine: never stopped until it has served (:meth:`touch`)."""
+        self._held.add(machine_id)
+
+    def _recently_active(self, machine_id: str) -> bool:
+        at = self._active.get(machine_id)
+        return at is not None and time.monotonic() - at < self._interval
 
     def running(self) -> list[Running]:
         """Every started, serving machine with its load now."""
@@ -52,14 +71,17 @@ class Autostop:
             backend = table.get(machine.id)
             if service is None or backend is None or backend.state != "started":
                 continue
-            if table.is_draining(machine.id):
+            if table.is_draining(machine.id) or machine.id in self._held:
                 continue
+            # A machine that served within the last interval counts as loaded: idle means no
+            # request for a whole interval, not a gap between two.
+            load = table.load(machine.id) + self._recently_active(machine.id)
             out.append(
                 Running(
                     machine.id,
                     machine.app,
                     machine.region,
-                    table.load(machine.id),
+                    load,
                     service.concurrency.soft_limit,
                     service.autostop,
                     service.min_machines_running,
@@ -106,6 +128,7 @@ class Autostop:
         self._decisions.record("autostop", idle.app, idle.machine_id, f"{verb}: {idle.reason}")
 
     async def run(self, interval_s: float) -> None:
+        self._interval = interval_s
         while True:
             await asyncio.sleep(interval_s)
             try:

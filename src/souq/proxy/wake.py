@@ -56,7 +56,8 @@ async def port_accepts(host: str, port: int, deadline: float) -> bool:
 
 class Waker:
     """The relay's ``wake`` hook. ``seen`` is told every record a start returns (the feed and
-    the view take it at once, before the event does)."""
+    the view take it at once, before the event does); ``waking`` the id of each machine about
+    to be started."""
 
     def __init__(
         self,
@@ -65,6 +66,8 @@ class Waker:
         decisions: Decisions,
         *,
         seen: Callable[[Machine], None],
+        waking: Callable[[str], None] = lambda _: None,
+        woken: Callable[[str], None] = lambda _: None,
         region: str | None = None,
         timeout_s: float = 10.0,
     ) -> None:
@@ -72,6 +75,8 @@ class Waker:
         self._workers = workers
         self._decisions = decisions
         self._seen = seen
+        self._waking = waking  # told a machine's id before it is started (autostop spares it)
+        self._woken = woken  # and once that is over, whether it worked or not
         self._region = region
         self._timeout = timeout_s
         self._running: dict[str, asyncio.Task[Backend | None]] = {}
@@ -105,28 +110,13 @@ class Waker:
         deadline = loop.time() + self._timeout
         for backend in self.candidates(app, region):
             was = backend.state
+            self._waking(backend.machine_id)
             try:
-                machine = await self._workers.call(
-                    backend.worker_id,
-                    START,
-                    MachineRef(app=app, machine_id=backend.machine_id),
-                    timeout=max(0.1, deadline - loop.time()),
-                )
-            except SouqError as exc:
-                self._decisions.record(
-                    "wake_failed", app, backend.machine_id, f"could not start it: {exc}"
-                )
+                woken = await self._start(app, backend, deadline)
+            finally:
+                self._woken(backend.machine_id)
+            if woken is None:
                 continue
-            self._seen(machine)
-            if not await port_accepts(backend.host, backend.port, deadline):
-                self._decisions.record(
-                    "wake_failed",
-                    app,
-                    backend.machine_id,
-                    f"started, but port {backend.port} did not accept within the deadline",
-                )
-                continue
-            woken = self._table.get(backend.machine_id)
             seconds = time.perf_counter() - began
             how = "resumed" if was == "suspended" else "started"
             self._decisions.record(
@@ -138,3 +128,29 @@ class Waker:
             )
             return woken
         return None
+
+    async def _start(self, app: str, backend: Backend, deadline: float) -> Backend | None:
+        """Start one machine and wait for its port; None (recorded why) if that failed."""
+        loop = asyncio.get_running_loop()
+        try:
+            machine = await self._workers.call(
+                backend.worker_id,
+                START,
+                MachineRef(app=app, machine_id=backend.machine_id),
+                timeout=max(0.1, deadline - loop.time()),
+            )
+        except SouqError as exc:
+            self._decisions.record(
+                "wake_failed", app, backend.machine_id, f"could not start it: {exc}"
+            )
+            return None
+        self._seen(machine)
+        if not await port_accepts(backend.host, backend.port, deadline):
+            self._decisions.record(
+                "wake_failed",
+                app,
+                backend.machine_id,
+                f"started, but port {backend.port} did not accept within the deadline",
+            )
+            return None
+        return self._table.get(backend.machine_id)

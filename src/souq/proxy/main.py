@@ -1,0 +1,106 @@
+"""``souq proxy`` as a process: NATS, the control plane, the relay's HTTP listener, and the admin
+port, until SIGINT or SIGTERM. It logs ``souq proxy listening on http://HOST:PORT`` once it
+serves."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+
+import uvicorn
+
+from souq import daemon
+from souq.bus.nats import NatsTransport, connect
+from souq.errors import Unavailable
+from souq.http_server import EmbeddedServer
+from souq.proxy.config import RelayConfig
+from souq.proxy.daemon import ControlPlane, ProxyConfig
+from souq.proxy.relay import Relay
+
+__all__ = ["run", "serve"]
+
+log = logging.getLogger(__name__)
+
+NATS_CONNECT_TIMEOUT_S = 10.0
+
+
+async def serve(
+    config: ProxyConfig,
+    *,
+    ready: asyncio.Event | None = None,
+    stop: asyncio.Event | None = None,
+) -> None:
+    transport = await _connect(config.nats_url)
+    plane = ControlPlane(config, transport)
+    admin: asyncio.Task[None] | None = None
+    try:
+        await plane.start()
+        relay_config = RelayConfig(
+            domain=config.domain, region=config.region, queue_timeout_s=config.wake_timeout_s
+        )
+        async with Relay(plane.table, plane.hooks, config=relay_config) as relay:
+            host, port = config.listen
+            try:
+                port = await relay.listen_http(host, port)
+            except OSError as exc:
+                raise Unavailable(
+                    f"cannot listen on {host}:{port}: {exc.strerror or exc}",
+                    hint="is another proxy or `souq dev` using that port? pick another one",
+                ) from exc
+            if config.admin_port:
+                admin = asyncio.create_task(_admin(plane, relay, config.admin_port))
+            log.info("souq proxy listening on http://%s:%s", host, port)
+            if ready is not None:
+                ready.set()
+            await (stop or asyncio.Event()).wait()
+    finally:
+        if admin is not None:
+            admin.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await admin
+        await plane.aclose()
+        await transport.close()
+
+
+async def _admin(plane: ControlPlane, relay: Relay, port: int) -> None:
+    server = EmbeddedServer(
+        uvicorn.Config(
+            plane.admin_app(relay.metrics_text),
+            host="127.0.0.1",
+            port=port,
+            lifespan="off",
+            access_log=False,
+            log_level="warning",
+        )
+    )
+    await server.serve()
+
+
+async def _connect(url: str) -> NatsTransport:
+    try:
+        async with asyncio.timeout(NATS_CONNECT_TIMEOUT_S):
+            return await connect(url, name="souq-proxy", connect_timeout=NATS_CONNECT_TIMEOUT_S)
+    except TimeoutError:
+        raise Unavailable(
+            f"cannot connect to NATS at {url} within {NATS_CONNECT_TIMEOUT_S:g}s",
+            hint="is the NATS server running? check --nats",
+        ) from None
+
+
+def run(config: ProxyConfig) -> None:
+    """Run a proxy in the foreground until SIGINT or SIGTERM."""
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            await serve(config, stop=stop)
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+
+    daemon.run(main())
