@@ -25,7 +25,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -47,6 +47,11 @@ class DevConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     port: int = Field(default=4280, ge=0, le=65535, description="broker HTTP port (0: any free)")
+    proxy_port: int = Field(
+        default=4281, ge=0, le=65535, description="the edge proxy's port (0: any free)"
+    )
+    domain: str = Field(default="localhost", description="APP.<domain> reaches app APP")
+    autostop_interval_s: float = Field(default=60.0, gt=0, description="the proxy's autostop")
     nats_port: int | None = Field(default=None, ge=0, le=65535, description="default: any free")
     regions: tuple[str, ...] = ("mad", "syd")
     workers_per_region: int = Field(default=2, ge=1, le=64)
@@ -78,6 +83,8 @@ class DevCluster:
     nats_url: str
     data_dir: Path
     workers: tuple[tuple[str, str], ...]  # (region, data dir name)
+    proxy_url: str = ""  # http://HOST:PORT; a request for APP.<domain> reaches app APP
+    domain: str = "localhost"
 
 
 def set_child_subreaper() -> bool:
@@ -194,6 +201,8 @@ async def _wait_ready(
 async def _serve(config: DevConfig, report: Callable[[DevCluster], None]) -> None:
     from souq.broker.config import BrokerConfig
     from souq.broker.main import serve as serve_broker
+    from souq.proxy.daemon import ProxyConfig
+    from souq.proxy.main import serve as serve_proxy
 
     own_dir = config.data_dir is None
     data_dir = config.data_dir or Path(tempfile.mkdtemp(prefix="souq-dev-"))
@@ -207,6 +216,7 @@ async def _serve(config: DevConfig, report: Callable[[DevCluster], None]) -> Non
     agents: list[subprocess.Popen[bytes]] = []
     broker_task: asyncio.Task[None] | None = None
     broker_stop = asyncio.Event()
+    proxy_task: asyncio.Task[None] | None = None
     try:
         nats.start()
         names: list[tuple[str, str]] = []
@@ -234,26 +244,51 @@ async def _serve(config: DevConfig, report: Callable[[DevCluster], None]) -> Non
             )
         )
         api_url = f"http://{config.host}:{port}"
+        proxy_port = config.proxy_port or free_port(config.host)
+        proxy_ready = asyncio.Event()
+        proxy_task = asyncio.create_task(
+            serve_proxy(
+                ProxyConfig(
+                    nats_url=nats.url,
+                    region=config.regions[0],
+                    listen=(config.host, proxy_port),
+                    domain=config.domain,
+                    autostop_interval_s=config.autostop_interval_s,
+                ),
+                ready=proxy_ready,
+                stop=broker_stop,
+            )
+        )
         deadline = time.monotonic() + config.ready_timeout_s
         ready = asyncio.create_task(_wait_ready(api_url, len(agents), agents, deadline))
         stopped = asyncio.create_task(stop.wait())
+        daemons = {broker_task, proxy_task}
         done, _ = await asyncio.wait(
-            {ready, stopped, broker_task}, return_when=asyncio.FIRST_COMPLETED
+            {ready, stopped, *daemons}, return_when=asyncio.FIRST_COMPLETED
         )
         if ready in done:
             ready.result()
-            report(DevCluster(api_url, nats.url, data_dir, tuple(names)))
-            await asyncio.wait({stopped, broker_task}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(
+                {asyncio.create_task(proxy_ready.wait()), proxy_task},
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+            if not proxy_task.done():
+                proxy_url = f"http://{config.host}:{proxy_port}"
+                cluster = DevCluster(api_url, nats.url, data_dir, tuple(names), proxy_url)
+                report(replace(cluster, domain=config.domain))
+                await asyncio.wait({stopped, *daemons}, return_when=asyncio.FIRST_COMPLETED)
         else:
             ready.cancel()
-        if broker_task.done() and not broker_task.cancelled():
-            broker_task.result()  # surface why the broker stopped (e.g. port in use)
+        for task in daemons:
+            if task.done() and not task.cancelled():
+                task.result()  # surface why a daemon stopped (e.g. port in use)
         stopped.cancel()
     finally:
         broker_stop.set()
-        if broker_task is not None:
-            with contextlib.suppress(Exception, asyncio.CancelledError):
-                await asyncio.wait_for(broker_task, 10)
+        for daemon_task in (broker_task, proxy_task):
+            if daemon_task is not None:
+                with contextlib.suppress(Exception, asyncio.CancelledError):
+                    await asyncio.wait_for(daemon_task, 10)
         await asyncio.to_thread(_stop_agents, agents)
         nats.stop()
         if own_dir:
@@ -272,12 +307,14 @@ def _print_ready(cluster: DevCluster) -> None:
     lines = [
         "Souq dev cluster is ready",
         f"  API:  {cluster.api_url}",
+        f"  proxy: {cluster.proxy_url} (a request for APP.{cluster.domain} reaches app APP)",
         f"  NATS: {cluster.nats_url}",
         f"  data: {cluster.data_dir}",
         "  workers: " + ", ".join(name for _, name in cluster.workers),
         "Try: souq machine run --app hello --region "
         + cluster.workers[0][0]
-        + " -- python3 -m http.server 8080",
+        + " --port 8080 -- sh -c 'exec python3 -m http.server $PORT'",
+        f"     curl -H 'Host: hello.{cluster.domain}' {cluster.proxy_url}/",
         "Press Ctrl-C to stop everything.",
     ]
     sys.stdout.write("\n".join(lines) + "\n")

@@ -26,7 +26,7 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_dev_runs_machines_and_stops_everything(tmp_path: Path, sig: int) -> None:
-    port, nats_port = free_port(), free_port()
+    port, nats_port, proxy_port = free_port(), free_port(), free_port()
     out = tmp_path / "dev.out"
     with open(out, "wb") as sink:
         dev = subprocess.Popen(
@@ -39,6 +39,8 @@ def test_dev_runs_machines_and_stops_everything(tmp_path: Path, sig: int) -> Non
                 str(port),
                 "--nats-port",
                 str(nats_port),
+                "--proxy-port",
+                str(proxy_port),
                 "--regions",
                 "mad,syd",
                 "--workers-per-region",
@@ -58,6 +60,31 @@ def test_dev_runs_machines_and_stops_everything(tmp_path: Path, sig: int) -> Non
             message="the ready banner",
         )
         assert api in out.read_text()
+        proxy = f"http://127.0.0.1:{proxy_port}"
+        assert f"proxy: {proxy} (a request for APP.localhost reaches app APP)" in out.read_text()
+        # The quick start's app, through the proxy.
+        r = httpx.post(
+            f"{api}/v1/apps/hello/machines",
+            json={
+                "region": "mad",
+                "config": {
+                    "cmd": ["sh", "-c", f"exec {sys.executable} -m http.server $PORT"],
+                    "services": [{"internal_port": 8080}],
+                },
+            },
+            timeout=30,
+        )
+        assert r.status_code == 201, r.text
+        served = wait_until(
+            lambda: (
+                (r := httpx.get(proxy, headers={"Host": "hello.localhost"}, timeout=10))
+                and r.status_code == 200
+                and r
+            ),
+            message="the app through the proxy",
+        )
+        assert "Directory listing" in served.text
+        httpx.delete(f"{api}/v1/apps/hello/machines/{r.json()['id']}", params={"force": "true"})
         workers = httpx.get(f"{api}/v1/workers").json()
         assert sorted(w["region"] for w in workers) == ["mad", "syd"]
         assert httpx.get(f"{api}/healthz").status_code == 200

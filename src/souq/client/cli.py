@@ -166,6 +166,19 @@ def machine_run(
         int | None, typer.Option("--max-retries", help="Restarts allowed by on-failure.")
     ] = None,
     env: Annotated[list[str] | None, typer.Option("--env", "-e", help="K=V, repeatable.")] = None,
+    port: Annotated[
+        list[int] | None,
+        typer.Option(
+            "--port",
+            "-p",
+            help="An internal port it serves HTTP on, reached through the proxy (repeatable); "
+            "the process reads the host port it must listen on from $PORT.",
+        ),
+    ] = None,
+    autostop: Annotated[
+        str | None,
+        typer.Option("--autostop", help="What the proxy does when it is idle: off, stop, suspend."),
+    ] = None,
     name: Annotated[str | None, typer.Option("--name", help="The machine's name.")] = None,
     skip_start: Annotated[
         bool, typer.Option("--skip-start", help="Create it, but do not start it.")
@@ -188,6 +201,9 @@ def machine_run(
             command, cpus, memory_mb, constraints=constraint, distinct=distinct, artifact=artifact
         )
         config |= _run_config(restart, max_retries, env)
+        if port:
+            service: dict[str, Any] = {"autostop": autostop} if autostop else {}
+            config["services"] = [{"internal_port": p, **service} for p in port]
         placement = {"policy": policy} if policy else None
         client = make_client()
         if dry_run:

@@ -256,9 +256,19 @@ def dev(
     data_dir: Annotated[
         Path | None, typer.Option("--data-dir", help="Where the cluster keeps its state.")
     ] = None,
+    proxy_port: Annotated[
+        int, typer.Option("--proxy-port", help="Port of the edge proxy (APP.<domain>).")
+    ] = 4281,
+    domain: Annotated[
+        str, typer.Option("--domain", help="APP.<domain> reaches app APP through the proxy.")
+    ] = "localhost",
+    autostop_interval_s: Annotated[
+        float,
+        typer.Option("--autostop-interval", help="Seconds between the proxy's autostop rounds."),
+    ] = 60.0,
     log_format: LogFormatOpt = LogFormat.TEXT,
 ) -> None:
-    """Run a whole local cluster: NATS, a broker and workers, all on loopback."""
+    """Run a whole local cluster: NATS, a broker, an edge proxy and workers, on loopback."""
     if log_format is LogFormat.JSON:
         _daemon_logging("json")
     names = tuple(r.strip() for r in regions.split(",") if r.strip())
