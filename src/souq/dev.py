@@ -201,8 +201,6 @@ async def _wait_ready(
 async def _serve(config: DevConfig, report: Callable[[DevCluster], None]) -> None:
     from souq.broker.config import BrokerConfig
     from souq.broker.main import serve as serve_broker
-    from souq.proxy.daemon import ProxyConfig
-    from souq.proxy.main import serve as serve_proxy
 
     own_dir = config.data_dir is None
     data_dir = config.data_dir or Path(tempfile.mkdtemp(prefix="souq-dev-"))
@@ -219,48 +217,17 @@ async def _serve(config: DevConfig, report: Callable[[DevCluster], None]) -> Non
     proxy_task: asyncio.Task[None] | None = None
     try:
         nats.start()
-        names: list[tuple[str, str]] = []
-        for region in config.regions:
-            for i in range(1, config.workers_per_region + 1):
-                name = f"{region}-{i}"
-                names.append((region, name))
-                agents.append(
-                    start_agent_process(
-                        region=region,
-                        nats_url=nats.url,
-                        data_dir=data_dir / "workers" / name,
-                        cpus=config.worker_cpus,
-                        memory_mb=config.worker_memory_mb,
-                        log_format=config.log_format,
-                    )
-                )
+        names = _start_agents(config, nats.url, data_dir, agents)
         port = config.port or free_port(config.host)
-        broker_ready = asyncio.Event()
-        broker_task = asyncio.create_task(
-            serve_broker(
-                BrokerConfig(nats_url=nats.url, listen_host=config.host, listen_port=port),
-                ready=broker_ready,
-                stop=broker_stop,
-            )
-        )
+        broker = BrokerConfig(nats_url=nats.url, listen_host=config.host, listen_port=port)
+        broker_task = asyncio.create_task(serve_broker(broker, stop=broker_stop))
         api_url = f"http://{config.host}:{port}"
         proxy_port = config.proxy_port or free_port(config.host)
         proxy_ready = asyncio.Event()
-        proxy_task = asyncio.create_task(
-            serve_proxy(
-                ProxyConfig(
-                    nats_url=nats.url,
-                    region=config.regions[0],
-                    listen=(config.host, proxy_port),
-                    domain=config.domain,
-                    autostop_interval_s=config.autostop_interval_s,
-                ),
-                ready=proxy_ready,
-                stop=broker_stop,
-            )
+        proxy_task = _start_proxy(config, nats.url, proxy_port, proxy_ready, broker_stop)
+        ready = asyncio.create_task(
+            _wait_ready(api_url, len(agents), agents, time.monotonic() + config.ready_timeout_s)
         )
-        deadline = time.monotonic() + config.ready_timeout_s
-        ready = asyncio.create_task(_wait_ready(api_url, len(agents), agents, deadline))
         stopped = asyncio.create_task(stop.wait())
         daemons = {broker_task, proxy_task}
         done, _ = await asyncio.wait(
@@ -293,6 +260,45 @@ async def _serve(config: DevConfig, report: Callable[[DevCluster], None]) -> Non
         nats.stop()
         if own_dir:
             shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def _start_agents(
+    config: DevConfig, nats_url: str, data_dir: Path, agents: list[subprocess.Popen[bytes]]
+) -> list[tuple[str, str]]:
+    """Start the workers (into ``agents`` as they start); their (region, name)s."""
+    names: list[tuple[str, str]] = []
+    for region in config.regions:
+        for i in range(1, config.workers_per_region + 1):
+            name = f"{region}-{i}"
+            names.append((region, name))
+            agents.append(
+                start_agent_process(
+                    region=region,
+                    nats_url=nats_url,
+                    data_dir=data_dir / "workers" / name,
+                    cpus=config.worker_cpus,
+                    memory_mb=config.worker_memory_mb,
+                    log_format=config.log_format,
+                )
+            )
+    return names
+
+
+def _start_proxy(
+    config: DevConfig, nats_url: str, port: int, ready: asyncio.Event, stop: asyncio.Event
+) -> asyncio.Task[None]:
+    """The edge proxy, in this process: its region is the cluster's first."""
+    from souq.proxy.daemon import ProxyConfig
+    from souq.proxy.main import serve as serve_proxy
+
+    proxy = ProxyConfig(
+        nats_url=nats_url,
+        region=config.regions[0],
+        listen=(config.host, port),
+        domain=config.domain,
+        autostop_interval_s=config.autostop_interval_s,
+    )
+    return asyncio.create_task(serve_proxy(proxy, ready=ready, stop=stop), name="souq-proxy")
 
 
 def _stop_agents(agents: list[subprocess.Popen[bytes]], timeout: float = 30.0) -> None:

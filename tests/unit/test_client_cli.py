@@ -254,7 +254,21 @@ def test_dev_command_builds_its_config(monkeypatch: pytest.MonkeyPatch) -> None:
     fake.DevConfig = DevConfig  # type: ignore[attr-defined]
     fake.run = seen.append  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "souq.dev", fake)
-    result = invoke("dev", "--port", "5000", "--regions", "mad, syd,ams", "--worker-cpus", "2")
+    result = invoke(
+        "dev",
+        "--port",
+        "5000",
+        "--regions",
+        "mad, syd,ams",
+        "--worker-cpus",
+        "2",
+        "--proxy-port",
+        "5001",
+        "--domain",
+        "test",
+        "--autostop-interval",
+        "5",
+    )
     assert result.exit_code == 0, result.output
     [config] = seen
     assert config.kwargs == {
@@ -262,6 +276,9 @@ def test_dev_command_builds_its_config(monkeypatch: pytest.MonkeyPatch) -> None:
         "regions": ("mad", "syd", "ams"),
         "workers_per_region": 2,
         "worker_cpus": 2.0,
+        "proxy_port": 5001,
+        "domain": "test",
+        "autostop_interval_s": 5.0,
     }
 
 

@@ -190,9 +190,7 @@ def proxy(
     ] = None,
     autostop_interval_s: Annotated[
         float | None,
-        typer.Option(
-            "--autostop-interval", help="Seconds between autostop rounds (default 60)."
-        ),
+        typer.Option("--autostop-interval", help="Seconds between autostop rounds (default 60)."),
     ] = None,
     admin_port: Annotated[
         int | None,

@@ -10,11 +10,11 @@ from souq.placement.curves import DEFAULT_CURVE, Curve
 from souq.placement.filters import (
     ConstraintFilter,
     DistinctWorkersFilter,
-    StandbyFilter,
     DriverFilter,
     EligibleFilter,
     RegionFilter,
     ResourcesFilter,
+    StandbyFilter,
     StateFilter,
 )
 from souq.placement.pipeline import NOT_SAMPLED, Pipeline, Ranking
@@ -57,7 +57,6 @@ __all__ = [
     "ConstraintFilter",
     "Curve",
     "DistinctWorkersFilter",
-    "StandbyFilter",
     "DriverFilter",
     "EligibleFilter",
     "Filter",
@@ -72,6 +71,7 @@ __all__ = [
     "Scorer",
     "Shortfall",
     "SpreadScorer",
+    "StandbyFilter",
     "StateFilter",
     "attribute_of",
     "build_pipeline",
