@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from souq.model import MachineState
+from souq.natsserver import free_port
 from souq.testing import Cluster, ProxyProcess, wait_until
 
 ECHO = str(Path(__file__).with_name("echo_app.py"))
@@ -200,3 +201,30 @@ def test_autostop_stops_idle_machines(cluster: Cluster, tmp_path: Path) -> None:
             client.destroy(app, m.id, force=True)
     finally:
         p.stop()
+
+
+def test_a_raw_tcp_service_is_piped_as_it_is(cluster: Cluster, proxy: ProxyProcess) -> None:
+    client = cluster.client()
+    app = app_name()
+    edge = free_port()
+    m = client.create_machine(
+        app,
+        "mad",
+        {
+            **config(),
+            "services": [{"internal_port": 8080, "ports": [{"port": edge, "handlers": []}]}],
+        },
+    )
+
+    def over_tcp() -> dict[str, object] | None:
+        # HTTP bytes through a raw pipe: nothing is added on the way (no X-Forwarded-For).
+        try:
+            r = httpx.get(f"http://127.0.0.1:{edge}/raw", timeout=2)
+        except httpx.HTTPError:
+            return None
+        return dict(r.json()) if r.status_code == 200 else None
+
+    got = wait_until(over_tcp, message="the app through its edge port")
+    assert got["machine_id"] == m.id and got["path"] == "/raw"
+    assert "X-Forwarded-For" not in got["headers"]
+    client.destroy(app, m.id, force=True)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -32,7 +33,7 @@ from souq.protocol import WorkerClient
 from souq.proxy.decisions import Decisions
 from souq.proxy.health import HealthChecks
 from souq.proxy.idle import Autostop
-from souq.proxy.machines import MachineFeed
+from souq.proxy.machines import MachineFeed, http_service, tcp_service
 from souq.proxy.standby import Failover
 from souq.proxy.table import Backend, RoutingTable
 from souq.proxy.wake import Waker
@@ -103,6 +104,9 @@ class ControlPlane:
         )
         self.hooks = Hooks(self.waker, self.autostop)
         self._tasks: list[asyncio.Task[None]] = []
+        # Raw TCP services: edge port -> app, and how to listen (set by the process's main).
+        self.tcp_ports: dict[int, str] = {}
+        self.listen_tcp: Callable[[str, int], Coroutine[Any, Any, None]] | None = None
 
     async def start(self) -> None:
         await self.view.start()
@@ -130,12 +134,29 @@ class ControlPlane:
     def _followed(self, machine: Machine, backend: Backend | None) -> None:
         if backend is None:
             self.health.forget(machine.id)
-        else:
-            self.health.follow(machine)
+            return
+        self.health.follow(machine)
+        if http_service(machine) is None and (tcp := tcp_service(machine)) is not None:
+            self._tcp_port(machine.app, tcp[1])
+
+    def _tcp_port(self, app: str, port: int) -> None:
+        """An app's raw TCP service needs its edge port: listen on it, once."""
+        owner = self.tcp_ports.get(port)
+        if owner == app or self.listen_tcp is None:
+            return
+        if owner is not None:
+            self.decisions.record(
+                "tcp_port", app, None, f"edge port {port} already serves app {owner}; not taken"
+            )
+            return
+        self.tcp_ports[port] = app
+        task = asyncio.get_running_loop().create_task(self.listen_tcp(app, port))
+        self._tasks.append(task)
 
     def admin_app(self, metrics: Any = None) -> Starlette:
-        """``GET /metrics`` (the relay's ``metrics`` text, then the control plane's) and
-        ``GET /decisions[?app=APP]``."""
+        """``GET /metrics`` (the relay's ``metrics`` text, then the control plane's),
+        ``GET /decisions[?app=APP]`` (what it did, and why) and ``GET /backends[?app=APP]``
+        (the machines it routes to, as it sees them now)."""
         from prometheus_client import generate_latest
 
         async def metrics_route(request: Request) -> Response:
@@ -143,6 +164,28 @@ class ControlPlane:
                 self.decisions.registry
             )
             return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+        async def backends_route(request: Request) -> Response:
+            app = request.query_params.get("app")
+            table = self.table
+            apps = [app] if app else table.apps()
+            body = json.dumps(
+                [
+                    {
+                        "machine_id": b.machine_id,
+                        "app": b.app,
+                        "region": b.region,
+                        "address": f"{b.host}:{b.port}",
+                        "state": b.state,
+                        "healthy": b.healthy,
+                        "draining": table.is_draining(b.machine_id),
+                        "load": table.load(b.machine_id),
+                    }
+                    for name in apps
+                    for b in table.backends(name)
+                ]
+            )
+            return Response(body, media_type="application/json")
 
         async def decisions_route(request: Request) -> Response:
             app = request.query_params.get("app")
@@ -153,6 +196,7 @@ class ControlPlane:
             routes=[
                 Route("/metrics", metrics_route),
                 Route("/decisions", decisions_route),
+                Route("/backends", backends_route),
             ]
         )
 

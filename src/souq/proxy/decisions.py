@@ -20,7 +20,9 @@ __all__ = ["Decision", "Decisions", "Kind"]
 
 log = logging.getLogger(__name__)
 
-Kind = Literal["wake", "wake_failed", "autostop", "failover", "unhealthy", "healthy", "drain"]
+Kind = Literal[
+    "wake", "wake_failed", "autostop", "failover", "unhealthy", "healthy", "drain", "tcp_port"
+]
 WAKE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 

@@ -3,9 +3,10 @@
 The proxy keeps a replica of the cluster view (:class:`souq.view.ClusterView`, fed by every
 worker's machine events and healed by anti-entropy: no polling). Each time a machine's row
 changes, :class:`MachineFeed` reads the record again and tells the table what it now is
-(:func:`backend_of`), or that it is gone. Only machines that serve HTTP are in the table: those
-with a service whose ports have the ``http`` handler (the first such service is the one the
-proxy's port routes to), and an address the worker gave them.
+(:func:`backend_of`), or that it is gone. Only machines that serve are in the table: those with
+a service whose ports have the ``http`` handler (the first such service is the one the proxy's
+port routes to) or, failing that, a raw TCP service with an edge port of its own, and an address
+the worker gave them.
 
 The feed also keeps, for the standby failover (:mod:`souq.proxy.standby`), which stopped
 machines stand by for which others.
@@ -20,7 +21,7 @@ from dataclasses import replace
 from souq.model import Machine, Service
 from souq.proxy.table import Backend, RoutingTable
 
-__all__ = ["MachineFeed", "backend_of", "http_service"]
+__all__ = ["MachineFeed", "backend_of", "http_service", "tcp_service"]
 
 log = logging.getLogger(__name__)
 
@@ -33,9 +34,22 @@ def http_service(machine: Machine) -> Service | None:
     return None
 
 
+def tcp_service(machine: Machine) -> tuple[Service, int] | None:
+    """For a machine that serves no HTTP: its first service with an edge port and no handler
+    (raw TCP, piped as it is), and that edge port."""
+    for service in machine.config.services:
+        for port in service.ports:
+            if not port.handlers and port.port is not None:
+                return service, port.port
+    return None
+
+
 def backend_of(machine: Machine) -> Backend | None:
-    """The machine as the routing table sees it, or None when it does not serve HTTP."""
+    """The machine as the routing table sees it (its HTTP service's, else its raw TCP
+    service's port), or None when it serves neither."""
     service = http_service(machine)
+    if service is None and (tcp := tcp_service(machine)) is not None:
+        service = tcp[0]
     address = machine.address
     if service is None or address is None:
         return None

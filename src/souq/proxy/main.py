@@ -49,6 +49,18 @@ async def serve(
                     f"cannot listen on {host}:{port}: {exc.strerror or exc}",
                     hint="is another proxy or `souq dev` using that port? pick another one",
                 ) from exc
+
+            async def listen_tcp(app: str, edge_port: int) -> None:
+                try:
+                    await relay.listen_tcp(host, edge_port, app=app)
+                except OSError as exc:
+                    plane.decisions.record(
+                        "tcp_port", app, None, f"cannot listen on {host}:{edge_port}: {exc}"
+                    )
+                    return
+                log.info("app %s: raw TCP on %s:%d", app, host, edge_port)
+
+            plane.listen_tcp = listen_tcp
             if config.admin_port:
                 admin = asyncio.create_task(_admin(plane, relay, config.admin_port))
             log.info("souq proxy listening on http://%s:%s", host, port)
