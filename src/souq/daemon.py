@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
 
 from souq import gc_tuning
 
-__all__ = ["cancel_tasks", "loop_factory", "run"]
+__all__ = ["cancel_tasks", "loop_factory", "run", "run_until_signalled"]
 
 
 def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -39,3 +40,21 @@ def run(main: Coroutine[Any, Any, None]) -> None:
     gc_tuning.tune()
     with asyncio.Runner(loop_factory=loop_factory()) as runner:
         runner.run(main)
+
+
+def run_until_signalled(serve: Callable[[asyncio.Event], Coroutine[Any, Any, None]]) -> None:
+    """Run ``serve(stop)`` (blocking) where ``stop`` is set by SIGINT or SIGTERM: how a daemon
+    runs in the foreground."""
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            await serve(stop)
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+
+    run(main())

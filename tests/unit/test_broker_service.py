@@ -10,7 +10,7 @@ import pytest
 from souq.broker.service import BrokerService
 from souq.bus import MemoryTransport
 from souq.errors import IllegalTransition, NotFound, Unavailable, WaitTimeout
-from souq.model import MachineState
+from souq.model import MachineState, StopCommand
 
 from .broker_fakes import FakeWorker, broker_config, create_body, started_service
 
@@ -31,7 +31,8 @@ async def test_commands_go_to_the_worker_that_owns_the_machine() -> None:
     assert service.directory.cached(m.id) == owner.id
 
     assert (await service.get_machine("web", m.id)).id == m.id
-    stopped = await service.stop_machine("web", m.id, signal="SIGTERM", timeout_s=1)
+    cmd = StopCommand(app="web", machine_id=m.id, signal="SIGTERM", timeout_s=1)
+    stopped = await service.stop_machine(cmd)
     assert stopped.state == MachineState.STOPPED
     assert (await service.start_machine("web", m.id)).state == MachineState.STARTED
     with pytest.raises(IllegalTransition):

@@ -31,6 +31,7 @@ from souq.model import (
     MachineEventMessage,
     MachineState,
     Resources,
+    StopCommand,
     WorkerInfo,
     WorkerState,
 )
@@ -140,7 +141,8 @@ async def test_the_agent_holds_events_while_the_bus_is_down_and_announces_its_re
 
     await bus.set_connected(False)
     seen = len(events)
-    agent.commands.stop("web", m.id)  # the machine's life goes on without the bus
+    # The machine's life goes on without the bus.
+    agent.commands.stop(StopCommand(app="web", machine_id=m.id))
     await wait_for(lambda: agent.executor.machine("web", m.id).state == MachineState.STOPPED)
     # The publisher was woken by the stop's events and found the bus down: they wait.
     pending = agent._service.stats.pending_events  # type: ignore[union-attr]

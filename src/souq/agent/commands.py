@@ -34,7 +34,7 @@ from souq.model.machine import (
     OpRecord,
     normalise_signal,
 )
-from souq.model.protocol import ClaimRequest, LogsReply
+from souq.model.protocol import ClaimRequest, LogsReply, StopCommand
 from souq.model.services import MachineAddress
 
 __all__ = ["LOG_POLL_S", "Commands"]
@@ -153,19 +153,11 @@ class Commands:
         ex.freeze(row.id, frozen=True, source=source)
         return ex.machine(app, machine_id)
 
-    def stop(
-        self,
-        app: str,
-        machine_id: str,
-        *,
-        signal: str | None = None,
-        timeout_s: float | None = None,
-        source: Source = "user",
-    ) -> Machine:
-        """Send the stop signal (SIGKILL follows after ``timeout_s``) and answer at once:
+    def stop(self, cmd: StopCommand, *, source: Source = "user") -> Machine:
+        """Send the stop signal (SIGKILL follows after ``cmd.timeout_s``) and answer at once:
         ``stopping``, or ``stopped`` when nothing was running."""
         ex = self._ex
-        row = ex.row(app, machine_id)
+        row = ex.row(cmd.app, cmd.machine_id)
         current = ex.current_op(row.id)
         if row.state is S.STOPPED or (current is not None and current.kind is OpKind.STOP):
             return row.to_machine(ex.worker_id)  # stopped, or a stop is already under way
@@ -176,7 +168,7 @@ class Commands:
             )
         lifecycle.transition(row.state, Trigger.STOP, machine_id=row.id)
         self._check_idle(row)
-        sig, timeout = _stop_params(row, signal, timeout_s)
+        sig, timeout = _stop_params(row, cmd.signal, cmd.timeout_s)
         running = row.state in _RUNNING
         drain = _drain_s(row) if running else 0.0
         op = ex.new_op(
@@ -191,19 +183,12 @@ class Commands:
             signal=sig if running else None,
             message=f"out of rotation {drain:g}s before the signal" if drain else None,
         )
-        return ex.machine(app, machine_id)
+        return ex.machine(cmd.app, cmd.machine_id)
 
-    async def restart(
-        self,
-        app: str,
-        machine_id: str,
-        *,
-        signal: str | None = None,
-        timeout_s: float | None = None,
-    ) -> Machine:
+    async def restart(self, cmd: StopCommand) -> Machine:
         """Stop the machine if it runs, then start it again; answer once it has started."""
         ex = self._ex
-        row = ex.row(app, machine_id)
+        row = ex.row(cmd.app, cmd.machine_id)
         if row.state not in _RESTARTABLE:
             raise IllegalTransition(
                 f"machine {row.id} is {row.state}; it cannot be restarted",
@@ -212,7 +197,7 @@ class Commands:
                 else "it is gone; create a new machine",
             )
         self._check_idle(row)
-        sig, timeout = _stop_params(row, signal, timeout_s)
+        sig, timeout = _stop_params(row, cmd.signal, cmd.timeout_s)
         op = ex.new_op(
             OpKind.RESTART,
             row.id,
@@ -230,7 +215,7 @@ class Commands:
                 op, OpEvent.IDLE, event=Trigger.START, type="restart", source="user", restarts=0
             )
         await op.done
-        return ex.machine(app, machine_id)
+        return ex.machine(cmd.app, cmd.machine_id)
 
     def signal(self, app: str, machine_id: str, signal: str) -> Machine:
         ex = self._ex
@@ -338,7 +323,7 @@ class Commands:
         for row in self._ex.rows():
             if row.state in _UP and self._ex.current_op(row.id) is None:
                 with contextlib.suppress(Conflict):
-                    self.stop(row.app, row.id, source="agent")
+                    self.stop(StopCommand(app=row.app, machine_id=row.id), source="agent")
                     stopped.append(row.id)
         return stopped
 
@@ -351,7 +336,7 @@ class Commands:
         for row in self._ex.rows():
             if row.state in _UP and self._ex.current_op(row.id) is None:
                 with contextlib.suppress(Conflict):
-                    self.stop(row.app, row.id, source="agent")
+                    self.stop(StopCommand(app=row.app, machine_id=row.id), source="agent")
         pending = [op.done for op in self._ex.ops()]
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)

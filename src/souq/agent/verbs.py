@@ -256,12 +256,10 @@ class WorkerVerbs:
         return self._cmd.suspend(ref.app, ref.machine_id)
 
     async def _stop(self, cmd: msg.StopCommand) -> Machine:
-        return self._cmd.stop(cmd.app, cmd.machine_id, signal=cmd.signal, timeout_s=cmd.timeout_s)
+        return self._cmd.stop(cmd)
 
     async def _restart(self, cmd: msg.StopCommand) -> Machine:
-        return await self._cmd.restart(
-            cmd.app, cmd.machine_id, signal=cmd.signal, timeout_s=cmd.timeout_s
-        )
+        return await self._cmd.restart(cmd)
 
     async def _signal(self, cmd: msg.SignalCommand) -> Machine:
         return self._cmd.signal(cmd.app, cmd.machine_id, cmd.signal)

@@ -41,7 +41,15 @@ from souq.broker.schemas import (
 )
 from souq.broker.service import BrokerService
 from souq.errors import InvalidInput, MalformedRequest, SouqError
-from souq.model import Machine, MachineEvent, MachineState, OpRecord, Quote, WorkerInfo
+from souq.model import (
+    Machine,
+    MachineEvent,
+    MachineState,
+    OpRecord,
+    Quote,
+    StopCommand,
+    WorkerInfo,
+)
 from souq.model.batch import BatchCreateRequest, BatchResult
 
 __all__ = ["create_app"]
@@ -314,12 +322,14 @@ def _routes(service: BrokerService, create: CreateHandler) -> FastAPI:
     @api.post(machine_path + "/stop", **stop_route)
     async def stop_machine(app: AppName, machine_id: str, request: Request) -> Response:
         body = await _parse(request, StopRequest, optional=True)
-        return _json(await service.stop_machine(app, machine_id, **body.model_dump()))
+        cmd = StopCommand(app=app, machine_id=machine_id, **body.model_dump())
+        return _json(await service.stop_machine(cmd))
 
     @api.post(machine_path + "/restart", **stop_route)
     async def restart_machine(app: AppName, machine_id: str, request: Request) -> Response:
         body = await _parse(request, StopRequest, optional=True)
-        return _json(await service.restart_machine(app, machine_id, **body.model_dump()))
+        cmd = StopCommand(app=app, machine_id=machine_id, **body.model_dump())
+        return _json(await service.restart_machine(cmd))
 
     @api.post(
         machine_path + "/signal",

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 import socket
 
 import uvicorn
@@ -117,16 +116,4 @@ async def _connect(config: BrokerConfig) -> NatsTransport:
 
 def run(config: BrokerConfig) -> None:
     """Run a broker in the foreground until SIGINT or SIGTERM."""
-
-    async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        try:
-            await serve(config, stop=stop)
-        finally:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.remove_signal_handler(sig)
-
-    daemon.run(main())
+    daemon.run_until_signalled(lambda stop: serve(config, stop=stop))

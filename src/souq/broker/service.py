@@ -353,30 +353,16 @@ class BrokerService:
         ref = MachineRef(app=app, machine_id=machine_id)
         return self._seen(await self._ask(machine_id, v.SUSPEND, ref))
 
-    async def stop_machine(
-        self,
-        app: str,
-        machine_id: str,
-        *,
-        signal: str | None = None,
-        timeout_s: float | None = None,
-    ) -> Machine:
+    async def stop_machine(self, cmd: StopCommand) -> Machine:
         """Returns once the signal is sent (the machine is ``stopping``); see :meth:`wait`."""
-        cmd = StopCommand(app=app, machine_id=machine_id, signal=signal, timeout_s=timeout_s)
-        return self._seen(await self._ask(machine_id, v.STOP, cmd))
+        return self._seen(await self._ask(cmd.machine_id, v.STOP, cmd))
 
-    async def restart_machine(
-        self,
-        app: str,
-        machine_id: str,
-        *,
-        signal: str | None = None,
-        timeout_s: float | None = None,
-    ) -> Machine:
+    async def restart_machine(self, cmd: StopCommand) -> Machine:
         """Returns once the machine has stopped and started again."""
-        grace = timeout_s if timeout_s is not None else await self._stop_timeout(app, machine_id)
-        cmd = StopCommand(app=app, machine_id=machine_id, signal=signal, timeout_s=timeout_s)
-        return self._seen(await self._ask(machine_id, v.RESTART, cmd, extra_s=grace))
+        grace = cmd.timeout_s
+        if grace is None:
+            grace = await self._stop_timeout(cmd.app, cmd.machine_id)
+        return self._seen(await self._ask(cmd.machine_id, v.RESTART, cmd, extra_s=grace))
 
     async def signal_machine(self, app: str, machine_id: str, signal: str) -> Machine:
         cmd = SignalCommand(app=app, machine_id=machine_id, signal=signal)

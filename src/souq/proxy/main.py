@@ -7,12 +7,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 
 import uvicorn
 
 from souq import daemon
-from souq.bus.nats import NatsTransport, connect
+from souq.bus.nats import connect
 from souq.errors import Unavailable
 from souq.http_server import EmbeddedServer
 from souq.proxy.config import RelayConfig
@@ -32,7 +31,9 @@ async def serve(
     ready: asyncio.Event | None = None,
     stop: asyncio.Event | None = None,
 ) -> None:
-    transport = await _connect(config.nats_url)
+    transport = await connect(
+        config.nats_url, name="souq-proxy", connect_timeout=NATS_CONNECT_TIMEOUT_S
+    )
     plane = ControlPlane(config, transport)
     admin: asyncio.Task[None] | None = None
     try:
@@ -90,29 +91,6 @@ async def _admin(plane: ControlPlane, relay: Relay, port: int) -> None:
     await server.serve()
 
 
-async def _connect(url: str) -> NatsTransport:
-    try:
-        async with asyncio.timeout(NATS_CONNECT_TIMEOUT_S):
-            return await connect(url, name="souq-proxy", connect_timeout=NATS_CONNECT_TIMEOUT_S)
-    except TimeoutError:
-        raise Unavailable(
-            f"cannot connect to NATS at {url} within {NATS_CONNECT_TIMEOUT_S:g}s",
-            hint="is the NATS server running? check --nats",
-        ) from None
-
-
 def run(config: ProxyConfig) -> None:
     """Run a proxy in the foreground until SIGINT or SIGTERM."""
-
-    async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        try:
-            await serve(config, stop=stop)
-        finally:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.remove_signal_handler(sig)
-
-    daemon.run(main())
+    daemon.run_until_signalled(lambda stop: serve(config, stop=stop))
