@@ -93,9 +93,9 @@ class ControlPlane:
             self.feed, workers, self.decisions, drain_s=config.drain_s, timeout_s=10.0
         )
         self.waker = Waker(
-            self.table,
-            workers,
-            self.decisions,
+            table=self.table,
+            workers=workers,
+            decisions=self.decisions,
             seen=self._seen,
             waking=self.autostop.hold,
             woken=self.autostop.touch,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass, field
 
 from souq.errors import SouqError
 from souq.model import MachineRef, StopCommand
@@ -30,24 +31,16 @@ log = logging.getLogger(__name__)
 _DRAIN_POLL_S = 0.01
 
 
+@dataclass
 class Autostop:
-    def __init__(
-        self,
-        feed: MachineFeed,
-        workers: WorkerClient,
-        decisions: Decisions,
-        *,
-        drain_s: float = 30.0,
-        timeout_s: float = 10.0,
-    ) -> None:
-        self._feed = feed
-        self._workers = workers
-        self._decisions = decisions
-        self._drain = drain_s
-        self._timeout = timeout_s
-        self._active: dict[str, float] = {}  # machine id -> when it last served (or woke)
-        self._held: set[str] = set()  # machines a wake-up is starting
-        self._interval = 0.0
+    feed: MachineFeed
+    workers: WorkerClient
+    decisions: Decisions
+    drain_s: float = 30.0
+    timeout_s: float = 10.0
+    _active: dict[str, float] = field(default_factory=dict)  # machine id -> when it last served
+    _held: set[str] = field(default_factory=set)  # machines a wake-up is starting
+    _interval: float = 0.0
 
     def touch(self, machine_id: str) -> None:
         """The machine served a request (or was just woken for one): not idle this round."""
@@ -64,9 +57,9 @@ class Autostop:
 
     def running(self) -> list[Running]:
         """Every started, serving machine with its load now."""
-        table = self._feed.table
+        table = self.feed.table
         out = []
-        for machine in self._feed.machines.values():
+        for machine in self.feed.machines.values():
             service = http_service(machine)
             backend = table.get(machine.id)
             if service is None or backend is None or backend.state != "started":
@@ -96,36 +89,36 @@ class Autostop:
         return chosen
 
     async def _stop(self, idle: Idle) -> None:
-        table = self._feed.table
-        machine = self._feed.machines.get(idle.machine_id)
+        table = self.feed.table
+        machine = self.feed.machines.get(idle.machine_id)
         if machine is None:
             return
         table.draining(idle.machine_id)
         loop = asyncio.get_running_loop()
-        until = loop.time() + self._drain
+        until = loop.time() + self.drain_s
         # The load is a plain counter the relay updates on its hot path (no event to wait on).
         while table.load(idle.machine_id) > 0 and loop.time() < until:  # noqa: ASYNC110
             await asyncio.sleep(_DRAIN_POLL_S)
         ref = MachineRef(app=machine.app, machine_id=machine.id)
         try:
             if idle.action == "suspend":
-                done = await self._workers.call(
-                    machine.worker_id, SUSPEND, ref, timeout=self._timeout
+                done = await self.workers.call(
+                    machine.worker_id, SUSPEND, ref, timeout=self.timeout_s
                 )
             else:
-                done = await self._workers.call(
+                done = await self.workers.call(
                     machine.worker_id,
                     STOP,
                     StopCommand(app=machine.app, machine_id=machine.id),
-                    timeout=self._timeout,
+                    timeout=self.timeout_s,
                 )
         except SouqError as exc:
             table.draining(idle.machine_id, False)
             log.info("autostop of machine %s failed: %s", idle.machine_id, exc)
             return
-        self._feed.seen(done)
+        self.feed.seen(done)
         verb = "suspended" if idle.action == "suspend" else "stopped"
-        self._decisions.record("autostop", idle.app, idle.machine_id, f"{verb}: {idle.reason}")
+        self.decisions.record("autostop", idle.app, idle.machine_id, f"{verb}: {idle.reason}")
 
     async def run(self, interval_s: float) -> None:
         self._interval = interval_s

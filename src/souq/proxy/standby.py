@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass, field
 
 from souq.errors import SouqError
 from souq.model import MachineRef, WorkerState
@@ -26,15 +27,13 @@ log = logging.getLogger(__name__)
 _STARTABLE = {"stopped", "created", "suspended", "failed"}
 
 
+@dataclass
 class Failover:
-    def __init__(
-        self, feed: MachineFeed, workers: WorkerClient, decisions: Decisions, *, timeout_s: float
-    ) -> None:
-        self._feed = feed
-        self._workers = workers
-        self._decisions = decisions
-        self._timeout = timeout_s
-        self._tasks: set[asyncio.Task[None]] = set()
+    feed: MachineFeed
+    workers: WorkerClient
+    decisions: Decisions
+    timeout_s: float
+    _tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     def worker_changed(
         self, worker_id: str, state: WorkerState, before: WorkerState | None
@@ -43,17 +42,17 @@ class Failover:
         if state == WorkerState.DOWN:
             self._lost(worker_id)
         elif before == WorkerState.DOWN:
-            for machine in self._feed.on_worker(worker_id):
-                self._feed.table.set_healthy(machine.id, True)
+            for machine in self.feed.on_worker(worker_id):
+                self.feed.table.set_healthy(machine.id, True)
 
     def _lost(self, worker_id: str) -> None:
-        primaries = self._feed.on_worker(worker_id)
+        primaries = self.feed.on_worker(worker_id)
         for machine in primaries:
-            self._feed.table.set_healthy(machine.id, False)
+            self.feed.table.set_healthy(machine.id, False)
         loop = asyncio.get_running_loop()
         for primary in primaries:
-            for standby_id in sorted(self._feed.standbys.get(primary.id, ())):
-                standby = self._feed.machines.get(standby_id)
+            for standby_id in sorted(self.feed.standbys.get(primary.id, ())):
+                standby = self.feed.machines.get(standby_id)
                 if standby is None or standby.worker_id == worker_id:
                     continue
                 if standby.state.value not in _STARTABLE:
@@ -68,16 +67,16 @@ class Failover:
         self, app: str, standby_id: str, on_worker: str, primary_id: str, lost_worker: str
     ) -> None:
         try:
-            machine = await self._workers.call(
-                on_worker, START, MachineRef(app=app, machine_id=standby_id), timeout=self._timeout
+            machine = await self.workers.call(
+                on_worker, START, MachineRef(app=app, machine_id=standby_id), timeout=self.timeout_s
             )
         except SouqError as exc:
-            self._decisions.record(
+            self.decisions.record(
                 "failover", app, standby_id, f"could not start the standby for {primary_id}: {exc}"
             )
             return
-        self._feed.seen(machine)
-        self._decisions.record(
+        self.feed.seen(machine)
+        self.decisions.record(
             "failover",
             app,
             standby_id,

@@ -16,6 +16,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from souq.errors import SouqError
 from souq.model import Machine, MachineRef
@@ -54,37 +55,26 @@ async def port_accepts(host: str, port: int, deadline: float) -> bool:
         return True
 
 
+@dataclass(kw_only=True)
 class Waker:
     """The relay's ``wake`` hook. ``seen`` is told every record a start returns (the feed and
     the view take it at once, before the event does); ``waking`` the id of each machine about
     to be started."""
 
-    def __init__(
-        self,
-        table: RoutingTable,
-        workers: WorkerClient,
-        decisions: Decisions,
-        *,
-        seen: Callable[[Machine], None],
-        waking: Callable[[str], None] = lambda _: None,
-        woken: Callable[[str], None] = lambda _: None,
-        region: str | None = None,
-        timeout_s: float = 10.0,
-    ) -> None:
-        self._table = table
-        self._workers = workers
-        self._decisions = decisions
-        self._seen = seen
-        self._waking = waking  # told a machine's id before it is started (autostop spares it)
-        self._woken = woken  # and once that is over, whether it worked or not
-        self._region = region
-        self._timeout = timeout_s
-        self._running: dict[str, asyncio.Task[Backend | None]] = {}
+    table: RoutingTable
+    workers: WorkerClient
+    decisions: Decisions
+    seen: Callable[[Machine], None]
+    waking: Callable[[str], None] = lambda _: None  # before a machine is started
+    woken: Callable[[str], None] = lambda _: None  # once that is over, whether it worked or not
+    region: str | None = None
+    timeout_s: float = 10.0
+    _running: dict[str, asyncio.Task[Backend | None]] = field(default_factory=dict)
 
     async def wake(self, app: str, region: str | None) -> Backend | None:
         task = self._running.get(app)
         if task is None:
-            task = asyncio.get_running_loop().create_task(self._wake(app, region or self._region))
+            task = asyncio.get_running_loop().create_task(self._wake(app, region or self.region))
             self._running[app] = task
             task.add_done_callback(lambda _: self._running.pop(app, None))
         return await asyncio.shield(task)
@@ -94,10 +84,10 @@ class Waker:
         region, then suspended before stopped (a resume is faster than a spawn)."""
         found = [
             b
-            for b in self._table.backends(app)
+            for b in self.table.backends(app)
             if b.state in WAKEABLE_STATES
             and b.autostart
-            and not self._table.is_draining(b.machine_id)
+            and not self.table.is_draining(b.machine_id)
         ]
         return sorted(
             found,
@@ -107,19 +97,19 @@ class Waker:
     async def _wake(self, app: str, region: str | None) -> Backend | None:
         loop = asyncio.get_running_loop()
         began = time.perf_counter()
-        deadline = loop.time() + self._timeout
+        deadline = loop.time() + self.timeout_s
         for backend in self.candidates(app, region):
             was = backend.state
-            self._waking(backend.machine_id)
+            self.waking(backend.machine_id)
             try:
                 woken = await self._start(app, backend, deadline)
             finally:
-                self._woken(backend.machine_id)
+                self.woken(backend.machine_id)
             if woken is None:
                 continue
             seconds = time.perf_counter() - began
             how = "resumed" if was == "suspended" else "started"
-            self._decisions.record(
+            self.decisions.record(
                 "wake",
                 app,
                 backend.machine_id,
@@ -133,24 +123,24 @@ class Waker:
         """Start one machine and wait for its port; None (recorded why) if that failed."""
         loop = asyncio.get_running_loop()
         try:
-            machine = await self._workers.call(
+            machine = await self.workers.call(
                 backend.worker_id,
                 START,
                 MachineRef(app=app, machine_id=backend.machine_id),
                 timeout=max(0.1, deadline - loop.time()),
             )
         except SouqError as exc:
-            self._decisions.record(
+            self.decisions.record(
                 "wake_failed", app, backend.machine_id, f"could not start it: {exc}"
             )
             return None
-        self._seen(machine)
+        self.seen(machine)
         if not await port_accepts(backend.host, backend.port, deadline):
-            self._decisions.record(
+            self.decisions.record(
                 "wake_failed",
                 app,
                 backend.machine_id,
                 f"started, but port {backend.port} did not accept within the deadline",
             )
             return None
-        return self._table.get(backend.machine_id)
+        return self.table.get(backend.machine_id)
