@@ -70,14 +70,19 @@ async def ask(bus: NatsTransport, worker_id: str, verb: Verb[Any, Any], msg: Bas
     return await WorkerClient(bus).call(worker_id, verb, msg, timeout=10)
 
 
-def claim(skip_launch: bool = False) -> ClaimRequest:
+def claim(skip_launch: bool = False, *, serves: bool = False) -> ClaimRequest:
+    """``serves``: the machine has a service, so that its stop drains first."""
     rid = new_request_id()
+    services = [{"internal_port": 8080}] if serves else []
+    stop = {"drain_s": 0.2} if serves else {}
     return ClaimRequest(
         request_id=rid,
         body_hash=rid,
         app=APP,
         region="mad",
-        config=MachineConfig(cmd=["sleep", "60"]),
+        config=MachineConfig.model_validate(
+            {"cmd": ["sleep", "60"], "services": services, "stop_config": stop}
+        ),
         skip_launch=skip_launch,
     )
 
@@ -122,9 +127,9 @@ def test_a_crash_after_each_step_recovers(
                 fault.write_text(f"{kind}:{state}")
                 verb, msg = v.CLAIM, claim()
             else:
-                before = await ask(
-                    bus, agent.worker_id, v.CLAIM, claim(skip_launch=kind is OpKind.START)
-                )
+                serves = state is OpState.DRAINING
+                start = claim(skip_launch=kind is OpKind.START, serves=serves)
+                before = await ask(bus, agent.worker_id, v.CLAIM, start)
                 fault.write_text(f"{kind}:{state}")
                 verb, msg = command(kind, state, before)
             request = asyncio.ensure_future(ask(bus, agent.worker_id, verb, msg))
