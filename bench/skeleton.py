@@ -114,6 +114,15 @@ def _front_app(nats_url: str, workers: int) -> Callable[..., Awaitable[None]]:
         reply = await conn["nc"].request(f"skeleton.claim.{best}", body, timeout=2)
         return bytes(reply.data)
 
+    turns = itertools.count()
+
+    async def place_direct(body: bytes) -> bytes:
+        """The hops of a create that draws its worker from the broker's book: no offers, one
+        claim (the worker picked in turn)."""
+        best = f"w{next(turns) % workers}"
+        reply = await conn["nc"].request(f"skeleton.claim.{best}", body, timeout=2)
+        return bytes(reply.data)
+
     async def ready() -> bytes:
         """Every worker answers (they subscribe after the front may already serve)."""
         return json.dumps({"workers": len(await gather(b"{}", 0.2))}).encode()
@@ -138,6 +147,8 @@ def _front_app(nats_url: str, workers: int) -> Callable[..., Awaitable[None]]:
             out = b"{}"
         elif scope["path"] == "/ready":
             out = await ready()
+        elif scope["path"] == "/create-direct":
+            out = await place_direct(body)
         else:
             out = await place(body)
         headers = [(b"content-type", b"application/json")]
@@ -160,9 +171,11 @@ def _front(nats_url: str, port: int, workers: int) -> None:
     )
 
 
-def measure(n: int, warmup: int, workers: int = 4) -> list[float]:
+def measure(n: int, warmup: int, workers: int = 4, *, offers: bool = True) -> list[float]:
     """Time ``n`` sequential creates through the skeleton (after ``warmup`` untimed ones), on a
-    nats-server, ``workers`` worker processes and one front process of its own."""
+    nats-server, ``workers`` worker processes and one front process of its own. ``offers``:
+    the front gathers offers before its claim (Souq's `offers` path); otherwise it claims on a
+    worker it picks itself (the `book` path, Souq's default)."""
     port = free_port("127.0.0.1")
     me = [sys.executable, "-m", "bench.skeleton"]
     with NatsServer() as nats:
@@ -178,17 +191,17 @@ def measure(n: int, warmup: int, workers: int = 4) -> list[float]:
                         return False
 
                 wait_until(ready, timeout=30, interval=0.05, message="the skeleton's workers")
-                return _creates(client, n, warmup)
+                return _creates(client, n, warmup, "/create" if offers else "/create-direct")
         finally:
             terminate(*procs)
 
 
-def _creates(client: httpx.Client, n: int, warmup: int) -> list[float]:
+def _creates(client: httpx.Client, n: int, warmup: int, path: str) -> list[float]:
     body = {"config": {"cmd": CMD}}
     times: list[float] = []
     for i in range(warmup + n):
         t0 = time.perf_counter()
-        r = client.post("/create", json=body)
+        r = client.post(path, json=body)
         elapsed = time.perf_counter() - t0
         r.raise_for_status()
         assert r.json()["state"] == "started"
