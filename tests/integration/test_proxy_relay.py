@@ -179,6 +179,30 @@ def test_pipelined_requests_are_answered_in_order(machines: dict[str, Machine]) 
     run(body)
 
 
+def test_http_1_0_clients_get_answers_they_can_read(machines: dict[str, Machine]) -> None:
+    async def body() -> None:
+        async with relay_of(machines["m1"].backend("web")) as (_, port):
+            raw = await RawClient.open(port)  # 1.0 asking to keep the connection
+            req = b"GET /stream?mb=0.0625 HTTP/1.0\r\nHost: web.localhost\r\n"
+            await raw.send(req + b"Connection: keep-alive\r\n\r\n")
+            streamed = await raw.response()  # no chunked framing: until the close
+            assert "transfer-encoding" not in streamed.headers
+            assert streamed.body == PATTERN
+            raw = await RawClient.open(port)
+            await raw.send(
+                b"GET /a HTTP/1.0\r\nHost: web.localhost\r\nConnection: keep-alive\r\n\r\n"
+            )
+            first = await raw.response()
+            assert first.headers["connection"] == "keep-alive"
+            await raw.send(b"GET /b HTTP/1.0\r\nHost: web.localhost\r\n\r\n")
+            second = await raw.response()
+            assert second.json()["path"] == "/b"
+            assert second.headers["connection"] == "close"
+            assert await raw.closed()
+
+    run(body)
+
+
 def test_chunked_bodies_both_ways(machines: dict[str, Machine]) -> None:
     async def body() -> None:
         async with relay_of(machines["m1"].backend("web")) as (_, port):

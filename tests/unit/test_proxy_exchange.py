@@ -20,7 +20,7 @@ def prepared(
     ex.url = b"/path?q=1"
     ex.headers = headers
     ex.upgrade = upgrade
-    ex.prepare(b"10.0.0.9", b".localhost")
+    ex.prepare(b"10.0.0.9", lambda host: app_of_host(host, b".localhost"))
     return ex
 
 

@@ -71,7 +71,7 @@ def retry_slot(
     """Where ``ex`` goes after ``machine_id`` failed it: (a claimed slot, whether to use a new
     connection), or (None, False) for no retry."""
     app = ex.app
-    if app is None or ex.attempts > 0 or ex.kept is None or not ex.idempotent:
+    if app is None or ex.attempts > 0 or not ex.replayable or not ex.idempotent:
         return None, False
     ex.attempts = 1
     retry = relay.table.claim(app, relay.region, exclude=(machine_id,))
@@ -94,7 +94,7 @@ def replay_slot(relay: Relay, ex: Exchange, target: Replay, origin: str) -> Slot
     asked = f"machine {origin} asked to replay the request to {kind} {value}"
     if slot is None:
         raise NoMachines(f"{asked}, where no machine can take it")
-    if ex.kept is None:
+    if not ex.replayable:
         relay.admission.release(slot)
         raise NoMachines(f"{asked}, but its body was too large to keep")
     return slot

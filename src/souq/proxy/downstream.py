@@ -162,13 +162,11 @@ class ClientConnection(asyncio.Protocol):
 
     # -- httptools ---------------------------------------------------------------------------------
 
-    def on_message_begin(self) -> None:
-        self.parsing = Exchange()
-        self.header_bytes = 0
-
     def on_url(self, url: bytes) -> None:
         ex = self.parsing
-        assert ex is not None
+        if ex is None:  # the first callback of every request
+            self.parsing = ex = Exchange()
+            self.header_bytes = 0
         ex.url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -188,11 +186,17 @@ class ClientConnection(asyncio.Protocol):
         relay = self.relay
         ex.t0 = perf_counter()
         ex.method = parser.get_method()
-        ex.keep_alive = parser.should_keep_alive() and not self.eof
-        ex.http10 = parser.get_http_version() == "1.0"
+        keep_alive = parser.should_keep_alive()
+        ex.keep_alive = keep_alive and not self.eof
         ex.upgrade = parser.should_upgrade()
-        ex.prepare(self.peer_ip, relay.suffix)
-        stats = ex.stats = relay.stats_for(ex.app)
+        ex.prepare(self.peer_ip, relay.app_for)
+        if not keep_alive or ex.connection_header:
+            # Without a Connection header only HTTP/1.1 keeps the connection open by default.
+            ex.http10 = parser.get_http_version() == "1.0"
+        stats = relay.stats.apps.get(ex.app) if ex.app is not None else None
+        if stats is None:
+            stats = relay.stats_for(ex.app)
+        ex.stats = stats
         stats.in_flight += 1
         if self.active is None:
             self._start(ex)
@@ -205,16 +209,18 @@ class ClientConnection(asyncio.Protocol):
         if ex.discard:
             return
         size = ex.body_size = ex.body_size + len(data)
-        kept = ex.kept
         up = ex.upstream
-        if kept is not None:
-            if up is None:
-                kept.append(data)
-                if size > self.relay.keep_bytes:
-                    self._pause(PAUSE_BODY)
-            elif size <= self.relay.keep_bytes:
-                kept.append(data)
+        if ex.replayable:
+            keep = self.relay.keep_bytes
+            if up is None or size <= keep:
+                if ex.kept is None:
+                    ex.kept = [data]
+                else:
+                    ex.kept.append(data)
+                if up is None and size > keep:
+                    self._pause(PAUSE_BODY)  # all of it is kept until a machine takes it
             else:
+                ex.replayable = False
                 ex.kept = None
         if up is not None:
             self._send_up(ex, b"%x\r\n%s\r\n" % (len(data), data) if ex.chunked else data)
@@ -266,6 +272,7 @@ class ClientConnection(asyncio.Protocol):
         if ex.kept or ex.chunked:
             self._send_up(ex, ex.replay_bytes())
             if ex.body_size > self.relay.keep_bytes:
+                ex.replayable = False
                 ex.kept = None
         else:
             self._send_up(ex, ex.head)
@@ -280,6 +287,7 @@ class ClientConnection(asyncio.Protocol):
 
     def answer(self, ex: Exchange, err: SouqError) -> None:
         """Answer ``ex`` with an error of the proxy's own."""
+        ex.replayable = False
         ex.kept = None
         ex.discard = True
         if not ex.request_done and ex.has_body:
@@ -389,12 +397,19 @@ class ClientConnection(asyncio.Protocol):
     def response_done(self, ex: Exchange) -> None:
         ex.response_done = True
         ex.upstream = None
-        slot = self.release(ex)
-        self.relay.record(ex, ex.status, slot.backend if slot is not None else None)
+        relay = self.relay
+        slot = ex.slot
+        if slot is None:
+            relay.record(ex, ex.status, None)
+        else:
+            ex.slot = None
+            relay.admission.release(slot)
+            relay.record(ex, ex.status, slot.backend)
         if ex.request_done:
             self._finish(ex)
         else:
             ex.discard = True  # the rest of the body is read and dropped
+            ex.replayable = False
             ex.kept = None
 
     def upstream_failed(self, ex: Exchange, conn: UpstreamConnection, what: str) -> None:

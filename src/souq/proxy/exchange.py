@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import os
+from collections.abc import Callable
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
@@ -80,76 +81,44 @@ def app_of_host(host: bytes, suffix: bytes) -> str | None:
 class Exchange:
     """The state of one request, from its head to the end of its answer."""
 
-    __slots__ = (
-        "app",
-        "attempts",
-        "body_size",
-        "chunked",
-        "closed",
-        "discard",
-        "error",
-        "expect_continue",
-        "has_body",
-        "head",
-        "head_request",
-        "headers",
-        "host",
-        "http10",
-        "idempotent",
-        "keep_alive",
-        "kept",
-        "method",
-        "replays",
-        "request_done",
-        "request_id",
-        "response_done",
-        "response_started",
-        "sent_continue",
-        "slot",
-        "stats",
-        "status",
-        "t0",
-        "task",
-        "tunnel_tail",
-        "upgrade",
-        "upstream",
-        "url",
-    )
+    # Defaults on the class: a new exchange sets only what differs (it is made per request).
+    url = b""
+    method = b"GET"
+    app: str | None = None
+    stats: AppStats | None = None
+    error: SouqError | None = None
+    host = b""
+    head = b""
+    request_id = b""
+    keep_alive = True
+    http10 = False
+    connection_header = False
+    upgrade = False
+    head_request = False
+    idempotent = True
+    chunked = False
+    has_body = False
+    expect_continue = False
+    sent_continue = False
+    body_size = 0
+    request_done = False
+    response_started = False
+    response_done = False
+    discard = False
+    closed = False
+    status = 0
+    t0 = 0.0
+    attempts = 0
+    replays = 0
+    slot: Slot | None = None
+    upstream: UpstreamConnection | None = None
+    task: asyncio.Task[Any] | None = None
+    tunnel_tail = b""
+    replayable = True  # every body byte so far is kept (or there is none)
+    kept: list[bytes] | None = None  # the body's pieces, up to ``replay_body_bytes``
 
     def __init__(self) -> None:
-        self.url = b""
         self.headers: list[tuple[bytes, bytes]] = []
-        self.method = b"GET"
-        self.app: str | None = None
-        self.stats: AppStats | None = None
-        self.error: SouqError | None = None
-        self.host = b""
-        self.head = b""
-        self.request_id = b""
-        self.keep_alive = True
-        self.http10 = False
-        self.upgrade = False
-        self.head_request = False
-        self.idempotent = True
-        self.chunked = False
-        self.has_body = False
-        self.expect_continue = False
-        self.sent_continue = False
-        self.kept: list[bytes] | None = []
-        self.body_size = 0
-        self.request_done = False
-        self.response_started = False
-        self.response_done = False
-        self.discard = False
-        self.closed = False
-        self.status = 0
-        self.t0 = 0.0
-        self.attempts = 0
-        self.replays = 0
-        self.slot: Slot | None = None
-        self.upstream: UpstreamConnection | None = None
-        self.task: asyncio.Task[Any] | None = None
-        self.tunnel_tail = b""
 
     @classmethod
     def refused(cls, error: SouqError, stats: AppStats) -> Exchange:
@@ -163,14 +132,22 @@ class Exchange:
         stats.in_flight += 1
         return ex
 
-    def prepare(self, peer_ip: bytes, suffix: bytes) -> None:
-        """Read the headers; set the app, the request id, the framing and :attr:`head`. A
-        request the proxy cannot forward gets :attr:`error` instead."""
+    def prepare(self, peer_ip: bytes, app_for: Callable[[bytes], str | None]) -> None:
+        """Read the headers; set the app (``app_for`` the Host), the request id, the framing
+        and :attr:`head`. A request the proxy cannot forward gets :attr:`error` instead."""
         method = self.method
         self.head_request = method == b"HEAD"
         self.idempotent = method in IDEMPOTENT
         parts, found = _scan(method, self.url, self.headers)
-        host = found.get(b"host", b"")
+        connection = found.get(b"connection")
+        if connection is not None:
+            self.connection_header = True
+            tokens = {t.strip() for t in connection.lower().split(b",")}
+            extra = tokens - _CONNECTION_TOKENS - {b""}
+            if extra:  # rare: the headers the client named hop-by-hop are dropped too
+                kept = [(n, v) for n, v in self.headers if n.lower() not in extra]
+                parts, found = _scan(method, self.url, kept)
+        host = found.pop(b"host", b"")
         if not host or b", " in host:
             self.error = BadRequest(
                 "a request needs exactly one Host header",
@@ -178,10 +155,14 @@ class Exchange:
             )
             return
         self.host = host
-        self.app = app_of_host(host, suffix)
-        self.request_id = found.get(b"x-request-id") or new_request_id()
-        xff = found.get(b"x-forwarded-for")
-        via = found.get(b"via")
+        self.app = app_for(host)
+        if found:
+            self.request_id = found.get(b"x-request-id") or new_request_id()
+            xff = found.get(b"x-forwarded-for")
+            via = found.get(b"via")
+        else:
+            self.request_id = new_request_id()
+            xff = via = None
         parts.append(
             b"X-Forwarded-For: %s\r\nX-Forwarded-Proto: http\r\nX-Forwarded-Host: %s\r\n"
             b"Via: %s\r\nX-Request-Id: %s\r\n"
@@ -192,9 +173,10 @@ class Exchange:
                 self.request_id,
             )
         )
-        self._special(parts, found)
-        if self.error is not None:
-            return
+        if found:
+            self._special(parts, found)
+            if self.error is not None:
+                return
         parts.append(b"\r\n")
         self.head = b"".join(parts)
 
@@ -216,12 +198,6 @@ class Exchange:
                 return
             self.keep_alive = False  # after an upgrade is refused, the connection is closed
             parts.append(b"Connection: Upgrade\r\nUpgrade: %s\r\n" % found.get(b"upgrade", b""))
-        connection = found.get(b"connection")
-        if connection is not None:
-            tokens = {t.strip() for t in connection.lower().split(b",")}
-            extra = tokens - _CONNECTION_TOKENS - {b""}
-            if extra:
-                parts[4:] = _without(parts[4:], extra)
 
     def frame(self, data: bytes) -> bytes:
         """A piece of the request body as the machine must receive it."""
@@ -251,16 +227,10 @@ def _scan(
     for name, value in headers:
         low = name.lower()
         if low not in _SPECIAL:
-            append(b"%s: %s\r\n" % (name, value))
+            parts += (name, b": ", value, b"\r\n")
             continue
         seen = found.get(low)
         found[low] = value if seen is None else seen + b", " + value
         if low == b"host":
             append(b"Host: %s\r\n" % value)
     return parts, found
-
-
-def _without(lines: list[bytes], names: set[bytes]) -> list[bytes]:
-    """Drop the header lines named in ``Connection`` (hop-by-hop by the client's word)."""
-    drop = tuple(n + b":" for n in names)
-    return [line for line in lines if not line.lower().startswith(drop)]

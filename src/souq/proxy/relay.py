@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+from bisect import bisect_left
 from time import perf_counter
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -29,8 +30,9 @@ from typing import TYPE_CHECKING
 from souq.proxy.admission import Admission
 from souq.proxy.config import RelayConfig
 from souq.proxy.downstream import ClientConnection
+from souq.proxy.exchange import app_of_host
 from souq.proxy.hooks import NoHooks, ProxyHooks
-from souq.proxy.metrics import AppStats, ProxyStats, metrics_text
+from souq.proxy.metrics import BUCKETS, AppStats, ProxyStats, metrics_text
 from souq.proxy.pool import UpstreamPool
 from souq.proxy.table import Backend, RoutingTable, Slot
 from souq.proxy.tunnel import TcpEntry, Tunnel
@@ -38,9 +40,12 @@ from souq.proxy.tunnel import TcpEntry, Tunnel
 if TYPE_CHECKING:
     from souq.proxy.exchange import Exchange
 
+
 __all__ = ["Relay", "reuse_port_socket", "serve"]
 
 _SWEEP_EVERY_S = 1.0
+_HOSTS_KEPT = 4096
+_MISSING = object()
 
 
 def reuse_port_socket(
@@ -99,6 +104,7 @@ class Relay:
         self.tunnels: set[Tunnel] = set()
         self._servers: list[asyncio.Server] = []
         self.port = 0  # the first HTTP port bound
+        self._hosts: dict[bytes, str | object | None] = {}
         self._on_done = self.hooks.on_request_done
         self._sweeper: asyncio.Task[None] | None = None
         self.stats.queued = self.admission.queued
@@ -212,6 +218,16 @@ class Relay:
 
     # -- what the connections call -----------------------------------------------------------------
 
+    def app_for(self, host: bytes) -> str | None:
+        """The app a ``Host`` names (remembered: a client sends the same few hosts)."""
+        app = self._hosts.get(host, _MISSING)
+        if app is _MISSING:
+            app = app_of_host(host, self.suffix)
+            if len(self._hosts) >= _HOSTS_KEPT:
+                self._hosts.clear()
+            self._hosts[host] = app
+        return app  # type: ignore[return-value]
+
     def stats_for(self, app: str | None) -> AppStats:
         stats = self.stats
         if app is not None:
@@ -223,9 +239,15 @@ class Relay:
         return stats.unrouted
 
     def record(self, ex: Exchange, status: int, backend: Backend | None) -> None:
+        """``ex`` is answered: its app's counters (as :meth:`AppStats.done`, inline: this runs
+        for every request) and the control plane's hook."""
         seconds = perf_counter() - ex.t0
-        if ex.stats is not None:
-            ex.stats.done(status, seconds)
+        stats = ex.stats
+        if stats is not None:
+            stats.in_flight -= 1
+            stats.classes[status // 100 if 100 <= status < 600 else 5] += 1
+            stats.buckets[bisect_left(BUCKETS, seconds)] += 1
+            stats.seconds += seconds
         self._on_done(ex.app or "", backend, status, seconds)
 
     async def _sweep(self) -> None:

@@ -303,6 +303,16 @@ class RoutingTable:
         slots = self._apps.get(app)
         if not slots:
             return None
+        if len(slots) == 1:  # one machine: nothing to balance
+            slot = slots[0]
+            if (
+                slot.serving
+                and slot.load < slot.hard
+                and slot.machine_id not in exclude
+                and (only_region is None or slot.region == only_region)
+            ):
+                return slot
+            return None
         ranks = self._ranks.get(region)
         if ranks is None:
             ranks = self._rank_regions(region)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from http import HTTPStatus
 from typing import TYPE_CHECKING, cast
 
 from httptools import HttpParserError, HttpParserUpgrade, HttpResponseParser
@@ -27,6 +28,10 @@ __all__ = ["Address", "Replay", "UpstreamConnection", "parse_replay"]
 
 Address = tuple[str, int]
 Replay = tuple[str, str]  # ("region", R) or ("instance", machine id)
+
+# The status line of every status Python names; the machine's own reason phrase is not kept
+# (HTTP/1.1 clients ignore it, and HTTP/2 has none).
+_STATUS_LINES = {s.value: b"HTTP/1.1 %d %s\r\n" % (s.value, s.phrase.encode()) for s in HTTPStatus}
 
 # Response headers the proxy reads or rewrites; every other one passes through.
 _SPECIAL = frozenset(
@@ -62,17 +67,18 @@ class UpstreamConnection(asyncio.Protocol):
         "blocking",
         "chunk_out",
         "client",
+        "client_transport",
         "closed",
         "ex",
         "finished",
-        "headers",
+        "found",
         "idle_since",
         "informational",
+        "lines",
         "out",
         "parser",
         "pool",
         "read_paused",
-        "reason",
         "replay",
         "reset_parser",
         "reusable",
@@ -90,9 +96,10 @@ class UpstreamConnection(asyncio.Protocol):
         self.parser = HttpResponseParser(self)
         self.ex: Exchange | None = None
         self.client: ClientConnection | None = None
+        self.client_transport: asyncio.Transport | None = None
         self.out: list[bytes] = []
-        self.headers: list[tuple[bytes, bytes]] = []
-        self.reason = b""
+        self.lines: list[bytes] = [b""]  # the status line goes first, once it is known
+        self.found: dict[bytes, bytes] = {}  # the special headers' values
         self.closed = False
         self.blocking = False  # this connection's full send buffer paused the client's reads
         self.read_paused = False  # the client's full send buffer paused this one's reads
@@ -119,13 +126,18 @@ class UpstreamConnection(asyncio.Protocol):
             assert ex is not None
             assert client is not None
             self.ex = self.client = None
+            self.client_transport = None
             client.switch(ex, self, data[upgrade.args[0] :])
             return
         except HttpParserError:
             self._fail("sent a response that is not HTTP/1.1")
             return
-        if self.out:
-            self._flush()
+        out = self.out
+        if out:
+            transport = self.client_transport
+            if transport is not None:
+                transport.write(out[0] if len(out) == 1 else b"".join(out))
+            out.clear()
         if self.finished:
             self._complete()
 
@@ -145,6 +157,7 @@ class UpstreamConnection(asyncio.Protocol):
             return
         self._unblock()
         self.ex = self.client = None
+        self.client_transport = None
         if self.skip and self.replay is not None and exc is None:
             client.replay(ex, self.replay)
         elif self.until_eof and exc is None and ex.response_started:
@@ -167,6 +180,7 @@ class UpstreamConnection(asyncio.Protocol):
     def attach(self, ex: Exchange, client: ClientConnection) -> None:
         self.ex = ex
         self.client = client
+        self.client_transport = client.transport
         self.uses += 1
         if client.writing_paused:
             self.pause_reading()
@@ -184,6 +198,7 @@ class UpstreamConnection(asyncio.Protocol):
     def abandon(self) -> None:
         """The client went away: this connection is in the middle of something, drop it."""
         self.ex = self.client = None
+        self.client_transport = None
         self.close()
 
     def close(self) -> None:
@@ -193,17 +208,13 @@ class UpstreamConnection(asyncio.Protocol):
 
     # -- httptools ---------------------------------------------------------------------------------
 
-    def on_message_begin(self) -> None:
-        self.headers = []
-        self.reason = b""
-        self.informational = self.skip = self.chunk_out = self.until_eof = False
-        self.replay = None
-
-    def on_status(self, reason: bytes) -> None:
-        self.reason += reason
-
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.headers.append((name, value))
+        low = name.lower()
+        if low not in _SPECIAL:
+            self.lines += (name, b": ", value, b"\r\n")
+            return
+        seen = self.found.get(low)
+        self.found[low] = value if seen is None else seen + b", " + value
 
     def on_headers_complete(self) -> None:
         ex = self.ex
@@ -213,25 +224,27 @@ class UpstreamConnection(asyncio.Protocol):
         if status < 200 and status != 101:
             self._informational(ex, status)
             return
-        lines = [b"HTTP/1.1 %d %s\r\n" % (status, self.reason)]
+        lines = self.lines
+        lines[0] = _STATUS_LINES.get(status) or b"HTTP/1.1 %d \r\n" % status
         append = lines.append
-        found: dict[bytes, bytes] = {}
-        for name, value in self.headers:
-            low = name.lower()
-            if low not in _SPECIAL:
-                append(b"%s: %s\r\n" % (name, value))
-                continue
-            seen = found.get(low)
-            found[low] = value if seen is None else seen + b", " + value
+        found = self.found
+        self.lines = [b""]
+        if found:
+            self.found = {}
+        self.chunk_out = self.until_eof = False
         self.reusable = parser.should_keep_alive()
         if found:
             replay = found.get(b"souq-replay")
-            if replay is not None and ex.replays == 0 and ex.kept is not None:
+            if replay is not None and ex.replays == 0 and ex.replayable:
                 self.replay = parse_replay(replay)
                 if self.replay is not None:
                     self.skip = True
                     return
-            self._framing(ex, status, found, append)
+            length = found.get(b"content-length")
+            if length is not None and ex.keep_alive and not ex.http10 and status != 101:
+                append(b"Content-Length: %s\r\n" % length)  # the common case, in short
+            else:
+                self._framing(ex, status, found, append)
             via = found.get(b"via")
             rid = found.get(b"x-request-id")
         else:
@@ -303,8 +316,11 @@ class UpstreamConnection(asyncio.Protocol):
             if ex.sent_continue or not ex.expect_continue:
                 return
             ex.sent_continue = True
-        lines = [b"%s: %s\r\n" % pair for pair in self.headers]
-        self.out.append(b"HTTP/1.1 %d %s\r\n%s\r\n" % (status, self.reason, b"".join(lines)))
+        lines = self.lines
+        lines[0] = _STATUS_LINES.get(status) or b"HTTP/1.1 %d \r\n" % status
+        self.lines = [b""]
+        self.found = {}
+        self.out.append(b"".join(lines) + b"\r\n")
 
     def _flush(self) -> None:
         if self.client is not None:
@@ -314,7 +330,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     def _flush_to(self, client: ClientConnection) -> None:
         out = self.out
-        client.write(out[0] if len(out) == 1 else b"".join(out))
+        client.transport.write(out[0] if len(out) == 1 else b"".join(out))
         out.clear()
 
     def _unblock(self) -> None:
@@ -331,16 +347,21 @@ class UpstreamConnection(asyncio.Protocol):
         if self.reset_parser:
             self.reset_parser = False
             self.parser = HttpResponseParser(self)
-        self._unblock()
+        if self.blocking:
+            self._unblock()
         self.ex = self.client = None
+        self.client_transport = None
         if self.read_paused:
             self.resume_reading()
         if self.reusable and ex.request_done and not self.closed:
             self.pool.checkin(self)
         else:
             self.close()
-        if self.replay is not None:
-            client.replay(ex, self.replay)
+        replay = self.replay
+        if replay is not None:
+            self.replay = None
+            self.skip = False
+            client.replay(ex, replay)
         else:
             client.response_done(ex)
 
@@ -348,6 +369,7 @@ class UpstreamConnection(asyncio.Protocol):
         ex, client = self.ex, self.client
         self._unblock()
         self.ex = self.client = None
+        self.client_transport = None
         self.close()
         if ex is None or client is None:
             self.out.clear()
