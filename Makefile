@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 TSTAMP := $(VENV)/.installed-test
 BSTAMP := $(VENV)/.installed-bench
 
-.PHONY: dev test bench bwrap wrk lint typecheck unit clean browser-deps
+.PHONY: dev test bench bwrap wrk nginx lint typecheck unit clean browser-deps
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,12 @@ bwrap:
 wrk:
 	@command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk) \
 		>/dev/null 2>&1 || echo "wrk not installed: the creates benchmark cannot run" >&2
+
+# The proxy benchmark (bench/proxy.py) compares the relay with nginx, Debian's package, which
+# also serves as the backend.
+nginx:
+	@command -v nginx >/dev/null || (apt-get update -qq && apt-get install -y -qq nginx) \
+		>/dev/null 2>&1 || echo "nginx not installed: the proxy benchmark cannot run" >&2
 
 dev: $(STAMP) bwrap
 	$(BIN)/souq dev $(ARGS)
@@ -67,7 +73,7 @@ test: $(TSTAMP) browser-deps lint typecheck
 unit: $(TSTAMP)
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
 
-bench: $(BSTAMP) wrk
+bench: $(BSTAMP) wrk nginx
 	$(BIN)/python -m bench $(ARGS)
 
 clean:

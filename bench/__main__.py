@@ -1,14 +1,14 @@
 """Run the benchmarks, or those named: ``python -m bench [spine scale c1m ...]``.
 
 Without names, the default suites run (``spine``, ``scale``, ``tradeoff``, ``view``,
-``supervise``, ``creates``); ``c1m`` (100,000 machines onto 5,000 hollow workers, a few
-minutes) runs only when named."""
+``supervise``, ``creates``, ``proxy``); ``c1m`` (100,000 machines onto 5,000 hollow workers, a
+few minutes) runs only when named."""
 
 from __future__ import annotations
 
 import sys
 
-from bench import creates, scale, spine, supervise, view
+from bench import creates, proxy, scale, spine, supervise, view
 
 SUITES = {
     "spine": spine.main,
@@ -18,8 +18,9 @@ SUITES = {
     "view": view.main,
     "supervise": supervise.main,
     "creates": creates.main,
+    "proxy": proxy.main,
 }
-DEFAULT = ["spine", "scale", "tradeoff", "view", "supervise", "creates"]
+DEFAULT = ["spine", "scale", "tradeoff", "view", "supervise", "creates", "proxy"]
 
 
 def main(argv: list[str]) -> None:
