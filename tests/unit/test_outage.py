@@ -313,3 +313,21 @@ def test_events_ready_together_go_in_one_message_up_to_a_size(
     monkeypatch.setattr(publisher_module, "MESSAGE_BYTES", len(encode(msgs[1])) * 2 + 2)
     sizes = [n for n, _ in publisher_module._event_messages(msgs[1:])]
     assert sizes == [2, 2]  # in order, none lost, none over the size
+
+
+async def test_changes_are_the_workers_heard_since_and_those_gone_silent() -> None:
+    clock = ManualClock()
+    table = Liveness(MemoryTransport(), clock, down_after_missed=3)
+    for wid in ("w1", "w2", "w3"):
+        table.observe(beat(wid))
+    assert sorted(wid for wid, _, _ in table.changes()) == ["w1", "w2", "w3"]
+    assert table.changes() == []  # nothing heard since, nobody silent yet
+    clock.advance(2.0)
+    table.observe(beat("w2"))
+    clock.advance(1.5)  # w1 and w3 silent for 3.5 s: down; w2 heard 1.5 s ago
+    got = {wid: state for wid, _, state in table.changes()}
+    assert got == {"w2": WorkerState.UP, "w1": WorkerState.DOWN, "w3": WorkerState.DOWN}
+    # The silent ones are told again while they stay down (a watcher keeps what it saw).
+    assert {wid for wid, _, _ in table.changes()} == {"w1", "w3"}
+    table.observe(beat("w1"))  # back
+    assert {wid: s for wid, _, s in table.changes()}["w1"] == WorkerState.UP

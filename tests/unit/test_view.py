@@ -206,6 +206,9 @@ class Workers:
     def states(self) -> list[tuple[str, str, WorkerState]]:
         return [(w.id, w.region, w.state) for w in self.table.values()]
 
+    def changes(self) -> list[tuple[str, str, WorkerState]]:
+        return self.states()
+
     def state_of(self, worker_id: str) -> WorkerState | None:
         w = self.table.get(worker_id)
         return None if w is None else w.state

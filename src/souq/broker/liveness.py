@@ -63,6 +63,7 @@ class Liveness:
         self._clock = clock
         self._down_after_missed = down_after_missed
         self._workers: dict[str, _Entry] = {}
+        self._heard: set[str] = set()  # workers heard since the last call of `changes`
         self._sub: Subscription | None = None
         self._usage_sub: Subscription | None = None
         self._received = 0
@@ -109,6 +110,9 @@ class Liveness:
         ):
             self._up_index.clear()  # someone joined, moved, came back or changed state
         self._received += 1
+        # Kept in the order of their last heartbeats (the oldest first): see :meth:`changes`.
+        self._workers.pop(beat.worker.id, None)
+        self._heard.add(beat.worker.id)
         self._workers[beat.worker.id] = _Entry(
             info=beat.worker,
             interval_s=beat.interval_s,
@@ -182,6 +186,25 @@ class Liveness:
         if entry.info.state in (WorkerState.CORDONED, WorkerState.DRAINING):
             return entry.info.state
         return WorkerState.UP
+
+    def changes(self) -> list[tuple[str, str, WorkerState]]:
+        """``(id, region, state now)`` of every worker whose state may have changed since the
+        last call: those heard since (a heartbeat carries cordons and comebacks), and those
+        silent long enough to be down (the table is in heartbeat order, so the scan stops at
+        the first worker still heard in time). What a watcher of states needs each tick,
+        without visiting every worker."""
+        out = [
+            (wid, e.info.region, self._state(e))
+            for wid in self._heard
+            if (e := self._workers.get(wid)) is not None
+        ]
+        self._heard.clear()
+        for wid, e in self._workers.items():
+            state = self._state(e)
+            if state != WorkerState.DOWN:
+                break
+            out.append((wid, e.info.region, state))
+        return out
 
     def states(self) -> list[tuple[str, str, WorkerState]]:
         """``(id, region, state now)`` of every worker ever heard of, in no order: what

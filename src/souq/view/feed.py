@@ -66,6 +66,10 @@ class WorkerSource(Protocol):
         """``(worker id, region, state now)`` of every worker known."""
         ...
 
+    def changes(self) -> list[tuple[str, str, WorkerState]]:
+        """The same, of the workers whose state may have changed since the last call."""
+        ...
+
     def state_of(self, worker_id: str) -> WorkerState | None: ...
 
 
@@ -261,7 +265,7 @@ class ClusterView:
         now = self._clock.now_ms()
         changed = [
             (region, wid, state)
-            for wid, region, state in self._workers.states()
+            for wid, region, state in self._workers.changes()
             if self._states.get(wid) != state
         ]
         for region, wid, state in sorted(changed):
