@@ -11,6 +11,9 @@ could. In front of it, each on its own port:
 * ``souq``: one relay process (:class:`souq.proxy.Relay` over a table holding the backend as
   the one machine of app ``bench``, limits raised to 10,000 so that nothing queues);
 * ``souq x2``: two relay processes sharing one port with ``SO_REUSEPORT``;
+* ``souq tcp``: one relay process whose port is a raw TCP service (:meth:`Relay.listen_tcp`):
+  bytes piped to the backend, no HTTP read at all. It is the floor of the relay: what uvloop,
+  the sockets and a tunnel cost without any of the HTTP work;
 * ``direct``: the backend itself, the floor.
 
 The load is ``wrk`` (2 threads): for each target a 2 s warm-up (discarded), then ``DURATION_S``
@@ -156,10 +159,10 @@ def _nginx(root: Path, workers: str, body: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen([*cmd, "-g", "daemon off;"], stdout=subprocess.DEVNULL)
 
 
-def _relay(port: int, backend_port: int, log: Path) -> subprocess.Popen[bytes]:
+def _relay(port: int, backend_port: int, log: Path, mode: str = "http") -> subprocess.Popen[bytes]:
     with open(log, "ab") as err:
         return subprocess.Popen(
-            [sys.executable, "-m", "bench.proxy", "relay", str(port), str(backend_port)],
+            [sys.executable, "-m", "bench.proxy", "relay", str(port), str(backend_port), mode],
             cwd=ROOT,
             stdout=subprocess.DEVNULL,
             stderr=err,
@@ -182,12 +185,13 @@ def _ready(target: Target, timeout: float = 20) -> None:
 
 @contextlib.contextmanager
 def _targets(root: Path) -> Iterator[list[Target]]:
-    backend_port, nginx_port, one_port, two_port = (free_port() for _ in range(4))
+    backend_port, nginx_port, one_port, two_port, tcp_port = (free_port() for _ in range(5))
     direct = Target("direct", backend_port)
     nginx = Target("nginx", nginx_port)
     one = Target("souq", one_port)
     two = Target("souq x2", two_port)
-    targets = [direct, nginx, one, two]
+    tcp = Target("souq tcp", tcp_port)
+    targets = [direct, nginx, one, two, tcp]
     try:
         direct.procs.append(_nginx(root / "backend", "1", BACKEND.format(port=backend_port)))
         _ready(direct)
@@ -195,6 +199,7 @@ def _targets(root: Path) -> Iterator[list[Target]]:
         nginx.procs.append(_nginx(root / "nginx", "auto", body))
         one.procs.append(_relay(one_port, backend_port, root / "souq.log"))
         two.procs += [_relay(two_port, backend_port, root / "souq2.log") for _ in range(2)]
+        tcp.procs.append(_relay(tcp_port, backend_port, root / "souq-tcp.log", "tcp"))
         for target in targets:
             _ready(target)
         yield targets
@@ -404,6 +409,7 @@ def proxy() -> None:
     results["ratios"] = {
         "souq_vs_nginx_throughput": round(tp["souq"]["requests_per_s"] / nginx_rps, 3),
         "souq_x2_vs_nginx_throughput": round(tp["souq x2"]["requests_per_s"] / nginx_rps, 3),
+        "souq_tcp_vs_nginx_throughput": round(tp["souq tcp"]["requests_per_s"] / nginx_rps, 3),
         **{
             f"souq_vs_nginx_added_p50_{layout}": round(
                 rows["souq"]["added_p50_us"] / max(rows["nginx"]["added_p50_us"], 1), 3
@@ -418,8 +424,9 @@ def proxy() -> None:
     (out / "proxy.json").write_text(json.dumps(results, indent=2) + "\n")
 
 
-def relay_main(port: int, backend_port: int) -> None:
-    """One relay process: app ``bench`` is the backend, on ``127.0.0.1:port``."""
+def relay_main(port: int, backend_port: int, mode: str) -> None:
+    """One relay process: app ``bench`` is the backend, on ``127.0.0.1:port``, as HTTP (Host
+    ``bench.localhost``) or (``mode`` ``tcp``) as a raw TCP service."""
     from souq import daemon
     from souq.proxy import Backend, Relay, RelayConfig, RoutingTable
 
@@ -437,7 +444,10 @@ def relay_main(port: int, backend_port: int) -> None:
             )
         )
         async with Relay(table, config=RelayConfig(region="local")) as relay:
-            await relay.listen_http("127.0.0.1", port)
+            if mode == "tcp":
+                await relay.listen_tcp("127.0.0.1", port, app="bench")
+            else:
+                await relay.listen_http("127.0.0.1", port)
             await asyncio.Event().wait()
 
     daemon.run(serve())
@@ -449,6 +459,6 @@ def main() -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["relay"]:
-        relay_main(int(sys.argv[2]), int(sys.argv[3]))
+        relay_main(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] if sys.argv[4:] else "http")
     else:
         main()

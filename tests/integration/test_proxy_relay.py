@@ -297,9 +297,11 @@ def test_a_raw_tcp_service_is_piped_to_a_machine(machines: dict[str, Machine]) -
         async with relay_of(t1.backend("tcp")) as (relay, _):
             port = await relay.listen_tcp("127.0.0.1", 0, app="tcp", target_port=t1.tcp_port)
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            assert await reader.readline() == b"tcp t1\n"
-            writer.write(b"ping")
-            assert await reader.readexactly(4) == b"ping"
+            writer.write(b"ping")  # at once: before the machine is even connected
+            assert await asyncio.wait_for(reader.readline(), 5) == b"tcp t1\n"
+            assert await asyncio.wait_for(reader.readexactly(4), 5) == b"ping"
+            writer.write(b"pong")
+            assert await asyncio.wait_for(reader.readexactly(4), 5) == b"pong"
             assert relay.table.load("t1") == 1
             writer.close()
             await eventually(lambda: relay.table.load("t1") == 0, what="the pipe to close")

@@ -101,6 +101,9 @@ class ClientConnection(asyncio.Protocol):
         self.relay.clients.add(self)
 
     def data_received(self, data: bytes) -> None:
+        if self.paused & PAUSE_UPGRADE:  # bytes for the tunnel, read before the pause held
+            self._upgrade_waits(data)
+            return
         self.feeding = True
         try:
             self.parser.feed_data(data)
@@ -351,7 +354,7 @@ class ClientConnection(asyncio.Protocol):
         """The request before ``tail`` asked for an upgrade: hold the bytes that follow."""
         ex = self.last
         if ex is not None and ex.upgrade and not ex.response_done:
-            ex.tunnel_tail = tail
+            ex.tunnel_tail += tail
         self._pause(PAUSE_UPGRADE)
 
     def _unreadable(self, err: SouqError) -> None:

@@ -115,7 +115,7 @@ class Tunnel:
 class TcpEntry(asyncio.Protocol):
     """A client of a raw TCP service: piped to a machine of ``app`` once one is found."""
 
-    __slots__ = ("app", "relay", "target_port", "task", "transport")
+    __slots__ = ("app", "early", "relay", "target_port", "task", "transport")
 
     def __init__(self, relay: Relay, app: str, target_port: int | None) -> None:
         self.relay = relay
@@ -123,11 +123,16 @@ class TcpEntry(asyncio.Protocol):
         self.target_port = target_port
         self.task: asyncio.Task[None] | None = None
         self.transport: asyncio.Transport | None = None
+        self.early: list[bytes] = []  # what the client sent before its machine was there
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = client = cast(asyncio.Transport, transport)  # uvloop's: no subclass
         client.pause_reading()
         self.task = self.relay.loop.create_task(self._open(client))
+
+    def data_received(self, data: bytes) -> None:
+        # uvloop may hand over what it read with the connection, before the pause took hold.
+        self.early.append(data)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.task is not None:
@@ -164,7 +169,8 @@ class TcpEntry(asyncio.Protocol):
                 relay.admission.release(slot)
                 raise
         self.task = None
-        relay.pipe(client, machine, slot, to_client=b"".join(held.data))
+        early, self.early = b"".join(self.early), []
+        relay.pipe(client, machine, slot, to_machine=early, to_client=b"".join(held.data))
 
 
 class _Held(asyncio.Protocol):
