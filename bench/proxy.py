@@ -39,6 +39,7 @@ import asyncio
 import collections
 import contextlib
 import json
+import linecache
 import os
 import shutil
 import statistics
@@ -346,9 +347,13 @@ def profile(target: Target, script: Path, root: Path) -> dict[str, Any] | None:
 
 
 def summarise_profile(text: str) -> dict[str, Any]:
-    """Each sample's innermost frame inside the proxy package (else the event loop itself),
-    as a share of all samples."""
-    own: collections.Counter[str] = collections.Counter()
+    """Where the relay's samples fall: the innermost line of the proxy package in each sample
+    says what it was doing there. A socket write or httptools' parse is a C call made from a
+    Python line (the parse's share holds llhttp and its calls into the callbacks, whose own
+    lines count apart); samples outside the package are uvloop's event loop (epoll, socket
+    reads, calling the protocols)."""
+    kinds: collections.Counter[str] = collections.Counter()
+    functions: collections.Counter[str] = collections.Counter()
     total = 0
     for line in text.splitlines():
         stack, _, count = line.rpartition(" ")
@@ -357,17 +362,91 @@ def summarise_profile(text: str) -> dict[str, Any]:
         n = int(count)
         total += n
         frames = [f for f in stack.split(";") if "souq/proxy/" in f]
-        if frames:
-            frame = frames[-1]
-            name, _, where = frame.partition(" (")
-            module = where.split("souq/proxy/")[-1].split(":")[0]
-            own[f"{module} {name}"] += n
+        if not frames:
+            kinds["event loop (uvloop: epoll, socket reads, dispatch)"] += n
+            continue
+        name, _, where = frames[-1].partition(" (")
+        path, _, lineno = where.rstrip(")").rpartition(":")
+        source = linecache.getline(str(ROOT / "src" / path[path.index("souq/") :]), int(lineno))
+        if ".write(" in source:
+            kinds["socket writes (transport.write)"] += n
+        elif "feed_data" in source:
+            kinds["httptools parsing (llhttp, and calling the callbacks)"] += n
         else:
-            own["the event loop (uvloop: epoll, socket reads, callbacks)"] += n
+            kinds["the relay's Python"] += n
+            functions[f"{path.rsplit('/', 1)[-1]} {name}"] += n
     return {
         "samples": total,
-        "share_pct": {k: round(100 * v / total, 1) for k, v in own.most_common(20)},
+        "share_pct": {k: round(100 * v / total, 1) for k, v in kinds.most_common()},
+        "python_by_function_pct": {
+            k: round(100 * v / total, 1) for k, v in functions.most_common(12)
+        },
     }
+
+
+class _FakeTransport:
+    """A socket that takes every write and does nothing: the in-process measure."""
+
+    def write(self, data: bytes) -> None:
+        return None
+
+    def pause_reading(self) -> None:
+        return None
+
+    def resume_reading(self) -> None:
+        return None
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return ("127.0.0.1", 40000) if name == "peername" else default
+
+    def close(self) -> None:
+        return None
+
+    def is_closing(self) -> bool:
+        return False
+
+
+IN_PROCESS_REQUEST = b"GET / HTTP/1.1\r\nHost: bench.localhost\r\n\r\n"
+IN_PROCESS_RESPONSE = (
+    b"HTTP/1.1 200 OK\r\nServer: nginx/1.22.1\r\nDate: Wed, 25 Nov 2026 04:25:00 GMT\r\n"
+    b"Content-Type: text/plain\r\nContent-Length: 23\r\nConnection: keep-alive\r\n\r\n"
+    b"hello from the backend\n"
+)
+
+
+def in_process(requests: int = 200_000, rounds: int = 5) -> dict[str, Any]:
+    """The relay's own Python per request, with no socket: a client connection and a machine
+    connection of the relay fed the bytes the benchmark exchanges, the best of ``rounds``."""
+    from souq import daemon
+    from souq.proxy import Backend, Relay, RelayConfig, RoutingTable
+    from souq.proxy.downstream import ClientConnection
+    from souq.proxy.upstream import UpstreamConnection
+
+    async def measure() -> float:
+        table = RoutingTable()
+        table.upsert(Backend(machine_id="m", app="bench", region="local", host="127.0.0.1", port=1))
+        relay = Relay(table, config=RelayConfig(region="local"))
+        machine = UpstreamConnection(relay.pool, ("127.0.0.1", 1))
+        machine.connection_made(_FakeTransport())  # type: ignore[arg-type]
+        relay.pool.checkin(machine)
+        client = ClientConnection(relay)
+        client.connection_made(_FakeTransport())  # type: ignore[arg-type]
+        best = float("inf")
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            for _ in range(requests // rounds):
+                client.data_received(IN_PROCESS_REQUEST)
+                machine.data_received(IN_PROCESS_RESPONSE)
+            best = min(best, time.perf_counter() - t0)
+        return 1e6 * best / (requests // rounds)
+
+    result: dict[str, float] = {}
+
+    async def run() -> None:
+        result["us"] = await measure()
+
+    daemon.run(run())
+    return {"python_us_per_request": round(result["us"], 2), "requests": requests}
 
 
 def proxy() -> None:
@@ -402,6 +481,8 @@ def proxy() -> None:
             row = latency(targets, script, rounds, cpu)
             results["latency_1_connection"][layout] = row
             print("latency", layout, json.dumps(row), flush=True)
+        results["in_process"] = in_process()
+        print("in process", json.dumps(results["in_process"]), flush=True)
         if os.environ.get("PROXY_PROFILE", "1") != "0":
             results["profile_souq_64_connections"] = profile(targets[2], script, Path(tmp))
     tp, lat = results["throughput"], results["latency_1_connection"]
