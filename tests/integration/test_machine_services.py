@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import socket
 import sys
-import uuid
 from pathlib import Path
 
 import httpx
@@ -18,12 +17,7 @@ import pytest
 from souq.errors import IllegalTransition, InsufficientCapacity, InvalidInput
 from souq.model import MachineState
 from souq.testing import Cluster, wait_until
-
-ECHO = str(Path(__file__).with_name("echo_app.py"))
-
-
-def app_name() -> str:
-    return "s" + uuid.uuid4().hex[:10]
+from tests.integration.services_harness import ECHO, app_name
 
 
 def served(port: int, path: str = "/") -> dict[str, object] | None:
@@ -52,7 +46,7 @@ def one_worker(tmp_path_factory: pytest.TempPathFactory) -> Cluster:
 
 def test_each_machine_gets_its_own_port_and_serves_on_it(one_worker: Cluster) -> None:
     client = one_worker.client()
-    app = app_name()
+    app = app_name("s")
     a = client.create_machine(app, "mad", config())
     b = client.create_machine(app, "mad", config())
     assert a.worker_id == b.worker_id  # one worker: both on the same host
@@ -74,7 +68,7 @@ def test_each_machine_gets_its_own_port_and_serves_on_it(one_worker: Cluster) ->
 
 def test_suspend_freezes_the_process_and_start_resumes_it(one_worker: Cluster) -> None:
     client = one_worker.client()
-    app = app_name()
+    app = app_name("s")
     m = client.create_machine(app, "mad", config())
     port = m.address.ports[8080] if m.address else 0
     wait_until(lambda: served(port), message="the machine to serve")
@@ -104,7 +98,7 @@ def test_suspend_freezes_the_process_and_start_resumes_it(one_worker: Cluster) -
 def test_a_standby_is_made_stopped_on_another_worker_than_its_primary(tmp_path: Path) -> None:
     with Cluster(tmp_path, regions={"mad": 2}) as c:
         client = c.client()
-        app = app_name()
+        app = app_name("s")
         primary = client.create_machine(app, "mad", config())
         standby = client.create_machine(app, "mad", config(standbys=[primary.id]))
         assert standby.worker_id != primary.worker_id
@@ -120,7 +114,7 @@ def test_a_standby_is_made_stopped_on_another_worker_than_its_primary(tmp_path: 
 
 def test_a_standby_needs_a_known_primary_and_another_worker(one_worker: Cluster) -> None:
     client = one_worker.client()
-    app = app_name()
+    app = app_name("s")
     with pytest.raises(InvalidInput) as err:
         client.create_machine(app, "mad", config(standbys=["m0000000000000"]))
     assert "standbys: machine m0000000000000 is not known" in err.value.message
@@ -133,7 +127,7 @@ def test_a_standby_needs_a_known_primary_and_another_worker(one_worker: Cluster)
 
 def test_bad_services_are_refused_with_the_field_named(one_worker: Cluster) -> None:
     r = httpx.post(
-        f"{one_worker.api_url}/v1/apps/{app_name()}/machines",
+        f"{one_worker.api_url}/v1/apps/{app_name('s')}/machines",
         json={
             "region": "mad",
             "config": config(
@@ -147,7 +141,7 @@ def test_bad_services_are_refused_with_the_field_named(one_worker: Cluster) -> N
     assert r.json()["status"] == "invalid_input"
     assert "soft_limit (9) must not exceed hard_limit (3)" in r.json()["error"]
     r = httpx.post(
-        f"{one_worker.api_url}/v1/apps/{app_name()}/machines",
+        f"{one_worker.api_url}/v1/apps/{app_name('s')}/machines",
         json={"region": "mad", "config": config(checks={"c": {"type": "http", "port": 0}})},
     )
     assert r.status_code == 422 and "checks.c.port" in r.json()["error"]
@@ -156,7 +150,7 @@ def test_bad_services_are_refused_with_the_field_named(one_worker: Cluster) -> N
 def test_ports_survive_an_agent_restart(tmp_path: Path) -> None:
     with Cluster(tmp_path, regions={"mad": 1}) as c:
         client = c.client()
-        app = app_name()
+        app = app_name("s")
         m = client.create_machine(app, "mad", config())
         assert m.address is not None
         port = m.address.ports[8080]
@@ -176,7 +170,7 @@ def test_ports_survive_an_agent_restart(tmp_path: Path) -> None:
 
 def test_a_stop_leaves_rotation_before_its_signal(one_worker: Cluster) -> None:
     client = one_worker.client()
-    app = app_name()
+    app = app_name("s")
     m = client.create_machine(app, "mad", config(stop_config={"drain_s": 30, "timeout_s": 5}))
     port = m.address.ports[8080] if m.address else 0
     wait_until(lambda: served(port), message="the machine to serve")

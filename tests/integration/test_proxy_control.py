@@ -6,9 +6,7 @@ takes a machine out of rotation, and a standby starts when its primary's worker 
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -19,27 +17,15 @@ from souq.bus.nats import connect
 from souq.model import MachineState
 from souq.proxy.daemon import ControlPlane, ProxyConfig
 from souq.testing import Cluster
+from tests.integration.services_harness import app_name
+from tests.integration.services_harness import echo_config as config
 
 pytestmark = pytest.mark.anyio
-
-ECHO = str(Path(__file__).with_name("echo_app.py"))
 
 
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-def app_name() -> str:
-    return "p" + uuid.uuid4().hex[:10]
-
-
-def config(**service: object) -> dict[str, object]:
-    return {
-        "cmd": [sys.executable, ECHO],
-        "guest": {"cpus": 0.1, "memory_mb": 64},
-        "services": [{"internal_port": 8080, "autostop": "stop", **service}],
-    }
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +74,7 @@ async def get(port: int) -> dict[str, object]:
 
 async def test_the_table_follows_machine_events(cluster: Cluster, control: ControlPlane) -> None:
     client = cluster.client()
-    app = app_name()
+    app = app_name("p")
     m = await asyncio.to_thread(client.create_machine, app, "mad", config())
     backend = await until(lambda: control.table.get(m.id), what="the machine in the table")
     assert backend.state == "started" and backend.port == m.address.ports[8080]
@@ -105,7 +91,7 @@ async def test_a_wake_up_starts_a_stopped_machine_and_waits_for_its_port(
     cluster: Cluster, control: ControlPlane
 ) -> None:
     client = cluster.client()
-    app = app_name()
+    app = app_name("p")
     m = await asyncio.to_thread(client.create_machine, app, "mad", config())
     await asyncio.to_thread(client.stop, app, m.id)
     await asyncio.to_thread(client.wait, app, m.id, "stopped")
@@ -123,7 +109,7 @@ async def test_a_wake_up_resumes_a_suspended_machine(
     cluster: Cluster, control: ControlPlane
 ) -> None:
     client = cluster.client()
-    app = app_name()
+    app = app_name("p")
     m = await asyncio.to_thread(client.create_machine, app, "mad", config(autostop="suspend"))
     await until(lambda: control.table.get(m.id), what="the machine in the table")
     await asyncio.to_thread(client.suspend, app, m.id)
@@ -138,7 +124,7 @@ async def test_a_wake_up_resumes_a_suspended_machine(
 
 async def test_nothing_to_wake_is_none(cluster: Cluster, control: ControlPlane) -> None:
     client = cluster.client()
-    app = app_name()
+    app = app_name("p")
     m = await asyncio.to_thread(client.create_machine, app, "mad", config(autostart=False))
     await asyncio.to_thread(client.stop, app, m.id)
     await until(lambda: (b := control.table.get(m.id)) and b.state == "stopped", what="stopped")
@@ -150,7 +136,7 @@ async def test_autostop_drains_then_stops_the_machine_the_load_does_not_need(
     cluster: Cluster, control: ControlPlane
 ) -> None:
     client = cluster.client()
-    app = app_name()
+    app = app_name("p")
     a = await asyncio.to_thread(client.create_machine, app, "mad", config())
     b = await asyncio.to_thread(client.create_machine, app, "mad", config())
     await until(lambda: control.table.get(a.id) and control.table.get(b.id), what="both")
@@ -174,7 +160,7 @@ async def test_a_failing_check_takes_the_machine_out_of_rotation(
     cluster: Cluster, control: ControlPlane
 ) -> None:
     client = cluster.client()
-    app = app_name()
+    app = app_name("p")
     cfg = config()
     cfg["checks"] = {"ready": {"type": "http", "port": 8080, "path": "/", "interval": "0.2s"}}
     m = await asyncio.to_thread(client.create_machine, app, "mad", cfg)
@@ -204,7 +190,7 @@ async def test_a_standby_starts_when_its_primarys_worker_is_lost(tmp_path: Path)
         await plane.start()
         try:
             client = c.client()
-            app = app_name()
+            app = app_name("p")
             primary = await asyncio.to_thread(client.create_machine, app, "mad", config())
             standby = await asyncio.to_thread(
                 client.create_machine, app, "mad", {**config(), "standbys": [primary.id]}

@@ -3,9 +3,7 @@ zero inside the request, resume from suspend, autostop, and stops that lose no r
 
 from __future__ import annotations
 
-import sys
 import threading
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,20 +13,8 @@ import pytest
 from souq.model import MachineState
 from souq.natsserver import free_port
 from souq.testing import Cluster, ProxyProcess, wait_until
-
-ECHO = str(Path(__file__).with_name("echo_app.py"))
-
-
-def app_name() -> str:
-    return "e" + uuid.uuid4().hex[:10]
-
-
-def config(**service: object) -> dict[str, object]:
-    return {
-        "cmd": [sys.executable, ECHO],
-        "guest": {"cpus": 0.1, "memory_mb": 64},
-        "services": [{"internal_port": 8080, "autostop": "stop", **service}],
-    }
+from tests.integration.services_harness import app_name
+from tests.integration.services_harness import echo_config as config
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +48,7 @@ def in_table(proxy: ProxyProcess, app: str) -> bool:
 
 def test_requests_reach_the_apps_machines_by_host(cluster: Cluster, proxy: ProxyProcess) -> None:
     client = cluster.client()
-    app = app_name()
+    app = app_name("e")
     m = client.create_machine(app, "mad", config())
     r = wait_until(
         lambda: (r := via(proxy, app, "/hello?x=1")).status_code == 200 and r,
@@ -89,7 +75,7 @@ def test_a_request_starts_a_stopped_machine_and_is_answered(
     cluster: Cluster, proxy: ProxyProcess
 ) -> None:
     client = cluster.client()
-    app = app_name()
+    app = app_name("e")
     m = client.create_machine(app, "mad", config())
     wait_until(lambda: via(proxy, app).status_code == 200, message="the app to be routed")
     client.stop(app, m.id)
@@ -107,7 +93,7 @@ def test_a_request_starts_a_stopped_machine_and_is_answered(
 
 def test_a_request_resumes_a_suspended_machine(cluster: Cluster, proxy: ProxyProcess) -> None:
     client = cluster.client()
-    app = app_name()
+    app = app_name("e")
     m = client.create_machine(app, "mad", config(autostop="suspend"))
     wait_until(lambda: via(proxy, app).status_code == 200, message="the app to be routed")
     client.suspend(app, m.id)
@@ -124,7 +110,7 @@ def test_a_request_resumes_a_suspended_machine(cluster: Cluster, proxy: ProxyPro
 
 def test_nothing_to_serve_is_a_json_503(cluster: Cluster, proxy: ProxyProcess) -> None:
     client = cluster.client()
-    app = app_name()
+    app = app_name("e")
     m = client.create_machine(app, "mad", config(autostart=False))
     wait_until(lambda: via(proxy, app).status_code == 200, message="the app to be routed")
     client.stop(app, m.id)
@@ -138,7 +124,7 @@ def test_nothing_to_serve_is_a_json_503(cluster: Cluster, proxy: ProxyProcess) -
 
 def test_a_stop_loses_no_request_of_a_stream(cluster: Cluster, proxy: ProxyProcess) -> None:
     client = cluster.client()
-    app = app_name()
+    app = app_name("e")
     a = client.create_machine(app, "mad", config())
     b = client.create_machine(app, "mad", config())
     wait_until(
@@ -186,7 +172,7 @@ def test_autostop_stops_idle_machines(cluster: Cluster, tmp_path: Path) -> None:
     p.start()
     try:
         client = cluster.client()
-        app = app_name()
+        app = app_name("e")
         machines = [client.create_machine(app, "mad", config()) for _ in range(2)]
         for m in machines:
             client.wait(app, m.id, MachineState.STOPPED, timeout=30)
@@ -205,7 +191,7 @@ def test_autostop_stops_idle_machines(cluster: Cluster, tmp_path: Path) -> None:
 
 def test_a_raw_tcp_service_is_piped_as_it_is(cluster: Cluster, proxy: ProxyProcess) -> None:
     client = cluster.client()
-    app = app_name()
+    app = app_name("e")
     edge = free_port()
     m = client.create_machine(
         app,

@@ -27,7 +27,7 @@ from souq.agent.admission import Admission
 from souq.agent.faults import FaultPoint
 from souq.agent.lifecycle import Trigger
 from souq.agent.operations import Action, OpEvent, OpKind, OpState, advance
-from souq.agent.ports import PortPool
+from souq.agent.ports import PortPool, port_env
 from souq.agent.records import RECENT_EVENTS, MachineRow, OpStep, of_app
 from souq.agent.restart import Backoff
 from souq.agent.store import Store
@@ -348,7 +348,7 @@ class Executor:
             region=row.region,
             worker_id=self.worker_id,
             cmd=tuple(row.config.cmd),
-            env=_with_ports(row),
+            env=port_env(row.config.env, row.address),
             driver=row.config.driver,
             limits=Limits(memory_mb=row.config.guest.memory_mb, cpus=row.config.guest.cpus),
             network=row.config.sandbox.network,
@@ -598,14 +598,3 @@ class Executor:
                 machine=row.to_machine(self.worker_id) if event.type == "launch" else None,
             )
         )
-
-
-def _with_ports(row: MachineRow) -> dict[str, str]:
-    """The machine's environment with its host ports: ``PORT`` for its first service (or
-    check), ``PORT_<internal_port>`` for each. Set by Souq: they win over the config's."""
-    env = dict(row.config.env)
-    if row.address is not None and row.address.ports:
-        ports = row.address.ports
-        env["PORT"] = str(next(iter(ports.values())))
-        env.update({f"PORT_{inner}": str(outer) for inner, outer in ports.items()})
-    return env

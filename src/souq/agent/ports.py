@@ -15,11 +15,12 @@ port some other process of the host listens on is skipped (``probe``).
 from __future__ import annotations
 
 import socket
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from souq.errors import ClaimRefused
+from souq.model.services import MachineAddress
 
-__all__ = ["DEFAULT_RANGE", "PortPool", "can_bind"]
+__all__ = ["DEFAULT_RANGE", "PortPool", "can_bind", "port_env"]
 
 DEFAULT_RANGE = (20000, 29999)
 
@@ -98,3 +99,13 @@ class PortPool:
 
     def owner(self, port: int) -> str | None:
         return self._owner.get(port)
+
+
+def port_env(env: Mapping[str, str], address: MachineAddress | None) -> dict[str, str]:
+    """A machine's environment with its host ports: ``PORT`` for its first service (or check),
+    ``PORT_<internal_port>`` for each. Set by Souq: they win over the config's own."""
+    out = dict(env)
+    if address is not None and address.ports:
+        out["PORT"] = str(next(iter(address.ports.values())))
+        out.update({f"PORT_{inner}": str(outer) for inner, outer in address.ports.items()})
+    return out

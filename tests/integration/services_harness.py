@@ -1,0 +1,23 @@
+"""What the tests of services, the proxy and wake-ups share: a machine config that runs the echo
+app (``echo_app.py``: it serves on ``PORT`` and says which machine answered) behind a service."""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from pathlib import Path
+
+ECHO = str(Path(__file__).with_name("echo_app.py"))
+
+
+def app_name(prefix: str = "a") -> str:
+    return prefix + uuid.uuid4().hex[:10]
+
+
+def echo_config(**service: object) -> dict[str, object]:
+    """The echo app with one HTTP service on internal port 8080 (``service``: its fields)."""
+    return {
+        "cmd": [sys.executable, ECHO],
+        "guest": {"cpus": 0.1, "memory_mb": 64},
+        "services": [{"internal_port": 8080, "autostop": "stop", **service}],
+    }
