@@ -97,7 +97,7 @@ class ClientConnection(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
         peer = transport.get_extra_info("peername")
         self.peer_ip = str(peer[0]).encode() if isinstance(peer, tuple) else b"unknown"
-        self.last_used = self.relay.loop.time()
+        self.last_used = self.relay.now
         self.relay.clients.add(self)
 
     def data_received(self, data: bytes) -> None:
@@ -313,7 +313,7 @@ class ClientConnection(asyncio.Protocol):
         if not ex.keep_alive or self.closed:
             self._close()
             return
-        self.last_used = self.relay.loop.time()
+        self.last_used = self.relay.now
         queue = self.queue
         if queue:
             nxt = queue.popleft()

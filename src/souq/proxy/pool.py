@@ -23,6 +23,7 @@ class UpstreamPool:
         self.connect_timeout_s = connect_timeout_s
         self.idle: dict[Address, list[UpstreamConnection]] = {}
         self._loop = asyncio.get_running_loop()
+        self.now = self._loop.time()  # a coarse clock, set by every sweep: idle times need no more
 
     def checkout(self, address: Address) -> UpstreamConnection | None:
         conns = self.idle.get(address)
@@ -47,7 +48,7 @@ class UpstreamPool:
         if len(conns) >= self.per_machine:
             conn.close()
             return
-        conn.idle_since = self._loop.time()
+        conn.idle_since = self.now
         conns.append(conn)
 
     def forget(self, conn: UpstreamConnection) -> None:
@@ -57,7 +58,8 @@ class UpstreamPool:
 
     def sweep(self) -> None:
         """Close the connections idle for longer than ``idle_s``."""
-        limit = self._loop.time() - self.idle_s
+        self.now = now = self._loop.time()
+        limit = now - self.idle_s
         for address, conns in list(self.idle.items()):
             for conn in [c for c in conns if c.idle_since < limit or c.closed]:
                 conns.remove(conn)

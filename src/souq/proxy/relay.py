@@ -104,6 +104,7 @@ class Relay:
         self.tunnels: set[Tunnel] = set()
         self._servers: list[asyncio.Server] = []
         self.port = 0  # the first HTTP port bound
+        self.now = self.loop.time()  # a coarse clock for idle times, set every second
         self._hosts: dict[bytes, str | object | None] = {}
         self._on_done = self.hooks.on_request_done
         self._sweeper: asyncio.Task[None] | None = None
@@ -255,7 +256,8 @@ class Relay:
         while True:
             await asyncio.sleep(_SWEEP_EVERY_S)
             self.pool.sweep()
-            limit = self.loop.time() - self.config.client_idle_s
+            self.now = self.pool.now
+            limit = self.now - self.config.client_idle_s
             for client in list(self.clients):
                 if (
                     client.active is None
