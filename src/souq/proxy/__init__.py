@@ -8,13 +8,16 @@ Modules, one concept each::
     hooks       what the relay asks of the control plane (wake, on_request_done)
     config      the relay's settings
     admission   the queue at the hard limit, shared wake-ups, drains
-    downstream  a client's connection: HTTP/1.1 keep-alive, pipelining, retries, replays
-    upstream    connections to machines and their keep-alive pool
+    downstream  a client's connection: HTTP/1.1 keep-alive, pipelining, the fast path
+    upstream    a connection to a machine: the answer, streamed back
+    pool        idle keep-alive connections per machine
+    dispatch    the slow path (waiting, connecting), retries, souq-replay
     tunnel      upgraded connections and raw TCP services: two sockets piped
     metrics     per-app counters, exposed to Prometheus when scraped
     relay       the data plane of one process: listeners (SO_REUSEPORT), serve()
 
-See docs/proxy.md.
+The control plane that keeps the table true (``daemon`` and the modules it names) is described
+with the rest in docs/proxy.md.
 """
 
 from souq.proxy.config import RelayConfig

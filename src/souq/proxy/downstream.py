@@ -1,22 +1,13 @@
 """A client's connection to the proxy: HTTP/1.1 keep-alive, requests answered in order.
 
-httptools parses the client's bytes; each request becomes an :class:`Exchange`. One exchange
-is served at a time (the *active* one); pipelined requests wait in a queue, and the
-connection stops reading while one does. Serving an exchange:
-
-1. take a machine from the table and an idle connection to it from the pool, and write the
-   request head at once (the fast path: no task, no await);
-2. otherwise a task waits for a machine (queue, wake-up), connects, and then does the same;
-3. the body streams to the machine as it arrives, and up to ``replay_body_bytes`` of it is
-   kept so that a retry or a ``souq-replay`` can send it again;
-4. the machine's connection (:mod:`souq.proxy.upstream`) streams the answer back and calls
-   :meth:`ClientConnection.response_done`, :meth:`~ClientConnection.upstream_failed`,
-   :meth:`~ClientConnection.upstream_broke`, :meth:`~ClientConnection.replay` or
-   :meth:`~ClientConnection.switch` (an upgrade: the two sockets become a tunnel).
-
-Reading pauses for four reasons, each a bit of ``paused``: a waiting exchange holds all the
-body it may keep, a pipelined request waits, the machine's send buffer is full, or an upgrade
-waits for the machine's 101.
+httptools parses the client's bytes; each request becomes an :class:`Exchange`, served one at
+a time (the *active* one) while pipelined ones wait parsed. The fast path takes a machine from
+the table and an idle connection from the pool and writes the head at once (no task, no await);
+otherwise :mod:`souq.proxy.dispatch` waits and connects in a task. The body streams as it
+arrives (up to ``replay_body_bytes`` of it kept for a retry or a replay), and the machine's
+connection (:mod:`souq.proxy.upstream`) streams the answer back, then calls
+:meth:`~ClientConnection.response_done` (or ``upstream_failed``, ``upstream_broke``, ``replay``,
+``switch`` for an upgrade). Reading pauses for five reasons, each a bit of ``paused``.
 """
 
 from __future__ import annotations
@@ -48,11 +39,11 @@ __all__ = ["ClientConnection"]
 
 log = logging.getLogger(__name__)
 
-PAUSE_BODY = 1
-PAUSE_QUEUE = 2
-PAUSE_MACHINE = 4
-PAUSE_UPGRADE = 8
-PAUSE_BROKEN = 16
+PAUSE_BODY = 1  # a waiting exchange holds all the body it may keep
+PAUSE_QUEUE = 2  # a pipelined request waits for the one before it
+PAUSE_MACHINE = 4  # the machine's send buffer is full
+PAUSE_UPGRADE = 8  # what follows an upgrade request waits for the machine's 101
+PAUSE_BROKEN = 16  # the bytes could not be parsed: nothing more is read
 
 
 class ClientConnection(asyncio.Protocol):
@@ -151,13 +142,7 @@ class ClientConnection(asyncio.Protocol):
         ex = self.active
         if ex is not None and not ex.response_done:
             ex.closed = ex.response_done = True
-            if ex.task is not None:
-                ex.task.cancel()
-                ex.task = None
-            if ex.upstream is not None:
-                ex.upstream.abandon()
-                ex.upstream = None
-            slot = self.release(ex)
+            slot = self._let_go(ex)
             relay.record(ex, 499, slot.backend if slot is not None else None)
         for waiting in self.queue:
             relay.record(waiting, 499, None)
@@ -297,14 +282,10 @@ class ClientConnection(asyncio.Protocol):
             ex.keep_alive = False  # rather than read a body nobody wants
         ex.status = err.http_status
         ex.response_started = True
-        self.transport.write(
-            answer(
-                err,
-                request_id=ex.request_id,
-                keep_alive=ex.keep_alive,
-                head_only=ex.head_request,
-            )
+        raw = answer(
+            err, request_id=ex.request_id, keep_alive=ex.keep_alive, head_only=ex.head_request
         )
+        self.transport.write(raw)
         self.response_done(ex)
 
     def _finish(self, ex: Exchange) -> None:
@@ -333,6 +314,16 @@ class ClientConnection(asyncio.Protocol):
             ex.slot = None
             self.relay.admission.release(slot)
         return slot
+
+    def _let_go(self, ex: Exchange) -> Slot | None:
+        """Stop serving ``ex`` wherever it is: its task, its machine's connection, its slot."""
+        if ex.task is not None:
+            ex.task.cancel()
+            ex.task = None
+        if ex.upstream is not None:
+            ex.upstream.abandon()
+            ex.upstream = None
+        return self.release(ex)
 
     def _close(self) -> None:
         if not self.closed:
@@ -363,13 +354,7 @@ class ClientConnection(asyncio.Protocol):
         ex, self.parsing = self.parsing, None
         if ex is not None and ex is self.active and not ex.response_done:
             ex.keep_alive = False
-            if ex.upstream is not None:
-                ex.upstream.abandon()
-                ex.upstream = None
-            if ex.task is not None:
-                ex.task.cancel()
-                ex.task = None
-            self.release(ex)
+            self._let_go(ex)
             ex.request_done = True
             if ex.response_started:
                 self.relay.record(ex, 400, None)
