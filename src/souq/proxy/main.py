@@ -44,7 +44,7 @@ async def serve(
         async with Relay(plane.table, plane.hooks, config=relay_config) as relay:
             host, port = config.listen
             try:
-                port = await relay.listen_http(host, port)
+                port = await relay.listen_http(host, port, reuse_port=False)
             except OSError as exc:
                 raise Unavailable(
                     f"cannot listen on {host}:{port}: {exc.strerror or exc}",
