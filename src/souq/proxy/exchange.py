@@ -25,17 +25,13 @@ if TYPE_CHECKING:
     from souq.proxy.table import Slot
     from souq.proxy.upstream import UpstreamConnection
 
-__all__ = ["IDEMPOTENT", "Exchange", "app_of_host", "new_request_id"]
+__all__ = ["HOP_BY_HOP", "IDEMPOTENT", "Exchange", "app_of_host", "new_request_id"]
 
 IDEMPOTENT = frozenset({b"GET", b"HEAD", b"OPTIONS", b"TRACE", b"PUT", b"DELETE"})
 
-# Request headers the proxy reads or rewrites; every other one passes through as it came.
-# Hop-by-hop ones (connection, keep-alive, proxy-connection, te, trailer, transfer-encoding,
-# upgrade) are dropped, and so are the forwarding headers a client could forge, which the
-# proxy sets itself.
-_SPECIAL = frozenset(
+# The framing and hop-by-hop headers, which the proxy sets itself on each side.
+HOP_BY_HOP = frozenset(
     {
-        b"host",
         b"content-length",
         b"transfer-encoding",
         b"connection",
@@ -44,14 +40,20 @@ _SPECIAL = frozenset(
         b"te",
         b"trailer",
         b"upgrade",
-        b"expect",
-        b"x-forwarded-for",
-        b"x-forwarded-proto",
-        b"x-forwarded-host",
-        b"x-request-id",
-        b"via",
     }
 )
+# Request headers the proxy reads or rewrites; every other one passes through as it came.
+# Hop-by-hop ones are dropped, and so are the forwarding headers a client could forge, which
+# the proxy sets itself.
+_SPECIAL = HOP_BY_HOP | {
+    b"host",
+    b"expect",
+    b"x-forwarded-for",
+    b"x-forwarded-proto",
+    b"x-forwarded-host",
+    b"x-request-id",
+    b"via",
+}
 _CONNECTION_TOKENS = frozenset({b"close", b"keep-alive", b"upgrade"})
 
 _ID_PREFIX = os.urandom(4).hex().encode()

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, cast
 
 from httptools import HttpParserError, HttpParserUpgrade, HttpResponseParser
 
+from souq.proxy.exchange import HOP_BY_HOP
+
 if TYPE_CHECKING:
     from souq.proxy.downstream import ClientConnection
     from souq.proxy.exchange import Exchange
@@ -34,21 +36,7 @@ Replay = tuple[str, str]  # ("region", R) or ("instance", machine id)
 _STATUS_LINES = {s.value: b"HTTP/1.1 %d %s\r\n" % (s.value, s.phrase.encode()) for s in HTTPStatus}
 
 # Response headers the proxy reads or rewrites; every other one passes through.
-_SPECIAL = frozenset(
-    {
-        b"content-length",
-        b"transfer-encoding",
-        b"connection",
-        b"keep-alive",
-        b"proxy-connection",
-        b"te",
-        b"trailer",
-        b"upgrade",
-        b"souq-replay",
-        b"via",
-        b"x-request-id",
-    }
-)
+_SPECIAL = HOP_BY_HOP | {b"souq-replay", b"via", b"x-request-id"}
 
 
 def parse_replay(value: bytes) -> Replay | None:
