@@ -150,36 +150,34 @@ def resume(cluster: Cluster, proxy: ProxyProcess) -> dict[str, object]:
 
 def failover(root: Path) -> dict[str, object]:
     """In a cluster of its own (its primary's agent is killed)."""
-    with Cluster(root, regions={REGION: 2}) as cluster:
-        proxy = ProxyProcess(
+    with (
+        Cluster(root, regions={REGION: 2}) as cluster,
+        ProxyProcess(
             nats_url=cluster.nats.url,
             log_path=root / "proxy.log",
             extra_args=["--autostop-interval", "3600"],
+        ) as proxy,
+    ):
+        client = cluster.client()
+        app = "failbench"
+        primary = client.create_machine(app, REGION, CONFIG)
+        standby = client.create_machine(app, REGION, {**CONFIG, "standbys": [primary.id]})
+        host = f"{app}.localhost"
+        wait_until(lambda: _ok(proxy.url, host), message="the app through the proxy")
+        wait_until(lambda: _state_seen(proxy, app, "stopped"), message="the standby known")
+        [agent] = [a for a in cluster.agents if a.worker_id == primary.worker_id]
+        t0 = time.perf_counter()
+        os.kill(agent.pid, signal.SIGKILL)
+        assert primary.pid is not None
+        os.killpg(primary.pid, signal.SIGKILL)  # the host is gone with its machines
+        served = wait_until(
+            lambda: _answered_by(proxy.url, host, standby.id),
+            timeout=60,
+            interval=0.05,
+            message="the standby to answer",
         )
-        proxy.start()
-        try:
-            client = cluster.client()
-            app = "failbench"
-            primary = client.create_machine(app, REGION, CONFIG)
-            standby = client.create_machine(app, REGION, {**CONFIG, "standbys": [primary.id]})
-            host = f"{app}.localhost"
-            wait_until(lambda: _ok(proxy.url, host), message="the app through the proxy")
-            wait_until(lambda: _state_seen(proxy, app, "stopped"), message="the standby known")
-            [agent] = [a for a in cluster.agents if a.worker_id == primary.worker_id]
-            t0 = time.perf_counter()
-            os.kill(agent.pid, signal.SIGKILL)
-            assert primary.pid is not None
-            os.killpg(primary.pid, signal.SIGKILL)  # the host is gone with its machines
-            served = wait_until(
-                lambda: _answered_by(proxy.url, host, standby.id),
-                timeout=60,
-                interval=0.05,
-                message="the standby to answer",
-            )
-            took = time.perf_counter() - t0
-            assert served
-        finally:
-            proxy.stop()
+        took = time.perf_counter() - t0
+        assert served
     return {"seconds": round(took, 2), "target": "<= 10 s", "met": took <= 10}
 
 
@@ -208,20 +206,18 @@ def main() -> None:
     print(f"# wake benchmark — {machine_line()}")
     with tempfile.TemporaryDirectory(prefix="souq-bench-") as tmp:
         root = Path(tmp)
-        with Cluster(root / "c", regions={REGION: 2}) as cluster:
-            proxy = ProxyProcess(
+        with (
+            Cluster(root / "c", regions={REGION: 2}) as cluster,
+            ProxyProcess(
                 nats_url=cluster.nats.url,
                 log_path=root / "proxy.log",
                 extra_args=["--autostop-interval", "3600"],
-            )
-            proxy.start()
-            try:
-                results: dict[str, object] = {
-                    "scale_from_zero": scale_from_zero(cluster, proxy),
-                    "resume": resume(cluster, proxy),
-                }
-            finally:
-                proxy.stop()
+            ) as proxy,
+        ):
+            results: dict[str, object] = {
+                "scale_from_zero": scale_from_zero(cluster, proxy),
+                "resume": resume(cluster, proxy),
+            }
         results["standby_failover"] = failover(root / "f")
     print(json.dumps(results, indent=2))
     out = Path("bench/results")

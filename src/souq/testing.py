@@ -262,6 +262,13 @@ class ProxyProcess(_ChildProcess):
     def stop(self, timeout: float = 10.0) -> None:
         self._terminate(timeout=timeout)
 
+    def __enter__(self) -> ProxyProcess:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
 
 class Cluster:
     """nats-server + agents + brokers, all real, all on loopback, under ``root``."""

@@ -25,16 +25,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 @pytest.fixture(scope="module")
 def proxy(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProcess]:
-    p = ProxyProcess(
+    with ProxyProcess(
         nats_url=cluster.nats.url,
         log_path=tmp_path_factory.mktemp("proxy") / "proxy.log",
         extra_args=["--autostop-interval", "3600"],
-    )
-    p.start()
-    try:
+    ) as p:
         yield p
-    finally:
-        p.stop()
 
 
 def via(proxy: ProxyProcess, app: str, path: str = "/", **kw: object) -> httpx.Response:
@@ -164,13 +160,11 @@ def test_a_stop_loses_no_request_of_a_stream(cluster: Cluster, proxy: ProxyProce
 
 
 def test_autostop_stops_idle_machines(cluster: Cluster, tmp_path: Path) -> None:
-    p = ProxyProcess(
+    with ProxyProcess(
         nats_url=cluster.nats.url,
         log_path=tmp_path / "proxy.log",
         extra_args=["--autostop-interval", "0.3"],
-    )
-    p.start()
-    try:
+    ) as p:
         client = cluster.client()
         app = app_name("e")
         machines = [client.create_machine(app, "mad", config()) for _ in range(2)]
@@ -185,8 +179,6 @@ def test_autostop_stops_idle_machines(cluster: Cluster, tmp_path: Path) -> None:
         assert r.status_code == 200
         for m in machines:
             client.destroy(app, m.id, force=True)
-    finally:
-        p.stop()
 
 
 def test_a_raw_tcp_service_is_piped_as_it_is(cluster: Cluster, proxy: ProxyProcess) -> None:
