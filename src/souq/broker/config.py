@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -10,34 +10,36 @@ from souq.model.policy import PlacementDefaults
 
 __all__ = ["BrokerConfig"]
 
+Seconds = Annotated[float, Field(gt=0)]  # a timeout or an interval: longer than nothing
+AtLeastOne = Annotated[int, Field(ge=1)]  # a count or a limit that zero would make meaningless
+
 
 class BrokerConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     nats_url: str = Field(description="NATS server to join, e.g. nats://127.0.0.1:4222")
-    nats_connect_timeout_s: float = Field(
-        default=5.0, gt=0, description="the first connection to NATS must succeed within this"
+    nats_connect_timeout_s: Seconds = Field(
+        default=5.0, description="the first connection to NATS must succeed within this"
     )
     listen_host: str = "127.0.0.1"
     listen_port: int = Field(default=4280, ge=0, le=65535, description="0 picks a free port")
-    offer_timeout_s: float = Field(
-        default=0.3, gt=0, description="how long to gather offers from a region's workers"
+    offer_timeout_s: Seconds = Field(
+        default=0.3, description="how long to gather offers from a region's workers"
     )
-    claim_timeout_s: float = Field(default=5.0, gt=0, description="how long one claim may take")
-    command_timeout_s: float = Field(
-        default=10.0, gt=0, description="how long a worker may take to answer a command"
+    claim_timeout_s: Seconds = Field(default=5.0, description="how long one claim may take")
+    command_timeout_s: Seconds = Field(
+        default=10.0, description="how long a worker may take to answer a command"
     )
-    gather_timeout_s: float = Field(
-        default=2.0, gt=0, description="how long to gather list and locate answers"
+    gather_timeout_s: Seconds = Field(
+        default=2.0, description="how long to gather list and locate answers"
     )
-    max_claim_attempts: int = Field(
+    max_claim_attempts: AtLeastOne = Field(
         default=3,
-        ge=1,
         description="unanswered claims (or batch claim rounds) before giving up; a refused "
         "claim moves on to the next offer",
     )
-    down_after_missed: int = Field(
-        default=3, ge=1, description="missed heartbeats after which a worker is down"
+    down_after_missed: AtLeastOne = Field(
+        default=3, description="missed heartbeats after which a worker is down"
     )
     placement: PlacementDefaults = Field(
         default_factory=PlacementDefaults,
@@ -58,34 +60,30 @@ class BrokerConfig(BaseModel):
     sample_factor_d: float = Field(
         default=2.0, ge=1.0, le=64.0, description="Sparrow's d: ask d x m workers for m machines"
     )
-    sample_min: int = Field(
+    sample_min: AtLeastOne = Field(
         default=8,
-        ge=1,
         description="consider at least this many workers with room when sampling (drawn from "
         "the book, or asked for offers)",
     )
-    batch_offer_timeout_s: float = Field(
+    batch_offer_timeout_s: Seconds = Field(
         default=2.0,
-        gt=0,
         description="how long a batch create gathers offers (a bigger order, a longer wait)",
     )
-    batch_concurrency: int = Field(
+    batch_concurrency: AtLeastOne = Field(
         default=8,
-        ge=1,
         description="batches placed at once; more wait their turn (a busy broker that took "
         "every batch at once would let their offers and claims time out)",
     )
-    batch_admission_timeout_s: float = Field(
-        default=15.0, gt=0, description="how long a batch may wait for its turn (then 503)"
+    batch_admission_timeout_s: Seconds = Field(
+        default=15.0, description="how long a batch may wait for its turn (then 503)"
     )
-    max_batch: int = Field(
-        default=1000, ge=1, description="most machines one batch create may ask for"
+    max_batch: AtLeastOne = Field(
+        default=1000, description="most machines one batch create may ask for"
     )
-    view_sync_interval_s: float = Field(
+    view_sync_interval_s: Seconds = Field(
         default=5.0,
-        gt=0,
         description="how often the cluster view compares digests with every worker (anti-entropy)",
     )
-    events_buffer: int = Field(
-        default=10_000, ge=1, description="events kept for `GET /v1/events` to resume from"
+    events_buffer: AtLeastOne = Field(
+        default=10_000, description="events kept for `GET /v1/events` to resume from"
     )
