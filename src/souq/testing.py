@@ -54,7 +54,7 @@ class _ChildProcess:
     """What the child processes below share: the NATS server they join, the process, and its
     stderr in ``log_path``."""
 
-    what: ClassVar[str]  # how errors name it: "agent", "fleet", "broker"
+    what: ClassVar[str]  # its `souq` command, and how errors name it: "agent", "broker"...
     nats_url: str
     log_path: Path
     process: subprocess.Popen[bytes] | None = field(default=None, init=False)
@@ -71,6 +71,10 @@ class _ChildProcess:
         if not self.log_path.exists():
             return ""
         return self.log_path.read_text(errors="replace")[-chars:]
+
+    def _command(self) -> list[str]:
+        """``souq <what> --nats <url>``, run by this Python."""
+        return [sys.executable, "-m", "souq", self.what, "--nats", self.nats_url]
 
     def _spawn(self, args: list[str]) -> None:
         with open(self.log_path, "ab") as err:
@@ -170,8 +174,7 @@ class FleetProcess(_WorkerProcess):
     workers: int
 
     def start(self, timeout: float = 120.0) -> None:
-        args = [sys.executable, "-m", "souq", "fleet", "--nats", self.nats_url]
-        args += ["--workers", str(self.workers), "--region", self.region]
+        args = [*self._command(), "--workers", str(self.workers), "--region", self.region]
         if self.cpus is not None:
             args += ["--cpus", str(self.cpus)]
         if self.memory_mb is not None:
@@ -190,12 +193,12 @@ class FleetProcess(_WorkerProcess):
 
 
 @dataclass(kw_only=True, eq=False)
-class BrokerProcess(_ChildProcess):
-    """One ``souq broker`` child process serving HTTP on a loopback port."""
+class _ServingProcess(_ChildProcess):
+    """A child process that serves HTTP on a loopback ``port`` (default: a free one), with
+    ``extra_args`` at the end of its command line."""
 
-    what = "broker"
-    port: int | None = None  # default: a free one
-    extra_args: Sequence[str] = ()  # e.g. ["--sample-above", "64"]
+    port: int | None = None
+    extra_args: Sequence[str] = ()
 
     def __post_init__(self) -> None:
         self.port = self.port or free_port()
@@ -205,62 +208,55 @@ class BrokerProcess(_ChildProcess):
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 30.0) -> None:
-        args = [sys.executable, "-m", "souq", "broker", "--nats", self.nats_url]
-        self._spawn([*args, "--listen", f"127.0.0.1:{self.port}", *self.extra_args])
+    def _wait_answering(self, url: str, timeout: float) -> None:
+        """Until ``url`` answers 200 (:class:`RuntimeError` if the process exits first)."""
 
-        def healthy() -> bool:
+        def answering() -> bool:
             self._check_started()
             try:
-                return httpx.get(self.url + "/healthz", timeout=1.0).status_code == 200
+                return httpx.get(url, timeout=1.0).status_code == 200
             except httpx.HTTPError:
                 return False
 
-        wait_until(healthy, timeout=timeout, interval=0.02, message="the broker to answer")
+        wait_until(answering, timeout=timeout, interval=0.02, message=f"the {self.what} to answer")
 
     def stop(self, timeout: float = 10.0) -> None:
         self._terminate(timeout=timeout)
 
 
 @dataclass(kw_only=True, eq=False)
-class ProxyProcess(_ChildProcess):
-    """One ``souq proxy`` child process on loopback ports (HTTP, and its admin port)."""
+class BrokerProcess(_ServingProcess):
+    """One ``souq broker`` child process serving HTTP on a loopback port; ``extra_args`` e.g.
+    ``["--sample-above", "64"]``."""
+
+    what = "broker"
+
+    def start(self, timeout: float = 30.0) -> None:
+        self._spawn([*self._command(), "--listen", f"127.0.0.1:{self.port}", *self.extra_args])
+        self._wait_answering(self.url + "/healthz", timeout)
+
+
+@dataclass(kw_only=True, eq=False)
+class ProxyProcess(_ServingProcess):
+    """One ``souq proxy`` child process on loopback ports (HTTP, and its admin port);
+    ``extra_args`` e.g. ``["--autostop-interval", "1"]``."""
 
     what = "proxy"
     region: str = "mad"
-    port: int | None = None  # default: a free one
     admin_port: int | None = None
-    extra_args: Sequence[str] = ()  # e.g. ["--autostop-interval", "1"]
 
     def __post_init__(self) -> None:
-        self.port = self.port or free_port()
+        super().__post_init__()
         self.admin_port = self.admin_port or free_port()
-        self.extra_args = list(self.extra_args)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
     @property
     def admin_url(self) -> str:
         return f"http://127.0.0.1:{self.admin_port}"
 
     def start(self, timeout: float = 30.0) -> None:
-        args = [sys.executable, "-m", "souq", "proxy", "--nats", self.nats_url]
-        args += ["--region", self.region, "--listen", f"127.0.0.1:{self.port}"]
+        args = [*self._command(), "--region", self.region, "--listen", f"127.0.0.1:{self.port}"]
         self._spawn([*args, "--admin-port", str(self.admin_port), *self.extra_args])
-
-        def up() -> bool:
-            self._check_started()
-            try:
-                return httpx.get(self.admin_url + "/decisions", timeout=1.0).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_until(up, timeout=timeout, interval=0.02, message="the proxy to answer")
-
-    def stop(self, timeout: float = 10.0) -> None:
-        self._terminate(timeout=timeout)
+        self._wait_answering(self.admin_url + "/decisions", timeout)
 
     def __enter__(self) -> ProxyProcess:
         self.start()
