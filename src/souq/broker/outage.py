@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 from souq.broker.liveness import Liveness
@@ -30,27 +31,23 @@ __all__ = ["BusGuard"]
 log = logging.getLogger(__name__)
 
 
+@dataclass(eq=False)
 class BusGuard:
-    def __init__(
-        self,
-        transport: Transport,
-        liveness: Liveness,
-        view: ClusterView,
-        *,
-        rejoin_timeout_s: float,
-    ) -> None:
-        self._transport = transport
-        self._liveness = liveness
-        self._view = view
-        self._rejoin_timeout_s = rejoin_timeout_s
-        self._rejoining: asyncio.Task[None] | None = None
-        self._hooks: list[tuple[list[Callable[[], Any]], Callable[[], Any]]] = []
-        self.outages = 0  # times the bus was lost (a counter for metrics and tests)
+    transport: Transport
+    liveness: Liveness
+    view: ClusterView
+    _: KW_ONLY
+    rejoin_timeout_s: float
+    outages: int = field(default=0, init=False)  # times the bus was lost (for metrics and tests)
+    _rejoining: asyncio.Task[None] | None = field(default=None, init=False)
+    _hooks: list[tuple[list[Callable[[], Any]], Callable[[], Any]]] = field(
+        default_factory=list, init=False
+    )
 
     def install(self) -> None:
         """Hook :meth:`lost` and :meth:`back` to a transport that can lose its connection."""
         for name, hook in (("on_disconnect", self.lost), ("on_reconnect", self.back)):
-            hooks = getattr(self._transport, name, None)
+            hooks = getattr(self.transport, name, None)
             if isinstance(hooks, list):
                 hooks.append(hook)
                 self._hooks.append((hooks, hook))
@@ -61,25 +58,25 @@ class BusGuard:
 
     def require(self) -> None:
         """Raise :class:`Unavailable` unless the bus is up and the workers are back on it."""
-        if not self._transport.connected:
+        if not self.transport.connected:
             raise bus_unavailable()
         if self.rejoining:
             raise Unavailable(
                 "the broker is back on the message bus (NATS) and waiting for its workers to "
                 "announce themselves; retry shortly",
-                hint=f"this takes at most {self._rejoin_timeout_s:g}s after an outage",
+                hint=f"this takes at most {self.rejoin_timeout_s:g}s after an outage",
             )
 
     def lost(self) -> None:
         self.outages += 1
         log.warning("the bus is down: answering 503 unavailable until it is back")
-        self._liveness.pause()
+        self.liveness.pause()
         self._cancel_rejoin()
 
     async def back(self) -> None:
         log.warning("the bus is back: re-syncing the worker table and the cluster view")
-        self._liveness.resume()
-        await self._view.resync()
+        self.liveness.resume()
+        await self.view.resync()
         self._cancel_rejoin()
         self._rejoining = asyncio.get_running_loop().create_task(
             self._rejoin(), name="souq-broker-rejoin"
@@ -87,11 +84,11 @@ class BusGuard:
 
     async def _rejoin(self) -> None:
         try:
-            await self._liveness.refresh(timeout=self._rejoin_timeout_s)
+            await self.liveness.refresh(timeout=self.rejoin_timeout_s)
         except SouqError as exc:  # lost again: the next reconnection starts over
             log.info("rejoining the bus failed: %s", exc)
             return
-        log.warning("back on the bus: %d workers live", self._liveness.live_count())
+        log.warning("back on the bus: %d workers live", self.liveness.live_count())
 
     def _cancel_rejoin(self) -> None:
         if self._rejoining is not None and not self._rejoining.done():
