@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
+from dataclasses import KW_ONLY, dataclass, field
 
 from souq.proxy.errors import AppNotFound, NoMachines
 from souq.proxy.hooks import ProxyHooks
@@ -34,26 +35,23 @@ log = logging.getLogger(__name__)
 _SOFT_WAKE_EVERY_S = 1.0
 
 
+@dataclass(eq=False)
 class Admission:
-    def __init__(
-        self,
-        table: RoutingTable,
-        hooks: ProxyHooks,
-        *,
-        region: str | None,
-        queue_limit: int,
-        timeout_s: float,
-    ) -> None:
-        self.table = table
-        self.hooks = hooks
-        self.region = region
-        self.queue_limit = queue_limit
-        self.timeout_s = timeout_s
-        self.waiters: dict[str, deque[asyncio.Future[None]]] = {}
-        self._waking: dict[tuple[str, str | None], asyncio.Task[Backend | None]] = {}
-        self._soft_woken: dict[str, float] = {}
-        self._drains: dict[str, list[asyncio.Future[None]]] = {}
-        table.subscribe(self._changed)
+    table: RoutingTable
+    hooks: ProxyHooks
+    _: KW_ONLY
+    region: str | None
+    queue_limit: int
+    timeout_s: float
+    waiters: dict[str, deque[asyncio.Future[None]]] = field(default_factory=dict, init=False)
+    _waking: dict[tuple[str, str | None], asyncio.Task[Backend | None]] = field(
+        default_factory=dict, init=False
+    )
+    _soft_woken: dict[str, float] = field(default_factory=dict, init=False)
+    _drains: dict[str, list[asyncio.Future[None]]] = field(default_factory=dict, init=False)
+
+    def __post_init__(self) -> None:
+        self.table.subscribe(self._changed)
 
     # -- the hot path ------------------------------------------------------------------------------
 
