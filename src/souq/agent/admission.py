@@ -27,7 +27,7 @@ The rules, in the order they are checked:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from souq.clock import iso_from_ms
 from souq.errors import ClaimRefused, InvalidInput, NotFound, QuoteExpired, QuoteUsed
@@ -57,25 +57,16 @@ class _Hold:
     expires_at: int
 
 
+@dataclass(kw_only=True, eq=False)
 class Admission:
-    def __init__(
-        self,
-        *,
-        worker_id: str,
-        region: str,
-        capacity: Resources,
-        reserved: Resources | None = None,
-        cordoned: bool = False,
-        draining: bool = False,
-    ) -> None:
-        self.worker_id = worker_id
-        self.region = region
-        self.capacity = capacity
-        self.reserved = reserved or Resources.zero()
-        self.cordoned = cordoned
-        self.draining = draining
-        self.version = 0
-        self._holds: dict[str, _Hold] = {}
+    worker_id: str
+    region: str
+    capacity: Resources
+    reserved: Resources = field(default_factory=Resources.zero)
+    cordoned: bool = False
+    draining: bool = False
+    version: int = field(default=0, init=False)
+    _holds: dict[str, _Hold] = field(default_factory=dict, init=False)
 
     # -- what is promised ------------------------------------------------------------------
 
