@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import httpx
@@ -212,18 +213,8 @@ class SouqClient:
 
     def follow_logs(self, app: str, machine_id: str) -> Iterator[str]:
         """The output so far, then new output as it comes, until the machine is destroyed."""
-        path = _machine(app, machine_id, "logs")
-        timeout = httpx.Timeout(self._http.timeout.connect, read=None)
-        try:
-            with self._http.stream(
-                "GET", path, params={"follow": "true"}, timeout=timeout
-            ) as response:
-                if response.is_error:
-                    response.read()
-                    raise _error(response)
-                yield from response.iter_text()
-        except httpx.TransportError as exc:
-            raise self._unreachable(exc) from exc
+        with self._stream(_machine(app, machine_id, "logs"), {"follow": "true"}) as response:
+            yield from response.iter_text()
 
     def ops(self, app: str, machine_id: str) -> list[OpRecord]:
         """The machine's op log, oldest first."""
@@ -250,18 +241,11 @@ class SouqClient:
         params |= {k: str(v) for k, v in (("app", app), ("worker", worker)) if v is not None}
         if since is not None:
             params["since"] = str(since)
-        timeout = httpx.Timeout(self._http.timeout.connect, read=None)
-        try:
-            with self._http.stream("GET", "/v1/events", params=params, timeout=timeout) as response:
-                if response.is_error:
-                    response.read()
-                    raise _error(response)
-                for text in response.iter_lines():
-                    if text.startswith("data: "):
-                        event: dict[str, Any] = json.loads(text[6:])
-                        yield event
-        except httpx.TransportError as exc:
-            raise self._unreachable(exc) from exc
+        with self._stream("/v1/events", params) as response:
+            for text in response.iter_lines():
+                if text.startswith("data: "):
+                    event: dict[str, Any] = json.loads(text[6:])
+                    yield event
 
     # -- plumbing --------------------------------------------------------------------------
 
@@ -289,6 +273,20 @@ class SouqClient:
         if response.is_error:
             raise _error(response)
         return response
+
+    @contextmanager
+    def _stream(self, path: str, params: Mapping[str, str]) -> Iterator[httpx.Response]:
+        """A ``GET`` whose answer is read as it comes (no read timeout); its errors are
+        :meth:`_call`'s."""
+        timeout = httpx.Timeout(self._http.timeout.connect, read=None)
+        try:
+            with self._http.stream("GET", path, params=params, timeout=timeout) as response:
+                if response.is_error:
+                    response.read()
+                    raise _error(response)
+                yield response
+        except httpx.TransportError as exc:
+            raise self._unreachable(exc) from exc
 
     def _unreachable(self, exc: httpx.TransportError) -> Unavailable:
         if isinstance(exc, httpx.TimeoutException):
