@@ -107,7 +107,15 @@ class Conflict(SouqError, status="conflict", http_status=409): ...
 class IllegalTransition(Conflict, status="illegal_transition"): ...
 
 
-class IdempotencyConflict(Conflict, status="idempotency_conflict"): ...
+class IdempotencyConflict(Conflict, status="idempotency_conflict"):
+    @classmethod
+    def other_body(cls, request_id: str, machine_id: str) -> IdempotencyConflict:
+        """``request_id`` made ``machine_id`` already, from another body."""
+        return cls(
+            f"request {request_id} already created machine {machine_id} with a different body",
+            hint="use a new idempotency key for a different request",
+            details={"machine_id": machine_id},
+        )
 
 
 class ClaimRefused(Conflict, status="claim_refused"): ...

@@ -39,11 +39,7 @@ def claim_batch(
         if known is None:
             new += 1
         elif executor.row_by_id(known).body_hash != req.body_hash:
-            raise IdempotencyConflict(
-                f"request {request_id} already created machine {known} with a different body",
-                hint="use a new idempotency key for a different request",
-                details={"machine_id": known},
-            )
+            raise IdempotencyConflict.other_body(request_id, known)
     executor.admission.check_batch(req.region, req.config.guest.resources(), new, now_ms)
     if not req.skip_launch and isinstance(executor.driver, PreparesSpawns):
         executor.driver.prepare_spawns(new)

@@ -123,12 +123,7 @@ class Commands:
     def _claimed_before(self, req: ClaimRequest, machine_id: str) -> Machine:
         row = self._ex.row_by_id(machine_id)
         if row.body_hash != req.body_hash:
-            raise IdempotencyConflict(
-                f"request {req.request_id} already created machine {machine_id} "
-                "with a different body",
-                hint="use a new idempotency key for a different request",
-                details={"machine_id": machine_id},
-            )
+            raise IdempotencyConflict.other_body(req.request_id, machine_id)
         return row.to_machine(self._ex.worker_id)
 
     def start(self, app: str, machine_id: str) -> Machine:

@@ -294,12 +294,7 @@ class Store:
             if found is None:
                 raise
             if found[1] != row.body_hash:
-                raise IdempotencyConflict(
-                    f"request {row.request_id} already created machine {found[0]} "
-                    "with a different body",
-                    hint="use a new idempotency key for a different request",
-                    details={"machine_id": found[0]},
-                ) from None
+                raise IdempotencyConflict.other_body(row.request_id, found[0]) from None
             return str(found[0])
         return None
 
