@@ -6,24 +6,30 @@ STAMP  := $(VENV)/.installed
 TSTAMP := $(VENV)/.installed-test
 BSTAMP := $(VENV)/.installed-bench
 
-.PHONY: dev test bench bwrap wrk nginx lint typecheck unit clean browser-deps
+.PHONY: dev test bench build bwrap wrk nginx lint typecheck unit clean browser-deps
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
+# The `native` extra is mypyc (with mypy) and setuptools: `make build` compiles the hot modules.
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e .
+	$(BIN)/python -m pip install --quiet -e '.[native]'
 	touch $@
 
 $(TSTAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -e '.[test,native]'
 	touch $(STAMP) $@
 
 # The benchmarks also need supervisord and circus (the `bench` extra), to compare against.
 $(BSTAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
+	$(BIN)/python -m pip install --quiet -e '.[test,native,bench]'
 	touch $(STAMP) $(TSTAMP) $@
+
+# The proxy's relay (and the other modules souq.compiled names) compiled in place with mypyc;
+# a no-op when no source changed, and plain Python where there is no C compiler.
+build: $(STAMP)
+	$(BIN)/python -m souq.compiled
 
 # The sandbox driver needs bubblewrap; without it (or without root) workers offer exec only.
 bwrap:
@@ -41,7 +47,7 @@ nginx:
 	@command -v nginx >/dev/null || (apt-get update -qq && apt-get install -y -qq nginx) \
 		>/dev/null 2>&1 || echo "nginx not installed: the proxy benchmark cannot run" >&2
 
-dev: $(STAMP) bwrap
+dev: build bwrap
 	$(BIN)/souq dev $(ARGS)
 
 lint: $(TSTAMP)
@@ -67,14 +73,15 @@ $(PLAYWRIGHT): $(BROWSER)/package-lock.json
 	@if command -v npm >/dev/null; then cd $(BROWSER) && npm ci --no-audit --no-fund --loglevel=error; \
 	else echo "browser-deps: npm is missing: the browser test will skip or fail"; fi
 
-test: $(TSTAMP) browser-deps lint typecheck
+test: $(TSTAMP) build browser-deps lint typecheck
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-unit: $(TSTAMP)
+unit: $(TSTAMP) build
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
 
-bench: $(BSTAMP) wrk nginx
+bench: $(BSTAMP) build wrk nginx
 	$(BIN)/python -m bench $(ARGS)
 
 clean:
+	-$(BIN)/python -m souq.compiled --clean
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -17,9 +17,15 @@ Modules, one concept each::
     relay       the data plane of one process: listeners (SO_REUSEPORT), serve()
 
 The control plane that keeps the table true (``daemon`` and the modules it names) is described
-with the rest in docs/proxy.md.
+with the rest in docs/proxy.md. The modules a request runs through are compiled with mypyc where
+a C compiler is at hand (:mod:`souq.compiled`); importing this package refuses a stale build.
 """
 
+from souq.compiled import refuse_stale
+
+refuse_stale()
+
+# ruff: noqa: E402 - the check above must come before the compiled modules are imported
 from souq.proxy.config import RelayConfig
 from souq.proxy.errors import AppNotFound, BadRequest, HeadersTooLarge, MachineError, NoMachines
 from souq.proxy.hooks import NoHooks, ProxyHooks

@@ -25,7 +25,7 @@ import socket
 from bisect import bisect_left
 from time import perf_counter
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 from souq.proxy.admission import Admission
 from souq.proxy.config import RelayConfig
@@ -153,7 +153,8 @@ class Relay:
         self._servers.append(server)
         if self._sweeper is None:
             self._sweeper = self.loop.create_task(self._sweep())
-        port: int = server.sockets[0].getsockname()[1]
+        sockets: Any = cast(Any, server).sockets  # a list under uvloop, typed as a tuple
+        port: int = sockets[0].getsockname()[1]
         return port
 
     # -- what the control plane may call -----------------------------------------------------------
