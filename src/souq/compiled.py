@@ -24,7 +24,8 @@ from pathlib import Path
 
 __all__ = ["MODULES", "StaleBuild", "build", "clean", "compiled", "refuse_stale", "status"]
 
-# Paths below the package's parent (``src``); each is its own C extension.
+# Paths below the package's parent (``src``); each is its own C extension. The proxy's relay
+# (every HTTP request), then the market's core and the placement pipeline (every placement).
 MODULES = (
     "souq/proxy/exchange.py",
     "souq/proxy/table.py",
@@ -34,6 +35,20 @@ MODULES = (
     "souq/proxy/admission.py",
     "souq/proxy/metrics.py",
     "souq/proxy/relay.py",
+    "souq/proxy/hooks.py",
+    "souq/market/sampling.py",
+    "souq/market/records.py",
+    "souq/market/book.py",
+    "souq/market/auction.py",
+    "souq/placement/request.py",
+    "souq/placement/curves.py",
+    "souq/placement/constraints.py",
+    "souq/placement/stages.py",
+    "souq/placement/filters.py",
+    "souq/placement/scorers.py",
+    "souq/placement/select.py",
+    "souq/placement/pipeline.py",
+    "souq/placement/policy.py",
 )
 
 ROOT = Path(__file__).resolve().parent.parent  # the directory that holds the package

@@ -9,8 +9,15 @@ machine, events in and actions out.
 
 The broker's shell (:mod:`souq.broker.market`) drives auctions over the bus; the simulator and
 the tests drive the same cores with no bus at all.
+
+Compiled with mypyc where a C compiler is at hand (:mod:`souq.compiled`).
 """
 
+from souq.compiled import refuse_stale
+
+refuse_stale()
+
+# ruff: noqa: E402 - the check above must come before the compiled modules are imported
 from souq.market.auction import (
     Action,
     AskOffers,

@@ -3,8 +3,15 @@
 ``build_pipeline(policy, defaults)`` wires the chain (:mod:`souq.placement.policy`);
 ``Pipeline.rank(request, offers)`` runs it and returns a :class:`Ranking` that explains itself.
 docs/placement.md tells the stages, the defaults and how to tune them.
+
+Compiled with mypyc where a C compiler is at hand (:mod:`souq.compiled`).
 """
 
+from souq.compiled import refuse_stale
+
+refuse_stale()
+
+# ruff: noqa: E402 - the check above must come before the compiled modules are imported
 from souq.placement.constraints import attribute_of, unmet
 from souq.placement.curves import DEFAULT_CURVE, Curve
 from souq.placement.filters import (

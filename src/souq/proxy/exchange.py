@@ -62,7 +62,7 @@ _ids = itertools.count(1)
 
 def new_request_id() -> bytes:
     """Unique within the process, and across processes by a random prefix; cheap."""
-    return b"%s%010x" % (_ID_PREFIX, next(_ids))
+    return _ID_PREFIX + b"%010x" % next(_ids)
 
 
 def app_of_host(host: bytes, suffix: bytes) -> str | None:
