@@ -39,8 +39,8 @@ import asyncio
 import collections
 import contextlib
 import json
-import linecache
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -337,7 +337,7 @@ def profile(target: Target, script: Path, root: Path) -> dict[str, Any] | None:
     try:
         time.sleep(1)
         cmd = [spy, "record", "-p", str(target.procs[0].pid), "-d", str(PROFILE_S), "-r", "250"]
-        cmd += ["-f", "raw", "-o", str(raw), "--nonblocking"]
+        cmd += ["-f", "raw", "-o", str(raw), "--native"]  # native: the compiled frames
         subprocess.run(cmd, capture_output=True, timeout=PROFILE_S + 30, check=False)
     finally:
         load.wait(PROFILE_S + 30)
@@ -347,11 +347,10 @@ def profile(target: Target, script: Path, root: Path) -> dict[str, Any] | None:
 
 
 def summarise_profile(text: str) -> dict[str, Any]:
-    """Where the relay's samples fall: the innermost line of the proxy package in each sample
-    says what it was doing there. A socket write or httptools' parse is a C call made from a
-    Python line (the parse's share holds llhttp and its calls into the callbacks, whose own
-    lines count apart); samples outside the package are uvloop's event loop (epoll, socket
-    reads, calling the protocols)."""
+    """Where the relay's samples fall, by the innermost frame that says: a socket write, the
+    httptools parse (llhttp, and its calls into the callbacks, whose own frames count apart),
+    or the relay's own code (its modules, compiled with mypyc or as Python); samples with none
+    of them are uvloop's event loop (epoll, socket reads, calling the protocols)."""
     kinds: collections.Counter[str] = collections.Counter()
     functions: collections.Counter[str] = collections.Counter()
     total = 0
@@ -361,27 +360,36 @@ def summarise_profile(text: str) -> dict[str, Any]:
             continue
         n = int(count)
         total += n
-        frames = [f for f in stack.split(";") if "souq/proxy/" in f]
-        if not frames:
-            kinds["event loop (uvloop: epoll, socket reads, dispatch)"] += n
-            continue
-        name, _, where = frames[-1].partition(" (")
-        path, _, lineno = where.rstrip(")").rpartition(":")
-        source = linecache.getline(str(ROOT / "src" / path[path.index("souq/") :]), int(lineno))
-        if ".write(" in source:
-            kinds["socket writes (transport.write)"] += n
-        elif "feed_data" in source:
-            kinds["httptools parsing (llhttp, and calling the callbacks)"] += n
-        else:
-            kinds["the relay's Python"] += n
-            functions[f"{path.rsplit('/', 1)[-1]} {name}"] += n
+        kind, function = _sample_kind(stack.split(";"))
+        kinds[kind] += n
+        if function:
+            functions[function] += n
     return {
         "samples": total,
         "share_pct": {k: round(100 * v / total, 1) for k, v in kinds.most_common()},
-        "python_by_function_pct": {
+        "relay_by_function_pct": {
             k: round(100 * v / total, 1) for k, v in functions.most_common(12)
         },
     }
+
+
+_COMPILED = re.compile(r"CPy(?:Def|Py)_(\w+?)___(\w+)")
+
+
+def _sample_kind(frames: list[str]) -> tuple[str, str]:
+    for frame in reversed(frames):
+        name, _, where = frame.partition(" (")
+        if "write" in name.lower() and not name.startswith("CPy"):
+            return "socket writes (transport.write)", ""
+        if name.startswith(("llhttp", "parser_cb", "HttpParser")) or name == "feed_data":
+            return "httptools parsing (llhttp, and calling the callbacks)", ""
+        compiled = _COMPILED.match(name)
+        if compiled:
+            module, function = compiled.groups()
+            return "the relay's own code", f"{module}.py {function.replace('___', '.')}"
+        if "souq/proxy/" in where:
+            return "the relay's own code", f"{where.rsplit('/', 1)[-1].split(':')[0]} {name}"
+    return "event loop (uvloop: epoll, socket reads, dispatch)", ""
 
 
 class _FakeTransport:

@@ -10,9 +10,10 @@ C compiler, or before a build, the same modules run as Python.
 install that ``make dev`` and ``make test`` make has them), and only when a source changed since
 the last build; ``--status`` says which are compiled; ``--clean`` removes the build.
 
-A compiled module that no longer matches its source would run old code silently, so importing
-``souq`` checks (:func:`refuse_stale`): a compiled module whose source changed since it was
-built makes the import fail, naming the command that rebuilds it.
+A compiled module that no longer matches its source would run old code silently, so the
+packages that hold compiled modules (``souq.proxy``, ``souq.market``, ``souq.placement``) check
+first (:func:`refuse_stale`): a compiled module whose source changed since it was built makes
+the import fail, naming the command that rebuilds it.
 """
 
 from __future__ import annotations
@@ -76,6 +77,11 @@ def _extension(source: str) -> Path:
     return ROOT / (source[: -len(".py")] + _SUFFIX)
 
 
+def _dotted(source: str) -> str:
+    """``souq/proxy/relay.py`` → ``souq.proxy.relay``."""
+    return source[: -len(".py")].replace("/", ".")
+
+
 def _digest(path: Path) -> str:
     import hashlib
 
@@ -92,9 +98,7 @@ def _manifest() -> dict[str, str]:
 
 def compiled() -> list[str]:
     """The modules (dotted names) that run compiled in this installation."""
-    return [
-        source[: -len(".py")].replace("/", ".") for source in MODULES if _extension(source).exists()
-    ]
+    return [_dotted(source) for source in MODULES if _extension(source).exists()]
 
 
 def stale() -> list[str]:
@@ -138,7 +142,9 @@ def clean() -> None:
 
 def build(*, force: bool = False) -> str:
     """Compile :data:`MODULES` in place when a source changed (or ``force``); says what it did.
-    Raises RuntimeError if mypyc fails; returns without building where no C compiler is."""
+    Raises RuntimeError if mypyc fails; returns without building where there is no C compiler
+    or no mypyc (the ``native`` extra)."""
+    import importlib.util
     import shutil
     import subprocess
     import tempfile
@@ -146,10 +152,12 @@ def build(*, force: bool = False) -> str:
     sums = {source: _digest(ROOT / source) for source in MODULES}
     if not force and sums == _manifest() and len(compiled()) == len(MODULES):
         return "the compiled modules are up to date"
-    cc = shutil.which(os.environ.get("CC", "cc"))
-    if cc is None:
+    if shutil.which(os.environ.get("CC", "cc")) is None:
         clean()
         return "no C compiler (cc): the modules run as Python"
+    if importlib.util.find_spec("mypyc") is None:
+        clean()
+        return "mypyc is not installed (pip install 'souq[native]'): the modules run as Python"
     clean()
     with tempfile.TemporaryDirectory(prefix="souq-mypyc-") as tmp:
         setup = _SETUP.format(modules=list(MODULES), target=tmp)
@@ -160,6 +168,7 @@ def build(*, force: bool = False) -> str:
             capture_output=True,
             text=True,
             check=False,
+            env={**os.environ, "MYPY_CACHE_DIR": os.path.join(tmp, "mypy-cache")},
         )
     if proc.returncode != 0:
         clean()
@@ -176,9 +185,8 @@ def status() -> str:
     done = compiled()
     if not done:
         return "no module is compiled: everything runs as Python"
-    old = stale()
-    old_names = {source[: -len(".py")].replace("/", ".") for source in old}
-    lines = [f"{name}{' (stale)' if name in old_names else ''}" for name in done]
+    old = {_dotted(source) for source in stale()}
+    lines = [f"{name}{' (stale)' if name in old else ''}" for name in done]
     return "compiled with mypyc:\n  " + "\n  ".join(lines)
 
 
