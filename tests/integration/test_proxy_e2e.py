@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from souq.compiled import compiled
 from souq.model import MachineState
 from souq.natsserver import free_port
 from souq.testing import Cluster, ProxyProcess, wait_until
@@ -58,6 +59,12 @@ def test_requests_reach_the_apps_machines_by_host(cluster: Cluster, proxy: Proxy
     assert "souq" in headers["via"]
     assert headers["x-request-id"] == r.headers["x-request-id"]
     client.destroy(app, m.id, force=True)
+
+
+def test_the_proxy_says_whether_its_relay_runs_compiled(proxy: ProxyProcess) -> None:
+    # `make test` builds the compiled modules (where a C compiler is): the processes run them.
+    expected = "compiled" if "souq.proxy.downstream" in compiled() else "interpreted"
+    assert f"(relay {expected})" in proxy.log_tail(100_000)
 
 
 def test_an_unknown_app_is_a_json_404(proxy: ProxyProcess) -> None:

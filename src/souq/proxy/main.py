@@ -1,6 +1,6 @@
 """``souq proxy`` as a process: NATS, the control plane, the relay's HTTP listener, and the admin
 port, until SIGINT or SIGTERM. It logs ``souq proxy listening on http://HOST:PORT`` once it
-serves."""
+serves, and whether its relay runs compiled (:mod:`souq.compiled`)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import uvicorn
 
 from souq import daemon
 from souq.bus.nats import connect
+from souq.compiled import compiled
 from souq.errors import Unavailable
 from souq.http_server import EmbeddedServer
 from souq.proxy.config import RelayConfig
@@ -64,7 +65,12 @@ async def serve(
             plane.listen_tcp = listen_tcp
             if config.admin_port:
                 admin = asyncio.create_task(_admin(plane, relay, config.admin_port))
-            log.info("souq proxy listening on http://%s:%s", host, port)
+            log.info(
+                "souq proxy listening on http://%s:%s (relay %s)",
+                host,
+                port,
+                "compiled" if "souq.proxy.downstream" in compiled() else "interpreted",
+            )
             if ready is not None:
                 ready.set()
             await (stop or asyncio.Event()).wait()
