@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 TSTAMP := $(VENV)/.installed-test
 BSTAMP := $(VENV)/.installed-bench
 
-.PHONY: dev test bench build bwrap wrk nginx lint typecheck unit clean browser-deps
+.PHONY: dev test bench build bwrap oci-tools wrk nginx lint typecheck unit clean browser-deps
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,14 @@ build: $(STAMP)
 bwrap:
 	@command -v bwrap >/dev/null || (apt-get update -qq && apt-get install -y -qq bubblewrap) \
 		>/dev/null 2>&1 || echo "bubblewrap not installed: the sandbox driver is off" >&2
+
+# The image tests check that standard tools read and write Souq's OCI images: skopeo and umoci,
+# Debian's packages (without them, as non-root, those tests skip).
+oci-tools:
+	@command -v skopeo >/dev/null && command -v umoci >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq skopeo umoci >/dev/null; \
+	  else echo "oci-tools: skopeo or umoci is missing and this is not root: the interop tests skip"; fi; }
 
 # The creates benchmark (bench/creates.py) drives the broker with wrk, Debian's package.
 wrk:
@@ -73,7 +81,7 @@ $(PLAYWRIGHT): $(BROWSER)/package-lock.json
 	@if command -v npm >/dev/null; then cd $(BROWSER) && npm ci --no-audit --no-fund --loglevel=error; \
 	else echo "browser-deps: npm is missing: the browser test will skip or fail"; fi
 
-test: $(TSTAMP) build browser-deps lint typecheck
+test: $(TSTAMP) build browser-deps oci-tools lint typecheck
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 unit: $(TSTAMP) build

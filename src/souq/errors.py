@@ -8,8 +8,10 @@ tree at the boundary that catches them, so nothing above a boundary handles fore
     SouqError                      500 internal
     ├── InvalidInput               422 invalid_input     (a field of a request is wrong)
     │   ├── MalformedRequest       400 malformed_request (the body is not JSON at all)
-    │   └── UnknownRegion          422 unknown_region
+    │   ├── UnknownRegion          422 unknown_region
+    │   └── ImageInvalid           422 image_invalid     (an OCI image or layout breaks the spec)
     ├── NotFound                   404 not_found
+    │   └── ImageNotFound          404 image_not_found   (no image with that reference or name)
     ├── Conflict                   409 conflict
     │   ├── IllegalTransition      409 illegal_transition (e.g. start a destroyed machine)
     │   ├── IdempotencyConflict    409 idempotency_conflict (same key, different body)
@@ -34,6 +36,8 @@ __all__ = [
     "Conflict",
     "IdempotencyConflict",
     "IllegalTransition",
+    "ImageInvalid",
+    "ImageNotFound",
     "InsufficientCapacity",
     "InvalidInput",
     "MalformedRequest",
@@ -98,7 +102,16 @@ class MalformedRequest(InvalidInput, status="malformed_request", http_status=400
 class UnknownRegion(InvalidInput, status="unknown_region"): ...
 
 
+class ImageInvalid(InvalidInput, status="image_invalid"):
+    """An image, a layout or a layer breaks the OCI image-spec (or is corrupt): the message names
+    the blob, the file or the field to fix."""
+
+
 class NotFound(SouqError, status="not_found", http_status=404): ...
+
+
+class ImageNotFound(NotFound, status="image_not_found"):
+    """No image with that reference (or name) in the store or the layout."""
 
 
 class Conflict(SouqError, status="conflict", http_status=409): ...

@@ -69,6 +69,7 @@ class NatsServer:
             self.host,
             "--port",
             str(self.port),
+            "--jetstream",  # the image store (object store) and other state no worker owns
             "--store_dir",
             str(self.store_dir),
             "--log",

@@ -4,6 +4,8 @@ import pytest
 
 from souq.errors import (
     IllegalTransition,
+    ImageInvalid,
+    ImageNotFound,
     InsufficientCapacity,
     InvalidInput,
     NotFound,
@@ -21,6 +23,8 @@ from souq.errors import (
         (InsufficientCapacity, 409, "insufficient_capacity"),
         (InvalidInput, 422, "invalid_input"),
         (Unavailable, 503, "unavailable"),
+        (ImageNotFound, 404, "image_not_found"),
+        (ImageInvalid, 422, "image_invalid"),
     ],
 )
 def test_every_error_maps_to_an_http_status_and_code(
@@ -44,3 +48,13 @@ def test_an_unknown_code_keeps_its_code_and_status() -> None:
     assert type(err) is SouqError
     assert err.status == "from_the_future"
     assert err.http_status == 418
+
+
+def test_image_errors_sit_under_their_families_and_round_trip() -> None:
+    # A handler of NotFound / InvalidInput also handles the image errors, and the codes survive
+    # the bus and the HTTP API.
+    assert issubclass(ImageNotFound, NotFound)
+    assert issubclass(ImageInvalid, InvalidInput)
+    for cls in (ImageNotFound, ImageInvalid):
+        again = error_from_body(cls("x", hint="y").to_body())
+        assert type(again) is cls

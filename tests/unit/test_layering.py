@@ -90,6 +90,8 @@ PUBLIC = {
         "Conflict",
         "IdempotencyConflict",
         "IllegalTransition",
+        "ImageInvalid",
+        "ImageNotFound",
         "InsufficientCapacity",
         "InvalidInput",
         "MalformedRequest",

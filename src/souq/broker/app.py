@@ -27,6 +27,7 @@ from souq.broker.cluster_routes import (
 )
 from souq.broker.fast_path import CreateFastPath, CreateHandler
 from souq.broker.http_errors import install_error_handlers, invalid_input
+from souq.broker.image_routes import images_router
 from souq.broker.request_context import RequestContext
 from souq.broker.schemas import (
     CreateMachineRequest,
@@ -377,6 +378,7 @@ def _routes(service: BrokerService, create: CreateHandler) -> FastAPI:
 
     _add_durability_routes(api, service, machine_path)
     api.include_router(cluster_router(service))  # /v1/apps, /v1/regions, /v1/events
+    api.include_router(images_router(service))  # /v1/images: the cluster's image store
 
     from souq.broker.ui import router as dashboard
 

@@ -18,6 +18,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import TypeVar
 
+from nats.aio.client import Client
 from pydantic import BaseModel
 
 from souq.broker.config import BrokerConfig
@@ -126,6 +127,13 @@ class BrokerService:
     @property
     def connected(self) -> bool:
         return self._transport.connected
+
+    def nats_client(self) -> Client:
+        """The NATS connection under the transport, for JetStream (the image store)."""
+        client = getattr(self._transport, "client", None)
+        if not isinstance(client, Client):
+            raise Unavailable("this broker's bus is not NATS: it has no JetStream store")
+        return client
 
     def require_bus(self) -> None:
         """Fail at once, 503 ``unavailable``, while the bus is down or the workers rejoin."""

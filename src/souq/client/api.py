@@ -26,6 +26,7 @@ from souq.model import (
     Quote,
     WorkerInfo,
 )
+from souq.model.image import ImageRecord
 
 __all__ = ["DEFAULT_API", "SouqClient"]
 
@@ -76,6 +77,29 @@ class SouqClient:
 
     def workers(self) -> list[WorkerInfo]:
         return _many(WorkerInfo, self._call("GET", "/v1/workers"))
+
+    # -- images ----------------------------------------------------------------------------
+
+    def push_image(self, layout_tar: bytes, *, name: str | None = None) -> ImageRecord:
+        """Store an image (its OCI layout as a tar) in the cluster."""
+        params = {"name": name} if name else None
+        return _one(
+            ImageRecord,
+            self._call(
+                "POST",
+                "/v1/images",
+                content=layout_tar,
+                params=params,
+                headers={"Content-Type": "application/x-tar"},
+                timeout=max(self._http.timeout.read or 0, 300.0),
+            ),
+        )
+
+    def images(self) -> list[ImageRecord]:
+        return _many(ImageRecord, self._call("GET", "/v1/images"))
+
+    def image(self, ref: str) -> ImageRecord:
+        return _one(ImageRecord, self._call("GET", f"/v1/images/{ref}"))
 
     # -- machines --------------------------------------------------------------------------
 
@@ -255,6 +279,7 @@ class SouqClient:
         path: str,
         *,
         json: Any = None,
+        content: bytes | None = None,
         params: Mapping[str, str] | None = None,
         headers: Mapping[str, str] | None = None,
         timeout: float | None = None,
@@ -264,6 +289,7 @@ class SouqClient:
                 method,
                 path,
                 json=json,
+                content=content,
                 params=params,
                 headers=headers,
                 timeout=timeout if timeout is not None else self._http.timeout,

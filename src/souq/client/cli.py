@@ -530,6 +530,10 @@ from souq.client.daemons import register_daemons  # noqa: E402 (it uses the help
 
 register_daemons(app)
 
+from souq.client.images import register_images  # noqa: E402 (it uses the helpers above)
+
+register_images(app)
+
 
 def main() -> None:
     """The ``souq`` console script."""

@@ -21,10 +21,13 @@ from rich.text import Text
 from souq.clock import iso_from_ms
 from souq.errors import InsufficientCapacity, SouqError
 from souq.model import Machine, MachineEvent, OpRecord, Placement, Quote, WorkerInfo
+from souq.model.image import ImageRecord
 
 __all__ = [
     "error",
     "events",
+    "image_reference",
+    "images",
     "json_value",
     "line",
     "logs",
@@ -336,6 +339,29 @@ def quote(q: Quote) -> None:
     if q.placement is not None:
         console.print()
         _print_placement(console, q.placement)
+
+
+@_json_or
+def image_reference(record: ImageRecord) -> None:
+    """After a build or an import: the image's reference, what `--image` takes."""
+    line(record.reference)
+
+
+@_json_or
+def images(items: Sequence[ImageRecord]) -> None:
+    titles = ("REFERENCE", "NAME", "SIZE", "LAYERS", "CREATED", "CMD")
+    _listing(items, "images", titles, _image_row)
+
+
+def _image_row(r: ImageRecord) -> tuple[Any, ...]:
+    return (
+        r.reference[: len("sha256:") + 12],
+        r.name or "",
+        f"{r.size / 2**20:.1f} MiB",
+        str(len(r.layers)),
+        r.created_at,
+        " ".join(r.run.cmd),
+    )
 
 
 @_json_or

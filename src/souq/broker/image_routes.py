@@ -1,0 +1,80 @@
+"""The image routes: ``POST /v1/images`` stores an image (its OCI layout, as a tar, is the
+body), ``GET /v1/images`` lists them and ``GET /v1/images/{ref}`` shows one, by reference
+(``sha256:…``) or name. The store is JetStream's (:mod:`souq.images.store`), opened on first
+use: a broker over a NATS without JetStream still serves everything else."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request
+
+from souq.broker.service import BrokerService
+from souq.errors import InvalidInput
+from souq.images import read_layout_bytes
+from souq.images.store import ImageStore
+from souq.model.image import ImageRecord
+
+__all__ = ["MAX_IMAGE_BYTES", "images_router"]
+
+MAX_IMAGE_BYTES = 2 * 2**30  # an upload larger than this is refused before it is read whole
+
+
+def images_router(service: BrokerService) -> APIRouter:
+    router = APIRouter(tags=["images"])
+    opened: list[ImageStore] = []
+    lock = asyncio.Lock()
+
+    async def store() -> ImageStore:
+        async with lock:
+            if not opened:
+                opened.append(await ImageStore.open(service.nats_client()))
+        return opened[0]
+
+    @router.post("/v1/images", status_code=201, response_model=ImageRecord)
+    async def push_image(
+        request: Request,
+        name: Annotated[str | None, Query(description="a name to store it under")] = None,
+    ) -> ImageRecord:
+        """Store an image: the body is its OCI image layout as a tar (`souq image build` and
+        `souq image import` send one). Every blob is checked against its digest."""
+        data = await _read_body(request)
+        image = await asyncio.to_thread(read_layout_bytes, data)
+        return await (await store()).put(image, name=name)
+
+    @router.get("/v1/images", response_model=list[ImageRecord])
+    async def list_images() -> list[ImageRecord]:
+        return await (await store()).list()
+
+    @router.get("/v1/images/{ref}", response_model=ImageRecord)
+    async def get_image(ref: str) -> ImageRecord:
+        return await (await store()).record(ref)
+
+    return router
+
+
+async def _read_body(request: Request) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > MAX_IMAGE_BYTES:
+        raise _too_large()
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_IMAGE_BYTES:
+            raise _too_large()
+        chunks.append(chunk)
+    if not size:
+        raise InvalidInput(
+            "the body is empty: it must be an OCI image layout as a tar",
+            hint="use `souq image build DIR` or `souq image import PATH`",
+        )
+    return b"".join(chunks)
+
+
+def _too_large() -> InvalidInput:
+    return InvalidInput(
+        f"the image is larger than {MAX_IMAGE_BYTES // 2**20} MiB",
+        hint="make the image smaller, e.g. leave build outputs and caches out of the directory",
+    )

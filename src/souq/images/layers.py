@@ -1,0 +1,290 @@
+"""Layer tars: pack a directory into one deterministic gzip layer, and unpack a layer safely.
+
+A layer is a tar of a file-system change set (OCI image-spec, "Image Layer Filesystem
+Changeset"). Packing makes the same bytes for the same directory every time: entries sorted,
+mtime 0, uid/gid 0, no user or group names, gzip mtime 0 and a fixed compression level.
+
+Unpacking writes nothing outside its destination: absolute names, ``..`` components, links whose
+target resolves outside, device files and FIFOs are refused (:class:`~souq.errors.ImageInvalid`),
+and every write first checks that its parent directory resolves inside the destination (so a
+symlink from an earlier entry or layer cannot carry a write out). Whiteouts are applied to what
+the earlier layers left: ``.wh.NAME`` removes ``NAME``, ``.wh..wh..opq`` empties its directory.
+A refused layer may leave the destination half-written: unpack into a fresh directory and
+discard it on error.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import os
+import shutil
+import stat
+import tarfile
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from souq.errors import ImageInvalid
+
+__all__ = [
+    "LAYER_MEDIA_TYPES",
+    "MEDIA_DOCKER_LAYER",
+    "MEDIA_LAYER_GZIP",
+    "MEDIA_LAYER_TAR",
+    "PackedLayer",
+    "pack_layer",
+    "unpack_layer",
+]
+
+MEDIA_LAYER_GZIP = "application/vnd.oci.image.layer.v1.tar+gzip"
+MEDIA_LAYER_TAR = "application/vnd.oci.image.layer.v1.tar"
+MEDIA_DOCKER_LAYER = "application/vnd.docker.image.rootfs.diff.tar.gzip"
+
+# media type -> the tarfile mode that reads it
+_READ_MODE: dict[str, Literal["r:gz", "r:"]] = {
+    MEDIA_LAYER_GZIP: "r:gz",
+    MEDIA_DOCKER_LAYER: "r:gz",
+    MEDIA_LAYER_TAR: "r:",
+}
+LAYER_MEDIA_TYPES = frozenset(_READ_MODE)
+
+_WHITEOUT = ".wh."
+_OPAQUE = ".wh..wh..opq"
+_GZIP_LEVEL = 6  # part of the reference: changing it changes every packed image's digest
+
+
+@dataclass(frozen=True)
+class PackedLayer:
+    """One packed layer: its gzip bytes and its ``diff_id`` (sha256 of the uncompressed tar)."""
+
+    data: bytes
+    diff_id: str
+
+
+class _HashingGzip(io.RawIOBase):
+    """A write-only file: hashes what it is given (the tar) and gzips it into memory."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._out = io.BytesIO()
+        self._hash = hashlib.sha256()
+        self._gzip = gzip.GzipFile(
+            filename="", fileobj=self._out, mode="wb", compresslevel=_GZIP_LEVEL, mtime=0
+        )
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: bytes) -> int:  # type: ignore[override]
+        self._hash.update(data)
+        return self._gzip.write(data)
+
+    def finish(self) -> PackedLayer:
+        self._gzip.close()
+        return PackedLayer(self._out.getvalue(), "sha256:" + self._hash.hexdigest())
+
+
+def _walk(root: str, rel: str = "") -> Iterator[tuple[str, str, os.stat_result]]:
+    """(name in the layer, path on disk, lstat) of everything under ``root``, sorted, each
+    directory before what it holds."""
+    with os.scandir(os.path.join(root, rel)) as it:
+        entries = sorted(it, key=lambda e: e.name)
+    for entry in entries:
+        name = f"{rel}/{entry.name}" if rel else entry.name
+        st = entry.stat(follow_symlinks=False)
+        yield name, entry.path, st
+        if stat.S_ISDIR(st.st_mode):
+            yield from _walk(root, name)
+
+
+def pack_layer(root: Path) -> PackedLayer:
+    """One deterministic gzip layer of the regular files, directories and symlinks under
+    ``root`` (modes kept, hard links stored as separate files); sockets, FIFOs and devices are
+    refused rather than skipped."""
+    out = _HashingGzip()
+    with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+        for name, path, st in _walk(str(root)):
+            info = tarfile.TarInfo(name)
+            info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
+            info.mode = stat.S_IMODE(st.st_mode)
+            if stat.S_ISDIR(st.st_mode):
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+            elif stat.S_ISLNK(st.st_mode):
+                info.type = tarfile.SYMTYPE
+                info.linkname = os.readlink(path)
+                tar.addfile(info)
+            elif stat.S_ISREG(st.st_mode):
+                info.size = st.st_size
+                with open(path, "rb") as f:
+                    tar.addfile(info, f)
+            else:
+                raise ImageInvalid(
+                    f"{path} is a {_kind(st.st_mode)}: an image holds only regular files, "
+                    "directories and symlinks",
+                    hint="remove it, or pack a directory that does not contain it",
+                )
+    return out.finish()
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISSOCK(mode):
+        return "socket"
+    if stat.S_ISFIFO(mode):
+        return "FIFO"
+    return "device file"
+
+
+# -- unpacking ----------------------------------------------------------------------------------
+
+
+@dataclass
+class _Plan:
+    """A layer read and checked before anything is written."""
+
+    entries: list[tuple[tarfile.TarInfo, str]] = field(default_factory=list)
+    whiteouts: list[str] = field(default_factory=list)  # paths to remove
+    opaque: list[str] = field(default_factory=list)  # directories to empty
+
+
+def _refuse(name: str, why: str) -> ImageInvalid:
+    return ImageInvalid(
+        f"layer entry {name!r} {why}",
+        hint="the layer is unsafe to unpack; rebuild the image from a clean directory",
+    )
+
+
+def _clean(raw: str) -> str:
+    """A layer entry's name relative to the root ("" for the root), or refused."""
+    if raw.startswith("/"):
+        raise _refuse(raw, "has an absolute path")
+    parts = [p for p in raw.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise _refuse(raw, "has a '..' component")
+    return "/".join(parts)
+
+
+def _plan(members: list[tarfile.TarInfo]) -> _Plan:
+    plan = _Plan()
+    for member in members:
+        name = _clean(member.name)
+        if not (member.isreg() or member.isdir() or member.issym() or member.islnk()):
+            raise _refuse(member.name, "is a device file or FIFO")
+        if member.issym() and (
+            member.linkname.startswith("/")
+            or _escapes(os.path.normpath(os.path.join(os.path.dirname(name), member.linkname)))
+        ):
+            raise _refuse(member.name, f"is a symlink to {member.linkname!r}, outside the image")
+        if member.islnk() and (
+            member.linkname.startswith("/") or ".." in member.linkname.split("/")
+        ):
+            raise _refuse(member.name, f"is a hard link to {member.linkname!r}, outside the image")
+        parent, base = os.path.split(name)
+        if base == _OPAQUE:
+            plan.opaque.append(parent)
+        elif base.startswith(_WHITEOUT + _WHITEOUT):
+            continue  # other ".wh..wh." names are reserved; the spec says to ignore them
+        elif base.startswith(_WHITEOUT):
+            hidden = base[len(_WHITEOUT) :]
+            if hidden in ("", ".", ".."):
+                raise _refuse(member.name, "is a whiteout of nothing")
+            plan.whiteouts.append(os.path.join(parent, hidden))
+        elif name:
+            plan.entries.append((member, name))
+        elif not member.isdir():
+            raise _refuse(member.name, "replaces the root directory")
+    return plan
+
+
+def _escapes(normalised: str) -> bool:
+    return normalised == ".." or normalised.startswith("../")
+
+
+def _inside(root: str, path: str, name: str) -> str:
+    """``path`` resolved, refused when it leads outside ``root`` (through a symlink)."""
+    real = os.path.realpath(path)
+    if real != root and not real.startswith(root + os.sep):
+        raise _refuse(name, "leads outside the destination through a symlink")
+    return real
+
+
+def _remove(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        os.unlink(path)
+
+
+def unpack_layer(data: bytes, media_type: str, dest: Path) -> None:
+    """Apply one layer (``data``, of ``media_type``) on top of ``dest`` (created if missing)."""
+    read_mode = _READ_MODE.get(media_type)
+    if read_mode is None:
+        raise ImageInvalid(
+            f"layer media type {media_type!r} is not supported",
+            hint=f"use one of {', '.join(sorted(LAYER_MEDIA_TYPES))}",
+        )
+    dest.mkdir(parents=True, exist_ok=True)
+    root = os.path.realpath(dest)
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode=read_mode) as tar:
+            plan = _plan(tar.getmembers())
+            # Whiteouts hide what the layers below left, never this layer's own entries: apply
+            # them all before extracting anything (their place in the tar does not matter).
+            for directory in plan.opaque:
+                real = _inside(root, os.path.join(root, directory), directory)
+                if os.path.isdir(real):
+                    for child in os.listdir(real):
+                        _remove(os.path.join(real, child))
+            for hidden in plan.whiteouts:
+                parent = _inside(root, os.path.join(root, os.path.dirname(hidden)), hidden)
+                _remove(os.path.join(parent, os.path.basename(hidden)))
+            for member, name in plan.entries:
+                _extract(tar, member, name, root)
+    except (tarfile.ReadError, tarfile.CompressionError, EOFError, zlib.error) as exc:
+        raise ImageInvalid(
+            f"layer ({media_type}) is not a readable tar: {exc}",
+            hint="the blob is truncated or not the media type its descriptor says",
+        ) from exc
+    except gzip.BadGzipFile as exc:
+        raise ImageInvalid(
+            f"layer ({media_type}) is not valid gzip: {exc}",
+            hint="the blob is truncated or not the media type its descriptor says",
+        ) from exc
+
+
+def _extract(tar: tarfile.TarFile, member: tarfile.TarInfo, name: str, root: str) -> None:
+    parent = _inside(root, os.path.join(root, os.path.dirname(name)), name)
+    os.makedirs(parent, exist_ok=True)
+    target = os.path.join(parent, os.path.basename(name))
+    # setuid/setgid are dropped; a directory stays the owner's to fill and to delete.
+    mode = stat.S_IMODE(member.mode) & ~(stat.S_ISUID | stat.S_ISGID)
+    if member.isdir():
+        if not (os.path.isdir(target) and not os.path.islink(target)):
+            _remove(target)
+            os.mkdir(target)
+        os.chmod(target, mode | stat.S_IRWXU)
+    elif member.issym():
+        _inside(root, os.path.join(parent, member.linkname), name)
+        _remove(target)
+        os.symlink(member.linkname, target)
+    elif member.islnk():
+        linked = _clean(member.linkname)
+        source_dir = _inside(root, os.path.join(root, os.path.dirname(linked)), name)
+        source = os.path.join(source_dir, os.path.basename(linked))
+        if not os.path.lexists(source) or os.path.isdir(source):
+            raise _refuse(name, f"is a hard link to {member.linkname!r}, which is not a file")
+        _remove(target)
+        os.link(source, target, follow_symlinks=False)
+    else:
+        _remove(target)
+        src = tar.extractfile(member)
+        assert src is not None  # a regular file
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+        with src, os.fdopen(os.open(target, flags, 0o600), "wb") as out:
+            shutil.copyfileobj(src, out)
+            os.fchmod(out.fileno(), mode)
+        os.utime(target, (member.mtime, member.mtime))

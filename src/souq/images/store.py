@@ -1,0 +1,183 @@
+"""The cluster's image store, in what NATS already runs: JetStream's object store holds every
+blob once, by its digest (layers shared between images are stored once), and its key-value
+store one record per image (:class:`~souq.model.image.ImageRecord`), keyed by the reference's
+hex digest, with a second key per name. Replicated as the JetStream streams under it are
+(``replicas``, 1 on a single server).
+
+Every blob read back is checked against its digest: a store that returns other bytes is an
+error, never an image that runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client
+from nats.js.api import KeyValueConfig, ObjectStoreConfig, StorageType
+from nats.js.kv import KeyValue
+from nats.js.object_store import ObjectStore
+
+from souq.clock import Clock, SystemClock, iso_from_ms
+from souq.errors import ImageNotFound, InvalidInput, Unavailable
+from souq.images.oci import Image, verify_blob
+from souq.model.image import ImageLayer, ImageRecord, ImageRun
+
+__all__ = ["BLOBS_BUCKET", "RECORDS_BUCKET", "ImageStore"]
+
+BLOBS_BUCKET = "souq-image-blobs"
+RECORDS_BUCKET = "souq-images"
+T = TypeVar("T")
+_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,127}(:[A-Za-z0-9._-]{1,128})?")
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+def _blob_key(digest: str) -> str:
+    return digest.replace(":", "/")  # object names: sha256/<hex>
+
+
+def _name_key(name: str) -> str:
+    return "name." + name.encode().hex()  # any name, as one valid key token
+
+
+@dataclass
+class ImageStore:
+    blobs: ObjectStore
+    records: KeyValue
+    clock: Clock = field(default_factory=SystemClock)
+
+    @classmethod
+    async def open(cls, nc: Client, *, replicas: int = 1) -> ImageStore:
+        """Bind to the buckets, creating them on first use."""
+        try:
+            js = nc.jetstream()
+            blobs = await js.create_object_store(
+                BLOBS_BUCKET,
+                config=ObjectStoreConfig(
+                    description="souq image blobs, by sha256 digest",
+                    storage=StorageType.FILE,
+                    replicas=replicas,
+                ),
+            )
+            records = await js.create_key_value(
+                config=KeyValueConfig(
+                    bucket=RECORDS_BUCKET,
+                    description="souq images: one record per image and per name",
+                    storage=StorageType.FILE,
+                    replicas=replicas,
+                    history=1,
+                )
+            )
+        except (nats.errors.Error, nats.js.errors.Error) as exc:
+            raise Unavailable(
+                f"the image store is not available: {exc or type(exc).__name__}",
+                hint="NATS must run with JetStream enabled (nats-server --jetstream)",
+            ) from exc
+        return cls(blobs, records)
+
+    async def put(self, image: Image, *, name: str | None = None) -> ImageRecord:
+        """Store ``image`` (its blobs that are not stored yet, then its record); under ``name``
+        too if given (a later image of the same name takes the name over)."""
+        name = name or image.name
+        if name is not None and not _NAME.fullmatch(name):
+            raise InvalidInput(
+                f"name: {name!r} is not an image name",
+                hint="lower-case letters, digits, '.', '_' and '-', optionally ':TAG'",
+                details={"field": "name"},
+            )
+        for digest, data in image.blobs.items():
+            verify_blob(digest, data)
+            if not await self._has_blob(digest):
+                await self._guard(self.blobs.put(_blob_key(digest), data))
+        record = ImageRecord(
+            reference=image.reference,
+            name=name,
+            size=image.layers_size,
+            config_digest=image.config.digest,
+            layers=[
+                ImageLayer(digest=d.digest, size=d.size, media_type=d.media_type)
+                for d in image.layers
+            ],
+            run=ImageRun(
+                cmd=list(image.run.cmd), env=dict(image.run.env), workdir=image.run.workdir
+            ),
+            created_at=iso_from_ms(self.clock.now_ms()),
+        )
+        key = image.reference.split(":", 1)[1]
+        await self._guard(self.records.put(key, record.model_dump_json().encode()))
+        if name is not None:
+            await self._guard(self.records.put(_name_key(name), image.reference.encode()))
+        return record
+
+    async def record(self, ref: str) -> ImageRecord:
+        """The image a reference (``sha256:…``) or a name names; :class:`ImageNotFound` else."""
+        reference = ref
+        if not _DIGEST.fullmatch(ref):
+            if not _NAME.fullmatch(ref):
+                raise ImageNotFound(f"no image is named {ref!r}", hint="see `souq image list`")
+            named = await self._get(_name_key(ref))
+            if named is None:
+                raise ImageNotFound(f"no image is named {ref!r}", hint="see `souq image list`")
+            reference = named.decode()
+        value = await self._get(reference.split(":", 1)[1])
+        if value is None:
+            raise ImageNotFound(
+                f"image {ref} is not in the cluster's store",
+                hint="build it with `souq image build DIR` or import it with `souq image import`",
+            )
+        return ImageRecord.model_validate_json(value)
+
+    async def list(self) -> list[ImageRecord]:
+        """Every image in the store, newest first."""
+        try:
+            keys = await self.records.keys()
+        except nats.js.errors.NoKeysError:
+            return []
+        out = []
+        for key in keys:
+            if key.startswith("name."):
+                continue
+            value = await self._get(key)
+            if value is not None:
+                out.append(ImageRecord.model_validate_json(value))
+        return sorted(out, key=lambda r: r.created_at, reverse=True)
+
+    async def blob(self, digest: str) -> bytes:
+        """A blob's bytes, checked against its digest."""
+        try:
+            result = await self._guard(self.blobs.get(_blob_key(digest)))
+        except nats.js.errors.ObjectNotFoundError:
+            raise ImageNotFound(f"blob {digest} is not in the cluster's image store") from None
+        data = bytes(result.data or b"")
+        verify_blob(digest, data)
+        return data
+
+    async def _has_blob(self, digest: str) -> bool:
+        with contextlib.suppress(nats.js.errors.ObjectNotFoundError):
+            await self._guard(self.blobs.get_info(_blob_key(digest)))
+            return True
+        return False
+
+    async def _get(self, key: str) -> bytes | None:
+        try:
+            entry = await self._guard(self.records.get(key))
+        except nats.js.errors.KeyNotFoundError:
+            return None
+        return entry.value
+
+    @staticmethod
+    async def _guard(call: Awaitable[T]) -> T:
+        try:
+            return await call
+        except (nats.js.errors.ObjectNotFoundError, nats.js.errors.KeyNotFoundError):
+            raise
+        except (nats.errors.Error, nats.js.errors.Error) as exc:
+            raise Unavailable(
+                f"the image store did not answer: {exc or type(exc).__name__}",
+                hint="check that NATS (with JetStream) is up",
+            ) from exc
