@@ -18,7 +18,9 @@ import nats
 import pytest
 
 from souq.images import layout_tar, pack_directory, read_layout_bytes, write_layout
+from souq.images.cache import ImageCache
 from souq.images.store import ImageStore
+from souq.model.image import ImageRecord
 from souq.testing import Cluster
 
 SOUQ = str(Path(sys.executable).with_name("souq"))
@@ -132,3 +134,27 @@ def test_unknown_images_and_bad_uploads_get_clear_errors(cluster: Cluster) -> No
     run = souq(cluster, "image", "build", "/definitely/not/here")
     assert run.returncode != 0
     assert "error:" in run.stderr
+
+
+def test_a_worker_cache_pulls_from_the_cluster_store(cluster: Cluster, tmp_path: Path) -> None:
+    src = app_dir(tmp_path / "pulled", "pulled")
+    run = souq(cluster, "image", "build", str(src), "--cmd", "python3 app.py")
+    assert run.returncode == 0, run.stderr
+    record = httpx.get(f"{cluster.api_url}/v1/images/{run.stdout.strip()}", timeout=10).json()
+
+    async def pull() -> tuple[Path, int]:
+        nc = await nats.connect(cluster.nats.url)
+        try:
+            store = await ImageStore.open(nc)
+            cache = ImageCache(tmp_path / "cache", limit_bytes=2**30, fetch=store.blob)
+            rec = ImageRecord.model_validate(record)
+            roots = await asyncio.gather(*(cache.ensure(rec) for _ in range(4)))
+            assert len(set(roots)) == 1
+            return roots[0], cache.stats.bytes_pulled
+        finally:
+            await nc.close()
+
+    root, pulled = asyncio.run(pull())
+    assert (root / "app.py").read_text() == "print('pulled')\n"
+    assert (root / "static" / "index.html").exists()
+    assert pulled == record["size"]  # each layer once, for four machines

@@ -3,7 +3,10 @@
 * :mod:`~souq.images.oci` — :class:`Image` and its descriptors, :func:`pack_directory`, the
   image layout (:func:`layout_tar`, :func:`write_layout`, :func:`read_layout`);
 * :mod:`~souq.images.layers` — one layer tar: packed deterministically, unpacked safely
-  (:func:`unpack_layer`, whiteouts included).
+  (:func:`unpack_layer`, whiteouts included);
+* :mod:`~souq.images.store` — the cluster's image store in JetStream (I/O; import it apart);
+* :mod:`~souq.images.cache` — a worker's cache: each layer pulled once, each image unpacked once,
+  least recently used evicted within a limit (import it apart).
 """
 
 from souq.images.layers import unpack_layer
