@@ -1,14 +1,14 @@
 """Run the benchmarks, or those named: ``python -m bench [spine scale c1m ...]``.
 
 Without names, the default suites run (``spine``, ``scale``, ``tradeoff``, ``view``,
-``supervise``, ``creates``, ``proxy``, ``wake``); ``c1m`` (100,000 machines onto 5,000 hollow
-workers, a few minutes) runs only when named."""
+``supervise``, ``creates``, ``proxy``, ``wake``, ``images``); ``c1m`` (100,000 machines onto
+5,000 hollow workers, a few minutes) runs only when named."""
 
 from __future__ import annotations
 
 import sys
 
-from bench import creates, proxy, scale, spine, supervise, view, wake
+from bench import creates, images, proxy, scale, spine, supervise, view, wake
 
 SUITES = {
     "spine": spine.main,
@@ -20,8 +20,19 @@ SUITES = {
     "creates": creates.main,
     "proxy": proxy.main,
     "wake": wake.main,
+    "images": images.main,
 }
-DEFAULT = ["spine", "scale", "tradeoff", "view", "supervise", "creates", "proxy", "wake"]
+DEFAULT = [
+    "spine",
+    "scale",
+    "tradeoff",
+    "view",
+    "supervise",
+    "creates",
+    "proxy",
+    "wake",
+    "images",
+]
 
 
 def main(argv: list[str]) -> None:

@@ -10,6 +10,7 @@ error, never an image that runs.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import re
 from collections.abc import Awaitable
@@ -19,9 +20,11 @@ from typing import TypeVar
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 from nats.js.api import KeyValueConfig, ObjectStoreConfig, StorageType
+from nats.js.client import JetStreamContext
 from nats.js.kv import KeyValue
-from nats.js.object_store import ObjectStore
+from nats.js.object_store import OBJ_CHUNKS_PRE_TEMPLATE, ObjectStore
 
 from souq.clock import Clock, SystemClock, iso_from_ms
 from souq.errors import ImageNotFound, InvalidInput, Unavailable
@@ -32,6 +35,7 @@ __all__ = ["BLOBS_BUCKET", "RECORDS_BUCKET", "ImageStore"]
 
 BLOBS_BUCKET = "souq-image-blobs"
 RECORDS_BUCKET = "souq-images"
+CHUNKS_TIMEOUT_S = 30.0  # a blob's read may take this, and a second per 10 MB on top
 T = TypeVar("T")
 _NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,127}(:[A-Za-z0-9._-]{1,128})?")
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
@@ -47,6 +51,7 @@ def _name_key(name: str) -> str:
 
 @dataclass
 class ImageStore:
+    js: JetStreamContext
     blobs: ObjectStore
     records: KeyValue
     clock: Clock = field(default_factory=SystemClock)
@@ -78,7 +83,7 @@ class ImageStore:
                 f"the image store is not available: {exc or type(exc).__name__}",
                 hint="NATS must run with JetStream enabled (nats-server --jetstream)",
             ) from exc
-        return cls(blobs, records)
+        return cls(js, blobs, records)
 
     async def put(self, image: Image, *, name: str | None = None) -> ImageRecord:
         """Store ``image`` (its blobs that are not stored yet, then its record); under ``name``
@@ -150,12 +155,45 @@ class ImageStore:
     async def blob(self, digest: str) -> bytes:
         """A blob's bytes, checked against its digest."""
         try:
-            result = await self._guard(self.blobs.get(_blob_key(digest)))
+            info = await self._guard(self.blobs.get_info(_blob_key(digest)))
         except nats.js.errors.ObjectNotFoundError:
             raise ImageNotFound(f"blob {digest} is not in the cluster's image store") from None
-        data = bytes(result.data or b"")
+        data = await self._chunks(info.nuid or "", info.size or 0)
         verify_blob(digest, data)
         return data
+
+    async def _chunks(self, nuid: str, size: int) -> bytes:
+        """An object's chunks, read with an ordered consumer whose callback keeps them.
+        (nats-py's ``ObjectStore.get`` hands each chunk to a thread, or joins them by repeated
+        concatenation: 6 to 44 MB/s for 64 MiB here, against 380 or more this way.) The
+        subject is the object store's own layout, ``$O.<bucket>.C.<nuid>``."""
+        if size == 0:
+            return b""
+        parts: list[bytes] = []
+        got = 0
+        done = asyncio.get_running_loop().create_future()
+
+        async def on_chunk(msg: Msg) -> None:
+            nonlocal got
+            parts.append(msg.data)
+            got += len(msg.data)
+            if got >= size and not done.done():
+                done.set_result(None)
+
+        subject = OBJ_CHUNKS_PRE_TEMPLATE.format(bucket=BLOBS_BUCKET, obj=nuid)
+        sub = await self._guard(self.js.subscribe(subject, cb=on_chunk, ordered_consumer=True))
+        try:
+            async with asyncio.timeout(CHUNKS_TIMEOUT_S + size / 10e6):
+                await done
+        except TimeoutError:
+            raise Unavailable(
+                f"the image store sent {got} of {size} bytes in time",
+                hint="check that NATS (with JetStream) is up and not overloaded",
+            ) from None
+        finally:
+            with contextlib.suppress(nats.errors.Error):
+                await sub.unsubscribe()
+        return b"".join(parts)
 
     async def _has_blob(self, digest: str) -> bool:
         with contextlib.suppress(nats.js.errors.ObjectNotFoundError):
