@@ -36,12 +36,14 @@ bwrap:
 	@command -v bwrap >/dev/null || (apt-get update -qq && apt-get install -y -qq bubblewrap) \
 		>/dev/null 2>&1 || echo "bubblewrap not installed: the sandbox driver is off" >&2
 
-# The image tests check that standard tools read and write Souq's OCI images: skopeo and umoci,
-# Debian's packages (without them, as non-root, those tests skip).
+# The image tests check that standard tools read and write Souq's OCI images (skopeo, umoci) and
+# pull from a real OCI registry (docker-registry): Debian's packages (without them, as non-root,
+# those tests skip).
 oci-tools:
-	@command -v skopeo >/dev/null && command -v umoci >/dev/null || { \
+	@command -v skopeo >/dev/null && command -v umoci >/dev/null && command -v docker-registry >/dev/null || { \
 	  if [ "$$(id -u)" = 0 ]; then \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq skopeo umoci >/dev/null; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	      apt-get install -y -qq skopeo umoci docker-registry >/dev/null; \
 	  else echo "oci-tools: skopeo or umoci is missing and this is not root: the interop tests skip"; fi; }
 
 # The creates benchmark (bench/creates.py) drives the broker with wrk, Debian's package.

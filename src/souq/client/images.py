@@ -1,10 +1,11 @@
-"""``souq image build|import|list``: images packed (or read) here, stored in the cluster.
+"""``souq image build|import|pull|list``: images packed (or read) here, stored in the cluster.
 
 ``build`` packs a directory into an OCI image on this machine (one layer, reproducible: the same
 files give the same reference), ``import`` reads an OCI image layout (a directory, or a tar of
-one, as skopeo or a registry export writes it) and checks every digest; both send the layout to
-the broker, which keeps it in the cluster's image store, and print the image's reference. The
-printing and the image code load inside the commands: the daemons' start-up never loads them."""
+one, as skopeo or a registry export writes it) and checks every digest, ``pull`` fetches one
+from an OCI registry (the distribution API); each sends the layout to the broker, which keeps it
+in the cluster's image store, and prints the image's reference. The printing and the image code
+load inside the commands: the daemons' start-up never loads them."""
 
 from __future__ import annotations
 
@@ -82,6 +83,30 @@ def import_(
     with reporting(as_json):
         image = read_layout(path)
         record = make_client().push_image(layout_tar(image), name=name or image.name)
+        render.image_reference(record, as_json=as_json)
+
+
+@images_app.command("pull")
+def pull(
+    reference: Annotated[
+        str,
+        typer.Argument(
+            metavar="REF", help="HOST[:PORT]/REPOSITORY[:TAG|@sha256:…] in an OCI registry."
+        ),
+    ],
+    name: NameOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Pull an image from an OCI registry (every digest checked) into the cluster's store;
+    prints its reference. HTTPS, except for a registry on this machine."""
+    from souq.client import render
+    from souq.images import layout_tar
+    from souq.images.registry import parse_reference
+    from souq.images.registry import pull as pull_image
+
+    with reporting(as_json):
+        image = pull_image(parse_reference(reference))
+        record = make_client().push_image(layout_tar(image), name=name)
         render.image_reference(record, as_json=as_json)
 
 

@@ -43,6 +43,7 @@ __all__ = [
     "Descriptor",
     "Image",
     "RunConfig",
+    "choose_entry",
     "layout_tar",
     "pack_directory",
     "read_layout",
@@ -174,16 +175,16 @@ def _load(read: Callable[[str], bytes | None], where: str, name: str | None) -> 
         verify_descriptor(descriptor, data)
         return data
 
-    entry, ref_name = _choose(parse_json(index_bytes, f"{where}/index.json"), where, name)
+    entry, ref_name = choose_entry(parse_json(index_bytes, f"{where}/index.json"), where, name)
     if entry.media_type in INDEX_TYPES:
         nested = parse_json(fetch(entry), f"index {entry.digest}")
-        entry, _ = _choose(nested, f"index {entry.digest}", None, platform_of=True)
+        entry, _ = choose_entry(nested, f"index {entry.digest}", None, platform_of=True)
         if entry.media_type in INDEX_TYPES:
             raise ImageInvalid(f"{where}: index {entry.digest} nests more than one level")
     return image_from_manifest(entry, fetch, ref_name)
 
 
-def _choose(
+def choose_entry(
     index: dict[str, Any], where: str, name: str | None, *, platform_of: bool = False
 ) -> tuple[Descriptor, str | None]:
     """The entry of ``index`` named ``name`` (else the first, or with ``platform_of`` the first

@@ -1,0 +1,175 @@
+"""Pulling an image from an OCI registry: the distribution API (``/v2/…``), with httpx.
+
+A reference is ``HOST[:PORT]/REPOSITORY[:TAG|@sha256:…]`` (``docker://`` in front is allowed,
+as skopeo writes it). HTTPS unless the host is this machine (``localhost``, ``127.*``, ``::1``,
+as Docker allows) or the reference starts with ``http://``. Anonymous pulls from registries
+that want a token (``WWW-Authenticate: Bearer realm=…``, as Docker Hub and most public
+registries answer) fetch one for ``repository:REPO:pull`` and retry.
+
+The manifest is asked for in every image media type Souq reads; an index (or a Docker manifest
+list) gives the manifest for this host's platform. Every blob is checked against its digest,
+and so is the manifest when the reference names a digest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+
+import httpx
+
+from souq.errors import ImageInvalid, ImageNotFound, InvalidInput, Unavailable
+from souq.images.manifest import (
+    INDEX_TYPES,
+    MANIFEST_TYPES,
+    Descriptor,
+    Image,
+    image_from_manifest,
+    parse_json,
+    verify_blob,
+    verify_descriptor,
+)
+from souq.images.oci import choose_entry
+
+__all__ = ["RegistryRef", "parse_reference", "pull"]
+
+_ACCEPT = ", ".join(sorted(MANIFEST_TYPES | INDEX_TYPES))
+_REF = re.compile(
+    r"(?:(?P<scheme>https?)://|docker://)?"
+    r"(?P<host>[A-Za-z0-9.-]+(?::[0-9]+)?|\[[0-9a-fA-F:]+\](?::[0-9]+)?)/"
+    r"(?P<repo>[a-z0-9]+(?:[._/-][a-z0-9]+)*)"
+    r"(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9._-]{0,127}))?"
+    r"(?:@(?P<digest>sha256:[0-9a-f]{64}))?"
+)
+_LOCAL = re.compile(r"(localhost|127\.[0-9.]+|\[::1\])(:[0-9]+)?")
+_BEARER = re.compile(r'(\w+)="([^"]*)"')
+
+
+@dataclass(frozen=True)
+class RegistryRef:
+    base_url: str  # http(s)://host[:port]
+    repository: str
+    reference: str  # a tag, or a digest
+
+    def __str__(self) -> str:
+        sep = "@" if self.reference.startswith("sha256:") else ":"
+        return f"{self.base_url.split('://', 1)[1]}/{self.repository}{sep}{self.reference}"
+
+
+def parse_reference(text: str) -> RegistryRef:
+    """``HOST[:PORT]/REPO[:TAG|@DIGEST]`` (the tag ``latest`` when neither is given)."""
+    match = _REF.fullmatch(text.strip())
+    if match is None:
+        raise InvalidInput(
+            f"{text!r} is not a registry reference",
+            hint="write HOST[:PORT]/REPOSITORY[:TAG], e.g. 127.0.0.1:5000/web:v1",
+        )
+    host = match["host"]
+    scheme = match["scheme"] or ("http" if _LOCAL.fullmatch(host) else "https")
+    return RegistryRef(
+        f"{scheme}://{host}", match["repo"], match["digest"] or match["tag"] or "latest"
+    )
+
+
+def pull(ref: RegistryRef, *, client: httpx.Client | None = None, timeout: float = 60.0) -> Image:
+    """The image ``ref`` names, every blob fetched and checked."""
+    http = client or httpx.Client(timeout=timeout, follow_redirects=True)
+    try:
+        return _Puller(http, ref).image()
+    except httpx.TransportError as exc:
+        raise Unavailable(
+            f"cannot reach the registry at {ref.base_url}: {exc}",
+            hint="check the host and port, and whether it speaks HTTPS",
+        ) from exc
+    finally:
+        if client is None:
+            http.close()
+
+
+@dataclass
+class _Puller:
+    http: httpx.Client
+    ref: RegistryRef
+    token: str | None = None
+
+    def image(self) -> Image:
+        body, media_type, digest = self._manifest(self.ref.reference)
+        top = Descriptor(media_type, digest, len(body))
+        if media_type in INDEX_TYPES:
+            entry, _ = choose_entry(
+                parse_json(body, f"index {digest}"), str(self.ref), None, platform_of=True
+            )
+            body, media_type, digest = self._manifest(entry.digest)
+            top = Descriptor(media_type, digest, len(body))
+            verify_descriptor(entry, body)
+        fetched = {top.digest: body}
+
+        def fetch(descriptor: Descriptor) -> bytes:
+            data = fetched.get(descriptor.digest)
+            if data is None:
+                data = self._get(f"blobs/{descriptor.digest}", f"blob {descriptor.digest}").content
+            verify_descriptor(descriptor, data)
+            return data
+
+        return image_from_manifest(top, fetch, None)
+
+    def _manifest(self, reference: str) -> tuple[bytes, str, str]:
+        response = self._get(f"manifests/{reference}", f"manifest {reference!r}", accept=_ACCEPT)
+        body = response.content
+        media_type = response.headers.get("content-type", "").split(";")[0].strip()
+        if not media_type:
+            media_type = str(parse_json(body, f"manifest of {self.ref}").get("mediaType", ""))
+        if media_type not in MANIFEST_TYPES | INDEX_TYPES:
+            raise ImageInvalid(
+                f"{self.ref}: the registry answered a manifest of type {media_type!r}",
+                hint="Souq reads OCI and Docker schema-2 images",
+            )
+        digest = "sha256:" + hashlib.sha256(body).hexdigest()
+        if reference.startswith("sha256:"):
+            verify_blob(reference, body)
+        said = response.headers.get("docker-content-digest")
+        if said is not None and said.startswith("sha256:") and said != digest:
+            raise ImageInvalid(
+                f"{self.ref}: the manifest's bytes are {digest}, the registry said {said}"
+            )
+        return body, media_type, digest
+
+    def _get(self, path: str, what: str, *, accept: str | None = None) -> httpx.Response:
+        url = f"{self.ref.base_url}/v2/{self.ref.repository}/{path}"
+        headers = {"Accept": accept} if accept else {}
+        for attempt in range(2):
+            if self.token:
+                headers["Authorization"] = f"Bearer {self.token}"
+            response = self.http.get(url, headers=headers)
+            if response.status_code == 401 and attempt == 0 and self._authorize(response):
+                continue
+            break
+        if response.status_code == 404:
+            raise ImageNotFound(
+                f"{self.ref}: the registry has no {what}",
+                hint="check the repository and the tag",
+            )
+        if response.is_error:
+            raise Unavailable(
+                f"{self.ref}: the registry answered {response.status_code} for {what}",
+                hint="check that the registry serves this repository to anonymous pulls",
+            )
+        return response
+
+    def _authorize(self, response: httpx.Response) -> bool:
+        """Get an anonymous pull token from the challenge's realm; False if there is none."""
+        challenge = response.headers.get("www-authenticate", "")
+        if not challenge.lower().startswith("bearer "):
+            return False
+        params = dict(_BEARER.findall(challenge))
+        realm = params.pop("realm", None)
+        if not realm:
+            return False
+        params.setdefault("scope", f"repository:{self.ref.repository}:pull")
+        answer = self.http.get(realm, params=params)
+        if answer.is_error:
+            return False
+        body = answer.json()
+        self.token = body.get("token") or body.get("access_token")
+        return bool(self.token)

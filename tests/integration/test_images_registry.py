@@ -1,0 +1,106 @@
+"""`souq image pull` from a real OCI registry (Debian's docker-registry, the CNCF distribution
+server) on a loopback port, into the cluster's store. skopeo pushes the image there first.
+`make test` installs both as root; without them these tests skip."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from souq.images import pack_directory, write_layout
+from souq.natsserver import free_port
+from souq.procs import terminate
+from souq.testing import Cluster, wait_until
+
+SOUQ = str(Path(sys.executable).with_name("souq"))
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("docker-registry") is None or shutil.which("skopeo") is None,
+    reason="docker-registry and skopeo are not installed (`make test` installs them as root)",
+)
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    root = tmp_path_factory.mktemp("registry")
+    port = free_port()
+    config = root / "config.yml"
+    config.write_text(
+        "version: 0.1\nlog:\n  level: warn\n"
+        f"storage:\n  filesystem:\n    rootdirectory: {root / 'data'}\n"
+        f"http:\n  addr: 127.0.0.1:{port}\n"
+    )
+    with open(root / "registry.log", "wb") as log:
+        proc = subprocess.Popen(["docker-registry", "serve", str(config)], stdout=log, stderr=log)
+    try:
+        url = f"127.0.0.1:{port}"
+
+        def up() -> bool:
+            try:
+                return httpx.get(f"http://{url}/v2/", timeout=1).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        wait_until(up, timeout=20, message="the registry to answer")
+        yield url
+    finally:
+        terminate(proc)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with Cluster(tmp_path_factory.mktemp("pull"), regions={"mad": 1}) as c:
+        yield c
+
+
+def souq(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "SOUQ_API": cluster.api_url}
+    return subprocess.run(
+        [SOUQ, *args], capture_output=True, text=True, env=env, timeout=120, check=False
+    )
+
+
+def test_pull_by_tag_and_by_digest_keeps_the_reference(
+    registry: str, cluster: Cluster, tmp_path: Path
+) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "app.py").write_text("print('from the registry')\n")
+    image = pack_directory(src, cmd=["python3", "app.py"], name="web")
+    write_layout(image, tmp_path / "layout")
+    push = subprocess.run(
+        ["skopeo", "copy", "--dest-tls-verify=false", f"oci:{tmp_path / 'layout'}:web",
+         f"docker://{registry}/team/web:v1"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert push.returncode == 0, push.stderr
+
+    run = souq(cluster, "image", "pull", f"{registry}/team/web:v1", "--name", "web", "--json")
+    assert run.returncode == 0, run.stderr
+    record = json.loads(run.stdout)
+    assert record["reference"] == image.reference
+    assert record["run"]["cmd"] == ["python3", "app.py"]
+
+    by_digest = souq(cluster, "image", "pull", f"{registry}/team/web@{image.reference}")
+    assert by_digest.returncode == 0, by_digest.stderr
+    assert by_digest.stdout.strip() == image.reference
+    listed = httpx.get(f"{cluster.api_url}/v1/images/web", timeout=10).json()
+    assert listed["reference"] == image.reference
+
+
+def test_an_unknown_tag_or_registry_is_a_clear_error(registry: str, cluster: Cluster) -> None:
+    run = souq(cluster, "image", "pull", f"{registry}/team/web:nope")
+    assert run.returncode != 0
+    assert "the registry has no manifest 'nope'" in run.stderr
+    port = free_port()
+    run = souq(cluster, "image", "pull", f"127.0.0.1:{port}/web:v1")
+    assert run.returncode != 0
+    assert "cannot reach the registry" in run.stderr
