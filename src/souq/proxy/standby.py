@@ -34,6 +34,9 @@ class Failover:
     decisions: Decisions
     timeout_s: float
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    # Standbys being started: a worker reported down twice (its liveness, then a sync round)
+    # before the first start is answered must not start them twice.
+    _starting: set[str] = field(default_factory=set)
 
     def worker_changed(
         self, worker_id: str, state: WorkerState, before: WorkerState | None
@@ -55,8 +58,9 @@ class Failover:
                 standby = self.feed.machines.get(standby_id)
                 if standby is None or standby.worker_id == worker_id:
                     continue
-                if standby.state.value not in _STARTABLE:
+                if standby.state.value not in _STARTABLE or standby_id in self._starting:
                     continue
+                self._starting.add(standby_id)
                 task = loop.create_task(
                     self._start(standby.app, standby_id, standby.worker_id, primary.id, worker_id)
                 )
@@ -75,6 +79,8 @@ class Failover:
                 "failover", app, standby_id, f"could not start the standby for {primary_id}: {exc}"
             )
             return
+        finally:
+            self._starting.discard(standby_id)
         self.feed.seen(machine)
         self.decisions.record(
             "failover",

@@ -1,0 +1,75 @@
+"""Failover on the in-memory bus: a worker reported down twice while its standby's start is on
+the way starts the standby once, and the decision is recorded once."""
+
+from __future__ import annotations
+
+import asyncio
+
+from souq.bus import subjects
+from souq.bus.codec import ok_reply
+from souq.bus.memory import MemoryTransport
+from souq.clock import iso_from_ms
+from souq.model import Machine, MachineConfig, MachineState, WorkerState
+from souq.model.services import MachineAddress
+from souq.protocol import WorkerClient
+from souq.proxy import RoutingTable
+from souq.proxy.decisions import Decisions
+from souq.proxy.machines import MachineFeed
+from souq.proxy.standby import Failover
+
+SERVICE = {"internal_port": 8080}
+
+
+def machine(mid: str, worker: str, state: MachineState, standbys: tuple[str, ...] = ()) -> Machine:
+    return Machine(
+        id=mid,
+        name=mid,
+        app="web",
+        region="mad",
+        worker_id=worker,
+        state=state,
+        config=MachineConfig.model_validate(
+            {"cmd": ["app"], "services": [SERVICE], "standbys": list(standbys)}
+        ),
+        created_at=iso_from_ms(0),
+        updated_at=iso_from_ms(0),
+        address=MachineAddress(host="127.0.0.1", ports={8080: 20000}),
+    )
+
+
+def test_a_worker_down_twice_starts_its_standby_once() -> None:
+    async def main() -> tuple[int, list[str]]:
+        bus = MemoryTransport()
+        starts = 0
+        answer = asyncio.Event()
+        standby = machine("s1", "w2", MachineState.STOPPED, standbys=["p1"])
+
+        async def on_start(subject: str, data: bytes) -> bytes:
+            nonlocal starts
+            starts += 1
+            await answer.wait()
+            return ok_reply(standby.model_copy(update={"state": MachineState.STARTED}))
+
+        await bus.subscribe(subjects.worker("w2", "start"), on_start)
+        feed = MachineFeed(RoutingTable(), lambda _: None)
+        feed.seen(machine("p1", "w1", MachineState.STARTED))
+        feed.seen(standby)
+        decisions = Decisions()
+        failover = Failover(feed, WorkerClient(bus), decisions, timeout_s=5)
+
+        failover.worker_changed("w1", WorkerState.DOWN, WorkerState.UP)
+        # A late heartbeat brings the worker back for a moment, then it is down again, all
+        # before the first start is answered.
+        failover.worker_changed("w1", WorkerState.UP, WorkerState.DOWN)
+        failover.worker_changed("w1", WorkerState.DOWN, WorkerState.UP)
+        for _ in range(10):
+            await asyncio.sleep(0)
+        answer.set()
+        await failover.aclose()
+        reasons = [d["reason"] for d in decisions.recent("web") if d["kind"] == "failover"]
+        return starts, reasons
+
+    starts, reasons = asyncio.run(main())
+    assert starts == 1
+    assert len(reasons) == 1
+    assert "machine p1 is down: started its standby" in reasons[0]
