@@ -3,6 +3,7 @@ zero inside the request, resume from suspend, autostop, and stops that lose no r
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -108,6 +109,51 @@ def test_a_request_resumes_a_suspended_machine(cluster: Cluster, proxy: ProxyPro
     assert r.status_code == 200 and r.json()["machine_id"] == m.id
     again = client.get_machine(app, m.id)
     assert again.state == MachineState.STARTED and again.pid == m.pid  # the same process
+    client.destroy(app, m.id, force=True)
+
+
+# One thread, HTTP/1.1: while the proxy keeps a connection to it alive, it accepts no other.
+SINGLE_THREADED_APP = """
+import os
+from http.server import BaseHTTPRequestHandler, HTTPServer
+class H(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"ok")
+    def log_message(self, *args):
+        pass
+HTTPServer(("127.0.0.1", int(os.environ["PORT"])), H).serve_forever()
+"""
+
+
+def test_a_single_threaded_app_resumes_again_and_again(
+    cluster: Cluster, proxy: ProxyProcess
+) -> None:
+    # Each wake-up that probed the resumed machine's port left one connection in its backlog,
+    # which this app never accepts while the proxy's kept-alive connection is open: after a
+    # few resumes the backlog was full and a request waited 10 s for a 503.
+    client = cluster.client()
+    app = app_name("e")
+    m = client.create_machine(
+        app,
+        "mad",
+        {**config(autostop="suspend"), "cmd": [sys.executable, "-c", SINGLE_THREADED_APP]},
+    )
+    wait_until(lambda: via(proxy, app).status_code == 200, message="the app to be routed")
+    for _ in range(12):
+        client.suspend(app, m.id)
+        wait_until(
+            lambda: any(
+                b["state"] == "suspended"
+                for b in httpx.get(proxy.admin_url + "/backends", params={"app": app}).json()
+            ),
+            message="the proxy to see it suspended",
+        )
+        r = httpx.get(proxy.url, headers={"Host": f"{app}.localhost"}, timeout=5)
+        assert r.status_code == 200 and r.text == "ok"
     client.destroy(app, m.id, force=True)
 
 

@@ -135,7 +135,12 @@ class Waker:
             )
             return None
         self.seen(machine)
-        if not await port_accepts(backend.host, backend.port, deadline):
+        # A resumed machine's socket stayed open while it was frozen: no probe. (Probing it
+        # would also leave one more connection in its backlog each time, which a server busy
+        # on a kept-alive connection does not accept: after a few resumes the backlog is full
+        # and the probe times out.)
+        resumed = backend.state == "suspended"
+        if not resumed and not await port_accepts(backend.host, backend.port, deadline):
             self.decisions.record(
                 "wake_failed",
                 app,
