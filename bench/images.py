@@ -30,26 +30,12 @@ import nats
 from bench.stats import machine_line
 from souq.images import pack_directory
 from souq.images.cache import ImageCache
-from souq.images.manifest import verify_blob
+from souq.images.manifest import record_of, verify_blob
 from souq.images.store import ImageStore
-from souq.model.image import ImageLayer, ImageRecord, ImageRun
 from souq.natsserver import NatsServer
 
 SIZE = 64 * 2**20
 ROUNDS = 5
-
-
-def _record(image: Any) -> ImageRecord:
-    return ImageRecord(
-        reference=image.reference,
-        size=image.layers_size,
-        config_digest=image.config.digest,
-        layers=[
-            ImageLayer(digest=d.digest, size=d.size, media_type=d.media_type) for d in image.layers
-        ],
-        run=ImageRun(),
-        created_at="",
-    )
 
 
 async def _rounds(url: str, root: Path, rounds: int) -> dict[str, Any]:
@@ -57,7 +43,7 @@ async def _rounds(url: str, root: Path, rounds: int) -> dict[str, Any]:
     src.mkdir()
     (src / "data.bin").write_bytes(os.urandom(SIZE))
     image = pack_directory(src, cmd=["true"])
-    record = _record(image)
+    record = record_of(image)
     layer = record.layers[0]
     local_blob = root / "layer.blob"
     local_blob.write_bytes(image.blobs[layer.digest])

@@ -5,10 +5,8 @@ server) on a loopback port, into the cluster's store. skopeo pushes the image th
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,8 +17,7 @@ from souq.images import pack_directory, write_layout
 from souq.natsserver import free_port
 from souq.procs import terminate
 from souq.testing import Cluster, wait_until
-
-SOUQ = str(Path(sys.executable).with_name("souq"))
+from tests.integration.images_harness import souq
 
 pytestmark = pytest.mark.skipif(
     shutil.which("docker-registry") is None or shutil.which("skopeo") is None,
@@ -59,13 +56,6 @@ def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     with Cluster(tmp_path_factory.mktemp("pull"), regions={"mad": 1}) as c:
         yield c
-
-
-def souq(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "SOUQ_API": cluster.api_url}
-    return subprocess.run(
-        [SOUQ, *args], capture_output=True, text=True, env=env, timeout=120, check=False
-    )
 
 
 def test_pull_by_tag_and_by_digest_keeps_the_reference(

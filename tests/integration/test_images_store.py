@@ -6,9 +6,6 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-import os
-import subprocess
-import sys
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,21 +19,13 @@ from souq.images.cache import ImageCache
 from souq.images.store import ImageStore
 from souq.model.image import ImageRecord
 from souq.testing import Cluster
-
-SOUQ = str(Path(sys.executable).with_name("souq"))
+from tests.integration.images_harness import souq
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     with Cluster(tmp_path_factory.mktemp("images"), regions={"mad": 1}) as c:
         yield c
-
-
-def souq(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "SOUQ_API": cluster.api_url}
-    return subprocess.run(
-        [SOUQ, *args], capture_output=True, text=True, env=env, timeout=120, check=False
-    )
 
 
 def app_dir(root: Path, greeting: str = "hello") -> Path:

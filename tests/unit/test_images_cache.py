@@ -13,20 +13,8 @@ import pytest
 from souq.errors import ImageInvalid
 from souq.images import Image, pack_directory
 from souq.images.cache import ImageCache
-from souq.model.image import ImageLayer, ImageRecord, ImageRun
-
-
-def record_of(image: Image) -> ImageRecord:
-    return ImageRecord(
-        reference=image.reference,
-        size=image.layers_size,
-        config_digest=image.config.digest,
-        layers=[
-            ImageLayer(digest=d.digest, size=d.size, media_type=d.media_type) for d in image.layers
-        ],
-        run=ImageRun(cmd=list(image.run.cmd)),
-        created_at="2026-11-26T00:00:00.000Z",
-    )
+from souq.images.manifest import record_of
+from souq.model.image import ImageRecord
 
 
 class Store:

@@ -18,6 +18,7 @@ from typing import Any
 
 from souq.errors import ImageInvalid
 from souq.images.layers import LAYER_MEDIA_TYPES
+from souq.model.image import ImageLayer, ImageRecord, ImageRun
 
 __all__ = [
     "CONFIG_TYPES",
@@ -35,6 +36,7 @@ __all__ = [
     "host_architecture",
     "image_from_manifest",
     "parse_json",
+    "record_of",
     "verify_blob",
     "verify_descriptor",
 ]
@@ -234,3 +236,18 @@ def image_from_manifest(
     for layer in layers:
         blobs[layer.digest] = fetch(layer)
     return Image(manifest, config, layers, _run_config(parsed), blobs, name)
+
+
+def record_of(image: Image, *, name: str | None = None, created_at: str = "") -> ImageRecord:
+    """What the cluster keeps of ``image``: its reference, layers and run config."""
+    return ImageRecord(
+        reference=image.reference,
+        name=name,
+        size=image.layers_size,
+        config_digest=image.config.digest,
+        layers=[
+            ImageLayer(digest=d.digest, size=d.size, media_type=d.media_type) for d in image.layers
+        ],
+        run=ImageRun(cmd=list(image.run.cmd), env=dict(image.run.env), workdir=image.run.workdir),
+        created_at=created_at,
+    )

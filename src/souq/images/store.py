@@ -28,8 +28,8 @@ from nats.js.object_store import OBJ_CHUNKS_PRE_TEMPLATE, ObjectStore
 
 from souq.clock import Clock, SystemClock, iso_from_ms
 from souq.errors import ImageNotFound, InvalidInput, Unavailable
-from souq.images.oci import Image, verify_blob
-from souq.model.image import ImageLayer, ImageRecord, ImageRun
+from souq.images.manifest import Image, record_of, verify_blob
+from souq.model.image import ImageRecord
 
 __all__ = ["BLOBS_BUCKET", "RECORDS_BUCKET", "ImageStore"]
 
@@ -99,20 +99,7 @@ class ImageStore:
             verify_blob(digest, data)
             if not await self._has_blob(digest):
                 await self._guard(self.blobs.put(_blob_key(digest), data))
-        record = ImageRecord(
-            reference=image.reference,
-            name=name,
-            size=image.layers_size,
-            config_digest=image.config.digest,
-            layers=[
-                ImageLayer(digest=d.digest, size=d.size, media_type=d.media_type)
-                for d in image.layers
-            ],
-            run=ImageRun(
-                cmd=list(image.run.cmd), env=dict(image.run.env), workdir=image.run.workdir
-            ),
-            created_at=iso_from_ms(self.clock.now_ms()),
-        )
+        record = record_of(image, name=name, created_at=iso_from_ms(self.clock.now_ms()))
         key = image.reference.split(":", 1)[1]
         await self._guard(self.records.put(key, record.model_dump_json().encode()))
         if name is not None:

@@ -43,6 +43,7 @@ async def serve(
             domain=config.domain, region=config.region, queue_timeout_s=config.wake_timeout_s
         )
         async with Relay(plane.table, plane.hooks, config=relay_config) as relay:
+            plane.waker.connected = relay.pool.has_idle
             host, port = config.listen
             try:
                 port = await relay.listen_http(host, port, reuse_port=False)

@@ -67,6 +67,10 @@ class UpstreamPool:
             if not conns:
                 del self.idle[address]
 
+    def has_idle(self, address: Address) -> bool:
+        """Whether an idle kept-alive connection to ``address`` is here."""
+        return any(not conn.closed for conn in self.idle.get(address, ()))
+
     def idle_count(self) -> int:
         return sum(len(conns) for conns in self.idle.values())
 

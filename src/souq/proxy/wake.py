@@ -67,6 +67,9 @@ class Waker:
     seen: Callable[[Machine], None]
     waking: Callable[[str], None] = lambda _: None  # before a machine is started
     woken: Callable[[str], None] = lambda _: None  # once that is over, whether it worked or not
+    # Whether the relay keeps an idle connection to an address (the process's main sets it):
+    # then a suspended machine's port was open when it was frozen.
+    connected: Callable[[tuple[str, int]], bool] = lambda _: False
     region: str | None = None
     timeout_s: float = 10.0
     _running: dict[str, asyncio.Task[Backend | None]] = field(default_factory=dict)
@@ -135,12 +138,14 @@ class Waker:
             )
             return None
         self.seen(machine)
-        # A resumed machine's socket stayed open while it was frozen: no probe. (Probing it
-        # would also leave one more connection in its backlog each time, which a server busy
-        # on a kept-alive connection does not accept: after a few resumes the backlog is full
-        # and the probe times out.)
-        resumed = backend.state == "suspended"
-        if not resumed and not await port_accepts(backend.host, backend.port, deadline):
+        # A resumed machine the relay holds a connection to was listening when it was frozen,
+        # and still is: no probe. (Probing it would leave one more connection in its backlog
+        # each time, which a server busy on the relay's kept-alive connection does not accept:
+        # after a few resumes the backlog is full and the probe times out.) One frozen before
+        # it listened is probed like a spawned one.
+        address = (backend.host, backend.port)
+        listening = backend.state == "suspended" and self.connected(address)
+        if not listening and not await port_accepts(backend.host, backend.port, deadline):
             self.decisions.record(
                 "wake_failed",
                 app,
