@@ -159,8 +159,8 @@ class ImageCache:
             if layer.digest in self._blob_sizes:
                 continue
             data = await self.fetch(layer.digest)
-            verify_blob(layer.digest, data)
-            await asyncio.to_thread(_write_atomically, self._blob_path(layer.digest), data)
+            path = self._blob_path(layer.digest)
+            await asyncio.to_thread(_verified_write, layer.digest, data, path)
             self._blob_sizes[layer.digest] = len(data)
             self.stats.bytes_pulled += len(data)
             pulled = True
@@ -249,6 +249,12 @@ class ImageCache:
 
 def _hex(digest: str) -> str:
     return digest.split(":", 1)[1]
+
+
+def _verified_write(digest: str, data: bytes, path: Path) -> None:
+    """Check ``data`` against ``digest`` (ImageInvalid, nothing written), then write it."""
+    verify_blob(digest, data)
+    _write_atomically(path, data)
 
 
 def _write_atomically(path: Path, data: bytes) -> None:

@@ -96,7 +96,9 @@ class ImageStore:
                 details={"field": "name"},
             )
         for digest, data in image.blobs.items():
-            verify_blob(digest, data)
+            # Hashing a large layer takes a while: off the event loop (a broker's creates
+            # share it).
+            await asyncio.to_thread(verify_blob, digest, data)
             if not await self._has_blob(digest):
                 await self._guard(self.blobs.put(_blob_key(digest), data))
         record = record_of(image, name=name, created_at=iso_from_ms(self.clock.now_ms()))
@@ -110,9 +112,7 @@ class ImageStore:
         """The image a reference (``sha256:…``) or a name names; :class:`ImageNotFound` else."""
         reference = ref
         if not _DIGEST.fullmatch(ref):
-            if not _NAME.fullmatch(ref):
-                raise ImageNotFound(f"no image is named {ref!r}", hint="see `souq image list`")
-            named = await self._get(_name_key(ref))
+            named = await self._get(_name_key(ref)) if _NAME.fullmatch(ref) else None
             if named is None:
                 raise ImageNotFound(f"no image is named {ref!r}", hint="see `souq image list`")
             reference = named.decode()
@@ -146,7 +146,7 @@ class ImageStore:
         except nats.js.errors.ObjectNotFoundError:
             raise ImageNotFound(f"blob {digest} is not in the cluster's image store") from None
         data = await self._chunks(info.nuid or "", info.size or 0)
-        verify_blob(digest, data)
+        await asyncio.to_thread(verify_blob, digest, data)
         return data
 
     async def _chunks(self, nuid: str, size: int) -> bytes:

@@ -34,8 +34,8 @@ class Failover:
     decisions: Decisions
     timeout_s: float
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
-    # Standbys being started: a worker reported down twice (its liveness, then a sync round)
-    # before the first start is answered must not start them twice.
+    # Standbys being started: a worker reported down again (down, up, down) before the first
+    # start is answered must not start them twice.
     _starting: set[str] = field(default_factory=set)
 
     def worker_changed(
