@@ -6,12 +6,17 @@ Suite ``images`` (``python -m bench images``). The image is one layer of 64 MiB 
 
 * **fetch** — the layer's bytes from the store (``ImageStore.blob``: the object store's chunks
   over NATS, and the digest check);
-* **cold start** — ``ImageCache.ensure``: fetch, check, write the blob, unpack the image;
-* **floor: local** — the same work from a file on this disk instead of the store (read, check,
-  write, unpack): what the cache costs without the network;
+* **cold start** — ``ImageCache.ensure``: the layer streamed from the store, hashed, written
+  and unpacked as it arrives (:mod:`souq.images.stream`);
+* **floor: local** — the same work fed from a file on this disk instead of the store (read,
+  then hash, write and unpack): what the cache costs without the network;
 * **warm** — ``ensure`` again with the image cached.
 
 Rates are MB/s (10^6 bytes) of the layer's size, medians of ``IMAGES_ROUNDS`` (default 5).
+
+Then the same in a cluster, and placement by cache (:mod:`bench.image_cluster`): warm and cold
+starts, the share of an image's machines on the workers that cache it, and the bytes pulled
+for 20 machines against the least possible.
 """
 
 from __future__ import annotations
@@ -22,20 +27,24 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import nats
 
+from bench import image_cluster
 from bench.stats import machine_line
 from souq.images import pack_directory
 from souq.images.cache import ImageCache
-from souq.images.manifest import record_of, verify_blob
+from souq.images.manifest import record_of
 from souq.images.store import ImageStore
 from souq.natsserver import NatsServer
 
 SIZE = 64 * 2**20
+CHUNK = 128 * 1024  # the object store's chunk size
 ROUNDS = 5
+START_ROUNDS = 15  # create→started pairs (no image, cached image)
 
 
 async def _rounds(url: str, root: Path, rounds: int) -> dict[str, Any]:
@@ -57,7 +66,7 @@ async def _rounds(url: str, root: Path, rounds: int) -> dict[str, Any]:
             await store.blob(layer.digest)
             times["fetch"].append(time.perf_counter() - t0)
 
-            cache = ImageCache(root / f"cold-{i}", limit_bytes=2**31, fetch=store.blob)
+            cache = ImageCache(root / f"cold-{i}", limit_bytes=2**31, fetch=store.stream)
             t0 = time.perf_counter()
             await cache.ensure(record)
             times["cold"].append(time.perf_counter() - t0)
@@ -65,10 +74,10 @@ async def _rounds(url: str, root: Path, rounds: int) -> dict[str, Any]:
             await cache.ensure(record)
             times["warm"].append(time.perf_counter() - t0)
 
-            async def from_disk(digest: str) -> bytes:
+            async def from_disk(digest: str, sink: Callable[[bytes], None]) -> None:
                 data = await asyncio.to_thread(local_blob.read_bytes)
-                verify_blob(digest, data)
-                return data
+                for at in range(0, len(data), CHUNK):
+                    sink(data[at : at + CHUNK])
 
             local = ImageCache(root / f"local-{i}", limit_bytes=2**31, fetch=from_disk)
             t0 = time.perf_counter()
@@ -92,7 +101,13 @@ def images() -> None:
     print(f"# images benchmark — a 64 MiB image pulled into a cache — {machine_line()}")
     with tempfile.TemporaryDirectory(prefix="souq-bench-images-") as tmp, NatsServer() as server:
         results = asyncio.run(_rounds(server.url, Path(tmp), rounds))
-    results = {"command": "python -m bench images", "machine": machine_line(), **results}
+    cluster = image_cluster.run(int(os.environ.get("IMAGES_START_ROUNDS", START_ROUNDS)))
+    results = {
+        "command": "python -m bench images",
+        "machine": machine_line(),
+        "pull": results,
+        **cluster,
+    }
     print(json.dumps(results, indent=2))
     out = Path("bench/results")
     out.mkdir(parents=True, exist_ok=True)

@@ -57,6 +57,7 @@ class DevConfig(BaseModel):
     workers_per_region: int = Field(default=2, ge=1, le=64)
     worker_cpus: float | None = Field(default=None, gt=0)
     worker_memory_mb: int | None = Field(default=None, gt=0)
+    image_cache_mb: int | None = Field(default=None, ge=0, description="each worker's image cache")
     data_dir: Path | None = Field(default=None, description="default: a temporary directory")
     host: str = "127.0.0.1"
     ready_timeout_s: float = 60.0
@@ -120,6 +121,7 @@ def start_agent_process(
     heartbeat_interval_s: float | None = None,
     log_format: str = "text",
     ports: tuple[int, int] | None = None,
+    image_cache_mb: int | None = None,
 ) -> subprocess.Popen[bytes]:
     """``souq agent`` as a child process; its stderr goes to ``log_path`` (default: beside its
     data dir). ``ports``: its machines' host ports (default: the next block of
@@ -140,6 +142,8 @@ def start_agent_process(
         args += ["--cpus", f"{cpus:g}"]
     if memory_mb is not None:
         args += ["--memory-mb", str(memory_mb)]
+    if image_cache_mb is not None:
+        args += ["--image-cache-mb", str(image_cache_mb)]
     for key, value in (labels or {}).items():
         args += ["--label", f"{key}={value}"]
     if stop_machines_on_exit:
@@ -279,6 +283,7 @@ def _start_agents(
                     cpus=config.worker_cpus,
                     memory_mb=config.worker_memory_mb,
                     log_format=config.log_format,
+                    image_cache_mb=config.image_cache_mb,
                 )
             )
     return names

@@ -119,6 +119,7 @@ class AgentProcess(_WorkerProcess):
     labels: Mapping[str, str] | None = None
     stop_machines_on_exit: bool = True
     heartbeat_interval_s: float | None = None
+    image_cache_mb: int | None = None
     log_path: Path = field(init=False)
     worker_id: str | None = field(default=None, init=False)
 
@@ -138,6 +139,7 @@ class AgentProcess(_WorkerProcess):
             stop_machines_on_exit=self.stop_machines_on_exit,
             log_path=self.log_path,
             heartbeat_interval_s=self.heartbeat_interval_s,
+            image_cache_mb=self.image_cache_mb,
         )
 
         def ready() -> str | None:

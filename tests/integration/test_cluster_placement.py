@@ -106,7 +106,7 @@ def test_the_create_body_chooses_the_policy(labelled: Cluster) -> None:
     assert response.status_code == 201, response.text
     placement = response.json()["placement"]
     assert placement["policy"] == "binpack"
-    assert placement["weights"] == {"binpack": 1.0, "anti-affinity": 0.5, "cache": 0.25}
+    assert placement["weights"] == {"binpack": 1.0, "anti-affinity": 0.5, "cache": 1.0}
     httpx.delete(f"{url}/{response.json()['id']}", params={"force": "true"}, timeout=30)
 
     bad = {**body, "placement": {"weights": {"fastest": 1}}}

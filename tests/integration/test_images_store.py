@@ -135,7 +135,7 @@ def test_a_worker_cache_pulls_from_the_cluster_store(cluster: Cluster, tmp_path:
         nc = await nats.connect(cluster.nats.url)
         try:
             store = await ImageStore.open(nc)
-            cache = ImageCache(tmp_path / "cache", limit_bytes=2**30, fetch=store.blob)
+            cache = ImageCache(tmp_path / "cache", limit_bytes=2**30, fetch=store.stream)
             rec = ImageRecord.model_validate(record)
             roots = await asyncio.gather(*(cache.ensure(rec) for _ in range(4)))
             assert len(set(roots)) == 1

@@ -69,7 +69,8 @@ class FakeWorker:
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     polling: asyncio.Event = field(default_factory=asyncio.Event)  # a logs long-poll waits
     labels: dict[str, str] = field(default_factory=dict)
-    artifacts: list[str] = field(default_factory=list)  # the worker's artifact cache
+    images: list[str] = field(default_factory=list)  # images cached (sha256:…), newest first
+    layers: set[str] = field(default_factory=set)  # short digests of the image layers held
 
     async def start(self) -> FakeWorker:
         await self.bus.subscribe(subjects.offers(self.region), self._offer)
@@ -93,6 +94,7 @@ class FakeWorker:
             capacity=Resources(cpus=self.cpus, memory_mb=self.memory_mb),
             allocated=self.allocated,
             labels=self.labels,
+            images=self.images,
             machines=sum(1 for m in self.machines.values() if m.state != "destroyed"),
         )
 
@@ -101,7 +103,9 @@ class FakeWorker:
 
     async def heartbeat(self) -> None:
         self.seq += 1
-        beat = Heartbeat(worker=self.info(), seq=self.seq, interval_s=self.interval_s)
+        beat = Heartbeat(
+            worker=self.info(), seq=self.seq, interval_s=self.interval_s, layers=sorted(self.layers)
+        )
         await self.bus.publish(subjects.heartbeat(self.region, self.id), encode(beat))
 
     async def _discover(self, subject: str, data: bytes) -> None:
@@ -124,8 +128,22 @@ class FakeWorker:
             offer = Offer(worker=self.info(), eligible=ask.resources.fits_within(self._free()))
             if not offer.eligible:
                 offer = Offer(worker=self.info(), eligible=False, reason="full", detail="full")
-        live = {"artifacts": self.artifacts, "app_machines": self.app_machines(ask.app)}
+        held, pull = self.image_terms(ask)
+        live = {
+            "image_layers": held,
+            "image_bytes": pull,
+            "app_machines": self.app_machines(ask.app),
+        }
         return ok_reply(offer.model_copy(update=live))
+
+    def image_terms(self, ask: OfferRequest) -> tuple[int | None, int | None]:
+        """(layers held, bytes to pull) for the asked image, as an agent's cache says them."""
+        if ask.image is None:
+            return None, None
+        if ask.image in self.images:
+            return len(ask.image_layers), 0
+        held = [d for d in ask.image_layers if d in self.layers]
+        return len(held), sum(n for d, n in ask.image_layers.items() if d not in self.layers)
 
     async def _list(self, subject: str, data: bytes) -> bytes:
         cmd = decode(data, ListCommand)

@@ -17,7 +17,7 @@ from souq.agent.wire import event_json, machine_json
 from souq.errors import IdempotencyConflict
 from souq.fleet.store import memory_store
 from souq.model import Machine, MachineConfig, MachineEvent, MachineEventMessage, MachineState
-from souq.model.placement import ClaimAttempt, OfferOutcome, Placement, Sampling
+from souq.model.placement import ClaimAttempt, ImagePull, OfferOutcome, Placement, Sampling
 
 S = MachineState
 
@@ -27,7 +27,7 @@ CONFIG = MachineConfig.model_validate(
         "env": {"A": "b"},
         "guest": {"cpus": 0.5, "memory_mb": 64},
         "metadata": {"team": "x"},
-        "artifact": "sha256:ab",
+        "image": "sha256:" + "ab" * 32,
     }
 )
 PLACEMENT = Placement(
@@ -38,6 +38,8 @@ PLACEMENT = Placement(
     winner="w1",
     claims=[ClaimAttempt(worker_id="w1", ok=True)],
     sampled=Sampling(asked=8, of=100, seed="r1"),
+    cached=False,
+    image=ImagePull(reference="sha256:" + "ab" * 32, layers=3, layers_cached=1, bytes_to_pull=4096),
     source="book",
 )
 EVENTS = [

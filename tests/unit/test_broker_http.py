@@ -95,7 +95,7 @@ async def test_a_json_body_without_content_type_is_still_read(api: Api) -> None:
 BAD = [
     ("unknown top-level field", {**GOOD, "regoin": "mad"}, "regoin: unknown field"),
     ("typo in config", with_config(gust={"cpus": 1}), "config.gust: unknown field"),
-    ("empty cmd", {"region": "mad", "config": {"cmd": []}}, "config.cmd: List should have"),
+    ("empty cmd", {"region": "mad", "config": {"cmd": []}}, "config: cmd: give the command to run"),
     ("cmd not a list", {"region": "mad", "config": {"cmd": "sleep 1"}}, "config.cmd: Input"),
     ("cmd of numbers", {"region": "mad", "config": {"cmd": [1]}}, "config.cmd[0]: Input"),
     ("blank command", {"region": "mad", "config": {"cmd": [" "]}}, "config.cmd: the command"),

@@ -87,7 +87,7 @@ async def test_the_create_chooses_the_policy_over_the_brokers_default() -> None:
     assert spread.worker_id == "wempty"
     assert spread.placement is not None
     assert spread.placement.policy == "spread"
-    assert spread.placement.weights == {"spread": 1.0, "load": 0.25, "cache": 0.25}
+    assert spread.placement.weights == {"spread": 1.0, "load": 0.25, "cache": 1.0}
     packed = await service.create_machine("web", create_body(placement={"policy": "binpack"}))
     assert packed.worker_id == "wfull"
     assert packed.placement is not None and packed.placement.policy == "binpack"

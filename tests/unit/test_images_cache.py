@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -29,11 +30,15 @@ class Store:
         self.blobs.update(image.blobs)
         return record_of(image)
 
-    async def fetch(self, digest: str) -> bytes:
+    async def fetch(self, digest: str, sink: Callable[[bytes], None]) -> None:
+        """The blob in chunks of 4 kB, as the store streams it."""
         self.fetched[digest] += 1
         if self.gate is not None:
             await self.gate.wait()
-        return self.blobs[digest]
+        data = self.blobs[digest]
+        for at in range(0, len(data), 4096):
+            sink(data[at : at + 4096])
+            await asyncio.sleep(0)
 
 
 def make_image(tmp: Path, name: str, size: int = 1000) -> Image:
@@ -79,6 +84,7 @@ def test_a_blob_that_does_not_match_its_digest_is_never_cached(tmp_path: Path) -
     assert cache.cached() == []
     assert cache.has_layers(rec) == []
     assert not list((tmp_path / "cache" / "images").iterdir())
+    assert not list((tmp_path / "cache" / "blobs" / "sha256").iterdir())  # nor its bytes
 
 
 def test_least_recently_used_goes_first_and_a_pinned_image_stays(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from souq.market import AskOffers, Auction, Finished, Order, Purpose, Rules, Sen
 from souq.model import Resources, WorkerInfo, WorkerUsage
 from souq.model.batch import BatchPlacement
 from souq.model.placement import Placement
-from souq.placement import PlacementRequest, default_pipeline
+from souq.placement import PlacementRequest, WantedImage, default_pipeline
 from souq.sim import Placed, VirtualCluster
 
 
@@ -18,13 +18,22 @@ def res(cpus: float, memory_mb: int = 64) -> Resources:
     return Resources(cpus=cpus, memory_mb=memory_mb)
 
 
-def info(worker_id: str, *, cpus: float = 4, used: float = 0, version: int = 0) -> WorkerInfo:
+def info(
+    worker_id: str,
+    *,
+    cpus: float = 4,
+    used: float = 0,
+    version: int = 0,
+    images: list[str] | None = None,
+    region: str = "mad",
+) -> WorkerInfo:
     return WorkerInfo(
         id=worker_id,
-        region="mad",
+        region=region,
         capacity=res(cpus, 4096),
         allocated=res(used, 0),
         version=version,
+        images=images or [],
     )
 
 
@@ -40,6 +49,12 @@ def usage(worker_id: str, used: float, version: int) -> WorkerUsage:
 
 def request(n: int = 1, cpus: float = 1) -> PlacementRequest:
     return PlacementRequest(request_id=f"r{n}", app="web", region="mad", resources=res(cpus))
+
+
+REF = "sha256:" + "f" * 64  # the image a machine runs
+OTHER = "sha256:" + "e" * 64
+A, B, C = "a" * 16, "b" * 16, "c" * 16  # its layers' short digests
+IMAGE = WantedImage(REF, ((A, 100), (B, 20), (C, 3)))
 
 
 # -- the book ---------------------------------------------------------------------------------
@@ -114,6 +129,103 @@ def test_the_app_count_follows_placements_and_destroys() -> None:
     assert book.app_machines("w1", "web") == 1
     offer = book.offer("w1", "web", res(1))
     assert offer is not None and offer.app_machines == 1
+
+
+def image_terms(book: WorkerBook, worker_id: str) -> tuple[int | None, int | None]:
+    offer = book.offer(worker_id, "web", res(1), IMAGE)
+    assert offer is not None
+    return offer.image_layers, offer.image_bytes
+
+
+def test_an_offer_from_the_book_says_how_much_of_the_image_the_worker_would_pull() -> None:
+    book = WorkerBook()
+    book.observe(info("cached", images=[OTHER, REF]), layers=[A, B, C])
+    book.observe(info("partial"), layers=[A, "d" * 16])
+    book.observe(info("cold"), layers=[])
+    book.observe(info("named", images=[REF]))  # its heartbeat lists the image: all of it held
+    assert image_terms(book, "cached") == (3, 0)
+    assert image_terms(book, "named") == (3, 0)
+    assert image_terms(book, "partial") == (1, 23)
+    assert image_terms(book, "cold") == (0, 123)
+    plain = book.offer("cached", "web", res(1))  # no image asked: no terms
+    assert plain is not None and (plain.image_layers, plain.image_bytes) == (None, None)
+    # The next heartbeat's layers replace the last ones.
+    book.observe(info("partial"), layers=[A, B])
+    assert image_terms(book, "partial") == (2, 3)
+    book.observe(info("partial"), layers=[])
+    assert image_terms(book, "partial") == (0, 123)
+
+
+def test_a_draw_for_an_image_takes_its_holders_first() -> None:
+    book = WorkerBook()
+    holders = {"w017", "w042"}
+    for i in range(64):
+        worker_id = f"w{i:03d}"
+        images = [REF] if worker_id in holders else [OTHER]
+        book.observe(info(worker_id, images=images), layers=[A, B, C] if images[0] == REF else [])
+    book.observe(info("far", images=[REF], region="bcn"), layers=[A, B, C])
+    assert book.holders(REF) == ["far", "w017", "w042"]
+    blind_hits = 0
+    for n in range(20):
+        found = book.candidates("mad", "web", res(1), seed=f"s{n}", wanted=2, image=IMAGE)
+        ids = [o.worker.id for o in found.offers]
+        assert set(ids) == holders and found.population == 64  # both holders, no one else
+        assert {image_terms(book, w) for w in ids} == {(3, 0)}
+        # The same draw without the image is random: the holders are seldom both in it.
+        blind = book.candidates("mad", "web", res(1), seed=f"s{n}", wanted=2)
+        blind_hits += holders <= {o.worker.id for o in blind.offers}
+    assert blind_hits < 5
+    # wanted=1: one holder, whichever the seed picks, and only holders are picked first.
+    picked = {
+        book.candidates("mad", "web", res(1), seed=f"s{n}", wanted=1, image=IMAGE)
+        .offers[0]
+        .worker.id
+        for n in range(40)
+    }
+    assert picked == holders
+    # Holders asked already, gone or full are passed over for workers drawn at random.
+    found = book.candidates("mad", "web", res(1), seed="s", wanted=2, image=IMAGE, exclude={"w017"})
+    assert found.offers[0].worker.id == "w042"
+    assert "w017" not in {o.worker.id for o in found.offers} and found.feasible == 2
+    book.observe(info("w042", used=4, images=[REF]), layers=[A, B, C])
+    found = book.candidates(
+        "mad", "web", res(1), seed="s", wanted=2, image=IMAGE, alive=lambda w: w != "w017"
+    )
+    first = found.offers[0]
+    assert (first.worker.id, first.eligible) == ("w042", False)
+    assert found.feasible == 2 and all(o.eligible for o in found.offers[1:])
+
+
+def test_holders_are_found_in_a_large_region() -> None:
+    book = WorkerBook()
+    for i in range(5000):
+        worker_id = f"w{i:05d}"
+        book.observe(info(worker_id, images=[REF] if i in (7, 2500, 4999) else []))
+    for n in range(10):
+        found = book.candidates("mad", "web", res(1), seed=f"s{n}", wanted=8, image=IMAGE)
+        ids = {o.worker.id for o in found.offers}
+        assert {"w00007", "w02500", "w04999"} <= ids
+        assert (found.feasible, found.population) == (8, 5000)
+
+
+def test_a_worker_that_stops_listing_an_image_is_no_longer_its_holder() -> None:
+    book = WorkerBook()
+    book.observe(info("w1", images=[REF, OTHER]), layers=[A, B, C])
+    book.observe(info("w2", images=[REF]), layers=[A, B, C])
+    assert book.holders(REF) == ["w1", "w2"]
+    # w1 evicted the image (and with it two of its layers).
+    book.observe(info("w1", images=[OTHER]), layers=[A])
+    assert book.holders(REF) == ["w2"] and book.holders(OTHER) == ["w1"]
+    assert image_terms(book, "w1") == (1, 23)
+    for n in range(10):
+        found = book.candidates("mad", "web", res(1), seed=f"s{n}", wanted=1, image=IMAGE)
+        assert [o.worker.id for o in found.offers] == ["w2"]
+    book.observe(info("w2"), layers=[])
+    assert book.holders(REF) == [] and book.holders(OTHER) == ["w1"]
+    assert image_terms(book, "w2") == (0, 123)
+    # Listing it again makes it a holder again.
+    book.observe(info("w2", images=[REF]), layers=[A, B, C])
+    assert book.holders(REF) == ["w2"]
 
 
 # -- the auction, step by step ----------------------------------------------------------------

@@ -74,7 +74,7 @@ def test_a_machine_config_takes_constraints_and_anti_affinity() -> None:
             "cmd": ["true"],
             "constraints": [{"attribute": "label.disk", "value": "ssd"}],
             "distinct_workers_for": "app",
-            "artifact": "registry.example/web:1.2",
+            "image": "registry.example/web:1.2",
             "guest": {"cpus": 1, "memory_mb": 64, "disk_mb": 100, "gpus": 1},
         }
     )
@@ -82,8 +82,17 @@ def test_a_machine_config_takes_constraints_and_anti_affinity() -> None:
     assert config.guest.resources() == Resources(cpus=1, memory_mb=64, disk_mb=100, gpus=1)
     with pytest.raises(ValidationError, match="distinct_workers_for"):
         MachineConfig.model_validate({"cmd": ["true"], "distinct_workers_for": "worker"})
-    with pytest.raises(ValidationError, match="artifact"):
-        MachineConfig.model_validate({"cmd": ["true"], "artifact": "two words"})
+    assert config.image == "registry.example/web:1.2"
+    with pytest.raises(ValidationError, match="image"):
+        MachineConfig.model_validate({"cmd": ["true"], "image": "two words"})
+    with pytest.raises(ValidationError, match="artifact"):  # the old field is gone, not ignored
+        MachineConfig.model_validate({"cmd": ["true"], "artifact": "sha256:ab"})
+    # An image brings its own command; without one, a config must name a command.
+    assert MachineConfig.model_validate({"image": "sha256:" + "ab" * 32}).cmd == []
+    with pytest.raises(ValidationError, match="give the command to run, or an `image`"):
+        MachineConfig.model_validate({"cmd": []})
+    with pytest.raises(ValidationError, match="cmd"):
+        MachineConfig.model_validate({"cmd": [" "], "image": "web"})
     with pytest.raises(ValidationError, match="gpus"):
         MachineConfig.model_validate({"cmd": ["true"], "guest": {"gpus": -1}})
 

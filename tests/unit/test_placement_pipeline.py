@@ -48,7 +48,7 @@ def test_best_fit_prefers_the_fuller_worker_below_the_knee() -> None:
     assert ranking.runner_up == "empty"
     best, second = ranking.outcomes[:2]
     assert best.score is not None and second.score is not None and best.score > second.score
-    assert set(best.scores) == {"best-fit", "anti-affinity"}  # no load, no artifact: no opinion
+    assert set(best.scores) == {"best-fit", "anti-affinity"}  # no load, no image: no opinion
 
 
 def test_best_fit_avoids_pushing_a_worker_past_ninety_percent() -> None:

@@ -14,6 +14,7 @@ from souq.placement import (
     NOT_SAMPLED,
     PipelineCache,
     PlacementRequest,
+    WantedImage,
     build_pipeline,
     default_pipeline,
     weights_of,
@@ -45,6 +46,14 @@ def request(request_id: str = "r1", **extra: Any) -> PlacementRequest:
         resources=Resources(cpus=1, memory_mb=1024),
         **extra,
     )
+
+
+MIB = 2**20
+
+
+def image(size: int) -> WantedImage:
+    """An image of one layer of ``size`` bytes."""
+    return WantedImage("sha256:" + "a" * 64, (("a" * 16, size),))
 
 
 def order(pipeline_result: Any) -> list[str]:
@@ -154,13 +163,35 @@ def test_load_and_cache_break_otherwise_even_offers() -> None:
     busy = offer("busy", load=Load(cpu_percent=95, memory_percent=80))
     for i in range(10):
         assert order(default_pipeline().rank(request(f"r{i}"), [busy, quiet]))[0] == "quiet"
-    warm = offer("warm", artifacts=["web:1"])
-    cold = offer("cold")
+    big = image(64 * MIB)
+    warm = offer("warm", image_layers=1, image_bytes=0)
+    cold = offer("cold", image_layers=0, image_bytes=64 * MIB)
     for i in range(10):
-        ranking = default_pipeline().rank(request(f"r{i}", artifact="web:1"), [cold, warm])
+        ranking = default_pipeline().rank(request(f"r{i}", image=big), [cold, warm])
         assert order(ranking)[0] == "warm"
     scores = {o.worker_id: o.scores for o in ranking.outcomes}
     assert scores["warm"]["cache"] == 1.0 and scores["cold"]["cache"] == 0.0
+
+
+def test_a_large_image_cached_outweighs_anti_affinity_a_small_one_does_not() -> None:
+    # Both workers are as full; "warm" runs a machine of the app and caches the image.
+    warm = offer("warm", used_cpus=1, app_machines=1, image_layers=1, image_bytes=0)
+    for size, winner in ((64 * MIB, "warm"), (MIB, "cold")):
+        cold = offer("cold", used_cpus=1, image_layers=0, image_bytes=size)
+        for i in range(10):
+            ranking = default_pipeline().rank(request(f"r{i}", image=image(size)), [cold, warm])
+            assert ranking.winner == winner, size
+    # Weighed at 0.25 (cache's old default) a whole 64 MiB pull only ties with anti-affinity.
+    cold = offer("cold", used_cpus=1, image_layers=0, image_bytes=64 * MIB)
+    light = build_pipeline(policy(weights={"cache": 0.25}), PlacementDefaults())
+    even = {
+        o.worker_id: o.score
+        for o in light.rank(request(image=image(64 * MIB)), [cold, warm]).outcomes
+    }
+    assert even["warm"] == pytest.approx(even["cold"])
+    # An app that must spread says so: the hard rule beats any cache.
+    spread = request(image=image(64 * MIB), distinct_workers_for="app")
+    assert default_pipeline().rank(spread, [cold, warm]).winner == "cold"
 
 
 def test_the_final_score_is_the_weighted_mean_of_the_scores_given() -> None:

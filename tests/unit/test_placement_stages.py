@@ -17,6 +17,7 @@ from souq.model import (
     WorkerInfo,
     WorkerState,
 )
+from souq.model.image import ImageLayer, ImageRecord, ImageRun
 from souq.placement import (
     AntiAffinityScorer,
     BestFitScorer,
@@ -33,7 +34,9 @@ from souq.placement import (
     ResourcesFilter,
     SpreadScorer,
     StateFilter,
+    WantedImage,
     nomad_binpack,
+    short_digest,
     shortfall,
 )
 
@@ -253,12 +256,60 @@ def test_load_scorer_reads_the_measured_load() -> None:
     assert scorer.score(request(), silly) == pytest.approx(0.5)  # clamped
 
 
-def test_cache_scorer() -> None:
+MIB = 2**20
+
+
+def image(*sizes: int) -> WantedImage:
+    """An image of layers of ``sizes`` bytes."""
+    return WantedImage("sha256:" + "a" * 64, tuple((f"{i:016x}", n) for i, n in enumerate(sizes)))
+
+
+def test_cache_scorer_weighs_the_bytes_a_worker_would_pull() -> None:
     scorer = CacheScorer()
-    cached = offer(artifacts=["sha256:abc", "web:1"])
-    assert scorer.score(request(), cached) is None  # no artifact asked: no opinion
-    assert scorer.score(request(artifact="web:1"), cached) == 1.0
-    assert scorer.score(request(artifact="web:2"), cached) == 0.0
+    big = image(48 * MIB, 16 * MIB)  # 64 MiB: a whole pull costs the whole range
+    assert scorer.score(request(), offer(image_layers=2, image_bytes=0)) is None  # no image
+    assert scorer.score(request(image=big), offer()) is None  # the worker does not say
+    assert scorer.score(request(image=big), offer(image_layers=2, image_bytes=0)) == 1.0
+    assert scorer.score(request(image=big), offer(image_layers=0, image_bytes=64 * MIB)) == 0.0
+    # A quarter of it missing (the 16 MiB layer) costs a quarter.
+    part = offer(image_layers=1, image_bytes=16 * MIB)
+    assert scorer.score(request(image=big), part) == pytest.approx(0.75)
+    # A small image missing whole costs little: 1 MiB is 1/64 of a full pull.
+    small = image(MIB)
+    cold = offer(image_layers=0, image_bytes=MIB)
+    assert scorer.score(request(image=small), cold) == pytest.approx(1 - 1 / 64)
+    # Past FULL_PULL the share missing is what counts: half of 128 MiB is 0.5.
+    huge = image(64 * MIB, 64 * MIB)
+    half = offer(image_layers=1, image_bytes=64 * MIB)
+    assert scorer.score(request(image=huge), half) == pytest.approx(0.5)
+    # An empty image needs no pull; a worker claiming more than the image is clamped to 0.
+    assert scorer.score(request(image=image()), offer(image_layers=0, image_bytes=0)) == 1.0
+    odd = offer(image_layers=0, image_bytes=10**12)
+    assert scorer.score(request(image=big), odd) == 0.0
+
+
+def test_a_wanted_image_counts_what_a_worker_holds() -> None:
+    digests = ["sha256:" + c * 64 for c in "abc"]
+    layers = [
+        ImageLayer(digest=d, size=n, media_type="application/vnd.oci.image.layer.v1.tar+gzip")
+        for d, n in zip(digests, (100, 20, 3), strict=True)
+    ]
+    record = ImageRecord(
+        reference="sha256:" + "f" * 64,
+        size=123,
+        config_digest="sha256:" + "d" * 64,
+        layers=layers,
+        run=ImageRun(cmd=["true"]),
+        created_at="2026-01-01T00:00:00.000Z",
+    )
+    wanted = WantedImage.of(record)
+    assert wanted.reference == record.reference
+    assert wanted.layers == (("a" * 16, 100), ("b" * 16, 20), ("c" * 16, 3))
+    assert wanted.size == 123
+    assert short_digest(digests[0]) == "a" * 16
+    assert wanted.missing(set()) == (0, 123)
+    assert wanted.missing({"b" * 16, "e" * 16}) == (1, 103)
+    assert wanted.missing(frozenset(d for d, _ in wanted.layers)) == (3, 0)
 
 
 def test_an_overcommitted_worker_is_short_not_an_error() -> None:

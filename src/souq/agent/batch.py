@@ -54,6 +54,7 @@ def claim_batch(
             config=req.config,
             skip_launch=req.skip_launch,
             placement=req.placement,
+            image=req.image,
         )
         machines.append(commands.claim(claim, durable=False, admitted=True))
     executor.store.sync()  # one fsync for the whole batch, before it is answered

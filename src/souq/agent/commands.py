@@ -34,6 +34,7 @@ from souq.model.machine import (
     OpRecord,
     normalise_signal,
 )
+from souq.model.placement import Placement
 from souq.model.protocol import ClaimRequest, LogsReply, StopCommand
 from souq.model.services import MachineAddress
 
@@ -71,6 +72,7 @@ class Commands:
         now = self._clock.now_ms()
         if not admitted:
             ex.admission.check_claim(req.region, req.config.guest.resources(), now, quote=quote)
+        placement = self._image_noted(req)
         op = ex.new_op(OpKind.CREATE, new_machine_id(), source="user", type="start")
         events = [MachineEvent(type="launch", status=S.CREATED, source="user", timestamp=now)]
         if req.config.standbys:  # a standby waits, stopped, until a primary's worker is lost
@@ -91,7 +93,7 @@ class Commands:
             body_hash=req.body_hash,
             state=state,
             config=req.config,
-            placement=req.placement,
+            placement=placement,
             created_at=now,
             updated_at=now,
             events=tuple(reversed(events)),
@@ -110,6 +112,20 @@ class Commands:
         ex.execute(op, step.actions)
         ex.sync()  # if the spawn did not (skip_launch, or it failed before its fork)
         return ex.machine(row.app, row.id)
+
+    def _image_noted(self, req: ClaimRequest) -> Placement | None:
+        """The claim's placement record, saying (for a machine of an image) what this worker
+        has of the image."""
+        if req.config.image is None:
+            return req.placement
+        if req.image is None:
+            raise InvalidInput(
+                f"config.image: the claim names image {req.config.image} without its record",
+                hint="create machines through a broker, which resolves the image",
+            )
+        placement = req.placement or Placement(request_id=req.request_id, region=req.region)
+        images = self._ex.images
+        return placement if images is None else images.claimed(req.image, placement)
 
     def _address(self, machine_id: str, config: MachineConfig) -> MachineAddress | None:
         """Host ports for the machine's internal ports (:class:`ClaimRefused` ``no_ports``

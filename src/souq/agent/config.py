@@ -26,6 +26,7 @@ Region = Annotated[str, AfterValidator(_region)]  # a worker's region, as config
 
 
 DEFAULT_PORTS = (20000, 29999)
+DEFAULT_IMAGE_CACHE_MB = 10 * 1024
 
 
 class AgentConfig(BaseModel):
@@ -69,6 +70,12 @@ class AgentConfig(BaseModel):
     ports: tuple[int, int] = Field(
         default=DEFAULT_PORTS,
         description="the host ports given to machines, LOW-HIGH (each agent of a host its own)",
+    )
+    image_cache_mb: int = Field(
+        default=DEFAULT_IMAGE_CACHE_MB,
+        ge=0,
+        description="bound of the image cache (DATA_DIR/images): unused images beyond it are "
+        "evicted, least recently used first",
     )
 
     @field_validator("ports", mode="before")

@@ -22,26 +22,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from souq.agent import lifecycle
+from souq.agent import lifecycle, recovery
 from souq.agent.admission import Admission
 from souq.agent.faults import FaultPoint
+from souq.agent.images import AgentImages, Pulled, image_of
+from souq.agent.launch import Pulls, machine_spec, pulled_record
 from souq.agent.lifecycle import Trigger
 from souq.agent.operations import Action, OpEvent, OpKind, OpState, advance
-from souq.agent.ports import PortPool, port_env
+from souq.agent.ports import PortPool
 from souq.agent.records import RECENT_EVENTS, MachineRow, OpStep, of_app
 from souq.agent.restart import Backoff
 from souq.agent.store import Store
 from souq.agent.supervisor import Supervisor
 from souq.clock import Clock
-from souq.drivers.base import (
-    Driver,
-    ExitStatus,
-    Handle,
-    Limits,
-    MachineSpec,
-    RecordsExits,
-    SpawnError,
-)
+from souq.drivers.base import Driver, ExitStatus, Handle, RecordsExits, SpawnError
 from souq.errors import IllegalTransition, SouqError
 from souq.ids import new_request_id
 from souq.model.machine import Machine, MachineEvent, MachineState
@@ -89,6 +83,7 @@ class Executor:
         admission: Admission,
         ports: PortPool | None = None,
         advertise: str = "127.0.0.1",
+        images: AgentImages | None = None,
     ) -> None:
         self.worker_id = worker_id
         self.region = region
@@ -101,15 +96,17 @@ class Executor:
         self._by_request: dict[str, str] = {r.request_id: r.id for r in rows}
         # Kept up to date so that offers never scan the machine records.
         self._live_by_app: Counter[str] = Counter(r.app for r in rows if r.state is not S.DESTROYED)
-        # Grows with every new machine record that names an artifact: the artifact cache
-        # changes with these only.
-        self.artifact_records = sum(1 for r in rows if r.config.artifact is not None)
+        # The image cache, and the pulls that spawns wait for; every machine pins its image.
+        self.images = images
+        self.pulls = Pulls(images) if images is not None else None
         self.admission = admission  # the ledger: reservations are recorded there too
         self.ports = ports or PortPool()  # host ports, given at claims (souq.agent.ports)
         self.advertise = advertise
-        for r in rows:
-            if r.address is not None and r.state is not S.DESTROYED:
+        for r in (r for r in rows if r.state is not S.DESTROYED):
+            if r.address is not None:
                 self.ports.restore(r.id, r.address.ports.values())
+            if images is not None and (ref := image_of(r.placement)) is not None:
+                images.pin(ref)
         self._handles: dict[str, Handle] = {}
         # Suspended machines' processes: frozen by the driver, thawed before any signal.
         self._frozen: set[str] = {r.id for r in rows if r.state is S.SUSPENDED}
@@ -207,8 +204,8 @@ class Executor:
         self._rows[row.id] = row
         self._by_request[row.request_id] = row.id
         self._live_by_app[row.app] += 1
-        if row.config.artifact is not None:
-            self.artifact_records += 1
+        if self.images is not None and (ref := image_of(row.placement)) is not None:
+            self.images.pin(ref)
         self.admission.reserve(row.resources)
         for event in reversed(row.events):
             self._publish(row, event)
@@ -277,6 +274,8 @@ class Executor:
         self._rows[row.id] = new
         if state is S.DESTROYED and row.state is not S.DESTROYED:
             self.ports.give_back(row.id)
+            if self.images is not None and (ref := image_of(row.placement)) is not None:
+                self.images.release(ref)
             self._live_by_app[row.app] -= 1
             if not self._live_by_app[row.app]:
                 del self._live_by_app[row.app]
@@ -342,31 +341,47 @@ class Executor:
 
     def _spawn(self, op: Op) -> None:
         row = self._to_starting(op)
-        spec = MachineSpec(
-            machine_id=row.id,
-            app=row.app,
-            region=row.region,
-            worker_id=self.worker_id,
-            cmd=tuple(row.config.cmd),
-            env=port_env(row.config.env, row.address),
-            driver=row.config.driver,
-            limits=Limits(memory_mb=row.config.guest.memory_mb, cpus=row.config.guest.cpus),
-            network=row.config.sandbox.network,
-        )
+        ref = image_of(row.placement)
+        image = None if ref is None or self.images is None else self.images.ready(ref)
+        if ref is not None and image is None:  # spawned once the image is here, or failed
+            self.sync()
+            self._pull(op, ref)
+            return
+        spec = machine_spec(row, self.worker_id, image)
         try:
             handle = self.driver.start(spec, meanwhile=self.sync)
         except SpawnError as exc:
-            self.step(
-                op,
-                OpEvent.SPAWN_FAILED,
-                event=Trigger.SPAWN_FAILED,
-                type="fail",
-                message=str(exc),
-                pid=None,
-                pid_start_time=None,
-            )
+            self._spawn_failed(op, str(exc))
             return
         self._spawned(op, handle, watch=True)
+
+    def _spawn_failed(self, op: Op, message: str) -> None:
+        self.step(
+            op,
+            OpEvent.SPAWN_FAILED,
+            event=Trigger.SPAWN_FAILED,
+            type="fail",
+            message=message,
+            pid=None,
+            pid_start_time=None,
+        )
+
+    def _pull(self, op: Op, ref: str) -> None:
+        if self.pulls is None:
+            self._spawn_failed(op, f"image {ref}: this worker keeps no image cache")
+            return
+
+        def pulled(outcome: Pulled | Exception) -> None:
+            if self._ops.get(op.machine_id) is not op or op.state is not OpState.SPAWNING:
+                return  # destroyed meanwhile
+            if isinstance(outcome, Exception):
+                self._spawn_failed(op, f"image {ref}: {outcome}")
+                return
+            placement, message = pulled_record(self._rows[op.machine_id], outcome)
+            self.apply(op.machine_id, type="pull", message=message, placement=placement)
+            self._spawn(op)
+
+        self.pulls.start(op.machine_id, ref, pulled)
 
     def _spawned(self, op: Op, handle: Handle, *, watch: bool, message: str | None = None) -> None:
         mid = op.machine_id
@@ -521,46 +536,31 @@ class Executor:
     # -- recovery and shutdown -----------------------------------------------------------------
 
     def recover(self) -> None:
-        """Re-adopt live processes, resume unfinished operations from their last logged step,
-        and report what happened to machines whose process died while no agent watched."""
-        pending = self.store.unfinished_ops()
-        with_ops = {s.machine_id for s in pending}
-        for row in list(self._rows.values()):
-            handle = self._last_handle(row, row.id in with_ops)
-            if handle is not None and self.driver.recover(handle):
-                log.info("re-adopted machine %s (pid %d)", row.id, handle.pid)
-                self._handles[row.id] = handle
-                self._ran_since[row.id] = self._clock.monotonic()
-                self.supervisor.watch(row.id, handle)
-        for last in pending:
-            if last.machine_id not in self._rows or last.machine_id in self._ops:
-                continue
-            op = Op(last.op_id, last.kind, last.machine_id, dict(last.detail), last.state)
-            self._ops[op.machine_id] = op
-            self.step(op, OpEvent.RECOVER)
-        for row in list(self._rows.values()):
-            if row.id in self._ops or row.id in self._handles:
-                continue
-            if row.state in (S.STARTED, S.STOPPING, S.SUSPENDED):
-                self._on_exit(row.id, self._last_exit(row.id))
-            elif row.state is S.STARTING:  # it was waiting out a restart backoff
-                self.supervisor.schedule_restart(row.id, 0.0)
-            elif row.state is S.DESTROYING:
-                op = self.new_op(OpKind.DESTROY, row.id, source="agent")
-                self.step(op, OpEvent.IDLE, event=Trigger.DESTROY)
+        """After an agent restart: see :mod:`souq.agent.recovery`."""
+        recovery.recover(self)
 
-    def _last_handle(self, row: MachineRow, has_op: bool) -> Handle | None:
-        if row.state is S.DESTROYED:
-            return None
-        if row.pid is not None and row.pid_start_time is not None:
-            return Handle(row.id, row.pid, row.pid_start_time)
-        if has_op or row.state in (S.STARTING, S.STARTED, S.STOPPING, S.SUSPENDED, S.DESTROYING):
-            return self.driver.find(row.id)  # started, but the agent died before recording it
-        return None
+    def adopt(self, machine_id: str, handle: Handle) -> None:
+        """A process found running at an agent restart is the machine's: watch it."""
+        self._handles[machine_id] = handle
+        self._ran_since[machine_id] = self._clock.monotonic()
+        self.supervisor.watch(machine_id, handle)
+
+    def resume(self, last: OpStep) -> None:
+        """Go on with an operation the op log left unfinished, from its last step."""
+        op = Op(last.op_id, last.kind, last.machine_id, dict(last.detail), last.state)
+        self._ops[op.machine_id] = op
+        self.step(op, OpEvent.RECOVER)
+
+    def exited_unwatched(self, machine_id: str) -> None:
+        """The machine's process died while no agent watched: its exit, as the driver kept it."""
+        self._on_exit(machine_id, self._last_exit(machine_id))
 
     async def shutdown(self) -> None:
         """Stop watching: machines keep running, for the next agent to re-adopt. (To stop them
-        first, see :meth:`souq.agent.commands.Commands.stop_all`.)"""
+        first, see :meth:`souq.agent.commands.Commands.stop_all`.) A pull under way stops: the
+        next agent resumes the spawn."""
+        if self.pulls is not None:
+            await self.pulls.aclose()
         await self.supervisor.aclose()
         self.driver.close()
 

@@ -24,6 +24,7 @@ from souq.agent.config import AgentConfig
 from souq.agent.executor import Executor
 from souq.agent.faults import fault_point
 from souq.agent.fingerprint import capacity_of, fingerprint
+from souq.agent.images import AgentImages
 from souq.agent.load import LoadGauge
 from souq.agent.outbox import Outbox
 from souq.agent.ports import PortPool
@@ -94,6 +95,12 @@ class Agent:
         self.capacity = capacity_of(self.fingerprint)
         self.worker_id = ""
 
+    def _images(self) -> AgentImages | None:
+        """The image cache (not the hollow fleet's: it runs nothing)."""
+        if self._given_driver is not None:
+            return None
+        return AgentImages(self.config.data_dir / "images", limit_mb=self.config.image_cache_mb)
+
     def _require_host_driver(self) -> HostDriver:
         assert self._host_driver is not None
         return self._host_driver
@@ -138,6 +145,7 @@ class Agent:
                 admission=admission,
                 ports=PortPool(*config.ports),
                 advertise=config.advertise,
+                images=self._images(),
             )
             self._executor.fault = fault_point(config.data_dir)
             self._commands = Commands(self._executor, self._clock)
@@ -148,6 +156,9 @@ class Agent:
                 self._transport = await connect(
                     config.nats_url, name=f"souq-agent-{self.worker_id}"
                 )
+            client = getattr(self._transport, "client", None)  # NATS: JetStream holds images
+            if self._executor.images is not None and client is not None:
+                self._executor.images.attach(client)
             self._service = AgentService(
                 self._executor,
                 self._commands,

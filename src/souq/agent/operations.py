@@ -97,6 +97,8 @@ _SPAWNING: _Table = {
     (St.SPAWNING, Ev.SPAWNED): Step(St.DONE),
     (St.SPAWNING, Ev.SPAWN_FAILED): Step(St.DONE),
     (St.SPAWNING, Ev.RECOVER): Step(St.SPAWNING, (A.ADOPT_OR_SPAWN,)),
+    # A destroy while the spawn waits for the machine's image to be pulled.
+    (St.SPAWNING, Ev.ABORT): Step(St.DONE),
 }
 
 _STOPPING: _Table = {

@@ -70,7 +70,7 @@ class Publisher:
         interval_s: float,
         worker_info: Callable[[], WorkerInfo],
         usage: Callable[[], WorkerUsage],
-        artifacts: Callable[[], list[str]],
+        layers: Callable[[], list[str]],
         stats: AgentStats,
         pacer: Pacer | None = None,
         json_of: JsonOf = dump,
@@ -87,7 +87,7 @@ class Publisher:
         self._interval = interval_s
         self._worker_info = worker_info
         self._usage = usage
-        self._artifacts = artifacts
+        self._layers = layers
         self._usage_sent = -1  # the ledger version last told (heartbeats tell it too)
         self._stats = stats
         self._seq = 0
@@ -160,7 +160,7 @@ class Publisher:
             interval_s=self._interval,
             reconnects=self.reconnects,
             protocol=PROTOCOL_MINOR,
-            artifacts=self._artifacts(),
+            layers=self._layers(),
         )
         self._usage_sent = max(self._usage_sent, info.version)
         try:

@@ -80,12 +80,14 @@ class AgentService:
             interval_s=heartbeat_interval_s,
             worker_info=self.verbs.worker_info,
             usage=self.verbs.usage,
-            artifacts=self.verbs.artifacts,
+            layers=self.verbs.layers,
             stats=self.stats,
             pacer=pacer,
             json_of=executor.store.json_of,
         )
         self.verbs.publisher = self.publisher
+        if executor.images is not None:
+            executor.images.on_change = self.publisher.announce
         self.dispatcher = self.verbs.dispatcher()
         self._subs: list[Subscription] = []
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 
-from souq.agent.artifacts import ArtifactCache
 from souq.agent.batch import claim_batch
 from souq.agent.commands import Commands
 from souq.agent.executor import Executor
@@ -64,7 +63,6 @@ class WorkerVerbs:
         self.quotes = Quotes(executor.store, clock, self.admission, on_change=self._announce)
         self.publisher: Publisher | None = None  # set by the shell once it is on the bus
         self._load = load or LoadGauge(clock)
-        self._artifacts = ArtifactCache()
 
     def dispatcher(self) -> Dispatcher:
         d = Dispatcher(f"worker {self.worker_id}", ledger=lambda: self.admission.version)
@@ -112,6 +110,7 @@ class WorkerVerbs:
             last_seen=now,
             version=self.admission.version,
             load=self._load.read(),
+            images=self.images(),
         )
 
     def usage(self) -> WorkerUsage:
@@ -120,8 +119,13 @@ class WorkerVerbs:
             self._clock.now_ms(), state=self.state(), machines=self._ex.machine_count()
         )
 
-    def artifacts(self) -> list[str]:
-        return self._artifacts.artifacts(self._ex.artifact_records, self._ex.rows)
+    def images(self) -> list[str]:
+        """The images cached here, most recently used first."""
+        return [] if self._ex.images is None else self._ex.images.images()
+
+    def layers(self) -> list[str]:
+        """The image layers held here, by short digest (heartbeats carry them)."""
+        return [] if self._ex.images is None else self._ex.images.layers()
 
     def state(self) -> WorkerState:
         if self.admission.draining and self._cmd.running():
@@ -145,14 +149,20 @@ class WorkerVerbs:
         if refusal is not None and refusal[0] == "cordoned":
             return msg.Offer(worker=info, eligible=False, reason=refusal[0], detail=refusal[1])
         # What placement scores beyond capacity: the host's measured load (cached, refreshed
-        # at most every 0.5 s), the artifact cache, and the app's machines already here.
+        # at most every 0.5 s), how much of the image it holds, and the app's machines here.
+        held = pull = None
+        if self._ex.images is not None:
+            held, pull = self._ex.images.terms(req.image, req.image_layers)
+        elif req.image is not None:
+            held, pull = 0, sum(req.image_layers.values())
         return msg.Offer(
             worker=info,
             eligible=refusal is None,
             reason=refusal[0] if refusal else None,
             detail=refusal[1] if refusal else None,
             load=info.load,
-            artifacts=self.artifacts(),
+            image_layers=held,
+            image_bytes=pull,
             app_machines=self._ex.machine_count(req.app),
         )
 
@@ -170,7 +180,9 @@ class WorkerVerbs:
         new = req.placement is not None and self._ex.machine_for_request(req.request_id) is None
         machine = self._claim_machine(req)
         json_of = self._ex.store.json_of
-        return Encoded(machine_json(machine, json_of, placement=not new).encode())
+        # A machine of an image keeps its record in the reply: the worker said what it had.
+        keep = not new or req.image is not None
+        return Encoded(machine_json(machine, json_of, placement=keep).encode())
 
     def _claim_machine(self, req: msg.ClaimRequest) -> Machine:
         try:

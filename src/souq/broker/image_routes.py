@@ -1,7 +1,8 @@
 """The image routes: ``POST /v1/images`` stores an image (its OCI layout, as a tar, is the
 body), ``GET /v1/images`` lists them and ``GET /v1/images/{ref}`` shows one, by reference
 (``sha256:…``) or name. The store is JetStream's (:mod:`souq.images.store`), opened on first
-use: a broker over a NATS without JetStream still serves everything else."""
+use (:mod:`souq.broker.images`): a broker over a NATS without JetStream still serves everything
+else."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ from fastapi import APIRouter, Query, Request
 from souq.broker.service import BrokerService
 from souq.errors import InvalidInput
 from souq.images import read_layout_bytes
-from souq.images.store import ImageStore
 from souq.model.image import ImageRecord
 
 __all__ = ["MAX_IMAGE_BYTES", "images_router"]
@@ -23,14 +23,7 @@ MAX_IMAGE_BYTES = 2 * 2**30  # an upload larger than this is refused before it i
 
 def images_router(service: BrokerService) -> APIRouter:
     router = APIRouter(tags=["images"])
-    opened: list[ImageStore] = []
-    lock = asyncio.Lock()
-
-    async def store() -> ImageStore:
-        async with lock:
-            if not opened:
-                opened.append(await ImageStore.open(service.nats_client()))
-        return opened[0]
+    store = service.images.store
 
     @router.post("/v1/images", status_code=201, response_model=ImageRecord)
     async def push_image(

@@ -122,7 +122,7 @@ class Liveness:
             reconnects=beat.reconnects,
             seq=beat.seq,
         )
-        self.book.observe(beat.worker, artifacts=beat.artifacts)
+        self.book.observe(beat.worker, layers=beat.layers)
         self._beat.set()
         self._beat = asyncio.Event()
         rejoined = old is not None and (old.reconnects != beat.reconnects or beat.seq < old.seq)

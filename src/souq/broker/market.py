@@ -47,6 +47,7 @@ from souq.model import (
     WorkerUsage,
 )
 from souq.model.batch import BatchClaimRequest, BatchCreateRequest, BatchResult
+from souq.model.image import ImageRecord
 from souq.placement import Pipeline, PipelineCache, PlacementRequest
 from souq.protocol import WorkerClient
 from souq.protocol.verbs import CLAIM, CLAIM_BATCH, DESTROY, HOLD, OFFER
@@ -112,7 +113,11 @@ class Market:
         done = self._outcome(auction, await self._run(auction, claim))
         machine: Machine = done.placed[0]
         if auction.existing is None:  # an earlier machine keeps the record it was made with
-            machine = machine.model_copy(update={"placement": done.record})
+            record: Placement = done.record
+            told = machine.placement  # a machine of an image: what the worker had of it
+            if told is not None and told.image is not None:
+                record = record.model_copy(update={"cached": told.cached, "image": told.image})
+            machine = machine.model_copy(update={"placement": record})
         return machine
 
     async def explain(self, order: ClaimRequest) -> Placement:
@@ -152,7 +157,13 @@ class Market:
     # -- a batch ---------------------------------------------------------------------------
 
     async def place_batch(
-        self, app: str, body: BatchCreateRequest, *, request_id: str, body_hash: str
+        self,
+        app: str,
+        body: BatchCreateRequest,
+        *,
+        request_id: str,
+        body_hash: str,
+        image: ImageRecord | None = None,
     ) -> BatchResult:
         """``count`` machines of one config in one placement. At most ``batch_concurrency``
         batches run at once on this broker; the others wait their turn (at most
@@ -176,12 +187,19 @@ class Market:
                 hint="retry shortly, or spread batches over several brokers",
             ) from None
         try:
-            return await self._place_batch(app, body, request_id, body_hash, min_count)
+            return await self._place_batch(app, body, request_id, body_hash, min_count, image=image)
         finally:
             self._turns.release()
 
     async def _place_batch(
-        self, app: str, body: BatchCreateRequest, request_id: str, body_hash: str, min_count: int
+        self,
+        app: str,
+        body: BatchCreateRequest,
+        request_id: str,
+        body_hash: str,
+        min_count: int,
+        *,
+        image: ImageRecord | None,
     ) -> BatchResult:
         async def claim(action: SendClaim) -> Answer:
             req = BatchClaimRequest(
@@ -193,6 +211,7 @@ class Market:
                 skip_launch=body.skip_launch,
                 request_ids=[f"{request_id}-{i}" for i in action.indexes],
                 placement=action.record,
+                image=image,
             )
             # A worker makes each machine in turn: allow time per machine. A claim that goes
             # unanswered is sent once more to the same worker (it is idempotent per request
@@ -210,7 +229,9 @@ class Market:
                 )
             return list(reply.machines), ledger
 
-        request = PlacementRequest.for_machine(request_id, app, body.region, body.config)
+        request = PlacementRequest.for_machine(
+            request_id, app, body.region, body.config, image=image
+        )
         order = Order(request, count=body.count, min_count=min_count, batch=True)
         auction = self._new_auction(order, self._pipeline)
         done = await self._run(auction, claim, offer_timeout=self._config.batch_offer_timeout_s)
@@ -251,6 +272,7 @@ class Market:
             order.region,
             order.config,
             avoid_workers=self._primaries(order),
+            image=order.image,
         )
         pipeline = self._pipeline if order.policy is None else self._pipelines.get(order.policy)
         return self._new_auction(
@@ -335,11 +357,14 @@ class Market:
 
     async def _ask(self, auction: Auction, action: AskOffers, timeout: float | None) -> list[Offer]:
         order = auction.order
+        image = order.request.image
         ask = OfferRequest(
             request_id=order.request_id,
             app=order.request.app,
             region=order.region,
             resources=order.request.resources,
+            image=None if image is None else image.reference,
+            image_layers={} if image is None else dict(image.layers),
         )
         timeout = timeout or self._config.offer_timeout_s
         if action.workers is not None:

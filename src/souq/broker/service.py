@@ -24,6 +24,7 @@ from pydantic import BaseModel
 from souq.broker.config import BrokerConfig
 from souq.broker.directory import Directory
 from souq.broker.idempotency import Coalescer, body_hash
+from souq.broker.images import ImageResolver
 from souq.broker.liveness import Liveness
 from souq.broker.market import Market
 from souq.broker.metrics import BrokerMetrics
@@ -92,6 +93,7 @@ class BrokerService:
         self.directory = Directory(self.client)
         self.book = self.liveness.book
         self.market = Market(self.client, self.liveness, config, self._clock, pipeline=pipeline)
+        self.images = ImageResolver(self.nats_client)
         self._creates: Coalescer[Machine] = Coalescer()
         self.view = ClusterView(
             transport,
@@ -175,8 +177,10 @@ class BrokerService:
         )
 
         async def place() -> Machine:
+            nonlocal order
             try:
                 self.require_bus()
+                order = await self._with_image(order)
                 if body.quote is not None:
                     machine = await self._create_with_quote(order, body.quote)
                 else:
@@ -215,9 +219,10 @@ class BrokerService:
     async def create_batch(self, app: str, body: BatchCreateRequest) -> BatchResult:
         """``count`` machines of one config in one placement (see :mod:`souq.broker.market`)."""
         self.require_bus()
+        image = await self.images.of_config(body.config)
         try:
             result = await self.market.place_batch(
-                app, body, request_id=new_request_id(), body_hash=body_hash(body)
+                app, body, request_id=new_request_id(), body_hash=body_hash(body), image=image
             )
         except SouqError as exc:
             if not self.connected:
@@ -228,6 +233,12 @@ class BrokerService:
             self.book.placed(machine.id, machine.worker_id, machine.app)
             self.view.apply(machine)
         return result
+
+    async def _with_image(self, order: ClaimRequest) -> ClaimRequest:
+        """``order`` with the image its config names, resolved (``image_not_found`` before any
+        capacity is claimed)."""
+        image = await self.images.of_config(order.config)
+        return order if image is None else order.model_copy(update={"image": image})
 
     async def _create_with_quote(self, order: ClaimRequest, quote_id: str) -> Machine:
         """Claim exactly the quote's hold on the worker that holds it; the machine keeps the
@@ -246,14 +257,14 @@ class BrokerService:
             if quote.placement is None:
                 raise NotFound(f"quote {body.quote} has no placement record")
             return quote.placement
-        return await self.market.explain(_order(app, body, name=body.name))
+        return await self.market.explain(await self._with_image(_order(app, body, name=body.name)))
 
     # -- quotes ----------------------------------------------------------------------------
 
     async def create_quote(self, app: str, body: QuoteRequest) -> Quote:
         """Hold capacity on the best worker for ``body.ttl_s``: a dry run that binds."""
         self.require_bus()
-        return await self.market.hold(_order(app, body), ttl_s=body.ttl_s)
+        return await self.market.hold(await self._with_image(_order(app, body)), ttl_s=body.ttl_s)
 
     async def get_quote(self, app: str, quote_id: str) -> Quote:
         ref = QuoteRef(app=app, quote_id=quote_id)

@@ -111,7 +111,11 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JS
 AppOpt = Annotated[str, typer.Option("--app", "-a", help="The app the machine belongs to.")]
 IdArg = Annotated[str, typer.Argument(metavar="ID", help="The machine's id.")]
 CommandArg = Annotated[
-    list[str], typer.Argument(metavar="-- COMMAND [ARG...]", help="What the machine runs.")
+    list[str] | None,
+    typer.Argument(
+        metavar="-- COMMAND [ARG...]",
+        help="What the machine runs (with --image: optional, the image's own command runs).",
+    ),
 ]
 CpusOpt = Annotated[float | None, typer.Option("--cpus", help="CPU cores.")]
 MemoryOpt = Annotated[int | None, typer.Option("--memory-mb", help="Memory in MiB.")]
@@ -129,8 +133,9 @@ DistinctOpt = Annotated[
     bool,
     typer.Option("--distinct-workers", help="Never on a worker that runs this app already."),
 ]
-ArtifactOpt = Annotated[
-    str | None, typer.Option("--artifact", help="What it runs from (workers cache it).")
+ImageOpt = Annotated[
+    str | None,
+    typer.Option("--image", help="The image it runs (sha256:… or a name; see `souq image list`)."),
 ]
 PolicyOpt = Annotated[
     str | None,
@@ -154,7 +159,7 @@ def _root(
 @machine_app.command("run", context_settings={"allow_interspersed_args": False})
 def machine_run(
     *,
-    command: CommandArg,
+    command: CommandArg = None,
     app_name: AppOpt,
     region: Annotated[str, typer.Option("--region", "-r", help="Where to place it.")],
     cpus: CpusOpt = None,
@@ -188,7 +193,7 @@ def machine_run(
     ] = None,
     constraint: ConstraintOpt = None,
     distinct: DistinctOpt = False,
-    artifact: ArtifactOpt = None,
+    image: ImageOpt = None,
     policy: PolicyOpt = None,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Show where it would go and why; claim nothing.")
@@ -198,7 +203,7 @@ def machine_run(
     """Place a machine and start it; prints its id."""
     with reporting(as_json):
         config = _config(
-            command, cpus, memory_mb, constraints=constraint, distinct=distinct, artifact=artifact
+            command, cpus, memory_mb, constraints=constraint, distinct=distinct, image=image
         )
         config |= _run_config(restart, max_retries, env)
         if port:
@@ -225,23 +230,25 @@ def machine_run(
 
 
 def _config(
-    command: list[str],
+    command: list[str] | None,
     cpus: float | None,
     memory_mb: int | None,
     *,
     constraints: list[str] | None,
     distinct: bool,
-    artifact: str | None,
+    image: str | None,
 ) -> dict[str, Any]:
     """A machine config from command-line options (validated by the broker): what it runs,
     what it needs and where it may run, as `machine run` and `quote create` both take them."""
-    config: dict[str, Any] = {"cmd": command}
+    if not command and not image:
+        raise typer.BadParameter("give the command after `--`, or an --image", param_hint="COMMAND")
+    config: dict[str, Any] = {"cmd": command or []}
     if constraints:
         config["constraints"] = [_constraint(text) for text in constraints]
     if distinct:
         config["distinct_workers_for"] = "app"
-    if artifact:
-        config["artifact"] = artifact
+    if image:
+        config["image"] = image
     guest = {k: v for k, v in (("cpus", cpus), ("memory_mb", memory_mb)) if v is not None}
     if guest:
         config["guest"] = guest
@@ -311,7 +318,7 @@ def machine_explain(machine_id: IdArg, app_name: AppOpt, as_json: JsonOpt = Fals
 @quote_app.command("create", context_settings={"allow_interspersed_args": False})
 def quote_create(
     *,
-    command: CommandArg,
+    command: CommandArg = None,
     app_name: AppOpt,
     region: Annotated[str, typer.Option("--region", "-r", help="Where to hold capacity.")],
     cpus: CpusOpt = None,
@@ -321,14 +328,14 @@ def quote_create(
     ] = None,
     constraint: ConstraintOpt = None,
     distinct: DistinctOpt = False,
-    artifact: ArtifactOpt = None,
+    image: ImageOpt = None,
     policy: PolicyOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Hold capacity for a machine (a dry run that binds); use it with `machine run --quote`."""
     with reporting(as_json):
         config = _config(
-            command, cpus, memory_mb, constraints=constraint, distinct=distinct, artifact=artifact
+            command, cpus, memory_mb, constraints=constraint, distinct=distinct, image=image
         )
         placement = {"policy": policy} if policy else None
         quote = make_client().create_quote(app_name, region, config, ttl_s=ttl, placement=placement)

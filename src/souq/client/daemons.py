@@ -116,6 +116,10 @@ def agent(
         str | None,
         typer.Option("--ports", help="Host ports for machines, LOW-HIGH (default 20000-29999)."),
     ] = None,
+    image_cache_mb: Annotated[
+        int | None,
+        typer.Option("--image-cache-mb", help="Bound of the image cache in MiB (default 10240)."),
+    ] = None,
     log_format: LogFormatOpt = LogFormat.TEXT,
 ) -> None:
     """Run a worker agent in the foreground."""
@@ -250,6 +254,10 @@ def dev(
     ] = None,
     worker_memory_mb: Annotated[
         int | None, typer.Option("--worker-memory-mb", help="MiB each worker offers.")
+    ] = None,
+    image_cache_mb: Annotated[
+        int | None,
+        typer.Option("--image-cache-mb", help="Bound of each worker's image cache, in MiB."),
     ] = None,
     data_dir: Annotated[
         Path | None, typer.Option("--data-dir", help="Where the cluster keeps its state.")

@@ -50,6 +50,8 @@ class MachineSpec:
     driver: str = "exec"  # "exec" or "sandbox"
     limits: Limits = Limits()
     network: bool = True  # sandbox only: False gives the machine a network namespace with lo
+    cwd: str | None = None  # where it runs; None: its own directory (the driver's)
+    image_root: str | None = None  # its image's files (the sandbox mounts them read-only)
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,11 @@
 """The exec driver: a machine is a process in its own session (process group).
 
 * ``start``: stdin from /dev/null, stdout and stderr appended to ``<root>/<id>/output.log``,
-  working directory ``<root>/<id>``. The process sees a minimal inherited environment
-  (``PATH``, ``HOME``, ``LANG``), the config's ``env`` and ``SOUQ_MACHINE_ID``, ``SOUQ_APP``,
-  ``SOUQ_REGION``, ``SOUQ_WORKER_ID``, every signal at its default and no descriptor of the
-  agent's. A pid file (``<root>/<id>/pid``: pid and start time) lets a restarted agent find a
-  process it started but had not yet recorded.
+  working directory ``<root>/<id>`` (or the spec's ``cwd``: its image's files). The process
+  sees a minimal inherited environment (``PATH``, ``HOME``, ``LANG``), the config's ``env``
+  and ``SOUQ_MACHINE_ID``, ``SOUQ_APP``, ``SOUQ_REGION``, ``SOUQ_WORKER_ID``, every signal
+  at its default and no descriptor of the agent's. A pid file (``<root>/<id>/pid``: pid and
+  start time) lets a restarted agent find a process it started but had not yet recorded.
 * With ``souq-waiter`` (:mod:`souq.drivers.waiter`, the default when a C compiler exists) the
   process is the waiter's child, not the agent's. Two waiters are kept ready (started with
   ``os.posix_spawn`` from a thread of the driver's own, see :meth:`ExecDriver._fill`); a start
@@ -167,27 +167,16 @@ class ExecDriver:
             if placement.join:
                 spec = replace(spec, cmd=(*placement_shell(placement.join), *spec.cmd))
         workdir = self.machine_dir(spec.machine_id)
+        cwd = Path(spec.cwd) if spec.cwd else workdir  # an image's files, or its own directory
         if self.waiter is not None:  # the waiter reports before its child's exec: check first
-            resolve_program(spec.cmd[0], spec.env, workdir)
-        env = {
-            **self._base_env,
-            **spec.env,
-            "SOUQ_MACHINE_ID": spec.machine_id,
-            "SOUQ_APP": spec.app,
-            "SOUQ_REGION": spec.region,
-            "SOUQ_WORKER_ID": spec.worker_id,
-        }
-        try:
-            workdir.mkdir(parents=True, exist_ok=True)
-            with contextlib.suppress(FileNotFoundError):
-                (workdir / _EXIT).unlink()  # the status of the last run, already reported
-        except OSError as exc:
-            raise SpawnError(f"cannot prepare {workdir}: {exc.strerror or exc}") from exc
+            resolve_program(spec.cmd[0], spec.env, cwd)
+        env = self._env(spec)
+        processes.prepare_workdir(workdir, _EXIT)
         waiter_start = 0.0
         proc: processes.Child
         failure: Exception | None = None
         if self.waiter is None:
-            proc = self._spawn_direct(list(spec.cmd), env, workdir)
+            proc = self._spawn_direct(list(spec.cmd), env, workdir, cwd)
             pid = proc.pid
             failure = _attempt(meanwhile)
         else:
@@ -199,7 +188,7 @@ class ExecDriver:
                 raise
             proc, waiter_start = idle.pid, idle.start_time
             pid, failure = self._run_job(
-                idle, spec.cmd, env, workdir, placement, meanwhile=meanwhile
+                idle, spec.cmd, env, workdir, placement, cwd=cwd, meanwhile=meanwhile
             )
         if failure is not None:
             processes.kill_group(pid)
@@ -222,8 +211,18 @@ class ExecDriver:
             (workdir / _PIDFILE).write_text(line + "\n")
         return handle
 
+    def _env(self, spec: MachineSpec) -> dict[str, str]:
+        return {
+            **self._base_env,
+            **spec.env,
+            "SOUQ_MACHINE_ID": spec.machine_id,
+            "SOUQ_APP": spec.app,
+            "SOUQ_REGION": spec.region,
+            "SOUQ_WORKER_ID": spec.worker_id,
+        }
+
     def _spawn_direct(
-        self, argv: list[str], env: dict[str, str], workdir: Path
+        self, argv: list[str], env: dict[str, str], workdir: Path, cwd: Path
     ) -> subprocess.Popen[bytes]:
         """Without souq-waiter: the machine is the agent's own child."""
         try:
@@ -239,7 +238,7 @@ class ExecDriver:
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=out,
-                cwd=workdir,
+                cwd=cwd,
                 start_new_session=True,
             )
         except OSError as exc:
@@ -333,6 +332,7 @@ class ExecDriver:
         workdir: Path,
         placement: CgroupEntry,
         *,
+        cwd: Path,
         meanwhile: Callable[[], None] | None = None,
     ) -> tuple[int, Exception | None]:
         """Hand the job to a ready waiter, run ``meanwhile`` while it forks, and return the
@@ -342,7 +342,7 @@ class ExecDriver:
         self._idle_pids.discard(idle.pid)
         fields = [
             str(workdir / _EXIT),
-            str(workdir),
+            str(cwd),
             str(workdir / _LOG),
             str(len(cgroups := placement.waiter_fields())),
             *cgroups,

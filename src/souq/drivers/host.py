@@ -72,11 +72,15 @@ class HostDriver:
         if spec.driver not in self.drivers:
             raise SpawnError(f"this worker has no {spec.driver!r} driver")
         workdir = self.exec.machine_dir(spec.machine_id)
-        program = self._resolve(spec, workdir)
+        image = sandbox.Image.of(spec.image_root, spec.cwd) if spec.driver == "sandbox" else None
+        program = self._resolve(spec, Path(spec.cwd) if spec.cwd else workdir, image)
         cmd: tuple[str, ...] = (program, *spec.cmd[1:])
         if spec.driver == "sandbox":
-            jail = sandbox.bwrap_argv(workdir, network=spec.network, machines_root=self.root)
+            jail = sandbox.bwrap_argv(
+                workdir, network=spec.network, machines_root=self.root, image=image
+            )
             cmd = (*jail, *cmd)
+            spec = replace(spec, cwd=None)  # bwrap moves into the machine's directory itself
         place = functools.partial(self.cgroups.prepare, spec.machine_id, spec.limits)
         handle = self.exec.start(replace(spec, cmd=cmd), place=place, meanwhile=meanwhile)
         try:
@@ -86,9 +90,12 @@ class HostDriver:
             raise SpawnError(f"cannot set the machine's cpu limit: {exc}") from exc
         return handle
 
-    def _resolve(self, spec: MachineSpec, workdir: Path) -> str:
-        """The command's program, checked before a prefix ``exec``s it."""
-        found = resolve_program(spec.cmd[0], spec.env, workdir)
+    def _resolve(self, spec: MachineSpec, cwd: Path, image: sandbox.Image | None) -> str:
+        """The command's program, checked before a prefix ``exec``s it (inside an image that
+        is the sandbox's root, bwrap finds it)."""
+        if image is not None and image.is_root:
+            return spec.cmd[0]
+        found = resolve_program(spec.cmd[0], spec.env, cwd)
         return spec.cmd[0] if spec.driver == "sandbox" else found
 
     # -- everything else is the exec driver's, with exits annotated ----------------------------

@@ -26,6 +26,7 @@ __all__ = [
     "machine_nofile",
     "pid_of",
     "pidfd_readable",
+    "prepare_workdir",
     "reap",
     "resolve_program",
     "start_time",
@@ -91,6 +92,16 @@ def start_time(pid: int) -> float | None:
     except (OSError, ValueError, IndexError):
         return None
     return ticks / _CLOCK_TICKS + _BOOT_TIME
+
+
+def prepare_workdir(workdir: Path, exit_file: str) -> None:
+    """A machine's directory, without the exit status of its last run (already reported)."""
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            (workdir / exit_file).unlink()
+    except OSError as exc:
+        raise SpawnError(f"cannot prepare {workdir}: {exc.strerror or exc}") from exc
 
 
 def resolve_program(program: str, env: Mapping[str, str], workdir: Path) -> str:

@@ -7,7 +7,8 @@ On disk, under ``root``::
                                 layer share the file), checked against its digest
     images/<hex>/rootfs         an image's files: its layers applied in order (whiteouts too);
                                 a machine of the image runs in this directory
-    index.json                  what is complete, each image's size and when it was last used
+    index.json                  what is complete: each image's record, its size and when it
+                                was last used
 
 What is not in the index (a pull or an unpack cut short by a crash) is removed when the cache
 is opened, so a half-written image never runs. Pulls of one image by several machines at once
@@ -20,18 +21,22 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import shutil
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from souq.errors import ImageInvalid
 from souq.images.layers import unpack_layer
-from souq.images.manifest import verify_blob
+from souq.images.stream import LayerStream
 from souq.model.image import ImageRecord
 
 __all__ = ["CacheStats", "ImageCache"]
 
-Fetch = Callable[[str], Awaitable[bytes]]  # a blob's bytes by digest (the cluster's store)
+# Fetch a blob by digest, handing its bytes to the sink chunk by chunk, in order (the
+# cluster's store: ImageStore.stream).
+Fetch = Callable[[str, Callable[[bytes], None]], Awaitable[None]]
 
 
 @dataclass
@@ -45,8 +50,12 @@ class CacheStats:
 @dataclass
 class _Entry:
     size: int  # bytes on disk: its rootfs, and its layers' blobs
-    layers: list[str]
+    record: ImageRecord
     used: int  # the cache's use counter when it was last used (higher is newer)
+
+    @property
+    def layers(self) -> list[str]:
+        return [layer.digest for layer in self.record.layers]
 
 
 @dataclass
@@ -70,6 +79,15 @@ class ImageCache:
         """The references of the images cached here, most recently used first."""
         return sorted(self._images, key=lambda ref: -self._images[ref].used)
 
+    def record(self, reference: str) -> ImageRecord | None:
+        """A cached image's record (what it runs, its layers)."""
+        entry = self._images.get(reference)
+        return None if entry is None else entry.record
+
+    def layer_digests(self) -> list[str]:
+        """The digests of every layer held."""
+        return list(self._blob_sizes)
+
     def has_layers(self, record: ImageRecord) -> list[str]:
         """The digests of ``record``'s layers this worker holds already."""
         return [layer.digest for layer in record.layers if layer.digest in self._blob_sizes]
@@ -86,16 +104,27 @@ class ImageCache:
     def rootfs(self, reference: str) -> Path:
         return self.root / "images" / _hex(reference) / "rootfs"
 
+    def pulling(self, reference: str) -> bool:
+        """Whether a pull of the image is under way (another :meth:`ensure` joins it)."""
+        return reference in self._pulling
+
+    def use(self, reference: str) -> Path | None:
+        """The image's files if it is cached (then it counts as used now), else None."""
+        if reference not in self._images:
+            return None
+        self.stats.hits += 1
+        self._touch(reference)
+        return self.rootfs(reference)
+
     async def ensure(self, record: ImageRecord) -> Path:
         """The image's files, pulled and unpacked if they are not here yet (one pull however
         many machines ask at once). Raises ImageInvalid if a blob does not match its digest:
         nothing of it is kept."""
         ref = record.reference
         while True:
-            if ref in self._images:
-                self.stats.hits += 1
-                self._touch(ref)
-                return self.rootfs(ref)
+            cached = self.use(ref)
+            if cached is not None:
+                return cached
             running = self._pulling.get(ref)
             if running is None:
                 break
@@ -153,45 +182,75 @@ class ImageCache:
     # -- inside ----------------------------------------------------------------------------
 
     async def _pull(self, record: ImageRecord) -> Path:
+        """Each layer in order onto a fresh work directory: one held already is unpacked from
+        its blob; one missing is fetched and unpacked as it arrives (:mod:`souq.images.stream`)
+        and kept only if its digest matches. The work directory becomes the image's only once
+        every layer is in."""
         ref = record.reference
-        pulled = False
-        for layer in record.layers:
-            if layer.digest in self._blob_sizes:
-                continue
-            data = await self.fetch(layer.digest)
-            path = self._blob_path(layer.digest)
-            await asyncio.to_thread(_verified_write, layer.digest, data, path)
-            self._blob_sizes[layer.digest] = len(data)
-            self.stats.bytes_pulled += len(data)
-            pulled = True
-        if pulled:
-            self.stats.pulls += 1
         target = self.root / "images" / _hex(ref)
         work = target.with_name(target.name + ".unpacking")
-        await asyncio.to_thread(self._unpack, record, work, target)
+        rootfs = work / "rootfs"
+        await asyncio.to_thread(shutil.rmtree, work, True)
+        fetched: list[str] = []
+        try:
+            for layer in record.layers:
+                if layer.digest in self._blob_sizes:
+                    path = self._blob_path(layer.digest)
+                    await asyncio.to_thread(_unpack_file, path, layer.media_type, rootfs)
+                else:
+                    await self._fetch_layer(layer.digest, layer.media_type, rootfs)
+                    fetched.append(layer.digest)
+            await asyncio.to_thread(_install, work, target)
+        except BaseException:
+            await asyncio.to_thread(shutil.rmtree, work, True)
+            self._forget_blobs(fetched)  # no image holds them: they would escape the bound
+            raise
+        if fetched:
+            self.stats.pulls += 1
         rootfs_size = await asyncio.to_thread(_tree_size, target)
         self._counter += 1
         self._images[ref] = _Entry(
             size=rootfs_size + sum(layer.size for layer in record.layers),
-            layers=[layer.digest for layer in record.layers],
+            record=record,
             used=self._counter,
         )
         self._save()
         self.evict(keep=ref)
         return self.rootfs(ref)
 
-    def _unpack(self, record: ImageRecord, work: Path, target: Path) -> None:
-        shutil.rmtree(work, ignore_errors=True)
+    def _forget_blobs(self, digests: list[str]) -> None:
+        used = {d for e in self._images.values() for d in e.layers}
+        for digest in digests:
+            if digest not in used and self._blob_sizes.pop(digest, None) is not None:
+                self._blob_path(digest).unlink(missing_ok=True)
+
+    async def _fetch_layer(self, digest: str, media_type: str, rootfs: Path) -> int:
+        """Fetch one layer and unpack it while it arrives; its blob is kept once its digest
+        is checked (ImageInvalid, and nothing kept, when it does not match)."""
+        final = self._blob_path(digest)
+        partial = final.with_name(f"{final.name}.{secrets.token_hex(4)}.partial")
+        stream = LayerStream(partial)
+        unpacking = asyncio.get_running_loop().run_in_executor(
+            None, stream.unpack, media_type, rootfs
+        )
         try:
-            for layer in record.layers:
-                data = self._blob_path(layer.digest).read_bytes()
-                unpack_layer(data, layer.media_type, work / "rootfs")
-            (work / "rootfs").mkdir(parents=True, exist_ok=True)
-            shutil.rmtree(target, ignore_errors=True)
-            os.replace(work, target)
-        except BaseException:
-            shutil.rmtree(work, ignore_errors=True)
-            raise
+            await self.fetch(digest, stream.feed)
+        finally:
+            stream.end()
+            done = await asyncio.shield(unpacking)
+        if done.digest != digest:
+            partial.unlink(missing_ok=True)
+            raise ImageInvalid(
+                f"layer {digest} does not match its digest: its bytes hash to {done.digest}",
+                hint="the image store holds a damaged blob; push the image again",
+            )
+        if done.error is not None:
+            partial.unlink(missing_ok=True)
+            raise done.error
+        os.replace(partial, final)
+        self._blob_sizes[digest] = done.size
+        self.stats.bytes_pulled += done.size
+        return done.size
 
     def _drop(self, ref: str) -> None:
         entry = self._images.pop(ref)
@@ -220,10 +279,14 @@ class ImageCache:
         except (FileNotFoundError, ValueError):
             index = {"images": {}, "counter": 0}
         for ref, raw in index.get("images", {}).items():
+            try:
+                record = ImageRecord.model_validate(raw["record"])
+            except (KeyError, ValueError):
+                continue  # written by an older agent: pulled again when needed
             if self.rootfs(ref).is_dir() and all(
-                self._blob_path(d).is_file() for d in raw["layers"]
+                self._blob_path(x.digest).is_file() for x in record.layers
             ):
-                self._images[ref] = _Entry(raw["size"], list(raw["layers"]), raw["used"])
+                self._images[ref] = _Entry(raw["size"], record, raw["used"])
         self._counter = int(index.get("counter", 0))
         keep_blobs = {_hex(d) for e in self._images.values() for d in e.layers}
         for blob in (self.root / "blobs" / "sha256").iterdir():
@@ -240,7 +303,7 @@ class ImageCache:
         index = {
             "counter": self._counter,
             "images": {
-                ref: {"size": e.size, "layers": e.layers, "used": e.used}
+                ref: {"size": e.size, "used": e.used, "record": e.record.model_dump(mode="json")}
                 for ref, e in self._images.items()
             },
         }
@@ -251,10 +314,15 @@ def _hex(digest: str) -> str:
     return digest.split(":", 1)[1]
 
 
-def _verified_write(digest: str, data: bytes, path: Path) -> None:
-    """Check ``data`` against ``digest`` (ImageInvalid, nothing written), then write it."""
-    verify_blob(digest, data)
-    _write_atomically(path, data)
+def _unpack_file(path: Path, media_type: str, rootfs: Path) -> None:
+    with open(path, "rb") as blob:
+        unpack_layer(blob, media_type, rootfs)
+
+
+def _install(work: Path, target: Path) -> None:
+    (work / "rootfs").mkdir(parents=True, exist_ok=True)  # an image of no layers
+    shutil.rmtree(target, ignore_errors=True)
+    os.replace(work, target)
 
 
 def _write_atomically(path: Path, data: bytes) -> None:

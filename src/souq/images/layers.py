@@ -9,8 +9,8 @@ target resolves outside, device files and FIFOs are refused (:class:`~souq.error
 and every write first checks that its parent directory resolves inside the destination (so a
 symlink from an earlier entry or layer cannot carry a write out). Whiteouts are applied to what
 the earlier layers left: ``.wh.NAME`` removes ``NAME``, ``.wh..wh..opq`` empties its directory.
-A refused layer may leave the destination half-written: unpack into a fresh directory and
-discard it on error.
+A layer is read as a stream, each entry written as it comes, so a refused layer may leave the
+destination half-written: unpack into a fresh directory and discard it on error.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ import stat
 import tarfile
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import IO, Literal
 
 from souq.errors import ImageInvalid
 
@@ -44,11 +44,11 @@ MEDIA_LAYER_GZIP = "application/vnd.oci.image.layer.v1.tar+gzip"
 MEDIA_LAYER_TAR = "application/vnd.oci.image.layer.v1.tar"
 MEDIA_DOCKER_LAYER = "application/vnd.docker.image.rootfs.diff.tar.gzip"
 
-# media type -> the tarfile mode that reads it
-_READ_MODE: dict[str, Literal["r:gz", "r:"]] = {
-    MEDIA_LAYER_GZIP: "r:gz",
-    MEDIA_DOCKER_LAYER: "r:gz",
-    MEDIA_LAYER_TAR: "r:",
+# media type -> the tarfile mode that reads it as a stream (front to back, no seeking)
+_READ_MODE: dict[str, Literal["r|gz", "r|"]] = {
+    MEDIA_LAYER_GZIP: "r|gz",
+    MEDIA_DOCKER_LAYER: "r|gz",
+    MEDIA_LAYER_TAR: "r|",
 }
 LAYER_MEDIA_TYPES = frozenset(_READ_MODE)
 
@@ -142,15 +142,6 @@ def _kind(mode: int) -> str:
 # -- unpacking ----------------------------------------------------------------------------------
 
 
-@dataclass
-class _Plan:
-    """A layer read and checked before anything is written."""
-
-    entries: list[tuple[tarfile.TarInfo, str]] = field(default_factory=list)
-    whiteouts: list[str] = field(default_factory=list)  # paths to remove
-    opaque: list[str] = field(default_factory=list)  # directories to empty
-
-
 def _refuse(name: str, why: str) -> ImageInvalid:
     return ImageInvalid(
         f"layer entry {name!r} {why}",
@@ -168,36 +159,38 @@ def _clean(raw: str) -> str:
     return "/".join(parts)
 
 
-def _plan(members: list[tarfile.TarInfo]) -> _Plan:
-    plan = _Plan()
-    for member in members:
-        name = _clean(member.name)
-        if not (member.isreg() or member.isdir() or member.issym() or member.islnk()):
-            raise _refuse(member.name, "is a device file or FIFO")
-        if member.issym() and (
-            member.linkname.startswith("/")
-            or _escapes(os.path.normpath(os.path.join(os.path.dirname(name), member.linkname)))
-        ):
-            raise _refuse(member.name, f"is a symlink to {member.linkname!r}, outside the image")
-        if member.islnk() and (
-            member.linkname.startswith("/") or ".." in member.linkname.split("/")
-        ):
-            raise _refuse(member.name, f"is a hard link to {member.linkname!r}, outside the image")
-        parent, base = os.path.split(name)
-        if base == _OPAQUE:
-            plan.opaque.append(parent)
-        elif base.startswith(_WHITEOUT + _WHITEOUT):
-            continue  # other ".wh..wh." names are reserved; the spec says to ignore them
-        elif base.startswith(_WHITEOUT):
-            hidden = base[len(_WHITEOUT) :]
-            if hidden in ("", ".", ".."):
-                raise _refuse(member.name, "is a whiteout of nothing")
-            plan.whiteouts.append(os.path.join(parent, hidden))
-        elif name:
-            plan.entries.append((member, name))
-        elif not member.isdir():
-            raise _refuse(member.name, "replaces the root directory")
-    return plan
+# What a layer entry is: a file-system entry to write, a whiteout (the path it hides), an opaque
+# marker (the directory it empties), or nothing to do.
+_Kind = Literal["entry", "whiteout", "opaque", "skip"]
+
+
+def _classify(member: tarfile.TarInfo) -> tuple[_Kind, str]:
+    """What ``member`` asks for, and of which path; unsafe entries are refused."""
+    name = _clean(member.name)
+    if not (member.isreg() or member.isdir() or member.issym() or member.islnk()):
+        raise _refuse(member.name, "is a device file or FIFO")
+    if member.issym() and (
+        member.linkname.startswith("/")
+        or _escapes(os.path.normpath(os.path.join(os.path.dirname(name), member.linkname)))
+    ):
+        raise _refuse(member.name, f"is a symlink to {member.linkname!r}, outside the image")
+    if member.islnk() and (member.linkname.startswith("/") or ".." in member.linkname.split("/")):
+        raise _refuse(member.name, f"is a hard link to {member.linkname!r}, outside the image")
+    parent, base = os.path.split(name)
+    if base == _OPAQUE:
+        return "opaque", parent
+    if base.startswith(_WHITEOUT + _WHITEOUT):
+        return "skip", name  # other ".wh..wh." names are reserved; the spec says to ignore them
+    if base.startswith(_WHITEOUT):
+        hidden = base[len(_WHITEOUT) :]
+        if hidden in ("", ".", ".."):
+            raise _refuse(member.name, "is a whiteout of nothing")
+        return "whiteout", os.path.join(parent, hidden)
+    if name:
+        return "entry", name
+    if not member.isdir():
+        raise _refuse(member.name, "replaces the root directory")
+    return "skip", name
 
 
 def _escapes(normalised: str) -> bool:
@@ -219,8 +212,10 @@ def _remove(path: str) -> None:
         os.unlink(path)
 
 
-def unpack_layer(data: bytes, media_type: str, dest: Path) -> None:
-    """Apply one layer (``data``, of ``media_type``) on top of ``dest`` (created if missing)."""
+def unpack_layer(source: bytes | IO[bytes], media_type: str, dest: Path) -> None:
+    """Apply one layer (its bytes, or a stream of them, of ``media_type``) on top of ``dest``
+    (created if missing). The layer is read once, front to back, and each entry written as it
+    comes: a layer streamed from the network is unpacked while it arrives."""
     read_mode = _READ_MODE.get(media_type)
     if read_mode is None:
         raise ImageInvalid(
@@ -229,21 +224,22 @@ def unpack_layer(data: bytes, media_type: str, dest: Path) -> None:
         )
     dest.mkdir(parents=True, exist_ok=True)
     root = os.path.realpath(dest)
+    fileobj = io.BytesIO(source) if isinstance(source, bytes) else source
+    # Whiteouts hide what the layers below left, never this layer's own entries: what this
+    # layer wrote is remembered and spared, wherever its whiteouts sit in the tar.
+    own: set[str] = set()
     try:
-        with tarfile.open(fileobj=io.BytesIO(data), mode=read_mode) as tar:
-            plan = _plan(tar.getmembers())
-            # Whiteouts hide what the layers below left, never this layer's own entries: apply
-            # them all before extracting anything (their place in the tar does not matter).
-            for directory in plan.opaque:
-                real = _inside(root, os.path.join(root, directory), directory)
-                if os.path.isdir(real):
-                    for child in os.listdir(real):
-                        _remove(os.path.join(real, child))
-            for hidden in plan.whiteouts:
-                parent = _inside(root, os.path.join(root, os.path.dirname(hidden)), hidden)
-                _remove(os.path.join(parent, os.path.basename(hidden)))
-            for member, name in plan.entries:
-                _extract(tar, member, name, root)
+        with tarfile.open(fileobj=fileobj, mode=read_mode) as tar:
+            for member in tar:
+                kind, name = _classify(member)
+                if kind == "entry":
+                    _extract(tar, member, name, root)
+                    own.add(name)
+                elif kind == "whiteout" and name not in own:
+                    parent = _inside(root, os.path.join(root, os.path.dirname(name)), name)
+                    _remove(os.path.join(parent, os.path.basename(name)))
+                elif kind == "opaque":
+                    _empty(root, name, own)
     except (tarfile.ReadError, tarfile.CompressionError, EOFError, zlib.error) as exc:
         raise ImageInvalid(
             f"layer ({media_type}) is not a readable tar: {exc}",
@@ -254,6 +250,15 @@ def unpack_layer(data: bytes, media_type: str, dest: Path) -> None:
             f"layer ({media_type}) is not valid gzip: {exc}",
             hint="the blob is truncated or not the media type its descriptor says",
         ) from exc
+
+
+def _empty(root: str, directory: str, own: set[str]) -> None:
+    """An opaque directory: what the layers below left in it goes."""
+    real = _inside(root, os.path.join(root, directory), directory)
+    if os.path.isdir(real):
+        for child in os.listdir(real):
+            if os.path.join(directory, child) not in own:
+                _remove(os.path.join(real, child))
 
 
 def _extract(tar: tarfile.TarFile, member: tarfile.TarInfo, name: str, root: str) -> None:

@@ -193,9 +193,14 @@ def _run_config(config: dict[str, Any]) -> RunConfig:
 
 
 def image_from_manifest(
-    manifest: Descriptor, fetch: Callable[[Descriptor], bytes], name: str | None
+    manifest: Descriptor,
+    fetch: Callable[[Descriptor], bytes],
+    name: str | None,
+    *,
+    layers: bool = True,
 ) -> Image:
-    """Parse the manifest ``manifest`` (fetching and verifying its blobs) into an :class:`Image`."""
+    """Parse the manifest ``manifest`` (fetching and verifying its blobs) into an :class:`Image`;
+    ``layers=False``: its manifest and config only (the layers are fetched where they run)."""
     what = f"manifest {manifest.digest}"
     if manifest.media_type not in MANIFEST_TYPES:
         raise ImageInvalid(
@@ -217,8 +222,8 @@ def image_from_manifest(
     raw_layers = body.get("layers")
     if not isinstance(raw_layers, list):
         raise ImageInvalid(f"{what} needs a 'layers' list")
-    layers = tuple(Descriptor.from_json(raw, f"{what} layer") for raw in raw_layers)
-    for layer in layers:
+    described = tuple(Descriptor.from_json(raw, f"{what} layer") for raw in raw_layers)
+    for layer in described:
         if layer.media_type not in LAYER_MEDIA_TYPES:
             raise ImageInvalid(
                 f"{what}: layer {layer.digest} has media type {layer.media_type!r}",
@@ -228,14 +233,14 @@ def image_from_manifest(
     parsed = parse_json(blobs[config.digest], f"image config {config.digest}")
     rootfs = parsed.get("rootfs")
     diff_ids = rootfs.get("diff_ids") if isinstance(rootfs, dict) else None
-    if not isinstance(diff_ids, list) or len(diff_ids) != len(layers):
+    if not isinstance(diff_ids, list) or len(diff_ids) != len(described):
         raise ImageInvalid(
             f"image config {config.digest} must list one rootfs.diff_ids entry per layer "
-            f"({len(layers)})"
+            f"({len(described)})"
         )
-    for layer in layers:
+    for layer in described if layers else ():
         blobs[layer.digest] = fetch(layer)
-    return Image(manifest, config, layers, _run_config(parsed), blobs, name)
+    return Image(manifest, config, described, _run_config(parsed), blobs, name)
 
 
 def record_of(image: Image, *, name: str | None = None, created_at: str = "") -> ImageRecord:

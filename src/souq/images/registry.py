@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import httpx
@@ -32,7 +33,14 @@ from souq.images.manifest import (
 )
 from souq.images.oci import choose_entry
 
-__all__ = ["RegistryRef", "parse_reference", "pull"]
+__all__ = [
+    "RegistryRef",
+    "describe",
+    "is_registry_reference",
+    "parse_reference",
+    "pull",
+    "stream_blob",
+]
 
 _ACCEPT = ", ".join(sorted(MANIFEST_TYPES | INDEX_TYPES))
 _REF = re.compile(
@@ -72,11 +80,35 @@ def parse_reference(text: str) -> RegistryRef:
     )
 
 
+def is_registry_reference(text: str) -> bool:
+    """Whether ``text`` names an image in a registry (its first part is a host: it has a dot
+    or a port, or is ``localhost``), not an image of the cluster's store."""
+    match = _REF.fullmatch(text.strip())
+    if match is None:
+        return False
+    host = match["host"]
+    return bool(match["scheme"]) or "." in host or ":" in host or host == "localhost"
+
+
 def pull(ref: RegistryRef, *, client: httpx.Client | None = None, timeout: float = 60.0) -> Image:
     """The image ``ref`` names, every blob fetched and checked."""
+    return _with_client(ref, client, timeout, layers=True)
+
+
+def describe(
+    ref: RegistryRef, *, client: httpx.Client | None = None, timeout: float = 60.0
+) -> Image:
+    """The image ``ref`` names, its manifest and config fetched and checked, not its layers
+    (each worker pulls those: :func:`stream_blob`)."""
+    return _with_client(ref, client, timeout, layers=False)
+
+
+def _with_client(
+    ref: RegistryRef, client: httpx.Client | None, timeout: float, *, layers: bool
+) -> Image:
     http = client or httpx.Client(timeout=timeout, follow_redirects=True)
     try:
-        return _Puller(http, ref).image()
+        return _Puller(http, ref).image(layers=layers)
     except httpx.TransportError as exc:
         raise Unavailable(
             f"cannot reach the registry at {ref.base_url}: {exc}",
@@ -93,7 +125,7 @@ class _Puller:
     ref: RegistryRef
     token: str | None = None
 
-    def image(self) -> Image:
+    def image(self, *, layers: bool = True) -> Image:
         body, media_type, digest = self._manifest(self.ref.reference)
         top = Descriptor(media_type, digest, len(body))
         if media_type in INDEX_TYPES:
@@ -112,7 +144,7 @@ class _Puller:
             verify_descriptor(descriptor, data)
             return data
 
-        return image_from_manifest(top, fetch, None)
+        return image_from_manifest(top, fetch, None, layers=layers)
 
     def _manifest(self, reference: str) -> tuple[bytes, str, str]:
         response = self._get(f"manifests/{reference}", f"manifest {reference!r}", accept=_ACCEPT)
@@ -145,16 +177,7 @@ class _Puller:
             if response.status_code == 401 and attempt == 0 and self._authorize(response):
                 continue
             break
-        if response.status_code == 404:
-            raise ImageNotFound(
-                f"{self.ref}: the registry has no {what}",
-                hint="check the repository and the tag",
-            )
-        if response.is_error:
-            raise Unavailable(
-                f"{self.ref}: the registry answered {response.status_code} for {what}",
-                hint="check that the registry serves this repository to anonymous pulls",
-            )
+        _check(self.ref, response, what)
         return response
 
     def _authorize(self, response: httpx.Response) -> bool:
@@ -173,3 +196,64 @@ class _Puller:
         body = answer.json()
         self.token = body.get("token") or body.get("access_token")
         return bool(self.token)
+
+
+def _check(ref: RegistryRef, response: httpx.Response, what: str) -> None:
+    if response.status_code == 404:
+        raise ImageNotFound(
+            f"{ref}: the registry has no {what}", hint="check the repository and the tag"
+        )
+    if response.is_error:
+        raise Unavailable(
+            f"{ref}: the registry answered {response.status_code} for {what}",
+            hint="check that the registry serves this repository to anonymous pulls",
+        )
+
+
+async def stream_blob(
+    ref: RegistryRef, digest: str, sink: Callable[[bytes], None], *, timeout: float = 60.0
+) -> None:
+    """A blob's bytes from the registry, handed to ``sink`` as they arrive (not checked: the
+    caller hashes them). A registry that wants a token for anonymous pulls gets one asked."""
+    url = f"{ref.base_url}/v2/{ref.repository}/blobs/{digest}"
+    what = f"blob {digest}"
+    async with httpx.AsyncClient(timeout=timeout, follow_redirects=True) as http:
+        try:
+            headers: dict[str, str] = {}
+            for attempt in range(2):
+                async with http.stream("GET", url, headers=headers) as response:
+                    if response.status_code == 401 and attempt == 0:
+                        token = await _anonymous_token(http, ref, response)
+                        if token:
+                            headers["Authorization"] = f"Bearer {token}"
+                            continue
+                    if response.is_error:
+                        await response.aread()
+                    _check(ref, response, what)
+                    async for chunk in response.aiter_raw(1 << 20):
+                        sink(chunk)
+                    return
+        except httpx.TransportError as exc:
+            raise Unavailable(
+                f"cannot reach the registry at {ref.base_url}: {exc}",
+                hint="check that the worker can reach the registry",
+            ) from exc
+
+
+async def _anonymous_token(
+    http: httpx.AsyncClient, ref: RegistryRef, response: httpx.Response
+) -> str | None:
+    challenge = response.headers.get("www-authenticate", "")
+    if not challenge.lower().startswith("bearer "):
+        return None
+    params = dict(_BEARER.findall(challenge))
+    realm = params.pop("realm", None)
+    if not realm:
+        return None
+    params.setdefault("scope", f"repository:{ref.repository}:pull")
+    answer = await http.get(realm, params=params)
+    if answer.is_error:
+        return None
+    body = answer.json()
+    token = body.get("token") or body.get("access_token")
+    return str(token) if token else None

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -141,28 +141,36 @@ class ImageStore:
 
     async def blob(self, digest: str) -> bytes:
         """A blob's bytes, checked against its digest."""
+        parts: list[bytes] = []
+        await self.stream(digest, parts.append)
+        data = b"".join(parts)
+        await asyncio.to_thread(verify_blob, digest, data)
+        return data
+
+    async def stream(self, digest: str, sink: Callable[[bytes], None]) -> None:
+        """A blob's bytes handed to ``sink`` chunk by chunk, in order, as they arrive (not
+        checked: the caller hashes what it keeps, as :mod:`souq.images.stream` does)."""
         try:
             info = await self._guard(self.blobs.get_info(_blob_key(digest)))
         except nats.js.errors.ObjectNotFoundError:
             raise ImageNotFound(f"blob {digest} is not in the cluster's image store") from None
-        data = await self._chunks(info.nuid or "", info.size or 0)
-        await asyncio.to_thread(verify_blob, digest, data)
-        return data
+        await self._chunks(info.nuid or "", info.size or 0, sink)
 
-    async def _chunks(self, nuid: str, size: int) -> bytes:
-        """An object's chunks, read with an ordered consumer whose callback keeps them.
+    async def _chunks(self, nuid: str, size: int, sink: Callable[[bytes], None]) -> None:
+        """An object's chunks, read with an ordered consumer whose callback hands them on.
         (nats-py's ``ObjectStore.get`` hands each chunk to a thread, or joins them by repeated
         concatenation: 6 to 44 MB/s for 64 MiB here, against 380 or more this way.) The
         subject is the object store's own layout, ``$O.<bucket>.C.<nuid>``."""
         if size == 0:
-            return b""
-        parts: list[bytes] = []
+            return
         got = 0
         done = asyncio.get_running_loop().create_future()
 
         async def on_chunk(msg: Msg) -> None:
             nonlocal got
-            parts.append(msg.data)
+            if got >= size:
+                return  # a redelivery after the end
+            sink(msg.data)
             got += len(msg.data)
             if got >= size and not done.done():
                 done.set_result(None)
@@ -180,7 +188,6 @@ class ImageStore:
         finally:
             with contextlib.suppress(nats.errors.Error):
                 await sub.unsubscribe()
-        return b"".join(parts)
 
     async def _has_blob(self, digest: str) -> bool:
         with contextlib.suppress(nats.js.errors.ObjectNotFoundError):

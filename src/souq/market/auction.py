@@ -306,6 +306,7 @@ class Auction:
             exclude=self._seen,
             alive=self._alive,
             max_draw=rules.max_draw,
+            image=order.request.image,
         )
         if not found.feasible:
             return False

@@ -14,7 +14,11 @@ not grow with the region. The worker's claim stays the judge: a stale book costs
 claim, which carries the worker's usage and corrects the book at once.
 
 The book also counts each app's machines per worker, from the machine events every broker
-receives (and its own placements): anti-affinity and ``distinct_workers_for`` need them.
+receives (and its own placements): anti-affinity and ``distinct_workers_for`` need them. And it
+knows what each worker's image cache holds (its images and the short digests of its layers, as
+its heartbeats say): an offer says how much of the wanted image the worker would pull, and the
+draw for an image starts with workers that hold it, so that cache locality is never missed for
+want of drawing them.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from dataclasses import dataclass, field
 from souq.model.protocol import Offer
 from souq.model.resources import Resources
 from souq.model.worker import Load, WorkerInfo, WorkerState, WorkerUsage
+from souq.placement.request import WantedImage
 from souq.placement.stages import shortfall
 
 __all__ = ["Candidates", "WorkerBook"]
@@ -45,7 +50,7 @@ class _Entry:
     # version once the claim was made, what it took). A word of that version or newer has it.
     pending: list[tuple[int, Resources]] = field(default_factory=list)
     load: Load | None = None
-    artifacts: list[str] = field(default_factory=list)
+    layers: frozenset[str] = frozenset()  # short digests of the image layers it holds
     shown: WorkerInfo | None = None  # ``info`` with ``allocated`` and ``state`` as they are now
 
     def as_now(self) -> WorkerInfo:
@@ -74,6 +79,7 @@ class WorkerBook:
         self._regions: dict[str, list[str]] = {}  # region -> worker ids, in arrival order
         self._machines: dict[str, tuple[str, str]] = {}  # machine id -> (worker id, app)
         self._apps: Counter[tuple[str, str]] = Counter()  # (worker id, app) -> live machines
+        self._holders: dict[str, set[str]] = {}  # image reference -> workers caching it
 
     def __len__(self) -> int:
         return len(self._workers)
@@ -86,9 +92,13 @@ class WorkerBook:
 
     # -- what workers say ------------------------------------------------------------------
 
-    def observe(self, info: WorkerInfo, *, artifacts: Sequence[str] | None = None) -> None:
-        """A heartbeat: the worker's facts, and its allocation if no newer one was heard."""
+    def observe(self, info: WorkerInfo, *, layers: Sequence[str] | None = None) -> None:
+        """A heartbeat: the worker's facts (its cached images among them), its layers' short
+        digests, and its allocation if no newer one was heard."""
         entry = self._workers.get(info.id)
+        before = () if entry is None else entry.info.images
+        if before != info.images:
+            self._index_images(info.id, before, info.images)
         if entry is None:
             entry = _Entry(info, info.allocated, info.version, info.state, base=info.allocated)
             self._workers[info.id] = entry
@@ -99,9 +109,23 @@ class WorkerBook:
         entry.info = info
         entry.shown = None
         entry.load = info.load
-        if artifacts is not None:
-            entry.artifacts = list(artifacts)
+        if layers is not None:
+            entry.layers = frozenset(layers)
         self._take(entry, info.allocated, info.version, info.state)
+
+    def _index_images(self, worker_id: str, before: Sequence[str], now: Sequence[str]) -> None:
+        for ref in set(before) - set(now):
+            holders = self._holders.get(ref)
+            if holders is not None:
+                holders.discard(worker_id)
+                if not holders:
+                    del self._holders[ref]
+        for ref in now:
+            self._holders.setdefault(ref, set()).add(worker_id)
+
+    def holders(self, reference: str) -> list[str]:
+        """The workers whose heartbeats say they cache the image, in a stable order."""
+        return sorted(self._holders.get(reference, ()))
 
     def observe_usage(self, usage: WorkerUsage) -> None:
         entry = self._workers.get(usage.worker_id)
@@ -153,6 +177,10 @@ class WorkerBook:
         where = self._machines.get(machine_id)
         return None if where is None else where[0]
 
+    def _region_of(self, worker_id: str) -> str | None:
+        entry = self._workers.get(worker_id)
+        return None if entry is None else entry.info.region
+
     def app_machines(self, worker_id: str, app: str) -> int:
         return self._apps.get((worker_id, app), 0)
 
@@ -162,8 +190,11 @@ class WorkerBook:
 
     # -- candidates ------------------------------------------------------------------------
 
-    def offer(self, worker_id: str, app: str, want: Resources) -> Offer | None:
-        """The worker's offer for a machine of ``want``, as the book sees it."""
+    def offer(
+        self, worker_id: str, app: str, want: Resources, image: WantedImage | None = None
+    ) -> Offer | None:
+        """The worker's offer for a machine of ``want`` (running ``image``), as the book sees
+        it."""
         e = self._workers.get(worker_id)
         if e is None:
             return None
@@ -175,13 +206,21 @@ class WorkerBook:
             short = shortfall(want, e.info.capacity, e.allocated)
             if short is not None:
                 reason, detail = short.reason, short.detail
+        held = pull = None
+        if image is not None:
+            held, pull = (
+                (len(image.layers), 0)
+                if image.reference in worker.images
+                else image.missing(e.layers)
+            )
         return Offer(
             worker=worker,
             eligible=reason is None,
             reason=reason,
             detail=detail,
             load=e.load,
-            artifacts=e.artifacts,
+            image_layers=held,
+            image_bytes=pull,
             app_machines=self.app_machines(worker_id, app),
         )
 
@@ -197,18 +236,30 @@ class WorkerBook:
         exclude: set[str] | frozenset[str] = frozenset(),
         alive: Callable[[str], bool] = lambda _: True,
         max_draw: int = 256,
+        image: WantedImage | None = None,
     ) -> Candidates:
         """Draw workers of ``region`` at random (seeded) until ``wanted`` of them have room for
         ``want`` and, together, for ``slots`` machines of it; at most ``max_draw`` workers.
-        Workers in ``exclude`` (asked already) and those ``alive`` says are gone are skipped."""
+        Workers in ``exclude`` (asked already) and those ``alive`` says are gone are skipped.
+        For an ``image``, up to ``wanted`` workers that cache it are drawn first."""
         ids = self._regions.get(region, [])
+        rng = random.Random(seed)
         offers: list[Offer] = []
         feasible = room = 0
-        for i in _draw(len(ids), random.Random(seed), max_draw * 2):
-            worker_id = ids[i]
+        first: list[str] = []
+        if image is not None and (holders := self._holders.get(image.reference)):
+            first = [
+                w
+                for w in sorted(holders)
+                if self._region_of(w) == region and w not in exclude and alive(w)
+            ]
+            rng.shuffle(first)
+            first = first[:wanted]
+        drawn = (ids[i] for i in _draw(len(ids), rng, max_draw * 2))
+        for worker_id in _chain_unique(first, drawn):
             if worker_id in exclude or not alive(worker_id):
                 continue
-            offer = self.offer(worker_id, app, want)
+            offer = self.offer(worker_id, app, want, image)
             if offer is None:
                 continue
             offers.append(offer)
@@ -221,6 +272,13 @@ class WorkerBook:
             if len(offers) >= max_draw or (feasible >= wanted and room >= slots):
                 break
         return Candidates(offers=offers, feasible=feasible, population=len(ids))
+
+
+def _chain_unique(first: list[str], then: Iterator[str]) -> Iterator[str]:
+    yield from first
+    for worker_id in then:
+        if worker_id not in first:
+            yield worker_id
 
 
 def _estimate(entry: _Entry) -> None:

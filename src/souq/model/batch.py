@@ -10,6 +10,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from souq.model.base import Input, Record
+from souq.model.image import ImageRecord
 from souq.model.machine import Machine, MachineConfig
 from souq.model.placement import OfferOutcome, Placement, Sampling, Timings
 
@@ -55,6 +56,7 @@ class BatchClaimRequest(Input):
     skip_launch: bool = False
     request_ids: list[str] = Field(min_length=1, description="one per machine")
     placement: Placement | None = None
+    image: ImageRecord | None = Field(default=None, description="the image `config.image` names")
 
 
 class BatchClaimReply(Record):

@@ -29,3 +29,8 @@ class ImageRecord(Record):
     layers: list[ImageLayer]
     run: ImageRun
     created_at: str
+    source: str | None = Field(
+        default=None,
+        description="the OCI registry reference its layers are pulled from by each worker "
+        "(HOST[:PORT]/REPO@sha256:…); none: the cluster's store",
+    )

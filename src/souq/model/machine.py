@@ -7,7 +7,7 @@ import signal as _signal
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from souq.model.base import Input, Record
 from souq.model.constraint import Constraint
@@ -116,7 +116,19 @@ class SandboxConfig(Input):
 
 
 class MachineConfig(Input):
-    cmd: list[str] = Field(min_length=1, description="the command and its arguments")
+    cmd: list[str] = Field(
+        default_factory=list,
+        description="the command and its arguments; with an `image`, empty runs the image's own",
+    )
+    image: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        pattern=r"^\S+$",
+        description="the image it runs (`sha256:…` or a name, see `souq image list`): its files "
+        "are the machine's working directory, its command and env apply unless given here; "
+        "placement prefers workers that have it cached",
+    )
     driver: Literal["exec", "sandbox"] = Field(
         default="exec",
         description="`exec`: a plain process; `sandbox`: under bubblewrap (read-only host root, "
@@ -133,14 +145,6 @@ class MachineConfig(Input):
     )
     distinct_workers_for: Literal["app"] | None = Field(
         default=None, description="`app`: never two machines of this app on one worker"
-    )
-    artifact: str | None = Field(
-        default=None,
-        min_length=1,
-        max_length=512,
-        pattern=r"^\S+$",
-        description="what the machine runs, e.g. sha256:<hex> or registry/name:tag; placement "
-        "prefers workers that hold it already",
     )
     services: list[Service] = Field(
         default_factory=list,
@@ -167,9 +171,15 @@ class MachineConfig(Input):
     @field_validator("cmd")
     @classmethod
     def _cmd(cls, v: list[str]) -> list[str]:
-        if not v[0].strip():
+        if v and not v[0].strip():
             raise ValueError("the command (cmd[0]) must not be empty")
         return v
+
+    @model_validator(mode="after")
+    def _runs_something(self) -> MachineConfig:
+        if not self.cmd and self.image is None:
+            raise ValueError("cmd: give the command to run, or an `image` whose command runs")
+        return self
 
     @field_validator("checks")
     @classmethod

@@ -6,7 +6,7 @@ from pydantic import Field
 
 from souq.model.base import Record
 
-__all__ = ["ClaimAttempt", "OfferOutcome", "Placement", "Sampling", "Timings"]
+__all__ = ["ClaimAttempt", "ImagePull", "OfferOutcome", "Placement", "Sampling", "Timings"]
 
 
 class OfferOutcome(Record):
@@ -42,6 +42,17 @@ class Sampling(Record):
     seed: str = Field(description="the sample is seeded with this (the request id)")
 
 
+class ImagePull(Record):
+    """The machine's image on the worker that took it: cached there already, or pulled."""
+
+    reference: str = Field(description="sha256:… of the image")
+    layers: int = Field(description="layers of the image")
+    layers_cached: int = Field(description="of them, held by the worker when it took the machine")
+    bytes_to_pull: int = Field(description="what the worker had to fetch (0: cached)")
+    bytes_pulled: int | None = Field(default=None, description="fetched, once the pull is done")
+    pull_ms: float | None = Field(default=None, description="how long fetching and unpacking took")
+
+
 class Placement(Record):
     request_id: str
     region: str
@@ -65,6 +76,12 @@ class Placement(Record):
     sampled: Sampling | None = Field(
         default=None, description="set when only a random sample of the workers was asked"
     )
+    cached: bool | None = Field(
+        default=None,
+        description="whether the machine's image was cached on the chosen worker (no image: "
+        "null); the worker says so when it takes the machine",
+    )
+    image: ImagePull | None = Field(default=None, description="the image: cached, or pulled")
     source: str = Field(
         default="offers",
         description="where the candidates came from: `book` (the broker's book of what every "

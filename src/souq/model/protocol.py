@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import Field
 
 from souq.model.base import Input, Record
+from souq.model.image import ImageRecord
 from souq.model.machine import Machine, MachineConfig, MachineEvent, MachineState
 from souq.model.placement import Placement
 from souq.model.policy import PlacementPolicy
@@ -49,6 +50,11 @@ class OfferRequest(Input):
     app: str
     region: str
     resources: Resources
+    image: str | None = Field(default=None, description="the machine's image (sha256:…)")
+    image_layers: dict[str, int] = Field(
+        default_factory=dict,
+        description="its layers: bytes by short digest (the first 16 hex digits), in order",
+    )
 
 
 class Offer(Record):
@@ -63,8 +69,11 @@ class Offer(Record):
         default=None, description="a machine this worker already made for the same request id"
     )
     load: Load | None = Field(default=None, description="the host's measured use right now")
-    artifacts: list[str] = Field(
-        default_factory=list, description="artifacts the worker holds (its cache), newest first"
+    image_layers: int | None = Field(
+        default=None, description="how many of the wanted image's layers the worker holds"
+    )
+    image_bytes: int | None = Field(
+        default=None, description="bytes the worker would pull to run the image (0: cached)"
     )
     app_machines: int = Field(
         default=0, description="machines of the requesting app on this worker, not destroyed"
@@ -87,6 +96,9 @@ class ClaimRequest(Input):
     )
     policy: PlacementPolicy | None = Field(
         default=None, description="how the broker ranks offers for it (the create's placement)"
+    )
+    image: ImageRecord | None = Field(
+        default=None, description="the image `config.image` names, as the broker resolved it"
     )
 
 

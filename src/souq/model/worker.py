@@ -59,6 +59,9 @@ class WorkerInfo(Record):
         "worker has promised, so the newest allocation heard wins",
     )
     load: Load | None = Field(default=None, description="what the host measures right now")
+    images: list[str] = Field(
+        default_factory=list, description="images cached on the worker (sha256:…), newest first"
+    )
 
 
 class Heartbeat(Record):
@@ -70,8 +73,10 @@ class Heartbeat(Record):
         description="how many times the worker has reconnected to the bus; a change tells "
         "brokers to re-list its machines (it may have missed requests and lost events)",
     )
-    artifacts: list[str] = Field(
-        default_factory=list, description="artifacts the worker holds (its cache), newest first"
+    layers: list[str] = Field(
+        default_factory=list,
+        description="the image layers the worker holds, each by the first 16 hex digits of its "
+        "digest: brokers estimate from them how much a worker would pull for an image",
     )
     protocol: int = Field(
         default=0, description="the minor version of the bus protocol the worker speaks"

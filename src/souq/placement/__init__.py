@@ -32,7 +32,7 @@ from souq.placement.policy import (
     default_pipeline,
     weights_of,
 )
-from souq.placement.request import PlacementRequest
+from souq.placement.request import PlacementRequest, WantedImage, short_digest
 from souq.placement.scorers import (
     NOMAD_MAX_FIT,
     AntiAffinityScorer,
@@ -80,10 +80,12 @@ __all__ = [
     "SpreadScorer",
     "StandbyFilter",
     "StateFilter",
+    "WantedImage",
     "attribute_of",
     "build_pipeline",
     "default_pipeline",
     "nomad_binpack",
+    "short_digest",
     "shortfall",
     "unmet",
     "utilisation_after",

@@ -19,10 +19,13 @@ __all__ = ["DEFAULT_WEIGHTS", "PipelineCache", "build_pipeline", "default_pipeli
 
 # Weights of the scorers beside the fit scorer (which weighs 1). Anti-affinity at half keeps an
 # app's machines apart when the fit scores are close (an empty worker against one at half load
-# with a machine of the app: spread wins) but not at the price of a hot spot. Load and cache
-# locality nudge between otherwise equal workers: a busy host or a cold cache costs about a
-# quarter of what the fit is worth.
-DEFAULT_WEIGHTS: dict[str, float] = {"anti-affinity": 0.5, "load": 0.25, "cache": 0.25}
+# with a machine of the app: spread wins) but not at the price of a hot spot. Load nudges
+# between otherwise equal workers: a busy host costs about a quarter of what the fit is worth.
+# Cache locality weighs as much as the fit: pulling a large image is the costliest step of a
+# start (a 64 MiB pull is hundreds of milliseconds against a few for the start), so it outweighs
+# anti-affinity; the cache scorer scales its own range down for small images, and the filters
+# (capacity first) stay hard. An app that must spread says so (`distinct_workers_for`).
+DEFAULT_WEIGHTS: dict[str, float] = {"anti-affinity": 0.5, "load": 0.25, "cache": 1.0}
 
 
 def weights_of(policy: PlacementPolicy) -> dict[str, float]:
@@ -49,7 +52,7 @@ def build_pipeline(policy: PlacementPolicy | None, defaults: PlacementDefaults) 
         scorers.AntiAffinityScorer(weight=w["anti-affinity"]),
         # Reservations are promises, load is what the host really does: prefer the quieter one.
         scorers.LoadScorer(weight=w["load"]),
-        # A worker holding the artifact starts the machine without fetching it first.
+        # A worker holding the image starts the machine without pulling it first.
         scorers.CacheScorer(weight=w["cache"]),
     ]
     return Pipeline(

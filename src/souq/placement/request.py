@@ -6,10 +6,44 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from souq.model.constraint import Constraint
+from souq.model.image import ImageRecord
 from souq.model.machine import MachineConfig
 from souq.model.resources import Resources
 
-__all__ = ["PlacementRequest"]
+__all__ = ["PlacementRequest", "WantedImage", "short_digest"]
+
+SHORT_DIGEST = 16  # hex digits of a layer's digest that name it in heartbeats
+
+
+def short_digest(digest: str) -> str:
+    """A layer's name in heartbeats: the first 16 hex digits of its digest."""
+    return digest.partition(":")[2][:SHORT_DIGEST]
+
+
+@dataclass(frozen=True)
+class WantedImage:
+    """The image a machine runs, as placement sees it: its layers and their sizes."""
+
+    reference: str
+    layers: tuple[tuple[str, int], ...]  # (short digest, bytes), in order
+
+    @property
+    def size(self) -> int:
+        return sum(size for _, size in self.layers)
+
+    @classmethod
+    def of(cls, record: ImageRecord) -> WantedImage:
+        return cls(record.reference, tuple((short_digest(x.digest), x.size) for x in record.layers))
+
+    def missing(self, held: frozenset[str] | set[str]) -> tuple[int, int]:
+        """(layers held, bytes to pull) on a worker holding the layers ``held``."""
+        have = pull = 0
+        for digest, size in self.layers:
+            if digest in held:
+                have += 1
+            else:
+                pull += size
+        return have, pull
 
 
 @dataclass(frozen=True)
@@ -20,7 +54,7 @@ class PlacementRequest:
     resources: Resources
     constraints: tuple[Constraint, ...] = ()
     distinct_workers_for: str | None = None  # "app": at most one machine of the app per worker
-    artifact: str | None = None  # what the machine runs; cached on some workers
+    image: WantedImage | None = None  # what the machine runs; cached on some workers
     driver: str = "exec"
     # A standby's: the workers of the machines it stands by for (it must not share their fate).
     avoid_workers: frozenset[str] = frozenset()
@@ -34,6 +68,7 @@ class PlacementRequest:
         config: MachineConfig,
         *,
         avoid_workers: frozenset[str] = frozenset(),
+        image: ImageRecord | None = None,
     ) -> PlacementRequest:
         """The request to place a machine of ``config``: the one place that reads a config."""
         return cls(
@@ -44,6 +79,6 @@ class PlacementRequest:
             resources=config.guest.resources(),
             constraints=tuple(config.constraints),
             distinct_workers_for=config.distinct_workers_for,
-            artifact=config.artifact,
+            image=None if image is None else WantedImage.of(image),
             driver=config.driver,
         )

@@ -4,7 +4,7 @@
   ``reason`` code, human ``detail``, and, when the request itself asked for what was not met, the
   ``unmet`` item (a constraint's text) so that a refusal can name it.
 * A **scorer** returns one bounded score in [0, 1] under its ``name``, or ``None`` when it has no
-  opinion on this request (cache locality without an artifact); the pipeline then leaves it out
+  opinion on this request (cache locality without an image); the pipeline then leaves it out
   of that offer's mean.
 
 :func:`shortfall` is the one fit rule: the broker's filter, a worker's offers (advisory) and its

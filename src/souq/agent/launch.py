@@ -1,0 +1,113 @@
+"""What a spawn runs: a machine's process spec from its record, its image's files and config
+laid under the machine's own, and the pulls that spawns of machines of uncached images wait for.
+
+A machine of an image runs in the image's files (its working directory) with the image's
+command unless the machine gives one, and with the image's env under the machine's. Its spawn
+waits for the image: :meth:`Pulls.start` runs the pull in a task and reports to a callback on
+the event loop, where the executor records it and spawns (or fails the machine: a digest that
+does not match is never run).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+from souq.agent.images import AgentImages, Pulled
+from souq.agent.ports import port_env
+from souq.agent.records import MachineRow
+from souq.drivers.base import Limits, MachineSpec
+from souq.model.image import ImageRecord
+from souq.model.placement import Placement
+
+__all__ = ["Pulls", "machine_spec", "pulled_record"]
+
+log = logging.getLogger(__name__)
+
+
+def machine_spec(
+    row: MachineRow, worker_id: str, image: tuple[Path, ImageRecord] | None = None
+) -> MachineSpec:
+    """The process a machine runs: its config, over its image's (files, command, env)."""
+    config = row.config
+    cmd, env, cwd = tuple(config.cmd), config.env, None
+    if image is not None:
+        rootfs, record = image
+        run = record.run
+        cmd = cmd or tuple(run.cmd)
+        env = {**run.env, **config.env}
+        cwd = str(rootfs / run.workdir.lstrip("/")) if run.workdir else str(rootfs)
+    return MachineSpec(
+        machine_id=row.id,
+        app=row.app,
+        region=row.region,
+        worker_id=worker_id,
+        cmd=cmd,
+        env=port_env(env, row.address),
+        driver=config.driver,
+        limits=Limits(memory_mb=config.guest.memory_mb, cpus=config.guest.cpus),
+        network=config.sandbox.network,
+        cwd=cwd,
+        image_root=None if image is None else str(image[0]),
+    )
+
+
+def pulled_record(row: MachineRow, pulled: Pulled) -> tuple[Placement | None, str]:
+    """The machine's placement record once its image is pulled (bytes and time), and the
+    pull event's message."""
+    message = f"image {pulled.record.reference} pulled: {pulled.bytes_pulled} bytes in "
+    message += f"{pulled.ms:.0f} ms"
+    placement = row.placement
+    if placement is not None and placement.image is not None:
+        image = placement.image.model_copy(
+            update={"bytes_pulled": pulled.bytes_pulled, "pull_ms": round(pulled.ms, 1)}
+        )
+        placement = placement.model_copy(update={"image": image})
+    return placement, message
+
+
+Outcome = Pulled | Exception
+
+
+class Pulls:
+    """The pulls machines wait for, one task per machine (the cache shares the work)."""
+
+    def __init__(self, images: AgentImages) -> None:
+        self.images = images
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+
+    def waiting(self, machine_id: str) -> bool:
+        return machine_id in self._tasks
+
+    def start(self, machine_id: str, reference: str, then: Callable[[Outcome], None]) -> None:
+        """Pull ``reference`` for ``machine_id`` (unless already under way), then ``then``."""
+        if machine_id in self._tasks:
+            return
+
+        async def pull() -> None:
+            outcome: Outcome
+            try:
+                outcome = await self.images.pull(reference)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # reported as the machine's failure, not lost
+                log.warning(
+                    "pulling image %s for machine %s failed: %s", reference, machine_id, exc
+                )
+                outcome = exc
+            finally:
+                self._tasks.pop(machine_id, None)
+            try:
+                then(outcome)
+            except Exception:
+                log.exception("recording the pull of image %s for %s failed", reference, machine_id)
+
+        self._tasks[machine_id] = asyncio.get_running_loop().create_task(pull())
+
+    async def aclose(self) -> None:
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,55 @@
+"""The broker's view of the cluster's images: the store, opened on first use, and the records
+that machines' ``config.image`` names, resolved before any capacity is claimed.
+
+A record named by its reference (``sha256:…``) never changes, so it is kept once read (up to
+:data:`KEEP`); a name is looked up every time, since a later image may take it over. A create
+whose image is unknown fails with ``image_not_found`` before its placement starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from collections.abc import Callable
+
+from nats.aio.client import Client
+
+from souq.images.store import ImageStore
+from souq.model.image import ImageRecord
+from souq.model.machine import MachineConfig
+
+__all__ = ["KEEP", "ImageResolver"]
+
+KEEP = 1024  # records kept by reference
+
+
+class ImageResolver:
+    def __init__(self, client: Callable[[], Client]) -> None:
+        self._client = client
+        self._store: ImageStore | None = None
+        self._lock = asyncio.Lock()
+        self._records: OrderedDict[str, ImageRecord] = OrderedDict()
+
+    async def store(self) -> ImageStore:
+        """The cluster's image store (:class:`~souq.errors.Unavailable` without JetStream)."""
+        if self._store is None:
+            async with self._lock:
+                if self._store is None:
+                    self._store = await ImageStore.open(self._client())
+        return self._store
+
+    async def resolve(self, ref: str) -> ImageRecord:
+        """The image ``ref`` names (a reference or a name); ``image_not_found`` else."""
+        kept = self._records.get(ref)
+        if kept is not None:
+            self._records.move_to_end(ref)
+            return kept
+        record = await (await self.store()).record(ref)
+        self._records[record.reference] = record
+        if len(self._records) > KEEP:
+            self._records.popitem(last=False)
+        return record
+
+    async def of_config(self, config: MachineConfig) -> ImageRecord | None:
+        """The image a machine config runs, if it names one."""
+        return None if config.image is None else await self.resolve(config.image)
