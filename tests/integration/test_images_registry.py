@@ -1,6 +1,7 @@
-"""`souq image pull` from a real OCI registry (Debian's docker-registry, the CNCF distribution
-server) on a loopback port, into the cluster's store. skopeo pushes the image there first.
-`make test` installs both as root; without them these tests skip."""
+"""Images in a real OCI registry (Debian's docker-registry, the CNCF distribution server) on a
+loopback port: `souq image pull` into the cluster's store, and machines whose workers pull the
+image from the registry themselves. skopeo pushes the images there first. `make test` installs
+both as root; without them these tests skip."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from souq.images import pack_directory, write_layout
+from souq.errors import SouqError
+from souq.images import Image, pack_directory, write_layout
+from souq.model.machine import MachineState
 from souq.natsserver import free_port
 from souq.procs import terminate
 from souq.testing import Cluster, wait_until
@@ -64,14 +67,8 @@ def test_pull_by_tag_and_by_digest_keeps_the_reference(
     src = tmp_path / "src"
     src.mkdir()
     (src / "app.py").write_text("print('from the registry')\n")
-    image = pack_directory(src, cmd=["python3", "app.py"], name="web")
-    write_layout(image, tmp_path / "layout")
-    push = subprocess.run(
-        ["skopeo", "copy", "--dest-tls-verify=false", f"oci:{tmp_path / 'layout'}:web",
-         f"docker://{registry}/team/web:v1"],
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
-    assert push.returncode == 0, push.stderr
+    image = pack_directory(src, cmd=["python3", "app.py"])
+    _push(image, tmp_path / "layout", f"{registry}/team/web:v1")
 
     run = souq(cluster, "image", "pull", f"{registry}/team/web:v1", "--name", "web", "--json")
     assert run.returncode == 0, run.stderr
@@ -94,3 +91,47 @@ def test_an_unknown_tag_or_registry_is_a_clear_error(registry: str, cluster: Clu
     run = souq(cluster, "image", "pull", f"127.0.0.1:{port}/web:v1")
     assert run.returncode != 0
     assert "cannot reach the registry" in run.stderr
+
+
+def _push(image: Image, layout: Path, target: str) -> None:
+    """``image`` into the registry as ``target`` (HOST:PORT/REPO:TAG), by skopeo."""
+    write_layout(image, layout)
+    push = subprocess.run(
+        ["skopeo", "copy", "--dest-tls-verify=false", f"oci:{layout}", f"docker://{target}"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert push.returncode == 0, push.stderr
+
+
+def _greeting(tmp_path: Path, greeting: str) -> Image:
+    src = tmp_path / "src-greeting"
+    src.mkdir()
+    (src / "greeting.txt").write_text(greeting + "\n")
+    return pack_directory(src, cmd=["cat", "greeting.txt"])
+
+
+def test_a_machine_runs_an_image_its_worker_pulls_from_the_registry(
+    registry: str, cluster: Cluster, tmp_path: Path
+) -> None:
+    named = f"{registry}/team/direct:v2"
+    image = _greeting(tmp_path, "pulled by the worker")
+    _push(image, tmp_path / "layout", named)
+    reference = image.reference
+    with cluster.client() as client:
+        machine = client.create_machine(
+            "direct", "mad", {"image": named, "restart": {"policy": "no"}}
+        )
+        done = client.wait("direct", machine.id, MachineState.STOPPED, timeout=60)
+        assert "pulled by the worker" in client.logs("direct", machine.id)
+        # The worker pulled it from the registry: the cluster's store never held it.
+        with pytest.raises(SouqError) as caught:
+            client.image(reference)
+        assert caught.value.status == "image_not_found"
+    assert done.placement is not None and done.placement.image is not None
+    assert done.placement.image.reference == reference
+    assert done.placement.image.source == f"http://{registry}/team/direct@{reference}"
+    assert done.placement.image.bytes_pulled == done.placement.image.bytes_to_pull > 0
+    # An unknown tag is refused before any capacity is claimed.
+    with cluster.client() as client, pytest.raises(SouqError) as caught:
+        client.create_machine("direct", "mad", {"image": f"{registry}/team/direct:nope"})
+    assert caught.value.status == "image_not_found"

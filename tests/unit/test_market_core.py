@@ -275,6 +275,36 @@ def test_a_book_with_no_room_asks_the_workers_for_fresh_offers() -> None:
     assert isinstance(done, Finished) and isinstance(done.error, InsufficientCapacity)
 
 
+def test_a_sample_asked_for_offers_includes_the_image_holders() -> None:
+    ids = [f"w{i:03}" for i in range(200)]
+    holders = ["w042", "w177"]
+    book = WorkerBook()
+    for worker_id in ids:
+        book.observe(info(worker_id, images=[REF] if worker_id in holders else []))
+    base = request()
+    rules = Rules(use_book=False, sample_above=64, sample_min=4, candidates=4)
+    for with_image in (True, False):
+        req = PlacementRequest(
+            request_id=base.request_id,
+            app="web",
+            region="mad",
+            resources=base.resources,
+            image=IMAGE if with_image else None,
+        )
+        a = Auction(
+            Order(req), pipeline=default_pipeline(), book=book, rules=rules, now=0.0,
+            up_workers=ids, live=lambda: len(ids),
+        )  # fmt: skip
+        (ask,) = a.start(0.0)
+        assert isinstance(ask, AskOffers) and ask.workers is not None
+        asked = set(ask.workers)
+        assert len(asked) < 20  # a sample, not the region
+        if with_image:
+            assert set(holders) <= asked and ask.expect == len(ask.workers)
+        else:
+            assert not set(holders) <= asked  # this seed's sample misses them
+
+
 def test_an_unknown_region_or_an_idempotent_retry_asks_offers() -> None:
     assert isinstance(auction(WorkerBook(), Order(request())).start(0.0)[0], AskOffers)
     book = WorkerBook()

@@ -25,7 +25,7 @@ from typing import Any, Literal
 from souq.agent import lifecycle, recovery
 from souq.agent.admission import Admission
 from souq.agent.faults import FaultPoint
-from souq.agent.images import AgentImages, Pulled, image_of
+from souq.agent.images import AgentImages, Pulled, image_of, image_source
 from souq.agent.launch import Pulls, machine_spec, pulled_record
 from souq.agent.lifecycle import Trigger
 from souq.agent.operations import Action, OpEvent, OpKind, OpState, advance
@@ -381,7 +381,8 @@ class Executor:
             self.apply(op.machine_id, type="pull", message=message, placement=placement)
             self._spawn(op)
 
-        self.pulls.start(op.machine_id, ref, pulled)
+        source = image_source(self._rows[op.machine_id].placement)
+        self.pulls.start(op.machine_id, ref, pulled, source=source)
 
     def _spawned(self, op: Op, handle: Handle, *, watch: bool, message: str | None = None) -> None:
         mid = op.machine_id

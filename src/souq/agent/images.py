@@ -22,12 +22,13 @@ from pathlib import Path
 from nats.aio.client import Client
 
 from souq.images.cache import ImageCache
+from souq.images.manifest import record_of
 from souq.images.store import ImageStore
 from souq.model.image import ImageRecord
 from souq.model.placement import ImagePull, Placement
 from souq.placement.request import short_digest
 
-__all__ = ["AgentImages", "Pulled", "image_of"]
+__all__ = ["AgentImages", "Pulled", "image_of", "image_source"]
 
 
 @dataclass(frozen=True)
@@ -43,10 +44,16 @@ def image_of(placement: Placement | None) -> str | None:
     return None if placement is None or placement.image is None else placement.image.reference
 
 
+def image_source(placement: Placement | None) -> str | None:
+    """The registry a machine's image is pulled from (none: the cluster's store)."""
+    return None if placement is None or placement.image is None else placement.image.source
+
+
 class AgentImages:
     def __init__(self, root: Path, *, limit_mb: int) -> None:
         self.cache = ImageCache(root, limit_mb * 2**20, fetch=self._fetch)
         self._records: dict[str, ImageRecord] = {}  # from claims: not cached yet, maybe
+        self._sources: dict[str, str] = {}  # layer digest -> the registry reference it is in
         self._client: Client | None = None
         self._attached: asyncio.Event | None = None
         self._store: ImageStore | None = None
@@ -79,10 +86,11 @@ class AgentImages:
     def claimed(self, record: ImageRecord, placement: Placement) -> Placement:
         """A machine of ``record`` is claimed here: its placement record says what is cached
         (the executor pins the image once the machine is recorded)."""
-        self._records[record.reference] = record
+        self._know(record)
         cached = self.cache.record(record.reference) is not None
         pull = ImagePull(
             reference=record.reference,
+            source=record.source,
             layers=len(record.layers),
             layers_cached=len(record.layers) if cached else len(self.cache.has_layers(record)),
             bytes_to_pull=self.cache.bytes_to_pull(record),
@@ -107,14 +115,21 @@ class AgentImages:
             return None
         return rootfs, record
 
-    async def pull(self, reference: str) -> Pulled:
-        """Fetch, check and unpack the image (one pull for every machine waiting on it).
-        Raises ImageInvalid on a digest mismatch, ImageNotFound if the store lost it."""
+    async def pull(self, reference: str, source: str | None = None) -> Pulled:
+        """Fetch, check and unpack the image (one pull for every machine waiting on it), from
+        the cluster's store or its ``source`` registry. Raises ImageInvalid on a digest
+        mismatch, ImageNotFound if the store or the registry lost it."""
         started = time.monotonic()
         record = self._records.get(reference)
         if record is None:  # after an agent restart: the claim's record is gone
-            record = await (await self._image_store()).record(reference)
-            self._records[reference] = record
+            if source is not None:
+                from souq.images import registry  # httpx: loaded only for registry images
+
+                image = await asyncio.to_thread(registry.describe, registry.parse_reference(source))
+                record = record_of(image).model_copy(update={"source": source})
+            else:
+                record = await (await self._image_store()).record(reference)
+            self._know(record)
         # A machine that joins another's pull fetches nothing itself: it only waits.
         missing = 0 if self.cache.pulling(reference) else self.cache.bytes_to_pull(record)
         rootfs = await self.cache.ensure(record)
@@ -140,5 +155,17 @@ class AgentImages:
             self._store = await ImageStore.open(self._client)
         return self._store
 
+    def _know(self, record: ImageRecord) -> None:
+        self._records[record.reference] = record
+        if record.source is not None:
+            for layer in record.layers:
+                self._sources[layer.digest] = record.source
+
     async def _fetch(self, digest: str, sink: Callable[[bytes], None]) -> None:
-        await (await self._image_store()).stream(digest, sink)
+        source = self._sources.get(digest)
+        if source is not None:
+            from souq.images import registry  # httpx: loaded only for registry images
+
+            await registry.stream_blob(registry.parse_reference(source), digest, sink)
+        else:
+            await (await self._image_store()).stream(digest, sink)

@@ -81,15 +81,23 @@ class Pulls:
     def waiting(self, machine_id: str) -> bool:
         return machine_id in self._tasks
 
-    def start(self, machine_id: str, reference: str, then: Callable[[Outcome], None]) -> None:
-        """Pull ``reference`` for ``machine_id`` (unless already under way), then ``then``."""
+    def start(
+        self,
+        machine_id: str,
+        reference: str,
+        then: Callable[[Outcome], None],
+        *,
+        source: str | None = None,
+    ) -> None:
+        """Pull ``reference`` (from ``source``, a registry, if given) for ``machine_id``
+        (unless already under way), then ``then``."""
         if machine_id in self._tasks:
             return
 
         async def pull() -> None:
             outcome: Outcome
             try:
-                outcome = await self.images.pull(reference)
+                outcome = await self.images.pull(reference, source)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # reported as the machine's failure, not lost

@@ -4,6 +4,10 @@ that machines' ``config.image`` names, resolved before any capacity is claimed.
 A record named by its reference (``sha256:…``) never changes, so it is kept once read (up to
 :data:`KEEP`); a name is looked up every time, since a later image may take it over. A create
 whose image is unknown fails with ``image_not_found`` before its placement starts.
+
+An image named by a registry reference (``HOST[:PORT]/REPO[:TAG|@sha256:…]``) is described from
+the registry (its manifest and config: :func:`souq.images.registry.describe`); its record names
+the registry as its ``source``, and each worker pulls the layers from there itself.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ from collections.abc import Callable
 
 from nats.aio.client import Client
 
+from souq.images import registry
+from souq.images.manifest import record_of
 from souq.images.store import ImageStore
 from souq.model.image import ImageRecord
 from souq.model.machine import MachineConfig
@@ -44,7 +50,10 @@ class ImageResolver:
         if kept is not None:
             self._records.move_to_end(ref)
             return kept
-        record = await (await self.store()).record(ref)
+        if registry.is_registry_reference(ref):
+            record = await asyncio.to_thread(_from_registry, ref)
+        else:
+            record = await (await self.store()).record(ref)
         self._records[record.reference] = record
         if len(self._records) > KEEP:
             self._records.popitem(last=False)
@@ -53,3 +62,10 @@ class ImageResolver:
     async def of_config(self, config: MachineConfig) -> ImageRecord | None:
         """The image a machine config runs, if it names one."""
         return None if config.image is None else await self.resolve(config.image)
+
+
+def _from_registry(text: str) -> ImageRecord:
+    ref = registry.parse_reference(text)
+    image = registry.describe(ref)
+    source = f"{ref.base_url}/{ref.repository}@{image.reference}"
+    return record_of(image, name=text).model_copy(update={"source": source})

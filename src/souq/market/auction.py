@@ -335,8 +335,19 @@ class Auction:
             live = self._live()
             self.record.asking(None, live)
             return AskOffers(None, expect=live or None)
-        self.record.asking(plan.workers, plan.population)
-        return AskOffers(tuple(plan.workers), expect=len(plan.workers))
+        workers = self._with_holders(plan.workers, asking)
+        self.record.asking(workers, plan.population)
+        return AskOffers(tuple(workers), expect=len(workers))
+
+    def _with_holders(self, sample: list[str], asking: list[str]) -> list[str]:
+        """A sample for a machine of an image asks the workers that cache it too (as many as
+        the candidates wanted), so that sampling never misses them."""
+        image = self.order.request.image
+        if image is None:
+            return sample
+        up, taken = set(asking), set(sample)
+        holders = [w for w in self._book.holders(image.reference) if w in up and w not in taken]
+        return [*holders[: self._rules.candidates], *sample]
 
     def _rank(self, offers: Sequence[Offer], now: float) -> None:
         fresh = [o for o in offers if o.worker.id not in self._seen]

@@ -46,6 +46,9 @@ class ImagePull(Record):
     """The machine's image on the worker that took it: cached there already, or pulled."""
 
     reference: str = Field(description="sha256:… of the image")
+    source: str | None = Field(
+        default=None, description="the registry its layers come from (none: the cluster's store)"
+    )
     layers: int = Field(description="layers of the image")
     layers_cached: int = Field(description="of them, held by the worker when it took the machine")
     bytes_to_pull: int = Field(description="what the worker had to fetch (0: cached)")
