@@ -16,6 +16,7 @@ tree at the boundary that catches them, so nothing above a boundary handles fore
     │   ├── IllegalTransition      409 illegal_transition (e.g. start a destroyed machine)
     │   ├── IdempotencyConflict    409 idempotency_conflict (same key, different body)
     │   ├── QuoteUsed              409 quote_used         (a quote already made its machine)
+    │   ├── LeaseHeld              409 lease_held         (the machine is leased: send its nonce)
     │   └── ClaimRefused           409 claim_refused      (a worker refused a claim; internal)
     ├── InsufficientCapacity       409 insufficient_capacity (carries the placement record)
     ├── QuoteExpired               410 quote_expired     (the hold's TTL passed or it was released)
@@ -40,6 +41,7 @@ __all__ = [
     "ImageNotFound",
     "InsufficientCapacity",
     "InvalidInput",
+    "LeaseHeld",
     "MalformedRequest",
     "NotFound",
     "QuoteExpired",
@@ -118,6 +120,10 @@ class Conflict(SouqError, status="conflict", http_status=409): ...
 
 
 class IllegalTransition(Conflict, status="illegal_transition"): ...
+
+
+class LeaseHeld(Conflict, status="lease_held"):
+    """The machine is leased and the request did not bring the lease's nonce."""
 
 
 class IdempotencyConflict(Conflict, status="idempotency_conflict"):

@@ -7,6 +7,7 @@ import secrets
 
 __all__ = [
     "idempotent_request_id",
+    "new_instance_id",
     "new_machine_id",
     "new_quote_id",
     "new_request_id",
@@ -18,6 +19,12 @@ __all__ = [
 def new_machine_id() -> str:
     """14 hex characters, as Fly machine ids."""
     return secrets.token_hex(7)
+
+
+def new_instance_id(now_ms: int) -> str:
+    """A machine config's version: ordered by time (12 hex digits of milliseconds), then 8
+    random ones."""
+    return f"{now_ms:012x}{secrets.token_hex(4)}"
 
 
 def new_worker_id() -> str:

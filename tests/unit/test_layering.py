@@ -26,6 +26,7 @@ PURE = [
     "view/regions.py",
     "market",
     "sim",
+    "apps",
 ]
 
 # Anything that touches the network, processes, files or a database.
@@ -94,6 +95,7 @@ PUBLIC = {
         "ImageNotFound",
         "InsufficientCapacity",
         "InvalidInput",
+        "LeaseHeld",
         "MalformedRequest",
         "NotFound",
         "QuoteExpired",

@@ -30,7 +30,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from souq.clock import iso_from_ms
-from souq.errors import ClaimRefused, InvalidInput, NotFound, QuoteExpired, QuoteUsed
+from souq.errors import (
+    ClaimRefused,
+    InsufficientCapacity,
+    InvalidInput,
+    NotFound,
+    QuoteExpired,
+    QuoteUsed,
+)
 from souq.model.protocol import QuoteState
 from souq.model.resources import Resources
 from souq.model.worker import WorkerState, WorkerUsage
@@ -114,6 +121,25 @@ class Admission:
             self._check_fits(want, now_ms, "the machine")
             return
         _check_quote(quote, want, now_ms)
+
+    def check_resize(self, old: Resources, new: Resources, now_ms: int) -> None:
+        """Raise ``insufficient_capacity`` when a machine's reservation cannot grow from ``old``
+        to ``new`` here; shrinking always fits."""
+        grow = Resources(
+            cpus=max(0, new.millicpus - old.millicpus) / 1000,
+            memory_mb=max(0, new.memory_mb - old.memory_mb),
+            disk_mb=max(0, new.disk_mb - old.disk_mb),
+            gpus=max(0, new.gpus - old.gpus),
+        )
+        if grow == Resources.zero():
+            return
+        short = self.shortfall(grow, now_ms)
+        if short is not None:
+            raise InsufficientCapacity(
+                f"the machine cannot grow on worker {self.worker_id}: {short.detail}",
+                hint="update it to a size that fits, or create a new machine elsewhere",
+                details={"reason": short.reason},
+            )
 
     def check_quote_app(self, quote: HeldQuote | None, quote_id: str, app: str) -> HeldQuote:
         if quote is None or quote.app != app:

@@ -14,6 +14,7 @@ import contextlib
 from souq.agent import lifecycle
 from souq.agent.admission import HeldQuote
 from souq.agent.executor import Executor, Source
+from souq.agent.leases import Leases
 from souq.agent.lifecycle import Trigger
 from souq.agent.operations import OpEvent, OpKind, advance
 from souq.agent.records import MachineRow
@@ -25,7 +26,8 @@ from souq.errors import (
     InvalidInput,
     WaitTimeout,
 )
-from souq.ids import new_machine_id
+from souq.ids import new_instance_id, new_machine_id
+from souq.model.image import ImageRecord
 from souq.model.machine import (
     Machine,
     MachineConfig,
@@ -35,7 +37,7 @@ from souq.model.machine import (
     normalise_signal,
 )
 from souq.model.placement import Placement
-from souq.model.protocol import ClaimRequest, LogsReply, StopCommand
+from souq.model.protocol import ClaimRequest, LogsReply, StopCommand, UpdateCommand
 from souq.model.services import MachineAddress
 
 __all__ = ["LOG_POLL_S", "Commands"]
@@ -51,6 +53,7 @@ class Commands:
     def __init__(self, executor: Executor, clock: Clock) -> None:
         self._ex = executor
         self._clock = clock
+        self.leases = Leases(executor.store, clock)
 
     def claim(
         self,
@@ -72,7 +75,9 @@ class Commands:
         now = self._clock.now_ms()
         if not admitted:
             ex.admission.check_claim(req.region, req.config.guest.resources(), now, quote=quote)
-        placement = self._image_noted(req)
+        placement = self._image_noted(
+            req.config, req.image, req.placement, req.request_id, req.region
+        )
         op = ex.new_op(OpKind.CREATE, new_machine_id(), source="user", type="start")
         events = [MachineEvent(type="launch", status=S.CREATED, source="user", timestamp=now)]
         if req.config.standbys:  # a standby waits, stopped, until a primary's worker is lost
@@ -98,6 +103,7 @@ class Commands:
             updated_at=now,
             events=tuple(reversed(events)),
             address=self._address(op.machine_id, req.config),
+            instance_id=new_instance_id(now),
         )
         try:
             existing = ex.create(
@@ -113,19 +119,26 @@ class Commands:
         ex.sync()  # if the spawn did not (skip_launch, or it failed before its fork)
         return ex.machine(row.app, row.id)
 
-    def _image_noted(self, req: ClaimRequest) -> Placement | None:
-        """The claim's placement record, saying (for a machine of an image) what this worker
-        has of the image."""
-        if req.config.image is None:
-            return req.placement
-        if req.image is None:
+    def _image_noted(
+        self,
+        config: MachineConfig,
+        image: ImageRecord | None,
+        placement: Placement | None,
+        request_id: str,
+        region: str,
+    ) -> Placement | None:
+        """A claim's (or an update's) placement record, saying (for a machine of an image) what
+        this worker has of the image."""
+        if config.image is None:
+            return placement
+        if image is None:
             raise InvalidInput(
-                f"config.image: the claim names image {req.config.image} without its record",
-                hint="create machines through a broker, which resolves the image",
+                f"config.image: the request names image {config.image} without its record",
+                hint="create and update machines through a broker, which resolves the image",
             )
-        placement = req.placement or Placement(request_id=req.request_id, region=req.region)
+        placement = placement or Placement(request_id=request_id, region=region)
         images = self._ex.images
-        return placement if images is None else images.claimed(req.image, placement)
+        return placement if images is None else images.claimed(image, placement)
 
     def _address(self, machine_id: str, config: MachineConfig) -> MachineAddress | None:
         """Host ports for the machine's internal ports (:class:`ClaimRefused` ``no_ports``
@@ -228,6 +241,51 @@ class Commands:
         await op.done
         return ex.machine(cmd.app, cmd.machine_id)
 
+    async def update(self, cmd: UpdateCommand) -> Machine:
+        """Replace the machine's config here, on its worker (a new ``instance_id``): its
+        reservation grows only if the worker has the room (``insufficient_capacity`` else,
+        nothing changed), its ports follow its services, its placement record its image. A
+        machine that runs restarts with the new config (stopped with its old stop config); a
+        stopped one starts, unless ``skip_launch``."""
+        ex = self._ex
+        row = ex.row(cmd.app, cmd.machine_id)
+        if row.state not in _RESTARTABLE:
+            raise IllegalTransition(
+                f"machine {row.id} is {row.state}; it cannot be updated now",
+                hint="wait until it is stopped or started, then update it",
+            )
+        self._check_idle(row)
+        config = cmd.config
+        now = self._clock.now_ms()
+        ex.admission.check_resize(row.resources, config.guest.resources(), now)
+        placement = self._image_noted(config, cmd.image, row.placement, row.request_id, row.region)
+        address = row.address
+        if config.internal_ports() != row.config.internal_ports():
+            ex.ports.give_back(row.id)
+            try:
+                address = self._address(row.id, config)
+            except BaseException:
+                ex.ports.restore(row.id, row.address.ports.values() if row.address else ())
+                raise
+        instance = new_instance_id(now)
+        ex.apply(
+            row.id,
+            type="update",
+            source="user",
+            message=f"config updated: instance {instance}",
+            config=config,
+            placement=placement,
+            address=address,
+            instance_id=instance,
+        )
+        if row.state in _UP or not cmd.skip_launch:
+            stop = row.config.stop_config
+            again = StopCommand(
+                app=row.app, machine_id=row.id, signal=stop.signal, timeout_s=stop.timeout_s
+            )
+            return await self.restart(again)
+        return ex.machine(cmd.app, cmd.machine_id)
+
     def signal(self, app: str, machine_id: str, signal: str) -> Machine:
         ex = self._ex
         row = ex.row(app, machine_id)
@@ -259,6 +317,7 @@ class Commands:
         op_event = OpEvent.BEGIN if ex.handle(row.id) else OpEvent.IDLE
         ex.step(op, op_event, event=event, type="destroy", source="user")
         await op.done
+        self.leases.drop(row.id)
         return ex.machine(app, machine_id)
 
     async def wait(

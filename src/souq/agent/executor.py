@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal as _signal
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -28,9 +27,10 @@ from souq.agent.faults import FaultPoint
 from souq.agent.images import AgentImages, Pulled, image_of, image_source
 from souq.agent.launch import Pulls, machine_spec, pulled_record
 from souq.agent.lifecycle import Trigger
+from souq.agent.machine_table import MachineTable
 from souq.agent.operations import Action, OpEvent, OpKind, OpState, advance
 from souq.agent.ports import PortPool
-from souq.agent.records import RECENT_EVENTS, MachineRow, OpStep, of_app
+from souq.agent.records import RECENT_EVENTS, MachineRow, OpStep
 from souq.agent.restart import Backoff
 from souq.agent.store import Store
 from souq.agent.supervisor import Supervisor
@@ -38,7 +38,7 @@ from souq.clock import Clock
 from souq.drivers.base import Driver, ExitStatus, Handle, RecordsExits, SpawnError
 from souq.errors import IllegalTransition, SouqError
 from souq.ids import new_request_id
-from souq.model.machine import Machine, MachineEvent, MachineState
+from souq.model.machine import MachineEvent, MachineState
 from souq.model.protocol import MachineEventMessage
 from souq.model.resources import Resources
 
@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 S = MachineState
 Source = Literal["agent", "user"]
 _WAITING_FOR_EXIT = (OpState.DRAINING, OpState.SIGNALLING, OpState.KILLING)
+_SPEC = frozenset({"config", "placement", "address", "instance_id"})  # rarely changed fields
 
 
 @dataclass
@@ -69,7 +70,7 @@ class Op:
         return "agent" if self.params.get("source") == "agent" else "user"
 
 
-class Executor:
+class Executor(MachineTable):
     def __init__(
         self,
         *,
@@ -85,17 +86,13 @@ class Executor:
         advertise: str = "127.0.0.1",
         images: AgentImages | None = None,
     ) -> None:
-        self.worker_id = worker_id
+        rows = store.load_machines()
+        super().__init__(worker_id, rows)
         self.region = region
         self.store = store
         self.driver = driver
         self._clock = clock
         self._on_event = on_event
-        rows = store.load_machines()
-        self._rows: dict[str, MachineRow] = {r.id: r for r in rows}
-        self._by_request: dict[str, str] = {r.request_id: r.id for r in rows}
-        # Kept up to date so that offers never scan the machine records.
-        self._live_by_app: Counter[str] = Counter(r.app for r in rows if r.state is not S.DESTROYED)
         # The image cache, and the pulls that spawns wait for; every machine pins its image.
         self.images = images
         self.pulls = Pulls(images) if images is not None else None
@@ -129,38 +126,6 @@ class Executor:
     def allocated(self) -> Resources:
         """What the machines reserve (quotes' holds not included)."""
         return self.admission.reserved
-
-    def machine_count(self, app: str | None = None) -> int:
-        """Machines not destroyed (of ``app``, when given)."""
-        if app is not None:
-            return self._live_by_app[app]
-        return sum(self._live_by_app.values())
-
-    def machine_for_request(self, request_id: str) -> str | None:
-        return self._by_request.get(request_id)
-
-    def has(self, machine_id: str) -> bool:
-        return machine_id in self._rows
-
-    def row(self, app: str, machine_id: str) -> MachineRow:
-        hint = "check the machine id and the app name"
-        return of_app(self._rows.get(machine_id), app, "machine", machine_id, hint=hint)
-
-    def machine(self, app: str, machine_id: str) -> Machine:
-        return self.row(app, machine_id).to_machine(self.worker_id)
-
-    def list_machines(self, app: str | None, *, include_destroyed: bool = False) -> list[Machine]:
-        return [
-            r.to_machine(self.worker_id)
-            for r in self._rows.values()
-            if (app is None or r.app == app) and (include_destroyed or r.state is not S.DESTROYED)
-        ]
-
-    def row_by_id(self, machine_id: str) -> MachineRow:
-        return self._rows[machine_id]
-
-    def rows(self) -> list[MachineRow]:
-        return list(self._rows.values())
 
     def current_op(self, machine_id: str) -> Op | None:
         """The operation in progress on a machine, if any (at most one at a time)."""
@@ -266,27 +231,43 @@ class Executor:
         steps = []
         if op is not None and step is not None and op_event is not None:
             steps.append(OpStep(op.id, row.id, op.kind, step.next, op_event, now, op.params))
-        self.store.commit(new, recorded, steps, release=release, durable=durable)
+        spec = not _SPEC.isdisjoint(changes)  # an update, or a pull's record
+        resize = spec and new.resources != row.resources
+        reserve = new.resources if resize and not release else None
+        self.store.commit(
+            new, recorded, steps, release=release, durable=durable, spec=spec, reserve=reserve
+        )
         if durable:
             self._unsynced = False  # a synced commit syncs every write before it
         if self.fault is not None and steps:
             self.fault.after_step(steps[0].kind, steps[0].state)
         self._rows[row.id] = new
-        if state is S.DESTROYED and row.state is not S.DESTROYED:
-            self.ports.give_back(row.id)
-            if self.images is not None and (ref := image_of(row.placement)) is not None:
-                self.images.release(ref)
-            self._live_by_app[row.app] -= 1
-            if not self._live_by_app[row.app]:
-                del self._live_by_app[row.app]
-        if release:
-            self.admission.release(row.resources)
+        self._account(row, new, release=release, resized=reserve is not None, spec=spec)
         if op is not None and step is not None:
             self._op_reached(op, step.next)
         self._notify(row.id)
         for record in recorded:
             self._publish(new, record)
         return step.actions if step else ()
+
+    def _account(
+        self, row: MachineRow, new: MachineRow, *, release: bool, resized: bool, spec: bool
+    ) -> None:
+        """What a committed step changes beyond the row: ports, pins, the app count and the
+        ledger."""
+        if new.state is S.DESTROYED and row.state is not S.DESTROYED:
+            self.ports.give_back(row.id)
+            if self.images is not None and (ref := image_of(row.placement)) is not None:
+                self.images.release(ref)
+            self._live_by_app[row.app] -= 1
+            if not self._live_by_app[row.app]:
+                del self._live_by_app[row.app]
+        if release or resized:
+            self.admission.release(row.resources)
+        if resized:
+            self.admission.reserve(new.resources)
+        if spec and self.images is not None:
+            self.images.repin(image_of(row.placement), image_of(new.placement))
 
     def sync(self) -> None:
         """Make a claim recorded by :meth:`create` durable, if it is not yet."""

@@ -100,6 +100,14 @@ class AgentImages:
     def pin(self, reference: str) -> None:
         self.cache.pin(reference)
 
+    def repin(self, old: str | None, new: str | None) -> None:
+        """A machine's image changed (an update): pin the new one, release the old one."""
+        if old != new:
+            if new is not None:
+                self.pin(new)
+            if old is not None:
+                self.release(old)
+
     def release(self, reference: str) -> None:
         """A machine of the image is gone."""
         before = self.cache.stats.evictions

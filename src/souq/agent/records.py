@@ -59,6 +59,7 @@ class MachineRow:
     exit_code: int | None = None
     events: tuple[MachineEvent, ...] = ()  # newest first, at most RECENT_EVENTS
     address: MachineAddress | None = None  # its host and host ports, given at the claim
+    instance_id: str = ""  # the version of its config: new at the claim and at every update
 
     @cached_property
     def resources(self) -> Resources:
@@ -75,6 +76,7 @@ class MachineRow:
             pid=self.pid,
             exit_code=self.exit_code,
             address=self.address,
+            instance_id=self.instance_id or self.id,
         )
 
 

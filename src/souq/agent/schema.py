@@ -29,6 +29,8 @@ __all__ = [
     "SCHEMA",
     "SUMS",
     "UPDATE_MACHINE",
+    "UPDATE_RESERVATION",
+    "UPDATE_SPEC",
     "amounts_of",
     "event_of",
     "hold_of",
@@ -55,7 +57,15 @@ CREATE TABLE IF NOT EXISTS machines (
     exit_code INTEGER,
     created_at INTEGER NOT NULL,
     updated_at INTEGER NOT NULL,
-    address TEXT
+    address TEXT,
+    instance_id TEXT
+);
+CREATE TABLE IF NOT EXISTS leases (
+    machine_id TEXT PRIMARY KEY,
+    nonce TEXT NOT NULL,
+    expires_at INTEGER NOT NULL,
+    description TEXT NOT NULL,
+    version INTEGER NOT NULL
 );
 CREATE TABLE IF NOT EXISTS reservations (
     machine_id TEXT PRIMARY KEY REFERENCES machines(id),
@@ -106,10 +116,13 @@ CREATE TABLE IF NOT EXISTS ops (
 
 MACHINE_COLUMNS = (
     "id, app, name, region, request_id, body_hash, state, config, placement, pid, "
-    "pid_start_time, restarts, exit_code, created_at, updated_at, address"
+    "pid_start_time, restarts, exit_code, created_at, updated_at, address, instance_id"
 )
 # Columns added since the first schema, for a state file an older agent made.
-ADDED_MACHINE_COLUMNS = {"address": "TEXT"}  # the host and the host ports it was given
+ADDED_MACHINE_COLUMNS = {
+    "address": "TEXT",  # the host and the host ports it was given
+    "instance_id": "TEXT",  # the version of its config (none: made before updates were)
+}
 EVENT_COLUMNS = "type, status, source, ts, exit_code, signal, message"
 HOLD_COLUMNS = (
     "id, app, region, millicpus, memory_mb, disk_mb, gpus, config, placement, ttl_s, created_at, "
@@ -121,7 +134,7 @@ OP_COLUMNS = "op_id, machine_id, kind, state, event, ts, detail"
 # The statements of a claim and of a machine's start (:meth:`Store.prepare` compiles them).
 INSERT_MACHINE = (
     f"INSERT INTO machines ({MACHINE_COLUMNS}) "  # noqa: S608 (constant columns)
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 INSERT_RESERVATION = (
     "INSERT INTO reservations (machine_id, millicpus, memory_mb, disk_mb, gpus) "
@@ -135,6 +148,14 @@ INSERT_OP = f"INSERT INTO ops ({OP_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)"  # no
 UPDATE_MACHINE = (
     "UPDATE machines SET state = ?, pid = ?, pid_start_time = ?, restarts = ?, "
     "exit_code = ?, updated_at = ? WHERE id = ?"
+)
+# What changes only now and then (an update, a pull's record): written when it changed.
+UPDATE_SPEC = (
+    "UPDATE machines SET config = ?, placement = ?, address = ?, instance_id = ? WHERE id = ?"
+)
+UPDATE_RESERVATION = (
+    "UPDATE reservations SET millicpus = ?, memory_mb = ?, disk_mb = ?, gpus = ? "
+    "WHERE machine_id = ?"
 )
 
 

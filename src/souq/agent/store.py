@@ -49,7 +49,7 @@ from souq.errors import (
 from souq.ids import new_worker_id
 from souq.model.machine import MachineConfig, MachineEvent, MachineState
 from souq.model.placement import Placement
-from souq.model.protocol import QuoteState
+from souq.model.protocol import Lease, QuoteState
 from souq.model.resources import Resources
 from souq.model.services import MachineAddress
 
@@ -188,7 +188,7 @@ class Store:
         """Compile the statements of a claim and of a machine's start now (in a transaction
         that is rolled back), rather than at the first claim: a hollow fleet's worker makes its
         first claim long after it started, in the middle of the fleet's load."""
-        machine = ("-", "", "", "", "-", "", "", "", None, None, None, 0, None, 0, 0, None)
+        machine = ("-", "", "", "", "-", "", "", "", None, None, None, 0, None, 0, 0, None, None)
         try:
             with self._write() as db:
                 if self.keeps_machines:
@@ -283,6 +283,7 @@ class Store:
                     row.created_at,
                     row.updated_at,
                     row.address.model_dump_json() if row.address else None,
+                    row.instance_id,
                 ),
             )
         except sqlite3.IntegrityError:
@@ -342,9 +343,12 @@ class Store:
         *,
         release: bool = False,
         durable: bool = True,
+        spec: bool = False,
+        reserve: Resources | None = None,
     ) -> None:
-        """Write ``row``'s mutable fields, append its new events and op steps, and release its
-        reservation when asked: one transaction (fsynced unless ``durable=False``)."""
+        """Write ``row``'s mutable fields (its config, placement, address and instance id too
+        when ``spec``), append its new events and op steps, and release its reservation or set
+        it to ``reserve`` when asked: one transaction (fsynced unless ``durable=False``)."""
         with self._write(durable=durable) as db:
             if self.keeps_machines:
                 db.execute(
@@ -359,6 +363,19 @@ class Store:
                         row.id,
                     ),
                 )
+            if spec and self.keeps_machines:
+                db.execute(
+                    sql.UPDATE_SPEC,
+                    (
+                        self.json_of(row.config),
+                        self.json_of(row.placement) if row.placement else None,
+                        row.address.model_dump_json() if row.address else None,
+                        row.instance_id,
+                        row.id,
+                    ),
+                )
+            if reserve is not None and self.keeps_machines:
+                db.execute(sql.UPDATE_RESERVATION, (*sql.amounts_of(reserve), row.id))
             self._append(db, row.id, events, steps)
             if release and self.keeps_machines:
                 db.execute("DELETE FROM reservations WHERE machine_id = ?", (row.id,))
@@ -434,6 +451,7 @@ class Store:
                     updated_at=int(r[14]),
                     address=MachineAddress.model_validate_json(str(r[15])) if r[15] else None,
                     events=tuple(recent.get(mid, ())),
+                    instance_id=str(r[16]) if r[16] else mid,
                 )
             )
         return rows
@@ -497,6 +515,32 @@ class Store:
                 "UPDATE holds SET state = ? WHERE id = ? AND state = 'held'",
                 (str(state), quote_id),
             )
+
+    # -- leases --------------------------------------------------------------------------------
+
+    def leases(self) -> list[Lease]:
+        rows = self._read("SELECT machine_id, nonce, expires_at, description, version FROM leases")
+        return [
+            Lease(
+                machine_id=str(r[0]),
+                nonce=str(r[1]),
+                expires_at=int(r[2]),
+                description=str(r[3]),
+                version=int(r[4]),
+            )
+            for r in rows
+        ]
+
+    def put_lease(self, lease: Lease) -> None:
+        with self._write() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO leases VALUES (?, ?, ?, ?, ?)",
+                (lease.machine_id, lease.nonce, lease.expires_at, lease.description, lease.version),
+            )
+
+    def drop_lease(self, machine_id: str) -> None:
+        with self._write() as db:
+            db.execute("DELETE FROM leases WHERE machine_id = ?", (machine_id,))
 
     # -- the op log ----------------------------------------------------------------------------
 

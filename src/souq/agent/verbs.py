@@ -20,7 +20,7 @@ from souq.agent.stats import AgentStats
 from souq.agent.wire import machine_json
 from souq.bus.codec import Encoded
 from souq.clock import Clock, iso_from_ms
-from souq.errors import ClaimRefused
+from souq.errors import ClaimRefused, IllegalTransition, NotFound
 from souq.model import protocol as msg
 from souq.model.batch import BatchClaimReply, BatchClaimRequest
 from souq.model.machine import Machine, MachineEvent, MachineState, OpRecord
@@ -75,6 +75,10 @@ class WorkerVerbs:
         d.route(v.STOP, self._stop)
         d.route(v.RESTART, self._restart)
         d.route(v.SIGNAL, self._signal)
+        d.route(v.UPDATE, self._update)
+        d.route(v.LEASE, self._lease)
+        d.route(v.LEASE_GET, self._lease_get)
+        d.route(v.LEASE_RELEASE, self._lease_release)
         d.route(v.DESTROY, self._destroy)
         d.route(v.WAIT, self._wait)
         d.route(v.LOGS, self._logs)
@@ -261,23 +265,56 @@ class WorkerVerbs:
     async def _get(self, ref: msg.MachineRef) -> Machine:
         return self._ex.machine(ref.app, ref.machine_id)
 
+    # Every change of a machine checks its lease first (:mod:`souq.agent.leases`).
+
+    def _leased(self, ref: msg.MachineRef) -> None:
+        self._ex.row(ref.app, ref.machine_id)  # another app's machine is not found
+        self._cmd.leases.check(ref.machine_id, ref.lease_nonce)
+
     async def _start(self, ref: msg.MachineRef) -> Machine:
+        self._leased(ref)
         return self._cmd.start(ref.app, ref.machine_id)
 
     async def _suspend(self, ref: msg.MachineRef) -> Machine:
+        self._leased(ref)
         return self._cmd.suspend(ref.app, ref.machine_id)
 
     async def _stop(self, cmd: msg.StopCommand) -> Machine:
+        self._leased(cmd)
         return self._cmd.stop(cmd)
 
     async def _restart(self, cmd: msg.StopCommand) -> Machine:
+        self._leased(cmd)
         return await self._cmd.restart(cmd)
 
+    async def _update(self, cmd: msg.UpdateCommand) -> Machine:
+        self._leased(cmd)
+        return await self._cmd.update(cmd)
+
     async def _signal(self, cmd: msg.SignalCommand) -> Machine:
+        self._leased(cmd)
         return self._cmd.signal(cmd.app, cmd.machine_id, cmd.signal)
 
     async def _destroy(self, cmd: msg.DestroyCommand) -> Machine:
+        self._leased(cmd)
         return await self._cmd.destroy(cmd.app, cmd.machine_id, force=cmd.force)
+
+    async def _lease(self, req: msg.LeaseRequest) -> msg.Lease:
+        row = self._ex.row(req.app, req.machine_id)
+        if row.state is MachineState.DESTROYED:
+            raise IllegalTransition(f"machine {row.id} is destroyed", hint="lease a live machine")
+        return self._cmd.leases.take(row.id, req.ttl_s, req.description, req.lease_nonce)
+
+    async def _lease_get(self, ref: msg.MachineRef) -> msg.Lease:
+        self._ex.row(ref.app, ref.machine_id)
+        lease = self._cmd.leases.live(ref.machine_id)
+        if lease is None:
+            raise NotFound(f"machine {ref.machine_id} has no lease", hint="take one with POST")
+        return lease
+
+    async def _lease_release(self, ref: msg.MachineRef) -> msg.Lease:
+        self._ex.row(ref.app, ref.machine_id)
+        return self._cmd.leases.release(ref.machine_id, ref.lease_nonce)
 
     async def _wait(self, cmd: msg.WaitCommand) -> Machine:
         return await self._cmd.wait(cmd.app, cmd.machine_id, cmd.state, cmd.timeout_s)

@@ -15,18 +15,28 @@ from typing import Annotated, Any, TypeVar
 from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import PlainTextResponse, Response, StreamingResponse
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 from starlette.datastructures import Headers, QueryParams
 from starlette.types import ASGIApp
 
 from souq import __version__
+from souq.broker.bodies import (
+    AppName,
+    LeaseNonce,
+    app_name,
+    body_schema,
+    json_response,
+    parse_body,
+    parsed_body,
+)
+from souq.broker.change_routes import changes_router
 from souq.broker.cluster_routes import (
     cluster_router,
     machines_response,
     stale_machine_response,
 )
 from souq.broker.fast_path import CreateFastPath, CreateHandler
-from souq.broker.http_errors import install_error_handlers, invalid_input
+from souq.broker.http_errors import install_error_handlers
 from souq.broker.image_routes import images_router
 from souq.broker.request_context import RequestContext
 from souq.broker.schemas import (
@@ -34,14 +44,15 @@ from souq.broker.schemas import (
     DryRun,
     ErrorBody,
     Health,
+    LeaseBody,
     ListedMachine,
     QuoteRequest,
     SignalRequest,
     StopRequest,
-    check_app_name,
+    UpdateMachineRequest,
 )
 from souq.broker.service import BrokerService
-from souq.errors import InvalidInput, MalformedRequest, SouqError
+from souq.errors import InvalidInput, SouqError
 from souq.model import (
     Machine,
     MachineEvent,
@@ -69,37 +80,6 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         503: "NATS or the owning worker is unreachable (`unavailable`)",
     }.items()
 }
-
-
-def _body_schema(model: type[BaseModel], *, required: bool = True) -> dict[str, Any]:
-    ref = {"$ref": f"#/components/schemas/{model.__name__}"}
-    return {"requestBody": {"required": required, "content": {"application/json": {"schema": ref}}}}
-
-
-async def _parse(request: Request, model: type[M], *, optional: bool = False) -> M:
-    return _parsed(await request.body(), model, optional=optional)
-
-
-def _parsed(raw: bytes, model: type[M], *, optional: bool = False) -> M:
-    if not raw.strip():
-        if optional:
-            return model()
-        raise MalformedRequest(
-            "the request body is empty",
-            hint="send a JSON object with Content-Type: application/json",
-        )
-    try:
-        return model.model_validate_json(raw)
-    except ValidationError as exc:
-        raise invalid_input(exc.errors()) from exc
-
-
-def _json(value: BaseModel | Sequence[BaseModel], status_code: int = 200) -> Response:
-    if isinstance(value, BaseModel):
-        content = value.model_dump_json()
-    else:
-        content = "[" + ",".join(v.model_dump_json() for v in value) + "]"
-    return Response(content, status_code=status_code, media_type="application/json")
 
 
 _CREATE_PARAMETERS = [
@@ -144,14 +124,15 @@ def _flag(query: QueryParams, name: str) -> bool:
     )
 
 
-async def _app_name(app: str) -> str:
-    problem = check_app_name(app)
-    if problem:
-        raise InvalidInput(problem)
-    return app
+async def _stop_command(
+    app: AppName, machine_id: str, request: Request, nonce: LeaseNonce = None
+) -> StopCommand:
+    """Stop and restart take the same optional body: the signal, the grace before SIGKILL."""
+    body = await parse_body(request, StopRequest, optional=True)
+    return StopCommand(app=app, machine_id=machine_id, lease_nonce=nonce, **body.model_dump())
 
 
-AppName = Annotated[str, Depends(_app_name)]
+StopCmd = Annotated[StopCommand, Depends(_stop_command)]
 
 
 def create_handler(service: BrokerService) -> CreateHandler:
@@ -160,9 +141,9 @@ def create_handler(service: BrokerService) -> CreateHandler:
     :mod:`souq.broker.fast_path`)."""
 
     async def create(app: str, raw: bytes, headers: Headers, query: QueryParams) -> tuple[int, str]:
-        await _app_name(app)
+        await app_name(app)
         idempotency_key = _idempotency_key(headers)
-        body = _parsed(raw, CreateMachineRequest)
+        body = parsed_body(raw, CreateMachineRequest)
         if _flag(query, "dry_run"):
             return 200, DryRun(placement=await service.explain(app, body)).model_dump_json()
         machine = await service.create_machine(app, body, idempotency_key=idempotency_key)
@@ -177,12 +158,12 @@ def _add_durability_routes(api: FastAPI, service: BrokerService, machine_path: s
     @api.post("/v1/workers/{worker_id}/drain", response_model=WorkerInfo, tags=["cluster"])
     async def drain_worker(worker_id: str) -> Response:
         """Cordon the worker and stop its machines gracefully; ``uncordon`` ends the drain."""
-        return _json(await service.drain(worker_id))
+        return json_response(await service.drain(worker_id))
 
     @api.get(machine_path + "/ops", response_model=list[OpRecord], tags=["machines"])
     async def machine_ops(app: AppName, machine_id: str) -> Response:
         """The machine's op log: each step of each operation, oldest first."""
-        return _json(await service.ops(app, machine_id))
+        return json_response(await service.ops(app, machine_id))
 
 
 def create_app(service: BrokerService) -> ASGIApp:
@@ -203,7 +184,16 @@ def _routes(service: BrokerService, create: CreateHandler) -> FastAPI:
     )
     install_error_handlers(api)
     _install_openapi(
-        api, [CreateMachineRequest, QuoteRequest, StopRequest, SignalRequest, BatchCreateRequest]
+        api,
+        [
+            CreateMachineRequest,
+            QuoteRequest,
+            StopRequest,
+            SignalRequest,
+            BatchCreateRequest,
+            UpdateMachineRequest,
+            LeaseBody,
+        ],
     )
     machine_path = "/v1/apps/{app}/machines/{machine_id}"
 
@@ -211,17 +201,17 @@ def _routes(service: BrokerService, create: CreateHandler) -> FastAPI:
     async def healthz() -> Response:
         """200 while the broker is connected to the bus; 503 ``unavailable`` while it is not."""
         service.require_bus()
-        return _json(Health(workers=service.liveness.live_count()))
+        return json_response(Health(workers=service.liveness.live_count()))
 
     @api.get("/v1/workers", response_model=list[WorkerInfo], tags=["cluster"])
     async def list_workers() -> Response:
-        return _json(await service.workers())
+        return json_response(await service.workers())
 
     @api.post(
         "/v1/apps/{app}/machines",
         status_code=201,
         response_model=Machine,
-        openapi_extra={**_body_schema(CreateMachineRequest), "parameters": _CREATE_PARAMETERS},
+        openapi_extra={**body_schema(CreateMachineRequest), "parameters": _CREATE_PARAMETERS},
         tags=["machines"],
     )
     async def create_machine(request: Request) -> Response:
@@ -236,7 +226,7 @@ def _routes(service: BrokerService, create: CreateHandler) -> FastAPI:
         "/v1/apps/{app}/machines/batch",
         status_code=201,
         response_model=BatchResult,
-        openapi_extra=_body_schema(BatchCreateRequest),
+        openapi_extra=body_schema(BatchCreateRequest),
         tags=["machines"],
     )
     async def create_batch(
@@ -250,36 +240,36 @@ def _routes(service: BrokerService, create: CreateHandler) -> FastAPI:
                 "a batch create takes no Idempotency-Key (yet)",
                 hint="send single creates with a key, or retry a batch only after listing",
             )
-        body = await _parse(request, BatchCreateRequest)
-        return _json(await service.create_batch(app, body), status_code=201)
+        body = await parse_body(request, BatchCreateRequest)
+        return json_response(await service.create_batch(app, body), status_code=201)
 
     @api.post(
         "/v1/apps/{app}/quotes",
         status_code=201,
         response_model=Quote,
-        openapi_extra=_body_schema(QuoteRequest),
+        openapi_extra=body_schema(QuoteRequest),
         responses={410: {"model": ErrorBody, "description": "`quote_expired`"}},
         tags=["quotes"],
     )
     async def create_quote(app: AppName, request: Request) -> Response:
-        body = await _parse(request, QuoteRequest)
-        return _json(await service.create_quote(app, body), status_code=201)
+        body = await parse_body(request, QuoteRequest)
+        return json_response(await service.create_quote(app, body), status_code=201)
 
     @api.get("/v1/apps/{app}/quotes/{quote_id}", response_model=Quote, tags=["quotes"])
     async def get_quote(app: AppName, quote_id: str) -> Response:
-        return _json(await service.get_quote(app, quote_id))
+        return json_response(await service.get_quote(app, quote_id))
 
     @api.delete("/v1/apps/{app}/quotes/{quote_id}", response_model=Quote, tags=["quotes"])
     async def release_quote(app: AppName, quote_id: str) -> Response:
-        return _json(await service.release_quote(app, quote_id))
+        return json_response(await service.release_quote(app, quote_id))
 
     @api.post("/v1/workers/{worker_id}/cordon", response_model=WorkerInfo, tags=["cluster"])
     async def cordon_worker(worker_id: str) -> Response:
-        return _json(await service.cordon(worker_id, cordoned=True))
+        return json_response(await service.cordon(worker_id, cordoned=True))
 
     @api.post("/v1/workers/{worker_id}/uncordon", response_model=WorkerInfo, tags=["cluster"])
     async def uncordon_worker(worker_id: str) -> Response:
-        return _json(await service.cordon(worker_id, cordoned=False))
+        return json_response(await service.cordon(worker_id, cordoned=False))
 
     @api.get("/v1/apps/{app}/machines", response_model=list[ListedMachine], tags=["machines"])
     async def list_machines(app: AppName) -> Response:
@@ -296,51 +286,40 @@ def _routes(service: BrokerService, create: CreateHandler) -> FastAPI:
         ] = False,
     ) -> Response:
         cached = stale_machine_response(service, app, machine_id) if stale else None
-        return cached or _json(await service.get_machine(app, machine_id))
+        return cached or json_response(await service.get_machine(app, machine_id))
 
     @api.delete(machine_path, response_model=Machine, tags=["machines"])
-    async def destroy_machine(app: AppName, machine_id: str, force: bool = False) -> Response:
-        return _json(await service.destroy_machine(app, machine_id, force=force))
+    async def destroy_machine(
+        app: AppName, machine_id: str, nonce: LeaseNonce = None, force: bool = False
+    ) -> Response:
+        machine = await service.destroy_machine(app, machine_id, force=force, nonce=nonce)
+        return json_response(machine)
 
     @api.post(machine_path + "/start", response_model=Machine, tags=["machines"])
-    async def start_machine(app: AppName, machine_id: str) -> Response:
+    async def start_machine(app: AppName, machine_id: str, nonce: LeaseNonce = None) -> Response:
         """Start a stopped machine, or resume a suspended one."""
-        return _json(await service.start_machine(app, machine_id))
+        return json_response(await service.start_machine(app, machine_id, nonce=nonce))
 
     @api.post(machine_path + "/suspend", response_model=Machine, tags=["machines"])
-    async def suspend_machine(app: AppName, machine_id: str) -> Response:
+    async def suspend_machine(app: AppName, machine_id: str, nonce: LeaseNonce = None) -> Response:
         """Freeze a started machine: it keeps its memory and its port, and a start (or a
         request through the proxy) resumes it."""
-        return _json(await service.suspend_machine(app, machine_id))
+        return json_response(await service.suspend_machine(app, machine_id, nonce=nonce))
 
     # Stop and restart take the same optional body: the signal and the grace before SIGKILL.
     stop_route: dict[str, Any] = {
         "response_model": Machine,
-        "openapi_extra": _body_schema(StopRequest, required=False),
+        "openapi_extra": body_schema(StopRequest, required=False),
         "tags": ["machines"],
     }
 
     @api.post(machine_path + "/stop", **stop_route)
-    async def stop_machine(app: AppName, machine_id: str, request: Request) -> Response:
-        body = await _parse(request, StopRequest, optional=True)
-        cmd = StopCommand(app=app, machine_id=machine_id, **body.model_dump())
-        return _json(await service.stop_machine(cmd))
+    async def stop_machine(cmd: StopCmd) -> Response:
+        return json_response(await service.stop_machine(cmd))
 
     @api.post(machine_path + "/restart", **stop_route)
-    async def restart_machine(app: AppName, machine_id: str, request: Request) -> Response:
-        body = await _parse(request, StopRequest, optional=True)
-        cmd = StopCommand(app=app, machine_id=machine_id, **body.model_dump())
-        return _json(await service.restart_machine(cmd))
-
-    @api.post(
-        machine_path + "/signal",
-        response_model=Machine,
-        openapi_extra=_body_schema(SignalRequest),
-        tags=["machines"],
-    )
-    async def signal_machine(app: AppName, machine_id: str, request: Request) -> Response:
-        body = await _parse(request, SignalRequest)
-        return _json(await service.signal_machine(app, machine_id, body.signal))
+    async def restart_machine(cmd: StopCmd) -> Response:
+        return json_response(await service.restart_machine(cmd))
 
     @api.get(
         machine_path + "/wait",
@@ -354,7 +333,7 @@ def _routes(service: BrokerService, create: CreateHandler) -> FastAPI:
         state: Annotated[MachineState, Query(description="the state to wait for")],
         timeout: Annotated[float, Query(ge=0, le=3600, description="seconds")] = 60.0,
     ) -> Response:
-        return _json(await service.wait(app, machine_id, state, timeout_s=timeout))
+        return json_response(await service.wait(app, machine_id, state, timeout_s=timeout))
 
     @api.get(
         machine_path + "/logs",
@@ -374,11 +353,12 @@ def _routes(service: BrokerService, create: CreateHandler) -> FastAPI:
 
     @api.get(machine_path + "/events", response_model=list[MachineEvent], tags=["machines"])
     async def machine_events(app: AppName, machine_id: str) -> Response:
-        return _json(await service.events(app, machine_id))
+        return json_response(await service.events(app, machine_id))
 
     _add_durability_routes(api, service, machine_path)
     api.include_router(cluster_router(service))  # /v1/apps, /v1/regions, /v1/events
     api.include_router(images_router(service))  # /v1/images: the cluster's image store
+    api.include_router(changes_router(service))  # a machine's update, its signals
 
     from souq.broker.ui import router as dashboard
 

@@ -78,6 +78,25 @@ class QuoteRequest(Input):
     )
 
 
+class UpdateMachineRequest(Input):
+    """``POST /v1/apps/{app}/machines/{id}``: the machine's new config (it stays on its
+    worker; a started machine restarts with it)."""
+
+    config: MachineConfig
+    skip_launch: bool = Field(default=False, description="a stopped machine stays stopped")
+    region: str | None = Field(
+        default=None, pattern=REGION_PATTERN, description="if given, the machine's own"
+    )
+    name: str | None = Field(default=None, description="if given, the machine's own")
+
+
+class LeaseBody(Input):
+    """``POST .../lease`` (the body is optional)."""
+
+    ttl: float = Field(default=30.0, gt=0, le=3600, description="seconds the lease lasts")
+    description: str = Field(default="", max_length=256, description="who holds it, and why")
+
+
 class StopRequest(Input):
     """``POST .../stop`` and ``.../restart`` (the body is optional)."""
 

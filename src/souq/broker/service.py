@@ -59,6 +59,8 @@ from souq.model import (
     WorkerInfo,
 )
 from souq.model.batch import BatchCreateRequest, BatchResult
+from souq.model.machine import MachineConfig
+from souq.model.protocol import Lease, LeaseRequest, UpdateCommand
 from souq.placement import Pipeline
 from souq.protocol import Verb, WorkerClient
 from souq.protocol import verbs as v
@@ -363,13 +365,19 @@ class BrokerService:
 
     # -- commands --------------------------------------------------------------------------
 
-    async def start_machine(self, app: str, machine_id: str) -> Machine:
-        ref = MachineRef(app=app, machine_id=machine_id)
+    # ``nonce``: the machine's lease's, when it is leased (``lease_held`` without it).
+
+    async def start_machine(
+        self, app: str, machine_id: str, *, nonce: str | None = None
+    ) -> Machine:
+        ref = MachineRef(app=app, machine_id=machine_id, lease_nonce=nonce)
         return self._seen(await self._ask(machine_id, v.START, ref))
 
-    async def suspend_machine(self, app: str, machine_id: str) -> Machine:
+    async def suspend_machine(
+        self, app: str, machine_id: str, *, nonce: str | None = None
+    ) -> Machine:
         """Freeze a started machine where it stands; a start resumes it."""
-        ref = MachineRef(app=app, machine_id=machine_id)
+        ref = MachineRef(app=app, machine_id=machine_id, lease_nonce=nonce)
         return self._seen(await self._ask(machine_id, v.SUSPEND, ref))
 
     async def stop_machine(self, cmd: StopCommand) -> Machine:
@@ -383,15 +391,56 @@ class BrokerService:
             grace = await self._stop_timeout(cmd.app, cmd.machine_id)
         return self._seen(await self._ask(cmd.machine_id, v.RESTART, cmd, extra_s=grace))
 
-    async def signal_machine(self, app: str, machine_id: str, signal: str) -> Machine:
-        cmd = SignalCommand(app=app, machine_id=machine_id, signal=signal)
+    async def update_machine(
+        self,
+        app: str,
+        machine_id: str,
+        config: MachineConfig,
+        *,
+        skip_launch: bool = False,
+        nonce: str | None = None,
+    ) -> Machine:
+        """Replace a machine's config on its worker (its image resolved first, as at a
+        create); answers once it has restarted with it (or at once with ``skip_launch``)."""
+        self.require_bus()
+        image = await self.images.of_config(config)
+        grace = await self._stop_timeout(app, machine_id)
+        cmd = UpdateCommand(
+            app=app,
+            machine_id=machine_id,
+            config=config,
+            image=image,
+            skip_launch=skip_launch,
+            lease_nonce=nonce,
+        )
+        return self._seen(await self._ask(machine_id, v.UPDATE, cmd, extra_s=grace + 60))
+
+    async def signal_machine(
+        self, app: str, machine_id: str, signal: str, *, nonce: str | None = None
+    ) -> Machine:
+        cmd = SignalCommand(app=app, machine_id=machine_id, signal=signal, lease_nonce=nonce)
         return self._seen(await self._ask(machine_id, v.SIGNAL, cmd))
 
-    async def destroy_machine(self, app: str, machine_id: str, *, force: bool = False) -> Machine:
+    async def destroy_machine(
+        self, app: str, machine_id: str, *, force: bool = False, nonce: str | None = None
+    ) -> Machine:
         """Returns once the machine is ``destroyed``."""
         grace = 0.0 if force else await self._stop_timeout(app, machine_id)
-        cmd = DestroyCommand(app=app, machine_id=machine_id, force=force)
+        cmd = DestroyCommand(app=app, machine_id=machine_id, force=force, lease_nonce=nonce)
         return self._seen(await self._ask(machine_id, v.DESTROY, cmd, extra_s=grace))
+
+    # -- leases ----------------------------------------------------------------------------
+
+    async def take_lease(self, req: LeaseRequest) -> Lease:
+        """Lease the machine (or extend the lease whose nonce ``req`` brings)."""
+        return await self._ask(req.machine_id, v.LEASE, req)
+
+    async def lease(self, app: str, machine_id: str) -> Lease:
+        return await self._ask(machine_id, v.LEASE_GET, MachineRef(app=app, machine_id=machine_id))
+
+    async def release_lease(self, app: str, machine_id: str, nonce: str | None) -> Lease:
+        ref = MachineRef(app=app, machine_id=machine_id, lease_nonce=nonce)
+        return await self._ask(machine_id, v.LEASE_RELEASE, ref)
 
     async def wait(
         self, app: str, machine_id: str, state: MachineState, *, timeout_s: float

@@ -27,10 +27,12 @@ from souq.model import (
     WorkerInfo,
 )
 from souq.model.image import ImageRecord
+from souq.model.protocol import Lease
 
 __all__ = ["DEFAULT_API", "SouqClient"]
 
 DEFAULT_API = "http://127.0.0.1:4280"
+LEASE_NONCE = "souq-lease-nonce"  # the header that carries a lease's nonce
 WAIT_MARGIN_S = 15.0  # a wait's HTTP timeout: the wait's own timeout plus this
 # Restart and destroy may wait for the machine's stop timeout (at most an hour); the broker
 # bounds them, so the client only needs to outlast the broker.
@@ -180,9 +182,12 @@ class SouqClient:
     def get_machine(self, app: str, machine_id: str) -> Machine:
         return _one(Machine, self._call("GET", _machine(app, machine_id)))
 
-    def start(self, app: str, machine_id: str) -> Machine:
+    # ``nonce``: of the machine's lease, when it is leased (``lease_held`` without it).
+
+    def start(self, app: str, machine_id: str, *, nonce: str | None = None) -> Machine:
         """Start a stopped machine, or resume a suspended one."""
-        return _one(Machine, self._call("POST", _machine(app, machine_id, "start")))
+        path = _machine(app, machine_id, "start")
+        return _one(Machine, self._call("POST", path, headers=_leased(nonce)))
 
     def suspend(self, app: str, machine_id: str) -> Machine:
         """Freeze a started machine where it stands (:meth:`start` resumes it)."""
@@ -195,10 +200,12 @@ class SouqClient:
         *,
         signal: str | None = None,
         timeout_s: float | None = None,
+        nonce: str | None = None,
     ) -> Machine:
         """Sends the stop signal; the machine is ``stopping`` (see :meth:`wait`)."""
         body = _without_none({"signal": signal, "timeout_s": timeout_s})
-        return _one(Machine, self._call("POST", _machine(app, machine_id, "stop"), json=body))
+        path = _machine(app, machine_id, "stop")
+        return _one(Machine, self._call("POST", path, json=body, headers=_leased(nonce)))
 
     def restart(
         self,
@@ -213,14 +220,56 @@ class SouqClient:
         path = _machine(app, machine_id, "restart")
         return _one(Machine, self._call("POST", path, json=body, timeout=timeout))
 
+    def update(
+        self,
+        app: str,
+        machine_id: str,
+        config: Mapping[str, Any] | MachineConfig,
+        *,
+        skip_launch: bool = False,
+        nonce: str | None = None,
+    ) -> Machine:
+        """Replace a machine's config; a started machine restarts with it (new ``instance_id``)."""
+        raw = config.model_dump(mode="json") if isinstance(config, MachineConfig) else dict(config)
+        body = {"config": raw, "skip_launch": skip_launch}
+        path = _machine(app, machine_id)
+        response = self._call("POST", path, json=body, headers=_leased(nonce), timeout=LONG_CALL_S)
+        return _one(Machine, response)
+
+    def take_lease(
+        self,
+        app: str,
+        machine_id: str,
+        *,
+        ttl_s: float = 30.0,
+        description: str = "",
+        nonce: str | None = None,
+    ) -> Lease:
+        """Lease a machine (or, with the lease's ``nonce``, extend it)."""
+        body = {"ttl": ttl_s, "description": description}
+        path = _machine(app, machine_id, "lease")
+        return _one(Lease, self._call("POST", path, json=body, headers=_leased(nonce)))
+
+    def lease(self, app: str, machine_id: str) -> Lease:
+        return _one(Lease, self._call("GET", _machine(app, machine_id, "lease")))
+
+    def release_lease(self, app: str, machine_id: str, nonce: str) -> Lease:
+        path = _machine(app, machine_id, "lease")
+        return _one(Lease, self._call("DELETE", path, headers=_leased(nonce)))
+
     def signal(self, app: str, machine_id: str, signal: str) -> Machine:
         path = _machine(app, machine_id, "signal")
         return _one(Machine, self._call("POST", path, json={"signal": signal}))
 
-    def destroy(self, app: str, machine_id: str, *, force: bool = False) -> Machine:
+    def destroy(
+        self, app: str, machine_id: str, *, force: bool = False, nonce: str | None = None
+    ) -> Machine:
         params = {"force": "true"} if force else None
         path = _machine(app, machine_id)
-        return _one(Machine, self._call("DELETE", path, params=params, timeout=LONG_CALL_S))
+        response = self._call(
+            "DELETE", path, params=params, headers=_leased(nonce), timeout=LONG_CALL_S
+        )
+        return _one(Machine, response)
 
     def wait(
         self, app: str, machine_id: str, state: MachineState | str, *, timeout: float = 60.0
@@ -333,6 +382,10 @@ def _machines(app: str) -> str:
 def _machine(app: str, machine_id: str, verb: str | None = None) -> str:
     path = f"/v1/apps/{app}/machines/{machine_id}"
     return f"{path}/{verb}" if verb else path
+
+
+def _leased(nonce: str | None) -> dict[str, str] | None:
+    return {LEASE_NONCE: nonce} if nonce else None
 
 
 def _without_none(values: dict[str, Any]) -> dict[str, Any]:

@@ -407,6 +407,42 @@ def machine_stop(
         render.machine_state(machine, as_json=as_json)
 
 
+@machine_app.command("update")
+def machine_update(
+    machine_id: IdArg,
+    *,
+    app_name: AppOpt,
+    command: CommandArg = None,
+    image: ImageOpt = None,
+    cpus: CpusOpt = None,
+    memory_mb: MemoryOpt = None,
+    env: Annotated[
+        list[str] | None, typer.Option("--env", "-e", help="K=V, added or replaced; repeatable.")
+    ] = None,
+    skip_start: Annotated[
+        bool, typer.Option("--skip-start", help="A stopped machine stays stopped.")
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Change a machine's config in place (its image, command, env or size): it keeps its
+    worker and restarts with the new config."""
+    with reporting(as_json):
+        client = make_client()
+        config = client.get_machine(app_name, machine_id).config.model_dump(mode="json")
+        if image is not None:
+            config["image"] = image
+        if command:
+            config["cmd"] = command
+        if env:
+            config["env"] = {**config["env"], **pairs(env, "env")}
+        if cpus is not None:
+            config["guest"]["cpus"] = cpus
+        if memory_mb is not None:
+            config["guest"]["memory_mb"] = memory_mb
+        machine = client.update(app_name, machine_id, config, skip_launch=skip_start)
+        render.machine_state(machine, as_json=as_json)
+
+
 @machine_app.command("restart")
 def machine_restart(machine_id: IdArg, app_name: AppOpt, as_json: JsonOpt = False) -> None:
     """Stop a machine and start it again."""

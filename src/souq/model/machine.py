@@ -239,6 +239,9 @@ class OpRecord(Record):
 
 class Machine(Record):
     id: str
+    instance_id: str = Field(
+        default="", description="the version of its config: a new one with every update"
+    )
     name: str
     app: str
     region: str

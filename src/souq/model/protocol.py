@@ -23,6 +23,8 @@ __all__ = [
     "DigestCommand",
     "EventsCommand",
     "HoldRequest",
+    "Lease",
+    "LeaseRequest",
     "ListCommand",
     "LocateCommand",
     "LocateReply",
@@ -38,6 +40,7 @@ __all__ = [
     "Reply",
     "SignalCommand",
     "StopCommand",
+    "UpdateCommand",
     "WaitCommand",
     "WorkerDigest",
 ]
@@ -105,11 +108,40 @@ class ClaimRequest(Input):
 class MachineRef(Input):
     app: str
     machine_id: str
+    lease_nonce: str | None = Field(
+        default=None, description="the nonce of the machine's lease, if it is leased"
+    )
+
+
+class LeaseRequest(MachineRef):
+    """Take the machine's lease (or, with its nonce, extend it)."""
+
+    ttl_s: float = Field(default=30.0, gt=0, le=3600, description="seconds it lasts")
+    description: str = Field(default="", max_length=256, description="who holds it, and why")
+
+
+class Lease(Record):
+    """A machine's lease: while it lasts, changing the machine needs its ``nonce``."""
+
+    machine_id: str
+    nonce: str
+    expires_at: int = Field(description="ms since the epoch")
+    description: str = ""
+    version: int = Field(default=1, description="grows each time the lease is extended")
 
 
 class StopCommand(MachineRef):
     signal: str | None = None
     timeout_s: float | None = None
+
+
+class UpdateCommand(MachineRef):
+    """Replace a machine's config on its worker: a started machine restarts with the new one
+    (stopped with its stop config first), a stopped one starts unless ``skip_launch``."""
+
+    config: MachineConfig
+    image: ImageRecord | None = Field(default=None, description="the image `config.image` names")
+    skip_launch: bool = False
 
 
 class SignalCommand(MachineRef):

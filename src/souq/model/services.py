@@ -10,15 +10,17 @@ process reads it from ``PORT`` (the first service's) or ``PORT_<internal_port>``
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BeforeValidator, Field, field_validator, model_validator
 
 from souq.model.base import Input, Record
 
 __all__ = [
     "Check",
     "Concurrency",
+    "Duration",
+    "Grace",
     "MachineAddress",
     "Service",
     "ServicePort",
@@ -43,6 +45,15 @@ def parse_duration_s(value: Any) -> float:
     if seconds <= 0:
         raise ValueError("a duration must be more than zero")
     return seconds
+
+
+def _grace_s(value: Any) -> float:
+    return 0.0 if value in (0, "0", "0s") else parse_duration_s(value)
+
+
+# A field of seconds that also takes "15s", "500ms", "1m"; a grace period may be 0.
+Duration = Annotated[float, BeforeValidator(parse_duration_s)]
+Grace = Annotated[float, BeforeValidator(_grace_s)]
 
 
 class ServicePort(Input):
@@ -103,21 +114,11 @@ class Check(Input):
     type: Literal["http", "tcp"]
     port: int = Field(ge=1, le=65535, description="an internal port (a service's, or its own)")
     path: str = Field(default="/", pattern=r"^/", max_length=2048, description="http: GET this")
-    interval: float = Field(default=15.0, le=86_400, description="seconds, or e.g. '15s'")
-    timeout: float = Field(default=10.0, le=3600, description="seconds, or e.g. '2s'")
-    grace_period: float = Field(
+    interval: Duration = Field(default=15.0, le=86_400, description="seconds, or e.g. '15s'")
+    timeout: Duration = Field(default=10.0, le=3600, description="seconds, or e.g. '2s'")
+    grace_period: Grace = Field(
         default=0.0, ge=0, le=3600, description="failures right after a start do not count"
     )
-
-    @field_validator("interval", "timeout", mode="before")
-    @classmethod
-    def _duration(cls, v: Any) -> float:
-        return parse_duration_s(v)
-
-    @field_validator("grace_period", mode="before")
-    @classmethod
-    def _grace(cls, v: Any) -> float:
-        return 0.0 if v in (0, "0", "0s") else parse_duration_s(v)
 
 
 class MachineAddress(Record):

@@ -61,6 +61,9 @@ __all__ = [
     "EVENTS",
     "GET",
     "HOLD",
+    "LEASE",
+    "LEASE_GET",
+    "LEASE_RELEASE",
     "LIST",
     "LOCATE",
     "LOGS",
@@ -75,6 +78,7 @@ __all__ = [
     "START",
     "STOP",
     "SUSPEND",
+    "UPDATE",
     "VERBS",
     "WAIT",
     "Verb",
@@ -83,7 +87,8 @@ __all__ = [
 PROTOCOL_MAJOR = 1
 # 1: heartbeats say which minor version they speak; unknown verbs are typed.
 # 2: `suspend`; machines have an address (host and ports) and may be `suspended`.
-PROTOCOL_MINOR = 2
+# 3: `update` and leases; machines have an `instance_id`; claims and offers may name an image.
+PROTOCOL_MINOR = 3
 
 Q = TypeVar("Q", bound=BaseModel)
 A = TypeVar("A")
@@ -137,6 +142,14 @@ RESTART = _verb(
     "restart", msg.StopCommand, Machine, "stop, then start again; answered once started"
 )
 SIGNAL = _verb("signal", msg.SignalCommand, Machine, "send a signal to the machine's process")
+UPDATE = _verb(
+    "update", msg.UpdateCommand, Machine, "replace a machine's config on its worker", since=3
+)
+LEASE = _verb("lease", msg.LeaseRequest, msg.Lease, "take or extend a machine's lease", since=3)
+LEASE_GET = _verb("lease_get", msg.MachineRef, msg.Lease, "a machine's live lease", since=3)
+LEASE_RELEASE = _verb(
+    "lease_release", msg.MachineRef, msg.Lease, "end a machine's lease (its nonce)", since=3
+)
 DESTROY = _verb("destroy", msg.DestroyCommand, Machine, "destroy and release the reservation")
 WAIT = _verb("wait", msg.WaitCommand, Machine, "answer once the machine reaches a state")
 LOGS = _verb("logs", msg.LogsCommand, msg.LogsReply, "output from an offset")

@@ -1,0 +1,76 @@
+"""Request and response bodies of the JSON routes: parsed into a model (a typo or a bad value
+is ``invalid_input`` naming the field), written from one, and declared for OpenAPI."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Annotated, Any, TypeVar
+
+from fastapi import Depends, Header, Request
+from fastapi.responses import Response
+from pydantic import BaseModel, ValidationError
+
+from souq.broker.http_errors import invalid_input
+from souq.broker.schemas import check_app_name
+from souq.errors import InvalidInput, MalformedRequest
+
+__all__ = [
+    "AppName",
+    "LeaseNonce",
+    "app_name",
+    "body_schema",
+    "json_response",
+    "parse_body",
+    "parsed_body",
+]
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def body_schema(model: type[BaseModel], *, required: bool = True) -> dict[str, Any]:
+    ref = {"$ref": f"#/components/schemas/{model.__name__}"}
+    return {"requestBody": {"required": required, "content": {"application/json": {"schema": ref}}}}
+
+
+async def parse_body(request: Request, model: type[M], *, optional: bool = False) -> M:
+    return parsed_body(await request.body(), model, optional=optional)
+
+
+def parsed_body(raw: bytes, model: type[M], *, optional: bool = False) -> M:
+    if not raw.strip():
+        if optional:
+            return model()
+        raise MalformedRequest(
+            "the request body is empty",
+            hint="send a JSON object with Content-Type: application/json",
+        )
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as exc:
+        raise invalid_input(exc.errors()) from exc
+
+
+def json_response(value: BaseModel | Sequence[BaseModel], status_code: int = 200) -> Response:
+    if isinstance(value, BaseModel):
+        content = value.model_dump_json()
+    else:
+        content = "[" + ",".join(v.model_dump_json() for v in value) + "]"
+    return Response(content, status_code=status_code, media_type="application/json")
+
+
+async def app_name(app: str) -> str:
+    """``app`` when it is a valid app name; ``invalid_input`` naming what is wrong else."""
+    problem = check_app_name(app)
+    if problem:
+        raise InvalidInput(problem)
+    return app
+
+
+# An ``{app}`` path parameter, checked (``invalid_input`` naming what is wrong).
+AppName = Annotated[str, Depends(app_name)]
+
+# The ``souq-lease-nonce`` header: a leased machine changes only for the lease's holder.
+LeaseNonce = Annotated[
+    str | None,
+    Header(alias="souq-lease-nonce", description="the nonce of the machine's lease, if leased"),
+]

@@ -1,0 +1,78 @@
+"""The routes that change a machine in place: ``POST /v1/apps/{app}/machines/{id}`` replaces
+its config (it keeps its worker and gets a new ``instance_id``), ``.../signal`` signals its
+process, and ``.../lease`` takes, shows and ends the machine's lease (:mod:`souq.agent.leases`):
+while one lasts, every change needs its nonce in the ``souq-lease-nonce`` header."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from souq.broker.bodies import AppName, LeaseNonce, body_schema, json_response, parse_body
+from souq.broker.schemas import LeaseBody, SignalRequest, UpdateMachineRequest
+from souq.broker.service import BrokerService
+from souq.model import Machine
+from souq.model.protocol import Lease, LeaseRequest
+
+__all__ = ["changes_router"]
+
+MACHINE = "/v1/apps/{app}/machines/{machine_id}"
+
+
+def changes_router(service: BrokerService) -> APIRouter:
+    router = APIRouter(tags=["machines"])
+
+    @router.post(
+        MACHINE,
+        response_model=Machine,
+        openapi_extra=body_schema(UpdateMachineRequest),
+    )
+    async def update_machine(
+        app: AppName, machine_id: str, request: Request, nonce: LeaseNonce = None
+    ) -> Response:
+        """Replace the machine's config; it keeps its worker and gets a new `instance_id`. A
+        started machine is stopped (its stop config) and started with the new config; the
+        answer comes once it has."""
+        body = await parse_body(request, UpdateMachineRequest)
+        machine = await service.update_machine(
+            app, machine_id, body.config, skip_launch=body.skip_launch, nonce=nonce
+        )
+        return json_response(machine)
+
+    @router.post(
+        MACHINE + "/signal", response_model=Machine, openapi_extra=body_schema(SignalRequest)
+    )
+    async def signal_machine(
+        app: AppName, machine_id: str, request: Request, nonce: LeaseNonce = None
+    ) -> Response:
+        body = await parse_body(request, SignalRequest)
+        machine = await service.signal_machine(app, machine_id, body.signal, nonce=nonce)
+        return json_response(machine)
+
+    @router.post(MACHINE + "/lease", response_model=Lease, openapi_extra=body_schema(LeaseBody))
+    async def take_lease(
+        app: AppName, machine_id: str, request: Request, nonce: LeaseNonce = None
+    ) -> Response:
+        """Lease the machine for `ttl` seconds (default 30); with the lease's nonce, extend it.
+        `409 lease_held` while another lease lasts."""
+        body = await parse_body(request, LeaseBody, optional=True)
+        req = LeaseRequest(
+            app=app,
+            machine_id=machine_id,
+            lease_nonce=nonce,
+            ttl_s=body.ttl,
+            description=body.description,
+        )
+        return json_response(await service.take_lease(req))
+
+    @router.get(MACHINE + "/lease", response_model=Lease)
+    async def show_lease(app: AppName, machine_id: str) -> Response:
+        """The machine's live lease; `404 not_found` when it has none."""
+        return json_response(await service.lease(app, machine_id))
+
+    @router.delete(MACHINE + "/lease", response_model=Lease)
+    async def end_lease(app: AppName, machine_id: str, nonce: LeaseNonce = None) -> Response:
+        """End the lease (its nonce in `souq-lease-nonce`)."""
+        return json_response(await service.release_lease(app, machine_id, nonce))
+
+    return router
