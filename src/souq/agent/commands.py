@@ -321,18 +321,25 @@ class Commands:
         return ex.machine(app, machine_id)
 
     async def wait(
-        self, app: str, machine_id: str, state: MachineState, timeout_s: float
+        self,
+        app: str,
+        machine_id: str,
+        state: MachineState,
+        timeout_s: float,
+        *,
+        healthy: bool = False,
     ) -> Machine:
-        """Answer once the machine is in ``state``; :class:`WaitTimeout` after ``timeout_s``.
-        Woken by the machine's transitions: no polling."""
+        """Answer once the machine is in ``state`` (and, with ``healthy``, every health check
+        of it passes); :class:`WaitTimeout` after ``timeout_s``. Woken by the machine's
+        transitions and its checks' changes: no polling."""
         ex = self._ex
         ex.row(app, machine_id)
         try:
             async with asyncio.timeout(timeout_s):
                 while True:
                     row = ex.row_by_id(machine_id)
-                    if row.state is state:
-                        return row.to_machine(ex.worker_id)
+                    if row.state is state and (not healthy or ex.checks.healthy(row.id)):
+                        return ex.shown(row)
                     if row.state is S.DESTROYED:
                         raise Conflict(
                             f"machine {machine_id} is destroyed; it will never be {state}"
@@ -340,6 +347,14 @@ class Commands:
                     await ex.changed(machine_id).wait()
         except TimeoutError:
             now = ex.row_by_id(machine_id).state
+            failing = [s for s in ex.checks.statuses(machine_id) if s.status != "passing"]
+            if now is state and healthy and failing:
+                said = "; ".join(f"check {s.name} is {s.status}: {s.output}" for s in failing)
+                raise WaitTimeout(
+                    f"machine {machine_id} is {state} but not healthy within {timeout_s:g}s: "
+                    f"{said}",
+                    details={"state": str(now), "checks": [s.name for s in failing]},
+                ) from None
             raise WaitTimeout(
                 f"machine {machine_id} did not reach {state} within {timeout_s:g}s (it is {now})",
                 details={"state": str(now)},

@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 from souq.agent import lifecycle, recovery
 from souq.agent.admission import Admission
+from souq.agent.checks import MachineChecks
 from souq.agent.faults import FaultPoint
 from souq.agent.images import AgentImages, Pulled, image_of, image_source
 from souq.agent.launch import Pulls, machine_spec, pulled_record
@@ -93,6 +94,9 @@ class Executor(MachineTable):
         self.driver = driver
         self._clock = clock
         self._on_event = on_event
+        # Health checks of started machines, run here; their statuses are on the records.
+        self.checks = MachineChecks(self._notify)
+        self.check_statuses = self.checks.statuses
         # The image cache, and the pulls that spawns wait for; every machine pins its image.
         self.images = images
         self.pulls = Pulls(images) if images is not None else None
@@ -243,6 +247,7 @@ class Executor(MachineTable):
             self.fault.after_step(steps[0].kind, steps[0].state)
         self._rows[row.id] = new
         self._account(row, new, release=release, resized=reserve is not None, spec=spec)
+        self.checks.follow(new)
         if op is not None and step is not None:
             self._op_reached(op, step.next)
         self._notify(row.id)
@@ -543,6 +548,7 @@ class Executor(MachineTable):
         next agent resumes the spawn."""
         if self.pulls is not None:
             await self.pulls.aclose()
+        await self.checks.aclose()
         await self.supervisor.aclose()
         self.driver.close()
 

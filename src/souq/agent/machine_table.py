@@ -4,9 +4,10 @@ executor, which alone changes them (:mod:`souq.agent.executor`)."""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 
 from souq.agent.records import MachineRow, of_app
-from souq.model.machine import Machine, MachineState
+from souq.model.machine import CheckStatus, Machine, MachineState
 
 __all__ = ["MachineTable"]
 
@@ -20,6 +21,14 @@ class MachineTable:
         self._by_request: dict[str, str] = {r.request_id: r.id for r in rows}
         # Kept up to date so that offers never scan the machine records.
         self._live_by_app: Counter[str] = Counter(r.app for r in rows if r.state is not S.DESTROYED)
+        # The statuses of a machine's health checks (souq.agent.checks), shown on its record.
+        self.check_statuses: Callable[[str], list[CheckStatus]] = lambda _: []
+
+    def shown(self, row: MachineRow) -> Machine:
+        """The machine record of ``row``, with its health checks' statuses."""
+        machine = row.to_machine(self.worker_id)
+        statuses = self.check_statuses(row.id)
+        return machine.model_copy(update={"checks": statuses}) if statuses else machine
 
     def machine_count(self, app: str | None = None) -> int:
         """Machines not destroyed (of ``app``, when given)."""
@@ -38,11 +47,11 @@ class MachineTable:
         return of_app(self._rows.get(machine_id), app, "machine", machine_id, hint=hint)
 
     def machine(self, app: str, machine_id: str) -> Machine:
-        return self.row(app, machine_id).to_machine(self.worker_id)
+        return self.shown(self.row(app, machine_id))
 
     def list_machines(self, app: str | None, *, include_destroyed: bool = False) -> list[Machine]:
         return [
-            r.to_machine(self.worker_id)
+            self.shown(r)
             for r in self._rows.values()
             if (app is None or r.app == app) and (include_destroyed or r.state is not S.DESTROYED)
         ]

@@ -45,6 +45,8 @@ def recover(ex: Executor) -> None:
         elif row.state is S.DESTROYING:
             op = ex.new_op(OpKind.DESTROY, row.id, source="agent")
             ex.step(op, OpEvent.IDLE, event=Trigger.DESTROY)
+    for row in ex.rows():
+        ex.checks.follow(row)  # the re-adopted machines' health checks run again
 
 
 def _last_handle(ex: Executor, row: MachineRow, has_op: bool) -> Handle | None:

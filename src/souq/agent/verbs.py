@@ -317,7 +317,9 @@ class WorkerVerbs:
         return self._cmd.leases.release(ref.machine_id, ref.lease_nonce)
 
     async def _wait(self, cmd: msg.WaitCommand) -> Machine:
-        return await self._cmd.wait(cmd.app, cmd.machine_id, cmd.state, cmd.timeout_s)
+        return await self._cmd.wait(
+            cmd.app, cmd.machine_id, cmd.state, cmd.timeout_s, healthy=cmd.healthy
+        )
 
     async def _logs(self, cmd: msg.LogsCommand) -> msg.LogsReply:
         return await self._cmd.logs(

@@ -332,8 +332,12 @@ def _routes(service: BrokerService, create: CreateHandler) -> FastAPI:
         machine_id: str,
         state: Annotated[MachineState, Query(description="the state to wait for")],
         timeout: Annotated[float, Query(ge=0, le=3600, description="seconds")] = 60.0,
+        healthy: Annotated[
+            bool, Query(description="and every health check of it passing (`checks`)")
+        ] = False,
     ) -> Response:
-        return json_response(await service.wait(app, machine_id, state, timeout_s=timeout))
+        machine = await service.wait(app, machine_id, state, timeout_s=timeout, healthy=healthy)
+        return json_response(machine)
 
     @api.get(
         machine_path + "/logs",

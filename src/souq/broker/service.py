@@ -443,10 +443,19 @@ class BrokerService:
         return await self._ask(machine_id, v.LEASE_RELEASE, ref)
 
     async def wait(
-        self, app: str, machine_id: str, state: MachineState, *, timeout_s: float
+        self,
+        app: str,
+        machine_id: str,
+        state: MachineState,
+        *,
+        timeout_s: float,
+        healthy: bool = False,
     ) -> Machine:
-        """The machine once it reaches ``state``; :class:`WaitTimeout` after ``timeout_s``."""
-        cmd = WaitCommand(app=app, machine_id=machine_id, state=state, timeout_s=timeout_s)
+        """The machine once it reaches ``state`` (and its checks pass, with ``healthy``);
+        :class:`WaitTimeout` after ``timeout_s``."""
+        cmd = WaitCommand(
+            app=app, machine_id=machine_id, state=state, timeout_s=timeout_s, healthy=healthy
+        )
         return self._seen(await self._ask(machine_id, v.WAIT, cmd, extra_s=timeout_s))
 
     # -- logs ------------------------------------------------------------------------------

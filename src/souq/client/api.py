@@ -272,11 +272,19 @@ class SouqClient:
         return _one(Machine, response)
 
     def wait(
-        self, app: str, machine_id: str, state: MachineState | str, *, timeout: float = 60.0
+        self,
+        app: str,
+        machine_id: str,
+        state: MachineState | str,
+        *,
+        timeout: float = 60.0,
+        healthy: bool = False,
     ) -> Machine:
-        """The machine once it is in ``state``; :class:`souq.errors.WaitTimeout` after
-        ``timeout`` seconds."""
+        """The machine once it is in ``state`` (and, with ``healthy``, its checks pass);
+        :class:`souq.errors.WaitTimeout` after ``timeout`` seconds."""
         params = {"state": str(state), "timeout": f"{timeout:g}"}
+        if healthy:
+            params["healthy"] = "true"
         path = _machine(app, machine_id, "wait")
         response = self._call("GET", path, params=params, timeout=timeout + WAIT_MARGIN_S)
         return _one(Machine, response)

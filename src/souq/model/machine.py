@@ -17,6 +17,7 @@ from souq.model.services import Check, MachineAddress, Service
 
 __all__ = [
     "APP_NAME_PATTERN",
+    "CheckStatus",
     "GuestConfig",
     "Machine",
     "MachineConfig",
@@ -237,6 +238,17 @@ class OpRecord(Record):
     detail: dict[str, Any] = Field(default_factory=dict, description="the operation's params")
 
 
+class CheckStatus(Record):
+    """A health check of a machine as its worker last ran it."""
+
+    name: str
+    status: Literal["passing", "warning", "critical"] = Field(
+        description="warning: not run yet, or failing within its grace period"
+    )
+    output: str = Field(default="", description="what the check saw")
+    updated_at: str
+
+
 class Machine(Record):
     id: str
     instance_id: str = Field(
@@ -257,4 +269,7 @@ class Machine(Record):
     exit_code: int | None = None
     address: MachineAddress | None = Field(
         default=None, description="where it serves: host and the host port of each internal port"
+    )
+    checks: list[CheckStatus] = Field(
+        default_factory=list, description="its health checks as its worker runs them (started)"
     )

@@ -155,6 +155,9 @@ class DestroyCommand(MachineRef):
 class WaitCommand(MachineRef):
     state: MachineState
     timeout_s: float
+    healthy: bool = Field(
+        default=False, description="and every health check passing (a started machine)"
+    )
 
 
 class LogsCommand(MachineRef):
