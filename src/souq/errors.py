@@ -23,6 +23,7 @@ tree at the boundary that catches them, so nothing above a boundary handles fore
     ├── WaitTimeout                408 timeout
     ├── Unavailable                503 unavailable       (NATS or the owning worker is unreachable)
     ├── UnknownVerb                501 unknown_verb      (a peer does not speak that protocol verb)
+    ├── DeployFailed               500 deploy_failed     (a deploy's phase failed: rolled back)
     └── StorageError               500 storage_error     (the agent's state file failed)
 
 The CLI exits with status 3 for :class:`InsufficientCapacity` and 1 for every other error.
@@ -35,6 +36,7 @@ from typing import Any, ClassVar
 __all__ = [
     "ClaimRefused",
     "Conflict",
+    "DeployFailed",
     "IdempotencyConflict",
     "IllegalTransition",
     "ImageInvalid",
@@ -120,6 +122,11 @@ class Conflict(SouqError, status="conflict", http_status=409): ...
 
 
 class IllegalTransition(Conflict, status="illegal_transition"): ...
+
+
+class DeployFailed(SouqError, status="deploy_failed"):
+    """A deploy's phase failed (``details`` name the phase, region, machine and check); what the
+    deploy had changed was rolled back."""
 
 
 class LeaseHeld(Conflict, status="lease_held"):

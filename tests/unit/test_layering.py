@@ -89,6 +89,7 @@ PUBLIC = {
     "souq.errors": {
         "ClaimRefused",
         "Conflict",
+        "DeployFailed",
         "IdempotencyConflict",
         "IllegalTransition",
         "ImageInvalid",

@@ -322,7 +322,9 @@ def load_app_config(text: str, path: str = "souq.toml") -> AppConfig:
     try:
         config = AppConfig.model_validate(doc.data)
     except ValidationError as exc:
-        first = exc.errors()[0]
+        # A misspelt key is also a missing one: say the misspelling, it explains both.
+        errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
+        first = errors[0]
         loc = [p for p in first["loc"] if not (isinstance(p, str) and p.startswith("function-"))]
         message = first["msg"].removeprefix("Value error, ")
         if first["type"] == "extra_forbidden":

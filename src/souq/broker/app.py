@@ -38,6 +38,7 @@ from souq.broker.cluster_routes import (
 from souq.broker.fast_path import CreateFastPath, CreateHandler
 from souq.broker.http_errors import install_error_handlers
 from souq.broker.image_routes import images_router
+from souq.broker.release_routes import releases_router
 from souq.broker.request_context import RequestContext
 from souq.broker.schemas import (
     CreateMachineRequest,
@@ -63,6 +64,7 @@ from souq.model import (
     WorkerInfo,
 )
 from souq.model.batch import BatchCreateRequest, BatchResult
+from souq.model.release import NewRelease, ReleaseUpdate
 
 __all__ = ["create_app"]
 
@@ -193,6 +195,8 @@ def _routes(service: BrokerService, create: CreateHandler) -> FastAPI:
             BatchCreateRequest,
             UpdateMachineRequest,
             LeaseBody,
+            NewRelease,
+            ReleaseUpdate,
         ],
     )
     machine_path = "/v1/apps/{app}/machines/{machine_id}"
@@ -363,6 +367,7 @@ def _routes(service: BrokerService, create: CreateHandler) -> FastAPI:
     api.include_router(cluster_router(service))  # /v1/apps, /v1/regions, /v1/events
     api.include_router(images_router(service))  # /v1/images: the cluster's image store
     api.include_router(changes_router(service))  # a machine's update, its signals
+    api.include_router(releases_router(service))  # an app's releases (JetStream)
 
     from souq.broker.ui import router as dashboard
 

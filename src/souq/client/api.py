@@ -28,6 +28,7 @@ from souq.model import (
 )
 from souq.model.image import ImageRecord
 from souq.model.protocol import Lease
+from souq.model.release import NewRelease, Release, ReleaseState
 
 __all__ = ["DEFAULT_API", "SouqClient"]
 
@@ -235,6 +236,26 @@ class SouqClient:
         path = _machine(app, machine_id)
         response = self._call("POST", path, json=body, headers=_leased(nonce), timeout=LONG_CALL_S)
         return _one(Machine, response)
+
+    # -- releases --------------------------------------------------------------------------
+
+    def create_release(self, app: str, new: NewRelease) -> Release:
+        body = new.model_dump(mode="json")
+        return _one(Release, self._call("POST", f"/v1/apps/{app}/releases", json=body))
+
+    def releases(self, app: str) -> list[Release]:
+        return _many(Release, self._call("GET", f"/v1/apps/{app}/releases"))
+
+    def release(self, app: str, version: int) -> Release:
+        return _one(Release, self._call("GET", f"/v1/apps/{app}/releases/{version}"))
+
+    def update_release(
+        self, app: str, version: int, state: ReleaseState, reason: str = ""
+    ) -> Release:
+        body = {"state": str(state), "reason": reason}
+        return _one(Release, self._call("POST", f"/v1/apps/{app}/releases/{version}", json=body))
+
+    # -- leases ----------------------------------------------------------------------------
 
     def take_lease(
         self,

@@ -577,6 +577,10 @@ from souq.client.images import register_images  # noqa: E402 (it uses the helper
 
 register_images(app)
 
+from souq.client.apps_cli import register_apps  # noqa: E402 (it uses the helpers above)
+
+register_apps(app)
+
 
 def main() -> None:
     """The ``souq`` console script."""

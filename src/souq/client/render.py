@@ -22,6 +22,7 @@ from souq.clock import iso_from_ms
 from souq.errors import InsufficientCapacity, SouqError
 from souq.model import Machine, MachineEvent, OpRecord, Placement, Quote, WorkerInfo
 from souq.model.image import ImageRecord
+from souq.model.release import Release
 
 __all__ = [
     "error",
@@ -398,3 +399,52 @@ def error(err: SouqError, *, as_json: bool = False) -> None:
         except ValidationError:
             return
         _print_placement(console, record)
+
+
+# -- apps ---------------------------------------------------------------------------------------
+
+
+def deploy_event(event: dict[str, Any], *, as_json: bool = False) -> None:
+    """One step of a deploy: a JSON object a line with ``--json``, else a line for people."""
+    if as_json:
+        sys.stdout.write(json.dumps(event, ensure_ascii=False) + "\n")
+        sys.stdout.flush()
+        return
+    where = " ".join(str(event[k]) for k in ("region", "machine_id") if event.get(k))
+    mark = {"failed": "✗", "done": "✓", "healthy": "✓", "rollback": "↩"}.get(event["kind"], "•")
+    text = f"{mark} {event['message']}" + (f"  [{where}]" if where else "")
+    console = _err() if event["kind"] == "failed" else _out()
+    console.print(text, style="bold" if event["kind"] in ("phase", "done", "failed") else None)
+
+
+@_json_or
+def releases(items: Sequence[Release]) -> None:
+    titles = ("VERSION", "STATE", "STRATEGY", "CREATED", "IMAGE", "REASON")
+    _listing(items, "releases", titles, _release_row)
+
+
+def _release_row(r: Release) -> tuple[Any, ...]:
+    return (f"v{r.version}", _cell_state(str(r.state)), r.strategy, r.created_at, r.image, r.reason)
+
+
+@_json_or
+def app_status(items: Sequence[Machine]) -> None:
+    """An app's machines: group, region, release, state and checks."""
+    titles = ("ID", "GROUP", "REGION", "RELEASE", "STATE", "CHECKS", "WORKER")
+    _listing(items, "machines", titles, _status_row)
+
+
+def _status_row(m: Machine) -> tuple[Any, ...]:
+    meta = m.config.metadata
+    passing = sum(1 for c in m.checks if c.status == "passing")
+    checks = f"{passing}/{len(m.checks)} passing" if m.checks else "-"
+    release = meta.get("souq_release")
+    return (
+        m.id,
+        meta.get("souq_process_group", "app"),
+        m.region,
+        f"v{release}" if release else "-",
+        _cell_state(str(m.state)),
+        checks,
+        m.worker_id,
+    )

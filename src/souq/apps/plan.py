@@ -1,0 +1,167 @@
+"""A deploy's plan: from the app's machines as they are and its config as it should be, the
+phases that get there under a strategy. Pure: the deploy (:mod:`souq.client.deploy`) carries
+it out through the API and rolls back what it did when a phase fails.
+
+Every process group has its machines per region (``[regions]``; else the primary region: two
+machines for a group with services, so that one lost worker is not the app lost, one for a group
+without). Existing machines of the group in the region are updated in place (up to the count),
+missing ones created, extra ones destroyed, each in the phases of the strategy:
+
+* ``immediate`` — every update and create at once, no wait for health; then the extras go;
+* ``rolling`` — region by region (the primary first), group by group, at most
+  ``max_unavailable`` machines at a time, each batch healthy before the next; new machines
+  after, healthy too; then the extras go;
+* ``canary`` — one new machine of the first group in the primary region first, healthy, then
+  destroyed; then as ``rolling``;
+* ``bluegreen`` — a whole new set (green) beside the old (blue), every green machine healthy;
+  then every blue machine goes: the proxy routes to the green ones as they pass their checks,
+  and to no blue one once they stop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from souq.apps.config import AppConfig
+
+__all__ = ["Current", "Phase", "Step", "desired_counts", "plan"]
+
+Action = Literal["update", "create", "destroy"]
+
+
+@dataclass(frozen=True)
+class Current:
+    """A machine of the app as the deploy found it."""
+
+    id: str
+    group: str
+    region: str
+    state: str
+    release: int | None = None
+
+
+@dataclass(frozen=True)
+class Step:
+    action: Action
+    group: str
+    region: str
+    machine_id: str | None = None  # update and destroy: the machine
+    canary: bool = False  # a canary: destroyed once it proved healthy
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str
+    steps: tuple[Step, ...]
+    wait_healthy: bool = True
+    region: str | None = None
+
+    def describe(self) -> str:
+        counts: dict[str, int] = {}
+        for step in self.steps:
+            counts[step.action] = counts.get(step.action, 0) + 1
+        return ", ".join(f"{n} to {a}" for a, n in counts.items()) or "nothing"
+
+
+@dataclass
+class _Group:
+    group: str
+    region: str
+    want: int
+    have: list[Current] = field(default_factory=list)
+
+    @property
+    def keep(self) -> list[Current]:
+        return self.have[: self.want]
+
+    @property
+    def extra(self) -> list[Current]:
+        return self.have[self.want :]
+
+    @property
+    def missing(self) -> int:
+        return max(0, self.want - len(self.have))
+
+
+def desired_counts(config: AppConfig, group: str) -> dict[str, int]:
+    """Machines of ``group`` per region: ``[regions]``, else in the primary region two for a
+    group with services (high availability by default), one for a group without."""
+    if config.regions:
+        return dict(config.regions)
+    return {config.primary_region: 2 if config.served(group) else 1}
+
+
+def _regions(config: AppConfig, groups: list[_Group]) -> list[str]:
+    seen = {g.region for g in groups}
+    rest = sorted(seen - {config.primary_region})
+    return [config.primary_region, *rest] if config.primary_region in seen else rest
+
+
+def plan(config: AppConfig, machines: list[Current], strategy: str | None = None) -> list[Phase]:
+    """The phases of a deploy of ``config`` over ``machines`` (the app's, not destroyed)."""
+    strategy = strategy or config.deploy.strategy
+    groups: list[_Group] = []
+    known = set(config.groups())
+    for group in config.groups():
+        for region, want in desired_counts(config, group).items():
+            have = [m for m in machines if m.group == group and m.region == region]
+            groups.append(_Group(group, region, want, sorted(have, key=_started_first)))
+    # Machines of a group the config no longer has, or of a region it no longer names, go.
+    placed = {(g.group, g.region) for g in groups}
+    orphans = [m for m in machines if (m.group, m.region) not in placed or m.group not in known]
+    cleanup = [
+        *(Step("destroy", g.group, g.region, m.id) for g in groups for m in g.extra),
+        *(Step("destroy", m.group, m.region, m.id) for m in orphans),
+    ]
+    if strategy == "bluegreen":
+        phases = _bluegreen(groups)
+    elif strategy == "immediate":
+        phases = _immediate(groups)
+    else:
+        phases = _rolling(config, groups)
+        if strategy == "canary" and groups:
+            first = next((g for g in groups if g.region == config.primary_region), groups[0])
+            canary = Step("create", first.group, first.region, canary=True)
+            phases.insert(0, Phase(f"canary {first.group} in {first.region}", (canary,)))
+    if cleanup:
+        phases.append(Phase("cleanup", tuple(cleanup), wait_healthy=False))
+    return phases
+
+
+def _started_first(m: Current) -> tuple[int, str]:
+    return (0 if m.state == "started" else 1, m.id)
+
+
+def _immediate(groups: list[_Group]) -> list[Phase]:
+    steps = [
+        *(Step("update", g.group, g.region, m.id) for g in groups for m in g.keep),
+        *(Step("create", g.group, g.region) for g in groups for _ in range(g.missing)),
+    ]
+    return [Phase("immediate", tuple(steps), wait_healthy=False)] if steps else []
+
+
+def _bluegreen(groups: list[_Group]) -> list[Phase]:
+    green = tuple(Step("create", g.group, g.region) for g in groups for _ in range(g.want))
+    blue = tuple(Step("destroy", g.group, g.region, m.id) for g in groups for m in g.keep)
+    phases = [Phase("green", green)] if green else []
+    if blue:
+        phases.append(Phase("switch to green: blue destroyed", blue, wait_healthy=False))
+    return phases
+
+
+def _rolling(config: AppConfig, groups: list[_Group]) -> list[Phase]:
+    phases: list[Phase] = []
+    for region in _regions(config, groups):
+        for g in (g for g in groups if g.region == region):
+            batch = config.deploy.unavailable(g.want)
+            keep = g.keep
+            for start in range(0, len(keep), batch):
+                part = keep[start : start + batch]
+                name = f"rolling {g.group} in {region} ({start + len(part)}/{len(keep)})"
+                steps = tuple(Step("update", g.group, region, m.id) for m in part)
+                phases.append(Phase(name, steps, region=region))
+            if g.missing:
+                steps = tuple(Step("create", g.group, region) for _ in range(g.missing))
+                phases.append(Phase(f"new {g.group} in {region}", steps, region=region))
+    return phases

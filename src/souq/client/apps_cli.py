@@ -1,0 +1,213 @@
+"""``souq deploy``, ``souq releases``, ``souq status``, ``souq rollback`` and ``souq scale
+count``: the app's policy, carried out by this client through the API (docs/apps.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from souq.client.cli import JsonOpt, make_client, reporting
+
+if TYPE_CHECKING:
+    from souq.apps.config import AppConfig
+    from souq.client.api import SouqClient
+    from souq.client.deploy import Deployer
+    from souq.model.machine import Machine
+
+__all__ = ["register_apps"]
+
+scale_app = typer.Typer(help="Change how many machines an app runs.", no_args_is_help=True)
+
+AppNameOpt = Annotated[str, typer.Option("--app", "-a", help="The app.")]
+StrategyOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--strategy", help="rolling, canary, bluegreen or immediate (default: souq.toml)."
+    ),
+]
+
+
+def register_apps(app: typer.Typer) -> None:
+    """Add the app commands to ``app``."""
+    app.command("deploy")(deploy)
+    app.command("releases")(releases)
+    app.command("status")(status)
+    app.command("rollback")(rollback)
+    app.add_typer(scale_app, name="scale")
+
+
+def deploy(
+    *,
+    config: Annotated[Path, typer.Option("--config", "-c", help="The app's souq.toml.")] = Path(
+        "souq.toml"
+    ),
+    strategy: StrategyOpt = None,
+    image: Annotated[
+        str | None, typer.Option("--image", help="Deploy this image instead of [build].")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Deploy the app as souq.toml says: a new release, live everywhere (exit 0), or rolled back
+    everywhere with the failing phase, region, machine and check named (exit 1)."""
+    from souq.apps import load_app_config
+    from souq.client import render
+    from souq.client.deploy import Deployer
+    from souq.errors import InvalidInput
+
+    with reporting(as_json):
+        try:
+            text = config.read_text()
+        except OSError as exc:
+            raise InvalidInput(
+                f"cannot read {config}: {exc.strerror or exc}",
+                hint="run `souq deploy` where souq.toml is, or give --config",
+            ) from None
+        app_config = load_app_config(text, str(config))
+        client = make_client()
+        reference = image or _image_of(client, app_config, config.parent)
+        deployer = Deployer(
+            client,
+            app_config,
+            image=reference,
+            strategy=strategy,
+            on_event=lambda e: render.deploy_event(e.as_dict(), as_json=as_json),
+        )
+        _run_then_summarise(deployer, client, app_config.app, as_json=as_json)
+
+
+def _run_then_summarise(deployer: Deployer, client: SouqClient, app: str, *, as_json: bool) -> None:
+    """Deploy; then (for people) the app's machines as they are, however it ended."""
+    from souq.client import render
+
+    try:
+        deployer.run()
+    finally:
+        if not as_json:
+            render.app_status(_by_group(client.list_machines(app)))
+
+
+def _by_group(machines: list[Machine]) -> list[Machine]:
+    return sorted(
+        machines,
+        key=lambda m: (m.config.metadata.get("souq_process_group", ""), m.region, m.id),
+    )
+
+
+def _image_of(client: SouqClient, config: AppConfig, base: Path) -> str:
+    """The image [build] names, or its directory packed and stored now."""
+    from souq.errors import InvalidInput
+    from souq.images import layout_tar, pack_directory
+
+    build = config.build
+    if build is None:
+        raise InvalidInput(
+            "souq.toml has no [build]: say what to run with `dir` or `image`, or give --image",
+            hint='add [build] with dir = "." (or image = "NAME:TAG")',
+        )
+    if build.image is not None:
+        return build.image
+    assert build.dir is not None
+    image = pack_directory((base / build.dir).resolve())
+    return client.push_image(layout_tar(image), name=f"{config.app}:latest").reference
+
+
+def releases(*, app_name: AppNameOpt, as_json: JsonOpt = False) -> None:
+    """The app's releases, newest first."""
+    from souq.client import render
+
+    with reporting(as_json):
+        render.releases(make_client().releases(app_name), as_json=as_json)
+
+
+def status(*, app_name: AppNameOpt, as_json: JsonOpt = False) -> None:
+    """The app's machines: process group, region, release, state and health checks."""
+    from souq.client import render
+
+    with reporting(as_json):
+        render.app_status(_by_group(make_client().list_machines(app_name)), as_json=as_json)
+
+
+def rollback(
+    *,
+    app_name: AppNameOpt,
+    version: Annotated[
+        int | None,
+        typer.Argument(help="The release to go back to (default: the last good one before)."),
+    ] = None,
+    strategy: StrategyOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Deploy an earlier release again (its image and config), as a new release."""
+    from souq.apps.config import AppConfig
+    from souq.client import render
+    from souq.client.deploy import Deployer
+    from souq.errors import NotFound
+    from souq.model.release import ReleaseState
+
+    with reporting(as_json):
+        client = make_client()
+        history = client.releases(app_name)
+        if version is None:
+            good = [r for r in history if r.state is ReleaseState.COMPLETE]
+            if len(good) < 2:
+                raise NotFound(
+                    f"app {app_name} has no earlier good release to go back to",
+                    hint=f"see `souq releases --app {app_name}`",
+                )
+            target = good[1]
+        else:
+            target = client.release(app_name, version)
+        deployer = Deployer(
+            client,
+            AppConfig.model_validate(target.config),
+            image=target.image,
+            strategy=strategy or target.strategy,
+            on_event=lambda e: render.deploy_event(e.as_dict(), as_json=as_json),
+            description=f"rollback to v{target.version}",
+        )
+        _run_then_summarise(deployer, client, app_name, as_json=as_json)
+
+
+@scale_app.command("count")
+def scale_count(
+    *,
+    count: Annotated[int, typer.Argument(min=0, max=1000, help="Machines per region.")],
+    app_name: AppNameOpt,
+    region: Annotated[
+        str | None, typer.Option("--region", "-r", help="Only this region (default: every one).")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run COUNT machines of each process group (in REGION, or in each region of the app), with
+    the app's current release: a new release that says so, deployed at once."""
+    from souq.apps.config import AppConfig
+    from souq.client import render
+    from souq.client.deploy import Deployer
+    from souq.errors import NotFound
+    from souq.model.release import ReleaseState
+
+    with reporting(as_json):
+        client = make_client()
+        live = next(
+            (r for r in client.releases(app_name) if r.state is ReleaseState.COMPLETE), None
+        )
+        if live is None:
+            raise NotFound(f"app {app_name} has no live release", hint="`souq deploy` it first")
+        config = AppConfig.model_validate(live.config)
+        regions = dict(config.regions) or {config.primary_region: 1}
+        if region is None:
+            regions = dict.fromkeys(regions, count)
+        else:
+            regions[region] = count
+        scaled = config.model_copy(update={"regions": regions})
+        deployer = Deployer(
+            client,
+            scaled,
+            image=live.image,
+            strategy="immediate",
+            on_event=lambda e: render.deploy_event(e.as_dict(), as_json=as_json),
+            description=f"scale to {count}" + (f" in {region}" if region else ""),
+        )
+        _run_then_summarise(deployer, client, app_name, as_json=as_json)

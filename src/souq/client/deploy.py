@@ -1,0 +1,275 @@
+"""``souq deploy``: a release carried out through the API, phase by phase, and rolled back
+everywhere when a phase fails.
+
+1. A release is made (``pending``; the next version, kept in JetStream by the brokers).
+2. Every machine of the app is leased (a second deploy at the same time fails here, naming the
+   machine and who holds it, before anything changed).
+3. The plan's phases (:mod:`souq.apps.plan`) run in order; a phase's steps run at once: an
+   update in place (the machine keeps its worker), a create, or a destroy (stopped gracefully
+   first: it leaves the proxy's rotation, then its signal). A machine counts as done when it is
+   started and every health check passes within ``wait_timeout``.
+4. A failure anywhere (a refused update, a machine that does not become healthy) stops the
+   deploy: every machine it updated gets its config back, every machine it made is destroyed,
+   the release is ``failed`` with the reason, and :class:`~souq.errors.DeployFailed` names the
+   phase, the region, the machine and what failed. Otherwise the release is ``complete``.
+
+Each step is told as a :class:`DeployEvent` (``souq deploy --json`` prints one per line).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from souq.apps.config import DEFAULT_GROUP, AppConfig
+from souq.apps.plan import Current, Phase, Step, plan
+from souq.client.api import SouqClient
+from souq.errors import DeployFailed, LeaseHeld, SouqError
+from souq.model.machine import Machine, MachineState
+from souq.model.protocol import Lease
+from souq.model.release import NewRelease, Release, ReleaseState
+
+__all__ = ["DeployEvent", "Deployer", "current_machines"]
+
+STOP_WAIT_S = 60.0  # a destroyed machine's graceful stop may take this (then it is killed)
+_WORKERS = 16  # steps of one phase run at once, at most
+
+
+@dataclass(frozen=True)
+class DeployEvent:
+    kind: str  # release, lease, phase, step, healthy, rollback, done, failed
+    message: str
+    phase: str | None = None
+    region: str | None = None
+    machine_id: str | None = None
+    version: int | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+def current_machines(machines: list[Machine]) -> list[Current]:
+    """The app's machines as a plan reads them (destroyed ones left out)."""
+    return [
+        Current(
+            id=m.id,
+            group=m.config.metadata.get("souq_process_group", DEFAULT_GROUP),
+            region=m.region,
+            state=str(m.state),
+            release=int(m.config.metadata.get("souq_release", "0") or 0) or None,
+        )
+        for m in machines
+        if m.state is not MachineState.DESTROYED
+    ]
+
+
+@dataclass
+class _Undo:
+    updated: dict[str, dict[str, Any]] = field(default_factory=dict)  # machine -> old config
+    created: list[tuple[str, str]] = field(default_factory=list)  # (machine id, region)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class Deployer:
+    def __init__(
+        self,
+        client: SouqClient,
+        config: AppConfig,
+        *,
+        image: str,
+        strategy: str | None = None,
+        on_event: Callable[[DeployEvent], None] = lambda _: None,
+        description: str = "",
+    ) -> None:
+        self.client = client
+        self.config = config
+        self.app = config.app
+        self.image = image
+        self.strategy = strategy or config.deploy.strategy
+        self._tell = on_event
+        self._description = description
+        self._leases: dict[str, Lease] = {}
+        self._undo = _Undo()
+        self._version = 0
+
+    def run(self) -> Release:
+        """Carry the release out; :class:`DeployFailed` (after the rollback) when it fails."""
+        release = self.client.create_release(
+            self.app,
+            NewRelease(
+                image=self.image,
+                config=self.config.model_dump(mode="json"),
+                strategy=self.strategy,
+                description=self._description,
+            ),
+        )
+        self._version = release.version
+        self._event("release", f"release v{release.version} of {self.app}: {self.image}")
+        machines = {m.id: m for m in self.client.list_machines(self.app)}
+        phases = plan(self.config, current_machines(list(machines.values())), self.strategy)
+        try:
+            self._lease(list(machines))
+            self.client.update_release(self.app, release.version, ReleaseState.DEPLOYING)
+            for phase in phases:
+                self._phase(phase, machines)
+        except DeployFailed as failed:
+            self._rollback()
+            self._release_leases()
+            self.client.update_release(
+                self.app, release.version, ReleaseState.FAILED, failed.message
+            )
+            self._event("failed", failed.message)
+            raise
+        self._release_leases()
+        done = self.client.update_release(self.app, release.version, ReleaseState.COMPLETE)
+        self._event("done", f"release v{release.version} is live everywhere")
+        return done
+
+    # -- leases ----------------------------------------------------------------------------
+
+    def _lease(self, machine_ids: list[str]) -> None:
+        ttl = self.config.deploy.wait_timeout * 2 + STOP_WAIT_S + 60
+        why = f"deploy of {self.app} v{self._version}"
+        for machine_id in machine_ids:
+            try:
+                lease = self.client.take_lease(
+                    self.app, machine_id, ttl_s=min(ttl, 3600), description=why
+                )
+            except LeaseHeld as exc:
+                self._release_leases()
+                raise DeployFailed(
+                    f"another deploy is under way: {exc.message}",
+                    hint="wait for it to finish, then deploy again",
+                    details={"phase": "lease", "machine_id": machine_id},
+                ) from exc
+            self._leases[machine_id] = lease
+        if machine_ids:
+            self._event("lease", f"{len(machine_ids)} machines leased ({why})")
+
+    def _release_leases(self) -> None:
+        for machine_id, lease in list(self._leases.items()):
+            with contextlib.suppress(SouqError):  # destroyed meanwhile, or expired
+                self.client.release_lease(self.app, machine_id, lease.nonce)
+            del self._leases[machine_id]
+
+    def _nonce(self, machine_id: str) -> str | None:
+        lease = self._leases.get(machine_id)
+        return lease.nonce if lease else None
+
+    # -- phases ----------------------------------------------------------------------------
+
+    def _phase(self, phase: Phase, machines: dict[str, Machine]) -> None:
+        self._event("phase", f"{phase.name}: {phase.describe()}", phase=phase)
+        with ThreadPoolExecutor(max_workers=min(_WORKERS, len(phase.steps) or 1)) as pool:
+            futures = [pool.submit(self._step, phase, step, machines) for step in phase.steps]
+            errors = [f.exception() for f in futures]
+        failed = [e for e in errors if e is not None]
+        if failed:
+            first = failed[0]
+            if isinstance(first, DeployFailed):
+                raise first
+            raise DeployFailed(f"phase {phase.name}: {first}", details={"phase": phase.name})
+
+    def _step(self, phase: Phase, step: Step, machines: dict[str, Machine]) -> None:
+        where = {"phase": phase.name, "region": step.region, "machine_id": step.machine_id}
+        try:
+            if step.action == "destroy":
+                assert step.machine_id is not None
+                self._destroy(step.machine_id, phase, step.region)
+                return
+            config = self.config.machine_config(step.group, image=self.image, release=self._version)
+            if step.action == "update":
+                assert step.machine_id is not None
+                before = machines[step.machine_id].config.model_dump(mode="json")
+                with self._undo.lock:
+                    self._undo.updated[step.machine_id] = before
+                machine = self.client.update(
+                    self.app, step.machine_id, config, nonce=self._nonce(step.machine_id)
+                )
+                verb = "updated"
+            else:
+                machine = self.client.create_machine(self.app, step.region, config)
+                with self._undo.lock:
+                    self._undo.created.append((machine.id, step.region))
+                where["machine_id"] = machine.id
+                verb = "canary created" if step.canary else "created"
+            self._event("step", f"machine {machine.id} {verb}", phase, step.region, machine.id)
+            if phase.wait_healthy:
+                self._healthy(machine, phase, step.region)
+            if step.canary:
+                self._destroy(machine.id, phase, step.region)
+                with self._undo.lock:
+                    self._undo.created.remove((machine.id, step.region))
+        except DeployFailed:
+            raise
+        except SouqError as exc:
+            raise self._failure(exc.message, where) from exc
+
+    def _healthy(self, machine: Machine, phase: Phase, region: str) -> None:
+        timeout = self.config.deploy.wait_timeout
+        try:
+            self.client.wait(
+                self.app, machine.id, MachineState.STARTED, timeout=timeout, healthy=True
+            )
+        except SouqError as exc:
+            raise self._failure(
+                exc.message, {"phase": phase.name, "region": region, "machine_id": machine.id}
+            ) from exc
+        self._event("healthy", f"machine {machine.id} is healthy", phase, region, machine.id)
+
+    def _destroy(self, machine_id: str, phase: Phase | None, region: str) -> None:
+        """Stop gracefully (out of rotation first), then destroy."""
+        nonce = self._nonce(machine_id)
+        self.client.stop(self.app, machine_id, nonce=nonce)
+        self.client.wait(self.app, machine_id, MachineState.STOPPED, timeout=STOP_WAIT_S)
+        self.client.destroy(self.app, machine_id, force=True, nonce=nonce)
+        self._leases.pop(machine_id, None)
+        self._event("step", f"machine {machine_id} destroyed", phase, region, machine_id)
+
+    def _failure(self, message: str, where: dict[str, str | None]) -> DeployFailed:
+        place = ", ".join(f"{k.replace('_id', '')} {v}" for k, v in where.items() if v)
+        return DeployFailed(
+            f"release v{self._version} failed ({place}): {message}; rolled back",
+            hint="see `souq status` and the machine's events and logs",
+            details={k: v for k, v in where.items() if v},
+        )
+
+    # -- rollback --------------------------------------------------------------------------
+
+    def _rollback(self) -> None:
+        """Every machine this deploy updated gets its old config back; every one it made goes."""
+        for machine_id, region in list(self._undo.created):
+            try:
+                self.client.destroy(self.app, machine_id, force=True)
+                self._event("rollback", f"machine {machine_id} destroyed", None, region, machine_id)
+            except SouqError as exc:
+                self._event("rollback", f"machine {machine_id} not destroyed: {exc.message}")
+        for machine_id, before in self._undo.updated.items():
+            try:
+                self.client.update(self.app, machine_id, before, nonce=self._nonce(machine_id))
+                self._event("rollback", f"machine {machine_id} has its config back")
+            except SouqError as exc:
+                self._event("rollback", f"machine {machine_id} not restored: {exc.message}")
+
+    def _event(
+        self,
+        kind: str,
+        message: str,
+        phase: Phase | None = None,
+        region: str | None = None,
+        machine_id: str | None = None,
+    ) -> None:
+        self._tell(
+            DeployEvent(
+                kind=kind,
+                message=message,
+                phase=phase.name if phase else None,
+                region=region,
+                machine_id=machine_id,
+                version=self._version or None,
+            )
+        )

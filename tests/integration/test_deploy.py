@@ -1,0 +1,199 @@
+"""`souq deploy` and friends on a real cluster (nats-server with JetStream, agents in two
+regions, a broker), driven through the CLI as a user drives them: releases, rolling updates in
+place, canary, blue-green, a failing release rolled back everywhere, a concurrent deploy refused,
+rollback and scale."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from souq.model.machine import Machine
+from souq.testing import Cluster
+from tests.integration.images_harness import souq
+
+APP = "shop"
+SERVER = """\
+import os
+from http.server import BaseHTTPRequestHandler, HTTPServer
+class H(BaseHTTPRequestHandler):
+    def do_GET(self):
+        code = int(os.environ.get("STATUS", "200")) if self.path == "/healthz" else 200
+        body = os.environ.get("GREETING", "").encode()
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+HTTPServer(("127.0.0.1", int(os.environ["PORT"])), H).serve_forever()
+"""
+
+
+def toml(greeting: str, *, status: int = 200, strategy: str = "rolling", wait: str = "30s") -> str:
+    return f"""\
+app = "{APP}"
+primary_region = "mad"
+
+[build]
+dir = "."
+
+[env]
+GREETING = "{greeting}"
+STATUS = "{status}"
+
+[processes]
+app = "{sys.executable} server.py"
+
+[http_service]
+internal_port = 8080
+  [[http_service.checks]]
+  path = "/healthz"
+  interval = "0.2s"
+  timeout = "2s"
+
+[[vm]]
+cpus = 0.5
+memory_mb = 64
+
+[deploy]
+strategy = "{strategy}"
+max_unavailable = 1
+wait_timeout = "{wait}"
+
+[regions]
+mad = 2
+syd = 1
+"""
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    root = tmp_path_factory.mktemp("deploy")
+    with Cluster(root, regions={"mad": 2, "syd": 1}, cpus=4, memory_mb=2048) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("shop")
+    (root / "server.py").write_text(SERVER)
+    return root
+
+
+def deploy(cluster: Cluster, source: Path, text: str, *extra: str) -> tuple[int, str, str]:
+    (source / "souq.toml").write_text(text)
+    run = souq(cluster, "deploy", "--config", str(source / "souq.toml"), "--json", *extra)
+    return run.returncode, run.stdout, run.stderr
+
+
+def machines(cluster: Cluster) -> list[Machine]:
+    with cluster.client() as client:
+        return sorted(client.list_machines(APP), key=lambda m: m.id)
+
+
+def live(cluster: Cluster) -> dict[str, tuple[str, str, str]]:
+    """Each machine: (region, release, greeting its config gives)."""
+    return {
+        m.id: (m.region, m.config.metadata["souq_release"], m.config.env["GREETING"])
+        for m in machines(cluster)
+    }
+
+
+def test_deploys_roll_out_fail_and_roll_back_as_flyctl_users_expect(
+    cluster: Cluster, source: Path
+) -> None:
+    # v1: three machines, two in mad and one in syd, each healthy.
+    code, out, err = deploy(cluster, source, toml("one"))
+    assert code == 0, err
+    events = [json.loads(line) for line in out.splitlines()]
+    assert events[0]["kind"] == "release" and events[-1]["kind"] == "done"
+    assert sum(1 for e in events if e["kind"] == "healthy") == 3
+    first = live(cluster)
+    assert sorted(r for r, _, _ in first.values()) == ["mad", "mad", "syd"]
+    assert {(rel, g) for _, rel, g in first.values()} == {("1", "one")}
+    assert all(m.checks and m.checks[0].status == "passing" for m in machines(cluster))
+    assert all(m.config.metadata["souq_process_group"] == "app" for m in machines(cluster))
+
+    # v2, rolling: the same machines, updated in place, one at a time.
+    code, out, err = deploy(cluster, source, toml("two"))
+    assert code == 0, err
+    second = live(cluster)
+    assert set(second) == set(first)
+    assert {(rel, g) for _, rel, g in second.values()} == {("2", "two")}
+    phases = [e["phase"] for e in map(json.loads, out.splitlines()) if e["kind"] == "phase"]
+    assert phases == [
+        "rolling app in mad (1/2)",
+        "rolling app in mad (2/2)",
+        "rolling app in syd (1/1)",
+    ]
+
+    # v3 fails its health check: it is rolled back everywhere, and the error says where.
+    code, out, err = deploy(cluster, source, toml("three", status=500, wait="2s"))
+    assert code != 0
+    assert "release v3 failed (phase rolling app in mad (1/2), region mad, machine" in err
+    assert "check http-0 is critical: GET /healthz answered 500" in err
+    assert "rolled back" in err
+    assert live(cluster) == second  # every machine back on v2's config
+    with cluster.client() as client:
+        for m in machines(cluster):
+            client.wait(APP, m.id, "started", timeout=30, healthy=True)
+        history = {r.version: r for r in client.releases(APP)}
+    assert [str(history[v].state) for v in (1, 2, 3)] == ["complete", "complete", "failed"]
+    assert "http-0" in history[3].reason
+
+    # Another deploy under way (it holds a lease): this one fails before changing anything.
+    victim = machines(cluster)[0]
+    with cluster.client() as client:
+        lease = client.take_lease(APP, victim.id, ttl_s=60, description="deploy of shop v99")
+        code, _, err = deploy(cluster, source, toml("four"))
+        assert code != 0 and "another deploy is under way" in err and "v99" in err
+        assert live(cluster) == second
+        client.release_lease(APP, victim.id, lease.nonce)
+
+    # Releases and status, as a person reads them.
+    listed = souq(cluster, "releases", "--app", APP)
+    assert listed.returncode == 0 and "v3" in listed.stdout and "failed" in listed.stdout
+    status = souq(cluster, "status", "--app", APP)
+    assert status.returncode == 0 and "1/1 passing" in status.stdout
+
+
+def test_canary_bluegreen_rollback_and_scale(cluster: Cluster, source: Path) -> None:
+    before = live(cluster)
+    # Canary: a new machine proves the release first and goes; the others update in place.
+    code, out, err = deploy(cluster, source, toml("canary", strategy="canary"))
+    assert code == 0, err
+    events = [json.loads(line) for line in out.splitlines()]
+    canary = next(e for e in events if "canary created" in e["message"])
+    assert any(e["message"] == f"machine {canary['machine_id']} destroyed" for e in events)
+    after = live(cluster)
+    assert set(after) == set(before)
+    assert {g for _, _, g in after.values()} == {"canary"}
+
+    # Blue-green: a whole new set, healthy, then the old one goes.
+    code, out, err = deploy(cluster, source, toml("green", strategy="bluegreen"))
+    assert code == 0, err
+    green = live(cluster)
+    assert not set(green) & set(after) and len(green) == 3
+    assert {g for _, _, g in green.values()} == {"green"}
+
+    # Rollback: the last good release before this one, as a new release.
+    run = souq(cluster, "rollback", "--app", APP, "--strategy", "immediate")
+    assert run.returncode == 0, run.stderr
+    assert {g for _, _, g in live(cluster).values()} == {"canary"}
+
+    # Scale syd to 2: one more machine there, nothing else changes shape.
+    run = souq(cluster, "scale", "count", "2", "--app", APP, "--region", "syd")
+    assert run.returncode == 0, run.stderr
+    regions = sorted(r for r, _, _ in live(cluster).values())
+    assert regions == ["mad", "mad", "syd", "syd"]
+
+
+def test_a_bad_souq_toml_names_the_line(cluster: Cluster, source: Path) -> None:
+    code, _, err = deploy(cluster, source, toml("x").replace("internal_port", "internal_prot"))
+    assert code != 0
+    assert "souq.toml:15: http_service.internal_prot: unknown key" in err

@@ -1,0 +1,103 @@
+"""A deploy's plan under each strategy: pure, from the machines as they are and the config."""
+
+from __future__ import annotations
+
+from souq.apps import load_app_config
+from souq.apps.plan import Current, Phase, desired_counts, plan
+
+BASE = """\
+app = "web"
+primary_region = "mad"
+[build]
+image = "web:v1"
+[processes]
+app = "serve"
+worker = "work"
+[http_service]
+internal_port = 8080
+processes = ["app"]
+[deploy]
+max_unavailable = 2
+"""
+REGIONS = BASE + "[regions]\nmad = 3\nsyd = 1\n"
+
+
+def machines(*specs: tuple[str, str, int]) -> list[Current]:
+    out = []
+    for group, region, count in specs:
+        out += [
+            Current(id=f"{group}-{region}-{i}", group=group, region=region, state="started")
+            for i in range(count)
+        ]
+    return out
+
+
+def actions(phases: list[Phase]) -> list[tuple[str, list[tuple[str, str, str]]]]:
+    return [(p.name, [(s.action, s.group, s.region) for s in p.steps]) for p in phases]
+
+
+def test_high_availability_by_default() -> None:
+    config = load_app_config(BASE)
+    assert desired_counts(config, "app") == {"mad": 2}  # served: two
+    assert desired_counts(config, "worker") == {"mad": 1}
+    first = plan(config, [], "rolling")
+    assert actions(first) == [
+        ("new app in mad", [("create", "app", "mad")] * 2),
+        ("new worker in mad", [("create", "worker", "mad")]),
+    ]
+    assert all(p.wait_healthy for p in first)
+
+
+def test_rolling_goes_region_by_region_in_batches_then_cleans_up() -> None:
+    config = load_app_config(REGIONS)
+    now = machines(("app", "mad", 3), ("app", "syd", 2), ("worker", "mad", 1))
+    phases = plan(config, now, "rolling")
+    names = [p.name for p in phases]
+    assert names == [
+        "rolling app in mad (2/3)",
+        "rolling app in mad (3/3)",
+        "rolling worker in mad (1/1)",
+        "new worker in mad",  # [regions] asks 3 of each group in mad
+        "rolling app in syd (1/1)",
+        "new worker in syd",
+        "cleanup",
+    ]
+    assert [len(p.steps) for p in phases[:2]] == [2, 1]  # max_unavailable = 2
+    assert actions(phases)[-1] == ("cleanup", [("destroy", "app", "syd")])  # syd wants one
+    assert not phases[-1].wait_healthy
+
+
+def test_canary_first_then_rolling() -> None:
+    config = load_app_config(BASE)
+    phases = plan(config, machines(("app", "mad", 2), ("worker", "mad", 1)), "canary")
+    assert phases[0].name == "canary app in mad"
+    (canary,) = phases[0].steps
+    assert canary.action == "create" and canary.canary
+    assert [p.name for p in phases[1:]] == [
+        "rolling app in mad (2/2)",
+        "rolling worker in mad (1/1)",
+    ]
+
+
+def test_bluegreen_makes_a_whole_green_set_before_blue_goes() -> None:
+    config = load_app_config(REGIONS)
+    now = machines(("app", "mad", 3), ("app", "syd", 1))
+    green, switch = plan(config, now, "bluegreen")
+    assert green.wait_healthy and len(green.steps) == 3 + 1 + 3 + 1
+    assert {s.action for s in green.steps} == {"create"}
+    assert not switch.wait_healthy
+    assert sorted(s.machine_id or "" for s in switch.steps) == sorted(m.id for m in now)
+
+
+def test_immediate_and_orphans() -> None:
+    config = load_app_config(BASE)
+    now = machines(("app", "mad", 2), ("old", "mad", 1), ("app", "ams", 1))
+    phases = plan(config, now, "immediate")
+    assert actions(phases) == [
+        (
+            "immediate",
+            [("update", "app", "mad"), ("update", "app", "mad"), ("create", "worker", "mad")],
+        ),
+        ("cleanup", [("destroy", "old", "mad"), ("destroy", "app", "ams")]),
+    ]
+    assert not phases[0].wait_healthy
