@@ -1,14 +1,14 @@
 """Run the benchmarks, or those named: ``python -m bench [spine scale c1m ...]``.
 
 Without names, the default suites run (``spine``, ``scale``, ``tradeoff``, ``view``,
-``supervise``, ``creates``, ``proxy``, ``wake``, ``images``); ``c1m`` (100,000 machines onto
-5,000 hollow workers, a few minutes) runs only when named."""
+``supervise``, ``creates``, ``proxy``, ``wake``, ``images``, ``deploy``); ``c1m`` (100,000
+machines onto 5,000 hollow workers, a few minutes) runs only when named."""
 
 from __future__ import annotations
 
 import sys
 
-from bench import creates, images, proxy, scale, spine, supervise, view, wake
+from bench import creates, deploy, images, proxy, scale, spine, supervise, view, wake
 
 SUITES = {
     "spine": spine.main,
@@ -21,6 +21,7 @@ SUITES = {
     "proxy": proxy.main,
     "wake": wake.main,
     "images": images.main,
+    "deploy": deploy.main,
 }
 DEFAULT = [
     "spine",
@@ -32,6 +33,7 @@ DEFAULT = [
     "proxy",
     "wake",
     "images",
+    "deploy",
 ]
 
 

@@ -98,6 +98,8 @@ def command(kind: OpKind, state: OpState, machine: Machine) -> tuple[Verb[Any, A
         return v.VERBS[str(kind)], StopCommand(**ref, **slow)
     if kind is OpKind.SIGNAL:
         return v.SIGNAL, SignalCommand(**ref, signal="SIGCONT")
+    if state in (OpState.DRAINING, OpState.SIGNALLING):  # a graceful destroy: stop first
+        return v.DESTROY, DestroyCommand(**ref, graceful=True)
     return v.DESTROY, DestroyCommand(**ref, force=True)
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from souq.model.machine import Machine
-from souq.testing import Cluster
+from souq.model.machine import Machine, MachineState
+from souq.testing import Cluster, wait_until
 from tests.integration.images_harness import souq
 
 APP = "shop"
@@ -101,6 +101,7 @@ def live(cluster: Cluster) -> dict[str, tuple[str, str, str]]:
     return {
         m.id: (m.region, m.config.metadata["souq_release"], m.config.env["GREETING"])
         for m in machines(cluster)
+        if m.state not in (MachineState.DESTROYING, MachineState.DESTROYED)
     }
 
 
@@ -174,12 +175,15 @@ def test_canary_bluegreen_rollback_and_scale(cluster: Cluster, source: Path) -> 
     assert set(after) == set(before)
     assert {g for _, _, g in after.values()} == {"canary"}
 
-    # Blue-green: a whole new set, healthy, then the old one goes.
+    # Blue-green: a whole new set, healthy, then the old one goes (it leaves rotation at once,
+    # its worker stops and destroys it after).
     code, out, err = deploy(cluster, source, toml("green", strategy="bluegreen"))
     assert code == 0, err
+    leaving = {m.id: m.state for m in machines(cluster) if m.id in after}
+    assert set(leaving.values()) <= {MachineState.DESTROYING, MachineState.DESTROYED}
+    wait_until(lambda: not set(live(cluster)) & set(after), timeout=60, message="blue gone")
     green = live(cluster)
-    assert not set(green) & set(after) and len(green) == 3
-    assert {g for _, _, g in green.values()} == {"green"}
+    assert len(green) == 3 and {g for _, _, g in green.values()} == {"green"}
 
     # Rollback: the last good release before this one, as a new release.
     run = souq(cluster, "rollback", "--app", APP, "--strategy", "immediate")

@@ -1,5 +1,5 @@
-"""Deploys under traffic through a real `souq proxy`: neither a rolling deploy that succeeds nor
-one that fails and is rolled back loses a request."""
+"""Deploys under traffic through a real `souq proxy`: neither a rolling deploy that succeeds, nor
+one that fails and is rolled back, nor a blue-green deploy loses a request."""
 
 from __future__ import annotations
 
@@ -85,5 +85,6 @@ def test_rolling_deploys_lose_no_request(
     with Traffic(proxy) as traffic:
         assert deploy(cluster, tmp_path, toml("two")) == 0
         assert deploy(cluster, tmp_path, toml("three", status=500, wait="2s")) != 0
+        assert deploy(cluster, tmp_path, toml("green", strategy="bluegreen")) == 0
     assert traffic.failures == []
     assert traffic.ok > 0

@@ -175,3 +175,25 @@ def test_a_leased_machine_changes_only_with_the_nonce(cluster: Cluster) -> None:
             client.lease(APP, machine.id)
         assert caught.value.status == "not_found"
         client.destroy(APP, machine.id, force=True)  # free again
+
+
+def test_a_graceful_destroy_stops_the_machine_first(cluster: Cluster) -> None:
+    stubborn = ["sh", "-c", "trap '' INT; echo up; exec sleep 600"]
+    with cluster.client() as client:
+        machine = client.create_machine(
+            APP, "mad", {"cmd": stubborn, "stop_config": {"signal": "SIGINT", "timeout_s": 1}}
+        )
+        logged(cluster, machine, "up")
+        leaving = client.destroy(APP, machine.id, graceful=True)
+        assert leaving.state is MachineState.DESTROYING  # out of rotation, at once
+        gone = client.wait(APP, machine.id, MachineState.DESTROYED, timeout=30)
+        kinds = [(e.type, e.signal) for e in reversed(client.events(APP, gone.id))]
+        # The stop signal first (ignored), SIGKILL after the stop timeout, then destroyed.
+        assert ("signal", "SIGKILL") in kinds and kinds[-1][0] == "destroy"
+        destroy = next(
+            e for e in client.events(APP, gone.id) if "stopping first" in (e.message or "")
+        )
+        assert "SIGINT" in (destroy.message or "")
+        # A stopped machine is simply destroyed.
+        idle = client.create_machine(APP, "mad", {"cmd": says("idle")}, skip_launch=True)
+        assert client.destroy(APP, idle.id, graceful=True).state is MachineState.DESTROYED

@@ -109,11 +109,23 @@ def test_no_machine_that_can_serve_is_503_no_machines(machines: dict[str, Machin
     async def body() -> None:
         stopped = machines["m1"].backend("web", state="stopped", autostart=False)
         unhealthy = machines["a1"].backend("api", healthy=False)
-        async with relay_of(stopped, unhealthy) as (_, port), client(port) as c:
-            for host in ("web.localhost", "api.localhost"):
-                r = await c.get("/", headers={"Host": host})
-                assert r.status_code == 503
-                assert r.json()["status"] == "no_machines"
+        async with (
+            relay_of(stopped, unhealthy, queue_timeout_s=0.2) as (_, port),
+            client(port) as c,
+        ):
+            r = await c.get("/", headers={"Host": "web.localhost"})
+            assert r.status_code == 503 and r.json()["status"] == "no_machines"
+            assert "none is started" in r.json()["error"]
+            # Started but failing its checks: the request waits for it, then gives up.
+            r = await c.get("/", headers={"Host": "api.localhost"})
+            assert r.status_code == 503 and r.json()["status"] == "no_machines"
+            assert "health checks" in r.json()["hint"]
+        # A machine whose checks pass again while a request waits takes it.
+        async with relay_of(unhealthy) as (relay, port), client(port, "api.localhost") as c:
+            waiting = asyncio.ensure_future(c.get("/"))
+            await eventually(lambda: relay.admission.queued().get("api") == 1, what="the wait")
+            relay.table.set_healthy(unhealthy.machine_id, True)
+            assert (await waiting).status_code == 200
 
     run(body)
 

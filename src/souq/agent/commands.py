@@ -299,11 +299,17 @@ class Commands:
         ex.step(op, OpEvent.BEGIN, event=Trigger.SIGNAL, type="signal", source="user", signal=name)
         return ex.machine(app, machine_id)
 
-    async def destroy(self, app: str, machine_id: str, *, force: bool = False) -> Machine:
-        """Destroy a machine and release its reservation. A running machine needs ``force``:
-        it is killed first."""
+    async def destroy(
+        self, app: str, machine_id: str, *, force: bool = False, graceful: bool = False
+    ) -> Machine:
+        """Destroy a machine and release its reservation. A running machine needs ``force``
+        (it is killed first) or ``graceful`` (it is stopped first, with its stop config: out of
+        rotation for its drain, its signal, SIGKILL after its timeout; the answer comes at
+        once, ``destroying``, and the rest follows)."""
         ex = self._ex
         row = ex.row(app, machine_id)
+        if graceful and row.state in _RUNNING and ex.current_op(row.id) is None:
+            return self._retire(row)
         event = Trigger.FORCE_DESTROY if force else Trigger.DESTROY
         lifecycle.transition(row.state, event, machine_id=row.id)
         current = ex.current_op(row.id)
@@ -319,6 +325,25 @@ class Commands:
         await op.done
         self.leases.drop(row.id)
         return ex.machine(app, machine_id)
+
+    def _retire(self, row: MachineRow) -> Machine:
+        """A graceful destroy of a running machine: one operation, logged step by step."""
+        ex = self._ex
+        sig, timeout = _stop_params(row, None, None)
+        drain = _drain_s(row)
+        op = ex.new_op(
+            OpKind.DESTROY, row.id, source="user", signal=sig, timeout_s=timeout, drain_s=drain
+        )
+        ex.step(
+            op,
+            OpEvent.DRAIN,
+            event=Trigger.FORCE_DESTROY,
+            type="destroy",
+            source="user",
+            message=f"stopping first ({sig}, {drain:g}s out of rotation before it)",
+        )
+        op.done.add_done_callback(lambda _: self.leases.drop(row.id))
+        return ex.machine(row.app, row.id)
 
     async def wait(
         self,

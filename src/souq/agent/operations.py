@@ -154,6 +154,15 @@ TABLES: Final[Mapping[OpKind, Mapping[tuple[OpState, OpEvent], Step]]] = Mapping
             {
                 (St.NEW, Ev.IDLE): Step(St.CLEANING, (A.CANCEL_RESTART, A.CLEANUP)),
                 (St.NEW, Ev.BEGIN): Step(St.KILLING, (A.SEND_KILL,)),
+                # Graceful: out of rotation for the drain, the stop signal, SIGKILL after the
+                # stop timeout; then the files. (A crash in between sends the signal again.)
+                (St.NEW, Ev.DRAIN): Step(St.DRAINING, (A.ARM_DRAIN_TIMER,)),
+                (St.DRAINING, Ev.DRAINED): Step(St.SIGNALLING, (A.SEND_SIGNAL, A.ARM_KILL_TIMER)),
+                (St.DRAINING, Ev.RECOVER): Step(St.SIGNALLING, (A.SEND_SIGNAL, A.ARM_KILL_TIMER)),
+                (St.SIGNALLING, Ev.TIMEOUT): Step(St.KILLING, (A.SEND_KILL,)),
+                (St.SIGNALLING, Ev.RECOVER): Step(St.SIGNALLING, (A.SEND_SIGNAL, A.ARM_KILL_TIMER)),
+                (St.DRAINING, Ev.EXITED): Step(St.CLEANING, (A.CLEANUP,)),
+                (St.SIGNALLING, Ev.EXITED): Step(St.CLEANING, (A.CLEANUP,)),
                 (St.KILLING, Ev.EXITED): Step(St.CLEANING, (A.CLEANUP,)),
                 (St.KILLING, Ev.RECOVER): Step(St.KILLING, (A.SEND_KILL,)),
                 (St.CLEANING, Ev.CLEANED): Step(St.DONE),

@@ -297,7 +297,9 @@ class WorkerVerbs:
 
     async def _destroy(self, cmd: msg.DestroyCommand) -> Machine:
         self._leased(cmd)
-        return await self._cmd.destroy(cmd.app, cmd.machine_id, force=cmd.force)
+        return await self._cmd.destroy(
+            cmd.app, cmd.machine_id, force=cmd.force, graceful=cmd.graceful
+        )
 
     async def _lease(self, req: msg.LeaseRequest) -> msg.Lease:
         row = self._ex.row(req.app, req.machine_id)

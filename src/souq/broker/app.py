@@ -294,9 +294,18 @@ def _routes(service: BrokerService, create: CreateHandler) -> FastAPI:
 
     @api.delete(machine_path, response_model=Machine, tags=["machines"])
     async def destroy_machine(
-        app: AppName, machine_id: str, nonce: LeaseNonce = None, force: bool = False
+        app: AppName,
+        machine_id: str,
+        nonce: LeaseNonce = None,
+        force: Annotated[bool, Query(description="kill it first if it runs")] = False,
+        graceful: Annotated[
+            bool,
+            Query(description="stop it first if it runs (its stop config), answer at once"),
+        ] = False,
     ) -> Response:
-        machine = await service.destroy_machine(app, machine_id, force=force, nonce=nonce)
+        machine = await service.destroy_machine(
+            app, machine_id, force=force, graceful=graceful, nonce=nonce
+        )
         return json_response(machine)
 
     @api.post(machine_path + "/start", response_model=Machine, tags=["machines"])

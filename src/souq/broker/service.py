@@ -422,11 +422,20 @@ class BrokerService:
         return self._seen(await self._ask(machine_id, v.SIGNAL, cmd))
 
     async def destroy_machine(
-        self, app: str, machine_id: str, *, force: bool = False, nonce: str | None = None
+        self,
+        app: str,
+        machine_id: str,
+        *,
+        force: bool = False,
+        graceful: bool = False,
+        nonce: str | None = None,
     ) -> Machine:
-        """Returns once the machine is ``destroyed``."""
-        grace = 0.0 if force else await self._stop_timeout(app, machine_id)
-        cmd = DestroyCommand(app=app, machine_id=machine_id, force=force, lease_nonce=nonce)
+        """Returns once the machine is ``destroyed`` (``graceful``: once it is ``destroying``,
+        out of rotation, its stop and destruction under way on its worker)."""
+        grace = 0.0 if force or graceful else await self._stop_timeout(app, machine_id)
+        cmd = DestroyCommand(
+            app=app, machine_id=machine_id, force=force, graceful=graceful, lease_nonce=nonce
+        )
         return self._seen(await self._ask(machine_id, v.DESTROY, cmd, extra_s=grace))
 
     # -- leases ----------------------------------------------------------------------------

@@ -283,9 +283,17 @@ class SouqClient:
         return _one(Machine, self._call("POST", path, json={"signal": signal}))
 
     def destroy(
-        self, app: str, machine_id: str, *, force: bool = False, nonce: str | None = None
+        self,
+        app: str,
+        machine_id: str,
+        *,
+        force: bool = False,
+        graceful: bool = False,
+        nonce: str | None = None,
     ) -> Machine:
-        params = {"force": "true"} if force else None
+        """Destroy a machine: a running one needs ``force`` (killed) or ``graceful`` (stopped
+        with its stop config; the answer comes once it has left rotation)."""
+        params = {"force": "true"} if force else {"graceful": "true"} if graceful else None
         path = _machine(app, machine_id)
         response = self._call(
             "DELETE", path, params=params, headers=_leased(nonce), timeout=LONG_CALL_S

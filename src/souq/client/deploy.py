@@ -37,6 +37,7 @@ __all__ = ["DeployEvent", "Deployer", "current_machines"]
 
 STOP_WAIT_S = 60.0  # a destroyed machine's graceful stop may take this (then it is killed)
 _WORKERS = 16  # steps of one phase run at once, at most
+_GOING = (MachineState.DESTROYING, MachineState.DESTROYED)
 
 
 @dataclass(frozen=True)
@@ -52,8 +53,18 @@ class DeployEvent:
         return {k: v for k, v in asdict(self).items() if v is not None}
 
 
+def _attempt(call: Callable[[str], Lease]) -> Callable[[str], Lease | SouqError]:
+    def attempt(machine_id: str) -> Lease | SouqError:
+        try:
+            return call(machine_id)
+        except SouqError as exc:
+            return exc
+
+    return attempt
+
+
 def current_machines(machines: list[Machine]) -> list[Current]:
-    """The app's machines as a plan reads them (destroyed ones left out)."""
+    """The app's machines as a plan reads them (those destroyed, or on their way, left out)."""
     return [
         Current(
             id=m.id,
@@ -63,7 +74,7 @@ def current_machines(machines: list[Machine]) -> list[Current]:
             release=int(m.config.metadata.get("souq_release", "0") or 0) or None,
         )
         for m in machines
-        if m.state is not MachineState.DESTROYED
+        if m.state not in _GOING
     ]
 
 
@@ -109,7 +120,11 @@ class Deployer:
         )
         self._version = release.version
         self._event("release", f"release v{release.version} of {self.app}: {self.image}")
-        machines = {m.id: m for m in self.client.list_machines(self.app)}
+        machines = {
+            m.id: m
+            for m in self.client.list_machines(self.app)
+            if m.state not in _GOING  # a machine on its way out is not the deploy's to change
+        }
         phases = plan(self.config, current_machines(list(machines.values())), self.strategy)
         try:
             self._lease(list(machines))
@@ -132,29 +147,37 @@ class Deployer:
     # -- leases ----------------------------------------------------------------------------
 
     def _lease(self, machine_ids: list[str]) -> None:
-        ttl = self.config.deploy.wait_timeout * 2 + STOP_WAIT_S + 60
+        """Lease every machine (at once); if one is held, end the leases taken and fail."""
+        ttl = min(self.config.deploy.wait_timeout * 2 + STOP_WAIT_S + 60, 3600)
         why = f"deploy of {self.app} v{self._version}"
-        for machine_id in machine_ids:
-            try:
-                lease = self.client.take_lease(
-                    self.app, machine_id, ttl_s=min(ttl, 3600), description=why
-                )
-            except LeaseHeld as exc:
+
+        def take(machine_id: str) -> Lease:
+            return self.client.take_lease(self.app, machine_id, ttl_s=ttl, description=why)
+
+        with ThreadPoolExecutor(max_workers=_WORKERS) as pool:
+            taken = dict(zip(machine_ids, pool.map(_attempt(take), machine_ids), strict=True))
+        self._leases = {m: lease for m, lease in taken.items() if isinstance(lease, Lease)}
+        for machine_id, outcome in taken.items():
+            if isinstance(outcome, SouqError):
                 self._release_leases()
-                raise DeployFailed(
-                    f"another deploy is under way: {exc.message}",
-                    hint="wait for it to finish, then deploy again",
-                    details={"phase": "lease", "machine_id": machine_id},
-                ) from exc
-            self._leases[machine_id] = lease
+                if isinstance(outcome, LeaseHeld):
+                    raise DeployFailed(
+                        f"another deploy is under way: {outcome.message}",
+                        hint="wait for it to finish, then deploy again",
+                        details={"phase": "lease", "machine_id": machine_id},
+                    ) from outcome
+                raise outcome
         if machine_ids:
             self._event("lease", f"{len(machine_ids)} machines leased ({why})")
 
     def _release_leases(self) -> None:
-        for machine_id, lease in list(self._leases.items()):
+        def end(item: tuple[str, Lease]) -> None:
             with contextlib.suppress(SouqError):  # destroyed meanwhile, or expired
-                self.client.release_lease(self.app, machine_id, lease.nonce)
-            del self._leases[machine_id]
+                self.client.release_lease(self.app, item[0], item[1].nonce)
+
+        leases, self._leases = list(self._leases.items()), {}
+        with ThreadPoolExecutor(max_workers=_WORKERS) as pool:
+            list(pool.map(end, leases))
 
     def _nonce(self, machine_id: str) -> str | None:
         lease = self._leases.get(machine_id)
@@ -222,11 +245,10 @@ class Deployer:
         self._event("healthy", f"machine {machine.id} is healthy", phase, region, machine.id)
 
     def _destroy(self, machine_id: str, phase: Phase | None, region: str) -> None:
-        """Stop gracefully (out of rotation first), then destroy."""
+        """A graceful destroy: the machine leaves rotation now; its worker stops it (its
+        drain, its signal) and destroys it after."""
         nonce = self._nonce(machine_id)
-        self.client.stop(self.app, machine_id, nonce=nonce)
-        self.client.wait(self.app, machine_id, MachineState.STOPPED, timeout=STOP_WAIT_S)
-        self.client.destroy(self.app, machine_id, force=True, nonce=nonce)
+        self.client.destroy(self.app, machine_id, graceful=True, nonce=nonce)
         self._leases.pop(machine_id, None)
         self._event("step", f"machine {machine_id} destroyed", phase, region, machine_id)
 

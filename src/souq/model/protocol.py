@@ -150,6 +150,11 @@ class SignalCommand(MachineRef):
 
 class DestroyCommand(MachineRef):
     force: bool = False
+    graceful: bool = Field(
+        default=False,
+        description="a running machine is stopped first (its stop config) instead of killed; "
+        "the answer comes once it has left rotation (`destroying`)",
+    )
 
 
 class WaitCommand(MachineRef):

@@ -143,7 +143,8 @@ class Admission:
     def _late(self, app: str) -> NoMachines:
         return NoMachines(
             f"no machine of app {app} could take the request within {self.timeout_s:g}s",
-            hint="every machine is at its hard limit, or none could be started in time",
+            hint="every machine is at its hard limit or failing its health checks, or none "
+            "could be started in time",
         )
 
     async def _wait(self, app: str, remaining: float) -> None:

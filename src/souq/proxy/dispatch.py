@@ -2,8 +2,8 @@
 
 * :func:`connect`: wait for a machine (:class:`~souq.proxy.admission.Admission`), then take an
   idle connection to it or open one; a machine that refuses the connection (or does not
-  accept it in time) is replaced by another once. Nothing was sent yet, so this holds for
-  every method.
+  accept it in time) is replaced by another, up to :data:`CONNECT_TRIES` machines. Nothing
+  was sent yet, so this holds for every method.
 * :func:`retry_slot`: a machine failed before the client got a byte of its answer; an
   idempotent request whose body was kept goes once more, to another machine, or to the same
   one on a new connection when the failed one was a kept-alive connection the machine had
@@ -26,7 +26,20 @@ if TYPE_CHECKING:
     from souq.proxy.downstream import ClientConnection
     from souq.proxy.relay import Relay
 
-__all__ = ["connect", "replay", "replay_slot", "retry_or_fail", "retry_slot", "serve_later"]
+__all__ = [
+    "CONNECT_TRIES",
+    "connect",
+    "replay",
+    "replay_slot",
+    "retry_or_fail",
+    "retry_slot",
+    "serve_later",
+]
+
+# Machines tried after the first one refused the connection (or did not accept it in time):
+# nothing was sent, so this holds for every method. A machine just started may not listen yet
+# (a deploy's new machines, before their checks pass), a stopped one no longer does.
+CONNECT_TRIES = 4
 
 
 async def connect(
@@ -42,20 +55,23 @@ async def connect(
                 app, relay.loop.time() + relay.config.queue_timeout_s
             )
         conn = None if fresh else relay.pool.checkout(slot.address)
+        refused: list[str] = []
+        tries = CONNECT_TRIES if ex.attempts == 0 else 0  # a retry's connect is not retried
         while conn is None:
             try:
                 conn = await relay.pool.connect(slot.address)
             except (OSError, TimeoutError) as err:
                 failed, slot = slot, None
                 relay.admission.release(failed)
+                refused.append(failed.machine_id)
                 what = (
                     "did not accept a connection in time"
                     if isinstance(err, TimeoutError)
                     else f"refused the connection ({err.strerror or err})"
                 )
-                if ex.attempts == 0:
+                if len(refused) <= tries:
                     ex.attempts = 1
-                    slot = relay.table.claim(app, relay.region, exclude=(failed.machine_id,))
+                    slot = relay.table.claim(app, relay.region, exclude=tuple(refused))
                 if slot is None:
                     raise MachineError.of(failed.machine_id, app, what) from None
     except BaseException:

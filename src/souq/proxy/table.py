@@ -90,7 +90,7 @@ class Availability(enum.Enum):
     OPEN = "open"  # a machine can take it now
     FULL = "full"  # machines serve, every one at its hard limit: wait for one to free up
     WAKEABLE = "wakeable"  # nothing serves, a stopped machine can be started
-    PENDING = "pending"  # nothing serves, a machine is on its way to started: wait for it
+    PENDING = "pending"  # nothing serves, a machine is on its way (or its checks fail): wait
     NONE = "none"  # the app has machines, none can serve
     UNKNOWN = "unknown"  # the table holds no machine of that app
 
@@ -278,6 +278,8 @@ class RoutingTable:
                 wakeable = True
             elif slot.backend.state in PENDING_STATES:
                 pending = True
+            elif slot.backend.state == "started":
+                pending = True  # started, its checks failing for now: it may pass them soon
         if full:
             return Availability.FULL
         if wakeable:
