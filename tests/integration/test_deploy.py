@@ -201,3 +201,29 @@ def test_a_bad_souq_toml_names_the_line(cluster: Cluster, source: Path) -> None:
     code, _, err = deploy(cluster, source, toml("x").replace("internal_port", "internal_prot"))
     assert code != 0
     assert "souq.toml:15: http_service.internal_prot: unknown key" in err
+
+
+def test_dry_run_shows_the_plan_and_no_room_fails_before_any_change(
+    cluster: Cluster, source: Path
+) -> None:
+    before = live(cluster)
+    with cluster.client() as client:
+        versions = len(client.releases(APP))
+    text = toml("dry").replace("syd = 1", "syd = 3")
+    (source / "souq.toml").write_text(text)
+    run = souq(cluster, "deploy", "--config", str(source / "souq.toml"), "--dry-run", "--json")
+    assert run.returncode == 0, run.stderr
+    rows = json.loads(run.stdout)
+    creates = [r for r in rows if r["action"] == "create"]
+    assert [r["region"] for r in creates] == ["syd"]  # syd has 2, wants 3
+    assert creates[0]["worker_id"]  # where it would go: its capacity was held, then let go
+    assert {r["machine_id"] for r in rows if r["action"] == "update"} == set(before)
+    assert live(cluster) == before
+    with cluster.client() as client:
+        assert len(client.releases(APP)) == versions  # a dry run makes no release
+    # 20 machines in syd cannot fit its one worker: the deploy fails before changing anything.
+    code, _, err = deploy(cluster, source, toml("huge").replace("syd = 1", "syd = 20"))
+    assert code != 0
+    assert "cannot start: no room for a new app machine in syd" in err
+    assert "nothing was changed" in err
+    assert live(cluster) == before

@@ -47,6 +47,12 @@ def deploy(
     image: Annotated[
         str | None, typer.Option("--image", help="Deploy this image instead of [build].")
     ] = None,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run", help="Show the plan and where each new machine would go; change nothing."
+        ),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Deploy the app as souq.toml says: a new release, live everywhere (exit 0), or rolled back
@@ -72,9 +78,34 @@ def deploy(
             app_config,
             image=reference,
             strategy=strategy,
-            on_event=lambda e: render.deploy_event(e.as_dict(), as_json=as_json),
+            # A dry run prints its plan, not the events of holding and letting go.
+            on_event=(lambda e: None)
+            if dry_run
+            else (lambda e: render.deploy_event(e.as_dict(), as_json=as_json)),
         )
+        if dry_run:
+            render.deploy_plan(_plan_rows(deployer), as_json=as_json)
+            return
         _run_then_summarise(deployer, client, app_config.app, as_json=as_json)
+
+
+def _plan_rows(deployer: Deployer) -> list[dict[str, object]]:
+    """The dry run's plan: a row per step, with the worker that would take each new machine."""
+    rows: list[dict[str, object]] = []
+    for phase, steps in deployer.dry_run():
+        for step, quote in steps:
+            rows.append(
+                {
+                    "phase": phase.name,
+                    "action": "create (canary)" if step.canary else step.action,
+                    "group": step.group,
+                    "region": step.region,
+                    "machine_id": step.machine_id,
+                    "worker_id": quote.worker_id if quote else None,
+                    "waits_for_health": phase.wait_healthy,
+                }
+            )
+    return rows
 
 
 def _run_then_summarise(deployer: Deployer, client: SouqClient, app: str, *, as_json: bool) -> None:

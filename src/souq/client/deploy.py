@@ -3,7 +3,9 @@ everywhere when a phase fails.
 
 1. A release is made (``pending``; the next version, kept in JetStream by the brokers).
 2. Every machine of the app is leased (a second deploy at the same time fails here, naming the
-   machine and who holds it, before anything changed).
+   machine and who holds it, before anything changed), and the capacity of every machine the
+   plan makes is held with quotes: a deploy that starts does not fail halfway for want of room
+   (``--dry-run`` shows the plan and where each new machine would go, then lets go).
 3. The plan's phases (:mod:`souq.apps.plan`) run in order; a phase's steps run at once: an
    update in place (the machine keeps its worker), a create, or a destroy (stopped gracefully
    first: it leaves the proxy's rotation, then its signal). A machine counts as done when it is
@@ -30,7 +32,7 @@ from souq.apps.plan import Current, Phase, Step, plan
 from souq.client.api import SouqClient
 from souq.errors import DeployFailed, LeaseHeld, SouqError
 from souq.model.machine import Machine, MachineState
-from souq.model.protocol import Lease
+from souq.model.protocol import Lease, Quote
 from souq.model.release import NewRelease, Release, ReleaseState
 
 __all__ = ["DeployEvent", "Deployer", "current_machines"]
@@ -106,6 +108,7 @@ class Deployer:
         self._leases: dict[str, Lease] = {}
         self._undo = _Undo()
         self._version = 0
+        self._quotes: dict[tuple[int, int], Quote] = {}  # (phase, step) -> its capacity held
 
     def run(self) -> Release:
         """Carry the release out; :class:`DeployFailed` (after the rollback) when it fails."""
@@ -128,17 +131,20 @@ class Deployer:
         phases = plan(self.config, current_machines(list(machines.values())), self.strategy)
         try:
             self._lease(list(machines))
+            self._reserve(phases)
             self.client.update_release(self.app, release.version, ReleaseState.DEPLOYING)
-            for phase in phases:
-                self._phase(phase, machines)
+            for index, phase in enumerate(phases):
+                self._phase(index, phase, machines)
         except DeployFailed as failed:
             self._rollback()
+            self._release_quotes()
             self._release_leases()
             self.client.update_release(
                 self.app, release.version, ReleaseState.FAILED, failed.message
             )
             self._event("failed", failed.message)
             raise
+        self._release_quotes()
         self._release_leases()
         done = self.client.update_release(self.app, release.version, ReleaseState.COMPLETE)
         self._event("done", f"release v{release.version} is live everywhere")
@@ -183,12 +189,74 @@ class Deployer:
         lease = self._leases.get(machine_id)
         return lease.nonce if lease else None
 
+    # -- capacity ----------------------------------------------------------------------------
+
+    def dry_run(self) -> list[tuple[Phase, list[tuple[Step, Quote | None]]]]:
+        """The plan, each new machine's capacity held for a moment to show where it would go
+        (then let go); nothing else is done."""
+        machines = [m for m in self.client.list_machines(self.app) if m.state not in _GOING]
+        phases = plan(self.config, current_machines(machines), self.strategy)
+        try:
+            self._reserve(phases)
+            return [
+                (phase, [(step, self._quotes.get((i, j))) for j, step in enumerate(phase.steps)])
+                for i, phase in enumerate(phases)
+            ]
+        finally:
+            self._release_quotes()
+
+    def _reserve(self, phases: list[Phase]) -> None:
+        """Hold the capacity of every machine the plan makes (quotes), before any change."""
+        wanted = [
+            ((i, j), step)
+            for i, phase in enumerate(phases)
+            for j, step in enumerate(phase.steps)
+            if step.action == "create"
+        ]
+
+        def hold(item: tuple[tuple[int, int], Step]) -> Quote | SouqError:
+            step = item[1]
+            config = self.config.machine_config(step.group, image=self.image, release=0)
+            try:
+                return self.client.create_quote(self.app, step.region, config, ttl_s=3600)
+            except SouqError as exc:
+                return exc
+
+        with ThreadPoolExecutor(max_workers=_WORKERS) as pool:
+            held = list(pool.map(hold, wanted))
+        for (key, _), quote in zip(wanted, held, strict=True):
+            if isinstance(quote, Quote):
+                self._quotes[key] = quote
+        for (_, step), quote in zip(wanted, held, strict=True):
+            if isinstance(quote, SouqError):
+                self._release_quotes()
+                raise DeployFailed(
+                    f"release v{self._version} cannot start: no room for a new {step.group} "
+                    f"machine in {step.region}: {quote.message}; nothing was changed",
+                    hint="add workers or capacity in that region, or deploy smaller machines",
+                    details={"phase": "reserve", "region": step.region},
+                ) from quote
+        if wanted:
+            self._event("reserve", f"capacity held for {len(wanted)} new machines")
+
+    def _release_quotes(self) -> None:
+        def let_go(quote: Quote) -> None:
+            with contextlib.suppress(SouqError):  # used by its machine, or expired
+                self.client.release_quote(self.app, quote.id)
+
+        quotes, self._quotes = list(self._quotes.values()), {}
+        with ThreadPoolExecutor(max_workers=_WORKERS) as pool:
+            list(pool.map(let_go, quotes))
+
     # -- phases ----------------------------------------------------------------------------
 
-    def _phase(self, phase: Phase, machines: dict[str, Machine]) -> None:
+    def _phase(self, index: int, phase: Phase, machines: dict[str, Machine]) -> None:
         self._event("phase", f"{phase.name}: {phase.describe()}", phase=phase)
         with ThreadPoolExecutor(max_workers=min(_WORKERS, len(phase.steps) or 1)) as pool:
-            futures = [pool.submit(self._step, phase, step, machines) for step in phase.steps]
+            futures = [
+                pool.submit(self._step, phase, step, machines, self._quotes.pop((index, j), None))
+                for j, step in enumerate(phase.steps)
+            ]
             errors = [f.exception() for f in futures]
         failed = [e for e in errors if e is not None]
         if failed:
@@ -197,7 +265,9 @@ class Deployer:
                 raise first
             raise DeployFailed(f"phase {phase.name}: {first}", details={"phase": phase.name})
 
-    def _step(self, phase: Phase, step: Step, machines: dict[str, Machine]) -> None:
+    def _step(
+        self, phase: Phase, step: Step, machines: dict[str, Machine], quote: Quote | None
+    ) -> None:
         where = {"phase": phase.name, "region": step.region, "machine_id": step.machine_id}
         try:
             if step.action == "destroy":
@@ -215,7 +285,9 @@ class Deployer:
                 )
                 verb = "updated"
             else:
-                machine = self.client.create_machine(self.app, step.region, config)
+                machine = self.client.create_machine(
+                    self.app, step.region, config, quote=quote.id if quote else None
+                )
                 with self._undo.lock:
                     self._undo.created.append((machine.id, step.region))
                 where["machine_id"] = machine.id

@@ -448,3 +448,21 @@ def _status_row(m: Machine) -> tuple[Any, ...]:
         checks,
         m.worker_id,
     )
+
+
+@_json_or
+def deploy_plan(rows: Sequence[dict[str, Any]]) -> None:
+    """A deploy's plan (``--dry-run``): each step, in order, and where new machines would go."""
+    titles = ("PHASE", "ACTION", "GROUP", "REGION", "MACHINE", "WORKER")
+    _listing(rows, "changes: the app is as souq.toml says", titles, _plan_row)
+
+
+def _plan_row(r: dict[str, Any]) -> tuple[Any, ...]:
+    return (
+        r["phase"],
+        r["action"],
+        r["group"],
+        r["region"],
+        r.get("machine_id") or "(new)",
+        r.get("worker_id") or "-",
+    )
