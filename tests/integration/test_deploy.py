@@ -227,3 +227,30 @@ def test_dry_run_shows_the_plan_and_no_room_fails_before_any_change(
     assert "cannot start: no room for a new app machine in syd" in err
     assert "nothing was changed" in err
     assert live(cluster) == before
+
+
+def test_a_group_without_services_gets_a_standby_on_another_worker(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    text = """\
+app = "jobs"
+primary_region = "mad"
+[build]
+dir = "."
+[env]
+ROUND = "{round}"
+[processes]
+cron = "sh -c 'echo tick; exec sleep 600'"
+"""
+    for round_ in ("1", "2"):
+        (tmp_path / "souq.toml").write_text(text.replace("{round}", round_))
+        run = souq(cluster, "deploy", "--config", str(tmp_path / "souq.toml"), "--json")
+        assert run.returncode == 0, run.stderr
+        with cluster.client() as client:
+            jobs = [m for m in client.list_machines("jobs") if str(m.state) != "destroyed"]
+        (primary,) = [m for m in jobs if not m.config.standbys]
+        (standby,) = [m for m in jobs if m.config.standbys]
+        assert str(primary.state) == "started" and str(standby.state) == "stopped"
+        assert standby.config.standbys == [primary.id]
+        assert standby.worker_id != primary.worker_id  # another worker: it outlives the first
+        assert {m.config.env["ROUND"] for m in jobs} == {round_}  # the standby is updated too

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from souq.apps import load_app_config
-from souq.apps.plan import Current, Phase, desired_counts, plan
+from souq.apps.plan import Current, Phase, desired_counts, plan, standbys_wanted
 
 BASE = """\
 app = "web"
@@ -101,3 +101,23 @@ def test_immediate_and_orphans() -> None:
         ("cleanup", [("destroy", "old", "mad"), ("destroy", "app", "ams")]),
     ]
     assert not phases[0].wait_healthy
+
+
+def test_standbys_are_updated_kept_stopped_and_go_with_their_machine() -> None:
+    config = load_app_config(BASE)
+    worker = Current(id="w1", group="worker", region="mad", state="started")
+    standby = Current(id="s1", group="worker", region="mad", state="stopped", standby_for=("w1",))
+    apps = machines(("app", "mad", 2))
+    phases = plan(config, [*apps, worker, standby], "rolling")
+    assert phases[-1].name == "standbys"
+    (update,) = phases[-1].steps
+    assert (update.action, update.machine_id, update.standby_for) == ("update", "s1", ("w1",))
+    assert not phases[-1].wait_healthy
+    # The standby does not count as a machine of the group: nothing new is made for it.
+    assert all(s.action == "update" for p in phases for s in p.steps)
+    # Blue-green replaces the machine: its standby goes with it.
+    bluegreen = plan(config, [*apps, worker, standby], "bluegreen")
+    assert ("destroy", "s1") in [(s.action, s.machine_id) for p in bluegreen for s in p.steps]
+    # Which machines still lack one: the group without services only.
+    assert standbys_wanted(config, [*apps, worker]) == [worker]
+    assert standbys_wanted(config, [*apps, worker, standby]) == []

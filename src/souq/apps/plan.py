@@ -16,6 +16,12 @@ missing ones created, extra ones destroyed, each in the phases of the strategy:
 * ``bluegreen`` — a whole new set (green) beside the old (blue), every green machine healthy;
   then every blue machine goes: the proxy routes to the green ones as they pass their checks,
   and to no blue one once they stop.
+
+A group without services (a singleton, a cron-like job) has, besides each machine, a standby:
+a stopped machine on another worker that the proxy starts if the first one's worker is lost.
+Existing standbys are updated (they stay stopped) after the other phases; the standbys of
+machines that go, go too; :func:`standbys_wanted` says which machines still lack one once the
+phases are done (the deploy makes them then: a new machine's id is known only once it is made).
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from typing import Literal
 
 from souq.apps.config import AppConfig
 
-__all__ = ["Current", "Phase", "Step", "desired_counts", "plan"]
+__all__ = ["Current", "Phase", "Step", "desired_counts", "plan", "standbys_wanted"]
 
 Action = Literal["update", "create", "destroy"]
 
@@ -39,6 +45,7 @@ class Current:
     region: str
     state: str
     release: int | None = None
+    standby_for: tuple[str, ...] = ()  # a standby: the machines it stands by for
 
 
 @dataclass(frozen=True)
@@ -48,6 +55,7 @@ class Step:
     region: str
     machine_id: str | None = None  # update and destroy: the machine
     canary: bool = False  # a canary: destroyed once it proved healthy
+    standby_for: tuple[str, ...] = ()  # a standby's update: it stays stopped
 
 
 @dataclass(frozen=True)
@@ -101,6 +109,8 @@ def _regions(config: AppConfig, groups: list[_Group]) -> list[str]:
 def plan(config: AppConfig, machines: list[Current], strategy: str | None = None) -> list[Phase]:
     """The phases of a deploy of ``config`` over ``machines`` (the app's, not destroyed)."""
     strategy = strategy or config.deploy.strategy
+    standbys = [m for m in machines if m.standby_for]
+    machines = [m for m in machines if not m.standby_for]
     groups: list[_Group] = []
     known = set(config.groups())
     for group in config.groups():
@@ -124,9 +134,31 @@ def plan(config: AppConfig, machines: list[Current], strategy: str | None = None
             first = next((g for g in groups if g.region == config.primary_region), groups[0])
             canary = Step("create", first.group, first.region, canary=True)
             phases.insert(0, Phase(f"canary {first.group} in {first.region}", (canary,)))
+    # Standbys stand by for machines that stay (updated in place, still stopped); the others go.
+    staying = {m.id for g in groups for m in g.keep} if strategy != "bluegreen" else set()
+    kept = [s for s in standbys if set(s.standby_for) <= staying and not config.served(s.group)]
+    if kept:
+        steps = tuple(
+            Step("update", s.group, s.region, s.id, standby_for=s.standby_for) for s in kept
+        )
+        phases.append(Phase("standbys", steps, wait_healthy=False))
+    cleanup += [Step("destroy", s.group, s.region, s.id) for s in standbys if s not in kept]
     if cleanup:
         phases.append(Phase("cleanup", tuple(cleanup), wait_healthy=False))
     return phases
+
+
+def standbys_wanted(config: AppConfig, machines: list[Current]) -> list[Current]:
+    """The machines of groups without services that have no standby yet."""
+    covered = {primary for m in machines if m.standby_for for primary in m.standby_for}
+    return [
+        m
+        for m in machines
+        if not m.standby_for
+        and m.id not in covered
+        and m.group in config.groups()
+        and not config.served(m.group)
+    ]
 
 
 def _started_first(m: Current) -> tuple[int, str]:

@@ -28,9 +28,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from souq.apps.config import DEFAULT_GROUP, AppConfig
-from souq.apps.plan import Current, Phase, Step, plan
+from souq.apps.plan import Current, Phase, Step, plan, standbys_wanted
 from souq.client.api import SouqClient
-from souq.errors import DeployFailed, LeaseHeld, SouqError
+from souq.errors import DeployFailed, InsufficientCapacity, LeaseHeld, SouqError
 from souq.model.machine import Machine, MachineState
 from souq.model.protocol import Lease, Quote
 from souq.model.release import NewRelease, Release, ReleaseState
@@ -74,6 +74,7 @@ def current_machines(machines: list[Machine]) -> list[Current]:
             region=m.region,
             state=str(m.state),
             release=int(m.config.metadata.get("souq_release", "0") or 0) or None,
+            standby_for=tuple(m.config.standbys),
         )
         for m in machines
         if m.state not in _GOING
@@ -135,6 +136,7 @@ class Deployer:
             self.client.update_release(self.app, release.version, ReleaseState.DEPLOYING)
             for index, phase in enumerate(phases):
                 self._phase(index, phase, machines)
+            self._standbys()
         except DeployFailed as failed:
             self._rollback()
             self._release_quotes()
@@ -280,10 +282,16 @@ class Deployer:
                 before = machines[step.machine_id].config.model_dump(mode="json")
                 with self._undo.lock:
                     self._undo.updated[step.machine_id] = before
+                if step.standby_for:
+                    config["standbys"] = list(step.standby_for)
                 machine = self.client.update(
-                    self.app, step.machine_id, config, nonce=self._nonce(step.machine_id)
+                    self.app,
+                    step.machine_id,
+                    config,
+                    skip_launch=bool(step.standby_for),  # a standby stays stopped
+                    nonce=self._nonce(step.machine_id),
                 )
-                verb = "updated"
+                verb = "updated (standby)" if step.standby_for else "updated"
             else:
                 machine = self.client.create_machine(
                     self.app, step.region, config, quote=quote.id if quote else None
@@ -303,6 +311,41 @@ class Deployer:
             raise
         except SouqError as exc:
             raise self._failure(exc.message, where) from exc
+
+    def _standbys(self) -> None:
+        """A standby on another worker for each machine of a group without services that has
+        none (stopped; the proxy starts it if the machine's worker is lost). A region with no
+        other worker gets none, and says so."""
+        now = current_machines(self.client.list_machines(self.app))
+        for primary in standbys_wanted(self.config, now):
+            config = self.config.machine_config(
+                primary.group, image=self.image, release=self._version
+            )
+            config["standbys"] = [primary.id]
+            try:
+                machine = self.client.create_machine(self.app, primary.region, config)
+            except InsufficientCapacity:
+                self._event(
+                    "standby",
+                    f"machine {primary.id} has no standby: no other worker in {primary.region} "
+                    "has room",
+                    region=primary.region,
+                    machine_id=primary.id,
+                )
+                continue
+            except SouqError as exc:
+                raise self._failure(
+                    exc.message,
+                    {"phase": "standbys", "region": primary.region, "machine_id": primary.id},
+                ) from exc
+            with self._undo.lock:
+                self._undo.created.append((machine.id, primary.region))
+            self._event(
+                "standby",
+                f"machine {machine.id} stands by for {primary.id} (stopped, another worker)",
+                region=primary.region,
+                machine_id=machine.id,
+            )
 
     def _healthy(self, machine: Machine, phase: Phase, region: str) -> None:
         timeout = self.config.deploy.wait_timeout
