@@ -110,6 +110,7 @@ class Deployer:
         self._undo = _Undo()
         self._version = 0
         self._quotes: dict[tuple[int, int], Quote] = {}  # (phase, step) -> its capacity held
+        self._replaced: list[tuple[str, str]] = []  # (machine, region) a new machine replaced
 
     def run(self) -> Release:
         """Carry the release out; :class:`DeployFailed` (after the rollback) when it fails."""
@@ -136,6 +137,9 @@ class Deployer:
             self.client.update_release(self.app, release.version, ReleaseState.DEPLOYING)
             for index, phase in enumerate(phases):
                 self._phase(index, phase, machines)
+            if self._replaced:  # the machines others replaced go once the release is live
+                steps = tuple(Step("destroy", "", r, m) for m, r in self._replaced)
+                self._phase(len(phases), Phase("replaced", steps, wait_healthy=False), machines)
             self._standbys()
         except DeployFailed as failed:
             self._rollback()
@@ -279,19 +283,17 @@ class Deployer:
             config = self.config.machine_config(step.group, image=self.image, release=self._version)
             if step.action == "update":
                 assert step.machine_id is not None
-                before = machines[step.machine_id].config.model_dump(mode="json")
-                with self._undo.lock:
-                    self._undo.updated[step.machine_id] = before
                 if step.standby_for:
                     config["standbys"] = list(step.standby_for)
-                machine = self.client.update(
-                    self.app,
-                    step.machine_id,
-                    config,
-                    skip_launch=bool(step.standby_for),  # a standby stays stopped
-                    nonce=self._nonce(step.machine_id),
-                )
-                verb = "updated (standby)" if step.standby_for else "updated"
+                try:
+                    machine, verb = self._update(step, config, machines), "updated"
+                except InsufficientCapacity:
+                    # Its worker has no room for the new size: a new machine elsewhere takes
+                    # its place; the old one goes once the whole release is live.
+                    machine, verb = self._replacement(step, config), "replaces " + step.machine_id
+                    where["machine_id"] = machine.id
+                if step.standby_for:
+                    verb += " (standby)"
             else:
                 machine = self.client.create_machine(
                     self.app, step.region, config, quote=quote.id if quote else None
@@ -311,6 +313,34 @@ class Deployer:
             raise
         except SouqError as exc:
             raise self._failure(exc.message, where) from exc
+
+    def _update(self, step: Step, config: dict[str, Any], machines: dict[str, Machine]) -> Machine:
+        assert step.machine_id is not None
+        before = machines[step.machine_id].config.model_dump(mode="json")
+        with self._undo.lock:
+            self._undo.updated[step.machine_id] = before
+        try:
+            return self.client.update(
+                self.app,
+                step.machine_id,
+                config,
+                skip_launch=bool(step.standby_for),  # a standby stays stopped
+                nonce=self._nonce(step.machine_id),
+            )
+        except InsufficientCapacity:
+            with self._undo.lock:
+                del self._undo.updated[step.machine_id]  # refused: nothing changed
+            raise
+
+    def _replacement(self, step: Step, config: dict[str, Any]) -> Machine:
+        assert step.machine_id is not None
+        machine = self.client.create_machine(
+            self.app, step.region, config, skip_launch=bool(step.standby_for)
+        )
+        with self._undo.lock:
+            self._undo.created.append((machine.id, step.region))
+            self._replaced.append((step.machine_id, step.region))
+        return machine
 
     def _standbys(self) -> None:
         """A standby on another worker for each machine of a group without services that has
