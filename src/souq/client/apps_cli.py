@@ -3,6 +3,7 @@ count``: the app's policy, carried out by this client through the API (docs/apps
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -13,7 +14,7 @@ from souq.client.cli import JsonOpt, make_client, reporting
 if TYPE_CHECKING:
     from souq.apps.config import AppConfig
     from souq.client.api import SouqClient
-    from souq.client.deploy import Deployer
+    from souq.client.deploy import Deployer, DeployEvent
     from souq.model.machine import Machine
 
 __all__ = ["register_apps"]
@@ -73,20 +74,18 @@ def deploy(
         app_config = load_app_config(text, str(config))
         client = make_client()
         reference = image or _image_of(client, app_config, config.parent)
-        deployer = Deployer(
-            client,
-            app_config,
-            image=reference,
-            strategy=strategy,
-            # A dry run prints its plan, not the events of holding and letting go.
-            on_event=(lambda e: None)
-            if dry_run
-            else (lambda e: render.deploy_event(e.as_dict(), as_json=as_json)),
-        )
-        if dry_run:
-            render.deploy_plan(_plan_rows(deployer), as_json=as_json)
+        if dry_run:  # the plan, not the events of holding capacity and letting it go
+            quiet = Deployer(client, app_config, image=reference, strategy=strategy)
+            render.deploy_plan(_plan_rows(quiet), as_json=as_json)
             return
-        _run_then_summarise(deployer, client, app_config.app, as_json=as_json)
+        _deploy(
+            client,
+            app_config.app,
+            lambda tell: Deployer(
+                client, app_config, image=reference, strategy=strategy, on_event=tell
+            ),
+            as_json=as_json,
+        )
 
 
 def _plan_rows(deployer: Deployer) -> list[dict[str, object]]:
@@ -108,12 +107,20 @@ def _plan_rows(deployer: Deployer) -> list[dict[str, object]]:
     return rows
 
 
-def _run_then_summarise(deployer: Deployer, client: SouqClient, app: str, *, as_json: bool) -> None:
-    """Deploy; then (for people) the app's machines as they are, however it ended."""
+def _deploy(
+    client: SouqClient,
+    app: str,
+    build: Callable[[Callable[[DeployEvent], None]], Deployer],
+    *,
+    as_json: bool,
+) -> None:
+    """Deploy (the events shown live), then, for people, the app's machines as they are,
+    however it ended."""
     from souq.client import render
 
     try:
-        deployer.run()
+        with render.deploy_progress(as_json=as_json) as show:
+            build(lambda e: show(e.as_dict())).run()
     finally:
         if not as_json:
             render.app_status(_by_group(client.list_machines(app)))
@@ -172,7 +179,6 @@ def rollback(
 ) -> None:
     """Deploy an earlier release again (its image and config), as a new release."""
     from souq.apps.config import AppConfig
-    from souq.client import render
     from souq.client.deploy import Deployer
     from souq.errors import NotFound
     from souq.model.release import ReleaseState
@@ -190,15 +196,19 @@ def rollback(
             target = good[1]
         else:
             target = client.release(app_name, version)
-        deployer = Deployer(
+        _deploy(
             client,
-            AppConfig.model_validate(target.config),
-            image=target.image,
-            strategy=strategy or target.strategy,
-            on_event=lambda e: render.deploy_event(e.as_dict(), as_json=as_json),
-            description=f"rollback to v{target.version}",
+            app_name,
+            lambda tell: Deployer(
+                client,
+                AppConfig.model_validate(target.config),
+                image=target.image,
+                strategy=strategy or target.strategy,
+                on_event=tell,
+                description=f"rollback to v{target.version}",
+            ),
+            as_json=as_json,
         )
-        _run_then_summarise(deployer, client, app_name, as_json=as_json)
 
 
 @scale_app.command("count")
@@ -214,7 +224,6 @@ def scale_count(
     """Run COUNT machines of each process group (in REGION, or in each region of the app), with
     the app's current release: a new release that says so, deployed at once."""
     from souq.apps.config import AppConfig
-    from souq.client import render
     from souq.client.deploy import Deployer
     from souq.errors import NotFound
     from souq.model.release import ReleaseState
@@ -233,12 +242,16 @@ def scale_count(
         else:
             regions[region] = count
         scaled = config.model_copy(update={"regions": regions})
-        deployer = Deployer(
+        _deploy(
             client,
-            scaled,
-            image=live.image,
-            strategy="immediate",
-            on_event=lambda e: render.deploy_event(e.as_dict(), as_json=as_json),
-            description=f"scale to {count}" + (f" in {region}" if region else ""),
+            app_name,
+            lambda tell: Deployer(
+                client,
+                scaled,
+                image=live.image,
+                strategy="immediate",
+                on_event=tell,
+                description=f"scale to {count}" + (f" in {region}" if region else ""),
+            ),
+            as_json=as_json,
         )
-        _run_then_summarise(deployer, client, app_name, as_json=as_json)

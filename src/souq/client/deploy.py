@@ -65,6 +65,22 @@ def _attempt(call: Callable[[str], Lease]) -> Callable[[str], Lease | SouqError]
     return attempt
 
 
+def current_of(machines: list[Machine], group: str, region: str) -> list[Machine]:
+    """The machines of ``group`` in ``region`` (standbys and those on their way out left out)."""
+    return [
+        m
+        for m in machines
+        if m.region == region
+        and m.config.metadata.get("souq_process_group", DEFAULT_GROUP) == group
+        and not m.config.standbys
+        and m.state not in _GOING
+    ]
+
+
+def _not_on(workers: list[str]) -> dict[str, Any]:
+    return {"attribute": "worker.id", "operator": "not_in", "value": workers}
+
+
 def current_machines(machines: list[Machine]) -> list[Current]:
     """The app's machines as a plan reads them (those destroyed, or on their way, left out)."""
     return [
@@ -133,7 +149,7 @@ class Deployer:
         phases = plan(self.config, current_machines(list(machines.values())), self.strategy)
         try:
             self._lease(list(machines))
-            self._reserve(phases)
+            self._reserve(phases, list(machines.values()))
             self.client.update_release(self.app, release.version, ReleaseState.DEPLOYING)
             for index, phase in enumerate(phases):
                 self._phase(index, phase, machines)
@@ -203,7 +219,7 @@ class Deployer:
         machines = [m for m in self.client.list_machines(self.app) if m.state not in _GOING]
         phases = plan(self.config, current_machines(machines), self.strategy)
         try:
-            self._reserve(phases)
+            self._reserve(phases, machines)
             return [
                 (phase, [(step, self._quotes.get((i, j))) for j, step in enumerate(phase.steps)])
                 for i, phase in enumerate(phases)
@@ -211,25 +227,60 @@ class Deployer:
         finally:
             self._release_quotes()
 
-    def _reserve(self, phases: list[Phase]) -> None:
-        """Hold the capacity of every machine the plan makes (quotes), before any change."""
+    def _reserve(self, phases: list[Phase], machines: list[Machine]) -> None:
+        """Hold the capacity of every machine the plan makes (quotes), before any change. The
+        machines of a group with services in the primary region, when ``[regions]`` leaves
+        their number to Souq, go to distinct workers while the region has them (high
+        availability): their quotes are taken one after another, each on another worker."""
         wanted = [
             ((i, j), step)
             for i, phase in enumerate(phases)
             for j, step in enumerate(phase.steps)
             if step.action == "create"
         ]
+        spread = {
+            (g, self.config.primary_region)
+            for g in self.config.groups()
+            if self.config.served(g) and not self.config.regions
+        }
+        staying = [] if self.strategy == "bluegreen" else machines  # blue goes: green spreads
+        taken: dict[tuple[str, str], set[str]] = {
+            key: {m.worker_id for m in current_of(staying, *key)} for key in spread
+        }
 
         def hold(item: tuple[tuple[int, int], Step]) -> Quote | SouqError:
             step = item[1]
             config = self.config.machine_config(step.group, image=self.image, release=0)
+            avoid = taken.get((step.group, step.region))
             try:
-                return self.client.create_quote(self.app, step.region, config, ttl_s=3600)
+                if avoid:
+                    try:
+                        away = [_not_on(sorted(avoid))]
+                        quote = self.client.create_quote(
+                            self.app, step.region, {**config, "constraints": away}, ttl_s=3600
+                        )
+                    except InsufficientCapacity:
+                        self._event(
+                            "reserve",
+                            f"no other worker in {step.region} has room: "
+                            f"a {step.group} machine shares one",
+                            region=step.region,
+                        )
+                        quote = self.client.create_quote(self.app, step.region, config, ttl_s=3600)
+                else:
+                    quote = self.client.create_quote(self.app, step.region, config, ttl_s=3600)
             except SouqError as exc:
                 return exc
+            if avoid is not None:
+                avoid.add(quote.worker_id)
+            return quote
 
+        spreading = [w for w in wanted if (w[1].group, w[1].region) in spread]
         with ThreadPoolExecutor(max_workers=_WORKERS) as pool:
-            held = list(pool.map(hold, wanted))
+            others = list(pool.map(hold, [w for w in wanted if w not in spreading]))
+        one_by_one = iter([hold(w) for w in spreading])
+        rest = iter(others)
+        held = [next(one_by_one) if w in spreading else next(rest) for w in wanted]
         for (key, _), quote in zip(wanted, held, strict=True):
             if isinstance(quote, Quote):
                 self._quotes[key] = quote

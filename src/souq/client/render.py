@@ -10,11 +10,13 @@ import functools
 import json
 import shlex
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, Protocol, TextIO, TypeVar
 
 from pydantic import BaseModel, ValidationError
-from rich.console import Console
+from rich.console import Console, Group
+from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
@@ -415,6 +417,45 @@ def deploy_event(event: dict[str, Any], *, as_json: bool = False) -> None:
     text = f"{mark} {event['message']}" + (f"  [{where}]" if where else "")
     console = _err() if event["kind"] == "failed" else _out()
     console.print(text, style="bold" if event["kind"] in ("phase", "done", "failed") else None)
+
+
+@contextmanager
+def deploy_progress(
+    *, as_json: bool, console: Console | None = None
+) -> Iterator[Callable[[dict[str, Any]], None]]:
+    """What shows a deploy's events: on a terminal, a live table of its machines (region, phase,
+    what happened last) under the phase under way; else a line each (JSON with ``--json``)."""
+    out = console or _out()
+    if as_json or not out.is_terminal:
+        yield lambda event: deploy_event(event, as_json=as_json)
+        return
+    machines: dict[str, tuple[str, str, str]] = {}
+    headline: list[str] = []
+
+    def view() -> Group:
+        table = Table(box=None, pad_edge=False)
+        for title in ("MACHINE", "REGION", "PHASE", "LAST"):
+            table.add_column(title, no_wrap=True)
+        for machine_id, (region, phase, last) in machines.items():
+            table.add_row(machine_id, region, phase, last)
+        return Group(Text("\n".join(headline[-3:]), style="bold"), table)
+
+    with Live(view(), console=out, refresh_per_second=8, transient=False) as live:
+
+        def show(event: dict[str, Any]) -> None:
+            machine_id = event.get("machine_id")
+            if machine_id:
+                region, phase, _ = machines.get(machine_id, ("", "", ""))
+                machines[machine_id] = (
+                    event.get("region") or region,
+                    event.get("phase") or phase,
+                    event["message"],
+                )
+            else:
+                headline.append(event["message"])
+            live.update(view())
+
+        yield show
 
 
 @_json_or
