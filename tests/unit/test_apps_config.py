@@ -94,6 +94,21 @@ def test_a_full_config_makes_one_machine_config_per_group() -> None:
     assert worker.metadata["souq_process_group"] == "worker"
 
 
+def test_services_take_their_checks_in_each_of_flys_forms() -> None:
+    text = (
+        'app = "svc"\nprimary_region = "mad"\n[[services]]\ninternal_port = 9000\n'
+        '  [[services.checks]]\n  path = "/a"\n'
+        '  [[services.http_checks]]\n  path = "/b"\n'
+        '  [[services.tcp_checks]]\n  interval = "3s"\n'
+    )
+    checks = load_app_config(text).machine_config("app", image="x:1", release=1)["checks"]
+    assert sorted((c["type"], c.get("path"), c["port"]) for c in checks.values()) == [
+        ("http", "/a", 9000),
+        ("http", "/b", 9000),
+        ("tcp", "/", 9000),
+    ]
+
+
 def test_the_smallest_config_has_one_group_in_the_primary_region() -> None:
     cfg = load_app_config('app = "tiny"\nprimary_region = "syd"\n[build]\nimage = "tiny:v1"\n')
     assert cfg.groups() == ["app"] and cfg.counts() == {"syd": 1}

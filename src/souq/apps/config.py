@@ -132,6 +132,7 @@ class ServiceConfig(_Serving):
     ports: list[ServicePort] = Field(default_factory=lambda: [ServicePort(handlers=["http"])])
     http_checks: list[HttpCheck] = Field(default_factory=list)
     tcp_checks: list[_TcpCheck] = Field(default_factory=list)
+    checks: list[HttpCheck] = Field(default_factory=list, description="as http_checks")
 
 
 class VmConfig(_Section):
@@ -275,7 +276,7 @@ class AppConfig(_Section):
         for n, s in enumerate(self.services):
             if not self._applies(s.processes, group):
                 continue
-            for i, c in enumerate(s.http_checks):
+            for i, c in enumerate([*s.http_checks, *s.checks]):
                 checks[f"service-{n}-http-{i}"] = _http_check(c, s.internal_port)
             for i, t in enumerate(s.tcp_checks):
                 checks[f"service-{n}-tcp-{i}"] = Check(
