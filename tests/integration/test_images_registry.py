@@ -5,9 +5,11 @@ both as root; without them these tests skip."""
 
 from __future__ import annotations
 
+import http.server
 import json
 import shutil
 import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -135,3 +137,70 @@ def test_a_machine_runs_an_image_its_worker_pulls_from_the_registry(
     with cluster.client() as client, pytest.raises(SouqError) as caught:
         client.create_machine("direct", "mad", {"image": f"{registry}/team/direct:nope"})
     assert caught.value.status == "image_not_found"
+
+
+class _HeldBlobs:
+    """A pass-through in front of the real registry that holds the requests for one blob until
+    :attr:`release` is set: a layer's pull that takes as long as the test wants."""
+
+    def __init__(self, upstream: str, digest: str) -> None:
+        self.release = threading.Event()
+        self.asked = threading.Event()
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self) -> None:
+                if self.path.endswith("/blobs/" + digest):
+                    outer.asked.set()
+                    outer.release.wait(60)
+                r = httpx.get(f"http://{upstream}{self.path}", headers=dict(self.headers))
+                self.send_response(r.status_code)
+                for name in ("content-type", "docker-content-digest"):
+                    if name in r.headers:
+                        self.send_header(name, r.headers[name])
+                self.send_header("Content-Length", str(len(r.content)))
+                self.end_headers()
+                self.wfile.write(r.content)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.address = f"127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.release.set()
+        self.server.shutdown()
+
+
+def test_a_stop_calls_off_a_start_that_waits_for_its_image(
+    registry: str, cluster: Cluster, tmp_path: Path
+) -> None:
+    image = _greeting(tmp_path, "never shown")
+    _push(image, tmp_path / "layout", f"{registry}/team/slow:v1")
+    held = _HeldBlobs(registry, image.layers[0].digest)
+    try:
+        with cluster.client() as client:
+            machine = client.create_machine(
+                "slow", "mad", {"image": f"{held.address}/team/slow:v1"}
+            )
+            assert machine.state is MachineState.STARTING  # waiting for its image
+            assert held.asked.wait(30)
+            stopped = client.stop("slow", machine.id)
+            assert stopped.state is MachineState.STOPPED
+            held.release.set()  # the pull ends; the machine does not start
+            wait_until(
+                lambda: image.reference in client.workers()[0].images,
+                timeout=30,
+                message="the pull to end in the cache",
+            )
+            after = client.get_machine("slow", machine.id)
+            assert after.state is MachineState.STOPPED and after.pid is None
+            started = client.start("slow", machine.id)  # now it starts, from the cache
+            client.wait("slow", started.id, MachineState.STOPPED, timeout=30)
+            assert "never shown" in client.logs("slow", machine.id)
+    finally:
+        held.close()

@@ -185,6 +185,10 @@ class Commands:
         current = ex.current_op(row.id)
         if row.state is S.STOPPED or (current is not None and current.kind is OpKind.STOP):
             return row.to_machine(ex.worker_id)  # stopped, or a stop is already under way
+        if current is not None and ex.pulls is not None and ex.pulls.waiting(row.id):
+            # Its start waits for its image: called off (the pull goes on, for the cache).
+            ex.apply(row.id, op=current, op_event=OpEvent.ABORT)
+            current = None
         if current is not None and current.kind is OpKind.RESTART:
             raise IllegalTransition(
                 f"machine {row.id} is restarting; it cannot be stopped now",
