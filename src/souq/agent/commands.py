@@ -153,7 +153,7 @@ class Commands:
         row = self._ex.row_by_id(machine_id)
         if row.body_hash != req.body_hash:
             raise IdempotencyConflict.other_body(req.request_id, machine_id)
-        return row.to_machine(self._ex.worker_id)
+        return self._ex.shown(row)
 
     def start(self, app: str, machine_id: str) -> Machine:
         """Start a machine; a suspended one is resumed (thawed: the same process)."""
@@ -184,7 +184,7 @@ class Commands:
         row = ex.row(cmd.app, cmd.machine_id)
         current = ex.current_op(row.id)
         if row.state is S.STOPPED or (current is not None and current.kind is OpKind.STOP):
-            return row.to_machine(ex.worker_id)  # stopped, or a stop is already under way
+            return ex.shown(row)  # stopped, or a stop is already under way
         if current is not None and ex.pulls is not None and ex.pulls.waiting(row.id):
             # Its start waits for its image: called off (the pull goes on, for the cache).
             ex.apply(row.id, op=current, op_event=OpEvent.ABORT)

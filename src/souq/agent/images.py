@@ -21,12 +21,12 @@ from pathlib import Path
 
 from nats.aio.client import Client
 
+from souq.bus.jetstream import OnFirstUse
 from souq.images.cache import ImageCache
-from souq.images.manifest import record_of
 from souq.images.store import ImageStore
 from souq.model.image import ImageRecord
 from souq.model.placement import ImagePull, Placement
-from souq.placement.request import short_digest
+from souq.placement.request import WantedImage, short_digest
 
 __all__ = ["AgentImages", "Pulled", "image_of", "image_source"]
 
@@ -56,7 +56,7 @@ class AgentImages:
         self._sources: dict[str, str] = {}  # layer digest -> the registry reference it is in
         self._client: Client | None = None
         self._attached: asyncio.Event | None = None
-        self._store: ImageStore | None = None
+        self._store = OnFirstUse(self._open_store)
         # Told when what the cache holds changed (an image pulled or evicted): the worker
         # says so in a heartbeat at once, so that placement sees it.
         self.on_change: Callable[[], None] = lambda: None
@@ -72,14 +72,12 @@ class AgentImages:
 
     def terms(self, reference: str | None, layers: dict[str, int]) -> tuple[int | None, int | None]:
         """An offer's image terms: (layers held, bytes to pull) for the image, or (None, None)
-        without one."""
+        without one; reckoned as the brokers' book reckons them from heartbeats."""
         if reference is None:
             return None, None
-        if self.cache.record(reference) is not None:
-            return len(layers), 0
-        held = {short_digest(d) for d in self.cache.layer_digests()}
-        have = sum(1 for d in layers if d in held)
-        return have, sum(size for d, size in layers.items() if d not in held)
+        wanted = WantedImage(reference, tuple(layers.items()))
+        cached = self.cache.record(reference) is not None
+        return wanted.missing(set(self.layers()), cached=cached)
 
     # -- machines --------------------------------------------------------------------------
 
@@ -133,10 +131,9 @@ class AgentImages:
             if source is not None:
                 from souq.images import registry  # httpx: loaded only for registry images
 
-                image = await asyncio.to_thread(registry.describe, registry.parse_reference(source))
-                record = record_of(image).model_copy(update={"source": source})
+                record = await asyncio.to_thread(registry.describe_record, source)
             else:
-                record = await (await self._image_store()).record(reference)
+                record = await (await self._store.get()).record(reference)
             self._know(record)
         # A machine that joins another's pull fetches nothing itself: it only waits.
         missing = 0 if self.cache.pulling(reference) else self.cache.bytes_to_pull(record)
@@ -156,12 +153,10 @@ class AgentImages:
             self._attached = asyncio.Event()
         return self._attached
 
-    async def _image_store(self) -> ImageStore:
+    async def _open_store(self) -> ImageStore:
         await self._attached_event().wait()
-        if self._store is None:
-            assert self._client is not None
-            self._store = await ImageStore.open(self._client)
-        return self._store
+        assert self._client is not None
+        return await ImageStore.open(self._client)
 
     def _know(self, record: ImageRecord) -> None:
         self._records[record.reference] = record
@@ -176,4 +171,4 @@ class AgentImages:
 
             await registry.stream_blob(registry.parse_reference(source), digest, sink)
         else:
-            await (await self._image_store()).stream(digest, sink)
+            await (await self._store.get()).stream(digest, sink)

@@ -18,8 +18,8 @@ from collections.abc import Callable
 
 from nats.aio.client import Client
 
+from souq.bus.jetstream import OnFirstUse
 from souq.images import registry
-from souq.images.manifest import record_of
 from souq.images.store import ImageStore
 from souq.model.image import ImageRecord
 from souq.model.machine import MachineConfig
@@ -31,18 +31,12 @@ KEEP = 1024  # records kept by reference
 
 class ImageResolver:
     def __init__(self, client: Callable[[], Client]) -> None:
-        self._client = client
-        self._store: ImageStore | None = None
-        self._lock = asyncio.Lock()
+        self._store = OnFirstUse(lambda: ImageStore.open(client()))
         self._records: OrderedDict[str, ImageRecord] = OrderedDict()
 
     async def store(self) -> ImageStore:
         """The cluster's image store (:class:`~souq.errors.Unavailable` without JetStream)."""
-        if self._store is None:
-            async with self._lock:
-                if self._store is None:
-                    self._store = await ImageStore.open(self._client())
-        return self._store
+        return await self._store.get()
 
     async def resolve(self, ref: str) -> ImageRecord:
         """The image ``ref`` names (a reference or a name); ``image_not_found`` else."""
@@ -51,7 +45,7 @@ class ImageResolver:
             self._records.move_to_end(ref)
             return kept
         if registry.is_registry_reference(ref):
-            record = await asyncio.to_thread(_from_registry, ref)
+            record = await asyncio.to_thread(registry.describe_record, ref, name=ref)
         else:
             record = await (await self.store()).record(ref)
         self._records[record.reference] = record
@@ -62,10 +56,3 @@ class ImageResolver:
     async def of_config(self, config: MachineConfig) -> ImageRecord | None:
         """The image a machine config runs, if it names one."""
         return None if config.image is None else await self.resolve(config.image)
-
-
-def _from_registry(text: str) -> ImageRecord:
-    ref = registry.parse_reference(text)
-    image = registry.describe(ref)
-    source = f"{ref.base_url}/{ref.repository}@{image.reference}"
-    return record_of(image, name=text).model_copy(update={"source": source})

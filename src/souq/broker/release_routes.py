@@ -5,14 +5,13 @@ shows one, ``POST …/releases/{version}`` records its deploy's progress. A depl
 
 from __future__ import annotations
 
-import asyncio
-
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from souq.broker.bodies import AppName, body_schema, json_response, parse_body
 from souq.broker.releases import ReleaseStore
 from souq.broker.service import BrokerService
+from souq.bus.jetstream import OnFirstUse
 from souq.model.release import NewRelease, Release, ReleaseUpdate
 
 __all__ = ["releases_router"]
@@ -22,14 +21,7 @@ RELEASES = "/v1/apps/{app}/releases"
 
 def releases_router(service: BrokerService) -> APIRouter:
     router = APIRouter(tags=["releases"])
-    opened: list[ReleaseStore] = []
-    lock = asyncio.Lock()
-
-    async def store() -> ReleaseStore:
-        async with lock:
-            if not opened:
-                opened.append(await ReleaseStore.open(service.nats_client()))
-        return opened[0]
+    store = OnFirstUse(lambda: ReleaseStore.open(service.nats_client())).get
 
     @router.post(
         RELEASES, status_code=201, response_model=Release, openapi_extra=body_schema(NewRelease)

@@ -10,11 +10,11 @@ from __future__ import annotations
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
-from nats.js.api import KeyValueConfig, StorageType
 from nats.js.kv import KeyValue
 
+from souq.bus.jetstream import key_value, unavailable
 from souq.clock import Clock, SystemClock, iso_from_ms
-from souq.errors import Conflict, NotFound, Unavailable
+from souq.errors import Conflict, NotFound
 from souq.model.release import NewRelease, Release, ReleaseState, ReleaseUpdate
 
 __all__ = ["BUCKET", "ReleaseStore"]
@@ -31,17 +31,14 @@ class ReleaseStore:
     @classmethod
     async def open(cls, nc: Client, *, replicas: int = 1) -> ReleaseStore:
         try:
-            kv = await nc.jetstream().create_key_value(
-                config=KeyValueConfig(
-                    bucket=BUCKET,
-                    description="souq releases: one record per app and version",
-                    storage=StorageType.FILE,
-                    replicas=replicas,
-                    history=1,
-                )
+            kv = await key_value(
+                nc.jetstream(),
+                BUCKET,
+                "souq releases: one record per app and version",
+                replicas=replicas,
             )
         except (nats.errors.Error, nats.js.errors.Error) as exc:
-            raise _unavailable(exc) from exc
+            raise unavailable("the release store", exc) from exc
         return cls(kv)
 
     async def create(self, app: str, new: NewRelease) -> Release:
@@ -66,7 +63,7 @@ class ReleaseStore:
                 version += 1  # another deploy took it
                 continue
             except (nats.errors.Error, nats.js.errors.Error) as exc:
-                raise _unavailable(exc) from exc
+                raise unavailable("the release store", exc) from exc
             return release
         raise Conflict(f"app {app}: too many releases made at once", hint="retry the deploy")
 
@@ -78,7 +75,7 @@ class ReleaseStore:
                 f"app {app} has no release {version}", hint=f"see `souq releases --app {app}`"
             ) from None
         except (nats.errors.Error, nats.js.errors.Error) as exc:
-            raise _unavailable(exc) from exc
+            raise unavailable("the release store", exc) from exc
         if entry.value is None:
             raise NotFound(f"app {app} has no release {version}")
         return Release.model_validate_json(entry.value)
@@ -95,7 +92,7 @@ class ReleaseStore:
         try:
             await self._kv.put(_key(app, version), updated.model_dump_json().encode())
         except (nats.errors.Error, nats.js.errors.Error) as exc:
-            raise _unavailable(exc) from exc
+            raise unavailable("the release store", exc) from exc
         return updated
 
     async def of_app(self, app: str) -> list[Release]:
@@ -119,7 +116,7 @@ class ReleaseStore:
         except nats.js.errors.NoKeysError:
             return []
         except (nats.errors.Error, nats.js.errors.Error) as exc:
-            raise _unavailable(exc) from exc
+            raise unavailable("the release store", exc) from exc
         prefix = app + "."
         return [
             int(k[len(prefix) :])
@@ -130,10 +127,3 @@ class ReleaseStore:
 
 def _key(app: str, version: int) -> str:
     return f"{app}.{version}"
-
-
-def _unavailable(exc: BaseException) -> Unavailable:
-    return Unavailable(
-        f"the release store did not answer: {exc or type(exc).__name__}",
-        hint="NATS must run with JetStream enabled (nats-server --jetstream)",
-    )

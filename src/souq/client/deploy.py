@@ -25,7 +25,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from souq.apps.config import DEFAULT_GROUP, AppConfig
 from souq.apps.plan import Current, Phase, Step, plan, standbys_wanted
@@ -39,6 +39,8 @@ __all__ = ["DeployEvent", "Deployer", "current_machines"]
 
 STOP_WAIT_S = 60.0  # a destroyed machine's graceful stop may take this (then it is killed)
 _WORKERS = 16  # steps of one phase run at once, at most
+A = TypeVar("A")
+R = TypeVar("R")
 _GOING = (MachineState.DESTROYING, MachineState.DESTROYED)
 
 
@@ -55,10 +57,12 @@ class DeployEvent:
         return {k: v for k, v in asdict(self).items() if v is not None}
 
 
-def _attempt(call: Callable[[str], Lease]) -> Callable[[str], Lease | SouqError]:
-    def attempt(machine_id: str) -> Lease | SouqError:
+def _attempt(call: Callable[[A], R]) -> Callable[[A], R | SouqError]:
+    """``call``, its error returned rather than raised (for a pool's map: every outcome kept)."""
+
+    def attempt(arg: A) -> R | SouqError:
         try:
-            return call(machine_id)
+            return call(arg)
         except SouqError as exc:
             return exc
 
@@ -248,43 +252,43 @@ class Deployer:
             key: {m.worker_id for m in current_of(staying, *key)} for key in spread
         }
 
-        def hold(item: tuple[tuple[int, int], Step]) -> Quote | SouqError:
-            step = item[1]
+        def hold(step: Step) -> Quote:
             config = self.config.machine_config(step.group, image=self.image, release=0)
             avoid = taken.get((step.group, step.region))
-            try:
-                if avoid:
-                    try:
-                        away = [_not_on(sorted(avoid))]
-                        quote = self.client.create_quote(
-                            self.app, step.region, {**config, "constraints": away}, ttl_s=3600
-                        )
-                    except InsufficientCapacity:
-                        self._event(
-                            "reserve",
-                            f"no other worker in {step.region} has room: "
-                            f"a {step.group} machine shares one",
-                            region=step.region,
-                        )
-                        quote = self.client.create_quote(self.app, step.region, config, ttl_s=3600)
-                else:
-                    quote = self.client.create_quote(self.app, step.region, config, ttl_s=3600)
-            except SouqError as exc:
-                return exc
+            quote = None
+            if avoid:
+                away = {**config, "constraints": [_not_on(sorted(avoid))]}
+                try:
+                    quote = self.client.create_quote(self.app, step.region, away, ttl_s=3600)
+                except InsufficientCapacity:
+                    self._event(
+                        "reserve",
+                        f"no other worker in {step.region} has room: "
+                        f"a {step.group} machine shares one",
+                        region=step.region,
+                    )
+            quote = quote or self.client.create_quote(self.app, step.region, config, ttl_s=3600)
             if avoid is not None:
                 avoid.add(quote.worker_id)
             return quote
 
-        spreading = [w for w in wanted if (w[1].group, w[1].region) in spread]
+        # At once, but the machines to spread: one after another, each away from the last.
+        outcomes: dict[tuple[int, int], Quote | SouqError] = {}
+        at_once = [(k, s) for k, s in wanted if (s.group, s.region) not in spread]
         with ThreadPoolExecutor(max_workers=_WORKERS) as pool:
-            others = list(pool.map(hold, [w for w in wanted if w not in spreading]))
-        one_by_one = iter([hold(w) for w in spreading])
-        rest = iter(others)
-        held = [next(one_by_one) if w in spreading else next(rest) for w in wanted]
-        for (key, _), quote in zip(wanted, held, strict=True):
-            if isinstance(quote, Quote):
-                self._quotes[key] = quote
-        for (_, step), quote in zip(wanted, held, strict=True):
+            outcomes.update(
+                zip(
+                    (k for k, _ in at_once),
+                    pool.map(_attempt(hold), [s for _, s in at_once]),
+                    strict=True,
+                )
+            )
+        for key, step in wanted:
+            if key not in outcomes:
+                outcomes[key] = _attempt(hold)(step)
+        self._quotes.update({k: q for k, q in outcomes.items() if isinstance(q, Quote)})
+        for key, step in wanted:
+            quote = outcomes[key]
             if isinstance(quote, SouqError):
                 self._release_quotes()
                 raise DeployFailed(

@@ -28,14 +28,17 @@ from souq.images.manifest import (
     Image,
     image_from_manifest,
     parse_json,
+    record_of,
     verify_blob,
     verify_descriptor,
 )
 from souq.images.oci import choose_entry
+from souq.model.image import ImageRecord
 
 __all__ = [
     "RegistryRef",
     "describe",
+    "describe_record",
     "is_registry_reference",
     "parse_reference",
     "pull",
@@ -101,6 +104,16 @@ def describe(
     """The image ``ref`` names, its manifest and config fetched and checked, not its layers
     (each worker pulls those: :func:`stream_blob`)."""
     return _with_client(ref, client, timeout, layers=False)
+
+
+def describe_record(text: str, *, name: str | None = None) -> ImageRecord:
+    """The record of the image ``text`` (a registry reference) names, described as
+    :func:`describe` does: its ``source`` is the registry's reference pinned to the image's
+    digest, where every worker pulls its layers from."""
+    ref = parse_reference(text)
+    image = describe(ref)
+    source = f"{ref.base_url}/{ref.repository}@{image.reference}"
+    return record_of(image, name=name).model_copy(update={"source": source})
 
 
 def _with_client(
@@ -182,20 +195,33 @@ class _Puller:
 
     def _authorize(self, response: httpx.Response) -> bool:
         """Get an anonymous pull token from the challenge's realm; False if there is none."""
-        challenge = response.headers.get("www-authenticate", "")
-        if not challenge.lower().startswith("bearer "):
+        asked = _token_request(self.ref, response)
+        if asked is None:
             return False
-        params = dict(_BEARER.findall(challenge))
-        realm = params.pop("realm", None)
-        if not realm:
-            return False
-        params.setdefault("scope", f"repository:{self.ref.repository}:pull")
-        answer = self.http.get(realm, params=params)
-        if answer.is_error:
-            return False
-        body = answer.json()
-        self.token = body.get("token") or body.get("access_token")
+        self.token = _token_of(self.http.get(asked[0], params=asked[1]))
         return bool(self.token)
+
+
+def _token_request(ref: RegistryRef, response: httpx.Response) -> tuple[str, dict[str, str]] | None:
+    """Where a ``401``'s bearer challenge says to ask for an anonymous pull token: (realm,
+    params), or None when it says nothing usable."""
+    challenge = response.headers.get("www-authenticate", "")
+    if not challenge.lower().startswith("bearer "):
+        return None
+    params = dict(_BEARER.findall(challenge))
+    realm = params.pop("realm", None)
+    if not realm:
+        return None
+    params.setdefault("scope", f"repository:{ref.repository}:pull")
+    return realm, params
+
+
+def _token_of(answer: httpx.Response) -> str | None:
+    if answer.is_error:
+        return None
+    body = answer.json()
+    token = body.get("token") or body.get("access_token")
+    return str(token) if token else None
 
 
 def _check(ref: RegistryRef, response: httpx.Response, what: str) -> None:
@@ -243,17 +269,5 @@ async def stream_blob(
 async def _anonymous_token(
     http: httpx.AsyncClient, ref: RegistryRef, response: httpx.Response
 ) -> str | None:
-    challenge = response.headers.get("www-authenticate", "")
-    if not challenge.lower().startswith("bearer "):
-        return None
-    params = dict(_BEARER.findall(challenge))
-    realm = params.pop("realm", None)
-    if not realm:
-        return None
-    params.setdefault("scope", f"repository:{ref.repository}:pull")
-    answer = await http.get(realm, params=params)
-    if answer.is_error:
-        return None
-    body = answer.json()
-    token = body.get("token") or body.get("access_token")
-    return str(token) if token else None
+    asked = _token_request(ref, response)
+    return None if asked is None else _token_of(await http.get(asked[0], params=asked[1]))

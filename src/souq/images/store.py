@@ -21,11 +21,12 @@ import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from nats.js.api import KeyValueConfig, ObjectStoreConfig, StorageType
+from nats.js.api import ObjectStoreConfig, StorageType
 from nats.js.client import JetStreamContext
 from nats.js.kv import KeyValue
 from nats.js.object_store import OBJ_CHUNKS_PRE_TEMPLATE, ObjectStore
 
+from souq.bus.jetstream import key_value, unavailable
 from souq.clock import Clock, SystemClock, iso_from_ms
 from souq.errors import ImageNotFound, InvalidInput, Unavailable
 from souq.images.manifest import Image, record_of, verify_blob
@@ -69,20 +70,14 @@ class ImageStore:
                     replicas=replicas,
                 ),
             )
-            records = await js.create_key_value(
-                config=KeyValueConfig(
-                    bucket=RECORDS_BUCKET,
-                    description="souq images: one record per image and per name",
-                    storage=StorageType.FILE,
-                    replicas=replicas,
-                    history=1,
-                )
+            records = await key_value(
+                js,
+                RECORDS_BUCKET,
+                "souq images: one record per image and per name",
+                replicas=replicas,
             )
         except (nats.errors.Error, nats.js.errors.Error) as exc:
-            raise Unavailable(
-                f"the image store is not available: {exc or type(exc).__name__}",
-                hint="NATS must run with JetStream enabled (nats-server --jetstream)",
-            ) from exc
+            raise unavailable("the image store", exc) from exc
         return cls(js, blobs, records)
 
     async def put(self, image: Image, *, name: str | None = None) -> ImageRecord:

@@ -208,11 +208,7 @@ class WorkerBook:
                 reason, detail = short.reason, short.detail
         held = pull = None
         if image is not None:
-            held, pull = (
-                (len(image.layers), 0)
-                if image.reference in worker.images
-                else image.missing(e.layers)
-            )
+            held, pull = image.missing(e.layers, cached=image.reference in worker.images)
         return Offer(
             worker=worker,
             eligible=reason is None,

@@ -35,8 +35,11 @@ class WantedImage:
     def of(cls, record: ImageRecord) -> WantedImage:
         return cls(record.reference, tuple((short_digest(x.digest), x.size) for x in record.layers))
 
-    def missing(self, held: frozenset[str] | set[str]) -> tuple[int, int]:
-        """(layers held, bytes to pull) on a worker holding the layers ``held``."""
+    def missing(self, held: frozenset[str] | set[str], *, cached: bool = False) -> tuple[int, int]:
+        """(layers held, bytes to pull) on a worker holding the layers ``held``, or caching the
+        whole image (``cached``: every layer, nothing to pull)."""
+        if cached:
+            return len(self.layers), 0
         have = pull = 0
         for digest, size in self.layers:
             if digest in held:
