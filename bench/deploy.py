@@ -17,14 +17,17 @@ For each:
 
 The ratio is the deploy's median over the single machine's. The three regions' agents share
 this machine's cores: nine apps booting at once compete for them, which hosts of their own
-would not.
+would not. How much, the same run measures without Souq: the app's process started directly,
+once and nine at once, each polled every 5 ms until it answers (``direct_boot``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -39,7 +42,7 @@ from souq.images import layout_tar, pack_directory
 from souq.model.machine import MachineState
 from souq.testing import Cluster
 
-ROUNDS = 5
+ROUNDS = 7
 HTTP_SERVER = """\
 import os
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -96,6 +99,42 @@ ams = 3
 """
 
 
+def _answers(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1) as conn:
+            conn.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            return conn.recv(12).startswith(b"HTTP/1.")
+    except OSError:
+        return False
+
+
+def _direct_boot(server: Path, flags: str, count: int) -> float:
+    """Seconds until ``count`` copies of the app, started at once without Souq, all answer."""
+    ports = []
+    for _ in range(count):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    argv = [sys.executable, *flags.split(), str(server)]
+    t0 = time.perf_counter()
+    procs = [
+        subprocess.Popen(argv, env={**os.environ, "PORT": str(p)}, cwd=server.parent)
+        for p in ports
+    ]
+    try:
+        waiting, deadline = set(ports), t0 + 60
+        while waiting and time.perf_counter() < deadline:
+            waiting = {p for p in waiting if not _answers(p)}
+            time.sleep(0.005)
+        if waiting:
+            raise RuntimeError(f"{len(waiting)} of {count} direct starts never answered")
+        return time.perf_counter() - t0
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
 def _measure(client: SouqClient, root: Path, name: str, rounds: int) -> dict[str, Any]:
     code, flags = APPS[name]
     app = "bench-" + name.replace(".", "")
@@ -127,6 +166,8 @@ def _measure(client: SouqClient, root: Path, name: str, rounds: int) -> dict[str
         deploys.append(time.perf_counter() - t0)
         marks.append(seen)
     p50_one, p50_deploy = statistics.median(single), statistics.median(deploys)
+    one = statistics.median(_direct_boot(src / "server.py", flags, 1) for _ in range(rounds))
+    nine = statistics.median(_direct_boot(src / "server.py", flags, 9) for _ in range(rounds))
     return {
         "one_machine_healthy_p50_ms": round(p50_one * 1000, 1),
         "bluegreen_9_machines_3_regions_p50_ms": round(p50_deploy * 1000, 1),
@@ -134,6 +175,11 @@ def _measure(client: SouqClient, root: Path, name: str, rounds: int) -> dict[str
         "one_machine_ms": [round(s * 1000, 1) for s in single],
         "deploys_ms": [round(s * 1000, 1) for s in deploys],
         "last_event_ms_by_phase": marks[len(marks) // 2],
+        "direct_boot": {
+            "one_p50_ms": round(one * 1000, 1),
+            "nine_at_once_p50_ms": round(nine * 1000, 1),
+            "ratio": round(nine / one, 2),
+        },
     }
 
 

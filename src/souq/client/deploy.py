@@ -2,9 +2,9 @@
 everywhere when a phase fails.
 
 1. A release is made (``pending``; the next version, kept in JetStream by the brokers).
-2. Every machine of the app is leased (a second deploy at the same time fails here, naming the
-   machine and who holds it, before anything changed), and the capacity of every machine the
-   plan makes is held with quotes: a deploy that starts does not fail halfway for want of room
+2. At once: every machine of the app is leased (a second deploy at the same time fails here,
+   naming the machine and who holds it, before anything changed), and the capacity of every
+   machine the plan makes is held with quotes: a deploy that starts does not fail halfway for want of room
    (``--dry-run`` shows the plan and where each new machine would go, then lets go).
 3. The plan's phases (:mod:`souq.apps.plan`) run in order; a phase's steps run at once: an
    update in place (the machine keeps its worker), a create, or a destroy (stopped gracefully
@@ -152,9 +152,7 @@ class Deployer:
         }
         phases = plan(self.config, current_machines(list(machines.values())), self.strategy)
         try:
-            self._lease(list(machines))
-            self._reserve(phases, list(machines.values()))
-            self.client.update_release(self.app, release.version, ReleaseState.DEPLOYING)
+            self._prepare(release.version, phases, list(machines.values()))
             for index, phase in enumerate(phases):
                 self._phase(index, phase, machines)
             if self._replaced:  # the machines others replaced go once the release is live
@@ -175,6 +173,23 @@ class Deployer:
         done = self.client.update_release(self.app, release.version, ReleaseState.COMPLETE)
         self._event("done", f"release v{release.version} is live everywhere")
         return done
+
+    def _prepare(self, version: int, phases: list[Phase], machines: list[Machine]) -> None:
+        """Lease the machines, hold the new machines' capacity and mark the release
+        ``deploying``, the three at once (none needs another); the first failure is raised
+        once all three are back, and the handler lets go of what the others took."""
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            futures = [
+                pool.submit(self._lease, [m.id for m in machines]),
+                pool.submit(self._reserve, phases, machines),
+                pool.submit(
+                    self.client.update_release, self.app, version, ReleaseState.DEPLOYING
+                ),
+            ]
+            errors = [f.exception() for f in futures]
+        for error in errors:  # the lease's first: another deploy under way explains the rest
+            if error is not None:
+                raise error
 
     # -- leases ----------------------------------------------------------------------------
 
