@@ -4,8 +4,8 @@ everywhere when a phase fails.
 1. A release is made (``pending``; the next version, kept in JetStream by the brokers).
 2. At once: every machine of the app is leased (a second deploy at the same time fails here,
    naming the machine and who holds it, before anything changed), and the capacity of every
-   machine the plan makes is held with quotes: a deploy that starts does not fail halfway for want of room
-   (``--dry-run`` shows the plan and where each new machine would go, then lets go).
+   machine the plan makes is held with quotes: a deploy that starts does not fail halfway for
+   want of room (``--dry-run`` shows the plan and where each new machine would go, then lets go).
 3. The plan's phases (:mod:`souq.apps.plan`) run in order; a phase's steps run at once: an
    update in place (the machine keeps its worker), a create, or a destroy (stopped gracefully
    first: it leaves the proxy's rotation, then its signal). A machine counts as done when it is
