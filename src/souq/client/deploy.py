@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
@@ -179,7 +179,7 @@ class Deployer:
         ``deploying``, the three at once (none needs another); the first failure is raised
         once all three are back, and the handler lets go of what the others took."""
         with ThreadPoolExecutor(max_workers=3) as pool:
-            futures = [
+            futures: list[Future[Any]] = [
                 pool.submit(self._lease, [m.id for m in machines]),
                 pool.submit(self._reserve, phases, machines),
                 pool.submit(
