@@ -10,6 +10,10 @@ tree at the boundary that catches them, so nothing above a boundary handles fore
     │   ├── MalformedRequest       400 malformed_request (the body is not JSON at all)
     │   ├── UnknownRegion          422 unknown_region
     │   └── ImageInvalid           422 image_invalid     (an OCI image or layout breaks the spec)
+    ├── Unauthorized               401 unauthorized      (no token, or one that is not valid)
+    ├── Forbidden                  403 forbidden         (a valid token outside its scope)
+    ├── PayloadTooLarge            413 payload_too_large (a request body over the route's limit)
+    ├── TooManyRequests            429 too_many_requests (a client over its share, e.g. streams)
     ├── NotFound                   404 not_found
     │   └── ImageNotFound          404 image_not_found   (no image with that reference or name)
     ├── Conflict                   409 conflict
@@ -36,6 +40,7 @@ from typing import Any, ClassVar
 __all__ = [
     "ClaimRefused",
     "Conflict",
+    "Forbidden",
     "DeployFailed",
     "IdempotencyConflict",
     "IllegalTransition",
@@ -46,10 +51,13 @@ __all__ = [
     "LeaseHeld",
     "MalformedRequest",
     "NotFound",
+    "PayloadTooLarge",
     "QuoteExpired",
     "QuoteUsed",
     "SouqError",
     "StorageError",
+    "TooManyRequests",
+    "Unauthorized",
     "Unavailable",
     "UnknownRegion",
     "UnknownVerb",
@@ -109,6 +117,18 @@ class UnknownRegion(InvalidInput, status="unknown_region"): ...
 class ImageInvalid(InvalidInput, status="image_invalid"):
     """An image, a layout or a layer breaks the OCI image-spec (or is corrupt): the message names
     the blob, the file or the field to fix."""
+
+
+class Unauthorized(SouqError, status="unauthorized", http_status=401): ...
+
+
+class Forbidden(SouqError, status="forbidden", http_status=403): ...
+
+
+class PayloadTooLarge(SouqError, status="payload_too_large", http_status=413): ...
+
+
+class TooManyRequests(SouqError, status="too_many_requests", http_status=429): ...
 
 
 class NotFound(SouqError, status="not_found", http_status=404): ...
