@@ -22,7 +22,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -33,6 +32,8 @@ import httpx
 import psutil
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from souq.auth.files import AuthDir
+from souq.auth.locate import default_dev_dir
 from souq.daemon import loop_factory
 from souq.errors import SouqError, Unavailable
 from souq.natsserver import NatsServer, free_port
@@ -58,7 +59,11 @@ class DevConfig(BaseModel):
     worker_cpus: float | None = Field(default=None, gt=0)
     worker_memory_mb: int | None = Field(default=None, gt=0)
     image_cache_mb: int | None = Field(default=None, ge=0, description="each worker's image cache")
-    data_dir: Path | None = Field(default=None, description="default: a temporary directory")
+    data_dir: Path | None = Field(
+        default=None,
+        description="default: ~/.local/state/souq/dev (its workers and NATS store are "
+        "started afresh each time; its keys and admin token stay)",
+    )
     host: str = "127.0.0.1"
     ready_timeout_s: float = 60.0
     log_format: Literal["text", "json"] = Field(
@@ -122,6 +127,7 @@ def start_agent_process(
     log_format: str = "text",
     ports: tuple[int, int] | None = None,
     image_cache_mb: int | None = None,
+    auth_dir: Path | None = None,
 ) -> subprocess.Popen[bytes]:
     """``souq agent`` as a child process; its stderr goes to ``log_path`` (default: beside its
     data dir). ``ports``: its machines' host ports (default: the next block of
@@ -152,6 +158,8 @@ def start_agent_process(
         args += ["--heartbeat-interval", f"{heartbeat_interval_s:g}"]
     if log_format != "text":
         args += ["--log-format", log_format]
+    if auth_dir is not None:
+        args += ["--auth-dir", str(auth_dir)]
     low, high = ports or port_block()
     args += ["--ports", f"{low}-{high}"]
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -183,9 +191,14 @@ def _kill_descendants(keep: set[int]) -> None:
 
 
 async def _wait_ready(
-    api_url: str, workers: int, agents: list[subprocess.Popen[bytes]], deadline: float
+    api_url: str,
+    workers: int,
+    agents: list[subprocess.Popen[bytes]],
+    deadline: float,
+    token: str,
 ) -> None:
-    async with httpx.AsyncClient(base_url=api_url, timeout=2.0) as client:
+    headers = {"Authorization": f"Bearer {token}"}
+    async with httpx.AsyncClient(base_url=api_url, timeout=2.0, headers=headers) as client:
         while True:
             for agent in agents:
                 if agent.poll() is not None:
@@ -206,9 +219,11 @@ async def _serve(config: DevConfig, report: Callable[[DevCluster], None]) -> Non
     from souq.broker.config import BrokerConfig
     from souq.broker.main import serve as serve_broker
 
-    own_dir = config.data_dir is None
-    data_dir = config.data_dir or Path(tempfile.mkdtemp(prefix="souq-dev-"))
-    data_dir.mkdir(parents=True, exist_ok=True)
+    data_dir = config.data_dir or default_dev_dir()
+    if config.data_dir is None:  # the default directory: a fresh cluster, the same keys
+        for old in ("workers", "nats"):
+            shutil.rmtree(data_dir / old, ignore_errors=True)
+    auth = AuthDir.create(data_dir)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -223,14 +238,24 @@ async def _serve(config: DevConfig, report: Callable[[DevCluster], None]) -> Non
         nats.start()
         names = _start_agents(config, nats.url, data_dir, agents)
         port = config.port or free_port(config.host)
-        broker = BrokerConfig(nats_url=nats.url, listen_host=config.host, listen_port=port)
+        broker = BrokerConfig(
+            nats_url=nats.url, listen_host=config.host, listen_port=port, auth_dir=auth.path
+        )
         broker_task = asyncio.create_task(serve_broker(broker, stop=broker_stop))
         api_url = f"http://{config.host}:{port}"
         proxy_port = config.proxy_port or free_port(config.host)
         proxy_ready = asyncio.Event()
-        proxy_task = _start_proxy(config, nats.url, proxy_port, proxy_ready, broker_stop)
+        proxy_task = _start_proxy(
+            config, nats.url, proxy_port, proxy_ready, broker_stop, auth_dir=auth.path
+        )
         ready = asyncio.create_task(
-            _wait_ready(api_url, len(agents), agents, time.monotonic() + config.ready_timeout_s)
+            _wait_ready(
+                api_url,
+                len(agents),
+                agents,
+                time.monotonic() + config.ready_timeout_s,
+                auth.admin(),
+            )
         )
         stopped = asyncio.create_task(stop.wait())
         daemons = {broker_task, proxy_task}
@@ -262,8 +287,6 @@ async def _serve(config: DevConfig, report: Callable[[DevCluster], None]) -> Non
                     await asyncio.wait_for(daemon_task, 10)
         await asyncio.to_thread(_stop_agents, agents)
         nats.stop()
-        if own_dir:
-            shutil.rmtree(data_dir, ignore_errors=True)
 
 
 def _start_agents(
@@ -284,13 +307,20 @@ def _start_agents(
                     memory_mb=config.worker_memory_mb,
                     log_format=config.log_format,
                     image_cache_mb=config.image_cache_mb,
+                    auth_dir=data_dir,
                 )
             )
     return names
 
 
 def _start_proxy(
-    config: DevConfig, nats_url: str, port: int, ready: asyncio.Event, stop: asyncio.Event
+    config: DevConfig,
+    nats_url: str,
+    port: int,
+    ready: asyncio.Event,
+    stop: asyncio.Event,
+    *,
+    auth_dir: Path,
 ) -> asyncio.Task[None]:
     """The edge proxy, in this process: its region is the cluster's first."""
     from souq.proxy.daemon import ProxyConfig
@@ -302,6 +332,7 @@ def _start_proxy(
         listen=(config.host, port),
         domain=config.domain,
         autostop_interval_s=config.autostop_interval_s,
+        auth_dir=auth_dir,
     )
     return asyncio.create_task(serve_proxy(proxy, ready=ready, stop=stop), name="souq-proxy")
 
@@ -321,6 +352,12 @@ def _print_ready(cluster: DevCluster) -> None:
         f"  proxy: {cluster.proxy_url} (a request for APP.{cluster.domain} reaches app APP)",
         f"  NATS: {cluster.nats_url}",
         f"  data: {cluster.data_dir}",
+        f"  token: {cluster.data_dir / 'admin.token'} (admin; the souq CLI finds it"
+        + (
+            ")"
+            if cluster.data_dir == default_dev_dir()
+            else f": export SOUQ_TOKEN=$(cat {cluster.data_dir / 'admin.token'}))"
+        ),
         "  workers: " + ", ".join(name for _, name in cluster.workers),
         "Try: souq machine run --app hello --region "
         + cluster.workers[0][0]

@@ -40,8 +40,8 @@ from typing import Any, ClassVar
 __all__ = [
     "ClaimRefused",
     "Conflict",
-    "Forbidden",
     "DeployFailed",
+    "Forbidden",
     "IdempotencyConflict",
     "IllegalTransition",
     "ImageInvalid",

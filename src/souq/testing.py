@@ -20,12 +20,21 @@ from typing import ClassVar, TypeVar
 import httpx
 import psutil
 
+from souq.auth.files import AuthDir
+from souq.auth.locate import find_token
 from souq.client.api import SouqClient
 from souq.dev import start_agent_process
 from souq.natsserver import NatsServer, free_port
 from souq.procs import terminate
 
-__all__ = ["AgentProcess", "BrokerProcess", "Cluster", "FleetProcess", "wait_until"]
+__all__ = [
+    "AgentProcess",
+    "BrokerProcess",
+    "Cluster",
+    "FleetProcess",
+    "auth_headers",
+    "wait_until",
+]
 
 T = TypeVar("T")
 
@@ -216,7 +225,7 @@ class _ServingProcess(_ChildProcess):
         def answering() -> bool:
             self._check_started()
             try:
-                return httpx.get(url, timeout=1.0).status_code == 200
+                return httpx.get(url, timeout=1.0, headers=auth_headers()).status_code == 200
             except httpx.HTTPError:
                 return False
 
@@ -268,8 +277,20 @@ class ProxyProcess(_ServingProcess):
         self.stop()
 
 
+def auth_headers() -> dict[str, str]:
+    """The ``Authorization`` header of the token a client would send now (none: no header)."""
+    token = find_token()
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
 class Cluster:
-    """nats-server + agents + brokers, all real, all on loopback, under ``root``."""
+    """nats-server + agents + brokers, all real, all on loopback, under ``root``.
+
+    Secured as a cluster made with ``souq cluster init`` is (``auth=False``: open): an auth
+    directory under ``root/auth``, and while the cluster runs ``SOUQ_AUTH_DIR`` and
+    ``SOUQ_TOKEN`` (its admin token) are set in this process's environment, so that every
+    daemon a test starts joins it and every client (and :func:`auth_headers`) sends the
+    token."""
 
     def __init__(
         self,
@@ -279,8 +300,12 @@ class Cluster:
         cpus: float = 4,
         memory_mb: int = 4096,
         brokers: int = 1,
+        auth: bool = True,
     ) -> None:
         self.root = root
+        self.auth: AuthDir | None = None
+        self._secured = auth
+        self._environment: contextlib.ExitStack | None = None
         self.regions = dict(regions or {"mad": 2})
         self.nats = NatsServer(store_dir=root / "nats")
         self.agents: list[AgentProcess] = []
@@ -293,8 +318,13 @@ class Cluster:
     def api_url(self) -> str:
         return self.brokers[0].url
 
-    def client(self, broker: int = 0, timeout: float = 30.0) -> SouqClient:
-        return SouqClient(self.brokers[broker].url, timeout=timeout)
+    def client(
+        self, broker: int = 0, timeout: float = 30.0, token: str | None = None
+    ) -> SouqClient:
+        """A client of one broker, with the admin token (or ``token``)."""
+        if token is None and self.auth is not None:
+            token = self.auth.admin()
+        return SouqClient(self.brokers[broker].url, token=token, timeout=timeout)
 
     def add_agent(self, region: str, **kwargs: object) -> AgentProcess:
         n = sum(1 for a in self.agents if a.region == region) + 1
@@ -312,6 +342,12 @@ class Cluster:
 
     def start(self) -> Cluster:
         self.root.mkdir(parents=True, exist_ok=True)
+        if self._secured:
+            self.auth = AuthDir.create(self.root / "auth")
+            self._environment = contextlib.ExitStack()
+            self._environment.enter_context(
+                environment(SOUQ_AUTH_DIR=str(self.auth.path), SOUQ_TOKEN=self.auth.admin())
+            )
         self.nats.start()
         for region, count in self.regions.items():
             for _ in range(count):
@@ -327,7 +363,7 @@ class Cluster:
         """Until every broker lists every running agent as up."""
         want = {a.worker_id for a in self.agents if a.process is not None}
         for broker in self.brokers:
-            client = SouqClient(broker.url)
+            client = SouqClient(broker.url, token=self.auth.admin() if self.auth else None)
 
             def seen(client: SouqClient = client) -> bool:
                 up = {w.id for w in client.workers() if w.state.value != "down"}
@@ -341,6 +377,9 @@ class Cluster:
         for agent in self.agents:
             agent.stop()
         self.nats.stop()
+        if self._environment is not None:
+            self._environment.close()
+            self._environment = None
 
     def __enter__(self) -> Cluster:
         try:

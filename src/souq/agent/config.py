@@ -44,6 +44,9 @@ class AgentConfig(BaseModel):
 
     region: Region
     nats_url: str
+    auth_dir: Path | None = Field(
+        default=None, description="the cluster's auth directory (souq cluster init)"
+    )
     data_dir: Path = Field(default_factory=DEFAULT_DATA_DIR.expanduser)
     cpus: float | None = Field(default=None, gt=0)
     memory_mb: int | None = Field(default=None, gt=0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -18,6 +19,11 @@ class BrokerConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     nats_url: str = Field(description="NATS server to join, e.g. nats://127.0.0.1:4222")
+    auth_dir: Path | None = Field(
+        default=None,
+        description="the cluster's auth directory (souq cluster init): every route but "
+        "/healthz and /openapi.json then needs a token; none: the API is open",
+    )
     nats_connect_timeout_s: Seconds = Field(
         default=5.0, description="the first connection to NATS must succeed within this"
     )

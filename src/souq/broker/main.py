@@ -13,7 +13,9 @@ import socket
 import uvicorn
 
 from souq import daemon
+from souq.auth.files import AuthDir
 from souq.broker.app import create_app
+from souq.broker.audit import AuditLog
 from souq.broker.config import BrokerConfig
 from souq.broker.service import BrokerService
 from souq.bus.nats import NatsTransport, connect
@@ -55,15 +57,17 @@ async def serve(
 ) -> None:
     """Serve the broker until ``stop`` is set (or for ever). ``ready`` is set once the HTTP
     socket listens and the broker has asked the workers to announce themselves."""
+    auth = AuthDir.from_env(config.auth_dir)
     transport = await _connect(config)
     service = BrokerService(transport, config)
+    audit = AuditLog(service.nats_client)
     sock: socket.socket | None = None
     try:
         sock = _bind(config.listen_host, config.listen_port)
         await service.start()  # (it hooks itself to the transport's outages: broker.outage)
         server = EmbeddedServer(
             uvicorn.Config(
-                create_app(service),
+                create_app(service, auth, audit),
                 host=config.listen_host,
                 port=config.listen_port,
                 http="httptools",
@@ -96,6 +100,7 @@ async def serve(
     finally:
         if sock is not None:
             sock.close()
+        await audit.close()
         await service.close()
         await transport.close()
 

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import httpx
 from pydantic import BaseModel, TypeAdapter
 
+from souq.auth.locate import find_token
 from souq.errors import SouqError, Unavailable, error_from_body
 from souq.model import (
     Machine,
@@ -29,6 +30,7 @@ from souq.model import (
 from souq.model.image import ImageRecord
 from souq.model.protocol import Lease
 from souq.model.release import NewRelease, Release, ReleaseState
+from souq.model.tokens import AuditRecord, NewToken, TokenInfo, TokenKey
 
 __all__ = ["DEFAULT_API", "SouqClient"]
 
@@ -43,8 +45,9 @@ M = TypeVar("M", bound=BaseModel)
 
 
 class SouqClient:
-    """``SouqClient()`` talks to ``$SOUQ_API`` (default ``http://127.0.0.1:4280``), with
-    ``$SOUQ_TOKEN`` as a bearer token when set. ``transport`` is for tests."""
+    """``SouqClient()`` talks to ``$SOUQ_API`` (default ``http://127.0.0.1:4280``) with a bearer
+    token: ``token``, else ``$SOUQ_TOKEN``, else the admin token ``souq dev`` wrote in its
+    default data directory (:func:`souq.auth.files.find_token`). ``transport`` is for tests."""
 
     def __init__(
         self,
@@ -55,7 +58,7 @@ class SouqClient:
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         self.base_url = (base_url or os.environ.get("SOUQ_API") or DEFAULT_API).rstrip("/")
-        token = token if token is not None else os.environ.get("SOUQ_TOKEN")
+        token = token if token is not None else find_token()
         headers = {"Accept": "application/json", "User-Agent": "souq-client"}
         if token:
             headers["Authorization"] = f"Bearer {token}"
@@ -254,6 +257,25 @@ class SouqClient:
     ) -> Release:
         body = {"state": str(state), "reason": reason}
         return _one(Release, self._call("POST", f"/v1/apps/{app}/releases/{version}", json=body))
+
+    # -- tokens and the audit log -----------------------------------------------------------
+
+    def create_token(
+        self, *, app: str = "*", scope: str = "read", ttl_s: float | None = None, name: str = ""
+    ) -> TokenInfo:
+        new = NewToken.model_validate({"app": app, "scope": scope, "ttl_s": ttl_s, "name": name})
+        body = new.model_dump(mode="json")
+        return _one(TokenInfo, self._call("POST", "/v1/tokens", json=body))
+
+    def token_self(self) -> TokenInfo:
+        return _one(TokenInfo, self._call("GET", "/v1/tokens/self"))
+
+    def token_key(self) -> str:
+        return _one(TokenKey, self._call("GET", "/v1/tokens/key")).public_key
+
+    def audit(self, *, app: str | None = None, limit: int = 100) -> list[AuditRecord]:
+        params = {"limit": str(limit)} | ({"app": app} if app else {})
+        return _many(AuditRecord, self._call("GET", "/v1/audit", params=params))
 
     # -- leases ----------------------------------------------------------------------------
 

@@ -581,6 +581,10 @@ from souq.client.apps_cli import register_apps  # noqa: E402 (it uses the helper
 
 register_apps(app)
 
+from souq.client.auth_cli import register_auth  # noqa: E402 (it uses the helpers above)
+
+register_auth(app)
+
 
 def main() -> None:
     """The ``souq`` console script."""

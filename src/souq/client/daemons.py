@@ -42,6 +42,14 @@ class Cgroups(StrEnum):
 
 
 NatsOpt = Annotated[str, typer.Option("--nats", help="NATS URL, e.g. nats://127.0.0.1:4222.")]
+AuthDirOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--auth-dir",
+        envvar="SOUQ_AUTH_DIR",
+        help="The cluster's auth directory (souq cluster init): credentials and token keys.",
+    ),
+]
 LogFormatOpt = Annotated[
     LogFormat, typer.Option("--log-format", help="text, or json: one object per line with ids.")
 ]
@@ -75,6 +83,7 @@ def agent(
     *,
     region: Annotated[str, typer.Option("--region", help="The worker's region.")],
     nats_url: NatsOpt,
+    auth_dir: AuthDirOpt = None,
     data_dir: Annotated[
         Path | None, typer.Option("--data-dir", help="Where the agent keeps its state.")
     ] = None,
@@ -138,6 +147,7 @@ def broker(
     ctx: typer.Context,
     *,
     nats_url: NatsOpt,
+    auth_dir: AuthDirOpt = None,
     listen: Annotated[
         str, typer.Option("--listen", help="HOST:PORT for the HTTP API.")
     ] = "127.0.0.1:4280",
@@ -186,6 +196,7 @@ def proxy(
     *,
     nats_url: NatsOpt,
     region: Annotated[str, typer.Option("--region", help="The proxy's own region.")],
+    auth_dir: AuthDirOpt = None,
     listen: Annotated[
         str, typer.Option("--listen", help="HOST:PORT for HTTP (APP.<domain> routes to APP).")
     ] = "127.0.0.1:4281",
@@ -218,6 +229,7 @@ def fleet(
     *,
     nats_url: NatsOpt,
     workers: Annotated[int, typer.Option("--workers", help="How many hollow workers.")],
+    auth_dir: AuthDirOpt = None,
     region: Annotated[str, typer.Option("--region", help="Their region.")],
     cpus: Annotated[float | None, typer.Option("--cpus", help="CPU cores each offers.")] = None,
     memory_mb: Annotated[int | None, typer.Option("--memory-mb", help="MiB each offers.")] = None,

@@ -182,9 +182,7 @@ class Deployer:
             futures: list[Future[Any]] = [
                 pool.submit(self._lease, [m.id for m in machines]),
                 pool.submit(self._reserve, phases, machines),
-                pool.submit(
-                    self.client.update_release, self.app, version, ReleaseState.DEPLOYING
-                ),
+                pool.submit(self.client.update_release, self.app, version, ReleaseState.DEPLOYING),
             ]
             errors = [f.exception() for f in futures]
         for error in errors:  # the lease's first: another deploy under way explains the rest

@@ -25,6 +25,7 @@ from souq.errors import InsufficientCapacity, SouqError
 from souq.model import Machine, MachineEvent, OpRecord, Placement, Quote, WorkerInfo
 from souq.model.image import ImageRecord
 from souq.model.release import Release
+from souq.model.tokens import AuditRecord, TokenInfo
 
 __all__ = [
     "error",
@@ -506,4 +507,32 @@ def _plan_row(r: dict[str, Any]) -> tuple[Any, ...]:
         r["region"],
         r.get("machine_id") or "(new)",
         r.get("worker_id") or "-",
+    )
+
+
+@_json_or
+def token_info(t: TokenInfo) -> None:
+    rows = [
+        ("token", t.id + (f" (narrowed {t.narrowed} times)" if t.narrowed else "")),
+        ("name", t.name or "-"),
+        ("app", "every app and the cluster" if t.app == "*" else t.app),
+        ("scope", t.scope),
+        ("expires", t.expires_at or "never"),
+    ]
+    _out().print(_grid(rows, bold_names=True))
+
+
+@_json_or
+def audit(items: Sequence[AuditRecord]) -> None:
+    titles = ("TIME", "TOKEN", "CALL", "STATUS", "NAME")
+    _listing(items, "audit entries", titles, _audit_row)
+
+
+def _audit_row(r: AuditRecord) -> tuple[Any, ...]:
+    return (
+        iso_from_ms(r.at_ms),
+        r.token,
+        f"{r.method} {r.path}",
+        str(r.status),
+        r.token_name,
     )

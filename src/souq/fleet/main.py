@@ -50,6 +50,9 @@ class FleetConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     nats_url: str
+    auth_dir: Path | None = Field(
+        default=None, description="the cluster's auth directory (souq cluster init)"
+    )
     region: Region
     workers: int = Field(ge=1, le=100_000)
     cpus: float = Field(default=4.0, gt=0, description="each worker offers this many")

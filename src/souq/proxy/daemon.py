@@ -16,6 +16,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -50,6 +51,9 @@ class ProxyConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     nats_url: str
+    auth_dir: Path | None = Field(
+        default=None, description="the cluster's auth directory (souq cluster init)"
+    )
     region: str = Field(min_length=1, max_length=64, description="the proxy's own region")
     listen: tuple[str, int] = ("127.0.0.1", 4281)
     domain: str = Field(default="localhost", description="APP.<domain> routes to app APP")

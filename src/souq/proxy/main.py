@@ -9,8 +9,11 @@ import contextlib
 import logging
 
 import uvicorn
+from starlette.types import ASGIApp
 
 from souq import daemon
+from souq.auth.access import Access
+from souq.auth.files import AuthDir
 from souq.bus.nats import connect
 from souq.compiled import compiled
 from souq.errors import Unavailable
@@ -65,7 +68,8 @@ async def serve(
 
             plane.listen_tcp = listen_tcp
             if config.admin_port:
-                admin = asyncio.create_task(_admin(plane, relay, config.admin_port))
+                auth = AuthDir.from_env(config.auth_dir)
+                admin = asyncio.create_task(_admin(plane, relay, config.admin_port, auth))
             log.info(
                 "souq proxy listening on http://%s:%s (relay %s)",
                 host,
@@ -84,10 +88,14 @@ async def serve(
         await transport.close()
 
 
-async def _admin(plane: ControlPlane, relay: Relay, port: int) -> None:
+async def _admin(plane: ControlPlane, relay: Relay, port: int, auth: AuthDir | None) -> None:
+    """The admin port: with an auth directory, its routes need a token (read on the cluster)."""
+    app: ASGIApp = plane.admin_app(relay.metrics_text)
+    if auth is not None:
+        app = Access(app, auth.verifier())
     server = EmbeddedServer(
         uvicorn.Config(
-            plane.admin_app(relay.metrics_text),
+            app,
             host="127.0.0.1",
             port=port,
             lifespan="off",

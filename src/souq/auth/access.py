@@ -1,0 +1,139 @@
+"""Every request's token, checked before anything else reads the request; every mutating call
+recorded with who made it.
+
+:class:`Access` is plain ASGI (streams pass through untouched) and sits outside everything but
+the request id: a request without a valid token (401 ``unauthorized``) or outside its token's
+scope (403 ``forbidden``) reaches no route, and no body is read for it. What each route needs is
+:func:`souq.auth.routes.need_of`'s to say.
+
+The token itself is never logged, recorded or echoed: the audit entry carries the token's id
+(``t_…``, with ``+N`` when its holder narrowed it N times) and its name.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from souq.auth.routes import need_of
+from souq.auth.tokens import ALL_APPS, Grant, Verifier
+from souq.errors import SouqError, Unauthorized
+
+__all__ = ["Access", "AuditEntry"]
+
+log = logging.getLogger("souq.audit")
+
+_READS = {"GET", "HEAD", "OPTIONS"}
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    """One mutating call: when, who, what, and how it ended."""
+
+    at_ms: int
+    token: str  # the token's id (never the token)
+    token_name: str
+    method: str
+    path: str
+    app: str | None
+    status: int
+    request_id: str | None
+    client: str | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Access:
+    def __init__(
+        self,
+        app: ASGIApp,
+        verifier: Verifier,
+        audit: Callable[[AuditEntry], None] | None = None,
+    ) -> None:
+        self.app = app
+        self._verifier = verifier
+        self._audit = audit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        method, path = scope["method"], scope["path"]
+        need = need_of(method, path)
+        if need is None:
+            await self.app(scope, receive, send)
+            return
+        header = _header(scope, b"authorization")
+        try:
+            app = need.app
+            if need.any_app:
+                app = _token_app(self._verifier.grant(header))
+            grant = self._verifier.authorize(header, app=app, action=need.action)
+        except SouqError as exc:
+            if method not in _READS:
+                self._record(scope, None, need.app, exc.http_status)
+            await _refusal(exc)(scope, receive, send)
+            return
+        scope.setdefault("state", {})["grant"] = grant
+        if method in _READS or self._audit is None:
+            await self.app(scope, receive, send)
+            return
+        status = 500
+
+        async def send_noting_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_noting_status)
+        finally:
+            self._record(scope, grant, need.app, status)
+
+    def _record(self, scope: Scope, grant: Grant | None, app: str | None, status: int) -> None:
+        client = scope.get("client")
+        entry = AuditEntry(
+            at_ms=int(time.time() * 1000),
+            token=grant.identity if grant else "-",
+            token_name=grant.name if grant else "",
+            method=scope["method"],
+            path=scope["path"],
+            app=app,
+            status=status,
+            request_id=_header(scope, b"x-request-id"),
+            client=f"{client[0]}:{client[1]}" if client else None,
+        )
+        log.info(
+            "%s %s %s by %s (%s)",
+            entry.method,
+            entry.path,
+            entry.status,
+            entry.token,
+            entry.token_name or "unnamed",
+        )
+        if self._audit is not None:
+            self._audit(entry)
+
+
+def _token_app(grant: Grant) -> str | None:
+    return None if grant.app == ALL_APPS else grant.app
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers") or ():
+        if key == name:
+            return bytes(value).decode("latin-1")
+    return None
+
+
+def _refusal(exc: SouqError) -> JSONResponse:
+    headers = {"WWW-Authenticate": 'Bearer realm="souq"'} if isinstance(exc, Unauthorized) else {}
+    return JSONResponse(exc.to_body(), status_code=exc.http_status, headers=headers)

@@ -1,0 +1,74 @@
+"""What each API route needs: the scope, and of which app (or of the cluster).
+
+One table for every HTTP server Souq runs (the broker's API, the proxy's admin port), so that a
+route added anywhere is covered by the same rule:
+
+================================================  ===========  ===========================
+route                                             scope        of
+================================================  ===========  ===========================
+``/healthz``, ``/openapi.json``, ``/ui…``, docs   none         (public: no data)
+``GET /v1/apps/{app}/…``                          read         the app
+``POST|DELETE /v1/apps/{app}/releases…|secrets…`` deploy       the app
+``POST|DELETE /v1/apps/{app}/…`` (the rest)       write        the app
+``GET /v1/images…``, ``/v1/regions``              read         any app the token has
+``POST /v1/images``                               deploy       any app the token has
+``GET /v1/tokens/key``, ``/v1/tokens/self``       read         any app the token has
+``POST /v1/tokens``, ``/v1/audit``                admin        the cluster
+``POST /v1/workers/…`` (cordon, drain)            admin        the cluster
+``GET`` anything else (workers, events, metrics)  read         the cluster
+anything else                                     admin        the cluster
+================================================  ===========  ===========================
+
+"Any app the token has": an app's token may push images and read regions (a deploy of its app
+needs both), though neither belongs to one app.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from souq.auth.tokens import Scope
+
+__all__ = ["Need", "need_of"]
+
+_PUBLIC = {"/healthz", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
+_APP = re.compile(r"^/v1/apps/([^/]+)(/.*)?$")
+_ANY_APP_READS = ("/v1/images", "/v1/regions", "/v1/tokens/key", "/v1/tokens/self")
+_READ = {"GET", "HEAD"}
+
+
+@dataclass(frozen=True)
+class Need:
+    """A route's requirement: ``action`` on ``app`` (None: the cluster; ``any_app``: whichever
+    app the token is for)."""
+
+    action: Scope
+    app: str | None = None
+    any_app: bool = False
+
+
+def need_of(method: str, path: str) -> Need | None:
+    """What ``method path`` needs; None for a public route."""
+    if path in _PUBLIC or path == "/ui" or path.startswith("/ui/"):
+        return None
+    reading = method in _READ
+    match = _APP.match(path)
+    if match is not None:
+        return _of_app(reading, match.group(1), match.group(2) or "")
+    return _of_cluster(reading, path)
+
+
+def _of_app(reading: bool, app: str, rest: str) -> Need:
+    if reading:
+        return Need(Scope.READ, app)
+    deploying = rest.startswith(("/releases", "/secrets"))
+    return Need(Scope.DEPLOY if deploying else Scope.WRITE, app)
+
+
+def _of_cluster(reading: bool, path: str) -> Need:
+    if path.startswith("/v1/audit"):
+        return Need(Scope.ADMIN)
+    if path.startswith(_ANY_APP_READS) and (reading or path == "/v1/images"):
+        return Need(Scope.READ if reading else Scope.DEPLOY, any_app=True)
+    return Need(Scope.READ if reading else Scope.ADMIN)

@@ -1,0 +1,110 @@
+"""The audit log: every mutating API call, with the token that made it, kept in JetStream.
+
+Each broker publishes an :class:`~souq.auth.access.AuditEntry` per mutating call (refused ones
+too) to ``souq.audit.<app>`` (``souq.audit._cluster`` for the cluster's own routes); the stream
+``souq-audit`` keeps them (90 days, at most a million entries, file storage), so the log does not
+depend on which broker took a call nor on any broker staying up. ``GET /v1/audit`` (admin) reads
+the newest entries, optionally of one app. A broker that cannot reach JetStream still writes each
+entry to its own log (``souq.audit`` logger) and says that it could not store it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client
+from nats.js.api import StorageType, StreamConfig
+
+from souq.auth.access import AuditEntry
+from souq.bus.jetstream import OnFirstUse, unavailable
+
+__all__ = ["STREAM", "AuditLog"]
+
+log = logging.getLogger(__name__)
+
+STREAM = "souq-audit"
+SUBJECT = "souq.audit"
+_MAX_AGE_S = 90 * 24 * 3600
+_MAX_MSGS = 1_000_000
+_PENDING = 10_000  # entries waiting to be stored, at most (then the oldest are only logged)
+_CLUSTER = "_cluster"
+
+
+class AuditLog:
+    def __init__(self, client: Callable[[], Client]) -> None:
+        self._client = client
+        self._stream = OnFirstUse(self._open)
+        self._queue: asyncio.Queue[AuditEntry] = asyncio.Queue(_PENDING)
+        self._task: asyncio.Task[None] | None = None
+
+    def record(self, entry: AuditEntry) -> None:
+        """Queue ``entry`` to be stored (never blocks the request that made it)."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._store(), name="souq-audit")
+        try:
+            self._queue.put_nowait(entry)
+        except asyncio.QueueFull:
+            log.warning("audit: %d entries wait to be stored; this one is only logged", _PENDING)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def entries(self, *, app: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        """The newest ``limit`` entries (of ``app``), oldest first."""
+        js = (await self._stream.get()).jetstream()
+        subject = f"{SUBJECT}.{app}" if app else None
+        try:
+            info = await js.stream_info(STREAM)
+            last, first = info.state.last_seq, info.state.first_seq
+            found: list[dict[str, Any]] = []
+            seq = last
+            # Walk back from the newest: one message at a time (a direct read), up to a bound.
+            scanned = 0
+            while seq >= first and len(found) < limit and scanned < limit * 50:
+                scanned += 1
+                try:
+                    msg = await js.get_msg(STREAM, seq)
+                except nats.js.errors.NotFoundError:
+                    seq -= 1
+                    continue
+                if subject is None or msg.subject == subject:
+                    found.append(json.loads(msg.data or b"{}"))
+                seq -= 1
+        except (nats.errors.Error, nats.js.errors.Error) as exc:
+            raise unavailable("the audit log", exc) from exc
+        return found[::-1]
+
+    async def _open(self) -> Client:
+        nc = self._client()
+        try:
+            await nc.jetstream().add_stream(
+                StreamConfig(
+                    name=STREAM,
+                    description="souq audit log: every mutating API call and who made it",
+                    subjects=[f"{SUBJECT}.>"],
+                    storage=StorageType.FILE,
+                    max_age=_MAX_AGE_S,
+                    max_msgs=_MAX_MSGS,
+                )
+            )
+        except (nats.errors.Error, nats.js.errors.Error) as exc:
+            raise unavailable("the audit log", exc) from exc
+        return nc
+
+    async def _store(self) -> None:
+        while True:
+            entry = await self._queue.get()
+            data = json.dumps(entry.as_dict(), separators=(",", ":")).encode()
+            try:
+                nc = await self._stream.get()
+                await nc.jetstream().publish(f"{SUBJECT}.{entry.app or _CLUSTER}", data)
+            except Exception as exc:  # kept going: the entry is in this broker's log already
+                log.warning("audit: an entry could not be stored: %s", exc)

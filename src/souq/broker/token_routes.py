@@ -1,0 +1,86 @@
+"""Tokens and the audit log over HTTP.
+
+* ``POST /v1/tokens`` (admin): a new token, minted with the cluster's private key — for one
+  app or all, a scope, an optional expiry and a name. The answer is the only place the token
+  appears.
+* ``GET /v1/tokens/self``: what the caller's own token grants.
+* ``GET /v1/tokens/key``: the cluster's public token key, with which a holder narrows a token
+  offline (``souq token narrow``) and anyone checks one.
+* ``GET /v1/audit`` (admin): the newest mutating calls, oldest first (``?app=``, ``?limit=``).
+
+Present only when the broker runs with an auth directory.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import Response
+
+from souq.auth.files import AuthDir
+from souq.auth.tokens import Grant, Scope, mint, public_key_text
+from souq.broker.audit import AuditLog
+from souq.broker.bodies import body_schema, json_response, parse_body
+from souq.broker.schemas import check_app_name
+from souq.errors import InvalidInput, Unauthorized
+from souq.model.tokens import AuditRecord, NewToken, TokenInfo, TokenKey
+
+__all__ = ["tokens_router"]
+
+
+def _info(grant: Grant, token: str | None = None) -> TokenInfo:
+    return TokenInfo(
+        id=grant.token_id,
+        name=grant.name,
+        app=grant.app,
+        scope=grant.scope.value,
+        expires_at=grant.expires_at.isoformat() if grant.expires_at else None,
+        narrowed=grant.narrowed,
+        token=token,
+    )
+
+
+def _grant(request: Request) -> Grant:
+    grant = request.scope.get("state", {}).get("grant")
+    if not isinstance(grant, Grant):
+        raise Unauthorized("this route needs a token")
+    return grant
+
+
+def tokens_router(auth: AuthDir, audit: AuditLog) -> APIRouter:
+    router = APIRouter(tags=["tokens"])
+    key: Any = auth.signing_key()
+
+    @router.post(
+        "/v1/tokens", status_code=201, response_model=TokenInfo, openapi_extra=body_schema(NewToken)
+    )
+    async def create_token(request: Request) -> Response:
+        """A new token (admin only); the answer carries it, nothing else ever will."""
+        body = await parse_body(request, NewToken)
+        if body.app != "*" and (problem := check_app_name(body.app)):
+            raise InvalidInput(problem, details={"field": "app"})
+        made_by = _grant(request)
+        name = body.name or f"made by {made_by.identity}"
+        token, grant = mint(key, app=body.app, scope=Scope(body.scope), ttl_s=body.ttl_s, name=name)
+        return json_response(_info(grant, token), status_code=201)
+
+    @router.get("/v1/tokens/self", response_model=TokenInfo)
+    async def token_self(request: Request) -> Response:
+        """What the token of this request grants."""
+        return json_response(_info(_grant(request)))
+
+    @router.get("/v1/tokens/key", response_model=TokenKey)
+    async def token_key() -> Response:
+        return json_response(TokenKey(public_key=public_key_text(key)))
+
+    @router.get("/v1/audit", response_model=list[AuditRecord])
+    async def audit_log(
+        app: Annotated[str | None, Query(max_length=63)] = None,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    ) -> Response:
+        """The newest mutating calls (of one app), oldest first, with the token that made each."""
+        entries = await audit.entries(app=app, limit=limit)
+        return json_response([AuditRecord.model_validate(e) for e in entries])
+
+    return router
