@@ -363,6 +363,7 @@ def _print_ready(cluster: DevCluster) -> None:
         + cluster.workers[0][0]
         + " --port 8080 -- sh -c 'exec python3 -m http.server $PORT'",
         f"     curl -H 'Host: hello.{cluster.domain}' {cluster.proxy_url}/",
+        f"     dashboard: {cluster.api_url}/ui#token=TOKEN (TOKEN: the admin token's file)",
         "Press Ctrl-C to stop everything.",
     ]
     sys.stdout.write("\n".join(lines) + "\n")

@@ -8,14 +8,16 @@ from typing import Any
 import httpx
 import pytest
 
-from souq.testing import Cluster
+from souq.testing import Cluster, auth_headers
 
 
 def post(cluster: Cluster, app: str, body: Any, raw: bytes | None = None) -> httpx.Response:
     url = f"{cluster.api_url}/v1/apps/{app}/machines"
     if raw is not None:
-        return httpx.post(url, content=raw, headers={"content-type": "application/json"})
-    return httpx.post(url, json=body, timeout=30)
+        return httpx.post(
+            url, content=raw, headers={"content-type": "application/json", **auth_headers()}
+        )
+    return httpx.post(url, json=body, timeout=30, headers=auth_headers())
 
 
 GOOD = {"region": "mad", "config": {"cmd": ["sleep", "1"]}}
@@ -87,7 +89,7 @@ def test_bad_app_name_is_refused(cluster: Cluster) -> None:
 
 
 def test_unknown_route_and_machine_give_not_found(cluster: Cluster) -> None:
-    r = httpx.get(f"{cluster.api_url}/v1/apps/nope/machines/0123456789abcd")
+    r = httpx.get(f"{cluster.api_url}/v1/apps/nope/machines/0123456789abcd", headers=auth_headers())
     assert r.status_code == 404
     assert r.json()["status"] == "not_found"
     assert "0123456789abcd" in r.json()["error"]

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from souq.errors import IdempotencyConflict, InsufficientCapacity
-from souq.testing import Cluster
+from souq.testing import Cluster, auth_headers
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +95,7 @@ def test_idempotent_create_makes_one_machine(small: Cluster) -> None:
 def test_idempotency_key_over_raw_http(small: Cluster) -> None:
     app = "raw" + uuid.uuid4().hex[:8]
     body = {"region": "cap", "config": one_cpu()}
-    headers = {"Idempotency-Key": uuid.uuid4().hex}
+    headers = {"Idempotency-Key": uuid.uuid4().hex, **auth_headers()}
     url = f"{small.api_url}/v1/apps/{app}/machines"
     r1 = httpx.post(url, json=body, headers=headers, timeout=30)
     r2 = httpx.post(url, json=body, headers=headers, timeout=30)

@@ -12,7 +12,7 @@ import pytest
 
 from souq.errors import IllegalTransition, NotFound, WaitTimeout
 from souq.model import MachineState
-from souq.testing import Cluster, wait_until
+from souq.testing import Cluster, auth_headers, wait_until
 
 PY = sys.executable
 
@@ -189,7 +189,12 @@ def test_a_batch_starts_every_machine_with_its_own_process(cluster: Cluster) -> 
             "guest": {"cpus": 0.1, "memory_mb": 32},
         },
     }
-    r = httpx.post(f"{cluster.api_url}/v1/apps/{app}/machines/batch", json=body, timeout=30)
+    r = httpx.post(
+        f"{cluster.api_url}/v1/apps/{app}/machines/batch",
+        json=body,
+        timeout=30,
+        headers=auth_headers(),
+    )
     assert r.status_code == 201, r.text
     machines = r.json()["machines"]
     assert len(machines) == 6 and {m["state"] for m in machines} == {"started"}

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from souq.errors import InsufficientCapacity
-from souq.testing import Cluster
+from souq.testing import Cluster, auth_headers
 
 REGION = "lab"
 
@@ -102,15 +102,20 @@ def test_the_create_body_chooses_the_policy(labelled: Cluster) -> None:
         "config": sleeper(),
         "placement": {"policy": "binpack", "weights": {"load": 0}},
     }
-    response = httpx.post(url, json=body, timeout=30)
+    response = httpx.post(url, json=body, timeout=30, headers=auth_headers())
     assert response.status_code == 201, response.text
     placement = response.json()["placement"]
     assert placement["policy"] == "binpack"
     assert placement["weights"] == {"binpack": 1.0, "anti-affinity": 0.5, "cache": 1.0}
-    httpx.delete(f"{url}/{response.json()['id']}", params={"force": "true"}, timeout=30)
+    httpx.delete(
+        f"{url}/{response.json()['id']}",
+        params={"force": "true"},
+        timeout=30,
+        headers=auth_headers(),
+    )
 
     bad = {**body, "placement": {"weights": {"fastest": 1}}}
-    response = httpx.post(url, json=bad, timeout=30)
+    response = httpx.post(url, json=bad, timeout=30, headers=auth_headers())
     assert response.status_code == 422
     assert response.json()["status"] == "invalid_input"
     assert "unknown scorer 'fastest'" in response.json()["error"]

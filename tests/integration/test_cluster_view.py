@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from souq.testing import AgentProcess, Cluster, wait_until
+from souq.testing import AgentProcess, Cluster, auth_headers, wait_until
 
 BEAT_S = 0.2  # the short-lived agents beat fast, so that three missed beats take 0.6 s
 
@@ -27,11 +27,13 @@ def view_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 
 def machines(cluster: Cluster, app: str) -> httpx.Response:
-    return httpx.get(f"{cluster.api_url}/v1/apps/{app}/machines", timeout=10)
+    return httpx.get(
+        f"{cluster.api_url}/v1/apps/{app}/machines", timeout=10, headers=auth_headers()
+    )
 
 
 def worker_state(cluster: Cluster, worker_id: str) -> str | None:
-    for w in httpx.get(f"{cluster.api_url}/v1/workers", timeout=10).json():
+    for w in httpx.get(f"{cluster.api_url}/v1/workers", timeout=10, headers=auth_headers()).json():
         if w["id"] == worker_id:
             return str(w["state"])
     return None
@@ -40,7 +42,9 @@ def worker_state(cluster: Cluster, worker_id: str) -> str | None:
 def run_on(cluster: Cluster, agent: AgentProcess, app: str) -> dict[str, Any]:
     """A machine on ``agent``: the only worker of its own region."""
     body = {"region": agent.region, "config": {"cmd": ["sleep", "600"]}}
-    r = httpx.post(f"{cluster.api_url}/v1/apps/{app}/machines", json=body, timeout=30)
+    r = httpx.post(
+        f"{cluster.api_url}/v1/apps/{app}/machines", json=body, timeout=30, headers=auth_headers()
+    )
     assert r.status_code == 201, r.text
     machine: dict[str, Any] = r.json()
     assert machine["worker_id"] == agent.worker_id
@@ -57,6 +61,7 @@ def test_lists_come_from_the_view_once_it_has_synced(view_cluster: Cluster) -> N
     r = httpx.post(
         f"{view_cluster.api_url}/v1/apps/{app}/machines",
         json={"region": "vw", "config": {"cmd": ["sleep", "600"]}},
+        headers=auth_headers(),
         timeout=30,
     )
     assert r.status_code == 201, r.text
@@ -70,19 +75,30 @@ def test_lists_come_from_the_view_once_it_has_synced(view_cluster: Cluster) -> N
     )
     fresh = machines(view_cluster, app)
     assert "X-Souq-View-As-Of" in fresh.headers and "X-Souq-View-Lag-Ms" in fresh.headers
-    apps = {a["name"]: a for a in httpx.get(f"{view_cluster.api_url}/v1/apps").json()}
+    apps = {
+        a["name"]: a
+        for a in httpx.get(f"{view_cluster.api_url}/v1/apps", headers=auth_headers()).json()
+    }
     assert apps[app]["machines"] == 1
-    regions = httpx.get(f"{view_cluster.api_url}/v1/regions?cpus=1&memory_mb=128").json()
+    regions = httpx.get(
+        f"{view_cluster.api_url}/v1/regions?cpus=1&memory_mb=128", headers=auth_headers()
+    ).json()
     (vw,) = [r for r in regions if r["name"] == "vw"]
     assert vw["workers_up"] == 1 and vw["fits"] == 1  # 2 cpus, one taken
     # a stop made through the worker shows in the view, and in the event stream
-    httpx.post(f"{view_cluster.api_url}/v1/apps/{app}/machines/{mid}/stop", timeout=30)
+    httpx.post(
+        f"{view_cluster.api_url}/v1/apps/{app}/machines/{mid}/stop",
+        timeout=30,
+        headers=auth_headers(),
+    )
 
     def stopped() -> bool:
         return any(m["state"] == "stopped" for m in machines(view_cluster, app).json())
 
     wait_until(stopped, timeout=15, message="the stop to reach the view")
-    text = httpx.get(f"{view_cluster.api_url}/v1/events?app={app}", timeout=10).text
+    text = httpx.get(
+        f"{view_cluster.api_url}/v1/events?app={app}", timeout=10, headers=auth_headers()
+    ).text
     events = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ")]
     assert {e["machine_id"] for e in events} == {mid}
     assert "stopped" in {e["state"] for e in events}
@@ -95,7 +111,11 @@ def test_lists_come_from_the_view_once_it_has_synced(view_cluster: Cluster) -> N
         check=True,
     )
     assert [json.loads(x)["seq"] for x in cli.stdout.splitlines()] == [e["seq"] for e in events]
-    httpx.delete(f"{view_cluster.api_url}/v1/apps/{app}/machines/{mid}?force=true", timeout=30)
+    httpx.delete(
+        f"{view_cluster.api_url}/v1/apps/{app}/machines/{mid}?force=true",
+        timeout=30,
+        headers=auth_headers(),
+    )
     assert machines(view_cluster, app).json() == []
 
 
@@ -112,7 +132,10 @@ def test_a_silent_worker_turns_down_and_its_machines_say_so(
     run_on(view_cluster, agent, app)
     assert listed_worker_state(view_cluster, app) == "up"
     follow = httpx.stream(
-        "GET", f"{view_cluster.api_url}/v1/events?follow=true&worker={wid}", timeout=30
+        "GET",
+        f"{view_cluster.api_url}/v1/events?follow=true&worker={wid}",
+        headers=auth_headers(),
+        timeout=30,
     )
     with follow as stream:
         if how == "freeze":
@@ -146,5 +169,7 @@ def test_a_silent_worker_turns_down_and_its_machines_say_so(
     )
     for m in machines(view_cluster, app).json():
         httpx.delete(
-            f"{view_cluster.api_url}/v1/apps/{app}/machines/{m['id']}?force=true", timeout=30
+            f"{view_cluster.api_url}/v1/apps/{app}/machines/{m['id']}?force=true",
+            headers=auth_headers(),
+            timeout=30,
         )

@@ -60,6 +60,11 @@ def test_dev_runs_machines_and_stops_everything(tmp_path: Path, sig: int) -> Non
             message="the ready banner",
         )
         assert api in out.read_text()
+        token_file = tmp_path / "data" / "admin.token"
+        assert f"token: {token_file}" in out.read_text()
+        assert token_file.stat().st_mode & 0o777 == 0o600
+        auth = {"Authorization": f"Bearer {token_file.read_text().strip()}"}
+        assert httpx.get(f"{api}/v1/workers").status_code == 401  # no token, no answer
         proxy = f"http://127.0.0.1:{proxy_port}"
         assert f"proxy: {proxy} (a request for APP.localhost reaches app APP)" in out.read_text()
         # The quick start's app, through the proxy.
@@ -72,6 +77,7 @@ def test_dev_runs_machines_and_stops_everything(tmp_path: Path, sig: int) -> Non
                     "services": [{"internal_port": 8080}],
                 },
             },
+            headers=auth,
             timeout=30,
         )
         assert r.status_code == 201, r.text
@@ -84,8 +90,12 @@ def test_dev_runs_machines_and_stops_everything(tmp_path: Path, sig: int) -> Non
             message="the app through the proxy",
         )
         assert "Directory listing" in served.text
-        httpx.delete(f"{api}/v1/apps/hello/machines/{r.json()['id']}", params={"force": "true"})
-        workers = httpx.get(f"{api}/v1/workers").json()
+        httpx.delete(
+            f"{api}/v1/apps/hello/machines/{r.json()['id']}",
+            params={"force": "true"},
+            headers=auth,
+        )
+        workers = httpx.get(f"{api}/v1/workers", headers=auth).json()
         assert sorted(w["region"] for w in workers) == ["mad", "syd"]
         assert httpx.get(f"{api}/healthz").status_code == 200
 
@@ -97,6 +107,7 @@ def test_dev_runs_machines_and_stops_everything(tmp_path: Path, sig: int) -> Non
                     "region": region,
                     "config": {"cmd": ["sh", "-c", "sleep 600 & exec sleep 601"]},
                 },
+                headers=auth,
                 timeout=30,
             )
             assert r.status_code == 201, r.text

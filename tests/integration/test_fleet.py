@@ -11,7 +11,7 @@ import pytest
 
 from souq.client.api import SouqClient
 from souq.natsserver import NatsServer
-from souq.testing import BrokerProcess, FleetProcess, wait_until
+from souq.testing import BrokerProcess, FleetProcess, auth_headers, wait_until
 
 WORKERS = 100
 
@@ -73,7 +73,9 @@ def test_a_batch_lands_on_a_sample_of_the_fleet(fleet_api: str) -> None:
         "skip_launch": True,
         "config": {"cmd": ["serve"], "guest": {"cpus": 0.5, "memory_mb": 64}},
     }
-    r = httpx.post(f"{fleet_api}/v1/apps/batch/machines/batch", json=body, timeout=30)
+    r = httpx.post(
+        f"{fleet_api}/v1/apps/batch/machines/batch", json=body, timeout=30, headers=auth_headers()
+    )
     assert r.status_code == 201, r.text
     result = r.json()
     assert result["placed"] == 40
@@ -86,7 +88,7 @@ def test_a_batch_lands_on_a_sample_of_the_fleet(fleet_api: str) -> None:
     keyed = httpx.post(
         f"{fleet_api}/v1/apps/batch/machines/batch",
         json=body,
-        headers={"Idempotency-Key": "k"},
+        headers={"Idempotency-Key": "k", **auth_headers()},
         timeout=30,
     )
     assert keyed.status_code == 422

@@ -21,7 +21,7 @@ from souq.images import Image, pack_directory, write_layout
 from souq.model.machine import MachineState
 from souq.natsserver import free_port
 from souq.procs import terminate
-from souq.testing import Cluster, wait_until
+from souq.testing import Cluster, auth_headers, wait_until
 from tests.integration.images_harness import souq
 
 pytestmark = pytest.mark.skipif(
@@ -81,7 +81,9 @@ def test_pull_by_tag_and_by_digest_keeps_the_reference(
     by_digest = souq(cluster, "image", "pull", f"{registry}/team/web@{image.reference}")
     assert by_digest.returncode == 0, by_digest.stderr
     assert by_digest.stdout.strip() == image.reference
-    listed = httpx.get(f"{cluster.api_url}/v1/images/web", timeout=10).json()
+    listed = httpx.get(
+        f"{cluster.api_url}/v1/images/web", timeout=10, headers=auth_headers()
+    ).json()
     assert listed["reference"] == image.reference
 
 

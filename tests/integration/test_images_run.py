@@ -20,7 +20,7 @@ from souq.images import layout_tar, pack_directory
 from souq.images.store import ImageStore
 from souq.model.batch import BatchResult
 from souq.model.machine import Machine, MachineState
-from souq.testing import Cluster, wait_until
+from souq.testing import Cluster, auth_headers, wait_until
 from tests.integration.images_harness import souq
 
 APP = "img"
@@ -170,7 +170,12 @@ def test_machines_of_one_image_at_once_pull_it_once(cluster: Cluster, tmp_path: 
     reference = build(cluster, tmp_path / "app", greeting="together", size=2 * 2**20)
     config = {**ONE_SHOT, "image": reference, "guest": {"memory_mb": 64}}
     body = {"region": "mad", "config": config, "count": 3}
-    r = httpx.post(f"{cluster.api_url}/v1/apps/{APP}/machines/batch", json=body, timeout=60)
+    r = httpx.post(
+        f"{cluster.api_url}/v1/apps/{APP}/machines/batch",
+        json=body,
+        timeout=60,
+        headers=auth_headers(),
+    )
     assert r.status_code == 201, r.text
     batch = BatchResult.model_validate_json(r.text)
     assert batch.placed == 3

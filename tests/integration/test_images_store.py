@@ -18,7 +18,7 @@ from souq.images import layout_tar, pack_directory, read_layout_bytes, write_lay
 from souq.images.cache import ImageCache
 from souq.images.store import ImageStore
 from souq.model.image import ImageRecord
-from souq.testing import Cluster
+from souq.testing import Cluster, auth_headers
 from tests.integration.images_harness import souq
 
 
@@ -60,7 +60,9 @@ def test_build_stores_the_image_and_list_shows_it(cluster: Cluster, tmp_path: Pa
     assert records[reference]["name"] == "web:v1"
     assert records[reference]["run"]["cmd"] == ["python3", "app.py"]
 
-    by_name = httpx.get(f"{cluster.api_url}/v1/images/web:v1", timeout=10).json()
+    by_name = httpx.get(
+        f"{cluster.api_url}/v1/images/web:v1", timeout=10, headers=auth_headers()
+    ).json()
     assert by_name["reference"] == reference
     # Every blob is in JetStream's object store, and reads back as its digest says.
     digests = [layer["digest"] for layer in by_name["layers"]] + [by_name["config_digest"]]
@@ -102,22 +104,31 @@ def test_a_tampered_upload_is_refused_and_nothing_is_stored(
             dst.addfile(member, io.BytesIO(data) if data is not None else None)
     with pytest.raises(Exception, match=layer[:12]):
         read_layout_bytes(out.getvalue())
-    r = httpx.post(f"{cluster.api_url}/v1/images", content=out.getvalue(), timeout=30)
+    r = httpx.post(
+        f"{cluster.api_url}/v1/images", content=out.getvalue(), timeout=30, headers=auth_headers()
+    )
     assert r.status_code == 422
     assert r.json()["status"] == "image_invalid"
     assert layer[:12] in r.json()["error"]
-    missing = httpx.get(f"{cluster.api_url}/v1/images/{image.reference}", timeout=10)
+    missing = httpx.get(
+        f"{cluster.api_url}/v1/images/{image.reference}", timeout=10, headers=auth_headers()
+    )
     assert missing.status_code == 404
 
 
 def test_unknown_images_and_bad_uploads_get_clear_errors(cluster: Cluster) -> None:
-    r = httpx.get(f"{cluster.api_url}/v1/images/nothing-here", timeout=10)
+    r = httpx.get(f"{cluster.api_url}/v1/images/nothing-here", timeout=10, headers=auth_headers())
     assert r.status_code == 404
     assert r.json()["status"] == "image_not_found"
-    r = httpx.post(f"{cluster.api_url}/v1/images", content=b"", timeout=10)
+    r = httpx.post(f"{cluster.api_url}/v1/images", content=b"", timeout=10, headers=auth_headers())
     assert r.status_code in (400, 422)
     assert "OCI image layout" in r.json()["error"]
-    r = httpx.post(f"{cluster.api_url}/v1/images", content=b"not a tar at all", timeout=10)
+    r = httpx.post(
+        f"{cluster.api_url}/v1/images",
+        content=b"not a tar at all",
+        timeout=10,
+        headers=auth_headers(),
+    )
     assert r.status_code == 422
     assert r.json()["status"] == "image_invalid"
     run = souq(cluster, "image", "build", "/definitely/not/here")
@@ -129,7 +140,9 @@ def test_a_worker_cache_pulls_from_the_cluster_store(cluster: Cluster, tmp_path:
     src = app_dir(tmp_path / "pulled", "pulled")
     run = souq(cluster, "image", "build", str(src), "--cmd", "python3 app.py")
     assert run.returncode == 0, run.stderr
-    record = httpx.get(f"{cluster.api_url}/v1/images/{run.stdout.strip()}", timeout=10).json()
+    record = httpx.get(
+        f"{cluster.api_url}/v1/images/{run.stdout.strip()}", timeout=10, headers=auth_headers()
+    ).json()
 
     async def pull() -> tuple[Path, int]:
         nc = await nats.connect(cluster.nats.url)

@@ -16,7 +16,7 @@ import pytest
 
 from souq.errors import IllegalTransition, InsufficientCapacity, InvalidInput
 from souq.model import MachineState
-from souq.testing import Cluster, wait_until
+from souq.testing import Cluster, auth_headers, wait_until
 from tests.integration.services_harness import ECHO, app_name
 
 
@@ -136,6 +136,7 @@ def test_bad_services_are_refused_with_the_field_named(one_worker: Cluster) -> N
                 ]
             ),
         },
+        headers=auth_headers(),
     )
     assert r.status_code == 422
     assert r.json()["status"] == "invalid_input"
@@ -143,6 +144,7 @@ def test_bad_services_are_refused_with_the_field_named(one_worker: Cluster) -> N
     r = httpx.post(
         f"{one_worker.api_url}/v1/apps/{app_name('s')}/machines",
         json={"region": "mad", "config": config(checks={"c": {"type": "http", "port": 0}})},
+        headers=auth_headers(),
     )
     assert r.status_code == 422 and "checks.c.port" in r.json()["error"]
 

@@ -13,7 +13,7 @@ import pytest
 from souq.errors import SouqError
 from souq.images import layout_tar, pack_directory
 from souq.model.machine import Machine, MachineState
-from souq.testing import Cluster, wait_until
+from souq.testing import Cluster, auth_headers, wait_until
 
 APP = "upd"
 
@@ -168,7 +168,11 @@ def test_a_leased_machine_changes_only_with_the_nonce(cluster: Cluster) -> None:
     cluster.wait_for_workers()
     with cluster.client() as client:
         assert client.lease(APP, machine.id).nonce == lease.nonce
-        r = httpx.delete(f"{cluster.api_url}/v1/apps/{APP}/machines/{machine.id}/lease", timeout=30)
+        r = httpx.delete(
+            f"{cluster.api_url}/v1/apps/{APP}/machines/{machine.id}/lease",
+            timeout=30,
+            headers=auth_headers(),
+        )
         assert r.status_code == 409 and r.json()["status"] == "lease_held"
         client.release_lease(APP, machine.id, lease.nonce)
         with pytest.raises(SouqError) as caught:

@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
-from souq.testing import AgentProcess, Cluster, wait_until
+from souq.testing import AgentProcess, Cluster, auth_headers, wait_until
 
 APP = "outage"
 LOAD_APP = "load"
@@ -100,7 +100,7 @@ class Load:
 
     def run(self) -> None:
         body = {"region": "mad", "skip_launch": True, "config": {"cmd": ["true"], "guest": SMALL}}
-        with httpx.Client(base_url=self.url, timeout=30) as http:
+        with httpx.Client(base_url=self.url, headers=auth_headers(), timeout=30) as http:
             while not self.stop.is_set():
                 for what in ("create", "list"):
                     started = time.monotonic()
@@ -136,7 +136,7 @@ def own_cluster(tmp_path: Path) -> Iterator[Cluster]:
 
 def test_a_nats_outage_under_load_loses_nothing(own_cluster: Cluster) -> None:
     cluster = own_cluster
-    http = httpx.Client(base_url=cluster.api_url, timeout=30)
+    http = httpx.Client(base_url=cluster.api_url, headers=auth_headers(), timeout=30)
     owners = {a.worker_id: a for a in cluster.agents}
 
     def truth(machine_id: str, worker_id: str) -> Row:

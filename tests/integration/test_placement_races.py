@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from souq.testing import Cluster
+from souq.testing import Cluster, auth_headers
 
 WORKERS = 4
 CPUS = 2  # per worker: 8 one-cpu machines fit in the region, exactly
@@ -46,7 +46,7 @@ async def _storm(
                 client.post(
                     f"{urls[i % len(urls)]}/v1/apps/{app}/machines",
                     json=body(),
-                    headers=headers or {},
+                    headers={**auth_headers(), **(headers or {})},
                 )
                 for i in range(n)
             )

@@ -14,7 +14,7 @@ import pytest
 from souq.compiled import compiled
 from souq.model import MachineState
 from souq.natsserver import free_port
-from souq.testing import Cluster, ProxyProcess, wait_until
+from souq.testing import Cluster, ProxyProcess, auth_headers, wait_until
 from tests.integration.services_harness import app_name
 from tests.integration.services_harness import echo_config as config
 
@@ -88,9 +88,11 @@ def test_a_request_starts_a_stopped_machine_and_is_answered(
     r = via(proxy, app)
     assert r.status_code == 200 and r.json()["machine_id"] == m.id
     assert client.get_machine(app, m.id).state == MachineState.STARTED
-    decisions = httpx.get(proxy.admin_url + "/decisions", params={"app": app}).json()
+    decisions = httpx.get(
+        proxy.admin_url + "/decisions", params={"app": app}, headers=auth_headers()
+    ).json()
     assert any(d["kind"] == "wake" and d["machine_id"] == m.id for d in decisions)
-    metrics = httpx.get(proxy.admin_url + "/metrics").text
+    metrics = httpx.get(proxy.admin_url + "/metrics", headers=auth_headers()).text
     assert f'souq_proxy_wakeup_seconds_count{{app="{app}"}} 1.0' in metrics
     client.destroy(app, m.id, force=True)
 
@@ -148,7 +150,9 @@ def test_a_single_threaded_app_resumes_again_and_again(
         wait_until(
             lambda: any(
                 b["state"] == "suspended"
-                for b in httpx.get(proxy.admin_url + "/backends", params={"app": app}).json()
+                for b in httpx.get(
+                    proxy.admin_url + "/backends", params={"app": app}, headers=auth_headers()
+                ).json()
             ),
             message="the proxy to see it suspended",
         )
@@ -223,7 +227,9 @@ def test_autostop_stops_idle_machines(cluster: Cluster, tmp_path: Path) -> None:
         machines = [client.create_machine(app, "mad", config()) for _ in range(2)]
         for m in machines:
             client.wait(app, m.id, MachineState.STOPPED, timeout=30)
-        decisions = httpx.get(p.admin_url + "/decisions", params={"app": app}).json()
+        decisions = httpx.get(
+            p.admin_url + "/decisions", params={"app": app}, headers=auth_headers()
+        ).json()
         assert sorted(d["machine_id"] for d in decisions if d["kind"] == "autostop") == sorted(
             m.id for m in machines
         )

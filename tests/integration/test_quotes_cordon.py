@@ -11,7 +11,7 @@ import pytest
 
 from souq.errors import InsufficientCapacity, NotFound, QuoteExpired, QuoteUsed
 from souq.model import MachineState, QuoteState
-from souq.testing import Cluster, wait_until
+from souq.testing import Cluster, auth_headers, wait_until
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +40,7 @@ def test_dry_run_explains_and_claims_nothing(small: Cluster) -> None:
         f"{small.api_url}/v1/apps/{app}/machines",
         params={"dry_run": "true"},
         json={"region": "q", "config": config()},
+        headers=auth_headers(),
         timeout=30,
     )
     assert r.status_code == 200, r.text
@@ -128,6 +129,7 @@ def test_a_bigger_machine_than_the_quote_is_refused(small: Cluster) -> None:
     r = httpx.post(
         f"{small.api_url}/v1/apps/{app}/machines",
         json={"region": "q", "config": config(cpus=2), "quote": quote.id},
+        headers=auth_headers(),
         timeout=30,
     )
     assert r.status_code == 422

@@ -57,8 +57,27 @@
     }
   }
 
+  // The API token: given once as /ui#token=TOKEN (a fragment never reaches a server or its
+  // logs), kept for this tab only; every request sends it.
+  const TOKEN_KEY = "souq-token";
+  (function takeToken() {
+    const match = /(?:^#|&)token=([^&]+)/.exec(window.location.hash);
+    if (match) {
+      sessionStorage.setItem(TOKEN_KEY, decodeURIComponent(match[1]));
+      history.replaceState(null, "", window.location.pathname + window.location.search);
+    }
+  })();
+
+  function withToken(headers) {
+    const token = sessionStorage.getItem(TOKEN_KEY);
+    return token ? { ...headers, Authorization: `Bearer ${token}` } : headers;
+  }
+
   async function getJSON(path) {
-    const response = await fetch(path, { headers: { Accept: "application/json" }, cache: "no-store" });
+    const response = await fetch(path, {
+      headers: withToken({ Accept: "application/json" }),
+      cache: "no-store",
+    });
     if (!response.ok) {
       let message = `${response.status} ${response.statusText}`;
       try {
@@ -67,6 +86,7 @@
       } catch (_) {
         // not JSON: keep the status line
       }
+      if (response.status === 401) message += " (open this page as /ui#token=TOKEN)";
       throw new HttpError(response.status, `GET ${path}: ${message}`);
     }
     return response.json();
@@ -251,7 +271,7 @@
     let response;
     try {
       response = await fetch("/v1/events?follow=true", {
-        headers: { Accept: "text/event-stream" },
+        headers: withToken({ Accept: "text/event-stream" }),
         cache: "no-store",
       });
     } catch (_) {
