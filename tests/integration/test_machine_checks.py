@@ -45,13 +45,22 @@ def served(status: int, **checks: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def statuses(cluster: Cluster, machine_id: str, want: dict[str, str]) -> dict[str, CheckStatus]:
-    """The machine's checks once each has the status ``want`` gives it."""
+def statuses(
+    cluster: Cluster,
+    machine_id: str,
+    want: dict[str, str],
+    saying: dict[str, str] | None = None,
+) -> dict[str, CheckStatus]:
+    """The machine's checks once each has the status ``want`` gives it (and the checks named in
+    ``saying`` an output with those words)."""
     with cluster.client() as client:
 
         def reached() -> dict[str, CheckStatus] | None:
             now = {c.name: c for c in client.get_machine(APP, machine_id).checks}
-            return now if {n: c.status for n, c in now.items()} == want else None
+            if {n: c.status for n, c in now.items()} != want:
+                return None
+            said = all(words in now[n].output for n, words in (saying or {}).items())
+            return now if said else None
 
         return wait_until(reached, timeout=30, message=f"checks {want}")
 
@@ -96,7 +105,10 @@ def test_tcp_checks_and_the_grace_period(cluster: Cluster) -> None:
         config["checks"]["closed"] = closed
         machine = client.create_machine(APP, "mad", config)
         seen = statuses(
-            cluster, machine.id, {"open": "passing", "closed": "critical", "graced": "warning"}
+            cluster,
+            machine.id,
+            {"open": "passing", "closed": "critical", "graced": "warning"},
+            saying={"graced": "answered 500"},  # (before the app listens: refused, in grace)
         )
         with pytest.raises(SouqError):
             client.wait(APP, machine.id, MachineState.STARTED, timeout=1, healthy=True)
