@@ -20,6 +20,7 @@ const { values: opt } = parseArgs({
     out: { type: "string", default: tmpdir() },
     chromium: { type: "string", default: "/usr/bin/chromium" },
     "expect-mode": { type: "string" }, // "events" or "polling": fail if the page chose otherwise
+    token: { type: "string" }, // the API token: sent by this script, given to the page as #token=
   },
 });
 if (!opt.api) throw new Error("--api URL is required");
@@ -39,7 +40,10 @@ const FLAGS = [
 async function api(method, path, body) {
   const response = await fetch(opt.api + path, {
     method,
-    headers: body ? { "content-type": "application/json" } : {},
+    headers: {
+      ...(body ? { "content-type": "application/json" } : {}),
+      ...(opt.token ? { authorization: `Bearer ${opt.token}` } : {}),
+    },
     body: body ? JSON.stringify(body) : undefined,
   });
   const text = await response.text();
@@ -61,7 +65,7 @@ const step = (name) => seen.steps.push({ name, ms: Math.round(performance.now())
 let failed = null;
 
 try {
-  await page.goto(`${opt.api}/ui`);
+  await page.goto(`${opt.api}/ui` + (opt.token ? `#token=${encodeURIComponent(opt.token)}` : ""));
   await page.evaluate(() => {
     window.__souqLoaded = true; // gone if the page ever reloads
   });

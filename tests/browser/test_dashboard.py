@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from souq.testing import Cluster
+from souq.testing import Cluster, auth_headers
 
 from .stub_broker import running_stub
 
@@ -58,6 +58,8 @@ def check_dashboard(api: str, chromium: str, out: Path, *extra: str) -> dict[str
     """Run dashboard_check.mjs against ``api``; what it saw, or a failure with its story."""
     args = ["node", str(SCRIPT), "--api", api, "--app", "web", "--region", "mad"]
     args += ["--out", str(out), "--chromium", chromium, *extra]
+    if token := auth_headers().get("Authorization", "").removeprefix("Bearer "):
+        args += ["--token", token]
     done = subprocess.run(args, cwd=HERE, capture_output=True, text=True, timeout=90, check=False)
     assert done.returncode == 0, f"{done.stderr}\n(screenshot: {out / 'failure.png'})"
     seen: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
