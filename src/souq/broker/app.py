@@ -21,8 +21,6 @@ from starlette.types import ASGIApp
 
 from souq import __version__
 from souq.auth.access import Access
-from souq.auth.files import AuthDir
-from souq.broker.audit import AuditLog
 from souq.broker.bodies import (
     AppName,
     LeaseNonce,
@@ -56,7 +54,7 @@ from souq.broker.schemas import (
     UpdateMachineRequest,
 )
 from souq.broker.service import BrokerService
-from souq.broker.token_routes import tokens_router
+from souq.broker.token_routes import Guard, tokens_router
 from souq.errors import InvalidInput, SouqError
 from souq.model import (
     Machine,
@@ -172,18 +170,15 @@ def _add_durability_routes(api: FastAPI, service: BrokerService, machine_path: s
         return json_response(await service.ops(app, machine_id))
 
 
-def create_app(
-    service: BrokerService, auth: AuthDir | None = None, audit: AuditLog | None = None
-) -> ASGIApp:
-    """The broker's ASGI app. The caller owns ``service`` (starts and closes it) and ``audit``.
-    With ``auth``, every route but the public ones needs a token (:mod:`souq.auth`)."""
+def create_app(service: BrokerService, guard: Guard | None = None) -> ASGIApp:
+    """The broker's ASGI app. The caller owns ``service`` and ``guard`` (starts and closes
+    them). With a guard, every route but the public ones needs a token (:mod:`souq.auth`)."""
     create = create_handler(service)
     api = _routes(service, create)
     inner: ASGIApp = CreateFastPath(api, create)
-    if auth is not None:
-        audit = audit or AuditLog(service.nats_client)
-        api.include_router(tokens_router(auth, audit))
-        inner = Access(inner, auth.verifier(), audit.record)
+    if guard is not None:
+        api.include_router(tokens_router(guard))
+        inner = Access(inner, guard.verifier, guard.audit.record)
     # Outermost: a request id on every answer and log line; then the token's check (before
     # any body is read); then the create's fast path.
     return RequestContext(inner)

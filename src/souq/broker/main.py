@@ -15,9 +15,9 @@ import uvicorn
 from souq import daemon
 from souq.auth.files import AuthDir
 from souq.broker.app import create_app
-from souq.broker.audit import AuditLog
 from souq.broker.config import BrokerConfig
 from souq.broker.service import BrokerService
+from souq.broker.token_routes import Guard
 from souq.bus.nats import NatsTransport, connect
 from souq.errors import Unavailable
 from souq.http_server import EmbeddedServer
@@ -60,14 +60,16 @@ async def serve(
     auth = AuthDir.from_env(config.auth_dir)
     transport = await _connect(config)
     service = BrokerService(transport, config)
-    audit = AuditLog(service.nats_client)
+    guard = Guard.of(auth, service.nats_client) if auth is not None else None
     sock: socket.socket | None = None
     try:
         sock = _bind(config.listen_host, config.listen_port)
         await service.start()  # (it hooks itself to the transport's outages: broker.outage)
+        if guard is not None:
+            guard.revocations.start()
         server = EmbeddedServer(
             uvicorn.Config(
-                create_app(service, auth, audit),
+                create_app(service, guard),
                 host=config.listen_host,
                 port=config.listen_port,
                 http="httptools",
@@ -100,7 +102,8 @@ async def serve(
     finally:
         if sock is not None:
             sock.close()
-        await audit.close()
+        if guard is not None:
+            await guard.close()
         await service.close()
         await transport.close()
 

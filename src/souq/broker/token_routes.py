@@ -6,27 +6,50 @@
 * ``GET /v1/tokens/self``: what the caller's own token grants.
 * ``GET /v1/tokens/key``: the cluster's public token key, with which a holder narrows a token
   offline (``souq token narrow``) and anyone checks one.
+* ``DELETE /v1/tokens/{id}`` (admin): revoke a token and its narrowed copies, on every broker
+  (:mod:`souq.broker.revocations`); ``GET /v1/tokens/revoked`` lists them.
 * ``GET /v1/audit`` (admin): the newest mutating calls, oldest first (``?app=``, ``?limit=``).
 
-Present only when the broker runs with an auth directory.
+Present only when the broker runs with an auth directory (:class:`Guard`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 
 from souq.auth.files import AuthDir
-from souq.auth.tokens import Grant, Scope, mint, public_key_text
+from souq.auth.tokens import Grant, Scope, Verifier, mint, public_key_text
 from souq.broker.audit import AuditLog
 from souq.broker.bodies import body_schema, json_response, parse_body
+from souq.broker.revocations import Revocations
 from souq.broker.schemas import check_app_name
 from souq.errors import InvalidInput, Unauthorized
 from souq.model.tokens import AuditRecord, NewToken, TokenInfo, TokenKey
 
-__all__ = ["tokens_router"]
+__all__ = ["Guard", "tokens_router"]
+
+
+@dataclass(frozen=True)
+class Guard:
+    """What a broker with an auth directory checks tokens with, and records calls in."""
+
+    auth: AuthDir
+    verifier: Verifier
+    audit: AuditLog
+    revocations: Revocations
+
+    @classmethod
+    def of(cls, auth: AuthDir, client: Any) -> Guard:
+        verifier = auth.verifier()
+        return cls(auth, verifier, AuditLog(client), Revocations(client, verifier))
+
+    async def close(self) -> None:
+        await self.revocations.close()
+        await self.audit.close()
 
 
 def _info(grant: Grant, token: str | None = None) -> TokenInfo:
@@ -48,9 +71,10 @@ def _grant(request: Request) -> Grant:
     return grant
 
 
-def tokens_router(auth: AuthDir, audit: AuditLog) -> APIRouter:
+def tokens_router(guard: Guard) -> APIRouter:
     router = APIRouter(tags=["tokens"])
-    key: Any = auth.signing_key()
+    key: Any = guard.auth.signing_key()
+    audit = guard.audit
 
     @router.post(
         "/v1/tokens", status_code=201, response_model=TokenInfo, openapi_extra=body_schema(NewToken)
@@ -73,6 +97,19 @@ def tokens_router(auth: AuthDir, audit: AuditLog) -> APIRouter:
     @router.get("/v1/tokens/key", response_model=TokenKey)
     async def token_key() -> Response:
         return json_response(TokenKey(public_key=public_key_text(key)))
+
+    @router.delete("/v1/tokens/{token_id}", status_code=204)
+    async def revoke_token(token_id: str, request: Request) -> Response:
+        """Revoke the token with that id (``t_…``) and every narrowed copy of it, for good."""
+        if not (token_id.startswith("t_") and len(token_id) <= 64 and token_id[2:].isalnum()):
+            raise InvalidInput(f"{token_id!r} is not a token id (t_…; see souq token show)")
+        await guard.revocations.revoke(token_id, by=_grant(request).identity)
+        return Response(status_code=204)
+
+    @router.get("/v1/tokens/revoked", response_model=dict[str, dict[str, Any]])
+    async def revoked_tokens() -> Response:
+        """Every revoked token id, with when and by which token."""
+        return JSONResponse(await guard.revocations.revoked())
 
     @router.get("/v1/audit", response_model=list[AuditRecord])
     async def audit_log(

@@ -273,6 +273,12 @@ class SouqClient:
     def token_key(self) -> str:
         return _one(TokenKey, self._call("GET", "/v1/tokens/key")).public_key
 
+    def revoke_token(self, token_id: str) -> None:
+        self._call("DELETE", f"/v1/tokens/{token_id}")
+
+    def revoked_tokens(self) -> dict[str, Any]:
+        return dict(self._call("GET", "/v1/tokens/revoked").json())
+
     def audit(self, *, app: str | None = None, limit: int = 100) -> list[AuditRecord]:
         params = {"limit": str(limit)} | ({"app": app} if app else {})
         return _many(AuditRecord, self._call("GET", "/v1/audit", params=params))

@@ -75,6 +75,16 @@ def narrow(
         render.line(narrow(token, key, app=app_name, scope=wanted, ttl_s=ttl))
 
 
+@token_app.command("revoke")
+def revoke(token_id: Annotated[str, typer.Argument(help="The token's id: t_…")]) -> None:
+    """Revoke a token and every narrowed copy of it, on every broker, for good (admin)."""
+    from souq.client import render
+
+    with reporting():
+        make_client().revoke_token(token_id)
+        render.line(f"token {token_id} revoked")
+
+
 @token_app.command("show")
 def show(*, as_json: JsonOpt = False) -> None:
     """What your token grants (never the token)."""

@@ -1,0 +1,99 @@
+"""Revoked tokens: a key per token id in JetStream's key-value bucket ``souq-revoked``, watched
+by every broker.
+
+Checking a token stays free of lookups: each broker keeps the revoked ids in memory
+(:meth:`souq.auth.tokens.Verifier.revoke`), filled from the bucket when it starts and kept
+current by a watch, so a revocation reaches every broker as fast as JetStream tells them (a test
+waits for both brokers of a cluster to refuse the token). A token's narrowed copies carry its id,
+so they go with it. A revocation is never taken back: make a new token instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable
+
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client
+from nats.js.kv import KeyValue
+
+from souq.auth.tokens import Verifier
+from souq.bus.jetstream import OnFirstUse, key_value, unavailable
+
+__all__ = ["BUCKET", "Revocations"]
+
+log = logging.getLogger(__name__)
+
+BUCKET = "souq-revoked"
+_RETRY_S = 1.0  # the watch starts again this long after it failed (NATS down, no JetStream)
+
+
+class Revocations:
+    def __init__(self, client: Callable[[], Client], verifier: Verifier) -> None:
+        self._verifier = verifier
+        self._bucket = OnFirstUse(lambda: _open(client()))
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._watch(), name="souq-revoked")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def revoke(self, token_id: str, by: str) -> None:
+        """Record the revocation (every broker's watch applies it; this one at once)."""
+        record = {"revoked_at_ms": int(time.time() * 1000), "by": by}
+        try:
+            await (await self._bucket.get()).put(token_id, json.dumps(record).encode())
+        except (nats.errors.Error, nats.js.errors.Error) as exc:
+            raise unavailable("the revocation list", exc) from exc
+        self._verifier.revoke(token_id)
+
+    async def revoked(self) -> dict[str, dict[str, object]]:
+        """Every revoked token id, with when and by whom."""
+        kv = await self._bucket.get()
+        out: dict[str, dict[str, object]] = {}
+        try:
+            with contextlib.suppress(nats.js.errors.NoKeysError):
+                for key in await kv.keys():
+                    entry = await kv.get(key)
+                    out[key] = json.loads(entry.value or b"{}")
+        except (nats.errors.Error, nats.js.errors.Error) as exc:
+            raise unavailable("the revocation list", exc) from exc
+        return out
+
+    async def _watch(self) -> None:
+        while True:
+            try:
+                kv = await self._bucket.get()
+                watcher = await kv.watchall()
+                try:
+                    while True:
+                        try:
+                            entry = await watcher.updates(timeout=3600)  # type: ignore[no-untyped-call]
+                        except nats.errors.TimeoutError:
+                            continue  # nothing revoked for an hour
+                        if entry is not None and entry.value:
+                            self._verifier.revoke(entry.key)
+                finally:
+                    with contextlib.suppress(Exception):
+                        await watcher.stop()  # type: ignore[no-untyped-call]
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # NATS down or no JetStream: try again, keep serving
+                log.warning("revoked tokens: the watch stopped (%s); trying again", exc)
+                await asyncio.sleep(_RETRY_S)
+
+
+async def _open(nc: Client) -> KeyValue:
+    try:
+        return await key_value(nc.jetstream(), BUCKET, "souq revoked tokens: one key per token id")
+    except (nats.errors.Error, nats.js.errors.Error) as exc:
+        raise unavailable("the revocation list", exc) from exc
