@@ -15,8 +15,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
-from typing import Any
 
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -24,30 +22,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from souq.auth.routes import need_of
 from souq.auth.tokens import ALL_APPS, Grant, Verifier
 from souq.errors import SouqError, Unauthorized
+from souq.model.tokens import AuditRecord
 
-__all__ = ["Access", "AuditEntry"]
+__all__ = ["Access"]
 
 log = logging.getLogger("souq.audit")
 
 _READS = {"GET", "HEAD", "OPTIONS"}
-
-
-@dataclass(frozen=True)
-class AuditEntry:
-    """One mutating call: when, who, what, and how it ended."""
-
-    at_ms: int
-    token: str  # the token's id (never the token)
-    token_name: str
-    method: str
-    path: str
-    app: str | None
-    status: int
-    request_id: str | None
-    client: str | None
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 class Access:
@@ -55,7 +36,7 @@ class Access:
         self,
         app: ASGIApp,
         verifier: Verifier,
-        audit: Callable[[AuditEntry], None] | None = None,
+        audit: Callable[[AuditRecord], None] | None = None,
     ) -> None:
         self.app = app
         self._verifier = verifier
@@ -100,7 +81,7 @@ class Access:
 
     def _record(self, scope: Scope, grant: Grant | None, app: str | None, status: int) -> None:
         client = scope.get("client")
-        entry = AuditEntry(
+        entry = AuditRecord(
             at_ms=int(time.time() * 1000),
             token=grant.identity if grant else "-",
             token_name=grant.name if grant else "",

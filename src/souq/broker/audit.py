@@ -1,6 +1,6 @@
 """The audit log: every mutating API call, with the token that made it, kept in JetStream.
 
-Each broker publishes an :class:`~souq.auth.access.AuditEntry` per mutating call (refused ones
+Each broker publishes an :class:`~souq.auth.access.AuditRecord` per mutating call (refused ones
 too) to ``souq.audit.<app>`` (``souq.audit._cluster`` for the cluster's own routes); the stream
 ``souq-audit`` keeps them (90 days, at most a million entries, file storage), so the log does not
 depend on which broker took a call nor on any broker staying up. ``GET /v1/audit`` (admin) reads
@@ -11,18 +11,16 @@ entry to its own log (``souq.audit`` logger) and says that it could not store it
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Callable
-from typing import Any
 
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
 from nats.js.api import StorageType, StreamConfig
 
-from souq.auth.access import AuditEntry
 from souq.bus.jetstream import OnFirstUse, unavailable
+from souq.model.tokens import AuditRecord
 
 __all__ = ["STREAM", "AuditLog"]
 
@@ -40,10 +38,10 @@ class AuditLog:
     def __init__(self, client: Callable[[], Client]) -> None:
         self._client = client
         self._stream = OnFirstUse(self._open)
-        self._queue: asyncio.Queue[AuditEntry] = asyncio.Queue(_PENDING)
+        self._queue: asyncio.Queue[AuditRecord] = asyncio.Queue(_PENDING)
         self._task: asyncio.Task[None] | None = None
 
-    def record(self, entry: AuditEntry) -> None:
+    def record(self, entry: AuditRecord) -> None:
         """Queue ``entry`` to be stored (never blocks the request that made it)."""
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._store(), name="souq-audit")
@@ -57,14 +55,14 @@ class AuditLog:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
 
-    async def entries(self, *, app: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+    async def entries(self, *, app: str | None = None, limit: int = 100) -> list[AuditRecord]:
         """The newest ``limit`` entries (of ``app``), oldest first."""
         js = (await self._stream.get()).jetstream()
         subject = f"{SUBJECT}.{app}" if app else None
         try:
             info = await js.stream_info(STREAM)
             last, first = info.state.last_seq, info.state.first_seq
-            found: list[dict[str, Any]] = []
+            found: list[AuditRecord] = []
             seq = last
             # Walk back from the newest: one message at a time (a direct read), up to a bound.
             scanned = 0
@@ -76,7 +74,7 @@ class AuditLog:
                     seq -= 1
                     continue
                 if subject is None or msg.subject == subject:
-                    found.append(json.loads(msg.data or b"{}"))
+                    found.append(AuditRecord.model_validate_json(msg.data or b"{}"))
                 seq -= 1
         except (nats.errors.Error, nats.js.errors.Error) as exc:
             raise unavailable("the audit log", exc) from exc
@@ -102,7 +100,7 @@ class AuditLog:
     async def _store(self) -> None:
         while True:
             entry = await self._queue.get()
-            data = json.dumps(entry.as_dict(), separators=(",", ":")).encode()
+            data = entry.model_dump_json().encode()
             try:
                 nc = await self._stream.get()
                 await nc.jetstream().publish(f"{SUBJECT}.{entry.app or _CLUSTER}", data)

@@ -117,7 +117,6 @@ def tokens_router(guard: Guard) -> APIRouter:
         limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     ) -> Response:
         """The newest mutating calls (of one app), oldest first, with the token that made each."""
-        entries = await audit.entries(app=app, limit=limit)
-        return json_response([AuditRecord.model_validate(e) for e in entries])
+        return json_response(await audit.entries(app=app, limit=limit))
 
     return router
