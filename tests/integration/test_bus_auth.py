@@ -1,0 +1,265 @@
+"""The locked-down bus, on a real nats-server run from `souq cluster init`'s nats.conf: who may
+connect, publish and subscribe where, JetStream included, and TLS."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nats.errors
+import nats.js.errors
+import nkeys
+import pytest
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from souq.auth.bus import NatsCredential, add_agent, credential, init_bus
+from souq.auth.files import AuthDir
+from souq.bus.nats import connect
+from souq.errors import Unauthorized, Unavailable
+from souq.images.store import ImageStore
+from souq.natsserver import NatsServer
+
+SETTLE_S = 0.3  # for a message that should not arrive, or for a refusal the server sends
+
+
+@dataclass
+class Server:
+    auth: AuthDir
+    nats: NatsServer
+    workers: tuple[str, str]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    root = tmp_path_factory.mktemp("bus")
+    auth = AuthDir.create(root / "auth")
+    init_bus(auth)
+    a = add_agent(auth, "wa")
+    b = add_agent(auth)
+    with NatsServer(store_dir=root / "nats", config=auth.nats_conf) as nats_server:
+        yield Server(auth, nats_server, (a, b))
+
+
+@dataclass
+class Conn:
+    nc: Client
+    errors: list[str] = field(default_factory=list)
+
+    def violations(self) -> list[str]:
+        return [e for e in self.errors if "permissions violation" in e.lower()]
+
+    async def collect(self, subject: str) -> list[Msg]:
+        got: list[Msg] = []
+
+        async def on(msg: Msg) -> None:
+            got.append(msg)
+
+        await self.nc.subscribe(subject, cb=on)
+        await self.nc.flush()
+        return got
+
+
+@asynccontextmanager
+async def conn(server: Server, user: str) -> AsyncIterator[Conn]:
+    c = Conn(nc=Client())
+
+    async def on_error(exc: Exception) -> None:
+        c.errors.append(str(exc))
+
+    cred = credential(server.auth, user)
+    await c.nc.connect(server.nats.url, error_cb=on_error, allow_reconnect=False, **cred.options())
+    try:
+        yield c
+    finally:
+        await c.nc.close()
+
+
+def agent(server: Server, i: int) -> str:
+    return f"agent-{server.workers[i]}"
+
+
+def test_a_client_without_credentials_is_refused(server: Server) -> None:
+    async def main() -> None:
+        with pytest.raises(Unauthorized, match="without one"):
+            await connect(server.nats.url, name="anonymous", connect_timeout=2)
+
+    asyncio.run(main())
+
+
+def test_an_nkey_the_server_does_not_know_is_refused(server: Server) -> None:
+    seed = nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER).decode()
+    stranger = NatsCredential(user="broker", seed=seed)
+
+    async def main() -> None:
+        with pytest.raises(Unauthorized, match="broker credential"):
+            await connect(server.nats.url, name="stranger", connect_timeout=2, credential=stranger)
+
+    asyncio.run(main())
+
+
+def test_a_role_connects_with_its_credential(server: Server) -> None:
+    async def main() -> None:
+        t = await connect(server.nats.url, name="b", credential=credential(server.auth, "broker"))
+        assert t.connected
+        await t.close()
+
+    asyncio.run(main())
+
+
+def test_an_agent_cannot_command_workers_nor_speak_as_another(server: Server) -> None:
+    a, b = server.workers
+
+    async def main() -> None:
+        async with (
+            conn(server, agent(server, 0)) as mallory,
+            conn(server, agent(server, 1)) as other,
+            conn(server, "broker") as broker,
+        ):
+            to_other = await other.collect("souq.worker.*.*")
+            broadcasts = await other.collect("souq.all.*")
+            beats = await broker.collect("souq.hb.>")
+            events = await broker.collect("souq.evt.>")
+            usage = await broker.collect("souq.use.>")
+            for subject in (
+                "souq.all.list",
+                f"souq.worker.{b}.destroy",
+                f"souq.hb.mad.{b}",
+                f"souq.evt.mad.{b}",
+                f"souq.use.mad.{b}",
+                "souq.discover",
+                "$KV.souq-images.x",
+                "$JS.API.STREAM.DELETE.KV_souq-images",
+            ):
+                await mallory.nc.publish(subject, b"{}")
+            await mallory.nc.publish(f"souq.hb.mad.{a}", b"{}")  # its own: allowed
+            await mallory.nc.flush()
+            await asyncio.sleep(SETTLE_S)
+            assert to_other == [] and broadcasts == [] and events == [] and usage == []
+            assert [m.subject for m in beats] == [f"souq.hb.mad.{a}"]
+            assert len(mallory.violations()) == 8, mallory.errors
+
+    asyncio.run(main())
+
+
+def test_an_agent_cannot_listen_beyond_its_own_verbs(server: Server) -> None:
+    b = server.workers[1]
+
+    async def main() -> None:
+        async with conn(server, agent(server, 0)) as mallory:
+            for subject in (f"souq.worker.{b}.*", "souq.>", "souq.evt.>", "_INBOX.broker.>", ">"):
+                await mallory.nc.subscribe(subject)
+            await mallory.nc.flush()
+            await asyncio.sleep(SETTLE_S)
+            assert len(mallory.violations()) == 5, mallory.errors
+
+    asyncio.run(main())
+
+
+def test_replies_reach_only_the_requester(server: Server) -> None:
+    a = server.workers[0]
+
+    async def main() -> None:
+        async with (
+            conn(server, agent(server, 0)) as worker,
+            conn(server, agent(server, 1)) as snoop,
+            conn(server, "broker") as broker,
+            conn(server, "proxy") as proxy,
+        ):
+
+            async def answer(msg: Msg) -> None:
+                await worker.nc.publish(msg.reply, b"config of " + msg.subject.encode())
+
+            await worker.nc.subscribe(f"souq.worker.{a}.*", cb=answer)
+            await worker.nc.flush()
+            await snoop.nc.subscribe("_INBOX.>")
+            reply = await broker.nc.request(f"souq.worker.{a}.get", b"{}", timeout=2)
+            assert reply.data == f"config of souq.worker.{a}.get".encode()
+            reply = await proxy.nc.request(f"souq.worker.{a}.start", b"{}", timeout=2)
+            assert reply.data.endswith(b".start")
+            # the proxy may wake and stop machines, not destroy them
+            with pytest.raises(nats.errors.TimeoutError):
+                await proxy.nc.request(f"souq.worker.{a}.destroy", b"{}", timeout=SETTLE_S)
+            # a reply only answers a request received: the worker cannot publish to inboxes
+            await worker.nc.publish("_INBOX.broker.x", b"unasked")
+            await worker.nc.flush()
+            await asyncio.sleep(SETTLE_S)
+            assert len(snoop.violations()) == 1, snoop.errors
+            assert len(worker.violations()) == 1, worker.errors
+            assert len(proxy.violations()) == 1, proxy.errors
+            assert broker.violations() == []
+
+    asyncio.run(main())
+
+
+def test_brokers_own_the_stores_and_agents_read_images(server: Server) -> None:
+    data = os.urandom(300_000)
+    digest = "sha256:" + __import__("hashlib").sha256(data).hexdigest()
+
+    async def main() -> None:
+        async with conn(server, "broker") as broker, conn(server, agent(server, 0)) as worker:
+            store = await ImageStore.open(broker.nc)
+            await store.blobs.put(digest.replace(":", "/"), data)
+            await store.records.put("k", b"v")
+            js = broker.nc.jetstream()
+            releases = await js.create_key_value(bucket="souq-releases")
+            await releases.put("app.1", b"a machine config")
+            secrets = await js.create_key_value(bucket="souq-secrets")
+            await secrets.put("app.KEY", b"sealed")
+
+            mine = await ImageStore.open(worker.nc)
+            assert await mine.blob(digest) == data
+            assert (await mine.records.get("k")).value == b"v"
+            sealed = await worker.nc.jetstream().key_value("souq-secrets")
+            assert (await sealed.get("app.KEY")).value == b"sealed"
+            assert worker.violations() == [], worker.errors
+            with pytest.raises((nats.errors.Error, nats.js.errors.Error)):
+                await mine.records.put("k", b"overwritten")
+            with pytest.raises((nats.errors.Error, nats.js.errors.Error, TimeoutError)):
+                await worker.nc.jetstream(timeout=1).key_value("souq-releases")
+            assert (await store.records.get("k")).value == b"v"
+            assert broker.violations() == [], broker.errors
+
+    asyncio.run(main())
+
+
+def test_an_agent_added_later_connects_after_a_reload(server: Server) -> None:
+    late = add_agent(server.auth, "wlate")
+
+    async def main() -> None:
+        cred = credential(server.auth, f"agent-{late}")
+        for _ in range(50):  # the reload is a signal: the server reads the file soon after
+            try:
+                t = await connect(server.nats.url, name="late", connect_timeout=1, credential=cred)
+            except Unauthorized:
+                await asyncio.sleep(0.1)
+                continue
+            await t.close()
+            return
+        raise AssertionError("the added agent was never let in")
+
+    asyncio.run(main())
+
+
+def test_tls_is_one_flag(tmp_path: Path) -> None:
+    auth = AuthDir.create(tmp_path / "auth")
+    init_bus(auth, tls_hosts=["nats.example"])
+    with NatsServer(store_dir=tmp_path / "nats", config=auth.nats_conf) as nats_server:
+        assert nats_server.url.startswith("tls://")
+
+        async def main() -> None:
+            cred = credential(auth, "broker")
+            assert cred.ca is not None
+            t = await connect(nats_server.url, name="tls", credential=cred)
+            assert t.connected
+            await t.close()
+            # without the CA the server's certificate is not trusted
+            bare = NatsCredential(user="broker", seed=cred.seed)
+            with pytest.raises(Unavailable):
+                await connect(nats_server.url, name="no-ca", connect_timeout=2, credential=bare)
+
+        asyncio.run(main())
