@@ -32,6 +32,7 @@ import httpx
 import psutil
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from souq.auth.bus import add_agent, init_bus, worker_id_for
 from souq.auth.files import AuthDir
 from souq.auth.locate import default_dev_dir
 from souq.daemon import loop_factory
@@ -128,6 +129,7 @@ def start_agent_process(
     ports: tuple[int, int] | None = None,
     image_cache_mb: int | None = None,
     auth_dir: Path | None = None,
+    worker_id: str | None = None,
 ) -> subprocess.Popen[bytes]:
     """``souq agent`` as a child process; its stderr goes to ``log_path`` (default: beside its
     data dir). ``ports``: its machines' host ports (default: the next block of
@@ -160,6 +162,8 @@ def start_agent_process(
         args += ["--log-format", log_format]
     if auth_dir is not None:
         args += ["--auth-dir", str(auth_dir)]
+    if worker_id is not None:
+        args += ["--worker-id", worker_id]
     low, high = ports or port_block()
     args += ["--ports", f"{low}-{high}"]
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -224,12 +228,15 @@ async def _serve(config: DevConfig, report: Callable[[DevCluster], None]) -> Non
         for old in ("workers", "nats"):
             shutil.rmtree(data_dir / old, ignore_errors=True)
     auth = AuthDir.create(data_dir)
+    init_bus(auth)  # the embedded NATS is locked down as a cluster's is
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
 
-    nats = NatsServer(port=config.nats_port or None, store_dir=data_dir / "nats")
+    nats = NatsServer(
+        port=config.nats_port or None, store_dir=data_dir / "nats", config=auth.nats_conf
+    )
     agents: list[subprocess.Popen[bytes]] = []
     broker_task: asyncio.Task[None] | None = None
     broker_stop = asyncio.Event()
@@ -308,9 +315,17 @@ def _start_agents(
                     log_format=config.log_format,
                     image_cache_mb=config.image_cache_mb,
                     auth_dir=data_dir,
+                    worker_id=add_agent(
+                        AuthDir(data_dir), worker_id_for(data_dir / "workers" / name)
+                    ),
                 )
             )
     return names
+
+
+def _credential_for(data_dir: Path, name: str) -> str:
+    """The worker id of the agent ``name``: its credential, added to the bus if new."""
+    return add_agent(AuthDir(data_dir), worker_id_for(data_dir / "workers" / name))
 
 
 def _start_proxy(

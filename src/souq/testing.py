@@ -15,11 +15,12 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import httpx
 import psutil
 
+from souq.auth.bus import NatsCredential, add_agent, credential, init_bus, worker_id_for
 from souq.auth.files import AuthDir
 from souq.auth.locate import find_token
 from souq.client.api import SouqClient
@@ -138,7 +139,9 @@ class AgentProcess(_WorkerProcess):
 
     def start(self, timeout: float = 30.0) -> None:
         offset = self._log_size()
+        auth = AuthDir.from_env(None)  # a secured cluster's: the agent gets its credential
         self.process = start_agent_process(
+            worker_id=add_agent(auth, worker_id_for(self.data_dir)) if auth else None,
             region=self.region,
             nats_url=self.nats_url,
             data_dir=self.data_dir,
@@ -326,6 +329,17 @@ class Cluster:
             token = self.auth.admin()
         return SouqClient(self.brokers[broker].url, token=token, timeout=timeout)
 
+    def nats_credential(self, role: str = "broker") -> NatsCredential | None:
+        """A role's credential on this cluster's bus (None when it is open), for a test that
+        connects to NATS itself: ``connect(url, credential=...)``, or nats-py's
+        ``connect(url, **credential.options())``."""
+        return credential(self.auth, role) if self.auth is not None else None
+
+    def nats_options(self, role: str = "broker") -> dict[str, Any]:
+        """nats-py's ``connect`` options for a role on this cluster's bus (none: it is open)."""
+        cred = self.nats_credential(role)
+        return cred.options() if cred is not None else {}
+
     def add_agent(self, region: str, **kwargs: object) -> AgentProcess:
         n = sum(1 for a in self.agents if a.region == region) + 1
         agent = AgentProcess(
@@ -344,6 +358,8 @@ class Cluster:
         self.root.mkdir(parents=True, exist_ok=True)
         if self._secured:
             self.auth = AuthDir.create(self.root / "auth")
+            init_bus(self.auth)  # NATS is locked down: each role with its own nkey
+            self.nats.config = self.auth.nats_conf
             self._environment = contextlib.ExitStack()
             self._environment.enter_context(
                 environment(SOUQ_AUTH_DIR=str(self.auth.path), SOUQ_TOKEN=self.auth.admin())

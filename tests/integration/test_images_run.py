@@ -139,8 +139,8 @@ def test_a_config_without_command_or_image_is_refused(cluster: Cluster) -> None:
     assert caught.value.http_status == 422 and "image" in caught.value.message
 
 
-async def _tamper(nats_url: str, digest: str) -> None:
-    nc = await nats.connect(nats_url)
+async def _tamper(cluster: Cluster, digest: str) -> None:
+    nc = await nats.connect(cluster.nats.url, **cluster.nats_options("broker"))
     try:
         store = await ImageStore.open(nc)
         await store.blobs.put(digest.replace(":", "/"), b"not the layer you are looking for")
@@ -155,7 +155,7 @@ def test_a_layer_that_does_not_match_its_digest_never_runs(
     reference = build(cluster, tmp_path / "app", greeting="tampered", cmd=["touch", str(marker)])
     with cluster.client() as client:
         record = client.image(reference)
-    asyncio.run(_tamper(cluster.nats.url, record.layers[0].digest))
+    asyncio.run(_tamper(cluster, record.layers[0].digest))
     with cluster.client() as client:
         machine = client.create_machine(APP, "mad", {**ONE_SHOT, "image": reference})
         failed = client.wait(APP, machine.id, MachineState.FAILED, timeout=60)

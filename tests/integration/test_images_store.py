@@ -36,8 +36,8 @@ def app_dir(root: Path, greeting: str = "hello") -> Path:
     return root
 
 
-async def _blobs(nats_url: str, digests: list[str]) -> list[bytes]:
-    nc = await nats.connect(nats_url)
+async def _blobs(cluster: Cluster, digests: list[str]) -> list[bytes]:
+    nc = await nats.connect(cluster.nats.url, **cluster.nats_options("broker"))
     try:
         store = await ImageStore.open(nc)
         return [await store.blob(d) for d in digests]
@@ -66,7 +66,7 @@ def test_build_stores_the_image_and_list_shows_it(cluster: Cluster, tmp_path: Pa
     assert by_name["reference"] == reference
     # Every blob is in JetStream's object store, and reads back as its digest says.
     digests = [layer["digest"] for layer in by_name["layers"]] + [by_name["config_digest"]]
-    blobs = asyncio.run(_blobs(cluster.nats.url, digests))
+    blobs = asyncio.run(_blobs(cluster, digests))
     assert [len(b) for b in blobs[:-1]] == [layer["size"] for layer in by_name["layers"]]
 
 
@@ -145,7 +145,7 @@ def test_a_worker_cache_pulls_from_the_cluster_store(cluster: Cluster, tmp_path:
     ).json()
 
     async def pull() -> tuple[Path, int]:
-        nc = await nats.connect(cluster.nats.url)
+        nc = await nats.connect(cluster.nats.url, **cluster.nats_options("broker"))
         try:
             store = await ImageStore.open(nc)
             cache = ImageCache(tmp_path / "cache", limit_bytes=2**30, fetch=store.stream)

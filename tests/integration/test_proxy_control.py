@@ -36,7 +36,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 @pytest.fixture
 async def control(cluster: Cluster) -> AsyncIterator[ControlPlane]:
-    transport = await connect(cluster.nats.url, name="test-proxy")
+    transport = await connect(
+        cluster.nats.url, name="test-proxy", credential=cluster.nats_credential("proxy")
+    )
     plane = ControlPlane(
         ProxyConfig(nats_url=cluster.nats.url, region="mad", autostop_interval_s=3600),
         transport,
@@ -183,7 +185,9 @@ async def test_a_standby_starts_when_its_primarys_worker_is_lost(tmp_path: Path)
         for _ in range(2):
             c.add_agent("mad", heartbeat_interval_s=0.2, stop_machines_on_exit=False)
         c.wait_for_workers()
-        transport = await connect(c.nats.url, name="test-proxy")
+        transport = await connect(
+            c.nats.url, name="test-proxy", credential=c.nats_credential("proxy")
+        )
         plane = ControlPlane(
             ProxyConfig(nats_url=c.nats.url, region="mad", autostop_interval_s=3600), transport
         )

@@ -47,6 +47,11 @@ class AgentConfig(BaseModel):
     auth_dir: Path | None = Field(
         default=None, description="the cluster's auth directory (souq cluster init)"
     )
+    worker_id: str | None = Field(
+        default=None,
+        description="with an auth directory holding several agent credentials: which one "
+        "(agent-ID.nk); the worker takes its id from its credential",
+    )
     data_dir: Path = Field(default_factory=DEFAULT_DATA_DIR.expanduser)
     cpus: float | None = Field(default=None, gt=0)
     memory_mb: int | None = Field(default=None, gt=0)

@@ -32,6 +32,8 @@ from souq.agent.publisher import Pacer
 from souq.agent.reaper import Reaper, make_subreaper
 from souq.agent.service import AgentService
 from souq.agent.store import Store
+from souq.auth.bus import NatsCredential, agent_credential
+from souq.auth.files import AuthDir
 from souq.bus.transport import Transport
 from souq.clock import Clock
 from souq.drivers.base import Driver
@@ -124,7 +126,8 @@ class Agent:
         config = self.config
         self._store = self._given_store or Store(config.data_dir)
         try:
-            self.worker_id = self._store.worker_id()
+            credential = self._credential(self._store)
+            self.worker_id = self._store.worker_id(credential.worker_id if credential else None)
             outbox = Outbox()  # events wait here while the bus is down
             admission = Admission(
                 worker_id=self.worker_id,
@@ -154,7 +157,7 @@ class Agent:
                 from souq.bus.nats import connect
 
                 self._transport = await connect(
-                    config.nats_url, name=f"souq-agent-{self.worker_id}"
+                    config.nats_url, name=f"souq-agent-{self.worker_id}", credential=credential
                 )
             client = getattr(self._transport, "client", None)  # NATS: JetStream holds images
             if self._executor.images is not None and client is not None:
@@ -183,6 +186,15 @@ class Agent:
             await self.aclose()
             raise
         log.info("agent %s ready in region %s", self.worker_id, config.region)
+
+    def _credential(self, store: Store) -> NatsCredential | None:
+        """With an auth directory, the agent's own credential: the worker id it speaks as
+        (adopted by a new data dir; a data dir of another worker is refused)."""
+        auth = AuthDir.from_env(self.config.auth_dir)
+        if auth is None or self._transport is not None:
+            return None
+        stored = store.meta("worker_id")
+        return agent_credential(auth, stored=stored, asked=self.config.worker_id)
 
     async def aclose(self) -> None:
         if self.metrics is not None:

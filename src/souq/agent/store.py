@@ -209,13 +209,15 @@ class Store:
 
     # -- worker --------------------------------------------------------------------------------
 
-    def worker_id(self) -> str:
-        """This worker's id: made once, then the same for every agent on this data dir."""
+    def worker_id(self, adopt: str | None = None) -> str:
+        """This worker's id: made once (``adopt``: that one, its credential's), then the same
+        for every agent on this data dir."""
         rows = self._read("SELECT value FROM meta WHERE key = 'worker_id'")
         if rows:
             return str(rows[0][0])
         with self._write() as db:
-            db.execute("INSERT OR IGNORE INTO meta VALUES ('worker_id', ?)", (new_worker_id(),))
+            new = adopt or new_worker_id()
+            db.execute("INSERT OR IGNORE INTO meta VALUES ('worker_id', ?)", (new,))
         return str(self._read("SELECT value FROM meta WHERE key = 'worker_id'")[0][0])
 
     def meta(self, key: str) -> str | None:

@@ -10,6 +10,7 @@ running from it on this host is told to reload it (its pid is in ``DIR/nats-serv
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import ssl
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import nkeys
+import nkeys  # type: ignore[import-untyped]
 import psutil
 
 from souq.auth.files import AuthDir, write_private
@@ -43,8 +44,10 @@ __all__ = [
     "agent_ids",
     "choose_worker",
     "credential",
+    "daemon_credential",
     "init_bus",
     "reload_server",
+    "worker_id_for",
     "write_conf",
 ]
 
@@ -79,11 +82,13 @@ class NatsCredential:
 
 
 def _new_seed() -> str:
-    return nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER).decode()
+    seed: bytes = nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER)
+    return seed.decode()
 
 
 def _public(seed: str) -> str:
-    return str(nkeys.from_seed(bytearray(seed.strip().encode())).public_key.decode())
+    public: bytes = nkeys.from_seed(bytearray(seed.strip().encode())).public_key
+    return public.decode()
 
 
 def _seed_path(auth: AuthDir, user: str) -> Path:
@@ -131,6 +136,8 @@ def add_agent(auth: AuthDir, worker_id: str | None = None, *, reload: bool = Tru
         raise InvalidInput(
             f"{wid!r} cannot be a worker id", hint="use letters, digits, '-' and '_'"
         ) from None
+    if _seed_path(auth, user).exists():
+        return wid
     write_private(_seed_path(auth, user), _new_seed() + "\n")
     write_conf(auth)
     if reload:
@@ -185,6 +192,20 @@ def credential(auth: AuthDir, user: str) -> NatsCredential:
     return NatsCredential(user=user, seed=seed, ca=_ca(auth))
 
 
+def daemon_credential(auth_dir: Path | None, role: str) -> NatsCredential | None:
+    """A daemon's credential: its role's, from ``--auth-dir`` or ``SOUQ_AUTH_DIR`` (none: the
+    bus is open, as in a test of one component)."""
+    auth = AuthDir.from_env(auth_dir)
+    return credential(auth, role) if auth is not None else None
+
+
+def worker_id_for(data_dir: Path) -> str:
+    """The worker id ``souq dev`` and the test cluster give the agent of ``data_dir``: the same
+    for the same directory, so a restarted agent finds its credential again."""
+    digest = hashlib.sha256(str(data_dir.resolve()).encode()).hexdigest()
+    return "w" + digest[:12]
+
+
 def choose_worker(available: Sequence[str], stored: str | None, asked: str | None) -> str:
     """Which agent credential an agent uses: the one asked for (``--worker-id``), else the one
     of the worker id its data dir already has, else the only one there is. An agent whose
@@ -212,4 +233,3 @@ def choose_worker(available: Sequence[str], stored: str | None, asked: str | Non
 
 def agent_credential(auth: AuthDir, *, stored: str | None, asked: str | None) -> NatsCredential:
     return credential(auth, agent_user(choose_worker(agent_ids(auth), stored, asked)))
-

@@ -3,7 +3,7 @@ made by ``souq cluster init DIR --tls``::
 
     DIR/tls/ca.pem       the CA's certificate: every daemon verifies the server with it
     DIR/tls/ca.key       the CA's private key (0600): signs server certificates; keep it offline
-    DIR/tls/server.pem   the NATS server's certificate (names: localhost, 127.0.0.1, ::1, --tls-host)
+    DIR/tls/server.pem   the NATS server's certificate (localhost, 127.0.0.1, ::1, --tls-host)
     DIR/tls/server.key   its private key (0600)
 """
 

@@ -13,6 +13,7 @@ import socket
 import uvicorn
 
 from souq import daemon
+from souq.auth.bus import NatsCredential, daemon_credential
 from souq.auth.files import AuthDir
 from souq.broker.app import create_app
 from souq.broker.config import BrokerConfig
@@ -58,7 +59,7 @@ async def serve(
     """Serve the broker until ``stop`` is set (or for ever). ``ready`` is set once the HTTP
     socket listens and the broker has asked the workers to announce themselves."""
     auth = AuthDir.from_env(config.auth_dir)
-    transport = await _connect(config)
+    transport = await _connect(config, daemon_credential(config.auth_dir, "broker"))
     service = BrokerService(transport, config)
     guard = Guard.of(auth, service.nats_client) if auth is not None else None
     sock: socket.socket | None = None
@@ -108,13 +109,18 @@ async def serve(
         await transport.close()
 
 
-async def _connect(config: BrokerConfig) -> NatsTransport:
+async def _connect(config: BrokerConfig, credential: NatsCredential | None) -> NatsTransport:
     # The deadline is kept here as well as in `connect`: nats-py retries a first connection for
     # ever when reconnects are unbounded, and a broker pointed at the wrong URL must say so.
     timeout = config.nats_connect_timeout_s
     try:
         async with asyncio.timeout(timeout):
-            return await connect(config.nats_url, name="souq-broker", connect_timeout=timeout)
+            return await connect(
+                config.nats_url,
+                name="souq-broker",
+                connect_timeout=timeout - 0.5,  # so that a refusal is told as one
+                credential=credential,
+            )
     except TimeoutError:
         raise Unavailable(
             f"cannot connect to NATS at {config.nats_url} within {timeout:g}s",

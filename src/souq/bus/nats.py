@@ -41,7 +41,8 @@ class Credential(Protocol):
     """What a daemon proves itself with (:class:`souq.auth.bus.NatsCredential`): nats-py's
     options for it (its nkey, its own inbox, the CA when the bus runs TLS)."""
 
-    user: str
+    @property
+    def user(self) -> str: ...
 
     def options(self) -> dict[str, Any]: ...
 

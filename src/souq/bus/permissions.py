@@ -1,29 +1,23 @@
 """Who may publish and subscribe where on the bus: one NATS user per role, and nats-server's
-configuration for them. Pure: the auth directory (:mod:`souq.auth.nats`) holds the keys and
+configuration for them. Pure: the auth directory (:mod:`souq.auth.bus`) holds the keys and
 writes the file.
 
-=================  ===========================================  ====================================
-role (user)        publishes                                     subscribes
-=================  ===========================================  ====================================
-``broker``         every worker verb, ``souq.all.*``,             heartbeats, events, usage; its inbox
-                   ``souq.offers.*``, ``souq.discover``;
-                   JetStream (it owns the stores)
-``proxy``          the verbs of a wake-up, an autostop and        heartbeats, events, usage; its inbox
-                   the view's sync (start, stop, suspend, get,
-                   list, digest, locate, wait), ``souq.all.*``
-                   of the view, ``souq.discover``
-``view``           the view's sync verbs only                    heartbeats, events, usage; its inbox
-``agent-<W>``      heartbeats, events and usage *as W*;           ``souq.worker.W.*``, offers,
-                   replies; reads the image and secrets           ``souq.all.*``, ``souq.discover``;
-                   buckets                                        its inbox
-``fleet``          heartbeats, events and usage of any worker;   every worker's verbs, offers,
-                   replies (hollow workers: scale tests only)     ``souq.all.*``, discover; its inbox
-=================  ===========================================  ====================================
+* ``broker`` publishes every worker verb, ``souq.all.*``, ``souq.offers.*``, ``souq.discover``
+  and to JetStream (it owns the stores, the audit log's ``souq.audit.>`` included); subscribes
+  to heartbeats, events and usage.
+* ``proxy`` publishes the verbs of a wake-up, an autostop and the view's sync (start, stop,
+  suspend, wait; get, list, digest, locate), ``souq.all.*`` of the view and ``souq.discover``;
+  subscribes to heartbeats, events and usage.
+* ``view``: the view's sync verbs only; heartbeats, events and usage.
+* ``agent-<W>`` publishes heartbeats, events and usage *as W* and reads the image and secrets
+  buckets; subscribes to ``souq.worker.W.*``, offers, ``souq.all.*`` and ``souq.discover``.
+* ``fleet`` (hollow workers, for scale tests only) speaks as any worker: every worker's verbs,
+  offers, broadcasts; heartbeats, events and usage of any worker.
 
 Replies go by ``allow_responses``: a user answers only the requests it received, once each, to
 the requester's inbox. Every user's inbox is its own (``_INBOX.<user>.…``, set with nats-py's
-``inbox_prefix``) and nobody else may subscribe there: a reply carrying a machine's config reaches
-the requester alone.
+``inbox_prefix``) and nobody else may subscribe there: a reply carrying a machine's config
+reaches the requester alone.
 """
 
 from __future__ import annotations
@@ -151,6 +145,7 @@ def permissions_of(user: str) -> Permissions:
                 "$JS.API.>",
                 "$KV.>",
                 "$O.>",
+                f"{P}.audit.>",  # the audit log's stream (souq.broker.audit)
             ),
             subscribe=(*OBSERVED, inbox),
         )

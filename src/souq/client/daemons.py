@@ -87,6 +87,14 @@ def agent(
     data_dir: Annotated[
         Path | None, typer.Option("--data-dir", help="Where the agent keeps its state.")
     ] = None,
+    worker_id: Annotated[
+        str | None,
+        typer.Option(
+            "--worker-id",
+            help="Which agent credential of the auth directory (agent-ID.nk) to use, when it "
+            "holds several; the worker takes its id from it.",
+        ),
+    ] = None,
     cpus: Annotated[float | None, typer.Option("--cpus", help="CPU cores to offer.")] = None,
     memory_mb: Annotated[
         int | None, typer.Option("--memory-mb", help="Memory to offer, in MiB.")

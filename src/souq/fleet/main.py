@@ -31,6 +31,7 @@ from souq import daemon
 from souq.agent.config import AgentConfig, Region
 from souq.agent.load import LoadGauge
 from souq.agent.main import Agent
+from souq.auth.bus import daemon_credential
 from souq.bus.nats import NatsTransport, connect
 from souq.clock import SystemClock
 from souq.fleet.bus import FleetBus
@@ -93,7 +94,11 @@ class Fleet:
         config = self.config
         try:
             if self._transport is None:
-                self._transport = await connect(config.nats_url, name="souq-fleet")
+                self._transport = await connect(
+                    config.nats_url,
+                    name="souq-fleet",
+                    credential=daemon_credential(config.auth_dir, "fleet"),
+                )
             self._bus = FleetBus(self._transport)
             await self._bus.start()
             self._pacer = FleetPacer(interval_s=config.interval_s)

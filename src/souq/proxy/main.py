@@ -13,6 +13,7 @@ from starlette.types import ASGIApp
 
 from souq import daemon
 from souq.auth.access import Access
+from souq.auth.bus import daemon_credential
 from souq.auth.files import AuthDir
 from souq.bus.nats import connect
 from souq.compiled import compiled
@@ -36,7 +37,10 @@ async def serve(
     stop: asyncio.Event | None = None,
 ) -> None:
     transport = await connect(
-        config.nats_url, name="souq-proxy", connect_timeout=NATS_CONNECT_TIMEOUT_S
+        config.nats_url,
+        name="souq-proxy",
+        connect_timeout=NATS_CONNECT_TIMEOUT_S,
+        credential=daemon_credential(config.auth_dir, "proxy"),
     )
     plane = ControlPlane(config, transport)
     admin: asyncio.Task[None] | None = None
