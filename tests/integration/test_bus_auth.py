@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -20,9 +22,12 @@ from nats.aio.msg import Msg
 from souq.auth.bus import NatsCredential, add_agent, credential, init_bus
 from souq.auth.files import AuthDir
 from souq.bus.nats import connect
+from souq.dev import start_agent_process
 from souq.errors import Unauthorized, Unavailable
 from souq.images.store import ImageStore
 from souq.natsserver import NatsServer
+from souq.procs import terminate
+from souq.testing import wait_until
 
 SETTLE_S = 0.3  # for a message that should not arrive, or for a refusal the server sends
 
@@ -228,7 +233,15 @@ def test_brokers_own_the_stores_and_agents_read_images(server: Server) -> None:
 
 
 def test_an_agent_added_later_connects_after_a_reload(server: Server) -> None:
-    late = add_agent(server.auth, "wlate")
+    added = subprocess.run(
+        [sys.executable, "-m", "souq", "cluster", "add-agent", str(server.auth.path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    late = added.stdout.strip()
+    assert "reloaded" in added.stderr
 
     async def main() -> None:
         cred = credential(server.auth, f"agent-{late}")
@@ -243,6 +256,36 @@ def test_an_agent_added_later_connects_after_a_reload(server: Server) -> None:
         raise AssertionError("the added agent was never let in")
 
     asyncio.run(main())
+
+
+def test_an_agent_takes_its_id_from_its_credential_and_keeps_to_it(
+    server: Server, tmp_path: Path
+) -> None:
+    a, b = server.workers
+    data_dir = tmp_path / "worker"
+
+    def start(worker_id: str) -> subprocess.Popen[bytes]:
+        return start_agent_process(
+            region="mad",
+            nats_url=server.nats.url,
+            data_dir=data_dir,
+            auth_dir=server.auth.path,
+            worker_id=worker_id,
+            log_path=tmp_path / "agent.log",
+        )
+
+    agent = start(a)
+    try:
+        wait_until(
+            lambda: f"souq agent {a} ready" in (tmp_path / "agent.log").read_text(),
+            timeout=30,
+            message="the agent to be ready as its credential's worker",
+        )
+    finally:
+        terminate(agent, timeout=10)
+    other = start(b)  # the same data dir, another worker's credential: refused
+    assert other.wait(timeout=30) != 0
+    assert f"belongs to worker {a}" in (tmp_path / "agent.log").read_text()
 
 
 def test_tls_is_one_flag(tmp_path: Path) -> None:

@@ -9,7 +9,8 @@ directory of mode 0700::
     DIR/admin.token    a token with admin on every app and the cluster
     DIR/secrets.key    the key app secrets are encrypted with at rest (AES-256-GCM)
     DIR/nats.conf      nats-server's configuration: one user per role, each with its nkey
-    DIR/nats/ROLE.nk   each role's nkey seed (broker, proxy, view, agent-WORKER)
+    DIR/nats/ROLE.nk   each role's nkey seed (broker, proxy, view, fleet, agent-WORKER)
+    DIR/tls/           with --tls: the bus's CA and server certificate (souq.auth.tls)
 
 A file that exists is never rewritten: running ``init`` again on the same directory keeps the
 cluster's keys (and adds what is missing).

@@ -585,6 +585,10 @@ from souq.client.auth_cli import register_auth  # noqa: E402 (it uses the helper
 
 register_auth(app)
 
+from souq.client.cluster_cli import register_cluster  # noqa: E402 (it uses the helpers above)
+
+register_cluster(app)
+
 
 def main() -> None:
     """The ``souq`` console script."""

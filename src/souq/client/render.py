@@ -142,6 +142,12 @@ def line(text: str) -> None:
     sys.stdout.flush()
 
 
+def note(text: str) -> None:
+    """One plain line on stderr: what a command did, beside its answer on stdout."""
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
+
+
 def logs(chunk: str, *, as_json: bool = False) -> None:
     """Machine output exactly as it came; with ``--json`` one ``{"data": ...}`` line per chunk."""
     if as_json:

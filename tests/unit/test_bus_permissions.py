@@ -1,0 +1,57 @@
+"""The bus's roles: what each may publish and subscribe to, and which credential an agent takes."""
+
+from __future__ import annotations
+
+import pytest
+
+from souq.auth.bus import choose_worker
+from souq.bus.permissions import User, nats_conf, permissions_of
+from souq.errors import InvalidInput
+
+
+def test_an_agent_speaks_only_as_itself() -> None:
+    perms = permissions_of("agent-w1")
+    assert {"souq.hb.*.w1", "souq.evt.*.w1", "souq.use.*.w1"} <= set(perms.publish)
+    assert not any(s.startswith(("souq.worker", "souq.all", "souq.offers")) for s in perms.publish)
+    assert not any(s.startswith(("$KV", "$O", "$JS.API.>")) for s in perms.publish)
+    assert "souq.worker.w1.*" in perms.subscribe
+    assert not any(
+        s.startswith(("souq.hb", "souq.evt", "souq.use", "souq.worker.*")) for s in perms.subscribe
+    )
+    assert "_INBOX.agent-w1.>" in perms.subscribe
+
+
+def test_only_brokers_send_every_verb_and_the_proxy_only_its_own() -> None:
+    assert "souq.worker.*.*" in permissions_of("broker").publish
+    proxy = permissions_of("proxy").publish
+    assert "souq.worker.*.start" in proxy and "souq.worker.*.destroy" not in proxy
+    assert "souq.worker.*.*" not in proxy and "souq.worker.*.claim" not in proxy
+    view = permissions_of("view").publish
+    assert "souq.worker.*.get" in view and "souq.worker.*.start" not in view
+
+
+def test_a_name_that_is_no_role_is_refused() -> None:
+    with pytest.raises(ValueError):
+        permissions_of("admin")
+    with pytest.raises(ValueError):
+        permissions_of("agent-a.b")
+
+
+def test_the_configuration_names_every_user_by_nkey() -> None:
+    conf = nats_conf([User("broker", "UB"), User("agent-w1", "UA")])
+    assert conf.count("nkey:") == 2 and '"souq.hb.*.w1"' in conf
+    assert "tls {" not in conf and "no_auth_user" not in conf
+
+
+def test_which_credential_an_agent_takes() -> None:
+    assert choose_worker(["w1"], None, None) == "w1"  # a new agent adopts the only one
+    assert choose_worker(["w1", "w2"], "w2", None) == "w2"  # its stored id's
+    assert choose_worker(["w1", "w2"], None, "w1") == "w1"  # the one asked for
+    with pytest.raises(InvalidInput, match="2 agent credentials"):
+        choose_worker(["w1", "w2"], None, None)
+    with pytest.raises(InvalidInput, match="no agent credential"):
+        choose_worker([], None, None)
+    with pytest.raises(InvalidInput, match="belongs to worker w9"):
+        choose_worker(["w1"], "w9", None)  # a data dir of another worker: refused
+    with pytest.raises(InvalidInput, match="belongs to worker w2"):
+        choose_worker(["w1", "w2"], "w2", "w1")
