@@ -9,9 +9,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from souq.auth.bus import init_bus
+from souq.auth.files import AuthDir
 from souq.client.api import SouqClient
 from souq.natsserver import NatsServer
-from souq.testing import BrokerProcess, FleetProcess, auth_headers, wait_until
+from souq.testing import BrokerProcess, FleetProcess, auth_headers, environment, wait_until
 
 WORKERS = 100
 
@@ -19,7 +21,12 @@ WORKERS = 100
 @pytest.fixture(scope="module")
 def fleet_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     root: Path = tmp_path_factory.mktemp("fleet")
-    with NatsServer(store_dir=root / "nats") as nats:
+    auth = AuthDir.create(root / "auth")
+    init_bus(auth)  # the fleet joins a locked-down bus with its own user
+    with (
+        environment(SOUQ_AUTH_DIR=str(auth.path), SOUQ_TOKEN=auth.admin()),
+        NatsServer(store_dir=root / "nats", config=auth.nats_conf) as nats,
+    ):
         fleet = FleetProcess(
             nats_url=nats.url,
             region="hol",
@@ -32,7 +39,7 @@ def fleet_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         try:
             fleet.start()
             broker.start()
-            client = SouqClient(broker.url)
+            client = SouqClient(broker.url, token=auth.admin())
             wait_until(
                 lambda: sum(w.state.value == "up" for w in client.workers()) == WORKERS,
                 timeout=30,
