@@ -69,6 +69,16 @@ class Conn:
         return got
 
 
+async def settle(*expected: tuple[Conn, int]) -> None:
+    """Until each connection was told of its expected number of refusals (they come apart
+    from the calls that caused them), then a moment for anything else that should not come."""
+    for _ in range(100):
+        if all(len(c.violations()) >= n for c, n in expected):
+            break
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(SETTLE_S)
+
+
 @asynccontextmanager
 async def conn(server: Server, user: str) -> AsyncIterator[Conn]:
     c = Conn(nc=Client())
@@ -143,7 +153,7 @@ def test_an_agent_cannot_command_workers_nor_speak_as_another(server: Server) ->
                 await mallory.nc.publish(subject, b"{}")
             await mallory.nc.publish(f"souq.hb.mad.{a}", b"{}")  # its own: allowed
             await mallory.nc.flush()
-            await asyncio.sleep(SETTLE_S)
+            await settle((mallory, 8))
             assert to_other == [] and broadcasts == [] and events == [] and usage == []
             assert [m.subject for m in beats] == [f"souq.hb.mad.{a}"]
             assert len(mallory.violations()) == 8, mallory.errors
@@ -159,7 +169,7 @@ def test_an_agent_cannot_listen_beyond_its_own_verbs(server: Server) -> None:
             for subject in (f"souq.worker.{b}.*", "souq.>", "souq.evt.>", "_INBOX.broker.>", ">"):
                 await mallory.nc.subscribe(subject)
             await mallory.nc.flush()
-            await asyncio.sleep(SETTLE_S)
+            await settle((mallory, 5))
             assert len(mallory.violations()) == 5, mallory.errors
 
     asyncio.run(main())
@@ -192,7 +202,7 @@ def test_replies_reach_only_the_requester(server: Server) -> None:
             # a reply only answers a request received: the worker cannot publish to inboxes
             await worker.nc.publish("_INBOX.broker.x", b"unasked")
             await worker.nc.flush()
-            await asyncio.sleep(SETTLE_S)
+            await settle((snoop, 1), (worker, 1), (proxy, 1))
             assert len(snoop.violations()) == 1, snoop.errors
             assert len(worker.violations()) == 1, worker.errors
             assert len(proxy.violations()) == 1, proxy.errors
