@@ -33,6 +33,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 __all__ = ["LOG", "LogRotator", "output_start", "read_output", "recover", "rotate"]
 
@@ -120,7 +121,9 @@ def rotate(workdir: Path, max_bytes: int) -> bool:
         block = os.fstatvfs(f.fileno()).f_bsize or 4096
         head = (size - 1) // block * block  # whole blocks, short of the end (the kernel's rule)
         if head and _SUPPORTED.get(os.fstat(f.fileno()).st_dev, True):
-            _copy(f.fileno(), workdir / (ROTATED + _TMP), head)
+            # The newest max_bytes of the head are kept: output.log.1 stays within the bound.
+            keep = min(head, max_bytes)
+            _copy(f.fileno(), workdir / (ROTATED + _TMP), head - keep, keep)
             _write_state(workdir, LogState(base=state.base, rotating=head))
             os.replace(workdir / (ROTATED + _TMP), workdir / ROTATED)
             err = _fallocate(f.fileno(), _FALLOC_FL_COLLAPSE_RANGE, 0, head)
@@ -132,7 +135,10 @@ def rotate(workdir: Path, max_bytes: int) -> bool:
                 raise OSError(err, f"cannot collapse the log's head: {os.strerror(err)}")
             _SUPPORTED[os.fstat(f.fileno()).st_dev] = False
             log.info("%s cannot collapse a file's head: logs rotate by copy and truncate", path)
-        moved = _copy(f.fileno(), workdir / (ROTATED + _TMP), None)
+        moved = _copy(f.fileno(), workdir / (ROTATED + _TMP), 0, None)
+        if moved > max_bytes:  # the newest max_bytes are kept
+            with open(workdir / (ROTATED + _TMP), "r+b") as r:
+                _collapse_or_copy(r, moved - max_bytes)
         os.replace(workdir / (ROTATED + _TMP), workdir / ROTATED)
         os.ftruncate(f.fileno(), 0)  # (the machine's appends go on at the new end)
         _write_state(workdir, LogState(base=state.base + moved))
@@ -148,10 +154,11 @@ def recover(workdir: Path) -> None:
     head = state.rotating
     rotated, path = workdir / ROTATED, workdir / LOG
     collapsed = True
-    if _size(rotated) == head and _size(path) >= head:
-        n = min(_COMPARE, head)
+    kept = _size(rotated)
+    if kept and _size(path) >= head:
+        n = min(_COMPARE, kept)
         with open(rotated, "rb") as r, open(path, "r+b") as f:
-            r.seek(head - n)
+            r.seek(kept - n)  # output.log.1 ends where the head did
             f.seek(head - n)
             if r.read(n) == f.read(n):  # the head is still there: the collapse did not happen
                 collapsed = False
@@ -160,14 +167,14 @@ def recover(workdir: Path) -> None:
     _write_state(workdir, LogState(base=state.base + head))
 
 
-def _copy(fd: int, target: Path, length: int | None) -> int:
-    """Copy ``length`` bytes (None: to the end) from the start of ``fd`` to ``target``."""
+def _copy(fd: int, target: Path, start: int, length: int | None) -> int:
+    """Copy ``length`` bytes (None: to the end) from ``start`` of ``fd`` to ``target``."""
     out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
     copied = 0
     try:
         while length is None or copied < length:
             want = 1 << 20 if length is None else min(1 << 20, length - copied)
-            n = os.sendfile(out, fd, copied, want)
+            n = os.sendfile(out, fd, start + copied, want)
             if n == 0:
                 break
             copied += n
@@ -191,6 +198,15 @@ def _fallocate(fd: int, mode: int, offset: int, length: int) -> int:
 
 
 _SUPPORTED: dict[int, bool] = {}  # by device: False once a collapse was refused
+
+
+def _collapse_or_copy(f: BinaryIO, length: int) -> None:
+    """Drop the first ``length`` bytes of a file nobody else writes."""
+    f.seek(length)
+    rest = f.read()
+    f.seek(0)
+    f.write(rest)
+    f.truncate()
 
 
 def _collapse(fd: int, length: int) -> None:
