@@ -69,6 +69,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self._stall.cancel()
             self._stall = None
 
+    def handle_websocket_upgrade(self) -> None:
+        self._disarm()  # the connection is the websocket protocol's from now on
+        super().handle_websocket_upgrade()
+
     # -- a request ---------------------------------------------------------------------------
 
     def on_message_begin(self) -> None:
