@@ -1,14 +1,14 @@
 """Run the benchmarks, or those named: ``python -m bench [spine scale c1m ...]``.
 
 Without names, the default suites run (``spine``, ``scale``, ``tradeoff``, ``view``,
-``supervise``, ``creates``, ``proxy``, ``wake``, ``images``, ``deploy``); ``c1m`` (100,000
-machines onto 5,000 hollow workers, a few minutes) runs only when named."""
+``supervise``, ``creates``, ``proxy``, ``wake``, ``images``, ``deploy``, ``attack``); ``c1m``
+(100,000 machines onto 5,000 hollow workers, a few minutes) runs only when named."""
 
 from __future__ import annotations
 
 import sys
 
-from bench import creates, deploy, images, proxy, scale, spine, supervise, view, wake
+from bench import attack, creates, deploy, images, proxy, scale, spine, supervise, view, wake
 
 SUITES = {
     "spine": spine.main,
@@ -22,6 +22,7 @@ SUITES = {
     "wake": wake.main,
     "images": images.main,
     "deploy": deploy.main,
+    "attack": attack.main,
 }
 DEFAULT = [
     "spine",
@@ -34,6 +35,7 @@ DEFAULT = [
     "wake",
     "images",
     "deploy",
+    "attack",
 ]
 
 

@@ -118,8 +118,7 @@ def _direct_boot(server: Path, flags: str, count: int) -> float:
     argv = [sys.executable, *flags.split(), str(server)]
     t0 = time.perf_counter()
     procs = [
-        subprocess.Popen(argv, env={**os.environ, "PORT": str(p)}, cwd=server.parent)
-        for p in ports
+        subprocess.Popen(argv, env={**os.environ, "PORT": str(p)}, cwd=server.parent) for p in ports
     ]
     try:
         waiting, deadline = set(ports), t0 + 60

@@ -27,6 +27,7 @@ PURE = [
     "market",
     "sim",
     "apps",
+    "limits.py",
 ]
 
 # Anything that touches the network, processes, files or a database.

@@ -18,6 +18,7 @@ PUBLIC = {
     "Backend",
     "BadRequest",
     "HeadersTooLarge",
+    "RequestTimeout",
     "MachineError",
     "NoHooks",
     "NoMachines",

@@ -396,7 +396,7 @@ class Commands:
         ``finished`` once the machine is destroyed."""
         ex = self._ex
         ex.row(app, machine_id)
-        offset = max(offset, 0)
+        offset = max(offset, ex.driver.output_start(machine_id))  # older output rotated out
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
         while True:

@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from souq.agent.restart import Backoff
+from souq.limits import LOG_MAX_BYTES, check_metadata
 
 __all__ = ["DEFAULT_DATA_DIR", "AgentConfig", "Region"]
 
@@ -58,6 +59,12 @@ class AgentConfig(BaseModel):
     disk_mb: int | None = Field(default=None, ge=0)
     gpus: int | None = Field(default=None, ge=0)
     labels: dict[str, str] = Field(default_factory=dict)
+    log_max_bytes: int = Field(
+        default=LOG_MAX_BYTES,
+        ge=4096,
+        description="a machine's output log rotates past this size; one rotated file is kept, "
+        "so a machine's output takes at most about twice this on disk",
+    )
     heartbeat_interval_s: float = Field(default=1.0, gt=0)
     metrics_port: int = Field(
         default=0, ge=0, le=65535, description="serve Prometheus /metrics here; 0: off"
@@ -98,6 +105,12 @@ class AgentConfig(BaseModel):
             low, high = int(v[0]), int(v[1])
             if not 1024 <= low <= high <= 65535:
                 raise ValueError(f"port range {low}-{high}: use 1024-65535, low to high")
+        return v
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
+        check_metadata(v, what="labels")
         return v
 
     @field_validator("data_dir", mode="before")

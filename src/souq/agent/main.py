@@ -11,6 +11,7 @@ store and the connection.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import sys
@@ -38,6 +39,8 @@ from souq.bus.transport import Transport
 from souq.clock import Clock
 from souq.drivers.base import Driver
 from souq.drivers.host import HostDriver
+from souq.drivers.logfile import LogRotator
+from souq.limits import LOG_CHECK_INTERVAL_S
 from souq.loop_clock import LoopClock
 
 if TYPE_CHECKING:
@@ -82,6 +85,12 @@ class Agent:
         self._commands: Commands | None = None
         self._service: AgentService | None = None
         self.metrics: MetricsServer | None = None  # --metrics-port
+        self.log_rotator = LogRotator(
+            config.data_dir / "machines",
+            max_bytes=config.log_max_bytes,
+            interval_s=LOG_CHECK_INTERVAL_S,
+        )
+        self._rotating: asyncio.Task[None] | None = None
         self._host_driver = (
             None
             if driver is not None
@@ -151,6 +160,9 @@ class Agent:
                 images=self._images(),
             )
             self._executor.fault = fault_point(config.data_dir)
+            if self._host_driver is not None:  # machine output logs: bounded, rotated
+                self.log_rotator.recover_all()
+                self._rotating = asyncio.create_task(self.log_rotator.run(), name="souq-logs")
             self._commands = Commands(self._executor, self._clock)
             self._executor.recover()
             if self._transport is None:
@@ -197,6 +209,11 @@ class Agent:
         return agent_credential(auth, stored=stored, asked=self.config.worker_id)
 
     async def aclose(self) -> None:
+        if self._rotating is not None:
+            self._rotating.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._rotating
+            self._rotating = None
         if self.metrics is not None:
             self.metrics.close()
             self.metrics = None

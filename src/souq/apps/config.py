@@ -68,7 +68,7 @@ __all__ = [
 ]
 
 DEFAULT_GROUP = "app"  # the process group of an app that names none (fly.toml's too)
-_GROUP = re.compile(r"^[a-z][a-z0-9_-]{0,30}$")
+_GROUP = re.compile(r"^[a-z]([a-z0-9-]{0,29}[a-z0-9])?$")  # a DNS label, shorter
 _REGION = re.compile(r"^[a-z0-9][a-z0-9-]{0,30}$")
 _MEMORY = re.compile(r"^\s*(\d+)\s*(mb|gb)\s*$", re.IGNORECASE)
 
@@ -190,7 +190,10 @@ class AppConfig(_Section):
     def _processes(cls, v: dict[str, str]) -> dict[str, str]:
         for name, command in v.items():
             if not _GROUP.match(name):
-                raise ValueError(f"process group {name!r}: lower-case letters, digits, '-', '_'")
+                raise ValueError(
+                    f"process group {name!r}: 1-31 lowercase letters, digits and '-', "
+                    "starting with a letter (a DNS label)"
+                )
             try:
                 if not shlex.split(command):
                     raise ValueError(f"process group {name!r} has an empty command")

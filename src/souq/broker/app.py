@@ -14,7 +14,7 @@ from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import PlainTextResponse, Response
 from pydantic import BaseModel
 from starlette.datastructures import Headers, QueryParams
 from starlette.types import ASGIApp
@@ -32,6 +32,7 @@ from souq.broker.bodies import (
 )
 from souq.broker.change_routes import changes_router
 from souq.broker.cluster_routes import (
+    client_address,
     cluster_router,
     machines_response,
     stale_machine_response,
@@ -54,8 +55,11 @@ from souq.broker.schemas import (
     UpdateMachineRequest,
 )
 from souq.broker.service import BrokerService
+from souq.broker.streams import SlotResponse
 from souq.broker.token_routes import Guard, tokens_router
 from souq.errors import InvalidInput, SouqError
+from souq.http_limits import BodyLimit, RouteLimit
+from souq.limits import BODY_IMAGE_BYTES
 from souq.model import (
     Machine,
     MachineEvent,
@@ -68,17 +72,22 @@ from souq.model import (
 from souq.model.batch import BatchCreateRequest, BatchResult
 from souq.model.release import NewRelease, ReleaseUpdate
 
-__all__ = ["create_app"]
+__all__ = ["BODY_LIMITS", "create_app"]
 
 log = logging.getLogger(__name__)
 
 M = TypeVar("M", bound=BaseModel)
 
+# Every other route takes bodies of up to souq.limits.BODY_DEFAULT_BYTES.
+BODY_LIMITS = (RouteLimit("POST", "/v1/images", BODY_IMAGE_BYTES, "POST /v1/images"),)
+
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorBody, "description": text}
     for code, text in {
         400: "the body is not JSON (`malformed_request`)",
+        413: "the body is over the route's limit (`payload_too_large`)",
         404: "no such machine (`not_found`)",
+        429: "too many streams open (`too_many_requests`)",
         409: "`illegal_transition`, `idempotency_conflict`, `quote_used`, `insufficient_capacity`",
         422: "a field is invalid (`invalid_input`, `unknown_region`)",
         503: "NATS or the owning worker is unreachable (`unavailable`)",
@@ -179,9 +188,10 @@ def create_app(service: BrokerService, guard: Guard | None = None) -> ASGIApp:
     if guard is not None:
         api.include_router(tokens_router(guard))
         inner = Access(inner, guard.verifier, guard.audit.record)
-    # Outermost: a request id on every answer and log line; then the token's check (before
-    # any body is read); then the create's fast path.
-    return RequestContext(inner)
+    # Outermost: a request id on every answer and log line; then bodies over their route's
+    # limit refused before anything reads them; then the token's check (before any body is
+    # read); then the create's fast path.
+    return RequestContext(BodyLimit(inner, routes=BODY_LIMITS))
 
 
 def _routes(service: BrokerService, create: CreateHandler) -> FastAPI:
@@ -366,14 +376,20 @@ def _routes(service: BrokerService, create: CreateHandler) -> FastAPI:
         responses={200: {"content": {"text/plain": {}}, "description": "the machine's output"}},
         tags=["machines"],
     )
-    async def machine_logs(app: AppName, machine_id: str, follow: bool = False) -> Response:
+    async def machine_logs(
+        app: AppName, machine_id: str, request: Request, follow: bool = False
+    ) -> Response:
         if not follow:
             return PlainTextResponse(await service.logs(app, machine_id))
         await service.get_machine(app, machine_id)  # a 404 before the stream starts
-        return StreamingResponse(
+        client = client_address(request)
+        service.streams.take(client)  # 429 past the streams one client may hold
+        return SlotResponse(
             _until_error(service.follow_logs(app, machine_id)),
             media_type="text/plain; charset=utf-8",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            slots=service.streams,
+            client=client,
         )
 
     @api.get(machine_path + "/events", response_model=list[MachineEvent], tags=["machines"])

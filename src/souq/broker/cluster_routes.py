@@ -6,18 +6,20 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query
+from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 from pydantic import Field
 
 from souq.broker.metrics import CONTENT_TYPE
 from souq.broker.service import BrokerService
+from souq.broker.streams import SlotResponse
 from souq.clock import iso_from_ms
 from souq.model import Record, Resources, WorkerState
 from souq.view import ClusterEvent, RegionSummary
 
 __all__ = [
     "AppSummary",
+    "client_address",
     "cluster_router",
     "machines_response",
     "stale_machine_response",
@@ -77,6 +79,11 @@ def _with_worker_state(body: str, state: WorkerState | None) -> str:
     return body[:-1] + f',"worker_state":"{value}"}}'
 
 
+def client_address(request: Request) -> str:
+    """Whom a stream counts against: the client's address."""
+    return request.client.host if request.client is not None else "unknown"
+
+
 def _sse(event: ClusterEvent) -> str:
     return f"id: {event.seq}\nevent: {event.kind}\ndata: {event.model_dump_json()}\n\n"
 
@@ -119,7 +126,8 @@ def cluster_router(service: BrokerService) -> APIRouter:
         response_class=StreamingResponse,
         responses={200: {"content": {"text/event-stream": {}}, "description": "events"}},
     )
-    async def events(
+    async def events(  # noqa: PLR0917 (FastAPI passes the query's parameters by name)
+        request: Request,
         app: str | None = None,
         worker: str | None = None,
         follow: bool = False,
@@ -129,12 +137,21 @@ def cluster_router(service: BrokerService) -> APIRouter:
         """Machine and worker events as server-sent events, oldest first, from the ones this
         broker still holds; ``follow=true`` keeps the stream open for new ones. Resuming after
         an id whose successors are gone (or that another broker gave) first sends a ``gap``
-        event: re-list what you follow, then go on."""
+        event: re-list what you follow, then go on. A client may hold so many followed streams
+        open at once (429 ``too_many_requests`` past that, see docs/limits.md)."""
         start = last_event_id if last_event_id is not None else (since or 0)
-        return StreamingResponse(
-            _stream(service, start, app=app, worker=worker, follow=follow),
+        body = _stream(service, start, app=app, worker=worker, follow=follow)
+        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        if not follow:
+            return StreamingResponse(body, media_type="text/event-stream", headers=headers)
+        client = client_address(request)
+        service.streams.take(client)
+        return SlotResponse(
+            body,
             media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            headers=headers,
+            slots=service.streams,
+            client=client,
         )
 
     return router

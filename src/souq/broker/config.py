@@ -7,12 +7,14 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from souq.limits import HttpLimits
 from souq.model.policy import PlacementDefaults
 
 __all__ = ["BrokerConfig"]
 
 Seconds = Annotated[float, Field(gt=0)]  # a timeout or an interval: longer than nothing
 AtLeastOne = Annotated[int, Field(ge=1)]  # a count or a limit that zero would make meaningless
+_HTTP = HttpLimits()  # the defaults
 
 
 class BrokerConfig(BaseModel):
@@ -93,3 +95,37 @@ class BrokerConfig(BaseModel):
     events_buffer: AtLeastOne = Field(
         default=10_000, description="events kept for `GET /v1/events` to resume from"
     )
+    header_timeout_s: Seconds = Field(
+        default=_HTTP.header_timeout_s,
+        description="a request's headers must arrive within this (from the connection's "
+        "opening or the request's first byte); then 408 and the connection is closed",
+    )
+    body_grace_s: Seconds = Field(
+        default=_HTTP.body_grace_s,
+        description="a body must arrive within this after its headers, plus a second per "
+        "`body_min_rate` bytes received",
+    )
+    body_min_rate: AtLeastOne = Field(default=_HTTP.body_min_rate, description="bytes/s")
+    write_stall_s: Seconds = Field(
+        default=_HTTP.write_stall_s,
+        description="a client that reads nothing sent to it for this long is dropped",
+    )
+    streams_per_client: AtLeastOne = Field(
+        default=_HTTP.streams_per_client,
+        description="event and log streams one client address may hold open (then 429)",
+    )
+    streams_total: AtLeastOne = Field(
+        default=_HTTP.streams_total, description="event and log streams open at once (then 429)"
+    )
+
+    @property
+    def http_limits(self) -> HttpLimits:
+        """The deadlines and caps of the broker's HTTP connections (souq.http_guard)."""
+        return HttpLimits(
+            header_timeout_s=self.header_timeout_s,
+            body_grace_s=self.body_grace_s,
+            body_min_rate=self.body_min_rate,
+            write_stall_s=self.write_stall_s,
+            streams_per_client=self.streams_per_client,
+            streams_total=self.streams_total,
+        )

@@ -12,13 +12,14 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 
 from souq.broker.service import BrokerService
-from souq.errors import InvalidInput
+from souq.errors import InvalidInput, PayloadTooLarge
 from souq.images import read_layout_bytes
+from souq.limits import BODY_IMAGE_BYTES, size_text
 from souq.model.image import ImageRecord
 
 __all__ = ["MAX_IMAGE_BYTES", "images_router"]
 
-MAX_IMAGE_BYTES = 2 * 2**30  # an upload larger than this is refused before it is read whole
+MAX_IMAGE_BYTES = BODY_IMAGE_BYTES  # refused before it is read whole (souq.http_limits too)
 
 
 def images_router(service: BrokerService) -> APIRouter:
@@ -66,8 +67,8 @@ async def _read_body(request: Request) -> bytes:
     return b"".join(chunks)
 
 
-def _too_large() -> InvalidInput:
-    return InvalidInput(
-        f"the image is larger than {MAX_IMAGE_BYTES // 2**20} MiB",
+def _too_large() -> PayloadTooLarge:
+    return PayloadTooLarge(
+        f"the image is larger than {size_text(MAX_IMAGE_BYTES)}, the limit of POST /v1/images",
         hint="make the image smaller, e.g. leave build outputs and caches out of the directory",
     )

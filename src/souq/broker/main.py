@@ -10,8 +10,6 @@ import asyncio
 import logging
 import socket
 
-import uvicorn
-
 from souq import daemon
 from souq.auth.bus import NatsCredential, daemon_credential
 from souq.auth.files import AuthDir
@@ -21,7 +19,7 @@ from souq.broker.service import BrokerService
 from souq.broker.token_routes import Guard
 from souq.bus.nats import NatsTransport, connect
 from souq.errors import Unavailable
-from souq.http_server import EmbeddedServer
+from souq.http_server import EmbeddedServer, server_config
 
 __all__ = ["run", "serve"]
 
@@ -69,14 +67,11 @@ async def serve(
         if guard is not None:
             guard.revocations.start()
         server = EmbeddedServer(
-            uvicorn.Config(
+            server_config(
                 create_app(service, guard),
+                limits=config.http_limits,
                 host=config.listen_host,
                 port=config.listen_port,
-                http="httptools",
-                lifespan="off",
-                access_log=False,
-                log_level="warning",
                 timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
             )
         )

@@ -30,6 +30,7 @@ from souq.broker.market import Market
 from souq.broker.metrics import BrokerMetrics
 from souq.broker.outage import BusGuard
 from souq.broker.schemas import CreateMachineRequest, QuoteRequest
+from souq.broker.streams import StreamSlots
 from souq.bus import Transport, bus_unavailable
 from souq.clock import Clock, SystemClock
 from souq.errors import NotFound, SouqError, Unavailable
@@ -96,6 +97,9 @@ class BrokerService:
         self.book = self.liveness.book
         self.market = Market(self.client, self.liveness, config, self._clock, pipeline=pipeline)
         self.images = ImageResolver(self.nats_client)
+        self.streams = StreamSlots(  # event and log streams open (souq.broker.streams)
+            per_client=config.streams_per_client, total=config.streams_total
+        )
         self._creates: Coalescer[Machine] = Coalescer()
         self.view = ClusterView(
             transport,

@@ -137,6 +137,14 @@ def agent(
         int | None,
         typer.Option("--image-cache-mb", help="Bound of the image cache in MiB (default 10240)."),
     ] = None,
+    log_max_bytes: Annotated[
+        int | None,
+        typer.Option(
+            "--log-max-bytes",
+            help="A machine's output log rotates past this size; one rotated file is kept "
+            "(default 4 MiB).",
+        ),
+    ] = None,
     log_format: LogFormatOpt = LogFormat.TEXT,
 ) -> None:
     """Run a worker agent in the foreground."""

@@ -145,7 +145,12 @@ class Driver(Protocol):
         ...
 
     def read_output(self, machine_id: str, offset: int, max_bytes: int) -> tuple[bytes, int]:
-        """Up to ``max_bytes`` of the machine's output from ``offset``, and the output's size."""
+        """Up to ``max_bytes`` of the machine's output from ``offset`` (a logical offset: it
+        goes on across the log's rotations), and the output's size."""
+        ...
+
+    def output_start(self, machine_id: str) -> int:
+        """The offset of the oldest byte of output still kept (older output was rotated out)."""
         ...
 
     def close(self) -> None:

@@ -42,7 +42,7 @@ from pathlib import Path
 
 import psutil
 
-from souq.drivers import processes
+from souq.drivers import logfile, processes
 from souq.drivers.base import ExitStatus, Handle, MachineSpec, SpawnError
 from souq.drivers.cgroups import CgroupEntry, Cgroups, placement_shell
 from souq.drivers.processes import machine_nofile, resolve_program
@@ -54,7 +54,7 @@ __all__ = ["INHERITED_ENV", "ExecDriver", "resolve_program"]
 log = logging.getLogger(__name__)
 
 INHERITED_ENV = ("PATH", "HOME", "LANG")
-_LOG = "output.log"
+_LOG = logfile.LOG  # rotated by the agent (souq.drivers.logfile)
 _PIDFILE = "pid"
 _EXIT = "exit"  # written by souq-waiter: "code N" or "signal N"
 _START_TIME_TOLERANCE_S = 0.005  # start times have clock-tick (10 ms) resolution
@@ -553,15 +553,11 @@ class ExecDriver:
         shutil.rmtree(self.machine_dir(machine_id), ignore_errors=True)
 
     def read_output(self, machine_id: str, offset: int, max_bytes: int) -> tuple[bytes, int]:
-        try:
-            with open(self.machine_dir(machine_id) / _LOG, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                if offset >= size or max_bytes <= 0:
-                    return b"", size
-                f.seek(offset)
-                return f.read(min(max_bytes, size - offset)), size
-        except FileNotFoundError:
-            return b"", 0
+        """Across the log's rotations (:mod:`souq.drivers.logfile`)."""
+        return logfile.read_output(self.machine_dir(machine_id), offset, max_bytes)
+
+    def output_start(self, machine_id: str) -> int:
+        return logfile.output_start(self.machine_dir(machine_id))
 
     def close(self) -> None:
         if self._refill is not None:

@@ -145,6 +145,9 @@ class HostDriver:
     def read_output(self, machine_id: str, offset: int, max_bytes: int) -> tuple[bytes, int]:
         return self.exec.read_output(machine_id, offset, max_bytes)
 
+    def output_start(self, machine_id: str) -> int:
+        return self.exec.output_start(machine_id)
+
     def destroy(self, machine_id: str) -> None:
         self.exec.destroy(machine_id)
         if not self.cgroups.remove(machine_id):

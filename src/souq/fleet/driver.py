@@ -94,6 +94,9 @@ class HollowDriver:
     def read_output(self, machine_id: str, offset: int, max_bytes: int) -> tuple[bytes, int]:
         return b"", 0
 
+    def output_start(self, machine_id: str) -> int:
+        return 0
+
     def close(self) -> None:
         pass
 

@@ -9,6 +9,15 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from souq.limits import (
+    CONSTRAINTS_MAX,
+    DNS_LABEL_MAX,
+    SERVICES_MAX,
+    check_argv,
+    check_env,
+    check_metadata,
+    dns_label_problem,
+)
 from souq.model.base import Input, Record
 from souq.model.constraint import Constraint
 from souq.model.placement import Placement
@@ -32,9 +41,8 @@ __all__ = [
 ]
 
 APP_NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
-_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$")
-MAX_SERVICES = 16
+MAX_SERVICES = SERVICES_MAX
 
 
 class MachineState(StrEnum):
@@ -142,7 +150,9 @@ class MachineConfig(Input):
     stop_config: StopConfig = Field(default_factory=StopConfig)
     metadata: dict[str, str] = Field(default_factory=dict)
     constraints: list[Constraint] = Field(
-        default_factory=list, description="every one must hold on the worker that takes it"
+        default_factory=list,
+        max_length=CONSTRAINTS_MAX,
+        description="every one must hold on the worker that takes it",
     )
     distinct_workers_for: Literal["app"] | None = Field(
         default=None, description="`app`: never two machines of this app on one worker"
@@ -174,6 +184,13 @@ class MachineConfig(Input):
     def _cmd(cls, v: list[str]) -> list[str]:
         if v and not v[0].strip():
             raise ValueError("the command (cmd[0]) must not be empty")
+        check_argv(v)
+        return v
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata(cls, v: dict[str, str]) -> dict[str, str]:
+        check_metadata(v)
         return v
 
     @model_validator(mode="after")
@@ -201,18 +218,19 @@ class MachineConfig(Input):
     @field_validator("env")
     @classmethod
     def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        check_env(v)
         for key in v:
-            if not _ENV_KEY.match(key):
-                raise ValueError(f"environment variable name {key!r} is not valid")
             if key.startswith("SOUQ_"):
                 raise ValueError(f"{key!r}: names starting with SOUQ_ are set by Souq")
         return v
 
 
 def validate_name(v: str | None) -> str | None:
-    if v is not None and not _NAME.match(v):
+    """A machine's name is a DNS label (it may name the machine in a host name)."""
+    if v is not None and dns_label_problem("name", v):
         raise ValueError(
-            "name must be 1-63 letters, digits, '-', '_' or '.', starting alphanumeric"
+            f"name must be 1-{DNS_LABEL_MAX} lowercase letters, digits and '-', starting and "
+            f"ending with a letter or digit (a DNS label): {v!r} is not"
         )
     return v
 

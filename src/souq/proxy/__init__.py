@@ -27,7 +27,14 @@ refuse_stale()
 
 # ruff: noqa: E402 - the check above must come before the compiled modules are imported
 from souq.proxy.config import RelayConfig
-from souq.proxy.errors import AppNotFound, BadRequest, HeadersTooLarge, MachineError, NoMachines
+from souq.proxy.errors import (
+    AppNotFound,
+    BadRequest,
+    HeadersTooLarge,
+    MachineError,
+    NoMachines,
+    RequestTimeout,
+)
 from souq.proxy.hooks import NoHooks, ProxyHooks
 from souq.proxy.metrics import CONTENT_TYPE, ProxyStats, metrics_text
 from souq.proxy.relay import Relay, reuse_port_socket, serve
@@ -56,6 +63,7 @@ __all__ = [
     "ProxyStats",
     "Relay",
     "RelayConfig",
+    "RequestTimeout",
     "RoutingTable",
     "Slot",
     "metrics_text",

@@ -49,9 +49,11 @@ PAUSE_BROKEN = 16  # the bytes could not be parsed: nothing more is read
 class ClientConnection(asyncio.Protocol):
     __slots__ = (
         "active",
+        "body_since",
         "closed",
         "eof",
         "feeding",
+        "head_since",
         "header_bytes",
         "last",
         "last_used",
@@ -81,6 +83,7 @@ class ClientConnection(asyncio.Protocol):
         self.header_bytes = 0
         self.feeding = self.closed = self.eof = self.writing_paused = False
         self.last_used = 0.0
+        self.head_since = self.body_since = 0.0  # see souq.proxy.deadlines
 
     # -- asyncio -----------------------------------------------------------------------------------
 
@@ -88,7 +91,7 @@ class ClientConnection(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
         peer = transport.get_extra_info("peername")
         self.peer_ip = str(peer[0]).encode() if isinstance(peer, tuple) else b"unknown"
-        self.last_used = self.relay.now
+        self.last_used = self.head_since = self.relay.now
         self.relay.clients.add(self)
 
     def data_received(self, data: bytes) -> None:
@@ -96,6 +99,8 @@ class ClientConnection(asyncio.Protocol):
             self._upgrade_waits(data)
             return
         self.feeding = True
+        if self.parsing is None and not self.head_since:  # a new request's first bytes
+            self.head_since = self.relay.now
         try:
             self.parser.feed_data(data)
         except HttpParserUpgrade as upgrade:
@@ -173,6 +178,8 @@ class ClientConnection(asyncio.Protocol):
         parser = self.parser
         relay = self.relay
         ex.t0 = perf_counter()
+        self.head_since = 0.0
+        self.body_since = relay.now
         ex.method = parser.get_method()
         keep_alive = parser.should_keep_alive()
         ex.keep_alive = keep_alive and not self.eof

@@ -9,6 +9,8 @@ a stable ``status`` code and an HTTP status like every other Souq error::
     ├── MalformedRequest
     │   ├── BadRequest         400 bad_request     (the client sent something that is not HTTP)
     │   └── HeadersTooLarge    431 headers_too_large
+    ├── WaitTimeout
+    │   └── RequestTimeout     408 request_timeout (the request did not arrive in time)
     ├── Unavailable
     │   └── NoMachines         503 no_machines     (nothing could serve before the deadline)
     └── MachineError           502 machine_error   (the machine refused, reset or sent garbage)
@@ -22,7 +24,7 @@ from __future__ import annotations
 import json
 from http import HTTPStatus
 
-from souq.errors import MalformedRequest, NotFound, SouqError, Unavailable
+from souq.errors import MalformedRequest, NotFound, SouqError, Unavailable, WaitTimeout
 
 __all__ = [
     "AppNotFound",
@@ -30,6 +32,7 @@ __all__ = [
     "HeadersTooLarge",
     "MachineError",
     "NoMachines",
+    "RequestTimeout",
     "answer",
 ]
 
@@ -47,6 +50,10 @@ class HeadersTooLarge(MalformedRequest, status="headers_too_large", http_status=
 
 
 class NoMachines(Unavailable, status="no_machines"): ...
+
+
+class RequestTimeout(WaitTimeout, status="request_timeout"):
+    """A client's request did not arrive in time (headers, or a body too slow): a slowloris."""
 
 
 class MachineError(SouqError, status="machine_error", http_status=502):

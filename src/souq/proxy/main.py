@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import logging
 
-import uvicorn
 from starlette.types import ASGIApp
 
 from souq import daemon
@@ -18,7 +17,8 @@ from souq.auth.files import AuthDir
 from souq.bus.nats import connect
 from souq.compiled import compiled
 from souq.errors import Unavailable
-from souq.http_server import EmbeddedServer
+from souq.http_limits import BodyLimit
+from souq.http_server import EmbeddedServer, server_config
 from souq.proxy.config import RelayConfig
 from souq.proxy.daemon import ControlPlane, ProxyConfig
 from souq.proxy.relay import Relay
@@ -97,16 +97,7 @@ async def _admin(plane: ControlPlane, relay: Relay, port: int, auth: AuthDir | N
     app: ASGIApp = plane.admin_app(relay.metrics_text)
     if auth is not None:
         app = Access(app, auth.verifier())
-    server = EmbeddedServer(
-        uvicorn.Config(
-            app,
-            host="127.0.0.1",
-            port=port,
-            lifespan="off",
-            access_log=False,
-            log_level="warning",
-        )
-    )
+    server = EmbeddedServer(server_config(BodyLimit(app), host="127.0.0.1", port=port))
     await server.serve()
 
 

@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 from bisect import bisect_left
 from time import perf_counter
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, cast
 
+from souq.proxy import deadlines
 from souq.proxy.admission import Admission
 from souq.proxy.config import RelayConfig
 from souq.proxy.downstream import ClientConnection
@@ -42,6 +44,8 @@ if TYPE_CHECKING:
 
 
 __all__ = ["Relay", "reuse_port_socket", "serve"]
+
+log = logging.getLogger(__name__)
 
 _SWEEP_EVERY_S = 1.0
 _HOSTS_KEPT = 4096
@@ -253,14 +257,20 @@ class Relay:
         self._on_done(ex.app or "", backend, status, seconds)
 
     async def _sweep(self) -> None:
-        """Close keep-alive connections nobody used for a while, both sides."""
+        """Close keep-alive connections nobody used for a while, both sides, and a client's
+        that is past a deadline for its request (a slowloris)."""
         while True:
             await asyncio.sleep(_SWEEP_EVERY_S)
             self.pool.sweep()
             self.now = self.pool.now
-            limit = self.now - self.config.client_idle_s
+            now = self.now
+            limit = now - self.config.client_idle_s
             for client in list(self.clients):
-                if (
+                why = deadlines.late(client, now)
+                if why is not None:
+                    log.info("closed a client's connection: %s", why)
+                    deadlines.time_out(client, why)
+                elif (
                     client.active is None
                     and client.parsing is None
                     and not client.queue
