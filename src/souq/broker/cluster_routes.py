@@ -80,7 +80,11 @@ def _with_worker_state(body: str, state: WorkerState | None) -> str:
 
 
 def client_address(request: Request) -> str:
-    """Whom a stream counts against: the client's address."""
+    """Whom a stream counts against: the token that asked (its id: narrowed copies count with
+    it), else — on a broker without tokens — the client's address."""
+    grant = request.scope.get("state", {}).get("grant")
+    if grant is not None:
+        return f"token {grant.token_id}"
     return request.client.host if request.client is not None else "unknown"
 
 

@@ -1,5 +1,6 @@
 """Caps on the long-lived streams a broker serves (``GET /v1/events?follow=true``, ``GET
-.../logs?follow=true``): so many per client address, so many in all; past either, 429
+.../logs?follow=true``): so many per client (its token, or its address on a broker without
+tokens), so many in all; past either, 429
 ``too_many_requests`` before the stream starts. A stream holds its slot until its response is
 over, however it ends (the client left, a dead reader was dropped, the broker stops)."""
 
