@@ -46,3 +46,15 @@ def test_need_of(method: str, path: str, need: Need | None) -> None:
 def test_scopes_nest() -> None:
     assert Scope.ADMIN.covers() == [Scope.READ, Scope.WRITE, Scope.DEPLOY, Scope.ADMIN]
     assert Scope.READ.covers() == [Scope.READ]
+
+
+def test_a_stream_counts_against_its_token_else_its_address() -> None:
+    from starlette.requests import Request
+
+    from souq.auth.tokens import Grant
+    from souq.broker.cluster_routes import client_address
+
+    grant = Grant("t_1", "", "web", Scope.READ, None, 1)
+    base = {"type": "http", "method": "GET", "path": "/", "headers": [], "client": ("10.0.0.7", 5)}
+    assert client_address(Request({**base, "state": {"grant": grant}})) == "token t_1"
+    assert client_address(Request(base)) == "10.0.0.7"
