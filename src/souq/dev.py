@@ -60,6 +60,9 @@ class DevConfig(BaseModel):
     worker_cpus: float | None = Field(default=None, gt=0)
     worker_memory_mb: int | None = Field(default=None, gt=0)
     image_cache_mb: int | None = Field(default=None, ge=0, description="each worker's image cache")
+    machine_user: str | None = Field(
+        default=None, description="who machines run as (default: nobody for root, else you)"
+    )
     data_dir: Path | None = Field(
         default=None,
         description="default: ~/.local/state/souq/dev (its workers and NATS store are "
@@ -128,6 +131,7 @@ def start_agent_process(
     log_format: str = "text",
     ports: tuple[int, int] | None = None,
     image_cache_mb: int | None = None,
+    machine_user: str | None = None,
     auth_dir: Path | None = None,
     worker_id: str | None = None,
 ) -> subprocess.Popen[bytes]:
@@ -152,6 +156,10 @@ def start_agent_process(
         args += ["--memory-mb", str(memory_mb)]
     if image_cache_mb is not None:
         args += ["--image-cache-mb", str(image_cache_mb)]
+    if machine_user is not None:  # root only as asked for: the caller named it
+        args += ["--machine-user", machine_user]
+        if machine_user in ("0", "root"):
+            args.append("--allow-root-machines")
     for key, value in (labels or {}).items():
         args += ["--label", f"{key}={value}"]
     if stop_machines_on_exit:
@@ -318,6 +326,7 @@ def _start_agents(
                     worker_id=add_agent(
                         AuthDir(data_dir), worker_id_for(data_dir / "workers" / name)
                     ),
+                    machine_user=config.machine_user,
                 )
             )
     return names

@@ -122,10 +122,15 @@ class _WorkerProcess(_ChildProcess):
 
 @dataclass(kw_only=True, eq=False)
 class AgentProcess(_WorkerProcess):
-    """One ``souq agent`` child process."""
+    """One ``souq agent`` child process. Its machines run as the test's own user by default
+    (``machine_user``: the test's interpreter and files are that user's, e.g. under a home
+    directory others cannot enter); ``machine_user=None`` gives the agent's own default
+    (nobody, for an agent run as root). ``auth_dir``: its ``--auth-dir``."""
 
     what = "agent"
     data_dir: Path
+    machine_user: str | None = field(default_factory=lambda: str(os.geteuid()))
+    auth_dir: Path | None = None
     labels: Mapping[str, str] | None = None
     stop_machines_on_exit: bool = True
     heartbeat_interval_s: float | None = None
@@ -152,6 +157,8 @@ class AgentProcess(_WorkerProcess):
             log_path=self.log_path,
             heartbeat_interval_s=self.heartbeat_interval_s,
             image_cache_mb=self.image_cache_mb,
+            machine_user=self.machine_user,
+            auth_dir=self.auth_dir,
         )
 
         def ready() -> str | None:

@@ -83,7 +83,7 @@ def test_stop_escalates_to_sigkill(tmp_path: Path) -> None:
     async def body() -> None:
         driver = ExecDriver(tmp_path)
         handle = driver.start(spec("sh", "-c", "trap '' INT; echo ready; exec sleep 60"))
-        log = tmp_path / "m1" / "output.log"
+        log = tmp_path / ".agent" / "m1" / "output.log"
         await eventually(lambda: log.exists() and "ready" in log.read_text())
         status = await driver.stop(handle, signal.SIGINT, 0.2)
         assert status == ExitStatus(signal="SIGKILL")
@@ -306,7 +306,7 @@ def test_the_agent_takes_more_descriptors_and_machines_keep_its_old_limit(tmp_pa
         while len(padding) < 1100:  # the next descriptors are past select()'s 1024
             padding.append(os.open(os.devnull, os.O_RDONLY))
         handle = driver.start(spec("sh", "-c", "ulimit -n; exec sleep 60"))
-        log = tmp_path / "m1" / "output.log"
+        log = tmp_path / ".agent" / "m1" / "output.log"
         await eventually(lambda: log.exists() and log.read_text().strip() != "")
         assert log.read_text().split() == ["1024"]
         assert driver.inspect(handle)
@@ -355,7 +355,7 @@ def test_meanwhile_runs_once_while_the_process_is_on_its_way(
 
     async def body() -> None:
         driver = ExecDriver(tmp_path, use_waiter=use_waiter)
-        log = tmp_path / "m1" / "output.log"
+        log = tmp_path / ".agent" / "m1" / "output.log"
         calls: list[bool] = []
 
         def meanwhile() -> None:

@@ -56,7 +56,7 @@ def test_claim_starts_the_process_with_souq_env(nats_url: str, tmp_path: Path) -
             assert "SOUQ_REGION=mad" in out
             assert f"SOUQ_WORKER_ID={h.worker_id}" in out
             assert "GREETING=hola" in out
-            log_file = tmp_path / "machines" / m.id / "output.log"
+            log_file = tmp_path / "machines" / ".agent" / m.id / "output.log"
             assert log_file.read_text() == out
             assert (await h.get(m.id)).state is S.STARTED
 

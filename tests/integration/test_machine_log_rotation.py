@@ -95,7 +95,7 @@ def test_a_real_agent_bounds_a_machine_s_log(nats_url: str, tmp_path: Path) -> N
                 "done; echo done; sleep 60"
             )
             m = await h.claim(["sh", "-c", script])
-            workdir = tmp_path / "machines" / m.id
+            workdir = tmp_path / "machines" / ".agent" / m.id  # the agent's files of it
 
             async def done() -> bool:
                 start = logfile.output_start(workdir)

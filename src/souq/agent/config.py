@@ -86,6 +86,14 @@ class AgentConfig(BaseModel):
         default=DEFAULT_PORTS,
         description="the host ports given to machines, LOW-HIGH (each agent of a host its own)",
     )
+    machine_user: str | None = Field(
+        default=None,
+        description="the user machines run as, NAME or UID (default: nobody when the agent is "
+        "root, else the agent's own user)",
+    )
+    allow_root_machines: bool = Field(
+        default=False, description="let machine_user be root (refused otherwise)"
+    )
     image_cache_mb: int = Field(
         default=DEFAULT_IMAGE_CACHE_MB,
         ge=0,

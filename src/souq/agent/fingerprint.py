@@ -21,6 +21,7 @@ def fingerprint(
     config: AgentConfig,
     drivers: list[str] | None = None,
     isolation: dict[str, object] | None = None,
+    machine_user: str = "",
 ) -> Fingerprint:
     """The host as detected, with ``cpus``, ``memory_mb``, ``disk_mb`` and ``gpus`` overridden
     by the config. Disk is the free space of the data dir's file system; gpus are 0 unless
@@ -42,6 +43,7 @@ def fingerprint(
         gpus=config.gpus or 0,
         drivers=drivers or ["exec"],
         isolation=isolation or {"cgroups": "none", "enforced": []},
+        machine_user=machine_user,
     )
 
 

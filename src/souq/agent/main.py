@@ -38,9 +38,11 @@ from souq.auth.files import AuthDir
 from souq.bus.transport import Transport
 from souq.clock import Clock
 from souq.drivers.base import Driver
+from souq.drivers.exec import RECORDS
 from souq.drivers.host import HostDriver
 from souq.drivers.logfile import LogRotator
 from souq.limits import LOG_CHECK_INTERVAL_S
+from souq.drivers.users import machine_user
 from souq.loop_clock import LoopClock
 
 if TYPE_CHECKING:
@@ -86,7 +88,7 @@ class Agent:
         self._service: AgentService | None = None
         self.metrics: MetricsServer | None = None  # --metrics-port
         self.log_rotator = LogRotator(
-            config.data_dir / "machines",
+            config.data_dir / "machines" / RECORDS,  # each machine's log: the agent's files
             max_bytes=config.log_max_bytes,
             interval_s=LOG_CHECK_INTERVAL_S,
         )
@@ -95,13 +97,20 @@ class Agent:
             None
             if driver is not None
             else HostDriver(
-                config.data_dir / "machines", cgroups=config.cgroups, pids_max=config.pids_max
+                config.data_dir / "machines",
+                cgroups=config.cgroups,
+                pids_max=config.pids_max,
+                user=machine_user(config.machine_user, allow_root=config.allow_root_machines),
             )
         )
+        host = self._host_driver
+        if host is not None and host.user.is_root:
+            log.warning("machines run as root (--allow-root-machines): they own this host")
         self.fingerprint = fingerprint(
             config,
-            drivers=self._host_driver.drivers if self._host_driver else None,
-            isolation=self._host_driver.isolation if self._host_driver else None,
+            drivers=host.drivers if host else None,
+            isolation=host.isolation if host else None,
+            machine_user=host.user.describe() if host else "",
         )
         self.capacity = capacity_of(self.fingerprint)
         self.worker_id = ""

@@ -87,6 +87,7 @@ class Store:
         self._lock_fd = _lock(data_dir / "agent.lock")
         try:
             _refuse_set_aside(self.path)
+            _private(self.path)
             self._db = sqlite3.connect(self.path, isolation_level=None)
             self._check_integrity()
             self._db.execute("PRAGMA journal_mode=WAL")
@@ -581,6 +582,19 @@ def _refuse_set_aside(path: Path) -> None:
             hint=_SET_ASIDE_HINT,
             details={"set_aside": str(aside[-1])},
         )
+
+
+def _private(path: Path) -> None:
+    """The state file (made if need be) and its WAL readable by the agent's user alone: its
+    machines run as another user and must not read it. SQLite gives the WAL and shared-memory
+    files it makes the database file's mode."""
+    try:
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
+        for name in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+            with contextlib.suppress(FileNotFoundError):
+                os.chmod(name, 0o600)
+    except OSError as exc:
+        raise StorageError(f"cannot make {path} private: {exc.strerror or exc}") from exc
 
 
 def _lock(path: Path) -> int:

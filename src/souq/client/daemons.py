@@ -145,6 +145,18 @@ def agent(
             "(default 4 MiB).",
         ),
     ] = None,
+    machine_user: Annotated[
+        str | None,
+        typer.Option(
+            "--machine-user",
+            help="The user machines run as, NAME or UID (default: nobody for a root agent, "
+            "else the agent's own user).",
+        ),
+    ] = None,
+    allow_root_machines: Annotated[
+        bool,
+        typer.Option("--allow-root-machines", help="Let --machine-user be root."),
+    ] = False,
     log_format: LogFormatOpt = LogFormat.TEXT,
 ) -> None:
     """Run a worker agent in the foreground."""
@@ -300,6 +312,12 @@ def dev(
         float,
         typer.Option("--autostop-interval", help="Seconds between the proxy's autostop rounds."),
     ] = 60.0,
+    machine_user: Annotated[
+        str | None,
+        typer.Option(
+            "--machine-user", help="The user machines run as (default: nobody for root, else you)."
+        ),
+    ] = None,
     log_format: LogFormatOpt = LogFormat.TEXT,
 ) -> None:
     """Run a whole local cluster: NATS, a broker, an edge proxy and workers, on loopback."""

@@ -1,11 +1,17 @@
 """The exec driver: a machine is a process in its own session (process group).
 
-* ``start``: stdin from /dev/null, stdout and stderr appended to ``<root>/<id>/output.log``,
+* ``start``: stdin from /dev/null, stdout and stderr appended to the machine's output log,
   working directory ``<root>/<id>`` (or the spec's ``cwd``: its image's files). The process
-  sees a minimal inherited environment (``PATH``, ``HOME``, ``LANG``), the config's ``env``
-  and ``SOUQ_MACHINE_ID``, ``SOUQ_APP``, ``SOUQ_REGION``, ``SOUQ_WORKER_ID``, every signal
-  at its default and no descriptor of the agent's. A pid file (``<root>/<id>/pid``: pid and
-  start time) lets a restarted agent find a process it started but had not yet recorded.
+  runs as the driver's machine user (:mod:`souq.drivers.users`), who owns ``<root>/<id>``
+  and nothing else of the agent's. It sees a minimal inherited environment (``PATH``,
+  ``LANG``), ``HOME`` set to its own directory, the config's ``env`` and ``SOUQ_MACHINE_ID``,
+  ``SOUQ_APP``, ``SOUQ_REGION``, ``SOUQ_WORKER_ID``, every signal at its default and no
+  descriptor of the agent's. The agent's own files of a machine live apart, in the
+  root-owned ``<root>/.agent/<id>/``, where the machine cannot touch them (the agent, as
+  root, never opens a path its machine could have replaced with a link): the output log
+  (``output.log``, rotated there by :mod:`souq.drivers.logfile`), a pid file (pid and start
+  time, which lets a restarted agent find a process it started but had not yet recorded)
+  and the exit file souq-waiter writes.
 * With ``souq-waiter`` (:mod:`souq.drivers.waiter`, the default when a C compiler exists) the
   process is the waiter's child, not the agent's. Two waiters are kept ready (started with
   ``os.posix_spawn`` from a thread of the driver's own, see :meth:`ExecDriver._fill`); a start
@@ -42,21 +48,23 @@ from pathlib import Path
 
 import psutil
 
-from souq.drivers import logfile, processes
+from souq.drivers import logfile, processes, sandbox
 from souq.drivers.base import ExitStatus, Handle, MachineSpec, SpawnError
 from souq.drivers.cgroups import CgroupEntry, Cgroups, placement_shell
 from souq.drivers.processes import machine_nofile, resolve_program
+from souq.drivers.users import MachineUser, agent_user
 from souq.drivers.waiter import parse_exit_file, waiter_path
 from souq.errors import Unavailable
 
-__all__ = ["INHERITED_ENV", "ExecDriver", "resolve_program"]
+__all__ = ["INHERITED_ENV", "RECORDS", "ExecDriver", "resolve_program"]
 
 log = logging.getLogger(__name__)
 
-INHERITED_ENV = ("PATH", "HOME", "LANG")
+INHERITED_ENV = ("PATH", "LANG")
 _LOG = logfile.LOG  # rotated by the agent (souq.drivers.logfile)
 _PIDFILE = "pid"
 _EXIT = "exit"  # written by souq-waiter: "code N" or "signal N"
+RECORDS = ".agent"  # <root>/.agent/<id>/: the agent's files of each machine
 _START_TIME_TOLERANCE_S = 0.005  # start times have clock-tick (10 ms) resolution
 _POOL_SIZE = 2  # souq-waiters kept ready
 
@@ -120,7 +128,12 @@ class ExecDriver:
     name = "exec"
 
     def __init__(
-        self, root: Path, *, use_waiter: bool = True, spares: Cgroups | None = None
+        self,
+        root: Path,
+        *,
+        use_waiter: bool = True,
+        spares: Cgroups | None = None,
+        user: MachineUser | None = None,
     ) -> None:
         if not hasattr(os, "pidfd_open"):
             raise Unavailable(
@@ -128,6 +141,7 @@ class ExecDriver:
                 hint="run the agent on Linux",
             )
         self.root = root
+        self.user = user or agent_user()  # the agent decides (souq.drivers.users)
         self._base_env = {k: os.environ[k] for k in INHERITED_ENV if k in os.environ}
         self._children: dict[int, processes.Child] = {}  # by machine pid
         self._watches: dict[int, _Watch] = {}
@@ -145,7 +159,12 @@ class ExecDriver:
         return {processes.pid_of(child) for child in self._children.values()} | self._idle_pids
 
     def machine_dir(self, machine_id: str) -> Path:
+        """The machine's own directory: its working directory, owned by its user."""
         return self.root / machine_id
+
+    def records_dir(self, machine_id: str) -> Path:
+        """The agent's files of the machine (pid file, exit file): root-owned, apart."""
+        return self.root / RECORDS / machine_id
 
     # -- start and watch -----------------------------------------------------------------------
 
@@ -162,21 +181,24 @@ class ExecDriver:
         cgroup placement shell. OSError from ``place`` fails the spawn. ``meanwhile`` runs
         between handing the job to the waiter and its report (it overlaps the fork), or after
         the spawn without one; if it raises, the process is killed and the error raised."""
+        join = None  # without the waiter, a cgroup the agent moves a switched process into
         if place is not None and self.waiter is None:
             placement = _placed(place, None)
-            if placement.join:
+            if placement.join and self.user.switch:
+                join = placement.join  # the shell could not join as the machine's user
+            elif placement.join:
                 spec = replace(spec, cmd=(*placement_shell(placement.join), *spec.cmd))
         workdir = self.machine_dir(spec.machine_id)
         cwd = Path(spec.cwd) if spec.cwd else workdir  # an image's files, or its own directory
         if self.waiter is not None:  # the waiter reports before its child's exec: check first
             resolve_program(spec.cmd[0], spec.env, cwd)
-        env = self._env(spec)
-        processes.prepare_workdir(workdir, _EXIT)
+        env = self._env(spec, workdir)
+        processes.prepare_workdir(workdir, self.records_dir(spec.machine_id), _EXIT, self.user)
         waiter_start = 0.0
         proc: processes.Child
         failure: Exception | None = None
         if self.waiter is None:
-            proc = self._spawn_direct(list(spec.cmd), env, workdir, cwd)
+            proc = self._spawn_direct(list(spec.cmd), env, workdir, cwd, join)
             pid = proc.pid
             failure = _attempt(meanwhile)
         else:
@@ -208,12 +230,16 @@ class ExecDriver:
         if self.waiter is not None:
             line += f" {processes.pid_of(proc)} {waiter_start!r}"
         with contextlib.suppress(OSError):
-            (workdir / _PIDFILE).write_text(line + "\n")
+            (self.records_dir(spec.machine_id) / _PIDFILE).write_text(line + "\n")
         return handle
 
-    def _env(self, spec: MachineSpec) -> dict[str, str]:
+    def _env(self, spec: MachineSpec, workdir: Path) -> dict[str, str]:
+        """Its environment: PATH and LANG of the agent's, HOME its own directory (the
+        sandbox's mount of it), then its config's (over the image's) and Souq's own."""
+        home = sandbox.WORKDIR if spec.driver == "sandbox" else str(workdir)
         return {
             **self._base_env,
+            "HOME": home,
             **spec.env,
             "SOUQ_MACHINE_ID": spec.machine_id,
             "SOUQ_APP": spec.app,
@@ -222,17 +248,19 @@ class ExecDriver:
         }
 
     def _spawn_direct(
-        self, argv: list[str], env: dict[str, str], workdir: Path, cwd: Path
+        self, argv: list[str], env: dict[str, str], workdir: Path, cwd: Path, join: str | None
     ) -> subprocess.Popen[bytes]:
-        """Without souq-waiter: the machine is the agent's own child."""
+        """Without souq-waiter: the machine is the agent's own child, switched to its user by
+        ``Popen`` (``user``, ``group``, ``extra_groups``: after the fork, before the exec). A
+        switched process cannot join its cgroup itself: the agent moves it (``join``) right
+        after the spawn, so it runs its first instructions unconfined (see the README)."""
+        out = processes.open_log(self.records_dir(workdir.name) / _LOG)
+        user = self.user
+        switch: dict[str, object] = {}
+        if user.switch:
+            switch = {"user": user.uid, "group": user.gid, "extra_groups": list(user.groups)}
         try:
-            out = os.open(
-                workdir / _LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644
-            )
-        except OSError as exc:
-            raise SpawnError(f"cannot open the machine's log: {exc.strerror or exc}") from exc
-        try:
-            return subprocess.Popen(
+            proc = subprocess.Popen(  # type: ignore[call-overload]
                 argv,
                 env=env,
                 stdin=subprocess.DEVNULL,
@@ -240,11 +268,20 @@ class ExecDriver:
                 stderr=out,
                 cwd=cwd,
                 start_new_session=True,
+                **switch,
             )
-        except OSError as exc:
-            raise SpawnError(f"cannot run {argv[0]!r}: {exc.strerror or exc}") from exc
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise SpawnError(f"cannot run {argv[0]!r}: {exc}") from exc
         finally:
             os.close(out)
+        if join is not None:
+            try:
+                Path(join).write_text(f"{proc.pid}\n")
+            except OSError as exc:
+                processes.kill_group(proc.pid)
+                processes.reap(proc)
+                raise SpawnError(f"cannot place the machine in its cgroup: {exc}") from exc
+        return proc
 
     # -- souq-waiter ---------------------------------------------------------------------------
 
@@ -341,9 +378,10 @@ class ExecDriver:
         r = idle.report
         self._idle_pids.discard(idle.pid)
         fields = [
-            str(workdir / _EXIT),
+            str(self.records_dir(workdir.name) / _EXIT),
             str(cwd),
-            str(workdir / _LOG),
+            str(self.records_dir(workdir.name) / _LOG),
+            self.user.waiter_field(),
             str(len(cgroups := placement.waiter_fields())),
             *cgroups,
             str(len(cmd)),
@@ -425,7 +463,7 @@ class ExecDriver:
         else:
             status = ExitStatus()
         with contextlib.suppress(OSError):
-            (self.machine_dir(handle.machine_id) / _PIDFILE).unlink()
+            (self.records_dir(handle.machine_id) / _PIDFILE).unlink()
         if not watch.callbacks:
             watch.status = status  # for the first watch to come
             return
@@ -517,7 +555,7 @@ class ExecDriver:
 
     def _pidfile(self, machine_id: str) -> list[str]:
         try:
-            return (self.machine_dir(machine_id) / _PIDFILE).read_text().split()
+            return (self.records_dir(machine_id) / _PIDFILE).read_text().split()
         except OSError:
             return []
 
@@ -543,7 +581,7 @@ class ExecDriver:
         """The status souq-waiter recorded for the machine's last process (unknown without
         one): how a process that died while no agent watched it is reported."""
         try:
-            text = (self.machine_dir(machine_id) / _EXIT).read_text()
+            text = (self.records_dir(machine_id) / _EXIT).read_text()
         except OSError:
             return ExitStatus()
         code = parse_exit_file(text)
@@ -551,13 +589,14 @@ class ExecDriver:
 
     def destroy(self, machine_id: str) -> None:
         shutil.rmtree(self.machine_dir(machine_id), ignore_errors=True)
+        shutil.rmtree(self.records_dir(machine_id), ignore_errors=True)
 
     def read_output(self, machine_id: str, offset: int, max_bytes: int) -> tuple[bytes, int]:
         """Across the log's rotations (:mod:`souq.drivers.logfile`)."""
-        return logfile.read_output(self.machine_dir(machine_id), offset, max_bytes)
+        return logfile.read_output(self.records_dir(machine_id), offset, max_bytes)
 
     def output_start(self, machine_id: str) -> int:
-        return logfile.output_start(self.machine_dir(machine_id))
+        return logfile.output_start(self.records_dir(machine_id))
 
     def close(self) -> None:
         if self._refill is not None:

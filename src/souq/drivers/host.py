@@ -29,6 +29,7 @@ from souq.drivers import sandbox
 from souq.drivers.base import ExitStatus, Handle, MachineSpec, RecordsExits, SpawnError
 from souq.drivers.cgroups import DEFAULT_PIDS_MAX, Cgroups, Mode, detect, prune
 from souq.drivers.exec import ExecDriver, resolve_program
+from souq.drivers.users import MachineUser
 
 __all__ = ["HostDriver"]
 
@@ -47,12 +48,13 @@ class HostDriver:
         cgroups: Mode | Cgroups = "auto",
         pids_max: int | None = DEFAULT_PIDS_MAX,
         sandbox_enabled: bool | None = None,
+        user: MachineUser | None = None,
     ) -> None:
         self.root = root
         self.cgroups = (
             cgroups if isinstance(cgroups, Cgroups) else Cgroups(detect(cgroups), pids_max=pids_max)
         )
-        self.exec = ExecDriver(root, spares=self.cgroups)
+        self.exec = ExecDriver(root, spares=self.cgroups, user=user)
         self.sandbox = sandbox.available() if sandbox_enabled is None else sandbox_enabled
         prune(self.cgroups.backend)
         self._pending_removal: set[asyncio.TimerHandle] = set()
@@ -61,6 +63,11 @@ class HostDriver:
     def drivers(self) -> list[str]:
         """The driver names this worker offers (its fingerprint's ``drivers``)."""
         return ["exec", "sandbox"] if self.sandbox else ["exec"]
+
+    @property
+    def user(self) -> MachineUser:
+        """Who machines run as."""
+        return self.exec.user
 
     @property
     def isolation(self) -> dict[str, object]:

@@ -5,12 +5,14 @@ whether a pidfd says its process exited. No state: :mod:`souq.drivers.exec` hold
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import os
 import resource
 import select
 import shutil
 import signal
+import stat
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
@@ -18,12 +20,14 @@ from pathlib import Path
 import psutil
 
 from souq.drivers.base import SpawnError
+from souq.drivers.users import MachineUser
 
 __all__ = [
     "Child",
     "exited",
     "kill_group",
     "machine_nofile",
+    "open_log",
     "pid_of",
     "pidfd_readable",
     "prepare_workdir",
@@ -94,14 +98,40 @@ def start_time(pid: int) -> float | None:
     return ticks / _CLOCK_TICKS + _BOOT_TIME
 
 
-def prepare_workdir(workdir: Path, exit_file: str) -> None:
-    """A machine's directory, without the exit status of its last run (already reported)."""
+def prepare_workdir(workdir: Path, records: Path, exit_file: str, user: MachineUser) -> None:
+    """A machine's directory (owned by ``user``, who runs it) and the agent's directory of its
+    records (root's), without the exit status of its last run (already reported)."""
     try:
-        workdir.mkdir(parents=True, exist_ok=True)
+        records.mkdir(parents=True, exist_ok=True, mode=0o755)
         with contextlib.suppress(FileNotFoundError):
-            (workdir / exit_file).unlink()
+            (records / exit_file).unlink()
+        workdir.mkdir(parents=True, exist_ok=True, mode=0o755)
+        if user.switch:
+            os.chown(workdir, user.uid, user.gid, follow_symlinks=False)
     except OSError as exc:
         raise SpawnError(f"cannot prepare {workdir}: {exc.strerror or exc}") from exc
+
+
+_LOG_FLAGS = os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+
+
+def _plain(fd: int) -> None:
+    """OSError unless ``fd`` is a plain file with no other name: the log is in a directory its
+    machine's user may write, and must never lead the agent to another file."""
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+        os.close(fd)
+        raise OSError(errno.EPERM, "the machine's log is not a plain file")
+
+
+def open_log(path: Path) -> int:
+    """The machine's log, for its output (appended to): a descriptor; SpawnError if it fails."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | _LOG_FLAGS, 0o644)
+        _plain(fd)
+    except OSError as exc:
+        raise SpawnError(f"cannot open the machine's log: {exc.strerror or exc}") from exc
+    return fd
 
 
 def resolve_program(program: str, env: Mapping[str, str], workdir: Path) -> str:

@@ -6,7 +6,13 @@
  * reading its job on stdin, so starting a machine costs a fork, not an exec of the waiter too.
  * The job is a list of NUL-terminated fields, then end of file:
  *
- *   EXIT_FILE WORKDIR LOG_FILE N CGROUP*N ARGC ARG*ARGC ENVC ENV*ENVC
+ *   EXIT_FILE WORKDIR LOG_FILE USER N CGROUP*N ARGC ARG*ARGC ENVC ENV*ENVC
+ *
+ * USER is empty (the command runs as the waiter's user) or UID:GID:G1,G2,... (the user the
+ * command runs as, its primary group and supplementary groups, possibly none): the child
+ * switches to it after it has joined its cgroup and before its exec (setgroups, setgid,
+ * setuid), checks that it can no longer get its old ids back, and only then sets its
+ * parent-death signal (a change of credentials clears it).
  *
  * At start it closes every descriptor but 0-2 and REPORT_FD (what the agent inherited must not
  * reach a machine). NOFILE, if given, is the soft RLIMIT_NOFILE the machine gets (the agent
@@ -46,7 +52,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <grp.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -55,6 +63,7 @@
 
 #define MAX_JOB (1 << 20)
 #define MAX_FIELDS 8192
+#define MAX_GROUPS 256
 
 static void report(int fd, char kind, long value) {
     char line[32];
@@ -196,8 +205,48 @@ static int open_streams(const char *workdir, const char *log, int *dir, int *in,
     if (*dir < 0) return errno;
     *in = open("/dev/null", O_RDONLY | O_CLOEXEC);
     if (*in < 0) return errno;
-    *out = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    /* The log is in the machine's own directory, which its user may write: never follow a
+     * link it left there, nor append to anything but a plain file of its own. */
+    *out = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
     if (*out < 0) return errno;
+    struct stat st;
+    if (fstat(*out, &st) < 0) return errno;
+    if (!S_ISREG(st.st_mode) || st.st_nlink != 1) return EPERM;
+    return 0;
+}
+
+/* USER as "UID:GID:G1,G2,..." into its parts; -1 if malformed. */
+static int parse_user(const char *text, uid_t *uid, gid_t *gid, gid_t *groups, int *ngroups) {
+    char *end;
+    unsigned long u = strtoul(text, &end, 10);
+    if (end == text || *end != ':') return -1;
+    const char *at = end + 1;
+    unsigned long g = strtoul(at, &end, 10);
+    if (end == at || *end != ':') return -1;
+    *uid = (uid_t)u;
+    *gid = (gid_t)g;
+    *ngroups = 0;
+    at = end + 1;
+    while (*at != '\0') {
+        if (*ngroups == MAX_GROUPS) return -1;
+        unsigned long x = strtoul(at, &end, 10);
+        if (end == at || (*end != ',' && *end != '\0')) return -1;
+        groups[(*ngroups)++] = (gid_t)x;
+        at = *end == ',' ? end + 1 : end;
+    }
+    return 0;
+}
+
+/* In the child: become UID:GID with GROUPS for good; 0 or an errno. */
+static int become(uid_t uid, gid_t gid, const gid_t *groups, int ngroups) {
+    if (setgroups((size_t)ngroups, groups) < 0) return errno;
+    if (setresgid(gid, gid, gid) < 0) return errno;
+    if (setresuid(uid, uid, uid) < 0) return errno;
+    uid_t r, e, s;
+    gid_t rg, eg, sg;
+    if (getresuid(&r, &e, &s) < 0 || r != uid || e != uid || s != uid) return EPERM;
+    if (getresgid(&rg, &eg, &sg) < 0 || rg != gid || eg != gid || sg != gid) return EPERM;
+    if (uid != 0 && (setuid(0) == 0 || seteuid(0) == 0)) return EPERM; /* must be for good */
     return 0;
 }
 
@@ -221,8 +270,8 @@ int main(int argc, char **argv) {
     static char *fields[MAX_FIELDS + 1];
     int nfields = read_job(buf, fields);
     if (nfields == 0) return 0; /* an idle waiter whose agent went away */
-    int at = 3, ncgroups = 0, cmdc = 0, envc = 0;
-    char **cgroups = nfields > 3 ? take(fields, nfields, &at, &ncgroups) : NULL;
+    int at = 4, ncgroups = 0, cmdc = 0, envc = 0;
+    char **cgroups = nfields > 4 ? take(fields, nfields, &at, &ncgroups) : NULL;
     char **cmd = cgroups ? take(fields, nfields, &at, &cmdc) : NULL;
     char **env = cmd && cmdc > 0 ? take(fields, nfields, &at, &envc) : NULL;
     if (env == NULL || at != nfields) {
@@ -230,6 +279,15 @@ int main(int argc, char **argv) {
         return 2;
     }
     const char *exit_path = fields[0], *workdir = fields[1], *log = fields[2];
+    const char *user = fields[3];
+    uid_t uid = 0;
+    gid_t gid = 0;
+    static gid_t groups[MAX_GROUPS];
+    int ngroups = 0;
+    if (user[0] != '\0' && parse_user(user, &uid, &gid, groups, &ngroups) < 0) {
+        report(report_fd, 'E', EINVAL);
+        return 2;
+    }
     const char *into = NULL;
     for (int i = 0; i < ncgroups; i++) {
         char kind = cgroups[i][0];
@@ -283,6 +341,15 @@ int main(int argc, char **argv) {
                 dprintf(2, "souq-waiter: cannot join cgroup %s: %s\n", target, strerror(e));
                 _exit(127);
             }
+        }
+        if (user[0] != '\0') {
+            e = become(uid, gid, groups, ngroups);
+            if (e != 0) {
+                dprintf(2, "souq-waiter: cannot run as %s: %s\n", user, strerror(e));
+                _exit(127);
+            }
+            prctl(PR_SET_PDEATHSIG, SIGKILL); /* the switch cleared it */
+            if (getppid() != parent) _exit(127);
         }
         for (int i = 0; i < envc; i++) /* execvpe searches the caller's PATH: the machine's */
             if (strncmp(envv[i], "PATH=", 5) == 0) setenv("PATH", envv[i] + 5, 1);

@@ -33,6 +33,9 @@ class Fingerprint(Record):
         default_factory=lambda: {"cgroups": "none", "enforced": []},
         description='resource limits: {"cgroups": "v2"|"v1"|"none", "enforced": [controllers]}',
     )
+    machine_user: str = Field(
+        default="", description="who machines run as: NAME (UID:GID); empty if not known"
+    )
 
 
 class Load(Record):
