@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from souq.auth.files import AuthDir
 from souq.drivers.users import NOBODY
 from souq.drivers.waiter import waiter_path
 from souq.model import MachineState
@@ -41,14 +40,11 @@ def root() -> Iterator[Path]:
 
 @pytest.fixture(scope="module")
 def cluster(root: Path) -> Iterator[Cluster]:
-    auth = AuthDir.create(root / "auth")
-    leaks = {
-        "SOUQ_LEAK_MARKER": "agent-only-7f3a",
-        "SOUQ_TOKEN": "token-of-the-agent-9c1e",
-        "SOUQ_AUTH_DIR": str(auth.path),
-    }
+    """A secured cluster (its agents see ``SOUQ_AUTH_DIR`` and ``SOUQ_TOKEN``) whose agent also
+    has a marker variable in its environment."""
     cluster = Cluster(root / "cluster", regions={"mad": 0})
-    with cluster, environment(**leaks):
+    with cluster, environment(SOUQ_LEAK_MARKER="agent-only-7f3a"):
+        assert os.environ["SOUQ_AUTH_DIR"] and os.environ["SOUQ_TOKEN"]
         cluster.add_agent("mad", machine_user=None)  # the agent's own default
         cluster.wait_for_workers()
         yield cluster
@@ -112,7 +108,8 @@ def test_a_machine_inherits_nothing_of_the_agents_environment(cluster: Cluster) 
     assert "SOUQ_LEAK_MARKER" not in env
     assert "SOUQ_TOKEN" not in env
     assert "SOUQ_AUTH_DIR" not in env
-    assert "agent-only-7f3a" not in out and "token-of-the-agent-9c1e" not in out
+    assert cluster.auth is not None
+    assert "agent-only-7f3a" not in out and cluster.auth.admin() not in out
     assert env["HOME"] != "/root" and env["HOME"].endswith(env["SOUQ_MACHINE_ID"])
     assert set(env) <= {"PATH", "LANG", "HOME", "PWD", "SHLVL", "_", "OLDPWD"} | {
         k for k in env if k.startswith("SOUQ_") and k != "SOUQ_LEAK_MARKER"
