@@ -26,6 +26,8 @@ tree at the boundary that catches them, so nothing above a boundary handles fore
     ├── QuoteExpired               410 quote_expired     (the hold's TTL passed or it was released)
     ├── WaitTimeout                408 timeout
     ├── Unavailable                503 unavailable       (NATS or the owning worker is unreachable)
+    │   └── SecretsUnavailable     503 secrets_unavailable (no auth directory: no secrets key)
+    ├── SecretsUnreadable          500 secrets_unreadable (a secret does not open with this key)
     ├── UnknownVerb                501 unknown_verb      (a peer does not speak that protocol verb)
     ├── DeployFailed               500 deploy_failed     (a deploy's phase failed: rolled back)
     └── StorageError               500 storage_error     (the agent's state file failed)
@@ -54,6 +56,8 @@ __all__ = [
     "PayloadTooLarge",
     "QuoteExpired",
     "QuoteUsed",
+    "SecretsUnavailable",
+    "SecretsUnreadable",
     "SouqError",
     "StorageError",
     "TooManyRequests",
@@ -180,6 +184,15 @@ class WaitTimeout(SouqError, status="timeout", http_status=408): ...
 
 
 class Unavailable(SouqError, status="unavailable", http_status=503): ...
+
+
+class SecretsUnavailable(Unavailable, status="secrets_unavailable"):
+    """App secrets need the cluster's secrets key, and this daemon has no auth directory."""
+
+
+class SecretsUnreadable(SouqError, status="secrets_unreadable"):
+    """A secret does not open with this daemon's secrets key (another cluster's key, or a
+    replaced one)."""
 
 
 class UnknownVerb(SouqError, status="unknown_verb", http_status=501):

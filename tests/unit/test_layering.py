@@ -28,6 +28,8 @@ PURE = [
     "sim",
     "apps",
     "limits.py",
+    "secrets/sealed.py",
+    "secrets/redact.py",
 ]
 
 # Anything that touches the network, processes, files or a database.
@@ -104,6 +106,8 @@ PUBLIC = {
         "PayloadTooLarge",
         "QuoteExpired",
         "QuoteUsed",
+        "SecretsUnavailable",
+        "SecretsUnreadable",
         "SouqError",
         "StorageError",
         "TooManyRequests",

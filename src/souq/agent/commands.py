@@ -39,6 +39,7 @@ from souq.model.machine import (
 from souq.model.placement import Placement
 from souq.model.protocol import ClaimRequest, LogsReply, StopCommand, UpdateCommand
 from souq.model.services import MachineAddress
+from souq.secrets.redact import redact
 
 __all__ = ["LOG_POLL_S", "Commands"]
 
@@ -402,13 +403,26 @@ class Commands:
         while True:
             finished = ex.row_by_id(machine_id).state is S.DESTROYED
             data, _ = ex.driver.read_output(machine_id, offset, max_bytes)
+            text, used = self._shown(app, machine_id, data, finished=finished)
             remaining = deadline - loop.time()
-            if data or finished or remaining <= 0:
+            if text or finished or remaining <= 0:
                 break
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(ex.changed(machine_id).wait(), min(LOG_POLL_S, remaining))
-        text, used = _decode(data)
         return LogsReply(data=text, next_offset=offset + used, finished=finished)
+
+    def _shown(self, app: str, machine_id: str, data: bytes, *, finished: bool) -> tuple[str, int]:
+        """Output as served: decoded, the machine's secret values ``[redacted]`` (an end that
+        may be the start of one held back for the next read); and the bytes it covers."""
+        text, used = _decode(data)
+        secrets = self._ex.secrets
+        values = secrets.to_redact(machine_id, app) if secrets is not None else set()
+        if not values:
+            return text, used
+        shown, held = redact(text, values, final=finished)
+        if held:
+            used -= len(text[len(text) - held :].encode())
+        return shown, used
 
     def ops(self, app: str, machine_id: str) -> list[OpRecord]:
         """The machine's op log: every step of every operation, oldest first."""

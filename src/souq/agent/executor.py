@@ -33,6 +33,7 @@ from souq.agent.operations import Action, OpEvent, OpKind, OpState, advance
 from souq.agent.ports import PortPool
 from souq.agent.records import RECENT_EVENTS, MachineRow, OpStep
 from souq.agent.restart import Backoff
+from souq.agent.secrets import AgentSecrets
 from souq.agent.store import Store
 from souq.agent.supervisor import Supervisor
 from souq.clock import Clock
@@ -86,6 +87,7 @@ class Executor(MachineTable):
         ports: PortPool | None = None,
         advertise: str = "127.0.0.1",
         images: AgentImages | None = None,
+        secrets: AgentSecrets | None = None,
     ) -> None:
         rows = store.load_machines()
         super().__init__(worker_id, rows)
@@ -100,6 +102,7 @@ class Executor(MachineTable):
         # The image cache, and the pulls that spawns wait for; every machine pins its image.
         self.images = images
         self.pulls = Pulls(images) if images is not None else None
+        self.secrets = secrets  # app secrets, opened into a machine's env at each spawn
         self.admission = admission  # the ledger: reservations are recorded there too
         self.ports = ports or PortPool()  # host ports, given at claims (souq.agent.ports)
         self.advertise = advertise
@@ -333,13 +336,27 @@ class Executor(MachineTable):
             self.sync()
             self._pull(op, ref)
             return
-        spec = machine_spec(row, self.worker_id, image)
+        secrets = self.secrets
+        if secrets is not None and not secrets.ready:  # spawned once they are read
+            self.sync()
+            secrets.when_ready(lambda: self._spawn_if_waiting(op))
+            return
+        try:
+            values = secrets.for_machine(row.id, row.app) if secrets is not None else None
+        except SouqError as exc:
+            self._spawn_failed(op, str(exc))
+            return
+        spec = machine_spec(row, self.worker_id, image, values)
         try:
             handle = self.driver.start(spec, meanwhile=self.sync)
         except SpawnError as exc:
             self._spawn_failed(op, str(exc))
             return
         self._spawned(op, handle, watch=True)
+
+    def _spawn_if_waiting(self, op: Op) -> None:
+        if self._ops.get(op.machine_id) is op and op.state is OpState.SPAWNING:
+            self._spawn(op)  # else destroyed or stopped meanwhile
 
     def _spawn_failed(self, op: Op, message: str) -> None:
         self.step(

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from souq.agent.images import AgentImages, Pulled
@@ -28,17 +28,22 @@ log = logging.getLogger(__name__)
 
 
 def machine_spec(
-    row: MachineRow, worker_id: str, image: tuple[Path, ImageRecord] | None = None
+    row: MachineRow,
+    worker_id: str,
+    image: tuple[Path, ImageRecord] | None = None,
+    secrets: Mapping[str, str] | None = None,
 ) -> MachineSpec:
-    """The process a machine runs: its config, over its image's (files, command, env)."""
+    """The process a machine runs: its config, over its image's (files, command, env), and
+    its app's secrets over both (souq.agent.secrets)."""
     config = row.config
-    cmd, env, cwd = tuple(config.cmd), config.env, None
+    cmd, env, cwd = tuple(config.cmd), dict(config.env), None
     if image is not None:
         rootfs, record = image
         run = record.run
         cmd = cmd or tuple(run.cmd)
         env = {**run.env, **config.env}
         cwd = str(rootfs / run.workdir.lstrip("/")) if run.workdir else str(rootfs)
+    env.update(secrets or {})
     return MachineSpec(
         machine_id=row.id,
         app=row.app,

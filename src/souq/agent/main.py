@@ -31,6 +31,7 @@ from souq.agent.outbox import Outbox
 from souq.agent.ports import PortPool
 from souq.agent.publisher import Pacer
 from souq.agent.reaper import Reaper, make_subreaper
+from souq.agent.secrets import AgentSecrets
 from souq.agent.service import AgentService
 from souq.agent.store import Store
 from souq.auth.bus import NatsCredential, agent_credential
@@ -114,6 +115,8 @@ class Agent:
         )
         self.capacity = capacity_of(self.fingerprint)
         self.worker_id = ""
+        # App secrets (not the hollow fleet's: it runs nothing).
+        self._secrets = None if driver is not None else AgentSecrets(config.auth_dir)
 
     def _images(self) -> AgentImages | None:
         """The image cache (not the hollow fleet's: it runs nothing)."""
@@ -167,6 +170,7 @@ class Agent:
                 ports=PortPool(*config.ports),
                 advertise=config.advertise,
                 images=self._images(),
+                secrets=self._secrets,
             )
             self._executor.fault = fault_point(config.data_dir)
             if self._host_driver is not None:  # machine output logs: bounded, rotated
@@ -183,6 +187,8 @@ class Agent:
             client = getattr(self._transport, "client", None)  # NATS: JetStream holds images
             if self._executor.images is not None and client is not None:
                 self._executor.images.attach(client)
+            if self._secrets is not None and client is not None:
+                self._secrets.attach(client)
             self._service = AgentService(
                 self._executor,
                 self._commands,
@@ -236,6 +242,8 @@ class Agent:
         if self._service is not None:
             await self._service.aclose()
             self._service = None
+        if self._secrets is not None:
+            await self._secrets.aclose()
         if self._store is not None:
             self._store.close()
             self._store = None

@@ -54,6 +54,7 @@ from souq.broker.schemas import (
     StopRequest,
     UpdateMachineRequest,
 )
+from souq.broker.secret_routes import secrets_router
 from souq.broker.service import BrokerService
 from souq.broker.streams import SlotResponse
 from souq.broker.token_routes import Guard, tokens_router
@@ -184,6 +185,7 @@ def create_app(service: BrokerService, guard: Guard | None = None) -> ASGIApp:
     them). With a guard, every route but the public ones needs a token (:mod:`souq.auth`)."""
     create = create_handler(service)
     api = _routes(service, create)
+    api.include_router(secrets_router(service, auth))  # an app's secrets (JetStream, sealed)
     inner: ASGIApp = CreateFastPath(api, create)
     if guard is not None:
         api.include_router(tokens_router(guard))

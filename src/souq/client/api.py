@@ -30,6 +30,7 @@ from souq.model import (
 from souq.model.image import ImageRecord
 from souq.model.protocol import Lease
 from souq.model.release import NewRelease, Release, ReleaseState
+from souq.model.secrets import SecretInfo
 from souq.model.tokens import AuditRecord, NewToken, TokenInfo, TokenKey
 
 __all__ = ["DEFAULT_API", "SouqClient"]
@@ -245,6 +246,16 @@ class SouqClient:
     def create_release(self, app: str, new: NewRelease) -> Release:
         body = new.model_dump(mode="json")
         return _one(Release, self._call("POST", f"/v1/apps/{app}/releases", json=body))
+
+    def set_secrets(self, app: str, values: Mapping[str, str]) -> list[SecretInfo]:
+        """Set secrets of ``app``: what is kept of each (never a value)."""
+        return _many(SecretInfo, self._call("POST", f"/v1/apps/{app}/secrets", json=dict(values)))
+
+    def secrets(self, app: str) -> list[SecretInfo]:
+        return _many(SecretInfo, self._call("GET", f"/v1/apps/{app}/secrets"))
+
+    def unset_secret(self, app: str, name: str) -> None:
+        self._call("DELETE", f"/v1/apps/{app}/secrets/{name}")
 
     def releases(self, app: str) -> list[Release]:
         return _many(Release, self._call("GET", f"/v1/apps/{app}/releases"))

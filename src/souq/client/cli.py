@@ -589,6 +589,10 @@ from souq.client.cluster_cli import register_cluster  # noqa: E402 (it uses the 
 
 register_cluster(app)
 
+from souq.client.secrets_cli import register_secrets  # noqa: E402 (it uses the helpers above)
+
+register_secrets(app)
+
 
 def main() -> None:
     """The ``souq`` console script."""

@@ -25,6 +25,7 @@ from souq.errors import InsufficientCapacity, SouqError
 from souq.model import Machine, MachineEvent, OpRecord, Placement, Quote, WorkerInfo
 from souq.model.image import ImageRecord
 from souq.model.release import Release
+from souq.model.secrets import SecretInfo
 from souq.model.tokens import AuditRecord, TokenInfo
 
 __all__ = [
@@ -463,6 +464,11 @@ def deploy_progress(
             live.update(view())
 
         yield show
+
+
+@_json_or
+def secrets(items: Sequence[SecretInfo]) -> None:
+    _listing(items, "secrets", ("NAME", "DIGEST", "SET"), lambda i: (i.name, i.digest, i.set_at))
 
 
 @_json_or

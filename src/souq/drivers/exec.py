@@ -248,7 +248,12 @@ class ExecDriver:
         }
 
     def _spawn_direct(
-        self, argv: list[str], env: dict[str, str], workdir: Path, cwd: Path, join: str | None
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        workdir: Path,
+        cwd: Path,
+        join: tuple[Path, ...] | None,
     ) -> subprocess.Popen[bytes]:
         """Without souq-waiter: the machine is the agent's own child, switched to its user by
         ``Popen`` (``user``, ``group``, ``extra_groups``: after the fork, before the exec). A
@@ -260,7 +265,7 @@ class ExecDriver:
         if user.switch:
             switch = {"user": user.uid, "group": user.gid, "extra_groups": list(user.groups)}
         try:
-            proc = subprocess.Popen(  # type: ignore[call-overload]
+            proc: subprocess.Popen[bytes] = subprocess.Popen(  # type: ignore[call-overload]
                 argv,
                 env=env,
                 stdin=subprocess.DEVNULL,
@@ -276,7 +281,8 @@ class ExecDriver:
             os.close(out)
         if join is not None:
             try:
-                Path(join).write_text(f"{proc.pid}\n")
+                for procs in join:
+                    procs.write_text(f"{proc.pid}\n")
             except OSError as exc:
                 processes.kill_group(proc.pid)
                 processes.reap(proc)
