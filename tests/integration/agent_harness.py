@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -129,6 +130,10 @@ async def running_agent(nats_url: str, data_dir: Path, **settings: Any) -> Async
     settings.setdefault("heartbeat_interval_s", 0.2)
     settings.setdefault("stop_machines_on_exit", True)
     settings.setdefault("restart_backoff_base_s", 0.05)
+    # Machines run as the test's own user (its files and interpreter are that user's), as
+    # with souq.testing.AgentProcess; tests of the default user pass machine_user=None.
+    settings.setdefault("machine_user", str(os.geteuid()))
+    settings.setdefault("allow_root_machines", True)
     agent = Agent(AgentConfig(nats_url=nats_url, data_dir=data_dir, **settings))
     await agent.start()
     bus = await connect(nats_url, name="test-broker")
