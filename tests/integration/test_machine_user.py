@@ -178,3 +178,37 @@ def test_root_machines_when_asked_for_twice(cluster: Cluster) -> None:
         assert "machines run as root" in agent.log_tail()
     finally:
         agent.stop()
+
+
+def test_machines_run_as_nobody_without_souq_waiter(cluster: Cluster) -> None:
+    """Popen switches the user; the agent moves the process into its cgroup."""
+    with environment(SOUQ_WAITER="off"):
+        agent = AgentProcess(
+            region="syd",
+            nats_url=cluster.nats.url,
+            data_dir=cluster.root / "workers" / "syd-direct",
+            machine_user=None,
+        )
+        agent.start()
+    cluster.agents.append(agent)
+    try:
+        cluster.wait_for_workers()
+        client = cluster.client()
+        m = client.create_machine(
+            APP,
+            "syd",
+            {
+                "cmd": ["sh", "-c", "id -u; id -G; cat /proc/self/cgroup; echo END"],
+                "restart": {"policy": "no"},
+            },
+        )
+        out = logs_of(cluster, m.id, until="END")
+        assert out.split()[:2] == [str(NOBODY), str(NOBODY)]
+        worker = next(w for w in client.workers() if w.id == agent.worker_id)
+        assert worker.fingerprint is not None
+        if worker.fingerprint.isolation.get("cgroups") != "none":
+            assert f"souq/{m.id}" in out  # in its cgroup, though it could not join it itself
+        client.destroy(APP, m.id, force=True)
+    finally:
+        cluster.agents.remove(agent)
+        agent.stop()

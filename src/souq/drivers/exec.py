@@ -257,18 +257,22 @@ class ExecDriver:
     ) -> subprocess.Popen[bytes]:
         """Without souq-waiter: the machine is the agent's own child, switched to its user by
         ``Popen`` (``user``, ``group``, ``extra_groups``: after the fork, before the exec). A
-        switched process cannot join its cgroup itself: the agent moves it (``join``) right
-        after the spawn, so it runs its first instructions unconfined (see the README)."""
+        switched process cannot join its cgroup itself (``join``): it starts behind a gate, a
+        shell that waits for a line on its stdin; the agent moves it into its cgroup, then
+        opens the gate, and the shell execs the command with stdin from /dev/null."""
         out = processes.open_log(self.records_dir(workdir.name) / _LOG)
         user = self.user
         switch: dict[str, object] = {}
         if user.switch:
             switch = {"user": user.uid, "group": user.gid, "extra_groups": list(user.groups)}
+        gate: tuple[int, int] | None = os.pipe() if join is not None else None
+        if gate is not None:
+            argv = ["/bin/sh", "-c", 'read _; exec </dev/null; exec "$@"', "souq", *argv]
         try:
             proc: subprocess.Popen[bytes] = subprocess.Popen(  # type: ignore[call-overload]
                 argv,
                 env=env,
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.DEVNULL if gate is None else gate[0],
                 stdout=out,
                 stderr=out,
                 cwd=cwd,
@@ -276,17 +280,25 @@ class ExecDriver:
                 **switch,
             )
         except (OSError, subprocess.SubprocessError) as exc:
+            if gate is not None:
+                os.close(gate[1])
             raise SpawnError(f"cannot run {argv[0]!r}: {exc}") from exc
         finally:
             os.close(out)
-        if join is not None:
+            if gate is not None:
+                os.close(gate[0])
+        if gate is not None and join is not None:
             try:
                 for procs in join:
                     procs.write_text(f"{proc.pid}\n")
             except OSError as exc:
+                os.close(gate[1])
                 processes.kill_group(proc.pid)
                 processes.reap(proc)
                 raise SpawnError(f"cannot place the machine in its cgroup: {exc}") from exc
+            with contextlib.suppress(OSError):  # a gate nobody waits at: the process is gone
+                os.write(gate[1], b"\n")
+            os.close(gate[1])
         return proc
 
     # -- souq-waiter ---------------------------------------------------------------------------
