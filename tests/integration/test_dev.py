@@ -47,6 +47,10 @@ def test_dev_runs_machines_and_stops_everything(tmp_path: Path, sig: int) -> Non
                 "1",
                 "--data-dir",
                 str(tmp_path / "data"),
+                # The machines run this test's interpreter, which is this user's (under a home
+                # directory nobody else may enter): as this user, root included.
+                "--machine-user",
+                str(os.geteuid()),
             ],
             stdout=sink,
             stderr=subprocess.STDOUT,
