@@ -185,6 +185,7 @@ def create_app(service: BrokerService, guard: Guard | None = None) -> ASGIApp:
     them). With a guard, every route but the public ones needs a token (:mod:`souq.auth`)."""
     create = create_handler(service)
     api = _routes(service, create)
+    auth = guard.auth if guard is not None else None
     api.include_router(secrets_router(service, auth))  # an app's secrets (JetStream, sealed)
     inner: ASGIApp = CreateFastPath(api, create)
     if guard is not None:
