@@ -27,7 +27,17 @@ def test_a_sealed_value_opens_only_with_its_key_app_and_name() -> None:
 
 
 @pytest.mark.parametrize(
-    "values", [{}, {"1A": "x"}, {"A B": "x"}, {"SOUQ_X": "x"}, {"A": "x\0y"}, {"A" * 129: "x"}]
+    "values",
+    [
+        {},
+        {"1A": "x"},
+        {"A B": "x"},
+        {"A\n": "x"},
+        {"SOUQ_X": "x"},
+        {"A": "x\0y"},
+        {"A": "\ud800"},
+        {"A" * 129: "x"},
+    ],
 )
 def test_bad_secrets_are_refused(values: dict[str, str]) -> None:
     with pytest.raises(InvalidInput):

@@ -37,7 +37,7 @@ __all__ = [
 MAX_NAME = 128  # characters of a secret's name
 MAX_VALUE = 64 * 1024  # bytes of one value
 MAX_SECRETS = 256  # secrets of one app
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _NONCE = 12  # bytes, AES-GCM's standard nonce
 _DIGEST = 12  # hex characters shown
 
@@ -59,7 +59,7 @@ class Sealed(BaseModel):
 
 def check_name(name: str) -> str:
     """``name`` if it is an environment variable's name (``invalid_input`` otherwise)."""
-    if not _NAME.match(name) or len(name) > MAX_NAME:
+    if not _NAME.fullmatch(name) or len(name) > MAX_NAME:
         raise InvalidInput(
             f"secret name {name[:MAX_NAME]!r} is not valid",
             hint=f"use an environment variable's name: letters, digits and '_', not starting "
@@ -80,7 +80,11 @@ def check_values(values: dict[str, str]) -> dict[str, str]:
         raise InvalidInput(f"{len(values)} secrets at once: at most {MAX_SECRETS}")
     for name, value in values.items():
         check_name(name)
-        if len(value.encode()) > MAX_VALUE:
+        try:
+            size = len(value.encode())
+        except UnicodeEncodeError:
+            raise InvalidInput(f"secret {name}: the value is not valid text (UTF-8)") from None
+        if size > MAX_VALUE:
             raise InvalidInput(f"secret {name}: the value is over {MAX_VALUE} bytes")
         if "\0" in value:
             raise InvalidInput(f"secret {name}: an environment value cannot hold a NUL byte")
