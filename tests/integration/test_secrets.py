@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import secrets
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -16,11 +18,11 @@ import httpx
 import nats
 import pytest
 
-from souq.auth.files import AuthDir
+from souq.auth.bus import add_agent, worker_id_for
 from souq.errors import SouqError
 from souq.model import MachineState
 from souq.secrets.store import BUCKET
-from souq.testing import AgentProcess, BrokerProcess, Cluster, wait_until
+from souq.testing import AgentProcess, Cluster, wait_until
 
 S = MachineState
 APP = "vault"
@@ -51,8 +53,8 @@ def env_seen(cluster: Cluster, machine_id: str) -> dict[str, str]:
     return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
 
 
-async def _raw_bucket(url: str) -> list[bytes]:
-    nc = await nats.connect(url)
+async def _raw_bucket(cluster: Cluster) -> list[bytes]:
+    nc = await nats.connect(cluster.nats.url, **cluster.nats_options("broker"))
     try:
         kv = await nc.jetstream().key_value(BUCKET)
         return [(await kv.get(k)).value or b"" for k in await kv.keys()]
@@ -98,7 +100,7 @@ def test_set_list_inject_redact_unset(cluster: Cluster) -> None:
         path = agent.data_dir / name
         if path.exists():
             assert VALUE.encode() not in path.read_bytes()
-    sealed = asyncio.run(_raw_bucket(cluster.nats.url))
+    sealed = asyncio.run(_raw_bucket(cluster))
     assert len(sealed) >= 2 and not any(VALUE.encode() in v or OTHER.encode() in v for v in sealed)
     for file in (cluster.root / "nats").rglob("*"):
         if file.is_file():
@@ -166,13 +168,13 @@ def test_the_cli_sets_from_stdin_and_never_prints_a_value(cluster: Cluster) -> N
 
 
 def test_an_agent_with_another_key_fails_the_machine_clearly(cluster: Cluster) -> None:
-    other = AuthDir.create(cluster.root / "other-auth")  # another cluster's secrets.key
-    agent = AgentProcess(
-        region="syd",
-        nats_url=cluster.nats.url,
-        data_dir=cluster.root / "workers" / "syd-other",
-        auth_dir=other.path,
-    )
+    assert cluster.auth is not None
+    data_dir = cluster.root / "workers" / "syd-other"
+    add_agent(cluster.auth, worker_id_for(data_dir))  # its credential on the bus
+    other = cluster.root / "other-auth"  # the cluster's auth directory, another secrets.key
+    shutil.copytree(cluster.auth.path, other)
+    (other / "secrets.key").write_text(secrets.token_hex(32) + "\n")
+    agent = AgentProcess(region="syd", nats_url=cluster.nats.url, data_dir=data_dir, auth_dir=other)
     agent.start()
     try:
         cluster.agents.append(agent)
@@ -190,17 +192,21 @@ def test_an_agent_with_another_key_fails_the_machine_clearly(cluster: Cluster) -
         agent.stop()
 
 
-def test_a_broker_without_an_auth_directory_says_what_is_missing(cluster: Cluster) -> None:
+def test_a_broker_without_an_auth_directory_says_what_is_missing(tmp_path: Path) -> None:
+    """An open cluster (no auth directory anywhere): the secrets routes say what is missing."""
     saved = {k: os.environ.pop(k) for k in ("SOUQ_AUTH_DIR", "SOUQ_TOKEN") if k in os.environ}
-    broker = BrokerProcess(nats_url=cluster.nats.url, log_path=cluster.root / "open-broker.log")
     try:
-        broker.start()
-        answer = httpx.post(f"{broker.url}/v1/apps/{APP}/secrets", json={"A": "b"})
+        _ask_open_cluster(tmp_path)
+    finally:
+        os.environ.update(saved)
+
+
+def _ask_open_cluster(tmp_path: Path) -> None:
+    with Cluster(tmp_path / "open", regions={"mad": 0}, auth=False) as open_cluster:
+        url = open_cluster.api_url
+        answer = httpx.post(f"{url}/v1/apps/{APP}/secrets", json={"A": "b"}, headers={})
         assert answer.status_code == 503
         body = answer.json()
         assert body["status"] == "secrets_unavailable"
         assert "auth directory" in body["error"] and "--auth-dir" in body["hint"]
-        assert httpx.get(f"{broker.url}/v1/apps/{APP}/secrets").status_code == 503
-    finally:
-        broker.stop()
-        os.environ.update(saved)
+        assert httpx.get(f"{url}/v1/apps/{APP}/secrets").status_code == 503
