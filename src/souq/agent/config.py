@@ -34,7 +34,7 @@ class AgentConfig(BaseModel):
     """How one worker agent runs.
 
     ``data_dir`` holds ``state.db`` (SQLite: machines, reservations, events, the op log) and
-    ``machines/<id>/output.log``; it defaults to ``~/.local/share/souq/agent``. ``cpus``,
+    ``machines/.agent/<id>/output.log``; it defaults to ``~/.local/share/souq/agent``. ``cpus``,
     ``memory_mb``, ``disk_mb`` (default: the data dir's free space) and ``gpus`` (default 0)
     override what the host fingerprint reports. By default SIGTERM leaves machine
     processes running so that the next agent on the same data dir re-adopts them;

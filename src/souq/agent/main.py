@@ -42,8 +42,8 @@ from souq.drivers.base import Driver
 from souq.drivers.exec import RECORDS
 from souq.drivers.host import HostDriver
 from souq.drivers.logfile import LogRotator
-from souq.limits import LOG_CHECK_INTERVAL_S
 from souq.drivers.users import machine_user
+from souq.limits import LOG_CHECK_INTERVAL_S
 from souq.loop_clock import LoopClock
 
 if TYPE_CHECKING:

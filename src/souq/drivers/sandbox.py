@@ -3,7 +3,7 @@
 Inside the sandbox the host's root file system is read-only, ``/tmp`` and ``/run`` are private
 and empty, ``/dev`` is a minimal private one, ``/proc`` belongs to a new pid namespace (``bwrap``
 is pid 1 there, the command pid 2), and ipc and uts namespaces are new too. The machine's own
-directory (its output log lives there) is the one writable place, mounted at
+directory is the one writable place, mounted at
 :data:`WORKDIR` and used as the working directory; the agent's other machine directories are
 hidden. With ``network=False`` the machine gets a network namespace of its own with only ``lo``.
 
