@@ -88,11 +88,12 @@ def test_a_machine_cannot_touch_the_agents_data(cluster: Cluster) -> None:
         f"touch {data}/machines/planted 2>/dev/null && echo WROTE-MACHINES; "
         f"ls {data}/machines/.agent >/dev/null 2>&1; "
         f"touch {data}/machines/.agent/planted 2>/dev/null && echo WROTE-RECORDS; "
+        f"cat {data}/machines/.agent/*/output.log 2>/dev/null | grep -q . && echo READ-LOGS; "
         "touch ./mine && echo WROTE-OWN; echo HOME=$HOME; pwd"
     )
     out = run_once(cluster, script)
     assert "state.db" in out
-    for forbidden in ("WROTE-DATA", "READ-STATE", "WROTE-MACHINES", "WROTE-RECORDS"):
+    for forbidden in ("WROTE-DATA", "READ-STATE", "WROTE-MACHINES", "WROTE-RECORDS", "READ-LOGS"):
         assert forbidden not in out
     assert "WROTE-OWN" in out
     lines = out.splitlines()

@@ -102,7 +102,11 @@ def prepare_workdir(workdir: Path, records: Path, exit_file: str, user: MachineU
     """A machine's directory (owned by ``user``, who runs it) and the agent's directory of its
     records (root's), without the exit status of its last run (already reported)."""
     try:
-        records.mkdir(parents=True, exist_ok=True, mode=0o755)
+        # The agent's alone (0700): machines, all of one user, never see each other's logs.
+        records.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        records.mkdir(exist_ok=True, mode=0o700)
+        for made in (records.parent, records):
+            os.chmod(made, 0o700)
         with contextlib.suppress(FileNotFoundError):
             (records / exit_file).unlink()
         workdir.mkdir(parents=True, exist_ok=True, mode=0o755)
