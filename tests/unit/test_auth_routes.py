@@ -25,6 +25,7 @@ from souq.auth.tokens import Scope
         ("POST", "/v1/apps/web/releases/3", Need(Scope.DEPLOY, "web")),
         ("POST", "/v1/apps/web/secrets", Need(Scope.DEPLOY, "web")),
         ("DELETE", "/v1/apps/web/secrets/DB_URL", Need(Scope.DEPLOY, "web")),
+        ("GET", "/v1/apps/web/secrets", Need(Scope.DEPLOY, "web")),
         ("GET", "/v1/images", Need(Scope.READ, any_app=True)),
         ("POST", "/v1/images", Need(Scope.DEPLOY, any_app=True)),
         ("GET", "/v1/regions", Need(Scope.READ, any_app=True)),

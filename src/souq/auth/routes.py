@@ -7,6 +7,7 @@ route added anywhere is covered by the same rule:
 route                                             scope        of
 ================================================  ===========  ===========================
 ``/healthz``, ``/openapi.json``, ``/ui…``, docs   none         (public: no data)
+``/v1/apps/{app}/secrets…`` (any method)          deploy       the app
 ``GET /v1/apps/{app}/…``                          read         the app
 ``POST|DELETE /v1/apps/{app}/releases…|secrets…`` deploy       the app
 ``POST|DELETE /v1/apps/{app}/…`` (the rest)       write        the app
@@ -60,9 +61,11 @@ def need_of(method: str, path: str) -> Need | None:
 
 
 def _of_app(reading: bool, app: str, rest: str) -> Need:
+    if rest.startswith("/secrets"):
+        return Need(Scope.DEPLOY, app)  # even their names and digests
     if reading:
         return Need(Scope.READ, app)
-    deploying = rest.startswith(("/releases", "/secrets"))
+    deploying = rest.startswith("/releases")
     return Need(Scope.DEPLOY if deploying else Scope.WRITE, app)
 
 

@@ -106,6 +106,7 @@ def _read_streams(streams: Iterable[str]) -> list[str]:
             f"{api}.CONSUMER.INFO.{s}.*",
             f"{api}.CONSUMER.DELETE.{s}.*",
             f"{api}.CONSUMER.MSG.NEXT.{s}.*",
+            f"$JS.FC.{s}.>",  # flow control of its watches (also a response it may send)
         ]
     return allowed
 
@@ -145,6 +146,7 @@ def permissions_of(user: str) -> Permissions:
                 "$JS.API.>",
                 "$KV.>",
                 "$O.>",
+                "$JS.FC.>",  # flow control of its watches (revoked tokens)
                 f"{P}.audit.>",  # the audit log's stream (souq.broker.audit)
             ),
             subscribe=(*OBSERVED, inbox),
