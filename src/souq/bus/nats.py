@@ -277,10 +277,12 @@ async def connect(
         transport._cut_waits()
         await _run_hooks(transport.on_disconnect, "disconnect")
 
-    errors: list[Exception] = []  # the last one says why a first connection failed
+    errors: list[Exception] = []  # why a first connection failed: a refusal, else the last one
 
     async def error(exc: Exception) -> None:
-        if holder.get("t") is None:
+        # The server answers a refused CONNECT and then resets the connection: the reset
+        # must not hide the refusal.
+        if holder.get("t") is None and not (errors and _refused(errors[0])):
             errors[:] = [exc]
         if _refused(exc):
             log.error("NATS refused this client: %s", exc)
