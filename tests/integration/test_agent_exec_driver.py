@@ -214,8 +214,8 @@ def test_ready_waiters_start_machines_and_go_quietly(tmp_path: Path) -> None:
         driver = ExecDriver(tmp_path)
         first = driver.start(spec("sleep", "60", env={"GREETING": "hi"}))
         # A waiter is kept ready after a spawn; the next machine takes it.
-        await eventually(lambda: len(driver._pool) == 2, what="ready waiters")
-        ready = {idle.pid for idle in driver._pool}
+        await eventually(lambda: len(driver.waiters.ready()) == 2, what="ready waiters")
+        ready = {idle.pid for idle in driver.waiters.ready()}
         assert ready <= driver.owned_pids()  # the agent's reaper leaves them be
         echo = driver.start(
             spec(
@@ -231,7 +231,7 @@ def test_ready_waiters_start_machines_and_go_quietly(tmp_path: Path) -> None:
         assert driver.read_output("m2", 0, 100)[0] == f"hi demo {tmp_path / 'm2'}\n".encode()
         driver.signal(first, signal.SIGKILL)
         assert await driver.wait(first) == ExitStatus(signal="SIGKILL")
-        idle = [i.pid for i in driver._pool]
+        idle = [i.pid for i in driver.waiters.ready()]
         driver.close()  # ready waiters get an empty job, exit, and are reaped (no zombies)
         assert not any(os.path.exists(f"/proc/{pid}") for pid in idle)
 
@@ -243,8 +243,8 @@ def test_a_ready_waiter_killed_while_it_waited_is_passed_over(tmp_path: Path) ->
     async def body() -> None:
         driver = ExecDriver(tmp_path)
         first = driver.start(spec("sleep", "60"))
-        await eventually(lambda: len(driver._pool) == 2, what="ready waiters")
-        killed = [idle.pid for idle in driver._pool]
+        await eventually(lambda: len(driver.waiters.ready()) == 2, what="ready waiters")
+        killed = [idle.pid for idle in driver.waiters.ready()]
         for pid in killed:
             os.kill(pid, signal.SIGKILL)
         await eventually(

@@ -34,7 +34,6 @@ Linux only (pidfd needs Linux 5.3).
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import logging
 import os
@@ -54,6 +53,7 @@ from souq.drivers.cgroups import CgroupEntry, Cgroups, placement_shell
 from souq.drivers.processes import machine_nofile, resolve_program
 from souq.drivers.users import MachineUser, agent_user
 from souq.drivers.waiter import parse_exit_file, waiter_path
+from souq.drivers.waiter_pool import IdleWaiter, WaiterPool
 from souq.errors import Unavailable
 
 __all__ = ["INHERITED_ENV", "RECORDS", "ExecDriver", "resolve_program"]
@@ -66,7 +66,6 @@ _PIDFILE = "pid"
 _EXIT = "exit"  # written by souq-waiter: "code N" or "signal N"
 RECORDS = ".agent"  # <root>/.agent/<id>/: the agent's files of each machine
 _START_TIME_TOLERANCE_S = 0.005  # start times have clock-tick (10 ms) resolution
-_POOL_SIZE = 2  # souq-waiters kept ready
 
 
 @dataclass(slots=True)
@@ -80,17 +79,6 @@ class _Watch:
     waiter: bool = False  # fd is the waiter's: the status is in the exit file
     status: ExitStatus | None = None
     callbacks: list[Callable[[ExitStatus], None]] = field(default_factory=list)
-
-
-@dataclass(frozen=True, slots=True)
-class _IdleWaiter:
-    """A souq-waiter started ahead of need, blocked reading its job on its stdin."""
-
-    pid: int
-    job: int  # the write end of its stdin
-    report: int  # the read end of its report pipe
-    start_time: float
-    spare: str | None = None  # the spare cgroup it sits in (see souq.drivers.cgroups)
 
 
 def _attempt(call: Callable[[], None] | None) -> Exception | None:
@@ -146,17 +134,13 @@ class ExecDriver:
         self._children: dict[int, processes.Child] = {}  # by machine pid
         self._watches: dict[int, _Watch] = {}
         self.waiter = waiter_path() if use_waiter else None
-        self._nofile = machine_nofile() if self.waiter is not None else None
-        self._pool: list[_IdleWaiter] = []  # waiters ready for a job
-        self._idle_pids: set[int] = set()
-        self._refill: asyncio.Task[None] | None = None
-        self._starter: concurrent.futures.ThreadPoolExecutor | None = None  # starts waiters
-        self._starting: concurrent.futures.Future[_IdleWaiter] | None = None
         self.spares = spares  # places the waiters kept ready in spare cgroups (v1)
+        nofile = machine_nofile() if self.waiter is not None else None
+        self.waiters = WaiterPool(self.waiter, nofile, spares)  # souq-waiters ready for a job
 
     def owned_pids(self) -> set[int]:
         """Pids of the children this driver reaps itself (the agent's reaper leaves them be)."""
-        return {processes.pid_of(child) for child in self._children.values()} | self._idle_pids
+        return {processes.pid_of(child) for child in self._children.values()} | self.waiters.pids
 
     def machine_dir(self, machine_id: str) -> Path:
         """The machine's own directory: its working directory, owned by its user."""
@@ -202,11 +186,11 @@ class ExecDriver:
             pid = proc.pid
             failure = _attempt(meanwhile)
         else:
-            idle = self._take_waiter()
+            idle = self.waiters.take()
             try:
                 placement = CgroupEntry() if place is None else _placed(place, idle.spare)
             except SpawnError:
-                self._discard(idle)
+                self.waiters.discard(idle)
                 raise
             proc, waiter_start = idle.pid, idle.start_time
             pid, failure = self._run_job(
@@ -303,85 +287,14 @@ class ExecDriver:
 
     # -- souq-waiter ---------------------------------------------------------------------------
 
-    def _new_waiter(self, waiter: Path, spare: bool = False) -> _IdleWaiter:
-        """Start a waiter, which blocks reading its job; with ``spare``, in a spare cgroup.
-        ``os.posix_spawn`` (a vfork: about half the CPU of ``Popen``, and no Popen object to
-        keep per machine) returns once the waiter is exec'd, about 0.7 ms here, and a move into
-        a cgroup can take several: so a few are kept ready, started from a thread of our own
-        (see :meth:`_fill`)."""
-        job_r, job_w = os.pipe()
-        report_r, report_w = os.pipe()
-        try:
-            pid = os.posix_spawn(
-                waiter,
-                [str(waiter), "3", str(self._nofile)],
-                {},
-                file_actions=[
-                    (os.POSIX_SPAWN_DUP2, job_r, 0),
-                    (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
-                    (os.POSIX_SPAWN_DUP2, 1, 2),
-                    (os.POSIX_SPAWN_DUP2, report_w, 3),
-                ],
-                setsid=True,
-            )
-        except OSError as exc:
-            os.close(job_w)
-            os.close(report_r)
-            raise SpawnError(f"cannot run souq-waiter: {exc.strerror or exc}") from exc
-        finally:
-            os.close(job_r)
-            os.close(report_w)
-        self._idle_pids.add(pid)
-        cgroup = self.spares.make_spare(pid) if spare and self.spares is not None else None
-        return _IdleWaiter(pid, job_w, report_r, processes.start_time(pid) or 0.0, cgroup)
-
     def prepare_spawns(self, count: int) -> None:
-        """Have ``count`` waiters ready (started now, together, if need be): a batch's spawns
-        then wait for no waiter's start-up but the first."""
-        if self.waiter is None:
-            return
-        while len(self._pool) < count:
-            self._pool.append(self._new_waiter(self.waiter))
-
-    def _take_waiter(self) -> _IdleWaiter:
-        """The first ready waiter still alive (one killed while it waited, by a stray
-        ``kill -9`` or the OOM killer, is reaped and passed over), else a new one."""
-        assert self.waiter is not None
-        while self._pool:
-            idle = self._pool.pop(0)
-            if not processes.exited(idle.pid):
-                break
-            log.warning(
-                "a ready souq-waiter (pid %d) died while it waited; using another", idle.pid
-            )
-            self._discard(idle)
-        else:
-            idle = self._new_waiter(self.waiter)
-        if self._refill is None:
-            self._refill = asyncio.get_running_loop().create_task(self._fill(self.waiter))
-        return idle
-
-    async def _fill(self, waiter: Path) -> None:
-        """Top the pool of ready waiters up, off the event loop (a thread of our own): a waiter
-        is not a machine process (it sets no parent-death signal of its own; its child's is
-        tied to the waiter, which is single-threaded), so starting it from a helper thread is
-        safe, and the loop stays free to answer offers and claims meanwhile."""
-        if self._starter is None:
-            self._starter = concurrent.futures.ThreadPoolExecutor(1, "souq-waiters")
-        try:
-            while len(self._pool) < _POOL_SIZE:
-                self._starting = self._starter.submit(self._new_waiter, waiter, True)
-                idle = await asyncio.wrap_future(self._starting)
-                self._starting = None
-                self._pool.append(idle)
-        except SpawnError as exc:
-            log.warning("cannot keep a souq-waiter ready: %s", exc)
-        finally:
-            self._refill = None
+        """Have ``count`` waiters ready: a batch's spawns then wait for no waiter's start-up
+        but the first."""
+        self.waiters.prepare(count)
 
     def _run_job(
         self,
-        idle: _IdleWaiter,
+        idle: IdleWaiter,
         cmd: tuple[str, ...],
         env: dict[str, str],
         workdir: Path,
@@ -394,7 +307,7 @@ class ExecDriver:
         machine's pid once the waiter reports its child ready to exec (see waiter.c for the
         job's format), with what ``meanwhile`` raised."""
         r = idle.report
-        self._idle_pids.discard(idle.pid)
+        self.waiters.pids.discard(idle.pid)
         fields = [
             str(self.records_dir(workdir.name) / _EXIT),
             str(cwd),
@@ -434,24 +347,6 @@ class ExecDriver:
         if kind == "E" and value.isdigit():
             raise SpawnError(f"cannot start {cmd[0]!r}: {os.strerror(int(value))}")
         raise SpawnError(f"souq-waiter failed to start {cmd[0]!r} (exit {code})")
-
-    def _discard(self, idle: _IdleWaiter) -> None:
-        """End a ready waiter (an empty job: it exits at once) and drop its spare cgroup."""
-        self._idle_pids.discard(idle.pid)
-        for fd in (idle.job, idle.report):
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        try:
-            pidfd = os.pidfd_open(idle.pid)
-        except OSError:
-            pass
-        else:
-            ended = processes.pidfd_readable(pidfd, 1.0)
-            os.close(pidfd)
-            if ended:  # else the agent's reaper gets it, now that it is not ours
-                processes.reap(idle.pid)
-        if idle.spare is not None and self.spares is not None:
-            self.spares.drop_spare(idle.spare)
 
     def _watch(self, handle: Handle, fd: int, *, waiter: bool = False) -> None:
         self._watches[handle.pid] = _Watch(fd, waiter)
@@ -617,20 +512,7 @@ class ExecDriver:
         return logfile.output_start(self.records_dir(machine_id))
 
     def close(self) -> None:
-        if self._refill is not None:
-            self._refill.cancel()
-            self._refill = None
-        if self._starting is not None:  # a waiter being started: let it finish, then end it
-            with contextlib.suppress(Exception):
-                self._discard(self._starting.result(timeout=5))
-            self._starting = None
-        if self._starter is not None:
-            self._starter.shutdown(wait=False)
-            self._starter = None
-        for idle in self._pool:
-            self._discard(idle)
-        self._pool.clear()
-        self._idle_pids.clear()
+        self.waiters.close()
         loop = asyncio.get_running_loop()
         for watch in self._watches.values():
             if watch.fd is not None:
