@@ -13,11 +13,11 @@ import contextlib
 
 from souq.agent import lifecycle
 from souq.agent.admission import HeldQuote
-from souq.agent.executor import Executor, Source
+from souq.agent.executor import Executor
 from souq.agent.leases import Leases
 from souq.agent.lifecycle import Trigger
 from souq.agent.operations import OpEvent, OpKind, advance
-from souq.agent.records import MachineRow
+from souq.agent.records import MachineRow, Source
 from souq.clock import Clock
 from souq.errors import (
     Conflict,

@@ -18,8 +18,8 @@ import asyncio
 import logging
 import signal as _signal
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from dataclasses import replace
+from typing import Any
 
 from souq.agent import lifecycle, recovery
 from souq.agent.admission import Admission
@@ -31,7 +31,7 @@ from souq.agent.lifecycle import Trigger
 from souq.agent.machine_table import MachineTable
 from souq.agent.operations import Action, OpEvent, OpKind, OpState, advance
 from souq.agent.ports import PortPool
-from souq.agent.records import RECENT_EVENTS, MachineRow, OpStep
+from souq.agent.records import RECENT_EVENTS, MachineRow, Op, OpStep, Source
 from souq.agent.restart import Backoff
 from souq.agent.secrets import AgentSecrets
 from souq.agent.store import Store
@@ -49,27 +49,8 @@ __all__ = ["Executor", "Op", "Source"]
 log = logging.getLogger(__name__)
 
 S = MachineState
-Source = Literal["agent", "user"]
 _WAITING_FOR_EXIT = (OpState.DRAINING, OpState.SIGNALLING, OpState.KILLING)
 _SPEC = frozenset({"config", "placement", "address", "instance_id"})  # rarely changed fields
-
-
-@dataclass
-class Op:
-    """An operation in progress (its steps are in the op log)."""
-
-    id: str
-    kind: OpKind
-    machine_id: str
-    params: dict[str, Any]
-    state: OpState = OpState.NEW
-    done: asyncio.Future[None] = field(
-        default_factory=lambda: asyncio.get_running_loop().create_future()
-    )
-
-    @property
-    def source(self) -> Source:
-        return "agent" if self.params.get("source") == "agent" else "user"
 
 
 class Executor(MachineTable):

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 from souq.agent.admission import HeldQuote
 from souq.agent.operations import OpEvent, OpKind, OpState
@@ -16,7 +17,9 @@ from souq.model.protocol import Quote, QuoteState
 from souq.model.resources import Resources
 from souq.model.services import MachineAddress
 
-__all__ = ["RECENT_EVENTS", "HoldRow", "MachineRow", "OpStep", "of_app"]
+__all__ = ["RECENT_EVENTS", "HoldRow", "MachineRow", "Op", "OpStep", "Source", "of_app"]
+
+Source = Literal["agent", "user"]  # who asked for an operation
 
 RECENT_EVENTS = 20  # events kept on the machine record (newest first); the `events` verb has all
 
@@ -128,3 +131,21 @@ def _shown(row: MachineRow | HoldRow, worker_id: str) -> dict[str, Any]:
         "placement": row.placement,
         "created_at": iso_from_ms(row.created_at),
     }
+
+
+@dataclass
+class Op:
+    """An operation in progress (its steps are in the op log)."""
+
+    id: str
+    kind: OpKind
+    machine_id: str
+    params: dict[str, Any]
+    state: OpState = OpState.NEW
+    done: asyncio.Future[None] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+
+    @property
+    def source(self) -> Source:
+        return "agent" if self.params.get("source") == "agent" else "user"

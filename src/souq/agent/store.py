@@ -28,7 +28,6 @@ A lock file (``agent.lock``, ``flock``) keeps two agents off the same data dir.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import sqlite3
@@ -42,6 +41,7 @@ from pydantic import BaseModel
 from souq.agent import schema as sql
 from souq.agent.operations import OpState
 from souq.agent.records import RECENT_EVENTS, HoldRow, MachineRow, OpStep
+from souq.agent.state_file import SET_ASIDE_HINT, lock, private, refuse_set_aside
 from souq.errors import (
     IdempotencyConflict,
     StorageError,
@@ -84,10 +84,10 @@ class Store:
         self._json_memo: dict[int, tuple[object, str]] = {}
         data_dir.mkdir(parents=True, exist_ok=True)
         self.path = data_dir / "state.db"
-        self._lock_fd = _lock(data_dir / "agent.lock")
+        self._lock_fd = lock(data_dir / "agent.lock")
         try:
-            _refuse_set_aside(self.path)
-            _private(self.path)
+            refuse_set_aside(self.path)
+            private(self.path)
             self._db = sqlite3.connect(self.path, isolation_level=None)
             self._check_integrity()
             self._db.execute("PRAGMA journal_mode=WAL")
@@ -129,7 +129,7 @@ class Store:
                 os.replace(f"{self.path}{suffix}", f"{aside}{suffix}")
         raise StorageError(
             f"the agent's state file {self.path} is corrupt ({problem}); it was moved to {aside}",
-            hint=_SET_ASIDE_HINT,
+            hint=SET_ASIDE_HINT,
             details={"set_aside": str(aside)},
         )
 
@@ -563,48 +563,3 @@ class Store:
         """Every op step of a machine, oldest first (for inspection and tests)."""
         query = f"SELECT {sql.OP_COLUMNS} FROM ops WHERE machine_id = ? ORDER BY seq"  # noqa: S608
         return [sql.op_step_of(r) for r in self._read(query, (machine_id,))]
-
-
-_SET_ASIDE_HINT = (
-    "restore state.db from a backup, or delete the corrupt copy to start with an empty state "
-    "(the machines it knew are then forgotten; their processes may still run)"
-)
-
-
-def _refuse_set_aside(path: Path) -> None:
-    """Keep refusing to start after a corrupt state file was set aside, until someone decides."""
-    if path.exists():
-        return
-    aside = sorted(path.parent.glob(f"{path.name}.corrupt-*[0-9]"))
-    if aside:
-        raise StorageError(
-            f"the agent's state file was corrupt and set aside as {aside[-1]}",
-            hint=_SET_ASIDE_HINT,
-            details={"set_aside": str(aside[-1])},
-        )
-
-
-def _private(path: Path) -> None:
-    """The state file (made if need be) and its WAL readable by the agent's user alone: its
-    machines run as another user and must not read it. SQLite gives the WAL and shared-memory
-    files it makes the database file's mode."""
-    try:
-        os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
-        for name in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
-            with contextlib.suppress(FileNotFoundError):
-                os.chmod(name, 0o600)
-    except OSError as exc:
-        raise StorageError(f"cannot make {path} private: {exc.strerror or exc}") from exc
-
-
-def _lock(path: Path) -> int:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        raise StorageError(
-            f"another agent is using the data dir {path.parent}",
-            hint="stop that agent first, or give this one its own --data-dir",
-        ) from None
-    return fd
