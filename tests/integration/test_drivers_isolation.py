@@ -115,7 +115,7 @@ def test_the_machine_is_in_its_cgroup_from_its_first_instruction(tmp_path: Path)
 
 
 def _spares_ready(d: HostDriver) -> bool:
-    pool = d.exec._pool
+    pool = d.exec.waiters.ready()
     return len(pool) >= 2 and all(idle.spare is not None for idle in pool)
 
 
@@ -145,9 +145,9 @@ def test_on_v1_a_ready_waiters_spare_cgroup_becomes_the_machines_own(tmp_path: P
         await asyncio.wait_for(d.wait(first), 10)
         for run in range(2):  # a first start, then a restart in the cgroup the first one left
             await eventually(lambda: _spares_ready(d), what="ready waiters in spare cgroups")
-            spare = d.exec._pool[0].spare
+            spare = d.exec.waiters.ready()[0].spare
             assert spare is not None
-            waiter = d.exec._pool[0].pid
+            waiter = d.exec.waiters.ready()[0].pid
             for b in bases.values():
                 assert str(waiter) in (b / spare / "cgroup.procs").read_text()
             handle = d.start(spec("sleep", "60", machine_id="kept", limits=Limits(64, 1)))
