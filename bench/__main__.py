@@ -1,14 +1,27 @@
 """Run the benchmarks, or those named: ``python -m bench [spine scale c1m ...]``.
 
 Without names, the default suites run (``spine``, ``scale``, ``tradeoff``, ``view``,
-``supervise``, ``creates``, ``proxy``, ``wake``, ``images``, ``deploy``, ``attack``); ``c1m``
-(100,000 machines onto 5,000 hollow workers, a few minutes) runs only when named."""
+``supervise``, ``creates``, ``proxy``, ``wake``, ``images``, ``deploy``, ``attack``,
+``secured``); ``c1m`` (100,000 machines onto 5,000 hollow workers, a few minutes) runs only when
+named."""
 
 from __future__ import annotations
 
 import sys
 
-from bench import attack, creates, deploy, images, proxy, scale, spine, supervise, view, wake
+from bench import (
+    attack,
+    creates,
+    deploy,
+    images,
+    proxy,
+    scale,
+    secured,
+    spine,
+    supervise,
+    view,
+    wake,
+)
 
 SUITES = {
     "spine": spine.main,
@@ -23,6 +36,7 @@ SUITES = {
     "images": images.main,
     "deploy": deploy.main,
     "attack": attack.main,
+    "secured": secured.main,
 }
 DEFAULT = [
     "spine",
@@ -36,6 +50,7 @@ DEFAULT = [
     "images",
     "deploy",
     "attack",
+    "secured",
 ]
 
 

@@ -39,8 +39,10 @@ import psutil
 
 from bench import spine
 from bench.stats import machine_line
+from souq.auth.bus import init_bus
+from souq.auth.files import AuthDir
 from souq.natsserver import NatsServer
-from souq.testing import BrokerProcess, FleetProcess, wait_until
+from souq.testing import BrokerProcess, FleetProcess, environment, wait_until
 
 REGION = "bench"
 APP = "bench"
@@ -65,6 +67,7 @@ LUA = r"""
 wrk.method = "POST"
 wrk.body = [==[BODY]==]
 wrk.headers["Content-Type"] = "application/json"
+if "TOKEN" ~= "" then wrk.headers["Authorization"] = "Bearer TOKEN" end
 
 local threads = {}
 
@@ -120,6 +123,7 @@ class Stack:
     fleet: FleetProcess
     broker: BrokerProcess
     fleet_start_s: float
+    token: str = ""  # the admin token of a secured stack ("": an open one)
 
     def pids(self) -> dict[str, int]:
         out = {"broker": self.broker.process, "fleet": self.fleet.process}
@@ -128,11 +132,19 @@ class Stack:
 
 
 @contextlib.contextmanager
-def _stack(root: Path, workers: int) -> Iterator[Stack]:
+def _stack(root: Path, workers: int, *, secured: bool = False) -> Iterator[Stack]:
     """A fresh nats-server, ``souq fleet`` of ``workers`` and one broker that sees them all;
-    everything stopped on the way out, started or not."""
+    everything stopped on the way out, started or not. ``secured``: as ``souq cluster init``
+    makes a cluster (NATS users by nkey, API tokens, the audit log)."""
     root.mkdir(parents=True)
-    with NatsServer(store_dir=root / "nats") as nats:
+    auth = AuthDir.create(root / "auth") if secured else None
+    if auth is not None:
+        init_bus(auth)
+    env = {"SOUQ_AUTH_DIR": str(auth.path)} if auth is not None else {}
+    token = auth.admin() if auth is not None else ""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    config = auth.nats_conf if auth is not None else None
+    with NatsServer(store_dir=root / "nats", config=config) as nats, environment(**env):
         fleet = FleetProcess(
             nats_url=nats.url,
             region=REGION,
@@ -149,20 +161,19 @@ def _stack(root: Path, workers: int) -> Iterator[Stack]:
             broker.start()
 
             def ready() -> bool:
-                return bool(
-                    httpx.get(broker.url + "/healthz", timeout=10).json()["workers"] >= workers
-                )
+                answer = httpx.get(broker.url + "/healthz", timeout=10, headers=headers)
+                return bool(answer.json()["workers"] >= workers)
 
             def synced() -> bool:
                 # Its cluster view has compared every worker once: lists come from the view.
                 # (A broker's first round under load re-lists the workers that have events in
                 # flight, a start-up cost the timed run should not carry.)
-                r = httpx.get(f"{broker.url}/v1/apps/{APP}/machines", timeout=10)
+                r = httpx.get(f"{broker.url}/v1/apps/{APP}/machines", timeout=10, headers=headers)
                 return r.headers.get("X-Souq-View") == "view"
 
             wait_until(ready, timeout=120, interval=0.2, message="the broker to see the fleet")
             wait_until(synced, timeout=120, interval=0.2, message="the broker's view to sync")
-            yield Stack(nats, fleet, broker, round(fleet_start_s, 1))
+            yield Stack(nats, fleet, broker, round(fleet_start_s, 1), token)
         finally:
             broker.stop()
             fleet.stop(timeout=120)
@@ -218,7 +229,8 @@ def _drive(
 ) -> dict[str, Any]:
     """A warm-up run (discarded), then the timed run, with each process's CPU over it."""
     script = root / f"{mode}.lua"
-    script.write_text(LUA.replace("BODY", json.dumps(body)).replace("MARK", MARK))
+    lua = LUA.replace("BODY", json.dumps(body)).replace("MARK", MARK)
+    script.write_text(lua.replace("TOKEN", stack.token))
     url = stack.broker.url + path
     _wrk(url, script, connections, WARMUP_S, mode)
     pids = stack.pids()
@@ -265,9 +277,9 @@ def _drive(
     }
 
 
-def singles(root: Path, workers: int, duration_s: int) -> dict[str, Any]:
+def singles(root: Path, workers: int, duration_s: int, *, secured: bool = False) -> dict[str, Any]:
     body = {"region": REGION, "config": CONFIG}
-    with _stack(root, workers) as stack:
+    with _stack(root, workers, secured=secured) as stack:
         path = f"/v1/apps/{APP}/machines"
         result = _drive(stack, root, path, body, SINGLE_CONNECTIONS, "single", duration_s)
         result["creates_per_s"] = result.pop("ok_per_s")
