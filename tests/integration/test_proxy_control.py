@@ -6,6 +6,9 @@ takes a machine out of rotation, and a standby starts when its primary's worker 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -192,6 +195,7 @@ async def test_a_standby_starts_when_its_primarys_worker_is_lost(tmp_path: Path)
             ProxyConfig(nats_url=c.nats.url, region="mad", autostop_interval_s=3600), transport
         )
         await plane.start()
+        orphans: list[int] = []  # the lost worker's machine runs on, as a crash leaves it
         try:
             client = c.client()
             app = app_name("p")
@@ -203,6 +207,7 @@ async def test_a_standby_starts_when_its_primarys_worker_is_lost(tmp_path: Path)
             await until(lambda: plane.table.get(standby.id), what="the standby in the table")
             [lost] = [a for a in c.agents if a.worker_id == primary.worker_id]
             t0 = time.monotonic()
+            orphans = lost.machine_pids()
             lost.kill()  # kill -9: the worker's heartbeats stop
             await until(
                 lambda: (b := plane.table.get(standby.id)) and b.state == "started",
@@ -219,3 +224,6 @@ async def test_a_standby_starts_when_its_primarys_worker_is_lost(tmp_path: Path)
         finally:
             await plane.aclose()
             await transport.close()
+            for pid in orphans:  # nothing of the test outlives it
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
