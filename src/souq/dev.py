@@ -65,8 +65,8 @@ class DevConfig(BaseModel):
     )
     data_dir: Path | None = Field(
         default=None,
-        description="default: ~/.local/state/souq/dev (its workers and NATS store are "
-        "started afresh each time; its keys and admin token stay)",
+        description="default: /var/lib/souq/dev as root, else ~/.local/state/souq/dev (its "
+        "workers and NATS store are started afresh each time; its keys and admin token stay)",
     )
     host: str = "127.0.0.1"
     ready_timeout_s: float = 60.0
@@ -235,7 +235,7 @@ async def _serve(config: DevConfig, report: Callable[[DevCluster], None]) -> Non
     if config.data_dir is None:  # the default directory: a fresh cluster, the same keys
         for old in ("workers", "nats"):
             shutil.rmtree(data_dir / old, ignore_errors=True)
-    auth = AuthDir.create(data_dir)
+    auth = AuthDir.create(data_dir, private=False)
     init_bus(auth)  # the embedded NATS is locked down as a cluster's is
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -376,11 +376,11 @@ def _print_ready(cluster: DevCluster) -> None:
         f"  proxy: {cluster.proxy_url} (a request for APP.{cluster.domain} reaches app APP)",
         f"  NATS: {cluster.nats_url}",
         f"  data: {cluster.data_dir}",
-        f"  token: {cluster.data_dir / 'admin.token'} (admin; the souq CLI finds it"
+        f"  token: {cluster.data_dir / 'admin.token'} (admin; "
         + (
-            ")"
+            "the souq CLI finds it)"
             if cluster.data_dir == default_dev_dir()
-            else f": export SOUQ_TOKEN=$(cat {cluster.data_dir / 'admin.token'}))"
+            else f"for the CLI: export SOUQ_TOKEN=$(cat {cluster.data_dir / 'admin.token'}))"
         ),
         "  workers: " + ", ".join(name for _, name in cluster.workers),
         "Try: souq machine run --app hello --region "

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import httpx
@@ -25,8 +27,17 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_dev_runs_machines_and_stops_everything(tmp_path: Path, sig: int) -> None:
+def test_dev_runs_machines_and_stops_everything(
+    tmp_path: Path, sig: int, request: pytest.FixtureRequest
+) -> None:
     port, nats_port, proxy_port = free_port(), free_port(), free_port()
+    # Machines run as the default user (nobody, this test being root): their data dir must be
+    # one that user can reach, as /var/lib/souq/dev is (pytest's own tmp dir is 0700).
+    data = Path(tempfile.mkdtemp(prefix="souq-dev-test-", dir="/tmp"))
+    data.chmod(0o755)
+    request.addfinalizer(lambda: shutil.rmtree(data, ignore_errors=True))
+    python = shutil.which("python3", path="/usr/bin:/bin")  # one the machines' user can run
+    assert python is not None
     out = tmp_path / "dev.out"
     with open(out, "wb") as sink:
         dev = subprocess.Popen(
@@ -46,11 +57,7 @@ def test_dev_runs_machines_and_stops_everything(tmp_path: Path, sig: int) -> Non
                 "--workers-per-region",
                 "1",
                 "--data-dir",
-                str(tmp_path / "data"),
-                # The machines run this test's interpreter, which is this user's (under a home
-                # directory nobody else may enter): as this user, root included.
-                "--machine-user",
-                str(os.geteuid()),
+                str(data),
             ],
             stdout=sink,
             stderr=subprocess.STDOUT,
@@ -64,7 +71,7 @@ def test_dev_runs_machines_and_stops_everything(tmp_path: Path, sig: int) -> Non
             message="the ready banner",
         )
         assert api in out.read_text()
-        token_file = tmp_path / "data" / "admin.token"
+        token_file = data / "admin.token"
         assert f"token: {token_file}" in out.read_text()
         assert token_file.stat().st_mode & 0o777 == 0o600
         auth = {"Authorization": f"Bearer {token_file.read_text().strip()}"}
@@ -77,7 +84,7 @@ def test_dev_runs_machines_and_stops_everything(tmp_path: Path, sig: int) -> Non
             json={
                 "region": "mad",
                 "config": {
-                    "cmd": ["sh", "-c", f"exec {sys.executable} -m http.server $PORT"],
+                    "cmd": ["sh", "-c", f"exec {python} -m http.server $PORT"],
                     "services": [{"internal_port": 8080}],
                 },
             },

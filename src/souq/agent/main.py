@@ -42,7 +42,7 @@ from souq.drivers.base import Driver
 from souq.drivers.exec import RECORDS
 from souq.drivers.host import HostDriver
 from souq.drivers.logfile import LogRotator
-from souq.drivers.users import machine_user
+from souq.drivers.users import check_reachable, machine_user
 from souq.limits import LOG_CHECK_INTERVAL_S
 from souq.loop_clock import LoopClock
 
@@ -105,6 +105,10 @@ class Agent:
             )
         )
         host = self._host_driver
+        if host is not None and host.user.switch:
+            host_root = config.data_dir / "machines"
+            host_root.mkdir(parents=True, exist_ok=True)
+            check_reachable(host.user, host_root)
         if host is not None and host.user.is_root:
             log.warning("machines run as root (--allow-root-machines): they own this host")
         self.fingerprint = fingerprint(

@@ -82,11 +82,14 @@ class AuthDir:
         return self.path / "nats"
 
     @classmethod
-    def create(cls, path: Path) -> AuthDir:
-        """The token keys, an admin token and the secrets key (what is there already stays)."""
-        path.mkdir(parents=True, exist_ok=True, mode=0o700)
-        with contextlib.suppress(OSError):
-            path.chmod(0o700)
+    def create(cls, path: Path, *, private: bool = True) -> AuthDir:
+        """The token keys, an admin token and the secrets key (what is there already stays).
+        ``private``: the directory itself 0700 too (``souq dev`` keeps it 0755: it is the data
+        directory its machines' own directories are in; every secret file is 0600 anyway)."""
+        path.mkdir(parents=True, exist_ok=True, mode=0o700 if private else 0o755)
+        if private:
+            with contextlib.suppress(OSError):
+                path.chmod(0o700)
         auth = cls(path)
         if not auth.token_key.exists():
             write_private(auth.token_key, private_key_text(generate_key()) + "\n")

@@ -10,8 +10,11 @@ __all__ = ["default_dev_dir", "find_token"]
 
 
 def default_dev_dir() -> Path:
-    """``souq dev``'s data directory when none is given: ``$XDG_STATE_HOME/souq/dev``
-    (``~/.local/state/souq/dev``)."""
+    """``souq dev``'s data directory when none is given: ``/var/lib/souq/dev`` for root (its
+    machines run as ``nobody``, who may not enter root's home), else
+    ``$XDG_STATE_HOME/souq/dev`` (``~/.local/state/souq/dev``; machines run as the same user)."""
+    if os.geteuid() == 0:
+        return Path("/var/lib/souq/dev")
     state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return Path(state) / "souq" / "dev"
 

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import os
 import pwd
+import stat
 from dataclasses import dataclass
+from pathlib import Path
 
 from souq.errors import InvalidInput
 
-__all__ = ["NOBODY", "MachineUser", "agent_user", "machine_user"]
+__all__ = ["NOBODY", "MachineUser", "agent_user", "check_reachable", "machine_user"]
 
 NOBODY = 65534  # nobody and nogroup (or nobody) on every Linux distribution we know
 
@@ -46,6 +48,17 @@ class MachineUser:
 
     def describe(self) -> str:
         return f"{self.name} ({self.uid}:{self.gid})"
+
+    def can_enter(self, path: Path) -> bool:
+        """Whether this user may pass through directory ``path`` (its search bit)."""
+        st = path.stat()
+        if self.uid == 0:
+            return True
+        if st.st_uid == self.uid:
+            return bool(st.st_mode & stat.S_IXUSR)
+        if st.st_gid == self.gid or st.st_gid in self.groups:
+            return bool(st.st_mode & stat.S_IXGRP)
+        return bool(st.st_mode & stat.S_IXOTH)
 
 
 def _of_uid(uid: int) -> MachineUser:
@@ -106,3 +119,18 @@ def machine_user(setting: str | None, *, allow_root: bool = False) -> MachineUse
             hint="leave --machine-user out, or run the agent as root",
         )
     return user
+
+
+def check_reachable(user: MachineUser, directory: Path) -> None:
+    """:class:`InvalidInput` when ``user`` cannot reach ``directory`` (where machines' working
+    directories are): a machine would start in its directory but fail on any path through it
+    (an app that serves its files answers 404), as under a home directory others may not
+    enter (``/root`` is 0700)."""
+    for ancestor in [*reversed(directory.resolve().parents), directory.resolve()]:
+        if ancestor.exists() and not user.can_enter(ancestor):
+            raise InvalidInput(
+                f"machines run as {user.describe()}, who cannot enter {ancestor}, on the way "
+                f"to their directories in {directory}",
+                hint="give the agent a --data-dir that user can reach (e.g. under /var/lib), "
+                f"let it through (chmod o+x {ancestor}), or choose --machine-user",
+            )
