@@ -130,6 +130,7 @@ PUBLIC = {
         "ConstraintFilter",
         "Curve",
         "DistinctWorkersFilter",
+        "GpuFilter",
         "StandbyFilter",
         "DriverFilter",
         "EligibleFilter",

@@ -114,6 +114,7 @@ def test_the_default_chain() -> None:
         "constraints",
         "distinct-workers",
         "standby",
+        "gpus",
         "eligible",
         "resources",
     ]

@@ -22,7 +22,14 @@ The rules, in the order they are checked:
 3. a quote must be this app's, live (:class:`~souq.errors.QuoteExpired` when its TTL passed or it
    was released, :class:`~souq.errors.QuoteUsed` when it made its machine) and big enough;
 4. ``insufficient_cpu`` / ``_memory`` / ``_disk`` / ``_gpus`` — what is asked must fit beside
-   what machines reserve and live quotes hold (a batch: all of its new machines together).
+   what machines reserve and live quotes hold (a batch: all of its new machines together);
+   GPUs GPU by GPU: ``wrong_gpu_model``, ``insufficient_gpus`` (whole GPUs need wholly free
+   ones), ``insufficient_gpu_share`` (a share needs one GPU with that much free).
+
+GPUs are accounted one by one: the ledger knows each GPU's free thousandths, and which GPUs each
+machine and each hold got (:func:`souq.placement.gpus.pick` chooses them: :meth:`assign_gpus`).
+The shell records the GPUs with the machine (so it can tell the machine which are its own) and
+gives them back with :meth:`release`.
 """
 
 from __future__ import annotations
@@ -39,8 +46,9 @@ from souq.errors import (
     QuoteUsed,
 )
 from souq.model.protocol import QuoteState
-from souq.model.resources import Resources
+from souq.model.resources import GPU_MILLI, Resources
 from souq.model.worker import WorkerState, WorkerUsage
+from souq.placement import gpus
 from souq.placement.stages import Shortfall, shortfall
 
 __all__ = ["Admission", "HeldQuote"]
@@ -62,6 +70,7 @@ class HeldQuote:
 class _Hold:
     resources: Resources
     expires_at: int
+    gpus: tuple[int, ...] = ()
 
 
 @dataclass(kw_only=True, eq=False)
@@ -74,6 +83,11 @@ class Admission:
     draining: bool = False
     version: int = field(default=0, init=False)
     _holds: dict[str, _Hold] = field(default_factory=dict, init=False)
+    # Free thousandths of each GPU after the machines' reservations (holds not counted).
+    _gpu_free: tuple[int, ...] = field(default=(), init=False)
+
+    def __post_init__(self) -> None:
+        self._gpu_free = (GPU_MILLI,) * self.capacity.gpus
 
     # -- what is promised ------------------------------------------------------------------
 
@@ -84,6 +98,15 @@ class Admission:
             if hold.expires_at > now_ms:
                 total = total.plus(hold.resources)
         return total
+
+    def gpu_free(self, now_ms: int | None = None) -> tuple[int, ...]:
+        """Free thousandths of each GPU, by index, after reservations and live holds (every
+        hold, when ``now_ms`` is None)."""
+        free = self._gpu_free
+        for hold in self._holds.values():
+            if hold.gpus and (now_ms is None or hold.expires_at > now_ms):
+                free = gpus.take(hold.resources, free, hold.gpus)
+        return free
 
     def in_use(self, now_ms: int) -> Resources:
         """Reservations plus live holds: what a new machine must fit beside."""
@@ -102,13 +125,37 @@ class Admission:
             allocated=self.in_use(now_ms),
             version=self.version,
             machines=machines,
+            gpu_free=list(self.gpu_free(now_ms)),
         )
 
     # -- the rules -------------------------------------------------------------------------
 
     def shortfall(self, want: Resources, now_ms: int) -> Shortfall | None:
         """Why ``want`` does not fit now (None when it does)."""
-        return shortfall(want, self.capacity, self.in_use(now_ms))
+        return shortfall(want, self.capacity, self.in_use(now_ms), self.gpu_free(now_ms))
+
+    def assign_gpus(self, want: Resources, now_ms: int | None = None) -> tuple[int, ...]:
+        """The GPUs a machine of ``want`` gets now (``()``: it asks for none). Call after a
+        check passed; :class:`InsufficientCapacity` if there is no room after all."""
+        got = gpus.pick(want, self.gpu_free(now_ms))
+        if got is None:
+            raise InsufficientCapacity(
+                f"no room on the GPUs of worker {self.worker_id}",
+                details={"reason": "insufficient_gpus"},
+            )
+        return got
+
+    def gpus_for(
+        self, want: Resources, now_ms: int, *, quote_id: str | None = None
+    ) -> tuple[int, ...]:
+        """The GPUs a new machine of ``want`` gets: its quote's, when its hold has them, or
+        the ones :meth:`assign_gpus` picks now. Call once its claim was admitted."""
+        if not want.wants_gpu:
+            return ()
+        hold = self._holds.get(quote_id) if quote_id is not None else None
+        if hold is not None and hold.gpus:
+            return hold.gpus
+        return self.assign_gpus(want, now_ms)
 
     def check_claim(
         self, region: str, want: Resources, now_ms: int, *, quote: HeldQuote | None = None
@@ -125,11 +172,16 @@ class Admission:
     def check_resize(self, old: Resources, new: Resources, now_ms: int) -> None:
         """Raise ``insufficient_capacity`` when a machine's reservation cannot grow from ``old``
         to ``new`` here; shrinking always fits."""
+        if (old.gpus, old.gpu_milli, old.gpu_model) != (new.gpus, new.gpu_milli, new.gpu_model):
+            raise InvalidInput(
+                "a machine's GPUs cannot change in place",
+                hint="keep guest.gpus, gpu_milli and gpu_model as they are, or create a new "
+                "machine with the GPUs it needs",
+            )
         grow = Resources(
             cpus=max(0, new.millicpus - old.millicpus) / 1000,
             memory_mb=max(0, new.memory_mb - old.memory_mb),
             disk_mb=max(0, new.disk_mb - old.disk_mb),
-            gpus=max(0, new.gpus - old.gpus),
         )
         if grow == Resources.zero():
             return
@@ -153,13 +205,7 @@ class Admission:
         """Raise the refusal for ``count`` new machines of ``want`` together, or return."""
         self._check_region(region)
         self._check_open()
-        total = Resources(
-            cpus=want.millicpus * count / 1000,
-            memory_mb=want.memory_mb * count,
-            disk_mb=want.disk_mb * count,
-            gpus=want.gpus * count,
-        )
-        self._check_fits(total, now_ms, f"{count} machines together")
+        self._check_fits(want, now_ms, f"{count} machines together", count=count)
 
     def check_hold(self, region: str, want: Resources, now_ms: int) -> None:
         self._check_region(region)
@@ -188,8 +234,10 @@ class Admission:
                 details={"reason": "cordoned"},
             )
 
-    def _check_fits(self, want: Resources, now_ms: int, what: str) -> None:
-        short = self.shortfall(want, now_ms)
+    def _check_fits(self, want: Resources, now_ms: int, what: str, *, count: int = 1) -> None:
+        short = shortfall(
+            want, self.capacity, self.in_use(now_ms), self.gpu_free(now_ms), count=count
+        )
         if short is not None:
             raise ClaimRefused(
                 f"{what} no longer fits: {short.detail}",
@@ -202,16 +250,29 @@ class Admission:
 
     # -- what was recorded -----------------------------------------------------------------
 
-    def reserve(self, want: Resources) -> None:
+    def reserve(self, want: Resources, gpu_ids: tuple[int, ...] | None = None) -> tuple[int, ...]:
+        """A machine of ``want`` was recorded on GPUs ``gpu_ids`` (None: the ones
+        :meth:`assign_gpus` picks now, counting every hold). Returns its GPUs."""
+        if gpu_ids is None:
+            gpu_ids = gpus.pick(want, self.gpu_free()) or () if want.wants_gpu else ()
         self.reserved = self.reserved.plus(want)
+        self._gpu_free = gpus.take(want, self._gpu_free, gpu_ids)
         self.version += 1
+        return gpu_ids
 
-    def release(self, freed: Resources) -> None:
+    def adopt_gpus(self, want: Resources, gpu_ids: tuple[int, ...]) -> None:
+        """At a restart: a machine the store holds (its reservation already counted in
+        ``reserved``) has ``gpu_ids``."""
+        self._gpu_free = gpus.take(want, self._gpu_free, gpu_ids)
+
+    def release(self, freed: Resources, gpu_ids: tuple[int, ...] = ()) -> None:
         self.reserved = self.reserved.minus(freed)
+        self._gpu_free = gpus.give_back(freed, self._gpu_free, gpu_ids)
         self.version += 1
 
     def hold(self, quote_id: str, want: Resources, expires_at: int) -> None:
-        self._holds[quote_id] = _Hold(want, expires_at)
+        got = gpus.pick(want, self.gpu_free()) if want.wants_gpu else ()
+        self._holds[quote_id] = _Hold(want, expires_at, got or ())
         self.version += 1
 
     def end_hold(self, quote_id: str) -> bool:

@@ -74,8 +74,10 @@ class Commands:
         if known is not None:
             return self._claimed_before(req, known)
         now = self._clock.now_ms()
+        want = req.config.guest.resources()
         if not admitted:
-            ex.admission.check_claim(req.region, req.config.guest.resources(), now, quote=quote)
+            ex.admission.check_claim(req.region, want, now, quote=quote)
+        gpu_ids = ex.admission.gpus_for(want, now, quote_id=req.quote_id)
         placement = self._image_noted(
             req.config, req.image, req.placement, req.request_id, req.region
         )
@@ -105,6 +107,7 @@ class Commands:
             events=tuple(reversed(events)),
             address=self._address(op.machine_id, req.config),
             instance_id=new_instance_id(now),
+            gpu_ids=gpu_ids,
         )
         try:
             existing = ex.create(

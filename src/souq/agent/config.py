@@ -35,8 +35,8 @@ class AgentConfig(BaseModel):
 
     ``data_dir`` holds ``state.db`` (SQLite: machines, reservations, events, the op log) and
     ``machines/.agent/<id>/output.log``; it defaults to ``~/.local/share/souq/agent``. ``cpus``,
-    ``memory_mb``, ``disk_mb`` (default: the data dir's free space) and ``gpus`` (default 0)
-    override what the host fingerprint reports. By default SIGTERM leaves machine
+    ``memory_mb``, ``disk_mb`` (default: the data dir's free space), ``gpus`` (default 0) and
+    ``gpu_model`` override what the host fingerprint reports. By default SIGTERM leaves machine
     processes running so that the next agent on the same data dir re-adopts them;
     ``stop_machines_on_exit`` (set by ``souq dev``) stops them first.
     """
@@ -58,6 +58,11 @@ class AgentConfig(BaseModel):
     memory_mb: int | None = Field(default=None, gt=0)
     disk_mb: int | None = Field(default=None, ge=0)
     gpus: int | None = Field(default=None, ge=0)
+    gpu_model: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+        description="the model of its GPUs (machines may ask for one with guest.gpu_model)",
+    )
     labels: dict[str, str] = Field(default_factory=dict)
     log_max_bytes: int = Field(
         default=LOG_MAX_BYTES,

@@ -88,6 +88,8 @@ class Executor(MachineTable):
         self.ports = ports or PortPool()  # host ports, given at claims (souq.agent.ports)
         self.advertise = advertise
         for r in (r for r in rows if r.state is not S.DESTROYED):
+            if r.gpu_ids:
+                admission.adopt_gpus(r.resources, r.gpu_ids)
             if r.address is not None:
                 self.ports.restore(r.id, r.address.ports.values())
             if images is not None and (ref := image_of(r.placement)) is not None:
@@ -159,7 +161,7 @@ class Executor(MachineTable):
         self._live_by_app[row.app] += 1
         if self.images is not None and (ref := image_of(row.placement)) is not None:
             self.images.pin(ref)
-        self.admission.reserve(row.resources)
+        self.admission.reserve(row.resources, row.gpu_ids)
         for event in reversed(row.events):
             self._publish(row, event)
         self._op_reached(op, op_state)
@@ -252,9 +254,9 @@ class Executor(MachineTable):
             if not self._live_by_app[row.app]:
                 del self._live_by_app[row.app]
         if release or resized:
-            self.admission.release(row.resources)
+            self.admission.release(row.resources, row.gpu_ids)
         if resized:
-            self.admission.reserve(new.resources)
+            self.admission.reserve(new.resources, new.gpu_ids)
         if spec and self.images is not None:
             self.images.repin(image_of(row.placement), image_of(new.placement))
 

@@ -25,7 +25,7 @@ def fingerprint(
 ) -> Fingerprint:
     """The host as detected, with ``cpus``, ``memory_mb``, ``disk_mb`` and ``gpus`` overridden
     by the config. Disk is the free space of the data dir's file system; gpus are 0 unless
-    configured (no GPU driver yet)."""
+    configured, with the configured ``gpu_model`` (no GPU is detected yet)."""
     cpus = config.cpus if config.cpus is not None else float(os.cpu_count() or 1)
     memory_mb = (
         config.memory_mb
@@ -41,6 +41,7 @@ def fingerprint(
         memory_mb=memory_mb,
         disk_mb=disk_mb,
         gpus=config.gpus or 0,
+        gpu_model=config.gpu_model if config.gpus else None,
         drivers=drivers or ["exec"],
         isolation=isolation or {"cgroups": "none", "enforced": []},
         machine_user=machine_user,
@@ -59,4 +60,10 @@ def disk_free_mb(path: Path) -> int:
 
 
 def capacity_of(fp: Fingerprint) -> Resources:
-    return Resources(cpus=fp.cpus, memory_mb=fp.memory_mb, disk_mb=fp.disk_mb, gpus=fp.gpus)
+    return Resources(
+        cpus=fp.cpus,
+        memory_mb=fp.memory_mb,
+        disk_mb=fp.disk_mb,
+        gpus=fp.gpus,
+        gpu_model=fp.gpu_model,
+    )

@@ -21,6 +21,7 @@ from souq.agent.records import MachineRow
 from souq.drivers.base import Limits, MachineSpec
 from souq.model.image import ImageRecord
 from souq.model.placement import Placement
+from souq.placement import gpus
 
 __all__ = ["Pulls", "machine_spec", "pulled_record"]
 
@@ -44,6 +45,9 @@ def machine_spec(
         env = {**run.env, **config.env}
         cwd = str(rootfs / run.workdir.lstrip("/")) if run.workdir else str(rootfs)
     env.update(secrets or {})
+    if row.gpu_ids:  # which of the worker's GPUs are its own, and its share of them
+        env["SOUQ_GPUS"] = ",".join(str(i) for i in row.gpu_ids)
+        env["SOUQ_GPU_MILLI"] = str(gpus.per_gpu(row.resources))
     return MachineSpec(
         machine_id=row.id,
         app=row.app,

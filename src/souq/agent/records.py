@@ -63,6 +63,7 @@ class MachineRow:
     events: tuple[MachineEvent, ...] = ()  # newest first, at most RECENT_EVENTS
     address: MachineAddress | None = None  # its host and host ports, given at the claim
     instance_id: str = ""  # the version of its config: new at the claim and at every update
+    gpu_ids: tuple[int, ...] = ()  # the worker's GPUs it got, by index (admission chose them)
 
     @cached_property
     def resources(self) -> Resources:

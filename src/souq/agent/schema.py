@@ -17,6 +17,7 @@ from souq.model.resources import Resources
 
 __all__ = [
     "ADDED_MACHINE_COLUMNS",
+    "ADDED_RESERVATION_COLUMNS",
     "AMOUNTS",
     "EVENT_COLUMNS",
     "HOLD_COLUMNS",
@@ -33,6 +34,8 @@ __all__ = [
     "UPDATE_SPEC",
     "amounts_of",
     "event_of",
+    "gpu_ids_of",
+    "gpu_ids_text",
     "hold_of",
     "int_or_none",
     "op_step_of",
@@ -58,7 +61,8 @@ CREATE TABLE IF NOT EXISTS machines (
     created_at INTEGER NOT NULL,
     updated_at INTEGER NOT NULL,
     address TEXT,
-    instance_id TEXT
+    instance_id TEXT,
+    gpu_ids TEXT
 );
 CREATE TABLE IF NOT EXISTS leases (
     machine_id TEXT PRIMARY KEY,
@@ -72,7 +76,8 @@ CREATE TABLE IF NOT EXISTS reservations (
     millicpus INTEGER NOT NULL,
     memory_mb INTEGER NOT NULL,
     disk_mb INTEGER NOT NULL DEFAULT 0,
-    gpus INTEGER NOT NULL DEFAULT 0
+    gpus INTEGER NOT NULL DEFAULT 0,
+    gpu_milli INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS holds (
     id TEXT PRIMARY KEY,
@@ -116,13 +121,15 @@ CREATE TABLE IF NOT EXISTS ops (
 
 MACHINE_COLUMNS = (
     "id, app, name, region, request_id, body_hash, state, config, placement, pid, "
-    "pid_start_time, restarts, exit_code, created_at, updated_at, address, instance_id"
+    "pid_start_time, restarts, exit_code, created_at, updated_at, address, instance_id, gpu_ids"
 )
 # Columns added since the first schema, for a state file an older agent made.
 ADDED_MACHINE_COLUMNS = {
     "address": "TEXT",  # the host and the host ports it was given
     "instance_id": "TEXT",  # the version of its config (none: made before updates were)
+    "gpu_ids": "TEXT",  # the GPUs it got, by index: "0,3" (none: no GPU)
 }
+ADDED_RESERVATION_COLUMNS = {"gpu_milli": "INTEGER NOT NULL DEFAULT 0"}  # GPU shares
 EVENT_COLUMNS = "type, status, source, ts, exit_code, signal, message"
 HOLD_COLUMNS = (
     "id, app, region, millicpus, memory_mb, disk_mb, gpus, config, placement, ttl_s, created_at, "
@@ -134,11 +141,11 @@ OP_COLUMNS = "op_id, machine_id, kind, state, event, ts, detail"
 # The statements of a claim and of a machine's start (:meth:`Store.prepare` compiles them).
 INSERT_MACHINE = (
     f"INSERT INTO machines ({MACHINE_COLUMNS}) "  # noqa: S608 (constant columns)
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 INSERT_RESERVATION = (
-    "INSERT INTO reservations (machine_id, millicpus, memory_mb, disk_mb, gpus) "
-    "VALUES (?, ?, ?, ?, ?)"
+    "INSERT INTO reservations (machine_id, millicpus, memory_mb, disk_mb, gpus, gpu_milli) "
+    "VALUES (?, ?, ?, ?, ?, ?)"
 )
 INSERT_EVENT = (
     f"INSERT INTO events (machine_id, {EVENT_COLUMNS}) "  # noqa: S608 (constant columns)
@@ -154,7 +161,7 @@ UPDATE_SPEC = (
     "UPDATE machines SET config = ?, placement = ?, address = ?, instance_id = ? WHERE id = ?"
 )
 UPDATE_RESERVATION = (
-    "UPDATE reservations SET millicpus = ?, memory_mb = ?, disk_mb = ?, gpus = ? "
+    "UPDATE reservations SET millicpus = ?, memory_mb = ?, disk_mb = ?, gpus = ?, gpu_milli = ? "
     "WHERE machine_id = ?"
 )
 
@@ -171,26 +178,42 @@ def event_of(r: Sequence[Any]) -> MachineEvent:
     )
 
 
-AMOUNTS = "millicpus, memory_mb, disk_mb, gpus"
+AMOUNTS = "millicpus, memory_mb, disk_mb, gpus, gpu_milli"
 SUMS = ", ".join(f"COALESCE(SUM({c}), 0)" for c in AMOUNTS.split(", "))
 
 
-def amounts_of(r: Resources) -> tuple[int, int, int, int]:
-    return (r.millicpus, r.memory_mb, r.disk_mb, r.gpus)
+def amounts_of(r: Resources) -> tuple[int, int, int, int, int]:
+    return (r.millicpus, r.memory_mb, r.disk_mb, r.gpus, r.gpu_milli)
 
 
 def resources_of(r: Sequence[Any]) -> Resources:
-    """Resources from (millicpus, memory_mb, disk_mb, gpus) columns."""
-    return Resources(cpus=int(r[0]) / 1000, memory_mb=int(r[1]), disk_mb=int(r[2]), gpus=int(r[3]))
+    """Resources from (millicpus, memory_mb, disk_mb, gpus[, gpu_milli]) columns."""
+    return Resources(
+        cpus=int(r[0]) / 1000,
+        memory_mb=int(r[1]),
+        disk_mb=int(r[2]),
+        gpus=int(r[3]),
+        gpu_milli=int(r[4]) if len(r) > 4 else 0,
+    )
+
+
+def gpu_ids_text(ids: Sequence[int]) -> str | None:
+    """A machine's GPUs as its row keeps them: "0,3" (None: no GPU)."""
+    return ",".join(str(i) for i in ids) or None
+
+
+def gpu_ids_of(text: Any) -> tuple[int, ...]:
+    return tuple(int(i) for i in str(text).split(",")) if text else ()
 
 
 def hold_of(r: Sequence[Any]) -> HoldRow:
+    config = MachineConfig.model_validate_json(str(r[7]))
     return HoldRow(
         id=str(r[0]),
         app=str(r[1]),
         region=str(r[2]),
-        resources=resources_of(r[3:7]),
-        config=MachineConfig.model_validate_json(str(r[7])),
+        resources=config.guest.resources(),  # the columns' amounts, with GPU share and model
+        config=config,
         placement=Placement.model_validate_json(str(r[8])) if r[8] else None,
         ttl_s=float(r[9]),
         created_at=int(r[10]),

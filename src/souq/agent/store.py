@@ -105,10 +105,14 @@ class Store:
 
     def _add_columns(self) -> None:
         """Bring a state file an older agent made up to this schema (new columns only)."""
-        have = {str(r[1]) for r in self._db.execute("PRAGMA table_info(machines)")}
-        for column, kind in sql.ADDED_MACHINE_COLUMNS.items():
-            if column not in have:
-                self._db.execute(f"ALTER TABLE machines ADD COLUMN {column} {kind}")
+        for table, added in (
+            ("machines", sql.ADDED_MACHINE_COLUMNS),
+            ("reservations", sql.ADDED_RESERVATION_COLUMNS),
+        ):
+            have = {str(r[1]) for r in self._db.execute(f"PRAGMA table_info({table})")}
+            for column, kind in added.items():
+                if column not in have:
+                    self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
 
     def _check_integrity(self) -> None:
         """``PRAGMA quick_check`` at start: a corrupt state file is renamed aside (with a
@@ -287,6 +291,7 @@ class Store:
                     row.updated_at,
                     row.address.model_dump_json() if row.address else None,
                     row.instance_id,
+                    sql.gpu_ids_text(row.gpu_ids),
                 ),
             )
         except sqlite3.IntegrityError:
@@ -455,6 +460,7 @@ class Store:
                     address=MachineAddress.model_validate_json(str(r[15])) if r[15] else None,
                     events=tuple(recent.get(mid, ())),
                     instance_id=str(r[16]) if r[16] else mid,
+                    gpu_ids=sql.gpu_ids_of(r[17]),
                 )
             )
         return rows
@@ -486,7 +492,7 @@ class Store:
                     hold.id,
                     hold.app,
                     hold.region,
-                    *sql.amounts_of(hold.resources),
+                    *sql.amounts_of(hold.resources)[:4],  # holds keep no GPU share column
                     hold.config.model_dump_json(),
                     hold.placement.model_dump_json() if hold.placement else None,
                     hold.ttl_s,

@@ -115,6 +115,7 @@ class WorkerVerbs:
             version=self.admission.version,
             load=self._load.read(),
             images=self.images(),
+            gpu_free=list(self.admission.gpu_free(now)),
         )
 
     def usage(self) -> WorkerUsage:

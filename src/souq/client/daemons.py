@@ -104,6 +104,10 @@ def agent(
         typer.Option("--disk-mb", help="Disk to offer, in MiB (default: the data dir's free)."),
     ] = None,
     gpus: Annotated[int | None, typer.Option("--gpus", help="GPUs to offer (default 0).")] = None,
+    gpu_model: Annotated[
+        str | None,
+        typer.Option("--gpu-model", help="The model of its GPUs, e.g. V100M16 (default: none)."),
+    ] = None,
     labels: Annotated[list[str] | None, typer.Option("--label", help="k=v, repeatable.")] = None,
     stop_machines_on_exit: Annotated[
         bool,

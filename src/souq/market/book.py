@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from souq.model.protocol import Offer
 from souq.model.resources import Resources
 from souq.model.worker import Load, WorkerInfo, WorkerState, WorkerUsage
+from souq.placement import gpus
 from souq.placement.request import WantedImage
 from souq.placement.stages import shortfall
 
@@ -47,8 +48,11 @@ class _Entry:
     state: WorkerState
     base: Resources = field(default_factory=Resources.zero)  # allocation as of ``version``
     # This broker's accepted claims the newest word may not include yet: (the worker's ledger
-    # version once the claim was made, what it took). A word of that version or newer has it.
-    pending: list[tuple[int, Resources]] = field(default_factory=list)
+    # version once the claim was made, one machine's size, how many). A word of that version or
+    # newer has it.
+    pending: list[tuple[int, Resources, int]] = field(default_factory=list)
+    gpu_base: tuple[int, ...] = ()  # free thousandths per GPU as of ``version``
+    gpu_free: tuple[int, ...] = ()  # the same with this broker's claims since (by gpus.pick)
     load: Load | None = None
     layers: frozenset[str] = frozenset()  # short digests of the image layers it holds
     shown: WorkerInfo | None = None  # ``info`` with ``allocated`` and ``state`` as they are now
@@ -57,9 +61,10 @@ class _Entry:
         """The worker as the book sees it now (built again only after it changed)."""
         shown = self.shown
         if shown is None or shown.allocated is not self.allocated or shown.state != self.state:
-            shown = self.shown = self.info.model_copy(
-                update={"allocated": self.allocated, "state": self.state}
-            )
+            update: dict[str, object] = {"allocated": self.allocated, "state": self.state}
+            if self.gpu_free:
+                update["gpu_free"] = list(self.gpu_free)
+            shown = self.shown = self.info.model_copy(update=update)
         return shown
 
 
@@ -111,7 +116,7 @@ class WorkerBook:
         entry.load = info.load
         if layers is not None:
             entry.layers = frozenset(layers)
-        self._take(entry, info.allocated, info.version, info.state)
+        self._take(entry, info.allocated, info.version, info.state, info.gpu_free)
 
     def _index_images(self, worker_id: str, before: Sequence[str], now: Sequence[str]) -> None:
         for ref in set(before) - set(now):
@@ -130,14 +135,21 @@ class WorkerBook:
     def observe_usage(self, usage: WorkerUsage) -> None:
         entry = self._workers.get(usage.worker_id)
         if entry is not None:
-            self._take(entry, usage.allocated, usage.version, usage.state)
+            self._take(entry, usage.allocated, usage.version, usage.state, usage.gpu_free)
 
     @staticmethod
-    def _take(entry: _Entry, allocated: Resources, version: int, state: WorkerState) -> None:
+    def _take(
+        entry: _Entry,
+        allocated: Resources,
+        version: int,
+        state: WorkerState,
+        gpu_free: Sequence[int],
+    ) -> None:
         # Version 0 is a peer that does not number its ledger: its newest word counts.
         if version == 0 or version >= entry.version:
             entry.base, entry.version, entry.state = allocated, version, state
-            entry.pending = [(v, r) for v, r in entry.pending if v > version]
+            entry.gpu_base = gpus.free_of(entry.info.capacity, allocated, gpu_free)
+            entry.pending = [p for p in entry.pending if p[0] > version]
             _estimate(entry)
 
     def charge(
@@ -149,13 +161,7 @@ class WorkerBook:
         entry = self._workers.get(worker_id)
         if entry is None or (version is not None and version <= entry.version):
             return  # the newest word already has it
-        taken = Resources(
-            cpus=want.millicpus * count / 1000,
-            memory_mb=want.memory_mb * count,
-            disk_mb=want.disk_mb * count,
-            gpus=want.gpus * count,
-        )
-        entry.pending.append((version or 0, taken))
+        entry.pending.append((version or 0, want, count))
         _estimate(entry)
 
     def placed(self, machine_id: str, worker_id: str, app: str) -> None:
@@ -203,7 +209,7 @@ class WorkerBook:
         if e.state in (WorkerState.CORDONED, WorkerState.DRAINING):
             reason, detail = "cordoned", f"worker {worker_id} takes no new machines"
         else:
-            short = shortfall(want, e.info.capacity, e.allocated)
+            short = shortfall(want, e.info.capacity, e.allocated, e.gpu_free)
             if short is not None:
                 reason, detail = short.reason, short.detail
         held = pull = None
@@ -262,9 +268,8 @@ class WorkerBook:
             if offer.eligible:
                 feasible += 1
                 # One machine needs no count of how many fit: room for it is what eligible says.
-                room += (
-                    1 if slots == 1 else _fits(want, offer.worker.capacity, offer.worker.allocated)
-                )
+                w = offer.worker
+                room += 1 if slots == 1 else _fits(want, w.capacity, w.allocated, w.gpu_free)
             if len(offers) >= max_draw or (feasible >= wanted and room >= slots):
                 break
         return Candidates(offers=offers, feasible=feasible, population=len(ids))
@@ -278,10 +283,13 @@ def _chain_unique(first: list[str], then: Iterator[str]) -> Iterator[str]:
 
 
 def _estimate(entry: _Entry) -> None:
-    allocated = entry.base
-    for _, taken in entry.pending:
-        allocated = allocated.plus(taken)
-    entry.allocated = allocated
+    allocated, free = entry.base, entry.gpu_base
+    for _, want, count in entry.pending:
+        allocated = allocated.plus(want if count == 1 else want.times(count))
+        if want.wants_gpu:
+            for got in gpus.pick_many(want, free, count) or ():
+                free = gpus.take(want, free, got)
+    entry.allocated, entry.gpu_free = allocated, free
 
 
 def _draw(n: int, rng: random.Random, limit: int) -> Iterator[int]:
@@ -300,15 +308,20 @@ def _draw(n: int, rng: random.Random, limit: int) -> Iterator[int]:
             yield i
 
 
-def _fits(want: Resources, capacity: Resources, allocated: Resources) -> int:
-    """How many machines of ``want`` fit in what ``capacity`` leaves after ``allocated``."""
+def _fits(
+    want: Resources, capacity: Resources, allocated: Resources, gpu_free: Sequence[int]
+) -> int:
+    """How many machines of ``want`` fit in what ``capacity`` leaves after ``allocated`` (and,
+    GPU by GPU, in ``gpu_free``)."""
     counts = []
     for need, total, used in (
         (want.millicpus, capacity.millicpus, allocated.millicpus),
         (want.memory_mb, capacity.memory_mb, allocated.memory_mb),
         (want.disk_mb, capacity.disk_mb, allocated.disk_mb),
-        (want.gpus, capacity.gpus, allocated.gpus),
     ):
         if need > 0:
             counts.append(max(0, (total - used) // need))
-    return min(counts) if counts else 1_000_000
+    most = min(counts) if counts else 1_000_000
+    if want.wants_gpu:
+        most = gpus.fits_count(want, gpus.free_of(capacity, allocated, gpu_free), most)
+    return most

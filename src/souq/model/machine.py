@@ -21,7 +21,7 @@ from souq.limits import (
 from souq.model.base import Input, Record
 from souq.model.constraint import Constraint
 from souq.model.placement import Placement
-from souq.model.resources import Resources
+from souq.model.resources import GPU_MILLI, Resources
 from souq.model.services import Check, MachineAddress, Service
 
 __all__ = [
@@ -84,10 +84,37 @@ class GuestConfig(Input):
     memory_mb: int = Field(default=256, gt=0, le=16 * 1024 * 1024, description="Memory in MiB")
     disk_mb: int = Field(default=0, ge=0, le=1024 * 1024 * 1024, description="Disk in MiB")
     gpus: int = Field(default=0, ge=0, le=1024, description="Whole GPUs")
+    gpu_milli: int = Field(
+        default=0,
+        ge=0,
+        le=GPU_MILLI,
+        description="a share of one GPU in thousandths (1-1000), instead of whole `gpus`",
+    )
+    gpu_model: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+        description="the GPU model it needs (e.g. `V100M16`); unset: any",
+    )
+
+    @model_validator(mode="after")
+    def _gpu_request(self) -> GuestConfig:
+        if self.gpu_milli and self.gpus:
+            raise ValueError(
+                "gpu_milli: a share of one GPU is asked without gpus; ask for whole GPUs with "
+                f"gpus alone (gpus is {self.gpus}, gpu_milli {self.gpu_milli})"
+            )
+        if self.gpu_model is not None and not (self.gpus or self.gpu_milli):
+            raise ValueError("gpu_model: only with a GPU request (gpus or gpu_milli)")
+        return self
 
     def resources(self) -> Resources:
         return Resources(
-            cpus=self.cpus, memory_mb=self.memory_mb, disk_mb=self.disk_mb, gpus=self.gpus
+            cpus=self.cpus,
+            memory_mb=self.memory_mb,
+            disk_mb=self.disk_mb,
+            gpus=self.gpus,
+            gpu_milli=self.gpu_milli,
+            gpu_model=self.gpu_model,
         )
 
 

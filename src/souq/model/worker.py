@@ -28,6 +28,7 @@ class Fingerprint(Record):
     memory_mb: int
     disk_mb: int = Field(default=0, description="free disk of the data dir at start, in MiB")
     gpus: int = 0
+    gpu_model: str | None = Field(default=None, description="the model of its GPUs")
     drivers: list[str] = Field(default_factory=lambda: ["exec"])
     isolation: dict[str, Any] = Field(
         default_factory=lambda: {"cgroups": "none", "enforced": []},
@@ -65,6 +66,11 @@ class WorkerInfo(Record):
     images: list[str] = Field(
         default_factory=list, description="images cached on the worker (sha256:…), newest first"
     )
+    gpu_free: list[int] = Field(
+        default_factory=list,
+        description="free thousandths of each of its GPUs, by index (1000: a whole GPU free); "
+        "empty from a worker that does not say",
+    )
 
 
 class Heartbeat(Record):
@@ -98,3 +104,8 @@ class WorkerUsage(Record):
     allocated: Resources = Field(description="what machines reserve and live quotes hold")
     version: int
     machines: int = Field(default=0, description="machines not destroyed")
+    gpu_free: list[int] = Field(
+        default_factory=list,
+        description="free thousandths of each of its GPUs, by index (1000: a whole GPU free); "
+        "empty from a worker that does not say",
+    )

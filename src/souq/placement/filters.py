@@ -11,8 +11,11 @@ The reasons are stable codes (they are counted in every placement record and nam
 ``constraint``           one of the machine's constraints does not hold on the worker
 ``distinct_workers``     the worker already runs a machine of the app (``distinct_workers_for``)
 ``standby_primary``      the worker runs a machine this standby stands by for (``standbys``)
-``insufficient_cpu``     and ``insufficient_memory``, ``insufficient_disk``,
-                         ``insufficient_gpus``: the worker lacks free capacity
+``wrong_gpu_model``      the worker's GPUs are not of the model the machine asks for
+``insufficient_gpus``    fewer wholly free GPUs than the whole GPUs asked for
+``insufficient_gpu_share``  no single GPU has the share's thousandths free (``gpu_milli``)
+``insufficient_cpu``     and ``insufficient_memory``, ``insufficient_disk``: the worker lacks
+                         free capacity
 (the worker's own)       a worker that declines says why; :class:`EligibleFilter` keeps it
 =======================  ==================================================================
 """
@@ -23,6 +26,7 @@ from dataclasses import dataclass
 
 from souq.model.protocol import Offer
 from souq.placement.constraints import unmet
+from souq.placement.gpus import free_on, gpu_misfit
 from souq.placement.request import PlacementRequest
 from souq.placement.stages import Rejection, shortfall
 
@@ -31,6 +35,7 @@ __all__ = [
     "DistinctWorkersFilter",
     "DriverFilter",
     "EligibleFilter",
+    "GpuFilter",
     "RegionFilter",
     "ResourcesFilter",
     "StandbyFilter",
@@ -132,6 +137,28 @@ class StandbyFilter:
 
 
 @dataclass(frozen=True)
+class GpuFilter:
+    """A machine that asks for GPUs needs a worker whose GPUs are of its model (if it names one)
+    and have room for it GPU by GPU: whole GPUs wholly free, a share on one GPU with that much
+    free. Before the worker's own verdict, so that a refusal names the GPU rather than the cpu
+    a GPU worker happens to lack as well."""
+
+    name: str = "gpus"
+
+    def check(self, request: PlacementRequest, offer: Offer) -> Rejection | None:
+        want = request.resources
+        if not want.wants_gpu:
+            return None
+        w = offer.worker
+        misfit = gpu_misfit(want, w.capacity, free_on(w))
+        if misfit is None:
+            return None
+        reason, detail = misfit
+        asked = f"gpu_model {want.gpu_model}" if reason == "wrong_gpu_model" else None
+        return Rejection(reason, detail, unmet=asked)
+
+
+@dataclass(frozen=True)
 class EligibleFilter:
     """The worker itself declined (full, cordoned ...): keep its own reason, the most precise
     (it counts its quotes' holds, which the broker cannot see)."""
@@ -147,11 +174,11 @@ class EligibleFilter:
 
 @dataclass(frozen=True)
 class ResourcesFilter:
-    """Free capacity must hold the machine's cpus, memory, disk and gpus."""
+    """Free capacity must hold the machine's cpus, memory, disk and gpus (GPU by GPU)."""
 
     name: str = "resources"
 
     def check(self, request: PlacementRequest, offer: Offer) -> Rejection | None:
         w = offer.worker
-        short = shortfall(request.resources, w.capacity, w.allocated)
+        short = shortfall(request.resources, w.capacity, w.allocated, w.gpu_free)
         return None if short is None else Rejection(short.reason, short.detail)

@@ -72,6 +72,9 @@ def build_pipeline(policy: PlacementPolicy | None, defaults: PlacementDefaults) 
             filters.DistinctWorkersFilter(),
             # A standby away from the workers of the machines it stands by for.
             filters.StandbyFilter(),
+            # GPUs GPU by GPU, and their model: before the worker's own verdict, so that a GPU
+            # machine's refusal names the GPU (what it came for), not a cpu it lacks as well.
+            filters.GpuFilter(),
             # The worker's own refusal (full, by its count, which includes its quotes' holds).
             filters.EligibleFilter(),
             # The broker re-checks free capacity: a lax or older worker cannot overcommit.

@@ -13,11 +13,13 @@ claims (binding) all use it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from souq.model.protocol import Offer
 from souq.model.resources import Resources
+from souq.placement.gpus import free_of, gpu_misfit
 from souq.placement.request import PlacementRequest
 
 __all__ = [
@@ -56,31 +58,44 @@ class Scorer(Protocol):
 
 @dataclass(frozen=True)
 class Shortfall:
-    reason: str  # insufficient_cpu, insufficient_memory, insufficient_disk or insufficient_gpus
+    reason: str  # insufficient_cpu, _memory, _disk, _gpus, _gpu_share, or wrong_gpu_model
     detail: str  # human words
 
 
 # What a machine can be short of, in the order checked: the reason, the amount compared (cpu in
 # millicores, so that sums are exact) and how the shortfall reads, as "needs {...} free" with w:
 # what the machine wants, c: the worker's capacity, free: what is left of it (cores: in cores).
+# GPUs come last, GPU by GPU (:mod:`souq.placement.gpus`).
 _FITS: tuple[tuple[str, str, str], ...] = (
     ("insufficient_cpu", "millicpus", "{w.cpus:g} cpus; {cores:g} of {c.cpus:g}"),
     ("insufficient_memory", "memory_mb", "{w.memory_mb} MiB; {free} of {c.memory_mb} MiB"),
     ("insufficient_disk", "disk_mb", "{w.disk_mb} MiB of disk; {free} of {c.disk_mb} MiB"),
-    ("insufficient_gpus", "gpus", "{w.gpus} gpus; {free} of {c.gpus}"),
 )
 
 
-def shortfall(want: Resources, capacity: Resources, allocated: Resources) -> Shortfall | None:
-    """None when ``want`` fits in what ``capacity`` leaves after ``allocated``; else why not
-    (the first resource short, in the order cpu, memory, disk, gpus)."""
+def shortfall(
+    want: Resources,
+    capacity: Resources,
+    allocated: Resources,
+    gpu_free: Sequence[int] = (),
+    *,
+    count: int = 1,
+) -> Shortfall | None:
+    """None when ``count`` machines of ``want`` fit in what ``capacity`` leaves after
+    ``allocated`` (and, GPU by GPU, in ``gpu_free``: the free thousandths of each GPU, estimated
+    from the sums when not given); else why not (the first resource short, in the order cpu,
+    memory, disk, gpus)."""
+    total = want if count == 1 else want.times(count)
     for reason, amount, reads in _FITS:
         free: int = getattr(capacity, amount) - getattr(allocated, amount)
-        if getattr(want, amount) > free:
+        if getattr(total, amount) > free:
             free = max(free, 0)
-            amounts = reads.format(w=want, c=capacity, free=free, cores=free / 1000)
+            amounts = reads.format(w=total, c=capacity, free=free, cores=free / 1000)
             return Shortfall(reason, f"needs {amounts} free")
-    return None
+    if not want.wants_gpu:
+        return None
+    misfit = gpu_misfit(want, capacity, free_of(capacity, allocated, gpu_free), count)
+    return None if misfit is None else Shortfall(*misfit)
 
 
 def _ratio(used: int, cap: int) -> float:
