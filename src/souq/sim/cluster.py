@@ -41,6 +41,7 @@ class SimWorker:
     admission: Admission
     labels: dict[str, str] = field(default_factory=dict)
     machines: dict[str, Resources] = field(default_factory=dict)
+    gpu_ids: dict[str, tuple[int, ...]] = field(default_factory=dict)  # machines' GPUs
 
     def info(self, now_ms: int) -> WorkerInfo:
         a = self.admission
@@ -51,6 +52,7 @@ class SimWorker:
             allocated=a.in_use(now_ms),
             labels=self.labels,
             version=a.version,
+            gpu_free=list(a.gpu_free(now_ms)),
         )
 
 
@@ -180,7 +182,7 @@ class VirtualCluster:
     def destroy(self, worker_id: str, machine_id: str) -> None:
         worker = self.workers[worker_id]
         freed = worker.machines.pop(machine_id)
-        worker.admission.release(freed)
+        worker.admission.release(freed, worker.gpu_ids.pop(machine_id, ()))
         self._tell_usage(worker)
 
     # -- messages --------------------------------------------------------------------------
@@ -232,7 +234,9 @@ class VirtualCluster:
             for _ in action.indexes:
                 machine_id = f"m{next(self._ids):08d}"
                 worker.machines[machine_id] = want
-                worker.admission.reserve(want)
+                got = worker.admission.reserve(want)
+                if got:
+                    worker.gpu_ids[machine_id] = got
                 answer.append(SimMachine(machine_id, worker.id))
             ledger = worker.admission.version
             self._tell_usage(worker)
