@@ -23,7 +23,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
@@ -134,10 +134,12 @@ def start_agent_process(
     machine_user: str | None = None,
     auth_dir: Path | None = None,
     worker_id: str | None = None,
+    extra_args: Sequence[str] = (),
 ) -> subprocess.Popen[bytes]:
     """``souq agent`` as a child process; its stderr goes to ``log_path`` (default: beside its
     data dir). ``ports``: its machines' host ports (default: the next block of
-    :func:`port_block`, so that agents of one host never hand out the same port)."""
+    :func:`port_block`, so that agents of one host never hand out the same port).
+    ``extra_args`` end its command line (e.g. ``["--gpus", "4", "--gpu-model", "T4"]``)."""
     args = [
         sys.executable,
         "-m",
@@ -173,7 +175,7 @@ def start_agent_process(
     if worker_id is not None:
         args += ["--worker-id", worker_id]
     low, high = ports or port_block()
-    args += ["--ports", f"{low}-{high}"]
+    args += ["--ports", f"{low}-{high}", *extra_args]
     data_dir.mkdir(parents=True, exist_ok=True)
     log = log_path or data_dir.with_name(data_dir.name + ".log")
     with open(log, "ab") as err:

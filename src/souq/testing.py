@@ -135,6 +135,7 @@ class AgentProcess(_WorkerProcess):
     stop_machines_on_exit: bool = True
     heartbeat_interval_s: float | None = None
     image_cache_mb: int | None = None
+    extra_args: Sequence[str] = ()  # e.g. ["--gpus", "4", "--gpu-model", "T4"]
     log_path: Path = field(init=False)
     worker_id: str | None = field(default=None, init=False)
 
@@ -159,6 +160,7 @@ class AgentProcess(_WorkerProcess):
             image_cache_mb=self.image_cache_mb,
             machine_user=self.machine_user,
             auth_dir=self.auth_dir,
+            extra_args=self.extra_args,
         )
 
         def ready() -> str | None:

@@ -81,6 +81,7 @@ class MachineRow:
             exit_code=self.exit_code,
             address=self.address,
             instance_id=self.instance_id or self.id,
+            gpu_ids=list(self.gpu_ids),
         )
 
 

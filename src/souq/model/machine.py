@@ -318,3 +318,7 @@ class Machine(Record):
     checks: list[CheckStatus] = Field(
         default_factory=list, description="its health checks as its worker runs them (started)"
     )
+    gpu_ids: list[int] = Field(
+        default_factory=list,
+        description="the worker's GPUs it got, by index (its env's SOUQ_GPUS); empty: none",
+    )
