@@ -52,6 +52,8 @@ def test_gpu_machines_land_where_they_fit(gpus: Cluster) -> None:
     assert err.value.http_status == 409
     placement = err.value.details["placement"]
     assert set(placement["rejections"]) == {"insufficient_gpu_share"}
+    seen = {o["worker_id"]: o["gpu_free"] for o in placement["offers"]}
+    assert seen == {v100: [0, 0], t4: [200]}
     assert "insufficient_gpu_share" in err.value.message
 
     # A model nobody has is named as such.

@@ -3,12 +3,15 @@ the book's view."""
 
 from __future__ import annotations
 
+import sqlite3
+from pathlib import Path
 from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
 from souq.agent.admission import Admission
+from souq.agent.store import Store
 from souq.errors import ClaimRefused, InvalidInput
 from souq.market.book import WorkerBook
 from souq.model import MachineConfig, Resources
@@ -234,6 +237,14 @@ def test_the_pipeline_counts_gpu_rejections_and_scorers_see_per_gpu_state() -> N
     assert ranking.rejections == {"insufficient_gpu_share": 1, "wrong_gpu_model": 1}
     assert ranking.unmet == {"wrong_gpu_model": ["gpu_model V100M16"]}
     assert free_on(offers[0].worker) == (300, 1000)
+    # The record shows each worker's GPUs as placement saw them.
+    assert {o.worker_id: o.gpu_free for o in ranking.outcomes} == {
+        "w1": [300, 1000],
+        "w2": [200, 0],
+        "w3": [1000],
+    }
+    cpu_only = default_pipeline().rank(request(Resources(cpus=1, memory_mb=1)), offers)
+    assert all(o.gpu_free is None for o in cpu_only.outcomes)
 
 
 def test_the_book_judges_gpus_and_counts_its_own_claims_gpu_by_gpu() -> None:
@@ -253,3 +264,24 @@ def test_the_book_judges_gpus_and_counts_its_own_claims_gpu_by_gpu() -> None:
     book.observe(info)
     offer = book.offer("w1", "a", share)
     assert offer is not None and offer.eligible
+
+
+# -- the worker's state file ---------------------------------------------------------------
+
+
+def test_a_state_file_without_gpu_columns_gains_them(tmp_path: Path) -> None:
+    db = sqlite3.connect(tmp_path / "state.db")
+    db.execute(
+        "CREATE TABLE reservations (machine_id TEXT PRIMARY KEY, millicpus INTEGER NOT NULL,"
+        " memory_mb INTEGER NOT NULL, disk_mb INTEGER NOT NULL DEFAULT 0,"
+        " gpus INTEGER NOT NULL DEFAULT 0)"
+    )
+    db.execute("INSERT INTO reservations VALUES ('m1', 1000, 64, 0, 1)")
+    db.commit()
+    db.close()
+    store = Store(tmp_path)
+    try:
+        assert store.allocated() == Resources(cpus=1, memory_mb=64, gpus=1)
+        assert store.load_machines() == []
+    finally:
+        store.close()

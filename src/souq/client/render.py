@@ -309,13 +309,16 @@ def _print_placement(console: Console, p: Placement) -> None:
         console.print(f"rejected: {rejected}")
     if p.offers:
         table = Table(box=None, pad_edge=False)
-        for title in ("WORKER", "SCORE", "SCORES", "REJECTED"):
+        gpus = any(o.gpu_free is not None for o in p.offers)  # a GPU request: their free state
+        titles = ("WORKER", "SCORE", "SCORES", "GPUS FREE", "REJECTED")
+        for title in titles if gpus else (t for t in titles if t != "GPUS FREE"):
             table.add_column(title)
         for o in p.offers:
             scores = " ".join(f"{k}={v:.3f}" for k, v in o.scores.items())
             score = "" if o.score is None else f"{o.score:.3f}"
             rejected = f"{o.rejected}: {o.detail}" if o.rejected else ""
-            table.add_row(o.worker_id, score, scores, rejected)
+            free = [",".join(str(f) for f in o.gpu_free or ())] if gpus else []
+            table.add_row(o.worker_id, score, scores, *free, rejected)
         console.print(table)
     refused = [c for c in p.claims if not c.ok]
     for c in refused:

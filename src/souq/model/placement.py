@@ -17,6 +17,11 @@ class OfferOutcome(Record):
     detail: str | None = Field(default=None, description="human words for the rejection")
     scores: dict[str, float] = Field(default_factory=dict, description="score per stage")
     score: float | None = Field(default=None, description="final score, when not rejected")
+    gpu_free: list[int] | None = Field(
+        default=None,
+        description="a machine that asks for GPUs: the worker's free thousandths per GPU, by "
+        "index, as placement saw them",
+    )
 
 
 class ClaimAttempt(Record):

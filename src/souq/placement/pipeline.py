@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from souq.model.placement import OfferOutcome
 from souq.model.protocol import Offer
 from souq.placement import select
+from souq.placement.gpus import free_on
 from souq.placement.request import PlacementRequest
 from souq.placement.stages import Filter, Rejection, Scorer
 
@@ -68,7 +69,10 @@ class Pipeline:
                 unmet.setdefault(rejection.reason, []).append(rejection.unmet)
             rejected.append(
                 OfferOutcome(
-                    worker_id=offer.worker.id, rejected=rejection.reason, detail=rejection.detail
+                    worker_id=offer.worker.id,
+                    rejected=rejection.reason,
+                    detail=rejection.detail,
+                    gpu_free=_gpus_seen(request, offer),
                 )
             )
 
@@ -89,7 +93,12 @@ class Pipeline:
             raw = {s.name: s.score(request, offer) for s in self.scorers}
             final = select.weighted_mean(raw, weights)
             scores = {name: round(v, 6) for name, v in raw.items() if v is not None}
-            outcome = OfferOutcome(worker_id=offer.worker.id, scores=scores, score=round(final, 6))
+            outcome = OfferOutcome(
+                worker_id=offer.worker.id,
+                scores=scores,
+                score=round(final, 6),
+                gpu_free=_gpus_seen(request, offer),
+            )
             scored.append((final, (offer, outcome)))
         best = [pair for _, pair in select.best_first(scored)]
         return Ranking(
@@ -105,3 +114,8 @@ class Pipeline:
             if rejection is not None:
                 return rejection
         return None
+
+
+def _gpus_seen(request: PlacementRequest, offer: Offer) -> list[int] | None:
+    """What the record shows of a worker's GPUs: their free thousandths, for a GPU request."""
+    return list(free_on(offer.worker)) if request.resources.wants_gpu else None
