@@ -193,12 +193,31 @@ class Store:
         """Compile the statements of a claim and of a machine's start now (in a transaction
         that is rolled back), rather than at the first claim: a hollow fleet's worker makes its
         first claim long after it started, in the middle of the fleet's load."""
-        machine = ("-", "", "", "", "-", "", "", "", None, None, None, 0, None, 0, 0, None, None)
+        machine = (
+            "-",
+            "",
+            "",
+            "",
+            "-",
+            "",
+            "",
+            "",
+            None,
+            None,
+            None,
+            0,
+            None,
+            0,
+            0,
+            None,
+            None,
+            None,
+        )
         try:
             with self._write() as db:
                 if self.keeps_machines:
                     db.execute(sql.INSERT_MACHINE, machine)
-                    db.execute(sql.INSERT_RESERVATION, ("-", 0, 0, 0, 0))
+                    db.execute(sql.INSERT_RESERVATION, ("-", 0, 0, 0, 0, 0))
                     db.execute(sql.UPDATE_MACHINE, ("", None, None, 0, None, 0, "-"))
                 db.executemany(sql.INSERT_EVENT, [("-", "", "", "", 0, None, None, None)])
                 db.executemany(sql.INSERT_OP, [("", "-", "", "", "", 0, None)])
