@@ -118,7 +118,14 @@ def test_run_json_prints_the_machine(cluster: Cluster) -> None:
     assert run.returncode == 0, run.stderr
     machine = json.loads(run.stdout)
     assert machine["state"] == "created"
-    assert machine["config"]["guest"] == {"cpus": 1, "memory_mb": 128, "disk_mb": 0, "gpus": 0}
+    assert machine["config"]["guest"] == {
+        "cpus": 1,
+        "memory_mb": 128,
+        "disk_mb": 0,
+        "gpus": 0,
+        "gpu_milli": 0,
+        "gpu_model": None,
+    }
     assert machine["config"]["restart"]["policy"] == "no"
     souq(cluster, "machine", "destroy", machine["id"], "--app", app)
 

@@ -43,6 +43,7 @@ from souq.drivers.exec import RECORDS
 from souq.drivers.host import HostDriver
 from souq.drivers.logfile import LogRotator
 from souq.drivers.users import check_reachable, machine_user
+from souq.errors import InvalidInput
 from souq.limits import LOG_CHECK_INTERVAL_S
 from souq.loop_clock import LoopClock
 
@@ -108,7 +109,10 @@ class Agent:
         if host is not None and host.user.switch:
             host_root = config.data_dir / "machines"
             host_root.mkdir(parents=True, exist_ok=True)
-            check_reachable(host.user, host_root)
+            try:  # a machine still starts in its directory: said, not refused
+                check_reachable(host.user, host_root)
+            except InvalidInput as unreachable:
+                log.warning("%s: %s", unreachable.message, unreachable.hint)
         if host is not None and host.user.is_root:
             log.warning("machines run as root (--allow-root-machines): they own this host")
         self.fingerprint = fingerprint(
