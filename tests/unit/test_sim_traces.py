@@ -23,7 +23,10 @@ NODES = TRACES / "alibaba-gpu-v2023_openb_node_list_all_node.csv"
 PODS = TRACES / "alibaba-gpu-v2023_openb_pod_list_default.csv"
 needs_traces = pytest.mark.skipif(not PODS.exists(), reason="the openb trace is not here")
 
-POD_HEADER = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time"
+POD_HEADER = (
+    "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,"
+    "creation_time,deletion_time,scheduled_time"
+)
 
 
 @needs_traces
