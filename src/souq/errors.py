@@ -9,7 +9,8 @@ tree at the boundary that catches them, so nothing above a boundary handles fore
     ├── InvalidInput               422 invalid_input     (a field of a request is wrong)
     │   ├── MalformedRequest       400 malformed_request (the body is not JSON at all)
     │   ├── UnknownRegion          422 unknown_region
-    │   └── ImageInvalid           422 image_invalid     (an OCI image or layout breaks the spec)
+    │   ├── ImageInvalid           422 image_invalid     (an OCI image or layout breaks the spec)
+    │   └── TraceInvalid           422 trace_invalid     (a bad trace row: file, line, column)
     ├── Unauthorized               401 unauthorized      (no token, or one that is not valid)
     ├── Forbidden                  403 forbidden         (a valid token outside its scope)
     ├── PayloadTooLarge            413 payload_too_large (a request body over the route's limit)
@@ -61,6 +62,7 @@ __all__ = [
     "SouqError",
     "StorageError",
     "TooManyRequests",
+    "TraceInvalid",
     "Unauthorized",
     "Unavailable",
     "UnknownRegion",
@@ -121,6 +123,11 @@ class UnknownRegion(InvalidInput, status="unknown_region"): ...
 class ImageInvalid(InvalidInput, status="image_invalid"):
     """An image, a layout or a layer breaks the OCI image-spec (or is corrupt): the message names
     the blob, the file or the field to fix."""
+
+
+class TraceInvalid(InvalidInput, status="trace_invalid"):
+    """A trace file (the simulator's input) cannot be read: the message names the file, the line
+    and the column, and ``details`` carry them as ``file``, ``line`` and ``column``."""
 
 
 class Unauthorized(SouqError, status="unauthorized", http_status=401): ...

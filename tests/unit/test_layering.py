@@ -111,6 +111,7 @@ PUBLIC = {
         "SouqError",
         "StorageError",
         "TooManyRequests",
+        "TraceInvalid",
         "Unauthorized",
         "Unavailable",
         "UnknownRegion",
