@@ -20,7 +20,7 @@ from souq.sim.gpu_policies import POLICIES, Policy
 from souq.sim.replay import Run, replay
 from souq.sim.traces import read_nodes, read_pods
 
-TRACES = Path("/work/shared/traces")
+TRACES = Path(__file__).resolve().parent.parent / "traces"  # the repository's copy
 NODES = TRACES / "alibaba-gpu-v2023_openb_node_list_all_node.csv"
 PODS = TRACES / "alibaba-gpu-v2023_openb_pod_list_default.csv"
 

@@ -3,18 +3,14 @@ all), and the run's bookkeeping on a small cluster."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
+from bench.openb import NODES, PODS
 
 from souq.errors import InvalidInput
 from souq.sim.gpu_policies import POLICIES, Policy
 from souq.sim.replay import replay
 from souq.sim.traces import Node, Pod, read_nodes, read_pods
 
-TRACES = Path("/work/shared/traces")
-PODS = TRACES / "alibaba-gpu-v2023_openb_pod_list_default.csv"
-NODES = TRACES / "alibaba-gpu-v2023_openb_node_list_all_node.csv"
 needs_traces = pytest.mark.skipif(not PODS.exists(), reason="the openb trace is not here")
 
 # Unallocated GPU % at 100 % arrived: the paper's min-max over seeds 42-51, widened by a point.

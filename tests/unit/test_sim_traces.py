@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from bench.openb import NODES, PODS
 
 from souq.errors import InvalidInput, TraceInvalid
 from souq.sim.traces import (
@@ -18,9 +19,6 @@ from souq.sim.traces import (
 )
 from souq.sim.workload import gpu_nodes
 
-TRACES = Path("/work/shared/traces")
-NODES = TRACES / "alibaba-gpu-v2023_openb_node_list_all_node.csv"
-PODS = TRACES / "alibaba-gpu-v2023_openb_pod_list_default.csv"
 needs_traces = pytest.mark.skipif(not PODS.exists(), reason="the openb trace is not here")
 
 POD_HEADER = (

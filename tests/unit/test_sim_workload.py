@@ -4,9 +4,9 @@ and the sampling of the curve."""
 from __future__ import annotations
 
 from collections import Counter
-from pathlib import Path
 
 import pytest
+from bench.openb import NODES, PODS
 
 from souq.sim.traces import Pod, read_nodes, read_pods
 from souq.sim.workload import (
@@ -19,9 +19,6 @@ from souq.sim.workload import (
     value_at,
 )
 
-TRACES = Path("/work/shared/traces")
-PODS = TRACES / "alibaba-gpu-v2023_openb_pod_list_default.csv"
-NODES = TRACES / "alibaba-gpu-v2023_openb_node_list_all_node.csv"
 needs_traces = pytest.mark.skipif(not PODS.exists(), reason="the openb trace is not here")
 
 

@@ -2,9 +2,9 @@
 
 The openb files are Alibaba's ``cluster-trace-gpu-v2023`` (Weng et al., "Beware of
 Fragmentation: Scheduling GPU-Sharing Workloads with Fragmentation Gradient Descent", USENIX
-ATC '23); ``shared/traces/README.md`` describes their columns. The generic format (see
-docs/simulator.md) is the same resources with an arrival time and a duration, so that traces with
-departures can be replayed too.
+ATC '23); ``traces/README.md`` (at the repository's root) says where they come from. The generic
+format (see docs/simulator.md) is the same resources with an arrival time and a duration, so
+that traces with departures can be replayed too.
 
 Parsing is pure: ``parse_*`` take the text and the name to report it under; ``read_*`` read a
 file and parse it. Every bad value raises :class:`~souq.errors.TraceInvalid` naming the file, the
