@@ -24,7 +24,7 @@ TRACES = Path(__file__).resolve().parent.parent / "traces"  # the repository's c
 NODES = TRACES / "alibaba-gpu-v2023_openb_node_list_all_node.csv"
 PODS = TRACES / "alibaba-gpu-v2023_openb_pod_list_default.csv"
 
-# Unallocated GPU % at 100 % arrived, mean of seeds 42-51 (shared/research/atc23-method.md 3.2).
+# Unallocated GPU % at 100 % arrived, mean of seeds 42-51 (the paper's published results).
 PAPER = {
     "random": 13.70,
     "dotprod": 9.38,

@@ -1,5 +1,5 @@
 """GPU fragmentation as FGD measures it (Weng et al., USENIX ATC '23), restated from
-``shared/research/atc23-method.md`` section 2.
+the paper, as docs/simulator.md restates it.
 
 A node is its free CPU (millicores) and the free milli of each of its GPUs. For one kind of task
 ``m`` of the target workload M:

@@ -1,7 +1,7 @@
 """The six node scores of the ATC'23 experiment (Weng et al., USENIX ATC '23), over arrays of
 candidate nodes, and how each picks the GPUs inside the node it chose.
 
-Restated from ``shared/research/atc23-method.md`` section 4. Every score is an integer in
+Restated from the paper's baselines and FGD (docs/simulator.md). Every score is an integer in
 [0, 100], higher is better; ties go to the node first in the seeded node order, which the caller
 realises by keeping its arrays in that order (``argmax`` takes the first best).
 """

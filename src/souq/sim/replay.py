@@ -1,5 +1,5 @@
 """The reference replay of the ATC'23 experiment: online one-pass packing of the openb pods onto
-the GPU nodes, no departures, one policy, one seed (``shared/research/atc23-method.md`` 1.3-1.6).
+the GPU nodes, no departures, one policy, one seed (docs/simulator.md, "The ATC'23 method").
 
 It stands apart from Souq's placement pipeline on purpose: it is the yardstick the pipeline-based
 simulator is checked against once GPUs are part of Souq's machine and worker model

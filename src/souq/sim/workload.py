@@ -2,7 +2,7 @@
 functions: which nodes, in which order the pods arrive, the target workload FGD measures
 fragmentation against, and how the curve of unallocated GPU against arrived workload is sampled.
 
-``shared/research/atc23-method.md`` is the source of every rule here (sections 1.1-1.6 and 2).
+The paper's method is the source of every rule here (docs/simulator.md, "The ATC'23 method").
 """
 
 from __future__ import annotations
