@@ -25,10 +25,12 @@ seen before is not parsed again, and a decision holds for a second (:data:`DECIS
 
 from __future__ import annotations
 
+import functools
 import secrets
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
@@ -213,7 +215,10 @@ class Verifier:
 
     def __init__(self, public_key: biscuit.PublicKey) -> None:
         self._key = public_key
-        self._tokens: OrderedDict[str, tuple[Any, Grant]] = OrderedDict()
+        # A token seen before is not checked again (a refused one is: errors are not kept).
+        self._parse: Callable[[str], tuple[Any, Grant]] = functools.lru_cache(maxsize=_CACHE)(
+            self._parse_anew
+        )
         self._decisions: OrderedDict[tuple[str, str | None, Scope], tuple[float, bool]] = (
             OrderedDict()
         )
@@ -265,22 +270,13 @@ class Verifier:
         """What a token's authority block says, once its signature is checked."""
         return self._parse(_bearer(header))[1]
 
-    def _parse(self, token: str) -> tuple[Any, Grant]:
-        with self._lock:
-            hit = self._tokens.get(token)
-            if hit is not None:
-                self._tokens.move_to_end(token)
-                return hit
+    def _parse_anew(self, token: str) -> tuple[Any, Grant]:
+        """The token checked against the key and its grant read (what ``_parse`` remembers)."""
         parsed = _verified(token, self._key)
         try:
-            entry = (parsed, _grant_of(parsed))
+            return parsed, _grant_of(parsed)
         except biscuit.AuthorizationError as exc:
             raise Unauthorized("the token's first block cannot be read") from exc
-        with self._lock:
-            self._tokens[token] = entry
-            while len(self._tokens) > _CACHE:
-                self._tokens.popitem(last=False)
-        return entry
 
     @staticmethod
     def _decide(parsed: Any, app: str | None, action: Scope) -> bool:
