@@ -405,3 +405,36 @@ def test_a_create_takes_two_hops_of_virtual_time() -> None:
     c = cluster(4)
     placed = c.place(c.brokers[0], app="web", region="mad", resources=res(1))
     assert placed.finished - placed.started == pytest.approx(2 * c.hop_s)
+
+
+def test_a_refused_create_counts_the_reasons_of_the_workers_offers() -> None:
+    c = cluster(3, cpus=2)
+    placed = c.place(c.brokers[0], app="web", region="mad", resources=res(4))
+    assert isinstance(placed.error, InsufficientCapacity)
+    # The book had no room, so the workers were asked: a round trip, three offers.
+    assert placed.record.rejections == {"insufficient_cpu": 3}
+    assert placed.finished - placed.started == pytest.approx(2 * c.hop_s)
+
+
+def test_a_cordoned_worker_reads_as_such_and_takes_nothing() -> None:
+    c = cluster(2)
+    c.set_flags("w00001", cordoned=True)
+    c.clock.run()
+    assert c.up_workers("mad") == ["w00002"]
+    for _ in range(4):
+        placed = c.place(c.brokers[0], app="web", region="mad", resources=res(1))
+        assert placed.workers == {0: "w00002"} and placed.machines[0].startswith("m")
+    placed = c.place(c.brokers[0], app="web", region="mad", resources=res(1))
+    assert placed.record.rejections == {"cordoned": 1, "insufficient_cpu": 1}
+
+
+def test_a_dry_run_on_virtual_time_claims_nothing_and_a_claim_follows_it() -> None:
+    c = cluster(3)
+    c.place(c.brokers[0], app="web", region="mad", resources=res(3))
+    for n in range(5):
+        create = {"app": "web", "region": "mad", "resources": res(1), "request_id": f"r{n}"}
+        dry = c.place(c.brokers[0], purpose=Purpose.EXPLAIN, **create)
+        assert dry.error is None and not dry.workers and dry.record.winner is not None
+        assert sum(c.allocated(w).cpus for w in c.workers) == 3 + n
+        # The same request id claims on the worker its dry run named.
+        assert c.place(c.brokers[0], **create).workers == {0: dry.record.winner}

@@ -8,9 +8,15 @@ as they would on a network: two brokers may send claims for the last capacity at
 and the worker judges them in the order they arrive. Workers tell every broker their usage after
 each change, as agents do on ``souq.use.<region>.<worker>``.
 
+When a broker's book has no candidate with room, it asks the workers for offers, as a real
+broker does: each asked worker answers after a round trip (two hops) with its admission's
+verdict, so that a refused create's record counts the reasons of real offers. A sampling broker
+(past ``Rules.sample_above`` up workers) asks a seeded sample of the region.
+
 What it leaves out: processes (a machine is its reservation), heartbeats (the book is filled at
-start and kept by usage messages) and offers asked of workers (a broker that cannot find a
-candidate in its book refuses). The simulator and the tests of the market core stand on it.
+start and kept by usage messages) and the app's machines per worker (the book counts only what
+its caller tells it with ``book.placed``). The simulator and the tests of the market core stand
+on it.
 """
 
 from __future__ import annotations
@@ -23,10 +29,11 @@ from typing import Any
 from souq.agent.admission import Admission
 from souq.clock import VirtualClock
 from souq.errors import ClaimRefused, SouqError
-from souq.market import AskOffers, Auction, Finished, Order, Rules, SendClaim, WorkerBook
+from souq.market import AskOffers, Auction, Finished, Order, Purpose, Rules, SendClaim, WorkerBook
 from souq.model.constraint import Constraint
+from souq.model.protocol import Offer
 from souq.model.resources import Resources
-from souq.model.worker import WorkerInfo, WorkerUsage
+from souq.model.worker import Fingerprint, Load, WorkerInfo, WorkerState, WorkerUsage
 from souq.placement import Pipeline, PlacementRequest, default_pipeline
 
 __all__ = ["Placed", "SimBroker", "SimMachine", "SimWorker", "VirtualCluster"]
@@ -42,17 +49,42 @@ class SimWorker:
     labels: dict[str, str] = field(default_factory=dict)
     machines: dict[str, Resources] = field(default_factory=dict)
     gpu_ids: dict[str, tuple[int, ...]] = field(default_factory=dict)  # machines' GPUs
+    fingerprint: Fingerprint | None = None  # what constraints on fingerprint.* read
+    load: Load | None = None  # the host's measured load, as its heartbeats would tell it
+
+    @property
+    def state(self) -> WorkerState:
+        """As the agent reports it: draining, cordoned or up (its admission's flags)."""
+        a = self.admission
+        if a.draining:
+            return WorkerState.DRAINING
+        return WorkerState.CORDONED if a.cordoned else WorkerState.UP
 
     def info(self, now_ms: int) -> WorkerInfo:
         a = self.admission
         return WorkerInfo(
             id=self.id,
             region=self.region,
+            state=self.state,
             capacity=a.capacity,
             allocated=a.in_use(now_ms),
             labels=self.labels,
+            fingerprint=self.fingerprint,
+            machines=len(self.machines),
             version=a.version,
+            load=self.load,
             gpu_free=list(a.gpu_free(now_ms)),
+        )
+
+    def offer(self, want: Resources, now_ms: int) -> Offer:
+        """Its answer to a request for offers, as the agent makes it: the admission's verdict."""
+        refusal = self.admission.offer_refusal(want, now_ms)
+        return Offer(
+            worker=self.info(now_ms),
+            eligible=refusal is None,
+            reason=None if refusal is None else refusal[0],
+            detail=None if refusal is None else refusal[1],
+            load=self.load,
         )
 
 
@@ -71,13 +103,14 @@ class SimMachine:
 @dataclass(frozen=True)
 class Placed:
     """How one create ended: the machines' workers (by index), its record, its error, and when
-    it started and ended on the virtual clock."""
+    it started and ended on the virtual clock; ``machines``: the machines' ids (by index)."""
 
     workers: dict[int, str]
     record: Any
     error: SouqError | None
     started: float
     finished: float
+    machines: dict[int, str] = field(default_factory=dict)
 
 
 class VirtualCluster:
@@ -96,6 +129,7 @@ class VirtualCluster:
         self.workers: dict[str, SimWorker] = {}
         self.brokers: list[SimBroker] = []
         self._ids = itertools.count(1)
+        self._up: dict[str, list[str]] = {}  # region -> its up workers, sorted (made when asked)
 
     # -- the cluster -----------------------------------------------------------------------
 
@@ -118,13 +152,32 @@ class VirtualCluster:
             labels=dict(labels or {}),
         )
         self.workers[worker_id] = worker
+        self._up.pop(region, None)
         now = self.clock.now_ms()
         for broker in self.brokers:
             broker.book.observe(worker.info(now))
         return worker
 
+    def set_flags(self, worker_id: str, *, cordoned: bool, draining: bool = False) -> None:
+        """Cordon (or drain) a worker, or open it again; the brokers hear it one hop later."""
+        worker = self.workers[worker_id]
+        worker.admission.set_flags(cordoned=cordoned or draining, draining=draining)
+        self._up.pop(worker.region, None)
+        self._tell_usage(worker)
+
     def allocated(self, worker_id: str) -> Resources:
         return self.workers[worker_id].admission.reserved
+
+    def up_workers(self, region: str) -> list[str]:
+        """The region's up workers, sorted: whom a sampling broker asks for offers."""
+        ids = self._up.get(region)
+        if ids is None:
+            ids = self._up[region] = sorted(
+                w.id
+                for w in self.workers.values()
+                if w.region == region and w.state is WorkerState.UP
+            )
+        return ids
 
     # -- creates ---------------------------------------------------------------------------
 
@@ -138,21 +191,27 @@ class VirtualCluster:
         count: int = 1,
         min_count: int | None = None,
         constraints: tuple[Constraint, ...] = (),
+        distinct_workers_for: str | None = None,
+        request_id: str | None = None,
+        purpose: Purpose = Purpose.CLAIM,
         on_done: Callable[[Placed], None] | None = None,
     ) -> None:
         """Start a create on ``broker`` now; ``on_done`` is called when it ends (in virtual
-        time: run the clock)."""
+        time: run the clock). ``purpose=Purpose.EXPLAIN`` is a dry run: the record, no claim.
+        ``request_id`` seeds the draws and ties (default: the next of a counter)."""
         request = PlacementRequest(
-            request_id=f"r{next(self._ids):08d}",
+            request_id=request_id or f"r{next(self._ids):08d}",
             app=app,
             region=region,
             resources=resources,
             constraints=constraints,
+            distinct_workers_for=distinct_workers_for,
         )
         order = Order(
             request,
             count=count,
             min_count=count if min_count is None else min_count,
+            purpose=purpose,
             batch=count > 1,
         )
         started = self.clock.monotonic()
@@ -162,12 +221,16 @@ class VirtualCluster:
             book=broker.book,
             rules=self.rules,
             now=started,
+            up_workers=self.up_workers(region),
+            live=lambda: sum(1 for w in self.workers.values() if w.region == region),
         )
 
         def finish(done: Finished) -> None:
             if on_done is not None:
                 workers = {i: m.worker_id for i, m in done.placed.items()}
-                on_done(Placed(workers, done.record, done.error, started, self.clock.monotonic()))
+                machines = {i: m.id for i, m in done.placed.items()}
+                ended = self.clock.monotonic()
+                on_done(Placed(workers, done.record, done.error, started, ended, machines))
 
         self._perform(broker, auction, auction.start(started), finish)
 
@@ -198,10 +261,31 @@ class VirtualCluster:
             if isinstance(action, Finished):
                 finish(action)
             elif isinstance(action, AskOffers):
-                # No offers to ask here: the book is all a simulated broker knows.
-                self._perform(broker, auction, auction.offers([], self.clock.monotonic()), finish)
+                self.clock.call_later(2 * self.hop_s, self._answer(broker, auction, action, finish))
             elif isinstance(action, SendClaim):
                 self.clock.call_later(self.hop_s, self._arrive(broker, auction, action, finish))
+
+    def _answer(
+        self,
+        broker: SimBroker,
+        auction: Auction,
+        action: AskOffers,
+        finish: Callable[[Finished], None],
+    ) -> Callable[[], None]:
+        """The offers of the workers asked (the region's live ones when none are named), once
+        the request and the answers have travelled."""
+
+        def answered() -> None:
+            region = auction.order.region
+            if action.workers is None:
+                asked = [w for w in self.workers.values() if w.region == region]
+            else:
+                asked = [self.workers[w] for w in action.workers if w in self.workers]
+            want, now_ms = auction.order.request.resources, self.clock.now_ms()
+            offers = [w.offer(want, now_ms) for w in asked]
+            self._perform(broker, auction, auction.offers(offers, self.clock.monotonic()), finish)
+
+        return answered
 
     def _arrive(
         self,
@@ -256,7 +340,9 @@ class VirtualCluster:
         self.clock.call_later(self.hop_s, back)
 
     def _tell_usage(self, worker: SimWorker) -> None:
-        usage = worker.admission.usage(self.clock.now_ms(), machines=len(worker.machines))
+        usage = worker.admission.usage(
+            self.clock.now_ms(), state=worker.state, machines=len(worker.machines)
+        )
         for broker in self.brokers:
             self.clock.call_later(self.hop_s, _tell(broker.book, usage))
 
