@@ -1,0 +1,194 @@
+"""Replaying a trace with departures on virtual time, through the real placement pipeline:
+small traces whose outcome is known exactly, and the measures of the report."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from bench.openb import NODES, PODS
+
+from souq.errors import InvalidInput
+from souq.model.policy import PlacementDefaults, PlacementPolicy
+from souq.model.resources import Resources
+from souq.placement import build_pipeline
+from souq.sim.departures import (
+    Outcome,
+    Replay,
+    parse_workers,
+    percentile,
+    replay,
+    request_of,
+    speed_up,
+    workers_of,
+)
+from souq.sim.traces import Task, parse_tasks, read_nodes, read_pods, tasks_from_pods
+
+needs_traces = pytest.mark.skipif(not PODS.exists(), reason="the openb trace is not here")
+
+
+def task(
+    name: str,
+    at: float,
+    duration: float | None,
+    cpus: float = 1,
+    memory_mib: int = 256,
+    num_gpu: int = 0,
+    gpu_milli: int = 0,
+    spec: tuple[str, ...] = (),
+) -> Task:
+    return Task(name, at, duration, int(cpus * 1000), memory_mib, num_gpu, gpu_milli, spec)
+
+
+def where(outcomes: list[Outcome]) -> dict[str, str | None]:
+    """Each task's worker, or the reason it failed."""
+    return {o.task: o.worker or o.reason for o in outcomes}
+
+
+def test_a_task_that_leaves_frees_room_for_a_later_one() -> None:
+    workers = parse_workers("1x4/4G")
+    stays = [task("a", 0, None, cpus=4), task("b", 20, 5, cpus=4)]
+    leaves = [task("a", 0, 10, cpus=4), task("b", 20, 5, cpus=4)]
+    full = replay(workers, stays)
+    assert (full.placed, full.failed_by_reason) == (1, {"insufficient_cpu": 1})
+    assert where(full.outcomes) == {"a": "w00001", "b": "insufficient_cpu"}
+    freed = replay(workers, leaves)
+    assert (freed.placed, freed.failed) == (2, 0)
+    # a placed, a gone, b placed, b gone: the cluster is empty at the end.
+    assert [s.running for s in freed.samples] == [1, 0, 1, 0]
+    assert [s.cpu for s in freed.samples] == [100, 0, 100, 0]
+    assert freed.samples[1].t == pytest.approx(10)
+
+
+def test_shares_pack_onto_one_gpu_and_leave_the_other_whole() -> None:
+    run = Replay(
+        parse_workers("1x16/16G/2:T4"),
+        [
+            task("s1", 0, None, num_gpu=1, gpu_milli=500),
+            task("s2", 1, None, num_gpu=1, gpu_milli=500),
+            task("whole", 2, None, num_gpu=1, gpu_milli=1000),
+            task("one-more", 3, None, num_gpu=1, gpu_milli=1000),
+            task("share", 4, None, num_gpu=1, gpu_milli=100),
+        ],
+        pipeline=build_pipeline(None, PlacementDefaults()),
+    )
+    report = run.run()
+    (worker,) = run.cluster.workers.values()
+    assert sorted(worker.gpu_ids.values()) == [(0,), (0,), (1,)]  # both shares on GPU 0
+    assert worker.admission.gpu_free() == (0, 0)
+    assert report.failed_by_reason == {"insufficient_gpus": 1, "insufficient_gpu_share": 1}
+    assert [s.gpu for s in report.samples] == [25, 50, 100, 100, 100]
+
+
+def test_failures_are_counted_by_the_reason_their_record_gives() -> None:
+    tasks = [
+        task("cpu", 0, None, cpus=8),
+        task("memory", 1, None, memory_mib=64 * 1024),
+        task("model", 2, None, num_gpu=1, gpu_milli=1000, spec=("A100",)),
+        task("models", 3, None, num_gpu=1, gpu_milli=1000, spec=("A100", "H100")),
+        task("either", 4, None, num_gpu=1, gpu_milli=1000, spec=("A100", "T4")),
+        task("fits", 5, None, num_gpu=1, gpu_milli=300, spec=("T4",)),
+    ]
+    report = replay(parse_workers("3x4/8G/1:T4"), tasks)
+    assert report.failed_by_reason == {
+        "insufficient_cpu": 1,
+        "insufficient_memory": 1,
+        "wrong_gpu_model": 1,
+        "constraint": 1,  # several models: a constraint on the workers' gpu_model label
+    }
+    assert report.placed == 2 and report.failed == 4
+    outcome = where(report.outcomes)
+    assert outcome["model"] == "wrong_gpu_model" and outcome["either"] is not None
+
+
+def test_a_task_asks_what_its_columns_say() -> None:
+    share = request_of(task("s", 0, None, cpus=0.5, memory_mib=100, num_gpu=1, gpu_milli=250))
+    assert share == (Resources(cpus=0.5, memory_mb=100, gpu_milli=250), ())
+    whole, _ = request_of(task("w", 0, None, num_gpu=4, gpu_milli=1000, spec=("V100M32",)))
+    assert (whole.gpus, whole.gpu_milli, whole.gpu_model) == (4, 0, "V100M32")
+    one, _ = request_of(task("o", 0, None, num_gpu=1, gpu_milli=1000))
+    assert (one.gpus, one.gpu_milli) == (1, 0)
+    _, constraints = request_of(task("m", 0, None, num_gpu=1, gpu_milli=1000, spec=("A", "B")))
+    assert [str(c) for c in constraints] == ["label.gpu_model in [A, B]"]
+
+
+def test_the_p95_of_the_workers_cpu_is_the_nearest_rank() -> None:
+    assert percentile(np.arange(1, 101, dtype=float), 95) == 95
+    assert percentile(np.arange(1, 101, dtype=float), 50) == 50
+    assert percentile(np.array([7.0]), 95) == 7
+    assert percentile(np.array([], dtype=float), 95) == 0
+    # 20 workers; each task fills one. One hot worker of 20 is above the p95, two are not.
+    report = replay(parse_workers("20x4/4G"), [task(f"t{i}", i, None, cpus=4) for i in range(3)])
+    (one, two, three) = report.samples
+    assert (one.worker_cpu_p50, one.worker_cpu_p95, one.worker_cpu_max) == (0, 0, 100)
+    assert (two.worker_cpu_p95, two.worker_cpu_max, two.cpu) == (100, 100, 10)
+    assert three.worker_cpu_p50 == 0 and three.running == 3
+
+
+def test_the_policy_decides_the_hot_spots() -> None:
+    tasks = [task(f"t{i}", i, None, cpus=1) for i in range(4)]
+    workers = parse_workers("4x4/4G")
+    packed = replay(workers, tasks, policy=PlacementPolicy(policy="binpack"))
+    spread = replay(workers, tasks, pipeline=build_pipeline(
+        PlacementPolicy(policy="spread"), PlacementDefaults()
+    ))  # fmt: skip
+    assert (packed.policy, spread.policy) == ("binpack", "spread")
+    assert len({o.worker for o in packed.outcomes}) == 1
+    assert packed.samples[-1].worker_cpu_max == 100
+    assert len({o.worker for o in spread.outcomes}) == 4
+    assert spread.samples[-1].worker_cpu_max == 25
+    assert packed.summary()["worker_cpu_max_mean"] > spread.summary()["worker_cpu_max_mean"]
+
+
+def test_samples_on_a_grid_of_virtual_seconds() -> None:
+    tasks = [task("a", 0, 25, cpus=2), task("b", 12, 100, cpus=1)]
+    report = replay(parse_workers("1x4/4G"), tasks, sample_every_s=10)
+    assert [s.t for s in report.samples] == [0, 10, 20]  # up to the last arrival
+    # At 0 the timer comes before the arrival; at 20 both run.
+    assert [s.cpu for s in report.samples] == [0, 50, 75]
+    with pytest.raises(InvalidInput):
+        replay(parse_workers("1x4/4G"), tasks, sample_every_s=0)
+
+
+def test_a_generic_trace_replays_and_reports_as_json() -> None:
+    text = (
+        "name,arrival_s,duration_s,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\n"
+        "a,0,30,2000,1024,1,500,T4\n"
+        "b,10,,2000,1024,0,0,\n"
+        "c,20,5,2000,1024,0,0,\n"
+    )
+    report = replay(parse_workers("2x4/4G/1:T4"), parse_tasks(text))
+    body = report.as_json()
+    assert {k: body[k] for k in ("workers", "tasks", "placed", "failed")} == {
+        "workers": 2,
+        "tasks": 3,
+        "placed": 3,
+        "failed": 0,
+    }
+    assert body["policy"] == "best-fit" and len(body["samples"]) == 5
+    assert "samples" not in report.as_json(samples=False)
+
+
+def test_workers_come_from_a_spec_or_a_node_list() -> None:
+    workers = parse_workers("2x32/128G + 1x96/786432/8:V100M32")
+    assert len(workers) == 3
+    assert workers[0] == Resources(cpus=32, memory_mb=128 * 1024)
+    assert (workers[2].gpus, workers[2].gpu_model, workers[2].memory_mb) == (8, "V100M32", 786432)
+    assert parse_workers("4/512") == [Resources(cpus=4, memory_mb=512)]
+    for bad in ("lots", "2x/4G", "0x4/4G", "2x4/4G/x"):
+        with pytest.raises(InvalidInput, match="workers") as err:
+            parse_workers(bad)
+        assert err.value.details == {"field": "workers"}
+    with pytest.raises(InvalidInput, match="at least one worker"):
+        replay([], [])
+    with pytest.raises(InvalidInput, match="speed-up"):
+        speed_up([], 0)
+
+
+@needs_traces
+def test_the_openb_trace_replays_with_its_departures() -> None:
+    nodes = read_nodes(NODES)
+    tasks = speed_up(tasks_from_pods(read_pods(PODS)), 300)[:2000]
+    report = replay(workers_of(nodes), tasks, sample_every_s=3600)
+    assert report.workers == len(nodes) and report.tasks == 2000
+    assert report.placed + report.failed == 2000 and report.placed > 1900
+    assert all(0 <= s.worker_cpu_p95 <= s.worker_cpu_max <= 100 for s in report.samples)
