@@ -142,9 +142,15 @@ class VirtualCluster:
         return broker
 
     def add_worker(
-        self, region: str, capacity: Resources, *, labels: dict[str, str] | None = None
+        self,
+        region: str,
+        capacity: Resources,
+        *,
+        labels: dict[str, str] | None = None,
+        worker_id: str | None = None,
     ) -> SimWorker:
-        worker_id = f"w{len(self.workers) + 1:05d}"
+        """A worker (``w00001``, ``w00002`` ... unless ``worker_id`` names it), empty."""
+        worker_id = worker_id or f"w{len(self.workers) + 1:05d}"
         worker = SimWorker(
             worker_id,
             region,

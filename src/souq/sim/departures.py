@@ -49,6 +49,7 @@ __all__ = [
     "Replay",
     "Report",
     "Sample",
+    "failure_reason",
     "parse_workers",
     "percentile",
     "replay",
