@@ -12,7 +12,7 @@ import shlex
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Protocol, TextIO, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TextIO, TypeVar
 
 from pydantic import BaseModel, ValidationError
 from rich.console import Console, Group
@@ -27,6 +27,10 @@ from souq.model.image import ImageRecord
 from souq.model.release import Release
 from souq.model.secrets import SecretInfo
 from souq.model.tokens import AuditRecord, TokenInfo
+
+if TYPE_CHECKING:  # the simulator's reports (numpy) load only with `souq simulate`
+    from souq.sim.departures import Report
+    from souq.sim.whatif import WhatIf
 
 __all__ = [
     "error",
@@ -81,6 +85,8 @@ def _err() -> Console:
 def _jsonable(value: Any) -> Any:
     if isinstance(value, BaseModel):
         return value.model_dump(mode="json")
+    if callable(getattr(value, "as_json", None)):  # a report that says its JSON shape
+        return value.as_json()
     if isinstance(value, list | tuple):
         return [_jsonable(v) for v in value]
     return value
@@ -551,3 +557,40 @@ def _audit_row(r: AuditRecord) -> tuple[Any, ...]:
         str(r.status),
         r.token_name,
     )
+
+
+@_json_or
+def what_if(w: WhatIf) -> None:
+    """Each planned machine: where it would go, with the record of its dry run (as `machine
+    run --dry-run` shows it), or why it would not fit; then the count."""
+    for v in w.verdicts:
+        where = f"worker {v.worker}" if v.worker else f"would not fit ({v.reason})"
+        _out().print(f"machine {v.index} of {len(w.verdicts)} ({v.planned.describe()}): {where}")
+        if v.error:
+            _out().print(f"error: {v.error}", style="red")
+        placement(v.placement)
+        line("")
+    reasons = ", ".join(f"{n} {r}" for r, n in w.reasons().items())
+    skipped = f"; left out (down): {', '.join(w.skipped)}" if w.skipped else ""
+    line(
+        f"{w.placed} of {len(w.verdicts)} would be placed on {w.workers} workers"
+        + (f"; {w.unplaced} would not fit: {reasons}" if w.unplaced else "")
+        + f"{skipped}. Nothing was created."
+    )
+
+
+@_json_or
+def trace_replay(r: Report) -> None:
+    """A replay with departures: placed, failed by reason, allocation and the workers' CPU."""
+    failed = ", ".join(f"{n} {reason}" for reason, n in sorted(r.failed_by_reason.items()))
+    s = {k: f"{v:g} %" for k, v in r.summary().items()}
+    rows = [
+        ("policy", r.policy),
+        ("tasks", f"{r.tasks} on {r.workers} workers: {r.placed} placed, {r.failed} failed"),
+        ("failed", failed or "-"),
+        ("allocated", f"cpu {s.get('cpu_mean')}, memory {s.get('memory_mean')}, gpu "
+         f"{s.get('gpu_mean')} (mean of {len(r.samples)} samples)"),
+        ("worker cpu p95", f"mean {s.get('worker_cpu_p95_mean')}, peak "
+         f"{s.get('worker_cpu_p95_peak')}; max: mean {s.get('worker_cpu_max_mean')}"),
+    ]  # fmt: skip
+    _out().print(_grid(rows, bold_names=True))

@@ -1,0 +1,294 @@
+"""``souq simulate --from-cluster`` and ``souq simulate --tasks``: the simulator on the live
+cluster's snapshot, and on a trace with departures (docs/simulator.md).
+
+* ``--from-cluster``: the workers as the broker lists them now, and a planned batch (``--count``
+  machines of a size in ``--region``, or the machines a deploy of ``--config souq.toml`` would
+  make) placed one after another on virtual time, each shown with the record a dry run gives.
+  Nothing is created. Exit status 3 when a planned machine would not fit.
+* ``--tasks TASKS.csv --workers SPEC``: the tasks (the generic format, or openb pods) arrive and
+  leave on virtual time on workers of ``SPEC`` (``COUNTxCPUS/MEMORY[/GPUS[:MODEL]]`` or an
+  openb node list); the report says what was placed, what failed and why, and how hot the
+  workers ran.
+
+The options are declared here so that the ``simulate`` command can take them as they are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from souq.client import cli
+from souq.client.cli import EXIT_NO_CAPACITY, JsonOpt, reporting
+from souq.errors import InvalidInput
+
+if TYPE_CHECKING:
+    from souq.client.api import SouqClient
+    from souq.model.machine import Machine
+    from souq.model.policy import PlacementPolicy
+    from souq.sim.departures import Report
+    from souq.sim.traces import Task
+    from souq.sim.whatif import Existing, Planned, WhatIf
+
+__all__ = ["from_cluster", "register_whatif", "trace", "whatif_command"]
+
+WHAT_IF_APP = "what-if"  # the app of planned machines when --app names none
+
+FromClusterOpt = Annotated[
+    bool,
+    typer.Option(
+        "--from-cluster",
+        help="Snapshot the live cluster and place a planned batch on it; nothing is created.",
+    ),
+]
+RegionOpt = Annotated[
+    str | None, typer.Option("--region", "-r", help="Where the planned machines would go.")
+]
+CpusOpt = Annotated[float | None, typer.Option("--cpus", help="CPU cores of each machine.")]
+MemoryOpt = Annotated[
+    int | None, typer.Option("--memory-mb", "--memory", help="Memory of each machine, in MiB.")
+]
+GpusOpt = Annotated[int | None, typer.Option("--gpus", help="Whole GPUs of each machine.")]
+GpuMilliOpt = Annotated[
+    int | None, typer.Option("--gpu-milli", help="A share of one GPU, in thousandths.")
+]
+GpuModelOpt = Annotated[str | None, typer.Option("--gpu-model", help="The GPU model it needs.")]
+CountOpt = Annotated[
+    int | None, typer.Option("--count", "-n", min=1, help="How many machines (default 1).")
+]
+AppOpt = Annotated[
+    str | None,
+    typer.Option("--app", "-a", help="The app they belong to (its machines count for spreading)."),
+]
+ConfigOpt = Annotated[
+    Path | None,
+    typer.Option("--config", "-c", help="Plan the machines a deploy of this souq.toml makes."),
+]
+TasksOpt = Annotated[
+    Path | None,
+    typer.Option("--tasks", help="A trace with departures: the generic CSV, or openb pods."),
+]
+WorkersOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--workers",
+        help="The cluster a trace runs on: COUNTxCPUS/MEMORY[/GPUS[:MODEL]] groups joined by + "
+        "(memory in MiB, or 128G), or an openb node list (CSV).",
+    ),
+]
+SampleOpt = Annotated[
+    float | None,
+    typer.Option("--sample-every", help="Sample every N virtual seconds (default: every event)."),
+]
+SpeedupOpt = Annotated[
+    float,
+    typer.Option("--speedup", help="Tasks arrive this many times as fast (durations kept)."),
+]
+
+
+def register_whatif(app: typer.Typer) -> None:
+    """Add the command to ``app`` (as ``simulate``, until the ``simulate`` command takes it)."""
+    app.command("simulate")(whatif_command)
+
+
+def whatif_command(
+    *,
+    cluster: FromClusterOpt = False,
+    region: RegionOpt = None,
+    cpus: CpusOpt = None,
+    memory_mb: MemoryOpt = None,
+    gpus: GpusOpt = None,
+    gpu_milli: GpuMilliOpt = None,
+    gpu_model: GpuModelOpt = None,
+    count: CountOpt = None,
+    app_name: AppOpt = None,
+    config: ConfigOpt = None,
+    tasks: TasksOpt = None,
+    workers: WorkersOpt = None,
+    sample_every: SampleOpt = None,
+    speedup: SpeedupOpt = 1.0,
+    policy: Annotated[
+        str | None, typer.Option("--policy", "-p", help="best-fit (default), binpack or spread.")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """What a placement policy would do: on the live cluster, or on a trace with departures."""
+    with reporting(as_json):
+        chosen = fit_policy([policy] if policy else [])
+        if cluster:
+            size: dict[str, object] = {"cpus": cpus, "memory_mb": memory_mb, "gpus": gpus}
+            size |= {"gpu_milli": gpu_milli, "gpu_model": gpu_model}
+            from_cluster(
+                app=app_name,
+                region=region,
+                size=size,
+                count=count,
+                config=config,
+                policy=chosen,
+                as_json=as_json,
+            )
+        elif tasks is not None:
+            trace(
+                tasks, workers, chosen, sample_every=sample_every, speedup=speedup, as_json=as_json
+            )
+        else:
+            raise InvalidInput(
+                "nothing to simulate",
+                hint="give --from-cluster (with --region and a size, or --config souq.toml), "
+                "or --tasks TASKS.csv --workers SPEC",
+            )
+
+
+def fit_policy(names: list[str]) -> PlacementPolicy | None:
+    """The placement policy a snapshot or a trace is placed with: one of the broker's."""
+    from souq.model.policy import FIT_SCORERS, PlacementPolicy
+
+    if not names:
+        return None
+    if len(names) > 1 or names[0] not in FIT_SCORERS:
+        raise InvalidInput(
+            f"--policy {', '.join(names)}: one of {', '.join(FIT_SCORERS)} here",
+            hint="the cluster and trace replays place through the broker's pipeline; the GPU "
+            "policies (fgd ...) are for the openb form (--nodes, --pods)",
+            details={"field": "policy"},
+        )
+    return PlacementPolicy.model_validate({"policy": names[0]})
+
+
+# -- the live cluster --------------------------------------------------------------------------
+
+
+def from_cluster(
+    *,
+    app: str | None,
+    region: str | None,
+    size: Mapping[str, object],
+    count: int | None,
+    config: Path | None,
+    policy: PlacementPolicy | None,
+    as_json: bool,
+) -> WhatIf:
+    """Snapshot the cluster, place the planned machines on it, print where each would go;
+    exit 3 (after printing) when one would not fit."""
+    from souq.client import render
+    from souq.sim.whatif import snapshot, what_if
+
+    given = {k: v for k, v in size.items() if v is not None}
+    if config is not None and (given or region or count):
+        raise InvalidInput(
+            "--config plans the machines souq.toml says: it takes no --region, size or --count",
+            hint="give either --config souq.toml, or --region with a size and --count",
+        )
+    client = cli.make_client()
+    if config is not None:
+        app, planned = _deploy_plan(client, config)
+    elif region is None:
+        raise InvalidInput(
+            "--from-cluster needs --region (where the machines would go), or --config",
+            hint="e.g. souq simulate --from-cluster --region mad --cpus 2 --memory-mb 512 "
+            "--count 10",
+        )
+    else:
+        planned = _batch(app or WHAT_IF_APP, region, given, count or 1)
+    existing = _existing(client.list_machines(app)) if app else []
+    snap = snapshot(client.workers(), machines=existing, policy=policy)
+    outcome = what_if(snap, planned)
+    render.what_if(outcome, as_json=as_json)
+    if outcome.unplaced:
+        raise typer.Exit(EXIT_NO_CAPACITY)
+    return outcome
+
+
+def _batch(app: str, region: str, size: Mapping[str, object], count: int) -> list[Planned]:
+    from souq.model.machine import GuestConfig
+    from souq.sim.whatif import batch
+
+    return batch(app, region, GuestConfig.model_validate(size).resources(), count)
+
+
+def _deploy_plan(client: SouqClient, path: Path) -> tuple[str, list[Planned]]:
+    """The machines a deploy of ``path`` would create now (the app's machines as they are)."""
+    from souq.apps import load_app_config
+    from souq.apps.plan import plan
+    from souq.client.deploy import current_machines
+    from souq.model.machine import GuestConfig
+    from souq.sim.whatif import Planned
+
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise InvalidInput(
+            f"cannot read {path}: {exc.strerror or exc}", hint="give the app's souq.toml"
+        ) from None
+    config = load_app_config(text, str(path))
+    machines = client.list_machines(config.app)
+    planned = []
+    for phase in plan(config, current_machines(machines)):
+        for step in (s for s in phase.steps if s.action == "create"):
+            guest = config.machine_config(step.group, image="", release=0)["guest"]
+            apart = config.served(step.group) and not config.regions  # as a deploy spreads
+            resources = GuestConfig.model_validate(guest).resources()
+            planned.append(
+                Planned(config.app, step.region, resources, group=step.group, apart=apart)
+            )
+    return config.app, planned
+
+
+def _existing(machines: list[Machine]) -> list[Existing]:
+    """The app's machines (those on their way out left out), for the book to count."""
+    from souq.model.machine import MachineState
+    from souq.sim.whatif import Existing
+
+    gone = (MachineState.DESTROYING, MachineState.DESTROYED)
+    return [
+        Existing(m.id, m.worker_id, m.app, m.region, m.config.metadata.get("souq_process_group"))
+        for m in machines
+        if m.state not in gone
+    ]
+
+
+# -- a trace with departures -------------------------------------------------------------------
+
+
+def trace(
+    tasks: Path,
+    workers: str | None,
+    policy: PlacementPolicy | None,
+    *,
+    sample_every: float | None,
+    speedup: float,
+    as_json: bool,
+) -> Report:
+    """Replay the tasks on the workers and print the report."""
+    from souq.client import render
+    from souq.sim.departures import parse_workers, replay, speed_up, workers_of
+    from souq.sim.traces import read_nodes
+
+    if not workers:
+        raise InvalidInput(
+            "--tasks needs --workers: the cluster the trace runs on",
+            hint="e.g. --workers 1000x32/128G, or an openb node list (CSV)",
+        )
+    spec = Path(workers)
+    cluster = workers_of(read_nodes(spec)) if spec.is_file() else parse_workers(workers)
+    arriving = speed_up(_read_tasks(tasks), speedup)
+    report = replay(cluster, arriving, policy=policy, sample_every_s=sample_every)
+    render.trace_replay(report, as_json=as_json)
+    return report
+
+
+def _read_tasks(path: Path) -> list[Task]:
+    """The generic trace, or openb's pods (their creation and deletion times)."""
+    from souq.sim.traces import read_pods, read_tasks, tasks_from_pods
+
+    try:
+        with path.open(encoding="utf-8") as f:
+            header = f.readline()
+    except OSError as exc:
+        raise InvalidInput(f"{path}: cannot read the trace: {exc.strerror or exc}") from None
+    if "creation_time" in (column.strip() for column in header.split(",")):
+        return tasks_from_pods(read_pods(path))
+    return read_tasks(path)
