@@ -100,6 +100,14 @@ def test_failures_are_counted_by_the_reason_their_record_gives() -> None:
     assert outcome["model"] == "wrong_gpu_model" and outcome["either"] is not None
 
 
+def test_a_failure_is_named_by_the_workers_that_came_closest() -> None:
+    # Five workers without GPUs say wrong_gpu_model; the one T4 worker, full, says why.
+    gpu = [task(f"g{i}", i, None, num_gpu=1, gpu_milli=1000, spec=("T4",)) for i in range(2)]
+    report = replay(parse_workers("5x4/4G+1x4/4G/1:T4"), gpu)
+    (failed,) = [o for o in report.outcomes if o.reason]
+    assert failed.reason == "insufficient_gpus" and report.placed == 1
+
+
 def test_a_task_asks_what_its_columns_say() -> None:
     share = request_of(task("s", 0, None, cpus=0.5, memory_mib=100, num_gpu=1, gpu_milli=250))
     assert share == (Resources(cpus=0.5, memory_mb=100, gpu_milli=250), ())

@@ -4,8 +4,8 @@ Each task of the trace (:class:`~souq.sim.traces.Task`) is a create of one machi
 it, started at ``arrival_s`` on a :class:`~souq.sim.cluster.VirtualCluster` (the real book,
 auction and pipeline in one broker; the real admission in every worker); a placed task is
 destroyed at ``arrival_s + duration_s`` (its worker's admission gives its resources back), and
-a task that cannot be placed fails for good (no retry), counted under the reason its placement
-record gives most often (``insufficient_cpu``, ``wrong_gpu_model`` ...).
+a task that cannot be placed fails for good (no retry), counted under one reason from its
+placement record (:func:`failure_reason`: ``insufficient_cpu``, ``wrong_gpu_model`` ...).
 
 As a task asks: ``cpu_milli`` millicores, ``memory_mib`` MiB; ``num_gpu`` whole GPUs, or a share
 of one (``gpu_milli`` thousandths) when ``num_gpu == 1`` and ``gpu_milli < 1000``; a
@@ -235,13 +235,31 @@ class Report:
 # -- the replay -------------------------------------------------------------------------------
 
 
+# How far a rejected worker was from taking the machine: 0, of the right kind but short of
+# capacity (insufficient_cpu, _memory, _gpus, _gpu_share ..., and any reason not named here);
+# 1, ruled out by where the app's other machines are; 2, not of the kind the request asks
+# (its constraints, GPU model, driver); 3, out of play (cordoned, draining, another region).
+_DISTANCE = {
+    "distinct_workers": 1,
+    "standby_primary": 1,
+    "constraint": 2,
+    "wrong_gpu_model": 2,
+    "driver_missing": 2,
+    "cordoned": 3,
+    "draining": 3,
+    "wrong_region": 3,
+}
+
+
 def failure_reason(placed: Placed) -> str:
-    """Why a create failed, in one code: the reason its record counts most (the first by name
-    on a tie), else the refused claims', else the error's status."""
+    """Why a create failed, in one code: the reason its record counts most among the workers
+    that came closest (a full GPU worker's ``insufficient_gpus`` before the CPU workers'
+    ``wrong_gpu_model``; the first by name on a tie); else the refused claims', else the
+    error's status."""
     record = placed.record
     rejections: dict[str, int] = getattr(record, "rejections", None) or {}
     if rejections:
-        return min(rejections.items(), key=lambda item: (-item[1], item[0]))[0]
+        return min(rejections, key=lambda r: (_DISTANCE.get(r, 0), -rejections[r], r))
     if isinstance(record, Placement) and any(not c.ok for c in record.claims):
         return "claim_refused"
     return placed.error.status if isinstance(placed.error, SouqError) else "not_placed"
