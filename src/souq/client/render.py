@@ -591,6 +591,7 @@ def trace_replay(r: Report) -> None:
         ("allocated", f"cpu {s.get('cpu_mean')}, memory {s.get('memory_mean')}, gpu "
          f"{s.get('gpu_mean')} (mean of {len(r.samples)} samples)"),
         ("worker cpu p95", f"mean {s.get('worker_cpu_p95_mean')}, peak "
-         f"{s.get('worker_cpu_p95_peak')}; max: mean {s.get('worker_cpu_max_mean')}"),
+         f"{s.get('worker_cpu_p95_peak')}"),
+        ("worker cpu max", f"mean {s.get('worker_cpu_max_mean')}"),
     ]  # fmt: skip
     _out().print(_grid(rows, bold_names=True))
