@@ -53,6 +53,7 @@ class SimWorker:
             labels=self.labels,
             version=a.version,
             gpu_free=list(a.gpu_free(now_ms)),
+            gpu_shapes=a.gpu_shapes(),
         )
 
 
