@@ -47,6 +47,8 @@ MODULES = (
     "souq/placement/stages.py",
     "souq/placement/filters.py",
     "souq/placement/scorers.py",
+    "souq/placement/fragmentation.py",
+    "souq/placement/gpu_scorers.py",
     "souq/placement/select.py",
     "souq/placement/pipeline.py",
     "souq/placement/policy.py",

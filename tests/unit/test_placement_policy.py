@@ -66,7 +66,7 @@ def order(pipeline_result: Any) -> list[str]:
 @pytest.mark.parametrize(
     ("body", "message"),
     [
-        ({"policy": "random"}, "policy"),
+        ({"policy": "worst-fit"}, "policy"),
         ({"weights": {"bestfit": 1}}, "unknown scorer 'bestfit'; known scorers: best-fit, "),
         ({"weights": {"load": 11}}, "weight of load must be between 0 and 10"),
         ({"weights": {"load": -1}}, "between 0 and 10"),
@@ -118,7 +118,7 @@ def test_the_default_chain() -> None:
         "eligible",
         "resources",
     ]
-    assert pipeline.weights == {"best-fit": 1.0, **DEFAULT_WEIGHTS}
+    assert pipeline.weights == {"best-fit": 1.0, "fragmentation": 1.0, **DEFAULT_WEIGHTS}
     assert pipeline.limit is None
 
 
@@ -128,7 +128,13 @@ def test_the_policy_picks_the_fit_scorer_and_weights_add_or_remove_scorers() -> 
     assert binpack.name == "binpack"
     assert binpack.weights == {"binpack": 1.0, **DEFAULT_WEIGHTS}
     blend = build_pipeline(policy(weights={"spread": 0.5, "load": 0, "cache": 3}), defaults)
-    assert blend.weights == {"best-fit": 1.0, "spread": 0.5, "anti-affinity": 0.5, "cache": 3.0}
+    assert blend.weights == {
+        "best-fit": 1.0,
+        "fragmentation": 1.0,
+        "spread": 0.5,
+        "anti-affinity": 0.5,
+        "cache": 3.0,
+    }
     assert weights_of(policy(policy="spread"))["spread"] == 1.0
 
 

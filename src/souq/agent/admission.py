@@ -34,6 +34,7 @@ gives them back with :meth:`release`.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 from souq.clock import iso_from_ms
@@ -49,6 +50,7 @@ from souq.model.protocol import QuoteState
 from souq.model.resources import GPU_MILLI, Resources
 from souq.model.worker import WorkerState, WorkerUsage
 from souq.placement import gpus
+from souq.placement.gpus import gpu_shape
 from souq.placement.stages import Shortfall, shortfall
 
 __all__ = ["Admission", "HeldQuote"]
@@ -85,6 +87,8 @@ class Admission:
     _holds: dict[str, _Hold] = field(default_factory=dict, init=False)
     # Free thousandths of each GPU after the machines' reservations (holds not counted).
     _gpu_free: tuple[int, ...] = field(default=(), init=False)
+    # GPU machines by shape (``gpu_scorers.gpu_shape``): what GpuClustering reads.
+    _gpu_shapes: Counter[str] = field(default_factory=Counter, init=False)
 
     def __post_init__(self) -> None:
         self._gpu_free = (GPU_MILLI,) * self.capacity.gpus
@@ -257,6 +261,7 @@ class Admission:
             gpu_ids = gpus.pick(want, self.gpu_free()) or () if want.wants_gpu else ()
         self.reserved = self.reserved.plus(want)
         self._gpu_free = gpus.take(want, self._gpu_free, gpu_ids)
+        self._count_shape(want, 1)
         self.version += 1
         return gpu_ids
 
@@ -264,11 +269,24 @@ class Admission:
         """At a restart: a machine the store holds (its reservation already counted in
         ``reserved``) has ``gpu_ids``."""
         self._gpu_free = gpus.take(want, self._gpu_free, gpu_ids)
+        self._count_shape(want, 1)
 
     def release(self, freed: Resources, gpu_ids: tuple[int, ...] = ()) -> None:
         self.reserved = self.reserved.minus(freed)
         self._gpu_free = gpus.give_back(freed, self._gpu_free, gpu_ids)
+        self._count_shape(freed, -1)
         self.version += 1
+
+    def _count_shape(self, want: Resources, n: int) -> None:
+        shape = gpu_shape(want)
+        if shape:
+            self._gpu_shapes[shape] += n
+            if self._gpu_shapes[shape] <= 0:
+                del self._gpu_shapes[shape]
+
+    def gpu_shapes(self) -> dict[str, int]:
+        """Its GPU machines by shape (``WorkerInfo.gpu_shapes``)."""
+        return dict(self._gpu_shapes)
 
     def hold(self, quote_id: str, want: Resources, expires_at: int) -> None:
         got = gpus.pick(want, self.gpu_free()) if want.wants_gpu else ()

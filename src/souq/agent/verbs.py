@@ -116,6 +116,7 @@ class WorkerVerbs:
             load=self._load.read(),
             images=self.images(),
             gpu_free=list(self.admission.gpu_free(now)),
+            gpu_shapes=self.admission.gpu_shapes(),
         )
 
     def usage(self) -> WorkerUsage:

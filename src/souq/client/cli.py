@@ -7,6 +7,7 @@ takes ``--json``. Only :mod:`souq.client.render` prints.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import re
 import sys
@@ -568,30 +569,18 @@ def workers_uncordon(worker_id: WorkerArg, as_json: JsonOpt = False) -> None:
 # -- daemons -----------------------------------------------------------------------------------
 
 
-# The daemons' commands (agent, broker, fleet, dev) live in souq.client.daemons.
-from souq.client.daemons import register_daemons  # noqa: E402 (it uses the helpers above)
-
-register_daemons(app)
-
-from souq.client.images import register_images  # noqa: E402 (it uses the helpers above)
-
-register_images(app)
-
-from souq.client.apps_cli import register_apps  # noqa: E402 (it uses the helpers above)
-
-register_apps(app)
-
-from souq.client.auth_cli import register_auth  # noqa: E402 (it uses the helpers above)
-
-register_auth(app)
-
-from souq.client.cluster_cli import register_cluster  # noqa: E402 (it uses the helpers above)
-
-register_cluster(app)
-
-from souq.client.secrets_cli import register_secrets  # noqa: E402 (it uses the helpers above)
-
-register_secrets(app)
+# The other commands live in their own modules; each adds itself to ``app`` (they use the helpers
+# above, so they come after them).
+for _module, _register in (
+    ("daemons", "register_daemons"),  # agent, broker, fleet, dev
+    ("images", "register_images"),
+    ("apps_cli", "register_apps"),
+    ("auth_cli", "register_auth"),
+    ("cluster_cli", "register_cluster"),
+    ("secrets_cli", "register_secrets"),
+    ("simulate_cli", "register_simulate"),
+):
+    getattr(importlib.import_module(f"souq.client.{_module}"), _register)(app)
 
 
 def main() -> None:

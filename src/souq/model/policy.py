@@ -17,6 +17,7 @@ from souq.model.base import Input
 
 __all__ = [
     "FIT_SCORERS",
+    "GPU_POLICIES",
     "SCORERS",
     "Curves",
     "PlacementDefaults",
@@ -24,9 +25,31 @@ __all__ = [
     "check_curve_points",
 ]
 
-FitPolicy = Literal["best-fit", "binpack", "spread"]
-FIT_SCORERS: tuple[FitPolicy, ...] = ("best-fit", "binpack", "spread")
-SCORERS = (*FIT_SCORERS, "anti-affinity", "load", "cache")
+FitPolicy = Literal[
+    "best-fit",
+    "binpack",
+    "spread",
+    "fgd",
+    "leftover",
+    "dotprod",
+    "gpupacking",
+    "gpuclustering",
+    "random",
+]
+# The fit scorers a policy chooses among ("random" is none of them: every feasible worker ties).
+FIT_SCORERS: tuple[str, ...] = (
+    "best-fit",
+    "binpack",
+    "spread",
+    "fgd",
+    "leftover",
+    "dotprod",
+    "gpupacking",
+    "gpuclustering",
+)
+# GPU policies: their scores are whole hundredths, and ties go to the first worker by id.
+GPU_POLICIES: tuple[str, ...] = ("fgd", "leftover", "dotprod", "gpupacking", "gpuclustering")
+SCORERS = (*FIT_SCORERS, "fragmentation", "anti-affinity", "load", "cache")
 MAX_WEIGHT = 10.0
 
 
@@ -64,7 +87,10 @@ class PlacementPolicy(Input):
 
     policy: FitPolicy = Field(
         default="best-fit",
-        description="the fit scorer: best-fit (default), binpack (Nomad's formula) or spread",
+        description="the fit scorer: best-fit (default: best fit by curves for cpu and memory, "
+        "least fragmentation on GPU workers), binpack (Nomad's formula), spread; the ATC'23 "
+        "GPU policies fgd, leftover (its BestFit), dotprod, gpupacking, gpuclustering; or "
+        "random",
     )
     weights: dict[str, float] = Field(
         default_factory=dict,

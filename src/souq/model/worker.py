@@ -71,6 +71,11 @@ class WorkerInfo(Record):
         description="free thousandths of each of its GPUs, by index (1000: a whole GPU free); "
         "empty from a worker that does not say",
     )
+    gpu_shapes: dict[str, int] = Field(
+        default_factory=dict,
+        description="its GPU machines by shape: 'share' (a share of one GPU) or the count of "
+        "whole GPUs ('1', '2', ...); GPU placement policies read it",
+    )
 
 
 class Heartbeat(Record):

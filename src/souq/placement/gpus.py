@@ -36,6 +36,7 @@ __all__ = [
     "free_on",
     "give_back",
     "gpu_misfit",
+    "gpu_shape",
     "per_gpu",
     "pick",
     "pick_many",
@@ -48,6 +49,14 @@ GPU_REASONS = ("wrong_gpu_model", "insufficient_gpus", "insufficient_gpu_share")
 def per_gpu(want: Resources) -> int:
     """Thousandths the request takes on each GPU it gets (0: it asks for no GPU)."""
     return GPU_MILLI if want.gpus > 0 else want.gpu_milli
+
+
+def gpu_shape(want: Resources) -> str:
+    """A GPU machine's shape: ``share``, or its count of whole GPUs; ``""`` for a machine
+    without GPUs (``WorkerInfo.gpu_shapes`` counts machines by it)."""
+    if want.gpus > 0:
+        return str(want.gpus)
+    return "share" if want.gpu_milli > 0 else ""
 
 
 def free_of(capacity: Resources, allocated: Resources, said: Sequence[int]) -> tuple[int, ...]:

@@ -44,6 +44,10 @@ class Pipeline:
     filters: Sequence[Filter]
     scorers: Sequence[Scorer]
     limit: int | None = None  # score at most this many feasible offers (a seeded sample)
+    # Among equal scores: "random" (the seeded order), "first" (the smallest worker id), or
+    # "gpu-first" (the smallest id when GPU workers are among the candidates or the request
+    # wants GPUs, else the seeded order).
+    ties: str = "random"
 
     @property
     def weights(self) -> dict[str, float]:
@@ -87,6 +91,8 @@ class Pipeline:
                 )
             )
 
+        if self.first_wins(request, any(o.worker.capacity.gpus > 0 for o in sampled)):
+            sampled.sort(key=lambda o: o.worker.id)
         weights = self.weights
         scored: list[tuple[float, tuple[Offer, OfferOutcome]]] = []
         for offer in sampled:
@@ -107,6 +113,13 @@ class Pipeline:
             rejections=dict(counts),
             unmet={reason: sorted(items) for reason, items in unmet.items()},
         )
+
+    def first_wins(self, request: PlacementRequest, gpu_workers: bool) -> bool:
+        """Whether ties go to the smallest worker id (else to the seeded order), given whether
+        workers with GPUs are among the candidates."""
+        if self.ties == "gpu-first":
+            return request.resources.wants_gpu or gpu_workers
+        return self.ties == "first"
 
     def _reject(self, request: PlacementRequest, offer: Offer) -> Rejection | None:
         for f in self.filters:

@@ -8,10 +8,12 @@ policy, so a broker builds each distinct policy once.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 
-from souq.model.policy import FIT_SCORERS, PlacementDefaults, PlacementPolicy
-from souq.placement import filters, scorers
+from souq.model.policy import FIT_SCORERS, GPU_POLICIES, PlacementDefaults, PlacementPolicy
+from souq.placement import filters, gpu_scorers, scorers
 from souq.placement.curves import DEFAULT_CURVE, Curve
+from souq.placement.fragmentation import DEFAULT_WORKLOAD, Shape
 from souq.placement.pipeline import Pipeline
 from souq.placement.stages import Scorer
 
@@ -32,22 +34,53 @@ def weights_of(policy: PlacementPolicy) -> dict[str, float]:
     """Every scorer's weight under ``policy``: the chosen fit scorer 1, the other fit scorers 0,
     the rest :data:`DEFAULT_WEIGHTS`; then the policy's own ``weights`` on top."""
     base: dict[str, float] = {n: 1.0 if n == policy.policy else 0.0 for n in FIT_SCORERS}
+    # Best-fit judges workers without GPUs; on GPU workers fragmentation does (the two never
+    # both score one worker).
+    base["fragmentation"] = 1.0 if policy.policy == "best-fit" else 0.0
     return {**base, **DEFAULT_WEIGHTS, **policy.weights}
 
 
-def build_pipeline(policy: PlacementPolicy | None, defaults: PlacementDefaults) -> Pipeline:
-    """The pipeline for ``policy`` laid over the broker's ``defaults`` (None: the defaults)."""
+def build_pipeline(
+    policy: PlacementPolicy | None,
+    defaults: PlacementDefaults,
+    *,
+    workload: Sequence[Shape] = DEFAULT_WORKLOAD,
+    largest: tuple[int, int] = (gpu_scorers.MAX_CPU, gpu_scorers.MAX_GPU),
+) -> Pipeline:
+    """The pipeline for ``policy`` laid over the broker's ``defaults`` (None: the defaults).
+    GPU scorers measure fragmentation against ``workload`` and the paper's fit scores divide by
+    the ``largest`` worker's (millicores, GPU thousandths)."""
     merged = defaults if policy is None else policy.over(defaults)
     w = weights_of(merged)
     curves = merged.curves
     cpu_curve = Curve.of(curves.cpu) if curves and curves.cpu else DEFAULT_CURVE
     mem_curve = Curve.of(curves.memory) if curves and curves.memory else DEFAULT_CURVE
+    max_cpu, max_gpu = largest
     all_scorers: list[Scorer] = [
         # Fit: how full the worker would be after the placement. The policy's choice weighs 1;
         # another fit scorer runs only if a weight asks for it (e.g. best-fit with some spread).
-        scorers.BestFitScorer(cpu_curve=cpu_curve, memory_curve=mem_curve, weight=w["best-fit"]),
+        scorers.BestFitScorer(
+            cpu_curve=cpu_curve,
+            memory_curve=mem_curve,
+            weight=w["best-fit"],
+            skip_gpu_workers=w["fragmentation"] > 0,
+        ),
         scorers.BinPackScorer(weight=w["binpack"]),
         scorers.SpreadScorer(weight=w["spread"]),
+        # On GPU workers, fit is fragmentation: what the placement leaves for the machines to
+        # come (docs/placement.md, "GPUs").
+        gpu_scorers.FgdScorer(
+            workload=tuple(workload),
+            gpu_workers_only=True,
+            weight=w["fragmentation"],
+            name="fragmentation",
+        ),
+        # The ATC'23 paper's policies, each alone under its name (for comparison and replay).
+        gpu_scorers.FgdScorer(workload=tuple(workload), weight=w["fgd"]),
+        gpu_scorers.LeftoverScorer(max_cpu=max_cpu, max_gpu=max_gpu, weight=w["leftover"]),
+        gpu_scorers.DotProdScorer(max_cpu=max_cpu, max_gpu=max_gpu, weight=w["dotprod"]),
+        gpu_scorers.GpuPackingScorer(weight=w["gpupacking"]),
+        gpu_scorers.GpuClusteringScorer(max_gpu=max_gpu, weight=w["gpuclustering"]),
         # Keep an app's machines on different workers, so that one host lost is not the app lost.
         scorers.AntiAffinityScorer(weight=w["anti-affinity"]),
         # Reservations are promises, load is what the host really does: prefer the quieter one.
@@ -85,6 +118,15 @@ def build_pipeline(policy: PlacementPolicy | None, defaults: PlacementDefaults) 
         # Then sample (seeded from the request id), weight and average the bounded scores, and
         # order best first, ties in the seeded order: see souq.placement.select.
         limit=defaults.limit,
+        # GPU scores are whole hundredths and tie often: the first worker by id wins, so that
+        # ties consolidate (the paper's scheduler takes the smallest node name). Under best-fit
+        # too where GPU workers are candidates: spreading CPU-only machines over GPU workers
+        # would use up the CPU their GPUs need. Elsewhere ties go to the seeded order.
+        ties="first"
+        if merged.policy in GPU_POLICIES
+        else "gpu-first"
+        if merged.policy == "best-fit"
+        else "random",
     )
 
 

@@ -64,9 +64,12 @@ class BestFitScorer:
     cpu_curve: Curve = DEFAULT_CURVE
     memory_curve: Curve = DEFAULT_CURVE
     weight: float = 1.0
+    skip_gpu_workers: bool = False  # no opinion on GPU workers (fragmentation judges them)
     name: str = "best-fit"
 
-    def score(self, request: PlacementRequest, offer: Offer) -> float:
+    def score(self, request: PlacementRequest, offer: Offer) -> float | None:
+        if self.skip_gpu_workers and offer.worker.capacity.gpus > 0:
+            return None
         cpu, mem = utilisation_after(request, offer)
         return (self.cpu_curve.value(cpu) + self.memory_curve.value(mem)) / 2
 

@@ -74,6 +74,7 @@ class SimWorker:
             version=a.version,
             load=self.load,
             gpu_free=list(a.gpu_free(now_ms)),
+            gpu_shapes=a.gpu_shapes(),
         )
 
     def offer(self, want: Resources, now_ms: int) -> Offer:

@@ -11,8 +11,8 @@ import math
 import random
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 
+from souq.placement.fragmentation import Shape
 from souq.sim.traces import MILLI, Node, Pod
 
 __all__ = [
@@ -73,16 +73,7 @@ def node_order(count: int, *, seed: int) -> list[int]:
     return ranks
 
 
-@dataclass(frozen=True, slots=True)
-class PodSpec:
-    """A kind of pod as FGD's target workload keys it (memory is not part of the key), and its
-    share ``p`` of the workload."""
-
-    cpu_milli: int
-    gpu_milli: int
-    num_gpu: int
-    model: str = ""
-    p: float = 0.0
+PodSpec = Shape  # a kind of pod, as FGD's target workload keys it, and its share ``p``
 
 
 def typical_pods(pods: Iterable[Pod], *, coverage: float = 0.95) -> list[PodSpec]:

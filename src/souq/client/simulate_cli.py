@@ -1,0 +1,130 @@
+"""``souq simulate``: replay a trace through Souq's placement and report what a policy would
+do, before it is turned on (docs/simulator.md).
+
+The openb form replays the ATC'23 experiment (GPU nodes only, pods shuffled per seed, inflated
+to 130 % of GPU capacity, no departures) and reports the unallocated GPU % against the arrived
+workload: a table, ``--json`` (the contract's shape) and ``--plot FILE.png``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from souq.client.cli import JsonOpt, reporting
+
+if TYPE_CHECKING:
+    from souq.sim.experiment import Outcome
+
+__all__ = ["register_simulate"]
+
+
+def register_simulate(app: typer.Typer) -> None:
+    """Add ``souq simulate`` to ``app``."""
+    app.command("simulate")(simulate)
+
+
+def simulate(
+    *,
+    nodes: Annotated[
+        Path | None, typer.Option("--nodes", help="The nodes of an openb trace (CSV).")
+    ] = None,
+    pods: Annotated[
+        Path | None, typer.Option("--pods", help="The pods of an openb trace (CSV).")
+    ] = None,
+    policy: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--policy",
+            "-p",
+            help="A placement policy (repeat to compare): souq (the default), fgd, bestfit, "
+            "gpupacking, gpuclustering, dotprod, random.",
+        ),
+    ] = None,
+    seeds: Annotated[
+        str, typer.Option("--seeds", help="Seeds: a range (42-51) or a list (1,2,3).")
+    ] = "42-51",
+    inflate: Annotated[
+        float,
+        typer.Option("--inflate", help="Resample pods until the GPU request is this x capacity."),
+    ] = 1.3,
+    jobs: Annotated[
+        int, typer.Option("--jobs", "-j", help="Seeds run in parallel processes.", min=1)
+    ] = max(1, os.cpu_count() or 1),
+    plot: Annotated[
+        Path | None,
+        typer.Option("--plot", help="Write the figure (unallocated GPU against arrived) as PNG."),
+    ] = None,
+    reference: Annotated[
+        bool,
+        typer.Option(
+            "--reference",
+            help="Use the reference replay (the paper's scores on arrays) instead of Souq's "
+            "placement pipeline: the yardstick the pipeline is checked against.",
+        ),
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Replay a trace through a placement policy and report unallocated GPUs."""
+    from souq.errors import InvalidInput
+    from souq.sim import experiment
+
+    with reporting(as_json):
+        if nodes is None or pods is None:
+            raise InvalidInput(
+                "an openb trace needs both --nodes and --pods",
+                hint="for example --nodes traces/alibaba-gpu-v2023_openb_node_list_all_node.csv "
+                "--pods traces/alibaba-gpu-v2023_openb_pod_list_default.csv",
+            )
+        for path in (nodes, pods):
+            if not path.is_file():
+                raise InvalidInput(f"{path} is not a file", hint="give the path of a trace CSV")
+        policies = policy or ["souq"]
+        experiment.check_policies(policies, reference=reference)
+        replay = experiment.reference_replay if reference else experiment.pipeline_replay
+        outcomes = experiment.run_experiment(
+            replay,
+            nodes,
+            pods,
+            policies,
+            experiment.parse_seeds(seeds),
+            inflate=inflate,
+            jobs=jobs,
+        )
+        if plot is not None:
+            experiment.plot(outcomes, plot)
+        if as_json:
+            bodies = [o.as_json() for o in outcomes]
+            typer.echo(json.dumps(bodies[0] if len(bodies) == 1 else bodies))
+            return
+        _table(outcomes, plot)
+
+
+def _table(outcomes: list[Outcome], plot: Path | None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from souq.sim.experiment import PAPER
+
+    table = Table(title="Unallocated GPU % at 100 % arrived")
+    for column in ("policy", "mean", "sd", "paper", "seeds", "slowest seed"):
+        table.add_column(column, justify="left" if column == "policy" else "right")
+    for o in outcomes:
+        mean = o.mean_at_100
+        paper = PAPER.get(o.policy)
+        table.add_row(
+            o.policy,
+            "-" if mean is None else f"{mean:.2f}",
+            f"{o.sd_at_100:.2f}",
+            "" if paper is None else f"{paper:.2f}",
+            str(len(o.runs)),
+            f"{max(o.seconds):.1f} s",
+        )
+    console = Console()
+    console.print(table)
+    if plot is not None:
+        console.print(f"figure: {plot}")
