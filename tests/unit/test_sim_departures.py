@@ -200,3 +200,12 @@ def test_the_openb_trace_replays_with_its_departures() -> None:
     assert report.workers == len(nodes) and report.tasks == 2000
     assert report.placed + report.failed == 2000 and report.placed > 1900
     assert all(0 <= s.worker_cpu_p95 <= s.worker_cpu_max <= 100 for s in report.samples)
+
+
+def test_a_gpu_policy_replays_against_the_traces_own_tasks() -> None:
+    tasks = [task(f"s{i}", i, 50, num_gpu=1, gpu_milli=250 * (1 + i % 3)) for i in range(12)]
+    tasks.append(task("whole", 20, None, num_gpu=2, gpu_milli=1000))
+    workers = parse_workers("3x8/8G/2:T4")
+    for name in ("fgd", "gpupacking", "leftover"):
+        report = replay(workers, tasks, policy=PlacementPolicy.model_validate({"policy": name}))
+        assert report.policy == name and report.placed + report.failed == 13

@@ -40,8 +40,11 @@ from souq.model.placement import Placement
 from souq.model.policy import PlacementDefaults, PlacementPolicy
 from souq.model.resources import GPU_MILLI, Resources
 from souq.placement import Pipeline, build_pipeline
+from souq.placement.fragmentation import DEFAULT_WORKLOAD
+from souq.placement.gpu_scorers import MAX_CPU, MAX_GPU
 from souq.sim.cluster import Placed, VirtualCluster
 from souq.sim.traces import Node, Task
+from souq.sim.workload import typical_pods
 
 __all__ = [
     "REGION",
@@ -411,12 +414,20 @@ def replay(
     sample_every_s: float | None = None,
 ) -> Report:
     """Replay ``tasks`` on ``workers`` through ``pipeline`` (default: the broker's pipeline
-    for ``policy``, best-fit when none); a sample after every event, or every
+    for ``policy``, best-fit when none; a GPU policy measures fragmentation against the tasks'
+    typical shapes and scales by the largest worker); a sample after every event, or every
     ``sample_every_s`` virtual seconds."""
     if not workers:
         raise InvalidInput("a replay needs at least one worker", hint="give --workers")
-    chosen = pipeline or build_pipeline(policy, PlacementDefaults())
-    run = Replay(workers, tasks, pipeline=chosen, rules=rules, sample_every_s=sample_every_s)
+    if pipeline is None:
+        most_gpus = max(w.gpus for w in workers) * GPU_MILLI
+        pipeline = build_pipeline(
+            policy,
+            PlacementDefaults(),
+            workload=typical_pods(t.pod() for t in tasks) if tasks else DEFAULT_WORKLOAD,
+            largest=(max(w.millicpus for w in workers) or MAX_CPU, most_gpus or MAX_GPU),
+        )
+    run = Replay(workers, tasks, pipeline=pipeline, rules=rules, sample_every_s=sample_every_s)
     return run.run()
 
 
