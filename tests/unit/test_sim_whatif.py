@@ -75,6 +75,9 @@ def test_cordoned_and_draining_workers_stay_so_and_down_ones_are_left_out() -> N
 
 def test_the_gpus_are_taken_in_gpu_by_gpu() -> None:
     snap = snapshot([worker("gpu", gpus=2, gpu_free=[0, 600])])
+    admission = snap.cluster.workers["gpu"].admission
+    assert admission.gpu_free() == (0, 600)
+    assert admission.gpu_shapes() == {"1": 1, "share": 1}  # one whole GPU used, one shared
     share = Resources(cpus=0.5, memory_mb=64, gpu_milli=500)
     outcome = what_if(snap, batch("ml", "mad", share, 2))
     assert [v.worker for v in outcome.verdicts] == ["gpu", None]

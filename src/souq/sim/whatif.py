@@ -138,13 +138,17 @@ def snapshot(
 
 
 def _take_in(worker: SimWorker, info: WorkerInfo) -> None:
-    """The worker's admission holds what it has allocated, GPU by GPU as it said."""
+    """The worker's admission holds what it has allocated, GPU by GPU as it said (a GPU wholly
+    in use as a whole GPU's machine, one partly used as a share's: what its machines are is not
+    listed)."""
     admission = worker.admission
     admission.reserved = info.allocated
     for index, free in enumerate(free_of(info.capacity, info.allocated, info.gpu_free)):
         if free < GPU_MILLI:
-            used = Resources(cpus=0, memory_mb=0, gpu_milli=GPU_MILLI - free)
-            admission.adopt_gpus(used, (index,))
+            used = GPU_MILLI - free
+            whole = Resources(cpus=0, memory_mb=0, gpus=1)
+            share = Resources(cpus=0, memory_mb=0, gpu_milli=used)
+            admission.adopt_gpus(whole if used == GPU_MILLI else share, (index,))
 
 
 @dataclass(frozen=True)
