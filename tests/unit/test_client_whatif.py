@@ -1,5 +1,5 @@
-"""The simulator's commands on a snapshot and on a trace: options, output, exit codes (the
-client stubbed; tests/integration/test_simulate_whatif.py runs them on a real cluster)."""
+"""``souq simulate --from-cluster`` and ``--tasks``: options, output, exit codes (the client
+stubbed; tests/integration/test_simulate_whatif.py runs them on a real cluster)."""
 
 from __future__ import annotations
 
@@ -8,16 +8,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import typer
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from souq.client import cli
-from souq.client.whatif_cli import whatif_command
 from souq.model import Resources, WorkerInfo
 
 runner = CliRunner()
-app = typer.Typer()
-app.command()(whatif_command)
+
+
+def simulate(*args: str) -> Result:
+    return runner.invoke(cli.app, ["simulate", *args])
+
 
 SOUQ_TOML = """
 app = "web"
@@ -63,7 +64,7 @@ def client(monkeypatch: pytest.MonkeyPatch) -> Workers:
 
 
 def test_a_batch_that_fits_is_shown_as_dry_runs_and_exits_0(client: Workers) -> None:
-    result = runner.invoke(app, ["--from-cluster", "--region", "mad", "--cpus", "2", "-n", "2"])
+    result = simulate("--from-cluster", "--region", "mad", "--cpus", "2", "-n", "2")
     assert result.exit_code == 0, result.output
     assert "machine 1 of 2 (what-if, 2 cpus / 256 MiB in mad): worker free" in result.output
     assert "placement (best-fit)" in result.output and "winner free" in result.output
@@ -73,7 +74,7 @@ def test_a_batch_that_fits_is_shown_as_dry_runs_and_exits_0(client: Workers) -> 
 
 def test_what_does_not_fit_is_said_and_exits_3(client: Workers) -> None:
     args = ["--from-cluster", "-r", "mad", "--cpus", "2", "--count", "3", "--app", "web"]
-    result = runner.invoke(app, [*args, "--json"])
+    result = simulate(*args, "--json")
     assert result.exit_code == 3
     body = json.loads(result.stdout)
     assert [m["worker"] for m in body["machines"]] == ["free", "free", None]
@@ -83,7 +84,7 @@ def test_what_does_not_fit_is_said_and_exits_3(client: Workers) -> None:
 
 def test_a_deploy_plan_from_souq_toml(client: Workers, tmp_path: Path) -> None:
     (tmp_path / "souq.toml").write_text(SOUQ_TOML)
-    result = runner.invoke(app, ["--from-cluster", "--config", str(tmp_path / "souq.toml")])
+    result = simulate("--from-cluster", "--config", str(tmp_path / "souq.toml"))
     assert result.exit_code == 0, result.output
     # Two machines of a group with services, 2 cpus each: one worker has room for both.
     assert "machine 1 of 2 (web app, 2 cpus / 512 MiB in mad): worker free" in result.output
@@ -93,19 +94,21 @@ def test_a_deploy_plan_from_souq_toml(client: Workers, tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        ([], "nothing to simulate"),
         (["--from-cluster", "--cpus", "1"], "--from-cluster needs --region"),
         (["--from-cluster", "--config", "x.toml", "-r", "mad"], "--config plans the machines"),
         (["--from-cluster", "--config", "nowhere.toml"], "cannot read nowhere.toml"),
         (["--from-cluster", "-r", "mad", "--gpus", "1", "--gpu-milli", "5"], "gpu_milli"),
-        (["--from-cluster", "-r", "mad", "--policy", "fgd"], "--policy fgd: one of best-fit"),
+        (["--from-cluster", "-r", "mad", "--policy", "worst"], "unknown policy 'worst'"),
+        (["--from-cluster", "-r", "mad", "-p", "fgd", "-p", "spread"], "with one --policy"),
+        (["--from-cluster", "--tasks", "t.csv"], "two simulations: give one"),
+        (["--tasks", "t.csv", "--nodes", "n.csv"], "--nodes and --pods are the openb form"),
         (["--from-cluster", "-r", "syd"], "region 'syd' is unknown; known regions: mad"),
         (["--tasks", "t.csv"], "--tasks needs --workers"),
         (["--tasks", "t.csv", "--workers", "lots"], "workers 'lots' is not"),
     ],
 )
 def test_bad_options_are_named_with_a_hint(client: Workers, args: list[str], message: str) -> None:
-    result = runner.invoke(app, args)
+    result = simulate(*args)
     assert result.exit_code == 1, result.output
     assert message in result.output
 
@@ -119,11 +122,11 @@ def test_a_trace_replays_on_the_workers_given(tmp_path: Path) -> None:
         "c,20,10,4000,1024,0,0,\n"
     )
     args = ["--tasks", str(tasks), "--workers", "1x4/4G"]
-    result = runner.invoke(app, args)
+    result = simulate(*args)
     assert result.exit_code == 0, result.output
     assert "3 on 1 workers: 2 placed, 1 failed" in result.output
     assert "1 insufficient_cpu" in result.output
-    body = json.loads(runner.invoke(app, [*args, "--json", "--policy", "spread"]).stdout)
+    body = json.loads(simulate(*args, "--json", "--policy", "spread").stdout)
     assert (body["policy"], body["placed"], body["failed"]) == ("spread", 2, 1)
     assert [s["running"] for s in body["samples"]] == [1, 1, 0, 1, 0]
 
@@ -137,7 +140,7 @@ def test_openb_pods_and_nodes_are_read_as_they_are(tmp_path: Path) -> None:
         "p2,4000,1024,1,500,,100,200\n"
     )
     args = ["--tasks", str(pods), "--workers", str(nodes), "--speedup", "10", "--json"]
-    body = json.loads(runner.invoke(app, args).stdout)
+    body = json.loads(simulate(*args).stdout)
     assert (body["workers"], body["placed"], body["failed"]) == (1, 2, 0)
     assert body["samples"][0] == {
         "t": 0.001,
@@ -149,3 +152,19 @@ def test_openb_pods_and_nodes_are_read_as_they_are(tmp_path: Path) -> None:
         "worker_cpu_p95": 50.0,
         "worker_cpu_max": 50.0,
     }
+
+
+def test_a_trace_replays_once_per_policy(tmp_path: Path) -> None:
+    tasks = tmp_path / "tasks.csv"
+    tasks.write_text(
+        "name,arrival_s,duration_s,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\n"
+        + "".join(f"s{i},{i},100,1000,1024,1,{250 * (1 + i % 3)},\n" for i in range(12))
+    )
+    args = ["--tasks", str(tasks), "--workers", "3x8/8G/2:T4", "--json"]
+    result = simulate(*args, "-p", "souq", "-p", "fgd", "-p", "gpupacking")
+    assert result.exit_code == 0, result.output
+    bodies = json.loads(result.stdout)
+    assert [b["policy"] for b in bodies] == ["best-fit", "fgd", "gpupacking"]
+    assert all(b["placed"] + b["failed"] == 12 for b in bodies)
+    people = simulate(*args[:-1], "-p", "binpack", "-p", "spread").output
+    assert people.count("policy ") == 2 and "spread" in people

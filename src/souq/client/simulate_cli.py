@@ -3,7 +3,9 @@ do, before it is turned on (docs/simulator.md).
 
 The openb form replays the ATC'23 experiment (GPU nodes only, pods shuffled per seed, inflated
 to 130 % of GPU capacity, no departures) and reports the unallocated GPU % against the arrived
-workload: a table, ``--json`` (the contract's shape) and ``--plot FILE.png``.
+workload: a table, ``--json`` (the contract's shape) and ``--plot FILE.png``. ``--tasks`` replays
+a trace with departures, ``--from-cluster`` a planned batch on the live cluster
+(:mod:`souq.client.whatif_cli`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from souq.client import whatif_cli as w
 from souq.client.cli import JsonOpt, reporting
 
 if TYPE_CHECKING:
@@ -67,18 +70,56 @@ def simulate(
             "placement pipeline: the yardstick the pipeline is checked against.",
         ),
     ] = False,
+    tasks: w.TasksOpt = None,
+    workers: w.WorkersOpt = None,
+    sample_every: w.SampleOpt = None,
+    speedup: w.SpeedupOpt = 1.0,
+    cluster: w.FromClusterOpt = False,
+    region: w.RegionOpt = None,
+    cpus: w.CpusOpt = None,
+    memory_mb: w.MemoryOpt = None,
+    gpus: w.GpusOpt = None,
+    gpu_milli: w.GpuMilliOpt = None,
+    gpu_model: w.GpuModelOpt = None,
+    count: w.CountOpt = None,
+    app_name: w.AppOpt = None,
+    config: w.ConfigOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Replay a trace through a placement policy and report unallocated GPUs."""
+    """Replay a trace through a placement policy and report unallocated GPUs; or replay a
+    trace with departures (--tasks), or a planned batch on the live cluster (--from-cluster)."""
     from souq.errors import InvalidInput
     from souq.sim import experiment
 
     with reporting(as_json):
+        if cluster or tasks is not None:
+            if nodes is not None or pods is not None:
+                raise InvalidInput(
+                    "--nodes and --pods are the openb form: not with --tasks or --from-cluster",
+                    hint="an openb node list is --workers for --tasks",
+                )
+            size = {"cpus": cpus, "memory_mb": memory_mb, "gpus": gpus, "gpu_milli": gpu_milli}
+            w.run(
+                cluster=cluster,
+                tasks=tasks,
+                workers=workers,
+                sample_every=sample_every,
+                speedup=speedup,
+                app=app_name,
+                region=region,
+                size={**size, "gpu_model": gpu_model},
+                count=count,
+                config=config,
+                policies=policy or [],
+                as_json=as_json,
+            )
+            return
         if nodes is None or pods is None:
             raise InvalidInput(
                 "an openb trace needs both --nodes and --pods",
                 hint="for example --nodes traces/alibaba-gpu-v2023_openb_node_list_all_node.csv "
-                "--pods traces/alibaba-gpu-v2023_openb_pod_list_default.csv",
+                "--pods traces/alibaba-gpu-v2023_openb_pod_list_default.csv; or --tasks "
+                "TASKS.csv --workers SPEC, or --from-cluster",
             )
         for path in (nodes, pods):
             if not path.is_file():

@@ -1,5 +1,6 @@
 """``souq simulate --from-cluster`` and ``souq simulate --tasks``: the simulator on the live
-cluster's snapshot, and on a trace with departures (docs/simulator.md).
+cluster's snapshot, and on a trace with departures (docs/simulator.md). The ``simulate``
+command (:mod:`souq.client.simulate_cli`) takes the options declared here and hands them on.
 
 * ``--from-cluster``: the workers as the broker lists them now, and a planned batch (``--count``
   machines of a size in ``--region``, or the machines a deploy of ``--config souq.toml`` would
@@ -8,9 +9,7 @@ cluster's snapshot, and on a trace with departures (docs/simulator.md).
 * ``--tasks TASKS.csv --workers SPEC``: the tasks (the generic format, or openb pods) arrive and
   leave on virtual time on workers of ``SPEC`` (``COUNTxCPUS/MEMORY[/GPUS[:MODEL]]`` or an
   openb node list); the report says what was placed, what failed and why, and how hot the
-  workers ran.
-
-The options are declared here so that the ``simulate`` command can take them as they are.
+  workers ran. ``--policy`` repeated: one replay per policy.
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from souq.client import cli
-from souq.client.cli import EXIT_NO_CAPACITY, JsonOpt, reporting
+from souq.client.cli import EXIT_NO_CAPACITY
 from souq.errors import InvalidInput
 
 if TYPE_CHECKING:
@@ -33,7 +32,7 @@ if TYPE_CHECKING:
     from souq.sim.traces import Task
     from souq.sim.whatif import Existing, Planned, WhatIf
 
-__all__ = ["from_cluster", "register_whatif", "trace", "whatif_command"]
+__all__ = ["from_cluster", "placement_policy", "run", "trace"]
 
 WHAT_IF_APP = "what-if"  # the app of planned machines when --app names none
 
@@ -89,73 +88,64 @@ SpeedupOpt = Annotated[
 ]
 
 
-def register_whatif(app: typer.Typer) -> None:
-    """Add the command to ``app`` (as ``simulate``, until the ``simulate`` command takes it)."""
-    app.command("simulate")(whatif_command)
-
-
-def whatif_command(
+def run(
     *,
-    cluster: FromClusterOpt = False,
-    region: RegionOpt = None,
-    cpus: CpusOpt = None,
-    memory_mb: MemoryOpt = None,
-    gpus: GpusOpt = None,
-    gpu_milli: GpuMilliOpt = None,
-    gpu_model: GpuModelOpt = None,
-    count: CountOpt = None,
-    app_name: AppOpt = None,
-    config: ConfigOpt = None,
-    tasks: TasksOpt = None,
-    workers: WorkersOpt = None,
-    sample_every: SampleOpt = None,
-    speedup: SpeedupOpt = 1.0,
-    policy: Annotated[
-        str | None, typer.Option("--policy", "-p", help="best-fit (default), binpack or spread.")
-    ] = None,
-    as_json: JsonOpt = False,
+    cluster: bool,
+    tasks: Path | None,
+    workers: str | None,
+    sample_every: float | None,
+    speedup: float,
+    app: str | None,
+    region: str | None,
+    size: Mapping[str, object],
+    count: int | None,
+    config: Path | None,
+    policies: list[str],
+    as_json: bool,
 ) -> None:
-    """What a placement policy would do: on the live cluster, or on a trace with departures."""
-    with reporting(as_json):
-        chosen = fit_policy([policy] if policy else [])
-        if cluster:
-            size: dict[str, object] = {"cpus": cpus, "memory_mb": memory_mb, "gpus": gpus}
-            size |= {"gpu_milli": gpu_milli, "gpu_model": gpu_model}
-            from_cluster(
-                app=app_name,
-                region=region,
-                size=size,
-                count=count,
-                config=config,
-                policy=chosen,
-                as_json=as_json,
-            )
-        elif tasks is not None:
-            trace(
-                tasks, workers, chosen, sample_every=sample_every, speedup=speedup, as_json=as_json
-            )
-        else:
-            raise InvalidInput(
-                "nothing to simulate",
-                hint="give --from-cluster (with --region and a size, or --config souq.toml), "
-                "or --tasks TASKS.csv --workers SPEC",
-            )
-
-
-def fit_policy(names: list[str]) -> PlacementPolicy | None:
-    """The placement policy a snapshot or a trace is placed with: one of the broker's."""
-    from souq.model.policy import FIT_SCORERS, PlacementPolicy
-
-    if not names:
-        return None
-    if len(names) > 1 or names[0] not in FIT_SCORERS:
+    """``souq simulate --from-cluster`` or ``--tasks``: the options as the command took them."""
+    chosen = [placement_policy(name) for name in policies]
+    if cluster and tasks is not None:
         raise InvalidInput(
-            f"--policy {', '.join(names)}: one of {', '.join(FIT_SCORERS)} here",
-            hint="the cluster and trace replays place through the broker's pipeline; the GPU "
-            "policies (fgd ...) are for the openb form (--nodes, --pods)",
-            details={"field": "policy"},
+            "--from-cluster and --tasks are two simulations: give one",
+            hint="--from-cluster places a batch on the live cluster; --tasks replays a trace",
         )
-    return PlacementPolicy.model_validate({"policy": names[0]})
+    if cluster:
+        if len(chosen) > 1:
+            raise InvalidInput(
+                "--from-cluster places with one --policy", details={"field": "policy"}
+            )
+        from_cluster(
+            app=app,
+            region=region,
+            size=size,
+            count=count,
+            config=config,
+            policy=chosen[0] if chosen else None,
+            as_json=as_json,
+        )
+    else:
+        assert tasks is not None
+        trace(tasks, workers, chosen, sample_every=sample_every, speedup=speedup, as_json=as_json)
+
+
+def placement_policy(name: str) -> PlacementPolicy:
+    """A ``--policy`` name (``souq simulate``'s, or a broker's) as a placement policy."""
+    from pydantic import ValidationError
+
+    from souq.model.policy import PlacementPolicy
+    from souq.sim.market_replay import POLICY_NAMES
+
+    if name in POLICY_NAMES:
+        return POLICY_NAMES[name]
+    try:
+        return PlacementPolicy.model_validate({"policy": name})
+    except ValidationError:
+        raise InvalidInput(
+            f"unknown policy {name!r}",
+            hint=f"choose among {', '.join(POLICY_NAMES)}",
+            details={"field": "policy"},
+        ) from None
 
 
 # -- the live cluster --------------------------------------------------------------------------
@@ -256,13 +246,14 @@ def _existing(machines: list[Machine]) -> list[Existing]:
 def trace(
     tasks: Path,
     workers: str | None,
-    policy: PlacementPolicy | None,
+    policies: list[PlacementPolicy],
     *,
     sample_every: float | None,
     speedup: float,
     as_json: bool,
-) -> Report:
-    """Replay the tasks on the workers and print the report."""
+) -> list[Report]:
+    """Replay the tasks on the workers, once per policy (the default pipeline's when none),
+    and print the reports."""
     from souq.client import render
     from souq.sim.departures import parse_workers, replay, speed_up, workers_of
     from souq.sim.traces import read_nodes
@@ -275,9 +266,15 @@ def trace(
     spec = Path(workers)
     cluster = workers_of(read_nodes(spec)) if spec.is_file() else parse_workers(workers)
     arriving = speed_up(_read_tasks(tasks), speedup)
-    report = replay(cluster, arriving, policy=policy, sample_every_s=sample_every)
-    render.trace_replay(report, as_json=as_json)
-    return report
+    each: list[PlacementPolicy | None] = [*policies] or [None]
+    reports = [
+        replay(cluster, arriving, policy=policy, sample_every_s=sample_every) for policy in each
+    ]
+    if as_json:
+        render.json_value(reports[0] if len(reports) == 1 else reports)
+    for report in [] if as_json else reports:
+        render.trace_replay(report)
+    return reports
 
 
 def _read_tasks(path: Path) -> list[Task]:
