@@ -67,9 +67,14 @@ class OfferTable:
     shapes: Ints  # GPU machine shapes held, as bits
     app_machines: Ints
     version: Ints = field(init=False)
+    closed: Bools = field(init=False)  # cordoned or draining: takes no new machines
+    only_region: str | None = field(init=False)  # the region, when every row is of one
 
     def __post_init__(self) -> None:
         self.version = np.zeros(len(self.ids), dtype=np.int64)
+        self.closed = np.isin(self.states, ["cordoned", "draining"])
+        regions = set(self.regions.tolist())
+        self.only_region = regions.pop() if len(regions) == 1 else None
 
     @classmethod
     def of(cls, workers: Sequence[WorkerInfo]) -> OfferTable:
@@ -112,6 +117,7 @@ class OfferTable:
         self.gpu_free[i, : len(free)] = free
         self.shapes[i] = shape_bits(worker.gpu_shapes)
         self.states[i] = str(worker.state)
+        self.closed[i] = self.states[i] in ("cordoned", "draining")
         self.version[i] += 1
 
     def offer(self, i: int) -> Offer:
@@ -178,56 +184,75 @@ class Memo:
 
 # -- filters -----------------------------------------------------------------------------------
 
-Verdict = tuple[Bools, npt.NDArray[Any]]  # (passes, reason where it does not)
+Verdict = tuple[Bools, Ints]  # (passes, the code of the reason where it does not)
+_NO_REASON: Ints = np.zeros(0, dtype=np.int64)  # with a mask that passes every row
+_REASONS: list[str] = [""]  # reasons by code (0: none), counted with bincount
+_CODES: dict[str, int] = {"": 0}
+
+
+def _code(reason: str) -> int:
+    code = _CODES.get(reason)
+    if code is None:
+        code = _CODES[reason] = len(_REASONS)
+        _REASONS.append(reason)
+    return code
+
+
+def _reasons(n: int) -> Ints:
+    return np.zeros(n, dtype=np.int64)
 
 
 def _gpu_verdict(want: Resources, t: OfferTable, rows: Ints) -> Verdict:
     n = len(rows)
     ok = np.ones(n, dtype=bool)
-    reason = np.full(n, "", dtype=object)
+    reason = _reasons(n)
     if not want.wants_gpu:
         return ok, reason
     free = t.gpu_free[rows]
     if want.gpu_model is not None:
         bad = t.models[rows] != want.gpu_model
         ok &= ~bad
-        reason[bad] = "wrong_gpu_model"
+        reason[bad] = _code("wrong_gpu_model")
     if want.gpus > 0:
         short = (free >= GPU_MILLI).sum(axis=1) < want.gpus
         code = "insufficient_gpus"
     else:
         short = free.max(axis=1) < want.gpu_milli
         code = "insufficient_gpu_share"
-    reason[ok & short] = code
+    reason[ok & short] = _code(code)
     return ok & ~short, reason
 
 
 def _resources_verdict(want: Resources, t: OfferTable, rows: Ints) -> Verdict:
     n = len(rows)
     ok = np.ones(n, dtype=bool)
-    reason = np.full(n, "", dtype=object)
+    reason = _reasons(n)
     for code, need, cap, used in (
         ("insufficient_cpu", want.millicpus, t.cpu_cap, t.cpu_used),
         ("insufficient_memory", want.memory_mb, t.mem_cap, t.mem_used),
         ("insufficient_disk", want.disk_mb, t.disk_cap, t.disk_used),
     ):
         short = ok & (cap[rows] - used[rows] < need)
-        reason[short] = code
+        reason[short] = _code(code)
         ok &= ~short
     gpu_ok, gpu_reason = _gpu_verdict(want, t, rows)
     reason[ok & ~gpu_ok] = gpu_reason[ok & ~gpu_ok]
     return ok & gpu_ok, reason
 
 
-def _state(f: Filter, request: PlacementRequest, t: OfferTable, rows: Ints) -> Verdict:
-    state = t.states[rows]
-    out = np.isin(state, ["cordoned", "draining"])
-    return ~out, np.where(out, state, "")
+def _state(f: Filter, request: PlacementRequest, t: OfferTable, rows: Ints) -> Verdict | None:
+    if not t.closed.any():
+        return None  # every worker takes machines: all pass
+    out = t.closed[rows]
+    draining = t.states[rows] == "draining"
+    return ~out, np.where(out, np.where(draining, _code("draining"), _code("cordoned")), 0)
 
 
-def _region(f: Filter, request: PlacementRequest, t: OfferTable, rows: Ints) -> Verdict:
+def _region(f: Filter, request: PlacementRequest, t: OfferTable, rows: Ints) -> Verdict | None:
+    if t.only_region == request.region:
+        return None  # one region, the one asked for: all pass
     wrong = t.regions[rows] != request.region
-    return ~wrong, np.where(wrong, "wrong_region", "")
+    return ~wrong, np.where(wrong, _code("wrong_region"), 0)
 
 
 def _passes(f: Filter, request: PlacementRequest, t: OfferTable, rows: Ints) -> Verdict | None:
@@ -237,14 +262,17 @@ def _passes(f: Filter, request: PlacementRequest, t: OfferTable, rows: Ints) -> 
         filters.DistinctWorkersFilter: request.distinct_workers_for == "app",
         filters.StandbyFilter: bool(request.avoid_workers),
     }.get(type(f), False)  # a table's workers state no drivers and decline nothing themselves
-    if asks:
-        return None
-    return np.ones(len(rows), dtype=bool), np.full(len(rows), "", dtype=object)
+    return None if asks else _all(rows)
+
+
+def _all(rows: Ints) -> Verdict:
+    """Every row passes."""
+    return np.ones(len(rows), dtype=bool), _NO_REASON
 
 
 _FILTERS: dict[type, Callable[[Any, PlacementRequest, OfferTable, Ints], Verdict | None]] = {
-    filters.StateFilter: _state,
-    filters.RegionFilter: _region,
+    filters.StateFilter: lambda f, r, t, rows: _state(f, r, t, rows) or _all(rows),
+    filters.RegionFilter: lambda f, r, t, rows: _region(f, r, t, rows) or _all(rows),
     filters.DriverFilter: _passes,
     filters.EligibleFilter: _passes,
     filters.ConstraintFilter: _passes,
@@ -261,11 +289,11 @@ def _filter_verdict(f: Filter, request: PlacementRequest, t: OfferTable, rows: I
     if verdict is not None:
         return verdict
     ok = np.ones(len(rows), dtype=bool)
-    reason = np.full(len(rows), "", dtype=object)
+    reason = _reasons(len(rows))
     for k, i in enumerate(rows):
         rejection = f.check(request, t.offer(int(i)))
         if rejection is not None:
-            ok[k], reason[k] = False, rejection.reason
+            ok[k], reason[k] = False, _code(rejection.reason)
     return ok, reason
 
 
@@ -471,8 +499,10 @@ def rank_table(
     counts: Counter[str] = Counter()
     for f in pipeline.filters:
         ok, reason = _filter_verdict(f, request, table, rows)
-        if not ok.all():
-            counts.update(str(r) for r in reason[~ok])
+        if reason is not _NO_REASON and not ok.all():
+            for code, n in enumerate(np.bincount(reason[~ok])):
+                if n:
+                    counts[_REASONS[code]] += int(n)
             rows = rows[ok]
         if not len(rows):
             return TableRanking(rows, np.zeros(0), dict(counts))
