@@ -21,7 +21,8 @@ def _cluster() -> tuple[list[Node], list[Pod]]:
     # The largest node has 128 cores and 8 GPUs, what the paper's fit scores divide by.
     cpus = [32_000, 32_000, 16_000, 128_000, 8_000, 32_000]
     nodes = [
-        Node(f"n{i}", c, 128_000, g, "T4") for i, (c, g) in enumerate(zip(cpus, [2, 4, 0, 8, 1, 2]))
+        Node(f"n{i}", c, 128_000, g, "T4")
+        for i, (c, g) in enumerate(zip(cpus, [2, 4, 0, 8, 1, 2], strict=True))
     ]
     pods = [Pod(f"p{i}", 2000 + 500 * (i % 3), 1000, 1, 160 * (1 + i % 6)) for i in range(60)]
     pods += [Pod(f"w{i}", 4000, 1000, 1 + i % 2, 1000) for i in range(12)]
