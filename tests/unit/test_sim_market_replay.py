@@ -50,10 +50,14 @@ def test_unknown_policies_and_several_models_are_refused() -> None:
 
 
 @needs_traces
-def test_fgd_through_the_pipeline_lands_in_the_papers_range() -> None:
-    run = replay_through_pipeline(read_nodes(NODES), read_pods(PODS), "fgd", seed=42)
-    assert run.unallocated_at_100 is not None
-    assert 3.6 <= run.unallocated_at_100 <= 5.9  # the paper's seeds' min-max, widened by a point
+def test_souq_leaves_fewer_gpus_unallocated_than_fgd() -> None:
+    nodes, pods = read_nodes(NODES), read_pods(PODS)
+    fgd = replay_through_pipeline(nodes, pods, "fgd", seed=42).unallocated_at_100
+    souq = replay_through_pipeline(nodes, pods, "souq", seed=42).unallocated_at_100
+    assert fgd is not None and souq is not None
+    assert 3.6 <= fgd <= 5.9  # the paper's seeds' min-max, widened by a point
+    # Counting stranded GPU as fragmented: 4.2 % against FGD's 4.7 % (docs/simulator.md).
+    assert souq < fgd - 0.3
 
 
 @needs_traces

@@ -335,6 +335,11 @@ def _frag(workload: Sequence[Shape], cpus: Ints, gpus: Ints, models: npt.NDArray
     return np.asarray(per_task @ p, dtype=np.float64)
 
 
+def _stranded(cpus: Ints, gpu_total: Ints, ratio: float) -> Floats:
+    """:func:`souq.placement.fragmentation.stranded` over arrays."""
+    return np.maximum(0.0, gpu_total - cpus / ratio)
+
+
 def _picked(want: Resources, free: Ints) -> Ints:
     """``free`` after the worker's own GPU choice (:func:`souq.placement.gpus.pick`)."""
     out = free.copy()
@@ -351,8 +356,12 @@ def _picked(want: Resources, free: Ints) -> Ints:
 def _fgd(s: gpu_scorers.FgdScorer, want: Resources, t: OfferTable, rows: Ints) -> Floats:
     cpus = t.cpu_cap[rows] - t.cpu_used[rows]
     free, models = t.gpu_free[rows], t.models[rows]
+    left = _picked(want, free)
     before = _frag(s.workload, cpus, free, models)
-    after = _frag(s.workload, cpus - want.millicpus, _picked(want, free), models)
+    after = _frag(s.workload, cpus - want.millicpus, left, models)
+    if s.cpu_per_gpu > 0:
+        before += _stranded(cpus, free.sum(axis=1), s.cpu_per_gpu)
+        after += _stranded(cpus - want.millicpus, left.sum(axis=1), s.cpu_per_gpu)
     delta = np.clip(-(before - after) / 1000, -700.0, 700.0)
     out = np.floor(100.0 / (1.0 + np.exp(delta))) / 100
     none = np.nan if s.gpu_workers_only else 0.0

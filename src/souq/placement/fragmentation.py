@@ -13,6 +13,11 @@ F(M) = Σ p_m · F(m). A placement is scored by how much it lowers F(M), squashe
 0-100: ⌊100 · sigmoid(ΔF / 1000)⌋. The integer keeps FGD's ties, and ties go to the first
 worker in the pipeline's order (docs/placement.md says why that matters).
 
+Souq adds what F(M) misses: **stranded GPU**, the free GPU a worker's free CPU can no longer
+feed at the workload's own ratio of CPU to GPU (:func:`stranded`). F(M) looks at one expected
+shape at a time, so it does not see a worker spending its CPU faster than its GPUs (a worker of
+96 cores and 8 GPUs against a mix of 11 cores a GPU) until the GPUs are past saving.
+
 Pure; the simulator evaluates the same definitions over arrays (:mod:`souq.sim.frag`).
 """
 
@@ -24,7 +29,15 @@ from dataclasses import dataclass
 
 from souq.model.resources import GPU_MILLI
 
-__all__ = ["DEFAULT_WORKLOAD", "Shape", "node_frag", "squash", "task_frag"]
+__all__ = [
+    "DEFAULT_WORKLOAD",
+    "Shape",
+    "cpu_per_gpu",
+    "node_frag",
+    "squash",
+    "stranded",
+    "task_frag",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +82,23 @@ def node_frag(
 ) -> float:
     """F(M) = Σ_m p_m · F(m)."""
     return sum(t.p * task_frag(cpu_free, gpu_free, t, model) for t in workload)
+
+
+def cpu_per_gpu(workload: Sequence[Shape]) -> float:
+    """The workload's millicores per GPU thousandth: Σ p·cpu / Σ p·GPU thousandths over its GPU
+    shapes (0 when it has none)."""
+    gpu_shapes = [t for t in workload if t.num_gpu > 0]
+    gpu = sum(t.p * t.num_gpu * t.gpu_milli for t in gpu_shapes)
+    return sum(t.p * t.cpu_milli for t in gpu_shapes) / gpu if gpu > 0 else 0.0
+
+
+def stranded(cpu_free: int, gpu_free_total: int, ratio: float) -> float:
+    """The free GPU thousandths the worker's free CPU cannot feed at ``ratio`` millicores per
+    thousandth (the workload's, :func:`cpu_per_gpu`): GPU that machines like the expected ones
+    could not use for want of CPU. 0 when ``ratio`` is 0."""
+    if ratio <= 0:
+        return 0.0
+    return max(0.0, gpu_free_total - cpu_free / ratio)
 
 
 def squash(delta: float) -> int:

@@ -7,9 +7,10 @@ They read the worker's free CPU (millicores), the free thousandths of each GPU
 holds (``WorkerInfo.gpu_shapes``).
 
 * ``fragmentation`` — Souq's default for GPU workers: FGD's score (how much the placement lowers
-  the worker's fragmentation against the target workload, :mod:`souq.placement.fragmentation`),
-  taken at the GPUs the worker will really give (:func:`souq.placement.gpus.pick`). No opinion
-  on a worker without GPUs (best-fit judges those).
+  the worker's fragmentation against the target workload, :mod:`souq.placement.fragmentation`)
+  with stranded GPU counted as fragmented, taken at the GPUs the worker will really give
+  (:func:`souq.placement.gpus.pick`). No opinion on a worker without GPUs (best-fit judges
+  those).
 * ``fgd`` — the paper's FGD on every worker.
 * ``leftover`` — the paper's BestFit: the least CPU and GPU left after the placement, each over
   the largest worker's.
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 from souq.model.protocol import Offer
 from souq.model.resources import GPU_MILLI, Resources
 from souq.placement import gpus
-from souq.placement.fragmentation import DEFAULT_WORKLOAD, Shape, node_frag, squash
+from souq.placement.fragmentation import DEFAULT_WORKLOAD, Shape, node_frag, squash, stranded
 from souq.placement.gpus import gpu_shape
 from souq.placement.request import PlacementRequest
 
@@ -67,6 +68,9 @@ class FgdScorer:
 
     workload: Sequence[Shape] = DEFAULT_WORKLOAD
     gpu_workers_only: bool = False
+    # Count stranded GPU as fragmented, at this many millicores per GPU thousandth (Souq's
+    # fragmentation: the workload's :func:`cpu_per_gpu`); 0: FGD as published.
+    cpu_per_gpu: float = 0.0
     weight: float = 1.0
     name: str = "fgd"
 
@@ -80,8 +84,12 @@ class FgdScorer:
         if got is None:
             return 0.0
         model = capacity.gpu_model or ""
+        left = gpus.take(want, free, got)
         before = node_frag(cpu, free, self.workload, model)
-        after = node_frag(cpu - want.millicpus, gpus.take(want, free, got), self.workload, model)
+        after = node_frag(cpu - want.millicpus, left, self.workload, model)
+        if self.cpu_per_gpu > 0:
+            before += stranded(cpu, sum(free), self.cpu_per_gpu)
+            after += stranded(cpu - want.millicpus, sum(left), self.cpu_per_gpu)
         return squash(before - after) / 100
 
 

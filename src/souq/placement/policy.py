@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from souq.model.policy import FIT_SCORERS, GPU_POLICIES, PlacementDefaults, PlacementPolicy
 from souq.placement import filters, gpu_scorers, scorers
 from souq.placement.curves import DEFAULT_CURVE, Curve
-from souq.placement.fragmentation import DEFAULT_WORKLOAD, Shape
+from souq.placement.fragmentation import DEFAULT_WORKLOAD, Shape, cpu_per_gpu
 from souq.placement.pipeline import Pipeline
 from souq.placement.stages import Scorer
 
@@ -72,6 +72,7 @@ def build_pipeline(
         gpu_scorers.FgdScorer(
             workload=tuple(workload),
             gpu_workers_only=True,
+            cpu_per_gpu=cpu_per_gpu(workload),
             weight=w["fragmentation"],
             name="fragmentation",
         ),
