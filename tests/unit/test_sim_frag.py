@@ -75,13 +75,13 @@ def test_the_array_form_agrees_with_the_definition(pod: tuple[int, int, int]) ->
     wl = Workload(M)
     np.testing.assert_allclose(
         wl.frag(cpus, gpus),
-        [node_frag(int(c), list(g), M) for c, g in zip(cpus, gpus, strict=True)],
+        [node_frag(int(c), g.tolist(), M) for c, g in zip(cpus, gpus, strict=True)],
     )
     c = Candidates(cpus, gpus, np.full(200, 4), np.zeros(200, dtype=np.int64))
     scores, choice = fgd(c, Pod("p", cpu, 0, k, milli), wl)
     for i in range(200):
         want = fgd_score(
-            int(cpus[i]), list(gpus[i]), cpu=cpu, num_gpu=k, gpu_milli=milli, workload=M
+            int(cpus[i]), gpus[i].tolist(), cpu=cpu, num_gpu=k, gpu_milli=milli, workload=M
         )
         if want is None:
             continue

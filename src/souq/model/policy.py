@@ -9,7 +9,7 @@ that these select is built by :func:`souq.placement.build_pipeline`.
 from __future__ import annotations
 
 from itertools import pairwise
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import Field, field_validator
 
@@ -37,16 +37,7 @@ FitPolicy = Literal[
     "random",
 ]
 # The fit scorers a policy chooses among ("random" is none of them: every feasible worker ties).
-FIT_SCORERS: tuple[str, ...] = (
-    "best-fit",
-    "binpack",
-    "spread",
-    "fgd",
-    "leftover",
-    "dotprod",
-    "gpupacking",
-    "gpuclustering",
-)
+FIT_SCORERS: tuple[str, ...] = tuple(p for p in get_args(FitPolicy) if p != "random")
 # GPU policies: their scores are whole hundredths, and ties go to the first worker by id.
 GPU_POLICIES: tuple[str, ...] = ("fgd", "leftover", "dotprod", "gpupacking", "gpuclustering")
 SCORERS = (*FIT_SCORERS, "fragmentation", "anti-affinity", "load", "cache")

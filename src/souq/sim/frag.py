@@ -18,12 +18,12 @@ forms over many nodes at once (what the replay runs).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
 
+from souq.placement.fragmentation import node_frag, squash, task_frag
 from souq.sim.traces import MILLI
 from souq.sim.workload import PodSpec
 
@@ -38,30 +38,6 @@ __all__ = [
 
 Ints = npt.NDArray[np.int64]
 Floats = npt.NDArray[np.float64]
-
-
-def task_frag(cpu_free: int, gpu_free: Sequence[int], task: PodSpec, model: str = "") -> int:
-    """F_n(m): the node's GPU milli that task ``m`` cannot use."""
-    total = sum(gpu_free)
-    if task.num_gpu == 0 or cpu_free < task.cpu_milli:
-        return total
-    if task.model and model not in task.model.split("|"):
-        return total
-    if sum(1 for f in gpu_free if f >= task.gpu_milli) < task.num_gpu:
-        return total
-    return sum(f for f in gpu_free if f < task.gpu_milli)
-
-
-def node_frag(
-    cpu_free: int, gpu_free: Sequence[int], workload: Sequence[PodSpec], model: str = ""
-) -> float:
-    """F_n(M) = Σ_m p_m · F_n(m)."""
-    return sum(t.p * task_frag(cpu_free, gpu_free, t, model) for t in workload)
-
-
-def squash(delta: float) -> int:
-    """A fragmentation decrease as FGD's integer score: ⌊100 · sigmoid(Δ / 1000)⌋."""
-    return int(100.0 / (1.0 + math.exp(min(-delta / 1000, 700.0))))
 
 
 def fgd_score(

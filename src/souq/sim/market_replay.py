@@ -30,12 +30,10 @@ from souq.sim.replay import Run
 from souq.sim.traces import Node, Pod
 from souq.sim.workload import (
     arrival_order,
-    curve,
     gpu_capacity_milli,
     gpu_nodes,
     node_order,
     typical_pods,
-    value_at,
 )
 
 __all__ = ["POLICY_NAMES", "cpu_utilisation", "replay_through_pipeline"]
@@ -162,16 +160,7 @@ def replay_through_pipeline(
             used += pod.gpu_request_milli
             placed += 1
         events.append((arrived, used))
-    points = curve(events, capacity)
-    at_100 = value_at(points, 100)
-    return Run(
-        policy=policy,
-        seed=seed,
-        curve=points,
-        unallocated_at_100=None if at_100 is None else 100 - at_100,
-        placed=placed,
-        failed=failed,
-    )
+    return Run.of(policy, seed, events, capacity, placed=placed, failed=failed)
 
 
 def cpu_utilisation(

@@ -58,6 +58,29 @@ class Run:
     placed: int
     failed: int
 
+    @classmethod
+    def of(
+        cls,
+        policy: str,
+        seed: int,
+        events: Sequence[tuple[int, int]],
+        capacity_milli: int,
+        *,
+        placed: int,
+        failed: int,
+    ) -> Run:
+        """The run from its (arrived, allocated) GPU milli after each pod attempt."""
+        points = curve(events, capacity_milli)
+        at_100 = value_at(points, 100)
+        return cls(
+            policy=policy,
+            seed=seed,
+            curve=points,
+            unallocated_at_100=None if at_100 is None else 100 - at_100,
+            placed=placed,
+            failed=failed,
+        )
+
     def unallocated(self, x: int) -> float | None:
         alloc = value_at(self.curve, x)
         return None if alloc is None else 100 - alloc
@@ -182,13 +205,4 @@ def replay(
         used += pod.gpu_request_milli
         placed += 1
         events.append((arrived, used))
-    points = curve(events, capacity)
-    at_100 = value_at(points, 100)
-    return Run(
-        policy=policy,
-        seed=seed,
-        curve=points,
-        unallocated_at_100=None if at_100 is None else 100 - at_100,
-        placed=placed,
-        failed=failed,
-    )
+    return Run.of(policy, seed, events, capacity, placed=placed, failed=failed)
