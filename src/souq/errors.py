@@ -51,6 +51,8 @@ __all__ = [
     "ImageNotFound",
     "InsufficientCapacity",
     "InvalidInput",
+    "JobExists",
+    "JobNotFound",
     "LeaseHeld",
     "MalformedRequest",
     "NotFound",
@@ -149,7 +151,15 @@ class ImageNotFound(NotFound, status="image_not_found"):
     """No image with that reference (or name) in the store or the layout."""
 
 
+class JobNotFound(NotFound, status="job_not_found"):
+    """No batch job of that name in the queue."""
+
+
 class Conflict(SouqError, status="conflict", http_status=409): ...
+
+
+class JobExists(Conflict, status="job_exists"):
+    """A batch job of that name was submitted already (names are unique)."""
 
 
 class IllegalTransition(Conflict, status="illegal_transition"): ...

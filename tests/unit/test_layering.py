@@ -100,6 +100,8 @@ PUBLIC = {
         "ImageNotFound",
         "InsufficientCapacity",
         "InvalidInput",
+        "JobExists",
+        "JobNotFound",
         "LeaseHeld",
         "MalformedRequest",
         "NotFound",

@@ -15,6 +15,8 @@ route                                             scope        of
 ``POST /v1/images``                               deploy       any app the token has
 ``GET /v1/tokens/key``, ``/v1/tokens/self``       read         any app the token has
 ``/v1/tokens…`` (the rest), ``/v1/audit``         admin        the cluster
+``GET /sched/…`` (batch jobs)                     read         any app the token has
+``POST /sched/…``                                 write        any app the token has
 ``POST /v1/workers/…`` (cordon, drain)            admin        the cluster
 ``GET`` anything else (workers, events, metrics)  read         the cluster
 anything else                                     admin        the cluster
@@ -72,6 +74,8 @@ def _of_app(reading: bool, app: str, rest: str) -> Need:
 def _of_cluster(reading: bool, path: str) -> Need:
     if path.startswith(("/v1/audit", "/v1/tokens/revoked")):
         return Need(Scope.ADMIN)
+    if path.startswith("/sched/"):  # the cluster's one queue of batch jobs
+        return Need(Scope.READ if reading else Scope.WRITE, any_app=True)
     if path.startswith(_ANY_APP_READS) and (reading or path == "/v1/images"):
         return Need(Scope.READ if reading else Scope.DEPLOY, any_app=True)
     return Need(Scope.READ if reading else Scope.ADMIN)

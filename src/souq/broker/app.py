@@ -42,6 +42,7 @@ from souq.broker.http_errors import install_error_handlers
 from souq.broker.image_routes import images_router
 from souq.broker.release_routes import releases_router
 from souq.broker.request_context import RequestContext
+from souq.broker.sched_routes import sched_router
 from souq.broker.schemas import (
     CreateMachineRequest,
     DryRun,
@@ -60,6 +61,7 @@ from souq.broker.streams import SlotResponse
 from souq.broker.token_routes import Guard, tokens_router
 from souq.errors import InvalidInput, SouqError
 from souq.http_limits import BodyLimit, RouteLimit
+from souq.jobs.queue import JobQueue
 from souq.limits import BODY_IMAGE_BYTES
 from souq.model import (
     Machine,
@@ -180,11 +182,15 @@ def _add_durability_routes(api: FastAPI, service: BrokerService, machine_path: s
         return json_response(await service.ops(app, machine_id))
 
 
-def create_app(service: BrokerService, guard: Guard | None = None) -> ASGIApp:
-    """The broker's ASGI app. The caller owns ``service`` and ``guard`` (starts and closes
-    them). With a guard, every route but the public ones needs a token (:mod:`souq.auth`)."""
+def create_app(
+    service: BrokerService, guard: Guard | None = None, jobs: JobQueue | None = None
+) -> ASGIApp:
+    """The broker's ASGI app. The caller owns ``service``, ``guard`` and ``jobs`` (starts and
+    closes them). With a guard, every route but the public ones needs a token
+    (:mod:`souq.auth`)."""
     create = create_handler(service)
     api = _routes(service, create)
+    api.include_router(sched_router(jobs or JobQueue(service.nats_client)))  # /sched: batch jobs
     auth = guard.auth if guard is not None else None
     api.include_router(secrets_router(service, auth))  # an app's secrets (JetStream, sealed)
     inner: ASGIApp = CreateFastPath(api, create)

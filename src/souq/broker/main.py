@@ -20,6 +20,7 @@ from souq.broker.token_routes import Guard
 from souq.bus.nats import NatsTransport, connect
 from souq.errors import Unavailable
 from souq.http_server import EmbeddedServer, server_config
+from souq.jobs.queue import JobQueue
 
 __all__ = ["run", "serve"]
 
@@ -60,15 +61,17 @@ async def serve(
     transport = await _connect(config, daemon_credential(config.auth_dir, "broker"))
     service = BrokerService(transport, config)
     guard = Guard.of(auth, service.nats_client) if auth is not None else None
+    jobs = JobQueue(service.nats_client)
     sock: socket.socket | None = None
     try:
         sock = _bind(config.listen_host, config.listen_port)
         await service.start()  # (it hooks itself to the transport's outages: broker.outage)
         if guard is not None:
             guard.revocations.start()
+        jobs.start()
         server = EmbeddedServer(
             server_config(
-                create_app(service, guard),
+                create_app(service, guard, jobs),
                 limits=config.http_limits,
                 host=config.listen_host,
                 port=config.listen_port,
@@ -100,6 +103,7 @@ async def serve(
             sock.close()
         if guard is not None:
             await guard.close()
+        await jobs.close()
         await service.close()
         await transport.close()
 

@@ -1,0 +1,178 @@
+"""The job queue, kept where the cluster keeps state safely: JetStream's key-value bucket
+``souq-jobs``, one key per job (its name), replicated as its stream is. No broker holds any of
+it: a broker that restarts, or another broker, sees the same queue.
+
+Every change is :func:`souq.jobs.core.apply` followed by a compare-and-set on the key's
+revision (``update(..., last=revision)``). Two claims of one job, from any two brokers or
+workers, read the same revision; one write lands, the other finds a newer revision, reads it
+again and is refused by the table (the job is claimed now): exactly one claimant wins.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from secrets import token_hex
+
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client
+from nats.js.kv import KeyValue
+
+from souq.bus.jetstream import key_value, unavailable
+from souq.clock import Clock, SystemClock
+from souq.errors import IllegalTransition, JobExists, JobNotFound
+from souq.jobs import core
+from souq.model.job import Job, JobEvent, JobState, JobStopped, JobSubmit, Registration
+
+__all__ = ["BUCKET", "WORKERS", "JobStore"]
+
+BUCKET = "souq-jobs"
+WORKERS = "souq-sched-workers"  # the push model's registered workers and what they have free
+_TRIES = 32  # compare-and-set rounds before giving up (each lost one means another changed it)
+_WHAT = "the job queue"
+
+
+class JobStore:
+    def __init__(self, kv: KeyValue, workers: KeyValue, clock: Clock | None = None) -> None:
+        self._kv = kv
+        self._workers = workers
+        self.clock = clock or SystemClock()
+
+    @classmethod
+    async def open(cls, nc: Client, *, replicas: int = 1, clock: Clock | None = None) -> JobStore:
+        js = nc.jetstream()
+        try:
+            kv = await key_value(
+                js, BUCKET, "souq batch jobs: one record per job", replicas=replicas
+            )
+            workers = await key_value(
+                js, WORKERS, "souq batch workers that registered", replicas=replicas
+            )
+        except (nats.errors.Error, nats.js.errors.Error) as exc:
+            raise unavailable(_WHAT, exc) from exc
+        return cls(kv, workers, clock)
+
+    async def submit(self, spec: JobSubmit) -> Job:
+        job = core.new_job(spec, self.clock.now_ms())
+        try:
+            revision = await self._kv.create(spec.name, _encode(job))
+        except nats.js.errors.KeyWrongLastSequenceError as exc:
+            raise JobExists(
+                f"job {spec.name} exists", hint="give the job another name, or cancel that one"
+            ) from exc
+        except (nats.errors.Error, nats.js.errors.Error) as exc:
+            raise unavailable(_WHAT, exc) from exc
+        return job.model_copy(update={"revision": revision})
+
+    async def get(self, name: str) -> Job:
+        try:
+            entry = await self._kv.get(name)
+        except nats.js.errors.KeyNotFoundError as exc:
+            raise JobNotFound(f"no job {name}", hint="`souq job list` shows the jobs") from exc
+        except (nats.errors.Error, nats.js.errors.Error) as exc:
+            raise unavailable(_WHAT, exc) from exc
+        return _decode(entry.value, entry.revision)
+
+    async def all(self) -> list[Job]:
+        """Every job, as the bucket holds them now."""
+        return [job async for job in self._snapshot()]
+
+    async def _snapshot(self) -> AsyncIterator[Job]:
+        try:
+            watcher = await self._kv.watchall(ignore_deletes=True)
+            try:
+                while True:
+                    entry = await watcher.updates(timeout=5)  # type: ignore[no-untyped-call]
+                    if entry is None:  # the current values are all delivered
+                        return
+                    if entry.value:
+                        yield _decode(entry.value, entry.revision)
+            finally:
+                with contextlib.suppress(nats.errors.Error, nats.js.errors.Error):
+                    await watcher.stop()  # type: ignore[no-untyped-call]
+        except (TimeoutError, nats.errors.Error, nats.js.errors.Error) as exc:
+            raise unavailable(_WHAT, exc) from exc
+
+    async def change(
+        self,
+        name: str,
+        event: JobEvent,
+        *,
+        worker: str | None = None,
+        lease_ms: int = core.DEFAULT_LEASE_MS,
+        stopped: JobStopped | None = None,
+    ) -> Job:
+        """Apply ``event`` to the job, atomically; the table's refusal (409) when it does not
+        apply to the job as it is now."""
+        for _ in range(_TRIES):
+            job = await self.get(name)
+            now = self.clock.now_ms()
+            after = core.apply(job, event, now, worker=worker, lease_ms=lease_ms, stopped=stopped)
+            try:
+                revision = await self._kv.update(name, _encode(after), last=job.revision)
+            except nats.js.errors.KeyWrongLastSequenceError:
+                continue  # changed meanwhile: judge it again as it is now
+            except (nats.errors.Error, nats.js.errors.Error) as exc:
+                raise unavailable(_WHAT, exc) from exc
+            return after.model_copy(update={"revision": revision})
+        raise unavailable(_WHAT, TimeoutError(f"job {name} kept changing under {event}"))
+
+    async def register(self, reg: Registration) -> Registration:
+        """Keep what a push-model worker has free (a name is made when it gives none)."""
+        named = reg if reg.name else reg.model_copy(update={"name": f"w-{token_hex(6)}"})
+        try:
+            await self._workers.put(named.name, named.model_dump_json().encode())
+        except (nats.errors.Error, nats.js.errors.Error) as exc:
+            raise unavailable(_WHAT, exc) from exc
+        return named
+
+    async def assign(self, worker: str) -> list[Job]:
+        """The jobs ``worker`` holds, after claiming for it the waiting ones that fit in what it
+        registered as free beside them (oldest first)."""
+        try:
+            entry = await self._workers.get(worker)
+        except nats.js.errors.KeyNotFoundError as exc:
+            raise JobNotFound(
+                f"no registered worker {worker!r}",
+                hint="POST /sched/register first, and name yourself with ?worker=",
+            ) from exc
+        except (nats.errors.Error, nats.js.errors.Error) as exc:
+            raise unavailable(_WHAT, exc) from exc
+        reg = Registration.model_validate_json(entry.value or b"{}")
+        jobs = await self.all()
+        held = [j for j in jobs if j.worker == worker and not j.state.ended]
+        cpu = reg.cpu - sum(j.spec.cpus for j in held)
+        mem = reg.mem - sum(j.spec.memory_mb for j in held)
+        now = self.clock.now_ms()
+        waiting = sorted(
+            (j for j in jobs if j.state is JobState.PENDING and j.not_before_ms <= now),
+            key=lambda j: (j.submitted_ms, j.name),
+        )
+        for job in waiting:
+            if job.spec.cpus > cpu or job.spec.memory_mb > mem:
+                continue
+            with contextlib.suppress(IllegalTransition):  # another took it first
+                held.append(await self.change(job.name, JobEvent.CLAIM, worker=worker))
+                cpu -= job.spec.cpus
+                mem -= job.spec.memory_mb
+        return held
+
+    async def sweep(self) -> list[Job]:
+        """Expire what is due (leases run out, deadlines passed); the jobs changed."""
+        now = self.clock.now_ms()
+        changed = []
+        for job in await self.all():
+            if core.due(job, now):
+                # Another broker (or the holder, renewing) may have changed it first.
+                with contextlib.suppress(IllegalTransition):
+                    changed.append(await self.change(job.name, JobEvent.EXPIRE))
+        return changed
+
+
+def _encode(job: Job) -> bytes:
+    return job.model_dump_json(exclude={"revision"}).encode()
+
+
+def _decode(raw: bytes | None, revision: int | None) -> Job:
+    return Job.model_validate_json(raw or b"{}").model_copy(update={"revision": revision or 0})

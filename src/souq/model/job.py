@@ -1,0 +1,113 @@
+"""Batch jobs: short tasks that wait their turn in a queue and run on whichever worker is free
+(the ``/sched`` API, docs/jobs.md)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from souq.model.base import Input, Record
+
+__all__ = ["Job", "JobEvent", "JobState", "JobStopped", "JobSubmit", "Registration"]
+
+JOB_NAME = r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,127}$"
+
+
+class JobState(StrEnum):
+    PENDING = "pending"  # waiting for a worker (or for its backoff to pass)
+    CLAIMED = "claimed"  # a worker took it and holds its lease
+    RUNNING = "running"  # the worker started it
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"  # out of retries, or past its deadline
+    CANCELLED = "cancelled"
+
+    @property
+    def ended(self) -> bool:
+        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+
+
+class JobEvent(StrEnum):
+    CLAIM = "claim"
+    START = "start"
+    RENEW = "renew"
+    STOP = "stop"
+    RELEASE = "release"
+    EXPIRE = "expire"
+    CANCEL = "cancel"
+
+
+class JobSubmit(Input):
+    """``POST /sched/submit``: a named job. Only ``name`` and ``command`` are required (the
+    seed's API); the rest is what a queue's user expects."""
+
+    name: str = Field(pattern=JOB_NAME, description="unique: a second submit of it is a 409")
+    command: str | list[str] = Field(
+        description="a shell command line, or an argv list run without a shell"
+    )
+    restart: Literal["no", "on-failure"] = Field(
+        default="no", description="on-failure: run it again after a non-zero exit"
+    )
+    max_retries: int = Field(default=3, ge=0, le=100, description="runs after the first")
+    backoff_s: float = Field(
+        default=1.0, ge=0, le=3600, description="wait before a retry; doubles each time"
+    )
+    deadline_s: float | None = Field(
+        default=None,
+        gt=0,
+        le=7 * 86400,
+        description="fail it if not finished this long after submit",
+    )
+    cpus: float = Field(default=0.1, ge=0, le=1024)
+    memory_mb: int = Field(default=64, ge=0, le=4 * 2**20)
+    env: dict[str, str] = Field(default_factory=dict, max_length=256)
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, v: str | list[str]) -> str | list[str]:
+        if (isinstance(v, str) and not v.strip()) or (isinstance(v, list) and not v):
+            raise ValueError("a job needs a command")
+        return v
+
+
+class JobStopped(Input):
+    """``POST /sched/stopped/{name}``: how the run ended (an empty body: it succeeded)."""
+
+    exit_code: int = Field(default=0, ge=-255, le=255)
+    error: str = Field(default="", max_length=4096)
+
+
+class Registration(Input):
+    """``POST /sched/register``: a worker of the push model and what it has free."""
+
+    name: str = Field(default="", pattern=r"^$|" + JOB_NAME[1:])
+    cpu: float = Field(ge=0, description="free cores")
+    mem: int = Field(ge=0, description="free memory, MiB")
+    diskfree: int = Field(default=0, ge=0, description="free disk, MiB")
+
+
+class Job(Record):
+    """A job as the queue keeps it (one key of JetStream's ``souq-jobs`` bucket)."""
+
+    name: str
+    state: JobState
+    spec: JobSubmit
+    attempts: int = Field(default=0, description="runs started so far")
+    worker: str | None = Field(default=None, description="who holds it (claimed or running)")
+    lease_until_ms: int | None = Field(default=None, description="the claim's lease ends")
+    not_before_ms: int = Field(default=0, description="pending, but not claimable before")
+    cancel_requested: bool = False
+    submitted_ms: int
+    updated_ms: int
+    started_ms: int | None = None
+    finished_ms: int | None = None
+    exit_code: int | None = None
+    error: str = ""
+    why: str = Field(default="", description="the last change, in words")
+    revision: int = Field(default=0, description="the store's revision of this record")
+
+    @property
+    def deadline_ms(self) -> int | None:
+        d = self.spec.deadline_s
+        return None if d is None else self.submitted_ms + int(d * 1000)
