@@ -3,7 +3,8 @@ configuration for them. Pure: the auth directory (:mod:`souq.auth.bus`) holds th
 writes the file.
 
 * ``broker`` publishes every worker verb, ``souq.all.*``, ``souq.offers.*``, ``souq.discover``
-  and to JetStream (it owns the stores, the audit log's ``souq.audit.>`` included); subscribes
+  and to JetStream (it owns the stores, the audit log's ``souq.audit.>`` and the batch jobs'
+  ``souq.jobs.>`` included); subscribes
   to heartbeats, events and usage.
 * ``proxy`` publishes the verbs of a wake-up, an autostop and the view's sync (start, stop,
   suspend, wait; get, list, digest, locate), ``souq.all.*`` of the view and ``souq.discover``;
@@ -148,6 +149,7 @@ def permissions_of(user: str) -> Permissions:
                 "$O.>",
                 "$JS.FC.>",  # flow control of its watches (revoked tokens)
                 f"{P}.audit.>",  # the audit log's stream (souq.broker.audit)
+                f"{P}.jobs.>",  # the batch jobs' ready stream (souq.jobs.store)
             ),
             subscribe=(*OBSERVED, inbox),
         )

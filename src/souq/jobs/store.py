@@ -2,6 +2,13 @@
 ``souq-jobs``, one key per job (its name), replicated as its stream is. No broker holds any of
 it: a broker that restarts, or another broker, sees the same queue.
 
+Beside it, the stream ``souq-jobs-ready`` (work-queue retention, subject ``souq.jobs.ready``)
+holds the name of every job that became claimable: at its submit and whenever it goes back to
+the queue (released, its lease run out, a retry). Souq's agents pull from it through one shared
+consumer, so each name goes to one idle worker, the first that asks (join-idle-queue, late
+binding), with no worker watching the whole queue; the claim itself is still the
+compare-and-set below, so a stale name (a job claimed over HTTP meanwhile) is only dropped.
+
 Every change is :func:`souq.jobs.core.apply` followed by a compare-and-set on the key's
 revision (``update(..., last=revision)``). Two claims of one job, from any two brokers or
 workers, read the same revision; one write lands, the other finds a newer revision, reads it
@@ -11,12 +18,15 @@ again and is refused by the table (the job is claimed now): exactly one claimant
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from secrets import token_hex
 
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
+from nats.js.api import RetentionPolicy, StorageType, StreamConfig
+from nats.js.client import JetStreamContext
 from nats.js.kv import KeyValue
 
 from souq.bus.jetstream import key_value, unavailable
@@ -25,18 +35,30 @@ from souq.errors import IllegalTransition, JobExists, JobNotFound
 from souq.jobs import core
 from souq.model.job import Job, JobEvent, JobState, JobStopped, JobSubmit, Registration
 
-__all__ = ["BUCKET", "WORKERS", "JobStore"]
+__all__ = ["BUCKET", "READY", "READY_SUBJECT", "RUNNERS", "WORKERS", "JobStore"]
+
+log = logging.getLogger(__name__)
 
 BUCKET = "souq-jobs"
 WORKERS = "souq-sched-workers"  # the push model's registered workers and what they have free
+READY = "souq-jobs-ready"  # the stream of claimable job names
+READY_SUBJECT = "souq.jobs.ready"
+RUNNERS = "souq-job-runners"  # the agents' shared pull consumer on it
 _TRIES = 32  # compare-and-set rounds before giving up (each lost one means another changed it)
 _WHAT = "the job queue"
 
 
 class JobStore:
-    def __init__(self, kv: KeyValue, workers: KeyValue, clock: Clock | None = None) -> None:
+    def __init__(
+        self,
+        kv: KeyValue,
+        workers: KeyValue,
+        clock: Clock | None = None,
+        js: JetStreamContext | None = None,
+    ) -> None:
         self._kv = kv
         self._workers = workers
+        self._js = js
         self.clock = clock or SystemClock()
 
     @classmethod
@@ -49,9 +71,28 @@ class JobStore:
             workers = await key_value(
                 js, WORKERS, "souq batch workers that registered", replicas=replicas
             )
+            await js.add_stream(
+                StreamConfig(
+                    name=READY,
+                    description="souq batch jobs that became claimable, by name",
+                    subjects=[READY_SUBJECT],
+                    retention=RetentionPolicy.WORK_QUEUE,
+                    storage=StorageType.FILE,
+                    num_replicas=replicas,
+                )
+            )
         except (nats.errors.Error, nats.js.errors.Error) as exc:
             raise unavailable(_WHAT, exc) from exc
-        return cls(kv, workers, clock)
+        return cls(kv, workers, clock, js)
+
+    async def _ready(self, job: Job) -> None:
+        """Say that ``job`` can be claimed (its name, on the ready stream)."""
+        if self._js is not None and job.state is JobState.PENDING:
+            try:
+                await self._js.publish(READY_SUBJECT, job.name.encode(), stream=READY)
+            except (nats.errors.Error, nats.js.errors.Error) as exc:
+                # The record is written: HTTP workers see it, and the next sweep says it again.
+                log.warning("job %s: not announced: %s", job.name, exc)
 
     async def submit(self, spec: JobSubmit) -> Job:
         job = core.new_job(spec, self.clock.now_ms())
@@ -63,7 +104,9 @@ class JobStore:
             ) from exc
         except (nats.errors.Error, nats.js.errors.Error) as exc:
             raise unavailable(_WHAT, exc) from exc
-        return job.model_copy(update={"revision": revision})
+        job = job.model_copy(update={"revision": revision})
+        await self._ready(job)
+        return job
 
     async def get(self, name: str) -> Job:
         try:
@@ -115,7 +158,10 @@ class JobStore:
                 continue  # changed meanwhile: judge it again as it is now
             except (nats.errors.Error, nats.js.errors.Error) as exc:
                 raise unavailable(_WHAT, exc) from exc
-            return after.model_copy(update={"revision": revision})
+            after = after.model_copy(update={"revision": revision})
+            if job.state is not JobState.PENDING:
+                await self._ready(after)  # back in the queue (a no-op unless pending now)
+            return after
         raise unavailable(_WHAT, TimeoutError(f"job {name} kept changing under {event}"))
 
     async def register(self, reg: Registration) -> Registration:
