@@ -3,6 +3,7 @@ weights, curves, sample limit and seeded tie-breaks do what they say."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -254,3 +255,54 @@ def test_the_cache_builds_each_policy_once() -> None:
     c = cache.get(policy(policy="spread"))
     assert {a.name, b.name, c.name} == {"binpack", "best-fit", "spread"}
     assert cache.get(policy(policy="binpack")) is not a  # evicted (size 2), built again
+
+
+def test_the_brokers_gpu_workload_is_what_fragmentation_measures_against() -> None:
+    from souq.model.policy import GpuShape
+    from souq.placement.fragmentation import DEFAULT_WORKLOAD, Shape
+    from souq.placement.gpu_scorers import FgdScorer
+
+    def workload_of_pipeline(defaults: PlacementDefaults) -> tuple[Shape, ...]:
+        (scorer,) = [s for s in build_pipeline(None, defaults).scorers if s.name == "fragmentation"]
+        assert isinstance(scorer, FgdScorer)
+        return tuple(scorer.workload)
+
+    assert workload_of_pipeline(PlacementDefaults()) == DEFAULT_WORKLOAD
+    mix = PlacementDefaults(
+        gpu_workload=[
+            GpuShape(cpus=8, gpus=1, share=0.75),
+            GpuShape(cpus=2, gpu_milli=500, gpu_model="T4", share=0.25),
+        ]
+    )
+    assert workload_of_pipeline(mix) == (
+        Shape(8000, 1000, 1, "", 0.75),
+        Shape(2000, 500, 1, "T4", 0.25),
+    )
+    with pytest.raises(ValidationError, match="not both"):
+        GpuShape(cpus=1, gpus=1, gpu_milli=500, share=1)
+
+
+def test_a_bad_placement_file_stops_the_broker_with_its_reason(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    bad = tmp_path / "placement.json"
+    bad.write_text('{"gpu_workload": [{"cpus": 1, "share": 2}]}')
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "souq",
+            "broker",
+            "--nats",
+            "nats://127.0.0.1:1",
+            "--placement",
+            str(bad),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1
+    assert "gpu_workload.0.share" in done.stderr

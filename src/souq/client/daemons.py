@@ -201,25 +201,53 @@ def broker(
         float | None,
         typer.Option("--sample-d", help="Sparrow's d: candidates with room for d x m machines."),
     ] = None,
+    placement: Annotated[
+        Path | None,
+        typer.Option(
+            "--placement",
+            help="A JSON file of the default placement policy: policy, weights, curves, limit, "
+            "gpu_workload (docs/placement.md).",
+        ),
+    ] = None,
     log_format: LogFormatOpt = LogFormat.TEXT,
 ) -> None:
     """Run a broker (the HTTP API) in the foreground."""
     host, port = _host_port(listen)
     candidates = candidates_from.value if candidates_from else None
-    given = _given(
-        ctx,
-        listen=None,
-        log_format=None,
-        listen_host=host,
-        listen_port=port,
-        candidates_from=candidates,
-    )
     _daemon_logging(log_format.value)
     with reporting():
         from souq.broker.config import BrokerConfig
         from souq.broker.main import run as run_broker
 
+        given = _given(
+            ctx,
+            listen=None,
+            log_format=None,
+            listen_host=host,
+            listen_port=port,
+            candidates_from=candidates,
+            placement=None if placement is None else _placement(placement),
+        )
         run_broker(BrokerConfig(**given))
+
+
+def _placement(path: Path) -> Any:
+    """The broker's default placement policy from a JSON file, checked (a clear error)."""
+    from pydantic import ValidationError
+
+    from souq.errors import InvalidInput
+    from souq.model.policy import PlacementDefaults
+
+    try:
+        return PlacementDefaults.model_validate_json(path.read_bytes())
+    except OSError as exc:
+        raise InvalidInput(f"cannot read {path}: {exc.strerror}", hint="give a JSON file") from exc
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(x) for x in first["loc"]) or "the file"
+        raise InvalidInput(
+            f"{path}: {where}: {first['msg']}", hint="docs/placement.md lists the fields"
+        ) from exc
 
 
 @daemons.command("proxy")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from itertools import pairwise
 from typing import Literal, get_args
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from souq.model.base import Input
 
@@ -20,6 +20,7 @@ __all__ = [
     "GPU_POLICIES",
     "SCORERS",
     "Curves",
+    "GpuShape",
     "PlacementDefaults",
     "PlacementPolicy",
     "check_curve_points",
@@ -114,6 +115,24 @@ class PlacementPolicy(Input):
         )
 
 
+class GpuShape(Input):
+    """A kind of machine the GPU workers are expected to take, and its share of them."""
+
+    cpus: float = Field(ge=0, le=1024)
+    gpus: int = Field(default=0, ge=0, le=64, description="whole GPUs")
+    gpu_milli: int = Field(
+        default=0, ge=0, le=1000, description="a share of one GPU, in thousandths"
+    )
+    gpu_model: str | None = None
+    share: float = Field(gt=0, le=1, description="its part of the machines expected")
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> GpuShape:
+        if self.gpus and self.gpu_milli:
+            raise ValueError("a shape asks whole gpus or a gpu_milli share, not both")
+        return self
+
+
 class PlacementDefaults(PlacementPolicy):
     """The broker's default policy (``BrokerConfig.placement``), plus what only an operator
     sets."""
@@ -123,4 +142,11 @@ class PlacementDefaults(PlacementPolicy):
         ge=1,
         description="score at most this many feasible offers, sampled with a seed from the "
         "request id (2 gives power-of-two-choices); none scores them all",
+    )
+    gpu_workload: list[GpuShape] | None = Field(
+        default=None,
+        max_length=256,
+        description="the GPU machines expected to come, each with its share: what the "
+        "fragmentation scorer measures a GPU worker against; none: a generic mix "
+        "(docs/placement.md, GPUs)",
     )

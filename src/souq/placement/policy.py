@@ -17,7 +17,14 @@ from souq.placement.fragmentation import DEFAULT_WORKLOAD, Shape, cpu_per_gpu
 from souq.placement.pipeline import Pipeline
 from souq.placement.stages import Scorer
 
-__all__ = ["DEFAULT_WEIGHTS", "PipelineCache", "build_pipeline", "default_pipeline", "weights_of"]
+__all__ = [
+    "DEFAULT_WEIGHTS",
+    "PipelineCache",
+    "build_pipeline",
+    "default_pipeline",
+    "weights_of",
+    "workload_of",
+]
 
 # Weights of the scorers beside the fit scorer (which weighs 1). Anti-affinity at half keeps an
 # app's machines apart when the fit scores are close (an empty worker against one at half load
@@ -40,17 +47,37 @@ def weights_of(policy: PlacementPolicy) -> dict[str, float]:
     return {**base, **DEFAULT_WEIGHTS, **policy.weights}
 
 
+def workload_of(defaults: PlacementDefaults) -> tuple[Shape, ...]:
+    """The GPU workload the broker's defaults name, as shapes (the generic mix if none)."""
+    if not defaults.gpu_workload:
+        return DEFAULT_WORKLOAD
+    total = sum(g.share for g in defaults.gpu_workload)
+    return tuple(
+        Shape(
+            cpu_milli=round(g.cpus * 1000),
+            gpu_milli=1000 if g.gpus else g.gpu_milli,
+            num_gpu=g.gpus or (1 if g.gpu_milli else 0),
+            model=g.gpu_model or "",
+            p=g.share / total,
+        )
+        for g in defaults.gpu_workload
+    )
+
+
 def build_pipeline(
     policy: PlacementPolicy | None,
     defaults: PlacementDefaults,
     *,
-    workload: Sequence[Shape] = DEFAULT_WORKLOAD,
+    workload: Sequence[Shape] | None = None,
     largest: tuple[int, int] = (gpu_scorers.MAX_CPU, gpu_scorers.MAX_GPU),
 ) -> Pipeline:
     """The pipeline for ``policy`` laid over the broker's ``defaults`` (None: the defaults).
-    GPU scorers measure fragmentation against ``workload`` and the paper's fit scores divide by
-    the ``largest`` worker's (millicores, GPU thousandths)."""
+    GPU scorers measure fragmentation against ``workload`` (None: the defaults' ``gpu_workload``)
+    and the paper's fit scores divide by the ``largest`` worker's (millicores, GPU
+    thousandths)."""
     merged = defaults if policy is None else policy.over(defaults)
+    if workload is None:
+        workload = workload_of(defaults)
     w = weights_of(merged)
     curves = merged.curves
     cpu_curve = Curve.of(curves.cpu) if curves and curves.cpu else DEFAULT_CURVE
