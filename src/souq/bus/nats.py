@@ -24,9 +24,16 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from souq.bus.transport import Handler, bus_unavailable
-from souq.errors import Unauthorized, Unavailable
+from souq.errors import InvalidInput, Unauthorized, Unavailable
 
-__all__ = ["PING_INTERVAL_S", "RECONNECT_WAIT_S", "Credential", "NatsTransport", "connect"]
+__all__ = [
+    "PING_INTERVAL_S",
+    "RECONNECT_WAIT_S",
+    "Credential",
+    "NatsTransport",
+    "connect",
+    "nats_servers",
+]
 
 log = logging.getLogger(__name__)
 _NO_RESPONDERS = "503"
@@ -247,6 +254,16 @@ async def _run_hooks(hooks: list[Callable[[], Any]], what: str) -> None:
             log.exception("a NATS %s hook failed", what)
 
 
+def nats_servers(url: str) -> list[str]:
+    """The servers of a ``--nats`` value: one URL, or several comma-separated."""
+    servers = [u.strip() for u in url.split(",") if u.strip()]
+    if not servers:
+        raise InvalidInput(
+            f"{url!r} names no NATS server", hint="give nats://HOST:PORT[,nats://HOST:PORT...]"
+        )
+    return servers
+
+
 async def connect(
     url: str,
     *,
@@ -259,7 +276,12 @@ async def connect(
     """Connect to NATS, retrying for ever after the first connection, every
     ``reconnect_wait_s`` (agents and brokers must outlive an outage of the NATS server). The
     first connection must succeed within ``connect_timeout``. With a ``credential`` the
-    connection (and every reconnection) signs in as its user; a refusal is not retried."""
+    connection (and every reconnection) signs in as its user; a refusal is not retried.
+
+    ``url`` may list several servers, comma-separated (the nodes of a NATS cluster): the first
+    connection takes the first that answers (in a random order, so that daemons spread over
+    the nodes), and a connection lost moves to another."""
+    servers = nats_servers(url)
     holder: dict[str, NatsTransport] = {}
 
     async def reconnected() -> None:
@@ -293,7 +315,7 @@ async def connect(
         # nats-py keeps retrying a first connection when reconnects are unlimited: bound it.
         async with asyncio.timeout(connect_timeout):
             nc = await nats.connect(
-                url,
+                servers,
                 name=name,
                 connect_timeout=max(1, round(connect_timeout)),
                 max_reconnect_attempts=-1,

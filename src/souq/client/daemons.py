@@ -41,7 +41,12 @@ class Cgroups(StrEnum):
     NONE = "none"
 
 
-NatsOpt = Annotated[str, typer.Option("--nats", help="NATS URL, e.g. nats://127.0.0.1:4222.")]
+NatsOpt = Annotated[
+    str,
+    typer.Option(
+        "--nats", help="NATS URL, e.g. nats://127.0.0.1:4222; a NATS cluster's: comma-separated."
+    ),
+]
 AuthDirOpt = Annotated[
     Path | None,
     typer.Option(
