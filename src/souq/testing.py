@@ -318,7 +318,7 @@ class Cluster:
         self.auth: AuthDir | None = None
         self._secured = auth
         self._environment: contextlib.ExitStack | None = None
-        self.regions = dict(regions or {"mad": 2})
+        self.regions = dict(regions) if regions is not None else {"mad": 2}  # {}: no agents
         self.nats = NatsServer(store_dir=root / "nats")
         self.agents: list[AgentProcess] = []
         self.brokers: list[BrokerProcess] = []
