@@ -16,9 +16,11 @@ tree at the boundary that catches them, so nothing above a boundary handles fore
     ├── PayloadTooLarge            413 payload_too_large (a request body over the route's limit)
     ├── TooManyRequests            429 too_many_requests (a client over its share, e.g. streams)
     ├── NotFound                   404 not_found
-    │   └── ImageNotFound          404 image_not_found   (no image with that reference or name)
+    │   ├── ImageNotFound          404 image_not_found   (no image with that reference or name)
+    │   └── JobNotFound            404 job_not_found     (no batch job of that name)
     ├── Conflict                   409 conflict
     │   ├── IllegalTransition      409 illegal_transition (e.g. start a destroyed machine)
+    │   ├── JobExists              409 job_exists         (a batch job of that name was submitted)
     │   ├── IdempotencyConflict    409 idempotency_conflict (same key, different body)
     │   ├── QuoteUsed              409 quote_used         (a quote already made its machine)
     │   ├── LeaseHeld              409 lease_held         (the machine is leased: send its nonce)
@@ -31,6 +33,7 @@ tree at the boundary that catches them, so nothing above a boundary handles fore
     ├── SecretsUnreadable          500 secrets_unreadable (a secret does not open with this key)
     ├── UnknownVerb                501 unknown_verb      (a peer does not speak that protocol verb)
     ├── DeployFailed               500 deploy_failed     (a deploy's phase failed: rolled back)
+    ├── JobFailed                  500 job_failed        (a job waited for did not succeed)
     └── StorageError               500 storage_error     (the agent's state file failed)
 
 The CLI exits with status 3 for :class:`InsufficientCapacity` and 1 for every other error.
@@ -52,6 +55,7 @@ __all__ = [
     "InsufficientCapacity",
     "InvalidInput",
     "JobExists",
+    "JobFailed",
     "JobNotFound",
     "LeaseHeld",
     "MalformedRequest",
@@ -168,6 +172,11 @@ class IllegalTransition(Conflict, status="illegal_transition"): ...
 class DeployFailed(SouqError, status="deploy_failed"):
     """A deploy's phase failed (``details`` name the phase, region, machine and check); what the
     deploy had changed was rolled back."""
+
+
+class JobFailed(SouqError, status="job_failed"):
+    """A batch job waited for ended without succeeding (``details``: its state and exit code);
+    ``souq job wait`` exits 1 with it."""
 
 
 class LeaseHeld(Conflict, status="lease_held"):

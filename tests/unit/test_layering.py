@@ -101,6 +101,7 @@ PUBLIC = {
         "InsufficientCapacity",
         "InvalidInput",
         "JobExists",
+        "JobFailed",
         "JobNotFound",
         "LeaseHeld",
         "MalformedRequest",

@@ -1,4 +1,4 @@
-"""The Python client of the Machines API (synchronous, over httpx).
+"""The Python client of the Machines API and the ``/sched`` API (synchronous, over httpx).
 
 Every error comes back as the typed :class:`souq.errors.SouqError` the broker reported; a broker
 that cannot be reached is :class:`souq.errors.Unavailable`.
@@ -16,6 +16,7 @@ import httpx
 from pydantic import BaseModel, TypeAdapter
 
 from souq.auth.locate import find_token
+from souq.client.sched_api import SchedCalls
 from souq.errors import SouqError, Unavailable, error_from_body
 from souq.model import (
     Machine,
@@ -45,10 +46,11 @@ LONG_CALL_S = 3600.0 + WAIT_MARGIN_S
 M = TypeVar("M", bound=BaseModel)
 
 
-class SouqClient:
+class SouqClient(SchedCalls):
     """``SouqClient()`` talks to ``$SOUQ_API`` (default ``http://127.0.0.1:4280``) with a bearer
     token: ``token``, else ``$SOUQ_TOKEN``, else the admin token ``souq dev`` wrote in its
-    default data directory (:func:`souq.auth.files.find_token`). ``transport`` is for tests."""
+    default data directory (:func:`souq.auth.files.find_token`). ``transport`` is for tests.
+    Batch jobs' calls (``submit_job``, ``job``, ``claim_job``...) are :class:`SchedCalls`'."""
 
     def __init__(
         self,
@@ -382,10 +384,11 @@ class SouqClient:
         follow: bool = False,
         since: int | None = None,
     ) -> Iterator[dict[str, Any]]:
-        """``GET /v1/events``: machine and worker events (plain dicts: ``seq``, ``kind``,
-        ``timestamp``, ``worker_id``, ``region``, ``state``, and for machines ``machine_id``,
-        ``app`` and ``event``), oldest first; with ``follow`` until the caller stops. A dict of
-        ``kind`` ``gap`` (``after``, ``resume_from``, ``message``) says events were missed."""
+        """``GET /v1/events``: machine, worker and job events (plain dicts: ``seq``, ``kind``,
+        ``timestamp``, ``worker_id``, ``region``, ``state``, for machines ``machine_id``,
+        ``app`` and ``event``, for jobs ``job``), oldest first; with ``follow`` until the
+        caller stops. A dict of ``kind`` ``gap`` (``after``, ``resume_from``, ``message``)
+        says events were missed."""
         params = {"follow": "true" if follow else "false"}
         params |= {k: str(v) for k, v in (("app", app), ("worker", worker)) if v is not None}
         if since is not None:

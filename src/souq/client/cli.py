@@ -578,6 +578,7 @@ for _module, _register in (
     ("auth_cli", "register_auth"),
     ("cluster_cli", "register_cluster"),
     ("secrets_cli", "register_secrets"),
+    ("jobs_cli", "register_jobs"),  # batch jobs: the /sched API
     ("simulate_cli", "register_simulate"),
 ):
     getattr(importlib.import_module(f"souq.client.{_module}"), _register)(app)

@@ -1,0 +1,200 @@
+"""``souq job submit|status|cancel|list|logs|wait``: batch jobs in the cluster's queue (the
+``/sched`` API, docs/jobs.md). A job waits its turn and runs on whichever worker takes it;
+``wait`` exits 0 when it succeeded and 1 otherwise, so a script or a CI step can run a job as it
+would run a command."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any
+
+import typer
+
+from souq.client import cli
+from souq.client.cli import JsonOpt, pairs, reporting
+
+__all__ = ["register_jobs", "submit_body"]
+
+job_app = typer.Typer(
+    help="Submit batch jobs to the cluster's queue, follow and cancel them.", no_args_is_help=True
+)
+
+
+class Restart(StrEnum):
+    NO = "no"
+    ON_FAILURE = "on-failure"
+
+
+NameArg = Annotated[str, typer.Argument(metavar="NAME", help="The job's name (unique).")]
+
+
+def register_jobs(app: typer.Typer) -> None:
+    """Add ``souq job ...`` to ``app``."""
+    app.add_typer(job_app, name="job")
+
+
+def submit_body(
+    name: str,
+    command: list[str],
+    *,
+    restart: str | None = None,
+    max_retries: int | None = None,
+    backoff_s: float | None = None,
+    deadline_s: float | None = None,
+    cpus: float | None = None,
+    memory_mb: int | None = None,
+    env: list[str] | None = None,
+) -> dict[str, Any]:
+    """The body of ``POST /sched/submit`` from the command line (the broker validates it): one
+    word after ``--`` is a shell command line, several are an argv run without a shell; the
+    options left out take the broker's defaults."""
+    if not command:
+        raise typer.BadParameter(
+            "give the command after `--`, e.g. -- ./build.sh or -- 'make test > out.log'",
+            param_hint="COMMAND",
+        )
+    body: dict[str, Any] = {"name": name, "command": command[0] if len(command) == 1 else command}
+    options = {
+        "restart": restart,
+        "max_retries": max_retries,
+        "backoff_s": backoff_s,
+        "deadline_s": deadline_s,
+        "cpus": cpus,
+        "memory_mb": memory_mb,
+    }
+    body |= {k: v for k, v in options.items() if v is not None}
+    if env:
+        body["env"] = pairs(env, "env")
+    return body
+
+
+@job_app.command("submit")
+def submit(
+    name: NameArg,
+    *,
+    command: Annotated[
+        list[str] | None,
+        typer.Argument(
+            metavar="-- COMMAND [ARG...]",
+            help="What it runs: an argv, or one shell command line in one argument.",
+        ),
+    ] = None,
+    restart: Annotated[
+        Restart | None,
+        typer.Option("--restart", help="on-failure: run it again after a non-zero exit."),
+    ] = None,
+    max_retries: Annotated[
+        int | None, typer.Option("--max-retries", help="Runs after the first (default 3).")
+    ] = None,
+    backoff: Annotated[
+        float | None,
+        typer.Option("--backoff", help="Seconds before a retry, doubling each time (default 1)."),
+    ] = None,
+    deadline: Annotated[
+        float | None,
+        typer.Option("--deadline", help="Fail it if not finished this many seconds after now."),
+    ] = None,
+    cpus: Annotated[float | None, typer.Option("--cpus", help="CPU cores it needs.")] = None,
+    memory_mb: Annotated[
+        int | None, typer.Option("--memory-mb", help="Memory it needs, MiB.")
+    ] = None,
+    env: Annotated[
+        list[str] | None, typer.Option("--env", "-e", help="K=V in its environment; repeatable.")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Queue a job; prints its name and state (pending)."""
+    with reporting(as_json):
+        body = submit_body(
+            name,
+            command or [],
+            restart=None if restart is None else restart.value,
+            max_retries=max_retries,
+            backoff_s=backoff,
+            deadline_s=deadline,
+            cpus=cpus,
+            memory_mb=memory_mb,
+            env=env,
+        )
+        from souq.client import render_jobs
+
+        render_jobs.job_state(cli.make_client().submit_job(body), as_json=as_json)
+
+
+@job_app.command("status")
+def status(name: NameArg, as_json: JsonOpt = False) -> None:
+    """Show a job: its state and why, its worker, its attempts, how it ended."""
+    from souq.client import render_jobs
+
+    with reporting(as_json):
+        render_jobs.job(cli.make_client().job(name), as_json=as_json)
+
+
+@job_app.command("cancel")
+def cancel(name: NameArg, as_json: JsonOpt = False) -> None:
+    """Cancel a job: a waiting one at once; a running one once its worker has stopped it."""
+    from souq.client import render_jobs
+
+    with reporting(as_json):
+        render_jobs.job_state(cli.make_client().cancel_job(name), as_json=as_json)
+
+
+@job_app.command("list")
+def list_jobs(
+    state: Annotated[
+        str | None,
+        typer.Option(
+            "--state",
+            help="Only jobs in this state: pending, claimed, running, succeeded, failed, "
+            "cancelled.",
+        ),
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """List the queue's jobs, newest first (ended ones too)."""
+    from souq.client import render_jobs
+    from souq.errors import InvalidInput
+    from souq.model.job import JobState
+
+    with reporting(as_json):
+        if state is not None and state not in set(JobState):
+            raise InvalidInput(
+                f"--state: {state!r} is not a job's state",
+                hint="one of " + ", ".join(JobState),
+            )
+        items = cli.make_client().jobs()
+        if state is not None:
+            items = [j for j in items if j.state == state]
+        render_jobs.jobs(items, as_json=as_json)
+
+
+@job_app.command("logs")
+def logs(name: NameArg, as_json: JsonOpt = False) -> None:
+    """Print what a job's runs printed."""
+    from souq.client import render
+
+    with reporting(as_json):
+        render.logs(cli.make_client().job_logs(name), as_json=as_json)
+
+
+@job_app.command("wait")
+def wait(
+    name: NameArg,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds.")] = 600.0,
+    as_json: JsonOpt = False,
+) -> None:
+    """Wait until a job has ended; exit 0 if it succeeded, else 1 (and at --timeout)."""
+    from souq.client import render_jobs
+    from souq.errors import JobFailed
+    from souq.model.job import JobState
+
+    with reporting(as_json):
+        job = cli.make_client().wait_job(name, timeout=timeout)
+        render_jobs.job_state(job, as_json=as_json)
+        if job.state is not JobState.SUCCEEDED:
+            code = "" if job.exit_code is None else f", exit code {job.exit_code}"
+            raise JobFailed(
+                f"job {name} {job.state}{code}: {job.why}",
+                hint=f"`souq job logs {name}` shows its output",
+                details={"state": str(job.state), "exit_code": job.exit_code},
+            )

@@ -1,0 +1,106 @@
+"""How ``souq job ...`` prints batch jobs, and a job's line in ``souq events``: a part of
+:mod:`souq.client.render` (the only printer), with its helpers."""
+
+from __future__ import annotations
+
+import shlex
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from rich.text import Text
+
+from souq.client.render import _grid, _json_or, _listing, _out, line
+from souq.clock import iso_from_ms
+from souq.model.job import Job
+
+__all__ = ["age", "job", "job_event_line", "job_state", "jobs"]
+
+_STYLES = {
+    "pending": "cyan",
+    "claimed": "blue",
+    "running": "green",
+    "succeeded": "green",
+    "failed": "red",
+    "cancelled": "dim",
+}
+
+
+def _state(j: Job) -> Text:
+    text = str(j.state) + (" (cancel asked)" if j.cancel_requested and not j.state.ended else "")
+    return Text(text, style=_STYLES.get(str(j.state), ""))
+
+
+def age(since_ms: int, now_ms: int) -> str:
+    """``since_ms`` to ``now_ms`` as a person reads an age: 42s, 5m, 3h, 2d."""
+    seconds = max(0, (now_ms - since_ms) // 1000)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def command(j: Job) -> str:
+    cmd = j.spec.command
+    return cmd if isinstance(cmd, str) else shlex.join(cmd)
+
+
+@_json_or
+def job_state(j: Job) -> None:
+    """After a command: the job's name and its state now (and why, unless it waits)."""
+    why = f"  ({j.why})" if j.why and j.why != "submitted" else ""
+    line(f"{j.name} {j.state}{why}")
+
+
+@_json_or
+def jobs(items: Sequence[Job]) -> None:
+    now = int(time.time() * 1000)
+    titles = ("NAME", "STATE", "WORKER", "ATTEMPTS", "AGE", "WHY")
+    _listing(items, "jobs", titles, lambda j: _row(j, now))
+
+
+def _row(j: Job, now_ms: int) -> tuple[Any, ...]:
+    return (j.name, _state(j), j.worker or "-", str(j.attempts), age(j.submitted_ms, now_ms), j.why)
+
+
+@_json_or
+def job(j: Job) -> None:
+    spec = j.spec
+    restart: str = spec.restart
+    if restart == "on-failure":
+        restart += f" (at most {spec.max_retries} retries, backoff {spec.backoff_s:g}s doubling)"
+    rows: list[tuple[str, Any]] = [
+        ("name", j.name),
+        ("state", _state(j)),
+        ("why", j.why),
+        ("worker", j.worker or "-"),
+        ("attempts", str(j.attempts)),
+        ("command", command(j)),
+        ("restart", restart),
+        ("needs", f"{spec.cpus:g} cpus, {spec.memory_mb} MiB"),
+        ("submitted", iso_from_ms(j.submitted_ms)),
+        ("updated", iso_from_ms(j.updated_ms)),
+    ]
+    if spec.deadline_s is not None and j.deadline_ms is not None:
+        rows.append(("deadline", f"{iso_from_ms(j.deadline_ms)} ({spec.deadline_s:g}s)"))
+    if spec.env:
+        rows.append(("env", " ".join(f"{k}={v}" for k, v in sorted(spec.env.items()))))
+    for name, ms in (("started", j.started_ms), ("finished", j.finished_ms)):
+        if ms is not None:
+            rows.append((name, iso_from_ms(ms)))
+    if j.exit_code is not None:
+        rows.append(("exit code", str(j.exit_code)))
+    if j.error:
+        rows.append(("error", j.error))
+    _out().print(_grid(rows, bold_names=True))
+
+
+def job_event_line(event: dict[str, Any], when: str) -> str:
+    """A job event of ``souq events``: ``seq time job NAME worker=W before -> state (type)``."""
+    note = event.get("job") or {}
+    worker = f" worker={event['worker_id']}" if event.get("worker_id") else ""
+    return (
+        f"{event['seq']:>6} {when} job     {note.get('name', '?')}{worker} "
+        f"{event.get('previous') or '-'} -> {event['state']} ({note.get('type', '')}: "
+        f"{note.get('why', '')})"
+    )

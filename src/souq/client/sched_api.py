@@ -1,0 +1,146 @@
+"""The client's calls of the ``/sched`` API (batch jobs, docs/jobs.md): a part of
+:class:`souq.client.api.SouqClient`, kept apart as the machines' calls fill that module.
+
+A worker names itself with ``worker`` (sent as ``?worker=``); without a name anyone may act on
+a job, as in the seed's API.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+from pydantic import TypeAdapter
+
+from souq.errors import JobNotFound, NotFound, WaitTimeout
+from souq.model.job import Job, JobStopped, JobSubmit, Registration
+
+__all__ = ["SchedCalls"]
+
+_JOBS: TypeAdapter[list[Job]] = TypeAdapter(list[Job])
+WAIT_FIRST_S = 0.1  # a wait asks again after this, doubling up to WAIT_EVERY_S
+WAIT_EVERY_S = 1.0
+
+
+class SchedCalls:
+    """The ``/sched`` routes, over :meth:`_call` (the client's one way to the API)."""
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        content: bytes | None = None,
+        params: Mapping[str, str] | None = None,
+        headers: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> httpx.Response:
+        raise NotImplementedError
+
+    # -- users ---------------------------------------------------------------------------
+
+    def submit_job(self, spec: JobSubmit | Mapping[str, Any]) -> Job:
+        """Queue a job (``JobSubmit``'s fields; only ``name`` and ``command`` are required);
+        :class:`souq.errors.JobExists` when the name is taken."""
+        body = spec.model_dump(mode="json") if isinstance(spec, JobSubmit) else dict(spec)
+        return _job(self._call("POST", "/sched/submit", json=body))
+
+    def job(self, name: str) -> Job:
+        return _job(self._call("GET", f"/sched/status/{name}"))
+
+    def cancel_job(self, name: str) -> Job:
+        """A waiting job ends ``cancelled`` at once; a held one is asked to stop
+        (``cancel_requested``) and ends when its worker has stopped it."""
+        return _job(self._call("POST", f"/sched/cancel/{name}"))
+
+    def jobs(self) -> list[Job]:
+        """Every job the queue holds, ended ones too, newest first."""
+        return _JOBS.validate_json(self._call("GET", "/sched/list").content)
+
+    def job_logs(self, name: str) -> str:
+        """What the job's runs printed (``GET /sched/logs/{name}``)."""
+        try:
+            return self._call("GET", f"/sched/logs/{name}").text
+        except JobNotFound:
+            raise
+        except NotFound as exc:  # the route itself: a broker from before job logs
+            raise NotFound(
+                "this broker keeps no job logs (it has no GET /sched/logs)",
+                hint=f"a job's worker keeps its output; `souq job status {name}` shows how it "
+                "ended",
+            ) from exc
+
+    def wait_job(self, name: str, *, timeout: float = 60.0) -> Job:
+        """The job once it has ended (succeeded, failed or cancelled);
+        :class:`souq.errors.WaitTimeout` after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        pause = WAIT_FIRST_S
+        while True:
+            job = self.job(name)
+            left = deadline - time.monotonic()
+            if job.state.ended:
+                return job
+            if left <= 0:
+                raise WaitTimeout(
+                    f"job {name} is still {job.state} after {timeout:g}s ({job.why})",
+                    hint=f"wait longer (--timeout), or see `souq job status {name}`",
+                    details={"state": str(job.state)},
+                )
+            time.sleep(min(pause, left))
+            pause = min(pause * 2, WAIT_EVERY_S)
+
+    # -- pulling workers -----------------------------------------------------------------
+
+    def waiting_jobs(self) -> list[Job]:
+        """The jobs a worker may claim now, oldest first."""
+        return _JOBS.validate_json(self._call("GET", "/sched/jobs").content)
+
+    def claim_job(self, name: str, *, worker: str | None = None, lease_s: float = 30.0) -> Job:
+        """The job, leased to ``worker``; :class:`souq.errors.IllegalTransition` (409) when
+        another claimant won it."""
+        params = _who(worker) | {"lease_s": f"{lease_s:g}"}
+        return _job(self._call("POST", f"/sched/claim/{name}", params=params))
+
+    def renew_job(self, name: str, *, worker: str | None = None, lease_s: float = 30.0) -> Job:
+        params = _who(worker) | {"lease_s": f"{lease_s:g}"}
+        return _job(self._call("POST", f"/sched/renew/{name}", params=params))
+
+    def release_job(self, name: str, *, worker: str | None = None) -> Job:
+        return _job(self._call("POST", f"/sched/release/{name}", params=_who(worker)))
+
+    def cancellations(self, *, worker: str | None = None) -> list[Job]:
+        """Held jobs (``worker``'s, when given) whose cancel was asked: stop them."""
+        response = self._call("GET", "/sched/cancellations", params=_who(worker))
+        return _JOBS.validate_json(response.content)
+
+    # -- registered workers (and any worker running a job it holds) ----------------------
+
+    def register_worker(self, registration: Registration) -> Registration:
+        body = registration.model_dump(mode="json")
+        response = self._call("POST", "/sched/register", json=body)
+        return Registration.model_validate_json(response.content)
+
+    def assigned_jobs(self, worker: str) -> list[Job]:
+        response = self._call("GET", "/sched/assigned", params=_who(worker))
+        return _JOBS.validate_json(response.content)
+
+    def job_started(self, name: str, *, worker: str | None = None) -> Job:
+        return _job(self._call("POST", f"/sched/started/{name}", params=_who(worker)))
+
+    def job_stopped(
+        self, name: str, *, worker: str | None = None, exit_code: int = 0, error: str = ""
+    ) -> Job:
+        body = JobStopped(exit_code=exit_code, error=error).model_dump(mode="json")
+        path = f"/sched/stopped/{name}"
+        return _job(self._call("POST", path, json=body, params=_who(worker)))
+
+
+def _who(worker: str | None) -> dict[str, str]:
+    return {"worker": worker} if worker else {}
+
+
+def _job(response: httpx.Response) -> Job:
+    return Job.model_validate_json(response.content)
