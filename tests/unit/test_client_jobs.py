@@ -12,6 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from souq.client import SouqClient, cli
+from souq.client.render import cluster_event
 from souq.client.render_jobs import age
 from souq.errors import JobNotFound, NotFound, SouqError, WaitTimeout
 from souq.jobs.core import apply, new_job
@@ -154,6 +155,23 @@ def test_cancel_and_logs(stub: Stub) -> None:
     stub.answers["job_logs"] = "compiling\ndone\n"
     assert invoke("logs", "build").stdout == "compiling\ndone\n"
     assert json.loads(invoke("logs", "build", "--json").stdout) == {"data": "compiling\ndone\n"}
+
+
+def test_a_job_event_line_in_souq_events(capsys: pytest.CaptureFixture[str]) -> None:
+    cluster_event(
+        {
+            "seq": 7,
+            "kind": "job",
+            "timestamp": 0,
+            "worker_id": "w1",
+            "region": "",
+            "state": "succeeded",
+            "previous": "running",
+            "job": {"name": "build", "type": "succeeded", "why": "exited 0", "attempts": 1},
+        }
+    )
+    out = capsys.readouterr().out
+    assert "job     build worker=w1 running -> succeeded (succeeded: exited 0)" in out
 
 
 def test_ages_read_as_people_write_them() -> None:

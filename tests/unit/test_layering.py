@@ -23,6 +23,8 @@ PURE = [
     "protocol/verbs.py",
     "protocol/dispatch.py",
     "view/digest.py",
+    "jobs/core.py",
+    "jobs/changes.py",
     "view/regions.py",
     "market",
     "sim",

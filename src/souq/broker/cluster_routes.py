@@ -138,11 +138,12 @@ def cluster_router(service: BrokerService) -> APIRouter:
         since: Annotated[int | None, Query(ge=0, description="resume after this id")] = None,
         last_event_id: Annotated[int | None, Header(alias="Last-Event-ID", ge=0)] = None,
     ) -> Response:
-        """Machine and worker events as server-sent events, oldest first, from the ones this
-        broker still holds; ``follow=true`` keeps the stream open for new ones. Resuming after
-        an id whose successors are gone (or that another broker gave) first sends a ``gap``
-        event: re-list what you follow, then go on. A client may hold so many followed streams
-        open at once (429 ``too_many_requests`` past that, see docs/limits.md)."""
+        """Machine, worker and batch job events as server-sent events, oldest first, from the
+        ones this broker still holds; ``follow=true`` keeps the stream open for new ones.
+        Resuming after an id whose successors are gone (or that another broker gave) first
+        sends a ``gap`` event: re-list what you follow, then go on. A client may hold so many
+        followed streams open at once (429 ``too_many_requests`` past that, see
+        docs/limits.md)."""
         start = last_event_id if last_event_id is not None else (since or 0)
         body = _stream(service, start, app=app, worker=worker, follow=follow)
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}

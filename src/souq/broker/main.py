@@ -20,7 +20,11 @@ from souq.broker.token_routes import Guard
 from souq.bus.nats import NatsTransport, connect
 from souq.errors import Unavailable
 from souq.http_server import EmbeddedServer, server_config
+from souq.jobs.changes import JobMark
 from souq.jobs.queue import JobQueue
+from souq.jobs.watch import JobListener
+from souq.model.job import Job, JobChange
+from souq.view import EventLog
 
 __all__ = ["run", "serve"]
 
@@ -28,6 +32,17 @@ log = logging.getLogger(__name__)
 
 # How long open connections (e.g. `logs --follow` streams) may hold up a shutdown.
 GRACEFUL_SHUTDOWN_S = 2
+
+
+def _tell_jobs(events: EventLog) -> JobListener:
+    """Each job's change as an event of the broker's stream (docs/jobs.md, "Events")."""
+
+    def tell(job: Job, change: JobChange, before: JobMark | None) -> None:
+        held_by = job.worker or (before.worker if before is not None else None)
+        previous = before.state if before is not None else None
+        events.append_job(job, change, previous=previous, worker=held_by)
+
+    return tell
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -61,7 +76,7 @@ async def serve(
     transport = await _connect(config, daemon_credential(config.auth_dir, "broker"))
     service = BrokerService(transport, config)
     guard = Guard.of(auth, service.nats_client) if auth is not None else None
-    jobs = JobQueue(service.nats_client)
+    jobs = JobQueue(service.nats_client, listener=_tell_jobs(service.view.events))
     sock: socket.socket | None = None
     try:
         sock = _bind(config.listen_host, config.listen_port)

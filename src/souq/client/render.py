@@ -281,11 +281,8 @@ def events(items: Sequence[MachineEvent]) -> None:
 
 def cluster_event(event: dict[str, Any], *, as_json: bool = False) -> None:
     """One event of ``souq events``: a JSON line, or ``seq time kind who state detail``."""
-    if as_json:
-        line(json.dumps(event, ensure_ascii=False))
-        return
-    if event["kind"] == "gap":
-        line(f"  --- gap: {event['message']}")
+    if as_json or event["kind"] == "gap":
+        line(json.dumps(event, ensure_ascii=False) if as_json else f"  --- gap: {event['message']}")
         return
     when = iso_from_ms(int(event["timestamp"]))
     if event["kind"] == "machine":
@@ -294,6 +291,10 @@ def cluster_event(event: dict[str, Any], *, as_json: bool = False) -> None:
             f"{event['seq']:>6} {when} machine {event['machine_id']} app={event['app']} "
             f"worker={event['worker_id']} {event['state']} ({detail.get('type', '')})"
         )
+    elif event["kind"] == "job":
+        from souq.client.render_jobs import job_event_line  # (it imports this module)
+
+        line(job_event_line(event, when))
     else:
         line(
             f"{event['seq']:>6} {when} worker  {event['worker_id']} region={event['region']} "

@@ -1,5 +1,6 @@
-"""What a broker runs for batch jobs: the queue's store, opened on first use, and a sweep every
-second that requeues jobs whose worker's lease ran out and fails those past their deadline.
+"""What a broker runs for batch jobs: the queue's store, opened on first use, a sweep every
+second that requeues jobs whose worker's lease ran out and fails those past their deadline, and
+(given a listener) the watch that tells every job's changes (:mod:`souq.jobs.watch`).
 
 Every broker sweeps; they never need to agree on who does, because each change is a
 compare-and-set on the job's revision (:mod:`souq.jobs.store`): of two brokers expiring one
@@ -13,11 +14,13 @@ import logging
 from collections.abc import Callable
 
 from nats.aio.client import Client
+from nats.js.kv import KeyValue
 
 from souq.bus.jetstream import OnFirstUse
 from souq.clock import Clock
 from souq.errors import SouqError
-from souq.jobs.store import JobStore
+from souq.jobs.store import BUCKET, JobStore
+from souq.jobs.watch import JobListener, JobWatch
 
 __all__ = ["SWEEP_S", "JobQueue"]
 
@@ -28,19 +31,39 @@ SWEEP_S = 1.0
 
 class JobQueue:
     def __init__(
-        self, client: Callable[[], Client], *, clock: Clock | None = None, sweep_s: float = SWEEP_S
+        self,
+        client: Callable[[], Client],
+        *,
+        clock: Clock | None = None,
+        sweep_s: float = SWEEP_S,
+        listener: JobListener | None = None,
     ) -> None:
+        self._client = client
         self._store = OnFirstUse(lambda: JobStore.open(client(), clock=clock))
         self._sweep_s = sweep_s
         self._task: asyncio.Task[None] | None = None
+        self.watch = (
+            None if listener is None else JobWatch(self._bucket, listener, self._reconnects)
+        )
 
     async def store(self) -> JobStore:
         return await self._store.get()
 
+    async def _bucket(self) -> KeyValue:
+        await self.store()  # made on first use
+        return await self._client().jetstream().key_value(BUCKET)
+
+    def _reconnects(self) -> int:
+        return int(self._client().stats["reconnects"])
+
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._sweep(), name="souq-jobs-sweep")
+        if self.watch is not None:
+            self.watch.start()
 
     async def close(self) -> None:
+        if self.watch is not None:
+            await self.watch.close()
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)

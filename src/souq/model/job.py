@@ -10,7 +10,15 @@ from pydantic import Field, field_validator
 
 from souq.model.base import Input, Record
 
-__all__ = ["Job", "JobEvent", "JobState", "JobStopped", "JobSubmit", "Registration"]
+__all__ = [
+    "Job",
+    "JobChange",
+    "JobEvent",
+    "JobState",
+    "JobStopped",
+    "JobSubmit",
+    "Registration",
+]
 
 JOB_NAME = r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,127}$"
 
@@ -36,6 +44,20 @@ class JobEvent(StrEnum):
     RELEASE = "release"
     EXPIRE = "expire"
     CANCEL = "cancel"
+
+
+class JobChange(StrEnum):
+    """What a change of a job's record means to someone watching the queue: the ``type`` of a
+    job event in the cluster's event stream (``GET /v1/events``, :mod:`souq.jobs.changes`)."""
+
+    SUBMITTED = "submitted"
+    CLAIMED = "claimed"
+    STARTED = "started"
+    CANCEL_REQUESTED = "cancel_requested"  # held: its worker is asked to stop it
+    REQUEUED = "requeued"  # back in the queue: released, its lease ran out, or a retry
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
 
 
 class JobSubmit(Input):

@@ -1,5 +1,6 @@
-"""The broker's stream of cluster events: a bounded ring of machine and worker events, each with a
-per-broker sequence number, that ``GET /v1/events`` reads (and follows) from any point still held.
+"""The broker's stream of cluster events: a bounded ring of machine, worker and batch job events,
+each with a per-broker sequence number, that ``GET /v1/events`` reads (and follows) from any
+point still held.
 
 Sequence numbers are this broker's: they start at 1 when the broker starts and only grow; another
 broker numbers the same events differently. A reader resuming after an id whose successors are no
@@ -17,24 +18,40 @@ from typing import Literal
 from pydantic import Field
 
 from souq.model import MachineEvent, MachineState, Record, WorkerState
+from souq.model.job import Job, JobChange, JobState
 
-__all__ = ["ClusterEvent", "EventLog", "Gap"]
+__all__ = ["ClusterEvent", "EventLog", "Gap", "JobNote"]
+
+
+class JobNote(Record):
+    """Job events: which job, what changed and why (docs/jobs.md, "Events")."""
+
+    name: str
+    type: JobChange
+    why: str = Field(description="the change in words, as the job's record says it")
+    attempts: int = Field(description="runs started so far")
+    exit_code: int | None = None
 
 
 class ClusterEvent(Record):
-    """One event of the stream: a machine's state change (``kind: machine``) or a worker going
-    up or down (``kind: worker``)."""
+    """One event of the stream: a machine's state change (``kind: machine``), a worker going
+    up or down (``kind: worker``) or a batch job's change (``kind: job``)."""
 
     seq: int = Field(description="per-broker, strictly increasing; the SSE `id:`")
-    kind: Literal["machine", "worker"]
+    kind: Literal["machine", "worker", "job"]
     timestamp: int = Field(description="milliseconds since the epoch")
-    worker_id: str
-    region: str
+    worker_id: str = Field(description="job events: the worker that holds or held it, or ''")
+    region: str = Field(description="'' for job events")
     machine_id: str | None = None
     app: str | None = None
-    state: MachineState | WorkerState = Field(description="the machine's or the worker's state")
-    previous: WorkerState | None = Field(default=None, description="worker events: before")
+    state: MachineState | WorkerState | JobState = Field(
+        description="the machine's, the worker's or the job's state"
+    )
+    previous: WorkerState | JobState | None = Field(
+        default=None, description="worker and job events: the state before"
+    )
     event: MachineEvent | None = Field(default=None, description="machine events: the event")
+    job: JobNote | None = Field(default=None, description="job events: the job and its change")
 
 
 class Gap(Record):
@@ -88,6 +105,27 @@ class EventLog:
             region=region,
             state=state,
             previous=previous,
+        )
+
+    def append_job(
+        self, job: Job, change: JobChange, *, previous: JobState | None, worker: str | None
+    ) -> ClusterEvent:
+        """A job's change; ``worker``: who holds it, or held it until this change."""
+        note = JobNote(
+            name=job.name,
+            type=change,
+            why=job.why,
+            attempts=job.attempts,
+            exit_code=job.exit_code,
+        )
+        return self._append(
+            kind="job",
+            timestamp=job.updated_ms,
+            worker_id=worker or "",
+            region="",
+            state=job.state,
+            previous=previous,
+            job=note,
         )
 
     def _append(self, **fields: object) -> ClusterEvent:
