@@ -21,7 +21,7 @@ def test_a_run_from_claim_to_success() -> None:
     job = apply(job, JobEvent.RENEW, 6_000, worker="w", lease_ms=5_000)
     assert job.lease_until_ms == 11_000
     job = apply(job, JobEvent.STOP, 7_000, worker="w")
-    assert (job.state, job.worker, job.exit_code) == (JobState.SUCCEEDED, None, 0)
+    assert (job.state, job.worker, job.exit_code) == (JobState.SUCCEEDED, "w", 0)  # who ran it
 
 
 @pytest.mark.parametrize("event", list(JobEvent))

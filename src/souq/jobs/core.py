@@ -138,10 +138,10 @@ def _claim(job: Job, now_ms: int, worker: str | None, lease_ms: int) -> dict[str
 
 
 def _ended(state: JobState, now_ms: int, why: str, **more: Any) -> dict[str, Any]:
+    # ``worker`` stays: who ran it last (None if nobody held it).
     return {
         "state": state,
         "finished_ms": now_ms,
-        "worker": None,
         "lease_until_ms": None,
         "why": why,
         **more,

@@ -116,7 +116,9 @@ class Job(Record):
     state: JobState
     spec: JobSubmit
     attempts: int = Field(default=0, description="runs started so far")
-    worker: str | None = Field(default=None, description="who holds it (claimed or running)")
+    worker: str | None = Field(
+        default=None, description="who holds it (claimed, running), or held it last (ended)"
+    )
     lease_until_ms: int | None = Field(default=None, description="the claim's lease ends")
     not_before_ms: int = Field(default=0, description="pending, but not claimable before")
     cancel_requested: bool = False
