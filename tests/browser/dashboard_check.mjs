@@ -1,9 +1,10 @@
 // Drives Debian's chromium through playwright-core against a running Souq broker:
 //   node dashboard_check.mjs --api http://127.0.0.1:PORT --region mad --app web --out DIR
-//        [--chromium PATH] [--expect-mode events|polling]
+//        [--chromium PATH] [--expect-mode events|polling] [--jobs]
 // Opens /ui, creates a machine through the API and waits for its row, stops it and waits for
-// the row to say `stopped`, then clicks it and waits for the placement winner; all on one page
-// load. Prints one JSON line with what it saw; exits non-zero (with a screenshot in --out) on
+// the row to say `stopped`, then clicks it and waits for the placement winner; with --jobs,
+// submits a batch job and waits for its row, cancels it and waits for `cancelled`; all on one
+// page load. Prints one JSON line with what it saw; exits non-zero (with a screenshot in --out) on
 // any failure. Every wait is a Playwright wait with a deadline.
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -21,6 +22,7 @@ const { values: opt } = parseArgs({
     chromium: { type: "string", default: "/usr/bin/chromium" },
     "expect-mode": { type: "string" }, // "events" or "polling": fail if the page chose otherwise
     token: { type: "string" }, // the API token: sent by this script, given to the page as #token=
+    jobs: { type: "boolean", default: false }, // the broker serves /sched: check the Jobs table
   },
 });
 if (!opt.api) throw new Error("--api URL is required");
@@ -107,6 +109,20 @@ try {
   seen.mode = await page.locator("#mode").getAttribute("data-mode");
   if (opt["expect-mode"] && seen.mode !== opt["expect-mode"]) {
     throw new Error(`the page is in ${seen.mode} mode, not ${opt["expect-mode"]}`);
+  }
+  if (opt.jobs) {
+    // More cpus than any test worker has: no agent takes it, it waits until cancelled.
+    const name = `ui-job-${Date.now()}`;
+    await api("POST", "/sched/submit", { name, command: "sleep 600", cpus: 64 });
+    await page.locator(`#jobs tr[data-job="${name}"][data-state="pending"]`).waitFor({ timeout: WAIT_MS });
+    step("job shown pending");
+    await api("POST", `/sched/cancel/${name}`);
+    const row = page.locator(`#jobs tr[data-job="${name}"][data-state="cancelled"]`);
+    await row.waitFor({ timeout: WAIT_MS });
+    seen.jobState = (await row.locator(".job-state").innerText()).trim();
+    step("job shown cancelled");
+  } else {
+    seen.jobsHidden = await page.locator("#jobs-section").isHidden();
   }
   seen.notReloaded = await page.evaluate(() => window.__souqLoaded === true);
   seen.pageErrors = consoleErrors;

@@ -2,7 +2,8 @@
 (``tests/browser/package.json``; ``make browser-deps`` installs both, no browser download).
 
 One page load each: a machine created through the API appears, its stop shows as ``stopped``,
-and a click shows the placement winner. Against a real cluster, the page uses whatever the
+and a click shows the placement winner; on a real cluster a batch job appears in the Jobs table,
+and its cancel shows as ``cancelled``. Against a real cluster, the page uses whatever the
 broker offers; against stand-in brokers with and without the event stream, it must follow the
 stream, or poll. Skipped only when the tooling is missing and this user cannot install
 it (not root); as root (CI) a missing tool is a failure.
@@ -71,7 +72,8 @@ def check_dashboard(api: str, chromium: str, out: Path, *extra: str) -> dict[str
 
 
 def test_dashboard_follows_a_machine_live(cluster: Cluster, chromium: str, tmp_path: Path) -> None:
-    seen = check_dashboard(cluster.api_url, chromium, tmp_path)
+    seen = check_dashboard(cluster.api_url, chromium, tmp_path, "--jobs")
+    assert seen["jobState"] == "cancelled"
 
     machine = cluster.client().get_machine("web", seen["machine"])
     assert machine.state.value == "stopped"
@@ -89,3 +91,4 @@ def test_dashboard_uses_the_event_stream_or_polls(
     with running_stub(cluster_view=cluster_view) as api:
         seen = check_dashboard(api, chromium, tmp_path, "--expect-mode", mode)
     assert seen["winner"] == "wb"
+    assert seen["jobsHidden"] is True  # a broker without /sched: no Jobs table

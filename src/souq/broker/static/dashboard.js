@@ -7,6 +7,8 @@
 //     the feed shows the changes the polls saw.
 // Which apps it shows: `GET /v1/apps` when the broker has it, plus the apps the user typed and
 // the apps named by events (remembered in localStorage).
+// Batch jobs: `GET /sched/list` at each poll and after each job event (the newest JOBS_MAX);
+// a broker without it hides the section.
 // Everything the API sends is put into the page as text, never as HTML.
 "use strict";
 
@@ -14,6 +16,7 @@
   const POLL_MS = 1000; // while there is no event stream
   const SLOW_POLL_MS = 5000; // a safety net while the event stream is up
   const FEED_MAX = 200;
+  const JOBS_MAX = 50;
   const APP_NAME = /^[a-z0-9][a-z0-9-]{0,62}$/;
   const STORE_KEY = "souq.dashboard.apps";
 
@@ -28,6 +31,10 @@
     selected: null, // {app, id}
     pollTimer: null,
     workersQueued: false,
+    jobs: [], // the answer of /sched/list, newest first
+    jobStates: null, // name -> state at the last poll (to tell changes while polling)
+    hasJobs: null, // null until /sched/list has been tried
+    jobsQueued: false,
   };
 
   const $ = (id) => document.getElementById(id);
@@ -244,9 +251,48 @@
     }
   }
 
+  async function refreshJobs() {
+    if (state.hasJobs === false) return;
+    let listed;
+    try {
+      listed = await getJSON("/sched/list");
+    } catch (err) {
+      if (!missing(err)) throw err;
+      state.hasJobs = false; // a broker from before batch jobs
+      $("jobs-section").hidden = true;
+      return;
+    }
+    state.hasJobs = true;
+    const before = state.jobStates;
+    state.jobStates = new Map(listed.map((j) => [j.name, j.state]));
+    if (before && state.mode !== "events") {
+      for (const j of listed) {
+        const was = before.get(j.name);
+        if (was !== j.state) feed("job", was ? `${j.name} ${was} → ${j.state}` : `${j.name} is ${j.state}`);
+      }
+    }
+    state.jobs = listed;
+    renderJobs();
+  }
+
+  function queueJobs() {
+    // A burst of job events costs one fetch of the list.
+    if (state.jobsQueued) return;
+    state.jobsQueued = true;
+    setTimeout(() => {
+      state.jobsQueued = false;
+      refreshJobs().catch(report);
+    }, 200);
+  }
+
   async function refreshAll() {
     await refreshApps();
-    await Promise.all([refreshWorkers(), refreshRegions(), ...[...state.apps].map(refreshApp)]);
+    await Promise.all([
+      refreshWorkers(),
+      refreshRegions(),
+      refreshJobs(),
+      ...[...state.apps].map(refreshApp),
+    ]);
     $("updated").textContent = `updated ${clock(Date.now())}`;
   }
 
@@ -334,6 +380,15 @@
     }
     if (!event || typeof event !== "object") {
       feed(name, String(event));
+      return;
+    }
+    if (event.kind === "job" && event.job && typeof event.job === "object") {
+      // {kind: job, worker_id, state, previous?, job: {name, type, why, attempts, exit_code}}
+      const change = event.previous ? `${event.previous} → ${event.state}` : event.state;
+      const where = event.worker_id ? `on ${event.worker_id}` : "";
+      const why = event.job.why === event.job.type ? "" : event.job.why;
+      feed(`job ${event.job.type}`, [event.job.name, change, where, why].filter(Boolean).join(" "));
+      queueJobs();
       return;
     }
     // The broker's ClusterEvent: {seq, kind: machine|worker, worker_id, region, machine_id?, app?,
@@ -477,6 +532,36 @@
     if (state.selected) renderSelectedHeader();
   }
 
+  const ENDED = new Set(["succeeded", "failed", "cancelled"]);
+
+  function age(ms) {
+    const s = Math.max(0, Math.floor(ms / 1000));
+    if (s >= 86400) return `${Math.floor(s / 86400)}d`;
+    if (s >= 3600) return `${Math.floor(s / 3600)}h`;
+    if (s >= 60) return `${Math.floor(s / 60)}m`;
+    return `${s}s`;
+  }
+
+  function renderJobs() {
+    const shown = state.jobs.slice(0, JOBS_MAX);
+    const now = Date.now();
+    const rows = shown.map((j) =>
+      el(
+        "tr",
+        { dataset: { job: j.name, state: j.state } },
+        el("td", { class: "id" }, j.name),
+        el("td", { class: "job-state" }, badge(j.state), j.cancel_requested && !ENDED.has(j.state) ? " cancel asked" : ""),
+        el("td", { class: "id" }, j.worker || ""),
+        el("td", {}, j.attempts),
+        el("td", { class: "why" }, j.why),
+        el("td", { title: new Date(j.submitted_ms).toISOString() }, age(now - j.submitted_ms)),
+      ),
+    );
+    $("jobs").replaceChildren(...(rows.length ? rows : [emptyRow(6, "no jobs")]));
+    $("jobs-count").textContent =
+      state.jobs.length > shown.length ? `(the newest ${shown.length} of ${state.jobs.length})` : "";
+  }
+
   const emptyRow = (span, text) => el("tr", {}, el("td", { colspan: span, class: "empty" }, text));
 
   // ---- the placement explanation ------------------------------------------------------------
@@ -603,6 +688,7 @@
     for (const app of new URLSearchParams(location.search).getAll("app")) rememberApp(app);
     renderApps();
     renderMachines();
+    renderJobs();
     setMode("polling");
     follow();
     poll();
