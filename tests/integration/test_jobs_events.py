@@ -16,6 +16,7 @@ import nats
 import pytest
 
 from souq.client import SouqClient
+from souq.errors import Unavailable
 from souq.jobs.store import JobStore
 from souq.model.job import JobEvent
 from souq.testing import Cluster, wait_until
@@ -94,3 +95,36 @@ def test_a_change_made_straight_in_the_bucket_is_an_event(cluster: Cluster) -> N
         message="the claim made in the bucket, in the event stream",
     )
     assert _job_events(client, "ev-direct")[-1]["worker_id"] == "elsewhere"
+
+
+def test_a_change_made_across_a_nats_restart_is_told_once(cluster: Cluster) -> None:
+    """NATS restarts (its store kept); a job is cancelled straight in the bucket as soon as it
+    is back, maybe before the broker has reconnected. The broker watches again and tells the
+    change once: from its watch, or from comparing what it knew with the records it finds."""
+    client = cluster.client()
+    client.submit_job({"name": "ev-outage", "command": "true"})
+    wait_until(lambda: _types(client, "ev-outage") == ["submitted"], timeout=15, message="submit")
+    cluster.nats.stop(keep_store=True)
+    cluster.nats.start()
+
+    async def cancel_in_the_bucket() -> None:
+        nc = await nats.connect(cluster.nats.url, **cluster.nats_options("broker"))
+        try:
+            await (await JobStore.open(nc)).change("ev-outage", JobEvent.CANCEL)
+        finally:
+            await nc.close()
+
+    asyncio.run(cancel_in_the_bucket())
+
+    def told() -> bool:
+        try:
+            return _types(client, "ev-outage") == ["submitted", "cancelled"]
+        except Unavailable:  # the broker is still reconnecting
+            return False
+
+    wait_until(
+        told,
+        timeout=30,
+        interval=0.2,
+        message="the cancel told after the outage",
+    )

@@ -98,6 +98,7 @@ class JobWatch:
                     entry = await watcher.updates(timeout=self._check_s)  # type: ignore[no-untyped-call]
                 except TimeoutError:
                     if self._reconnects() != reconnects:
+                        log.info("NATS reconnected: the job watch starts again")
                         return
                     continue
                 if entry is None:  # the records as they were are all delivered
