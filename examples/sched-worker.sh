@@ -10,7 +10,7 @@ id=${1:-sh-$$} api=${SOUQ_API:-http://127.0.0.1:4280}
 call() { curl -sS -H "Authorization: Bearer ${SOUQ_TOKEN:-}" "$@"; }
 post() { call -o /dev/null -w '%{http_code}' -X POST -d "${3:-}" "$api/sched/$1/$2?worker=$id"; }
 while :; do
-  call "$api/sched/jobs" |
+  call -f "$api/sched/jobs" | # (-f: an error, e.g. a bad token, is said on stderr)
     grep -o '"name":"[^"]*","state":"pending","spec":{"name":"[^"]*","command":"[^"\\]*"' |
     sed 's/^"name":"\([^"]*\)".*"command":"\(.*\)"$/\1 \2/' |
     while read -r name cmd; do
