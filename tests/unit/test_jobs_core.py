@@ -82,3 +82,24 @@ def test_a_deadline_fails_a_waiting_job_and_asks_a_running_one_to_stop() -> None
     )
     asked = apply(running, JobEvent.EXPIRE, 3_000)
     assert asked.state is JobState.RUNNING and asked.cancel_requested
+
+
+def test_a_run_stopped_past_its_deadline_fails_and_a_cancelled_one_is_cancelled() -> None:
+    job = _job(deadline_s=2)  # submitted at 1_000: due at 3_000
+    running = apply(
+        apply(job, JobEvent.CLAIM, 1_500, worker="w", lease_ms=10_000),
+        JobEvent.START,
+        1_600,
+        worker="w",
+        lease_ms=10_000,
+    )
+    asked = apply(running, JobEvent.EXPIRE, 3_000)  # the sweep asks its worker to stop it
+    ended = apply(asked, JobEvent.STOP, 3_200, worker="w", stopped=JobStopped(exit_code=-15))
+    assert (ended.state, ended.why, ended.exit_code) == (
+        JobState.FAILED,
+        "its deadline passed",
+        -15,
+    )
+    cancelled = apply(running, JobEvent.CANCEL, 2_000)  # a user's cancel, within the deadline
+    stopped = apply(cancelled, JobEvent.STOP, 2_100, worker="w", stopped=JobStopped(exit_code=-15))
+    assert stopped.state is JobState.CANCELLED

@@ -13,7 +13,8 @@ event          from                            to
 ``renew``      claimed, running                the same, lease extended
 ``stop``       claimed, running                succeeded (exit 0); pending after a backoff
                                                (on-failure, retries left); failed; cancelled
-                                               (cancel asked)
+                                               (cancel asked); failed (cancel asked, and its
+                                               deadline passed)
 ``release``    claimed, running                pending (the claimant gives it back)
 ``expire``     claimed, running (lease over)   pending (or cancelled, or failed past its
                pending (deadline over)         deadline); failed
@@ -161,6 +162,9 @@ def _requeue(job: Job, now_ms: int, why: str, *, wait_ms: int = 0) -> dict[str, 
 def _stop(job: Job, now_ms: int, stopped: JobStopped) -> dict[str, Any]:
     outcome = {"exit_code": stopped.exit_code, "error": stopped.error}
     if job.cancel_requested:
+        deadline = job.deadline_ms
+        if deadline is not None and now_ms >= deadline:  # stopped because its time was up
+            return _ended(JobState.FAILED, now_ms, "its deadline passed", **outcome)
         return _ended(JobState.CANCELLED, now_ms, "cancelled: its worker stopped it", **outcome)
     if stopped.exit_code == 0 and not stopped.error:
         return _ended(JobState.SUCCEEDED, now_ms, "exited 0", **outcome)
