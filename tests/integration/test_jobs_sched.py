@@ -4,13 +4,16 @@ cancels, retries, and a queue that outlives a broker."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import nats
 import pytest
 
+from souq.jobs.output import JobOutputs
 from souq.testing import Cluster, auth_headers, wait_until
 
 
@@ -153,3 +156,39 @@ def test_the_queue_outlives_a_broker(cluster: Cluster, tmp_path: Path) -> None:
     cluster.brokers[0].start()
     with _http(cluster) as http:
         assert http.get("/sched/status/durable").json()["state"] == "pending"
+
+
+def test_a_runs_output_is_read_back_from_the_store(cluster: Cluster) -> None:
+    with _http(cluster) as http:
+        _submit(http, "printer", restart="on-failure", max_retries=1)
+        missing = http.get("/sched/logs/nobody")
+        assert missing.status_code == 404 and missing.json()["status"] == "job_not_found"
+        none_yet = http.get("/sched/logs/printer")
+        assert none_yet.status_code == 404 and none_yet.json()["status"] == "not_found"
+        assert "has not run yet" in none_yet.json()["error"]
+
+        async def keep(attempt: int, data: bytes) -> None:  # as the worker that ran it does
+            nc = await nats.connect(cluster.nats.url, **cluster.nats_options("broker"))
+            try:
+                await (await JobOutputs.open(nc)).put("printer", attempt, data)
+            finally:
+                await nc.close()
+
+        for attempt, code in ((1, 1), (2, 0)):
+            wait_until(
+                lambda: (
+                    http.post("/sched/claim/printer", params={"worker": "w"}).status_code == 200
+                ),
+                timeout=10,
+                message=f"run {attempt} claimable",
+            )
+            http.post("/sched/started/printer", params={"worker": "w"})
+            asyncio.run(keep(attempt, f"run {attempt}\n".encode()))
+            http.post("/sched/stopped/printer", params={"worker": "w"}, json={"exit_code": code})
+        last = http.get("/sched/logs/printer")
+        assert last.status_code == 200 and last.text == "run 2\n"
+        assert last.headers["content-type"].startswith("text/plain")
+        assert last.headers["x-souq-attempt"] == "2"
+        first = http.get("/sched/logs/printer", params={"attempt": 1})
+        assert (first.text, first.headers["x-souq-attempt"]) == ("run 1\n", "1")
+        assert http.get("/sched/logs/printer", params={"attempt": 3}).status_code == 404

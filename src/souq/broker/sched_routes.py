@@ -1,7 +1,8 @@
 """The ``/sched`` API: batch jobs as the seed design's toy orchestrator names them, over the queue
 in JetStream (:mod:`souq.jobs`). docs/jobs.md tells each route.
 
-Users: ``POST /sched/submit``, ``GET /sched/status/{name}``, ``POST /sched/cancel/{name}``.
+Users: ``POST /sched/submit``, ``GET /sched/status/{name}``, ``POST /sched/cancel/{name}``,
+``GET /sched/logs/{name}`` (what its last run printed, kept by the agent that ran it).
 Pulling workers: ``GET /sched/jobs`` (waiting and claimable now), ``POST /sched/claim/{name}``
 (200 to exactly one claimant, 409 to the others), ``POST /sched/release/{name}``,
 ``GET /sched/cancellations``. Registered workers (push): ``POST /sched/register``,
@@ -18,9 +19,10 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request
-from fastapi.responses import Response
+from fastapi.responses import PlainTextResponse, Response
 
 from souq.broker.bodies import body_schema, json_response, parse_body
+from souq.errors import NotFound
 from souq.jobs.core import DEFAULT_LEASE_MS
 from souq.jobs.queue import JobQueue
 from souq.model.job import Job, JobEvent, JobState, JobStopped, JobSubmit, Registration
@@ -29,6 +31,7 @@ __all__ = ["sched_router"]
 
 Worker = Annotated[str | None, Query(pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,127}$")]
 WorkerHeader = Annotated[str | None, Header(alias="X-Souq-Worker")]
+Attempt = Annotated[int | None, Query(ge=1, description="which run (default: the last)")]
 LeaseS = Annotated[float, Query(gt=0, le=3600, description="the claim's lease, seconds")]
 
 
@@ -65,6 +68,33 @@ def sched_router(queue: JobQueue) -> APIRouter:
     async def cancel(name: str) -> Response:
         """A waiting job is cancelled at once; a running one when its worker has stopped it."""
         return await change(name, JobEvent.CANCEL, None)
+
+    @router.get(
+        "/logs/{name}",
+        response_class=PlainTextResponse,
+        responses={404: {"description": "no such job (job_not_found), or no output yet"}},
+    )
+    async def logs(name: str, attempt: Attempt = None) -> Response:
+        """What the job's last run printed (stdout and stderr, the last MiB), as text, or run
+        ``?attempt=N``'s; the run is named by the ``X-Souq-Attempt`` header. 404
+        ``job_not_found`` for a job that does not exist, ``not_found`` while no run of it (or
+        not that one) has ended."""
+        job = await (await queue.store()).get(name)
+        outputs = await queue.outputs()
+        if attempt is None:
+            attempt, data = await outputs.last(job)
+        elif (found := await outputs.get(name, attempt)) is not None:
+            data = found
+        else:
+            raise NotFound(
+                f"run {attempt} of job {name} has no output kept",
+                hint=f"the job has had {job.attempts} runs; a run's output is kept when it ends",
+            )
+        return Response(
+            content=data,
+            media_type="text/plain; charset=utf-8",
+            headers={"X-Souq-Attempt": str(attempt)},
+        )
 
     @router.get("/jobs", response_model=list[Job])
     async def waiting() -> Response:

@@ -1,6 +1,8 @@
-"""What a broker runs for batch jobs: the queue's store, opened on first use, a sweep every
-second that requeues jobs whose worker's lease ran out and fails those past their deadline, and
-(given a listener) the watch that tells every job's changes (:mod:`souq.jobs.watch`).
+"""What a broker runs for batch jobs: the queue's store and the runs' output store
+(:mod:`souq.jobs.output`), opened on first use (the sweep's first round opens both, so that
+agents find them), a sweep every second that requeues jobs whose worker's lease ran out and
+fails those past their deadline, and (given a listener) the watch that tells every job's changes
+(:mod:`souq.jobs.watch`).
 
 Every broker sweeps; they never need to agree on who does, because each change is a
 compare-and-set on the job's revision (:mod:`souq.jobs.store`): of two brokers expiring one
@@ -19,6 +21,7 @@ from nats.js.kv import KeyValue
 from souq.bus.jetstream import OnFirstUse
 from souq.clock import Clock
 from souq.errors import SouqError
+from souq.jobs.output import JobOutputs
 from souq.jobs.store import BUCKET, JobStore
 from souq.jobs.watch import JobListener, JobWatch
 
@@ -40,6 +43,7 @@ class JobQueue:
     ) -> None:
         self._client = client
         self._store = OnFirstUse(lambda: JobStore.open(client(), clock=clock))
+        self._outputs = OnFirstUse(lambda: JobOutputs.open(client()))
         self._sweep_s = sweep_s
         self._task: asyncio.Task[None] | None = None
         self.watch = (
@@ -55,6 +59,9 @@ class JobQueue:
 
     def _reconnects(self) -> int:
         return int(self._client().stats["reconnects"])
+
+    async def outputs(self) -> JobOutputs:
+        return await self._outputs.get()
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._sweep(), name="souq-jobs-sweep")
@@ -72,6 +79,7 @@ class JobQueue:
         while True:
             await asyncio.sleep(self._sweep_s)
             try:
+                await self.outputs()  # made for the agents, which only bind to it
                 for job in await (await self.store()).sweep():
                     log.info("job %s: %s", job.name, job.why)
             except SouqError as exc:  # NATS down or no JetStream: the next sweep tries again

@@ -9,6 +9,10 @@ consumer, so each name goes to one idle worker, the first that asks (join-idle-q
 binding), with no worker watching the whole queue; the claim itself is still the
 compare-and-set below, so a stale name (a job claimed over HTTP meanwhile) is only dropped.
 
+An agent binds to what a broker made (:meth:`JobStore.bind`: the bucket and the stream, none of
+them created), pulls names through :meth:`JobStore.runners` and follows a job it runs with
+:meth:`JobStore.follow` (a watch of its one key: a cancel reaches it at once).
+
 Every change is :func:`souq.jobs.core.apply` followed by a compare-and-set on the key's
 revision (``update(..., last=revision)``). Two claims of one job, from any two brokers or
 workers, read the same revision; one write lands, the other finds a newer revision, reads it
@@ -17,15 +21,16 @@ again and is refused by the table (the job is claimed now): exactly one claimant
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from secrets import token_hex
 
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
-from nats.js.api import RetentionPolicy, StorageType, StreamConfig
+from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StorageType, StreamConfig
 from nats.js.client import JetStreamContext
 from nats.js.kv import KeyValue
 
@@ -44,6 +49,8 @@ WORKERS = "souq-sched-workers"  # the push model's registered workers and what t
 READY = "souq-jobs-ready"  # the stream of claimable job names
 READY_SUBJECT = "souq.jobs.ready"
 RUNNERS = "souq-job-runners"  # the agents' shared pull consumer on it
+# A name an agent fetched and neither acked nor gave back (it died) goes to another after this.
+RUNNERS_ACK_WAIT_S = 30.0
 _TRIES = 32  # compare-and-set rounds before giving up (each lost one means another changed it)
 _WHAT = "the job queue"
 
@@ -52,7 +59,7 @@ class JobStore:
     def __init__(
         self,
         kv: KeyValue,
-        workers: KeyValue,
+        workers: KeyValue | None,
         clock: Clock | None = None,
         js: JetStreamContext | None = None,
     ) -> None:
@@ -60,6 +67,7 @@ class JobStore:
         self._workers = workers
         self._js = js
         self.clock = clock or SystemClock()
+        self._stopping: set[asyncio.Future[None]] = set()  # watches stopped after a cancel
 
     @classmethod
     async def open(cls, nc: Client, *, replicas: int = 1, clock: Clock | None = None) -> JobStore:
@@ -84,6 +92,68 @@ class JobStore:
         except (nats.errors.Error, nats.js.errors.Error) as exc:
             raise unavailable(_WHAT, exc) from exc
         return cls(kv, workers, clock, js)
+
+    @classmethod
+    async def bind(cls, nc: Client, *, clock: Clock | None = None) -> JobStore:
+        """The queue as an agent uses it: the bucket and the ready stream a broker made (none
+        is created here; :class:`~souq.errors.Unavailable` until one has), without the push
+        model's registered workers."""
+        js = nc.jetstream()
+        try:
+            kv = await js.key_value(BUCKET)
+        except (nats.errors.Error, nats.js.errors.Error) as exc:
+            raise unavailable(_WHAT, exc) from exc
+        return cls(kv, None, clock, js)
+
+    async def runners(self) -> JetStreamContext.PullSubscription:
+        """A pull subscription on the ready stream through the agents' one durable consumer
+        (made by the first agent that asks; the same configuration from every agent): each
+        name goes to one of the agents that fetch, whichever asks first."""
+        js = self._require_js()
+        config = ConsumerConfig(
+            durable_name=RUNNERS,
+            ack_policy=AckPolicy.EXPLICIT,
+            ack_wait=RUNNERS_ACK_WAIT_S,
+            max_ack_pending=-1,  # names put back with a delay (a job that fits nowhere) wait
+            description="souq agents pulling batch jobs",
+        )
+        try:
+            return await js.pull_subscribe(
+                READY_SUBJECT, durable=RUNNERS, stream=READY, config=config
+            )
+        except (nats.errors.Error, nats.js.errors.Error) as exc:
+            raise unavailable(_WHAT, exc) from exc
+
+    async def follow(self, name: str) -> AsyncGenerator[Job, None]:
+        """The job as it is now, then each change of it, for as long as the caller iterates
+        (a watch of its key); :class:`~souq.errors.Unavailable` when the watch breaks."""
+        opening = asyncio.ensure_future(self._kv.watch(name, ignore_deletes=True))
+        try:
+            watcher = await asyncio.shield(opening)
+        except asyncio.CancelledError:  # the watch is made all the same: stop it once it is
+            opening.add_done_callback(self._stop_watch)
+            raise
+        except (nats.errors.Error, nats.js.errors.Error) as exc:
+            raise unavailable(_WHAT, exc) from exc
+        try:
+            async for entry in watcher:
+                if entry is not None and entry.value:
+                    yield _decode(entry.value, entry.revision)
+        finally:
+            with contextlib.suppress(nats.errors.Error, nats.js.errors.Error):
+                await watcher.stop()  # type: ignore[no-untyped-call]
+
+    def _stop_watch(self, opening: asyncio.Future[KeyValue.KeyWatcher]) -> None:
+        if opening.cancelled() or opening.exception() is not None:
+            return
+        stopping = asyncio.ensure_future(opening.result().stop())  # type: ignore[no-untyped-call]
+        self._stopping.add(stopping)
+        stopping.add_done_callback(self._stopping.discard)
+
+    def _require_js(self) -> JetStreamContext:
+        if self._js is None:
+            raise unavailable(_WHAT, RuntimeError("opened without JetStream"))
+        return self._js
 
     async def _ready(self, job: Job) -> None:
         """Say that ``job`` can be claimed (its name, on the ready stream)."""
@@ -168,7 +238,7 @@ class JobStore:
         """Keep what a push-model worker has free (a name is made when it gives none)."""
         named = reg if reg.name else reg.model_copy(update={"name": f"w-{token_hex(6)}"})
         try:
-            await self._workers.put(named.name, named.model_dump_json().encode())
+            await self._registered().put(named.name, named.model_dump_json().encode())
         except (nats.errors.Error, nats.js.errors.Error) as exc:
             raise unavailable(_WHAT, exc) from exc
         return named
@@ -177,7 +247,7 @@ class JobStore:
         """The jobs ``worker`` holds, after claiming for it the waiting ones that fit in what it
         registered as free beside them (oldest first)."""
         try:
-            entry = await self._workers.get(worker)
+            entry = await self._registered().get(worker)
         except nats.js.errors.KeyNotFoundError as exc:
             raise JobNotFound(
                 f"no registered worker {worker!r}",
@@ -203,6 +273,11 @@ class JobStore:
                 cpu -= job.spec.cpus
                 mem -= job.spec.memory_mb
         return held
+
+    def _registered(self) -> KeyValue:
+        if self._workers is None:
+            raise unavailable(_WHAT, RuntimeError("bound without the registered workers"))
+        return self._workers
 
     async def sweep(self) -> list[Job]:
         """Expire what is due (leases run out, deadlines passed); the jobs changed."""
