@@ -19,7 +19,9 @@ from souq.testing import Cluster, auth_headers, wait_until
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with Cluster(tmp_path_factory.mktemp("sched"), regions={"mad": 1}, brokers=2) as c:
+    # No agents: they would pull and run the jobs these tests claim over HTTP (their own
+    # runs are tests/integration/test_jobs_agents.py's).
+    with Cluster(tmp_path_factory.mktemp("sched"), regions={"mad": 0}, brokers=2) as c:
         yield c
 
 

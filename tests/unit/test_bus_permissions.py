@@ -13,7 +13,9 @@ def test_an_agent_speaks_only_as_itself() -> None:
     perms = permissions_of("agent-w1")
     assert {"souq.hb.*.w1", "souq.evt.*.w1", "souq.use.*.w1"} <= set(perms.publish)
     assert not any(s.startswith(("souq.worker", "souq.all", "souq.offers")) for s in perms.publish)
-    assert not any(s.startswith(("$KV", "$O", "$JS.API.>")) for s in perms.publish)
+    # Of the buckets' subjects, only the batch jobs' records and outputs (it runs jobs).
+    written = [s for s in perms.publish if s.startswith(("$KV", "$O", "$JS.API.>"))]
+    assert written == ["$KV.souq-jobs.>", "$O.souq-job-logs.>"]
     assert "souq.worker.w1.*" in perms.subscribe
     assert not any(
         s.startswith(("souq.hb", "souq.evt", "souq.use", "souq.worker.*")) for s in perms.subscribe
@@ -55,3 +57,23 @@ def test_which_credential_an_agent_takes() -> None:
         choose_worker(["w1"], "w9", None)  # a data dir of another worker: refused
     with pytest.raises(InvalidInput, match="belongs to worker w2"):
         choose_worker(["w1", "w2"], "w2", "w1")
+
+
+def test_an_agent_pulls_jobs_through_the_runners_consumer_alone() -> None:
+    publish = set(permissions_of("agent-w1").publish)
+    assert {
+        "$JS.API.CONSUMER.MSG.NEXT.souq-jobs-ready.souq-job-runners",
+        "$JS.API.CONSUMER.CREATE.souq-jobs-ready.souq-job-runners",
+        "$JS.API.CONSUMER.INFO.souq-jobs-ready.souq-job-runners",
+        "$JS.ACK.souq-jobs-ready.souq-job-runners.>",
+        "souq.jobs.ready",
+        "souq.jobevt.*.w1",
+        "$JS.API.DIRECT.GET.KV_souq-jobs.>",
+        "$JS.API.STREAM.INFO.OBJ_souq-job-logs",
+    } <= publish
+    jobs = [s for s in publish if "souq-jobs" in s or "souq-job-" in s]
+    assert not any(
+        verb in s for s in jobs for verb in (".DELETE.souq", ".PURGE.", ".UPDATE.", "STREAM.CREATE")
+    )
+    assert not any(s.endswith(("souq-jobs-ready.*", "souq-jobs-ready.>")) for s in jobs)
+    assert "souq.jobevt.>" in permissions_of("broker").subscribe

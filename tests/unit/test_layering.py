@@ -20,6 +20,8 @@ PURE = [
     "agent/operations.py",
     "agent/restart.py",
     "agent/admission.py",
+    "agent/job_rules.py",
+    "jobs/core.py",
     "protocol/verbs.py",
     "protocol/dispatch.py",
     "view/digest.py",

@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from souq.agent.restart import Backoff
+from souq.jobs.core import DEFAULT_LEASE_MS
 from souq.limits import LOG_MAX_BYTES, check_metadata
 
 __all__ = ["DEFAULT_DATA_DIR", "AgentConfig", "Region"]
@@ -28,6 +29,7 @@ Region = Annotated[str, AfterValidator(_region)]  # a worker's region, as config
 
 DEFAULT_PORTS = (20000, 29999)
 DEFAULT_IMAGE_CACHE_MB = 10 * 1024
+DEFAULT_JOBS = 4
 
 
 class AgentConfig(BaseModel):
@@ -104,6 +106,21 @@ class AgentConfig(BaseModel):
         ge=0,
         description="bound of the image cache (DATA_DIR/images): unused images beyond it are "
         "evicted, least recently used first",
+    )
+
+    jobs: int = Field(
+        default=DEFAULT_JOBS,
+        ge=0,
+        le=1024,
+        description="batch jobs this worker runs at once, pulled from the queue when it has "
+        "room (0: it runs none)",
+    )
+    job_lease_s: float = Field(
+        default=DEFAULT_LEASE_MS / 1000,
+        ge=1,
+        le=3600,
+        description="a claimed job's lease: renewed every third of it while the job runs; a "
+        "job whose worker died goes back to the queue once it ends",
     )
 
     @field_validator("ports", mode="before")

@@ -2,10 +2,11 @@
 :func:`run` is the blocking entry point behind ``souq agent``.
 
 Start-up order: open the store (which locks the data dir), fingerprint the host, re-adopt running
-machines and resume unfinished operations, connect to NATS, subscribe, announce a heartbeat.
-Shutdown order: stop taking requests, stop the machines (only with ``stop_machines_on_exit``;
-otherwise they keep running for the next agent to re-adopt), publish the last events, close the
-store and the connection.
+machines and resume unfinished operations, connect to NATS, subscribe, announce a heartbeat,
+start pulling batch jobs (:mod:`souq.agent.jobs`; what an earlier agent's job runs left is
+killed first). Shutdown order: stop taking requests, stop the batch jobs and give them back to
+the queue, stop the machines (only with ``stop_machines_on_exit``; otherwise they keep running
+for the next agent to re-adopt), publish the last events, close the store and the connection.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from souq.agent.executor import Executor
 from souq.agent.faults import fault_point
 from souq.agent.fingerprint import capacity_of, fingerprint
 from souq.agent.images import AgentImages
+from souq.agent.job_process import JobProcesses
+from souq.agent.jobs import JobRunner
 from souq.agent.load import LoadGauge
 from souq.agent.outbox import Outbox
 from souq.agent.ports import PortPool
@@ -88,6 +91,7 @@ class Agent:
         self._executor: Executor | None = None
         self._commands: Commands | None = None
         self._service: AgentService | None = None
+        self.jobs: JobRunner | None = None  # batch jobs (--jobs: not the hollow fleet's)
         self.metrics: MetricsServer | None = None  # --metrics-port
         self.log_rotator = LogRotator(
             config.data_dir / "machines" / RECORDS,  # each machine's log: the agent's files
@@ -210,6 +214,9 @@ class Agent:
                 pacer=self._pacer,
             )
             await self._service.start()
+            if client is not None and self._host_driver is not None and config.jobs > 0:
+                self.jobs = self._job_runner(self._host_driver, admission, self._service)
+                self.jobs.start(client)
             if config.metrics_port:
                 from souq.agent.metrics import AgentCollector, serve_metrics
 
@@ -221,6 +228,33 @@ class Agent:
             await self.aclose()
             raise
         log.info("agent %s ready in region %s", self.worker_id, config.region)
+
+    def _job_runner(
+        self, host: HostDriver, admission: Admission, service: AgentService
+    ) -> JobRunner:
+        transport = self._transport
+        assert transport is not None
+        return JobRunner(
+            worker_id=self.worker_id,
+            region=self.config.region,
+            slots=self.config.jobs,
+            lease_s=self.config.job_lease_s,
+            processes=JobProcesses(
+                self.config.data_dir / "jobs", user=host.user, cgroups=host.cgroups
+            ),
+            admission=admission,
+            clock=self._clock,
+            announce=service.publisher.announce,
+            publish=transport.publish,
+        )
+
+    def owned_pids(self) -> set[int]:
+        """Pids of the children the agent reaps itself: its machines' (the driver's) and its
+        batch jobs'."""
+        driver = self._executor.driver if self._executor is not None else self._host_driver
+        owned = getattr(driver, "owned_pids", None)
+        pids: set[int] = owned() if owned is not None else set()
+        return pids | (self.jobs.owned_pids() if self.jobs is not None else set())
 
     def _credential(self, store: Store) -> NatsCredential | None:
         """With an auth directory, the agent's own credential: the worker id it speaks as
@@ -242,6 +276,9 @@ class Agent:
             self.metrics = None
         if self._service is not None:
             await self._service.stop_listening()
+        if self.jobs is not None:
+            await self.jobs.aclose()  # given back to the queue while the bus is still there
+            self.jobs = None
         if self._commands is not None and self.config.stop_machines_on_exit:
             await self._commands.stop_all()
         if self._executor is not None:
@@ -303,16 +340,13 @@ def _main(config: AgentConfig) -> Coroutine[Any, Any, None]:
             log.warning("cannot become a child subreaper: orphans of machines go to init")
         agent = Agent(config)
         await agent.start()
-        owned = getattr(agent.executor.driver, "owned_pids", None)
-        reaper = Reaper(owned) if owned is not None else None
-        if reaper is not None:
-            reaper.install()
+        reaper = Reaper(agent.owned_pids)
+        reaper.install()
         print(agent.ready_line(), file=sys.stderr, flush=True)
         try:
             await stop.wait()
         finally:
             await agent.aclose()
-            if reaper is not None:
-                reaper.uninstall()
+            reaper.uninstall()
 
     return main()

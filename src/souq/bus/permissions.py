@@ -5,13 +5,17 @@ writes the file.
 * ``broker`` publishes every worker verb, ``souq.all.*``, ``souq.offers.*``, ``souq.discover``
   and to JetStream (it owns the stores, the audit log's ``souq.audit.>`` and the batch jobs'
   ``souq.jobs.>`` included); subscribes
-  to heartbeats, events and usage.
+  to heartbeats, events and usage, and to the agents' job run events.
 * ``proxy`` publishes the verbs of a wake-up, an autostop and the view's sync (start, stop,
   suspend, wait; get, list, digest, locate), ``souq.all.*`` of the view and ``souq.discover``;
   subscribes to heartbeats, events and usage.
 * ``view``: the view's sync verbs only; heartbeats, events and usage.
-* ``agent-<W>`` publishes heartbeats, events and usage *as W* and reads the image and secrets
-  buckets; subscribes to ``souq.worker.W.*``, offers, ``souq.all.*`` and ``souq.discover``.
+* ``agent-<W>`` publishes heartbeats, events, usage and job run events *as W* and reads the
+  image and secrets buckets; runs batch jobs (:func:`_job_runner`): reads and changes the
+  ``souq-jobs`` bucket and watches its keys, pulls names from ``souq-jobs-ready`` through the
+  ``souq-job-runners`` consumer alone, puts a job back with ``souq.jobs.ready`` and writes runs'
+  output to ``souq-job-logs``; subscribes to ``souq.worker.W.*``, offers, ``souq.all.*`` and
+  ``souq.discover``.
 * ``fleet`` (hollow workers, for scale tests only) speaks as any worker: every worker's verbs,
   offers, broadcasts; heartbeats, events and usage of any worker.
 
@@ -49,6 +53,12 @@ FLEET_RESPONSES = 1_000_000  # one fleet connection answers a broadcast for ever
 # JetStream streams behind the buckets (nats-py names them KV_<bucket> and OBJ_<bucket>).
 IMAGE_STREAMS = ("KV_souq-images", "OBJ_souq-image-blobs")
 SECRETS_STREAM = "KV_souq-secrets"
+# Batch jobs (souq.jobs.store, souq.jobs.output): named here, the bus's layer, not imported.
+JOBS_BUCKET = "souq-jobs"
+JOBS_READY = "souq-jobs-ready"
+JOBS_READY_SUBJECT = f"{subjects.PREFIX}.jobs.ready"
+JOBS_RUNNERS = "souq-job-runners"
+JOBS_LOGS = "souq-job-logs"
 
 # The verbs the proxy sends: wake-ups (start, wait), autostop (stop, suspend), the view's sync.
 VIEW_VERBS = ("get", "list", "digest", "locate")
@@ -112,6 +122,41 @@ def _read_streams(streams: Iterable[str]) -> list[str]:
     return allowed
 
 
+def _job_runner() -> list[str]:
+    """What an agent needs to run batch jobs, and no more: the job records (read one, change
+    one by compare-and-set, watch one: an ordered consumer of the bucket's stream, with its flow
+    control), the agents' one pull consumer on the ready stream (look it up, make it with the
+    configuration every agent gives, fetch, ack or nak), the ready subject (a job given back)
+    and the output store (look it up, see whether a run's output is there, write it). Not
+    delete, purge or update a stream, nor create one, nor any other consumer of the ready
+    stream."""
+    api = "$JS.API"
+    kv, logs, ready, runners = f"KV_{JOBS_BUCKET}", f"OBJ_{JOBS_LOGS}", JOBS_READY, JOBS_RUNNERS
+    return [
+        f"{api}.STREAM.INFO.{kv}",
+        f"{api}.STREAM.MSG.GET.{kv}",
+        f"{api}.DIRECT.GET.{kv}",
+        f"{api}.DIRECT.GET.{kv}.>",
+        f"{api}.CONSUMER.CREATE.{kv}",
+        f"{api}.CONSUMER.CREATE.{kv}.>",
+        f"{api}.CONSUMER.INFO.{kv}.*",
+        f"{api}.CONSUMER.DELETE.{kv}.*",
+        f"$JS.FC.{kv}.>",
+        f"$KV.{JOBS_BUCKET}.>",
+        f"{api}.CONSUMER.INFO.{ready}.{runners}",
+        f"{api}.CONSUMER.CREATE.{ready}.{runners}",
+        f"{api}.CONSUMER.CREATE.{ready}.{runners}.{JOBS_READY_SUBJECT}",
+        f"{api}.CONSUMER.MSG.NEXT.{ready}.{runners}",
+        f"$JS.ACK.{ready}.{runners}.>",
+        JOBS_READY_SUBJECT,
+        f"{api}.STREAM.INFO.{logs}",
+        f"{api}.STREAM.MSG.GET.{logs}",
+        f"{api}.DIRECT.GET.{logs}",
+        f"{api}.DIRECT.GET.{logs}.>",
+        f"$O.{JOBS_LOGS}.>",
+    ]
+
+
 def _verbs(verbs: Iterable[str], *, broadcast: Iterable[str] = ()) -> list[str]:
     return [f"{P}.worker.*.{v}" for v in verbs] + [subjects.all_workers(v) for v in broadcast]
 
@@ -127,7 +172,9 @@ def permissions_of(user: str) -> Permissions:
                 f"{P}.hb.*.{w}",
                 f"{P}.evt.*.{w}",
                 f"{P}.use.*.{w}",
+                f"{P}.jobevt.*.{w}",
                 *_read_streams((*IMAGE_STREAMS, SECRETS_STREAM)),
+                *_job_runner(),
             ),
             subscribe=(
                 subjects.worker_verbs(w),
@@ -151,7 +198,7 @@ def permissions_of(user: str) -> Permissions:
                 f"{P}.audit.>",  # the audit log's stream (souq.broker.audit)
                 f"{P}.jobs.>",  # the batch jobs' ready stream (souq.jobs.store)
             ),
-            subscribe=(*OBSERVED, inbox),
+            subscribe=(*OBSERVED, subjects.ALL_JOB_EVENTS, inbox),
         )
     if user == "proxy":
         return Permissions(

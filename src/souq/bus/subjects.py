@@ -9,6 +9,7 @@ subject                            pattern                what travels
 ``souq.hb.<region>.<worker>``      publish                heartbeat (WorkerInfo), every interval
 ``souq.evt.<region>.<worker>``     publish                machine events (state changes)
 ``souq.use.<region>.<worker>``     publish                the worker's usage, when it changes
+``souq.jobevt.<region>.<worker>``  publish                batch job runs started and stopped
 ``souq.discover``                  publish                "heartbeat now": a new broker asks
 =================================  =====================  ==========================================
 """
@@ -17,10 +18,12 @@ from __future__ import annotations
 
 __all__ = [
     "ALL_HEARTBEATS",
+    "ALL_JOB_EVENTS",
     "DISCOVER",
     "all_workers",
     "events",
     "heartbeat",
+    "job_events",
     "offers",
     "usage",
     "worker",
@@ -32,6 +35,7 @@ DISCOVER = f"{PREFIX}.discover"
 ALL_HEARTBEATS = f"{PREFIX}.hb.>"
 ALL_EVENTS = f"{PREFIX}.evt.>"
 ALL_USAGE = f"{PREFIX}.use.>"
+ALL_JOB_EVENTS = f"{PREFIX}.jobevt.>"
 
 
 def _token(value: str) -> str:
@@ -63,6 +67,11 @@ def heartbeat(region: str, worker_id: str) -> str:
 
 def events(region: str, worker_id: str) -> str:
     return f"{PREFIX}.evt.{_token(region)}.{_token(worker_id)}"
+
+
+def job_events(region: str, worker_id: str) -> str:
+    """A worker's batch job runs (:class:`souq.model.job.JobRunEvent`)."""
+    return f"{PREFIX}.jobevt.{_token(region)}.{_token(worker_id)}"
 
 
 def usage(region: str, worker_id: str) -> str:

@@ -166,6 +166,22 @@ def agent(
         bool,
         typer.Option("--allow-root-machines", help="Let --machine-user be root."),
     ] = False,
+    jobs: Annotated[
+        int | None,
+        typer.Option(
+            "--jobs",
+            help="Batch jobs to run at once, pulled from the queue when there is room "
+            "(default 4; 0: none).",
+        ),
+    ] = None,
+    job_lease_s: Annotated[
+        float | None,
+        typer.Option(
+            "--job-lease",
+            help="Seconds a claimed job is leased for (default 30): renewed while it runs, "
+            "back in the queue this long after its worker died.",
+        ),
+    ] = None,
     log_format: LogFormatOpt = LogFormat.TEXT,
 ) -> None:
     """Run a worker agent in the foreground."""

@@ -14,6 +14,7 @@ __all__ = [
     "Job",
     "JobChange",
     "JobEvent",
+    "JobRunEvent",
     "JobState",
     "JobStopped",
     "JobSubmit",
@@ -135,3 +136,25 @@ class Job(Record):
     def deadline_ms(self) -> int | None:
         d = self.spec.deadline_s
         return None if d is None else self.submitted_ms + int(d * 1000)
+
+
+class JobRunEvent(Record):
+    """What an agent tells of a job run it starts and ends, on ``souq.jobevt.<region>.<worker>``
+    (docs/jobs.md, "Events"). The queue's record is the truth; these say what happened where.
+
+    ``outcome`` of a ``job.stopped``: ``exited`` (its exit was reported: ``state`` is what the
+    queue made of it), ``not_started`` (its process could not start: reported as exit 127),
+    ``released`` (the agent shut down and gave it back), ``fenced`` (its lease was lost or could
+    not be renewed: killed, reported by nobody; the queue requeues it once the lease ends)."""
+
+    kind: Literal["job.started", "job.stopped"]
+    name: str
+    worker: str
+    region: str
+    attempt: int
+    at_ms: int
+    pid: int | None = None
+    outcome: Literal["", "exited", "not_started", "released", "fenced"] = ""
+    exit_code: int | None = None
+    signal: str | None = None
+    state: JobState | None = Field(default=None, description="the job's state after the stop")
