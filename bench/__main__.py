@@ -2,8 +2,8 @@
 
 Without names, the default suites run (``spine``, ``scale``, ``tradeoff``, ``view``,
 ``supervise``, ``creates``, ``proxy``, ``wake``, ``images``, ``deploy``, ``attack``,
-``secured``); ``c1m`` (100,000 machines onto 5,000 hollow workers, a few minutes) runs only when
-named."""
+``secured``, ``jobs``); ``c1m`` (100,000 machines onto 5,000 hollow workers, a few minutes)
+runs only when named."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from bench import (
     creates,
     deploy,
     images,
+    jobs,
     proxy,
     scale,
     secured,
@@ -37,6 +38,7 @@ SUITES = {
     "deploy": deploy.main,
     "attack": attack.main,
     "secured": secured.main,
+    "jobs": jobs.main,
 }
 DEFAULT = [
     "spine",

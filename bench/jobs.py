@@ -103,11 +103,15 @@ def run() -> dict[str, Any]:
                 with httpx.Client(base_url=broker.url, timeout=60) as http:
 
                     def ended() -> list[dict[str, Any]] | None:
-                        jobs: list[dict[str, Any]] = http.get("/sched/list").json()
+                        answer = http.get("/sched/list")
+                        if answer.status_code != 200:
+                            print(f"listing the jobs: {answer.status_code} {answer.text[:200]}")
+                            return None
+                        jobs: list[dict[str, Any]] = answer.json()
                         done = [j for j in jobs if j["state"] in ("succeeded", "failed")]
                         return jobs if len(done) >= TASKS else None
 
-                    jobs = wait_until(ended, timeout=900, interval=1.0, message="every job ended")
+                    jobs = wait_until(ended, timeout=900, interval=3.0, message="every job ended")
             finally:
                 fleet.stop()
                 broker.stop()

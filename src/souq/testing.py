@@ -195,9 +195,11 @@ class FleetProcess(_WorkerProcess):
 
     what = "fleet"
     workers: int
+    extra_args: Sequence[str] = ()  # e.g. ["--jobs", "1"]
 
     def start(self, timeout: float = 120.0) -> None:
         args = [*self._command(), "--workers", str(self.workers), "--region", self.region]
+        args += list(self.extra_args)
         if self.cpus is not None:
             args += ["--cpus", str(self.cpus)]
         if self.memory_mb is not None:

@@ -39,6 +39,7 @@ import signal
 import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Protocol
 
 import psutil
 
@@ -51,7 +52,7 @@ from souq.jobs.output import OUTPUT_MAX_BYTES
 from souq.limits import LOG_CHECK_INTERVAL_S
 from souq.model.job import Job
 
-__all__ = ["JobProcess", "JobProcesses", "RunRecord", "run_id"]
+__all__ = ["JobProcess", "JobProcesses", "Rotator", "Run", "RunRecord", "Runs", "run_id"]
 
 log = logging.getLogger(__name__)
 
@@ -333,3 +334,35 @@ def _cgroup(rid: str) -> str:
 
 def _run(record: RunRecord) -> tuple[str, int]:
     return record.name, record.attempt
+
+
+class Run(Protocol):
+    """What the runner reads of a run (a :class:`JobProcess`, or the hollow fleet's)."""
+
+    pid: int
+    exited: asyncio.Future[ExitStatus]
+
+    def signal(self, sig: int) -> bool: ...
+
+    def detach(self) -> None: ...
+
+
+class Rotator(Protocol):
+    async def run(self) -> None: ...
+
+
+class Runs(Protocol):
+    """The runner's table of runs (:class:`JobProcesses`, or the hollow fleet's)."""
+
+    @property
+    def rotator(self) -> Rotator: ...
+
+    def owned_pids(self) -> set[int]: ...
+
+    def spawn(self, job: Job, *, worker_id: str) -> Run: ...
+
+    def output(self, rid: str) -> tuple[bytes, int]: ...
+
+    def remove(self, rid: str) -> None: ...
+
+    def reclaim(self) -> list[RunRecord]: ...

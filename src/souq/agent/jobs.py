@@ -40,7 +40,7 @@ from nats.aio.msg import Msg
 from nats.js.client import JetStreamContext
 
 from souq.agent.admission import Admission
-from souq.agent.job_process import JobProcess, JobProcesses, RunRecord, run_id
+from souq.agent.job_process import Run, RunRecord, Runs, run_id
 from souq.agent.job_rules import (
     RENEWING,
     STOP_GRACE_S,
@@ -81,7 +81,7 @@ class _Run:
     want: Resources
     renewed_at: float  # monotonic: the start of the last claim, start or renewal that landed
     state: RunState = RunState.RUNNING
-    process: JobProcess | None = None
+    process: Run | None = None
     events: asyncio.Queue[RunEvent] = field(default_factory=asyncio.Queue)
     kill: asyncio.TimerHandle | None = None
     fenced: bool = False  # its lease was lost, or could not be renewed
@@ -106,7 +106,7 @@ class JobRunner:
         region: str,
         slots: int,
         lease_s: float,
-        processes: JobProcesses,
+        processes: Runs,
         admission: Admission,
         clock: Clock,
         announce: Callable[[], None],
@@ -527,7 +527,7 @@ def _signal_number(name: str | None) -> int:
         return 255
 
 
-def _how(proc: JobProcess) -> str:
+def _how(proc: Run) -> str:
     return proc.exited.result().describe()
 
 

@@ -19,6 +19,8 @@ import sys
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
+from nats.aio.client import Client
+
 from souq import daemon
 from souq.agent.admission import Admission
 from souq.agent.commands import Commands
@@ -27,7 +29,7 @@ from souq.agent.executor import Executor
 from souq.agent.faults import fault_point
 from souq.agent.fingerprint import capacity_of, fingerprint
 from souq.agent.images import AgentImages
-from souq.agent.job_process import JobProcesses
+from souq.agent.job_process import JobProcesses, Runs
 from souq.agent.jobs import JobRunner
 from souq.agent.load import LoadGauge
 from souq.agent.outbox import Outbox
@@ -75,11 +77,14 @@ class Agent:
         driver: Driver | None = None,
         load: LoadGauge | None = None,
         pacer: Pacer | None = None,
+        hollow_jobs: tuple[Client, Runs] | None = None,
     ) -> None:
         """``store``, ``driver``, ``load``, ``pacer``: the hollow fleet's (in-memory state, no
         processes, one load gauge and one publishing schedule for every worker of the host);
-        by default the agent's own."""
+        by default the agent's own. ``hollow_jobs``: the fleet's connection and hollow runs, for
+        batch jobs that start no process."""
         self.config = config
+        self._hollow_jobs = hollow_jobs
         self._given_store = store  # e.g. the hollow fleet's in-memory store
         self._given_driver = driver  # e.g. the hollow fleet's no-op driver
         self._load = load
@@ -214,8 +219,16 @@ class Agent:
                 pacer=self._pacer,
             )
             await self._service.start()
-            if client is not None and self._host_driver is not None and config.jobs > 0:
-                self.jobs = self._job_runner(self._host_driver, admission, self._service)
+            if config.jobs > 0 and self._hollow_jobs is not None:
+                job_client, runs = self._hollow_jobs
+                self.jobs = self._job_runner(runs, admission, self._service)
+                self.jobs.start(job_client)
+            elif client is not None and self._host_driver is not None and config.jobs > 0:
+                host = self._host_driver
+                runs = JobProcesses(
+                    self.config.data_dir / "jobs", user=host.user, cgroups=host.cgroups
+                )
+                self.jobs = self._job_runner(runs, admission, self._service)
                 self.jobs.start(client)
             if config.metrics_port:
                 from souq.agent.metrics import AgentCollector, serve_metrics
@@ -229,9 +242,7 @@ class Agent:
             raise
         log.info("agent %s ready in region %s", self.worker_id, config.region)
 
-    def _job_runner(
-        self, host: HostDriver, admission: Admission, service: AgentService
-    ) -> JobRunner:
+    def _job_runner(self, runs: Runs, admission: Admission, service: AgentService) -> JobRunner:
         transport = self._transport
         assert transport is not None
         return JobRunner(
@@ -239,9 +250,7 @@ class Agent:
             region=self.config.region,
             slots=self.config.jobs,
             lease_s=self.config.job_lease_s,
-            processes=JobProcesses(
-                self.config.data_dir / "jobs", user=host.user, cgroups=host.cgroups
-            ),
+            processes=runs,
             admission=admission,
             clock=self._clock,
             announce=service.publisher.announce,

@@ -314,6 +314,10 @@ def fleet(
     region: Annotated[str, typer.Option("--region", help="Their region.")],
     cpus: Annotated[float | None, typer.Option("--cpus", help="CPU cores each offers.")] = None,
     memory_mb: Annotated[int | None, typer.Option("--memory-mb", help="MiB each offers.")] = None,
+    jobs: Annotated[
+        int | None,
+        typer.Option("--jobs", help="Batch jobs each runs at once (hollow: a run sleeps)."),
+    ] = None,
     data_dir: Annotated[
         Path | None,
         typer.Option("--data-dir", help="Keep each worker's state in a file (default: memory)."),

@@ -37,6 +37,7 @@ from souq.clock import SystemClock
 from souq.fleet.bus import FleetBus
 from souq.fleet.driver import HollowDriver
 from souq.fleet.heap import SurvivorFreezer
+from souq.fleet.jobs import HollowJobProcesses
 from souq.fleet.pacer import FleetPacer
 from souq.fleet.store import file_store, memory_store
 
@@ -58,6 +59,9 @@ class FleetConfig(BaseModel):
     workers: int = Field(ge=1, le=100_000)
     cpus: float = Field(default=4.0, gt=0, description="each worker offers this many")
     memory_mb: int = Field(default=8192, gt=0, description="each worker offers this much")
+    jobs: int = Field(
+        default=0, ge=0, le=64, description="batch jobs each worker runs at once (hollow runs)"
+    )
     data_dir: Path | None = Field(
         default=None, description="one state file per worker; default: in memory"
     )
@@ -122,6 +126,7 @@ class Fleet:
             cpus=config.cpus,
             memory_mb=config.memory_mb,
             heartbeat_interval_s=config.interval_s,
+            jobs=config.jobs,
             **({"data_dir": data_dir} if data_dir else {}),
         )
         agent = Agent(
@@ -131,6 +136,9 @@ class Fleet:
             driver=self.driver,
             load=self.load,
             pacer=self._pacer,
+            hollow_jobs=(
+                (self._bus.transport.client, HollowJobProcesses()) if self.config.jobs else None
+            ),
         )
         await agent.start()
         self.agents.append(agent)

@@ -48,6 +48,11 @@ BUCKET = "souq-jobs"
 WORKERS = "souq-sched-workers"  # the push model's registered workers and what they have free
 READY = "souq-jobs-ready"  # the stream of claimable job names
 READY_SUBJECT = "souq.jobs.ready"
+# A watch's consumer outlives its watcher by this long: a run's watch and a listing each make
+# one, and a stream holds at most a thousand (the server deletes a consumer nobody listens to
+# after its inactivity threshold, minutes by default).
+WATCH_GONE_S = 2.0
+ANNOUNCE_AGAIN_MS = 30_000  # a job waiting this long unclaimed is announced again
 RUNNERS = "souq-job-runners"  # the agents' shared pull consumer on it
 # A name an agent fetched and neither acked nor gave back (it died) goes to another after this.
 RUNNERS_ACK_WAIT_S = 30.0
@@ -67,6 +72,7 @@ class JobStore:
         self._workers = workers
         self._js = js
         self.clock = clock or SystemClock()
+        self._said_again: dict[str, int] = {}  # job -> when this store announced it again
         self._stopping: set[asyncio.Future[None]] = set()  # watches stopped after a cancel
 
     @classmethod
@@ -127,7 +133,9 @@ class JobStore:
     async def follow(self, name: str) -> AsyncGenerator[Job, None]:
         """The job as it is now, then each change of it, for as long as the caller iterates
         (a watch of its key); :class:`~souq.errors.Unavailable` when the watch breaks."""
-        opening = asyncio.ensure_future(self._kv.watch(name, ignore_deletes=True))
+        opening = asyncio.ensure_future(
+            self._kv.watch(name, ignore_deletes=True, inactive_threshold=WATCH_GONE_S)
+        )
         try:
             watcher = await asyncio.shield(opening)
         except asyncio.CancelledError:  # the watch is made all the same: stop it once it is
@@ -156,12 +164,19 @@ class JobStore:
         return self._js
 
     async def _ready(self, job: Job) -> None:
-        """Say that ``job`` can be claimed (its name, on the ready stream)."""
+        """Say that ``job`` can be claimed (its name, on the ready stream). The message id is
+        the record's revision: said twice within the stream's duplicate window (two minutes),
+        the stream keeps it once."""
         if self._js is not None and job.state is JobState.PENDING:
             try:
-                await self._js.publish(READY_SUBJECT, job.name.encode(), stream=READY)
+                await self._js.publish(
+                    READY_SUBJECT,
+                    job.name.encode(),
+                    stream=READY,
+                    headers={"Nats-Msg-Id": f"{job.name}:{job.revision}"},
+                )
             except (nats.errors.Error, nats.js.errors.Error) as exc:
-                # The record is written: HTTP workers see it, and the next sweep says it again.
+                # The record is written: HTTP workers see it, and a sweep says it again.
                 log.warning("job %s: not announced: %s", job.name, exc)
 
     async def submit(self, spec: JobSubmit) -> Job:
@@ -193,7 +208,7 @@ class JobStore:
 
     async def _snapshot(self) -> AsyncIterator[Job]:
         try:
-            watcher = await self._kv.watchall(ignore_deletes=True)
+            watcher = await self._kv.watchall(ignore_deletes=True, inactive_threshold=WATCH_GONE_S)
             try:
                 while True:
                     entry = await watcher.updates(timeout=5)  # type: ignore[no-untyped-call]
@@ -280,14 +295,24 @@ class JobStore:
         return self._workers
 
     async def sweep(self) -> list[Job]:
-        """Expire what is due (leases run out, deadlines passed); the jobs changed."""
+        """Expire what is due (leases run out, deadlines passed), and say again the names of
+        jobs that have waited :data:`ANNOUNCE_AGAIN_MS` unclaimed (their announcement may have
+        been lost with the broker that wrote them); the jobs changed."""
         now = self.clock.now_ms()
         changed = []
-        for job in await self.all():
+        jobs = await self.all()
+        for job in jobs:
             if core.due(job, now):
                 # Another broker (or the holder, renewing) may have changed it first.
                 with contextlib.suppress(IllegalTransition):
                     changed.append(await self.change(job.name, JobEvent.EXPIRE))
+            elif job.state is JobState.PENDING:
+                said = max(job.updated_ms, self._said_again.get(job.name, 0))
+                if now - said >= ANNOUNCE_AGAIN_MS:
+                    self._said_again[job.name] = now
+                    await self._ready(job)  # the stream drops a duplicate within two minutes
+        waiting = {j.name for j in jobs if j.state is JobState.PENDING}
+        self._said_again = {k: v for k, v in self._said_again.items() if k in waiting}
         return changed
 
 
