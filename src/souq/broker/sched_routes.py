@@ -18,17 +18,26 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query, Request
+from fastapi import APIRouter, Header, Path, Query, Request
 from fastapi.responses import PlainTextResponse, Response
 
 from souq.broker.bodies import body_schema, json_response, parse_body
 from souq.errors import NotFound
 from souq.jobs.core import DEFAULT_LEASE_MS
 from souq.jobs.queue import JobQueue
-from souq.model.job import Job, JobEvent, JobState, JobStopped, JobSubmit, Registration
+from souq.model.job import (
+    JOB_NAME,
+    Job,
+    JobEvent,
+    JobState,
+    JobStopped,
+    JobSubmit,
+    Registration,
+)
 
 __all__ = ["sched_router"]
 
+JobName = Annotated[str, Path(pattern=JOB_NAME, description="the job's name")]
 Worker = Annotated[str | None, Query(pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,127}$")]
 WorkerHeader = Annotated[str | None, Header(alias="X-Souq-Worker")]
 Attempt = Annotated[int | None, Query(ge=1, description="which run (default: the last)")]
@@ -61,11 +70,11 @@ def sched_router(queue: JobQueue) -> APIRouter:
         return json_response(await (await queue.store()).submit(spec), status_code=201)
 
     @router.get("/status/{name}", response_model=Job)
-    async def status(name: str) -> Response:
+    async def status(name: JobName) -> Response:
         return json_response(await (await queue.store()).get(name))
 
     @router.post("/cancel/{name}", response_model=Job)
-    async def cancel(name: str) -> Response:
+    async def cancel(name: JobName) -> Response:
         """A waiting job is cancelled at once; a running one when its worker has stopped it."""
         return await change(name, JobEvent.CANCEL, None)
 
@@ -74,7 +83,7 @@ def sched_router(queue: JobQueue) -> APIRouter:
         response_class=PlainTextResponse,
         responses={404: {"description": "no such job (job_not_found), or no output yet"}},
     )
-    async def logs(name: str, attempt: Attempt = None) -> Response:
+    async def logs(name: JobName, attempt: Attempt = None) -> Response:
         """What the job's last run printed (stdout and stderr, the last MiB), as text, or run
         ``?attempt=N``'s; the run is named by the ``X-Souq-Attempt`` header. 404
         ``job_not_found`` for a job that does not exist, ``not_found`` while no run of it (or
@@ -116,20 +125,26 @@ def sched_router(queue: JobQueue) -> APIRouter:
 
     @router.post("/claim/{name}", response_model=Job)
     async def claim(
-        name: str, worker: Worker = None, x_souq_worker: WorkerHeader = None, lease_s: LeaseS = 30
+        name: JobName,
+        worker: Worker = None,
+        x_souq_worker: WorkerHeader = None,
+        lease_s: LeaseS = 30,
     ) -> Response:
         """200 to exactly one claimant; 409 ``illegal_transition`` to every other."""
         return await change(name, JobEvent.CLAIM, worker or x_souq_worker, lease_s=lease_s)
 
     @router.post("/release/{name}", response_model=Job)
     async def release(
-        name: str, worker: Worker = None, x_souq_worker: WorkerHeader = None
+        name: JobName, worker: Worker = None, x_souq_worker: WorkerHeader = None
     ) -> Response:
         return await change(name, JobEvent.RELEASE, worker or x_souq_worker)
 
     @router.post("/renew/{name}", response_model=Job)
     async def renew(
-        name: str, worker: Worker = None, x_souq_worker: WorkerHeader = None, lease_s: LeaseS = 30
+        name: JobName,
+        worker: Worker = None,
+        x_souq_worker: WorkerHeader = None,
+        lease_s: LeaseS = 30,
     ) -> Response:
         return await change(name, JobEvent.RENEW, worker or x_souq_worker, lease_s=lease_s)
 
@@ -158,7 +173,7 @@ def sched_router(queue: JobQueue) -> APIRouter:
 
     @router.post("/started/{name}", response_model=Job)
     async def started(
-        name: str, worker: Worker = None, x_souq_worker: WorkerHeader = None
+        name: JobName, worker: Worker = None, x_souq_worker: WorkerHeader = None
     ) -> Response:
         return await change(name, JobEvent.START, worker or x_souq_worker)
 
@@ -168,7 +183,7 @@ def sched_router(queue: JobQueue) -> APIRouter:
         openapi_extra=body_schema(JobStopped, required=False),
     )
     async def stopped(
-        name: str, request: Request, worker: Worker = None, x_souq_worker: WorkerHeader = None
+        name: JobName, request: Request, worker: Worker = None, x_souq_worker: WorkerHeader = None
     ) -> Response:
         """How the run ended: ``{"exit_code": N, "error": "..."}`` (no body: it succeeded)."""
         body = await parse_body(request, JobStopped, optional=True)

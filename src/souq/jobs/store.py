@@ -196,7 +196,7 @@ class JobStore:
     async def get(self, name: str) -> Job:
         try:
             entry = await self._kv.get(name)
-        except nats.js.errors.KeyNotFoundError as exc:
+        except (nats.js.errors.KeyNotFoundError, nats.js.errors.InvalidKeyError) as exc:
             raise JobNotFound(f"no job {name}", hint="`souq job list` shows the jobs") from exc
         except (nats.errors.Error, nats.js.errors.Error) as exc:
             raise unavailable(_WHAT, exc) from exc
@@ -263,7 +263,7 @@ class JobStore:
         registered as free beside them (oldest first)."""
         try:
             entry = await self._registered().get(worker)
-        except nats.js.errors.KeyNotFoundError as exc:
+        except (nats.js.errors.KeyNotFoundError, nats.js.errors.InvalidKeyError) as exc:
             raise JobNotFound(
                 f"no registered worker {worker!r}",
                 hint="POST /sched/register first, and name yourself with ?worker=",
