@@ -31,8 +31,7 @@ from souq.sim.traces import Node, Pod
 from souq.sim.workload import (
     arrival_order,
     gpu_capacity_milli,
-    gpu_nodes,
-    node_order,
+    ranked_gpu_nodes,
     typical_pods,
 )
 
@@ -105,11 +104,10 @@ def replay_through_pipeline(
         raise InvalidInput(
             f"unknown policy {policy!r}", hint=f"choose one of {', '.join(POLICY_NAMES)}"
         )
-    gnodes = gpu_nodes(nodes)
-    if not gnodes:
-        raise InvalidInput("the trace has no node with GPUs", hint="check the nodes file")
+    ranked = ranked_gpu_nodes(nodes, seed=seed)
+    gnodes = [n for _, n in ranked]
     capacity = gpu_capacity_milli(gnodes)
-    ranks = node_order(len(gnodes), seed=seed)
+    # Ids in rank order: ties that go to the smallest id go to the seed's first node.
     workers = [
         Admission(
             worker_id=f"w{rank:05d}",
@@ -121,9 +119,8 @@ def replay_through_pipeline(
                 gpu_model=n.model or None,
             ),
         )
-        for rank, n in zip(ranks, gnodes, strict=True)
+        for rank, n in ranked
     ]
-    workers.sort(key=lambda a: a.worker_id)
     table = OfferTable.of([_info(a) for a in workers])
     pipeline = build_pipeline(
         POLICY_NAMES[policy],

@@ -36,8 +36,7 @@ from souq.sim.workload import (
     arrival_order,
     curve,
     gpu_capacity_milli,
-    gpu_nodes,
-    node_order,
+    ranked_gpu_nodes,
     typical_pods,
     value_at,
 )
@@ -170,12 +169,9 @@ def replay(
         raise InvalidInput(
             f"unknown policy {policy!r}", hint=f"choose one of {', '.join(POLICIES)}"
         )
-    gnodes = gpu_nodes(nodes)
-    if not gnodes:
-        raise InvalidInput("the trace has no node with GPUs", hint="check the nodes file")
+    gnodes = [n for _, n in ranked_gpu_nodes(nodes, seed=seed)]
     capacity = gpu_capacity_milli(gnodes)
-    ranks = node_order(len(gnodes), seed=seed)
-    cluster = _Cluster([n for _, n in sorted(zip(ranks, gnodes, strict=True))])
+    cluster = _Cluster(gnodes)
     wl = Workload(typical_pods(pods))
     rng = random.Random(f"policy-{seed}")
     fgd_cache = _FgdScores(wl, len(gnodes))

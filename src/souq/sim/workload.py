@@ -12,6 +12,7 @@ import random
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
+from souq.errors import InvalidInput
 from souq.placement.fragmentation import Shape
 from souq.sim.traces import MILLI, Node, Pod
 
@@ -22,6 +23,7 @@ __all__ = [
     "gpu_capacity_milli",
     "gpu_nodes",
     "node_order",
+    "ranked_gpu_nodes",
     "typical_pods",
     "value_at",
 ]
@@ -34,6 +36,15 @@ def gpu_nodes(nodes: Iterable[Node]) -> list[Node]:
 
 def gpu_capacity_milli(nodes: Iterable[Node]) -> int:
     return sum(n.gpus for n in nodes) * MILLI
+
+
+def ranked_gpu_nodes(nodes: Sequence[Node], *, seed: int) -> list[tuple[int, Node]]:
+    """The paper's cluster in the seed's tie-break order: (rank, node) of the nodes with GPUs,
+    by rank; :class:`~souq.errors.InvalidInput` when no node has GPUs."""
+    gnodes = gpu_nodes(nodes)
+    if not gnodes:
+        raise InvalidInput("the trace has no node with GPUs", hint="check the nodes file")
+    return sorted(zip(node_order(len(gnodes), seed=seed), gnodes, strict=True))
 
 
 def arrival_order(
