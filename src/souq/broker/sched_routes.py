@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Path, Query, Request
+from fastapi import APIRouter, Depends, Header, Path, Query, Request
 from fastapi.responses import PlainTextResponse, Response
 
 from souq.broker.bodies import body_schema, json_response, parse_body
@@ -27,6 +27,7 @@ from souq.jobs.core import DEFAULT_LEASE_MS
 from souq.jobs.queue import JobQueue
 from souq.model.job import (
     JOB_NAME,
+    JOB_NAME_MAX,
     Job,
     JobEvent,
     JobState,
@@ -37,9 +38,19 @@ from souq.model.job import (
 
 __all__ = ["sched_router"]
 
-JobName = Annotated[str, Path(pattern=JOB_NAME, description="the job's name")]
-Worker = Annotated[str | None, Query(pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,127}$")]
+JobName = Annotated[
+    str, Path(pattern=JOB_NAME, max_length=JOB_NAME_MAX, description="the job's name")
+]
+Worker = Annotated[str | None, Query(pattern=JOB_NAME, max_length=JOB_NAME_MAX)]
 WorkerHeader = Annotated[str | None, Header(alias="X-Souq-Worker")]
+
+
+def _claimant(worker: Worker = None, x_souq_worker: WorkerHeader = None) -> str | None:
+    """Who asks: ``?worker=``, else the ``X-Souq-Worker`` header (None: anyone, as in the seed)."""
+    return worker or x_souq_worker
+
+
+Claimant = Annotated[str | None, Depends(_claimant)]
 Attempt = Annotated[int | None, Query(ge=1, description="which run (default: the last)")]
 LeaseS = Annotated[float, Query(gt=0, le=3600, description="the claim's lease, seconds")]
 
@@ -126,32 +137,27 @@ def sched_router(queue: JobQueue) -> APIRouter:
     @router.post("/claim/{name}", response_model=Job)
     async def claim(
         name: JobName,
-        worker: Worker = None,
-        x_souq_worker: WorkerHeader = None,
+        who: Claimant,
         lease_s: LeaseS = 30,
     ) -> Response:
         """200 to exactly one claimant; 409 ``illegal_transition`` to every other."""
-        return await change(name, JobEvent.CLAIM, worker or x_souq_worker, lease_s=lease_s)
+        return await change(name, JobEvent.CLAIM, who, lease_s=lease_s)
 
     @router.post("/release/{name}", response_model=Job)
-    async def release(
-        name: JobName, worker: Worker = None, x_souq_worker: WorkerHeader = None
-    ) -> Response:
-        return await change(name, JobEvent.RELEASE, worker or x_souq_worker)
+    async def release(name: JobName, who: Claimant) -> Response:
+        return await change(name, JobEvent.RELEASE, who)
 
     @router.post("/renew/{name}", response_model=Job)
     async def renew(
         name: JobName,
-        worker: Worker = None,
-        x_souq_worker: WorkerHeader = None,
+        who: Claimant,
         lease_s: LeaseS = 30,
     ) -> Response:
-        return await change(name, JobEvent.RENEW, worker or x_souq_worker, lease_s=lease_s)
+        return await change(name, JobEvent.RENEW, who, lease_s=lease_s)
 
     @router.get("/cancellations", response_model=list[Job])
-    async def cancellations(worker: Worker = None, x_souq_worker: WorkerHeader = None) -> Response:
+    async def cancellations(who: Claimant) -> Response:
         """Held jobs whose cancel was asked (the worker's, when it names itself): stop them."""
-        who = worker or x_souq_worker
         jobs = [
             j
             for j in await (await queue.store()).all()
@@ -166,27 +172,23 @@ def sched_router(queue: JobQueue) -> APIRouter:
         return json_response(await (await queue.store()).register(body))
 
     @router.get("/assigned", response_model=list[Job])
-    async def assigned(worker: Worker = None, x_souq_worker: WorkerHeader = None) -> Response:
+    async def assigned(who: Claimant) -> Response:
         """The jobs the registered worker holds, after it is given the waiting ones that fit
         what it registered as free (oldest first)."""
-        return json_response(await (await queue.store()).assign(worker or x_souq_worker or ""))
+        return json_response(await (await queue.store()).assign(who or ""))
 
     @router.post("/started/{name}", response_model=Job)
-    async def started(
-        name: JobName, worker: Worker = None, x_souq_worker: WorkerHeader = None
-    ) -> Response:
-        return await change(name, JobEvent.START, worker or x_souq_worker)
+    async def started(name: JobName, who: Claimant) -> Response:
+        return await change(name, JobEvent.START, who)
 
     @router.post(
         "/stopped/{name}",
         response_model=Job,
         openapi_extra=body_schema(JobStopped, required=False),
     )
-    async def stopped(
-        name: JobName, request: Request, worker: Worker = None, x_souq_worker: WorkerHeader = None
-    ) -> Response:
+    async def stopped(name: JobName, request: Request, who: Claimant) -> Response:
         """How the run ended: ``{"exit_code": N, "error": "..."}`` (no body: it succeeded)."""
         body = await parse_body(request, JobStopped, optional=True)
-        return await change(name, JobEvent.STOP, worker or x_souq_worker, stopped=body)
+        return await change(name, JobEvent.STOP, who, stopped=body)
 
     return router

@@ -21,7 +21,10 @@ __all__ = [
     "Registration",
 ]
 
-JOB_NAME = r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,127}$"
+# A name is a key of the bucket: dots only between other characters (``a.b``, not ``a.`` nor
+# ``a..b``), at most 128 characters (JOB_NAME_MAX).
+JOB_NAME = r"^[a-zA-Z0-9][a-zA-Z0-9_-]*(\.[a-zA-Z0-9_-]+)*$"
+JOB_NAME_MAX = 128
 
 
 class JobState(StrEnum):
@@ -65,7 +68,11 @@ class JobSubmit(Input):
     """``POST /sched/submit``: a named job. Only ``name`` and ``command`` are required (the
     seed's API); the rest is what a queue's user expects."""
 
-    name: str = Field(pattern=JOB_NAME, description="unique: a second submit of it is a 409")
+    name: str = Field(
+        pattern=JOB_NAME,
+        max_length=JOB_NAME_MAX,
+        description="unique: a second submit of it is a 409",
+    )
     command: str | list[str] = Field(
         description="a shell command line, or an argv list run without a shell"
     )
@@ -104,7 +111,7 @@ class JobStopped(Input):
 class Registration(Input):
     """``POST /sched/register``: a worker of the push model and what it has free."""
 
-    name: str = Field(default="", pattern=r"^$|" + JOB_NAME[1:])
+    name: str = Field(default="", pattern=r"^$|" + JOB_NAME, max_length=JOB_NAME_MAX)
     cpu: float = Field(ge=0, description="free cores")
     mem: int = Field(ge=0, description="free memory, MiB")
     diskfree: int = Field(default=0, ge=0, description="free disk, MiB")
