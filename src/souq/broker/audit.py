@@ -19,7 +19,7 @@ import nats.js.errors
 from nats.aio.client import Client
 from nats.js.api import StorageType, StreamConfig
 
-from souq.bus.jetstream import OnFirstUse, unavailable
+from souq.bus.jetstream import OnFirstUse, stream, unavailable
 from souq.model.tokens import AuditRecord
 
 __all__ = ["STREAM", "AuditLog"]
@@ -83,7 +83,8 @@ class AuditLog:
     async def _open(self) -> Client:
         nc = self._client()
         try:
-            await nc.jetstream().add_stream(
+            await stream(
+                nc.jetstream(),
                 StreamConfig(
                     name=STREAM,
                     description="souq audit log: every mutating API call and who made it",
@@ -91,7 +92,7 @@ class AuditLog:
                     storage=StorageType.FILE,
                     max_age=_MAX_AGE_S,
                     max_msgs=_MAX_MSGS,
-                )
+                ),
             )
         except (nats.errors.Error, nats.js.errors.Error) as exc:
             raise unavailable("the audit log", exc) from exc

@@ -29,13 +29,12 @@ class ReleaseStore:
         self._clock = clock or SystemClock()
 
     @classmethod
-    async def open(cls, nc: Client, *, replicas: int = 1) -> ReleaseStore:
+    async def open(cls, nc: Client) -> ReleaseStore:
         try:
             kv = await key_value(
                 nc.jetstream(),
                 BUCKET,
                 "souq releases: one record per app and version",
-                replicas=replicas,
             )
         except (nats.errors.Error, nats.js.errors.Error) as exc:
             raise unavailable("the release store", exc) from exc

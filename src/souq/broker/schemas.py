@@ -143,6 +143,9 @@ class ErrorBody(BaseModel):
 class Health(BaseModel):
     status: str = "ok"
     nats: str = "connected"
+    nats_server: str = Field(
+        default="", description="HOST:PORT of the NATS server (of a cluster's) it is connected to"
+    )
     workers: int = Field(description="live workers known to this broker")
 
 

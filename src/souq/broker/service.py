@@ -136,6 +136,13 @@ class BrokerService:
     def connected(self) -> bool:
         return self._transport.connected
 
+    def nats_server(self) -> str:
+        """HOST:PORT of the NATS server this broker is connected to (empty: none, or a bus that
+        is not NATS)."""
+        client = getattr(self._transport, "client", None)
+        url = getattr(client, "connected_url", None)
+        return str(url.netloc) if url is not None else ""
+
     def nats_client(self) -> Client:
         """The NATS connection under the transport, for JetStream (the image store)."""
         client = getattr(self._transport, "client", None)

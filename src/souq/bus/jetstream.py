@@ -1,23 +1,114 @@
 """What Souq keeps in JetStream shares: a key-value bucket made (or bound to) on first use, the
 error it raises when JetStream is not there, and a store opened once however many ask at once.
 The image store (:mod:`souq.images.store`) and the release store
-(:mod:`souq.broker.releases`) are built on them."""
+(:mod:`souq.broker.releases`) are built on them.
+
+Copies: on a NATS cluster of three nodes or more, every stream Souq makes keeps three (the loss
+of one node loses nothing, and its streams' leaders move to the others within seconds); on a
+lone server, one. ``SOUQ_NATS_REPLICAS`` overrides it (1 to 5). A stream made earlier with fewer
+copies (the cluster grew from one server) is given more when a daemon opens it."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import logging
+import os
 from collections.abc import Awaitable, Callable
 from typing import Generic, TypeVar
 
-from nats.js.api import KeyValueConfig, StorageType
+import nats.js.errors
+from nats.aio.client import Client
+from nats.js.api import KeyValueConfig, ObjectStoreConfig, StorageType, StreamConfig
 from nats.js.client import JetStreamContext
 from nats.js.kv import KeyValue
+from nats.js.object_store import ObjectStore
 
-from souq.errors import Unavailable
+from souq.errors import InvalidInput, Unavailable
 
-__all__ = ["OnFirstUse", "key_value", "unavailable"]
+__all__ = [
+    "REPLICAS_ENV",
+    "OnFirstUse",
+    "key_value",
+    "object_store",
+    "replicas_for",
+    "stream",
+    "unavailable",
+]
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
+REPLICAS_ENV = "SOUQ_NATS_REPLICAS"
+_STREAM_NAME_IN_USE = 10058  # JetStream: the stream exists with another configuration
+_MAX_REPLICAS = 5
+
+
+def replicas_for(nc: Client) -> int:
+    """How many copies a new stream keeps: ``SOUQ_NATS_REPLICAS`` if set, else 3 when the
+    server this client is connected to names three nodes or more in its cluster, else 1."""
+    raw = os.environ.get(REPLICAS_ENV, "").strip()
+    if raw:
+        if not raw.isdigit() or not 1 <= int(raw) <= _MAX_REPLICAS:
+            raise InvalidInput(
+                f"{REPLICAS_ENV}={raw!r} is not a number of copies",
+                hint=f"set it to 1 ... {_MAX_REPLICAS}, or unset it",
+            )
+        return int(raw)
+    # The server's INFO lists the client URLs of its cluster's nodes (itself included).
+    nodes = len(nc._server_info.get("connect_urls") or ())
+    return 3 if nodes >= 3 else 1
+
+
+async def _made(
+    js: JetStreamContext,
+    name: str,
+    replicas: int,
+    create: Callable[[], Awaitable[T]],
+    bind: Callable[[], Awaitable[T]],
+) -> T:
+    """``create()`` the stream ``name``; if it exists with another configuration, give it
+    ``replicas`` copies if it has fewer, and ``bind()`` to it."""
+    try:
+        return await create()
+    except nats.js.errors.BadRequestError as exc:
+        if exc.err_code != _STREAM_NAME_IN_USE:
+            raise
+    info = await js.stream_info(name)
+    if (info.config.num_replicas or 1) < replicas:
+        log.warning(
+            "stream %s has %s copies; giving it %d", name, info.config.num_replicas, replicas
+        )
+        await js.update_stream(dataclasses.replace(info.config, num_replicas=replicas))
+    return await bind()
+
+
+async def stream(js: JetStreamContext, config: StreamConfig) -> None:
+    """The stream (made on first use), with :func:`replicas_for` copies."""
+    replicas = replicas_for(js._nc)
+    config = dataclasses.replace(config, num_replicas=replicas)
+    name = config.name or ""
+
+    async def create() -> None:
+        await js.add_stream(config)
+
+    async def bind() -> None:
+        return None
+
+    await _made(js, name, replicas, create, bind)
+
+
+async def object_store(js: JetStreamContext, bucket: str, config: ObjectStoreConfig) -> ObjectStore:
+    """The object store (made on first use), with :func:`replicas_for` copies."""
+    replicas = replicas_for(js._nc)
+    config = dataclasses.replace(config, replicas=replicas)
+
+    async def create() -> ObjectStore:
+        return await js.create_object_store(bucket, config=config)
+
+    async def bind() -> ObjectStore:
+        return await js.object_store(bucket)
+
+    return await _made(js, f"OBJ_{bucket}", replicas, create, bind)
 
 
 def unavailable(what: str, exc: BaseException) -> Unavailable:
@@ -28,19 +119,25 @@ def unavailable(what: str, exc: BaseException) -> Unavailable:
     )
 
 
-async def key_value(
-    js: JetStreamContext, bucket: str, description: str, *, replicas: int = 1
-) -> KeyValue:
-    """The bucket (made on first use: file storage, one value per key, ``replicas`` copies)."""
-    return await js.create_key_value(
-        config=KeyValueConfig(
-            bucket=bucket,
-            description=description,
-            storage=StorageType.FILE,
-            replicas=replicas,
-            history=1,
-        )
+async def key_value(js: JetStreamContext, bucket: str, description: str) -> KeyValue:
+    """The bucket (made on first use: file storage, one value per key, :func:`replicas_for`
+    copies)."""
+    replicas = replicas_for(js._nc)
+    config = KeyValueConfig(
+        bucket=bucket,
+        description=description,
+        storage=StorageType.FILE,
+        replicas=replicas,
+        history=1,
     )
+
+    async def create() -> KeyValue:
+        return await js.create_key_value(config=config)
+
+    async def bind() -> KeyValue:
+        return await js.key_value(bucket)
+
+    return await _made(js, f"KV_{bucket}", replicas, create, bind)
 
 
 class OnFirstUse(Generic[T]):

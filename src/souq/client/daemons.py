@@ -342,6 +342,15 @@ def dev(
     nats_port: Annotated[
         int | None, typer.Option("--nats-port", help="Port of the embedded NATS server.")
     ] = None,
+    nats_cluster: Annotated[
+        int,
+        typer.Option(
+            "--nats-cluster",
+            min=1,
+            max=7,
+            help="Run NATS as a cluster of this many nodes (3: any one may die).",
+        ),
+    ] = 1,
     regions: Annotated[str, typer.Option("--regions", help="Comma-separated regions.")] = "mad,syd",
     workers_per_region: Annotated[
         int, typer.Option("--workers-per-region", help="Workers started in each region.")

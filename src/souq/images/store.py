@@ -2,7 +2,7 @@
 blob once, by its digest (layers shared between images are stored once), and its key-value
 store one record per image (:class:`~souq.model.image.ImageRecord`), keyed by the reference's
 hex digest, with a second key per name. Replicated as the JetStream streams under it are
-(``replicas``, 1 on a single server).
+(three copies on a NATS cluster of three nodes or more: :func:`souq.bus.jetstream.replicas_for`).
 
 Every blob read back is checked against its digest: a store that returns other bytes is an
 error, never an image that runs.
@@ -26,7 +26,7 @@ from nats.js.client import JetStreamContext
 from nats.js.kv import KeyValue
 from nats.js.object_store import OBJ_CHUNKS_PRE_TEMPLATE, ObjectStore
 
-from souq.bus.jetstream import key_value, unavailable
+from souq.bus.jetstream import key_value, object_store, unavailable
 from souq.clock import Clock, SystemClock, iso_from_ms
 from souq.errors import ImageNotFound, InvalidInput, Unavailable
 from souq.images.manifest import Image, record_of, verify_blob
@@ -58,23 +58,22 @@ class ImageStore:
     clock: Clock = field(default_factory=SystemClock)
 
     @classmethod
-    async def open(cls, nc: Client, *, replicas: int = 1) -> ImageStore:
+    async def open(cls, nc: Client) -> ImageStore:
         """Bind to the buckets, creating them on first use."""
         try:
             js = nc.jetstream()
-            blobs = await js.create_object_store(
+            blobs = await object_store(
+                js,
                 BLOBS_BUCKET,
-                config=ObjectStoreConfig(
+                ObjectStoreConfig(
                     description="souq image blobs, by sha256 digest",
                     storage=StorageType.FILE,
-                    replicas=replicas,
                 ),
             )
             records = await key_value(
                 js,
                 RECORDS_BUCKET,
                 "souq images: one record per image and per name",
-                replicas=replicas,
             )
         except (nats.errors.Error, nats.js.errors.Error) as exc:
             raise unavailable("the image store", exc) from exc

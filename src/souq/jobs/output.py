@@ -18,7 +18,7 @@ from nats.aio.client import Client
 from nats.js.api import ObjectStoreConfig, StorageType
 from nats.js.object_store import ObjectStore
 
-from souq.bus.jetstream import unavailable
+from souq.bus.jetstream import object_store, unavailable
 from souq.errors import NotFound
 from souq.model.job import Job
 
@@ -50,15 +50,15 @@ class JobOutputs:
         self._store = store
 
     @classmethod
-    async def open(cls, nc: Client, *, replicas: int = 1) -> JobOutputs:
+    async def open(cls, nc: Client) -> JobOutputs:
         """The bucket, made on first use (a broker's)."""
         try:
-            store = await nc.jetstream().create_object_store(
+            store = await object_store(
+                nc.jetstream(),
                 LOGS,
-                config=ObjectStoreConfig(
+                ObjectStoreConfig(
                     description="souq batch jobs' output, one object per run",
                     storage=StorageType.FILE,
-                    replicas=replicas,
                     ttl=OUTPUT_TTL_S,
                 ),
             )

@@ -34,7 +34,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StorageType,
 from nats.js.client import JetStreamContext
 from nats.js.kv import KeyValue
 
-from souq.bus.jetstream import key_value, unavailable
+from souq.bus.jetstream import key_value, stream, unavailable
 from souq.clock import Clock, SystemClock
 from souq.errors import IllegalTransition, JobExists, JobNotFound
 from souq.jobs import core
@@ -76,24 +76,20 @@ class JobStore:
         self._stopping: set[asyncio.Future[None]] = set()  # watches stopped after a cancel
 
     @classmethod
-    async def open(cls, nc: Client, *, replicas: int = 1, clock: Clock | None = None) -> JobStore:
+    async def open(cls, nc: Client, *, clock: Clock | None = None) -> JobStore:
         js = nc.jetstream()
         try:
-            kv = await key_value(
-                js, BUCKET, "souq batch jobs: one record per job", replicas=replicas
-            )
-            workers = await key_value(
-                js, WORKERS, "souq batch workers that registered", replicas=replicas
-            )
-            await js.add_stream(
+            kv = await key_value(js, BUCKET, "souq batch jobs: one record per job")
+            workers = await key_value(js, WORKERS, "souq batch workers that registered")
+            await stream(
+                js,
                 StreamConfig(
                     name=READY,
                     description="souq batch jobs that became claimable, by name",
                     subjects=[READY_SUBJECT],
                     retention=RetentionPolicy.WORK_QUEUE,
                     storage=StorageType.FILE,
-                    num_replicas=replicas,
-                )
+                ),
             )
         except (nats.errors.Error, nats.js.errors.Error) as exc:
             raise unavailable(_WHAT, exc) from exc

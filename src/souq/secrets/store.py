@@ -44,13 +44,12 @@ def secrets_key(auth: AuthDir | None) -> SecretsKey:
         ) from None
 
 
-async def open_bucket(nc: Client, *, replicas: int = 1) -> KeyValue:
+async def open_bucket(nc: Client) -> KeyValue:
     try:
         return await key_value(
             nc.jetstream(),
             BUCKET,
             "souq app secrets: sealed, one per app and name",
-            replicas=replicas,
         )
     except _ERRORS as exc:
         raise unavailable("the secrets store", exc) from exc
