@@ -7,6 +7,10 @@ import sys
 import uuid
 from pathlib import Path
 
+import pytest
+
+from souq.testing import Cluster, ProxyProcess
+
 ECHO = str(Path(__file__).with_name("echo_app.py"))
 
 
@@ -21,3 +25,13 @@ def echo_config(**service: object) -> dict[str, object]:
         "guest": {"cpus": 0.1, "memory_mb": 64},
         "services": [{"internal_port": 8080, "autostop": "stop", **service}],
     }
+
+
+def edge_proxy(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> ProxyProcess:
+    """A ``souq proxy`` on the cluster's bus that never stops idle machines by itself (the tests
+    stop and suspend machines themselves); use it as a context manager."""
+    return ProxyProcess(
+        nats_url=cluster.nats.url,
+        log_path=tmp_path_factory.mktemp("proxy") / "proxy.log",
+        extra_args=["--autostop-interval", "3600"],
+    )

@@ -12,6 +12,7 @@ import pytest
 
 from souq.testing import Cluster, ProxyProcess
 from tests.integration.images_harness import souq
+from tests.integration.services_harness import edge_proxy
 from tests.integration.test_deploy import APP, SERVER, toml
 
 
@@ -24,11 +25,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 @pytest.fixture(scope="module")
 def proxy(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProcess]:
-    with ProxyProcess(
-        nats_url=cluster.nats.url,
-        log_path=tmp_path_factory.mktemp("proxy") / "proxy.log",
-        extra_args=["--autostop-interval", "3600"],
-    ) as p:
+    with edge_proxy(cluster, tmp_path_factory) as p:
         yield p
 
 

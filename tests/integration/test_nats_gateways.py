@@ -71,22 +71,15 @@ def test_a_placement_crosses_the_gateway(
     machine = r.json()
     assert machine["worker_id"] == agents["syd"].worker_id
     # Its events cross back: the broker sees it started, and can act on it over the gateway.
-    wait_until(
-        lambda: (
-            http.get(f"/v1/apps/far/machines/{machine['id']}").json()["state"]
-            == MachineState.STARTED.value
-        ),
-        message="the remote machine to be seen started",
-    )
-    assert http.post(f"/v1/apps/far/machines/{machine['id']}/stop").status_code == 200
-    wait_until(
-        lambda: (
-            http.get(f"/v1/apps/far/machines/{machine['id']}").json()["state"]
-            == MachineState.STOPPED.value
-        ),
-        message="the remote machine to be seen stopped",
-    )
-    assert http.delete(f"/v1/apps/far/machines/{machine['id']}").status_code == 200
+    path = f"/v1/apps/far/machines/{machine['id']}"
+
+    def seen(state: MachineState) -> bool:
+        return bool(http.get(path).json()["state"] == state.value)
+
+    wait_until(lambda: seen(MachineState.STARTED), message="the remote machine started")
+    assert http.post(f"{path}/stop").status_code == 200
+    wait_until(lambda: seen(MachineState.STOPPED), message="the remote machine stopped")
+    assert http.delete(path).status_code == 200
 
 
 def test_jetstream_is_one_store_across_the_gateway(

@@ -15,7 +15,7 @@ from souq.compiled import compiled
 from souq.model import MachineState
 from souq.natsserver import free_port
 from souq.testing import Cluster, ProxyProcess, auth_headers, wait_until
-from tests.integration.services_harness import app_name
+from tests.integration.services_harness import app_name, edge_proxy
 from tests.integration.services_harness import echo_config as config
 
 
@@ -27,11 +27,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 @pytest.fixture(scope="module")
 def proxy(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProcess]:
-    with ProxyProcess(
-        nats_url=cluster.nats.url,
-        log_path=tmp_path_factory.mktemp("proxy") / "proxy.log",
-        extra_args=["--autostop-interval", "3600"],
-    ) as p:
+    with edge_proxy(cluster, tmp_path_factory) as p:
         yield p
 
 
