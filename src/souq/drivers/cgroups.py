@@ -528,11 +528,23 @@ def _under(mount: Path, own: str) -> Path:
     return mount / own.lstrip("/")
 
 
+AGENT_LEAF = "agent"  # the leaf the agent runs in when its cgroup holds machines' cgroups
+
+
+def _home(own: str) -> str:
+    """The cgroup whose ``souq/`` holds the machines: the agent's own, or its parent when the
+    agent already runs in the leaf it moves itself to (``AGENT_LEAF``): so an agent started
+    again there (by systemd's ``DelegateSubgroup=agent``) finds the machines its previous
+    run left."""
+    parent, _, leaf = own.rstrip("/").rpartition("/")
+    return (parent or "/") if leaf == AGENT_LEAF else own
+
+
 def _detect_v2(mounts: list[_Mount], own: dict[str, str]) -> V2Backend | None:
     mount = next((m.path for m in mounts if m.fstype == "cgroup2"), None)
     if mount is None or "" not in own:
         return None
-    here = _under(mount, own[""])
+    here = _under(mount, _home(own[""]))
     try:
         available = set((here / "cgroup.controllers").read_text().split())
     except OSError:
@@ -548,8 +560,8 @@ def _detect_v2(mounts: list[_Mount], own: dict[str, str]) -> V2Backend | None:
             if exc.errno != errno.EBUSY:
                 raise
             # "No internal processes": move the agent into a leaf of its own cgroup first.
-            (here / "agent").mkdir(exist_ok=True)
-            _write(here / "agent" / "cgroup.procs", str(os.getpid()))
+            (here / AGENT_LEAF).mkdir(exist_ok=True)
+            _write(here / AGENT_LEAF / "cgroup.procs", str(os.getpid()))
             _write(here / "cgroup.subtree_control", enable)
         base = here / "souq"
         base.mkdir(exist_ok=True)
