@@ -68,6 +68,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 CPU_PERIOD_US = 100_000
+AGENT_LEAF = "agent"  # the agent's leaf when its cgroup holds the machines' (v2)
 DEFAULT_PIDS_MAX = 4096
 CONTROLLERS = ("memory", "cpu", "pids")
 V1_FREEZER = "freezer"  # v1: its own hierarchy, used when mounted (v2 has cgroup.freeze)
@@ -528,23 +529,12 @@ def _under(mount: Path, own: str) -> Path:
     return mount / own.lstrip("/")
 
 
-AGENT_LEAF = "agent"  # the leaf the agent runs in when its cgroup holds machines' cgroups
-
-
-def _home(own: str) -> str:
-    """The cgroup whose ``souq/`` holds the machines: the agent's own, or its parent when the
-    agent already runs in the leaf it moves itself to (``AGENT_LEAF``): so an agent started
-    again there (by systemd's ``DelegateSubgroup=agent``) finds the machines its previous
-    run left."""
-    parent, _, leaf = own.rstrip("/").rpartition("/")
-    return (parent or "/") if leaf == AGENT_LEAF else own
-
-
 def _detect_v2(mounts: list[_Mount], own: dict[str, str]) -> V2Backend | None:
     mount = next((m.path for m in mounts if m.fstype == "cgroup2"), None)
     if mount is None or "" not in own:
         return None
-    here = _under(mount, _home(own[""]))
+    parent, _, leaf = own[""].rstrip("/").rpartition("/")  # in its leaf: DelegateSubgroup=agent
+    here = _under(mount, (parent or "/") if leaf == AGENT_LEAF else own[""])
     try:
         available = set((here / "cgroup.controllers").read_text().split())
     except OSError:
