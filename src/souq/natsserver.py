@@ -24,6 +24,7 @@ from pathlib import Path
 import httpx
 
 from souq.errors import Unavailable
+from souq.natsconf import NodeConf, node_conf
 from souq.procs import terminate
 
 __all__ = ["Gateway", "NatsServer", "Peers", "free_port", "nats_server_binary"]
@@ -69,10 +70,6 @@ class Gateway:
 
     port: int
     others: Mapping[str, Sequence[str]] = field(default_factory=dict)
-
-
-def _quoted(items: Sequence[str]) -> str:
-    return "[" + ", ".join(f'"{item}"' for item in items) + "]"
 
 
 class NatsServer:
@@ -123,35 +120,22 @@ class NatsServer:
         """This node's configuration: ``config`` (included), its name, cluster and gateway."""
         if self.peers is None:
             raise ValueError("this nats-server is not a node of a cluster")
-        lines = ["# Written by souq for one node of a NATS cluster."]
-        if self.config is not None:
-            lines.append(f'include "{os.path.relpath(self.config, self.store_dir)}"')
         peers = self.peers
-        lines += [
-            f'server_name: "{peers.name}"',
-            f'pid_file: "{self._pid_file()}"',
-            "cluster {",
-            f'  name: "{peers.cluster}"',
-            f'  listen: "{self.host}:{peers.route_port}"',
-            # its own route too: the server skips it, and a cluster of one still has routes
-            # (JetStream clustered across gateways needs them)
-            f"  routes: {_quoted(list(peers.routes))}",
-            "}",
-        ]
-        if self.gateway is not None:
-            lines += [
-                "gateway {",
-                f'  name: "{peers.cluster}"',
-                f'  listen: "{self.host}:{self.gateway.port}"',
-                "  gateways: [",
-                *(
-                    f'    {{name: "{name}", urls: {_quoted(list(urls))}}}'
-                    for name, urls in sorted(self.gateway.others.items())
+        gateway = self.gateway
+        return node_conf(
+            NodeConf(
+                name=peers.name,
+                cluster=peers.cluster,
+                route_listen=f"{self.host}:{peers.route_port}",
+                pid_file=str(self._pid_file()),
+                routes=list(peers.routes),
+                include=(
+                    os.path.relpath(self.config, self.store_dir) if self.config is not None else ""
                 ),
-                "  ]",
-                "}",
-            ]
-        return "\n".join(lines) + "\n"
+                gateway_listen=f"{self.host}:{gateway.port}" if gateway is not None else "",
+                gateways=dict(gateway.others) if gateway is not None else {},
+            )
+        )
 
     def _pid_file(self) -> Path:
         """A node's pid file: beside ``config`` when it has one (so that adding an agent's

@@ -139,3 +139,20 @@ def test_prune_removes_the_empty_spares_of_agents_that_are_gone_whatever_their_a
     (busy / "cgroup.procs").write_text("1\n")
     assert prune(backend, older_than_s=60) == 1  # new, but its agent is dead
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([ours.name, busy.name])
+
+
+def test_v2_an_agent_started_in_its_leaf_uses_the_cgroup_above(tmp_path: Path) -> None:
+    """Under systemd (Delegate=yes, DelegateSubgroup=agent) a restarted agent starts in
+    SERVICE/agent: the machines its previous run left are in SERVICE/souq, and it finds them."""
+    from souq.drivers.cgroups import _detect_v2, _Mount
+
+    service = tmp_path / "system.slice" / "souq-agent.service"
+    (service / "agent").mkdir(parents=True)
+    (service / "cgroup.controllers").write_text("cpu memory pids\n")
+    (service / "cgroup.subtree_control").write_text("")
+    mounts = [_Mount(tmp_path, "cgroup2", frozenset())]
+    backend = _detect_v2(mounts, {"": "/system.slice/souq-agent.service/agent"})
+    assert backend is not None
+    assert backend.base == service / "souq"
+    elsewhere = _detect_v2(mounts, {"": "/system.slice/souq-agent.service"})
+    assert elsewhere is not None and elsewhere.base == service / "souq"

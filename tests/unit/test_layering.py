@@ -34,6 +34,7 @@ PURE = [
     "limits.py",
     "secrets/sealed.py",
     "secrets/redact.py",
+    "natsconf.py",
 ]
 
 # Anything that touches the network, processes, files or a database.

@@ -11,6 +11,8 @@ directory of mode 0700::
     DIR/nats.conf      nats-server's configuration: one user per role, each with its nkey
     DIR/nats/ROLE.nk   each role's nkey seed (broker, proxy, view, fleet, agent-WORKER)
     DIR/tls/           with --tls: the bus's CA and server certificate (souq.auth.tls)
+    DIR/nats-NODE.conf one node of a NATS cluster on real hosts (``souq cluster nats-node``)
+    DIR/nats/route.secret  the password NATS nodes expect on routes and gateways
 
 A file that exists is never rewritten: running ``init`` again on the same directory keeps the
 cluster's keys (and adds what is missing).

@@ -83,3 +83,79 @@ def add_agent(
             f"credential: {auth.nats_dir / ('agent-' + worker_id + '.nk')} (copy it to the "
             f"agent's host, with tls/ca.pem if any); nats-server {where}"
         )
+
+
+@cluster_app.command("nats-node")
+def nats_node(  # noqa: PLR0917 (typer passes the options by name)
+    directory: DirArg,
+    name: Annotated[str, typer.Option("--name", help="This node's name (unique: n1, n2, ...).")],
+    routes: Annotated[
+        str,
+        typer.Option(
+            "--routes",
+            help="Every node's route URL, this one's included: nats://h1:6222,nats://h2:6222,...",
+        ),
+    ],
+    cluster_name: Annotated[
+        str, typer.Option("--cluster-name", help="The cluster's name (one per region).")
+    ] = "souq",
+    listen: Annotated[
+        str, typer.Option("--listen", help="Where this node takes routes (HOST:PORT).")
+    ] = "0.0.0.0:6222",
+    client_listen: Annotated[
+        str, typer.Option("--client-listen", help="Where this node takes clients (HOST:PORT).")
+    ] = "0.0.0.0:4222",
+    monitor: Annotated[
+        str, typer.Option("--monitor", help="The monitoring port: /healthz, /varz (HOST:PORT).")
+    ] = "127.0.0.1:8222",
+    store_dir: Annotated[
+        str, typer.Option("--store-dir", help="JetStream's directory on this node.")
+    ] = "/var/lib/souq/nats",
+    advertise: Annotated[
+        str,
+        typer.Option("--advertise", help="HOST:PORT the other nodes are told to route to."),
+    ] = "",
+    gateway_listen: Annotated[
+        str,
+        typer.Option("--gateway-listen", help="Where other clusters reach this one (HOST:PORT)."),
+    ] = "",
+    gateways: Annotated[
+        list[str] | None,
+        typer.Option("--gateway", help="Another cluster: NAME=URL[,URL...] (repeatable)."),
+    ] = None,
+    tls_hosts: Annotated[
+        list[str] | None,
+        typer.Option("--tls-host", help="A name of this node for its route certificate."),
+    ] = None,
+) -> None:
+    """Write DIR/nats-NAME.conf: one node of a NATS cluster on real hosts, including
+    DIR/nats.conf. Routes and gateways need the route secret (DIR/nats/route.secret, made once)
+    and, when DIR has TLS, a certificate the cluster's CA signed (DIR/tls/route-NAME.pem)."""
+    with reporting():
+        from souq.auth.files import AuthDir
+        from souq.auth.nodes import NodeSpec, write_node
+        from souq.client import render
+        from souq.natsconf import parse_gateways, parse_routes
+
+        auth = AuthDir.from_env(directory)
+        assert auth is not None
+        spec = NodeSpec(
+            name=name,
+            routes=parse_routes(routes),
+            cluster=cluster_name,
+            route_listen=listen,
+            client_listen=client_listen,
+            monitor=monitor,
+            store_dir=store_dir,
+            advertise=advertise,
+            gateway_listen=gateway_listen,
+            gateways=parse_gateways(gateways or []),
+            tls_hosts=tls_hosts or [],
+        )
+        path = write_node(auth, spec)
+        render.line(str(path))
+        render.note(
+            f"run it with: nats-server -c {path} (copy {auth.path} to the same path on the "
+            "node's host: nats.conf, this file, nats/route.secret, tls/ca.pem, tls/server.*, "
+            f"tls/route-{name}.*)"
+        )

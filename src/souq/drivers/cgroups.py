@@ -68,6 +68,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 CPU_PERIOD_US = 100_000
+AGENT_LEAF = "agent"  # the agent's leaf when its cgroup holds the machines' (v2)
 DEFAULT_PIDS_MAX = 4096
 CONTROLLERS = ("memory", "cpu", "pids")
 V1_FREEZER = "freezer"  # v1: its own hierarchy, used when mounted (v2 has cgroup.freeze)
@@ -532,7 +533,8 @@ def _detect_v2(mounts: list[_Mount], own: dict[str, str]) -> V2Backend | None:
     mount = next((m.path for m in mounts if m.fstype == "cgroup2"), None)
     if mount is None or "" not in own:
         return None
-    here = _under(mount, own[""])
+    parent, _, leaf = own[""].rstrip("/").rpartition("/")  # in its leaf: DelegateSubgroup=agent
+    here = _under(mount, (parent or "/") if leaf == AGENT_LEAF else own[""])
     try:
         available = set((here / "cgroup.controllers").read_text().split())
     except OSError:
@@ -548,8 +550,8 @@ def _detect_v2(mounts: list[_Mount], own: dict[str, str]) -> V2Backend | None:
             if exc.errno != errno.EBUSY:
                 raise
             # "No internal processes": move the agent into a leaf of its own cgroup first.
-            (here / "agent").mkdir(exist_ok=True)
-            _write(here / "agent" / "cgroup.procs", str(os.getpid()))
+            (here / AGENT_LEAF).mkdir(exist_ok=True)
+            _write(here / AGENT_LEAF / "cgroup.procs", str(os.getpid()))
             _write(here / "cgroup.subtree_control", enable)
         base = here / "souq"
         base.mkdir(exist_ok=True)
