@@ -122,7 +122,10 @@ BAD = [
         "config.stop_config.signal: unknown signal 'SIGNOPE'",
     ),
     ("reserved env", with_config(env={"SOUQ_APP": "x"}), "config.env: 'SOUQ_APP'"),
-    ("missing region", {"config": {"cmd": ["x"]}}, "region: Field required"),
+    ("skip_secrets", {**GOOD, "skip_secrets": True}, "skip_secrets: not supported by Souq"),
+    ("Fly's mounts", with_config(mounts=[{"volume": "v1", "path": "/d"}]), "config: mounts: not"),
+    ("Fly's tls", with_config(services=[{"internal_port": 80, "ports": [{"handlers": ["tls"]}]}]),
+     "config.services[0].ports[0].handlers: handler 'tls' is not supported"),  # fmt: skip
     ("region with a dot", {**GOOD, "region": "mad.x"}, "region: String should match"),
     ("bad name", {**GOOD, "name": "-x"}, "name: name must be"),
     ("skip_launch as text", {**GOOD, "skip_launch": "yes"}, "skip_launch: Input should be"),
@@ -235,7 +238,7 @@ async def test_machine_routes(api: Api) -> None:
     assert (timeout.status_code, error_of(timeout)["status"]) == (408, "timeout")
     bad_state = await api.http.get(base + "/wait", params={"state": "asleep"})
     assert (bad_state.status_code, error_of(bad_state)["status"]) == (422, "invalid_input")
-    assert error_of(bad_state)["error"].startswith("state: ")
+    assert error_of(bad_state)["error"].startswith("state[0]: ")  # one of several
     events = await api.http.get(base + "/events")
     assert events.json()[0]["type"] == "launch"
     refused = await api.http.delete(base)

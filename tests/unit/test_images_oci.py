@@ -139,7 +139,10 @@ def test_a_packed_directory_reads_back_the_same_through_a_tar_and_a_directory(
 ) -> None:
     image = _pack(tmp_path, name="demo")
     assert image.run == RunConfig(
-        cmd=("./app/run.sh", "--port", "8080"), env=(("A", "1=one"), ("B", "2")), workdir="/"
+        cmd=("./app/run.sh", "--port", "8080"),
+        env=(("A", "1=one"), ("B", "2")),
+        workdir="/",
+        args=("./app/run.sh", "--port", "8080"),  # packed as the image's Cmd
     )
     assert image.reference == image.manifest.digest
     assert image.manifest.to_json() == {
@@ -460,6 +463,8 @@ def test_a_docker_media_type_image_reads_and_joins_entrypoint_and_cmd(tmp_path: 
         cmd=("/bin/sh", "-c", "echo hi"),
         env=(("PATH", "/usr/bin:/bin"), ("EMPTY", ""), ("BARE", "")),
         workdir="/srv",
+        entrypoint=("/bin/sh", "-c"),  # the two halves, kept apart too
+        args=("echo hi",),
     )
     unpack_layer(image.blobs[image.layers[0].digest], image.layers[0].media_type, tmp_path / "r")
     assert (tmp_path / "r" / "srv" / "hello.txt").read_text() == "hi"

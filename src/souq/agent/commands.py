@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Sequence
 
 from souq.agent import lifecycle
 from souq.agent.admission import HeldQuote
@@ -361,19 +362,29 @@ class Commands:
         timeout_s: float,
         *,
         healthy: bool = False,
+        also: Sequence[MachineState] = (),
+        instance_id: str | None = None,
     ) -> Machine:
-        """Answer once the machine is in ``state`` (and, with ``healthy``, every health check
-        of it passes); :class:`WaitTimeout` after ``timeout_s``. Woken by the machine's
-        transitions and its checks' changes: no polling."""
+        """Answer once the machine is in ``state`` or one of ``also`` (at ``instance_id``, the
+        version of its config, when given; and, with ``healthy``, every health check of it
+        passing); :class:`WaitTimeout` after ``timeout_s``. Woken by the machine's transitions
+        and its checks' changes: no polling."""
         ex = self._ex
         ex.row(app, machine_id)
+        wanted = {state, *also}
         try:
             async with asyncio.timeout(timeout_s):
                 while True:
                     row = ex.row_by_id(machine_id)
-                    if row.state is state and (not healthy or ex.checks.healthy(row.id)):
-                        return ex.shown(row)
-                    if row.state is S.DESTROYED:
+                    shown = ex.shown(row)
+                    version = instance_id is None or shown.instance_id == instance_id
+                    if (
+                        row.state in wanted
+                        and version
+                        and (not healthy or ex.checks.healthy(row.id))
+                    ):
+                        return shown
+                    if row.state is S.DESTROYED and S.DESTROYED not in wanted:
                         raise Conflict(
                             f"machine {machine_id} is destroyed; it will never be {state}"
                         )

@@ -19,11 +19,12 @@ from souq.agent.images import AgentImages, Pulled
 from souq.agent.ports import port_env
 from souq.agent.records import MachineRow
 from souq.drivers.base import Limits, MachineSpec
-from souq.model.image import ImageRecord
+from souq.model.image import ImageRecord, ImageRun
+from souq.model.machine import MachineInit
 from souq.model.placement import Placement
 from souq.placement import gpus
 
-__all__ = ["Pulls", "machine_spec", "pulled_record"]
+__all__ = ["Pulls", "image_command", "machine_spec", "pulled_record"]
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ def machine_spec(
     if image is not None:
         rootfs, record = image
         run = record.run
-        cmd = cmd or tuple(run.cmd)
+        cmd = cmd or image_command(config.init, run)
         env = {**run.env, **config.env}
         cwd = str(rootfs / run.workdir.lstrip("/")) if run.workdir else str(rootfs)
     env.update(secrets or {})
@@ -61,6 +62,18 @@ def machine_spec(
         cwd=cwd,
         image_root=None if image is None else str(image[0]),
     )
+
+
+def image_command(init: MachineInit, run: ImageRun) -> tuple[str, ...]:
+    """What a machine of an image runs when its config names no whole command: the image's
+    entrypoint and command, either one replaced by the config's ``init`` (as Docker does, a new
+    entrypoint drops the image's command). An image recorded before the two were kept apart
+    has only the whole."""
+    if not (init.entrypoint or init.cmd):
+        return tuple(run.cmd)
+    entrypoint = init.entrypoint or (run.entrypoint if run.entrypoint or run.args else run.cmd)
+    args = init.cmd or ([] if init.entrypoint else run.args)
+    return (*entrypoint, *args)
 
 
 def pulled_record(row: MachineRow, pulled: Pulled) -> tuple[Placement | None, str]:

@@ -322,7 +322,13 @@ class WorkerVerbs:
 
     async def _wait(self, cmd: msg.WaitCommand) -> Machine:
         return await self._cmd.wait(
-            cmd.app, cmd.machine_id, cmd.state, cmd.timeout_s, healthy=cmd.healthy
+            cmd.app,
+            cmd.machine_id,
+            cmd.state,
+            cmd.timeout_s,
+            healthy=cmd.healthy,
+            also=cmd.states,
+            instance_id=cmd.instance_id,
         )
 
     async def _logs(self, cmd: msg.LogsCommand) -> msg.LogsReply:

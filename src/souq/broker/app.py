@@ -12,7 +12,7 @@ import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Annotated, Any, TypeVar
 
-from fastapi import Depends, FastAPI, Header, Query, Request
+from fastapi import FastAPI, Header, Query, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import PlainTextResponse, Response
 from pydantic import BaseModel
@@ -23,7 +23,6 @@ from souq import __version__
 from souq.auth.access import Access
 from souq.broker.bodies import (
     AppName,
-    LeaseNonce,
     app_name,
     body_schema,
     json_response,
@@ -40,6 +39,7 @@ from souq.broker.cluster_routes import (
 from souq.broker.fast_path import CreateFastPath, CreateHandler
 from souq.broker.http_errors import install_error_handlers
 from souq.broker.image_routes import images_router
+from souq.broker.lifecycle_routes import lifecycle_router
 from souq.broker.release_routes import releases_router
 from souq.broker.request_context import RequestContext
 from souq.broker.sched_routes import sched_router
@@ -66,10 +66,8 @@ from souq.limits import BODY_IMAGE_BYTES
 from souq.model import (
     Machine,
     MachineEvent,
-    MachineState,
     OpRecord,
     Quote,
-    StopCommand,
     WorkerInfo,
 )
 from souq.model.batch import BatchCreateRequest, BatchResult
@@ -138,17 +136,6 @@ def _flag(query: QueryParams, name: str) -> bool:
     raise InvalidInput(
         f"{name}: {value!r} is not a boolean (use true or false)", details={"field": name}
     )
-
-
-async def _stop_command(
-    app: AppName, machine_id: str, request: Request, nonce: LeaseNonce = None
-) -> StopCommand:
-    """Stop and restart take the same optional body: the signal, the grace before SIGKILL."""
-    body = await parse_body(request, StopRequest, optional=True)
-    return StopCommand(app=app, machine_id=machine_id, lease_nonce=nonce, **body.model_dump())
-
-
-StopCmd = Annotated[StopCommand, Depends(_stop_command)]
 
 
 def create_handler(service: BrokerService) -> CreateHandler:
@@ -321,65 +308,7 @@ def _routes(service: BrokerService, create: CreateHandler) -> FastAPI:
         cached = stale_machine_response(service, app, machine_id) if stale else None
         return cached or json_response(await service.get_machine(app, machine_id))
 
-    @api.delete(machine_path, response_model=Machine, tags=["machines"])
-    async def destroy_machine(
-        app: AppName,
-        machine_id: str,
-        nonce: LeaseNonce = None,
-        force: Annotated[bool, Query(description="kill it first if it runs")] = False,
-        graceful: Annotated[
-            bool,
-            Query(description="stop it first if it runs (its stop config), answer at once"),
-        ] = False,
-    ) -> Response:
-        machine = await service.destroy_machine(
-            app, machine_id, force=force, graceful=graceful, nonce=nonce
-        )
-        return json_response(machine)
-
-    @api.post(machine_path + "/start", response_model=Machine, tags=["machines"])
-    async def start_machine(app: AppName, machine_id: str, nonce: LeaseNonce = None) -> Response:
-        """Start a stopped machine, or resume a suspended one."""
-        return json_response(await service.start_machine(app, machine_id, nonce=nonce))
-
-    @api.post(machine_path + "/suspend", response_model=Machine, tags=["machines"])
-    async def suspend_machine(app: AppName, machine_id: str, nonce: LeaseNonce = None) -> Response:
-        """Freeze a started machine: it keeps its memory and its port, and a start (or a
-        request through the proxy) resumes it."""
-        return json_response(await service.suspend_machine(app, machine_id, nonce=nonce))
-
-    # Stop and restart take the same optional body: the signal and the grace before SIGKILL.
-    stop_route: dict[str, Any] = {
-        "response_model": Machine,
-        "openapi_extra": body_schema(StopRequest, required=False),
-        "tags": ["machines"],
-    }
-
-    @api.post(machine_path + "/stop", **stop_route)
-    async def stop_machine(cmd: StopCmd) -> Response:
-        return json_response(await service.stop_machine(cmd))
-
-    @api.post(machine_path + "/restart", **stop_route)
-    async def restart_machine(cmd: StopCmd) -> Response:
-        return json_response(await service.restart_machine(cmd))
-
-    @api.get(
-        machine_path + "/wait",
-        response_model=Machine,
-        responses={408: {"model": ErrorBody, "description": "not reached in time (`timeout`)"}},
-        tags=["machines"],
-    )
-    async def wait_machine(
-        app: AppName,
-        machine_id: str,
-        state: Annotated[MachineState, Query(description="the state to wait for")],
-        timeout: Annotated[float, Query(ge=0, le=3600, description="seconds")] = 60.0,
-        healthy: Annotated[
-            bool, Query(description="and every health check of it passing (`checks`)")
-        ] = False,
-    ) -> Response:
-        machine = await service.wait(app, machine_id, state, timeout_s=timeout, healthy=healthy)
-        return json_response(machine)
+    api.include_router(lifecycle_router(service))  # start, stop, restart, destroy, wait
 
     @api.get(
         machine_path + "/logs",

@@ -69,8 +69,25 @@ async def app_name(app: str) -> str:
 # An ``{app}`` path parameter, checked (``invalid_input`` naming what is wrong).
 AppName = Annotated[str, Depends(app_name)]
 
-# The ``souq-lease-nonce`` header: a leased machine changes only for the lease's holder.
-LeaseNonce = Annotated[
-    str | None,
-    Header(alias="souq-lease-nonce", description="the nonce of the machine's lease, if leased"),
-]
+
+async def lease_nonce(
+    souq: Annotated[
+        str | None,
+        Header(alias="souq-lease-nonce", description="the nonce of the machine's lease"),
+    ] = None,
+    fly: Annotated[
+        str | None,
+        Header(alias="fly-machine-lease-nonce", description="the same, by Fly's name"),
+    ] = None,
+) -> str | None:
+    """The lease nonce a request carries, under Souq's header or Fly's."""
+    if souq and fly and souq != fly:
+        raise InvalidInput(
+            "souq-lease-nonce and fly-machine-lease-nonce name different nonces",
+            hint="send the lease's nonce in one of them",
+        )
+    return souq or fly
+
+
+# The lease nonce: a leased machine changes only for the lease's holder.
+LeaseNonce = Annotated[str | None, Depends(lease_nonce)]

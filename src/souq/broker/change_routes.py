@@ -1,12 +1,17 @@
 """The routes that change a machine in place: ``POST /v1/apps/{app}/machines/{id}`` replaces
 its config (it keeps its worker and gets a new ``instance_id``), ``.../signal`` signals its
 process, and ``.../lease`` takes, shows and ends the machine's lease (:mod:`souq.agent.leases`):
-while one lasts, every change needs its nonce in the ``souq-lease-nonce`` header."""
+while one lasts, every change needs its nonce in the ``souq-lease-nonce`` header (or Fly's
+``fly-machine-lease-nonce``). A lease is answered in Souq's form and Fly's at once: Souq's
+fields, and Fly's ``{"status", "data": {"nonce", "expires_at" (seconds), "owner",
+"version"}}``."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
-from fastapi.responses import Response
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import JSONResponse, Response
 
 from souq.broker.bodies import AppName, LeaseNonce, body_schema, json_response, parse_body
 from souq.broker.schemas import LeaseBody, SignalRequest, UpdateMachineRequest
@@ -17,6 +22,20 @@ from souq.model.protocol import Lease, LeaseRequest
 __all__ = ["changes_router"]
 
 MACHINE = "/v1/apps/{app}/machines/{machine_id}"
+
+
+def lease_response(lease: Lease) -> Response:
+    """The lease in Souq's form and Fly's (``status`` and ``data``) in one object."""
+    fly = {
+        "status": "success",
+        "data": {
+            "nonce": lease.nonce,
+            "expires_at": lease.expires_at // 1000,
+            "owner": lease.description,
+            "version": str(lease.version),
+        },
+    }
+    return JSONResponse({**lease.model_dump(mode="json"), **fly})
 
 
 def changes_router(service: BrokerService) -> APIRouter:
@@ -51,28 +70,33 @@ def changes_router(service: BrokerService) -> APIRouter:
 
     @router.post(MACHINE + "/lease", response_model=Lease, openapi_extra=body_schema(LeaseBody))
     async def take_lease(
-        app: AppName, machine_id: str, request: Request, nonce: LeaseNonce = None
+        app: AppName,
+        machine_id: str,
+        request: Request,
+        nonce: LeaseNonce = None,
+        ttl: Annotated[int | None, Query(ge=1, le=3600, description="Fly's: seconds")] = None,
     ) -> Response:
-        """Lease the machine for `ttl` seconds (default 30); with the lease's nonce, extend it.
-        `409 lease_held` while another lease lasts."""
+        """Lease the machine for `ttl` seconds (the body's, or the query's as Fly sends it;
+        default 30); with the lease's nonce, extend it. `409 lease_held` while another lease
+        lasts."""
         body = await parse_body(request, LeaseBody, optional=True)
         req = LeaseRequest(
             app=app,
             machine_id=machine_id,
             lease_nonce=nonce,
-            ttl_s=body.ttl,
+            ttl_s=float(ttl) if ttl is not None else body.ttl,
             description=body.description,
         )
-        return json_response(await service.take_lease(req))
+        return lease_response(await service.take_lease(req))
 
     @router.get(MACHINE + "/lease", response_model=Lease)
     async def show_lease(app: AppName, machine_id: str) -> Response:
         """The machine's live lease; `404 not_found` when it has none."""
-        return json_response(await service.lease(app, machine_id))
+        return lease_response(await service.lease(app, machine_id))
 
     @router.delete(MACHINE + "/lease", response_model=Lease)
     async def end_lease(app: AppName, machine_id: str, nonce: LeaseNonce = None) -> Response:
-        """End the lease (its nonce in `souq-lease-nonce`)."""
-        return json_response(await service.release_lease(app, machine_id, nonce))
+        """End the lease (its nonce in `souq-lease-nonce` or `fly-machine-lease-nonce`)."""
+        return lease_response(await service.release_lease(app, machine_id, nonce))
 
     return router

@@ -4,9 +4,16 @@ workers and events are the models of :mod:`souq.model`."""
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    computed_field,
+    field_validator,
+    model_validator,
+)
 
 from souq.model import (
     APP_NAME_PATTERN,
@@ -17,6 +24,8 @@ from souq.model import (
     WorkerState,
     normalise_signal,
 )
+from souq.model.durations import seconds_of
+from souq.model.fly_fields import CREATE_UNSUPPORTED, drop_unset
 from souq.model.machine import validate_name
 from souq.model.policy import PlacementPolicy
 
@@ -47,19 +56,53 @@ def check_app_name(app: str) -> str | None:
     )
 
 
+def no_skipped_secrets(v: Any) -> Any:
+    """Fly's ``skip_secrets``: only ``false`` (Souq gives every machine its app's secrets)."""
+    if v is True:
+        raise ValueError("not supported by Souq: an app's secrets are given to every machine")
+    return v
+
+
 class CreateMachineRequest(Input):
     """``POST /v1/apps/{app}/machines``."""
 
     name: str | None = Field(default=None, description="defaults to a generated name")
-    region: str = Field(pattern=REGION_PATTERN, description="where to place the machine")
+    region: str | None = Field(
+        default=None,
+        pattern=REGION_PATTERN,
+        description="where to place the machine (default: where most of the app's machines "
+        "are, else the region where most machines of this size fit)",
+    )
     skip_launch: bool = Field(default=False, description="create it, but do not start it")
     config: MachineConfig
+    skip_secrets: Literal[False] = Field(
+        default=False, description="Fly's; an app's secrets are always given to its machines"
+    )
+    lease_ttl: int | None = Field(
+        default=None,
+        ge=1,
+        le=3600,
+        description="create it leased for this many seconds (its nonce in the answer)",
+    )
+    min_secrets_version: int | None = Field(
+        default=None, ge=0, description="Fly's; a machine always starts with the app's latest"
+    )
     quote: str | None = Field(
         default=None, description="a quote id: use exactly the capacity that quote holds"
     )
     placement: PlacementPolicy | None = Field(
         default=None, description="how to rank the workers' offers (over the broker's default)"
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fly_fields(cls, data: Any) -> Any:
+        return drop_unset(data, CREATE_UNSUPPORTED)
+
+    @field_validator("skip_secrets", mode="before")
+    @classmethod
+    def _skip_secrets(cls, v: Any) -> Any:
+        return no_skipped_secrets(v)
 
     @field_validator("name")
     @classmethod
@@ -88,6 +131,19 @@ class UpdateMachineRequest(Input):
         default=None, pattern=REGION_PATTERN, description="if given, the machine's own"
     )
     name: str | None = Field(default=None, description="if given, the machine's own")
+    skip_secrets: Literal[False] = Field(default=False, description="Fly's; see create")
+    min_secrets_version: int | None = Field(default=None, ge=0, description="Fly's; see create")
+    lease_ttl: int | None = Field(default=None, ge=1, le=3600, description="Fly's; ignored")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fly_fields(cls, data: Any) -> Any:
+        return drop_unset(data, CREATE_UNSUPPORTED)
+
+    @field_validator("skip_secrets", mode="before")
+    @classmethod
+    def _skip_secrets(cls, v: Any) -> Any:
+        return no_skipped_secrets(v)
 
 
 class LeaseBody(Input):
@@ -98,12 +154,29 @@ class LeaseBody(Input):
 
 
 class StopRequest(Input):
-    """``POST .../stop`` and ``.../restart`` (the body is optional)."""
+    """``POST .../stop`` and ``.../restart`` (the body is optional). Fly's body also works:
+    ``{"id": ..., "signal": ..., "timeout": "5s"}`` (``"0s"``, as Fly's client sends when none
+    is given, means the machine's own)."""
 
     signal: str | None = Field(default=None, description="defaults to the machine's stop signal")
     timeout_s: float | None = Field(
         default=None, ge=0, le=3600, description="seconds before SIGKILL follows the signal"
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fly_body(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or not ({"id", "timeout"} & data.keys()):
+            return data
+        data = dict(data)
+        data.pop("id", None)  # Fly's client names the machine in the body too: the path's wins
+        timeout = data.pop("timeout", None)
+        seconds = None if timeout is None else seconds_of(timeout)
+        if seconds:  # "0s" is what Fly's client sends for "the machine's own"
+            if data.get("timeout_s") not in (None, seconds):
+                raise ValueError("timeout and timeout_s disagree; give one")
+            data["timeout_s"] = seconds
+        return data
 
     @field_validator("signal", mode="before")
     @classmethod
@@ -154,3 +227,9 @@ class ListedMachine(Machine):
     sees it now (a machine on a ``down`` worker keeps the last state its worker reported)."""
 
     worker_state: WorkerState
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def host_status(self) -> str:
+        """Fly's: ``unreachable`` while its worker is down, else ``ok``."""
+        return "unreachable" if self.worker_state is WorkerState.DOWN else "ok"

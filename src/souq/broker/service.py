@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections import Counter
+from collections.abc import AsyncIterator, Sequence
 from typing import TypeVar
 
 from nats.aio.client import Client
@@ -33,7 +34,7 @@ from souq.broker.schemas import CreateMachineRequest, QuoteRequest
 from souq.broker.streams import StreamSlots
 from souq.bus import Transport, bus_unavailable
 from souq.clock import Clock, SystemClock
-from souq.errors import NotFound, SouqError, Unavailable
+from souq.errors import InsufficientCapacity, InvalidInput, NotFound, SouqError, Unavailable
 from souq.ids import idempotent_request_id, new_request_id, quote_worker
 from souq.model import (
     ClaimRequest,
@@ -66,6 +67,7 @@ from souq.placement import Pipeline
 from souq.protocol import Verb, WorkerClient
 from souq.protocol import verbs as v
 from souq.view import ClusterView, RegionSummary, summarise_regions
+from souq.view.regions import default_region
 
 __all__ = ["BrokerService"]
 
@@ -171,6 +173,20 @@ class BrokerService:
 
     # -- create ----------------------------------------------------------------------------
 
+    def with_region(self, app: str, body: CreateMachineRequest) -> CreateMachineRequest:
+        """``body`` with a region: its own, else :func:`souq.view.regions.default_region`."""
+        if body.region is not None:
+            return body
+        workers = self.liveness.workers()
+        held = Counter(w.region for w in workers for _ in range(self.book.app_machines(w.id, app)))
+        chosen = default_region(held, summarise_regions(workers, body.config.guest.resources()))
+        if chosen is None:
+            raise InsufficientCapacity(
+                "no region has a worker up to place the machine in", hint="name a region"
+            )
+        log.info("create in %s without a region: %s", app, chosen[1])
+        return body.model_copy(update={"region": chosen[0]})
+
     async def create_machine(
         self, app: str, body: CreateMachineRequest, *, idempotency_key: str | None = None
     ) -> Machine:
@@ -180,6 +196,7 @@ class BrokerService:
             idempotent_request_id(app, idempotency_key) if idempotency_key else new_request_id()
         )
         digest = body_hash(body) if idempotency_key else request_id
+        body = self.with_region(app, body)
         order = _order(
             app,
             body,
@@ -270,7 +287,8 @@ class BrokerService:
             if quote.placement is None:
                 raise NotFound(f"quote {body.quote} has no placement record")
             return quote.placement
-        return await self.market.explain(await self._with_image(_order(app, body, name=body.name)))
+        order = _order(app, self.with_region(app, body), name=body.name)
+        return await self.market.explain(await self._with_image(order))
 
     # -- quotes ----------------------------------------------------------------------------
 
@@ -470,11 +488,20 @@ class BrokerService:
         *,
         timeout_s: float,
         healthy: bool = False,
+        also: Sequence[MachineState] = (),
+        instance_id: str | None = None,
     ) -> Machine:
-        """The machine once it reaches ``state`` (and its checks pass, with ``healthy``);
-        :class:`WaitTimeout` after ``timeout_s``."""
+        """The machine once it reaches ``state`` or one of ``also`` (at ``instance_id`` when
+        given; its checks passing, with ``healthy``); :class:`WaitTimeout` after
+        ``timeout_s``."""
         cmd = WaitCommand(
-            app=app, machine_id=machine_id, state=state, timeout_s=timeout_s, healthy=healthy
+            app=app,
+            machine_id=machine_id,
+            state=state,
+            timeout_s=timeout_s,
+            healthy=healthy,
+            states=list(also),
+            instance_id=instance_id,
         )
         return self._seen(await self._ask(machine_id, v.WAIT, cmd, extra_s=timeout_s))
 
@@ -572,6 +599,8 @@ def _order(
 ) -> ClaimRequest:
     """What a create, a dry run or a quote asks the market to place: ``body``, under a fresh
     request id and the body's hash unless they are given."""
+    if body.region is None:  # a create's is chosen (BrokerService.with_region) before this
+        raise InvalidInput("region: name the region to place the machine in")
     return ClaimRequest(
         request_id=request_id or new_request_id(),
         body_hash=digest or body_hash(body),

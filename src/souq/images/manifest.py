@@ -89,6 +89,8 @@ class RunConfig:
     cmd: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
     workdir: str = ""
+    entrypoint: tuple[str, ...] = ()  # the two halves of ``cmd``, for a machine that
+    args: tuple[str, ...] = ()  # replaces one of them (Fly's init.entrypoint / init.cmd)
 
 
 @dataclass(frozen=True)
@@ -181,7 +183,8 @@ def _run_config(config: dict[str, Any]) -> RunConfig:
     run = config.get("config") or {}
     if not isinstance(run, dict):
         raise ImageInvalid("image config 'config' must be an object")
-    cmd = _strings(run.get("Entrypoint"), "Entrypoint") + _strings(run.get("Cmd"), "Cmd")
+    entrypoint = _strings(run.get("Entrypoint"), "Entrypoint")
+    args = _strings(run.get("Cmd"), "Cmd")
     env = tuple(
         (key, value)
         for key, _, value in (e.partition("=") for e in _strings(run.get("Env"), "Env"))
@@ -189,7 +192,7 @@ def _run_config(config: dict[str, Any]) -> RunConfig:
     workdir = run.get("WorkingDir") or ""
     if not isinstance(workdir, str):
         raise ImageInvalid(f"image config WorkingDir must be a string, not {workdir!r}")
-    return RunConfig(cmd, env, workdir)
+    return RunConfig(entrypoint + args, env, workdir, entrypoint, args)
 
 
 def image_from_manifest(
@@ -253,6 +256,12 @@ def record_of(image: Image, *, name: str | None = None, created_at: str = "") ->
         layers=[
             ImageLayer(digest=d.digest, size=d.size, media_type=d.media_type) for d in image.layers
         ],
-        run=ImageRun(cmd=list(image.run.cmd), env=dict(image.run.env), workdir=image.run.workdir),
+        run=ImageRun(
+            cmd=list(image.run.cmd),
+            env=dict(image.run.env),
+            workdir=image.run.workdir,
+            entrypoint=list(image.run.entrypoint),
+            args=list(image.run.args),
+        ),
         created_at=created_at,
     )

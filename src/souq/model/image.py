@@ -17,6 +17,8 @@ class ImageLayer(Record):
 
 class ImageRun(Record):
     cmd: list[str] = Field(default_factory=list, description="the image's entrypoint and command")
+    entrypoint: list[str] = Field(default_factory=list, description="the first part of `cmd`")
+    args: list[str] = Field(default_factory=list, description="the rest: the image's command")
     env: dict[str, str] = Field(default_factory=dict)
     workdir: str = ""
 

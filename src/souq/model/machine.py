@@ -7,7 +7,15 @@ import signal as _signal
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import (
+    Field,
+    SerializerFunctionWrapHandler,
+    computed_field,
+    field_serializer,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from souq.limits import (
     CONSTRAINTS_MAX,
@@ -20,6 +28,15 @@ from souq.limits import (
 )
 from souq.model.base import Input, Record
 from souq.model.constraint import Constraint
+from souq.model.durations import format_go_duration, seconds_of
+from souq.model.fly_fields import (
+    CONFIG_UNSUPPORTED,
+    GUEST_UNSUPPORTED,
+    INIT_UNSUPPORTED,
+    PORT_UNSUPPORTED,
+    SERVICE_UNSUPPORTED,
+    drop_unset,
+)
 from souq.model.placement import Placement
 from souq.model.resources import GPU_MILLI, Resources
 from souq.model.services import Check, MachineAddress, Service
@@ -31,6 +48,7 @@ __all__ = [
     "Machine",
     "MachineConfig",
     "MachineEvent",
+    "MachineInit",
     "MachineState",
     "OpRecord",
     "RestartConfig",
@@ -80,6 +98,11 @@ def normalise_signal(value: str | int) -> str:
 
 
 class GuestConfig(Input):
+    cpu_kind: Literal["shared", "performance"] | None = Field(
+        default=None,
+        description="Fly's kind of CPU, kept as given: every Souq machine gets `cpus` cores "
+        "of its worker's, under a cgroup quota",
+    )
     cpus: float = Field(default=1, gt=0, le=1024, description="CPU cores (fractions allowed)")
     memory_mb: int = Field(default=256, gt=0, le=16 * 1024 * 1024, description="Memory in MiB")
     disk_mb: int = Field(default=0, ge=0, le=1024 * 1024 * 1024, description="Disk in MiB")
@@ -95,6 +118,24 @@ class GuestConfig(Input):
         pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
         description="the GPU model it needs (e.g. `V100M16`); unset: any",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fly_fields(cls, data: Any) -> Any:
+        data = drop_unset(data, GUEST_UNSUPPORTED)
+        if isinstance(data, dict) and "gpu_kind" in data:  # Fly's name for the GPU model
+            data = dict(data)
+            kind = data.pop("gpu_kind")
+            if kind:
+                if data.get("gpu_model") not in (None, kind):
+                    raise ValueError("guest: gpu_kind and gpu_model disagree; give one")
+                data["gpu_model"] = kind
+        return data
+
+    @field_serializer("cpus")
+    def _whole_cpus(self, cpus: float) -> float | int:
+        # A whole number is written as one: Fly's client reads `cpus` into an integer.
+        return int(cpus) if float(cpus).is_integer() else cpus
 
     @model_validator(mode="after")
     def _gpu_request(self) -> GuestConfig:
@@ -141,10 +182,86 @@ class StopConfig(Input):
         "(it is `stopping`) and the signal, so that no new request meets a stopping process",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _fly_timeout(cls, data: Any) -> Any:
+        # Fly's name and form: `timeout` as a Go duration ("5s", "1m30s").
+        if isinstance(data, dict) and "timeout" in data:
+            data = dict(data)
+            given = data.pop("timeout")
+            if given is not None:
+                seconds = seconds_of(given)
+                if data.get("timeout_s") not in (None, seconds):
+                    raise ValueError("stop_config: timeout and timeout_s disagree; give one")
+                data["timeout_s"] = seconds
+        return data
+
     @field_validator("signal", mode="before")
     @classmethod
     def _signal(cls, v: Any) -> str:
         return normalise_signal(v)
+
+    @model_serializer(mode="wrap")
+    def _with_fly_timeout(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        data["timeout"] = format_go_duration(self.timeout_s)
+        return data
+
+
+class MachineInit(Input):
+    """Fly's ``init``: what the machine runs. ``exec`` replaces the image's entrypoint and
+    command; ``entrypoint`` and ``cmd`` replace either one (with an image; without one the
+    command is ``entrypoint + cmd``). Souq's own ``cmd`` (top level) is ``exec``."""
+
+    exec: list[str] = Field(default_factory=list)
+    entrypoint: list[str] = Field(default_factory=list)
+    cmd: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fly_fields(cls, data: Any) -> Any:
+        return drop_unset(data, INIT_UNSUPPORTED)
+
+    @field_validator("exec", "entrypoint", "cmd", mode="before")
+    @classmethod
+    def _argv(cls, v: Any) -> Any:
+        return [] if v is None else v
+
+    def command(self, image: bool) -> list[str]:
+        """The command it names by itself: ``exec``, or without an image ``entrypoint +
+        cmd`` (with one, those resolve against the image's own at launch)."""
+        if self.exec:
+            return list(self.exec)
+        return [] if image else [*self.entrypoint, *self.cmd]
+
+
+def _fly_services(data: dict[str, Any]) -> dict[str, Any]:
+    """Fly's services in Souq's shape: unsupported fields refused (or dropped, unset), and each
+    service's own ``checks`` moved to the machine's, named after the service's port."""
+    services = data.get("services")
+    if not isinstance(services, list):
+        return data
+    checks = dict(data.get("checks") or {})
+    shaped = []
+    for i, given in enumerate(services):
+        where = f"services[{i}]."
+        kept = drop_unset(given, SERVICE_UNSUPPORTED, where)
+        if not isinstance(kept, dict):
+            shaped.append(kept)
+            continue
+        service = dict(kept)
+        if isinstance(service.get("ports"), list):
+            service["ports"] = [
+                drop_unset(port, PORT_UNSUPPORTED, f"{where}ports[{j}].")
+                for j, port in enumerate(service["ports"])
+            ]
+        for k, check in enumerate(service.pop("checks", None) or []):
+            if isinstance(check, dict):
+                kind = check.get("type") or "tcp"
+                name = f"servicecheck-{k:02d}-{kind}-{service.get('internal_port')}"
+                checks[name] = {"port": service.get("internal_port"), "type": kind, **check}
+        shaped.append(service)
+    return {**data, "services": shaped, **({"checks": checks} if checks else {})}
 
 
 class SandboxConfig(Input):
@@ -164,6 +281,11 @@ class MachineConfig(Input):
         description="the image it runs (`sha256:…` or a name, see `souq image list`): its files "
         "are the machine's working directory, its command and env apply unless given here; "
         "placement prefers workers that have it cached",
+    )
+    init: MachineInit = Field(
+        default_factory=MachineInit,
+        description="Fly's form of the command (`exec`, `entrypoint`, `cmd`); `cmd` above is "
+        "`init.exec`",
     )
     driver: Literal["exec", "sandbox"] = Field(
         default="exec",
@@ -220,11 +342,35 @@ class MachineConfig(Input):
         check_metadata(v)
         return v
 
+    @model_validator(mode="before")
+    @classmethod
+    def _fly_fields(cls, data: Any) -> Any:
+        data = drop_unset(data, CONFIG_UNSUPPORTED)
+        return _fly_services(data) if isinstance(data, dict) else data
+
     @model_validator(mode="after")
     def _runs_something(self) -> MachineConfig:
-        if not self.cmd and self.image is None:
+        named = self.init.command(image=self.image is not None)
+        if named and self.cmd and named != self.cmd:
+            raise ValueError(
+                f"cmd {self.cmd} and the command init names {named} disagree: give one of them"
+            )
+        config = self.model_copy(update={"cmd": named}) if named and not self.cmd else self
+        if config.init.exec and config.init.exec == config.cmd:  # one form kept: `cmd`
+            config = config.model_copy(update={"init": config.init.model_copy(update={"exec": []})})
+        runs = config.cmd or config.init.entrypoint or config.init.cmd
+        if not runs and config.image is None:
             raise ValueError("cmd: give the command to run, or an `image` whose command runs")
-        return self
+        return config
+
+    @model_serializer(mode="wrap")
+    def _with_fly_init(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # A Fly client reads the command from `init` only: it is written there too.
+        data: dict[str, Any] = handler(self)
+        init = data.get("init")
+        if self.cmd and isinstance(init, dict) and not self.init.command(self.image is not None):
+            data["init"] = {**init, "exec": list(self.cmd)}
+        return data
 
     @field_validator("checks")
     @classmethod
@@ -322,3 +468,44 @@ class Machine(Record):
         default_factory=list,
         description="the worker's GPUs it got, by index (its env's SOUQ_GPUS); empty: none",
     )
+
+    # Fly's names for what the record holds already (written, never read back).
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def version(self) -> str:
+        """Fly's name for ``instance_id``."""
+        return self.instance_id
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def private_ip(self) -> str:
+        """Where it is reached: its worker's address (``address.host``)."""
+        return self.address.host if self.address is not None else ""
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def image_ref(self) -> dict[str, Any]:
+        """Fly's parts of ``config.image``: registry, repository, tag, digest."""
+        return image_ref_of(self.config.image)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def host_status(self) -> str:
+        """Fly's: ``ok`` (its worker answered for it)."""
+        return "ok"
+
+
+def image_ref_of(image: str | None) -> dict[str, Any]:
+    """``image`` split as Fly's ``image_ref`` is: ``registry``, ``repository``, ``tag``,
+    ``digest`` (each "" when absent), ``labels``."""
+    ref = {"registry": "", "repository": "", "tag": "", "digest": "", "labels": {}}
+    if not image:
+        return ref
+    name, _, digest = image.partition("@")
+    if name.startswith("sha256:"):
+        return {**ref, "digest": name}
+    first, slash, rest = name.partition("/")
+    if slash and ("." in first or ":" in first or first == "localhost"):
+        ref["registry"], name = first, rest
+    repository, colon, tag = name.rpartition(":") if ":" in name else (name, "", "")
+    return {**ref, "repository": repository, "tag": tag if colon else "", "digest": digest}

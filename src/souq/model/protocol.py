@@ -163,6 +163,12 @@ class WaitCommand(MachineRef):
     healthy: bool = Field(
         default=False, description="and every health check passing (a started machine)"
     )
+    states: list[MachineState] = Field(
+        default_factory=list, description="more states, any of which will do (Fly's)"
+    )
+    instance_id: str | None = Field(
+        default=None, description="and at this version of its config (Fly's `version`)"
+    )
 
 
 class LogsCommand(MachineRef):

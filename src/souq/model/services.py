@@ -9,12 +9,12 @@ process reads it from ``PORT`` (the first service's) or ``PORT_<internal_port>``
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, field_validator, model_validator
+from pydantic import BeforeValidator, Field, field_serializer, field_validator, model_validator
 
 from souq.model.base import Input, Record
+from souq.model.durations import format_go_duration, seconds_of
 
 __all__ = [
     "Check",
@@ -27,33 +27,31 @@ __all__ = [
     "parse_duration_s",
 ]
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
-_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
-
 
 def parse_duration_s(value: Any) -> float:
-    """``"15s"``, ``"500ms"``, ``"1m"`` or a number of seconds, as seconds."""
-    if isinstance(value, bool):
-        raise ValueError("a duration is a number of seconds or a string such as '15s'")
-    if isinstance(value, int | float):
-        seconds = float(value)
-    else:
-        match = _DURATION.match(str(value))
-        if match is None:
-            raise ValueError(f"{value!r} is not a duration (use e.g. '15s', '500ms' or '1m')")
-        seconds = float(match.group(1)) * _UNIT_S[match.group(2)]
+    """``"15s"``, ``"500ms"``, ``"1m30s"`` (Go's duration text, as Fly writes it) or a number of
+    seconds, as seconds; more than zero."""
+    seconds = seconds_of(value)
     if seconds <= 0:
         raise ValueError("a duration must be more than zero")
     return seconds
 
 
 def _grace_s(value: Any) -> float:
-    return 0.0 if value in (0, "0", "0s") else parse_duration_s(value)
+    return seconds_of(value)
 
 
 # A field of seconds that also takes "15s", "500ms", "1m"; a grace period may be 0.
 Duration = Annotated[float, BeforeValidator(parse_duration_s)]
 Grace = Annotated[float, BeforeValidator(_grace_s)]
+
+
+_HANDLERS = {
+    "tls": "the edge proxy serves plain HTTP and TCP; terminate TLS in front of it",
+    "pg_tls": "the edge proxy serves plain HTTP and TCP; terminate TLS in front of it",
+    "proxy_proto": "the PROXY protocol is not supported",
+    "edge_http": "the edge proxy knows only `http`",
+}
 
 
 class ServicePort(Input):
@@ -64,6 +62,15 @@ class ServicePort(Input):
     handlers: list[Literal["http"]] = Field(
         default_factory=list, description='`["http"]`, or none for raw TCP'
     )
+
+    @field_validator("handlers", mode="before")
+    @classmethod
+    def _handlers(cls, v: Any) -> Any:
+        for handler in v if isinstance(v, list) else []:
+            if handler != "http":
+                why = _HANDLERS.get(handler, "the edge proxy knows only `http`")
+                raise ValueError(f"handler {handler!r} is not supported by Souq ({why})")
+        return v
 
 
 class Concurrency(Input):
@@ -85,6 +92,14 @@ class Concurrency(Input):
 
 class Service(Input):
     protocol: Literal["tcp"] = Field(default="tcp", description="`tcp` (HTTP rides on it)")
+
+    @field_validator("protocol", mode="before")
+    @classmethod
+    def _protocol(cls, v: Any) -> Any:
+        if v == "udp":
+            raise ValueError("udp services are not supported by Souq (the edge proxy is TCP)")
+        return v
+
     internal_port: int = Field(ge=1, le=65535, description="the port the app serves on")
     ports: list[ServicePort] = Field(
         default_factory=lambda: [ServicePort(handlers=["http"])],
@@ -119,6 +134,11 @@ class Check(Input):
     grace_period: Grace = Field(
         default=0.0, ge=0, le=3600, description="failures right after a start do not count"
     )
+
+    @field_serializer("interval", "timeout", "grace_period")
+    def _go_duration(self, seconds: float) -> str:
+        # Written as Fly writes durations ("15s"): Fly's client reads a number as nanoseconds.
+        return format_go_duration(seconds)
 
 
 class MachineAddress(Record):

@@ -3,13 +3,13 @@ of a given size fit. Pure: computed from the worker table."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from pydantic import Field
 
 from souq.model import Record, Resources, WorkerInfo, WorkerState
 
-__all__ = ["RegionSummary", "fits", "summarise_regions"]
+__all__ = ["RegionSummary", "default_region", "fits", "summarise_regions"]
 
 
 class RegionSummary(Record):
@@ -71,3 +71,19 @@ def _sum(items: Iterable[Resources]) -> Resources:
     for r in items:
         total = total.plus(r)
     return total
+
+
+def default_region(
+    app_machines: Mapping[str, int], regions: Iterable[RegionSummary]
+) -> tuple[str, str] | None:
+    """Where a create that names no region goes, and why: the region holding most of the app's
+    machines (as Fly's primary region), else the one where most machines of the size fit.
+    None when no region has a worker up."""
+    if app_machines:
+        region = max(sorted(app_machines), key=lambda r: app_machines[r])
+        return region, f"most of the app's machines ({app_machines[region]}) are in {region}"
+    up = [r for r in regions if r.workers_up]
+    if not up:
+        return None
+    best = max(sorted(up, key=lambda r: r.name), key=lambda r: r.fits)
+    return best.name, f"{best.fits} machines of this size fit in {best.name}, the most"
