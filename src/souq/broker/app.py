@@ -30,6 +30,7 @@ from souq.broker.bodies import (
     parse_body,
     parsed_body,
 )
+from souq.broker.app_routes import apps_router
 from souq.broker.change_routes import changes_router
 from souq.broker.cluster_routes import (
     client_address,
@@ -72,6 +73,7 @@ from souq.model import (
     StopCommand,
     WorkerInfo,
 )
+from souq.model.app import NewApp
 from souq.model.batch import BatchCreateRequest, BatchResult
 from souq.model.release import NewRelease, ReleaseUpdate
 
@@ -224,6 +226,7 @@ def _routes(service: BrokerService, create: CreateHandler) -> FastAPI:
             LeaseBody,
             NewRelease,
             ReleaseUpdate,
+            NewApp,
         ],
     )
     machine_path = "/v1/apps/{app}/machines/{machine_id}"
@@ -408,7 +411,8 @@ def _routes(service: BrokerService, create: CreateHandler) -> FastAPI:
         return json_response(await service.events(app, machine_id))
 
     _add_durability_routes(api, service, machine_path)
-    api.include_router(cluster_router(service))  # /v1/apps, /v1/regions, /v1/events
+    api.include_router(cluster_router(service))  # /v1/regions, /v1/events
+    api.include_router(apps_router(service))  # /v1/apps, /v1/apps/{app}: the app resource
     api.include_router(images_router(service))  # /v1/images: the cluster's image store
     api.include_router(changes_router(service))  # a machine's update, its signals
     api.include_router(releases_router(service))  # an app's releases (JetStream)
