@@ -21,6 +21,7 @@ from starlette.types import ASGIApp
 
 from souq import __version__
 from souq.auth.access import Access
+from souq.broker.app_routes import apps_router
 from souq.broker.bodies import (
     AppName,
     LeaseNonce,
@@ -30,7 +31,6 @@ from souq.broker.bodies import (
     parse_body,
     parsed_body,
 )
-from souq.broker.app_routes import apps_router
 from souq.broker.change_routes import changes_router
 from souq.broker.cluster_routes import (
     client_address,
@@ -195,6 +195,7 @@ def create_app(
     api.include_router(sched_router(jobs or JobQueue(service.nats_client)))  # /sched: batch jobs
     auth = guard.auth if guard is not None else None
     api.include_router(secrets_router(service, auth))  # an app's secrets (JetStream, sealed)
+    api.include_router(apps_router(service))  # /v1/apps, /v1/apps/{app}: the app resource
     inner: ASGIApp = CreateFastPath(api, create)
     if guard is not None:
         api.include_router(tokens_router(guard))
@@ -412,7 +413,6 @@ def _routes(service: BrokerService, create: CreateHandler) -> FastAPI:
 
     _add_durability_routes(api, service, machine_path)
     api.include_router(cluster_router(service))  # /v1/regions, /v1/events
-    api.include_router(apps_router(service))  # /v1/apps, /v1/apps/{app}: the app resource
     api.include_router(images_router(service))  # /v1/images: the cluster's image store
     api.include_router(changes_router(service))  # a machine's update, its signals
     api.include_router(releases_router(service))  # an app's releases (JetStream)

@@ -43,9 +43,7 @@ def apps_router(service: BrokerService) -> APIRouter:
     router = APIRouter(tags=["apps"])
     store = OnFirstUse(lambda: AppStore.open(service.nats_client())).get
 
-    @router.post(
-        "/v1/apps", status_code=201, response_model=App, openapi_extra=body_schema(NewApp)
-    )
+    @router.post("/v1/apps", status_code=201, response_model=App, openapi_extra=body_schema(NewApp))
     async def create_app(
         request: Request,
         wait: Annotated[bool, Query(description="accepted (Fly's clients send it)")] = False,

@@ -86,8 +86,7 @@ class AppStore:
             return []
         except (nats.errors.Error, nats.js.errors.Error) as exc:
             raise unavailable(_WHAT, exc) from exc
-        records = [r for r in [await self.get(k) for k in sorted(keys)] if r is not None]
-        return records
+        return [r for r in [await self.get(k) for k in sorted(keys)] if r is not None]
 
 
 def _taken(name: str, *, machines: bool) -> NameTaken:

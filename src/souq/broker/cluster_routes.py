@@ -9,6 +9,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import PlainTextResponse, Response, StreamingResponse
+
 from souq.broker.metrics import CONTENT_TYPE
 from souq.broker.service import BrokerService
 from souq.broker.streams import SlotResponse
