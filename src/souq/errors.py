@@ -21,6 +21,7 @@ tree at the boundary that catches them, so nothing above a boundary handles fore
     ├── Conflict                   409 conflict
     │   ├── IllegalTransition      409 illegal_transition (e.g. start a destroyed machine)
     │   ├── JobExists              409 job_exists         (a batch job of that name was submitted)
+    │   ├── NameTaken              409 name_taken         (an app of that name exists already)
     │   ├── IdempotencyConflict    409 idempotency_conflict (same key, different body)
     │   ├── QuoteUsed              409 quote_used         (a quote already made its machine)
     │   ├── LeaseHeld              409 lease_held         (the machine is leased: send its nonce)
@@ -59,6 +60,7 @@ __all__ = [
     "JobNotFound",
     "LeaseHeld",
     "MalformedRequest",
+    "NameTaken",
     "NotFound",
     "PayloadTooLarge",
     "QuoteExpired",
@@ -164,6 +166,11 @@ class Conflict(SouqError, status="conflict", http_status=409): ...
 
 class JobExists(Conflict, status="job_exists"):
     """A batch job of that name was submitted already (names are unique)."""
+
+
+class NameTaken(Conflict, status="name_taken"):
+    """An app of that name exists already (created, or it has machines). Fly's clients know
+    the code (``IsNameTakenError``)."""
 
 
 class IllegalTransition(Conflict, status="illegal_transition"): ...

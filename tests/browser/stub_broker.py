@@ -86,7 +86,8 @@ def make_app(*, cluster_view: bool = True) -> FastAPI:
     @view_route("/v1/apps")
     async def apps() -> JSONResponse:
         names = sorted({m["app"] for m in machines.values()})
-        return JSONResponse([{"app": a, "machines": 1, "states": {}, "regions": []} for a in names])
+        rows = [{"name": a, "machines": 1, "states": {}, "regions": []} for a in names]
+        return JSONResponse({"apps": rows})
 
     @api.get("/v1/apps/{app}/machines")
     async def list_machines(app: str) -> JSONResponse:

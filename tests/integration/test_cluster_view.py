@@ -77,7 +77,7 @@ def test_lists_come_from_the_view_once_it_has_synced(view_cluster: Cluster) -> N
     assert "X-Souq-View-As-Of" in fresh.headers and "X-Souq-View-Lag-Ms" in fresh.headers
     apps = {
         a["name"]: a
-        for a in httpx.get(f"{view_cluster.api_url}/v1/apps", headers=auth_headers()).json()
+        for a in httpx.get(f"{view_cluster.api_url}/v1/apps", headers=auth_headers()).json()["apps"]
     }
     assert apps[app]["machines"] == 1
     regions = httpx.get(

@@ -36,7 +36,10 @@ from souq.auth.tokens import Scope
         ("POST", "/v1/workers/w1/drain", Need(Scope.ADMIN)),
         ("GET", "/v1/events", Need(Scope.READ)),
         ("GET", "/metrics", Need(Scope.READ)),
-        ("GET", "/v1/apps", Need(Scope.READ)),
+        ("GET", "/v1/apps", Need(Scope.READ, any_app=True)),
+        ("POST", "/v1/apps", Need(Scope.WRITE, any_app=True)),
+        ("GET", "/v1/apps/web", Need(Scope.READ, "web")),
+        ("DELETE", "/v1/apps/web", Need(Scope.WRITE, "web")),
         ("PUT", "/somewhere/else", Need(Scope.ADMIN)),
     ],
 )

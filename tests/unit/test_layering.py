@@ -110,6 +110,7 @@ PUBLIC = {
         "JobNotFound",
         "LeaseHeld",
         "MalformedRequest",
+        "NameTaken",
         "NotFound",
         "PayloadTooLarge",
         "QuoteExpired",

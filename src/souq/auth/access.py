@@ -81,6 +81,8 @@ class Access:
 
     def _record(self, scope: Scope, grant: Grant | None, app: str | None, status: int) -> None:
         client = scope.get("client")
+        # A route whose app is in its body (``POST /v1/apps``) names it once it has read it.
+        app = (scope.get("state") or {}).get("audit_app") or app
         entry = AuditRecord(
             at_ms=int(time.time() * 1000),
             token=grant.identity if grant else "-",

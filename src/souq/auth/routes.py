@@ -11,6 +11,8 @@ route                                             scope        of
 ``GET /v1/apps/{app}/…``                          read         the app
 ``POST|DELETE /v1/apps/{app}/releases…|secrets…`` deploy       the app
 ``POST|DELETE /v1/apps/{app}/…`` (the rest)       write        the app
+``POST /v1/apps`` (create an app)                 write        any app the token has (*)
+``GET /v1/apps`` (list the apps)                  read         any app the token has (*)
 ``GET /v1/images…``, ``/v1/regions``              read         any app the token has
 ``POST /v1/images``                               deploy       any app the token has
 ``GET /v1/tokens/key``, ``/v1/tokens/self``       read         any app the token has
@@ -23,7 +25,9 @@ anything else                                     admin        the cluster
 ================================================  ===========  ===========================
 
 "Any app the token has": an app's token may push images and read regions (a deploy of its app
-needs both), though neither belongs to one app.
+needs both), though neither belongs to one app. (*) The app is in the body or in the answer: an
+app's token creates only its app and lists only its app (the route checks, see
+:mod:`souq.broker.app_routes`). ``GET|DELETE /v1/apps/{app}`` are the app's read and write.
 """
 
 from __future__ import annotations
@@ -74,6 +78,8 @@ def _of_app(reading: bool, app: str, rest: str) -> Need:
 def _of_cluster(reading: bool, path: str) -> Need:
     if path.startswith(("/v1/audit", "/v1/tokens/revoked")):
         return Need(Scope.ADMIN)
+    if path == "/v1/apps":  # the route narrows it to the token's app
+        return Need(Scope.READ if reading else Scope.WRITE, any_app=True)
     if path.startswith("/sched/"):  # the cluster's one queue of batch jobs
         return Need(Scope.READ if reading else Scope.WRITE, any_app=True)
     if path.startswith(_ANY_APP_READS) and (reading or path == "/v1/images"):

@@ -21,6 +21,7 @@ from starlette.types import ASGIApp
 
 from souq import __version__
 from souq.auth.access import Access
+from souq.broker.app_routes import apps_router
 from souq.broker.bodies import (
     AppName,
     app_name,
@@ -70,6 +71,7 @@ from souq.model import (
     Quote,
     WorkerInfo,
 )
+from souq.model.app import NewApp
 from souq.model.batch import BatchCreateRequest, BatchResult
 from souq.model.release import NewRelease, ReleaseUpdate
 
@@ -180,6 +182,7 @@ def create_app(
     api.include_router(sched_router(jobs or JobQueue(service.nats_client)))  # /sched: batch jobs
     auth = guard.auth if guard is not None else None
     api.include_router(secrets_router(service, auth))  # an app's secrets (JetStream, sealed)
+    api.include_router(apps_router(service))  # /v1/apps, /v1/apps/{app}: the app resource
     inner: ASGIApp = CreateFastPath(api, create)
     if guard is not None:
         api.include_router(tokens_router(guard))
@@ -211,6 +214,7 @@ def _routes(service: BrokerService, create: CreateHandler) -> FastAPI:
             LeaseBody,
             NewRelease,
             ReleaseUpdate,
+            NewApp,
         ],
     )
     machine_path = "/v1/apps/{app}/machines/{machine_id}"
@@ -337,7 +341,7 @@ def _routes(service: BrokerService, create: CreateHandler) -> FastAPI:
         return json_response(await service.events(app, machine_id))
 
     _add_durability_routes(api, service, machine_path)
-    api.include_router(cluster_router(service))  # /v1/apps, /v1/regions, /v1/events
+    api.include_router(cluster_router(service))  # /v1/regions, /v1/events
     api.include_router(images_router(service))  # /v1/images: the cluster's image store
     api.include_router(changes_router(service))  # a machine's update, its signals
     api.include_router(releases_router(service))  # an app's releases (JetStream)

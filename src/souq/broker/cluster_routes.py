@@ -1,5 +1,6 @@
-"""The cluster view's routes: ``GET /v1/apps``, ``GET /v1/regions`` and ``GET /v1/events``
-(server-sent events), and the headers that say how fresh a view-served answer is."""
+"""The cluster view's routes: ``GET /v1/regions`` and ``GET /v1/events`` (server-sent events),
+and the headers that say how fresh a view-served answer is. (``GET /v1/apps`` is
+:mod:`souq.broker.app_routes`'.)"""
 
 from __future__ import annotations
 
@@ -8,17 +9,15 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import PlainTextResponse, Response, StreamingResponse
-from pydantic import Field
 
 from souq.broker.metrics import CONTENT_TYPE
 from souq.broker.service import BrokerService
 from souq.broker.streams import SlotResponse
 from souq.clock import iso_from_ms
-from souq.model import Record, Resources, WorkerState
+from souq.model import Resources, WorkerState
 from souq.view import ClusterEvent, RegionSummary
 
 __all__ = [
-    "AppSummary",
     "client_address",
     "cluster_router",
     "machines_response",
@@ -27,13 +26,6 @@ __all__ = [
 ]
 
 KEEPALIVE_S = 15.0  # a comment line this often keeps idle streams (and proxies) open
-
-
-class AppSummary(Record):
-    name: str
-    machines: int = Field(description="machines not destroyed")
-    states: dict[str, int] = Field(description="machines by state")
-    regions: list[str]
 
 
 def view_headers(service: BrokerService, *, from_view: bool) -> dict[str, str]:
@@ -94,20 +86,6 @@ def _sse(event: ClusterEvent) -> str:
 
 def cluster_router(service: BrokerService) -> APIRouter:
     router = APIRouter(tags=["cluster"])
-
-    @router.get("/v1/apps", response_model=list[AppSummary])
-    async def list_apps() -> Response:
-        """Every app with machines not destroyed, from the cluster view."""
-        apps = [
-            AppSummary(name=a.app, machines=a.machines, states=a.states, regions=a.regions)
-            for a in service.view.store.apps()
-        ]
-        content = "[" + ",".join(a.model_dump_json() for a in apps) + "]"
-        return Response(
-            content,
-            media_type="application/json",
-            headers=view_headers(service, from_view=True),
-        )
 
     @router.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> Response:

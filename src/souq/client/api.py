@@ -28,6 +28,7 @@ from souq.model import (
     Quote,
     WorkerInfo,
 )
+from souq.model.app import App, AppDeleted, AppList
 from souq.model.image import ImageRecord
 from souq.model.protocol import Lease
 from souq.model.release import NewRelease, Release, ReleaseState
@@ -270,6 +271,27 @@ class SouqClient(SchedCalls):
     ) -> Release:
         body = {"state": str(state), "reason": reason}
         return _one(Release, self._call("POST", f"/v1/apps/{app}/releases/{version}", json=body))
+
+    # -- apps ------------------------------------------------------------------------------
+
+    def create_app(
+        self, name: str, *, org_slug: str = "", network: str = "", app_role: str = ""
+    ) -> App:
+        """Create an app (``name_taken`` when the name is in use)."""
+        body = {"name": name, "org_slug": org_slug, "network": network, "app_role_id": app_role}
+        return _one(App, self._call("POST", "/v1/apps", json=body))
+
+    def get_app(self, name: str) -> App:
+        """The app, created or implicit (``not_found`` only when the name is free)."""
+        return _one(App, self._call("GET", f"/v1/apps/{name}"))
+
+    def list_apps(self, *, org_slug: str = "", app_role: str = "") -> list[App]:
+        params = _without_none({"org_slug": org_slug or None, "app_role": app_role or None})
+        return _one(AppList, self._call("GET", "/v1/apps", params=params)).apps
+
+    def destroy_app(self, name: str) -> AppDeleted:
+        """Destroy the app and every machine of it."""
+        return _one(AppDeleted, self._call("DELETE", f"/v1/apps/{name}", timeout=LONG_CALL_S))
 
     # -- tokens and the audit log -----------------------------------------------------------
 

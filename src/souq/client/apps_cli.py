@@ -1,5 +1,6 @@
 """``souq deploy``, ``souq releases``, ``souq status``, ``souq rollback`` and ``souq scale
-count``: the app's policy, carried out by this client through the API (docs/apps.md)."""
+count``: the app's policy, carried out by this client through the API (docs/apps.md); and
+``souq apps create|show|list|destroy``: the app resource itself."""
 
 from __future__ import annotations
 
@@ -20,6 +21,10 @@ if TYPE_CHECKING:
 __all__ = ["register_apps"]
 
 scale_app = typer.Typer(help="Change how many machines an app runs.", no_args_is_help=True)
+apps_group = typer.Typer(
+    help="Create, show, list and destroy apps (an app with machines exists without a create).",
+    no_args_is_help=True,
+)
 
 AppNameOpt = Annotated[str, typer.Option("--app", "-a", help="The app.")]
 StrategyOpt = Annotated[
@@ -37,6 +42,7 @@ def register_apps(app: typer.Typer) -> None:
     app.command("status")(status)
     app.command("rollback")(rollback)
     app.add_typer(scale_app, name="scale")
+    app.add_typer(apps_group, name="apps")
 
 
 def deploy(
@@ -255,3 +261,63 @@ def scale_count(
             ),
             as_json=as_json,
         )
+
+
+NameArg = Annotated[str, typer.Argument(metavar="NAME", help="The app's name.")]
+OrgOpt = Annotated[
+    str, typer.Option("--org", help="The organization slug kept with it (default: personal).")
+]
+
+
+@apps_group.command("create")
+def apps_create(
+    name: NameArg,
+    *,
+    org: OrgOpt = "",
+    network: Annotated[str, typer.Option("--network", help="Kept with the app.")] = "",
+    as_json: JsonOpt = False,
+) -> None:
+    """Create an app (exit 1, `name_taken`, when the name is in use)."""
+    from souq.client import render_apps
+
+    with reporting(as_json):
+        render_apps.app(
+            make_client().create_app(name, org_slug=org, network=network), as_json=as_json
+        )
+
+
+@apps_group.command("show")
+def apps_show(name: NameArg, *, as_json: JsonOpt = False) -> None:
+    """The app: its status, organization and machines."""
+    from souq.client import render_apps
+
+    with reporting(as_json):
+        render_apps.app(make_client().get_app(name), as_json=as_json)
+
+
+@apps_group.command("list")
+def apps_list(*, org: OrgOpt = "", as_json: JsonOpt = False) -> None:
+    """Every app: created ones, and those that have machines."""
+    from souq.client import render_apps
+
+    with reporting(as_json):
+        render_apps.apps(make_client().list_apps(org_slug=org), as_json=as_json)
+
+
+@apps_group.command("destroy")
+def apps_destroy(
+    name: NameArg,
+    *,
+    yes: Annotated[
+        bool, typer.Option("--yes", "-y", help="Do not ask: destroy it and its machines.")
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Destroy the app and every machine of it (killed if it runs). Its releases and secrets
+    stay under its name."""
+    from souq.client import render_apps
+
+    with reporting(as_json):
+        if not yes and not typer.confirm(f"Destroy app {name} and all its machines?"):
+            raise typer.Exit(1)
+        render_apps.app_deleted(make_client().destroy_app(name), as_json=as_json)
