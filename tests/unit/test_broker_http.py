@@ -124,8 +124,11 @@ BAD = [
     ("reserved env", with_config(env={"SOUQ_APP": "x"}), "config.env: 'SOUQ_APP'"),
     ("skip_secrets", {**GOOD, "skip_secrets": True}, "skip_secrets: not supported by Souq"),
     ("Fly's mounts", with_config(mounts=[{"volume": "v1", "path": "/d"}]), "config: mounts: not"),
-    ("Fly's tls", with_config(services=[{"internal_port": 80, "ports": [{"handlers": ["tls"]}]}]),
-     "config.services[0].ports[0].handlers: handler 'tls' is not supported"),  # fmt: skip
+    (
+        "Fly's tls",
+        with_config(services=[{"internal_port": 80, "ports": [{"handlers": ["tls"]}]}]),
+        "config.services[0].ports[0].handlers: handler 'tls' is not supported",
+    ),
     ("region with a dot", {**GOOD, "region": "mad.x"}, "region: String should match"),
     ("bad name", {**GOOD, "name": "-x"}, "name: name must be"),
     ("skip_launch as text", {**GOOD, "skip_launch": "yes"}, "skip_launch: Input should be"),

@@ -8,6 +8,7 @@ JSON at all is told apart (400 ``malformed_request``) from a wrong field (422 ``
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Annotated, Any, TypeVar
@@ -73,6 +74,7 @@ from souq.model import (
 )
 from souq.model.app import NewApp
 from souq.model.batch import BatchCreateRequest, BatchResult
+from souq.model.protocol import LeaseRequest
 from souq.model.release import NewRelease, ReleaseUpdate
 
 __all__ = ["BODY_LIMITS", "create_app"]
@@ -152,7 +154,13 @@ def create_handler(service: BrokerService) -> CreateHandler:
         if _flag(query, "dry_run"):
             return 200, DryRun(placement=await service.explain(app, body)).model_dump_json()
         machine = await service.create_machine(app, body, idempotency_key=idempotency_key)
-        return 201, machine.model_dump_json()
+        if body.lease_ttl is None:
+            return 201, machine.model_dump_json()
+        # Fly's lease_ttl: the machine is made leased; its nonce is in the answer.
+        lease = await service.take_lease(
+            LeaseRequest(app=app, machine_id=machine.id, ttl_s=float(body.lease_ttl))
+        )
+        return 201, machine.model_dump_json()[:-1] + f',"nonce":{json.dumps(lease.nonce)}}}'
 
     return create
 
