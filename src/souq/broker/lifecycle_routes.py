@@ -39,16 +39,21 @@ def fly_restart(
     cmd: StopCommand, force_stop: bool, timeout: str | None, signal: str | None
 ) -> StopCommand:
     """A restart's stop, with Fly's query parameters over its body's."""
-    try:
-        update: dict[str, Any] = {}
-        if signal:
-            update["signal"] = normalise_signal(signal)
-        if timeout:
-            update["timeout_s"] = seconds_of(timeout) or cmd.timeout_s
-        if force_stop:
-            update["signal"] = "SIGKILL"
-    except ValueError as exc:
-        raise InvalidInput(str(exc), hint="e.g. ?signal=SIGTERM&timeout=5s") from None
+    update: dict[str, Any] = {}
+    for field, value, read in (
+        ("signal", signal, normalise_signal),
+        ("timeout", timeout, seconds_of),
+    ):
+        if not value:
+            continue
+        try:
+            update["signal" if field == "signal" else "timeout_s"] = read(value)
+        except ValueError as exc:
+            raise InvalidInput(f"{field}: {exc}", hint="e.g. ?signal=SIGTERM&timeout=5s") from None
+    if update.get("timeout_s") == 0:  # "0s": the machine's own
+        del update["timeout_s"]
+    if force_stop:
+        update["signal"] = "SIGKILL"
     return cmd.model_copy(update=update) if update else cmd
 
 
