@@ -1,7 +1,8 @@
 """An app's secrets (:mod:`souq.secrets`, sealed in JetStream's key-value store):
-``POST /v1/apps/{app}/secrets`` sets some (``{"NAME": "VALUE", ...}``), ``GET`` lists them
-(names, digests, when set: never a value), ``DELETE …/secrets/{name}`` unsets one. Agents put
-them in a machine's env at its next start or update.
+``POST /v1/apps/{app}/secrets`` sets some (``{"NAME": "VALUE", ...}``, or Fly's
+``{"values": {...}}``), ``GET`` lists them (names, digests, when set: never a value, as
+``{"secrets": [...], "version": N}``), ``GET|POST|DELETE …/secrets/{name}`` shows, sets and
+unsets one. Agents put them in a machine's env at its next start or update.
 
 Every route needs the ``deploy`` scope of the app (``souq.auth.routes``; its table lets a
 ``read`` token list names and digests).
@@ -9,16 +10,21 @@ Every route needs the ``deploy`` scope of the app (``souq.auth.routes``; its tab
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
-from fastapi.responses import Response
+import json
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import JSONResponse, Response
 from pydantic import RootModel
 
 from souq.auth.files import AuthDir
-from souq.broker.bodies import AppName, body_schema, json_response, parse_body
+from souq.broker.bodies import AppName, body_schema, json_response, parse_body, parsed_body
 from souq.broker.service import BrokerService
 from souq.bus.jetstream import OnFirstUse
+from souq.errors import InvalidInput, NotFound
+from souq.model.base import Input
 from souq.model.secrets import SecretInfo
-from souq.secrets.sealed import check_values
+from souq.secrets.sealed import check_name, check_values
 from souq.secrets.store import SecretStore, open_bucket, secrets_key
 
 __all__ = ["secrets_router"]
@@ -28,6 +34,53 @@ SECRETS = "/v1/apps/{app}/secrets"
 
 class SecretValues(RootModel[dict[str, str]]):
     """``{"NAME": "VALUE", ...}``: environment variable names and their values."""
+
+
+class FlyValues(Input):
+    """Fly's ``{"values": {"NAME": "VALUE" or null}}``: null unsets the secret."""
+
+    values: dict[str, str | None]
+
+
+class OneValue(Input):
+    """Fly's ``{"value": "VALUE"}`` for one secret."""
+
+    value: str
+
+
+def fly_shaped(raw: bytes) -> bool:
+    """Whether a body is Fly's ``{"values": {...}}`` (a Souq body's values are strings)."""
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return False
+    return isinstance(data, dict) and data.keys() == {"values"} and isinstance(data["values"], dict)
+
+
+def never_shown(show_secrets: bool) -> None:
+    if show_secrets:
+        raise InvalidInput(
+            "show_secrets: not supported by Souq (a secret's value is never shown)",
+            hint="read it inside a machine of the app, from its environment",
+        )
+
+
+async def at_least(kept: SecretStore, version: int | None) -> None:
+    """Fly's ``?version=N``: the secrets as of that version or later (what is kept now)."""
+    if version is not None and version > await kept.version():
+        raise NotFound(f"secrets version {version} does not exist yet")
+
+
+async def fly_listing(kept: SecretStore, app: str) -> Response:
+    secrets = [i.model_dump(mode="json") for i in await kept.of_app(app)]
+    return JSONResponse({"secrets": secrets, "version": await kept.version()})
+
+
+async def fly_secret(kept: SecretStore, app: str, name: str) -> Response:
+    found = next((i for i in await kept.of_app(app) if i.name == name), None)
+    if found is None:
+        raise NotFound(f"app {app} has no secret {name}")
+    return JSONResponse({**found.model_dump(mode="json"), "version": await kept.version()})
 
 
 def secrets_router(service: BrokerService, auth: AuthDir | None) -> APIRouter:
@@ -49,17 +102,64 @@ def secrets_router(service: BrokerService, auth: AuthDir | None) -> APIRouter:
         openapi_extra=body_schema(SecretValues),
     )
     async def set_secrets(app: AppName, request: Request) -> Response:
-        """Set secrets of the app (names checked, values bounded); what is kept of each."""
-        values = check_values((await parse_body(request, SecretValues)).root)
-        return json_response(await (await store()).set(app, values))
+        """Set secrets of the app (names checked, values bounded); what is kept of each. Fly's
+        body, ``{"values": {"NAME": "VALUE" or null}}`` (null unsets), is answered in Fly's
+        shape: ``{"secrets": [...], "version": N}``."""
+        raw = await request.body()
+        kept = await store()
+        if not fly_shaped(raw):
+            souq = parsed_body(raw, SecretValues)
+            return json_response(await kept.set(app, check_values(souq.root)))
+        given = parsed_body(raw, FlyValues).values
+        if not given:
+            raise InvalidInput("no secrets given", hint='send {"values": {"NAME": "VALUE"}}')
+        values = {k: v for k, v in given.items() if v is not None}
+        if values:
+            await kept.set(app, check_values(values))
+        for name in (k for k, v in given.items() if v is None):
+            await kept.unset(app, name, missing_ok=True)
+        return await fly_listing(kept, app)
 
-    @router.get(SECRETS, response_model=list[SecretInfo])  # scope: deploy (the table: read)
-    async def list_secrets(app: AppName) -> Response:
-        return json_response(await (await store()).of_app(app))
+    @router.get(SECRETS)  # scope: deploy (the table: read)
+    async def list_secrets(
+        app: AppName,
+        version: Annotated[int | None, Query(ge=0, description="Fly's: at least this")] = None,
+        show_secrets: Annotated[bool, Query(description="Fly's; values are never shown")] = False,
+    ) -> Response:
+        """``{"secrets": [{name, digest, set_at, updated_at}], "version": N}``: names and
+        digests, never a value."""
+        never_shown(show_secrets)
+        kept = await store()
+        await at_least(kept, version)
+        return await fly_listing(kept, app)
 
-    @router.delete(SECRETS + "/{name}", status_code=204)  # scope: deploy
+    @router.get(SECRETS + "/{name}", response_model=SecretInfo)  # scope: deploy
+    async def show_secret(
+        app: AppName,
+        name: str,
+        version: Annotated[int | None, Query(ge=0, description="Fly's: at least this")] = None,
+        show_secrets: Annotated[bool, Query(description="Fly's; values are never shown")] = False,
+    ) -> Response:
+        never_shown(show_secrets)
+        kept = await store()
+        await at_least(kept, version)
+        return await fly_secret(kept, app, check_name(name))
+
+    @router.post(  # scope: deploy
+        SECRETS + "/{name}", response_model=SecretInfo, openapi_extra=body_schema(OneValue)
+    )
+    async def set_secret(app: AppName, name: str, request: Request) -> Response:
+        """Fly's: set one secret (``{"value": "..."}``); the secret and the new version."""
+        body = await parse_body(request, OneValue)
+        kept = await store()
+        await kept.set(app, check_values({check_name(name): body.value}))
+        return await fly_secret(kept, app, name)
+
+    @router.delete(SECRETS + "/{name}")  # scope: deploy
     async def unset_secret(app: AppName, name: str) -> Response:
-        await (await store()).unset(app, name)
-        return Response(status_code=204)
+        """Unset one secret: ``{"version": N}`` (Fly's answer)."""
+        kept = await store()
+        await kept.unset(app, name)
+        return JSONResponse({"version": await kept.version()})
 
     return router

@@ -255,7 +255,8 @@ class SouqClient(SchedCalls):
         return _many(SecretInfo, self._call("POST", f"/v1/apps/{app}/secrets", json=dict(values)))
 
     def secrets(self, app: str) -> list[SecretInfo]:
-        return _many(SecretInfo, self._call("GET", f"/v1/apps/{app}/secrets"))
+        answer = self._call("GET", f"/v1/apps/{app}/secrets").json()
+        return [SecretInfo.model_validate(s) for s in answer["secrets"]]
 
     def unset_secret(self, app: str, name: str) -> None:
         self._call("DELETE", f"/v1/apps/{app}/secrets/{name}")

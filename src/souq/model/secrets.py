@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 __all__ = ["SecretInfo"]
 
@@ -15,3 +15,9 @@ class SecretInfo(BaseModel):
     name: str
     digest: str = Field(description="a keyed digest of the value: it changes when the value does")
     set_at: str = Field(description="when the value was set (ISO 8601, UTC)")
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def updated_at(self) -> str:
+        """Fly's name for ``set_at``."""
+        return self.set_at

@@ -102,11 +102,13 @@ class SecretStore:
             key=lambda i: i.name,
         )
 
-    async def unset(self, app: str, name: str) -> None:
+    async def unset(self, app: str, name: str, *, missing_ok: bool = False) -> None:
         check_name(name)
         try:
             await self._kv.get(key_of(app, name))
         except nats.js.errors.KeyNotFoundError:
+            if missing_ok:
+                return
             raise NotFound(
                 f"app {app} has no secret {name}", hint=f"see `souq secrets list --app {app}`"
             ) from None
@@ -116,6 +118,15 @@ class SecretStore:
             await self._kv.delete(key_of(app, name))
         except _ERRORS as exc:
             raise unavailable("the secrets store", exc) from exc
+
+    async def version(self) -> int:
+        """A number that grows with every change to any secret: Fly's ``version`` (the last
+        sequence of the bucket's stream)."""
+        try:
+            status = await self._kv.status()
+        except _ERRORS as exc:
+            raise unavailable("the secrets store", exc) from exc
+        return int(status.stream_info.state.last_seq)
 
     async def values(self, app: str) -> dict[str, str]:
         """The app's secrets opened (:class:`SecretsUnreadable` if one does not open)."""
