@@ -174,6 +174,22 @@ class Commands:
         ex.step(op, OpEvent.BEGIN, event=Trigger.START, type="start", source="user", restarts=0)
         return ex.machine(app, machine_id)
 
+    def start_scheduled(self, row: MachineRow) -> None:
+        """A scheduled machine's start (:mod:`souq.agent.schedule`): a start, by the agent."""
+        ex = self._ex
+        lifecycle.transition(row.state, Trigger.START, machine_id=row.id)
+        self._check_idle(row)
+        op = ex.new_op(OpKind.START, row.id, source="agent", type="start")
+        ex.step(
+            op,
+            OpEvent.BEGIN,
+            event=Trigger.START,
+            type="start",
+            source="agent",
+            restarts=0,
+            message=f"schedule {row.config.schedule}: due",
+        )
+
     def suspend(self, app: str, machine_id: str, *, source: Source = "user") -> Machine:
         """Freeze a started machine where it stands; :meth:`start` resumes it."""
         ex = self._ex

@@ -493,6 +493,16 @@ class Executor(MachineTable):
         )
         if decision.restart:
             self.supervisor.schedule_restart(machine_id, decision.delay_s)
+        elif row.config.auto_destroy:
+            op = self.new_op(OpKind.DESTROY, machine_id, source="agent")
+            self.step(
+                op,
+                OpEvent.IDLE,
+                event=Trigger.DESTROY,
+                type="destroy",
+                source="agent",
+                message="auto_destroy: it exited and its restart policy keeps it down",
+            )
 
     def _exited_during_op(self, op: Op, status: ExitStatus) -> None:
         self._handles.pop(op.machine_id, None)

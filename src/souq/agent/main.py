@@ -36,6 +36,7 @@ from souq.agent.outbox import Outbox
 from souq.agent.ports import PortPool
 from souq.agent.publisher import Pacer
 from souq.agent.reaper import Reaper, make_subreaper
+from souq.agent.schedule import Scheduler
 from souq.agent.secrets import AgentSecrets
 from souq.agent.service import AgentService
 from souq.agent.store import Store
@@ -104,6 +105,7 @@ class Agent:
             interval_s=LOG_CHECK_INTERVAL_S,
         )
         self._rotating: asyncio.Task[None] | None = None
+        self._scheduler: Scheduler | None = None
         self._host_driver = (
             None
             if driver is not None
@@ -195,6 +197,10 @@ class Agent:
                 self._rotating = asyncio.create_task(self.log_rotator.run(), name="souq-logs")
             self._commands = Commands(self._executor, self._clock)
             self._executor.recover()
+            self._scheduler = Scheduler(
+                self._executor.rows, self._commands.start_scheduled, self._clock
+            )
+            self._scheduler.start()
             if self._transport is None:
                 from souq.bus.nats import connect
 
@@ -275,6 +281,9 @@ class Agent:
         return agent_credential(auth, stored=stored, asked=self.config.worker_id)
 
     async def aclose(self) -> None:
+        if self._scheduler is not None:
+            await self._scheduler.aclose()
+            self._scheduler = None
         if self._rotating is not None:
             self._rotating.cancel()
             with contextlib.suppress(asyncio.CancelledError):

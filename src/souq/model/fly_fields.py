@@ -33,8 +33,6 @@ CONFIG_UNSUPPORTED: Mapping[str, str] = {
     "cache_drive": "cache drives are not supported",
     "metrics": "scraping a machine's metrics is not supported; expose them on a service",
     "size": "named sizes are not supported; give guest.cpus and guest.memory_mb",
-    "schedule": "scheduled machines are not supported; run a batch job (/sched) instead",
-    "auto_destroy": "machines are not destroyed when they exit; destroy them with the API",
     "disable_machine_autostart": "give each service's autostart instead",
 }
 GUEST_UNSUPPORTED: Mapping[str, str] = {

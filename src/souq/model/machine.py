@@ -56,6 +56,7 @@ __all__ = [
     "SandboxConfig",
     "StopConfig",
     "normalise_signal",
+    "schedule_period_s",
 ]
 
 APP_NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
@@ -314,6 +315,14 @@ class MachineConfig(Input):
     checks: dict[str, Check] = Field(
         default_factory=dict, max_length=MAX_SERVICES, description="health checks, by name"
     )
+    auto_destroy: bool = Field(
+        default=False, description="destroy it when it exits and its restart policy says stay"
+    )
+    schedule: str | None = Field(
+        default=None,
+        description="start it again this long after it last started, once it has stopped: "
+        "`hourly`, `daily`, `weekly`, `monthly` (30 days), or a duration such as `90s`",
+    )
     standbys: list[str] = Field(
         default_factory=list,
         max_length=MAX_SERVICES,
@@ -380,6 +389,13 @@ class MachineConfig(Input):
                 raise ValueError(f"check name {name!r}: 1-63 letters, digits, '-', '_' or '.'")
         return v
 
+    @field_validator("schedule")
+    @classmethod
+    def _schedule(cls, v: str | None) -> str | None:
+        if v is not None:
+            schedule_period_s(v)
+        return v
+
     @field_validator("standbys")
     @classmethod
     def _standbys(cls, v: list[str]) -> list[str]:
@@ -396,6 +412,26 @@ class MachineConfig(Input):
             if key.startswith("SOUQ_"):
                 raise ValueError(f"{key!r}: names starting with SOUQ_ are set by Souq")
         return v
+
+
+_SCHEDULES = {"hourly": 3600.0, "daily": 86400.0, "weekly": 7 * 86400.0, "monthly": 30 * 86400.0}
+MIN_SCHEDULE_S = 1.0
+
+
+def schedule_period_s(schedule: str) -> float:
+    """Seconds between two runs of a scheduled machine (ValueError: not a schedule)."""
+    if schedule in _SCHEDULES:
+        return _SCHEDULES[schedule]
+    try:
+        seconds = seconds_of(schedule)
+    except ValueError:
+        seconds = 0.0
+    if seconds < MIN_SCHEDULE_S:
+        raise ValueError(
+            f"schedule {schedule!r}: use hourly, daily, weekly, monthly or a duration of a "
+            "second or more (e.g. '90s')"
+        )
+    return seconds
 
 
 def validate_name(v: str | None) -> str | None:
