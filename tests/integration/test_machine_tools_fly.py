@@ -195,3 +195,25 @@ def test_cordon_and_metadata_survive_an_agent_restart(cluster: Cluster) -> None:
     r = flaps(cluster, "GET", app, f"/{m.id}")
     assert r.json()["cordoned"] is True and r.json()["config"]["metadata"] == {"k": "v"}
     assert r.json()["instance_id"] == m.instance_id, r.json()["events"][:3]
+
+
+def test_the_cli_execs_lists_sets_metadata_and_cordons(cluster: Cluster) -> None:
+    from tests.integration.images_harness import souq
+
+    app = app_name("l")
+    m = started(cluster, app)
+    run = souq(cluster, "machine", "exec", "--app", app, m.id, "--", "sh", "-c", "echo hi; exit 4")
+    assert (run.returncode, run.stdout) == (4, "hi\n"), run.stderr
+    run = souq(cluster, "machine", "ps", m.id, "--app", app)
+    assert run.returncode == 0 and "echo_app.py" in run.stdout, run.stderr
+    run = souq(cluster, "machine", "metadata", m.id, "a=1", "b=2", "a-", "--app", app)
+    assert (run.returncode, run.stdout) == (0, "b=2\n"), run.stderr
+    run = souq(cluster, "machine", "cordon", m.id, "--app", app)
+    assert run.stdout.split() == [m.id, "started", "cordoned"], run.stderr
+    run = souq(cluster, "machine", "uncordon", m.id, "--app", app, "--json")
+    assert run.returncode == 0 and '"cordoned": false' in run.stdout
+    with cluster.client() as client:
+        client.stop(app, m.id)
+        client.wait(app, m.id, MachineState.STOPPED, timeout=20)
+    run = souq(cluster, "machine", "exec", "--app", app, m.id, "--", "true")
+    assert run.returncode == 1 and "started machine" in run.stderr
