@@ -10,6 +10,7 @@ tree at the boundary that catches them, so nothing above a boundary handles fore
     │   ├── MalformedRequest       400 malformed_request (the body is not JSON at all)
     │   ├── UnknownRegion          422 unknown_region
     │   ├── ImageInvalid           422 image_invalid     (an OCI image or layout breaks the spec)
+    │   ├── ExecUnavailable        422 exec_unavailable  (exec cannot run for that machine's driver)
     │   └── TraceInvalid           422 trace_invalid     (a bad trace row: file, line, column)
     ├── Unauthorized               401 unauthorized      (no token, or one that is not valid)
     ├── Forbidden                  403 forbidden         (a valid token outside its scope)
@@ -20,6 +21,7 @@ tree at the boundary that catches them, so nothing above a boundary handles fore
     │   └── JobNotFound            404 job_not_found     (no batch job of that name)
     ├── Conflict                   409 conflict
     │   ├── IllegalTransition      409 illegal_transition (e.g. start a destroyed machine)
+    │   │   └── MachineNotStarted  409 machine_not_started (exec or ps on a machine not started)
     │   ├── JobExists              409 job_exists         (a batch job of that name was submitted)
     │   ├── NameTaken              409 name_taken         (an app of that name exists already)
     │   ├── IdempotencyConflict    409 idempotency_conflict (same key, different body)
@@ -48,6 +50,7 @@ __all__ = [
     "ClaimRefused",
     "Conflict",
     "DeployFailed",
+    "ExecUnavailable",
     "Forbidden",
     "IdempotencyConflict",
     "IllegalTransition",
@@ -59,6 +62,7 @@ __all__ = [
     "JobFailed",
     "JobNotFound",
     "LeaseHeld",
+    "MachineNotStarted",
     "MalformedRequest",
     "NameTaken",
     "NotFound",
@@ -174,6 +178,14 @@ class NameTaken(Conflict, status="name_taken"):
 
 
 class IllegalTransition(Conflict, status="illegal_transition"): ...
+
+
+class MachineNotStarted(IllegalTransition, status="machine_not_started"):
+    """Exec and ps need the machine's processes: it must be ``started``."""
+
+
+class ExecUnavailable(InvalidInput, status="exec_unavailable"):
+    """The machine's driver cannot run a command inside it (e.g. the sandbox's namespaces)."""
 
 
 class DeployFailed(SouqError, status="deploy_failed"):

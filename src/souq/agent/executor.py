@@ -50,7 +50,10 @@ log = logging.getLogger(__name__)
 
 S = MachineState
 _WAITING_FOR_EXIT = (OpState.DRAINING, OpState.SIGNALLING, OpState.KILLING)
-_SPEC = frozenset({"config", "placement", "address", "instance_id"})  # rarely changed fields
+_SPEC = frozenset({"config", "placement", "address", "instance_id", "cordoned"})  # rarely changed
+# Events whose message carries the machine's record: what the event alone does not say (a new
+# machine; a config, metadata or cordon changed in place) reaches every view with it.
+_WITH_RECORD = frozenset({"launch", "update", "metadata", "cordon", "uncordon"})
 
 
 class Executor(MachineTable):
@@ -593,6 +596,6 @@ class Executor(MachineTable):
                 region=row.region,
                 state=row.state,
                 event=event,
-                machine=row.to_machine(self.worker_id) if event.type == "launch" else None,
+                machine=row.to_machine(self.worker_id) if event.type in _WITH_RECORD else None,
             )
         )

@@ -64,6 +64,7 @@ class MachineRow:
     address: MachineAddress | None = None  # its host and host ports, given at the claim
     instance_id: str = ""  # the version of its config: new at the claim and at every update
     gpu_ids: tuple[int, ...] = ()  # the worker's GPUs it got, by index (admission chose them)
+    cordoned: bool = False  # out of the proxies' rotation (POST .../cordon), until uncordoned
 
     @cached_property
     def resources(self) -> Resources:
@@ -82,6 +83,7 @@ class MachineRow:
             address=self.address,
             instance_id=self.instance_id or self.id,
             gpu_ids=list(self.gpu_ids),
+            cordoned=self.cordoned,
         )
 
 

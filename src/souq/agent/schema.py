@@ -62,7 +62,8 @@ CREATE TABLE IF NOT EXISTS machines (
     updated_at INTEGER NOT NULL,
     address TEXT,
     instance_id TEXT,
-    gpu_ids TEXT
+    gpu_ids TEXT,
+    cordoned INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS leases (
     machine_id TEXT PRIMARY KEY,
@@ -121,13 +122,15 @@ CREATE TABLE IF NOT EXISTS ops (
 
 MACHINE_COLUMNS = (
     "id, app, name, region, request_id, body_hash, state, config, placement, pid, "
-    "pid_start_time, restarts, exit_code, created_at, updated_at, address, instance_id, gpu_ids"
+    "pid_start_time, restarts, exit_code, created_at, updated_at, address, instance_id, gpu_ids, "
+    "cordoned"
 )
 # Columns added since the first schema, for a state file an older agent made.
 ADDED_MACHINE_COLUMNS = {
     "address": "TEXT",  # the host and the host ports it was given
     "instance_id": "TEXT",  # the version of its config (none: made before updates were)
     "gpu_ids": "TEXT",  # the GPUs it got, by index: "0,3" (none: no GPU)
+    "cordoned": "INTEGER NOT NULL DEFAULT 0",  # out of the proxies' rotation
 }
 ADDED_RESERVATION_COLUMNS = {"gpu_milli": "INTEGER NOT NULL DEFAULT 0"}  # GPU shares
 EVENT_COLUMNS = "type, status, source, ts, exit_code, signal, message"
@@ -141,7 +144,7 @@ OP_COLUMNS = "op_id, machine_id, kind, state, event, ts, detail"
 # The statements of a claim and of a machine's start (:meth:`Store.prepare` compiles them).
 INSERT_MACHINE = (
     f"INSERT INTO machines ({MACHINE_COLUMNS}) "  # noqa: S608 (constant columns)
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 INSERT_RESERVATION = (
     "INSERT INTO reservations (machine_id, millicpus, memory_mb, disk_mb, gpus, gpu_milli) "
@@ -158,7 +161,8 @@ UPDATE_MACHINE = (
 )
 # What changes only now and then (an update, a pull's record): written when it changed.
 UPDATE_SPEC = (
-    "UPDATE machines SET config = ?, placement = ?, address = ?, instance_id = ? WHERE id = ?"
+    "UPDATE machines SET config = ?, placement = ?, address = ?, instance_id = ?, cordoned = ? "
+    "WHERE id = ?"
 )
 UPDATE_RESERVATION = (
     "UPDATE reservations SET millicpus = ?, memory_mb = ?, disk_mb = ?, gpus = ?, gpu_milli = ? "

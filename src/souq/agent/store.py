@@ -212,6 +212,7 @@ class Store:
             None,
             None,
             None,
+            0,
         )
         try:
             with self._write() as db:
@@ -311,6 +312,7 @@ class Store:
                     row.address.model_dump_json() if row.address else None,
                     row.instance_id,
                     sql.gpu_ids_text(row.gpu_ids),
+                    int(row.cordoned),
                 ),
             )
         except sqlite3.IntegrityError:
@@ -398,6 +400,7 @@ class Store:
                         self.json_of(row.placement) if row.placement else None,
                         row.address.model_dump_json() if row.address else None,
                         row.instance_id,
+                        int(row.cordoned),
                         row.id,
                     ),
                 )
@@ -480,6 +483,7 @@ class Store:
                     events=tuple(recent.get(mid, ())),
                     instance_id=str(r[16]) if r[16] else mid,
                     gpu_ids=sql.gpu_ids_of(r[17]),
+                    cordoned=bool(r[18]),
                 )
             )
         return rows

@@ -14,6 +14,7 @@ from souq.agent.batch import claim_batch
 from souq.agent.commands import Commands
 from souq.agent.executor import Executor
 from souq.agent.load import LoadGauge
+from souq.agent.machine_tools import MachineTools
 from souq.agent.publisher import Publisher
 from souq.agent.quotes import Quotes
 from souq.agent.stats import AgentStats
@@ -24,6 +25,7 @@ from souq.errors import ClaimRefused, IllegalTransition, NotFound
 from souq.model import protocol as msg
 from souq.model.batch import BatchClaimReply, BatchClaimRequest
 from souq.model.machine import Machine, MachineEvent, MachineState, OpRecord
+from souq.model.machine_tools import MachineCordonCommand, MetadataCommand, ProcessStat
 from souq.model.resources import Resources
 from souq.model.worker import Fingerprint, WorkerInfo, WorkerState, WorkerUsage
 from souq.protocol import verbs as v
@@ -63,6 +65,7 @@ class WorkerVerbs:
         self.quotes = Quotes(executor.store, clock, self.admission, on_change=self._announce)
         self.publisher: Publisher | None = None  # set by the shell once it is on the bus
         self._load = load or LoadGauge(clock)
+        self.tools = MachineTools(executor, clock)
 
     def dispatcher(self) -> Dispatcher:
         d = Dispatcher(f"worker {self.worker_id}", ledger=lambda: self.admission.version)
@@ -92,6 +95,10 @@ class WorkerVerbs:
         d.route(v.LIST, self._list)
         d.route(v.DIGEST, self._digest)
         d.route(v.LOCATE, self._locate)
+        d.route(v.EXEC, self.tools.exec)
+        d.route(v.PS, self._ps)
+        d.route(v.METADATA, self._metadata)
+        d.route(v.MACHINE_CORDON, self._machine_cordon)
         return d
 
     # -- the worker as others see it -------------------------------------------------------
@@ -302,6 +309,16 @@ class WorkerVerbs:
         return await self._cmd.destroy(
             cmd.app, cmd.machine_id, force=cmd.force, graceful=cmd.graceful
         )
+
+    async def _ps(self, ref: msg.MachineRef) -> list[ProcessStat]:
+        return await self.tools.ps(ref.app, ref.machine_id)
+
+    async def _metadata(self, cmd: MetadataCommand) -> dict[str, str]:
+        return self.tools.metadata(cmd)  # Fly's SetMetadata sends no lease nonce
+
+    async def _machine_cordon(self, cmd: MachineCordonCommand) -> Machine:
+        self._leased(cmd)
+        return self.tools.cordon(cmd)
 
     async def _lease(self, req: msg.LeaseRequest) -> msg.Lease:
         row = self._ex.row(req.app, req.machine_id)

@@ -8,6 +8,7 @@ route                                             scope        of
 ================================================  ===========  ===========================
 ``/healthz``, ``/openapi.json``, ``/ui…``, docs   none         (public: no data)
 ``/v1/apps/{app}/secrets…`` (any method)          deploy       the app
+``POST /v1/apps/{app}/machines/{id}/exec``        deploy       the app (it sees the secrets)
 ``GET /v1/apps/{app}/…``                          read         the app
 ``POST|DELETE /v1/apps/{app}/releases…|secrets…`` deploy       the app
 ``POST|DELETE /v1/apps/{app}/…`` (the rest)       write        the app
@@ -43,6 +44,7 @@ _PUBLIC = {"/healthz", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redo
 _APP = re.compile(r"^/v1/apps/([^/]+)(/.*)?$")
 _ANY_APP_READS = ("/v1/images", "/v1/regions", "/v1/tokens/key", "/v1/tokens/self")
 _READ = {"GET", "HEAD"}
+_EXEC = re.compile(r"^/machines/[^/]+/exec/?$")
 
 
 @dataclass(frozen=True)
@@ -71,7 +73,8 @@ def _of_app(reading: bool, app: str, rest: str) -> Need:
         return Need(Scope.DEPLOY, app)  # even their names and digests
     if reading:
         return Need(Scope.READ, app)
-    deploying = rest.startswith("/releases")
+    # An exec runs in the machine's environment, secrets included: as much as reading them.
+    deploying = rest.startswith("/releases") or _EXEC.match(rest) is not None
     return Need(Scope.DEPLOY if deploying else Scope.WRITE, app)
 
 

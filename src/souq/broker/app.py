@@ -42,6 +42,7 @@ from souq.broker.fast_path import CreateFastPath, CreateHandler
 from souq.broker.http_errors import install_error_handlers
 from souq.broker.image_routes import images_router
 from souq.broker.lifecycle_routes import lifecycle_router
+from souq.broker.machine_tools_routes import machine_tools_router
 from souq.broker.release_routes import releases_router
 from souq.broker.request_context import RequestContext
 from souq.broker.sched_routes import sched_router
@@ -191,6 +192,7 @@ def create_app(
     auth = guard.auth if guard is not None else None
     api.include_router(secrets_router(service, auth))  # an app's secrets (JetStream, sealed)
     api.include_router(apps_router(service))  # /v1/apps, /v1/apps/{app}: the app resource
+    api.include_router(machine_tools_router(service))  # a machine's exec, ps, metadata, cordon
     inner: ASGIApp = CreateFastPath(api, create)
     if guard is not None:
         api.include_router(tokens_router(guard))

@@ -550,6 +550,13 @@ class BrokerService:
         self.view.apply(machine)
         return machine
 
+    async def ask_owner(
+        self, machine_id: str, verb: Verb[Q, A], body: Q, *, extra_s: float = 0.0
+    ) -> A:
+        """``verb`` to the worker that holds the machine, allowed ``extra_s`` past the command
+        timeout (the verbs of :mod:`souq.broker.machine_tools_routes`)."""
+        return await self._ask(machine_id, verb, body, extra_s=extra_s)
+
     async def _ask(self, machine_id: str, verb: Verb[Q, A], body: Q, *, extra_s: float = 0.0) -> A:
         self.require_bus()
         worker_id = await self.directory.owner(

@@ -30,6 +30,7 @@ from souq.model import (
 )
 from souq.model.app import App, AppDeleted, AppList
 from souq.model.image import ImageRecord
+from souq.model.machine_tools import ExecReply, ProcessStat
 from souq.model.protocol import Lease
 from souq.model.release import NewRelease, Release, ReleaseState
 from souq.model.secrets import SecretInfo
@@ -341,6 +342,33 @@ class SouqClient(SchedCalls):
     def release_lease(self, app: str, machine_id: str, nonce: str) -> Lease:
         path = _machine(app, machine_id, "lease")
         return _one(Lease, self._call("DELETE", path, headers=_leased(nonce)))
+
+    def exec(
+        self, app: str, machine_id: str, argv: list[str], *, stdin: str | None, timeout_s: int
+    ) -> ExecReply:
+        """Run ``argv`` in the started machine's context; its exit code and output."""
+        body = _without_none({"command": argv, "stdin": stdin, "timeout": timeout_s})
+        path = _machine(app, machine_id, "exec")
+        return _one(ExecReply, self._call("POST", path, json=body, timeout=timeout_s + 30.0))
+
+    def processes(self, app: str, machine_id: str) -> list[ProcessStat]:
+        return _many(ProcessStat, self._call("GET", _machine(app, machine_id, "ps")))
+
+    def metadata(self, app: str, machine_id: str) -> dict[str, str]:
+        got: dict[str, str] = self._call("GET", _machine(app, machine_id, "metadata")).json()
+        return got
+
+    def set_metadata(self, app: str, machine_id: str, key: str, value: str | None) -> None:
+        """Set ``key`` (``value`` None: delete it)."""
+        path = _machine(app, machine_id, f"metadata/{key}")
+        if value is None:
+            self._call("DELETE", path)
+        else:
+            self._call("POST", path, json={"value": value})
+
+    def cordon_machine(self, app: str, machine_id: str, *, cordoned: bool = True) -> Machine:
+        verb = "cordon" if cordoned else "uncordon"
+        return _one(Machine, self._call("POST", _machine(app, machine_id, verb)))
 
     def signal(self, app: str, machine_id: str, signal: str) -> Machine:
         path = _machine(app, machine_id, "signal")

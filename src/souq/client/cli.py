@@ -580,6 +580,7 @@ for _module, _register in (
     ("secrets_cli", "register_secrets"),
     ("jobs_cli", "register_jobs"),  # batch jobs: the /sched API
     ("simulate_cli", "register_simulate"),
+    ("machine_tools_cli", "register_machine_tools"),  # machine exec, ps, metadata, cordon
 ):
     getattr(importlib.import_module(f"souq.client.{_module}"), _register)(app)
 

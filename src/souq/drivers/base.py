@@ -18,6 +18,7 @@ __all__ = [
     "Driver",
     "ExitStatus",
     "Handle",
+    "JoinsCgroups",
     "Limits",
     "MachineSpec",
     "PreparesSpawns",
@@ -165,6 +166,15 @@ class RecordsExits(Protocol):
     real status."""
 
     def last_exit(self, machine_id: str) -> ExitStatus: ...
+
+
+@runtime_checkable
+class JoinsCgroups(Protocol):
+    """A driver that confines machines in cgroups: the argv prefix that puts another process
+    (an exec in the machine) into a machine's cgroup, so that it counts against its limits;
+    empty when the host has none."""
+
+    def join_prefix(self, machine_id: str) -> tuple[str, ...]: ...
 
 
 @runtime_checkable

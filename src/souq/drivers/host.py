@@ -27,7 +27,7 @@ from pathlib import Path
 
 from souq.drivers import sandbox
 from souq.drivers.base import ExitStatus, Handle, MachineSpec, RecordsExits, SpawnError
-from souq.drivers.cgroups import DEFAULT_PIDS_MAX, Cgroups, Mode, detect, prune
+from souq.drivers.cgroups import DEFAULT_PIDS_MAX, Cgroups, Mode, detect, placement_shell, prune
 from souq.drivers.exec import ExecDriver, resolve_program
 from souq.drivers.users import MachineUser
 
@@ -122,6 +122,12 @@ class HostDriver:
         inner = self.exec
         status = inner.last_exit(machine_id) if isinstance(inner, RecordsExits) else ExitStatus()
         return self.cgroups.annotate(machine_id, status)
+
+    def join_prefix(self, machine_id: str) -> tuple[str, ...]:
+        """The placement shell that moves a command into the machine's cgroup (an exec)."""
+        if self.cgroups.backend is None:
+            return ()
+        return placement_shell(self.cgroups._procs(machine_id))
 
     def owned_pids(self) -> set[int]:
         return self.exec.owned_pids()

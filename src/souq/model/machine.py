@@ -504,6 +504,9 @@ class Machine(Record):
         default_factory=list,
         description="the worker's GPUs it got, by index (its env's SOUQ_GPUS); empty: none",
     )
+    cordoned: bool = Field(
+        default=False, description="out of the proxies' rotation: it runs, gets no new requests"
+    )
 
     # Fly's names for what the record holds already (written, never read back).
     @computed_field  # type: ignore[prop-decorator]

@@ -29,6 +29,10 @@ verb               request                 reply                          where
 ``list``           ListCommand             list[Machine]                  worker, all
 ``digest``         DigestCommand           WorkerDigest                   worker, all
 ``locate``         LocateCommand           LocateReply                    all
+``exec``           ExecCommand             ExecReply                      worker
+``ps``             MachineRef              list[ProcessStat]              worker
+``metadata``       MetadataCommand         dict[str, str]                 worker
+``machine_cordon`` MachineCordonCommand    Machine                        worker
 =================  ======================  =============================  =====================
 
 **Versions.** The protocol is ``MAJOR.MINOR``. Peers of the same major version interoperate:
@@ -49,6 +53,13 @@ from souq.model import protocol as msg
 from souq.model.base import FROM_PEER
 from souq.model.batch import BatchClaimReply, BatchClaimRequest
 from souq.model.machine import Machine, MachineEvent, OpRecord
+from souq.model.machine_tools import (
+    ExecCommand,
+    ExecReply,
+    MachineCordonCommand,
+    MetadataCommand,
+    ProcessStat,
+)
 from souq.model.worker import WorkerInfo
 
 __all__ = [
@@ -59,6 +70,7 @@ __all__ = [
     "DIGEST",
     "DRAIN",
     "EVENTS",
+    "EXEC",
     "GET",
     "HOLD",
     "LEASE",
@@ -67,10 +79,13 @@ __all__ = [
     "LIST",
     "LOCATE",
     "LOGS",
+    "MACHINE_CORDON",
+    "METADATA",
     "OFFER",
     "OPS",
     "PROTOCOL_MAJOR",
     "PROTOCOL_MINOR",
+    "PS",
     "QUOTE",
     "RELEASE",
     "RESTART",
@@ -88,7 +103,8 @@ PROTOCOL_MAJOR = 1
 # 1: heartbeats say which minor version they speak; unknown verbs are typed.
 # 2: `suspend`; machines have an address (host and ports) and may be `suspended`.
 # 3: `update` and leases; machines have an `instance_id`; claims and offers may name an image.
-PROTOCOL_MINOR = 3
+# 4: `exec`, `ps`, `metadata` and `machine_cordon`; machines may be `cordoned`.
+PROTOCOL_MINOR = 4
 
 Q = TypeVar("Q", bound=BaseModel)
 A = TypeVar("A")
@@ -167,3 +183,17 @@ DIGEST = _verb(
     "digest", msg.DigestCommand, msg.WorkerDigest, "a hash of the worker's machines (anti-entropy)"
 )
 LOCATE = _verb("locate", msg.LocateCommand, msg.LocateReply, "whether the worker holds a machine")
+EXEC = _verb(
+    "exec", ExecCommand, ExecReply, "run a command in a started machine's context", since=4
+)
+PS = _verb("ps", msg.MachineRef, list[ProcessStat], "a started machine's processes", since=4)
+METADATA = _verb(
+    "metadata", MetadataCommand, dict[str, str], "set or delete one metadata key", since=4
+)
+MACHINE_CORDON = _verb(
+    "machine_cordon",
+    MachineCordonCommand,
+    Machine,
+    "take a machine out of the proxies' rotation, or back in",
+    since=4,
+)

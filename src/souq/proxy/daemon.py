@@ -182,6 +182,7 @@ class ControlPlane:
                         "address": f"{b.host}:{b.port}",
                         "state": b.state,
                         "healthy": b.healthy,
+                        "cordoned": b.cordoned,
                         "draining": table.is_draining(b.machine_id),
                         "load": table.load(b.machine_id),
                     }

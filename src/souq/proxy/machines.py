@@ -68,6 +68,7 @@ def backend_of(machine: Machine) -> Backend | None:
         soft_limit=service.concurrency.soft_limit,
         hard_limit=service.concurrency.hard_limit,
         autostart=service.autostart,
+        cordoned=machine.cordoned,
     )
 
 

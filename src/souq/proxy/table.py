@@ -5,8 +5,9 @@ The control plane writes it (:meth:`RoutingTable.upsert`, :meth:`~RoutingTable.r
 request (:meth:`~RoutingTable.claim`, then :meth:`~RoutingTable.release` when the request or the
 connection is over). Pure: no I/O, no clock; randomness comes from an injected generator.
 
-**Balancing, Fly's way.** A machine can serve when it is ``started``, ``healthy`` and not
-draining. Among those, :meth:`~RoutingTable.pick` takes, in this order:
+**Balancing, Fly's way.** A machine can serve when it is ``started``, ``healthy``, not
+draining and not cordoned (a cordoned machine is never woken for a request either). Among
+those, :meth:`~RoutingTable.pick` takes, in this order:
 
 1. machines below their soft limit before machines between soft and hard limit; a machine at
    its hard limit is never taken (``None``: the relay queues the request);
@@ -73,6 +74,7 @@ class Backend:
     soft_limit: int = DEFAULT_SOFT_LIMIT
     hard_limit: int = DEFAULT_HARD_LIMIT
     autostart: bool = True
+    cordoned: bool = False  # out of rotation until uncordoned (it runs; it is never woken)
 
     def __post_init__(self) -> None:
         if self.hard_limit < 1 or self.soft_limit < 1:
@@ -125,7 +127,12 @@ class Slot:
         self.region = backend.region
         self.soft = backend.soft_limit
         self.hard = backend.hard_limit
-        self.serving = backend.state == "started" and backend.healthy and not self.draining
+        self.serving = (
+            backend.state == "started"
+            and backend.healthy
+            and not self.draining
+            and not backend.cordoned
+        )
 
     def __repr__(self) -> str:
         return f"Slot({self.machine_id}, load={self.load}, draining={self.draining})"
@@ -272,7 +279,7 @@ class RoutingTable:
                 if slot.load < slot.hard:
                     return Availability.OPEN
                 full = True
-            elif slot.draining:
+            elif slot.draining or slot.backend.cordoned:
                 continue
             elif slot.backend.autostart and slot.backend.state in WAKEABLE_STATES:
                 wakeable = True
@@ -289,7 +296,10 @@ class RoutingTable:
     def wakeable(self, app: str) -> bool:
         """Whether the app has a machine that is not draining and may be started for it."""
         return any(
-            not s.draining and s.backend.autostart and s.backend.state in WAKEABLE_STATES
+            not s.draining
+            and not s.backend.cordoned
+            and s.backend.autostart
+            and s.backend.state in WAKEABLE_STATES
             for s in self._apps.get(app, ())
         )
 

@@ -90,6 +90,7 @@ class Waker:
             for b in self.table.backends(app)
             if b.state in WAKEABLE_STATES
             and b.autostart
+            and not b.cordoned
             and not self.table.is_draining(b.machine_id)
         ]
         return sorted(

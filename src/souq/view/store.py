@@ -143,16 +143,17 @@ class ViewStore:
         stale sets the state, and every one that is not stale joins the recent events. A
         record one of them carries (a new machine's first event) is taken first, unless the
         row already has it (this broker made the machine and applied the claim's answer).
-        True if any changed the row, False if none did (all stale, or held already: this
-        broker's own create, whose record had them), None if the machine is not in the view
-        (the caller fetches its record)."""
+        True if any changed the row (or the record they carried did), False if none did (all
+        stale, or held already: this broker's own create, whose record had them), None if the
+        machine is not in the view (the caller fetches its record)."""
         machine_id = msgs[0].machine_id
         row = self._db.execute(
             "SELECT version, events FROM machines WHERE id = ?", (machine_id,)
         ).fetchone()
         record = next((m.machine for m in msgs if m.machine is not None), None)
+        took = False  # a record that changed the row (a config, metadata or cordon change)
         if record is not None and (row is None or version_of(record) > row[0]):
-            self.apply_machine(record)
+            took = self.apply_machine(record)
             row = self._db.execute(
                 "SELECT version, events FROM machines WHERE id = ?", (machine_id,)
             ).fetchone()
@@ -161,7 +162,7 @@ class ViewStore:
         version, events = row
         fresh = [m for m in msgs if m.event.timestamp >= version]
         if not fresh:
-            return False
+            return took
         held = json.loads(events)
         known = {(e["timestamp"], e["type"], e["status"]) for e in held}
         new = [
@@ -169,8 +170,8 @@ class ViewStore:
             for e in (m.event.model_dump(mode="json") for m in reversed(fresh))
             if (e["timestamp"], e["type"], e["status"]) not in known
         ]
-        if not new:  # the row's record has them all already (this broker's own create)
-            return False
+        if not new:  # the row's record has them all already (this broker's own create, or
+            return took  # a record that came with its event)
         last = fresh[-1]
         ts = last.event.timestamp
         self._db.execute(

@@ -1,0 +1,321 @@
+"""The worker's side of the verbs that act on a machine in place (:mod:`souq.model.machine_tools`):
+``exec`` runs a command in the machine's context, ``ps`` lists its processes, ``metadata`` sets or
+deletes one key of its config's metadata, ``machine_cordon`` takes it out of the proxies'
+rotation or puts it back. None is an operation of the life cycle: none restarts the machine.
+
+**Exec** runs the command where the machine runs, as its process sees the world: the machine
+process's own environment (``PORT``, secrets, the image's env), working directory, user and
+groups (read from ``/proc`` of the machine's process), inside its cgroup (so it counts against
+its memory, CPU and pid limits: the driver's placement shell, :class:`~souq.drivers.base.
+JoinsCgroups`), in a session of its own. stdout and stderr are kept up to
+:data:`~souq.model.machine_tools.EXEC_OUTPUT_MAX_BYTES` each (the rest is read and dropped).
+Past its timeout the command's whole process group is killed and the answer is
+:class:`~souq.errors.WaitTimeout` (``408 timeout``). A machine of the ``sandbox`` driver lives
+in namespaces of its own that the agent does not enter: exec is refused there
+(:class:`~souq.errors.ExecUnavailable`).
+
+**Metadata and cordon** change the machine's record in one committed step (an event
+``metadata``, ``cordon`` or ``uncordon`` that carries the new record to every view): durable in
+the agent's store, the same ``instance_id``, the process untouched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import socket
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import psutil
+
+from souq.agent.executor import Executor
+from souq.agent.records import MachineRow
+from souq.clock import Clock
+from souq.drivers.base import Handle, JoinsCgroups
+from souq.errors import (
+    ExecUnavailable,
+    IllegalTransition,
+    InvalidInput,
+    MachineNotStarted,
+    WaitTimeout,
+)
+from souq.limits import check_metadata
+from souq.model.machine import Machine, MachineState
+from souq.model.machine_tools import (
+    EXEC_OUTPUT_MAX_BYTES,
+    ExecCommand,
+    ExecReply,
+    MachineCordonCommand,
+    MetadataCommand,
+    ProcessSnapshot,
+    ProcessStat,
+    bounded,
+    exit_code_of,
+    process_stat,
+)
+
+__all__ = ["MachineTools"]
+
+S = MachineState
+T = TypeVar("T")
+_CHUNK = 65536
+_PROTO = {
+    (socket.AF_INET, socket.SOCK_STREAM): "tcp",
+    (socket.AF_INET6, socket.SOCK_STREAM): "tcp6",
+    (socket.AF_INET, socket.SOCK_DGRAM): "udp",
+    (socket.AF_INET6, socket.SOCK_DGRAM): "udp6",
+}
+
+
+class MachineTools:
+    def __init__(self, executor: Executor, clock: Clock) -> None:
+        self._ex = executor
+        self._clock = clock
+
+    def _running(
+        self, app: str, machine_id: str, what: str, *states: S
+    ) -> tuple[MachineRow, Handle]:
+        row = self._ex.row(app, machine_id)
+        handle = self._ex.handle(row.id)
+        if row.state not in (states or (S.STARTED,)) or handle is None:
+            raise MachineNotStarted(
+                f"machine {row.id} is {row.state}: {what} needs a started machine",
+                hint=f"start it (`souq machine start {row.id}`), then {what} again",
+                details={"state": str(row.state)},
+            )
+        return row, handle
+
+    # -- exec ------------------------------------------------------------------------------
+
+    async def exec(self, cmd: ExecCommand) -> ExecReply:
+        row, handle = self._running(cmd.app, cmd.machine_id, "exec")
+        if row.config.driver == "sandbox":
+            raise ExecUnavailable(
+                f"exec is not available for machine {row.id}: it runs under the sandbox driver, "
+                "in namespaces the worker does not enter",
+                hint="run the command from the machine's own process, or use the exec driver",
+                details={"driver": "sandbox"},
+            )
+        env, cwd, prefix = self._context(row, handle)
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *prefix,
+                *cmd.argv,
+                stdin=asyncio.subprocess.PIPE if cmd.stdin else asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=env,
+                cwd=cwd,
+                start_new_session=True,
+            )
+        except OSError as exc:  # no such program (without a prefix, nothing runs a shell)
+            return ExecReply(exit_code=127, stdout="", stderr=f"{cmd.argv[0]}: {exc.strerror}\n")
+        try:
+            async with asyncio.timeout(cmd.timeout_s):
+                out, err, _ = await asyncio.gather(
+                    _drain(proc.stdout), _drain(proc.stderr), _feed(proc, cmd.stdin)
+                )
+                code = await proc.wait()
+        except TimeoutError:
+            _kill_group(proc)
+            await proc.wait()
+            raise WaitTimeout(
+                f"the command did not finish within {cmd.timeout_s}s on machine {row.id}; "
+                "it was killed",
+                hint="raise `timeout` (seconds, at most 300), or run it in the background",
+                details={"timeout": cmd.timeout_s},
+            ) from None
+        finally:
+            _kill_group(proc)  # what it left running in its session goes with it
+        stdout, cut_out = bounded(out)
+        stderr, cut_err = bounded(err)
+        return ExecReply(
+            exit_code=exit_code_of(code), stdout=stdout, stderr=stderr, truncated=cut_out or cut_err
+        )
+
+    def _context(self, row: MachineRow, handle: Handle) -> tuple[dict[str, str], str, list[str]]:
+        """The machine process's environment and working directory, and the argv prefix that
+        puts the command in its cgroup and under its user and groups."""
+        try:
+            proc = psutil.Process(handle.pid)
+            env = proc.environ()
+            cwd = proc.cwd()
+        except (psutil.Error, OSError) as exc:
+            raise MachineNotStarted(
+                f"machine {row.id}'s process cannot be read ({exc}): is it still running?",
+                hint="check the machine's state and try again",
+            ) from None
+        driver = self._ex.driver
+        prefix = list(driver.join_prefix(row.id)) if isinstance(driver, JoinsCgroups) else []
+        uid, gid, groups = _credentials(handle.pid)
+        if (uid, gid) != (os.geteuid(), os.getegid()):
+            setpriv = shutil.which("setpriv")
+            if setpriv is None:
+                raise ExecUnavailable(
+                    f"exec on machine {row.id} must switch to its user ({uid}:{gid}), and this "
+                    "worker has no `setpriv`",
+                    hint="install util-linux on the worker",
+                )
+            switch = [f"--reuid={uid}", f"--regid={gid}"]
+            switch += [f"--groups={','.join(map(str, groups))}"] if groups else ["--clear-groups"]
+            prefix += [setpriv, *switch, "--"]
+        return env, cwd, prefix
+
+    # -- ps --------------------------------------------------------------------------------
+
+    async def ps(self, app: str, machine_id: str) -> list[ProcessStat]:
+        """The machine's process tree: its process, then every descendant, by pid."""
+        _, handle = self._running(app, machine_id, "ps", S.STARTED, S.SUSPENDED)
+        now = self._clock.now_ms() / 1000
+        try:
+            root = psutil.Process(handle.pid)
+            tree = [root, *sorted(root.children(recursive=True), key=lambda p: p.pid)]
+        except psutil.NoSuchProcess:
+            return []
+        rows = []
+        for p in tree:
+            snapshot = _snapshot(p)
+            if snapshot is not None:
+                rows.append(process_stat(snapshot, now))
+        return rows
+
+    # -- metadata and cordon ---------------------------------------------------------------
+
+    def _live(self, app: str, machine_id: str, what: str) -> MachineRow:
+        row = self._ex.row(app, machine_id)
+        if row.state in (S.DESTROYING, S.DESTROYED):
+            raise IllegalTransition(
+                f"machine {row.id} is {row.state}: its {what} cannot change",
+                hint="change a live machine",
+            )
+        return row
+
+    def metadata(self, cmd: MetadataCommand) -> dict[str, str]:
+        """Set or delete one key; the machine's whole metadata after it. Deleting a key it does
+        not have changes nothing (and is no error)."""
+        row = self._live(cmd.app, cmd.machine_id, "metadata")
+        metadata = dict(row.config.metadata)
+        if cmd.value is None:
+            if metadata.pop(cmd.key, None) is None:
+                return metadata
+            message = f"metadata {cmd.key} deleted"
+        else:
+            if metadata.get(cmd.key) == cmd.value:
+                return metadata
+            metadata[cmd.key] = cmd.value
+            try:
+                check_metadata(metadata)
+            except ValueError as exc:
+                raise InvalidInput(f"metadata: {exc}", details={"field": "metadata"}) from None
+            message = f"metadata {cmd.key} set"
+        config = row.config.model_copy(update={"metadata": metadata})
+        self._ex.apply(row.id, type="metadata", source="user", message=message, config=config)
+        return metadata
+
+    def cordon(self, cmd: MachineCordonCommand) -> Machine:
+        """Out of the proxies' rotation (it keeps running), or back in. Kept until uncordoned,
+        across restarts of the machine and of the agent."""
+        row = self._live(cmd.app, cmd.machine_id, "cordon")
+        if row.cordoned != cmd.cordoned:
+            self._ex.apply(
+                row.id,
+                type="cordon" if cmd.cordoned else "uncordon",
+                source="user",
+                message="out of the proxies' rotation"
+                if cmd.cordoned
+                else "back in the proxies' rotation",
+                cordoned=cmd.cordoned,
+            )
+        return self._ex.machine(cmd.app, cmd.machine_id)
+
+
+async def _drain(stream: asyncio.StreamReader | None) -> bytes:
+    """Everything the stream gives, keeping the first bytes past the bound (so the cut is
+    seen) and dropping the rest."""
+    if stream is None:
+        return b""
+    kept = bytearray()
+    while chunk := await stream.read(_CHUNK):
+        if len(kept) <= EXEC_OUTPUT_MAX_BYTES:
+            kept += chunk[: EXEC_OUTPUT_MAX_BYTES + 1 - len(kept)]
+    return bytes(kept)
+
+
+async def _feed(proc: asyncio.subprocess.Process, stdin: str | None) -> None:
+    if proc.stdin is None:
+        return
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        if stdin:
+            proc.stdin.write(stdin.encode())
+            await proc.stdin.drain()
+        proc.stdin.close()
+        await proc.stdin.wait_closed()
+
+
+def _kill_group(proc: asyncio.subprocess.Process) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _credentials(pid: int) -> tuple[int, int, tuple[int, ...]]:
+    """The process's real uid and gid, and its supplementary groups (``/proc/PID/status``)."""
+    uid, gid = os.geteuid(), os.getegid()
+    groups: tuple[int, ...] = ()
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key == "Uid":
+                uid = int(value.split()[0])
+            elif key == "Gid":
+                gid = int(value.split()[0])
+            elif key == "Groups":
+                groups = tuple(int(g) for g in value.split())
+    return uid, gid, groups
+
+
+def _snapshot(p: psutil.Process) -> ProcessSnapshot | None:
+    """What ``ps`` shows of one process; None once it is gone. A figure the worker may not
+    read (another user's ``cwd``) is left empty."""
+    try:
+        with p.oneshot():
+            times = p.cpu_times()
+            create_time = p.create_time()
+            name = p.name()
+            rss = p.memory_info().rss
+            cmdline: tuple[str, ...] = tuple(_or(p.cmdline, []))
+            cwd = _or(p.cwd, "")
+            conns: list[Any] = _or(lambda: p.net_connections(kind="inet"), [])
+            listening = tuple(
+                (_PROTO.get((c.family, c.type), "tcp"), c.laddr.ip, c.laddr.port)
+                for c in conns
+                if c.laddr
+                and (
+                    c.status == psutil.CONN_LISTEN or (c.type == socket.SOCK_DGRAM and not c.raddr)
+                )
+            )
+    except psutil.NoSuchProcess:
+        return None
+    return ProcessSnapshot(
+        pid=p.pid,
+        create_time=create_time,
+        cmdline=cmdline,
+        name=name,
+        cwd=cwd,
+        cpu_user_s=times.user,
+        cpu_system_s=times.system,
+        rss=rss,
+        listening=listening,
+    )
+
+
+def _or(read: Callable[[], T], default: T) -> T:
+    """``read()``, or ``default`` when the worker may not read it."""
+    try:
+        return read()
+    except (psutil.AccessDenied, psutil.ZombieProcess, OSError):
+        return default
