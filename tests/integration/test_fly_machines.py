@@ -150,7 +150,7 @@ def test_what_souq_cannot_honour_is_refused_naming_the_field(fly: httpx.Client) 
     app = app_name("f")
     for config, field in [
         ({"mounts": [{"volume": "vol_1", "path": "/data"}]}, "mounts"),
-        ({"schedule": "daily"}, "schedule"),
+        ({"statics": [{"guest_path": "/app/public", "url_prefix": "/static"}]}, "statics"),
         ({"guest": {"cpus": 1, "memory_mb": 128, "kernel_args": ["quiet"]}}, "kernel_args"),
         ({"init": {"cmd": ["true"], "tty": True}}, "tty"),
     ]:
@@ -215,3 +215,44 @@ def test_a_create_with_lease_ttl_answers_the_nonce(fly: httpx.Client) -> None:
         ),
         message="the machine destroyed",
     )
+
+
+def test_auto_destroy_destroys_a_machine_that_exits_and_stays_down(fly: httpx.Client) -> None:
+    app = app_name("f")
+    body = {
+        "config": {"init": {"exec": ["true"]}, "auto_destroy": True, "restart": {"policy": "no"}},
+        "region": "mad",
+        "skip_secrets": False,
+    }
+    r = fly.post(f"/apps/{app}/machines", json=body)
+    assert r.status_code == 201, r.text
+    path = f"/apps/{app}/machines/{r.json()['id']}"
+    waited = fly.get(f"{path}/wait", params={"state": "destroyed", "timeout": "60"})
+    assert waited.status_code == 200, waited.text
+    events = waited.json()["events"]
+    assert any(e["type"] == "destroy" and e["source"] == "agent" for e in events), events
+
+
+def test_a_scheduled_machine_runs_again_when_its_period_has_passed(fly: httpx.Client) -> None:
+    app = app_name("f")
+    body = {
+        "config": {"init": {"exec": ["true"]}, "schedule": "2s", "restart": {"policy": "no"}},
+        "region": "mad",
+        "skip_secrets": False,
+    }
+    r = fly.post(f"/apps/{app}/machines", json=body)
+    assert r.status_code == 201, r.text
+    assert r.json()["config"]["schedule"] == "2s"
+    path = f"/apps/{app}/machines/{r.json()['id']}"
+
+    def scheduled_starts() -> int:
+        events = fly.get(f"{path}/events").json()
+        return sum(1 for e in events if e["type"] == "start" and e["source"] == "agent")
+
+    wait_until(lambda: scheduled_starts() >= 2, timeout=60, message="two scheduled runs")
+    bad = fly.post(
+        f"/apps/{app}/machines",
+        json={**body, "config": {**body["config"], "schedule": "sometimes"}},
+    )
+    assert bad.status_code == 422 and "schedule" in bad.json()["error"]
+    fly.delete(path, params={"kill": "true"})

@@ -7,6 +7,7 @@ import asyncio
 
 import pytest
 
+from souq.broker.machine_logs import follow_logs
 from souq.broker.service import BrokerService
 from souq.bus import MemoryTransport
 from souq.errors import IllegalTransition, NotFound, Unavailable, WaitTimeout
@@ -103,14 +104,14 @@ async def test_wait_returns_once_the_state_is_reached_or_times_out() -> None:
 
 
 async def test_logs_are_read_to_the_end_in_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
-    from souq.broker import service as service_module
+    from souq.broker import machine_logs
 
-    monkeypatch.setattr(service_module, "LOGS_CHUNK_BYTES", 4)
+    monkeypatch.setattr(machine_logs, "LOGS_CHUNK_BYTES", 4)
     _, a, b, service = await two_workers()
     m = await service.create_machine("web", create_body())
     owner = a if m.worker_id == "wa" else b
     owner.write("hello\nworld\n")
-    assert await service.logs("web", m.id) == "hello\nworld\n"
+    assert await machine_logs.logs(service, "web", m.id) == "hello\nworld\n"
 
 
 async def test_follow_yields_new_output_until_the_machine_is_destroyed() -> None:
@@ -118,7 +119,7 @@ async def test_follow_yields_new_output_until_the_machine_is_destroyed() -> None
     m = await service.create_machine("web", create_body())
     owner = a if m.worker_id == "wa" else b
     owner.write("one\n")
-    stream = service.follow_logs("web", m.id)
+    stream = follow_logs(service, "web", m.id)
     assert await anext(stream) == "one\n"
     pending = asyncio.ensure_future(anext(stream))
     owner.write("two\n")

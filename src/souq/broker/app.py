@@ -22,6 +22,7 @@ from starlette.types import ASGIApp
 
 from souq import __version__
 from souq.auth.access import Access
+from souq.broker import machine_logs as output
 from souq.broker.app_routes import apps_router
 from souq.broker.bodies import (
     AppName,
@@ -334,12 +335,12 @@ def _routes(service: BrokerService, create: CreateHandler) -> FastAPI:
         app: AppName, machine_id: str, request: Request, follow: bool = False
     ) -> Response:
         if not follow:
-            return PlainTextResponse(await service.logs(app, machine_id))
+            return PlainTextResponse(await output.logs(service, app, machine_id))
         await service.get_machine(app, machine_id)  # a 404 before the stream starts
         client = client_address(request)
         service.streams.take(client)  # 429 past the streams one client may hold
         return SlotResponse(
-            _until_error(service.follow_logs(app, machine_id)),
+            _until_error(output.follow_logs(service, app, machine_id)),
             media_type="text/plain; charset=utf-8",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             slots=service.streams,

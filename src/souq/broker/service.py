@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from typing import TypeVar
 
 from nats.aio.client import Client
@@ -43,8 +43,6 @@ from souq.model import (
     DrainCommand,
     EventsCommand,
     ListCommand,
-    LogsCommand,
-    LogsReply,
     Machine,
     MachineEvent,
     MachineEventMessage,
@@ -75,10 +73,6 @@ log = logging.getLogger(__name__)
 
 Q = TypeVar("Q", bound=BaseModel)
 A = TypeVar("A")
-
-LOGS_CHUNK_BYTES = 65536
-LOGS_MAX_BYTES = 16 * 1024 * 1024  # a plain `logs` call returns at most this much
-FOLLOW_POLL_S = 10.0  # long-poll window of each `logs` request while following
 
 
 class BrokerService:
@@ -504,44 +498,6 @@ class BrokerService:
             instance_id=instance_id,
         )
         return self._seen(await self._ask(machine_id, v.WAIT, cmd, extra_s=timeout_s))
-
-    # -- logs ------------------------------------------------------------------------------
-
-    async def logs(self, app: str, machine_id: str) -> str:
-        """The machine's output so far (at most the last ``LOGS_MAX_BYTES`` bytes read)."""
-        parts: list[str] = []
-        offset = 0
-        size = 0
-        while size < LOGS_MAX_BYTES:
-            reply = await self._logs(app, machine_id, offset, wait_s=0.0)
-            if not reply.data or reply.next_offset == offset:
-                break
-            parts.append(reply.data)
-            size += reply.next_offset - offset
-            offset = reply.next_offset
-        return "".join(parts)
-
-    async def follow_logs(self, app: str, machine_id: str) -> AsyncIterator[str]:
-        """The machine's output so far, then new output as it comes, until the machine is
-        destroyed (or the caller stops iterating)."""
-        offset = 0
-        while True:
-            reply = await self._logs(app, machine_id, offset, wait_s=FOLLOW_POLL_S)
-            if reply.data:
-                yield reply.data
-            offset = reply.next_offset
-            if reply.finished and not reply.data:
-                return
-
-    async def _logs(self, app: str, machine_id: str, offset: int, *, wait_s: float) -> LogsReply:
-        cmd = LogsCommand(
-            app=app,
-            machine_id=machine_id,
-            offset=offset,
-            max_bytes=LOGS_CHUNK_BYTES,
-            wait_s=wait_s,
-        )
-        return await self._ask(machine_id, v.LOGS, cmd, extra_s=wait_s)
 
     # -- routing ---------------------------------------------------------------------------
 
