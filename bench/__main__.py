@@ -14,6 +14,7 @@ from bench import (
     creates,
     deploy,
     images,
+    hosts,
     jobs,
     proxy,
     scale,
@@ -38,6 +39,7 @@ SUITES = {
     "deploy": deploy.main,
     "attack": attack.main,
     "secured": secured.main,
+    "hosts": hosts.main,
     "jobs": jobs.main,
 }
 DEFAULT = [
