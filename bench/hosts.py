@@ -21,10 +21,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tests.multihost.hosts import converged, create, created, wait_view_complete
+
 from souq.multihost import Hosts
 from souq.netns import missing
 from souq.testing import wait_until
-from tests.multihost.hosts import converged, create, created, wait_view_complete
 
 ROUNDS = 7
 CREATES = 30
@@ -68,6 +69,10 @@ def _latency(hosts: Hosts, region: str) -> list[float]:
             r = create(http, f"lat-{region}", region)
             assert r.status_code == 201, r.text
             out.append(time.monotonic() - started)
+            gone = http.delete(
+                f"/v1/apps/lat-{region}/machines/{r.json()['id']}", params={"force": "true"}
+            )
+            assert gone.status_code == 200, gone.text  # (capacity for the next one)
     return out
 
 
