@@ -15,6 +15,7 @@ default), the broker's defaults otherwise.
 
 from __future__ import annotations
 
+import json
 import statistics
 import tempfile
 import time
@@ -23,11 +24,12 @@ from typing import Any
 
 from tests.multihost.hosts import converged, create, created, wait_view_complete
 
+from bench.stats import machine_line
 from souq.multihost import Hosts
 from souq.netns import missing
 from souq.testing import wait_until
 
-ROUNDS = 7
+ROUNDS = 9
 CREATES = 30
 RTT_MS = 50.0
 
@@ -97,6 +99,7 @@ def run() -> dict[str, Any]:
     diff_ms = (med(remote) - med(local)) * 1000
     return {
         "convergence_median_s": med(conv),
+        "convergence_max_s": max(conv),
         "convergence_rounds": [round(x, 3) for x in conv],
         "heartbeat_interval_s": hosts.heartbeat_interval_s,
         "convergence_over_floor": med(conv) / hosts.heartbeat_interval_s,
@@ -111,5 +114,6 @@ def run() -> dict[str, Any]:
 
 
 def main() -> None:
-    for key, value in run().items():
-        print(f"{key}: {value:.3f}" if isinstance(value, float) else f"{key}: {value}")
+    print(machine_line(), flush=True)
+    result = {k: round(v, 3) if isinstance(v, float) else v for k, v in run().items()}
+    print(json.dumps(result, indent=2))
