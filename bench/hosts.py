@@ -63,12 +63,15 @@ def _convergence(hosts: Hosts) -> list[float]:
     return took
 
 
-def _latency(hosts: Hosts, region: str) -> list[float]:
+def _latency(hosts: Hosts, region: str, *, keyed: bool) -> list[float]:
+    """Creates timed at the client: with an ``Idempotency-Key`` the broker asks for offers
+    (they also find a machine the key made already); without one it draws the worker from its
+    book and sends the claim at once."""
     out = []
     with hosts.client() as http:
         for _ in range(CREATES):
             started = time.monotonic()
-            r = create(http, f"lat-{region}", region)
+            r = create(http, f"lat-{region}", region, keyed=keyed)
             assert r.status_code == 201, r.text
             out.append(time.monotonic() - started)
             gone = http.delete(
@@ -87,30 +90,34 @@ def run() -> dict[str, Any]:
     ) as hosts:
         conv = _convergence(hosts)
         mad, syd = hosts.in_region("mad"), hosts.in_region("syd")
-        base_local = _latency(hosts, "mad")
-        base_remote = _latency(hosts, "syd")
-        hosts.network.delay([h.net for h in mad], [h.net for h in syd], rtt_ms=RTT_MS)
-        try:
-            local = _latency(hosts, "mad")
-            remote = _latency(hosts, "syd")
-        finally:
-            hosts.network.unshape()
+        times: dict[str, list[float]] = {}
+        for delay in (False, True):
+            if delay:
+                hosts.network.delay([h.net for h in mad], [h.net for h in syd], rtt_ms=RTT_MS)
+            try:
+                for keyed in (True, False):
+                    for region in ("mad", "syd"):
+                        name = (
+                            f"{'delay' if delay else 'no_delay'}_{'keyed' if keyed else 'unkeyed'}"
+                        )
+                        times[f"{name}_{region}_ms"] = _latency(hosts, region, keyed=keyed)
+            finally:
+                hosts.network.unshape()
     med = statistics.median
-    diff_ms = (med(remote) - med(local)) * 1000
-    return {
+    result: dict[str, Any] = {
         "convergence_median_s": med(conv),
         "convergence_max_s": max(conv),
         "convergence_rounds": [round(x, 3) for x in conv],
         "heartbeat_interval_s": hosts.heartbeat_interval_s,
         "convergence_over_floor": med(conv) / hosts.heartbeat_interval_s,
-        "no_delay_local_ms": med(base_local) * 1000,
-        "no_delay_remote_ms": med(base_remote) * 1000,
-        "local_ms": med(local) * 1000,
-        "remote_ms": med(remote) * 1000,
-        "remote_minus_local_ms": diff_ms,
         "rtt_ms": RTT_MS,
-        "difference_over_rtt": diff_ms / RTT_MS,
     }
+    result.update({name: med(values) * 1000 for name, values in times.items()})
+    for keyed in ("keyed", "unkeyed"):
+        diff = result[f"delay_{keyed}_syd_ms"] - result[f"delay_{keyed}_mad_ms"]
+        result[f"{keyed}_remote_minus_local_ms"] = diff
+        result[f"{keyed}_difference_over_rtt"] = diff / RTT_MS
+    return result
 
 
 def main() -> None:

@@ -37,9 +37,13 @@ def alive(pid: int | None) -> bool:
     return True
 
 
-def create(http: httpx.Client, app: str, region: str, *, key: str | None = None) -> httpx.Response:
+def create(
+    http: httpx.Client, app: str, region: str, *, key: str | None = None, keyed: bool = True
+) -> httpx.Response:
+    """``POST`` a small machine, with ``key`` (else a new one) as its ``Idempotency-Key``
+    (``keyed=False``: none at all)."""
     body = {"region": region, "config": {"cmd": ["sleep", "600"], "guest": SMALL}}
-    headers = {"Idempotency-Key": key or uuid.uuid4().hex}
+    headers = {"Idempotency-Key": key or uuid.uuid4().hex} if keyed else {}
     return http.post(f"/v1/apps/{app}/machines", json=body, headers=headers)
 
 
