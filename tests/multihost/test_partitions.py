@@ -62,6 +62,7 @@ def test_a_partitioned_worker_is_down_its_machines_run_and_placements_go_elsewhe
                 state, pid = now[mid]
                 assert (state, pid) == before[mid]
                 assert state == "started" and alive(pid)
+                assert victim.name in _ip("netns", "identify", str(pid))  # on its own host
 
             # The broker still lists them, on a worker it says is down, once its view is
             # complete again (until then it asks the live workers, which cannot tell).
