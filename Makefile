@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 TSTAMP := $(VENV)/.installed-test
 BSTAMP := $(VENV)/.installed-bench
 
-.PHONY: dev test bench build bwrap oci-tools wrk nginx lint typecheck unit clean browser-deps
+.PHONY: dev test bench build bwrap oci-tools netns-tools wrk nginx lint typecheck unit clean browser-deps
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,15 @@ oci-tools:
 	      apt-get install -y -qq skopeo umoci docker-registry >/dev/null; \
 	  else echo "oci-tools: skopeo or umoci is missing and this is not root: the interop tests skip"; fi; }
 
+# The tests of several hosts (tests/multihost) build network namespaces with ip and cut them off
+# with iptables: Debian's iproute2 and iptables (without them, or as non-root, those tests skip).
+netns-tools:
+	@command -v ip >/dev/null && command -v iptables >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	      apt-get install -y -qq iproute2 iptables >/dev/null; \
+	  else echo "netns-tools: ip or iptables is missing and this is not root: the multihost tests skip"; fi; }
+
 # The creates benchmark (bench/creates.py) drives the broker with wrk, Debian's package.
 wrk:
 	@command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk) \
@@ -83,7 +92,7 @@ $(PLAYWRIGHT): $(BROWSER)/package-lock.json
 	@if command -v npm >/dev/null; then cd $(BROWSER) && npm ci --no-audit --no-fund --loglevel=error; \
 	else echo "browser-deps: npm is missing: the browser test will skip or fail"; fi
 
-test: $(TSTAMP) build browser-deps oci-tools lint typecheck
+test: $(TSTAMP) build browser-deps oci-tools netns-tools lint typecheck
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 unit: $(TSTAMP) build

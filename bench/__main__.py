@@ -13,6 +13,7 @@ from bench import (
     attack,
     creates,
     deploy,
+    hosts,
     images,
     jobs,
     proxy,
@@ -38,6 +39,7 @@ SUITES = {
     "deploy": deploy.main,
     "attack": attack.main,
     "secured": secured.main,
+    "hosts": hosts.main,
     "jobs": jobs.main,
 }
 DEFAULT = [

@@ -140,12 +140,15 @@ def start_agent_process(
     auth_dir: Path | None = None,
     worker_id: str | None = None,
     extra_args: Sequence[str] = (),
+    prefix: Sequence[str] = (),
 ) -> subprocess.Popen[bytes]:
     """``souq agent`` as a child process; its stderr goes to ``log_path`` (default: beside its
     data dir). ``ports``: its machines' host ports (default: the next block of
     :func:`port_block`, so that agents of one host never hand out the same port).
-    ``extra_args`` end its command line (e.g. ``["--gpus", "4", "--gpu-model", "T4"]``)."""
+    ``extra_args`` end its command line (e.g. ``["--gpus", "4", "--gpu-model", "T4"]``);
+    ``prefix`` comes before it (e.g. ``ip netns exec NAME``: an agent on a host of its own)."""
     args = [
+        *prefix,
         sys.executable,
         "-m",
         "souq",

@@ -88,13 +88,17 @@ class NatsServer:
         config: Path | None = None,
         peers: Peers | None = None,
         gateway: Gateway | None = None,
+        monitor_port: int | None = None,
+        prefix: Sequence[str] = (),
     ) -> None:
         self.host = host
+        # Before the command (e.g. ``ip netns exec NAME``: a node on a host of its own).
+        self.prefix = list(prefix)
         self.config = config
         self.peers = peers
         self.gateway = gateway
         # A node of a cluster answers /healthz on this port (JetStream current included).
-        self.monitor_port = free_port(host) if peers is not None else None
+        self.monitor_port = monitor_port or (free_port(host) if peers is not None else None)
         self.port = port or free_port(host)
         self._own_dir = store_dir is None
         self.store_dir = store_dir or Path(tempfile.mkdtemp(prefix="souq-nats-"))
@@ -166,6 +170,7 @@ class NatsServer:
         self.store_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.store_dir / "nats-server.log"
         args = [
+            *self.prefix,
             str(nats_server_binary()),
             *self._config_args(),
             "--addr",

@@ -68,6 +68,7 @@ class _ChildProcess:
     what: ClassVar[str]  # its `souq` command, and how errors name it: "agent", "broker"...
     nats_url: str
     log_path: Path
+    netns: str | None = None  # a network namespace to run in (a host of its own)
     process: subprocess.Popen[bytes] | None = field(default=None, init=False)
 
     @property
@@ -87,10 +88,16 @@ class _ChildProcess:
         """``souq <what> --nats <url>``, run by this Python."""
         return [sys.executable, "-m", "souq", self.what, "--nats", self.nats_url]
 
+    def _prefix(self) -> list[str]:
+        return ["ip", "netns", "exec", self.netns] if self.netns else []
+
     def _spawn(self, args: list[str]) -> None:
         with open(self.log_path, "ab") as err:
             self.process = subprocess.Popen(
-                args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err
+                [*self._prefix(), *args],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
             )
 
     def _log_since(self, offset: int) -> str:
@@ -162,6 +169,7 @@ class AgentProcess(_WorkerProcess):
             machine_user=self.machine_user,
             auth_dir=self.auth_dir,
             extra_args=self.extra_args,
+            prefix=self._prefix(),
         )
 
         def ready() -> str | None:
@@ -225,6 +233,7 @@ class _ServingProcess(_ChildProcess):
 
     port: int | None = None
     extra_args: Sequence[str] = ()
+    host: str = "127.0.0.1"  # where it listens (its namespace's address, in one)
 
     def __post_init__(self) -> None:
         self.port = self.port or free_port()
@@ -232,7 +241,7 @@ class _ServingProcess(_ChildProcess):
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def _wait_answering(self, url: str, timeout: float) -> None:
         """Until ``url`` answers 200 (:class:`RuntimeError` if the process exits first)."""
@@ -258,7 +267,7 @@ class BrokerProcess(_ServingProcess):
     what = "broker"
 
     def start(self, timeout: float = 30.0) -> None:
-        self._spawn([*self._command(), "--listen", f"127.0.0.1:{self.port}", *self.extra_args])
+        self._spawn([*self._command(), "--listen", f"{self.host}:{self.port}", *self.extra_args])
         self._wait_answering(self.url + "/healthz", timeout)
 
 

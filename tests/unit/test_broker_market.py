@@ -172,7 +172,8 @@ async def test_a_region_whose_workers_are_all_down_has_no_capacity() -> None:
 
     with pytest.raises(InsufficientCapacity) as caught:
         await service.create_machine("web", create_body())
-    assert caught.value.message == "no live workers in region mad"
+    # saying which workers are down (a crash, or a partition between them and the broker)
+    assert caught.value.message == "no live workers in region mad: w1 is down (no heartbeat heard)"
     assert caught.value.details["placement"]["expected_offers"] == 0
 
 

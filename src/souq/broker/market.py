@@ -44,6 +44,7 @@ from souq.model import (
     Placement,
     Quote,
     Timings,
+    WorkerState,
     WorkerUsage,
 )
 from souq.model.batch import BatchClaimRequest, BatchCreateRequest, BatchResult
@@ -409,7 +410,7 @@ class Market:
                 }
             )
         message = (
-            f"no live workers in region {region}"
+            f"no live workers in region {region}{self._down_in(region)}"
             if expected == 0
             else f"no worker in region {region} answered within {timeout:g}s"
         )
@@ -418,3 +419,16 @@ class Market:
             hint="check `souq workers`, or try another region",
             details={"placement": record.model_dump(mode="json")},
         )
+
+    def _down_in(self, region: str) -> str:
+        """Which of the region's workers are down (unheard for longer than their heartbeats
+        allow: crashed, or cut off from this broker), for the message of a refusal."""
+        down = sorted(
+            wid
+            for wid, where, state in self._liveness.states()
+            if where == region and state == WorkerState.DOWN
+        )
+        if not down:
+            return ""
+        shown = ", ".join(down[:5]) + (f" and {len(down) - 5} more" if len(down) > 5 else "")
+        return f": {shown} {'is' if len(down) == 1 else 'are'} down (no heartbeat heard)"
