@@ -70,6 +70,7 @@ async def test_create_answers_201_with_the_machine(api: Api) -> None:
         "exit_code": None,
         "signal": None,
         "message": None,
+        "request": None,  # Fly's form of an exit, on exit events only
     }
 
 

@@ -17,6 +17,7 @@ from pydantic import (
     model_validator,
 )
 
+from souq.clock import iso_from_ms
 from souq.limits import (
     CONSTRAINTS_MAX,
     DNS_LABEL_MAX,
@@ -452,6 +453,28 @@ class MachineEvent(Record):
     exit_code: int | None = None
     signal: str | None = None
     message: str | None = None
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def request(self) -> dict[str, Any] | None:
+        """Fly's form of an exit: ``{"exit_event": {exit_code, signal (a number), exited_at,
+        restarting}}``; none for other events."""
+        if self.type != "exit":
+            return None
+        number = _signal.Signals[self.signal].value if self.signal in _SIGNALS else -1
+        return {
+            "exit_event": {
+                "exit_code": self.exit_code if self.exit_code is not None else -1,
+                "signal": number,
+                "oom_killed": False,
+                "requested_stop": False,
+                "restarting": self.status is MachineState.STARTING,
+                "exited_at": iso_from_ms(self.timestamp),
+            }
+        }
+
+
+_SIGNALS = frozenset(_signal.Signals.__members__)
 
 
 class OpRecord(Record):
