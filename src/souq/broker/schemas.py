@@ -56,25 +56,10 @@ def check_app_name(app: str) -> str | None:
     )
 
 
-def no_skipped_secrets(v: Any) -> Any:
-    """Fly's ``skip_secrets``: only ``false`` (Souq gives every machine its app's secrets)."""
-    if v is True:
-        raise ValueError("not supported by Souq: an app's secrets are given to every machine")
-    return v
+class FlyLaunchFields(Input):
+    """What Fly's create and update bodies (``LaunchMachineInput``) carry beside the config:
+    the fields Souq takes, and the ones it refuses when set (naming why)."""
 
-
-class CreateMachineRequest(Input):
-    """``POST /v1/apps/{app}/machines``."""
-
-    name: str | None = Field(default=None, description="defaults to a generated name")
-    region: str | None = Field(
-        default=None,
-        pattern=REGION_PATTERN,
-        description="where to place the machine (default: where most of the app's machines "
-        "are, else the region where most machines of this size fit)",
-    )
-    skip_launch: bool = Field(default=False, description="create it, but do not start it")
-    config: MachineConfig
     skip_secrets: Literal[False] = Field(
         default=False, description="Fly's; an app's secrets are always given to its machines"
     )
@@ -87,12 +72,6 @@ class CreateMachineRequest(Input):
     min_secrets_version: int | None = Field(
         default=None, ge=0, description="Fly's; a machine always starts with the app's latest"
     )
-    quote: str | None = Field(
-        default=None, description="a quote id: use exactly the capacity that quote holds"
-    )
-    placement: PlacementPolicy | None = Field(
-        default=None, description="how to rank the workers' offers (over the broker's default)"
-    )
 
     @model_validator(mode="before")
     @classmethod
@@ -102,7 +81,29 @@ class CreateMachineRequest(Input):
     @field_validator("skip_secrets", mode="before")
     @classmethod
     def _skip_secrets(cls, v: Any) -> Any:
-        return no_skipped_secrets(v)
+        if v is True:
+            raise ValueError("not supported by Souq: an app's secrets are given to every machine")
+        return v
+
+
+class CreateMachineRequest(FlyLaunchFields):
+    """``POST /v1/apps/{app}/machines``."""
+
+    name: str | None = Field(default=None, description="defaults to a generated name")
+    region: str | None = Field(
+        default=None,
+        pattern=REGION_PATTERN,
+        description="where to place the machine (default: where most of the app's machines "
+        "are, else the region where most machines of this size fit)",
+    )
+    skip_launch: bool = Field(default=False, description="create it, but do not start it")
+    config: MachineConfig
+    quote: str | None = Field(
+        default=None, description="a quote id: use exactly the capacity that quote holds"
+    )
+    placement: PlacementPolicy | None = Field(
+        default=None, description="how to rank the workers' offers (over the broker's default)"
+    )
 
     @field_validator("name")
     @classmethod
@@ -121,7 +122,7 @@ class QuoteRequest(Input):
     )
 
 
-class UpdateMachineRequest(Input):
+class UpdateMachineRequest(FlyLaunchFields):
     """``POST /v1/apps/{app}/machines/{id}``: the machine's new config (it stays on its
     worker; a started machine restarts with it)."""
 
@@ -131,19 +132,6 @@ class UpdateMachineRequest(Input):
         default=None, pattern=REGION_PATTERN, description="if given, the machine's own"
     )
     name: str | None = Field(default=None, description="if given, the machine's own")
-    skip_secrets: Literal[False] = Field(default=False, description="Fly's; see create")
-    min_secrets_version: int | None = Field(default=None, ge=0, description="Fly's; see create")
-    lease_ttl: int | None = Field(default=None, ge=1, le=3600, description="Fly's; ignored")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _fly_fields(cls, data: Any) -> Any:
-        return drop_unset(data, CREATE_UNSUPPORTED)
-
-    @field_validator("skip_secrets", mode="before")
-    @classmethod
-    def _skip_secrets(cls, v: Any) -> Any:
-        return no_skipped_secrets(v)
 
 
 class LeaseBody(Input):
