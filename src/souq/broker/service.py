@@ -29,13 +29,15 @@ from souq.broker.images import ImageResolver
 from souq.broker.liveness import Liveness
 from souq.broker.market import Market
 from souq.broker.metrics import BrokerMetrics
+from souq.broker.orders import order as order_of
+from souq.broker.orders import placement_of, worker_of_quote
 from souq.broker.outage import BusGuard
 from souq.broker.schemas import CreateMachineRequest, QuoteRequest
 from souq.broker.streams import StreamSlots
 from souq.bus import Transport, bus_unavailable
 from souq.clock import Clock, SystemClock
-from souq.errors import InsufficientCapacity, InvalidInput, NotFound, SouqError, Unavailable
-from souq.ids import idempotent_request_id, new_request_id, quote_worker
+from souq.errors import InsufficientCapacity, NotFound, SouqError, Unavailable
+from souq.ids import idempotent_request_id, new_request_id
 from souq.model import (
     ClaimRequest,
     CordonCommand,
@@ -57,6 +59,7 @@ from souq.model import (
     StopCommand,
     WaitCommand,
     WorkerInfo,
+    WorkerState,
 )
 from souq.model.batch import BatchCreateRequest, BatchResult
 from souq.model.machine import MachineConfig
@@ -175,9 +178,7 @@ class BrokerService:
         held = Counter(w.region for w in workers for _ in range(self.book.app_machines(w.id, app)))
         chosen = default_region(held, summarise_regions(workers, body.config.guest.resources()))
         if chosen is None:
-            raise InsufficientCapacity(
-                "no region has a worker up to place the machine in", hint="name a region"
-            )
+            raise InsufficientCapacity("no region has a worker up", hint="name a region")
         log.info("create in %s without a region: %s", app, chosen[1])
         return body.model_copy(update={"region": chosen[0]})
 
@@ -191,7 +192,7 @@ class BrokerService:
         )
         digest = body_hash(body) if idempotency_key else request_id
         body = self.with_region(app, body)
-        order = _order(
+        order = order_of(
             app,
             body,
             request_id=request_id,
@@ -212,7 +213,7 @@ class BrokerService:
             except SouqError as exc:
                 # Cut short by an outage, a placement is unavailable, whatever it ended as.
                 err = exc if self.connected else bus_unavailable()
-                self.metrics.placed(err.status, _placement_of(err))
+                self.metrics.placed(err.status, placement_of(err))
                 if err is exc:
                     raise
                 raise err from exc
@@ -267,7 +268,7 @@ class BrokerService:
     async def _create_with_quote(self, order: ClaimRequest, quote_id: str) -> Machine:
         """Claim exactly the quote's hold on the worker that holds it; the machine keeps the
         quote's placement record."""
-        worker_id = _quote_worker(quote_id)
+        worker_id = worker_of_quote(quote_id)
         claim = order.model_copy(update={"quote_id": quote_id})
         return self._seen(
             await self._ask_worker(worker_id, v.CLAIM, claim, what=f"quote {quote_id}")
@@ -281,7 +282,7 @@ class BrokerService:
             if quote.placement is None:
                 raise NotFound(f"quote {body.quote} has no placement record")
             return quote.placement
-        order = _order(app, self.with_region(app, body), name=body.name)
+        order = order_of(app, self.with_region(app, body), name=body.name)
         return await self.market.explain(await self._with_image(order))
 
     # -- quotes ----------------------------------------------------------------------------
@@ -289,17 +290,17 @@ class BrokerService:
     async def create_quote(self, app: str, body: QuoteRequest) -> Quote:
         """Hold capacity on the best worker for ``body.ttl_s``: a dry run that binds."""
         self.require_bus()
-        return await self.market.hold(await self._with_image(_order(app, body)), ttl_s=body.ttl_s)
+        return await self.market.hold(await self._with_image(order_of(app, body)), ttl_s=body.ttl_s)
 
     async def get_quote(self, app: str, quote_id: str) -> Quote:
         ref = QuoteRef(app=app, quote_id=quote_id)
         return await self._ask_worker(
-            _quote_worker(quote_id), v.QUOTE, ref, what=f"quote {quote_id}"
+            worker_of_quote(quote_id), v.QUOTE, ref, what=f"quote {quote_id}"
         )
 
     async def release_quote(self, app: str, quote_id: str) -> Quote:
         ref = QuoteRef(app=app, quote_id=quote_id)
-        worker_id = _quote_worker(quote_id)
+        worker_id = worker_of_quote(quote_id)
         return await self._ask_worker(worker_id, v.RELEASE, ref, what=f"quote {quote_id}")
 
     # -- workers ---------------------------------------------------------------------------
@@ -347,7 +348,15 @@ class BrokerService:
         self.require_bus()
         if self.view.complete:
             return self.view.store.app_rows(app)
-        return [(m.worker_id, m.model_dump_json()) for m in await self._gather_machines(app)]
+        gathered = await self._gather_machines(app)
+        # A worker that cannot answer (down: crashed, or cut off) still has its machines: the
+        # view's last copies stand for them, as in a list from a complete view.
+        live = {w.id for w in self.liveness.workers() if w.state is not WorkerState.DOWN}
+        have = {m.id for m in gathered}
+        kept = [Machine.model_validate_json(body) for _, body in self.view.store.app_rows(app)]
+        silent = [m for m in kept if m.worker_id not in live and m.id not in have]
+        machines = sorted([*gathered, *silent], key=lambda m: (m.created_at, m.id))
+        return [(m.worker_id, m.model_dump_json()) for m in machines]
 
     async def _gather_machines(self, app: str) -> list[Machine]:
         replies = await self.client.ask_all(
@@ -549,49 +558,3 @@ class BrokerService:
     async def _stop_timeout(self, app: str, machine_id: str) -> float:
         machine = await self.get_machine(app, machine_id)
         return machine.config.stop_config.timeout_s
-
-
-def _order(
-    app: str,
-    body: CreateMachineRequest | QuoteRequest,
-    *,
-    request_id: str | None = None,
-    digest: str | None = None,
-    name: str | None = None,
-    skip_launch: bool = False,
-) -> ClaimRequest:
-    """What a create, a dry run or a quote asks the market to place: ``body``, under a fresh
-    request id and the body's hash unless they are given."""
-    if body.region is None:  # a create's is chosen (BrokerService.with_region) before this
-        raise InvalidInput("region: name the region to place the machine in")
-    return ClaimRequest(
-        request_id=request_id or new_request_id(),
-        body_hash=digest or body_hash(body),
-        app=app,
-        name=name,
-        region=body.region,
-        config=body.config,
-        skip_launch=skip_launch,
-        policy=body.placement,
-    )
-
-
-def _placement_of(exc: SouqError) -> Placement | None:
-    """The placement record an ``insufficient_capacity`` error carries, if any."""
-    raw = (exc.details or {}).get("placement")
-    if not isinstance(raw, dict):
-        return None
-    try:
-        return Placement.model_validate(raw)
-    except ValueError:
-        return None
-
-
-def _quote_worker(quote_id: str) -> str:
-    worker_id = quote_worker(quote_id)
-    if worker_id is None:
-        raise NotFound(
-            f"quote {quote_id} not found: it is not a quote id",
-            hint="quote ids look like q_<worker>_<hex>; ask for one with POST .../quotes",
-        )
-    return worker_id

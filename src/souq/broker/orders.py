@@ -1,0 +1,58 @@
+"""What a create, a dry run or a quote asks the market for (:func:`order`), and the small
+readings of errors and quote ids the broker's service makes around it."""
+
+from __future__ import annotations
+
+from souq.broker.idempotency import body_hash
+from souq.broker.schemas import CreateMachineRequest, QuoteRequest
+from souq.errors import InvalidInput, NotFound, SouqError
+from souq.ids import new_request_id, quote_worker
+from souq.model import ClaimRequest, Placement
+
+__all__ = ["order", "placement_of", "worker_of_quote"]
+
+
+def order(
+    app: str,
+    body: CreateMachineRequest | QuoteRequest,
+    *,
+    request_id: str | None = None,
+    digest: str | None = None,
+    name: str | None = None,
+    skip_launch: bool = False,
+) -> ClaimRequest:
+    """What a create, a dry run or a quote asks the market to place: ``body``, under a fresh
+    request id and the body's hash unless they are given."""
+    if body.region is None:  # a create's is chosen (BrokerService.with_region) before this
+        raise InvalidInput("region: name the region to place the machine in")
+    return ClaimRequest(
+        request_id=request_id or new_request_id(),
+        body_hash=digest or body_hash(body),
+        app=app,
+        name=name,
+        region=body.region,
+        config=body.config,
+        skip_launch=skip_launch,
+        policy=body.placement,
+    )
+
+
+def placement_of(exc: SouqError) -> Placement | None:
+    """The placement record an ``insufficient_capacity`` error carries, if any."""
+    raw = (exc.details or {}).get("placement")
+    if not isinstance(raw, dict):
+        return None
+    try:
+        return Placement.model_validate(raw)
+    except ValueError:
+        return None
+
+
+def worker_of_quote(quote_id: str) -> str:
+    worker_id = quote_worker(quote_id)
+    if worker_id is None:
+        raise NotFound(
+            f"quote {quote_id} not found: it is not a quote id",
+            hint="quote ids look like q_<worker>_<hex>; ask for one with POST .../quotes",
+        )
+    return worker_id
