@@ -108,7 +108,14 @@ class ImageStore:
         if not _DIGEST.fullmatch(ref):
             named = await self._get(_name_key(ref)) if _NAME.fullmatch(ref) else None
             if named is None:
-                raise ImageNotFound(f"no image is named {ref!r}", hint="see `souq image list`")
+                hint = "see `souq image list`"
+                if "/" not in ref:  # Docker Hub's short form: say how to pull it
+                    hint += f"; to pull it from Docker Hub, name it docker.io/library/{ref}"
+                raise ImageNotFound(
+                    f"no image is named {ref!r} in the cluster's store (a name without a "
+                    "registry is looked up there, not on Docker Hub)",
+                    hint=hint,
+                )
             reference = named.decode()
         value = await self._get(reference.split(":", 1)[1])
         if value is None:
