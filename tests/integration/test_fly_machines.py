@@ -256,3 +256,29 @@ def test_a_scheduled_machine_runs_again_when_its_period_has_passed(fly: httpx.Cl
     )
     assert bad.status_code == 422 and "schedule" in bad.json()["error"]
     fly.delete(path, params={"kill": "true"})
+
+
+def test_a_list_takes_flys_filters(fly: httpx.Client) -> None:
+    app = app_name("f")
+    body = {"config": {"init": {"exec": ["sleep", "600"]}}, "region": "mad"}
+    kept = fly.post(f"/apps/{app}/machines", json=body).json()
+    gone = fly.post(f"/apps/{app}/machines", json=body).json()
+    stopped = fly.post(f"/apps/{app}/machines", json={**body, "skip_launch": True}).json()
+    assert (
+        fly.delete(f"/apps/{app}/machines/{gone['id']}", params={"kill": "true"}).status_code == 200
+    )
+
+    def ids(**params: str) -> set[str]:
+        r = fly.get(f"/apps/{app}/machines", params=params)
+        assert r.status_code == 200, r.text
+        return {m["id"] for m in r.json()}
+
+    wait_until(lambda: gone["id"] not in ids(), message="the destroyed machine out of the list")
+    assert ids() == {kept["id"], stopped["id"]}
+    assert ids(state="started") == {kept["id"]}
+    assert ids(state="started,created") == {kept["id"], stopped["id"]}
+    assert ids(region="syd") == set()
+    assert gone["id"] in ids(include_deleted="true")
+    summary = fly.get(f"/apps/{app}/machines", params={"summary": "true"}).json()
+    assert summary and all("config" not in m and "events" not in m for m in summary)
+    assert all(m["state"] and m["region"] == "mad" for m in summary)

@@ -34,6 +34,7 @@ from souq.broker.bodies import (
 )
 from souq.broker.change_routes import changes_router
 from souq.broker.cluster_routes import (
+    MachineFilter,
     client_address,
     cluster_router,
     machines_response,
@@ -307,10 +308,23 @@ def _routes(service: BrokerService, create: CreateHandler) -> FastAPI:
         return json_response(await service.cordon(worker_id, cordoned=False))
 
     @api.get("/v1/apps/{app}/machines", response_model=list[ListedMachine], tags=["machines"])
-    async def list_machines(app: AppName) -> Response:
+    async def list_machines(
+        app: AppName,
+        *,
+        region: Annotated[str | None, Query(description="only this region's")] = None,
+        state: Annotated[
+            list[str] | None, Query(description="only in these states (comma-separated)")
+        ] = None,
+        include_deleted: Annotated[
+            bool, Query(description="destroyed ones too (as the view still holds them)")
+        ] = False,
+        summary: Annotated[bool, Query(description="without config, events, checks")] = False,
+    ) -> Response:
         """The app's machines, from the cluster view (see the ``X-Souq-View*`` headers);
         ``worker_state`` says whether each one's worker is ``up``, ``cordoned`` or ``down``."""
-        return await machines_response(service, app)
+        states = frozenset(s.strip() for given in state or () for s in given.split(",") if s)
+        only = MachineFilter(region, states, include_deleted, summary)
+        return await machines_response(service, app, only)
 
     @api.get(machine_path, response_model=Machine, tags=["machines"])
     async def get_machine(

@@ -4,8 +4,10 @@ and the headers that say how fresh a view-served answer is. (``GET /v1/apps`` is
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
-from typing import Annotated
+from dataclasses import dataclass
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import PlainTextResponse, Response, StreamingResponse
@@ -18,6 +20,7 @@ from souq.model import Resources, WorkerState
 from souq.view import ClusterEvent, RegionSummary
 
 __all__ = [
+    "MachineFilter",
     "client_address",
     "cluster_router",
     "machines_response",
@@ -42,12 +45,42 @@ def view_headers(service: BrokerService, *, from_view: bool) -> dict[str, str]:
     return headers
 
 
-async def machines_response(service: BrokerService, app: str) -> Response:
+@dataclass(frozen=True)
+class MachineFilter:
+    """Fly's list parameters: ``region``, ``state`` (comma-separated, or repeated),
+    ``include_deleted`` (destroyed machines the view still holds), ``summary`` (no config,
+    events or checks)."""
+
+    region: str | None = None
+    states: frozenset[str] = frozenset()
+    include_deleted: bool = False
+    summary: bool = False
+
+    def keeps(self, machine: dict[str, Any]) -> bool:
+        if self.region is not None and machine.get("region") != self.region:
+            return False
+        return not self.states or machine.get("state") in self.states
+
+    def shown(self, body: str) -> str:
+        if not self.summary:
+            return body
+        machine = json.loads(body)
+        for key in ("config", "events", "checks", "placement"):
+            machine.pop(key, None)
+        return json.dumps(machine, separators=(",", ":"))
+
+
+async def machines_response(
+    service: BrokerService, app: str, only: MachineFilter | None = None
+) -> Response:
     """``GET /v1/apps/{app}/machines``: the machines with ``worker_state`` added."""
+    only = only or MachineFilter()
     from_view = service.view.complete
-    rows = await service.list_rows(app)
+    rows = await service.list_rows(app, destroyed=only.include_deleted)
+    if only.region is not None or only.states:
+        rows = [(w, b) for w, b in rows if only.keeps(json.loads(b))]
     states = {w: service.liveness.state_of(w) for w in {w for w, _ in rows}}
-    content = "[" + ",".join(_with_worker_state(b, states[w]) for w, b in rows) + "]"
+    content = "[" + ",".join(_with_worker_state(only.shown(b), states[w]) for w, b in rows) + "]"
     return Response(
         content, media_type="application/json", headers=view_headers(service, from_view=from_view)
     )

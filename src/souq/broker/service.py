@@ -341,13 +341,13 @@ class BrokerService:
         """Every worker's machines of ``app`` (not destroyed), oldest first."""
         return [Machine.model_validate_json(body) for _, body in await self.list_rows(app)]
 
-    async def list_rows(self, app: str) -> list[tuple[str, str]]:
+    async def list_rows(self, app: str, *, destroyed: bool = False) -> list[tuple[str, str]]:
         """``(worker_id, machine JSON)`` of the app's machines, oldest first: from the cluster
         view once it is complete, else by asking every live worker (see docs/architecture.md,
         "The cluster view"). Unavailable while the bus is down: the view cannot be trusted then."""
         self.require_bus()
-        if self.view.complete:
-            return self.view.store.app_rows(app)
+        if self.view.complete or destroyed:  # the destroyed: only the view keeps them
+            return self.view.store.app_rows(app, destroyed=destroyed)
         gathered = await self._gather_machines(app)
         # A worker that cannot answer (down: crashed, or cut off) still has its machines: the
         # view's last copies stand for them, as in a list from a complete view.

@@ -237,14 +237,15 @@ class ViewStore:
         ).fetchone()
         return None if row is None else _joined(*row)
 
-    def app_rows(self, app: str) -> list[tuple[str, str]]:
-        """``(worker_id, machine JSON)`` of the app's machines not destroyed, oldest first."""
+    def app_rows(self, app: str, *, destroyed: bool = False) -> list[tuple[str, str]]:
+        """``(worker_id, machine JSON)`` of the app's machines not destroyed (or all of them,
+        with ``destroyed``, as the view still holds them), oldest first."""
         return [
             (worker_id, _joined(state, updated_at, events, body))
             for worker_id, state, updated_at, events, body in self._db.execute(
                 "SELECT worker_id, state, updated_at, events, body FROM machines"
                 " WHERE app = ? AND state != ? ORDER BY created_at, id",
-                (app, DESTROYED),
+                (app, "" if destroyed else DESTROYED),
             )
         ]
 
