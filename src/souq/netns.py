@@ -33,7 +33,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from souq.procs import terminate
+from souq.procs import pid_alive, terminate
 
 __all__ = ["NetHost", "Network", "missing", "netns_exec", "sweep"]
 
@@ -68,16 +68,6 @@ def netns_exec(namespace: str) -> list[str]:
     return ["ip", "netns", "exec", namespace]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _kill_namespace(namespace: str) -> None:
     """SIGKILL every process in ``namespace``, then delete it."""
     for word in _run("ip", "netns", "pids", namespace, check=False).split():
@@ -94,14 +84,14 @@ def sweep(keep: Iterable[int] = ()) -> list[str]:
     for line in _run("ip", "netns", "list", check=False).splitlines():
         name = line.split()[0] if line.split() else ""
         found = _NAME.match(name)
-        if found and int(found[1]) not in kept and not _alive(int(found[1])):
+        if found and int(found[1]) not in kept and not pid_alive(int(found[1])):
             _kill_namespace(name)
             removed.append(name)
     for line in _run("ip", "-o", "link", "show", check=False).splitlines():
         parts = line.split(":")
         name = parts[1].strip().split("@")[0] if len(parts) > 1 else ""
         found = _NAME.match(name)
-        if found and int(found[1]) not in kept and not _alive(int(found[1])):
+        if found and int(found[1]) not in kept and not pid_alive(int(found[1])):
             _run("ip", "link", "delete", name, check=False)
             removed.append(name)
     return removed

@@ -1,13 +1,14 @@
-"""Stopping child processes: a signal, a deadline, then SIGKILL."""
+"""Stopping child processes: a signal, a deadline, then SIGKILL; and whether a pid runs."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import time
 from typing import Any
 
-__all__ = ["terminate"]
+__all__ = ["pid_alive", "terminate"]
 
 
 def terminate(
@@ -25,3 +26,14 @@ def terminate(
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (one of another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Literal
 
 from souq.drivers.base import ExitStatus, Limits
+from souq.procs import pid_alive
 
 __all__ = [
     "CPU_PERIOD_US",
@@ -468,15 +469,7 @@ def _agent_alive(spare: str) -> bool:
         pid = int(spare[len(SPARE_PREFIX) :].split("-", 1)[0])
     except ValueError:
         return True
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return pid == os.getpid() or pid_alive(pid)
 
 
 def placement_shell(cgroup_procs: Iterable[Path]) -> tuple[str, ...]:
