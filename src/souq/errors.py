@@ -27,6 +27,7 @@ tree at the boundary that catches them, so nothing above a boundary handles fore
     │   ├── IdempotencyConflict    409 idempotency_conflict (same key, different body)
     │   ├── QuoteUsed              409 quote_used         (a quote already made its machine)
     │   ├── LeaseHeld              409 lease_held         (the machine is leased: send its nonce)
+    │   ├── VolumeAttached         409 volume_attached    (a volume is another machine's now)
     │   └── ClaimRefused           409 claim_refused      (a worker refused a claim; internal)
     ├── InsufficientCapacity       409 insufficient_capacity (carries the placement record)
     ├── QuoteExpired               410 quote_expired     (the hold's TTL passed or it was released)
@@ -79,6 +80,7 @@ __all__ = [
     "Unavailable",
     "UnknownRegion",
     "UnknownVerb",
+    "VolumeAttached",
     "WaitTimeout",
     "error_from_body",
 ]
@@ -211,6 +213,10 @@ class IdempotencyConflict(Conflict, status="idempotency_conflict"):
             hint="use a new idempotency key for a different request",
             details={"machine_id": machine_id},
         )
+
+
+class VolumeAttached(Conflict, status="volume_attached"):
+    """A volume is attached to another machine (one at a time), or cannot go while attached."""
 
 
 class ClaimRefused(Conflict, status="claim_refused"): ...

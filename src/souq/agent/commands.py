@@ -78,6 +78,7 @@ class Commands:
         want = req.config.guest.resources()
         if not admitted:
             ex.admission.check_claim(req.region, want, now, quote=quote)
+        self._check_mounts(req.app, req.config)
         gpu_ids = ex.admission.gpus_for(want, now, quote_id=req.quote_id)
         placement = self._image_noted(
             req.config, req.image, req.placement, req.request_id, req.region
@@ -120,9 +121,19 @@ class Commands:
         if existing is not None:
             ex.ports.give_back(row.id)
             return self._claimed_before(req, existing)
+        if ex.volumes is not None and req.config.mounts:
+            ex.volumes.attach(row.id, req.config)
         ex.execute(op, step.actions)
         ex.sync()  # if the spawn did not (skip_launch, or it failed before its fork)
         return ex.machine(row.app, row.id)
+
+    def _check_mounts(self, app: str, config: MachineConfig, machine_id: str | None = None) -> None:
+        """The volumes ``config`` mounts are here and free (or ``machine_id``'s already)."""
+        volumes = self._ex.volumes
+        if volumes is not None:
+            volumes.check_mounts(app, config, machine_id)
+        elif config.mounts:
+            raise InvalidInput(f"mounts: worker {self._ex.worker_id} keeps no volumes")
 
     def _image_noted(
         self,
@@ -283,6 +294,7 @@ class Commands:
         config = cmd.config
         now = self._clock.now_ms()
         ex.admission.check_resize(row.resources, config.guest.resources(), now)
+        self._check_mounts(row.app, config, row.id)
         placement = self._image_noted(config, cmd.image, row.placement, row.request_id, row.region)
         address = row.address
         if config.internal_ports() != row.config.internal_ports():
@@ -303,6 +315,8 @@ class Commands:
             address=address,
             instance_id=instance,
         )
+        if ex.volumes is not None:
+            ex.volumes.attach(row.id, config)
         if row.state in _UP or not cmd.skip_launch:
             stop = row.config.stop_config
             again = StopCommand(

@@ -36,6 +36,7 @@ from souq.agent.restart import Backoff
 from souq.agent.secrets import AgentSecrets
 from souq.agent.store import Store
 from souq.agent.supervisor import Supervisor
+from souq.agent.volumes import AgentVolumes
 from souq.clock import Clock
 from souq.drivers.base import Driver, ExitStatus, Handle, RecordsExits, SpawnError
 from souq.errors import IllegalTransition, SouqError
@@ -105,6 +106,7 @@ class Executor(MachineTable):
         self._changed: dict[str, asyncio.Event] = {}
         self._unsynced = False  # a claim was recorded and is not yet durable (see create)
         self.fault: FaultPoint | None = None  # crash tests only (souq.agent.faults)
+        self.volumes: AgentVolumes | None = None  # this worker's volumes (not a hollow one's)
         self.supervisor = Supervisor(
             driver,
             backoff,
@@ -332,7 +334,8 @@ class Executor(MachineTable):
         except SouqError as exc:
             self._spawn_failed(op, str(exc))
             return
-        spec = machine_spec(row, self.worker_id, image, values)
+        mounts = self.volumes.host_mounts(row.config) if self.volumes is not None else ()
+        spec = machine_spec(row, self.worker_id, image, values, mounts)
         try:
             handle = self.driver.start(spec, meanwhile=self.sync)
         except SpawnError as exc:
@@ -459,6 +462,8 @@ class Executor(MachineTable):
             pid=None,
             pid_start_time=None,
         )
+        if self.volumes is not None:  # its volume stays, free for the next machine
+            self.volumes.detach(op.machine_id)
 
     # -- what the supervisor reports -----------------------------------------------------------
 

@@ -24,7 +24,7 @@ from souq.model.machine import MachineInit
 from souq.model.placement import Placement
 from souq.placement import gpus
 
-__all__ = ["Pulls", "image_command", "machine_spec", "pulled_record"]
+__all__ = ["Pulls", "image_command", "machine_spec", "pulled_record", "volume_env"]
 
 log = logging.getLogger(__name__)
 
@@ -34,9 +34,13 @@ def machine_spec(
     worker_id: str,
     image: tuple[Path, ImageRecord] | None = None,
     secrets: Mapping[str, str] | None = None,
+    mounts: tuple[tuple[str, str, str], ...] = (),
 ) -> MachineSpec:
     """The process a machine runs: its config, over its image's (files, command, env), and
-    its app's secrets over both (souq.agent.secrets)."""
+    its app's secrets over both (souq.agent.secrets); ``mounts``: its volumes (the directory
+    on the host, the path it mounts it at, the volume's name), each also named in its env as
+    ``SOUQ_VOLUME_<NAME>`` (where the process finds it: the path in a sandbox, the host's
+    directory for a plain process, which has no mount namespace: docs/volumes.md)."""
     config = row.config
     cmd, env, cwd = tuple(config.cmd), dict(config.env), None
     if image is not None:
@@ -49,6 +53,8 @@ def machine_spec(
     if row.gpu_ids:  # which of the worker's GPUs are its own, and its share of them
         env["SOUQ_GPUS"] = ",".join(str(i) for i in row.gpu_ids)
         env["SOUQ_GPU_MILLI"] = str(gpus.per_gpu(row.resources))
+    for host_dir, path, name in mounts:
+        env[volume_env(name)] = path if config.driver == "sandbox" else host_dir
     return MachineSpec(
         machine_id=row.id,
         app=row.app,
@@ -61,7 +67,13 @@ def machine_spec(
         network=config.sandbox.network,
         cwd=cwd,
         image_root=None if image is None else str(image[0]),
+        mounts=tuple((host_dir, path) for host_dir, path, _ in mounts),
     )
+
+
+def volume_env(name: str) -> str:
+    """The variable that tells a machine where its volume ``name`` is."""
+    return "SOUQ_VOLUME_" + "".join(c if c.isalnum() else "_" for c in name.upper())
 
 
 def image_command(init: MachineInit, run: ImageRun) -> tuple[str, ...]:

@@ -40,6 +40,7 @@ from souq.agent.schedule import Scheduler
 from souq.agent.secrets import AgentSecrets
 from souq.agent.service import AgentService
 from souq.agent.store import Store
+from souq.agent.volumes import AgentVolumes
 from souq.auth.bus import NatsCredential, agent_credential
 from souq.auth.files import AuthDir
 from souq.bus.transport import Transport
@@ -192,6 +193,14 @@ class Agent:
                 secrets=self._secrets,
             )
             self._executor.fault = fault_point(config.data_dir)
+            if self._given_driver is None:  # a hollow worker keeps no volumes
+                self._executor.volumes = AgentVolumes(
+                    self._store,
+                    config.data_dir / "volumes",
+                    admission,
+                    self._clock,
+                    worker_id=self.worker_id,
+                )
             if self._host_driver is not None:  # machine output logs: bounded, rotated
                 self.log_rotator.recover_all()
                 self._rotating = asyncio.create_task(self.log_rotator.run(), name="souq-logs")
@@ -201,6 +210,8 @@ class Agent:
                 self._executor.rows, self._commands.start_scheduled, self._clock
             )
             self._scheduler.start()
+            if self._executor.volumes is not None:
+                self._executor.volumes.reconcile(self._executor.rows())
             if self._transport is None:
                 from souq.bus.nats import connect
 

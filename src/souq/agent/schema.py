@@ -108,6 +108,20 @@ CREATE TABLE IF NOT EXISTS events (
     message TEXT
 );
 CREATE INDEX IF NOT EXISTS events_by_machine ON events (machine_id, seq);
+CREATE TABLE IF NOT EXISTS volumes (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    app TEXT NOT NULL,
+    region TEXT NOT NULL,
+    size_gb INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    attached_machine_id TEXT,
+    created_at INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL,
+    snapshot_retention INTEGER NOT NULL DEFAULT 5,
+    dir TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS volumes_by_app ON volumes (app, name);
 CREATE TABLE IF NOT EXISTS ops (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     op_id TEXT NOT NULL,

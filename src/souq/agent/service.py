@@ -28,7 +28,7 @@ from souq.bus.transport import Subscription, Transport
 from souq.clock import Clock
 from souq.logs import log_context
 from souq.model.worker import Fingerprint
-from souq.protocol.verbs import CLAIM, CLAIM_BATCH, DIGEST, LIST, LOCATE, OFFER
+from souq.protocol.verbs import CLAIM, CLAIM_BATCH, DIGEST, LIST, LOCATE, OFFER, VOLUME_LIST
 
 __all__ = ["AgentService"]
 
@@ -99,6 +99,7 @@ class AgentService:
             await t.subscribe(subjects.all_workers(LIST.name), self._on_list),
             await t.subscribe(subjects.all_workers(LOCATE.name), self._on_locate),
             await t.subscribe(subjects.all_workers(DIGEST.name), self._on_digest),
+            await t.subscribe(subjects.all_workers(VOLUME_LIST.name), self._on_volume_list),
             await t.subscribe(subjects.DISCOVER, self._on_discover),
         ]
         flush = getattr(t, "flush", None)
@@ -139,6 +140,9 @@ class AgentService:
 
     async def _on_digest(self, subject: str, data: bytes) -> bytes:
         return await self.dispatcher.answer(DIGEST.name, data)
+
+    async def _on_volume_list(self, subject: str, data: bytes) -> bytes:
+        return await self.dispatcher.answer(VOLUME_LIST.name, data)
 
     async def _on_discover(self, subject: str, data: bytes) -> None:
         await self.publisher.heartbeat()

@@ -1,6 +1,7 @@
 """The agent's state file: ``<data_dir>/state.db``, SQLite in WAL mode with ``synchronous=FULL``.
 
-Tables: ``meta`` (the persistent worker id, whether it is cordoned), ``machines``,
+Tables: ``meta`` (the persistent worker id, whether it is cordoned), ``machines``, ``volumes``
+(read and written by :mod:`souq.agent.volume_rows`),
 ``reservations`` (capacity held by a machine from claim to destroy), ``holds`` (capacity held by a
 quote until it is used, released or expires), ``events`` (append-only) and ``ops`` (the
 append-only op log: one row per step of every operation). Every change is one transaction,
@@ -254,8 +255,12 @@ class Store:
             db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
 
     def allocated(self) -> Resources:
-        """What the machines reserve (holds not included)."""
-        return sql.resources_of(self._read(f"SELECT {sql.SUMS} FROM reservations")[0])  # noqa: S608
+        """What the machines and the volumes reserve (holds not included)."""
+        machines = sql.resources_of(self._read(f"SELECT {sql.SUMS} FROM reservations")[0])  # noqa: S608
+        volumes = self._read(
+            "SELECT COALESCE(SUM(size_gb), 0) FROM volumes WHERE state != ?", ("destroyed",)
+        )
+        return machines.plus(Resources(cpus=0, memory_mb=0, disk_mb=int(volumes[0][0]) * 1024))
 
     # -- machines ------------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from souq.agent.machine_tools import MachineTools
 from souq.agent.publisher import Publisher
 from souq.agent.quotes import Quotes
 from souq.agent.stats import AgentStats
+from souq.agent.volume_verbs import route_volumes
 from souq.agent.wire import machine_json
 from souq.bus.codec import Encoded
 from souq.clock import Clock, iso_from_ms
@@ -99,6 +100,8 @@ class WorkerVerbs:
         d.route(v.PS, self._ps)
         d.route(v.METADATA, self._metadata)
         d.route(v.MACHINE_CORDON, self._machine_cordon)
+        if self._ex.volumes is not None:
+            route_volumes(d, self._ex.volumes, self._announce)
         return d
 
     # -- the worker as others see it -------------------------------------------------------

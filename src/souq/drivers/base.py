@@ -53,6 +53,8 @@ class MachineSpec:
     network: bool = True  # sandbox only: False gives the machine a network namespace with lo
     cwd: str | None = None  # where it runs; None: its own directory (the driver's)
     image_root: str | None = None  # its image's files (the sandbox mounts them read-only)
+    # Its volumes: (the directory on the host, the absolute path the machine mounts it at).
+    mounts: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import os
 import signal
+import stat
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -82,12 +84,19 @@ class HostDriver:
         image = sandbox.Image.of(spec.image_root, spec.cwd) if spec.driver == "sandbox" else None
         program = self._resolve(spec, Path(spec.cwd) if spec.cwd else workdir, image)
         cmd: tuple[str, ...] = (program, *spec.cmd[1:])
+        self._own_volumes(spec)
         if spec.driver == "sandbox":
             jail = sandbox.bwrap_argv(
-                workdir, network=spec.network, machines_root=self.root, image=image
+                workdir,
+                network=spec.network,
+                machines_root=self.root,
+                image=image,
+                mounts=spec.mounts,
             )
             cmd = (*jail, *cmd)
             spec = replace(spec, cwd=None)  # bwrap moves into the machine's directory itself
+        elif spec.mounts:
+            link_volumes(workdir, spec.mounts)
         place = functools.partial(self.cgroups.prepare, spec.machine_id, spec.limits)
         handle = self.exec.start(replace(spec, cmd=cmd), place=place, meanwhile=meanwhile)
         try:
@@ -96,6 +105,16 @@ class HostDriver:
             self.exec.signal(handle, signal.SIGKILL)
             raise SpawnError(f"cannot set the machine's cpu limit: {exc}") from exc
         return handle
+
+    def _own_volumes(self, spec: MachineSpec) -> None:
+        """The machine's user owns the top of each of its volumes (it writes there)."""
+        user = self.user
+        for host_dir, _ in spec.mounts:
+            try:
+                if user.switch:
+                    os.chown(host_dir, user.uid, user.gid, follow_symlinks=False)
+            except OSError as exc:
+                raise SpawnError(f"cannot give the volume at {host_dir} to the machine") from exc
 
     def _resolve(self, spec: MachineSpec, cwd: Path, image: sandbox.Image | None) -> str:
         """The command's program, checked before a prefix ``exec``s it (inside an image that
@@ -185,3 +204,27 @@ class HostDriver:
             timer.cancel()
         self._pending_removal.clear()
         self.exec.close()
+
+
+def link_volumes(workdir: Path, mounts: tuple[tuple[str, str], ...]) -> None:
+    """A plain process has no mount namespace: each volume is a symbolic link in the machine's
+    own directory named as the mount path's last part (``/data``: ``$HOME/data``), made without
+    following anything the machine could have put there. An entry of that name that is not a
+    link is left alone (the machine's own file wins); the env names the volume either way."""
+    workdir.mkdir(parents=True, exist_ok=True, mode=0o755)
+    fd = os.open(workdir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        for host_dir, path in mounts:
+            name = path.rstrip("/").rpartition("/")[2]
+            try:
+                if stat.S_ISLNK(os.lstat(name, dir_fd=fd).st_mode):
+                    os.unlink(name, dir_fd=fd)
+                else:
+                    continue
+            except FileNotFoundError:
+                pass
+            os.symlink(host_dir, name, dir_fd=fd)
+    except OSError as exc:
+        raise SpawnError(f"cannot link the machine's volume: {exc.strerror or exc}") from exc
+    finally:
+        os.close(fd)

@@ -5,7 +5,8 @@ and empty, ``/dev`` is a minimal private one, ``/proc`` belongs to a new pid nam
 is pid 1 there, the command pid 2), and ipc and uts namespaces are new too. The machine's own
 directory is the one writable place, mounted at
 :data:`WORKDIR` and used as the working directory; the agent's other machine directories are
-hidden. With ``network=False`` the machine gets a network namespace of its own with only ``lo``.
+hidden. A machine's volume is bound read-write at its mount path (``mounts``). With
+``network=False`` the machine gets a network namespace of its own with only ``lo``.
 
 A machine of an image sees the image's files read-only: as its root file system when the image
 is a whole one (it has ``/bin`` or ``/usr/bin``), else at :data:`IMAGE_DIR` over the host's
@@ -79,8 +80,11 @@ def bwrap_argv(
     machines_root: Path | None,
     bwrap: str = "bwrap",
     image: Image | None = None,
+    mounts: tuple[tuple[str, str], ...] = (),
 ) -> list[str]:
-    """The ``bwrap`` command line that jails whatever follows it (append the command)."""
+    """The ``bwrap`` command line that jails whatever follows it (append the command).
+    ``mounts``: volumes, (directory on the host, path inside), bound read-write; the agent's
+    other volumes (their common parent) are hidden under an empty tmpfs first."""
     whole = image is not None and image.is_root
     root = str(image.root) if image is not None and whole else "/"
     argv = [
@@ -100,6 +104,10 @@ def bwrap_argv(
         argv += ["--tmpfs", str(machines_root)]  # other machines' files stay out of sight
     if image is not None and not whole:
         argv += ["--ro-bind", str(image.root), IMAGE_DIR]
+    for parent in sorted({str(Path(host_dir).parent) for host_dir, _ in mounts}):
+        argv += ["--tmpfs", parent]  # other volumes stay out of sight
+    for host_dir, path in mounts:
+        argv += ["--bind", host_dir, path]
     argv += [
         "--bind", str(workdir), WORKDIR,
         "--chdir", WORKDIR if image is None else image.start_dir(),

@@ -22,13 +22,12 @@ __all__ = [
 _NO_TLS = "Souq's edge proxy serves plain HTTP and TCP; terminate TLS in front of it"
 
 CONFIG_UNSUPPORTED: Mapping[str, str] = {
-    "mounts": "volumes are not supported yet; keep the machine's data elsewhere",
     "statics": "the edge proxy serves no static files; serve them from the app",
     "files": "files written into the machine at start are not supported; use env or an image",
     "dns": "per-machine DNS settings are not supported",
     "processes": "extra processes in one machine are not supported; run one machine each",
     "containers": "several containers in one machine are not supported; run one machine each",
-    "volumes": "volumes are not supported yet; keep the machine's data elsewhere",
+    "volumes": "give the machine's volume in `mounts`",
     "rootfs": "root filesystem settings are not supported; a machine runs in its image's files",
     "cache_drive": "cache drives are not supported",
     "metrics": "scraping a machine's metrics is not supported; expose them on a service",

@@ -41,6 +41,7 @@ from souq.model.fly_fields import (
 from souq.model.placement import Placement
 from souq.model.resources import GPU_MILLI, Resources
 from souq.model.services import Check, MachineAddress, Service
+from souq.model.volume import MachineMount
 
 __all__ = [
     "APP_NAME_PATTERN",
@@ -324,6 +325,10 @@ class MachineConfig(Input):
         description="start it again this long after it last started, once it has stopped: "
         "`hourly`, `daily`, `weekly`, `monthly` (30 days), or a duration such as `90s`",
     )
+    mounts: list[MachineMount] = Field(
+        default_factory=list,
+        description="the volume it mounts (one, as on Fly): it runs on the volume's worker",
+    )
     standbys: list[str] = Field(
         default_factory=list,
         max_length=MAX_SERVICES,
@@ -395,6 +400,13 @@ class MachineConfig(Input):
     def _schedule(cls, v: str | None) -> str | None:
         if v is not None:
             schedule_period_s(v)
+        return v
+
+    @field_validator("mounts")
+    @classmethod
+    def _mounts(cls, v: list[MachineMount]) -> list[MachineMount]:
+        if len(v) > 1:
+            raise ValueError("mounts: a machine mounts at most one volume (as on Fly)")
         return v
 
     @field_validator("standbys")

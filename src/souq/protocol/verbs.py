@@ -33,6 +33,8 @@ verb               request                 reply                          where
 ``ps``             MachineRef              list[ProcessStat]              worker
 ``metadata``       MetadataCommand         dict[str, str]                 worker
 ``machine_cordon`` MachineCordonCommand    Machine                        worker
+``volume_*``       Volume... (below)       Volume, ...                    worker
+``volume_list``    VolumeListCommand       list[Volume]                   worker, all
 =================  ======================  =============================  =====================
 
 **Versions.** The protocol is ``MAJOR.MINOR``. Peers of the same major version interoperate:
@@ -59,6 +61,16 @@ from souq.model.machine_tools import (
     MachineCordonCommand,
     MetadataCommand,
     ProcessStat,
+)
+from souq.model.volume import (
+    ExtendVolumeResponse,
+    Volume,
+    VolumeCreateCommand,
+    VolumeExtendCommand,
+    VolumeListCommand,
+    VolumeRef,
+    VolumeSnapshot,
+    VolumeUpdateCommand,
 )
 from souq.model.worker import WorkerInfo
 
@@ -95,6 +107,14 @@ __all__ = [
     "SUSPEND",
     "UPDATE",
     "VERBS",
+    "VOLUME_CREATE",
+    "VOLUME_DESTROY",
+    "VOLUME_EXTEND",
+    "VOLUME_GET",
+    "VOLUME_LIST",
+    "VOLUME_SNAPSHOT",
+    "VOLUME_SNAPSHOTS",
+    "VOLUME_UPDATE",
     "WAIT",
     "Verb",
 ]
@@ -104,7 +124,8 @@ PROTOCOL_MAJOR = 1
 # 2: `suspend`; machines have an address (host and ports) and may be `suspended`.
 # 3: `update` and leases; machines have an `instance_id`; claims and offers may name an image.
 # 4: `exec`, `ps`, `metadata` and `machine_cordon`; machines may be `cordoned`.
-PROTOCOL_MINOR = 4
+# 5: volumes (`volume_*` verbs); a claim's config may mount one.
+PROTOCOL_MINOR = 5
 
 Q = TypeVar("Q", bound=BaseModel)
 A = TypeVar("A")
@@ -196,4 +217,30 @@ MACHINE_CORDON = _verb(
     Machine,
     "take a machine out of the proxies' rotation, or back in",
     since=4,
+)
+VOLUME_CREATE = _verb(
+    "volume_create",
+    VolumeCreateCommand,
+    Volume,
+    "reserve the disk and make the volume, atomically",
+    since=5,
+)
+VOLUME_GET = _verb("volume_get", VolumeRef, Volume, "one volume, its use counted", since=5)
+VOLUME_LIST = _verb(
+    "volume_list", VolumeListCommand, list[Volume], "the worker's volumes (of an app)", since=5
+)
+VOLUME_UPDATE = _verb(
+    "volume_update", VolumeUpdateCommand, Volume, "change a volume's settings", since=5
+)
+VOLUME_EXTEND = _verb(
+    "volume_extend", VolumeExtendCommand, ExtendVolumeResponse, "grow a volume", since=5
+)
+VOLUME_DESTROY = _verb(
+    "volume_destroy", VolumeRef, Volume, "destroy a detached volume and its files", since=5
+)
+VOLUME_SNAPSHOT = _verb(
+    "volume_snapshot", VolumeRef, VolumeSnapshot, "archive a volume's files now", since=5
+)
+VOLUME_SNAPSHOTS = _verb(
+    "volume_snapshots", VolumeRef, list[VolumeSnapshot], "a volume's snapshots", since=5
 )
