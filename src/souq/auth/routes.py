@@ -11,7 +11,7 @@ route                                             scope        of
 ``POST /v1/apps/{app}/machines/{id}/exec``        deploy       the app (it sees the secrets)
 ``GET /v1/apps/{app}/…``                          read         the app
 ``POST|DELETE /v1/apps/{app}/releases…|secrets…`` deploy       the app
-``POST|DELETE /v1/apps/{app}/…`` (the rest)       write        the app
+``POST|PUT|DELETE /v1/apps/{app}/…`` (the rest)   write        the app (volumes too)
 ``POST /v1/apps`` (create an app)                 write        any app the token has (*)
 ``GET /v1/apps`` (list the apps)                  read         any app the token has (*)
 ``GET /v1/images…``, ``/v1/regions``              read         any app the token has

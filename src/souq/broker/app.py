@@ -64,6 +64,7 @@ from souq.broker.secret_routes import secrets_router
 from souq.broker.service import BrokerService
 from souq.broker.streams import SlotResponse
 from souq.broker.token_routes import Guard, tokens_router
+from souq.broker.volume_routes import volumes_router
 from souq.errors import InvalidInput, SouqError
 from souq.http_limits import BodyLimit, RouteLimit
 from souq.jobs.queue import JobQueue
@@ -195,6 +196,7 @@ def create_app(
     api.include_router(secrets_router(service, auth))  # an app's secrets (JetStream, sealed)
     api.include_router(apps_router(service))  # /v1/apps, /v1/apps/{app}: the app resource
     api.include_router(machine_tools_router(service))  # a machine's exec, ps, metadata, cordon
+    api.include_router(volumes_router(service))  # /v1/apps/{app}/volumes: Fly's volumes
     inner: ASGIApp = CreateFastPath(api, create)
     if guard is not None:
         api.include_router(tokens_router(guard))

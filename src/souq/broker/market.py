@@ -97,9 +97,16 @@ class Market:
 
     # -- one machine -----------------------------------------------------------------------
 
-    async def place(self, order: ClaimRequest, *, idempotent: bool = False) -> Machine:
+    async def place(
+        self,
+        order: ClaimRequest,
+        *,
+        idempotent: bool = False,
+        volume: tuple[str, str] | None = None,
+    ) -> Machine:
         """Place ``order`` (a claim without its placement record yet) and return the machine.
-        ``idempotent``: the request id may have made a machine already; find it first."""
+        ``idempotent``: the request id may have made a machine already; find it first.
+        ``volume``: the volume it mounts and the worker holding it (only that one will do)."""
 
         async def claim(action: SendClaim) -> Answer:
             body = (
@@ -110,7 +117,7 @@ class Market:
             )
             return [machine], ledger
 
-        auction = self._auction(order, Purpose.CLAIM, find_existing=idempotent)
+        auction = self._auction(order, Purpose.CLAIM, find_existing=idempotent, volume=volume)
         done = self._outcome(auction, await self._run(auction, claim))
         machine: Machine = done.placed[0]
         if auction.existing is None:  # an earlier machine keeps the record it was made with
@@ -121,14 +128,16 @@ class Market:
             machine = machine.model_copy(update={"placement": record})
         return machine
 
-    async def explain(self, order: ClaimRequest) -> Placement:
+    async def explain(
+        self, order: ClaimRequest, *, volume: tuple[str, str] | None = None
+    ) -> Placement:
         """A dry run: the placement record of ``order`` as if placed now, claiming nothing.
         Raises :class:`InsufficientCapacity` (with the record) when nothing would fit."""
 
         async def nothing(action: SendClaim) -> Answer:
             raise AssertionError("a dry run claims nothing")  # pragma: no cover
 
-        auction = self._auction(order, Purpose.EXPLAIN)
+        auction = self._auction(order, Purpose.EXPLAIN, volume=volume)
         done = self._outcome(auction, await self._run(auction, nothing))
         record: Placement = done.record
         return record
@@ -154,6 +163,21 @@ class Market:
         done = self._outcome(auction, await self._run(auction, hold))
         quote: Quote = done.placed[0]
         return quote.model_copy(update={"placement": done.record})
+
+    async def place_volume(
+        self, request: PlacementRequest, claim: Callable[[str], Coroutine[Any, Any, Any]]
+    ) -> tuple[Any, Placement]:
+        """Place a volume (``request``: its size as disk): rank the region's workers as for a
+        machine, then ``claim(worker_id)`` down the ranking until one makes it. Returns what
+        that claim answered and the placement record."""
+
+        async def send(action: SendClaim) -> Answer:
+            return [await claim(action.worker_id)], None
+
+        auction = self._new_auction(Order(request, purpose=Purpose.CLAIM), self._pipeline)
+        done = self._outcome(auction, await self._run(auction, send))
+        record: Placement = done.record
+        return done.placed[0], record
 
     # -- a batch ---------------------------------------------------------------------------
 
@@ -265,7 +289,12 @@ class Market:
     # -- driving an auction ----------------------------------------------------------------
 
     def _auction(
-        self, order: ClaimRequest, purpose: Purpose, *, find_existing: bool = False
+        self,
+        order: ClaimRequest,
+        purpose: Purpose,
+        *,
+        find_existing: bool = False,
+        volume: tuple[str, str] | None = None,
     ) -> Auction:
         request = PlacementRequest.for_machine(
             order.request_id,
@@ -274,6 +303,7 @@ class Market:
             order.config,
             avoid_workers=self._primaries(order),
             image=order.image,
+            volume=volume,
         )
         pipeline = self._pipeline if order.policy is None else self._pipelines.get(order.policy)
         return self._new_auction(

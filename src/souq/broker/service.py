@@ -34,6 +34,7 @@ from souq.broker.orders import placement_of, worker_of_quote
 from souq.broker.outage import BusGuard
 from souq.broker.schemas import CreateMachineRequest, QuoteRequest
 from souq.broker.streams import StreamSlots
+from souq.broker.volumes import BrokerVolumes
 from souq.bus import Transport, bus_unavailable
 from souq.clock import Clock, SystemClock
 from souq.errors import InsufficientCapacity, NotFound, SouqError, Unavailable
@@ -96,6 +97,7 @@ class BrokerService:
         self.book = self.liveness.book
         self.market = Market(self.client, self.liveness, config, self._clock, pipeline=pipeline)
         self.images = ImageResolver(self.nats_client)
+        self.volumes = BrokerVolumes(self)  # souq.broker.volumes
         self.streams = StreamSlots(  # event and log streams open (souq.broker.streams)
             per_client=config.streams_per_client, total=config.streams_total
         )
@@ -206,10 +208,13 @@ class BrokerService:
             try:
                 self.require_bus()
                 order = await self._with_image(order)
+                order, volume = await self.volumes.mount_of(order)
                 if body.quote is not None:
                     machine = await self._create_with_quote(order, body.quote)
                 else:
-                    machine = await self.market.place(order, idempotent=idempotency_key is not None)
+                    machine = await self.market.place(
+                        order, idempotent=idempotency_key is not None, volume=volume
+                    )
             except SouqError as exc:
                 # Cut short by an outage, a placement is unavailable, whatever it ended as.
                 err = exc if self.connected else bus_unavailable()
@@ -244,6 +249,7 @@ class BrokerService:
     async def create_batch(self, app: str, body: BatchCreateRequest) -> BatchResult:
         """``count`` machines of one config in one placement (see :mod:`souq.broker.market`)."""
         self.require_bus()
+        self.volumes.refuse_mounts(body.config, "a batch")
         image = await self.images.of_config(body.config)
         try:
             result = await self.market.place_batch(
@@ -283,13 +289,15 @@ class BrokerService:
                 raise NotFound(f"quote {body.quote} has no placement record")
             return quote.placement
         order = order_of(app, self.with_region(app, body), name=body.name)
-        return await self.market.explain(await self._with_image(order))
+        order, volume = await self.volumes.mount_of(await self._with_image(order))
+        return await self.market.explain(order, volume=volume)
 
     # -- quotes ----------------------------------------------------------------------------
 
     async def create_quote(self, app: str, body: QuoteRequest) -> Quote:
         """Hold capacity on the best worker for ``body.ttl_s``: a dry run that binds."""
         self.require_bus()
+        self.volumes.refuse_mounts(body.config, "a quote")
         return await self.market.hold(await self._with_image(order_of(app, body)), ttl_s=body.ttl_s)
 
     async def get_quote(self, app: str, quote_id: str) -> Quote:

@@ -307,6 +307,7 @@ class Auction:
             alive=self._alive,
             max_draw=rules.max_draw,
             image=order.request.image,
+            pinned=order.request.volume_worker,
         )
         if not found.feasible:
             return False
@@ -341,8 +342,11 @@ class Auction:
 
     def _with_holders(self, sample: list[str], asking: list[str]) -> list[str]:
         """A sample for a machine of an image asks the workers that cache it too (as many as
-        the candidates wanted), so that sampling never misses them."""
-        image = self.order.request.image
+        the candidates wanted), and one that mounts a volume the volume's worker, so that
+        sampling never misses them."""
+        image, pinned = self.order.request.image, self.order.request.volume_worker
+        if pinned is not None and pinned not in sample and pinned in asking:
+            sample = [pinned, *sample]  # the worker of the volume it mounts is always asked
         if image is None:
             return sample
         up, taken = set(asking), set(sample)

@@ -239,11 +239,13 @@ class WorkerBook:
         alive: Callable[[str], bool] = lambda _: True,
         max_draw: int = 256,
         image: WantedImage | None = None,
+        pinned: str | None = None,
     ) -> Candidates:
         """Draw workers of ``region`` at random (seeded) until ``wanted`` of them have room for
         ``want`` and, together, for ``slots`` machines of it; at most ``max_draw`` workers.
         Workers in ``exclude`` (asked already) and those ``alive`` says are gone are skipped.
-        For an ``image``, up to ``wanted`` workers that cache it are drawn first."""
+        For an ``image``, up to ``wanted`` workers that cache it are drawn first; ``pinned``
+        (the worker holding a volume the machine mounts) before them."""
         ids = self._regions.get(region, [])
         rng = random.Random(seed)
         offers: list[Offer] = []
@@ -257,6 +259,8 @@ class WorkerBook:
             ]
             rng.shuffle(first)
             first = first[:wanted]
+        if pinned is not None and pinned not in exclude and self._region_of(pinned) == region:
+            first = [pinned, *first]
         drawn = (ids[i] for i in _draw(len(ids), rng, max_draw * 2))
         for worker_id in _chain_unique(first, drawn):
             if worker_id in exclude or not alive(worker_id):

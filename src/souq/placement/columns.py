@@ -261,6 +261,7 @@ def _passes(f: Filter, request: PlacementRequest, t: OfferTable, rows: Ints) -> 
         filters.ConstraintFilter: bool(request.constraints),
         filters.DistinctWorkersFilter: request.distinct_workers_for == "app",
         filters.StandbyFilter: bool(request.avoid_workers),
+        filters.VolumeFilter: request.volume_worker is not None or bool(request.volume_avoid),
     }.get(type(f), False)  # a table's workers state no drivers and decline nothing themselves
     return None if asks else _all(rows)
 
@@ -278,6 +279,7 @@ _FILTERS: dict[type, Callable[[Any, PlacementRequest, OfferTable, Ints], Verdict
     filters.ConstraintFilter: _passes,
     filters.DistinctWorkersFilter: _passes,
     filters.StandbyFilter: _passes,
+    filters.VolumeFilter: _passes,
     filters.GpuFilter: lambda f, r, t, rows: _gpu_verdict(r.resources, t, rows),
     filters.ResourcesFilter: lambda f, r, t, rows: _resources_verdict(r.resources, t, rows),
 }

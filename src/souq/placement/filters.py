@@ -11,6 +11,8 @@ The reasons are stable codes (they are counted in every placement record and nam
 ``constraint``           one of the machine's constraints does not hold on the worker
 ``distinct_workers``     the worker already runs a machine of the app (``distinct_workers_for``)
 ``standby_primary``      the worker runs a machine this standby stands by for (``standbys``)
+``volume_elsewhere``     the machine mounts a volume another worker holds (``mounts``)
+``volume_zone_taken``    a volume with a unique zone: the worker holds its sibling volume
 ``wrong_gpu_model``      the worker's GPUs are not of the model the machine asks for
 ``insufficient_gpus``    fewer wholly free GPUs than the whole GPUs asked for
 ``insufficient_gpu_share``  no single GPU has the share's thousandths free (``gpu_milli``)
@@ -40,6 +42,7 @@ __all__ = [
     "ResourcesFilter",
     "StandbyFilter",
     "StateFilter",
+    "VolumeFilter",
 ]
 
 
@@ -134,6 +137,31 @@ class StandbyFilter:
             "worker runs a machine this standby stands by for",
             unmet="standbys: another worker",
         )
+
+
+@dataclass(frozen=True)
+class VolumeFilter:
+    """A machine that mounts a volume runs on the worker that holds it, and only there; a new
+    volume that asks for a unique zone goes to none of the workers holding its siblings."""
+
+    name: str = "volume"
+
+    def check(self, request: PlacementRequest, offer: Offer) -> Rejection | None:
+        worker = offer.worker.id
+        pinned = request.volume_worker
+        if pinned is not None and worker != pinned:
+            return Rejection(
+                "volume_elsewhere",
+                f"the machine mounts volume {request.volume_id}, held by worker {pinned}",
+                unmet=f"worker {pinned} (volume {request.volume_id})",
+            )
+        if worker in request.volume_avoid:
+            return Rejection(
+                "volume_zone_taken",
+                "the worker holds another volume of the app this one must not share it with",
+                unmet="require_unique_zone",
+            )
+        return None
 
 
 @dataclass(frozen=True)

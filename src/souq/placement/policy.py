@@ -133,6 +133,10 @@ def build_pipeline(
             filters.DistinctWorkersFilter(),
             # A standby away from the workers of the machines it stands by for.
             filters.StandbyFilter(),
+            # A machine that mounts a volume runs where the volume is (and a volume with a
+            # unique zone away from its siblings): a hard rule, before capacity, so that the
+            # record says why the other workers were skipped.
+            filters.VolumeFilter(),
             # GPUs GPU by GPU, and their model: before the worker's own verdict, so that a GPU
             # machine's refusal names the GPU (what it came for), not a cpu it lacks as well.
             filters.GpuFilter(),

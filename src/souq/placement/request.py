@@ -10,7 +10,7 @@ from souq.model.image import ImageRecord
 from souq.model.machine import MachineConfig
 from souq.model.resources import Resources
 
-__all__ = ["PlacementRequest", "WantedImage", "short_digest"]
+__all__ = ["PlacementRequest", "WantedImage", "for_volume", "short_digest"]
 
 SHORT_DIGEST = 16  # hex digits of a layer's digest that name it in heartbeats
 
@@ -61,6 +61,11 @@ class PlacementRequest:
     driver: str = "exec"
     # A standby's: the workers of the machines it stands by for (it must not share their fate).
     avoid_workers: frozenset[str] = frozenset()
+    # A machine that mounts a volume: the worker that holds it (nowhere else will do).
+    volume_worker: str | None = None
+    volume_id: str | None = None  # that volume (named in the explanation)
+    # A volume with a unique zone: the workers that hold the volumes it must not share one with.
+    volume_avoid: frozenset[str] = frozenset()
 
     @classmethod
     def for_machine(
@@ -72,9 +77,13 @@ class PlacementRequest:
         *,
         avoid_workers: frozenset[str] = frozenset(),
         image: ImageRecord | None = None,
+        volume: tuple[str, str] | None = None,
     ) -> PlacementRequest:
-        """The request to place a machine of ``config``: the one place that reads a config."""
+        """The request to place a machine of ``config``: the one place that reads a config.
+        ``volume``: (the volume it mounts, the worker that holds it)."""
         return cls(
+            volume_id=volume[0] if volume else None,
+            volume_worker=volume[1] if volume else None,
             avoid_workers=avoid_workers,
             request_id=request_id,
             app=app,
@@ -85,3 +94,16 @@ class PlacementRequest:
             image=None if image is None else WantedImage.of(image),
             driver=config.driver,
         )
+
+
+def for_volume(
+    request_id: str, app: str, region: str, size_gb: int, avoid: frozenset[str] = frozenset()
+) -> PlacementRequest:
+    """The request to place a volume: its size as disk (MiB per GiB), on none of ``avoid``."""
+    return PlacementRequest(
+        request_id=request_id,
+        app=app,
+        region=region,
+        resources=Resources(cpus=0, memory_mb=0, disk_mb=size_gb * 1024),
+        volume_avoid=avoid,
+    )
