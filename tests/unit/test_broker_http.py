@@ -124,7 +124,21 @@ BAD = [
     ),
     ("reserved env", with_config(env={"SOUQ_APP": "x"}), "config.env: 'SOUQ_APP'"),
     ("skip_secrets", {**GOOD, "skip_secrets": True}, "skip_secrets: not supported by Souq"),
-    ("Fly's mounts", with_config(mounts=[{"volume": "v1", "path": "/d"}]), "config: mounts: not"),
+    (
+        "Fly's auto-extend",
+        with_config(mounts=[{"volume": "vol_w1_ab", "path": "/d", "add_size_gb": 2}]),
+        "config.mounts[0]: add_size_gb: not supported by Souq",
+    ),
+    (
+        "two mounts",
+        with_config(mounts=[{"volume": "vol_w1_ab", "path": "/d"}, {"name": "x", "path": "/e"}]),
+        "config.mounts: a machine mounts at most one volume",
+    ),
+    (
+        "a relative mount",
+        with_config(mounts=[{"name": "x", "path": "d"}]),
+        "config.mounts[0].path: must be an absolute path",
+    ),
     (
         "Fly's tls",
         with_config(services=[{"internal_port": 80, "ports": [{"handlers": ["tls"]}]}]),

@@ -127,6 +127,7 @@ PUBLIC = {
         "Unavailable",
         "UnknownRegion",
         "UnknownVerb",
+        "VolumeAttached",
         "WaitTimeout",
         "error_from_body",
     },

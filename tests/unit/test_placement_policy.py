@@ -115,6 +115,7 @@ def test_the_default_chain() -> None:
         "constraints",
         "distinct-workers",
         "standby",
+        "volume",
         "gpus",
         "eligible",
         "resources",

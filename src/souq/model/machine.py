@@ -406,7 +406,7 @@ class MachineConfig(Input):
     @classmethod
     def _mounts(cls, v: list[MachineMount]) -> list[MachineMount]:
         if len(v) > 1:
-            raise ValueError("mounts: a machine mounts at most one volume (as on Fly)")
+            raise ValueError("a machine mounts at most one volume (as on Fly)")
         return v
 
     @field_validator("standbys")

@@ -133,28 +133,28 @@ class MachineMount(Input):
     volume of that name in the app and the machine's region), at an absolute ``path``."""
 
     volume: str | None = Field(default=None, min_length=1, max_length=80, pattern=r"^vol_\S+$")
-    path: str = Field(min_length=2, max_length=255, description="where the machine sees it")
+    path: str = Field(min_length=1, max_length=255, description="where the machine sees it")
     name: str | None = Field(default=None, description="the volume's name (Fly's)")
 
     @model_validator(mode="before")
     @classmethod
     def _fly_fields(cls, data: Any) -> Any:
-        return drop_unset(data, MOUNT_UNSUPPORTED, "mounts[].")
+        return drop_unset(data, MOUNT_UNSUPPORTED)
 
     @field_validator("path")
     @classmethod
     def _path(cls, v: str) -> str:
         parts = v.split("/")
         if not v.startswith("/") or v == "/" or any(p in (".", "..") for p in parts[1:]):
-            raise ValueError(f"mounts[].path must be an absolute path below /: {v!r} is not")
+            raise ValueError(f"must be an absolute path below /: {v!r} is not")
         if any(not p for p in parts[1:-1]) or "\x00" in v:
-            raise ValueError(f"mounts[].path {v!r} has an empty component")
+            raise ValueError(f"{v!r} has an empty component")
         return v.rstrip("/")
 
     @model_validator(mode="after")
     def _names_a_volume(self) -> MachineMount:
         if self.volume is None and self.name is None:
-            raise ValueError("mounts[]: give the volume's id (`volume`) or its `name`")
+            raise ValueError("give the volume's id (`volume`) or its `name`")
         return self
 
 
