@@ -7,7 +7,11 @@ agent and the agent's restart."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -258,3 +262,35 @@ def test_a_volume_outlives_a_kill_of_its_agent(fly: httpx.Client, cluster: Clust
         message="the volume destroyed once detached",
     )
     assert not home.exists()
+
+
+def souq(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "SOUQ_API": cluster.api_url}
+    return subprocess.run(
+        [sys.executable, "-m", "souq", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_the_volume_commands(cluster: Cluster) -> None:
+    app = app_name("c")
+    made = souq(
+        cluster, "volume", "create", "logs", "-a", app, "-r", "mad", "--size", "2", "--json"
+    )
+    assert made.returncode == 0, made.stderr
+    vol = json.loads(made.stdout)
+    assert vol["size_gb"] == 2 and vol["name"] == "logs"
+    listed = souq(cluster, "volume", "list", "-a", app)
+    assert listed.returncode == 0 and vol["id"] in listed.stdout and "2 GB" in listed.stdout
+    shown = souq(cluster, "volume", "show", vol["id"], "-a", app)
+    assert shown.returncode == 0 and "used" in shown.stdout and vol["worker_id"] in shown.stdout
+    grown = souq(cluster, "volume", "extend", vol["id"], "-a", app, "--size", "3", "--json")
+    assert grown.returncode == 0 and json.loads(grown.stdout)["size_gb"] == 3
+    less = souq(cluster, "volume", "extend", vol["id"], "-a", app, "--size", "1")
+    assert less.returncode == 1 and "size_gb" in less.stderr
+    gone = souq(cluster, "volume", "destroy", vol["id"], "-a", app)
+    assert gone.returncode == 0 and "destroyed" in gone.stdout

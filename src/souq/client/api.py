@@ -35,6 +35,7 @@ from souq.model.protocol import Lease
 from souq.model.release import NewRelease, Release, ReleaseState
 from souq.model.secrets import SecretInfo
 from souq.model.tokens import AuditRecord, NewToken, TokenInfo, TokenKey
+from souq.model.volume import ExtendVolumeResponse, Volume
 
 __all__ = ["DEFAULT_API", "SouqClient"]
 
@@ -261,6 +262,24 @@ class SouqClient(SchedCalls):
 
     def unset_secret(self, app: str, name: str) -> None:
         self._call("DELETE", f"/v1/apps/{app}/secrets/{name}")
+
+    # -- volumes (Fly's /v1/apps/{app}/volumes) -------------------------------------------
+
+    def create_volume(self, app: str, body: Mapping[str, Any]) -> Volume:
+        return _one(Volume, self._call("POST", f"/v1/apps/{app}/volumes", json=dict(body)))
+
+    def volumes(self, app: str) -> list[Volume]:
+        return _many(Volume, self._call("GET", f"/v1/apps/{app}/volumes"))
+
+    def volume(self, app: str, volume_id: str) -> Volume:
+        return _one(Volume, self._call("GET", f"/v1/apps/{app}/volumes/{volume_id}"))
+
+    def extend_volume(self, app: str, volume_id: str, size_gb: int) -> ExtendVolumeResponse:
+        path = f"/v1/apps/{app}/volumes/{volume_id}/extend"
+        return _one(ExtendVolumeResponse, self._call("PUT", path, json={"size_gb": size_gb}))
+
+    def destroy_volume(self, app: str, volume_id: str) -> Volume:
+        return _one(Volume, self._call("DELETE", f"/v1/apps/{app}/volumes/{volume_id}"))
 
     def releases(self, app: str) -> list[Release]:
         return _many(Release, self._call("GET", f"/v1/apps/{app}/releases"))

@@ -578,6 +578,7 @@ for _module, _register in (
     ("auth_cli", "register_auth"),
     ("cluster_cli", "register_cluster"),
     ("secrets_cli", "register_secrets"),
+    ("volumes_cli", "register_volumes"),  # Fly's volumes
     ("jobs_cli", "register_jobs"),  # batch jobs: the /sched API
     ("simulate_cli", "register_simulate"),
     ("machine_tools_cli", "register_machine_tools"),  # machine exec, ps, metadata, cordon
