@@ -178,7 +178,7 @@ def test_a_machine_mounts_its_volume_on_the_volumes_worker(
     assert r.status_code == 201, r.text
     m = r.json()
     assert m["worker_id"] == vol["worker_id"]
-    assert m["config"]["mounts"] == [{"volume": vol["id"], "path": "/data", "name": None}]
+    assert m["config"]["mounts"] == [{"volume": vol["id"], "path": "/data", "name": "data"}]
     # The other worker was asked and skipped, and the record says why.
     assert m["placement"]["rejections"] == {"volume_elsewhere": 1}, m["placement"]
     wait_until((home / "hello.txt").exists, timeout=30, message="the machine's file")
@@ -186,6 +186,13 @@ def test_a_machine_mounts_its_volume_on_the_volumes_worker(
     wait_until((home / "via-link.txt").exists, timeout=30, message="a file by the link")
     attached = fly.get(f"/apps/{app}/volumes/{vol['id']}").json()
     assert attached["attached_machine_id"] == m["id"]
+    # A Fly client's read-modify-write sends the mount back as it read it: the volume stays.
+    read = fly.get(f"/apps/{app}/machines/{m['id']}").json()
+    config = {k: read["config"][k] for k in ("init", "guest", "mounts", "restart")}
+    config["env"] = {"UPDATED": "1"}
+    updated = fly.post(f"/apps/{app}/machines/{m['id']}", json={"config": config})
+    assert updated.status_code == 200, updated.text
+    assert fly.get(f"/apps/{app}/volumes/{vol['id']}").json()["attached_machine_id"] == m["id"]
     # One machine at a time; and an attached volume is not destroyed.
     second = fly.post(f"/apps/{app}/machines", json=machine_body(vol["id"], COPY))
     assert second.status_code == 409, second.text

@@ -444,6 +444,7 @@ class BrokerService:
         create); answers once it has restarted with it (or at once with ``skip_launch``)."""
         self.require_bus()
         image = await self.images.of_config(config)
+        config = await self.volumes.named_for(app, machine_id, config)
         grace = await self._stop_timeout(app, machine_id)
         cmd = UpdateCommand(
             app=app,

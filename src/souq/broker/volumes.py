@@ -156,12 +156,30 @@ class BrokerVolumes:
                 )
         else:
             volume = await self._free_named(order.app, order.region, str(mount.name))
-            mounts = [mount.model_copy(update={"volume": volume.id})]
-            config = order.config.model_copy(update={"mounts": mounts})
-            order = order.model_copy(update={"config": config})
         if volume.attached_machine_id is not None:
             raise _attached(volume)
-        return order, (volume.id, volume.worker_id)
+        # The mount as Fly reads it back: the volume's id and name.
+        mounts = [mount.model_copy(update={"volume": volume.id, "name": volume.name})]
+        config = order.config.model_copy(update={"mounts": mounts})
+        return order.model_copy(update={"config": config}), (volume.id, volume.worker_id)
+
+    async def named_for(self, app: str, machine_id: str, config: MachineConfig) -> MachineConfig:
+        """An update's ``config`` with a mount by name given its volume's id: the volume of that
+        name the machine has attached, else a free one (its worker checks it holds it)."""
+        if not config.mounts or config.mounts[0].volume is not None:
+            return config
+        mount = config.mounts[0]
+        named = [vol for vol in await self.list_volumes(app) if vol.name == mount.name]
+        mine = [vol for vol in named if vol.attached_machine_id == machine_id]
+        free = [vol for vol in named if vol.attached_machine_id is None]
+        if not (mine or free):
+            raise NotFound(
+                f"mounts[0].name: app {app} has no free volume named {mount.name!r}",
+                hint="create one with `souq volume create`, on the machine's worker's region",
+            )
+        volume = (mine or free)[0]
+        mounts = [mount.model_copy(update={"volume": volume.id})]
+        return config.model_copy(update={"mounts": mounts})
 
     async def _free_named(self, app: str, region: str, name: str) -> Volume:
         named = [
