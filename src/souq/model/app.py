@@ -148,7 +148,7 @@ class App(Record):
     network: str
     status: AppStatus
     machine_count: int
-    volume_count: int = Field(default=0, description="always 0: Souq has no volumes")
+    volume_count: int = Field(default=0, description="always 0: not counted (see GET .../volumes)")
     organization: AppOrganization
     cname_target: str = Field(default="", description="always empty in Souq")
     app_role: str = ""
