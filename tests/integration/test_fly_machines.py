@@ -149,7 +149,7 @@ def test_a_create_without_a_region_goes_where_the_app_is(fly: httpx.Client) -> N
 def test_what_souq_cannot_honour_is_refused_naming_the_field(fly: httpx.Client) -> None:
     app = app_name("f")
     for config, field in [
-        ({"mounts": [{"volume": "vol_1", "path": "/data"}]}, "mounts"),
+        ({"mounts": [{"volume": "vol_1", "path": "/data", "add_size_gb": 1}]}, "add_size_gb"),
         ({"statics": [{"guest_path": "/app/public", "url_prefix": "/static"}]}, "statics"),
         ({"guest": {"cpus": 1, "memory_mb": 128, "kernel_args": ["quiet"]}}, "kernel_args"),
         ({"init": {"cmd": ["true"], "tty": True}}, "tty"),
