@@ -11,9 +11,12 @@ import pytest
 from pydantic import ValidationError
 
 from souq.agent.admission import Admission
+from souq.agent.launch import volume_env
 from souq.agent.store import Store
 from souq.agent.volumes import AgentVolumes
 from souq.clock import VirtualClock
+from souq.drivers.host import link_volumes
+from souq.drivers.sandbox import bwrap_argv
 from souq.errors import IllegalTransition, InsufficientCapacity, NotFound, VolumeAttached
 from souq.model import MachineConfig, Offer, Resources, WorkerInfo
 from souq.model.volume import (
@@ -221,3 +224,37 @@ def test_a_restart_counts_the_volumes_disk(tmp_path: Path, volumes: AgentVolumes
     again = Store(tmp_path / "agent")
     assert again.allocated().disk_mb == 3 * 1024
     assert volume_worker(vol.id) == "w1"
+
+
+# -- what a machine sees -----------------------------------------------------------------------
+
+
+def test_a_sandbox_binds_its_volume_at_the_path_and_hides_the_others(tmp_path: Path) -> None:
+    volume = tmp_path / "volumes" / "vol_w1_ab"
+    argv = bwrap_argv(
+        tmp_path / "machines" / "m1",
+        network=True,
+        machines_root=tmp_path / "machines",
+        mounts=((str(volume), "/data"),),
+    )
+    hide = argv.index(str(tmp_path / "volumes"))
+    bind = argv.index(str(volume))
+    assert argv[hide - 1] == "--tmpfs" and argv[bind - 1 : bind + 2] == [
+        "--bind",
+        str(volume),
+        "/data",
+    ]
+    assert hide < bind  # hidden first, then the machine's own bound over it
+
+
+def test_a_plain_process_finds_its_volume_by_env_and_by_a_link(tmp_path: Path) -> None:
+    volume = tmp_path / "volumes" / "vol_w1_ab"
+    volume.mkdir(parents=True)
+    home = tmp_path / "machines" / "m1"
+    link_volumes(home, ((str(volume), "/var/data"),))
+    assert (home / "data").resolve() == volume.resolve()
+    link_volumes(home, ((str(volume), "/var/data"),))  # again at the next start: replaced
+    (home / "own").write_text("mine")
+    link_volumes(home, ((str(volume), "/own"),))  # the machine's own file stays
+    assert (home / "own").read_text() == "mine"
+    assert volume_env("my-data") == "SOUQ_VOLUME_MY_DATA"
