@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from souq.bus.transport import Handler
 from souq.errors import InvalidInput, SouqError, error_from_body
-from souq.model.base import FROM_PEER
+from souq.model.base import FROM_PEER, as_peer
 from souq.model.protocol import Reply
 
 __all__ = [
@@ -51,7 +51,8 @@ def encode(model: BaseModel) -> bytes:
 def decode(data: bytes, model: type[M]) -> M:
     """Parse bytes into ``model``; a malformed message becomes :class:`InvalidInput`."""
     try:
-        return model.model_validate_json(data, extra=FROM_PEER)
+        with as_peer():
+            return model.model_validate_json(data, extra=FROM_PEER)
     except ValidationError as exc:
         raise InvalidInput(f"malformed {model.__name__} message: {exc.errors()[0]['msg']}") from exc
 
@@ -92,7 +93,8 @@ def decode_one_or_many(data: bytes, model: type[M]) -> list[M]:
     if data.lstrip()[:1] != b"[":
         return [decode(data, model)]
     try:
-        items: list[M] = _list_of(model).validate_json(data, extra=FROM_PEER)
+        with as_peer():
+            items: list[M] = _list_of(model).validate_json(data, extra=FROM_PEER)
     except ValidationError as exc:
         raise InvalidInput(f"malformed {model.__name__} batch: {exc.errors()[0]['msg']}") from exc
     return items
@@ -167,7 +169,8 @@ def unwrap_with_ledger(data: bytes, kind: Any) -> tuple[Any, int | None]:
     """:func:`unwrap_typed`, and the ledger version the reply names (None when it names
     none)."""
     try:
-        reply = _envelope(kind).model_validate_json(data, extra=FROM_PEER)
+        with as_peer():
+            reply = _envelope(kind).model_validate_json(data, extra=FROM_PEER)
     except ValidationError as exc:
         # A malformed result may still be a well-formed error: let the error speak first.
         plain = Reply.model_validate_json(data)

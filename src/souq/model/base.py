@@ -9,14 +9,34 @@ unknown keys at every level of the message instead.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from contextvars import ContextVar
 from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["FROM_PEER", "Input", "Record"]
+__all__ = ["FROM_PEER", "Input", "Record", "as_peer", "from_peer"]
 
 # How a message from another process treats keys this one does not know: they are dropped.
 FROM_PEER: Final[Literal["ignore"]] = "ignore"
+_PEER: ContextVar[bool] = ContextVar("souq_from_peer", default=False)
+
+
+@contextlib.contextmanager
+def as_peer() -> Iterator[None]:
+    """Validate a peer's message: fields this process refuses from a user but a newer peer may
+    honour (Fly's, :mod:`souq.model.fly_fields`) are dropped like unknown keys."""
+    token = _PEER.set(True)
+    try:
+        yield
+    finally:
+        _PEER.reset(token)
+
+
+def from_peer() -> bool:
+    """Whether the validation under way is of a peer's message (:func:`as_peer`)."""
+    return _PEER.get()
 
 
 class Record(BaseModel):

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from souq.model.base import from_peer
+
 __all__ = [
     "CONFIG_UNSUPPORTED",
     "CREATE_UNSUPPORTED",
@@ -69,10 +71,13 @@ def _unset(value: Any) -> bool:
 
 def drop_unset(data: Any, fields: Mapping[str, str], where: str = "") -> Any:
     """``data`` (a request's JSON object) without the unsupported ``fields`` that are unset;
-    :class:`ValueError` naming the first one that is set, and why it is refused."""
+    :class:`ValueError` naming the first one that is set, and why it is refused. In a peer's
+    message (:func:`souq.model.base.from_peer`) they are all dropped, as unknown keys are."""
     if not isinstance(data, dict) or not any(k in data for k in fields):
         return data
     for key, why in fields.items():
+        if from_peer():
+            break
         if key in data and not _unset(data[key]):
             raise ValueError(f"{where}{key}: not supported by Souq ({why})")
     return {k: v for k, v in data.items() if k not in fields}

@@ -52,7 +52,7 @@ from typing import Any, Generic, TypeVar
 from pydantic import BaseModel, TypeAdapter
 
 from souq.model import protocol as msg
-from souq.model.base import FROM_PEER
+from souq.model.base import FROM_PEER, as_peer
 from souq.model.batch import BatchClaimReply, BatchClaimRequest
 from souq.model.machine import Machine, MachineEvent, OpRecord
 from souq.model.machine_tools import (
@@ -147,7 +147,8 @@ class Verb(Generic[Q, A]):
 
     def decode_request(self, data: bytes) -> Q:
         """The request as this process knows it; unknown keys (a newer peer's) are dropped."""
-        return self.request.model_validate_json(data or b"{}", extra=FROM_PEER)
+        with as_peer():
+            return self.request.model_validate_json(data or b"{}", extra=FROM_PEER)
 
 
 VERBS: dict[str, Verb[Any, Any]] = {}
