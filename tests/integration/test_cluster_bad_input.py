@@ -54,7 +54,13 @@ CASES = [
         "invalid_input",
         "signal",
     ),
-    ("missing region", {"config": {"cmd": ["x"]}}, 422, "invalid_input", "region"),
+    (
+        "Fly's mounts",
+        with_config(mounts=[{"volume": "nope", "path": "data"}]),
+        422,
+        "invalid_input",
+        "path",
+    ),
     ("unknown region", {**GOOD, "region": "atlantis"}, 422, "unknown_region", "atlantis"),
 ]
 
