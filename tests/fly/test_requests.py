@@ -4,6 +4,7 @@ inputs: the literals below)."""
 
 from __future__ import annotations
 
+from tests.fly.decode import GoDecoder
 from tests.fly.flaps import (
     go_duration,
     go_json,
@@ -57,3 +58,15 @@ def test_query_strings_are_flaps() -> None:
     # go-querystring then url.Values.Encode(): keys sorted, a key's values in order.
     pairs = [("version", "v 1"), ("timeout", "60"), ("state", "started"), ("state", "failed")]
     assert values_encode(pairs) == "state=started&state=failed&timeout=60&version=v+1"
+
+
+def test_the_go_decoder_is_live(go_only: GoDecoder) -> None:
+    """The decode step refuses what Fly's types refuse (so its ``ok`` means something)."""
+    assert go_only.run("machine", '{"config":{"guest":{"cpus":1.0}}}').startswith("error:")
+    assert go_only.run("start", "") == "error: EOF"  # an empty body, where a value is read
+    assert go_only.run("machine", '{"image_ref":"nginx"}').startswith("error:")
+    assert go_only.run("lease", '{"data":{"expires_at":1.5}}').startswith("error:")
+    assert go_only.run("machine", '{"config":{"checks":{"a":{"interval":"1x"}}}}').startswith(
+        "error:"
+    )
+    assert go_only.run("apps", '{"apps":[]}') == 'ok {"apps":[]}'
