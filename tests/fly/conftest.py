@@ -1,0 +1,94 @@
+"""One real cluster (NATS with JetStream, a broker, two agents in ``mad``) for the whole Fly
+conformance suite, a flaps client pointed at it, and the decoder of its answers.
+
+Volumes are left out for now: their routes slot in as ``test_volumes.py`` beside the others,
+with their kinds (``volume``, ``volumes``, ``volume_extend``, ``snapshots``) added to
+``fly_decode.go`` and ``decode.SHAPES``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from souq.testing import Cluster
+from tests.fly.decode import GoDecoder
+from tests.fly.flaps import Flaps, launch_input, machine_config, machine_init
+from tests.integration.services_harness import app_name
+
+__all__ = ["fly_error", "ok"]
+
+
+@pytest.fixture(scope="package")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with Cluster(tmp_path_factory.mktemp("fly"), regions={"mad": 2}, cpus=16) as c:
+        yield c
+
+
+@pytest.fixture(scope="package")
+def flaps(cluster: Cluster) -> Iterator[Flaps]:
+    client = Flaps(cluster.api_url, cluster.auth.admin() if cluster.auth else "")
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="package")
+def go(tmp_path_factory: pytest.TempPathFactory) -> GoDecoder:
+    return GoDecoder(tmp_path_factory.mktemp("go"))
+
+
+@pytest.fixture
+def go_only(go: GoDecoder) -> GoDecoder:
+    """For a check that only Go's decoder can make."""
+    if go.binary is None:
+        pytest.skip(go.skip_reason)
+    return go
+
+
+@pytest.fixture
+def app(flaps: Flaps) -> Iterator[str]:
+    """A fresh app name; its machines destroyed afterwards."""
+    name = app_name("fly")
+    yield name
+    listed = flaps.list(name)
+    for machine in listed.json() if listed.status_code == 200 else []:
+        if machine["state"] not in ("destroyed", "destroying"):
+            flaps.destroy(name, machine["id"], kill=True)
+
+
+def ok(r: httpx.Response) -> httpx.Response:
+    """flaps' test of success: any status up to 299 (above is a FlapsError)."""
+    assert r.status_code <= 299, f"{r.request.method} {r.request.url}: {r.status_code} {r.text}"
+    return r
+
+
+def fly_error(go: GoDecoder, r: httpx.Response, http_status: int, code: str, *words: str) -> str:
+    """An error answer as flaps reads it: the message of its FlapsError (``message``, else
+    ``error``) and the status code ``GetErrorStatusCode`` gives; the message is returned."""
+    assert r.status_code == http_status, f"{r.status_code} {r.text}"
+    read = go.decode("flaps_error", r)
+    message = read.get("message") or read.get("error")
+    assert message, r.text
+    assert go.decode("error_status", r).get("status") == code, r.text
+    for word in words:
+        assert word in message, message
+    return str(message)
+
+
+SLEEPER = machine_config(init=machine_init(exec=["sleep", "600"]))
+
+
+@pytest.fixture
+def started(flaps: Flaps, go: GoDecoder, app: str) -> Callable[..., dict[str, Any]]:
+    """Launch a machine as flaps does (``Launch``, then ``Wait`` for ``started``); the
+    machine as the client holds it."""
+
+    def launch(config: Any = SLEEPER, **fields: Any) -> dict[str, Any]:
+        r = ok(flaps.launch(app, launch_input(config=config, region="mad", **fields)))
+        machine: dict[str, Any] = go.decode("machine", r)
+        ok(flaps.wait(app, machine["id"], "started", timeout_s=60))
+        return machine
+
+    return launch
