@@ -1,9 +1,5 @@
 """One real cluster (NATS with JetStream, a broker, two agents in ``mad``) for the whole Fly
-conformance suite, a flaps client pointed at it, and the decoder of its answers.
-
-Volumes are left out for now: their routes slot in as ``test_volumes.py`` beside the others,
-with their kinds (``volume``, ``volumes``, ``volume_extend``, ``snapshots``) added to
-``fly_decode.go`` and ``decode.SHAPES``."""
+conformance suite, a flaps client pointed at it, and the decoder of its answers."""
 
 from __future__ import annotations
 
@@ -13,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from souq.testing import Cluster
+from souq.testing import Cluster, wait_until
 from tests.fly.decode import GoDecoder
 from tests.fly.flaps import Flaps, launch_input, machine_config, machine_init
 from tests.integration.services_harness import app_name
@@ -49,13 +45,26 @@ def go_only(go: GoDecoder) -> GoDecoder:
 
 @pytest.fixture
 def app(flaps: Flaps) -> Iterator[str]:
-    """A fresh app name; its machines destroyed afterwards."""
+    """A fresh app name; its machines destroyed afterwards, then its volumes (each once its
+    machine has let go of it), so that their disk is free for the next test."""
     name = app_name("fly")
     yield name
     listed = flaps.list(name)
     for machine in listed.json() if listed.status_code == 200 else []:
         if machine["state"] not in ("destroyed", "destroying"):
             flaps.destroy(name, machine["id"], kill=True)
+    volumes = flaps.get_all_volumes(name)
+    for volume in volumes.json() if volumes.status_code == 200 else []:
+        destroy_volume(flaps, name, volume["id"])
+
+
+def destroy_volume(flaps: Flaps, app: str, volume_id: str) -> None:
+    """``DeleteVolume``, retried while a machine that is going still holds the volume."""
+
+    def destroyed() -> bool:
+        return flaps.delete_volume(app, volume_id).status_code != 409
+
+    wait_until(destroyed, timeout=30, interval=0.1, message=f"volume {volume_id} destroyed")
 
 
 def ok(r: httpx.Response) -> httpx.Response:

@@ -252,6 +252,31 @@ APP = {
     "cname_target": S,
     "app_role": S,
 }
+VOLUME = {
+    "id": S,
+    "name": S,
+    "state": S,
+    "size_gb": INT,
+    "region": S,
+    "zone": S,
+    "encrypted": B,
+    "attached_machine_id": S,
+    "attached_alloc_id": S,
+    "created_at": TIME,
+    "host_dedication_id": S,
+    "snapshot_retention": INT,
+    "auto_backup_enabled": B,
+    "host_status": S,
+}
+SNAPSHOT = {
+    "id": S,
+    "size": INT,
+    "volume_size": INT,
+    "digest": S,
+    "created_at": TIME,
+    "status": S,
+    "retention_days": INT,
+}
 SECRET = {"name": S, "value": S, "digest": S, "updated_at": S, "created_at": S}
 SHAPES: dict[str, Any] = {
     "machine": MACHINE,
@@ -284,6 +309,10 @@ SHAPES: dict[str, Any] = {
     "secret_set": {**SECRET, "version": UINT64},
     "secret_delete": {"version": UINT64},
     "secrets_update": {"secrets": L(SECRET), "version": UINT64},
+    "volume": VOLUME,
+    "volumes": L(VOLUME),
+    "volume_extend": {"volume": VOLUME, "needs_restart": B},
+    "snapshots": L(SNAPSHOT),
     "flaps_error": {"error": S, "message": S},
     "error_status": {"error": S, "status": S},
 }

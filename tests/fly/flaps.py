@@ -23,6 +23,8 @@ __all__ = [
     "USER_AGENT",
     "Flaps",
     "GoStruct",
+    "create_volume_request",
+    "extend_volume_request",
     "go_duration",
     "go_json",
     "launch_input",
@@ -30,11 +32,13 @@ __all__ = [
     "machine_config",
     "machine_guest",
     "machine_init",
+    "machine_mount",
     "machine_port",
     "machine_restart",
     "machine_service",
     "stop_config",
     "stop_input",
+    "update_volume_request",
 ]
 
 NONCE_HEADER = "fly-machine-lease-nonce"
@@ -170,6 +174,17 @@ machine_check = _go_type(
     ("tls_server_name", P, None),
     ("headers", OE, None),
 )
+# fly.MachineMount
+machine_mount = _go_type(
+    ("encrypted", OE, False),
+    ("path", OE, ""),
+    ("size_gb", OE, 0),
+    ("volume", OE, ""),
+    ("name", OE, ""),
+    ("extend_threshold_percent", OE, 0),
+    ("add_size_gb", OE, 0),
+    ("size_gb_limit", OE, 0),
+)
 machine_restart = _go_type(("policy", OE, ""), ("max_retries", OE, 0))
 stop_config = _go_type(("timeout", P, None), ("signal", P, None))
 # fly.StopMachineInput: timeout is a fly.Duration struct, so always sent ("0s" when unset).
@@ -187,6 +202,28 @@ create_app_request = _go_type(
     ("network", ALWAYS, ""),
     ("app_role_id", ALWAYS, ""),
 )
+# fly.CreateVolumeRequest: its pointers carry no omitempty (each sent, null when unset);
+# compute is a *MachineGuest (null), compute_image the one omitempty field.
+create_volume_request = _go_type(
+    ("name", ALWAYS, ""),
+    ("region", ALWAYS, ""),
+    ("size_gb", ALWAYS, None),
+    ("encrypted", ALWAYS, None),
+    ("require_unique_zone", ALWAYS, None),
+    ("unique_zone_app_wide", ALWAYS, None),
+    ("snapshot_retention", ALWAYS, None),
+    ("auto_backup_enabled", ALWAYS, None),
+    ("fstype", ALWAYS, None),
+    ("snapshot_id", ALWAYS, None),
+    ("source_volume_id", ALWAYS, None),
+    ("compute", ALWAYS, None),
+    ("compute_image", OE, ""),
+)
+# fly.UpdateVolumeRequest, flaps.ExtendVolumeRequest
+update_volume_request = _go_type(
+    ("snapshot_retention", ALWAYS, None), ("auto_backup_enabled", ALWAYS, None)
+)
+extend_volume_request = _go_type(("size_gb", ALWAYS, 0))
 set_secret_request = _go_type(("value", ALWAYS, ""))
 update_secrets_request = _go_type(("values", ALWAYS, None))
 
@@ -441,3 +478,35 @@ class Flaps:
 
     def update_app_secrets(self, app: str, values: Mapping[str, str | None]) -> httpx.Response:
         return self._secrets("POST", app, "", update_secrets_request(values=dict(values)), [])
+
+    # -- volumes (flaps_volumes.go): "/apps/%s/volumes%s", neither name escaped --------------
+
+    def volumes(self, method: str, app: str, endpoint: str, body: Any = None) -> httpx.Response:
+        return self.send(method, f"/apps/{app}/volumes{endpoint}", body)
+
+    def get_all_volumes(self, app: str) -> httpx.Response:
+        """``GetAllVolumes``, and ``GetVolumes`` (the same call, filtered by the client)."""
+        return self.volumes("GET", app, "")
+
+    def create_volume(self, app: str, given: GoStruct) -> httpx.Response:
+        return self.volumes("POST", app, "", given)
+
+    def get_volume(self, app: str, volume_id: str) -> httpx.Response:
+        return self.volumes("GET", app, f"/{volume_id}")
+
+    def update_volume(self, app: str, volume_id: str, given: GoStruct) -> httpx.Response:
+        return self.volumes("PUT", app, f"/{volume_id}", given)
+
+    def delete_volume(self, app: str, volume_id: str) -> httpx.Response:
+        return self.volumes("DELETE", app, f"/{volume_id}")
+
+    def extend_volume(self, app: str, volume_id: str, size_gb: int) -> httpx.Response:
+        return self.volumes(
+            "PUT", app, f"/{volume_id}/extend", extend_volume_request(size_gb=size_gb)
+        )
+
+    def get_volume_snapshots(self, app: str, volume_id: str) -> httpx.Response:
+        return self.volumes("GET", app, f"/{volume_id}/snapshots")
+
+    def create_volume_snapshot(self, app: str, volume_id: str) -> httpx.Response:
+        return self.volumes("POST", app, f"/{volume_id}/snapshots")

@@ -5,7 +5,8 @@
 // re-encoded (what the client understood), or "error: " and the decode error.
 //
 // Kinds: machine, machines, start, lease, exec, ps, metadata, app, apps, secrets, secret,
-// secret_set, secret_delete, secrets_update, flaps_error, error_status. (Volumes: to come.)
+// secret_set, secret_delete, secrets_update, volume, volumes, volume_extend, snapshots,
+// flaps_error, error_status.
 package main
 
 import (
@@ -554,6 +555,38 @@ type secretsUpdate struct {
 	Version uint64      `json:"version"`
 }
 
+type volume struct {
+	ID                 string    `json:"id"`
+	Name               string    `json:"name"`
+	State              string    `json:"state"`
+	SizeGb             int       `json:"size_gb"`
+	Region             string    `json:"region"`
+	Zone               string    `json:"zone"`
+	Encrypted          bool      `json:"encrypted"`
+	AttachedMachine    *string   `json:"attached_machine_id"`
+	AttachedAllocation *string   `json:"attached_alloc_id"`
+	CreatedAt          time.Time `json:"created_at"`
+	HostDedicationID   string    `json:"host_dedication_id"`
+	SnapshotRetention  int       `json:"snapshot_retention"`
+	AutoBackupEnabled  bool      `json:"auto_backup_enabled"`
+	HostStatus         string    `json:"host_status,omitempty"`
+}
+
+type extendVolumeResponse struct {
+	Volume       *volume `json:"volume"`
+	NeedsRestart bool    `json:"needs_restart"`
+}
+
+type volumeSnapshot struct {
+	ID            string    `json:"id"`
+	Size          int       `json:"size"`
+	VolumeSize    int       `json:"volume_size"`
+	Digest        string    `json:"digest"`
+	CreatedAt     time.Time `json:"created_at"`
+	Status        string    `json:"status"`
+	RetentionDays *int      `json:"retention_days"`
+}
+
 // An error answer, as the client reads it for its message: {"error", "message"?}.
 type flapsError struct {
 	Error   string `json:"error"`
@@ -581,6 +614,10 @@ var kinds = map[string]func() interface{}{
 	"secret_set":     func() interface{} { return new(secretSet) },
 	"secret_delete":  func() interface{} { return new(secretDelete) },
 	"secrets_update": func() interface{} { return new(secretsUpdate) },
+	"volume":         func() interface{} { return new(volume) },
+	"volumes":        func() interface{} { return &[]volume{} },
+	"volume_extend":  func() interface{} { return new(extendVolumeResponse) },
+	"snapshots":      func() interface{} { return &[]volumeSnapshot{} },
 	"flaps_error":    func() interface{} { return new(flapsError) },
 	"error_status":   func() interface{} { return new(errorStatus) },
 }

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from souq.testing import wait_until
 from tests.fly.conftest import fly_error, ok
 from tests.fly.decode import SHAPES, GoDecoder, in_go_order
 from tests.fly.flaps import (
@@ -140,6 +141,37 @@ def test_list(flaps: Flaps, go: GoDecoder, app: str, started: Started) -> None:
     r = ok(flaps.list(app, "region=mad"))
     assert path_of(r) == f"/v1/apps/{app}/machines?region=mad"
     assert {m["id"] for m in go.decode("machines", r)} == ids
+
+
+def test_list_takes_flys_query(flaps: Flaps, go: GoDecoder, app: str, started: Started) -> None:
+    """flaps' ``List(ctx, app, query)`` sends the caller's string after ``?`` verbatim; Souq
+    applies Fly's ``region``, ``state`` (comma-separated or repeated), ``include_deleted`` and
+    ``summary``."""
+    running, stopped, gone = started()["id"], started()["id"], started()["id"]
+    ok(flaps.stop(app, stop_input(id=stopped)))
+    ok(flaps.wait(app, stopped, "stopped"))
+    ok(flaps.destroy(app, gone, kill=True))
+    ok(flaps.wait(app, gone, "destroyed"))
+
+    def listed(query: str) -> set[str]:
+        r = ok(flaps.list(app, query))
+        assert path_of(r) == f"/v1/apps/{app}/machines" + (f"?{query}" if query else "")
+        return {m["id"] for m in go.decode("machines", r)}
+
+    wait_until(lambda: gone not in listed(""), timeout=30, message="the destroyed one unlisted")
+    assert listed("") == {running, stopped}
+    assert listed("state=started") == {running}
+    assert listed("state=started,stopped") == {running, stopped}
+    assert listed("state=started&state=stopped") == {running, stopped}
+    assert listed("region=mad&state=stopped") == {stopped}
+    assert listed("region=syd") == set()
+    assert listed("include_deleted=true") == {running, stopped, gone}
+    assert listed("include_deleted=true&state=destroyed") == {gone}
+    r = ok(flaps.list(app, "summary=true"))
+    summary = go.decode("machines", r)
+    assert {m["id"] for m in summary} == {running, stopped}
+    assert all("config" not in m and "events" not in m for m in summary)
+    assert all(m["state"] and m["region"] == "mad" and m["instance_id"] for m in summary)
 
 
 def test_list_active(flaps: Flaps, go: GoDecoder, app: str, started: Started) -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from tests.fly.decode import GoDecoder
 from tests.fly.flaps import (
+    create_volume_request,
+    extend_volume_request,
     go_duration,
     go_json,
     launch_input,
@@ -45,6 +47,13 @@ def test_bodies_are_gos_marshal() -> None:
     assert go_json(update_secrets_request(values={"B": None, "A": "1"})) == (
         '{"values":{"A":"1","B":null}}'
     )
+    # CreateVolumeRequest's pointers have no omitempty: a zero request is all nulls.
+    assert go_json(create_volume_request()) == (
+        '{"name":"","region":"","size_gb":null,"encrypted":null,"require_unique_zone":null,'
+        '"unique_zone_app_wide":null,"snapshot_retention":null,"auto_backup_enabled":null,'
+        '"fstype":null,"snapshot_id":null,"source_volume_id":null,"compute":null}'
+    )
+    assert go_json(extend_volume_request()) == '{"size_gb":0}'
 
 
 def test_query_strings_are_flaps() -> None:
