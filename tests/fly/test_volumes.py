@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 
+from souq.model.volume import MOUNT_UNSUPPORTED
 from souq.testing import wait_until
 from tests.fly.conftest import fly_error, ok
-from tests.fly.decode import GoDecoder
+from tests.fly.decode import SHAPES, GoDecoder, in_go_order
 from tests.fly.flaps import (
     Flaps,
     create_volume_request,
@@ -202,6 +203,14 @@ def test_launch_with_a_volume_mounted(
     ok(flaps.wait(app, m["id"], "started", timeout_s=60))
     held = go.decode("volume", ok(flaps.get_volume(app, made["id"])))
     assert held["attached_machine_id"] == m["id"]  # IsAttached()
+    # flyctl's read-modify-write sends the mount back as the client read it: the volume stays.
+    config = in_go_order(m["config"], SHAPES["machine"]["config"])
+    config["env"] = {"UPDATED": "1"}
+    updated = go.decode("machine", ok(flaps.update(app, m["id"], launch_input(config=config))))
+    assert updated["config"]["mounts"] == m["config"]["mounts"]
+    ok(flaps.wait(app, m["id"], "started", version=updated["instance_id"]))
+    held = go.decode("volume", ok(flaps.get_volume(app, made["id"])))
+    assert held["attached_machine_id"] == m["id"]
     # One machine at a time; an attached volume is not destroyed.
     second = flaps.launch(app, mounting(machine_mount(path="/data", volume=made["id"])))
     fly_error(go, second, 409, "volume_attached", m["id"])
@@ -223,3 +232,26 @@ def test_launch_with_a_volume_mounted(
     assert r.json()["worker_id"] == made["zone"]
     held = go.decode("volume", ok(flaps.get_volume(app, made["id"])))
     assert held["attached_machine_id"] == again["id"]
+
+
+MOUNT_SET = {  # each as a Fly client sets it (auto-extension, an encrypted or sized mount)
+    "encrypted": True,
+    "size_gb": 1,
+    "extend_threshold_percent": 80,
+    "add_size_gb": 1,
+    "size_gb_limit": 10,
+}
+
+
+def test_every_refused_mount_field_is_sent_here() -> None:
+    assert sorted(MOUNT_SET) == sorted(MOUNT_UNSUPPORTED)
+
+
+@pytest.mark.parametrize("field", sorted(MOUNT_SET))
+def test_a_mount_field_souq_cannot_honour_is_refused_naming_it(
+    flaps: Flaps, go: GoDecoder, app: str, volume: Volume, field: str
+) -> None:
+    made = volume()
+    mount = machine_mount(path="/data", volume=made["id"], **{field: MOUNT_SET[field]})
+    r = flaps.launch(app, mounting(mount))
+    fly_error(go, r, 422, "invalid_input", field, "not supported by Souq")
