@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from souq.model.volume import MOUNT_UNSUPPORTED
+from souq.model.volume import MAX_SIZE_GB, MOUNT_UNSUPPORTED
 from souq.testing import wait_until
 from tests.fly.conftest import fly_error, ok
 from tests.fly.decode import SHAPES, GoDecoder, in_go_order
@@ -20,6 +20,7 @@ from tests.fly.flaps import (
     create_volume_request,
     launch_input,
     machine_config,
+    machine_guest,
     machine_init,
     machine_mount,
     update_volume_request,
@@ -69,7 +70,7 @@ def test_create_volume(flaps: Flaps, go: GoDecoder, app: str) -> None:
     assert v["zone"] and v["encrypted"] is False and v["auto_backup_enabled"] is False
     assert v["attached_machine_id"] is None and v["attached_alloc_id"] is None  # !IsAttached()
     assert v["host_status"] == "ok"
-    # What `fly volumes create data --no-encryption --snapshot-retention 7` sends; no size:
+    # The other settings Souq honours (encrypted: false, as `--no-encryption` sends); no size:
     # Souq's default, 1 GB.
     flyctl = create_volume_request(
         name="data",
@@ -82,9 +83,21 @@ def test_create_volume(flaps: Flaps, go: GoDecoder, app: str) -> None:
     other = go.decode("volume", ok(flaps.create_volume(app, flyctl)))
     assert (other["size_gb"], other["snapshot_retention"]) == (1, 7)
     assert other["zone"] != v["zone"]  # require_unique_zone: the other worker
-    # flyctl encrypts by default: Souq cannot, and says so.
-    encrypted = create_volume_request(name="data", region="mad", encrypted=True)
-    fly_error(go, flaps.create_volume(app, encrypted), 422, "invalid_input", "encrypted")
+    # What Souq cannot honour, set, is refused naming the field.
+    for field, value in (
+        ("encrypted", True),
+        ("auto_backup_enabled", True),
+        ("fstype", "raw"),
+        ("snapshot_id", "vs_1"),
+        ("source_volume_id", v["id"]),
+        ("compute", machine_guest(cpus=1, memory_mb=256)),
+        ("compute_image", "nginx"),
+    ):
+        refused = create_volume_request(name="data", region="mad", **{field: value})
+        fly_error(go, flaps.create_volume(app, refused), 422, "invalid_input", field)
+    # No worker with the disk: the code flaps knows.
+    huge = create_volume_request(name="data", region="mad", size_gb=MAX_SIZE_GB)
+    fly_error(go, flaps.create_volume(app, huge), 409, "insufficient_capacity")
 
 
 def test_get_all_volumes_and_get_volumes(
