@@ -1,4 +1,4 @@
-"""Fly's volume routes (``/v1/apps/{app}/volumes``, shapes in docs/fly-compat.md section 4):
+"""Fly's volume routes (``/v1/apps/{app}/volumes``, shapes in docs/fly-compat.md section 2):
 
 * ``GET|POST /v1/apps/{app}/volumes`` — list the app's live volumes; create one (fly-go's
   ``CreateVolumeRequest``; 200 with the volume, placed on a worker of its region with the disk);

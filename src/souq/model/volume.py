@@ -1,6 +1,6 @@
 """Volumes: a named directory of a given size on one worker, attached to one machine at a time.
 
-The shapes are Fly's Machines API's (``/v1/apps/{app}/volumes``, docs/fly-compat.md section 4):
+The shapes are Fly's Machines API's (``/v1/apps/{app}/volumes``, docs/fly-compat.md section 2):
 what fly-go's ``CreateVolumeRequest`` sends and its ``Volume``, ``ExtendVolumeResponse`` and
 ``VolumeSnapshot`` decode. A machine uses one through ``config.mounts`` (:class:`MachineMount`).
 The life cycle is a table (:data:`TRANSITIONS`, :func:`transition`); whether a volume is
