@@ -43,6 +43,7 @@ __all__ = [
 
 NONCE_HEADER = "fly-machine-lease-nonce"
 USER_AGENT = "fly-go/unknown"  # fly.DefaultUserAgent() when the build carries no version
+Query = list[tuple[str, str]]  # a query string's pairs, in order
 
 ALWAYS, OMITEMPTY, POINTER, STRUCT = "always", "omitempty", "pointer", "struct"
 
@@ -446,7 +447,7 @@ class Flaps:
     # -- secrets (flaps_secrets.go) ---------------------------------------------------------
 
     def _secrets(
-        self, method: str, app: str, endpoint: str, body: Any, query: list[tuple[str, str]]
+        self, method: str, app: str, endpoint: str, body: Any, query: Query
     ) -> httpx.Response:
         path = f"/apps/{path_escape(app)}/secrets{endpoint}"
         if query:
@@ -454,7 +455,7 @@ class Flaps:
         return self.send(method, path, body)
 
     @staticmethod
-    def _secret_query(version: int | None, show_secrets: bool) -> list[tuple[str, str]]:
+    def _secret_query(version: int | None, show_secrets: bool) -> Query:
         query = [("version", str(version))] if version is not None else []
         return query + ([("show_secrets", "true")] if show_secrets else [])
 
