@@ -7,6 +7,7 @@ import sys
 import uuid
 from pathlib import Path
 
+import httpx
 import pytest
 
 from souq.testing import Cluster, ProxyProcess
@@ -35,3 +36,11 @@ def edge_proxy(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Pr
         log_path=tmp_path_factory.mktemp("proxy") / "proxy.log",
         extra_args=["--autostop-interval", "3600"],
     )
+
+
+def fly_client(cluster: Cluster, timeout: float = 60.0) -> httpx.Client:
+    """An HTTP client of the cluster's first broker at ``/v1``, sending what Fly's Go client
+    sends: its User-Agent and the (admin) token as ``Bearer``."""
+    token = cluster.auth.admin() if cluster.auth else ""
+    headers = {"User-Agent": "fly-go/0.0.0", "Authorization": f"Bearer {token}"}
+    return httpx.Client(base_url=cluster.api_url + "/v1", headers=headers, timeout=timeout)

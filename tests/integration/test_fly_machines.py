@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from souq.testing import Cluster, wait_until
-from tests.integration.services_harness import ECHO, app_name
+from tests.integration.services_harness import ECHO, app_name, fly_client
 
 NONCE = "fly-machine-lease-nonce"
 
@@ -26,9 +26,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 @pytest.fixture
 def fly(cluster: Cluster) -> Iterator[httpx.Client]:
-    token = cluster.auth.admin() if cluster.auth else ""
-    headers = {"User-Agent": "fly-go/0.0.0", "Authorization": f"Bearer {token}"}
-    with httpx.Client(base_url=cluster.api_url + "/v1", headers=headers, timeout=60) as c:
+    with fly_client(cluster) as c:
         yield c
 
 

@@ -10,15 +10,13 @@ import httpx
 import pytest
 
 from souq.testing import Cluster
-from tests.integration.services_harness import app_name
+from tests.integration.services_harness import app_name, fly_client
 
 
 @pytest.fixture(scope="module")
 def fly(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
     with Cluster(tmp_path_factory.mktemp("flysecrets"), regions={"mad": 1}) as cluster:
-        token = cluster.auth.admin() if cluster.auth else ""
-        headers = {"User-Agent": "fly-go/0.0.0", "Authorization": f"Bearer {token}"}
-        with httpx.Client(base_url=cluster.api_url + "/v1", headers=headers, timeout=30) as c:
+        with fly_client(cluster, timeout=30) as c:
             yield c
 
 
