@@ -15,9 +15,9 @@ from tests.integration.services_harness import app_name, fly_client
 
 @pytest.fixture(scope="module")
 def fly(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
-    with Cluster(tmp_path_factory.mktemp("flysecrets"), regions={"mad": 1}) as cluster:
-        with fly_client(cluster, timeout=30) as c:
-            yield c
+    root = tmp_path_factory.mktemp("flysecrets")
+    with Cluster(root, regions={"mad": 1}) as cluster, fly_client(cluster, timeout=30) as c:
+        yield c
 
 
 def test_secrets_in_flys_shapes(fly: httpx.Client) -> None:
