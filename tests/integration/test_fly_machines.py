@@ -141,7 +141,16 @@ def test_a_create_without_a_region_goes_where_the_app_is(fly: httpx.Client) -> N
     assert r.status_code == 201, r.text
     assert r.json()["region"] == "mad"
     assert r.json()["config"]["init"]["exec"] == ["sleep", "600"]
-    fly.delete(f"/apps/{app}/machines/{r.json()['id']}", params={"kill": "true"})
+    # The placement record says why: where most fit, then where the app's machines are.
+    assert "fit in mad, the most" in r.json()["placement"]["region_chosen"]
+    again = fly.post(f"/apps/{app}/machines", json=smallest).json()
+    assert again["placement"]["region_chosen"] == "most of the app's machines (1) are in mad"
+    shown = fly.get(f"/apps/{app}/machines/{again['id']}").json()  # as its worker keeps it
+    assert shown["placement"]["region_chosen"] == again["placement"]["region_chosen"]
+    named = fly.post(f"/apps/{app}/machines", json={**smallest, "region": "mad"}).json()
+    assert named["placement"]["region_chosen"] is None
+    for m in (r.json(), again, named):
+        fly.delete(f"/apps/{app}/machines/{m['id']}", params={"kill": "true"})
 
 
 def test_what_souq_cannot_honour_is_refused_naming_the_field(fly: httpx.Client) -> None:

@@ -110,7 +110,9 @@ class Market:
 
         async def claim(action: SendClaim) -> Answer:
             body = (
-                order if action.existing else order.model_copy(update={"placement": action.record})
+                order
+                if action.existing
+                else order.model_copy(update={"placement": _noted(action.record, order)})
             )
             machine, ledger = await self._workers.call_with_ledger(
                 action.worker_id, CLAIM, body, timeout=self._config.claim_timeout_s
@@ -121,7 +123,7 @@ class Market:
         done = self._outcome(auction, await self._run(auction, claim))
         machine: Machine = done.placed[0]
         if auction.existing is None:  # an earlier machine keeps the record it was made with
-            record: Placement = done.record
+            record: Placement = _noted(done.record, order)
             told = machine.placement  # a machine of an image: what the worker had of it
             if told is not None and told.image is not None:
                 record = record.model_copy(update={"cached": told.cached, "image": told.image})
@@ -139,8 +141,7 @@ class Market:
 
         auction = self._auction(order, Purpose.EXPLAIN, volume=volume)
         done = self._outcome(auction, await self._run(auction, nothing))
-        record: Placement = done.record
-        return record
+        return _noted(done.record, order)
 
     async def hold(self, order: ClaimRequest, *, ttl_s: float) -> Quote:
         """A dry run that binds: hold capacity for ``order`` on the best worker for ``ttl_s``."""
@@ -462,3 +463,10 @@ class Market:
             return ""
         shown = ", ".join(down[:5]) + (f" and {len(down) - 5} more" if len(down) > 5 else "")
         return f": {shown} {'is' if len(down) == 1 else 'are'} down (no heartbeat heard)"
+
+
+def _noted(record: Placement, order: ClaimRequest) -> Placement:
+    """The placement record with why its region was chosen, when the create named none."""
+    if order.region_chosen is None:
+        return record
+    return record.model_copy(update={"region_chosen": order.region_chosen})

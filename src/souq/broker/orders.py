@@ -20,6 +20,7 @@ def order(
     digest: str | None = None,
     name: str | None = None,
     skip_launch: bool = False,
+    region_chosen: str | None = None,
 ) -> ClaimRequest:
     """What a create, a dry run or a quote asks the market to place: ``body``, under a fresh
     request id and the body's hash unless they are given."""
@@ -34,6 +35,7 @@ def order(
         config=body.config,
         skip_launch=skip_launch,
         policy=body.placement,
+        region_chosen=region_chosen,
     )
 
 

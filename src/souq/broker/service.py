@@ -172,17 +172,20 @@ class BrokerService:
 
     # -- create ----------------------------------------------------------------------------
 
-    def with_region(self, app: str, body: CreateMachineRequest) -> CreateMachineRequest:
-        """``body`` with a region: its own, else :func:`souq.view.regions.default_region`."""
+    def with_region(
+        self, app: str, body: CreateMachineRequest
+    ) -> tuple[CreateMachineRequest, str | None]:
+        """``body`` with a region: its own, else :func:`souq.view.regions.default_region` (and
+        why, for the placement record)."""
         if body.region is not None:
-            return body
+            return body, None
         workers = self.liveness.workers()
         held = Counter(w.region for w in workers for _ in range(self.book.app_machines(w.id, app)))
         chosen = default_region(held, summarise_regions(workers, body.config.guest.resources()))
         if chosen is None:
             raise InsufficientCapacity("no region has a worker up", hint="name a region")
         log.info("create in %s without a region: %s", app, chosen[1])
-        return body.model_copy(update={"region": chosen[0]})
+        return body.model_copy(update={"region": chosen[0]}), chosen[1]
 
     async def create_machine(
         self, app: str, body: CreateMachineRequest, *, idempotency_key: str | None = None
@@ -193,7 +196,7 @@ class BrokerService:
             idempotent_request_id(app, idempotency_key) if idempotency_key else new_request_id()
         )
         digest = body_hash(body) if idempotency_key else request_id
-        body = self.with_region(app, body)
+        body, region_chosen = self.with_region(app, body)
         order = order_of(
             app,
             body,
@@ -201,6 +204,7 @@ class BrokerService:
             digest=digest,
             name=body.name,
             skip_launch=body.skip_launch,
+            region_chosen=region_chosen,
         )
 
         async def place() -> Machine:
@@ -288,7 +292,8 @@ class BrokerService:
             if quote.placement is None:
                 raise NotFound(f"quote {body.quote} has no placement record")
             return quote.placement
-        order = order_of(app, self.with_region(app, body), name=body.name)
+        placed, region_chosen = self.with_region(app, body)
+        order = order_of(app, placed, name=body.name, region_chosen=region_chosen)
         order, volume = await self.volumes.mount_of(await self._with_image(order))
         return await self.market.explain(order, volume=volume)
 

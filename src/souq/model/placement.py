@@ -64,6 +64,9 @@ class ImagePull(Record):
 class Placement(Record):
     request_id: str
     region: str
+    region_chosen: str | None = Field(
+        default=None, description="why this region, when the create named none"
+    )
     policy: str = "best-fit"
     weights: dict[str, float] = Field(
         default_factory=dict, description="weight per scorer (the final score is their mean)"

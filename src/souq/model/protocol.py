@@ -94,6 +94,9 @@ class ClaimRequest(Input):
     config: MachineConfig
     skip_launch: bool = False
     placement: Placement | None = None
+    region_chosen: str | None = Field(
+        default=None, description="why the broker chose the region (the create named none)"
+    )
     quote_id: str | None = Field(
         default=None, description="use this worker's hold instead of new capacity"
     )
