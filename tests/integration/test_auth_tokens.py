@@ -243,3 +243,32 @@ def test_a_revoked_token_and_its_copies_are_refused_by_every_broker(tmp_path: Pa
         with two.client(broker=1) as admin:
             assert info.id in admin.revoked_tokens()
             assert admin.workers()  # other tokens unaffected
+
+
+def test_an_entry_made_while_nats_is_down_is_stored_once_when_it_is_back(tmp_path: Path) -> None:
+    from souq.errors import SouqError
+
+    with Cluster(tmp_path, regions={"mad": 1}) as cluster, cluster.client() as admin:
+        made = admin.create_machine("early", "mad", SLEEPER["config"])  # the stream exists
+        wait_until(lambda: admin.audit(app="early"), timeout=10, message="the first entry")
+        cluster.nats.stop(keep_store=True)
+        with _http(cluster, cluster.auth.admin() if cluster.auth else None) as c:
+            assert c.post("/v1/apps/outage/machines", json=SLEEPER).status_code == 503
+        broker = cluster.brokers[0]
+        wait_until(  # JetStream did not take it: the outage outlasts one try
+            lambda: "audit: storing an entry failed" in broker.log_tail(10**6)
+            or "audit: an entry could not be stored" in broker.log_tail(10**6),
+            timeout=30,
+            message="a failed try to store the entry",
+        )
+        cluster.nats.start()
+
+        def stored() -> list[object] | None:
+            try:
+                return [e for e in admin.audit(app="outage") if e.status == 503] or None
+            except SouqError:  # the broker is still coming back
+                return None
+
+        entries = wait_until(stored, timeout=60, message="the outage's entry stored")
+        assert len(entries) == 1
+        admin.destroy("early", made.id, force=True)

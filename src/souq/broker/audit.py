@@ -5,12 +5,14 @@ too) to ``souq.audit.<app>`` (``souq.audit._cluster`` for the cluster's own rout
 ``souq-audit`` keeps them (90 days, at most a million entries, file storage), so the log does not
 depend on which broker took a call nor on any broker staying up. ``GET /v1/audit`` (admin) reads
 the newest entries, optionally of one app. A broker that cannot reach JetStream still writes each
-entry to its own log (``souq.audit`` logger) and says that it could not store it.
+entry to its own log (``souq.audit`` logger), tries again for two minutes, and then says that it
+could not store it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 from collections.abc import Callable
 
@@ -32,6 +34,9 @@ _MAX_AGE_S = 90 * 24 * 3600
 _MAX_MSGS = 1_000_000
 _PENDING = 10_000  # entries waiting to be stored, at most (then the oldest are only logged)
 _CLUSTER = "_cluster"
+RETRY_FOR_S = 120.0  # an entry JetStream cannot take is tried again this long (JetStream's
+RETRY_FIRST_S = 0.5  # window for duplicate message ids is two minutes by default)
+RETRY_MAX_S = 5.0
 
 
 class AuditLog:
@@ -101,9 +106,27 @@ class AuditLog:
     async def _store(self) -> None:
         while True:
             entry = await self._queue.get()
-            data = entry.model_dump_json().encode()
+            await self._store_one(entry)
+
+    async def _store_one(self, entry: AuditRecord) -> None:
+        """Store ``entry``, trying again for up to ``RETRY_FOR_S`` while JetStream cannot take
+        it (its stream's leader is moving, or cut off): the entries behind it wait in order.
+        Each try carries the same message id, so one that landed unanswered is kept once."""
+        data = entry.model_dump_json().encode()
+        headers = {"Nats-Msg-Id": hashlib.sha256(data).hexdigest()}
+        subject = f"{SUBJECT}.{entry.app or _CLUSTER}"
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + RETRY_FOR_S
+        pause = RETRY_FIRST_S
+        while True:
             try:
                 nc = await self._stream.get()
-                await nc.jetstream().publish(f"{SUBJECT}.{entry.app or _CLUSTER}", data)
-            except Exception as exc:  # kept going: the entry is in this broker's log already
-                log.warning("audit: an entry could not be stored: %s", exc)
+                await nc.jetstream().publish(subject, data, headers=headers)
+                return
+            except Exception as exc:  # the entry is in this broker's log already
+                if loop.time() + pause > give_up:
+                    log.warning("audit: an entry could not be stored: %s", exc)
+                    return
+                log.info("audit: storing an entry failed (%s); trying again", exc)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, RETRY_MAX_S)
