@@ -256,8 +256,10 @@ def test_an_entry_made_while_nats_is_down_is_stored_once_when_it_is_back(tmp_pat
             assert c.post("/v1/apps/outage/machines", json=SLEEPER).status_code == 503
         broker = cluster.brokers[0]
         wait_until(  # JetStream did not take it: the outage outlasts one try
-            lambda: "audit: storing an entry failed" in broker.log_tail(10**6)
-            or "audit: an entry could not be stored" in broker.log_tail(10**6),
+            lambda: (
+                "audit: storing an entry failed" in broker.log_tail(10**6)
+                or "audit: an entry could not be stored" in broker.log_tail(10**6)
+            ),
             timeout=30,
             message="a failed try to store the entry",
         )

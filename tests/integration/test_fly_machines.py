@@ -289,3 +289,18 @@ def test_a_list_takes_flys_filters(fly: httpx.Client) -> None:
     summary = fly.get(f"/apps/{app}/machines", params={"summary": "true"}).json()
     assert summary and all("config" not in m and "events" not in m for m in summary)
     assert all(m["state"] and m["region"] == "mad" for m in summary)
+
+
+def test_an_update_with_lease_ttl_leaves_the_machine_leased(fly: httpx.Client) -> None:
+    app = app_name("f")
+    m = fly.post(f"/apps/{app}/machines", json=launch_body()).json()
+    path = f"/apps/{app}/machines/{m['id']}"
+    body = {"config": launch_body()["config"], "skip_secrets": False, "lease_ttl": 30}
+    r = fly.post(path, json=body)
+    assert r.status_code == 200, r.text
+    nonce = r.json()["nonce"]
+    assert fly.get(f"{path}/lease").json()["data"]["nonce"] == nonce
+    again = fly.post(path, json=body, headers={NONCE: nonce})  # the holder extends it
+    assert again.status_code == 200 and again.json()["nonce"] == nonce
+    assert fly.post(path, json=body).status_code == 409  # anyone else: lease_held
+    assert fly.delete(path, params={"kill": "true"}, headers={NONCE: nonce}).status_code == 200

@@ -56,7 +56,15 @@ def changes_router(service: BrokerService) -> APIRouter:
         machine = await service.update_machine(
             app, machine_id, body.config, skip_launch=body.skip_launch, nonce=nonce
         )
-        return json_response(machine)
+        if body.lease_ttl is None:
+            return json_response(machine)
+        # Fly's lease_ttl: the machine stays (or is made) leased; the nonce is in the answer.
+        lease = await service.take_lease(
+            LeaseRequest(
+                app=app, machine_id=machine_id, lease_nonce=nonce, ttl_s=float(body.lease_ttl)
+            )
+        )
+        return JSONResponse({**machine.model_dump(mode="json"), "nonce": lease.nonce})
 
     @router.post(
         MACHINE + "/signal", response_model=Machine, openapi_extra=body_schema(SignalRequest)

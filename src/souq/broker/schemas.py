@@ -67,7 +67,8 @@ class FlyLaunchFields(Input):
         default=None,
         ge=1,
         le=3600,
-        description="create it leased for this many seconds (its nonce in the answer)",
+        description="lease the machine for this many seconds once made or updated (its nonce "
+        "in the answer's `nonce`)",
     )
     min_secrets_version: int | None = Field(
         default=None, ge=0, description="Fly's; a machine always starts with the app's latest"
