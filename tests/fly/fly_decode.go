@@ -196,19 +196,10 @@ type httpHeader struct {
 	Values []string `json:"values,omitempty"`
 }
 
+// A machine's check is a service's check with a kind (embedded: its fields decode in place).
 type machineCheck struct {
-	Port              *int         `json:"port,omitempty"`
-	Type              *string      `json:"type,omitempty"`
-	Kind              *string      `json:"kind,omitempty"`
-	Interval          *duration    `json:"interval,omitempty"`
-	Timeout           *duration    `json:"timeout,omitempty"`
-	GracePeriod       *duration    `json:"grace_period,omitempty"`
-	HTTPMethod        *string      `json:"method,omitempty"`
-	HTTPPath          *string      `json:"path,omitempty"`
-	HTTPProtocol      *string      `json:"protocol,omitempty"`
-	HTTPSkipTLSVerify *bool        `json:"tls_skip_verify,omitempty"`
-	HTTPTLSServerName *string      `json:"tls_server_name,omitempty"`
-	HTTPHeaders       []httpHeader `json:"headers,omitempty"`
+	serviceCheck
+	Kind *string `json:"kind,omitempty"`
 }
 
 type serviceCheck struct {
