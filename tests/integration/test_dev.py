@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -17,6 +18,20 @@ import pytest
 
 from souq.natsserver import free_port
 from souq.testing import wait_until
+
+
+def _kill_tree(dev: subprocess.Popen[bytes]) -> None:
+    """A test that failed before `souq dev` stopped: kill it and all it started (NATS nodes,
+    agents, machines), so that nothing outlives the test."""
+    if dev.poll() is not None:
+        return
+    with contextlib.suppress(psutil.Error):
+        tree = psutil.Process(dev.pid).children(recursive=True)
+        os.kill(dev.pid, signal.SIGKILL)
+        dev.wait()
+        for proc in tree:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
 
 
 def _alive(pid: int) -> bool:
@@ -141,9 +156,7 @@ def test_dev_runs_machines_and_stops_everything(
         with pytest.raises(OSError):
             socket.create_connection(("127.0.0.1", nats_port), timeout=0.5).close()
     finally:
-        if dev.poll() is None:
-            os.kill(dev.pid, signal.SIGKILL)
-            dev.wait()
+        _kill_tree(dev)
 
 
 def test_dev_on_a_nats_cluster_survives_a_node(
@@ -210,6 +223,4 @@ def test_dev_on_a_nats_cluster_survives_a_node(
         assert dev.wait(60) == 0
         assert [pid for pid in tree if _alive(pid)] == []
     finally:
-        if dev.poll() is None:
-            os.kill(dev.pid, signal.SIGKILL)
-            dev.wait()
+        _kill_tree(dev)
