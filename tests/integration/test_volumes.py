@@ -19,9 +19,11 @@ from typing import Any
 import httpx
 import pytest
 
+from souq.agent.volume_disk import VolumeDisks
 from souq.testing import AgentProcess, Cluster, wait_until
 from tests.integration.services_harness import app_name, fly_client
 
+VOLUME_DISKS_MISSING = "a volume's own filesystem needs root, loop devices and mkfs.ext4"
 RFC3339 = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)$")
 
 
@@ -299,3 +301,43 @@ def test_the_volume_commands(cluster: Cluster) -> None:
     assert less.returncode == 1 and "size_gb" in less.stderr
     gone = souq(cluster, "volume", "destroy", vol["id"], "-a", app)
     assert gone.returncode == 0 and "destroyed" in gone.stdout
+
+
+SLEEP = "import time\ntime.sleep(600)\n"
+
+
+@pytest.mark.skipif(not VolumeDisks.available(), reason=VOLUME_DISKS_MISSING)
+def test_a_volume_holds_its_size_and_no_more_until_extended(
+    fly: httpx.Client, cluster: Cluster
+) -> None:
+    app = app_name("z")
+    vol = fly.post(f"/apps/{app}/volumes", json=create_body(size_gb=1)).json()
+    m = fly.post(f"/apps/{app}/machines", json=machine_body(vol["id"], SLEEP)).json()
+    assert os.path.ismount(volume_dir(cluster, vol))  # a filesystem of its own
+
+    def fill(megabytes: int) -> dict[str, Any]:
+        name = f"data/f{megabytes}"  # its volume, as linked in its directory
+        script = f"fallocate -l {megabytes}M {name} || {{ rm -f {name}; exit 1; }}"
+        r = fly.post(f"/apps/{app}/machines/{m['id']}/exec", json={"cmd": f"sh -c '{script}'"})
+        assert r.status_code == 200, r.text
+        return dict(r.json())
+
+    too_big = fill(1200)  # as the machine's own user, in its own context
+    assert too_big["exit_code"] != 0 and "No space left" in too_big["stderr"], too_big
+    assert fill(800)["exit_code"] == 0
+    grown = fly.put(f"/apps/{app}/volumes/{vol['id']}/extend", json={"size_gb": 3})
+    assert grown.status_code == 200, grown.text
+    if grown.json()["needs_restart"]:  # the kernel cannot grow it mounted: at the next start
+        assert fill(1200)["exit_code"] != 0
+        path = f"/apps/{app}/machines/{m['id']}"
+        assert fly.post(f"{path}/restart", params={"force_stop": "false"}).status_code == 200
+        r = fly.get(f"{path}/wait", params={"state": "started", "timeout": "60"})
+        assert r.status_code == 200, r.text
+    assert fill(1200)["exit_code"] == 0  # room now
+    fly.delete(f"/apps/{app}/machines/{m['id']}", params={"kill": "true"})
+    wait_until(
+        lambda: fly.delete(f"/apps/{app}/volumes/{vol['id']}").status_code == 200,
+        timeout=30,
+        message="the volume destroyed once detached",
+    )
+    assert not volume_dir(cluster, vol).exists()

@@ -40,6 +40,7 @@ from souq.agent.schedule import Scheduler
 from souq.agent.secrets import AgentSecrets
 from souq.agent.service import AgentService
 from souq.agent.store import Store
+from souq.agent.volume_disk import VolumeDisks
 from souq.agent.volumes import AgentVolumes
 from souq.auth.bus import NatsCredential, agent_credential
 from souq.auth.files import AuthDir
@@ -200,6 +201,7 @@ class Agent:
                     admission,
                     self._clock,
                     worker_id=self.worker_id,
+                    disks=VolumeDisks(config.data_dir / "volumes"),
                 )
             if self._host_driver is not None:  # machine output logs: bounded, rotated
                 self.log_rotator.recover_all()
@@ -310,6 +312,8 @@ class Agent:
             self.jobs = None
         if self._commands is not None and self.config.stop_machines_on_exit:
             await self._commands.stop_all()
+            if self._executor is not None and self._executor.volumes is not None:
+                self._executor.volumes.unmount_all()  # their machines went: nothing uses them
         if self._executor is not None:
             await self._executor.shutdown()
             self._executor = self._commands = None

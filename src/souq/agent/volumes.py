@@ -4,8 +4,10 @@ A volume is a row of the ``volumes`` table (:mod:`souq.agent.volume_rows`) and a
 ``<data_dir>/volumes/<id>``. Its ``size_gb`` is reserved in the worker's disk ledger
 (:class:`~souq.agent.admission.Admission`) from create to destroy, like a machine's
 ``guest.disk_mb``: offers show the disk it takes, and a create or extend that does not fit is
-refused. That reservation is what Souq enforces; what the files really use is counted when a
-volume is read (``used_mb``), not capped (see docs/volumes.md).
+refused. Where the agent can (root, loop devices, ext4 tools: :mod:`souq.agent.volume_disk`)
+the directory is the mount point of a filesystem of exactly that size, so a write past it fails
+as on a full disk; elsewhere what the files use is only counted when a volume is read
+(``used_mb``), not capped (see docs/volumes.md).
 
 A machine attaches a volume when it is claimed (:meth:`AgentVolumes.check_mounts` before the
 claim, :meth:`AgentVolumes.attach` after), one machine at a time, and lets go of it when it is
@@ -33,9 +35,16 @@ from pathlib import Path
 from souq.agent.admission import Admission
 from souq.agent.records import MachineRow
 from souq.agent.store import Store
+from souq.agent.volume_disk import VolumeDisks
 from souq.agent.volume_rows import VolumeRow, VolumeRows
 from souq.clock import Clock, iso_from_ms
-from souq.errors import InsufficientCapacity, InvalidInput, NotFound, VolumeAttached
+from souq.errors import (
+    InsufficientCapacity,
+    InvalidInput,
+    NotFound,
+    Unavailable,
+    VolumeAttached,
+)
 from souq.model.machine import MachineConfig, MachineState
 from souq.model.resources import Resources
 from souq.model.volume import (
@@ -63,9 +72,12 @@ def _disk(size_gb: int) -> Resources:
 
 
 def used_mb(root: Path) -> int:
-    """What the files under ``root`` take (apparent sizes, links not followed), in MiB."""
+    """What the files under ``root`` take (apparent sizes, links not followed), in MiB; the
+    ``lost+found`` of a volume's own filesystem is the filesystem's, not counted."""
     total = 0
     for folder, dirs, files in os.walk(root):
+        if folder == str(root) and "lost+found" in dirs and os.path.ismount(root):
+            dirs.remove("lost+found")
         for name in files + dirs:
             with contextlib.suppress(OSError):
                 total += os.lstat(os.path.join(folder, name)).st_size
@@ -74,7 +86,14 @@ def used_mb(root: Path) -> int:
 
 class AgentVolumes:
     def __init__(
-        self, store: Store, root: Path, admission: Admission, clock: Clock, *, worker_id: str
+        self,
+        store: Store,
+        root: Path,
+        admission: Admission,
+        clock: Clock,
+        *,
+        worker_id: str,
+        disks: VolumeDisks | None = None,
     ) -> None:
         self.rows = VolumeRows(store)
         self.root = root
@@ -82,6 +101,9 @@ class AgentVolumes:
         self._clock = clock
         self.worker_id = worker_id
         self._requests: dict[str, str] = {}  # create request id -> volume id (this run)
+        # A filesystem of its size for each volume where the host allows (the agent's own), or
+        # plain directories (disks=None: nothing mounted, as a unit test of the rules wants).
+        self.disks = disks or VolumeDisks(root, enabled=False)
 
     # -- the records -----------------------------------------------------------------------
 
@@ -143,7 +165,7 @@ class AgentVolumes:
         )
         self.rows.insert(row)
         self._admission.reserve(want)
-        row.dir.mkdir(parents=True, exist_ok=True, mode=0o755)
+        self.disks.make(row.id, row.dir, row.size_gb)
         self._requests[cmd.request_id] = volume_id
         log.info("volume %s (%s, %d GB) created for app %s", row.id, row.name, row.size_gb, row.app)
         return self.volume(row)
@@ -156,8 +178,9 @@ class AgentVolumes:
         return self.get(app, volume_id)
 
     def extend(self, app: str, volume_id: str, size_gb: int) -> ExtendVolumeResponse:
-        """Grow the volume's reservation to ``size_gb`` (larger than now, and fitting beside
-        what the worker has promised). A directory needs no restart to grow."""
+        """Grow the volume to ``size_gb`` (larger than now, and fitting beside what the worker
+        has promised): its reservation, and its filesystem (:meth:`VolumeDisks.grow`: a machine
+        using it may need a restart to see the room)."""
         row = self.row(app, volume_id)
         transition(row.state, VolumeEvent.EXTEND, volume_id=row.id)
         if size_gb <= row.size_gb:
@@ -174,9 +197,12 @@ class AgentVolumes:
                 hint="extend it by less, or free disk on its worker",
                 details={"reason": short.reason},
             )
+        restart = self.disks.grow(
+            row.id, row.dir, size_gb, in_use=row.attached_machine_id is not None
+        )
         self.rows.set(row.id, self._clock.now_ms(), size_gb=size_gb)
         self._admission.reserve(grow)
-        return ExtendVolumeResponse(volume=self.get(app, volume_id), needs_restart=False)
+        return ExtendVolumeResponse(volume=self.get(app, volume_id), needs_restart=restart)
 
     def destroy(self, app: str, volume_id: str) -> Volume:
         """Refused while a machine has it attached; else its files, snapshots and reservation
@@ -198,6 +224,7 @@ class AgentVolumes:
         return self._remove(self.rows.get(row.id) or row)
 
     def _remove(self, row: VolumeRow) -> Volume:
+        self.disks.remove(row.id, row.dir)
         shutil.rmtree(row.dir, ignore_errors=True)
         shutil.rmtree(self.root / SNAPSHOTS / row.id, ignore_errors=True)
         state = transition(row.state, VolumeEvent.REMOVED, volume_id=row.id)
@@ -256,9 +283,16 @@ class AgentVolumes:
         for mount in config.mounts:
             row = self.rows.get(mount.volume or "")
             if row is not None and row.state is VolumeState.CREATED:
-                row.dir.mkdir(parents=True, exist_ok=True, mode=0o755)
+                self.disks.ready(row.id, row.dir)
                 out.append((str(row.dir), mount.path, row.name))
         return tuple(out)
+
+    def unmount_all(self) -> None:
+        """Unmount every volume's filesystem (``--stop-machines-on-exit``: its machines went
+        with the agent); the next use mounts it again."""
+        for row in self.rows.all():
+            with contextlib.suppress(Unavailable):
+                self.disks.unmount(row.dir)
 
     def reconcile(self, machines: Iterable[MachineRow]) -> None:
         """After a restart: attachments as the machines say, half-done destroys finished."""
