@@ -7,12 +7,14 @@ import secrets
 
 __all__ = [
     "idempotent_request_id",
+    "new_id_on",
     "new_instance_id",
     "new_machine_id",
     "new_quote_id",
     "new_request_id",
     "new_worker_id",
     "quote_worker",
+    "worker_in_id",
 ]
 
 
@@ -41,14 +43,27 @@ def idempotent_request_id(app: str, key: str) -> str:
     return "k" + hashlib.sha256(f"{app}\x00{key}".encode()).hexdigest()[:15]
 
 
+def new_id_on(prefix: str, worker_id: str) -> str:
+    """``<prefix>_<worker>_<hex>``: an id that names the worker holding what it names (a quote,
+    a volume), so that any broker routes its verbs there without asking around."""
+    return f"{prefix}_{worker_id}_{secrets.token_hex(6)}"
+
+
+def worker_in_id(identifier: str, prefix: str) -> str | None:
+    """The worker named in an id :func:`new_id_on` made with ``prefix``, or None when it is
+    not such an id."""
+    head, _, tail = identifier.rpartition("_")
+    given, _, worker = head.partition("_")
+    if given != prefix or not worker or not tail.isalnum():
+        return None
+    return worker
+
+
 def new_quote_id(worker_id: str) -> str:
     """A quote id names the worker that holds it, so any broker can route its use."""
-    return f"q_{worker_id}_{secrets.token_hex(6)}"
+    return new_id_on("q", worker_id)
 
 
 def quote_worker(quote_id: str) -> str | None:
     """The worker named in a quote id, or None when the id is not one Souq made."""
-    parts = quote_id.split("_")
-    if len(parts) != 3 or parts[0] != "q" or not parts[1] or not parts[2].isalnum():
-        return None
-    return parts[1]
+    return worker_in_id(quote_id, "q")

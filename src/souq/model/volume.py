@@ -12,13 +12,13 @@ Pure: no I/O. See docs/volumes.md.
 from __future__ import annotations
 
 import re
-import secrets
 from enum import StrEnum
 from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
 from souq.errors import IllegalTransition
+from souq.ids import new_id_on, worker_in_id
 from souq.model.base import Input, Record
 from souq.model.fly_fields import drop_unset
 
@@ -74,16 +74,12 @@ VOLUME_CREATE_UNSUPPORTED = {
 def new_volume_id(worker_id: str) -> str:
     """``vol_<worker>_<hex>``: a volume id names the worker that holds it (as a quote id does),
     so that any broker routes its verbs without asking around."""
-    return f"vol_{worker_id}_{secrets.token_hex(6)}"
+    return new_id_on("vol", worker_id)
 
 
 def volume_worker(volume_id: str) -> str | None:
     """The worker named in a volume id, or None when it is not one Souq made."""
-    head, _, tail = volume_id.rpartition("_")
-    prefix, _, worker = head.partition("_")
-    if prefix != "vol" or not worker or not tail.isalnum():
-        return None
-    return worker
+    return worker_in_id(volume_id, "vol")
 
 
 class VolumeState(StrEnum):
