@@ -178,27 +178,28 @@ class Commands:
         if row.state is S.SUSPENDED:
             ex.freeze(row.id, frozen=False, source="user")
             return ex.machine(app, machine_id)
-        lifecycle.transition(row.state, Trigger.START, machine_id=row.id)
-        self._check_idle(row)
-        op = ex.new_op(OpKind.START, row.id, source="user", type="start")
-        # restarts=0: a user start is a fresh start for the restart policy
-        ex.step(op, OpEvent.BEGIN, event=Trigger.START, type="start", source="user", restarts=0)
+        self._begin_start(row, "user")
         return ex.machine(app, machine_id)
 
     def start_scheduled(self, row: MachineRow) -> None:
         """A scheduled machine's start (:mod:`souq.agent.schedule`): a start, by the agent."""
+        self._begin_start(row, "agent", message=f"schedule {row.config.schedule}: due")
+
+    def _begin_start(self, row: MachineRow, source: Source, message: str | None = None) -> None:
+        """Start a stopped machine: the start operation begun, by ``source``."""
         ex = self._ex
         lifecycle.transition(row.state, Trigger.START, machine_id=row.id)
         self._check_idle(row)
-        op = ex.new_op(OpKind.START, row.id, source="agent", type="start")
+        op = ex.new_op(OpKind.START, row.id, source=source, type="start")
+        # restarts=0: a start is a fresh start for the restart policy
         ex.step(
             op,
             OpEvent.BEGIN,
             event=Trigger.START,
             type="start",
-            source="agent",
+            source=source,
             restarts=0,
-            message=f"schedule {row.config.schedule}: due",
+            message=message,
         )
 
     def suspend(self, app: str, machine_id: str, *, source: Source = "user") -> Machine:
