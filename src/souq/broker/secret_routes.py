@@ -77,7 +77,7 @@ async def fly_listing(kept: SecretStore, app: str) -> Response:
 
 
 async def fly_secret(kept: SecretStore, app: str, name: str) -> Response:
-    found = next((i for i in await kept.of_app(app) if i.name == name), None)
+    found = await kept.info(app, name)
     if found is None:
         raise NotFound(f"app {app} has no secret {name}")
     return JSONResponse({**found.model_dump(mode="json"), "version": await kept.version()})

@@ -102,6 +102,18 @@ class SecretStore:
             key=lambda i: i.name,
         )
 
+    async def info(self, app: str, name: str) -> SecretInfo | None:
+        """One secret's name, digest and when it was set (None: the app has no such secret),
+        read by its own key."""
+        try:
+            entry = await self._kv.get(key_of(app, check_name(name)))
+        except nats.js.errors.KeyNotFoundError:
+            return None
+        except _ERRORS as exc:
+            raise unavailable("the secrets store", exc) from exc
+        sealed = decode(entry.value)
+        return None if sealed is None else sealed.info(name)
+
     async def unset(self, app: str, name: str, *, missing_ok: bool = False) -> None:
         check_name(name)
         try:
