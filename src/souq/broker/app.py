@@ -8,7 +8,6 @@ JSON at all is told apart (400 ``malformed_request``) from a wrong field (422 ``
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Annotated, Any, TypeVar
@@ -31,6 +30,7 @@ from souq.broker.bodies import (
     json_response,
     parse_body,
     parsed_body,
+    with_fields,
 )
 from souq.broker.change_routes import changes_router
 from souq.broker.cluster_routes import (
@@ -164,7 +164,7 @@ def create_handler(service: BrokerService) -> CreateHandler:
         lease = await service.take_lease(
             LeaseRequest(app=app, machine_id=machine.id, ttl_s=float(body.lease_ttl))
         )
-        return 201, machine.model_dump_json()[:-1] + f',"nonce":{json.dumps(lease.nonce)}}}'
+        return 201, with_fields(machine.model_dump_json(), {"nonce": lease.nonce})
 
     return create
 

@@ -13,7 +13,14 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 
-from souq.broker.bodies import AppName, LeaseNonce, body_schema, json_response, parse_body
+from souq.broker.bodies import (
+    AppName,
+    LeaseNonce,
+    body_schema,
+    json_response,
+    parse_body,
+    with_fields,
+)
 from souq.broker.schemas import LeaseBody, SignalRequest, UpdateMachineRequest
 from souq.broker.service import BrokerService
 from souq.model import Machine
@@ -64,7 +71,8 @@ def changes_router(service: BrokerService) -> APIRouter:
                 app=app, machine_id=machine_id, lease_nonce=nonce, ttl_s=float(body.lease_ttl)
             )
         )
-        return JSONResponse({**machine.model_dump(mode="json"), "nonce": lease.nonce})
+        answer = with_fields(machine.model_dump_json(), {"nonce": lease.nonce})
+        return Response(answer, media_type="application/json")
 
     @router.post(
         MACHINE + "/signal", response_model=Machine, openapi_extra=body_schema(SignalRequest)

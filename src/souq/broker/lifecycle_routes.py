@@ -6,22 +6,29 @@ Fly's (``?kill=true``, a stop body ``{"id", "signal", "timeout": "5s"}``, a rest
 
 from __future__ import annotations
 
-import json
-from typing import Annotated, Any
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response
 
-from souq.broker.bodies import AppName, LeaseNonce, body_schema, json_response, parse_body
-from souq.broker.schemas import ErrorBody, StopRequest
+from souq.broker.bodies import (
+    AppName,
+    LeaseNonce,
+    body_schema,
+    json_response,
+    parse_body,
+    with_fields,
+)
+from souq.broker.schemas import ErrorBody, StopRequest, fly_stop_timeout
 from souq.broker.service import BrokerService
 from souq.errors import InvalidInput
 from souq.model import Machine, MachineState, StopCommand, normalise_signal
-from souq.model.durations import seconds_of
 
 __all__ = ["fly_restart", "lifecycle_router"]
 
 MACHINE = "/v1/apps/{app}/machines/{machine_id}"
+T = TypeVar("T")
 
 
 async def _stop_command(
@@ -35,23 +42,22 @@ async def _stop_command(
 StopCmd = Annotated[StopCommand, Depends(_stop_command)]
 
 
+def _read_query(field: str, value: str, read: Callable[[str], T]) -> T:
+    try:
+        return read(value)
+    except ValueError as exc:
+        raise InvalidInput(f"{field}: {exc}", hint="e.g. ?signal=SIGTERM&timeout=5s") from None
+
+
 def fly_restart(
     cmd: StopCommand, force_stop: bool, timeout: str | None, signal: str | None
 ) -> StopCommand:
     """A restart's stop, with Fly's query parameters over its body's."""
     update: dict[str, Any] = {}
-    for field, value, read in (
-        ("signal", signal, normalise_signal),
-        ("timeout", timeout, seconds_of),
-    ):
-        if not value:
-            continue
-        try:
-            update["signal" if field == "signal" else "timeout_s"] = read(value)
-        except ValueError as exc:
-            raise InvalidInput(f"{field}: {exc}", hint="e.g. ?signal=SIGTERM&timeout=5s") from None
-    if update.get("timeout_s") == 0:  # "0s": the machine's own
-        del update["timeout_s"]
+    if signal:
+        update["signal"] = _read_query("signal", signal, normalise_signal)
+    if timeout and (seconds := _read_query("timeout", timeout, fly_stop_timeout)) is not None:
+        update["timeout_s"] = seconds
     if force_stop:
         update["signal"] = "SIGKILL"
     return cmd.model_copy(update=update) if update else cmd
@@ -87,8 +93,7 @@ def lifecycle_router(service: BrokerService) -> APIRouter:
         machine = await service.start_machine(app, machine_id, nonce=nonce)
         extra = {"previous_state": before.state.value, "status": "success"}
         return Response(
-            machine.model_dump_json()[:-1] + "," + json.dumps(extra)[1:],
-            media_type="application/json",
+            with_fields(machine.model_dump_json(), extra), media_type="application/json"
         )
 
     @router.post(machine_path + "/suspend", response_model=Machine, tags=["machines"])

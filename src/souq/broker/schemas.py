@@ -142,6 +142,12 @@ class LeaseBody(Input):
     description: str = Field(default="", max_length=256, description="who holds it, and why")
 
 
+def fly_stop_timeout(given: Any) -> float | None:
+    """Fly's grace before SIGKILL, in seconds; ``"0s"`` (what Fly's client sends when none is
+    given) is None: the machine's own stop config."""
+    return seconds_of(given) or None
+
+
 class StopRequest(Input):
     """``POST .../stop`` and ``.../restart`` (the body is optional). Fly's body also works:
     ``{"id": ..., "signal": ..., "timeout": "5s"}`` (``"0s"``, as Fly's client sends when none
@@ -160,8 +166,8 @@ class StopRequest(Input):
         data = dict(data)
         data.pop("id", None)  # Fly's client names the machine in the body too: the path's wins
         timeout = data.pop("timeout", None)
-        seconds = None if timeout is None else seconds_of(timeout)
-        if seconds:  # "0s" is what Fly's client sends for "the machine's own"
+        seconds = None if timeout is None else fly_stop_timeout(timeout)
+        if seconds is not None:
             if data.get("timeout_s") not in (None, seconds):
                 raise ValueError("timeout and timeout_s disagree; give one")
             data["timeout_s"] = seconds
