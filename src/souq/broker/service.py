@@ -366,8 +366,9 @@ class BrokerService:
         # view's last copies stand for them, as in a list from a complete view.
         live = {w.id for w in self.liveness.workers() if w.state is not WorkerState.DOWN}
         have = {m.id for m in gathered}
-        kept = [Machine.model_validate_json(body) for _, body in self.view.store.app_rows(app)]
-        silent = [m for m in kept if m.worker_id not in live and m.id not in have]
+        kept = self.view.store.app_rows(app)
+        silent = [Machine.model_validate_json(body) for w, body in kept if w not in live]
+        silent = [m for m in silent if m.id not in have]
         machines = sorted([*gathered, *silent], key=lambda m: (m.created_at, m.id))
         return [(m.worker_id, m.model_dump_json()) for m in machines]
 
