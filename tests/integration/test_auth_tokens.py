@@ -249,8 +249,15 @@ def test_an_entry_made_while_nats_is_down_is_stored_once_when_it_is_back(tmp_pat
     from souq.errors import SouqError
 
     with Cluster(tmp_path, regions={"mad": 1}) as cluster, cluster.client() as admin:
+
+        def stored(app: str, status: int) -> list[object] | None:
+            try:
+                return [e for e in admin.audit(app=app) if e.status == status] or None
+            except SouqError:  # JetStream still starting, or the broker coming back
+                return None
+
         made = admin.create_machine("early", "mad", SLEEPER["config"])  # the stream exists
-        wait_until(lambda: admin.audit(app="early"), timeout=10, message="the first entry")
+        wait_until(lambda: stored("early", 201), timeout=10, message="the first entry")
         cluster.nats.stop(keep_store=True)
         with _http(cluster, cluster.auth.admin() if cluster.auth else None) as c:
             assert c.post("/v1/apps/outage/machines", json=SLEEPER).status_code == 503
@@ -265,12 +272,8 @@ def test_an_entry_made_while_nats_is_down_is_stored_once_when_it_is_back(tmp_pat
         )
         cluster.nats.start()
 
-        def stored() -> list[object] | None:
-            try:
-                return [e for e in admin.audit(app="outage") if e.status == 503] or None
-            except SouqError:  # the broker is still coming back
-                return None
-
-        entries = wait_until(stored, timeout=60, message="the outage's entry stored")
+        entries = wait_until(
+            lambda: stored("outage", 503), timeout=60, message="the outage's entry stored"
+        )
         assert len(entries) == 1
         admin.destroy("early", made.id, force=True)
