@@ -21,12 +21,13 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import httpx
 
 from souq.auth.bus import add_agent, init_bus, worker_id_for
 from souq.auth.files import AuthDir
+from souq.lifespan import Lifespan
 from souq.natsserver import NatsServer, Peers
 from souq.netns import NetHost, Network, netns_exec
 from souq.testing import AgentProcess, BrokerProcess, auth_headers, environment, wait_until
@@ -58,7 +59,7 @@ class Host:
         return self.agent.worker_id
 
 
-class Hosts:
+class Hosts(Lifespan):
     """One host per entry of ``regions`` (its region), under ``root``; a context manager that
     tears everything down (processes, namespaces, bridge, rules) however it ends."""
 
@@ -121,9 +122,9 @@ class Hosts:
 
     # -- starting and stopping -----------------------------------------------------------------
 
-    def start(self, timeout: float = 60.0) -> Hosts:
+    def start(self, timeout: float = 60.0) -> Self:
         self.root.mkdir(parents=True, exist_ok=True)
-        self.network.create()
+        self.network.start()
         if self._secured:
             self.auth = AuthDir.create(self.root / "auth")
             init_bus(self.auth)
@@ -161,18 +162,8 @@ class Hosts:
         for host in self.hosts:
             with contextlib.suppress(Exception):
                 host.nats.stop()
-        self.network.destroy()
+        self.network.stop()
         self._environment.close()
-
-    def __enter__(self) -> Hosts:
-        try:
-            return self.start()
-        except BaseException:
-            self.stop()
-            raise
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
 
     # -- what the broker says ------------------------------------------------------------------
 

@@ -3,7 +3,7 @@
 :class:`Network` makes a bridge in the root namespace and one namespace per host, each joined
 to the bridge by a veth pair and given an address of its own (``eth0`` inside). The root
 namespace keeps an address on the bridge too, so that a test or a benchmark reaches every host.
-Faults, all undone by :meth:`Network.destroy` (deleting a namespace takes its rules and queues
+Faults, all undone by :meth:`Network.stop` (deleting a namespace takes its rules and queues
 with it):
 
 * :meth:`Network.partition` — iptables in the host's namespace drop whatever crosses its
@@ -32,7 +32,9 @@ import subprocess
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Self
 
+from souq.lifespan import Lifespan
 from souq.procs import pid_alive, terminate
 
 __all__ = ["NetHost", "Network", "missing", "netns_exec", "sweep"]
@@ -111,8 +113,8 @@ class NetHost:
         return _run(*netns_exec(self.namespace), *args, check=check)
 
 
-class Network:
-    """``size`` hosts on one bridge, in namespaces made by :meth:`create`."""
+class Network(Lifespan):
+    """``size`` hosts on one bridge, in namespaces made by :meth:`start` (a context manager)."""
 
     def __init__(self, size: int, *, tag: int | None = None) -> None:
         if not 1 <= size <= 200:
@@ -134,11 +136,11 @@ class Network:
 
     # -- making and unmaking -----------------------------------------------------------------
 
-    def create(self) -> Network:
+    def start(self) -> Self:
         """The bridge and every host, after sweeping what crashed runs left (and anything left
         under this run's own names)."""
         sweep(keep=[os.getpid()] if self.tag != os.getpid() else [])
-        self.destroy()
+        self.stop()
         self.created = True
         _run("ip", "link", "add", self.bridge, "type", "bridge")
         _run("ip", "addr", "add", f"{self.root_address}/24", "dev", self.bridge)
@@ -156,7 +158,7 @@ class Network:
             host.exec("ip", "link", "set", "lo", "up")
         return self
 
-    def destroy(self) -> None:
+    def stop(self) -> None:
         """Every host's namespace (and the processes in it), its veth, and the bridge. Safe to
         call twice, or on a network half made."""
         for host in self.hosts:
@@ -167,16 +169,6 @@ class Network:
         self._stop_line()
         self._cut.clear()
         self.created = False
-
-    def __enter__(self) -> Network:
-        try:
-            return self.create()
-        except BaseException:
-            self.destroy()
-            raise
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.destroy()
 
     # -- partitions --------------------------------------------------------------------------
 

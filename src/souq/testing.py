@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Self, TypeVar
 
 import httpx
 import psutil
@@ -25,6 +25,7 @@ from souq.auth.files import AuthDir
 from souq.auth.locate import find_token
 from souq.client.api import SouqClient
 from souq.dev import start_agent_process
+from souq.lifespan import Lifespan
 from souq.natscluster import NatsCluster
 from souq.natsserver import NatsServer, free_port
 from souq.procs import terminate
@@ -307,7 +308,7 @@ def auth_headers() -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
-class Cluster:
+class Cluster(Lifespan):
     """nats-server + agents + brokers, all real, all on loopback, under ``root``.
 
     Secured as a cluster made with ``souq cluster init`` is (``auth=False``: open): an auth
@@ -381,7 +382,7 @@ class Cluster:
         self.agents.append(agent)
         return agent
 
-    def start(self) -> Cluster:
+    def start(self) -> Self:
         self.root.mkdir(parents=True, exist_ok=True)
         if self._secured:
             self.auth = AuthDir.create(self.root / "auth")
@@ -423,16 +424,6 @@ class Cluster:
         if self._environment is not None:
             self._environment.close()
             self._environment = None
-
-    def __enter__(self) -> Cluster:
-        try:
-            return self.start()
-        except BaseException:
-            self.stop()
-            raise
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
 
 
 @contextlib.contextmanager

@@ -223,7 +223,7 @@ def test_sweep_removes_what_a_crashed_run_left() -> None:
     # A run "crashes": its process dies with its namespaces, links and a process in them left.
     code = (
         "import sys, subprocess; from souq.netns import Network;"
-        "n = Network(2).create(); h = n.hosts[0];"
+        "n = Network(2).start(); h = n.hosts[0];"
         "subprocess.Popen(['ip', 'netns', 'exec', h.namespace, 'sleep', '600'],"
         " stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL);"
         "print(n.tag, h.namespace, n.bridge, flush=True)"
