@@ -7,17 +7,14 @@ that cannot be reached is :class:`souq.errors.Unavailable`.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import httpx
 from pydantic import BaseModel, TypeAdapter
 
-from souq.auth.locate import find_token
 from souq.client.sched_api import SchedCalls
-from souq.errors import SouqError, Unavailable, error_from_body
+from souq.client.session import DEFAULT_API
 from souq.model import (
     Machine,
     MachineConfig,
@@ -39,7 +36,6 @@ from souq.model.volume import ExtendVolumeResponse, Volume
 
 __all__ = ["DEFAULT_API", "SouqClient"]
 
-DEFAULT_API = "http://127.0.0.1:4280"
 LEASE_NONCE = "souq-lease-nonce"  # the header that carries a lease's nonce
 WAIT_MARGIN_S = 15.0  # a wait's HTTP timeout: the wait's own timeout plus this
 # Restart and destroy may wait for the machine's stop timeout (at most an hour); the broker
@@ -53,33 +49,8 @@ class SouqClient(SchedCalls):
     """``SouqClient()`` talks to ``$SOUQ_API`` (default ``http://127.0.0.1:4280``) with a bearer
     token: ``token``, else ``$SOUQ_TOKEN``, else the admin token ``souq dev`` wrote in its
     default data directory (:func:`souq.auth.files.find_token`). ``transport`` is for tests.
-    Batch jobs' calls (``submit_job``, ``job``, ``claim_job``...) are :class:`SchedCalls`'."""
-
-    def __init__(
-        self,
-        base_url: str | None = None,
-        token: str | None = None,
-        timeout: float = 30.0,
-        *,
-        transport: httpx.BaseTransport | None = None,
-    ) -> None:
-        self.base_url = (base_url or os.environ.get("SOUQ_API") or DEFAULT_API).rstrip("/")
-        token = token if token is not None else find_token()
-        headers = {"Accept": "application/json", "User-Agent": "souq-client"}
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
-        self._http = httpx.Client(
-            base_url=self.base_url, headers=headers, timeout=timeout, transport=transport
-        )
-
-    def close(self) -> None:
-        self._http.close()
-
-    def __enter__(self) -> SouqClient:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+    Batch jobs' calls (``submit_job``, ``job``, ``claim_job``...) are :class:`SchedCalls`'; the
+    connection and its errors, :class:`souq.client.session.ApiSession`'s."""
 
     # -- cluster ---------------------------------------------------------------------------
 
@@ -469,60 +440,6 @@ class SouqClient(SchedCalls):
                     event: dict[str, Any] = json.loads(text[6:])
                     yield event
 
-    # -- plumbing --------------------------------------------------------------------------
-
-    def _call(
-        self,
-        method: str,
-        path: str,
-        *,
-        json: Any = None,
-        content: bytes | None = None,
-        params: Mapping[str, str] | None = None,
-        headers: Mapping[str, str] | None = None,
-        timeout: float | None = None,
-    ) -> httpx.Response:
-        try:
-            response = self._http.request(
-                method,
-                path,
-                json=json,
-                content=content,
-                params=params,
-                headers=headers,
-                timeout=timeout if timeout is not None else self._http.timeout,
-            )
-        except httpx.TransportError as exc:
-            raise self._unreachable(exc) from exc
-        if response.is_error:
-            raise _error(response)
-        return response
-
-    @contextmanager
-    def _stream(self, path: str, params: Mapping[str, str]) -> Iterator[httpx.Response]:
-        """A ``GET`` whose answer is read as it comes (no read timeout); its errors are
-        :meth:`_call`'s."""
-        timeout = httpx.Timeout(self._http.timeout.connect, read=None)
-        try:
-            with self._http.stream("GET", path, params=params, timeout=timeout) as response:
-                if response.is_error:
-                    response.read()
-                    raise _error(response)
-                yield response
-        except httpx.TransportError as exc:
-            raise self._unreachable(exc) from exc
-
-    def _unreachable(self, exc: httpx.TransportError) -> Unavailable:
-        if isinstance(exc, httpx.TimeoutException):
-            return Unavailable(
-                f"the Souq API at {self.base_url} did not answer in time",
-                hint="the broker may be overloaded; try again",
-            )
-        return Unavailable(
-            f"cannot reach the Souq API at {self.base_url}: {exc}",
-            hint=f"is `souq dev` or a broker running at {self.base_url}? (set SOUQ_API)",
-        )
-
 
 def _machines(app: str) -> str:
     return f"/v1/apps/{app}/machines"
@@ -548,19 +465,6 @@ def _one(model: type[M], response: httpx.Response) -> M:
 def _many(model: type[M], response: httpx.Response) -> list[M]:
     adapter: TypeAdapter[list[M]] = TypeAdapter(list[model])  # type: ignore[valid-type]
     return adapter.validate_json(response.content)
-
-
-def _error(response: httpx.Response) -> SouqError:
-    try:
-        body = json.loads(response.content)
-    except ValueError:
-        body = None
-    if isinstance(body, dict) and "status" in body:
-        return error_from_body(body, response.status_code)
-    text = response.text.strip()[:200] or response.reason_phrase
-    err = SouqError(f"HTTP {response.status_code}: {text}")
-    err.http_status = response.status_code  # type: ignore[misc]
-    return err
 
 
 def _create_body(

@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 from pydantic import TypeAdapter
 
+from souq.client.session import ApiSession
 from souq.errors import JobNotFound, NotFound, WaitTimeout
 from souq.model.job import Job, JobStopped, JobSubmit, Registration
 
@@ -24,21 +25,8 @@ WAIT_FIRST_S = 0.1  # a wait asks again after this, doubling up to WAIT_EVERY_S
 WAIT_EVERY_S = 1.0
 
 
-class SchedCalls:
-    """The ``/sched`` routes, over :meth:`_call` (the client's one way to the API)."""
-
-    def _call(
-        self,
-        method: str,
-        path: str,
-        *,
-        json: Any = None,
-        content: bytes | None = None,
-        params: Mapping[str, str] | None = None,
-        headers: Mapping[str, str] | None = None,
-        timeout: float | None = None,
-    ) -> httpx.Response:
-        raise NotImplementedError
+class SchedCalls(ApiSession):
+    """The ``/sched`` routes, over :meth:`ApiSession._call` (the client's one way to the API)."""
 
     # -- users ---------------------------------------------------------------------------
 
