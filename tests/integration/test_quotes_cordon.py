@@ -117,7 +117,7 @@ def test_quote_of_another_app_or_made_up_is_not_found(small: Cluster) -> None:
     quote = client.create_quote(app_name(), "q", config(), ttl_s=60)
     with pytest.raises(NotFound):
         client.create_machine(app_name(), "q", config(), quote=quote.id)
-    with pytest.raises(NotFound):
+    with pytest.raises(NotFound, match="not-a-quote not found: it is not a quote id"):
         client.get_quote(app_name(), "not-a-quote")
     client.release_quote(quote.app, quote.id)
 

@@ -164,6 +164,7 @@ def test_refusals_name_the_field(fly: httpx.Client) -> None:
         assert words in r.json()["error"], (patch, r.json())
     r = fly.get(f"/apps/{app}/volumes/vol_nonsense")
     assert r.status_code == 404 and r.json()["status"] == "not_found"
+    assert "vol_nonsense not found: it is not a volume id" in r.json()["error"], r.json()
     huge = fly.post(f"/apps/{app}/volumes", json=create_body(size_gb=16_000))
     assert huge.status_code == 409 and huge.json()["status"] == "insufficient_capacity"
 

@@ -3,13 +3,15 @@ readings of errors and quote ids the broker's service makes around it."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from souq.broker.idempotency import body_hash
 from souq.broker.schemas import CreateMachineRequest, QuoteRequest
 from souq.errors import InvalidInput, NotFound, SouqError
 from souq.ids import new_request_id, quote_worker
 from souq.model import ClaimRequest, Placement
 
-__all__ = ["order", "placement_of", "worker_of_quote"]
+__all__ = ["order", "placement_of", "worker_named_by", "worker_of_quote"]
 
 
 def order(
@@ -51,10 +53,20 @@ def placement_of(exc: SouqError) -> Placement | None:
 
 
 def worker_of_quote(quote_id: str) -> str:
-    worker_id = quote_worker(quote_id)
+    return worker_named_by(
+        quote_id,
+        quote_worker,
+        "quote",
+        hint="quote ids look like q_<worker>_<hex>; ask for one with POST .../quotes",
+    )
+
+
+def worker_named_by(
+    identifier: str, worker_of: Callable[[str], str | None], kind: str, *, hint: str
+) -> str:
+    """The worker an id of ``kind`` names (``worker_of`` reads it: a quote id, a volume id), or
+    NotFound when it is not such an id (``hint``: what one looks like and where to get one)."""
+    worker_id = worker_of(identifier)
     if worker_id is None:
-        raise NotFound(
-            f"quote {quote_id} not found: it is not a quote id",
-            hint="quote ids look like q_<worker>_<hex>; ask for one with POST .../quotes",
-        )
+        raise NotFound(f"{kind} {identifier} not found: it is not a {kind} id", hint=hint)
     return worker_id

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel
 
+from souq.broker.orders import worker_named_by
 from souq.errors import InvalidInput, NotFound, VolumeAttached
 from souq.ids import new_request_id
 from souq.model import ClaimRequest
@@ -206,13 +207,12 @@ class BrokerVolumes:
 
 
 def _worker_of(volume_id: str) -> str:
-    worker_id = volume_worker(volume_id)
-    if worker_id is None:
-        raise NotFound(
-            f"volume {volume_id} not found: it is not a volume id",
-            hint="volume ids look like vol_<worker>_<hex>; list them with GET .../volumes",
-        )
-    return worker_id
+    return worker_named_by(
+        volume_id,
+        volume_worker,
+        "volume",
+        hint="volume ids look like vol_<worker>_<hex>; list them with GET .../volumes",
+    )
 
 
 def _attached(volume: Volume) -> VolumeAttached:
