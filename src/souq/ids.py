@@ -6,6 +6,7 @@ import hashlib
 import secrets
 
 __all__ = [
+    "QUOTE_PREFIX",
     "idempotent_request_id",
     "new_id_on",
     "new_instance_id",
@@ -16,6 +17,9 @@ __all__ = [
     "quote_worker",
     "worker_in_id",
 ]
+
+
+QUOTE_PREFIX = "q"  # a quote id is q_<worker>_<hex> (new_id_on)
 
 
 def new_machine_id() -> str:
@@ -61,9 +65,9 @@ def worker_in_id(identifier: str, prefix: str) -> str | None:
 
 def new_quote_id(worker_id: str) -> str:
     """A quote id names the worker that holds it, so any broker can route its use."""
-    return new_id_on("q", worker_id)
+    return new_id_on(QUOTE_PREFIX, worker_id)
 
 
 def quote_worker(quote_id: str) -> str | None:
     """The worker named in a quote id, or None when the id is not one Souq made."""
-    return worker_in_id(quote_id, "q")
+    return worker_in_id(quote_id, QUOTE_PREFIX)

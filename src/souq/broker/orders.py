@@ -3,12 +3,10 @@ readings of errors and quote ids the broker's service makes around it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from souq.broker.idempotency import body_hash
 from souq.broker.schemas import CreateMachineRequest, QuoteRequest
 from souq.errors import InvalidInput, NotFound, SouqError
-from souq.ids import new_request_id, quote_worker
+from souq.ids import QUOTE_PREFIX, new_request_id, worker_in_id
 from souq.model import ClaimRequest, Placement
 
 __all__ = ["order", "placement_of", "worker_named_by", "worker_of_quote"]
@@ -53,20 +51,17 @@ def placement_of(exc: SouqError) -> Placement | None:
 
 
 def worker_of_quote(quote_id: str) -> str:
-    return worker_named_by(
-        quote_id,
-        quote_worker,
-        "quote",
-        hint="quote ids look like q_<worker>_<hex>; ask for one with POST .../quotes",
-    )
+    return worker_named_by(quote_id, "quote", QUOTE_PREFIX, "ask for one with POST .../quotes")
 
 
-def worker_named_by(
-    identifier: str, worker_of: Callable[[str], str | None], kind: str, *, hint: str
-) -> str:
-    """The worker an id of ``kind`` names (``worker_of`` reads it: a quote id, a volume id), or
-    NotFound when it is not such an id (``hint``: what one looks like and where to get one)."""
-    worker_id = worker_of(identifier)
+def worker_named_by(identifier: str, kind: str, prefix: str, find: str) -> str:
+    """The worker an id of ``kind`` names (:func:`souq.ids.new_id_on` made it with ``prefix``:
+    a quote id, a volume id), or NotFound when it is not such an id (``find``: where to get
+    one)."""
+    worker_id = worker_in_id(identifier, prefix)
     if worker_id is None:
-        raise NotFound(f"{kind} {identifier} not found: it is not a {kind} id", hint=hint)
+        raise NotFound(
+            f"{kind} {identifier} not found: it is not a {kind} id",
+            hint=f"{kind} ids look like {prefix}_<worker>_<hex>; {find}",
+        )
     return worker_id

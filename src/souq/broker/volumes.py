@@ -28,6 +28,7 @@ from souq.ids import new_request_id
 from souq.model import ClaimRequest
 from souq.model.machine import MachineConfig
 from souq.model.volume import (
+    VOLUME_PREFIX,
     CreateVolumeRequest,
     ExtendVolumeResponse,
     UpdateVolumeRequest,
@@ -38,7 +39,6 @@ from souq.model.volume import (
     VolumeRef,
     VolumeSnapshot,
     VolumeUpdateCommand,
-    volume_worker,
 )
 from souq.placement.request import for_volume
 from souq.protocol import verbs as v
@@ -207,12 +207,7 @@ class BrokerVolumes:
 
 
 def _worker_of(volume_id: str) -> str:
-    return worker_named_by(
-        volume_id,
-        volume_worker,
-        "volume",
-        hint="volume ids look like vol_<worker>_<hex>; list them with GET .../volumes",
-    )
+    return worker_named_by(volume_id, "volume", VOLUME_PREFIX, "list them with GET .../volumes")
 
 
 def _attached(volume: Volume) -> VolumeAttached:

@@ -29,6 +29,7 @@ __all__ = [
     "TRANSITIONS",
     "VOLUME_CREATE_UNSUPPORTED",
     "VOLUME_NAME",
+    "VOLUME_PREFIX",
     "CreateVolumeRequest",
     "ExtendVolumeRequest",
     "ExtendVolumeResponse",
@@ -50,6 +51,7 @@ __all__ = [
 
 VOLUME_NAME = re.compile(r"^[a-z0-9_]{1,30}$")  # Fly's rule: lowercase, digits, underscores
 MAX_SIZE_GB = 16_384  # Fly's largest volume: 500 GB; Souq is bounded by the worker's disk
+VOLUME_PREFIX = "vol"  # a volume id is vol_<worker>_<hex> (new_id_on)
 GB_MB = 1024  # a volume's size_gb counts against a worker's disk_mb in MiB per GiB
 
 MOUNT_UNSUPPORTED = {
@@ -74,12 +76,12 @@ VOLUME_CREATE_UNSUPPORTED = {
 def new_volume_id(worker_id: str) -> str:
     """``vol_<worker>_<hex>``: a volume id names the worker that holds it (as a quote id does),
     so that any broker routes its verbs without asking around."""
-    return new_id_on("vol", worker_id)
+    return new_id_on(VOLUME_PREFIX, worker_id)
 
 
 def volume_worker(volume_id: str) -> str | None:
     """The worker named in a volume id, or None when it is not one Souq made."""
-    return worker_in_id(volume_id, "vol")
+    return worker_in_id(volume_id, VOLUME_PREFIX)
 
 
 class VolumeState(StrEnum):
