@@ -8,16 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from souq.agent.volumes import AgentVolumes
-from souq.model.volume import (
-    ExtendVolumeResponse,
-    Volume,
-    VolumeCreateCommand,
-    VolumeExtendCommand,
-    VolumeListCommand,
-    VolumeRef,
-    VolumeSnapshot,
-    VolumeUpdateCommand,
-)
+from souq.model import volume as model
 from souq.protocol import verbs as v
 from souq.protocol.dispatch import Dispatcher
 
@@ -25,34 +16,34 @@ __all__ = ["route_volumes"]
 
 
 def route_volumes(d: Dispatcher, volumes: AgentVolumes, announce: Callable[[], None]) -> None:
-    async def create(cmd: VolumeCreateCommand) -> Volume:
+    async def create(cmd: model.VolumeCreateCommand) -> model.Volume:
         volume = volumes.create(cmd)
         announce()
         return volume
 
-    async def get(ref: VolumeRef) -> Volume:
+    async def get(ref: model.VolumeRef) -> model.Volume:
         return volumes.get(ref.app, ref.volume_id)
 
-    async def listing(cmd: VolumeListCommand) -> list[Volume]:
+    async def listing(cmd: model.VolumeListCommand) -> list[model.Volume]:
         return volumes.list_volumes(cmd.app, include_destroyed=cmd.include_destroyed)
 
-    async def update(cmd: VolumeUpdateCommand) -> Volume:
+    async def update(cmd: model.VolumeUpdateCommand) -> model.Volume:
         return volumes.update(cmd.app, cmd.volume_id, cmd.snapshot_retention)
 
-    async def extend(cmd: VolumeExtendCommand) -> ExtendVolumeResponse:
+    async def extend(cmd: model.VolumeExtendCommand) -> model.ExtendVolumeResponse:
         extended = volumes.extend(cmd.app, cmd.volume_id, cmd.size_gb)
         announce()
         return extended
 
-    async def destroy(ref: VolumeRef) -> Volume:
+    async def destroy(ref: model.VolumeRef) -> model.Volume:
         volume = volumes.destroy(ref.app, ref.volume_id)
         announce()
         return volume
 
-    async def snapshot(ref: VolumeRef) -> VolumeSnapshot:
+    async def snapshot(ref: model.VolumeRef) -> model.VolumeSnapshot:
         return await volumes.snapshot(ref.app, ref.volume_id)
 
-    async def snapshots(ref: VolumeRef) -> list[VolumeSnapshot]:
+    async def snapshots(ref: model.VolumeRef) -> list[model.VolumeSnapshot]:
         return volumes.snapshots(ref.app, ref.volume_id)
 
     d.route(v.VOLUME_CREATE, create)
