@@ -24,6 +24,7 @@ from souq.auth.access import Access
 from souq.broker import machine_logs as output
 from souq.broker.app_routes import apps_router
 from souq.broker.bodies import (
+    MACHINE,
     AppName,
     app_name,
     body_schema,
@@ -169,7 +170,7 @@ def create_handler(service: BrokerService) -> CreateHandler:
     return create
 
 
-def _add_durability_routes(api: FastAPI, service: BrokerService, machine_path: str) -> None:
+def _add_durability_routes(api: FastAPI, service: BrokerService) -> None:
     """A worker's drain and a machine's op log (docs/architecture.md, "Durability")."""
 
     @api.post("/v1/workers/{worker_id}/drain", response_model=WorkerInfo, tags=["cluster"])
@@ -177,7 +178,7 @@ def _add_durability_routes(api: FastAPI, service: BrokerService, machine_path: s
         """Cordon the worker and stop its machines gracefully; ``uncordon`` ends the drain."""
         return json_response(await service.drain(worker_id))
 
-    @api.get(machine_path + "/ops", response_model=list[OpRecord], tags=["machines"])
+    @api.get(MACHINE + "/ops", response_model=list[OpRecord], tags=["machines"])
     async def machine_ops(app: AppName, machine_id: str) -> Response:
         """The machine's op log: each step of each operation, oldest first."""
         return json_response(await service.ops(app, machine_id))
@@ -231,7 +232,6 @@ def _routes(service: BrokerService, create: CreateHandler) -> FastAPI:
             NewApp,
         ],
     )
-    machine_path = "/v1/apps/{app}/machines/{machine_id}"
 
     @api.get("/healthz", response_model=Health, tags=["cluster"])
     async def healthz() -> Response:
@@ -328,7 +328,7 @@ def _routes(service: BrokerService, create: CreateHandler) -> FastAPI:
         only = MachineFilter(region, states, include_deleted, summary)
         return await machines_response(service, app, only)
 
-    @api.get(machine_path, response_model=Machine, tags=["machines"])
+    @api.get(MACHINE, response_model=Machine, tags=["machines"])
     async def get_machine(
         app: AppName,
         machine_id: str,
@@ -342,7 +342,7 @@ def _routes(service: BrokerService, create: CreateHandler) -> FastAPI:
     api.include_router(lifecycle_router(service))  # start, stop, restart, destroy, wait
 
     @api.get(
-        machine_path + "/logs",
+        MACHINE + "/logs",
         response_class=PlainTextResponse,
         responses={200: {"content": {"text/plain": {}}, "description": "the machine's output"}},
         tags=["machines"],
@@ -363,11 +363,11 @@ def _routes(service: BrokerService, create: CreateHandler) -> FastAPI:
             client=client,
         )
 
-    @api.get(machine_path + "/events", response_model=list[MachineEvent], tags=["machines"])
+    @api.get(MACHINE + "/events", response_model=list[MachineEvent], tags=["machines"])
     async def machine_events(app: AppName, machine_id: str) -> Response:
         return json_response(await service.events(app, machine_id))
 
-    _add_durability_routes(api, service, machine_path)
+    _add_durability_routes(api, service)
     api.include_router(cluster_router(service))  # /v1/regions, /v1/events
     api.include_router(images_router(service))  # /v1/images: the cluster's image store
     api.include_router(changes_router(service))  # a machine's update, its signals

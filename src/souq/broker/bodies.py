@@ -1,5 +1,6 @@
 """Request and response bodies of the JSON routes: parsed into a model (a typo or a bad value
-is ``invalid_input`` naming the field), written from one, and declared for OpenAPI."""
+is ``invalid_input`` naming the field), written from one, and declared for OpenAPI; and what
+the routes of a machine share in their path (:data:`MACHINE`, :data:`AppName`)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from souq.broker.schemas import check_app_name
 from souq.errors import InvalidInput, MalformedRequest
 
 __all__ = [
+    "MACHINE",
     "AppName",
     "LeaseNonce",
     "app_name",
@@ -26,6 +28,7 @@ __all__ = [
     "with_fields",
 ]
 
+MACHINE = "/v1/apps/{app}/machines/{machine_id}"  # the path of one machine's routes
 M = TypeVar("M", bound=BaseModel)
 
 

@@ -14,6 +14,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 
 from souq.broker.bodies import (
+    MACHINE,
     AppName,
     LeaseNonce,
     body_schema,
@@ -27,8 +28,6 @@ from souq.model import Machine
 from souq.model.protocol import Lease, LeaseRequest
 
 __all__ = ["changes_router"]
-
-MACHINE = "/v1/apps/{app}/machines/{machine_id}"
 
 
 def lease_response(lease: Lease) -> Response:

@@ -13,6 +13,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response
 
 from souq.broker.bodies import (
+    MACHINE,
     AppName,
     LeaseNonce,
     body_schema,
@@ -27,7 +28,6 @@ from souq.model import Machine, MachineState, StopCommand, normalise_signal
 
 __all__ = ["fly_restart", "lifecycle_router"]
 
-MACHINE = "/v1/apps/{app}/machines/{machine_id}"
 T = TypeVar("T")
 
 

@@ -22,7 +22,14 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from souq.broker.bodies import AppName, LeaseNonce, body_schema, json_response, parse_body
+from souq.broker.bodies import (
+    MACHINE,
+    AppName,
+    LeaseNonce,
+    body_schema,
+    json_response,
+    parse_body,
+)
 from souq.broker.service import BrokerService
 from souq.errors import InvalidInput
 from souq.model import Machine
@@ -39,8 +46,6 @@ from souq.model.protocol import MachineRef
 from souq.protocol import verbs as v
 
 __all__ = ["machine_tools_router"]
-
-MACHINE = "/v1/apps/{app}/machines/{machine_id}"
 
 
 def machine_tools_router(service: BrokerService) -> APIRouter:
