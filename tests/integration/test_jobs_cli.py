@@ -53,6 +53,13 @@ def test_submit_list_status_and_errors(cluster: Cluster) -> None:
     assert again.returncode == 1 and "job cli-echo exists" in again.stderr
     argv = souq(cluster, "submit", "cli-argv", "--cpus", "2", "--", "ls", "-l", "/")
     assert argv.returncode == 0 and argv.stdout == "cli-argv pending\n", argv.stderr
+    every = ("--restart", "on-failure", "--max-retries", "5", "--backoff", "0.5")
+    every += ("--deadline", "900", "--memory-mb", "128")
+    tuned = souq(cluster, "submit", "cli-tuned", "--json", *every, "--", "true")
+    assert tuned.returncode == 0, tuned.stderr
+    spec = json.loads(tuned.stdout)["spec"]
+    assert (spec["restart"], spec["max_retries"], spec["backoff_s"]) == ("on-failure", 5, 0.5)
+    assert (spec["deadline_s"], spec["memory_mb"], spec["cpus"]) == (900, 128, 0.1)
     listed = souq(cluster, "list", "--state", "pending", "--json")
     names = [j["name"] for j in json.loads(listed.stdout)]
     assert {"cli-echo", "cli-argv"} <= set(names)

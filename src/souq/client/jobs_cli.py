@@ -34,34 +34,18 @@ def register_jobs(app: typer.Typer) -> None:
 
 
 def submit_body(
-    name: str,
-    command: list[str],
-    *,
-    restart: str | None = None,
-    max_retries: int | None = None,
-    backoff_s: float | None = None,
-    deadline_s: float | None = None,
-    cpus: float | None = None,
-    memory_mb: int | None = None,
-    env: list[str] | None = None,
+    name: str, command: list[str], env: list[str] | None, **options: Any
 ) -> dict[str, Any]:
     """The body of ``POST /sched/submit`` from the command line (the broker validates it): one
-    word after ``--`` is a shell command line, several are an argv run without a shell; the
-    options left out take the broker's defaults."""
+    word after ``--`` is a shell command line, several are an argv run without a shell;
+    ``options`` are the job's other fields, those left out (None) taking the broker's
+    defaults."""
     if not command:
         raise typer.BadParameter(
             "give the command after `--`, e.g. -- ./build.sh or -- 'make test > out.log'",
             param_hint="COMMAND",
         )
     body: dict[str, Any] = {"name": name, "command": command[0] if len(command) == 1 else command}
-    options = {
-        "restart": restart,
-        "max_retries": max_retries,
-        "backoff_s": backoff_s,
-        "deadline_s": deadline_s,
-        "cpus": cpus,
-        "memory_mb": memory_mb,
-    }
     body |= {k: v for k, v in options.items() if v is not None}
     if env:
         body["env"] = pairs(env, "env")
@@ -108,13 +92,13 @@ def submit(
         body = submit_body(
             name,
             command or [],
+            env,
             restart=None if restart is None else restart.value,
             max_retries=max_retries,
             backoff_s=backoff,
             deadline_s=deadline,
             cpus=cpus,
             memory_mb=memory_mb,
-            env=env,
         )
         from souq.client import render_jobs
 
