@@ -11,7 +11,7 @@ from souq.broker.machine_logs import follow_logs
 from souq.broker.service import BrokerService
 from souq.bus import MemoryTransport
 from souq.errors import IllegalTransition, NotFound, Unavailable, WaitTimeout
-from souq.model import MachineState, StopCommand
+from souq.model import MachineState, StopCommand, WaitCommand
 
 from .broker_fakes import FakeWorker, broker_config, create_body, started_service
 
@@ -95,10 +95,11 @@ async def test_wait_returns_once_the_state_is_reached_or_times_out() -> None:
     _, a, b, service = await two_workers()
     m = await service.create_machine("web", create_body())
     owner = a if m.worker_id == "wa" else b
+    stopped = WaitCommand(app="web", machine_id=m.id, state=MachineState.STOPPED, timeout_s=5)
     with pytest.raises(WaitTimeout) as caught:
-        await service.wait("web", m.id, MachineState.STOPPED, timeout_s=0.01)
+        await service.wait(stopped.model_copy(update={"timeout_s": 0.01}))
     assert caught.value.http_status == 408
-    waiting = asyncio.ensure_future(service.wait("web", m.id, MachineState.STOPPED, timeout_s=5))
+    waiting = asyncio.ensure_future(service.wait(stopped))
     await owner.set_state(m.id, MachineState.STOPPED)
     assert (await waiting).state == MachineState.STOPPED
 

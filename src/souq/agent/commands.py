@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
 
 from souq.agent import lifecycle
 from souq.agent.admission import HeldQuote
@@ -38,7 +37,13 @@ from souq.model.machine import (
     normalise_signal,
 )
 from souq.model.placement import Placement
-from souq.model.protocol import ClaimRequest, LogsReply, StopCommand, UpdateCommand
+from souq.model.protocol import (
+    ClaimRequest,
+    LogsReply,
+    StopCommand,
+    UpdateCommand,
+    WaitCommand,
+)
 from souq.model.services import MachineAddress
 from souq.secrets.redact import redact
 
@@ -385,24 +390,16 @@ class Commands:
         op.done.add_done_callback(lambda _: self.leases.drop(row.id))
         return ex.machine(row.app, row.id)
 
-    async def wait(
-        self,
-        app: str,
-        machine_id: str,
-        state: MachineState,
-        timeout_s: float,
-        *,
-        healthy: bool = False,
-        also: Sequence[MachineState] = (),
-        instance_id: str | None = None,
-    ) -> Machine:
-        """Answer once the machine is in ``state`` or one of ``also`` (at ``instance_id``, the
-        version of its config, when given; and, with ``healthy``, every health check of it
-        passing); :class:`WaitTimeout` after ``timeout_s``. Woken by the machine's transitions
-        and its checks' changes: no polling."""
+    async def wait(self, cmd: WaitCommand) -> Machine:
+        """Answer once the machine is in ``cmd.state`` or one of ``cmd.states`` (at
+        ``instance_id``, the version of its config, when given; and, with ``healthy``, every
+        health check of it passing); :class:`WaitTimeout` after ``timeout_s``. Woken by the
+        machine's transitions and its checks' changes: no polling."""
         ex = self._ex
-        ex.row(app, machine_id)
-        wanted = {state, *also}
+        machine_id, state, timeout_s = cmd.machine_id, cmd.state, cmd.timeout_s
+        healthy, instance_id = cmd.healthy, cmd.instance_id
+        ex.row(cmd.app, machine_id)
+        wanted = {state, *cmd.states}
         try:
             async with asyncio.timeout(timeout_s):
                 while True:

@@ -84,7 +84,7 @@ class WorkerVerbs:
         d.route(v.LEASE_GET, self._lease_get)
         d.route(v.LEASE_RELEASE, self._lease_release)
         d.route(v.DESTROY, self._destroy)
-        d.route(v.WAIT, self._wait)
+        d.route(v.WAIT, self._cmd.wait)
         d.route(v.LOGS, self._logs)
         d.route(v.EVENTS, self._events)
         d.route(v.OPS, self._ops)
@@ -339,17 +339,6 @@ class WorkerVerbs:
     async def _lease_release(self, ref: msg.MachineRef) -> msg.Lease:
         self._ex.row(ref.app, ref.machine_id)
         return self._cmd.leases.release(ref.machine_id, ref.lease_nonce)
-
-    async def _wait(self, cmd: msg.WaitCommand) -> Machine:
-        return await self._cmd.wait(
-            cmd.app,
-            cmd.machine_id,
-            cmd.state,
-            cmd.timeout_s,
-            healthy=cmd.healthy,
-            also=cmd.states,
-            instance_id=cmd.instance_id,
-        )
 
     async def _logs(self, cmd: msg.LogsCommand) -> msg.LogsReply:
         return await self._cmd.logs(

@@ -24,7 +24,7 @@ from souq.broker.bodies import (
 from souq.broker.schemas import ErrorBody, StopRequest, fly_stop_timeout
 from souq.broker.service import BrokerService
 from souq.errors import InvalidInput
-from souq.model import Machine, MachineState, StopCommand, normalise_signal
+from souq.model import Machine, MachineState, StopCommand, WaitCommand, normalise_signal
 
 __all__ = ["fly_restart", "lifecycle_router"]
 
@@ -161,15 +161,16 @@ def lifecycle_router(service: BrokerService) -> APIRouter:
                 hint="wait for a `version` (the machine's instance_id) instead",
             )
         first, *more = state
-        machine = await service.wait(
-            app,
-            machine_id,
-            first,
+        cmd = WaitCommand(
+            app=app,
+            machine_id=machine_id,
+            state=first,
             timeout_s=timeout,
             healthy=healthy,
-            also=more,
+            states=more,
             instance_id=version,
         )
+        machine = await service.wait(cmd)
         return json_response(machine)
 
     return router

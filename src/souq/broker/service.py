@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from collections.abc import Sequence
 from typing import TypeVar
 
 from nats.aio.client import Client
@@ -498,30 +497,11 @@ class BrokerService:
         ref = MachineRef(app=app, machine_id=machine_id, lease_nonce=nonce)
         return await self._ask(machine_id, v.LEASE_RELEASE, ref)
 
-    async def wait(
-        self,
-        app: str,
-        machine_id: str,
-        state: MachineState,
-        *,
-        timeout_s: float,
-        healthy: bool = False,
-        also: Sequence[MachineState] = (),
-        instance_id: str | None = None,
-    ) -> Machine:
-        """The machine once it reaches ``state`` or one of ``also`` (at ``instance_id`` when
-        given; its checks passing, with ``healthy``); :class:`WaitTimeout` after
-        ``timeout_s``."""
-        cmd = WaitCommand(
-            app=app,
-            machine_id=machine_id,
-            state=state,
-            timeout_s=timeout_s,
-            healthy=healthy,
-            states=list(also),
-            instance_id=instance_id,
-        )
-        return self._seen(await self._ask(machine_id, v.WAIT, cmd, extra_s=timeout_s))
+    async def wait(self, cmd: WaitCommand) -> Machine:
+        """The machine once it reaches ``cmd.state`` or one of ``cmd.states`` (at
+        ``instance_id`` when given; its checks passing, with ``healthy``);
+        :class:`WaitTimeout` after ``timeout_s``."""
+        return self._seen(await self._ask(cmd.machine_id, v.WAIT, cmd, extra_s=cmd.timeout_s))
 
     # -- routing ---------------------------------------------------------------------------
 
