@@ -7,9 +7,11 @@ why, never silence and never a bare "unknown field"."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
-from souq.model.base import from_peer
+from pydantic import model_validator
+
+from souq.model.base import Input, from_peer
 
 __all__ = [
     "CONFIG_UNSUPPORTED",
@@ -18,6 +20,7 @@ __all__ = [
     "INIT_UNSUPPORTED",
     "PORT_UNSUPPORTED",
     "SERVICE_UNSUPPORTED",
+    "FlyInput",
     "drop_unset",
 ]
 
@@ -81,3 +84,15 @@ def drop_unset(data: Any, fields: Mapping[str, str], where: str = "") -> Any:
         if key in data and not _unset(data[key]):
             raise ValueError(f"{where}{key}: not supported by Souq ({why})")
     return {k: v for k, v in data.items() if k not in fields}
+
+
+class FlyInput(Input):
+    """An input in Fly's shape whose :attr:`unsupported` fields (name: why) are dropped when
+    unset and refused when set (:func:`drop_unset`)."""
+
+    unsupported: ClassVar[Mapping[str, str]] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fly_fields(cls, data: Any) -> Any:
+        return drop_unset(data, cls.unsupported)

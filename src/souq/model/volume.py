@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
-from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
 from souq.errors import IllegalTransition
 from souq.ids import new_id_on, worker_in_id
 from souq.model.base import Input, Record
-from souq.model.fly_fields import drop_unset
+from souq.model.fly_fields import FlyInput
 
 __all__ = [
     "GB_MB",
@@ -126,18 +125,15 @@ def transition(state: VolumeState, event: VolumeEvent, *, volume_id: str = "") -
     return after
 
 
-class MachineMount(Input):
+class MachineMount(FlyInput):
     """One volume a machine mounts (Fly's ``MachineMount``): by id, or by name (an unattached
     volume of that name in the app and the machine's region), at an absolute ``path``."""
+
+    unsupported = MOUNT_UNSUPPORTED
 
     volume: str | None = Field(default=None, min_length=1, max_length=80, pattern=r"^vol_\S+$")
     path: str = Field(min_length=1, max_length=255, description="where the machine sees it")
     name: str | None = Field(default=None, description="the volume's name (Fly's)")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _fly_fields(cls, data: Any) -> Any:
-        return drop_unset(data, MOUNT_UNSUPPORTED)
 
     @field_validator("path")
     @classmethod
@@ -156,8 +152,10 @@ class MachineMount(Input):
         return self
 
 
-class CreateVolumeRequest(Input):
+class CreateVolumeRequest(FlyInput):
     """fly-go's ``CreateVolumeRequest``: every pointer is sent, ``null`` when unset."""
+
+    unsupported = VOLUME_CREATE_UNSUPPORTED
 
     name: str = Field(description="lowercase letters, digits and underscores, at most 30")
     region: str = Field(min_length=1, max_length=63)
@@ -171,11 +169,6 @@ class CreateVolumeRequest(Input):
     )
     snapshot_retention: int | None = Field(default=None, ge=1, le=60)
     fstype: str | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _fly_fields(cls, data: Any) -> Any:
-        return drop_unset(data, VOLUME_CREATE_UNSUPPORTED)
 
     @field_validator("name")
     @classmethod
@@ -194,16 +187,12 @@ class CreateVolumeRequest(Input):
         return v
 
 
-class UpdateVolumeRequest(Input):
+class UpdateVolumeRequest(FlyInput):
     """Fly's ``UpdateVolumeRequest``."""
 
-    snapshot_retention: int | None = Field(default=None, ge=1, le=60)
+    unsupported = {"auto_backup_enabled": VOLUME_CREATE_UNSUPPORTED["auto_backup_enabled"]}
 
-    @model_validator(mode="before")
-    @classmethod
-    def _fly_fields(cls, data: Any) -> Any:
-        reason = {"auto_backup_enabled": VOLUME_CREATE_UNSUPPORTED["auto_backup_enabled"]}
-        return drop_unset(data, reason)
+    snapshot_retention: int | None = Field(default=None, ge=1, le=60)
 
 
 class ExtendVolumeRequest(Input):
