@@ -24,6 +24,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from souq.agent.admission import Admission
@@ -268,9 +269,11 @@ class VirtualCluster:
             if isinstance(action, Finished):
                 finish(action)
             elif isinstance(action, AskOffers):
-                self.clock.call_later(2 * self.hop_s, self._answer(broker, auction, action, finish))
+                answer = partial(self._answer, broker, auction, action, finish)
+                self.clock.call_later(2 * self.hop_s, answer)
             elif isinstance(action, SendClaim):
-                self.clock.call_later(self.hop_s, self._arrive(broker, auction, action, finish))
+                claim = partial(self._claim, broker, auction, action, finish)
+                self.clock.call_later(self.hop_s, claim)
 
     def _answer(
         self,
@@ -278,30 +281,17 @@ class VirtualCluster:
         auction: Auction,
         action: AskOffers,
         finish: Callable[[Finished], None],
-    ) -> Callable[[], None]:
+    ) -> None:
         """The offers of the workers asked (the region's live ones when none are named), once
         the request and the answers have travelled."""
-
-        def answered() -> None:
-            region = auction.order.region
-            if action.workers is None:
-                asked = [w for w in self.workers.values() if w.region == region]
-            else:
-                asked = [self.workers[w] for w in action.workers if w in self.workers]
-            want, now_ms = auction.order.request.resources, self.clock.now_ms()
-            offers = [w.offer(want, now_ms) for w in asked]
-            self._perform(broker, auction, auction.offers(offers, self.clock.monotonic()), finish)
-
-        return answered
-
-    def _arrive(
-        self,
-        broker: SimBroker,
-        auction: Auction,
-        action: SendClaim,
-        finish: Callable[[Finished], None],
-    ) -> Callable[[], None]:
-        return lambda: self._claim(broker, auction, action, finish)
+        region = auction.order.region
+        if action.workers is None:
+            asked = [w for w in self.workers.values() if w.region == region]
+        else:
+            asked = [self.workers[w] for w in action.workers if w in self.workers]
+        want, now_ms = auction.order.request.resources, self.clock.now_ms()
+        offers = [w.offer(want, now_ms) for w in asked]
+        self._perform(broker, auction, auction.offers(offers, self.clock.monotonic()), finish)
 
     def _claim(
         self,
