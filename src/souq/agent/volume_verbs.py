@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from souq.agent.volumes import AgentVolumes
-from souq.model import volume as model
+from souq.model import volume as vol
 from souq.protocol import verbs as v
 from souq.protocol.dispatch import Dispatcher
 
@@ -16,34 +16,34 @@ __all__ = ["route_volumes"]
 
 
 def route_volumes(d: Dispatcher, volumes: AgentVolumes, announce: Callable[[], None]) -> None:
-    async def create(cmd: model.VolumeCreateCommand) -> model.Volume:
+    async def create(cmd: vol.VolumeCreateCommand) -> vol.Volume:
         volume = volumes.create(cmd)
         announce()
         return volume
 
-    async def get(ref: model.VolumeRef) -> model.Volume:
+    async def get(ref: vol.VolumeRef) -> vol.Volume:
         return volumes.get(ref.app, ref.volume_id)
 
-    async def listing(cmd: model.VolumeListCommand) -> list[model.Volume]:
+    async def listing(cmd: vol.VolumeListCommand) -> list[vol.Volume]:
         return volumes.list_volumes(cmd.app, include_destroyed=cmd.include_destroyed)
 
-    async def update(cmd: model.VolumeUpdateCommand) -> model.Volume:
+    async def update(cmd: vol.VolumeUpdateCommand) -> vol.Volume:
         return volumes.update(cmd.app, cmd.volume_id, cmd.snapshot_retention)
 
-    async def extend(cmd: model.VolumeExtendCommand) -> model.ExtendVolumeResponse:
+    async def extend(cmd: vol.VolumeExtendCommand) -> vol.ExtendVolumeResponse:
         extended = volumes.extend(cmd.app, cmd.volume_id, cmd.size_gb)
         announce()
         return extended
 
-    async def destroy(ref: model.VolumeRef) -> model.Volume:
+    async def destroy(ref: vol.VolumeRef) -> vol.Volume:
         volume = volumes.destroy(ref.app, ref.volume_id)
         announce()
         return volume
 
-    async def snapshot(ref: model.VolumeRef) -> model.VolumeSnapshot:
+    async def snapshot(ref: vol.VolumeRef) -> vol.VolumeSnapshot:
         return await volumes.snapshot(ref.app, ref.volume_id)
 
-    async def snapshots(ref: model.VolumeRef) -> list[model.VolumeSnapshot]:
+    async def snapshots(ref: vol.VolumeRef) -> list[vol.VolumeSnapshot]:
         return volumes.snapshots(ref.app, ref.volume_id)
 
     d.route(v.VOLUME_CREATE, create)

@@ -52,6 +52,7 @@ from typing import Any, Generic, TypeVar
 from pydantic import BaseModel, TypeAdapter
 
 from souq.model import protocol as msg
+from souq.model import volume as vol
 from souq.model.base import FROM_PEER, as_peer
 from souq.model.batch import BatchClaimReply, BatchClaimRequest
 from souq.model.machine import Machine, MachineEvent, OpRecord
@@ -61,16 +62,6 @@ from souq.model.machine_tools import (
     MachineCordonCommand,
     MetadataCommand,
     ProcessStat,
-)
-from souq.model.volume import (
-    ExtendVolumeResponse,
-    Volume,
-    VolumeCreateCommand,
-    VolumeExtendCommand,
-    VolumeListCommand,
-    VolumeRef,
-    VolumeSnapshot,
-    VolumeUpdateCommand,
 )
 from souq.model.worker import WorkerInfo
 
@@ -221,27 +212,31 @@ MACHINE_CORDON = _verb(
 )
 VOLUME_CREATE = _verb(
     "volume_create",
-    VolumeCreateCommand,
-    Volume,
+    vol.VolumeCreateCommand,
+    vol.Volume,
     "reserve the disk and make the volume, atomically",
     since=5,
 )
-VOLUME_GET = _verb("volume_get", VolumeRef, Volume, "one volume, its use counted", since=5)
+VOLUME_GET = _verb("volume_get", vol.VolumeRef, vol.Volume, "one volume, its use counted", since=5)
 VOLUME_LIST = _verb(
-    "volume_list", VolumeListCommand, list[Volume], "the worker's volumes (of an app)", since=5
+    "volume_list",
+    vol.VolumeListCommand,
+    list[vol.Volume],
+    "the worker's volumes (of an app)",
+    since=5,
 )
 VOLUME_UPDATE = _verb(
-    "volume_update", VolumeUpdateCommand, Volume, "change a volume's settings", since=5
+    "volume_update", vol.VolumeUpdateCommand, vol.Volume, "change a volume's settings", since=5
 )
 VOLUME_EXTEND = _verb(
-    "volume_extend", VolumeExtendCommand, ExtendVolumeResponse, "grow a volume", since=5
+    "volume_extend", vol.VolumeExtendCommand, vol.ExtendVolumeResponse, "grow a volume", since=5
 )
 VOLUME_DESTROY = _verb(
-    "volume_destroy", VolumeRef, Volume, "destroy a detached volume and its files", since=5
+    "volume_destroy", vol.VolumeRef, vol.Volume, "destroy a detached volume and its files", since=5
 )
 VOLUME_SNAPSHOT = _verb(
-    "volume_snapshot", VolumeRef, VolumeSnapshot, "archive a volume's files now", since=5
+    "volume_snapshot", vol.VolumeRef, vol.VolumeSnapshot, "archive a volume's files now", since=5
 )
 VOLUME_SNAPSHOTS = _verb(
-    "volume_snapshots", VolumeRef, list[VolumeSnapshot], "a volume's snapshots", since=5
+    "volume_snapshots", vol.VolumeRef, list[vol.VolumeSnapshot], "a volume's snapshots", since=5
 )
