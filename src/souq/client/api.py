@@ -10,12 +10,13 @@ import json
 import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
 from pydantic import BaseModel, TypeAdapter
 
-from souq.auth.locate import find_token
+from souq.auth.locate import locate_token
 from souq.client.sched_api import SchedCalls
 from souq.errors import SouqError, Unavailable, error_from_body
 from souq.model import (
@@ -52,7 +53,8 @@ M = TypeVar("M", bound=BaseModel)
 class SouqClient(SchedCalls):
     """``SouqClient()`` talks to ``$SOUQ_API`` (default ``http://127.0.0.1:4280``) with a bearer
     token: ``token``, else ``$SOUQ_TOKEN``, else the admin token ``souq dev`` wrote in its
-    default data directory (:func:`souq.auth.files.find_token`). ``transport`` is for tests.
+    default data directory (:func:`souq.auth.locate.locate_token`; a refusal of that one names
+    the file). ``transport`` is for tests.
     Batch jobs' calls (``submit_job``, ``job``, ``claim_job``...) are :class:`SchedCalls`'."""
 
     def __init__(
@@ -64,7 +66,9 @@ class SouqClient(SchedCalls):
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         self.base_url = (base_url or os.environ.get("SOUQ_API") or DEFAULT_API).rstrip("/")
-        token = token if token is not None else find_token()
+        found = locate_token() if token is None else None
+        token = found.token if found is not None else token
+        self.token_file = None if found is None else found.file  # named when it is refused
         headers = {"Accept": "application/json", "User-Agent": "souq-client"}
         if token:
             headers["Authorization"] = f"Bearer {token}"
@@ -495,8 +499,11 @@ class SouqClient(SchedCalls):
         except httpx.TransportError as exc:
             raise self._unreachable(exc) from exc
         if response.is_error:
-            raise _error(response)
+            raise self._refused(response)
         return response
+
+    def _refused(self, response: httpx.Response) -> SouqError:
+        return _named_file(_error(response), self.token_file)
 
     @contextmanager
     def _stream(self, path: str, params: Mapping[str, str]) -> Iterator[httpx.Response]:
@@ -507,7 +514,7 @@ class SouqClient(SchedCalls):
             with self._http.stream("GET", path, params=params, timeout=timeout) as response:
                 if response.is_error:
                     response.read()
-                    raise _error(response)
+                    raise self._refused(response)
                 yield response
         except httpx.TransportError as exc:
             raise self._unreachable(exc) from exc
@@ -548,6 +555,19 @@ def _one(model: type[M], response: httpx.Response) -> M:
 def _many(model: type[M], response: httpx.Response) -> list[M]:
     adapter: TypeAdapter[list[M]] = TypeAdapter(list[model])  # type: ignore[valid-type]
     return adapter.validate_json(response.content)
+
+
+def _named_file(err: SouqError, token_file: Path | None) -> SouqError:
+    """A refused token (401) that was read from a file: the message names the file."""
+    if err.http_status != 401 or token_file is None:
+        return err
+    err.message = f"{err.message} (the token read from {token_file})"
+    err.args = (err.message,)
+    err.hint = (
+        f"the token in {token_file} is not this cluster's (a souq dev that has since made "
+        "new keys?): set SOUQ_TOKEN to a token of this cluster, or remove that file"
+    )
+    return err
 
 
 def _error(response: httpx.Response) -> SouqError:
