@@ -6,6 +6,12 @@ the workers (one ``souq agent`` child process each, with ``--stop-machines-on-ex
 separate processes on purpose: each keeps its own SQLite file and supervises its own machines
 exactly as on a real host, and a crash of one does not take the others down.
 
+One ``souq dev`` at a time runs on a data directory: it holds a lock on the directory (an
+``flock`` on ``souq-dev.lock``, for the life of the process) before it touches anything there,
+so a second start refuses, naming the directory and the pid holding it, and leaves the running
+cluster alone. The directory is kept across runs, workers and NATS store included: a restart
+finds the cluster as it was left.
+
 On SIGINT or SIGTERM everything started here stops, in order: the broker, then the agents (which
 stop their machines with each machine's stop config), then nats-server. This process makes itself
 a child subreaper, so a machine process orphaned by a crashed agent is re-parented here and is
@@ -17,7 +23,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import fcntl
 import itertools
+import math
 import os
 import shutil
 import signal
@@ -37,12 +45,21 @@ from souq.auth.bus import add_agent, init_bus, worker_id_for
 from souq.auth.files import AuthDir
 from souq.auth.locate import default_dev_dir
 from souq.daemon import loop_factory
-from souq.errors import SouqError, Unavailable
+from souq.errors import Conflict, SouqError, Unavailable
 from souq.natscluster import NatsCluster
 from souq.natsserver import NatsServer, free_port
 from souq.procs import terminate
 
-__all__ = ["DevCluster", "DevConfig", "port_block", "run", "start_agent_process"]
+__all__ = [
+    "LOCK_FILE",
+    "DevCluster",
+    "DevConfig",
+    "lock_data_dir",
+    "port_block",
+    "run",
+    "start_agent_process",
+    "worker_share",
+]
 
 _PR_SET_CHILD_SUBREAPER = 36
 
@@ -62,16 +79,21 @@ class DevConfig(BaseModel):
     )
     regions: tuple[str, ...] = ("mad", "syd")
     workers_per_region: int = Field(default=2, ge=1, le=64)
-    worker_cpus: float | None = Field(default=None, gt=0)
-    worker_memory_mb: int | None = Field(default=None, gt=0)
+    worker_cpus: float | None = Field(
+        default=None, gt=0, description="default: the host's cores shared out, at least 1 each"
+    )
+    worker_memory_mb: int | None = Field(
+        default=None, gt=0, description="default: the host's memory shared out among the workers"
+    )
     image_cache_mb: int | None = Field(default=None, ge=0, description="each worker's image cache")
     machine_user: str | None = Field(
         default=None, description="who machines run as (default: nobody for root, else you)"
     )
     data_dir: Path | None = Field(
         default=None,
-        description="default: /var/lib/souq/dev as root, else ~/.local/state/souq/dev (its "
-        "workers and NATS store are started afresh each time; its keys and admin token stay)",
+        description="default: /var/lib/souq/dev as root, else ~/.local/state/souq/dev; kept "
+        "across runs (its keys, admin token, workers and NATS store); one souq dev at a time "
+        "(a lock on the directory)",
     )
     host: str = "127.0.0.1"
     ready_timeout_s: float = 60.0
@@ -238,13 +260,24 @@ async def _wait_ready(
 
 
 async def _serve(config: DevConfig, report: Callable[[DevCluster], None]) -> None:
+
+    data_dir = config.data_dir or default_dev_dir()
+    # Before anything in the directory is touched: a second `souq dev` on it refuses here.
+    lock = lock_data_dir(data_dir)
+    try:
+        await _serve_locked(config, data_dir, report)
+    finally:
+        os.close(lock)
+
+
+async def _serve_locked(
+    config: DevConfig, data_dir: Path, report: Callable[[DevCluster], None]
+) -> None:
+    """The cluster in ``data_dir``, kept as it was left (its workers' machines, its NATS
+    store): a restart loses nothing."""
     from souq.broker.config import BrokerConfig
     from souq.broker.main import serve as serve_broker
 
-    data_dir = config.data_dir or default_dev_dir()
-    if config.data_dir is None:  # the default directory: a fresh cluster, the same keys
-        for old in ("workers", "nats"):
-            shutil.rmtree(data_dir / old, ignore_errors=True)
     auth = AuthDir.create(data_dir, private=False)
     init_bus(auth)  # the embedded NATS is locked down as a cluster's is
     stop = asyncio.Event()
@@ -312,19 +345,54 @@ async def _serve(config: DevConfig, report: Callable[[DevCluster], None]) -> Non
         nats.stop()
 
 
+LOCK_FILE = "souq-dev.lock"
+
+
+def lock_data_dir(data_dir: Path) -> int:
+    """Take ``data_dir`` for this process: an exclusive ``flock`` on its ``souq-dev.lock`` (the
+    holder's pid written in it), held until the descriptor returned is closed or the process
+    ends, however it ends. :class:`~souq.errors.Conflict` naming the directory and the pid that
+    holds it when another ``souq dev`` runs there; nothing else in the directory is touched."""
+    data_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
+    path = data_dir / LOCK_FILE
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise Conflict(
+            f"souq dev is already running on {data_dir} (pid {holder}): a second one there "
+            "would take its workers and NATS from under it",
+            hint=f"stop it first (kill {holder}), or give this one another --data-dir",
+            details={"data_dir": str(data_dir), "pid": holder},
+        ) from None
+    except BaseException:
+        os.close(fd)
+        raise
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
 def _start_agents(
     config: DevConfig, nats_url: str, data_dir: Path, agents: list[subprocess.Popen[bytes]]
 ) -> list[tuple[str, str]]:
     """Start the workers (into ``agents`` as they start); their (region, name)s."""
+    from souq.agent.fingerprint import host_cpus, host_memory_mb
+
     names = _worker_names(config)
+    cpus, memory_mb = worker_share(host_cpus(), host_memory_mb(), len(names))
     for region, name in names:
         agents.append(
             start_agent_process(
                 region=region,
                 nats_url=nats_url,
                 data_dir=data_dir / "workers" / name,
-                cpus=config.worker_cpus,
-                memory_mb=config.worker_memory_mb,
+                cpus=config.worker_cpus if config.worker_cpus is not None else cpus,
+                memory_mb=(
+                    config.worker_memory_mb if config.worker_memory_mb is not None else memory_mb
+                ),
                 log_format=config.log_format,
                 image_cache_mb=config.image_cache_mb,
                 auth_dir=data_dir,
@@ -333,6 +401,16 @@ def _start_agents(
             )
         )
     return names
+
+
+def worker_share(host_cpus: float, host_memory_mb: int, workers: int) -> tuple[float, int]:
+    """What each of ``workers`` workers on one host offers unless told: its share of the
+    host's memory (never more than the host has, all workers together), and its share of the
+    CPUs, at least one core (a machine's default size: on a host with fewer cores than workers,
+    the cores are shared, as CPU time can be, and a default machine still fits)."""
+    workers = max(workers, 1)
+    cpus = max(1.0, math.floor(host_cpus / workers * 100) / 100)
+    return cpus, max(1, host_memory_mb // workers)
 
 
 def _worker_names(config: DevConfig) -> list[tuple[str, str]]:
@@ -396,7 +474,25 @@ def _stop_agents(agents: list[subprocess.Popen[bytes]], timeout: float = 30.0) -
     _kill_descendants(keep)
 
 
+def souq_command() -> str:
+    """How the user runs this ``souq`` from the shell that started it: ``souq`` when that is
+    the one on ``PATH``, else its path (relative to the working directory when it lies below
+    it, as ``.venv/bin/souq`` does after ``make dev``), else ``python -m souq``."""
+    argv0 = Path(sys.argv[0])
+    script = argv0 if argv0.name == "souq" else Path(sys.executable).with_name("souq")
+    if not (script.is_file() and os.access(script, os.X_OK)):
+        return f"{sys.executable} -m souq"
+    script = script.absolute()
+    on_path = shutil.which("souq")
+    if on_path is not None and Path(on_path).resolve() == script.resolve():
+        return "souq"
+    with contextlib.suppress(ValueError):
+        return str(script.relative_to(Path.cwd().absolute()))
+    return str(script)
+
+
 def _print_ready(cluster: DevCluster) -> None:
+    souq = souq_command()
     lines = [
         "Souq dev cluster is ready",
         f"  API:  {cluster.api_url}",
@@ -405,12 +501,12 @@ def _print_ready(cluster: DevCluster) -> None:
         f"  data: {cluster.data_dir}",
         f"  token: {cluster.data_dir / 'admin.token'} (admin; "
         + (
-            "the souq CLI finds it)"
+            f"{souq} finds it)"
             if cluster.data_dir == default_dev_dir()
             else f"for the CLI: export SOUQ_TOKEN=$(cat {cluster.data_dir / 'admin.token'}))"
         ),
         "  workers: " + ", ".join(name for _, name in cluster.workers),
-        "Try: souq machine run --app hello --region "
+        f"Try: {souq} machine run --app hello --region "
         + cluster.workers[0][0]
         + " --port 8080 -- sh -c 'exec python3 -m http.server $PORT'",
         f"     curl -H 'Host: hello.{cluster.domain}' {cluster.proxy_url}/",
