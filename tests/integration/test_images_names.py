@@ -5,15 +5,18 @@ out would fail the create). Real NATS with JetStream, a real agent and broker, t
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import nats
 import pytest
 
 from souq.errors import SouqError
 from souq.images import Image, layout_tar, pack_directory
+from souq.images.store import ImageStore
 from souq.model.machine import MachineState
 from souq.testing import Cluster, auth_headers
 from tests.integration.images_harness import souq
@@ -107,3 +110,30 @@ def test_a_bad_name_is_refused_naming_the_field(cluster: Cluster, tmp_path: Path
             r = http.post("/v1/images", params={"name": name}, content=body)
             assert r.status_code == 422, (name, r.text)
             assert r.json()["field"] == "name"
+
+
+async def _store_as_before(cluster: Cluster, name: str, reference: str) -> None:
+    """``name`` written into the store as a store of before normalised names wrote it: its
+    own spelling, as the key."""
+    nc = await nats.connect(cluster.nats.url, **cluster.nats_options("broker"))
+    try:
+        store = await ImageStore.open(nc)
+        await store.records.put("name." + name.encode().hex(), reference.encode())
+    finally:
+        await nc.close()
+
+
+def test_a_name_stored_before_names_were_normalised_is_still_found(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    image = _image(tmp_path / "old", "stored long ago")
+    with cluster.client() as client:
+        reference = client.push_image(layout_tar(image)).reference
+    asyncio.run(_store_as_before(cluster, "old-web_", reference))  # no longer a Docker name
+    with cluster.client() as client:
+        assert client.image("old-web_").reference == reference
+        machine = client.create_machine(
+            APP, "mad", {"image": "old-web_", "restart": {"policy": "no"}}
+        )
+        client.wait(APP, machine.id, MachineState.STOPPED, timeout=60)
+        assert "stored long ago" in client.logs(APP, machine.id)
