@@ -7,10 +7,10 @@ separate processes on purpose: each keeps its own SQLite file and supervises its
 exactly as on a real host, and a crash of one does not take the others down.
 
 One ``souq dev`` at a time runs on a data directory: it holds a lock on the directory (an
-``flock`` on ``souq-dev.lock``, for the life of the process) before it touches anything there,
-so a second start refuses, naming the directory and the pid holding it, and leaves the running
-cluster alone. The directory is kept across runs, workers and NATS store included: a restart
-finds the cluster as it was left.
+``flock`` on ``souq-dev.lock``, for the life of the process and of its worker agents) before it
+touches anything there, so a second start refuses, naming the directory and the pid holding it,
+and leaves the running cluster alone. The directory is kept across runs, workers and NATS store
+included: a restart finds the cluster as it was left.
 
 On SIGINT or SIGTERM everything started here stops, in order: the broker, then the agents (which
 stop their machines with each machine's stop config), then nats-server. This process makes itself
@@ -163,12 +163,14 @@ def start_agent_process(
     worker_id: str | None = None,
     extra_args: Sequence[str] = (),
     prefix: Sequence[str] = (),
+    pass_fds: Sequence[int] = (),
 ) -> subprocess.Popen[bytes]:
     """``souq agent`` as a child process; its stderr goes to ``log_path`` (default: beside its
     data dir). ``ports``: its machines' host ports (default: the next block of
     :func:`port_block`, so that agents of one host never hand out the same port).
     ``extra_args`` end its command line (e.g. ``["--gpus", "4", "--gpu-model", "T4"]``);
-    ``prefix`` comes before it (e.g. ``ip netns exec NAME``: an agent on a host of its own)."""
+    ``prefix`` comes before it (e.g. ``ip netns exec NAME``: an agent on a host of its own);
+    ``pass_fds`` stay open in it (``souq dev``'s lock on its data directory)."""
     args = [
         *prefix,
         sys.executable,
@@ -210,7 +212,11 @@ def start_agent_process(
     log = log_path or data_dir.with_name(data_dir.name + ".log")
     with open(log, "ab") as err:
         return subprocess.Popen(
-            args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            pass_fds=tuple(pass_fds),
         )
 
 
@@ -265,13 +271,13 @@ async def _serve(config: DevConfig, report: Callable[[DevCluster], None]) -> Non
     # Before anything in the directory is touched: a second `souq dev` on it refuses here.
     lock = lock_data_dir(data_dir)
     try:
-        await _serve_locked(config, data_dir, report)
+        await _serve_locked(config, data_dir, report, lock)
     finally:
         os.close(lock)
 
 
 async def _serve_locked(
-    config: DevConfig, data_dir: Path, report: Callable[[DevCluster], None]
+    config: DevConfig, data_dir: Path, report: Callable[[DevCluster], None], lock: int
 ) -> None:
     """The cluster in ``data_dir``, kept as it was left (its workers' machines, its NATS
     store): a restart loses nothing."""
@@ -292,7 +298,7 @@ async def _serve_locked(
     proxy_task: asyncio.Task[None] | None = None
     try:
         nats.start()
-        names = _start_agents(config, nats.url, data_dir, agents)
+        names = _start_agents(config, nats.url, data_dir, agents, lock)
         port = config.port or free_port(config.host)
         broker = BrokerConfig(
             nats_url=nats.url, listen_host=config.host, listen_port=port, auth_dir=auth.path
@@ -351,8 +357,9 @@ LOCK_FILE = "souq-dev.lock"
 def lock_data_dir(data_dir: Path) -> int:
     """Take ``data_dir`` for this process: an exclusive ``flock`` on its ``souq-dev.lock`` (the
     holder's pid written in it), held until the descriptor returned is closed or the process
-    ends, however it ends. :class:`~souq.errors.Conflict` naming the directory and the pid that
-    holds it when another ``souq dev`` runs there; nothing else in the directory is touched."""
+    ends, however it ends (and by the worker agents it starts, which inherit it).
+    :class:`~souq.errors.Conflict` naming the directory and the pid that holds it when another
+    ``souq dev`` runs there; nothing else in the directory is touched."""
     data_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
     path = data_dir / LOCK_FILE
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -361,10 +368,16 @@ def lock_data_dir(data_dir: Path) -> int:
     except BlockingIOError:
         holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
         os.close(fd)
+        gone = holder.isdigit() and not psutil.pid_exists(int(holder))
         raise Conflict(
-            f"souq dev is already running on {data_dir} (pid {holder}): a second one there "
-            "would take its workers and NATS from under it",
-            hint=f"stop it first (kill {holder}), or give this one another --data-dir",
+            f"souq dev is already running on {data_dir} (pid {holder}"
+            + (", which has exited: a worker agent it started still holds the lock" if gone else "")
+            + "): a second one there would take its workers and NATS from under it",
+            hint=(
+                f"stop the souq agent processes whose --data-dir is under {data_dir}"
+                if gone
+                else f"stop it first (kill {holder}), or give this one another --data-dir"
+            ),
             details={"data_dir": str(data_dir), "pid": holder},
         ) from None
     except BaseException:
@@ -376,9 +389,15 @@ def lock_data_dir(data_dir: Path) -> int:
 
 
 def _start_agents(
-    config: DevConfig, nats_url: str, data_dir: Path, agents: list[subprocess.Popen[bytes]]
+    config: DevConfig,
+    nats_url: str,
+    data_dir: Path,
+    agents: list[subprocess.Popen[bytes]],
+    lock: int,
 ) -> list[tuple[str, str]]:
-    """Start the workers (into ``agents`` as they start); their (region, name)s."""
+    """Start the workers (into ``agents`` as they start); their (region, name)s. Each inherits
+    the directory's ``lock``: while an agent of this cluster lives (this process killed with
+    -9, say), no other ``souq dev`` starts agents on its workers' files."""
     from souq.agent.fingerprint import host_cpus, host_memory_mb
 
     names = _worker_names(config)
@@ -398,6 +417,7 @@ def _start_agents(
                 auth_dir=data_dir,
                 worker_id=_credential_for(data_dir, name),
                 machine_user=config.machine_user,
+                pass_fds=(lock,),
             )
         )
     return names

@@ -16,6 +16,7 @@ import httpx
 import psutil
 import pytest
 
+from souq.dev import lock_data_dir
 from souq.natsserver import free_port
 from souq.testing import wait_until
 
@@ -324,3 +325,38 @@ def test_a_second_dev_on_the_same_directory_refuses_and_a_restart_keeps_the_clus
         assert again.wait(60) == 0
     finally:
         _kill_tree(again)
+
+
+def test_the_workers_of_a_killed_dev_keep_its_directory_locked(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """`souq dev` killed with -9 leaves its agents running on their files: they inherited the
+    lock, so a new `souq dev` there refuses until they are gone, saying so."""
+    ports = (free_port(), free_port(), free_port())
+    data = Path(tempfile.mkdtemp(prefix="souq-dev-test-", dir="/tmp"))
+    data.chmod(0o755)
+    request.addfinalizer(lambda: shutil.rmtree(data, ignore_errors=True))
+    one = "--regions", "mad", "--workers-per-region", "1"
+    dev = _start_dev(data, tmp_path / "dev.out", ports, *one)
+    tree: list[psutil.Process] = []
+    try:
+        _wait_banner(dev, tmp_path / "dev.out")
+        tree = psutil.Process(dev.pid).children(recursive=True)
+        agents = [p for p in tree if "agent" in p.cmdline()]
+        assert len(agents) == 1
+        os.kill(dev.pid, signal.SIGKILL)
+        dev.wait()
+        second = subprocess.run(
+            [sys.executable, "-m", "souq", "dev", "--data-dir", str(data), *one],
+            capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL, check=False,
+        )  # fmt: skip
+        assert second.returncode == 1, second.stderr
+        assert f"(pid {dev.pid}, which has exited: a worker agent" in second.stderr
+        assert agents[0].is_running()
+    finally:
+        _kill_tree(dev)
+        for proc in tree:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        psutil.wait_procs(tree, timeout=10)
+    os.close(lock_data_dir(data))  # the agents gone, the lock is free again
