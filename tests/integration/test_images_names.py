@@ -18,6 +18,7 @@ from souq.errors import SouqError
 from souq.images import Image, layout_tar, pack_directory
 from souq.images.store import ImageStore
 from souq.model.machine import MachineState
+from souq.natsserver import free_port
 from souq.testing import Cluster, auth_headers
 from tests.integration.images_harness import souq
 
@@ -79,6 +80,20 @@ def test_a_name_not_stored_is_image_not_found_without_asking_a_registry(
     assert "--name docker.io/library/busybox:1.36" in (caught.value.hint or "")
     with cluster.client() as client:
         assert not [m for m in client.list_machines(APP) if m.config.image == "busybox:1.36"]
+
+
+def test_a_registry_out_of_reach_says_how_to_run_its_image_without_it(
+    cluster: Cluster,
+) -> None:
+    """A name written with its registry that the store lacks is asked of that registry; one that
+    cannot be reached (nothing listens on its port) answers 503 with the command that stores
+    the image under that name."""
+    name = f"127.0.0.1:{free_port()}/library/absent:v1"
+    with cluster.client() as client, pytest.raises(SouqError) as caught:
+        client.create_machine(APP, "mad", {"image": name})
+    assert caught.value.status == "unavailable"
+    assert "cannot reach the registry" in caught.value.message
+    assert f"souq image import PATH --name {name}" in (caught.value.hint or "")
 
 
 def test_an_apps_token_may_not_store_a_registry_name(cluster: Cluster, tmp_path: Path) -> None:

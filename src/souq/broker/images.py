@@ -26,7 +26,7 @@ from nats.aio.client import Client
 from souq.bus.jetstream import OnFirstUse
 from souq.errors import ImageNotFound, Unavailable
 from souq.images import registry
-from souq.images.store import ImageStore
+from souq.images.store import ImageStore, not_stored_hint
 from souq.model.image import ImageRecord
 from souq.model.machine import MachineConfig
 
@@ -56,11 +56,23 @@ class ImageResolver:
             if not registry.is_registry_reference(ref):
                 raise
             # Not in the store (or no store: a NATS without JetStream): its registry's.
-            record = await asyncio.to_thread(registry.describe_record, ref, name=ref)
+            record = await self._from_registry(ref)
         self._records[record.reference] = record
         if len(self._records) > KEEP:
             self._records.popitem(last=False)
         return record
+
+    @staticmethod
+    async def _from_registry(ref: str) -> ImageRecord:
+        """The record of ``ref`` described from its registry; a registry out of reach says
+        how to run the image without it."""
+        try:
+            return await asyncio.to_thread(registry.describe_record, ref, name=ref)
+        except Unavailable as exc:
+            raise Unavailable(
+                f"{exc.message}, and the cluster's store has no image named {ref!r}",
+                hint=not_stored_hint(registry.split_reference(ref)[1]),
+            ) from exc
 
     async def of_config(self, config: MachineConfig) -> ImageRecord | None:
         """The image a machine config runs, if it names one."""

@@ -45,6 +45,7 @@ __all__ = [
     "is_registry_reference",
     "parse_reference",
     "pull",
+    "split_reference",
     "stream_blob",
 ]
 
@@ -69,7 +70,7 @@ def parse_reference(text: str) -> RegistryRef:
     """``HOST[:PORT]/REPO[:TAG|@DIGEST]`` (the tag ``latest`` when neither is given), read as
     Docker reads it (:func:`souq.images.names.image_name`): ``docker.io/busybox`` is
     ``library/busybox`` at Docker Hub's API, ``registry-1.docker.io``."""
-    scheme, name = _split(text)
+    scheme, name = split_reference(text)
     if name is None or not name.registry_given:
         raise InvalidInput(
             f"{text!r} is not a registry reference",
@@ -83,11 +84,11 @@ def parse_reference(text: str) -> RegistryRef:
 def is_registry_reference(text: str) -> bool:
     """Whether ``text`` names an image in a registry (it is written with its registry: its
     first part is a host), not only one of the cluster's store."""
-    _, name = _split(text)
+    _, name = split_reference(text)
     return name is not None and name.registry_given
 
 
-def _split(text: str) -> tuple[str | None, ImageName | None]:
+def split_reference(text: str) -> tuple[str | None, ImageName | None]:
     """The scheme written in front of ``text`` (``docker://`` says none), and the name after
     it (None: not an image name)."""
     rest = text.strip()

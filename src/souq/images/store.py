@@ -36,7 +36,7 @@ from souq.images.manifest import Image, record_of, verify_blob
 from souq.images.names import ImageName, image_name, is_digest
 from souq.model.image import ImageRecord
 
-__all__ = ["BLOBS_BUCKET", "RECORDS_BUCKET", "ImageStore"]
+__all__ = ["BLOBS_BUCKET", "RECORDS_BUCKET", "ImageStore", "not_stored_hint"]
 
 BLOBS_BUCKET = "souq-image-blobs"
 RECORDS_BUCKET = "souq-images"
@@ -60,7 +60,8 @@ def _stored_name(name: str) -> ImageName:
     return parsed
 
 
-def _not_stored_hint(ref: str, name: ImageName | None) -> str:
+def not_stored_hint(name: ImageName | None) -> str:
+    """What to do about a name the store does not hold: store it under that name."""
     hint = "see `souq image list`"
     if name is None:
         return hint
@@ -182,7 +183,7 @@ class ImageStore:
         raise ImageNotFound(
             f"no image is named {ref!r} in the cluster's store"
             + ("" if name is None else f" (as {name.canonical})"),
-            hint=_not_stored_hint(ref, name),
+            hint=not_stored_hint(name),
         )
 
     async def list(self) -> list[ImageRecord]:
