@@ -77,7 +77,20 @@ nginx:
 	@command -v nginx >/dev/null || (apt-get update -qq && apt-get install -y -qq nginx) \
 		>/dev/null 2>&1 || echo "nginx not installed: the proxy benchmark cannot run" >&2
 
-dev: build bwrap
+# `make dev` says what each step does before it does it: the first run creates the venv and
+# installs Souq (a minute or two, pip being quiet), and as root it may install a system package.
+dev:
+	@$(MAKE) --no-print-directory -q $(STAMP) 2>/dev/null || echo "make dev: installing Souq \
+	into $(VENV) (python -m venv, then pip install -e '.[native]': the first time takes a minute \
+	or two)..."
+	@$(MAKE) -s --no-print-directory $(STAMP)
+	@echo "make dev: compiling Souq's hot modules with mypyc where a C compiler is at hand \
+	(make build; quick when nothing changed)..."
+	@$(MAKE) --no-print-directory build
+	@command -v bwrap >/dev/null || echo "make dev: bubblewrap (the sandbox driver's) is \
+	missing: installing Debian's package with apt-get as root (else workers offer exec only)..."
+	@$(MAKE) --no-print-directory bwrap
+	@echo "make dev: starting the cluster: $(BIN)/souq dev $(ARGS)"
 	$(BIN)/souq dev $(ARGS)
 
 lint: $(TSTAMP)

@@ -6,6 +6,12 @@ the workers (one ``souq agent`` child process each, with ``--stop-machines-on-ex
 separate processes on purpose: each keeps its own SQLite file and supervises its own machines
 exactly as on a real host, and a crash of one does not take the others down.
 
+One ``souq dev`` at a time runs on a data directory: it holds a lock on the directory (an
+``flock`` on ``souq-dev.lock``, for the life of the process and of its worker agents) before it
+touches anything there, so a second start refuses, naming the directory and the pid holding it,
+and leaves the running cluster alone. The directory is kept across runs, workers and NATS store
+included: a restart finds the cluster as it was left.
+
 On SIGINT or SIGTERM everything started here stops, in order: the broker, then the agents (which
 stop their machines with each machine's stop config), then nats-server. This process makes itself
 a child subreaper, so a machine process orphaned by a crashed agent is re-parented here and is
@@ -17,7 +23,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import fcntl
 import itertools
+import math
 import os
 import shutil
 import signal
@@ -37,12 +45,21 @@ from souq.auth.bus import add_agent, init_bus, worker_id_for
 from souq.auth.files import AuthDir
 from souq.auth.locate import default_dev_dir
 from souq.daemon import loop_factory
-from souq.errors import SouqError, Unavailable
+from souq.errors import Conflict, SouqError, Unavailable
 from souq.natscluster import NatsCluster
 from souq.natsserver import NatsServer, free_port
 from souq.procs import terminate
 
-__all__ = ["DevCluster", "DevConfig", "port_block", "run", "start_agent_process"]
+__all__ = [
+    "LOCK_FILE",
+    "DevCluster",
+    "DevConfig",
+    "lock_data_dir",
+    "port_block",
+    "run",
+    "start_agent_process",
+    "worker_share",
+]
 
 _PR_SET_CHILD_SUBREAPER = 36
 
@@ -62,16 +79,21 @@ class DevConfig(BaseModel):
     )
     regions: tuple[str, ...] = ("mad", "syd")
     workers_per_region: int = Field(default=2, ge=1, le=64)
-    worker_cpus: float | None = Field(default=None, gt=0)
-    worker_memory_mb: int | None = Field(default=None, gt=0)
+    worker_cpus: float | None = Field(
+        default=None, gt=0, description="default: the host's cores shared out, at least 1 each"
+    )
+    worker_memory_mb: int | None = Field(
+        default=None, gt=0, description="default: the host's memory shared out among the workers"
+    )
     image_cache_mb: int | None = Field(default=None, ge=0, description="each worker's image cache")
     machine_user: str | None = Field(
         default=None, description="who machines run as (default: nobody for root, else you)"
     )
     data_dir: Path | None = Field(
         default=None,
-        description="default: /var/lib/souq/dev as root, else ~/.local/state/souq/dev (its "
-        "workers and NATS store are started afresh each time; its keys and admin token stay)",
+        description="default: /var/lib/souq/dev as root, else ~/.local/state/souq/dev; kept "
+        "across runs (its keys, admin token, workers and NATS store); one souq dev at a time "
+        "(a lock on the directory)",
     )
     host: str = "127.0.0.1"
     ready_timeout_s: float = 60.0
@@ -141,12 +163,14 @@ def start_agent_process(
     worker_id: str | None = None,
     extra_args: Sequence[str] = (),
     prefix: Sequence[str] = (),
+    pass_fds: Sequence[int] = (),
 ) -> subprocess.Popen[bytes]:
     """``souq agent`` as a child process; its stderr goes to ``log_path`` (default: beside its
     data dir). ``ports``: its machines' host ports (default: the next block of
     :func:`port_block`, so that agents of one host never hand out the same port).
     ``extra_args`` end its command line (e.g. ``["--gpus", "4", "--gpu-model", "T4"]``);
-    ``prefix`` comes before it (e.g. ``ip netns exec NAME``: an agent on a host of its own)."""
+    ``prefix`` comes before it (e.g. ``ip netns exec NAME``: an agent on a host of its own);
+    ``pass_fds`` stay open in it (``souq dev``'s lock on its data directory)."""
     args = [
         *prefix,
         sys.executable,
@@ -188,7 +212,11 @@ def start_agent_process(
     log = log_path or data_dir.with_name(data_dir.name + ".log")
     with open(log, "ab") as err:
         return subprocess.Popen(
-            args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            pass_fds=tuple(pass_fds),
         )
 
 
@@ -238,13 +266,24 @@ async def _wait_ready(
 
 
 async def _serve(config: DevConfig, report: Callable[[DevCluster], None]) -> None:
+
+    data_dir = config.data_dir or default_dev_dir()
+    # Before anything in the directory is touched: a second `souq dev` on it refuses here.
+    lock = lock_data_dir(data_dir)
+    try:
+        await _serve_locked(config, data_dir, report, lock)
+    finally:
+        os.close(lock)
+
+
+async def _serve_locked(
+    config: DevConfig, data_dir: Path, report: Callable[[DevCluster], None], lock: int
+) -> None:
+    """The cluster in ``data_dir``, kept as it was left (its workers' machines, its NATS
+    store): a restart loses nothing."""
     from souq.broker.config import BrokerConfig
     from souq.broker.main import serve as serve_broker
 
-    data_dir = config.data_dir or default_dev_dir()
-    if config.data_dir is None:  # the default directory: a fresh cluster, the same keys
-        for old in ("workers", "nats"):
-            shutil.rmtree(data_dir / old, ignore_errors=True)
     auth = AuthDir.create(data_dir, private=False)
     init_bus(auth)  # the embedded NATS is locked down as a cluster's is
     stop = asyncio.Event()
@@ -259,7 +298,7 @@ async def _serve(config: DevConfig, report: Callable[[DevCluster], None]) -> Non
     proxy_task: asyncio.Task[None] | None = None
     try:
         nats.start()
-        names = _start_agents(config, nats.url, data_dir, agents)
+        names = _start_agents(config, nats.url, data_dir, agents, lock)
         port = config.port or free_port(config.host)
         broker = BrokerConfig(
             nats_url=nats.url, listen_host=config.host, listen_port=port, auth_dir=auth.path
@@ -312,27 +351,86 @@ async def _serve(config: DevConfig, report: Callable[[DevCluster], None]) -> Non
         nats.stop()
 
 
+LOCK_FILE = "souq-dev.lock"
+
+
+def lock_data_dir(data_dir: Path) -> int:
+    """Take ``data_dir`` for this process: an exclusive ``flock`` on its ``souq-dev.lock`` (the
+    holder's pid written in it), held until the descriptor returned is closed or the process
+    ends, however it ends (and by the worker agents it starts, which inherit it).
+    :class:`~souq.errors.Conflict` naming the directory and the pid that holds it when another
+    ``souq dev`` runs there; nothing else in the directory is touched."""
+    data_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
+    path = data_dir / LOCK_FILE
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        gone = holder.isdigit() and not psutil.pid_exists(int(holder))
+        raise Conflict(
+            f"souq dev is already running on {data_dir} (pid {holder}"
+            + (", which has exited: a worker agent it started still holds the lock" if gone else "")
+            + "): a second one there would take its workers and NATS from under it",
+            hint=(
+                f"stop the souq agent processes whose --data-dir is under {data_dir}"
+                if gone
+                else f"stop it first (kill {holder}), or give this one another --data-dir"
+            ),
+            details={"data_dir": str(data_dir), "pid": holder},
+        ) from None
+    except BaseException:
+        os.close(fd)
+        raise
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
 def _start_agents(
-    config: DevConfig, nats_url: str, data_dir: Path, agents: list[subprocess.Popen[bytes]]
+    config: DevConfig,
+    nats_url: str,
+    data_dir: Path,
+    agents: list[subprocess.Popen[bytes]],
+    lock: int,
 ) -> list[tuple[str, str]]:
-    """Start the workers (into ``agents`` as they start); their (region, name)s."""
+    """Start the workers (into ``agents`` as they start); their (region, name)s. Each inherits
+    the directory's ``lock``: while an agent of this cluster lives (this process killed with
+    -9, say), no other ``souq dev`` starts agents on its workers' files."""
+    from souq.agent.fingerprint import host_cpus, host_memory_mb
+
     names = _worker_names(config)
+    cpus, memory_mb = worker_share(host_cpus(), host_memory_mb(), len(names))
     for region, name in names:
         agents.append(
             start_agent_process(
                 region=region,
                 nats_url=nats_url,
                 data_dir=data_dir / "workers" / name,
-                cpus=config.worker_cpus,
-                memory_mb=config.worker_memory_mb,
+                cpus=config.worker_cpus if config.worker_cpus is not None else cpus,
+                memory_mb=(
+                    config.worker_memory_mb if config.worker_memory_mb is not None else memory_mb
+                ),
                 log_format=config.log_format,
                 image_cache_mb=config.image_cache_mb,
                 auth_dir=data_dir,
                 worker_id=_credential_for(data_dir, name),
                 machine_user=config.machine_user,
+                pass_fds=(lock,),
             )
         )
     return names
+
+
+def worker_share(host_cpus: float, host_memory_mb: int, workers: int) -> tuple[float, int]:
+    """What each of ``workers`` workers on one host offers unless told: its share of the
+    host's memory (never more than the host has, all workers together), and its share of the
+    CPUs, at least one core (a machine's default size: on a host with fewer cores than workers,
+    the cores are shared, as CPU time can be, and a default machine still fits)."""
+    workers = max(workers, 1)
+    cpus = max(1.0, math.floor(host_cpus / workers * 100) / 100)
+    return cpus, max(1, host_memory_mb // workers)
 
 
 def _worker_names(config: DevConfig) -> list[tuple[str, str]]:
@@ -396,7 +494,25 @@ def _stop_agents(agents: list[subprocess.Popen[bytes]], timeout: float = 30.0) -
     _kill_descendants(keep)
 
 
+def souq_command() -> str:
+    """How the user runs this ``souq`` from the shell that started it: ``souq`` when that is
+    the one on ``PATH``, else its path (relative to the working directory when it lies below
+    it, as ``.venv/bin/souq`` does after ``make dev``), else ``python -m souq``."""
+    argv0 = Path(sys.argv[0])
+    script = argv0 if argv0.name == "souq" else Path(sys.executable).with_name("souq")
+    if not (script.is_file() and os.access(script, os.X_OK)):
+        return f"{sys.executable} -m souq"
+    script = script.absolute()
+    on_path = shutil.which("souq")
+    if on_path is not None and Path(on_path).resolve() == script.resolve():
+        return "souq"
+    with contextlib.suppress(ValueError):
+        return str(script.relative_to(Path.cwd().absolute()))
+    return str(script)
+
+
 def _print_ready(cluster: DevCluster) -> None:
+    souq = souq_command()
     lines = [
         "Souq dev cluster is ready",
         f"  API:  {cluster.api_url}",
@@ -405,12 +521,12 @@ def _print_ready(cluster: DevCluster) -> None:
         f"  data: {cluster.data_dir}",
         f"  token: {cluster.data_dir / 'admin.token'} (admin; "
         + (
-            "the souq CLI finds it)"
+            f"{souq} finds it)"
             if cluster.data_dir == default_dev_dir()
             else f"for the CLI: export SOUQ_TOKEN=$(cat {cluster.data_dir / 'admin.token'}))"
         ),
         "  workers: " + ", ".join(name for _, name in cluster.workers),
-        "Try: souq machine run --app hello --region "
+        f"Try: {souq} machine run --app hello --region "
         + cluster.workers[0][0]
         + " --port 8080 -- sh -c 'exec python3 -m http.server $PORT'",
         f"     curl -H 'Host: hello.{cluster.domain}' {cluster.proxy_url}/",

@@ -106,6 +106,10 @@ try {
   step("placement winner shown");
 
   await page.locator(`#feed li[data-machine-id="${made.id}"]`).first().waitFor({ timeout: WAIT_MS });
+  // When each of the machine's lines says it happened (its <time datetime>).
+  seen.feedTimes = await page
+    .locator(`#feed li[data-machine-id="${made.id}"] time`)
+    .evaluateAll((nodes) => nodes.map((n) => n.getAttribute("datetime")));
   seen.mode = await page.locator("#mode").getAttribute("data-mode");
   if (opt["expect-mode"] && seen.mode !== opt["expect-mode"]) {
     throw new Error(`the page is in ${seen.mode} mode, not ${opt["expect-mode"]}`);

@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from typing import Any
 
 import uvicorn
@@ -32,8 +33,14 @@ def _unrouted(_path: str) -> Any:
     return lambda handler: handler
 
 
-def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + ".000Z"
+# The stub's clock: every change is stamped a whole second after this (2026-01-01T00:00:00Z),
+# as a broker's replayed log stamps changes with when they happened, long before the page asks:
+# a page that stamps lines with its own clock is told apart.
+EPOCH_MS = 1_767_225_600_000
+
+
+def _iso(ms: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms / 1000)) + f".{ms % 1000:03d}Z"
 
 
 def make_app(*, cluster_view: bool = True) -> FastAPI:
@@ -45,11 +52,18 @@ def make_app(*, cluster_view: bool = True) -> FastAPI:
     machines: dict[str, dict[str, Any]] = {}
     listeners: list[asyncio.Queue[dict[str, Any]]] = []
     seq = 0
+    changes = 0
+
+    def stamp() -> str:
+        """The time of the next change, by the stub's clock."""
+        nonlocal changes
+        changes += 1
+        return _iso(EPOCH_MS + changes * 1000)
 
     def publish(machine: dict[str, Any], kind: str) -> None:
         nonlocal seq
         seq += 1
-        ms = int(time.time() * 1000)
+        ms = int(datetime.fromisoformat(machine["updated_at"]).timestamp() * 1000)
         event = {"type": kind, "status": machine["state"], "source": "user", "timestamp": ms}
         body = {
             "seq": seq,
@@ -119,8 +133,8 @@ def make_app(*, cluster_view: bool = True) -> FastAPI:
             "worker_id": "wb",
             "state": "started",
             "config": {"cmd": ["sleep"], "guest": body["config"]["guest"]},
-            "created_at": _now(),
-            "updated_at": _now(),
+            "created_at": (created := stamp()),
+            "updated_at": created,
             "restarts": 0,
             "placement": placement,
         }
@@ -131,7 +145,7 @@ def make_app(*, cluster_view: bool = True) -> FastAPI:
     async def stop(app: str, machine_id: str) -> JSONResponse:
         machine = machines[machine_id]
         machine["state"] = "stopped"
-        machine["updated_at"] = _now()
+        machine["updated_at"] = stamp()
         publish(machine, "stop")
         return JSONResponse(machine)
 

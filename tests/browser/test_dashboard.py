@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,12 @@ def cluster(chromium: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         yield c
 
 
+def _iso(ms: int) -> str:
+    """``ms`` as JavaScript's ``Date.toISOString`` writes it."""
+    whole = datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    return f"{whole}.{ms % 1000:03d}Z"
+
+
 def check_dashboard(api: str, chromium: str, out: Path, *extra: str) -> dict[str, Any]:
     """Run dashboard_check.mjs against ``api``; what it saw, or a failure with its story."""
     args = ["node", str(SCRIPT), "--api", api, "--app", "web", "--region", "mad"]
@@ -80,6 +87,10 @@ def test_dashboard_follows_a_machine_live(cluster: Cluster, chromium: str, tmp_p
     assert machine.placement is not None
     assert seen["winner"] == machine.placement.winner == machine.worker_id
     assert seen["mode"] in {"events", "polling"}
+    if seen["mode"] == "events":  # each line is stamped with its event's own time
+        with cluster.client() as client:
+            stamps = {_iso(e.timestamp) for e in client.events("web", machine.id)}
+        assert seen["feedTimes"] and set(seen["feedTimes"]) <= stamps, (seen["feedTimes"], stamps)
 
 
 @pytest.mark.parametrize(("cluster_view", "mode"), [(True, "events"), (False, "polling")])
@@ -92,3 +103,7 @@ def test_dashboard_uses_the_event_stream_or_polls(
         seen = check_dashboard(api, chromium, tmp_path, "--expect-mode", mode)
     assert seen["winner"] == "wb"
     assert seen["jobsHidden"] is True  # a broker without /sched: no Jobs table
+    # Each line is stamped with when its change happened by the broker's clock, not the page's.
+    times = seen["feedTimes"]
+    assert times, seen
+    assert all(t.startswith("2026-01-01T00:00:0") for t in times), times

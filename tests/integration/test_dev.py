@@ -16,6 +16,7 @@ import httpx
 import psutil
 import pytest
 
+from souq.dev import lock_data_dir
 from souq.natsserver import free_port
 from souq.testing import wait_until
 
@@ -224,3 +225,138 @@ def test_dev_on_a_nats_cluster_survives_a_node(
         assert [pid for pid in tree if _alive(pid)] == []
     finally:
         _kill_tree(dev)
+
+
+def _start_dev(
+    data: Path, out: Path, ports: tuple[int, int, int], *extra: str
+) -> subprocess.Popen[bytes]:
+    port, nats_port, proxy_port = ports
+    args = ["--port", str(port), "--nats-port", str(nats_port), "--proxy-port", str(proxy_port)]
+    with open(out, "wb") as sink:
+        return subprocess.Popen(
+            [sys.executable, "-m", "souq", "dev", *args, "--data-dir", str(data), *extra],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+
+
+def _wait_banner(dev: subprocess.Popen[bytes], out: Path) -> str:
+    def ready() -> str | None:
+        assert dev.poll() is None, out.read_text()
+        text = out.read_text()
+        return text if "Press Ctrl-C" in text else None
+
+    return wait_until(ready, timeout=90, message="the ready banner")
+
+
+def _snapshot(data: Path) -> tuple[set[str], bytes]:
+    """The paths of the cluster's state (its workers' and NATS's) and its NATS config."""
+    paths = {
+        str(p.relative_to(data))
+        for sub in ("workers", "nats")
+        for p in (data / sub).rglob("*")
+        if p.suffix not in {".log", ".tmp"}
+    }
+    return paths, (data / "nats.conf").read_bytes()
+
+
+def test_a_second_dev_on_the_same_directory_refuses_and_a_restart_keeps_the_cluster(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """The lock on the data directory: a second `souq dev` beside a running one refuses
+    before touching anything (exit 1, naming the directory and the pid), the first goes on;
+    once the first stops, a new one starts on the same directory and finds its machine."""
+    ports = (free_port(), free_port(), free_port())
+    data = Path(tempfile.mkdtemp(prefix="souq-dev-test-", dir="/tmp"))
+    data.chmod(0o755)
+    request.addfinalizer(lambda: shutil.rmtree(data, ignore_errors=True))
+    api = f"http://127.0.0.1:{ports[0]}"
+    one = "--regions", "mad", "--workers-per-region", "2"
+    first = _start_dev(data, tmp_path / "first.out", ports, *one)
+    try:
+        banner = _wait_banner(first, tmp_path / "first.out")
+        auth = {"Authorization": f"Bearer {(data / 'admin.token').read_text().strip()}"}
+        made = httpx.post(
+            f"{api}/v1/apps/kept/machines",
+            json={"region": "mad", "config": {"cmd": ["sleep", "600"]}},
+            headers=auth,
+            timeout=30,
+        )
+        assert made.status_code == 201, made.text
+        before = _snapshot(data)
+
+        second = subprocess.run(
+            [sys.executable, "-m", "souq", "dev", "--data-dir", str(data), "--port",
+             str(ports[0]), "--nats-port", str(ports[1]), "--proxy-port", str(ports[2]), *one],
+            capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL, check=False,
+        )  # fmt: skip
+        assert second.returncode == 1, second.stderr
+        assert f"already running on {data} (pid {first.pid})" in second.stderr
+        assert first.poll() is None
+        after = _snapshot(data)
+        assert before[0] <= after[0]  # nothing of the cluster's state was removed
+        assert after[1] == before[1]  # nor its NATS users rewritten
+        workers = httpx.get(f"{api}/v1/workers", headers=auth, timeout=10)
+        assert workers.status_code == 200 and len(workers.json()) == 2
+
+        # Each worker offers its share of the host's memory, not all of it.
+        total_mb = psutil.virtual_memory().total // (1024 * 1024)
+        assert all(w["capacity"]["memory_mb"] == total_mb // 2 for w in workers.json())
+
+        # The banner's CLI is one that runs from here, not a bare `souq` off the PATH.
+        souq = banner.split("Try: ", 1)[1].split(" machine run", 1)[0]
+        runs = subprocess.run(
+            [*souq.split(), "--help"], capture_output=True, timeout=60, check=False
+        )
+        assert runs.returncode == 0, (souq, runs.stderr)
+
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(60) == 0
+    finally:
+        _kill_tree(first)
+
+    again = _start_dev(data, tmp_path / "again.out", ports, *one)
+    try:
+        _wait_banner(again, tmp_path / "again.out")
+        listed = httpx.get(f"{api}/v1/apps/kept/machines", headers=auth, timeout=10).json()
+        assert [m["id"] for m in listed] == [made.json()["id"]]  # the restart kept it
+        again.send_signal(signal.SIGTERM)
+        assert again.wait(60) == 0
+    finally:
+        _kill_tree(again)
+
+
+def test_the_workers_of_a_killed_dev_keep_its_directory_locked(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """`souq dev` killed with -9 leaves its agents running on their files: they inherited the
+    lock, so a new `souq dev` there refuses until they are gone, saying so."""
+    ports = (free_port(), free_port(), free_port())
+    data = Path(tempfile.mkdtemp(prefix="souq-dev-test-", dir="/tmp"))
+    data.chmod(0o755)
+    request.addfinalizer(lambda: shutil.rmtree(data, ignore_errors=True))
+    one = "--regions", "mad", "--workers-per-region", "1"
+    dev = _start_dev(data, tmp_path / "dev.out", ports, *one)
+    tree: list[psutil.Process] = []
+    try:
+        _wait_banner(dev, tmp_path / "dev.out")
+        tree = psutil.Process(dev.pid).children(recursive=True)
+        agents = [p for p in tree if "agent" in p.cmdline()]
+        assert len(agents) == 1
+        os.kill(dev.pid, signal.SIGKILL)
+        dev.wait()
+        second = subprocess.run(
+            [sys.executable, "-m", "souq", "dev", "--data-dir", str(data), *one],
+            capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL, check=False,
+        )  # fmt: skip
+        assert second.returncode == 1, second.stderr
+        assert f"(pid {dev.pid}, which has exited: a worker agent" in second.stderr
+        assert agents[0].is_running()
+    finally:
+        _kill_tree(dev)
+        for proc in tree:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        psutil.wait_procs(tree, timeout=10)
+    os.close(lock_data_dir(data))  # the agents gone, the lock is free again

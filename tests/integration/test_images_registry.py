@@ -87,6 +87,33 @@ def test_pull_by_tag_and_by_digest_keeps_the_reference(
     assert listed["reference"] == image.reference
 
 
+def test_a_pull_from_a_mirror_keeps_the_upstream_name(
+    registry: str, cluster: Cluster, tmp_path: Path
+) -> None:
+    """A local mirror's copy of Docker Hub's busybox, pulled under Docker Hub's name: a create
+    naming it as a Fly client does runs it from the store, not from the mirror or the Hub."""
+    image = _greeting(tmp_path, "from the mirror")
+    _push(image, tmp_path / "layout", f"{registry}/library/busybox:mirrored")
+    run = souq(
+        cluster, "image", "pull", f"{registry}/library/busybox:mirrored",
+        "--name", "docker.io/library/busybox:mirrored",
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == image.reference
+    with cluster.client() as client:
+        machine = client.create_machine(
+            "mirror",
+            "mad",
+            {"image": "registry-1.docker.io/library/busybox:mirrored", "restart": {"policy": "no"}},
+        )
+        done = client.wait("mirror", machine.id, MachineState.STOPPED, timeout=60)
+        assert "from the mirror" in client.logs("mirror", machine.id)
+        assert client.image("busybox:mirrored").reference == image.reference
+    assert done.placement is not None and done.placement.image is not None
+    assert done.placement.image.reference == image.reference
+    assert done.placement.image.source is None  # the cluster's store
+
+
 def test_an_unknown_tag_or_registry_is_a_clear_error(registry: str, cluster: Cluster) -> None:
     run = souq(cluster, "image", "pull", f"{registry}/team/web:nope")
     assert run.returncode != 0

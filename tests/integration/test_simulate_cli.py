@@ -7,6 +7,7 @@ contract's shape; the figure is a PNG; a bad policy is refused with a message an
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -61,3 +62,23 @@ def test_bad_options_are_refused_with_a_message(args: tuple[str, ...], message: 
     done = _simulate(*args)
     assert done.returncode == 1
     assert message in done.stderr
+
+
+def test_plot_without_matplotlib_is_refused_before_the_run(tmp_path: Path) -> None:
+    """Where matplotlib cannot be loaded (a package that fails to import stands in for it
+    here), --plot is refused first: before the traces are even read, not after the run."""
+    blocker = tmp_path / "no-matplotlib" / "matplotlib"
+    blocker.mkdir(parents=True)
+    (blocker / "__init__.py").write_text("raise ImportError('matplotlib is not installed')\n")
+    env = {**os.environ}
+    env["PYTHONPATH"] = os.pathsep.join([str(blocker.parent), env.get("PYTHONPATH", "")])
+    missing = tmp_path / "not-a-trace.csv"  # read before the run: the check comes first
+    done = subprocess.run(
+        [sys.executable, "-m", "souq", "simulate", "--nodes", str(missing), "--pods",
+         str(missing), "--plot", str(tmp_path / "fig.png")],
+        capture_output=True, text=True, timeout=120, check=False, env=env,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert "--plot needs matplotlib" in done.stderr
+    assert "is not a file" not in done.stderr
+    assert not (tmp_path / "fig.png").exists()

@@ -195,3 +195,31 @@ def test_follow_logs_yields_the_stream() -> None:
     )
     with pytest.raises(NotFound):
         list(missing.follow_logs("web", "m1"))
+
+
+def test_a_refused_token_names_the_file_it_was_read_from(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CLI picks `souq dev`'s admin.token when SOUQ_TOKEN is unset: a broker that refuses it
+    (another cluster's keys) is told apart from a token the user gave."""
+    import souq.auth.locate
+
+    (tmp_path / "admin.token").write_text("stale\n")
+    monkeypatch.setattr(souq.auth.locate, "default_dev_dir", lambda: tmp_path)
+    monkeypatch.delenv("SOUQ_TOKEN", raising=False)
+    refused = httpx.Response(
+        401, json={"error": "the token is not valid", "status": "unauthorized"}
+    )
+
+    client, sent = client_with(lambda _: refused)
+    with pytest.raises(SouqError) as caught:
+        client.workers()
+    assert sent[0].headers["authorization"] == "Bearer stale"
+    assert caught.value.status == "unauthorized"
+    assert f"the token read from {tmp_path / 'admin.token'}" in str(caught.value)
+
+    monkeypatch.setenv("SOUQ_TOKEN", "given")
+    client, _ = client_with(lambda _: refused)
+    with pytest.raises(SouqError) as caught:
+        client.workers()
+    assert "read from" not in str(caught.value)  # the user's own token: no file to name

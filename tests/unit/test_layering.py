@@ -35,6 +35,7 @@ PURE = [
     "secrets/sealed.py",
     "secrets/redact.py",
     "natsconf.py",
+    "images/names.py",
 ]
 
 # Anything that touches the network, processes, files or a database.

@@ -14,7 +14,7 @@ from souq.agent.config import AgentConfig
 from souq.model.resources import Resources
 from souq.model.worker import Fingerprint
 
-__all__ = ["capacity_of", "disk_free_mb", "fingerprint"]
+__all__ = ["capacity_of", "disk_free_mb", "fingerprint", "host_cpus", "host_memory_mb"]
 
 
 def fingerprint(
@@ -26,12 +26,8 @@ def fingerprint(
     """The host as detected, with ``cpus``, ``memory_mb``, ``disk_mb`` and ``gpus`` overridden
     by the config. Disk is the free space of the data dir's file system; gpus are 0 unless
     configured, with the configured ``gpu_model`` (no GPU is detected yet)."""
-    cpus = config.cpus if config.cpus is not None else float(os.cpu_count() or 1)
-    memory_mb = (
-        config.memory_mb
-        if config.memory_mb is not None
-        else int(psutil.virtual_memory().total // (1024 * 1024))
-    )
+    cpus = config.cpus if config.cpus is not None else host_cpus()
+    memory_mb = config.memory_mb if config.memory_mb is not None else host_memory_mb()
     disk_mb = config.disk_mb if config.disk_mb is not None else disk_free_mb(config.data_dir)
     return Fingerprint(
         hostname=socket.gethostname(),
@@ -46,6 +42,16 @@ def fingerprint(
         isolation=isolation or {"cgroups": "none", "enforced": []},
         machine_user=machine_user,
     )
+
+
+def host_cpus() -> float:
+    """The host's CPU cores, as detected."""
+    return float(os.cpu_count() or 1)
+
+
+def host_memory_mb() -> int:
+    """The host's memory in MiB, as detected."""
+    return int(psutil.virtual_memory().total // (1024 * 1024))
 
 
 def disk_free_mb(path: Path) -> int:

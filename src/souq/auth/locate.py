@@ -4,9 +4,19 @@ from __future__ import annotations
 
 import contextlib
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["default_dev_dir", "find_token"]
+__all__ = ["FoundToken", "default_dev_dir", "find_token", "locate_token"]
+
+
+@dataclass(frozen=True)
+class FoundToken:
+    """A token a client found, and where: ``file`` is the file it was read from (None: it came
+    from ``$SOUQ_TOKEN``), so that a broker's refusal can name what to fix."""
+
+    token: str
+    file: Path | None = None
 
 
 def default_dev_dir() -> Path:
@@ -19,11 +29,19 @@ def default_dev_dir() -> Path:
     return Path(state) / "souq" / "dev"
 
 
-def find_token() -> str | None:
+def locate_token() -> FoundToken | None:
     """The token a client sends: ``$SOUQ_TOKEN``, else the admin token of ``souq dev``'s
     default data directory when there is one, else none."""
     if token := os.environ.get("SOUQ_TOKEN", "").strip():
-        return token
+        return FoundToken(token)
+    path = default_dev_dir() / "admin.token"
     with contextlib.suppress(OSError):
-        return (default_dev_dir() / "admin.token").read_text().strip() or None
+        if token := path.read_text().strip():
+            return FoundToken(token, path)
     return None
+
+
+def find_token() -> str | None:
+    """:func:`locate_token`'s token."""
+    found = locate_token()
+    return None if found is None else found.token

@@ -5,9 +5,14 @@ A record named by its reference (``sha256:…``) never changes, so it is kept on
 :data:`KEEP`); a name is looked up every time, since a later image may take it over. A create
 whose image is unknown fails with ``image_not_found`` before its placement starts.
 
-An image named by a registry reference (``HOST[:PORT]/REPO[:TAG|@sha256:…]``) is described from
-the registry (its manifest and config: :func:`souq.images.registry.describe`); its record names
-the registry as its ``source``, and each worker pulls the layers from there itself.
+A name is looked up in the cluster's store first, in Docker's normal form
+(:func:`souq.images.names.image_name`: ``nginx``, ``docker.io/library/nginx:latest`` and
+``registry-1.docker.io/library/nginx:latest`` are one name), so an image an operator imported
+under its registry's name runs without that registry in reach. Only a name written with its
+registry (``HOST[:PORT]/REPO[:TAG|@sha256:…]``) that the store does not hold is described from
+that registry (its manifest and config: :func:`souq.images.registry.describe`); its record names
+the registry as its ``source``, and each worker pulls the layers from there itself. A short name
+(``busybox``) is the store's only: it never dials out.
 """
 
 from __future__ import annotations
@@ -19,8 +24,9 @@ from collections.abc import Callable
 from nats.aio.client import Client
 
 from souq.bus.jetstream import OnFirstUse
+from souq.errors import ImageNotFound, Unavailable
 from souq.images import registry
-from souq.images.store import ImageStore
+from souq.images.store import ImageStore, not_stored_hint
 from souq.model.image import ImageRecord
 from souq.model.machine import MachineConfig
 
@@ -44,14 +50,29 @@ class ImageResolver:
         if kept is not None:
             self._records.move_to_end(ref)
             return kept
-        if registry.is_registry_reference(ref):
-            record = await asyncio.to_thread(registry.describe_record, ref, name=ref)
-        else:
+        try:
             record = await (await self.store()).record(ref)
+        except (ImageNotFound, Unavailable):
+            if not registry.is_registry_reference(ref):
+                raise
+            # Not in the store (or no store: a NATS without JetStream): its registry's.
+            record = await self._from_registry(ref)
         self._records[record.reference] = record
         if len(self._records) > KEEP:
             self._records.popitem(last=False)
         return record
+
+    @staticmethod
+    async def _from_registry(ref: str) -> ImageRecord:
+        """The record of ``ref`` described from its registry; a registry out of reach says
+        how to run the image without it."""
+        try:
+            return await asyncio.to_thread(registry.describe_record, ref, name=ref)
+        except Unavailable as exc:
+            raise Unavailable(
+                f"{exc.message}, and the cluster's store has no image named {ref!r}",
+                hint=not_stored_hint(registry.split_reference(ref)[1]),
+            ) from exc
 
     async def of_config(self, config: MachineConfig) -> ImageRecord | None:
         """The image a machine config runs, if it names one."""

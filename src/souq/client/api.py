@@ -48,7 +48,8 @@ M = TypeVar("M", bound=BaseModel)
 class SouqClient(SchedCalls):
     """``SouqClient()`` talks to ``$SOUQ_API`` (default ``http://127.0.0.1:4280``) with a bearer
     token: ``token``, else ``$SOUQ_TOKEN``, else the admin token ``souq dev`` wrote in its
-    default data directory (:func:`souq.auth.files.find_token`). ``transport`` is for tests.
+    default data directory (:func:`souq.auth.locate.locate_token`; a refusal of that one names
+    the file). ``transport`` is for tests.
     Batch jobs' calls (``submit_job``, ``job``, ``claim_job``...) are :class:`SchedCalls`'; the
     connection and its errors, :class:`souq.client.session.ApiSession`'s."""
 

@@ -356,10 +356,18 @@ def dev(
         int, typer.Option("--workers-per-region", help="Workers started in each region.")
     ] = 2,
     worker_cpus: Annotated[
-        float | None, typer.Option("--worker-cpus", help="CPU cores each worker offers.")
+        float | None,
+        typer.Option(
+            "--worker-cpus",
+            help="CPU cores each worker offers (default: its share of the host's, at least 1).",
+        ),
     ] = None,
     worker_memory_mb: Annotated[
-        int | None, typer.Option("--worker-memory-mb", help="MiB each worker offers.")
+        int | None,
+        typer.Option(
+            "--worker-memory-mb",
+            help="MiB each worker offers (default: its share of the host's memory).",
+        ),
     ] = None,
     image_cache_mb: Annotated[
         int | None,

@@ -21,7 +21,12 @@ __all__ = ["register_images"]
 images_app = typer.Typer(help="Build, import and list the cluster's images.")
 
 NameOpt = Annotated[
-    str | None, typer.Option("--name", help="A name to store it under (NAME or NAME:TAG).")
+    str | None,
+    typer.Option(
+        "--name",
+        help="A name to store it under: NAME[:TAG], or a registry's name "
+        "(docker.io/library/busybox:latest) that machines' `image` then finds here.",
+    ),
 ]
 
 

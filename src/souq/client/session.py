@@ -10,11 +10,12 @@ import json
 import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Self
 
 import httpx
 
-from souq.auth.locate import find_token
+from souq.auth.locate import locate_token
 from souq.errors import SouqError, Unavailable, error_from_body
 
 __all__ = ["DEFAULT_API", "ApiSession"]
@@ -24,8 +25,8 @@ DEFAULT_API = "http://127.0.0.1:4280"
 
 class ApiSession:
     """A connection to ``base_url`` (else ``$SOUQ_API``, else ``http://127.0.0.1:4280``) with a
-    bearer token (``token``, else :func:`souq.auth.locate.find_token`'s); ``transport`` is for
-    tests. A context manager that closes it."""
+    bearer token (``token``, else :func:`souq.auth.locate.locate_token`'s, whose file a refusal
+    names); ``transport`` is for tests. A context manager that closes it."""
 
     def __init__(
         self,
@@ -36,7 +37,9 @@ class ApiSession:
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         self.base_url = (base_url or os.environ.get("SOUQ_API") or DEFAULT_API).rstrip("/")
-        token = token if token is not None else find_token()
+        found = locate_token() if token is None else None
+        token = found.token if found is not None else token
+        self.token_file = None if found is None else found.file  # named when it is refused
         headers = {"Accept": "application/json", "User-Agent": "souq-client"}
         if token:
             headers["Authorization"] = f"Bearer {token}"
@@ -77,8 +80,11 @@ class ApiSession:
         except httpx.TransportError as exc:
             raise self._unreachable(exc) from exc
         if response.is_error:
-            raise _error(response)
+            raise self._refused(response)
         return response
+
+    def _refused(self, response: httpx.Response) -> SouqError:
+        return _named_file(_error(response), self.token_file)
 
     @contextmanager
     def _stream(self, path: str, params: Mapping[str, str]) -> Iterator[httpx.Response]:
@@ -89,7 +95,7 @@ class ApiSession:
             with self._http.stream("GET", path, params=params, timeout=timeout) as response:
                 if response.is_error:
                     response.read()
-                    raise _error(response)
+                    raise self._refused(response)
                 yield response
         except httpx.TransportError as exc:
             raise self._unreachable(exc) from exc
@@ -104,6 +110,19 @@ class ApiSession:
             f"cannot reach the Souq API at {self.base_url}: {exc}",
             hint=f"is `souq dev` or a broker running at {self.base_url}? (set SOUQ_API)",
         )
+
+
+def _named_file(err: SouqError, token_file: Path | None) -> SouqError:
+    """A refused token (401) that was read from a file: the message names the file."""
+    if err.http_status != 401 or token_file is None:
+        return err
+    err.message = f"{err.message} (the token read from {token_file})"
+    err.args = (err.message,)
+    err.hint = (
+        f"the token in {token_file} is not this cluster's (a souq dev that has since made "
+        "new keys?): set SOUQ_TOKEN to a token of this cluster, or remove that file"
+    )
+    return err
 
 
 def _error(response: httpx.Response) -> SouqError:

@@ -92,6 +92,8 @@ def simulate(
     from souq.sim import experiment
 
     with reporting(as_json):
+        if plot is not None:
+            experiment.require_plotting()  # before a run of minutes, not after it
         if cluster or tasks is not None:
             if nodes is not None or pods is not None:
                 raise InvalidInput(

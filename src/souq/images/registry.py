@@ -1,14 +1,16 @@
 """Pulling an image from an OCI registry: the distribution API (``/v2/…``), with httpx.
 
-A reference is ``HOST[:PORT]/REPOSITORY[:TAG|@sha256:…]`` (``docker://`` in front is allowed,
-as skopeo writes it). HTTPS unless the host is this machine (``localhost``, ``127.*``, ``::1``,
-as Docker allows) or the reference starts with ``http://``. Anonymous pulls from registries
-that want a token (``WWW-Authenticate: Bearer realm=…``, as Docker Hub and most public
-registries answer) fetch one for ``repository:REPO:pull`` and retry.
+A reference is ``HOST[:PORT]/REPOSITORY[:TAG|@sha256:…]`` (``docker://`` in front is allowed, as
+skopeo writes it), read as Docker reads names (:mod:`souq.images.names`): Docker Hub's
+``docker.io/busybox`` is pulled from ``registry-1.docker.io/library/busybox``. HTTPS unless the host
+is this machine (``localhost``, ``127.*``, ``::1``, as Docker allows) or the reference starts with
+``http://``. Anonymous pulls from registries that want a token (``WWW-Authenticate: Bearer
+realm=…``, as Docker Hub and most public registries answer) fetch one for ``repository:REPO:pull``
+and retry.
 
-The manifest is asked for in every image media type Souq reads; an index (or a Docker manifest
-list) gives the manifest for this host's platform. Every blob is checked against its digest,
-and so is the manifest when the reference names a digest.
+The manifest is asked for in every image media type Souq reads; an index (or a Docker manifest list)
+gives the manifest for this host's platform. Every blob is checked against its digest, and so is the
+manifest when the reference names a digest.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from souq.images.manifest import (
     verify_blob,
     verify_descriptor,
 )
+from souq.images.names import ImageName, image_name
 from souq.images.oci import choose_entry
 from souq.model.image import ImageRecord
 
@@ -42,17 +45,12 @@ __all__ = [
     "is_registry_reference",
     "parse_reference",
     "pull",
+    "split_reference",
     "stream_blob",
 ]
 
 _ACCEPT = ", ".join(sorted(MANIFEST_TYPES | INDEX_TYPES))
-_REF = re.compile(
-    r"(?:(?P<scheme>https?)://|docker://)?"
-    r"(?P<host>[A-Za-z0-9.-]+(?::[0-9]+)?|\[[0-9a-fA-F:]+\](?::[0-9]+)?)/"
-    r"(?P<repo>[a-z0-9]+(?:[._/-][a-z0-9]+)*)"
-    r"(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9._-]{0,127}))?"
-    r"(?:@(?P<digest>sha256:[0-9a-f]{64}))?"
-)
+_SCHEME = re.compile(r"(?:(?P<scheme>https?)://|docker://)")
 _LOCAL = re.compile(r"(localhost|127\.[0-9.]+|\[::1\])(:[0-9]+)?")
 _BEARER = re.compile(r'(\w+)="([^"]*)"')
 
@@ -69,28 +67,39 @@ class RegistryRef:
 
 
 def parse_reference(text: str) -> RegistryRef:
-    """``HOST[:PORT]/REPO[:TAG|@DIGEST]`` (the tag ``latest`` when neither is given)."""
-    match = _REF.fullmatch(text.strip())
-    if match is None:
+    """``HOST[:PORT]/REPO[:TAG|@DIGEST]`` (the tag ``latest`` when neither is given), read as
+    Docker reads it (:func:`souq.images.names.image_name`): ``docker.io/busybox`` is
+    ``library/busybox`` at Docker Hub's API, ``registry-1.docker.io``."""
+    scheme, name = split_reference(text)
+    if name is None or not name.registry_given:
         raise InvalidInput(
             f"{text!r} is not a registry reference",
             hint="write HOST[:PORT]/REPOSITORY[:TAG], e.g. 127.0.0.1:5000/web:v1",
         )
-    host = match["host"]
-    scheme = match["scheme"] or ("http" if _LOCAL.fullmatch(host) else "https")
-    return RegistryRef(
-        f"{scheme}://{host}", match["repo"], match["digest"] or match["tag"] or "latest"
-    )
+    host = name.api_host
+    scheme = scheme or ("http" if _LOCAL.fullmatch(host) else "https")
+    return RegistryRef(f"{scheme}://{host}", name.path, name.digest or name.tag or "latest")
 
 
 def is_registry_reference(text: str) -> bool:
-    """Whether ``text`` names an image in a registry (its first part is a host: it has a dot
-    or a port, or is ``localhost``), not an image of the cluster's store."""
-    match = _REF.fullmatch(text.strip())
-    if match is None:
-        return False
-    host = match["host"]
-    return bool(match["scheme"]) or "." in host or ":" in host or host == "localhost"
+    """Whether ``text`` names an image in a registry (it is written with its registry: its
+    first part is a host), not only one of the cluster's store."""
+    _, name = split_reference(text)
+    return name is not None and name.registry_given
+
+
+def split_reference(text: str) -> tuple[str | None, ImageName | None]:
+    """The scheme written in front of ``text`` (``docker://`` says none), and the name after
+    it (None: not an image name)."""
+    rest = text.strip()
+    scheme = _SCHEME.match(rest)
+    if scheme is not None:
+        rest = rest[scheme.end() :]
+    try:
+        name = image_name(rest)
+    except InvalidInput:
+        name = None
+    return (scheme["scheme"] if scheme is not None else None), name
 
 
 def pull(ref: RegistryRef, *, client: httpx.Client | None = None, timeout: float = 60.0) -> Image:

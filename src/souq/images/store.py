@@ -1,11 +1,14 @@
-"""The cluster's image store, in what NATS already runs: JetStream's object store holds every
-blob once, by its digest (layers shared between images are stored once), and its key-value
-store one record per image (:class:`~souq.model.image.ImageRecord`), keyed by the reference's
-hex digest, with a second key per name. Replicated as the JetStream streams under it are
-(three copies on a NATS cluster of three nodes or more: :func:`souq.bus.jetstream.replicas_for`).
+"""The cluster's image store, in what NATS already runs: JetStream's object store holds every blob
+once, by its digest (layers shared between images are stored once), and its key-value store one
+record per image (:class:`~souq.model.image.ImageRecord`), keyed by the reference's hex digest, with
+a second key per name, in Docker's normal form (:mod:`souq.images.names`: ``busybox`` and
+``docker.io/library/busybox:latest`` are one key), and a third when the name was written with its
+registry: only that one answers a create that names the registry, so an app's short name never
+stands in for a registry's image. Replicated as the JetStream streams under it are (three copies on
+a NATS cluster of three nodes or more: :func:`souq.bus.jetstream.replicas_for`).
 
-Every blob read back is checked against its digest: a store that returns other bytes is an
-error, never an image that runs.
+Every blob read back is checked against its digest: a store that returns other bytes is an error,
+never an image that runs.
 """
 
 from __future__ import annotations
@@ -30,16 +33,50 @@ from souq.bus.jetstream import key_value, object_store, unavailable
 from souq.clock import Clock, SystemClock, iso_from_ms
 from souq.errors import ImageNotFound, InvalidInput, Unavailable
 from souq.images.manifest import Image, record_of, verify_blob
+from souq.images.names import ImageName, image_name, is_digest
 from souq.model.image import ImageRecord
 
-__all__ = ["BLOBS_BUCKET", "RECORDS_BUCKET", "ImageStore"]
+__all__ = ["BLOBS_BUCKET", "RECORDS_BUCKET", "ImageStore", "not_stored_hint"]
 
 BLOBS_BUCKET = "souq-image-blobs"
 RECORDS_BUCKET = "souq-images"
 CHUNKS_TIMEOUT_S = 30.0  # a blob's read may take this, and a second per 10 MB on top
 T = TypeVar("T")
-_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,127}(:[A-Za-z0-9._-]{1,128})?")
-_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+# The names the store took before it read names as Docker does: each is still found by its own
+# spelling.
+_LEGACY_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,127}(:[A-Za-z0-9._-]{1,128})?")
+
+
+def _stored_name(name: str) -> ImageName:
+    """A name to store an image under, read as Docker reads it (a name with a digest is
+    refused: the digest names one image already)."""
+    parsed = image_name(name, field="name")
+    if parsed.digest is not None:
+        raise InvalidInput(
+            f"name: {name!r} has a digest, which names one image already",
+            hint="store it under a tag, e.g. docker.io/library/busybox:latest",
+            details={"field": "name"},
+        )
+    return parsed
+
+
+def not_stored_hint(name: ImageName | None) -> str:
+    """What to do about a name the store does not hold: store it under that name."""
+    hint = "see `souq image list`"
+    if name is None:
+        return hint
+    hint += (
+        "; where no registry can be reached, store it under this name: "
+        f"`souq image import PATH --name {name.canonical}` (or `souq image pull` from a mirror "
+        f"with `--name {name.canonical}`)"
+    )
+    if not name.registry_given:  # Docker Hub's short form: the store only, never the Hub
+        hint += f"; to run it from Docker Hub, write {name.canonical}"
+    return hint
+
+
+def _hex(reference: str) -> str:
+    return reference.split(":", 1)[1]  # a record's key: its reference's hex digits
 
 
 def _blob_key(digest: str) -> str:
@@ -48,6 +85,12 @@ def _blob_key(digest: str) -> str:
 
 def _name_key(name: str) -> str:
     return "name." + name.encode().hex()  # any name, as one valid key token
+
+
+def _registry_key(name: str) -> str:
+    """The key of a name stored as written with its registry: what a create naming that
+    registry finds instead of asking it."""
+    return "reg." + name.encode().hex()
 
 
 @dataclass
@@ -83,12 +126,7 @@ class ImageStore:
         """Store ``image`` (its blobs that are not stored yet, then its record); under ``name``
         too if given (a later image of the same name takes the name over)."""
         name = name or image.name
-        if name is not None and not _NAME.fullmatch(name):
-            raise InvalidInput(
-                f"name: {name!r} is not an image name",
-                hint="lower-case letters, digits, '.', '_' and '-', optionally ':TAG'",
-                details={"field": "name"},
-            )
+        stored = None if name is None else _stored_name(name)
         for digest, data in image.blobs.items():
             # Hashing a large layer takes a while: off the event loop (a broker's creates
             # share it).
@@ -96,34 +134,57 @@ class ImageStore:
             if not await self._has_blob(digest):
                 await self._guard(self.blobs.put(_blob_key(digest), data))
         record = record_of(image, name=name, created_at=iso_from_ms(self.clock.now_ms()))
-        key = image.reference.split(":", 1)[1]
-        await self._guard(self.records.put(key, record.model_dump_json().encode()))
-        if name is not None:
-            await self._guard(self.records.put(_name_key(name), image.reference.encode()))
+        await self._guard(
+            self.records.put(_hex(image.reference), record.model_dump_json().encode())
+        )
+        if stored is not None:
+            keys = [_name_key(stored.canonical)]
+            if stored.registry_given:
+                keys.append(_registry_key(stored.canonical))
+            for key in keys:
+                await self._guard(self.records.put(key, image.reference.encode()))
         return record
 
     async def record(self, ref: str) -> ImageRecord:
-        """The image a reference (``sha256:…``) or a name names; :class:`ImageNotFound` else."""
-        reference = ref
-        if not _DIGEST.fullmatch(ref):
-            named = await self._get(_name_key(ref)) if _NAME.fullmatch(ref) else None
-            if named is None:
-                hint = "see `souq image list`"
-                if "/" not in ref:  # Docker Hub's short form: say how to pull it
-                    hint += f"; to pull it from Docker Hub, name it docker.io/library/{ref}"
-                raise ImageNotFound(
-                    f"no image is named {ref!r} in the cluster's store (a name without a "
-                    "registry is looked up there, not on Docker Hub)",
-                    hint=hint,
-                )
-            reference = named.decode()
-        value = await self._get(reference.split(":", 1)[1])
+        """The image a reference (``sha256:…``) or a name names, every spelling of a name
+        Docker reads as one (:func:`souq.images.names.image_name`); :class:`ImageNotFound`
+        else."""
+        reference = ref if is_digest(ref) else await self._named(ref)
+        value = await self._get(_hex(reference))
         if value is None:
             raise ImageNotFound(
                 f"image {ref} is not in the cluster's store",
                 hint="build it with `souq image build DIR` or import it with `souq image import`",
             )
         return ImageRecord.model_validate_json(value)
+
+    async def _named(self, ref: str) -> str:
+        """The reference stored under the name ``ref``: its normal form's key, or, for a
+        name stored before names were normalised, its own."""
+        try:
+            name: ImageName | None = image_name(ref)
+        except InvalidInput:
+            if not _LEGACY_NAME.fullmatch(ref):
+                raise
+            name = None
+        if name is not None and name.digest is not None:
+            return name.digest  # the digest names the image: its record, if stored
+        keys = []
+        if name is not None:
+            # A name written with its registry finds only what was stored under such a name
+            # (an operator's: see souq.broker.image_routes), never an app's short name.
+            keys.append((_registry_key if name.registry_given else _name_key)(name.canonical))
+        if _LEGACY_NAME.fullmatch(ref):
+            keys.append(_name_key(ref))
+        for key in keys:
+            named = await self._get(key)
+            if named is not None:
+                return named.decode()
+        raise ImageNotFound(
+            f"no image is named {ref!r} in the cluster's store"
+            + ("" if name is None else f" (as {name.canonical})"),
+            hint=not_stored_hint(name),
+        )
 
     async def list(self) -> list[ImageRecord]:
         """Every image in the store, newest first."""
@@ -133,7 +194,7 @@ class ImageStore:
             return []
         out = []
         for key in keys:
-            if key.startswith("name."):
+            if key.startswith(("name.", "reg.")):
                 continue
             value = await self._get(key)
             if value is not None:

@@ -28,6 +28,7 @@ __all__ = [
     "pipeline_replay",
     "plot",
     "reference_replay",
+    "require_plotting",
     "run_experiment",
 ]
 
@@ -142,18 +143,26 @@ def run_experiment(
     return out
 
 
-def plot(outcomes: Sequence[Outcome], path: str | Path, *, low: int = 75, high: int = 130) -> Path:
-    """The paper's figure: unallocated GPU % against arrived workload (% of GPU capacity), the
-    median over seeds with the 25-75 % band, and the ideal line (100 - x). Written as PNG."""
+def require_plotting() -> None:
+    """:class:`InvalidInput` unless matplotlib can be loaded: asked before a run whose figure is
+    wanted, so that a run of minutes does not end in this error."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
     except ImportError as exc:
         raise InvalidInput(
-            "plotting needs matplotlib", hint="pip install 'souq[sim]', or leave out --plot"
+            "--plot needs matplotlib, which is not installed",
+            hint="pip install 'souq[sim]' (or matplotlib), or leave out --plot",
         ) from exc
+
+
+def plot(outcomes: Sequence[Outcome], path: str | Path, *, low: int = 75, high: int = 130) -> Path:
+    """The paper's figure: unallocated GPU % against arrived workload (% of GPU capacity), the
+    median over seeds with the 25-75 % band, and the ideal line (100 - x). Written as PNG."""
+    require_plotting()
+    import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=150)
     xs_all = list(range(low, high + 1))
     ax.plot(xs_all, [max(0, 100 - x) for x in xs_all], "k:", lw=1, label="ideal")

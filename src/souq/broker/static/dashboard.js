@@ -9,6 +9,8 @@
 // the apps named by events (remembered in localStorage).
 // Batch jobs: `GET /sched/list` at each poll and after each job event (the newest JOBS_MAX);
 // a broker without it hides the section.
+// Each line of the feed is stamped with when it happened (the event's own `timestamp`, or the
+// machine's `updated_at` a poll saw), not when the page heard of it.
 // Everything the API sends is put into the page as text, never as HTML.
 "use strict";
 
@@ -159,12 +161,24 @@
 
   // ---- the event feed -----------------------------------------------------------------------
 
-  function feed(kind, text, machineId) {
+  // When something happened, from its own record: milliseconds since the epoch, or an ISO
+  // time; the first of `stamps` that is one (now, only when none is: a note of the page's own).
+  function happenedAt(...stamps) {
+    for (const stamp of stamps) {
+      const ms = typeof stamp === "number" ? stamp : typeof stamp === "string" ? Date.parse(stamp) : NaN;
+      if (Number.isFinite(ms) && ms > 0) return ms;
+    }
+    return Date.now();
+  }
+
+  function feed(kind, text, machineId, at) {
     const list = $("feed");
+    const when = at ?? Date.now();
+    const iso = new Date(when).toISOString();
     const item = el(
       "li",
       { dataset: machineId ? { machineId } : {} },
-      el("time", {}, clock(Date.now())),
+      el("time", { datetime: iso, title: iso }, clock(when)),
       el("span", { class: "kind" }, kind),
       text,
     );
@@ -245,9 +259,10 @@
     state.machines.set(machine.id, machine);
     rememberApp(machine.app);
     if (state.mode === "events") return;
-    if (!before) feed("machine", `${machine.app}/${machine.id} is ${machine.state}`, machine.id);
+    const at = happenedAt(machine.updated_at, machine.created_at);
+    if (!before) feed("machine", `${machine.app}/${machine.id} is ${machine.state}`, machine.id, at);
     else if (before.state !== machine.state) {
-      feed("machine", `${machine.app}/${machine.id} ${before.state} → ${machine.state}`, machine.id);
+      feed("machine", `${machine.app}/${machine.id} ${before.state} → ${machine.state}`, machine.id, at);
     }
   }
 
@@ -387,7 +402,8 @@
       const change = event.previous ? `${event.previous} → ${event.state}` : event.state;
       const where = event.worker_id ? `on ${event.worker_id}` : "";
       const why = event.job.why === event.job.type ? "" : event.job.why;
-      feed(`job ${event.job.type}`, [event.job.name, change, where, why].filter(Boolean).join(" "));
+      const words = [event.job.name, change, where, why].filter(Boolean).join(" ");
+      feed(`job ${event.job.type}`, words, null, happenedAt(event.timestamp));
       queueJobs();
       return;
     }
@@ -404,7 +420,7 @@
     const where = event.worker_id || (machine && machine.worker_id) || "";
     const subject = id ? `${app ? app + "/" : ""}${id}` : where || event.region || "";
     const words = [subject, change, id && where ? `on ${where}` : "", detail.message || event.message || ""];
-    feed(kind, words.filter(Boolean).join(" "), id);
+    feed(kind, words.filter(Boolean).join(" "), id, happenedAt(event.timestamp, detail.timestamp));
 
     if (app) rememberApp(app);
     if (machine && machine.id && machine.app && machine.state && machine.config) {
