@@ -434,6 +434,11 @@ class Flaps:
         body = create_app_request(name=name, org_slug=org, network=network, app_role_id=role)
         return self.send("POST", "/apps?wait=true", body)
 
+    def create_app_by_app_name(self, name: str, org: str) -> httpx.Response:
+        """The older flaps' ``CreateApp``: a Go map (keys sorted) with Fly's Machines API
+        reference's ``app_name``, to ``/apps``."""
+        return self.send("POST", "/apps", {"app_name": name, "org_slug": org})
+
     def get_app(self, name: str) -> httpx.Response:
         return self.send("GET", "/apps/" + path_escape(name))
 

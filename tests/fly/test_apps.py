@@ -1,4 +1,5 @@
-"""The app calls of flaps (``flaps_apps.go``): ``CreateApp``, ``GetApp``, ``ListApps``,
+"""The app calls of flaps (``flaps_apps.go``): ``CreateApp`` (and the older flaps' body, Fly's
+Machines API reference's ``app_name``), ``GetApp``, ``ListApps``,
 ``DeleteApp``, and what ``AppNameAvailable``, ``WaitForApp`` and ``IsNameTakenError`` make of
 the answers."""
 
@@ -20,6 +21,20 @@ def test_create_app(flaps: Flaps, go: GoDecoder, app: str) -> None:
     assert made["status"] == "pending" and made["id"]
     # The name again: IsNameTakenError reads the status code.
     fly_error(go, flaps.create_app(app, "acme"), 409, "name_taken", app)
+
+
+def test_create_app_by_app_name(flaps: Flaps, go: GoDecoder, app: str) -> None:
+    """The body of Fly's Machines API reference, as the older flaps sends it: the app is made
+    (201, the app), then found and destroyed by its name."""
+    r = flaps.create_app_by_app_name(app, "acme")
+    assert r.request.url.raw_path.decode() == "/v1/apps"
+    assert r.request.content == b'{"app_name":"%s","org_slug":"acme"}' % app.encode()
+    assert r.status_code == 201, r.text
+    made = go.decode("app", r)
+    assert made["name"] == app and made["organization"]["slug"] == "acme"
+    assert go.decode("app", ok(flaps.get_app(app)))["id"] == made["id"]
+    ok(flaps.delete_app(app))
+    fly_error(go, flaps.get_app(app), 404, "not_found")
 
 
 def test_get_app(flaps: Flaps, go: GoDecoder, app: str) -> None:

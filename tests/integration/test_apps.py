@@ -135,6 +135,37 @@ def test_bad_bodies_name_what_to_fix(cluster: Cluster) -> None:
         assert_error(c.get("/v1/apps/Bad_Name"), 422, "invalid_input", "Bad_Name")
 
 
+def test_flys_reference_body_creates_the_app(cluster: Cluster) -> None:
+    """Fly's Machines API reference: ``{"app_name", "org_slug", "network"?}``, answered ``201``
+    with the app, which GET then shows and DELETE destroys. ``name`` beside it must agree."""
+    with fly(cluster) as c:
+        body = {"app_name": "by-app-name", "org_slug": "acme", "network": "net-a"}
+        made = c.post("/v1/apps", json=body)
+        assert made.status_code == 201, made.text
+        app = made.json()
+        assert_fly_app(app)
+        assert (app["name"], app["organization"]["slug"], app["network"]) == (
+            "by-app-name",
+            "acme",
+            "net-a",
+        )
+        got = c.get("/v1/apps/by-app-name")
+        assert got.status_code == 200 and got.json()["id"] == app["id"], got.text
+        taken = c.post("/v1/apps", json={"app_name": "by-app-name", "org_slug": "personal"})
+        assert_error(taken, 409, "name_taken", "by-app-name")
+        gone = c.delete("/v1/apps/by-app-name")
+        assert gone.json() == {"name": "by-app-name", "destroyed_machines": []}, gone.text
+        assert_error(c.get("/v1/apps/by-app-name"), 404, "not_found", "by-app-name")
+        both = c.post("/v1/apps", json={"name": "both-same", "app_name": "both-same"})
+        assert both.status_code == 201 and both.json()["organization"]["slug"] == "personal"
+        differ = c.post("/v1/apps", json={"name": "one", "app_name": "other"})
+        assert_error(differ, 422, "invalid_input", "app_name")
+        assert_error(c.get("/v1/apps/one"), 404, "not_found", "one")
+        bad = c.post("/v1/apps", json={"app_name": "Not_Valid", "org_slug": "personal"})
+        assert_error(bad, 422, "invalid_input", "app_name")
+        assert_error(c.post("/v1/apps", json={"org_slug": "acme"}), 422, "invalid_input", "name")
+
+
 def test_an_app_with_machines_exists_without_a_create(cluster: Cluster) -> None:
     client = cluster.client()
     m = client.create_machine("implicit", "mad", SLEEPER["config"])

@@ -274,7 +274,7 @@ def test_an_agent_may_do_what_running_jobs_needs_and_no_more(cluster: Cluster) -
             await store.change("perms", JobEvent.RENEW, worker=worker)
             async with contextlib.aclosing(store.follow("perms")) as updates:
                 assert (await anext(updates)).state == "running"
-            await store.change("perms", JobEvent.RELEASE, worker=worker)  # says souq.jobs.ready
+            await store.change("perms", JobEvent.RETURN, worker=worker)  # says souq.jobs.ready
             outputs = await JobOutputs.bind(agent)
             assert await outputs.put("perms", 1, b"out\n")
             assert not await outputs.put("perms", 1, b"again\n")
@@ -369,7 +369,7 @@ def test_an_agent_stopped_gives_its_jobs_back(big_agent: AgentProcess, http: htt
     big_agent.stop()  # SIGTERM: it stops the run and gives the job back before it exits
     assert _marked(marker) == []
     job = _job(http, "handed-back")
-    assert (job["state"], job["why"]) == ("pending", f"released by {big_agent.worker_id}")
-    big_agent.start()  # the job's lease (300 s) is far from its end: only the release lets it run
+    assert (job["state"], job["why"]) == ("pending", f"returned by {big_agent.worker_id}")
+    big_agent.start()  # the job's lease (300 s) is far from its end: only the return lets it run
     job = _ended(http, "handed-back", timeout=60)  # (offered to the small agents too)
     assert (job["state"], job["attempts"]) == ("succeeded", 2), job

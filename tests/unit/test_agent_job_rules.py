@@ -75,7 +75,7 @@ def test_the_table_has_every_state_and_event() -> None:
         (
             [RunEvent.SHUTDOWN, RunEvent.EXITED],
             RunState.ENDED,
-            [Action.TERMINATE, Action.KEEP_OUTPUT, Action.RELEASE],
+            [Action.TERMINATE, Action.KEEP_OUTPUT, Action.RETURN],
         ),
         (  # a cancel while it shuts down: the stop says cancelled
             [RunEvent.SHUTDOWN, RunEvent.CANCEL_ASKED, RunEvent.EXITED],
@@ -85,7 +85,7 @@ def test_the_table_has_every_state_and_event() -> None:
         (  # a lost lease overrides a cancel under way: killed sooner, nothing reported
             [RunEvent.CANCEL_ASKED, RunEvent.LEASE_LOST, RunEvent.CANCEL_ASKED, RunEvent.EXITED],
             RunState.ENDED,
-            [Action.TERMINATE, Action.FENCE, Action.KEEP_OUTPUT, Action.RELEASE],
+            [Action.TERMINATE, Action.FENCE, Action.KEEP_OUTPUT, Action.RETURN],
         ),
         ([RunEvent.LEASE_ENDING], RunState.FENCED, [Action.FENCE]),
         ([RunEvent.EXITED, RunEvent.LEASE_LOST, RunEvent.CANCEL_ASKED], RunState.ENDED, None),
@@ -106,4 +106,4 @@ def test_a_run_through_the_table(
 
 
 def test_the_lease_is_renewed_only_while_the_job_is_ours_and_alive() -> None:
-    assert frozenset({RunState.RUNNING, RunState.CANCELLING, RunState.RELEASING}) == RENEWING
+    assert frozenset({RunState.RUNNING, RunState.CANCELLING, RunState.RETURNING}) == RENEWING

@@ -108,3 +108,16 @@ def test_the_list_merges_records_and_machines_and_filters() -> None:
         "web",
     ]
     assert [a.name for a in listed_apps(records, counted, role="postgres_cluster")] == ["db"]
+
+
+def test_a_new_app_is_named_by_name_or_flys_app_name() -> None:
+    assert NewApp.model_validate({"app_name": "web", "org_slug": "acme"}).app == "web"
+    assert NewApp.model_validate({"name": "web", "app_name": "web"}).app == "web"
+    assert NewApp.model_validate({"name": "web"}).app == "web"
+    for body, field in (
+        ({"name": "web", "app_name": "api"}, "differ"),
+        ({"org_slug": "acme"}, "give the app's name"),
+        ({"app_name": "Bad_Name"}, "Bad_Name"),
+    ):
+        with pytest.raises(ValidationError, match=field):
+            NewApp.model_validate(body)

@@ -76,19 +76,19 @@ def test_cancels_of_a_waiting_and_of_a_running_job() -> None:
     ]
 
 
-def test_a_lease_run_out_or_a_release_requeues() -> None:
+def test_a_lease_run_out_or_a_return_requeues() -> None:
     claimed = apply(_job(), JobEvent.CLAIM, 2_000, worker="w", lease_ms=1_000)
     assert change_of(mark(claimed), apply(claimed, JobEvent.EXPIRE, 3_000)) is JobChange.REQUEUED
-    released = apply(claimed, JobEvent.RELEASE, 2_500, worker="w")
-    assert change_of(mark(claimed), released) is JobChange.REQUEUED
-    other = apply(released, JobEvent.CLAIM, 2_600, worker="w2")
-    assert change_of(mark(released), other) is JobChange.CLAIMED
+    returned = apply(claimed, JobEvent.RETURN, 2_500, worker="w")
+    assert change_of(mark(claimed), returned) is JobChange.REQUEUED
+    other = apply(returned, JobEvent.CLAIM, 2_600, worker="w2")
+    assert change_of(mark(returned), other) is JobChange.CLAIMED
 
 
 def test_a_job_first_seen_late_is_told_by_its_state() -> None:
     """A watcher that meets a job only now (it came back from an outage) names its state."""
     claimed = apply(_job(), JobEvent.CLAIM, 2_000, worker="w")
-    requeued = apply(claimed, JobEvent.RELEASE, 2_500, worker="w")
+    requeued = apply(claimed, JobEvent.RETURN, 2_500, worker="w")
     assert change_of(None, requeued) is JobChange.REQUEUED
     assert change_of(None, claimed) is JobChange.CLAIMED
     ended = apply(requeued, JobEvent.CANCEL, 2_600)

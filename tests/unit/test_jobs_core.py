@@ -103,3 +103,44 @@ def test_a_run_stopped_past_its_deadline_fails_and_a_cancelled_one_is_cancelled(
     cancelled = apply(running, JobEvent.CANCEL, 2_000)  # a user's cancel, within the deadline
     stopped = apply(cancelled, JobEvent.STOP, 2_100, worker="w", stopped=JobStopped(exit_code=-15))
     assert stopped.state is JobState.CANCELLED
+
+
+def test_a_release_ends_the_run_as_the_seed_says() -> None:
+    """Claim, run, release: the run is counted and ended; it runs again only under on-failure."""
+    claimed = apply(_job(), JobEvent.CLAIM, 2_000, worker="w")
+    done = apply(claimed, JobEvent.RELEASE, 3_000, worker="w")
+    assert (done.state, done.attempts, done.exit_code, done.started_ms, done.finished_ms) == (
+        JobState.SUCCEEDED,
+        1,
+        0,
+        3_000,
+        3_000,
+    )
+    failed = apply(claimed, JobEvent.RELEASE, 3_000, stopped=JobStopped(exit_code=4))
+    assert (failed.state, failed.attempts, failed.exit_code) == (JobState.FAILED, 1, 4)
+    started = apply(claimed, JobEvent.START, 2_500, worker="w")
+    after = apply(started, JobEvent.RELEASE, 3_000, worker="w")
+    assert (after.state, after.attempts, after.started_ms) == (JobState.SUCCEEDED, 1, 2_500)
+    retried = _job(restart="on-failure", max_retries=1, backoff_s=0)
+    retried = apply(retried, JobEvent.CLAIM, 2_000, worker="w")
+    retried = apply(retried, JobEvent.RELEASE, 2_100, stopped=JobStopped(exit_code=1))
+    assert (retried.state, retried.attempts, retried.worker) == (JobState.PENDING, 1, None)
+    retried = apply(retried, JobEvent.CLAIM, 2_200, worker="w2")
+    retried = apply(retried, JobEvent.RELEASE, 2_300, stopped=JobStopped(exit_code=1))
+    assert (retried.state, retried.attempts, retried.exit_code) == (JobState.FAILED, 2, 1)
+    with pytest.raises(IllegalTransition, match="held by w"):
+        apply(claimed, JobEvent.RELEASE, 3_000, worker="other")
+
+
+def test_a_return_gives_the_job_back_untouched() -> None:
+    claimed = apply(_job(), JobEvent.CLAIM, 2_000, worker="w")
+    back = apply(claimed, JobEvent.RETURN, 2_500, worker="w")
+    assert (back.state, back.attempts, back.worker, back.why) == (
+        JobState.PENDING,
+        0,
+        None,
+        "returned by w",
+    )
+    running = apply(claimed, JobEvent.START, 2_100, worker="w")
+    back = apply(running, JobEvent.RETURN, 2_500, worker="w")
+    assert (back.state, back.attempts) == (JobState.PENDING, 1)  # the run began: it counts

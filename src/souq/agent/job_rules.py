@@ -19,22 +19,22 @@ agent's and the brokers' clocks agree to within ``lease/8``.
 **A run** is a table, ``(state, event) → (next state, actions)``::
 
     state        exited           cancel asked     shutdown         lease lost / ending
-    running      ended: keep      cancelling:      releasing:       fenced: fence
+    running      ended: keep      cancelling:      returning:       fenced: fence
                  output, stop     terminate        terminate
     cancelling   ended: keep      —                —                fenced: fence
                  output, stop
-    releasing    ended: keep      cancelling       —                fenced: fence
-                 output, release
+    returning    ended: keep      cancelling       —                fenced: fence
+                 output, return
     fenced       ended: keep      —                —                —
-                 output, release
+                 output, return
     ended        —                —                —                —
 
 (— : no change, no action.) ``keep output`` puts the run's output in the object store before
 the end is told, so a job that ended has it; ``stop`` reports the exit to the queue (a
-cancelled job's stop makes it cancelled), ``release`` gives it back (refused, harmlessly, when
+cancelled job's stop makes it cancelled), ``return`` gives it back (refused, harmlessly, when
 the queue has moved it on already), ``terminate`` is SIGTERM and SIGKILL after
 :data:`STOP_GRACE_S`, ``fence`` the same after ``lease/8``. The lease is renewed in
-``running``, ``cancelling`` and ``releasing``.
+``running``, ``cancelling`` and ``returning``.
 """
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ class LeaseTimes:
 class RunState(StrEnum):
     RUNNING = "running"
     CANCELLING = "cancelling"  # its cancel was asked (or its deadline passed): stopping it
-    RELEASING = "releasing"  # the agent shuts down: stopping it, to give it back
+    RETURNING = "returning"  # the agent shuts down: stopping it, to give it back
     FENCED = "fenced"  # its lease is lost (or about to be): killing it, reporting nothing
     ENDED = "ended"
 
@@ -157,11 +157,11 @@ class Action(StrEnum):
     TERMINATE = "terminate"  # SIGTERM, SIGKILL after STOP_GRACE_S
     FENCE = "fence"  # SIGTERM, SIGKILL after LeaseTimes.kill_grace_s
     STOP = "stop"  # tell the queue how it ended
-    RELEASE = "release"  # give it back to the queue
+    RETURN = "return"  # give it back to the queue
     KEEP_OUTPUT = "keep_output"  # its output to the object store
 
 
-RENEWING = frozenset({RunState.RUNNING, RunState.CANCELLING, RunState.RELEASING})
+RENEWING = frozenset({RunState.RUNNING, RunState.CANCELLING, RunState.RETURNING})
 
 _S, _E, _A = RunState, RunEvent, Action
 _LOST = ((_E.LEASE_LOST, _S.FENCED, (_A.FENCE,)), (_E.LEASE_ENDING, _S.FENCED, (_A.FENCE,)))
@@ -170,14 +170,14 @@ _QUIET = (_E.CANCEL_ASKED, _E.SHUTDOWN, _E.LEASE_LOST, _E.LEASE_ENDING)
 TRANSITIONS: dict[tuple[RunState, RunEvent], tuple[RunState, tuple[Action, ...]]] = {
     (_S.RUNNING, _E.EXITED): (_S.ENDED, (_A.KEEP_OUTPUT, _A.STOP)),
     (_S.RUNNING, _E.CANCEL_ASKED): (_S.CANCELLING, (_A.TERMINATE,)),
-    (_S.RUNNING, _E.SHUTDOWN): (_S.RELEASING, (_A.TERMINATE,)),
+    (_S.RUNNING, _E.SHUTDOWN): (_S.RETURNING, (_A.TERMINATE,)),
     (_S.CANCELLING, _E.EXITED): (_S.ENDED, (_A.KEEP_OUTPUT, _A.STOP)),
     (_S.CANCELLING, _E.CANCEL_ASKED): (_S.CANCELLING, ()),
     (_S.CANCELLING, _E.SHUTDOWN): (_S.CANCELLING, ()),
-    (_S.RELEASING, _E.EXITED): (_S.ENDED, (_A.KEEP_OUTPUT, _A.RELEASE)),
-    (_S.RELEASING, _E.CANCEL_ASKED): (_S.CANCELLING, ()),
-    (_S.RELEASING, _E.SHUTDOWN): (_S.RELEASING, ()),
-    (_S.FENCED, _E.EXITED): (_S.ENDED, (_A.KEEP_OUTPUT, _A.RELEASE)),
+    (_S.RETURNING, _E.EXITED): (_S.ENDED, (_A.KEEP_OUTPUT, _A.RETURN)),
+    (_S.RETURNING, _E.CANCEL_ASKED): (_S.CANCELLING, ()),
+    (_S.RETURNING, _E.SHUTDOWN): (_S.RETURNING, ()),
+    (_S.FENCED, _E.EXITED): (_S.ENDED, (_A.KEEP_OUTPUT, _A.RETURN)),
     **{(state, event): (_S.FENCED, actions) for state in RENEWING for event, _, actions in _LOST},
     **{(_S.FENCED, event): (_S.FENCED, ()) for event in _QUIET},
     **{(_S.ENDED, event): (_S.ENDED, ()) for event in RunEvent},

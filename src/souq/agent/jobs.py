@@ -19,7 +19,7 @@ passed) at once, and a job the queue moved on (fenced at once). Its output is ke
 (:mod:`souq.jobs.output`) before its end is reported, so a job that ended has its output kept.
 
 **Shutting down** gives the runs back: each is stopped (SIGTERM, SIGKILL after
-:data:`~souq.agent.job_rules.STOP_GRACE_S`) and released to the queue. A run that outlived even
+:data:`~souq.agent.job_rules.STOP_GRACE_S`) and returned to the queue. A run that outlived even
 that is left to its watcher, which kills it as the agent's pipe closes.
 """
 
@@ -290,7 +290,7 @@ class JobRunner:
         if isinstance(got, RunEvent):
             log.warning("job %s: not started: %s", run.name, got)
             if got is RunEvent.LEASE_ENDING:
-                await self._settle(store, run, JobEvent.RELEASE)
+                await self._settle(store, run, JobEvent.RETURN)
             return False
         if got.cancel_requested:  # cancelled between its claim and its start: not run
             run.after = await self._settle(
@@ -356,9 +356,9 @@ class JobRunner:
             after = run.after.state if run.after else "unknown (not reported)"
             log.info("job %s: attempt %d %s: %s", run.name, run.job.attempts, _how(proc), after)
             await self._tell(run, "job.stopped", outcome="exited")
-        else:  # RELEASE
-            run.after = await self._settle(store, run, JobEvent.RELEASE)
-            outcome = "fenced" if run.fenced else "released"
+        else:  # RETURN
+            run.after = await self._settle(store, run, JobEvent.RETURN)
+            outcome = "fenced" if run.fenced else "returned"
             log.info("job %s: attempt %d %s: %s", run.name, run.job.attempts, _how(proc), outcome)
             await self._tell(run, "job.stopped", outcome=outcome)
 
@@ -438,7 +438,7 @@ class JobRunner:
     async def _settle(
         self, store: JobStore, run: _Run, event: JobEvent, stopped: JobStopped | None = None
     ) -> Job | None:
-        """``stop`` or ``release``: tried while the lease lasts; None when refused or never
+        """``stop`` or ``return``: tried while the lease lasts; None when refused or never
         through (then the lease runs out and the queue takes the job back)."""
         until = run.renewed_at + self._lease_ms / 1000
         while True:
@@ -485,7 +485,7 @@ class JobRunner:
                 with contextlib.suppress(SouqError):
                     job = await store.get(record.name)
                     if job.worker == self.worker_id and job.attempts == record.attempt:
-                        await store.change(record.name, JobEvent.RELEASE, worker=self.worker_id)
+                        await store.change(record.name, JobEvent.RETURN, worker=self.worker_id)
                         log.warning("job %s: given back (its run %s was cut short)", *_of(record))
 
     async def _tell(self, run: _Run, kind: str, **more: object) -> None:

@@ -48,14 +48,15 @@ def apps_router(service: BrokerService) -> APIRouter:
         request: Request,
         wait: Annotated[bool, Query(description="accepted (Fly's clients send it)")] = False,
     ) -> Response:
-        """Create an app (``name_taken`` when the name is in use, by a created app or by
-        machines). ``org_slug`` is kept (default ``personal``): Souq has no organizations."""
+        """Create an app from flaps' body (``name``) or that of Fly's Machines API reference
+        (``app_name``): ``name_taken`` when the name is in use, by a created app or by
+        machines. ``org_slug`` is kept (default ``personal``): Souq has no organizations."""
         body = await parse_body(request, NewApp)
-        request.state.audit_app = body.name  # the audit log files the call under the app
-        _may_touch(request, body.name, "create")
-        counts = await _counts(service, body.name)
+        request.state.audit_app = body.app  # the audit log files the call under the app
+        _may_touch(request, body.app, "create")
+        counts = await _counts(service, body.app)
         record = await (await store()).create(body, taken=counts.machines > 0)
-        app = app_of(body.name, record, counts)
+        app = app_of(body.app, record, counts)
         assert app is not None
         return json_response(app, status_code=201)
 

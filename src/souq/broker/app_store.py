@@ -49,14 +49,14 @@ class AppStore:
         """The new app's record; :class:`NameTaken` when the name is in use (``taken``: the
         caller knows it has machines)."""
         if taken:
-            raise _taken(body.name, machines=True)
+            raise _taken(body.app, machines=True)
         record = AppRecord.new(
             body, app_id=new_app_id(), created_at=iso_from_ms(self._clock.now_ms())
         )
         try:
-            await self._kv.create(body.name, record.model_dump_json().encode())
+            await self._kv.create(body.app, record.model_dump_json().encode())
         except nats.js.errors.KeyWrongLastSequenceError:
-            raise _taken(body.name, machines=False) from None
+            raise _taken(body.app, machines=False) from None
         except (nats.errors.Error, nats.js.errors.Error) as exc:
             raise unavailable(_WHAT, exc) from exc
         return record

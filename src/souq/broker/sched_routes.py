@@ -4,7 +4,8 @@ in JetStream (:mod:`souq.jobs`). docs/jobs.md tells each route.
 Users: ``POST /sched/submit``, ``GET /sched/status/{name}``, ``POST /sched/cancel/{name}``,
 ``GET /sched/logs/{name}`` (what its last run printed, kept by the agent that ran it).
 Pulling workers: ``GET /sched/jobs`` (waiting and claimable now), ``POST /sched/claim/{name}``
-(200 to exactly one claimant, 409 to the others), ``POST /sched/release/{name}``,
+(200 to exactly one claimant, 409 to the others), ``POST /sched/release/{name}`` (the run
+ended: optionally ``{"exit_code": N}``), ``POST /sched/return/{name}`` (given back untouched),
 ``GET /sched/cancellations``. Registered workers (push): ``POST /sched/register``,
 ``GET /sched/assigned``, ``POST /sched/started/{name}``, ``POST /sched/stopped/{name}``. Beyond
 the seed: ``POST /sched/renew/{name}`` keeps a long job's lease, ``GET /sched/list`` shows every
@@ -143,9 +144,21 @@ def sched_router(queue: JobQueue) -> APIRouter:
         """200 to exactly one claimant; 409 ``illegal_transition`` to every other."""
         return await change(name, JobEvent.CLAIM, who, lease_s=lease_s)
 
-    @router.post("/release/{name}", response_model=Job)
-    async def release(name: JobName, who: Claimant) -> Response:
-        return await change(name, JobEvent.RELEASE, who)
+    @router.post(
+        "/release/{name}",
+        response_model=Job,
+        openapi_extra=body_schema(JobStopped, required=False),
+    )
+    async def release(name: JobName, request: Request, who: Claimant) -> Response:
+        """The claimant's run ended, as the seed's worker says it: ``{"exit_code": N}`` (no
+        body: it succeeded). The job does not run again unless its restart policy asks."""
+        body = await parse_body(request, JobStopped, optional=True)
+        return await change(name, JobEvent.RELEASE, who, stopped=body)
+
+    @router.post("/return/{name}", response_model=Job)
+    async def give_back(name: JobName, who: Claimant) -> Response:
+        """The claimant gives the job back untouched: waiting again, no run counted."""
+        return await change(name, JobEvent.RETURN, who)
 
     @router.post("/renew/{name}", response_model=Job)
     async def renew(

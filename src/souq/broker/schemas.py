@@ -145,7 +145,7 @@ class LeaseBody(Input):
 def fly_stop_timeout(given: Any) -> float | None:
     """Fly's grace before SIGKILL, in seconds; ``"0s"`` (what Fly's client sends when none is
     given) is None: the machine's own stop config."""
-    return seconds_of(given) or None
+    return seconds_of(given, key="timeout") or None
 
 
 class StopRequest(Input):

@@ -96,8 +96,16 @@ class SchedCalls(ApiSession):
         params = _who(worker) | {"lease_s": f"{lease_s:g}"}
         return _job(self._call("POST", f"/sched/renew/{name}", params=params))
 
-    def release_job(self, name: str, *, worker: str | None = None) -> Job:
-        return _job(self._call("POST", f"/sched/release/{name}", params=_who(worker)))
+    def release_job(
+        self, name: str, *, worker: str | None = None, exit_code: int = 0, error: str = ""
+    ) -> Job:
+        """The run ended (the seed's word): the job ends, or runs again if its restart policy
+        asks."""
+        return self._ended("release", name, worker, JobStopped(exit_code=exit_code, error=error))
+
+    def return_job(self, name: str, *, worker: str | None = None) -> Job:
+        """Give the job back untouched: waiting again, no run counted."""
+        return _job(self._call("POST", f"/sched/return/{name}", params=_who(worker)))
 
     def cancellations(self, *, worker: str | None = None) -> list[Job]:
         """Held jobs (``worker``'s, when given) whose cancel was asked: stop them."""
@@ -121,9 +129,11 @@ class SchedCalls(ApiSession):
     def job_stopped(
         self, name: str, *, worker: str | None = None, exit_code: int = 0, error: str = ""
     ) -> Job:
-        body = JobStopped(exit_code=exit_code, error=error).model_dump(mode="json")
-        path = f"/sched/stopped/{name}"
-        return _job(self._call("POST", path, json=body, params=_who(worker)))
+        return self._ended("stopped", name, worker, JobStopped(exit_code=exit_code, error=error))
+
+    def _ended(self, verb: str, name: str, worker: str | None, stopped: JobStopped) -> Job:
+        body = stopped.model_dump(mode="json")
+        return _job(self._call("POST", f"/sched/{verb}/{name}", json=body, params=_who(worker)))
 
 
 def _who(worker: str | None) -> dict[str, str]:

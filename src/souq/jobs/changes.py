@@ -10,7 +10,7 @@ change into an event of its stream (``GET /v1/events``, ``kind: job``).
 the record now             the change
 =========================  ==============================================================
 pending, never changed     ``submitted``
-pending, was held          ``requeued`` (released, its lease ran out, or a retry)
+pending, was held          ``requeued`` (returned, its lease ran out, or a retry)
 claimed                    ``claimed`` (by another worker than before, or newly)
 running                    ``started``
 claimed or running, a      ``cancel_requested`` (a cancel, or its deadline: its worker

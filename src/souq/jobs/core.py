@@ -15,7 +15,10 @@ event          from                            to
                                                (on-failure, retries left); failed; cancelled
                                                (cancel asked); failed (cancel asked, and its
                                                deadline passed)
-``release``    claimed, running                pending (the claimant gives it back)
+``release``    claimed, running                as ``stop`` (the seed's end of a run: ``claim``,
+                                               run, ``release``); from claimed, the run is
+                                               counted as an attempt first
+``return``     claimed, running                pending (the claimant gives it back untouched)
 ``expire``     claimed, running (lease over)   pending (or cancelled, or failed past its
                pending (deadline over)         deadline); failed
 ``cancel``     pending                         cancelled
@@ -42,6 +45,7 @@ TRANSITIONS: dict[JobEvent, tuple[JobState, ...]] = {
     JobEvent.RENEW: _HELD,
     JobEvent.STOP: _HELD,
     JobEvent.RELEASE: _HELD,
+    JobEvent.RETURN: _HELD,
     JobEvent.EXPIRE: (JobState.PENDING, *_HELD),
     JobEvent.CANCEL: (JobState.PENDING, *_HELD),
 }
@@ -87,25 +91,25 @@ def apply(
             hint=f"{event} applies to a job that is {' or '.join(allowed)}",
             details={"state": str(job.state), "event": str(event)},
         )
-    if event in (JobEvent.START, JobEvent.RENEW, JobEvent.STOP, JobEvent.RELEASE):
+    if event not in (JobEvent.CLAIM, JobEvent.EXPIRE, JobEvent.CANCEL):
         _check_holder(job, worker)
     change: dict[str, Any] = {"updated_ms": now_ms}
     if event is JobEvent.CLAIM:
         change |= _claim(job, now_ms, worker, lease_ms)
     elif event is JobEvent.START:
-        change |= {
-            "state": JobState.RUNNING,
-            "attempts": job.attempts + 1,
-            "started_ms": now_ms,
-            "lease_until_ms": now_ms + lease_ms,
-            "why": f"started by {job.worker}",
-        }
+        change |= _start(job, now_ms, lease_ms)
     elif event is JobEvent.RENEW:
         change |= {"lease_until_ms": now_ms + lease_ms}
     elif event is JobEvent.STOP:
         change |= _stop(job, now_ms, stopped or JobStopped())
     elif event is JobEvent.RELEASE:
-        change |= _requeue(job, now_ms, f"released by {job.worker}")
+        # The seed's worker claims, runs and releases, never saying it started: its run is
+        # counted here, so that the restart policy sees it.
+        ran = job if job.state is JobState.RUNNING else job.model_copy(update=_start(job, now_ms))
+        change |= {"attempts": ran.attempts, "started_ms": ran.started_ms}
+        change |= _stop(ran, now_ms, stopped or JobStopped())
+    elif event is JobEvent.RETURN:
+        change |= _requeue(job, now_ms, f"returned by {job.worker}")
     elif event is JobEvent.EXPIRE:
         change |= _expire(job, now_ms)
     else:
@@ -117,9 +121,19 @@ def _check_holder(job: Job, worker: str | None) -> None:
     if worker is not None and job.worker is not None and worker != job.worker:
         raise IllegalTransition(
             f"job {job.name} is held by {job.worker}, not {worker}",
-            hint="only the worker that claimed it may start, renew, stop or release it",
+            hint="only the worker that claimed it may start, renew, stop, release or return it",
             details={"holder": job.worker},
         )
+
+
+def _start(job: Job, now_ms: int, lease_ms: int = DEFAULT_LEASE_MS) -> dict[str, Any]:
+    return {
+        "state": JobState.RUNNING,
+        "attempts": job.attempts + 1,
+        "started_ms": now_ms,
+        "lease_until_ms": now_ms + lease_ms,
+        "why": f"started by {job.worker}",
+    }
 
 
 def _claim(job: Job, now_ms: int, worker: str | None, lease_ms: int) -> dict[str, Any]:

@@ -4,7 +4,7 @@ it: a broker that restarts, or another broker, sees the same queue.
 
 Beside it, the stream ``souq-jobs-ready`` (work-queue retention, subject ``souq.jobs.ready``)
 holds the name of every job that became claimable: at its submit and whenever it goes back to
-the queue (released, its lease run out, a retry). Souq's agents pull from it through one shared
+the queue (returned, its lease run out, a retry). Souq's agents pull from it through one shared
 consumer, so each name goes to one idle worker, the first that asks (join-idle-queue, late
 binding), with no worker watching the whole queue; the claim itself is still the
 compare-and-set below, so a stale name (a job claimed over HTTP meanwhile) is only dropped.

@@ -14,7 +14,7 @@ import zlib
 from collections.abc import Iterable, Mapping
 from enum import StrEnum
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from souq.model.base import Input, Record
 from souq.model.machine import APP_NAME_PATTERN, MachineState
@@ -63,17 +63,22 @@ class AppStatus(StrEnum):
 
 
 class NewApp(Input):
-    """``POST /v1/apps``: what Fly's clients send (all four keys, always; any may be empty)."""
+    """``POST /v1/apps``: what Fly's clients send. flaps sends ``name`` (and all four keys,
+    always; any may be empty); Fly's Machines API reference and older flaps send ``app_name``
+    instead: either names the app, and both may be given when they agree."""
 
-    name: str = Field(description="the app's name: 1-63 lowercase letters, digits and '-'")
+    name: str = Field(
+        default="", description="the app's name: 1-63 lowercase letters, digits and '-'"
+    )
+    app_name: str = Field(default="", description="the same, as Fly's Machines API names it")
     org_slug: str = Field(default="", description=f"kept as given (default {DEFAULT_ORG!r})")
     network: str = Field(default="", max_length=63, description="kept; Souq has one network")
     app_role_id: str = Field(default="", max_length=63, description="kept as the app's role")
 
-    @field_validator("name")
+    @field_validator("name", "app_name")
     @classmethod
     def _name(cls, value: str) -> str:
-        problem = app_name_problem(value)
+        problem = app_name_problem(value) if value else None
         if problem:
             raise ValueError(problem)
         return value
@@ -86,6 +91,25 @@ class NewApp(Input):
                 f"org slug {value!r} is not valid: use 1-63 lowercase letters, digits and '-'"
             )
         return value
+
+    @property
+    def app(self) -> str:
+        """The app's name, whichever key gave it."""
+        return self.name or self.app_name
+
+    @model_validator(mode="after")
+    def _one_name(self) -> NewApp:
+        if self.name and self.app_name and self.name != self.app_name:
+            raise ValueError(
+                f"name {self.name!r} and app_name {self.app_name!r} differ: "
+                "give the app's name once (app_name is Fly's key for name)"
+            )
+        if not (self.name or self.app_name):
+            raise ValueError(
+                "give the app's name (name, or Fly's app_name): "
+                "1-63 lowercase letters, digits and '-'"
+            )
+        return self
 
 
 class AppRecord(Record):
@@ -101,7 +125,7 @@ class AppRecord(Record):
     @classmethod
     def new(cls, body: NewApp, *, app_id: str, created_at: str) -> AppRecord:
         return cls(
-            name=body.name,
+            name=body.app,
             id=app_id,
             org_slug=body.org_slug or DEFAULT_ORG,
             network=body.network,

@@ -49,8 +49,16 @@ def parse_go_duration(text: str) -> float:
     return seconds
 
 
-def seconds_of(value: Any) -> float:
-    """A duration given as a number of seconds, a plain number in a string, or Go's text."""
+def seconds_of(value: Any, *, key: str = "") -> float:
+    """A duration given as a number of seconds, a plain number in a string, or Go's text; the
+    refusal names ``key`` when given (a before-validator's field, which pydantic cannot)."""
+    try:
+        return _seconds_of(value)
+    except ValueError as exc:
+        raise ValueError(f"{key}: {exc}" if key else str(exc)) from None
+
+
+def _seconds_of(value: Any) -> float:
     if isinstance(value, bool):
         raise ValueError("a duration is a number of seconds or a string such as '15s'")
     if isinstance(value, int | float):

@@ -45,7 +45,8 @@ class JobEvent(StrEnum):
     START = "start"
     RENEW = "renew"
     STOP = "stop"
-    RELEASE = "release"
+    RELEASE = "release"  # the seed's end of a run: a stop, the run counted if never started
+    RETURN = "return"  # the claimant gives the job back untouched: waiting again
     EXPIRE = "expire"
     CANCEL = "cancel"
 
@@ -58,7 +59,7 @@ class JobChange(StrEnum):
     CLAIMED = "claimed"
     STARTED = "started"
     CANCEL_REQUESTED = "cancel_requested"  # held: its worker is asked to stop it
-    REQUEUED = "requeued"  # back in the queue: released, its lease ran out, or a retry
+    REQUEUED = "requeued"  # back in the queue: returned, its lease ran out, or a retry
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
@@ -102,7 +103,8 @@ class JobSubmit(Input):
 
 
 class JobStopped(Input):
-    """``POST /sched/stopped/{name}``: how the run ended (an empty body: it succeeded)."""
+    """``POST /sched/stopped/{name}`` and ``POST /sched/release/{name}``: how the run ended (an
+    empty body: it succeeded)."""
 
     exit_code: int = Field(default=0, ge=-255, le=255)
     error: str = Field(default="", max_length=4096)
@@ -151,7 +153,7 @@ class JobRunEvent(Record):
 
     ``outcome`` of a ``job.stopped``: ``exited`` (its exit was reported: ``state`` is what the
     queue made of it), ``not_started`` (its process could not start: reported as exit 127),
-    ``released`` (the agent shut down and gave it back), ``fenced`` (its lease was lost or could
+    ``returned`` (the agent shut down and gave it back), ``fenced`` (its lease was lost or could
     not be renewed: killed, reported by nobody; the queue requeues it once the lease ends)."""
 
     kind: Literal["job.started", "job.stopped"]
@@ -161,7 +163,7 @@ class JobRunEvent(Record):
     attempt: int
     at_ms: int
     pid: int | None = None
-    outcome: Literal["", "exited", "not_started", "released", "fenced"] = ""
+    outcome: Literal["", "exited", "not_started", "returned", "fenced"] = ""
     exit_code: int | None = None
     signal: str | None = None
     state: JobState | None = Field(default=None, description="the job's state after the stop")

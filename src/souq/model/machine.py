@@ -193,7 +193,7 @@ class StopConfig(Input):
             data = dict(data)
             given = data.pop("timeout")
             if given is not None:
-                seconds = seconds_of(given)
+                seconds = seconds_of(given, key="timeout")
                 if data.get("timeout_s") not in (None, seconds):
                     raise ValueError("stop_config: timeout and timeout_s disagree; give one")
                 data["timeout_s"] = seconds
@@ -240,11 +240,15 @@ class MachineInit(Input):
 
 def _fly_services(data: dict[str, Any]) -> dict[str, Any]:
     """Fly's services in Souq's shape: unsupported fields refused (or dropped, unset), and each
-    service's own ``checks`` moved to the machine's, named after the service's port."""
+    service's own ``checks`` moved to the machine's, named after the service's port.
+
+    Raw input, not validated yet: a part of another shape than Fly's is left as it is (or
+    refused naming it), for the typed validation to name; never assumed."""
     services = data.get("services")
-    if not isinstance(services, list):
+    given = data.get("checks")
+    if not isinstance(services, list) or not isinstance(given, dict | None):
         return data
-    checks = dict(data.get("checks") or {})
+    checks = dict(given or {})
     shaped = []
     for i, given in enumerate(services):
         where = f"services[{i}]."
@@ -258,11 +262,15 @@ def _fly_services(data: dict[str, Any]) -> dict[str, Any]:
                 drop_unset(port, PORT_UNSUPPORTED, f"{where}ports[{j}].")
                 for j, port in enumerate(service["ports"])
             ]
-        for k, check in enumerate(service.pop("checks", None) or []):
-            if isinstance(check, dict):
-                kind = check.get("type") or "tcp"
-                name = f"servicecheck-{k:02d}-{kind}-{service.get('internal_port')}"
-                checks[name] = {"port": service.get("internal_port"), "type": kind, **check}
+        own = service.pop("checks", None) or []
+        if not isinstance(own, list):
+            raise ValueError(f"{where}checks: a list of checks, each an object")
+        for k, check in enumerate(own):
+            if not isinstance(check, dict):
+                raise ValueError(f"{where}checks[{k}]: a check is an object")
+            kind = check.get("type") or "tcp"
+            name = f"servicecheck-{k:02d}-{kind}-{service.get('internal_port')}"
+            checks[name] = {"port": service.get("internal_port"), "type": kind, **check}
         shaped.append(service)
     return {**data, "services": shaped, **({"checks": checks} if checks else {})}
 

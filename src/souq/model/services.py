@@ -67,7 +67,7 @@ class ServicePort(Input):
     @classmethod
     def _handlers(cls, v: Any) -> Any:
         for handler in v if isinstance(v, list) else []:
-            if handler != "http":
+            if isinstance(handler, str) and handler != "http":  # another shape: typed below
                 why = _HANDLERS.get(handler, "the edge proxy knows only `http`")
                 raise ValueError(f"handler {handler!r} is not supported by Souq ({why})")
         return v
