@@ -442,12 +442,14 @@ class Commands:
         ``finished`` once the machine is destroyed."""
         ex = self._ex
         ex.row(app, machine_id)
-        offset = max(offset, ex.driver.output_start(machine_id))  # older output rotated out
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
         while True:
             finished = ex.row_by_id(machine_id).state is S.DESTROYED
+            offset = max(offset, ex.driver.output_start(machine_id))  # older output rotated out
             data, _ = ex.driver.read_output(machine_id, offset, max_bytes)
+            if ex.driver.output_start(machine_id) > offset:
+                continue  # rotated past it meanwhile: the read may have begun later; again
             text, used = self._shown(app, machine_id, data, finished=finished)
             remaining = deadline - loop.time()
             if text or finished or remaining <= 0:
