@@ -294,7 +294,8 @@ class Commands:
         self._check_idle(row)
         config = cmd.config
         now = self._clock.now_ms()
-        ex.admission.check_resize(row.resources, config.guest.resources(), now)
+        if row.id not in ex.unreserved:  # (one that holds none is judged whole at its start)
+            ex.admission.check_resize(row.resources, config.guest.resources(), now)
         self._check_mounts(row.app, config, row.id)
         placement = self._image_noted(config, cmd.image, row.placement, row.request_id, row.region)
         address = row.address

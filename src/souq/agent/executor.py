@@ -22,7 +22,7 @@ from dataclasses import replace
 from typing import Any
 
 from souq.agent import lifecycle, recovery
-from souq.agent.admission import Admission
+from souq.agent.admission import Admission, reserves
 from souq.agent.checks import MachineChecks
 from souq.agent.faults import FaultPoint
 from souq.agent.images import AgentImages, Pulled, image_of, image_source
@@ -91,8 +91,10 @@ class Executor(MachineTable):
         self.admission = admission  # the ledger: reservations are recorded there too
         self.ports = ports or PortPool()  # host ports, given at claims (souq.agent.ports)
         self.advertise = advertise
+        # Machines that gave their reservation back (failed, or stopped or being destroyed since).
+        self.unreserved: set[str] = store.unreserved()
         for r in (r for r in rows if r.state is not S.DESTROYED):
-            if r.gpu_ids:
+            if r.gpu_ids and r.id not in self.unreserved:
                 admission.adopt_gpus(r.resources, r.gpu_ids)
             if r.address is not None:
                 self.ports.restore(r.id, r.address.ports.values())
@@ -186,7 +188,6 @@ class Executor(MachineTable):
         message: str | None = None,
         op: Op | None = None,
         op_event: OpEvent | None = None,
-        release: bool = False,
         durable: bool = True,
         **changes: Any,
     ) -> tuple[Action, ...]:
@@ -195,7 +196,11 @@ class Executor(MachineTable):
         and the bus. Returns the operation step's actions for :meth:`execute`.
 
         An exit ``status`` means the process is gone: the row forgets its pid and keeps its exit
-        code, and the event's message says how it ended unless ``message`` says more."""
+        code, and the event's message says how it ended unless ``message`` says more.
+
+        The reservation follows :func:`~souq.agent.admission.reserves`: a step into ``failed``
+        or ``destroyed`` releases it; a start of a machine that gave it back takes it again, if
+        it fits (``insufficient_capacity`` else, and nothing is written)."""
         if status is not None:
             message = status.describe() if message is None else message
             changes = {"pid": None, "pid_start_time": None, "exit_code": status.code, **changes}
@@ -227,17 +232,33 @@ class Executor(MachineTable):
         if op is not None and step is not None and op_event is not None:
             steps.append(OpStep(op.id, row.id, op.kind, step.next, op_event, now, op.params))
         spec = not _SPEC.isdisjoint(changes)  # an update, or a pull's record
-        resize = spec and new.resources != row.resources
-        reserve = new.resources if resize and not release else None
+        held = row.id not in self.unreserved
+        holds = reserves(held, state)
+        release, regain = held and not holds, holds and not held
+        if regain:
+            self.admission.check_regain(new.resources, new.gpu_ids, now)
+        resize = spec and new.resources != row.resources and held and holds
+        reserve = new.resources if resize or regain else None
         self.store.commit(
-            new, recorded, steps, release=release, durable=durable, spec=spec, reserve=reserve
+            new,
+            recorded,
+            steps,
+            release=release,
+            durable=durable,
+            spec=spec,
+            reserve=reserve,
+            regain=regain,
         )
         if durable:
             self._unsynced = False  # a synced commit syncs every write before it
         if self.fault is not None and steps:
             self.fault.after_step(steps[0].kind, steps[0].state)
         self._rows[row.id] = new
-        self._account(row, new, release=release, resized=reserve is not None, spec=spec)
+        if holds or state is S.DESTROYED:
+            self.unreserved.discard(row.id)
+        else:
+            self.unreserved.add(row.id)
+        self._account(row, new, release=release, resized=resize, regain=regain, spec=spec)
         self.checks.follow(new)
         if op is not None and step is not None:
             self._op_reached(op, step.next)
@@ -247,7 +268,14 @@ class Executor(MachineTable):
         return step.actions if step else ()
 
     def _account(
-        self, row: MachineRow, new: MachineRow, *, release: bool, resized: bool, spec: bool
+        self,
+        row: MachineRow,
+        new: MachineRow,
+        *,
+        release: bool,
+        resized: bool,
+        regain: bool,
+        spec: bool,
     ) -> None:
         """What a committed step changes beyond the row: ports, pins, the app count and the
         ledger."""
@@ -260,7 +288,7 @@ class Executor(MachineTable):
                 del self._live_by_app[row.app]
         if release or resized:
             self.admission.release(row.resources, row.gpu_ids)
-        if resized:
+        if resized or regain:
             self.admission.reserve(new.resources, new.gpu_ids)
         if spec and self.images is not None:
             self.images.repin(image_of(row.placement), image_of(new.placement))
@@ -458,7 +486,6 @@ class Executor(MachineTable):
             OpEvent.CLEANED,
             event=Trigger.DESTROYED,
             type="destroy",
-            release=True,
             pid=None,
             pid_start_time=None,
         )
