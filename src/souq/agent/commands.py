@@ -47,6 +47,7 @@ __all__ = ["LOG_POLL_S", "Commands"]
 S = MachineState
 LOG_POLL_S = 0.1  # `logs` long-polling checks the output file this often (tail -f)
 _RESTARTABLE = (S.STARTED, S.SUSPENDED, S.STOPPED, S.CREATED, S.FAILED, S.STARTING)
+_ROTATED_PAST_TRIES = 8  # reads of the output a fast writer's rotations may cut short
 _RUNNING = (S.STARTED, S.SUSPENDED, S.STOPPING)  # a process is there (frozen or not)
 _UP = (S.STARTED, S.SUSPENDED, S.STARTING)  # what stopping every machine stops
 
@@ -447,10 +448,7 @@ class Commands:
         deadline = loop.time() + wait_s
         while True:
             finished = ex.row_by_id(machine_id).state is S.DESTROYED
-            offset = max(offset, ex.driver.output_start(machine_id))  # older output rotated out
-            data, _ = ex.driver.read_output(machine_id, offset, max_bytes)
-            if ex.driver.output_start(machine_id) > offset:
-                continue  # rotated past it meanwhile: the read may have begun later; again
+            offset, data = self._output(machine_id, offset, max_bytes)
             text, used = self._shown(app, machine_id, data, finished=finished)
             remaining = deadline - loop.time()
             if text or finished or remaining <= 0:
@@ -458,6 +456,19 @@ class Commands:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(ex.changed(machine_id).wait(), min(LOG_POLL_S, remaining))
         return LogsReply(data=text, next_offset=offset + used, finished=finished)
+
+    def _output(self, machine_id: str, offset: int, max_bytes: int) -> tuple[int, bytes]:
+        """Output from ``offset`` or, if that was rotated out, from the oldest byte kept: where
+        it starts, and the bytes. A rotation past the read's start while it read may have moved
+        the read on unseen: read again (a few times; then nothing, this time)."""
+        driver = self._ex.driver
+        start = offset
+        for _ in range(_ROTATED_PAST_TRIES):
+            start = max(offset, driver.output_start(machine_id))  # older output rotated out
+            data, _ = driver.read_output(machine_id, start, max_bytes)
+            if driver.output_start(machine_id) <= start:
+                return start, data
+        return start, b""
 
     def _shown(self, app: str, machine_id: str, data: bytes, *, finished: bool) -> tuple[str, int]:
         """Output as served: decoded, the machine's secret values ``[redacted]`` (an end that
