@@ -2,7 +2,7 @@
 
 Without names, the default suites run (``spine``, ``scale``, ``tradeoff``, ``view``,
 ``supervise``, ``creates``, ``proxy``, ``wake``, ``images``, ``deploy``, ``attack``,
-``secured``, ``jobs``); ``c1m`` (100,000 machines onto 5,000 hollow workers, a few minutes)
+``secured``, ``logs``); ``c1m`` (100,000 machines onto 5,000 hollow workers, a few minutes)
 runs only when named."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from bench import (
     hosts,
     images,
     jobs,
+    logs,
     proxy,
     scale,
     secured,
@@ -41,6 +42,7 @@ SUITES = {
     "secured": secured.main,
     "hosts": hosts.main,
     "jobs": jobs.main,
+    "logs": logs.main,
 }
 DEFAULT = [
     "spine",
@@ -55,6 +57,7 @@ DEFAULT = [
     "deploy",
     "attack",
     "secured",
+    "logs",
 ]
 
 

@@ -195,6 +195,12 @@ class DeployFailed(SouqError, status="deploy_failed"):
     deploy had changed was rolled back."""
 
 
+class MachineFailed(SouqError, status="machine_failed"):
+    """A machine ``souq machine run`` waited for could not be started (``failed``: e.g. its
+    program cannot run); the message says why, ``details`` name the machine. It holds no
+    capacity; exit 1."""
+
+
 class JobFailed(SouqError, status="job_failed"):
     """A batch job waited for ended without succeeding (``details``: its state and exit code);
     ``souq job wait`` exits 1 with it."""

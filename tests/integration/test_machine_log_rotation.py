@@ -8,7 +8,10 @@ import asyncio
 import os
 from pathlib import Path
 
+import pytest
+
 from souq.drivers import logfile
+from souq.drivers.waiter import waiter_path
 from tests.integration.agent_harness import APP, eventually, running_agent
 
 BOUND = 64 * 1024
@@ -83,9 +86,9 @@ def test_a_rotation_cut_short_by_a_crash_is_finished(tmp_path: Path) -> None:
 
 
 def test_a_real_agent_bounds_a_machine_s_log(nats_url: str, tmp_path: Path) -> None:
-    """The machine writes 40 bounds' worth of numbered lines, then waits: its log stays
-    within the bound (plus what one check interval lets in), and `logs` reads, from the
-    oldest byte kept, every later line in order."""
+    """The machine writes 40 bounds' worth of numbered lines, then waits: neither file of its
+    log is ever over the bound (its souq-waiter rotates as it writes; without one, the agent
+    every second), and `logs` reads, from the oldest byte kept, every later line in order."""
 
     async def body() -> None:
         async with running_agent(nats_url, tmp_path, log_max_bytes=BOUND) as h:
@@ -96,6 +99,7 @@ def test_a_real_agent_bounds_a_machine_s_log(nats_url: str, tmp_path: Path) -> N
             )
             m = await h.claim(["sh", "-c", script])
             workdir = tmp_path / "machines" / ".agent" / m.id  # the agent's files of it
+            by_waiter = h.agent._host_driver is not None and h.agent._host_driver.exec.bounds_logs
 
             async def done() -> bool:
                 start = logfile.output_start(workdir)
@@ -104,9 +108,9 @@ def test_a_real_agent_bounds_a_machine_s_log(nats_url: str, tmp_path: Path) -> N
 
             await eventually(done, timeout=60, what="the machine's last line")
 
-            def bounded() -> bool:  # (checked every second: the current file may pass it)
+            def bounded() -> bool:  # (without a waiter, checked every second)
                 current = (workdir / logfile.LOG).stat().st_size
-                return h.agent.log_rotator.rotations >= 1 and current <= BOUND
+                return (by_waiter or h.agent.log_rotator.rotations >= 1) and current <= BOUND
 
             await eventually(bounded, timeout=10, what="the log back within its bound")
             assert (workdir / logfile.ROTATED).stat().st_size <= BOUND
@@ -125,5 +129,34 @@ def test_a_real_agent_bounds_a_machine_s_log(nats_url: str, tmp_path: Path) -> N
             assert got[0] > 0  # the oldest output was rotated out
             assert text.endswith("done\n")
             assert APP
+
+    asyncio.run(body())
+
+
+@pytest.mark.skipif(waiter_path() is None, reason="rotations as it writes need souq-waiter")
+def test_a_follower_reads_on_across_rotations(nats_url: str, tmp_path: Path) -> None:
+    """Following the output (the long-polled reads `--follow` makes) while the log rotates
+    many times as the machine writes: every line comes once and in order, to the last."""
+
+    async def body() -> None:
+        async with running_agent(nats_url, tmp_path, log_max_bytes=BOUND) as h:
+            total = 20 * BOUND // 14
+            script = (
+                f"i=0; while [ $i -lt {total} ]; do printf 'line %08d\\n' $i; i=$((i+1)); "
+                "done; echo done; sleep 60"
+            )
+            m = await h.claim(["sh", "-c", script])
+            text, offset = "", 0
+            while not text.endswith("done\n"):
+                reply = await h.logs(m.id, offset=offset, wait_s=2.0)
+                assert reply.next_offset >= offset
+                text += reply.data
+                offset = reply.next_offset
+            got = numbers(text.encode())
+            assert got == sorted(set(got)), "a line read twice or out of order"
+            assert got[-1] == total - 1
+            workdir = tmp_path / "machines" / ".agent" / m.id
+            assert logfile.output_start(workdir) > 0  # it did rotate, more than once
+            assert offset == logfile.read_output(workdir, 0, 0)[1]
 
     asyncio.run(body())

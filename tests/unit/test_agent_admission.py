@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from souq.agent.admission import Admission, HeldQuote
+from souq.agent.admission import Admission, HeldQuote, reserves
 from souq.errors import ClaimRefused, InvalidInput, NotFound, QuoteExpired, QuoteUsed
-from souq.model import Resources
+from souq.model import MachineState, Resources
 from souq.model.protocol import QuoteState
 
 NOW = 1_000_000
@@ -113,3 +113,12 @@ def test_offers_say_why_not() -> None:
     assert reason == "insufficient_cpu" and "0.5 of 4 free" in detail
     a.set_flags(cordoned=True, draining=False)
     assert (a.offer_refusal(res(0.5), NOW) or ("",))[0] == "cordoned"
+
+
+def test_a_failed_machine_gives_its_reservation_back_until_it_starts() -> None:
+    m = MachineState
+    assert reserves(True, m.STARTED) and reserves(True, m.STOPPED)  # a stopped one keeps it
+    assert not reserves(True, m.FAILED) and not reserves(True, m.DESTROYED)
+    assert not reserves(False, m.STOPPED) and not reserves(False, m.DESTROYING)
+    assert reserves(False, m.STARTING)  # only a start takes it again
+    assert not reserves(False, m.FAILED)

@@ -30,6 +30,14 @@ GPUs are accounted one by one: the ledger knows each GPU's free thousandths, and
 machine and each hold got (:func:`souq.placement.gpus.pick` chooses them: :meth:`assign_gpus`).
 The shell records the GPUs with the machine (so it can tell the machine which are its own) and
 gives them back with :meth:`release`.
+
+A machine keeps its reservation from its claim until it is destroyed (a stopped one too), but
+for one case (:func:`reserves`): a machine that goes ``failed`` (its program could not be
+started: nothing runs, and nothing will until someone starts it) gives its capacity back at
+once, so that it does not hold room it does not use, and holds none (stopped or destroyed
+meanwhile) until it starts again: that start takes it again, judged as a new machine of its size
+is, on its own GPUs (:meth:`Admission.check_regain`: ``insufficient_capacity`` when the room is
+gone).
 """
 
 from __future__ import annotations
@@ -46,6 +54,7 @@ from souq.errors import (
     QuoteExpired,
     QuoteUsed,
 )
+from souq.model.machine import MachineState
 from souq.model.protocol import QuoteState
 from souq.model.resources import GPU_MILLI, Resources
 from souq.model.worker import WorkerState, WorkerUsage
@@ -53,7 +62,15 @@ from souq.placement import gpus
 from souq.placement.gpus import gpu_shape
 from souq.placement.stages import Shortfall, shortfall
 
-__all__ = ["Admission", "HeldQuote"]
+__all__ = ["Admission", "HeldQuote", "reserves"]
+
+_GIVES_BACK = frozenset({MachineState.FAILED, MachineState.DESTROYED})
+
+
+def reserves(held: bool, state: MachineState) -> bool:
+    """Whether a machine that held a reservation or not (``held``) holds one once in
+    ``state``: failing or being destroyed gives it back; only a start takes it again."""
+    return state not in _GIVES_BACK and (held or state is MachineState.STARTING)
 
 
 @dataclass(frozen=True)
@@ -196,6 +213,24 @@ class Admission:
                 hint="update it to a size that fits, or create a new machine elsewhere",
                 details={"reason": short.reason},
             )
+
+    def check_regain(self, want: Resources, gpu_ids: tuple[int, ...], now_ms: int) -> None:
+        """Raise ``insufficient_capacity`` when a machine that gave its reservation back (a
+        failed one) cannot take it again for ``want`` here, on its GPUs ``gpu_ids``."""
+        short = self.shortfall(want, now_ms)
+        free = self.gpu_free(now_ms)
+        if short is None and any(free[i] < gpus.per_gpu(want) for i in gpu_ids if i < len(free)):
+            reason, detail = "insufficient_gpus", "its GPUs are taken"
+        elif short is not None:
+            reason, detail = short.reason, short.detail
+        else:
+            return
+        raise InsufficientCapacity(
+            f"the machine cannot start again on worker {self.worker_id}: {detail} (a failed "
+            "machine gives its reservation back)",
+            hint="free capacity on its worker, or destroy it and create it again elsewhere",
+            details={"reason": reason, "usage": self.usage(now_ms).model_dump(mode="json")},
+        )
 
     def check_quote_app(self, quote: HeldQuote | None, quote_id: str, app: str) -> HeldQuote:
         if quote is None or quote.app != app:

@@ -52,6 +52,7 @@ __all__ = ["LOG_POLL_S", "Commands"]
 S = MachineState
 LOG_POLL_S = 0.1  # `logs` long-polling checks the output file this often (tail -f)
 _RESTARTABLE = (S.STARTED, S.SUSPENDED, S.STOPPED, S.CREATED, S.FAILED, S.STARTING)
+_ROTATED_PAST_TRIES = 8  # reads of the output a fast writer's rotations may cut short
 _RUNNING = (S.STARTED, S.SUSPENDED, S.STOPPING)  # a process is there (frozen or not)
 _UP = (S.STARTED, S.SUSPENDED, S.STARTING)  # what stopping every machine stops
 
@@ -299,7 +300,8 @@ class Commands:
         self._check_idle(row)
         config = cmd.config
         now = self._clock.now_ms()
-        ex.admission.check_resize(row.resources, config.guest.resources(), now)
+        if row.id not in ex.unreserved:  # (one that holds none is judged whole at its start)
+            ex.admission.check_resize(row.resources, config.guest.resources(), now)
         self._check_mounts(row.app, config, row.id)
         placement = self._image_noted(config, cmd.image, row.placement, row.request_id, row.region)
         address = row.address
@@ -439,12 +441,11 @@ class Commands:
         ``finished`` once the machine is destroyed."""
         ex = self._ex
         ex.row(app, machine_id)
-        offset = max(offset, ex.driver.output_start(machine_id))  # older output rotated out
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
         while True:
             finished = ex.row_by_id(machine_id).state is S.DESTROYED
-            data, _ = ex.driver.read_output(machine_id, offset, max_bytes)
+            offset, data = self._output(machine_id, offset, max_bytes)
             text, used = self._shown(app, machine_id, data, finished=finished)
             remaining = deadline - loop.time()
             if text or finished or remaining <= 0:
@@ -452,6 +453,19 @@ class Commands:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(ex.changed(machine_id).wait(), min(LOG_POLL_S, remaining))
         return LogsReply(data=text, next_offset=offset + used, finished=finished)
+
+    def _output(self, machine_id: str, offset: int, max_bytes: int) -> tuple[int, bytes]:
+        """Output from ``offset`` or, if that was rotated out, from the oldest byte kept: where
+        it starts, and the bytes. A rotation past the read's start while it read may have moved
+        the read on unseen: read again (a few times; then nothing, this time)."""
+        driver = self._ex.driver
+        start = offset
+        for _ in range(_ROTATED_PAST_TRIES):
+            start = max(offset, driver.output_start(machine_id))  # older output rotated out
+            data, _ = driver.read_output(machine_id, start, max_bytes)
+            if driver.output_start(machine_id) <= start:
+                return start, data
+        return start, b""
 
     def _shown(self, app: str, machine_id: str, data: bytes, *, finished: bool) -> tuple[str, int]:
         """Output as served: decoded, the machine's secret values ``[redacted]`` (an end that

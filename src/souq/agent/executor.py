@@ -5,7 +5,7 @@ Every command is an operation (:mod:`souq.agent.operations`). The executor's one
 its event and the operation's step in one transaction, then updates memory, wakes waiters and
 queues the event for the bus; :meth:`Executor.execute` then runs the step's actions. Actions are
 synchronous (a ``Popen``, a signal, a timer), so nothing interleaves between a command's checks
-and its writes. Exits arrive from the supervisor's watchers (:meth:`Executor._on_exit`): an exit
+and its writes. Exits arrive from the supervisor's watchers (:mod:`souq.agent.exits`): an exit
 an operation waits for advances it; any other goes through the restart policy.
 
 After an agent restart, :meth:`Executor.recover` re-adopts running processes, resumes unfinished
@@ -15,14 +15,15 @@ operations from their last logged step, and reports the exits of processes that 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import signal as _signal
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from souq.agent import lifecycle, recovery
-from souq.agent.admission import Admission
+from souq.agent import exits, lifecycle, recovery
+from souq.agent.admission import Admission, reserves
 from souq.agent.checks import MachineChecks
 from souq.agent.faults import FaultPoint
 from souq.agent.images import AgentImages, Pulled, image_of, image_source
@@ -38,7 +39,7 @@ from souq.agent.store import Store
 from souq.agent.supervisor import Supervisor
 from souq.agent.volumes import AgentVolumes
 from souq.clock import Clock
-from souq.drivers.base import Driver, ExitStatus, Handle, RecordsExits, SpawnError
+from souq.drivers.base import Driver, ExitStatus, Handle, SpawnError
 from souq.errors import IllegalTransition, SouqError
 from souq.ids import new_request_id
 from souq.model.machine import MachineEvent, MachineState
@@ -50,7 +51,6 @@ __all__ = ["Executor", "Op", "Source"]
 log = logging.getLogger(__name__)
 
 S = MachineState
-_WAITING_FOR_EXIT = (OpState.DRAINING, OpState.SIGNALLING, OpState.KILLING)
 _SPEC = frozenset({"config", "placement", "address", "instance_id", "cordoned"})  # rarely changed
 # Events whose message carries the machine's record: what the event alone does not say (a new
 # machine; a config, metadata or cordon changed in place) reaches every view with it.
@@ -91,8 +91,10 @@ class Executor(MachineTable):
         self.admission = admission  # the ledger: reservations are recorded there too
         self.ports = ports or PortPool()  # host ports, given at claims (souq.agent.ports)
         self.advertise = advertise
+        # Machines that gave their reservation back (failed, or stopped or being destroyed since).
+        self.unreserved: set[str] = store.unreserved()
         for r in (r for r in rows if r.state is not S.DESTROYED):
-            if r.gpu_ids:
+            if r.gpu_ids and r.id not in self.unreserved:
                 admission.adopt_gpus(r.resources, r.gpu_ids)
             if r.address is not None:
                 self.ports.restore(r.id, r.address.ports.values())
@@ -110,9 +112,9 @@ class Executor(MachineTable):
         self.supervisor = Supervisor(
             driver,
             backoff,
-            on_exit=self._on_exit,
-            on_kill_due=self._on_kill_due,
-            on_restart_due=self._on_restart_due,
+            on_exit=functools.partial(exits.on_exit, self),
+            on_kill_due=functools.partial(exits.on_kill_due, self),
+            on_restart_due=functools.partial(exits.on_restart_due, self),
         )
 
     # -- queries -------------------------------------------------------------------------------
@@ -186,7 +188,6 @@ class Executor(MachineTable):
         message: str | None = None,
         op: Op | None = None,
         op_event: OpEvent | None = None,
-        release: bool = False,
         durable: bool = True,
         **changes: Any,
     ) -> tuple[Action, ...]:
@@ -195,7 +196,11 @@ class Executor(MachineTable):
         and the bus. Returns the operation step's actions for :meth:`execute`.
 
         An exit ``status`` means the process is gone: the row forgets its pid and keeps its exit
-        code, and the event's message says how it ended unless ``message`` says more."""
+        code, and the event's message says how it ended unless ``message`` says more.
+
+        The reservation follows :func:`~souq.agent.admission.reserves`: a step into ``failed``
+        or ``destroyed`` releases it; a start of a machine that gave it back takes it again, if
+        it fits (``insufficient_capacity`` else, and nothing is written)."""
         if status is not None:
             message = status.describe() if message is None else message
             changes = {"pid": None, "pid_start_time": None, "exit_code": status.code, **changes}
@@ -227,17 +232,33 @@ class Executor(MachineTable):
         if op is not None and step is not None and op_event is not None:
             steps.append(OpStep(op.id, row.id, op.kind, step.next, op_event, now, op.params))
         spec = not _SPEC.isdisjoint(changes)  # an update, or a pull's record
-        resize = spec and new.resources != row.resources
-        reserve = new.resources if resize and not release else None
+        held = row.id not in self.unreserved
+        holds = reserves(held, state)
+        release, regain = held and not holds, holds and not held
+        if regain:
+            self.admission.check_regain(new.resources, new.gpu_ids, now)
+        resize = spec and new.resources != row.resources and held and holds
+        reserve = new.resources if resize or regain else None
         self.store.commit(
-            new, recorded, steps, release=release, durable=durable, spec=spec, reserve=reserve
+            new,
+            recorded,
+            steps,
+            release=release,
+            durable=durable,
+            spec=spec,
+            reserve=reserve,
+            regain=regain,
         )
         if durable:
             self._unsynced = False  # a synced commit syncs every write before it
         if self.fault is not None and steps:
             self.fault.after_step(steps[0].kind, steps[0].state)
         self._rows[row.id] = new
-        self._account(row, new, release=release, resized=reserve is not None, spec=spec)
+        if holds or state is S.DESTROYED:
+            self.unreserved.discard(row.id)
+        else:
+            self.unreserved.add(row.id)
+        self._account(row, new, release=release, resized=resize, regain=regain, spec=spec)
         self.checks.follow(new)
         if op is not None and step is not None:
             self._op_reached(op, step.next)
@@ -247,7 +268,14 @@ class Executor(MachineTable):
         return step.actions if step else ()
 
     def _account(
-        self, row: MachineRow, new: MachineRow, *, release: bool, resized: bool, spec: bool
+        self,
+        row: MachineRow,
+        new: MachineRow,
+        *,
+        release: bool,
+        resized: bool,
+        regain: bool,
+        spec: bool,
     ) -> None:
         """What a committed step changes beyond the row: ports, pins, the app count and the
         ledger."""
@@ -260,7 +288,7 @@ class Executor(MachineTable):
                 del self._live_by_app[row.app]
         if release or resized:
             self.admission.release(row.resources, row.gpu_ids)
-        if resized:
+        if resized or regain:
             self.admission.reserve(new.resources, new.gpu_ids)
         if spec and self.images is not None:
             self.images.repin(image_of(row.placement), image_of(new.placement))
@@ -444,9 +472,9 @@ class Executor(MachineTable):
         if handle is not None:
             self._thaw(op.machine_id, handle)
         if handle is None:
-            if op.state in _WAITING_FOR_EXIT:
+            if op.state in exits.WAITING_FOR_EXIT:
                 # Nothing runs (it died while no agent watched): the operation sees the exit now.
-                self._exited_during_op(op, self._last_exit(op.machine_id))
+                exits.exited_during_op(self, op, exits.last_exit(self.driver, op.machine_id))
             return
         self.driver.signal(handle, sig)  # False: it is exiting, and its watcher will report
 
@@ -458,85 +486,25 @@ class Executor(MachineTable):
             OpEvent.CLEANED,
             event=Trigger.DESTROYED,
             type="destroy",
-            release=True,
             pid=None,
             pid_start_time=None,
         )
         if self.volumes is not None:  # its volume stays, free for the next machine
             self.volumes.detach(op.machine_id)
 
-    # -- what the supervisor reports -----------------------------------------------------------
+    # -- what the supervisor reports (souq.agent.exits) ------------------------------------------
 
-    def _on_exit(self, machine_id: str, status: ExitStatus) -> None:
+    def process_gone(self, machine_id: str) -> float:
+        """Forget the machine's exited process (its handle, its freeze, its kill timer): how
+        long it ran, in seconds."""
         self._handles.pop(machine_id, None)
         self._frozen.discard(machine_id)
         self.supervisor.disarm_kill(machine_id)
         now = self._clock.monotonic()
-        ran_for = now - self._ran_since.pop(machine_id, now)
-        row = self._rows.get(machine_id)
-        if row is None:
-            return
-        op = self._ops.get(machine_id)
-        if op is not None and op.state in _WAITING_FOR_EXIT:
-            self._exited_during_op(op, status)
-            return
-        if row.state not in (S.STARTED, S.STOPPING, S.SUSPENDED):
-            log.warning("machine %s exited while %s", machine_id, row.state)
-            self.apply(machine_id, type="exit", status=status)
-            return
-        decision = self.supervisor.decide(
-            row.config.restart,
-            status,
-            restarts=row.restarts,
-            ran_for_s=ran_for,
-            user_stop=row.state is S.STOPPING,
-        )
-        self.apply(
-            machine_id,
-            event=Trigger.EXITED_RESTART if decision.restart else Trigger.EXITED_STAY,
-            type="exit",
-            status=status,
-            message=f"{status.describe()}; {decision.reason}",
-            restarts=decision.restarts,
-        )
-        if decision.restart:
-            self.supervisor.schedule_restart(machine_id, decision.delay_s)
-        elif row.config.auto_destroy:
-            op = self.new_op(OpKind.DESTROY, machine_id, source="agent")
-            self.step(
-                op,
-                OpEvent.IDLE,
-                event=Trigger.DESTROY,
-                type="destroy",
-                source="agent",
-                message="auto_destroy: it exited and its restart policy keeps it down",
-            )
+        return now - self._ran_since.pop(machine_id, now)
 
-    def _exited_during_op(self, op: Op, status: ExitStatus) -> None:
-        self._handles.pop(op.machine_id, None)
-        self.step(op, OpEvent.EXITED, event=Trigger.EXITED_STAY, type="exit", status=status)
-
-    def _on_kill_due(self, machine_id: str) -> None:
-        op = self._ops.get(machine_id)
-        if op is not None and op.state is OpState.DRAINING:
-            self.step(op, OpEvent.DRAINED)
-            return
-        if op is None or op.state is not OpState.SIGNALLING:
-            return
-        self.step(
-            op,
-            OpEvent.TIMEOUT,
-            type="signal",
-            signal="SIGKILL",
-            message=f"still running {op.params['timeout_s']:g}s after {op.params['signal']}",
-        )
-
-    def _on_restart_due(self, machine_id: str) -> None:
-        row = self._rows.get(machine_id)
-        if row is None or row.state is not S.STARTING or machine_id in self._ops:
-            return
-        op = self.new_op(OpKind.START, machine_id, source="agent", type="restart")
-        self.step(op, OpEvent.BEGIN)
+    def drop_handle(self, machine_id: str) -> None:
+        self._handles.pop(machine_id, None)
 
     # -- recovery and shutdown -----------------------------------------------------------------
 
@@ -558,7 +526,7 @@ class Executor(MachineTable):
 
     def exited_unwatched(self, machine_id: str) -> None:
         """The machine's process died while no agent watched: its exit, as the driver kept it."""
-        self._on_exit(machine_id, self._last_exit(machine_id))
+        exits.on_exit(self, machine_id, exits.last_exit(self.driver, machine_id))
 
     async def shutdown(self) -> None:
         """Stop watching: machines keep running, for the next agent to re-adopt. (To stop them
@@ -571,12 +539,6 @@ class Executor(MachineTable):
         self.driver.close()
 
     # -- helpers -------------------------------------------------------------------------------
-
-    def _last_exit(self, machine_id: str) -> ExitStatus:
-        """How a process that died while no agent watched it ended, if the driver kept it."""
-        if isinstance(self.driver, RecordsExits):
-            return self.driver.last_exit(machine_id)
-        return ExitStatus()
 
     def new_op(self, kind: OpKind, machine_id: str, **params: Any) -> Op:
         return Op(new_request_id(), kind, machine_id, params)

@@ -116,6 +116,7 @@ class Agent:
                 cgroups=config.cgroups,
                 pids_max=config.pids_max,
                 user=machine_user(config.machine_user, allow_root=config.allow_root_machines),
+                log_max_bytes=config.log_max_bytes,
             )
         )
         host = self._host_driver
@@ -204,8 +205,9 @@ class Agent:
                     disks=VolumeDisks(config.data_dir / "volumes"),
                 )
             if self._host_driver is not None:  # machine output logs: bounded, rotated
-                self.log_rotator.recover_all()
-                self._rotating = asyncio.create_task(self.log_rotator.run(), name="souq-logs")
+                self.log_rotator.recover_all()  # a rotation of the agent's, interrupted
+                if not self._host_driver.exec.bounds_logs:  # each souq-waiter bounds its own
+                    self._rotating = asyncio.create_task(self.log_rotator.run(), name="souq-logs")
             self._commands = Commands(self._executor, self._clock)
             self._executor.recover()
             self._scheduler = Scheduler(

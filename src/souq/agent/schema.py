@@ -27,6 +27,7 @@ __all__ = [
     "INSERT_RESERVATION",
     "MACHINE_COLUMNS",
     "OP_COLUMNS",
+    "REPLACE_RESERVATION",
     "SCHEMA",
     "SUMS",
     "UPDATE_MACHINE",
@@ -163,6 +164,10 @@ INSERT_MACHINE = (
 INSERT_RESERVATION = (
     "INSERT INTO reservations (machine_id, millicpus, memory_mb, disk_mb, gpus, gpu_milli) "
     "VALUES (?, ?, ?, ?, ?, ?)"
+)
+REPLACE_RESERVATION = (  # a failed machine's, taken again at its start
+    "INSERT OR REPLACE INTO reservations "
+    "(machine_id, millicpus, memory_mb, disk_mb, gpus, gpu_milli) VALUES (?, ?, ?, ?, ?, ?)"
 )
 INSERT_EVENT = (
     f"INSERT INTO events (machine_id, {EVENT_COLUMNS}) "  # noqa: S608 (constant columns)

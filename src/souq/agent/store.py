@@ -254,9 +254,28 @@ class Store:
         with self._write() as db:
             db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
 
+    def unreserved(self) -> set[str]:
+        """The machines that hold no reservation (a failed one, or one stopped or being
+        destroyed since it failed: souq.agent.admission.reserves), destroyed ones left out."""
+        if not self.keeps_machines:
+            return set()
+        rows = self._read(
+            "SELECT id FROM machines WHERE state = ? OR (state != ? AND id NOT IN "
+            "(SELECT machine_id FROM reservations))",
+            ("failed", "destroyed"),
+        )
+        return {str(r[0]) for r in rows}
+
     def allocated(self) -> Resources:
         """What the machines and the volumes reserve (holds not included)."""
-        machines = sql.resources_of(self._read(f"SELECT {sql.SUMS} FROM reservations")[0])  # noqa: S608
+        # (A failed machine holds nothing, whatever an older version left in the table.)
+        machines = sql.resources_of(
+            self._read(
+                f"SELECT {sql.SUMS} FROM reservations WHERE machine_id NOT IN "  # noqa: S608
+                "(SELECT id FROM machines WHERE state = ?)",
+                ("failed",),
+            )[0]
+        )
         volumes = self._read(
             "SELECT COALESCE(SUM(size_gb), 0) FROM volumes WHERE state != ?", ("destroyed",)
         )
@@ -379,10 +398,12 @@ class Store:
         durable: bool = True,
         spec: bool = False,
         reserve: Resources | None = None,
+        regain: bool = False,
     ) -> None:
         """Write ``row``'s mutable fields (its config, placement, address and instance id too
         when ``spec``), append its new events and op steps, and release its reservation or set
-        it to ``reserve`` when asked: one transaction (fsynced unless ``durable=False``)."""
+        it to ``reserve`` when asked (made anew with ``regain``: one released before): one
+        transaction (fsynced unless ``durable=False``)."""
         with self._write(durable=durable) as db:
             if self.keeps_machines:
                 db.execute(
@@ -409,10 +430,12 @@ class Store:
                         row.id,
                     ),
                 )
-            if reserve is not None and self.keeps_machines:
+            if reserve is not None and regain and self.keeps_machines:
+                db.execute(sql.REPLACE_RESERVATION, (row.id, *sql.amounts_of(reserve)))
+            elif reserve is not None and self.keeps_machines:
                 db.execute(sql.UPDATE_RESERVATION, (*sql.amounts_of(reserve), row.id))
             self._append(db, row.id, events, steps)
-            if release and self.keeps_machines:
+            if (release or row.state is MachineState.DESTROYED) and self.keeps_machines:
                 db.execute("DELETE FROM reservations WHERE machine_id = ?", (row.id,))
 
     def _append(

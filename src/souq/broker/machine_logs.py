@@ -26,8 +26,8 @@ async def logs(service: BrokerService, app: str, machine_id: str) -> str:
         if not reply.data or reply.next_offset == offset:
             break
         parts.append(reply.data)
-        size += reply.next_offset - offset
-        offset = reply.next_offset
+        size += len(reply.data)  # (not next_offset - offset: the first read skips what was
+        offset = reply.next_offset  # rotated out)
     return "".join(parts)
 
 

@@ -7,7 +7,7 @@ that cannot be reached is :class:`souq.errors.Unavailable`.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 import httpx
@@ -387,14 +387,15 @@ class SouqClient(SchedCalls):
         self,
         app: str,
         machine_id: str,
-        state: MachineState | str,
+        state: MachineState | str | Sequence[MachineState],
         *,
         timeout: float = 60.0,
         healthy: bool = False,
     ) -> Machine:
-        """The machine once it is in ``state`` (and, with ``healthy``, its checks pass);
-        :class:`souq.errors.WaitTimeout` after ``timeout`` seconds."""
-        params = {"state": str(state), "timeout": f"{timeout:g}"}
+        """The machine once it is in ``state`` (several: any of them; and, with ``healthy``,
+        its checks pass); :class:`souq.errors.WaitTimeout` after ``timeout`` seconds."""
+        states = [str(state)] if isinstance(state, str) else [str(s) for s in state]
+        params: dict[str, Any] = {"state": states, "timeout": f"{timeout:g}"}
         if healthy:
             params["healthy"] = "true"
         path = _machine(app, machine_id, "wait")

@@ -189,6 +189,9 @@ def machine_run(
     skip_start: Annotated[
         bool, typer.Option("--skip-start", help="Create it, but do not start it.")
     ] = False,
+    wait_timeout: Annotated[
+        float, typer.Option("--wait-timeout", help="Seconds to wait for it to start.")
+    ] = 300.0,
     quote: Annotated[
         str | None, typer.Option("--quote", help="Use exactly this quote's held capacity.")
     ] = None,
@@ -201,7 +204,8 @@ def machine_run(
     ] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Place a machine and start it; prints its id."""
+    """Place a machine and start it; prints its id once it has started (exit 1, and why, if
+    it could not be)."""
     with reporting(as_json):
         config = _config(
             command, cpus, memory_mb, constraints=constraint, distinct=distinct, image=image
@@ -227,6 +231,10 @@ def machine_run(
             quote=quote,
             placement=placement,
         )
+        if not skip_start:
+            from souq.client.started import until_started
+
+            machine = until_started(client, machine, timeout=wait_timeout)
         render.machine_id(machine, as_json=as_json)
 
 

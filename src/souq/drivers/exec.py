@@ -1,6 +1,7 @@
 """The exec driver: a machine is a process in its own session (process group).
 
-* ``start``: stdin from /dev/null, stdout and stderr appended to the machine's output log,
+* ``start``: stdin from /dev/null, stdout and stderr into the machine's output log (through
+  souq-waiter, which bounds it as it writes; appended to directly without the waiter),
   working directory ``<root>/<id>`` (or the spec's ``cwd``: its image's files). The process
   runs as the driver's machine user (:mod:`souq.drivers.users`), who owns ``<root>/<id>``
   and nothing else of the agent's. It sees a minimal inherited environment (``PATH``,
@@ -9,7 +10,7 @@
   descriptor of the agent's. The agent's own files of a machine live apart, in the
   root-owned ``<root>/.agent/<id>/``, where the machine cannot touch them (the agent, as
   root, never opens a path its machine could have replaced with a link): the output log
-  (``output.log``, rotated there by :mod:`souq.drivers.logfile`), a pid file (pid and start
+  (``output.log``, bounded there by :mod:`souq.drivers.logfile`), a pid file (pid and start
   time, which lets a restarted agent find a process it started but had not yet recorded)
   and the exit file souq-waiter writes.
 * With ``souq-waiter`` (:mod:`souq.drivers.waiter`, the default when a C compiler exists) the
@@ -55,13 +56,14 @@ from souq.drivers.users import MachineUser, agent_user
 from souq.drivers.waiter import parse_exit_file, waiter_path
 from souq.drivers.waiter_pool import IdleWaiter, WaiterPool
 from souq.errors import Unavailable
+from souq.limits import LOG_MAX_BYTES
 
 __all__ = ["INHERITED_ENV", "RECORDS", "ExecDriver", "resolve_program"]
 
 log = logging.getLogger(__name__)
 
 INHERITED_ENV = ("PATH", "LANG")
-_LOG = logfile.LOG  # rotated by the agent (souq.drivers.logfile)
+_LOG = logfile.LOG  # bounded by souq-waiter, or rotated by the agent (souq.drivers.logfile)
 _PIDFILE = "pid"
 _EXIT = "exit"  # written by souq-waiter: "code N" or "signal N"
 RECORDS = ".agent"  # <root>/.agent/<id>/: the agent's files of each machine
@@ -122,6 +124,7 @@ class ExecDriver:
         use_waiter: bool = True,
         spares: Cgroups | None = None,
         user: MachineUser | None = None,
+        log_max_bytes: int = LOG_MAX_BYTES,
     ) -> None:
         if not hasattr(os, "pidfd_open"):
             raise Unavailable(
@@ -129,6 +132,7 @@ class ExecDriver:
                 hint="run the agent on Linux",
             )
         self.root = root
+        self.log_max_bytes = log_max_bytes  # each of output.log and output.log.1, at most
         self.user = user or agent_user()  # the agent decides (souq.drivers.users)
         self._base_env = {k: os.environ[k] for k in INHERITED_ENV if k in os.environ}
         self._children: dict[int, processes.Child] = {}  # by machine pid
@@ -312,6 +316,7 @@ class ExecDriver:
             str(self.records_dir(workdir.name) / _EXIT),
             str(cwd),
             str(self.records_dir(workdir.name) / _LOG),
+            str(self.log_max_bytes),
             self.user.waiter_field(),
             str(len(cgroups := placement.waiter_fields())),
             *cgroups,
@@ -510,6 +515,12 @@ class ExecDriver:
 
     def output_start(self, machine_id: str) -> int:
         return logfile.output_start(self.records_dir(machine_id))
+
+    @property
+    def bounds_logs(self) -> bool:
+        """Whether each machine's log is bounded as it is written (by its souq-waiter); if
+        not, the agent rotates the logs (:class:`souq.drivers.logfile.LogRotator`)."""
+        return self.waiter is not None
 
     def close(self) -> None:
         self.waiters.close()

@@ -32,6 +32,7 @@ from souq.drivers.base import ExitStatus, Handle, MachineSpec, RecordsExits, Spa
 from souq.drivers.cgroups import DEFAULT_PIDS_MAX, Cgroups, Mode, detect, placement_shell, prune
 from souq.drivers.exec import ExecDriver, resolve_program
 from souq.drivers.users import MachineUser
+from souq.limits import LOG_MAX_BYTES
 
 __all__ = ["HostDriver"]
 
@@ -51,12 +52,13 @@ class HostDriver:
         pids_max: int | None = DEFAULT_PIDS_MAX,
         sandbox_enabled: bool | None = None,
         user: MachineUser | None = None,
+        log_max_bytes: int = LOG_MAX_BYTES,
     ) -> None:
         self.root = root
         self.cgroups = (
             cgroups if isinstance(cgroups, Cgroups) else Cgroups(detect(cgroups), pids_max=pids_max)
         )
-        self.exec = ExecDriver(root, spares=self.cgroups, user=user)
+        self.exec = ExecDriver(root, spares=self.cgroups, user=user, log_max_bytes=log_max_bytes)
         self.sandbox = sandbox.available() if sandbox_enabled is None else sandbox_enabled
         prune(self.cgroups.backend)
         self._pending_removal: set[asyncio.TimerHandle] = set()

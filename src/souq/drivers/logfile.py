@@ -1,8 +1,16 @@
 """A machine's output log, bounded: ``output.log`` (the current file) and ``output.log.1`` (the
 one before it), each about ``max_bytes`` at most.
 
-The machine writes its output itself, straight into ``output.log`` opened for appending (by
-its souq-waiter, or by the driver): the agent is not in the way, so a machine never waits for
+With souq-waiter (the default) the machine's stdout and stderr are a pipe its waiter owns,
+and the waiter writes what comes through into ``output.log``, bounded as it writes: once the
+file holds ``max_bytes`` it is renamed ``output.log.1`` and a new one begun (see waiter.c).
+Neither file is ever over the bound, however fast the machine writes, and the waiter needs no
+agent: the stream goes on while the agent restarts. ``output.log.state`` then also names the
+current file's inode (``ino``), so that a reader can tell a rotation under way (the rename
+done, the state not yet written) and read on as if it were finished.
+
+Without the waiter the machine writes its output itself, straight into ``output.log`` opened
+for appending: the agent is not in the way, so a machine never waits for
 it and keeps writing while no agent runs. The agent rotates the file from outside, every
 second (:class:`LogRotator`): once the current file is over ``max_bytes``, its head (whole
 file-system blocks, all but the last part) is copied to ``output.log.1`` and then *collapsed*
@@ -10,7 +18,8 @@ out of the file (``fallocate(FALLOC_FL_COLLAPSE_RANGE)``), which the kernel does
 same inode lock as the machine's appends: no byte is lost or reordered, and the machine's
 descriptor stays valid. Where the file system cannot collapse (tmpfs, some others), the
 rotation falls back to copy-then-truncate, and output written in the instant between the two
-may be lost.
+may be lost. That bound is not held at every instant: a machine can write more than
+``max_bytes`` between two checks.
 
 Readers see one stream of *logical* offsets: ``output.log.state`` holds ``base``, the
 logical offset of the current file's first byte, so that ``souq machine logs`` reads on across
@@ -51,12 +60,17 @@ _COMPARE = 4096  # bytes compared to tell whether an interrupted collapse happen
 class LogState:
     base: int = 0  # the logical offset of output.log's first byte
     rotating: int = 0  # bytes being moved to output.log.1 (0: no rotation under way)
+    ino: int = 0  # the inode of output.log the base is of (its waiter's log); 0: the agent's
 
 
 def read_state(workdir: Path) -> LogState:
     try:
         raw = json.loads((workdir / STATE).read_text())
-        return LogState(base=int(raw.get("base", 0)), rotating=int(raw.get("rotating", 0)))
+        return LogState(
+            base=int(raw.get("base", 0)),
+            rotating=int(raw.get("rotating", 0)),
+            ino=int(raw.get("ino", 0)),
+        )
     except (OSError, ValueError, AttributeError):
         return LogState()
 
@@ -77,33 +91,87 @@ def _size(path: Path) -> int:
 # -- reading -----------------------------------------------------------------------------------
 
 
+_SNAPSHOT_TRIES = 100  # a waiter's rotation is a rename and a small write: over at once
+
+
+@dataclass(slots=True)
+class _Files:
+    """Both files of a log, open, and where the current one begins in the stream."""
+
+    current: BinaryIO | None
+    rotated: BinaryIO | None
+    base: int  # the logical offset of current's first byte (rotated ends there)
+    rotated_size: int
+
+    def close(self) -> None:
+        for f in (self.current, self.rotated):
+            if f is not None:
+                f.close()
+
+
+def _open(path: Path) -> BinaryIO | None:
+    try:
+        return open(path, "rb")  # closed by _Files.close
+    except FileNotFoundError:
+        return None
+
+
+def _ino(f: BinaryIO | None) -> int:
+    return 0 if f is None else os.fstat(f.fileno()).st_ino
+
+
+def _files(workdir: Path) -> _Files:
+    """Both files, opened together: a waiter's rotation (a rename, then the state) may happen
+    meanwhile, so the state is read again after the opens, and the pair is taken only if the
+    current file is the one the state names (or the one it names was just renamed to
+    ``output.log.1``: the rotation's state is not written yet) and is not ``output.log.1``."""
+    for _ in range(_SNAPSHOT_TRIES):
+        state = read_state(workdir)
+        files = _Files(_open(workdir / LOG), _open(workdir / ROTATED), state.base, 0)
+        if files.rotated is not None:
+            files.rotated_size = os.fstat(files.rotated.fileno()).st_size
+        current, rotated = _ino(files.current), _ino(files.rotated)
+        if not state.ino or (state.ino == current and current != rotated):
+            consistent = True
+        elif state.ino == rotated and current not in {0, rotated}:
+            files.base += files.rotated_size  # the rename is done; its state is coming
+            consistent = True
+        else:
+            consistent = False
+        if consistent and read_state(workdir) == state:
+            return files
+        files.close()
+    return _Files(_open(workdir / LOG), None, read_state(workdir).base, 0)
+
+
 def output_start(workdir: Path) -> int:
     """The logical offset of the oldest byte of output still kept."""
-    return read_state(workdir).base - _size(workdir / ROTATED)
+    files = _files(workdir)
+    files.close()
+    return files.base - files.rotated_size
 
 
 def read_output(workdir: Path, offset: int, max_bytes: int) -> tuple[bytes, int]:
     """Up to ``max_bytes`` of output from logical ``offset`` (from the oldest byte kept, if
     ``offset`` is older), and the logical size of the output so far."""
-    base = read_state(workdir).base
+    files = _files(workdir)
     try:
-        with open(workdir / LOG, "rb") as f:
-            total = base + os.fstat(f.fileno()).st_size
-            start = max(offset, base - _size(workdir / ROTATED))
-            if start >= total or max_bytes <= 0:
-                return b"", total
-            if start >= base:
-                f.seek(start - base)
-                return f.read(min(max_bytes, total - start)), total
-    except FileNotFoundError:
-        return b"", base
-    rotated_start = base - _size(workdir / ROTATED)
-    try:
-        with open(workdir / ROTATED, "rb") as f:
-            f.seek(start - rotated_start)
-            return f.read(min(max_bytes, base - start)), total
-    except FileNotFoundError:
-        return b"", total
+        base, current = files.base, files.current
+        if current is None:
+            return b"", base
+        total = base + os.fstat(current.fileno()).st_size
+        start = max(offset, base - files.rotated_size)
+        if start >= total or max_bytes <= 0:
+            return b"", total
+        if start >= base:
+            current.seek(start - base)
+            return current.read(min(max_bytes, total - start)), total
+        if files.rotated is None:
+            return b"", total
+        files.rotated.seek(start - (base - files.rotated_size))
+        return files.rotated.read(min(max_bytes, base - start)), total
+    finally:
+        files.close()
 
 
 # -- rotating ----------------------------------------------------------------------------------
@@ -112,7 +180,7 @@ def read_output(workdir: Path, offset: int, max_bytes: int) -> tuple[bytes, int]
 def rotate(workdir: Path, max_bytes: int) -> bool:
     """Rotate ``workdir``'s log if it is over ``max_bytes``; True if it did."""
     path = workdir / LOG
-    if _size(path) <= max_bytes:
+    if _size(path) <= max_bytes or read_state(workdir).ino:  # (ino: its waiter bounds it)
         return False
     recover(workdir)
     state = read_state(workdir)

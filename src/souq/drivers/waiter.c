@@ -6,7 +6,7 @@
  * reading its job on stdin, so starting a machine costs a fork, not an exec of the waiter too.
  * The job is a list of NUL-terminated fields, then end of file:
  *
- *   EXIT_FILE WORKDIR LOG_FILE USER N CGROUP*N ARGC ARG*ARGC ENVC ENV*ENVC
+ *   EXIT_FILE WORKDIR LOG_FILE LOG_MAX USER N CGROUP*N ARGC ARG*ARGC ENVC ENV*ENVC
  *
  * USER is empty (the command runs as the waiter's user) or UID:GID:G1,G2,... (the user the
  * command runs as, its primary group and supplementary groups, possibly none): the child
@@ -18,17 +18,28 @@
  * reach a machine). NOFILE, if given, is the soft RLIMIT_NOFILE the machine gets (the agent
  * raises its own, see souq.drivers.exec.machine_nofile). An empty job (the agent went away)
  * ends the waiter quietly. Otherwise the waiter opens WORKDIR, /dev/null and LOG_FILE
- * (appended to), then starts the command in a new session (its own process group), with
+ * (appended to) and makes a pipe, then starts the command in a new session (its own process
+ * group), with
  * PR_SET_PDEATHSIG so that the machine never runs without its waiter. It writes one line to
  * REPORT_FD and closes it:
  * "P <pid>" as soon as the child exists, or "E <errno>" if the files could not be opened or the
  * fork failed. The child, in parallel with the agent, changes to WORKDIR, takes /dev/null as
- * stdin and the log as stdout and stderr, resets every signal to its default action (none
+ * stdin and the pipe as stdout and stderr, resets every signal to its default action (none
  * blocked) and execs the command. If the exec fails the child writes why to the log and exits
- * with status 127, an ordinary exit (the agent checks the program first). The waiter waits for
- * the command, kills what is left of its process group, reaps it and writes "code N" or
- * "signal N" to EXIT_FILE atomically (EXIT_FILE.tmp, then a rename) before it exits. It execs
- * nothing else and ignores the signals a stray kill might send it.
+ * with status 127, an ordinary exit (the agent checks the program first). The waiter copies
+ * what comes through the pipe into the log (splice: no copy through user space), bounded: once
+ * LOG_FILE holds LOG_MAX bytes it is renamed LOG_FILE.1 (replacing the one before) and a new
+ * LOG_FILE is begun, so neither file is ever over LOG_MAX and the output never takes more than
+ * twice LOG_MAX on disk, however fast the command writes; a command writing faster than the
+ * disk waits on the full pipe, as it would on the disk. LOG_FILE.state says where the current
+ * file begins in the whole stream and which file it is: {"base": OFFSET, "ino": INODE}, written
+ * (tmp, then a rename) after each rotation, so readers (souq.drivers.logfile) can tell a
+ * rotation under way; a waiter that finds the state naming LOG_FILE.1 finishes the rotation an
+ * earlier one was killed in. When the command exits the waiter kills what is left of its
+ * process group, copies what is still in the pipe, reaps it and writes "code N" or "signal N"
+ * to EXIT_FILE atomically (EXIT_FILE.tmp, then a rename) before it exits. It execs nothing else
+ * and ignores the signals a stray kill might send it. It needs no agent for any of this: the
+ * output goes on into its log while the agent restarts.
  *
  * Each CGROUP entry says how the command gets into its machine's cgroup (see
  * souq.drivers.cgroups), so that its first instruction runs under its limits:
@@ -51,6 +62,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/prctl.h>
 #include <grp.h>
 #include <sys/resource.h>
@@ -64,6 +76,9 @@
 #define MAX_JOB (1 << 20)
 #define MAX_FIELDS 8192
 #define MAX_GROUPS 256
+#define CHUNK (1 << 20) /* the most one splice moves */
+#define PIPE_SIZE (256 << 10) /* the output pipe's, if the kernel lets us (fewer wake-ups) */
+#define DRAIN_MAX (16LL << 20) /* copied after the exit at most: a stray writer cannot hold it */
 
 static void report(int fd, char kind, long value) {
     char line[32];
@@ -198,21 +213,176 @@ static pid_t spawn(const char *into, int *placed) {
     return fork();
 }
 
-/* Before the fork: the child's working directory and log, opened by the waiter so that any
- * failure is reported as "E <errno>" and the child has nothing left that can fail. */
-static int open_streams(const char *workdir, const char *log, int *dir, int *in, int *out) {
+/* -- the output log ------------------------------------------------------------------------ */
+
+struct out_log {
+    const char *path;   /* LOG_FILE, the current file */
+    char rotated[4096]; /* LOG_FILE.1, the one before it */
+    char state[4096];   /* LOG_FILE.state */
+    int fd;             /* the current file's, or -1 while it cannot be had (output is dropped) */
+    long long size, max, base;
+    int splice;         /* 0 once the file system refused a splice */
+};
+
+/* A plain file of the waiter's own at PATH, for writing: never a link the machine left, nor
+ * another name of some file (O_NONBLOCK: nor a FIFO it could block the open on). */
+static int open_plain(const char *path, int flags) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | flags, 0644);
+    if (fd < 0) return -errno;
+    struct stat st;
+    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1) {
+        close(fd);
+        return -EPERM;
+    }
+    return fd;
+}
+
+/* The number after "KEY": in the state file's text, or -1. */
+static long long state_field(const char *text, const char *key) {
+    char quoted[16];
+    snprintf(quoted, sizeof quoted, "\"%s\":", key);
+    const char *at = strstr(text, quoted);
+    if (at == NULL) return -1;
+    char *end;
+    long long n = strtoll(at + strlen(quoted), &end, 10);
+    return end == at + strlen(quoted) || n < 0 ? -1 : n;
+}
+
+static void log_write_state(struct out_log *lg) {
+    struct stat st;
+    char tmp[4200], line[96];
+    if (lg->fd < 0 || fstat(lg->fd, &st) < 0) return;
+    int n = snprintf(line, sizeof line, "{\"base\": %lld, \"ino\": %llu}\n", lg->base,
+                     (unsigned long long)st.st_ino);
+    snprintf(tmp, sizeof tmp, "%s.tmp", lg->state);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (fd < 0) return;
+    int ok = write(fd, line, (size_t)n) == n;
+    close(fd);
+    if (!ok || rename(tmp, lg->state) < 0) unlink(tmp);
+}
+
+/* Begin a new current file: the full one becomes LOG_FILE.1. If that fails the output is
+ * dropped (and counted in the stream) until a later rotation succeeds: the bound holds. */
+static void log_rotate(struct out_log *lg) {
+    lg->base += lg->size;
+    lg->size = 0;
+    if (lg->fd >= 0 && rename(lg->path, lg->rotated) < 0) { /* begin this one again */
+        if (ftruncate(lg->fd, 0) == 0 && lseek(lg->fd, 0, SEEK_SET) == 0) {
+            log_write_state(lg);
+            return;
+        }
+    }
+    if (lg->fd >= 0) close(lg->fd);
+    int fd = open_plain(lg->path, O_TRUNC);
+    lg->fd = fd < 0 ? -1 : fd;
+    log_write_state(lg);
+}
+
+/* Open LOG_FILE at its end and carry on its stream: 0 or an errno. */
+static int log_open(struct out_log *lg, const char *path, const char *max) {
+    char *end;
+    lg->path = path;
+    lg->max = strtoll(max, &end, 10);
+    lg->splice = 1;
+    if (*end != '\0' || lg->max <= 0) return EINVAL;
+    if (snprintf(lg->rotated, sizeof lg->rotated, "%s.1", path) >= (int)sizeof lg->rotated ||
+        snprintf(lg->state, sizeof lg->state, "%s.state", path) >= (int)sizeof lg->state)
+        return ENAMETOOLONG;
+    int fd = open_plain(path, 0);
+    if (fd < 0) return -fd;
+    lg->fd = fd;
+    struct stat st, old;
+    if (fstat(fd, &st) < 0) return errno;
+    lg->size = (long long)st.st_size;
+    if (lseek(fd, 0, SEEK_END) < 0) return errno;
+    char text[256] = "";
+    int sfd = open(lg->state, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (sfd >= 0) {
+        ssize_t got = read(sfd, text, sizeof text - 1);
+        text[got > 0 ? got : 0] = '\0';
+        close(sfd);
+    }
+    lg->base = state_field(text, "base") < 0 ? 0 : state_field(text, "base");
+    long long ino = state_field(text, "ino");
+    /* The state names LOG_FILE.1: a waiter was killed between a rotation's rename and its
+     * state. The current file begins where that one ends. */
+    if (ino >= 0 && (unsigned long long)ino != (unsigned long long)st.st_ino &&
+        stat(lg->rotated, &old) == 0 && (unsigned long long)old.st_ino == (unsigned long long)ino)
+        lg->base += (long long)old.st_size;
+    log_write_state(lg);
+    if (lg->size >= lg->max) log_rotate(lg);
+    return 0;
+}
+
+/* Move what the pipe holds into the log, up to the current file's room: the bytes moved, 0 at
+ * end of file (no writer left), -1 when the pipe is empty. */
+static long long log_pump(struct out_log *lg, int pipe_r) {
+    static char buf[CHUNK];
+    long long room = lg->max - lg->size;
+    size_t want = room < CHUNK ? (size_t)room : CHUNK;
+    ssize_t n = -1;
+    if (lg->fd >= 0 && lg->splice) {
+        n = splice(pipe_r, NULL, lg->fd, NULL, want, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+        if (n < 0 && errno == EINVAL) lg->splice = 0; /* this file system cannot: copy */
+        if (n < 0 && (errno == EAGAIN || errno == EINTR)) return -1;
+    }
+    if (n < 0) { /* no splice, no file, or a write error (a full disk): copy, or drop */
+        n = read(pipe_r, buf, want);
+        if (n < 0) return -1;
+        for (ssize_t done = 0; lg->fd >= 0 && done < n;) {
+            ssize_t w = write(lg->fd, buf + done, (size_t)(n - done));
+            if (w < 0 && errno == EINTR) continue;
+            if (w <= 0) break; /* lost, but counted: the stream's offsets stay true */
+            done += w;
+        }
+        if (lg->fd >= 0) lseek(lg->fd, lg->size + n, SEEK_SET);
+    }
+    lg->size += n;
+    if (lg->size >= lg->max || (lg->fd < 0 && n > 0)) log_rotate(lg);
+    return n;
+}
+
+/* Before the fork: the child's working directory, stdin and the pipe of its output, opened by
+ * the waiter (and the log) so that any failure is reported as "E <errno>" and the child has
+ * nothing left that can fail. */
+static int open_streams(const char *workdir, int *dir, int *in, int out[2]) {
     *dir = open(workdir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (*dir < 0) return errno;
     *in = open("/dev/null", O_RDONLY | O_CLOEXEC);
     if (*in < 0) return errno;
-    /* The log is in the machine's own directory, which its user may write: never follow a
-     * link it left there, nor append to anything but a plain file of its own. */
-    *out = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
-    if (*out < 0) return errno;
-    struct stat st;
-    if (fstat(*out, &st) < 0) return errno;
-    if (!S_ISREG(st.st_mode) || st.st_nlink != 1) return EPERM;
+    if (pipe2(out, O_CLOEXEC) < 0) return errno;
+    fcntl(out[0], F_SETPIPE_SZ, PIPE_SIZE); /* the kernel may refuse, which is fine */
+    fcntl(out[0], F_SETFL, O_NONBLOCK);
     return 0;
+}
+
+/* Copy the output until the command exits (its pidfd, or a poll of waitid without one), then
+ * kill what is left of its group and copy what is still in the pipe. */
+static void copy_output(struct out_log *lg, int pipe_r, pid_t pid) {
+    int pidfd = -1;
+#ifdef SYS_pidfd_open
+    pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+#endif
+    struct pollfd fds[2] = {{.fd = pipe_r, .events = POLLIN}, {.fd = pidfd, .events = POLLIN}};
+    siginfo_t info;
+    for (;;) {
+        if (pidfd < 0) {
+            info.si_pid = 0;
+            if (waitid(P_PID, (id_t)pid, &info, WEXITED | WNOWAIT | WNOHANG) == 0 &&
+                info.si_pid == pid)
+                break;
+        }
+        int r = poll(fds, 2, pidfd < 0 ? 50 : -1);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) break;
+        if (fds[1].revents) break;
+        if (fds[0].revents && log_pump(lg, pipe_r) == 0) fds[0].fd = -1; /* no writer left */
+    }
+    if (pidfd >= 0) close(pidfd);
+    kill(-pid, SIGKILL); /* the leader is a zombie: its pid still names the group */
+    for (long long moved = 0, n; fds[0].fd >= 0 && moved < DRAIN_MAX; moved += n)
+        if ((n = log_pump(lg, pipe_r)) <= 0) break;
 }
 
 /* USER as "UID:GID:G1,G2,..." into its parts; -1 if malformed. */
@@ -270,8 +440,8 @@ int main(int argc, char **argv) {
     static char *fields[MAX_FIELDS + 1];
     int nfields = read_job(buf, fields);
     if (nfields == 0) return 0; /* an idle waiter whose agent went away */
-    int at = 4, ncgroups = 0, cmdc = 0, envc = 0;
-    char **cgroups = nfields > 4 ? take(fields, nfields, &at, &ncgroups) : NULL;
+    int at = 5, ncgroups = 0, cmdc = 0, envc = 0;
+    char **cgroups = nfields > 5 ? take(fields, nfields, &at, &ncgroups) : NULL;
     char **cmd = cgroups ? take(fields, nfields, &at, &cmdc) : NULL;
     char **env = cmd && cmdc > 0 ? take(fields, nfields, &at, &envc) : NULL;
     if (env == NULL || at != nfields) {
@@ -279,7 +449,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     const char *exit_path = fields[0], *workdir = fields[1], *log = fields[2];
-    const char *user = fields[3];
+    const char *log_max = fields[3], *user = fields[4];
     uid_t uid = 0;
     gid_t gid = 0;
     static gid_t groups[MAX_GROUPS];
@@ -305,8 +475,10 @@ int main(int argc, char **argv) {
     envv[envc] = NULL;
 
     pid_t parent = getpid();
-    int dir = -1, in = -1, out = -1;
-    int e = open_streams(workdir, log, &dir, &in, &out);
+    int dir = -1, in = -1, out[2] = {-1, -1};
+    static struct out_log lg;
+    int e = log_open(&lg, log, log_max);
+    if (e == 0) e = open_streams(workdir, &dir, &in, out);
     if (e != 0) {
         report(report_fd, 'E', e);
         return 127;
@@ -322,7 +494,8 @@ int main(int argc, char **argv) {
         setsid();
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         if (getppid() != parent) _exit(127); /* the waiter died before the prctl */
-        if (fchdir(dir) < 0 || dup2(in, 0) < 0 || dup2(out, 1) < 0 || dup2(out, 2) < 0) _exit(127);
+        if (fchdir(dir) < 0 || dup2(in, 0) < 0 || dup2(out[1], 1) < 0 || dup2(out[1], 2) < 0)
+            _exit(127);
         default_signals();
         for (int i = 0; i < ncgroups; i++) {
             char procs[4096];
@@ -359,7 +532,7 @@ int main(int argc, char **argv) {
     }
     close(dir);
     close(in);
-    close(out);
+    close(out[1]);
     int status;
     report(report_fd, 'P', pid);
     for (int i = 0; i < ncgroups; i++) /* out of the machine's cgroup, off its way */
@@ -369,9 +542,7 @@ int main(int argc, char **argv) {
     signal(SIGHUP, SIG_IGN);
     signal(SIGQUIT, SIG_IGN);
     signal(SIGPIPE, SIG_IGN);
-    siginfo_t info;
-    while (waitid(P_PID, (id_t)pid, &info, WEXITED | WNOWAIT) < 0 && errno == EINTR) {}
-    kill(-pid, SIGKILL); /* the leader is a zombie: its pid still names the group */
+    copy_output(&lg, out[0], pid);
     while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
     return write_status(exit_path, status) == 0 ? 0 : 1;
 }
