@@ -2,7 +2,11 @@
 load does not need, by the rule of :mod:`souq.proxy.autostop`.
 
 A machine is idle when nothing is in flight on it and it served no request for a whole interval
-(a machine just woken for a request counts as having served). A machine chosen leaves rotation
+(a machine just woken for a request counts as having served), and only once it has proven
+itself: a started machine whose health checks have not all passed since its start is no
+candidate (nor counted as running: it cannot serve yet), and one that passed them less than an
+interval ago is not chosen (``settling``). A deploy waits for exactly that on the machines it
+makes or updates, so the proxy never stops one under it. A machine chosen leaves rotation
 first (the table drains it: no new request goes to it), the
 round waits for what it is serving to finish (at most ``drain_s``), and only then is its stop
 (or suspend) sent to its worker: a stream of requests sees no error. Each stop is recorded
@@ -14,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from souq.errors import SouqError
@@ -38,6 +43,9 @@ class Autostop:
     decisions: Decisions
     drain_s: float = 30.0
     timeout_s: float = 10.0
+    # Since when (time.monotonic()) a started machine's checks have all passed since its start;
+    # None while they have not (souq.proxy.health.HealthChecks.ready_since).
+    ready_since: Callable[[str], float | None] = lambda _: 0.0
     _active: dict[str, float] = field(default_factory=dict)  # machine id -> when it last served
     _held: set[str] = field(default_factory=set)  # machines a wake-up is starting
     _interval: float = 0.0
@@ -66,6 +74,9 @@ class Autostop:
                 continue
             if table.is_draining(machine.id) or machine.id in self._held:
                 continue
+            ready = self.ready_since(machine.id)
+            if ready is None:  # not proven since it started: it cannot serve yet
+                continue
             # A machine that served within the last interval counts as loaded: idle means no
             # request for a whole interval, not a gap between two.
             load = table.load(machine.id) + self._recently_active(machine.id)
@@ -78,6 +89,7 @@ class Autostop:
                     service.concurrency.soft_limit,
                     service.autostop,
                     service.min_machines_running,
+                    settling=time.monotonic() - ready < self._interval,
                 )
             )
         return out
