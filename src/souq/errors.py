@@ -37,10 +37,12 @@ tree at the boundary that catches them, so nothing above a boundary handles fore
     ├── SecretsUnreadable          500 secrets_unreadable (a secret does not open with this key)
     ├── UnknownVerb                501 unknown_verb      (a peer does not speak that protocol verb)
     ├── DeployFailed               500 deploy_failed     (a deploy's phase failed: rolled back)
+    │   └── DeployNoCapacity       409 deploy_no_capacity (no room: an InsufficientCapacity too)
     ├── JobFailed                  500 job_failed        (a job waited for did not succeed)
     └── StorageError               500 storage_error     (the agent's state file failed)
 
-The CLI exits with status 3 for :class:`InsufficientCapacity` and 1 for every other error.
+The CLI exits with status 3 for :class:`InsufficientCapacity` (a deploy that failed for want of
+room among them: :class:`DeployNoCapacity` is both) and 1 for every other error.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ __all__ = [
     "ClaimRefused",
     "Conflict",
     "DeployFailed",
+    "DeployNoCapacity",
     "ExecUnavailable",
     "Forbidden",
     "IdempotencyConflict",
@@ -226,6 +229,14 @@ class QuoteUsed(Conflict, status="quote_used"): ...
 
 
 class InsufficientCapacity(SouqError, status="insufficient_capacity", http_status=409): ...
+
+
+class DeployNoCapacity(
+    DeployFailed, InsufficientCapacity, status="deploy_no_capacity", http_status=409
+):
+    """A deploy failed for want of room (its capacity could not be held, or a machine found none
+    to be replaced on): a :class:`DeployFailed` (rolled back; ``details`` name the phase and the
+    region) that is also an :class:`InsufficientCapacity`, which the CLI exits 3 for."""
 
 
 class QuoteExpired(SouqError, status="quote_expired", http_status=410): ...

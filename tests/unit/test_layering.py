@@ -98,6 +98,7 @@ PUBLIC = {
         "ClaimRefused",
         "Conflict",
         "DeployFailed",
+        "DeployNoCapacity",
         "ExecUnavailable",
         "Forbidden",
         "IdempotencyConflict",

@@ -1,6 +1,8 @@
 """``souq deploy``: a release carried out through the API, phase by phase, and rolled back
 everywhere when a phase fails.
 
+0. Every region the config places machines in must be one of the cluster's
+   (:func:`check_regions`): an unknown one fails before anything is made.
 1. A release is made (``pending``; the next version, kept in JetStream by the brokers).
 2. At once: every machine of the app is leased (a second deploy at the same time fails here,
    naming the machine and who holds it, before anything changed), and the capacity of every
@@ -9,7 +11,9 @@ everywhere when a phase fails.
 3. The plan's phases (:mod:`souq.apps.plan`) run in order; a phase's steps run at once: an
    update in place (the machine keeps its worker), a create, or a destroy (stopped gracefully
    first: it leaves the proxy's rotation, then its signal). A machine counts as done when it is
-   started and every health check passes within ``wait_timeout``.
+   started and every health check passes within ``wait_timeout``. A machine found stopped or
+   suspended is started by its update (the release proves itself on it) and stopped again at
+   the end, whether the deploy succeeded or was rolled back.
 4. A failure anywhere (a refused update, a machine that does not become healthy) stops the
    deploy: every machine it updated gets its config back, every machine it made is destroyed,
    the release is ``failed`` with the reason, and :class:`~souq.errors.DeployFailed` names the
@@ -21,6 +25,7 @@ Each step is told as a :class:`DeployEvent` (``souq deploy --json`` prints one p
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -28,20 +33,28 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
 from souq.apps.config import DEFAULT_GROUP, AppConfig
-from souq.apps.plan import Current, Phase, Step, plan, standbys_wanted
+from souq.apps.plan import Current, Phase, Step, desired_counts, plan, standbys_wanted
 from souq.client.api import SouqClient
-from souq.errors import DeployFailed, InsufficientCapacity, LeaseHeld, SouqError
+from souq.errors import (
+    DeployFailed,
+    DeployNoCapacity,
+    InsufficientCapacity,
+    LeaseHeld,
+    SouqError,
+    UnknownRegion,
+)
 from souq.model.machine import Machine, MachineState
 from souq.model.protocol import Lease, Quote
 from souq.model.release import NewRelease, Release, ReleaseState
 
-__all__ = ["DeployEvent", "Deployer", "current_machines"]
+__all__ = ["DeployEvent", "Deployer", "check_regions", "current_machines"]
 
 STOP_WAIT_S = 60.0  # a destroyed machine's graceful stop may take this (then it is killed)
 _WORKERS = 16  # steps of one phase run at once, at most
 A = TypeVar("A")
 R = TypeVar("R")
 _GOING = (MachineState.DESTROYING, MachineState.DESTROYED)
+_RESTING = (MachineState.STOPPED, MachineState.SUSPENDED)  # found so: stopped again at the end
 
 
 @dataclass(frozen=True)
@@ -101,6 +114,24 @@ def current_machines(machines: list[Machine]) -> list[Current]:
     ]
 
 
+def check_regions(client: SouqClient, config: AppConfig) -> None:
+    """Every region ``config`` places machines in is one of the cluster's, or
+    :class:`UnknownRegion` names it and the known ones (before a deploy makes anything)."""
+    named = {r for g in config.groups() for r in desired_counts(config, g)}
+    known = set(client.region_names())
+    unknown = sorted(named - known)
+    if not unknown:
+        return
+    where = "[regions] names" if config.regions else "primary_region is"
+    raise UnknownRegion(
+        f"{where} {', '.join(map(repr, unknown))}, which no worker of the cluster is in; "
+        f"known regions: {', '.join(sorted(known)) or 'none yet'}; nothing was changed",
+        hint="name a known region in souq.toml, or start a worker there "
+        "(`souq agent --region REGION`)",
+        details={"regions": unknown, "known": sorted(known)},
+    )
+
+
 @dataclass
 class _Undo:
     updated: dict[str, dict[str, Any]] = field(default_factory=dict)  # machine -> old config
@@ -131,9 +162,12 @@ class Deployer:
         self._version = 0
         self._quotes: dict[tuple[int, int], Quote] = {}  # (phase, step) -> its capacity held
         self._replaced: list[tuple[str, str]] = []  # (machine, region) a new machine replaced
+        self._resting: set[str] = set()  # machines found stopped or suspended
+        self._woken: set[str] = set()  # of those, the ones an update of this deploy started
 
     def run(self) -> Release:
         """Carry the release out; :class:`DeployFailed` (after the rollback) when it fails."""
+        check_regions(self.client, self.config)
         release = self.client.create_release(
             self.app,
             NewRelease(
@@ -144,12 +178,15 @@ class Deployer:
             ),
         )
         self._version = release.version
-        self._event("release", f"release v{release.version} of {self.app}: {self.image}")
+        self._event(
+            "release", f"release v{release.version} of {self.app}: {self.image}{self._why()}"
+        )
         machines = {
             m.id: m
             for m in self.client.list_machines(self.app)
             if m.state not in _GOING  # a machine on its way out is not the deploy's to change
         }
+        self._resting = {m.id for m in machines.values() if m.state in _RESTING}
         phases = plan(self.config, current_machines(list(machines.values())), self.strategy)
         try:
             self._prepare(release.version, phases, list(machines.values()))
@@ -158,9 +195,11 @@ class Deployer:
             if self._replaced:  # the machines others replaced go once the release is live
                 steps = tuple(Step("destroy", "", r, m) for m, r in self._replaced)
                 self._phase(len(phases), Phase("replaced", steps, wait_healthy=False), machines)
+            self._rest_again()
             self._standbys()
         except DeployFailed as failed:
             self._rollback()
+            self._rest_again()
             self._release_quotes()
             self._release_leases()
             self.client.update_release(
@@ -171,8 +210,11 @@ class Deployer:
         self._release_quotes()
         self._release_leases()
         done = self.client.update_release(self.app, release.version, ReleaseState.COMPLETE)
-        self._event("done", f"release v{release.version} is live everywhere")
+        self._event("done", f"release v{release.version} is live everywhere{self._why()}")
         return done
+
+    def _why(self) -> str:
+        return f" ({self._description})" if self._description else ""
 
     def _prepare(self, version: int, phases: list[Phase], machines: list[Machine]) -> None:
         """Lease the machines, hold the new machines' capacity and mark the release
@@ -233,6 +275,7 @@ class Deployer:
     def dry_run(self) -> list[tuple[Phase, list[tuple[Step, Quote | None]]]]:
         """The plan, each new machine's capacity held for a moment to show where it would go
         (then let go); nothing else is done."""
+        check_regions(self.client, self.config)
         machines = [m for m in self.client.list_machines(self.app) if m.state not in _GOING]
         phases = plan(self.config, current_machines(machines), self.strategy)
         try:
@@ -245,73 +288,77 @@ class Deployer:
             self._release_quotes()
 
     def _reserve(self, phases: list[Phase], machines: list[Machine]) -> None:
-        """Hold the capacity of every machine the plan makes (quotes), before any change. The
-        machines of a group with services in the primary region, when ``[regions]`` leaves
-        their number to Souq, go to distinct workers while the region has them (high
-        availability): their quotes are taken one after another, each on another worker."""
-        wanted = [
-            ((i, j), step)
-            for i, phase in enumerate(phases)
-            for j, step in enumerate(phase.steps)
-            if step.action == "create"
-        ]
-        spread = {
-            (g, self.config.primary_region)
-            for g in self.config.groups()
-            if self.config.served(g) and not self.config.regions
-        }
+        """Hold the capacity of every machine the plan makes (quotes), before any change.
+
+        The machines of a group with services in a region go to distinct workers while the
+        region has workers with room (high availability: one lost worker is not the region
+        lost), whatever `[regions]` says or leaves to Souq, and for the green set of a
+        blue-green deploy too. So one group's quotes in a region are taken one after another,
+        each constrained away from the workers its siblings are on (the machines that stay, and
+        the quotes held before it); the groups and regions are held at once. A region that
+        cannot spread says so, and its machine shares a worker."""
+        wanted: dict[tuple[str, str], list[tuple[tuple[int, int], Step]]] = {}
+        for i, phase in enumerate(phases):
+            for j, step in enumerate(phase.steps):
+                if step.action == "create":
+                    wanted.setdefault((step.group, step.region), []).append(((i, j), step))
         staying = [] if self.strategy == "bluegreen" else machines  # blue goes: green spreads
-        taken: dict[tuple[str, str], set[str]] = {
-            key: {m.worker_id for m in current_of(staying, *key)} for key in spread
-        }
 
-        def hold(step: Step) -> Quote:
-            config = self.config.machine_config(step.group, image=self.image, release=0)
-            avoid = taken.get((step.group, step.region))
-            quote = None
-            if avoid:
-                away = {**config, "constraints": [_not_on(sorted(avoid))]}
-                try:
-                    quote = self.client.create_quote(self.app, step.region, away, ttl_s=3600)
-                except InsufficientCapacity:
-                    self._event(
-                        "reserve",
-                        f"no other worker in {step.region} has room: "
-                        f"a {step.group} machine shares one",
-                        region=step.region,
-                    )
-            quote = quote or self.client.create_quote(self.app, step.region, config, ttl_s=3600)
-            if avoid is not None:
-                avoid.add(quote.worker_id)
-            return quote
+        def hold_group(
+            items: list[tuple[tuple[int, int], Step]],
+        ) -> list[tuple[tuple[int, int], Quote | SouqError]]:
+            group, region = items[0][1].group, items[0][1].region
+            taken = None
+            if self.config.served(group):
+                taken = {m.worker_id for m in current_of(staying, group, region)}
+            hold = _attempt(functools.partial(self._hold, taken=taken))
+            return [(key, hold(step)) for key, step in items]
 
-        # At once, but the machines to spread: one after another, each away from the last.
         outcomes: dict[tuple[int, int], Quote | SouqError] = {}
-        at_once = [(k, s) for k, s in wanted if (s.group, s.region) not in spread]
         with ThreadPoolExecutor(max_workers=_WORKERS) as pool:
-            outcomes.update(
-                zip(
-                    (k for k, _ in at_once),
-                    pool.map(_attempt(hold), [s for _, s in at_once]),
-                    strict=True,
-                )
-            )
-        for key, step in wanted:
-            if key not in outcomes:
-                outcomes[key] = _attempt(hold)(step)
+            for held in pool.map(hold_group, wanted.values()):
+                outcomes.update(held)
         self._quotes.update({k: q for k, q in outcomes.items() if isinstance(q, Quote)})
-        for key, step in wanted:
-            quote = outcomes[key]
-            if isinstance(quote, SouqError):
-                self._release_quotes()
-                raise DeployFailed(
-                    f"release v{self._version} cannot start: no room for a new {step.group} "
-                    f"machine in {step.region}: {quote.message}; nothing was changed",
-                    hint="add workers or capacity in that region, or deploy smaller machines",
-                    details={"phase": "reserve", "region": step.region},
-                ) from quote
-        if wanted:
-            self._event("reserve", f"capacity held for {len(wanted)} new machines")
+        for items in wanted.values():
+            for key, step in items:
+                quote = outcomes[key]
+                if isinstance(quote, SouqError):
+                    self._release_quotes()
+                    placement = quote.details.get("placement")
+                    raise DeployNoCapacity(
+                        f"release v{self._version} cannot start: no room for a new {step.group} "
+                        f"machine in {step.region}: {quote.message}; nothing was changed",
+                        hint="add workers or capacity in that region, or deploy smaller machines",
+                        details={
+                            "phase": "reserve",
+                            "region": step.region,
+                            **({"placement": placement} if placement else {}),
+                        },
+                    ) from quote
+        if outcomes:
+            self._event("reserve", f"capacity held for {len(outcomes)} new machines")
+
+    def _hold(self, step: Step, taken: set[str] | None) -> Quote:
+        """A quote for ``step``'s machine; with ``taken`` (a served group's workers in the
+        region so far), on another worker if one has room, else on one of them (said)."""
+        config = self.config.machine_config(step.group, image=self.image, release=0)
+        quote = None
+        if taken:
+            away = {**config, "constraints": [_not_on(sorted(taken))]}
+            try:
+                quote = self.client.create_quote(self.app, step.region, away, ttl_s=3600)
+            except InsufficientCapacity:
+                self._event(
+                    "reserve",
+                    f"{step.region} cannot spread {step.group}: no other worker there has room, "
+                    f"so a new {step.group} machine shares a worker with another "
+                    "(losing that worker loses both)",
+                    region=step.region,
+                )
+        quote = quote or self.client.create_quote(self.app, step.region, config, ttl_s=3600)
+        if taken is not None:
+            taken.add(quote.worker_id)
+        return quote
 
     def _release_quotes(self) -> None:
         def let_go(quote: Quote) -> None:
@@ -380,7 +427,8 @@ class Deployer:
         except DeployFailed:
             raise
         except SouqError as exc:
-            raise self._failure(exc.message, where) from exc
+            room = isinstance(exc, InsufficientCapacity)
+            raise self._failure(exc.message, where, room=room) from exc
 
     def _update(self, step: Step, config: dict[str, Any], machines: dict[str, Machine]) -> Machine:
         assert step.machine_id is not None
@@ -388,13 +436,17 @@ class Deployer:
         with self._undo.lock:
             self._undo.updated[step.machine_id] = before
         try:
-            return self.client.update(
+            updated = self.client.update(
                 self.app,
                 step.machine_id,
                 config,
                 skip_launch=bool(step.standby_for),  # a standby stays stopped
                 nonce=self._nonce(step.machine_id),
             )
+            if step.machine_id in self._resting and not step.standby_for:
+                with self._undo.lock:
+                    self._woken.add(step.machine_id)
+            return updated
         except InsufficientCapacity:
             with self._undo.lock:
                 del self._undo.updated[step.machine_id]  # refused: nothing changed
@@ -409,6 +461,27 @@ class Deployer:
             self._undo.created.append((machine.id, step.region))
             self._replaced.append((step.machine_id, step.region))
         return machine
+
+    def _rest_again(self) -> None:
+        """The machines found stopped (or suspended) that an update started (to prove the
+        release healthy, or to take their config back) are stopped again: a deploy leaves each
+        machine running or at rest as it found it (the proxy wakes them for requests)."""
+
+        def stop(machine_id: str) -> None:
+            try:
+                self.client.stop(self.app, machine_id, nonce=self._nonce(machine_id))
+            except SouqError as exc:  # stopped meanwhile (the proxy's autostop), or gone
+                self._event("step", f"machine {machine_id} not stopped again: {exc.message}")
+                return
+            self._event(
+                "step",
+                f"machine {machine_id} stopped again, as the deploy found it",
+                machine_id=machine_id,
+            )
+
+        woken, self._woken = sorted(self._woken), set()
+        with ThreadPoolExecutor(max_workers=_WORKERS) as pool:
+            list(pool.map(stop, woken))
 
     def _standbys(self) -> None:
         """A standby on another worker for each machine of a group without services that has
@@ -465,9 +538,12 @@ class Deployer:
         self._leases.pop(machine_id, None)
         self._event("step", f"machine {machine_id} destroyed", phase, region, machine_id)
 
-    def _failure(self, message: str, where: dict[str, str | None]) -> DeployFailed:
+    def _failure(
+        self, message: str, where: dict[str, str | None], *, room: bool = False
+    ) -> DeployFailed:
+        """The deploy's error (:class:`DeployNoCapacity` when ``room`` was what failed)."""
         place = ", ".join(f"{k.replace('_id', '')} {v}" for k, v in where.items() if v)
-        return DeployFailed(
+        return (DeployNoCapacity if room else DeployFailed)(
             f"release v{self._version} failed ({place}): {message}; rolled back",
             hint="see `souq status` and the machine's events and logs",
             details={k: v for k, v in where.items() if v},
@@ -485,7 +561,13 @@ class Deployer:
                 self._event("rollback", f"machine {machine_id} not destroyed: {exc.message}")
         for machine_id, before in self._undo.updated.items():
             try:
-                self.client.update(self.app, machine_id, before, nonce=self._nonce(machine_id))
+                self.client.update(
+                    self.app,
+                    machine_id,
+                    before,
+                    skip_launch=machine_id in self._resting,  # found at rest: kept so
+                    nonce=self._nonce(machine_id),
+                )
                 self._event("rollback", f"machine {machine_id} has its config back")
             except SouqError as exc:
                 self._event("rollback", f"machine {machine_id} not restored: {exc.message}")
