@@ -9,9 +9,10 @@ Fly's rule, per app and region, on every round (``--autostop-interval``):
 * never below the service's ``min_machines_running``, and only machines whose service says
   ``autostop`` (``stop`` or ``suspend``, which is what is done to them);
 * never a machine still *settling*: it proved itself (its checks all passed since it started)
-  less than an interval ago. It counts as running, but it is not idle yet: a deploy that made
-  or updated it may be about to see it healthy (:mod:`souq.proxy.idle` leaves out altogether
-  a machine whose checks have not passed yet: it cannot serve, and a deploy waits on it).
+  a moment ago (two of its check intervals). It counts as running, but it is not idle yet: a
+  deploy that made or updated it may be about to see it healthy (:mod:`souq.proxy.idle` leaves
+  out altogether a machine whose checks have not passed yet: it cannot serve, and a deploy
+  waits on it).
 
 One machine per app and region per round: the next round sees the load without it.
 """
@@ -39,7 +40,7 @@ class Running:
     soft_limit: int
     autostop: Literal["off", "stop", "suspend"]
     min_running: int  # the service's min_machines_running
-    settling: bool = False  # proved itself less than an interval ago: never chosen
+    settling: bool = False  # proved itself a moment ago: never chosen
 
 
 @dataclass(frozen=True)

@@ -4,10 +4,12 @@ load does not need, by the rule of :mod:`souq.proxy.autostop`.
 A machine is idle when nothing is in flight on it and it served no request for a whole interval
 (a machine just woken for a request counts as having served), and only once it has proven
 itself: a started machine whose health checks have not all passed since its start is no
-candidate (nor counted as running: it cannot serve yet), and one that passed them less than an
-interval ago is not chosen (``settling``). A deploy waits for exactly that on the machines it
-makes or updates, so the proxy never stops one under it. A machine chosen leaves rotation
-first (the table drains it: no new request goes to it), the
+candidate (nor counted as running: it cannot serve yet), and one that passed them less than two
+of its check intervals ago is not chosen (``settling``: its worker runs the same checks on the
+same interval, and a deploy sees the machine healthy when the worker's pass). A deploy waits
+for exactly that on the machines it makes or updates, so the proxy never stops one under it.
+
+A machine chosen leaves rotation first (the table drains it: no new request goes to it), the
 round waits for what it is serving to finish (at most ``drain_s``), and only then is its stop
 (or suspend) sent to its worker: a stream of requests sees no error. Each stop is recorded
 with the rule's reason.
@@ -22,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from souq.errors import SouqError
-from souq.model import MachineRef, StopCommand
+from souq.model import Machine, MachineRef, StopCommand
 from souq.protocol import WorkerClient
 from souq.protocol.verbs import STOP, SUSPEND
 from souq.proxy.autostop import Idle, Running, choose
@@ -89,7 +91,7 @@ class Autostop:
                     service.concurrency.soft_limit,
                     service.autostop,
                     service.min_machines_running,
-                    settling=time.monotonic() - ready < self._interval,
+                    settling=time.monotonic() - ready < _settle_s(machine),
                 )
             )
         return out
@@ -140,3 +142,9 @@ class Autostop:
                 await self.round()
             except Exception:  # a round must not end the loop
                 log.exception("an autostop round failed")
+
+
+def _settle_s(machine: Machine) -> float:
+    """How long a machine that just proved itself is not chosen: two of its longest check
+    interval (the worker's checks, which a deploy waits on, pass within one of the proxy's)."""
+    return 2 * max((c.interval for c in machine.config.checks.values()), default=0.0)
