@@ -53,6 +53,7 @@ STOP_WAIT_S = 60.0  # a destroyed machine's graceful stop may take this (then it
 _WORKERS = 16  # steps of one phase run at once, at most
 A = TypeVar("A")
 R = TypeVar("R")
+P = TypeVar("P")
 _GOING = (MachineState.DESTROYING, MachineState.DESTROYED)
 _RESTING = (MachineState.STOPPED, MachineState.SUSPENDED)  # found so: stopped again at the end
 
@@ -342,23 +343,37 @@ class Deployer:
         """A quote for ``step``'s machine; with ``taken`` (a served group's workers in the
         region so far), on another worker if one has room, else on one of them (said)."""
         config = self.config.machine_config(step.group, image=self.image, release=0)
-        quote = None
-        if taken:
-            away = {**config, "constraints": [_not_on(sorted(taken))]}
-            try:
-                quote = self.client.create_quote(self.app, step.region, away, ttl_s=3600)
-            except InsufficientCapacity:
-                self._event(
-                    "reserve",
-                    f"{step.region} cannot spread {step.group}: no other worker there has room, "
-                    f"so a new {step.group} machine shares a worker with another "
-                    "(losing that worker loses both)",
-                    region=step.region,
-                )
-        quote = quote or self.client.create_quote(self.app, step.region, config, ttl_s=3600)
+
+        def quote(body: dict[str, Any]) -> Quote:
+            return self.client.create_quote(self.app, step.region, body, ttl_s=3600)
+
+        held = self._away(quote, config, taken or set(), step)
         if taken is not None:
-            taken.add(quote.worker_id)
-        return quote
+            taken.add(held.worker_id)
+        return held
+
+    def _away(
+        self,
+        place: Callable[[dict[str, Any]], P],
+        config: dict[str, Any],
+        taken: set[str],
+        step: Step,
+    ) -> P:
+        """``place(config)`` on a worker not in ``taken`` if one has room, else anywhere, and
+        then the deploy says that ``step``'s region cannot spread its group."""
+        if not taken:
+            return place(config)
+        try:
+            return place({**config, "constraints": [_not_on(sorted(taken))]})
+        except InsufficientCapacity:
+            self._event(
+                "reserve",
+                f"{step.region} cannot spread {step.group}: no other worker there has room, "
+                f"so a new {step.group} machine shares a worker with another "
+                "(losing that worker loses both)",
+                region=step.region,
+            )
+        return place(config)
 
     def _release_quotes(self) -> None:
         def let_go(quote: Quote) -> None:
@@ -405,7 +420,10 @@ class Deployer:
                 except InsufficientCapacity:
                     # Its worker has no room for the new size: a new machine elsewhere takes
                     # its place; the old one goes once the whole release is live.
-                    machine, verb = self._replacement(step, config), "replaces " + step.machine_id
+                    machine, verb = (
+                        self._replacement(step, config, machines),
+                        "replaces " + step.machine_id,
+                    )
                     where["machine_id"] = machine.id
                 if step.standby_for:
                     verb += " (standby)"
@@ -452,10 +470,24 @@ class Deployer:
                 del self._undo.updated[step.machine_id]  # refused: nothing changed
             raise
 
-    def _replacement(self, step: Step, config: dict[str, Any]) -> Machine:
+    def _replacement(
+        self, step: Step, config: dict[str, Any], machines: dict[str, Machine]
+    ) -> Machine:
+        """A new machine in the place of ``step``'s, whose worker has no room for the new size:
+        away from the workers of its group's other machines in the region, as a new one."""
         assert step.machine_id is not None
-        machine = self.client.create_machine(
-            self.app, step.region, config, skip_launch=bool(step.standby_for)
+        siblings = {
+            m.worker_id
+            for m in current_of(list(machines.values()), step.group, step.region)
+            if m.id != step.machine_id
+        }
+
+        def create(body: dict[str, Any]) -> Machine:
+            skip = bool(step.standby_for)
+            return self.client.create_machine(self.app, step.region, body, skip_launch=skip)
+
+        machine = self._away(
+            create, config, siblings if self.config.served(step.group) else set(), step
         )
         with self._undo.lock:
             self._undo.created.append((machine.id, step.region))
