@@ -73,3 +73,9 @@ def test_a_settling_machine_counts_as_running_but_is_never_chosen() -> None:
     [idle] = choose([running("new", 0, settling=True), running("old", 1)])
     assert idle.machine_id == "old"
     assert choose([running("new", 0, settling=True), running("old", 9)]) == []
+
+
+def test_a_machine_whose_stop_a_lease_refused_is_not_chosen_while_it_lasts() -> None:
+    assert choose([running("m1", 0, leased=True)]) == []
+    [idle] = choose([running("m1", 0, leased=True), running("m2", 1), running("m3", 2)])
+    assert idle.machine_id == "m2"

@@ -12,7 +12,7 @@ Fly's rule, per app and region, on every round (``--autostop-interval``):
   a moment ago (two of its check intervals). It counts as running, but it is not idle yet: a
   deploy that made or updated it may be about to see it healthy (:mod:`souq.proxy.idle` leaves
   out altogether a machine whose checks have not passed yet: it cannot serve, and a deploy
-  waits on it).
+  waits on it); nor one whose stop was refused for a lease that still lasts (a deploy's).
 
 One machine per app and region per round: the next round sees the load without it.
 """
@@ -41,6 +41,7 @@ class Running:
     autostop: Literal["off", "stop", "suspend"]
     min_running: int  # the service's min_machines_running
     settling: bool = False  # proved itself a moment ago: never chosen
+    leased: bool = False  # its stop was refused for a lease that still lasts: never chosen
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,7 @@ def _one(app: str, region: str, group: list[Running]) -> Idle | None:
     if running <= floor:
         return None
     candidates = sorted(
-        (m for m in group if m.autostop != "off" and not m.settling),
+        (m for m in group if m.autostop != "off" and not m.settling and not m.leased),
         key=lambda m: (m.load, m.machine_id),
     )
     if not candidates:

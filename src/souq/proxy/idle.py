@@ -8,6 +8,8 @@ candidate (nor counted as running: it cannot serve yet), and one that passed the
 of its check intervals ago is not chosen (``settling``: its worker runs the same checks on the
 same interval, and a deploy sees the machine healthy when the worker's pass). A deploy waits
 for exactly that on the machines it makes or updates, so the proxy never stops one under it.
+A machine whose stop was refused for its lease (a deploy holds it) is not chosen again until
+the lease ends.
 
 A machine chosen leaves rotation first (the table drains it: no new request goes to it), the
 round waits for what it is serving to finish (at most ``drain_s``), and only then is its stop
@@ -23,7 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from souq.errors import SouqError
+from souq.errors import LeaseHeld, SouqError
 from souq.model import Machine, MachineRef, StopCommand
 from souq.protocol import WorkerClient
 from souq.protocol.verbs import STOP, SUSPEND
@@ -50,6 +52,7 @@ class Autostop:
     ready_since: Callable[[str], float | None] = lambda _: 0.0
     _active: dict[str, float] = field(default_factory=dict)  # machine id -> when it last served
     _held: set[str] = field(default_factory=set)  # machines a wake-up is starting
+    _leased: dict[str, float] = field(default_factory=dict)  # machine id -> lease's end (monotonic)
     _interval: float = 0.0
 
     def touch(self, machine_id: str) -> None:
@@ -92,6 +95,7 @@ class Autostop:
                     service.autostop,
                     service.min_machines_running,
                     settling=time.monotonic() - ready < _settle_s(machine),
+                    leased=self._leased.get(machine.id, 0.0) > time.monotonic(),
                 )
             )
         return out
@@ -128,6 +132,8 @@ class Autostop:
                 )
         except SouqError as exc:
             table.draining(idle.machine_id, False)
+            if isinstance(exc, LeaseHeld):  # a deploy's: not chosen again until its lease ends
+                self._leased[idle.machine_id] = time.monotonic() + _left_s(exc)
             log.info("autostop of machine %s failed: %s", idle.machine_id, exc)
             return
         self.feed.seen(done)
@@ -148,3 +154,9 @@ def _settle_s(machine: Machine) -> float:
     """How long a machine that just proved itself is not chosen: two of its longest check
     interval (the worker's checks, which a deploy waits on, pass within one of the proxy's)."""
     return 2 * max((c.interval for c in machine.config.checks.values()), default=0.0)
+
+
+def _left_s(held: LeaseHeld) -> float:
+    """Seconds until the lease ``held`` names ends (its ``expires_at``, ms since the epoch)."""
+    end = held.details.get("expires_at")
+    return max(0.0, end / 1000 - time.time()) if isinstance(end, int | float) else 0.0
