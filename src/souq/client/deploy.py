@@ -6,8 +6,10 @@ everywhere when a phase fails.
 1. A release is made (``pending``; the next version, kept in JetStream by the brokers).
 2. At once: every machine of the app is leased (a second deploy at the same time fails here,
    naming the machine and who holds it, before anything changed), and the capacity of every
-   machine the plan makes is held with quotes: a deploy that starts does not fail halfway for
-   want of room (``--dry-run`` shows the plan and where each new machine would go, then lets go).
+   machine the plan makes is held with quotes (:mod:`souq.client.deploy_capacity`: a served
+   group's machines in a region on distinct workers): a deploy that starts does not fail
+   halfway for want of room (``--dry-run`` shows the plan and where each new machine would
+   go, then lets go).
 3. The plan's phases (:mod:`souq.apps.plan`) run in order; a phase's steps run at once: an
    update in place (the machine keeps its worker), a create, or a destroy (stopped gracefully
    first: it leaves the proxy's rotation, then its signal). A machine counts as done when it is
@@ -25,16 +27,16 @@ Each step is told as a :class:`DeployEvent` (``souq deploy --json`` prints one p
 from __future__ import annotations
 
 import contextlib
-import functools
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from souq.apps.config import DEFAULT_GROUP, AppConfig
 from souq.apps.plan import Current, Phase, Step, desired_counts, plan, standbys_wanted
 from souq.client.api import SouqClient
+from souq.client.deploy_capacity import GOING, WORKERS, Capacity, attempt, current_of
 from souq.errors import (
     DeployFailed,
     DeployNoCapacity,
@@ -50,11 +52,6 @@ from souq.model.release import NewRelease, Release, ReleaseState
 __all__ = ["DeployEvent", "Deployer", "check_regions", "current_machines"]
 
 STOP_WAIT_S = 60.0  # a destroyed machine's graceful stop may take this (then it is killed)
-_WORKERS = 16  # steps of one phase run at once, at most
-A = TypeVar("A")
-R = TypeVar("R")
-P = TypeVar("P")
-_GOING = (MachineState.DESTROYING, MachineState.DESTROYED)
 _RESTING = (MachineState.STOPPED, MachineState.SUSPENDED)  # found so: stopped again at the end
 
 
@@ -71,34 +68,6 @@ class DeployEvent:
         return {k: v for k, v in asdict(self).items() if v is not None}
 
 
-def _attempt(call: Callable[[A], R]) -> Callable[[A], R | SouqError]:
-    """``call``, its error returned rather than raised (for a pool's map: every outcome kept)."""
-
-    def attempt(arg: A) -> R | SouqError:
-        try:
-            return call(arg)
-        except SouqError as exc:
-            return exc
-
-    return attempt
-
-
-def current_of(machines: list[Machine], group: str, region: str) -> list[Machine]:
-    """The machines of ``group`` in ``region`` (standbys and those on their way out left out)."""
-    return [
-        m
-        for m in machines
-        if m.region == region
-        and m.config.metadata.get("souq_process_group", DEFAULT_GROUP) == group
-        and not m.config.standbys
-        and m.state not in _GOING
-    ]
-
-
-def _not_on(workers: list[str]) -> dict[str, Any]:
-    return {"attribute": "worker.id", "operator": "not_in", "value": workers}
-
-
 def current_machines(machines: list[Machine]) -> list[Current]:
     """The app's machines as a plan reads them (those destroyed, or on their way, left out)."""
     return [
@@ -111,7 +80,7 @@ def current_machines(machines: list[Machine]) -> list[Current]:
             standby_for=tuple(m.config.standbys),
         )
         for m in machines
-        if m.state not in _GOING
+        if m.state not in GOING
     ]
 
 
@@ -161,7 +130,13 @@ class Deployer:
         self._leases: dict[str, Lease] = {}
         self._undo = _Undo()
         self._version = 0
-        self._quotes: dict[tuple[int, int], Quote] = {}  # (phase, step) -> its capacity held
+        self._capacity = Capacity(
+            client,
+            config,
+            image=image,
+            strategy=self.strategy,
+            tell=lambda kind, message, region: self._event(kind, message, region=region),
+        )
         self._replaced: list[tuple[str, str]] = []  # (machine, region) a new machine replaced
         self._resting: set[str] = set()  # machines found stopped or suspended
         self._woken: set[str] = set()  # of those, the ones an update of this deploy started
@@ -185,7 +160,7 @@ class Deployer:
         machines = {
             m.id: m
             for m in self.client.list_machines(self.app)
-            if m.state not in _GOING  # a machine on its way out is not the deploy's to change
+            if m.state not in GOING  # a machine on its way out is not the deploy's to change
         }
         self._resting = {m.id for m in machines.values() if m.state in _RESTING}
         phases = plan(self.config, current_machines(list(machines.values())), self.strategy)
@@ -201,14 +176,14 @@ class Deployer:
         except DeployFailed as failed:
             self._rollback()
             self._rest_again()
-            self._release_quotes()
+            self._capacity.release()
             self._release_leases()
             self.client.update_release(
                 self.app, release.version, ReleaseState.FAILED, failed.message
             )
             self._event("failed", failed.message)
             raise
-        self._release_quotes()
+        self._capacity.release()
         self._release_leases()
         done = self.client.update_release(self.app, release.version, ReleaseState.COMPLETE)
         self._event("done", f"release v{release.version} is live everywhere{self._why()}")
@@ -224,7 +199,7 @@ class Deployer:
         with ThreadPoolExecutor(max_workers=3) as pool:
             futures: list[Future[Any]] = [
                 pool.submit(self._lease, [m.id for m in machines]),
-                pool.submit(self._reserve, phases, machines),
+                pool.submit(self._capacity.reserve, version, phases, machines),
                 pool.submit(self.client.update_release, self.app, version, ReleaseState.DEPLOYING),
             ]
             errors = [f.exception() for f in futures]
@@ -242,8 +217,8 @@ class Deployer:
         def take(machine_id: str) -> Lease:
             return self.client.take_lease(self.app, machine_id, ttl_s=ttl, description=why)
 
-        with ThreadPoolExecutor(max_workers=_WORKERS) as pool:
-            taken = dict(zip(machine_ids, pool.map(_attempt(take), machine_ids), strict=True))
+        with ThreadPoolExecutor(max_workers=WORKERS) as pool:
+            taken = dict(zip(machine_ids, pool.map(attempt(take), machine_ids), strict=True))
         self._leases = {m: lease for m, lease in taken.items() if isinstance(lease, Lease)}
         for machine_id, outcome in taken.items():
             if isinstance(outcome, SouqError):
@@ -264,7 +239,7 @@ class Deployer:
                 self.client.release_lease(self.app, item[0], item[1].nonce)
 
         leases, self._leases = list(self._leases.items()), {}
-        with ThreadPoolExecutor(max_workers=_WORKERS) as pool:
+        with ThreadPoolExecutor(max_workers=WORKERS) as pool:
             list(pool.map(end, leases))
 
     def _nonce(self, machine_id: str) -> str | None:
@@ -277,120 +252,32 @@ class Deployer:
         """The plan, each new machine's capacity held for a moment to show where it would go
         (then let go); nothing else is done."""
         check_regions(self.client, self.config)
-        machines = [m for m in self.client.list_machines(self.app) if m.state not in _GOING]
+        machines = [m for m in self.client.list_machines(self.app) if m.state not in GOING]
         phases = plan(self.config, current_machines(machines), self.strategy)
         try:
-            self._reserve(phases, machines)
+            self._capacity.reserve(self._version, phases, machines)
             return [
-                (phase, [(step, self._quotes.get((i, j))) for j, step in enumerate(phase.steps)])
+                (
+                    phase,
+                    [
+                        (step, self._capacity.quotes.get((i, j)))
+                        for j, step in enumerate(phase.steps)
+                    ],
+                )
                 for i, phase in enumerate(phases)
             ]
         finally:
-            self._release_quotes()
-
-    def _reserve(self, phases: list[Phase], machines: list[Machine]) -> None:
-        """Hold the capacity of every machine the plan makes (quotes), before any change.
-
-        The machines of a group with services in a region go to distinct workers while the
-        region has workers with room (high availability: one lost worker is not the region
-        lost), whatever `[regions]` says or leaves to Souq, and for the green set of a
-        blue-green deploy too. So one group's quotes in a region are taken one after another,
-        each constrained away from the workers its siblings are on (the machines that stay, and
-        the quotes held before it); the groups and regions are held at once. A region that
-        cannot spread says so, and its machine shares a worker."""
-        wanted: dict[tuple[str, str], list[tuple[tuple[int, int], Step]]] = {}
-        for i, phase in enumerate(phases):
-            for j, step in enumerate(phase.steps):
-                if step.action == "create":
-                    wanted.setdefault((step.group, step.region), []).append(((i, j), step))
-        staying = [] if self.strategy == "bluegreen" else machines  # blue goes: green spreads
-
-        def hold_group(
-            items: list[tuple[tuple[int, int], Step]],
-        ) -> list[tuple[tuple[int, int], Quote | SouqError]]:
-            group, region = items[0][1].group, items[0][1].region
-            taken = None
-            if self.config.served(group):
-                taken = {m.worker_id for m in current_of(staying, group, region)}
-            hold = _attempt(functools.partial(self._hold, taken=taken))
-            return [(key, hold(step)) for key, step in items]
-
-        outcomes: dict[tuple[int, int], Quote | SouqError] = {}
-        with ThreadPoolExecutor(max_workers=_WORKERS) as pool:
-            for held in pool.map(hold_group, wanted.values()):
-                outcomes.update(held)
-        self._quotes.update({k: q for k, q in outcomes.items() if isinstance(q, Quote)})
-        for items in wanted.values():
-            for key, step in items:
-                quote = outcomes[key]
-                if isinstance(quote, SouqError):
-                    self._release_quotes()
-                    placement = quote.details.get("placement")
-                    raise DeployNoCapacity(
-                        f"release v{self._version} cannot start: no room for a new {step.group} "
-                        f"machine in {step.region}: {quote.message}; nothing was changed",
-                        hint="add workers or capacity in that region, or deploy smaller machines",
-                        details={
-                            "phase": "reserve",
-                            "region": step.region,
-                            **({"placement": placement} if placement else {}),
-                        },
-                    ) from quote
-        if outcomes:
-            self._event("reserve", f"capacity held for {len(outcomes)} new machines")
-
-    def _hold(self, step: Step, taken: set[str] | None) -> Quote:
-        """A quote for ``step``'s machine; with ``taken`` (a served group's workers in the
-        region so far), on another worker if one has room, else on one of them (said)."""
-        config = self.config.machine_config(step.group, image=self.image, release=0)
-
-        def quote(body: dict[str, Any]) -> Quote:
-            return self.client.create_quote(self.app, step.region, body, ttl_s=3600)
-
-        held = self._away(quote, config, taken or set(), step)
-        if taken is not None:
-            taken.add(held.worker_id)
-        return held
-
-    def _away(
-        self,
-        place: Callable[[dict[str, Any]], P],
-        config: dict[str, Any],
-        taken: set[str],
-        step: Step,
-    ) -> P:
-        """``place(config)`` on a worker not in ``taken`` if one has room, else anywhere, and
-        then the deploy says that ``step``'s region cannot spread its group."""
-        if not taken:
-            return place(config)
-        try:
-            return place({**config, "constraints": [_not_on(sorted(taken))]})
-        except InsufficientCapacity:
-            self._event(
-                "reserve",
-                f"{step.region} cannot spread {step.group}: no other worker there has room, "
-                f"so a new {step.group} machine shares a worker with another "
-                "(losing that worker loses both)",
-                region=step.region,
-            )
-        return place(config)
-
-    def _release_quotes(self) -> None:
-        def let_go(quote: Quote) -> None:
-            with contextlib.suppress(SouqError):  # used by its machine, or expired
-                self.client.release_quote(self.app, quote.id)
-
-        quotes, self._quotes = list(self._quotes.values()), {}
-        with ThreadPoolExecutor(max_workers=_WORKERS) as pool:
-            list(pool.map(let_go, quotes))
+            self._capacity.release()
 
     # -- phases ----------------------------------------------------------------------------
 
     def _phase(self, index: int, phase: Phase, machines: dict[str, Machine]) -> None:
         self._event("phase", f"{phase.name}: {phase.describe()}", phase=phase)
-        with ThreadPoolExecutor(max_workers=min(_WORKERS, len(phase.steps) or 1)) as pool:
+        with ThreadPoolExecutor(max_workers=min(WORKERS, len(phase.steps) or 1)) as pool:
             futures = [
-                pool.submit(self._step, phase, step, machines, self._quotes.pop((index, j), None))
+                pool.submit(
+                    self._step, phase, step, machines, self._capacity.quotes.pop((index, j), None)
+                )
                 for j, step in enumerate(phase.steps)
             ]
             errors = [f.exception() for f in futures]
@@ -486,7 +373,7 @@ class Deployer:
             skip = bool(step.standby_for)
             return self.client.create_machine(self.app, step.region, body, skip_launch=skip)
 
-        machine = self._away(
+        machine = self._capacity.away(
             create, config, siblings if self.config.served(step.group) else set(), step
         )
         with self._undo.lock:
@@ -512,7 +399,7 @@ class Deployer:
             )
 
         woken, self._woken = sorted(self._woken), set()
-        with ThreadPoolExecutor(max_workers=_WORKERS) as pool:
+        with ThreadPoolExecutor(max_workers=WORKERS) as pool:
             list(pool.map(stop, woken))
 
     def _standbys(self) -> None:
