@@ -19,8 +19,9 @@ from tests.integration.images_harness import souq
 
 APP = "shop"
 SERVER = """\
-import os
-from http.server import BaseHTTPRequestHandler, HTTPServer
+import os, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+time.sleep(float(os.environ.get("DELAY", "0")))  # a slow start: its first check passes late
 class H(BaseHTTPRequestHandler):
     def do_GET(self):
         code = int(os.environ.get("STATUS", "200")) if self.path == "/healthz" else 200
@@ -31,7 +32,7 @@ class H(BaseHTTPRequestHandler):
         self.wfile.write(body)
     def log_message(self, *a):
         pass
-HTTPServer(("127.0.0.1", int(os.environ["PORT"])), H).serve_forever()
+ThreadingHTTPServer(("127.0.0.1", int(os.environ["PORT"])), H).serve_forever()
 """
 
 

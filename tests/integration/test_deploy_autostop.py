@@ -16,25 +16,10 @@ import pytest
 from souq.model.machine import Machine, MachineState
 from souq.testing import Cluster, ProxyProcess, auth_headers, wait_until
 from tests.integration.images_harness import souq
+from tests.integration.test_deploy import SERVER
 from tests.integration.test_deploy_traffic import Traffic
 
 APP = "shop"  # the name Traffic sends requests for
-SERVER = """\
-import os, time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-time.sleep(float(os.environ.get("DELAY", "0")))  # a slow start: its first check passes late
-class H(BaseHTTPRequestHandler):
-    def do_GET(self):
-        code = int(os.environ.get("STATUS", "200")) if self.path == "/healthz" else 200
-        body = os.environ.get("GREETING", "").encode()
-        self.send_response(code)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-    def log_message(self, *a):
-        pass
-ThreadingHTTPServer(("127.0.0.1", int(os.environ["PORT"])), H).serve_forever()
-"""
 
 
 def toml(greeting: str, *, count: int = 3, status: int = 200, delay: float = 0) -> str:
