@@ -63,7 +63,7 @@ from souq.model import (
 )
 from souq.model.batch import BatchCreateRequest, BatchResult
 from souq.model.machine import MachineConfig
-from souq.model.protocol import Lease, LeaseRequest, UpdateCommand
+from souq.model.protocol import Lease, LeaseRequest, StartCommand, UpdateCommand
 from souq.placement import Pipeline
 from souq.protocol import Verb, WorkerClient
 from souq.protocol import verbs as v
@@ -415,7 +415,7 @@ class BrokerService:
     async def start_machine(
         self, app: str, machine_id: str, *, nonce: str | None = None
     ) -> Machine:
-        ref = MachineRef(app=app, machine_id=machine_id, lease_nonce=nonce)
+        ref = StartCommand(app=app, machine_id=machine_id, lease_nonce=nonce)
         return self._seen(await self._ask(machine_id, v.START, ref))
 
     async def suspend_machine(

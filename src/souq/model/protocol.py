@@ -39,6 +39,7 @@ __all__ = [
     "QuoteState",
     "Reply",
     "SignalCommand",
+    "StartCommand",
     "StopCommand",
     "UpdateCommand",
     "WaitCommand",
@@ -113,6 +114,17 @@ class MachineRef(Input):
     machine_id: str
     lease_nonce: str | None = Field(
         default=None, description="the nonce of the machine's lease, if it is leased"
+    )
+
+
+class StartCommand(MachineRef):
+    """Start a stopped machine, or resume a suspended one."""
+
+    wake: bool = Field(
+        default=False,
+        description="the edge proxy's start for traffic (a wake-up for a request, a standby's "
+        "failover): the machine starts as it is, and a lease does not block it (a deploy "
+        "leases every machine of the app; it must not take the app offline meanwhile)",
     )
 
 
