@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+from souq.auth.tokens import narrow, public_key_from_text
 from souq.testing import Cluster, wait_until
 
 PASSWORD = "hunter2-bravo-db"  # the secret a hostile tenant is after
@@ -107,6 +108,16 @@ def test_a_token_submits_only_for_its_own_app(cluster: Cluster, tokens: dict[str
     with _http(cluster, tokens["alpha-queue"]) as worker:  # a worker submits nothing
         r = worker.post("/sched/submit", json={"name": "by-worker", "command": "true"})
         assert (r.status_code, r.json()["status"]) == (403, "forbidden")
+    # A token of every app narrowed to one app names it: the default queue is not its.
+    with cluster.client() as admin:
+        key = public_key_from_text(admin.token_key())
+    only_alpha = narrow(cluster.auth.admin() if cluster.auth else "", key, app="alpha")
+    with _http(cluster, only_alpha) as narrowed:
+        r = narrowed.post("/sched/submit", json={"name": "unnamed", "command": "true"})
+        assert (r.status_code, r.json()["status"]) == (403, "forbidden")
+        assert "app" in r.json()["hint"]
+        r = narrowed.post("/sched/submit", json={"name": "n-alpha", "command": "x", "app": "alpha"})
+        assert r.status_code == 201 and r.json()["app"] == "alpha", r.text
     # A token of every app names the app, or the job is the default queue's.
     with cluster.client() as admin:
         assert admin.submit_job({"name": "for-bravo", "command": "true", "app": "bravo"}).app == (

@@ -35,7 +35,7 @@ from fastapi.responses import PlainTextResponse, Response
 from souq.auth.access import Permit, permit_of
 from souq.auth.tokens import Scope
 from souq.broker.bodies import body_schema, json_response, parse_body
-from souq.errors import JobNotFound, NotFound
+from souq.errors import Forbidden, JobNotFound, NotFound
 from souq.jobs.core import DEFAULT_LEASE_MS
 from souq.jobs.queue import JobQueue
 from souq.jobs.store import JobStore
@@ -113,8 +113,7 @@ def _users_routes(router: APIRouter, queue: JobQueue) -> None:
     async def submit(request: Request, permit: Allowed) -> Response:
         """Queue a named job; 409 ``job_exists`` when the name is taken."""
         spec = await parse_body(request, JobSubmit)
-        app = spec.app or permit.app or DEFAULT_QUEUE
-        permit.require(app, Scope.WRITE)
+        app = app_of(permit, spec.app, Scope.WRITE)
         job = await (await queue.store()).submit(spec.model_copy(update={"app": app}))
         return json_response(shown(job, permit), status_code=201)
 
@@ -239,8 +238,7 @@ def _workers_routes(router: APIRouter, queue: JobQueue) -> None:
         """A worker of the push model says what it has free, for one app's queue; it then asks
         ``/sched/assigned``."""
         body = await parse_body(request, Registration)
-        app = body.app or permit.app or DEFAULT_QUEUE
-        permit.require(app, Scope.QUEUE)
+        app = app_of(permit, body.app, Scope.QUEUE)
         store = await queue.store()
         if body.name and (known := await store.registration(body.name)) is not None:
             permit.require(known.app or DEFAULT_QUEUE, Scope.QUEUE)  # not another app's name
@@ -269,6 +267,20 @@ def _workers_routes(router: APIRouter, queue: JobQueue) -> None:
         """How the run ended: ``{"exit_code": N, "error": "..."}`` (no body: it succeeded)."""
         body = await parse_body(request, JobStopped, optional=True)
         return await _change(queue, name, JobEvent.STOP, who, permit, stopped=body)
+
+
+def app_of(permit: Permit, given: str | None, needs: Scope) -> str:
+    """The app a submit or a registration is for: the one given, else the token's, else the
+    default queue; ``403 forbidden`` unless the token may do ``needs`` on it."""
+    app = given or permit.app or DEFAULT_QUEUE
+    if given is None and permit.app is None and not permit.allows(app, needs):
+        raise Forbidden(
+            f"the token may not {needs} the default queue ({DEFAULT_QUEUE!r})",
+            hint="name the app in the body's `app` (souq job submit --app APP)",
+            details={"action": str(needs), "app": app},
+        )
+    permit.require(app, needs)
+    return app
 
 
 async def job_of(store: JobStore, name: str, permit: Permit, needs: Scope = Scope.READ) -> Job:
