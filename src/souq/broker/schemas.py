@@ -4,7 +4,7 @@ workers and events are the models of :mod:`souq.model`."""
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import (
     BaseModel,
@@ -60,8 +60,11 @@ class FlyLaunchFields(Input):
     """What Fly's create and update bodies (``LaunchMachineInput``) carry beside the config:
     the fields Souq takes, and the ones it refuses when set (naming why)."""
 
-    skip_secrets: Literal[False] = Field(
-        default=False, description="Fly's; an app's secrets are always given to its machines"
+    skip_secrets: bool = Field(
+        default=False,
+        description="give the machine none of its app's secrets, at this start and every later "
+        "one; a token that may not read the app's secrets (below deploy) always makes such a "
+        "machine",
     )
     lease_ttl: int | None = Field(
         default=None,
@@ -78,13 +81,6 @@ class FlyLaunchFields(Input):
     @classmethod
     def _fly_fields(cls, data: Any) -> Any:
         return drop_unset(data, CREATE_UNSUPPORTED)
-
-    @field_validator("skip_secrets", mode="before")
-    @classmethod
-    def _skip_secrets(cls, v: Any) -> Any:
-        if v is True:
-            raise ValueError("not supported by Souq: an app's secrets are given to every machine")
-        return v
 
 
 class CreateMachineRequest(FlyLaunchFields):

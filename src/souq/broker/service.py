@@ -443,10 +443,12 @@ class BrokerService:
         config: MachineConfig,
         *,
         skip_launch: bool = False,
+        skip_secrets: bool = False,
         nonce: str | None = None,
     ) -> Machine:
         """Replace a machine's config on its worker (its image resolved first, as at a
-        create); answers once it has restarted with it (or at once with ``skip_launch``)."""
+        create); answers once it has restarted with it (or at once with ``skip_launch``).
+        ``skip_secrets``: from now on it starts without its app's secrets."""
         self.require_bus()
         image = await self.images.of_config(config)
         config = await self.volumes.named_for(app, machine_id, config)
@@ -457,6 +459,7 @@ class BrokerService:
             config=config,
             image=image,
             skip_launch=skip_launch,
+            skip_secrets=skip_secrets,
             lease_nonce=nonce,
         )
         return self._seen(await self._ask(machine_id, v.UPDATE, cmd, extra_s=grace + 60))

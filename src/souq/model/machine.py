@@ -550,6 +550,11 @@ class Machine(Record):
     cordoned: bool = Field(
         default=False, description="out of the proxies' rotation: it runs, gets no new requests"
     )
+    skip_secrets: bool = Field(
+        default=False,
+        description="it starts without its app's secrets, every time: asked for (Fly's "
+        "skip_secrets), or made (or last updated) by a token that may not read them",
+    )
 
     # Fly's names for what the record holds already (written, never read back).
     @computed_field  # type: ignore[prop-decorator]

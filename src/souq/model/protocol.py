@@ -94,6 +94,10 @@ class ClaimRequest(Input):
     region: str
     config: MachineConfig
     skip_launch: bool = False
+    skip_secrets: bool = Field(
+        default=False,
+        description="start it without its app's secrets, now and at every later start",
+    )
     placement: Placement | None = None
     region_chosen: str | None = Field(
         default=None, description="why the broker chose the region (the create named none)"
@@ -157,6 +161,10 @@ class UpdateCommand(MachineRef):
     config: MachineConfig
     image: ImageRecord | None = Field(default=None, description="the image `config.image` names")
     skip_launch: bool = False
+    skip_secrets: bool = Field(
+        default=False,
+        description="start it without its app's secrets, now and at every later start",
+    )
 
 
 class SignalCommand(MachineRef):
