@@ -45,6 +45,7 @@ from souq.errors import (
     Unavailable,
     VolumeAttached,
 )
+from souq.model.base import copy_fields
 from souq.model.machine import MachineConfig, MachineState
 from souq.model.resources import Resources
 from souq.model.volume import (
@@ -108,18 +109,12 @@ class AgentVolumes:
     # -- the records -----------------------------------------------------------------------
 
     def volume(self, row: VolumeRow, *, measure: bool = False) -> Volume:
-        return Volume(
-            id=row.id,
-            name=row.name,
-            app=row.app,
-            state=row.state,
-            size_gb=row.size_gb,
-            region=row.region,
+        return copy_fields(
+            Volume,
+            row,
             zone=self.worker_id,
             worker_id=self.worker_id,
-            attached_machine_id=row.attached_machine_id,
             created_at=iso_from_ms(row.created_at),
-            snapshot_retention=row.snapshot_retention,
             used_mb=used_mb(row.dir) if measure and row.dir.is_dir() else None,
         )
 

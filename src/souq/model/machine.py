@@ -27,7 +27,7 @@ from souq.limits import (
     check_metadata,
     dns_label_problem,
 )
-from souq.model.base import Input, Record
+from souq.model.base import Input, Record, copy_fields
 from souq.model.constraint import Constraint
 from souq.model.durations import format_go_duration, seconds_of
 from souq.model.fly_fields import (
@@ -152,14 +152,7 @@ class GuestConfig(Input):
         return self
 
     def resources(self) -> Resources:
-        return Resources(
-            cpus=self.cpus,
-            memory_mb=self.memory_mb,
-            disk_mb=self.disk_mb,
-            gpus=self.gpus,
-            gpu_milli=self.gpu_milli,
-            gpu_model=self.gpu_model,
-        )
+        return copy_fields(Resources, self)
 
 
 class RestartConfig(Input):
