@@ -15,7 +15,7 @@ import nats.js.errors
 from nats.aio.client import Client
 from nats.js.kv import KeyValue
 
-from souq.bus.jetstream import key_value, unavailable
+from souq.bus.jetstream import open_key_value, unavailable
 from souq.clock import Clock, SystemClock, iso_from_ms
 from souq.errors import NameTaken
 from souq.model.app import AppRecord, NewApp
@@ -39,11 +39,8 @@ class AppStore:
 
     @classmethod
     async def open(cls, nc: Client) -> AppStore:
-        try:
-            kv = await key_value(nc.jetstream(), BUCKET, "souq apps: one record per created app")
-        except (nats.errors.Error, nats.js.errors.Error) as exc:
-            raise unavailable(_WHAT, exc) from exc
-        return cls(kv)
+        description = "souq apps: one record per created app"
+        return cls(await open_key_value(nc, BUCKET, description, what=_WHAT))
 
     async def create(self, body: NewApp, *, taken: bool = False) -> AppRecord:
         """The new app's record; :class:`NameTaken` when the name is in use (``taken``: the

@@ -12,7 +12,7 @@ import nats.js.errors
 from nats.aio.client import Client
 from nats.js.kv import KeyValue
 
-from souq.bus.jetstream import key_value, unavailable
+from souq.bus.jetstream import open_key_value, unavailable
 from souq.clock import Clock, SystemClock, iso_from_ms
 from souq.errors import Conflict, NotFound
 from souq.model.release import NewRelease, Release, ReleaseState, ReleaseUpdate
@@ -20,6 +20,7 @@ from souq.model.release import NewRelease, Release, ReleaseState, ReleaseUpdate
 __all__ = ["BUCKET", "ReleaseStore"]
 
 BUCKET = "souq-releases"
+_WHAT = "the release store"
 _TRIES = 64  # versions tried by one create, racing other deploys of the same app
 
 
@@ -30,15 +31,8 @@ class ReleaseStore:
 
     @classmethod
     async def open(cls, nc: Client) -> ReleaseStore:
-        try:
-            kv = await key_value(
-                nc.jetstream(),
-                BUCKET,
-                "souq releases: one record per app and version",
-            )
-        except (nats.errors.Error, nats.js.errors.Error) as exc:
-            raise unavailable("the release store", exc) from exc
-        return cls(kv)
+        description = "souq releases: one record per app and version"
+        return cls(await open_key_value(nc, BUCKET, description, what=_WHAT))
 
     async def create(self, app: str, new: NewRelease) -> Release:
         """A new release of ``app``, at the next version."""
@@ -62,7 +56,7 @@ class ReleaseStore:
                 version += 1  # another deploy took it
                 continue
             except (nats.errors.Error, nats.js.errors.Error) as exc:
-                raise unavailable("the release store", exc) from exc
+                raise unavailable(_WHAT, exc) from exc
             return release
         raise Conflict(f"app {app}: too many releases made at once", hint="retry the deploy")
 
@@ -74,7 +68,7 @@ class ReleaseStore:
                 f"app {app} has no release {version}", hint=f"see `souq releases --app {app}`"
             ) from None
         except (nats.errors.Error, nats.js.errors.Error) as exc:
-            raise unavailable("the release store", exc) from exc
+            raise unavailable(_WHAT, exc) from exc
         if entry.value is None:
             raise NotFound(f"app {app} has no release {version}")
         return Release.model_validate_json(entry.value)
@@ -91,7 +85,7 @@ class ReleaseStore:
         try:
             await self._kv.put(_key(app, version), updated.model_dump_json().encode())
         except (nats.errors.Error, nats.js.errors.Error) as exc:
-            raise unavailable("the release store", exc) from exc
+            raise unavailable(_WHAT, exc) from exc
         return updated
 
     async def of_app(self, app: str) -> list[Release]:
@@ -115,7 +109,7 @@ class ReleaseStore:
         except nats.js.errors.NoKeysError:
             return []
         except (nats.errors.Error, nats.js.errors.Error) as exc:
-            raise unavailable("the release store", exc) from exc
+            raise unavailable(_WHAT, exc) from exc
         prefix = app + "."
         return [
             int(k[len(prefix) :])

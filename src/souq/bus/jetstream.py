@@ -17,6 +17,7 @@ import os
 from collections.abc import Awaitable, Callable
 from typing import Generic, TypeVar
 
+import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
 from nats.js.api import KeyValueConfig, ObjectStoreConfig, StorageType, StreamConfig
@@ -31,6 +32,7 @@ __all__ = [
     "OnFirstUse",
     "key_value",
     "object_store",
+    "open_key_value",
     "replicas_for",
     "stream",
     "unavailable",
@@ -138,6 +140,15 @@ async def key_value(js: JetStreamContext, bucket: str, description: str) -> KeyV
         return await js.key_value(bucket)
 
     return await _made(js, f"KV_{bucket}", replicas, create, bind)
+
+
+async def open_key_value(nc: Client, bucket: str, description: str, *, what: str) -> KeyValue:
+    """The bucket of ``what`` (a store), as :func:`key_value` makes it; :func:`unavailable`
+    when NATS does not answer or runs without JetStream."""
+    try:
+        return await key_value(nc.jetstream(), bucket, description)
+    except (nats.errors.Error, nats.js.errors.Error) as exc:
+        raise unavailable(what, exc) from exc
 
 
 class OnFirstUse(Generic[T]):
