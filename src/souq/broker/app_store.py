@@ -12,11 +12,9 @@ import secrets
 
 import nats.errors
 import nats.js.errors
-from nats.aio.client import Client
-from nats.js.kv import KeyValue
 
-from souq.bus.jetstream import open_key_value, unavailable
-from souq.clock import Clock, SystemClock, iso_from_ms
+from souq.bus.jetstream import BucketStore, unavailable
+from souq.clock import iso_from_ms
 from souq.errors import NameTaken
 from souq.model.app import AppRecord, NewApp
 
@@ -32,15 +30,10 @@ def new_app_id() -> str:
     return "".join(secrets.choice(alphabet) for _ in range(16))
 
 
-class AppStore:
-    def __init__(self, kv: KeyValue, clock: Clock | None = None) -> None:
-        self._kv = kv
-        self._clock = clock or SystemClock()
-
-    @classmethod
-    async def open(cls, nc: Client) -> AppStore:
-        description = "souq apps: one record per created app"
-        return cls(await open_key_value(nc, BUCKET, description, what=_WHAT))
+class AppStore(BucketStore):
+    BUCKET = BUCKET
+    DESCRIPTION = "souq apps: one record per created app"
+    WHAT = _WHAT
 
     async def create(self, body: NewApp, *, taken: bool = False) -> AppRecord:
         """The new app's record; :class:`NameTaken` when the name is in use (``taken``: the

@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import nats.errors
 import nats.js.errors
-from nats.aio.client import Client
-from nats.js.kv import KeyValue
 
-from souq.bus.jetstream import open_key_value, unavailable
-from souq.clock import Clock, SystemClock, iso_from_ms
+from souq.bus.jetstream import BucketStore, unavailable
+from souq.clock import iso_from_ms
 from souq.errors import Conflict, NotFound
 from souq.model.release import NewRelease, Release, ReleaseState, ReleaseUpdate
 
@@ -24,15 +22,10 @@ _WHAT = "the release store"
 _TRIES = 64  # versions tried by one create, racing other deploys of the same app
 
 
-class ReleaseStore:
-    def __init__(self, kv: KeyValue, clock: Clock | None = None) -> None:
-        self._kv = kv
-        self._clock = clock or SystemClock()
-
-    @classmethod
-    async def open(cls, nc: Client) -> ReleaseStore:
-        description = "souq releases: one record per app and version"
-        return cls(await open_key_value(nc, BUCKET, description, what=_WHAT))
+class ReleaseStore(BucketStore):
+    BUCKET = BUCKET
+    DESCRIPTION = "souq releases: one record per app and version"
+    WHAT = _WHAT
 
     async def create(self, app: str, new: NewRelease) -> Release:
         """A new release of ``app``, at the next version."""

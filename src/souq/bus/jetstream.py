@@ -15,7 +15,7 @@ import dataclasses
 import logging
 import os
 from collections.abc import Awaitable, Callable
-from typing import Generic, TypeVar
+from typing import ClassVar, Generic, Self, TypeVar
 
 import nats.errors
 import nats.js.errors
@@ -25,10 +25,12 @@ from nats.js.client import JetStreamContext
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
+from souq.clock import Clock, SystemClock
 from souq.errors import InvalidInput, Unavailable
 
 __all__ = [
     "REPLICAS_ENV",
+    "BucketStore",
     "OnFirstUse",
     "key_value",
     "object_store",
@@ -149,6 +151,24 @@ async def open_key_value(nc: Client, bucket: str, description: str, *, what: str
         return await key_value(nc.jetstream(), bucket, description)
     except (nats.errors.Error, nats.js.errors.Error) as exc:
         raise unavailable(what, exc) from exc
+
+
+class BucketStore:
+    """A store of records in one key-value bucket, ``BUCKET``, with a clock for their times:
+    ``WHAT`` is how its errors name it (:func:`unavailable`)."""
+
+    BUCKET: ClassVar[str]
+    DESCRIPTION: ClassVar[str]
+    WHAT: ClassVar[str]
+
+    def __init__(self, kv: KeyValue, clock: Clock | None = None) -> None:
+        self._kv = kv
+        self._clock = clock or SystemClock()
+
+    @classmethod
+    async def open(cls, nc: Client) -> Self:
+        """The store, its bucket made on first use (:func:`open_key_value`)."""
+        return cls(await open_key_value(nc, cls.BUCKET, cls.DESCRIPTION, what=cls.WHAT))
 
 
 class OnFirstUse(Generic[T]):
