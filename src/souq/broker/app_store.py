@@ -70,13 +70,8 @@ class AppStore(BucketStore):
 
     async def all(self) -> list[AppRecord]:
         """Every created app, by name."""
-        try:
-            keys = await self._kv.keys()
-        except nats.js.errors.NoKeysError:
-            return []
-        except (nats.errors.Error, nats.js.errors.Error) as exc:
-            raise unavailable(_WHAT, exc) from exc
-        return [r for r in [await self.get(k) for k in sorted(keys)] if r is not None]
+        keys = sorted(await self._keys())
+        return [r for r in [await self.get(k) for k in keys] if r is not None]
 
 
 def _taken(name: str, *, machines: bool) -> NameTaken:

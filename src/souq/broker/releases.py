@@ -97,12 +97,7 @@ class ReleaseStore(BucketStore):
     async def _versions(self, app: str) -> list[int]:
         # Every key, filtered here: the client's subject filters answered nothing from
         # nats-server 2.15 (one key per release: a few thousand at most).
-        try:
-            keys = await self._kv.keys()
-        except nats.js.errors.NoKeysError:
-            return []
-        except (nats.errors.Error, nats.js.errors.Error) as exc:
-            raise unavailable(_WHAT, exc) from exc
+        keys = await self._keys()
         prefix = app + "."
         return [
             int(k[len(prefix) :])

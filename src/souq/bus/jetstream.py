@@ -170,6 +170,15 @@ class BucketStore:
         """The store, its bucket made on first use (:func:`open_key_value`)."""
         return cls(await open_key_value(nc, cls.BUCKET, cls.DESCRIPTION, what=cls.WHAT))
 
+    async def _keys(self) -> list[str]:
+        """Every key of the bucket (none when it is empty)."""
+        try:
+            return await self._kv.keys()
+        except nats.js.errors.NoKeysError:
+            return []
+        except (nats.errors.Error, nats.js.errors.Error) as exc:
+            raise unavailable(self.WHAT, exc) from exc
+
 
 class OnFirstUse(Generic[T]):
     """A store opened by ``open`` when first asked for, once, however many ask at once; a
