@@ -145,17 +145,14 @@ class AgentVolumes:
         want = _disk(cmd.size_gb)
         self._admission.check_hold(cmd.region, want, now)  # region, cordon, room: as a claim
         volume_id = new_volume_id(self.worker_id)
-        row = VolumeRow(
+        row = copy_fields(
+            VolumeRow,
+            cmd,
             id=volume_id,
-            name=cmd.name,
-            app=cmd.app,
-            region=cmd.region,
-            size_gb=cmd.size_gb,
             state=VolumeState.CREATED,
             attached_machine_id=None,
             created_at=now,
             updated_at=now,
-            snapshot_retention=cmd.snapshot_retention,
             dir=self.root / volume_id,
         )
         self.rows.insert(row)

@@ -13,6 +13,7 @@ import nats.js.errors
 from souq.bus.jetstream import BucketStore, unavailable
 from souq.clock import iso_from_ms
 from souq.errors import Conflict, NotFound
+from souq.model.base import copy_fields
 from souq.model.release import NewRelease, Release, ReleaseState, ReleaseUpdate
 
 __all__ = ["BUCKET", "ReleaseStore"]
@@ -32,14 +33,12 @@ class ReleaseStore(BucketStore):
         now = iso_from_ms(self._clock.now_ms())
         version = (await self._latest_version(app)) + 1
         for _ in range(_TRIES):
-            release = Release(
+            release = copy_fields(
+                Release,
+                new,
                 app=app,
                 version=version,
                 state=ReleaseState.PENDING,
-                image=new.image,
-                config=new.config,
-                strategy=new.strategy,
-                description=new.description,
                 created_at=now,
                 updated_at=now,
             )
