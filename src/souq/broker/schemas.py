@@ -24,7 +24,7 @@ from souq.model import (
     WorkerState,
     normalise_signal,
 )
-from souq.model.durations import seconds_of
+from souq.model.durations import seconds_of, set_timeout_s
 from souq.model.fly_fields import CREATE_UNSUPPORTED, drop_unset
 from souq.model.machine import validate_name
 from souq.model.policy import PlacementPolicy
@@ -162,11 +162,7 @@ class StopRequest(Input):
         data = dict(data)
         data.pop("id", None)  # Fly's client names the machine in the body too: the path's wins
         timeout = data.pop("timeout", None)
-        seconds = None if timeout is None else fly_stop_timeout(timeout)
-        if seconds is not None:
-            if data.get("timeout_s") not in (None, seconds):
-                raise ValueError("timeout and timeout_s disagree; give one")
-            data["timeout_s"] = seconds
+        set_timeout_s(data, None if timeout is None else fly_stop_timeout(timeout))
         return data
 
     @field_validator("signal", mode="before")
