@@ -87,6 +87,10 @@ def test_an_app_may_not_run_or_read_another_apps_image_by_its_digest(
             alpha.create_machine("alpha", "mad", {"image": secret.reference, **NO_RESTART})
         assert caught.value.status == "image_not_found"
         assert "for app alpha" in caught.value.message
+        for spelling in (f"private@{secret.reference}", f"anything:1@{secret.reference}"):
+            with pytest.raises(SouqError) as named:
+                alpha.create_machine("alpha", "mad", {"image": spelling, **NO_RESTART})
+            assert named.value.status == "image_not_found", spelling
         with pytest.raises(SouqError) as read:
             alpha.image(secret.reference)
         assert read.value.status == "image_not_found"

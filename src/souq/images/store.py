@@ -225,10 +225,12 @@ class ImageStore:
         store (its own names, then the cluster's; a digest only if it may run it: see the
         module's docstring; :data:`CLUSTER`: the cluster's names, every digest);
         :class:`ImageNotFound` else."""
-        named = not is_digest(ref)
-        reference = await self._named(ref, app) if named else ref
+        reference = ref if is_digest(ref) else await self._named(ref, app)
+        # A digest written by the caller (alone, or after a name: NAME@sha256:…) is checked;
+        # a name leads only to images its namespace's owner stored.
+        checked = app is not None and (is_digest(ref) or "@" in ref)
         value = await self._get(_hex(reference))
-        if value is None or (app is not None and not named and not await self.may_run(app, ref)):
+        if value is None or (checked and not await self.may_run(str(app), reference)):
             raise ImageNotFound(
                 f"image {ref} is not in the cluster's store"
                 + ("" if app is None else f" for app {app}"),
