@@ -5,15 +5,18 @@ names were the cluster's, so alpha's push of ``bravo-img:1`` was what bravo's ne
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import nats
 import pytest
 
 from souq.client.api import SouqClient
 from souq.errors import SouqError
 from souq.images import Image, layout_tar, pack_directory
+from souq.images.store import ImageStore
 from souq.model.machine import MachineState
 from souq.testing import Cluster
 
@@ -129,3 +132,29 @@ def test_an_app_cannot_move_a_name_the_cluster_stored(
         assert bravo.image("given:1").reference == hostile.reference
         with pytest.raises(SouqError):
             alpha.image("given:1")
+
+
+async def _forget_access(cluster: Cluster, reference: str, owner: str) -> None:
+    """The image's access key gone, as in a store written before access keys existed."""
+    nc = await nats.connect(cluster.nats.url, **cluster.nats_options("broker"))
+    try:
+        store = await ImageStore.open(nc)
+        await store.records.purge(f"acl.{reference.split(':', 1)[1]}.{owner}")
+    finally:
+        await nc.close()
+
+
+def test_an_image_stored_before_access_keys_stays_the_clusters(
+    cluster: Cluster, tokens: dict[str, str], tmp_path: Path
+) -> None:
+    old = _image(tmp_path / "old", "stored before access keys")
+    with (
+        cluster.client(token=tokens["bravo"]) as bravo,
+        cluster.client(token=tokens["alpha"]) as alpha,
+    ):
+        bravo.push_image(layout_tar(old))
+        with pytest.raises(SouqError):
+            alpha.image(old.reference)
+        asyncio.run(_forget_access(cluster, old.reference, "bravo"))
+        logs, digest = _ran(alpha, "alpha", old.reference)
+        assert "stored before access keys" in logs and digest == old.reference

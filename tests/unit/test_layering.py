@@ -105,6 +105,7 @@ PUBLIC = {
         "IllegalTransition",
         "ImageInvalid",
         "ImageNotFound",
+        "ImageTooLarge",
         "InsufficientCapacity",
         "InvalidInput",
         "JobExists",

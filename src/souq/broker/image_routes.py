@@ -53,7 +53,10 @@ def images_router(service: BrokerService) -> APIRouter:
     router = APIRouter(tags=["images"])
     store = service.images.store
     uploads = StreamSlots(
-        per_client=UPLOADS_PER_TOKEN, total=UPLOADS_TOTAL, what="image uploads", hint=_BUSY
+        per_client=UPLOADS_PER_TOKEN,
+        total=UPLOADS_TOTAL,
+        what="image uploads under way",
+        hint=_BUSY,
     )
 
     @router.post("/v1/images", status_code=201, response_model=ImageRecord)

@@ -17,15 +17,15 @@ __all__ = ["SlotResponse", "StreamSlots"]
 
 
 class StreamSlots:
-    """Slots of something a client holds a while (``what``: streams by default; image uploads
-    use them too)."""
+    """Slots of something a client holds a while (``what``: streams open, by default; image
+    uploads use them too)."""
 
     def __init__(
         self,
         *,
         per_client: int,
         total: int,
-        what: str = "streams",
+        what: str = "streams open",
         hint: str = "close a stream (events or logs --follow) before opening another",
     ) -> None:
         self.per_client = per_client
@@ -43,8 +43,7 @@ class StreamSlots:
         """Count a new stream of ``client``, or raise :class:`TooManyRequests`."""
         if self._open[client] >= self.per_client:
             raise TooManyRequests(
-                f"{client} has {self.per_client} {self.what} under way already, the most one "
-                "client may",
+                f"{client} has {self.per_client} {self.what} already, the most one client may",
                 hint=self.hint,
                 details={"limit": self.per_client},
             )

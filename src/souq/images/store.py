@@ -245,8 +245,21 @@ class ImageStore:
         for who in (app, CLUSTER):
             if await self._get(_access_key(reference, who)) is not None:
                 return True
-        prefix = f"acl.{_hex(reference)}."
-        return not any(key.startswith(prefix) for key in await self._keys())
+        return not await self._has_access_keys(reference)
+
+    async def _has_access_keys(self, reference: str) -> bool:
+        """Whether any app may run the image by its digest (a watch of its ``acl.`` keys
+        alone: the server filters them, however large the bucket)."""
+        watcher = await self._guard(
+            self.records.watch(f"acl.{_hex(reference)}.*", meta_only=True, ignore_deletes=True)
+        )
+        try:
+            async for entry in watcher:
+                return entry is not None  # None: the keys there are (none) were all sent
+            return False
+        finally:
+            with contextlib.suppress(nats.errors.Error):
+                await watcher.stop()  # type: ignore[no-untyped-call]
 
     async def _named(self, ref: str, app: str | None) -> str:
         """The reference stored under the name ``ref``: ``app``'s own, else the cluster's (its
