@@ -11,7 +11,14 @@ from pathlib import Path
 import pytest
 
 from souq.errors import ImageInvalid, ImageTooLarge
-from souq.images.layers import MEDIA_LAYER_TAR, Budget, check_layer, pack_layer, unpack_layer
+from souq.images.layers import (
+    MEDIA_LAYER_TAR,
+    Budget,
+    Pool,
+    check_layer,
+    pack_layer,
+    unpack_layer,
+)
 
 
 def _tar(*entries: tuple[str, bytes, bytes, str]) -> bytes:
@@ -69,3 +76,17 @@ def test_an_unpack_stops_the_moment_it_passes_its_budget(tmp_path: Path) -> None
     roomy = Budget.of(6 << 20, "room")
     unpack_layer(layer, MEDIA_LAYER_TAR, tmp_path / "fits", budget=roomy)
     assert (tmp_path / "fits" / "big").stat().st_size == 5 << 20
+
+
+def test_unpacks_under_way_at_once_share_their_pool(tmp_path: Path) -> None:
+    layer = _tar(("big", tarfile.REGTYPE, b"b" * (3 << 20), ""))
+    pool = Pool(5 << 20)
+    first = Budget.of(4 << 20, "a cache", pool=pool)
+    unpack_layer(layer, MEDIA_LAYER_TAR, tmp_path / "first", budget=first)  # 3 MiB of 5
+    second = Budget.of(4 << 20, "a cache", pool=pool)  # alone it would fit
+    with pytest.raises(ImageTooLarge, match="beside it"):
+        unpack_layer(layer, MEDIA_LAYER_TAR, tmp_path / "second", budget=second)
+    pool.give(first.used + second.used)  # both ended
+    assert pool.used == 0
+    third = Budget.of(4 << 20, "a cache", pool=pool)
+    unpack_layer(layer, MEDIA_LAYER_TAR, tmp_path / "third", budget=third)

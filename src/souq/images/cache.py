@@ -15,10 +15,12 @@ is opened, so a half-written image never runs. Pulls of one image by several mac
 share one pull (:meth:`ImageCache.ensure`). An image in use by a machine (:meth:`pin`) is never
 evicted; others go oldest use first while the cache is over ``limit_bytes``.
 
-An image may use the whole cache, no more: its layers' blobs and its files together. Its files
-are counted as they are written (:class:`souq.images.layers.Budget`), so an image that unpacks
-past that (a small layer that inflates to gigabytes) stops there, its work directory and the
-blobs fetched for it are removed, and the pull fails with ``image_too_large`` naming the bound.
+An image may use the whole cache, no more: its layers' blobs and its files together; and the
+images unpacking at once share the cache's bound. Their files are counted as they are written
+(:class:`souq.images.layers.Budget`, :class:`~souq.images.layers.Pool`), so an image that
+unpacks past that (a small layer that inflates to gigabytes) stops there, its work directory
+and the blobs fetched for it are removed, and the pull fails with ``image_too_large`` naming
+the bound.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from souq.errors import ImageInvalid
-from souq.images.layers import Budget, unpack_layer
+from souq.images.layers import Budget, Pool, unpack_layer
 from souq.images.stream import LayerStream
 from souq.model.image import ImageRecord
 
@@ -75,6 +77,7 @@ class ImageCache:
         self._blob_sizes: dict[str, int] = {}
         self._pins: dict[str, int] = {}
         self._pulling: dict[str, asyncio.Future[Path]] = {}
+        self._unpacking = Pool(self.limit_bytes)  # what the pulls under way have written
         self._counter = 0
         self._open()
 
@@ -211,6 +214,8 @@ class ImageCache:
             await asyncio.to_thread(shutil.rmtree, work, True)
             self._forget_blobs(fetched)  # no image holds them: they would escape the bound
             raise
+        finally:
+            self._unpacking.give(budget.used)
         if fetched:
             self.stats.pulls += 1
         rootfs_size = await asyncio.to_thread(_tree_size, target)
@@ -225,12 +230,14 @@ class ImageCache:
         return self.rootfs(ref)
 
     def _budget(self, record: ImageRecord) -> Budget:
-        """What the image's files may take: the cache's bound less its layers' blobs."""
+        """What the image's files may take: the cache's bound less its layers' blobs, and,
+        with the pulls under way beside it, the cache's bound."""
         return Budget.of(
             self.limit_bytes - record.size,
             f"this worker's image cache ({self.limit_bytes // 2**20} MiB, less the image's "
             f"{record.size} bytes of layers)",
             subject=f"image {record.reference}",
+            pool=self._unpacking,
         )
 
     def _forget_blobs(self, digests: list[str]) -> None:

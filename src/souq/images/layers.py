@@ -12,8 +12,9 @@ the earlier layers left: ``.wh.NAME`` removes ``NAME``, ``.wh..wh..opq`` empties
 A layer is read as a stream, each entry written as it comes, so a refused layer may leave the
 destination half-written: unpack into a fresh directory and discard it on error. A
 :class:`Budget` bounds what an unpack writes (each entry's header, each file's bytes as they
-are written): past it, :class:`~souq.errors.ImageTooLarge` at once, so a small compressed layer
-that inflates to gigabytes stops where its bound is.
+are written), and a :class:`Pool` what the unpacks under way at once write together: past
+either, :class:`~souq.errors.ImageTooLarge` at once, so a small compressed layer that inflates
+to gigabytes stops where its bound is, however many are unpacked at once.
 
 :func:`check_layer` reads a layer the same way without writing anything: its digest, its size
 and every entry's safety (what the store checks at an upload, so a layer that unpacking would
@@ -29,6 +30,7 @@ import os
 import shutil
 import stat
 import tarfile
+import threading
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -45,6 +47,7 @@ __all__ = [
     "MEDIA_LAYER_TAR",
     "Budget",
     "PackedLayer",
+    "Pool",
     "check_layer",
     "pack_layer",
     "unpack_layer",
@@ -69,26 +72,60 @@ ENTRY_BYTES = 512  # what an entry costs a budget besides its bytes (a tar heade
 _COPY_BYTES = 1 << 20
 
 
+class Pool:
+    """Bytes several unpacks share at once (a worker cache's pulls under way), counted from
+    their threads."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self._lock = threading.Lock()
+
+    def take(self, n: int) -> bool:
+        """Count ``n`` more bytes; whether the pool is still within its limit."""
+        with self._lock:
+            self.used += n
+            return self.used <= self.limit
+
+    def give(self, n: int) -> None:
+        with self._lock:
+            self.used -= n
+
+
 @dataclass
 class Budget:
-    """What an unpack may still write, in bytes; ``what`` says whose bound it is (the error's
-    words: e.g. "the worker's image cache (--image-cache-mb 256)")."""
+    """What an unpack may still write, in bytes, and the :class:`Pool` it shares with the
+    unpacks beside it, if any; ``what`` says whose bound it is (the error's words: e.g. "the
+    worker's image cache (256 MiB)")."""
 
     left: int
     limit: int
     what: str
     subject: str = "the image"
+    pool: Pool | None = None
 
     @classmethod
-    def of(cls, limit: int, what: str, subject: str = "the image") -> Budget:
-        return cls(limit, limit, what, subject)
+    def of(
+        cls, limit: int, what: str, subject: str = "the image", pool: Pool | None = None
+    ) -> Budget:
+        return cls(limit, limit, what, subject, pool)
+
+    @property
+    def used(self) -> int:
+        return self.limit - self.left
 
     def take(self, n: int, name: str) -> None:
         self.left -= n
-        if self.left < 0:
+        shared = self.pool is None or self.pool.take(n)
+        if self.left < 0 or not shared:
+            why = (
+                f"unpacks to more than {self.limit} bytes, what {self.what} allows"
+                if self.left < 0
+                else f"and the images unpacking beside it pass what {self.what} allows, "
+                f"at {self.used} bytes of its own"
+            )
             raise ImageTooLarge(
-                f"{self.subject} unpacks to more than {self.limit} bytes, what {self.what} "
-                f"allows: stopped at layer entry {name!r}",
+                f"{self.subject} {why}: stopped at layer entry {name!r}",
                 hint="make the image smaller, or give the worker a larger image cache "
                 "(souq agent --image-cache-mb)",
                 details={"limit_bytes": self.limit},
