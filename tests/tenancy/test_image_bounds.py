@@ -170,16 +170,19 @@ def test_a_token_past_its_concurrent_uploads_gets_429(cluster: Cluster, tmp_path
     (root / "f").write_text("small\n")
     body = layout_tar(pack_directory(root, cmd=["true"]))
     gate = threading.Event()
+    # A tar may end in zero blocks: 8 MiB of them give the held uploads a body deadline of
+    # minutes (souq.http_guard allows a second per 8 KiB), however slow the rest of the test.
+    padded = body + bytes(8 * MiB)
 
     def held() -> Iterator[bytes]:
-        yield body[:1024]
+        yield padded[:1024]
         gate.wait(120)
-        yield body[1024:]
+        yield padded[1024:]
 
     def slow_upload(_: int) -> httpx.Response:
-        with _http(cluster, token) as http:
+        with _http(cluster, token, timeout=300) as http:
             return http.post(
-                "/v1/images", content=held(), headers={"Content-Length": str(len(body))}
+                "/v1/images", content=held(), headers={"Content-Length": str(len(padded))}
             )
 
     with ThreadPoolExecutor(2) as pool, _http(cluster, token) as http:
@@ -195,7 +198,7 @@ def test_a_token_past_its_concurrent_uploads_gets_429(cluster: Cluster, tmp_path
                 assert r.status_code == 201, r.text  # before both slow ones are in
                 return False
 
-            wait_until(third_refused, timeout=30, message="a third upload to be refused")
+            wait_until(third_refused, timeout=60, message="a third upload to be refused")
         finally:
             gate.set()
         assert refused[0].json()["status"] == "too_many_requests"

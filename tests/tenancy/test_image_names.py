@@ -132,6 +132,9 @@ def test_an_app_cannot_move_a_name_the_cluster_stored(
         assert bravo.image("given:1").reference == hostile.reference
         with pytest.raises(SouqError):
             alpha.image("given:1")
+        with pytest.raises(SouqError) as bad:
+            operator.images(app="Not An App")
+        assert bad.value.status == "invalid_input" and bad.value.details["field"] == "app"
 
 
 async def _forget_access(cluster: Cluster, reference: str, owner: str) -> None:

@@ -18,7 +18,6 @@ either, before the body is read).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import tempfile
 from typing import IO, Annotated, Any
 
@@ -28,11 +27,17 @@ from souq.auth.tokens import ALL_APPS
 from souq.broker.cluster_routes import client_address
 from souq.broker.service import BrokerService
 from souq.broker.streams import StreamSlots
-from souq.errors import Forbidden, InvalidInput, PayloadTooLarge
+from souq.errors import Forbidden, InvalidInput, PayloadTooLarge, Unavailable
 from souq.images.names import image_name
 from souq.images.oci import read_layout_file
 from souq.images.store import CLUSTER
-from souq.limits import BODY_IMAGE_BYTES, UPLOADS_PER_TOKEN, UPLOADS_TOTAL, size_text
+from souq.limits import (
+    BODY_IMAGE_BYTES,
+    UPLOADS_PER_TOKEN,
+    UPLOADS_TOTAL,
+    dns_label_problem,
+    size_text,
+)
 from souq.model.image import ImageRecord
 
 __all__ = ["MAX_IMAGE_BYTES", "images_router"]
@@ -81,7 +86,14 @@ def images_router(service: BrokerService) -> APIRouter:
         uploads.take(client)  # 429 past the uploads one token may have under way
         try:
             with tempfile.TemporaryFile(prefix="souq-upload-") as spool:
-                await _spool_body(request, spool)
+                try:
+                    await _spool_body(request, spool)
+                except OSError as exc:  # the broker's temporary directory: full, or gone
+                    raise Unavailable(
+                        f"this broker could not keep the upload on its disk: {exc}",
+                        hint="retry through another broker, or free room in its temporary "
+                        "directory (TMPDIR)",
+                    ) from exc
                 layout = await asyncio.to_thread(read_layout_file, spool)
                 return await (await store()).put(
                     layout.image, name=name, owner=owner, open_blob=layout.open_blob
@@ -106,6 +118,9 @@ _BUSY = "wait for an upload of this token to end, or retry later"
 def _owner(request: Request, app: str | None) -> str | None:
     """Whose names a request reads and writes: an app token's app; for a token of every app
     (or a broker without tokens), ``app`` if given, else the cluster's."""
+    problem = None if app is None else dns_label_problem("app", app)
+    if problem is not None:
+        raise InvalidInput(problem, hint="name an app: a DNS label", details={"field": "app"})
     grant: Any = request.scope.get("state", {}).get("grant")
     if grant is None or grant.app == ALL_APPS:
         return app or CLUSTER
@@ -162,8 +177,7 @@ async def _spool_body(request: Request, spool: IO[bytes]) -> None:
             "the body is empty: it must be an OCI image layout as a tar",
             hint="use `souq image build DIR` or `souq image import PATH`",
         )
-    with contextlib.suppress(OSError):
-        await asyncio.to_thread(spool.flush)
+    await asyncio.to_thread(spool.flush)
     spool.seek(0)
 
 
