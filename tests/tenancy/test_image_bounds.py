@@ -6,11 +6,14 @@ cache's bound, import checked only digests, and a broker held every upload in me
 from __future__ import annotations
 
 import os
+import select
+import socket
 import tarfile
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import psutil
@@ -163,49 +166,67 @@ def test_concurrent_large_uploads_do_not_grow_the_brokers_memory(
     assert grew < 300, f"the broker grew by {grew:.0f} MiB for 4 uploads of 200 MiB"
 
 
+class _HeldUpload:
+    """An upload whose body stops after its first KiB until :meth:`finish`: a raw socket, so
+    that the test sees at once whether the broker answered it already (refused it)."""
+
+    def __init__(self, url: str, token: str, body: bytes) -> None:
+        parts = urlsplit(url)
+        self.body = body
+        self.sock = socket.create_connection((parts.hostname or "", parts.port or 80), timeout=60)
+        head = (
+            f"POST /v1/images HTTP/1.1\r\nHost: {parts.netloc}\r\n"
+            f"Authorization: Bearer {token}\r\nContent-Type: application/x-tar\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+        )
+        self.sock.sendall(head.encode() + body[:1024])
+
+    def answered(self) -> bool:
+        """Whether the broker answered before the body was in (a refusal)."""
+        return bool(select.select([self.sock], [], [], 0)[0])
+
+    def finish(self) -> int:
+        """The rest of the body sent; the answer's HTTP status."""
+        with self.sock:
+            self.sock.sendall(self.body[1024:])
+            answer = b""
+            while b"\r\n" not in answer:
+                chunk = self.sock.recv(4096)
+                if not chunk:
+                    break
+                answer += chunk
+        return int(answer.split(b" ", 2)[1])
+
+
 def test_a_token_past_its_concurrent_uploads_gets_429(cluster: Cluster, tmp_path: Path) -> None:
     token = _token(cluster, "eager")
     root = tmp_path / "small"
     root.mkdir()
     (root / "f").write_text("small\n")
     body = layout_tar(pack_directory(root, cmd=["true"]))
-    gate = threading.Event()
-    # A tar may end in zero blocks: 8 MiB of them give the held uploads a body deadline of
-    # minutes (souq.http_guard allows a second per 8 KiB), however slow the rest of the test.
-    padded = body + bytes(8 * MiB)
+    held = [_HeldUpload(cluster.api_url, token, body) for _ in range(2)]
+    refused: list[httpx.Response] = []
+    with _http(cluster, token) as http:
 
-    def held() -> Iterator[bytes]:
-        yield padded[:1024]
-        gate.wait(120)
-        yield padded[1024:]
+        def third_refused() -> bool:
+            # A held upload the broker refused (it came while a third one was in) starts over.
+            for i, upload in enumerate(held):
+                if upload.answered():
+                    upload.sock.close()
+                    held[i] = _HeldUpload(cluster.api_url, token, body)
+            r = http.post("/v1/images", content=body)
+            if r.status_code == 429:
+                refused.append(r)
+                return True
+            assert r.status_code == 201, r.text  # before both held ones are in
+            return False
 
-    def slow_upload(_: int) -> httpx.Response:
-        with _http(cluster, token, timeout=300) as http:
-            return http.post(
-                "/v1/images", content=held(), headers={"Content-Length": str(len(padded))}
-            )
-
-    with ThreadPoolExecutor(2) as pool, _http(cluster, token) as http:
-        slow = [pool.submit(slow_upload, i) for i in range(2)]
-        try:
-            refused: list[httpx.Response] = []
-
-            def third_refused() -> bool:
-                r = http.post("/v1/images", content=body)
-                if r.status_code == 429:
-                    refused.append(r)
-                    return True
-                assert r.status_code == 201, r.text  # before both slow ones are in
-                return False
-
-            wait_until(third_refused, timeout=60, message="a third upload to be refused")
-        finally:
-            gate.set()
+        wait_until(third_refused, timeout=60, message="a third upload to be refused")
         assert refused[0].json()["status"] == "too_many_requests"
-        assert "image uploads" in refused[0].json()["error"]
-        assert [f.result().status_code for f in slow] == [201, 201]
+        assert "image uploads under way" in refused[0].json()["error"]
+        assert [upload.finish() for upload in held] == [201, 201]
         # The slots are given back once the uploads end.
         assert http.post("/v1/images", content=body).status_code == 201
-        # Another token is not held back by this one's uploads.
+    # Another token is not held back by this one's uploads.
     with _http(cluster, _token(cluster, "patient")) as other:
         assert other.post("/v1/images", content=body).status_code == 201
