@@ -10,6 +10,7 @@ tree at the boundary that catches them, so nothing above a boundary handles fore
     │   ├── MalformedRequest       400 malformed_request (the body is not JSON at all)
     │   ├── UnknownRegion          422 unknown_region
     │   ├── ImageInvalid           422 image_invalid     (an OCI image or layout breaks the spec)
+    │   │   └── ImageTooLarge      422 image_too_large   (its files unpack past their bound)
     │   ├── ExecUnavailable        422 exec_unavailable  (exec cannot run for that machine's driver)
     │   └── TraceInvalid           422 trace_invalid     (a bad trace row: file, line, column)
     ├── Unauthorized               401 unauthorized      (no token, or one that is not valid)
@@ -60,6 +61,7 @@ __all__ = [
     "IllegalTransition",
     "ImageInvalid",
     "ImageNotFound",
+    "ImageTooLarge",
     "InsufficientCapacity",
     "InvalidInput",
     "JobExists",
@@ -140,6 +142,11 @@ class UnknownRegion(InvalidInput, status="unknown_region"): ...
 class ImageInvalid(InvalidInput, status="image_invalid"):
     """An image, a layout or a layer breaks the OCI image-spec (or is corrupt): the message names
     the blob, the file or the field to fix."""
+
+
+class ImageTooLarge(ImageInvalid, status="image_too_large"):
+    """An image's files unpack past what the image may use (a worker's image cache): the
+    unpacking stopped there and nothing of it was kept."""
 
 
 class TraceInvalid(InvalidInput, status="trace_invalid"):

@@ -32,6 +32,8 @@ __all__ = [
     "METADATA_MAX_BYTES",
     "METADATA_MAX_COUNT",
     "SERVICES_MAX",
+    "UPLOADS_PER_TOKEN",
+    "UPLOADS_TOTAL",
     "HttpLimits",
     "check_argv",
     "check_env",
@@ -47,6 +49,10 @@ GiB: Final = 1024 * MiB
 # -- request bodies (413) ----------------------------------------------------------------------
 BODY_DEFAULT_BYTES: Final = 1 * MiB  # every route that takes a JSON body
 BODY_IMAGE_BYTES: Final = 2 * GiB  # POST /v1/images: an OCI layout as a tar
+
+# -- uploads under way (429) -------------------------------------------------------------------
+UPLOADS_PER_TOKEN: Final = 2  # POST /v1/images of one token at once (its narrowed copies too)
+UPLOADS_TOTAL: Final = 16  # of one broker at once (each is spooled to disk, not memory)
 
 # -- fields (422) ------------------------------------------------------------------------------
 DNS_LABEL_MAX: Final = 63

@@ -99,7 +99,7 @@ def test_a_registry_out_of_reach_says_how_to_run_its_image_without_it(
 def test_an_apps_token_may_not_store_a_registry_name(cluster: Cluster, tmp_path: Path) -> None:
     """A registry's name stands in for that registry's image for every app: an operator's to
     give. An app's token stores short names as before, and a short name it stores is not what
-    a create naming the registry finds."""
+    a create naming the registry finds (nor one of the cluster's: it is the app's own)."""
     with cluster.client() as admin:
         token = admin.create_token(app="other", scope="deploy").token
     assert token
@@ -114,7 +114,8 @@ def test_an_apps_token_may_not_store_a_registry_name(cluster: Cluster, tmp_path:
         short = app_client.post("/v1/images", params={"name": "nginx"}, content=body)
         assert short.status_code == 201, short.text
     with httpx.Client(base_url=cluster.api_url, headers=auth_headers(), timeout=30) as http:
-        assert http.get("/v1/images/nginx:latest").status_code == 200
+        assert http.get("/v1/images/nginx:latest", params={"app": "other"}).status_code == 200
+        assert http.get("/v1/images/nginx:latest").status_code == 404  # not the cluster's
         assert http.get("/v1/images/docker.io/library/nginx:latest").status_code == 404
 
 

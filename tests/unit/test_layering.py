@@ -106,6 +106,7 @@ PUBLIC = {
         "IllegalTransition",
         "ImageInvalid",
         "ImageNotFound",
+        "ImageTooLarge",
         "InsufficientCapacity",
         "InvalidInput",
         "JobExists",

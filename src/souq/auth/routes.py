@@ -25,7 +25,8 @@ anything else                                     admin        the cluster
 ================================================  ===========  ===========================
 
 "Any app the token has": an app's token may push images and read regions (a deploy of its app
-needs both), though neither belongs to one app. (*) The app is in the body or in the answer: an
+needs both); the image routes keep an app's token to its app's names and images
+(:mod:`souq.broker.image_routes`). (*) The app is in the body or in the answer: an
 app's token creates only its app and lists only its app (the route checks, see
 :mod:`souq.broker.app_routes`). ``GET|DELETE /v1/apps/{app}`` are the app's read and write.
 """

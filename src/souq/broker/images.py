@@ -13,6 +13,10 @@ registry (``HOST[:PORT]/REPO[:TAG|@sha256:…]``) that the store does not hold i
 that registry (its manifest and config: :func:`souq.images.registry.describe`); its record names
 the registry as its ``source``, and each worker pulls the layers from there itself. A short name
 (``busybox``) is the store's only: it never dials out.
+
+Every lookup is one app's (the machine's): its own names first, then the cluster's, never
+another app's; a digest only if the app may run it (:meth:`ImageStore.may_run`). That an app
+may run an image is kept once known (it is never taken back).
 """
 
 from __future__ import annotations
@@ -39,27 +43,33 @@ class ImageResolver:
     def __init__(self, client: Callable[[], Client]) -> None:
         self._store = OnFirstUse(lambda: ImageStore.open(client()))
         self._records: OrderedDict[str, ImageRecord] = OrderedDict()
+        self._runs: OrderedDict[tuple[str, str], None] = OrderedDict()  # (app, reference)
 
     async def store(self) -> ImageStore:
         """The cluster's image store (:class:`~souq.errors.Unavailable` without JetStream)."""
         return await self._store.get()
 
-    async def resolve(self, ref: str) -> ImageRecord:
-        """The image ``ref`` names (a reference or a name); ``image_not_found`` else."""
+    async def resolve(self, ref: str, app: str) -> ImageRecord:
+        """The image ``ref`` names (a reference or a name) for a machine of ``app``;
+        ``image_not_found`` else (an image ``app`` may not run too)."""
         kept = self._records.get(ref)
-        if kept is not None:
+        if kept is not None and (app, ref) in self._runs:
             self._records.move_to_end(ref)
+            self._runs.move_to_end((app, ref))
             return kept
         try:
-            record = await (await self.store()).record(ref)
+            record = await (await self.store()).record(ref, app=app)
         except (ImageNotFound, Unavailable):
             if not registry.is_registry_reference(ref):
                 raise
             # Not in the store (or no store: a NATS without JetStream): its registry's.
             record = await self._from_registry(ref)
         self._records[record.reference] = record
+        self._runs[(app, record.reference)] = None
         if len(self._records) > KEEP:
             self._records.popitem(last=False)
+        if len(self._runs) > KEEP:
+            self._runs.popitem(last=False)
         return record
 
     @staticmethod
@@ -74,6 +84,6 @@ class ImageResolver:
                 hint=not_stored_hint(registry.split_reference(ref)[1]),
             ) from exc
 
-    async def of_config(self, config: MachineConfig) -> ImageRecord | None:
-        """The image a machine config runs, if it names one."""
-        return None if config.image is None else await self.resolve(config.image)
+    async def of_config(self, config: MachineConfig, app: str) -> ImageRecord | None:
+        """The image a machine config of ``app`` runs, if it names one."""
+        return None if config.image is None else await self.resolve(config.image, app)

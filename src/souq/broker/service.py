@@ -253,7 +253,7 @@ class BrokerService:
         """``count`` machines of one config in one placement (see :mod:`souq.broker.market`)."""
         self.require_bus()
         self.volumes.refuse_mounts(body.config, "a batch")
-        image = await self.images.of_config(body.config)
+        image = await self.images.of_config(body.config, app)
         try:
             result = await self.market.place_batch(
                 app, body, request_id=new_request_id(), body_hash=body_hash(body), image=image
@@ -271,7 +271,7 @@ class BrokerService:
     async def _with_image(self, order: ClaimRequest) -> ClaimRequest:
         """``order`` with the image its config names, resolved (``image_not_found`` before any
         capacity is claimed)."""
-        image = await self.images.of_config(order.config)
+        image = await self.images.of_config(order.config, order.app)
         return order if image is None else order.model_copy(update={"image": image})
 
     async def _create_with_quote(self, order: ClaimRequest, quote_id: str) -> Machine:
@@ -450,7 +450,7 @@ class BrokerService:
         create); answers once it has restarted with it (or at once with ``skip_launch``).
         ``skip_secrets``: from now on it starts without its app's secrets."""
         self.require_bus()
-        image = await self.images.of_config(config)
+        image = await self.images.of_config(config, app)
         config = await self.volumes.named_for(app, machine_id, config)
         grace = await self._stop_timeout(app, machine_id)
         cmd = UpdateCommand(

@@ -17,9 +17,21 @@ __all__ = ["SlotResponse", "StreamSlots"]
 
 
 class StreamSlots:
-    def __init__(self, *, per_client: int, total: int) -> None:
+    """Slots of something a client holds a while (``what``: streams open, by default; image
+    uploads use them too)."""
+
+    def __init__(
+        self,
+        *,
+        per_client: int,
+        total: int,
+        what: str = "streams open",
+        hint: str = "close a stream (events or logs --follow) before opening another",
+    ) -> None:
         self.per_client = per_client
         self.total = total
+        self.what = what
+        self.hint = hint
         self._open: Counter[str] = Counter()
         self._count = 0
 
@@ -31,13 +43,13 @@ class StreamSlots:
         """Count a new stream of ``client``, or raise :class:`TooManyRequests`."""
         if self._open[client] >= self.per_client:
             raise TooManyRequests(
-                f"{client} has {self.per_client} streams open already, the most one client may",
-                hint="close a stream (events or logs --follow) before opening another",
+                f"{client} has {self.per_client} {self.what} already, the most one client may",
+                hint=self.hint,
                 details={"limit": self.per_client},
             )
         if self._count >= self.total:
             raise TooManyRequests(
-                f"this broker serves {self.total} streams already, the most it will",
+                f"this broker serves {self.total} {self.what} already, the most it will",
                 hint="retry later, or through another broker",
                 details={"limit": self.total},
             )

@@ -68,9 +68,13 @@ class SouqClient(SchedCalls):
 
     # -- images ----------------------------------------------------------------------------
 
-    def push_image(self, layout_tar: bytes, *, name: str | None = None) -> ImageRecord:
-        """Store an image (its OCI layout as a tar) in the cluster."""
-        params = {"name": name} if name else None
+    def push_image(
+        self, layout_tar: bytes, *, name: str | None = None, app: str | None = None
+    ) -> ImageRecord:
+        """Store an image (its OCI layout as a tar) in the cluster: under ``name`` in ``app``'s
+        names (an app token's are its app's; a token of every app's are the cluster's unless
+        ``app`` is given)."""
+        params = {k: v for k, v in {"name": name, "app": app}.items() if v} or None
         return _one(
             ImageRecord,
             self._call(
@@ -83,11 +87,13 @@ class SouqClient(SchedCalls):
             ),
         )
 
-    def images(self) -> list[ImageRecord]:
-        return _many(ImageRecord, self._call("GET", "/v1/images"))
+    def images(self, *, app: str | None = None) -> list[ImageRecord]:
+        params = {"app": app} if app else None
+        return _many(ImageRecord, self._call("GET", "/v1/images", params=params))
 
-    def image(self, ref: str) -> ImageRecord:
-        return _one(ImageRecord, self._call("GET", f"/v1/images/{ref}"))
+    def image(self, ref: str, *, app: str | None = None) -> ImageRecord:
+        params = {"app": app} if app else None
+        return _one(ImageRecord, self._call("GET", f"/v1/images/{ref}", params=params))
 
     # -- machines --------------------------------------------------------------------------
 

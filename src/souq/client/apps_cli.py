@@ -155,7 +155,9 @@ def _image_of(client: SouqClient, config: AppConfig, base: Path) -> str:
         return build.image
     assert build.dir is not None
     image = pack_directory((base / build.dir).resolve())
-    return client.push_image(layout_tar(image), name=f"{config.app}:latest").reference
+    # Into the app's own names: never a name every app's machines would find.
+    pushed = client.push_image(layout_tar(image), name=f"{config.app}:latest", app=config.app)
+    return pushed.reference
 
 
 def releases(*, app_name: AppNameOpt, as_json: JsonOpt = False) -> None:

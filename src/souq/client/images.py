@@ -28,6 +28,15 @@ NameOpt = Annotated[
         "(docker.io/library/busybox:latest) that machines' `image` then finds here.",
     ),
 ]
+AppOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--app",
+        help="Whose names: this app's (only its machines find them). An app's token stores "
+        "in its app's names whatever this says; a token of every app, in the cluster's "
+        "without it.",
+    ),
+]
 
 
 def register_images(app: typer.Typer) -> None:
@@ -52,6 +61,7 @@ def build(
     workdir: Annotated[
         str, typer.Option("--workdir", help="The working directory inside the image.")
     ] = "/",
+    app: AppOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Pack DIR into an OCI image and store it in the cluster; prints its reference."""
@@ -68,7 +78,7 @@ def build(
             workdir=workdir,
             name=name,
         )
-        record = make_client().push_image(layout_tar(image), name=name)
+        record = make_client().push_image(layout_tar(image), name=name, app=app)
         render.image_reference(record, as_json=as_json)
 
 
@@ -79,6 +89,7 @@ def import_(
         typer.Argument(metavar="PATH", help="An OCI image layout: a directory or a tar of one."),
     ],
     name: NameOpt = None,
+    app: AppOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Store an OCI image layout in the cluster (every digest checked); prints its reference."""
@@ -87,7 +98,7 @@ def import_(
 
     with reporting(as_json):
         image = read_layout(path)
-        record = make_client().push_image(layout_tar(image), name=name or image.name)
+        record = make_client().push_image(layout_tar(image), name=name or image.name, app=app)
         render.image_reference(record, as_json=as_json)
 
 
@@ -100,6 +111,7 @@ def pull(
         ),
     ],
     name: NameOpt = None,
+    app: AppOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Pull an image from an OCI registry (every digest checked) into the cluster's store;
@@ -111,14 +123,15 @@ def pull(
 
     with reporting(as_json):
         image = pull_image(parse_reference(reference))
-        record = make_client().push_image(layout_tar(image), name=name)
+        record = make_client().push_image(layout_tar(image), name=name, app=app)
         render.image_reference(record, as_json=as_json)
 
 
 @images_app.command("list")
-def list_(as_json: JsonOpt = False) -> None:
-    """The images in the cluster's store, newest first."""
+def list_(app: AppOpt = None, as_json: JsonOpt = False) -> None:
+    """The images in the cluster's store (an app's token: those its app may run), newest
+    first."""
     from souq.client import render
 
     with reporting(as_json):
-        render.images(make_client().images(), as_json=as_json)
+        render.images(make_client().images(app=app), as_json=as_json)

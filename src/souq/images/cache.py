@@ -14,6 +14,13 @@ What is not in the index (a pull or an unpack cut short by a crash) is removed w
 is opened, so a half-written image never runs. Pulls of one image by several machines at once
 share one pull (:meth:`ImageCache.ensure`). An image in use by a machine (:meth:`pin`) is never
 evicted; others go oldest use first while the cache is over ``limit_bytes``.
+
+An image may use the whole cache, no more: its layers' blobs and its files together; and the
+images unpacking at once share the cache's bound. Their files are counted as they are written
+(:class:`souq.images.layers.Budget`, :class:`~souq.images.layers.Pool`), so an image that
+unpacks past that (a small layer that inflates to gigabytes) stops there, its work directory
+and the blobs fetched for it are removed, and the pull fails with ``image_too_large`` naming
+the bound.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from souq.errors import ImageInvalid
-from souq.images.layers import unpack_layer
+from souq.images.layers import Budget, Pool, unpack_layer
 from souq.images.stream import LayerStream
 from souq.model.image import ImageRecord
 
@@ -70,6 +77,7 @@ class ImageCache:
         self._blob_sizes: dict[str, int] = {}
         self._pins: dict[str, int] = {}
         self._pulling: dict[str, asyncio.Future[Path]] = {}
+        self._unpacking = Pool(self.limit_bytes)  # what the pulls under way have written
         self._counter = 0
         self._open()
 
@@ -192,19 +200,22 @@ class ImageCache:
         rootfs = work / "rootfs"
         await asyncio.to_thread(shutil.rmtree, work, True)
         fetched: list[str] = []
+        budget = self._budget(record)
         try:
             for layer in record.layers:
                 if layer.digest in self._blob_sizes:
                     path = self._blob_path(layer.digest)
-                    await asyncio.to_thread(_unpack_file, path, layer.media_type, rootfs)
+                    await asyncio.to_thread(_unpack_file, path, layer.media_type, rootfs, budget)
                 else:
-                    await self._fetch_layer(layer.digest, layer.media_type, rootfs)
+                    await self._fetch_layer(layer.digest, layer.media_type, rootfs, budget)
                     fetched.append(layer.digest)
             await asyncio.to_thread(_install, work, target)
         except BaseException:
             await asyncio.to_thread(shutil.rmtree, work, True)
             self._forget_blobs(fetched)  # no image holds them: they would escape the bound
             raise
+        finally:
+            self._unpacking.give(budget.used)
         if fetched:
             self.stats.pulls += 1
         rootfs_size = await asyncio.to_thread(_tree_size, target)
@@ -218,20 +229,33 @@ class ImageCache:
         self.evict(keep=ref)
         return self.rootfs(ref)
 
+    def _budget(self, record: ImageRecord) -> Budget:
+        """What the image's files may take: the cache's bound less its layers' blobs, and,
+        with the pulls under way beside it, the cache's bound."""
+        return Budget.of(
+            self.limit_bytes - record.size,
+            f"this worker's image cache ({self.limit_bytes // 2**20} MiB, less the image's "
+            f"{record.size} bytes of layers)",
+            subject=f"image {record.reference}",
+            pool=self._unpacking,
+        )
+
     def _forget_blobs(self, digests: list[str]) -> None:
         used = {d for e in self._images.values() for d in e.layers}
         for digest in digests:
             if digest not in used and self._blob_sizes.pop(digest, None) is not None:
                 self._blob_path(digest).unlink(missing_ok=True)
 
-    async def _fetch_layer(self, digest: str, media_type: str, rootfs: Path) -> int:
+    async def _fetch_layer(
+        self, digest: str, media_type: str, rootfs: Path, budget: Budget | None = None
+    ) -> int:
         """Fetch one layer and unpack it while it arrives; its blob is kept once its digest
         is checked (ImageInvalid, and nothing kept, when it does not match)."""
         final = self._blob_path(digest)
         partial = final.with_name(f"{final.name}.{secrets.token_hex(4)}.partial")
         stream = LayerStream(partial)
         unpacking = asyncio.get_running_loop().run_in_executor(
-            None, stream.unpack, media_type, rootfs
+            None, stream.unpack, media_type, rootfs, budget
         )
         try:
             await self.fetch(digest, stream.feed)
@@ -314,9 +338,9 @@ def _hex(digest: str) -> str:
     return digest.split(":", 1)[1]
 
 
-def _unpack_file(path: Path, media_type: str, rootfs: Path) -> None:
+def _unpack_file(path: Path, media_type: str, rootfs: Path, budget: Budget | None) -> None:
     with open(path, "rb") as blob:
-        unpack_layer(blob, media_type, rootfs)
+        unpack_layer(blob, media_type, rootfs, budget=budget)
 
 
 def _install(work: Path, target: Path) -> None:

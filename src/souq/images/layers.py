@@ -10,7 +10,15 @@ and every write first checks that its parent directory resolves inside the desti
 symlink from an earlier entry or layer cannot carry a write out). Whiteouts are applied to what
 the earlier layers left: ``.wh.NAME`` removes ``NAME``, ``.wh..wh..opq`` empties its directory.
 A layer is read as a stream, each entry written as it comes, so a refused layer may leave the
-destination half-written: unpack into a fresh directory and discard it on error.
+destination half-written: unpack into a fresh directory and discard it on error. A
+:class:`Budget` bounds what an unpack writes (each entry's header, each file's bytes as they
+are written), and a :class:`Pool` what the unpacks under way at once write together: past
+either, :class:`~souq.errors.ImageTooLarge` at once, so a small compressed layer that inflates
+to gigabytes stops where its bound is, however many are unpacked at once.
+
+:func:`check_layer` reads a layer the same way without writing anything: its digest, its size
+and every entry's safety (what the store checks at an upload, so a layer that unpacking would
+refuse is refused when it is pushed, naming the entry).
 """
 
 from __future__ import annotations
@@ -22,20 +30,25 @@ import os
 import shutil
 import stat
 import tarfile
+import threading
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Literal
 
-from souq.errors import ImageInvalid
+from souq.errors import ImageInvalid, ImageTooLarge
 
 __all__ = [
+    "ENTRY_BYTES",
     "LAYER_MEDIA_TYPES",
     "MEDIA_DOCKER_LAYER",
     "MEDIA_LAYER_GZIP",
     "MEDIA_LAYER_TAR",
+    "Budget",
     "PackedLayer",
+    "Pool",
+    "check_layer",
     "pack_layer",
     "unpack_layer",
 ]
@@ -55,6 +68,68 @@ LAYER_MEDIA_TYPES = frozenset(_READ_MODE)
 _WHITEOUT = ".wh."
 _OPAQUE = ".wh..wh..opq"
 _GZIP_LEVEL = 6  # part of the reference: changing it changes every packed image's digest
+ENTRY_BYTES = 512  # what an entry costs a budget besides its bytes (a tar header; an inode)
+_COPY_BYTES = 1 << 20
+
+
+class Pool:
+    """Bytes several unpacks share at once (a worker cache's pulls under way), counted from
+    their threads."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self._lock = threading.Lock()
+
+    def take(self, n: int) -> bool:
+        """Count ``n`` more bytes; whether the pool is still within its limit."""
+        with self._lock:
+            self.used += n
+            return self.used <= self.limit
+
+    def give(self, n: int) -> None:
+        with self._lock:
+            self.used -= n
+
+
+@dataclass
+class Budget:
+    """What an unpack may still write, in bytes, and the :class:`Pool` it shares with the
+    unpacks beside it, if any; ``what`` says whose bound it is (the error's words: e.g. "the
+    worker's image cache (256 MiB)")."""
+
+    left: int
+    limit: int
+    what: str
+    subject: str = "the image"
+    pool: Pool | None = None
+
+    @classmethod
+    def of(
+        cls, limit: int, what: str, subject: str = "the image", pool: Pool | None = None
+    ) -> Budget:
+        return cls(limit, limit, what, subject, pool)
+
+    @property
+    def used(self) -> int:
+        return self.limit - self.left
+
+    def take(self, n: int, name: str) -> None:
+        self.left -= n
+        shared = self.pool is None or self.pool.take(n)
+        if self.left < 0 or not shared:
+            why = (
+                f"unpacks to more than {self.limit} bytes, what {self.what} allows"
+                if self.left < 0
+                else f"and the images unpacking beside it pass what {self.what} allows, "
+                f"at {self.used} bytes of its own"
+            )
+            raise ImageTooLarge(
+                f"{self.subject} {why}: stopped at layer entry {name!r}",
+                hint="make the image smaller, or give the worker a larger image cache "
+                "(souq agent --image-cache-mb)",
+                details={"limit_bytes": self.limit},
+            )
 
 
 @dataclass(frozen=True)
@@ -212,10 +287,13 @@ def _remove(path: str) -> None:
         os.unlink(path)
 
 
-def unpack_layer(source: bytes | IO[bytes], media_type: str, dest: Path) -> None:
+def unpack_layer(
+    source: bytes | IO[bytes], media_type: str, dest: Path, *, budget: Budget | None = None
+) -> None:
     """Apply one layer (its bytes, or a stream of them, of ``media_type``) on top of ``dest``
     (created if missing). The layer is read once, front to back, and each entry written as it
-    comes: a layer streamed from the network is unpacked while it arrives."""
+    comes: a layer streamed from the network is unpacked while it arrives. With ``budget``,
+    what it writes is counted against it (:class:`~souq.errors.ImageTooLarge` past it)."""
     read_mode = _READ_MODE.get(media_type)
     if read_mode is None:
         raise ImageInvalid(
@@ -232,8 +310,10 @@ def unpack_layer(source: bytes | IO[bytes], media_type: str, dest: Path) -> None
         with tarfile.open(fileobj=fileobj, mode=read_mode) as tar:
             for member in tar:
                 kind, name = _classify(member)
+                if budget is not None:
+                    budget.take(ENTRY_BYTES, member.name)
                 if kind == "entry":
-                    _extract(tar, member, name, root)
+                    _extract(tar, member, name, root, budget)
                     own.add(name)
                 elif kind == "whiteout" and name not in own:
                     parent = _inside(root, os.path.join(root, os.path.dirname(name)), name)
@@ -241,15 +321,75 @@ def unpack_layer(source: bytes | IO[bytes], media_type: str, dest: Path) -> None
                 elif kind == "opaque":
                     _empty(root, name, own)
     except (tarfile.ReadError, tarfile.CompressionError, EOFError, zlib.error) as exc:
-        raise ImageInvalid(
-            f"layer ({media_type}) is not a readable tar: {exc}",
-            hint="the blob is truncated or not the media type its descriptor says",
-        ) from exc
+        raise _unreadable(media_type, exc) from exc
     except gzip.BadGzipFile as exc:
+        raise _unreadable(media_type, exc) from exc
+
+
+def _unreadable(media_type: str, exc: Exception) -> ImageInvalid:
+    what = "valid gzip" if isinstance(exc, gzip.BadGzipFile) else "a readable tar"
+    return ImageInvalid(
+        f"layer ({media_type}) is not {what}: {exc}",
+        hint="the blob is truncated or not the media type its descriptor says",
+    )
+
+
+class _Hashing(io.RawIOBase):
+    """A file read through: hashes and counts every byte read."""
+
+    def __init__(self, source: IO[bytes], algorithm: str) -> None:
+        super().__init__()
+        self._source = source
+        self.hash = hashlib.new(algorithm)
+        self.size = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        data = self._source.read(len(buffer))
+        n = len(data)
+        buffer[:n] = data
+        self.hash.update(data)
+        self.size += n
+        return n
+
+
+def check_layer(source: bytes | IO[bytes], media_type: str, digest: str, size: int) -> None:
+    """Read one layer without writing it: :class:`~souq.errors.ImageInvalid` naming the layer
+    and the entry that unpacking would refuse (an absolute or ``..`` path, a device file or
+    FIFO, a symlink or hard link leading outside the root), or when its bytes are not
+    ``size`` bytes hashing to ``digest``."""
+    read_mode = _READ_MODE.get(media_type)
+    if read_mode is None:
         raise ImageInvalid(
-            f"layer ({media_type}) is not valid gzip: {exc}",
-            hint="the blob is truncated or not the media type its descriptor says",
-        ) from exc
+            f"layer {digest}: media type {media_type!r} is not supported",
+            hint=f"use one of {', '.join(sorted(LAYER_MEDIA_TYPES))}",
+        )
+    algorithm = digest.partition(":")[0]
+    reader = _Hashing(io.BytesIO(source) if isinstance(source, bytes) else source, algorithm)
+    problem: ImageInvalid | None = None
+    try:
+        with tarfile.open(fileobj=io.BufferedReader(reader, _COPY_BYTES), mode=read_mode) as tar:
+            for member in tar:
+                _classify(member)
+    except ImageInvalid as exc:
+        problem = exc
+    except (tarfile.ReadError, tarfile.CompressionError, EOFError, zlib.error) as exc:
+        problem = _unreadable(media_type, exc)
+    except gzip.BadGzipFile as exc:
+        problem = _unreadable(media_type, exc)
+    while reader.read(_COPY_BYTES):
+        pass  # the rest: the digest covers every byte
+    actual = f"{algorithm}:{reader.hash.hexdigest()}"
+    if actual != digest or reader.size != size:
+        raise ImageInvalid(
+            f"blob {digest} does not match its descriptor: {reader.size} bytes (not {size}) "
+            f"hashing to {actual}",
+            hint="the layout is corrupt or was changed after it was written; export it again",
+        )
+    if problem is not None:
+        raise ImageInvalid(f"layer {digest}: {problem.message}", hint=problem.hint) from problem
 
 
 def _empty(root: str, directory: str, own: set[str]) -> None:
@@ -261,7 +401,9 @@ def _empty(root: str, directory: str, own: set[str]) -> None:
                 _remove(os.path.join(real, child))
 
 
-def _extract(tar: tarfile.TarFile, member: tarfile.TarInfo, name: str, root: str) -> None:
+def _extract(
+    tar: tarfile.TarFile, member: tarfile.TarInfo, name: str, root: str, budget: Budget | None
+) -> None:
     parent = _inside(root, os.path.join(root, os.path.dirname(name)), name)
     os.makedirs(parent, exist_ok=True)
     target = os.path.join(parent, os.path.basename(name))
@@ -290,6 +432,9 @@ def _extract(tar: tarfile.TarFile, member: tarfile.TarInfo, name: str, root: str
         assert src is not None  # a regular file
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
         with src, os.fdopen(os.open(target, flags, 0o600), "wb") as out:
-            shutil.copyfileobj(src, out)
+            while chunk := src.read(_COPY_BYTES):
+                if budget is not None:
+                    budget.take(len(chunk), member.name)  # before it is on disk
+                out.write(chunk)
             os.fchmod(out.fileno(), mode)
         os.utime(target, (member.mtime, member.mtime))

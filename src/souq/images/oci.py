@@ -16,8 +16,9 @@ import posixpath
 import tarfile
 import zlib
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from souq.errors import ImageInvalid, ImageNotFound
 from souq.images.layers import MEDIA_LAYER_GZIP, pack_layer, unpack_layer
@@ -42,12 +43,14 @@ from souq.images.manifest import (
 __all__ = [
     "Descriptor",
     "Image",
+    "LayoutFile",
     "RunConfig",
     "choose_entry",
     "layout_tar",
     "pack_directory",
     "read_layout",
     "read_layout_bytes",
+    "read_layout_file",
     "unpack_layer",
     "verify_blob",
     "write_layout",
@@ -152,8 +155,11 @@ def write_layout(image: Image, dest: Path) -> None:
         target.write_bytes(data)
 
 
-def _load(read: Callable[[str], bytes | None], where: str, name: str | None) -> Image:
-    """An image from a layout whose files ``read`` returns (``None`` when missing)."""
+def _load(
+    read: Callable[[str], bytes | None], where: str, name: str | None, *, layers: bool = True
+) -> Image:
+    """An image from a layout whose files ``read`` returns (``None`` when missing); with
+    ``layers=False`` its layers' bytes are not read (nor checked: the caller does)."""
     layout = read("oci-layout")
     if layout is None:
         raise ImageInvalid(
@@ -181,7 +187,7 @@ def _load(read: Callable[[str], bytes | None], where: str, name: str | None) -> 
         entry, _ = choose_entry(nested, f"index {entry.digest}", None, platform_of=True)
         if entry.media_type in INDEX_TYPES:
             raise ImageInvalid(f"{where}: index {entry.digest} nests more than one level")
-    return image_from_manifest(entry, fetch, ref_name)
+    return image_from_manifest(entry, fetch, ref_name, layers=layers)
 
 
 def choose_entry(
@@ -241,25 +247,70 @@ def read_layout_bytes(data: bytes, *, name: str | None = None) -> Image:
     return _read_tar(data, "the uploaded layout", name)
 
 
+@dataclass(frozen=True)
+class LayoutFile:
+    """An image layout in a tar on disk: the image with its manifest and config read (its
+    ``blobs`` hold those two), and each layer read as a file from the tar, never whole."""
+
+    image: Image
+    tar: tarfile.TarFile
+    members: Mapping[str, tarfile.TarInfo]  # the layout's files, by their path in it
+
+    def open_blob(self, digest: str) -> IO[bytes]:
+        """A layer's bytes as a file to read (unchecked: the reader checks them)."""
+        member = self.members.get(_blob_path(digest))
+        file = self.tar.extractfile(member) if member is not None else None
+        if file is None:
+            raise ImageInvalid(f"blob {digest} is missing from the uploaded layout")
+        return file
+
+
+def read_layout_file(file: IO[bytes], *, where: str = "the uploaded layout") -> LayoutFile:
+    """The image in a tar (or tar.gz) of an OCI image layout in ``file`` (seekable), its
+    layers left in the file: memory holds the manifest and config only."""
+    try:
+        tar = tarfile.open(fileobj=file, mode="r:*")  # noqa: SIM115 (the LayoutFile's)
+        members = _layout_members(tar)
+        image = _load(_reader(tar, members), where, None, layers=False)
+    except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        raise _unreadable_tar(where, exc) from exc
+    return LayoutFile(image, tar, members)
+
+
+def _unreadable_tar(where: str, exc: Exception) -> ImageInvalid:
+    return ImageInvalid(
+        f"{where} is not a readable tar of an OCI image layout: {exc}",
+        hint="give a tar (or tar.gz) of a directory in the OCI image layout",
+    )
+
+
+def _layout_members(tar: tarfile.TarFile) -> dict[str, tarfile.TarInfo]:
+    """The files of the tar by their path in the layout (a tar of the layout's directory
+    itself has the directory's name before each)."""
+    members = {posixpath.normpath(m.name).lstrip("/"): m for m in tar.getmembers() if not m.isdir()}
+    if "oci-layout" in members:
+        return members
+    tops = [n for n in members if n.count("/") == 1 and n.endswith("/oci-layout")]
+    if len(tops) != 1:
+        return members
+    prefix = tops[0].rsplit("/", 1)[0] + "/"
+    return {n.removeprefix(prefix): m for n, m in members.items() if n.startswith(prefix)}
+
+
+def _reader(
+    tar: tarfile.TarFile, members: Mapping[str, tarfile.TarInfo]
+) -> Callable[[str], bytes | None]:
+    def read(relative: str) -> bytes | None:
+        member = members.get(relative)
+        file = tar.extractfile(member) if member is not None else None
+        return file.read() if file is not None else None
+
+    return read
+
+
 def _read_tar(data: bytes, where: str, name: str | None) -> Image:
     try:
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tar:
-            members = {
-                posixpath.normpath(m.name).lstrip("/"): m for m in tar.getmembers() if not m.isdir()
-            }
-            prefix = ""
-            if "oci-layout" not in members:  # a tar of the layout's directory itself
-                tops = [n for n in members if n.count("/") == 1 and n.endswith("/oci-layout")]
-                prefix = tops[0].rsplit("/", 1)[0] + "/" if len(tops) == 1 else ""
-
-            def read(relative: str) -> bytes | None:
-                member = members.get(prefix + relative)
-                file = tar.extractfile(member) if member is not None else None
-                return file.read() if file is not None else None
-
-            return _load(read, where, name)
+            return _load(_reader(tar, _layout_members(tar)), where, name)
     except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as exc:
-        raise ImageInvalid(
-            f"{where} is not a readable tar of an OCI image layout: {exc}",
-            hint="give a tar (or tar.gz) of a directory in the OCI image layout",
-        ) from exc
+        raise _unreadable_tar(where, exc) from exc

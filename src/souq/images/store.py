@@ -7,6 +7,20 @@ registry: only that one answers a create that names the registry, so an app's sh
 stands in for a registry's image. Replicated as the JetStream streams under it are (three copies on
 a NATS cluster of three nodes or more: :func:`souq.bus.jetstream.replicas_for`).
 
+**Whose names.** A name is the cluster's (stored with a token of every app: ``name.…``, and
+``reg.…`` for a registry's name) or one app's (stored with that app's token: ``app.<app>.…``).
+An app's lookup of a name finds its own first, then the cluster's, never another app's; an app
+never writes the cluster's keys or another app's. **Who may run an image by its digest.** Each
+image has an access key per app that stored it (``acl.<hex>.<app>``), and ``acl.<hex>._`` when
+the cluster stored it (every app may run it): an app may run a digest it stored, or one the
+cluster stored (so every image a name it may read leads to). An image stored before access keys
+existed has none, and stays the cluster's.
+
+**Uploads** are not held in memory: a layer is read from a file (the broker spools the body to
+a temporary file) through its digest and its entries' checks
+(:func:`souq.images.layers.check_layer`: nothing that would escape the root or make a device),
+then copied into the object store in chunks, only once it passed.
+
 Every blob read back is checked against its digest: a store that returns other bytes is an error,
 never an image that runs.
 """
@@ -16,9 +30,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import IO, TypeVar
 
 import nats.errors
 import nats.js.errors
@@ -32,11 +46,15 @@ from nats.js.object_store import OBJ_CHUNKS_PRE_TEMPLATE, ObjectStore
 from souq.bus.jetstream import key_value, object_store, unavailable
 from souq.clock import Clock, SystemClock, iso_from_ms
 from souq.errors import ImageNotFound, InvalidInput, Unavailable
-from souq.images.manifest import Image, record_of, verify_blob
+from souq.images.layers import check_layer
+from souq.images.manifest import Descriptor, Image, record_of, verify_blob
 from souq.images.names import ImageName, image_name, is_digest
 from souq.model.image import ImageRecord
 
-__all__ = ["BLOBS_BUCKET", "RECORDS_BUCKET", "ImageStore", "not_stored_hint"]
+__all__ = ["BLOBS_BUCKET", "CLUSTER", "RECORDS_BUCKET", "ImageStore", "OpenBlob", "not_stored_hint"]
+
+CLUSTER = None  # whose a name or an image is when a token of every app stored it
+OpenBlob = Callable[[str], IO[bytes]]  # a blob of an upload, by digest, as a file to read
 
 BLOBS_BUCKET = "souq-image-blobs"
 RECORDS_BUCKET = "souq-images"
@@ -93,6 +111,34 @@ def _registry_key(name: str) -> str:
     return "reg." + name.encode().hex()
 
 
+def _app_name_key(app: str, name: str) -> str:
+    """The key of one app's name (app names are DNS labels: valid key tokens)."""
+    return f"app.{app}.{name.encode().hex()}"
+
+
+def _access_key(reference: str, app: str | None) -> str:
+    """Who may run the image by its digest: one app (a DNS label), or ``_`` (every app)."""
+    return f"acl.{_hex(reference)}.{app or '_'}"
+
+
+_NOT_RECORDS = ("name.", "reg.", "app.", "acl.")
+
+
+def _check(source: bytes | IO[bytes], layer: Descriptor) -> None:
+    check_layer(source, layer.media_type, layer.digest, layer.size)
+
+
+def _name_keys(name: ImageName, owner: str | None) -> Iterable[str]:
+    """Where ``owner`` stores ``name``: an app's own key, or the cluster's (and its registry
+    key, for a registry's name: only the cluster stores one, see souq.broker.image_routes)."""
+    if owner is not None:
+        yield _app_name_key(owner, name.canonical)
+        return
+    yield _name_key(name.canonical)
+    if name.registry_given:
+        yield _registry_key(name.canonical)
+
+
 @dataclass
 class ImageStore:
     js: JetStreamContext
@@ -122,45 +168,102 @@ class ImageStore:
             raise unavailable("the image store", exc) from exc
         return cls(js, blobs, records)
 
-    async def put(self, image: Image, *, name: str | None = None) -> ImageRecord:
+    async def put(
+        self,
+        image: Image,
+        *,
+        name: str | None = None,
+        owner: str | None = CLUSTER,
+        open_blob: OpenBlob | None = None,
+    ) -> ImageRecord:
         """Store ``image`` (its blobs that are not stored yet, then its record); under ``name``
-        too if given (a later image of the same name takes the name over)."""
+        too if given (a later image of the same name takes the name over), in ``owner``'s
+        names (an app's, or :data:`CLUSTER`'s). A layer not held in ``image.blobs`` is read
+        with ``open_blob`` (an upload's file): checked first, then copied in chunks. Every
+        layer's entries are checked (:func:`~souq.images.layers.check_layer`) before it is
+        stored."""
         name = name or image.name
         stored = None if name is None else _stored_name(name)
+        for layer in image.layers:
+            await self._put_layer(layer, image, open_blob)
         for digest, data in image.blobs.items():
-            # Hashing a large layer takes a while: off the event loop (a broker's creates
+            # Hashing a large blob takes a while: off the event loop (a broker's creates
             # share it).
             await asyncio.to_thread(verify_blob, digest, data)
             if not await self._has_blob(digest):
                 await self._guard(self.blobs.put(_blob_key(digest), data))
         record = record_of(image, name=name, created_at=iso_from_ms(self.clock.now_ms()))
+        # Who may run it first: a record is never readable before its access key.
+        await self._guard(self.records.put(_access_key(image.reference, owner), b"1"))
         await self._guard(
             self.records.put(_hex(image.reference), record.model_dump_json().encode())
         )
         if stored is not None:
-            keys = [_name_key(stored.canonical)]
-            if stored.registry_given:
-                keys.append(_registry_key(stored.canonical))
-            for key in keys:
+            for key in _name_keys(stored, owner):
                 await self._guard(self.records.put(key, image.reference.encode()))
         return record
 
-    async def record(self, ref: str) -> ImageRecord:
+    async def _put_layer(self, layer: Descriptor, image: Image, open_blob: OpenBlob | None) -> None:
+        """One layer: its bytes checked (digest, size, entries), then stored if new."""
+        data = image.blobs.get(layer.digest)
+        if data is None and open_blob is None:
+            raise InvalidInput(f"layer {layer.digest} is missing from the upload")
+        if data is not None:
+            await asyncio.to_thread(_check, data, layer)
+            return  # stored with the other blobs held in memory
+        assert open_blob is not None
+        with open_blob(layer.digest) as checked:
+            await asyncio.to_thread(_check, checked, layer)
+        if await self._has_blob(layer.digest):
+            return
+        with open_blob(layer.digest) as source:
+            await self._guard(self.blobs.put(_blob_key(layer.digest), source))  # type: ignore[arg-type]
+
+    async def record(self, ref: str, *, app: str | None = CLUSTER) -> ImageRecord:
         """The image a reference (``sha256:…``) or a name names, every spelling of a name
-        Docker reads as one (:func:`souq.images.names.image_name`); :class:`ImageNotFound`
-        else."""
-        reference = ref if is_digest(ref) else await self._named(ref)
+        Docker reads as one (:func:`souq.images.names.image_name`), as ``app`` sees the
+        store (its own names, then the cluster's; a digest only if it may run it: see the
+        module's docstring; :data:`CLUSTER`: the cluster's names, every digest);
+        :class:`ImageNotFound` else."""
+        reference = ref if is_digest(ref) else await self._named(ref, app)
+        # A digest written by the caller (alone, or after a name: NAME@sha256:…) is checked;
+        # a name leads only to images its namespace's owner stored.
+        checked = app is not None and (is_digest(ref) or "@" in ref)
         value = await self._get(_hex(reference))
-        if value is None:
+        if value is None or (checked and not await self.may_run(str(app), reference)):
             raise ImageNotFound(
-                f"image {ref} is not in the cluster's store",
-                hint="build it with `souq image build DIR` or import it with `souq image import`",
+                f"image {ref} is not in the cluster's store"
+                + ("" if app is None else f" for app {app}"),
+                hint="build it with `souq image build DIR` or import it with `souq image "
+                "import` (with this app's token, or --app)",
             )
         return ImageRecord.model_validate_json(value)
 
-    async def _named(self, ref: str) -> str:
-        """The reference stored under the name ``ref``: its normal form's key, or, for a
-        name stored before names were normalised, its own."""
+    async def may_run(self, app: str, reference: str) -> bool:
+        """Whether ``app``'s machines may run the image ``reference``: it stored the image,
+        the cluster did, or the image predates access keys (it has none)."""
+        for who in (app, CLUSTER):
+            if await self._get(_access_key(reference, who)) is not None:
+                return True
+        return not await self._has_access_keys(reference)
+
+    async def _has_access_keys(self, reference: str) -> bool:
+        """Whether any app may run the image by its digest (a watch of its ``acl.`` keys
+        alone: the server filters them, however large the bucket)."""
+        watcher = await self._guard(
+            self.records.watch(f"acl.{_hex(reference)}.*", meta_only=True, ignore_deletes=True)
+        )
+        try:
+            async for entry in watcher:
+                return entry is not None  # None: the keys there are (none) were all sent
+            return False
+        finally:
+            with contextlib.suppress(nats.errors.Error):
+                await watcher.stop()  # type: ignore[no-untyped-call]
+
+    async def _named(self, ref: str, app: str | None) -> str:
+        """The reference stored under the name ``ref``: ``app``'s own, else the cluster's (its
+        normal form's key, or, for a name stored before names were normalised, its own)."""
         try:
             name: ImageName | None = image_name(ref)
         except InvalidInput:
@@ -173,6 +276,8 @@ class ImageStore:
         if name is not None:
             # A name written with its registry finds only what was stored under such a name
             # (an operator's: see souq.broker.image_routes), never an app's short name.
+            if app is not None and not name.registry_given:
+                keys.append(_app_name_key(app, name.canonical))
             keys.append((_registry_key if name.registry_given else _name_key)(name.canonical))
         if _LEGACY_NAME.fullmatch(ref):
             keys.append(_name_key(ref))
@@ -186,15 +291,19 @@ class ImageStore:
             hint=not_stored_hint(name),
         )
 
-    async def list(self) -> list[ImageRecord]:
-        """Every image in the store, newest first."""
-        try:
-            keys = await self.records.keys()
-        except nats.js.errors.NoKeysError:
-            return []
+    async def list(self, *, app: str | None = CLUSTER) -> list[ImageRecord]:
+        """Every image in the store (``app``: those its machines may run), newest first."""
+        keys = await self._keys()
+        access: dict[str, set[str]] = {}
+        for key in keys:
+            if key.startswith("acl."):
+                _, hex_, who = key.split(".", 2)
+                access.setdefault(hex_, set()).add(who)
         out = []
         for key in keys:
-            if key.startswith(("name.", "reg.")):
+            if key.startswith(_NOT_RECORDS):
+                continue
+            if app is not None and not {app, "_"} & access.get(key, {"_"}):
                 continue
             value = await self._get(key)
             if value is not None:
@@ -251,6 +360,12 @@ class ImageStore:
             with contextlib.suppress(nats.errors.Error):
                 await sub.unsubscribe()
 
+    async def _keys(self) -> tuple[str, ...]:
+        try:
+            return tuple(await self._guard(self.records.keys()))
+        except nats.js.errors.NoKeysError:
+            return ()
+
     async def _has_blob(self, digest: str) -> bool:
         with contextlib.suppress(nats.js.errors.ObjectNotFoundError):
             await self._guard(self.blobs.get_info(_blob_key(digest)))
@@ -268,7 +383,11 @@ class ImageStore:
     async def _guard(call: Awaitable[T]) -> T:
         try:
             return await call
-        except (nats.js.errors.ObjectNotFoundError, nats.js.errors.KeyNotFoundError):
+        except (
+            nats.js.errors.ObjectNotFoundError,
+            nats.js.errors.KeyNotFoundError,
+            nats.js.errors.NoKeysError,
+        ):
             raise
         except (nats.errors.Error, nats.js.errors.Error) as exc:
             raise Unavailable(

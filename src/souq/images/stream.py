@@ -18,7 +18,7 @@ import queue
 from dataclasses import dataclass
 from pathlib import Path
 
-from souq.images.layers import unpack_layer
+from souq.images.layers import Budget, unpack_layer
 
 __all__ = ["LayerStream", "Streamed"]
 
@@ -52,14 +52,14 @@ class LayerStream(io.RawIOBase):
 
     # -- the thread's side -----------------------------------------------------------------
 
-    def unpack(self, media_type: str, dest: Path) -> Streamed:
+    def unpack(self, media_type: str, dest: Path, budget: Budget | None = None) -> Streamed:
         """Read the whole stream (until :meth:`end`): into the blob file, through the digest,
         and unpacked onto ``dest``. Unpacking errors are returned, not raised: the digest
         decides first whether the bytes were the layer at all."""
         error: Exception | None = None
         with open(self._blob, "wb") as self._file:
             try:
-                unpack_layer(self, media_type, dest)  # type: ignore[arg-type]
+                unpack_layer(self, media_type, dest, budget=budget)  # type: ignore[arg-type]
             except Exception as exc:
                 error = exc
             while self.read(1 << 20):

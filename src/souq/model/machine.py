@@ -562,8 +562,14 @@ class Machine(Record):
     @computed_field  # type: ignore[prop-decorator]
     @property
     def image_ref(self) -> dict[str, Any]:
-        """Fly's parts of ``config.image``: registry, repository, tag, digest."""
-        return image_ref_of(self.config.image)
+        """Fly's parts of ``config.image``: registry, repository, tag, and the digest of the
+        image it runs (``sha256:…`` of the manifest its claim resolved, whatever name the
+        config gives)."""
+        ref = image_ref_of(self.config.image)
+        pulled = self.placement.image if self.placement is not None else None
+        if pulled is not None and pulled.reference:
+            ref["digest"] = pulled.reference
+        return ref
 
     @computed_field  # type: ignore[prop-decorator]
     @property
