@@ -23,6 +23,7 @@ import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from souq.bus.permissions import sent_by_a_role
 from souq.bus.transport import Handler, bus_unavailable
 from souq.errors import InvalidInput, Unauthorized, Unavailable
 
@@ -75,8 +76,12 @@ class _NatsSubscription:
 class NatsTransport:
     """Wraps one NATS connection. Use :func:`connect` to make one."""
 
-    def __init__(self, nc: Client) -> None:
+    def __init__(self, nc: Client, *, locked: bool = False) -> None:
         self._nc = nc
+        # Signed in to a locked-down bus: a request is answered only from a role that may send
+        # it (souq.bus.permissions.sent_by_a_role); ``refused`` counts those dropped.
+        self.locked = locked
+        self.refused = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._gatherings: dict[str, _Gathering] = {}
         self._ids = itertools.count(1)
@@ -200,12 +205,30 @@ class NatsTransport:
         self, subject: str, handler: Handler, *, queue: str | None = None
     ) -> _NatsSubscription:
         async def on_message(msg: Msg) -> None:
+            if not self.accepts(msg):
+                return
             task = asyncio.create_task(self._handle(handler, msg))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
         sub = await self._nc.subscribe(subject, queue=queue or "", cb=on_message)
         return _NatsSubscription(sub)
+
+    def accepts(self, msg: Msg) -> bool:
+        """Whether ``msg`` came from a client that may send it (:func:`sent_by_a_role`); one
+        that did not is dropped, counted, and said (the first, then at every power of two)."""
+        if sent_by_a_role(msg.subject, msg.reply, msg.headers, locked=self.locked):
+            return True
+        self.refused += 1
+        if self.refused & (self.refused - 1) == 0:
+            log.warning(
+                "dropped a message on %s (reply %r): no role that may send it sent it "
+                "(%d dropped so far)",
+                msg.subject,
+                msg.reply,
+                self.refused,
+            )
+        return False
 
     async def _handle(self, handler: Handler, msg: Msg) -> None:
         try:
@@ -339,7 +362,7 @@ async def connect(
             f"cannot connect to NATS at {url}: {str(exc) or 'timed out'}",
             hint="is the NATS server running?",
         ) from exc
-    transport = NatsTransport(nc)
+    transport = NatsTransport(nc, locked=credential is not None)
     holder["t"] = transport
     await transport._start()
     return transport
