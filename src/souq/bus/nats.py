@@ -23,9 +23,10 @@ import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from souq.bus.codec import error_reply
 from souq.bus.permissions import sent_by_a_role
 from souq.bus.transport import Handler, bus_unavailable
-from souq.errors import InvalidInput, Unauthorized, Unavailable
+from souq.errors import InvalidInput, PayloadTooLarge, Unauthorized, Unavailable
 
 __all__ = [
     "PING_INTERVAL_S",
@@ -239,8 +240,23 @@ class NatsTransport:
         if reply is not None and msg.reply:
             try:
                 await self._nc.publish(msg.reply, reply)
+            except nats.errors.MaxPayloadError:
+                await self._too_large(msg, len(reply))
             except nats.errors.Error as exc:
                 log.warning("could not reply on %s: %s", msg.subject, exc)
+
+    async def _too_large(self, msg: Msg, size: int) -> None:
+        """An answer larger than a message may be: the requester is told so at once (it would
+        otherwise wait out its deadline for nothing), and the log says which."""
+        limit = self._nc.max_payload
+        log.error("the answer on %s is %d bytes, over max_payload (%d)", msg.subject, size, limit)
+        err = PayloadTooLarge(
+            f"the answer on {msg.subject} is {size} bytes, more than one NATS message holds "
+            f"({limit})",
+            hint="ask for less at once (see docs/limits.md)",
+        )
+        with contextlib.suppress(nats.errors.Error):
+            await self._nc.publish(msg.reply, error_reply(err))
 
     async def flush(self, timeout: float = 2.0) -> None:
         try:
