@@ -19,7 +19,7 @@ import nats.js.errors
 import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StreamConfig
 
 from souq.auth.bus import credential
 from souq.bus.permissions import (
@@ -66,7 +66,9 @@ def victim(cluster: Cluster) -> tuple[str, str, str]:
     credential."""
     client = cluster.client()
     app = "v" + uuid.uuid4().hex[:8]
-    m = client.create_machine(app, "mad", {"cmd": ["sleep", "600"]})
+    m = client.create_machine(
+        app, "mad", {"cmd": ["sleep", "600"], "guest": {"cpus": 0.1, "memory_mb": 32}}
+    )
     attacker = next(a.worker_id for a in cluster.agents if a.worker_id != m.worker_id)
     return app, m.id, attacker
 
@@ -212,6 +214,31 @@ def test_a_spoiled_job_record_breaks_no_listing(cluster: Cluster, spoiled: bytes
                 await nc.close()
 
         asyncio.run(purge())
+
+
+@pytest.mark.parametrize("stream", ["KV_souq-images", "KV_souq-secrets"])
+def test_an_agent_cannot_make_a_store_that_records_the_commands(
+    cluster: Cluster, stream: str
+) -> None:
+    """The buckets agents read are a broker's to make: an agent that made one first, with
+    subjects of its choosing, would keep every command sent to every worker (configs, env)."""
+    _, _, attacker = victim(cluster)
+
+    async def attack() -> list[str]:
+        async with as_agent(cluster, attacker) as nc:
+            js = nc.jetstream(timeout=2)
+            with contextlib.suppress(nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError):
+                await js.add_stream(
+                    StreamConfig(name=stream, subjects=[f"$KV.{stream[3:]}.>", "souq.worker.>"])
+                )
+        nc = await nats.connect(cluster.nats.url, **cluster.nats_options("broker"))
+        try:
+            info = await nc.jetstream().stream_info(stream)
+            return list(info.config.subjects or [])
+        finally:
+            await nc.close()
+
+    assert "souq.worker.>" not in asyncio.run(attack())
 
 
 def test_the_agent_still_runs_as_before(cluster: Cluster) -> None:

@@ -112,15 +112,15 @@ def inbox_prefix(user: str) -> str:
 
 
 def _read_streams(streams: Iterable[str]) -> list[str]:
-    """The JetStream API a reader of these streams needs: open (an idempotent create), look
-    up, read messages directly, and run its own ordered consumers. Not delete, purge, update,
-    nor write."""
+    """The JetStream API a reader of these streams needs: look them up, read messages
+    directly, and run its own ordered consumers. Not create (a broker makes them: a stream made
+    by an agent would have subjects of its choosing, ``souq.worker.>`` say), delete, purge,
+    update, nor write."""
     api = "$JS.API"
     allowed = [f"{api}.INFO", f"{api}.STREAM.NAMES"]
     for s in streams:
         allowed += [
             f"{api}.STREAM.INFO.{s}",
-            f"{api}.STREAM.CREATE.{s}",
             f"{api}.STREAM.MSG.GET.{s}",
             f"{api}.DIRECT.GET.{s}",
             f"{api}.DIRECT.GET.{s}.>",
