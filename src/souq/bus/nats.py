@@ -140,6 +140,8 @@ class NatsTransport:
             if not self._nc.is_connected:
                 raise bus_unavailable() from exc
             raise Unavailable(f"NATS request on {subject} failed: {exc}") from exc
+        if not self.accepts(msg):
+            raise Unavailable(f"the reply on {subject} was no worker's (a JetStream delivery)")
         return bytes(msg.data)
 
     async def gather(
@@ -191,6 +193,8 @@ class NatsTransport:
         gathering = self._gatherings.get(msg.subject.rsplit(".", 1)[-1])
         if gathering is None:
             return  # a late reply: its gathering is over
+        if not self.accepts(msg):
+            return  # a JetStream delivery into the inbox: no worker's answer
         if msg.headers and msg.headers.get("Status") == _NO_RESPONDERS:
             if not gathering.per_subject:
                 gathering.done.set()
