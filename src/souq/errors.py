@@ -37,10 +37,12 @@ tree at the boundary that catches them, so nothing above a boundary handles fore
     ├── SecretsUnreadable          500 secrets_unreadable (a secret does not open with this key)
     ├── UnknownVerb                501 unknown_verb      (a peer does not speak that protocol verb)
     ├── DeployFailed               500 deploy_failed     (a deploy's phase failed: rolled back)
+    │   └── DeployNoCapacity       409 insufficient_capacity (no room: an InsufficientCapacity too)
     ├── JobFailed                  500 job_failed        (a job waited for did not succeed)
     └── StorageError               500 storage_error     (the agent's state file failed)
 
-The CLI exits with status 3 for :class:`InsufficientCapacity` and 1 for every other error.
+The CLI exits with status 3 for :class:`InsufficientCapacity` (a deploy that failed for want of
+room among them: :class:`DeployNoCapacity` is both) and 1 for every other error.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ __all__ = [
     "ClaimRefused",
     "Conflict",
     "DeployFailed",
+    "DeployNoCapacity",
     "ExecUnavailable",
     "Forbidden",
     "IdempotencyConflict",
@@ -234,6 +237,15 @@ class QuoteUsed(Conflict, status="quote_used"): ...
 class InsufficientCapacity(SouqError, status="insufficient_capacity", http_status=409): ...
 
 
+class DeployNoCapacity(
+    DeployFailed, InsufficientCapacity, status="insufficient_capacity", http_status=409
+):
+    """A deploy failed for want of room (its capacity could not be held, or a machine found none
+    to be replaced on): a :class:`DeployFailed` (rolled back; ``details`` name the phase and the
+    region) that is also an :class:`InsufficientCapacity`, which the CLI exits 3 for. Its code is
+    the placement's, ``insufficient_capacity`` (a body with it reads back as that)."""
+
+
 class QuoteExpired(SouqError, status="quote_expired", http_status=410): ...
 
 
@@ -266,7 +278,15 @@ def _all_subclasses(cls: type[SouqError]) -> list[type[SouqError]]:
     return out
 
 
-_BY_STATUS: dict[str, type[SouqError]] = {c.status: c for c in _all_subclasses(SouqError)}
+def _owns_status(cls: type[SouqError]) -> bool:
+    """Whether ``cls`` brought its code in (a class that shares a base's reads back as that)."""
+    bases = [b for b in cls.__mro__[1:] if issubclass(b, SouqError)]
+    return not any(b.status == cls.status for b in bases)
+
+
+_BY_STATUS: dict[str, type[SouqError]] = {
+    c.status: c for c in _all_subclasses(SouqError) if _owns_status(c)
+}
 
 
 def error_from_body(body: dict[str, Any], http_status: int | None = None) -> SouqError:

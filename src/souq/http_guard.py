@@ -126,11 +126,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def _head_late(self) -> None:
         self._deadline = None
-        self._drop(
-            408,
-            "request_timeout",
-            f"the request's headers did not arrive within {self.limits.header_timeout_s:g}s",
-        )
+        limit = self.limits.header_timeout_s
+        self._timed_out(f"the request's headers did not arrive within {limit:g}s")
 
     def _body_late(self) -> None:
         self._deadline = None
@@ -140,11 +137,9 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if now < due or self.flow.read_paused:  # it keeps up, or we are the ones not reading
             self._arm(max(due - now, 1.0), self._body_late)
             return
-        self._drop(
-            408,
-            "request_timeout",
+        self._timed_out(
             f"the request's body came slower than {limits.body_min_rate} bytes/s "
-            f"after {limits.body_grace_s:g}s",
+            f"after {limits.body_grace_s:g}s"
         )
 
     def _stalled(self) -> None:
@@ -153,6 +148,9 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if self.cycle is not None:
             self.cycle.disconnected = True  # what the app sends from now on is dropped
         self.transport.abort()
+
+    def _timed_out(self, message: str) -> None:
+        self._drop(408, "request_timeout", message)
 
     def _drop(self, status: int, code: str, message: str) -> None:
         """Answer ``status`` if nothing else is being answered here, then close."""

@@ -108,9 +108,10 @@ def test_a_field_souq_cannot_honour_is_refused_naming_it(
     fly_error(go, r, 422, "invalid_input", field, "not supported by Souq")
 
 
-def test_skip_secrets_true_is_refused(flaps: Flaps, go: GoDecoder, app: str) -> None:
+def test_skip_secrets_true_is_kept_on_the_machine(flaps: Flaps, app: str) -> None:
+    """Fly's ``skip_secrets``: the machine starts without its app's secrets, now and later."""
     body = launch_input(config=machine_config(init=INIT), skip_secrets=True)
-    fly_error(go, flaps.launch(app, body), 422, "invalid_input", "skip_secrets")
+    assert ok(flaps.launch(app, body)).json()["skip_secrets"] is True
 
 
 def test_no_room_is_insufficient_capacity(flaps: Flaps, go: GoDecoder, app: str) -> None:

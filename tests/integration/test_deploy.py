@@ -12,14 +12,16 @@ from pathlib import Path
 
 import pytest
 
+from souq.errors import NotFound
 from souq.model.machine import Machine, MachineState
 from souq.testing import Cluster, wait_until
 from tests.integration.images_harness import souq
 
 APP = "shop"
 SERVER = """\
-import os
-from http.server import BaseHTTPRequestHandler, HTTPServer
+import os, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+time.sleep(float(os.environ.get("DELAY", "0")))  # a slow start: its first check passes late
 class H(BaseHTTPRequestHandler):
     def do_GET(self):
         code = int(os.environ.get("STATUS", "200")) if self.path == "/healthz" else 200
@@ -30,7 +32,7 @@ class H(BaseHTTPRequestHandler):
         self.wfile.write(body)
     def log_message(self, *a):
         pass
-HTTPServer(("127.0.0.1", int(os.environ["PORT"])), H).serve_forever()
+ThreadingHTTPServer(("127.0.0.1", int(os.environ["PORT"])), H).serve_forever()
 """
 
 
@@ -96,6 +98,15 @@ def machines(cluster: Cluster) -> list[Machine]:
         return sorted(client.list_machines(APP), key=lambda m: m.id)
 
 
+def workers_in(cluster: Cluster, region: str) -> list[str]:
+    """The workers of the app's live machines in ``region``, one a machine."""
+    return sorted(
+        m.worker_id
+        for m in machines(cluster)
+        if m.region == region and m.state not in (MachineState.DESTROYING, MachineState.DESTROYED)
+    )
+
+
 def live(cluster: Cluster) -> dict[str, tuple[str, str, str]]:
     """Each machine: (region, release, greeting its config gives)."""
     return {
@@ -116,6 +127,9 @@ def test_deploys_roll_out_fail_and_roll_back_as_flyctl_users_expect(
     assert sum(1 for e in events if e["kind"] == "healthy") == 3
     first = live(cluster)
     assert sorted(r for r, _, _ in first.values()) == ["mad", "mad", "syd"]
+    # [regions] names the counts; mad has two workers: one machine on each (a lost worker is
+    # not the region lost), though the quotes of one deploy are taken at once.
+    assert len(set(workers_in(cluster, "mad"))) == 2
     assert {(rel, g) for _, rel, g in first.values()} == {("1", "one")}
     assert all(m.checks and m.checks[0].status == "passing" for m in machines(cluster))
     assert all(m.config.metadata["souq_process_group"] == "app" for m in machines(cluster))
@@ -161,6 +175,17 @@ def test_deploys_roll_out_fail_and_roll_back_as_flyctl_users_expect(
     assert listed.returncode == 0 and "v3" in listed.stdout and "failed" in listed.stdout
     status = souq(cluster, "status", "--app", APP)
     assert status.returncode == 0 and "1/1 passing" in status.stdout
+    # A stopped machine's checks do not run: status does not call them passing.
+    with cluster.client() as client:
+        client.stop(APP, victim.id)
+        client.wait(APP, victim.id, MachineState.STOPPED, timeout=30)
+        status = souq(cluster, "status", "--app", APP)
+        client.start(APP, victim.id)
+        client.wait(APP, victim.id, MachineState.STARTED, timeout=30, healthy=True)
+    assert status.returncode == 0, status.stderr
+    (row,) = [line for line in status.stdout.splitlines() if line.startswith(victim.id)]
+    assert "stopped" in row and "1 not running" in row and "passing" not in row
+    assert status.stdout.count("1/1 passing") == 2  # the two others, started
 
 
 def test_canary_bluegreen_rollback_and_scale(cluster: Cluster, source: Path) -> None:
@@ -185,16 +210,27 @@ def test_canary_bluegreen_rollback_and_scale(cluster: Cluster, source: Path) -> 
     green = live(cluster)
     assert len(green) == 3 and {g for _, _, g in green.values()} == {"green"}
 
-    # Rollback: the last good release before this one, as a new release.
-    run = souq(cluster, "rollback", "--app", APP, "--strategy", "immediate")
-    assert run.returncode == 0, run.stderr
-    assert {g for _, _, g in live(cluster).values()} == {"canary"}
+    # Blue-green's green set spreads too: mad's two machines on its two workers.
+    assert len(set(workers_in(cluster, "mad"))) == 2
 
-    # Scale syd to 2: one more machine there, nothing else changes shape.
+    # Rollback to the canary's release, written as `souq releases` shows it: a new release,
+    # and the command says which one it restored.
+    version = canary["version"]
+    assert f"v{version}" in souq(cluster, "releases", "--app", APP).stdout
+    run = souq(cluster, "rollback", "--app", APP, f"v{version}", "--strategy", "immediate")
+    assert run.returncode == 0, run.stderr
+    assert f"(rollback to v{version})" in run.stdout
+    assert {g for _, _, g in live(cluster).values()} == {"canary"}
+    bad = souq(cluster, "rollback", "--app", APP, "vnext")
+    assert bad.returncode == 1 and "'vnext' is not a release version" in bad.stderr
+
+    # Scale syd to 2: one more machine there, nothing else changes shape. syd has one worker:
+    # its machines cannot spread, and the deploy says so.
     run = souq(cluster, "scale", "count", "2", "--app", APP, "--region", "syd")
     assert run.returncode == 0, run.stderr
     regions = sorted(r for r, _, _ in live(cluster).values())
     assert regions == ["mad", "mad", "syd", "syd"]
+    assert "syd cannot spread app: no other worker there has room" in run.stdout
 
 
 def test_a_bad_souq_toml_names_the_line(cluster: Cluster, source: Path) -> None:
@@ -221,11 +257,33 @@ def test_dry_run_shows_the_plan_and_no_room_fails_before_any_change(
     assert live(cluster) == before
     with cluster.client() as client:
         assert len(client.releases(APP)) == versions  # a dry run makes no release
-    # 20 machines in syd cannot fit its one worker: the deploy fails before changing anything.
-    code, _, err = deploy(cluster, source, toml("huge").replace("syd = 1", "syd = 20"))
-    assert code != 0
-    assert "cannot start: no room for a new app machine in syd" in err
-    assert "nothing was changed" in err
+    # 20 machines in syd cannot fit its one worker: the deploy fails before changing anything,
+    # exits 3 (no capacity), and says why once.
+    (source / "souq.toml").write_text(toml("huge").replace("syd = 1", "syd = 20"))
+    run = souq(cluster, "deploy", "--config", str(source / "souq.toml"))
+    assert run.returncode == 3, run.stderr
+    said = run.stdout + run.stderr
+    assert said.count("cannot start: no room for a new app machine in syd") == 1, said
+    assert "nothing was changed" in run.stderr
+    assert live(cluster) == before
+
+
+def test_an_unknown_region_is_refused_before_anything_is_made(
+    cluster: Cluster, source: Path
+) -> None:
+    before = live(cluster)
+    with cluster.client() as client:
+        versions = len(client.releases(APP))
+    code, out, err = deploy(cluster, source, toml("x").replace("syd = 1", "syd = 1\nzzz = 1"))
+    assert code == 1
+    assert "[regions] names 'zzz', which no worker of the cluster is in" in err
+    assert "known regions: mad, syd" in err
+    assert out == ""  # no release, no lease, no quote: nothing to tell
+    with cluster.client() as client:
+        assert len(client.releases(APP)) == versions
+        for m in machines(cluster):
+            with pytest.raises(NotFound):
+                client.lease(APP, m.id)
     assert live(cluster) == before
 
 

@@ -73,3 +73,41 @@ def test_an_update_that_does_not_fit_is_a_replacement(cluster: Cluster, tmp_path
         assert new.id != old.id and new.worker_id != old.worker_id
         assert new.config.guest.cpus == 2.0 and new.config.metadata["souq_release"] == "2"
         assert str(client.releases(APP)[0].state) == "complete"
+
+
+def test_a_replacement_keeps_away_from_its_siblings_worker(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    with cluster.client() as client:  # room: what the test before left goes
+        for app in (APP, "filler"):
+            for m in client.list_machines(app):
+                if m.state is not MachineState.DESTROYED:
+                    client.destroy(app, m.id, force=True)
+    text = toml(0.5).replace("mad = 1", "mad = 2")
+
+    def deploy(cpus: float) -> str:
+        (tmp_path / "souq.toml").write_text(text.replace("cpus = 0.5", f"cpus = {cpus}"))
+        run = souq(cluster, "deploy", "--config", str(tmp_path / "souq.toml"), "--json")
+        assert run.returncode == 0, run.stderr
+        return run.stdout
+
+    deploy(0.5)
+    with cluster.client() as client:
+        live = [m for m in client.list_machines(APP) if m.state is MachineState.STARTED]
+        assert len({m.worker_id for m in live}) == 2  # one on each worker
+        first = live[0]
+        client.create_machine(
+            "filler",
+            "mad",
+            {
+                "cmd": ["sleep", "600"],
+                "guest": {"cpus": 1.25},
+                "constraints": [
+                    {"attribute": "worker.id", "operator": "=", "value": first.worker_id}
+                ],
+            },
+        )
+    # 1 cpu does not fit beside the filler: a replacement, away from its sibling's worker if
+    # one had room. Two workers: none has, so it shares the sibling's, and the deploy says so.
+    said = deploy(1.0)
+    assert "mad cannot spread app: no other worker there has room" in said

@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+from souq.model.job import DEFAULT_QUEUE
 from souq.testing import Cluster, auth_headers, wait_until
 
 JOBS = 40
@@ -36,18 +37,20 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 class SeedWorker(threading.Thread):
     """A plain HTTP worker as the seed's sentence has it: poll ``/sched/jobs``, claim one by
     name, run it, post ``/sched/release`` (with the exit code, or, for a worker that says
-    nothing of success, no body when it exited 0). Half of them name themselves."""
+    nothing of success, no body when it exited 0). Half of them name themselves. Each holds
+    only a worker's token of the queue it pulls from (the default queue's ``queue`` scope)."""
 
-    def __init__(self, url: str, n: int, done: threading.Event) -> None:
+    def __init__(self, url: str, n: int, done: threading.Event, token: str) -> None:
         super().__init__(name=f"seed-{n}", daemon=True)
         self.url, self.n, self.done = url, n, done
+        self.headers = {"Authorization": f"Bearer {token}"}
         self.params = {"worker": f"seed-{n}"} if n % 2 else {}
         self.ran: list[str] = []
         self.error: BaseException | None = None
 
     def run(self) -> None:
         try:
-            with httpx.Client(base_url=self.url, headers=auth_headers(), timeout=30) as http:
+            with httpx.Client(base_url=self.url, headers=self.headers, timeout=30) as http:
                 while not self.done.is_set():
                     self._round(http)
         except BaseException as exc:  # told by the test, not lost in the thread
@@ -102,7 +105,10 @@ def test_seed_workers_and_agents_run_each_job_exactly_once(
     markers.mkdir()
     markers.chmod(0o777)  # an agent may run its jobs as another user
     done = threading.Event()
-    workers = [SeedWorker(cluster.api_url, n, done) for n in range(SEED_WORKERS)]
+    with cluster.client() as admin:  # the jobs below name no app: the default queue's
+        token = admin.create_token(app=DEFAULT_QUEUE, scope="queue", name="seed workers").token
+    assert token
+    workers = [SeedWorker(cluster.api_url, n, done, token) for n in range(SEED_WORKERS)]
     for worker in workers:
         worker.start()
     names = [f"seed-job-{i}" for i in range(JOBS)]

@@ -121,3 +121,26 @@ def test_standbys_are_updated_kept_stopped_and_go_with_their_machine() -> None:
     # Which machines still lack one: the group without services only.
     assert standbys_wanted(config, [*apps, worker]) == [worker]
     assert standbys_wanted(config, [*apps, worker, standby]) == []
+
+
+def test_rolling_updates_the_machines_at_rest_first_and_the_started_ones_last() -> None:
+    # Two of three stopped by the proxy's autostop: a release that fails its checks fails on
+    # one of them, while the started one goes on serving.
+    config = load_app_config(BASE.replace("max_unavailable = 2", "max_unavailable = 1"))
+    now = [
+        Current(id="a", group="app", region="mad", state="started"),
+        Current(id="b", group="app", region="mad", state="stopped"),
+        Current(id="c", group="app", region="mad", state="suspended"),
+    ]
+    config = config.model_copy(update={"regions": {"mad": 3}})
+    phases = plan(config, [*now, Current(id="w", group="worker", region="mad", state="started")])
+    order = [s.machine_id for p in phases for s in p.steps if s.group == "app"]
+    assert order == ["b", "c", "a"]
+    # Which machines a group keeps when it shrinks is another matter: the started ones.
+    shrunk = config.model_copy(update={"regions": {"mad": 1}})
+    steps = [s for p in plan(shrunk, now) for s in p.steps if s.group == "app"]
+    assert [(s.action, s.machine_id) for s in steps] == [
+        ("update", "a"),
+        ("destroy", "b"),
+        ("destroy", "c"),
+    ]

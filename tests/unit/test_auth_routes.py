@@ -48,8 +48,23 @@ def test_need_of(method: str, path: str, need: Need | None) -> None:
 
 
 def test_scopes_nest() -> None:
-    assert Scope.ADMIN.covers() == [Scope.READ, Scope.WRITE, Scope.DEPLOY, Scope.ADMIN]
+    assert Scope.ADMIN.covers() == [
+        Scope.READ,
+        Scope.WRITE,
+        Scope.DEPLOY,
+        Scope.QUEUE,
+        Scope.ADMIN,
+    ]
     assert Scope.READ.covers() == [Scope.READ]
+    # A batch worker's scope stands beside the chain: deploy includes it, write does not, and
+    # it includes nothing but itself.
+    assert Scope.QUEUE in Scope.DEPLOY.covers() and Scope.QUEUE not in Scope.WRITE.covers()
+    assert Scope.QUEUE.covers() == [Scope.QUEUE]
+
+
+def test_the_sched_routes_check_the_jobs_app_themselves() -> None:
+    assert need_of("GET", "/sched/status/j") == Need(Scope.READ, by_route=True)
+    assert need_of("POST", "/sched/claim/j") == Need(Scope.WRITE, by_route=True)
 
 
 def test_a_stream_counts_against_its_token_else_its_address() -> None:

@@ -43,6 +43,25 @@ def test_a_grant_reaches_its_app_and_scope_only() -> None:
             check(token, app, action)
 
 
+def test_a_queue_token_works_its_apps_queue_and_reaches_nothing_else() -> None:
+    token, _ = mint(KEY, app="web", scope=Scope.QUEUE)
+    assert check(token, "web", Scope.QUEUE)
+    for app, action in [("web", Scope.READ), ("web", Scope.WRITE), ("db", Scope.QUEUE)]:
+        with pytest.raises(Forbidden):
+            check(token, app, action)
+    deployer, _ = mint(KEY, app="web", scope=Scope.DEPLOY)
+    assert check(deployer, "web", Scope.QUEUE)  # it may read the secrets a job's env holds
+    writer, _ = mint(KEY, app="web", scope=Scope.WRITE)
+    with pytest.raises(Forbidden):
+        check(writer, "web", Scope.QUEUE)
+    # Narrowed to queue, a deploy token keeps only that.
+    worker = narrow(deployer, PUBLIC, scope=Scope.QUEUE)
+    assert check(worker, "web", Scope.QUEUE)
+    with pytest.raises(Forbidden):
+        check(worker, "web", Scope.READ)
+    assert not Verifier(PUBLIC).allows(f"Bearer {worker}", app="web", action=Scope.WRITE)
+
+
 def test_all_apps_reach_the_cluster() -> None:
     token, _ = mint(KEY, scope=Scope.ADMIN)
     assert check(token, None, Scope.ADMIN)

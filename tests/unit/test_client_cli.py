@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from souq.client import cli
 from souq.errors import InsufficientCapacity, NotFound, SouqError
 from souq.model import Machine, MachineEvent, Placement, Resources, WorkerInfo
+from souq.model.machine import CheckStatus
 
 runner = CliRunner()
 
@@ -372,3 +373,48 @@ def test_the_daemons_do_not_load_the_client_stack() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
     assert done.stdout.strip() == "[]"
+
+
+@pytest.fixture
+def app_stub(stub: StubClient, monkeypatch: pytest.MonkeyPatch) -> StubClient:
+    """The stub, for the app commands too (they import ``make_client`` by name)."""
+    from souq.client import apps_cli
+
+    monkeypatch.setattr(apps_cli, "make_client", lambda: stub)
+    return stub
+
+
+@pytest.mark.parametrize("written", ["v3", "3", "V3"])
+def test_rollback_takes_the_version_as_releases_shows_it_or_its_number(
+    app_stub: StubClient, written: str
+) -> None:
+    app_stub.answer = lambda name, args: (  # type: ignore[method-assign]
+        [] if name == "releases" else (_ for _ in ()).throw(NotFound("no release v3"))
+    )
+    result = invoke("rollback", "--app", "web", written)
+    assert result.exit_code == 1  # the stub has no v3: the point is which one was asked for
+    assert ("release", ("web", 3), {}) in app_stub.calls
+    assert "no release v3" in result.stderr
+
+
+def test_rollback_refuses_what_is_not_a_version(app_stub: StubClient) -> None:
+    result = invoke("rollback", "--app", "web", "vnext")
+    assert result.exit_code == 1
+    assert "'vnext' is not a release version" in result.stderr
+    assert not any(name == "release" for name, _, _ in app_stub.calls)
+
+
+def test_status_does_not_call_a_stopped_machines_checks_passing(app_stub: StubClient) -> None:
+    check = {"type": "http", "port": 8080, "path": "/healthz"}
+    seen = [CheckStatus(name="http-0", status="passing", updated_at="2026-01-01T00:00:00Z")]
+    up, down = (
+        machine(state, checks={"http-0": check}).model_copy(update={"id": mid, "checks": seen})
+        for state, mid in (("started", "up000000000000"), ("stopped", "down0000000000"))
+    )
+    app_stub.answer = lambda name, args: [up, down]  # type: ignore[method-assign]
+    result = invoke("status", "--app", "web")
+    assert result.exit_code == 0, result.output
+    rows = {line.split()[0]: line for line in result.stdout.splitlines() if line.strip()}
+    assert "1/1 passing" in rows["up000000000000"]
+    assert "1 not running" in rows["down0000000000"]
+    assert "passing" not in rows["down0000000000"]

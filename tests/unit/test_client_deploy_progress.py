@@ -40,3 +40,20 @@ def test_elsewhere_a_line_an_event(capsys: pytest.CaptureFixture[str]) -> None:
             show(event)
     lines = capsys.readouterr().out.splitlines()
     assert [json.loads(line)["kind"] for line in lines] == ["release", "phase", "step", "healthy"]
+
+
+def test_a_failed_deploy_is_said_once_by_its_error_not_by_its_event(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    failed = {"kind": "failed", "message": "release v4 failed (phase x): boom; rolled back"}
+    for terminal in (False, True):
+        console = Console(file=io.StringIO(), force_terminal=terminal, width=120)
+        with render.deploy_progress(as_json=False, console=console) as show:
+            show(EVENTS[0])
+            show(failed)
+        assert "boom" not in console.file.getvalue()  # type: ignore[attr-defined]
+    said = capsys.readouterr()
+    assert "boom" not in said.out + said.err  # the command's error says it, with its hint
+    with render.deploy_progress(as_json=True, console=Console(file=io.StringIO())) as show:
+        show(failed)  # --json keeps every event, the failed one too
+    assert json.loads(capsys.readouterr().out)["kind"] == "failed"

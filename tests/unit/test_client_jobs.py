@@ -62,7 +62,7 @@ def test_submit_sends_an_argv_and_the_options(stub: Stub) -> None:
     result = invoke(
         "submit", "build", "--restart", "on-failure", "--max-retries", "2", "--backoff", "0.5",
         "--deadline", "60", "--cpus", "2", "--memory-mb", "512", "-e", "A=1", "--env", "B=x=y",
-        "--", "make", "-j4", "--keep-going",
+        "--app", "web", "--", "make", "-j4", "--keep-going",
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     assert result.stdout == "build pending\n"
@@ -78,6 +78,7 @@ def test_submit_sends_an_argv_and_the_options(stub: Stub) -> None:
         "cpus": 2.0,
         "memory_mb": 512,
         "env": {"A": "1", "B": "x=y"},
+        "app": "web",
     }
 
 
@@ -129,6 +130,8 @@ def test_status_and_list(stub: Stub) -> None:
     assert none.exit_code == 0 and none.stdout == "" and "no jobs" in none.stderr
     bad = invoke("list", "--state", "done")
     assert bad.exit_code == 1 and "not a job's state" in bad.stderr
+    assert invoke("list", "--app", "web").exit_code == 0
+    assert stub.calls[-1] == ("jobs", (), {"app": "web"})
 
 
 def test_wait_exits_0_only_when_the_job_succeeded(stub: Stub) -> None:

@@ -3,6 +3,8 @@ from __future__ import annotations
 import pytest
 
 from souq.errors import (
+    DeployFailed,
+    DeployNoCapacity,
     IllegalTransition,
     ImageInvalid,
     ImageNotFound,
@@ -58,3 +60,11 @@ def test_image_errors_sit_under_their_families_and_round_trip() -> None:
     for cls in (ImageNotFound, ImageInvalid):
         again = error_from_body(cls("x", hint="y").to_body())
         assert type(again) is cls
+
+
+def test_a_deploy_short_of_room_is_a_failed_deploy_and_a_refused_placement() -> None:
+    err = DeployNoCapacity("release v4 cannot start: no room", details={"phase": "reserve"})
+    assert isinstance(err, DeployFailed) and isinstance(err, InsufficientCapacity)  # exit 3
+    assert (err.http_status, err.to_body()["status"]) == (409, "insufficient_capacity")
+    # Its code is the placement's: a body with it reads back as the placement's error.
+    assert type(error_from_body(err.to_body())) is InsufficientCapacity

@@ -99,6 +99,7 @@ PUBLIC = {
         "ClaimRefused",
         "Conflict",
         "DeployFailed",
+        "DeployNoCapacity",
         "ExecUnavailable",
         "Forbidden",
         "IdempotencyConflict",

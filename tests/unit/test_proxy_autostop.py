@@ -64,3 +64,18 @@ def test_each_app_and_region_is_judged_on_its_own() -> None:
         ("web", "mad", "a1"),
         ("web", "syd", "a2"),
     ]
+
+
+def test_a_settling_machine_counts_as_running_but_is_never_chosen() -> None:
+    # A machine a deploy just made proved itself a moment ago: it is not idle yet, alone...
+    assert choose([running("new", 0, settling=True)]) == []
+    # ...or beside others: it counts as running (one more than the load needs), another goes.
+    [idle] = choose([running("new", 0, settling=True), running("old", 1)])
+    assert idle.machine_id == "old"
+    assert choose([running("new", 0, settling=True), running("old", 9)]) == []
+
+
+def test_a_machine_whose_stop_a_lease_refused_is_not_chosen_while_it_lasts() -> None:
+    assert choose([running("m1", 0, leased=True)]) == []
+    [idle] = choose([running("m1", 0, leased=True), running("m2", 1), running("m3", 2)])
+    assert idle.machine_id == "m2"

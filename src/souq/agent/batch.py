@@ -53,6 +53,7 @@ def claim_batch(
             region=req.region,
             config=req.config,
             skip_launch=req.skip_launch,
+            skip_secrets=req.skip_secrets,
             placement=req.placement,
             image=req.image,
         )

@@ -116,6 +116,7 @@ class Commands:
             address=self._address(op.machine_id, req.config),
             instance_id=new_instance_id(now),
             gpu_ids=gpu_ids,
+            skip_secrets=req.skip_secrets,
         )
         try:
             existing = ex.create(
@@ -322,6 +323,7 @@ class Commands:
             placement=placement,
             address=address,
             instance_id=instance,
+            skip_secrets=cmd.skip_secrets,
         )
         if ex.volumes is not None:
             ex.volumes.attach(row.id, config)

@@ -51,7 +51,8 @@ __all__ = ["Executor", "Op", "Source"]
 log = logging.getLogger(__name__)
 
 S = MachineState
-_SPEC = frozenset({"config", "placement", "address", "instance_id", "cordoned"})  # rarely changed
+# Rarely changed, and written by a statement of their own.
+_SPEC = frozenset({"config", "placement", "address", "instance_id", "cordoned", "skip_secrets"})
 # Events whose message carries the machine's record: what the event alone does not say (a new
 # machine; a config, metadata or cordon changed in place) reaches every view with it.
 _WITH_RECORD = frozenset({"launch", "update", "metadata", "cordon", "uncordon"})
@@ -352,7 +353,9 @@ class Executor(MachineTable):
             self.sync()
             self._pull(op, ref)
             return
-        secrets = self.secrets
+        # A machine made (or last updated) by a token that may not read its app's secrets
+        # starts without them, at every start, whoever starts it (docs/security.md).
+        secrets = None if row.skip_secrets else self.secrets
         if secrets is not None and not secrets.ready:  # spawned once they are read
             self.sync()
             secrets.when_ready(lambda: self._spawn_if_waiting(op))

@@ -11,10 +11,9 @@ from pathlib import Path
 import psutil
 
 from souq.agent.config import AgentConfig
-from souq.model.resources import Resources
 from souq.model.worker import Fingerprint
 
-__all__ = ["capacity_of", "disk_free_mb", "fingerprint", "host_cpus", "host_memory_mb"]
+__all__ = ["disk_free_mb", "fingerprint", "host_cpus", "host_memory_mb"]
 
 
 def fingerprint(
@@ -63,13 +62,3 @@ def disk_free_mb(path: Path) -> int:
         return int(shutil.disk_usage(probe).free // (1024 * 1024))
     except OSError:
         return 0
-
-
-def capacity_of(fp: Fingerprint) -> Resources:
-    return Resources(
-        cpus=fp.cpus,
-        memory_mb=fp.memory_mb,
-        disk_mb=fp.disk_mb,
-        gpus=fp.gpus,
-        gpu_model=fp.gpu_model,
-    )

@@ -41,8 +41,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Protocol
 
-import psutil
-
 from souq.drivers import processes
 from souq.drivers.base import ExitStatus, Limits, SpawnError
 from souq.drivers.cgroups import Cgroups
@@ -60,7 +58,6 @@ RUNS = "runs"
 WORK = "work"
 _RECORD = "run.json"
 _INHERITED_ENV = ("PATH", "LANG")
-_START_TIME_TOLERANCE_S = 0.005
 # fd 3: the pipe from the agent, for the watcher alone; the command gets /dev/null for stdin.
 # The watcher ignores the signals a stop sends the group: it must outlive the job's SIGTERM.
 _WATCH = (
@@ -308,24 +305,12 @@ class JobProcesses:
             except (OSError, ValueError, TypeError):  # died before it spawned: nothing runs
                 name, _, attempt = runs.name.rpartition(".")
                 record = RunRecord(name, int(attempt) if attempt.isdigit() else 0, "")
-            if _alive(record):
+            if record.pid and processes.same_process(record.pid, record.start_time):
                 log.warning("job %s: killing run %d, left by an earlier agent", *_run(record))
                 processes.kill_group(record.pid)
             self._drop_cgroup(record.id)
             left.append(record)
         return left
-
-
-def _alive(record: RunRecord) -> bool:
-    """Whether the run's first process still runs: the same pid *and* start time (a pid can
-    be used again), and not a zombie (dead, waiting for a parent to reap it)."""
-    started = processes.start_time(record.pid) if record.pid else None
-    if started is None or abs(started - record.start_time) > _START_TIME_TOLERANCE_S:
-        return False
-    try:
-        return bool(psutil.Process(record.pid).status() != psutil.STATUS_ZOMBIE)
-    except psutil.Error:
-        return False
 
 
 def _cgroup(rid: str) -> str:

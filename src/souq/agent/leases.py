@@ -3,7 +3,9 @@
 A lease lasts ``ttl_s`` (its holder extends it with its nonce before then) and is kept in the
 agent's store, so an agent restart keeps it. While it lasts every change of the machine (start,
 stop, restart, suspend, signal, update, destroy) must bring its nonce: ``lease_held`` (409)
-otherwise, naming when it ends and who holds it. A deploy takes the leases of the machines it
+otherwise, naming when it ends and who holds it; the edge proxy's start for traffic (``wake``:
+a wake-up for a request, a standby's failover) alone goes through, so a deploy's leases never
+take an app offline. A deploy takes the leases of the machines it
 changes, so a second deploy at the same time fails clearly instead of interleaving. Destroying
 the machine ends its lease.
 """

@@ -27,7 +27,7 @@ from souq.agent.commands import Commands
 from souq.agent.config import AgentConfig
 from souq.agent.executor import Executor
 from souq.agent.faults import fault_point
-from souq.agent.fingerprint import capacity_of, fingerprint
+from souq.agent.fingerprint import fingerprint
 from souq.agent.images import AgentImages
 from souq.agent.job_process import JobProcesses, Runs
 from souq.agent.jobs import JobRunner
@@ -54,6 +54,8 @@ from souq.drivers.users import check_reachable, machine_user
 from souq.errors import InvalidInput
 from souq.limits import LOG_CHECK_INTERVAL_S
 from souq.loop_clock import LoopClock
+from souq.model.base import copy_fields
+from souq.model.resources import Resources
 
 if TYPE_CHECKING:
     from souq.agent.metrics import MetricsServer
@@ -135,7 +137,7 @@ class Agent:
             isolation=host.isolation if host else None,
             machine_user=host.user.describe() if host else "",
         )
-        self.capacity = capacity_of(self.fingerprint)
+        self.capacity = copy_fields(Resources, self.fingerprint)
         self.worker_id = ""
         # App secrets (not the hollow fleet's: it runs nothing).
         self._secrets = None if driver is not None else AgentSecrets(config.auth_dir)

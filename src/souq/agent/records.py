@@ -65,6 +65,7 @@ class MachineRow:
     instance_id: str = ""  # the version of its config: new at the claim and at every update
     gpu_ids: tuple[int, ...] = ()  # the worker's GPUs it got, by index (admission chose them)
     cordoned: bool = False  # out of the proxies' rotation (POST .../cordon), until uncordoned
+    skip_secrets: bool = False  # started without its app's secrets (made by a token without them)
 
     @cached_property
     def resources(self) -> Resources:
@@ -84,6 +85,7 @@ class MachineRow:
             instance_id=self.instance_id or self.id,
             gpu_ids=list(self.gpu_ids),
             cordoned=self.cordoned,
+            skip_secrets=self.skip_secrets,
         )
 
 

@@ -64,7 +64,8 @@ CREATE TABLE IF NOT EXISTS machines (
     address TEXT,
     instance_id TEXT,
     gpu_ids TEXT,
-    cordoned INTEGER NOT NULL DEFAULT 0
+    cordoned INTEGER NOT NULL DEFAULT 0,
+    skip_secrets INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS leases (
     machine_id TEXT PRIMARY KEY,
@@ -138,7 +139,7 @@ CREATE TABLE IF NOT EXISTS ops (
 MACHINE_COLUMNS = (
     "id, app, name, region, request_id, body_hash, state, config, placement, pid, "
     "pid_start_time, restarts, exit_code, created_at, updated_at, address, instance_id, gpu_ids, "
-    "cordoned"
+    "cordoned, skip_secrets"
 )
 # Columns added since the first schema, for a state file an older agent made.
 ADDED_MACHINE_COLUMNS = {
@@ -146,6 +147,7 @@ ADDED_MACHINE_COLUMNS = {
     "instance_id": "TEXT",  # the version of its config (none: made before updates were)
     "gpu_ids": "TEXT",  # the GPUs it got, by index: "0,3" (none: no GPU)
     "cordoned": "INTEGER NOT NULL DEFAULT 0",  # out of the proxies' rotation
+    "skip_secrets": "INTEGER NOT NULL DEFAULT 0",  # started without its app's secrets
 }
 ADDED_RESERVATION_COLUMNS = {"gpu_milli": "INTEGER NOT NULL DEFAULT 0"}  # GPU shares
 EVENT_COLUMNS = "type, status, source, ts, exit_code, signal, message"
@@ -159,7 +161,7 @@ OP_COLUMNS = "op_id, machine_id, kind, state, event, ts, detail"
 # The statements of a claim and of a machine's start (:meth:`Store.prepare` compiles them).
 INSERT_MACHINE = (
     f"INSERT INTO machines ({MACHINE_COLUMNS}) "  # noqa: S608 (constant columns)
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 INSERT_RESERVATION = (
     "INSERT INTO reservations (machine_id, millicpus, memory_mb, disk_mb, gpus, gpu_milli) "
@@ -180,8 +182,8 @@ UPDATE_MACHINE = (
 )
 # What changes only now and then (an update, a pull's record): written when it changed.
 UPDATE_SPEC = (
-    "UPDATE machines SET config = ?, placement = ?, address = ?, instance_id = ?, cordoned = ? "
-    "WHERE id = ?"
+    "UPDATE machines SET config = ?, placement = ?, address = ?, instance_id = ?, cordoned = ?, "
+    "skip_secrets = ? WHERE id = ?"
 )
 UPDATE_RESERVATION = (
     "UPDATE reservations SET millicpus = ?, memory_mb = ?, disk_mb = ?, gpus = ?, gpu_milli = ? "

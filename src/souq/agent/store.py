@@ -214,6 +214,7 @@ class Store:
             None,
             None,
             0,
+            0,
         )
         try:
             with self._write() as db:
@@ -337,6 +338,7 @@ class Store:
                     row.instance_id,
                     sql.gpu_ids_text(row.gpu_ids),
                     int(row.cordoned),
+                    int(row.skip_secrets),
                 ),
             )
         except sqlite3.IntegrityError:
@@ -427,6 +429,7 @@ class Store:
                         row.address.model_dump_json() if row.address else None,
                         row.instance_id,
                         int(row.cordoned),
+                        int(row.skip_secrets),
                         row.id,
                     ),
                 )
@@ -512,6 +515,7 @@ class Store:
                     instance_id=str(r[16]) if r[16] else mid,
                     gpu_ids=sql.gpu_ids_of(r[17]),
                     cordoned=bool(r[18]),
+                    skip_secrets=bool(r[19]),
                 )
             )
         return rows

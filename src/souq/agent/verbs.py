@@ -283,8 +283,11 @@ class WorkerVerbs:
         self._ex.row(ref.app, ref.machine_id)  # another app's machine is not found
         self._cmd.leases.check(ref.machine_id, ref.lease_nonce)
 
-    async def _start(self, ref: msg.MachineRef) -> Machine:
-        self._leased(ref)
+    async def _start(self, ref: msg.StartCommand) -> Machine:
+        if ref.wake:  # the proxy's, for traffic: a lease never takes the app offline
+            self._ex.row(ref.app, ref.machine_id)
+        else:
+            self._leased(ref)
         return self._cmd.start(ref.app, ref.machine_id)
 
     async def _suspend(self, ref: msg.MachineRef) -> Machine:

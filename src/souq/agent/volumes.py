@@ -45,6 +45,7 @@ from souq.errors import (
     Unavailable,
     VolumeAttached,
 )
+from souq.model.base import copy_fields
 from souq.model.machine import MachineConfig, MachineState
 from souq.model.resources import Resources
 from souq.model.volume import (
@@ -108,18 +109,12 @@ class AgentVolumes:
     # -- the records -----------------------------------------------------------------------
 
     def volume(self, row: VolumeRow, *, measure: bool = False) -> Volume:
-        return Volume(
-            id=row.id,
-            name=row.name,
-            app=row.app,
-            state=row.state,
-            size_gb=row.size_gb,
-            region=row.region,
+        return copy_fields(
+            Volume,
+            row,
             zone=self.worker_id,
             worker_id=self.worker_id,
-            attached_machine_id=row.attached_machine_id,
             created_at=iso_from_ms(row.created_at),
-            snapshot_retention=row.snapshot_retention,
             used_mb=used_mb(row.dir) if measure and row.dir.is_dir() else None,
         )
 
@@ -150,17 +145,14 @@ class AgentVolumes:
         want = _disk(cmd.size_gb)
         self._admission.check_hold(cmd.region, want, now)  # region, cordon, room: as a claim
         volume_id = new_volume_id(self.worker_id)
-        row = VolumeRow(
+        row = copy_fields(
+            VolumeRow,
+            cmd,
             id=volume_id,
-            name=cmd.name,
-            app=cmd.app,
-            region=cmd.region,
-            size_gb=cmd.size_gb,
             state=VolumeState.CREATED,
             attached_machine_id=None,
             created_at=now,
             updated_at=now,
-            snapshot_retention=cmd.snapshot_retention,
             dir=self.root / volume_id,
         )
         self.rows.insert(row)

@@ -9,8 +9,10 @@ missing ones created, extra ones destroyed, each in the phases of the strategy:
 
 * ``immediate`` — every update and create at once, no wait for health; then the extras go;
 * ``rolling`` — region by region (the primary first), group by group, at most
-  ``max_unavailable`` machines at a time, each batch healthy before the next; new machines
-  after, healthy too; then the extras go;
+  ``max_unavailable`` machines at a time, each batch healthy before the next; the machines at
+  rest (stopped, suspended: the proxy's autostop, or a user) first, the started ones last, so
+  that a release that fails its checks fails on a machine that was serving nothing while the
+  started ones go on serving the old one; new machines after, healthy too; then the extras go;
 * ``canary`` — one new machine of the first group in the primary region first, healthy, then
   destroyed; then as ``rolling``;
 * ``bluegreen`` — a whole new set (green) beside the old (blue), every green machine healthy;
@@ -162,7 +164,13 @@ def standbys_wanted(config: AppConfig, machines: list[Current]) -> list[Current]
 
 
 def _started_first(m: Current) -> tuple[int, str]:
+    """Which machines a group keeps when it has more than it wants: the started ones."""
     return (0 if m.state == "started" else 1, m.id)
+
+
+def _at_rest_first(m: Current) -> tuple[int, str]:
+    """The order a rolling deploy updates a group's machines in: those at rest first."""
+    return (1 if m.state == "started" else 0, m.id)
 
 
 def _immediate(groups: list[_Group]) -> list[Phase]:
@@ -187,7 +195,7 @@ def _rolling(config: AppConfig, groups: list[_Group]) -> list[Phase]:
     for region in _regions(config, groups):
         for g in (g for g in groups if g.region == region):
             batch = config.deploy.unavailable(g.want)
-            keep = g.keep
+            keep = sorted(g.keep, key=_at_rest_first)
             for start in range(0, len(keep), batch):
                 part = keep[start : start + batch]
                 name = f"rolling {g.group} in {region} ({start + len(part)}/{len(keep)})"

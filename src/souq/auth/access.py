@@ -4,7 +4,10 @@ recorded with who made it.
 :class:`Access` is plain ASGI (streams pass through untouched) and sits outside everything but
 the request id: a request without a valid token (401 ``unauthorized``) or outside its token's
 scope (403 ``forbidden``) reaches no route, and no body is read for it. What each route needs is
-:func:`souq.auth.routes.need_of`'s to say.
+:func:`souq.auth.routes.need_of`'s to say. A route whose app is in what it reads (a batch job's
+record) is let through with any valid token and asks the request's :class:`Permit` itself, as
+does a route whose answer depends on more than its scope (a machine's create: whether the token
+may read the app's secrets).
 
 The token itself is never logged, recorded or echoed: the audit entry carries the token's id
 (``t_…``, with ``+N`` when its holder narrowed it N times) and its name.
@@ -15,16 +18,18 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from souq.auth.routes import need_of
 from souq.auth.tokens import ALL_APPS, Grant, Verifier
+from souq.auth.tokens import Scope as Action
 from souq.errors import SouqError, Unauthorized
 from souq.model.tokens import AuditRecord
 
-__all__ = ["Access"]
+__all__ = ["Access", "Permit", "permit_of"]
 
 log = logging.getLogger("souq.audit")
 
@@ -54,15 +59,20 @@ class Access:
         header = _header(scope, b"authorization")
         try:
             app = need.app
-            if need.any_app:
-                app = _token_app(self._verifier.grant(header))
-            grant = self._verifier.authorize(header, app=app, action=need.action)
+            if need.by_route:
+                grant = self._verifier.authenticate(header)
+            else:
+                if need.any_app:
+                    app = _token_app(self._verifier.grant(header))
+                grant = self._verifier.authorize(header, app=app, action=need.action)
         except SouqError as exc:
             if method not in _READS:
                 self._record(scope, None, need.app, exc.http_status)
             await _refusal(exc)(scope, receive, send)
             return
-        scope.setdefault("state", {})["grant"] = grant
+        state = scope.setdefault("state", {})
+        state["grant"] = grant
+        state["permit"] = Permit(self._verifier, header, grant)
         if method in _READS or self._audit is None:
             await self.app(scope, receive, send)
             return
@@ -104,6 +114,37 @@ class Access:
         )
         if self._audit is not None:
             self._audit(entry)
+
+
+@dataclass(frozen=True)
+class Permit:
+    """What the request's token may do, for a route that asks about an app it learns from what
+    it reads. Without a verifier (a broker run without auth) everything is allowed."""
+
+    verifier: Verifier | None = None
+    header: str | None = None
+    grant: Grant | None = None
+
+    @property
+    def app(self) -> str | None:
+        """The one app the token is for (its first block's), or None for every app."""
+        return None if self.grant is None else _token_app(self.grant)
+
+    def allows(self, app: str, action: Action) -> bool:
+        if self.verifier is None:
+            return True
+        return self.verifier.allows(self.header, app=app, action=action)
+
+    def require(self, app: str, action: Action) -> None:
+        """:class:`~souq.errors.Forbidden` unless the token may do ``action`` on ``app``."""
+        if self.verifier is not None:
+            self.verifier.authorize(self.header, app=app, action=action)
+
+
+def permit_of(state: dict[str, object] | None) -> Permit:
+    """The request's permit (from its ASGI scope's ``state``; everything, without auth)."""
+    found = (state or {}).get("permit")
+    return found if isinstance(found, Permit) else Permit()
 
 
 def _token_app(grant: Grant) -> str | None:

@@ -18,8 +18,7 @@ route                                             scope        of
 ``POST /v1/images``                               deploy       any app the token has
 ``GET /v1/tokens/key``, ``/v1/tokens/self``       read         any app the token has
 ``/v1/tokens…`` (the rest), ``/v1/audit``         admin        the cluster
-``GET /sched/…`` (batch jobs)                     read         any app the token has
-``POST /sched/…``                                 write        any app the token has
+``/sched/…`` (batch jobs)                         (the route)  the job's app (**)
 ``POST /v1/workers/…`` (cordon, drain)            admin        the cluster
 ``GET`` anything else (workers, events, metrics)  read         the cluster
 anything else                                     admin        the cluster
@@ -50,11 +49,12 @@ _EXEC = re.compile(r"^/machines/[^/]+/exec/?$")
 @dataclass(frozen=True)
 class Need:
     """A route's requirement: ``action`` on ``app`` (None: the cluster; ``any_app``: whichever
-    app the token is for)."""
+    app the token is for; ``by_route``: the route checks, against the app it reads)."""
 
     action: Scope
     app: str | None = None
     any_app: bool = False
+    by_route: bool = False  # any valid token: the route checks the app it reads
 
 
 def need_of(method: str, path: str) -> Need | None:
@@ -83,8 +83,8 @@ def _of_cluster(reading: bool, path: str) -> Need:
         return Need(Scope.ADMIN)
     if path == "/v1/apps":  # the route narrows it to the token's app
         return Need(Scope.READ if reading else Scope.WRITE, any_app=True)
-    if path.startswith("/sched/"):  # the cluster's one queue of batch jobs
-        return Need(Scope.READ if reading else Scope.WRITE, any_app=True)
+    if path.startswith("/sched/"):  # batch jobs: the app is the job's, read by the route
+        return Need(Scope.READ if reading else Scope.WRITE, by_route=True)
     if path.startswith(_ANY_APP_READS) and (reading or path == "/v1/images"):
         return Need(Scope.READ if reading else Scope.DEPLOY, any_app=True)
     return Need(Scope.READ if reading else Scope.ADMIN)

@@ -7,12 +7,15 @@ is and what it may do::
     check if time($t), $t < 2026-12-01T00:00:00Z;
 
 ``right(APP, SCOPE)`` grants SCOPE on one app, or on every app and the cluster itself when APP is
-``"*"``. Scopes nest: ``admin`` ⊇ ``deploy`` ⊇ ``write`` ⊇ ``read``.
+``"*"``. Scopes nest: ``admin`` ⊇ ``deploy`` ⊇ ``write`` ⊇ ``read``, and ``deploy`` ⊇ ``queue``.
 
 * ``read`` — every ``GET``: machines, releases, events, metrics.
 * ``write`` — a machine's life: create, start, stop, update, destroy, leases, signals, quotes.
 * ``deploy`` — what a deploy does beyond that: releases, images, secrets.
 * ``admin`` — the cluster: workers, tokens, the audit log.
+* ``queue`` — a batch worker of the app's queue, and only that: list the app's waiting jobs,
+  claim them (their env included) and report their runs. Beside the chain, not in it: it
+  reads nothing else of the app, and neither ``read`` nor ``write`` covers it.
 
 Whoever holds a token can make a narrower one without the key and without asking anyone
 (:func:`narrow`): it appends a block of checks (one app, a lower scope, an earlier expiry) that
@@ -71,11 +74,20 @@ class Scope(StrEnum):
     WRITE = "write"
     DEPLOY = "deploy"
     ADMIN = "admin"
+    QUEUE = "queue"  # a batch worker of the app's queue (beside the chain)
 
     def covers(self) -> list[Scope]:
         """The scopes this one includes (itself among them)."""
-        order = list(Scope)
-        return order[: order.index(self) + 1]
+        return list(_COVERS[self])
+
+
+_COVERS: dict[Scope, tuple[Scope, ...]] = {
+    Scope.READ: (Scope.READ,),
+    Scope.WRITE: (Scope.READ, Scope.WRITE),
+    Scope.DEPLOY: (Scope.READ, Scope.WRITE, Scope.DEPLOY, Scope.QUEUE),
+    Scope.ADMIN: (Scope.READ, Scope.WRITE, Scope.DEPLOY, Scope.QUEUE, Scope.ADMIN),
+    Scope.QUEUE: (Scope.QUEUE,),
+}
 
 
 @dataclass(frozen=True)
@@ -198,16 +210,14 @@ def _check_app(app: str) -> None:
 
 # -- checking tokens -----------------------------------------------------------------------
 
-_POLICY = """
-covers("read", "read");
-covers("write", "read"); covers("write", "write");
-covers("deploy", "read"); covers("deploy", "write"); covers("deploy", "deploy");
-covers("admin", "read"); covers("admin", "write"); covers("admin", "deploy");
-covers("admin", "admin");
+_POLICY = (
+    " ".join(f'covers("{s}", "{op}");' for s in Scope for op in _COVERS[s])
+    + """
 allow if operation($op), app($a), right($a, $s), covers($s, $op);
 allow if operation($op), right("*", $s), covers($s, $op);
 deny if true;
 """
+)
 
 
 class Verifier:
@@ -235,10 +245,7 @@ class Verifier:
         :class:`Forbidden` when it is valid but does not reach that far."""
         token = _bearer(header)
         parsed, grant = self._parse(token)
-        if grant.token_id in self._revoked:
-            raise Unauthorized(
-                f"token {grant.token_id} was revoked", hint="ask for a new one (souq token create)"
-            )
+        self._check_live(grant)
         key = (token, app, action)
         now = time.monotonic()
         with self._lock:
@@ -253,11 +260,6 @@ class Verifier:
                 while len(self._decisions) > _CACHE:
                     self._decisions.popitem(last=False)
         if not allowed:
-            if grant.expires_at is not None and grant.expires_at <= datetime.now(UTC):
-                raise Unauthorized(
-                    f"token {grant.token_id} expired at {grant.expires_at:%Y-%m-%d %H:%M:%S} UTC",
-                    hint="ask for a new one (souq token create)",
-                )
             where = f"app {app}" if app else "the cluster"
             raise Forbidden(
                 f"token {grant.identity} may not {action} {where}",
@@ -266,9 +268,36 @@ class Verifier:
             )
         return grant
 
+    def allows(self, header: str | None, *, app: str | None, action: Scope) -> bool:
+        """Whether the (valid) token may do ACTION on APP: :meth:`authorize` without the
+        refusal."""
+        try:
+            self.authorize(header, app=app, action=action)
+        except Forbidden:
+            return False
+        return True
+
     def grant(self, header: str | None) -> Grant:
         """What a token's authority block says, once its signature is checked."""
         return self._parse(_bearer(header))[1]
+
+    def authenticate(self, header: str | None) -> Grant:
+        """The grant of a valid token, not revoked nor past its first block's expiry, whatever
+        it may do (for a route that checks the scope itself, against what it reads)."""
+        grant = self.grant(header)
+        self._check_live(grant)
+        return grant
+
+    def _check_live(self, grant: Grant) -> None:
+        if grant.token_id in self._revoked:
+            raise Unauthorized(
+                f"token {grant.token_id} was revoked", hint="ask for a new one (souq token create)"
+            )
+        if grant.expires_at is not None and grant.expires_at <= datetime.now(UTC):
+            raise Unauthorized(
+                f"token {grant.token_id} expired at {grant.expires_at:%Y-%m-%d %H:%M:%S} UTC",
+                hint="ask for a new one (souq token create)",
+            )
 
     def _parse_anew(self, token: str) -> tuple[Any, Grant]:
         """The token checked against the key and its grant read (what ``_parse`` remembers)."""

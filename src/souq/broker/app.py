@@ -20,7 +20,7 @@ from starlette.datastructures import Headers, QueryParams
 from starlette.types import ASGIApp
 
 from souq import __version__
-from souq.auth.access import Access
+from souq.auth.access import Access, Permit, permit_of
 from souq.broker import machine_logs as output
 from souq.broker.app_routes import apps_router
 from souq.broker.bodies import (
@@ -61,7 +61,7 @@ from souq.broker.schemas import (
     StopRequest,
     UpdateMachineRequest,
 )
-from souq.broker.secret_routes import secrets_router
+from souq.broker.secret_routes import secrets_router, skips_secrets
 from souq.broker.service import BrokerService
 from souq.broker.streams import SlotResponse
 from souq.broker.token_routes import Guard, tokens_router
@@ -152,10 +152,15 @@ def create_handler(service: BrokerService) -> CreateHandler:
     of a dry run. The route reads its path, header and query itself (see
     :mod:`souq.broker.fast_path`)."""
 
-    async def create(app: str, raw: bytes, headers: Headers, query: QueryParams) -> tuple[int, str]:
+    async def create(
+        app: str, raw: bytes, headers: Headers, query: QueryParams, permit: Permit
+    ) -> tuple[int, str]:
         await app_name(app)
         idempotency_key = _idempotency_key(headers)
         body = parsed_body(raw, CreateMachineRequest)
+        body = body.model_copy(
+            update={"skip_secrets": skips_secrets(permit, app, asked=body.skip_secrets)}
+        )
         if _flag(query, "dry_run"):
             return 200, DryRun(placement=await service.explain(app, body)).model_dump_json()
         machine = await service.create_machine(app, body, idempotency_key=idempotency_key)
@@ -256,7 +261,11 @@ def _routes(service: BrokerService, create: CreateHandler) -> FastAPI:
         """Answered by :mod:`souq.broker.fast_path` before FastAPI sees it; declared here for
         the API's schema."""
         status, content = await create(
-            request.path_params["app"], await request.body(), request.headers, request.query_params
+            request.path_params["app"],
+            await request.body(),
+            request.headers,
+            request.query_params,
+            permit_of(request.scope.get("state")),
         )
         return Response(content, status_code=status, media_type="application/json")
 
@@ -279,6 +288,10 @@ def _routes(service: BrokerService, create: CreateHandler) -> FastAPI:
                 hint="send single creates with a key, or retry a batch only after listing",
             )
         body = await parse_body(request, BatchCreateRequest)
+        permit = permit_of(request.scope.get("state"))
+        body = body.model_copy(
+            update={"skip_secrets": skips_secrets(permit, app, asked=body.skip_secrets)}
+        )
         return json_response(await service.create_batch(app, body), status_code=201)
 
     @api.post(

@@ -12,11 +12,9 @@ import secrets
 
 import nats.errors
 import nats.js.errors
-from nats.aio.client import Client
-from nats.js.kv import KeyValue
 
-from souq.bus.jetstream import key_value, unavailable
-from souq.clock import Clock, SystemClock, iso_from_ms
+from souq.bus.jetstream import BucketStore, unavailable
+from souq.clock import iso_from_ms
 from souq.errors import NameTaken
 from souq.model.app import AppRecord, NewApp
 
@@ -32,18 +30,10 @@ def new_app_id() -> str:
     return "".join(secrets.choice(alphabet) for _ in range(16))
 
 
-class AppStore:
-    def __init__(self, kv: KeyValue, clock: Clock | None = None) -> None:
-        self._kv = kv
-        self._clock = clock or SystemClock()
-
-    @classmethod
-    async def open(cls, nc: Client) -> AppStore:
-        try:
-            kv = await key_value(nc.jetstream(), BUCKET, "souq apps: one record per created app")
-        except (nats.errors.Error, nats.js.errors.Error) as exc:
-            raise unavailable(_WHAT, exc) from exc
-        return cls(kv)
+class AppStore(BucketStore):
+    BUCKET = BUCKET
+    DESCRIPTION = "souq apps: one record per created app"
+    WHAT = _WHAT
 
     async def create(self, body: NewApp, *, taken: bool = False) -> AppRecord:
         """The new app's record; :class:`NameTaken` when the name is in use (``taken``: the
@@ -80,13 +70,8 @@ class AppStore:
 
     async def all(self) -> list[AppRecord]:
         """Every created app, by name."""
-        try:
-            keys = await self._kv.keys()
-        except nats.js.errors.NoKeysError:
-            return []
-        except (nats.errors.Error, nats.js.errors.Error) as exc:
-            raise unavailable(_WHAT, exc) from exc
-        return [r for r in [await self.get(k) for k in sorted(keys)] if r is not None]
+        keys = sorted(await self._keys())
+        return [r for r in [await self.get(k) for k in keys] if r is not None]
 
 
 def _taken(name: str, *, machines: bool) -> NameTaken:

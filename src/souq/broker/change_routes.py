@@ -13,6 +13,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 
+from souq.auth.access import permit_of
 from souq.broker.bodies import (
     MACHINE,
     AppName,
@@ -23,6 +24,7 @@ from souq.broker.bodies import (
     with_fields,
 )
 from souq.broker.schemas import LeaseBody, SignalRequest, UpdateMachineRequest
+from souq.broker.secret_routes import skips_secrets
 from souq.broker.service import BrokerService
 from souq.model import Machine
 from souq.model.protocol import Lease, LeaseRequest
@@ -60,7 +62,14 @@ def changes_router(service: BrokerService) -> APIRouter:
         answer comes once it has."""
         body = await parse_body(request, UpdateMachineRequest)
         machine = await service.update_machine(
-            app, machine_id, body.config, skip_launch=body.skip_launch, nonce=nonce
+            app,
+            machine_id,
+            body.config,
+            skip_launch=body.skip_launch,
+            skip_secrets=skips_secrets(
+                permit_of(request.scope.get("state")), app, asked=body.skip_secrets
+            ),
+            nonce=nonce,
         )
         if body.lease_ttl is None:
             return json_response(machine)

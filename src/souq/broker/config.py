@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from souq.limits import HttpLimits
+from souq.model.base import copy_fields
 from souq.model.policy import PlacementDefaults
 
 __all__ = ["BrokerConfig"]
@@ -121,11 +122,4 @@ class BrokerConfig(BaseModel):
     @property
     def http_limits(self) -> HttpLimits:
         """The deadlines and caps of the broker's HTTP connections (souq.http_guard)."""
-        return HttpLimits(
-            header_timeout_s=self.header_timeout_s,
-            body_grace_s=self.body_grace_s,
-            body_min_rate=self.body_min_rate,
-            write_stall_s=self.write_stall_s,
-            streams_per_client=self.streams_per_client,
-            streams_total=self.streams_total,
-        )
+        return copy_fields(HttpLimits, self)

@@ -21,13 +21,14 @@ from starlette.datastructures import Headers, QueryParams
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from souq.auth.access import Permit, permit_of
 from souq.broker.http_errors import souq_error_response, unexpected_error_response
 from souq.errors import SouqError
 
 __all__ = ["CreateFastPath", "CreateHandler"]
 
-# (app, body, headers, query) -> (status, JSON text); raises SouqError.
-CreateHandler = Callable[[str, bytes, Headers, QueryParams], Awaitable[tuple[int, str]]]
+# (app, body, headers, query, what the token may) -> (status, JSON text); raises SouqError.
+CreateHandler = Callable[[str, bytes, Headers, QueryParams, Permit], Awaitable[tuple[int, str]]]
 
 _CREATE = re.compile(r"/v1/apps/([^/]+)/machines")
 
@@ -50,7 +51,11 @@ class CreateFastPath:
         response: Response
         try:
             status, content = await self._create(
-                match.group(1), body, Headers(scope=scope), QueryParams(scope["query_string"])
+                match.group(1),
+                body,
+                Headers(scope=scope),
+                QueryParams(scope["query_string"]),
+                permit_of(scope.get("state")),
             )
             response = Response(content, status_code=status, media_type="application/json")
         except SouqError as exc:

@@ -250,6 +250,7 @@ class Market:
                         region=body.region,
                         config=body.config,
                         skip_launch=body.skip_launch,
+                        skip_secrets=body.skip_secrets,
                         request_ids=[f"{request_id}-{i}" for i in indexes[start:][:per_claim]],
                         placement=action.record,
                         image=image,

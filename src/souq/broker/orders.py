@@ -34,6 +34,7 @@ def order(
         region=body.region,
         config=body.config,
         skip_launch=skip_launch,
+        skip_secrets=isinstance(body, CreateMachineRequest) and body.skip_secrets,
         policy=body.placement,
         region_chosen=region_chosen,
     )

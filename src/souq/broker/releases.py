@@ -9,50 +9,36 @@ from __future__ import annotations
 
 import nats.errors
 import nats.js.errors
-from nats.aio.client import Client
-from nats.js.kv import KeyValue
 
-from souq.bus.jetstream import key_value, unavailable
-from souq.clock import Clock, SystemClock, iso_from_ms
+from souq.bus.jetstream import BucketStore, unavailable
+from souq.clock import iso_from_ms
 from souq.errors import Conflict, NotFound
+from souq.model.base import copy_fields
 from souq.model.release import NewRelease, Release, ReleaseState, ReleaseUpdate
 
 __all__ = ["BUCKET", "ReleaseStore"]
 
 BUCKET = "souq-releases"
+_WHAT = "the release store"
 _TRIES = 64  # versions tried by one create, racing other deploys of the same app
 
 
-class ReleaseStore:
-    def __init__(self, kv: KeyValue, clock: Clock | None = None) -> None:
-        self._kv = kv
-        self._clock = clock or SystemClock()
-
-    @classmethod
-    async def open(cls, nc: Client) -> ReleaseStore:
-        try:
-            kv = await key_value(
-                nc.jetstream(),
-                BUCKET,
-                "souq releases: one record per app and version",
-            )
-        except (nats.errors.Error, nats.js.errors.Error) as exc:
-            raise unavailable("the release store", exc) from exc
-        return cls(kv)
+class ReleaseStore(BucketStore):
+    BUCKET = BUCKET
+    DESCRIPTION = "souq releases: one record per app and version"
+    WHAT = _WHAT
 
     async def create(self, app: str, new: NewRelease) -> Release:
         """A new release of ``app``, at the next version."""
         now = iso_from_ms(self._clock.now_ms())
         version = (await self._latest_version(app)) + 1
         for _ in range(_TRIES):
-            release = Release(
+            release = copy_fields(
+                Release,
+                new,
                 app=app,
                 version=version,
                 state=ReleaseState.PENDING,
-                image=new.image,
-                config=new.config,
-                strategy=new.strategy,
-                description=new.description,
                 created_at=now,
                 updated_at=now,
             )
@@ -62,7 +48,7 @@ class ReleaseStore:
                 version += 1  # another deploy took it
                 continue
             except (nats.errors.Error, nats.js.errors.Error) as exc:
-                raise unavailable("the release store", exc) from exc
+                raise unavailable(_WHAT, exc) from exc
             return release
         raise Conflict(f"app {app}: too many releases made at once", hint="retry the deploy")
 
@@ -74,7 +60,7 @@ class ReleaseStore:
                 f"app {app} has no release {version}", hint=f"see `souq releases --app {app}`"
             ) from None
         except (nats.errors.Error, nats.js.errors.Error) as exc:
-            raise unavailable("the release store", exc) from exc
+            raise unavailable(_WHAT, exc) from exc
         if entry.value is None:
             raise NotFound(f"app {app} has no release {version}")
         return Release.model_validate_json(entry.value)
@@ -91,7 +77,7 @@ class ReleaseStore:
         try:
             await self._kv.put(_key(app, version), updated.model_dump_json().encode())
         except (nats.errors.Error, nats.js.errors.Error) as exc:
-            raise unavailable("the release store", exc) from exc
+            raise unavailable(_WHAT, exc) from exc
         return updated
 
     async def of_app(self, app: str) -> list[Release]:
@@ -110,12 +96,7 @@ class ReleaseStore:
     async def _versions(self, app: str) -> list[int]:
         # Every key, filtered here: the client's subject filters answered nothing from
         # nats-server 2.15 (one key per release: a few thousand at most).
-        try:
-            keys = await self._kv.keys()
-        except nats.js.errors.NoKeysError:
-            return []
-        except (nats.errors.Error, nats.js.errors.Error) as exc:
-            raise unavailable("the release store", exc) from exc
+        keys = await self._keys()
         prefix = app + "."
         return [
             int(k[len(prefix) :])

@@ -23,13 +23,14 @@ from nats.aio.client import Client
 from nats.js.kv import KeyValue
 
 from souq.auth.tokens import Verifier
-from souq.bus.jetstream import OnFirstUse, key_value, unavailable
+from souq.bus.jetstream import OnFirstUse, open_key_value, unavailable
 
 __all__ = ["BUCKET", "Revocations"]
 
 log = logging.getLogger(__name__)
 
 BUCKET = "souq-revoked"
+_WHAT = "the revocation list"
 _RETRY_S = 1.0  # the watch starts again this long after it failed (NATS down, no JetStream)
 
 
@@ -53,7 +54,7 @@ class Revocations:
         try:
             await (await self._bucket.get()).put(token_id, json.dumps(record).encode())
         except (nats.errors.Error, nats.js.errors.Error) as exc:
-            raise unavailable("the revocation list", exc) from exc
+            raise unavailable(_WHAT, exc) from exc
         self._verifier.revoke(token_id)
 
     async def revoked(self) -> dict[str, dict[str, object]]:
@@ -66,7 +67,7 @@ class Revocations:
                     entry = await kv.get(key)
                     out[key] = json.loads(entry.value or b"{}")
         except (nats.errors.Error, nats.js.errors.Error) as exc:
-            raise unavailable("the revocation list", exc) from exc
+            raise unavailable(_WHAT, exc) from exc
         return out
 
     async def _watch(self) -> None:
@@ -93,7 +94,5 @@ class Revocations:
 
 
 async def _open(nc: Client) -> KeyValue:
-    try:
-        return await key_value(nc.jetstream(), BUCKET, "souq revoked tokens: one key per token id")
-    except (nats.errors.Error, nats.js.errors.Error) as exc:
-        raise unavailable("the revocation list", exc) from exc
+    description = "souq revoked tokens: one key per token id"
+    return await open_key_value(nc, BUCKET, description, what=_WHAT)

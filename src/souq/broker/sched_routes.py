@@ -13,6 +13,16 @@ job.
 
 A worker names itself with ``?worker=NAME`` (or the ``X-Souq-Worker`` header); without a name
 anyone may act on a job, as in the seed. ``?lease_s=`` sets a claim's lease (default 30 s).
+
+Every job belongs to an app (the submitting token's, or the body's ``app`` for a token of every
+app, else :data:`~souq.model.job.DEFAULT_QUEUE`), and every route checks the token against the
+job's app, as the machines' routes check their path's: ``read`` to see a job (its status, its
+output, the lists, which hold only the jobs the token may read), ``write`` to submit or cancel
+one, ``queue`` (which ``deploy`` includes) to work the queue: the waiting jobs, claim, renew,
+started, stopped, release, return, cancellations, register, assigned. A job another app's token
+asks for is ``404 job_not_found``, as if it did not exist. A job's ``env`` values are shown only
+to a token that may work its queue (a worker runs the job with them) or read its app's secrets;
+to any other they are ``[redacted]``, as a machine's secrets are never shown.
 """
 
 from __future__ import annotations
@@ -22,11 +32,16 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Header, Path, Query, Request
 from fastapi.responses import PlainTextResponse, Response
 
+from souq.auth.access import Permit, permit_of
+from souq.auth.tokens import Scope
 from souq.broker.bodies import body_schema, json_response, parse_body
-from souq.errors import NotFound
+from souq.errors import Forbidden, JobNotFound, NotFound
 from souq.jobs.core import DEFAULT_LEASE_MS
 from souq.jobs.queue import JobQueue
+from souq.jobs.store import JobStore
+from souq.model import APP_NAME_PATTERN
 from souq.model.job import (
+    DEFAULT_QUEUE,
     JOB_NAME,
     JOB_NAME_MAX,
     Job,
@@ -51,56 +66,77 @@ def _claimant(worker: Worker = None, x_souq_worker: WorkerHeader = None) -> str 
     return worker or x_souq_worker
 
 
+def _permit(request: Request) -> Permit:
+    return permit_of(request.scope.get("state"))
+
+
 Claimant = Annotated[str | None, Depends(_claimant)]
+Allowed = Annotated[Permit, Depends(_permit)]
+OfApp = Annotated[
+    str | None, Query(pattern=APP_NAME_PATTERN, max_length=63, description="only this app's")
+]
+REDACTED = "[redacted]"
 Attempt = Annotated[int | None, Query(ge=1, description="which run (default: the last)")]
 LeaseS = Annotated[float, Query(gt=0, le=3600, description="the claim's lease, seconds")]
 
 
 def sched_router(queue: JobQueue) -> APIRouter:
     router = APIRouter(prefix="/sched", tags=["jobs"])
+    _users_routes(router, queue)
+    _workers_routes(router, queue)
+    return router
 
-    async def change(
-        name: str,
-        event: JobEvent,
-        worker: str | None,
-        *,
-        lease_s: float = DEFAULT_LEASE_MS / 1000,
-        stopped: JobStopped | None = None,
-    ) -> Response:
-        store = await queue.store()
-        job = await store.change(
-            name, event, worker=worker, lease_ms=int(lease_s * 1000), stopped=stopped
-        )
-        return json_response(job)
 
+async def _change(
+    queue: JobQueue,
+    name: str,
+    event: JobEvent,
+    worker: str | None,
+    permit: Permit,
+    *,
+    needs: Scope = Scope.QUEUE,
+    lease_s: float = DEFAULT_LEASE_MS / 1000,
+    stopped: JobStopped | None = None,
+) -> Response:
+    store = await queue.store()
+    await job_of(store, name, permit, needs)  # a job's app never changes
+    job = await store.change(
+        name, event, worker=worker, lease_ms=int(lease_s * 1000), stopped=stopped
+    )
+    return json_response(shown(job, permit))
+
+
+def _users_routes(router: APIRouter, queue: JobQueue) -> None:
     @router.post(
         "/submit", status_code=201, response_model=Job, openapi_extra=body_schema(JobSubmit)
     )
-    async def submit(request: Request) -> Response:
+    async def submit(request: Request, permit: Allowed) -> Response:
         """Queue a named job; 409 ``job_exists`` when the name is taken."""
         spec = await parse_body(request, JobSubmit)
-        return json_response(await (await queue.store()).submit(spec), status_code=201)
+        app = app_of(permit, spec.app, Scope.WRITE)
+        job = await (await queue.store()).submit(spec.model_copy(update={"app": app}))
+        return json_response(shown(job, permit), status_code=201)
 
     @router.get("/status/{name}", response_model=Job)
-    async def status(name: JobName) -> Response:
-        return json_response(await (await queue.store()).get(name))
+    async def status(name: JobName, permit: Allowed) -> Response:
+        return json_response(shown(await job_of(await queue.store(), name, permit), permit))
 
     @router.post("/cancel/{name}", response_model=Job)
-    async def cancel(name: JobName) -> Response:
+    async def cancel(name: JobName, permit: Allowed) -> Response:
         """A waiting job is cancelled at once; a running one when its worker has stopped it."""
-        return await change(name, JobEvent.CANCEL, None)
+        return await _change(queue, name, JobEvent.CANCEL, None, permit, needs=Scope.WRITE)
 
     @router.get(
         "/logs/{name}",
         response_class=PlainTextResponse,
         responses={404: {"description": "no such job (job_not_found), or no output yet"}},
     )
-    async def logs(name: JobName, attempt: Attempt = None) -> Response:
+    async def logs(name: JobName, permit: Allowed, attempt: Attempt = None) -> Response:
         """What the job's last run printed (stdout and stderr, the last MiB), as text, or run
         ``?attempt=N``'s; the run is named by the ``X-Souq-Attempt`` header. 404
         ``job_not_found`` for a job that does not exist, ``not_found`` while no run of it (or
         not that one) has ended."""
-        job = await (await queue.store()).get(name)
+        job = await job_of(await queue.store(), name, permit)
         outputs = await queue.outputs()
         if attempt is None:
             attempt, data = await outputs.last(job)
@@ -118,90 +154,150 @@ def sched_router(queue: JobQueue) -> APIRouter:
         )
 
     @router.get("/jobs", response_model=list[Job])
-    async def waiting() -> Response:
-        """The jobs a worker may claim now, oldest first."""
+    async def waiting(permit: Allowed, app: OfApp = None) -> Response:
+        """The jobs a worker may claim now, oldest first (of the apps whose queue the token
+        may work or read)."""
         store = await queue.store()
         now = store.clock.now_ms()
         jobs = [
-            j for j in await store.all() if j.state is JobState.PENDING and j.not_before_ms <= now
+            j
+            for j in await store.all()
+            if j.state is JobState.PENDING
+            and j.not_before_ms <= now
+            and app in (None, j.app)
+            and (permit.allows(j.app, Scope.QUEUE) or permit.allows(j.app, Scope.READ))
         ]
         jobs.sort(key=lambda j: (j.submitted_ms, j.name))
-        return json_response(jobs)
+        return json_response([shown(j, permit) for j in jobs])
 
     @router.get("/list", response_model=list[Job])
-    async def every() -> Response:
-        """Every job the queue holds, ended ones included, newest first."""
-        jobs = await (await queue.store()).all()
+    async def every(permit: Allowed, app: OfApp = None) -> Response:
+        """Every job the queue holds that the token may read (``?app=``: of that app), ended
+        ones included, newest first."""
+        jobs = [
+            j
+            for j in await (await queue.store()).all()
+            if app in (None, j.app) and permit.allows(j.app, Scope.READ)
+        ]
         jobs.sort(key=lambda j: (-j.submitted_ms, j.name))
-        return json_response(jobs)
+        return json_response([shown(j, permit) for j in jobs])
 
+
+def _workers_routes(router: APIRouter, queue: JobQueue) -> None:
     @router.post("/claim/{name}", response_model=Job)
     async def claim(
         name: JobName,
         who: Claimant,
+        permit: Allowed,
         lease_s: LeaseS = 30,
     ) -> Response:
         """200 to exactly one claimant; 409 ``illegal_transition`` to every other."""
-        return await change(name, JobEvent.CLAIM, who, lease_s=lease_s)
+        return await _change(queue, name, JobEvent.CLAIM, who, permit, lease_s=lease_s)
 
     @router.post(
         "/release/{name}",
         response_model=Job,
         openapi_extra=body_schema(JobStopped, required=False),
     )
-    async def release(name: JobName, request: Request, who: Claimant) -> Response:
+    async def release(name: JobName, request: Request, who: Claimant, permit: Allowed) -> Response:
         """The claimant's run ended, as the seed's worker says it: ``{"exit_code": N}`` (no
         body: it succeeded). The job does not run again unless its restart policy asks."""
         body = await parse_body(request, JobStopped, optional=True)
-        return await change(name, JobEvent.RELEASE, who, stopped=body)
+        return await _change(queue, name, JobEvent.RELEASE, who, permit, stopped=body)
 
     @router.post("/return/{name}", response_model=Job)
-    async def give_back(name: JobName, who: Claimant) -> Response:
+    async def give_back(name: JobName, who: Claimant, permit: Allowed) -> Response:
         """The claimant gives the job back untouched: waiting again, no run counted."""
-        return await change(name, JobEvent.RETURN, who)
+        return await _change(queue, name, JobEvent.RETURN, who, permit)
 
     @router.post("/renew/{name}", response_model=Job)
     async def renew(
         name: JobName,
         who: Claimant,
+        permit: Allowed,
         lease_s: LeaseS = 30,
     ) -> Response:
-        return await change(name, JobEvent.RENEW, who, lease_s=lease_s)
+        return await _change(queue, name, JobEvent.RENEW, who, permit, lease_s=lease_s)
 
     @router.get("/cancellations", response_model=list[Job])
-    async def cancellations(who: Claimant) -> Response:
-        """Held jobs whose cancel was asked (the worker's, when it names itself): stop them."""
+    async def cancellations(who: Claimant, permit: Allowed) -> Response:
+        """Held jobs whose cancel was asked (the worker's, when it names itself), of the apps
+        whose queue the token works: stop them."""
         jobs = [
             j
             for j in await (await queue.store()).all()
-            if j.cancel_requested and not j.state.ended and (who is None or j.worker == who)
+            if j.cancel_requested
+            and not j.state.ended
+            and (who is None or j.worker == who)
+            and permit.allows(j.app, Scope.QUEUE)
         ]
-        return json_response(jobs)
+        return json_response([shown(j, permit) for j in jobs])
 
     @router.post("/register", response_model=Registration, openapi_extra=body_schema(Registration))
-    async def register(request: Request) -> Response:
-        """A worker of the push model says what it has free; it then asks ``/sched/assigned``."""
+    async def register(request: Request, permit: Allowed) -> Response:
+        """A worker of the push model says what it has free, for one app's queue; it then asks
+        ``/sched/assigned``."""
         body = await parse_body(request, Registration)
-        return json_response(await (await queue.store()).register(body))
+        app = app_of(permit, body.app, Scope.QUEUE)
+        store = await queue.store()
+        if body.name and (known := await store.registration(body.name)) is not None:
+            permit.require(known.app or DEFAULT_QUEUE, Scope.QUEUE)  # not another app's name
+        return json_response(await store.register(body.model_copy(update={"app": app})))
 
     @router.get("/assigned", response_model=list[Job])
-    async def assigned(who: Claimant) -> Response:
-        """The jobs the registered worker holds, after it is given the waiting ones that fit
-        what it registered as free (oldest first)."""
-        return json_response(await (await queue.store()).assign(who or ""))
+    async def assigned(who: Claimant, permit: Allowed) -> Response:
+        """The jobs the registered worker holds, after it is given the waiting ones of its app
+        that fit what it registered as free (oldest first)."""
+        store = await queue.store()
+        known = await store.registration(who or "")
+        if known is not None:
+            permit.require(known.app or DEFAULT_QUEUE, Scope.QUEUE)
+        return json_response([shown(j, permit) for j in await store.assign(who or "")])
 
     @router.post("/started/{name}", response_model=Job)
-    async def started(name: JobName, who: Claimant) -> Response:
-        return await change(name, JobEvent.START, who)
+    async def started(name: JobName, who: Claimant, permit: Allowed) -> Response:
+        return await _change(queue, name, JobEvent.START, who, permit)
 
     @router.post(
         "/stopped/{name}",
         response_model=Job,
         openapi_extra=body_schema(JobStopped, required=False),
     )
-    async def stopped(name: JobName, request: Request, who: Claimant) -> Response:
+    async def stopped(name: JobName, request: Request, who: Claimant, permit: Allowed) -> Response:
         """How the run ended: ``{"exit_code": N, "error": "..."}`` (no body: it succeeded)."""
         body = await parse_body(request, JobStopped, optional=True)
-        return await change(name, JobEvent.STOP, who, stopped=body)
+        return await _change(queue, name, JobEvent.STOP, who, permit, stopped=body)
 
-    return router
+
+def app_of(permit: Permit, given: str | None, needs: Scope) -> str:
+    """The app a submit or a registration is for: the one given, else the token's, else the
+    default queue; ``403 forbidden`` unless the token may do ``needs`` on it."""
+    app = given or permit.app or DEFAULT_QUEUE
+    if given is None and permit.app is None and not permit.allows(app, needs):
+        raise Forbidden(
+            f"the token may not {needs} the default queue ({DEFAULT_QUEUE!r})",
+            hint="name the app in the body's `app` (souq job submit --app APP)",
+            details={"action": str(needs), "app": app},
+        )
+    permit.require(app, needs)
+    return app
+
+
+async def job_of(store: JobStore, name: str, permit: Permit, needs: Scope = Scope.READ) -> Job:
+    """The job, if the token may do ``needs`` on its app: ``404 job_not_found`` when it may
+    neither read the job nor work its queue (another app's job is as good as absent), ``403
+    forbidden`` when it may see the job but not do that."""
+    job = await store.get(name)
+    if not (permit.allows(job.app, Scope.READ) or permit.allows(job.app, Scope.QUEUE)):
+        raise JobNotFound(f"no job {name}", hint="`souq job list` shows the jobs")
+    permit.require(job.app, needs)
+    return job
+
+
+def shown(job: Job, permit: Permit) -> Job:
+    """The job as the token may see it: its env's values only for a token that may work its
+    queue (which ``deploy`` includes: the app's secrets are its to read)."""
+    if not job.spec.env or permit.allows(job.app, Scope.QUEUE):
+        return job
+    env = dict.fromkeys(job.spec.env, REDACTED)
+    return job.model_copy(update={"spec": job.spec.model_copy(update={"env": env})})

@@ -4,7 +4,7 @@ workers and events are the models of :mod:`souq.model`."""
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import (
     BaseModel,
@@ -24,7 +24,7 @@ from souq.model import (
     WorkerState,
     normalise_signal,
 )
-from souq.model.durations import seconds_of
+from souq.model.durations import seconds_of, set_timeout_s
 from souq.model.fly_fields import CREATE_UNSUPPORTED, drop_unset
 from souq.model.machine import validate_name
 from souq.model.policy import PlacementPolicy
@@ -60,8 +60,11 @@ class FlyLaunchFields(Input):
     """What Fly's create and update bodies (``LaunchMachineInput``) carry beside the config:
     the fields Souq takes, and the ones it refuses when set (naming why)."""
 
-    skip_secrets: Literal[False] = Field(
-        default=False, description="Fly's; an app's secrets are always given to its machines"
+    skip_secrets: bool = Field(
+        default=False,
+        description="give the machine none of its app's secrets, at this start and every later "
+        "one; a token that may not read the app's secrets (below deploy) always makes such a "
+        "machine",
     )
     lease_ttl: int | None = Field(
         default=None,
@@ -78,13 +81,6 @@ class FlyLaunchFields(Input):
     @classmethod
     def _fly_fields(cls, data: Any) -> Any:
         return drop_unset(data, CREATE_UNSUPPORTED)
-
-    @field_validator("skip_secrets", mode="before")
-    @classmethod
-    def _skip_secrets(cls, v: Any) -> Any:
-        if v is True:
-            raise ValueError("not supported by Souq: an app's secrets are given to every machine")
-        return v
 
 
 class CreateMachineRequest(FlyLaunchFields):
@@ -166,11 +162,7 @@ class StopRequest(Input):
         data = dict(data)
         data.pop("id", None)  # Fly's client names the machine in the body too: the path's wins
         timeout = data.pop("timeout", None)
-        seconds = None if timeout is None else fly_stop_timeout(timeout)
-        if seconds is not None:
-            if data.get("timeout_s") not in (None, seconds):
-                raise ValueError("timeout and timeout_s disagree; give one")
-            data["timeout_s"] = seconds
+        set_timeout_s(data, None if timeout is None else fly_stop_timeout(timeout))
         return data
 
     @field_validator("signal", mode="before")

@@ -17,7 +17,9 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import RootModel
 
+from souq.auth.access import Permit
 from souq.auth.files import AuthDir
+from souq.auth.tokens import Scope
 from souq.broker.bodies import AppName, body_schema, json_response, parse_body, parsed_body
 from souq.broker.service import BrokerService
 from souq.bus.jetstream import OnFirstUse
@@ -27,7 +29,7 @@ from souq.model.secrets import SecretInfo
 from souq.secrets.sealed import check_name, check_values
 from souq.secrets.store import SecretStore, open_bucket, secrets_key
 
-__all__ = ["secrets_router"]
+__all__ = ["secrets_router", "skips_secrets"]
 
 SECRETS = "/v1/apps/{app}/secrets"
 
@@ -55,6 +57,15 @@ def fly_shaped(raw: bytes) -> bool:
     except ValueError:
         return False
     return isinstance(data, dict) and data.keys() == {"values"} and isinstance(data["values"], dict)
+
+
+def skips_secrets(permit: Permit, app: str, *, asked: bool) -> bool:
+    """Whether a machine this create or update makes starts without its app's secrets, at
+    this start and every later one: when the body asks (Fly's ``skip_secrets``), and always
+    when the token may not read them (``deploy``: a ``write`` token's machine could print them
+    for a ``read`` token to see in its logs). Kept on the machine, so whoever starts it later,
+    and its restart policy, start it as the token that made it could."""
+    return asked or not permit.allows(app, Scope.DEPLOY)
 
 
 def never_shown(show_secrets: bool) -> None:

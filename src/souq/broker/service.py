@@ -63,7 +63,7 @@ from souq.model import (
 )
 from souq.model.batch import BatchCreateRequest, BatchResult
 from souq.model.machine import MachineConfig
-from souq.model.protocol import Lease, LeaseRequest, UpdateCommand
+from souq.model.protocol import Lease, LeaseRequest, StartCommand, UpdateCommand
 from souq.placement import Pipeline
 from souq.protocol import Verb, WorkerClient
 from souq.protocol import verbs as v
@@ -426,7 +426,7 @@ class BrokerService:
     async def start_machine(
         self, app: str, machine_id: str, *, nonce: str | None = None
     ) -> Machine:
-        ref = MachineRef(app=app, machine_id=machine_id, lease_nonce=nonce)
+        ref = StartCommand(app=app, machine_id=machine_id, lease_nonce=nonce)
         return self._seen(await self._ask(machine_id, v.START, ref))
 
     async def suspend_machine(
@@ -454,10 +454,12 @@ class BrokerService:
         config: MachineConfig,
         *,
         skip_launch: bool = False,
+        skip_secrets: bool = False,
         nonce: str | None = None,
     ) -> Machine:
         """Replace a machine's config on its worker (its image resolved first, as at a
-        create); answers once it has restarted with it (or at once with ``skip_launch``)."""
+        create); answers once it has restarted with it (or at once with ``skip_launch``).
+        ``skip_secrets``: from now on it starts without its app's secrets."""
         self.require_bus()
         image = await self.images.of_config(config)
         config = await self.volumes.named_for(app, machine_id, config)
@@ -468,6 +470,7 @@ class BrokerService:
             config=config,
             image=image,
             skip_launch=skip_launch,
+            skip_secrets=skip_secrets,
             lease_nonce=nonce,
         )
         return self._seen(await self._ask(machine_id, v.UPDATE, cmd, extra_s=grace + 60))

@@ -15,8 +15,9 @@ import dataclasses
 import logging
 import os
 from collections.abc import Awaitable, Callable
-from typing import Generic, TypeVar
+from typing import ClassVar, Generic, Self, TypeVar
 
+import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
 from nats.js.api import KeyValueConfig, ObjectStoreConfig, StorageType, StreamConfig
@@ -24,13 +25,16 @@ from nats.js.client import JetStreamContext
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
+from souq.clock import Clock, SystemClock
 from souq.errors import InvalidInput, Unavailable
 
 __all__ = [
     "REPLICAS_ENV",
+    "BucketStore",
     "OnFirstUse",
     "key_value",
     "object_store",
+    "open_key_value",
     "replicas_for",
     "stream",
     "unavailable",
@@ -148,6 +152,42 @@ async def key_value(
         return await js.key_value(bucket)
 
     return await _made(js, f"KV_{bucket}", replicas, create, bind)
+
+
+async def open_key_value(nc: Client, bucket: str, description: str, *, what: str) -> KeyValue:
+    """The bucket of ``what`` (a store), as :func:`key_value` makes it; :func:`unavailable`
+    when NATS does not answer or runs without JetStream."""
+    try:
+        return await key_value(nc.jetstream(), bucket, description)
+    except (nats.errors.Error, nats.js.errors.Error) as exc:
+        raise unavailable(what, exc) from exc
+
+
+class BucketStore:
+    """A store of records in one key-value bucket, ``BUCKET``, with a clock for their times:
+    ``WHAT`` is how its errors name it (:func:`unavailable`)."""
+
+    BUCKET: ClassVar[str]
+    DESCRIPTION: ClassVar[str]
+    WHAT: ClassVar[str]
+
+    def __init__(self, kv: KeyValue, clock: Clock | None = None) -> None:
+        self._kv = kv
+        self._clock = clock or SystemClock()
+
+    @classmethod
+    async def open(cls, nc: Client) -> Self:
+        """The store, its bucket made on first use (:func:`open_key_value`)."""
+        return cls(await open_key_value(nc, cls.BUCKET, cls.DESCRIPTION, what=cls.WHAT))
+
+    async def _keys(self) -> list[str]:
+        """Every key of the bucket (none when it is empty)."""
+        try:
+            return await self._kv.keys()
+        except nats.js.errors.NoKeysError:
+            return []
+        except (nats.errors.Error, nats.js.errors.Error) as exc:
+            raise unavailable(self.WHAT, exc) from exc
 
 
 class OnFirstUse(Generic[T]):

@@ -62,6 +62,10 @@ class SouqClient(SchedCalls):
     def workers(self) -> list[WorkerInfo]:
         return _many(WorkerInfo, self._call("GET", "/v1/workers"))
 
+    def region_names(self) -> list[str]:
+        """The cluster's regions: every region a worker announced itself in (``/v1/regions``)."""
+        return [str(r["name"]) for r in self._call("GET", "/v1/regions").json()]
+
     # -- images ----------------------------------------------------------------------------
 
     def push_image(self, layout_tar: bytes, *, name: str | None = None) -> ImageRecord:

@@ -66,7 +66,7 @@ def deploy(
     everywhere with the failing phase, region, machine and check named (exit 1)."""
     from souq.apps import load_app_config
     from souq.client import render
-    from souq.client.deploy import Deployer
+    from souq.client.deploy import Deployer, check_regions
     from souq.errors import InvalidInput
 
     with reporting(as_json):
@@ -79,6 +79,7 @@ def deploy(
             ) from None
         app_config = load_app_config(text, str(config))
         client = make_client()
+        check_regions(client, app_config)  # before an image is packed and pushed
         reference = image or _image_of(client, app_config, config.parent)
         if dry_run:  # the plan, not the events of holding capacity and letting it go
             quiet = Deployer(client, app_config, image=reference, strategy=strategy)
@@ -177,8 +178,12 @@ def rollback(
     *,
     app_name: AppNameOpt,
     version: Annotated[
-        int | None,
-        typer.Argument(help="The release to go back to (default: the last good one before)."),
+        str | None,
+        typer.Argument(
+            metavar="VERSION",
+            help="The release to go back to, as `souq releases` shows it (v3) or its number "
+            "(3); default: the last good one before.",
+        ),
     ] = None,
     strategy: StrategyOpt = None,
     as_json: JsonOpt = False,
@@ -201,7 +206,7 @@ def rollback(
                 )
             target = good[1]
         else:
-            target = client.release(app_name, version)
+            target = client.release(app_name, _version(version, app_name))
         _deploy(
             client,
             app_name,
@@ -215,6 +220,20 @@ def rollback(
             ),
             as_json=as_json,
         )
+
+
+def _version(text: str, app: str) -> int:
+    """A release's version as a user writes it: ``v3`` (as ``souq releases`` shows it) or ``3``."""
+    from souq.errors import InvalidInput
+
+    digits = text.strip().removeprefix("v").removeprefix("V")
+    if not digits.isdecimal() or int(digits) < 1:
+        raise InvalidInput(
+            f"{text!r} is not a release version: write it as `souq releases` shows it (v3) "
+            "or as its number (3)",
+            hint=f"see `souq releases --app {app}`",
+        )
+    return int(digits)
 
 
 @scale_app.command("count")

@@ -17,7 +17,11 @@ AppOpt = Annotated[
 ]
 ScopeOpt = Annotated[
     str | None,
-    typer.Option("--scope", help="read, write, deploy or admin (each includes the last)."),
+    typer.Option(
+        "--scope",
+        help="read, write, deploy or admin (each includes the last), or queue (a batch "
+        "worker of the app's queue; deploy includes it).",
+    ),
 ]
 TtlOpt = Annotated[float | None, typer.Option("--ttl", help="Seconds it lasts (default: no end).")]
 
@@ -70,7 +74,9 @@ def narrow(
         try:
             wanted = Scope(scope) if scope else None
         except ValueError:
-            raise InvalidInput(f"--scope {scope!r}: use read, write, deploy or admin") from None
+            raise InvalidInput(
+                f"--scope {scope!r}: use read, write, deploy, admin or queue"
+            ) from None
         key = public_key_from_text(make_client().token_key())
         render.line(narrow(token, key, app=app_name, scope=wanted, ttl_s=ttl))
 

@@ -110,6 +110,7 @@ def pairs(values: list[str] | None, what: str) -> dict[str, str]:
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
 AppOpt = Annotated[str, typer.Option("--app", "-a", help="The app the machine belongs to.")]
+AppNameOpt = Annotated[str, typer.Option("--app", "-a", help="The app.")]
 IdArg = Annotated[str, typer.Argument(metavar="ID", help="The machine's id.")]
 CommandArg = Annotated[
     list[str] | None,

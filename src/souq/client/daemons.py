@@ -58,6 +58,35 @@ AuthDirOpt = Annotated[
 LogFormatOpt = Annotated[
     LogFormat, typer.Option("--log-format", help="text, or json: one object per line with ids.")
 ]
+# Options more than one daemon takes, alike (None: the config's own default).
+CpusOpt = Annotated[float | None, typer.Option("--cpus", help="CPU cores a worker offers.")]
+MemoryOpt = Annotated[
+    int | None, typer.Option("--memory-mb", help="MiB of memory a worker offers.")
+]
+ImageCacheOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--image-cache-mb", help="Bound of a worker's image cache in MiB (default 10240)."
+    ),
+]
+MachineUserOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--machine-user",
+        help="The user machines run as, NAME or UID (default: nobody for a root agent, "
+        "else the agent's own user).",
+    ),
+]
+DomainOpt = Annotated[
+    str | None,
+    typer.Option("--domain", help="APP.<domain> reaches app APP through the proxy (localhost)."),
+]
+AutostopOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--autostop-interval", help="Seconds between the proxy's autostop rounds (default 60)."
+    ),
+]
 
 
 def _daemon_logging(log_format: str = "text") -> None:
@@ -100,10 +129,8 @@ def agent(
             "holds several; the worker takes its id from it.",
         ),
     ] = None,
-    cpus: Annotated[float | None, typer.Option("--cpus", help="CPU cores to offer.")] = None,
-    memory_mb: Annotated[
-        int | None, typer.Option("--memory-mb", help="Memory to offer, in MiB.")
-    ] = None,
+    cpus: CpusOpt = None,
+    memory_mb: MemoryOpt = None,
     disk_mb: Annotated[
         int | None,
         typer.Option("--disk-mb", help="Disk to offer, in MiB (default: the data dir's free)."),
@@ -142,10 +169,7 @@ def agent(
         str | None,
         typer.Option("--ports", help="Host ports for machines, LOW-HIGH (default 20000-29999)."),
     ] = None,
-    image_cache_mb: Annotated[
-        int | None,
-        typer.Option("--image-cache-mb", help="Bound of the image cache in MiB (default 10240)."),
-    ] = None,
+    image_cache_mb: ImageCacheOpt = None,
     log_max_bytes: Annotated[
         int | None,
         typer.Option(
@@ -154,14 +178,7 @@ def agent(
             "(default 4 MiB).",
         ),
     ] = None,
-    machine_user: Annotated[
-        str | None,
-        typer.Option(
-            "--machine-user",
-            help="The user machines run as, NAME or UID (default: nobody for a root agent, "
-            "else the agent's own user).",
-        ),
-    ] = None,
+    machine_user: MachineUserOpt = None,
     allow_root_machines: Annotated[
         bool,
         typer.Option("--allow-root-machines", help="Let --machine-user be root."),
@@ -281,13 +298,8 @@ def proxy(
     listen: Annotated[
         str, typer.Option("--listen", help="HOST:PORT for HTTP (APP.<domain> routes to APP).")
     ] = "127.0.0.1:4281",
-    domain: Annotated[
-        str | None, typer.Option("--domain", help="APP.<domain> is app APP (localhost).")
-    ] = None,
-    autostop_interval_s: Annotated[
-        float | None,
-        typer.Option("--autostop-interval", help="Seconds between autostop rounds (default 60)."),
-    ] = None,
+    domain: DomainOpt = None,
+    autostop_interval_s: AutostopOpt = None,
     admin_port: Annotated[
         int | None,
         typer.Option("--admin-port", help="Serve /metrics and /decisions here (0: off)."),
@@ -312,8 +324,8 @@ def fleet(
     workers: Annotated[int, typer.Option("--workers", help="How many hollow workers.")],
     auth_dir: AuthDirOpt = None,
     region: Annotated[str, typer.Option("--region", help="Their region.")],
-    cpus: Annotated[float | None, typer.Option("--cpus", help="CPU cores each offers.")] = None,
-    memory_mb: Annotated[int | None, typer.Option("--memory-mb", help="MiB each offers.")] = None,
+    cpus: CpusOpt = None,
+    memory_mb: MemoryOpt = None,
     jobs: Annotated[
         int | None,
         typer.Option("--jobs", help="Batch jobs each runs at once (hollow: a run sleeps)."),
@@ -369,29 +381,16 @@ def dev(
             help="MiB each worker offers (default: its share of the host's memory).",
         ),
     ] = None,
-    image_cache_mb: Annotated[
-        int | None,
-        typer.Option("--image-cache-mb", help="Bound of each worker's image cache, in MiB."),
-    ] = None,
+    image_cache_mb: ImageCacheOpt = None,
     data_dir: Annotated[
         Path | None, typer.Option("--data-dir", help="Where the cluster keeps its state.")
     ] = None,
     proxy_port: Annotated[
         int, typer.Option("--proxy-port", help="Port of the edge proxy (APP.<domain>).")
     ] = 4281,
-    domain: Annotated[
-        str, typer.Option("--domain", help="APP.<domain> reaches app APP through the proxy.")
-    ] = "localhost",
-    autostop_interval_s: Annotated[
-        float,
-        typer.Option("--autostop-interval", help="Seconds between the proxy's autostop rounds."),
-    ] = 60.0,
-    machine_user: Annotated[
-        str | None,
-        typer.Option(
-            "--machine-user", help="The user machines run as (default: nobody for root, else you)."
-        ),
-    ] = None,
+    domain: DomainOpt = None,
+    autostop_interval_s: AutostopOpt = None,
+    machine_user: MachineUserOpt = None,
     log_format: LogFormatOpt = LogFormat.TEXT,
 ) -> None:
     """Run a whole local cluster: NATS, a broker, an edge proxy and workers, on loopback."""

@@ -1,15 +1,21 @@
 """``souq deploy``: a release carried out through the API, phase by phase, and rolled back
 everywhere when a phase fails.
 
+0. Every region the config places machines in must be one of the cluster's
+   (:func:`check_regions`): an unknown one fails before anything is made.
 1. A release is made (``pending``; the next version, kept in JetStream by the brokers).
 2. At once: every machine of the app is leased (a second deploy at the same time fails here,
    naming the machine and who holds it, before anything changed), and the capacity of every
-   machine the plan makes is held with quotes: a deploy that starts does not fail halfway for
-   want of room (``--dry-run`` shows the plan and where each new machine would go, then lets go).
+   machine the plan makes is held with quotes (:mod:`souq.client.deploy_capacity`: a served
+   group's machines in a region on distinct workers): a deploy that starts does not fail
+   halfway for want of room (``--dry-run`` shows the plan and where each new machine would
+   go, then lets go).
 3. The plan's phases (:mod:`souq.apps.plan`) run in order; a phase's steps run at once: an
    update in place (the machine keeps its worker), a create, or a destroy (stopped gracefully
    first: it leaves the proxy's rotation, then its signal). A machine counts as done when it is
-   started and every health check passes within ``wait_timeout``.
+   started and every health check passes within ``wait_timeout``. A machine found stopped or
+   suspended is started by its update (the release proves itself on it) and stopped again at
+   the end, whether the deploy succeeded or was rolled back.
 4. A failure anywhere (a refused update, a machine that does not become healthy) stops the
    deploy: every machine it updated gets its config back, every machine it made is destroyed,
    the release is ``failed`` with the reason, and :class:`~souq.errors.DeployFailed` names the
@@ -25,23 +31,28 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from souq.apps.config import DEFAULT_GROUP, AppConfig
-from souq.apps.plan import Current, Phase, Step, plan, standbys_wanted
+from souq.apps.plan import Current, Phase, Step, desired_counts, plan, standbys_wanted
 from souq.client.api import SouqClient
-from souq.errors import DeployFailed, InsufficientCapacity, LeaseHeld, SouqError
+from souq.client.deploy_capacity import GOING, WORKERS, Capacity, attempt, current_of
+from souq.errors import (
+    DeployFailed,
+    DeployNoCapacity,
+    InsufficientCapacity,
+    LeaseHeld,
+    SouqError,
+    UnknownRegion,
+)
 from souq.model.machine import Machine, MachineState
 from souq.model.protocol import Lease, Quote
 from souq.model.release import NewRelease, Release, ReleaseState
 
-__all__ = ["DeployEvent", "Deployer", "current_machines"]
+__all__ = ["DeployEvent", "Deployer", "check_regions", "current_machines"]
 
 STOP_WAIT_S = 60.0  # a destroyed machine's graceful stop may take this (then it is killed)
-_WORKERS = 16  # steps of one phase run at once, at most
-A = TypeVar("A")
-R = TypeVar("R")
-_GOING = (MachineState.DESTROYING, MachineState.DESTROYED)
+_RESTING = (MachineState.STOPPED, MachineState.SUSPENDED)  # found so: stopped again at the end
 
 
 @dataclass(frozen=True)
@@ -57,34 +68,6 @@ class DeployEvent:
         return {k: v for k, v in asdict(self).items() if v is not None}
 
 
-def _attempt(call: Callable[[A], R]) -> Callable[[A], R | SouqError]:
-    """``call``, its error returned rather than raised (for a pool's map: every outcome kept)."""
-
-    def attempt(arg: A) -> R | SouqError:
-        try:
-            return call(arg)
-        except SouqError as exc:
-            return exc
-
-    return attempt
-
-
-def current_of(machines: list[Machine], group: str, region: str) -> list[Machine]:
-    """The machines of ``group`` in ``region`` (standbys and those on their way out left out)."""
-    return [
-        m
-        for m in machines
-        if m.region == region
-        and m.config.metadata.get("souq_process_group", DEFAULT_GROUP) == group
-        and not m.config.standbys
-        and m.state not in _GOING
-    ]
-
-
-def _not_on(workers: list[str]) -> dict[str, Any]:
-    return {"attribute": "worker.id", "operator": "not_in", "value": workers}
-
-
 def current_machines(machines: list[Machine]) -> list[Current]:
     """The app's machines as a plan reads them (those destroyed, or on their way, left out)."""
     return [
@@ -97,8 +80,26 @@ def current_machines(machines: list[Machine]) -> list[Current]:
             standby_for=tuple(m.config.standbys),
         )
         for m in machines
-        if m.state not in _GOING
+        if m.state not in GOING
     ]
+
+
+def check_regions(client: SouqClient, config: AppConfig) -> None:
+    """Every region ``config`` places machines in is one of the cluster's, or
+    :class:`UnknownRegion` names it and the known ones (before a deploy makes anything)."""
+    named = {r for g in config.groups() for r in desired_counts(config, g)}
+    known = set(client.region_names())
+    unknown = sorted(named - known)
+    if not unknown:
+        return
+    where = "[regions] names" if config.regions else "primary_region is"
+    raise UnknownRegion(
+        f"{where} {', '.join(map(repr, unknown))}, which no worker of the cluster is in; "
+        f"known regions: {', '.join(sorted(known)) or 'none yet'}; nothing was changed",
+        hint="name a known region in souq.toml, or start a worker there "
+        "(`souq agent --region REGION`)",
+        details={"regions": unknown, "known": sorted(known)},
+    )
 
 
 @dataclass
@@ -129,11 +130,20 @@ class Deployer:
         self._leases: dict[str, Lease] = {}
         self._undo = _Undo()
         self._version = 0
-        self._quotes: dict[tuple[int, int], Quote] = {}  # (phase, step) -> its capacity held
+        self._capacity = Capacity(
+            client,
+            config,
+            image=image,
+            strategy=self.strategy,
+            tell=lambda kind, message, region: self._event(kind, message, region=region),
+        )
         self._replaced: list[tuple[str, str]] = []  # (machine, region) a new machine replaced
+        self._resting: set[str] = set()  # machines found stopped or suspended
+        self._woken: set[str] = set()  # of those, the ones an update of this deploy started
 
     def run(self) -> Release:
         """Carry the release out; :class:`DeployFailed` (after the rollback) when it fails."""
+        check_regions(self.client, self.config)
         release = self.client.create_release(
             self.app,
             NewRelease(
@@ -144,12 +154,15 @@ class Deployer:
             ),
         )
         self._version = release.version
-        self._event("release", f"release v{release.version} of {self.app}: {self.image}")
+        self._event(
+            "release", f"release v{release.version} of {self.app}: {self.image}{self._why()}"
+        )
         machines = {
             m.id: m
             for m in self.client.list_machines(self.app)
-            if m.state not in _GOING  # a machine on its way out is not the deploy's to change
+            if m.state not in GOING  # a machine on its way out is not the deploy's to change
         }
+        self._resting = {m.id for m in machines.values() if m.state in _RESTING}
         phases = plan(self.config, current_machines(list(machines.values())), self.strategy)
         try:
             self._prepare(release.version, phases, list(machines.values()))
@@ -158,21 +171,26 @@ class Deployer:
             if self._replaced:  # the machines others replaced go once the release is live
                 steps = tuple(Step("destroy", "", r, m) for m, r in self._replaced)
                 self._phase(len(phases), Phase("replaced", steps, wait_healthy=False), machines)
+            self._rest_again()
             self._standbys()
         except DeployFailed as failed:
             self._rollback()
-            self._release_quotes()
+            self._rest_again()
+            self._capacity.release()
             self._release_leases()
             self.client.update_release(
                 self.app, release.version, ReleaseState.FAILED, failed.message
             )
             self._event("failed", failed.message)
             raise
-        self._release_quotes()
+        self._capacity.release()
         self._release_leases()
         done = self.client.update_release(self.app, release.version, ReleaseState.COMPLETE)
-        self._event("done", f"release v{release.version} is live everywhere")
+        self._event("done", f"release v{release.version} is live everywhere{self._why()}")
         return done
+
+    def _why(self) -> str:
+        return f" ({self._description})" if self._description else ""
 
     def _prepare(self, version: int, phases: list[Phase], machines: list[Machine]) -> None:
         """Lease the machines, hold the new machines' capacity and mark the release
@@ -181,7 +199,7 @@ class Deployer:
         with ThreadPoolExecutor(max_workers=3) as pool:
             futures: list[Future[Any]] = [
                 pool.submit(self._lease, [m.id for m in machines]),
-                pool.submit(self._reserve, phases, machines),
+                pool.submit(self._capacity.reserve, version, phases, machines),
                 pool.submit(self.client.update_release, self.app, version, ReleaseState.DEPLOYING),
             ]
             errors = [f.exception() for f in futures]
@@ -199,8 +217,8 @@ class Deployer:
         def take(machine_id: str) -> Lease:
             return self.client.take_lease(self.app, machine_id, ttl_s=ttl, description=why)
 
-        with ThreadPoolExecutor(max_workers=_WORKERS) as pool:
-            taken = dict(zip(machine_ids, pool.map(_attempt(take), machine_ids), strict=True))
+        with ThreadPoolExecutor(max_workers=WORKERS) as pool:
+            taken = dict(zip(machine_ids, pool.map(attempt(take), machine_ids), strict=True))
         self._leases = {m: lease for m, lease in taken.items() if isinstance(lease, Lease)}
         for machine_id, outcome in taken.items():
             if isinstance(outcome, SouqError):
@@ -221,7 +239,7 @@ class Deployer:
                 self.client.release_lease(self.app, item[0], item[1].nonce)
 
         leases, self._leases = list(self._leases.items()), {}
-        with ThreadPoolExecutor(max_workers=_WORKERS) as pool:
+        with ThreadPoolExecutor(max_workers=WORKERS) as pool:
             list(pool.map(end, leases))
 
     def _nonce(self, machine_id: str) -> str | None:
@@ -233,102 +251,33 @@ class Deployer:
     def dry_run(self) -> list[tuple[Phase, list[tuple[Step, Quote | None]]]]:
         """The plan, each new machine's capacity held for a moment to show where it would go
         (then let go); nothing else is done."""
-        machines = [m for m in self.client.list_machines(self.app) if m.state not in _GOING]
+        check_regions(self.client, self.config)
+        machines = [m for m in self.client.list_machines(self.app) if m.state not in GOING]
         phases = plan(self.config, current_machines(machines), self.strategy)
         try:
-            self._reserve(phases, machines)
+            self._capacity.reserve(self._version, phases, machines)
             return [
-                (phase, [(step, self._quotes.get((i, j))) for j, step in enumerate(phase.steps)])
+                (
+                    phase,
+                    [
+                        (step, self._capacity.quotes.get((i, j)))
+                        for j, step in enumerate(phase.steps)
+                    ],
+                )
                 for i, phase in enumerate(phases)
             ]
         finally:
-            self._release_quotes()
-
-    def _reserve(self, phases: list[Phase], machines: list[Machine]) -> None:
-        """Hold the capacity of every machine the plan makes (quotes), before any change. The
-        machines of a group with services in the primary region, when ``[regions]`` leaves
-        their number to Souq, go to distinct workers while the region has them (high
-        availability): their quotes are taken one after another, each on another worker."""
-        wanted = [
-            ((i, j), step)
-            for i, phase in enumerate(phases)
-            for j, step in enumerate(phase.steps)
-            if step.action == "create"
-        ]
-        spread = {
-            (g, self.config.primary_region)
-            for g in self.config.groups()
-            if self.config.served(g) and not self.config.regions
-        }
-        staying = [] if self.strategy == "bluegreen" else machines  # blue goes: green spreads
-        taken: dict[tuple[str, str], set[str]] = {
-            key: {m.worker_id for m in current_of(staying, *key)} for key in spread
-        }
-
-        def hold(step: Step) -> Quote:
-            config = self.config.machine_config(step.group, image=self.image, release=0)
-            avoid = taken.get((step.group, step.region))
-            quote = None
-            if avoid:
-                away = {**config, "constraints": [_not_on(sorted(avoid))]}
-                try:
-                    quote = self.client.create_quote(self.app, step.region, away, ttl_s=3600)
-                except InsufficientCapacity:
-                    self._event(
-                        "reserve",
-                        f"no other worker in {step.region} has room: "
-                        f"a {step.group} machine shares one",
-                        region=step.region,
-                    )
-            quote = quote or self.client.create_quote(self.app, step.region, config, ttl_s=3600)
-            if avoid is not None:
-                avoid.add(quote.worker_id)
-            return quote
-
-        # At once, but the machines to spread: one after another, each away from the last.
-        outcomes: dict[tuple[int, int], Quote | SouqError] = {}
-        at_once = [(k, s) for k, s in wanted if (s.group, s.region) not in spread]
-        with ThreadPoolExecutor(max_workers=_WORKERS) as pool:
-            outcomes.update(
-                zip(
-                    (k for k, _ in at_once),
-                    pool.map(_attempt(hold), [s for _, s in at_once]),
-                    strict=True,
-                )
-            )
-        for key, step in wanted:
-            if key not in outcomes:
-                outcomes[key] = _attempt(hold)(step)
-        self._quotes.update({k: q for k, q in outcomes.items() if isinstance(q, Quote)})
-        for key, step in wanted:
-            quote = outcomes[key]
-            if isinstance(quote, SouqError):
-                self._release_quotes()
-                raise DeployFailed(
-                    f"release v{self._version} cannot start: no room for a new {step.group} "
-                    f"machine in {step.region}: {quote.message}; nothing was changed",
-                    hint="add workers or capacity in that region, or deploy smaller machines",
-                    details={"phase": "reserve", "region": step.region},
-                ) from quote
-        if wanted:
-            self._event("reserve", f"capacity held for {len(wanted)} new machines")
-
-    def _release_quotes(self) -> None:
-        def let_go(quote: Quote) -> None:
-            with contextlib.suppress(SouqError):  # used by its machine, or expired
-                self.client.release_quote(self.app, quote.id)
-
-        quotes, self._quotes = list(self._quotes.values()), {}
-        with ThreadPoolExecutor(max_workers=_WORKERS) as pool:
-            list(pool.map(let_go, quotes))
+            self._capacity.release()
 
     # -- phases ----------------------------------------------------------------------------
 
     def _phase(self, index: int, phase: Phase, machines: dict[str, Machine]) -> None:
         self._event("phase", f"{phase.name}: {phase.describe()}", phase=phase)
-        with ThreadPoolExecutor(max_workers=min(_WORKERS, len(phase.steps) or 1)) as pool:
+        with ThreadPoolExecutor(max_workers=min(WORKERS, len(phase.steps) or 1)) as pool:
             futures = [
-                pool.submit(self._step, phase, step, machines, self._quotes.pop((index, j), None))
+                pool.submit(
+                    self._step, phase, step, machines, self._capacity.quotes.pop((index, j), None)
+                )
                 for j, step in enumerate(phase.steps)
             ]
             errors = [f.exception() for f in futures]
@@ -358,7 +307,10 @@ class Deployer:
                 except InsufficientCapacity:
                     # Its worker has no room for the new size: a new machine elsewhere takes
                     # its place; the old one goes once the whole release is live.
-                    machine, verb = self._replacement(step, config), "replaces " + step.machine_id
+                    machine, verb = (
+                        self._replacement(step, config, machines),
+                        "replaces " + step.machine_id,
+                    )
                     where["machine_id"] = machine.id
                 if step.standby_for:
                     verb += " (standby)"
@@ -380,7 +332,8 @@ class Deployer:
         except DeployFailed:
             raise
         except SouqError as exc:
-            raise self._failure(exc.message, where) from exc
+            room = isinstance(exc, InsufficientCapacity)
+            raise self._failure(exc.message, where, room=room) from exc
 
     def _update(self, step: Step, config: dict[str, Any], machines: dict[str, Machine]) -> Machine:
         assert step.machine_id is not None
@@ -388,27 +341,66 @@ class Deployer:
         with self._undo.lock:
             self._undo.updated[step.machine_id] = before
         try:
-            return self.client.update(
+            updated = self.client.update(
                 self.app,
                 step.machine_id,
                 config,
                 skip_launch=bool(step.standby_for),  # a standby stays stopped
                 nonce=self._nonce(step.machine_id),
             )
+            if step.machine_id in self._resting and not step.standby_for:
+                with self._undo.lock:
+                    self._woken.add(step.machine_id)
+            return updated
         except InsufficientCapacity:
             with self._undo.lock:
                 del self._undo.updated[step.machine_id]  # refused: nothing changed
             raise
 
-    def _replacement(self, step: Step, config: dict[str, Any]) -> Machine:
+    def _replacement(
+        self, step: Step, config: dict[str, Any], machines: dict[str, Machine]
+    ) -> Machine:
+        """A new machine in the place of ``step``'s, whose worker has no room for the new size:
+        away from the workers of its group's other machines in the region, as a new one."""
         assert step.machine_id is not None
-        machine = self.client.create_machine(
-            self.app, step.region, config, skip_launch=bool(step.standby_for)
+        siblings = {
+            m.worker_id
+            for m in current_of(list(machines.values()), step.group, step.region)
+            if m.id != step.machine_id
+        }
+
+        def create(body: dict[str, Any]) -> Machine:
+            skip = bool(step.standby_for)
+            return self.client.create_machine(self.app, step.region, body, skip_launch=skip)
+
+        machine = self._capacity.away(
+            create, config, siblings if self.config.served(step.group) else set(), step
         )
         with self._undo.lock:
             self._undo.created.append((machine.id, step.region))
             self._replaced.append((step.machine_id, step.region))
         return machine
+
+    def _rest_again(self) -> None:
+        """The machines found stopped (or suspended) that an update started (to prove the
+        release healthy, or to take their config back) are stopped again: a deploy leaves each
+        machine running or at rest as it found it (the proxy wakes them for requests)."""
+
+        def stop(machine_id: str) -> None:
+            try:
+                self.client.stop(self.app, machine_id, nonce=self._nonce(machine_id))
+            except SouqError as exc:  # stopped meanwhile (the proxy's autostop), or gone
+                self._event("step", f"machine {machine_id} not stopped again: {exc.message}")
+                return
+            self._event(
+                "step",
+                f"machine {machine_id} stopped again, as the deploy found it",
+                machine_id=machine_id,
+            )
+
+        woken, self._woken = sorted(self._woken), set()
+        with ThreadPoolExecutor(max_workers=WORKERS) as pool:
+            list(pool.map(stop, woken))
 
     def _standbys(self) -> None:
         """A standby on another worker for each machine of a group without services that has
@@ -465,9 +457,12 @@ class Deployer:
         self._leases.pop(machine_id, None)
         self._event("step", f"machine {machine_id} destroyed", phase, region, machine_id)
 
-    def _failure(self, message: str, where: dict[str, str | None]) -> DeployFailed:
+    def _failure(
+        self, message: str, where: dict[str, str | None], *, room: bool = False
+    ) -> DeployFailed:
+        """The deploy's error (:class:`DeployNoCapacity` when ``room`` was what failed)."""
         place = ", ".join(f"{k.replace('_id', '')} {v}" for k, v in where.items() if v)
-        return DeployFailed(
+        return (DeployNoCapacity if room else DeployFailed)(
             f"release v{self._version} failed ({place}): {message}; rolled back",
             hint="see `souq status` and the machine's events and logs",
             details={k: v for k, v in where.items() if v},
@@ -485,7 +480,13 @@ class Deployer:
                 self._event("rollback", f"machine {machine_id} not destroyed: {exc.message}")
         for machine_id, before in self._undo.updated.items():
             try:
-                self.client.update(self.app, machine_id, before, nonce=self._nonce(machine_id))
+                self.client.update(
+                    self.app,
+                    machine_id,
+                    before,
+                    skip_launch=machine_id in self._resting,  # found at rest: kept so
+                    nonce=self._nonce(machine_id),
+                )
                 self._event("rollback", f"machine {machine_id} has its config back")
             except SouqError as exc:
                 self._event("rollback", f"machine {machine_id} not restored: {exc.message}")

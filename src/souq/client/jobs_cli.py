@@ -13,6 +13,16 @@ import typer
 from souq.client import cli
 from souq.client.cli import JsonOpt, pairs, reporting
 
+AppOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--app",
+        "-a",
+        help="The app the job belongs to (default: your token's app; for a token of every "
+        "app, the default queue's).",
+    ),
+]
+
 __all__ = ["register_jobs", "submit_body"]
 
 job_app = typer.Typer(
@@ -85,6 +95,7 @@ def submit(
     env: Annotated[
         list[str] | None, typer.Option("--env", "-e", help="K=V in its environment; repeatable.")
     ] = None,
+    app_name: AppOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Queue a job; prints its name and state (pending)."""
@@ -99,6 +110,7 @@ def submit(
             deadline_s=deadline,
             cpus=cpus,
             memory_mb=memory_mb,
+            app=app_name,
         )
         from souq.client import render_jobs
 
@@ -133,9 +145,12 @@ def list_jobs(
             "cancelled.",
         ),
     ] = None,
+    app_name: Annotated[
+        str | None, typer.Option("--app", "-a", help="Only this app's jobs.")
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """List the queue's jobs, newest first (ended ones too)."""
+    """List the queue's jobs your token may read, newest first (ended ones too)."""
     from souq.client import render_jobs
     from souq.errors import InvalidInput
     from souq.model.job import JobState
@@ -146,7 +161,7 @@ def list_jobs(
                 f"--state: {state!r} is not a job's state",
                 hint="one of " + ", ".join(JobState),
             )
-        items = cli.make_client().jobs()
+        items = cli.make_client().jobs(app=app_name)
         if state is not None:
             items = [j for j in items if j.state == state]
         render_jobs.jobs(items, as_json=as_json)

@@ -22,7 +22,15 @@ from rich.text import Text
 
 from souq.clock import iso_from_ms
 from souq.errors import InsufficientCapacity, SouqError
-from souq.model import Machine, MachineEvent, OpRecord, Placement, Quote, WorkerInfo
+from souq.model import (
+    Machine,
+    MachineEvent,
+    MachineState,
+    OpRecord,
+    Placement,
+    Quote,
+    WorkerInfo,
+)
 from souq.model.image import ImageRecord
 from souq.model.release import Release
 from souq.model.secrets import SecretInfo
@@ -430,6 +438,8 @@ def deploy_event(event: dict[str, Any], *, as_json: bool = False) -> None:
         sys.stdout.write(json.dumps(event, ensure_ascii=False) + "\n")
         sys.stdout.flush()
         return
+    if event["kind"] == "failed":
+        return  # the command's error says it next, with its hint: once
     where = " ".join(str(event[k]) for k in ("region", "machine_id") if event.get(k))
     mark = {"failed": "✗", "done": "✓", "healthy": "✓", "rollback": "↩"}.get(event["kind"], "•")
     text = f"{mark} {event['message']}" + (f"  [{where}]" if where else "")
@@ -461,6 +471,8 @@ def deploy_progress(
     with Live(view(), console=out, refresh_per_second=8, transient=False) as live:
 
         def show(event: dict[str, Any]) -> None:
+            if event["kind"] == "failed":
+                return  # the command's error says it next, with its hint: once
             machine_id = event.get("machine_id")
             if machine_id:
                 region, phase, _ = machines.get(machine_id, ("", "", ""))
@@ -502,6 +514,9 @@ def _status_row(m: Machine) -> tuple[Any, ...]:
     meta = m.config.metadata
     passing = sum(1 for c in m.checks if c.status == "passing")
     checks = f"{passing}/{len(m.checks)} passing" if m.checks else "-"
+    if m.config.checks and m.state is not MachineState.STARTED:
+        # Its checks run only while it is started: what they last saw says nothing now.
+        checks = f"{len(m.config.checks)} not running"
     release = meta.get("souq_release")
     return (
         m.id,

@@ -44,9 +44,11 @@ class SchedCalls(ApiSession):
         (``cancel_requested``) and ends when its worker has stopped it."""
         return _job(self._call("POST", f"/sched/cancel/{name}"))
 
-    def jobs(self) -> list[Job]:
-        """Every job the queue holds, ended ones too, newest first."""
-        return _JOBS.validate_json(self._call("GET", "/sched/list").content)
+    def jobs(self, *, app: str | None = None) -> list[Job]:
+        """Every job the queue holds that the token may read (``app``'s only, when given),
+        ended ones too, newest first."""
+        params = {"app": app} if app else None
+        return _JOBS.validate_json(self._call("GET", "/sched/list", params=params).content)
 
     def job_logs(self, name: str) -> str:
         """What the job's runs printed (``GET /sched/logs/{name}``)."""
@@ -82,9 +84,11 @@ class SchedCalls(ApiSession):
 
     # -- pulling workers -----------------------------------------------------------------
 
-    def waiting_jobs(self) -> list[Job]:
-        """The jobs a worker may claim now, oldest first."""
-        return _JOBS.validate_json(self._call("GET", "/sched/jobs").content)
+    def waiting_jobs(self, *, app: str | None = None) -> list[Job]:
+        """The jobs a worker may claim now (of the apps its token works, ``app``'s only when
+        given), oldest first."""
+        params = {"app": app} if app else None
+        return _JOBS.validate_json(self._call("GET", "/sched/jobs", params=params).content)
 
     def claim_job(self, name: str, *, worker: str | None = None, lease_s: float = 30.0) -> Job:
         """The job, leased to ``worker``; :class:`souq.errors.IllegalTransition` (409) when

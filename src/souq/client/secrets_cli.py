@@ -9,13 +9,11 @@ from typing import Annotated
 
 import typer
 
-from souq.client.cli import JsonOpt, make_client, reporting
+from souq.client.cli import AppNameOpt, JsonOpt, make_client, reporting
 
 __all__ = ["register_secrets"]
 
 secrets_app = typer.Typer(help="Set, list and unset an app's secrets.", no_args_is_help=True)
-
-AppNameOpt = Annotated[str, typer.Option("--app", "-a", help="The app.")]
 
 
 def register_secrets(app: typer.Typer) -> None:

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from souq.client.cli import JsonOpt, make_client, reporting
+from souq.client.cli import AppNameOpt, JsonOpt, make_client, reporting
 
 __all__ = ["register_volumes"]
 
@@ -16,7 +16,6 @@ volume_app = typer.Typer(
     help="Create, list, show, extend and destroy an app's volumes.", no_args_is_help=True
 )
 
-AppNameOpt = Annotated[str, typer.Option("--app", "-a", help="The app.")]
 VolumeArg = Annotated[str, typer.Argument(metavar="VOLUME_ID", help="The volume's id.")]
 
 

@@ -46,8 +46,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import psutil
-
 from souq.drivers import logfile, processes, sandbox
 from souq.drivers.base import ExitStatus, Handle, MachineSpec, SpawnError
 from souq.drivers.cgroups import CgroupEntry, Cgroups, placement_shell
@@ -67,7 +65,6 @@ _LOG = logfile.LOG  # bounded by souq-waiter, or rotated by the agent (souq.driv
 _PIDFILE = "pid"
 _EXIT = "exit"  # written by souq-waiter: "code N" or "signal N"
 RECORDS = ".agent"  # <root>/.agent/<id>/: the agent's files of each machine
-_START_TIME_TOLERANCE_S = 0.005  # start times have clock-tick (10 ms) resolution
 
 
 @dataclass(slots=True)
@@ -440,13 +437,7 @@ class ExecDriver:
     # -- adoption and cleanup ------------------------------------------------------------------
 
     def _same_process(self, handle: Handle) -> bool:
-        started = processes.start_time(handle.pid)
-        if started is None or abs(started - handle.start_time) > _START_TIME_TOLERANCE_S:
-            return False
-        try:
-            return bool(psutil.Process(handle.pid).status() != psutil.STATUS_ZOMBIE)
-        except psutil.Error:
-            return False
+        return processes.same_process(handle.pid, handle.start_time)
 
     def recover(self, handle: Handle) -> bool:
         watch = self._watches.get(handle.pid)

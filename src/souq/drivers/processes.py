@@ -33,6 +33,7 @@ __all__ = [
     "prepare_workdir",
     "reap",
     "resolve_program",
+    "same_process",
     "start_time",
 ]
 
@@ -81,6 +82,7 @@ def pid_of(child: Child) -> int:
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 _BOOT_TIME: float = psutil.boot_time()
+_START_TIME_TOLERANCE_S = 0.005  # start times have clock-tick (10 ms) resolution
 
 
 def start_time(pid: int) -> float | None:
@@ -96,6 +98,18 @@ def start_time(pid: int) -> float | None:
     except (OSError, ValueError, IndexError):
         return None
     return ticks / _CLOCK_TICKS + _BOOT_TIME
+
+
+def same_process(pid: int, started: float) -> bool:
+    """Whether ``pid`` is still the process that started at ``started`` (a pid can be used
+    again) and runs: not a zombie (dead, waiting for a parent to reap it)."""
+    now = start_time(pid)
+    if now is None or abs(now - started) > _START_TIME_TOLERANCE_S:
+        return False
+    try:
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
+    except psutil.Error:
+        return False
 
 
 def prepare_workdir(workdir: Path, records: Path, exit_file: str, user: MachineUser) -> None:

@@ -32,7 +32,7 @@ from __future__ import annotations
 from typing import Any
 
 from souq.errors import IllegalTransition
-from souq.model.job import Job, JobEvent, JobState, JobStopped, JobSubmit
+from souq.model.job import DEFAULT_QUEUE, Job, JobEvent, JobState, JobStopped, JobSubmit
 
 __all__ = ["DEFAULT_LEASE_MS", "TRANSITIONS", "apply", "due", "new_job"]
 
@@ -54,6 +54,7 @@ TRANSITIONS: dict[JobEvent, tuple[JobState, ...]] = {
 def new_job(spec: JobSubmit, now_ms: int) -> Job:
     return Job(
         name=spec.name,
+        app=spec.app or DEFAULT_QUEUE,
         state=JobState.PENDING,
         spec=spec,
         submitted_ms=now_ms,

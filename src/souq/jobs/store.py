@@ -39,7 +39,15 @@ from souq.bus.jetstream import key_value, stream, unavailable
 from souq.clock import Clock, SystemClock
 from souq.errors import IllegalTransition, JobExists, JobNotFound
 from souq.jobs import core
-from souq.model.job import Job, JobEvent, JobState, JobStopped, JobSubmit, Registration
+from souq.model.job import (
+    DEFAULT_QUEUE,
+    Job,
+    JobEvent,
+    JobState,
+    JobStopped,
+    JobSubmit,
+    Registration,
+)
 
 __all__ = ["BUCKET", "READY", "READY_SUBJECT", "RUNNERS", "WORKERS", "JobStore"]
 
@@ -255,20 +263,31 @@ class JobStore:
             raise unavailable(_WHAT, exc) from exc
         return named
 
-    async def assign(self, worker: str) -> list[Job]:
-        """The jobs ``worker`` holds, after claiming for it the waiting ones that fit in what it
-        registered as free beside them (oldest first)."""
+    async def registration(self, worker: str) -> Registration | None:
+        """What ``worker`` registered (its app among it), or None."""
         try:
             entry = await self._registered().get(worker)
-        except (nats.js.errors.KeyNotFoundError, nats.js.errors.InvalidKeyError) as exc:
+        except (nats.js.errors.KeyNotFoundError, nats.js.errors.InvalidKeyError):
+            return None
+        except (nats.errors.Error, nats.js.errors.Error) as exc:
+            raise unavailable(_WHAT, exc) from exc
+        try:
+            return Registration.model_validate_json(entry.value or b"{}")
+        except ValidationError as exc:  # as if it had not registered: it registers again
+            log.warning("worker %s: its registration is not one, skipped: %s", worker, exc)
+            return None
+
+    async def assign(self, worker: str) -> list[Job]:
+        """The jobs ``worker`` holds, after claiming for it the waiting ones of its app that fit
+        in what it registered as free beside them (oldest first)."""
+        reg = await self.registration(worker)
+        if reg is None:
             raise JobNotFound(
                 f"no registered worker {worker!r}",
                 hint="POST /sched/register first, and name yourself with ?worker=",
-            ) from exc
-        except (nats.errors.Error, nats.js.errors.Error) as exc:
-            raise unavailable(_WHAT, exc) from exc
-        reg = Registration.model_validate_json(entry.value or b"{}")
-        jobs = await self.all()
+            )
+        app = reg.app or DEFAULT_QUEUE
+        jobs = [j for j in await self.all() if j.app == app]
         held = [j for j in jobs if j.worker == worker and not j.state.ended]
         cpu = reg.cpu - sum(j.spec.cpus for j in held)
         mem = reg.mem - sum(j.spec.memory_mb for j in held)

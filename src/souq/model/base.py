@@ -10,17 +10,19 @@ unknown keys at every level of the message instead.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator
 from contextvars import ContextVar
-from typing import Final, Literal
+from typing import Any, Final, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["FROM_PEER", "Input", "Record", "as_peer", "from_peer"]
+__all__ = ["FROM_PEER", "Input", "Record", "as_peer", "copy_fields", "from_peer"]
 
 # How a message from another process treats keys this one does not know: they are dropped.
 FROM_PEER: Final[Literal["ignore"]] = "ignore"
 _PEER: ContextVar[bool] = ContextVar("souq_from_peer", default=False)
+_T = TypeVar("_T")
 
 
 @contextlib.contextmanager
@@ -37,6 +39,19 @@ def as_peer() -> Iterator[None]:
 def from_peer() -> bool:
     """Whether the validation under way is of a peer's message (:func:`as_peer`)."""
     return _PEER.get()
+
+
+def copy_fields(target: type[_T], source: object, **given: Any) -> _T:
+    """One record copied into another: a ``target`` (a model or a dataclass) made of ``source``'s
+    attributes named as its fields, with ``given`` over them; the fields ``source`` has no
+    attribute for take their defaults."""
+    names = (
+        list(target.model_fields)
+        if issubclass(target, BaseModel)
+        else [f.name for f in dataclasses.fields(target)]  # type: ignore[arg-type]
+    )
+    shared = {name: getattr(source, name) for name in names if hasattr(source, name)}
+    return target(**(shared | given))
 
 
 class Record(BaseModel):

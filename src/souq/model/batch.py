@@ -49,6 +49,9 @@ class BatchCreateRequest(Input):
         default=None, ge=1, description="fewest acceptable; default: count (all or nothing)"
     )
     skip_launch: bool = Field(default=False, description="create them, but do not start them")
+    skip_secrets: bool = Field(
+        default=False, description="Fly's: give them none of the app's secrets, ever"
+    )
     config: MachineConfig
 
 
@@ -63,6 +66,7 @@ class BatchClaimRequest(Input):
     region: str
     config: MachineConfig
     skip_launch: bool = False
+    skip_secrets: bool = False
     request_ids: list[str] = Field(min_length=1, description="one per machine")
     placement: Placement | None = None
     image: ImageRecord | None = Field(default=None, description="the image `config.image` names")

@@ -9,7 +9,7 @@ import math
 import re
 from typing import Any
 
-__all__ = ["format_go_duration", "parse_go_duration", "seconds_of"]
+__all__ = ["format_go_duration", "parse_go_duration", "seconds_of", "set_timeout_s"]
 
 _UNITS_S = {
     "ns": 1e-9,
@@ -56,6 +56,16 @@ def seconds_of(value: Any, *, key: str = "") -> float:
         return _seconds_of(value)
     except ValueError as exc:
         raise ValueError(f"{key}: {exc}" if key else str(exc)) from None
+
+
+def set_timeout_s(data: dict[str, Any], seconds: float | None, *, where: str = "") -> None:
+    """Fly's ``timeout`` (``seconds``, None: not given) as ``data``'s ``timeout_s``: a
+    ValueError (naming ``where``) when ``data`` gives a ``timeout_s`` that disagrees."""
+    if seconds is None:
+        return
+    if data.get("timeout_s") not in (None, seconds):
+        raise ValueError(f"{where}timeout and timeout_s disagree; give one")
+    data["timeout_s"] = seconds
 
 
 def _seconds_of(value: Any) -> float:

@@ -9,8 +9,10 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from souq.model.base import Input, Record
+from souq.model.machine import APP_NAME_PATTERN
 
 __all__ = [
+    "DEFAULT_QUEUE",
     "Job",
     "JobChange",
     "JobEvent",
@@ -25,6 +27,9 @@ __all__ = [
 # ``a..b``), at most 128 characters (JOB_NAME_MAX).
 JOB_NAME = r"^[a-zA-Z0-9][a-zA-Z0-9_-]*(\.[a-zA-Z0-9_-]+)*$"
 JOB_NAME_MAX = 128
+# The app of a job submitted without one by a token of every app (and of the records kept before
+# jobs had apps): the cluster's default queue, worked by a token of this app's queue scope.
+DEFAULT_QUEUE = "default"
 
 
 class JobState(StrEnum):
@@ -77,6 +82,13 @@ class JobSubmit(Input):
     command: str | list[str] = Field(
         description="a shell command line, or an argv list run without a shell"
     )
+    app: str | None = Field(
+        default=None,
+        pattern=APP_NAME_PATTERN,
+        max_length=63,
+        description="the app the job belongs to (default: the token's app; for a token of "
+        f"every app, {DEFAULT_QUEUE!r})",
+    )
     restart: Literal["no", "on-failure"] = Field(
         default="no", description="on-failure: run it again after a non-zero exit"
     )
@@ -114,6 +126,13 @@ class Registration(Input):
     """``POST /sched/register``: a worker of the push model and what it has free."""
 
     name: str = Field(default="", pattern=r"^$|" + JOB_NAME, max_length=JOB_NAME_MAX)
+    app: str | None = Field(
+        default=None,
+        pattern=APP_NAME_PATTERN,
+        max_length=63,
+        description="the app whose jobs it runs (default: the token's app, else "
+        f"{DEFAULT_QUEUE!r})",
+    )
     cpu: float = Field(ge=0, description="free cores")
     mem: int = Field(ge=0, description="free memory, MiB")
     diskfree: int = Field(default=0, ge=0, description="free disk, MiB")
@@ -124,7 +143,8 @@ class Job(Record):
 
     name: str
     state: JobState
-    spec: JobSubmit
+    spec: JobSubmit  # the first fields, in this order: a worker in shell greps them
+    app: str = Field(default=DEFAULT_QUEUE, description="the app the job belongs to")
     attempts: int = Field(default=0, description="runs started so far")
     worker: str | None = Field(
         default=None, description="who holds it (claimed, running), or held it last (ended)"

@@ -27,9 +27,9 @@ from souq.limits import (
     check_metadata,
     dns_label_problem,
 )
-from souq.model.base import Input, Record
+from souq.model.base import Input, Record, copy_fields
 from souq.model.constraint import Constraint
-from souq.model.durations import format_go_duration, seconds_of
+from souq.model.durations import format_go_duration, seconds_of, set_timeout_s
 from souq.model.fly_fields import (
     CONFIG_UNSUPPORTED,
     GUEST_UNSUPPORTED,
@@ -152,14 +152,7 @@ class GuestConfig(Input):
         return self
 
     def resources(self) -> Resources:
-        return Resources(
-            cpus=self.cpus,
-            memory_mb=self.memory_mb,
-            disk_mb=self.disk_mb,
-            gpus=self.gpus,
-            gpu_milli=self.gpu_milli,
-            gpu_model=self.gpu_model,
-        )
+        return copy_fields(Resources, self)
 
 
 class RestartConfig(Input):
@@ -192,11 +185,8 @@ class StopConfig(Input):
         if isinstance(data, dict) and "timeout" in data:
             data = dict(data)
             given = data.pop("timeout")
-            if given is not None:
-                seconds = seconds_of(given, key="timeout")
-                if data.get("timeout_s") not in (None, seconds):
-                    raise ValueError("stop_config: timeout and timeout_s disagree; give one")
-                data["timeout_s"] = seconds
+            seconds = None if given is None else seconds_of(given, key="timeout")
+            set_timeout_s(data, seconds, where="stop_config: ")
         return data
 
     @field_validator("signal", mode="before")
@@ -549,6 +539,11 @@ class Machine(Record):
     )
     cordoned: bool = Field(
         default=False, description="out of the proxies' rotation: it runs, gets no new requests"
+    )
+    skip_secrets: bool = Field(
+        default=False,
+        description="it starts without its app's secrets, every time: asked for (Fly's "
+        "skip_secrets), or made (or last updated) by a token that may not read them",
     )
 
     # Fly's names for what the record holds already (written, never read back).

@@ -39,6 +39,7 @@ __all__ = [
     "QuoteState",
     "Reply",
     "SignalCommand",
+    "StartCommand",
     "StopCommand",
     "UpdateCommand",
     "WaitCommand",
@@ -93,6 +94,10 @@ class ClaimRequest(Input):
     region: str
     config: MachineConfig
     skip_launch: bool = False
+    skip_secrets: bool = Field(
+        default=False,
+        description="start it without its app's secrets, now and at every later start",
+    )
     placement: Placement | None = None
     region_chosen: str | None = Field(
         default=None, description="why the broker chose the region (the create named none)"
@@ -113,6 +118,17 @@ class MachineRef(Input):
     machine_id: str
     lease_nonce: str | None = Field(
         default=None, description="the nonce of the machine's lease, if it is leased"
+    )
+
+
+class StartCommand(MachineRef):
+    """Start a stopped machine, or resume a suspended one."""
+
+    wake: bool = Field(
+        default=False,
+        description="the edge proxy's start for traffic (a wake-up for a request, a standby's "
+        "failover): the machine starts as it is, and a lease does not block it (a deploy "
+        "leases every machine of the app; it must not take the app offline meanwhile)",
     )
 
 
@@ -145,6 +161,10 @@ class UpdateCommand(MachineRef):
     config: MachineConfig
     image: ImageRecord | None = Field(default=None, description="the image `config.image` names")
     skip_launch: bool = False
+    skip_secrets: bool = Field(
+        default=False,
+        description="start it without its app's secrets, now and at every later start",
+    )
 
 
 class SignalCommand(MachineRef):

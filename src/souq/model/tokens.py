@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = ["AuditRecord", "NewToken", "TokenInfo", "TokenKey"]
 
-ScopeName = Literal["read", "write", "deploy", "admin"]
+ScopeName = Literal["read", "write", "deploy", "admin", "queue"]
 
 
 class NewToken(BaseModel):
@@ -19,7 +19,10 @@ class NewToken(BaseModel):
         max_length=63,
         description="the app the token is for; `*`: every app and the cluster",
     )
-    scope: ScopeName = Field(default="read", description="read ⊂ write ⊂ deploy ⊂ admin")
+    scope: ScopeName = Field(
+        default="read",
+        description="read ⊂ write ⊂ deploy ⊂ admin; queue ⊂ deploy: a batch worker of the app",
+    )
     ttl_s: float | None = Field(
         default=None, gt=0, le=10 * 365 * 86400, description="seconds it lasts; none: no expiry"
     )

@@ -12,7 +12,7 @@ verb               request                 reply                          where
 ``claim``          ClaimRequest            Machine                        worker
 ``claim_batch``    BatchClaimRequest       BatchClaimReply                worker
 ``get``            MachineRef              Machine                        worker
-``start``          MachineRef              Machine                        worker
+``start``          StartCommand            Machine                        worker
 ``stop``           StopCommand             Machine                        worker
 ``restart``        StopCommand             Machine                        worker
 ``signal``         SignalCommand           Machine                        worker
@@ -162,7 +162,7 @@ CLAIM_BATCH = _verb(
     "claim_batch", BatchClaimRequest, BatchClaimReply, "several machines of one config, all or none"
 )
 GET = _verb("get", msg.MachineRef, Machine, "one machine's record")
-START = _verb("start", msg.MachineRef, Machine, "start a machine")
+START = _verb("start", msg.StartCommand, Machine, "start a machine")
 STOP = _verb("stop", msg.StopCommand, Machine, "send the stop signal")
 SUSPEND = _verb(
     "suspend", msg.MachineRef, Machine, "freeze a started machine (a start resumes it)", since=2

@@ -7,7 +7,12 @@ Fly's rule, per app and region, on every round (``--autostop-interval``):
   loaded, idle first);
 * a lone running machine stops when it has no load at all;
 * never below the service's ``min_machines_running``, and only machines whose service says
-  ``autostop`` (``stop`` or ``suspend``, which is what is done to them).
+  ``autostop`` (``stop`` or ``suspend``, which is what is done to them);
+* never a machine still *settling*: it proved itself (its checks all passed since it started)
+  a moment ago (two of its check intervals). It counts as running, but it is not idle yet: a
+  deploy that made or updated it may be about to see it healthy (:mod:`souq.proxy.idle` leaves
+  out altogether a machine whose checks have not passed yet: it cannot serve, and a deploy
+  waits on it); nor one whose stop was refused for a lease that still lasts (a deploy's).
 
 One machine per app and region per round: the next round sees the load without it.
 """
@@ -35,6 +40,8 @@ class Running:
     soft_limit: int
     autostop: Literal["off", "stop", "suspend"]
     min_running: int  # the service's min_machines_running
+    settling: bool = False  # proved itself a moment ago: never chosen
+    leased: bool = False  # its stop was refused for a lease that still lasts: never chosen
 
 
 @dataclass(frozen=True)
@@ -67,7 +74,8 @@ def _one(app: str, region: str, group: list[Running]) -> Idle | None:
     if running <= floor:
         return None
     candidates = sorted(
-        (m for m in group if m.autostop != "off"), key=lambda m: (m.load, m.machine_id)
+        (m for m in group if m.autostop != "off" and not m.settling and not m.leased),
+        key=lambda m: (m.load, m.machine_id),
     )
     if not candidates:
         return None

@@ -94,7 +94,12 @@ class ControlPlane:
         )
         self.liveness.on_rejoin = self.view.resync_worker
         self.autostop = Autostop(
-            self.feed, workers, self.decisions, drain_s=config.drain_s, timeout_s=10.0
+            self.feed,
+            workers,
+            self.decisions,
+            drain_s=config.drain_s,
+            timeout_s=10.0,
+            ready_since=self.health.ready_since,
         )
         self.waker = Waker(
             table=self.table,

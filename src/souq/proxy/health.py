@@ -7,6 +7,10 @@ internal port was given: ``http`` must answer ``GET path`` with a status below 4
 rotation (so within one interval of it going bad), the first pass after puts it back; failures
 within ``grace_period`` of a start do not count. A machine that is not started has no checks
 running. Changes are recorded with the check's name and what it saw.
+
+:meth:`HealthChecks.ready_since` says since when a started machine has proven itself: once every
+check of it has passed since it started (at its start, for one without checks). Autostop never
+counts a machine as idle before then: a deploy waits on exactly that (:mod:`souq.proxy.idle`).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 
 import httpx
 
@@ -50,12 +55,22 @@ class HealthChecks:
         self._decisions = decisions
         self._tasks: dict[str, list[asyncio.Task[None]]] = {}
         self._failing: dict[str, set[str]] = {}  # machine id -> names of failing checks
+        self._unproven: dict[str, set[str]] = {}  # started: names of checks not passed yet
+        self._ready: dict[str, float] = {}  # started: when its last check first passed
         self._client = httpx.AsyncClient(headers={"User-Agent": "souq-proxy-check"})
 
     def follow(self, machine: Machine) -> None:
         """Run the machine's checks while it is started; stop them otherwise."""
         started = machine.state.value == "started" and machine.address is not None
         running = machine.id in self._tasks
+        if started and machine.id not in self._ready and machine.id not in self._unproven:
+            if machine.config.checks:
+                self._unproven[machine.id] = set(machine.config.checks)
+            else:
+                self._ready[machine.id] = time.monotonic()
+        elif not started:
+            self._unproven.pop(machine.id, None)
+            self._ready.pop(machine.id, None)
         if started and not running and machine.config.checks:
             loop = asyncio.get_running_loop()
             self._tasks[machine.id] = [
@@ -69,6 +84,13 @@ class HealthChecks:
         for task in self._tasks.pop(machine_id, []):
             task.cancel()
         self._failing.pop(machine_id, None)
+        self._unproven.pop(machine_id, None)
+        self._ready.pop(machine_id, None)
+
+    def ready_since(self, machine_id: str) -> float | None:
+        """When (``time.monotonic()``) the started machine's checks had all passed since its
+        start (its start, without checks); None while one has not, or it is not started."""
+        return self._ready.get(machine_id)
 
     async def aclose(self) -> None:
         tasks = [t for ts in self._tasks.values() for t in ts]
@@ -93,6 +115,12 @@ class HealthChecks:
             await asyncio.sleep(check.interval)
 
     def _report(self, machine: Machine, name: str, problem: str | None) -> None:
+        unproven = self._unproven.get(machine.id)
+        if problem is None and unproven is not None:
+            unproven.discard(name)
+            if not unproven:
+                del self._unproven[machine.id]
+                self._ready[machine.id] = time.monotonic()
         failing = self._failing.setdefault(machine.id, set())
         was_healthy = not failing
         if problem is None:

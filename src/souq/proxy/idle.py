@@ -2,8 +2,16 @@
 load does not need, by the rule of :mod:`souq.proxy.autostop`.
 
 A machine is idle when nothing is in flight on it and it served no request for a whole interval
-(a machine just woken for a request counts as having served). A machine chosen leaves rotation
-first (the table drains it: no new request goes to it), the
+(a machine just woken for a request counts as having served), and only once it has proven
+itself: a started machine whose health checks have not all passed since its start is no
+candidate (nor counted as running: it cannot serve yet), and one that passed them less than two
+of its check intervals ago is not chosen (``settling``: its worker runs the same checks on the
+same interval, and a deploy sees the machine healthy when the worker's pass). A deploy waits
+for exactly that on the machines it makes or updates, so the proxy never stops one under it.
+A machine whose stop was refused for its lease (a deploy holds it) is not chosen again until
+the lease ends.
+
+A machine chosen leaves rotation first (the table drains it: no new request goes to it), the
 round waits for what it is serving to finish (at most ``drain_s``), and only then is its stop
 (or suspend) sent to its worker: a stream of requests sees no error. Each stop is recorded
 with the rule's reason.
@@ -14,10 +22,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from souq.errors import SouqError
-from souq.model import MachineRef, StopCommand
+from souq.errors import LeaseHeld, SouqError
+from souq.model import Machine, MachineRef, StopCommand
 from souq.protocol import WorkerClient
 from souq.protocol.verbs import STOP, SUSPEND
 from souq.proxy.autostop import Idle, Running, choose
@@ -38,8 +47,12 @@ class Autostop:
     decisions: Decisions
     drain_s: float = 30.0
     timeout_s: float = 10.0
+    # Since when (time.monotonic()) a started machine's checks have all passed since its start;
+    # None while they have not (souq.proxy.health.HealthChecks.ready_since).
+    ready_since: Callable[[str], float | None] = lambda _: 0.0
     _active: dict[str, float] = field(default_factory=dict)  # machine id -> when it last served
     _held: set[str] = field(default_factory=set)  # machines a wake-up is starting
+    _leased: dict[str, float] = field(default_factory=dict)  # machine id -> lease's end (monotonic)
     _interval: float = 0.0
 
     def touch(self, machine_id: str) -> None:
@@ -66,6 +79,9 @@ class Autostop:
                 continue
             if table.is_draining(machine.id) or machine.id in self._held:
                 continue
+            ready = self.ready_since(machine.id)
+            if ready is None:  # not proven since it started: it cannot serve yet
+                continue
             # A machine that served within the last interval counts as loaded: idle means no
             # request for a whole interval, not a gap between two.
             load = table.load(machine.id) + self._recently_active(machine.id)
@@ -78,6 +94,8 @@ class Autostop:
                     service.concurrency.soft_limit,
                     service.autostop,
                     service.min_machines_running,
+                    settling=time.monotonic() - ready < _settle_s(machine),
+                    leased=self._leased.get(machine.id, 0.0) > time.monotonic(),
                 )
             )
         return out
@@ -114,6 +132,8 @@ class Autostop:
                 )
         except SouqError as exc:
             table.draining(idle.machine_id, False)
+            if isinstance(exc, LeaseHeld):  # a deploy's: not chosen again until its lease ends
+                self._leased[idle.machine_id] = time.monotonic() + _left_s(exc)
             log.info("autostop of machine %s failed: %s", idle.machine_id, exc)
             return
         self.feed.seen(done)
@@ -128,3 +148,15 @@ class Autostop:
                 await self.round()
             except Exception:  # a round must not end the loop
                 log.exception("an autostop round failed")
+
+
+def _settle_s(machine: Machine) -> float:
+    """How long a machine that just proved itself is not chosen: two of its longest check
+    interval (the worker's checks, which a deploy waits on, pass within one of the proxy's)."""
+    return 2 * max((c.interval for c in machine.config.checks.values()), default=0.0)
+
+
+def _left_s(held: LeaseHeld) -> float:
+    """Seconds until the lease ``held`` names ends (its ``expires_at``, ms since the epoch)."""
+    end = held.details.get("expires_at")
+    return max(0.0, end / 1000 - time.time()) if isinstance(end, int | float) else 0.0

@@ -14,7 +14,8 @@ import logging
 from dataclasses import dataclass, field
 
 from souq.errors import SouqError
-from souq.model import MachineRef, WorkerState
+from souq.model import WorkerState
+from souq.model.protocol import StartCommand
 from souq.protocol import WorkerClient
 from souq.protocol.verbs import START
 from souq.proxy.decisions import Decisions
@@ -72,7 +73,10 @@ class Failover:
     ) -> None:
         try:
             machine = await self.workers.call(
-                on_worker, START, MachineRef(app=app, machine_id=standby_id), timeout=self.timeout_s
+                on_worker,
+                START,
+                StartCommand(app=app, machine_id=standby_id, wake=True),
+                timeout=self.timeout_s,
             )
         except SouqError as exc:
             self.decisions.record(

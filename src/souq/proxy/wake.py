@@ -19,7 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from souq.errors import SouqError
-from souq.model import Machine, MachineRef
+from souq.model import Machine
+from souq.model.protocol import StartCommand
 from souq.protocol import WorkerClient
 from souq.protocol.verbs import START
 from souq.proxy.decisions import Decisions
@@ -130,7 +131,7 @@ class Waker:
             machine = await self.workers.call(
                 backend.worker_id,
                 START,
-                MachineRef(app=app, machine_id=backend.machine_id),
+                StartCommand(app=app, machine_id=backend.machine_id, wake=True),
                 timeout=max(0.1, deadline - loop.time()),
             )
         except SouqError as exc:

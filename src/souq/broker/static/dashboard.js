@@ -32,11 +32,9 @@
     hasRegions: null,
     selected: null, // {app, id}
     pollTimer: null,
-    workersQueued: false,
     jobs: [], // the answer of /sched/list, newest first
     jobStates: null, // name -> state at the last poll (to tell changes while polling)
     hasJobs: null, // null until /sched/list has been tried
-    jobsQueued: false,
   };
 
   const $ = (id) => document.getElementById(id);
@@ -194,15 +192,21 @@
     renderRegions();
   }
 
-  function queueWorkers() {
-    // Many events at once (a batch create) cost one fetch of the workers and the regions.
-    if (state.workersQueued) return;
-    state.workersQueued = true;
-    setTimeout(() => {
-      state.workersQueued = false;
-      Promise.all([refreshWorkers(), refreshRegions()]).catch(report);
-    }, 200);
+  function coalesced(refresh) {
+    // Many events at once (a batch create, a burst of job events) cost one refresh.
+    let queued = false;
+    return () => {
+      if (queued) return;
+      queued = true;
+      setTimeout(() => {
+        queued = false;
+        refresh().catch(report);
+      }, 200);
+    };
   }
+
+  // The workers and the regions, fetched together.
+  const queueWorkers = coalesced(() => Promise.all([refreshWorkers(), refreshRegions()]));
 
   async function refreshRegions() {
     if (state.hasRegions === false) return;
@@ -290,15 +294,7 @@
     renderJobs();
   }
 
-  function queueJobs() {
-    // A burst of job events costs one fetch of the list.
-    if (state.jobsQueued) return;
-    state.jobsQueued = true;
-    setTimeout(() => {
-      state.jobsQueued = false;
-      refreshJobs().catch(report);
-    }, 200);
-  }
+  const queueJobs = coalesced(refreshJobs);
 
   async function refreshAll() {
     await refreshApps();
