@@ -41,7 +41,7 @@ import httpx
 import psutil
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from souq.auth.bus import add_agent, init_bus, worker_id_for
+from souq.auth.bus import add_agent, agent_dir, init_bus, worker_id_for
 from souq.auth.files import AuthDir
 from souq.auth.locate import default_dev_dir
 from souq.daemon import loop_factory
@@ -352,6 +352,7 @@ async def _serve_locked(
 
 
 LOCK_FILE = "souq-dev.lock"
+AGENT_AUTH = "agent-auth"  # DATA_DIR/agent-auth/NAME: what one agent is given of the auth dir
 
 
 def lock_data_dir(data_dir: Path) -> int:
@@ -414,7 +415,7 @@ def _start_agents(
                 ),
                 log_format=config.log_format,
                 image_cache_mb=config.image_cache_mb,
-                auth_dir=data_dir,
+                auth_dir=_agent_auth(data_dir, name),
                 worker_id=_credential_for(data_dir, name),
                 machine_user=config.machine_user,
                 pass_fds=(lock,),
@@ -460,6 +461,14 @@ def _nats(config: DevConfig, data_dir: Path, auth: AuthDir) -> NatsServer | Nats
 def _credential_for(data_dir: Path, name: str) -> str:
     """The worker id of the agent ``name``: its credential, added to the bus if new."""
     return add_agent(AuthDir(data_dir), worker_id_for(data_dir / "workers" / name))
+
+
+def _agent_auth(data_dir: Path, name: str) -> Path:
+    """The auth directory the agent ``name`` is given: its own seed and the secrets key only
+    (``DATA_DIR/agent-auth/NAME``), not the cluster's whole directory: no token key, admin
+    token, nor another daemon's seed."""
+    auth = AuthDir(data_dir)
+    return agent_dir(auth, _credential_for(data_dir, name), data_dir / AGENT_AUTH / name).path
 
 
 def _start_proxy(

@@ -226,7 +226,7 @@ def test_brokers_own_the_stores_and_agents_read_images(server: Server) -> None:
             secrets = await js.create_key_value(bucket="souq-secrets")
             await secrets.put("app.KEY", b"sealed")
 
-            mine = await ImageStore.open(worker.nc)
+            mine = await ImageStore.open(worker.nc, make=False)  # as an agent opens it
             assert await mine.blob(digest) == data
             assert (await mine.records.get("k")).value == b"v"
             sealed = await worker.nc.jetstream().key_value("souq-secrets")

@@ -63,7 +63,6 @@ def test_an_agent_pulls_jobs_through_the_runners_consumer_alone() -> None:
     publish = set(permissions_of("agent-w1").publish)
     assert {
         "$JS.API.CONSUMER.MSG.NEXT.souq-jobs-ready.souq-job-runners",
-        "$JS.API.CONSUMER.CREATE.souq-jobs-ready.souq-job-runners",
         "$JS.API.CONSUMER.INFO.souq-jobs-ready.souq-job-runners",
         "$JS.ACK.souq-jobs-ready.souq-job-runners.>",
         "souq.jobs.ready",
@@ -76,4 +75,29 @@ def test_an_agent_pulls_jobs_through_the_runners_consumer_alone() -> None:
         verb in s for s in jobs for verb in (".DELETE.souq", ".PURGE.", ".UPDATE.", "STREAM.CREATE")
     )
     assert not any(s.endswith(("souq-jobs-ready.*", "souq-jobs-ready.>")) for s in jobs)
+    # The broker makes the shared consumer: no agent may create it, change it or another.
+    assert not any("CREATE.souq-jobs-ready" in s for s in publish)
     assert "souq.jobevt.>" in permissions_of("broker").subscribe
+
+
+def test_a_message_is_taken_only_from_a_role_that_may_send_it() -> None:
+    from souq.bus.permissions import sent_by_a_role
+
+    def sent(subject: str, reply: str | None, headers: dict[str, str] | None = None) -> bool:
+        return sent_by_a_role(subject, reply, headers, locked=True)
+
+    assert sent("souq.worker.w1.destroy", "_INBOX.broker.abc.1")
+    assert sent("souq.worker.w1.start", "_INBOX.proxy.abc.1")
+    assert not sent("souq.worker.w1.destroy", "_INBOX.proxy.abc.1")  # not one of its verbs
+    assert not sent("souq.worker.w1.destroy", "_INBOX.agent-w2.abc.1")
+    assert not sent("souq.all.list", "_INBOX.fleet.x")
+    assert sent("souq.all.list", "_INBOX.view.x.2")
+    assert not sent("souq.worker.w1.destroy", "elsewhere.1")
+    assert not sent("souq.worker.w1.destroy", "_INBOX.nobody.1")
+    # A JetStream delivery, whatever its subject: a consumer's ack subject, a republish.
+    assert not sent("souq.discover", "$JS.ACK.KV_souq-jobs.c.1.1.1.1.0")
+    assert not sent("souq.evt.mad.w1", None, {"Nats-Stream": "KV_souq-jobs"})
+    assert sent("souq.evt.mad.w1", None)  # a plain publish: its publisher's permissions bound it
+    # An open bus (a test of one component): any inbox, still no JetStream delivery.
+    assert sent_by_a_role("souq.worker.w1.destroy", "_INBOX.xyz.1", None, locked=False)
+    assert not sent_by_a_role("souq.discover", "$JS.ACK.s.c.1", None, locked=False)

@@ -156,7 +156,7 @@ class AgentImages:
     async def _open_store(self) -> ImageStore:
         await self._attached_event().wait()
         assert self._client is not None
-        return await ImageStore.open(self._client)
+        return await ImageStore.open(self._client, make=False)  # a broker makes it
 
     def _know(self, record: ImageRecord) -> None:
         self._records[record.reference] = record

@@ -97,7 +97,7 @@ class AgentSecrets:
     async def _mirror(self, nc: Client) -> None:
         while True:
             try:
-                kv = await open_bucket(nc)
+                kv = await open_bucket(nc, make=False)  # a broker makes it
                 await self._follow(kv)
             except asyncio.CancelledError:
                 raise

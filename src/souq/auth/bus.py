@@ -41,6 +41,7 @@ __all__ = [
     "NatsCredential",
     "add_agent",
     "agent_credential",
+    "agent_dir",
     "agent_ids",
     "choose_worker",
     "credential",
@@ -233,6 +234,25 @@ def choose_worker(available: Sequence[str], stored: str | None, asked: str | Non
             hint="use the credential of agent-" + stored + " (or another data dir)",
         )
     return chosen
+
+
+def agent_dir(auth: AuthDir, worker_id: str, dest: Path) -> AuthDir:
+    """An auth directory (0700) holding what one agent needs and nothing more: its own NATS seed
+    (``dest/nats/agent-<worker id>.nk``), the bus's CA when it runs TLS, and the secrets key (it
+    opens its machines' secrets). Not the token keys, the admin token, nor any other role's or
+    agent's seed. What it holds already stays (a seed is never rewritten)."""
+    user = agent_user(worker_id)
+    seed = credential(auth, user).seed
+    dest.mkdir(parents=True, exist_ok=True, mode=0o700)
+    dest.chmod(0o700)
+    own = AuthDir(dest)
+    write_private(_seed_path(own, user), seed + "\n")
+    if auth.secrets_key.exists():
+        write_private(own.secrets_key, auth.secrets_key.read_text())
+    ca = _ca(auth)
+    if ca is not None:
+        write_private(_tls_dir(own) / "ca.pem", ca.read_text())
+    return own
 
 
 def agent_credential(auth: AuthDir, *, stored: str | None, asked: str | None) -> NatsCredential:

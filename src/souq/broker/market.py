@@ -47,7 +47,12 @@ from souq.model import (
     WorkerState,
     WorkerUsage,
 )
-from souq.model.batch import BatchClaimRequest, BatchCreateRequest, BatchResult
+from souq.model.batch import (
+    BatchClaimRequest,
+    BatchCreateRequest,
+    BatchResult,
+    machines_per_claim,
+)
 from souq.model.image import ImageRecord
 from souq.placement import Pipeline, PipelineCache, PlacementRequest
 from souq.protocol import WorkerClient
@@ -58,6 +63,7 @@ __all__ = ["Market"]
 log = logging.getLogger(__name__)
 
 CLAIM_S_PER_MACHINE = 0.01  # a batch claim's deadline grows by this per machine it carries
+DEFAULT_MAX_PAYLOAD = 1024 * 1024  # NATS's default, for a bus that does not say (in memory)
 
 # A claim's answers (one per machine) and the worker's ledger version once it was done.
 Answer = tuple[list[Any], int | None]
@@ -228,33 +234,35 @@ class Market:
         image: ImageRecord | None,
     ) -> BatchResult:
         async def claim(action: SendClaim) -> Answer:
-            req = BatchClaimRequest(
-                request_id=request_id,
-                body_hash=body_hash,
-                app=app,
-                region=body.region,
-                config=body.config,
-                skip_launch=body.skip_launch,
-                skip_secrets=body.skip_secrets,
-                request_ids=[f"{request_id}-{i}" for i in action.indexes],
-                placement=action.record,
-                image=image,
-            )
-            # A worker makes each machine in turn: allow time per machine. A claim that goes
-            # unanswered is sent once more to the same worker (it is idempotent per request
-            # id), so that a slow worker's late success is collected, not duplicated elsewhere.
-            timeout = self._config.claim_timeout_s + CLAIM_S_PER_MACHINE * len(action.indexes)
+            """The worker's share, in claims whose replies fit in a message, one after the
+            other; one refused or lost undoes those made before it (the share is all or
+            nothing, as one claim's is)."""
+            per_claim = machines_per_claim(body.config, action.record, self._max_payload())
+            made: list[Machine] = []
+            ledger: int | None = None
+            indexes = list(action.indexes)
             try:
-                reply, ledger = await self._workers.call_with_ledger(
-                    action.worker_id, CLAIM_BATCH, req, timeout=timeout
-                )
-            except Unavailable:
-                if not self._workers.connected:
-                    raise
-                reply, ledger = await self._workers.call_with_ledger(
-                    action.worker_id, CLAIM_BATCH, req, timeout=timeout
-                )
-            return list(reply.machines), ledger
+                for start in range(0, len(indexes), per_claim):
+                    req = BatchClaimRequest(
+                        request_id=request_id,
+                        body_hash=body_hash,
+                        app=app,
+                        region=body.region,
+                        config=body.config,
+                        skip_launch=body.skip_launch,
+                        skip_secrets=body.skip_secrets,
+                        request_ids=[f"{request_id}-{i}" for i in indexes[start:][:per_claim]],
+                        placement=action.record,
+                        image=image,
+                    )
+                    machines, ledger = await self._claim_batch(action.worker_id, req)
+                    made += machines
+            except SouqError:
+                stranded.extend(await self._undo(app, made))
+                raise
+            return made, ledger
+
+        stranded: list[str] = []  # made by a share that failed, and not destroyed again
 
         request = PlacementRequest.for_machine(
             request_id, app, body.region, body.config, image=image
@@ -262,8 +270,20 @@ class Market:
         order = Order(request, count=body.count, min_count=min_count, batch=True)
         auction = self._new_auction(order, self._pipeline)
         done = await self._run(auction, claim, offer_timeout=self._config.batch_offer_timeout_s)
-        if done.error is not None and done.placed:
-            await self._undo(app, list(done.placed.values()))
+        if stranded:
+            log.warning("batch %s: %d machines could not be undone", request_id, len(stranded))
+        if done.error is not None and (done.placed or stranded):
+            kept = stranded + await self._undo(app, list(done.placed.values()))
+            if kept:
+                # Said, not hidden: they hold capacity until destroyed, and the list shows them.
+                done.error.message += (
+                    f"; {len(kept)} of them could not be destroyed and still run: "
+                    f"{', '.join(kept[:10])}{' ...' if len(kept) > 10 else ''}"
+                )
+                done.error.hint = (
+                    f"destroy them (`souq machine destroy --force`); "
+                    f"GET /v1/apps/{app}/machines lists them"
+                )
         self._outcome(auction, done)
         machines = list(done.placed.values())
         return BatchResult(
@@ -274,10 +294,37 @@ class Market:
             placement=done.record,
         )
 
-    async def _undo(self, app: str, machines: Sequence[Machine]) -> None:
-        """Destroy machines of a batch that fell short of its ``min_count``."""
+    async def _claim_batch(
+        self, worker_id: str, req: BatchClaimRequest
+    ) -> tuple[list[Machine], int | None]:
+        """One claim of a batch. A worker makes each machine in turn: allow time per machine.
+        A claim that goes unanswered is sent once more to the same worker (it is idempotent per
+        request id), so that a slow worker's late success is collected, not duplicated
+        elsewhere."""
+        timeout = self._config.claim_timeout_s + CLAIM_S_PER_MACHINE * len(req.request_ids)
+        try:
+            reply, ledger = await self._workers.call_with_ledger(
+                worker_id, CLAIM_BATCH, req, timeout=timeout
+            )
+        except Unavailable:
+            if not self._workers.connected:
+                raise
+            reply, ledger = await self._workers.call_with_ledger(
+                worker_id, CLAIM_BATCH, req, timeout=timeout
+            )
+        return list(reply.machines), ledger
 
-        async def destroy(machine: Machine) -> None:
+    def _max_payload(self) -> int:
+        """The largest message the bus carries (NATS's ``max_payload``, from the server)."""
+        client = getattr(self._workers.transport, "client", None)
+        payload = getattr(client, "max_payload", None)
+        return payload if isinstance(payload, int) and payload > 0 else DEFAULT_MAX_PAYLOAD
+
+    async def _undo(self, app: str, machines: Sequence[Machine]) -> list[str]:
+        """Destroy machines of a batch that fell short of its ``min_count``; the ids of those
+        that could not be."""
+
+        async def destroy(machine: Machine) -> str | None:
             cmd = DestroyCommand(app=app, machine_id=machine.id, force=True)
             try:
                 await self._workers.call(
@@ -285,8 +332,11 @@ class Market:
                 )
             except SouqError as exc:
                 log.warning("could not destroy %s of a failed batch: %s", machine.id, exc)
+                return machine.id
+            return None
 
-        await asyncio.gather(*(destroy(m) for m in machines))
+        kept = await asyncio.gather(*(destroy(m) for m in machines))
+        return [machine_id for machine_id in kept if machine_id is not None]
 
     # -- driving an auction ----------------------------------------------------------------
 

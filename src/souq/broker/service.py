@@ -67,6 +67,7 @@ from souq.model.protocol import Lease, LeaseRequest, StartCommand, UpdateCommand
 from souq.placement import Pipeline
 from souq.protocol import Verb, WorkerClient
 from souq.protocol import verbs as v
+from souq.secrets.store import open_bucket
 from souq.view import ClusterView, RegionSummary, summarise_regions
 from souq.view.regions import default_region
 
@@ -126,6 +127,16 @@ class BrokerService:
         await self.view.start()
         await self.liveness.start()
         self.bus.install()
+        await self._make_stores()
+
+    async def _make_stores(self) -> None:
+        """Make the buckets agents read (images, secrets) now: agents only bind to them, so
+        that none can make one first with subjects of its choosing (docs/security.md)."""
+        try:
+            await self.images.store()
+            await open_bucket(self.nats_client())
+        except SouqError as exc:  # no JetStream (or not NATS): made at their first use, if ever
+            log.info("the image and secrets stores are not made yet: %s", exc)
 
     async def close(self) -> None:
         await self.bus.close()

@@ -101,8 +101,13 @@ async def stream(js: JetStreamContext, config: StreamConfig) -> None:
     await _made(js, name, replicas, create, bind)
 
 
-async def object_store(js: JetStreamContext, bucket: str, config: ObjectStoreConfig) -> ObjectStore:
-    """The object store (made on first use), with :func:`replicas_for` copies."""
+async def object_store(
+    js: JetStreamContext, bucket: str, config: ObjectStoreConfig, *, make: bool = True
+) -> ObjectStore:
+    """The object store (made on first use), with :func:`replicas_for` copies; without
+    ``make``, the one a broker made (an agent's: it may not make a store)."""
+    if not make:
+        return await js.object_store(bucket)
     replicas = replicas_for(js._nc)
     config = dataclasses.replace(config, replicas=replicas)
 
@@ -123,9 +128,14 @@ def unavailable(what: str, exc: BaseException) -> Unavailable:
     )
 
 
-async def key_value(js: JetStreamContext, bucket: str, description: str) -> KeyValue:
+async def key_value(
+    js: JetStreamContext, bucket: str, description: str, *, make: bool = True
+) -> KeyValue:
     """The bucket (made on first use: file storage, one value per key, :func:`replicas_for`
-    copies)."""
+    copies); without ``make``, the one a broker made (an agent's: it may not make a store, whose
+    subjects would be its to choose)."""
+    if not make:
+        return await js.key_value(bucket)
     replicas = replicas_for(js._nc)
     config = KeyValueConfig(
         bucket=bucket,

@@ -23,8 +23,10 @@ import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from souq.bus.codec import error_reply
+from souq.bus.permissions import sent_by_a_role
 from souq.bus.transport import Handler, bus_unavailable
-from souq.errors import InvalidInput, Unauthorized, Unavailable
+from souq.errors import InvalidInput, PayloadTooLarge, Unauthorized, Unavailable
 
 __all__ = [
     "PING_INTERVAL_S",
@@ -75,8 +77,12 @@ class _NatsSubscription:
 class NatsTransport:
     """Wraps one NATS connection. Use :func:`connect` to make one."""
 
-    def __init__(self, nc: Client) -> None:
+    def __init__(self, nc: Client, *, locked: bool = False) -> None:
         self._nc = nc
+        # Signed in to a locked-down bus: a request is answered only from a role that may send
+        # it (souq.bus.permissions.sent_by_a_role); ``refused`` counts those dropped.
+        self.locked = locked
+        self.refused = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._gatherings: dict[str, _Gathering] = {}
         self._ids = itertools.count(1)
@@ -134,6 +140,8 @@ class NatsTransport:
             if not self._nc.is_connected:
                 raise bus_unavailable() from exc
             raise Unavailable(f"NATS request on {subject} failed: {exc}") from exc
+        if not self.accepts(msg):
+            raise Unavailable(f"the reply on {subject} was no worker's (a JetStream delivery)")
         return bytes(msg.data)
 
     async def gather(
@@ -185,6 +193,8 @@ class NatsTransport:
         gathering = self._gatherings.get(msg.subject.rsplit(".", 1)[-1])
         if gathering is None:
             return  # a late reply: its gathering is over
+        if not self.accepts(msg):
+            return  # a JetStream delivery into the inbox: no worker's answer
         if msg.headers and msg.headers.get("Status") == _NO_RESPONDERS:
             if not gathering.per_subject:
                 gathering.done.set()
@@ -200,12 +210,30 @@ class NatsTransport:
         self, subject: str, handler: Handler, *, queue: str | None = None
     ) -> _NatsSubscription:
         async def on_message(msg: Msg) -> None:
+            if not self.accepts(msg):
+                return
             task = asyncio.create_task(self._handle(handler, msg))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
         sub = await self._nc.subscribe(subject, queue=queue or "", cb=on_message)
         return _NatsSubscription(sub)
+
+    def accepts(self, msg: Msg) -> bool:
+        """Whether ``msg`` came from a client that may send it (:func:`sent_by_a_role`); one
+        that did not is dropped, counted, and said (the first, then at every power of two)."""
+        if sent_by_a_role(msg.subject, msg.reply, msg.headers, locked=self.locked):
+            return True
+        self.refused += 1
+        if self.refused & (self.refused - 1) == 0:
+            log.warning(
+                "dropped a message on %s (reply %r): no role that may send it sent it "
+                "(%d dropped so far)",
+                msg.subject,
+                msg.reply,
+                self.refused,
+            )
+        return False
 
     async def _handle(self, handler: Handler, msg: Msg) -> None:
         try:
@@ -216,8 +244,23 @@ class NatsTransport:
         if reply is not None and msg.reply:
             try:
                 await self._nc.publish(msg.reply, reply)
+            except nats.errors.MaxPayloadError:
+                await self._too_large(msg, len(reply))
             except nats.errors.Error as exc:
                 log.warning("could not reply on %s: %s", msg.subject, exc)
+
+    async def _too_large(self, msg: Msg, size: int) -> None:
+        """An answer larger than a message may be: the requester is told so at once (it would
+        otherwise wait out its deadline for nothing), and the log says which."""
+        limit = self._nc.max_payload
+        log.error("the answer on %s is %d bytes, over max_payload (%d)", msg.subject, size, limit)
+        err = PayloadTooLarge(
+            f"the answer on {msg.subject} is {size} bytes, more than one NATS message holds "
+            f"({limit})",
+            hint="ask for less at once (see docs/limits.md)",
+        )
+        with contextlib.suppress(nats.errors.Error):
+            await self._nc.publish(msg.reply, error_reply(err))
 
     async def flush(self, timeout: float = 2.0) -> None:
         try:
@@ -339,7 +382,7 @@ async def connect(
             f"cannot connect to NATS at {url}: {str(exc) or 'timed out'}",
             hint="is the NATS server running?",
         ) from exc
-    transport = NatsTransport(nc)
+    transport = NatsTransport(nc, locked=credential is not None)
     holder["t"] = transport
     await transport._start()
     return transport

@@ -13,9 +13,9 @@ writes the file.
 * ``agent-<W>`` publishes heartbeats, events, usage and job run events *as W* and reads the
   image and secrets buckets; runs batch jobs (:func:`_job_runner`): reads and changes the
   ``souq-jobs`` bucket and watches its keys, pulls names from ``souq-jobs-ready`` through the
-  ``souq-job-runners`` consumer alone, puts a job back with ``souq.jobs.ready`` and writes runs'
-  output to ``souq-job-logs``; subscribes to ``souq.worker.W.*``, offers, ``souq.all.*`` and
-  ``souq.discover``.
+  ``souq-job-runners`` consumer alone (a broker makes it; no agent may create or change it),
+  puts a job back with ``souq.jobs.ready`` and writes runs' output to ``souq-job-logs``;
+  subscribes to ``souq.worker.W.*``, offers, ``souq.all.*`` and ``souq.discover``.
 * ``fleet`` (hollow workers, for scale tests only) speaks as any worker: every worker's verbs,
   offers, broadcasts; heartbeats, events and usage of any worker.
 
@@ -23,14 +23,25 @@ Replies go by ``allow_responses``: a user answers only the requests it received,
 the requester's inbox. Every user's inbox is its own (``_INBOX.<user>.…``, set with nats-py's
 ``inbox_prefix``) and nobody else may subscribe there: a reply carrying a machine's config
 reaches the requester alone.
+
+What nats-server does not check, the receivers do (:func:`sent_by_a_role`). A JetStream push
+consumer delivers its stream's messages to whatever deliver subject its creator named, and the
+server checks that subject against nobody's permissions; nor does it check a stream's
+republish subject. Anyone who may create a consumer on a stream it may write (an agent, on the
+jobs bucket) could so make the server publish, in its name, on a worker's command subject or a
+broker's heartbeats. Every message a daemon's subscription receives is judged by who could have
+sent it: never a JetStream delivery (a ``$JS.ACK.…`` reply, a ``Nats-Stream`` header), and on a
+locked-down bus a request only from the inbox of a role whose publish permissions cover its
+subject (a destroy from the broker's, a start from the proxy's; not a list from an agent's).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from souq.bus import subjects
+from souq.bus.memory import subject_matches
 
 __all__ = [
     "AGENT_PREFIX",
@@ -42,6 +53,7 @@ __all__ = [
     "inbox_prefix",
     "nats_conf",
     "permissions_of",
+    "sent_by_a_role",
     "worker_of_user",
 ]
 
@@ -100,15 +112,15 @@ def inbox_prefix(user: str) -> str:
 
 
 def _read_streams(streams: Iterable[str]) -> list[str]:
-    """The JetStream API a reader of these streams needs: open (an idempotent create), look
-    up, read messages directly, and run its own ordered consumers. Not delete, purge, update,
-    nor write."""
+    """The JetStream API a reader of these streams needs: look them up, read messages
+    directly, and run its own ordered consumers. Not create (a broker makes them: a stream made
+    by an agent would have subjects of its choosing, ``souq.worker.>`` say), delete, purge,
+    update, nor write."""
     api = "$JS.API"
     allowed = [f"{api}.INFO", f"{api}.STREAM.NAMES"]
     for s in streams:
         allowed += [
             f"{api}.STREAM.INFO.{s}",
-            f"{api}.STREAM.CREATE.{s}",
             f"{api}.STREAM.MSG.GET.{s}",
             f"{api}.DIRECT.GET.{s}",
             f"{api}.DIRECT.GET.{s}.>",
@@ -125,11 +137,11 @@ def _read_streams(streams: Iterable[str]) -> list[str]:
 def _job_runner() -> list[str]:
     """What an agent needs to run batch jobs, and no more: the job records (read one, change
     one by compare-and-set, watch one: an ordered consumer of the bucket's stream, with its flow
-    control), the agents' one pull consumer on the ready stream (look it up, make it with the
-    configuration every agent gives, fetch, ack or nak), the ready subject (a job given back)
-    and the output store (look it up, see whether a run's output is there, write it). Not
-    delete, purge or update a stream, nor create one, nor any other consumer of the ready
-    stream."""
+    control), the agents' one pull consumer on the ready stream (look it up, fetch, ack or nak:
+    the broker makes it, so that no agent can give it other settings or a deliver subject), the
+    ready subject (a job given back) and the output store (look it up, see whether a run's output
+    is there, write it). Not delete, purge or update a stream, nor create one, nor create, change
+    or delete any consumer of the ready stream."""
     api = "$JS.API"
     kv, logs, ready, runners = f"KV_{JOBS_BUCKET}", f"OBJ_{JOBS_LOGS}", JOBS_READY, JOBS_RUNNERS
     return [
@@ -144,8 +156,6 @@ def _job_runner() -> list[str]:
         f"$JS.FC.{kv}.>",
         f"$KV.{JOBS_BUCKET}.>",
         f"{api}.CONSUMER.INFO.{ready}.{runners}",
-        f"{api}.CONSUMER.CREATE.{ready}.{runners}",
-        f"{api}.CONSUMER.CREATE.{ready}.{runners}.{JOBS_READY_SUBJECT}",
         f"{api}.CONSUMER.MSG.NEXT.{ready}.{runners}",
         f"$JS.ACK.{ready}.{runners}.>",
         JOBS_READY_SUBJECT,
@@ -223,6 +233,37 @@ def permissions_of(user: str) -> Permissions:
             responses=FLEET_RESPONSES,
         )
     raise ValueError(f"{user!r} is not a role on the bus (one of {', '.join(ROLES)}, agent-ID)")
+
+
+def _inbox_owner(reply: str) -> str | None:
+    """The user whose inbox ``reply`` is in (``_INBOX.<user>.…``), None for any other subject."""
+    head, _, rest = reply.partition(".")
+    user = rest.partition(".")[0]
+    return user if head == "_INBOX" and user else None
+
+
+def sent_by_a_role(
+    subject: str, reply: str | None, headers: Mapping[str, str] | None, *, locked: bool
+) -> bool:
+    """Whether a message received on ``subject`` was published by a client that may publish
+    there, as far as the message tells (see the module): a JetStream delivery never is; on a
+    ``locked`` bus a request (a message with a reply) is when its reply is the inbox of a role
+    whose permissions cover ``subject``. A message without a reply is a plain publish, which the
+    publisher's permissions already bound."""
+    if reply and reply.startswith("$JS."):
+        return False  # a push consumer's delivery (its ack subject)
+    if headers and "Nats-Stream" in headers:
+        return False  # a stream's republish
+    if not locked or not reply:
+        return True
+    user = _inbox_owner(reply)
+    if user is None:
+        return False
+    try:
+        allowed = permissions_of(user).publish
+    except ValueError:
+        return False
+    return any(subject_matches(pattern, subject) for pattern in allowed)
 
 
 def _quoted(items: Iterable[str]) -> str:

@@ -97,6 +97,8 @@ class FleetBus:
         task.add_done_callback(self._tasks.discard)
 
     async def _on_verb(self, msg: Msg) -> None:
+        if not self.transport.accepts(msg):
+            return
         _, _, worker_id, verb = msg.subject.split(".", 3)
         handler = self._verbs.get(worker_id)
         if handler is None:  # not one of ours (a real agent, or a worker that left)
@@ -107,6 +109,8 @@ class FleetBus:
             self._spawn(self._answer([handler], msg))
 
     async def _on_fanout(self, msg: Msg) -> None:
+        if not self.transport.accepts(msg):
+            return
         handlers = list(self._fanout.get(msg.subject, ()))
         if handlers:
             self._spawn(self._answer(handlers, msg))

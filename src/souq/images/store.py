@@ -147,8 +147,9 @@ class ImageStore:
     clock: Clock = field(default_factory=SystemClock)
 
     @classmethod
-    async def open(cls, nc: Client) -> ImageStore:
-        """Bind to the buckets, creating them on first use."""
+    async def open(cls, nc: Client, *, make: bool = True) -> ImageStore:
+        """Bind to the buckets, creating them on first use (without ``make``: the ones a broker
+        made, as an agent does)."""
         try:
             js = nc.jetstream()
             blobs = await object_store(
@@ -158,11 +159,10 @@ class ImageStore:
                     description="souq image blobs, by sha256 digest",
                     storage=StorageType.FILE,
                 ),
+                make=make,
             )
             records = await key_value(
-                js,
-                RECORDS_BUCKET,
-                "souq images: one record per image and per name",
+                js, RECORDS_BUCKET, "souq images: one record per image and per name", make=make
             )
         except (nats.errors.Error, nats.js.errors.Error) as exc:
             raise unavailable("the image store", exc) from exc

@@ -33,6 +33,7 @@ from nats.aio.client import Client
 from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StorageType, StreamConfig
 from nats.js.client import JetStreamContext
 from nats.js.kv import KeyValue
+from pydantic import ValidationError
 
 from souq.bus.jetstream import key_value, stream, unavailable
 from souq.clock import Clock, SystemClock
@@ -99,6 +100,7 @@ class JobStore:
                     storage=StorageType.FILE,
                 ),
             )
+            await js.add_consumer(READY, _runners_config())
         except (nats.errors.Error, nats.js.errors.Error) as exc:
             raise unavailable(_WHAT, exc) from exc
         return cls(kv, workers, clock, js)
@@ -117,20 +119,11 @@ class JobStore:
 
     async def runners(self) -> JetStreamContext.PullSubscription:
         """A pull subscription on the ready stream through the agents' one durable consumer
-        (made by the first agent that asks; the same configuration from every agent): each
-        name goes to one of the agents that fetch, whichever asks first."""
+        (made by a broker's :meth:`open`, and its settings put back there: agents may not make
+        or change it): each name goes to one of the agents that fetch, whichever asks first."""
         js = self._require_js()
-        config = ConsumerConfig(
-            durable_name=RUNNERS,
-            ack_policy=AckPolicy.EXPLICIT,
-            ack_wait=RUNNERS_ACK_WAIT_S,
-            max_ack_pending=-1,  # names put back with a delay (a job that fits nowhere) wait
-            description="souq agents pulling batch jobs",
-        )
         try:
-            return await js.pull_subscribe(
-                READY_SUBJECT, durable=RUNNERS, stream=READY, config=config
-            )
+            return await js.pull_subscribe_bind(RUNNERS, stream=READY)
         except (nats.errors.Error, nats.js.errors.Error) as exc:
             raise unavailable(_WHAT, exc) from exc
 
@@ -150,7 +143,9 @@ class JobStore:
         try:
             async for entry in watcher:
                 if entry is not None and entry.value:
-                    yield _decode(entry.value, entry.revision)
+                    job = _readable(entry.key, entry.value, entry.revision)
+                    if job is not None:
+                        yield job
         finally:
             with contextlib.suppress(nats.errors.Error, nats.js.errors.Error):
                 await watcher.stop()  # type: ignore[no-untyped-call]
@@ -204,7 +199,13 @@ class JobStore:
             raise JobNotFound(f"no job {name}", hint="`souq job list` shows the jobs") from exc
         except (nats.errors.Error, nats.js.errors.Error) as exc:
             raise unavailable(_WHAT, exc) from exc
-        return _decode(entry.value, entry.revision)
+        job = _readable(name, entry.value or b"", entry.revision)
+        if job is None:
+            raise JobNotFound(
+                f"no job {name}: its record in the queue is not a job (skipped)",
+                hint="an operator can remove it: `nats kv del souq-jobs NAME`",
+            )
+        return job
 
     async def all(self) -> list[Job]:
         """Every job, as the bucket holds them now."""
@@ -218,8 +219,8 @@ class JobStore:
                     entry = await watcher.updates(timeout=5)  # type: ignore[no-untyped-call]
                     if entry is None:  # the current values are all delivered
                         return
-                    if entry.value:
-                        yield _decode(entry.value, entry.revision)
+                    if entry.value and (job := _readable(entry.key, entry.value, entry.revision)):
+                        yield job
             finally:
                 with contextlib.suppress(nats.errors.Error, nats.js.errors.Error):
                     await watcher.stop()  # type: ignore[no-untyped-call]
@@ -270,7 +271,11 @@ class JobStore:
             return None
         except (nats.errors.Error, nats.js.errors.Error) as exc:
             raise unavailable(_WHAT, exc) from exc
-        return Registration.model_validate_json(entry.value or b"{}")
+        try:
+            return Registration.model_validate_json(entry.value or b"{}")
+        except ValidationError as exc:  # as if it had not registered: it registers again
+            log.warning("worker %s: its registration is not one, skipped: %s", worker, exc)
+            return None
 
     async def assign(self, worker: str) -> list[Job]:
         """The jobs ``worker`` holds, after claiming for it the waiting ones of its app that fit
@@ -331,5 +336,30 @@ def _encode(job: Job) -> bytes:
     return job.model_dump_json(exclude={"revision"}).encode()
 
 
-def _decode(raw: bytes | None, revision: int | None) -> Job:
-    return Job.model_validate_json(raw or b"{}").model_copy(update={"revision": revision or 0})
+def _runners_config() -> ConsumerConfig:
+    """The agents' one pull consumer of the ready stream, as a broker makes it (and puts it
+    back when found changed)."""
+    return ConsumerConfig(
+        name=RUNNERS,
+        durable_name=RUNNERS,
+        filter_subject=READY_SUBJECT,
+        ack_policy=AckPolicy.EXPLICIT,
+        ack_wait=RUNNERS_ACK_WAIT_S,
+        max_ack_pending=-1,  # names put back with a delay (a job that fits nowhere) wait
+        description="souq agents pulling batch jobs",
+    )
+
+
+def _readable(key: str, raw: bytes, revision: int | None) -> Job | None:
+    """The job a record holds; None, with a warning naming its key, for one that is not a
+    job's (any worker's credential may write the bucket: a spoiled record is skipped, never a
+    failure of a listing)."""
+    try:
+        job = Job.model_validate_json(raw)
+    except ValidationError as exc:
+        log.warning("job %s: its record is not a job, skipped: %s", key, exc.errors()[0]["msg"])
+        return None
+    if job.name != key:
+        log.warning("job %s: its record names another job (%s), skipped", key, job.name)
+        return None
+    return job.model_copy(update={"revision": revision or 0})

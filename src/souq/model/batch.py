@@ -1,8 +1,11 @@
 """Batch creates: many machines of one config placed in one call (Sparrow's batch sampling).
 
 Over HTTP: ``POST /v1/apps/{app}/machines/batch`` with a :class:`BatchCreateRequest`, answered
-with a :class:`BatchResult`. Between broker and worker: one :class:`BatchClaimRequest` per worker
-(``souq.worker.<id>.claim_batch``), answered with a :class:`BatchClaimReply`.
+with a :class:`BatchResult`. Between broker and worker: claims (:class:`BatchClaimRequest`,
+``souq.worker.<id>.claim_batch``), each answered with a :class:`BatchClaimReply` holding every
+machine it made in full. One NATS message carries at most the server's ``max_payload`` (1 MiB
+by default), so a worker's share of a batch goes in claims of :func:`machines_per_claim`
+machines each, one after the other.
 """
 
 from __future__ import annotations
@@ -21,7 +24,13 @@ __all__ = [
     "BatchCreateRequest",
     "BatchPlacement",
     "BatchResult",
+    "machines_per_claim",
 ]
+
+# What a machine's record holds beyond its config and placement (ids, times, its first events),
+# at most; and the share of a message its machines may fill (the rest: the reply's envelope).
+MACHINE_OVERHEAD_BYTES = 4096
+REPLY_SHARE = 0.5
 
 
 class BatchCreateRequest(Input):
@@ -112,3 +121,12 @@ class BatchResult(Record):
         default_factory=list, description="why the rest could not be placed, when placed < count"
     )
     placement: BatchPlacement
+
+
+def machines_per_claim(config: MachineConfig, placement: Placement | None, max_payload: int) -> int:
+    """How many machines of ``config`` one claim may carry so that its reply, every machine's
+    record in full, fits in a message of ``max_payload`` bytes (at least one)."""
+    size = len(config.model_dump_json()) + MACHINE_OVERHEAD_BYTES
+    if placement is not None:
+        size += len(placement.model_dump_json())
+    return max(1, int(max_payload * REPLY_SHARE) // size)

@@ -44,12 +44,12 @@ def secrets_key(auth: AuthDir | None) -> SecretsKey:
         ) from None
 
 
-async def open_bucket(nc: Client) -> KeyValue:
+async def open_bucket(nc: Client, *, make: bool = True) -> KeyValue:
+    """The secrets bucket, made on first use (without ``make``: the one a broker made, as an
+    agent does)."""
     try:
         return await key_value(
-            nc.jetstream(),
-            BUCKET,
-            "souq app secrets: sealed, one per app and name",
+            nc.jetstream(), BUCKET, "souq app secrets: sealed, one per app and name", make=make
         )
     except _ERRORS as exc:
         raise unavailable("the secrets store", exc) from exc
