@@ -22,6 +22,7 @@ from souq.agent.commands import Commands
 from souq.agent.executor import Executor
 from souq.drivers.base import PreparesSpawns
 from souq.errors import IdempotencyConflict
+from souq.model.base import copy_fields
 from souq.model.batch import BatchClaimReply, BatchClaimRequest
 from souq.model.machine import Machine
 from souq.model.protocol import ClaimRequest
@@ -45,18 +46,7 @@ def claim_batch(
         executor.driver.prepare_spawns(new)
     machines: list[Machine] = []
     for request_id in req.request_ids:
-        claim = ClaimRequest.model_construct(
-            request_id=request_id,
-            body_hash=req.body_hash,
-            app=req.app,
-            name=None,
-            region=req.region,
-            config=req.config,
-            skip_launch=req.skip_launch,
-            skip_secrets=req.skip_secrets,
-            placement=req.placement,
-            image=req.image,
-        )
+        claim = copy_fields(ClaimRequest, req, request_id=request_id)
         machines.append(commands.claim(claim, durable=False, admitted=True))
     executor.store.sync()  # one fsync for the whole batch, before it is answered
     return BatchClaimReply(machines=machines)

@@ -368,9 +368,8 @@ class Commands:
         if current is not None:  # a stop or restart waiting for its process: superseded
             ex.supervisor.disarm_kill(row.id)
             ex.apply(row.id, op=current, op_event=OpEvent.ABORT)
-        op = ex.new_op(OpKind.DESTROY, row.id, source="user")
         op_event = OpEvent.BEGIN if ex.handle(row.id) else OpEvent.IDLE
-        ex.step(op, op_event, event=event, type="destroy", source="user")
+        op = ex.begin_destroy(row.id, op_event, event, source="user")
         await op.done
         self.leases.drop(row.id)
         return ex.machine(app, machine_id)
@@ -380,16 +379,15 @@ class Commands:
         ex = self._ex
         sig, timeout = _stop_params(row, None, None)
         drain = _drain_s(row)
-        op = ex.new_op(
-            OpKind.DESTROY, row.id, source="user", signal=sig, timeout_s=timeout, drain_s=drain
-        )
-        ex.step(
-            op,
+        op = ex.begin_destroy(
+            row.id,
             OpEvent.DRAIN,
-            event=Trigger.FORCE_DESTROY,
-            type="destroy",
+            Trigger.FORCE_DESTROY,
             source="user",
             message=f"stopping first ({sig}, {drain:g}s out of rotation before it)",
+            signal=sig,
+            timeout_s=timeout,
+            drain_s=drain,
         )
         op.done.add_done_callback(lambda _: self.leases.drop(row.id))
         return ex.machine(row.app, row.id)

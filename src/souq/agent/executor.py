@@ -546,6 +546,22 @@ class Executor(MachineTable):
     def new_op(self, kind: OpKind, machine_id: str, **params: Any) -> Op:
         return Op(new_request_id(), kind, machine_id, params)
 
+    def begin_destroy(
+        self,
+        machine_id: str,
+        first: OpEvent,
+        event: Trigger,
+        *,
+        source: Source,
+        message: str | None = None,
+        **params: Any,
+    ) -> Op:
+        """A destroy of the machine by ``source``: its operation (with ``params``, e.g. the
+        stop's signal and times of a graceful one) and its first step, ``first`` on ``event``."""
+        op = self.new_op(OpKind.DESTROY, machine_id, source=source, **params)
+        self.step(op, first, event=event, type="destroy", source=source, message=message)
+        return op
+
     def changed(self, machine_id: str) -> asyncio.Event:
         event = self._changed.get(machine_id)
         if event is None:

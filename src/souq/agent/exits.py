@@ -71,12 +71,10 @@ def on_exit(ex: Executor, machine_id: str, status: ExitStatus) -> None:
     if decision.restart:
         ex.supervisor.schedule_restart(machine_id, decision.delay_s)
     elif row.config.auto_destroy:
-        destroy = ex.new_op(OpKind.DESTROY, machine_id, source="agent")
-        ex.step(
-            destroy,
+        ex.begin_destroy(
+            machine_id,
             OpEvent.IDLE,
-            event=Trigger.DESTROY,
-            type="destroy",
+            Trigger.DESTROY,
             source="agent",
             message="auto_destroy: it exited and its restart policy keeps it down",
         )

@@ -18,6 +18,7 @@ from souq.agent.admission import Admission, HeldQuote
 from souq.agent.records import HoldRow, of_app
 from souq.agent.store import Store
 from souq.clock import Clock, Timer
+from souq.model.base import copy_fields
 from souq.model.placement import Placement
 from souq.model.protocol import HoldRequest, Quote, QuoteState
 
@@ -63,14 +64,11 @@ class Quotes:
             return known.to_quote(self._worker_id)
         want = req.config.guest.resources()
         self._admission.check_hold(req.region, want, now)
-        row = HoldRow(
+        row = copy_fields(
+            HoldRow,
+            req,
             id=req.quote_id,
-            app=req.app,
-            region=req.region,
             resources=want,
-            config=req.config,
-            placement=req.placement,
-            ttl_s=req.ttl_s,
             created_at=now,
             expires_at=now + round(req.ttl_s * 1000),
         )

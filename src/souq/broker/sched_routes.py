@@ -240,8 +240,7 @@ def _workers_routes(router: APIRouter, queue: JobQueue) -> None:
         body = await parse_body(request, Registration)
         app = app_of(permit, body.app, Scope.QUEUE)
         store = await queue.store()
-        if body.name and (known := await store.registration(body.name)) is not None:
-            permit.require(known.app or DEFAULT_QUEUE, Scope.QUEUE)  # not another app's name
+        await _check_registered(store, body.name, permit)  # not another app's name
         return json_response(await store.register(body.model_copy(update={"app": app})))
 
     @router.get("/assigned", response_model=list[Job])
@@ -249,9 +248,7 @@ def _workers_routes(router: APIRouter, queue: JobQueue) -> None:
         """The jobs the registered worker holds, after it is given the waiting ones of its app
         that fit what it registered as free (oldest first)."""
         store = await queue.store()
-        known = await store.registration(who or "")
-        if known is not None:
-            permit.require(known.app or DEFAULT_QUEUE, Scope.QUEUE)
+        await _check_registered(store, who or "", permit)
         return json_response([shown(j, permit) for j in await store.assign(who or "")])
 
     @router.post("/started/{name}", response_model=Job)
@@ -292,6 +289,14 @@ async def job_of(store: JobStore, name: str, permit: Permit, needs: Scope = Scop
         raise JobNotFound(f"no job {name}", hint="`souq job list` shows the jobs")
     permit.require(job.app, needs)
     return job
+
+
+async def _check_registered(store: JobStore, worker: str, permit: Permit) -> None:
+    """A registered worker's name belongs to its app's queue: ``403 forbidden`` to a token that
+    may not work that queue (nothing to check for a name not registered, or none)."""
+    known = await store.registration(worker) if worker else None
+    if known is not None:
+        permit.require(known.app or DEFAULT_QUEUE, Scope.QUEUE)
 
 
 def shown(job: Job, permit: Permit) -> Job:

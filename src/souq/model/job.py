@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
@@ -27,6 +27,13 @@ __all__ = [
 # ``a..b``), at most 128 characters (JOB_NAME_MAX).
 JOB_NAME = r"^[a-zA-Z0-9][a-zA-Z0-9_-]*(\.[a-zA-Z0-9_-]+)*$"
 JOB_NAME_MAX = 128
+
+
+def _app_field(description: str) -> Any:
+    """A body's optional ``app``: an app's name (None: the token's app, see ``description``)."""
+    return Field(default=None, pattern=APP_NAME_PATTERN, max_length=63, description=description)
+
+
 # The app of a job submitted without one by a token of every app (and of the records kept before
 # jobs had apps): the cluster's default queue, worked by a token of this app's queue scope.
 DEFAULT_QUEUE = "default"
@@ -82,12 +89,9 @@ class JobSubmit(Input):
     command: str | list[str] = Field(
         description="a shell command line, or an argv list run without a shell"
     )
-    app: str | None = Field(
-        default=None,
-        pattern=APP_NAME_PATTERN,
-        max_length=63,
-        description="the app the job belongs to (default: the token's app; for a token of "
-        f"every app, {DEFAULT_QUEUE!r})",
+    app: str | None = _app_field(
+        "the app the job belongs to (default: the token's app; for a token of every app, "
+        f"{DEFAULT_QUEUE!r})"
     )
     restart: Literal["no", "on-failure"] = Field(
         default="no", description="on-failure: run it again after a non-zero exit"
@@ -126,12 +130,8 @@ class Registration(Input):
     """``POST /sched/register``: a worker of the push model and what it has free."""
 
     name: str = Field(default="", pattern=r"^$|" + JOB_NAME, max_length=JOB_NAME_MAX)
-    app: str | None = Field(
-        default=None,
-        pattern=APP_NAME_PATTERN,
-        max_length=63,
-        description="the app whose jobs it runs (default: the token's app, else "
-        f"{DEFAULT_QUEUE!r})",
+    app: str | None = _app_field(
+        f"the app whose jobs it runs (default: the token's app, else {DEFAULT_QUEUE!r})"
     )
     cpu: float = Field(ge=0, description="free cores")
     mem: int = Field(ge=0, description="free memory, MiB")
