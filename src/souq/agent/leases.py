@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import secrets
 
+from souq.agent.hold_rows import LeaseRows
 from souq.agent.store import Store
 from souq.clock import Clock, iso_from_ms
 from souq.errors import LeaseHeld, NotFound
@@ -24,9 +25,9 @@ __all__ = ["Leases"]
 
 class Leases:
     def __init__(self, store: Store, clock: Clock) -> None:
-        self._store = store
+        self._rows = LeaseRows(store)
         self._clock = clock
-        self._leases: dict[str, Lease] = {lease.machine_id: lease for lease in store.leases()}
+        self._leases: dict[str, Lease] = {lease.machine_id: lease for lease in self._rows.all()}
 
     def live(self, machine_id: str) -> Lease | None:
         """The machine's lease, if one lasts still."""
@@ -49,7 +50,7 @@ class Leases:
             description=description if description or held is None else held.description,
             version=held.version + 1 if held else 1,
         )
-        self._store.put_lease(lease)
+        self._rows.put(lease)
         self._leases[machine_id] = lease
         return lease
 
@@ -71,7 +72,7 @@ class Leases:
 
     def drop(self, machine_id: str) -> None:
         if self._leases.pop(machine_id, None) is not None:
-            self._store.drop_lease(machine_id)
+            self._rows.drop(machine_id)
 
     @staticmethod
     def _held(lease: Lease) -> LeaseHeld:

@@ -15,6 +15,7 @@ import logging
 from collections.abc import Callable
 
 from souq.agent.admission import Admission, HeldQuote
+from souq.agent.hold_rows import HoldRows
 from souq.agent.records import HoldRow, of_app
 from souq.agent.store import Store
 from souq.clock import Clock, Timer
@@ -36,14 +37,14 @@ class Quotes:
         *,
         on_change: Callable[[], None],
     ) -> None:
-        self._store = store
+        self._rows = HoldRows(store)
         self._clock = clock
         self._admission = admission
         self._worker_id = admission.worker_id
         self._on_change = on_change
         self._expires: dict[str, int] = {}  # live holds: quote id -> expires_at (ms)
         self._timers: dict[str, Timer] = {}
-        for hold in store.holds(QuoteState.HELD):
+        for hold in self._rows.in_state(QuoteState.HELD):
             self._expires[hold.id] = hold.expires_at
             admission.hold(hold.id, hold.resources, hold.expires_at)
 
@@ -59,7 +60,7 @@ class Quotes:
 
     def hold(self, req: HoldRequest) -> Quote:
         now = self._clock.now_ms()
-        known = self._store.get_hold(req.quote_id)
+        known = self._rows.get(req.quote_id)
         if known is not None:  # a retried hold
             return known.to_quote(self._worker_id)
         want = req.config.guest.resources()
@@ -72,7 +73,7 @@ class Quotes:
             created_at=now,
             expires_at=now + round(req.ttl_s * 1000),
         )
-        stored = self._store.hold(row)
+        stored = self._rows.put(row)
         if stored.state is QuoteState.HELD and stored.id not in self._expires:
             self._expires[stored.id] = stored.expires_at
             self._admission.hold(stored.id, stored.resources, stored.expires_at)
@@ -90,7 +91,7 @@ class Quotes:
 
     def placement(self, quote_id: str) -> Placement | None:
         """The placement record the quote was made with (None for an unknown quote)."""
-        hold = self._store.get_hold(quote_id)
+        hold = self._rows.get(quote_id)
         return hold.placement if hold is not None else None
 
     def release(self, app: str, quote_id: str) -> Quote:
@@ -109,7 +110,7 @@ class Quotes:
 
     def _find(self, app: str, quote_id: str) -> HoldRow:
         hint = "quotes belong to the app that asked for them"
-        return of_app(self._store.get_hold(quote_id), app, "quote", quote_id, hint=hint)
+        return of_app(self._rows.get(quote_id), app, "quote", quote_id, hint=hint)
 
     def _arm(self, quote_id: str) -> None:
         delay = max(0.0, (self._expires[quote_id] - self._clock.now_ms()) / 1000)
@@ -127,7 +128,7 @@ class Quotes:
         self._end(quote_id, QuoteState.EXPIRED)
 
     def _end(self, quote_id: str, state: QuoteState) -> None:
-        self._store.end_hold(quote_id, state)
+        self._rows.end(quote_id, state)
         if self._expires.pop(quote_id, None) is not None:
             self._admission.end_hold(quote_id)
             timer = self._timers.pop(quote_id, None)

@@ -3,7 +3,8 @@
 Tables: ``meta`` (the persistent worker id, whether it is cordoned), ``machines``, ``volumes``
 (read and written by :mod:`souq.agent.volume_rows`),
 ``reservations`` (capacity held by a machine from claim to destroy), ``holds`` (capacity held by a
-quote until it is used, released or expires), ``events`` (append-only) and ``ops`` (the
+quote until it is used, released or expires) and ``leases`` (both read and written by
+:mod:`souq.agent.hold_rows`), ``events`` (append-only) and ``ops`` (the
 append-only op log: one row per step of every operation). Every change is one transaction,
 so a machine's state, its event and its op step land together or not at all. sqlite3 errors become
 :class:`souq.errors.StorageError` here; nothing above this module sees them.
@@ -41,7 +42,7 @@ from pydantic import BaseModel
 
 from souq.agent import schema as sql
 from souq.agent.operations import OpState
-from souq.agent.records import RECENT_EVENTS, HoldRow, MachineRow, OpStep
+from souq.agent.records import RECENT_EVENTS, MachineRow, OpStep
 from souq.agent.state_file import SET_ASIDE_HINT, lock, private, refuse_set_aside
 from souq.errors import (
     IdempotencyConflict,
@@ -50,7 +51,6 @@ from souq.errors import (
 from souq.ids import new_worker_id
 from souq.model.machine import MachineConfig, MachineEvent, MachineState
 from souq.model.placement import Placement
-from souq.model.protocol import Lease, QuoteState
 from souq.model.resources import Resources
 from souq.model.services import MachineAddress
 
@@ -529,82 +529,6 @@ class Store:
                 (machine_id,),
             )
         ]
-
-    # -- holds (quotes) ------------------------------------------------------------------------
-
-    def hold(self, hold: HoldRow) -> HoldRow:
-        """Record a quote's hold (admission judged it); a known quote id returns the hold
-        already recorded for it."""
-        with self._write() as db:
-            found = db.execute(f"SELECT {sql.HOLD_COLUMNS} FROM holds WHERE id = ?", (hold.id,))  # noqa: S608
-            existing = found.fetchone()
-            if existing is not None:
-                return sql.hold_of(existing)
-            db.execute(
-                f"INSERT INTO holds ({sql.HOLD_COLUMNS}) "  # noqa: S608
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    hold.id,
-                    hold.app,
-                    hold.region,
-                    *sql.amounts_of(hold.resources)[:4],  # holds keep no GPU share column
-                    hold.config.model_dump_json(),
-                    hold.placement.model_dump_json() if hold.placement else None,
-                    hold.ttl_s,
-                    hold.created_at,
-                    hold.expires_at,
-                    str(hold.state),
-                    hold.machine_id,
-                ),
-            )
-        return hold
-
-    def get_hold(self, quote_id: str) -> HoldRow | None:
-        rows = self._read(f"SELECT {sql.HOLD_COLUMNS} FROM holds WHERE id = ?", (quote_id,))  # noqa: S608
-        return sql.hold_of(rows[0]) if rows else None
-
-    def holds(self, state: QuoteState) -> list[HoldRow]:
-        return [
-            sql.hold_of(r)
-            for r in self._read(
-                f"SELECT {sql.HOLD_COLUMNS} FROM holds WHERE state = ?",  # noqa: S608
-                (str(state),),
-            )
-        ]
-
-    def end_hold(self, quote_id: str, state: QuoteState) -> None:
-        """Mark a live hold expired or released (a hold already ended stays as it was)."""
-        with self._write() as db:
-            db.execute(
-                "UPDATE holds SET state = ? WHERE id = ? AND state = 'held'",
-                (str(state), quote_id),
-            )
-
-    # -- leases --------------------------------------------------------------------------------
-
-    def leases(self) -> list[Lease]:
-        rows = self._read("SELECT machine_id, nonce, expires_at, description, version FROM leases")
-        return [
-            Lease(
-                machine_id=str(r[0]),
-                nonce=str(r[1]),
-                expires_at=int(r[2]),
-                description=str(r[3]),
-                version=int(r[4]),
-            )
-            for r in rows
-        ]
-
-    def put_lease(self, lease: Lease) -> None:
-        with self._write() as db:
-            db.execute(
-                "INSERT OR REPLACE INTO leases VALUES (?, ?, ?, ?, ?)",
-                (lease.machine_id, lease.nonce, lease.expires_at, lease.description, lease.version),
-            )
-
-    def drop_lease(self, machine_id: str) -> None:
-        with self._write() as db:
-            db.execute("DELETE FROM leases WHERE machine_id = ?", (machine_id,))
 
     # -- the op log ----------------------------------------------------------------------------
 
