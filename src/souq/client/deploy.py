@@ -28,13 +28,13 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from souq.apps.config import DEFAULT_GROUP, AppConfig
-from souq.apps.plan import Current, Phase, Step, desired_counts, plan, standbys_wanted
+from souq.apps.plan import Current, Phase, Step, desired_counts, plan, scale, standbys_wanted
 from souq.client.api import SouqClient
 from souq.client.deploy_capacity import GOING, WORKERS, Capacity, attempt, current_of
 from souq.errors import (
@@ -119,7 +119,10 @@ class Deployer:
         strategy: str | None = None,
         on_event: Callable[[DeployEvent], None] = lambda _: None,
         description: str = "",
+        scale_regions: Iterable[str] | None = None,
     ) -> None:
+        """``scale_regions``: a scale (:func:`souq.apps.plan.scale`), not a deploy: only these
+        regions change, by creating and destroying machines to ``config``'s counts."""
         self.client = client
         self.config = config
         self.app = config.app
@@ -127,6 +130,7 @@ class Deployer:
         self.strategy = strategy or config.deploy.strategy
         self._tell = on_event
         self._description = description
+        self._scale = None if scale_regions is None else list(scale_regions)
         self._leases: dict[str, Lease] = {}
         self._undo = _Undo()
         self._version = 0
@@ -144,6 +148,14 @@ class Deployer:
     def run(self) -> Release:
         """Carry the release out; :class:`DeployFailed` (after the rollback) when it fails."""
         check_regions(self.client, self.config)
+        machines = {
+            m.id: m
+            for m in self.client.list_machines(self.app)
+            if m.state not in GOING  # a machine on its way out is not the deploy's to change
+        }
+        phases = self._plan(list(machines.values()))
+        if self._scale is not None and not phases:
+            return self._unchanged()
         release = self.client.create_release(
             self.app,
             NewRelease(
@@ -157,13 +169,7 @@ class Deployer:
         self._event(
             "release", f"release v{release.version} of {self.app}: {self.image}{self._why()}"
         )
-        machines = {
-            m.id: m
-            for m in self.client.list_machines(self.app)
-            if m.state not in GOING  # a machine on its way out is not the deploy's to change
-        }
         self._resting = {m.id for m in machines.values() if m.state in _RESTING}
-        phases = plan(self.config, current_machines(list(machines.values())), self.strategy)
         try:
             self._prepare(release.version, phases, list(machines.values()))
             for index, phase in enumerate(phases):
@@ -188,6 +194,18 @@ class Deployer:
         done = self.client.update_release(self.app, release.version, ReleaseState.COMPLETE)
         self._event("done", f"release v{release.version} is live everywhere{self._why()}")
         return done
+
+    def _plan(self, machines: list[Machine]) -> list[Phase]:
+        current = current_machines(machines)
+        if self._scale is not None:
+            return scale(self.config, current, self._scale)
+        return plan(self.config, current, self.strategy)
+
+    def _unchanged(self) -> Release:
+        """A scale to the counts the app has: no release, no machine touched."""
+        live = next(r for r in self.client.releases(self.app) if r.state is ReleaseState.COMPLETE)
+        self._event("done", f"{self.app} already runs that many machines: nothing changed")
+        return live
 
     def _why(self) -> str:
         return f" ({self._description})" if self._description else ""
@@ -253,7 +271,7 @@ class Deployer:
         (then let go); nothing else is done."""
         check_regions(self.client, self.config)
         machines = [m for m in self.client.list_machines(self.app) if m.state not in GOING]
-        phases = plan(self.config, current_machines(machines), self.strategy)
+        phases = self._plan(machines)
         try:
             self._capacity.reserve(self._version, phases, machines)
             return [
