@@ -5,11 +5,12 @@ everywhere when a phase fails.
    (:func:`check_regions`): an unknown one fails before anything is made.
 1. A release is made (``pending``; the next version, kept in JetStream by the brokers).
 2. At once: every machine of the app is leased (a second deploy at the same time fails here,
-   naming the machine and who holds it, before anything changed), and the capacity of every
-   machine the plan makes is held with quotes (:mod:`souq.client.deploy_capacity`: a served
-   group's machines in a region on distinct workers): a deploy that starts does not fail
-   halfway for want of room (``--dry-run`` shows the plan and where each new machine would
-   go, then lets go).
+   naming the machine and who holds it, before anything changed), and all the room the plan
+   needs is held with quotes (:mod:`souq.client.deploy_capacity`: each new machine's, a served
+   group's machines in a region on distinct workers; each update's growth on its machine's
+   worker, or, where it does not fit, a replacement's elsewhere): a deploy that starts does
+   not fail halfway for want of room (``--dry-run`` shows the plan and where each new machine
+   would go, then lets go).
 3. The plan's phases (:mod:`souq.apps.plan`) run in order; a phase's steps run at once: an
    update in place (the machine keeps its worker), a create, or a destroy (stopped gracefully
    first: it leaves the proxy's rotation, then its signal). A machine counts as done when it is
@@ -278,7 +279,11 @@ class Deployer:
                 (
                     phase,
                     [
-                        (step, self._capacity.quotes.get((i, j)))
+                        (
+                            step,
+                            self._capacity.quotes.get((i, j))
+                            or self._capacity.replacing.get((i, j)),
+                        )
                         for j, step in enumerate(phase.steps)
                     ],
                 )
@@ -293,9 +298,7 @@ class Deployer:
         self._event("phase", f"{phase.name}: {phase.describe()}", phase=phase)
         with ThreadPoolExecutor(max_workers=min(WORKERS, len(phase.steps) or 1)) as pool:
             futures = [
-                pool.submit(
-                    self._step, phase, step, machines, self._capacity.quotes.pop((index, j), None)
-                )
+                pool.submit(self._step, phase, step, machines, (index, j))
                 for j, step in enumerate(phase.steps)
             ]
             errors = [f.exception() for f in futures]
@@ -307,8 +310,13 @@ class Deployer:
             raise DeployFailed(f"phase {phase.name}: {first}", details={"phase": phase.name})
 
     def _step(
-        self, phase: Phase, step: Step, machines: dict[str, Machine], quote: Quote | None
+        self, phase: Phase, step: Step, machines: dict[str, Machine], key: tuple[int, int]
     ) -> None:
+        capacity = self._capacity
+        with self._undo.lock:  # the step's room, held before the deploy began
+            quote = capacity.quotes.pop(key, None)
+            growth = capacity.growth.pop(key, None)
+            replacing = capacity.replacing.pop(key, None)
         where = {"phase": phase.name, "region": step.region, "machine_id": step.machine_id}
         try:
             if step.action == "destroy":
@@ -320,16 +328,8 @@ class Deployer:
                 assert step.machine_id is not None
                 if step.standby_for:
                     config["standbys"] = list(step.standby_for)
-                try:
-                    machine, verb = self._update(step, config, machines), "updated"
-                except InsufficientCapacity:
-                    # Its worker has no room for the new size: a new machine elsewhere takes
-                    # its place; the old one goes once the whole release is live.
-                    machine, verb = (
-                        self._replacement(step, config, machines),
-                        "replaces " + step.machine_id,
-                    )
-                    where["machine_id"] = machine.id
+                machine, verb = self._in_place(step, config, machines, growth, replacing)
+                where["machine_id"] = machine.id
                 if step.standby_for:
                     verb += " (standby)"
             else:
@@ -352,6 +352,27 @@ class Deployer:
         except SouqError as exc:
             room = isinstance(exc, InsufficientCapacity)
             raise self._failure(exc.message, where, room=room) from exc
+
+    def _in_place(
+        self,
+        step: Step,
+        config: dict[str, Any],
+        machines: dict[str, Machine],
+        growth: Quote | None,
+        replacing: Quote | None,
+    ) -> tuple[Machine, str]:
+        """``step``'s machine updated in place (on the growth its worker held for it), or,
+        where its worker had no room for the new size, a new machine elsewhere (on the room
+        held for it) in its place: the old one goes once the whole release is live."""
+        assert step.machine_id is not None
+        if replacing is None:
+            if growth is not None:
+                self._capacity.let_go(growth)  # the room it held is the update's now
+            # (Taken by another in the instant between: replaced as below.)
+            with contextlib.suppress(InsufficientCapacity):
+                return self._update(step, config, machines), "updated"
+        machine = self._replacement(step, config, machines, replacing)
+        return machine, "replaces " + step.machine_id
 
     def _update(self, step: Step, config: dict[str, Any], machines: dict[str, Machine]) -> Machine:
         assert step.machine_id is not None
@@ -376,11 +397,25 @@ class Deployer:
             raise
 
     def _replacement(
-        self, step: Step, config: dict[str, Any], machines: dict[str, Machine]
+        self,
+        step: Step,
+        config: dict[str, Any],
+        machines: dict[str, Machine],
+        quote: Quote | None,
     ) -> Machine:
         """A new machine in the place of ``step``'s, whose worker has no room for the new size:
-        away from the workers of its group's other machines in the region, as a new one."""
+        on ``quote``'s room (held away from the workers of its group's other machines in the
+        region, as a new one's), or, without one, placed so now."""
         assert step.machine_id is not None
+        skip = bool(step.standby_for)
+        if quote is not None:
+            machine = self.client.create_machine(
+                self.app, step.region, config, skip_launch=skip, quote=quote.id
+            )
+            with self._undo.lock:
+                self._undo.created.append((machine.id, step.region))
+                self._replaced.append((step.machine_id, step.region))
+            return machine
         siblings = {
             m.worker_id
             for m in current_of(list(machines.values()), step.group, step.region)
@@ -388,7 +423,6 @@ class Deployer:
         }
 
         def create(body: dict[str, Any]) -> Machine:
-            skip = bool(step.standby_for)
             return self.client.create_machine(self.app, step.region, body, skip_launch=skip)
 
         machine = self._capacity.away(
