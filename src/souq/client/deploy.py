@@ -459,7 +459,10 @@ class Deployer:
         none (stopped; the proxy starts it if the machine's worker is lost). A region with no
         other worker gets none, and says so."""
         now = current_machines(self.client.list_machines(self.app))
-        for primary in standbys_wanted(self.config, now):
+        wanted = standbys_wanted(self.config, now)
+        if self._scale is not None:  # a scale changes its regions only
+            wanted = [m for m in wanted if m.region in self._scale]
+        for primary in wanted:
             config = self.config.machine_config(
                 primary.group, image=self.image, release=self._version
             )
