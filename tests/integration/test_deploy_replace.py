@@ -172,3 +172,23 @@ def test_a_deploy_without_all_the_room_it_needs_changes_nothing(
         assert str(client.releases(APP)[0].state) == "failed"
         # The room it held is let go: the worker has its 0.5 back (a 0.5 machine fits there).
         fill(cluster, a.worker_id, 0.5)
+
+
+def test_a_machine_on_a_cordoned_worker_still_grows_in_place(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    clear(cluster)
+    (tmp_path / "souq.toml").write_text(toml(0.5))
+    run = souq(cluster, "deploy", "--config", str(tmp_path / "souq.toml"), "--json")
+    assert run.returncode == 0, run.stderr
+    with cluster.client() as client:
+        (old,) = [m for m in client.list_machines(APP) if m.state is MachineState.STARTED]
+        client.cordon(old.worker_id)  # it takes no new machine: no quote of its growth
+        try:
+            (tmp_path / "souq.toml").write_text(toml(1.0))
+            run = souq(cluster, "deploy", "--config", str(tmp_path / "souq.toml"), "--json")
+            assert run.returncode == 0, run.stderr
+            (new,) = [m for m in client.list_machines(APP) if m.state is MachineState.STARTED]
+        finally:
+            client.uncordon(old.worker_id)
+    assert (new.id, new.worker_id, new.config.guest.cpus) == (old.id, old.worker_id, 1.0)

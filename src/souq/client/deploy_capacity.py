@@ -74,6 +74,15 @@ def _not_on(workers: list[str]) -> dict[str, Any]:
     return {"attribute": "worker.id", "operator": "not_in", "value": workers}
 
 
+def _closed(refusal: SouqError, worker_id: str) -> bool:
+    """Whether a refused placement says ``worker_id`` takes no new machines."""
+    placement = refusal.details.get("placement") or {}
+    return any(
+        o.get("worker_id") == worker_id and o.get("rejected") in ("cordoned", "draining")
+        for o in placement.get("offers", ())
+    )
+
+
 def _on(worker: str) -> dict[str, Any]:
     return {"attribute": "worker.id", "operator": "=", "value": worker}
 
@@ -182,8 +191,10 @@ class Capacity:
         }
         try:
             return self.client.create_quote(self.app, step.region, body, ttl_s=3600)
-        except InsufficientCapacity:
-            return False
+        except InsufficientCapacity as exc:
+            # A worker that takes no new machine (cordoned, draining) holds no quote, but its
+            # machines still grow in place where it has the room: unheld, as an update does.
+            return None if _closed(exc, machine.worker_id) else False
 
     def _no_room(
         self, version: int, step: Step, error: SouqError, *, replacing: bool
