@@ -204,7 +204,8 @@ class Deployer:
 
     def _unchanged(self) -> Release:
         """A scale to the counts the app has: no release, no machine touched."""
-        live = next(r for r in self.client.releases(self.app) if r.state is ReleaseState.COMPLETE)
+        releases = self.client.releases(self.app)  # newest first
+        live = next((r for r in releases if r.state is ReleaseState.COMPLETE), releases[0])
         self._event("done", f"{self.app} already runs that many machines: nothing changed")
         return live
 
@@ -212,7 +213,7 @@ class Deployer:
         return f" ({self._description})" if self._description else ""
 
     def _prepare(self, version: int, phases: list[Phase], machines: list[Machine]) -> None:
-        """Lease the machines, hold the new machines' capacity and mark the release
+        """Lease the machines, hold the room the plan needs and mark the release
         ``deploying``, the three at once (none needs another); the first failure is raised
         once all three are back, and the handler lets go of what the others took."""
         with ThreadPoolExecutor(max_workers=3) as pool:
