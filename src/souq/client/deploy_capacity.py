@@ -112,29 +112,12 @@ class Capacity:
         """Hold all the room the plan of release ``version`` needs, as the module says;
         :class:`DeployNoCapacity` (every quote let go) when some of it cannot be had.
         ``machines``: the app's, as the deploy found them."""
-        by_id = {m.id: m for m in machines}
-        updates = [
-            ((i, j), step)
-            for i, phase in enumerate(phases)
-            for j, step in enumerate(phase.steps)
-            if step.action == "update" and step.machine_id in by_id
-        ]
-        with ThreadPoolExecutor(max_workers=WORKERS) as pool:
-            grown = list(
-                pool.map(lambda item: self._grow(item[1], by_id[item[1].machine_id]), updates)
-            )
-        self.growth.update(
-            {k: q for (k, _), q in zip(updates, grown, strict=True) if isinstance(q, Quote)}
-        )
+        replacing = self._hold_growth(phases, machines)
         wanted: dict[tuple[str, str], list[tuple[Key, Step]]] = {}
         for i, phase in enumerate(phases):
             for j, step in enumerate(phase.steps):
-                if step.action == "create":
+                if step.action == "create" or (i, j) in replacing:
                     wanted.setdefault((step.group, step.region), []).append(((i, j), step))
-        replacing = {k for (k, _), q in zip(updates, grown, strict=True) if q is False}
-        for key, step in updates:
-            if key in replacing:
-                wanted.setdefault((step.group, step.region), []).append((key, step))
         staying = [] if self.strategy == "bluegreen" else machines  # blue goes: green spreads
 
         def hold_group(
@@ -168,6 +151,29 @@ class Capacity:
         ]
         if any(told):
             self._tell("reserve", "capacity held for " + ", ".join(t for t in told if t), None)
+
+    def _hold_growth(self, phases: list[Phase], machines: list[Machine]) -> set[Key]:
+        """Hold each update's growth on its machine's worker (at once); the updates whose
+        worker has not the room (to be replaced by a new machine elsewhere)."""
+        by_id = {m.id: m for m in machines}
+        updates = [
+            ((i, j), step, by_id[step.machine_id])
+            for i, phase in enumerate(phases)
+            for j, step in enumerate(phase.steps)
+            if step.action == "update" and step.machine_id in by_id
+        ]
+
+        def grow(item: tuple[Key, Step, Machine]) -> Quote | bool | None:
+            return self._grow(item[1], item[2])
+
+        with ThreadPoolExecutor(max_workers=WORKERS) as pool:
+            grown = list(zip(updates, pool.map(attempt(grow), updates), strict=True))
+        self.growth.update({u[0]: q for u, q in grown if isinstance(q, Quote)})
+        failed = next((q for _, q in grown if isinstance(q, SouqError)), None)
+        if failed is not None:  # not a want of room (that is False): let go, and say it
+            self.release()
+            raise failed
+        return {u[0] for u, q in grown if q is False}
 
     def _grow(self, step: Step, machine: Machine) -> Quote | bool | None:
         """A quote of what ``step``'s new size takes more than ``machine``'s, on its worker;
