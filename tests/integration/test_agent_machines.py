@@ -245,10 +245,18 @@ def test_logs_offsets_long_poll_and_finish(nats_url: str, tmp_path: Path) -> Non
             more = await asyncio.wait_for(poll, 5)
             assert (more.data, more.next_offset) == ("two\n", 8)
             await h.wait(m.id, S.STOPPED)
-            # So does the machine's destruction.
-            poll = asyncio.create_task(h.logs(m.id, offset=8, wait_s=10))
+            # Down (exit 0: on-failure restarts nothing): the stream has ended, at once.
+            t0 = loop.time()
+            ended = await h.logs(m.id, offset=8, wait_s=10)
+            assert (ended.data, ended.finished) == ("", True) and loop.time() - t0 < 5
+            # Started again (waiting for `go` again): a new stream; the machine's destruction
+            # ends a long poll.
+            (tmp_path / "machines" / m.id / "go").unlink()
+            await h.call(v.START, MachineRef(app=APP, machine_id=m.id))
+            await h.output(m.id, "one\ntwo\none\n")
+            poll = asyncio.create_task(h.logs(m.id, offset=12, wait_s=10))
             await asyncio.sleep(0.05)
-            await h.call(v.DESTROY, DestroyCommand(app=APP, machine_id=m.id))
+            await h.call(v.DESTROY, DestroyCommand(app=APP, machine_id=m.id, force=True))
             done = await asyncio.wait_for(poll, 5)
             assert done.finished
 

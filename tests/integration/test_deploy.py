@@ -226,10 +226,14 @@ def test_canary_bluegreen_rollback_and_scale(cluster: Cluster, source: Path) -> 
 
     # Scale syd to 2: one more machine there, nothing else changes shape. syd has one worker:
     # its machines cannot spread, and the deploy says so.
+    instances = {m.id: m.instance_id for m in machines(cluster) if m.id in live(cluster)}
     run = souq(cluster, "scale", "count", "2", "--app", APP, "--region", "syd")
     assert run.returncode == 0, run.stderr
     regions = sorted(r for r, _, _ in live(cluster).values())
     assert regions == ["mad", "mad", "syd", "syd"]
+    # Only made one: no machine that stays (mad's, syd's first) was updated or restarted.
+    now = {m.id: m.instance_id for m in machines(cluster)}
+    assert {m: now[m] for m in instances} == instances
     assert "syd cannot spread app: no other worker there has room" in run.stdout
 
 

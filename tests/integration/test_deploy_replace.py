@@ -1,8 +1,10 @@
 """A deploy whose update does not fit the machine's worker: a new machine elsewhere replaces it,
-and the old one goes once the release is live (a real cluster, the CLI)."""
+and the old one goes once the release is live; one for which neither the growth nor a
+replacement has room fails before it changed anything (a real cluster, the CLI)."""
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +15,7 @@ from souq.testing import Cluster, wait_until
 from tests.integration.images_harness import souq
 
 APP = "grow"
+IMMEDIATE = '[deploy]\nstrategy = "immediate"\n'
 
 
 def toml(cpus: float) -> str:
@@ -110,4 +113,82 @@ def test_a_replacement_keeps_away_from_its_siblings_worker(
     # 1 cpu does not fit beside the filler: a replacement, away from its sibling's worker if
     # one had room. Two workers: none has, so it shares the sibling's, and the deploy says so.
     said = deploy(1.0)
-    assert "mad cannot spread app: no other worker there has room" in said
+    assert said.count("mad cannot spread app: no other worker there has room") == 1
+
+
+def clear(cluster: Cluster) -> None:
+    """Every machine the tests before left goes (those on their way out, once gone)."""
+    going = (MachineState.DESTROYING, MachineState.DESTROYED)
+    with cluster.client() as client:
+        for app in (APP, "filler"):
+            for m in client.list_machines(app):
+                if m.state not in going:
+                    client.destroy(app, m.id, force=True)
+
+        def gone() -> bool:
+            states = [m.state for a in (APP, "filler") for m in client.list_machines(a)]
+            return all(s is MachineState.DESTROYED for s in states)
+
+        wait_until(gone, timeout=60, message="the machines of the tests before to go")
+
+
+def fill(cluster: Cluster, worker_id: str, cpus: float) -> None:
+    """Another app's machine takes ``cpus`` of the worker."""
+    on = {"attribute": "worker.id", "operator": "=", "value": worker_id}
+    with cluster.client() as client:
+        client.create_machine(
+            "filler", "mad", {"cmd": ["sleep", "600"], "guest": {"cpus": cpus}, "constraints": [on]}
+        )
+
+
+def test_a_deploy_without_all_the_room_it_needs_changes_nothing(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    clear(cluster)
+    text = toml(0.5).replace("mad = 1", "mad = 2").replace("[regions]", IMMEDIATE + "[regions]")
+
+    def deploy(cpus: float) -> subprocess.CompletedProcess[str]:
+        (tmp_path / "souq.toml").write_text(text.replace("cpus = 0.5", f"cpus = {cpus}"))
+        return souq(cluster, "deploy", "--config", str(tmp_path / "souq.toml"), "--json")
+
+    assert deploy(0.5).returncode == 0
+    with cluster.client() as client:
+        before = {m.id: m for m in client.list_machines(APP) if m.state is MachineState.STARTED}
+    a, b = sorted(before.values(), key=lambda m: m.id)
+    assert a.worker_id != b.worker_id  # one on each worker (2 cpus each)
+    fill(cluster, a.worker_id, 1.0)  # a can grow to 0.9 there (0.5 free)
+    fill(cluster, b.worker_id, 1.4)  # b cannot (0.1 free), and no worker has 0.9 for a new one
+    run = deploy(0.9)
+    assert run.returncode == 3, run.stderr
+    assert f"machine {b.id} cannot grow on its worker" in run.stderr
+    assert "nothing was changed" in run.stderr
+    with cluster.client() as client:
+        after = {m.id: m for m in client.list_machines(APP)}
+        # Neither machine was touched: same process (instance), same size, no new machine.
+        assert set(after) == set(before)
+        for m in before.values():
+            assert after[m.id].instance_id == m.instance_id
+            assert after[m.id].config.guest.cpus == 0.5
+        assert str(client.releases(APP)[0].state) == "failed"
+        # The room it held is let go: the worker has its 0.5 back (a 0.5 machine fits there).
+        fill(cluster, a.worker_id, 0.5)
+
+
+def test_a_machine_on_a_cordoned_worker_still_grows_in_place(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    clear(cluster)
+    (tmp_path / "souq.toml").write_text(toml(0.5))
+    run = souq(cluster, "deploy", "--config", str(tmp_path / "souq.toml"), "--json")
+    assert run.returncode == 0, run.stderr
+    with cluster.client() as client:
+        (old,) = [m for m in client.list_machines(APP) if m.state is MachineState.STARTED]
+        client.cordon(old.worker_id)  # it takes no new machine: no quote of its growth
+        try:
+            (tmp_path / "souq.toml").write_text(toml(1.0))
+            run = souq(cluster, "deploy", "--config", str(tmp_path / "souq.toml"), "--json")
+            assert run.returncode == 0, run.stderr
+            (new,) = [m for m in client.list_machines(APP) if m.state is MachineState.STARTED]
+        finally:
+            client.uncordon(old.worker_id)
+    assert (new.id, new.worker_id, new.config.guest.cpus) == (old.id, old.worker_id, 1.0)

@@ -10,7 +10,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from souq.testing import Cluster, ProxyProcess
+from souq.model.machine import MachineState
+from souq.testing import Cluster, ProxyProcess, wait_until
 from tests.integration.images_harness import souq
 from tests.integration.services_harness import edge_proxy
 from tests.integration.test_deploy import APP, SERVER, toml
@@ -83,5 +84,47 @@ def test_rolling_deploys_lose_no_request(
         assert deploy(cluster, tmp_path, toml("two")) == 0
         assert deploy(cluster, tmp_path, toml("three", status=500, wait="2s")) != 0
         assert deploy(cluster, tmp_path, toml("green", strategy="bluegreen")) == 0
+    assert traffic.failures == []
+    assert traffic.ok > 0
+
+
+def test_a_scale_under_traffic_only_adds_and_removes_machines(
+    cluster: Cluster, proxy: ProxyProcess, tmp_path: Path
+) -> None:
+    (tmp_path / "server.py").write_text(SERVER)
+    assert deploy(cluster, tmp_path, toml("scaled")) == 0
+
+    def running() -> dict[str, str]:
+        with cluster.client() as client:
+            return {
+                m.id: m.instance_id
+                for m in client.list_machines(APP)
+                if m.state is MachineState.STARTED
+            }
+
+    before = running()
+    assert len(before) == 2
+    with Traffic(proxy) as traffic:
+        up = souq(cluster, "scale", "count", "3", "--app", APP, "--region", "mad", "--json")
+        assert up.returncode == 0, up.stderr
+        after = running()
+        # The two that stay are the same processes (no update, no restart); one is new.
+        assert len(after) == 3 and {m: after[m] for m in before} == before
+        assert "to update" not in up.stdout
+        # To the count it has: nothing changes, not even a release.
+        with cluster.client() as client:
+            versions = len(client.releases(APP))
+        same = souq(cluster, "scale", "count", "3", "--app", APP, "--region", "mad")
+        assert same.returncode == 0, same.stderr
+        assert "nothing changed" in same.stdout
+        assert running() == after
+        with cluster.client() as client:
+            assert len(client.releases(APP)) == versions
+        # Down to one: two go (gracefully: out of rotation first); the one left is untouched.
+        down = souq(cluster, "scale", "count", "1", "--app", APP, "--region", "mad")
+        assert down.returncode == 0, down.stderr
+        wait_until(lambda: len(running()) == 1, timeout=60, message="two machines gone")
+        ((kept, instance),) = running().items()
+        assert after[kept] == instance
     assert traffic.failures == []
     assert traffic.ok > 0

@@ -15,6 +15,7 @@ from souq.compiled import compiled
 from souq.model import MachineState
 from souq.natsserver import free_port
 from souq.testing import Cluster, ProxyProcess, auth_headers, wait_until
+from tests.integration.images_harness import souq
 from tests.integration.services_harness import app_name, edge_proxy
 from tests.integration.services_harness import echo_config as config
 
@@ -261,3 +262,24 @@ def test_a_raw_tcp_service_is_piped_as_it_is(cluster: Cluster, proxy: ProxyProce
     assert got["machine_id"] == m.id and got["path"] == "/raw"
     assert "X-Forwarded-For" not in got["headers"]
     client.destroy(app, m.id, force=True)
+
+
+def test_a_request_right_after_a_create_waits_for_the_port(
+    cluster: Cluster, proxy: ProxyProcess
+) -> None:
+    # The CLI answers once the machine is started; its server binds its port a second later.
+    # The request goes at once (the proxy may not even have heard of the app yet) and is
+    # answered by it, not refused.
+    app = app_name("bind")
+    script = f"sleep 1; exec {sys.executable} -m http.server $PORT"
+    run = souq(
+        cluster,
+        *("machine", "run", "--app", app, "--region", "mad", "--cpus", "0.1"),
+        *("--port", "8080", "--autostop", "stop", "--", "sh", "-c", script),
+    )
+    assert run.returncode == 0, run.stderr
+    r = via(proxy, app)
+    assert r.status_code == 200, r.text
+    client = cluster.client()
+    for m in client.list_machines(app):
+        client.destroy(app, m.id, force=True)

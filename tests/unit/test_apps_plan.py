@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from souq.apps import load_app_config
-from souq.apps.plan import Current, Phase, desired_counts, plan, standbys_wanted
+from souq.apps.plan import Current, Phase, desired_counts, plan, scale, standbys_wanted
 
 BASE = """\
 app = "web"
@@ -143,4 +143,24 @@ def test_rolling_updates_the_machines_at_rest_first_and_the_started_ones_last() 
         ("update", "a"),
         ("destroy", "b"),
         ("destroy", "c"),
+    ]
+
+
+def test_a_scale_only_creates_and_destroys_in_its_regions() -> None:
+    config = load_app_config(REGIONS.replace("mad = 3", "mad = 4"))
+    now = machines(("app", "mad", 3), ("app", "syd", 1), ("worker", "mad", 3), ("worker", "syd", 1))
+    # mad: one machine more a group; syd is not named: untouched; nothing is updated.
+    phases = scale(config, now, ["mad"])
+    assert actions(phases) == [("scale", [("create", "app", "mad"), ("create", "worker", "mad")])]
+    assert phases[0].wait_healthy
+    # To the count the app has: nothing at all.
+    assert scale(load_app_config(REGIONS), now, ["mad", "syd"]) == []
+    # Down: the extras go, a stopped one first, with the standby that stands by for it.
+    stopped = Current(id="w-stopped", group="worker", region="syd", state="stopped")
+    standby = Current(
+        id="s1", group="worker", region="syd", state="stopped", standby_for=("w-stopped",)
+    )
+    down = scale(load_app_config(REGIONS), [*now, stopped, standby], ["syd"])
+    assert [(p.name, [s.machine_id for s in p.steps]) for p in down] == [
+        ("cleanup", ["w-stopped", "s1"])
     ]

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections import Counter
 
 import pytest
 
+from souq.proxy.admission import VIEW_LAG_S, Admission
+from souq.proxy.errors import AppNotFound
+from souq.proxy.hooks import NoHooks
 from souq.proxy.table import Availability, Backend, RoutingTable
 
 
@@ -277,3 +281,34 @@ def test_a_full_app_with_a_stopped_machine_is_full_and_wakeable() -> None:
     assert table.wakeable("web")
     table.draining("m2")
     assert not table.wakeable("web")
+
+
+def test_a_slot_is_not_seen_listening_again_once_its_machine_starts_again() -> None:
+    table = RoutingTable()
+    table.upsert(backend("m1"))
+    slot = table.claim("web")
+    assert slot is not None and not slot.listened
+    slot.listened = True  # the relay connected to it
+    table.upsert(backend("m1"))  # the same record again: still the same process
+    assert slot.listened
+    table.upsert(backend("m1", state="stopped"))
+    table.upsert(backend("m1"))
+    assert not slot.listened  # started again: it may be binding its port still
+
+
+def test_a_request_for_an_app_the_view_has_not_heard_of_yet_waits_for_it() -> None:
+    async def body() -> None:
+        table = RoutingTable()
+        admission = Admission(table, NoHooks(), region="mad", queue_limit=8, timeout_s=10)
+        loop = asyncio.get_running_loop()
+        # Its machine's event comes a moment after the request: the request gets it.
+        loop.call_later(VIEW_LAG_S / 10, table.upsert, backend("m1"))
+        slot = await admission.claim("web", loop.time() + 10)
+        assert slot.machine_id == "m1"
+        # No news within the moment: 404 then, well before the request's deadline.
+        t0 = loop.time()
+        with pytest.raises(AppNotFound):
+            await admission.claim("nope", loop.time() + 10)
+        assert VIEW_LAG_S * 0.9 <= loop.time() - t0 < 10
+
+    asyncio.run(body())

@@ -199,11 +199,7 @@ class Admission:
                 hint="keep guest.gpus, gpu_milli and gpu_model as they are, or create a new "
                 "machine with the GPUs it needs",
             )
-        grow = Resources(
-            cpus=max(0, new.millicpus - old.millicpus) / 1000,
-            memory_mb=max(0, new.memory_mb - old.memory_mb),
-            disk_mb=max(0, new.disk_mb - old.disk_mb),
-        )
+        grow = old.growth_to(new)
         if grow == Resources.zero():
             return
         short = self.shortfall(grow, now_ms)

@@ -438,13 +438,13 @@ class Commands:
         self, app: str, machine_id: str, *, offset: int, max_bytes: int, wait_s: float
     ) -> LogsReply:
         """Output from byte ``offset``; with ``wait_s``, wait up to that long for new output.
-        ``finished`` once the machine is destroyed."""
+        ``finished`` once no more output is coming (:meth:`_ended`)."""
         ex = self._ex
         ex.row(app, machine_id)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
         while True:
-            finished = ex.row_by_id(machine_id).state is S.DESTROYED
+            finished = self._ended(machine_id)  # before the read: what it reads is all
             offset, data = self._output(machine_id, offset, max_bytes)
             text, used = self._shown(app, machine_id, data, finished=finished)
             remaining = deadline - loop.time()
@@ -453,6 +453,20 @@ class Commands:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(ex.changed(machine_id).wait(), min(LOG_POLL_S, remaining))
         return LogsReply(data=text, next_offset=offset + used, finished=finished)
+
+    def _ended(self, machine_id: str) -> bool:
+        """The machine's output has ended (as ``docker logs -f`` ends): it is destroyed, or
+        down (stopped, failed) with no operation under way and no restart waiting out its
+        backoff. A later start is a new stream, to follow again."""
+        ex = self._ex
+        state = ex.row_by_id(machine_id).state
+        if state is S.DESTROYED:
+            return True
+        return (
+            state in (S.STOPPED, S.FAILED)
+            and ex.current_op(machine_id) is None
+            and not ex.supervisor.restart_pending(machine_id)
+        )
 
     def _output(self, machine_id: str, offset: int, max_bytes: int) -> tuple[int, bytes]:
         """Output from ``offset`` or, if that was rotated out, from the oldest byte kept: where

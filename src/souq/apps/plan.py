@@ -24,16 +24,22 @@ a stopped machine on another worker that the proxy starts if the first one's wor
 Existing standbys are updated (they stay stopped) after the other phases; the standbys of
 machines that go, go too; :func:`standbys_wanted` says which machines still lack one once the
 phases are done (the deploy makes them then: a new machine's id is known only once it is made).
+
+A scale (``souq scale count``, :func:`scale`) is not a deploy of a new config: in the regions it
+names only, each group's missing machines are created and its extras destroyed (the stopped
+ones first, with their standbys); no machine that stays is updated or restarted, and a scale to
+the count the app has changes nothing.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
 from souq.apps.config import AppConfig
 
-__all__ = ["Current", "Phase", "Step", "desired_counts", "plan", "standbys_wanted"]
+__all__ = ["Current", "Phase", "Step", "desired_counts", "plan", "scale", "standbys_wanted"]
 
 Action = Literal["update", "create", "destroy"]
 
@@ -147,6 +153,29 @@ def plan(config: AppConfig, machines: list[Current], strategy: str | None = None
     cleanup += [Step("destroy", s.group, s.region, s.id) for s in standbys if s not in kept]
     if cleanup:
         phases.append(Phase("cleanup", tuple(cleanup), wait_healthy=False))
+    return phases
+
+
+def scale(config: AppConfig, machines: list[Current], regions: Iterable[str]) -> list[Phase]:
+    """The phases of a scale of the app to ``config``'s counts in ``regions`` only: the missing
+    machines of each group created (healthy), then the extras destroyed, with their standbys."""
+    standbys = [m for m in machines if m.standby_for]
+    machines = [m for m in machines if not m.standby_for]
+    creates: list[Step] = []
+    going: list[Current] = []
+    for region in regions:
+        for group in config.groups():
+            have = [m for m in machines if m.group == group and m.region == region]
+            g = _Group(group, region, desired_counts(config, group).get(region, 0))
+            g.have = sorted(have, key=_started_first)
+            creates += [Step("create", group, region) for _ in range(g.missing)]
+            going += g.extra
+    gone = {m.id for m in going}
+    going += [s for s in standbys if set(s.standby_for) & gone]
+    phases = [Phase("scale", tuple(creates))] if creates else []
+    if going:
+        steps = tuple(Step("destroy", m.group, m.region, m.id) for m in going)
+        phases.append(Phase("cleanup", steps, wait_healthy=False))
     return phases
 
 

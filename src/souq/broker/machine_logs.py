@@ -1,5 +1,5 @@
 """A machine's output, read from its worker: all of it so far (bounded), or followed as it
-comes until the machine is destroyed."""
+comes until it ends: the machine destroyed, or down with no restart coming (its worker says)."""
 
 from __future__ import annotations
 
@@ -32,8 +32,9 @@ async def logs(service: BrokerService, app: str, machine_id: str) -> str:
 
 
 async def follow_logs(service: BrokerService, app: str, machine_id: str) -> AsyncIterator[str]:
-    """The machine's output so far, then new output as it comes, until the machine is
-    destroyed (or the caller stops iterating)."""
+    """The machine's output so far, then new output as it comes, until it ends (the machine
+    destroyed, or stopped or failed with no restart coming: ``finished``, once drained), or
+    the caller stops iterating."""
     offset = 0
     while True:
         reply = await _logs(service, app, machine_id, offset, wait_s=FOLLOW_POLL_S)

@@ -416,7 +416,8 @@ class SouqClient(SchedCalls):
         return self._call("GET", _machine(app, machine_id, "logs")).text
 
     def follow_logs(self, app: str, machine_id: str) -> Iterator[str]:
-        """The output so far, then new output as it comes, until the machine is destroyed."""
+        """The output so far, then new output as it comes, until it ends: the machine
+        destroyed, or stopped or failed with no restart coming."""
         with self._stream(_machine(app, machine_id, "logs"), {"follow": "true"}) as response:
             yield from response.iter_text()
 

@@ -248,8 +248,9 @@ def scale_count(
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Run COUNT machines of each process group (in REGION, or in each region of the app), with
-    the app's current release: a new release that says so, deployed at once."""
+    """Run COUNT machines of each process group (in REGION, or in each region of the app), from
+    the app's current release: a new release that says so, whose only changes are machines
+    created or destroyed in those regions (those that stay are not touched)."""
     from souq.apps.config import AppConfig
     from souq.client.deploy import Deployer
     from souq.errors import NotFound
@@ -279,6 +280,7 @@ def scale_count(
                 strategy="immediate",
                 on_event=tell,
                 description=f"scale to {count}" + (f" in {region}" if region else ""),
+                scale_regions=[region] if region else list(regions),
             ),
             as_json=as_json,
         )

@@ -5,11 +5,12 @@ everywhere when a phase fails.
    (:func:`check_regions`): an unknown one fails before anything is made.
 1. A release is made (``pending``; the next version, kept in JetStream by the brokers).
 2. At once: every machine of the app is leased (a second deploy at the same time fails here,
-   naming the machine and who holds it, before anything changed), and the capacity of every
-   machine the plan makes is held with quotes (:mod:`souq.client.deploy_capacity`: a served
-   group's machines in a region on distinct workers): a deploy that starts does not fail
-   halfway for want of room (``--dry-run`` shows the plan and where each new machine would
-   go, then lets go).
+   naming the machine and who holds it, before anything changed), and all the room the plan
+   needs is held with quotes (:mod:`souq.client.deploy_capacity`: each new machine's, a served
+   group's machines in a region on distinct workers; each update's growth on its machine's
+   worker, or, where it does not fit, a replacement's elsewhere): a deploy that starts does
+   not fail halfway for want of room (``--dry-run`` shows the plan and where each new machine
+   would go, then lets go).
 3. The plan's phases (:mod:`souq.apps.plan`) run in order; a phase's steps run at once: an
    update in place (the machine keeps its worker), a create, or a destroy (stopped gracefully
    first: it leaves the proxy's rotation, then its signal). A machine counts as done when it is
@@ -28,13 +29,13 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from souq.apps.config import DEFAULT_GROUP, AppConfig
-from souq.apps.plan import Current, Phase, Step, desired_counts, plan, standbys_wanted
+from souq.apps.plan import Current, Phase, Step, desired_counts, plan, scale, standbys_wanted
 from souq.client.api import SouqClient
 from souq.client.deploy_capacity import GOING, WORKERS, Capacity, attempt, current_of
 from souq.errors import (
@@ -119,7 +120,10 @@ class Deployer:
         strategy: str | None = None,
         on_event: Callable[[DeployEvent], None] = lambda _: None,
         description: str = "",
+        scale_regions: Iterable[str] | None = None,
     ) -> None:
+        """``scale_regions``: a scale (:func:`souq.apps.plan.scale`), not a deploy: only these
+        regions change, by creating and destroying machines to ``config``'s counts."""
         self.client = client
         self.config = config
         self.app = config.app
@@ -127,6 +131,7 @@ class Deployer:
         self.strategy = strategy or config.deploy.strategy
         self._tell = on_event
         self._description = description
+        self._scale = None if scale_regions is None else list(scale_regions)
         self._leases: dict[str, Lease] = {}
         self._undo = _Undo()
         self._version = 0
@@ -144,6 +149,14 @@ class Deployer:
     def run(self) -> Release:
         """Carry the release out; :class:`DeployFailed` (after the rollback) when it fails."""
         check_regions(self.client, self.config)
+        machines = {
+            m.id: m
+            for m in self.client.list_machines(self.app)
+            if m.state not in GOING  # a machine on its way out is not the deploy's to change
+        }
+        phases = self._plan(list(machines.values()))
+        if self._scale is not None and not phases:
+            return self._unchanged()
         release = self.client.create_release(
             self.app,
             NewRelease(
@@ -157,13 +170,7 @@ class Deployer:
         self._event(
             "release", f"release v{release.version} of {self.app}: {self.image}{self._why()}"
         )
-        machines = {
-            m.id: m
-            for m in self.client.list_machines(self.app)
-            if m.state not in GOING  # a machine on its way out is not the deploy's to change
-        }
         self._resting = {m.id for m in machines.values() if m.state in _RESTING}
-        phases = plan(self.config, current_machines(list(machines.values())), self.strategy)
         try:
             self._prepare(release.version, phases, list(machines.values()))
             for index, phase in enumerate(phases):
@@ -189,11 +196,24 @@ class Deployer:
         self._event("done", f"release v{release.version} is live everywhere{self._why()}")
         return done
 
+    def _plan(self, machines: list[Machine]) -> list[Phase]:
+        current = current_machines(machines)
+        if self._scale is not None:
+            return scale(self.config, current, self._scale)
+        return plan(self.config, current, self.strategy)
+
+    def _unchanged(self) -> Release:
+        """A scale to the counts the app has: no release, no machine touched."""
+        releases = self.client.releases(self.app)  # newest first
+        live = next((r for r in releases if r.state is ReleaseState.COMPLETE), releases[0])
+        self._event("done", f"{self.app} already runs that many machines: nothing changed")
+        return live
+
     def _why(self) -> str:
         return f" ({self._description})" if self._description else ""
 
     def _prepare(self, version: int, phases: list[Phase], machines: list[Machine]) -> None:
-        """Lease the machines, hold the new machines' capacity and mark the release
+        """Lease the machines, hold the room the plan needs and mark the release
         ``deploying``, the three at once (none needs another); the first failure is raised
         once all three are back, and the handler lets go of what the others took."""
         with ThreadPoolExecutor(max_workers=3) as pool:
@@ -253,14 +273,18 @@ class Deployer:
         (then let go); nothing else is done."""
         check_regions(self.client, self.config)
         machines = [m for m in self.client.list_machines(self.app) if m.state not in GOING]
-        phases = plan(self.config, current_machines(machines), self.strategy)
+        phases = self._plan(machines)
         try:
             self._capacity.reserve(self._version, phases, machines)
             return [
                 (
                     phase,
                     [
-                        (step, self._capacity.quotes.get((i, j)))
+                        (
+                            step,
+                            self._capacity.quotes.get((i, j))
+                            or self._capacity.replacing.get((i, j)),
+                        )
                         for j, step in enumerate(phase.steps)
                     ],
                 )
@@ -275,9 +299,7 @@ class Deployer:
         self._event("phase", f"{phase.name}: {phase.describe()}", phase=phase)
         with ThreadPoolExecutor(max_workers=min(WORKERS, len(phase.steps) or 1)) as pool:
             futures = [
-                pool.submit(
-                    self._step, phase, step, machines, self._capacity.quotes.pop((index, j), None)
-                )
+                pool.submit(self._step, phase, step, machines, (index, j))
                 for j, step in enumerate(phase.steps)
             ]
             errors = [f.exception() for f in futures]
@@ -289,8 +311,13 @@ class Deployer:
             raise DeployFailed(f"phase {phase.name}: {first}", details={"phase": phase.name})
 
     def _step(
-        self, phase: Phase, step: Step, machines: dict[str, Machine], quote: Quote | None
+        self, phase: Phase, step: Step, machines: dict[str, Machine], key: tuple[int, int]
     ) -> None:
+        capacity = self._capacity
+        with self._undo.lock:  # the step's room, held before the deploy began
+            quote = capacity.quotes.pop(key, None)
+            growth = capacity.growth.pop(key, None)
+            replacing = capacity.replacing.pop(key, None)
         where = {"phase": phase.name, "region": step.region, "machine_id": step.machine_id}
         try:
             if step.action == "destroy":
@@ -302,16 +329,8 @@ class Deployer:
                 assert step.machine_id is not None
                 if step.standby_for:
                     config["standbys"] = list(step.standby_for)
-                try:
-                    machine, verb = self._update(step, config, machines), "updated"
-                except InsufficientCapacity:
-                    # Its worker has no room for the new size: a new machine elsewhere takes
-                    # its place; the old one goes once the whole release is live.
-                    machine, verb = (
-                        self._replacement(step, config, machines),
-                        "replaces " + step.machine_id,
-                    )
-                    where["machine_id"] = machine.id
+                machine, verb = self._in_place(step, config, machines, growth, replacing)
+                where["machine_id"] = machine.id
                 if step.standby_for:
                     verb += " (standby)"
             else:
@@ -334,6 +353,27 @@ class Deployer:
         except SouqError as exc:
             room = isinstance(exc, InsufficientCapacity)
             raise self._failure(exc.message, where, room=room) from exc
+
+    def _in_place(
+        self,
+        step: Step,
+        config: dict[str, Any],
+        machines: dict[str, Machine],
+        growth: Quote | None,
+        replacing: Quote | None,
+    ) -> tuple[Machine, str]:
+        """``step``'s machine updated in place (on the growth its worker held for it), or,
+        where its worker had no room for the new size, a new machine elsewhere (on the room
+        held for it) in its place: the old one goes once the whole release is live."""
+        assert step.machine_id is not None
+        if replacing is None:
+            if growth is not None:
+                self._capacity.let_go(growth)  # the room it held is the update's now
+            # (Taken by another in the instant between: replaced as below.)
+            with contextlib.suppress(InsufficientCapacity):
+                return self._update(step, config, machines), "updated"
+        machine = self._replacement(step, config, machines, replacing)
+        return machine, "replaces " + step.machine_id
 
     def _update(self, step: Step, config: dict[str, Any], machines: dict[str, Machine]) -> Machine:
         assert step.machine_id is not None
@@ -358,11 +398,25 @@ class Deployer:
             raise
 
     def _replacement(
-        self, step: Step, config: dict[str, Any], machines: dict[str, Machine]
+        self,
+        step: Step,
+        config: dict[str, Any],
+        machines: dict[str, Machine],
+        quote: Quote | None,
     ) -> Machine:
         """A new machine in the place of ``step``'s, whose worker has no room for the new size:
-        away from the workers of its group's other machines in the region, as a new one."""
+        on ``quote``'s room (held away from the workers of its group's other machines in the
+        region, as a new one's), or, without one, placed so now."""
         assert step.machine_id is not None
+        skip = bool(step.standby_for)
+        if quote is not None:
+            machine = self.client.create_machine(
+                self.app, step.region, config, skip_launch=skip, quote=quote.id
+            )
+            with self._undo.lock:
+                self._undo.created.append((machine.id, step.region))
+                self._replaced.append((step.machine_id, step.region))
+            return machine
         siblings = {
             m.worker_id
             for m in current_of(list(machines.values()), step.group, step.region)
@@ -370,7 +424,6 @@ class Deployer:
         }
 
         def create(body: dict[str, Any]) -> Machine:
-            skip = bool(step.standby_for)
             return self.client.create_machine(self.app, step.region, body, skip_launch=skip)
 
         machine = self._capacity.away(
@@ -407,7 +460,10 @@ class Deployer:
         none (stopped; the proxy starts it if the machine's worker is lost). A region with no
         other worker gets none, and says so."""
         now = current_machines(self.client.list_machines(self.app))
-        for primary in standbys_wanted(self.config, now):
+        wanted = standbys_wanted(self.config, now)
+        if self._scale is not None:  # a scale changes its regions only
+            wanted = [m for m in wanted if m.region in self._scale]
+        for primary in wanted:
             config = self.config.machine_config(
                 primary.group, image=self.image, release=self._version
             )

@@ -203,7 +203,10 @@ class LogsCommand(MachineRef):
 class LogsReply(Record):
     data: str
     next_offset: int
-    finished: bool = Field(description="the machine is destroyed: no more output will come")
+    finished: bool = Field(
+        description="no more output will come: the machine is destroyed, or down (stopped, "
+        "failed) with no restart coming"
+    )
 
 
 class EventsCommand(MachineRef):

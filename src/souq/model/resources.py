@@ -72,6 +72,15 @@ class Resources(Input):
             gpu_model=self.gpu_model,
         )
 
+    def growth_to(self, new: Resources) -> Resources:
+        """What a reservation of this size takes more to become ``new`` (in place: CPU, memory
+        and disk; none of them shrinks below nothing)."""
+        return Resources(
+            cpus=max(0, new.millicpus - self.millicpus) / 1000,
+            memory_mb=max(0, new.memory_mb - self.memory_mb),
+            disk_mb=max(0, new.disk_mb - self.disk_mb),
+        )
+
     def times(self, count: int) -> Resources:
         """``count`` machines of this size together (a sum: no model)."""
         return Resources(

@@ -8,7 +8,8 @@
 * nothing serves but a machine can be started (``WAKEABLE``): ask the control plane
   (:meth:`ProxyHooks.wake`), one call shared by every request of the app that waits meanwhile,
   never cancelled by a request that stops waiting;
-* the app is unknown, or nothing of it can serve: answer at once.
+* the app is unknown, or nothing of it can serve: wait up to :data:`VIEW_LAG_S` for news of it
+  (the view may not have heard of a machine just made: its event is on its way), then answer.
 
 While an app has requests queued, new requests of that app queue behind them
 (:meth:`Admission.try_claim`), so that a freed machine goes to the oldest. Every serving machine
@@ -28,11 +29,12 @@ from souq.proxy.errors import AppNotFound, NoMachines
 from souq.proxy.hooks import ProxyHooks
 from souq.proxy.table import Availability, Backend, RoutingTable, Slot
 
-__all__ = ["Admission"]
+__all__ = ["VIEW_LAG_S", "Admission"]
 
 log = logging.getLogger(__name__)
 
 _SOFT_WAKE_EVERY_S = 1.0
+VIEW_LAG_S = 1.0  # how long an unknown app, or one with nothing to serve, waits for news of it
 
 
 @dataclass(eq=False)
@@ -87,6 +89,7 @@ class Admission:
         loop = asyncio.get_running_loop()
         table = self.table
         woke = False
+        news_until = loop.time() + VIEW_LAG_S
         while True:
             slot = table.claim(app, self.region)
             if slot is not None:
@@ -94,6 +97,12 @@ class Admission:
                     self._over_soft_limit(app)
                 return slot
             state = table.availability(app)
+            if state in (Availability.UNKNOWN, Availability.NONE):
+                # The view may not have the app's new machine yet (its event is on its way):
+                # a moment for news of the app, then the answer.
+                wait = min(news_until, deadline) - loop.time()
+                if wait > 0 and await self._news(app, wait):
+                    continue
             if state is Availability.UNKNOWN:
                 raise AppNotFound.named(app)
             if state is Availability.NONE:
@@ -148,6 +157,12 @@ class Admission:
         )
 
     async def _wait(self, app: str, remaining: float) -> None:
+        if not await self._news(app, remaining):
+            raise self._late(app)
+
+    async def _news(self, app: str, timeout: float) -> bool:
+        """Until the table changes for ``app`` or a slot of it frees (True), or ``timeout``
+        passes (False): in the app's queue, first in, first out."""
         queue = self.waiters.get(app)
         if queue is None:
             queue = self.waiters[app] = deque()
@@ -159,14 +174,15 @@ class Admission:
         fut = asyncio.get_running_loop().create_future()
         queue.append(fut)
         try:
-            await asyncio.wait_for(fut, remaining)
+            await asyncio.wait_for(fut, timeout)
         except TimeoutError:
-            raise self._late(app) from None
+            return False
         finally:
             with contextlib.suppress(ValueError):
                 queue.remove(fut)
             if not queue and self.waiters.get(app) is queue:
                 del self.waiters[app]
+        return True
 
     def _start_wake(self, app: str) -> asyncio.Task[Backend | None]:
         key = (app, self.region)

@@ -3,7 +3,10 @@
 * :func:`connect`: wait for a machine (:class:`~souq.proxy.admission.Admission`), then take an
   idle connection to it or open one; a machine that refuses the connection (or does not
   accept it in time) is replaced by another, up to :data:`CONNECT_TRIES` machines. Nothing
-  was sent yet, so this holds for every method.
+  was sent yet, so this holds for every method. When no other can take it and the machine
+  that refused was not yet seen listening since it started (its server may still be binding
+  its port), its port is waited for within the request's deadline, as a wake-up waits for a
+  machine it started (:func:`~souq.proxy.wake.port_accepts`), and it is tried again.
 * :func:`retry_slot`: a machine failed before the client got a byte of its answer; an
   idempotent request whose body was kept goes once more, to another machine, or to the same
   one on a new connection when the failed one was a kept-alive connection the machine had
@@ -21,6 +24,7 @@ from souq.proxy.errors import MachineError, NoMachines
 from souq.proxy.exchange import Exchange
 from souq.proxy.table import Slot
 from souq.proxy.upstream import Replay, UpstreamConnection
+from souq.proxy.wake import port_accepts
 
 if TYPE_CHECKING:
     from souq.proxy.downstream import ClientConnection
@@ -40,6 +44,7 @@ __all__ = [
 # nothing was sent, so this holds for every method. A machine just started may not listen yet
 # (a deploy's new machines, before their checks pass), a stopped one no longer does.
 CONNECT_TRIES = 4
+_LISTEN_SLICE_S = 0.25  # waiting for a port: how often the table is looked at again
 
 
 async def connect(
@@ -49,17 +54,18 @@ async def connect(
     answer with. ``fresh`` skips the idle connections."""
     app = ex.app
     assert app is not None
+    deadline = relay.loop.time() + relay.config.queue_timeout_s
     try:
         if slot is None:
-            slot = await relay.admission.claim(
-                app, relay.loop.time() + relay.config.queue_timeout_s
-            )
+            slot = await relay.admission.claim(app, deadline)
         conn = None if fresh else relay.pool.checkout(slot.address)
         refused: list[str] = []
         tries = CONNECT_TRIES if ex.attempts == 0 else 0  # a retry's connect is not retried
+        waited: set[str] = set()  # the machines whose port was waited for
         while conn is None:
             try:
                 conn = await relay.pool.connect(slot.address)
+                slot.listened = True
             except (OSError, TimeoutError) as err:
                 failed, slot = slot, None
                 relay.admission.release(failed)
@@ -72,6 +78,10 @@ async def connect(
                 if len(refused) <= tries:
                     ex.attempts = 1
                     slot = relay.table.claim(app, relay.region, exclude=tuple(refused))
+                if slot is None and not failed.listened and failed.machine_id not in waited:
+                    waited.add(failed.machine_id)
+                    if await _until_listening(relay, failed, deadline):
+                        slot = relay.table.claim_machine(failed.machine_id)
                 if slot is None:
                     raise MachineError.of(failed.machine_id, app, what) from None
     except BaseException:
@@ -79,6 +89,19 @@ async def connect(
             relay.admission.release(slot)
         raise
     return slot, conn
+
+
+async def _until_listening(relay: Relay, slot: Slot, deadline: float) -> bool:
+    """Whether ``slot``'s machine accepts a connection before ``deadline`` while the table
+    still has it serving (not stopped, removed or drained meanwhile)."""
+    loop = relay.loop
+    host, port = slot.address
+    while loop.time() < deadline:
+        if not slot.serving or relay.table.get(slot.machine_id) is None:
+            return False
+        if await port_accepts(host, port, min(deadline, loop.time() + _LISTEN_SLICE_S)):
+            return True
+    return False
 
 
 def retry_slot(

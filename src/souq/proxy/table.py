@@ -108,6 +108,7 @@ class Slot:
         "backend",
         "draining",
         "hard",
+        "listened",
         "load",
         "machine_id",
         "region",
@@ -118,6 +119,9 @@ class Slot:
     def __init__(self, backend: Backend) -> None:
         self.load = 0
         self.draining = False
+        # A connection to it was accepted since it (last) became what it is: a refusal then
+        # means it stopped listening, not that it has yet to (the relay sets it).
+        self.listened = False
         self.machine_id = backend.machine_id
         self._set(backend)
 
@@ -176,6 +180,8 @@ class RoutingTable:
                 self._apps.setdefault(backend.app, []).append(slot)
             if old.state != backend.state:
                 slot.draining = False
+            if old.state != backend.state or (old.host, old.port) != (backend.host, backend.port):
+                slot.listened = False  # started again, or elsewhere: not seen listening yet
             slot._set(backend)
         self._changed(backend.app)
 
