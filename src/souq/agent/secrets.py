@@ -23,7 +23,7 @@ from nats.aio.client import Client
 from nats.js.kv import KeyValue
 
 from souq.auth.files import AuthDir
-from souq.errors import InvalidInput, SecretsUnavailable, SouqError
+from souq.errors import InvalidInput, NotFound, SecretsUnavailable, SouqError
 from souq.secrets.sealed import Sealed, SecretsKey
 from souq.secrets.store import decode, open_bucket, secrets_key, split_key
 
@@ -32,6 +32,7 @@ __all__ = ["AgentSecrets"]
 log = logging.getLogger(__name__)
 
 _RETRY_S = 1.0
+_UNMADE_RETRY_S = 0.25  # the bucket a broker makes as it starts: bound soon after
 
 
 class AgentSecrets:
@@ -101,6 +102,11 @@ class AgentSecrets:
                 await self._follow(kv)
             except asyncio.CancelledError:
                 raise
+            except NotFound:  # no broker made it yet: no app has secrets, so none wait for them
+                if not self._synced.is_set():
+                    self._synced_now()
+                await asyncio.sleep(_UNMADE_RETRY_S)
+                continue
             except Exception as exc:  # NATS away or no JetStream: the mirror stays as it was
                 log.warning("reading app secrets failed (%s); trying again", exc)
             await asyncio.sleep(_RETRY_S)

@@ -46,11 +46,16 @@ def secrets_key(auth: AuthDir | None) -> SecretsKey:
 
 async def open_bucket(nc: Client, *, make: bool = True) -> KeyValue:
     """The secrets bucket, made on first use (without ``make``: the one a broker made, as an
-    agent does)."""
+    agent does; :class:`souq.errors.NotFound` while none has been made)."""
     try:
         return await key_value(
             nc.jetstream(), BUCKET, "souq app secrets: sealed, one per app and name", make=make
         )
+    except nats.js.errors.BucketNotFoundError as exc:
+        raise NotFound(
+            "no secrets store yet: no app has secrets",
+            hint="a broker makes it when it starts",
+        ) from exc
     except _ERRORS as exc:
         raise unavailable("the secrets store", exc) from exc
 
