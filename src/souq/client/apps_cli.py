@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from souq.client.cli import JsonOpt, make_client, reporting
+from souq.client.options import StrategyOpt, release_version
 
 if TYPE_CHECKING:
     from souq.apps.config import AppConfig
@@ -27,12 +28,6 @@ apps_group = typer.Typer(
 )
 
 AppNameOpt = Annotated[str, typer.Option("--app", "-a", help="The app.")]
-StrategyOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--strategy", help="rolling, canary, bluegreen or immediate (default: souq.toml)."
-    ),
-]
 
 
 def register_apps(app: typer.Typer) -> None:
@@ -178,9 +173,10 @@ def rollback(
     *,
     app_name: AppNameOpt,
     version: Annotated[
-        str | None,
+        int | None,
         typer.Argument(
             metavar="VERSION",
+            parser=release_version,
             help="The release to go back to, as `souq releases` shows it (v3) or its number "
             "(3); default: the last good one before.",
         ),
@@ -192,7 +188,7 @@ def rollback(
     from souq.apps.config import AppConfig
     from souq.client.deploy import Deployer
     from souq.errors import NotFound
-    from souq.model.release import ReleaseState
+    from souq.model.release import ReleaseState, Strategy
 
     with reporting(as_json):
         client = make_client()
@@ -206,7 +202,7 @@ def rollback(
                 )
             target = good[1]
         else:
-            target = client.release(app_name, _version(version, app_name))
+            target = client.release(app_name, version)
         _deploy(
             client,
             app_name,
@@ -214,26 +210,12 @@ def rollback(
                 client,
                 AppConfig.model_validate(target.config),
                 image=target.image,
-                strategy=strategy or target.strategy,
+                strategy=strategy or Strategy(target.strategy),
                 on_event=tell,
                 description=f"rollback to v{target.version}",
             ),
             as_json=as_json,
         )
-
-
-def _version(text: str, app: str) -> int:
-    """A release's version as a user writes it: ``v3`` (as ``souq releases`` shows it) or ``3``."""
-    from souq.errors import InvalidInput
-
-    digits = text.strip().removeprefix("v").removeprefix("V")
-    if not digits.isdecimal() or int(digits) < 1:
-        raise InvalidInput(
-            f"{text!r} is not a release version: write it as `souq releases` shows it (v3) "
-            "or as its number (3)",
-            hint=f"see `souq releases --app {app}`",
-        )
-    return int(digits)
 
 
 @scale_app.command("count")
@@ -251,7 +233,7 @@ def scale_count(
     from souq.apps.config import AppConfig
     from souq.client.deploy import Deployer
     from souq.errors import NotFound
-    from souq.model.release import ReleaseState
+    from souq.model.release import ReleaseState, Strategy
 
     with reporting(as_json):
         client = make_client()
@@ -274,7 +256,7 @@ def scale_count(
                 client,
                 scaled,
                 image=live.image,
-                strategy="immediate",
+                strategy=Strategy.IMMEDIATE,
                 on_event=tell,
                 description=f"scale to {count}" + (f" in {region}" if region else ""),
             ),

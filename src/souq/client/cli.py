@@ -1,8 +1,8 @@
 """The ``souq`` command line: client commands over the HTTP API, and the daemons.
 
 Exit status: 0 on success, 3 when a placement was refused for lack of capacity, 1 for any other
-error (2 for a command line click cannot parse). Messages go to stderr; every client command
-takes ``--json``. Only :mod:`souq.client.render` prints.
+error (2 for a command line that does not parse, a value outside its set or its bounds among
+them: :mod:`souq.client.options`). Messages go to stderr; every client command takes ``--json``. Only :mod:`souq.client.render` prints.
 """
 
 from __future__ import annotations
@@ -20,8 +20,19 @@ import typer
 from pydantic import ValidationError
 
 from souq import __version__
+from souq.client.options import (
+    AutostopOpt,
+    ConstraintOpt,
+    CpusOpt,
+    DistinctOpt,
+    ImageOpt,
+    MemoryOpt,
+    PolicyOpt,
+    PortOpt,
+    as_field,
+)
 from souq.errors import InsufficientCapacity, InvalidInput, SouqError
-from souq.model import MachineState, RestartPolicy
+from souq.model import HoldRequest, MachineState, RestartConfig, RestartPolicy, StopConfig
 
 
 def _lazy(name: str) -> ModuleType:
@@ -118,30 +129,7 @@ CommandArg = Annotated[
         help="What the machine runs (with --image: optional, the image's own command runs).",
     ),
 ]
-CpusOpt = Annotated[float | None, typer.Option("--cpus", help="CPU cores.")]
-MemoryOpt = Annotated[int | None, typer.Option("--memory-mb", help="Memory in MiB.")]
 QuoteArg = Annotated[str, typer.Argument(metavar="QUOTE", help="The quote's id.")]
-ConstraintOpt = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--constraint",
-        "-c",
-        help="Where it may run, e.g. 'label.disk=ssd', 'fingerprint.cpus>=4', "
-        "'label.zone in a,b'; repeatable.",
-    ),
-]
-DistinctOpt = Annotated[
-    bool,
-    typer.Option("--distinct-workers", help="Never on a worker that runs this app already."),
-]
-ImageOpt = Annotated[
-    str | None,
-    typer.Option("--image", help="The image it runs (sha256:… or a name; see `souq image list`)."),
-]
-PolicyOpt = Annotated[
-    str | None,
-    typer.Option("--policy", help="How to rank offers: best-fit (default), binpack or spread."),
-]
 WorkerArg = Annotated[str, typer.Argument(metavar="WORKER", help="The worker's id.")]
 
 
@@ -169,28 +157,22 @@ def machine_run(
         RestartPolicy | None, typer.Option("--restart", help="Restart policy.")
     ] = None,
     max_retries: Annotated[
-        int | None, typer.Option("--max-retries", help="Restarts allowed by on-failure.")
-    ] = None,
-    env: Annotated[list[str] | None, typer.Option("--env", "-e", help="K=V, repeatable.")] = None,
-    port: Annotated[
-        list[int] | None,
+        int | None,
         typer.Option(
-            "--port",
-            "-p",
-            help="An internal port it serves HTTP on, reached through the proxy (repeatable); "
-            "the process reads the host port it must listen on from $PORT.",
+            "--max-retries",
+            help="Restarts allowed by on-failure.",
+            parser=as_field(RestartConfig, "max_retries"),
         ),
     ] = None,
-    autostop: Annotated[
-        str | None,
-        typer.Option("--autostop", help="What the proxy does when it is idle: off, stop, suspend."),
-    ] = None,
+    env: Annotated[list[str] | None, typer.Option("--env", "-e", help="K=V, repeatable.")] = None,
+    port: PortOpt = None,
+    autostop: AutostopOpt = None,
     name: Annotated[str | None, typer.Option("--name", help="The machine's name.")] = None,
     skip_start: Annotated[
         bool, typer.Option("--skip-start", help="Create it, but do not start it.")
     ] = False,
     wait_timeout: Annotated[
-        float, typer.Option("--wait-timeout", help="Seconds to wait for it to start.")
+        float, typer.Option("--wait-timeout", min=0, help="Seconds to wait for it to start.")
     ] = 300.0,
     quote: Annotated[
         str | None, typer.Option("--quote", help="Use exactly this quote's held capacity.")
@@ -211,6 +193,11 @@ def machine_run(
             command, cpus, memory_mb, constraints=constraint, distinct=distinct, image=image
         )
         config |= _run_config(restart, max_retries, env)
+        if autostop is not None and not port:
+            raise typer.BadParameter(
+                "it says what the proxy does to an idle service: give the service's --port",
+                param_hint="--autostop",
+            )
         if port:
             service: dict[str, Any] = {"autostop": autostop} if autostop else {}
             config["services"] = [{"internal_port": p, **service} for p in port]
@@ -333,7 +320,12 @@ def quote_create(
     cpus: CpusOpt = None,
     memory_mb: MemoryOpt = None,
     ttl: Annotated[
-        float | None, typer.Option("--ttl", help="Seconds the hold lasts (default 10).")
+        float | None,
+        typer.Option(
+            "--ttl",
+            help="Seconds the hold lasts (default 10).",
+            parser=as_field(HoldRequest, "ttl_s"),
+        ),
     ] = None,
     constraint: ConstraintOpt = None,
     distinct: DistinctOpt = False,
@@ -401,7 +393,10 @@ def machine_stop(
         str | None, typer.Option("--signal", "-s", help="Signal to send first.")
     ] = None,
     timeout: Annotated[
-        float | None, typer.Option("--timeout", help="Seconds before SIGKILL.")
+        float | None,
+        typer.Option(
+            "--timeout", help="Seconds before SIGKILL.", parser=as_field(StopConfig, "timeout_s")
+        ),
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -480,7 +475,7 @@ def machine_wait(
     machine_id: IdArg,
     app_name: AppOpt,
     state: Annotated[MachineState, typer.Option("--state", help="The state to wait for.")],
-    timeout: Annotated[float, typer.Option("--timeout", help="Seconds.")] = 60.0,
+    timeout: Annotated[float, typer.Option("--timeout", min=0, help="Seconds.")] = 60.0,
     as_json: JsonOpt = False,
 ) -> None:
     """Wait until a machine reaches a state."""
@@ -532,7 +527,8 @@ def cluster_events(
         bool, typer.Option("--follow", "-f", help="Keep printing new events.")
     ] = False,
     since: Annotated[
-        int | None, typer.Option("--since", help="Only events after this sequence number.")
+        int | None,
+        typer.Option("--since", min=0, help="Only events after this sequence number."),
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:

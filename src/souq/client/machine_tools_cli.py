@@ -9,6 +9,8 @@ from typing import Annotated
 import typer
 
 from souq.client.cli import AppOpt, IdArg, JsonOpt, machine_app, make_client, reporting
+from souq.client.options import as_field
+from souq.model.machine_tools import ExecBody
 
 __all__ = ["register_machine_tools"]
 
@@ -23,7 +25,12 @@ def machine_exec(
     command: Annotated[list[str], typer.Argument(metavar="-- COMMAND [ARG...]")],
     *,
     app_name: AppOpt,
-    timeout: Annotated[int, typer.Option("--timeout", help="Seconds (at most 300).")] = 30,
+    timeout: Annotated[
+        int,
+        typer.Option(
+            "--timeout", help="Seconds (at most 300).", parser=as_field(ExecBody, "timeout")
+        ),
+    ] = 30,
     stdin: Annotated[
         bool, typer.Option("--stdin", help="Send this command's stdin to the command.")
     ] = False,

@@ -9,6 +9,8 @@ from typing import Annotated
 import typer
 
 from souq.client.cli import JsonOpt, make_client, reporting
+from souq.client.options import as_field
+from souq.model.volume import CreateVolumeRequest, ExtendVolumeRequest
 
 __all__ = ["register_volumes"]
 
@@ -31,7 +33,15 @@ def create(
     *,
     app_name: AppNameOpt,
     region: Annotated[str, typer.Option("--region", "-r", help="Where it lives.")],
-    size_gb: Annotated[int, typer.Option("--size", "-s", help="Its size in GB.")] = 1,
+    size_gb: Annotated[
+        int,
+        typer.Option(
+            "--size",
+            "-s",
+            help="Its size in GB.",
+            parser=as_field(CreateVolumeRequest, "size_gb"),
+        ),
+    ] = 1,
     unique_zone: Annotated[
         bool,
         typer.Option(help="Not on a worker that holds another volume of this name in the app."),
@@ -69,7 +79,15 @@ def extend(
     volume_id: VolumeArg,
     *,
     app_name: AppNameOpt,
-    size_gb: Annotated[int, typer.Option("--size", "-s", help="The new size in GB.")],
+    size_gb: Annotated[
+        int,
+        typer.Option(
+            "--size",
+            "-s",
+            help="The new size in GB.",
+            parser=as_field(ExtendVolumeRequest, "size_gb"),
+        ),
+    ],
     as_json: JsonOpt = False,
 ) -> None:
     """Grow a volume (no restart needed)."""

@@ -16,6 +16,7 @@ __all__ = [
     "Job",
     "JobChange",
     "JobEvent",
+    "JobRestart",
     "JobRunEvent",
     "JobState",
     "JobStopped",
@@ -70,6 +71,10 @@ class JobChange(StrEnum):
     CANCELLED = "cancelled"
 
 
+# How a job runs again: never, or after a non-zero exit.
+JobRestart = Literal["no", "on-failure"]
+
+
 class JobSubmit(Input):
     """``POST /sched/submit``: a named job. Only ``name`` and ``command`` are required (the
     seed's API); the rest is what a queue's user expects."""
@@ -89,7 +94,7 @@ class JobSubmit(Input):
         description="the app the job belongs to (default: the token's app; for a token of "
         f"every app, {DEFAULT_QUEUE!r})",
     )
-    restart: Literal["no", "on-failure"] = Field(
+    restart: JobRestart = Field(
         default="no", description="on-failure: run it again after a non-zero exit"
     )
     max_retries: int = Field(default=3, ge=0, le=100, description="runs after the first")

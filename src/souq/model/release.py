@@ -9,7 +9,7 @@ from pydantic import Field
 
 from souq.model.base import Input, Record
 
-__all__ = ["NewRelease", "Release", "ReleaseState", "ReleaseUpdate"]
+__all__ = ["NewRelease", "Release", "ReleaseState", "ReleaseUpdate", "Strategy"]
 
 
 class ReleaseState(StrEnum):
@@ -20,12 +20,22 @@ class ReleaseState(StrEnum):
     ROLLED_BACK = "rolled_back"  # a later rollback left it
 
 
+class Strategy(StrEnum):
+    """How a deploy replaces an app's machines (docs/apps.md): the one list of strategies, which
+    souq.toml's ``[deploy] strategy``, a new release and ``souq deploy --strategy`` all take."""
+
+    ROLLING = "rolling"  # a few at a time, each healthy before the next
+    CANARY = "canary"  # one per group first, then rolling
+    BLUEGREEN = "bluegreen"  # all new ones healthy, then the old ones go
+    IMMEDIATE = "immediate"  # all at once, no health waits
+
+
 class NewRelease(Input):
     """``POST /v1/apps/{app}/releases``."""
 
     image: str = Field(min_length=1, description="the image reference its machines run")
     config: dict[str, Any] = Field(description="the app config (souq.toml, as JSON)")
-    strategy: str = Field(default="rolling", description="how it is deployed")
+    strategy: Strategy = Field(default=Strategy.ROLLING, description="how it is deployed")
     description: str = Field(default="", max_length=512)
 
 

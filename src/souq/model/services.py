@@ -17,6 +17,7 @@ from souq.model.base import Input, Record
 from souq.model.durations import format_go_duration, seconds_of
 
 __all__ = [
+    "Autostop",
     "Check",
     "Concurrency",
     "Duration",
@@ -90,6 +91,10 @@ class Concurrency(Input):
         return self
 
 
+# What the proxy does to an idle machine of a service.
+Autostop = Literal["off", "stop", "suspend"]
+
+
 class Service(Input):
     protocol: Literal["tcp"] = Field(default="tcp", description="`tcp` (HTTP rides on it)")
 
@@ -106,9 +111,7 @@ class Service(Input):
         description="how the edge reaches it (default: HTTP on the proxy's port)",
     )
     autostart: bool = Field(default=True, description="a request starts a stopped machine")
-    autostop: Literal["off", "stop", "suspend"] = Field(
-        default="off", description="what the proxy does to an idle machine"
-    )
+    autostop: Autostop = Field(default="off", description="what the proxy does to an idle machine")
     min_machines_running: int = Field(
         default=0, ge=0, le=10_000, description="autostop leaves at least this many (per region)"
     )

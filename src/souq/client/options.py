@@ -1,0 +1,119 @@
+"""The types of the command line's values, checked as the line is parsed: a value outside its
+set or its bounds is a usage error (exit 2) that names what it takes, the same in every command.
+
+- A value from a fixed set is typed by the project's own enum or ``Literal`` (the one the
+  model validates with): the CLI offers exactly its choices.
+- A number is checked by :func:`as_field`, with the bounds of the model field it becomes (the
+  bound is written once, in the model).
+- A release's version is parsed by :func:`release_version` (``v3``, ``V3`` or ``3``).
+
+Errors only the server can tell (a release that does not exist, a size a worker cannot hold)
+stay errors (exit 1).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Annotated, Any
+
+import typer
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from souq.model import GuestConfig
+from souq.model.policy import FitPolicy
+from souq.model.release import Strategy
+from souq.model.services import Autostop, Service
+
+__all__ = [
+    "AutostopOpt",
+    "ConstraintOpt",
+    "CpusOpt",
+    "DistinctOpt",
+    "ImageOpt",
+    "MemoryOpt",
+    "PolicyOpt",
+    "PortOpt",
+    "StrategyOpt",
+    "as_field",
+    "release_version",
+]
+
+
+def as_field(model: type[BaseModel], field: str) -> Callable[[str], Any]:
+    """A parser of a value that checks it as ``model`` checks ``field`` (its type, its bounds):
+    ``--cpus -1`` is refused here as the broker would refuse ``guest.cpus: -1``."""
+
+    @functools.cache
+    def adapter() -> TypeAdapter[Any]:
+        info = model.model_fields[field]
+        return TypeAdapter[Any](Annotated[info.annotation, info])  # type: ignore[arg-type]
+
+    def parse(text: str) -> Any:
+        try:
+            return adapter().validate_python(text)
+        except ValidationError as exc:
+            raise ValueError(exc.errors()[0]["msg"]) from None
+
+    return parse
+
+
+def release_version(text: str) -> int:
+    """A release's version as a user writes it: ``v3`` (as ``souq releases`` shows it), ``V3``
+    or its number ``3``."""
+    digits = text.strip().removeprefix("v").removeprefix("V")
+    if not digits.isdecimal() or int(digits) < 1:
+        raise ValueError(
+            f"{text!r} is not a release version: write it as `souq releases` shows it (v3) "
+            "or as its number (3)"
+        )
+    return int(digits)
+
+
+# The options of a machine's config, as `machine run`, `machine update` and `quote create` take
+# them.
+CpusOpt = Annotated[
+    float | None,
+    typer.Option("--cpus", help="CPU cores.", parser=as_field(GuestConfig, "cpus")),
+]
+MemoryOpt = Annotated[
+    int | None,
+    typer.Option("--memory-mb", help="Memory in MiB.", parser=as_field(GuestConfig, "memory_mb")),
+]
+ConstraintOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--constraint",
+        "-c",
+        help="Where it may run, e.g. 'label.disk=ssd', 'fingerprint.cpus>=4', "
+        "'label.zone in a,b'; repeatable.",
+    ),
+]
+DistinctOpt = Annotated[
+    bool,
+    typer.Option("--distinct-workers", help="Never on a worker that runs this app already."),
+]
+ImageOpt = Annotated[
+    str | None,
+    typer.Option("--image", help="The image it runs (sha256:… or a name; see `souq image list`)."),
+]
+PolicyOpt = Annotated[
+    FitPolicy | None, typer.Option("--policy", help="How to rank offers (default: best-fit).")
+]
+PortOpt = Annotated[
+    list[int] | None,
+    typer.Option(
+        "--port",
+        "-p",
+        help="An internal port it serves HTTP on, reached through the proxy (repeatable); "
+        "the process reads the host port it must listen on from $PORT.",
+        parser=as_field(Service, "internal_port"),
+    ),
+]
+AutostopOpt = Annotated[
+    Autostop | None,
+    typer.Option("--autostop", help="What the proxy does to its idle service (needs --port)."),
+]
+StrategyOpt = Annotated[
+    Strategy | None, typer.Option("--strategy", help="How to deploy (default: souq.toml's).")
+]
