@@ -72,6 +72,8 @@ MALFORMED = [
     (("machine", "wait", "m1", "--app", "web", "--state", "asleep"), "'stopped'"),
     (("machine", "exec", "--app", "web", "--timeout", "301", "m1", "--", "true"), "300"),
     (("events", "--since", "-1"), "greater than or equal to 0"),
+    (("simulate", "--from-cluster", "--cpus", "-1"), "greater than 0"),
+    (("simulate", "--from-cluster", "--gpus", "-1"), "greater than or equal to 0"),
     (("volume", "create", "data", "--app", "web", "-r", "mad", "--size", "0"), "greater"),
     (("volume", "extend", "vol_1", "--app", "web", "--size", "0"), "greater"),
 ]

@@ -2,7 +2,8 @@
 
 Exit status: 0 on success, 3 when a placement was refused for lack of capacity, 1 for any other
 error (2 for a command line that does not parse, a value outside its set or its bounds among
-them: :mod:`souq.client.options`). Messages go to stderr; every client command takes ``--json``. Only :mod:`souq.client.render` prints.
+them: :mod:`souq.client.options`). Messages go to stderr; every client command takes ``--json``.
+Only :mod:`souq.client.render` prints.
 """
 
 from __future__ import annotations

@@ -22,7 +22,9 @@ import typer
 
 from souq.client import cli
 from souq.client.cli import EXIT_NO_CAPACITY
+from souq.client.options import as_field
 from souq.errors import InvalidInput
+from souq.model import GuestConfig
 
 if TYPE_CHECKING:
     from souq.client.api import SouqClient
@@ -46,13 +48,33 @@ FromClusterOpt = Annotated[
 RegionOpt = Annotated[
     str | None, typer.Option("--region", "-r", help="Where the planned machines would go.")
 ]
-CpusOpt = Annotated[float | None, typer.Option("--cpus", help="CPU cores of each machine.")]
-MemoryOpt = Annotated[
-    int | None, typer.Option("--memory-mb", "--memory", help="Memory of each machine, in MiB.")
+# Each machine's size is checked as a machine's guest config is (souq.client.options).
+CpusOpt = Annotated[
+    float | None,
+    typer.Option("--cpus", help="CPU cores of each machine.", parser=as_field(GuestConfig, "cpus")),
 ]
-GpusOpt = Annotated[int | None, typer.Option("--gpus", help="Whole GPUs of each machine.")]
+MemoryOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--memory-mb",
+        "--memory",
+        help="Memory of each machine, in MiB.",
+        parser=as_field(GuestConfig, "memory_mb"),
+    ),
+]
+GpusOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--gpus", help="Whole GPUs of each machine.", parser=as_field(GuestConfig, "gpus")
+    ),
+]
 GpuMilliOpt = Annotated[
-    int | None, typer.Option("--gpu-milli", help="A share of one GPU, in thousandths.")
+    int | None,
+    typer.Option(
+        "--gpu-milli",
+        help="A share of one GPU, in thousandths.",
+        parser=as_field(GuestConfig, "gpu_milli"),
+    ),
 ]
 GpuModelOpt = Annotated[str | None, typer.Option("--gpu-model", help="The GPU model it needs.")]
 CountOpt = Annotated[
