@@ -187,7 +187,9 @@ class ImageStore:
         )
 
     async def list(self) -> list[ImageRecord]:
-        """Every image in the store, newest first."""
+        """Every image in the store, newest first, each with the name it was stored under only
+        while that name still names it (a later image of the name took it over: it is
+        listed without)."""
         try:
             keys = await self.records.keys()
         except nats.js.errors.NoKeysError:
@@ -198,8 +200,18 @@ class ImageStore:
                 continue
             value = await self._get(key)
             if value is not None:
-                out.append(ImageRecord.model_validate_json(value))
+                record = ImageRecord.model_validate_json(value)
+                if record.name is not None and await self._names(record.name) != record.reference:
+                    record = record.model_copy(update={"name": None})
+                out.append(record)
         return sorted(out, key=lambda r: r.created_at, reverse=True)
+
+    async def _names(self, name: str) -> str | None:
+        """The reference ``name`` names now, if any."""
+        try:
+            return await self._named(name)
+        except (ImageNotFound, InvalidInput):
+            return None
 
     async def blob(self, digest: str) -> bytes:
         """A blob's bytes, checked against its digest."""
