@@ -8,7 +8,7 @@ import typer
 
 from souq.client.cli import JsonOpt, make_client, reporting
 from souq.client.options import as_field
-from souq.model.tokens import NewToken, ScopeName
+from souq.model.choices import ScopeName
 
 __all__ = ["register_auth"]
 
@@ -28,7 +28,9 @@ ScopeOpt = Annotated[
 TtlOpt = Annotated[
     float | None,
     typer.Option(
-        "--ttl", help="Seconds it lasts (default: no end).", parser=as_field(NewToken, "ttl_s")
+        "--ttl",
+        help="Seconds it lasts (default: no end).",
+        parser=as_field("souq.model.tokens.NewToken", "ttl_s"),
     ),
 ]
 

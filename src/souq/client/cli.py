@@ -18,7 +18,6 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from pydantic import ValidationError
 
 from souq import __version__
 from souq.client.options import (
@@ -33,7 +32,7 @@ from souq.client.options import (
     as_field,
 )
 from souq.errors import InsufficientCapacity, InvalidInput, SouqError
-from souq.model import HoldRequest, MachineState, RestartConfig, RestartPolicy, StopConfig
+from souq.model.choices import MachineState, RestartPolicy
 
 
 def _lazy(name: str) -> ModuleType:
@@ -53,6 +52,8 @@ def _lazy(name: str) -> ModuleType:
 
 
 if TYPE_CHECKING:
+    from pydantic import ValidationError
+
     from souq.client import render
     from souq.client.api import SouqClient
 else:
@@ -97,11 +98,16 @@ def reporting(as_json: bool = False) -> Iterator[None]:
         render.error(err, as_json=as_json)
         code = EXIT_NO_CAPACITY if isinstance(err, InsufficientCapacity) else EXIT_ERROR
         raise typer.Exit(code) from None
-    except ValidationError as exc:
-        render.error(InvalidInput(_first_error(exc)), as_json=as_json)
-        raise typer.Exit(EXIT_ERROR) from None
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
+    except Exception as exc:
+        # A record the API sent that does not read (pydantic's ValidationError: imported only
+        # by a command that reads one, and then it is loaded).
+        pydantic = sys.modules.get("pydantic")
+        if pydantic is None or not isinstance(exc, pydantic.ValidationError):
+            raise
+        render.error(InvalidInput(_first_error(exc)), as_json=as_json)
+        raise typer.Exit(EXIT_ERROR) from None
 
 
 def _first_error(exc: ValidationError) -> str:
@@ -162,7 +168,7 @@ def machine_run(
         typer.Option(
             "--max-retries",
             help="Restarts allowed by on-failure.",
-            parser=as_field(RestartConfig, "max_retries"),
+            parser=as_field("souq.model.machine.RestartConfig", "max_retries"),
         ),
     ] = None,
     env: Annotated[list[str] | None, typer.Option("--env", "-e", help="K=V, repeatable.")] = None,
@@ -325,7 +331,7 @@ def quote_create(
         typer.Option(
             "--ttl",
             help="Seconds the hold lasts (default 10).",
-            parser=as_field(HoldRequest, "ttl_s"),
+            parser=as_field("souq.model.protocol.HoldRequest", "ttl_s"),
         ),
     ] = None,
     constraint: ConstraintOpt = None,
@@ -396,7 +402,9 @@ def machine_stop(
     timeout: Annotated[
         float | None,
         typer.Option(
-            "--timeout", help="Seconds before SIGKILL.", parser=as_field(StopConfig, "timeout_s")
+            "--timeout",
+            help="Seconds before SIGKILL.",
+            parser=as_field("souq.model.machine.StopConfig", "timeout_s"),
         ),
     ] = None,
     as_json: JsonOpt = False,

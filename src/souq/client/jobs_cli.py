@@ -12,7 +12,7 @@ import typer
 from souq.client import cli
 from souq.client.cli import JsonOpt, pairs, reporting
 from souq.client.options import as_field
-from souq.model.job import JobRestart, JobState, JobSubmit
+from souq.model.choices import JobRestart, JobState
 
 AppOpt = Annotated[
     str | None,
@@ -78,7 +78,7 @@ def submit(
         typer.Option(
             "--max-retries",
             help="Runs after the first (default 3).",
-            parser=as_field(JobSubmit, "max_retries"),
+            parser=as_field("souq.model.job.JobSubmit", "max_retries"),
         ),
     ] = None,
     backoff: Annotated[
@@ -86,7 +86,7 @@ def submit(
         typer.Option(
             "--backoff",
             help="Seconds before a retry, doubling each time (default 1).",
-            parser=as_field(JobSubmit, "backoff_s"),
+            parser=as_field("souq.model.job.JobSubmit", "backoff_s"),
         ),
     ] = None,
     deadline: Annotated[
@@ -94,17 +94,23 @@ def submit(
         typer.Option(
             "--deadline",
             help="Fail it if not finished this many seconds after now.",
-            parser=as_field(JobSubmit, "deadline_s"),
+            parser=as_field("souq.model.job.JobSubmit", "deadline_s"),
         ),
     ] = None,
     cpus: Annotated[
         float | None,
-        typer.Option("--cpus", help="CPU cores it needs.", parser=as_field(JobSubmit, "cpus")),
+        typer.Option(
+            "--cpus",
+            help="CPU cores it needs.",
+            parser=as_field("souq.model.job.JobSubmit", "cpus"),
+        ),
     ] = None,
     memory_mb: Annotated[
         int | None,
         typer.Option(
-            "--memory-mb", help="Memory it needs, MiB.", parser=as_field(JobSubmit, "memory_mb")
+            "--memory-mb",
+            help="Memory it needs, MiB.",
+            parser=as_field("souq.model.job.JobSubmit", "memory_mb"),
         ),
     ] = None,
     env: Annotated[

@@ -10,7 +10,6 @@ import typer
 
 from souq.client.cli import AppOpt, IdArg, JsonOpt, machine_app, make_client, reporting
 from souq.client.options import as_field
-from souq.model.machine_tools import ExecBody
 
 __all__ = ["register_machine_tools"]
 
@@ -28,7 +27,9 @@ def machine_exec(
     timeout: Annotated[
         int,
         typer.Option(
-            "--timeout", help="Seconds (at most 300).", parser=as_field(ExecBody, "timeout")
+            "--timeout",
+            help="Seconds (at most 300).",
+            parser=as_field("souq.model.machine_tools.ExecBody", "timeout"),
         ),
     ] = 30,
     stdin: Annotated[

@@ -1,10 +1,12 @@
 """The types of the command line's values, checked as the line is parsed: a value outside its
 set or its bounds is a usage error (exit 2) that names what it takes, the same in every command.
 
-- A value from a fixed set is typed by the project's own enum or ``Literal`` (the one the
-  model validates with): the CLI offers exactly its choices.
+- A value from a fixed set is typed by the project's own enum or ``Literal``
+  (:mod:`souq.model.choices`, the one the model validates with): the CLI offers exactly its
+  choices.
 - A number is checked by :func:`as_field`, with the bounds of the model field it becomes (the
-  bound is written once, in the model).
+  bound is written once, in the model). The model is named, and imported only when a value is
+  checked: building the command line (all of it, for any command) imports no record.
 - A release's version is parsed by :func:`release_version` (``v3``, ``V3`` or ``3``).
 
 Errors only the server can tell (a release that does not exist, a size a worker cannot hold)
@@ -14,16 +16,16 @@ stay errors (exit 1).
 from __future__ import annotations
 
 import functools
+import importlib
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from souq.model import GuestConfig
-from souq.model.policy import FitPolicy
-from souq.model.release import Strategy
-from souq.model.services import Autostop, Service
+from souq.model.choices import Autostop, FitPolicy, Strategy
+
+if TYPE_CHECKING:
+    from pydantic import TypeAdapter
 
 __all__ = [
     "AutostopOpt",
@@ -40,16 +42,22 @@ __all__ = [
 ]
 
 
-def as_field(model: type[BaseModel], field: str) -> Callable[[str], Any]:
-    """A parser of a value that checks it as ``model`` checks ``field`` (its type, its bounds):
-    ``--cpus -1`` is refused here as the broker would refuse ``guest.cpus: -1``."""
+def as_field(model: str, field: str) -> Callable[[str], Any]:
+    """A parser of a value that checks it as ``model`` (``module.Class``, a pydantic model)
+    checks ``field`` (its type, its bounds): ``--cpus -1`` is refused here as the broker would
+    refuse ``guest.cpus: -1``."""
 
     @functools.cache
     def adapter() -> TypeAdapter[Any]:
-        info = model.model_fields[field]
+        from pydantic import TypeAdapter
+
+        module, _, name = model.rpartition(".")
+        info = getattr(importlib.import_module(module), name).model_fields[field]
         return TypeAdapter[Any](Annotated[info.annotation, info])  # type: ignore[arg-type]
 
     def parse(text: str) -> Any:
+        from pydantic import ValidationError
+
         try:
             return adapter().validate_python(text)
         except ValidationError as exc:
@@ -74,11 +82,17 @@ def release_version(text: str) -> int:
 # them.
 CpusOpt = Annotated[
     float | None,
-    typer.Option("--cpus", help="CPU cores.", parser=as_field(GuestConfig, "cpus")),
+    typer.Option(
+        "--cpus", help="CPU cores.", parser=as_field("souq.model.machine.GuestConfig", "cpus")
+    ),
 ]
 MemoryOpt = Annotated[
     int | None,
-    typer.Option("--memory-mb", help="Memory in MiB.", parser=as_field(GuestConfig, "memory_mb")),
+    typer.Option(
+        "--memory-mb",
+        help="Memory in MiB.",
+        parser=as_field("souq.model.machine.GuestConfig", "memory_mb"),
+    ),
 ]
 ConstraintOpt = Annotated[
     list[str] | None,
@@ -107,7 +121,7 @@ PortOpt = Annotated[
         "-p",
         help="An internal port it serves HTTP on, reached through the proxy (repeatable); "
         "the process reads the host port it must listen on from $PORT.",
-        parser=as_field(Service, "internal_port"),
+        parser=as_field("souq.model.services.Service", "internal_port"),
     ),
 ]
 AutostopOpt = Annotated[

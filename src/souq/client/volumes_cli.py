@@ -10,7 +10,6 @@ import typer
 
 from souq.client.cli import JsonOpt, make_client, reporting
 from souq.client.options import as_field
-from souq.model.volume import CreateVolumeRequest, ExtendVolumeRequest
 
 __all__ = ["register_volumes"]
 
@@ -39,7 +38,7 @@ def create(
             "--size",
             "-s",
             help="Its size in GB.",
-            parser=as_field(CreateVolumeRequest, "size_gb"),
+            parser=as_field("souq.model.volume.CreateVolumeRequest", "size_gb"),
         ),
     ] = 1,
     unique_zone: Annotated[
@@ -85,7 +84,7 @@ def extend(
             "--size",
             "-s",
             help="The new size in GB.",
-            parser=as_field(ExtendVolumeRequest, "size_gb"),
+            parser=as_field("souq.model.volume.ExtendVolumeRequest", "size_gb"),
         ),
     ],
     as_json: JsonOpt = False,

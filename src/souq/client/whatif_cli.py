@@ -24,7 +24,6 @@ from souq.client import cli
 from souq.client.cli import EXIT_NO_CAPACITY
 from souq.client.options import as_field
 from souq.errors import InvalidInput
-from souq.model import GuestConfig
 
 if TYPE_CHECKING:
     from souq.client.api import SouqClient
@@ -51,7 +50,11 @@ RegionOpt = Annotated[
 # Each machine's size is checked as a machine's guest config is (souq.client.options).
 CpusOpt = Annotated[
     float | None,
-    typer.Option("--cpus", help="CPU cores of each machine.", parser=as_field(GuestConfig, "cpus")),
+    typer.Option(
+        "--cpus",
+        help="CPU cores of each machine.",
+        parser=as_field("souq.model.machine.GuestConfig", "cpus"),
+    ),
 ]
 MemoryOpt = Annotated[
     int | None,
@@ -59,13 +62,15 @@ MemoryOpt = Annotated[
         "--memory-mb",
         "--memory",
         help="Memory of each machine, in MiB.",
-        parser=as_field(GuestConfig, "memory_mb"),
+        parser=as_field("souq.model.machine.GuestConfig", "memory_mb"),
     ),
 ]
 GpusOpt = Annotated[
     int | None,
     typer.Option(
-        "--gpus", help="Whole GPUs of each machine.", parser=as_field(GuestConfig, "gpus")
+        "--gpus",
+        help="Whole GPUs of each machine.",
+        parser=as_field("souq.model.machine.GuestConfig", "gpus"),
     ),
 ]
 GpuMilliOpt = Annotated[
@@ -73,7 +78,7 @@ GpuMilliOpt = Annotated[
     typer.Option(
         "--gpu-milli",
         help="A share of one GPU, in thousandths.",
-        parser=as_field(GuestConfig, "gpu_milli"),
+        parser=as_field("souq.model.machine.GuestConfig", "gpu_milli"),
     ),
 ]
 GpuModelOpt = Annotated[str | None, typer.Option("--gpu-model", help="The GPU model it needs.")]

@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from souq.model.base import Input, Record
+from souq.model.choices import JobRestart, JobState
 from souq.model.machine import APP_NAME_PATTERN
 
 __all__ = [
@@ -31,19 +32,6 @@ JOB_NAME_MAX = 128
 # The app of a job submitted without one by a token of every app (and of the records kept before
 # jobs had apps): the cluster's default queue, worked by a token of this app's queue scope.
 DEFAULT_QUEUE = "default"
-
-
-class JobState(StrEnum):
-    PENDING = "pending"  # waiting for a worker (or for its backoff to pass)
-    CLAIMED = "claimed"  # a worker took it and holds its lease
-    RUNNING = "running"  # the worker started it
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"  # out of retries, or past its deadline
-    CANCELLED = "cancelled"
-
-    @property
-    def ended(self) -> bool:
-        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
 
 
 class JobEvent(StrEnum):
@@ -69,10 +57,6 @@ class JobChange(StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
-
-
-# How a job runs again: never, or after a non-zero exit.
-JobRestart = Literal["no", "on-failure"]
 
 
 class JobSubmit(Input):

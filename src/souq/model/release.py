@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import Field
 
 from souq.model.base import Input, Record
+from souq.model.choices import Strategy
 
 __all__ = ["NewRelease", "Release", "ReleaseState", "ReleaseUpdate", "Strategy"]
 
@@ -18,16 +19,6 @@ class ReleaseState(StrEnum):
     COMPLETE = "complete"  # live everywhere
     FAILED = "failed"  # a phase failed; the app was rolled back to the last complete release
     ROLLED_BACK = "rolled_back"  # a later rollback left it
-
-
-class Strategy(StrEnum):
-    """How a deploy replaces an app's machines (docs/apps.md): the one list of strategies, which
-    souq.toml's ``[deploy] strategy``, a new release and ``souq deploy --strategy`` all take."""
-
-    ROLLING = "rolling"  # a few at a time, each healthy before the next
-    CANARY = "canary"  # one per group first, then rolling
-    BLUEGREEN = "bluegreen"  # all new ones healthy, then the old ones go
-    IMMEDIATE = "immediate"  # all at once, no health waits
 
 
 class NewRelease(Input):

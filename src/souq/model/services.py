@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, field_serializer, field_validator, model_validator
 
 from souq.model.base import Input, Record
+from souq.model.choices import Autostop
 from souq.model.durations import format_go_duration, seconds_of
 
 __all__ = [
@@ -89,10 +90,6 @@ class Concurrency(Input):
                 f"soft_limit ({self.soft_limit}) must not exceed hard_limit ({self.hard_limit})"
             )
         return self
-
-
-# What the proxy does to an idle machine of a service.
-Autostop = Literal["off", "stop", "suspend"]
 
 
 class Service(Input):
