@@ -2,8 +2,6 @@
 count``: the app's policy, carried out by this client through the API (docs/apps.md); and
 ``souq apps create|show|list|destroy``: the app resource itself."""
 
-from __future__ import annotations
-
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -90,7 +88,7 @@ def deploy(
         )
 
 
-def _plan_rows(deployer: Deployer) -> list[dict[str, object]]:
+def _plan_rows(deployer: "Deployer") -> list[dict[str, object]]:
     """The dry run's plan: a row per step, with the worker that would take each new machine."""
     rows: list[dict[str, object]] = []
     for phase, steps in deployer.dry_run():
@@ -110,9 +108,9 @@ def _plan_rows(deployer: Deployer) -> list[dict[str, object]]:
 
 
 def _deploy(
-    client: SouqClient,
+    client: "SouqClient",
     app: str,
-    build: Callable[[Callable[[DeployEvent], None]], Deployer],
+    build: Callable[[Callable[["DeployEvent"], None]], "Deployer"],
     *,
     as_json: bool,
 ) -> None:
@@ -128,14 +126,14 @@ def _deploy(
             render.app_status(_by_group(client.list_machines(app)))
 
 
-def _by_group(machines: list[Machine]) -> list[Machine]:
+def _by_group(machines: list["Machine"]) -> list["Machine"]:
     return sorted(
         machines,
         key=lambda m: (m.config.metadata.get("souq_process_group", ""), m.region, m.id),
     )
 
 
-def _image_of(client: SouqClient, config: AppConfig, base: Path) -> str:
+def _image_of(client: "SouqClient", config: "AppConfig", base: Path) -> str:
     """The image [build] names, or its directory packed and stored now."""
     from souq.errors import InvalidInput
     from souq.images import layout_tar, pack_directory

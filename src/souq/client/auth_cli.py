@@ -1,7 +1,5 @@
 """``souq token`` (create, narrow, show) and ``souq audit``: who may do what, and who did."""
 
-from __future__ import annotations
-
 from typing import Annotated
 
 import typer

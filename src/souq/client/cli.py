@@ -6,8 +6,6 @@ them: :mod:`souq.client.options`). Messages go to stderr; every client command t
 Only :mod:`souq.client.render` prints.
 """
 
-from __future__ import annotations
-
 import importlib
 import importlib.util
 import re
@@ -82,7 +80,7 @@ workers_app = typer.Typer(help="List, cordon, drain and uncordon workers.")
 app.add_typer(workers_app, name="workers")
 
 
-def make_client() -> SouqClient:
+def make_client() -> "SouqClient":
     """The client every command uses (``$SOUQ_API``, ``$SOUQ_TOKEN``); tests replace it."""
     from souq.client.api import SouqClient
 
@@ -110,7 +108,7 @@ def reporting(as_json: bool = False) -> Iterator[None]:
         raise typer.Exit(EXIT_ERROR) from None
 
 
-def _first_error(exc: ValidationError) -> str:
+def _first_error(exc: "ValidationError") -> str:
     e = exc.errors()[0]
     where = ".".join(str(p) for p in e["loc"])
     return f"{where}: {e['msg']}" if where else str(e["msg"])

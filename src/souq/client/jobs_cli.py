@@ -3,8 +3,6 @@
 ``wait`` exits 0 when it succeeded and 1 otherwise, so a script or a CI step can run a job as it
 would run a command."""
 
-from __future__ import annotations
-
 from typing import Annotated, Any
 
 import typer

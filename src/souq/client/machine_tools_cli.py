@@ -1,8 +1,6 @@
 """``souq machine exec|ps|metadata|cordon|uncordon``: act on one machine in place (the routes of
 :mod:`souq.broker.machine_tools_routes`). ``exec`` exits with the command's own exit code."""
 
-from __future__ import annotations
-
 import sys
 from typing import Annotated
 

@@ -2,8 +2,6 @@
 ``/v1/apps/{app}/volumes``), each a directory of a given size on one worker that one machine
 at a time mounts through ``config.mounts``."""
 
-from __future__ import annotations
-
 from typing import Annotated
 
 import typer

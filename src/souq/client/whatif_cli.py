@@ -12,8 +12,6 @@ command (:mod:`souq.client.simulate_cli`) takes the options declared here and ha
   workers ran. ``--policy`` repeated: one replay per policy.
 """
 
-from __future__ import annotations
-
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -156,7 +154,7 @@ def run(
         trace(tasks, workers, chosen, sample_every=sample_every, speedup=speedup, as_json=as_json)
 
 
-def placement_policy(name: str) -> PlacementPolicy:
+def placement_policy(name: str) -> "PlacementPolicy":
     """A ``--policy`` name (``souq simulate``'s, or a broker's) as a placement policy."""
     from pydantic import ValidationError
 
@@ -185,9 +183,9 @@ def from_cluster(
     size: Mapping[str, object],
     count: int | None,
     config: Path | None,
-    policy: PlacementPolicy | None,
+    policy: "PlacementPolicy | None",
     as_json: bool,
-) -> WhatIf:
+) -> "WhatIf":
     """Snapshot the cluster, place the planned machines on it, print where each would go;
     exit 3 (after printing) when one would not fit."""
     from souq.client import render
@@ -219,14 +217,14 @@ def from_cluster(
     return outcome
 
 
-def _batch(app: str, region: str, size: Mapping[str, object], count: int) -> list[Planned]:
+def _batch(app: str, region: str, size: Mapping[str, object], count: int) -> list["Planned"]:
     from souq.model.machine import GuestConfig
     from souq.sim.whatif import batch
 
     return batch(app, region, GuestConfig.model_validate(size).resources(), count)
 
 
-def _deploy_plan(client: SouqClient, path: Path) -> tuple[str, list[Planned]]:
+def _deploy_plan(client: "SouqClient", path: Path) -> tuple[str, list["Planned"]]:
     """The machines a deploy of ``path`` would create now (the app's machines as they are)."""
     from souq.apps import load_app_config
     from souq.apps.plan import plan
@@ -254,7 +252,7 @@ def _deploy_plan(client: SouqClient, path: Path) -> tuple[str, list[Planned]]:
     return config.app, planned
 
 
-def _existing(machines: list[Machine]) -> list[Existing]:
+def _existing(machines: list["Machine"]) -> list["Existing"]:
     """The app's machines (those on their way out left out), for the book to count."""
     from souq.model.machine import MachineState
     from souq.sim.whatif import Existing
@@ -273,12 +271,12 @@ def _existing(machines: list[Machine]) -> list[Existing]:
 def trace(
     tasks: Path,
     workers: str | None,
-    policies: list[PlacementPolicy],
+    policies: list["PlacementPolicy"],
     *,
     sample_every: float | None,
     speedup: float,
     as_json: bool,
-) -> list[Report]:
+) -> list["Report"]:
     """Replay the tasks on the workers, once per policy (the default pipeline's when none),
     and print the reports."""
     from souq.client import render
@@ -304,7 +302,7 @@ def trace(
     return reports
 
 
-def _read_tasks(path: Path) -> list[Task]:
+def _read_tasks(path: Path) -> list["Task"]:
     """The generic trace, or openb's pods (their creation and deletion times)."""
     from souq.sim.traces import read_pods, read_tasks, tasks_from_pods
 
