@@ -9,8 +9,11 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from souq.model.app import App, AppDeleted, AppList
     from souq.model.base import Input, Record
     from souq.model.constraint import Constraint, ConstraintOperator
+    from souq.model.image import ImageRecord
+    from souq.model.job import Job, JobStopped, JobSubmit, Registration
     from souq.model.machine import (
         APP_NAME_PATTERN,
         GuestConfig,
@@ -24,6 +27,7 @@ if TYPE_CHECKING:
         StopConfig,
         normalise_signal,
     )
+    from souq.model.machine_tools import ExecReply, ProcessStat
     from souq.model.placement import ClaimAttempt, OfferOutcome, Placement, Timings
     from souq.model.policy import Curves, PlacementDefaults, PlacementPolicy
     from souq.model.protocol import (
@@ -34,6 +38,7 @@ if TYPE_CHECKING:
         DrainCommand,
         EventsCommand,
         HoldRequest,
+        Lease,
         ListCommand,
         LocateCommand,
         LocateReply,
@@ -52,8 +57,12 @@ if TYPE_CHECKING:
         WaitCommand,
         WorkerDigest,
     )
+    from souq.model.release import NewRelease, Release, ReleaseState
     from souq.model.resources import Resources
+    from souq.model.secrets import SecretInfo
     from souq.model.services import Check, Concurrency, MachineAddress, Service, ServicePort
+    from souq.model.tokens import AuditRecord, NewToken, TokenInfo, TokenKey
+    from souq.model.volume import ExtendVolumeResponse, Volume
     from souq.model.worker import (
         Fingerprint,
         Heartbeat,
@@ -65,6 +74,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "APP_NAME_PATTERN",
+    "App",
+    "AppDeleted",
+    "AppList",
+    "AuditRecord",
     "Check",
     "ClaimAttempt",
     "ClaimRequest",
@@ -77,11 +90,18 @@ __all__ = [
     "DigestCommand",
     "DrainCommand",
     "EventsCommand",
+    "ExecReply",
+    "ExtendVolumeResponse",
     "Fingerprint",
     "GuestConfig",
     "Heartbeat",
     "HoldRequest",
+    "ImageRecord",
     "Input",
+    "Job",
+    "JobStopped",
+    "JobSubmit",
+    "Lease",
     "ListCommand",
     "Load",
     "LocateCommand",
@@ -95,6 +115,8 @@ __all__ = [
     "MachineEventMessage",
     "MachineRef",
     "MachineState",
+    "NewRelease",
+    "NewToken",
     "Offer",
     "OfferOutcome",
     "OfferRequest",
@@ -102,20 +124,28 @@ __all__ = [
     "Placement",
     "PlacementDefaults",
     "PlacementPolicy",
+    "ProcessStat",
     "Quote",
     "QuoteRef",
     "QuoteState",
     "Record",
+    "Registration",
+    "Release",
+    "ReleaseState",
     "Reply",
     "Resources",
     "RestartConfig",
     "RestartPolicy",
+    "SecretInfo",
     "Service",
     "ServicePort",
     "SignalCommand",
     "StopCommand",
     "StopConfig",
     "Timings",
+    "TokenInfo",
+    "TokenKey",
+    "Volume",
     "WaitCommand",
     "WorkerDigest",
     "WorkerInfo",
@@ -127,6 +157,57 @@ __all__ = [
 _WHERE = {
     name: module
     for module, names in (
+        (
+            "souq.model.job",
+            (
+                "Job",
+                "JobStopped",
+                "JobSubmit",
+                "Registration",
+            ),
+        ),
+        (
+            "souq.model.app",
+            (
+                "App",
+                "AppDeleted",
+                "AppList",
+            ),
+        ),
+        ("souq.model.image", ("ImageRecord",)),
+        (
+            "souq.model.machine_tools",
+            (
+                "ExecReply",
+                "ProcessStat",
+            ),
+        ),
+        (
+            "souq.model.release",
+            (
+                "NewRelease",
+                "Release",
+                "ReleaseState",
+            ),
+        ),
+        ("souq.model.secrets", ("SecretInfo",)),
+        (
+            "souq.model.tokens",
+            (
+                "AuditRecord",
+                "NewToken",
+                "TokenInfo",
+                "TokenKey",
+            ),
+        ),
+        (
+            "souq.model.volume",
+            (
+                "ExtendVolumeResponse",
+                "Volume",
+            ),
+        ),
+        ("souq.model.protocol", ("Lease",)),
         (
             "souq.model.machine",
             (
