@@ -66,10 +66,13 @@ MALFORMED = [
     ((*RUN, "--max-retries", "-1", "--", "true"), "greater than or equal to 0"),
     ((*RUN, "--policy", "cheapest", "--", "true"), "'best-fit'"),
     ((*RUN, "--wait-timeout", "-1", "--", "true"), "greater than or equal to 0"),
+    ((*RUN, "--constraint", "label.disk", "--", "true"), "is not ATTRIBUTE OPERATOR VALUE"),
+    (("quote", "create", "-a", "web", "-r", "mad", "-c", "cpus > many", "--", "true"), "number"),
     (("quote", "create", "--app", "web", "-r", "mad", "--ttl", "0", "--", "true"), "greater"),
     (("machine", "update", "m1", "--app", "web", "--cpus", "-2"), "greater than 0"),
     (("machine", "stop", "m1", "--app", "web", "--timeout", "-1"), "greater than or equal"),
     (("machine", "wait", "m1", "--app", "web", "--state", "asleep"), "'stopped'"),
+    (("machine", "stop", "m1", "--app", "web", "--signal", "SIGNOPE"), "unknown signal"),
     (("machine", "exec", "--app", "web", "--timeout", "301", "m1", "--", "true"), "300"),
     (("events", "--since", "-1"), "greater than or equal to 0"),
     (("simulate", "--from-cluster", "--cpus", "-1"), "greater than 0"),
@@ -95,6 +98,7 @@ WELL_FORMED = [
     ("token", "create", "--scope", "queue", "--ttl", "60"),
     (*RUN, "--cpus", "0.5", "--port", "8080", "--autostop", "suspend", "--", "true"),
     ("machine", "wait", "m1", "--app", "web", "--state", "stopped", "--timeout", "1"),
+    ("machine", "stop", "m1", "--app", "web", "--signal", "int"),
 ]
 
 

@@ -356,7 +356,7 @@ def test_a_malformed_constraint_is_a_clear_error(stub: StubClient, text: str) ->
     result = invoke(
         "machine", "run", "--app", "web", "--region", "mad", "--constraint", text, "--", "true"
     )
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # a usage error, found as the line is parsed
     assert "constraint" in result.stderr
     assert stub.calls == []
 

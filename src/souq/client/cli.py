@@ -8,7 +8,6 @@ Only :mod:`souq.client.render` prints.
 
 import importlib
 import importlib.util
-import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,6 +27,7 @@ from souq.client.options import (
     PolicyOpt,
     PortOpt,
     as_field,
+    signal_name,
 )
 from souq.errors import InsufficientCapacity, InvalidInput, SouqError
 from souq.model.choices import MachineState, RestartPolicy
@@ -235,7 +235,7 @@ def _config(
     cpus: float | None,
     memory_mb: int | None,
     *,
-    constraints: list[str] | None,
+    constraints: list[dict[str, Any]] | None,
     distinct: bool,
     image: str | None,
 ) -> dict[str, Any]:
@@ -245,7 +245,7 @@ def _config(
         raise typer.BadParameter("give the command after `--`, or an --image", param_hint="COMMAND")
     config: dict[str, Any] = {"cmd": command or []}
     if constraints:
-        config["constraints"] = [_constraint(text) for text in constraints]
+        config["constraints"] = constraints
     if distinct:
         config["distinct_workers_for"] = "app"
     if image:
@@ -272,34 +272,6 @@ def _run_config(
     if env:
         config["env"] = pairs(env, "env")
     return config
-
-
-_CONSTRAINT = re.compile(
-    r"^\s*(?P<attribute>[^\s=!<>]+)\s*"
-    r"(?P<operator>!=|<=|>=|=|<|>|\s(?:in|not_in|regexp)\s)\s*(?P<value>.+?)\s*$"
-)
-
-
-def _constraint(text: str) -> dict[str, Any]:
-    """``label.disk=ssd``, ``fingerprint.cpus >= 4``, ``label.zone in a,b`` as a constraint."""
-    match = _CONSTRAINT.match(text)
-    if match is None:
-        raise InvalidInput(
-            f"constraint {text!r} is not ATTRIBUTE OPERATOR VALUE",
-            hint="e.g. --constraint 'label.disk=ssd' or --constraint 'label.zone in a,b'; "
-            "operators: = != < <= > >= in not_in regexp",
-        )
-    operator = match["operator"].strip()
-    raw = match["value"]
-    value: Any = raw
-    if operator in {"in", "not_in"}:
-        value = [v.strip() for v in raw.split(",") if v.strip()]
-    elif operator in {"<", "<=", ">", ">="}:
-        try:
-            value = float(raw)
-        except ValueError:
-            raise InvalidInput(f"constraint {text!r}: {raw!r} is not a number") from None
-    return {"attribute": match["attribute"], "operator": operator, "value": value}
 
 
 @machine_app.command("explain")
@@ -395,7 +367,8 @@ def machine_stop(
     machine_id: IdArg,
     app_name: AppOpt,
     signal: Annotated[
-        str | None, typer.Option("--signal", "-s", help="Signal to send first.")
+        str | None,
+        typer.Option("--signal", "-s", help="Signal to send first.", parser=signal_name),
     ] = None,
     timeout: Annotated[
         float | None,

@@ -7,7 +7,9 @@ set or its bounds is a usage error (exit 2) that names what it takes, the same i
 - A number is checked by :func:`as_field`, with the bounds of the model field it becomes (the
   bound is written once, in the model). The model is named, and imported only when a value is
   checked: building the command line (all of it, for any command) imports no record.
-- A release's version is parsed by :func:`release_version` (``v3``, ``V3`` or ``3``).
+- A constraint is parsed by :func:`constraint` (``label.disk=ssd``), a release's version by
+  :func:`release_version` (``v3``, ``V3`` or ``3``), a signal by :func:`signal_name`
+  (``term``, ``SIGTERM`` or ``15``).
 
 Errors only the server can tell (a release that does not exist, a size a worker cannot hold)
 stay errors (exit 1).
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -38,7 +41,9 @@ __all__ = [
     "PortOpt",
     "StrategyOpt",
     "as_field",
+    "constraint",
     "release_version",
+    "signal_name",
 ]
 
 
@@ -64,6 +69,42 @@ def as_field(model: str, field: str) -> Callable[[str], Any]:
             raise ValueError(exc.errors()[0]["msg"]) from None
 
     return parse
+
+
+_CONSTRAINT = re.compile(
+    r"^\s*(?P<attribute>[^\s=!<>]+)\s*"
+    r"(?P<operator>!=|<=|>=|=|<|>|\s(?:in|not_in|regexp)\s)\s*(?P<value>.+?)\s*$"
+)
+
+
+def constraint(text: str) -> dict[str, Any]:
+    """``label.disk=ssd``, ``fingerprint.cpus >= 4``, ``label.zone in a,b`` as a constraint (the
+    broker checks its attribute and its value)."""
+    match = _CONSTRAINT.match(text)
+    if match is None:
+        raise ValueError(
+            f"constraint {text!r} is not ATTRIBUTE OPERATOR VALUE, e.g. 'label.disk=ssd' or "
+            "'label.zone in a,b' (operators: = != < <= > >= in not_in regexp)"
+        )
+    operator = match["operator"].strip()
+    raw = match["value"]
+    value: Any = raw
+    if operator in {"in", "not_in"}:
+        value = [v.strip() for v in raw.split(",") if v.strip()]
+    elif operator in {"<", "<=", ">", ">="}:
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ValueError(f"constraint {text!r}: {raw!r} is not a number") from None
+    return {"attribute": match["attribute"], "operator": operator, "value": value}
+
+
+def signal_name(text: str) -> str:
+    """A signal as a user writes it (``term``, ``SIGTERM``, ``15``), as the API reads it:
+    :func:`souq.model.machine.normalise_signal`, imported when a signal is given."""
+    from souq.model.machine import normalise_signal
+
+    return normalise_signal(text)
 
 
 def release_version(text: str) -> int:
@@ -95,12 +136,14 @@ MemoryOpt = Annotated[
     ),
 ]
 ConstraintOpt = Annotated[
-    list[str] | None,
+    list[Any] | None,  # each a constraint's dict: typer takes no element type of its own
     typer.Option(
         "--constraint",
         "-c",
+        metavar="CONSTRAINT",
         help="Where it may run, e.g. 'label.disk=ssd', 'fingerprint.cpus>=4', "
         "'label.zone in a,b'; repeatable.",
+        parser=constraint,
     ),
 ]
 DistinctOpt = Annotated[
