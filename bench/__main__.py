@@ -2,7 +2,7 @@
 
 Without names, the default suites run (``spine``, ``scale``, ``tradeoff``, ``view``,
 ``supervise``, ``creates``, ``proxy``, ``wake``, ``images``, ``deploy``, ``attack``,
-``secured``, ``logs``); ``c1m`` (100,000 machines onto 5,000 hollow workers, a few minutes)
+``secured``, ``logs``, ``cli``); ``c1m`` (100,000 machines onto 5,000 hollow workers, a few minutes)
 runs only when named."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import sys
 
 from bench import (
     attack,
+    cli,
     creates,
     deploy,
     hosts,
@@ -43,6 +44,7 @@ SUITES = {
     "hosts": hosts.main,
     "jobs": jobs.main,
     "logs": logs.main,
+    "cli": cli.main,
 }
 DEFAULT = [
     "spine",
@@ -58,6 +60,7 @@ DEFAULT = [
     "attack",
     "secured",
     "logs",
+    "cli",
 ]
 
 

@@ -356,7 +356,7 @@ def test_a_malformed_constraint_is_a_clear_error(stub: StubClient, text: str) ->
     result = invoke(
         "machine", "run", "--app", "web", "--region", "mad", "--constraint", text, "--", "true"
     )
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # a usage error, found as the line is parsed
     assert "constraint" in result.stderr
     assert stub.calls == []
 
@@ -399,7 +399,7 @@ def test_rollback_takes_the_version_as_releases_shows_it_or_its_number(
 
 def test_rollback_refuses_what_is_not_a_version(app_stub: StubClient) -> None:
     result = invoke("rollback", "--app", "web", "vnext")
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "'vnext' is not a release version" in result.stderr
     assert not any(name == "release" for name, _, _ in app_stub.calls)
 

@@ -129,7 +129,7 @@ def test_status_and_list(stub: Stub) -> None:
     none = invoke("list", "--state", "succeeded")
     assert none.exit_code == 0 and none.stdout == "" and "no jobs" in none.stderr
     bad = invoke("list", "--state", "done")
-    assert bad.exit_code == 1 and "not a job's state" in bad.stderr
+    assert bad.exit_code == 2 and "'done' is not one of 'pending'" in bad.stderr  # usage
     assert invoke("list", "--app", "web").exit_code == 0
     assert stub.calls[-1] == ("jobs", (), {"app": "web"})
 

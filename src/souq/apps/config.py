@@ -53,7 +53,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from souq.apps.toml import TomlText
 from souq.model.machine import APP_NAME_PATTERN
-from souq.model.services import Check, Concurrency, Duration, Grace, Service, ServicePort
+from souq.model.release import Strategy
+from souq.model.services import Autostop, Check, Concurrency, Duration, Grace, Service, ServicePort
 
 __all__ = [
     "DEFAULT_GROUP",
@@ -108,7 +109,7 @@ class HttpCheck(_TcpCheck):
 class _Serving(_Section):
     internal_port: int = Field(ge=1, le=65535)
     auto_start_machines: bool = True
-    auto_stop_machines: bool | Literal["off", "stop", "suspend"] = "off"
+    auto_stop_machines: bool | Autostop = "off"
     min_machines_running: int = Field(default=0, ge=0, le=10_000)
     processes: list[str] = Field(default_factory=list)
     concurrency: Concurrency | None = None
@@ -160,7 +161,7 @@ class VmConfig(_Section):
 
 
 class DeployConfig(_Section):
-    strategy: Literal["rolling", "canary", "bluegreen", "immediate"] = "rolling"
+    strategy: Strategy = Strategy.ROLLING
     max_unavailable: float = Field(
         default=0.33, gt=0, description="a fraction (< 1) of a group's machines, or a count"
     )

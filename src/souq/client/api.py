@@ -8,31 +8,34 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
 from pydantic import BaseModel, TypeAdapter
 
+from souq import model as records
 from souq.client.sched_api import SchedCalls
 from souq.client.session import DEFAULT_API
-from souq.model import (
-    Machine,
-    MachineConfig,
-    MachineEvent,
-    MachineState,
-    OpRecord,
-    Placement,
-    Quote,
-    WorkerInfo,
-)
-from souq.model.app import App, AppDeleted, AppList
-from souq.model.image import ImageRecord
-from souq.model.machine_tools import ExecReply, ProcessStat
-from souq.model.protocol import Lease
-from souq.model.release import NewRelease, Release, ReleaseState
-from souq.model.secrets import SecretInfo
-from souq.model.tokens import AuditRecord, NewToken, TokenInfo, TokenKey
-from souq.model.volume import ExtendVolumeResponse, Volume
+
+if TYPE_CHECKING:  # a record loads when a call first reads one (souq.model is lazy)
+    from souq.model import (
+        Machine,
+        MachineConfig,
+        MachineEvent,
+        MachineState,
+        OpRecord,
+        Placement,
+        Quote,
+        WorkerInfo,
+    )
+    from souq.model.app import App, AppDeleted
+    from souq.model.image import ImageRecord
+    from souq.model.machine_tools import ExecReply, ProcessStat
+    from souq.model.protocol import Lease
+    from souq.model.release import NewRelease, Release, ReleaseState
+    from souq.model.secrets import SecretInfo
+    from souq.model.tokens import AuditRecord, TokenInfo
+    from souq.model.volume import ExtendVolumeResponse, Volume
 
 __all__ = ["DEFAULT_API", "SouqClient"]
 
@@ -60,7 +63,7 @@ class SouqClient(SchedCalls):
         return result
 
     def workers(self) -> list[WorkerInfo]:
-        return _many(WorkerInfo, self._call("GET", "/v1/workers"))
+        return _many(records.WorkerInfo, self._call("GET", "/v1/workers"))
 
     def region_names(self) -> list[str]:
         """The cluster's regions: every region a worker announced itself in (``/v1/regions``)."""
@@ -76,7 +79,7 @@ class SouqClient(SchedCalls):
         ``app`` is given)."""
         params = {k: v for k, v in {"name": name, "app": app}.items() if v} or None
         return _one(
-            ImageRecord,
+            records.ImageRecord,
             self._call(
                 "POST",
                 "/v1/images",
@@ -89,11 +92,11 @@ class SouqClient(SchedCalls):
 
     def images(self, *, app: str | None = None) -> list[ImageRecord]:
         params = {"app": app} if app else None
-        return _many(ImageRecord, self._call("GET", "/v1/images", params=params))
+        return _many(records.ImageRecord, self._call("GET", "/v1/images", params=params))
 
     def image(self, ref: str, *, app: str | None = None) -> ImageRecord:
         params = {"app": app} if app else None
-        return _one(ImageRecord, self._call("GET", f"/v1/images/{ref}", params=params))
+        return _one(records.ImageRecord, self._call("GET", f"/v1/images/{ref}", params=params))
 
     # -- machines --------------------------------------------------------------------------
 
@@ -116,7 +119,7 @@ class SouqClient(SchedCalls):
         )
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
         response = self._call("POST", _machines(app), json=body, headers=headers)
-        return _one(Machine, response)
+        return _one(records.Machine, response)
 
     def explain_create(
         self,
@@ -130,7 +133,7 @@ class SouqClient(SchedCalls):
         """A dry run: where a machine would go and why; nothing is claimed."""
         body = _create_body(region, config, quote=quote, placement=placement)
         response = self._call("POST", _machines(app), json=body, params={"dry_run": "true"})
-        return Placement.model_validate(response.json()["placement"])
+        return records.Placement.model_validate(response.json()["placement"])
 
     # -- quotes ----------------------------------------------------------------------------
 
@@ -147,43 +150,43 @@ class SouqClient(SchedCalls):
         body = _create_body(region, config, placement=placement)
         if ttl_s is not None:
             body["ttl_s"] = ttl_s
-        return _one(Quote, self._call("POST", f"/v1/apps/{app}/quotes", json=body))
+        return _one(records.Quote, self._call("POST", f"/v1/apps/{app}/quotes", json=body))
 
     def get_quote(self, app: str, quote_id: str) -> Quote:
-        return _one(Quote, self._call("GET", f"/v1/apps/{app}/quotes/{quote_id}"))
+        return _one(records.Quote, self._call("GET", f"/v1/apps/{app}/quotes/{quote_id}"))
 
     def release_quote(self, app: str, quote_id: str) -> Quote:
-        return _one(Quote, self._call("DELETE", f"/v1/apps/{app}/quotes/{quote_id}"))
+        return _one(records.Quote, self._call("DELETE", f"/v1/apps/{app}/quotes/{quote_id}"))
 
     # -- workers ---------------------------------------------------------------------------
 
     def cordon(self, worker_id: str) -> WorkerInfo:
         """The worker makes no offers from now on; its machines keep running."""
-        return _one(WorkerInfo, self._call("POST", f"/v1/workers/{worker_id}/cordon"))
+        return _one(records.WorkerInfo, self._call("POST", f"/v1/workers/{worker_id}/cordon"))
 
     def drain(self, worker_id: str) -> WorkerInfo:
         """Cordon the worker and stop its machines gracefully (state ``draining``)."""
-        return _one(WorkerInfo, self._call("POST", f"/v1/workers/{worker_id}/drain"))
+        return _one(records.WorkerInfo, self._call("POST", f"/v1/workers/{worker_id}/drain"))
 
     def uncordon(self, worker_id: str) -> WorkerInfo:
-        return _one(WorkerInfo, self._call("POST", f"/v1/workers/{worker_id}/uncordon"))
+        return _one(records.WorkerInfo, self._call("POST", f"/v1/workers/{worker_id}/uncordon"))
 
     def list_machines(self, app: str) -> list[Machine]:
-        return _many(Machine, self._call("GET", _machines(app)))
+        return _many(records.Machine, self._call("GET", _machines(app)))
 
     def get_machine(self, app: str, machine_id: str) -> Machine:
-        return _one(Machine, self._call("GET", _machine(app, machine_id)))
+        return _one(records.Machine, self._call("GET", _machine(app, machine_id)))
 
     # ``nonce``: of the machine's lease, when it is leased (``lease_held`` without it).
 
     def start(self, app: str, machine_id: str, *, nonce: str | None = None) -> Machine:
         """Start a stopped machine, or resume a suspended one."""
         path = _machine(app, machine_id, "start")
-        return _one(Machine, self._call("POST", path, headers=_leased(nonce)))
+        return _one(records.Machine, self._call("POST", path, headers=_leased(nonce)))
 
     def suspend(self, app: str, machine_id: str) -> Machine:
         """Freeze a started machine where it stands (:meth:`start` resumes it)."""
-        return _one(Machine, self._call("POST", _machine(app, machine_id, "suspend")))
+        return _one(records.Machine, self._call("POST", _machine(app, machine_id, "suspend")))
 
     def stop(
         self,
@@ -197,7 +200,7 @@ class SouqClient(SchedCalls):
         """Sends the stop signal; the machine is ``stopping`` (see :meth:`wait`)."""
         body = _without_none({"signal": signal, "timeout_s": timeout_s})
         path = _machine(app, machine_id, "stop")
-        return _one(Machine, self._call("POST", path, json=body, headers=_leased(nonce)))
+        return _one(records.Machine, self._call("POST", path, json=body, headers=_leased(nonce)))
 
     def restart(
         self,
@@ -210,7 +213,7 @@ class SouqClient(SchedCalls):
         body = _without_none({"signal": signal, "timeout_s": timeout_s})
         timeout = LONG_CALL_S if timeout_s is None else timeout_s + WAIT_MARGIN_S
         path = _machine(app, machine_id, "restart")
-        return _one(Machine, self._call("POST", path, json=body, timeout=timeout))
+        return _one(records.Machine, self._call("POST", path, json=body, timeout=timeout))
 
     def update(
         self,
@@ -222,25 +225,31 @@ class SouqClient(SchedCalls):
         nonce: str | None = None,
     ) -> Machine:
         """Replace a machine's config; a started machine restarts with it (new ``instance_id``)."""
-        raw = config.model_dump(mode="json") if isinstance(config, MachineConfig) else dict(config)
+        raw = (
+            config.model_dump(mode="json")
+            if isinstance(config, records.MachineConfig)
+            else dict(config)
+        )
         body = {"config": raw, "skip_launch": skip_launch}
         path = _machine(app, machine_id)
         response = self._call("POST", path, json=body, headers=_leased(nonce), timeout=LONG_CALL_S)
-        return _one(Machine, response)
+        return _one(records.Machine, response)
 
     # -- releases --------------------------------------------------------------------------
 
     def create_release(self, app: str, new: NewRelease) -> Release:
         body = new.model_dump(mode="json")
-        return _one(Release, self._call("POST", f"/v1/apps/{app}/releases", json=body))
+        return _one(records.Release, self._call("POST", f"/v1/apps/{app}/releases", json=body))
 
     def set_secrets(self, app: str, values: Mapping[str, str]) -> list[SecretInfo]:
         """Set secrets of ``app``: what is kept of each (never a value)."""
-        return _many(SecretInfo, self._call("POST", f"/v1/apps/{app}/secrets", json=dict(values)))
+        return _many(
+            records.SecretInfo, self._call("POST", f"/v1/apps/{app}/secrets", json=dict(values))
+        )
 
     def secrets(self, app: str) -> list[SecretInfo]:
         answer = self._call("GET", f"/v1/apps/{app}/secrets").json()
-        return [SecretInfo.model_validate(s) for s in answer["secrets"]]
+        return [records.SecretInfo.model_validate(s) for s in answer["secrets"]]
 
     def unset_secret(self, app: str, name: str) -> None:
         self._call("DELETE", f"/v1/apps/{app}/secrets/{name}")
@@ -248,32 +257,36 @@ class SouqClient(SchedCalls):
     # -- volumes (Fly's /v1/apps/{app}/volumes) -------------------------------------------
 
     def create_volume(self, app: str, body: Mapping[str, Any]) -> Volume:
-        return _one(Volume, self._call("POST", f"/v1/apps/{app}/volumes", json=dict(body)))
+        return _one(records.Volume, self._call("POST", f"/v1/apps/{app}/volumes", json=dict(body)))
 
     def volumes(self, app: str) -> list[Volume]:
-        return _many(Volume, self._call("GET", f"/v1/apps/{app}/volumes"))
+        return _many(records.Volume, self._call("GET", f"/v1/apps/{app}/volumes"))
 
     def volume(self, app: str, volume_id: str) -> Volume:
-        return _one(Volume, self._call("GET", f"/v1/apps/{app}/volumes/{volume_id}"))
+        return _one(records.Volume, self._call("GET", f"/v1/apps/{app}/volumes/{volume_id}"))
 
     def extend_volume(self, app: str, volume_id: str, size_gb: int) -> ExtendVolumeResponse:
         path = f"/v1/apps/{app}/volumes/{volume_id}/extend"
-        return _one(ExtendVolumeResponse, self._call("PUT", path, json={"size_gb": size_gb}))
+        return _one(
+            records.ExtendVolumeResponse, self._call("PUT", path, json={"size_gb": size_gb})
+        )
 
     def destroy_volume(self, app: str, volume_id: str) -> Volume:
-        return _one(Volume, self._call("DELETE", f"/v1/apps/{app}/volumes/{volume_id}"))
+        return _one(records.Volume, self._call("DELETE", f"/v1/apps/{app}/volumes/{volume_id}"))
 
     def releases(self, app: str) -> list[Release]:
-        return _many(Release, self._call("GET", f"/v1/apps/{app}/releases"))
+        return _many(records.Release, self._call("GET", f"/v1/apps/{app}/releases"))
 
     def release(self, app: str, version: int) -> Release:
-        return _one(Release, self._call("GET", f"/v1/apps/{app}/releases/{version}"))
+        return _one(records.Release, self._call("GET", f"/v1/apps/{app}/releases/{version}"))
 
     def update_release(
         self, app: str, version: int, state: ReleaseState, reason: str = ""
     ) -> Release:
         body = {"state": str(state), "reason": reason}
-        return _one(Release, self._call("POST", f"/v1/apps/{app}/releases/{version}", json=body))
+        return _one(
+            records.Release, self._call("POST", f"/v1/apps/{app}/releases/{version}", json=body)
+        )
 
     # -- apps ------------------------------------------------------------------------------
 
@@ -282,34 +295,38 @@ class SouqClient(SchedCalls):
     ) -> App:
         """Create an app (``name_taken`` when the name is in use)."""
         body = {"name": name, "org_slug": org_slug, "network": network, "app_role_id": app_role}
-        return _one(App, self._call("POST", "/v1/apps", json=body))
+        return _one(records.App, self._call("POST", "/v1/apps", json=body))
 
     def get_app(self, name: str) -> App:
         """The app, created or implicit (``not_found`` only when the name is free)."""
-        return _one(App, self._call("GET", f"/v1/apps/{name}"))
+        return _one(records.App, self._call("GET", f"/v1/apps/{name}"))
 
     def list_apps(self, *, org_slug: str = "", app_role: str = "") -> list[App]:
         params = _without_none({"org_slug": org_slug or None, "app_role": app_role or None})
-        return _one(AppList, self._call("GET", "/v1/apps", params=params)).apps
+        return _one(records.AppList, self._call("GET", "/v1/apps", params=params)).apps
 
     def destroy_app(self, name: str) -> AppDeleted:
         """Destroy the app and every machine of it."""
-        return _one(AppDeleted, self._call("DELETE", f"/v1/apps/{name}", timeout=LONG_CALL_S))
+        return _one(
+            records.AppDeleted, self._call("DELETE", f"/v1/apps/{name}", timeout=LONG_CALL_S)
+        )
 
     # -- tokens and the audit log -----------------------------------------------------------
 
     def create_token(
         self, *, app: str = "*", scope: str = "read", ttl_s: float | None = None, name: str = ""
     ) -> TokenInfo:
-        new = NewToken.model_validate({"app": app, "scope": scope, "ttl_s": ttl_s, "name": name})
+        new = records.NewToken.model_validate(
+            {"app": app, "scope": scope, "ttl_s": ttl_s, "name": name}
+        )
         body = new.model_dump(mode="json")
-        return _one(TokenInfo, self._call("POST", "/v1/tokens", json=body))
+        return _one(records.TokenInfo, self._call("POST", "/v1/tokens", json=body))
 
     def token_self(self) -> TokenInfo:
-        return _one(TokenInfo, self._call("GET", "/v1/tokens/self"))
+        return _one(records.TokenInfo, self._call("GET", "/v1/tokens/self"))
 
     def token_key(self) -> str:
-        return _one(TokenKey, self._call("GET", "/v1/tokens/key")).public_key
+        return _one(records.TokenKey, self._call("GET", "/v1/tokens/key")).public_key
 
     def revoke_token(self, token_id: str) -> None:
         self._call("DELETE", f"/v1/tokens/{token_id}")
@@ -319,7 +336,7 @@ class SouqClient(SchedCalls):
 
     def audit(self, *, app: str | None = None, limit: int = 100) -> list[AuditRecord]:
         params = {"limit": str(limit)} | ({"app": app} if app else {})
-        return _many(AuditRecord, self._call("GET", "/v1/audit", params=params))
+        return _many(records.AuditRecord, self._call("GET", "/v1/audit", params=params))
 
     # -- leases ----------------------------------------------------------------------------
 
@@ -335,14 +352,14 @@ class SouqClient(SchedCalls):
         """Lease a machine (or, with the lease's ``nonce``, extend it)."""
         body = {"ttl": ttl_s, "description": description}
         path = _machine(app, machine_id, "lease")
-        return _one(Lease, self._call("POST", path, json=body, headers=_leased(nonce)))
+        return _one(records.Lease, self._call("POST", path, json=body, headers=_leased(nonce)))
 
     def lease(self, app: str, machine_id: str) -> Lease:
-        return _one(Lease, self._call("GET", _machine(app, machine_id, "lease")))
+        return _one(records.Lease, self._call("GET", _machine(app, machine_id, "lease")))
 
     def release_lease(self, app: str, machine_id: str, nonce: str) -> Lease:
         path = _machine(app, machine_id, "lease")
-        return _one(Lease, self._call("DELETE", path, headers=_leased(nonce)))
+        return _one(records.Lease, self._call("DELETE", path, headers=_leased(nonce)))
 
     def exec(
         self, app: str, machine_id: str, argv: list[str], *, stdin: str | None, timeout_s: int
@@ -350,10 +367,12 @@ class SouqClient(SchedCalls):
         """Run ``argv`` in the started machine's context; its exit code and output."""
         body = _without_none({"command": argv, "stdin": stdin, "timeout": timeout_s})
         path = _machine(app, machine_id, "exec")
-        return _one(ExecReply, self._call("POST", path, json=body, timeout=timeout_s + 30.0))
+        return _one(
+            records.ExecReply, self._call("POST", path, json=body, timeout=timeout_s + 30.0)
+        )
 
     def processes(self, app: str, machine_id: str) -> list[ProcessStat]:
-        return _many(ProcessStat, self._call("GET", _machine(app, machine_id, "ps")))
+        return _many(records.ProcessStat, self._call("GET", _machine(app, machine_id, "ps")))
 
     def metadata(self, app: str, machine_id: str) -> dict[str, str]:
         got: dict[str, str] = self._call("GET", _machine(app, machine_id, "metadata")).json()
@@ -369,11 +388,11 @@ class SouqClient(SchedCalls):
 
     def cordon_machine(self, app: str, machine_id: str, *, cordoned: bool = True) -> Machine:
         verb = "cordon" if cordoned else "uncordon"
-        return _one(Machine, self._call("POST", _machine(app, machine_id, verb)))
+        return _one(records.Machine, self._call("POST", _machine(app, machine_id, verb)))
 
     def signal(self, app: str, machine_id: str, signal: str) -> Machine:
         path = _machine(app, machine_id, "signal")
-        return _one(Machine, self._call("POST", path, json={"signal": signal}))
+        return _one(records.Machine, self._call("POST", path, json={"signal": signal}))
 
     def destroy(
         self,
@@ -391,7 +410,7 @@ class SouqClient(SchedCalls):
         response = self._call(
             "DELETE", path, params=params, headers=_leased(nonce), timeout=LONG_CALL_S
         )
-        return _one(Machine, response)
+        return _one(records.Machine, response)
 
     def wait(
         self,
@@ -410,7 +429,7 @@ class SouqClient(SchedCalls):
             params["healthy"] = "true"
         path = _machine(app, machine_id, "wait")
         response = self._call("GET", path, params=params, timeout=timeout + WAIT_MARGIN_S)
-        return _one(Machine, response)
+        return _one(records.Machine, response)
 
     def logs(self, app: str, machine_id: str) -> str:
         return self._call("GET", _machine(app, machine_id, "logs")).text
@@ -423,10 +442,10 @@ class SouqClient(SchedCalls):
 
     def ops(self, app: str, machine_id: str) -> list[OpRecord]:
         """The machine's op log, oldest first."""
-        return _many(OpRecord, self._call("GET", _machine(app, machine_id, "ops")))
+        return _many(records.OpRecord, self._call("GET", _machine(app, machine_id, "ops")))
 
     def events(self, app: str, machine_id: str) -> list[MachineEvent]:
-        return _many(MachineEvent, self._call("GET", _machine(app, machine_id, "events")))
+        return _many(records.MachineEvent, self._call("GET", _machine(app, machine_id, "events")))
 
     # -- the cluster's event stream ---------------------------------------------------------
 
@@ -492,7 +511,7 @@ def _create_body(
     body: dict[str, Any] = {
         "region": region,
         "config": config.model_dump(mode="json")
-        if isinstance(config, MachineConfig)
+        if isinstance(config, records.MachineConfig)
         else dict(config),
     }
     if name is not None:

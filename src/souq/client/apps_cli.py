@@ -2,8 +2,6 @@
 count``: the app's policy, carried out by this client through the API (docs/apps.md); and
 ``souq apps create|show|list|destroy``: the app resource itself."""
 
-from __future__ import annotations
-
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -11,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from souq.client.cli import JsonOpt, make_client, reporting
+from souq.client.options import StrategyOpt, release_version
 
 if TYPE_CHECKING:
     from souq.apps.config import AppConfig
@@ -27,12 +26,6 @@ apps_group = typer.Typer(
 )
 
 AppNameOpt = Annotated[str, typer.Option("--app", "-a", help="The app.")]
-StrategyOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--strategy", help="rolling, canary, bluegreen or immediate (default: souq.toml)."
-    ),
-]
 
 
 def register_apps(app: typer.Typer) -> None:
@@ -95,7 +88,7 @@ def deploy(
         )
 
 
-def _plan_rows(deployer: Deployer) -> list[dict[str, object]]:
+def _plan_rows(deployer: "Deployer") -> list[dict[str, object]]:
     """The dry run's plan: a row per step, with the worker that would take each new machine."""
     rows: list[dict[str, object]] = []
     for phase, steps in deployer.dry_run():
@@ -115,9 +108,9 @@ def _plan_rows(deployer: Deployer) -> list[dict[str, object]]:
 
 
 def _deploy(
-    client: SouqClient,
+    client: "SouqClient",
     app: str,
-    build: Callable[[Callable[[DeployEvent], None]], Deployer],
+    build: Callable[[Callable[["DeployEvent"], None]], "Deployer"],
     *,
     as_json: bool,
 ) -> None:
@@ -133,14 +126,14 @@ def _deploy(
             render.app_status(_by_group(client.list_machines(app)))
 
 
-def _by_group(machines: list[Machine]) -> list[Machine]:
+def _by_group(machines: list["Machine"]) -> list["Machine"]:
     return sorted(
         machines,
         key=lambda m: (m.config.metadata.get("souq_process_group", ""), m.region, m.id),
     )
 
 
-def _image_of(client: SouqClient, config: AppConfig, base: Path) -> str:
+def _image_of(client: "SouqClient", config: "AppConfig", base: Path) -> str:
     """The image [build] names, or its directory packed and stored now."""
     from souq.errors import InvalidInput
     from souq.images import layout_tar, pack_directory
@@ -180,9 +173,10 @@ def rollback(
     *,
     app_name: AppNameOpt,
     version: Annotated[
-        str | None,
+        int | None,
         typer.Argument(
             metavar="VERSION",
+            parser=release_version,
             help="The release to go back to, as `souq releases` shows it (v3) or its number "
             "(3); default: the last good one before.",
         ),
@@ -194,7 +188,7 @@ def rollback(
     from souq.apps.config import AppConfig
     from souq.client.deploy import Deployer
     from souq.errors import NotFound
-    from souq.model.release import ReleaseState
+    from souq.model.release import ReleaseState, Strategy
 
     with reporting(as_json):
         client = make_client()
@@ -208,7 +202,7 @@ def rollback(
                 )
             target = good[1]
         else:
-            target = client.release(app_name, _version(version, app_name))
+            target = client.release(app_name, version)
         _deploy(
             client,
             app_name,
@@ -216,26 +210,12 @@ def rollback(
                 client,
                 AppConfig.model_validate(target.config),
                 image=target.image,
-                strategy=strategy or target.strategy,
+                strategy=strategy or Strategy(target.strategy),
                 on_event=tell,
                 description=f"rollback to v{target.version}",
             ),
             as_json=as_json,
         )
-
-
-def _version(text: str, app: str) -> int:
-    """A release's version as a user writes it: ``v3`` (as ``souq releases`` shows it) or ``3``."""
-    from souq.errors import InvalidInput
-
-    digits = text.strip().removeprefix("v").removeprefix("V")
-    if not digits.isdecimal() or int(digits) < 1:
-        raise InvalidInput(
-            f"{text!r} is not a release version: write it as `souq releases` shows it (v3) "
-            "or as its number (3)",
-            hint=f"see `souq releases --app {app}`",
-        )
-    return int(digits)
 
 
 @scale_app.command("count")
@@ -254,7 +234,7 @@ def scale_count(
     from souq.apps.config import AppConfig
     from souq.client.deploy import Deployer
     from souq.errors import NotFound
-    from souq.model.release import ReleaseState
+    from souq.model.release import ReleaseState, Strategy
 
     with reporting(as_json):
         client = make_client()
@@ -277,7 +257,7 @@ def scale_count(
                 client,
                 scaled,
                 image=live.image,
-                strategy="immediate",
+                strategy=Strategy.IMMEDIATE,
                 on_event=tell,
                 description=f"scale to {count}" + (f" in {region}" if region else ""),
                 scale_regions=[region] if region else list(regions),

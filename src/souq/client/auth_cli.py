@@ -1,12 +1,12 @@
 """``souq token`` (create, narrow, show) and ``souq audit``: who may do what, and who did."""
 
-from __future__ import annotations
-
 from typing import Annotated
 
 import typer
 
 from souq.client.cli import JsonOpt, make_client, reporting
+from souq.client.options import as_field
+from souq.model.choices import ScopeName
 
 __all__ = ["register_auth"]
 
@@ -16,14 +16,21 @@ AppOpt = Annotated[
     str | None, typer.Option("--app", "-a", help="Only this app (default: every app).")
 ]
 ScopeOpt = Annotated[
-    str | None,
+    ScopeName | None,
     typer.Option(
         "--scope",
         help="read, write, deploy or admin (each includes the last), or queue (a batch "
         "worker of the app's queue; deploy includes it).",
     ),
 ]
-TtlOpt = Annotated[float | None, typer.Option("--ttl", help="Seconds it lasts (default: no end).")]
+TtlOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--ttl",
+        help="Seconds it lasts (default: no end).",
+        parser=as_field("souq.model.tokens.NewToken", "ttl_s"),
+    ),
+]
 
 
 def register_auth(app: typer.Typer) -> None:
@@ -65,18 +72,13 @@ def narrow(
     from souq.auth.locate import find_token
     from souq.auth.tokens import Scope, narrow, public_key_from_text
     from souq.client import render
-    from souq.errors import InvalidInput, Unauthorized
+    from souq.errors import Unauthorized
 
     with reporting():
         token = find_token()
         if token is None:
             raise Unauthorized("no token to narrow", hint="set SOUQ_TOKEN")
-        try:
-            wanted = Scope(scope) if scope else None
-        except ValueError:
-            raise InvalidInput(
-                f"--scope {scope!r}: use read, write, deploy, admin or queue"
-            ) from None
+        wanted = Scope(scope) if scope else None
         key = public_key_from_text(make_client().token_key())
         render.line(narrow(token, key, app=app_name, scope=wanted, ttl_s=ttl))
 
@@ -103,7 +105,7 @@ def show(*, as_json: JsonOpt = False) -> None:
 def audit(
     *,
     app_name: AppOpt = None,
-    limit: Annotated[int, typer.Option("--limit", help="The newest N entries.")] = 50,
+    limit: Annotated[int, typer.Option("--limit", min=1, help="The newest N entries.")] = 50,
     as_json: JsonOpt = False,
 ) -> None:
     """The newest mutating calls and the token that made each (needs an admin token)."""

@@ -1,15 +1,13 @@
 """The ``souq`` command line: client commands over the HTTP API, and the daemons.
 
 Exit status: 0 on success, 3 when a placement was refused for lack of capacity, 1 for any other
-error (2 for a command line click cannot parse). Messages go to stderr; every client command
-takes ``--json``. Only :mod:`souq.client.render` prints.
+error (2 for a command line that does not parse, a value outside its set or its bounds among
+them: :mod:`souq.client.options`). Messages go to stderr; every client command takes ``--json``.
+Only :mod:`souq.client.render` prints.
 """
-
-from __future__ import annotations
 
 import importlib
 import importlib.util
-import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,11 +15,22 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from pydantic import ValidationError
 
 from souq import __version__
+from souq.client.options import (
+    AutostopOpt,
+    ConstraintOpt,
+    CpusOpt,
+    DistinctOpt,
+    ImageOpt,
+    MemoryOpt,
+    PolicyOpt,
+    PortOpt,
+    as_field,
+    signal_name,
+)
 from souq.errors import InsufficientCapacity, InvalidInput, SouqError
-from souq.model import MachineState, RestartPolicy
+from souq.model.choices import MachineState, RestartPolicy
 
 
 def _lazy(name: str) -> ModuleType:
@@ -41,6 +50,8 @@ def _lazy(name: str) -> ModuleType:
 
 
 if TYPE_CHECKING:
+    from pydantic import ValidationError
+
     from souq.client import render
     from souq.client.api import SouqClient
 else:
@@ -69,7 +80,7 @@ workers_app = typer.Typer(help="List, cordon, drain and uncordon workers.")
 app.add_typer(workers_app, name="workers")
 
 
-def make_client() -> SouqClient:
+def make_client() -> "SouqClient":
     """The client every command uses (``$SOUQ_API``, ``$SOUQ_TOKEN``); tests replace it."""
     from souq.client.api import SouqClient
 
@@ -85,14 +96,19 @@ def reporting(as_json: bool = False) -> Iterator[None]:
         render.error(err, as_json=as_json)
         code = EXIT_NO_CAPACITY if isinstance(err, InsufficientCapacity) else EXIT_ERROR
         raise typer.Exit(code) from None
-    except ValidationError as exc:
-        render.error(InvalidInput(_first_error(exc)), as_json=as_json)
-        raise typer.Exit(EXIT_ERROR) from None
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
+    except Exception as exc:
+        # A record the API sent that does not read (pydantic's ValidationError: imported only
+        # by a command that reads one, and then it is loaded).
+        pydantic = sys.modules.get("pydantic")
+        if pydantic is None or not isinstance(exc, pydantic.ValidationError):
+            raise
+        render.error(InvalidInput(_first_error(exc)), as_json=as_json)
+        raise typer.Exit(EXIT_ERROR) from None
 
 
-def _first_error(exc: ValidationError) -> str:
+def _first_error(exc: "ValidationError") -> str:
     e = exc.errors()[0]
     where = ".".join(str(p) for p in e["loc"])
     return f"{where}: {e['msg']}" if where else str(e["msg"])
@@ -119,30 +135,7 @@ CommandArg = Annotated[
         help="What the machine runs (with --image: optional, the image's own command runs).",
     ),
 ]
-CpusOpt = Annotated[float | None, typer.Option("--cpus", help="CPU cores.")]
-MemoryOpt = Annotated[int | None, typer.Option("--memory-mb", help="Memory in MiB.")]
 QuoteArg = Annotated[str, typer.Argument(metavar="QUOTE", help="The quote's id.")]
-ConstraintOpt = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--constraint",
-        "-c",
-        help="Where it may run, e.g. 'label.disk=ssd', 'fingerprint.cpus>=4', "
-        "'label.zone in a,b'; repeatable.",
-    ),
-]
-DistinctOpt = Annotated[
-    bool,
-    typer.Option("--distinct-workers", help="Never on a worker that runs this app already."),
-]
-ImageOpt = Annotated[
-    str | None,
-    typer.Option("--image", help="The image it runs (sha256:… or a name; see `souq image list`)."),
-]
-PolicyOpt = Annotated[
-    str | None,
-    typer.Option("--policy", help="How to rank offers: best-fit (default), binpack or spread."),
-]
 WorkerArg = Annotated[str, typer.Argument(metavar="WORKER", help="The worker's id.")]
 
 
@@ -170,28 +163,22 @@ def machine_run(
         RestartPolicy | None, typer.Option("--restart", help="Restart policy.")
     ] = None,
     max_retries: Annotated[
-        int | None, typer.Option("--max-retries", help="Restarts allowed by on-failure.")
-    ] = None,
-    env: Annotated[list[str] | None, typer.Option("--env", "-e", help="K=V, repeatable.")] = None,
-    port: Annotated[
-        list[int] | None,
+        int | None,
         typer.Option(
-            "--port",
-            "-p",
-            help="An internal port it serves HTTP on, reached through the proxy (repeatable); "
-            "the process reads the host port it must listen on from $PORT.",
+            "--max-retries",
+            help="Restarts allowed by on-failure.",
+            parser=as_field("souq.model.machine.RestartConfig", "max_retries"),
         ),
     ] = None,
-    autostop: Annotated[
-        str | None,
-        typer.Option("--autostop", help="What the proxy does when it is idle: off, stop, suspend."),
-    ] = None,
+    env: Annotated[list[str] | None, typer.Option("--env", "-e", help="K=V, repeatable.")] = None,
+    port: PortOpt = None,
+    autostop: AutostopOpt = None,
     name: Annotated[str | None, typer.Option("--name", help="The machine's name.")] = None,
     skip_start: Annotated[
         bool, typer.Option("--skip-start", help="Create it, but do not start it.")
     ] = False,
     wait_timeout: Annotated[
-        float, typer.Option("--wait-timeout", help="Seconds to wait for it to start.")
+        float, typer.Option("--wait-timeout", min=0, help="Seconds to wait for it to start.")
     ] = 300.0,
     quote: Annotated[
         str | None, typer.Option("--quote", help="Use exactly this quote's held capacity.")
@@ -212,6 +199,11 @@ def machine_run(
             command, cpus, memory_mb, constraints=constraint, distinct=distinct, image=image
         )
         config |= _run_config(restart, max_retries, env)
+        if autostop is not None and not port:
+            raise typer.BadParameter(
+                "it says what the proxy does to an idle service: give the service's --port",
+                param_hint="--autostop",
+            )
         if port:
             service: dict[str, Any] = {"autostop": autostop} if autostop else {}
             config["services"] = [{"internal_port": p, **service} for p in port]
@@ -244,7 +236,7 @@ def _config(
     cpus: float | None,
     memory_mb: int | None,
     *,
-    constraints: list[str] | None,
+    constraints: list[dict[str, Any]] | None,
     distinct: bool,
     image: str | None,
 ) -> dict[str, Any]:
@@ -254,7 +246,7 @@ def _config(
         raise typer.BadParameter("give the command after `--`, or an --image", param_hint="COMMAND")
     config: dict[str, Any] = {"cmd": command or []}
     if constraints:
-        config["constraints"] = [_constraint(text) for text in constraints]
+        config["constraints"] = constraints
     if distinct:
         config["distinct_workers_for"] = "app"
     if image:
@@ -283,34 +275,6 @@ def _run_config(
     return config
 
 
-_CONSTRAINT = re.compile(
-    r"^\s*(?P<attribute>[^\s=!<>]+)\s*"
-    r"(?P<operator>!=|<=|>=|=|<|>|\s(?:in|not_in|regexp)\s)\s*(?P<value>.+?)\s*$"
-)
-
-
-def _constraint(text: str) -> dict[str, Any]:
-    """``label.disk=ssd``, ``fingerprint.cpus >= 4``, ``label.zone in a,b`` as a constraint."""
-    match = _CONSTRAINT.match(text)
-    if match is None:
-        raise InvalidInput(
-            f"constraint {text!r} is not ATTRIBUTE OPERATOR VALUE",
-            hint="e.g. --constraint 'label.disk=ssd' or --constraint 'label.zone in a,b'; "
-            "operators: = != < <= > >= in not_in regexp",
-        )
-    operator = match["operator"].strip()
-    raw = match["value"]
-    value: Any = raw
-    if operator in {"in", "not_in"}:
-        value = [v.strip() for v in raw.split(",") if v.strip()]
-    elif operator in {"<", "<=", ">", ">="}:
-        try:
-            value = float(raw)
-        except ValueError:
-            raise InvalidInput(f"constraint {text!r}: {raw!r} is not a number") from None
-    return {"attribute": match["attribute"], "operator": operator, "value": value}
-
-
 @machine_app.command("explain")
 def machine_explain(machine_id: IdArg, app_name: AppOpt, as_json: JsonOpt = False) -> None:
     """Why the machine landed where it did: offers, rejections, scores per stage, claims."""
@@ -334,7 +298,12 @@ def quote_create(
     cpus: CpusOpt = None,
     memory_mb: MemoryOpt = None,
     ttl: Annotated[
-        float | None, typer.Option("--ttl", help="Seconds the hold lasts (default 10).")
+        float | None,
+        typer.Option(
+            "--ttl",
+            help="Seconds the hold lasts (default 10).",
+            parser=as_field("souq.model.protocol.HoldRequest", "ttl_s"),
+        ),
     ] = None,
     constraint: ConstraintOpt = None,
     distinct: DistinctOpt = False,
@@ -399,10 +368,16 @@ def machine_stop(
     machine_id: IdArg,
     app_name: AppOpt,
     signal: Annotated[
-        str | None, typer.Option("--signal", "-s", help="Signal to send first.")
+        str | None,
+        typer.Option("--signal", "-s", help="Signal to send first.", parser=signal_name),
     ] = None,
     timeout: Annotated[
-        float | None, typer.Option("--timeout", help="Seconds before SIGKILL.")
+        float | None,
+        typer.Option(
+            "--timeout",
+            help="Seconds before SIGKILL.",
+            parser=as_field("souq.model.machine.StopConfig", "timeout_s"),
+        ),
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -481,7 +456,7 @@ def machine_wait(
     machine_id: IdArg,
     app_name: AppOpt,
     state: Annotated[MachineState, typer.Option("--state", help="The state to wait for.")],
-    timeout: Annotated[float, typer.Option("--timeout", help="Seconds.")] = 60.0,
+    timeout: Annotated[float, typer.Option("--timeout", min=0, help="Seconds.")] = 60.0,
     as_json: JsonOpt = False,
 ) -> None:
     """Wait until a machine reaches a state."""
@@ -533,7 +508,8 @@ def cluster_events(
         bool, typer.Option("--follow", "-f", help="Keep printing new events.")
     ] = False,
     since: Annotated[
-        int | None, typer.Option("--since", help="Only events after this sequence number.")
+        int | None,
+        typer.Option("--since", min=0, help="Only events after this sequence number."),
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:

@@ -1,8 +1,6 @@
 """``souq cluster init`` and ``souq cluster add-agent``: what a cluster outside ``souq dev``
 needs, in one auth directory (:mod:`souq.auth.files`, :mod:`souq.auth.bus`)."""
 
-from __future__ import annotations
-
 from pathlib import Path
 from typing import Annotated
 

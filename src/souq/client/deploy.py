@@ -48,7 +48,7 @@ from souq.errors import (
 )
 from souq.model.machine import Machine, MachineState
 from souq.model.protocol import Lease, Quote
-from souq.model.release import NewRelease, Release, ReleaseState
+from souq.model.release import NewRelease, Release, ReleaseState, Strategy
 
 __all__ = ["DeployEvent", "Deployer", "check_regions", "current_machines"]
 
@@ -117,7 +117,7 @@ class Deployer:
         config: AppConfig,
         *,
         image: str,
-        strategy: str | None = None,
+        strategy: Strategy | None = None,
         on_event: Callable[[DeployEvent], None] = lambda _: None,
         description: str = "",
         scale_regions: Iterable[str] | None = None,

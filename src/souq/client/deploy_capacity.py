@@ -34,8 +34,9 @@ from souq.errors import DeployNoCapacity, InsufficientCapacity, SouqError
 from souq.model.machine import GuestConfig, Machine, MachineState
 from souq.model.protocol import Quote
 from souq.model.resources import Resources
+from souq.model.worker import WorkerInfo, WorkerState
 
-__all__ = ["GOING", "WORKERS", "Capacity", "attempt", "current_of"]
+__all__ = ["GOING", "WORKERS", "Capacity", "attempt", "current_of", "why_not_spread"]
 
 WORKERS = 16  # calls of one deploy made at once, at most
 GOING = (MachineState.DESTROYING, MachineState.DESTROYED)
@@ -68,6 +69,15 @@ def current_of(machines: list[Machine], group: str, region: str) -> list[Machine
         and not m.config.standbys
         and m.state not in GOING
     ]
+
+
+def why_not_spread(workers: list[WorkerInfo], region: str, taken: set[str]) -> str:
+    """Why a machine of a group found no worker of ``region`` outside ``taken`` (those that
+    run its siblings): there is none that takes machines, or none of them has room."""
+    others = [w for w in workers if w.region == region and w.state is WorkerState.UP]
+    if all(w.id in taken for w in others):
+        return f"every worker there ({len(others)}) already runs one of its machines"
+    return "no other worker there has room"
 
 
 def _not_on(workers: list[str]) -> dict[str, Any]:
@@ -259,10 +269,11 @@ class Capacity:
                 said = (step.group, step.region) in self._unspread
                 self._unspread.add((step.group, step.region))
             if not said:  # once a group and region, however many machines it places
+                why = why_not_spread(self.client.workers(), step.region, taken)
                 self._tell(
                     "reserve",
-                    f"{step.region} cannot spread {step.group}: no other worker there has "
-                    f"room, so a new {step.group} machine shares a worker with another "
+                    f"{step.region} cannot spread {step.group}: {why}, "
+                    f"so a new {step.group} machine shares a worker with another "
                     "(losing that worker loses both)",
                     step.region,
                 )

@@ -7,8 +7,6 @@ from an OCI registry (the distribution API); each sends the layout to the broker
 in the cluster's image store, and prints the image's reference. The printing and the image code
 load inside the commands: the daemons' start-up never loads them."""
 
-from __future__ import annotations
-
 from pathlib import Path
 from typing import Annotated
 

@@ -3,15 +3,14 @@
 ``wait`` exits 0 when it succeeded and 1 otherwise, so a script or a CI step can run a job as it
 would run a command."""
 
-from __future__ import annotations
-
-from enum import StrEnum
 from typing import Annotated, Any
 
 import typer
 
 from souq.client import cli
 from souq.client.cli import JsonOpt, pairs, reporting
+from souq.client.options import as_field
+from souq.model.choices import JobRestart, JobState
 
 AppOpt = Annotated[
     str | None,
@@ -28,11 +27,6 @@ __all__ = ["register_jobs", "submit_body"]
 job_app = typer.Typer(
     help="Submit batch jobs to the cluster's queue, follow and cancel them.", no_args_is_help=True
 )
-
-
-class Restart(StrEnum):
-    NO = "no"
-    ON_FAILURE = "on-failure"
 
 
 NameArg = Annotated[str, typer.Argument(metavar="NAME", help="The job's name (unique).")]
@@ -74,23 +68,48 @@ def submit(
         ),
     ] = None,
     restart: Annotated[
-        Restart | None,
+        JobRestart | None,
         typer.Option("--restart", help="on-failure: run it again after a non-zero exit."),
     ] = None,
     max_retries: Annotated[
-        int | None, typer.Option("--max-retries", help="Runs after the first (default 3).")
+        int | None,
+        typer.Option(
+            "--max-retries",
+            help="Runs after the first (default 3).",
+            parser=as_field("souq.model.job.JobSubmit", "max_retries"),
+        ),
     ] = None,
     backoff: Annotated[
         float | None,
-        typer.Option("--backoff", help="Seconds before a retry, doubling each time (default 1)."),
+        typer.Option(
+            "--backoff",
+            help="Seconds before a retry, doubling each time (default 1).",
+            parser=as_field("souq.model.job.JobSubmit", "backoff_s"),
+        ),
     ] = None,
     deadline: Annotated[
         float | None,
-        typer.Option("--deadline", help="Fail it if not finished this many seconds after now."),
+        typer.Option(
+            "--deadline",
+            help="Fail it if not finished this many seconds after now.",
+            parser=as_field("souq.model.job.JobSubmit", "deadline_s"),
+        ),
     ] = None,
-    cpus: Annotated[float | None, typer.Option("--cpus", help="CPU cores it needs.")] = None,
+    cpus: Annotated[
+        float | None,
+        typer.Option(
+            "--cpus",
+            help="CPU cores it needs.",
+            parser=as_field("souq.model.job.JobSubmit", "cpus"),
+        ),
+    ] = None,
     memory_mb: Annotated[
-        int | None, typer.Option("--memory-mb", help="Memory it needs, MiB.")
+        int | None,
+        typer.Option(
+            "--memory-mb",
+            help="Memory it needs, MiB.",
+            parser=as_field("souq.model.job.JobSubmit", "memory_mb"),
+        ),
     ] = None,
     env: Annotated[
         list[str] | None, typer.Option("--env", "-e", help="K=V in its environment; repeatable.")
@@ -104,7 +123,7 @@ def submit(
             name,
             command or [],
             env,
-            restart=None if restart is None else restart.value,
+            restart=restart,
             max_retries=max_retries,
             backoff_s=backoff,
             deadline_s=deadline,
@@ -138,12 +157,7 @@ def cancel(name: NameArg, as_json: JsonOpt = False) -> None:
 @job_app.command("list")
 def list_jobs(
     state: Annotated[
-        str | None,
-        typer.Option(
-            "--state",
-            help="Only jobs in this state: pending, claimed, running, succeeded, failed, "
-            "cancelled.",
-        ),
+        JobState | None, typer.Option("--state", help="Only jobs in this state.")
     ] = None,
     app_name: Annotated[
         str | None, typer.Option("--app", "-a", help="Only this app's jobs.")
@@ -152,15 +166,8 @@ def list_jobs(
 ) -> None:
     """List the queue's jobs your token may read, newest first (ended ones too)."""
     from souq.client import render_jobs
-    from souq.errors import InvalidInput
-    from souq.model.job import JobState
 
     with reporting(as_json):
-        if state is not None and state not in set(JobState):
-            raise InvalidInput(
-                f"--state: {state!r} is not a job's state",
-                hint="one of " + ", ".join(JobState),
-            )
         items = cli.make_client().jobs(app=app_name)
         if state is not None:
             items = [j for j in items if j.state == state]
@@ -179,13 +186,12 @@ def logs(name: NameArg, as_json: JsonOpt = False) -> None:
 @job_app.command("wait")
 def wait(
     name: NameArg,
-    timeout: Annotated[float, typer.Option("--timeout", help="Seconds.")] = 600.0,
+    timeout: Annotated[float, typer.Option("--timeout", min=0, help="Seconds.")] = 600.0,
     as_json: JsonOpt = False,
 ) -> None:
     """Wait until a job has ended; exit 0 if it succeeded, else 1 (and at --timeout)."""
     from souq.client import render_jobs
     from souq.errors import JobFailed
-    from souq.model.job import JobState
 
     with reporting(as_json):
         job = cli.make_client().wait_job(name, timeout=timeout)

@@ -1,14 +1,13 @@
 """``souq machine exec|ps|metadata|cordon|uncordon``: act on one machine in place (the routes of
 :mod:`souq.broker.machine_tools_routes`). ``exec`` exits with the command's own exit code."""
 
-from __future__ import annotations
-
 import sys
 from typing import Annotated
 
 import typer
 
 from souq.client.cli import AppOpt, IdArg, JsonOpt, machine_app, make_client, reporting
+from souq.client.options import as_field
 
 __all__ = ["register_machine_tools"]
 
@@ -23,7 +22,14 @@ def machine_exec(
     command: Annotated[list[str], typer.Argument(metavar="-- COMMAND [ARG...]")],
     *,
     app_name: AppOpt,
-    timeout: Annotated[int, typer.Option("--timeout", help="Seconds (at most 300).")] = 30,
+    timeout: Annotated[
+        int,
+        typer.Option(
+            "--timeout",
+            help="Seconds (at most 300).",
+            parser=as_field("souq.model.machine_tools.ExecBody", "timeout"),
+        ),
+    ] = 30,
     stdin: Annotated[
         bool, typer.Option("--stdin", help="Send this command's stdin to the command.")
     ] = False,

@@ -22,21 +22,14 @@ from rich.text import Text
 
 from souq.clock import iso_from_ms
 from souq.errors import InsufficientCapacity, SouqError
-from souq.model import (
-    Machine,
-    MachineEvent,
-    MachineState,
-    OpRecord,
-    Placement,
-    Quote,
-    WorkerInfo,
-)
-from souq.model.image import ImageRecord
-from souq.model.release import Release
-from souq.model.secrets import SecretInfo
-from souq.model.tokens import AuditRecord, TokenInfo
+from souq.model.choices import MachineState
 
-if TYPE_CHECKING:  # the simulator's reports (numpy) load only with `souq simulate`
+if TYPE_CHECKING:  # records load as a command reads them; the simulator's (numpy) with `simulate`
+    from souq.model import Machine, MachineEvent, OpRecord, Placement, Quote, WorkerInfo
+    from souq.model.image import ImageRecord
+    from souq.model.release import Release
+    from souq.model.secrets import SecretInfo
+    from souq.model.tokens import AuditRecord, TokenInfo
     from souq.sim.departures import Report
     from souq.sim.whatif import WhatIf
 
@@ -423,6 +416,8 @@ def error(err: SouqError, *, as_json: bool = False) -> None:
         console.print(f"hint: {err.hint}")
     if isinstance(err, InsufficientCapacity) and isinstance(err.details.get("placement"), dict):
         try:
+            from souq.model.placement import Placement
+
             record = Placement.model_validate(err.details["placement"])
         except ValidationError:
             return

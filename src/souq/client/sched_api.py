@@ -7,22 +7,32 @@ a job, as in the seed's API.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
-from pydantic import TypeAdapter
 
+from souq import model as records
 from souq.client.session import ApiSession
 from souq.errors import JobNotFound, NotFound, WaitTimeout
-from souq.model.job import Job, JobStopped, JobSubmit, Registration
+
+if TYPE_CHECKING:  # a record loads when a call first reads one (souq.model is lazy)
+    from pydantic import TypeAdapter
+
+    from souq.model.job import Job, JobStopped, JobSubmit, Registration
 
 __all__ = ["SchedCalls"]
-
-_JOBS: TypeAdapter[list[Job]] = TypeAdapter(list[Job])
 WAIT_FIRST_S = 0.1  # a wait asks again after this, doubling up to WAIT_EVERY_S
 WAIT_EVERY_S = 1.0
+
+
+@functools.cache
+def _jobs() -> TypeAdapter[list[Job]]:
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(list[records.Job])
 
 
 class SchedCalls(ApiSession):
@@ -33,7 +43,7 @@ class SchedCalls(ApiSession):
     def submit_job(self, spec: JobSubmit | Mapping[str, Any]) -> Job:
         """Queue a job (``JobSubmit``'s fields; only ``name`` and ``command`` are required);
         :class:`souq.errors.JobExists` when the name is taken."""
-        body = spec.model_dump(mode="json") if isinstance(spec, JobSubmit) else dict(spec)
+        body = spec.model_dump(mode="json") if isinstance(spec, records.JobSubmit) else dict(spec)
         return _job(self._call("POST", "/sched/submit", json=body))
 
     def job(self, name: str) -> Job:
@@ -48,7 +58,7 @@ class SchedCalls(ApiSession):
         """Every job the queue holds that the token may read (``app``'s only, when given),
         ended ones too, newest first."""
         params = {"app": app} if app else None
-        return _JOBS.validate_json(self._call("GET", "/sched/list", params=params).content)
+        return _jobs().validate_json(self._call("GET", "/sched/list", params=params).content)
 
     def job_logs(self, name: str) -> str:
         """What the job's runs printed (``GET /sched/logs/{name}``)."""
@@ -88,7 +98,7 @@ class SchedCalls(ApiSession):
         """The jobs a worker may claim now (of the apps its token works, ``app``'s only when
         given), oldest first."""
         params = {"app": app} if app else None
-        return _JOBS.validate_json(self._call("GET", "/sched/jobs", params=params).content)
+        return _jobs().validate_json(self._call("GET", "/sched/jobs", params=params).content)
 
     def claim_job(self, name: str, *, worker: str | None = None, lease_s: float = 30.0) -> Job:
         """The job, leased to ``worker``; :class:`souq.errors.IllegalTransition` (409) when
@@ -105,7 +115,9 @@ class SchedCalls(ApiSession):
     ) -> Job:
         """The run ended (the seed's word): the job ends, or runs again if its restart policy
         asks."""
-        return self._ended("release", name, worker, JobStopped(exit_code=exit_code, error=error))
+        return self._ended(
+            "release", name, worker, records.JobStopped(exit_code=exit_code, error=error)
+        )
 
     def return_job(self, name: str, *, worker: str | None = None) -> Job:
         """Give the job back untouched: waiting again, no run counted."""
@@ -114,18 +126,18 @@ class SchedCalls(ApiSession):
     def cancellations(self, *, worker: str | None = None) -> list[Job]:
         """Held jobs (``worker``'s, when given) whose cancel was asked: stop them."""
         response = self._call("GET", "/sched/cancellations", params=_who(worker))
-        return _JOBS.validate_json(response.content)
+        return _jobs().validate_json(response.content)
 
     # -- registered workers (and any worker running a job it holds) ----------------------
 
     def register_worker(self, registration: Registration) -> Registration:
         body = registration.model_dump(mode="json")
         response = self._call("POST", "/sched/register", json=body)
-        return Registration.model_validate_json(response.content)
+        return records.Registration.model_validate_json(response.content)
 
     def assigned_jobs(self, worker: str) -> list[Job]:
         response = self._call("GET", "/sched/assigned", params=_who(worker))
-        return _JOBS.validate_json(response.content)
+        return _jobs().validate_json(response.content)
 
     def job_started(self, name: str, *, worker: str | None = None) -> Job:
         return _job(self._call("POST", f"/sched/started/{name}", params=_who(worker)))
@@ -133,7 +145,9 @@ class SchedCalls(ApiSession):
     def job_stopped(
         self, name: str, *, worker: str | None = None, exit_code: int = 0, error: str = ""
     ) -> Job:
-        return self._ended("stopped", name, worker, JobStopped(exit_code=exit_code, error=error))
+        return self._ended(
+            "stopped", name, worker, records.JobStopped(exit_code=exit_code, error=error)
+        )
 
     def _ended(self, verb: str, name: str, worker: str | None, stopped: JobStopped) -> Job:
         body = stopped.model_dump(mode="json")
@@ -145,4 +159,4 @@ def _who(worker: str | None) -> dict[str, str]:
 
 
 def _job(response: httpx.Response) -> Job:
-    return Job.model_validate_json(response.content)
+    return records.Job.model_validate_json(response.content)

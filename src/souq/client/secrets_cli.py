@@ -2,8 +2,6 @@
 its machines get them as environment variables at their next start or update. Values are
 never printed: ``list`` shows names, digests and when each was set."""
 
-from __future__ import annotations
-
 import sys
 from typing import Annotated
 

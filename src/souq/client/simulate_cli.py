@@ -8,8 +8,6 @@ a trace with departures, ``--from-cluster`` a planned batch on the live cluster
 (:mod:`souq.client.whatif_cli`).
 """
 
-from __future__ import annotations
-
 import json
 import os
 from pathlib import Path
@@ -147,7 +145,7 @@ def simulate(
         _table(outcomes, plot)
 
 
-def _table(outcomes: list[Outcome], plot: Path | None) -> None:
+def _table(outcomes: list["Outcome"], plot: Path | None) -> None:
     from rich.console import Console
     from rich.table import Table
 

@@ -2,13 +2,12 @@
 ``/v1/apps/{app}/volumes``), each a directory of a given size on one worker that one machine
 at a time mounts through ``config.mounts``."""
 
-from __future__ import annotations
-
 from typing import Annotated
 
 import typer
 
 from souq.client.cli import AppNameOpt, JsonOpt, make_client, reporting
+from souq.client.options import as_field
 
 __all__ = ["register_volumes"]
 
@@ -30,7 +29,15 @@ def create(
     *,
     app_name: AppNameOpt,
     region: Annotated[str, typer.Option("--region", "-r", help="Where it lives.")],
-    size_gb: Annotated[int, typer.Option("--size", "-s", help="Its size in GB.")] = 1,
+    size_gb: Annotated[
+        int,
+        typer.Option(
+            "--size",
+            "-s",
+            help="Its size in GB.",
+            parser=as_field("souq.model.volume.CreateVolumeRequest", "size_gb"),
+        ),
+    ] = 1,
     unique_zone: Annotated[
         bool,
         typer.Option(help="Not on a worker that holds another volume of this name in the app."),
@@ -68,7 +75,15 @@ def extend(
     volume_id: VolumeArg,
     *,
     app_name: AppNameOpt,
-    size_gb: Annotated[int, typer.Option("--size", "-s", help="The new size in GB.")],
+    size_gb: Annotated[
+        int,
+        typer.Option(
+            "--size",
+            "-s",
+            help="The new size in GB.",
+            parser=as_field("souq.model.volume.ExtendVolumeRequest", "size_gb"),
+        ),
+    ],
     as_json: JsonOpt = False,
 ) -> None:
     """Grow a volume (no restart needed)."""

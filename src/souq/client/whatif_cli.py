@@ -12,8 +12,6 @@ command (:mod:`souq.client.simulate_cli`) takes the options declared here and ha
   workers ran. ``--policy`` repeated: one replay per policy.
 """
 
-from __future__ import annotations
-
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -22,6 +20,7 @@ import typer
 
 from souq.client import cli
 from souq.client.cli import EXIT_NO_CAPACITY
+from souq.client.options import as_field
 from souq.errors import InvalidInput
 
 if TYPE_CHECKING:
@@ -46,13 +45,39 @@ FromClusterOpt = Annotated[
 RegionOpt = Annotated[
     str | None, typer.Option("--region", "-r", help="Where the planned machines would go.")
 ]
-CpusOpt = Annotated[float | None, typer.Option("--cpus", help="CPU cores of each machine.")]
-MemoryOpt = Annotated[
-    int | None, typer.Option("--memory-mb", "--memory", help="Memory of each machine, in MiB.")
+# Each machine's size is checked as a machine's guest config is (souq.client.options).
+CpusOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--cpus",
+        help="CPU cores of each machine.",
+        parser=as_field("souq.model.machine.GuestConfig", "cpus"),
+    ),
 ]
-GpusOpt = Annotated[int | None, typer.Option("--gpus", help="Whole GPUs of each machine.")]
+MemoryOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--memory-mb",
+        "--memory",
+        help="Memory of each machine, in MiB.",
+        parser=as_field("souq.model.machine.GuestConfig", "memory_mb"),
+    ),
+]
+GpusOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--gpus",
+        help="Whole GPUs of each machine.",
+        parser=as_field("souq.model.machine.GuestConfig", "gpus"),
+    ),
+]
 GpuMilliOpt = Annotated[
-    int | None, typer.Option("--gpu-milli", help="A share of one GPU, in thousandths.")
+    int | None,
+    typer.Option(
+        "--gpu-milli",
+        help="A share of one GPU, in thousandths.",
+        parser=as_field("souq.model.machine.GuestConfig", "gpu_milli"),
+    ),
 ]
 GpuModelOpt = Annotated[str | None, typer.Option("--gpu-model", help="The GPU model it needs.")]
 CountOpt = Annotated[
@@ -129,7 +154,7 @@ def run(
         trace(tasks, workers, chosen, sample_every=sample_every, speedup=speedup, as_json=as_json)
 
 
-def placement_policy(name: str) -> PlacementPolicy:
+def placement_policy(name: str) -> "PlacementPolicy":
     """A ``--policy`` name (``souq simulate``'s, or a broker's) as a placement policy."""
     from pydantic import ValidationError
 
@@ -158,9 +183,9 @@ def from_cluster(
     size: Mapping[str, object],
     count: int | None,
     config: Path | None,
-    policy: PlacementPolicy | None,
+    policy: "PlacementPolicy | None",
     as_json: bool,
-) -> WhatIf:
+) -> "WhatIf":
     """Snapshot the cluster, place the planned machines on it, print where each would go;
     exit 3 (after printing) when one would not fit."""
     from souq.client import render
@@ -192,14 +217,14 @@ def from_cluster(
     return outcome
 
 
-def _batch(app: str, region: str, size: Mapping[str, object], count: int) -> list[Planned]:
+def _batch(app: str, region: str, size: Mapping[str, object], count: int) -> list["Planned"]:
     from souq.model.machine import GuestConfig
     from souq.sim.whatif import batch
 
     return batch(app, region, GuestConfig.model_validate(size).resources(), count)
 
 
-def _deploy_plan(client: SouqClient, path: Path) -> tuple[str, list[Planned]]:
+def _deploy_plan(client: "SouqClient", path: Path) -> tuple[str, list["Planned"]]:
     """The machines a deploy of ``path`` would create now (the app's machines as they are)."""
     from souq.apps import load_app_config
     from souq.apps.plan import plan
@@ -227,7 +252,7 @@ def _deploy_plan(client: SouqClient, path: Path) -> tuple[str, list[Planned]]:
     return config.app, planned
 
 
-def _existing(machines: list[Machine]) -> list[Existing]:
+def _existing(machines: list["Machine"]) -> list["Existing"]:
     """The app's machines (those on their way out left out), for the book to count."""
     from souq.model.machine import MachineState
     from souq.sim.whatif import Existing
@@ -246,12 +271,12 @@ def _existing(machines: list[Machine]) -> list[Existing]:
 def trace(
     tasks: Path,
     workers: str | None,
-    policies: list[PlacementPolicy],
+    policies: list["PlacementPolicy"],
     *,
     sample_every: float | None,
     speedup: float,
     as_json: bool,
-) -> list[Report]:
+) -> list["Report"]:
     """Replay the tasks on the workers, once per policy (the default pipeline's when none),
     and print the reports."""
     from souq.client import render
@@ -277,7 +302,7 @@ def trace(
     return reports
 
 
-def _read_tasks(path: Path) -> list[Task]:
+def _read_tasks(path: Path) -> list["Task"]:
     """The generic trace, or openb's pods (their creation and deletion times)."""
     from souq.sim.traces import read_pods, read_tasks, tasks_from_pods
 

@@ -292,7 +292,9 @@ class ImageStore:
         )
 
     async def list(self, *, app: str | None = CLUSTER) -> list[ImageRecord]:
-        """Every image in the store (``app``: those its machines may run), newest first."""
+        """Every image in the store (``app``: those its machines may run), newest first, each
+        with the name it was stored under only while that name still names it for ``app`` (a
+        later image of the name took it over: it is listed without)."""
         keys = await self._keys()
         access: dict[str, set[str]] = {}
         for key in keys:
@@ -307,8 +309,21 @@ class ImageStore:
                 continue
             value = await self._get(key)
             if value is not None:
-                out.append(ImageRecord.model_validate_json(value))
+                record = ImageRecord.model_validate_json(value)
+                if (
+                    record.name is not None
+                    and await self._names(record.name, app) != record.reference
+                ):
+                    record = record.model_copy(update={"name": None})
+                out.append(record)
         return sorted(out, key=lambda r: r.created_at, reverse=True)
+
+    async def _names(self, name: str, app: str | None) -> str | None:
+        """The reference ``name`` names now for ``app``, if any."""
+        try:
+            return await self._named(name, app)
+        except (ImageNotFound, InvalidInput):
+            return None
 
     async def blob(self, digest: str) -> bytes:
         """A blob's bytes, checked against its digest."""

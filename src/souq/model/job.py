@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from souq.model.base import Input, Record
+from souq.model.choices import JobRestart, JobState
 from souq.model.machine import APP_NAME_PATTERN
 
 __all__ = [
@@ -16,6 +17,7 @@ __all__ = [
     "Job",
     "JobChange",
     "JobEvent",
+    "JobRestart",
     "JobRunEvent",
     "JobState",
     "JobStopped",
@@ -37,19 +39,6 @@ def _app_field(description: str) -> Any:
 # The app of a job submitted without one by a token of every app (and of the records kept before
 # jobs had apps): the cluster's default queue, worked by a token of this app's queue scope.
 DEFAULT_QUEUE = "default"
-
-
-class JobState(StrEnum):
-    PENDING = "pending"  # waiting for a worker (or for its backoff to pass)
-    CLAIMED = "claimed"  # a worker took it and holds its lease
-    RUNNING = "running"  # the worker started it
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"  # out of retries, or past its deadline
-    CANCELLED = "cancelled"
-
-    @property
-    def ended(self) -> bool:
-        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
 
 
 class JobEvent(StrEnum):
@@ -93,7 +82,7 @@ class JobSubmit(Input):
         "the app the job belongs to (default: the token's app; for a token of every app, "
         f"{DEFAULT_QUEUE!r})"
     )
-    restart: Literal["no", "on-failure"] = Field(
+    restart: JobRestart = Field(
         default="no", description="on-failure: run it again after a non-zero exit"
     )
     max_retries: int = Field(default=3, ge=0, le=100, description="runs after the first")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 import signal as _signal
-from enum import StrEnum
 from typing import Any, Literal
 
 from pydantic import (
@@ -28,6 +27,7 @@ from souq.limits import (
     dns_label_problem,
 )
 from souq.model.base import Input, Record, copy_fields
+from souq.model.choices import MachineState, RestartPolicy
 from souq.model.constraint import Constraint
 from souq.model.durations import format_go_duration, seconds_of, set_timeout_s
 from souq.model.fly_fields import (
@@ -64,24 +64,6 @@ __all__ = [
 APP_NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
 _NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$")
 MAX_SERVICES = SERVICES_MAX
-
-
-class MachineState(StrEnum):
-    CREATED = "created"
-    STARTING = "starting"
-    STARTED = "started"
-    STOPPING = "stopping"
-    STOPPED = "stopped"
-    SUSPENDED = "suspended"  # frozen: keeps its memory and its port, resumes on `start`
-    DESTROYING = "destroying"
-    DESTROYED = "destroyed"
-    FAILED = "failed"
-
-
-class RestartPolicy(StrEnum):
-    NO = "no"
-    ON_FAILURE = "on-failure"
-    ALWAYS = "always"
 
 
 def normalise_signal(value: str | int) -> str:

@@ -9,11 +9,12 @@ that these select is built by :func:`souq.placement.build_pipeline`.
 from __future__ import annotations
 
 from itertools import pairwise
-from typing import Literal, get_args
+from typing import get_args
 
 from pydantic import Field, field_validator, model_validator
 
 from souq.model.base import Input
+from souq.model.choices import FitPolicy
 
 __all__ = [
     "FIT_SCORERS",
@@ -26,17 +27,6 @@ __all__ = [
     "check_curve_points",
 ]
 
-FitPolicy = Literal[
-    "best-fit",
-    "binpack",
-    "spread",
-    "fgd",
-    "leftover",
-    "dotprod",
-    "gpupacking",
-    "gpuclustering",
-    "random",
-]
 # The fit scorers a policy chooses among ("random" is none of them: every feasible worker ties).
 FIT_SCORERS: tuple[str, ...] = tuple(p for p in get_args(FitPolicy) if p != "random")
 # GPU policies: their scores are whole hundredths, and ties go to the first worker by id.

@@ -8,8 +8,9 @@ from typing import Any
 from pydantic import Field
 
 from souq.model.base import Input, Record
+from souq.model.choices import Strategy
 
-__all__ = ["NewRelease", "Release", "ReleaseState", "ReleaseUpdate"]
+__all__ = ["NewRelease", "Release", "ReleaseState", "ReleaseUpdate", "Strategy"]
 
 
 class ReleaseState(StrEnum):
@@ -25,7 +26,7 @@ class NewRelease(Input):
 
     image: str = Field(min_length=1, description="the image reference its machines run")
     config: dict[str, Any] = Field(description="the app config (souq.toml, as JSON)")
-    strategy: str = Field(default="rolling", description="how it is deployed")
+    strategy: Strategy = Field(default=Strategy.ROLLING, description="how it is deployed")
     description: str = Field(default="", max_length=512)
 
 

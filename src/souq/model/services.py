@@ -14,9 +14,11 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, field_serializer, field_validator, model_validator
 
 from souq.model.base import Input, Record
+from souq.model.choices import Autostop
 from souq.model.durations import format_go_duration, seconds_of
 
 __all__ = [
+    "Autostop",
     "Check",
     "Concurrency",
     "Duration",
@@ -106,9 +108,7 @@ class Service(Input):
         description="how the edge reaches it (default: HTTP on the proxy's port)",
     )
     autostart: bool = Field(default=True, description="a request starts a stopped machine")
-    autostop: Literal["off", "stop", "suspend"] = Field(
-        default="off", description="what the proxy does to an idle machine"
-    )
+    autostop: Autostop = Field(default="off", description="what the proxy does to an idle machine")
     min_machines_running: int = Field(
         default=0, ge=0, le=10_000, description="autostop leaves at least this many (per region)"
     )

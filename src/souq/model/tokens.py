@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["AuditRecord", "NewToken", "TokenInfo", "TokenKey"]
+from souq.model.choices import ScopeName
 
-ScopeName = Literal["read", "write", "deploy", "admin", "queue"]
+__all__ = ["AuditRecord", "NewToken", "TokenInfo", "TokenKey"]
 
 
 class NewToken(BaseModel):

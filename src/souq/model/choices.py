@@ -1,0 +1,84 @@
+"""The fixed sets of values Souq's records take, each written once: the model validates with
+them and the command line offers exactly them (:mod:`souq.client.options`). Pure, and light:
+it imports no pydantic, so a command line can be built without the records."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Literal
+
+__all__ = [
+    "Autostop",
+    "FitPolicy",
+    "JobRestart",
+    "JobState",
+    "MachineState",
+    "RestartPolicy",
+    "ScopeName",
+    "Strategy",
+]
+
+
+class MachineState(StrEnum):
+    CREATED = "created"
+    STARTING = "starting"
+    STARTED = "started"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    SUSPENDED = "suspended"  # frozen: keeps its memory and its port, resumes on `start`
+    DESTROYING = "destroying"
+    DESTROYED = "destroyed"
+    FAILED = "failed"
+
+
+class RestartPolicy(StrEnum):
+    NO = "no"
+    ON_FAILURE = "on-failure"
+    ALWAYS = "always"
+
+
+class JobState(StrEnum):
+    PENDING = "pending"  # waiting for a worker (or for its backoff to pass)
+    CLAIMED = "claimed"  # a worker took it and holds its lease
+    RUNNING = "running"  # the worker started it
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"  # out of retries, or past its deadline
+    CANCELLED = "cancelled"
+
+    @property
+    def ended(self) -> bool:
+        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+
+
+class Strategy(StrEnum):
+    """How a deploy replaces an app's machines (docs/apps.md): the one list of strategies, which
+    souq.toml's ``[deploy] strategy``, a new release and ``souq deploy --strategy`` all take."""
+
+    ROLLING = "rolling"  # a few at a time, each healthy before the next
+    CANARY = "canary"  # one per group first, then rolling
+    BLUEGREEN = "bluegreen"  # all new ones healthy, then the old ones go
+    IMMEDIATE = "immediate"  # all at once, no health waits
+
+
+# How a job runs again: never, or after a non-zero exit.
+JobRestart = Literal["no", "on-failure"]
+
+
+# What the proxy does to an idle machine of a service.
+Autostop = Literal["off", "stop", "suspend"]
+
+
+# How the offers for a machine rank: the fit scorers, and "random".
+FitPolicy = Literal[
+    "best-fit",
+    "binpack",
+    "spread",
+    "fgd",
+    "leftover",
+    "dotprod",
+    "gpupacking",
+    "gpuclustering",
+    "random",
+]
+# An API token's scope (souq.auth.tokens.Scope: what each includes).
+ScopeName = Literal["read", "write", "deploy", "admin", "queue"]
