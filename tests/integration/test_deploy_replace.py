@@ -111,9 +111,11 @@ def test_a_replacement_keeps_away_from_its_siblings_worker(
             },
         )
     # 1 cpu does not fit beside the filler: a replacement, away from its sibling's worker if
-    # one had room. Two workers: none has, so it shares the sibling's, and the deploy says so.
+    # there were another. Two workers, each running one of the app's machines (the one replaced
+    # runs until its replacement is healthy): it shares the sibling's, and the deploy says why.
     said = deploy(1.0)
-    assert said.count("mad cannot spread app: no other worker there has room") == 1
+    spread = "mad cannot spread app: every worker there (2) already runs one of its machines"
+    assert said.count(spread) == 1
 
 
 def clear(cluster: Cluster) -> None:
