@@ -9,7 +9,7 @@ import json
 import pytest
 from rich.console import Console
 
-from souq.client import render
+from souq.client import render_deploy
 
 EVENTS = [
     {"kind": "release", "message": "release v4 of shop: sha256:ab", "version": 4},
@@ -23,7 +23,7 @@ EVENTS = [
 def test_a_terminal_gets_a_live_table_of_the_machines() -> None:
     buffer = io.StringIO()
     console = Console(file=buffer, force_terminal=True, width=120, color_system=None)
-    with render.deploy_progress(as_json=False, console=console) as show:
+    with render_deploy.deploy_progress(as_json=False, console=console) as show:
         for event in EVENTS:
             show(event)
     text = buffer.getvalue()
@@ -35,7 +35,7 @@ def test_a_terminal_gets_a_live_table_of_the_machines() -> None:
 
 def test_elsewhere_a_line_an_event(capsys: pytest.CaptureFixture[str]) -> None:
     console = Console(file=io.StringIO(), force_terminal=False)
-    with render.deploy_progress(as_json=True, console=console) as show:
+    with render_deploy.deploy_progress(as_json=True, console=console) as show:
         for event in EVENTS:
             show(event)
     lines = capsys.readouterr().out.splitlines()
@@ -48,12 +48,12 @@ def test_a_failed_deploy_is_said_once_by_its_error_not_by_its_event(
     failed = {"kind": "failed", "message": "release v4 failed (phase x): boom; rolled back"}
     for terminal in (False, True):
         console = Console(file=io.StringIO(), force_terminal=terminal, width=120)
-        with render.deploy_progress(as_json=False, console=console) as show:
+        with render_deploy.deploy_progress(as_json=False, console=console) as show:
             show(EVENTS[0])
             show(failed)
         assert "boom" not in console.file.getvalue()  # type: ignore[attr-defined]
     said = capsys.readouterr()
     assert "boom" not in said.out + said.err  # the command's error says it, with its hint
-    with render.deploy_progress(as_json=True, console=Console(file=io.StringIO())) as show:
+    with render_deploy.deploy_progress(as_json=True, console=Console(file=io.StringIO())) as show:
         show(failed)  # --json keeps every event, the failed one too
     assert json.loads(capsys.readouterr().out)["kind"] == "failed"

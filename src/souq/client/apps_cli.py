@@ -58,7 +58,7 @@ def deploy(
     """Deploy the app as souq.toml says: a new release, live everywhere (exit 0), or rolled back
     everywhere with the failing phase, region, machine and check named (exit 1)."""
     from souq.apps import load_app_config
-    from souq.client import render
+    from souq.client import render_deploy
     from souq.client.deploy import Deployer, check_regions
     from souq.errors import InvalidInput
 
@@ -76,7 +76,7 @@ def deploy(
         reference = image or _image_of(client, app_config, config.parent)
         if dry_run:  # the plan, not the events of holding capacity and letting it go
             quiet = Deployer(client, app_config, image=reference, strategy=strategy)
-            render.deploy_plan(_plan_rows(quiet), as_json=as_json)
+            render_deploy.deploy_plan(_plan_rows(quiet), as_json=as_json)
             return
         _deploy(
             client,
@@ -116,14 +116,14 @@ def _deploy(
 ) -> None:
     """Deploy (the events shown live), then, for people, the app's machines as they are,
     however it ended."""
-    from souq.client import render
+    from souq.client import render_deploy
 
     try:
-        with render.deploy_progress(as_json=as_json) as show:
+        with render_deploy.deploy_progress(as_json=as_json) as show:
             build(lambda e: show(e.as_dict())).run()
     finally:
         if not as_json:
-            render.app_status(_by_group(client.list_machines(app)))
+            render_deploy.app_status(_by_group(client.list_machines(app)))
 
 
 def _by_group(machines: list["Machine"]) -> list["Machine"]:
@@ -155,18 +155,18 @@ def _image_of(client: "SouqClient", config: "AppConfig", base: Path) -> str:
 
 def releases(*, app_name: AppNameOpt, as_json: JsonOpt = False) -> None:
     """The app's releases, newest first."""
-    from souq.client import render
+    from souq.client import render_deploy
 
     with reporting(as_json):
-        render.releases(make_client().releases(app_name), as_json=as_json)
+        render_deploy.releases(make_client().releases(app_name), as_json=as_json)
 
 
 def status(*, app_name: AppNameOpt, as_json: JsonOpt = False) -> None:
     """The app's machines: process group, region, release, state and health checks."""
-    from souq.client import render
+    from souq.client import render_deploy
 
     with reporting(as_json):
-        render.app_status(_by_group(make_client().list_machines(app_name)), as_json=as_json)
+        render_deploy.app_status(_by_group(make_client().list_machines(app_name)), as_json=as_json)
 
 
 def rollback(
