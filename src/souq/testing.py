@@ -184,12 +184,21 @@ class AgentProcess(_WorkerProcess):
         self.worker_id = wait_until(ready, timeout=timeout, message="the agent to be ready")
 
     def machine_pids(self) -> list[int]:
-        """Pids of the agent's descendants (its machines' processes)."""
-        if self.process is None or self.process.poll() is not None:
-            return []
-        with contextlib.suppress(psutil.Error):
-            return [p.pid for p in psutil.Process(self.process.pid).children(recursive=True)]
-        return []
+        """Pids of the agent's machines' processes and their souq-waiters: the agent's
+        descendants, and every process whose environment names this worker (a waiter is
+        nobody's child once it is running, so as to outlive its agent)."""
+        pids: set[int] = set()
+        if self.process is not None and self.process.poll() is None:
+            with contextlib.suppress(psutil.Error):
+                pids.update(p.pid for p in psutil.Process(self.process.pid).children(True))
+        for proc in psutil.process_iter():
+            with contextlib.suppress(psutil.Error):
+                if self.worker_id and proc.environ().get("SOUQ_WORKER_ID") == self.worker_id:
+                    pids.add(proc.pid)
+                    parent = proc.parent()
+                    if parent is not None and parent.name().startswith("souq-waiter"):
+                        pids.add(parent.pid)
+        return sorted(pids)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int | None:
         return self._terminate(sig, timeout=timeout)

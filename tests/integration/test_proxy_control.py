@@ -224,6 +224,12 @@ async def test_a_standby_starts_when_its_primarys_worker_is_lost(tmp_path: Path)
         finally:
             await plane.aclose()
             await transport.close()
-            for pid in orphans:  # nothing of the test outlives it
+            # Nothing of the test outlives it: the lost worker's machine, and the standby the
+            # other worker runs (neither agent stops its machines when it exits; the living one
+            # is stopped first, so that its restart policy does not start the standby again).
+            for agent in c.agents:
+                agent.stop()
+                orphans += agent.machine_pids()
+            for pid in orphans:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
