@@ -40,6 +40,7 @@ from tests.fly.flaps import (
     machine_service,
     stop_config,
 )
+from tests.json_paths import paths, put
 
 APP = "fuzzed"
 # JSON of each shape (each wrong for most parts of a body).
@@ -93,17 +94,6 @@ def fly_launch(volume: str) -> dict[str, Any]:
     return body
 
 
-def _paths(value: Any, at: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
-    if at:
-        yield at
-    if isinstance(value, dict):
-        for k, v in value.items():
-            yield from _paths(v, (*at, k))
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            yield from _paths(v, (*at, i))
-
-
 def _get(value: Any, at: tuple[Any, ...]) -> Any:
     for part in at:
         value = value[part]
@@ -121,14 +111,6 @@ def _malformed(wrong: Any, given: Any) -> bool:
     """Whether ``wrong`` is of another shape than the part it replaces (``null`` is not: in
     Fly's bodies it means unset, and the refusal may then name what is missing instead)."""
     return wrong is not None and _shape(wrong) != _shape(given)
-
-
-def _put(value: Any, at: tuple[Any, ...], new: Any) -> Any:
-    if not at:
-        return new
-    copy: Any = dict(value) if isinstance(value, dict) else list(value)
-    copy[at[0]] = _put(value[at[0]], at[1:], new)
-    return copy
 
 
 def test_every_malformed_part_of_a_machine_body_is_a_4xx_naming_it(
@@ -150,10 +132,10 @@ def test_every_malformed_part_of_a_machine_body_is_a_4xx_naming_it(
     assert good.status_code == 200, good.text  # the body itself is good
     tried = 0
     for route, body in bodies:
-        for at in _paths(body):
+        for at in list(paths(body))[1:]:  # every part, not the body itself
             named = [part for part in at if isinstance(part, str)][-1]
             for wrong in WRONG:
-                r = http.post(route, json=_put(body, at, wrong))
+                r = http.post(route, json=put(body, at, wrong))
                 where = f"POST {route} with {'.'.join(map(str, at))} = {wrong!r}"
                 assert r.status_code < 500, f"{where}: {r.status_code} {r.text[:500]}"
                 if r.status_code == 422 and _malformed(wrong, _get(body, at)):

@@ -10,7 +10,6 @@ import enum
 import inspect
 import types
 import typing
-from collections.abc import Iterator
 from typing import Any, Literal, get_args, get_origin
 
 import pytest
@@ -19,6 +18,7 @@ from pydantic import BaseModel, ValidationError
 import souq.broker.app  # every route's body model, imported
 import souq.protocol  # noqa: F401  (every message between processes)
 from souq.model.base import Input
+from tests.json_paths import paths, put
 
 # JSON of every shape, each wrong for most fields.
 WRONG: list[Any] = [
@@ -87,24 +87,6 @@ def _example(ann: Any, depth: int = 0) -> Any:
     return {bool: True, int: 1, float: 1.0, str: "a"}.get(ann)
 
 
-def _paths(value: Any, at: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
-    yield at
-    if isinstance(value, dict):
-        for k, v in value.items():
-            yield from _paths(v, (*at, k))
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            yield from _paths(v, (*at, i))
-
-
-def _put(value: Any, at: tuple[Any, ...], new: Any) -> Any:
-    if not at:
-        return new
-    copy: Any = dict(value) if isinstance(value, dict) else list(value)
-    copy[at[0]] = _put(value[at[0]], at[1:], new)
-    return copy
-
-
 MODELS = _models()
 
 
@@ -117,9 +99,9 @@ def test_every_input_model_is_fed() -> None:
 @pytest.mark.parametrize("model", MODELS, ids=lambda m: m.__name__)
 def test_any_json_is_a_value_or_a_validation_error(model: type[Input]) -> None:
     example = _example(model)
-    for at in _paths(example):
+    for at in paths(example):
         for wrong in WRONG:
-            body = _put(example, at, wrong)
+            body = put(example, at, wrong)
             try:
                 model.model_validate(body)
             except ValidationError:
