@@ -210,7 +210,10 @@ def start_agent_process(
     args += ["--ports", f"{low}-{high}", *extra_args]
     data_dir.mkdir(parents=True, exist_ok=True)
     log = log_path or data_dir.with_name(data_dir.name + ".log")
-    with open(log, "ab") as err:
+    # The agent's log is its own: machines (other uids on this host) may not read it.
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    os.fchmod(fd, 0o600)
+    with open(fd, "ab") as err:
         return subprocess.Popen(
             args,
             stdin=subprocess.DEVNULL,

@@ -52,6 +52,7 @@ from typing import Any, ClassVar
 
 __all__ = [
     "ClaimRefused",
+    "CommandNotRunnable",
     "Conflict",
     "DeployFailed",
     "DeployNoCapacity",
@@ -194,6 +195,11 @@ class IllegalTransition(Conflict, status="illegal_transition"): ...
 
 class MachineNotStarted(IllegalTransition, status="machine_not_started"):
     """Exec and ps need the machine's processes: it must be ``started``."""
+
+
+class CommandNotRunnable(InvalidInput, status="command_not_runnable"):
+    """The machine's program is missing, or its user may not run it (details: program, path,
+    user)."""
 
 
 class ExecUnavailable(InvalidInput, status="exec_unavailable"):

@@ -134,7 +134,9 @@ class AgentProcess(_WorkerProcess):
     """One ``souq agent`` child process. Its machines run as the test's own user by default
     (``machine_user``: the test's interpreter and files are that user's, e.g. under a home
     directory others cannot enter); ``machine_user=None`` gives the agent's own default
-    (nobody, for an agent run as root). ``auth_dir``: its ``--auth-dir``."""
+    (a uid of each machine's own, for an agent run as root). ``auth_dir``: its
+    ``--auth-dir``. ``default_driver``: ``exec`` unless a test asks for the worker's own
+    default (None: isolated where the host can)."""
 
     what = "agent"
     data_dir: Path
@@ -144,6 +146,9 @@ class AgentProcess(_WorkerProcess):
     stop_machines_on_exit: bool = True
     heartbeat_interval_s: float | None = None
     image_cache_mb: int | None = None
+    # Tests of other things than isolation run plain processes unless they ask (the worker's
+    # own default, None, isolates where the host can).
+    default_driver: str | None = "exec"
     extra_args: Sequence[str] = ()  # e.g. ["--gpus", "4", "--gpu-model", "T4"]
     log_path: Path = field(init=False)
     worker_id: str | None = field(default=None, init=False)
@@ -169,7 +174,10 @@ class AgentProcess(_WorkerProcess):
             image_cache_mb=self.image_cache_mb,
             machine_user=self.machine_user,
             auth_dir=self.auth_dir,
-            extra_args=self.extra_args,
+            extra_args=[
+                *(["--default-driver", self.default_driver] if self.default_driver else []),
+                *self.extra_args,
+            ],
             prefix=self._prefix(),
         )
 

@@ -134,6 +134,7 @@ async def running_agent(nats_url: str, data_dir: Path, **settings: Any) -> Async
     # with souq.testing.AgentProcess; tests of the default user pass machine_user=None.
     settings.setdefault("machine_user", str(os.geteuid()))
     settings.setdefault("allow_root_machines", True)
+    settings.setdefault("default_driver", "exec")  # tests of isolation ask for the default
     agent = Agent(AgentConfig(nats_url=nats_url, data_dir=data_dir, **settings))
     await agent.start()
     bus = await connect(nats_url, name="test-broker")

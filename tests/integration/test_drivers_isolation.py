@@ -286,7 +286,10 @@ def test_a_sandboxed_machine_with_network_keeps_the_hosts_interfaces(tmp_path: P
 def test_without_cgroups_machines_run_unenforced_and_say_so(tmp_path: Path) -> None:
     async def body() -> None:
         d = HostDriver(tmp_path, cgroups="none", sandbox_enabled=False)
-        assert d.isolation == {"cgroups": "none", "enforced": []}
+        assert {k: d.isolation[k] for k in ("cgroups", "enforced")} == {
+            "cgroups": "none",
+            "enforced": [],
+        }
         assert d.drivers == ["exec"]
         handle = d.start(spec("true", machine_id="plain", limits=Limits(64, 0.5)))
         assert (await asyncio.wait_for(d.wait(handle), 10)).code == 0

@@ -1,5 +1,6 @@
 """Machines run as an unprivileged user and inherit nothing of the agent's environment: a real
-``souq agent`` run as root (its default: ``nobody``), real processes through souq-waiter."""
+``souq agent`` run as root (its default: a uid of each machine's own, souq.drivers.identity),
+real processes through souq-waiter."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from souq.drivers.users import NOBODY
+from souq.drivers.identity import BASE, COUNT
 from souq.drivers.waiter import waiter_path
 from souq.model import MachineState
 from souq.testing import AgentProcess, Cluster, environment, wait_until
@@ -69,12 +70,22 @@ def run_once(cluster: Cluster, script: str) -> str:
         client.destroy(APP, m.id, force=True)
 
 
-def test_machines_run_as_nobody_by_default(cluster: Cluster) -> None:
-    out = run_once(cluster, "id -u; id -g; id -G")
-    assert out.split()[:3] == [str(NOBODY), str(NOBODY), str(NOBODY)]
+def own_uid(text: str) -> int:
+    """A uid of the machines' range, or a failed assertion."""
+    uid = int(text)
+    assert BASE <= uid < BASE + COUNT, uid
+    return uid
+
+
+def test_machines_run_as_a_uid_of_their_own_by_default(cluster: Cluster) -> None:
+    first = run_once(cluster, "id -u; id -g; id -G").split()[:3]
+    second = run_once(cluster, "id -u").split()[0]
+    uid = own_uid(first[0])
+    assert first == [str(uid)] * 3  # its own group too, and no other
+    assert own_uid(second) != uid  # each machine its own
     (worker,) = cluster.client().workers()
     assert worker.fingerprint is not None
-    assert worker.fingerprint.machine_user == f"nobody ({NOBODY}:{NOBODY})"
+    assert worker.fingerprint.machine_user.startswith("a uid of each machine's own")
 
 
 def test_a_machine_cannot_touch_the_agents_data(cluster: Cluster) -> None:
@@ -82,7 +93,7 @@ def test_a_machine_cannot_touch_the_agents_data(cluster: Cluster) -> None:
     data = agent.data_dir
     assert (data / "state.db").stat().st_mode & 0o077 == 0
     script = (
-        f"ls {data}; "  # it can see the directory: the probes below are real
+        f"ls {data}; "  # it may pass through the directory, not list it
         f"touch {data}/planted 2>/dev/null && echo WROTE-DATA; "
         f"cat {data}/state.db >/dev/null 2>&1 && echo READ-STATE; "
         f"touch {data}/machines/planted 2>/dev/null && echo WROTE-MACHINES; "
@@ -92,7 +103,7 @@ def test_a_machine_cannot_touch_the_agents_data(cluster: Cluster) -> None:
         "touch ./mine && echo WROTE-OWN; echo HOME=$HOME; pwd"
     )
     out = run_once(cluster, script)
-    assert "state.db" in out
+    assert "state.db" not in out and "Permission denied" in out
     for forbidden in ("WROTE-DATA", "READ-STATE", "WROTE-MACHINES", "WROTE-RECORDS", "READ-LOGS"):
         assert forbidden not in out
     assert "WROTE-OWN" in out
@@ -117,7 +128,7 @@ def test_a_machine_inherits_nothing_of_the_agents_environment(cluster: Cluster) 
     }
 
 
-def test_machines_run_as_nobody_after_a_crash_and_a_restart(cluster: Cluster) -> None:
+def test_machines_run_as_their_uid_after_a_crash_and_a_restart(cluster: Cluster) -> None:
     (agent,) = cluster.agents
     client = cluster.client()
     waits = client.create_machine(
@@ -137,13 +148,13 @@ def test_machines_run_as_nobody_after_a_crash_and_a_restart(cluster: Cluster) ->
     (agent.data_dir / "machines" / waits.id / "go").touch()
     done = client.wait(APP, waits.id, S.STOPPED, timeout=20)
     assert done.events[0].exit_code == 7  # its waiter's exit file, read by the new agent
-    # The restart policy restarts it (as nobody) under the new agent too.
-    runs = wait_until(
-        lambda: client.logs(APP, crashes.id).count(f"RUN {NOBODY}") >= 3 or None,
-        timeout=20,
-        message="the crashing machine restarted as nobody",
-    )
-    assert runs and "RUN 0" not in client.logs(APP, crashes.id)
+
+    # The restart policy restarts it (as its own uid, the same) under the new agent too.
+    def restarted() -> bool:
+        runs = [line.split()[1] for line in client.logs(APP, crashes.id).splitlines()]
+        return len(runs) >= 3 and len(set(runs)) == 1 and own_uid(runs[0]) > 0
+
+    wait_until(restarted, timeout=20, message="the crashing machine restarted as its uid")
     for m in (waits, crashes):
         client.destroy(APP, m.id, force=True)
 
@@ -181,7 +192,7 @@ def test_root_machines_when_asked_for_twice(cluster: Cluster) -> None:
         agent.stop()
 
 
-def test_machines_run_as_nobody_without_souq_waiter(cluster: Cluster) -> None:
+def test_machines_run_as_their_uid_without_souq_waiter(cluster: Cluster) -> None:
     """Popen switches the user; the agent moves the process into its cgroup."""
     with environment(SOUQ_WAITER="off"):
         agent = AgentProcess(
@@ -204,7 +215,8 @@ def test_machines_run_as_nobody_without_souq_waiter(cluster: Cluster) -> None:
             },
         )
         out = logs_of(cluster, m.id, until="END")
-        assert out.split()[:2] == [str(NOBODY), str(NOBODY)]
+        uid = own_uid(out.split()[0])
+        assert out.split()[1] == str(uid)
         worker = next(w for w in client.workers() if w.id == agent.worker_id)
         assert worker.fingerprint is not None
         if worker.fingerprint.isolation.get("cgroups") != "none":

@@ -97,6 +97,7 @@ def test_pure_modules_import_no_io(path: Path) -> None:
 PUBLIC = {
     "souq.errors": {
         "ClaimRefused",
+        "CommandNotRunnable",
         "Conflict",
         "DeployFailed",
         "DeployNoCapacity",

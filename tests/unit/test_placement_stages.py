@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -115,11 +116,14 @@ def test_region_filter() -> None:
 
 
 def test_driver_filter() -> None:
-    rejection = DriverFilter().check(request(), offer(drivers=["sandbox"]))
+    plain = replace(request(), driver="exec")
+    rejection = DriverFilter().check(plain, offer(drivers=["sandbox"]))
     assert rejection is not None and rejection.reason == "driver_missing"
     assert rejection.unmet == "driver exec"
-    assert DriverFilter().check(request(), offer(drivers=["exec", "sandbox"])) is None
-    assert DriverFilter().check(request(), offer()) is None  # no fingerprint: benefit of doubt
+    assert DriverFilter().check(plain, offer(drivers=["exec", "sandbox"])) is None
+    assert DriverFilter().check(plain, offer()) is None  # no fingerprint: benefit of doubt
+    # A machine that names no driver runs on any worker: isolated where the worker can.
+    assert DriverFilter().check(request(), offer(drivers=["exec"])) is None
 
 
 def test_constraint_filter_names_the_first_constraint_not_met() -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from souq.agent import lifecycle
+from souq.agent import launch, lifecycle
 from souq.agent.admission import HeldQuote
 from souq.agent.executor import Executor
 from souq.agent.leases import Leases
@@ -85,10 +85,9 @@ class Commands:
         if not admitted:
             ex.admission.check_claim(req.region, want, now, quote=quote)
         self._check_mounts(req.app, req.config)
+        config, placement = self._driver_noted(req.config, req.placement)
         gpu_ids = ex.admission.gpus_for(want, now, quote_id=req.quote_id)
-        placement = self._image_noted(
-            req.config, req.image, req.placement, req.request_id, req.region
-        )
+        placement = self._image_noted(config, req.image, placement, req.request_id, req.region)
         op = ex.new_op(OpKind.CREATE, new_machine_id(), source="user", type="start")
         events = [MachineEvent(type="launch", status=S.CREATED, source="user", timestamp=now)]
         if req.config.standbys:  # a standby waits, stopped, until a primary's worker is lost
@@ -108,7 +107,7 @@ class Commands:
             request_id=req.request_id,
             body_hash=req.body_hash,
             state=state,
-            config=req.config,
+            config=config,
             placement=placement,
             created_at=now,
             updated_at=now,
@@ -141,6 +140,21 @@ class Commands:
             volumes.check_mounts(app, config, machine_id)
         elif config.mounts:
             raise InvalidInput(f"mounts: worker {self._ex.worker_id} keeps no volumes")
+
+    def _driver_noted(
+        self, config: MachineConfig, placement: Placement | None
+    ) -> tuple[MachineConfig, Placement | None]:
+        """The config with the driver it runs under here (a config that leaves it out gets
+        the worker's default: isolated where this worker can isolate), and the placement
+        record saying which, and why not isolated when it could not be."""
+        driver, why_not = launch.default_driver(self._ex.driver)
+        chosen = config.driver or driver
+        checked = config.model_copy(update={"driver": chosen})
+        launch.check_command(self._ex.driver, checked)
+        if placement is not None:
+            note = why_not if config.driver is None and chosen != "sandbox" else None
+            placement = placement.model_copy(update={"driver": chosen, "isolation": note})
+        return checked, placement
 
     def _image_noted(
         self,
@@ -304,7 +318,8 @@ class Commands:
         if row.id not in ex.unreserved:  # (one that holds none is judged whole at its start)
             ex.admission.check_resize(row.resources, config.guest.resources(), now)
         self._check_mounts(row.app, config, row.id)
-        placement = self._image_noted(config, cmd.image, row.placement, row.request_id, row.region)
+        config, placement = self._driver_noted(config, row.placement)
+        placement = self._image_noted(config, cmd.image, placement, row.request_id, row.region)
         address = row.address
         if config.internal_ports() != row.config.internal_ports():
             ex.ports.give_back(row.id)

@@ -98,6 +98,11 @@ class AgentConfig(BaseModel):
         description="the user machines run as, NAME or UID (default: nobody when the agent is "
         "root, else the agent's own user)",
     )
+    default_driver: Literal["auto", "exec", "sandbox"] = Field(
+        default="auto",
+        description="the driver of a machine whose config names none: `auto` isolates "
+        "(`sandbox`) where this host can, `exec` runs plain processes unless asked",
+    )
     allow_root_machines: bool = Field(
         default=False, description="let machine_user be root (refused otherwise)"
     )

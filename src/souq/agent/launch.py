@@ -19,12 +19,22 @@ from souq.agent.images import AgentImages, Pulled
 from souq.agent.ports import port_env
 from souq.agent.records import MachineRow
 from souq.drivers.base import Limits, MachineSpec
+from souq.drivers.programs import ProgramNotRunnable
+from souq.errors import CommandNotRunnable
 from souq.model.image import ImageRecord, ImageRun
-from souq.model.machine import MachineInit
+from souq.model.machine import MachineConfig, MachineInit
 from souq.model.placement import Placement
 from souq.placement import gpus
 
-__all__ = ["Pulls", "image_command", "machine_spec", "pulled_record", "volume_env"]
+__all__ = [
+    "Pulls",
+    "check_command",
+    "default_driver",
+    "image_command",
+    "machine_spec",
+    "pulled_record",
+    "volume_env",
+]
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +63,9 @@ def machine_spec(
     if row.gpu_ids:  # which of the worker's GPUs are its own, and its share of them
         env["SOUQ_GPUS"] = ",".join(str(i) for i in row.gpu_ids)
         env["SOUQ_GPU_MILLI"] = str(gpus.per_gpu(row.resources))
+    driver = config.driver or "exec"
     for host_dir, path, name in mounts:
-        env[volume_env(name)] = path if config.driver == "sandbox" else host_dir
+        env[volume_env(name)] = path if driver == "sandbox" else host_dir
     return MachineSpec(
         machine_id=row.id,
         app=row.app,
@@ -62,13 +73,46 @@ def machine_spec(
         worker_id=worker_id,
         cmd=cmd,
         env=port_env(env, row.address),
-        driver=config.driver,
+        driver=driver,
+        persist_rootfs=config.rootfs.persist == "always",
         limits=Limits(memory_mb=config.guest.memory_mb, cpus=config.guest.cpus),
         network=config.sandbox.network,
         cwd=cwd,
         image_root=None if image is None else str(image[0]),
         mounts=tuple((host_dir, path) for host_dir, path, _ in mounts),
     )
+
+
+def default_driver(driver: object) -> tuple[str, str | None]:
+    """The driver a machine whose config names none runs under on this worker (``sandbox``
+    where it can isolate), and why not isolated when it cannot."""
+    choose = getattr(driver, "default_driver", None)
+    if callable(choose):
+        chosen: tuple[str, str | None] = choose()
+        return chosen
+    return "exec", "this worker runs no isolating driver"
+
+
+def check_command(driver: object, config: MachineConfig) -> None:
+    """:class:`~souq.errors.CommandNotRunnable` when the machine's program (a host program:
+    not an image's) could not be run by the user the machine would run as here, so that the
+    create fails at once, naming the program, the path and the user, instead of a machine
+    that fails to start."""
+    check = getattr(driver, "check_program", None)
+    command = config.cmd or config.init.command(image=config.image is not None)
+    if not callable(check) or config.image is not None or not command:
+        return
+    try:
+        check(command[0], config.env, config.driver or "exec")
+    except ProgramNotRunnable as exc:
+        if exc.path is None:  # missing altogether: the machine fails to start, as it would
+            return
+        raise CommandNotRunnable(
+            str(exc),
+            hint="install the program where the machine's user may run it (e.g. /usr/bin), "
+            "name it by a path that user can reach, or run the machine of an image that has it",
+            details={"program": exc.program, "path": exc.path, "user": exc.user},
+        ) from exc
 
 
 def volume_env(name: str) -> str:

@@ -49,8 +49,9 @@ from souq.clock import Clock
 from souq.drivers.base import Driver
 from souq.drivers.exec import RECORDS
 from souq.drivers.host import HostDriver
+from souq.drivers.identity import own_uids
 from souq.drivers.logfile import LogRotator
-from souq.drivers.users import check_reachable, machine_user
+from souq.drivers.users import check_reachable, machine_user, shut_in
 from souq.errors import InvalidInput
 from souq.limits import LOG_CHECK_INTERVAL_S
 from souq.loop_clock import LoopClock
@@ -118,6 +119,8 @@ class Agent:
                 cgroups=config.cgroups,
                 pids_max=config.pids_max,
                 user=machine_user(config.machine_user, allow_root=config.allow_root_machines),
+                ids=own_uids(config.machine_user),
+                default=config.default_driver,
                 log_max_bytes=config.log_max_bytes,
             )
         )
@@ -125,6 +128,7 @@ class Agent:
         if host is not None and host.user.switch:
             host_root = config.data_dir / "machines"
             host_root.mkdir(parents=True, exist_ok=True)
+            shut_in(config.data_dir)
             try:  # a machine still starts in its directory: said, not refused
                 check_reachable(host.user, host_root)
             except InvalidInput as unreachable:
@@ -135,7 +139,7 @@ class Agent:
             config,
             drivers=host.drivers if host else None,
             isolation=host.isolation if host else None,
-            machine_user=host.user.describe() if host else "",
+            machine_user=host.describe_user() if host else "",
         )
         self.capacity = copy_fields(Resources, self.fingerprint)
         self.worker_id = ""

@@ -73,8 +73,24 @@ MachineUserOpt = Annotated[
     str | None,
     typer.Option(
         "--machine-user",
-        help="The user machines run as, NAME or UID (default: nobody for a root agent, "
-        "else the agent's own user).",
+        help="The user every machine runs as, NAME or UID (default: a root agent gives each "
+        "machine a uid of its own; another runs them as itself).",
+    ),
+]
+
+
+class DefaultDriver(StrEnum):
+    AUTO = "auto"
+    EXEC = "exec"
+    SANDBOX = "sandbox"
+
+
+DefaultDriverOpt = Annotated[
+    DefaultDriver | None,
+    typer.Option(
+        "--default-driver",
+        help="The driver of a machine whose config names none: auto (default) isolates where "
+        "this host can; exec runs plain processes unless a machine asks for the sandbox.",
     ),
 ]
 DomainOpt = Annotated[
@@ -183,6 +199,7 @@ def agent(
         bool,
         typer.Option("--allow-root-machines", help="Let --machine-user be root."),
     ] = False,
+    default_driver: DefaultDriverOpt = None,
     jobs: Annotated[
         int | None,
         typer.Option(
@@ -202,7 +219,13 @@ def agent(
     log_format: LogFormatOpt = LogFormat.TEXT,
 ) -> None:
     """Run a worker agent in the foreground."""
-    given = _given(ctx, labels=pairs(labels, "label"), cgroups=cgroups.value, log_format=None)
+    given = _given(
+        ctx,
+        labels=pairs(labels, "label"),
+        cgroups=cgroups.value,
+        default_driver=default_driver.value if default_driver else None,
+        log_format=None,
+    )
     if log_format is LogFormat.JSON:
         _daemon_logging("json")
     with reporting():

@@ -384,8 +384,18 @@ def _image_row(r: ImageRecord) -> tuple[Any, ...]:
 
 @_json_or
 def workers(items: Sequence[WorkerInfo]) -> None:
-    titles = ("ID", "REGION", "STATE", "CPUS", "MEMORY", "MACHINES", "LABELS")
+    titles = ("ID", "REGION", "STATE", "CPUS", "MEMORY", "MACHINES", "ISOLATION", "LABELS")
     _listing(items, "workers", titles, _worker_row)
+
+
+def _isolation(w: WorkerInfo) -> str:
+    """How the worker runs a machine that names no driver: isolated, or not and why."""
+    fp = w.fingerprint
+    if fp is None:
+        return "?"
+    if fp.isolation.get("default_driver") == "sandbox":
+        return f"sandbox ({fp.isolation.get('namespaces', '')})"
+    return f"none: {fp.isolation.get('why_not', 'exec only')}"
 
 
 def _worker_row(w: WorkerInfo) -> tuple[Any, ...]:
@@ -396,6 +406,7 @@ def _worker_row(w: WorkerInfo) -> tuple[Any, ...]:
         f"{w.allocated.cpus:g}/{w.capacity.cpus:g}",
         f"{w.allocated.memory_mb}/{w.capacity.memory_mb} MiB",
         str(w.machines),
+        _isolation(w),
         ",".join(f"{k}={v}" for k, v in sorted(w.labels.items())),
     )
 

@@ -12,7 +12,10 @@ from __future__ import annotations
 import signal as _signal
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from souq.drivers.users import MachineUser
 
 __all__ = [
     "Driver",
@@ -49,6 +52,10 @@ class MachineSpec:
     cmd: tuple[str, ...]
     env: Mapping[str, str]
     driver: str = "exec"  # "exec" or "sandbox"
+    # Who it runs as on the host: None, the driver's machine user; the host driver sets the
+    # machine's own uid (souq.drivers.identity) when it has one.
+    user: MachineUser | None = None
+    persist_rootfs: bool = False  # its writable layer outlives a stop (an image's, overlaid)
     limits: Limits = Limits()
     network: bool = True  # sandbox only: False gives the machine a network namespace with lo
     cwd: str | None = None  # where it runs; None: its own directory (the driver's)

@@ -50,6 +50,7 @@ from souq.drivers import logfile, processes, sandbox
 from souq.drivers.base import ExitStatus, Handle, MachineSpec, SpawnError
 from souq.drivers.cgroups import CgroupEntry, Cgroups, placement_shell
 from souq.drivers.processes import machine_nofile, resolve_program
+from souq.drivers.programs import resolve_as
 from souq.drivers.users import MachineUser, agent_user
 from souq.drivers.waiter import parse_exit_file, waiter_path
 from souq.drivers.waiter_pool import IdleWaiter, WaiterPool
@@ -131,7 +132,7 @@ class ExecDriver:
         self.root = root
         self.log_max_bytes = log_max_bytes  # each of output.log and output.log.1, at most
         self.user = user or agent_user()  # the agent decides (souq.drivers.users)
-        self._base_env = {k: os.environ[k] for k in INHERITED_ENV if k in os.environ}
+        self.base_env = {k: os.environ[k] for k in INHERITED_ENV if k in os.environ}
         self._children: dict[int, processes.Child] = {}  # by machine pid
         self._watches: dict[int, _Watch] = {}
         self.waiter = waiter_path() if use_waiter else None
@@ -167,23 +168,24 @@ class ExecDriver:
         between handing the job to the waiter and its report (it overlaps the fork), or after
         the spawn without one; if it raises, the process is killed and the error raised."""
         join = None  # without the waiter, a cgroup the agent moves a switched process into
+        user = spec.user or self.user
         if place is not None and self.waiter is None:
             placement = _placed(place, None)
-            if placement.join and self.user.switch:
+            if placement.join and user.switch:
                 join = placement.join  # the shell could not join as the machine's user
             elif placement.join:
                 spec = replace(spec, cmd=(*placement_shell(placement.join), *spec.cmd))
         workdir = self.machine_dir(spec.machine_id)
         cwd = Path(spec.cwd) if spec.cwd else workdir  # an image's files, or its own directory
         if self.waiter is not None:  # the waiter reports before its child's exec: check first
-            resolve_program(spec.cmd[0], spec.env, cwd)
+            resolve_as(spec.cmd[0], spec.env, cwd, user)
         env = self._env(spec, workdir)
-        processes.prepare_workdir(workdir, self.records_dir(spec.machine_id), _EXIT, self.user)
+        processes.prepare_workdir(workdir, self.records_dir(spec.machine_id), _EXIT, user)
         waiter_start = 0.0
         proc: processes.Child
         failure: Exception | None = None
         if self.waiter is None:
-            proc = self._spawn_direct(list(spec.cmd), env, workdir, cwd, join)
+            proc = self._spawn_direct(list(spec.cmd), env, workdir, cwd, join, user=user)
             pid = proc.pid
             failure = _attempt(meanwhile)
         else:
@@ -195,7 +197,7 @@ class ExecDriver:
                 raise
             proc, waiter_start = idle.pid, idle.start_time
             pid, failure = self._run_job(
-                idle, spec.cmd, env, workdir, placement, cwd=cwd, meanwhile=meanwhile
+                idle, spec.cmd, env, workdir, placement, cwd=cwd, user=user, meanwhile=meanwhile
             )
         if failure is not None:
             processes.kill_group(pid)
@@ -223,7 +225,7 @@ class ExecDriver:
         sandbox's mount of it), then its config's (over the image's) and Souq's own."""
         home = sandbox.WORKDIR if spec.driver == "sandbox" else str(workdir)
         return {
-            **self._base_env,
+            **self.base_env,
             "HOME": home,
             **spec.env,
             "SOUQ_MACHINE_ID": spec.machine_id,
@@ -239,6 +241,8 @@ class ExecDriver:
         workdir: Path,
         cwd: Path,
         join: tuple[Path, ...] | None,
+        *,
+        user: MachineUser,
     ) -> subprocess.Popen[bytes]:
         """Without souq-waiter: the machine is the agent's own child, switched to its user by
         ``Popen`` (``user``, ``group``, ``extra_groups``: after the fork, before the exec). A
@@ -246,7 +250,6 @@ class ExecDriver:
         shell that waits for a line on its stdin; the agent moves it into its cgroup, then
         opens the gate, and the shell execs the command with stdin from /dev/null."""
         out = processes.open_log(self.records_dir(workdir.name) / _LOG)
-        user = self.user
         switch: dict[str, object] = {}
         if user.switch:
             switch = {"user": user.uid, "group": user.gid, "extra_groups": list(user.groups)}
@@ -302,6 +305,7 @@ class ExecDriver:
         placement: CgroupEntry,
         *,
         cwd: Path,
+        user: MachineUser,
         meanwhile: Callable[[], None] | None = None,
     ) -> tuple[int, Exception | None]:
         """Hand the job to a ready waiter, run ``meanwhile`` while it forks, and return the
@@ -314,7 +318,7 @@ class ExecDriver:
             str(cwd),
             str(self.records_dir(workdir.name) / _LOG),
             str(self.log_max_bytes),
-            self.user.waiter_field(),
+            user.waiter_field(),
             str(len(cgroups := placement.waiter_fields())),
             *cgroups,
             str(len(cmd)),

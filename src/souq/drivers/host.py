@@ -23,14 +23,16 @@ import logging
 import os
 import signal
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from souq.drivers import sandbox
+from souq.drivers import rootfs, sandbox
 from souq.drivers.base import ExitStatus, Handle, MachineSpec, RecordsExits, SpawnError
 from souq.drivers.cgroups import DEFAULT_PIDS_MAX, Cgroups, Mode, detect, placement_shell, prune
-from souq.drivers.exec import ExecDriver, resolve_program
+from souq.drivers.exec import ExecDriver
+from souq.drivers.identity import BASE, MachineIds
+from souq.drivers.programs import DEFAULT_PATH, resolve_as, resolve_in_image
 from souq.drivers.users import MachineUser
 from souq.limits import LOG_MAX_BYTES
 
@@ -39,6 +41,7 @@ __all__ = ["HostDriver"]
 log = logging.getLogger(__name__)
 
 _REMOVE_RETRIES = 8
+ROOTFS = ".rootfs"  # <root>/.rootfs/<id>/: the root file systems of machines of images
 
 
 class HostDriver:
@@ -52,6 +55,8 @@ class HostDriver:
         pids_max: int | None = DEFAULT_PIDS_MAX,
         sandbox_enabled: bool | None = None,
         user: MachineUser | None = None,
+        ids: MachineIds | None = None,
+        default: str = "auto",
         log_max_bytes: int = LOG_MAX_BYTES,
     ) -> None:
         self.root = root
@@ -60,6 +65,8 @@ class HostDriver:
         )
         self.exec = ExecDriver(root, spares=self.cgroups, user=user, log_max_bytes=log_max_bytes)
         self.sandbox = sandbox.available() if sandbox_enabled is None else sandbox_enabled
+        self.ids = ids  # a uid of each machine's own (souq.drivers.identity), or None
+        self.default = default  # of a machine that names no driver: auto, exec or sandbox
         prune(self.cgroups.backend)
         self._pending_removal: set[asyncio.TimerHandle] = set()
 
@@ -68,32 +75,78 @@ class HostDriver:
         """The driver names this worker offers (its fingerprint's ``drivers``)."""
         return ["exec", "sandbox"] if self.sandbox else ["exec"]
 
+    def default_driver(self) -> tuple[str, str | None]:
+        """The driver of a machine whose config names none: ``sandbox`` where this host can
+        isolate, else ``exec`` and why."""
+        if self.default == "exec":
+            return "exec", "this worker runs machines as plain processes unless asked (--driver)"
+        if self.sandbox:
+            return "sandbox", None
+        why = sandbox.unavailable() or "the sandbox driver is turned off on this worker"
+        return "exec", f"this worker cannot isolate machines: {why}"
+
+    def check_program(self, program: str, env: Mapping[str, str], driver: str) -> None:
+        """:class:`~souq.drivers.programs.ProgramNotRunnable` unless the user a machine runs
+        as here can run ``program`` (a host program, before the machine exists: its own uid is
+        not taken yet, any machine's has the same rights)."""
+        if "/" in program and not os.path.isabs(program):
+            return  # relative to its own directory, which does not exist yet
+        user = self.user if self.ids is None else MachineUser("a machine's own uid", BASE, BASE)
+        resolve_as(program, {**self.exec.base_env, **env}, self.root, user)
+
     @property
     def user(self) -> MachineUser:
         """Who machines run as."""
         return self.exec.user
 
+    def describe_user(self) -> str:
+        """Who machines run as, for the fingerprint."""
+        if self.ids is None:
+            return self.user.describe()
+        last = self.ids.base + self.ids.count - 1
+        return f"a uid of each machine's own ({self.ids.base}-{last})"
+
     @property
     def isolation(self) -> dict[str, object]:
-        return self.cgroups.isolation
+        """Limits (cgroups) and namespaces, as the fingerprint says them."""
+        driver, why_not = self.default_driver()
+        namespaces = "mount,pid,ipc,uts" + (",user" if self.ids is not None else "")
+        return {
+            **self.cgroups.isolation,
+            "default_driver": driver,
+            "namespaces": namespaces if self.sandbox else "none",
+            **({"why_not": why_not} if why_not else {}),
+        }
 
     # -- start ---------------------------------------------------------------------------------
 
     def start(self, spec: MachineSpec, *, meanwhile: Callable[[], None] | None = None) -> Handle:
         if spec.driver not in self.drivers:
             raise SpawnError(f"this worker has no {spec.driver!r} driver")
+        user = self.machine_user(spec.machine_id, take=True)
+        spec = replace(spec, user=user)
         workdir = self.exec.machine_dir(spec.machine_id)
         image = sandbox.Image.of(spec.image_root, spec.cwd) if spec.driver == "sandbox" else None
-        program = self._resolve(spec, Path(spec.cwd) if spec.cwd else workdir, image)
+        whole = image is not None and image.is_root
+        if whole:  # its own userland: the image's PATH (Docker's default), root's HOME
+            spec = replace(spec, env={"PATH": DEFAULT_PATH, "HOME": "/root", **spec.env})
+        program = self._resolve(spec, Path(spec.cwd) if spec.cwd else workdir, image, user)
         cmd: tuple[str, ...] = (program, *spec.cmd[1:])
-        self._own_volumes(spec)
+        self._own_volumes(spec, user)
         if spec.driver == "sandbox":
+            overlay = None
+            if image is not None and whole and rootfs.can_mount():
+                uid = user.uid if user.switch else None
+                machine_root = rootfs.MachineRoot(self._rootfs(spec.machine_id), image.root, uid)
+                overlay = machine_root.mount(persist=spec.persist_rootfs)
             jail = sandbox.bwrap_argv(
                 workdir,
                 network=spec.network,
                 machines_root=self.root,
                 image=image,
                 mounts=spec.mounts,
+                overlay=overlay,
+                inner=(0, 0) if user.switch else None,
             )
             cmd = (*jail, *cmd)
             spec = replace(spec, cwd=None)  # bwrap moves into the machine's directory itself
@@ -108,9 +161,23 @@ class HostDriver:
             raise SpawnError(f"cannot set the machine's cpu limit: {exc}") from exc
         return handle
 
-    def _own_volumes(self, spec: MachineSpec) -> None:
+    def machine_user(self, machine_id: str, *, take: bool = False) -> MachineUser:
+        """Who the machine runs as on the host: its own uid when this worker gives each
+        machine one (taken, with ``take``, if it has none yet), else the worker's machine
+        user."""
+        if self.ids is None:
+            return self.user
+        records = self.exec.records_dir(machine_id)
+        if take:
+            return self.ids.user(machine_id, records)
+        uid = self.ids.recorded(records)
+        return self.user if uid is None else MachineUser(f"machine {machine_id}", uid, uid)
+
+    def _rootfs(self, machine_id: str) -> Path:
+        return self.root / ROOTFS / machine_id
+
+    def _own_volumes(self, spec: MachineSpec, user: MachineUser) -> None:
         """The machine's user owns the top of each of its volumes (it writes there)."""
-        user = self.user
         for host_dir, _ in spec.mounts:
             try:
                 if user.switch:
@@ -118,13 +185,19 @@ class HostDriver:
             except OSError as exc:
                 raise SpawnError(f"cannot give the volume at {host_dir} to the machine") from exc
 
-    def _resolve(self, spec: MachineSpec, cwd: Path, image: sandbox.Image | None) -> str:
-        """The command's program, checked before a prefix ``exec``s it (inside an image that
-        is the sandbox's root, bwrap finds it)."""
+    def _resolve(
+        self, spec: MachineSpec, cwd: Path, image: sandbox.Image | None, user: MachineUser
+    ) -> str:
+        """The command's program as its user finds it (:mod:`souq.drivers.programs`), checked
+        before a prefix ``exec``s it: inside an image that is its root, in the image."""
+        program = spec.cmd[0]
         if image is not None and image.is_root:
-            return spec.cmd[0]
-        found = resolve_program(spec.cmd[0], spec.env, cwd)
-        return spec.cmd[0] if spec.driver == "sandbox" else found
+            inside = "root" if user.switch or user.is_root else user.describe()
+            return resolve_in_image(program, spec.env, image.start_dir(), image.root, inside)
+        found = resolve_as(program, spec.env, cwd, user)
+        if spec.driver == "sandbox" and "/" in program:
+            return program  # relative to where the sandbox starts, or the same path inside
+        return found
 
     # -- everything else is the exec driver's, with exits annotated ----------------------------
 
@@ -183,6 +256,11 @@ class HostDriver:
         return self.exec.output_start(machine_id)
 
     def destroy(self, machine_id: str) -> None:
+        base = self._rootfs(machine_id)
+        if base.exists():
+            rootfs.MachineRoot(base, base, None).remove()
+        if self.ids is not None:
+            self.ids.release(machine_id, self.exec.records_dir(machine_id))
         self.exec.destroy(machine_id)
         if not self.cgroups.remove(machine_id):
             self._remove_later(machine_id, 0)

@@ -124,8 +124,9 @@ def prepare_workdir(workdir: Path, records: Path, exit_file: str, user: MachineU
         with contextlib.suppress(FileNotFoundError):
             (records / exit_file).unlink()
         workdir.mkdir(parents=True, exist_ok=True, mode=0o755)
-        if user.switch:
+        if user.switch:  # its user's alone: another machine's uid may not look in
             os.chown(workdir, user.uid, user.gid, follow_symlinks=False)
+            os.chmod(workdir, 0o700)
     except OSError as exc:
         raise SpawnError(f"cannot prepare {workdir}: {exc.strerror or exc}") from exc
 

@@ -8,10 +8,17 @@ directory is the one writable place, mounted at
 hidden. A machine's volume is bound read-write at its mount path (``mounts``). With
 ``network=False`` the machine gets a network namespace of its own with only ``lo``.
 
-A machine of an image sees the image's files read-only: as its root file system when the image
-is a whole one (it has ``/bin`` or ``/usr/bin``), else at :data:`IMAGE_DIR` over the host's
-root; either way it starts in the image's working directory. (The image is shared by every
-machine of it on the worker, hence read-only; the machine's own directory stays writable.)
+A machine of an image whose files are a whole root file system (it has ``/bin`` or
+``/usr/bin``) runs in it as its ``/``: with ``overlay`` (a root agent), that is the overlay of
+the image's files and the machine's own writable layer (:mod:`souq.drivers.rootfs`), bound
+read-write; otherwise the image's files themselves, read-only (shared by every machine of the
+image). An image of an app's files alone is mounted read-only at :data:`IMAGE_DIR` over the
+host's root. Either way it starts in the image's working directory.
+
+A machine of its own host uid (:mod:`souq.drivers.identity`) runs ``bwrap`` as that uid with
+``--unshare-user``: root inside its user namespace (or the image's ``User``, ``inner``) is
+that uid outside, and nothing else is mapped. Its own files (its directory, its writable layer)
+are that uid's, so they are root's inside.
 
 The process the agent watches is ``bwrap`` itself: it exits with the command's exit status
 (``128 + n`` when the command was killed by signal ``n``), and signals sent to the machine's
@@ -23,12 +30,13 @@ re-adopted by the next one.
 from __future__ import annotations
 
 import functools
+import os
 import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["IMAGE_DIR", "WORKDIR", "Image", "available", "bwrap_argv"]
+__all__ = ["IMAGE_DIR", "WORKDIR", "Image", "available", "bwrap_argv", "unavailable"]
 
 WORKDIR = "/run/souq"
 IMAGE_DIR = "/app"
@@ -60,17 +68,35 @@ class Image:
         return str(Path(base) / self.workdir) if self.workdir else base
 
 
-@functools.cache
 def available() -> bool:
     """Whether ``bwrap`` is installed and can create the namespaces we need on this host."""
+    return unavailable() is None
+
+
+@functools.cache
+def unavailable() -> str | None:
+    """Why this host cannot run the sandbox (None: it can): ``bwrap`` is missing, or cannot
+    make the namespaces (as root, also a user namespace for an unprivileged uid)."""
     bwrap = shutil.which("bwrap")
     if bwrap is None:
-        return False
+        return "bubblewrap (bwrap) is not installed"
     argv = [*bwrap_argv(Path("/"), network=False, machines_root=None, bwrap=bwrap), "/bin/true"]
-    try:
-        return subprocess.run(argv, capture_output=True, timeout=10, check=False).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        return False
+    tries: list[tuple[list[str], dict[str, object]]] = [(argv, {})]
+    if os.geteuid() == 0:  # machines of their own uid run bwrap as it, in a user namespace
+        inner = bwrap_argv(Path("/"), network=False, machines_root=None, bwrap=bwrap, inner=(0, 0))
+        nobody = {"user": 65534, "group": 65534, "extra_groups": []}
+        tries.append(([*inner, "/bin/true"], nobody))
+    for command, user in tries:
+        try:
+            done = subprocess.run(  # type: ignore[call-overload]
+                command, capture_output=True, timeout=10, check=False, cwd="/", **user
+            )
+        except (OSError, subprocess.SubprocessError) as exc:
+            return f"bwrap cannot run: {exc}"
+        if done.returncode != 0:
+            said = done.stderr.decode(errors="replace").strip().splitlines()
+            return "bwrap cannot make the namespaces here: " + (said[-1] if said else "failed")
+    return None
 
 
 def bwrap_argv(
@@ -81,20 +107,29 @@ def bwrap_argv(
     bwrap: str = "bwrap",
     image: Image | None = None,
     mounts: tuple[tuple[str, str], ...] = (),
+    overlay: Path | None = None,
+    inner: tuple[int, int] | None = None,
+    hostname: str = "sandbox",
 ) -> list[str]:
     """The ``bwrap`` command line that jails whatever follows it (append the command).
     ``mounts``: volumes, (directory on the host, path inside), bound read-write; the agent's
-    other volumes (their common parent) are hidden under an empty tmpfs first."""
+    other volumes (their common parent) are hidden under an empty tmpfs first. ``overlay``: the
+    machine's mounted root file system (an image's, whole), bound read-write as ``/``.
+    ``inner``: the uid and gid it runs as inside a user namespace of its own (bwrap is then run
+    by the machine's host uid, which they map to)."""
     whole = image is not None and image.is_root
-    root = str(image.root) if image is not None and whole else "/"
-    argv = [
-        bwrap,
-        "--ro-bind", root, "/",
-        "--dev", "/dev",
-        "--proc", "/proc",
-        "--tmpfs", "/tmp",  # noqa: S108 - a private, empty /tmp inside the sandbox
-        "--tmpfs", "/run",
-    ]  # fmt: skip
+    if overlay is not None and whole:
+        argv = [bwrap, "--bind", str(overlay), "/", "--dev", "/dev", "--proc", "/proc"]
+    else:
+        root = str(image.root) if image is not None and whole else "/"
+        argv = [
+            bwrap,
+            "--ro-bind", root, "/",
+            "--dev", "/dev",
+            "--proc", "/proc",
+            "--tmpfs", "/tmp",  # noqa: S108 - a private, empty /tmp inside the sandbox
+            "--tmpfs", "/run",
+        ]  # fmt: skip
     hidden = ("/tmp", "/run")  # noqa: S108 - already private inside the sandbox
     if (
         not whole
@@ -105,15 +140,19 @@ def bwrap_argv(
     if image is not None and not whole:
         argv += ["--ro-bind", str(image.root), IMAGE_DIR]
     for parent in sorted({str(Path(host_dir).parent) for host_dir, _ in mounts}):
-        argv += ["--tmpfs", parent]  # other volumes stay out of sight
+        if overlay is None or not whole:
+            argv += ["--tmpfs", parent]  # other volumes stay out of sight
     for host_dir, path in mounts:
         argv += ["--bind", host_dir, path]
+    if overlay is None or not whole:
+        argv += ["--bind", str(workdir), WORKDIR]
     argv += [
-        "--bind", str(workdir), WORKDIR,
         "--chdir", WORKDIR if image is None else image.start_dir(),
         "--unshare-pid", "--unshare-ipc", "--unshare-uts",
-        "--hostname", "sandbox",
+        "--hostname", hostname,
     ]  # fmt: skip
+    if inner is not None:
+        argv += ["--unshare-user", "--uid", str(inner[0]), "--gid", str(inner[1])]
     if not network:
         argv.append("--unshare-net")
     argv.append("--")

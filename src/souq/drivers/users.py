@@ -9,6 +9,7 @@ then logged as a warning at start.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import stat
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from souq.errors import InvalidInput
 
-__all__ = ["NOBODY", "MachineUser", "agent_user", "check_reachable", "machine_user"]
+__all__ = ["NOBODY", "MachineUser", "agent_user", "check_reachable", "machine_user", "shut_in"]
 
 NOBODY = 65534  # nobody and nogroup (or nobody) on every Linux distribution we know
 
@@ -134,3 +135,13 @@ def check_reachable(user: MachineUser, directory: Path) -> None:
                 hint="give the agent a --data-dir that user can reach (e.g. under /var/lib), "
                 f"let it through (chmod o+x {ancestor}), or choose --machine-user",
             )
+
+
+def shut_in(data_dir: Path) -> None:
+    """The agent's directory, and each directory in it, passable but not readable by others
+    (0711): a machine's user reaches its own directory (and its image's files) by their path,
+    but lists nothing of the agent's or of other machines'."""
+    for directory in (data_dir, *data_dir.iterdir(), data_dir / "images" / "images"):
+        with contextlib.suppress(OSError):
+            if directory.is_dir() and not directory.is_symlink():
+                directory.chmod(0o711)

@@ -298,6 +298,10 @@ class ImageCache:
         """Read the index; remove whatever it does not name (work cut short by a crash)."""
         for sub in ("blobs/sha256", "images"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
+        # Machines' users pass through to an image's files by its digest; none lists them.
+        for passable in (self.root, self.root / "images"):
+            passable.chmod(0o711)
+        (self.root / "blobs").chmod(0o700)
         try:
             index = json.loads((self.root / "index.json").read_text())
         except (FileNotFoundError, ValueError):

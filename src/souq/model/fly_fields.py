@@ -19,6 +19,7 @@ __all__ = [
     "GUEST_UNSUPPORTED",
     "INIT_UNSUPPORTED",
     "PORT_UNSUPPORTED",
+    "ROOTFS_UNSUPPORTED",
     "SERVICE_UNSUPPORTED",
     "FlyInput",
     "drop_unset",
@@ -33,7 +34,6 @@ CONFIG_UNSUPPORTED: Mapping[str, str] = {
     "processes": "extra processes in one machine are not supported; run one machine each",
     "containers": "several containers in one machine are not supported; run one machine each",
     "volumes": "give the machine's volume in `mounts`",
-    "rootfs": "root filesystem settings are not supported; a machine runs in its image's files",
     "cache_drive": "cache drives are not supported",
     "metrics": "scraping a machine's metrics is not supported; expose them on a service",
     "size": "named sizes are not supported; give guest.cpus and guest.memory_mb",
@@ -42,8 +42,12 @@ CONFIG_UNSUPPORTED: Mapping[str, str] = {
 GUEST_UNSUPPORTED: Mapping[str, str] = {
     "max_memory_mb": "memory is a hard limit of guest.memory_mb; there is no burst above it",
     "host_dedication_id": "dedicated hosts are not supported; use constraints on labels",
-    "persist_rootfs": "a machine's files are its image's, kept on its worker",
+    "persist_rootfs": "give `rootfs.persist` (`never` or `always`)",
     "kernel_args": "machines are processes on the worker's kernel, not VMs",
+}
+ROOTFS_UNSUPPORTED: Mapping[str, str] = {
+    "size_gb": "a machine's writable layer is bounded by its worker's disk, not by a size",
+    "fs_size_gb": "a machine's writable layer is bounded by its worker's disk, not by a size",
 }
 INIT_UNSUPPORTED: Mapping[str, str] = {
     "tty": "machines have no terminal",

@@ -35,6 +35,7 @@ from souq.model.fly_fields import (
     GUEST_UNSUPPORTED,
     INIT_UNSUPPORTED,
     PORT_UNSUPPORTED,
+    ROOTFS_UNSUPPORTED,
     SERVICE_UNSUPPORTED,
     drop_unset,
 )
@@ -251,6 +252,21 @@ class SandboxConfig(Input):
     network: bool = Field(default=True, description="false: the machine sees only `lo`")
 
 
+class RootfsConfig(Input):
+    """Fly's ``rootfs``: what becomes of a machine's writes to its image's root file system."""
+
+    persist: Literal["never", "always"] = Field(
+        default="never",
+        description="`never`: each start begins from the image (Fly's default); `always`: the "
+        "machine's writable layer is kept across stops and restarts (until it is destroyed)",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fly_fields(cls, data: Any) -> Any:
+        return drop_unset(data, ROOTFS_UNSUPPORTED)
+
+
 class MachineConfig(Input):
     cmd: list[str] = Field(
         default_factory=list,
@@ -270,12 +286,14 @@ class MachineConfig(Input):
         description="Fly's form of the command (`exec`, `entrypoint`, `cmd`); `cmd` above is "
         "`init.exec`",
     )
-    driver: Literal["exec", "sandbox"] = Field(
-        default="exec",
-        description="`exec`: a plain process; `sandbox`: under bubblewrap (read-only host root, "
-        "private /tmp and /dev, own pid, ipc and uts namespaces)",
+    driver: Literal["exec", "sandbox"] | None = Field(
+        default=None,
+        description="`sandbox`: isolated under bubblewrap (its own mount, pid, ipc, uts and user "
+        "namespaces; an image is its root file system); `exec`: a plain process; unset: "
+        "`sandbox` wherever the worker can isolate, else `exec` (its placement record says so)",
     )
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    rootfs: RootfsConfig = Field(default_factory=RootfsConfig)
     env: dict[str, str] = Field(default_factory=dict)
     guest: GuestConfig = Field(default_factory=GuestConfig)
     restart: RestartConfig = Field(default_factory=RestartConfig)

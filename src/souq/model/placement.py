@@ -93,6 +93,16 @@ class Placement(Record):
         "null); the worker says so when it takes the machine",
     )
     image: ImagePull | None = Field(default=None, description="the image: cached, or pulled")
+    driver: str | None = Field(
+        default=None,
+        description="the driver it runs under on the chosen worker (`sandbox`: isolated; "
+        "`exec`: a plain process), as the worker took it",
+    )
+    isolation: str | None = Field(
+        default=None,
+        description="why it is not isolated, when the config left the driver to the worker and "
+        "the worker cannot isolate",
+    )
     source: str = Field(
         default="offers",
         description="where the candidates came from: `book` (the broker's book of what every "

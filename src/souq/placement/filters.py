@@ -81,7 +81,7 @@ class DriverFilter:
 
     def check(self, request: PlacementRequest, offer: Offer) -> Rejection | None:
         fp = offer.worker.fingerprint
-        if fp is None or request.driver in fp.drivers:
+        if fp is None or request.driver is None or request.driver in fp.drivers:
             return None
         return Rejection(
             "driver_missing",

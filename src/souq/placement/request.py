@@ -58,7 +58,7 @@ class PlacementRequest:
     constraints: tuple[Constraint, ...] = ()
     distinct_workers_for: str | None = None  # "app": at most one machine of the app per worker
     image: WantedImage | None = None  # what the machine runs; cached on some workers
-    driver: str = "exec"
+    driver: str | None = None  # None: any (isolated where the worker can)
     # A standby's: the workers of the machines it stands by for (it must not share their fate).
     avoid_workers: frozenset[str] = frozenset()
     # A machine that mounts a volume: the worker that holds it (nowhere else will do).

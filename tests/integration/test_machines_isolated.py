@@ -1,0 +1,268 @@
+"""Machines as machines, on a real cluster whose agent keeps its own defaults (a root agent, no
+``--machine-user``, no ``--default-driver``): a machine that names no driver is isolated under
+bubblewrap, in a user namespace whose root is a host uid of the machine's own; a machine of an
+image runs in the image's root file system under a writable layer of its own (overlayfs on an
+idmapped mount of the shared image). Assertions read /proc and the files, never timings."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from souq.drivers import sandbox
+from souq.drivers.identity import BASE, COUNT
+from souq.images import layout_tar, pack_directory
+from souq.model.machine import Machine, MachineState
+from souq.testing import AgentProcess, Cluster, auth_headers, wait_until
+
+APP = "iso"
+BUSYBOX = shutil.which("busybox")
+APPLETS = ("sh", "id", "ls", "cat", "echo", "sleep", "test", "hostname", "kill", "true", "grep")
+
+pytestmark = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="isolation needs a root agent"),
+    pytest.mark.skipif(
+        BUSYBOX is None, reason="busybox-static is missing (`make test` installs it)"
+    ),
+    pytest.mark.skipif(not sandbox.available(), reason=f"{sandbox.unavailable()}"),
+]
+
+
+def busybox_root(root: Path) -> Path:
+    """A whole root file system of busybox alone: /bin/busybox and its applets."""
+    (root / "bin").mkdir(parents=True)
+    shutil.copy(BUSYBOX or "", root / "bin" / "busybox")
+    for applet in APPLETS:
+        (root / "bin" / applet).symlink_to("busybox")
+    (root / "etc").mkdir()
+    (root / "etc" / "motd").write_text("the image's own\n")
+    return root
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    # Not under pytest's base (0700, root's): each machine's uid must reach its directory, as
+    # under `souq dev`'s /var/lib/souq/dev.
+    root = Path(tempfile.mkdtemp(prefix="souq-isolated-", dir="/var/tmp"))
+    root.chmod(0o711)
+    try:
+        with Cluster(root, regions={}) as c:
+            c.add_agent("mad", machine_user=None, default_driver=None)
+            c.wait_for_workers()
+            yield c
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def image(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> str:
+    built = pack_directory(busybox_root(tmp_path_factory.mktemp("bb") / "rootfs"), cmd=["sh"])
+    with cluster.client() as client:
+        return client.push_image(layout_tar(built)).reference
+
+
+def agent(cluster: Cluster) -> AgentProcess:
+    return cluster.agents[0]
+
+
+def started(cluster: Cluster, config: dict[str, object], app: str = APP) -> Machine:
+    with cluster.client() as client:
+        machine = client.create_machine(app, "mad", config)
+        return client.wait(app, machine.id, MachineState.STARTED, timeout=60)
+
+
+def output(cluster: Cluster, machine: Machine, contains: str, app: str = APP) -> str:
+    last = [""]
+
+    def seen() -> str | None:
+        with cluster.client() as client:
+            last[0] = client.logs(app, machine.id)
+        return last[0] if contains in last[0] else None
+
+    try:
+        return wait_until(seen, timeout=30, message=f"{contains!r} in the machine's output")
+    except TimeoutError as exc:
+        raise AssertionError(f"{exc}; it printed: {last[0]!r}") from exc
+
+
+def processes_of(machine_id: str) -> list[int]:
+    """Host pids of the processes whose environment names the machine (its command; bwrap
+    itself, which the agent watches, has it too)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes()
+        except OSError:
+            continue
+        if f"SOUQ_MACHINE_ID={machine_id}".encode() in environ.split(b"\0"):
+            found.append(int(entry))
+    return found
+
+
+def host_uid(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Uid:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no Uid line for pid {pid}")
+
+
+def destroy(cluster: Cluster, *machines: Machine, app: str = APP) -> None:
+    with cluster.client() as client:
+        for machine in machines:
+            client.destroy(app, machine.id, force=True)
+
+
+def test_the_worker_says_it_isolates_by_default(cluster: Cluster) -> None:
+    with cluster.client() as client:
+        (worker,) = client.workers()
+    fp = worker.fingerprint
+    assert fp is not None
+    assert "sandbox" in fp.drivers
+    assert fp.isolation["default_driver"] == "sandbox"
+    assert "user" in fp.isolation["namespaces"]
+    assert "a uid of each machine's own" in fp.machine_user
+
+
+def test_a_machine_of_an_image_runs_in_its_root_as_root_of_a_uid_of_its_own(
+    cluster: Cluster, image: str
+) -> None:
+    script = "id -u; hostname; cat /etc/motd; ls /proc | grep -c '^[0-9]'; echo ready; sleep 600"
+    one = started(cluster, {"image": image, "cmd": ["sh", "-c", script]})
+    two = started(cluster, {"image": image, "cmd": ["sh", "-c", script]})
+    try:
+        assert one.config.driver == "sandbox"  # the worker chose, and says so
+        assert one.placement is not None and one.placement.driver == "sandbox"
+        assert one.placement.isolation is None
+        text = output(cluster, one, "ready")
+        lines = text.split()
+        assert lines[0] == "0"  # root inside
+        assert lines[1] == "sandbox"
+        assert "the image's own" in text  # the image's /etc, not the host's
+        assert int(lines[-2]) <= 4  # its own pid namespace: bwrap, sh, sleep (and ls)
+        uids = set()
+        for machine in (one, two):
+            pids = wait_until(lambda m=machine: processes_of(m.id), timeout=10, message="pids")
+            owners = {host_uid(pid) for pid in pids}
+            assert len(owners) == 1, owners  # all of its processes: one uid
+            (uid,) = owners
+            assert BASE <= uid < BASE + COUNT
+            uids.add(uid)
+        assert len(uids) == 2  # each machine its own
+    finally:
+        destroy(cluster, one, two)
+
+
+def test_writes_go_to_the_machine_own_layer_and_start_afresh_unless_kept(
+    cluster: Cluster, image: str
+) -> None:
+    script = (
+        "test -e /etc/mine && echo FOUND-OLD || echo FRESH; echo $SOUQ_MACHINE_ID > /etc/mine; "
+        "echo written; sleep 600"
+    )
+    config = {"image": image, "cmd": ["sh", "-c", script]}
+    one = started(cluster, config)
+    two = started(cluster, config)
+    kept = started(cluster, {**config, "rootfs": {"persist": "always"}})
+    try:
+        for machine in (one, two, kept):
+            assert "FRESH" in output(cluster, machine, "written")  # never another's write
+        images = agent(cluster).data_dir / "images"
+        assert not list(images.glob("images/*/rootfs/etc/mine"))  # the image is unchanged
+        with cluster.client() as client:
+            for machine in (one, kept):
+                client.restart(APP, machine.id)
+        assert "FRESH" in output(cluster, one, "written\nFRESH")  # a restart: from the image
+        assert "FOUND-OLD" in output(cluster, kept, "FOUND-OLD")  # rootfs.persist = always
+    finally:
+        destroy(cluster, one, two, kept)
+    rootfs = agent(cluster).data_dir / "machines" / ".rootfs"
+    wait_until(
+        lambda: not any(rootfs.glob("*")) if rootfs.exists() else True,
+        timeout=20,
+        message="the machines' layers removed with them",
+    )
+    mounts = Path("/proc/self/mountinfo").read_text()
+    assert str(rootfs) not in mounts
+
+
+def test_from_inside_a_machine_nothing_of_another_machine_or_the_worker_is_reachable(
+    cluster: Cluster,
+) -> None:
+    """Under every driver the worker offers: a plain process (exec) and the sandbox, each of
+    a uid of its own."""
+    data = agent(cluster).data_dir
+    victim = started(
+        cluster,
+        {"driver": "exec", "cmd": ["sleep", "600"], "env": {"BRAVO_SECRET": "s3cr3t"}},
+        app="bravo",
+    )
+    try:
+        (pid,) = wait_until(lambda: processes_of(victim.id), timeout=10, message="bravo's pid")
+        probes = {
+            "environ": f"cat /proc/{pid}/environ",
+            "memory": f"cat /proc/{pid}/mem",
+            "signal": f"kill -0 {pid}",
+            "cwd": f"ls /proc/{pid}/cwd/",
+            "state": f"ls {data}/",
+            "machines": f"ls {data}/machines/{victim.id}/",
+            "records": f"ls {data}/machines/.agent/",
+            "auth": f"ls {cluster.root / 'auth'}/",
+        }
+        script = "; ".join(
+            f"if {probe} >/dev/null 2>&1; then echo {name}=OPEN; else echo {name}=closed; fi"
+            for name, probe in probes.items()
+        )
+        for driver in ("exec", "sandbox"):
+            spy = started(
+                cluster, {"driver": driver, "cmd": ["sh", "-c", f"{script}; echo done; sleep 600"]}
+            )
+            try:
+                text = output(cluster, spy, "done")
+                assert "OPEN" not in text, (driver, text)
+                assert "s3cr3t" not in text
+            finally:
+                destroy(cluster, spy)
+    finally:
+        destroy(cluster, victim, app="bravo")
+
+
+def test_a_program_its_user_cannot_run_fails_the_create_at_once(cluster: Cluster) -> None:
+    hidden = Path("/root/.souq-test-hidden")
+    hidden.mkdir(mode=0o700, exist_ok=True)
+    program = hidden / "tool"
+    program.write_text("#!/bin/sh\necho hi\n")
+    program.chmod(0o755)
+    try:
+        response = httpx.post(
+            f"{cluster.api_url}/v1/apps/{APP}/machines",
+            json={"region": "mad", "config": {"cmd": [str(program)]}},
+            headers=auth_headers(),
+            timeout=30,
+        )
+        assert response.status_code == 422, response.text
+        body = response.json()
+        assert body["status"] == "command_not_runnable"
+        assert str(program) in body["error"] and "a machine's own uid" in body["error"]
+        assert body["path"] == str(program) and body["program"] == str(program)
+    finally:
+        shutil.rmtree(hidden)
+
+
+def test_a_program_on_root_only_path_entries_is_found_where_its_user_can_run_it(
+    cluster: Cluster,
+) -> None:
+    """The agent's PATH starts with directories only root may enter (here, /root/...): the
+    machine's `sh` is found past them, as execvp would."""
+    machine = started(cluster, {"driver": "exec", "cmd": ["sh", "-c", "echo found; sleep 600"]})
+    try:
+        output(cluster, machine, "found")
+    finally:
+        destroy(cluster, machine)
