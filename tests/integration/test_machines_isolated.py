@@ -266,3 +266,19 @@ def test_a_program_on_root_only_path_entries_is_found_where_its_user_can_run_it(
         output(cluster, machine, "found")
     finally:
         destroy(cluster, machine)
+
+
+def test_python3_is_the_one_its_user_can_run_not_roots_shim(cluster: Cluster) -> None:
+    """As root on this kind of machine, `python3` on root's PATH is a shim under /root (0700);
+    the machine's user runs the system's, under the default driver and under exec."""
+    for driver in (None, "exec"):
+        config: dict[str, object] = {"cmd": ["python3", "-c", "import sys; print(sys.executable)"]}
+        if driver:
+            config["driver"] = driver
+        with cluster.client() as client:
+            machine = client.create_machine(APP, "mad", {**config, "restart": {"policy": "no"}})
+        try:
+            text = output(cluster, machine, "python3")
+            assert "/root/" not in text and "Permission denied" not in text, text
+        finally:
+            destroy(cluster, machine)

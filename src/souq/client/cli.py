@@ -30,7 +30,7 @@ from souq.client.options import (
     signal_name,
 )
 from souq.errors import InsufficientCapacity, InvalidInput, SouqError
-from souq.model.choices import MachineState, RestartPolicy
+from souq.model.choices import Driver, MachineState, RestartPolicy
 
 
 def _lazy(name: str) -> ModuleType:
@@ -186,6 +186,14 @@ def machine_run(
     constraint: ConstraintOpt = None,
     distinct: DistinctOpt = False,
     image: ImageOpt = None,
+    driver: Annotated[
+        Driver | None,
+        typer.Option(
+            "--driver",
+            help="sandbox: isolated (its own namespaces; an image as its root); exec: a plain "
+            "process (default: isolated wherever the worker can).",
+        ),
+    ] = None,
     policy: PolicyOpt = None,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Show where it would go and why; claim nothing.")
@@ -199,6 +207,8 @@ def machine_run(
             command, cpus, memory_mb, constraints=constraint, distinct=distinct, image=image
         )
         config |= _run_config(restart, max_retries, env)
+        if driver is not None:
+            config["driver"] = driver.value
         if autostop is not None and not port:
             raise typer.BadParameter(
                 "it says what the proxy does to an idle service: give the service's --port",

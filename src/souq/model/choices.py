@@ -9,6 +9,7 @@ from typing import Literal
 
 __all__ = [
     "Autostop",
+    "Driver",
     "FitPolicy",
     "JobRestart",
     "JobState",
@@ -82,3 +83,10 @@ FitPolicy = Literal[
 ]
 # An API token's scope (souq.auth.tokens.Scope: what each includes).
 ScopeName = Literal["read", "write", "deploy", "admin", "queue"]
+
+
+class Driver(StrEnum):
+    """How a machine runs on its worker: isolated (``sandbox``) or a plain process."""
+
+    SANDBOX = "sandbox"
+    EXEC = "exec"
