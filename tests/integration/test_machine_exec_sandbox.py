@@ -193,10 +193,13 @@ def test_exec_is_the_machines_own_user_inside_its_user_namespace(
 
 def _jail(workdir: Path, *userns: str, image: sandbox.Image | None = None) -> subprocess.Popen[str]:
     """bwrap as the sandbox driver builds it, run by :data:`MACHINE_UID` with a user
-    namespace whose root is that uid; its command says ``ready`` once the jail is built."""
+    namespace whose root is that uid; its command says ``ready`` once the jail is built.
+    ``--die-with-parent``: killing the outer bwrap ends the jail (its init, and so its pid
+    namespace), as the test's teardown does."""
     argv = sandbox.bwrap_argv(workdir, network=False, machines_root=None, image=image)
     assert argv[-1] == "--"
-    argv = [*argv[:-1], "--unshare-user", "--uid", "0", "--gid", "0", *userns, "--"]
+    argv = [*argv[:-1], "--unshare-user", "--uid", "0", "--gid", "0", *userns]
+    argv += ["--die-with-parent", "--"]
     proc = subprocess.Popen(
         [*argv, "sh", "-c", "echo ready; exec sleep 3600"],
         stdout=subprocess.PIPE,
