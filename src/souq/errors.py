@@ -11,7 +11,7 @@ tree at the boundary that catches them, so nothing above a boundary handles fore
     │   ├── UnknownRegion          422 unknown_region
     │   ├── ImageInvalid           422 image_invalid     (an OCI image or layout breaks the spec)
     │   │   └── ImageTooLarge      422 image_too_large   (its files unpack past their bound)
-    │   ├── ExecUnavailable        422 exec_unavailable  (exec cannot run for that machine's driver)
+    │   ├── ExecUnavailable        422 exec_unavailable  (exec cannot run in that machine here)
     │   └── TraceInvalid           422 trace_invalid     (a bad trace row: file, line, column)
     ├── Unauthorized               401 unauthorized      (no token, or one that is not valid)
     ├── Forbidden                  403 forbidden         (a valid token outside its scope)
@@ -203,7 +203,9 @@ class CommandNotRunnable(InvalidInput, status="command_not_runnable"):
 
 
 class ExecUnavailable(InvalidInput, status="exec_unavailable"):
-    """The machine's driver cannot run a command inside it (e.g. the sandbox's namespaces)."""
+    """The worker cannot run a command inside the machine: it lacks the tool (``setpriv``,
+    ``nsenter``), or entering the machine's sandbox would give the command more than the
+    machine's own has."""
 
 
 class DeployFailed(SouqError, status="deploy_failed"):

@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
+from souq.drivers import sandbox
 from souq.model import Machine, MachineState
 from souq.testing import Cluster, ProxyProcess, auth_headers, wait_until
 from tests.integration.services_harness import app_name, echo_config, edge_proxy
@@ -217,3 +218,28 @@ def test_the_cli_execs_lists_sets_metadata_and_cordons(cluster: Cluster) -> None
         client.wait(app, m.id, MachineState.STOPPED, timeout=20)
     run = souq(cluster, "machine", "exec", "--app", app, m.id, "--", "true")
     assert run.returncode == 1 and "started machine" in run.stderr
+
+
+@pytest.mark.skipif(not sandbox.available(), reason="bubblewrap cannot run here")
+def test_exec_and_ps_enter_a_sandboxed_machine(cluster: Cluster) -> None:
+    app = app_name("s")
+    m = started(cluster, app, driver="sandbox")
+    assert m.address is not None
+    port = m.address.port_for(8080)
+    script = "hostname; echo $PORT; echo $$; pwd"
+    r = flaps(cluster, "POST", app, f"/{m.id}/exec", {"cmd": f"sh -c '{script}'"})
+    assert r.status_code == 200, r.text
+    host, port_seen, pid, cwd = r.json()["stdout"].split()
+    assert (host, port_seen, cwd) == ("sandbox", str(port), sandbox.WORKDIR)
+    assert int(pid) < 20  # a pid of the machine's own namespace
+
+    def listening() -> list[dict[str, Any]] | None:
+        rows: list[dict[str, Any]] = flaps(cluster, "GET", app, f"/{m.id}/ps").json()
+        return rows if any(row["listen_sockets"] for row in rows) else None
+
+    rows = wait_until(listening, message="the sandboxed machine to listen")
+    assert rows[0]["pid"] == 1 and "bwrap" in rows[0]["command"]  # its init, as it sees it
+    app_row = rows[1]  # the machine's command, pid 2
+    assert app_row["pid"] == 2 and app_row["command"].endswith("echo_app.py")
+    assert app_row["directory"] == sandbox.WORKDIR
+    assert {"proto": "tcp", "address": f"127.0.0.1:{port}"} in app_row["listen_sockets"]

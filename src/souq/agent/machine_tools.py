@@ -11,8 +11,14 @@ JoinsCgroups`), in a session of its own. stdout and stderr are kept up to
 :data:`~souq.model.machine_tools.EXEC_OUTPUT_MAX_BYTES` each (the rest is read and dropped).
 Past its timeout the command's whole process group is killed and the answer is
 :class:`~souq.errors.WaitTimeout` (``408 timeout``). A machine of the ``sandbox`` driver lives
-in namespaces of its own that the agent does not enter: exec is refused there
-(:class:`~souq.errors.ExecUnavailable`).
+in namespaces of its own: the command joins the machine's cgroup first (as the worker, on the
+host), then ``nsenter`` enters the namespaces of the machine's command and takes its ids there
+(:mod:`souq.drivers.enter`), so it sees the machine's hostname, ``/proc``, files and network;
+its environment is the machine command's.
+
+**Ps** lists an exec machine's process and its descendants, by host pid (they are the pids the
+machine sees). A sandboxed machine's are every process in its pid namespace (exec'd ones too),
+by the pid the machine sees: 1 is bwrap's init, 2 the machine's command.
 
 **Metadata and cordon** change the machine's record in one committed step (an event
 ``metadata``, ``cordon`` or ``uncordon`` that carries the new record to every view): durable in
@@ -36,6 +42,7 @@ import psutil
 from souq.agent.executor import Executor
 from souq.agent.records import MachineRow
 from souq.clock import Clock
+from souq.drivers import enter
 from souq.drivers.base import Handle, JoinsCgroups
 from souq.errors import (
     ExecUnavailable,
@@ -95,13 +102,9 @@ class MachineTools:
     async def exec(self, cmd: ExecCommand) -> ExecReply:
         row, handle = self._running(cmd.app, cmd.machine_id, "exec")
         if row.config.driver == "sandbox":
-            raise ExecUnavailable(
-                f"exec is not available for machine {row.id}: it runs under the sandbox driver, "
-                "in namespaces the worker does not enter",
-                hint="run the command from the machine's own process, or use the exec driver",
-                details={"driver": "sandbox"},
-            )
-        env, cwd, prefix = self._context(row, handle)
+            env, cwd, prefix = self._sandbox_context(row, handle)
+        else:
+            env, cwd, prefix = self._context(row, handle)
         try:
             proc = await asyncio.create_subprocess_exec(
                 *prefix,
@@ -146,10 +149,7 @@ class MachineTools:
             env = proc.environ()
             cwd = proc.cwd()
         except (psutil.Error, OSError) as exc:
-            raise MachineNotStarted(
-                f"machine {row.id}'s process cannot be read ({exc}): is it still running?",
-                hint="check the machine's state and try again",
-            ) from None
+            raise _not_running(row, str(exc)) from None
         driver = self._ex.driver
         prefix = list(driver.join_prefix(row.id)) if isinstance(driver, JoinsCgroups) else []
         uid, gid, groups = _credentials(handle.pid)
@@ -166,20 +166,61 @@ class MachineTools:
             prefix += [setpriv, *switch, "--"]
         return env, cwd, prefix
 
+    def _sandbox_context(
+        self, row: MachineRow, handle: Handle
+    ) -> tuple[dict[str, str], str, list[str]]:
+        """The environment of the sandboxed machine's command, and the argv prefix that puts a
+        command in its cgroup (first, as the worker) and then in its namespaces."""
+        nsenter = shutil.which("nsenter")
+        if nsenter is None:
+            raise ExecUnavailable(
+                f"exec on machine {row.id} must enter its sandbox's namespaces, and this worker "
+                "has no `nsenter`",
+                hint="install util-linux on the worker",
+                details={"driver": "sandbox", "missing": "nsenter"},
+            )
+        try:
+            entry = enter.entry_of(handle.pid)
+            env = psutil.Process(entry.target).environ()
+        except psutil.Error as exc:
+            raise _not_running(row, str(exc)) from None
+        except enter.CannotEnter as exc:
+            if exc.reason in ("gone", "setting_up"):
+                raise _not_running(row, str(exc)) from None
+            raise ExecUnavailable(
+                f"exec cannot enter machine {row.id}: {exc}",
+                hint="run its sandbox with `bwrap --disable-userns`"
+                if exc.reason == "wider"
+                else "check how the worker runs the machine's sandbox",
+                details={"driver": "sandbox", "reason": exc.reason},
+            ) from None
+        driver = self._ex.driver
+        prefix = list(driver.join_prefix(row.id)) if isinstance(driver, JoinsCgroups) else []
+        return env, "/", [*prefix, *enter.nsenter_argv(entry, nsenter)]
+
     # -- ps --------------------------------------------------------------------------------
 
     async def ps(self, app: str, machine_id: str) -> list[ProcessStat]:
-        """The machine's process tree: its process, then every descendant, by pid."""
-        _, handle = self._running(app, machine_id, "ps", S.STARTED, S.SUSPENDED)
+        """The machine's processes by pid: an exec machine's process, then every descendant;
+        every process in a sandboxed machine's pid namespace, by the pid it has there."""
+        row, handle = self._running(app, machine_id, "ps", S.STARTED, S.SUSPENDED)
         now = self._clock.now_ms() / 1000
-        try:
-            root = psutil.Process(handle.pid)
-            tree = [root, *sorted(root.children(recursive=True), key=lambda p: p.pid)]
-        except psutil.NoSuchProcess:
-            return []
+        if row.config.driver == "sandbox":
+            try:
+                init = enter.machine_init(handle.pid)
+            except enter.CannotEnter:  # it exited meanwhile
+                return []
+            listed = _processes(enter.pid_namespace_members(init) if init is not None else [])
+        else:
+            try:
+                root = psutil.Process(handle.pid)
+                tree = [root, *sorted(root.children(recursive=True), key=lambda p: p.pid)]
+            except psutil.NoSuchProcess:
+                return []
+            listed = [(p, p.pid) for p in tree]
         rows = []
-        for p in tree:
-            snapshot = _snapshot(p)
+        for p, pid in listed:
+            snapshot = _snapshot(p, pid)
             if snapshot is not None:
                 rows.append(process_stat(snapshot, now))
         return rows
@@ -278,9 +319,25 @@ def _credentials(pid: int) -> tuple[int, int, tuple[int, ...]]:
     return uid, gid, groups
 
 
-def _snapshot(p: psutil.Process) -> ProcessSnapshot | None:
-    """What ``ps`` shows of one process; None once it is gone. A figure the worker may not
-    read (another user's ``cwd``) is left empty."""
+def _not_running(row: MachineRow, why: str) -> MachineNotStarted:
+    return MachineNotStarted(
+        f"machine {row.id}'s process cannot be read ({why}): is it still running?",
+        hint="check the machine's state and try again",
+    )
+
+
+def _processes(members: list[tuple[int, int]]) -> list[tuple[psutil.Process, int]]:
+    """(host pid, pid inside) as processes, leaving out those gone since they were listed."""
+    out = []
+    for host, inside in members:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            out.append((psutil.Process(host), inside))
+    return out
+
+
+def _snapshot(p: psutil.Process, pid: int) -> ProcessSnapshot | None:
+    """What ``ps`` shows of one process, under ``pid`` (the pid its machine sees it by); None
+    once it is gone. A figure the worker may not read (another user's ``cwd``) is left empty."""
     try:
         with p.oneshot():
             times = p.cpu_times()
@@ -301,7 +358,7 @@ def _snapshot(p: psutil.Process) -> ProcessSnapshot | None:
     except psutil.NoSuchProcess:
         return None
     return ProcessSnapshot(
-        pid=p.pid,
+        pid=pid,
         create_time=create_time,
         cmdline=cmdline,
         name=name,
