@@ -273,6 +273,10 @@ async def _serve(config: DevConfig, report: Callable[[DevCluster], None]) -> Non
     data_dir = config.data_dir or default_dev_dir()
     # Before anything in the directory is touched: a second `souq dev` on it refuses here.
     lock = lock_data_dir(data_dir)
+    # Machines' users pass through to their workers' directories; they list nothing here.
+    for passable in (data_dir, data_dir / "workers", data_dir / "agent-auth"):
+        passable.mkdir(parents=True, exist_ok=True)
+        passable.chmod(0o711)
     try:
         await _serve_locked(config, data_dir, report, lock)
     finally:

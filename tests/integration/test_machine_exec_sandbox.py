@@ -160,7 +160,8 @@ def test_ps_lists_the_machines_pid_namespace_by_the_pids_it_sees(
                 listed, what="ps to list the process exec left (once setsid exec'd sleep)"
             )
             assert min(rows) == 1 and rows[1].command.split()[0].endswith("bwrap")
-            assert rows[2].command.startswith("sh -c 'echo up")  # the machine's command
+            program, _, args = rows[2].command.partition(" ")
+            assert program.endswith("sh") and args.startswith("-c 'echo up")  # the command
             assert rows[2].directory == sandbox.WORKDIR  # as the machine sees it
             assert any(row.command == "sleep 3600" for row in rows.values())
             handle = h.agent.executor.handle(mid)

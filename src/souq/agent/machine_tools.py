@@ -105,6 +105,7 @@ class MachineTools:
             env, cwd, prefix = self._sandbox_context(row, handle)
         else:
             env, cwd, prefix = self._context(row, handle)
+        env = host_safe(env)  # the prefix runs as the worker's root before the command
         try:
             proc = await asyncio.create_subprocess_exec(
                 *prefix,
@@ -376,3 +377,20 @@ def _or(read: Callable[[], T], default: T) -> T:
         return read()
     except (psutil.AccessDenied, psutil.ZombieProcess, OSError):
         return default
+
+
+# What glibc drops for a setuid program (its UNSECURE_ENVVARS), and what a shell reads at start:
+# an exec's prefix (the cgroup shell, setpriv, nsenter) runs as the worker's root with the
+# machine's environment, which the machine itself wrote.
+_UNSAFE = frozenset({
+    "GCONV_PATH", "GETCONF_DIR", "HOSTALIASES", "LOCALDOMAIN", "LOCPATH", "MALLOC_TRACE",
+    "NIS_PATH", "NLSPATH", "RESOLV_HOST_CONF", "RES_OPTIONS", "TMPDIR", "TZDIR",
+    "BASH_ENV", "ENV",
+})  # fmt: skip
+
+
+def host_safe(env: dict[str, str]) -> dict[str, str]:
+    """The machine's environment without what would make the worker's root run the machine's
+    code (``LD_PRELOAD`` and the loader's other variables); the exec'd command goes without
+    them too."""
+    return {k: v for k, v in env.items() if k not in _UNSAFE and not k.startswith("LD_")}

@@ -152,7 +152,11 @@ def bwrap_argv(
         "--hostname", hostname,
     ]  # fmt: skip
     if inner is not None:
+        # --disable-userns: the command runs in a user namespace nested in the one that owns
+        # the sandbox's mounts, and can make no other; root inside (or an exec entering it)
+        # holds no capability over those mounts (it cannot unmount /tmp to see the host's).
         argv += ["--unshare-user", "--uid", str(inner[0]), "--gid", str(inner[1])]
+        argv.append("--disable-userns")
     if not network:
         argv.append("--unshare-net")
     argv.append("--")
