@@ -215,7 +215,13 @@ def test_from_inside_a_machine_nothing_of_another_machine_or_the_worker_is_reach
             "machines": f"ls {data}/machines/{victim.id}/",
             "records": f"ls {data}/machines/.agent/",
             "auth": f"ls {cluster.root / 'auth'}/",
+            "nats-credentials": f"cat {cluster.root / 'auth' / 'nats' / 'broker.nk'}",
+            "admin-token": f"cat {cluster.root / 'auth' / 'admin.token'}",
+            "agent-log": f"cat {agent(cluster).log_path}",
+            "victim-output": f"cat {data}/machines/.agent/{victim.id}/output.log",
         }
+        for path in (cluster.root / "auth" / "nats" / "broker.nk", agent(cluster).log_path):
+            assert path.exists(), path  # the probes below are real
         script = "; ".join(
             f"if {probe} >/dev/null 2>&1; then echo {name}=OPEN; else echo {name}=closed; fi"
             for name, probe in probes.items()
