@@ -52,13 +52,14 @@ def machine_spec(
     ``SOUQ_VOLUME_<NAME>`` (where the process finds it: the path in a sandbox, the host's
     directory for a plain process, which has no mount namespace: docs/volumes.md)."""
     config = row.config
-    cmd, env, cwd = tuple(config.cmd), dict(config.env), None
+    cmd, env, cwd, user = tuple(config.cmd), dict(config.env), None, ""
     if image is not None:
         rootfs, record = image
         run = record.run
         cmd = cmd or image_command(config.init, run)
         env = {**run.env, **config.env}
         cwd = str(rootfs / run.workdir.lstrip("/")) if run.workdir else str(rootfs)
+        user = getattr(run, "user", "") or ""
     env.update(secrets or {})
     if row.gpu_ids:  # which of the worker's GPUs are its own, and its share of them
         env["SOUQ_GPUS"] = ",".join(str(i) for i in row.gpu_ids)
@@ -75,6 +76,7 @@ def machine_spec(
         env=port_env(env, row.address),
         driver=driver,
         persist_rootfs=config.rootfs.persist == "always",
+        image_user=user,
         limits=Limits(memory_mb=config.guest.memory_mb, cpus=config.guest.cpus),
         network=config.sandbox.network,
         cwd=cwd,

@@ -56,6 +56,7 @@ class MachineSpec:
     # machine's own uid (souq.drivers.identity) when it has one.
     user: MachineUser | None = None
     persist_rootfs: bool = False  # its writable layer outlives a stop (an image's, overlaid)
+    image_user: str = ""  # its image's User (the sandbox runs it as that user inside)
     limits: Limits = Limits()
     network: bool = True  # sandbox only: False gives the machine a network namespace with lo
     cwd: str | None = None  # where it runs; None: its own directory (the driver's)

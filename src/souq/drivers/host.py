@@ -139,6 +139,11 @@ class HostDriver:
                 uid = user.uid if user.switch else None
                 machine_root = rootfs.MachineRoot(self._rootfs(spec.machine_id), image.root, uid)
                 overlay = machine_root.mount(persist=spec.persist_rootfs)
+            inner = None
+            if user.switch:  # root inside, or the image's User
+                inner = (0, 0)
+                if image is not None and whole:
+                    inner = sandbox.inner_ids(image.root, spec.image_user)
             jail = sandbox.bwrap_argv(
                 workdir,
                 network=spec.network,
@@ -146,7 +151,7 @@ class HostDriver:
                 image=image,
                 mounts=spec.mounts,
                 overlay=overlay,
-                inner=(0, 0) if user.switch else None,
+                inner=inner,
             )
             cmd = (*jail, *cmd)
             spec = replace(spec, cwd=None)  # bwrap moves into the machine's directory itself

@@ -36,7 +36,17 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["IMAGE_DIR", "WORKDIR", "Image", "available", "bwrap_argv", "unavailable"]
+from souq.drivers.base import SpawnError
+
+__all__ = [
+    "IMAGE_DIR",
+    "WORKDIR",
+    "Image",
+    "available",
+    "bwrap_argv",
+    "inner_ids",
+    "unavailable",
+]
 
 WORKDIR = "/run/souq"
 IMAGE_DIR = "/app"
@@ -66,6 +76,46 @@ class Image:
         """The working directory inside the sandbox."""
         base = "/" if self.is_root else IMAGE_DIR
         return str(Path(base) / self.workdir) if self.workdir else base
+
+
+def inner_ids(root: Path, user: str) -> tuple[int, int]:
+    """The uid and gid a machine of an image whose config says ``User`` (Docker's forms:
+    ``name``, ``uid``, ``name:group``, ``uid:gid``) runs as inside: names are the image's own
+    (its ``/etc/passwd`` and ``/etc/group``); empty is root. :class:`SpawnError` for a name the
+    image does not have."""
+    if not user:
+        return 0, 0
+    name, _, group = user.partition(":")
+    passwd = _entries(root, "etc/passwd")
+    if name.isdigit():
+        uid = int(name)
+        gid = next((int(e[3]) for e in passwd if e[2] == name and e[3].isdigit()), uid)
+    else:
+        entry = next((e for e in passwd if e[0] == name), None)
+        if entry is None or not entry[2].isdigit() or not entry[3].isdigit():
+            raise SpawnError(f"the image's User {user!r}: no user {name!r} in its /etc/passwd")
+        uid, gid = int(entry[2]), int(entry[3])
+    if group.isdigit():
+        gid = int(group)
+    elif group:
+        found = next((e for e in _entries(root, "etc/group") if e[0] == group), None)
+        if found is None or not found[2].isdigit():
+            raise SpawnError(f"the image's User {user!r}: no group {group!r} in its /etc/group")
+        gid = int(found[2])
+    return uid, gid
+
+
+def _entries(root: Path, name: str) -> list[list[str]]:
+    """The colon-separated lines of one of the image's files (none if it has no such file,
+    or it is a link: an image's link could lead out of it)."""
+    path = root / name
+    try:
+        if path.is_symlink() or not path.is_file():
+            return []
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    return [line.split(":") for line in lines if line and not line.startswith("#")]
 
 
 def available() -> bool:
