@@ -215,6 +215,7 @@ class MachineTools:
         else:
             try:
                 root = psutil.Process(handle.pid)
+                await _past_exec(root)
                 tree = [root, *sorted(root.children(recursive=True), key=lambda p: p.pid)]
             except psutil.NoSuchProcess:
                 return []
@@ -325,6 +326,16 @@ def _not_running(row: MachineRow, why: str) -> MachineNotStarted:
         f"machine {row.id}'s process cannot be read ({why}): is it still running?",
         hint="check the machine's state and try again",
     )
+
+
+async def _past_exec(proc: psutil.Process, timeout_s: float = 1.0) -> None:
+    """Until the machine's process has exec'd its program: souq-waiter reports its child as
+    soon as it is forked (the machine is ``started`` then), and for a moment the child is
+    still a copy of the waiter."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while proc.name().startswith("souq-waiter") and loop.time() < deadline:  # noqa: ASYNC110 - nothing tells of an exec
+        await asyncio.sleep(0.005)
 
 
 def _processes(members: list[tuple[int, int]]) -> list[tuple[psutil.Process, int]]:
