@@ -48,6 +48,9 @@ class AgentChild:
         with open(self.log, "ab") as err:
             args = ["--region", "mad", "--nats", nats_url, "--data-dir", str(data_dir)]
             args += ["--cpus", "2", "--memory-mb", "1024", *extra]
+            # Plain processes of the test's own user, as the harness's agents run them.
+            args += ["--default-driver", "exec", "--machine-user", str(os.geteuid())]
+            args += ["--allow-root-machines"] if os.geteuid() == 0 else []
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "souq.agent", *args],
                 stdin=subprocess.DEVNULL,
