@@ -6,8 +6,8 @@ STAMP  := $(VENV)/.installed
 TSTAMP := $(VENV)/.installed-test
 BSTAMP := $(VENV)/.installed-bench
 
-.PHONY: dev test bench build bwrap oci-tools netns-tools go-toolchain wrk nginx lint typecheck unit clean \
-	browser-deps
+.PHONY: dev test bench build bwrap oci-tools netns-tools go-toolchain wrk nginx isolation-tools lint typecheck \
+	unit clean browser-deps
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -77,6 +77,13 @@ nginx:
 	@command -v nginx >/dev/null || (apt-get update -qq && apt-get install -y -qq nginx) \
 		>/dev/null 2>&1 || echo "nginx not installed: the proxy benchmark cannot run" >&2
 
+# The isolation benchmark (bench/isolation.py) builds its image from busybox-static and compares
+# the sandbox with runc, Debian's packages.
+isolation-tools:
+	@command -v busybox >/dev/null && command -v runc >/dev/null || \
+		(apt-get update -qq && apt-get install -y -qq busybox-static runc) >/dev/null 2>&1 || \
+		echo "busybox-static or runc not installed: the isolation benchmark cannot run" >&2
+
 # `make dev` says what each step does before it does it: the first run creates the venv and
 # installs Souq (a minute or two, pip being quiet), and as root it may install a system package.
 dev:
@@ -122,7 +129,7 @@ test: $(TSTAMP) build browser-deps oci-tools netns-tools go-toolchain lint typec
 unit: $(TSTAMP) build
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
 
-bench: $(BSTAMP) build wrk nginx
+bench: $(BSTAMP) build wrk nginx bwrap isolation-tools
 	$(BIN)/python -m bench $(ARGS)
 
 clean:

@@ -1,7 +1,7 @@
 """Run the benchmarks, or those named: ``python -m bench [spine scale c1m ...]``.
 
 Without names, the default suites run (``spine``, ``scale``, ``tradeoff``, ``view``,
-``supervise``, ``creates``, ``proxy``, ``wake``, ``images``, ``deploy``, ``attack``,
+``supervise``, ``creates``, ``proxy``, ``wake``, ``images``, ``isolation``, ``deploy``, ``attack``,
 ``secured``, ``logs``, ``cli``); ``c1m`` (100,000 machines onto 5,000 hollow workers, a few minutes)
 runs only when named."""
 
@@ -16,6 +16,7 @@ from bench import (
     deploy,
     hosts,
     images,
+    isolation,
     jobs,
     logs,
     proxy,
@@ -38,6 +39,7 @@ SUITES = {
     "proxy": proxy.main,
     "wake": wake.main,
     "images": images.main,
+    "isolation": isolation.main,
     "deploy": deploy.main,
     "attack": attack.main,
     "secured": secured.main,
@@ -56,6 +58,7 @@ DEFAULT = [
     "proxy",
     "wake",
     "images",
+    "isolation",
     "deploy",
     "attack",
     "secured",

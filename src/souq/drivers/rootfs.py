@@ -26,9 +26,10 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import os
 import shutil
-import subprocess
+import signal
 from pathlib import Path
 
 from souq.drivers.base import SpawnError
@@ -69,39 +70,43 @@ def can_mount() -> bool:
 
 def _userns(uid: int) -> int:
     """A descriptor of a user namespace in which 0 is ``uid`` outside: what an idmapped mount
-    maps through. A short-lived ``unshare`` makes it; its namespace outlives it by the fd."""
-    child = subprocess.Popen(
-        ["unshare", "--user", "--", "cat"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    maps through. A short-lived ``unshare --user cat`` makes it; its namespace outlives it by
+    the fd. It is spawned with ``posix_spawn`` (the agent is not forked), and it has unshared
+    once ``cat`` echoes a byte back: nothing polls for it."""
+    to_cat, cat_in = os.pipe2(os.O_CLOEXEC)
+    cat_out, from_cat = os.pipe2(os.O_CLOEXEC)
+    pid = None
     try:
-        own = os.readlink("/proc/self/ns/user")
-        ns = f"/proc/{child.pid}/ns/user"
-        for _ in range(100_000):  # until it has unshared (well under a millisecond)
-            try:
-                if os.readlink(ns) != own and _execd(child.pid):
-                    break
-            except FileNotFoundError:
-                break
+        pid = os.posix_spawnp(
+            "unshare",
+            ["unshare", "--user", "--", "cat"],
+            {"PATH": os.environ.get("PATH", os.defpath)},
+            file_actions=[
+                (os.POSIX_SPAWN_DUP2, to_cat, 0),
+                (os.POSIX_SPAWN_DUP2, from_cat, 1),
+                (os.POSIX_SPAWN_OPEN, 2, os.devnull, os.O_WRONLY, 0),
+            ],
+        )
+        os.close(to_cat)
+        os.close(from_cat)
+        to_cat = from_cat = -1
+        os.write(cat_in, b"\n")
+        if os.read(cat_out, 1) != b"\n":
+            raise OSError(errno.ESRCH, "unshare --user exited without making the namespace")
         for name in ("uid_map", "gid_map"):
-            with open(f"/proc/{child.pid}/{name}", "w") as f:
+            with open(f"/proc/{pid}/{name}", "w") as f:
                 f.write(f"0 {uid} 1\n")
-        return os.open(ns, os.O_RDONLY | os.O_CLOEXEC)
+        return os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
     except OSError as exc:
         raise SpawnError(f"cannot make the user namespace of uid {uid}: {exc}") from exc
     finally:
-        child.kill()
-        child.wait()
-
-
-def _execd(pid: int) -> bool:
-    """Whether ``unshare`` has exec'd its command (its namespace is set up)."""
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip() == "cat"
-    except OSError:
-        return False
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        for fd in (to_cat, cat_in, cat_out, from_cat):
+            if fd >= 0:
+                os.close(fd)
 
 
 def _idmapped(source: Path, target: Path, uid: int) -> None:
@@ -201,8 +206,10 @@ class MachineRoot:
     def mount(self, *, persist: bool) -> Path:
         """Mount it (again, after a stop) and return what the sandbox binds as ``/``: with
         ``persist`` False the writable layer starts empty."""
+        fresh = not self.base.exists()  # a new machine: nothing of it can be mounted yet
         try:
-            _unmount(self.root)
+            if not fresh:
+                _unmount(self.root)
             if not persist:
                 for layer in (self.upper, self.work):
                     if layer.exists():
@@ -215,7 +222,7 @@ class MachineRoot:
                 os.chown(self.upper, self.uid, self.uid, follow_symlinks=False)
             lower = self.image
             if self.uid is not None:
-                if not _mounted(self.lower):
+                if fresh or not _mounted(self.lower):
                     _idmapped(self.image, self.lower, self.uid)
                 lower = self.lower
             _overlay(lower, self.upper, self.work, self.root)
