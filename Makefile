@@ -123,7 +123,7 @@ $(PLAYWRIGHT): $(BROWSER)/package-lock.json
 	@if command -v npm >/dev/null; then cd $(BROWSER) && npm ci --no-audit --no-fund --loglevel=error; \
 	else echo "browser-deps: npm is missing: the browser test will skip or fail"; fi
 
-test: $(TSTAMP) build browser-deps oci-tools netns-tools go-toolchain lint typecheck
+test: $(TSTAMP) build browser-deps oci-tools netns-tools go-toolchain bwrap isolation-tools lint typecheck
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 unit: $(TSTAMP) build
