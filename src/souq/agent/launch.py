@@ -18,7 +18,7 @@ from pathlib import Path
 from souq.agent.images import AgentImages, Pulled
 from souq.agent.ports import port_env
 from souq.agent.records import MachineRow
-from souq.drivers.base import Limits, MachineSpec
+from souq.drivers.base import ChoosesDrivers, Driver, Limits, MachineSpec
 from souq.drivers.programs import ProgramNotRunnable
 from souq.errors import CommandNotRunnable
 from souq.model.image import ImageRecord, ImageRun
@@ -85,27 +85,24 @@ def machine_spec(
     )
 
 
-def default_driver(driver: object) -> tuple[str, str | None]:
+def default_driver(driver: Driver) -> tuple[str, str | None]:
     """The driver a machine whose config names none runs under on this worker (``sandbox``
     where it can isolate), and why not isolated when it cannot."""
-    choose = getattr(driver, "default_driver", None)
-    if callable(choose):
-        chosen: tuple[str, str | None] = choose()
-        return chosen
+    if isinstance(driver, ChoosesDrivers):
+        return driver.default_driver()
     return "exec", "this worker runs no isolating driver"
 
 
-def check_command(driver: object, config: MachineConfig) -> None:
+def check_command(driver: Driver, config: MachineConfig) -> None:
     """:class:`~souq.errors.CommandNotRunnable` when the machine's program (a host program:
     not an image's) could not be run by the user the machine would run as here, so that the
     create fails at once, naming the program, the path and the user, instead of a machine
     that fails to start."""
-    check = getattr(driver, "check_program", None)
     command = config.cmd or config.init.command(image=config.image is not None)
-    if not callable(check) or config.image is not None or not command:
+    if not isinstance(driver, ChoosesDrivers) or config.image is not None or not command:
         return
     try:
-        check(command[0], config.env, config.driver or "exec")
+        driver.check_program(command[0], config.env, config.driver or "exec")
     except ProgramNotRunnable as exc:
         if exc.path is None:  # missing altogether: the machine fails to start, as it would
             return

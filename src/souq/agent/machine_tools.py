@@ -155,13 +155,9 @@ class MachineTools:
         prefix = list(driver.join_prefix(row.id)) if isinstance(driver, JoinsCgroups) else []
         uid, gid, groups = _credentials(handle.pid)
         if (uid, gid) != (os.geteuid(), os.getegid()):
-            setpriv = shutil.which("setpriv")
-            if setpriv is None:
-                raise ExecUnavailable(
-                    f"exec on machine {row.id} must switch to its user ({uid}:{gid}), and this "
-                    "worker has no `setpriv`",
-                    hint="install util-linux on the worker",
-                )
+            setpriv = _tool(
+                "setpriv", f"exec on machine {row.id} must switch to its user ({uid}:{gid})"
+            )
             switch = [f"--reuid={uid}", f"--regid={gid}"]
             switch += [f"--groups={','.join(map(str, groups))}"] if groups else ["--clear-groups"]
             prefix += [setpriv, *switch, "--"]
@@ -172,14 +168,11 @@ class MachineTools:
     ) -> tuple[dict[str, str], str, list[str]]:
         """The environment of the sandboxed machine's command, and the argv prefix that puts a
         command in its cgroup (first, as the worker) and then in its namespaces."""
-        nsenter = shutil.which("nsenter")
-        if nsenter is None:
-            raise ExecUnavailable(
-                f"exec on machine {row.id} must enter its sandbox's namespaces, and this worker "
-                "has no `nsenter`",
-                hint="install util-linux on the worker",
-                details={"driver": "sandbox", "missing": "nsenter"},
-            )
+        nsenter = _tool(
+            "nsenter",
+            f"exec on machine {row.id} must enter its sandbox's namespaces",
+            details={"driver": "sandbox", "missing": "nsenter"},
+        )
         try:
             entry = enter.entry_of(handle.pid)
             env = psutil.Process(entry.target).environ()
@@ -326,6 +319,19 @@ def _not_running(row: MachineRow, why: str) -> MachineNotStarted:
         f"machine {row.id}'s process cannot be read ({why}): is it still running?",
         hint="check the machine's state and try again",
     )
+
+
+def _tool(name: str, why: str, details: dict[str, str] | None = None) -> str:
+    """The path of one of util-linux's programs an exec needs, or :class:`ExecUnavailable`
+    saying ``why`` it is needed."""
+    path = shutil.which(name)
+    if path is None:
+        raise ExecUnavailable(
+            f"{why}, and this worker has no `{name}`",
+            hint="install util-linux on the worker",
+            details=details or {},
+        )
+    return path
 
 
 async def _past_exec(proc: psutil.Process, timeout_s: float = 1.0) -> None:

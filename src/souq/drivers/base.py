@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from souq.drivers.users import MachineUser
 
 __all__ = [
+    "ChoosesDrivers",
     "Driver",
     "ExitStatus",
     "Handle",
@@ -193,3 +194,15 @@ class PreparesSpawns(Protocol):
     souq-waiters together, so that they start up in parallel rather than one after another)."""
 
     def prepare_spawns(self, count: int) -> None: ...
+
+
+@runtime_checkable
+class ChoosesDrivers(Protocol):
+    """A driver that runs machines more than one way (the host driver: ``exec`` or
+    ``sandbox``): the way a machine whose config names none gets, with why it is not isolated
+    when it cannot be, and a check, before a machine exists, that its program can run there
+    (:class:`~souq.drivers.programs.ProgramNotRunnable` otherwise)."""
+
+    def default_driver(self) -> tuple[str, str | None]: ...
+
+    def check_program(self, program: str, env: Mapping[str, str], driver: str) -> None: ...

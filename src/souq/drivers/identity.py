@@ -51,19 +51,17 @@ class MachineIds:
         """The machine's own user: the uid recorded in ``records`` (its records directory,
         the agent's), or a new one taken and recorded there. :class:`SpawnError` when none
         can be taken (the registry cannot be written, or the range is full)."""
-        recorded = records / _RECORD
-        try:
-            uid = int(recorded.read_text())
-        except (OSError, ValueError):
+        uid = self.recorded(records)
+        if uid is not None:
+            self._hold(machine_id, uid)
+        else:
             uid = self._take(machine_id)
             try:
                 records.mkdir(parents=True, exist_ok=True, mode=0o700)
-                recorded.write_text(f"{uid}\n")
+                (records / _RECORD).write_text(f"{uid}\n")
             except OSError as exc:
                 self._give_back(machine_id, uid)
                 raise SpawnError(f"cannot record the machine's uid: {exc}") from exc
-        else:
-            self._hold(machine_id, uid)
         return MachineUser(f"machine {machine_id}", uid, uid)
 
     def recorded(self, records: Path) -> int | None:

@@ -45,12 +45,7 @@ class ProgramNotRunnable(SpawnError):
         super().__init__(text)
 
 
-def _allowed(st: os.stat_result, user: MachineUser, owner: int, group: int, other: int) -> bool:
-    if st.st_uid == user.uid:
-        return bool(st.st_mode & owner)
-    if st.st_gid == user.gid or st.st_gid in user.groups:
-        return bool(st.st_mode & group)
-    return bool(st.st_mode & other)
+_ANY_X = stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH
 
 
 def _why_not(path: str, user: MachineUser) -> str | None:
@@ -59,21 +54,18 @@ def _why_not(path: str, user: MachineUser) -> str | None:
     parts = Path(real).parents
     for directory in reversed(parts):
         try:
-            st = os.stat(directory)
+            if not user.can_enter(directory):
+                return f"it is under {directory}, which that user cannot enter"
         except OSError as exc:
             return exc.strerror or str(exc)
-        if user.uid != 0 and not _allowed(st, user, stat.S_IXUSR, stat.S_IXGRP, stat.S_IXOTH):
-            return f"it is under {directory}, which that user cannot enter"
     try:
         st = os.stat(real)
     except OSError as exc:
         return exc.strerror or str(exc)
     if not stat.S_ISREG(st.st_mode):
         return "not a program file (Permission denied)"
-    if user.uid == 0:
-        ok = bool(st.st_mode & (stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH))
-    else:
-        ok = _allowed(st, user, stat.S_IXUSR, stat.S_IXGRP, stat.S_IXOTH)
+    # Root needs an execute bit of anyone's; another user, its class's (as for a directory).
+    ok = bool(st.st_mode & _ANY_X) if user.uid == 0 else user.can_enter(Path(real))
     return None if ok else "that user may not execute it (Permission denied)"
 
 
@@ -149,7 +141,7 @@ def resolve_in_image(
             st = os.stat(host)
         except OSError:
             continue
-        if stat.S_ISREG(st.st_mode) and st.st_mode & (stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH):
+        if stat.S_ISREG(st.st_mode) and st.st_mode & _ANY_X:
             return candidate
         refused = refused or (candidate, "not an executable file in the image")
     if refused is None:
