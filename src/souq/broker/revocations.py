@@ -23,7 +23,7 @@ from nats.aio.client import Client
 from nats.js.kv import KeyValue
 
 from souq.auth.tokens import Verifier
-from souq.bus.jetstream import OnFirstUse, open_key_value, unavailable
+from souq.bus.jetstream import OnFirstUse, live_keys, open_key_value, unavailable
 
 __all__ = ["BUCKET", "Revocations"]
 
@@ -62,10 +62,9 @@ class Revocations:
         kv = await self._bucket.get()
         out: dict[str, dict[str, object]] = {}
         try:
-            with contextlib.suppress(nats.js.errors.NoKeysError):
-                for key in await kv.keys():
-                    entry = await kv.get(key)
-                    out[key] = json.loads(entry.value or b"{}")
+            for key in await live_keys(kv):
+                entry = await kv.get(key)
+                out[key] = json.loads(entry.value or b"{}")
         except (nats.errors.Error, nats.js.errors.Error) as exc:
             raise unavailable(_WHAT, exc) from exc
         return out

@@ -33,6 +33,8 @@ __all__ = [
     "BucketStore",
     "OnFirstUse",
     "key_value",
+    "keys_written",
+    "live_keys",
     "object_store",
     "open_key_value",
     "replicas_for",
@@ -163,6 +165,36 @@ async def open_key_value(nc: Client, bucket: str, description: str, *, what: str
         raise unavailable(what, exc) from exc
 
 
+async def keys_written(kv: KeyValue, pattern: str = ">") -> list[str]:
+    """The keys matching ``pattern`` (NATS wildcards) whose subject holds a message, a value
+    or a delete marker: one request, answered by the stream itself (no watch), sorted."""
+    prefix = kv._pre  # "$KV.<bucket>.": the subject of every key
+    info = await kv._js.stream_info(kv._stream, subjects_filter=f"{prefix}{pattern}")
+    return sorted(subject[len(prefix) :] for subject in info.state.subjects or {})
+
+
+async def live_keys(kv: KeyValue) -> list[str]:
+    """Every key of the bucket that holds a value (none when it is empty).
+
+    ``kv.keys()`` alone can answer "no keys" for a bucket that has them: its watch decides it
+    is empty when the consumer's info counts nothing pending and nothing received, and a busy
+    client can have every key delivered but not yet read at that moment. So an empty answer is
+    checked against the stream's own list of subjects (one request), keeping those whose last
+    message is a value rather than a delete marker."""
+    try:
+        return await kv.keys()
+    except nats.js.errors.NoKeysError:
+        pass
+    keys = []
+    for key in await keys_written(kv):
+        try:
+            await kv.get(key)
+        except nats.js.errors.KeyNotFoundError:  # deleted or purged: its marker is all there is
+            continue
+        keys.append(key)
+    return keys
+
+
 class BucketStore:
     """A store of records in one key-value bucket, ``BUCKET``, with a clock for their times:
     ``WHAT`` is how its errors name it (:func:`unavailable`)."""
@@ -183,9 +215,7 @@ class BucketStore:
     async def _keys(self) -> list[str]:
         """Every key of the bucket (none when it is empty)."""
         try:
-            return await self._kv.keys()
-        except nats.js.errors.NoKeysError:
-            return []
+            return await live_keys(self._kv)
         except (nats.errors.Error, nats.js.errors.Error) as exc:
             raise unavailable(self.WHAT, exc) from exc
 

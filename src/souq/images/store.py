@@ -43,7 +43,7 @@ from nats.js.client import JetStreamContext
 from nats.js.kv import KeyValue
 from nats.js.object_store import OBJ_CHUNKS_PRE_TEMPLATE, ObjectStore
 
-from souq.bus.jetstream import key_value, object_store, unavailable
+from souq.bus.jetstream import key_value, keys_written, live_keys, object_store, unavailable
 from souq.clock import Clock, SystemClock, iso_from_ms
 from souq.errors import ImageNotFound, InvalidInput, Unavailable
 from souq.images.layers import check_layer
@@ -248,18 +248,10 @@ class ImageStore:
         return not await self._has_access_keys(reference)
 
     async def _has_access_keys(self, reference: str) -> bool:
-        """Whether any app may run the image by its digest (a watch of its ``acl.`` keys
-        alone: the server filters them, however large the bucket)."""
-        watcher = await self._guard(
-            self.records.watch(f"acl.{_hex(reference)}.*", meta_only=True, ignore_deletes=True)
-        )
-        try:
-            async for entry in watcher:
-                return entry is not None  # None: the keys there are (none) were all sent
-            return False
-        finally:
-            with contextlib.suppress(nats.errors.Error):
-                await watcher.stop()  # type: ignore[no-untyped-call]
+        """Whether any app may run the image by its digest, or could: a key of its ``acl.``
+        keys written, even one since deleted (asked of the stream, not a watch: a watch can
+        end before its first key arrives, which here would open the image to every app)."""
+        return bool(await self._guard(keys_written(self.records, f"acl.{_hex(reference)}.*")))
 
     async def _named(self, ref: str, app: str | None) -> str:
         """The reference stored under the name ``ref``: ``app``'s own, else the cluster's (its
@@ -376,10 +368,7 @@ class ImageStore:
                 await sub.unsubscribe()
 
     async def _keys(self) -> tuple[str, ...]:
-        try:
-            return tuple(await self._guard(self.records.keys()))
-        except nats.js.errors.NoKeysError:
-            return ()
+        return tuple(await self._guard(live_keys(self.records)))
 
     async def _has_blob(self, digest: str) -> bool:
         with contextlib.suppress(nats.js.errors.ObjectNotFoundError):

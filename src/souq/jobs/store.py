@@ -35,7 +35,7 @@ from nats.js.client import JetStreamContext
 from nats.js.kv import KeyValue
 from pydantic import ValidationError
 
-from souq.bus.jetstream import key_value, stream, unavailable
+from souq.bus.jetstream import key_value, live_keys, stream, unavailable
 from souq.clock import Clock, SystemClock
 from souq.errors import IllegalTransition, JobExists, JobNotFound
 from souq.jobs import core
@@ -215,10 +215,21 @@ class JobStore:
         try:
             watcher = await self._kv.watchall(ignore_deletes=True, inactive_threshold=WATCH_GONE_S)
             try:
+                first = True
                 while True:
                     entry = await watcher.updates(timeout=5)  # type: ignore[no-untyped-call]
+                    if entry is None and first:  # "empty" may be a watch ended too soon
+                        for key in await live_keys(self._kv):
+                            try:
+                                got = await self._kv.get(key)
+                            except nats.js.errors.KeyNotFoundError:
+                                continue  # deleted meanwhile
+                            if got.value and (job := _readable(key, got.value, got.revision)):
+                                yield job
+                        return
                     if entry is None:  # the current values are all delivered
                         return
+                    first = False
                     if entry.value and (job := _readable(entry.key, entry.value, entry.revision)):
                         yield job
             finally:

@@ -13,15 +13,16 @@ from nats.js.kv import KeyValue
 from pydantic import ValidationError
 
 from souq.auth.files import AuthDir
-from souq.bus.jetstream import key_value, unavailable
+from souq.bus.jetstream import key_value, live_keys, unavailable
 from souq.clock import Clock, SystemClock, iso_from_ms
 from souq.errors import InvalidInput, NotFound, SecretsUnavailable
 from souq.model.secrets import SecretInfo
 from souq.secrets.sealed import MAX_SECRETS, Sealed, SecretsKey, check_name
 
-__all__ = ["BUCKET", "SecretStore", "decode", "key_of", "open_bucket", "secrets_key", "split_key"]
+__all__ = ["BUCKET", "STREAM", "SecretStore", "decode", "key_of", "open_bucket", "secrets_key", "split_key"]
 
 BUCKET = "souq-secrets"
+STREAM = f"KV_{BUCKET}"  # the stream behind it, as nats-py names it
 _ERRORS = (nats.errors.Error, nats.js.errors.Error)
 
 
@@ -152,9 +153,7 @@ class SecretStore:
     async def _sealed(self, app: str) -> dict[str, Sealed]:
         # Every key, filtered here (see souq.broker.releases: a few thousand keys at most).
         try:
-            keys = await self._kv.keys()
-        except nats.js.errors.NoKeysError:
-            return {}
+            keys = await live_keys(self._kv)
         except _ERRORS as exc:
             raise unavailable("the secrets store", exc) from exc
         out: dict[str, Sealed] = {}
