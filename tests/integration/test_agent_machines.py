@@ -195,7 +195,7 @@ def test_a_command_that_cannot_run_fails_the_machine(nats_url: str, tmp_path: Pa
             # once, naming it, and nothing is reserved for it.
             script = tmp_path / "not-executable.sh"
             script.write_text("#!/bin/sh\necho hi\n")
-            with pytest.raises(CommandNotRunnable, match="not-executable.sh"):
+            with pytest.raises(CommandNotRunnable, match=r"not-executable\.sh"):
                 await h.claim([str(script)])
             # A failed machine can be destroyed, and its reservation goes with it.
             await h.call(v.DESTROY, DestroyCommand(app=APP, machine_id=m.id))

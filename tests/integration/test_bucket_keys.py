@@ -58,12 +58,12 @@ def test_keys_of_a_bucket_whose_watch_answered_none(
     asyncio.run(body())
 
 
-def test_a_start_waits_for_a_secret_set_just_before(
+def test_a_claim_waits_for_the_secrets_version_it_names(
     nats_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The agent's mirror of the secrets lags (here: stopped while a broker sets one); a start
-    asked for then does not go ahead on the stale mirror, but once it has read the change."""
-
+    """The agent's mirror of the secrets lags (here: stopped while a broker sets one); a claim
+    naming the version that set made is not answered from the stale mirror, but once the
+    mirror has read it, and a version the mirror never reaches is answered False."""
     monkeypatch.setattr(agent_secrets, "_CATCH_UP_S", 120.0)  # the bound is not what is tested
 
     async def body() -> None:
@@ -73,29 +73,26 @@ def test_a_start_waits_for_a_secret_set_just_before(
             kv = await open_bucket(nc)  # made, as a broker does
             mirror = AgentSecrets(auth.path)
             mirror.attach(nc)
-            started = asyncio.Event()
-            mirror.when_ready(started.set)
-            await asyncio.wait_for(started.wait(), 10)
+            assert await mirror.caught_up(0)
             assert mirror._task is not None
             mirror._task.cancel()  # the mirror falls behind
             with contextlib.suppress(asyncio.CancelledError):
                 await mirror._task
-            await SecretStore(kv, secrets_key(auth)).set("web", {"TOKEN": "fresh-value"})
+            written: list[int] = []
+            store = SecretStore(kv, secrets_key(auth), on_write=written.append)
+            await store.set("web", {"TOKEN": "fresh-value"})
+            assert written == [await store.version()]
 
-            seen: list[dict[str, str]] = []
-            went = asyncio.Event()
-
-            def start() -> None:
-                seen.append(mirror.for_machine("m1", "web"))
-                went.set()
-
-            mirror.when_current(start)
-            for _ in range(20):  # the start is held while the mirror has not read it ...
+            waiting = asyncio.ensure_future(mirror.caught_up(written[0]))
+            for _ in range(20):  # held while the mirror has not read it ...
                 await asyncio.sleep(0)
-            assert not seen
-            mirror.attach(nc)  # ... and goes ahead once it has
-            await asyncio.wait_for(went.wait(), 10)
-            assert seen == [{"TOKEN": "fresh-value"}]
+            assert not waiting.done()
+            mirror.attach(nc)  # ... and answered once it has
+            assert await asyncio.wait_for(waiting, 30)
+            assert mirror.for_machine("m1", "web") == {"TOKEN": "fresh-value"}
+
+            monkeypatch.setattr(agent_secrets, "_CATCH_UP_S", 0.05)
+            assert not await mirror.caught_up(written[0] + 1000)
         finally:
             await nc.close()
 

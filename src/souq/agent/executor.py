@@ -345,7 +345,7 @@ class Executor(MachineTable):
             self.apply(row.id, event=Trigger.START, type="start", source=op.source)
         return self._rows[op.machine_id]
 
-    def _spawn(self, op: Op, *, fresh: bool = False) -> None:
+    def _spawn(self, op: Op) -> None:
         row = self._to_starting(op)
         ref = image_of(row.placement)
         image = None if ref is None or self.images is None else self.images.ready(ref)
@@ -356,9 +356,9 @@ class Executor(MachineTable):
         # A machine made (or last updated) by a token that may not read its app's secrets
         # starts without them, at every start, whoever starts it (docs/security.md).
         secrets = None if row.skip_secrets else self.secrets
-        if secrets is not None and not fresh:  # spawned once the mirror holds the latest
+        if secrets is not None and not secrets.ready:  # spawned once they are read
             self.sync()
-            secrets.when_current(lambda: self._spawn_if_waiting(op, fresh=True))
+            secrets.when_ready(lambda: self._spawn_if_waiting(op))
             return
         try:
             values = secrets.for_machine(row.id, row.app) if secrets is not None else None
@@ -374,9 +374,9 @@ class Executor(MachineTable):
             return
         self._spawned(op, handle, watch=True)
 
-    def _spawn_if_waiting(self, op: Op, *, fresh: bool = False) -> None:
+    def _spawn_if_waiting(self, op: Op) -> None:
         if self._ops.get(op.machine_id) is op and op.state is OpState.SPAWNING:
-            self._spawn(op, fresh=fresh)  # else destroyed or stopped meanwhile
+            self._spawn(op)  # else destroyed or stopped meanwhile
 
     def _spawn_failed(self, op: Op, message: str) -> None:
         self.step(

@@ -3,8 +3,9 @@
 
 So a machine's env holds its app's secrets as they were when it (re)started, over its config's
 ``env`` on a clash; a secret changed later applies on the machine's next start or update. A
-start asks the bucket's stream for its last sequence first and waits (briefly) for the mirror
-to have read that far, so a secret set just before a create is in the machine it creates. The
+claim naming a secrets version (``min_secrets_version``, Fly's; a broker names the last one it
+wrote) waits briefly for the mirror to have read that far, so a secret set just before a create
+is in the machine it makes. The
 state file, the machine's config and every answer hold none of them. A start waits for the
 mirror's first full read after the agent connects (like a pull): a machine restarted by its
 restart policy while NATS is down uses the last secrets the agent heard.
@@ -27,7 +28,7 @@ from nats.js.kv import KeyValue
 from souq.auth.files import AuthDir
 from souq.errors import InvalidInput, NotFound, SecretsUnavailable, SouqError
 from souq.secrets.sealed import Sealed, SecretsKey
-from souq.secrets.store import STREAM, decode, open_bucket, secrets_key, split_key
+from souq.secrets.store import decode, open_bucket, secrets_key, split_key
 
 __all__ = ["AgentSecrets"]
 
@@ -35,8 +36,7 @@ log = logging.getLogger(__name__)
 
 _RETRY_S = 1.0
 _UNMADE_RETRY_S = 0.25  # the bucket a broker makes as it starts: bound soon after
-_ASK_S = 1.0  # the stream's last sequence, asked at a start
-_CATCH_UP_S = 2.0  # how long a start waits for the mirror to read that far
+_CATCH_UP_S = 5.0  # how long a claim waits for the mirror to read its secrets version
 
 
 class AgentSecrets:
@@ -55,10 +55,8 @@ class AgentSecrets:
         self._synced = asyncio.Event()
         self._waiting: list[Callable[[], None]] = []
         self._task: asyncio.Task[None] | None = None
-        self._nc: Client | None = None
         self._revision = 0  # the last stream sequence the mirror has read
         self._moved = asyncio.Event()  # set at each entry read
-        self._asks: set[asyncio.Task[None]] = set()
 
     @property
     def enabled(self) -> bool:
@@ -75,38 +73,24 @@ class AgentSecrets:
         else:
             self._waiting.append(then)
 
-    def when_current(self, then: Callable[[], None]) -> None:
-        """Call ``then`` once the mirror is read and holds every change the bucket had when
-        asked (at once without a key; after at most a few seconds when NATS does not answer
-        or the mirror lags: a start is never held up for long by the secrets)."""
-        if not self.enabled or self._nc is None:
-            self.when_ready(then)
-            return
-        task = asyncio.get_running_loop().create_task(self._current_then(self._nc, then))
-        self._asks.add(task)
-        task.add_done_callback(self._asks.discard)
-
-    async def _current_then(self, nc: Client, then: Callable[[], None]) -> None:
-        await self._synced.wait()
-        if nc.is_connected:
-            try:
-                info = await asyncio.wait_for(nc.jetstream().stream_info(STREAM), _ASK_S)
-                last = int(info.state.last_seq)
-            except Exception as exc:  # NATS away: start with what the mirror holds
-                log.info("the secrets' last change was not answered (%s)", exc)
-            else:
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(_CATCH_UP_S):
-                        while self._revision < last:
-                            self._moved.clear()
-                            await self._moved.wait()
-        then()
+    async def caught_up(self, version: int) -> bool:
+        """Whether the mirror has read the bucket's stream up to ``version`` (Fly's secrets
+        version, a create's ``min_secrets_version``), waiting a few seconds for it: a secret
+        set just before a create is in the machine it makes. True at once without a key."""
+        if not self.enabled:
+            return True
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(_CATCH_UP_S):
+                await self._synced.wait()
+                while self._revision < version:
+                    self._moved.clear()
+                    await self._moved.wait()
+        return self._synced.is_set() and self._revision >= version
 
     def attach(self, nc: Client) -> None:
         if self._key is None:
             log.info("no auth directory: machines get no app secrets (%s)", self._missing)
             return
-        self._nc = nc
         self._task = asyncio.get_running_loop().create_task(self._mirror(nc))
 
     def for_machine(self, machine_id: str, app: str) -> dict[str, str]:

@@ -22,7 +22,7 @@ from souq.agent.volume_verbs import route_volumes
 from souq.agent.wire import machine_json
 from souq.bus.codec import Encoded
 from souq.clock import Clock, iso_from_ms
-from souq.errors import ClaimRefused, IllegalTransition, NotFound
+from souq.errors import ClaimRefused, IllegalTransition, NotFound, Unavailable
 from souq.model import protocol as msg
 from souq.model.batch import BatchClaimReply, BatchClaimRequest
 from souq.model.machine import Machine, MachineEvent, MachineState, OpRecord
@@ -194,11 +194,25 @@ class WorkerVerbs:
         most of the reply's bytes); a machine made before (a retry) or through a quote keeps
         the record it was made with."""
         new = req.placement is not None and self._ex.machine_for_request(req.request_id) is None
+        await self._secrets_read(req)
         machine = self._claim_machine(req)
         json_of = self._ex.store.json_of
         # A machine of an image keeps its record in the reply: the worker said what it had.
         keep = not new or req.image is not None
         return Encoded(machine_json(machine, json_of, placement=keep).encode())
+
+    async def _secrets_read(self, req: msg.ClaimRequest) -> None:
+        """Wait (briefly) for this worker to have read the app's secrets as far as the claim
+        asks (its ``min_secrets_version``); Unavailable if it has not."""
+        secrets, version = self._ex.secrets, req.min_secrets_version
+        if not version or req.skip_secrets or secrets is None:
+            return
+        if not await secrets.caught_up(version):
+            raise Unavailable(
+                f"worker {self._ex.worker_id} has not read the app secrets as of version "
+                f"{version} yet",
+                hint="try again in a moment: the worker reads them from NATS (JetStream)",
+            )
 
     def _claim_machine(self, req: msg.ClaimRequest) -> Machine:
         try:

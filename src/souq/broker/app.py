@@ -159,7 +159,10 @@ def create_handler(service: BrokerService) -> CreateHandler:
         idempotency_key = _idempotency_key(headers)
         body = parsed_body(raw, CreateMachineRequest)
         body = body.model_copy(
-            update={"skip_secrets": skips_secrets(permit, app, asked=body.skip_secrets)}
+            update={
+                "skip_secrets": skips_secrets(permit, app, asked=body.skip_secrets),
+                "min_secrets_version": max(body.min_secrets_version or 0, service.secrets_version),
+            }
         )
         if _flag(query, "dry_run"):
             return 200, DryRun(placement=await service.explain(app, body)).model_dump_json()

@@ -35,6 +35,9 @@ def order(
         config=body.config,
         skip_launch=skip_launch,
         skip_secrets=isinstance(body, CreateMachineRequest) and body.skip_secrets,
+        min_secrets_version=(
+            body.min_secrets_version or 0 if isinstance(body, CreateMachineRequest) else 0
+        ),
         policy=body.placement,
         region_chosen=region_chosen,
     )

@@ -74,7 +74,10 @@ class FlyLaunchFields(Input):
         "in the answer's `nonce`)",
     )
     min_secrets_version: int | None = Field(
-        default=None, ge=0, description="Fly's; a machine always starts with the app's latest"
+        default=None,
+        ge=0,
+        description="Fly's: start the machine with the app's secrets as of this version or "
+        "later (a broker asks at least for the last version it wrote itself)",
     )
 
     @model_validator(mode="before")

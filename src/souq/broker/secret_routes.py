@@ -99,7 +99,10 @@ def secrets_router(service: BrokerService, auth: AuthDir | None) -> APIRouter:
 
     async def open_store() -> SecretStore:
         key = secrets_key(auth)  # secrets_unavailable (503) without an auth directory
-        return SecretStore(await open_bucket(service.nats_client()), key)
+        return SecretStore(await open_bucket(service.nats_client()), key, on_write=wrote)
+
+    def wrote(version: int) -> None:
+        service.secrets_version = max(service.secrets_version, version)
 
     opened = OnFirstUse(open_store)
 

@@ -97,6 +97,9 @@ class BrokerService:
         self.book = self.liveness.book
         self.market = Market(self.client, self.liveness, config, self._clock, pipeline=pipeline)
         self.images = ImageResolver(self.nats_client)
+        # The last secrets version this broker wrote: each create asks for at least it, so a
+        # secret set just before a create is in the machine (the worker waits to have read it).
+        self.secrets_version = 0
         self.volumes = BrokerVolumes(self)  # souq.broker.volumes
         self.streams = StreamSlots(  # event and log streams open (souq.broker.streams)
             per_client=config.streams_per_client, total=config.streams_total

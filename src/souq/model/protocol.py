@@ -98,6 +98,11 @@ class ClaimRequest(Input):
         default=False,
         description="start it without its app's secrets, now and at every later start",
     )
+    min_secrets_version: int = Field(
+        default=0,
+        ge=0,
+        description="the worker claims it once it has read the app's secrets this far",
+    )
     placement: Placement | None = None
     region_chosen: str | None = Field(
         default=None, description="why the broker chose the region (the create named none)"

@@ -6,6 +6,8 @@ agents read them when a machine starts (:mod:`souq.agent.secrets`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
@@ -19,10 +21,9 @@ from souq.errors import InvalidInput, NotFound, SecretsUnavailable
 from souq.model.secrets import SecretInfo
 from souq.secrets.sealed import MAX_SECRETS, Sealed, SecretsKey, check_name
 
-__all__ = ["BUCKET", "STREAM", "SecretStore", "decode", "key_of", "open_bucket", "secrets_key", "split_key"]
+__all__ = ["BUCKET", "SecretStore", "decode", "key_of", "open_bucket", "secrets_key", "split_key"]
 
 BUCKET = "souq-secrets"
-STREAM = f"KV_{BUCKET}"  # the stream behind it, as nats-py names it
 _ERRORS = (nats.errors.Error, nats.js.errors.Error)
 
 
@@ -80,10 +81,18 @@ def decode(raw: bytes | None) -> Sealed | None:
 
 
 class SecretStore:
-    def __init__(self, kv: KeyValue, key: SecretsKey, clock: Clock | None = None) -> None:
+    def __init__(
+        self,
+        kv: KeyValue,
+        key: SecretsKey,
+        clock: Clock | None = None,
+        *,
+        on_write: Callable[[int], None] | None = None,
+    ) -> None:
         self._kv = kv
         self._key = key
         self._clock = clock or SystemClock()
+        self._on_write = on_write  # told the version each set or unset made
 
     async def set(self, app: str, values: dict[str, str]) -> list[SecretInfo]:
         """Seal and keep each value (checked already, see ``check_values``)."""
@@ -95,10 +104,12 @@ class SecretStore:
         for name, value in values.items():
             sealed = self._key.seal(app, name, value, set_at=now)
             try:
-                await self._kv.put(key_of(app, name), sealed.model_dump_json().encode())
+                version = await self._kv.put(key_of(app, name), sealed.model_dump_json().encode())
             except _ERRORS as exc:
                 raise unavailable("the secrets store", exc) from exc
             out.append(sealed.info(name))
+            if self._on_write is not None:
+                self._on_write(version)
         return out
 
     async def of_app(self, app: str) -> list[SecretInfo]:
@@ -136,6 +147,8 @@ class SecretStore:
             await self._kv.delete(key_of(app, name))
         except _ERRORS as exc:
             raise unavailable("the secrets store", exc) from exc
+        if self._on_write is not None:
+            self._on_write(await self.version())
 
     async def version(self) -> int:
         """A number that grows with every change to any secret: Fly's ``version`` (the last
