@@ -17,11 +17,12 @@ import httpx
 import pytest
 
 from souq.drivers import sandbox
+from souq.images import Image
 from souq.model.machine import Machine, MachineState
 from souq.testing import Cluster, ProxyProcess, wait_until
 from tests.integration.images_harness import souq
-from tests.integration.registry_harness import push_image, serve_registry
-from tests.rootfs_images import BUSYBOX_MARKER, busybox_image
+from tests.integration.registry_harness import push_image, serve_registry, skopeo_push
+from tests.rootfs_images import BUSYBOX_MARKER, DEBIAN_MARKER, busybox_image
 
 BUSYBOX = shutil.which("busybox")
 # Paths the host has and no image does: the checkout, and the interpreter running these tests.
@@ -143,3 +144,75 @@ def test_a_busybox_image_serves_http_from_its_own_root(
             assert "done" in seen and "visible=" not in seen, (path, seen)
     finally:
         destroy(cluster, app, machine)
+
+
+def machine_processes(machine_id: str) -> list[int]:
+    """Host pids of the processes whose environment names the machine."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes()
+        except OSError:
+            continue
+        if f"SOUQ_MACHINE_ID={machine_id}".encode() in environ.split(b"\0"):
+            found.append(int(entry))
+    return found
+
+
+# The first run on a host builds the image (a minute or two from a Debian mirror), in its setup.
+@pytest.mark.timeout(900)
+def test_a_debian_image_serves_from_its_own_python3(
+    cluster: Cluster,
+    registry: str,
+    proxy: ProxyProcess,
+    debian_python_image: tuple[Image, Path],
+) -> None:
+    image, layout = debian_python_image
+    skopeo_push(layout, f"{registry}/souq-test/debian-python:v1")
+    reference = pull(cluster, f"{registry}/souq-test/debian-python:v1", "debian-python:v1")
+    assert reference == image.reference
+    app = "debpy"
+    machine = serving(cluster, app, "debian-python:v1")
+    try:
+        assert machine.config.driver == "sandbox"
+        answer = dict(
+            line.split("=", 1) for line in through(proxy, app).text.splitlines() if "=" in line
+        )
+        assert answer["executable"] == "/usr/bin/python3", answer  # the image's, by its path
+        assert answer["marker"] == DEBIAN_MARKER  # a file only the image has
+        # The host's full standard library (http.server), its checkout and the interpreter
+        # running these tests: all on the host, none where the machine runs.
+        host_stdlib = f"/usr/lib/python{answer['version'].rsplit('.', 1)[0]}/http/server.py"
+        probes = [*HOST_ONLY, *([host_stdlib] if os.path.exists(host_stdlib) else [])]
+        for path in probes:
+            assert os.path.exists(path), path  # the probe is real: the host has it
+            seen = through(proxy, app, f"/?{path}").text
+            assert "exists=False" in seen, (path, seen)
+        # Seen from the host: the serving process runs an interpreter file of the image's root,
+        # not the host's /usr/bin/python3 (another file), in a root that is not the host's.
+        pids = wait_until(
+            lambda: [p for p in machine_processes(machine.id) if _runs_python(p)],
+            timeout=10,
+            message="the machine's python3 process",
+        )
+        assert not os.path.exists("/etc/souq-test-image")
+        host_root = os.stat("/")
+        for pid in pids:
+            root = Path(f"/proc/{pid}/root")
+            assert (root / "etc" / "souq-test-image").read_text().strip() == DEBIAN_MARKER
+            assert (root.stat().st_dev, root.stat().st_ino) != (host_root.st_dev, host_root.st_ino)
+            if os.path.exists("/usr/bin/python3"):
+                host = os.stat("/usr/bin/python3")
+                mine = os.stat(f"/proc/{pid}/exe")
+                assert (mine.st_dev, mine.st_ino) != (host.st_dev, host.st_ino)
+    finally:
+        destroy(cluster, app, machine)
+
+
+def _runs_python(pid: int) -> bool:
+    try:
+        return os.path.basename(os.readlink(f"/proc/{pid}/exe")).startswith("python3")
+    except OSError:
+        return False
