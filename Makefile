@@ -37,15 +37,17 @@ bwrap:
 	@command -v bwrap >/dev/null || (apt-get update -qq && apt-get install -y -qq bubblewrap) \
 		>/dev/null 2>&1 || echo "bubblewrap not installed: the sandbox driver is off" >&2
 
-# The image tests check that standard tools read and write Souq's OCI images (skopeo, umoci) and
-# pull from a real OCI registry (docker-registry): Debian's packages (without them, as non-root,
-# those tests skip).
+# The image tests check that standard tools read and write Souq's OCI images (skopeo, umoci),
+# pull from a real OCI registry (docker-registry), and run a Debian root file system that
+# mmdebstrap builds from the host's apt sources (once, cached in /var/tmp/souq-test-images):
+# Debian's packages (without them, as non-root, those tests skip).
 oci-tools:
-	@command -v skopeo >/dev/null && command -v umoci >/dev/null && command -v docker-registry >/dev/null || { \
+	@command -v skopeo >/dev/null && command -v umoci >/dev/null && command -v docker-registry >/dev/null \
+	  && command -v mmdebstrap >/dev/null || { \
 	  if [ "$$(id -u)" = 0 ]; then \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
-	      apt-get install -y -qq skopeo umoci docker-registry >/dev/null; \
-	  else echo "oci-tools: skopeo or umoci is missing and this is not root: the interop tests skip"; fi; }
+	      apt-get install -y -qq skopeo umoci docker-registry mmdebstrap >/dev/null; \
+	  else echo "oci-tools: skopeo, umoci, docker-registry or mmdebstrap is missing and this is not root: the image tests skip"; fi; }
 
 # The tests of several hosts (tests/multihost) build network namespaces with ip and cut them off
 # with iptables: Debian's iproute2 and iptables (without them, or as non-root, those tests skip).

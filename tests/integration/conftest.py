@@ -1,11 +1,15 @@
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from souq.images import Image
 from souq.natsserver import NatsServer
 from souq.testing import Cluster
+from tests import rootfs_images
 
 
 @pytest.fixture(scope="module")
@@ -20,3 +24,12 @@ def nats_url() -> Iterator[str]:
     """A real nats-server for the tests of one module."""
     with NatsServer() as server:
         yield server.url
+
+
+@pytest.fixture(scope="session")
+def debian_python_image() -> tuple[Image, Path]:
+    """The Debian test image (tests/rootfs_images.py) and its OCI layout: built by mmdebstrap
+    once, the first time a run asks, and kept for every later run of the same recipe."""
+    if shutil.which("mmdebstrap") is None:
+        pytest.skip("mmdebstrap is missing (`make test` installs it as root)")
+    return rootfs_images.debian_python_image()

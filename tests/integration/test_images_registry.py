@@ -8,7 +8,6 @@ from __future__ import annotations
 import http.server
 import json
 import shutil
-import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,12 +16,12 @@ import httpx
 import pytest
 
 from souq.errors import SouqError
-from souq.images import Image, pack_directory, write_layout
+from souq.images import Image, pack_directory
 from souq.model.machine import MachineState
 from souq.natsserver import free_port
-from souq.procs import terminate
 from souq.testing import Cluster, auth_headers, wait_until
 from tests.integration.images_harness import souq
+from tests.integration.registry_harness import push_image, serve_registry
 
 pytestmark = pytest.mark.skipif(
     shutil.which("docker-registry") is None or shutil.which("skopeo") is None,
@@ -32,29 +31,8 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    root = tmp_path_factory.mktemp("registry")
-    port = free_port()
-    config = root / "config.yml"
-    config.write_text(
-        "version: 0.1\nlog:\n  level: warn\n"
-        f"storage:\n  filesystem:\n    rootdirectory: {root / 'data'}\n"
-        f"http:\n  addr: 127.0.0.1:{port}\n"
-    )
-    with open(root / "registry.log", "wb") as log:
-        proc = subprocess.Popen(["docker-registry", "serve", str(config)], stdout=log, stderr=log)
-    try:
-        url = f"127.0.0.1:{port}"
-
-        def up() -> bool:
-            try:
-                return httpx.get(f"http://{url}/v2/", timeout=1).status_code == 200
-            except httpx.TransportError:
-                return False
-
-        wait_until(up, timeout=20, message="the registry to answer")
+    with serve_registry(tmp_path_factory.mktemp("registry")) as url:
         yield url
-    finally:
-        terminate(proc)
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +48,7 @@ def test_pull_by_tag_and_by_digest_keeps_the_reference(
     src.mkdir()
     (src / "app.py").write_text("print('from the registry')\n")
     image = pack_directory(src, cmd=["python3", "app.py"])
-    _push(image, tmp_path / "layout", f"{registry}/team/web:v1")
+    push_image(image, tmp_path / "layout", f"{registry}/team/web:v1")
 
     run = souq(cluster, "image", "pull", f"{registry}/team/web:v1", "--name", "web", "--json")
     assert run.returncode == 0, run.stderr
@@ -93,7 +71,7 @@ def test_a_pull_from_a_mirror_keeps_the_upstream_name(
     """A local mirror's copy of Docker Hub's busybox, pulled under Docker Hub's name: a create
     naming it as a Fly client does runs it from the store, not from the mirror or the Hub."""
     image = _greeting(tmp_path, "from the mirror")
-    _push(image, tmp_path / "layout", f"{registry}/library/busybox:mirrored")
+    push_image(image, tmp_path / "layout", f"{registry}/library/busybox:mirrored")
     run = souq(
         cluster, "image", "pull", f"{registry}/library/busybox:mirrored",
         "--name", "docker.io/library/busybox:mirrored",
@@ -124,16 +102,6 @@ def test_an_unknown_tag_or_registry_is_a_clear_error(registry: str, cluster: Clu
     assert "cannot reach the registry" in run.stderr
 
 
-def _push(image: Image, layout: Path, target: str) -> None:
-    """``image`` into the registry as ``target`` (HOST:PORT/REPO:TAG), by skopeo."""
-    write_layout(image, layout)
-    push = subprocess.run(
-        ["skopeo", "copy", "--dest-tls-verify=false", f"oci:{layout}", f"docker://{target}"],
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
-    assert push.returncode == 0, push.stderr
-
-
 def _greeting(tmp_path: Path, greeting: str) -> Image:
     src = tmp_path / "src-greeting"
     src.mkdir()
@@ -146,7 +114,7 @@ def test_a_machine_runs_an_image_its_worker_pulls_from_the_registry(
 ) -> None:
     named = f"{registry}/team/direct:v2"
     image = _greeting(tmp_path, "pulled by the worker")
-    _push(image, tmp_path / "layout", named)
+    push_image(image, tmp_path / "layout", named)
     reference = image.reference
     with cluster.client() as client:
         machine = client.create_machine(
@@ -209,7 +177,7 @@ def test_a_stop_calls_off_a_start_that_waits_for_its_image(
     registry: str, cluster: Cluster, tmp_path: Path
 ) -> None:
     image = _greeting(tmp_path, "never shown")
-    _push(image, tmp_path / "layout", f"{registry}/team/slow:v1")
+    push_image(image, tmp_path / "layout", f"{registry}/team/slow:v1")
     held = _HeldBlobs(registry, image.layers[0].digest)
     try:
         with cluster.client() as client:

@@ -83,8 +83,10 @@ def test_a_gzip_bomb_stops_at_the_cache_bound_and_leaves_nothing(cluster: Cluste
     assert not list((images / "blobs" / "sha256").iterdir())  # its blob went with it
 
 
-def _dir(tar: tarfile.TarFile, name: str) -> None:
-    add_entry(tar, name, tarfile.DIRTYPE)
+def _through(tar: tarfile.TarFile, link: str, target: str, written: str) -> None:
+    """A symlink, then a file written through it."""
+    add_entry(tar, link, tarfile.SYMTYPE, target)
+    add_file(tar, written, b"x")
 
 
 HOSTILE: dict[str, tuple[Callable[[tarfile.TarFile], None], str]] = {
@@ -93,14 +95,12 @@ HOSTILE: dict[str, tuple[Callable[[tarfile.TarFile], None], str]] = {
     "device": (lambda t: add_entry(t, "dev/sda", tarfile.BLKTYPE), "'dev/sda'"),
     "char-device": (lambda t: add_entry(t, "dev/mem", tarfile.CHRTYPE), "'dev/mem'"),
     "fifo": (lambda t: add_entry(t, "pipe", tarfile.FIFOTYPE), "'pipe'"),
+    # A symlink may point anywhere (it resolves in the machine's root), a write through it not.
     "symlink": (
-        lambda t: (_dir(t, "app"), add_entry(t, "app/up", tarfile.SYMTYPE, "../../etc")),
-        "'app/up'",
+        lambda t: _through(t, "app/up", "../../etc", "app/up/cron.d/evil"),
+        "'app/up/cron.d/evil'",
     ),
-    "absolute-symlink": (
-        lambda t: add_entry(t, "shadow", tarfile.SYMTYPE, "/etc/shadow"),
-        "'shadow'",
-    ),
+    "absolute-symlink": (lambda t: _through(t, "etc", "/etc", "etc/shadow"), "'etc/shadow'"),
     "hard-link": (
         lambda t: add_entry(t, "passwd", tarfile.LNKTYPE, "../../etc/passwd"),
         "'passwd'",

@@ -49,7 +49,6 @@ def test_a_safe_layer_passes_and_a_changed_byte_does_not(tmp_path: Path) -> None
         (("../x", tarfile.REGTYPE, b"1", ""), "'../x'"),
         (("/etc/x", tarfile.REGTYPE, b"1", ""), "'/etc/x'"),
         (("null", tarfile.CHRTYPE, b"", ""), "'null'"),
-        (("up", tarfile.SYMTYPE, b"", "../.."), "'up'"),
         (("hard", tarfile.LNKTYPE, b"", "/etc/passwd"), "'hard'"),
     ],
 )
@@ -90,3 +89,30 @@ def test_unpacks_under_way_at_once_share_their_pool(tmp_path: Path) -> None:
     assert pool.used == 0
     third = Budget.of(4 << 20, "a cache", pool=pool)
     unpack_layer(layer, MEDIA_LAYER_TAR, tmp_path / "third", budget=third)
+
+
+@pytest.mark.parametrize(
+    ("entries", "named"),
+    [
+        ((("up", tarfile.SYMTYPE, b"", "../.."), ("up/x", tarfile.REGTYPE, b"1", "")), "'up/x'"),
+        ((("etc", tarfile.SYMTYPE, b"", "/etc"), ("etc/x", tarfile.REGTYPE, b"1", "")), "'etc/x'"),
+        ((("d", tarfile.SYMTYPE, b"", "e"), ("d/.wh..wh..opq", tarfile.REGTYPE, b"", "")), "'d/"),
+    ],
+    ids=["upward", "absolute", "opaque"],
+)
+def test_an_entry_under_a_symlink_of_its_layer_is_refused_at_import(
+    entries: tuple[tuple[str, bytes, bytes, str], ...], named: str
+) -> None:
+    layer = _tar(*entries)
+    with pytest.raises(ImageInvalid) as caught:
+        check_layer(layer, MEDIA_LAYER_TAR, _digest(layer), len(layer))
+    assert named in caught.value.message and "through the layer's symlink" in caught.value.message
+
+
+def test_symlinks_pointing_anywhere_pass_as_a_root_file_system_has_them() -> None:
+    layer = _tar(
+        ("up", tarfile.SYMTYPE, b"", "../.."),
+        ("awk", tarfile.SYMTYPE, b"", "/usr/bin/mawk"),
+        ("next", tarfile.REGTYPE, b"1", ""),
+    )
+    check_layer(layer, MEDIA_LAYER_TAR, _digest(layer), len(layer))

@@ -46,8 +46,20 @@ def test_a_name_the_image_does_not_have_is_a_spawn_error(image: Path) -> None:
         inner_ids(image, "www:wheel")
 
 
-def test_a_passwd_that_is_a_link_is_not_followed(tmp_path: Path) -> None:
+def test_a_passwd_that_is_a_link_is_not_followed_to_the_host(tmp_path: Path) -> None:
     (tmp_path / "etc").mkdir()
-    (tmp_path / "etc" / "passwd").symlink_to("/etc/passwd")  # the host's: never read
+    (tmp_path / "etc" / "passwd").symlink_to("/etc/passwd")  # the image's own: itself
     with pytest.raises(SpawnError):
         inner_ids(tmp_path, "root")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "etc").symlink_to("/etc")  # the image's /etc, which it does not have
+    with pytest.raises(SpawnError):
+        inner_ids(other, "root")
+
+
+def test_absolute_links_are_followed_within_the_image(tmp_path: Path) -> None:
+    (tmp_path / "usr" / "share" / "base").mkdir(parents=True)
+    (tmp_path / "usr" / "share" / "base" / "passwd").write_text("app:x:77:78::/:/bin/sh\n")
+    (tmp_path / "etc").symlink_to("/usr/share/base")
+    assert inner_ids(tmp_path, "app") == (77, 78)

@@ -26,7 +26,7 @@ from pathlib import Path
 from souq.drivers.base import SpawnError
 from souq.drivers.users import MachineUser
 
-__all__ = ["DEFAULT_PATH", "ProgramNotRunnable", "resolve_as", "resolve_in_image"]
+__all__ = ["DEFAULT_PATH", "ProgramNotRunnable", "in_image", "resolve_as", "resolve_in_image"]
 
 # What Docker gives a container whose image sets no PATH.
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -90,7 +90,7 @@ def resolve_as(program: str, env: Mapping[str, str], workdir: Path, user: Machin
     raise ProgramNotRunnable(program, user.describe(), *refused)
 
 
-def _inside(root: Path, path: str) -> Path | None:
+def in_image(root: Path, path: str) -> Path | None:
     """``path`` (absolute, inside the image) as a host path under ``root``, every symlink
     followed within the image; None when it does not exist."""
     parts = [p for p in path.split("/") if p]
@@ -134,7 +134,7 @@ def resolve_in_image(
         candidates = [posixpath.join(d or workdir, program) for d in path.split(":")]
     refused: tuple[str, str] | None = None
     for candidate in candidates:
-        host = _inside(root, candidate)
+        host = in_image(root, candidate)
         if host is None:
             continue
         try:

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from souq.drivers.base import SpawnError
+from souq.drivers.programs import in_image
 
 __all__ = [
     "IMAGE_DIR",
@@ -106,11 +107,11 @@ def inner_ids(root: Path, user: str) -> tuple[int, int]:
 
 
 def _entries(root: Path, name: str) -> list[list[str]]:
-    """The colon-separated lines of one of the image's files (none if it has no such file,
-    or it is a link: an image's link could lead out of it)."""
-    path = root / name
+    """The colon-separated lines of one of the image's files (none if it has no such file),
+    its links followed within the image: an absolute one is the image's, never the host's."""
+    path = in_image(root, "/" + name)
     try:
-        if path.is_symlink() or not path.is_file():
+        if path is None or path.is_symlink() or not path.is_file():
             return []
         lines = path.read_text(errors="replace").splitlines()
     except OSError:

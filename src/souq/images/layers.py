@@ -4,10 +4,14 @@ A layer is a tar of a file-system change set (OCI image-spec, "Image Layer Files
 Changeset"). Packing makes the same bytes for the same directory every time: entries sorted,
 mtime 0, uid/gid 0, no user or group names, gzip mtime 0 and a fixed compression level.
 
-Unpacking writes nothing outside its destination: absolute names, ``..`` components, links whose
-target resolves outside, device files and FIFOs are refused (:class:`~souq.errors.ImageInvalid`),
-and every write first checks that its parent directory resolves inside the destination (so a
-symlink from an earlier entry or layer cannot carry a write out). Whiteouts are applied to what
+Unpacking writes nothing outside its destination: absolute names, ``..`` components, hard links
+to outside, device files and FIFOs are refused (:class:`~souq.errors.ImageInvalid`), and every
+write first checks that its parent directory resolves inside the destination (so a symlink from
+an earlier entry or layer cannot carry a write out). A symlink itself is kept as it is, whatever
+it points at: an image is a root file system, whose absolute links (Debian's
+``/etc/alternatives/awk -> /usr/bin/mawk``) resolve in the machine's root, where it runs; on
+the host nothing follows them out (writes are checked as above, and the program lookup of
+:mod:`souq.drivers.programs` follows links within the image). Whiteouts are applied to what
 the earlier layers left: ``.wh.NAME`` removes ``NAME``, ``.wh..wh..opq`` empties its directory.
 A layer is read as a stream, each entry written as it comes, so a refused layer may leave the
 destination half-written: unpack into a fresh directory and discard it on error. A
@@ -244,11 +248,6 @@ def _classify(member: tarfile.TarInfo) -> tuple[_Kind, str]:
     name = _clean(member.name)
     if not (member.isreg() or member.isdir() or member.issym() or member.islnk()):
         raise _refuse(member.name, "is a device file or FIFO")
-    if member.issym() and (
-        member.linkname.startswith("/")
-        or _escapes(os.path.normpath(os.path.join(os.path.dirname(name), member.linkname)))
-    ):
-        raise _refuse(member.name, f"is a symlink to {member.linkname!r}, outside the image")
     if member.islnk() and (member.linkname.startswith("/") or ".." in member.linkname.split("/")):
         raise _refuse(member.name, f"is a hard link to {member.linkname!r}, outside the image")
     parent, base = os.path.split(name)
@@ -266,10 +265,6 @@ def _classify(member: tarfile.TarInfo) -> tuple[_Kind, str]:
     if not member.isdir():
         raise _refuse(member.name, "replaces the root directory")
     return "skip", name
-
-
-def _escapes(normalised: str) -> bool:
-    return normalised == ".." or normalised.startswith("../")
 
 
 def _inside(root: str, path: str, name: str) -> str:
@@ -358,8 +353,8 @@ class _Hashing(io.RawIOBase):
 def check_layer(source: bytes | IO[bytes], media_type: str, digest: str, size: int) -> None:
     """Read one layer without writing it: :class:`~souq.errors.ImageInvalid` naming the layer
     and the entry that unpacking would refuse (an absolute or ``..`` path, a device file or
-    FIFO, a symlink or hard link leading outside the root), or when its bytes are not
-    ``size`` bytes hashing to ``digest``."""
+    FIFO, a hard link leading outside the root, an entry under one of the layer's symlinks),
+    or when its bytes are not ``size`` bytes hashing to ``digest``."""
     read_mode = _READ_MODE.get(media_type)
     if read_mode is None:
         raise ImageInvalid(
@@ -371,8 +366,14 @@ def check_layer(source: bytes | IO[bytes], media_type: str, digest: str, size: i
     problem: ImageInvalid | None = None
     try:
         with tarfile.open(fileobj=io.BufferedReader(reader, _COPY_BYTES), mode=read_mode) as tar:
+            links: set[str] = set()  # the layer's symlinks so far
             for member in tar:
-                _classify(member)
+                kind, name = _classify(member)
+                _not_through(links, member.name, name + "/" if kind == "opaque" else name)
+                if member.issym():
+                    links.add(name)
+                else:
+                    links.discard(name)
     except ImageInvalid as exc:
         problem = exc
     except (tarfile.ReadError, tarfile.CompressionError, EOFError, zlib.error) as exc:
@@ -390,6 +391,17 @@ def check_layer(source: bytes | IO[bytes], media_type: str, digest: str, size: i
         )
     if problem is not None:
         raise ImageInvalid(f"layer {digest}: {problem.message}", hint=problem.hint) from problem
+
+
+def _not_through(links: set[str], raw: str, name: str) -> None:
+    """Refuse an entry that a symlink of its own layer would carry elsewhere: a layer packed
+    from a directory never has one (its entries are real paths), and where it leads is only
+    known where it is unpacked (a link may point anywhere, resolved in the machine's root)."""
+    parent = os.path.dirname(name)
+    while parent:
+        if parent in links:
+            raise _refuse(raw, f"is written through the layer's symlink {parent!r}")
+        parent = os.path.dirname(parent)
 
 
 def _empty(root: str, directory: str, own: set[str]) -> None:
@@ -415,7 +427,6 @@ def _extract(
             os.mkdir(target)
         os.chmod(target, mode | stat.S_IRWXU)
     elif member.issym():
-        _inside(root, os.path.join(parent, member.linkname), name)
         _remove(target)
         os.symlink(member.linkname, target)
     elif member.islnk():
