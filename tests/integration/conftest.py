@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,6 +12,32 @@ from souq.images import Image
 from souq.natsserver import NatsServer
 from souq.testing import Cluster
 from tests import rootfs_images
+
+_PREBUILD = "from tests import rootfs_images; rootfs_images.debian_python_layout()"
+
+
+def pytest_collection_modifyitems(session: pytest.Session, items: list[pytest.Item]) -> None:
+    """Start building the Debian test image at once, beside the tests that run first, when a
+    test of this run needs it (the fixture below takes the build's lock, so it waits for this
+    build, or finds the image built)."""
+    needs = any("debian_python_image" in getattr(i, "fixturenames", ()) for i in items)
+    if needs and shutil.which("mmdebstrap") is not None:
+        session.config.stash[_BUILDER] = subprocess.Popen(
+            [sys.executable, "-c", _PREBUILD],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    builder = session.config.stash.get(_BUILDER, None)
+    if builder is not None and builder.poll() is None:
+        builder.terminate()  # a build cut short is swept by the next one
+        builder.wait()
+
+
+_BUILDER = pytest.StashKey[subprocess.Popen[bytes]]()
 
 
 @pytest.fixture(scope="module")
