@@ -1,0 +1,147 @@
+"""The smaller holes of the tenancy review, each tried from the outside on a real cluster (NATS
+with JetStream and auth, a broker, an agent): a CPU share too small to be one, a standby of
+another app's machine, a narrowed token past its ttl, an OOM-killed machine's Fly record."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+import pytest
+
+from souq.auth.tokens import narrow, public_key_from_text
+from souq.drivers.cgroups import detect
+from souq.testing import Cluster, wait_until
+
+needs_cgroups = pytest.mark.skipif(detect() is None, reason="no usable cgroups on this host")
+
+SLEEPER: dict[str, Any] = {"cmd": ["sleep", "600"], "guest": {"cpus": 0.1, "memory_mb": 32}}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with Cluster(tmp_path_factory.mktemp("tenancy-small"), regions={"mad": 1}) as c:
+        c.wait_for_workers()
+        yield c
+
+
+@pytest.fixture(scope="module")
+def tokens(cluster: Cluster) -> dict[str, str]:
+    made = {}
+    with cluster.client() as admin:
+        for app in ("alpha", "bravo"):
+            info = admin.create_token(app=app, scope="write", name=f"{app} write")
+            assert info.token
+            made[app] = info.token
+    return made
+
+
+def _http(cluster: Cluster, token: str) -> httpx.Client:
+    return httpx.Client(
+        base_url=cluster.api_url, headers={"Authorization": f"Bearer {token}"}, timeout=60
+    )
+
+
+def _machines(http: httpx.Client, app: str) -> list[dict[str, Any]]:
+    r = http.get(f"/v1/apps/{app}/machines")
+    assert r.status_code == 200, r.text
+    return list(r.json())
+
+
+@pytest.mark.parametrize("cpus", ["1e-300", "0.0004", "NaN", "Infinity"])
+def test_a_cpu_share_below_a_thousandth_or_not_finite_is_refused(
+    cluster: Cluster, tokens: dict[str, str], cpus: str
+) -> None:
+    body = json.dumps({"region": "mad", "config": {**SLEEPER, "guest": {"cpus": "CPUS"}}})
+    with _http(cluster, tokens["alpha"]) as alpha:
+        before = len(_machines(alpha, "alpha"))
+        r = alpha.post(
+            "/v1/apps/alpha/machines",
+            content=body.replace('"CPUS"', cpus),  # as written (NaN is no JSON httpx writes)
+            headers={"Content-Type": "application/json"},
+        )
+        assert (r.status_code, r.json()["status"]) == (422, "invalid_input"), r.text
+        assert "cpus" in r.text
+        assert len(_machines(alpha, "alpha")) == before  # nothing was placed
+
+
+def test_the_smallest_cpu_share_is_a_thousandth(cluster: Cluster, tokens: dict[str, str]) -> None:
+    with _http(cluster, tokens["alpha"]) as alpha:
+        r = alpha.post(
+            "/v1/apps/alpha/machines",
+            json={"region": "mad", "config": {**SLEEPER, "guest": {"cpus": 0.001}}},
+        )
+        assert r.status_code == 201, r.text
+        assert r.json()["config"]["guest"]["cpus"] == 0.001
+        gone = alpha.delete(f"/v1/apps/alpha/machines/{r.json()['id']}?force=true")
+        assert gone.status_code == 200, gone.text
+
+
+def test_a_standby_of_another_apps_machine_is_refused(
+    cluster: Cluster, tokens: dict[str, str]
+) -> None:
+    with _http(cluster, tokens["bravo"]) as bravo:
+        theirs = bravo.post("/v1/apps/bravo/machines", json={"region": "mad", "config": SLEEPER})
+        assert theirs.status_code == 201, theirs.text
+        bravo_id = theirs.json()["id"]
+    with _http(cluster, tokens["alpha"]) as alpha:
+        before = len(_machines(alpha, "alpha"))
+        r = alpha.post(
+            "/v1/apps/alpha/machines",
+            json={"region": "mad", "config": {**SLEEPER, "standbys": [bravo_id]}},
+        )
+        assert (r.status_code, r.json()["status"]) == (422, "invalid_input"), r.text
+        assert f"standbys: machine {bravo_id} is not known in app alpha" in r.json()["error"]
+        assert r.json()["field"] == "config.standbys"
+        assert len(_machines(alpha, "alpha")) == before
+
+
+def test_a_narrowed_token_past_its_ttl_is_unauthorized_not_forbidden(
+    cluster: Cluster, tokens: dict[str, str]
+) -> None:
+    with cluster.client() as admin:
+        key = public_key_from_text(admin.token_key())
+    an_hour_ago = datetime.now(UTC) - timedelta(hours=1)
+    expired = narrow(tokens["alpha"], key, ttl_s=60, now=an_hour_ago)
+    live = narrow(tokens["alpha"], key, ttl_s=3600)
+    with _http(cluster, live) as still:
+        assert still.get("/v1/apps/alpha/machines").status_code == 200
+        # Within its ttl, a route outside its app is still forbidden (not unauthorized).
+        other = still.get("/v1/apps/bravo/machines")
+        assert (other.status_code, other.json()["status"]) == (403, "forbidden")
+    with _http(cluster, expired) as late:
+        for path in ("/v1/apps/alpha/machines", "/v1/apps/bravo/machines"):
+            r = late.get(path)
+            assert (r.status_code, r.json()["status"]) == (401, "unauthorized"), r.text
+            assert "expired at" in r.json()["error"]
+            assert r.headers["www-authenticate"].startswith("Bearer")
+
+
+@needs_cgroups
+def test_an_oom_killed_machine_says_so_in_its_fly_exit_event(
+    cluster: Cluster, tokens: dict[str, str]
+) -> None:
+    hog = "b = bytearray(256 * 1024 * 1024)\nfor i in range(0, len(b), 4096): b[i] = 1"
+    config = {
+        "cmd": [sys.executable, "-c", hog],
+        "guest": {"cpus": 0.1, "memory_mb": 64},
+        "restart": {"policy": "no"},
+    }
+    with _http(cluster, tokens["alpha"]) as alpha:
+        made = alpha.post("/v1/apps/alpha/machines", json={"region": "mad", "config": config})
+        assert made.status_code == 201, made.text
+        path = f"/v1/apps/alpha/machines/{made.json()['id']}"
+
+        def exited() -> dict[str, Any] | None:
+            record = alpha.get(path).json()
+            exits = [e for e in record["events"] if e["type"] == "exit"]
+            return exits[0] if exits and record["state"] == "stopped" else None
+
+        event = wait_until(exited, timeout=60, message="the machine to be OOM-killed")
+        assert event is not None
+        assert "out of memory" in event["message"]
+        assert event["request"]["exit_event"]["oom_killed"] is True
