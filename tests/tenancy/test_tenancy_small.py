@@ -16,6 +16,7 @@ import pytest
 from souq.auth.tokens import narrow, public_key_from_text
 from souq.drivers.cgroups import detect
 from souq.testing import Cluster, wait_until
+from tests.integration.services_harness import edge_proxy
 
 needs_cgroups = pytest.mark.skipif(detect() is None, reason="no usable cgroups on this host")
 
@@ -145,3 +146,61 @@ def test_an_oom_killed_machine_says_so_in_its_fly_exit_event(
         assert event is not None
         assert "out of memory" in event["message"]
         assert event["request"]["exit_event"]["oom_killed"] is True
+
+
+def test_the_proxy_admin_port_refuses_revoked_tokens_and_shows_only_the_tokens_app(
+    cluster: Cluster, tokens: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    admin_token = cluster.auth.admin() if cluster.auth else ""
+    with cluster.client() as admin:
+        readers = {
+            app: admin.create_token(app=app, scope="read", name=f"{app} proxy reader")
+            for app in ("alpha", "bravo")
+        }
+    served = {**SLEEPER, "services": [{"internal_port": 8080}]}
+    ids = {}
+    for app in ("alpha", "bravo"):
+        with _http(cluster, tokens[app]) as http:
+            made = http.post(f"/v1/apps/{app}/machines", json={"region": "mad", "config": served})
+            assert made.status_code == 201, made.text
+            ids[app] = made.json()["id"]
+    with edge_proxy(cluster, tmp_path_factory) as proxy:
+
+        def backends(token: str, **params: str) -> httpx.Response:
+            return httpx.get(
+                proxy.admin_url + "/backends",
+                params=params,
+                headers={"Authorization": f"Bearer {token}"},
+                timeout=10,
+            )
+
+        def both_routed() -> list[dict[str, Any]] | None:
+            seen = backends(admin_token).json()
+            return seen if {b["machine_id"] for b in seen} >= set(ids.values()) else None
+
+        wait_until(both_routed, timeout=30, message="the proxy to route to both apps")
+        alpha_token = readers["alpha"].token or ""
+        mine = backends(alpha_token)
+        assert mine.status_code == 200, mine.text
+        assert {b["app"] for b in mine.json()} == {"alpha"}
+        assert ids["alpha"] in {b["machine_id"] for b in mine.json()}
+        assert backends(alpha_token, app="bravo").json() == []  # nothing of bravo's
+        decisions = httpx.get(
+            proxy.admin_url + "/decisions",
+            headers={"Authorization": f"Bearer {alpha_token}"},
+            timeout=10,
+        )
+        assert decisions.status_code == 200
+        assert {d["app"] for d in decisions.json()} <= {"alpha"}
+        assert ids["bravo"] not in decisions.text
+
+        with cluster.client() as admin:
+            admin.revoke_token(readers["alpha"].id)
+
+        def refused() -> httpx.Response | None:
+            r = backends(alpha_token)
+            return r if r.status_code == 401 else None
+
+        r = wait_until(refused, timeout=30, message="the proxy to refuse the revoked token")
+        assert r is not None and "revoked" in r.json()["error"]
+        assert backends(readers["bravo"].token or "").status_code == 200  # others still serve

@@ -65,6 +65,7 @@ FLEET_RESPONSES = 1_000_000  # one fleet connection answers a broadcast for ever
 # JetStream streams behind the buckets (nats-py names them KV_<bucket> and OBJ_<bucket>).
 IMAGE_STREAMS = ("KV_souq-images", "OBJ_souq-image-blobs")
 SECRETS_STREAM = "KV_souq-secrets"
+REVOKED_STREAM = "KV_souq-revoked"
 # Batch jobs (souq.jobs.store, souq.jobs.output): named here, the bus's layer, not imported.
 JOBS_BUCKET = "souq-jobs"
 JOBS_READY = "souq-jobs-ready"
@@ -212,7 +213,11 @@ def permissions_of(user: str) -> Permissions:
         )
     if user == "proxy":
         return Permissions(
-            publish=(*_verbs(PROXY_VERBS, broadcast=VIEW_VERBS), subjects.DISCOVER),
+            publish=(
+                *_verbs(PROXY_VERBS, broadcast=VIEW_VERBS),
+                subjects.DISCOVER,
+                *_read_streams((REVOKED_STREAM,)),  # its admin port refuses revoked tokens
+            ),
             subscribe=(*OBSERVED, inbox),
         )
     if user == "view":
