@@ -7,8 +7,9 @@ writes the file.
   ``souq.jobs.>`` included); subscribes
   to heartbeats, events and usage, and to the agents' job run events.
 * ``proxy`` publishes the verbs of a wake-up, an autostop and the view's sync (start, stop,
-  suspend, wait; get, list, digest, locate), ``souq.all.*`` of the view and ``souq.discover``;
-  subscribes to heartbeats, events and usage.
+  suspend, wait; get, list, digest, locate), ``souq.all.*`` of the view and ``souq.discover``,
+  and reads the revoked tokens' bucket (its admin port's check); subscribes to heartbeats,
+  events and usage.
 * ``view``: the view's sync verbs only; heartbeats, events and usage.
 * ``agent-<W>`` publishes heartbeats, events, usage and job run events *as W* and reads the
   image and secrets buckets; runs batch jobs (:func:`_job_runner`): reads and changes the
