@@ -5,6 +5,8 @@ another app's machine, a narrowed token past its ttl, an OOM-killed machine's Fl
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -204,3 +206,22 @@ def test_the_proxy_admin_port_refuses_revoked_tokens_and_shows_only_the_tokens_a
         r = wait_until(refused, timeout=30, message="the proxy to refuse the revoked token")
         assert r is not None and "revoked" in r.json()["error"]
         assert backends(readers["bravo"].token or "").status_code == 200  # others still serve
+
+
+def test_a_stop_its_worker_does_not_answer_says_it_may_have_been_applied(
+    cluster: Cluster, tokens: dict[str, str]
+) -> None:
+    with _http(cluster, tokens["alpha"]) as alpha:
+        made = alpha.post("/v1/apps/alpha/machines", json={"region": "mad", "config": SLEEPER})
+        assert made.status_code == 201, made.text
+        path = f"/v1/apps/alpha/machines/{made.json()['id']}"
+        agent = cluster.agents[0]
+        os.kill(agent.pid, signal.SIGSTOP)  # it gets the stop late, after the broker gave up
+        try:
+            r = alpha.post(f"{path}/stop")
+        finally:
+            os.kill(agent.pid, signal.SIGCONT)
+        assert (r.status_code, r.json()["status"]) == (503, "unavailable"), r.text
+        assert "the stop may have been applied" in r.json()["error"]
+        assert "check the machine's state" in r.json()["hint"]
+        wait_until(lambda: alpha.get(path).status_code == 200, message="the worker to answer")
