@@ -91,8 +91,12 @@ def test_expiry_from_the_grant_and_from_a_narrowing() -> None:
         check(old, None, Scope.READ)
     fresh, _ = mint(KEY, scope=Scope.ADMIN)
     briefly = narrow(fresh, PUBLIC, ttl_s=60, now=past)
-    with pytest.raises(Forbidden):
+    with pytest.raises(Unauthorized, match="expired"):  # past a narrowed ttl: expired too
         check(briefly, None, Scope.READ)
+    later = narrow(fresh, PUBLIC, ttl_s=3600)  # the earliest ttl is the token's expiry
+    with pytest.raises(Unauthorized, match="expired"):
+        check(narrow(later, PUBLIC, ttl_s=60, now=past), None, Scope.READ)
+    assert check(later, None, Scope.READ)
 
 
 def test_bad_tokens_are_unauthorized() -> None:

@@ -70,6 +70,7 @@ async def test_create_answers_201_with_the_machine(api: Api) -> None:
         "exit_code": None,
         "signal": None,
         "message": None,
+        "oom_killed": False,
         "request": None,  # Fly's form of an exit, on exit events only
     }
 
@@ -103,7 +104,7 @@ BAD = [
     (
         "zero cpus",
         with_config(guest={"cpus": 0}),
-        "config.guest.cpus: Input should be greater than 0",
+        "config.guest.cpus: Input should be greater than or equal to 0.001",
     ),
     (
         "negative cpus",

@@ -220,6 +220,7 @@ class Executor(MachineTable):
                     exit_code=status.code if status else None,
                     signal=signal or (status.signal if status else None),
                     message=message,
+                    oom_killed=status is not None and status.reason == "oom",
                 )
             )
         new = replace(

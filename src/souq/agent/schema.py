@@ -10,6 +10,7 @@ from typing import Any
 
 from souq.agent.operations import OpEvent, OpKind, OpState
 from souq.agent.records import HoldRow, OpStep
+from souq.drivers.base import OOM_NOTE
 from souq.model.machine import MachineConfig, MachineEvent, MachineState
 from souq.model.placement import Placement
 from souq.model.protocol import QuoteState
@@ -200,6 +201,7 @@ def event_of(r: Sequence[Any]) -> MachineEvent:
         exit_code=int_or_none(r[4]),
         signal=str(r[5]) if r[5] is not None else None,
         message=str(r[6]) if r[6] is not None else None,
+        oom_killed=r[0] == "exit" and r[6] is not None and OOM_NOTE in str(r[6]),
     )
 
 

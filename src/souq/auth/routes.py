@@ -17,6 +17,7 @@ route                                             scope        of
 ``GET /v1/images…``, ``/v1/regions``              read         any app the token has
 ``POST /v1/images``                               deploy       any app the token has
 ``GET /v1/tokens/key``, ``/v1/tokens/self``       read         any app the token has
+``GET /backends``, ``/decisions`` (proxy admin)   read         any app the token has (***)
 ``/v1/tokens…`` (the rest), ``/v1/audit``         admin        the cluster
 ``/sched/…`` (batch jobs)                         (the route)  the job's app (**)
 ``POST /v1/workers/…`` (cordon, drain)            admin        the cluster
@@ -29,6 +30,7 @@ needs both); the image routes keep an app's token to its app's names and images
 (:mod:`souq.broker.image_routes`). (*) The app is in the body or in the answer: an
 app's token creates only its app and lists only its app (the route checks, see
 :mod:`souq.broker.app_routes`). ``GET|DELETE /v1/apps/{app}`` are the app's read and write.
+(***) The proxy's admin routes answer about the token's app only (a token of every app: all).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ __all__ = ["Need", "need_of"]
 _PUBLIC = {"/healthz", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
 _APP = re.compile(r"^/v1/apps/([^/]+)(/.*)?$")
 _ANY_APP_READS = ("/v1/images", "/v1/regions", "/v1/tokens/key", "/v1/tokens/self")
+_PROXY_APP_READS = ("/backends", "/decisions")  # the proxy's admin port: the route scopes them
 _READ = {"GET", "HEAD"}
 _EXEC = re.compile(r"^/machines/[^/]+/exec/?$")
 
@@ -86,6 +89,8 @@ def _of_cluster(reading: bool, path: str) -> Need:
         return Need(Scope.READ if reading else Scope.WRITE, any_app=True)
     if path.startswith("/sched/"):  # batch jobs: the app is the job's, read by the route
         return Need(Scope.READ if reading else Scope.WRITE, by_route=True)
+    if reading and path in _PROXY_APP_READS:
+        return Need(Scope.READ, any_app=True)
     if path.startswith(_ANY_APP_READS) and (reading or path == "/v1/images"):
         return Need(Scope.READ if reading else Scope.DEPLOY, any_app=True)
     return Need(Scope.READ if reading else Scope.ADMIN)

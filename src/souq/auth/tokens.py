@@ -29,6 +29,7 @@ seen before is not parsed again, and a decision holds for a second (:data:`DECIS
 from __future__ import annotations
 
 import functools
+import re
 import secrets
 import threading
 import time
@@ -355,11 +356,30 @@ def _grant_of(parsed: Any) -> Grant:
         raise Unauthorized("the token grants nothing", hint="ask for a new one (souq token create)")
     token_id, name, app, scope = (t for t in facts[0].terms)
     ends = authorizer.query(biscuit.Rule("ends($e) <- expires($e)"))
+    expiries = [ends[0].terms[0]] if ends else []
+    expiries += _narrowed_expiries(parsed)
     return Grant(
         token_id=str(token_id),
         name=str(name),
         app=str(app),
         scope=Scope(str(scope)),
-        expires_at=ends[0].terms[0] if ends else None,
+        expires_at=min(expiries) if expiries else None,
         narrowed=int(parsed.block_count()) - 1,
     )
+
+
+# A ttl a holder narrowed the token to, as :func:`narrow` writes it (and biscuit prints it).
+_NARROWED_TTL = re.compile(r"^check if time\(\$t\), \$t < (\S+);$", re.MULTILINE)
+
+
+def _narrowed_expiries(parsed: Any) -> list[datetime]:
+    """When the ttls of the token's later blocks end: a token past one is expired (401), as one
+    past its first block's expiry is, not merely refused (403)."""
+    found = []
+    for block in range(1, int(parsed.block_count())):
+        for text in _NARROWED_TTL.findall(str(parsed.block_source(block))):
+            try:
+                found.append(datetime.fromisoformat(text))
+            except ValueError:
+                continue  # not a time: the check stays the authorizer's to refuse
+    return found

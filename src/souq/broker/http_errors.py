@@ -11,10 +11,12 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from souq.errors import InvalidInput, MalformedRequest, NotFound, SouqError
 
 __all__ = [
+    "AnswerUnexpected",
     "install_error_handlers",
     "invalid_input",
     "souq_error_response",
@@ -78,6 +80,36 @@ def unexpected_error_response(method: str, path: str, exc: Exception) -> JSONRes
     return souq_error_response(err)
 
 
+class AnswerUnexpected:
+    """An exception no handler expected becomes a 500 ``internal`` here, and goes no further.
+    Starlette's last handler answers it and then raises it again, and the server, seeing an
+    exception after a response, closes the connection: a keep-alive client's next request on
+    it was reset. Only an exception after the response began is raised on (the connection
+    cannot carry on after half a response)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def send_noting_start(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_noting_start)
+        except Exception as exc:
+            if started:
+                raise
+            answer = unexpected_error_response(scope["method"], scope["path"], exc)
+            await answer(scope, receive, send)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     async def on_souq_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, SouqError)
@@ -104,4 +136,5 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(SouqError, on_souq_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(StarletteHTTPException, on_http_error)
-    app.add_exception_handler(Exception, on_unexpected)
+    app.add_exception_handler(Exception, on_unexpected)  # what a middleware outside raises
+    app.add_middleware(AnswerUnexpected)

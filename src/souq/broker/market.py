@@ -363,14 +363,16 @@ class Market:
         )
 
     def _primaries(self, order: ClaimRequest) -> frozenset[str]:
-        """A standby's: the workers of the machines it stands by for (each must be known)."""
+        """A standby's: the workers of the machines it stands by for (each must be known, and of
+        the standby's app: another app's machine is answered as one not known, so that its
+        existence is not told)."""
         workers = set()
         for machine_id in order.config.standbys:
             worker = self.book.worker_of(machine_id)
-            if worker is None:
+            if worker is None or self.book.app_of(machine_id) != order.app:
                 raise InvalidInput(
-                    f"standbys: machine {machine_id} is not known in this cluster",
-                    hint="create the machines it stands by for first",
+                    f"standbys: machine {machine_id} is not known in app {order.app}",
+                    hint="name machines of the same app, created first",
                     details={"field": "config.standbys"},
                 )
             workers.add(worker)

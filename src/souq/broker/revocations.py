@@ -35,9 +35,13 @@ _RETRY_S = 1.0  # the watch starts again this long after it failed (NATS down, n
 
 
 class Revocations:
-    def __init__(self, client: Callable[[], Client], verifier: Verifier) -> None:
+    def __init__(
+        self, client: Callable[[], Client], verifier: Verifier, *, make: bool = True
+    ) -> None:
+        """``make``: the bucket is made on first use (a broker's); without, the one a broker
+        made is watched (the proxy's: it may read the bucket, not make it)."""
         self._verifier = verifier
-        self._bucket = OnFirstUse(lambda: _open(client()))
+        self._bucket = OnFirstUse(lambda: _open(client(), make=make))
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -92,6 +96,6 @@ class Revocations:
                 await asyncio.sleep(_RETRY_S)
 
 
-async def _open(nc: Client) -> KeyValue:
+async def _open(nc: Client, *, make: bool = True) -> KeyValue:
     description = "souq revoked tokens: one key per token id"
-    return await open_key_value(nc, BUCKET, description, what=_WHAT)
+    return await open_key_value(nc, BUCKET, description, what=_WHAT, make=make)

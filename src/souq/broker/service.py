@@ -79,6 +79,12 @@ Q = TypeVar("Q", bound=BaseModel)
 A = TypeVar("A")
 
 
+# The verbs to a machine's worker that change it: unanswered, one may still have taken effect.
+_CHANGES_A_MACHINE = frozenset(
+    verb.name for verb in (v.START, v.STOP, v.SUSPEND, v.RESTART, v.UPDATE, v.SIGNAL, v.DESTROY)
+)
+
+
 class BrokerService:
     def __init__(
         self,
@@ -539,13 +545,18 @@ class BrokerService:
         worker_id = await self.directory.owner(
             machine_id, expect=self.liveness.live_count(), timeout=self.config.gather_timeout_s
         )
+        unanswered = f"worker {worker_id}, which holds machine {machine_id}, did not answer"
+        hint = "check `souq workers`; the machine is back when its worker is"
+        if verb.name in _CHANGES_A_MACHINE:  # the worker may have done it, and then gone
+            unanswered += f"; the {verb.name} may have been applied"
+            hint = "check the machine's state (GET the machine) before retrying; " + hint
         return await self._call(
             worker_id,
             verb,
             body,
             timeout=self.config.command_timeout_s + extra_s,
-            unanswered=f"worker {worker_id}, which holds machine {machine_id}, did not answer",
-            hint="check `souq workers`; the machine is back when its worker is",
+            unanswered=unanswered,
+            hint=hint,
         )
 
     async def _call(

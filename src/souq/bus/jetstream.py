@@ -156,11 +156,13 @@ async def key_value(
     return await _made(js, f"KV_{bucket}", replicas, create, bind)
 
 
-async def open_key_value(nc: Client, bucket: str, description: str, *, what: str) -> KeyValue:
-    """The bucket of ``what`` (a store), as :func:`key_value` makes it; :func:`unavailable`
-    when NATS does not answer or runs without JetStream."""
+async def open_key_value(
+    nc: Client, bucket: str, description: str, *, what: str, make: bool = True
+) -> KeyValue:
+    """The bucket of ``what`` (a store), as :func:`key_value` makes it (or, without ``make``,
+    finds it); :func:`unavailable` when NATS does not answer or runs without JetStream."""
     try:
-        return await key_value(nc.jetstream(), bucket, description)
+        return await key_value(nc.jetstream(), bucket, description, make=make)
     except (nats.errors.Error, nats.js.errors.Error) as exc:
         raise unavailable(what, exc) from exc
 

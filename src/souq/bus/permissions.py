@@ -7,8 +7,9 @@ writes the file.
   ``souq.jobs.>`` included); subscribes
   to heartbeats, events and usage, and to the agents' job run events.
 * ``proxy`` publishes the verbs of a wake-up, an autostop and the view's sync (start, stop,
-  suspend, wait; get, list, digest, locate), ``souq.all.*`` of the view and ``souq.discover``;
-  subscribes to heartbeats, events and usage.
+  suspend, wait; get, list, digest, locate), ``souq.all.*`` of the view and ``souq.discover``,
+  and reads the revoked tokens' bucket (its admin port's check); subscribes to heartbeats,
+  events and usage.
 * ``view``: the view's sync verbs only; heartbeats, events and usage.
 * ``agent-<W>`` publishes heartbeats, events, usage and job run events *as W* and reads the
   image and secrets buckets; runs batch jobs (:func:`_job_runner`): reads and changes the
@@ -65,6 +66,7 @@ FLEET_RESPONSES = 1_000_000  # one fleet connection answers a broadcast for ever
 # JetStream streams behind the buckets (nats-py names them KV_<bucket> and OBJ_<bucket>).
 IMAGE_STREAMS = ("KV_souq-images", "OBJ_souq-image-blobs")
 SECRETS_STREAM = "KV_souq-secrets"
+REVOKED_STREAM = "KV_souq-revoked"
 # Batch jobs (souq.jobs.store, souq.jobs.output): named here, the bus's layer, not imported.
 JOBS_BUCKET = "souq-jobs"
 JOBS_READY = "souq-jobs-ready"
@@ -212,7 +214,11 @@ def permissions_of(user: str) -> Permissions:
         )
     if user == "proxy":
         return Permissions(
-            publish=(*_verbs(PROXY_VERBS, broadcast=VIEW_VERBS), subjects.DISCOVER),
+            publish=(
+                *_verbs(PROXY_VERBS, broadcast=VIEW_VERBS),
+                subjects.DISCOVER,
+                *_read_streams((REVOKED_STREAM,)),  # its admin port refuses revoked tokens
+            ),
             subscribe=(*OBSERVED, inbox),
         )
     if user == "view":

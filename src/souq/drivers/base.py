@@ -17,7 +17,11 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 if TYPE_CHECKING:
     from souq.drivers.users import MachineUser
 
+# How an exit's message says the OOM killer ended it (an event read back is known by it).
+OOM_NOTE = "out of memory (oom)"
+
 __all__ = [
+    "OOM_NOTE",
     "ChoosesDrivers",
     "Driver",
     "ExitStatus",
@@ -98,7 +102,7 @@ class ExitStatus:
     def describe(self) -> str:
         if self.reason == "oom":
             how = f"killed by {self.signal}" if self.signal else f"exited with code {self.code}"
-            return f"{how}: out of memory (oom)"
+            return f"{how}: {OOM_NOTE}"
         if self.code is not None:
             return f"exited with code {self.code}"
         if self.signal is not None:

@@ -183,6 +183,11 @@ class WorkerBook:
         where = self._machines.get(machine_id)
         return None if where is None else where[0]
 
+    def app_of(self, machine_id: str) -> str | None:
+        """The app a machine belongs to, as the book heard it (placements and events)."""
+        where = self._machines.get(machine_id)
+        return None if where is None else where[1]
+
     def _region_of(self, worker_id: str) -> str | None:
         entry = self._workers.get(worker_id)
         return None if entry is None else entry.info.region

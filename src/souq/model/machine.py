@@ -89,7 +89,13 @@ class GuestConfig(Input):
         description="Fly's kind of CPU, kept as given: every Souq machine gets `cpus` cores "
         "of its worker's, under a cgroup quota",
     )
-    cpus: float = Field(default=1, gt=0, le=1024, description="CPU cores (fractions allowed)")
+    cpus: float = Field(
+        default=1,
+        ge=0.001,
+        le=1024,
+        allow_inf_nan=False,
+        description="CPU cores, fractions down to 0.001 (a thousandth is the smallest share)",
+    )
     memory_mb: int = Field(default=256, gt=0, le=16 * 1024 * 1024, description="Memory in MiB")
     disk_mb: int = Field(default=0, ge=0, le=1024 * 1024 * 1024, description="Disk in MiB")
     gpus: int = Field(default=0, ge=0, le=1024, description="Whole GPUs")
@@ -463,6 +469,9 @@ class MachineEvent(Record):
     exit_code: int | None = None
     signal: str | None = None
     message: str | None = None
+    oom_killed: bool = Field(
+        default=False, description="an exit: the kernel's OOM killer ended the process"
+    )
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -476,7 +485,7 @@ class MachineEvent(Record):
             "exit_event": {
                 "exit_code": self.exit_code if self.exit_code is not None else -1,
                 "signal": number,
-                "oom_killed": False,
+                "oom_killed": self.oom_killed,
                 "requested_stop": False,
                 "restarting": self.status is MachineState.STARTING,
                 "exited_at": iso_from_ms(self.timestamp),

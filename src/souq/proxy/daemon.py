@@ -25,6 +25,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from souq.auth.access import permit_of
 from souq.broker.liveness import Liveness
 from souq.bus import Transport
 from souq.clock import Clock, SystemClock
@@ -175,9 +176,8 @@ class ControlPlane:
             return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
         async def backends_route(request: Request) -> Response:
-            app = request.query_params.get("app")
             table = self.table
-            apps = [app] if app else table.apps()
+            apps = _apps_asked(request, table.apps())
             body = json.dumps(
                 [
                     {
@@ -198,8 +198,10 @@ class ControlPlane:
             return Response(body, media_type="application/json")
 
         async def decisions_route(request: Request) -> Response:
-            app = request.query_params.get("app")
-            body = json.dumps(self.decisions.recent(app))
+            apps = _apps_asked(request, [])
+            everything = not apps and _token_app(request) is None
+            recent = [d for app in apps for d in self.decisions.recent(app)]
+            body = json.dumps(self.decisions.recent(None) if everything else recent)
             return Response(body, media_type="application/json")
 
         return Starlette(
@@ -209,6 +211,21 @@ class ControlPlane:
                 Route("/backends", backends_route),
             ]
         )
+
+
+def _apps_asked(request: Request, known: list[str]) -> list[str]:
+    """The apps an admin route answers about: ``?app=`` or every app, within the token's (an
+    app's token learns nothing of another app's machines, not even that it has some)."""
+    asked = request.query_params.get("app")
+    own = _token_app(request)
+    if own is not None:
+        return [own] if asked in (None, own) else []
+    return [asked] if asked else known
+
+
+def _token_app(request: Request) -> str | None:
+    """The one app the request's token is for (None: every app, or a proxy without auth)."""
+    return permit_of(request.scope.get("state")).app
 
 
 class Hooks:

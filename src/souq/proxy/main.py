@@ -7,13 +7,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 
+from nats.aio.client import Client
 from starlette.types import ASGIApp
 
 from souq import daemon
 from souq.auth.access import Access
 from souq.auth.bus import daemon_credential
 from souq.auth.files import AuthDir
+from souq.broker.revocations import Revocations
 from souq.bus.nats import connect
 from souq.compiled import compiled
 from souq.errors import Unavailable
@@ -73,7 +76,9 @@ async def serve(
             plane.listen_tcp = listen_tcp
             if config.admin_port:
                 auth = AuthDir.from_env(config.auth_dir)
-                admin = asyncio.create_task(_admin(plane, relay, config.admin_port, auth))
+                admin = asyncio.create_task(
+                    _admin(plane, relay, config.admin_port, auth, lambda: transport.client)
+                )
             log.info(
                 "souq proxy listening on http://%s:%s (relay %s)",
                 host,
@@ -92,13 +97,29 @@ async def serve(
         await transport.close()
 
 
-async def _admin(plane: ControlPlane, relay: Relay, port: int, auth: AuthDir | None) -> None:
-    """The admin port: with an auth directory, its routes need a token (read on the cluster)."""
+async def _admin(
+    plane: ControlPlane,
+    relay: Relay,
+    port: int,
+    auth: AuthDir | None,
+    nats: Callable[[], Client],
+) -> None:
+    """The admin port: with an auth directory, its routes need a token that is not revoked (the
+    proxy watches the brokers' list, as they do); ``/backends`` and ``/decisions`` answer
+    about the token's app only (a token of every app: all)."""
     app: ASGIApp = plane.admin_app(relay.metrics_text)
+    revocations = None
     if auth is not None:
-        app = Access(app, auth.verifier())
+        verifier = auth.verifier()
+        revocations = Revocations(nats, verifier, make=False)
+        revocations.start()
+        app = Access(app, verifier)
     server = EmbeddedServer(server_config(BodyLimit(app), host="127.0.0.1", port=port))
-    await server.serve()
+    try:
+        await server.serve()
+    finally:
+        if revocations is not None:
+            await revocations.close()
 
 
 def run(config: ProxyConfig) -> None:
