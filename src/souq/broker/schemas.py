@@ -25,7 +25,7 @@ from souq.model import (
     normalise_signal,
 )
 from souq.model.durations import seconds_of, set_timeout_s
-from souq.model.fly_fields import CREATE_UNSUPPORTED, drop_unset
+from souq.model.fly_fields import CREATE_UNSUPPORTED, FlyInput
 from souq.model.machine import validate_name
 from souq.model.policy import PlacementPolicy
 
@@ -56,10 +56,11 @@ def check_app_name(app: str) -> str | None:
     )
 
 
-class FlyLaunchFields(Input):
+class FlyLaunchFields(FlyInput):
     """What Fly's create and update bodies (``LaunchMachineInput``) carry beside the config:
     the fields Souq takes, and the ones it refuses when set (naming why)."""
 
+    unsupported = CREATE_UNSUPPORTED
     skip_secrets: bool = Field(
         default=False,
         description="give the machine none of its app's secrets, at this start and every later "
@@ -79,11 +80,6 @@ class FlyLaunchFields(Input):
         description="Fly's: start the machine with the app's secrets as of this version or "
         "later (a broker asks at least for the last version it wrote itself)",
     )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _fly_fields(cls, data: Any) -> Any:
-        return drop_unset(data, CREATE_UNSUPPORTED)
 
 
 class CreateMachineRequest(FlyLaunchFields):

@@ -5,7 +5,7 @@ from typing import Annotated
 import typer
 
 from souq.client.cli import JsonOpt, make_client, reporting
-from souq.client.options import as_field
+from souq.client.options import checked_option
 from souq.model.choices import ScopeName
 
 __all__ = ["register_auth"]
@@ -25,10 +25,10 @@ ScopeOpt = Annotated[
 ]
 TtlOpt = Annotated[
     float | None,
-    typer.Option(
+    checked_option(
         "--ttl",
         help="Seconds it lasts (default: no end).",
-        parser=as_field("souq.model.tokens.NewToken", "ttl_s"),
+        checks="souq.model.tokens.NewToken.ttl_s",
     ),
 ]
 

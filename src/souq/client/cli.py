@@ -26,7 +26,7 @@ from souq.client.options import (
     MemoryOpt,
     PolicyOpt,
     PortOpt,
-    as_field,
+    checked_option,
     signal_name,
 )
 from souq.errors import InsufficientCapacity, InvalidInput, SouqError
@@ -164,10 +164,10 @@ def machine_run(
     ] = None,
     max_retries: Annotated[
         int | None,
-        typer.Option(
+        checked_option(
             "--max-retries",
             help="Restarts allowed by on-failure.",
-            parser=as_field("souq.model.machine.RestartConfig", "max_retries"),
+            checks="souq.model.machine.RestartConfig.max_retries",
         ),
     ] = None,
     env: Annotated[list[str] | None, typer.Option("--env", "-e", help="K=V, repeatable.")] = None,
@@ -309,10 +309,10 @@ def quote_create(
     memory_mb: MemoryOpt = None,
     ttl: Annotated[
         float | None,
-        typer.Option(
+        checked_option(
             "--ttl",
             help="Seconds the hold lasts (default 10).",
-            parser=as_field("souq.model.protocol.HoldRequest", "ttl_s"),
+            checks="souq.model.protocol.HoldRequest.ttl_s",
         ),
     ] = None,
     constraint: ConstraintOpt = None,
@@ -383,10 +383,10 @@ def machine_stop(
     ] = None,
     timeout: Annotated[
         float | None,
-        typer.Option(
+        checked_option(
             "--timeout",
             help="Seconds before SIGKILL.",
-            parser=as_field("souq.model.machine.StopConfig", "timeout_s"),
+            checks="souq.model.machine.StopConfig.timeout_s",
         ),
     ] = None,
     as_json: JsonOpt = False,

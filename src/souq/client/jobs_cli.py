@@ -9,7 +9,7 @@ import typer
 
 from souq.client import cli
 from souq.client.cli import JsonOpt, pairs, reporting
-from souq.client.options import as_field
+from souq.client.options import checked_option
 from souq.model.choices import JobRestart, JobState
 
 AppOpt = Annotated[
@@ -73,42 +73,38 @@ def submit(
     ] = None,
     max_retries: Annotated[
         int | None,
-        typer.Option(
+        checked_option(
             "--max-retries",
             help="Runs after the first (default 3).",
-            parser=as_field("souq.model.job.JobSubmit", "max_retries"),
+            checks="souq.model.job.JobSubmit.max_retries",
         ),
     ] = None,
     backoff: Annotated[
         float | None,
-        typer.Option(
+        checked_option(
             "--backoff",
             help="Seconds before a retry, doubling each time (default 1).",
-            parser=as_field("souq.model.job.JobSubmit", "backoff_s"),
+            checks="souq.model.job.JobSubmit.backoff_s",
         ),
     ] = None,
     deadline: Annotated[
         float | None,
-        typer.Option(
+        checked_option(
             "--deadline",
             help="Fail it if not finished this many seconds after now.",
-            parser=as_field("souq.model.job.JobSubmit", "deadline_s"),
+            checks="souq.model.job.JobSubmit.deadline_s",
         ),
     ] = None,
     cpus: Annotated[
         float | None,
-        typer.Option(
-            "--cpus",
-            help="CPU cores it needs.",
-            parser=as_field("souq.model.job.JobSubmit", "cpus"),
+        checked_option(
+            "--cpus", help="CPU cores it needs.", checks="souq.model.job.JobSubmit.cpus"
         ),
     ] = None,
     memory_mb: Annotated[
         int | None,
-        typer.Option(
-            "--memory-mb",
-            help="Memory it needs, MiB.",
-            parser=as_field("souq.model.job.JobSubmit", "memory_mb"),
+        checked_option(
+            "--memory-mb", help="Memory it needs, MiB.", checks="souq.model.job.JobSubmit.memory_mb"
         ),
     ] = None,
     env: Annotated[

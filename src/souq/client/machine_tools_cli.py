@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from souq.client.cli import AppOpt, IdArg, JsonOpt, machine_app, make_client, reporting
-from souq.client.options import as_field
+from souq.client.options import checked_option
 
 __all__ = ["register_machine_tools"]
 
@@ -24,10 +24,10 @@ def machine_exec(
     app_name: AppOpt,
     timeout: Annotated[
         int,
-        typer.Option(
+        checked_option(
             "--timeout",
             help="Seconds (at most 300).",
-            parser=as_field("souq.model.machine_tools.ExecBody", "timeout"),
+            checks="souq.model.machine_tools.ExecBody.timeout",
         ),
     ] = 30,
     stdin: Annotated[

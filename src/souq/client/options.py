@@ -41,6 +41,7 @@ __all__ = [
     "PortOpt",
     "StrategyOpt",
     "as_field",
+    "checked_option",
     "constraint",
     "release_version",
     "signal_name",
@@ -69,6 +70,13 @@ def as_field(model: str, field: str) -> Callable[[str], Any]:
             raise ValueError(exc.errors()[0]["msg"]) from None
 
     return parse
+
+
+def checked_option(*flags: str, help: str, checks: str) -> Any:
+    """A typer option named ``flags`` whose value is checked as the model field ``checks``
+    (``module.Class.field``) checks it (:func:`as_field`)."""
+    model, _, field = checks.rpartition(".")
+    return typer.Option(*flags, help=help, parser=as_field(model, field))
 
 
 _CONSTRAINT = re.compile(
@@ -123,16 +131,12 @@ def release_version(text: str) -> int:
 # them.
 CpusOpt = Annotated[
     float | None,
-    typer.Option(
-        "--cpus", help="CPU cores.", parser=as_field("souq.model.machine.GuestConfig", "cpus")
-    ),
+    checked_option("--cpus", help="CPU cores.", checks="souq.model.machine.GuestConfig.cpus"),
 ]
 MemoryOpt = Annotated[
     int | None,
-    typer.Option(
-        "--memory-mb",
-        help="Memory in MiB.",
-        parser=as_field("souq.model.machine.GuestConfig", "memory_mb"),
+    checked_option(
+        "--memory-mb", help="Memory in MiB.", checks="souq.model.machine.GuestConfig.memory_mb"
     ),
 ]
 ConstraintOpt = Annotated[
@@ -159,12 +163,12 @@ PolicyOpt = Annotated[
 ]
 PortOpt = Annotated[
     list[int] | None,
-    typer.Option(
+    checked_option(
         "--port",
         "-p",
         help="An internal port it serves HTTP on, reached through the proxy (repeatable); "
         "the process reads the host port it must listen on from $PORT.",
-        parser=as_field("souq.model.services.Service", "internal_port"),
+        checks="souq.model.services.Service.internal_port",
     ),
 ]
 AutostopOpt = Annotated[

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from souq.client.cli import AppNameOpt, JsonOpt, make_client, reporting
-from souq.client.options import as_field
+from souq.client.options import checked_option
 
 __all__ = ["register_volumes"]
 
@@ -31,11 +31,11 @@ def create(
     region: Annotated[str, typer.Option("--region", "-r", help="Where it lives.")],
     size_gb: Annotated[
         int,
-        typer.Option(
+        checked_option(
             "--size",
             "-s",
             help="Its size in GB.",
-            parser=as_field("souq.model.volume.CreateVolumeRequest", "size_gb"),
+            checks="souq.model.volume.CreateVolumeRequest.size_gb",
         ),
     ] = 1,
     unique_zone: Annotated[
@@ -77,11 +77,11 @@ def extend(
     app_name: AppNameOpt,
     size_gb: Annotated[
         int,
-        typer.Option(
+        checked_option(
             "--size",
             "-s",
             help="The new size in GB.",
-            parser=as_field("souq.model.volume.ExtendVolumeRequest", "size_gb"),
+            checks="souq.model.volume.ExtendVolumeRequest.size_gb",
         ),
     ],
     as_json: JsonOpt = False,

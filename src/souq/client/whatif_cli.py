@@ -20,7 +20,7 @@ import typer
 
 from souq.client import cli
 from souq.client.cli import EXIT_NO_CAPACITY
-from souq.client.options import as_field
+from souq.client.options import checked_option
 from souq.errors import InvalidInput
 
 if TYPE_CHECKING:
@@ -48,35 +48,31 @@ RegionOpt = Annotated[
 # Each machine's size is checked as a machine's guest config is (souq.client.options).
 CpusOpt = Annotated[
     float | None,
-    typer.Option(
-        "--cpus",
-        help="CPU cores of each machine.",
-        parser=as_field("souq.model.machine.GuestConfig", "cpus"),
+    checked_option(
+        "--cpus", help="CPU cores of each machine.", checks="souq.model.machine.GuestConfig.cpus"
     ),
 ]
 MemoryOpt = Annotated[
     int | None,
-    typer.Option(
+    checked_option(
         "--memory-mb",
         "--memory",
         help="Memory of each machine, in MiB.",
-        parser=as_field("souq.model.machine.GuestConfig", "memory_mb"),
+        checks="souq.model.machine.GuestConfig.memory_mb",
     ),
 ]
 GpusOpt = Annotated[
     int | None,
-    typer.Option(
-        "--gpus",
-        help="Whole GPUs of each machine.",
-        parser=as_field("souq.model.machine.GuestConfig", "gpus"),
+    checked_option(
+        "--gpus", help="Whole GPUs of each machine.", checks="souq.model.machine.GuestConfig.gpus"
     ),
 ]
 GpuMilliOpt = Annotated[
     int | None,
-    typer.Option(
+    checked_option(
         "--gpu-milli",
         help="A share of one GPU, in thousandths.",
-        parser=as_field("souq.model.machine.GuestConfig", "gpu_milli"),
+        checks="souq.model.machine.GuestConfig.gpu_milli",
     ),
 ]
 GpuModelOpt = Annotated[str | None, typer.Option("--gpu-model", help="The GPU model it needs.")]

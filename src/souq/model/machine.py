@@ -37,6 +37,7 @@ from souq.model.fly_fields import (
     PORT_UNSUPPORTED,
     ROOTFS_UNSUPPORTED,
     SERVICE_UNSUPPORTED,
+    FlyInput,
     drop_unset,
 )
 from souq.model.placement import Placement
@@ -190,19 +191,15 @@ class StopConfig(Input):
         return data
 
 
-class MachineInit(Input):
+class MachineInit(FlyInput):
     """Fly's ``init``: what the machine runs. ``exec`` replaces the image's entrypoint and
     command; ``entrypoint`` and ``cmd`` replace either one (with an image; without one the
     command is ``entrypoint + cmd``). Souq's own ``cmd`` (top level) is ``exec``."""
 
+    unsupported = INIT_UNSUPPORTED
     exec: list[str] = Field(default_factory=list)
     entrypoint: list[str] = Field(default_factory=list)
     cmd: list[str] = Field(default_factory=list)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _fly_fields(cls, data: Any) -> Any:
-        return drop_unset(data, INIT_UNSUPPORTED)
 
     @field_validator("exec", "entrypoint", "cmd", mode="before")
     @classmethod
@@ -258,19 +255,15 @@ class SandboxConfig(Input):
     network: bool = Field(default=True, description="false: the machine sees only `lo`")
 
 
-class RootfsConfig(Input):
+class RootfsConfig(FlyInput):
     """Fly's ``rootfs``: what becomes of a machine's writes to its image's root file system."""
 
+    unsupported = ROOTFS_UNSUPPORTED
     persist: Literal["never", "always"] = Field(
         default="never",
         description="`never`: each start begins from the image (Fly's default); `always`: the "
         "machine's writable layer is kept across stops and restarts (until it is destroyed)",
     )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _fly_fields(cls, data: Any) -> Any:
-        return drop_unset(data, ROOTFS_UNSUPPORTED)
 
 
 class MachineConfig(Input):
