@@ -19,10 +19,13 @@ import httpx
 import pytest
 
 from souq.drivers import sandbox
+from souq.images import layout_tar, pack_directory
 from souq.model.machine import Machine, MachineState
 from souq.testing import AgentProcess, Cluster, ProxyProcess, wait_until
 
 ECHO = Path(__file__).with_name("echo_app.py")
+BUSYBOX = shutil.which("busybox")
+APPLETS = ("sh", "cat", "echo", "sleep", "hostname")
 PYTHON = "/usr/bin/python3"  # the host's, which a machine's own uid may run
 
 pytestmark = [
@@ -30,6 +33,7 @@ pytestmark = [
     pytest.mark.skipif(not sandbox.available(), reason=f"{sandbox.unavailable()}"),
     pytest.mark.skipif(shutil.which("nsenter") is None, reason="no nsenter (util-linux)"),
     pytest.mark.skipif(not os.access(PYTHON, os.X_OK), reason=f"no {PYTHON}"),
+    pytest.mark.skipif(BUSYBOX is None, reason="busybox-static is missing (`make test` has it)"),
 ]
 
 
@@ -78,6 +82,18 @@ def proxy(cluster: Cluster, root: Path) -> Iterator[ProxyProcess]:
         extra_args=["--autostop-interval", "1"],
     ) as p:
         yield p
+
+
+def busybox_image(cluster: Cluster, root: Path, motd: str) -> str:
+    """A whole root file system of busybox alone whose /etc/motd says ``motd``, pushed."""
+    (root / "bin").mkdir(parents=True)
+    shutil.copy(BUSYBOX or "", root / "bin" / "busybox")
+    for applet in APPLETS:
+        (root / "bin" / applet).symlink_to("busybox")
+    (root / "etc").mkdir()
+    (root / "etc" / "motd").write_text(motd + "\n")
+    with cluster.client() as client:
+        return client.push_image(layout_tar(pack_directory(root, cmd=["sh"]))).reference
 
 
 def app_name() -> str:
@@ -351,5 +367,25 @@ def test_the_gpus_env_reaches_the_sandboxed_machine(cluster: Cluster) -> None:
         assert m.gpu_ids == [0]
         assert "gpus=0 milli=1000" in logs_with(cluster, app, m, "gpus=")
         assert run_in(cluster, app, m, "echo $SOUQ_GPUS")[1] == "0\n"
+    finally:
+        destroy(cluster, app, m)
+
+
+def test_an_update_to_another_image_runs_the_new_images_root(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    first = busybox_image(cluster, tmp_path / "one", "first image")
+    second = busybox_image(cluster, tmp_path / "two", "second image")
+    app = app_name()
+    cmd = ["sh", "-c", "cat /etc/motd; exec sleep 600"]
+    m = started(cluster, app, {"image": first, "cmd": cmd})
+    try:
+        logs_with(cluster, app, m, "first image")
+        with cluster.client() as client:
+            config = client.get_machine(app, m.id).config.model_dump(mode="json")
+            client.update(app, m.id, {**config, "image": second})
+            client.wait(app, m.id, MachineState.STARTED, timeout=60)
+        logs_with(cluster, app, m, "second image")
+        assert run_in(cluster, app, m, "cat /etc/motd")[1] == "second image\n"
     finally:
         destroy(cluster, app, m)
