@@ -255,7 +255,7 @@ class HostDriver:
             return False
         if self.cgroups.freeze(handle.machine_id, frozen):
             return True
-        return self.exec.freeze(handle, frozen)
+        return self.signal(handle, signal.SIGSTOP if frozen else signal.SIGCONT)
 
     def inspect(self, handle: Handle) -> bool:
         return self.exec.inspect(handle)
