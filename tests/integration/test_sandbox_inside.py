@@ -235,11 +235,17 @@ def test_a_volume_is_mounted_at_its_path(cluster: Cluster) -> None:
 
 def test_stop_sends_the_stop_signal_to_the_machines_program(cluster: Cluster) -> None:
     app = app_name()
-    script = "trap 'echo got-term; exit 0' TERM; echo armed; while :; do sleep 1; done"
+    script = (
+        "trap 'echo got-usr1' USR1; trap 'echo got-term; exit 0' TERM; echo armed; "
+        "while :; do sleep 1; done"
+    )
     m = shell(cluster, app, script, stop_config={"signal": "SIGTERM", "timeout": "30s"})
     try:
         logs_with(cluster, app, m, "armed")
         with cluster.client() as client:
+            client.signal(app, m.id, "SIGUSR1")  # `souq machine signal`: it lives on
+            logs_with(cluster, app, m, "got-usr1")
+            assert client.get_machine(app, m.id).state is MachineState.STARTED
             client.stop(app, m.id)
             client.wait(app, m.id, MachineState.STOPPED, timeout=30)
         assert "got-term" in logs_with(cluster, app, m, "got-term")
@@ -275,13 +281,26 @@ def pids_of(cluster: Cluster, machine: Machine) -> set[int]:
     return {p for p in agent(cluster).machine_pids() if named in _environ(p).split("\0")}
 
 
+def shells_of(pids: set[int]) -> set[int]:
+    """Those of ``pids`` that are not a ``sleep`` (bwrap, its init, the machine's shell)."""
+    return {p for p in pids if _comm(p) not in ("sleep", "")}
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
 def test_a_killed_agent_readopts_its_sandboxed_machine(cluster: Cluster) -> None:
     app = app_name()
-    m = shell(cluster, app, "echo up; exec sleep 600")
+    script = "trap 'echo got-term; exit 0' TERM; echo up; while :; do sleep 1; done"
+    m = shell(cluster, app, script, stop_config={"signal": "SIGTERM", "timeout": "30s"})
     a = agent(cluster)
     try:
         logs_with(cluster, app, m, "up")
-        before = pids_of(cluster, m)
+        before = shells_of(pids_of(cluster, m))  # not its loop's short sleeps
         assert before
         a.stop(signal.SIGKILL)
         a.start()
@@ -290,12 +309,13 @@ def test_a_killed_agent_readopts_its_sandboxed_machine(cluster: Cluster) -> None
             timeout=30,
             message="the machine started again after the agent came back",
         )
-        after = pids_of(cluster, m)
-        assert before <= after  # the same processes: adopted, not restarted
+        after = shells_of(pids_of(cluster, m))
+        assert before == after  # the same processes: adopted, not restarted
         assert run_in(cluster, app, m, "hostname")[1] == "sandbox\n"  # exec reaches it
         with cluster.client() as client:
             client.stop(app, m.id)
             client.wait(app, m.id, MachineState.STOPPED, timeout=30)
+        assert "got-term" in logs_with(cluster, app, m, "got-term")  # the signal reached it
         assert not any(os.path.exists(f"/proc/{p}") and _environ(p) for p in before)
     finally:
         destroy(cluster, app, m)
