@@ -168,9 +168,11 @@ def bwrap_argv(
     die_with_parent: bool = False,
 ) -> list[str]:
     """The ``bwrap`` command line that jails whatever follows it (append the command).
-    ``mounts``: volumes, (directory on the host, path inside), bound read-write; the agent's
-    other volumes (their common parent) are hidden under an empty tmpfs first. ``overlay``: the
-    machine's mounted root file system (an image's, whole), bound read-write as ``/``.
+    ``mounts``: volumes, (directory on the host, path inside), bound read-write at any path
+    (a read-only root that lacks one is opened for it: :func:`mount_points_to_open`); the
+    agent's other volumes (their common parent) are hidden under an empty tmpfs first.
+    ``overlay``: the machine's mounted root file system (an image's, whole), bound read-write
+    as ``/``.
     ``inner``: the uid and gid it runs as inside a user namespace of its own (bwrap is then run
     by the machine's host uid, which they map to)."""
     whole = image is not None and image.is_root
