@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from souq.drivers import sandbox
+from souq.drivers import enter, sandbox
 from souq.drivers.base import Limits, MachineSpec, SpawnError
 from souq.drivers.cgroups import WAITERS, Cgroups, V1Backend, V2Backend, detect
 from souq.drivers.host import HostDriver
@@ -341,5 +341,61 @@ def test_the_agent_runs_a_machine_in_the_sandbox_when_asked(nats_url: str, tmp_p
             out = await h.output(m.id, "host=")
             assert "host=sandbox" in out
             assert int(out.split("pid=")[1].split()[0]) <= 3
+
+    asyncio.run(body())
+
+
+def _state(pid: int) -> str:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("State:"):
+            return line.split()[1]
+    return ""
+
+
+@needs_bwrap
+def test_without_a_freezer_a_sandboxed_machines_command_is_stopped_and_continued(
+    tmp_path: Path,
+) -> None:
+    """SIGSTOP and SIGCONT reach the command, which is in a session of its own in the sandbox
+    (bwrap's group alone would leave it running)."""
+    mid = "frozen"
+
+    async def body() -> None:
+        d = HostDriver(tmp_path, cgroups="none", sandbox_enabled=True)
+        handle = d.start(
+            spec("sh", "-c", "echo up; exec sleep 600", machine_id=mid, driver="sandbox")
+        )
+        await eventually(lambda: b"up" in d.read_output(mid, 0, 1 << 16)[0], timeout=10)
+        command = await eventually(lambda: enter.machine_command(handle.pid), timeout=10)
+        assert command is not None
+        assert d.freeze(handle, True)
+        await eventually(lambda: _state(command) == "T", timeout=10, what="the command stopped")
+        assert d.freeze(handle, False)
+        await eventually(lambda: _state(command) != "T", timeout=10, what="it continued")
+        status = await d.stop(handle, signal.SIGTERM, 10)
+        assert status.signal == "SIGTERM" or status.code == 128 + signal.SIGTERM, status
+        d.destroy(mid)
+        d.close()
+
+    asyncio.run(body())
+
+
+@needs_bwrap
+def test_a_sandboxed_machines_stop_signal_reaches_its_command(tmp_path: Path) -> None:
+    """The signal goes to the command's own group in the sandbox: sent to bwrap's, the outer
+    bwrap died of it and what was left was killed before the command's handler could run."""
+    mid = "trapping"
+    script = "trap 'echo got-term; exit 7' TERM; echo armed; while :; do sleep 1; done"
+
+    async def body() -> None:
+        d = HostDriver(tmp_path, cgroups="none", sandbox_enabled=True)
+        handle = d.start(spec("sh", "-c", script, machine_id=mid, driver="sandbox"))
+        await eventually(lambda: b"armed" in d.read_output(mid, 0, 1 << 16)[0], timeout=10)
+        await eventually(lambda: enter.machine_command(handle.pid), timeout=10)
+        status = await d.stop(handle, signal.SIGTERM, 30)
+        assert status.code == 7, status  # its own exit, through bwrap's
+        assert b"got-term" in d.read_output(mid, 0, 1 << 16)[0]
+        d.destroy(mid)
+        d.close()
 
     asyncio.run(body())

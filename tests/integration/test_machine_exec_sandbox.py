@@ -149,7 +149,14 @@ def test_ps_lists_the_machines_pid_namespace_by_the_pids_it_sees(
         async with running_agent(nats_url, tmp_path) as h:
             mid = await sandboxed(h)
             # A process exec starts and leaves behind (its own session) stays in the machine.
-            reply = await exec_in(h, mid, "setsid sleep 3602 </dev/null >/dev/null 2>&1 & echo $!")
+            # The exec waits until it leads its session: what is still in the exec's own group
+            # when the exec ends is killed with it.
+            reply = await exec_in(
+                h,
+                mid,
+                "setsid sleep 3602 </dev/null >/dev/null 2>&1 & p=$!; "
+                'until [ "$(cut -d" " -f6 /proc/$p/stat)" = "$p" ]; do :; done; echo $p',
+            )
             left = int(reply.stdout)
 
             async def listed() -> dict[int, ProcessStat] | None:

@@ -16,7 +16,7 @@ from souq.agent.store import Store
 from souq.agent.volumes import AgentVolumes
 from souq.clock import VirtualClock
 from souq.drivers.host import link_volumes
-from souq.drivers.sandbox import bwrap_argv
+from souq.drivers.sandbox import Image, bwrap_argv, mount_points_to_open
 from souq.errors import IllegalTransition, InsufficientCapacity, NotFound, VolumeAttached
 from souq.model import MachineConfig, Offer, Resources, WorkerInfo
 from souq.model.volume import (
@@ -258,3 +258,37 @@ def test_a_plain_process_finds_its_volume_by_env_and_by_a_link(tmp_path: Path) -
     link_volumes(home, ((str(volume), "/own"),))  # the machine's own file stays
     assert (home / "own").read_text() == "mine"
     assert volume_env("my-data") == "SOUQ_VOLUME_MY_DATA"
+
+
+def test_a_sandbox_opens_the_read_only_directory_a_volumes_path_is_missing_from(
+    tmp_path: Path,
+) -> None:
+    """bwrap cannot make a mount point in a read-only root: the deepest directory the root has
+    on the path becomes a tmpfs that holds the root's entries again, and the point."""
+    root = tmp_path / "root"
+    (root / "srv" / "kept").mkdir(parents=True)
+    (root / "usr" / "bin").mkdir(parents=True)
+    (root / "hidden").mkdir()
+    (root / "bin").symlink_to("usr/bin")
+    paths = ["/data", "/srv/deep/d", "/usr", "/tmp/t", "/hidden/x/y"]
+    opened = mount_points_to_open(root, paths, hidden=["/hidden"])
+    assert opened == {"/": ["/data"], "/srv": ["/srv/deep/d"]}  # /usr is there, /tmp private
+    argv = bwrap_argv(
+        tmp_path / "machines" / "m1",
+        network=True,
+        machines_root=tmp_path / "machines",
+        image=Image(root),
+        mounts=((str(tmp_path / "v1"), "/data"), (str(tmp_path / "v2"), "/srv/deep/d")),
+    )
+    assert ("--ro-bind", str(root), "/") not in list(zip(argv, argv[1:], argv[2:], strict=False))
+    assert argv[argv.index("usr/bin") - 1 : argv.index("usr/bin") + 2] == [
+        "--symlink",
+        "usr/bin",
+        "/bin",
+    ]
+    srv = argv.index("/srv", argv.index("--tmpfs"))
+    assert argv[srv - 1] == "--tmpfs"
+    kept = argv.index(str(root / "srv" / "kept"))
+    ro = [i for i, a in enumerate(argv) if a == "--remount-ro"]
+    binds = [i for i, a in enumerate(argv) if a == "--bind"]
+    assert srv < kept < max(ro) < min(binds)  # made read-only before the volumes go in

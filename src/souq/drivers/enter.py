@@ -46,6 +46,7 @@ __all__ = [
     "entry_of",
     "inside_id",
     "inside_pid",
+    "machine_command",
     "machine_init",
     "namespaces_of",
     "nsenter_argv",
@@ -229,6 +230,16 @@ def _command(handle_pid: int) -> int:
     if _same_program(init, parent):
         raise CannotEnter("bwrap is still setting up the sandbox", "setting_up")
     return init  # --as-pid-1: the init is the command
+
+
+def machine_command(handle_pid: int) -> int | None:
+    """The host pid of the sandboxed machine's command (the leader of its own session and
+    process group, under ``bwrap --new-session``), or None when there is no sandbox under
+    ``handle_pid`` or it is still being set up."""
+    try:
+        return _command(handle_pid)
+    except CannotEnter:
+        return None
 
 
 def _ids(command: int, status: Mapping[str, str], kinds: tuple[str, ...]) -> tuple[int, int]:

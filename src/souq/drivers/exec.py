@@ -427,15 +427,24 @@ class ExecDriver:
         machine's process group."""
         return self.signal(handle, signal.SIGSTOP if frozen else signal.SIGCONT)
 
-    async def stop(self, handle: Handle, sig: int, timeout_s: float) -> ExitStatus:
+    async def stop(
+        self,
+        handle: Handle,
+        sig: int,
+        timeout_s: float,
+        *,
+        send: Callable[[Handle, int], bool] | None = None,
+    ) -> ExitStatus:
+        """``send``: how the signals reach the machine (a sandbox's go to its command's group)."""
         if handle.pid not in self._watches:
             return ExitStatus()
+        deliver = send or self.signal
         exited = _exit_of(self, handle)
-        self.signal(handle, sig)
+        deliver(handle, sig)
         try:
             return await asyncio.wait_for(asyncio.shield(exited), timeout_s)
         except TimeoutError:
-            self.signal(handle, signal.SIGKILL)
+            deliver(handle, signal.SIGKILL)
             return await exited
 
     # -- adoption and cleanup ------------------------------------------------------------------

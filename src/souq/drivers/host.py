@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from souq.drivers import rootfs, sandbox
+from souq.drivers import enter, processes, rootfs, sandbox
 from souq.drivers.base import ExitStatus, Handle, MachineSpec, RecordsExits, SpawnError
 from souq.drivers.cgroups import DEFAULT_PIDS_MAX, Cgroups, Mode, detect, placement_shell, prune
 from souq.drivers.exec import ExecDriver
@@ -41,6 +41,8 @@ __all__ = ["HostDriver"]
 log = logging.getLogger(__name__)
 
 _REMOVE_RETRIES = 8
+# Signals a sandboxed machine's bwrap group gets too: they end or pause the sandbox's init.
+_WHOLE = frozenset({signal.SIGKILL, signal.SIGSTOP, signal.SIGCONT})
 ROOTFS = ".rootfs"  # <root>/.rootfs/<id>/: the root file systems of machines of images
 
 
@@ -152,6 +154,7 @@ class HostDriver:
                 mounts=spec.mounts,
                 overlay=overlay,
                 inner=inner,
+                die_with_parent=self.exec.waiter is not None,
             )
             cmd = (*jail, *cmd)
             spec = replace(spec, cwd=None)  # bwrap moves into the machine's directory itself
@@ -214,7 +217,7 @@ class HostDriver:
         return self.cgroups.annotate(handle.machine_id, await self.exec.wait(handle))
 
     async def stop(self, handle: Handle, sig: int, timeout_s: float) -> ExitStatus:
-        status = await self.exec.stop(handle, sig, timeout_s)
+        status = await self.exec.stop(handle, sig, timeout_s, send=self.signal)
         return self.cgroups.annotate(handle.machine_id, status)
 
     def last_exit(self, machine_id: str) -> ExitStatus:
@@ -235,7 +238,16 @@ class HostDriver:
         self.exec.prepare_spawns(count)
 
     def signal(self, handle: Handle, sig: int) -> bool:
-        return self.exec.signal(handle, sig)
+        """A sandboxed machine's signal goes to its command's own process group (the outer
+        ``bwrap`` would die of it, and the rest be killed before the command could act);
+        SIGKILL, SIGSTOP and SIGCONT to ``bwrap``'s group too, which holds the sandbox's init."""
+        command = enter.machine_command(handle.pid) if self.exec.inspect(handle) else None
+        if command is None:
+            return self.exec.signal(handle, sig)
+        sent = processes.kill_group(command, sig)
+        if sig in _WHOLE:
+            sent = self.exec.signal(handle, sig) or sent
+        return sent
 
     def freeze(self, handle: Handle, frozen: bool) -> bool:
         """The cgroup freezer where the host has one, else SIGSTOP and SIGCONT."""
@@ -243,7 +255,7 @@ class HostDriver:
             return False
         if self.cgroups.freeze(handle.machine_id, frozen):
             return True
-        return self.exec.freeze(handle, frozen)
+        return self.signal(handle, signal.SIGSTOP if frozen else signal.SIGCONT)
 
     def inspect(self, handle: Handle) -> bool:
         return self.exec.inspect(handle)

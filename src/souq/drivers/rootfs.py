@@ -15,7 +15,8 @@ So two machines of one image never see each other's writes, and the image is nev
 The writable layer starts empty at every start unless the machine's config keeps it
 (``rootfs.persist``, Fly's name: ``always``), as a Fly machine's root file system is reset by a
 restart. The mounts outlive the agent (a machine keeps running through an agent restart) and are
-taken down when the machine is destroyed.
+taken down when the machine is destroyed. A machine updated to another image mounts the new
+image's files at its next start (``layers/lower.image`` says which image ``lower`` holds).
 
 A machine that runs as root itself (``--machine-user root``) needs no idmap: its lower layer is
 the image's files as they are. The syscalls without a wrapper in Python (``open_tree``,
@@ -202,6 +203,13 @@ class MachineRoot:
         self.upper = layers / "upper"
         self.work = layers / "work"
         self.root = base / "root"
+        self.lower_source = layers / "lower.image"  # which image's files ``lower`` mounts
+
+    def _lower_of(self) -> str | None:
+        try:
+            return self.lower_source.read_text()
+        except OSError:
+            return None
 
     def mount(self, *, persist: bool) -> Path:
         """Mount it (again, after a stop) and return what the sandbox binds as ``/``: with
@@ -222,8 +230,11 @@ class MachineRoot:
                 os.chown(self.upper, self.uid, self.uid, follow_symlinks=False)
             lower = self.image
             if self.uid is not None:
+                if not fresh and _mounted(self.lower) and self._lower_of() != str(self.image):
+                    _unmount(self.lower)  # of the image the machine ran before an update
                 if fresh or not _mounted(self.lower):
                     _idmapped(self.image, self.lower, self.uid)
+                    self.lower_source.write_text(str(self.image))
                 lower = self.lower
             _overlay(lower, self.upper, self.work, self.root)
         except OSError as exc:

@@ -21,10 +21,15 @@ that uid outside, and nothing else is mapped. Its own files (its directory, its 
 are that uid's, so they are root's inside.
 
 The process the agent watches is ``bwrap`` itself: it exits with the command's exit status
-(``128 + n`` when the command was killed by signal ``n``), and signals sent to the machine's
-process group reach the command, which stays in that group (no ``--new-session``). There is no
-``--die-with-parent``: like exec machines, sandboxed machines outlive the agent and are
-re-adopted by the next one.
+(``128 + n`` when the command was killed by signal ``n``). The command runs in a session and
+process group of its own (``--new-session``: it cannot push input into a terminal outside),
+and the machine's signals go to that group (:func:`souq.drivers.enter.machine_command`): a
+signal to ``bwrap``'s group would end the outer ``bwrap`` first, and the waiter would then
+SIGKILL what is left before the command could act on it. SIGKILL goes to ``bwrap``'s group:
+the sandbox's init is in it, and the pid namespace ends with its init. With
+``die_with_parent`` (the parent is a souq-waiter, which outlives the agent) the sandbox also
+ends if its waiter is killed; without a waiter the parent is the agent, and like exec machines
+sandboxed machines must outlive it to be re-adopted by the next one.
 """
 
 from __future__ import annotations
@@ -161,21 +166,30 @@ def bwrap_argv(
     overlay: Path | None = None,
     inner: tuple[int, int] | None = None,
     hostname: str = "sandbox",
+    die_with_parent: bool = False,
 ) -> list[str]:
     """The ``bwrap`` command line that jails whatever follows it (append the command).
-    ``mounts``: volumes, (directory on the host, path inside), bound read-write; the agent's
-    other volumes (their common parent) are hidden under an empty tmpfs first. ``overlay``: the
-    machine's mounted root file system (an image's, whole), bound read-write as ``/``.
+    ``mounts``: volumes, (directory on the host, path inside), bound read-write at any path
+    (a read-only root that lacks one is opened for it: :func:`mount_points_to_open`); the
+    agent's other volumes (their common parent) are hidden under an empty tmpfs first.
+    ``overlay``: the machine's mounted root file system (an image's, whole), bound read-write
+    as ``/``.
     ``inner``: the uid and gid it runs as inside a user namespace of its own (bwrap is then run
     by the machine's host uid, which they map to)."""
     whole = image is not None and image.is_root
+    # Read-only directories given a tmpfs to hold volumes' mount points, and those points.
+    opened: dict[str, list[str]] = {}
+    root = "/"
     if overlay is not None and whole:
         argv = [bwrap, "--bind", str(overlay), "/", "--dev", "/dev", "--proc", "/proc"]
     else:
         root = str(image.root) if image is not None and whole else "/"
+        hidden_dirs = [str(machines_root)] if machines_root is not None and not whole else []
+        opened = mount_points_to_open(Path(root), [path for _, path in mounts], hidden_dirs)
+        base = _opened(Path(root), "/", opened["/"]) if "/" in opened else ["--ro-bind", root, "/"]
         argv = [
             bwrap,
-            "--ro-bind", root, "/",
+            *base,
             "--dev", "/dev",
             "--proc", "/proc",
             "--tmpfs", "/tmp",  # noqa: S108 - a private, empty /tmp inside the sandbox
@@ -193,15 +207,36 @@ def bwrap_argv(
     for parent in sorted({str(Path(host_dir).parent) for host_dir, _ in mounts}):
         if overlay is None or not whole:
             argv += ["--tmpfs", parent]  # other volumes stay out of sight
+    for directory, points in opened.items():
+        if directory != "/":
+            argv += _opened(Path(root) / directory[1:], directory, points)
     for host_dir, path in mounts:
         argv += ["--bind", host_dir, path]
     if overlay is None or not whole:
         argv += ["--bind", str(workdir), WORKDIR]
-    argv += [
-        "--chdir", WORKDIR if image is None else image.start_dir(),
+    start = WORKDIR if image is None else image.start_dir()
+    argv += _process_argv(start, hostname, inner, network=network, die_with_parent=die_with_parent)
+    argv.append("--")
+    return argv
+
+
+def _process_argv(
+    start: str,
+    hostname: str,
+    inner: tuple[int, int] | None,
+    *,
+    network: bool,
+    die_with_parent: bool,
+) -> list[str]:
+    """Where the command starts, and the namespaces, session and ids it runs in."""
+    argv = [
+        "--chdir", start,
         "--unshare-pid", "--unshare-ipc", "--unshare-uts",
         "--hostname", hostname,
+        "--new-session",
     ]  # fmt: skip
+    if die_with_parent:
+        argv.append("--die-with-parent")
     if inner is not None:
         # --disable-userns: the command runs in a user namespace nested in the one that owns
         # the sandbox's mounts, and can make no other; root inside (or an exec entering it)
@@ -210,5 +245,55 @@ def bwrap_argv(
         argv.append("--disable-userns")
     if not network:
         argv.append("--unshare-net")
-    argv.append("--")
+    return argv
+
+
+_PRIVATE = ("/dev", "/proc", "/tmp", "/run")  # noqa: S108 - the sandbox's own, whatever the root
+
+
+def mount_points_to_open(root: Path, paths: list[str], hidden: list[str]) -> dict[str, list[str]]:
+    """The directories of a read-only ``root`` in which a volume's mount point is missing
+    (bwrap cannot make it there), each with the paths it is to hold: for each path that
+    ``root`` lacks, its deepest existing ancestor; none for a path in a private tmpfs inside
+    (``/tmp``, ``/run``, a ``hidden`` one). Shallowest first, so that a directory is
+    opened before one under it."""
+    found: dict[str, list[str]] = {}
+    private = (*_PRIVATE, *hidden)
+    for path in paths:
+        inside = Path("/", path)
+        if any(inside.is_relative_to(p) for p in private):
+            continue  # a tmpfs inside, where bwrap makes it
+        if (root / inside.relative_to("/")).exists():
+            continue
+        ancestor = inside.parent
+        while ancestor != Path("/") and not (root / ancestor.relative_to("/")).is_dir():
+            ancestor = ancestor.parent
+        found.setdefault(str(ancestor), []).append(str(inside))
+    return dict(sorted(found.items(), key=lambda item: (len(Path(item[0]).parts), item[0])))
+
+
+def _opened(directory: Path, inside: str, points: list[str]) -> list[str]:
+    """bwrap arguments that make ``inside`` a tmpfs (``/``: bwrap's own root is one) holding,
+    read-only, what ``directory`` holds (each entry bound, each link made again) and the
+    mount ``points`` it is opened for, and then read-only itself (before anything is mounted
+    under it: bwrap's ``--remount-ro`` reaches the mounts under it too)."""
+    argv = [] if inside == "/" else ["--tmpfs", inside]
+    argv += _entries_of(directory, inside)
+    for point in [*_PRIVATE, *points] if inside == "/" else points:
+        argv += ["--dir", point]
+    return [*argv, "--remount-ro", inside]
+
+
+def _entries_of(directory: Path, inside: str) -> list[str]:
+    """bwrap arguments that put back, read-only, what ``directory`` holds at ``inside``: each
+    entry bound, each link made again."""
+    argv: list[str] = []
+    for entry in sorted(os.scandir(directory), key=lambda e: e.name):
+        target = str(Path(inside) / entry.name)
+        if target in _PRIVATE:
+            continue
+        if entry.is_symlink():
+            argv += ["--symlink", os.readlink(entry.path), target]
+        else:
+            argv += ["--ro-bind", entry.path, target]
     return argv
