@@ -16,7 +16,7 @@ import pytest
 from souq.client.api import SouqClient
 from souq.errors import SouqError
 from souq.images import Image, layout_tar, pack_directory
-from souq.images.store import ImageStore
+from souq.images.store import RECORDS_BUCKET, ImageStore
 from souq.model.machine import MachineState
 from souq.testing import Cluster
 
@@ -138,11 +138,15 @@ def test_an_app_cannot_move_a_name_the_cluster_stored(
 
 
 async def _forget_access(cluster: Cluster, reference: str, owner: str) -> None:
-    """The image's access key gone, as in a store written before access keys existed."""
+    """The image's access key never written, as in a store written before access keys
+    existed: its subject emptied in the stream, no delete marker left (a key deleted later
+    still counts as access keys there, and keeps the image closed)."""
     nc = await nats.connect(cluster.nats.url, **cluster.nats_options("broker"))
     try:
-        store = await ImageStore.open(nc)
-        await store.records.purge(f"acl.{reference.split(':', 1)[1]}.{owner}")
+        key = f"acl.{reference.split(':', 1)[1]}.{owner}"
+        await nc.jetstream().purge_stream(
+            f"KV_{RECORDS_BUCKET}", subject=f"$KV.{RECORDS_BUCKET}.{key}"
+        )
     finally:
         await nc.close()
 
@@ -161,3 +165,30 @@ def test_an_image_stored_before_access_keys_stays_the_clusters(
         asyncio.run(_forget_access(cluster, old.reference, "bravo"))
         logs, digest = _ran(alpha, "alpha", old.reference)
         assert "stored before access keys" in logs and digest == old.reference
+
+
+def test_an_image_whose_access_key_was_deleted_stays_closed(
+    cluster: Cluster, tokens: dict[str, str], tmp_path: Path
+) -> None:
+    """A deleted access key leaves its marker: the image had access keys, so it does not fall
+    back to being the cluster's (that fallback is for images stored before access keys)."""
+    img = _image(tmp_path / "img", "bravo's only")
+    with (
+        cluster.client(token=tokens["bravo"]) as bravo,
+        cluster.client(token=tokens["alpha"]) as alpha,
+    ):
+        bravo.push_image(layout_tar(img))
+
+        async def delete_access() -> None:
+            nc = await nats.connect(cluster.nats.url, **cluster.nats_options("broker"))
+            try:
+                store = await ImageStore.open(nc)
+                await store.records.purge(f"acl.{img.reference.split(':', 1)[1]}.bravo")
+            finally:
+                await nc.close()
+
+        asyncio.run(delete_access())
+        with pytest.raises(SouqError):
+            alpha.image(img.reference)
+        with pytest.raises(SouqError):
+            _ran(alpha, "alpha", img.reference)
