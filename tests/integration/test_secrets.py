@@ -123,6 +123,37 @@ def test_set_list_inject_redact_unset(cluster: Cluster) -> None:
         assert VALUE not in log.read_text(errors="replace"), log
 
 
+def test_a_create_waits_for_the_secrets_version_and_a_retry_stays_one_request(
+    cluster: Cluster,
+) -> None:
+    """A create names at least the secrets version its broker last wrote (so the machine has
+    the secret just set); the retry of its Idempotency-Key after another secret was set is the
+    same request, answered with the same machine, not an idempotency conflict."""
+    client = cluster.client()
+    app = "vault-versions"
+    client.set_secrets(app, {"FIRST": "one-value"})
+    headers = {"Idempotency-Key": "versions-1"}
+    if cluster.auth:
+        headers["Authorization"] = f"Bearer {cluster.auth.admin()}"
+    body = {"region": "mad", "config": {"cmd": SHOW}}
+    made = httpx.post(f"{cluster.api_url}/v1/apps/{app}/machines", json=body, headers=headers)
+    assert made.status_code == 201, made.text
+    assert env_seen(cluster, made.json()["id"])["FIRST"] == "one-value"
+    client.set_secrets(app, {"SECOND": "two-value"})  # the broker's version moves on
+    again = httpx.post(f"{cluster.api_url}/v1/apps/{app}/machines", json=body, headers=headers)
+    assert again.status_code in (200, 201), again.text
+    assert again.json()["id"] == made.json()["id"]
+    ahead = httpx.post(
+        f"{cluster.api_url}/v1/apps/{app}/machines",
+        json={**body, "min_secrets_version": 10**9},  # a version no worker will read
+        headers={k: v for k, v in headers.items() if k != "Idempotency-Key"},
+        timeout=60,
+    )
+    # The worker would not take it before reading that far: the claim refused, saying so.
+    assert ahead.status_code == 409 and "claim refused (unavailable)" in ahead.text, ahead.text
+    assert client.list_machines(app) and len(client.list_machines(app)) == 1
+
+
 def test_bad_names_and_unknown_secrets_are_refused(cluster: Cluster) -> None:
     client = cluster.client()
     for bad in ({"1ABC": "x"}, {"A-B": "x"}, {"SOUQ_APP": "x"}, {}, {"BIG": "x" * 70_000}):

@@ -201,7 +201,9 @@ class WorkerVerbs:
         keep = not new or req.image is not None
         return Encoded(machine_json(machine, json_of, placement=keep).encode())
 
-    async def _secrets_read(self, req: msg.ClaimRequest) -> None:
+    async def _secrets_read(
+        self, req: msg.ClaimRequest | BatchClaimRequest | msg.UpdateCommand
+    ) -> None:
         """Wait (briefly) for this worker to have read the app's secrets as far as the claim
         asks (its ``min_secrets_version``); Unavailable if it has not."""
         secrets, version = self._ex.secrets, req.min_secrets_version
@@ -233,6 +235,7 @@ class WorkerVerbs:
         return machine
 
     async def _claim_batch(self, req: BatchClaimRequest) -> BatchClaimReply:
+        await self._secrets_read(req)
         return claim_batch(self._ex, self._cmd, req, now_ms=self._clock.now_ms())
 
     async def _hold(self, req: msg.HoldRequest) -> msg.Quote:
@@ -318,6 +321,7 @@ class WorkerVerbs:
 
     async def _update(self, cmd: msg.UpdateCommand) -> Machine:
         self._leased(cmd)
+        await self._secrets_read(cmd)
         return await self._cmd.update(cmd)
 
     async def _signal(self, cmd: msg.SignalCommand) -> Machine:

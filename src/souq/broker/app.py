@@ -159,10 +159,7 @@ def create_handler(service: BrokerService) -> CreateHandler:
         idempotency_key = _idempotency_key(headers)
         body = parsed_body(raw, CreateMachineRequest)
         body = body.model_copy(
-            update={
-                "skip_secrets": skips_secrets(permit, app, asked=body.skip_secrets),
-                "min_secrets_version": max(body.min_secrets_version or 0, service.secrets_version),
-            }
+            update={"skip_secrets": skips_secrets(permit, app, asked=body.skip_secrets)}
         )
         if _flag(query, "dry_run"):
             return 200, DryRun(placement=await service.explain(app, body)).model_dump_json()
@@ -293,7 +290,10 @@ def _routes(service: BrokerService, create: CreateHandler) -> FastAPI:
         body = await parse_body(request, BatchCreateRequest)
         permit = permit_of(request.scope.get("state"))
         body = body.model_copy(
-            update={"skip_secrets": skips_secrets(permit, app, asked=body.skip_secrets)}
+            update={
+                "skip_secrets": skips_secrets(permit, app, asked=body.skip_secrets),
+                "min_secrets_version": max(body.min_secrets_version, service.secrets_version),
+            }
         )
         return json_response(await service.create_batch(app, body), status_code=201)
 

@@ -69,6 +69,7 @@ def changes_router(service: BrokerService) -> APIRouter:
             skip_secrets=skips_secrets(
                 permit_of(request.scope.get("state")), app, asked=body.skip_secrets
             ),
+            min_secrets_version=max(body.min_secrets_version or 0, service.secrets_version),
             nonce=nonce,
         )
         if body.lease_ttl is None:

@@ -251,6 +251,7 @@ class Market:
                         config=body.config,
                         skip_launch=body.skip_launch,
                         skip_secrets=body.skip_secrets,
+                        min_secrets_version=body.min_secrets_version,
                         request_ids=[f"{request_id}-{i}" for i in indexes[start:][:per_claim]],
                         placement=action.record,
                         image=image,

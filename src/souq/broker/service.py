@@ -225,6 +225,10 @@ class BrokerService:
             skip_launch=body.skip_launch,
             region_chosen=region_chosen,
         )
+        # At least the last secrets version this broker wrote; after the hash, so that a retry
+        # of a key is the same request whatever was set meanwhile.
+        if self.secrets_version > order.min_secrets_version:
+            order = order.model_copy(update={"min_secrets_version": self.secrets_version})
 
         async def place() -> Machine:
             nonlocal order
@@ -464,11 +468,13 @@ class BrokerService:
         *,
         skip_launch: bool = False,
         skip_secrets: bool = False,
+        min_secrets_version: int = 0,
         nonce: str | None = None,
     ) -> Machine:
         """Replace a machine's config on its worker (its image resolved first, as at a
         create); answers once it has restarted with it (or at once with ``skip_launch``).
-        ``skip_secrets``: from now on it starts without its app's secrets."""
+        ``skip_secrets``: from now on it starts without its app's secrets;
+        ``min_secrets_version``: with them as of that version or later."""
         self.require_bus()
         image = await self.images.of_config(config, app)
         config = await self.volumes.named_for(app, machine_id, config)
@@ -480,6 +486,7 @@ class BrokerService:
             image=image,
             skip_launch=skip_launch,
             skip_secrets=skip_secrets,
+            min_secrets_version=min_secrets_version,
             lease_nonce=nonce,
         )
         return self._seen(await self._ask(machine_id, v.UPDATE, cmd, extra_s=grace + 60))

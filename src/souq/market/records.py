@@ -230,9 +230,11 @@ class RecordKeeper:
                 else f"{n} {reason}"
                 for reason, n in sorted(self._rejections.items())
             ]
-            refused = sum(1 for c in self._attempts if not c.ok)
+            refused = [c.reason or "refused" for c in self._attempts if not c.ok]
             if refused:
-                reasons.append(f"{refused} claim{'s' if refused > 1 else ''} refused")
+                why = ", ".join(sorted(set(refused)))
+                plural = "s" if len(refused) > 1 else ""
+                reasons.append(f"{len(refused)} claim{plural} refused ({why})")
         else:
             reasons = [f"{n} offers {reason}" for reason, n in sorted(self._rejections.items())]
             refused_batches = [c for c in self._batch_claims if not c.ok]

@@ -52,6 +52,12 @@ class BatchCreateRequest(Input):
     skip_secrets: bool = Field(
         default=False, description="Fly's: give them none of the app's secrets, ever"
     )
+    min_secrets_version: int = Field(
+        default=0,
+        ge=0,
+        description="start them with the app's secrets as of this version or later (a broker "
+        "asks at least for the last version it wrote itself)",
+    )
     config: MachineConfig
 
 
@@ -67,6 +73,11 @@ class BatchClaimRequest(Input):
     config: MachineConfig
     skip_launch: bool = False
     skip_secrets: bool = False
+    min_secrets_version: int = Field(
+        default=0,
+        ge=0,
+        description="the worker takes it once it has read the app's secrets this far",
+    )
     request_ids: list[str] = Field(min_length=1, description="one per machine")
     placement: Placement | None = None
     image: ImageRecord | None = Field(default=None, description="the image `config.image` names")

@@ -170,6 +170,11 @@ class UpdateCommand(MachineRef):
         default=False,
         description="start it without its app's secrets, now and at every later start",
     )
+    min_secrets_version: int = Field(
+        default=0,
+        ge=0,
+        description="the worker takes it once it has read the app's secrets this far",
+    )
 
 
 class SignalCommand(MachineRef):
