@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from souq.model.machine import Machine, MachineState
 from souq.testing import Cluster, ProxyProcess, wait_until
 from tests.integration.images_harness import souq
 from tests.integration.registry_harness import push_image, serve_registry, skopeo_push
+from tests.isolated import isolated_cluster
 from tests.rootfs_images import BUSYBOX_MARKER, DEBIAN_MARKER, busybox_image
 
 BUSYBOX = shutil.which("busybox")
@@ -43,16 +43,8 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
-    # Not under pytest's base (0700, root's): each machine's uid must reach its directory.
-    root = Path(tempfile.mkdtemp(prefix="souq-own-root-", dir="/var/tmp"))
-    root.chmod(0o711)
-    try:
-        with Cluster(root, regions={}) as c:
-            c.add_agent("mad", machine_user=None, default_driver=None)
-            c.wait_for_workers()
-            yield c
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    with isolated_cluster("souq-own-root-") as c:
+        yield c
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from souq.drivers.identity import BASE, COUNT
 from souq.images import layout_tar, pack_directory
 from souq.model.machine import Machine, MachineState
 from souq.testing import AgentProcess, Cluster, auth_headers, wait_until
+from tests.isolated import isolated_cluster
 
 APP = "iso"
 BUSYBOX = shutil.which("busybox")
@@ -47,17 +47,8 @@ def busybox_root(root: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
-    # Not under pytest's base (0700, root's): each machine's uid must reach its directory, as
-    # under `souq dev`'s /var/lib/souq/dev.
-    root = Path(tempfile.mkdtemp(prefix="souq-isolated-", dir="/var/tmp"))
-    root.chmod(0o711)
-    try:
-        with Cluster(root, regions={}) as c:
-            c.add_agent("mad", machine_user=None, default_driver=None)
-            c.wait_for_workers()
-            yield c
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    with isolated_cluster("souq-isolated-") as c:
+        yield c
 
 
 @pytest.fixture(scope="module")
