@@ -175,6 +175,37 @@ def test_no_operation_answers_a_server_error(fuzzed: Cluster) -> None:
     assert tried >= 30  # every operation of the API was fed
 
 
+NESTED = ("[" * 100_000 + "]" * 100_000, '{"values":' * 100_000 + "1" + "}" * 100_000)
+
+
+def test_a_body_nested_past_any_decoder_is_a_4xx_on_every_operation(
+    fuzzed: Cluster, http: httpx.Client
+) -> None:
+    """JSON nested deeper than a recursive decoder goes (100,000 levels): malformed, never a 500,
+    on every operation that takes a body."""
+    spec = http.get("/openapi.json").json()
+    tried = 0
+    for path, operations in spec["paths"].items():
+        if path in SKIPPED:
+            continue
+        concrete = path.replace("{app}", APP)
+        while "{" in concrete:
+            concrete = concrete[: concrete.index("{")] + "x" + concrete[concrete.index("}") + 1 :]
+        for method, operation in operations.items():
+            if "requestBody" not in operation:
+                continue
+            for body in NESTED:
+                r = http.request(
+                    method.upper(),
+                    concrete,
+                    content=body,
+                    headers={"Content-Type": "application/json"},
+                )
+                assert 400 <= r.status_code < 500, f"{method} {path}: {r.text[:300]}"
+                tried += 1
+    assert tried >= 20, tried  # the secrets, machines, volumes, apps ... bodies were all fed
+
+
 def test_no_sequence_of_linked_calls_answers_a_server_error(fuzzed: Cluster) -> None:
     """Calls chained along the links between operations (a machine made, then acted on)."""
     base = _schema(fuzzed).as_state_machine()

@@ -10,9 +10,9 @@ Every route needs the ``deploy`` scope of the app (``souq.auth.routes``; its tab
 
 from __future__ import annotations
 
-import json
 from typing import Annotated
 
+import pydantic_core
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import RootModel
@@ -53,7 +53,7 @@ class OneValue(Input):
 def fly_shaped(raw: bytes) -> bool:
     """Whether a body is Fly's ``{"values": {...}}`` (a Souq body's values are strings)."""
     try:
-        data = json.loads(raw)
+        data = pydantic_core.from_json(raw)  # bounded recursion: a deep body is not JSON here
     except ValueError:
         return False
     return isinstance(data, dict) and data.keys() == {"values"} and isinstance(data["values"], dict)
