@@ -72,6 +72,7 @@ __all__ = [
     "MachineNotStarted",
     "MalformedRequest",
     "NameTaken",
+    "NobodySubscribed",
     "NotFound",
     "PayloadTooLarge",
     "QuoteExpired",
@@ -268,6 +269,11 @@ class WaitTimeout(SouqError, status="timeout", http_status=408): ...
 
 
 class Unavailable(SouqError, status="unavailable", http_status=503): ...
+
+
+class NobodySubscribed(Unavailable):
+    """A request reached nobody (no subscriber on its subject): it was not carried out, so it
+    may safely be sent elsewhere, unlike one that went unanswered."""
 
 
 class SecretsUnavailable(Unavailable, status="secrets_unavailable"):

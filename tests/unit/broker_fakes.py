@@ -162,6 +162,7 @@ class FakeWorker:
     async def _command(self, subject: str, data: bytes) -> bytes | None:
         verb = verb_of(subject)
         if verb == "claim" and self.silent_claims:
+            self.claims.append(decode(data, ClaimRequest))  # heard, never answered
             return None
         try:
             return ok_reply(await getattr(self, "_" + verb)(data))

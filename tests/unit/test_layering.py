@@ -117,6 +117,7 @@ PUBLIC = {
         "MachineNotStarted",
         "MalformedRequest",
         "NameTaken",
+        "NobodySubscribed",
         "NotFound",
         "PayloadTooLarge",
         "QuoteExpired",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from souq.clock import VirtualClock
-from souq.errors import InsufficientCapacity
+from souq.errors import InsufficientCapacity, Unavailable
 from souq.market import AskOffers, Auction, Finished, Order, Purpose, Rules, SendClaim, WorkerBook
 from souq.model import Resources, WorkerInfo, WorkerUsage
 from souq.model.batch import BatchPlacement
@@ -324,7 +324,37 @@ def test_a_dry_run_ranks_and_claims_nothing() -> None:
     assert done.record.offers_received == 2
 
 
-def test_silent_workers_are_bounded() -> None:
+def test_an_unanswered_claim_is_sent_again_to_its_worker_and_never_made_elsewhere() -> None:
+    """An unanswered claim may have been carried out: it goes to the same worker once more
+    (a repeat of a request id is answered with what it made), and then ends ``unavailable``
+    naming the worker, rather than making the machine a second time on another."""
+    book = WorkerBook()
+    for i in range(6):
+        book.observe(info(f"w{i}"))
+    a = auction(book, Order(request()), use_book=True)
+    (claim,) = a.start(0.0)
+    (again,) = a.unanswered(claim.worker_id, "unavailable", 1.0)
+    assert isinstance(again, SendClaim) and again.worker_id == claim.worker_id
+    assert again.indexes == claim.indexes
+    (done,) = a.unanswered(claim.worker_id, "unavailable", 2.0)
+    assert isinstance(done, Finished) and isinstance(done.error, Unavailable)
+    assert claim.worker_id in done.error.message and "may have been made" in done.error.message
+    assert not done.placed
+
+
+def test_an_answer_to_the_repeated_claim_places_the_machine() -> None:
+    book = WorkerBook()
+    book.observe(info("w1"))
+    a = auction(book, Order(request()), use_book=True)
+    (claim,) = a.start(0.0)
+    (again,) = a.unanswered(claim.worker_id, "unavailable", 1.0)
+    (done,) = a.claimed(again.worker_id, ["m1"], 2.0)
+    assert isinstance(done, Finished) and done.error is None and done.placed == {0: "m1"}
+
+
+def test_workers_nobody_hears_are_bounded() -> None:
+    """A claim that reached nobody (no subscriber: the worker is gone) made nothing: the next
+    worker is tried, up to the bound."""
     book = WorkerBook()
     for i in range(6):
         book.observe(info(f"w{i}"))

@@ -28,6 +28,7 @@ from souq.errors import (
     ClaimRefused,
     InsufficientCapacity,
     InvalidInput,
+    NobodySubscribed,
     SouqError,
     Unavailable,
     UnknownRegion,
@@ -438,7 +439,9 @@ class Market:
             if not self._workers.connected:
                 raise
             log.info("claim on %s for %s unanswered: %s", worker_id, auction.order.request_id, exc)
-            return auction.refused(worker_id, exc.status, now, silent=True)
+            if isinstance(exc, NobodySubscribed):  # it reached nobody: nothing was made
+                return auction.refused(worker_id, exc.status, now, silent=True)
+            return auction.unanswered(worker_id, exc.status, now)
         return auction.claimed(worker_id, answers, now, ledger=ledger)
 
     async def _ask(self, auction: Auction, action: AskOffers, timeout: float | None) -> list[Offer]:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from souq.bus.transport import Handler, bus_unavailable
-from souq.errors import Unavailable
+from souq.errors import NobodySubscribed, Unavailable
 
 __all__ = ["MemoryTransport", "subject_matches"]
 
@@ -93,7 +93,7 @@ class MemoryTransport:
         self._check()
         targets = self._targets(subject)
         if not targets:
-            raise Unavailable(f"nobody answers on {subject}")
+            raise NobodySubscribed(f"nobody answers on {subject}")
         try:
             reply = await asyncio.wait_for(self._spawn(targets[0], subject, data), timeout)
         except TimeoutError as exc:

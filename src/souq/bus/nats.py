@@ -26,7 +26,7 @@ from nats.aio.msg import Msg
 from souq.bus.codec import error_reply
 from souq.bus.permissions import sent_by_a_role
 from souq.bus.transport import Handler, bus_unavailable
-from souq.errors import InvalidInput, PayloadTooLarge, Unauthorized, Unavailable
+from souq.errors import InvalidInput, NobodySubscribed, PayloadTooLarge, Unauthorized, Unavailable
 
 __all__ = [
     "PING_INTERVAL_S",
@@ -131,7 +131,7 @@ class NatsTransport:
                 finally:
                     self._waits.discard(deadline)
         except nats.errors.NoRespondersError as exc:
-            raise Unavailable(f"nobody answers on {subject}") from exc
+            raise NobodySubscribed(f"nobody answers on {subject}") from exc
         except (nats.errors.TimeoutError, TimeoutError) as exc:
             if not self._nc.is_connected:
                 raise bus_unavailable() from exc

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from souq.errors import IdempotencyConflict, SouqError
+from souq.errors import IdempotencyConflict, SouqError, Unavailable
 from souq.market.book import WorkerBook
 from souq.market.records import RecordKeeper
 from souq.market.sampling import plan_sample
@@ -178,6 +178,8 @@ class Auction:
         self._refills = 0
         self._asked_offers = False
         self._existing: str | None = None
+        self._asked_again: set[str] = set()  # workers whose unanswered claim was sent again
+        self._unknown: dict[str, tuple[int, ...]] = {}  # unanswered twice: made, or not?
         self._ranked_base = 0
         self.record = RecordKeeper(order, pipeline, started=now)
 
@@ -231,7 +233,7 @@ class Auction:
 
     def refused(self, worker_id: str, reason: str, now: float, *, silent: bool) -> list[Action]:
         """The claim on ``worker_id`` was refused (``reason``: the status or the refusal's
-        reason), or nobody answered it (``silent``)."""
+        reason), or it reached nobody (``silent``: the worker is not there to hear it)."""
         indexes = self._outstanding.pop(worker_id, ())
         self.record.claim(worker_id, len(indexes), ok=False, reason=reason)
         self._silent += silent
@@ -240,6 +242,29 @@ class Auction:
         heapq.heapify(self._heap)
         self._pending.extend(indexes)
         self._pending.sort()
+        return self._next(now)
+
+    def unanswered(self, worker_id: str, reason: str, now: float) -> list[Action]:
+        """The claim on ``worker_id`` reached it but no answer came back in time. It may still
+        have been carried out (the answer lost, not the claim), and claiming its machines
+        elsewhere could make them twice. It is sent once more to the same worker (which knows a
+        claim by its request id and answers a repeat with what it made); if that goes
+        unanswered too, its machines are neither claimed elsewhere nor counted as refused: the
+        order ends ``unavailable``, naming the worker where they may be."""
+        if self.order.purpose is Purpose.EXPLAIN or not self._outstanding.get(worker_id):
+            return self.refused(worker_id, reason, now, silent=True)
+        indexes = self._outstanding.pop(worker_id)
+        if worker_id not in self._asked_again:
+            self._asked_again.add(worker_id)
+            self._outstanding[worker_id] = indexes
+            self.record.claim(worker_id, len(indexes), ok=False, reason=reason)
+            return [SendClaim(worker_id, indexes, self.record.share(worker_id))]
+        self.record.claim(worker_id, len(indexes), ok=False, reason=reason)
+        self._unknown[worker_id] = indexes
+        self._silent += 1
+        self._dropped.add(worker_id)
+        self._heap = [s for s in self._heap if s.offer.worker.id != worker_id]
+        heapq.heapify(self._heap)
         return self._next(now)
 
     # -- the steps -------------------------------------------------------------------------
@@ -395,9 +420,22 @@ class Auction:
             if self.order.purpose is Purpose.EXPLAIN
             else len(placed) < self.order.min_count
         )
+        if error is None and short and self._unknown:
+            error = self._unanswered()
         if error is None and short:
             error = self.record.shortfall(placed, now)
         return Finished(placed=placed, record=record, error=error)
+
+    def _unanswered(self) -> SouqError:
+        workers = sorted(self._unknown)
+        count = sum(len(indexes) for indexes in self._unknown.values())
+        return Unavailable(
+            f"{count} claim(s) went unanswered twice by {', '.join(workers)}: the machine(s) may"
+            " have been made there",
+            hint="retry with the same Idempotency-Key (it finds a machine already made), or"
+            " list the app's machines",
+            details={"unanswered_workers": workers},
+        )
 
     def _used_key(self, existing: Offer) -> SouqError:
         return IdempotencyConflict(
