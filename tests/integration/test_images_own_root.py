@@ -208,3 +208,28 @@ def _runs_python(pid: int) -> bool:
         return os.path.basename(os.readlink(f"/proc/{pid}/exe")).startswith("python3")
     except OSError:
         return False
+
+
+def mounts_under(directory: Path) -> list[str]:
+    points = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        point = line.split(" ")[4]
+        if point.startswith(str(directory.resolve()) + "/"):
+            points.append(point)
+    return points
+
+
+def test_an_agent_leaving_for_good_takes_its_machines_roots_out_of_the_mount_table(
+    registry: str, tmp_path: Path
+) -> None:
+    """An agent that stops its machines on exit (``souq dev``, the tests) detaches their roots
+    too: nothing of it stays in the host's mount table, which every later start pays for."""
+    image = busybox_image(tmp_path / "rootfs", BUSYBOX or "")
+    push_image(image, tmp_path / "layout", f"{registry}/souq-test/busybox-gone:v1")
+    with isolated_cluster("souq-unmount-") as leaving:
+        pull(leaving, f"{registry}/souq-test/busybox-gone:v1", "busybox-gone:v1")
+        machine = serving(leaving, "bbgone", "busybox-gone:v1")
+        data_dir = leaving.agents[0].data_dir
+        assert any(machine.id in p for p in mounts_under(data_dir))  # its root is mounted
+        leaving.agents[0].stop()
+        assert mounts_under(data_dir) == []

@@ -319,9 +319,7 @@ class Agent:
             await self.jobs.aclose()  # given back to the queue while the bus is still there
             self.jobs = None
         if self._commands is not None and self.config.stop_machines_on_exit:
-            await self._commands.stop_all()
-            if self._executor is not None and self._executor.volumes is not None:
-                self._executor.volumes.unmount_all()  # their machines went: nothing uses them
+            await self._stop_machines(self._commands)
         if self._executor is not None:
             await self._executor.shutdown()
             self._executor = self._commands = None
@@ -336,6 +334,15 @@ class Agent:
         if self._transport is not None and self._own_transport:
             await self._transport.close()
             self._transport = None
+
+    async def _stop_machines(self, commands: Commands) -> None:
+        """Stop every machine, then take down what their mounts left in the host's table: the
+        volumes' file systems and the machines' roots (a later start mounts them again)."""
+        await commands.stop_all()
+        if self._executor is not None and self._executor.volumes is not None:
+            self._executor.volumes.unmount_all()
+        if self._host_driver is not None:
+            self._host_driver.unmount_roots()
 
     def ready_line(self) -> str:
         return (

@@ -184,6 +184,11 @@ class HostDriver:
     def _rootfs(self, machine_id: str) -> Path:
         return self.root / ROOTFS / machine_id
 
+    def unmount_roots(self) -> list[str]:
+        """Detach every machine's root file system (its machines have all stopped: the agent
+        leaves for good, ``stop_machines_on_exit``); a start mounts a machine's root again."""
+        return rootfs.unmount_under(self.root / ROOTFS)
+
     def _own_volumes(self, spec: MachineSpec, user: MachineUser) -> None:
         """The machine's user owns the top of each of its volumes (it writes there)."""
         for host_dir, _ in spec.mounts:

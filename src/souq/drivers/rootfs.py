@@ -35,7 +35,7 @@ from pathlib import Path
 
 from souq.drivers.base import SpawnError
 
-__all__ = ["MachineRoot", "can_mount"]
+__all__ = ["MachineRoot", "can_mount", "mounts_under", "unmount_under"]
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -174,6 +174,36 @@ def _unescape(field: bytes) -> str:
     for code, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
         text = text.replace(code, char)
     return text
+
+
+def mounts_under(mountinfo: bytes, directory: str) -> list[str]:
+    """The mount points of ``mountinfo`` at or under ``directory`` (a real path), deepest
+    first: the order they can be taken down in."""
+    inside = directory.rstrip("/") + "/"
+    points = set()
+    for line in mountinfo.splitlines():
+        fields = line.split(b" ", 5)
+        if len(fields) > 4:
+            point = _unescape(fields[4])
+            if point == directory or point.startswith(inside):
+                points.add(point)
+    return sorted(points, key=lambda p: (-p.count("/"), p))
+
+
+def unmount_under(directory: Path) -> list[str]:
+    """Detach every mount at or under ``directory`` (machines' roots and layers, volumes' file
+    systems) once nothing of its machines runs: what a worker's data directory leaves in the
+    host's mount table when the worker is taken down for good. Returns what it detached."""
+    try:
+        with open("/proc/self/mountinfo", "rb") as f:
+            found = mounts_under(f.read(), os.path.realpath(directory))
+    except OSError:
+        return []
+    detached = []
+    for point in found:
+        if _libc.umount2(os.fsencode(point), _MNT_DETACH) == 0:
+            detached.append(point)
+    return detached
 
 
 def _unmount(path: Path) -> None:
