@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from souq.drivers import sandbox
+from souq.drivers import rootfs, sandbox
 from souq.images import layout_tar, pack_directory
 from souq.model.machine import Machine, MachineState
 from souq.testing import AgentProcess, Cluster, ProxyProcess, wait_until
@@ -45,6 +45,7 @@ def root() -> Iterator[Path]:
     try:
         yield path
     finally:
+        rootfs.unmount_under(path)  # its agent leaves its machines' mounts (and machines) be
         shutil.rmtree(path, ignore_errors=True)
 
 
