@@ -19,6 +19,7 @@ from bench import (
     isolation,
     jobs,
     logs,
+    names,
     proxy,
     scale,
     secured,
@@ -47,6 +48,7 @@ SUITES = {
     "jobs": jobs.main,
     "logs": logs.main,
     "cli": cli.main,
+    "names": names.main,
 }
 DEFAULT = [
     "spine",

@@ -67,3 +67,20 @@ def responder_thread(host: str = "127.0.0.1") -> Iterator[int]:
         stop.set()
         thread.join()
         sock.close()
+
+
+async def _serve_forever(port: int) -> None:
+    transport = await serve_udp(port=port)
+    print(f"dns-upstream on 127.0.0.1:{transport.get_extra_info('sockname')[1]}", flush=True)
+    await asyncio.Event().wait()
+
+
+if __name__ == "__main__":  # the benchmark's floor: its own process, on uvloop as the agent is
+    import sys
+
+    try:
+        import uvloop
+
+        uvloop.run(_serve_forever(int(sys.argv[1])))
+    except ImportError:
+        asyncio.run(_serve_forever(int(sys.argv[1])))

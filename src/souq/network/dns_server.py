@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 DEFAULT_LISTEN = ("fdaa::3", 53)
 UDP_DEFAULT_SIZE = 512  # an asker without EDNS takes this much over UDP
 MAX_TCP_MESSAGE = 65535
+RRSET_CACHE = 4096  # answers' records kept ready (each an app's answer as it stands)
 
 
 def host_resolvers(
@@ -127,6 +128,7 @@ class DnsServer:
         self._tcp: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.address: tuple[str, int] = listen
+        self._rrsets: dict[tuple[dns.name.Name, str, tuple[str, ...]], dns.rrset.RRset] = {}
         self.answered = 0  # questions answered from the index
         self.forwarded = 0  # questions sent to the host's resolvers
 
@@ -176,14 +178,21 @@ class DnsServer:
         if answer.rcode is Rcode.NXDOMAIN:
             response.set_rcode(dns.rcode.NXDOMAIN)
         elif answer.values:
-            if answer.rdtype == "TXT":
-                texts = [" ".join(f'"{v}"' for v in answer.values)]
-            else:
-                texts = list(answer.values)
-            response.answer.append(
-                dns.rrset.from_text_list(question.name, self._ttl, "IN", answer.rdtype, texts)
-            )
+            response.answer.append(self._rrset(question.name, answer.rdtype, answer.values))
         return response
+
+    def _rrset(self, name: dns.name.Name, rdtype: str, values: tuple[str, ...]) -> dns.rrset.RRset:
+        """The records of an answer, made once for as long as the answer stays the same (their
+        parse from text is most of what a query costs): kept by name and values."""
+        key = (name, rdtype, values)
+        rrset = self._rrsets.get(key)
+        if rrset is None:
+            texts = [" ".join(f'"{v}"' for v in values)] if rdtype == "TXT" else list(values)
+            rrset = dns.rrset.from_text_list(name, self._ttl, "IN", rdtype, texts)
+            if len(self._rrsets) >= RRSET_CACHE:
+                self._rrsets.clear()  # answers changed many times over: start again
+            self._rrsets[key] = rrset
+        return rrset
 
     async def answer(
         self, wire: bytes, asker: str | None, *, tcp: bool
