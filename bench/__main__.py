@@ -2,8 +2,8 @@
 
 Without names, the default suites run (``spine``, ``scale``, ``tradeoff``, ``view``,
 ``supervise``, ``creates``, ``proxy``, ``wake``, ``images``, ``isolation``, ``deploy``, ``attack``,
-``secured``, ``logs``, ``cli``); ``c1m`` (100,000 machines onto 5,000 hollow workers, a few minutes)
-runs only when named."""
+``secured``, ``logs``, ``cli``, ``names``); ``c1m`` (100,000 machines onto 5,000 hollow
+workers, a few minutes) runs only when named."""
 
 from __future__ import annotations
 
@@ -66,6 +66,7 @@ DEFAULT = [
     "secured",
     "logs",
     "cli",
+    "names",
 ]
 
 

@@ -197,3 +197,11 @@ def test_an_address_taken_over_by_a_new_machine_names_the_new_one() -> None:
     index.remove("a1")
     asker = index.asker("fdaa::1")
     assert asker is not None and asker.machine_id == "b1"
+
+
+def test_only_an_ipv6_private_ip_is_an_address() -> None:
+    from souq.network.name_feed import private_address
+
+    assert private_address("fdaa:0000:0:1::0001") == "fdaa:0:0:1::1"
+    for none in (None, "", "127.0.0.1", "not an address"):
+        assert private_address(none) is None

@@ -43,7 +43,11 @@ def private_address(value: str | None) -> str | None:
 
 
 def _healthy(machine: Machine) -> bool:
-    return all(check.status == "passing" for check in machine.checks)
+    """No check of it failing (``critical``), as its record in the view says. A check not run
+    yet (``warning``) counts as healthy: the view has a record's check statuses as of its last
+    refresh (a check's change is not an event of its own), so an unknown status must not sink
+    every machine with checks below those without."""
+    return not any(check.status == "critical" for check in machine.checks)
 
 
 def name_row(machine: Machine, scope: Scope) -> NameRow | None:

@@ -26,11 +26,11 @@ one of its own, its network. An asker known by its source address (a machine's p
 sees only its own network's apps and machines; an asker the index does not know (the worker
 itself, a test) sees every network.
 
-**Order.** Within an answer, healthy machines (every check passing, or none) come before
-unhealthy ones, then older before newer (``created_at``, then id): the same order for the same
-state, so that a client that takes the first address spreads only as much as the set changes.
-An app's answers are computed once after each change of one of its machines and kept until the
-next: a query is dict lookups.
+**Order.** Within an answer, healthy machines (as the feed tells: no check failing) come
+before unhealthy ones, then older before newer (``created_at``, then id): the same order for
+the same state, so that a client that takes the first address spreads only as much as the set
+changes. An app's answers are computed once after each change of one of its machines and kept
+until the next: a query is dict lookups.
 """
 
 from __future__ import annotations
