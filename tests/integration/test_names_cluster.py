@@ -8,6 +8,8 @@ whatever gives them)."""
 
 from __future__ import annotations
 
+import os
+import signal
 import uuid
 from collections.abc import Iterator
 
@@ -121,3 +123,26 @@ def test_names_outside_internal_are_forwarded(names: tuple[Cluster, tuple[str, i
     got = ask(listen, "example.test", "A")
     assert got.rcode() == dns.rcode.NOERROR
     assert [rd.to_text() for rrset in got.answer for rd in rrset] == [dns_upstream.ADDRESS]
+
+
+def test_the_names_outlive_a_nats_outage_and_catch_up(
+    names: tuple[Cluster, tuple[str, int]],
+) -> None:
+    """Last in this module: it stops the cluster's NATS. Meanwhile the names answer as the
+    view last was; a machine that stopped while the bus was down leaves them once it is back."""
+    cluster, listen = names
+    client = cluster.client()
+    app = "o" + uuid.uuid4().hex[:8]
+    config = {**CONFIG, "restart": {"policy": "no"}}
+    m = client.wait(app, client.create_machine(app, "mad", config).id, "started")
+    resolves(listen, f"{app}.internal", {address(m)})
+    assert m.pid is not None
+    cluster.nats.stop(keep_store=True)
+    try:
+        assert aaaa(listen, f"{app}.internal") == {address(m)}  # still answering, from the view
+        os.kill(m.pid, signal.SIGKILL)  # it exits while nobody hears of it
+    finally:
+        cluster.nats.start()
+    resolves(listen, f"{app}.internal", set())
+    n = client.wait(app, client.create_machine(app, "mad", config).id, "started")
+    resolves(listen, f"{app}.internal", {address(n)})

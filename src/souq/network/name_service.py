@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from souq.broker.liveness import Liveness
+from souq.broker.outage import BusGuard
 from souq.bus import Transport
 from souq.clock import Clock, SystemClock
 from souq.model import Machine, WorkerState
@@ -77,6 +78,9 @@ class NameService:
             on_worker=self._worker_changed,
         )
         self.liveness.on_rejoin = self.view.resync_worker
+        # Through a NATS outage the answers stay (as the view last was): the worker table is
+        # frozen meanwhile, and the view re-synced once the bus is back (the broker's guard).
+        self.guard = BusGuard(transport, self.liveness, self.view, rejoin_timeout_s=5.0)
         resolvers = (
             list(upstreams) if upstreams is not None else host_resolvers(exclude=[listen[0]])
         )
@@ -92,6 +96,7 @@ class NameService:
         return self.server.address
 
     async def start(self) -> None:
+        self.guard.install()
         await self.view.start()
         await self.liveness.start()
         try:
@@ -105,6 +110,7 @@ class NameService:
         await self._close_view()
 
     async def _close_view(self) -> None:
+        await self.guard.close()
         await self.liveness.close()
         await self.view.close()
         if self._owns:
