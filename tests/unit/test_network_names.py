@@ -205,3 +205,29 @@ def test_only_an_ipv6_private_ip_is_an_address() -> None:
     assert private_address("fdaa:0000:0:1::0001") == "fdaa:0:0:1::1"
     for none in (None, "", "127.0.0.1", "not an address"):
         assert private_address(none) is None
+
+
+def test_an_apps_record_moves_its_machines_to_its_network() -> None:
+    from souq.model.app import AppRecord
+    from souq.network.app_networks import AppNetworks
+    from souq.network.name_feed import NameFeed
+
+    index = snapshot(row("a1"), row("me", app="client"))
+    feed = NameFeed(index, lambda _: None)
+    changed: list[str] = []
+
+    def on_change(app: str) -> None:
+        changed.append(app)
+        feed.app_changed(app)
+
+    networks = AppNetworks(None, on_change=on_change)  # type: ignore[arg-type]
+    feed.scope_of = networks.scope_of
+    record = AppRecord(name="web", id="x", network="blue", created_at="2026-01-01T00:00:00Z")
+    networks.apply("web", record.model_dump_json().encode())
+    assert changed == ["web"] and networks.scope_of("web") == Scope("personal", "blue")
+    assert index.resolve("web.internal", "AAAA", asker="fdaa::me").rcode is Rcode.NXDOMAIN
+    networks.apply("web", record.model_dump_json().encode())  # the same again: no change
+    networks.apply("web", b"not json")  # unreadable: kept as it was
+    assert changed == ["web"]
+    networks.apply("web", None)  # deleted: back on the default network
+    assert aaaa(index, "web.internal", "fdaa::me") == ["fdaa::a1"]

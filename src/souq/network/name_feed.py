@@ -13,6 +13,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 
 from souq.model import Machine, MachineState
 from souq.model.app import DEFAULT_ORG
@@ -80,7 +81,7 @@ class NameFeed:
     ) -> None:
         self.index = index
         self._read = read
-        self._scope_of = scope_of
+        self.scope_of = scope_of
         self.changes = 0  # rows changed (a counter for metrics and tests)
 
     def changed(self, machine_id: str) -> None:
@@ -90,8 +91,15 @@ class NameFeed:
             log.warning("the names cannot read machine %s: %s", machine_id, exc)
             return
         self.changes += 1
-        row = None if machine is None else name_row(machine, self._scope_of(machine.app))
+        row = None if machine is None else name_row(machine, self.scope_of(machine.app))
         if row is None:
             self.index.remove(machine_id)
         else:
             self.index.put(row)
+
+    def app_changed(self, app: str) -> None:
+        """The app's network may have changed (its record did): its machines move with it."""
+        scope = self.scope_of(app)
+        for row in self.index.machines_of(app):
+            if row.scope != scope:
+                self.index.put(replace(row, scope=scope))

@@ -9,8 +9,9 @@ know (``<region>.<app>.internal`` of a known region without machines is empty, n
 NXDOMAIN).
 
 On a locked-down bus the replica connects as the ``view`` role (the cluster's read-only view:
-heartbeats, events, the sync verbs), not as the agent: an agent's own credential sees its own
-worker's subjects only, and widening it would let every worker read every other's records.
+heartbeats, events, the sync verbs, the apps' bucket for their networks), not as the agent: an
+agent's own credential sees its own worker's subjects only, and widening it would let every
+worker read every other's records.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from souq.broker.outage import BusGuard
 from souq.bus import Transport
 from souq.clock import Clock, SystemClock
 from souq.model import Machine, WorkerState
+from souq.network.app_networks import AppNetworks
 from souq.network.dns_server import DnsServer, Forwarder, host_resolvers
 from souq.network.name_feed import NameFeed, ScopeOf, default_scope
 from souq.network.names import DEFAULT_TTL_S, NameIndex
@@ -68,6 +70,12 @@ class NameService:
         clock = clock or SystemClock()
         self.index = NameIndex(nearby=nearby)
         self.feed = NameFeed(self.index, self._read, scope_of=scope_of)
+        # On NATS, the apps' networks from their records (a bucket watched, never asked).
+        client = getattr(transport, "client", None)
+        self.networks: AppNetworks | None = None
+        if client is not None and scope_of is default_scope:
+            self.networks = AppNetworks(client, on_change=self.feed.app_changed)
+            self.feed.scope_of = self.networks.scope_of
         self.liveness = Liveness(transport, clock)
         self.view = ClusterView(
             transport,
@@ -97,6 +105,8 @@ class NameService:
 
     async def start(self) -> None:
         self.guard.install()
+        if self.networks is not None:
+            self.networks.start()
         await self.view.start()
         await self.liveness.start()
         try:
@@ -111,6 +121,8 @@ class NameService:
 
     async def _close_view(self) -> None:
         await self.guard.close()
+        if self.networks is not None:
+            await self.networks.close()
         await self.liveness.close()
         await self.view.close()
         if self._owns:

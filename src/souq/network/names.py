@@ -197,6 +197,9 @@ class NameIndex:
 
     # -- what anybody reads ----------------------------------------------------------------------
 
+    def machines_of(self, app: str) -> list[NameRow]:
+        return list(self._apps.get(app, {}).values())
+
     def get(self, machine_id: str) -> NameRow | None:
         return self._rows.get(machine_id)
 
