@@ -2,8 +2,8 @@
 
 Without names, the default suites run (``spine``, ``scale``, ``tradeoff``, ``view``,
 ``supervise``, ``creates``, ``proxy``, ``wake``, ``images``, ``isolation``, ``deploy``, ``attack``,
-``secured``, ``logs``, ``cli``); ``c1m`` (100,000 machines onto 5,000 hollow workers, a few minutes)
-runs only when named."""
+``secured``, ``logs``, ``cli``, ``names``); ``c1m`` (100,000 machines onto 5,000 hollow
+workers, a few minutes) runs only when named."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from bench import (
     isolation,
     jobs,
     logs,
+    names,
     proxy,
     scale,
     secured,
@@ -47,6 +48,7 @@ SUITES = {
     "jobs": jobs.main,
     "logs": logs.main,
     "cli": cli.main,
+    "names": names.main,
 }
 DEFAULT = [
     "spine",
@@ -64,6 +66,7 @@ DEFAULT = [
     "secured",
     "logs",
     "cli",
+    "names",
 ]
 
 

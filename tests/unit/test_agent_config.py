@@ -42,3 +42,20 @@ def test_frozen() -> None:
     config = AgentConfig(region="mad", nats_url="nats://x")
     with pytest.raises(ValidationError):
         config.region = "syd"  # type: ignore[misc]
+
+
+def test_dns_takes_address_and_port_ipv6_in_brackets() -> None:
+    from souq.agent.config import AgentConfig
+
+    config = AgentConfig(
+        region="mad",
+        nats_url="nats://x",
+        dns="[fdaa::3]:53",
+        dns_upstreams=["127.0.0.1:5353", "[::1]:53"],
+    )
+    assert config.dns == ("fdaa::3", 53)
+    assert config.dns_upstreams == (("127.0.0.1", 5353), ("::1", 53))
+    assert AgentConfig(region="mad", nats_url="nats://x").dns is None
+    for bad in ("fdaa::3", "[fdaa::3]", "fdaa::3:53", ":53", "h:99999"):
+        with pytest.raises(ValueError, match="ADDRESS:PORT"):
+            AgentConfig(region="mad", nats_url="nats://x", dns=bad)

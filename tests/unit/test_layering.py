@@ -36,6 +36,7 @@ PURE = [
     "secrets/redact.py",
     "natsconf.py",
     "images/names.py",
+    "network/names.py",
 ]
 
 # Anything that touches the network, processes, files or a database.
@@ -50,6 +51,7 @@ IO_MODULES = {
     "socket",
     "psutil",
     "asyncio",
+    "dns",
     "souq.bus.nats",
     "souq.agent.store",
     "souq.agent.service",

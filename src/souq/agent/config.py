@@ -32,6 +32,18 @@ DEFAULT_IMAGE_CACHE_MB = 10 * 1024
 DEFAULT_JOBS = 4
 
 
+def _address_port(text: str) -> tuple[str, int]:
+    """``ADDRESS:PORT``, an IPv6 address in brackets (``[fdaa::3]:53``)."""
+    host, sep, port = text.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        host = ""  # an IPv6 address without brackets: where its port starts is unsaid
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"{text!r} is not ADDRESS:PORT (e.g. [fdaa::3]:53)")
+    return host, int(port)
+
+
 class AgentConfig(BaseModel):
     """How one worker agent runs.
 
@@ -127,6 +139,29 @@ class AgentConfig(BaseModel):
         description="a claimed job's lease: renewed every third of it while the job runs; a "
         "job whose worker died goes back to the queue once it ends",
     )
+    dns: tuple[str, int] | None = Field(
+        default=None,
+        description="answer `.internal` names (and forward the rest to the host's resolvers) "
+        "on this address, UDP and TCP (`[fdaa::3]:53` where machines have a private network; "
+        "docs/names.md); None: off",
+    )
+    dns_upstreams: tuple[tuple[str, int], ...] | None = Field(
+        default=None,
+        description="where names outside `.internal` are forwarded, ADDRESS:PORT each, in "
+        "order; None: the host's resolvers (/etc/resolv.conf, port 53)",
+    )
+
+    @field_validator("dns", mode="before")
+    @classmethod
+    def _dns(cls, v: Any) -> Any:
+        return _address_port(v) if isinstance(v, str) else v
+
+    @field_validator("dns_upstreams", mode="before")
+    @classmethod
+    def _dns_upstreams(cls, v: Any) -> Any:
+        if isinstance(v, list | tuple):
+            return tuple(_address_port(x) if isinstance(x, str) else x for x in v)
+        return v
 
     @field_validator("ports", mode="before")
     @classmethod

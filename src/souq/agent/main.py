@@ -60,6 +60,7 @@ from souq.model.resources import Resources
 
 if TYPE_CHECKING:
     from souq.agent.metrics import MetricsServer
+    from souq.network.name_service import NameService
 
 __all__ = ["Agent", "run", "serve"]
 
@@ -104,6 +105,7 @@ class Agent:
         self._service: AgentService | None = None
         self.jobs: JobRunner | None = None  # batch jobs (--jobs: not the hollow fleet's)
         self.metrics: MetricsServer | None = None  # --metrics-port
+        self.names: NameService | None = None  # --dns: the .internal names
         self.log_rotator = LogRotator(
             config.data_dir / "machines" / RECORDS,  # each machine's log: the agent's files
             max_bytes=config.log_max_bytes,
@@ -264,10 +266,42 @@ class Agent:
                     config.metrics_port,
                     AgentCollector(self.worker_id, self._executor.rows, self._service.stats),
                 )
+            if config.dns is not None:
+                self.names = await self._start_names(config.dns)
         except BaseException:
             await self.aclose()
             raise
         log.info("agent %s ready in region %s", self.worker_id, config.region)
+
+    async def _start_names(self, listen: tuple[str, int]) -> NameService:
+        """The worker's DNS server (--dns), in this process: its view of the cluster on a
+        connection of its own, as the bus's read-only ``view`` role (the agent's credential
+        sees only its own worker), or on the transport the agent was given."""
+        from souq.network.name_service import NameService, connect_view
+
+        config = self.config
+        if self._own_transport or self._transport is None:
+            name = f"souq-names-{self.worker_id}"
+            transport = await connect_view(config.nats_url, config.auth_dir, name=name)
+        else:
+            transport = self._transport
+        names = NameService(
+            transport,
+            listen=listen,
+            clock=self._clock,
+            upstreams=config.dns_upstreams,
+            owns_transport=transport is not self._transport,
+        )
+        try:
+            await names.start()
+        except OSError as exc:
+            await names.aclose()
+            raise InvalidInput(
+                f"--dns {listen[0]}:{listen[1]}: cannot listen there: {exc.strerror or exc}",
+                hint="give an address this host has and a free port (port 53 needs root or "
+                "CAP_NET_BIND_SERVICE)",
+            ) from exc
+        return names
 
     def _job_runner(self, runs: Runs, admission: Admission, service: AgentService) -> JobRunner:
         transport = self._transport
@@ -301,7 +335,13 @@ class Agent:
         stored = store.meta("worker_id")
         return agent_credential(auth, stored=stored, asked=self.config.worker_id)
 
+    async def _close_names(self) -> None:
+        if self.names is not None:
+            await self.names.aclose()
+            self.names = None
+
     async def aclose(self) -> None:
+        await self._close_names()
         if self._scheduler is not None:
             await self._scheduler.aclose()
             self._scheduler = None

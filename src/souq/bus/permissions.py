@@ -10,7 +10,8 @@ writes the file.
   suspend, wait; get, list, digest, locate), ``souq.all.*`` of the view and ``souq.discover``,
   and reads the revoked tokens' bucket (its admin port's check); subscribes to heartbeats,
   events and usage.
-* ``view``: the view's sync verbs only; heartbeats, events and usage.
+* ``view``: the view's sync verbs only; heartbeats, events and usage; reads the apps' bucket
+  (an agent's ``.internal`` names scope each app by its network: souq.network).
 * ``agent-<W>`` publishes heartbeats, events, usage and job run events *as W* and reads the
   image and secrets buckets; runs batch jobs (:func:`_job_runner`): reads and changes the
   ``souq-jobs`` bucket and watches its keys, pulls names from ``souq-jobs-ready`` through the
@@ -67,6 +68,7 @@ FLEET_RESPONSES = 1_000_000  # one fleet connection answers a broadcast for ever
 IMAGE_STREAMS = ("KV_souq-images", "OBJ_souq-image-blobs")
 SECRETS_STREAM = "KV_souq-secrets"
 REVOKED_STREAM = "KV_souq-revoked"
+APPS_STREAM = "KV_souq-apps"
 # Batch jobs (souq.jobs.store, souq.jobs.output): named here, the bus's layer, not imported.
 JOBS_BUCKET = "souq-jobs"
 JOBS_READY = "souq-jobs-ready"
@@ -223,7 +225,11 @@ def permissions_of(user: str) -> Permissions:
         )
     if user == "view":
         return Permissions(
-            publish=(*_verbs(VIEW_VERBS, broadcast=VIEW_VERBS), subjects.DISCOVER),
+            publish=(
+                *_verbs(VIEW_VERBS, broadcast=VIEW_VERBS),
+                subjects.DISCOVER,
+                *_read_streams((APPS_STREAM,)),  # the apps' networks (the worker's names)
+            ),
             subscribe=(*OBSERVED, inbox),
         )
     if user == "fleet":

@@ -216,6 +216,22 @@ def agent(
             "back in the queue this long after its worker died.",
         ),
     ] = None,
+    dns: Annotated[
+        str | None,
+        typer.Option(
+            "--dns",
+            help="Answer .internal names on ADDRESS:PORT, UDP and TCP, and forward the rest to "
+            "the host's resolvers (e.g. [fdaa::3]:53; default: off).",
+        ),
+    ] = None,
+    dns_upstreams: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--dns-upstream",
+            help="ADDRESS:PORT to forward names outside .internal to, repeatable, in order "
+            "(default: the host's resolvers, /etc/resolv.conf).",
+        ),
+    ] = None,
     log_format: LogFormatOpt = LogFormat.TEXT,
 ) -> None:
     """Run a worker agent in the foreground."""

@@ -1,0 +1,280 @@
+"""The worker's DNS server: ``.internal`` answered from the name index, the rest forwarded.
+
+UDP and TCP on one address (``[fdaa::3]:53`` on a worker with a private network: every
+machine's ``resolv.conf`` names it), asyncio's own servers. Wire format by dnspython alone
+(``dns.message.from_wire``, ``make_response``, rrsets, ``to_wire``); nothing here packs a DNS
+message by hand. TCP's two-byte length prefix is the stream's framing (RFC 7766), not a
+message.
+
+* A question under ``.internal`` is answered by :class:`~souq.network.names.NameIndex` at once
+  (authoritative, TTL ``ttl_s``), scoped by the asker's source address.
+* Any other is forwarded to the host's resolvers (``/etc/resolv.conf``, this server's own
+  address left out), each tried in turn within ``timeout_s`` in all; their answer is passed on
+  as it is (its id the asker's), and SERVFAIL when none answers.
+* A UDP answer larger than the asker can take (512 bytes, or its EDNS size) goes truncated
+  (TC): the asker asks again over TCP. A message that does not parse gets no answer.
+* Records go in the index's order (healthy first), not shuffled as dnspython would by default:
+  a client that takes the first address takes a healthy one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import time
+from collections.abc import Coroutine, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import dns.asyncquery
+import dns.exception
+import dns.flags
+import dns.message
+import dns.name
+import dns.rcode
+import dns.rdataclass
+import dns.rdatatype
+import dns.resolver
+import dns.rrset
+
+from souq.daemon import cancel_tasks
+from souq.network.names import DEFAULT_TTL_S, NameIndex, Rcode, is_internal
+
+__all__ = ["DEFAULT_LISTEN", "DnsServer", "Forwarder", "host_resolvers"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_LISTEN = ("fdaa::3", 53)
+UDP_DEFAULT_SIZE = 512  # an asker without EDNS takes this much over UDP
+MAX_TCP_MESSAGE = 65535
+RRSET_CACHE = 4096  # answers' records kept ready (each an app's answer as it stands)
+
+
+def host_resolvers(
+    path: str = "/etc/resolv.conf", *, exclude: Sequence[str] = ()
+) -> list[tuple[str, int]]:
+    """The nameservers the host's ``resolv.conf`` names (port 53), ``exclude`` left out (the
+    server's own address: a host that points at it must not loop)."""
+    try:
+        resolver = dns.resolver.Resolver(filename=path, configure=True)
+    except (OSError, dns.exception.DNSException) as exc:
+        log.warning("cannot read the host's resolvers from %s: %s", path, exc)
+        return []
+    own = {_normal(a) for a in exclude}
+    return [(str(ns), 53) for ns in resolver.nameservers if _normal(str(ns)) not in own]
+
+
+def _normal(address: str) -> str:
+    try:
+        return ipaddress.ip_address(address.split("%", 1)[0]).compressed
+    except ValueError:
+        return address
+
+
+@dataclass
+class Forwarder:
+    """Asks the host's resolvers for what is not under ``.internal``."""
+
+    nameservers: list[tuple[str, int]]  # (address, port), asked in order
+    timeout_s: float = 2.0
+    failures: int = field(default=0, init=False)
+
+    async def ask(self, query: dns.message.Message, *, tcp: bool) -> dns.message.Message:
+        """The first resolver's answer (SERVFAIL when none answers in time)."""
+        deadline = time.monotonic() + self.timeout_s
+        for i, (server, port) in enumerate(self.nameservers):
+            # each resolver its share of the time left, so that a dead first leaves some
+            left = (deadline - time.monotonic()) / (len(self.nameservers) - i)
+            if left <= 0:
+                break
+            try:
+                if tcp:
+                    return await dns.asyncquery.tcp(query, server, timeout=left, port=port)
+                return await dns.asyncquery.udp(
+                    query, server, timeout=left, port=port, ignore_unexpected=True
+                )
+            except (dns.exception.DNSException, OSError, EOFError) as exc:
+                log.info("the resolver %s did not answer %s: %s", server, _question(query), exc)
+        self.failures += 1
+        failed = dns.message.make_response(query)
+        failed.set_rcode(dns.rcode.SERVFAIL)
+        return failed
+
+
+def _question(query: dns.message.Message) -> str:
+    return query.question[0].to_text() if query.question else "(no question)"
+
+
+class DnsServer:
+    """``.internal`` from ``index``, the rest through ``forwarder``, on ``listen`` (UDP and
+    TCP). ``start()``, then ``await aclose()``; :attr:`address` is where it listens (its
+    port chosen by the system when ``listen`` gives 0)."""
+
+    def __init__(
+        self,
+        index: NameIndex,
+        forwarder: Forwarder,
+        *,
+        listen: tuple[str, int] = DEFAULT_LISTEN,
+        ttl_s: int = DEFAULT_TTL_S,
+    ) -> None:
+        self.index = index
+        self.forwarder = forwarder
+        self._listen = listen
+        self._ttl = ttl_s
+        self._udp: asyncio.DatagramTransport | None = None
+        self._tcp: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.address: tuple[str, int] = listen
+        self._rrsets: dict[tuple[dns.name.Name, str, tuple[str, ...]], dns.rrset.RRset] = {}
+        self.answered = 0  # questions answered from the index
+        self.forwarded = 0  # questions sent to the host's resolvers
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        host, port = self._listen
+        transport, _ = await loop.create_datagram_endpoint(
+            lambda: _Udp(self), local_addr=(host, port)
+        )
+        self._udp = transport
+        bound = transport.get_extra_info("sockname")
+        self.address = (host, int(bound[1]))
+        # TCP on the same port (the one UDP got, when the system chose it).
+        self._tcp = await asyncio.start_server(self._on_tcp, host, self.address[1])
+        log.info("the names answer on [%s]:%d (udp, tcp)", *self.address)
+
+    async def aclose(self) -> None:
+        if self._tcp is not None:
+            self._tcp.close()
+            self._tcp = None
+        if self._udp is not None:
+            self._udp.close()
+            self._udp = None
+        await cancel_tasks(list(self._tasks))
+
+    # -- answers ---------------------------------------------------------------------------------
+
+    def local(self, query: dns.message.Message, asker: str | None) -> dns.message.Message | None:
+        """The answer to a question under ``.internal`` (None: it is not, forward it)."""
+        if len(query.question) != 1:
+            bad = dns.message.make_response(query)
+            bad.set_rcode(dns.rcode.FORMERR)
+            return bad
+        question = query.question[0]
+        name = question.name.to_text(omit_final_dot=True).lower()
+        if not is_internal(name):
+            return None
+        response = dns.message.make_response(query)
+        response.flags |= dns.flags.AA | dns.flags.RA
+        if question.rdclass != dns.rdataclass.IN:
+            response.set_rcode(dns.rcode.REFUSED)
+            return response
+        answer = self.index.resolve(
+            name, dns.rdatatype.to_text(question.rdtype), asker=_normal(asker) if asker else None
+        )
+        self.answered += 1
+        if answer.rcode is Rcode.NXDOMAIN:
+            response.set_rcode(dns.rcode.NXDOMAIN)
+        elif answer.values:
+            response.answer.append(self._rrset(question.name, answer.rdtype, answer.values))
+        return response
+
+    def _rrset(self, name: dns.name.Name, rdtype: str, values: tuple[str, ...]) -> dns.rrset.RRset:
+        """The records of an answer, made once for as long as the answer stays the same (their
+        parse from text is most of what a query costs): kept by name and values."""
+        key = (name, rdtype, values)
+        rrset = self._rrsets.get(key)
+        if rrset is None:
+            texts = [" ".join(f'"{v}"' for v in values)] if rdtype == "TXT" else list(values)
+            rrset = dns.rrset.from_text_list(name, self._ttl, "IN", rdtype, texts)
+            if len(self._rrsets) >= RRSET_CACHE:
+                self._rrsets.clear()  # answers changed many times over: start again
+            self._rrsets[key] = rrset
+        return rrset
+
+    async def answer(
+        self, wire: bytes, asker: str | None, *, tcp: bool
+    ) -> dns.message.Message | None:
+        """The response to one message as received (None: it does not parse)."""
+        try:
+            query = dns.message.from_wire(wire)
+        except dns.exception.DNSException as exc:
+            log.debug("a DNS message from %s does not parse: %s", asker, exc)
+            return None
+        if query.flags & dns.flags.QR:
+            return None  # an answer sent to us: not ours to answer
+        local = self.local(query, asker)
+        if local is not None:
+            return local
+        self.forwarded += 1
+        return await self.forwarder.ask(query, tcp=tcp)
+
+    # -- transports ------------------------------------------------------------------------------
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def on_datagram(self, data: bytes, peer: tuple[str, int]) -> None:
+        """A UDP question: answered at once when it is ours, else in a task (forwarded)."""
+        try:
+            query = dns.message.from_wire(data)
+        except dns.exception.DNSException:
+            return
+        if query.flags & dns.flags.QR:
+            return
+        local = self.local(query, peer[0])
+        if local is not None:
+            self._send_udp(local, query, peer)
+            return
+        self.forwarded += 1
+        self._spawn(self._forward_udp(query, peer))
+
+    async def _forward_udp(self, query: dns.message.Message, peer: tuple[str, int]) -> None:
+        response = await self.forwarder.ask(query, tcp=False)
+        self._send_udp(response, query, peer)
+
+    def _send_udp(
+        self, response: dns.message.Message, query: dns.message.Message, peer: tuple[str, int]
+    ) -> None:
+        if self._udp is None:
+            return
+        size = max(query.payload, UDP_DEFAULT_SIZE) if query.edns >= 0 else UDP_DEFAULT_SIZE
+        # Too large: the answer goes without the records that do not fit, and TC set.
+        wire = response.to_wire(max_size=size, prefer_truncation=True, want_shuffle=False)
+        self._udp.sendto(wire, peer)
+
+    async def _on_tcp(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")
+        asker = peer[0] if peer else None
+        try:
+            while True:  # several questions may come on one connection (RFC 7766)
+                try:
+                    size = int.from_bytes(await reader.readexactly(2), "big")
+                    wire = await reader.readexactly(size)
+                except (asyncio.IncompleteReadError, ConnectionError):
+                    return
+                response = await self.answer(wire, asker, tcp=True)
+                if response is None:
+                    return
+                out = response.to_wire(max_size=MAX_TCP_MESSAGE, want_shuffle=False)
+                writer.write(len(out).to_bytes(2, "big") + out)
+                await writer.drain()
+        finally:
+            writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
+
+
+class _Udp(asyncio.DatagramProtocol):
+    def __init__(self, server: DnsServer) -> None:
+        self._server = server
+
+    def datagram_received(self, data: bytes, addr: tuple[str | Any, ...]) -> None:
+        self._server.on_datagram(data, (str(addr[0]), int(addr[1])))
+
+    def error_received(self, exc: Exception) -> None:
+        log.debug("the names' UDP socket: %s", exc)

@@ -1,0 +1,172 @@
+"""The worker's DNS server on loopback, asked by dnspython as a client: ``.internal`` from the
+index, the rest forwarded to a resolver on loopback (the responder of tests/dns_upstream.py),
+SERVFAIL when none answers, truncation over UDP and the same answer over TCP."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator
+
+import dns.asyncquery
+import dns.flags
+import dns.message
+import dns.rcode
+import pytest
+
+from souq.network.dns_server import DnsServer, Forwarder, host_resolvers
+from souq.network.names import NameIndex, NameRow, Scope
+from tests import dns_upstream
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def row(mid: str, app: str = "web", **kw: object) -> NameRow:
+    fields: dict[str, object] = {
+        "machine_id": mid,
+        "app": app,
+        "region": "mad",
+        "state": "started",
+        "healthy": True,
+        "private_ip": f"fdaa::{mid}",
+        "created_at": mid,
+    }
+    fields.update(kw)
+    return NameRow(**fields)  # type: ignore[arg-type]
+
+
+def dead_port() -> int:
+    """A UDP port on loopback where nothing listens (bound, then closed)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+async def upstream() -> AsyncIterator[int]:
+    transport = await dns_upstream.serve_udp()
+    try:
+        yield int(transport.get_extra_info("sockname")[1])
+    finally:
+        transport.close()
+
+
+async def started(index: NameIndex, upstreams: list[tuple[str, int]], **kw: float) -> DnsServer:
+    server = DnsServer(
+        index, Forwarder(upstreams, timeout_s=kw.get("timeout_s", 2.0)), listen=("127.0.0.1", 0)
+    )
+    await server.start()
+    return server
+
+
+async def ask(
+    server: DnsServer, name: str, rdtype: str = "AAAA", *, tcp: bool = False
+) -> dns.message.Message:
+    query = dns.message.make_query(name, rdtype)
+    host, port = server.address
+    if tcp:
+        return await dns.asyncquery.tcp(query, host, port=port, timeout=5)
+    return await dns.asyncquery.udp(query, host, port=port, timeout=5)
+
+
+def addresses(response: dns.message.Message) -> list[str]:
+    return [rd.to_text() for rrset in response.answer for rd in rrset]
+
+
+async def test_internal_names_over_udp_and_tcp(upstream: int) -> None:
+    index = NameIndex()
+    index.put(row("a1"))
+    index.put(row("a2", healthy=False, created_at="a0"))
+    index.put(row("b1", app="db", state="stopped"))
+    server = await started(index, [("127.0.0.1", upstream)])
+    try:
+        for tcp in (False, True):
+            got = await ask(server, "web.internal", tcp=tcp)
+            assert got.rcode() == dns.rcode.NOERROR and got.flags & dns.flags.AA
+            assert addresses(got) == ["fdaa::a1", "fdaa::a2"]  # healthy first
+            assert got.answer[0].ttl == 5
+        got = await ask(server, "WEB.Internal.")  # names are case-insensitive
+        assert addresses(got) == ["fdaa::a1", "fdaa::a2"]
+        assert (await ask(server, "nope.internal")).rcode() == dns.rcode.NXDOMAIN
+        empty = await ask(server, "web.internal", "A")  # IPv6 only: the name exists
+        assert empty.rcode() == dns.rcode.NOERROR and not empty.answer
+        stopped = await ask(server, "db.internal")
+        assert stopped.rcode() == dns.rcode.NOERROR and not stopped.answer
+        txt = await ask(server, "_apps.internal", "TXT")
+        assert [s for rd in txt.answer[0] for s in rd.strings] == [b"db,web"]
+        assert server.forwarded == 0
+    finally:
+        await server.aclose()
+
+
+async def test_a_large_answer_is_truncated_over_udp_and_whole_over_tcp(upstream: int) -> None:
+    index = NameIndex()
+    for i in range(60):
+        index.put(row(f"m{i:02d}", private_ip=f"fdaa:0:0:1::{i + 1:x}"))
+    server = await started(index, [("127.0.0.1", upstream)])
+    try:
+        query = dns.message.make_query("web.internal", "AAAA")  # no EDNS: 512 bytes
+        host, port = server.address
+        udp = await dns.asyncquery.udp(query, host, port=port, timeout=5)
+        assert udp.flags & dns.flags.TC and not udp.answer
+        whole = await ask(server, "web.internal", tcp=True)
+        assert len(addresses(whole)) == 60
+    finally:
+        await server.aclose()
+
+
+async def test_other_names_go_to_the_upstream(upstream: int) -> None:
+    # the first upstream is dead: the second answers within the time left
+    server = await started(
+        NameIndex(), [("127.0.0.1", dead_port()), ("127.0.0.1", upstream)], timeout_s=1.0
+    )
+    try:
+        got = await ask(server, "example.test", "A")
+        assert got.rcode() == dns.rcode.NOERROR
+        assert addresses(got) == [dns_upstream.ADDRESS]
+        assert server.forwarded == 1
+    finally:
+        await server.aclose()
+
+
+async def test_no_upstream_answering_is_servfail_within_the_timeout() -> None:
+    server = await started(NameIndex(), [("127.0.0.1", dead_port())], timeout_s=0.3)
+    try:
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        got = await ask(server, "example.test", "A")
+        assert got.rcode() == dns.rcode.SERVFAIL
+        assert loop.time() - t0 < 2.0
+        assert server.forwarder.failures == 1
+        # the server still answers its own names meanwhile
+        assert (await ask(server, "nope.internal")).rcode() == dns.rcode.NXDOMAIN
+    finally:
+        await server.aclose()
+
+
+async def test_an_asker_known_by_its_address_is_scoped(upstream: int) -> None:
+    index = NameIndex()
+    index.put(row("a1"))
+    index.put(row("me", app="client", private_ip="127.0.0.1"))  # the test asks from here
+    index.put(row("x1", app="theirs", scope=Scope("acme")))
+    server = await started(index, [("127.0.0.1", upstream)])
+    try:
+        txt = await ask(server, "_apps.internal", "TXT")
+        assert [s for rd in txt.answer[0] for s in rd.strings] == [b"client,web"]
+        assert (await ask(server, "theirs.internal")).rcode() == dns.rcode.NXDOMAIN
+    finally:
+        await server.aclose()
+
+
+def test_host_resolvers_leave_out_the_servers_own_address(tmp_path: object) -> None:
+    from pathlib import Path
+
+    conf = Path(str(tmp_path)) / "resolv.conf"
+    conf.write_text("nameserver fdaa::3\nnameserver 10.0.0.2\nnameserver ::1\n")
+    assert host_resolvers(str(conf), exclude=["fdaa:0::3"]) == [("10.0.0.2", 53), ("::1", 53)]
+    assert host_resolvers(str(tmp_path) + "/missing") == []
