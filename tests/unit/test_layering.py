@@ -36,6 +36,8 @@ PURE = [
     "secrets/redact.py",
     "natsconf.py",
     "images/names.py",
+    "network/addresses.py",
+    "network/__init__.py",
 ]
 
 # Anything that touches the network, processes, files or a database.

@@ -45,6 +45,7 @@ from souq.ids import new_request_id
 from souq.model.machine import MachineEvent, MachineState
 from souq.model.protocol import MachineEventMessage
 from souq.model.resources import Resources
+from souq.network.addresses import AddressPool, private_address
 
 __all__ = ["Executor", "Op", "Source"]
 
@@ -72,6 +73,7 @@ class Executor(MachineTable):
         admission: Admission,
         ports: PortPool | None = None,
         advertise: str = "127.0.0.1",
+        private_network: bool = False,
         images: AgentImages | None = None,
         secrets: AgentSecrets | None = None,
     ) -> None:
@@ -92,12 +94,16 @@ class Executor(MachineTable):
         self.admission = admission  # the ledger: reservations are recorded there too
         self.ports = ports or PortPool()  # host ports, given at claims (souq.agent.ports)
         self.advertise = advertise
+        # Private addresses, given at claims (souq.network), when the worker has the network.
+        self.addresses = AddressPool(worker_id) if private_network else None
         # Machines that gave their reservation back (failed, or stopped or being destroyed since).
         self.unreserved: set[str] = store.unreserved()
         for r in (r for r in rows if r.state is not S.DESTROYED):
             if r.gpu_ids and r.id not in self.unreserved:
                 admission.adopt_gpus(r.resources, r.gpu_ids)
-            if r.address is not None:
+            if r.address is not None and r.address.private_ip and self.addresses is not None:
+                self.addresses.restore(r.id, private_address(r.address))
+            elif r.address is not None:
                 self.ports.restore(r.id, r.address.ports.values())
             if images is not None and (ref := image_of(r.placement)) is not None:
                 images.pin(ref)
@@ -117,6 +123,12 @@ class Executor(MachineTable):
             on_kill_due=functools.partial(exits.on_kill_due, self),
             on_restart_due=functools.partial(exits.on_restart_due, self),
         )
+
+    def give_back_addresses(self, machine_id: str) -> None:
+        """The machine's host ports and private addresses are free again."""
+        self.ports.give_back(machine_id)
+        if self.addresses is not None:
+            self.addresses.give_back(machine_id)
 
     # -- queries -------------------------------------------------------------------------------
 
@@ -282,7 +294,7 @@ class Executor(MachineTable):
         """What a committed step changes beyond the row: ports, pins, the app count and the
         ledger."""
         if new.state is S.DESTROYED and row.state is not S.DESTROYED:
-            self.ports.give_back(row.id)
+            self.give_back_addresses(row.id)
             if self.images is not None and (ref := image_of(row.placement)) is not None:
                 self.images.release(ref)
             self._live_by_app[row.app] -= 1
