@@ -46,6 +46,7 @@ from souq.model.machine import MachineEvent, MachineState
 from souq.model.protocol import MachineEventMessage
 from souq.model.resources import Resources
 from souq.network.addresses import AddressPool, private_address
+from souq.network.links import WorkerNetwork
 
 __all__ = ["Executor", "Op", "Source"]
 
@@ -96,6 +97,7 @@ class Executor(MachineTable):
         self.advertise = advertise
         # Private addresses, given at claims (souq.network), when the worker has the network.
         self.addresses = AddressPool(worker_id) if private_network else None
+        self.network: WorkerNetwork | None = None  # their namespaces and rules (the agent's)
         # Machines that gave their reservation back (failed, or stopped or being destroyed since).
         self.unreserved: set[str] = store.unreserved()
         for r in (r for r in rows if r.state is not S.DESTROYED):
@@ -380,6 +382,15 @@ class Executor(MachineTable):
             return
         mounts = self.volumes.host_mounts(row.config) if self.volumes is not None else ()
         spec = machine_spec(row, self.worker_id, image, values, mounts)
+        if self.network is not None and row.address is not None and row.address.private_ip:
+            try:  # its own network namespace, made at its first start and kept
+                netns = self.network.ensure(row.id, private_address(row.address))
+            except OSError as exc:
+                self._spawn_failed(op, f"cannot make the machine's network: {exc}")
+                return
+            spec = replace(
+                spec, netns=str(netns), resolv_conf=str(self.network.resolv_conf), network=True
+            )
         try:
             handle = self.driver.start(spec, meanwhile=self.sync)
         except SpawnError as exc:
@@ -496,6 +507,9 @@ class Executor(MachineTable):
 
     def _cleanup(self, op: Op) -> None:
         self.driver.destroy(op.machine_id)
+        address = self._rows[op.machine_id].address
+        if self.network is not None and address is not None and address.private_ip:
+            self.network.remove(op.machine_id, private_address(address))
         self._ran_since.pop(op.machine_id, None)
         self.step(
             op,
