@@ -3,7 +3,7 @@
 Without names, the default suites run (``spine``, ``scale``, ``tradeoff``, ``view``,
 ``supervise``, ``creates``, ``proxy``, ``wake``, ``images``, ``isolation``, ``deploy``, ``attack``,
 ``secured``, ``logs``, ``cli``); ``c1m`` (100,000 machines onto 5,000 hollow workers, a few minutes)
-runs only when named."""
+runs only when named, as do ``hosts``, ``jobs`` and ``private_network`` (root)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from bench import (
     isolation,
     jobs,
     logs,
+    private_network,
     proxy,
     scale,
     secured,
@@ -47,6 +48,7 @@ SUITES = {
     "jobs": jobs.main,
     "logs": logs.main,
     "cli": cli.main,
+    "private_network": private_network.main,
 }
 DEFAULT = [
     "spine",

@@ -139,7 +139,9 @@ class WorkerNetwork:
                 _run([tool, "-w", "-t", table, "-I", chain, "1", *spec])
 
     def stop_rules(self) -> None:
-        """Remove the worker's chains (tests; an agent keeps them for its machines)."""
+        """Remove the worker's chains and its block's route (tests, benchmarks; an agent keeps
+        them for its machines)."""
+        _run(["ip", "route", "del", "unreachable", str(self.v4)], check=False)
         for family in ("ip", "ip6"):
             tool = f"{family}tables"
             for table, chain, target in (
