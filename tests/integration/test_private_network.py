@@ -6,6 +6,7 @@ a machine listening on 0.0.0.0 and one on ::, and a destroy leaves no namespace 
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import shutil
 import tempfile
@@ -141,8 +142,6 @@ def test_machines_of_one_app_reach_each_other_and_others_cannot(cluster: Cluster
     try:
         assert a.private_ip and a.private_ip != b.private_ip
         assert a.address is not None and a.address.network == network_of("acme")
-        import ipaddress
-
         value = int(ipaddress.IPv6Address(a.private_ip))
         assert ipaddress.IPv6Address(a.private_ip) in CLUSTER_PREFIX
         assert value >> 48 & 0xFFFFFFFF == network_bits(network_of("acme"))
@@ -239,3 +238,24 @@ def test_a_destroy_leaves_no_namespace_or_link(cluster: Cluster) -> None:
         return _netns_of(cluster) == before_ns and _links_of(cluster) == before_links
 
     wait_until(gone, timeout=20, message="the machine's namespace and link to go")
+
+
+def test_the_agents_start_sweeps_what_a_gone_machine_left(cluster: Cluster) -> None:
+    worker = cluster.agents[0].worker_id or ""
+    tag = links.WorkerNetwork(worker, Path("/nonexistent")).tag
+    stale = f"souq-{tag}-0000deadbeef00"  # as if its machine were destroyed while no agent ran
+    app = _app(cluster)
+    kept = _server(cluster, app)
+    try:
+        agent = cluster.agents[0]
+        agent.kill()
+        os.system(f"ip netns add {stale}")
+        assert stale in _netns_of(cluster)
+        agent.start()
+        cluster.wait_for_workers()
+        assert stale not in _netns_of(cluster)
+        assert any(kept.id in name for name in _netns_of(cluster))  # a live machine's stays
+        assert _connect(cluster, app, kept, kept.private_ip, 8080) == f"OK {kept.id}"
+    finally:
+        os.system(f"ip netns delete {stale} 2>/dev/null")
+        _destroy(cluster, app, kept)
