@@ -3,7 +3,8 @@
 Without names, the default suites run (``spine``, ``scale``, ``tradeoff``, ``view``,
 ``supervise``, ``creates``, ``proxy``, ``wake``, ``images``, ``isolation``, ``deploy``, ``attack``,
 ``secured``, ``logs``, ``cli``, ``names``); ``c1m`` (100,000 machines onto 5,000 hollow
-workers, a few minutes) runs only when named."""
+workers, a few minutes) runs only when named, as do ``hosts``, ``jobs`` and ``private_network``
+(root)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from bench import (
     jobs,
     logs,
     names,
+    private_network,
     proxy,
     scale,
     secured,
@@ -49,6 +51,7 @@ SUITES = {
     "logs": logs.main,
     "cli": cli.main,
     "names": names.main,
+    "private_network": private_network.main,
 }
 DEFAULT = [
     "spine",

@@ -37,6 +37,8 @@ PURE = [
     "natsconf.py",
     "images/names.py",
     "network/names.py",
+    "network/addresses.py",
+    "network/__init__.py",
 ]
 
 # Anything that touches the network, processes, files or a database.

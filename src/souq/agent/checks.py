@@ -147,7 +147,8 @@ class MachineChecks:
             return
         grace_until = time.monotonic() + check.grace_period
         while True:
-            problem = await probe(self._host, port, check)
+            host = row.address.host if row.address.private_ip else self._host
+            problem = await probe(host, port, check)
             if problem is None:
                 self._report(row.id, name, "passing", "OK")
             elif time.monotonic() < grace_until:

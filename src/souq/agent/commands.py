@@ -27,6 +27,7 @@ from souq.errors import (
     WaitTimeout,
 )
 from souq.ids import new_instance_id, new_machine_id
+from souq.model.app import DEFAULT_ORG
 from souq.model.image import ImageRecord
 from souq.model.machine import (
     Machine,
@@ -45,6 +46,7 @@ from souq.model.protocol import (
     WaitCommand,
 )
 from souq.model.services import MachineAddress
+from souq.network.addresses import network_of
 from souq.secrets.redact import redact
 
 __all__ = ["LOG_POLL_S", "Commands"]
@@ -112,7 +114,7 @@ class Commands:
             created_at=now,
             updated_at=now,
             events=tuple(reversed(events)),
-            address=self._address(op.machine_id, req.config),
+            address=self._address(op.machine_id, config, req.network),
             instance_id=new_instance_id(now),
             gpu_ids=gpu_ids,
             skip_secrets=req.skip_secrets,
@@ -122,10 +124,10 @@ class Commands:
                 row, op, op_event, step.next, quote_id=req.quote_id, durable=durable
             )
         except BaseException:
-            ex.ports.give_back(row.id)
+            ex.give_back_addresses(row.id)
             raise
         if existing is not None:
-            ex.ports.give_back(row.id)
+            ex.give_back_addresses(row.id)
             return self._claimed_before(req, existing)
         if ex.volumes is not None and req.config.mounts:
             ex.volumes.attach(row.id, req.config)
@@ -177,13 +179,28 @@ class Commands:
         images = self._ex.images
         return placement if images is None else images.claimed(image, placement)
 
-    def _address(self, machine_id: str, config: MachineConfig) -> MachineAddress | None:
-        """Host ports for the machine's internal ports (:class:`ClaimRefused` ``no_ports``
-        when the worker's range has too few)."""
+    def _address(
+        self, machine_id: str, config: MachineConfig, network: str
+    ) -> MachineAddress | None:
+        """Where the machine is reached. On a worker with a private network, a sandboxed
+        machine's addresses on ``network`` (:mod:`souq.network`; its own again if it has them)
+        and its internal ports as they are: it has a network namespace of its own. Otherwise
+        host ports for its internal ports (:class:`ClaimRefused` ``no_ports`` when the worker's
+        range has too few); an exec machine shares the host's network, and has no private
+        address."""
         internal = config.internal_ports()
+        ex = self._ex
+        if ex.addresses is not None and config.driver == "sandbox":
+            private = ex.addresses.take(machine_id, network or network_of(DEFAULT_ORG))
+            return MachineAddress(
+                host=private.ip4,
+                ports={port: port for port in internal},
+                private_ip=private.ip6,
+                ip4=private.ip4,
+                network=private.network,
+            )
         if not internal:
             return None
-        ex = self._ex
         return MachineAddress(host=ex.advertise, ports=ex.ports.take(machine_id, internal))
 
     def _claimed_before(self, req: ClaimRequest, machine_id: str) -> Machine:
@@ -321,10 +338,13 @@ class Commands:
         config, placement = self._driver_noted(config, row.placement)
         placement = self._image_noted(config, cmd.image, placement, row.request_id, row.region)
         address = row.address
-        if config.internal_ports() != row.config.internal_ports():
+        if address is not None and address.private_ip and config.driver == "sandbox":
+            ports = {port: port for port in config.internal_ports()}
+            address = address.model_copy(update={"ports": ports})
+        elif config.internal_ports() != row.config.internal_ports():
             ex.ports.give_back(row.id)
             try:
-                address = self._address(row.id, config)
+                address = self._address(row.id, config, address.network if address else "")
             except BaseException:
                 ex.ports.restore(row.id, row.address.ports.values() if row.address else ())
                 raise

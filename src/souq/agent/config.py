@@ -115,6 +115,12 @@ class AgentConfig(BaseModel):
         description="the driver of a machine whose config names none: `auto` isolates "
         "(`sandbox`) where this host can, `exec` runs plain processes unless asked",
     )
+    private_network: Literal["auto", "on", "off"] = Field(
+        default="off",
+        description="each sandboxed machine in a network namespace of its own with a private "
+        "address on its app's network (souq.network): `on` (refused where the host cannot), "
+        "`auto` (where root, ip and ip6tables work), `off`",
+    )
     allow_root_machines: bool = Field(
         default=False, description="let machine_user be root (refused otherwise)"
     )

@@ -45,6 +45,8 @@ from souq.ids import new_request_id
 from souq.model.machine import MachineEvent, MachineState
 from souq.model.protocol import MachineEventMessage
 from souq.model.resources import Resources
+from souq.network.addresses import AddressPool, private_address
+from souq.network.links import WorkerNetwork
 
 __all__ = ["Executor", "Op", "Source"]
 
@@ -72,6 +74,7 @@ class Executor(MachineTable):
         admission: Admission,
         ports: PortPool | None = None,
         advertise: str = "127.0.0.1",
+        private_network: bool = False,
         images: AgentImages | None = None,
         secrets: AgentSecrets | None = None,
     ) -> None:
@@ -92,12 +95,17 @@ class Executor(MachineTable):
         self.admission = admission  # the ledger: reservations are recorded there too
         self.ports = ports or PortPool()  # host ports, given at claims (souq.agent.ports)
         self.advertise = advertise
+        # Private addresses, given at claims (souq.network), when the worker has the network.
+        self.addresses = AddressPool(worker_id) if private_network else None
+        self.network: WorkerNetwork | None = None  # their namespaces and rules (the agent's)
         # Machines that gave their reservation back (failed, or stopped or being destroyed since).
         self.unreserved: set[str] = store.unreserved()
         for r in (r for r in rows if r.state is not S.DESTROYED):
             if r.gpu_ids and r.id not in self.unreserved:
                 admission.adopt_gpus(r.resources, r.gpu_ids)
-            if r.address is not None:
+            if r.address is not None and r.address.private_ip and self.addresses is not None:
+                self.addresses.restore(r.id, private_address(r.address))
+            elif r.address is not None:
                 self.ports.restore(r.id, r.address.ports.values())
             if images is not None and (ref := image_of(r.placement)) is not None:
                 images.pin(ref)
@@ -117,6 +125,12 @@ class Executor(MachineTable):
             on_kill_due=functools.partial(exits.on_kill_due, self),
             on_restart_due=functools.partial(exits.on_restart_due, self),
         )
+
+    def give_back_addresses(self, machine_id: str) -> None:
+        """The machine's host ports and private addresses are free again."""
+        self.ports.give_back(machine_id)
+        if self.addresses is not None:
+            self.addresses.give_back(machine_id)
 
     # -- queries -------------------------------------------------------------------------------
 
@@ -282,7 +296,7 @@ class Executor(MachineTable):
         """What a committed step changes beyond the row: ports, pins, the app count and the
         ledger."""
         if new.state is S.DESTROYED and row.state is not S.DESTROYED:
-            self.ports.give_back(row.id)
+            self.give_back_addresses(row.id)
             if self.images is not None and (ref := image_of(row.placement)) is not None:
                 self.images.release(ref)
             self._live_by_app[row.app] -= 1
@@ -368,6 +382,15 @@ class Executor(MachineTable):
             return
         mounts = self.volumes.host_mounts(row.config) if self.volumes is not None else ()
         spec = machine_spec(row, self.worker_id, image, values, mounts)
+        if self.network is not None and row.address is not None and row.address.private_ip:
+            try:  # its own network namespace, made at its first start and kept
+                netns = self.network.ensure(row.id, private_address(row.address))
+            except OSError as exc:
+                self._spawn_failed(op, f"cannot make the machine's network: {exc}")
+                return
+            spec = replace(
+                spec, netns=str(netns), resolv_conf=str(self.network.resolv_conf), network=True
+            )
         try:
             handle = self.driver.start(spec, meanwhile=self.sync)
         except SpawnError as exc:
@@ -484,6 +507,9 @@ class Executor(MachineTable):
 
     def _cleanup(self, op: Op) -> None:
         self.driver.destroy(op.machine_id)
+        address = self._rows[op.machine_id].address
+        if self.network is not None and address is not None and address.private_ip:
+            self.network.remove(op.machine_id, private_address(address))
         self._ran_since.pop(op.machine_id, None)
         self.step(
             op,

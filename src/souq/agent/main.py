@@ -46,6 +46,7 @@ from souq.auth.bus import NatsCredential, agent_credential
 from souq.auth.files import AuthDir
 from souq.bus.transport import Transport
 from souq.clock import Clock
+from souq.drivers import sandbox
 from souq.drivers.base import Driver
 from souq.drivers.exec import RECORDS
 from souq.drivers.host import HostDriver
@@ -57,6 +58,7 @@ from souq.limits import LOG_CHECK_INTERVAL_S
 from souq.loop_clock import LoopClock
 from souq.model.base import copy_fields
 from souq.model.resources import Resources
+from souq.network import links
 
 if TYPE_CHECKING:
     from souq.agent.metrics import MetricsServer
@@ -137,16 +139,50 @@ class Agent:
                 log.warning("%s: %s", unreachable.message, unreachable.hint)
         if host is not None and host.user.is_root:
             log.warning("machines run as root (--allow-root-machines): they own this host")
+        self.network_why_not = self._network_why_not()
+        isolation = host.isolation if host else None
+        if isolation is not None and config.private_network != "off":
+            isolation["private_network"] = self.network_why_not is None
+            if self.network_why_not is not None:
+                isolation["private_network_why_not"] = self.network_why_not
         self.fingerprint = fingerprint(
             config,
             drivers=host.drivers if host else None,
-            isolation=host.isolation if host else None,
+            isolation=isolation,
             machine_user=host.describe_user() if host else "",
         )
         self.capacity = copy_fields(Resources, self.fingerprint)
         self.worker_id = ""
         # App secrets (not the hollow fleet's: it runs nothing).
         self._secrets = None if driver is not None else AgentSecrets(config.auth_dir)
+
+    def _start_network(self, executor: Executor) -> None:
+        """The worker's private network: its rules for the machines it has, and what gone
+        ones left removed (souq.network.links)."""
+        if executor.addresses is None:
+            if self.config.private_network != "off":
+                log.warning("machines here get no private network: %s", self.network_why_not)
+            return
+        net = links.WorkerNetwork(self.worker_id, self.config.data_dir / "network")
+        net.start(executor.addresses.held())
+        executor.network = net
+
+    def _network_why_not(self) -> str | None:
+        """Why machines here get no private network (None: they do); ``on`` and a host that
+        cannot: refused."""
+        host = self._host_driver
+        if self.config.private_network == "off":
+            return "the private network is off on this worker (--private-network)"
+        why = links.unavailable()
+        if why is None and host is not None and not host.sandbox:
+            why = "the sandbox driver is unavailable here: " + (sandbox.unavailable() or "off")
+        if why is None and host is not None and host.exec.waiter is None:
+            why = "souq-waiter (built with the host's C compiler) is needed to join namespaces"
+        if host is None:
+            why = "a hollow worker runs no machines"
+        if why is not None and self.config.private_network == "on":
+            raise InvalidInput(f"--private-network on: {why}", hint="use auto, or off")
+        return why
 
     def _images(self) -> AgentImages | None:
         """The image cache (not the hollow fleet's: it runs nothing)."""
@@ -199,10 +235,12 @@ class Agent:
                 admission=admission,
                 ports=PortPool(*config.ports),
                 advertise=config.advertise,
+                private_network=self.network_why_not is None,
                 images=self._images(),
                 secrets=self._secrets,
             )
             self._executor.fault = fault_point(config.data_dir)
+            self._start_network(self._executor)  # before any machine is re-adopted
             if self._given_driver is None:  # a hollow worker keeps no volumes
                 self._executor.volumes = AgentVolumes(
                     self._store,

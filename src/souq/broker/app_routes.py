@@ -16,11 +16,9 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
 from souq.auth.tokens import ALL_APPS
-from souq.broker.app_store import AppStore
 from souq.broker.bodies import AppName, body_schema, json_response, parse_body
 from souq.broker.cluster_routes import view_headers
 from souq.broker.service import BrokerService
-from souq.bus.jetstream import OnFirstUse
 from souq.errors import Forbidden, NotFound, SouqError, Unavailable
 from souq.model import Machine, MachineState
 from souq.model.app import (
@@ -41,7 +39,7 @@ _DESTROYS_AT_ONCE = 16  # machines of one app destroyed concurrently by a delete
 
 def apps_router(service: BrokerService) -> APIRouter:
     router = APIRouter(tags=["apps"])
-    store = OnFirstUse(lambda: AppStore.open(service.nats_client())).get
+    store = service.app_store
 
     @router.post("/v1/apps", status_code=201, response_model=App, openapi_extra=body_schema(NewApp))
     async def create_app(
@@ -56,6 +54,7 @@ def apps_router(service: BrokerService) -> APIRouter:
         _may_touch(request, body.app, "create")
         counts = await _counts(service, body.app)
         record = await (await store()).create(body, taken=counts.machines > 0)
+        service.networks.forget(body.app)  # its machines are on the network it names now
         app = app_of(body.app, record, counts)
         assert app is not None
         return json_response(app, status_code=201)
@@ -105,6 +104,7 @@ def apps_router(service: BrokerService) -> APIRouter:
         destroyed = await _destroy_all(service, app, machines)
         if record is not None:
             await apps.delete(app)
+        service.networks.forget(app)
         return json_response(AppDeleted(name=app, destroyed_machines=destroyed))
 
     return router

@@ -197,6 +197,7 @@ class Market:
         request_id: str,
         body_hash: str,
         image: ImageRecord | None = None,
+        network: str = "",
     ) -> BatchResult:
         """``count`` machines of one config in one placement. At most ``batch_concurrency``
         batches run at once on this broker; the others wait their turn (at most
@@ -220,7 +221,9 @@ class Market:
                 hint="retry shortly, or spread batches over several brokers",
             ) from None
         try:
-            return await self._place_batch(app, body, request_id, body_hash, min_count, image=image)
+            return await self._place_batch(
+                app, body, request_id, body_hash, min_count, image=image, network=network
+            )
         finally:
             self._turns.release()
 
@@ -233,6 +236,7 @@ class Market:
         min_count: int,
         *,
         image: ImageRecord | None,
+        network: str = "",
     ) -> BatchResult:
         async def claim(action: SendClaim) -> Answer:
             """The worker's share, in claims whose replies fit in a message, one after the
@@ -256,6 +260,7 @@ class Market:
                         request_ids=[f"{request_id}-{i}" for i in indexes[start:][:per_claim]],
                         placement=action.record,
                         image=image,
+                        network=network,
                     )
                     machines, ledger = await self._claim_batch(action.worker_id, req)
                     made += machines

@@ -21,6 +21,7 @@ from typing import TypeVar
 from nats.aio.client import Client
 from pydantic import BaseModel
 
+from souq.broker.app_store import AppStore
 from souq.broker.config import BrokerConfig
 from souq.broker.directory import Directory
 from souq.broker.idempotency import Coalescer, body_hash
@@ -28,6 +29,7 @@ from souq.broker.images import ImageResolver
 from souq.broker.liveness import Liveness
 from souq.broker.market import Market
 from souq.broker.metrics import BrokerMetrics
+from souq.broker.networks import AppNetworks
 from souq.broker.orders import order as order_of
 from souq.broker.orders import placement_of, worker_of_quote
 from souq.broker.outage import BusGuard
@@ -35,6 +37,7 @@ from souq.broker.schemas import CreateMachineRequest, QuoteRequest
 from souq.broker.streams import StreamSlots
 from souq.broker.volumes import BrokerVolumes
 from souq.bus import Transport, bus_unavailable
+from souq.bus.jetstream import OnFirstUse
 from souq.clock import Clock, SystemClock
 from souq.errors import InsufficientCapacity, NotFound, SouqError, Unavailable
 from souq.ids import idempotent_request_id, new_request_id
@@ -103,6 +106,9 @@ class BrokerService:
         self.book = self.liveness.book
         self.market = Market(self.client, self.liveness, config, self._clock, pipeline=pipeline)
         self.images = ImageResolver(self.nats_client)
+        # Created apps' records (souq.broker.app_store), and the private network of each app.
+        self.app_store = OnFirstUse(lambda: AppStore.open(self.nats_client())).get
+        self.networks = AppNetworks(self.app_store, has_store=self._has_nats)
         # The last secrets version this broker wrote: each create asks for at least it, so a
         # secret set just before a create is in the machine (the worker waits to have read it).
         self.secrets_version = 0
@@ -170,6 +176,9 @@ class BrokerService:
             raise Unavailable("this broker's bus is not NATS: it has no JetStream store")
         return client
 
+    def _has_nats(self) -> bool:
+        return isinstance(getattr(self._transport, "client", None), Client)
+
     def require_bus(self) -> None:
         """Fail at once, 503 ``unavailable``, while the bus is down or the workers rejoin."""
         self.bus.require()
@@ -235,6 +244,7 @@ class BrokerService:
             try:
                 self.require_bus()
                 order = await self._with_image(order)
+                order = order.model_copy(update={"network": await self.networks.of(app)})
                 order, volume = await self.volumes.mount_of(order)
                 if body.quote is not None:
                     machine = await self._create_with_quote(order, body.quote)
@@ -280,7 +290,12 @@ class BrokerService:
         image = await self.images.of_config(body.config, app)
         try:
             result = await self.market.place_batch(
-                app, body, request_id=new_request_id(), body_hash=body_hash(body), image=image
+                app,
+                body,
+                request_id=new_request_id(),
+                body_hash=body_hash(body),
+                image=image,
+                network=await self.networks.of(app),
             )
         except SouqError as exc:
             if not self.connected:

@@ -85,6 +85,12 @@ class DefaultDriver(StrEnum):
     SANDBOX = "sandbox"
 
 
+class PrivateNetwork(StrEnum):
+    AUTO = "auto"
+    ON = "on"
+    OFF = "off"
+
+
 DefaultDriverOpt = Annotated[
     DefaultDriver | None,
     typer.Option(
@@ -200,6 +206,14 @@ def agent(
         typer.Option("--allow-root-machines", help="Let --machine-user be root."),
     ] = False,
     default_driver: DefaultDriverOpt = None,
+    private_network: Annotated[
+        PrivateNetwork | None,
+        typer.Option(
+            "--private-network",
+            help="Each sandboxed machine in a network namespace of its own with a private "
+            "address (docs/network.md): on, auto (where the host can), off (default).",
+        ),
+    ] = None,
     jobs: Annotated[
         int | None,
         typer.Option(
@@ -240,6 +254,7 @@ def agent(
         labels=pairs(labels, "label"),
         cgroups=cgroups.value,
         default_driver=default_driver.value if default_driver else None,
+        private_network=private_network.value if private_network else None,
         log_format=None,
     )
     if log_format is LogFormat.JSON:

@@ -218,6 +218,8 @@ def machine(m: Machine) -> None:
     ]
     if config.env:
         rows.append(("env", " ".join(f"{k}={v}" for k, v in sorted(config.env.items()))))
+    if m.address is not None and m.address.private_ip:
+        rows.append(("private ip", f"{m.address.private_ip} ({m.address.network})"))
     if m.pid is not None:
         rows.append(("pid", str(m.pid)))
     if m.exit_code is not None:
@@ -394,7 +396,12 @@ def _isolation(w: WorkerInfo) -> str:
     if fp is None:
         return "?"
     if fp.isolation.get("default_driver") == "sandbox":
-        return f"sandbox ({fp.isolation.get('namespaces', '')})"
+        namespaces = str(fp.isolation.get("namespaces", ""))
+        if fp.isolation.get("private_network") is True:
+            namespaces += ",net: private network"
+        elif "private_network_why_not" in fp.isolation:
+            namespaces += f"; no private network: {fp.isolation['private_network_why_not']}"
+        return f"sandbox ({namespaces})"
     return f"none: {fp.isolation.get('why_not', 'exec only')}"
 
 

@@ -68,6 +68,10 @@ class MachineSpec:
     image_root: str | None = None  # its image's files (the sandbox mounts them read-only)
     # Its volumes: (the directory on the host, the absolute path the machine mounts it at).
     mounts: tuple[tuple[str, str], ...] = ()
+    # Its own network namespace (/run/netns/NAME, souq.network), joined before its exec, and
+    # the resolv.conf bound at /etc/resolv.conf inside the sandbox; None: the host's network.
+    netns: str | None = None
+    resolv_conf: str | None = None
 
 
 @dataclass(frozen=True)

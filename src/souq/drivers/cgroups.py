@@ -86,12 +86,15 @@ class CgroupEntry:
     join: tuple[Path, ...] = ()  # cgroup.procs files the process writes itself into
     clone_into: Path | None = None  # v2: the cgroup directory to create the process in
     leave: tuple[Path, ...] = ()  # v1 spare: where the waiter moves itself once its child is born
+    # Not a cgroup: the network namespace the process joins before its exec (souq.network).
+    netns: Path | None = None
 
     def waiter_fields(self) -> list[str]:
         """The job's CGROUP entries for souq-waiter (see waiter.c)."""
+        net = [f"n:{self.netns}"] if self.netns is not None else []
         if self.clone_into is not None:  # the waiter joins <dir>/cgroup.procs if it cannot clone
-            return [f"c:{self.clone_into}"]
-        return [f"j:{p}" for p in self.join] + [f"l:{p}" for p in self.leave]
+            return [f"c:{self.clone_into}", *net]
+        return [f"j:{p}" for p in self.join] + [f"l:{p}" for p in self.leave] + net
 
 
 def _write(path: Path, value: str) -> None:

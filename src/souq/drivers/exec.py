@@ -105,6 +105,24 @@ def _exit_of(driver: ExecDriver, handle: Handle) -> asyncio.Future[ExitStatus]:
     return exited
 
 
+def _behind_shells(
+    spec: MachineSpec, placement: CgroupEntry, user: MachineUser
+) -> tuple[MachineSpec, tuple[Path, ...] | None]:
+    """Without the waiter: the command behind the cgroup placement shell (or the cgroup the
+    agent moves a switched process into), and behind ``nsenter`` for a machine of its own
+    network namespace (the waiter joins it itself, ``n:``, before the change of user)."""
+    join = None
+    if placement.join and user.switch:
+        join = placement.join  # the shell could not join as the machine's user
+    elif placement.join:
+        spec = replace(spec, cmd=(*placement_shell(placement.join), *spec.cmd))
+    if placement.netns is not None:
+        if user.switch:
+            raise SpawnError("a machine of its own network needs souq-waiter to join it")
+        spec = replace(spec, cmd=("nsenter", f"--net={placement.netns}", *spec.cmd))
+    return spec, join
+
+
 def _placed(place: Callable[[str | None], CgroupEntry], spare: str | None) -> CgroupEntry:
     try:
         return place(spare)
@@ -170,11 +188,7 @@ class ExecDriver:
         join = None  # without the waiter, a cgroup the agent moves a switched process into
         user = spec.user or self.user
         if place is not None and self.waiter is None:
-            placement = _placed(place, None)
-            if placement.join and user.switch:
-                join = placement.join  # the shell could not join as the machine's user
-            elif placement.join:
-                spec = replace(spec, cmd=(*placement_shell(placement.join), *spec.cmd))
+            spec, join = _behind_shells(spec, _placed(place, None), user)
         workdir = self.machine_dir(spec.machine_id)
         cwd = Path(spec.cwd) if spec.cwd else workdir  # an image's files, or its own directory
         if self.waiter is not None:  # the waiter reports before its child's exec: check first

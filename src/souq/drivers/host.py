@@ -29,7 +29,15 @@ from pathlib import Path
 
 from souq.drivers import enter, processes, rootfs, sandbox
 from souq.drivers.base import ExitStatus, Handle, MachineSpec, RecordsExits, SpawnError
-from souq.drivers.cgroups import DEFAULT_PIDS_MAX, Cgroups, Mode, detect, placement_shell, prune
+from souq.drivers.cgroups import (
+    DEFAULT_PIDS_MAX,
+    CgroupEntry,
+    Cgroups,
+    Mode,
+    detect,
+    placement_shell,
+    prune,
+)
 from souq.drivers.exec import ExecDriver
 from souq.drivers.identity import BASE, MachineIds
 from souq.drivers.programs import DEFAULT_PATH, resolve_as, resolve_in_image
@@ -156,11 +164,18 @@ class HostDriver:
                 inner=inner,
                 die_with_parent=self.exec.waiter is not None,
             )
+            if spec.resolv_conf is not None:  # its network's DNS (the last bind: over the root's)
+                jail[-1:-1] = ["--ro-bind", spec.resolv_conf, "/etc/resolv.conf"]
             cmd = (*jail, *cmd)
             spec = replace(spec, cwd=None)  # bwrap moves into the machine's directory itself
         elif spec.mounts:
             link_volumes(workdir, spec.mounts)
-        place = functools.partial(self.cgroups.prepare, spec.machine_id, spec.limits)
+        prepare = functools.partial(self.cgroups.prepare, spec.machine_id, spec.limits)
+        netns = Path(spec.netns) if spec.netns is not None else None
+
+        def place(spare: str | None) -> CgroupEntry:
+            return replace(prepare(spare), netns=netns)
+
         handle = self.exec.start(replace(spec, cmd=cmd), place=place, meanwhile=meanwhile)
         try:
             self.cgroups.started(spec.machine_id)

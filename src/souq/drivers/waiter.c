@@ -49,6 +49,9 @@
  *   j:PROCS the child writes itself into the cgroup.procs file PROCS before its exec
  *   l:PROCS (cgroup v1) the waiter was placed in the machine's cgroup ahead of need, so its
  *           child is born there; once it has reported, the waiter moves itself to PROCS
+ *   n:PATH  not a cgroup: the child joins the network namespace PATH (/run/netns/NAME, the
+ *           machine's own, see souq.network) after its cgroup and before its change of user
+ *           (setns needs the waiter's privileges)
  *
  * A migration (j:, l:) can wait out an RCU grace period, milliseconds: the waiter reports the
  * pid before any, and c: and l: keep them off the command's way altogether. If a join fails the
@@ -63,6 +66,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/prctl.h>
 #include <grp.h>
 #include <sys/resource.h>
@@ -461,7 +465,7 @@ int main(int argc, char **argv) {
     const char *into = NULL;
     for (int i = 0; i < ncgroups; i++) {
         char kind = cgroups[i][0];
-        if ((kind != 'c' && kind != 'j' && kind != 'l') || cgroups[i][1] != ':') {
+        if ((kind != 'c' && kind != 'j' && kind != 'l' && kind != 'n') || cgroups[i][1] != ':') {
             report(report_fd, 'E', EINVAL);
             return 2;
         }
@@ -500,7 +504,8 @@ int main(int argc, char **argv) {
         for (int i = 0; i < ncgroups; i++) {
             char procs[4096];
             const char *target = cgroups[i] + 2;
-            if (cgroups[i][0] == 'l' || (cgroups[i][0] == 'c' && placed)) continue;
+            if (cgroups[i][0] == 'l' || cgroups[i][0] == 'n' || (cgroups[i][0] == 'c' && placed))
+                continue;
             if (cgroups[i][0] == 'c') {
                 if (snprintf(procs, sizeof procs, "%s/cgroup.procs", target) >= (int)sizeof procs)
                     e = ENAMETOOLONG;
@@ -514,6 +519,16 @@ int main(int argc, char **argv) {
                 dprintf(2, "souq-waiter: cannot join cgroup %s: %s\n", target, strerror(e));
                 _exit(127);
             }
+        }
+        for (int i = 0; i < ncgroups; i++) {
+            if (cgroups[i][0] != 'n') continue;
+            int ns = open(cgroups[i] + 2, O_RDONLY | O_CLOEXEC);
+            if (ns < 0 || setns(ns, CLONE_NEWNET) < 0) {
+                dprintf(2, "souq-waiter: cannot join network %s: %s\n", cgroups[i] + 2,
+                        strerror(errno));
+                _exit(127);
+            }
+            close(ns);
         }
         if (user[0] != '\0') {
             e = become(uid, gid, groups, ngroups);

@@ -72,7 +72,9 @@ class NewApp(Input):
     )
     app_name: str = Field(default="", description="the same, as Fly's Machines API names it")
     org_slug: str = Field(default="", description=f"kept as given (default {DEFAULT_ORG!r})")
-    network: str = Field(default="", max_length=63, description="kept; Souq has one network")
+    network: str = Field(
+        default="", max_length=63, description="its machines' private network (default: its org's)"
+    )
     app_role_id: str = Field(default="", max_length=63, description="kept as the app's role")
 
     @field_validator("name", "app_name")

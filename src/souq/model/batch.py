@@ -81,6 +81,7 @@ class BatchClaimRequest(Input):
     request_ids: list[str] = Field(min_length=1, description="one per machine")
     placement: Placement | None = None
     image: ImageRecord | None = Field(default=None, description="the image `config.image` names")
+    network: str = Field(default="", max_length=128, description="its app's private network")
 
 
 class BatchClaimReply(Record):

@@ -558,8 +558,11 @@ class Machine(Record):
     @computed_field  # type: ignore[prop-decorator]
     @property
     def private_ip(self) -> str:
-        """Where it is reached: its worker's address (``address.host``)."""
-        return self.address.host if self.address is not None else ""
+        """Its address on its private network (``address.private_ip``); on a worker without
+        one, where it is reached: its worker's address (``address.host``)."""
+        if self.address is None:
+            return ""
+        return self.address.private_ip or self.address.host
 
     @computed_field  # type: ignore[prop-decorator]
     @property

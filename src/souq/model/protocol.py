@@ -116,6 +116,12 @@ class ClaimRequest(Input):
     image: ImageRecord | None = Field(
         default=None, description="the image `config.image` names, as the broker resolved it"
     )
+    network: str = Field(
+        default="",
+        max_length=128,
+        description="the private network its app is on (souq.network.addresses.network_of); "
+        "empty: the default organization's",
+    )
 
 
 class MachineRef(Input):

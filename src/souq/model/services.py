@@ -143,10 +143,19 @@ class Check(Input):
 
 class MachineAddress(Record):
     """Where a machine is reached: the worker's address and the host port it gave each internal
-    port (``{internal_port: host_port}``)."""
+    port (``{internal_port: host_port}``).
+
+    On a worker with a private network (:mod:`souq.network`) the machine has a network of its
+    own: ``private_ip`` is its IPv6 address on its app's network (Fly's ``private_ip``),
+    ``ip4`` its IPv4 link address on the worker, ``network`` the network's name; it listens on
+    its internal ports themselves, so ``host`` is ``ip4`` and each port maps to itself. All
+    three are given at the claim and kept for the machine's life."""
 
     host: str
     ports: dict[int, int] = Field(default_factory=dict)
+    private_ip: str = Field(default="", description="its IPv6 address on its private network")
+    ip4: str = Field(default="", description="its IPv4 link address on its worker")
+    network: str = Field(default="", description="the private network it is on")
 
     def port_for(self, internal_port: int) -> int | None:
         return self.ports.get(internal_port)

@@ -1,8 +1,33 @@
-"""The private network of machines. Names (:mod:`souq.network.names`: what each ``.internal``
-name answers, pure; :mod:`souq.network.name_feed`: from the cluster view to the name index;
-:mod:`souq.network.dns_server`: the DNS server; :mod:`souq.network.name_service`: the three on
-one worker). See docs/names.md."""
+"""The private network of machines (6PN). Addresses: :mod:`~souq.network.addresses` is pure
+(the layout, the allocation); :mod:`~souq.network.netns` makes and removes a machine's network
+namespace and :mod:`~souq.network.firewall` the worker's rules (root, ``ip``, ``ip6tables``);
+see docs/network.md. Names: :mod:`~souq.network.names` (what each ``.internal`` name answers,
+pure), :mod:`~souq.network.name_feed` (from the cluster view to the name index),
+:mod:`~souq.network.dns_server` (the DNS server) and :mod:`~souq.network.name_service` (the
+three on one worker); see docs/names.md."""
 
+from souq.network.addresses import (
+    CLUSTER_PREFIX,
+    DNS_ADDRESS,
+    AddressPool,
+    network_bits,
+    network_of,
+    private_ip,
+    worker_bits,
+)
 from souq.network.names import Answer, NameIndex, NameRow, Rcode, Scope
 
-__all__ = ["Answer", "NameIndex", "NameRow", "Rcode", "Scope"]
+__all__ = [
+    "CLUSTER_PREFIX",
+    "DNS_ADDRESS",
+    "AddressPool",
+    "Answer",
+    "NameIndex",
+    "NameRow",
+    "Rcode",
+    "Scope",
+    "network_bits",
+    "network_of",
+    "private_ip",
+    "worker_bits",
+]

@@ -1,0 +1,288 @@
+"""A worker's private network on its host: a network namespace per machine, joined to the
+worker's namespace by a veth pair, and the firewall that keeps networks apart.
+
+Per machine (:meth:`WorkerNetwork.ensure`, before its first spawn; kept across restarts and
+agent restarts; removed by :meth:`WorkerNetwork.remove` at its destroy):
+
+* a namespace ``souq-<tag>-<machine id>`` (``/run/netns``), with ``lo`` up;
+* a veth pair: ``eth0`` inside with the machine's ``private_ip/128`` and ``ip4/32``, default
+  routes via :data:`GATEWAY6` / :data:`GATEWAY4`; ``sx<tag>m<n>`` outside holding those
+  gateway addresses, and the routes ``private_ip/128`` and ``ip4/32`` to it.
+
+Two ``ip -batch`` runs make it (the worker's side, then the machine's), and one
+``iptables-restore``/``ip6tables-restore --noflush`` each adds its rules.
+
+Per worker (:meth:`WorkerNetwork.start`, at the agent's start): forwarding on, the DNS
+address :data:`DNS_ADDRESS` on the worker's loopback, a blackhole for the worker's IPv4
+block, and the chains ``SOUQ-<tag>-FWD`` (from ``FORWARD``), ``SOUQ-<tag>-IN`` (from
+``INPUT``) and ``SOUQ-<tag>-NAT`` (from ``nat POSTROUTING``) for whatever comes from a
+machine's link, rebuilt from the live machines. From a machine:
+
+* to a machine of its own network (any worker: a non-contiguous mask of the network bits),
+  from its own address only: accepted; to any other ``fdaa::/16`` address: dropped;
+* to the worker itself: only the DNS (udp/tcp 53 on ``fdaa::3``) and ICMPv6 (neighbour
+  discovery); replies to what the worker opened (the proxy, checks) pass by conntrack; the
+  agent's, NATS's and any other port of the host: dropped;
+* to the outside: accepted from its own address (IPv4 masqueraded), except the shared
+  address space of other machines and link-local (metadata) addresses.
+
+The tag is 6 hex digits of the worker id's hash, so several agents on one host keep apart.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import ipaddress
+import logging
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from souq.network.addresses import (
+    CLUSTER_PREFIX,
+    DNS_ADDRESS,
+    GATEWAY4,
+    GATEWAY6,
+    V4_RANGE,
+    PrivateAddress,
+    network_bits,
+    network_mask,
+    v4_block,
+)
+
+__all__ = ["NETNS_DIR", "WorkerNetwork", "unavailable"]
+
+log = logging.getLogger(__name__)
+
+NETNS_DIR = Path("/run/netns")
+DNS_DEVICE = "lo"
+TOOLS = ("ip", "iptables-restore", "ip6tables-restore", "iptables", "ip6tables")
+
+
+def _run(args: list[str], stdin: str | None = None, *, check: bool = True) -> str:
+    done = subprocess.run(args, input=stdin, capture_output=True, text=True, check=False)
+    if check and done.returncode != 0:
+        raise OSError(f"{' '.join(args[:3])}: {done.stderr.strip() or done.returncode}")
+    return done.stdout
+
+
+def unavailable() -> str | None:
+    """Why this host cannot give machines a private network (None: it can)."""
+    if os.geteuid() != 0:
+        return "a private network needs root (network namespaces, ip6tables)"
+    absent = [t for t in TOOLS if shutil.which(t) is None]
+    if absent:
+        return f"{', '.join(absent)} not installed (Debian: apt-get install iproute2 iptables)"
+    for tool in ("iptables", "ip6tables"):
+        done = subprocess.run([tool, "-w", "-S", "FORWARD"], capture_output=True, check=False)
+        if done.returncode != 0:
+            return f"{tool} cannot read the filter table here"
+    return None
+
+
+@dataclass(frozen=True)
+class _Names:
+    netns: str
+    link: str
+
+
+class WorkerNetwork:
+    def __init__(self, worker_id: str, state_dir: Path) -> None:
+        self.tag = hashlib.blake2b(worker_id.encode(), digest_size=3).hexdigest()
+        self.v4 = v4_block(worker_id)
+        self.resolv_conf = state_dir / "resolv.conf"
+        self._state_dir = state_dir
+        self.fwd, self.inp, self.nat = (f"SOUQ-{self.tag}-{c}" for c in ("FWD", "IN", "NAT"))
+        self.links = f"sx{self.tag}m+"  # every machine link of this worker
+
+    def names(self, machine_id: str, address: PrivateAddress) -> _Names:
+        index = int(ipaddress.IPv4Address(address.ip4)) - int(self.v4.network_address)
+        return _Names(f"souq-{self.tag}-{machine_id}", f"sx{self.tag}m{index:03x}")
+
+    def netns_path(self, machine_id: str, address: PrivateAddress) -> Path:
+        return NETNS_DIR / self.names(machine_id, address).netns
+
+    # -- the worker ----------------------------------------------------------------------------
+
+    def start(self, live: Iterable[tuple[str, PrivateAddress]]) -> None:
+        """Forwarding, the DNS address, the chains rebuilt for ``live`` machines, and what
+        machines gone since left behind removed."""
+        live = list(live)
+        self._state_dir.mkdir(parents=True, exist_ok=True)
+        self.resolv_conf.write_text(f"nameserver {DNS_ADDRESS}\noptions ndots:0\n")
+        for path in ("ipv6/conf/all/forwarding", "ipv4/ip_forward"):
+            Path("/proc/sys/net", path).write_text("1\n")
+        # On loopback: every kernel has it (not every one has dummy devices).
+        _run(["ip", "addr", "replace", f"{DNS_ADDRESS}/128", "dev", DNS_DEVICE, "nodad"])
+        _run(["ip", "route", "replace", "unreachable", str(self.v4)])
+        for family, rules in (("ip6", self._rules6(live)), ("ip", self._rules4(live))):
+            _run([f"{family}tables-restore", "-w", "--noflush"], rules)
+            self._jump(family)
+        names = [self.names(m, a) for m, a in live]
+        self.sweep({n.netns for n in names}, {n.link for n in names})
+
+    def _jump(self, family: str) -> None:
+        tool = f"{family}tables"
+        jumps = [("filter", "FORWARD", self.fwd), ("filter", "INPUT", self.inp)]
+        if family == "ip":
+            jumps.append(("nat", "POSTROUTING", self.nat))
+        for table, chain, target in jumps:
+            where = "-o" if chain == "POSTROUTING" else "-i"
+            spec = [where, self.links, "-j", target] if where == "-i" else ["-j", target]
+            check = [tool, "-w", "-t", table, "-C", chain, *spec]
+            if subprocess.run(check, capture_output=True, check=False).returncode != 0:
+                _run([tool, "-w", "-t", table, "-I", chain, "1", *spec])
+
+    def stop_rules(self) -> None:
+        """Remove the worker's chains and its block's route (tests, benchmarks; an agent keeps
+        them for its machines)."""
+        _run(["ip", "route", "del", "unreachable", str(self.v4)], check=False)
+        for family in ("ip", "ip6"):
+            tool = f"{family}tables"
+            for table, chain, target in (
+                ("filter", "FORWARD", self.fwd),
+                ("filter", "INPUT", self.inp),
+                ("nat", "POSTROUTING", self.nat),
+            ):
+                where = "-o" if chain == "POSTROUTING" else "-i"
+                spec = [where, self.links, "-j", target] if where == "-i" else ["-j", target]
+                _run([tool, "-w", "-t", table, "-D", chain, *spec], check=False)
+                _run([tool, "-w", "-t", table, "-F", target], check=False)
+                _run([tool, "-w", "-t", table, "-X", target], check=False)
+
+    def _rules6(self, live: list[tuple[str, PrivateAddress]]) -> str:
+        lines = [
+            "*filter",
+            f":{self.fwd} - [0:0]",
+            f":{self.inp} - [0:0]",
+            f"-A {self.fwd} -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT",
+        ]
+        lines += [f"-A {self.fwd} {r}" for m, a in live for r in self._machine6(m, a)]
+        lines += [
+            f"-A {self.fwd} -j DROP",
+            f"-A {self.inp} -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT",
+            f"-A {self.inp} -p ipv6-icmp -j ACCEPT",
+            f"-A {self.inp} -d {DNS_ADDRESS}/128 -p udp --dport 53 -j ACCEPT",
+            f"-A {self.inp} -d {DNS_ADDRESS}/128 -p tcp --dport 53 -j ACCEPT",
+            f"-A {self.inp} -j DROP",
+            "COMMIT",
+        ]
+        return "\n".join(lines) + "\n"
+
+    def _rules4(self, live: list[tuple[str, PrivateAddress]]) -> str:
+        lines = [
+            "*filter",
+            f":{self.fwd} - [0:0]",
+            f":{self.inp} - [0:0]",
+            f"-A {self.fwd} -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT",
+            f"-A {self.fwd} -d {V4_RANGE} -j DROP",
+            f"-A {self.fwd} -d 169.254.0.0/16 -j DROP",
+        ]
+        lines += [f"-A {self.fwd} {r}" for m, a in live for r in self._machine4(m, a)]
+        lines += [
+            f"-A {self.fwd} -j DROP",
+            f"-A {self.inp} -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT",
+            f"-A {self.inp} -j DROP",
+            "COMMIT",
+            "*nat",
+            f":{self.nat} - [0:0]",
+            f"-A {self.nat} -s {self.v4} ! -o {self.links} -j MASQUERADE",
+            "COMMIT",
+        ]
+        return "\n".join(lines) + "\n"
+
+    def _machine6(self, machine_id: str, a: PrivateAddress) -> list[str]:
+        link = self.names(machine_id, a).link
+        own = f"-i {link} -s {a.ip6}/128"
+        return [
+            f"{own} -d {network_mask(network_bits(a.network))} -j ACCEPT",
+            f"{own} ! -d {CLUSTER_PREFIX} -j ACCEPT",
+        ]
+
+    def _machine4(self, machine_id: str, a: PrivateAddress) -> list[str]:
+        return [f"-i {self.names(machine_id, a).link} -s {a.ip4}/32 -j ACCEPT"]
+
+    # -- machines ------------------------------------------------------------------------------
+
+    def exists(self, machine_id: str, address: PrivateAddress) -> bool:
+        names = self.names(machine_id, address)
+        return (NETNS_DIR / names.netns).exists() and Path("/sys/class/net", names.link).exists()
+
+    def ensure(self, machine_id: str, address: PrivateAddress) -> Path:
+        """The machine's namespace, made unless it is there whole; its path."""
+        names = self.names(machine_id, address)
+        if self.exists(machine_id, address):
+            return NETNS_DIR / names.netns
+        self._remove(names)  # half made (an agent killed meanwhile)
+        ns, link = names.netns, names.link
+        outside = [
+            f"netns add {ns}",
+            f"link add {link} type veth peer name eth0 netns {ns}",
+            f"link set {link} addrgenmode none",
+            f"addr add {GATEWAY6}/64 dev {link} nodad",
+            f"addr add {GATEWAY4}/32 dev {link}",
+            f"link set {link} up",
+            f"route add {address.ip6}/128 dev {link}",
+            f"route add {address.ip4}/32 dev {link}",
+        ]
+        inside = [
+            "link set lo up",
+            "link set eth0 addrgenmode none",
+            f"addr add {address.ip6}/128 dev eth0 nodad",
+            f"addr add {address.ip4}/32 dev eth0",
+            "link set eth0 up",
+            f"route add default via {GATEWAY6} dev eth0",
+            f"route add {GATEWAY4}/32 dev eth0 scope link",
+            f"route add default via {GATEWAY4} dev eth0",
+        ]
+        try:
+            _run(["ip", "-batch", "-"], "\n".join(outside) + "\n")
+            _run(["ip", "-n", ns, "-batch", "-"], "\n".join(inside) + "\n")
+            self._machine_rules(machine_id, address, "-I")
+        except OSError:
+            self._remove(names)
+            raise
+        return NETNS_DIR / ns
+
+    def _machine_rules(self, machine_id: str, address: PrivateAddress, how: str) -> None:
+        """Insert (``-I``, before the chain's final DROP) or delete (``-D``) its rules."""
+        for family, rules, after in (
+            ("ip6", self._machine6(machine_id, address), 1),
+            ("ip", self._machine4(machine_id, address), 3),
+        ):
+            where = f" {after + 1}" if how == "-I" else ""
+            body = "".join(f"{how} {self.fwd}{where} {rule}\n" for rule in rules)
+            _run([f"{family}tables-restore", "-w", "--noflush"], f"*filter\n{body}COMMIT\n")
+
+    def remove(self, machine_id: str, address: PrivateAddress) -> None:
+        """The machine's namespace, links, routes and rules, gone."""
+        with contextlib.suppress(OSError):
+            self._machine_rules(machine_id, address, "-D")
+        self._remove(self.names(machine_id, address))
+
+    def _remove(self, names: _Names) -> None:
+        _run(["ip", "netns", "delete", names.netns], check=False)  # its eth0, and the pair
+        _run(["ip", "link", "delete", names.link], check=False)
+
+    def sweep(self, live_netns: set[str], live_links: set[str]) -> list[str]:
+        """Namespaces and links of this worker whose machine is gone: removed; their names."""
+        gone: list[str] = []
+        prefix = f"souq-{self.tag}-"
+        with contextlib.suppress(FileNotFoundError):
+            for name in os.listdir(NETNS_DIR):
+                if name.startswith(prefix) and name not in live_netns:
+                    _run(["ip", "netns", "delete", name], check=False)
+                    gone.append(name)
+        pattern = re.compile(rf"^sx{self.tag}m[0-9a-f]+$")
+        for name in os.listdir("/sys/class/net"):
+            if pattern.match(name) and name not in live_links:
+                _run(["ip", "link", "delete", name], check=False)
+                gone.append(name)
+        if gone:
+            log.info("private network: removed what gone machines left: %s", ", ".join(gone))
+        return gone

@@ -1,0 +1,64 @@
+"""The private address layout: prefix, worker, network and machine bits; stable, distinct, and
+collisions resolved to the next free value."""
+
+from __future__ import annotations
+
+import ipaddress
+
+from souq.network.addresses import (
+    CLUSTER_PREFIX,
+    AddressPool,
+    PrivateAddress,
+    network_bits,
+    network_mask,
+    network_of,
+    worker_bits,
+)
+
+
+def _parts(ip: str) -> tuple[int, int, int]:
+    value = int(ipaddress.IPv6Address(ip))
+    return value >> 80 & 0xFFFFFFFF, value >> 48 & 0xFFFFFFFF, value & (1 << 48) - 1
+
+
+def test_layout_puts_worker_network_and_machine_bits_in_their_places() -> None:
+    pool = AddressPool("w1")
+    got = pool.take("m1", network_of("acme"))
+    assert ipaddress.IPv6Address(got.ip6) in CLUSTER_PREFIX
+    worker, network, machine = _parts(got.ip6)
+    assert worker == worker_bits("w1") and network == network_bits("org:acme") and machine
+    assert ipaddress.IPv4Address(got.ip4) in pool.v4
+
+
+def test_addresses_are_stable_and_distinct() -> None:
+    one, two = AddressPool("w1"), AddressPool("w1")
+    ids = [f"m{i}" for i in range(500)]
+    first = [one.take(i, "n").ip6 for i in ids]
+    assert [two.take(i, "n").ip6 for i in ids] == first  # same ids: same addresses
+    assert len(set(first)) == len(first)
+    assert len({one.take(i, "n").ip4 for i in ids}) == len(ids)
+    assert _parts(AddressPool("w2").take("m0", "n").ip6)[0] != _parts(first[0])[0]
+
+
+def test_a_collision_takes_the_next_free_value_and_a_restore_keeps_it() -> None:
+    pool = AddressPool("w1", machine_hash=lambda _id: 7)
+    a, b = pool.take("a", "n"), pool.take("b", "n")
+    assert (_parts(a.ip6)[2], _parts(b.ip6)[2]) == (7, 8) and a.ip4 != b.ip4
+    restarted = AddressPool("w1", machine_hash=lambda _id: 7)
+    restarted.restore("b", b)  # b's record, read back after an agent restart
+    assert _parts(restarted.take("a", "n").ip6)[2] == 7
+    assert _parts(restarted.take("c", "n").ip6)[2] == 9  # 8 is b's still
+    restarted.give_back("b")
+    assert _parts(restarted.take("d", "n").ip6)[2] == 8
+
+
+def test_networks_differ_and_the_mask_matches_a_network_on_any_worker() -> None:
+    assert network_bits(network_of("acme")) != network_bits(network_of("other"))
+    assert network_of("acme", "own") == "own" and network_of("") == network_of("personal")
+    a = AddressPool("w1").take("m", "n")
+    b = AddressPool("w2").take("m", "n")
+    base, mask = (int(ipaddress.IPv6Address(x)) for x in network_mask(network_bits("n")).split("/"))
+    assert all(int(ipaddress.IPv6Address(x.ip6)) & mask == base for x in (a, b))
+    other = AddressPool("w1").take("m", "other")
+    assert int(ipaddress.IPv6Address(other.ip6)) & mask != base
+    assert isinstance(a, PrivateAddress) and a.network == "n"
