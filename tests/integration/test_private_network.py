@@ -157,6 +157,43 @@ def test_machines_of_one_app_reach_each_other_and_others_cannot(cluster: Cluster
         _destroy(cluster, stranger, c)
 
 
+_RESOLVE = (
+    "import socket,sys\n"
+    "try:\n"
+    "  found=socket.getaddrinfo(sys.argv[1],8080,socket.AF_INET6,socket.SOCK_STREAM)\n"
+    "  print(' '.join(sorted({a[4][0] for a in found})))\n"
+    "except OSError as e:\n"
+    "  print('FAIL',e)\n"
+)
+
+
+def test_a_machine_finds_its_apps_machines_by_name(cluster: Cluster) -> None:
+    """From inside a machine, through its own resolv.conf: the worker's DNS (started with the
+    private network, at fdaa::3) answers ``<app>.internal`` and ``<id>.vm.<app>.internal``
+    with the private addresses; a name that is no app's is not found."""
+    app = _app(cluster, "acme")
+    a, b = _server(cluster, app), _server(cluster, app)
+    try:
+        with cluster.client() as client:
+
+            def resolved(name: str) -> str:
+                reply = client.exec(
+                    app, a.id, [PYTHON, "-c", _RESOLVE, name], stdin=None, timeout_s=30
+                )
+                return reply.stdout.strip()
+
+            both = " ".join(sorted({a.private_ip, b.private_ip}))
+            wait_until(
+                lambda: resolved(f"{app}.internal") == both,
+                timeout=30,
+                message=f"{app}.internal to answer both machines",
+            )
+            assert resolved(f"{b.id}.vm.{app}.internal") == b.private_ip
+            assert resolved(f"nosuchapp{uuid.uuid4().hex[:6]}.internal").startswith("FAIL")
+    finally:
+        _destroy(cluster, app, a, b)
+
+
 def test_a_machine_cannot_reach_the_workers_ports(cluster: Cluster) -> None:
     app = _app(cluster)
     a = _server(cluster, app)

@@ -53,12 +53,13 @@ from souq.drivers.host import HostDriver
 from souq.drivers.identity import own_uids
 from souq.drivers.logfile import LogRotator
 from souq.drivers.users import check_reachable, machine_user, shut_in
-from souq.errors import InvalidInput
+from souq.errors import InvalidInput, SouqError
 from souq.limits import LOG_CHECK_INTERVAL_S
 from souq.loop_clock import LoopClock
 from souq.model.base import copy_fields
 from souq.model.resources import Resources
 from souq.network import links
+from souq.network.addresses import DNS_ADDRESS
 
 if TYPE_CHECKING:
     from souq.agent.metrics import MetricsServer
@@ -304,12 +305,32 @@ class Agent:
                     config.metrics_port,
                     AgentCollector(self.worker_id, self._executor.rows, self._service.stats),
                 )
-            if config.dns is not None:
-                self.names = await self._start_names(config.dns)
+            self.names = await self._names()
         except BaseException:
             await self.aclose()
             raise
         log.info("agent %s ready in region %s", self.worker_id, config.region)
+
+    async def _names(self) -> NameService | None:
+        """The ``.internal`` names: on ``--dns``, or for this worker's private network."""
+        if self.config.dns is not None:
+            return await self._start_names(self.config.dns)
+        if self._executor is not None and self._executor.network is not None:
+            return await self._names_for_machines()
+        return None
+
+    async def _names_for_machines(self) -> NameService | None:
+        """A private-network worker answers its machines' names at the address their
+        ``resolv.conf`` names, ``[fdaa::3]:53``, unless ``--dns`` says elsewhere. Several agents
+        of one host share that address: the first one up answers for all (each answers from
+        the whole cluster's view), and the others say so."""
+        try:
+            return await self._start_names((DNS_ADDRESS, 53))
+        except InvalidInput as exc:
+            log.info("machines' names here are answered by another agent of this host: %s", exc)
+        except (SouqError, OSError) as exc:  # e.g. no view credential (nats/view.nk) here
+            log.warning("machines here get no .internal names: %s", exc)
+        return None
 
     async def _start_names(self, listen: tuple[str, int]) -> NameService:
         """The worker's DNS server (--dns), in this process: its view of the cluster on a
