@@ -219,9 +219,10 @@ class Commands:
         self._begin_start(row, "user")
         return ex.machine(app, machine_id)
 
-    def start_scheduled(self, row: MachineRow) -> None:
-        """A scheduled machine's start (:mod:`souq.agent.schedule`): a start, by the agent."""
-        self._begin_start(row, "agent", message=f"schedule {row.config.schedule}: due")
+    def start_scheduled(self, row: MachineRow, why: str) -> None:
+        """A scheduled machine's start (:mod:`souq.agent.schedule`): a start, by the agent, its
+        event saying why (``schedule daily: due at …``)."""
+        self._begin_start(row, "agent", message=why)
 
     def _begin_start(self, row: MachineRow, source: Source, message: str | None = None) -> None:
         """Start a stopped machine: the start operation begun, by ``source``."""

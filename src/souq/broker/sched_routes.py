@@ -35,6 +35,7 @@ from fastapi.responses import PlainTextResponse, Response
 from souq.auth.access import Permit, permit_of
 from souq.auth.tokens import Scope
 from souq.broker.bodies import body_schema, json_response, parse_body
+from souq.broker.periodic_routes import periodic_routes, shown_periodic
 from souq.errors import Forbidden, JobNotFound, NotFound
 from souq.jobs.core import DEFAULT_LEASE_MS
 from souq.jobs.queue import JobQueue
@@ -49,6 +50,7 @@ from souq.model.job import (
     JobState,
     JobStopped,
     JobSubmit,
+    PeriodicJob,
     Registration,
 )
 
@@ -108,14 +110,25 @@ async def _change(
 
 def _users_routes(router: APIRouter, queue: JobQueue) -> None:
     @router.post(
-        "/submit", status_code=201, response_model=Job, openapi_extra=body_schema(JobSubmit)
+        "/submit",
+        status_code=201,
+        response_model=Job | PeriodicJob,
+        openapi_extra=body_schema(JobSubmit),
     )
     async def submit(request: Request, permit: Allowed) -> Response:
-        """Queue a named job; 409 ``job_exists`` when the name is taken."""
+        """Queue a named job; 409 ``job_exists`` when the name is taken. With ``cron``: a
+        periodic job, whose runs are queued at its times (the answer is its record)."""
         spec = await parse_body(request, JobSubmit)
         app = app_of(permit, spec.app, Scope.WRITE)
-        job = await (await queue.store()).submit(spec.model_copy(update={"app": app}))
+        spec = spec.model_copy(update={"app": app})
+        if spec.cron is not None:
+            record = PeriodicJob(name=spec.name, app=app, spec=spec, created_ms=0)
+            made = await (await queue.periodic()).create(record)
+            return json_response(shown_periodic(made, permit), status_code=201)
+        job = await (await queue.store()).submit(spec)
         return json_response(shown(job, permit), status_code=201)
+
+    periodic_routes(router, queue)
 
     @router.get("/status/{name}", response_model=Job)
     async def status(name: JobName, permit: Allowed) -> Response:

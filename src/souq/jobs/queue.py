@@ -22,6 +22,7 @@ from souq.bus.jetstream import OnFirstUse
 from souq.clock import Clock
 from souq.errors import SouqError
 from souq.jobs.output import JobOutputs
+from souq.jobs.periodic import PeriodicJobs
 from souq.jobs.store import BUCKET, JobStore
 from souq.jobs.watch import JobListener, JobWatch
 
@@ -44,6 +45,8 @@ class JobQueue:
         self._client = client
         self._store = OnFirstUse(lambda: JobStore.open(client(), clock=clock))
         self._outputs = OnFirstUse(lambda: JobOutputs.open(client()))
+        self._periodic = OnFirstUse(self._open_periodic)
+        self._periodic_task: asyncio.Task[None] | None = None
         self._sweep_s = sweep_s
         self._task: asyncio.Task[None] | None = None
         self.watch = (
@@ -60,20 +63,40 @@ class JobQueue:
     def _reconnects(self) -> int:
         return int(self._client().stats["reconnects"])
 
+    async def _open_periodic(self) -> PeriodicJobs:
+        return await PeriodicJobs.open(self._client(), await self.store())
+
+    async def periodic(self) -> PeriodicJobs:
+        """The periodic jobs' templates (souq.jobs.periodic)."""
+        return await self._periodic.get()
+
+    async def _periodic_rounds(self) -> None:
+        while True:
+            try:
+                periodic = await self.periodic()
+            except SouqError as exc:  # NATS down or no JetStream: try again in a while
+                log.debug("periodic jobs: %s", exc)
+                await asyncio.sleep(self._sweep_s)
+                continue
+            await periodic.run()
+
     async def outputs(self) -> JobOutputs:
         return await self._outputs.get()
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._sweep(), name="souq-jobs-sweep")
+        loop = asyncio.get_running_loop()
+        self._task = loop.create_task(self._sweep(), name="souq-jobs-sweep")
+        self._periodic_task = loop.create_task(self._periodic_rounds(), name="souq-jobs-periodic")
         if self.watch is not None:
             self.watch.start()
 
     async def close(self) -> None:
         if self.watch is not None:
             await self.watch.close()
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        for task in (self._task, self._periodic_task):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
 
     async def _sweep(self) -> None:
         while True:

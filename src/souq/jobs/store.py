@@ -178,8 +178,21 @@ class JobStore:
                 # The record is written: HTTP workers see it, and a sweep says it again.
                 log.warning("job %s: not announced: %s", job.name, exc)
 
-    async def submit(self, spec: JobSubmit) -> Job:
+    async def submit(
+        self,
+        spec: JobSubmit,
+        *,
+        why: str = "submitted",
+        periodic: str | None = None,
+        scheduled_ms: int | None = None,
+    ) -> Job:
+        """Queue a job (``JobExists`` when its name is taken: the key is created, never
+        overwritten, so of two submits of one name exactly one lands). ``periodic``: the run of
+        a periodic job due at ``scheduled_ms``, ``why`` saying so."""
         job = core.new_job(spec, self.clock.now_ms())
+        job = job.model_copy(
+            update={"why": why, "periodic": periodic, "scheduled_ms": scheduled_ms}
+        )
         try:
             revision = await self._kv.create(spec.name, _encode(job))
         except nats.js.errors.KeyWrongLastSequenceError as exc:

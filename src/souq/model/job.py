@@ -6,11 +6,12 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from souq.model.base import Input, Record
 from souq.model.choices import JobRestart, JobState
 from souq.model.machine import APP_NAME_PATTERN
+from souq.model.schedule import Schedule, parse_schedule, time_zone
 
 __all__ = [
     "DEFAULT_QUEUE",
@@ -22,6 +23,8 @@ __all__ = [
     "JobState",
     "JobStopped",
     "JobSubmit",
+    "PeriodicJob",
+    "PeriodicRun",
     "Registration",
 ]
 
@@ -29,6 +32,7 @@ __all__ = [
 # ``a..b``), at most 128 characters (JOB_NAME_MAX).
 JOB_NAME = r"^[a-zA-Z0-9][a-zA-Z0-9_-]*(\.[a-zA-Z0-9_-]+)*$"
 JOB_NAME_MAX = 128
+PERIODIC_NAME_MAX = JOB_NAME_MAX - len("-20260101T000000Z")
 
 
 def _app_field(description: str) -> Any:
@@ -98,6 +102,47 @@ class JobSubmit(Input):
     cpus: float = Field(default=0.1, ge=0, le=1024)
     memory_mb: int = Field(default=64, ge=0, le=4 * 2**20)
     env: dict[str, str] = Field(default_factory=dict, max_length=256)
+    cron: str | None = Field(
+        default=None,
+        description="a periodic job (Nomad's `periodic.cron`): a run of it is queued at each "
+        "time the cron expression names (or Fly's `hourly`, `daily`, `weekly`, `monthly`), "
+        f"named `NAME-YYYYMMDDTHHMMSSZ`; the name may then have {PERIODIC_NAME_MAX} characters",
+    )
+    time_zone: str | None = Field(
+        default=None, description="the IANA time zone `cron` is read in (default UTC)"
+    )
+    prohibit_overlap: bool = Field(
+        default=False,
+        description="a periodic job: a run is not queued while the previous one has not ended "
+        "(that time is skipped, and said so)",
+    )
+
+    @field_validator("cron")
+    @classmethod
+    def _cron(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_schedule(v)
+        return v
+
+    @field_validator("time_zone")
+    @classmethod
+    def _time_zone(cls, v: str | None) -> str | None:
+        time_zone(v)
+        return v
+
+    @model_validator(mode="after")
+    def _periodic(self) -> JobSubmit:
+        if self.cron is None and (self.time_zone is not None or self.prohibit_overlap):
+            raise ValueError("time_zone and prohibit_overlap are a periodic job's: give `cron`")
+        if self.cron is not None and len(self.name) > PERIODIC_NAME_MAX:
+            raise ValueError(
+                f"name: a periodic job's name has at most {PERIODIC_NAME_MAX} characters "
+                "(its runs add the time)"
+            )
+        return self
+
+    def schedule(self) -> Schedule | None:
+        return None if self.cron is None else parse_schedule(self.cron, self.time_zone)
 
     @field_validator("command")
     @classmethod
@@ -149,11 +194,40 @@ class Job(Record):
     error: str = ""
     why: str = Field(default="", description="the last change, in words")
     revision: int = Field(default=0, description="the store's revision of this record")
+    periodic: str | None = Field(
+        default=None, description="the periodic job that queued this run, and at what time"
+    )
+    scheduled_ms: int | None = Field(default=None, description="the time this run was due")
 
     @property
     def deadline_ms(self) -> int | None:
         d = self.spec.deadline_s
         return None if d is None else self.submitted_ms + int(d * 1000)
+
+
+class PeriodicRun(Record):
+    """One time of a periodic job: the run queued for it, or why none was."""
+
+    at_ms: int = Field(description="the time it was due")
+    job: str | None = Field(description="the run's job (None: skipped)")
+    why: str
+    queued_ms: int = Field(description="when it was queued (or skipped)")
+
+
+class PeriodicJob(Record):
+    """A periodic job (``POST /sched/submit`` with ``cron``), as JetStream's
+    ``souq-jobs-periodic`` bucket keeps it: its template, and its recent runs."""
+
+    name: str
+    app: str = DEFAULT_QUEUE
+    spec: JobSubmit
+    explained: str = Field(default="", description="the schedule in words")
+    created_ms: int
+    last_due_ms: int | None = Field(default=None, description="the latest time handled")
+    last_run: str | None = Field(default=None, description="the latest run's job")
+    next_ms: int | None = Field(default=None, description="the next time it is due")
+    runs: list[PeriodicRun] = Field(default_factory=list, description="the latest, newest first")
+    revision: int = 0
 
 
 class JobRunEvent(Record):

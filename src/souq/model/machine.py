@@ -42,6 +42,7 @@ from souq.model.fly_fields import (
 )
 from souq.model.placement import Placement
 from souq.model.resources import GPU_MILLI, Resources
+from souq.model.schedule import Schedule, parse_schedule, time_zone
 from souq.model.services import Check, MachineAddress, Service
 from souq.model.volume import MachineMount
 
@@ -319,8 +320,14 @@ class MachineConfig(Input):
     )
     schedule: str | None = Field(
         default=None,
-        description="start it again this long after it last started, once it has stopped: "
-        "`hourly`, `daily`, `weekly`, `monthly` (30 days), or a duration such as `90s`",
+        description="start it while it is stopped: Fly's `hourly`, `daily`, `weekly`, "
+        "`monthly` (30 days) or a duration such as `90s` (that long after it last started), "
+        "or a cron expression such as `0 3 * * *` (at those times, in `schedule_time_zone`)",
+    )
+    schedule_time_zone: str | None = Field(
+        default=None,
+        description="the IANA time zone a cron `schedule` is read in (Nomad's "
+        "`periodic.time_zone`; default UTC)",
     )
     mounts: list[MachineMount] = Field(
         default_factory=list,
@@ -396,8 +403,26 @@ class MachineConfig(Input):
     @classmethod
     def _schedule(cls, v: str | None) -> str | None:
         if v is not None:
-            schedule_period_s(v)
+            parse_schedule(v)
         return v
+
+    @field_validator("schedule_time_zone")
+    @classmethod
+    def _schedule_time_zone(cls, v: str | None) -> str | None:
+        time_zone(v)
+        return v
+
+    @property
+    def schedule_period_s(self) -> float | None:
+        """An interval schedule's period (None: not scheduled, or a cron expression)."""
+        schedule = self.parsed_schedule()
+        return None if schedule is None else schedule.period_s
+
+    def parsed_schedule(self) -> Schedule | None:
+        """``schedule`` read in ``schedule_time_zone`` (None: not scheduled)."""
+        if self.schedule is None:
+            return None
+        return parse_schedule(self.schedule, self.schedule_time_zone)
 
     @field_validator("mounts")
     @classmethod
@@ -424,24 +449,13 @@ class MachineConfig(Input):
         return v
 
 
-_SCHEDULES = {"hourly": 3600.0, "daily": 86400.0, "weekly": 7 * 86400.0, "monthly": 30 * 86400.0}
-MIN_SCHEDULE_S = 1.0
-
-
 def schedule_period_s(schedule: str) -> float:
-    """Seconds between two runs of a scheduled machine (ValueError: not a schedule)."""
-    if schedule in _SCHEDULES:
-        return _SCHEDULES[schedule]
-    try:
-        seconds = seconds_of(schedule)
-    except ValueError:
-        seconds = 0.0
-    if seconds < MIN_SCHEDULE_S:
-        raise ValueError(
-            f"schedule {schedule!r}: use hourly, daily, weekly, monthly or a duration of a "
-            "second or more (e.g. '90s')"
-        )
-    return seconds
+    """Seconds between two runs of an interval schedule (ValueError: not a schedule, or a cron
+    expression, which has no fixed period)."""
+    period = parse_schedule(schedule).period_s
+    if period is None:
+        raise ValueError(f"schedule {schedule!r} is a cron expression: it has no fixed period")
+    return period
 
 
 def validate_name(v: str | None) -> str | None:
