@@ -7,6 +7,7 @@ answers whose JSON types Fly's Go types accept."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import datetime
 from typing import Any
 
 import httpx
@@ -263,6 +264,40 @@ def test_a_scheduled_machine_runs_again_when_its_period_has_passed(fly: httpx.Cl
         json={**body, "config": {**body["config"], "schedule": "sometimes"}},
     )
     assert bad.status_code == 422 and "schedule" in bad.json()["error"]
+    fly.delete(path, params={"kill": "true"})
+
+
+def test_a_machine_with_a_cron_schedule_starts_at_its_minute(fly: httpx.Client) -> None:
+    """A stopped machine of `* * * * *` is started by its agent at the next minute (within a
+    second of it), its event saying why; the schedule reads back in the config."""
+    app = app_name("f")
+    body = {
+        "config": {
+            "init": {"exec": ["true"]},
+            "schedule": "* * * * *",
+            "schedule_time_zone": "Asia/Kolkata",
+            "restart": {"policy": "no"},
+        },
+        "region": "mad",
+        "skip_launch": True,
+    }
+    r = fly.post(f"/apps/{app}/machines", json=body)
+    assert r.status_code == 201, r.text
+    assert r.json()["config"]["schedule_time_zone"] == "Asia/Kolkata"
+    path = f"/apps/{app}/machines/{r.json()['id']}"
+
+    def scheduled() -> list[dict[str, Any]]:
+        events = fly.get(f"{path}/events").json()
+        return [e for e in events if e["type"] == "start" and e["source"] == "agent"]
+
+    wait_until(scheduled, timeout=70, message="the start at the next minute")
+    start = scheduled()[-1]
+    prefix = "cron '* * * * *' (Asia/Kolkata): due at "
+    assert start["message"].startswith(prefix), start
+    due = datetime.fromisoformat(start["message"][len(prefix) :].split(" ")[0])
+    assert due.second == 0
+    late_ms = start["timestamp"] - due.timestamp() * 1000
+    assert 0 <= late_ms < 1000, late_ms
     fly.delete(path, params={"kill": "true"})
 
 

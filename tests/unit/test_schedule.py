@@ -131,6 +131,8 @@ def test_a_cron_run_due_while_the_machine_still_runs_is_skipped() -> None:
         row, state=MachineState.STARTED, events=(event("start", t0, MachineState.STARTED),)
     )
     assert plans([running], t0 + HOUR + 1)[0] == []  # 11:00 comes while it runs: no start
+    made = replace(row, state=MachineState.CREATED)  # made with skip_launch: it is started
+    assert [r.at_ms for _, r in plans([made], t0 + HOUR)[0]] == [t0 + HOUR]
     stopped = replace(  # it ran past 11:00 and stopped at 11:05: 11:00 is not caught up
         running,
         state=MachineState.STOPPED,

@@ -1,5 +1,6 @@
-"""Scheduled machines (``config.schedule``, docs/fly-compat.md): a stopped machine whose config
-names a schedule is started when it is due (:mod:`souq.model.schedule` says when).
+"""Scheduled machines (``config.schedule``, docs/fly-compat.md): a stopped machine (or one made
+with ``skip_launch``) whose config names a schedule is started when it is due
+(:mod:`souq.model.schedule` says when).
 
 * Fly's words (``hourly``, ``daily``, ``weekly``, ``monthly``) and durations (``"90s"``): once
   that long has passed since the machine last started.
@@ -31,6 +32,7 @@ log = logging.getLogger(__name__)
 TICK_S = 1.0  # the longest the scheduler waits: a new or changed machine is seen this late
 _STARTS = ("launch", "start", "restart")
 _ENDS = ("exit", "stop")
+_IDLE = (MachineState.CREATED, MachineState.STOPPED)  # made without a start, or stopped
 
 
 def anchor_ms(row: MachineRow) -> int:
@@ -41,13 +43,13 @@ def anchor_ms(row: MachineRow) -> int:
 
 
 def plans(rows: Iterable[MachineRow], now_ms: int) -> tuple[list[tuple[MachineRow, Due]], int]:
-    """The stopped scheduled machines due at ``now_ms`` (each with why), and the nearest later
-    due time of any of them (``now_ms + TICK_S`` at most)."""
+    """The stopped (or never started) scheduled machines due at ``now_ms`` (each with why),
+    and the nearest later due time of any of them (``now_ms + TICK_S`` at most)."""
     due: list[tuple[MachineRow, Due]] = []
     wake = now_ms + int(TICK_S * 1000)
     for row in rows:
         schedule = row.config.parsed_schedule()
-        if schedule is None or row.state is not MachineState.STOPPED:
+        if schedule is None or row.state not in _IDLE:
             continue
         run, following = plan(schedule, anchor_ms(row), now_ms)
         if run is not None:

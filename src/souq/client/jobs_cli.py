@@ -110,10 +110,29 @@ def submit(
     env: Annotated[
         list[str] | None, typer.Option("--env", "-e", help="K=V in its environment; repeatable.")
     ] = None,
+    cron: Annotated[
+        str | None,
+        typer.Option(
+            "--cron",
+            help="A periodic job: queue a run NAME-<time> at each time this cron expression "
+            "names (e.g. '0 3 * * *'; also hourly, daily, weekly, monthly).",
+        ),
+    ] = None,
+    tz: Annotated[
+        str | None,
+        typer.Option("--tz", help="The IANA time zone --cron is read in (default UTC)."),
+    ] = None,
+    prohibit_overlap: Annotated[
+        bool,
+        typer.Option(
+            "--prohibit-overlap", help="With --cron: skip a time while the last run lives."
+        ),
+    ] = False,
     app_name: AppOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Queue a job; prints its name and state (pending)."""
+    """Queue a job; prints its name and state (pending). With --cron, a periodic job: prints
+    its schedule in words and its next time (`souq job periodic` lists its runs)."""
     with reporting(as_json):
         body = submit_body(
             name,
@@ -126,10 +145,44 @@ def submit(
             cpus=cpus,
             memory_mb=memory_mb,
             app=app_name,
+            cron=cron,
+            time_zone=tz,
+            prohibit_overlap=prohibit_overlap or None,
         )
         from souq.client import render_jobs
 
+        if cron is not None:
+            made = cli.make_client().submit_periodic(body)
+            render_jobs.periodic_state(made, as_json=as_json)
+            return
         render_jobs.job_state(cli.make_client().submit_job(body), as_json=as_json)
+
+
+@job_app.command("periodic")
+def periodic(
+    name: Annotated[str | None, typer.Argument(help="Show this one and its runs.")] = None,
+    app_name: Annotated[str | None, typer.Option("--app", "-a", help="Only this app's.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """List the periodic jobs (their schedule, next time, last run and why), or show one
+    with its recent runs: each time, the run queued for it or why it was skipped."""
+    from souq.client import render_jobs
+
+    with reporting(as_json):
+        client = cli.make_client()
+        if name is not None:
+            render_jobs.periodic(client.periodic_job(name), as_json=as_json)
+        else:
+            render_jobs.periodic_list(client.periodic_jobs(app=app_name), as_json=as_json)
+
+
+@job_app.command("periodic-delete")
+def periodic_delete(name: NameArg, as_json: JsonOpt = False) -> None:
+    """Stop queuing runs of a periodic job (the runs already queued stay)."""
+    from souq.client import render_jobs
+
+    with reporting(as_json):
+        render_jobs.periodic_state(cli.make_client().delete_periodic(name), as_json=as_json)
 
 
 @job_app.command("status")

@@ -12,9 +12,18 @@ from rich.text import Text
 
 from souq.client.render import _grid, _json_or, _listing, _out, line
 from souq.clock import iso_from_ms
-from souq.model.job import Job
+from souq.model.job import Job, PeriodicJob
 
-__all__ = ["age", "job", "job_event_line", "job_state", "jobs"]
+__all__ = [
+    "age",
+    "job",
+    "job_event_line",
+    "job_state",
+    "jobs",
+    "periodic",
+    "periodic_list",
+    "periodic_state",
+]
 
 _STYLES = {
     "pending": "cyan",
@@ -81,6 +90,8 @@ def job(j: Job) -> None:
         ("submitted", iso_from_ms(j.submitted_ms)),
         ("updated", iso_from_ms(j.updated_ms)),
     ]
+    if j.periodic is not None and j.scheduled_ms is not None:
+        rows.append(("periodic", f"{j.periodic}, due at {iso_from_ms(j.scheduled_ms)}"))
     if spec.deadline_s is not None and j.deadline_ms is not None:
         rows.append(("deadline", f"{iso_from_ms(j.deadline_ms)} ({spec.deadline_s:g}s)"))
     if spec.env:
@@ -104,3 +115,45 @@ def job_event_line(event: dict[str, Any], when: str) -> str:
         f"{event.get('previous') or '-'} -> {event['state']} ({note.get('type', '')}: "
         f"{note.get('why', '')})"
     )
+
+
+def _next(p: PeriodicJob) -> str:
+    return "-" if p.next_ms is None else iso_from_ms(p.next_ms)
+
+
+@_json_or
+def periodic_state(p: PeriodicJob) -> None:
+    """After a submit with ``--cron``: its name, its schedule in words, its next time."""
+    line(f"{p.name} periodic: {p.explained}; next run at {_next(p)}")
+
+
+@_json_or
+def periodic_list(items: Sequence[PeriodicJob]) -> None:
+    titles = ("NAME", "SCHEDULE", "NEXT", "LAST RUN", "WHY")
+    _listing(items, "periodic jobs", titles, _periodic_row)
+
+
+def _periodic_row(p: PeriodicJob) -> tuple[Any, ...]:
+    last = p.runs[0] if p.runs else None
+    run = "-" if last is None else (last.job or "skipped")
+    return (p.name, p.explained, _next(p), run, "" if last is None else last.why)
+
+
+@_json_or
+def periodic(p: PeriodicJob) -> None:
+    spec = p.spec
+    rows: list[tuple[str, Any]] = [
+        ("name", p.name),
+        ("schedule", f"{spec.cron} ({spec.time_zone or 'UTC'}): {p.explained}"),
+        ("overlap", "prohibited" if spec.prohibit_overlap else "allowed"),
+        ("command", command_of(spec.command)),
+        ("next", _next(p)),
+        ("created", iso_from_ms(p.created_ms)),
+    ]
+    for run in p.runs:
+        rows.append((iso_from_ms(run.at_ms), f"{run.job or 'skipped'}: {run.why}"))
+    _out().print(_grid(rows, bold_names=True))
+
+
+def command_of(cmd: str | list[str]) -> str:
+    return cmd if isinstance(cmd, str) else shlex.join(cmd)

@@ -21,7 +21,7 @@ from souq.errors import JobNotFound, NotFound, WaitTimeout
 if TYPE_CHECKING:  # a record loads when a call first reads one (souq.model is lazy)
     from pydantic import TypeAdapter
 
-    from souq.model.job import Job, JobStopped, JobSubmit, Registration
+    from souq.model.job import Job, JobStopped, JobSubmit, PeriodicJob, Registration
 
 __all__ = ["SchedCalls"]
 WAIT_FIRST_S = 0.1  # a wait asks again after this, doubling up to WAIT_EVERY_S
@@ -53,6 +53,37 @@ class SchedCalls(ApiSession):
         """A waiting job ends ``cancelled`` at once; a held one is asked to stop
         (``cancel_requested``) and ends when its worker has stopped it."""
         return _job(self._call("POST", f"/sched/cancel/{name}"))
+
+    def submit_periodic(self, spec: Mapping[str, Any]) -> PeriodicJob:
+        """A periodic job (``spec`` with ``cron``): its runs are queued at its times."""
+        from souq.model.job import PeriodicJob
+
+        return PeriodicJob.model_validate_json(
+            self._call("POST", "/sched/submit", json=dict(spec)).content
+        )
+
+    def periodic_jobs(self, *, app: str | None = None) -> list[PeriodicJob]:
+        """The periodic jobs the token may read, with their recent runs."""
+        from pydantic import TypeAdapter
+
+        from souq.model.job import PeriodicJob
+
+        params = {"app": app} if app else None
+        got = self._call("GET", "/sched/periodic", params=params).content
+        return TypeAdapter(list[PeriodicJob]).validate_json(got)
+
+    def periodic_job(self, name: str) -> PeriodicJob:
+        from souq.model.job import PeriodicJob
+
+        got = self._call("GET", f"/sched/periodic/{name}").content
+        return PeriodicJob.model_validate_json(got)
+
+    def delete_periodic(self, name: str) -> PeriodicJob:
+        """No more runs of ``name`` are queued (the ones queued stay)."""
+        from souq.model.job import PeriodicJob
+
+        got = self._call("DELETE", f"/sched/periodic/{name}").content
+        return PeriodicJob.model_validate_json(got)
 
     def jobs(self, *, app: str | None = None) -> list[Job]:
         """Every job the queue holds that the token may read (``app``'s only, when given),
