@@ -9,6 +9,8 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from datetime import datetime
+from zoneinfo import ZoneInfo
 
 import pytest
 
@@ -104,3 +106,31 @@ def test_wait_exits_as_the_job_ended(cluster: Cluster) -> None:
 
     late = souq(cluster, "wait", "cli-slow", "--timeout", "0.5")
     assert late.returncode == 1 and "still pending" in late.stderr
+
+
+def test_a_periodic_job_from_the_command_line(cluster: Cluster) -> None:
+    made = souq(
+        cluster,
+        "submit",
+        "nightly",
+        "--cron",
+        "0 3 * * *",
+        "--tz",
+        "Europe/Madrid",
+        "--prohibit-overlap",
+        "--",
+        "./backup.sh",
+    )
+    assert made.returncode == 0, made.stderr
+    assert made.stdout.startswith("nightly periodic: At 03:00 every day (Europe/Madrid); next ")
+    at = datetime.fromisoformat(made.stdout.rstrip().rsplit(" ", 1)[1])
+    assert at.astimezone(ZoneInfo("Europe/Madrid")).strftime("%H:%M:%S") == "03:00:00"
+    listed = souq(cluster, "periodic", "--json")
+    (record,) = [p for p in json.loads(listed.stdout) if p["name"] == "nightly"]
+    assert record["spec"]["prohibit_overlap"] is True and record["spec"]["command"] == "./backup.sh"
+    shown = souq(cluster, "periodic", "nightly")
+    assert "overlap" in shown.stdout and "prohibited" in shown.stdout
+    never = souq(cluster, "submit", "never", "--cron", "0 0 30 2 *", "--", "true")
+    assert never.returncode != 0 and "never fires" in never.stderr and "cron" in never.stderr
+    assert souq(cluster, "periodic-delete", "nightly").returncode == 0
+    assert souq(cluster, "periodic", "nightly").returncode != 0
