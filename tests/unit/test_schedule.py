@@ -85,7 +85,9 @@ def test_missed_runs_give_one_catch_up_run_for_the_latest_time() -> None:
         ("* * * *", None, "five fields"),
         ("0s", None, "a second or more"),
         ("daily", "Mars/Olympus", "unknown"),
-        ("daily", "../../etc/passwd", "IANA"),
+        ("daily", "../../etc/passwd", "unknown"),
+        ("daily", "Europe", "unknown"),
+        ("daily", "a" * 5000, "unknown"),
     ],
 )
 def test_bad_schedules_are_refused_saying_why(text: str, zone: str | None, says: str) -> None:
