@@ -189,3 +189,17 @@ def test_a_bad_machine_schedule_is_a_422_naming_the_field(
     assert r.status_code == 422, r.text
     body = r.json()
     assert body["status"] == "invalid_input" and field in body["error"] and says in body["error"]
+
+
+def test_a_periodic_job_outlives_a_broker_restart(cluster: Cluster) -> None:
+    with _http(cluster, 0) as zero:
+        r = zero.post(
+            "/sched/submit", json={"name": "kept", "command": "true", "cron": "0 3 * * *"}
+        )
+        assert r.status_code == 201, r.text
+    cluster.brokers[0].stop()
+    cluster.brokers[0].start()
+    with _http(cluster, 0) as zero:
+        got = zero.get("/sched/periodic/kept")
+        assert got.status_code == 200 and got.json()["spec"]["cron"] == "0 3 * * *"
+        assert zero.delete("/sched/periodic/kept").status_code == 200
