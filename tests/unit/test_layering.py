@@ -120,6 +120,7 @@ PUBLIC = {
         "MalformedRequest",
         "NameTaken",
         "NobodySubscribed",
+        "NoReply",
         "NotFound",
         "PayloadTooLarge",
         "QuoteExpired",
