@@ -34,6 +34,7 @@ tree at the boundary that catches them, so nothing above a boundary handles fore
     ├── QuoteExpired               410 quote_expired     (the hold's TTL passed or it was released)
     ├── WaitTimeout                408 timeout
     ├── Unavailable                503 unavailable       (NATS or the owning worker is unreachable)
+    │   ├── NobodySubscribed       503 unavailable       (it reached nobody: nothing was done)
     │   ├── NoReply                503 unavailable       (no answer in time: it may have been done)
     │   └── SecretsUnavailable     503 secrets_unavailable (no auth directory: no secrets key)
     ├── SecretsUnreadable          500 secrets_unreadable (a secret does not open with this key)
