@@ -34,6 +34,8 @@ tree at the boundary that catches them, so nothing above a boundary handles fore
     ├── QuoteExpired               410 quote_expired     (the hold's TTL passed or it was released)
     ├── WaitTimeout                408 timeout
     ├── Unavailable                503 unavailable       (NATS or the owning worker is unreachable)
+    │   ├── NobodySubscribed       503 unavailable       (it reached nobody: nothing was done)
+    │   ├── NoReply                503 unavailable       (no answer in time: it may have been done)
     │   └── SecretsUnavailable     503 secrets_unavailable (no auth directory: no secrets key)
     ├── SecretsUnreadable          500 secrets_unreadable (a secret does not open with this key)
     ├── UnknownVerb                501 unknown_verb      (a peer does not speak that protocol verb)
@@ -72,6 +74,7 @@ __all__ = [
     "MachineNotStarted",
     "MalformedRequest",
     "NameTaken",
+    "NoReply",
     "NobodySubscribed",
     "NotFound",
     "PayloadTooLarge",
@@ -274,6 +277,11 @@ class Unavailable(SouqError, status="unavailable", http_status=503): ...
 class NobodySubscribed(Unavailable):
     """A request reached nobody (no subscriber on its subject): it was not carried out, so it
     may safely be sent elsewhere, unlike one that went unanswered."""
+
+
+class NoReply(Unavailable):
+    """A request on the bus went unanswered within its deadline: the peer may be gone, or busy
+    and still doing it (unlike a refusal, nothing says it was not done)."""
 
 
 class SecretsUnavailable(Unavailable, status="secrets_unavailable"):

@@ -58,6 +58,7 @@ class FakeWorker:
     cordoned: bool = False
     refuse_claims: bool = False  # as if another broker won every race
     silent_claims: bool = False  # claims get no answer
+    slow_claims: int = 0  # the first ones are answered (made) only after this long, in ms
     silent_offers: bool = False
     interval_s: float = 1.0
     output: str = ""
@@ -198,6 +199,9 @@ class FakeWorker:
         )
         self.machines[machine_id] = machine
         self.by_request[claim.request_id] = (claim.body_hash, machine_id)
+        if self.slow_claims:  # made at once, answered late (a worker busy with a burst)
+            await asyncio.sleep(self.slow_claims / 1000)
+            self.slow_claims = 0
         return machine
 
     def _find(self, ref: MachineRef) -> Machine:

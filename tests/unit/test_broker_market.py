@@ -96,6 +96,26 @@ async def test_an_unanswered_claim_is_never_made_on_another_worker() -> None:
     assert spare.claims == []
 
 
+async def test_a_slow_claim_on_a_worker_still_heard_is_sent_again_not_given_up() -> None:
+    bus = MemoryTransport()
+    # The busy worker is the best fit (fuller); its first claim is answered past the deadline.
+    busy = FakeWorker(bus, "wbusy", allocated=Resources(cpus=2, memory_mb=2048), slow_claims=300)
+    spare = FakeWorker(bus, "wspare")
+    service = await started_service(bus, busy, spare, claim_timeout_s=0.1)
+
+    machine = await service.create_machine("web", create_body())
+
+    # The claim went to the same worker again (it is idempotent per request id), whose answer
+    # names the machine the first one made: one machine, where it was claimed, none elsewhere.
+    assert machine.worker_id == "wbusy"
+    assert len(busy.claims) == 2
+    assert {c.request_id for c in busy.claims} == {busy.claims[0].request_id}
+    assert len(busy.machines) == 1
+    assert spare.claims == []
+    assert machine.placement is not None
+    assert [c.ok for c in machine.placement.claims] == [True]
+
+
 async def test_refused_claims_go_down_the_ranking_then_capacity_is_refused() -> None:
     bus = MemoryTransport()
     racers = [FakeWorker(bus, f"w{i}", refuse_claims=True) for i in range(3)]

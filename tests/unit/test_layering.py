@@ -122,6 +122,7 @@ PUBLIC = {
         "MalformedRequest",
         "NameTaken",
         "NobodySubscribed",
+        "NoReply",
         "NotFound",
         "PayloadTooLarge",
         "QuoteExpired",

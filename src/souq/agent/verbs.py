@@ -8,6 +8,7 @@ commands in :mod:`souq.agent.commands`.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from souq.agent.batch import claim_batch
@@ -67,6 +68,11 @@ class WorkerVerbs:
         self.publisher: Publisher | None = None  # set by the shell once it is on the bus
         self._load = load or LoadGauge(clock)
         self.tools = MachineTools(executor, clock)
+        # Claims, batch claims and holds take turns, one per turn of the event loop: a burst of
+        # hundreds (each one a transaction and a spawn) would otherwise run back to back in one
+        # turn, and the heartbeats, offers and answers due meanwhile would wait for all of them
+        # (a broker that hears nothing from a worker for that long takes it for dead).
+        self._claims = asyncio.Lock()
 
     def dispatcher(self) -> Dispatcher:
         d = Dispatcher(f"worker {self.worker_id}", ledger=lambda: self.admission.version)
@@ -193,9 +199,10 @@ class WorkerVerbs:
         reply leaves out the placement record the claim brought (the caller has it, and it is
         most of the reply's bytes); a machine made before (a retry) or through a quote keeps
         the record it was made with."""
-        new = req.placement is not None and self._ex.machine_for_request(req.request_id) is None
         await self._secrets_read(req)
-        machine = self._claim_machine(req)
+        async with self._claims:
+            new = req.placement is not None and self._ex.machine_for_request(req.request_id) is None
+            machine = self._claim_machine(req)
         json_of = self._ex.store.json_of
         # A machine of an image keeps its record in the reply: the worker said what it had.
         keep = not new or req.image is not None
@@ -236,10 +243,12 @@ class WorkerVerbs:
 
     async def _claim_batch(self, req: BatchClaimRequest) -> BatchClaimReply:
         await self._secrets_read(req)
-        return claim_batch(self._ex, self._cmd, req, now_ms=self._clock.now_ms())
+        async with self._claims:
+            return claim_batch(self._ex, self._cmd, req, now_ms=self._clock.now_ms())
 
     async def _hold(self, req: msg.HoldRequest) -> msg.Quote:
-        return self.quotes.hold(req)
+        async with self._claims:
+            return self.quotes.hold(req)
 
     async def _quote(self, ref: msg.QuoteRef) -> msg.Quote:
         return self.quotes.get(ref.app, ref.quote_id)

@@ -35,7 +35,16 @@ class BrokerConfig(BaseModel):
     offer_timeout_s: Seconds = Field(
         default=0.3, description="how long to gather offers from a region's workers"
     )
-    claim_timeout_s: Seconds = Field(default=5.0, description="how long one claim may take")
+    claim_timeout_s: Seconds = Field(
+        default=5.0,
+        description="how long one claim may go unanswered before it is sent again (to a worker "
+        "still heard) or given up (a silent one)",
+    )
+    claim_patience_s: Seconds = Field(
+        default=60.0,
+        description="how long in all a claim may wait on a worker whose heartbeats still "
+        "arrive (a busy one), sent again every `claim_timeout_s`, before it is given up",
+    )
     command_timeout_s: Seconds = Field(
         default=10.0, description="how long a worker may take to answer a command"
     )

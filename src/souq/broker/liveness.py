@@ -45,6 +45,7 @@ class _Entry:
     received: int  # the table's heartbeat counter when this one arrived
     reconnects: int  # the worker's count of reconnections to the bus
     seq: int  # the heartbeat's number (from 1 when the agent starts)
+    last_word: float = 0.0  # clock.monotonic() of its last other word (usage, an answer)
 
 
 class Liveness:
@@ -82,7 +83,7 @@ class Liveness:
         )
         on_usage = decoding(
             lambda data: decode(data, WorkerUsage),
-            self.book.observe_usage,
+            self.observe_usage,
             ignoring="ignoring a usage message",
             log=log,
         )
@@ -149,6 +150,7 @@ class Liveness:
         self._paused_at = None
         for entry in self._workers.values():
             entry.last_beat = min(now, entry.last_beat + paused_for)
+            entry.last_word = min(now, entry.last_word + paused_for)
         self._up_index.clear()
 
     async def wait_workers(self, count: int, timeout: float) -> bool:
@@ -180,7 +182,9 @@ class Liveness:
 
     def _state(self, entry: _Entry) -> WorkerState:
         now = self._paused_at if self._paused_at is not None else self._clock.monotonic()
-        silent_for = now - entry.last_beat
+        # A worker busy with a burst of claims may send its heartbeats late; its usage messages
+        # and answers say it is alive as well.
+        silent_for = now - max(entry.last_beat, entry.last_word)
         if silent_for > self._down_after_missed * entry.interval_s:
             return WorkerState.DOWN
         if entry.info.state in (WorkerState.CORDONED, WorkerState.DRAINING):
@@ -202,7 +206,9 @@ class Liveness:
         for wid, e in self._workers.items():
             state = self._state(e)
             if state != WorkerState.DOWN:
-                break
+                if e.last_word <= e.last_beat:
+                    break  # heard in time by its heartbeat: so is every worker after it
+                continue  # alive by other word only: those after it may still be down
             out.append((wid, e.info.region, state))
         return out
 
@@ -232,6 +238,25 @@ class Liveness:
         """Whether the worker is heard (up, cordoned or draining: not down)."""
         entry = self._workers.get(worker_id)
         return entry is not None and self._state(entry) != WorkerState.DOWN
+
+    def observe_usage(self, usage: WorkerUsage) -> None:
+        """A usage message (sent after every change of what the worker promised)."""
+        self.heard(usage.worker_id)
+        self.book.observe_usage(usage)
+
+    def heard(self, worker_id: str) -> None:
+        """Word from the worker other than a heartbeat (a usage message, an answer to a
+        request): it is alive, though it may be too busy to send heartbeats on time."""
+        entry = self._workers.get(worker_id)
+        if entry is not None:
+            entry.last_word = self._clock.monotonic()
+
+    def heard_since(self, worker_id: str, since: float) -> bool:
+        """Whether any word of the worker (a heartbeat, a usage message, an answer) arrived
+        after ``since`` (``clock.monotonic()``): it was alive then, whatever it has not
+        answered meanwhile."""
+        entry = self._workers.get(worker_id)
+        return entry is not None and max(entry.last_beat, entry.last_word) > since
 
     def regions(self) -> list[str]:
         """Regions named by any heartbeat, even if all their workers are down now."""

@@ -19,7 +19,9 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
 
 from souq.broker.config import BrokerConfig
 from souq.broker.liveness import Liveness
@@ -29,6 +31,7 @@ from souq.errors import (
     InsufficientCapacity,
     InvalidInput,
     NobodySubscribed,
+    NoReply,
     SouqError,
     Unavailable,
     UnknownRegion,
@@ -57,7 +60,7 @@ from souq.model.batch import (
 from souq.model.image import ImageRecord
 from souq.placement import Pipeline, PipelineCache, PlacementRequest
 from souq.protocol import WorkerClient
-from souq.protocol.verbs import CLAIM, CLAIM_BATCH, DESTROY, HOLD, OFFER
+from souq.protocol.verbs import CLAIM, CLAIM_BATCH, DESTROY, HOLD, OFFER, Verb
 
 __all__ = ["Market"]
 
@@ -69,6 +72,8 @@ DEFAULT_MAX_PAYLOAD = 1024 * 1024  # NATS's default, for a bus that does not say
 # A claim's answers (one per machine) and the worker's ledger version once it was done.
 Answer = tuple[list[Any], int | None]
 Claimer = Callable[[SendClaim], Coroutine[Any, Any, Answer]]
+Q = TypeVar("Q", bound=BaseModel)
+R = TypeVar("R")
 
 
 class Market:
@@ -121,9 +126,7 @@ class Market:
                 if action.existing
                 else order.model_copy(update={"placement": _noted(action.record, order)})
             )
-            machine, ledger = await self._workers.call_with_ledger(
-                action.worker_id, CLAIM, body, timeout=self._config.claim_timeout_s
-            )
+            machine, ledger = await self._claim_call(action.worker_id, CLAIM, body)
             return [machine], ledger
 
         auction = self._auction(order, Purpose.CLAIM, find_existing=idempotent, volume=volume)
@@ -162,9 +165,7 @@ class Market:
                 ttl_s=ttl_s,
                 placement=action.record,
             )
-            quote, ledger = await self._workers.call_with_ledger(
-                action.worker_id, HOLD, body, timeout=self._config.claim_timeout_s
-            )
+            quote, ledger = await self._claim_call(action.worker_id, HOLD, body)
             return [quote], ledger
 
         auction = self._auction(order, Purpose.HOLD)
@@ -304,22 +305,47 @@ class Market:
     async def _claim_batch(
         self, worker_id: str, req: BatchClaimRequest
     ) -> tuple[list[Machine], int | None]:
-        """One claim of a batch. A worker makes each machine in turn: allow time per machine.
-        A claim that goes unanswered is sent once more to the same worker (it is idempotent per
-        request id), so that a slow worker's late success is collected, not duplicated
-        elsewhere."""
+        """One claim of a batch. A worker makes each machine in turn: allow time per machine."""
         timeout = self._config.claim_timeout_s + CLAIM_S_PER_MACHINE * len(req.request_ids)
-        try:
-            reply, ledger = await self._workers.call_with_ledger(
-                worker_id, CLAIM_BATCH, req, timeout=timeout
-            )
-        except Unavailable:
-            if not self._workers.connected:
-                raise
-            reply, ledger = await self._workers.call_with_ledger(
-                worker_id, CLAIM_BATCH, req, timeout=timeout
-            )
+        reply, ledger = await self._claim_call(worker_id, CLAIM_BATCH, req, timeout=timeout)
         return list(reply.machines), ledger
+
+    async def _claim_call(
+        self, worker_id: str, verb: Verb[Q, R], body: Q, *, timeout: float | None = None
+    ) -> tuple[R, int | None]:
+        """Send a claim (a hold, a batch claim) and return the worker's answer and its ledger
+        version. One unanswered within ``timeout`` (``claim_timeout_s``) is sent again, the same
+        claim, for as long as the worker is heard (a heartbeat, a usage message or an answer
+        within the last two such deadlines: one busy with a burst of claims, and starved of CPU
+        by the processes they spawn, may be silent for seconds), up to ``claim_patience_s`` in
+        all: a busy worker is slow, not gone. A claim is idempotent
+        (per request id, per quote id), so the answer to the one sent again names what the first
+        made, and the machine is made once, where it was claimed, instead of once there (late,
+        unseen) and once more on the next worker. A silent worker is given up: :class:`NoReply`."""
+        timeout = timeout or self._config.claim_timeout_s
+        clock, liveness = self._clock, self._liveness
+        give_up = clock.monotonic() + self._config.claim_patience_s
+        while True:
+            sent = clock.monotonic()
+            try:
+                answer = await self._workers.call_with_ledger(
+                    worker_id, verb, body, timeout=timeout
+                )
+            except NoReply:
+                now = clock.monotonic()
+                if now >= give_up or not liveness.heard_since(worker_id, sent - timeout):
+                    raise
+                log.info(
+                    "claim on %s unanswered for %.1fs; it is heard: sent again",
+                    worker_id,
+                    now - sent,
+                )
+                continue
+            except SouqError:
+                liveness.heard(worker_id)  # a refusal is word from it too
+                raise
+            liveness.heard(worker_id)
+            return answer
 
     def _max_payload(self) -> int:
         """The largest message the bus carries (NATS's ``max_payload``, from the server)."""

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from souq.bus.transport import Handler, bus_unavailable
-from souq.errors import NobodySubscribed, Unavailable
+from souq.errors import NobodySubscribed, NoReply, Unavailable
 
 __all__ = ["MemoryTransport", "subject_matches"]
 
@@ -97,7 +97,7 @@ class MemoryTransport:
         try:
             reply = await asyncio.wait_for(self._spawn(targets[0], subject, data), timeout)
         except TimeoutError as exc:
-            raise Unavailable(f"no reply on {subject} within {timeout:g}s") from exc
+            raise NoReply(f"no reply on {subject} within {timeout:g}s") from exc
         if reply is None:
             raise Unavailable(f"no reply on {subject}")
         return reply

@@ -26,7 +26,14 @@ from nats.aio.msg import Msg
 from souq.bus.codec import error_reply
 from souq.bus.permissions import sent_by_a_role
 from souq.bus.transport import Handler, bus_unavailable
-from souq.errors import InvalidInput, NobodySubscribed, PayloadTooLarge, Unauthorized, Unavailable
+from souq.errors import (
+    InvalidInput,
+    NobodySubscribed,
+    NoReply,
+    PayloadTooLarge,
+    Unauthorized,
+    Unavailable,
+)
 
 __all__ = [
     "PING_INTERVAL_S",
@@ -135,7 +142,7 @@ class NatsTransport:
         except (nats.errors.TimeoutError, TimeoutError) as exc:
             if not self._nc.is_connected:
                 raise bus_unavailable() from exc
-            raise Unavailable(f"no reply on {subject} within {timeout:g}s") from exc
+            raise NoReply(f"no reply on {subject} within {timeout:g}s") from exc
         except nats.errors.Error as exc:
             if not self._nc.is_connected:
                 raise bus_unavailable() from exc
