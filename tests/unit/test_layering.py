@@ -120,6 +120,7 @@ PUBLIC = {
         "NobodySubscribed",
         "NotFound",
         "PayloadTooLarge",
+        "QuotaExceeded",
         "QuoteExpired",
         "QuoteUsed",
         "SecretsUnavailable",

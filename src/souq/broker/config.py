@@ -36,6 +36,11 @@ class BrokerConfig(BaseModel):
         default=0.3, description="how long to gather offers from a region's workers"
     )
     claim_timeout_s: Seconds = Field(default=5.0, description="how long one claim may take")
+    quota_reservation_s: Seconds = Field(
+        default=120.0,
+        description="a create's quota reservation stands this long unsettled (its broker "
+        "gone); then it is reconciled against the machines that exist (docs/quotas.md)",
+    )
     command_timeout_s: Seconds = Field(
         default=10.0, description="how long a worker may take to answer a command"
     )
