@@ -6,8 +6,11 @@ and the claim's answer leaves a reservation that its deadline and reconciliation
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
+import subprocess
+import sys
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -296,3 +299,34 @@ def test_a_broker_killed_mid_create_leaks_no_quota(three_brokers: Cluster) -> No
     assert _quota(url, app)["use"]["machines"] == 1
     _destroy_all(cluster, app)
     assert _quota(url, app)["use"]["machines"] == 0
+
+
+def test_the_cli_sets_and_shows_a_quota(three_brokers: Cluster) -> None:
+    app = new_app()
+    env = {**os.environ, "SOUQ_API": three_brokers.api_url}
+
+    def souq(*args: str) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, "-m", "souq", "quota", *args]
+        return subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+
+    done = souq("set", app, "--cpus", "2", "--machines", "1")
+    assert done.returncode == 0, done.stderr
+    assert _quota(three_brokers.api_url, app)["limits"]["machines"] == 1
+    assert _create(three_brokers.api_url, app).status_code == 201
+    shown = souq("show", app)
+    assert shown.returncode == 0, shown.stderr
+    assert "1 of 1" in shown.stdout and "no limit" in shown.stdout  # machines; memory_mb
+    as_json = json.loads(souq("show", app, "--json").stdout)
+    assert as_json["use"]["machines"] == 1
+    bad = souq("set", app, "--machines", "-3")
+    assert bad.returncode == 2 and "machines" in bad.stderr, bad.stderr
+    deploy = three_brokers.client().create_token(app=app, scope="deploy", name="d").token
+    refused = subprocess.run(
+        [sys.executable, "-m", "souq", "quota", "set", app, "--machines", "9"],
+        env={**env, "SOUQ_TOKEN": deploy},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert refused.returncode == 1 and "may not admin" in refused.stderr, refused.stderr
+    _destroy_all(three_brokers, app)

@@ -23,10 +23,11 @@ import logging
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import nats.errors
 import nats.js.errors
+from nats.js.kv import KeyValue
 
 from souq.broker.app_store import AppStore
 from souq.bus.jetstream import BucketStore, OnFirstUse, unavailable
@@ -84,10 +85,19 @@ class _Refused(Exception):
         self.over = over
 
 
+_Change = Callable[[QuotaRecord | None], Awaitable[QuotaRecord | None]]
+
+
 class QuotaStore(BucketStore):
     BUCKET = BUCKET
     DESCRIPTION = "souq quotas: each scope's limits and ledger"
     WHAT = _WHAT
+
+    def __init__(self, kv: KeyValue, clock: Clock | None = None) -> None:
+        super().__init__(kv, clock)
+        self._queues: dict[str, list[tuple[_Change, asyncio.Future[QuotaRecord | None]]]] = {}
+        self._draining: set[str] = set()
+        self._parsed: dict[str, tuple[int, QuotaRecord]] = {}  # the last read, by revision
 
     async def read(self, key: str) -> tuple[QuotaRecord | None, int]:
         """The record of ``key`` and its revision (0: none)."""
@@ -97,35 +107,84 @@ class QuotaStore(BucketStore):
             return None, 0
         except (nats.errors.Error, nats.js.errors.Error) as exc:
             raise unavailable(_WHAT, exc) from exc
+        revision = entry.revision or 0
         if not entry.value:
-            return None, entry.revision or 0
-        return QuotaRecord.model_validate_json(entry.value), entry.revision or 0
+            return None, revision
+        seen = self._parsed.get(key)
+        if seen is not None and seen[0] == revision:
+            return seen[1], revision  # unchanged since: not parsed again
+        record = QuotaRecord.model_validate_json(entry.value)
+        self._parsed[key] = (revision, record)
+        return record, revision
 
-    async def change(
-        self,
-        key: str,
-        change: Callable[[QuotaRecord | None], Awaitable[QuotaRecord | None]],
-    ) -> QuotaRecord | None:
-        """Apply ``change`` to the record of ``key`` by compare-and-set, re-reading and
-        re-applying while another writer got there first; ``change`` returning the record it
-        was given (or None for none) writes nothing."""
+    async def change(self, key: str, change: _Change) -> QuotaRecord | None:
+        """Apply ``change`` to the record of ``key`` by compare-and-set; ``change`` returning
+        the record it was given (or None for none) writes nothing.
+
+        Group commit: the changes this broker asks of one key while a write of it is under way
+        wait, then go in one compare-and-set, each applied to the record as the ones before it
+        left it (a change that raises is left out, and its caller gets the error). Another
+        broker having written first, the batch is re-read and re-applied: exact, and one write
+        per batch rather than one per create racing on the key."""
+        future: asyncio.Future[QuotaRecord | None] = asyncio.get_running_loop().create_future()
+        self._queues.setdefault(key, []).append((change, future))
+        if key not in self._draining:
+            self._draining.add(key)
+            asyncio.get_running_loop().create_task(self._drain(key))
+        return await future
+
+    async def _drain(self, key: str) -> None:
+        try:
+            while self._queues.get(key):
+                batch = self._queues.pop(key)
+                try:
+                    await self._commit(key, batch)
+                except BaseException as exc:  # the store failed: every change of the batch
+                    for _, future in batch:
+                        if not future.done():
+                            future.set_exception(exc)
+                    if not isinstance(exc, Exception):
+                        raise
+        finally:
+            self._draining.discard(key)
+
+    async def _commit(
+        self, key: str, batch: list[tuple[_Change, asyncio.Future[QuotaRecord | None]]]
+    ) -> None:
         for attempt in range(_ATTEMPTS):
             record, revision = await self.read(key)
-            new = await change(record)
-            if new is None or new is record:
-                return record
-            body = new.model_dump_json().encode()
-            try:
-                if revision == 0:
-                    await self._kv.create(key, body)
+            current = record
+            outcomes: list[tuple[asyncio.Future[QuotaRecord | None], Any]] = []
+            for change, future in batch:
+                try:
+                    new = await change(current)
+                except Exception as exc:  # this change's own refusal: the others go on
+                    outcomes.append((future, exc))
+                    continue
+                current = current if new is None else new
+                outcomes.append((future, current))
+            if current is not record and current is not None:
+                body = current.model_dump_json().encode()
+                try:
+                    if revision == 0:
+                        written = await self._kv.create(key, body)
+                    else:
+                        written = await self._kv.update(key, body, last=revision)
+                    self._parsed[key] = (written, current)
+                except nats.js.errors.KeyWrongLastSequenceError:
+                    # Another broker wrote first: back off a little, at random, and re-apply.
+                    await asyncio.sleep(random.uniform(0, 0.002 * min(attempt + 1, 10)))
+                    continue
+                except (nats.errors.Error, nats.js.errors.Error) as exc:
+                    raise unavailable(_WHAT, exc) from exc
+            for future, outcome in outcomes:
+                if future.done():
+                    continue
+                if isinstance(outcome, Exception):
+                    future.set_exception(outcome)
                 else:
-                    await self._kv.update(key, body, last=revision)
-                return new
-            except nats.js.errors.KeyWrongLastSequenceError:
-                # Another broker wrote first: back off a little, at random, and re-check.
-                await asyncio.sleep(random.uniform(0, 0.002 * min(attempt + 1, 10)))
-            except (nats.errors.Error, nats.js.errors.Error) as exc:
-                raise unavailable(_WHAT, exc) from exc
+                    future.set_result(outcome)
+            return
         raise Unavailable(
             f"{_WHAT}: key {key} changed under every one of {_ATTEMPTS} tries",
             hint="too many creates race on one quota; try again",

@@ -136,11 +136,14 @@ def _num(value: float) -> str:
 
 def use_of(entries: Iterable[QuotaEntry], *, pending: bool | None = None) -> QuotaUse:
     """The sum of ``entries`` (``pending``: only those, or only the held ones)."""
-    total = QuotaUse()
+    cpus, memory_mb, machines = 0.0, 0, 0
     for entry in entries:
         if pending is None or (entry.deadline_ms is not None) is pending:
-            total = total.plus(entry.use)
-    return total
+            use = entry.use
+            cpus += use.cpus
+            memory_mb += use.memory_mb
+            machines += use.machines
+    return QuotaUse(cpus=round(cpus, 3), memory_mb=memory_mb, machines=machines)
 
 
 def excess(record: QuotaRecord, asked: QuotaUse) -> Excess | None:
