@@ -18,7 +18,7 @@ from souq.model.quota import (
     reconciled,
     released,
     reserved,
-    use_of,
+    use_of_record,
 )
 
 ONE = QuotaUse(cpus=1, memory_mb=256, machines=1)
@@ -55,10 +55,10 @@ def test_a_ledger_admits_up_to_its_limit_and_names_the_first_it_would_pass() -> 
 def test_a_settled_create_is_held_per_machine_and_a_destroy_releases_it() -> None:
     r = reserved(record(machines=3), pending("batch", QuotaUse(cpus=3, memory_mb=0, machines=3)))
     r = held(r, "batch", {"m1": ONE, "m2": ONE})  # one of three placed
-    assert set(r.entries) == {"m1", "m2"}
-    assert use_of(r.entries.values()).machines == 2
-    assert use_of(released(r, ["m1"]).entries.values()).machines == 1
-    assert held(reserved(r, pending("x")), "x", {}).entries == r.entries  # none made: dropped
+    assert set(r.held) == {"m1", "m2"} and not r.pending
+    assert use_of_record(r).machines == 2
+    assert use_of_record(released(r, ["m1"])).machines == 1
+    assert held(reserved(r, pending("x")), "x", {}) == r  # none made: dropped
 
 
 def test_a_dead_brokers_reservation_is_reconciled_only_past_its_deadline() -> None:
@@ -66,9 +66,10 @@ def test_a_dead_brokers_reservation_is_reconciled_only_past_its_deadline() -> No
     r = reserved(r, pending("made", deadline_ms=1_000))
     cluster = [machine("m9", "made")]
     early = reconciled(r, cluster, apps={"web"}, now_ms=999)
-    assert set(early.entries) == {"lost", "made"}  # still under way: counted, never dropped
+    assert set(early.pending) == {"lost", "made"}  # still under way: counted, never dropped
+    assert use_of_record(early).machines == 2
     late = reconciled(r, cluster, apps={"web"}, now_ms=1_000)
-    assert set(late.entries) == {"m9"}  # the lost one freed, the made one held
+    assert set(late.held) == {"m9"} and not late.pending  # the lost one freed, the made held
 
 
 def test_reconciling_drops_destroyed_machines_and_counts_those_never_counted() -> None:
@@ -81,7 +82,7 @@ def test_reconciling_drops_destroyed_machines_and_counts_those_never_counted() -
     ]
     r = reserved(r, pending("c", deadline_ms=5_000))
     out = reconciled(r, cluster, apps={"web"}, now_ms=2_000)
-    assert set(out.entries) == {"m2", "c"}
+    assert set(out.held) == {"m2"} and set(out.pending) == {"c"}
     assert BATCH_MARK == "~b"
 
 

@@ -51,6 +51,7 @@ from souq.model.quota import (
     released,
     reserved,
     use_of,
+    use_of_record,
 )
 
 if TYPE_CHECKING:
@@ -341,7 +342,7 @@ class Quotas:
         store = await self._store()
 
         async def change(record: QuotaRecord | None) -> QuotaRecord | None:
-            if record is None or taken.request_id not in record.entries:
+            if record is None or taken.request_id not in record.pending:
                 return record
             return held(record, taken.request_id, machines)
 
@@ -359,7 +360,7 @@ class Quotas:
         store = await self._store()
 
         async def change(record: QuotaRecord | None) -> QuotaRecord | None:
-            if record is None or not any(m in record.entries for m in machine_ids):
+            if record is None or not any(m in record.held for m in machine_ids):
                 return record
             return released(record, machine_ids)
 
@@ -396,15 +397,9 @@ class Quotas:
                     over = excess(record, growth)
                     if over is not None:
                         raise _Refused(over)
-                old = record.entries.get(machine_id)
-                entry = QuotaEntry(
-                    app=app,
-                    request_id=old.request_id if old else "",
-                    machine_ids=[machine_id],
-                    use=size.model_copy(update={"machines": 1}),
-                    priority_class=old.priority_class if old else "",
-                )
-                return record.model_copy(update={"entries": {**record.entries, machine_id: entry}})
+                old = record.held.get(machine_id)
+                now = (size.cpus, size.memory_mb, old[2] if old else "")
+                return record.model_copy(update={"held": {**record.held, machine_id: now}})
 
             return change
 
@@ -459,12 +454,12 @@ class Quotas:
 
 
 def view_of(record: QuotaRecord) -> QuotaView:
-    pending = [e for e in record.entries.values() if e.deadline_ms is not None]
+    pending = list(record.pending.values())
     return QuotaView(
         scope=record.scope,
         name=record.name,
         limits=record.limits,
-        use=use_of(record.entries.values()),
+        use=use_of_record(record),
         pending=use_of(pending),
         pending_creates=len(pending),
     )

@@ -36,6 +36,7 @@ __all__ = [
     "DIMENSIONS",
     "ClusterMachine",
     "Excess",
+    "Held",
     "QuotaEntry",
     "QuotaLimits",
     "QuotaRecord",
@@ -48,6 +49,7 @@ __all__ = [
     "released",
     "reserved",
     "use_of",
+    "use_of_record",
 ]
 
 Scope = Literal["app", "org"]
@@ -84,10 +86,12 @@ class QuotaEntry(Record):
 
     app: str
     request_id: str = Field(description="the create that made it (pending: its key)")
-    machine_ids: list[str] = Field(default_factory=list, description="held: the machines")
     use: QuotaUse
     deadline_ms: int | None = Field(default=None, description="pending until then; held: null")
     priority_class: str = Field(default="", description="'': no class (classes do not exist)")
+
+
+Held = tuple[float, int, str]  # a machine's (cpus, memory_mb, priority class): compact on purpose
 
 
 class QuotaRecord(Record):
@@ -96,7 +100,12 @@ class QuotaRecord(Record):
     scope: Scope
     name: str
     limits: QuotaLimits
-    entries: dict[str, QuotaEntry] = Field(default_factory=dict)
+    pending: dict[str, QuotaEntry] = Field(
+        default_factory=dict, description="creates under way, by request id"
+    )
+    held: dict[str, Held] = Field(
+        default_factory=dict, description="machines counted: id → (cpus, memory_mb, class)"
+    )
 
 
 class QuotaView(Record):
@@ -134,21 +143,29 @@ def _num(value: float) -> str:
     return f"{value:g}"
 
 
-def use_of(entries: Iterable[QuotaEntry], *, pending: bool | None = None) -> QuotaUse:
-    """The sum of ``entries`` (``pending``: only those, or only the held ones)."""
+def use_of(entries: Iterable[QuotaEntry], held: Iterable[Held] = ()) -> QuotaUse:
+    """The sum of ``entries`` and ``held`` machines."""
     cpus, memory_mb, machines = 0.0, 0, 0
     for entry in entries:
-        if pending is None or (entry.deadline_ms is not None) is pending:
-            use = entry.use
-            cpus += use.cpus
-            memory_mb += use.memory_mb
-            machines += use.machines
+        use = entry.use
+        cpus += use.cpus
+        memory_mb += use.memory_mb
+        machines += use.machines
+    for machine_cpus, machine_memory, _ in held:
+        cpus += machine_cpus
+        memory_mb += machine_memory
+        machines += 1
     return QuotaUse(cpus=round(cpus, 3), memory_mb=memory_mb, machines=machines)
+
+
+def use_of_record(record: QuotaRecord) -> QuotaUse:
+    """What ``record``'s scope holds, its creates under way included."""
+    return use_of(record.pending.values(), record.held.values())
 
 
 def excess(record: QuotaRecord, asked: QuotaUse) -> Excess | None:
     """The first limit of ``record`` that its use plus ``asked`` would pass; None: it fits."""
-    use = use_of(record.entries.values())
+    use = use_of_record(record)
     for dimension in DIMENSIONS:
         limit = getattr(record.limits, dimension)
         want = getattr(asked, dimension)
@@ -162,32 +179,30 @@ def excess(record: QuotaRecord, asked: QuotaUse) -> Excess | None:
 
 def reserved(record: QuotaRecord, entry: QuotaEntry) -> QuotaRecord:
     """``record`` with ``entry`` pending under its request id."""
-    return record.model_copy(update={"entries": {**record.entries, entry.request_id: entry}})
+    return record.model_copy(update={"pending": {**record.pending, entry.request_id: entry}})
 
 
 def held(record: QuotaRecord, request_id: str, machines: Mapping[str, QuotaUse]) -> QuotaRecord:
-    """The pending ``request_id`` turned into one held entry per machine made (none made: it
+    """The pending ``request_id`` turned into one held machine per machine made (none made: it
     is dropped)."""
-    entries = dict(record.entries)
-    pending = entries.pop(request_id, None)
-    app = pending.app if pending else ""
-    klass = pending.priority_class if pending else ""
+    pending = dict(record.pending)
+    entry = pending.pop(request_id, None)
+    klass = entry.priority_class if entry else ""
+    kept = dict(record.held)
     for machine_id, use in machines.items():
-        entries[machine_id] = QuotaEntry(
-            app=app,
-            request_id=request_id,
-            machine_ids=[machine_id],
-            use=use,
-            priority_class=klass,
-        )
-    return record.model_copy(update={"entries": entries})
+        kept[machine_id] = (use.cpus, use.memory_mb, klass)
+    return record.model_copy(update={"pending": pending, "held": kept})
 
 
 def released(record: QuotaRecord, keys: Iterable[str]) -> QuotaRecord:
-    """``record`` without the entries of ``keys`` (machine ids or request ids)."""
+    """``record`` without the machines (or creates) of ``keys``."""
     gone = set(keys)
-    entries = {k: e for k, e in record.entries.items() if k not in gone}
-    return record.model_copy(update={"entries": entries})
+    return record.model_copy(
+        update={
+            "pending": {k: e for k, e in record.pending.items() if k not in gone},
+            "held": {k: h for k, h in record.held.items() if k not in gone},
+        }
+    )
 
 
 @dataclass(frozen=True)
@@ -221,37 +236,28 @@ def reconciled(
     by_request: dict[str, list[ClusterMachine]] = {}
     for machine in by_id.values():
         by_request.setdefault(_request_of(machine.request_id), []).append(machine)
-    entries: dict[str, QuotaEntry] = {}
-    for key, entry in record.entries.items():
-        if entry.deadline_ms is None:
-            found = by_id.get(key)
-            if found is None:
-                entries[key] = entry
-            elif not found.destroyed:  # its size as it is (an update's)
-                entries[key] = entry.model_copy(update={"use": found.use})
-        elif entry.deadline_ms > now_ms:
-            entries[key] = entry  # its create is under way
-        else:  # its broker never settled it: the machines of its request that exist
-            made = [m for m in by_request.get(entry.request_id, []) if not m.destroyed]
-            entries.update(_held_entry(m, entry.priority_class) for m in made)
-    counted = {m for e in entries.values() for m in e.machine_ids}
-    pending = {e.request_id for e in entries.values() if e.deadline_ms is not None}
+    kept: dict[str, Held] = {}
+    for machine_id, size in record.held.items():
+        found = by_id.get(machine_id)
+        if found is None:
+            kept[machine_id] = size
+        elif not found.destroyed:  # its size as it is (an update's)
+            kept[machine_id] = (found.use.cpus, found.use.memory_mb, size[2])
+    pending: dict[str, QuotaEntry] = {}
+    for request_id, entry in record.pending.items():
+        if entry.deadline_ms is None or entry.deadline_ms > now_ms:
+            pending[request_id] = entry  # its create is under way
+            continue
+        # Its broker never settled it: the machines of its request that exist.
+        for m in by_request.get(request_id, []):
+            if not m.destroyed:
+                kept[m.machine_id] = (m.use.cpus, m.use.memory_mb, entry.priority_class)
     for machine in by_id.values():
-        if machine.destroyed or machine.machine_id in counted:
+        if machine.destroyed or machine.machine_id in kept:
             continue
         if _request_of(machine.request_id) not in pending:  # else: the pending entry counts it
-            entries.update([_held_entry(machine, "")])
-    return record.model_copy(update={"entries": entries})
-
-
-def _held_entry(machine: ClusterMachine, priority_class: str) -> tuple[str, QuotaEntry]:
-    return machine.machine_id, QuotaEntry(
-        app=machine.app,
-        request_id=_request_of(machine.request_id),
-        machine_ids=[machine.machine_id],
-        use=machine.use,
-        priority_class=priority_class,
-    )
+            kept[machine.machine_id] = (machine.use.cpus, machine.use.memory_mb, "")
+    return record.model_copy(update={"pending": pending, "held": kept})
 
 
 def _request_of(request_id: str) -> str:
