@@ -346,11 +346,13 @@ class Quotas:
                 return record
             return held(record, taken.request_id, machines)
 
-        for key in taken.keys:
+        async def settle_on(key: str) -> None:
             try:
                 await store.change(key, change)
             except Unavailable as exc:
                 log.warning("quota %s: create %s left pending: %s", key, taken.request_id, exc)
+
+        await asyncio.gather(*(settle_on(key) for key in taken.keys))  # the scopes at once
 
     async def release(self, app: str, machine_ids: list[str]) -> None:
         """Machines of ``app`` destroyed: their use given back (best effort: reconciliation

@@ -7,7 +7,8 @@ machines) counted against the limits —
 
 * **pending**: reserved by a broker for a create under way, keyed by the create's request id,
   with a ``deadline_ms``. Its create answered, it becomes held (or is dropped, refused).
-* **held**: keyed by the machine's id, no deadline; a destroy drops it.
+* **held**: keyed by the machine's id, its size only (compact: the whole record is written at
+  every change); a destroy drops it.
 
 A pending entry whose deadline passed (its broker crashed between reserving and the claim's
 answer) is *reconciled* (:func:`reconciled`) against the machines the cluster has: held if a
@@ -16,9 +17,9 @@ machine of that request id exists, dropped if none does. A held entry whose mach
 way; machines the cluster has that the ledger lacks (made before the quota was set) are added.
 So the ledger never leaks for good, and never admits a create past a limit.
 
-Per priority class: each entry carries its ``priority_class`` (``""``: none), so that limits per
-class (``classes: {name: QuotaLimits}``) can be checked against the entries of that class only
-when classes exist; today every entry is of class ``""``.
+Per priority class: each entry (and held machine) carries its priority class (``""``: none),
+so that limits per class (``classes: {name: QuotaLimits}``) can be checked against the entries
+of that class only when classes exist; today every entry is of class ``""``.
 """
 
 from __future__ import annotations
