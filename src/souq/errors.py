@@ -15,6 +15,7 @@ tree at the boundary that catches them, so nothing above a boundary handles fore
     │   └── TraceInvalid           422 trace_invalid     (a bad trace row: file, line, column)
     ├── Unauthorized               401 unauthorized      (no token, or one that is not valid)
     ├── Forbidden                  403 forbidden         (a valid token outside its scope)
+    │   └── QuotaExceeded          403 quota_exceeded    (a create would pass a quota's limit)
     ├── PayloadTooLarge            413 payload_too_large (a request body over the route's limit)
     ├── TooManyRequests            429 too_many_requests (a client over its share, e.g. streams)
     ├── NotFound                   404 not_found
@@ -78,6 +79,7 @@ __all__ = [
     "NobodySubscribed",
     "NotFound",
     "PayloadTooLarge",
+    "QuotaExceeded",
     "QuoteExpired",
     "QuoteUsed",
     "SecretsUnavailable",
@@ -163,6 +165,11 @@ class Unauthorized(SouqError, status="unauthorized", http_status=401): ...
 
 
 class Forbidden(SouqError, status="forbidden", http_status=403): ...
+
+
+class QuotaExceeded(Forbidden, status="quota_exceeded"):
+    """A create (or an update's growth) would pass a quota: ``details`` name the scope, the
+    quota (``cpus``, ``memory_mb``, ``machines``), its limit, its use and what was asked."""
 
 
 class PayloadTooLarge(SouqError, status="payload_too_large", http_status=413): ...

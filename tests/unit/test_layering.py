@@ -125,6 +125,7 @@ PUBLIC = {
         "NoReply",
         "NotFound",
         "PayloadTooLarge",
+        "QuotaExceeded",
         "QuoteExpired",
         "QuoteUsed",
         "SecretsUnavailable",

@@ -46,6 +46,7 @@ from souq.broker.http_errors import install_error_handlers
 from souq.broker.image_routes import images_router
 from souq.broker.lifecycle_routes import lifecycle_router
 from souq.broker.machine_tools_routes import machine_tools_router
+from souq.broker.quota_routes import quotas_router
 from souq.broker.release_routes import releases_router
 from souq.broker.request_context import RequestContext
 from souq.broker.sched_routes import sched_router
@@ -203,6 +204,7 @@ def create_app(
     api.include_router(apps_router(service))  # /v1/apps, /v1/apps/{app}: the app resource
     api.include_router(machine_tools_router(service))  # a machine's exec, ps, metadata, cordon
     api.include_router(volumes_router(service))  # /v1/apps/{app}/volumes: Fly's volumes
+    api.include_router(quotas_router(service))  # /v1/apps/{app}/quota, /v1/orgs/{org}/quota
     inner: ASGIApp = CreateFastPath(api, create)
     if guard is not None:
         api.include_router(tokens_router(guard))

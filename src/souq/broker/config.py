@@ -45,6 +45,11 @@ class BrokerConfig(BaseModel):
         description="how long in all a claim may wait on a worker whose heartbeats still "
         "arrive (a busy one), sent again every `claim_timeout_s`, before it is given up",
     )
+    quota_reservation_s: Seconds = Field(
+        default=120.0,
+        description="a create's quota reservation stands this long unsettled (its broker "
+        "gone); then it is reconciled against the machines that exist (docs/quotas.md)",
+    )
     command_timeout_s: Seconds = Field(
         default=10.0, description="how long a worker may take to answer a command"
     )

@@ -33,6 +33,7 @@ from souq.broker.networks import AppNetworks
 from souq.broker.orders import order as order_of
 from souq.broker.orders import placement_of, worker_of_quote
 from souq.broker.outage import BusGuard
+from souq.broker.quotas import Quotas, use_of_config
 from souq.broker.schemas import CreateMachineRequest, QuoteRequest
 from souq.broker.streams import StreamSlots
 from souq.broker.volumes import BrokerVolumes
@@ -67,6 +68,7 @@ from souq.model import (
 from souq.model.batch import BatchCreateRequest, BatchResult
 from souq.model.machine import MachineConfig
 from souq.model.protocol import Lease, LeaseRequest, StartCommand, UpdateCommand
+from souq.model.quota import BATCH_MARK
 from souq.placement import Pipeline
 from souq.protocol import Verb, WorkerClient
 from souq.protocol import verbs as v
@@ -113,6 +115,7 @@ class BrokerService:
         # secret set just before a create is in the machine (the worker waits to have read it).
         self.secrets_version = 0
         self.volumes = BrokerVolumes(self)  # souq.broker.volumes
+        self.quotas = Quotas(self, self._clock, deadline_s=config.quota_reservation_s)
         self.streams = StreamSlots(  # event and log streams open (souq.broker.streams)
             per_client=config.streams_per_client, total=config.streams_total
         )
@@ -246,12 +249,14 @@ class BrokerService:
                 order = await self._with_image(order)
                 order = order.model_copy(update={"network": await self.networks.of(app)})
                 order, volume = await self.volumes.mount_of(order)
-                if body.quote is not None:
-                    machine = await self._create_with_quote(order, body.quote)
-                else:
-                    machine = await self.market.place(
-                        order, idempotent=idempotency_key is not None, volume=volume
-                    )
+                async with self.quotas.counting(app, request_id, order.config) as made:
+                    if body.quote is not None:
+                        machine = await self._create_with_quote(order, body.quote)
+                    else:
+                        machine = await self.market.place(
+                            order, idempotent=idempotency_key is not None, volume=volume
+                        )
+                    made.append(machine)
             except SouqError as exc:
                 # Cut short by an outage, a placement is unavailable, whatever it ended as.
                 err = exc if self.connected else bus_unavailable()
@@ -288,15 +293,18 @@ class BrokerService:
         self.require_bus()
         self.volumes.refuse_mounts(body.config, "a batch")
         image = await self.images.of_config(body.config, app)
+        request_id = new_request_id()
         try:
-            result = await self.market.place_batch(
-                app,
-                body,
-                request_id=new_request_id(),
-                body_hash=body_hash(body),
-                image=image,
-                network=await self.networks.of(app),
-            )
+            async with self.quotas.counting(app, request_id, body.config, count=body.count) as made:
+                result = await self.market.place_batch(
+                    app,
+                    body,
+                    request_id=request_id + BATCH_MARK,
+                    body_hash=body_hash(body),
+                    image=image,
+                    network=await self.networks.of(app),
+                )
+                made.extend(result.machines)
         except SouqError as exc:
             if not self.connected:
                 raise bus_unavailable() from exc
@@ -493,7 +501,10 @@ class BrokerService:
         self.require_bus()
         image = await self.images.of_config(config, app)
         config = await self.volumes.named_for(app, machine_id, config)
-        grace = await self._stop_timeout(app, machine_id)
+        current = await self.get_machine(app, machine_id)
+        grace = current.config.stop_config.timeout_s
+        before, after = use_of_config(current.config), use_of_config(config)
+        await self.quotas.grow(app, machine_id, before, after)  # 403 past a quota
         cmd = UpdateCommand(
             app=app,
             machine_id=machine_id,
@@ -504,7 +515,10 @@ class BrokerService:
             min_secrets_version=min_secrets_version,
             lease_nonce=nonce,
         )
-        return self._seen(await self._ask(machine_id, v.UPDATE, cmd, extra_s=grace + 60))
+        updated = self._seen(await self._ask(machine_id, v.UPDATE, cmd, extra_s=grace + 60))
+        if after.cpus < before.cpus or after.memory_mb < before.memory_mb:
+            await self.quotas.resized(app, machine_id, after)  # a shrink counts once done
+        return updated
 
     async def signal_machine(
         self, app: str, machine_id: str, signal: str, *, nonce: str | None = None
@@ -527,7 +541,9 @@ class BrokerService:
         cmd = DestroyCommand(
             app=app, machine_id=machine_id, force=force, graceful=graceful, lease_nonce=nonce
         )
-        return self._seen(await self._ask(machine_id, v.DESTROY, cmd, extra_s=grace))
+        destroyed = self._seen(await self._ask(machine_id, v.DESTROY, cmd, extra_s=grace))
+        await self.quotas.release(app, [machine_id])  # its quota given back
+        return destroyed
 
     # -- leases ----------------------------------------------------------------------------
 

@@ -32,6 +32,7 @@ if TYPE_CHECKING:  # a record loads when a call first reads one (souq.model is l
     from souq.model.image import ImageRecord
     from souq.model.machine_tools import ExecReply, ProcessStat
     from souq.model.protocol import Lease
+    from souq.model.quota import QuotaView
     from souq.model.release import NewRelease, Release, ReleaseState
     from souq.model.secrets import SecretInfo
     from souq.model.tokens import AuditRecord, TokenInfo
@@ -258,6 +259,21 @@ class SouqClient(SchedCalls):
 
     def create_volume(self, app: str, body: Mapping[str, Any]) -> Volume:
         return _one(records.Volume, self._call("POST", f"/v1/apps/{app}/volumes", json=dict(body)))
+
+    def quota(self, app: str, *, org: bool = False) -> QuotaView:
+        """``app``'s quota (``org``: the organization ``app`` names), its limits and use."""
+        from souq.model.quota import QuotaView
+
+        return _one(QuotaView, self._call("GET", _quota_path(app, org)))
+
+    def set_quota(self, app: str, limits: Mapping[str, Any], *, org: bool = False) -> QuotaView:
+        """Replace the limits (a key left out: none on it)."""
+        from souq.model.quota import QuotaView
+
+        return _one(QuotaView, self._call("PUT", _quota_path(app, org), json=dict(limits)))
+
+    def clear_quota(self, app: str, *, org: bool = False) -> None:
+        self._call("DELETE", _quota_path(app, org))
 
     def volumes(self, app: str) -> list[Volume]:
         return _many(records.Volume, self._call("GET", f"/v1/apps/{app}/volumes"))
@@ -488,6 +504,10 @@ def _leased(nonce: str | None) -> dict[str, str] | None:
 
 def _without_none(values: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in values.items() if v is not None}
+
+
+def _quota_path(name: str, org: bool) -> str:
+    return f"/v1/orgs/{name}/quota" if org else f"/v1/apps/{name}/quota"
 
 
 def _one(model: type[M], response: httpx.Response) -> M:

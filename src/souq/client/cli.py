@@ -574,6 +574,7 @@ for _module, _register in (
     ("cluster_cli", "register_cluster"),
     ("secrets_cli", "register_secrets"),
     ("volumes_cli", "register_volumes"),  # Fly's volumes
+    ("quota_cli", "register_quota"),  # quotas of apps and organizations
     ("jobs_cli", "register_jobs"),  # batch jobs: the /sched API
     ("simulate_cli", "register_simulate"),
     ("machine_tools_cli", "register_machine_tools"),  # machine exec, ps, metadata, cordon

@@ -301,6 +301,13 @@ def broker(
             "gpu_workload (docs/placement.md).",
         ),
     ] = None,
+    quota_reservation_s: Annotated[
+        float | None,
+        typer.Option(
+            "--quota-reservation",
+            help="Seconds a create's quota reservation stands unsettled (default 120).",
+        ),
+    ] = None,
     log_format: LogFormatOpt = LogFormat.TEXT,
 ) -> None:
     """Run a broker (the HTTP API) in the foreground."""
