@@ -136,11 +136,15 @@ def test_a_create_waits_for_the_secrets_version_and_a_retry_stays_one_request(
     if cluster.auth:
         headers["Authorization"] = f"Bearer {cluster.auth.admin()}"
     body = {"region": "mad", "config": {"cmd": SHOW}}
-    made = httpx.post(f"{cluster.api_url}/v1/apps/{app}/machines", json=body, headers=headers)
+    made = httpx.post(
+        f"{cluster.api_url}/v1/apps/{app}/machines", json=body, headers=headers, timeout=60
+    )
     assert made.status_code == 201, made.text
     assert env_seen(cluster, made.json()["id"])["FIRST"] == "one-value"
     client.set_secrets(app, {"SECOND": "two-value"})  # the broker's version moves on
-    again = httpx.post(f"{cluster.api_url}/v1/apps/{app}/machines", json=body, headers=headers)
+    again = httpx.post(
+        f"{cluster.api_url}/v1/apps/{app}/machines", json=body, headers=headers, timeout=60
+    )
     assert again.status_code in (200, 201), again.text
     assert again.json()["id"] == made.json()["id"]
     ahead = httpx.post(

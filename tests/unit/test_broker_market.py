@@ -84,14 +84,14 @@ async def test_an_unanswered_claim_is_never_made_on_another_worker() -> None:
     mute = FakeWorker(bus, "wmute", allocated=Resources(cpus=2, memory_mb=2048))
     mute.silent_claims = True
     spare = FakeWorker(bus, "wspare")
-    service = await started_service(bus, mute, spare, claim_timeout_s=0.05)
+    service = await started_service(bus, mute, spare, claim_timeout_s=0.05, claim_patience_s=0.2)
 
     with pytest.raises(Unavailable) as caught:
         await service.create_machine("web", create_body())
 
     assert caught.value.http_status == 503
     assert "wmute" in caught.value.message and "may have been made" in caught.value.message
-    assert len(mute.claims) == 2
+    assert len(mute.claims) >= 2  # sent again while it is heard, then once more
     assert {c.request_id for c in mute.claims} == {mute.claims[0].request_id}
     assert spare.claims == []
 

@@ -20,6 +20,7 @@ from souq.agent.operations import OpEvent, OpKind, advance
 from souq.agent.records import MachineRow, Source
 from souq.clock import Clock
 from souq.errors import (
+    ClaimRefused,
     Conflict,
     IdempotencyConflict,
     IllegalTransition,
@@ -46,7 +47,7 @@ from souq.model.protocol import (
     WaitCommand,
 )
 from souq.model.services import MachineAddress
-from souq.network.addresses import network_of
+from souq.network.addresses import UNKNOWN_NETWORK, network_of
 from souq.secrets.redact import redact
 
 __all__ = ["LOG_POLL_S", "Commands"]
@@ -191,6 +192,13 @@ class Commands:
         internal = config.internal_ports()
         ex = self._ex
         if ex.addresses is not None and config.driver == "sandbox":
+            if network == UNKNOWN_NETWORK:
+                raise ClaimRefused(
+                    "the app's private network is not known (its broker could not read the "
+                    "app's record) and every sandboxed machine here gets a private address",
+                    hint="retry once JetStream answers, or use a worker without a private network",
+                    details={"reason": "network_unknown"},
+                )
             private = ex.addresses.take(machine_id, network or network_of(DEFAULT_ORG))
             return MachineAddress(
                 host=private.ip4,

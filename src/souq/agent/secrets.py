@@ -36,7 +36,9 @@ log = logging.getLogger(__name__)
 
 _RETRY_S = 1.0
 _UNMADE_RETRY_S = 0.25  # the bucket a broker makes as it starts: bound soon after
-_CATCH_UP_S = 5.0  # how long a claim waits for the mirror to read its secrets version
+# How long a claim waits for the mirror to read its secrets version: well inside the broker's
+# claim timeout (5 s), so that a version no worker reads is refused, not taken for a lost answer.
+_CATCH_UP_S = 2.0
 
 
 class AgentSecrets:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
@@ -30,7 +31,6 @@ from souq.errors import (
     ClaimRefused,
     InsufficientCapacity,
     InvalidInput,
-    NobodySubscribed,
     NoReply,
     SouqError,
     Unavailable,
@@ -325,15 +325,21 @@ class Market:
         timeout = timeout or self._config.claim_timeout_s
         clock, liveness = self._clock, self._liveness
         give_up = clock.monotonic() + self._config.claim_patience_s
+        sends = max(1, math.ceil(self._config.claim_patience_s / timeout))  # a bound in sends too
         while True:
             sent = clock.monotonic()
+            sends -= 1
             try:
                 answer = await self._workers.call_with_ledger(
                     worker_id, verb, body, timeout=timeout
                 )
             except NoReply:
                 now = clock.monotonic()
-                if now >= give_up or not liveness.heard_since(worker_id, sent - timeout):
+                if (
+                    now >= give_up
+                    or sends <= 0
+                    or not liveness.heard_since(worker_id, sent - timeout)
+                ):
                     raise
                 log.info(
                     "claim on %s unanswered for %.1fs; it is heard: sent again",
@@ -470,9 +476,11 @@ class Market:
             if not self._workers.connected:
                 raise
             log.info("claim on %s for %s unanswered: %s", worker_id, auction.order.request_id, exc)
-            if isinstance(exc, NobodySubscribed):  # it reached nobody: nothing was made
-                return auction.refused(worker_id, exc.status, now, silent=True)
-            return auction.unanswered(worker_id, exc.status, now)
+            if isinstance(exc, NoReply):  # no answer in time: it may have been carried out
+                return auction.unanswered(worker_id, exc.status, now)
+            # It reached nobody (NobodySubscribed), or the worker answered that it cannot now:
+            # nothing was made, the next worker is tried.
+            return auction.refused(worker_id, exc.status, now, silent=True)
         return auction.claimed(worker_id, answers, now, ledger=ledger)
 
     async def _ask(self, auction: Auction, action: AskOffers, timeout: float | None) -> list[Offer]:

@@ -3,7 +3,9 @@ the app's own ``network``, else its organization's), as the broker sends it with
 
 Read from the app's record (:mod:`souq.broker.app_store`) at the app's first create on this
 broker and remembered: an app's network never changes while it exists. An app that was never
-created is on the default organization's network. A broker whose bus is not NATS (in-memory
+created is on the default organization's network. While the app's record cannot be read (JetStream
+unavailable) the network is :data:`~souq.network.addresses.UNKNOWN_NETWORK`: only a worker
+without a private network takes such a claim. A broker whose bus is not NATS (in-memory
 tests) has no app records: every app is on the default network there.
 """
 
@@ -13,8 +15,9 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from souq.broker.app_store import AppStore
+from souq.errors import Unavailable
 from souq.model.app import DEFAULT_ORG, AppRecord
-from souq.network.addresses import network_of
+from souq.network.addresses import UNKNOWN_NETWORK, network_of
 
 __all__ = ["AppNetworks"]
 
@@ -37,8 +40,14 @@ class AppNetworks:
             return known
         if not self._has_store():  # an in-memory bus: no app records, one network
             return network_of(DEFAULT_ORG)
-        # Unavailable (JetStream down) fails the create: never a machine on the wrong network.
-        record = await (await self._store()).get(app)
+        # JetStream unavailable: the network is not known, and nothing is remembered. A worker
+        # without a private network takes the machine all the same; one with it refuses the
+        # claim (never a machine on the wrong network), and the create goes on elsewhere.
+        try:
+            record = await (await self._store()).get(app)
+        except Unavailable as exc:
+            log.info("the network of %s is not known now: %s", app, exc)
+            return UNKNOWN_NETWORK
         return self.remember(app, record)
 
     def remember(self, app: str, record: AppRecord | None) -> str:

@@ -30,6 +30,7 @@ import nats.js.errors
 from nats.js.kv import KeyValue
 
 from souq.broker.app_store import AppStore
+from souq.broker.quota_scopes import QuotaScopes
 from souq.bus.jetstream import BucketStore, OnFirstUse, unavailable
 from souq.clock import Clock
 from souq.errors import QuotaExceeded, Unavailable
@@ -215,6 +216,18 @@ class Quotas:
         self.deadline_s = deadline_s  # a reservation's: past it, reconciliation decides
         self._store = OnFirstUse(lambda: QuotaStore.open(service.nats_client())).get
         self._apps = OnFirstUse(lambda: AppStore.open(service.nats_client())).get
+        self.scopes = QuotaScopes(self._bucket)
+
+    async def _bucket(self) -> KeyValue:
+        return (await self._store()).bucket
+
+    def start(self) -> None:
+        """Watch which scopes have a quota (see :mod:`souq.broker.quota_scopes`)."""
+        if self.enabled:
+            self.scopes.start()
+
+    async def close(self) -> None:
+        await self.scopes.close()
 
     @property
     def enabled(self) -> bool:
@@ -232,6 +245,10 @@ class Quotas:
     async def org_of(self, app: str) -> str:
         record = await (await self._apps()).get(app)
         return record.org_slug if record is not None else DEFAULT_ORG
+
+    def _none_for(self, app: str) -> bool:
+        """Known (the watch) that no scope ``app`` counts in has a quota."""
+        return self.scopes.without_quota(key_of("app", app))
 
     async def _keys_of(self, app: str) -> list[str]:
         """The scopes ``app`` counts in, the org's first."""
@@ -295,7 +312,7 @@ class Quotas:
         """Reserve ``use`` for the create ``request_id`` on every scope of ``app`` with a
         quota; :class:`QuotaExceeded` (nothing kept) when one would pass a limit."""
         taken = Reservation(request_id)
-        if not self.enabled:
+        if not self.enabled or self._none_for(app):
             return taken
         store = await self._store()
         entry = QuotaEntry(
@@ -357,7 +374,7 @@ class Quotas:
     async def release(self, app: str, machine_ids: list[str]) -> None:
         """Machines of ``app`` destroyed: their use given back (best effort: reconciliation
         drops what a failure here leaves)."""
-        if not self.enabled:
+        if not self.enabled or self._none_for(app):
             return
         store = await self._store()
 
@@ -387,7 +404,7 @@ class Quotas:
     async def resized(
         self, app: str, machine_id: str, size: QuotaUse, *, growth: QuotaUse | None = None
     ) -> None:
-        if not self.enabled:
+        if not self.enabled or self._none_for(app):
             return
         store = await self._store()
 

@@ -146,6 +146,7 @@ class BrokerService:
         await self.liveness.start()
         self.bus.install()
         await self._make_stores()
+        self.quotas.start()
 
     async def _make_stores(self) -> None:
         """Make the buckets agents read (images, secrets) now: agents only bind to them, so
@@ -157,6 +158,7 @@ class BrokerService:
             log.info("the image and secrets stores are not made yet: %s", exc)
 
     async def close(self) -> None:
+        await self.quotas.close()
         await self.bus.close()
         await self.view.close()
         await self.liveness.close()

@@ -209,6 +209,10 @@ class BucketStore:
         self._kv = kv
         self._clock = clock or SystemClock()
 
+    @property
+    def bucket(self) -> KeyValue:
+        return self._kv
+
     @classmethod
     async def open(cls, nc: Client) -> Self:
         """The store, its bucket made on first use (:func:`open_key_value`)."""

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from souq.bus.transport import Handler, bus_unavailable
-from souq.errors import NobodySubscribed, NoReply, Unavailable
+from souq.errors import NobodySubscribed, NoReply
 
 __all__ = ["MemoryTransport", "subject_matches"]
 
@@ -98,8 +98,9 @@ class MemoryTransport:
             reply = await asyncio.wait_for(self._spawn(targets[0], subject, data), timeout)
         except TimeoutError as exc:
             raise NoReply(f"no reply on {subject} within {timeout:g}s") from exc
-        if reply is None:
-            raise Unavailable(f"no reply on {subject}")
+        if reply is None:  # a handler that never answers: the requester's deadline passes
+            await asyncio.sleep(timeout)
+            raise NoReply(f"no reply on {subject} within {timeout:g}s")
         return reply
 
     async def gather(

@@ -39,6 +39,7 @@ __all__ = [
     "DNS_ADDRESS",
     "GATEWAY4",
     "GATEWAY6",
+    "UNKNOWN_NETWORK",
     "V4_RANGE",
     "AddressPool",
     "PrivateAddress",
@@ -53,6 +54,9 @@ __all__ = [
 ]
 
 CLUSTER_PREFIX = ipaddress.IPv6Network("fdaa::/16")
+# A claim's network when its broker could not read the app's record (JetStream unavailable):
+# a worker without a private network takes the machine; one with it refuses it, never guessing.
+UNKNOWN_NETWORK = "?"
 DNS_ADDRESS = "fdaa::3"  # the worker's DNS server: one address on every worker
 GATEWAY6 = "fe80::1"  # the host side of every machine's link
 GATEWAY4 = "169.254.0.1"  # likewise for IPv4 (link-local: never routed)
