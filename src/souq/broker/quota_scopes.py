@@ -10,37 +10,35 @@ is made, and the scope's next reconciliation (before a refusal, and on ``GET``) 
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import logging
 from collections.abc import Awaitable, Callable
 
-import nats.errors
 from nats.js.kv import KeyValue
+
+from souq.bus.jetstream import BucketWatch
 
 __all__ = ["QuotaScopes"]
 
-log = logging.getLogger(__name__)
-
-_RETRY_S = 1.0  # the watch starts again this long after it failed (NATS down, no JetStream)
 _GONE = ("DEL", "PURGE")
 
 
 class QuotaScopes:
     def __init__(self, bucket: Callable[[], Awaitable[KeyValue]]) -> None:
-        self._bucket = bucket
         self.keys: set[str] = set()
         self.known = False  # the keys were delivered once and the watch runs
-        self._task: asyncio.Task[None] | None = None
+        self._watch = BucketWatch(
+            bucket,
+            lambda entry: self.applied(entry.key, entry.operation),
+            name="souq-quotas",
+            on_synced=self._synced,
+            on_lost=self._lost,
+            meta_only=True,
+        )
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._watch(), name="souq-quotas")
+        self._watch.start()
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        await self._watch.close()
 
     def without_quota(self, app_key: str) -> bool:
         """Whether it is known that neither ``app_key`` nor any organization has a quota."""
@@ -56,28 +54,10 @@ class QuotaScopes:
         else:
             self.keys.add(key)
 
-    async def _watch(self) -> None:
-        while True:
-            try:
-                kv = await self._bucket()
-                watcher = await kv.watchall(meta_only=True)
-                try:
-                    while True:
-                        try:
-                            entry = await watcher.updates(timeout=3600)  # type: ignore[no-untyped-call]
-                        except nats.errors.TimeoutError:
-                            continue
-                        if entry is None:  # the keys there were are all delivered
-                            self.known = True
-                            continue
-                        self.applied(entry.key, entry.operation)
-                finally:
-                    self.known = False
-                    with contextlib.suppress(Exception):
-                        await watcher.stop()  # type: ignore[no-untyped-call]
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # NATS down or no JetStream: ask JetStream meanwhile
-                log.info("quota scopes: the watch stopped (%s); trying again", exc)
-                self.keys.clear()
-                await asyncio.sleep(_RETRY_S)
+    def _synced(self) -> None:
+        self.known = True
+
+    def _lost(self, exc: Exception | None) -> None:
+        self.known = False
+        if exc is not None:
+            self.keys.clear()  # the next watch delivers them all again

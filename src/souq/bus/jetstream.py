@@ -11,6 +11,7 @@ copies (the cluster grew from one server) is given more when a daemon opens it."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import os
@@ -31,6 +32,7 @@ from souq.errors import InvalidInput, Unavailable
 __all__ = [
     "REPLICAS_ENV",
     "BucketStore",
+    "BucketWatch",
     "OnFirstUse",
     "key_value",
     "keys_written",
@@ -241,3 +243,66 @@ class OnFirstUse(Generic[T]):
                 if self._value is None:
                     self._value = await self._open()
         return self._value
+
+
+class BucketWatch:
+    """A watch of a key-value bucket that keeps running: each entry (a put, a delete) to
+    ``on_entry``, the end of the first pass over what the bucket holds to ``on_synced``, and
+    ``on_lost`` when the watch stops (NATS down, no JetStream, no bucket yet), after which it
+    starts again ``retry_s`` later, from the bucket's present values. ``meta_only``: keys and
+    operations, no values."""
+
+    def __init__(
+        self,
+        bucket: Callable[[], Awaitable[KeyValue]],
+        on_entry: Callable[[KeyValue.Entry], None],
+        *,
+        name: str,
+        on_synced: Callable[[], None] = lambda: None,
+        on_lost: Callable[[Exception | None], None] = lambda _exc: None,
+        meta_only: bool = False,
+        retry_s: float = 1.0,
+    ) -> None:
+        self._bucket = bucket
+        self._on_entry = on_entry
+        self._on_synced = on_synced
+        self._on_lost = on_lost
+        self._meta_only = meta_only
+        self._retry_s = retry_s
+        self._name = name
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._watch(), name=self._name)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def _watch(self) -> None:
+        while True:
+            try:
+                kv = await self._bucket()
+                watcher = await kv.watchall(meta_only=self._meta_only)
+                try:
+                    while True:
+                        try:
+                            entry = await watcher.updates(timeout=3600)  # type: ignore[no-untyped-call]
+                        except nats.errors.TimeoutError:
+                            continue
+                        if entry is None:  # the bucket's present values are all in
+                            self._on_synced()
+                        else:
+                            self._on_entry(entry)
+                finally:
+                    self._on_lost(None)
+                    with contextlib.suppress(Exception):
+                        await watcher.stop()  # type: ignore[no-untyped-call]
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # NATS down, no JetStream, no bucket yet: again later
+                log.info("%s: the watch stopped (%s); trying again", self._name, exc)
+                self._on_lost(exc)
+                await asyncio.sleep(self._retry_s)

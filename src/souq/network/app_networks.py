@@ -10,15 +10,14 @@ record is told (``on_change``) so that the names re-scope its machines.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 
-import nats.errors
 from nats.aio.client import Client
+from nats.js.kv import KeyValue
 from pydantic import ValidationError
 
-from souq.bus.jetstream import open_key_value
+from souq.bus.jetstream import BucketWatch, open_key_value
 from souq.model.app import DEFAULT_ORG, AppRecord
 from souq.network.names import Scope
 
@@ -27,7 +26,6 @@ __all__ = ["AppNetworks", "scope_of_record"]
 log = logging.getLogger(__name__)
 
 BUCKET = "souq-apps"  # souq.broker.app_store's (named here: no I/O layer imports the broker's)
-_RETRY_S = 1.0
 DEFAULT_SCOPE = Scope(DEFAULT_ORG)
 
 
@@ -43,20 +41,27 @@ class AppNetworks:
         self._client = client
         self._on_change = on_change
         self._scopes: dict[str, Scope] = {}
-        self._task: asyncio.Task[None] | None = None
         self.seen = asyncio.Event()  # the first pass over the bucket is done
+        self._watch = BucketWatch(
+            self._bucket,
+            lambda entry: self.apply(entry.key, entry.value),
+            name="souq-app-nets",
+            on_synced=self.seen.set,
+        )
+
+    async def _bucket(self) -> KeyValue:
+        return await open_key_value(
+            self._client, BUCKET, "souq apps", what="the app store", make=False
+        )
 
     def scope_of(self, app: str) -> Scope:
         return self._scopes.get(app, DEFAULT_SCOPE)
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._watch(), name="souq-app-nets")
+        self._watch.start()
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        await self._watch.close()
 
     def apply(self, app: str, value: bytes | None) -> None:
         """One key's value as the watch gives it (None or empty: the app was deleted)."""
@@ -73,29 +78,3 @@ class AppNetworks:
             else:
                 self._scopes[app] = scope
             self._on_change(app)
-
-    async def _watch(self) -> None:
-        while True:
-            try:
-                kv = await open_key_value(
-                    self._client, BUCKET, "souq apps", what="the app store", make=False
-                )
-                watcher = await kv.watchall()
-                try:
-                    while True:
-                        try:
-                            entry = await watcher.updates(timeout=3600)  # type: ignore[no-untyped-call]
-                        except nats.errors.TimeoutError:
-                            continue
-                        if entry is None:  # the bucket's present values are all in
-                            self.seen.set()
-                            continue
-                        self.apply(entry.key, entry.value)
-                finally:
-                    with contextlib.suppress(Exception):
-                        await watcher.stop()  # type: ignore[no-untyped-call]
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # NATS down, no JetStream, no bucket yet: again later
-                log.debug("the names' app networks: the watch stopped (%s); trying again", exc)
-                await asyncio.sleep(_RETRY_S)
