@@ -10,8 +10,6 @@ so they go with it. A revocation is never taken back: make a new token instead.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import logging
 import time
@@ -23,7 +21,7 @@ from nats.aio.client import Client
 from nats.js.kv import KeyValue
 
 from souq.auth.tokens import Verifier
-from souq.bus.jetstream import OnFirstUse, live_keys, open_key_value, unavailable
+from souq.bus.jetstream import BucketWatch, OnFirstUse, live_keys, open_key_value, unavailable
 
 __all__ = ["BUCKET", "Revocations"]
 
@@ -31,7 +29,6 @@ log = logging.getLogger(__name__)
 
 BUCKET = "souq-revoked"
 _WHAT = "the revocation list"
-_RETRY_S = 1.0  # the watch starts again this long after it failed (NATS down, no JetStream)
 
 
 class Revocations:
@@ -42,15 +39,17 @@ class Revocations:
         made is watched (the proxy's: it may read the bucket, not make it)."""
         self._verifier = verifier
         self._bucket = OnFirstUse(lambda: _open(client(), make=make))
-        self._task: asyncio.Task[None] | None = None
+        self._watch = BucketWatch(self._bucket.get, self._applied, name="souq-revoked")
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._watch(), name="souq-revoked")
+        self._watch.start()
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        await self._watch.close()
+
+    def _applied(self, entry: KeyValue.Entry) -> None:
+        if entry.value:
+            self._verifier.revoke(entry.key)
 
     async def revoke(self, token_id: str, by: str) -> None:
         """Record the revocation (every broker's watch applies it; this one at once)."""
@@ -72,28 +71,6 @@ class Revocations:
         except (nats.errors.Error, nats.js.errors.Error) as exc:
             raise unavailable(_WHAT, exc) from exc
         return out
-
-    async def _watch(self) -> None:
-        while True:
-            try:
-                kv = await self._bucket.get()
-                watcher = await kv.watchall()
-                try:
-                    while True:
-                        try:
-                            entry = await watcher.updates(timeout=3600)  # type: ignore[no-untyped-call]
-                        except nats.errors.TimeoutError:
-                            continue  # nothing revoked for an hour
-                        if entry is not None and entry.value:
-                            self._verifier.revoke(entry.key)
-                finally:
-                    with contextlib.suppress(Exception):
-                        await watcher.stop()  # type: ignore[no-untyped-call]
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # NATS down or no JetStream: try again, keep serving
-                log.warning("revoked tokens: the watch stopped (%s); trying again", exc)
-                await asyncio.sleep(_RETRY_S)
 
 
 async def _open(nc: Client, *, make: bool = True) -> KeyValue:
