@@ -10,17 +10,27 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from souq.drivers import rootfs
 from souq.testing import Cluster
 
 
 @contextmanager
-def isolated_cluster(prefix: str) -> Iterator[Cluster]:
+def machines_root(prefix: str) -> Iterator[Path]:
+    """A directory under /var/tmp, mode 0711 (each machine's uid reaches its own directory),
+    removed afterwards with whatever its agents left mounted in it taken down first (an agent
+    that leaves its machines be keeps their volumes and roots mounted)."""
     root = Path(tempfile.mkdtemp(prefix=prefix, dir="/var/tmp"))
     root.chmod(0o711)
     try:
-        with Cluster(root, regions={}) as c:
-            c.add_agent("mad", machine_user=None, default_driver=None)
-            c.wait_for_workers()
-            yield c
+        yield root
     finally:
+        rootfs.unmount_under(root)
         shutil.rmtree(root, ignore_errors=True)
+
+
+@contextmanager
+def isolated_cluster(prefix: str) -> Iterator[Cluster]:
+    with machines_root(prefix) as root, Cluster(root, regions={}) as c:
+        c.add_agent("mad", machine_user=None, default_driver=None)
+        c.wait_for_workers()
+        yield c

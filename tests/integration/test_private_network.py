@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import shutil
-import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +20,7 @@ from souq.model.machine import Machine, MachineState
 from souq.network import links
 from souq.network.addresses import CLUSTER_PREFIX, network_bits, network_of
 from souq.testing import Cluster, ProxyProcess, wait_until
+from tests.isolated import machines_root
 
 PYTHON = "/usr/bin/python3"
 _SERVE = (
@@ -56,12 +55,8 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def root() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="souq-pnet-", dir="/var/tmp"))
-    path.chmod(0o711)
-    try:
+    with machines_root("souq-pnet-") as path:
         yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

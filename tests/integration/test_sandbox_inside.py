@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,10 +17,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from souq.drivers import rootfs, sandbox
+from souq.drivers import sandbox
 from souq.images import layout_tar, pack_directory
 from souq.model.machine import Machine, MachineState
 from souq.testing import AgentProcess, Cluster, ProxyProcess, wait_until
+from tests.isolated import machines_root
 
 ECHO = Path(__file__).with_name("echo_app.py")
 BUSYBOX = shutil.which("busybox")
@@ -39,14 +39,8 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def root() -> Iterator[Path]:
-    # Not under pytest's base (0700, root's): each machine's uid must reach its directory.
-    path = Path(tempfile.mkdtemp(prefix="souq-inside-", dir="/var/tmp"))
-    path.chmod(0o711)
-    try:
+    with machines_root("souq-inside-") as path:
         yield path
-    finally:
-        rootfs.unmount_under(path)  # its agent leaves its machines' mounts (and machines) be
-        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
