@@ -39,3 +39,34 @@ def test_nats_gather_from_collects_one_reply_per_subject(nats_url: str) -> None:
             await workers.close()
 
     asyncio.run(main())
+
+
+def test_nats_flush_means_new_subscriptions_are_live(nats_url: str) -> None:
+    """After ``subscribe`` and ``flush`` another client's request reaches the subscriber:
+    never "no responders" (the client library's PING once overtook the queued SUBs of a
+    new connection, about one time in twenty)."""
+
+    async def echo(subject: str, data: bytes) -> bytes:
+        return data
+
+    async def main() -> None:
+        broker = await connect(nats_url, name="broker")
+        missed = []
+        try:
+            for n in range(60):
+                workers = await connect(nats_url, name=f"workers-{n}")
+                try:
+                    subjects = [f"t.live.{n}.{k}" for k in range(3)]
+                    for subject in subjects:
+                        await workers.subscribe(subject, echo)
+                    await workers.flush()
+                    replies = await broker.gather_from(subjects, b"x", timeout=5)
+                    if len(replies) != len(subjects):
+                        missed.append(n)
+                finally:
+                    await workers.close()
+        finally:
+            await broker.close()
+        assert missed == []
+
+    asyncio.run(main())
