@@ -55,7 +55,16 @@ for line in sys.stdin:
         subprocess.run(argv, env=req["env"], user=uid, group=uid, extra_groups=[],
                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL, check=False)
+    # What the session's kill missed (bwrap's own child leads a session of its own,
+    # --new-session) is the launcher's child once its parent dies (a subreaper): kill it too.
     while True:
+        left = [int(pid) for task in os.listdir("/proc/self/task")
+                for pid in open(f"/proc/self/task/{task}/children").read().split()]
+        for pid in left if req.get("kill") else ():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         try:
             os.waitpid(-1, 0)
         except ChildProcessError:
