@@ -31,3 +31,18 @@ def test_every_lazy_export_is_its_modules_object() -> None:
     for name in souq.model.__all__:
         module = importlib.import_module(souq.model._WHERE[name])
         assert getattr(souq.model, name) is getattr(module, name), name
+
+
+def test_the_command_line_runs_as_a_module_too() -> None:
+    """``python -m souq.client.cli`` (the file as ``__main__``) has every command, as
+    ``python -m souq`` and the ``souq`` script do."""
+    for argv in (["-m", "souq.client.cli"], ["-m", "souq"]):
+        done = subprocess.run(
+            [sys.executable, *argv, "--help"],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr[-500:]
+        assert "machine" in done.stdout and "agent" in done.stdout, argv

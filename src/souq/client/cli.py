@@ -565,19 +565,24 @@ def workers_uncordon(worker_id: WorkerArg, as_json: JsonOpt = False) -> None:
 
 
 # The other commands live in their own modules; each adds itself to ``app`` (they use the helpers
-# above, so they come after them).
+# above, so they come after them). Run as ``python -m souq.client.cli`` this file is
+# ``__main__`` and the modules import it again as ``souq.client.cli``: that one registers them.
 for _module, _register in (
-    ("daemons", "register_daemons"),  # agent, broker, fleet, dev
-    ("images", "register_images"),
-    ("apps_cli", "register_apps"),
-    ("auth_cli", "register_auth"),
-    ("cluster_cli", "register_cluster"),
-    ("secrets_cli", "register_secrets"),
-    ("volumes_cli", "register_volumes"),  # Fly's volumes
-    ("quota_cli", "register_quota"),  # quotas of apps and organizations
-    ("jobs_cli", "register_jobs"),  # batch jobs: the /sched API
-    ("simulate_cli", "register_simulate"),
-    ("machine_tools_cli", "register_machine_tools"),  # machine exec, ps, metadata, cordon
+    ()
+    if __name__ == "__main__"
+    else (
+        ("daemons", "register_daemons"),  # agent, broker, fleet, dev
+        ("images", "register_images"),
+        ("apps_cli", "register_apps"),
+        ("auth_cli", "register_auth"),
+        ("cluster_cli", "register_cluster"),
+        ("secrets_cli", "register_secrets"),
+        ("volumes_cli", "register_volumes"),  # Fly's volumes
+        ("quota_cli", "register_quota"),  # quotas of apps and organizations
+        ("jobs_cli", "register_jobs"),  # batch jobs: the /sched API
+        ("simulate_cli", "register_simulate"),
+        ("machine_tools_cli", "register_machine_tools"),  # machine exec, ps, metadata, cordon
+    )
 ):
     getattr(importlib.import_module(f"souq.client.{_module}"), _register)(app)
 
@@ -585,3 +590,9 @@ for _module, _register in (
 def main() -> None:
     """The ``souq`` console script."""
     app(prog_name="souq")
+
+
+if __name__ == "__main__":
+    from souq.client.cli import main as _main
+
+    _main()
