@@ -59,8 +59,9 @@ for line in sys.stdin:
     # --new-session) is the launcher's child once its parent dies (a subreaper): kill it too.
     while True:
         left = [int(pid) for task in os.listdir("/proc/self/task")
-                for pid in open(f"/proc/self/task/{task}/children").read().split()]
-        for pid in left if req.get("kill") else ():
+                for pid in open(f"/proc/self/task/{task}/children").read().split()
+                ] if req.get("kill") else []
+        for pid in left:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
