@@ -22,13 +22,16 @@ _GONE = ("DEL", "PURGE")
 
 
 class QuotaScopes:
-    def __init__(self, bucket: Callable[[], Awaitable[KeyValue]]) -> None:
+    def __init__(
+        self, bucket: Callable[[], Awaitable[KeyValue]], reconnects: Callable[[], int]
+    ) -> None:
         self.keys: set[str] = set()
         self.known = False  # the keys were delivered once and the watch runs
         self._watch = BucketWatch(
             bucket,
             lambda entry: self.applied(entry.key, entry.operation),
             name="souq-quotas",
+            reconnects=reconnects,
             on_synced=self._synced,
             on_lost=self._lost,
             meta_only=True,

@@ -31,7 +31,7 @@ from nats.js.kv import KeyValue
 
 from souq.broker.app_store import AppStore
 from souq.broker.quota_scopes import QuotaScopes
-from souq.bus.jetstream import BucketStore, OnFirstUse, unavailable
+from souq.bus.jetstream import BucketStore, OnFirstUse, reconnects, unavailable
 from souq.clock import Clock
 from souq.errors import QuotaExceeded, Unavailable
 from souq.model import Machine, MachineState
@@ -216,7 +216,7 @@ class Quotas:
         self.deadline_s = deadline_s  # a reservation's: past it, reconciliation decides
         self._store = OnFirstUse(lambda: QuotaStore.open(service.nats_client())).get
         self._apps = OnFirstUse(lambda: AppStore.open(service.nats_client())).get
-        self.scopes = QuotaScopes(self._bucket)
+        self.scopes = QuotaScopes(self._bucket, lambda: reconnects(service.nats_client()))
 
     async def _bucket(self) -> KeyValue:
         return (await self._store()).bucket

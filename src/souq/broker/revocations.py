@@ -21,7 +21,14 @@ from nats.aio.client import Client
 from nats.js.kv import KeyValue
 
 from souq.auth.tokens import Verifier
-from souq.bus.jetstream import BucketWatch, OnFirstUse, live_keys, open_key_value, unavailable
+from souq.bus.jetstream import (
+    BucketWatch,
+    OnFirstUse,
+    live_keys,
+    open_key_value,
+    reconnects,
+    unavailable,
+)
 
 __all__ = ["BUCKET", "Revocations"]
 
@@ -39,7 +46,12 @@ class Revocations:
         made is watched (the proxy's: it may read the bucket, not make it)."""
         self._verifier = verifier
         self._bucket = OnFirstUse(lambda: _open(client(), make=make))
-        self._watch = BucketWatch(self._bucket.get, self._applied, name="souq-revoked")
+        self._watch = BucketWatch(
+            self._bucket.get,
+            self._applied,
+            name="souq-revoked",
+            reconnects=lambda: reconnects(client()),
+        )
 
     def start(self) -> None:
         self._watch.start()

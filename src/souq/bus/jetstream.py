@@ -39,6 +39,7 @@ __all__ = [
     "live_keys",
     "object_store",
     "open_key_value",
+    "reconnects",
     "replicas_for",
     "stream",
     "unavailable",
@@ -245,12 +246,22 @@ class OnFirstUse(Generic[T]):
         return self._value
 
 
+def reconnects(client: Client) -> int:
+    """How many times ``client`` reconnected (what a :class:`BucketWatch` compares)."""
+    return int(client.stats["reconnects"])
+
+
 class BucketWatch:
     """A watch of a key-value bucket that keeps running: each entry (a put, a delete) to
     ``on_entry``, the end of the first pass over what the bucket holds to ``on_synced``, and
     ``on_lost`` when the watch stops (NATS down, no JetStream, no bucket yet), after which it
     starts again ``retry_s`` later, from the bucket's present values. ``meta_only``: keys and
-    operations, no values."""
+    operations, no values.
+
+    A watch that outlives a reconnection of its connection delivers nothing more (its ordered
+    consumer is gone with the server's state), and says nothing of it: so every ``check_s`` an
+    idle watch compares ``reconnects()`` (the connection's count, :func:`reconnects`) with the
+    count it started at, and starts again, at once, when it moved."""
 
     def __init__(
         self,
@@ -259,9 +270,11 @@ class BucketWatch:
         *,
         name: str,
         on_synced: Callable[[], None] = lambda: None,
+        reconnects: Callable[[], int],
         on_lost: Callable[[Exception | None], None] = lambda _exc: None,
         meta_only: bool = False,
         retry_s: float = 1.0,
+        check_s: float = 2.0,
     ) -> None:
         self._bucket = bucket
         self._on_entry = on_entry
@@ -269,6 +282,8 @@ class BucketWatch:
         self._on_lost = on_lost
         self._meta_only = meta_only
         self._retry_s = retry_s
+        self._reconnects = reconnects
+        self._check_s = check_s
         self._name = name
         self._task: asyncio.Task[None] | None = None
 
@@ -284,14 +299,18 @@ class BucketWatch:
     async def _watch(self) -> None:
         while True:
             try:
+                started_at = self._reconnects()
                 kv = await self._bucket()
                 watcher = await kv.watchall(meta_only=self._meta_only)
                 try:
                     while True:
                         try:
-                            entry = await watcher.updates(timeout=3600)  # type: ignore[no-untyped-call]
+                            entry = await watcher.updates(timeout=self._check_s)  # type: ignore[no-untyped-call]
                         except nats.errors.TimeoutError:
-                            continue
+                            if self._reconnects() == started_at:
+                                continue
+                            log.info("%s: NATS reconnected; the watch starts again", self._name)
+                            break
                         if entry is None:  # the bucket's present values are all in
                             self._on_synced()
                         else:

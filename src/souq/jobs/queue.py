@@ -18,7 +18,7 @@ from collections.abc import Callable
 from nats.aio.client import Client
 from nats.js.kv import KeyValue
 
-from souq.bus.jetstream import OnFirstUse
+from souq.bus.jetstream import OnFirstUse, reconnects
 from souq.clock import Clock
 from souq.errors import SouqError
 from souq.jobs.output import JobOutputs
@@ -50,7 +50,9 @@ class JobQueue:
         self._sweep_s = sweep_s
         self._task: asyncio.Task[None] | None = None
         self.watch = (
-            None if listener is None else JobWatch(self._bucket, listener, self._reconnects)
+            None
+            if listener is None
+            else JobWatch(self._bucket, listener, lambda: reconnects(self._client()))
         )
 
     async def store(self) -> JobStore:
@@ -59,9 +61,6 @@ class JobQueue:
     async def _bucket(self) -> KeyValue:
         await self.store()  # made on first use
         return await self._client().jetstream().key_value(BUCKET)
-
-    def _reconnects(self) -> int:
-        return int(self._client().stats["reconnects"])
 
     async def _open_periodic(self) -> PeriodicJobs:
         return await PeriodicJobs.open(self._client(), await self.store())

@@ -16,18 +16,14 @@ event stream (``GET /v1/events``) tells what :func:`souq.jobs.changes.change_of`
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
-import nats.errors
-import nats.js.errors
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 from pydantic import ValidationError
 
+from souq.bus.jetstream import BucketWatch
 from souq.clock import Clock, SystemClock
-from souq.errors import SouqError
 from souq.jobs.changes import JobMark, change_of, mark
 from souq.model.job import Job, JobChange
 
@@ -56,60 +52,37 @@ class JobWatch:
         retry_s: float = RETRY_S,
         clock: Clock | None = None,
     ) -> None:
-        self._open = open
         self._listener = listener
-        self._reconnects = reconnects
-        self._check_s = check_s
-        self._retry_s = retry_s
         self._clock = clock or SystemClock()
         self._since_ms = self._clock.now_ms()  # the first watch tells records changed since
         self._known: dict[str, JobMark] = {}
         self._caught_up = False  # the first watch delivered the queue as it was
-        self._task: asyncio.Task[None] | None = None
+        self._watch = BucketWatch(
+            open,
+            self._on_entry,
+            name="souq-jobs-watch",
+            on_synced=self._synced,
+            reconnects=reconnects,
+            retry_s=retry_s,
+            check_s=check_s,
+        )
         self.told = 0  # changes told (for tests and logs)
 
     def start(self) -> None:
         self._since_ms = self._clock.now_ms()
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="souq-jobs-watch")
+        self._watch.start()
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        await self._watch.close()
 
-    async def _run(self) -> None:
-        while True:
-            try:
-                await self._follow()
-            except (SouqError, nats.errors.Error, nats.js.errors.Error) as exc:
-                log.debug("the job watch stopped, starting again: %s", exc)
-            await asyncio.sleep(self._retry_s)
+    def _synced(self) -> None:
+        self._caught_up = True  # the records as they were are all delivered
 
-    async def _follow(self) -> None:
-        """Watch until the connection is lost (then return, to watch again)."""
-        reconnects = self._reconnects()
-        kv = await self._open()
-        watcher = await kv.watchall()
-        history = not self._caught_up  # the first watch's first records
-        try:
-            while True:
-                try:
-                    entry = await watcher.updates(timeout=self._check_s)  # type: ignore[no-untyped-call]
-                except TimeoutError:
-                    if self._reconnects() != reconnects:
-                        log.info("NATS reconnected: the job watch starts again")
-                        return
-                    continue
-                if entry is None:  # the records as they were are all delivered
-                    self._caught_up, history = True, False
-                elif entry.operation in (KV_DEL, KV_PURGE):
-                    self._known.pop(entry.key, None)
-                elif entry.value:
-                    self.on_record(entry.key, entry.value, history=history)
-        finally:
-            with contextlib.suppress(nats.errors.Error, nats.js.errors.Error):
-                await watcher.stop()  # type: ignore[no-untyped-call]
+    def _on_entry(self, entry: KeyValue.Entry) -> None:
+        if entry.operation in (KV_DEL, KV_PURGE):
+            self._known.pop(entry.key, None)
+        elif entry.value:
+            self.on_record(entry.key, entry.value, history=not self._caught_up)
 
     def on_record(self, key: str, value: bytes, *, history: bool = False) -> None:
         """One record of the bucket: remembered, and its change told (of a record the first

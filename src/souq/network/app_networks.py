@@ -17,7 +17,7 @@ from nats.aio.client import Client
 from nats.js.kv import KeyValue
 from pydantic import ValidationError
 
-from souq.bus.jetstream import BucketWatch, open_key_value
+from souq.bus.jetstream import BucketWatch, open_key_value, reconnects
 from souq.model.app import DEFAULT_ORG, AppRecord
 from souq.network.names import Scope
 
@@ -46,6 +46,7 @@ class AppNetworks:
             self._bucket,
             lambda entry: self.apply(entry.key, entry.value),
             name="souq-app-nets",
+            reconnects=lambda: reconnects(client),
             on_synced=self.seen.set,
         )
 
