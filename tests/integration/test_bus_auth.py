@@ -21,7 +21,7 @@ from nats.aio.msg import Msg
 
 from souq.auth.bus import NatsCredential, add_agent, credential, init_bus
 from souq.auth.files import AuthDir
-from souq.bus.nats import connect
+from souq.bus.nats import connect, flush_subscriptions
 from souq.dev import start_agent_process
 from souq.errors import Unauthorized, Unavailable
 from souq.images.store import ImageStore
@@ -65,7 +65,7 @@ class Conn:
             got.append(msg)
 
         await self.nc.subscribe(subject, cb=on)
-        await self.nc.flush()
+        await flush_subscriptions(self.nc)
         return got
 
 
@@ -152,7 +152,7 @@ def test_an_agent_cannot_command_workers_nor_speak_as_another(server: Server) ->
             ):
                 await mallory.nc.publish(subject, b"{}")
             await mallory.nc.publish(f"souq.hb.mad.{a}", b"{}")  # its own: allowed
-            await mallory.nc.flush()
+            await flush_subscriptions(mallory.nc)
             await settle((mallory, 8))
             assert to_other == [] and broadcasts == [] and events == [] and usage == []
             assert [m.subject for m in beats] == [f"souq.hb.mad.{a}"]
@@ -168,7 +168,7 @@ def test_an_agent_cannot_listen_beyond_its_own_verbs(server: Server) -> None:
         async with conn(server, agent(server, 0)) as mallory:
             for subject in (f"souq.worker.{b}.*", "souq.>", "souq.evt.>", "_INBOX.broker.>", ">"):
                 await mallory.nc.subscribe(subject)
-            await mallory.nc.flush()
+            await flush_subscriptions(mallory.nc)
             await settle((mallory, 5))
             assert len(mallory.violations()) == 5, mallory.errors
 
@@ -190,7 +190,7 @@ def test_replies_reach_only_the_requester(server: Server) -> None:
                 await worker.nc.publish(msg.reply, b"config of " + msg.subject.encode())
 
             await worker.nc.subscribe(f"souq.worker.{a}.*", cb=answer)
-            await worker.nc.flush()
+            await flush_subscriptions(worker.nc)
             await snoop.nc.subscribe("_INBOX.>")
             reply = await broker.nc.request(f"souq.worker.{a}.get", b"{}", timeout=2)
             assert reply.data == f"config of souq.worker.{a}.get".encode()
@@ -201,7 +201,7 @@ def test_replies_reach_only_the_requester(server: Server) -> None:
                 await proxy.nc.request(f"souq.worker.{a}.destroy", b"{}", timeout=SETTLE_S)
             # a reply only answers a request received: the worker cannot publish to inboxes
             await worker.nc.publish("_INBOX.broker.x", b"unasked")
-            await worker.nc.flush()
+            await flush_subscriptions(worker.nc)
             await settle((snoop, 1), (worker, 1), (proxy, 1))
             assert len(snoop.violations()) == 1, snoop.errors
             assert len(worker.violations()) == 1, worker.errors

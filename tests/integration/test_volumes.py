@@ -81,6 +81,15 @@ def volume_dir(cluster: Cluster, volume: dict[str, Any]) -> Path:
     return agent_of(cluster, volume["worker_id"]).data_dir / "volumes" / volume["id"]
 
 
+def written(path: Path) -> str | None:
+    """What a machine wrote to `path`, or None while it is not there yet (a file exists from
+    its open, before its write, so waiting on exists() races the writer)."""
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return None
+
+
 def machine_body(volume: str | None, script: str, *, name: str | None = None) -> dict[str, Any]:
     mount: dict[str, Any] = {"path": "/data"}
     if volume is not None:
@@ -182,8 +191,11 @@ def test_a_machine_mounts_its_volume_on_the_volumes_worker(
     assert m["config"]["mounts"] == [{"volume": vol["id"], "path": "/data", "name": "data"}]
     # The other worker was asked and skipped, and the record says why.
     assert m["placement"]["rejections"] == {"volume_elsewhere": 1}, m["placement"]
-    wait_until((home / "hello.txt").exists, timeout=30, message="the machine's file")
-    assert (home / "hello.txt").read_text() == f"hello from {m['id']}"
+    wait_until(
+        lambda: written(home / "hello.txt") == f"hello from {m['id']}",
+        timeout=30,
+        message="the machine's file",
+    )
     wait_until((home / "via-link.txt").exists, timeout=30, message="a file by the link")
     attached = fly.get(f"/apps/{app}/volumes/{vol['id']}").json()
     assert attached["attached_machine_id"] == m["id"]
@@ -219,8 +231,11 @@ def test_a_machine_mounts_its_volume_on_the_volumes_worker(
     m2 = again.json()
     assert m2["worker_id"] == vol["worker_id"]
     assert m2["config"]["mounts"][0]["volume"] == vol["id"]
-    wait_until((home / "read-back.txt").exists, timeout=30, message="the copy")
-    assert (home / "read-back.txt").read_text() == f"hello from {m['id']}"
+    wait_until(
+        lambda: written(home / "read-back.txt") == f"hello from {m['id']}",
+        timeout=30,
+        message="the copy",
+    )
     fly.delete(f"/apps/{app}/machines/{m2['id']}", params={"force": "true"})
 
 
@@ -250,7 +265,11 @@ def test_a_volume_outlives_a_kill_of_its_agent(fly: httpx.Client, cluster: Clust
     vol = fly.post(f"/apps/{app}/volumes", json=create_body()).json()
     m = fly.post(f"/apps/{app}/machines", json=machine_body(vol["id"], WRITE)).json()
     home = volume_dir(cluster, vol)
-    wait_until((home / "hello.txt").exists, timeout=30, message="the machine's file")
+    wait_until(
+        lambda: written(home / "hello.txt") == f"hello from {m['id']}",
+        timeout=30,
+        message="the machine's file",
+    )
     agent = agent_of(cluster, vol["worker_id"])
     agent.kill()
     agent.start()

@@ -271,13 +271,7 @@ class NatsTransport:
 
     async def flush(self, timeout: float = 2.0) -> None:
         try:
-            # nats-py writes a flush's PING straight to the socket, ahead of commands still
-            # queued for its flusher task (a SUB just made), so one PONG proves nothing about
-            # them. The flusher was woken when they were queued and has written them by the
-            # time the first PONG is read; the second PING follows them. So once this returns
-            # the server has every subscription made before it.
-            for _ in range(2):
-                await self._nc.flush(timeout=int(max(1, timeout)))
+            await flush_subscriptions(self._nc, timeout)
         except (nats.errors.Error, TimeoutError) as exc:
             raise Unavailable(f"NATS flush failed: {exc}") from exc
 
@@ -292,6 +286,17 @@ class NatsTransport:
                 await self._nc.drain()
             except (nats.errors.Error, TimeoutError):
                 await self._nc.close()
+
+
+async def flush_subscriptions(nc: Client, timeout: float = 2.0) -> None:
+    """Once this returns the server has every subscription made on `nc` before it.
+
+    nats-py writes a flush's PING straight to the socket, ahead of commands still queued for
+    its flusher task (a SUB just made), so one PONG proves nothing about them. The flusher was
+    woken when they were queued and has written them by the time the first PONG is read; the
+    second PING follows them."""
+    for _ in range(2):
+        await nc.flush(timeout=int(max(1, timeout)))
 
 
 def _refused(exc: BaseException) -> bool:
