@@ -61,7 +61,7 @@ from bench.stats import machine_line, percentile
 from bench.supervisors import REGION, SouqAgent
 from souq.bus import subjects
 from souq.bus.codec import encode, unwrap_as
-from souq.drivers import rootfs, sandbox
+from souq.drivers import rootfs, sandbox, userns
 from souq.drivers.identity import MachineIds
 from souq.drivers.programs import DEFAULT_PATH
 from souq.images import Image, pack_directory
@@ -226,15 +226,27 @@ def _ms(values: list[float]) -> dict[str, float]:
 
 
 def _parts(image_root: Path, root: Path, uid: int, rounds: int) -> dict[str, Any]:
-    """A sandboxed start's parts, each alone, interleaved: a user namespace of ``uid``, a
-    machine's root mounted whole (user namespace, idmapped mount, overlay) and the overlay
-    without the idmap; each then taken down."""
-    times: dict[str, list[float]] = {"userns": [], "root_mount": [], "overlay_alone": []}
+    """A sandboxed start's parts, each alone, interleaved: a user namespace of ``uid`` made
+    then and taken ready-made (:mod:`souq.drivers.userns`), a machine's root mounted whole
+    (user namespace, idmapped mount, overlay) and the overlay without the idmap; each then
+    taken down."""
+    times: dict[str, list[float]] = {
+        "userns": [],
+        "userns_ready": [],
+        "root_mount": [],
+        "overlay_alone": [],
+    }
     for r in range(rounds):
         t0 = time.perf_counter()
-        fd = rootfs._userns(uid)
+        fd = userns._mapped(userns._unshared(), uid)
         times["userns"].append(time.perf_counter() - t0)
         os.close(fd)
+        userns.USERNS.wait_ready(5)
+        t0 = time.perf_counter()
+        fd = userns.USERNS.take(uid)
+        times["userns_ready"].append(time.perf_counter() - t0)
+        os.close(fd)
+        userns.USERNS.wait_ready(5)
         for name, owner in (("root_mount", uid), ("overlay_alone", None)):
             machine_root = rootfs.MachineRoot(root / f"part-{name}-{r}", image_root, owner)
             t0 = time.perf_counter()
@@ -389,6 +401,7 @@ class Floors:
             image=sandbox.Image(images.small_root),
             overlay=self.machine_root.mount(persist=False),
             inner=(0, 0),
+            die_with_parent=True,  # as the agent's are (souq-waiter is their parent)
         )
         self.rootless_state = root / "runc-rootless"
         self.rootless_state.mkdir(mode=0o700)
@@ -517,6 +530,9 @@ def _run(root: Path, nats_url: str, events: ProcEvents, uid: int, rounds: int) -
         parts = _parts(images.small_root, root / "parts", uid, PARTS_ROUNDS)
         tables = _mount_tables(floors, events, marker)
         same_argv = _options(argv_seen) == _options(floors.bwrap_argv)
+        if not same_argv:
+            print(f"# bwrap as souq ran it: {argv_seen}", flush=True)
+            print(f"# bwrap as the floor runs it: {floors.bwrap_argv}", flush=True)
     finally:
         for agent in agents.values():
             agent.close()

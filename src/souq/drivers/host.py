@@ -41,6 +41,7 @@ from souq.drivers.cgroups import (
 from souq.drivers.exec import ExecDriver
 from souq.drivers.identity import BASE, MachineIds
 from souq.drivers.programs import DEFAULT_PATH, resolve_as, resolve_in_image
+from souq.drivers.userns import USERNS
 from souq.drivers.users import MachineUser
 from souq.limits import LOG_MAX_BYTES
 
@@ -78,6 +79,8 @@ class HostDriver:
         self.ids = ids  # a uid of each machine's own (souq.drivers.identity), or None
         self.default = default  # of a machine that names no driver: auto, exec or sandbox
         prune(self.cgroups.backend)
+        if self.sandbox and ids is not None and rootfs.can_mount():
+            USERNS.warm()  # machines of images mount their root through one (idmapped)
         self._pending_removal: set[asyncio.TimerHandle] = set()
 
     @property

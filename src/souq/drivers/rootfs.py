@@ -18,22 +18,23 @@ restart. The mounts outlive the agent (a machine keeps running through an agent 
 taken down when the machine is destroyed. A machine updated to another image mounts the new
 image's files at its next start (``layers/lower.image`` says which image ``lower`` holds).
 
-A machine that runs as root itself (``--machine-user root``) needs no idmap: its lower layer is
-the image's files as they are. The syscalls without a wrapper in Python (``open_tree``,
-``mount_setattr``, ``move_mount``, ``mount``, ``umount2``) are called through libc.
+The user namespace an idmapped mount maps through is made ahead of the start that needs it
+(:mod:`souq.drivers.userns`). A machine that runs as root itself (``--machine-user root``)
+needs no idmap: its lower layer is the image's files as they are. The syscalls without a
+wrapper in Python (``open_tree``, ``mount_setattr``, ``move_mount``, ``mount``, ``umount2``) are
+called through libc.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import errno
 import os
 import shutil
-import signal
 from pathlib import Path
 
 from souq.drivers.base import SpawnError
+from souq.drivers.userns import USERNS
 
 __all__ = ["MachineRoot", "can_mount", "mounts_under", "unmount_under"]
 
@@ -69,50 +70,9 @@ def can_mount() -> bool:
     return os.geteuid() == 0
 
 
-def _userns(uid: int) -> int:
-    """A descriptor of a user namespace in which 0 is ``uid`` outside: what an idmapped mount
-    maps through. A short-lived ``unshare --user cat`` makes it; its namespace outlives it by
-    the fd. It is spawned with ``posix_spawn`` (the agent is not forked), and it has unshared
-    once ``cat`` echoes a byte back: nothing polls for it."""
-    to_cat, cat_in = os.pipe2(os.O_CLOEXEC)
-    cat_out, from_cat = os.pipe2(os.O_CLOEXEC)
-    pid = None
-    try:
-        pid = os.posix_spawnp(
-            "unshare",
-            ["unshare", "--user", "--", "cat"],
-            {"PATH": os.environ.get("PATH", os.defpath)},
-            file_actions=[
-                (os.POSIX_SPAWN_DUP2, to_cat, 0),
-                (os.POSIX_SPAWN_DUP2, from_cat, 1),
-                (os.POSIX_SPAWN_OPEN, 2, os.devnull, os.O_WRONLY, 0),
-            ],
-        )
-        os.close(to_cat)
-        os.close(from_cat)
-        to_cat = from_cat = -1
-        os.write(cat_in, b"\n")
-        if os.read(cat_out, 1) != b"\n":
-            raise OSError(errno.ESRCH, "unshare --user exited without making the namespace")
-        for name in ("uid_map", "gid_map"):
-            with open(f"/proc/{pid}/{name}", "w") as f:
-                f.write(f"0 {uid} 1\n")
-        return os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
-    except OSError as exc:
-        raise SpawnError(f"cannot make the user namespace of uid {uid}: {exc}") from exc
-    finally:
-        if pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-        for fd in (to_cat, cat_in, cat_out, from_cat):
-            if fd >= 0:
-                os.close(fd)
-
-
 def _idmapped(source: Path, target: Path, uid: int) -> None:
     """Mount ``source`` at ``target``, read-only, its root-owned files seen as ``uid``'s."""
-    userns = _userns(uid)
+    userns = USERNS.take(uid)
     tree = -1
     try:
         tree = _check(
