@@ -12,6 +12,12 @@ the driver starts nothing). ``wrk``'s Lua script counts the answers by status (a
 and prints one JSON line at the end; the CPU each process used during the timed run is read
 from the kernel (psutil for the daemons, ``getrusage`` of the reaped ``wrk``).
 
+The cluster is run as a user runs it (``CREATES_SECURED=0`` for an open one): NATS users by
+nkey, API tokens and the audit log, as ``souq cluster init`` makes it. Beside the singles at
+1,000 workers, the CPU skeleton (:func:`bench.skeleton.cpu_stack`: the same route and token
+check, one NATS request to a worker that answers at once) is driven the same way, and each
+process's CPU per create is set against its skeleton's per request.
+
 Then create→started, as the ``spine`` suite measures it (real agents, real processes), beside
 its floor and its skeleton.
 
@@ -37,7 +43,7 @@ from typing import Any
 import httpx
 import psutil
 
-from bench import spine
+from bench import skeleton, spine
 from bench.stats import machine_line
 from souq.auth.bus import init_bus
 from souq.auth.files import AuthDir
@@ -49,6 +55,7 @@ APP = "bench"
 CONFIG = {"cmd": ["sleep", "3600"], "guest": {"cpus": 0.01, "memory_mb": 1}}
 FLEETS = (100, 1000, 5000)
 BATCH_FLEET = 1000
+SKELETON_FLEET = 1000  # the fleet size whose singles the CPU skeleton is set beside
 BATCH = 100
 THREADS = 2
 SINGLE_CONNECTIONS = 32
@@ -219,7 +226,7 @@ def _wrk(
 
 
 def _drive(
-    stack: Stack,
+    target: tuple[str, str, dict[str, int]],
     root: Path,
     path: str,
     body: dict[str, object],
@@ -227,13 +234,14 @@ def _drive(
     mode: str,
     duration_s: int,
 ) -> dict[str, Any]:
-    """A warm-up run (discarded), then the timed run, with each process's CPU over it."""
+    """A warm-up run (discarded), then the timed run, with each process's CPU over it.
+    ``target``: the base URL, the token to send ("": none) and the processes to measure."""
+    base, token, pids = target
     script = root / f"{mode}.lua"
     lua = LUA.replace("BODY", json.dumps(body)).replace("MARK", MARK)
-    script.write_text(lua.replace("TOKEN", stack.token))
-    url = stack.broker.url + path
+    script.write_text(lua.replace("TOKEN", token))
+    url = base + path
     _wrk(url, script, connections, WARMUP_S, mode)
-    pids = stack.pids()
     before = _cpu_s(pids)
     host0 = psutil.cpu_times()
     out, wall, wrk_cpu = _wrk(url, script, connections, duration_s, mode)
@@ -281,17 +289,50 @@ def singles(root: Path, workers: int, duration_s: int, *, secured: bool = False)
     body = {"region": REGION, "config": CONFIG}
     with _stack(root, workers, secured=secured) as stack:
         path = f"/v1/apps/{APP}/machines"
-        result = _drive(stack, root, path, body, SINGLE_CONNECTIONS, "single", duration_s)
+        target = (stack.broker.url, stack.token, stack.pids())
+        result = _drive(target, root, path, body, SINGLE_CONNECTIONS, "single", duration_s)
         result["creates_per_s"] = result.pop("ok_per_s")
         result["fleet_start_s"] = stack.fleet_start_s
+        result["secured"] = secured
     return {"workers": workers, **result}
+
+
+def skeleton_singles(root: Path, workers: int, duration_s: int, *, secured: bool) -> dict[str, Any]:
+    """The CPU skeleton (:func:`bench.skeleton.cpu_stack`) driven as :func:`singles` drives a
+    broker: the same route, body, connections and, ``secured``, a token it checks."""
+    body = {"region": REGION, "config": CONFIG}
+    root.mkdir(parents=True)
+    token, env = "", {}
+    if secured:
+        auth = AuthDir.create(root / "auth")
+        token, env = auth.admin(), {"SOUQ_AUTH_DIR": str(auth.path)}
+    with skeleton.cpu_stack(workers, env) as (url, pids):
+        path = f"/v1/apps/{APP}/machines"
+        result = _drive((url, token, pids), root, path, body, SINGLE_CONNECTIONS, "single",
+                        duration_s)  # fmt: skip
+    result["creates_per_s"] = result.pop("ok_per_s")
+    return {"workers": workers, "secured": secured, **result}
+
+
+def cpu_ratios(single: dict[str, Any], floor: dict[str, Any]) -> dict[str, float]:
+    """Souq's CPU per create against the skeleton's per request, process by process."""
+    ours, its = single["cpu_ms_per_ok_request"], floor["cpu_ms_per_ok_request"]
+    return {
+        "broker / skeleton front": round(ours["broker"] / its["front"], 2),
+        "fleet / skeleton workers": round(ours["fleet"] / its["workers"], 2),
+        "nats-server / skeleton's": round(ours["nats-server"] / its["nats-server"], 2),
+        "creates/s / skeleton's requests/s": round(
+            single["creates_per_s"] / floor["creates_per_s"], 2
+        ),
+    }
 
 
 def batches(root: Path, workers: int, duration_s: int) -> dict[str, Any]:
     body = {"region": REGION, "count": BATCH, "config": CONFIG}
     with _stack(root, workers) as stack:
         path = f"/v1/apps/{APP}/machines/batch"
-        result = _drive(stack, root, path, body, BATCH_CONNECTIONS, "batch", duration_s)
+        target = (stack.broker.url, stack.token, stack.pids())
+        result = _drive(target, root, path, body, BATCH_CONNECTIONS, "batch", duration_s)
         ok, seconds, placed = result["ok"], result["duration_s"], result["placed"]
         result["batches_per_s"] = result.pop("ok_per_s")
         result["batch"] = BATCH
@@ -307,14 +348,25 @@ def creates() -> None:
         raise SystemExit("wrk is not installed: `make bench` installs it (apt-get install wrk)")
     fleets = [int(n) for n in os.environ.get("CREATES_FLEETS", "").split(",") if n] or FLEETS
     duration_s = int(os.environ.get("CREATES_DURATION_S", DURATION_S))
+    secured = os.environ.get("CREATES_SECURED", "1") != "0"
     print(f"# creates benchmark — one broker, wrk — {machine_line()}", flush=True)
-    results: dict[str, Any] = {"duration_s": duration_s, "warmup_s": WARMUP_S, "config": CONFIG}
+    results: dict[str, Any] = {
+        "duration_s": duration_s,
+        "warmup_s": WARMUP_S,
+        "config": CONFIG,
+        "secured": secured,
+    }
     single: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="souq-bench-") as tmp:
         for n in fleets:
-            single[str(n)] = singles(Path(tmp) / f"single-{n}", n, duration_s)
+            single[str(n)] = singles(Path(tmp) / f"single-{n}", n, duration_s, secured=secured)
             print("single", n, json.dumps(single[str(n)]), flush=True)
         results["single"] = single
+        mid = SKELETON_FLEET if SKELETON_FLEET in fleets else fleets[0]
+        floor = skeleton_singles(Path(tmp) / "skeleton", mid, duration_s, secured=secured)
+        print("skeleton", mid, json.dumps(floor), flush=True)
+        results["skeleton_single"] = floor
+        results["cpu_per_create_vs_skeleton"] = cpu_ratios(single[str(mid)], floor)
         first, last = single[str(fleets[0])], single[str(fleets[-1])]
         ratio = last["creates_per_s"] / first["creates_per_s"]
         results[f"single_rate_ratio_{fleets[-1]}_vs_{fleets[0]}"] = round(ratio, 2)

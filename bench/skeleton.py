@@ -10,6 +10,14 @@ processes, measured in the same run as the spine's create→started.
 
 Run as a benchmark through :func:`measure`; the processes are ``python -m bench.skeleton
 worker NATS_URL NAME`` and ``python -m bench.skeleton front NATS_URL PORT``.
+
+**The CPU skeleton** (:func:`cpu_stack`, for the ``creates`` suite): the floor under a broker's
+and a hollow fleet's CPU per create. Its front answers Souq's own route, ``POST
+/v1/apps/{app}/machines``, checks the bearer token with Souq's verifier (the cluster's key from
+``SOUQ_AUTH_DIR``, as a broker does; none set: no check) and makes one NATS request to a worker
+picked in turn; ``python -m bench.skeleton hollow NATS_URL COUNT`` is that many workers in one
+process (one subscription) that answer at once, spawning nothing, as hollow workers do. Nothing
+is parsed, validated, recorded or announced.
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import httpx
@@ -49,6 +57,23 @@ def spawn(cmd: list[str]) -> subprocess.Popen[bytes]:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+
+
+async def _hollow(nats_url: str) -> None:
+    """Workers that answer a claim at once (one subscription for them all)."""
+    import nats
+
+    nc = await nats.connect(nats_url)
+    answer = json.dumps({"state": "started"}).encode()
+
+    async def claim(msg: Any) -> None:
+        await msg.respond(answer)
+
+    await nc.subscribe("skeleton.claim.*", cb=claim)
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    await stop.wait()
+    await nc.close()
 
 
 async def _worker(nats_url: str, name: str) -> None:
@@ -80,6 +105,12 @@ async def _worker(nats_url: str, name: str) -> None:
 def _front_app(nats_url: str, workers: int) -> Callable[..., Awaitable[None]]:
     import nats
 
+    from souq.auth.files import AuthDir
+    from souq.auth.tokens import Scope
+    from souq.errors import SouqError
+
+    auth = AuthDir.from_env(None)
+    verifier = auth.verifier() if auth is not None else None
     conn: dict[str, Any] = {}
     gatherings: dict[str, tuple[list[bytes], asyncio.Event]] = {}
     tokens = itertools.count()
@@ -143,7 +174,17 @@ def _front_app(nats_url: str, workers: int) -> Callable[..., Awaitable[None]]:
             body += message.get("body", b"")
             if not message.get("more_body"):
                 break
-        if scope["path"] == "/healthz":
+        status = 200
+        if scope["path"].startswith("/v1/apps/"):  # Souq's create route, its token checked
+            status = 201
+            try:
+                if verifier is not None:
+                    header = dict(scope["headers"]).get(b"authorization", b"").decode()
+                    verifier.authorize(header, app=scope["path"].split("/")[3], action=Scope.WRITE)
+                out = await place_direct(body)
+            except SouqError as exc:
+                status, out = exc.http_status, json.dumps({"status": exc.status}).encode()
+        elif scope["path"] == "/healthz":
             out = b"{}"
         elif scope["path"] == "/ready":
             out = await ready()
@@ -152,7 +193,7 @@ def _front_app(nats_url: str, workers: int) -> Callable[..., Awaitable[None]]:
         else:
             out = await place(body)
         headers = [(b"content-type", b"application/json")]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": out})
 
     return app
@@ -210,14 +251,44 @@ def _creates(client: httpx.Client, n: int, warmup: int, path: str) -> list[float
     return times
 
 
+@contextlib.contextmanager
+def cpu_stack(workers: int, env: dict[str, str]) -> Iterator[tuple[str, dict[str, int]]]:
+    """The CPU skeleton on a nats-server of its own: its front's URL and its processes' pids
+    (``front``, ``workers``, ``nats-server``); ``env`` for the front (``SOUQ_AUTH_DIR``)."""
+    port = free_port("127.0.0.1")
+    me = [sys.executable, "-m", "bench.skeleton"]
+    with NatsServer() as nats:
+        hollow = subprocess.Popen([*me, "hollow", nats.url])
+        front = subprocess.Popen(
+            [*me, "front", nats.url, str(port), str(workers)], env={**os.environ, **env}
+        )
+        url = f"http://127.0.0.1:{port}"
+        try:
+
+            def up() -> bool:
+                try:
+                    return httpx.get(url + "/healthz", timeout=5).status_code == 200
+                except httpx.TransportError:
+                    return False
+
+            wait_until(up, timeout=30, interval=0.05, message="the CPU skeleton's front")
+            assert nats.process is not None
+            pids = {"front": front.pid, "workers": hollow.pid, "nats-server": nats.process.pid}
+            yield url, pids
+        finally:
+            terminate(front, hollow)
+
+
 def main(argv: list[str]) -> None:
     role, nats_url, *rest = argv
     if role == "worker":
         daemon.run(_worker(nats_url, rest[0]))
+    elif role == "hollow":
+        daemon.run(_hollow(nats_url))
     elif role == "front":
         _front(nats_url, int(rest[0]), int(rest[1]))
     else:
-        raise SystemExit(f"unknown role {role!r}: worker or front")
+        raise SystemExit(f"unknown role {role!r}: worker, hollow or front")
 
 
 if __name__ == "__main__":

@@ -266,8 +266,10 @@ class WorkerBook:
             first = first[:wanted]
         if pinned is not None and pinned not in exclude and self._region_of(pinned) == region:
             first = [pinned, *first]
-        drawn = (ids[i] for i in _draw(len(ids), rng, max_draw * 2))
-        for worker_id in _chain_unique(first, drawn):
+        # Indexes, not a generator expression of ids: compiled, a generator expression is
+        # evaluated whole before the loop sees it, and this one draws up to 2 x max_draw.
+        drawn = _draw(len(ids), rng, max_draw * 2)
+        for worker_id in _chain_unique(first, ids, drawn):
             if worker_id in exclude or not alive(worker_id):
                 continue
             offer = self.offer(worker_id, app, want, image)
@@ -284,10 +286,10 @@ class WorkerBook:
         return Candidates(offers=offers, feasible=feasible, population=len(ids))
 
 
-def _chain_unique(first: list[str], then: Iterator[str]) -> Iterator[str]:
+def _chain_unique(first: list[str], ids: list[str], then: Iterator[int]) -> Iterator[str]:
     yield from first
-    for worker_id in then:
-        if worker_id not in first:
+    for i in then:
+        if (worker_id := ids[i]) not in first:
             yield worker_id
 
 
