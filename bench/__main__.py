@@ -4,11 +4,13 @@ Without names, the default suites run (``spine``, ``scale``, ``tradeoff``, ``vie
 ``supervise``, ``creates``, ``proxy``, ``wake``, ``images``, ``isolation``, ``deploy``, ``attack``,
 ``secured``, ``logs``, ``cli``, ``names``); ``c1m`` (100,000 machines onto 5,000 hollow
 workers, a few minutes) runs only when named, as do ``hosts``, ``jobs`` and ``private_network``
-(root)."""
+(root). At the end, every ratio the suites measured is printed as one table
+(:mod:`bench.table`)."""
 
 from __future__ import annotations
 
 import sys
+import time
 
 from bench import (
     attack,
@@ -28,6 +30,7 @@ from bench import (
     secured,
     spine,
     supervise,
+    table,
     view,
     wake,
 )
@@ -80,8 +83,10 @@ def main(argv: list[str]) -> None:
     unknown = [n for n in names if n not in SUITES]
     if unknown:
         raise SystemExit(f"unknown benchmark(s) {unknown}; choose from {sorted(SUITES)}")
+    since = time.time()
     for name in names:
         SUITES[name]()
+    table.report(names, since, "python -m bench " + " ".join(argv))
 
 
 if __name__ == "__main__":

@@ -22,7 +22,10 @@ Then create→started, as the ``spine`` suite measures it (real agents, real pro
 its floor and its skeleton.
 
 ``CREATES_DURATION_S`` (default 10) and ``CREATES_FLEETS`` (default ``100,1000,5000``) change the
-run; ``CREATES_SPINE=0`` leaves out create→started.
+run; ``CREATES_SPINE=0`` leaves out create→started. ``CREATES_PROFILE=DIR``: after the timed
+singles at 1,000 workers, one more run of the same length with ``py-spy`` sampling the broker and
+the fleet (not counted in any figure), its flame graphs written to ``DIR`` as
+``{broker,fleet}-single.svg`` and the collapsed stacks beside them (``.txt``).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import os
 import resource
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -58,6 +62,7 @@ BATCH_FLEET = 1000
 SKELETON_FLEET = 1000  # the fleet size whose singles the CPU skeleton is set beside
 BATCH = 100
 THREADS = 2
+IDLE_S = 3.0  # how long each process's idle CPU is measured before a run
 SINGLE_CONNECTIONS = 32
 BATCH_CONNECTIONS = 8
 DURATION_S = 10
@@ -194,6 +199,14 @@ def _cpu_s(pids: dict[str, int]) -> dict[str, float]:
     return out
 
 
+def _idle_cpu_per_s(pids: dict[str, int], seconds: float = IDLE_S) -> dict[str, float]:
+    """Each process's CPU seconds per second while nothing is asked of it."""
+    before = _cpu_s(pids)
+    time.sleep(seconds)  # a measuring window, not a wait for anything
+    after = _cpu_s(pids)
+    return {name: (after[name] - before[name]) / seconds for name in pids}
+
+
 def _children_cpu_s() -> float:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
@@ -241,6 +254,7 @@ def _drive(
     lua = LUA.replace("BODY", json.dumps(body)).replace("MARK", MARK)
     script.write_text(lua.replace("TOKEN", token))
     url = base + path
+    idle = _idle_cpu_per_s(pids)
     _wrk(url, script, connections, WARMUP_S, mode)
     before = _cpu_s(pids)
     host0 = psutil.cpu_times()
@@ -277,6 +291,12 @@ def _drive(
         "latency_ms": {k: round(v / 1000, 2) for k, v in latency.items()},
         "cpu_pct_of_one_core": {k: round(100 * v / wall, 1) for k, v in cpu.items()},
         "cpu_ms_per_ok_request": {k: round(1000 * v / max(ok, 1), 2) for k, v in cpu.items()},
+        # What each process burns with no request at all (heartbeats, the view's rounds, the
+        # fleet's pacing), and its CPU per create net of that: the figure the load changes.
+        "idle_cpu_pct_of_one_core": {k: round(100 * v, 1) for k, v in idle.items()},
+        "cpu_ms_per_ok_request_net_of_idle": {
+            k: round(1000 * max(0.0, cpu[k] - idle[k] * wall) / max(ok, 1), 2) for k in idle
+        },
         "host_busy_pct": round(100 * (1 - host_idle / host_total), 1),
         "rss_mb": {
             name: round(psutil.Process(pid).memory_info().rss / 2**20, 1)
@@ -285,16 +305,49 @@ def _drive(
     }
 
 
-def singles(root: Path, workers: int, duration_s: int, *, secured: bool = False) -> dict[str, Any]:
+def singles(
+    root: Path,
+    workers: int,
+    duration_s: int,
+    *,
+    secured: bool = False,
+    profile: Path | None = None,
+) -> dict[str, Any]:
     body = {"region": REGION, "config": CONFIG}
     with _stack(root, workers, secured=secured) as stack:
         path = f"/v1/apps/{APP}/machines"
         target = (stack.broker.url, stack.token, stack.pids())
         result = _drive(target, root, path, body, SINGLE_CONNECTIONS, "single", duration_s)
+        if profile is not None:
+            sampled = {k: v for k, v in stack.pids().items() if k != "nats-server"}
+            with _sampling(sampled, profile, "single", duration_s):
+                _wrk(stack.broker.url + path, root / "single.lua", SINGLE_CONNECTIONS,
+                     duration_s, "single")  # fmt: skip
         result["creates_per_s"] = result.pop("ok_per_s")
         result["fleet_start_s"] = stack.fleet_start_s
         result["secured"] = secured
     return {"workers": workers, **result}
+
+
+@contextlib.contextmanager
+def _sampling(pids: dict[str, int], out: Path, mode: str, duration_s: int) -> Iterator[None]:
+    """``py-spy`` sampling each process while the block runs: a flame graph (SVG) and the
+    collapsed stacks (one line per stack with its count) per process, in ``out``."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    out.mkdir(parents=True, exist_ok=True)
+    procs = []
+    for name, pid in pids.items():
+        for fmt, ext in (("flamegraph", "svg"), ("raw", "txt")):
+            cmd = [spy, "record", "--nonblocking", "--pid", str(pid), "--rate", "200"]
+            cmd += ["--duration", str(duration_s + 1), "--format", fmt]
+            cmd += ["--output", str(out / f"{name}-{mode}.{ext}")]
+            quiet = subprocess.DEVNULL
+            procs.append(subprocess.Popen(cmd, stdout=quiet, stderr=quiet))
+    try:
+        yield
+    finally:
+        for proc in procs:
+            proc.wait(timeout=duration_s + 60)
 
 
 def skeleton_singles(root: Path, workers: int, duration_s: int, *, secured: bool) -> dict[str, Any]:
@@ -315,15 +368,19 @@ def skeleton_singles(root: Path, workers: int, duration_s: int, *, secured: bool
 
 
 def cpu_ratios(single: dict[str, Any], floor: dict[str, Any]) -> dict[str, float]:
-    """Souq's CPU per create against the skeleton's per request, process by process."""
-    ours, its = single["cpu_ms_per_ok_request"], floor["cpu_ms_per_ok_request"]
+    """Souq's CPU per create against the skeleton's per request, process by process (both net
+    of what the process burns idle), and the rate one broker's CPU allows: one core's second over
+    its CPU per create (the broker is one process; the fleet and nats-server run beside it)."""
+    ours = single["cpu_ms_per_ok_request_net_of_idle"]
+    its = floor["cpu_ms_per_ok_request_net_of_idle"]
     return {
-        "broker / skeleton front": round(ours["broker"] / its["front"], 2),
-        "fleet / skeleton workers": round(ours["fleet"] / its["workers"], 2),
-        "nats-server / skeleton's": round(ours["nats-server"] / its["nats-server"], 2),
+        "broker / skeleton front": round(ours["broker"] / max(its["front"], 0.01), 2),
+        "fleet / skeleton workers": round(ours["fleet"] / max(its["workers"], 0.01), 2),
+        "nats-server / skeleton's": round(ours["nats-server"] / max(its["nats-server"], 0.01), 2),
         "creates/s / skeleton's requests/s": round(
             single["creates_per_s"] / floor["creates_per_s"], 2
         ),
+        "creates/s one broker's CPU allows": round(1000 / max(ours["broker"], 0.01)),
     }
 
 
@@ -349,6 +406,7 @@ def creates() -> None:
     fleets = [int(n) for n in os.environ.get("CREATES_FLEETS", "").split(",") if n] or FLEETS
     duration_s = int(os.environ.get("CREATES_DURATION_S", DURATION_S))
     secured = os.environ.get("CREATES_SECURED", "1") != "0"
+    profile = Path(os.environ["CREATES_PROFILE"]) if os.environ.get("CREATES_PROFILE") else None
     print(f"# creates benchmark — one broker, wrk — {machine_line()}", flush=True)
     results: dict[str, Any] = {
         "duration_s": duration_s,
@@ -358,11 +416,13 @@ def creates() -> None:
     }
     single: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="souq-bench-") as tmp:
+        mid = SKELETON_FLEET if SKELETON_FLEET in fleets else fleets[0]
         for n in fleets:
-            single[str(n)] = singles(Path(tmp) / f"single-{n}", n, duration_s, secured=secured)
+            sampled = profile if n == mid else None
+            where = Path(tmp) / f"single-{n}"
+            single[str(n)] = singles(where, n, duration_s, secured=secured, profile=sampled)
             print("single", n, json.dumps(single[str(n)]), flush=True)
         results["single"] = single
-        mid = SKELETON_FLEET if SKELETON_FLEET in fleets else fleets[0]
         floor = skeleton_singles(Path(tmp) / "skeleton", mid, duration_s, secured=secured)
         print("skeleton", mid, json.dumps(floor), flush=True)
         results["skeleton_single"] = floor

@@ -73,7 +73,11 @@ def test_create_sends_the_body_and_idempotency_key() -> None:
     assert "Idempotency-Key" not in seen[0].headers
 
 
-def test_environment_sets_the_url_and_token(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_environment_sets_the_url_and_token(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    import souq.auth.locate
+
+    # No `souq dev` token to fall back on (a dev cluster on this machine leaves one).
+    monkeypatch.setattr(souq.auth.locate, "default_dev_dir", lambda: tmp_path)
     monkeypatch.setenv("SOUQ_API", "http://elsewhere:9999/")
     monkeypatch.setenv("SOUQ_TOKEN", "s3cret")
     seen: list[httpx.Request] = []

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from souq.agent.commands import Commands
 from souq.agent.executor import Executor
-from souq.drivers.base import PreparesSpawns
+from souq.drivers.base import prepares_spawns
 from souq.errors import IdempotencyConflict
 from souq.model.base import copy_fields
 from souq.model.batch import BatchClaimReply, BatchClaimRequest
@@ -42,7 +42,7 @@ def claim_batch(
         elif executor.row_by_id(known).body_hash != req.body_hash:
             raise IdempotencyConflict.other_body(request_id, known)
     executor.admission.check_batch(req.region, req.config.guest.resources(), new, now_ms)
-    if not req.skip_launch and isinstance(executor.driver, PreparesSpawns):
+    if not req.skip_launch and prepares_spawns(executor.driver):
         executor.driver.prepare_spawns(new)
     machines: list[Machine] = []
     for request_id in req.request_ids:

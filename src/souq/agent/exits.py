@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from souq.agent.lifecycle import Trigger
 from souq.agent.operations import OpEvent, OpKind, OpState
 from souq.agent.records import Op
-from souq.drivers.base import Driver, ExitStatus, RecordsExits
+from souq.drivers.base import Driver, ExitStatus, records_exits
 from souq.model.machine import MachineState
 
 if TYPE_CHECKING:
@@ -115,6 +115,6 @@ def on_restart_due(ex: Executor, machine_id: str) -> None:
 
 def last_exit(driver: Driver, machine_id: str) -> ExitStatus:
     """How a process that died while no agent watched it ended, if the driver kept it."""
-    if isinstance(driver, RecordsExits):
+    if records_exits(driver):
         return driver.last_exit(machine_id)
     return ExitStatus()

@@ -18,7 +18,7 @@ from pathlib import Path
 from souq.agent.images import AgentImages, Pulled
 from souq.agent.ports import port_env
 from souq.agent.records import MachineRow
-from souq.drivers.base import ChoosesDrivers, Driver, Limits, MachineSpec
+from souq.drivers.base import Driver, Limits, MachineSpec, chooses_drivers
 from souq.drivers.programs import ProgramNotRunnable
 from souq.errors import CommandNotRunnable
 from souq.model.image import ImageRecord, ImageRun
@@ -88,7 +88,7 @@ def machine_spec(
 def default_driver(driver: Driver) -> tuple[str, str | None]:
     """The driver a machine whose config names none runs under on this worker (``sandbox``
     where it can isolate), and why not isolated when it cannot."""
-    if isinstance(driver, ChoosesDrivers):
+    if chooses_drivers(driver):
         return driver.default_driver()
     return "exec", "this worker runs no isolating driver"
 
@@ -99,7 +99,7 @@ def check_command(driver: Driver, config: MachineConfig) -> None:
     create fails at once, naming the program, the path and the user, instead of a machine
     that fails to start."""
     command = config.cmd or config.init.command(image=config.image is not None)
-    if not isinstance(driver, ChoosesDrivers) or config.image is not None or not command:
+    if not chooses_drivers(driver) or config.image is not None or not command:
         return
     try:
         driver.check_program(command[0], config.env, config.driver or "exec")

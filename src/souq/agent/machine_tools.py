@@ -43,7 +43,7 @@ from souq.agent.executor import Executor
 from souq.agent.records import MachineRow
 from souq.clock import Clock
 from souq.drivers import enter
-from souq.drivers.base import Handle, JoinsCgroups
+from souq.drivers.base import Handle, joins_cgroups
 from souq.errors import (
     ExecUnavailable,
     IllegalTransition,
@@ -152,7 +152,7 @@ class MachineTools:
         except (psutil.Error, OSError) as exc:
             raise _not_running(row, str(exc)) from None
         driver = self._ex.driver
-        prefix = list(driver.join_prefix(row.id)) if isinstance(driver, JoinsCgroups) else []
+        prefix = list(driver.join_prefix(row.id)) if joins_cgroups(driver) else []
         uid, gid, groups = _credentials(handle.pid)
         if (uid, gid) != (os.geteuid(), os.getegid()):
             setpriv = _tool(
@@ -189,7 +189,7 @@ class MachineTools:
                 details={"driver": "sandbox", "reason": exc.reason},
             ) from None
         driver = self._ex.driver
-        prefix = list(driver.join_prefix(row.id)) if isinstance(driver, JoinsCgroups) else []
+        prefix = list(driver.join_prefix(row.id)) if joins_cgroups(driver) else []
         return env, "/", [*prefix, *enter.nsenter_argv(entry, nsenter)]
 
     # -- ps --------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from __future__ import annotations
 import signal as _signal
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeGuard, runtime_checkable
 
 if TYPE_CHECKING:
     from souq.drivers.users import MachineUser
@@ -32,6 +32,10 @@ __all__ = [
     "PreparesSpawns",
     "RecordsExits",
     "SpawnError",
+    "chooses_drivers",
+    "joins_cgroups",
+    "prepares_spawns",
+    "records_exits",
 ]
 
 
@@ -214,3 +218,34 @@ class ChoosesDrivers(Protocol):
     def default_driver(self) -> tuple[str, str | None]: ...
 
     def check_program(self, program: str, env: Mapping[str, str], driver: str) -> None: ...
+
+
+_OFFERED: dict[tuple[type, Any], bool] = {}
+
+
+def _offers(kind: type, protocol: Any) -> bool:
+    key = (kind, protocol)
+    if key not in _OFFERED:
+        _OFFERED[key] = issubclass(kind, protocol)
+    return _OFFERED[key]
+
+
+# Which optional protocols a driver offers, answered once per driver class rather than per call
+# (an ``isinstance`` against a runtime protocol inspects every member each time: a cost paid on
+# every create).
+
+
+def chooses_drivers(driver: object) -> TypeGuard[ChoosesDrivers]:
+    return _offers(type(driver), ChoosesDrivers)
+
+
+def prepares_spawns(driver: object) -> TypeGuard[PreparesSpawns]:
+    return _offers(type(driver), PreparesSpawns)
+
+
+def records_exits(driver: object) -> TypeGuard[RecordsExits]:
+    return _offers(type(driver), RecordsExits)
+
+
+def joins_cgroups(driver: object) -> TypeGuard[JoinsCgroups]:
+    return _offers(type(driver), JoinsCgroups)
