@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,13 @@ from souq.portledger import LEDGER_ENV
 def pytest_configure(config: pytest.Config) -> None:
     # Set before xdist starts its workers (they inherit it), and kept if the caller set one.
     os.environ.setdefault(LEDGER_ENV, str(Path("/tmp") / f"souq-port-ledger-{os.getuid()}"))
+    # `souq dev`'s default data directory, for the suite alone: a dev cluster running on this
+    # machine (`make dev`) keeps its own, whose admin token the CLI would otherwise send.
+    if "SOUQ_DEV_DIR" not in os.environ or not hasattr(config, "workerinput"):
+        dev_dir = Path(tempfile.mkdtemp(prefix="souq-test-dev-", dir="/tmp"))
+        dev_dir.chmod(0o755)  # machines' users reach it, as they reach /var/lib/souq/dev
+        os.environ["SOUQ_DEV_DIR"] = str(dev_dir)
+        config.add_cleanup(lambda: shutil.rmtree(dev_dir, ignore_errors=True))
 
 
 # Tests that share a package-scoped fixture (the Fly suite's one cluster) run in one process.

@@ -20,9 +20,12 @@ class FoundToken:
 
 
 def default_dev_dir() -> Path:
-    """``souq dev``'s data directory when none is given: ``/var/lib/souq/dev`` for root (its
-    machines run as ``nobody``, who may not enter root's home), else
-    ``$XDG_STATE_HOME/souq/dev`` (``~/.local/state/souq/dev``; machines run as the same user)."""
+    """``souq dev``'s data directory when none is given: ``$SOUQ_DEV_DIR`` when set, else
+    ``/var/lib/souq/dev`` for root (its machines run as ``nobody``, who may not enter root's
+    home), else ``$XDG_STATE_HOME/souq/dev`` (``~/.local/state/souq/dev``; machines run as the
+    same user). The CLI reads that directory's admin token when ``SOUQ_TOKEN`` is unset."""
+    if explicit := os.environ.get("SOUQ_DEV_DIR", "").strip():
+        return Path(explicit)
     if os.geteuid() == 0:
         return Path("/var/lib/souq/dev")
     state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")

@@ -14,12 +14,14 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+from asyncio import Future
 from collections.abc import Callable
 
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
-from nats.js.api import StorageType, StreamConfig
+from nats.js import JetStreamContext
+from nats.js.api import PubAck, StorageType, StreamConfig
 
 from souq.bus.jetstream import OnFirstUse, stream, unavailable
 from souq.model.tokens import AuditRecord
@@ -37,6 +39,8 @@ _CLUSTER = "_cluster"
 RETRY_FOR_S = 120.0  # an entry JetStream cannot take is tried again this long (JetStream's
 RETRY_FIRST_S = 0.5  # window for duplicate message ids is two minutes by default)
 RETRY_MAX_S = 5.0
+_BATCH = 256  # entries published before their acknowledgements are awaited, at most
+ACK_TIMEOUT_S = 5.0  # how long JetStream has to acknowledge a batch
 
 
 class AuditLog:
@@ -45,6 +49,7 @@ class AuditLog:
         self._stream = OnFirstUse(self._open)
         self._queue: asyncio.Queue[AuditRecord] = asyncio.Queue(_PENDING)
         self._task: asyncio.Task[None] | None = None
+        self._js: tuple[Client, JetStreamContext] | None = None
 
     def record(self, entry: AuditRecord) -> None:
         """Queue ``entry`` to be stored (never blocks the request that made it)."""
@@ -105,28 +110,60 @@ class AuditLog:
 
     async def _store(self) -> None:
         while True:
-            entry = await self._queue.get()
-            await self._store_one(entry)
+            entries = [await self._queue.get()]
+            while len(entries) < _BATCH and not self._queue.empty():
+                entries.append(self._queue.get_nowait())
+            await self._store_batch(entries)
 
-    async def _store_one(self, entry: AuditRecord) -> None:
-        """Store ``entry``, trying again for up to ``RETRY_FOR_S`` while JetStream cannot take
-        it (its stream's leader is moving, or cut off): the entries behind it wait in order.
-        Each try carries the same message id, so one that landed unanswered is kept once."""
-        data = entry.model_dump_json().encode()
-        headers = {"Nats-Msg-Id": hashlib.sha256(data).hexdigest()}
-        subject = f"{SUBJECT}.{entry.app or _CLUSTER}"
+    async def _store_batch(self, entries: list[AuditRecord]) -> None:
+        """Store ``entries`` (those that waited together), each published without waiting for
+        the one before it to be acknowledged (one JetStream round trip for them all, about a
+        fifth of the CPU of storing them one by one); those JetStream did not take are tried
+        again for up to ``RETRY_FOR_S``, the entries behind them waiting. Each try carries the
+        same message id, so one that landed unanswered is kept once."""
+        pending = [(entry, entry.model_dump_json().encode()) for entry in entries]
         loop = asyncio.get_running_loop()
         give_up = loop.time() + RETRY_FOR_S
         pause = RETRY_FIRST_S
         while True:
+            failed: list[tuple[AuditRecord, bytes]] = []
+            why: BaseException | None = None
             try:
-                nc = await self._stream.get()
-                await nc.jetstream().publish(subject, data, headers=headers)
+                js = await self._jetstream()
+                acks = [await _publish(js, entry, data) for entry, data in pending]
+                answers = await asyncio.wait_for(
+                    asyncio.gather(*acks, return_exceptions=True), ACK_TIMEOUT_S
+                )
+                for item, answer in zip(pending, answers, strict=True):
+                    if isinstance(answer, BaseException):
+                        failed.append(item)
+                        why = answer
+            except Exception as exc:  # every entry is in this broker's log already
+                failed, why = pending, exc
+            if not failed:
                 return
-            except Exception as exc:  # the entry is in this broker's log already
-                if loop.time() + pause > give_up:
-                    log.warning("audit: an entry could not be stored: %s", exc)
-                    return
-                log.info("audit: storing an entry failed (%s); trying again", exc)
+            if loop.time() + pause > give_up:
+                log.warning(
+                    "audit: an entry could not be stored (%d of them): %s", len(failed), why
+                )
+                return
+            log.info(
+                "audit: storing an entry failed (%d of them: %s); trying again", len(failed), why
+            )
+            pending = failed
             await asyncio.sleep(pause)
             pause = min(pause * 2, RETRY_MAX_S)
+
+    async def _jetstream(self) -> JetStreamContext:
+        """One JetStream context per connection: its replies to unacknowledged publishes come
+        to one subscription, made on its first publish."""
+        nc = await self._stream.get()
+        if self._js is None or self._js[0] is not nc:
+            self._js = (nc, nc.jetstream())
+        return self._js[1]
+
+
+async def _publish(js: JetStreamContext, entry: AuditRecord, data: bytes) -> Future[PubAck]:
+    headers = {"Nats-Msg-Id": hashlib.sha256(data).hexdigest()}
+    subject = f"{SUBJECT}.{entry.app or _CLUSTER}"
+    return await js.publish_async(subject, data, headers=headers, wait_stall=ACK_TIMEOUT_S)
