@@ -204,6 +204,7 @@ class Executor(MachineTable):
         op: Op | None = None,
         op_event: OpEvent | None = None,
         durable: bool = True,
+        give_back: bool = False,
         **changes: Any,
     ) -> tuple[Action, ...]:
         """One step: the machine's transition (if ``event``), its event record (if ``type``)
@@ -215,7 +216,9 @@ class Executor(MachineTable):
 
         The reservation follows :func:`~souq.agent.admission.reserves`: a step into ``failed``
         or ``destroyed`` releases it; a start of a machine that gave it back takes it again, if
-        it fits (``insufficient_capacity`` else, and nothing is written)."""
+        it fits (``insufficient_capacity`` else, and nothing is written). ``give_back``: the
+        machine gives its reservation back whatever its state (it was displaced: a start takes
+        it again, as for a failed one)."""
         if status is not None:
             message = status.describe() if message is None else message
             changes = {"pid": None, "pid_start_time": None, "exit_code": status.code, **changes}
@@ -249,7 +252,7 @@ class Executor(MachineTable):
             steps.append(OpStep(op.id, row.id, op.kind, step.next, op_event, now, op.params))
         spec = not _SPEC.isdisjoint(changes)  # an update, or a pull's record
         held = row.id not in self.unreserved
-        holds = reserves(held, state)
+        holds = reserves(held, state) and not give_back
         release, regain = held and not holds, holds and not held
         if regain:
             self.admission.check_regain(new.resources, new.gpu_ids, now)
