@@ -148,6 +148,10 @@ def test_a_machine_of_a_class_that_does_not_exist_or_a_negative_bid_is_refused_n
         )
         assert answer.status_code == 422, answer.text
         assert f"config.{field}" in answer.json()["error"], answer.text
+        job = {"name": f"j{uuid.uuid4().hex[:8]}", "command": "true", field: bad}
+        answer = httpx.post(f"{url}/sched/submit", json=job, headers=auth_headers(), timeout=30)
+        assert answer.status_code == 422, answer.text
+        assert field in answer.json()["error"], answer.text
 
 
 def test_three_brokers_racing_displace_no_more_than_their_machines_need(

@@ -9,7 +9,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from souq.model.base import Input, Record
-from souq.model.choices import JobRestart, JobState
+from souq.model.choices import JobRestart, JobState, PriorityClass
 from souq.model.machine import APP_NAME_PATTERN
 from souq.model.schedule import Schedule, parse_schedule, time_zone
 
@@ -115,6 +115,17 @@ class JobSubmit(Input):
         default=False,
         description="a periodic job: a run is not queued while the previous one has not ended "
         "(that time is skipped, and said so)",
+    )
+    priority_class: PriorityClass = Field(
+        default=PriorityClass.STANDARD,
+        description="`reserved`, `standard` or `spot`, as a machine's (docs/placement.md)",
+    )
+    max_price: float | None = Field(
+        default=None,
+        ge=0,
+        le=1e9,
+        allow_inf_nan=False,
+        description="the most it bids, per hour (none: no limit)",
     )
 
     @field_validator("cron")
