@@ -55,11 +55,10 @@ def evicting(worker_id: str, victims: int, *, top: int = 0, priced: float = 0.0)
 
 
 def to_preemption(a: Auction) -> AskOffers:
+    # The book knows no worker with room: the offers asked say whom each would displace.
     (ask,) = a.start(0.0)
-    assert isinstance(ask, AskOffers) and not ask.preempt  # the book is full: fresh offers
-    (again,) = a.offers([full("w1"), full("w2"), full("w3")], 0.01)
-    assert isinstance(again, AskOffers)
-    return again
+    assert isinstance(ask, AskOffers) and ask.preempt
+    return ask
 
 
 def test_a_create_that_fits_nowhere_asks_whom_each_worker_would_displace() -> None:
@@ -71,6 +70,7 @@ def test_a_create_that_fits_nowhere_asks_whom_each_worker_would_displace() -> No
     # The fewest victims, then the cheapest: w3; the claim lets the worker displace.
     assert isinstance(claim, SendClaim) and claim.worker_id == "w3" and claim.preempt == 8
     assert claim.record.preemption.priority_class == "standard"
+    assert claim.record.preemption.reason.startswith("the book knew no worker with room")
     assert claim.record.preemption.displaces == ["spot"]
     (done,) = a.claimed("w3", ["machine"], 0.03)
     assert isinstance(done, Finished) and done.error is None
@@ -122,12 +122,33 @@ def test_no_preemption_when_the_broker_allows_none() -> None:
     assert isinstance(done, Finished) and done.error is not None
 
 
+def test_claims_refused_where_the_book_saw_room_lead_to_asking_whom_to_displace() -> None:
+    book = WorkerBook()
+    book.observe(info("w1", used=3))  # room, as the book last heard
+    a = Auction(
+        order(),
+        pipeline=default_pipeline(),
+        book=book,
+        rules=Rules(),
+        now=0.0,
+        up_workers=["w1"],
+        live=lambda: 1,
+    )
+    (claim,) = a.start(0.0)
+    assert isinstance(claim, SendClaim) and claim.preempt == 0
+    (ask,) = a.refused("w1", "insufficient_cpu", 0.01, silent=False)
+    assert isinstance(ask, AskOffers) and not ask.preempt  # the book was stale: fresh offers
+    (again,) = a.offers([full("w1")], 0.02)
+    assert isinstance(again, AskOffers) and again.preempt
+    (last,) = a.offers([evicting("w1", 1)], 0.03)
+    assert isinstance(last, SendClaim) and last.worker_id == "w1" and last.preempt == 8
+    assert last.record.preemption.reason == "no worker had room for it as it is"
+
+
 def test_a_dry_run_shows_whom_it_would_displace_and_claims_nothing() -> None:
     a = auction(order(purpose=Purpose.EXPLAIN))
     (ask,) = a.start(0.0)
-    assert isinstance(ask, AskOffers)
-    (again,) = a.offers([full("w1"), full("w2")], 0.01)
-    assert isinstance(again, AskOffers) and again.preempt
+    assert isinstance(ask, AskOffers) and ask.preempt
     (done,) = a.offers([evicting("w1", 3), evicting("w2", 1)], 0.02)
     assert isinstance(done, Finished) and done.error is None and not done.placed
     assert done.record.winner == "w2"

@@ -213,7 +213,11 @@ class Auction:
         if not rules.use_book or order.find_existing or not self._book.knows(order.region):
             return [self._ask_offers()]
         if not self._draw(now):
-            return [self._ask_offers()]  # nobody in the book has room: ask, it may be stale
+            # Nobody in the book has room: ask, it may be stale. A create that may displace
+            # asks at once whom each worker would displace (one with room says so too).
+            if self._may_preempt():
+                return [self._preempt("the book knew no worker with room for it as it is")]
+            return [self._ask_offers()]
         return self._next(now)
 
     def offers(self, offers: Sequence[Offer], now: float) -> list[Action]:
@@ -366,17 +370,26 @@ class Auction:
         offers that say whom each worker would displace."""
         order = self.order
         short = not self._heap if order.purpose is Purpose.EXPLAIN else len(self._placed) < 1
-        if (
-            not short
-            or self._preempting
+        if not short or not self._may_preempt():
+            return self._finish(now)
+        return self._preempt("no worker had room for it as it is")
+
+    def _may_preempt(self) -> bool:
+        """Whether the order may still look at displacing machines."""
+        order = self.order
+        return not (
+            self._preempting
             or order.preempt <= 0
             or order.batch
             or order.purpose is Purpose.HOLD
             or self._unknown
             or self._existing is not None
             or RANK[order.priority_class] <= RANK["spot"]
-        ):
-            return self._finish(now)
+        )
+
+    def _preempt(self, reason: str) -> AskOffers:
+        """Ask for offers that say whom each worker would displace."""
+        order = self.order
         self._preempting = True
         self._dropped -= {w for w in self._dropped if w not in self._asked_again}
         self._pending = list(range(order.count))
@@ -387,7 +400,7 @@ class Auction:
                 priority_class=order.priority_class,
                 displaces=[c for c in RANK if may_displace(order.priority_class, c)],
                 max_victims=order.preempt,
-                reason="no worker had room for it as it is",
+                reason=reason,
             )
         )
         return self._ask_offers(preempt=True)
