@@ -58,8 +58,10 @@ def evict(
     ex: Executor, eviction: Eviction, *, by: str, app: str, claimant: str
 ) -> list[PreemptedMachine]:
     """Displace ``eviction``'s victims for machine ``by`` of ``app`` (class ``claimant``): each
-    gives its reservation back now and, if it runs, is stopped. Returns what the new machine's
-    placement record says of them."""
+    gives its reservation back now and, if it runs, is stopped. Their steps commit unsynced:
+    the new machine's record, which follows, is synced before the claim is answered (and
+    syncs every write before it). Returns what the new machine's placement record says of
+    them."""
     told = []
     for victim in eviction.victims:
         row = ex.row_by_id(victim.machine_id)
@@ -85,7 +87,14 @@ def evict(
 
 def _displace(ex: Executor, row: MachineRow, message: str) -> None:
     if row.state is S.STOPPED:
-        ex.apply(row.id, type="preempted", source="agent", message=message, give_back=True)
+        ex.apply(
+            row.id,
+            type="preempted",
+            source="agent",
+            message=message,
+            give_back=True,
+            durable=False,
+        )
         return
     lifecycle.transition(row.state, Trigger.STOP, machine_id=row.id)
     running = row.state in _RUNNING
@@ -108,4 +117,5 @@ def _displace(ex: Executor, row: MachineRow, message: str) -> None:
         signal=stop.signal if running else None,
         message=message,
         give_back=True,
+        durable=False,  # the new machine's record syncs it, before the claim is answered
     )
