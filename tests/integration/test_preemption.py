@@ -11,6 +11,7 @@ import asyncio
 import uuid
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -193,3 +194,29 @@ def test_three_brokers_racing_displace_no_more_than_their_machines_need(
     assert not [m for m in client.list_machines(batch) if m.state == "started"]
     assert free_cpus(cluster) == 0
     destroy_all(cluster, batch, web)
+
+
+def test_a_spot_batch_job_is_displaced_and_goes_back_to_the_queue(tmp_path: Path) -> None:
+    with Cluster(tmp_path, regions={"solo": 0}) as c:
+        c.add_agent("solo", cpus=2, extra_args=["--jobs", "2"])
+        c.wait_for_workers()
+        url = c.api_url
+        name = "j" + uuid.uuid4().hex[:8]
+        with httpx.Client(base_url=url, headers=auth_headers(), timeout=30) as http:
+            job = {"name": name, "command": "sleep 600", "cpus": 2, "priority_class": "spot"}
+            assert http.post("/sched/submit", json=job).status_code == 201
+
+            def state() -> str:
+                return str(http.get(f"/sched/status/{name}").json()["state"])
+
+            wait_until(lambda: state() == "running", timeout=30, message="the job to run")
+            body = {"region": "solo", "config": {"cmd": ["sleep", "600"], "guest": {"cpus": 1}}}
+            made = http.post("/v1/apps/web/machines", json=body)
+            assert made.status_code == 201, made.text
+            record = made.json()["placement"]
+            [victim] = record["preempted"]
+            assert victim["machine_id"] == f"job:{name}" and victim["priority_class"] == "spot"
+            # Back in the queue: the worker has 1 cpu free now, the job needs 2: it waits.
+            wait_until(lambda: state() == "pending", timeout=30, message="the job back")
+            worker = c.client().workers()[0]
+            assert worker.allocated.cpus == 1

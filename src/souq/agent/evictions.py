@@ -15,7 +15,7 @@ from souq.agent.executor import Executor
 from souq.agent.lifecycle import Trigger
 from souq.agent.operations import OpEvent, OpKind
 from souq.agent.records import MachineRow
-from souq.market.preemption import Candidate, Eviction, may_displace
+from souq.market.preemption import JOB_VICTIM, Candidate, Eviction, JobRuns, may_displace
 from souq.model.machine import MachineState
 from souq.model.placement import PreemptedMachine
 
@@ -28,8 +28,10 @@ _RUNNING = (S.STARTED, S.SUSPENDED)
 
 def candidates(ex: Executor, claimant: str) -> list[Candidate]:
     """The machines here that a machine of class ``claimant`` could displace: of a lower class,
-    holding a reservation, settled (no operation under way)."""
-    found = []
+    holding a reservation, settled (no operation under way); and the batch jobs running here
+    of a lower class (``ex.job_runs``)."""
+    jobs: JobRuns | None = ex.job_runs
+    found = [] if jobs is None else jobs.preemptible(claimant)
     for row in ex.rows():
         klass = row.config.priority_class
         if (
@@ -55,7 +57,12 @@ def candidates(ex: Executor, claimant: str) -> list[Candidate]:
 
 
 def evict(
-    ex: Executor, eviction: Eviction, *, by: str, app: str, claimant: str
+    ex: Executor,
+    eviction: Eviction,
+    *,
+    by: str,
+    app: str,
+    claimant: str,
 ) -> list[PreemptedMachine]:
     """Displace ``eviction``'s victims for machine ``by`` of ``app`` (class ``claimant``): each
     gives its reservation back now and, if it runs, is stopped. Their steps commit unsynced:
@@ -64,16 +71,21 @@ def evict(
     them."""
     told = []
     for victim in eviction.victims:
-        row = ex.row_by_id(victim.machine_id)
         reason = (
             f"priority_class {claimant} displaces {victim.priority_class}: no worker had room "
             f"for machine {by} of app {app}"
         )
-        _displace(ex, row, f"preempted by machine {by} of app {app}: {reason}")
+        if victim.machine_id.startswith(JOB_VICTIM):
+            jobs: JobRuns | None = ex.job_runs
+            assert jobs is not None  # only its runner proposed it
+            jobs.preempt(victim.machine_id.removeprefix(JOB_VICTIM), by)
+        else:
+            row = ex.row_by_id(victim.machine_id)
+            _displace(ex, row, f"preempted by machine {by} of app {app}: {reason}")
         told.append(
             PreemptedMachine(
-                machine_id=row.id,
-                app=row.app,
+                machine_id=victim.machine_id,
+                app=victim.app,
                 priority_class=victim.priority_class,
                 max_price=victim.price,
                 cpus=victim.resources.cpus,

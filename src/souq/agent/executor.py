@@ -42,6 +42,7 @@ from souq.clock import Clock
 from souq.drivers.base import Driver, ExitStatus, Handle, SpawnError
 from souq.errors import IllegalTransition, SouqError
 from souq.ids import new_request_id
+from souq.market.preemption import JobRuns
 from souq.model.machine import MachineEvent, MachineState
 from souq.model.protocol import MachineEventMessage
 from souq.model.resources import Resources
@@ -98,6 +99,9 @@ class Executor(MachineTable):
         # Private addresses, given at claims (souq.network), when the worker has the network.
         self.addresses = AddressPool(worker_id) if private_network else None
         self.network: WorkerNetwork | None = None  # their namespaces and rules (the agent's)
+        # The batch jobs running here, which preemption may displace (the agent's, if it runs
+        # jobs: souq.agent.evictions).
+        self.job_runs: JobRuns | None = None
         # Machines that gave their reservation back (failed, or stopped or being destroyed since).
         self.unreserved: set[str] = store.unreserved()
         for r in (r for r in rows if r.state is not S.DESTROYED):

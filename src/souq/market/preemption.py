@@ -22,6 +22,9 @@ each is pruned (a victim whose room is not needed once the others are gone is sp
 dearest first); the better by the order above wins. The result is never more than the machine
 needs: removing any one victim would leave it without room.
 
+A worker's candidates include the batch jobs it runs (``job:NAME``, of the job's class and bid):
+a displaced run is stopped and its job goes back to the queue.
+
 The same function serves the worker's offer (what it would displace) and its claim (what it does
 displace, judged again on its ledger at that moment, so brokers racing for one worker each
 displace only what their own machine needs).
@@ -32,6 +35,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from souq.model.choices import PriorityClass
 from souq.model.resources import Resources
@@ -40,21 +44,34 @@ from souq.placement.stages import shortfall
 
 __all__ = [
     "DEFAULT_MAX_VICTIMS",
+    "JOB_VICTIM",
     "RANK",
     "Candidate",
     "Eviction",
+    "JobRuns",
     "may_displace",
     "may_preempt",
     "plan_eviction",
 ]
 
 DEFAULT_MAX_VICTIMS = 8  # machines one create may displace (the broker's `preempt_max_victims`)
+JOB_VICTIM = "job:"  # a batch job's run as a victim: ``job:NAME`` (it goes back to the queue)
 
 RANK: dict[str, int] = {
     PriorityClass.SPOT: 0,
     PriorityClass.STANDARD: 1,
     PriorityClass.RESERVED: 2,
 }
+
+
+class JobRuns(Protocol):
+    """A worker's batch job runs, as preemption sees them (``souq.agent.jobs.JobRunner``)."""
+
+    def preemptible(self, claimant: str) -> list[Candidate]:
+        """The runs a machine of class ``claimant`` could displace (``JOB_VICTIM + name``)."""
+
+    def preempt(self, name: str, by: str) -> None:
+        """Displace run ``name`` for machine ``by``: its room given back at once."""
 
 
 def may_displace(claimant: str, victim: str) -> bool:

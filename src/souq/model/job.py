@@ -248,7 +248,9 @@ class JobRunEvent(Record):
     ``outcome`` of a ``job.stopped``: ``exited`` (its exit was reported: ``state`` is what the
     queue made of it), ``not_started`` (its process could not start: reported as exit 127),
     ``returned`` (the agent shut down and gave it back), ``fenced`` (its lease was lost or could
-    not be renewed: killed, reported by nobody; the queue requeues it once the lease ends)."""
+    not be renewed: killed, reported by nobody; the queue requeues it once the lease ends),
+    ``preempted`` (a machine of a higher class took its room, ``preempted_by``: stopped and given
+    back to the queue)."""
 
     kind: Literal["job.started", "job.stopped"]
     name: str
@@ -257,7 +259,8 @@ class JobRunEvent(Record):
     attempt: int
     at_ms: int
     pid: int | None = None
-    outcome: Literal["", "exited", "not_started", "returned", "fenced"] = ""
+    outcome: Literal["", "exited", "not_started", "returned", "fenced", "preempted"] = ""
+    preempted_by: str | None = Field(default=None, description="the machine that took its room")
     exit_code: int | None = None
     signal: str | None = None
     state: JobState | None = Field(default=None, description="the job's state after the stop")
