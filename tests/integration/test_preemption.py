@@ -97,6 +97,13 @@ def test_a_standard_create_in_a_full_region_displaces_the_cheapest_spot_machine(
     client = cluster.client()
     assert free_cpus(cluster) == 0
 
+    # A dry run says whom each worker would displace, and displaces nobody.
+    dry = client.explain_create(web, "pre", config("standard"))
+    assert dry.preemption is not None and dry.winner is not None
+    assert sorted(o.preempts or 0 for o in dry.offers) == [1] * WORKERS
+    assert not dry.preempted
+    assert all(m.state == "started" for m in client.list_machines(batch))
+
     made = client.create_machine(web, "pre", config("standard"))
 
     record = made.placement
