@@ -227,3 +227,30 @@ def test_a_spot_batch_job_is_displaced_and_goes_back_to_the_queue(tmp_path: Path
             wait_until(lambda: state() == "pending", timeout=30, message="the job back")
             worker = c.client().workers()[0]
             assert worker.allocated.cpus == 1
+
+
+def test_a_restarted_agent_counts_a_victim_as_giving_its_room_back(tmp_path: Path) -> None:
+    with Cluster(tmp_path, regions={"solo": 0}) as c:
+        agent = c.add_agent("solo", cpus=2, stop_machines_on_exit=False)
+        c.wait_for_workers()
+        client = c.client()
+        spot = [client.create_machine("batch", "solo", config("spot", price=i)) for i in range(2)]
+        made = client.create_machine("web", "solo", config("standard"))
+        assert made.placement is not None
+        [victim] = [v.machine_id for v in made.placement.preempted]
+        assert victim == spot[0].id  # the cheaper bid
+        client.wait("batch", victim, "stopped", timeout=30)
+        agent.stop()
+        agent.start()
+        # The new agent reads the victim as holding no room: the worker is full, not over.
+        worker = wait_until(
+            lambda: next((w for w in client.workers() if w.state == "up"), None),
+            timeout=30,
+            message="the worker up again",
+        )
+        assert worker.allocated.cpus == 2
+        started = httpx.post(
+            f"{c.api_url}/v1/apps/batch/machines/{victim}/start", headers=auth_headers()
+        )
+        assert started.status_code == 409, started.text  # its room is taken
+        assert started.json()["status"] == "insufficient_capacity"
