@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from souq.limits import HttpLimits
+from souq.market.preemption import DEFAULT_MAX_VICTIMS
 from souq.model.base import copy_fields
 from souq.model.policy import PlacementDefaults
 
@@ -62,7 +63,7 @@ class BrokerConfig(BaseModel):
         "claim moves on to the next offer",
     )
     preempt_max_victims: int = Field(
-        default=8,
+        default=DEFAULT_MAX_VICTIMS,
         ge=0,
         le=64,
         description="the most machines one create may displace when it fits nowhere and its "
