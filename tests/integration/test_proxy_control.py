@@ -233,3 +233,57 @@ async def test_a_standby_starts_when_its_primarys_worker_is_lost(tmp_path: Path)
             for pid in orphans:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
+
+
+async def test_a_standby_starts_when_its_primary_is_preempted(tmp_path: Path) -> None:
+    # Two workers of 1 cpu: the spot primary fills one, its (standard) standby the other.
+    with Cluster(tmp_path, regions={"mad": 2}, cpus=1) as c:
+        transport = await connect(
+            c.nats.url, name="test-proxy", credential=c.nats_credential("proxy")
+        )
+        plane = ControlPlane(
+            ProxyConfig(nats_url=c.nats.url, region="mad", autostop_interval_s=3600), transport
+        )
+        await plane.start()
+        try:
+            client = c.client()
+            app = app_name("p")
+            size = {"cpus": 1, "memory_mb": 64}
+            primary = await asyncio.to_thread(
+                client.create_machine,
+                app,
+                "mad",
+                {**config(), "guest": size, "priority_class": "spot"},
+            )
+            standby = await asyncio.to_thread(
+                client.create_machine,
+                app,
+                "mad",
+                {**config(), "guest": size, "standbys": [primary.id]},
+            )
+            assert standby.state == MachineState.STOPPED
+            await until(lambda: plane.table.get(standby.id), what="the standby in the table")
+            # A standard machine of another app fits nowhere: it displaces the spot primary.
+            taker = await asyncio.to_thread(
+                client.create_machine,
+                app_name("q"),
+                "mad",
+                {"cmd": ["sleep", "600"], "guest": size},
+            )
+            assert taker.placement is not None
+            assert [v.machine_id for v in taker.placement.preempted] == [primary.id]
+            await until(
+                lambda: (b := plane.table.get(standby.id)) and b.state == "started",
+                what="the standby to be started",
+            )
+            served = await until(lambda: serves(standby.address.ports[8080]), what="serving")
+            assert served["machine_id"] == standby.id
+            [failover] = [d for d in plane.decisions.recent(app) if d["kind"] == "failover"]
+            assert f"machine {primary.id} was preempted: started its standby" in failover["reason"]
+            assert (await asyncio.to_thread(client.get_machine, app, primary.id)).state in (
+                MachineState.STOPPING,
+                MachineState.STOPPED,
+            )
+        finally:
+            await plane.aclose()
+            await transport.close()

@@ -119,7 +119,8 @@ async def test_a_slow_claim_on_a_worker_still_heard_is_sent_again_not_given_up()
 async def test_refused_claims_go_down_the_ranking_then_capacity_is_refused() -> None:
     bus = MemoryTransport()
     racers = [FakeWorker(bus, f"w{i}", refuse_claims=True) for i in range(3)]
-    service = await started_service(bus, *racers, max_claim_attempts=2)
+    # (no preemption: it would ask the same workers again, whom they would displace)
+    service = await started_service(bus, *racers, max_claim_attempts=2, preempt_max_victims=0)
 
     with pytest.raises(InsufficientCapacity) as caught:
         await service.create_machine("web", create_body())

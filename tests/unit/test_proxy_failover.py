@@ -9,7 +9,7 @@ from souq.bus import subjects
 from souq.bus.codec import ok_reply
 from souq.bus.memory import MemoryTransport
 from souq.clock import iso_from_ms
-from souq.model import Machine, MachineConfig, MachineState, WorkerState
+from souq.model import Machine, MachineConfig, MachineEvent, MachineState, WorkerState
 from souq.model.services import MachineAddress
 from souq.protocol import WorkerClient
 from souq.proxy import RoutingTable
@@ -73,3 +73,48 @@ def test_a_worker_down_twice_starts_its_standby_once() -> None:
     assert starts == 1
     assert len(reasons) == 1
     assert "machine p1 is down: started its standby" in reasons[0]
+
+
+def test_a_preempted_primary_starts_its_standby_once() -> None:
+    async def main() -> tuple[int, list[str]]:
+        bus = MemoryTransport()
+        starts = 0
+        standby = machine("s1", "w2", MachineState.STOPPED, standbys=["p1"])
+
+        async def on_start(subject: str, data: bytes) -> bytes:
+            nonlocal starts
+            starts += 1
+            return ok_reply(standby.model_copy(update={"state": MachineState.STARTED}))
+
+        await bus.subscribe(subjects.worker("w2", "start"), on_start)
+        feed = MachineFeed(RoutingTable(), lambda _: None)
+        primary = machine("p1", "w1", MachineState.STARTED)
+        feed.seen(primary)
+        feed.seen(standby)
+        decisions = Decisions()
+        failover = Failover(feed, WorkerClient(bus), decisions, timeout_s=5)
+        failover.machine_changed(primary)  # running: nothing to do
+        started = MachineEvent(
+            type="start", status=MachineState.STARTED, source="user", timestamp=1
+        )
+        preempted = MachineEvent(
+            type="preempted",
+            status=MachineState.STOPPING,
+            source="agent",
+            timestamp=2,
+            message="preempted by machine m9 of app prod",
+        )
+        stopping = primary.model_copy(
+            update={"state": MachineState.STOPPING, "events": [preempted, started]}
+        )
+        failover.machine_changed(stopping)
+        failover.machine_changed(stopping.model_copy(update={"state": MachineState.STOPPED}))
+        for _ in range(10):
+            await asyncio.sleep(0)
+        await failover.aclose()
+        reasons = [d["reason"] for d in decisions.recent("web") if d["kind"] == "failover"]
+        return starts, reasons
+
+    starts, reasons = asyncio.run(main())
+    assert starts == 1
+    assert reasons == ["machine p1 was preempted: started its standby"]

@@ -24,7 +24,12 @@ The rules, in the order they are checked:
 4. ``insufficient_cpu`` / ``_memory`` / ``_disk`` / ``_gpus`` — what is asked must fit beside
    what machines reserve and live quotes hold (a batch: all of its new machines together);
    GPUs GPU by GPU: ``wrong_gpu_model``, ``insufficient_gpus`` (whole GPUs need wholly free
-   ones), ``insufficient_gpu_share`` (a share needs one GPU with that much free).
+   ones), ``insufficient_gpu_share`` (a share needs one GPU with that much free);
+5. a claim that may displace (its class allows, and the broker asked: ``preempt``) and does not
+   fit is admitted if displacing machines of a lower class makes room
+   (:meth:`Admission.check_preempting_claim`, :func:`souq.market.preemption.plan_eviction`): the
+   plan names its victims, the shell stops them and gives their reservations back before it
+   records the new machine; ``no_preemptible`` when no allowed set of victims makes room.
 
 GPUs are accounted one by one: the ledger knows each GPU's free thousandths, and which GPUs each
 machine and each hold got (:func:`souq.placement.gpus.pick` chooses them: :meth:`assign_gpus`).
@@ -54,6 +59,7 @@ from souq.errors import (
     QuoteExpired,
     QuoteUsed,
 )
+from souq.market.preemption import Candidate, Eviction, plan_eviction
 from souq.model.machine import MachineState
 from souq.model.protocol import QuoteState
 from souq.model.resources import GPU_MILLI, Resources
@@ -189,6 +195,60 @@ class Admission:
             self._check_fits(want, now_ms, "the machine")
             return
         _check_quote(quote, want, now_ms)
+
+    def plan_preemption(
+        self,
+        want: Resources,
+        now_ms: int,
+        *,
+        claimant: str,
+        max_victims: int,
+        candidates: list[Candidate],
+    ) -> Eviction | None:
+        """The victims that make room for a machine of ``want`` and class ``claimant`` here
+        (empty: it fits as it is); None when none would (or the worker is cordoned)."""
+        if self.cordoned:
+            return None
+        return plan_eviction(
+            want,
+            capacity=self.capacity,
+            in_use=self.in_use(now_ms),
+            gpu_free=self.gpu_free(now_ms),
+            candidates=candidates,
+            claimant=claimant,
+            max_victims=max_victims,
+        )
+
+    def check_preempting_claim(
+        self,
+        region: str,
+        want: Resources,
+        now_ms: int,
+        *,
+        claimant: str,
+        max_victims: int,
+        candidates: list[Candidate],
+    ) -> Eviction:
+        """Raise the refusal for one new machine of ``want`` that may displace machines of a
+        class below ``claimant`` (at most ``max_victims``), or return whom it displaces."""
+        self._check_region(region)
+        self._check_open()
+        plan = self.plan_preemption(
+            want, now_ms, claimant=claimant, max_victims=max_victims, candidates=candidates
+        )
+        if plan is None:
+            short = self.shortfall(want, now_ms)
+            raise ClaimRefused(
+                f"the machine does not fit ({short.detail if short else 'no room'}) and "
+                f"displacing at most {max_victims} machines of a class below {claimant} "
+                "would not make room",
+                hint="another claim took the capacity first; try another worker",
+                details={
+                    "reason": "no_preemptible",
+                    "usage": self.usage(now_ms).model_dump(mode="json"),
+                },
+            )
+        return plan
 
     def check_resize(self, old: Resources, new: Resources, now_ms: int) -> None:
         """Raise ``insufficient_capacity`` when a machine's reservation cannot grow from ``old``

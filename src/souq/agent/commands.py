@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from souq.agent import launch, lifecycle
+from souq.agent import evictions, launch, lifecycle
 from souq.agent.admission import HeldQuote
 from souq.agent.executor import Executor
 from souq.agent.leases import Leases
@@ -28,6 +28,7 @@ from souq.errors import (
     WaitTimeout,
 )
 from souq.ids import new_instance_id, new_machine_id
+from souq.market.preemption import Eviction
 from souq.model.app import DEFAULT_ORG
 from souq.model.image import ImageRecord
 from souq.model.machine import (
@@ -46,6 +47,7 @@ from souq.model.protocol import (
     UpdateCommand,
     WaitCommand,
 )
+from souq.model.resources import Resources
 from souq.model.services import MachineAddress
 from souq.network.addresses import UNKNOWN_NETWORK, network_of
 from souq.secrets.redact import redact
@@ -58,6 +60,7 @@ _RESTARTABLE = (S.STARTED, S.SUSPENDED, S.STOPPED, S.CREATED, S.FAILED, S.STARTI
 _ROTATED_PAST_TRIES = 8  # reads of the output a fast writer's rotations may cut short
 _RUNNING = (S.STARTED, S.SUSPENDED, S.STOPPING)  # a process is there (frozen or not)
 _UP = (S.STARTED, S.SUSPENDED, S.STARTING)  # what stopping every machine stops
+_FINAL = ("wrong_region", "cordoned")  # refusals that displacing machines does not change
 
 
 class Commands:
@@ -78,20 +81,36 @@ class Commands:
         ``skip_launch``) start it: the reply shows ``started``, or ``failed``. A claim for a
         known request id returns that machine (same body) or is an idempotency conflict.
         Admission judges the claim first (:mod:`souq.agent.admission`), with ``quote``'s hold
-        when it names one; ``admitted``: it already did (a batch, judged as a whole)."""
+        when it names one; ``admitted``: it already did (a batch, judged as a whole). A claim
+        that does not fit but may displace (``req.preempt``) displaces the victims admission
+        chose (:mod:`souq.agent.evictions`) once every other check has passed, in the same turn
+        of the event loop as its record: no other claim sees the room in between."""
         ex = self._ex
         known = ex.machine_for_request(req.request_id)
         if known is not None:
             return self._claimed_before(req, known)
         now = self._clock.now_ms()
         want = req.config.guest.resources()
+        eviction = None
         if not admitted:
-            ex.admission.check_claim(req.region, want, now, quote=quote)
+            eviction = self._admit(req, want, now, quote)
         self._check_mounts(req.app, req.config)
         config, placement = self._driver_noted(req.config, req.placement)
-        gpu_ids = ex.admission.gpus_for(want, now, quote_id=req.quote_id)
         placement = self._image_noted(config, req.image, placement, req.request_id, req.region)
-        op = ex.new_op(OpKind.CREATE, new_machine_id(), source="user", type="start")
+        machine_id = new_machine_id()
+        address = self._address(machine_id, config, req.network)
+        try:
+            if eviction is not None and eviction.victims:
+                told = evictions.evict(
+                    ex, eviction, by=machine_id, app=req.app, claimant=config.priority_class
+                )
+                placement = placement or Placement(request_id=req.request_id, region=req.region)
+                placement = placement.model_copy(update={"preempted": told})
+            gpu_ids = ex.admission.gpus_for(want, now, quote_id=req.quote_id)
+        except BaseException:
+            ex.give_back_addresses(machine_id)
+            raise
+        op = ex.new_op(OpKind.CREATE, machine_id, source="user", type="start")
         events = [MachineEvent(type="launch", status=S.CREATED, source="user", timestamp=now)]
         if req.config.standbys:  # a standby waits, stopped, until a primary's worker is lost
             op_event, state = OpEvent.SKIP, lifecycle.transition(S.CREATED, Trigger.STOP)
@@ -115,7 +134,7 @@ class Commands:
             created_at=now,
             updated_at=now,
             events=tuple(reversed(events)),
-            address=self._address(op.machine_id, config, req.network),
+            address=address,
             instance_id=new_instance_id(now),
             gpu_ids=gpu_ids,
             skip_secrets=req.skip_secrets,
@@ -135,6 +154,28 @@ class Commands:
         ex.execute(op, step.actions)
         ex.sync()  # if the spawn did not (skip_launch, or it failed before its fork)
         return ex.machine(row.app, row.id)
+
+    def _admit(
+        self, req: ClaimRequest, want: Resources, now: int, quote: HeldQuote | None
+    ) -> Eviction | None:
+        """Admission's word on a new machine: None (it fits), the victims it displaces, or the
+        refusal raised."""
+        admission = self._ex.admission
+        try:
+            admission.check_claim(req.region, want, now, quote=quote)
+        except ClaimRefused as exc:
+            if not req.preempt or quote is not None or exc.details.get("reason") in _FINAL:
+                raise
+            klass = req.config.priority_class
+            return admission.check_preempting_claim(
+                req.region,
+                want,
+                now,
+                claimant=klass,
+                max_victims=req.preempt,
+                candidates=evictions.candidates(self._ex, klass),
+            )
+        return None
 
     def _check_mounts(self, app: str, config: MachineConfig, machine_id: str | None = None) -> None:
         """The volumes ``config`` mounts are here and free (or ``machine_id``'s already)."""

@@ -42,6 +42,7 @@ from souq.clock import Clock
 from souq.drivers.base import Driver, ExitStatus, Handle, SpawnError
 from souq.errors import IllegalTransition, SouqError
 from souq.ids import new_request_id
+from souq.market.preemption import JobRuns
 from souq.model.machine import MachineEvent, MachineState
 from souq.model.protocol import MachineEventMessage
 from souq.model.resources import Resources
@@ -98,6 +99,9 @@ class Executor(MachineTable):
         # Private addresses, given at claims (souq.network), when the worker has the network.
         self.addresses = AddressPool(worker_id) if private_network else None
         self.network: WorkerNetwork | None = None  # their namespaces and rules (the agent's)
+        # The batch jobs running here, which preemption may displace (the agent's, if it runs
+        # jobs: souq.agent.evictions).
+        self.job_runs: JobRuns | None = None
         # Machines that gave their reservation back (failed, or stopped or being destroyed since).
         self.unreserved: set[str] = store.unreserved()
         for r in (r for r in rows if r.state is not S.DESTROYED):
@@ -204,6 +208,7 @@ class Executor(MachineTable):
         op: Op | None = None,
         op_event: OpEvent | None = None,
         durable: bool = True,
+        give_back: bool = False,
         **changes: Any,
     ) -> tuple[Action, ...]:
         """One step: the machine's transition (if ``event``), its event record (if ``type``)
@@ -215,7 +220,9 @@ class Executor(MachineTable):
 
         The reservation follows :func:`~souq.agent.admission.reserves`: a step into ``failed``
         or ``destroyed`` releases it; a start of a machine that gave it back takes it again, if
-        it fits (``insufficient_capacity`` else, and nothing is written)."""
+        it fits (``insufficient_capacity`` else, and nothing is written). ``give_back``: the
+        machine gives its reservation back whatever its state (it was displaced: a start takes
+        it again, as for a failed one)."""
         if status is not None:
             message = status.describe() if message is None else message
             changes = {"pid": None, "pid_start_time": None, "exit_code": status.code, **changes}
@@ -249,7 +256,7 @@ class Executor(MachineTable):
             steps.append(OpStep(op.id, row.id, op.kind, step.next, op_event, now, op.params))
         spec = not _SPEC.isdisjoint(changes)  # an update, or a pull's record
         held = row.id not in self.unreserved
-        holds = reserves(held, state)
+        holds = reserves(held, state) and not give_back
         release, regain = held and not holds, holds and not held
         if regain:
             self.admission.check_regain(new.resources, new.gpu_ids, now)

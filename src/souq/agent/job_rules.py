@@ -151,6 +151,7 @@ class RunEvent(StrEnum):
     SHUTDOWN = "shutdown"
     LEASE_LOST = "lease_lost"  # a renewal refused: the queue moved the job on
     LEASE_ENDING = "lease_ending"  # no renewal got through before the fence
+    PREEMPTED = "preempted"  # a machine of a higher class took its room: stop it, give it back
 
 
 class Action(StrEnum):
@@ -165,12 +166,15 @@ RENEWING = frozenset({RunState.RUNNING, RunState.CANCELLING, RunState.RETURNING}
 
 _S, _E, _A = RunState, RunEvent, Action
 _LOST = ((_E.LEASE_LOST, _S.FENCED, (_A.FENCE,)), (_E.LEASE_ENDING, _S.FENCED, (_A.FENCE,)))
-_QUIET = (_E.CANCEL_ASKED, _E.SHUTDOWN, _E.LEASE_LOST, _E.LEASE_ENDING)
+_QUIET = (_E.CANCEL_ASKED, _E.SHUTDOWN, _E.LEASE_LOST, _E.LEASE_ENDING, _E.PREEMPTED)
 
 TRANSITIONS: dict[tuple[RunState, RunEvent], tuple[RunState, tuple[Action, ...]]] = {
     (_S.RUNNING, _E.EXITED): (_S.ENDED, (_A.KEEP_OUTPUT, _A.STOP)),
     (_S.RUNNING, _E.CANCEL_ASKED): (_S.CANCELLING, (_A.TERMINATE,)),
     (_S.RUNNING, _E.SHUTDOWN): (_S.RETURNING, (_A.TERMINATE,)),
+    (_S.RUNNING, _E.PREEMPTED): (_S.RETURNING, (_A.TERMINATE,)),
+    (_S.CANCELLING, _E.PREEMPTED): (_S.CANCELLING, ()),
+    (_S.RETURNING, _E.PREEMPTED): (_S.RETURNING, ()),
     (_S.CANCELLING, _E.EXITED): (_S.ENDED, (_A.KEEP_OUTPUT, _A.STOP)),
     (_S.CANCELLING, _E.CANCEL_ASKED): (_S.CANCELLING, ()),
     (_S.CANCELLING, _E.SHUTDOWN): (_S.CANCELLING, ()),

@@ -60,6 +60,7 @@ from souq.drivers.base import ExitStatus, SpawnError
 from souq.errors import IllegalTransition, JobNotFound, SouqError, Unavailable
 from souq.jobs.output import JobOutputs, kept
 from souq.jobs.store import JobStore
+from souq.market.preemption import JOB_VICTIM, Candidate, may_displace
 from souq.model.job import Job, JobEvent, JobRunEvent, JobState, JobStopped
 from souq.model.resources import Resources
 
@@ -86,6 +87,7 @@ class _Run:
     kill: asyncio.TimerHandle | None = None
     fenced: bool = False  # its lease was lost, or could not be renewed
     after: Job | None = None  # the job as its stop left it
+    preempted_by: str | None = None  # the machine that took its room (its room given back)
 
     @property
     def name(self) -> str:
@@ -260,6 +262,35 @@ class JobRunner:
             self._run(store, run), name=f"souq-job-{name}"
         )
 
+    # -- preemption (souq.agent.evictions) -----------------------------------------------------
+
+    def preemptible(self, claimant: str) -> list[Candidate]:
+        """The running jobs a machine of class ``claimant`` could displace (``job:NAME``)."""
+        return [
+            Candidate(
+                machine_id=JOB_VICTIM + run.name,
+                app=run.job.app,
+                priority_class=run.job.spec.priority_class,
+                resources=run.want,
+                price=run.job.spec.max_price,
+                created_at=run.job.started_ms or 0,
+            )
+            for run in self._runs.values()
+            if run.state is RunState.RUNNING
+            and run.process is not None
+            and run.preempted_by is None
+            and may_displace(claimant, run.job.spec.priority_class)
+        ]
+
+    def preempt(self, name: str, by: str) -> None:
+        """Displace job ``name`` for machine ``by``: its room is given back now; its process is
+        stopped (SIGTERM, then SIGKILL) and the job goes back to the queue, as at a shutdown."""
+        run = self._runs[name]
+        run.preempted_by = by
+        self._admission.release(run.want)
+        run.events.put_nowait(RunEvent.PREEMPTED)
+        log.info("job %s: preempted by machine %s", name, by)
+
     def _unreserve(self, want: Resources) -> None:
         self._admission.release(want)
         self._announce()
@@ -281,7 +312,8 @@ class JobRunner:
                 run.kill.cancel()
             self._runs.pop(run.name, None)
             self._tasks.pop(run.name, None)
-            self._unreserve(run.want)
+            if run.preempted_by is None:  # a preempted run gave its room back when displaced
+                self._unreserve(run.want)
             self._room.set()
 
     async def _start(self, store: JobStore, run: _Run) -> bool:
@@ -358,9 +390,9 @@ class JobRunner:
             await self._tell(run, "job.stopped", outcome="exited")
         else:  # RETURN
             run.after = await self._settle(store, run, JobEvent.RETURN)
-            outcome = "fenced" if run.fenced else "returned"
+            outcome = "fenced" if run.fenced else "preempted" if run.preempted_by else "returned"
             log.info("job %s: attempt %d %s: %s", run.name, run.job.attempts, _how(proc), outcome)
-            await self._tell(run, "job.stopped", outcome=outcome)
+            await self._tell(run, "job.stopped", outcome=outcome, preempted_by=run.preempted_by)
 
     def _terminate(self, run: _Run, grace_s: float) -> None:
         """SIGTERM now and SIGKILL after ``grace_s`` (sooner than a kill already set)."""

@@ -363,9 +363,10 @@ class Agent:
         return names
 
     def _job_runner(self, runs: Runs, admission: Admission, service: AgentService) -> JobRunner:
+        """The batch job runner; preemption may displace its runs (souq.agent.evictions)."""
         transport = self._transport
         assert transport is not None
-        return JobRunner(
+        runner = JobRunner(
             worker_id=self.worker_id,
             region=self.config.region,
             slots=self.config.jobs,
@@ -376,6 +377,9 @@ class Agent:
             announce=service.publisher.announce,
             publish=transport.publish,
         )
+        if self._executor is not None:
+            self._executor.job_runs = runner
+        return runner
 
     def owned_pids(self) -> set[int]:
         """Pids of the children the agent reaps itself: its machines' (the driver's) and its

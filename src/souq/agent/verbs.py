@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from souq.agent import evictions
 from souq.agent.batch import claim_batch
 from souq.agent.commands import Commands
 from souq.agent.executor import Executor
@@ -170,6 +171,13 @@ class WorkerVerbs:
         refusal = self.admission.offer_refusal(req.resources, self._clock.now_ms())
         if refusal is not None and refusal[0] == "cordoned":
             return msg.Offer(worker=info, eligible=False, reason=refusal[0], detail=refusal[1])
+        eviction = None
+        if refusal is not None and req.priority_class is not None and req.max_victims:
+            eviction = self._eviction_offer(req, req.priority_class)
+            if eviction is not None:
+                refusal = None
+            else:
+                refusal = (refusal[0], f"{refusal[1]}, and displacing machines would not do")
         # What placement scores beyond capacity: the host's measured load (cached, refreshed
         # at most every 0.5 s), how much of the image it holds, and the app's machines here.
         held = pull = None
@@ -186,6 +194,29 @@ class WorkerVerbs:
             image_layers=held,
             image_bytes=pull,
             app_machines=self._ex.machine_count(req.app),
+            eviction=eviction,
+        )
+
+    def _eviction_offer(self, req: msg.OfferRequest, claimant: str) -> msg.OfferedEviction | None:
+        """Whom this worker would displace to take the machine (None: nobody would do)."""
+        plan = self.admission.plan_preemption(
+            req.resources,
+            self._clock.now_ms(),
+            claimant=claimant,
+            max_victims=req.max_victims,
+            candidates=evictions.candidates(self._ex, claimant),
+        )
+        if plan is None:
+            return None
+        unbounded, priced = plan.cost
+        return msg.OfferedEviction(
+            victims=len(plan.victims),
+            freed=plan.freed,
+            gpu_free=list(plan.gpu_free),
+            top_class=plan.top_class,
+            unbounded=unbounded,
+            priced=priced,
+            running=sum(1 for v in plan.victims if v.running),
         )
 
     # -- placement -------------------------------------------------------------------------
@@ -204,8 +235,10 @@ class WorkerVerbs:
             new = req.placement is not None and self._ex.machine_for_request(req.request_id) is None
             machine = self._claim_machine(req)
         json_of = self._ex.store.json_of
-        # A machine of an image keeps its record in the reply: the worker said what it had.
-        keep = not new or req.image is not None
+        # A machine of an image keeps its record in the reply: the worker said what it had; so
+        # does one that displaced machines (whom).
+        preempted = machine.placement is not None and bool(machine.placement.preempted)
+        keep = not new or req.image is not None or preempted
         return Encoded(machine_json(machine, json_of, placement=keep).encode())
 
     async def _secrets_read(

@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from souq.limits import HttpLimits
+from souq.market.preemption import DEFAULT_MAX_VICTIMS
 from souq.model.base import copy_fields
 from souq.model.policy import PlacementDefaults
 
@@ -60,6 +61,13 @@ class BrokerConfig(BaseModel):
         default=3,
         description="unanswered claims (or batch claim rounds) before giving up; a refused "
         "claim moves on to the next offer",
+    )
+    preempt_max_victims: int = Field(
+        default=DEFAULT_MAX_VICTIMS,
+        ge=0,
+        le=64,
+        description="the most machines one create may displace when it fits nowhere and its "
+        "priority class allows (0: never preempt); see docs/placement.md",
     )
     down_after_missed: AtLeastOne = Field(
         default=3, description="missed heartbeats after which a worker is down"

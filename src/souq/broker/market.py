@@ -57,6 +57,7 @@ from souq.model.batch import (
     BatchResult,
     machines_per_claim,
 )
+from souq.model.choices import PriorityClass
 from souq.model.image import ImageRecord
 from souq.placement import Pipeline, PipelineCache, PlacementRequest
 from souq.protocol import WorkerClient
@@ -124,7 +125,9 @@ class Market:
             body = (
                 order
                 if action.existing
-                else order.model_copy(update={"placement": _noted(action.record, order)})
+                else order.model_copy(
+                    update={"placement": _noted(action.record, order), "preempt": action.preempt}
+                )
             )
             machine, ledger = await self._claim_call(action.worker_id, CLAIM, body)
             return [machine], ledger
@@ -137,6 +140,8 @@ class Market:
             told = machine.placement  # a machine of an image: what the worker had of it
             if told is not None and told.image is not None:
                 record = record.model_copy(update={"cached": told.cached, "image": told.image})
+            if told is not None and told.preempted:  # whom the worker displaced for it
+                record = record.model_copy(update={"preempted": told.preempted})
             machine = machine.model_copy(update={"placement": record})
         return machine
 
@@ -397,8 +402,17 @@ class Market:
             volume=volume,
         )
         pipeline = self._pipeline if order.policy is None else self._pipelines.get(order.policy)
+        klass = order.config.priority_class
+        preempt = self._config.preempt_max_victims if purpose is not Purpose.HOLD else 0
         return self._new_auction(
-            Order(request, purpose=purpose, find_existing=find_existing), pipeline
+            Order(
+                request,
+                purpose=purpose,
+                find_existing=find_existing,
+                preempt=preempt,
+                priority_class=klass,
+            ),
+            pipeline,
         )
 
     def _primaries(self, order: ClaimRequest) -> frozenset[str]:
@@ -493,6 +507,8 @@ class Market:
             resources=order.request.resources,
             image=None if image is None else image.reference,
             image_layers={} if image is None else dict(image.layers),
+            priority_class=PriorityClass(order.priority_class) if action.preempt else None,
+            max_victims=order.preempt if action.preempt else 0,
         )
         timeout = timeout or self._config.offer_timeout_s
         if action.workers is not None:

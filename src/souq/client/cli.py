@@ -19,10 +19,12 @@ import typer
 from souq import __version__
 from souq.client.options import (
     AutostopOpt,
+    ClassOpt,
     ConstraintOpt,
     CpusOpt,
     DistinctOpt,
     ImageOpt,
+    MaxPriceOpt,
     MemoryOpt,
     PolicyOpt,
     PortOpt,
@@ -195,6 +197,8 @@ def machine_run(
         ),
     ] = None,
     policy: PolicyOpt = None,
+    priority_class: ClassOpt = None,
+    max_price: MaxPriceOpt = None,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Show where it would go and why; claim nothing.")
     ] = False,
@@ -209,6 +213,10 @@ def machine_run(
         config |= _run_config(restart, max_retries, env)
         if driver is not None:
             config["driver"] = driver.value
+        if priority_class is not None:
+            config["priority_class"] = priority_class.value
+        if max_price is not None:
+            config["max_price"] = max_price
         if autostop is not None and not port:
             raise typer.BadParameter(
                 "it says what the proxy does to an idle service: give the service's --port",

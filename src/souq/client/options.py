@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from souq.model.choices import Autostop, FitPolicy, Strategy
+from souq.model.choices import Autostop, FitPolicy, PriorityClass, Strategy
 
 if TYPE_CHECKING:
     from pydantic import TypeAdapter
@@ -157,6 +157,22 @@ DistinctOpt = Annotated[
 ImageOpt = Annotated[
     str | None,
     typer.Option("--image", help="The image it runs (sha256:… or a name; see `souq image list`)."),
+]
+ClassOpt = Annotated[
+    PriorityClass | None,
+    typer.Option(
+        "--priority-class",
+        help="reserved (never displaced), standard (the default) or spot (displaced first, "
+        "when a machine of a higher class fits nowhere else).",
+    ),
+]
+MaxPriceOpt = Annotated[
+    float | None,
+    checked_option(
+        "--max-price",
+        help="The most it bids, per hour (the cheapest bids are displaced first).",
+        checks="souq.model.machine.MachineConfig.max_price",
+    ),
 ]
 PolicyOpt = Annotated[
     FitPolicy | None, typer.Option("--policy", help="How to rank offers (default: best-fit).")

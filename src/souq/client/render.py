@@ -216,6 +216,11 @@ def machine(m: Machine) -> None:
         ("created", m.created_at),
         ("updated", m.updated_at),
     ]
+    bid = "" if config.max_price is None else f", bids at most {config.max_price:g}"
+    rows.append(("class", f"{config.priority_class}{bid}"))
+    preempted = next((e for e in m.events if e.type == "preempted"), None)
+    if preempted is not None and m.state in ("stopping", "stopped"):
+        rows.append(("reason", preempted.message or "preempted"))
     if config.env:
         rows.append(("env", " ".join(f"{k}={v}" for k, v in sorted(config.env.items()))))
     if m.address is not None and m.address.private_ip:
@@ -313,6 +318,18 @@ def _print_placement(console: Console, p: Placement) -> None:
     if p.rejections:
         rejected = ", ".join(f"{n} {reason}" for reason, n in sorted(p.rejections.items()))
         console.print(f"rejected: {rejected}")
+    if p.preemption is not None:
+        pre = p.preemption
+        console.print(
+            f"preemption: {pre.reason}; {pre.priority_class} may displace "
+            f"{', '.join(pre.displaces) or 'nothing'} (at most {pre.max_victims} machines)"
+        )
+    for v in p.preempted:
+        price = "no limit" if v.max_price is None else f"{v.max_price:g}"
+        console.print(
+            f"displaced {v.machine_id} (app {v.app}, {v.priority_class}, bid {price}, "
+            f"{v.cpus:g} cpus / {v.memory_mb} MiB)"
+        )
     if p.offers:
         table = Table(box=None, pad_edge=False)
         gpus = any(o.gpu_free is not None for o in p.offers)  # a GPU request: their free state
@@ -323,6 +340,8 @@ def _print_placement(console: Console, p: Placement) -> None:
             scores = " ".join(f"{k}={v:.3f}" for k, v in o.scores.items())
             score = "" if o.score is None else f"{o.score:.3f}"
             rejected = f"{o.rejected}: {o.detail}" if o.rejected else ""
+            if o.preempts:
+                rejected = f"would displace {o.preempts}"
             free = [",".join(str(f) for f in o.gpu_free or ())] if gpus else []
             table.add_row(o.worker_id, score, scores, *free, rejected)
         console.print(table)

@@ -18,7 +18,12 @@ Phases:
 4. **claim** — one :class:`SendClaim` per chosen worker. A refusal drops that worker and
    re-assigns its machines to the next; when the ranking runs out, more candidates are drawn (or
    offers asked); unanswered claims and claim rounds are bounded by the :class:`Rules`;
-5. **finish** — :class:`Finished` with what was placed, the placement record, and the error when
+5. **preempt** — a single machine (a create or a dry run) that fits nowhere and whose class may
+   displace others (``Order.preempt``: at most that many machines) asks for offers once more,
+   each saying whom the worker would displace (:mod:`souq.market.preemption`); the ranking then
+   puts first the fewest, lowest-class, cheapest victims, and the pipeline's score among equals,
+   and the claim tells the worker it may displace (it judges again on its own ledger);
+6. **finish** — :class:`Finished` with what was placed, the placement record, and the error when
    fewer than ``min_count`` were placed (immediate-or-cancel: nothing waits).
 """
 
@@ -33,8 +38,10 @@ from typing import Any
 
 from souq.errors import IdempotencyConflict, SouqError, Unavailable
 from souq.market.book import WorkerBook
+from souq.market.preemption import RANK, may_displace
 from souq.market.records import RecordKeeper
 from souq.market.sampling import plan_sample
+from souq.model.placement import Preemption
 from souq.model.protocol import Offer
 from souq.model.resources import Resources
 from souq.placement import Pipeline, PlacementRequest
@@ -68,6 +75,8 @@ class Order:
     purpose: Purpose = Purpose.CLAIM
     find_existing: bool = False  # an idempotent retry: ask offers to meet the earlier machine
     batch: bool = False  # a batch create (claim_batch, a batch record), whatever its count
+    preempt: int = 0  # fitting nowhere, it may displace this many machines of a lower class
+    priority_class: str = "standard"
 
     @property
     def request_id(self) -> str:
@@ -102,6 +111,7 @@ class AskOffers:
 
     workers: tuple[str, ...] | None
     expect: int | None
+    preempt: bool = False  # each offer says whom the worker would displace
 
 
 @dataclass(frozen=True)
@@ -113,6 +123,7 @@ class SendClaim:
     indexes: tuple[int, ...]
     record: Any  # Placement: this worker's share of the record
     existing: bool = False
+    preempt: int = 0  # the worker may displace this many machines to make room
 
 
 @dataclass(frozen=True)
@@ -133,9 +144,15 @@ class _Source(StrEnum):
     OFFERS = "offers"
 
 
+# Preemption first (the fewest, lowest-class, cheapest victims: OfferedEviction.key), then the
+# best score, then the ranking's order.
+_Key = tuple[int, int, int, float, int, float, int]
+_NO_EVICTION = (-1, 0, 0, 0.0, 0)
+
+
 @dataclass(order=True)
 class _Slot:
-    key: tuple[float, int]  # best score first, then the ranking's order
+    key: _Key
     offer: Offer = field(compare=False)
 
 
@@ -181,6 +198,7 @@ class Auction:
         self._asked_again: set[str] = set()  # workers whose unanswered claim was sent again
         self._unknown: dict[str, tuple[int, ...]] = {}  # unanswered twice: made, or not?
         self._ranked_base = 0
+        self._preempting = False
         self.record = RecordKeeper(order, pipeline, started=now)
 
     @property
@@ -195,7 +213,11 @@ class Auction:
         if not rules.use_book or order.find_existing or not self._book.knows(order.region):
             return [self._ask_offers()]
         if not self._draw(now):
-            return [self._ask_offers()]  # nobody in the book has room: ask, it may be stale
+            # Nobody in the book has room: ask, it may be stale. A create that may displace
+            # asks at once whom each worker would displace (one with room says so too).
+            if self._may_preempt():
+                return [self._preempt("the book knew no worker with room for it as it is")]
+            return [self._ask_offers()]
         return self._next(now)
 
     def offers(self, offers: Sequence[Offer], now: float) -> list[Action]:
@@ -258,7 +280,8 @@ class Auction:
             self._asked_again.add(worker_id)
             self._outstanding[worker_id] = indexes
             self.record.claim(worker_id, len(indexes), ok=False, reason=reason)
-            return [SendClaim(worker_id, indexes, self.record.share(worker_id))]
+            preempt = self.order.preempt if self._preempting else 0
+            return [SendClaim(worker_id, indexes, self.record.share(worker_id), preempt=preempt)]
         self.record.claim(worker_id, len(indexes), ok=False, reason=reason)
         self._unknown[worker_id] = indexes
         self._silent += 1
@@ -274,7 +297,7 @@ class Auction:
         if self._outstanding:
             return []  # a round ends when all its claims are answered
         if not self._pending or self.order.purpose is Purpose.EXPLAIN:
-            return [self._finish(now)]
+            return [self._end(now)]
         if self._placed_before == len(self._placed) and self.record.rounds:
             self._futile += 1
         else:
@@ -286,13 +309,15 @@ class Auction:
             more = self._more(now)
             if more is not None:
                 return more
-            return [self._finish(now)]
+            return [self._end(now)]
         self._placed_before = len(self._placed)
         self.record.claiming(now)
         actions: list[Action] = []
+        preempt = self.order.preempt if self._preempting else 0
         for worker_id, indexes in groups.items():
             self._outstanding[worker_id] = tuple(indexes)
-            actions.append(SendClaim(worker_id, tuple(indexes), self.record.share(worker_id)))
+            share = self.record.share(worker_id)
+            actions.append(SendClaim(worker_id, tuple(indexes), share, preempt=preempt))
         assigned = {i for indexes in groups.values() for i in indexes}
         self._pending = [i for i in self._pending if i not in assigned]
         return actions
@@ -340,7 +365,47 @@ class Auction:
         self._rank(found.offers, now)
         return True
 
-    def _ask_offers(self) -> AskOffers:
+    def _end(self, now: float) -> Action:
+        """Finish; or, when the machine fits nowhere and may displace others, ask again for
+        offers that say whom each worker would displace."""
+        order = self.order
+        short = not self._heap if order.purpose is Purpose.EXPLAIN else len(self._placed) < 1
+        if not short or not self._may_preempt():
+            return self._finish(now)
+        return self._preempt("no worker had room for it as it is")
+
+    def _may_preempt(self) -> bool:
+        """Whether the order may still look at displacing machines."""
+        order = self.order
+        return not (
+            self._preempting
+            or order.preempt <= 0
+            or order.batch
+            or order.purpose is Purpose.HOLD
+            or self._unknown
+            or self._existing is not None
+            or RANK[order.priority_class] <= RANK["spot"]
+        )
+
+    def _preempt(self, reason: str) -> AskOffers:
+        """Ask for offers that say whom each worker would displace."""
+        order = self.order
+        self._preempting = True
+        self._dropped -= {w for w in self._dropped if w not in self._asked_again}
+        self._pending = list(range(order.count))
+        self._heap, self._seen = [], set()
+        self.record.restart()
+        self.record.preempting(
+            Preemption(
+                priority_class=order.priority_class,
+                displaces=[c for c in RANK if may_displace(order.priority_class, c)],
+                max_victims=order.preempt,
+                reason=reason,
+            )
+        )
+        return self._ask_offers(preempt=True)
+
+    def _ask_offers(self, *, preempt: bool = False) -> AskOffers:
         self._asked_offers = True
         order, rules = self.order, self._rules
         if self._seen:
@@ -360,10 +425,10 @@ class Auction:
         if plan.workers is None:
             live = self._live()
             self.record.asking(None, live)
-            return AskOffers(None, expect=live or None)
+            return AskOffers(None, expect=live or None, preempt=preempt)
         workers = self._with_holders(plan.workers, asking)
         self.record.asking(workers, plan.population)
-        return AskOffers(tuple(workers), expect=len(workers))
+        return AskOffers(tuple(workers), expect=len(workers), preempt=preempt)
 
     def _with_holders(self, sample: list[str], asking: list[str]) -> list[str]:
         """A sample for a machine of an image asks the workers that cache it too (as many as
@@ -381,14 +446,27 @@ class Auction:
     def _rank(self, offers: Sequence[Offer], now: float) -> None:
         fresh = [o for o in offers if o.worker.id not in self._seen]
         self._seen.update(o.worker.id for o in fresh)
+        evictions: dict[str, tuple[int, int, int, float, int]] = {}
+        if self._preempting:
+            fresh = [_as_if_evicted(o) for o in fresh]
+            for o in fresh:
+                if o.eviction is not None:
+                    evictions[o.worker.id] = o.eviction.key()
         ranking = self._pipeline.rank(self.order.request, fresh)
-        self.record.ranked(ranking, now)
+        preempts = (
+            {o.worker.id: o.eviction.victims for o in fresh if o.eviction is not None}
+            if self._preempting
+            else None
+        )
+        self.record.ranked(ranking, now, preempts=preempts)
         scores = {o.worker_id: o for o in ranking.outcomes if o.score is not None}
         for i, offer in enumerate(ranking.ordered):
             if offer.worker.id in self._dropped:
                 continue
             score = scores[offer.worker.id].score or 0.0
-            heapq.heappush(self._heap, _Slot((-score, self._ranked_base + i), offer))
+            first = evictions.get(offer.worker.id, _NO_EVICTION)
+            key: _Key = (*first, -score, self._ranked_base + i)
+            heapq.heappush(self._heap, _Slot(key, offer))
         self._ranked_base += len(ranking.ordered)
 
     def _assign(self, pending: Sequence[int]) -> dict[str, list[int]]:
@@ -409,12 +487,14 @@ class Auction:
             again = self._pipeline.rank(request, [charged])
             if again.ordered:
                 score = next(o.score for o in again.outcomes if o.score is not None)
-                heapq.heappush(self._heap, _Slot((-(score or 0.0), slot.key[1]), charged))
+                key: _Key = (*_NO_EVICTION, -(score or 0.0), slot.key[6])
+                heapq.heappush(self._heap, _Slot(key, charged))
         return groups
 
     def _finish(self, now: float, *, error: SouqError | None = None) -> Finished:
         placed = dict(sorted(self._placed.items()))
-        record = self.record.final(placed, now)
+        best = self._heap[0].offer.worker.id if self._heap else None
+        record = self.record.final(placed, now, best=best)
         short = (
             not self._heap
             if self.order.purpose is Purpose.EXPLAIN
@@ -443,6 +523,21 @@ class Auction:
             hint="a dry run with a used idempotency key would place nothing",
             details={"machine_id": existing.existing_machine_id},
         )
+
+
+def _as_if_evicted(offer: Offer) -> Offer:
+    """A preempting create's offer as the worker would stand once its victims were gone (what
+    the pipeline filters and scores); an offer that displaces nobody as it is."""
+    eviction = offer.eviction
+    if eviction is None or eviction.victims == 0:
+        return offer
+    worker = offer.worker.model_copy(
+        update={
+            "allocated": offer.worker.allocated.minus(eviction.freed),
+            "gpu_free": list(eviction.gpu_free) or offer.worker.gpu_free,
+        }
+    )
+    return offer.model_copy(update={"worker": worker, "eligible": True})
 
 
 def _charge(offer: Offer, want: Resources) -> Offer:

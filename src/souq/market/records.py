@@ -15,7 +15,14 @@ from typing import TYPE_CHECKING, Any
 
 from souq.errors import InsufficientCapacity
 from souq.model.batch import BatchClaim, BatchPlacement
-from souq.model.placement import ClaimAttempt, OfferOutcome, Placement, Sampling, Timings
+from souq.model.placement import (
+    ClaimAttempt,
+    OfferOutcome,
+    Placement,
+    Preemption,
+    Sampling,
+    Timings,
+)
 from souq.placement import Pipeline, Ranking
 
 if TYPE_CHECKING:
@@ -45,6 +52,7 @@ class RecordKeeper:
         self._attempts: list[ClaimAttempt] = []
         self._batch_claims: list[BatchClaim] = []
         self._rounds = 0
+        self._preemption: Preemption | None = None
 
     @property
     def rounds(self) -> int:
@@ -90,9 +98,15 @@ class RecordKeeper:
             self._sampled = Sampling(asked=asked, of=population, seed=self._order.request_id)
         self._gathered = self._gathered or now
 
-    def ranked(self, ranking: Ranking, now: float) -> None:
+    def preempting(self, preemption: Preemption) -> None:
+        """No worker had room: the offers that follow say whom each would displace."""
+        self._preemption = preemption
+
+    def ranked(
+        self, ranking: Ranking, now: float, *, preempts: dict[str, int] | None = None
+    ) -> None:
         """The candidates so far were ranked (where they came from, :meth:`drew` or
-        :meth:`restart` said)."""
+        :meth:`restart` said); ``preempts``: how many machines each would displace."""
         for reason, n in ranking.rejections.items():
             self._rejections[reason] += n
         for reason, items in ranking.unmet.items():
@@ -102,7 +116,15 @@ class RecordKeeper:
         for i, outcome in enumerate(o for o in ranking.outcomes if o.score is not None):
             self._order_of.append((-(outcome.score or 0.0), base + i, outcome.worker_id))
         self._order_of.sort()
-        self._outcomes.extend(ranking.outcomes)
+        if preempts:
+            self._outcomes.extend(
+                o.model_copy(update={"preempts": preempts[o.worker_id]})
+                if o.worker_id in preempts
+                else o
+                for o in ranking.outcomes
+            )
+        else:
+            self._outcomes.extend(ranking.outcomes)
         self._ranked = now
 
     def claiming(self, now: float) -> None:
@@ -148,6 +170,7 @@ class RecordKeeper:
             timings=self.timings(now),
             sampled=self._sampled,
             source=self.source,
+            preemption=self._preemption,
             **fields,
         )
 
@@ -171,12 +194,16 @@ class RecordKeeper:
             claims=[ClaimAttempt(worker_id=worker_id, ok=True)],
         )
 
-    def final(self, placed: dict[int, Any], now: float) -> Placement | BatchPlacement:
+    def final(
+        self, placed: dict[int, Any], now: float, *, best: str | None = None
+    ) -> Placement | BatchPlacement:
+        """The record the caller gets; ``best``: a dry run's winner as the auction ranked it
+        (when it ranks by more than the score: a preempting create's victims)."""
         order = self._order
         if order.batch:
             return self._batch(placed, now)
         if order.purpose == "explain":
-            best = self._best()
+            best = best or self._best()
             return self._placement(
                 now, offers=self._outcomes, winner=best, runner_up=self._runner_up(best)
             )

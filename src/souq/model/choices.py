@@ -14,6 +14,7 @@ __all__ = [
     "JobRestart",
     "JobState",
     "MachineState",
+    "PriorityClass",
     "RestartPolicy",
     "ScopeName",
     "Strategy",
@@ -30,6 +31,15 @@ class MachineState(StrEnum):
     DESTROYING = "destroying"
     DESTROYED = "destroyed"
     FAILED = "failed"
+
+
+class PriorityClass(StrEnum):
+    """How much a machine (or a batch job) may be displaced to make room for another
+    (:mod:`souq.market.preemption`)."""
+
+    RESERVED = "reserved"  # never displaced; may displace standard and spot
+    STANDARD = "standard"  # displaced only by reserved; may displace spot
+    SPOT = "spot"  # displaced by either; displaces nobody
 
 
 class RestartPolicy(StrEnum):

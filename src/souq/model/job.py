@@ -9,7 +9,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from souq.model.base import Input, Record
-from souq.model.choices import JobRestart, JobState
+from souq.model.choices import JobRestart, JobState, PriorityClass
 from souq.model.machine import APP_NAME_PATTERN
 from souq.model.schedule import Schedule, parse_schedule, time_zone
 
@@ -115,6 +115,17 @@ class JobSubmit(Input):
         default=False,
         description="a periodic job: a run is not queued while the previous one has not ended "
         "(that time is skipped, and said so)",
+    )
+    priority_class: PriorityClass = Field(
+        default=PriorityClass.STANDARD,
+        description="`reserved`, `standard` or `spot`, as a machine's (docs/placement.md)",
+    )
+    max_price: float | None = Field(
+        default=None,
+        ge=0,
+        le=1e9,
+        allow_inf_nan=False,
+        description="the most it bids, per hour (none: no limit)",
     )
 
     @field_validator("cron")
@@ -237,7 +248,9 @@ class JobRunEvent(Record):
     ``outcome`` of a ``job.stopped``: ``exited`` (its exit was reported: ``state`` is what the
     queue made of it), ``not_started`` (its process could not start: reported as exit 127),
     ``returned`` (the agent shut down and gave it back), ``fenced`` (its lease was lost or could
-    not be renewed: killed, reported by nobody; the queue requeues it once the lease ends)."""
+    not be renewed: killed, reported by nobody; the queue requeues it once the lease ends),
+    ``preempted`` (a machine of a higher class took its room, ``preempted_by``: stopped and given
+    back to the queue)."""
 
     kind: Literal["job.started", "job.stopped"]
     name: str
@@ -246,7 +259,8 @@ class JobRunEvent(Record):
     attempt: int
     at_ms: int
     pid: int | None = None
-    outcome: Literal["", "exited", "not_started", "returned", "fenced"] = ""
+    outcome: Literal["", "exited", "not_started", "returned", "fenced", "preempted"] = ""
+    preempted_by: str | None = Field(default=None, description="the machine that took its room")
     exit_code: int | None = None
     signal: str | None = None
     state: JobState | None = Field(default=None, description="the job's state after the stop")

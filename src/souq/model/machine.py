@@ -27,7 +27,7 @@ from souq.limits import (
     dns_label_problem,
 )
 from souq.model.base import Input, Record, copy_fields
-from souq.model.choices import MachineState, RestartPolicy
+from souq.model.choices import MachineState, PriorityClass, RestartPolicy
 from souq.model.constraint import Constraint
 from souq.model.durations import format_go_duration, seconds_of, set_timeout_s
 from souq.model.fly_fields import (
@@ -338,6 +338,19 @@ class MachineConfig(Input):
         max_length=MAX_SERVICES,
         description="machines this one stands by for: it stays stopped, on another worker, "
         "until one of theirs goes down",
+    )
+    priority_class: PriorityClass = Field(
+        default=PriorityClass.STANDARD,
+        description="`reserved` (never displaced), `standard` or `spot` (displaced first): a "
+        "create that fits nowhere may displace machines of a lower class (docs/placement.md)",
+    )
+    max_price: float | None = Field(
+        default=None,
+        ge=0,
+        le=1e9,
+        allow_inf_nan=False,
+        description="the most it bids, per hour (none: no limit); among machines of one class "
+        "the cheapest bids are displaced first",
     )
 
     def internal_ports(self) -> list[int]:

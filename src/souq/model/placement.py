@@ -6,7 +6,16 @@ from pydantic import Field
 
 from souq.model.base import Record
 
-__all__ = ["ClaimAttempt", "ImagePull", "OfferOutcome", "Placement", "Sampling", "Timings"]
+__all__ = [
+    "ClaimAttempt",
+    "ImagePull",
+    "OfferOutcome",
+    "Placement",
+    "PreemptedMachine",
+    "Preemption",
+    "Sampling",
+    "Timings",
+]
 
 
 class OfferOutcome(Record):
@@ -21,6 +30,11 @@ class OfferOutcome(Record):
         default=None,
         description="a machine that asks for GPUs: the worker's free thousandths per GPU, by "
         "index, as placement saw them",
+    )
+    preempts: int | None = Field(
+        default=None,
+        description="a create that may displace machines: how many this worker would displace "
+        "to take it (0: it has the room)",
     )
 
 
@@ -59,6 +73,29 @@ class ImagePull(Record):
     bytes_to_pull: int = Field(description="what the worker had to fetch (0: cached)")
     bytes_pulled: int | None = Field(default=None, description="fetched, once the pull is done")
     pull_ms: float | None = Field(default=None, description="how long fetching and unpacking took")
+
+
+class PreemptedMachine(Record):
+    """A machine a create displaced: stopped (its stop signal, then its kill timeout) and its
+    reservation given to the new machine."""
+
+    machine_id: str
+    app: str
+    priority_class: str
+    max_price: float | None = None
+    cpus: float
+    memory_mb: int
+    running: bool = Field(description="whether it was running (else: stopped, holding room)")
+    reason: str = Field(description="why it was displaced, in words")
+
+
+class Preemption(Record):
+    """Why a create looked at displacing machines, and what it was allowed to."""
+
+    priority_class: str = Field(description="the create's class")
+    displaces: list[str] = Field(description="the classes it may displace")
+    max_victims: int = Field(description="the most machines it may displace")
+    reason: str = Field(description="why: no worker had room for it as it was")
 
 
 class Placement(Record):
@@ -102,6 +139,14 @@ class Placement(Record):
         default=None,
         description="why it is not isolated, when the config left the driver to the worker and "
         "the worker cannot isolate",
+    )
+    preemption: Preemption | None = Field(
+        default=None,
+        description="set when no worker had room and the create looked at displacing machines "
+        "of a lower priority class",
+    )
+    preempted: list[PreemptedMachine] = Field(
+        default_factory=list, description="the machines it displaced, on the chosen worker"
     )
     source: str = Field(
         default="offers",

@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import Field
 
 from souq.model.base import Input, Record
+from souq.model.choices import PriorityClass
 from souq.model.image import ImageRecord
 from souq.model.machine import Machine, MachineConfig, MachineEvent, MachineState
 from souq.model.placement import Placement
@@ -34,6 +35,7 @@ __all__ = [
     "MachineRef",
     "Offer",
     "OfferRequest",
+    "OfferedEviction",
     "Quote",
     "QuoteRef",
     "QuoteState",
@@ -59,6 +61,28 @@ class OfferRequest(Input):
         default_factory=dict,
         description="its layers: bytes by short digest (the first 16 hex digits), in order",
     )
+    priority_class: PriorityClass | None = Field(
+        default=None,
+        description="set when the machine may displace machines of a lower class: the "
+        "worker's offer says whom it would displace (souq.market.preemption)",
+    )
+    max_victims: int = Field(default=0, ge=0, description="the most machines it may displace")
+
+
+class OfferedEviction(Record):
+    """What a worker would displace to take the machine (an offer to a preempting create)."""
+
+    victims: int = Field(description="machines displaced (0: it has the room)")
+    freed: Resources = Field(description="what they reserve")
+    gpu_free: list[int] = Field(default_factory=list, description="each GPU's free share after")
+    top_class: int = Field(description="the rank of the highest class displaced (-1: none)")
+    unbounded: int = Field(default=0, description="victims that bid without limit")
+    priced: float = Field(default=0.0, description="the sum of the other victims' bids")
+    running: int = Field(default=0, description="victims that run")
+
+    def key(self) -> tuple[int, int, int, float, int]:
+        """Smaller is better (souq.market.preemption.Eviction.key)."""
+        return self.top_class, self.victims, self.unbounded, self.priced, self.running
 
 
 class Offer(Record):
@@ -81,6 +105,9 @@ class Offer(Record):
     )
     app_machines: int = Field(
         default=0, description="machines of the requesting app on this worker, not destroyed"
+    )
+    eviction: OfferedEviction | None = Field(
+        default=None, description="a preempting create's offer: whom the worker would displace"
     )
 
 
@@ -121,6 +148,12 @@ class ClaimRequest(Input):
         max_length=128,
         description="the private network its app is on (souq.network.addresses.network_of); "
         "empty: the default organization's",
+    )
+    preempt: int = Field(
+        default=0,
+        ge=0,
+        description="when it does not fit: displace at most this many machines of a class "
+        "below its own (0: displace none)",
     )
 
 

@@ -142,6 +142,7 @@ class ControlPlane:
         self.view.apply(machine)
 
     def _followed(self, machine: Machine, backend: Backend | None) -> None:
+        self.failover.machine_changed(machine)
         if backend is None:
             self.health.forget(machine.id)
             return

@@ -5,6 +5,10 @@ leave rotation at once (requests would only time out on them), and every standby
 on it (``standbys: [ID]`` on the standby, which was placed on another worker and waits
 stopped) is started through its own worker. When the worker comes back, its machines return to
 rotation (their health checks still have the last word). Each failover is recorded.
+
+A primary displaced by a create of a higher priority class (an event ``preempted`` newer than
+its last start: docs/placement.md) has its standbys started too, once per preemption: it is
+stopping for good, on a worker that is up.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import logging
 from dataclasses import dataclass, field
 
 from souq.errors import SouqError
-from souq.model import WorkerState
+from souq.model import Machine, WorkerState
 from souq.model.protocol import StartCommand
 from souq.protocol import WorkerClient
 from souq.protocol.verbs import START
@@ -38,6 +42,9 @@ class Failover:
     # Standbys being started: a worker reported down again (down, up, down) before the first
     # start is answered must not start them twice.
     _starting: set[str] = field(default_factory=set)
+    # Primaries whose preemption started their standbys: machine id -> its `preempted` event's
+    # time (a record seen again must not start them again).
+    _preempted: dict[str, int] = field(default_factory=dict)
 
     def worker_changed(
         self, worker_id: str, state: WorkerState, before: WorkerState | None
@@ -49,27 +56,43 @@ class Failover:
             for machine in self.feed.on_worker(worker_id):
                 self.feed.table.set_healthy(machine.id, True)
 
+    def machine_changed(self, machine: Machine) -> None:
+        """A machine's record changed: a primary that was preempted starts its standbys."""
+        at = preempted_at(machine)
+        if at is None:
+            self._preempted.pop(machine.id, None)
+            return
+        if self._preempted.get(machine.id) == at:
+            return
+        self._preempted[machine.id] = at
+        self._start_standbys(machine, machine.worker_id, f"machine {machine.id} was preempted")
+
     def _lost(self, worker_id: str) -> None:
         primaries = self.feed.on_worker(worker_id)
         for machine in primaries:
             self.feed.table.set_healthy(machine.id, False)
-        loop = asyncio.get_running_loop()
         for primary in primaries:
-            for standby_id in sorted(self.feed.standbys.get(primary.id, ())):
-                standby = self.feed.machines.get(standby_id)
-                if standby is None or standby.worker_id == worker_id:
-                    continue
-                if standby.state.value not in _STARTABLE or standby_id in self._starting:
-                    continue
-                self._starting.add(standby_id)
-                task = loop.create_task(
-                    self._start(standby.app, standby_id, standby.worker_id, primary.id, worker_id)
-                )
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+            self._start_standbys(
+                primary, worker_id, f"worker {worker_id} of machine {primary.id} is down"
+            )
+
+    def _start_standbys(self, primary: Machine, not_on: str, why: str) -> None:
+        loop = asyncio.get_running_loop()
+        for standby_id in sorted(self.feed.standbys.get(primary.id, ())):
+            standby = self.feed.machines.get(standby_id)
+            if standby is None or standby.worker_id == not_on:
+                continue
+            if standby.state.value not in _STARTABLE or standby_id in self._starting:
+                continue
+            self._starting.add(standby_id)
+            task = loop.create_task(
+                self._start(standby.app, standby_id, standby.worker_id, primary.id, why)
+            )
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
     async def _start(
-        self, app: str, standby_id: str, on_worker: str, primary_id: str, lost_worker: str
+        self, app: str, standby_id: str, on_worker: str, primary_id: str, why: str
     ) -> None:
         try:
             machine = await self.workers.call(
@@ -90,10 +113,21 @@ class Failover:
             "failover",
             app,
             standby_id,
-            f"worker {lost_worker} of machine {primary_id} is down: started its standby",
+            f"{why}: started its standby",
         )
 
     async def aclose(self) -> None:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def preempted_at(machine: Machine) -> int | None:
+    """When ``machine`` was preempted, if that is newer than its last start (None: it was not,
+    or it started again since)."""
+    for event in machine.events:  # newest first
+        if event.type == "preempted":
+            return event.timestamp
+        if event.type in ("start", "restart", "launch"):
+            return None
+    return None

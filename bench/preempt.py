@@ -1,0 +1,185 @@
+"""A create that preempts against a create that fits, side by side in one run, and the victims'
+stop time.
+
+``python -m bench preempt``: nats-server, one broker and ``PREEMPT_WORKERS`` (2) real agents of
+``PREEMPT_CPUS`` (16) cpus in one region. Each round:
+
+1. half the region is filled with running ``spot`` machines (1 cpu each, ``sleep``, stopped
+   with SIGTERM);
+2. *fits*: one ``standard`` create after the other into the other half (each finds room);
+3. *preempts*: as many ``standard`` creates again, the region now full: each displaces one spot
+   machine (the broker asks whom each worker would displace, the worker stops its victim and
+   takes the new machine in the same claim);
+4. everything is destroyed.
+
+Both cases run while the same number of machines run. Per case: latency (p50, p90, mean, one
+create at a time, answered when the worker took and started the machine), and the broker's and
+the agents' CPU per create. Per victim: its stop time, from its ``preempted`` event to its
+``stopped`` one (the signal, the process's exit and its reaping). ``PREEMPT_ROUNDS`` (2).
+Figures in docs/benchmarks.md, "Preemption".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+from bench.stats import machine_line
+from souq.testing import Cluster, auth_headers, wait_until
+
+__all__ = ["main"]
+
+WORKERS = int(os.environ.get("PREEMPT_WORKERS", "2"))
+CPUS = int(os.environ.get("PREEMPT_CPUS", "16"))
+ROUNDS = int(os.environ.get("PREEMPT_ROUNDS", "2"))
+# 1: the spot machines ignore SIGTERM (SIGKILL ends them after their 5 s kill timeout), so that
+# no victim exits while the create that displaced it is being answered.
+SLOW_VICTIMS = os.environ.get("PREEMPT_SLOW_VICTIMS", "0") == "1"
+REGION = "bench"
+
+
+def _config(klass: str, price: float | None = None) -> dict[str, Any]:
+    slow = SLOW_VICTIMS and klass == "spot"
+    config: dict[str, Any] = {
+        "cmd": ["sh", "-c", "trap '' TERM; exec sleep 3600"] if slow else ["sleep", "3600"],
+        "guest": {"cpus": 1, "memory_mb": 16},
+        "priority_class": klass,
+        "stop_config": {"signal": "SIGTERM", "timeout_s": 5},
+    }
+    if price is not None:
+        config["max_price"] = price
+    return config
+
+
+def _cpu(pids: list[int]) -> float:
+    total = 0.0
+    for pid in pids:
+        times = psutil.Process(pid).cpu_times()
+        total += times.user + times.system
+    return total
+
+
+def _creates(
+    http: httpx.Client, app: str, n: int, klass: str, pids: dict[str, list[int]]
+) -> dict[str, Any]:
+    """``n`` creates one after the other: latencies, CPU per create, and the answers."""
+    before = {role: _cpu(p) for role, p in pids.items()}
+    latencies, made = [], []
+    for _ in range(n):
+        started = time.perf_counter()
+        r = http.post(f"/v1/apps/{app}/machines", json={"region": REGION, "config": _config(klass)})
+        latencies.append((time.perf_counter() - started) * 1000)
+        r.raise_for_status()
+        made.append(r.json())
+    cpu = {
+        f"{role}_cpu_ms_per_create": (_cpu(p) - before[role]) * 1000 / n for role, p in pids.items()
+    }
+    ordered = sorted(latencies)
+    timings = [(m.get("placement") or {}).get("timings", {}) for m in made]
+    return {
+        "gather_ms": statistics.median(t.get("gather_ms", 0.0) for t in timings),
+        "claim_ms": statistics.median(t.get("claim_ms", 0.0) for t in timings),
+        "creates": n,
+        "p50_ms": statistics.median(ordered),
+        "p90_ms": ordered[int(0.9 * (n - 1))],
+        "mean_ms": statistics.fmean(ordered),
+        **cpu,
+        "machines": made,
+    }
+
+
+def _stop_ms(http: httpx.Client, app: str, machine_id: str) -> float:
+    """From a victim's ``preempted`` event to its ``stopped`` one."""
+
+    def stopped() -> list[dict[str, Any]] | None:
+        events = http.get(f"/v1/apps/{app}/machines/{machine_id}/events").json()
+        return events if any(e["status"] == "stopped" for e in events) else None
+
+    found = wait_until(stopped, timeout=60, interval=0.05, message="a victim stopped")
+    events = sorted(found, key=_at)
+    preempted = next(e for e in events if e["type"] == "preempted")
+    done = next(e for e in events if e["status"] == "stopped" and _at(e) >= _at(preempted))
+    return float(_at(done) - _at(preempted))
+
+
+def _at(event: dict[str, Any]) -> int:
+    return int(event["timestamp"])
+
+
+def _destroy(http: httpx.Client, *apps: str) -> None:
+    for app in apps:
+        for m in http.get(f"/v1/apps/{app}/machines").json():
+            http.delete(f"/v1/apps/{app}/machines/{m['id']}", params={"force": "true"})
+
+
+def _round(http: httpx.Client, pids: dict[str, list[int]], half: int) -> dict[str, Any]:
+    batch, web = "spot" + uuid.uuid4().hex[:6], "web" + uuid.uuid4().hex[:6]
+    for i in range(half):
+        r = http.post(
+            f"/v1/apps/{batch}/machines",
+            json={"region": REGION, "config": _config("spot", price=i)},
+        )
+        r.raise_for_status()
+    fits = _creates(http, web, half, "standard", pids)
+    preempts = _creates(http, web, half, "standard", pids)
+    victims = [
+        (v["app"], v["machine_id"])
+        for m in preempts.pop("machines")
+        for v in (m.get("placement") or {}).get("preempted", [])
+    ]
+    fits.pop("machines")
+    stops = sorted(_stop_ms(http, app, mid) for app, mid in victims)
+    _destroy(http, batch, web)
+    return {
+        "fits": fits,
+        "preempts": preempts,
+        "victims": len(victims),
+        "victim_stop_p50_ms": statistics.median(stops) if stops else None,
+        "victim_stop_max_ms": stops[-1] if stops else None,
+    }
+
+
+def main() -> None:
+    print(f"# preemption benchmark — {machine_line()}", flush=True)
+    half = WORKERS * CPUS // 2
+    root = Path(tempfile.mkdtemp(prefix="souq-preempt-", dir="/var/tmp"))
+    with Cluster(root, regions={REGION: WORKERS}, cpus=CPUS, memory_mb=65536) as cluster:
+        pids = {
+            "broker": [cluster.brokers[0].pid],
+            "agents": [a.pid for a in cluster.agents],
+        }
+        headers = auth_headers()
+        with httpx.Client(base_url=cluster.api_url, headers=headers, timeout=60) as http:
+            _round(http, pids, 4)  # warm-up: imports, connections, the first spawns
+            rounds = []
+            for i in range(ROUNDS):
+                result = _round(http, pids, half)
+                rounds.append(result)
+                print(f"round {i}", json.dumps(result), flush=True)
+    summary = {
+        case: {
+            key: statistics.fmean(r[case][key] for r in rounds)
+            for key in rounds[0][case]
+            if key != "creates"
+        }
+        for case in ("fits", "preempts")
+    }
+    summary["ratio_p50"] = summary["preempts"]["p50_ms"] / summary["fits"]["p50_ms"]
+    summary["ratio_mean"] = summary["preempts"]["mean_ms"] / summary["fits"]["mean_ms"]
+    summary["victim_stop_p50_ms"] = statistics.fmean(
+        r["victim_stop_p50_ms"] for r in rounds if r["victim_stop_p50_ms"] is not None
+    )
+    print("summary", json.dumps(summary), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,256 @@
+"""Preemption inside one request, with real parts: nats-server, ``souq agent`` and ``souq
+broker`` processes, machines that really run and really get their stop signal.
+
+A create that fits nowhere displaces lower-class machines on the worker its claim reaches; the
+worker judges (and chooses the victims) on its own ledger, so three brokers racing never
+displace more than their machines need."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from souq.model import Machine
+from souq.testing import Cluster, auth_headers, wait_until
+
+WORKERS = 2
+CPUS = 4  # per worker: 8 one-cpu machines fill the region
+
+
+@pytest.fixture(scope="module")
+def three_brokers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    root = tmp_path_factory.mktemp("preempt")
+    with Cluster(root, regions={"pre": WORKERS}, cpus=CPUS, memory_mb=4096, brokers=3) as c:
+        yield c
+
+
+def config(klass: str, price: float | None = None, **more: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "cmd": ["sleep", "600"],
+        "guest": {"cpus": 1, "memory_mb": 64},
+        "priority_class": klass,
+        "stop_config": {"signal": "SIGTERM", "timeout_s": 2},
+        **more,
+    }
+    if price is not None:
+        body["max_price"] = price
+    return body
+
+
+def fill_with_spot(cluster: Cluster, app: str) -> list[Machine]:
+    """Fill the region with running spot machines, each bidding its index."""
+    client = cluster.client()
+    made = [
+        client.create_machine(app, "pre", config("spot", price=i)) for i in range(WORKERS * CPUS)
+    ]
+    for m in made:
+        client.wait(app, m.id, "started", timeout=30)
+    return made
+
+
+def destroy_all(cluster: Cluster, *apps: str) -> None:
+    client = cluster.client()
+    for app in apps:
+        for machine in client.list_machines(app):
+            client.destroy(app, machine.id, force=True)
+
+
+def free_cpus(cluster: Cluster) -> float:
+    workers = [w for w in cluster.client().workers() if w.region == "pre"]
+    return sum(w.capacity.cpus - w.allocated.cpus for w in workers)
+
+
+async def _storm(urls: list[str], app: str, n: int, klass: str) -> list[httpx.Response]:
+    limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
+    async with httpx.AsyncClient(timeout=60, limits=limits) as client:
+        return await asyncio.gather(
+            *(
+                client.post(
+                    f"{urls[i % len(urls)]}/v1/apps/{app}/machines",
+                    json={"region": "pre", "config": config(klass)},
+                    headers=auth_headers(),
+                )
+                for i in range(n)
+            )
+        )
+
+
+def preempted_event(cluster: Cluster, app: str, machine_id: str) -> dict[str, Any] | None:
+    events = cluster.client().events(app, machine_id)
+    found = next((e for e in events if e.type == "preempted"), None)
+    return None if found is None else found.model_dump()
+
+
+def test_a_standard_create_in_a_full_region_displaces_the_cheapest_spot_machine(
+    three_brokers: Cluster,
+) -> None:
+    cluster = three_brokers
+    batch, web = "batch" + uuid.uuid4().hex[:6], "web" + uuid.uuid4().hex[:6]
+    spot = fill_with_spot(cluster, batch)
+    client = cluster.client()
+    assert free_cpus(cluster) == 0
+
+    # A dry run says whom each worker would displace, and displaces nobody.
+    dry = client.explain_create(web, "pre", config("standard"))
+    assert dry.preemption is not None and dry.winner is not None
+    assert sorted(o.preempts or 0 for o in dry.offers) == [1] * WORKERS
+    assert not dry.preempted
+    assert all(m.state == "started" for m in client.list_machines(batch))
+
+    made = client.create_machine(web, "pre", config("standard"))
+
+    record = made.placement
+    assert record is not None and record.preemption is not None
+    assert record.preemption.displaces == ["spot"]
+    (victim,) = record.preempted
+    # The cheapest bid on the chosen worker went (bids are the spot machines' indexes).
+    on_worker = [m for m in spot if m.worker_id == made.worker_id]
+    assert victim.machine_id == min(on_worker, key=lambda m: m.config.max_price or 0).id
+    assert victim.app == batch and victim.priority_class == "spot" and victim.running
+    # Its owner learns it: an event naming the machine that took the room, and it stops.
+    event = wait_until(
+        lambda: preempted_event(cluster, batch, victim.machine_id), message="preempted event"
+    )
+    assert made.id in event["message"] and event["source"] == "agent"
+    stopped = client.wait(batch, victim.machine_id, "stopped", timeout=30)
+    assert stopped.state == "stopped"
+    client.wait(web, made.id, "started", timeout=30)
+    # Exactly the room needed changed hands: the region is still exactly full.
+    assert free_cpus(cluster) == 0
+    others = [m for m in client.list_machines(batch) if m.id != victim.machine_id]
+    assert all(m.state == "started" for m in others)
+    destroy_all(cluster, batch, web)
+
+
+def test_spot_and_standard_never_displace_their_own_class(three_brokers: Cluster) -> None:
+    cluster = three_brokers
+    batch, web = "batch" + uuid.uuid4().hex[:6], "web" + uuid.uuid4().hex[:6]
+    fill_with_spot(cluster, batch)
+    url = cluster.brokers[0].url
+    answer = httpx.post(
+        f"{url}/v1/apps/{web}/machines",
+        json={"region": "pre", "config": config("spot")},
+        headers=auth_headers(),
+        timeout=30,
+    )
+    assert answer.status_code == 409 and answer.json()["status"] == "insufficient_capacity"
+    assert all(m.state == "started" for m in cluster.client().list_machines(batch))
+    destroy_all(cluster, batch, web)
+
+
+def test_a_machine_of_a_class_that_does_not_exist_or_a_negative_bid_is_refused_naming_it(
+    three_brokers: Cluster,
+) -> None:
+    url = three_brokers.brokers[0].url
+    for field, bad in (("priority_class", "gold"), ("max_price", -1)):
+        body = {"region": "pre", "config": {**config("standard"), field: bad}}
+        answer = httpx.post(
+            f"{url}/v1/apps/web/machines", json=body, headers=auth_headers(), timeout=30
+        )
+        assert answer.status_code == 422, answer.text
+        assert f"config.{field}" in answer.json()["error"], answer.text
+        job = {"name": f"j{uuid.uuid4().hex[:8]}", "command": "true", field: bad}
+        answer = httpx.post(f"{url}/sched/submit", json=job, headers=auth_headers(), timeout=30)
+        assert answer.status_code == 422, answer.text
+        assert field in answer.json()["error"], answer.text
+
+
+def test_three_brokers_racing_displace_no_more_than_their_machines_need(
+    three_brokers: Cluster,
+) -> None:
+    cluster = three_brokers
+    batch, web = "batch" + uuid.uuid4().hex[:6], "web" + uuid.uuid4().hex[:6]
+    spot = fill_with_spot(cluster, batch)
+    urls = [b.url for b in cluster.brokers]
+
+    # Five creates at once over three brokers: each fits nowhere, each displaces one machine.
+    answers = asyncio.run(_storm(urls, web, 5, "standard"))
+    assert Counter(r.status_code for r in answers) == {201: 5}, [r.text for r in answers]
+    placed = [Machine.model_validate_json(r.content) for r in answers]
+    displaced = [
+        v.machine_id for m in placed for v in (m.placement.preempted if m.placement else [])
+    ]
+    assert len(displaced) == 5 == len(set(displaced))
+    # On each worker, the ones displaced are its cheapest: each claim chose on the ledger it found.
+    for worker in {m.worker_id for m in spot}:
+        here = sorted((m for m in spot if m.worker_id == worker), key=lambda m: m.config.max_price)
+        gone = [m.id for m in here if m.id in displaced]
+        assert gone == [m.id for m in here[: len(gone)]], (worker, gone)
+    client = cluster.client()
+    for victim in displaced:
+        client.wait(batch, victim, "stopped", timeout=30)
+    still = [m for m in client.list_machines(batch) if m.state == "started"]
+    assert len(still) == len(spot) - 5
+    assert free_cpus(cluster) == 0  # nothing was displaced that no machine took
+
+    # Six more: three spot machines are left to displace, then standard displaces nobody.
+    answers = asyncio.run(_storm(urls, web, 6, "standard"))
+    codes = Counter(r.status_code for r in answers)
+    assert codes == {201: 3, 409: 3}, [r.text for r in answers]
+    refused = [r.json() for r in answers if r.status_code == 409]
+    assert {r["status"] for r in refused} == {"insufficient_capacity"}
+    later = [Machine.model_validate_json(r.content) for r in answers if r.status_code == 201]
+    assert sum(len(m.placement.preempted) for m in later if m.placement) == 3
+    assert not [m for m in client.list_machines(batch) if m.state == "started"]
+    assert free_cpus(cluster) == 0
+    destroy_all(cluster, batch, web)
+
+
+def test_a_spot_batch_job_is_displaced_and_goes_back_to_the_queue(tmp_path: Path) -> None:
+    with Cluster(tmp_path, regions={"solo": 0}) as c:
+        c.add_agent("solo", cpus=2, extra_args=["--jobs", "2"])
+        c.wait_for_workers()
+        url = c.api_url
+        name = "j" + uuid.uuid4().hex[:8]
+        with httpx.Client(base_url=url, headers=auth_headers(), timeout=30) as http:
+            job = {"name": name, "command": "sleep 600", "cpus": 2, "priority_class": "spot"}
+            assert http.post("/sched/submit", json=job).status_code == 201
+
+            def state() -> str:
+                return str(http.get(f"/sched/status/{name}").json()["state"])
+
+            wait_until(lambda: state() == "running", timeout=30, message="the job to run")
+            body = {"region": "solo", "config": {"cmd": ["sleep", "600"], "guest": {"cpus": 1}}}
+            made = http.post("/v1/apps/web/machines", json=body)
+            assert made.status_code == 201, made.text
+            record = made.json()["placement"]
+            [victim] = record["preempted"]
+            assert victim["machine_id"] == f"job:{name}" and victim["priority_class"] == "spot"
+            # Back in the queue: the worker has 1 cpu free now, the job needs 2: it waits.
+            wait_until(lambda: state() == "pending", timeout=30, message="the job back")
+            worker = c.client().workers()[0]
+            assert worker.allocated.cpus == 1
+
+
+def test_a_restarted_agent_counts_a_victim_as_giving_its_room_back(tmp_path: Path) -> None:
+    with Cluster(tmp_path, regions={"solo": 0}) as c:
+        agent = c.add_agent("solo", cpus=2, stop_machines_on_exit=False)
+        c.wait_for_workers()
+        client = c.client()
+        spot = [client.create_machine("batch", "solo", config("spot", price=i)) for i in range(2)]
+        made = client.create_machine("web", "solo", config("standard"))
+        assert made.placement is not None
+        [victim] = [v.machine_id for v in made.placement.preempted]
+        assert victim == spot[0].id  # the cheaper bid
+        client.wait("batch", victim, "stopped", timeout=30)
+        agent.stop()
+        agent.start()
+        # The new agent reads the victim as holding no room: the worker is full, not over.
+        worker = wait_until(
+            lambda: next((w for w in client.workers() if w.state == "up"), None),
+            timeout=30,
+            message="the worker up again",
+        )
+        assert worker.allocated.cpus == 2
+        started = httpx.post(
+            f"{c.api_url}/v1/apps/batch/machines/{victim}/start", headers=auth_headers()
+        )
+        assert started.status_code == 409, started.text  # its room is taken
+        assert started.json()["status"] == "insufficient_capacity"
