@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from souq.client import cli
+from souq.client import cli, workers_cli
 from souq.errors import InsufficientCapacity, NotFound, SouqError
 from souq.model import Machine, MachineEvent, Placement, Resources, WorkerInfo
 from souq.model.machine import CheckStatus
@@ -83,6 +83,7 @@ class StubClient:
 def stub(monkeypatch: pytest.MonkeyPatch) -> StubClient:
     client = StubClient()
     monkeypatch.setattr(cli, "make_client", lambda: client)
+    monkeypatch.setattr(workers_cli, "make_client", lambda: client)
     return client
 
 

@@ -1,6 +1,7 @@
-"""The machine commands a broker sends (claim, start, stop, restart, signal, destroy, wait, logs,
-events): each checks the request against the life-cycle table, then begins an operation on the
-:class:`~souq.agent.executor.Executor`, which logs and runs its steps.
+"""The machine commands a broker sends (claim, start, stop, restart, signal, destroy): each
+checks the request against the life-cycle table, then begins an operation on the
+:class:`~souq.agent.executor.Executor`, which logs and runs its steps. The reads (wait, logs,
+ops, events) are :class:`~souq.agent.machine_reads.MachineReads`'.
 
 Every command takes the ``app`` the caller believes the machine belongs to; a machine of another
 app is :class:`~souq.errors.NotFound`, as if it did not exist.
@@ -16,6 +17,7 @@ from souq.agent.admission import HeldQuote
 from souq.agent.executor import Executor
 from souq.agent.leases import Leases
 from souq.agent.lifecycle import Trigger
+from souq.agent.machine_reads import MachineReads
 from souq.agent.operations import OpEvent, OpKind, advance
 from souq.agent.records import MachineRow, Source
 from souq.clock import Clock
@@ -25,7 +27,6 @@ from souq.errors import (
     IdempotencyConflict,
     IllegalTransition,
     InvalidInput,
-    WaitTimeout,
 )
 from souq.ids import new_instance_id, new_machine_id
 from souq.market.preemption import Eviction
@@ -36,34 +37,28 @@ from souq.model.machine import (
     MachineConfig,
     MachineEvent,
     MachineState,
-    OpRecord,
     normalise_signal,
 )
 from souq.model.placement import Placement
 from souq.model.protocol import (
     ClaimRequest,
-    LogsReply,
     StopCommand,
     UpdateCommand,
-    WaitCommand,
 )
 from souq.model.resources import Resources
 from souq.model.services import MachineAddress
 from souq.network.addresses import UNKNOWN_NETWORK, network_of
-from souq.secrets.redact import redact
 
-__all__ = ["LOG_POLL_S", "Commands"]
+__all__ = ["Commands"]
 
 S = MachineState
-LOG_POLL_S = 0.1  # `logs` long-polling checks the output file this often (tail -f)
 _RESTARTABLE = (S.STARTED, S.SUSPENDED, S.STOPPED, S.CREATED, S.FAILED, S.STARTING)
-_ROTATED_PAST_TRIES = 8  # reads of the output a fast writer's rotations may cut short
 _RUNNING = (S.STARTED, S.SUSPENDED, S.STOPPING)  # a process is there (frozen or not)
 _UP = (S.STARTED, S.SUSPENDED, S.STARTING)  # what stopping every machine stops
 _FINAL = ("wrong_region", "cordoned")  # refusals that displacing machines does not change
 
 
-class Commands:
+class Commands(MachineReads):
     def __init__(self, executor: Executor, clock: Clock) -> None:
         self._ex = executor
         self._clock = clock
@@ -477,128 +472,6 @@ class Commands:
         op.done.add_done_callback(lambda _: self.leases.drop(row.id))
         return ex.machine(row.app, row.id)
 
-    async def wait(self, cmd: WaitCommand) -> Machine:
-        """Answer once the machine is in ``cmd.state`` or one of ``cmd.states`` (at
-        ``instance_id``, the version of its config, when given; and, with ``healthy``, every
-        health check of it passing); :class:`WaitTimeout` after ``timeout_s``. Woken by the
-        machine's transitions and its checks' changes: no polling."""
-        ex = self._ex
-        machine_id, state, timeout_s = cmd.machine_id, cmd.state, cmd.timeout_s
-        healthy, instance_id = cmd.healthy, cmd.instance_id
-        ex.row(cmd.app, machine_id)
-        wanted = {state, *cmd.states}
-        try:
-            async with asyncio.timeout(timeout_s):
-                while True:
-                    row = ex.row_by_id(machine_id)
-                    shown = ex.shown(row)
-                    version = instance_id is None or shown.instance_id == instance_id
-                    if (
-                        row.state in wanted
-                        and version
-                        and (not healthy or ex.checks.healthy(row.id))
-                    ):
-                        return shown
-                    if row.state is S.DESTROYED and S.DESTROYED not in wanted:
-                        raise Conflict(
-                            f"machine {machine_id} is destroyed; it will never be {state}"
-                        )
-                    await ex.changed(machine_id).wait()
-        except TimeoutError:
-            now = ex.row_by_id(machine_id).state
-            failing = [s for s in ex.checks.statuses(machine_id) if s.status != "passing"]
-            if now is state and healthy and failing:
-                said = "; ".join(f"check {s.name} is {s.status}: {s.output}" for s in failing)
-                raise WaitTimeout(
-                    f"machine {machine_id} is {state} but not healthy within {timeout_s:g}s: "
-                    f"{said}",
-                    details={"state": str(now), "checks": [s.name for s in failing]},
-                ) from None
-            raise WaitTimeout(
-                f"machine {machine_id} did not reach {state} within {timeout_s:g}s (it is {now})",
-                details={"state": str(now)},
-            ) from None
-
-    async def logs(
-        self, app: str, machine_id: str, *, offset: int, max_bytes: int, wait_s: float
-    ) -> LogsReply:
-        """Output from byte ``offset``; with ``wait_s``, wait up to that long for new output.
-        ``finished`` once no more output is coming (:meth:`_ended`)."""
-        ex = self._ex
-        ex.row(app, machine_id)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait_s
-        while True:
-            finished = self._ended(machine_id)  # before the read: what it reads is all
-            offset, data = self._output(machine_id, offset, max_bytes)
-            text, used = self._shown(app, machine_id, data, finished=finished)
-            remaining = deadline - loop.time()
-            if text or finished or remaining <= 0:
-                break
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(ex.changed(machine_id).wait(), min(LOG_POLL_S, remaining))
-        return LogsReply(data=text, next_offset=offset + used, finished=finished)
-
-    def _ended(self, machine_id: str) -> bool:
-        """The machine's output has ended (as ``docker logs -f`` ends): it is destroyed, or
-        down (stopped, failed) with no operation under way and no restart waiting out its
-        backoff. A later start is a new stream, to follow again."""
-        ex = self._ex
-        state = ex.row_by_id(machine_id).state
-        if state is S.DESTROYED:
-            return True
-        return (
-            state in (S.STOPPED, S.FAILED)
-            and ex.current_op(machine_id) is None
-            and not ex.supervisor.restart_pending(machine_id)
-        )
-
-    def _output(self, machine_id: str, offset: int, max_bytes: int) -> tuple[int, bytes]:
-        """Output from ``offset`` or, if that was rotated out, from the oldest byte kept: where
-        it starts, and the bytes. A rotation past the read's start while it read may have moved
-        the read on unseen: read again (a few times; then nothing, this time)."""
-        driver = self._ex.driver
-        start = offset
-        for _ in range(_ROTATED_PAST_TRIES):
-            start = max(offset, driver.output_start(machine_id))  # older output rotated out
-            data, _ = driver.read_output(machine_id, start, max_bytes)
-            if driver.output_start(machine_id) <= start:
-                return start, data
-        return start, b""
-
-    def _shown(self, app: str, machine_id: str, data: bytes, *, finished: bool) -> tuple[str, int]:
-        """Output as served: decoded, the machine's secret values ``[redacted]`` (an end that
-        may be the start of one held back for the next read); and the bytes it covers."""
-        text, used = _decode(data)
-        secrets = self._ex.secrets
-        values = secrets.to_redact(machine_id, app) if secrets is not None else set()
-        if not values:
-            return text, used
-        shown, held = redact(text, values, final=finished)
-        if held:
-            used -= len(text[len(text) - held :].encode())
-        return shown, used
-
-    def ops(self, app: str, machine_id: str) -> list[OpRecord]:
-        """The machine's op log: every step of every operation, oldest first."""
-        self._ex.row(app, machine_id)
-        return [
-            OpRecord(
-                op_id=s.op_id,
-                kind=str(s.kind),
-                state=str(s.state),
-                event=str(s.event),
-                timestamp=s.ts,
-                detail=dict(s.detail),
-            )
-            for s in self._ex.store.op_log(machine_id)
-        ]
-
-    def events(self, app: str, machine_id: str) -> list[MachineEvent]:
-        """Every event of the machine, newest first."""
-        self._ex.row(app, machine_id)
-        return self._ex.store.events(machine_id)
-
     def stop_every(self) -> list[str]:
         """Send every running machine its stop (each with its own stop config) without waiting;
         return their ids. A machine busy with another operation is left to it."""
@@ -653,14 +526,3 @@ def _signal_name(value: str) -> str:
         return normalise_signal(value)
     except ValueError as exc:
         raise InvalidInput(str(exc), details={"field": "signal"}) from None
-
-
-def _decode(data: bytes) -> tuple[str, int]:
-    """Text of ``data`` and how many bytes it used: a UTF-8 character cut at the end is left
-    for the next read."""
-    try:
-        return data.decode(), len(data)
-    except UnicodeDecodeError as exc:
-        if exc.reason == "unexpected end of data" and exc.start > 0:
-            return data[: exc.start].decode(errors="replace"), exc.start
-        return data.decode(errors="replace"), len(data)

@@ -51,4 +51,4 @@ async def _logs(
     cmd = LogsCommand(
         app=app, machine_id=machine_id, offset=offset, max_bytes=LOGS_CHUNK_BYTES, wait_s=wait_s
     )
-    return await service.ask_owner(machine_id, v.LOGS, cmd, extra_s=wait_s)
+    return await service.calls.owner(machine_id, v.LOGS, cmd, extra_s=wait_s)

@@ -65,14 +65,14 @@ def machine_tools_router(service: BrokerService) -> APIRouter:
             stdin=body.stdin,
             timeout_s=body.timeout_s(),
         )
-        reply = await service.ask_owner(machine_id, v.EXEC, cmd, extra_s=cmd.timeout_s)
+        reply = await service.calls.owner(machine_id, v.EXEC, cmd, extra_s=cmd.timeout_s)
         return json_response(reply)
 
     @router.get(MACHINE + "/ps", response_model=list[ProcessStat])
     async def machine_processes(app: AppName, machine_id: str) -> Response:
         """The processes of a started (or suspended) machine: its own, then its descendants."""
         ref = MachineRef(app=app, machine_id=machine_id)
-        rows: list[ProcessStat] = await service.ask_owner(machine_id, v.PS, ref)
+        rows: list[ProcessStat] = await service.calls.owner(machine_id, v.PS, ref)
         return json_response(rows)
 
     @router.get(MACHINE + "/metadata", response_model=dict[str, str])
@@ -120,13 +120,13 @@ async def _metadata(
         raise InvalidInput(
             f"metadata key {key[:32]!r}: 1 to 128 characters", details={"field": "key"}
         ) from None
-    return await service.ask_owner(machine_id, v.METADATA, cmd)
+    return await service.calls.owner(machine_id, v.METADATA, cmd)
 
 
 async def _cordon(
     service: BrokerService, app: str, machine_id: str, nonce: str | None, *, cordoned: bool
 ) -> Machine:
     cmd = MachineCordonCommand(app=app, machine_id=machine_id, lease_nonce=nonce, cordoned=cordoned)
-    machine = await service.ask_owner(machine_id, v.MACHINE_CORDON, cmd)
+    machine = await service.calls.owner(machine_id, v.MACHINE_CORDON, cmd)
     service.view.apply(machine)  # read-your-writes on this broker
     return machine

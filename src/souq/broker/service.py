@@ -37,6 +37,7 @@ from souq.broker.quotas import Quotas, use_of_config
 from souq.broker.schemas import CreateMachineRequest, QuoteRequest
 from souq.broker.streams import StreamSlots
 from souq.broker.volumes import BrokerVolumes
+from souq.broker.worker_calls import WorkerCalls
 from souq.bus import Transport, bus_unavailable
 from souq.bus.jetstream import OnFirstUse
 from souq.clock import Clock, SystemClock
@@ -70,7 +71,7 @@ from souq.model.machine import MachineConfig
 from souq.model.protocol import Lease, LeaseRequest, StartCommand, UpdateCommand
 from souq.model.quota import BATCH_MARK
 from souq.placement import Pipeline
-from souq.protocol import Verb, WorkerClient
+from souq.protocol import WorkerClient
 from souq.protocol import verbs as v
 from souq.secrets.store import open_bucket
 from souq.view import ClusterView, RegionSummary, summarise_regions
@@ -85,11 +86,6 @@ A = TypeVar("A")
 
 
 # The verbs to a machine's worker that change it: unanswered, one may still have taken effect.
-_CHANGES_A_MACHINE = frozenset(
-    verb.name for verb in (v.START, v.STOP, v.SUSPEND, v.RESTART, v.UPDATE, v.SIGNAL, v.DESTROY)
-)
-
-
 class BrokerService:
     def __init__(
         self,
@@ -105,6 +101,14 @@ class BrokerService:
         self.client = WorkerClient(transport)
         self.liveness = Liveness(transport, self._clock, down_after_missed=config.down_after_missed)
         self.directory = Directory(self.client)
+        self.calls = WorkerCalls(  # a worker by its id, or the worker that holds a machine
+            self.client,
+            transport,
+            self.directory,
+            self.liveness,
+            config,
+            require_bus=self.require_bus,
+        )
         self.book = self.liveness.book
         self.market = Market(self.client, self.liveness, config, self._clock, pipeline=pipeline)
         self.images = ImageResolver(self.nats_client)
@@ -329,7 +333,7 @@ class BrokerService:
         worker_id = worker_of_quote(quote_id)
         claim = order.model_copy(update={"quote_id": quote_id})
         return self._seen(
-            await self._ask_worker(worker_id, v.CLAIM, claim, what=f"quote {quote_id}")
+            await self.calls.worker(worker_id, v.CLAIM, claim, what=f"quote {quote_id}")
         )
 
     async def explain(self, app: str, body: CreateMachineRequest) -> Placement:
@@ -355,14 +359,14 @@ class BrokerService:
 
     async def get_quote(self, app: str, quote_id: str) -> Quote:
         ref = QuoteRef(app=app, quote_id=quote_id)
-        return await self._ask_worker(
+        return await self.calls.worker(
             worker_of_quote(quote_id), v.QUOTE, ref, what=f"quote {quote_id}"
         )
 
     async def release_quote(self, app: str, quote_id: str) -> Quote:
         ref = QuoteRef(app=app, quote_id=quote_id)
         worker_id = worker_of_quote(quote_id)
-        return await self._ask_worker(worker_id, v.RELEASE, ref, what=f"quote {quote_id}")
+        return await self.calls.worker(worker_id, v.RELEASE, ref, what=f"quote {quote_id}")
 
     # -- workers ---------------------------------------------------------------------------
 
@@ -370,13 +374,13 @@ class BrokerService:
         """Cordon (or uncordon) a worker: it makes no offers; its machines keep running."""
         self._known_worker(worker_id)
         cmd = CordonCommand(cordoned=cordoned)
-        return await self._ask_worker(worker_id, v.CORDON, cmd, what="the worker")
+        return await self.calls.worker(worker_id, v.CORDON, cmd, what="the worker")
 
     async def drain(self, worker_id: str) -> WorkerInfo:
         """Drain a worker: cordon it and stop its machines gracefully (each with its stop
         config). Answers once the stops are sent; the worker reports ``draining`` meanwhile."""
         self._known_worker(worker_id)
-        return await self._ask_worker(worker_id, v.DRAIN, DrainCommand(), what="the worker")
+        return await self.calls.worker(worker_id, v.DRAIN, DrainCommand(), what="the worker")
 
     def _known_worker(self, worker_id: str) -> None:
         if self.liveness.state_of(worker_id) is None:
@@ -384,17 +388,6 @@ class BrokerService:
                 f"worker {worker_id} not found",
                 hint="list the workers with `souq workers`",
             )
-
-    async def _ask_worker(self, worker_id: str, verb: Verb[Q, A], body: Q, *, what: str) -> A:
-        self.require_bus()
-        return await self._call(
-            worker_id,
-            verb,
-            body,
-            timeout=self.config.command_timeout_s,
-            unanswered=f"worker {worker_id} did not answer ({verb.name} of {what})",
-            hint="check `souq workers`; is the worker up?",
-        )
 
     # -- read ------------------------------------------------------------------------------
 
@@ -445,17 +438,17 @@ class BrokerService:
 
     async def get_machine(self, app: str, machine_id: str) -> Machine:
         ref = MachineRef(app=app, machine_id=machine_id)
-        return self._seen(await self._ask(machine_id, v.GET, ref))
+        return self._seen(await self.calls.owner(machine_id, v.GET, ref))
 
     async def ops(self, app: str, machine_id: str) -> list[OpRecord]:
         """The machine's op log, oldest first."""
         ref = MachineRef(app=app, machine_id=machine_id)
-        return await self._ask(machine_id, v.OPS, ref)
+        return await self.calls.owner(machine_id, v.OPS, ref)
 
     async def events(self, app: str, machine_id: str) -> list[MachineEvent]:
         """The machine's events, newest first."""
         ref = EventsCommand(app=app, machine_id=machine_id)
-        return await self._ask(machine_id, v.EVENTS, ref)
+        return await self.calls.owner(machine_id, v.EVENTS, ref)
 
     # -- commands --------------------------------------------------------------------------
 
@@ -465,25 +458,25 @@ class BrokerService:
         self, app: str, machine_id: str, *, nonce: str | None = None
     ) -> Machine:
         ref = StartCommand(app=app, machine_id=machine_id, lease_nonce=nonce)
-        return self._seen(await self._ask(machine_id, v.START, ref))
+        return self._seen(await self.calls.owner(machine_id, v.START, ref))
 
     async def suspend_machine(
         self, app: str, machine_id: str, *, nonce: str | None = None
     ) -> Machine:
         """Freeze a started machine where it stands; a start resumes it."""
         ref = MachineRef(app=app, machine_id=machine_id, lease_nonce=nonce)
-        return self._seen(await self._ask(machine_id, v.SUSPEND, ref))
+        return self._seen(await self.calls.owner(machine_id, v.SUSPEND, ref))
 
     async def stop_machine(self, cmd: StopCommand) -> Machine:
         """Returns once the signal is sent (the machine is ``stopping``); see :meth:`wait`."""
-        return self._seen(await self._ask(cmd.machine_id, v.STOP, cmd))
+        return self._seen(await self.calls.owner(cmd.machine_id, v.STOP, cmd))
 
     async def restart_machine(self, cmd: StopCommand) -> Machine:
         """Returns once the machine has stopped and started again."""
         grace = cmd.timeout_s
         if grace is None:
             grace = await self._stop_timeout(cmd.app, cmd.machine_id)
-        return self._seen(await self._ask(cmd.machine_id, v.RESTART, cmd, extra_s=grace))
+        return self._seen(await self.calls.owner(cmd.machine_id, v.RESTART, cmd, extra_s=grace))
 
     async def update_machine(
         self,
@@ -517,7 +510,7 @@ class BrokerService:
             min_secrets_version=min_secrets_version,
             lease_nonce=nonce,
         )
-        updated = self._seen(await self._ask(machine_id, v.UPDATE, cmd, extra_s=grace + 60))
+        updated = self._seen(await self.calls.owner(machine_id, v.UPDATE, cmd, extra_s=grace + 60))
         if after.cpus < before.cpus or after.memory_mb < before.memory_mb:
             await self.quotas.resized(app, machine_id, after)  # a shrink counts once done
         return updated
@@ -526,7 +519,7 @@ class BrokerService:
         self, app: str, machine_id: str, signal: str, *, nonce: str | None = None
     ) -> Machine:
         cmd = SignalCommand(app=app, machine_id=machine_id, signal=signal, lease_nonce=nonce)
-        return self._seen(await self._ask(machine_id, v.SIGNAL, cmd))
+        return self._seen(await self.calls.owner(machine_id, v.SIGNAL, cmd))
 
     async def destroy_machine(
         self,
@@ -543,7 +536,7 @@ class BrokerService:
         cmd = DestroyCommand(
             app=app, machine_id=machine_id, force=force, graceful=graceful, lease_nonce=nonce
         )
-        destroyed = self._seen(await self._ask(machine_id, v.DESTROY, cmd, extra_s=grace))
+        destroyed = self._seen(await self.calls.owner(machine_id, v.DESTROY, cmd, extra_s=grace))
         await self.quotas.release(app, [machine_id])  # its quota given back
         return destroyed
 
@@ -551,20 +544,24 @@ class BrokerService:
 
     async def take_lease(self, req: LeaseRequest) -> Lease:
         """Lease the machine (or extend the lease whose nonce ``req`` brings)."""
-        return await self._ask(req.machine_id, v.LEASE, req)
+        return await self.calls.owner(req.machine_id, v.LEASE, req)
 
     async def lease(self, app: str, machine_id: str) -> Lease:
-        return await self._ask(machine_id, v.LEASE_GET, MachineRef(app=app, machine_id=machine_id))
+        return await self.calls.owner(
+            machine_id, v.LEASE_GET, MachineRef(app=app, machine_id=machine_id)
+        )
 
     async def release_lease(self, app: str, machine_id: str, nonce: str | None) -> Lease:
         ref = MachineRef(app=app, machine_id=machine_id, lease_nonce=nonce)
-        return await self._ask(machine_id, v.LEASE_RELEASE, ref)
+        return await self.calls.owner(machine_id, v.LEASE_RELEASE, ref)
 
     async def wait(self, cmd: WaitCommand) -> Machine:
         """The machine once it reaches ``cmd.state`` or one of ``cmd.states`` (at
         ``instance_id`` when given; its checks passing, with ``healthy``);
         :class:`WaitTimeout` after ``timeout_s``."""
-        return self._seen(await self._ask(cmd.machine_id, v.WAIT, cmd, extra_s=cmd.timeout_s))
+        return self._seen(
+            await self.calls.owner(cmd.machine_id, v.WAIT, cmd, extra_s=cmd.timeout_s)
+        )
 
     # -- routing ---------------------------------------------------------------------------
 
@@ -572,51 +569,6 @@ class BrokerService:
         """A machine record straight from its worker: this broker's view takes it at once."""
         self.view.apply(machine)
         return machine
-
-    async def ask_owner(
-        self, machine_id: str, verb: Verb[Q, A], body: Q, *, extra_s: float = 0.0
-    ) -> A:
-        """``verb`` to the worker that holds the machine, allowed ``extra_s`` past the command
-        timeout (the verbs of :mod:`souq.broker.machine_tools_routes`)."""
-        return await self._ask(machine_id, verb, body, extra_s=extra_s)
-
-    async def _ask(self, machine_id: str, verb: Verb[Q, A], body: Q, *, extra_s: float = 0.0) -> A:
-        self.require_bus()
-        worker_id = await self.directory.owner(
-            machine_id, expect=self.liveness.live_count(), timeout=self.config.gather_timeout_s
-        )
-        unanswered = f"worker {worker_id}, which holds machine {machine_id}, did not answer"
-        hint = "check `souq workers`; the machine is back when its worker is"
-        if verb.name in _CHANGES_A_MACHINE:  # the worker may have done it, and then gone
-            unanswered += f"; the {verb.name} may have been applied"
-            hint = "check the machine's state (GET the machine) before retrying; " + hint
-        return await self._call(
-            worker_id,
-            verb,
-            body,
-            timeout=self.config.command_timeout_s + extra_s,
-            unanswered=unanswered,
-            hint=hint,
-        )
-
-    async def _call(
-        self,
-        worker_id: str,
-        verb: Verb[Q, A],
-        body: Q,
-        *,
-        timeout: float,
-        unanswered: str,
-        hint: str,
-    ) -> A:
-        """``verb`` on the worker; a worker that does not answer (while the bus is up) is
-        :class:`Unavailable`: ``unanswered``, why, and ``hint``."""
-        try:
-            return await self.client.call(worker_id, verb, body, timeout=timeout)
-        except Unavailable as exc:
-            if not self._transport.connected:
-                raise
-            raise Unavailable(f"{unanswered}: {exc.message}", hint=hint) from exc
 
     async def _stop_timeout(self, app: str, machine_id: str) -> float:
         machine = await self.get_machine(app, machine_id)

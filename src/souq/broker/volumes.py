@@ -136,7 +136,7 @@ class BrokerVolumes:
 
     async def _ask(self, volume_id: str, verb: Verb[Q, A], body: Q) -> A:
         worker_id = _worker_of(volume_id)
-        return await self._service._ask_worker(worker_id, verb, body, what=f"volume {volume_id}")
+        return await self._service.calls.worker(worker_id, verb, body, what=f"volume {volume_id}")
 
     # -- machines that mount one -----------------------------------------------------------
 

@@ -78,8 +78,6 @@ quote_app = typer.Typer(
     help="Hold capacity now, place a machine on it later.", no_args_is_help=True
 )
 app.add_typer(quote_app, name="quote")
-workers_app = typer.Typer(help="List, cordon, drain and uncordon workers.")
-app.add_typer(workers_app, name="workers")
 
 
 def make_client() -> "SouqClient":
@@ -138,7 +136,6 @@ CommandArg = Annotated[
     ),
 ]
 QuoteArg = Annotated[str, typer.Argument(metavar="QUOTE", help="The quote's id.")]
-WorkerArg = Annotated[str, typer.Argument(metavar="WORKER", help="The worker's id.")]
 
 
 @app.callback(invoke_without_command=True)
@@ -539,36 +536,6 @@ def cluster_events(
             render.cluster_event(event, as_json=as_json)
 
 
-@workers_app.callback(invoke_without_command=True)
-def workers(ctx: typer.Context, as_json: JsonOpt = False) -> None:
-    """List the workers the broker knows, with their state and capacity."""
-    if ctx.invoked_subcommand is not None:
-        return
-    with reporting(as_json):
-        render.workers(make_client().workers(), as_json=as_json)
-
-
-@workers_app.command("cordon")
-def workers_cordon(worker_id: WorkerArg, as_json: JsonOpt = False) -> None:
-    """Stop offers from a worker; its machines keep running."""
-    with reporting(as_json):
-        render.workers([make_client().cordon(worker_id)], as_json=as_json)
-
-
-@workers_app.command("drain")
-def workers_drain(worker_id: WorkerArg, as_json: JsonOpt = False) -> None:
-    """Cordon a worker and stop its machines gracefully (uncordon ends the drain)."""
-    with reporting(as_json):
-        render.workers([make_client().drain(worker_id)], as_json=as_json)
-
-
-@workers_app.command("uncordon")
-def workers_uncordon(worker_id: WorkerArg, as_json: JsonOpt = False) -> None:
-    """Let a cordoned worker make offers again."""
-    with reporting(as_json):
-        render.workers([make_client().uncordon(worker_id)], as_json=as_json)
-
-
 # -- daemons -----------------------------------------------------------------------------------
 
 
@@ -584,6 +551,7 @@ for _module, _register in (
         ("apps_cli", "register_apps"),
         ("auth_cli", "register_auth"),
         ("cluster_cli", "register_cluster"),
+        ("workers_cli", "register_workers"),  # list, cordon, drain, uncordon
         ("secrets_cli", "register_secrets"),
         ("volumes_cli", "register_volumes"),  # Fly's volumes
         ("quota_cli", "register_quota"),  # quotas of apps and organizations
