@@ -14,6 +14,11 @@ A compiled module that no longer matches its source would run old code silently,
 packages that hold compiled modules (``souq.proxy``, ``souq.market``, ``souq.placement``) check
 first (:func:`refuse_stale`): a compiled module whose source changed since it was built makes
 the import fail, naming the command that rebuilds it.
+
+One difference to keep in mind when writing them: compiled, a generator expression that a ``for``
+loop iterates is evaluated whole before the loop's first turn (a loop that ``break``-s early
+still paid for every item). Where a loop stops early, iterate a generator *function* instead
+(``souq.market.book``'s draw does) or the items themselves.
 """
 
 from __future__ import annotations
