@@ -52,6 +52,7 @@ __all__ = [
     "Replay",
     "Report",
     "Sample",
+    "closest_reason",
     "failure_reason",
     "parse_workers",
     "percentile",
@@ -254,6 +255,12 @@ _DISTANCE = {
 }
 
 
+def closest_reason(rejections: dict[str, int]) -> str:
+    """Of the rejections counted by reason, the one counted most among the workers that came
+    closest (the first by name on a tie)."""
+    return min(rejections, key=lambda r: (_DISTANCE.get(r, 0), -rejections[r], r))
+
+
 def failure_reason(placed: Placed) -> str:
     """Why a create failed, in one code: the reason its record counts most among the workers
     that came closest (a full GPU worker's ``insufficient_gpus`` before the CPU workers'
@@ -262,7 +269,7 @@ def failure_reason(placed: Placed) -> str:
     record = placed.record
     rejections: dict[str, int] = getattr(record, "rejections", None) or {}
     if rejections:
-        return min(rejections, key=lambda r: (_DISTANCE.get(r, 0), -rejections[r], r))
+        return closest_reason(rejections)
     if isinstance(record, Placement) and any(not c.ok for c in record.claims):
         return "claim_refused"
     return placed.error.status if isinstance(placed.error, SouqError) else "not_placed"

@@ -1,0 +1,143 @@
+"""The fleet replay: a batch's claims are the broker's (the book updated by each), queues and
+waits, batch against one by one, and the time-weighted figures."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import numpy as np
+import pytest
+
+from souq.model.policy import PlacementDefaults, PlacementPolicy
+from souq.model.resources import Resources
+from souq.model.worker import WorkerInfo
+from souq.placement import PlacementRequest, build_pipeline
+from souq.placement.columns import OfferTable, evaluate
+from souq.sim.fleet import Fleet, Settings, replay_fleet
+from souq.sim.traces import Task
+
+
+def _pipeline(policy: str | None = None, *, ties: str | None = None):  # type: ignore[no-untyped-def]
+    p = build_pipeline(PlacementPolicy(policy=policy) if policy else None, PlacementDefaults())
+    return dataclasses.replace(p, ties=ties) if ties else p
+
+
+@pytest.mark.parametrize("policy", ["best-fit", "binpack", "spread"])
+def test_a_batch_claims_where_ranking_the_whole_book_after_each_claim_would(policy: str) -> None:
+    rng = random.Random(7)
+    hosts = [
+        Resources(cpus=rng.choice([4, 8, 16]), memory_mb=rng.choice([8192, 16384]))
+        for _ in range(9)
+    ]
+    pipeline = _pipeline(policy, ties="first")
+    fleet = Fleet(hosts, [], pipeline=pipeline)
+    t = fleet.table
+    for i in range(len(hosts)):  # some load already
+        t.cpu_used[i] = rng.randrange(0, int(t.cpu_cap[i]) // 2, 500)
+    want = Resources(cpus=0.5, memory_mb=700)
+    request = PlacementRequest(request_id="r", app="a", region="sim", resources=want)
+    fleet.tasks = [Task("batch", 0.0, None, 500, 700, instances=40)]
+    group = fleet._claim(request, 0, 40)
+    assert group is not None
+
+    naive = OfferTable.of(
+        [
+            WorkerInfo(
+                id=f"h{i:06d}",
+                region="sim",
+                capacity=c,
+                allocated=Resources(cpus=int(t.cpu_used[i]) / 1000, memory_mb=0),
+            )
+            for i, c in enumerate(hosts)
+        ]
+    )
+    chosen = np.zeros(len(hosts), dtype=np.int64)
+    for _ in range(40):
+        score = evaluate(pipeline, request, naive).score
+        i = int(score.argmax())
+        assert score[i] > -np.inf
+        naive.cpu_used[i] += want.millicpus
+        naive.mem_used[i] += want.memory_mb
+        naive.app_machines[i] += 1
+        chosen[i] += 1
+    got = np.zeros(len(hosts), dtype=np.int64)
+    got[group.rows] = group.counts
+    assert got.tolist() == chosen.tolist()
+
+
+def test_a_task_that_does_not_fit_waits_in_the_queue_instead_of_failing() -> None:
+    tasks = [
+        Task("a", 0.0, 10.0, 4000, 1024),
+        Task("b", 5.0, 10.0, 4000, 1024),
+    ]
+    hosts = [Resources(cpus=4, memory_mb=4096)]
+    alone = replay_fleet(hosts, tasks, pipeline=_pipeline())
+    assert (alone.placed, alone.failed, alone.failed_by_reason) == (1, 1, {"insufficient_cpu": 1})
+    queued = replay_fleet(hosts, tasks, pipeline=_pipeline(), settings=Settings(queue=True))
+    assert (queued.placed, queued.failed) == (2, 0)
+    assert queued.waits == {"p50": 0.0, "p95": 5.0, "max": 5.0, "mean": 2.5}
+    # b: arrives at 5, starts at 10, ends at 20: 15 s against 10 s on an infinite cluster.
+    assert queued.jobs["jct_max"] == 15.0 and queued.jobs["slowdown_max"] == 1.5
+    assert queued.span_s == (0.0, 20.0)
+
+
+def test_a_task_too_big_for_the_empty_fleet_fails_rather_than_block_the_queue() -> None:
+    tasks = [Task("huge", 0.0, 10.0, 1000, 64, instances=9), Task("small", 1.0, 1.0, 1000, 64)]
+    report = replay_fleet(
+        [Resources(cpus=4, memory_mb=4096)] * 2,
+        tasks,
+        pipeline=_pipeline(),
+        settings=Settings(queue=True),
+    )
+    assert report.failed_by_reason == {"never_fits": 9}
+    assert report.placed == 1 and report.waits["max"] == 0.0
+
+
+def test_a_batch_is_all_or_none_and_one_by_one_takes_what_fits() -> None:
+    tasks = [Task("six", 0.0, 10.0, 1000, 64, instances=6)]
+    hosts = [Resources(cpus=4, memory_mb=4096)]
+    batch = replay_fleet(hosts, tasks, pipeline=_pipeline())
+    assert (batch.placed, batch.failed) == (0, 6)
+    single = replay_fleet(hosts, tasks, pipeline=_pipeline(), settings=Settings(batch=False))
+    assert (single.placed, single.failed) == (4, 2)
+    assert single.failed_by_reason == {"insufficient_cpu": 2}
+
+
+def test_a_batch_spreads_its_own_machines_as_the_broker_does() -> None:
+    """Anti-affinity counts the batch's claims: two equal hosts share a batch of two."""
+    tasks = [Task("pair", 0.0, 10.0, 500, 64, instances=2)]
+    report = Fleet([Resources(cpus=8, memory_mb=8192)] * 2, tasks, pipeline=_pipeline())
+    report.run()
+    assert report.table.version.tolist() == [2, 2]  # one claim each, then one departure each
+
+
+def test_utilisation_and_hot_spots_are_weighted_by_time_and_run_through_departures() -> None:
+    tasks = [Task("full", 0.0, 10.0, 4000, 1024), Task("half", 10.0, 20.0, 2000, 1024)]
+    report = replay_fleet(
+        [Resources(cpus=4, memory_mb=4096)],
+        tasks,
+        pipeline=_pipeline(),
+        settings=Settings(sample_every_s=5.0),
+    )
+    assert report.utilisation == {"cpu": 66.667, "memory": 25.0}  # no GPU on a CPU-only fleet
+    assert report.hot == {"cpu": 33.333, "memory": 0.0}
+    assert report.host_utilisation["cpu_max"] == 66.667
+    assert [s.t for s in report.timeline] == [0.0, 5.0, 10.0, 15.0, 20.0, 25.0, 30.0]
+    assert [s.cpu for s in report.timeline] == [100.0, 100.0, 50.0, 50.0, 50.0, 50.0, 0.0]
+    assert all(s.gpu is None for s in report.timeline)
+
+
+def test_staggered_instances_arrive_one_after_another() -> None:
+    tasks = [Task("s", 0.0, 10.0, 4000, 64, instances=3, stagger_s=10.0)]
+    report = replay_fleet([Resources(cpus=4, memory_mb=4096)], tasks, pipeline=_pipeline())
+    assert (report.placed, report.failed, report.span_s) == (3, 0, (0.0, 30.0))
+    assert report.utilisation["cpu"] == 100.0
+
+
+def test_gpu_tasks_go_through_the_ranking_after_every_claim() -> None:
+    tasks = [Task("g", 0.0, 10.0, 1000, 64, num_gpu=1, gpu_milli=500, instances=4)]
+    hosts = [Resources(cpus=8, memory_mb=8192, gpus=1, gpu_model="T4")] * 2
+    report = replay_fleet(hosts, tasks, pipeline=_pipeline())
+    assert (report.placed, report.failed) == (4, 0)
+    assert report.utilisation["gpu"] == 100.0
