@@ -54,6 +54,7 @@ __all__ = [
     "Sample",
     "closest_reason",
     "failure_reason",
+    "one_by_one",
     "parse_workers",
     "percentile",
     "replay",
@@ -299,7 +300,10 @@ class Replay:
             labels = {GPU_MODEL_LABEL: model} if model else None
             self.cluster.add_worker(REGION, capacity, labels=labels)
         self.broker = self.cluster.add_broker()
-        self.tasks = list(tasks)
+        self.tasks = one_by_one(tasks)
+        # The virtual clock starts at 0: a trace that begins before its start (negative
+        # arrivals) is run that much later, and its samples told at the trace's own times.
+        self._offset = max(0.0, -min((t.arrival_s for t in self.tasks), default=0.0))
         self._every = sample_every_s
         self._index = {w: i for i, w in enumerate(self.cluster.workers)}
         caps = list(workers)
@@ -319,8 +323,8 @@ class Replay:
     def run(self) -> Report:
         clock = self.cluster.clock
         for index, task in enumerate(self.tasks):
-            clock.call_at(task.arrival_s, self._arrival(index))
-        end = max((t.arrival_s for t in self.tasks), default=0.0)
+            clock.call_at(task.arrival_s + self._offset, self._arrival(index))
+        end = max((t.arrival_s for t in self.tasks), default=0.0) + self._offset
         if self._every is not None:
             self._tick(0.0, end)
         clock.run(max_steps=None)
@@ -360,7 +364,7 @@ class Replay:
             self._outcomes[index] = Outcome(task.name, worker_id)
             self._charge(worker_id, want, +1)
             if task.duration_s is not None:
-                leave = task.arrival_s + task.duration_s
+                leave = task.arrival_s + task.duration_s + self._offset
                 self.cluster.clock.call_at(leave, self._departure(worker_id, machine_id, want))
         if self._every is None:
             self._sample()
@@ -395,7 +399,7 @@ class Replay:
         used, totals = self._used, self._totals
         self._samples.append(
             Sample(
-                t=round(self.cluster.clock.monotonic(), 6),
+                t=round(self.cluster.clock.monotonic() - self._offset, 6),
                 running=self._running,
                 cpu=_pct(used[0], totals[0]),
                 memory=_pct(used[1], totals[1]),
@@ -438,9 +442,26 @@ def replay(
     return run.run()
 
 
+def one_by_one(tasks: Iterable[Task]) -> list[Task]:
+    """Each instance of each task as a task of its own (instance ``k`` of a staggered task
+    ``k * stagger_s`` later), named ``NAME`` for one instance and ``NAME/k`` for several."""
+    out: list[Task] = []
+    for t in tasks:
+        if t.instances == 1:
+            out.append(t)
+            continue
+        out += [
+            replace(t, name=f"{t.name}/{k}", arrival_s=t.arrival_s + k * t.stagger_s, instances=1)
+            for k in range(t.instances)
+        ]
+    return out
+
+
 def speed_up(tasks: Iterable[Task], factor: float) -> list[Task]:
     """The tasks arriving ``factor`` times as fast (arrivals divided by it, durations kept):
     ``factor`` times the load of a trace as light as openb's."""
     if not factor > 0:
         raise InvalidInput(f"speed-up {factor!r}: a number above 0", details={"field": "speedup"})
-    return [replace(t, arrival_s=t.arrival_s / factor) for t in tasks]
+    return [
+        replace(t, arrival_s=t.arrival_s / factor, stagger_s=t.stagger_s / factor) for t in tasks
+    ]
