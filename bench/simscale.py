@@ -3,7 +3,8 @@
 ``python -m bench.simscale [--instances 1000000] [--hosts 1300] [--policy P] [--queue]
 [--one-by-one] [--load 0.6] [--seed 1]`` draws a trace shaped like Alibaba's cluster-trace-v2017
 batch tasks (instance counts, CPU, memory and durations drawn from the committed sample's
-tasks; Poisson arrivals at the rate that keeps about ``--load`` of the fleet's CPU asked), then
+tasks; Poisson arrivals at the rate that keeps about ``--load`` of the fleet's scarcer resource
+asked), then
 
 * replays it through the broker's placement stages (:mod:`souq.sim.fleet`), and
 * the floor: the same arrivals and departures, each task's instances put on the first hosts
@@ -36,11 +37,15 @@ HOST = Resources(cpus=64, memory_mb=65536)
 
 
 def synthetic(instances: int, hosts: int, load: float, seed: int) -> list[Task]:
-    """Tasks drawn from the sample's, arriving so that about ``load`` of the CPU is asked."""
+    """Tasks drawn from the sample's, arriving so that about ``load`` of the scarcer resource
+    (CPU or memory) is asked."""
     sample = read_batch_tasks(SAMPLE, host_memory_mib=HOST.memory_mb)
     rng = np.random.default_rng(seed)
-    mean_work = np.mean([t.instances * t.cpu_milli * (t.duration_s or 0) for t in sample])
-    rate = load * hosts * HOST.millicpus / mean_work  # tasks per second
+    share = [max(t.cpu_milli / HOST.millicpus, t.memory_mib / HOST.memory_mb) for t in sample]
+    mean_work = np.mean(
+        [t.instances * s * (t.duration_s or 0) for t, s in zip(sample, share, strict=True)]
+    )
+    rate = load * hosts / mean_work  # tasks per second
     tasks: list[Task] = []
     total, now = 0, 0.0
     while total < instances:

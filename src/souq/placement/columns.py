@@ -20,7 +20,7 @@ import random
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -134,7 +134,9 @@ class OfferTable:
         book as a batch's later claims see it, for all the claims ahead at once."""
         assert not want.wants_gpu, "a GPU claim changes which GPUs are free: claim it row by row"
         out = OfferTable.__new__(OfferTable)
-        out.ids = [self.ids[int(i)] for i in rows]
+        # Ids only for a stage with no column form (it reads row i's offer): an object array
+        # indexes as the list does, at numpy's cost.
+        out.ids = cast("list[str]", np.asarray(self.ids, dtype=object)[rows])
         out.regions, out.states = self.regions[rows], self.states[rows]
         out.cpu_cap, out.mem_cap, out.disk_cap = (
             self.cpu_cap[rows],

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import random
 from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -61,6 +62,7 @@ Floats = npt.NDArray[np.float64]
 
 REGION = "sim"
 FRONTIER = 4  # claims ahead scored per host in a batch's first call
+EXTEND = 64  # claims ahead scored for a host that takes more (at least; doubling)
 TIMELINE_STEPS = 200  # samples over the trace's span when no step is given
 
 
@@ -120,6 +122,7 @@ class Fleet:
             ]
         )
         self._rng = np.random.default_rng(settings.seed)
+        self._random = random.Random(settings.seed)
         self._wants: dict[tuple[Any, ...], tuple[Resources, tuple[Any, ...]]] = {}
         self._departures: list[tuple[float, int, _Group]] = []
         self._seq = 0
@@ -302,32 +305,40 @@ class Fleet:
         first = self.pipeline.first_wins(request, bool((self.table.ngpu[hosts] > 0).any()))
         ahead = FRONTIER if count > 1 else 0
         levels = self._scores(request, hosts, 0, ahead + 1)
-        frontier = levels[:, 0].copy()
         taken = np.zeros(len(hosts), dtype=np.int64)
         extra: dict[int, tuple[int, Floats]] = {}
-        placed = 0
-        while placed < count:
-            best = frontier.max()
-            if best == -np.inf:
-                break
-            if first:
-                j = int(frontier.argmax())
-            else:
-                ties = np.flatnonzero(frontier == best)
-                j = int(ties[self._rng.integers(len(ties))]) if len(ties) > 1 else int(ties[0])
-            taken[j] += 1
-            placed += 1
-            level = int(taken[j])
+
+        def after(j: int, level: int) -> float:
+            """Host j's score for one more claim once it holds ``level`` of the batch."""
             if level <= ahead:
-                frontier[j] = levels[j, level]
-                continue
+                return float(levels[j, level])
             base, more = extra.get(j, (0, levels[j, :0]))
             if not base <= level < base + len(more):
-                size = min(max(2 * len(more), 2 * FRONTIER), count - placed + 1)
-                more = self._scores(request, hosts[j : j + 1], level, size)[0]
-                base = level
-                extra[j] = (base, more)
-            frontier[j] = more[level - base]
+                size = min(max(2 * len(more), EXTEND), count - placed + 1)
+                base, more = level, self._scores(request, hosts[j : j + 1], level, size)[0]
+                extra[j] = base, more
+            return float(more[level - base])
+
+        # The best host first: a heap of (-score, tie key, host); ties go to the smallest id
+        # under ``first`` (the key is the host's place), else to a random one (a fresh random
+        # key per entry: each of the tied is as likely to come first).
+        rand = self._random.random
+        heap = [
+            (-float(v), j if first else rand(), j)
+            for j, v in enumerate(levels[:, 0].tolist())
+            if v != -np.inf
+        ]
+        heapq.heapify(heap)
+        placed = 0
+        while placed < count and heap:
+            _, _, j = heapq.heappop(heap)
+            taken[j] += 1
+            placed += 1
+            if placed == count:
+                break
+            score = after(j, int(taken[j]))
+            if score != -np.inf:
+                heapq.heappush(heap, (-score, j if first else rand(), j))
         if batch and placed < count:
             return None
         used = taken > 0
