@@ -141,3 +141,13 @@ def test_gpu_tasks_go_through_the_ranking_after_every_claim() -> None:
     report = replay_fleet(hosts, tasks, pipeline=_pipeline())
     assert (report.placed, report.failed) == (4, 0)
     assert report.utilisation["gpu"] == 100.0
+
+
+def test_fragmentation_is_free_capacity_on_hosts_with_no_room_for_the_task_placed() -> None:
+    tasks = [Task("a", 0.0, 10.0, 3000, 64), Task("b", 1.0, 10.0, 2000, 64)]
+    report = replay_fleet(
+        [Resources(cpus=4, memory_mb=4096)] * 2, tasks, pipeline=_pipeline("binpack")
+    )
+    # a: nothing stranded; b: host 0's 1 cpu free of 5 (and its memory) cannot take 2 cpus.
+    assert report.fragmentation["cpu"] == 10.0
+    assert report.fragmentation["memory"] == round(100 * 4032 / 8128 / 2, 3)

@@ -531,6 +531,8 @@ def fleet_replay(r: FleetReport) -> None:
         ("host cpu", f"p95 {h['cpu_p95']:g} %, max {h['cpu_max']:g} % (each host over time)"),
         ("host memory", f"p95 {h['memory_p95']:g} %, max {h['memory_max']:g} %"),
         ("waits", f"p50 {w['p50']:g} s, p95 {w['p95']:g} s, max {w['max']:g} s"),
+        ("fragmented", ", ".join(f"{k} {v:g} %" for k, v in r.fragmentation.items())
+         + " of the free capacity on hosts with no room for the task placed (mean)"),
         ("jobs", f"{j.get('completed', 0)} completed" + (
             f": completion p50 {j['jct_p50']:g} s, p95 {j['jct_p95']:g} s; slowdown mean "
             f"{j['slowdown_mean']:g}, p95 {j['slowdown_p95']:g}" if "jct_p50" in j else "")),

@@ -298,6 +298,7 @@ class Fleet:
         leaves, ranked ahead (see the module's docstring)."""
         want = request.resources
         fits = self._fits(want)
+        self.measures.fragmented(fits == 0)
         batch = self.settings.batch
         if int(np.minimum(fits, count).sum()) < (count if batch else 1):
             return None  # not enough room anywhere (the filters would say so too)

@@ -14,6 +14,9 @@ not change, so each quantity times the interval is added when the next event com
 * ``jobs``: each job's completion time (its first arrival to its last instance's end, seconds)
   and its slowdown (that time over the time it would take on an infinite cluster, where nothing
   waits), over the jobs whose every instance ran and left;
+* ``fragmentation``: per resource, the share of the free capacity that sat on hosts with no
+  room for one instance of the task being placed (free but unusable by it), %, the mean over
+  the placements tried (CPU, memory and disk requests);
 * ``timeline``: samples every step from the first arrival to the last departure.
 """
 
@@ -87,6 +90,7 @@ class FleetReport:
     host_utilisation: dict[str, float]
     waits: dict[str, float]
     jobs: dict[str, float]
+    fragmentation: dict[str, float]
     timeline: list[Sample]
 
     def as_json(self, *, timeline: bool = True) -> dict[str, Any]:
@@ -118,6 +122,8 @@ class Measures:
         self._waits: list[float] = []
         self._wait_counts: list[int] = []
         self.timeline: list[Sample] = []
+        self._stranded = np.zeros(2)  # summed over the placements tried: cpu, memory %
+        self._tries = 0
         self.first = self.last = 0.0
         self._next_sample = 0.0
         self._step = 1.0
@@ -134,6 +140,15 @@ class Measures:
     def started(self, wait: float, count: int) -> None:
         self._waits.append(wait)
         self._wait_counts.append(count)
+
+    def fragmented(self, no_room: npt.NDArray[np.bool_]) -> None:
+        """A placement is tried; ``no_room``: the hosts that cannot take one instance of it."""
+        t = self.table
+        for k, (cap, used) in enumerate(((t.cpu_cap, t.cpu_used), (t.mem_cap, t.mem_used))):
+            free = cap - used
+            total = float(free.sum())
+            self._stranded[k] += 100 * float(free[no_room].sum()) / total if total > 0 else 0.0
+        self._tries += 1
 
     def _utils(self) -> tuple[Floats, Floats]:
         if self._dirty:
@@ -233,6 +248,10 @@ class Measures:
                 "mean": round(float(waits @ counts / counts.sum()), 3) if len(waits) else 0.0,
             },
             jobs=_jobs(tasks, placed, ends),
+            fragmentation={
+                "cpu": round(float(self._stranded[0]) / max(self._tries, 1), 3),
+                "memory": round(float(self._stranded[1]) / max(self._tries, 1), 3),
+            },
             timeline=self.timeline,
         )
 
