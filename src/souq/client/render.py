@@ -501,8 +501,9 @@ def trace_replay(r: Report) -> None:
         ("policy", r.policy),
         ("tasks", f"{r.tasks} on {r.workers} workers: {r.placed} placed, {r.failed} failed"),
         ("failed", failed or "-"),
-        ("allocated", f"cpu {s.get('cpu_mean')}, memory {s.get('memory_mean')}, gpu "
-         f"{s.get('gpu_mean')} (mean of {len(r.samples)} samples)"),
+        ("allocated", f"cpu {s.get('cpu_mean')}, memory {s.get('memory_mean')}"
+         + (f", gpu {s.get('gpu_mean')}" if "gpu_mean" in s else "")
+         + f" (time-weighted mean of {len(r.samples)} samples)"),
         ("worker cpu p95", f"mean {s.get('worker_cpu_p95_mean')}, peak "
          f"{s.get('worker_cpu_p95_peak')}"),
         ("worker cpu max", f"mean {s.get('worker_cpu_max_mean')}"),

@@ -23,6 +23,7 @@ Pure: the caller reads the trace and prints the report.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections import Counter
@@ -196,27 +197,38 @@ class Report:
     failed_by_reason: dict[str, int]
     samples: list[Sample]
     outcomes: list[Outcome] = field(repr=False)
+    has_gpus: bool = False  # whether the workers have GPUs (else no GPU figure is told)
 
     @property
     def failed(self) -> int:
         return sum(self.failed_by_reason.values())
 
     def summary(self) -> dict[str, float]:
-        """Over the samples: the mean allocation %, and the mean and peak of the workers'
-        p95 and max CPU utilisation."""
+        """Over the samples, weighted by time (each holds until the next; all alike when they
+        share one instant): the mean allocation %, and the mean and peak of the workers' p95
+        and max CPU utilisation. No ``gpu_mean`` when the workers have no GPUs."""
         if not self.samples:
             return {}
+        times = [s.t for s in self.samples]
+        held = [b - a for a, b in itertools.pairwise(times)] + [0.0]
+        span = sum(held)
+        weights = held if span > 0 else [1.0] * len(self.samples)
+        whole = span if span > 0 else float(len(self.samples))
 
         def mean(name: str) -> float:
-            return round(sum(float(getattr(s, name)) for s in self.samples) / len(self.samples), 3)
+            total = sum(
+                float(getattr(s, name)) * w for s, w in zip(self.samples, weights, strict=True)
+            )
+            return round(total / whole, 3)
 
         def peak(name: str) -> float:
             return round(max(float(getattr(s, name)) for s in self.samples), 3)
 
+        gpu = {"gpu_mean": mean("gpu")} if self.has_gpus else {}
         return {
             "cpu_mean": mean("cpu"),
             "memory_mean": mean("memory"),
-            "gpu_mean": mean("gpu"),
+            **gpu,
             "worker_cpu_p95_mean": mean("worker_cpu_p95"),
             "worker_cpu_p95_peak": peak("worker_cpu_p95"),
             "worker_cpu_max_mean": mean("worker_cpu_max"),
@@ -324,7 +336,10 @@ class Replay:
         clock = self.cluster.clock
         for index, task in enumerate(self.tasks):
             clock.call_at(task.arrival_s + self._offset, self._arrival(index))
-        end = max((t.arrival_s for t in self.tasks), default=0.0) + self._offset
+        # Through the departures: to the last arrival or departure, whichever comes last.
+        end = self._offset + max(
+            (t.arrival_s + (t.duration_s or 0.0) for t in self.tasks), default=0.0
+        )
         if self._every is not None:
             self._tick(0.0, end)
         clock.run(max_steps=None)
@@ -338,6 +353,7 @@ class Replay:
             failed_by_reason=dict(failed),
             samples=self._samples,
             outcomes=outcomes,
+            has_gpus=self._totals[2] > 0,
         )
 
     def _arrival(self, index: int) -> Callable[[], None]:
