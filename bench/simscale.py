@@ -1,10 +1,10 @@
 """The fleet replay at trace scale, against a plain numpy first-fit on the same input.
 
 ``python -m bench.simscale [--instances 1000000] [--hosts 1300] [--policy P ...] [--queue]
-[--one-by-one] [--load 0.6] [--seed 1] [--host-memory-gib 64] [--skip-floor]`` draws a trace
-shaped like Alibaba's cluster-trace-v2017 batch tasks (instance counts, CPU, memory and
-durations drawn from the committed sample's tasks; Poisson arrivals at the rate that keeps about
-``--load`` of the fleet's scarcer resource asked), then
+[--one-by-one] [--load 0.6] [--seed 1] [--host-memory-gib 64] [--replay-hosts N]
+[--skip-floor]`` draws a trace shaped like Alibaba's cluster-trace-v2017 batch tasks (instance
+counts, CPU, memory and durations drawn from the committed sample's tasks; Poisson arrivals at
+the rate that keeps about ``--load`` of the scarcer resource of ``--hosts`` asked), then
 
 * replays it through the broker's placement stages (:mod:`souq.sim.fleet`), and
 * the floor: the same arrivals and departures, each task's instances put on the first hosts
@@ -102,7 +102,10 @@ def _timed(run):  # type: ignore[no-untyped-def]
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--instances", type=int, default=1_000_000)
-    parser.add_argument("--hosts", type=int, default=1300)
+    parser.add_argument("--hosts", type=int, default=1300, help="the fleet the load is of")
+    parser.add_argument(
+        "--replay-hosts", type=int, help="replay the same trace on this many hosts instead"
+    )
     parser.add_argument(
         "--policy",
         action="append",
@@ -124,11 +127,12 @@ def main() -> None:
     tasks, made, _ = _timed(
         lambda: synthetic(args.instances, args.hosts, args.load, args.seed, host)
     )
+    fleet = args.replay_hosts or args.hosts
     n = sum(t.instances for t in tasks)
-    print(f"trace: {len(tasks)} tasks, {n} instances on {args.hosts} hosts (drawn in {made:.1f} s)")
+    print(f"trace: {len(tasks)} tasks, {n} instances on {fleet} hosts (drawn in {made:.1f} s)")
     rows = []
     if not args.skip_floor:
-        floor, wall, cpu = _timed(lambda: first_fit(tasks, args.hosts, host))
+        floor, wall, cpu = _timed(lambda: first_fit(tasks, fleet, host))
         rows.append(("numpy first-fit", floor["placed"], floor["failed"], wall, cpu))
     settings = Settings(queue=args.queue, batch=not args.one_by_one)
     reports = []
@@ -137,9 +141,7 @@ def main() -> None:
             PlacementPolicy(policy=name) if name else None, PlacementDefaults()
         )
         report, wall, cpu = _timed(
-            lambda p=pipeline: replay_fleet(
-                [host] * args.hosts, tasks, pipeline=p, settings=settings
-            )
+            lambda p=pipeline: replay_fleet([host] * fleet, tasks, pipeline=p, settings=settings)
         )
         rows.append((f"fleet replay ({pipeline.name})", report.placed, report.failed, wall, cpu))
         reports.append(report)
