@@ -151,3 +151,21 @@ def test_fragmentation_is_free_capacity_on_hosts_with_no_room_for_the_task_place
     # a: nothing stranded; b: host 0's 1 cpu free of 5 (and its memory) cannot take 2 cpus.
     assert report.fragmentation["cpu"] == 10.0
     assert report.fragmentation["memory"] == round(100 * 4032 / 8128 / 2, 3)
+
+
+def test_best_fit_pushes_a_host_past_the_cpu_knee_when_its_memory_scores_high() -> None:
+    """docs/placement.md: the curves are averaged over CPU and memory, so a host whose memory
+    sits at the curve's peak wins over an empty host even past the CPU knee."""
+    pipeline = _pipeline()
+    fleet = Fleet([Resources(cpus=10, memory_mb=10_000)] * 2, [], pipeline=pipeline)
+    t = fleet.table
+    t.cpu_used[0], t.mem_used[0] = 8_500, 7_500  # host 0: CPU 85 %, memory 75 %; host 1 empty
+    want = Resources(cpus=1, memory_mb=1)
+    request = PlacementRequest(request_id="r", app="a", region="sim", resources=want)
+    score = evaluate(pipeline, request, t).score
+    # host 0 after: CPU 95 % (utility 0.25), memory 75 % (1.0): best-fit 0.625, and with
+    # anti-affinity's 1.0 at half weight 0.75; host 1: best-fit about 0.44, so about 0.63.
+    assert score[0] == pytest.approx(0.75, abs=1e-3)
+    assert score[0] > score[1]
+    t.mem_used[0] = 1_000  # memory at 10 %: the mean falls below the empty host's
+    assert evaluate(pipeline, request, t).score.argmax() == 1
