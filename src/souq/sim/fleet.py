@@ -170,12 +170,12 @@ class Fleet:
             arrival = float(times[k]) if k < total else math.inf
             if self._departures and self._departures[0][0] <= arrival:
                 now = self._departures[0][0]
-                self.measures.advance(now, self._running, len(self._queue))
+                self.measures.advance(now, *self._waiting())
                 while self._departures and self._departures[0][0] == now:
                     self._leave(heapq.heappop(self._departures)[2])
                 self._drain(now)
                 continue
-            self.measures.advance(arrival, self._running, len(self._queue))
+            self.measures.advance(arrival, *self._waiting())
             self._arrive(int(order[k]), int(counts[k]), arrival)
             k += 1
         for waiting in self._queue:  # never placed: the trace ended first
@@ -183,9 +183,9 @@ class Fleet:
             self.reasons["queued_at_end"] += waiting.count
         return self._report()
 
-    @property
-    def _running(self) -> int:
-        return self.measures.running
+    def _waiting(self) -> tuple[int, float | None]:
+        """Tasks queued, and when the one at the head arrived (None: none waits)."""
+        return len(self._queue), self._queue[0].arrival if self._queue else None
 
     def _arrivals(self) -> tuple[Floats, Ints, Ints]:
         """When each arrival comes, whose it is and how many instances: a task at once, or each

@@ -1,4 +1,4 @@
-"""The fleet replay's figure: utilisation and hot hosts over time, and what waits.
+"""The fleet replay's figure: utilisation, the hosts' p95 and waits over time.
 
 Needs matplotlib (``pip install 'souq[sim]'``); :func:`souq.sim.experiment.require_plotting`
 says so before a run.
@@ -16,7 +16,8 @@ __all__ = ["plot_timeline"]
 
 def plot_timeline(reports: Sequence[FleetReport], path: Path) -> None:
     """Per report (one line each): cluster CPU and memory allocated, the hosts' p95 CPU, and
-    the instances queued, against time (hours from the first arrival)."""
+    how long the task at the queue's head has waited, against time (hours from the first
+    arrival)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -33,11 +34,11 @@ def plot_timeline(reports: Sequence[FleetReport], path: Path) -> None:
         axes[1].plot(
             hours, [s.host_memory_p95 for s in r.timeline], "--", label=f"{label} memory p95"
         )
-        axes[2].plot(hours, [s.queued for s in r.timeline], label=label)
+        axes[2].plot(hours, [s.head_wait / 60 for s in r.timeline], label=label)
     axes[0].set_ylabel("allocated, %")
     axes[1].set_ylabel("host p95, %")
     axes[1].axhline(100 * reports[0].hot_threshold, color="grey", linewidth=0.5)
-    axes[2].set_ylabel("tasks queued")
+    axes[2].set_ylabel("queue head's wait, min")
     axes[2].set_xlabel("hours from the first arrival")
     for ax in axes:
         ax.grid(alpha=0.3)

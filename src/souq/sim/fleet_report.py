@@ -58,11 +58,13 @@ def _nearest(values: Floats, p: float) -> float:
 
 @dataclass(frozen=True, slots=True)
 class Sample:
-    """The fleet at time ``t``: instances running and waiting, allocation %, hosts' p95/max %."""
+    """The fleet at time ``t``: instances running, tasks waiting and the longest wait so far of
+    the one at the head, allocation %, hosts' p95/max %."""
 
     t: float
     running: int
-    queued: int
+    queued: int  # tasks waiting
+    head_wait: float  # how long the task at the queue's head has waited, seconds
     cpu: float
     memory: float
     gpu: float | None
@@ -158,14 +160,14 @@ class Measures:
             self._dirty = False
         return self._cpu_u, self._mem_u
 
-    def advance(self, now: float, running: int, queued: int) -> None:
+    def advance(self, now: float, queued: int, head: float | None) -> None:
         """The fleet as it stands held from the last event until ``now``."""
         dt = now - self.last
         if dt <= 0:
             return
         cpu, mem = self._utils()
         while self._next_sample < now:
-            self._sample(self._next_sample, queued)
+            self._sample(self._next_sample, queued, head)
             self._next_sample += self._step
         self.host_cpu += cpu * dt
         self.host_mem += mem * dt
@@ -177,7 +179,7 @@ class Measures:
         self.span += dt
         self.last = now
 
-    def _sample(self, t: float, queued: int) -> None:
+    def _sample(self, t: float, queued: int, head: float | None) -> None:
         cpu, mem = self._utils()
         table = self.table
         self.timeline.append(
@@ -185,6 +187,7 @@ class Measures:
                 t=round(t, 3),
                 running=self.running,
                 queued=queued,
+                head_wait=round(t - head, 3) if head is not None else 0.0,
                 cpu=_pct(float(table.cpu_used.sum()), float(table.cpu_cap.sum())),
                 memory=_pct(float(table.mem_used.sum()), float(table.mem_cap.sum())),
                 gpu=_pct(self.gpu_used, self.gpu_total) if self.gpu_total else None,
@@ -206,7 +209,7 @@ class Measures:
         ends: Floats,
         reasons: dict[str, int],
     ) -> FleetReport:
-        self._sample(self.last, 0)  # the end: the last departure
+        self._sample(self.last, 0, None)  # the end: the last departure
         table, span = self.table, self.span or 1.0
         n = len(table)
         utilisation = {
