@@ -67,3 +67,11 @@ def test_the_cluster_engine_takes_instances_and_arrivals_before_the_trace(tmp_pa
     body = json.loads(simulate(*args).stdout)
     assert (body["tasks"], body["placed"], body["failed"]) == (8, 4, 4)
     assert body["samples"][0]["t"] <= -9.9
+
+
+def test_backfill_is_a_rule_of_the_queue(tmp_path: Path) -> None:
+    args = ["--tasks", str(_trace(tmp_path)), "--workers", "1x4/4G", "--engine", "fleet"]
+    result = simulate(*args, "--backfill")
+    assert result.exit_code == 1 and "--backfill is a rule of the queue" in result.output
+    body = json.loads(simulate(*args, "--queue", "--backfill", "--json").stdout)
+    assert (body["backfill"], body["placed"]) == (True, 8)

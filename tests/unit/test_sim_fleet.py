@@ -169,3 +169,22 @@ def test_best_fit_pushes_a_host_past_the_cpu_knee_when_its_memory_scores_high() 
     assert score[0] > score[1]
     t.mem_used[0] = 1_000  # memory at 10 %: the mean falls below the empty host's
     assert evaluate(pipeline, request, t).score.argmax() == 1
+
+
+def test_backfill_lets_a_task_that_fits_pass_one_that_does_not() -> None:
+    """The batch-jobs queue's rule: the oldest of those that fit; FIFO holds the small one."""
+    tasks = [
+        Task("running", 0.0, 10.0, 3000, 64),
+        Task("big", 1.0, 10.0, 4000, 64),
+        Task("small", 2.0, 5.0, 1000, 64),
+    ]
+    hosts = [Resources(cpus=4, memory_mb=4096)]
+    fifo = replay_fleet(hosts, tasks, pipeline=_pipeline(), settings=Settings(queue=True))
+    back = replay_fleet(
+        hosts, tasks, pipeline=_pipeline(), settings=Settings(queue=True, backfill=True)
+    )
+    # FIFO: big waits 9 s (until 10), small behind it until big leaves at 20.
+    assert fifo.waits["max"] == 18.0 and fifo.span_s == (0.0, 25.0)
+    # Backfill: small starts at once beside running; big still waits for the host to empty.
+    assert back.waits["max"] == 9.0 and back.span_s == (0.0, 20.0)
+    assert (fifo.placed, back.placed) == (3, 3)

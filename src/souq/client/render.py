@@ -521,7 +521,8 @@ def fleet_replay(r: FleetReport) -> None:
     h = r.host_utilisation
     w, j = r.waits, r.jobs
     start, end = r.span_s
-    mode = ("batch" if r.batch else "one by one") + (", FIFO queue" if r.queue else ", no queue")
+    queue = ", backfilled queue" if r.backfill else ", FIFO queue" if r.queue else ", no queue"
+    mode = ("batch" if r.batch else "one by one") + queue
     rows = [
         ("policy", f"{r.policy} ({mode})"),
         ("tasks", f"{r.tasks} ({r.instances} instances) on {r.hosts} hosts: {r.placed} placed, "

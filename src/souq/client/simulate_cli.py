@@ -78,6 +78,7 @@ def simulate(
     speedup: w.SpeedupOpt = 1.0,
     engine: w.EngineOpt = "cluster",
     queue: w.QueueOpt = False,
+    backfill: w.BackfillOpt = False,
     one_by_one: w.OneByOneOpt = False,
     hot: w.HotOpt = 0.9,
     cluster: w.FromClusterOpt = False,
@@ -120,7 +121,9 @@ def simulate(
                 config=config,
                 policies=policy or [],
                 as_json=as_json,
-                fleet=w.FleetOptions(engine, queue, one_by_one, hot, plot if tasks else None),
+                fleet=w.FleetOptions(
+                    engine, queue, one_by_one, hot, plot if tasks else None, backfill
+                ),
             )
             return
         if nodes is None or pods is None:

@@ -123,6 +123,14 @@ QueueOpt = Annotated[
     bool,
     typer.Option("--queue", help="--engine fleet: a task that does not fit waits (FIFO)."),
 ]
+BackfillOpt = Annotated[
+    bool,
+    typer.Option(
+        "--backfill",
+        help="--queue by the batch-jobs queue's rule: the oldest task that fits goes first, one "
+        "that does not fit holds up none behind it.",
+    ),
+]
 OneByOneOpt = Annotated[
     bool,
     typer.Option(
@@ -147,6 +155,7 @@ class FleetOptions:
     one_by_one: bool = False
     hot: float = 0.9
     plot: Path | None = None
+    backfill: bool = False
 
     def check(self) -> None:
         if self.engine not in ENGINES:
@@ -160,6 +169,10 @@ class FleetOptions:
                 "--queue, --one-by-one and --plot are the fleet engine's",
                 hint="add --engine fleet",
                 details={"field": "engine"},
+            )
+        if self.backfill and not self.queue:
+            raise InvalidInput(
+                "--backfill is a rule of the queue", hint="add --queue", details={"field": "queue"}
             )
 
 
@@ -395,6 +408,7 @@ def trace_fleet(
     settings = Settings(
         batch=not options.one_by_one,
         queue=options.queue,
+        backfill=options.backfill,
         hot=options.hot,
         sample_every_s=sample_every,
     )

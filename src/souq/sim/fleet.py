@@ -21,6 +21,8 @@ after every claim (which GPUs a claim takes is the worker's choice).
 A task that does not fit fails (every instance of a batch; the instances left over one by one),
 counted under the reason of the closest hosts. With ``queue=True`` it waits instead, first come
 first served: nothing behind it is placed before it; it is tried again whenever machines leave.
+With ``backfill`` as well, the queue follows the batch-jobs queue's rule (docs/jobs.md): the
+oldest of the waiting tasks that fit goes first, and one that does not fit holds up nothing.
 A task that would not fit on the empty fleet fails at once rather than block the queue for ever.
 
 What is measured (:class:`FleetReport`), from the first arrival to the last departure:
@@ -72,6 +74,9 @@ class Settings:
 
     batch: bool = True  # a task's instances as one batch create (all or none)
     queue: bool = False  # FIFO: a task that does not fit waits instead of failing
+    # With the queue: the batch-jobs queue's rule instead of strict FIFO: the oldest of the
+    # tasks that fit goes first; one that does not fit holds up none behind it.
+    backfill: bool = False
     hot: float = 0.9  # a host above this share of a resource is hot
     sample_every_s: float | None = None  # the timeline's step (None: 200 over the trace)
     seed: int = 0  # ties in the seeded order
@@ -215,18 +220,32 @@ class Fleet:
         if self._never_fits(index, count):
             self._fail(index, count, "never_fits")
             return
-        self._queue.append(_Waiting(index, count, now))
+        waiting = _Waiting(index, count, now)
+        self._queue.append(waiting)
         if len(self._queue) == 1:
             self._drain(now)
+        elif self.settings.backfill:
+            self._try(waiting, now)
+            if waiting.count == 0:
+                self._queue.pop()
 
     def _drain(self, now: float) -> None:
-        while self._queue:
-            head = self._queue[0]
-            placed = self._place(head.task, head.count, now, head.arrival, quiet=True)
-            head.count -= placed
-            if head.count > 0:
-                return
-            self._queue.popleft()
+        """Machines left (or a task came to an empty queue): place what waits, in its order.
+        FIFO stops at the first task that does not fit; backfill goes on past it."""
+        if not self.settings.backfill:
+            while self._queue:
+                if not self._try(self._queue[0], now):
+                    return
+                self._queue.popleft()
+            return
+        done = [self._try(w, now) for w in self._queue]  # every one tried, in order
+        if any(done):
+            self._queue = deque(w for w in self._queue if w.count > 0)
+
+    def _try(self, waiting: _Waiting, now: float) -> bool:
+        """Place what ``waiting`` still asks for; whether all of it is placed now."""
+        waiting.count -= self._place(waiting.task, waiting.count, now, waiting.arrival)
+        return waiting.count == 0
 
     def _fail(self, index: int, count: int, reason: str | None = None) -> None:
         if count <= 0:
@@ -266,11 +285,9 @@ class Fleet:
             self._empty_fits[key] = int(self._fits(want, free=True).sum())
         return self._empty_fits[key] < need
 
-    def _place(
-        self, index: int, count: int, now: float, arrival: float, *, quiet: bool = False
-    ) -> int:
+    def _place(self, index: int, count: int, now: float, arrival: float) -> int:
         """Place up to ``count`` instances of task ``index`` (all or none in a batch); the
-        number placed. ``quiet``: a queued task tried again (its failure is no failure)."""
+        number placed."""
         want, _ = self._want(index)
         request = self._request(index)
         if want.wants_gpu:

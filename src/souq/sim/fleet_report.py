@@ -79,6 +79,7 @@ class FleetReport:
     policy: str
     batch: bool
     queue: bool
+    backfill: bool
     hosts: int
     tasks: int
     instances: int
@@ -225,6 +226,7 @@ class Measures:
             policy=policy,
             batch=settings.batch,
             queue=settings.queue,
+            backfill=settings.backfill,
             hosts=n,
             tasks=len(tasks),
             instances=sum(t.instances for t in tasks),
