@@ -1,7 +1,7 @@
 """The fleet replay at trace scale, against a plain numpy first-fit on the same input.
 
-``python -m bench.simscale [--instances 1000000] [--hosts 1300] [--policy P ...] [--queue]
-[--one-by-one] [--load 0.6] [--seed 1] [--host-memory-gib 64] [--replay-hosts N]
+``python -m bench.simscale [--instances 1000000] [--hosts 1300] [--policy P ...]
+[--queue [--backfill]] [--one-by-one] [--load 0.6] [--seed 1] [--host-memory-gib 64] [--replay-hosts N]
 [--skip-floor]`` draws a trace shaped like Alibaba's cluster-trace-v2017 batch tasks (instance
 counts, CPU, memory and durations drawn from the committed sample's tasks; Poisson arrivals at
 the rate that keeps about ``--load`` of the scarcer resource of ``--hosts`` asked), then
@@ -112,6 +112,7 @@ def main() -> None:
         help="a placement policy (repeat to compare; default: the broker's, best-fit)",
     )
     parser.add_argument("--queue", action="store_true")
+    parser.add_argument("--backfill", action="store_true", help="with --queue: backfill")
     parser.add_argument("--one-by-one", action="store_true")
     parser.add_argument("--load", type=float, default=0.6)
     parser.add_argument("--seed", type=int, default=1)
@@ -134,7 +135,7 @@ def main() -> None:
     if not args.skip_floor:
         floor, wall, cpu = _timed(lambda: first_fit(tasks, fleet, host))
         rows.append(("numpy first-fit", floor["placed"], floor["failed"], wall, cpu))
-    settings = Settings(queue=args.queue, batch=not args.one_by_one)
+    settings = Settings(queue=args.queue, backfill=args.backfill, batch=not args.one_by_one)
     reports = []
     for name in args.policy or [None]:
         pipeline = build_pipeline(
