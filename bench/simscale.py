@@ -1,8 +1,8 @@
 """The fleet replay at trace scale, against a plain numpy first-fit on the same input.
 
 ``python -m bench.simscale [--instances 1000000] [--hosts 1300] [--policy P ...]
-[--queue [--backfill]] [--one-by-one] [--load 0.6] [--seed 1] [--host-memory-gib 64] [--replay-hosts N]
-[--skip-floor]`` draws a trace shaped like Alibaba's cluster-trace-v2017 batch tasks (instance
+[--queue [--backfill]] [--one-by-one] [--load 0.6] [--seed 1] [--host-memory-gib 64]
+[--replay-hosts N] [--skip-floor]`` draws a trace shaped like Alibaba's cluster-trace-v2017 batch tasks (instance
 counts, CPU, memory and durations drawn from the committed sample's tasks; Poisson arrivals at
 the rate that keeps about ``--load`` of the scarcer resource of ``--hosts`` asked), then
 
