@@ -2,9 +2,10 @@
 
 ``python -m bench.simscale [--instances 1000000] [--hosts 1300] [--policy P ...]
 [--queue [--backfill]] [--one-by-one] [--load 0.6] [--seed 1] [--host-memory-gib 64]
-[--replay-hosts N] [--skip-floor]`` draws a trace shaped like Alibaba's cluster-trace-v2017 batch tasks (instance
-counts, CPU, memory and durations drawn from the committed sample's tasks; Poisson arrivals at
-the rate that keeps about ``--load`` of the scarcer resource of ``--hosts`` asked), then
+[--replay-hosts N] [--skip-floor]`` draws a trace shaped like Alibaba's cluster-trace-v2017
+batch tasks (instance counts, CPU, memory and durations drawn from the committed sample's tasks;
+Poisson arrivals at the rate that keeps about ``--load`` of the scarcer resource of ``--hosts``
+asked), then
 
 * replays it through the broker's placement stages (:mod:`souq.sim.fleet`), and
 * the floor: the same arrivals and departures, each task's instances put on the first hosts
