@@ -57,7 +57,7 @@ def test_the_alibaba_batch_tasks_are_read_as_published(tmp_path: Path) -> None:
 def test_fleet_options_need_the_fleet_engine(tmp_path: Path) -> None:
     result = simulate("--tasks", str(_trace(tmp_path)), "--workers", "1x4/4G", "--queue")
     assert result.exit_code == 1
-    assert "--queue, --one-by-one and --plot are the fleet engine's" in result.output
+    assert "--queue and --plot are the fleet engine's" in result.output
     result = simulate("--tasks", "t.csv", "--workers", "1x4/4G", "--engine", "warp")
     assert result.exit_code == 1 and "unknown engine 'warp'" in result.output
 
@@ -66,7 +66,12 @@ def test_the_cluster_engine_takes_instances_and_arrivals_before_the_trace(tmp_pa
     args = ["--tasks", str(_trace(tmp_path)), "--workers", "1x4/4G", "--json"]
     body = json.loads(simulate(*args).stdout)
     assert (body["tasks"], body["placed"], body["failed"]) == (8, 4, 4)
+    assert body["failed_by_reason"] == {"insufficient_cpu": 4}  # b's batch, all or none
     assert body["samples"][0]["t"] <= -9.9
+    assert [s["running"] for s in body["samples"]][:2] == [4, 4]  # a's batch in one create
+    single = json.loads(simulate(*args, "--one-by-one").stdout)
+    assert (single["placed"], single["failed"]) == (4, 4)
+    assert [s["running"] for s in single["samples"]][:4] == [1, 2, 3, 4]
 
 
 def test_backfill_is_a_rule_of_the_queue(tmp_path: Path) -> None:

@@ -135,8 +135,8 @@ OneByOneOpt = Annotated[
     bool,
     typer.Option(
         "--one-by-one",
-        help="--engine fleet: each instance a create of its own (default: a task's instances "
-        "as one batch create, all or none).",
+        help="--tasks: each instance a create of its own (default: a task's instances as one "
+        "batch create, all or none).",
     ),
 ]
 HotOpt = Annotated[
@@ -164,9 +164,9 @@ class FleetOptions:
                 hint=f"choose one of {', '.join(ENGINES)}",
                 details={"field": "engine"},
             )
-        if self.engine == "cluster" and (self.queue or self.one_by_one or self.plot):
+        if self.engine == "cluster" and (self.queue or self.plot):
             raise InvalidInput(
-                "--queue, --one-by-one and --plot are the fleet engine's",
+                "--queue and --plot are the fleet engine's",
                 hint="add --engine fleet",
                 details={"field": "engine"},
             )
@@ -228,7 +228,15 @@ def run(
                 as_json=as_json,
             )
             return
-        trace(tasks, workers, chosen, sample_every=sample_every, speedup=speedup, as_json=as_json)
+        trace(
+            tasks,
+            workers,
+            chosen,
+            sample_every=sample_every,
+            speedup=speedup,
+            as_json=as_json,
+            batch=not fleet.one_by_one,
+        )
 
 
 def placement_policy(name: str) -> "PlacementPolicy":
@@ -353,6 +361,7 @@ def trace(
     sample_every: float | None,
     speedup: float,
     as_json: bool,
+    batch: bool = True,
 ) -> list["Report"]:
     """Replay the tasks on the workers, once per policy (the default pipeline's when none),
     and print the reports."""
@@ -363,7 +372,8 @@ def trace(
     arriving = speed_up(_read_tasks(tasks, cluster), speedup)
     each: list[PlacementPolicy | None] = [*policies] or [None]
     reports = [
-        replay(cluster, arriving, policy=policy, sample_every_s=sample_every) for policy in each
+        replay(cluster, arriving, policy=policy, sample_every_s=sample_every, batch=batch)
+        for policy in each
     ]
     if as_json:
         render.json_value(reports[0] if len(reports) == 1 else reports)

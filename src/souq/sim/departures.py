@@ -1,11 +1,13 @@
 """Replaying a generic trace with departures on virtual time, through Souq's own placement.
 
-Each task of the trace (:class:`~souq.sim.traces.Task`) is a create of one machine sized from
-it, started at ``arrival_s`` on a :class:`~souq.sim.cluster.VirtualCluster` (the real book,
-auction and pipeline in one broker; the real admission in every worker); a placed task is
-destroyed at ``arrival_s + duration_s`` (its worker's admission gives its resources back), and
-a task that cannot be placed fails for good (no retry), counted under one reason from its
-placement record (:func:`failure_reason`: ``insufficient_cpu``, ``wrong_gpu_model`` ...).
+Each task of the trace (:class:`~souq.sim.traces.Task`) is a create of its ``instances``
+machines sized from it, started at ``arrival_s`` on a :class:`~souq.sim.cluster.VirtualCluster`
+(the real book, auction and pipeline in one broker; the real admission in every worker): one
+batch create (the broker's batch path, all or none), or with ``batch=False`` (and for a
+staggered task) one create per instance; a placed machine is destroyed at ``arrival_s +
+duration_s`` (its worker's admission gives its resources back), and a create that cannot be
+placed fails for good (no retry), counted under one reason from its placement record
+(:func:`failure_reason`: ``insufficient_cpu``, ``wrong_gpu_model`` ...).
 
 As a task asks: ``cpu_milli`` millicores, ``memory_mib`` MiB; ``num_gpu`` whole GPUs, or a share
 of one (``gpu_milli`` thousandths) when ``num_gpu == 1`` and ``gpu_milli < 1000``; a
@@ -301,6 +303,7 @@ class Replay:
         rules: Rules | None = None,
         sample_every_s: float | None = None,
         hop_s: float = HOP_S,
+        batch: bool = True,
     ) -> None:
         if sample_every_s is not None and not sample_every_s > 0:
             raise InvalidInput(f"sample every {sample_every_s!r} s: a number of seconds above 0")
@@ -312,7 +315,13 @@ class Replay:
             labels = {GPU_MODEL_LABEL: model} if model else None
             self.cluster.add_worker(REGION, capacity, labels=labels)
         self.broker = self.cluster.add_broker()
-        self.tasks = one_by_one(tasks)
+        # A task's instances as one batch create (the broker's batch path: all or none), or
+        # each a create of its own; a staggered task's arrive one by one either way.
+        self.tasks = [
+            t
+            for task in tasks
+            for t in ([task] if batch and task.stagger_s == 0 else one_by_one([task]))
+        ]
         # The virtual clock starts at 0: a trace that begins before its start (negative
         # arrivals) is run that much later, and its samples told at the trace's own times.
         self._offset = max(0.0, -min((t.arrival_s for t in self.tasks), default=0.0))
@@ -329,7 +338,7 @@ class Replay:
         )
         self._used = [0, 0, 0]  # millicpus, MiB, milli-GPU allocated by the tasks running
         self._running = 0
-        self._outcomes: list[Outcome | None] = [None] * len(self.tasks)
+        self._outcomes: list[list[Outcome]] = [[] for _ in self.tasks]
         self._samples: list[Sample] = []
 
     def run(self) -> Report:
@@ -343,12 +352,12 @@ class Replay:
         if self._every is not None:
             self._tick(0.0, end)
         clock.run(max_steps=None)
-        outcomes = [o for o in self._outcomes if o is not None]
+        outcomes = [o for each in self._outcomes for o in each]
         failed = Counter(o.reason for o in outcomes if o.reason is not None)
         return Report(
             policy=self.cluster.pipeline.name,
             workers=len(self.cluster.workers),
-            tasks=len(self.tasks),
+            tasks=sum(t.instances for t in self.tasks),
             placed=sum(1 for o in outcomes if o.worker is not None),
             failed_by_reason=dict(failed),
             samples=self._samples,
@@ -365,6 +374,7 @@ class Replay:
                 app=APP,
                 region=REGION,
                 resources=want,
+                count=task.instances,
                 constraints=constraints,
                 on_done=lambda placed: self._placed(index, want, placed),
             )
@@ -373,15 +383,22 @@ class Replay:
 
     def _placed(self, index: int, want: Resources, placed: Placed) -> None:
         task = self.tasks[index]
+        names = (
+            [task.name]
+            if task.instances == 1
+            else [f"{task.name}/{k}" for k in range(task.instances)]
+        )
         if placed.error is not None or not placed.workers:
-            self._outcomes[index] = Outcome(task.name, None, failure_reason(placed))
+            reason = failure_reason(placed)
+            self._outcomes[index] = [Outcome(name, None, reason) for name in names]
         else:
-            worker_id, machine_id = placed.workers[0], placed.machines[0]
-            self._outcomes[index] = Outcome(task.name, worker_id)
-            self._charge(worker_id, want, +1)
-            if task.duration_s is not None:
-                leave = task.arrival_s + task.duration_s + self._offset
-                self.cluster.clock.call_at(leave, self._departure(worker_id, machine_id, want))
+            for k, name in enumerate(names):
+                worker_id, machine_id = placed.workers[k], placed.machines[k]
+                self._outcomes[index].append(Outcome(name, worker_id))
+                self._charge(worker_id, want, +1)
+                if task.duration_s is not None:
+                    leave = task.arrival_s + task.duration_s + self._offset
+                    self.cluster.clock.call_at(leave, self._departure(worker_id, machine_id, want))
         if self._every is None:
             self._sample()
 
@@ -439,6 +456,7 @@ def replay(
     pipeline: Pipeline | None = None,
     rules: Rules | None = None,
     sample_every_s: float | None = None,
+    batch: bool = True,
 ) -> Report:
     """Replay ``tasks`` on ``workers`` through ``pipeline`` (default: the broker's pipeline
     for ``policy``, best-fit when none; a GPU policy measures fragmentation against the tasks'
@@ -454,7 +472,9 @@ def replay(
             workload=typical_pods(t.pod() for t in tasks) if tasks else DEFAULT_WORKLOAD,
             largest=(max(w.millicpus for w in workers) or MAX_CPU, most_gpus or MAX_GPU),
         )
-    run = Replay(workers, tasks, pipeline=pipeline, rules=rules, sample_every_s=sample_every_s)
+    run = Replay(
+        workers, tasks, pipeline=pipeline, rules=rules, sample_every_s=sample_every_s, batch=batch
+    )
     return run.run()
 
 
