@@ -445,8 +445,9 @@ def trace_fleet(
 
 def _read_tasks(path: Path, hosts: list["Resources"]) -> list["Task"]:
     """The generic trace, openb's pods (their creation and deletion times), or Alibaba's
-    cluster-trace-v2017 batch tasks (no header; memory as a share of the largest worker's)."""
-    from souq.sim.alibaba import BATCH_TASK_COLUMNS, read_batch_tasks
+    cluster-trace-v2017 or v2018 batch tasks (no header, eight or nine cells; memory as a share
+    of the largest worker's)."""
+    from souq.sim.alibaba import BATCH_TASK_COLUMNS, BATCH_TASK_V2018_COLUMNS, read_batch_tasks
     from souq.sim.traces import read_pods, read_tasks, tasks_from_pods
 
     try:
@@ -457,6 +458,9 @@ def _read_tasks(path: Path, hosts: list["Resources"]) -> list["Task"]:
     cells = [column.strip() for column in header.split(",")]
     if "creation_time" in cells:
         return tasks_from_pods(read_pods(path))
+    memory = max(h.memory_mb for h in hosts)
     if len(cells) == len(BATCH_TASK_COLUMNS) and cells[0].lstrip("-").isdigit():
-        return read_batch_tasks(path, host_memory_mib=max(h.memory_mb for h in hosts))
+        return read_batch_tasks(path, host_memory_mib=memory)
+    if len(cells) == len(BATCH_TASK_V2018_COLUMNS) and cells[1].isdigit():
+        return read_batch_tasks(path, host_memory_mib=memory, version=2018)
     return read_tasks(path)
