@@ -150,9 +150,10 @@ def test_the_policy_decides_the_hot_spots() -> None:
 def test_samples_on_a_grid_of_virtual_seconds() -> None:
     tasks = [task("a", 0, 25, cpus=2), task("b", 12, 100, cpus=1)]
     report = replay(parse_workers("1x4/4G"), tasks, sample_every_s=10)
-    assert [s.t for s in report.samples] == [0, 10, 20]  # up to the last arrival
-    # At 0 the timer comes before the arrival; at 20 both run.
-    assert [s.cpu for s in report.samples] == [0, 50, 75]
+    # Through the departures: past b's end at 112.
+    assert [s.t for s in report.samples] == list(range(0, 130, 10))
+    # At 0 the timer comes before the arrival; at 20 both run; from 25 b alone.
+    assert [s.cpu for s in report.samples] == [0, 50, 75] + [25] * 9 + [0]
     with pytest.raises(InvalidInput):
         replay(parse_workers("1x4/4G"), tasks, sample_every_s=0)
 

@@ -114,3 +114,39 @@ def test_openb_pods_become_generic_tasks() -> None:
     pods = parse_pods(f"{POD_HEADER}\np0,1000,10,1,500,,LS,Running,100,160,100\n")
     (task,) = tasks_from_pods(pods)
     assert (task.arrival_s, task.duration_s, task.gpu_milli) == (100.0, 60.0, 500)
+
+
+def test_a_task_row_carries_instances_a_stagger_and_a_job() -> None:
+    tasks = parse_tasks(
+        "name,arrival_s,duration_s,cpus,memory_mib,instances,stagger_s,job\n"
+        "early,-30,60,0.25,100.5,60000,,j1\n"
+        "late,5.5,,2,512,3,0.5,j1\n"
+    )
+    assert tasks[0] == Task("early", -30.0, 60.0, 250, 101, instances=60000, job="j1")
+    assert tasks[1].instances == 3 and tasks[1].stagger_s == 0.5 and tasks[1].num_gpu == 0
+    assert tasks[1].last_arrival_s == 6.5
+
+
+def test_fractional_millicores_round_up_and_the_gpu_columns_may_be_left_out() -> None:
+    (task,) = parse_tasks("name,arrival_s,cpu_milli,memory_mib\nt,0,0.5,0.1\n")
+    assert (task.cpu_milli, task.memory_mib, task.num_gpu, task.duration_s) == (1, 1, 0, None)
+
+
+@pytest.mark.parametrize(
+    ("row", "message"),
+    [
+        ("t,0,x,1,1", "line 2, column 3 (cpus): 'x' is not a number"),
+        ("t,0,1,-1,1", "line 2, column 4 (memory_mib): -1 is out of range"),
+        ("t,0,1,1,0", "line 2, column 5 (instances): 0 is out of range"),
+        ("t,inf,1,1,1", "line 2, column 2 (arrival_s): 'inf' is not a finite number"),
+    ],
+)
+def test_bad_cells_of_the_new_columns_are_blamed(row: str, message: str) -> None:
+    with pytest.raises(TraceInvalid) as caught:
+        parse_tasks(f"name,arrival_s,cpus,memory_mib,instances\n{row}\n", "t.csv")
+    assert str(caught.value).startswith("t.csv, ") and message in str(caught.value)
+
+
+def test_a_trace_without_a_cpu_column_is_refused_naming_both() -> None:
+    with pytest.raises(TraceInvalid, match="lacks cpu_milli or cpus"):
+        parse_tasks("name,arrival_s,memory_mib\nt,0,1\n", "t.csv")

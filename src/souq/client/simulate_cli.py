@@ -58,7 +58,11 @@ def simulate(
     ] = max(1, os.cpu_count() or 1),
     plot: Annotated[
         Path | None,
-        typer.Option("--plot", help="Write the figure (unallocated GPU against arrived) as PNG."),
+        typer.Option(
+            "--plot",
+            help="Write a figure as PNG: unallocated GPU against arrived (openb), or "
+            "utilisation and waits over time (--tasks --engine fleet).",
+        ),
     ] = None,
     reference: Annotated[
         bool,
@@ -72,6 +76,11 @@ def simulate(
     workers: w.WorkersOpt = None,
     sample_every: w.SampleOpt = None,
     speedup: w.SpeedupOpt = 1.0,
+    engine: w.EngineOpt = "cluster",
+    queue: w.QueueOpt = False,
+    backfill: w.BackfillOpt = False,
+    one_by_one: w.OneByOneOpt = False,
+    hot: w.HotOpt = 0.9,
     cluster: w.FromClusterOpt = False,
     region: w.RegionOpt = None,
     cpus: w.CpusOpt = None,
@@ -112,6 +121,9 @@ def simulate(
                 config=config,
                 policies=policy or [],
                 as_json=as_json,
+                fleet=w.FleetOptions(
+                    engine, queue, one_by_one, hot, plot if tasks else None, backfill
+                ),
             )
             return
         if nodes is None or pods is None:

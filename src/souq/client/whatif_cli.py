@@ -13,6 +13,7 @@ command (:mod:`souq.client.simulate_cli`) takes the options declared here and ha
 """
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -27,11 +28,13 @@ if TYPE_CHECKING:
     from souq.client.api import SouqClient
     from souq.model.machine import Machine
     from souq.model.policy import PlacementPolicy
+    from souq.model.resources import Resources
     from souq.sim.departures import Report
+    from souq.sim.fleet import FleetReport
     from souq.sim.traces import Task
     from souq.sim.whatif import Existing, Planned, WhatIf
 
-__all__ = ["from_cluster", "placement_policy", "run", "trace"]
+__all__ = ["FleetOptions", "from_cluster", "placement_policy", "run", "trace", "trace_fleet"]
 
 WHAT_IF_APP = "what-if"  # the app of planned machines when --app names none
 
@@ -107,6 +110,70 @@ SpeedupOpt = Annotated[
     float,
     typer.Option("--speedup", help="Tasks arrive this many times as fast (durations kept)."),
 ]
+EngineOpt = Annotated[
+    str,
+    typer.Option(
+        "--engine",
+        help="--tasks: cluster (each create through a broker's book, auction and the workers' "
+        "admission) or fleet (the same placement stages over columns: traces of millions of "
+        "instances, queues, batches).",
+    ),
+]
+QueueOpt = Annotated[
+    bool,
+    typer.Option("--queue", help="--engine fleet: a task that does not fit waits (FIFO)."),
+]
+BackfillOpt = Annotated[
+    bool,
+    typer.Option(
+        "--backfill",
+        help="--queue by the batch-jobs queue's rule: the oldest task that fits goes first, one "
+        "that does not fit holds up none behind it.",
+    ),
+]
+OneByOneOpt = Annotated[
+    bool,
+    typer.Option(
+        "--one-by-one",
+        help="--tasks: each instance a create of its own (default: a task's instances as one "
+        "batch create, all or none).",
+    ),
+]
+HotOpt = Annotated[
+    float,
+    typer.Option("--hot", min=0.0, max=1.0, help="--engine fleet: a host above this share is hot."),
+]
+ENGINES = ("cluster", "fleet")
+
+
+@dataclass(frozen=True)
+class FleetOptions:
+    """How ``--tasks`` runs: the engine and, for the fleet, its settings and figure."""
+
+    engine: str = "cluster"
+    queue: bool = False
+    one_by_one: bool = False
+    hot: float = 0.9
+    plot: Path | None = None
+    backfill: bool = False
+
+    def check(self) -> None:
+        if self.engine not in ENGINES:
+            raise InvalidInput(
+                f"unknown engine {self.engine!r}",
+                hint=f"choose one of {', '.join(ENGINES)}",
+                details={"field": "engine"},
+            )
+        if self.engine == "cluster" and (self.queue or self.plot):
+            raise InvalidInput(
+                "--queue and --plot are the fleet engine's",
+                hint="add --engine fleet",
+                details={"field": "engine"},
+            )
+        if self.backfill and not self.queue:
+            raise InvalidInput(
+                "--backfill is a rule of the queue", hint="add --queue", details={"field": "queue"}
+            )
 
 
 def run(
@@ -123,6 +190,7 @@ def run(
     config: Path | None,
     policies: list[str],
     as_json: bool,
+    fleet: FleetOptions | None = None,
 ) -> None:
     """``souq simulate --from-cluster`` or ``--tasks``: the options as the command took them."""
     chosen = [placement_policy(name) for name in policies]
@@ -147,7 +215,28 @@ def run(
         )
     else:
         assert tasks is not None
-        trace(tasks, workers, chosen, sample_every=sample_every, speedup=speedup, as_json=as_json)
+        fleet = fleet or FleetOptions()
+        fleet.check()
+        if fleet.engine == "fleet":
+            trace_fleet(
+                tasks,
+                workers,
+                chosen,
+                fleet,
+                sample_every=sample_every,
+                speedup=speedup,
+                as_json=as_json,
+            )
+            return
+        trace(
+            tasks,
+            workers,
+            chosen,
+            sample_every=sample_every,
+            speedup=speedup,
+            as_json=as_json,
+            batch=not fleet.one_by_one,
+        )
 
 
 def placement_policy(name: str) -> "PlacementPolicy":
@@ -272,24 +361,19 @@ def trace(
     sample_every: float | None,
     speedup: float,
     as_json: bool,
+    batch: bool = True,
 ) -> list["Report"]:
     """Replay the tasks on the workers, once per policy (the default pipeline's when none),
     and print the reports."""
     from souq.client import render
-    from souq.sim.departures import parse_workers, replay, speed_up, workers_of
-    from souq.sim.traces import read_nodes
+    from souq.sim.departures import replay, speed_up
 
-    if not workers:
-        raise InvalidInput(
-            "--tasks needs --workers: the cluster the trace runs on",
-            hint="e.g. --workers 1000x32/128G, or an openb node list (CSV)",
-        )
-    spec = Path(workers)
-    cluster = workers_of(read_nodes(spec)) if spec.is_file() else parse_workers(workers)
-    arriving = speed_up(_read_tasks(tasks), speedup)
+    cluster = _workers(workers)
+    arriving = speed_up(_read_tasks(tasks, cluster), speedup)
     each: list[PlacementPolicy | None] = [*policies] or [None]
     reports = [
-        replay(cluster, arriving, policy=policy, sample_every_s=sample_every) for policy in each
+        replay(cluster, arriving, policy=policy, sample_every_s=sample_every, batch=batch)
+        for policy in each
     ]
     if as_json:
         render.json_value(reports[0] if len(reports) == 1 else reports)
@@ -298,8 +382,72 @@ def trace(
     return reports
 
 
-def _read_tasks(path: Path) -> list["Task"]:
-    """The generic trace, or openb's pods (their creation and deletion times)."""
+def _workers(workers: str | None) -> list["Resources"]:
+    from souq.sim.departures import parse_workers, workers_of
+    from souq.sim.traces import read_nodes
+
+    if not workers:
+        raise InvalidInput(
+            "--tasks needs --workers: the cluster the trace runs on",
+            hint="e.g. --workers 1000x32/128G, or an openb node list (CSV)",
+        )
+    spec = Path(workers)
+    return workers_of(read_nodes(spec)) if spec.is_file() else parse_workers(workers)
+
+
+def trace_fleet(
+    tasks: Path,
+    workers: str | None,
+    policies: list["PlacementPolicy"],
+    options: FleetOptions,
+    *,
+    sample_every: float | None,
+    speedup: float,
+    as_json: bool,
+) -> list["FleetReport"]:
+    """Replay the tasks on a fleet of the workers (:mod:`souq.sim.fleet`), once per policy,
+    and print the reports (and draw the first one's timeline with ``--plot``)."""
+    from souq.client import render
+    from souq.model.policy import PlacementDefaults
+    from souq.placement import build_pipeline
+    from souq.sim.departures import speed_up
+    from souq.sim.fleet import Settings, replay_fleet
+
+    hosts = _workers(workers)
+    arriving = speed_up(_read_tasks(tasks, hosts), speedup)
+    settings = Settings(
+        batch=not options.one_by_one,
+        queue=options.queue,
+        backfill=options.backfill,
+        hot=options.hot,
+        sample_every_s=sample_every,
+    )
+    each: list[PlacementPolicy | None] = [*policies] or [None]
+    reports = [
+        replay_fleet(
+            hosts,
+            arriving,
+            pipeline=build_pipeline(policy, PlacementDefaults()),
+            settings=settings,
+        )
+        for policy in each
+    ]
+    if options.plot is not None:
+        from souq.sim.fleet_plot import plot_timeline
+
+        plot_timeline(reports, options.plot)
+    if as_json:
+        render.json_value(reports[0] if len(reports) == 1 else reports)
+    for report in [] if as_json else reports:
+        render.fleet_replay(report)
+    return reports
+
+
+def _read_tasks(path: Path, hosts: list["Resources"]) -> list["Task"]:
+    """The generic trace, openb's pods (their creation and deletion times), or Alibaba's
+    cluster-trace-v2017 or v2018 batch tasks (no header, eight or nine cells; memory as a share
+    of the largest worker's)."""
+    from souq.sim.alibaba import BATCH_TASK_COLUMNS, BATCH_TASK_V2018_COLUMNS, read_batch_tasks
     from souq.sim.traces import read_pods, read_tasks, tasks_from_pods
 
     try:
@@ -307,6 +455,12 @@ def _read_tasks(path: Path) -> list["Task"]:
             header = f.readline()
     except OSError as exc:
         raise InvalidInput(f"{path}: cannot read the trace: {exc.strerror or exc}") from None
-    if "creation_time" in (column.strip() for column in header.split(",")):
+    cells = [column.strip() for column in header.split(",")]
+    if "creation_time" in cells:
         return tasks_from_pods(read_pods(path))
+    memory = max(h.memory_mb for h in hosts)
+    if len(cells) == len(BATCH_TASK_COLUMNS) and cells[0].lstrip("-").isdigit():
+        return read_batch_tasks(path, host_memory_mib=memory)
+    if len(cells) == len(BATCH_TASK_V2018_COLUMNS) and cells[1].isdigit():
+        return read_batch_tasks(path, host_memory_mib=memory, version=2018)
     return read_tasks(path)

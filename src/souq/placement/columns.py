@@ -20,7 +20,7 @@ import random
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -34,7 +34,15 @@ from souq.placement.pipeline import Pipeline
 from souq.placement.request import PlacementRequest
 from souq.placement.stages import Filter, Scorer
 
-__all__ = ["Memo", "OfferTable", "TableRanking", "rank_table"]
+__all__ = [
+    "Evaluation",
+    "Memo",
+    "OfferTable",
+    "TableRanking",
+    "evaluate",
+    "rank_table",
+    "reason_name",
+]
 
 Ints = npt.NDArray[np.int64]
 Floats = npt.NDArray[np.float64]
@@ -119,6 +127,30 @@ class OfferTable:
         self.states[i] = str(worker.state)
         self.closed[i] = self.states[i] in ("cordoned", "draining")
         self.version[i] += 1
+
+    def after_claims(self, rows: Ints, claims: Ints, want: Resources, app: Ints) -> OfferTable:
+        """Rows ``rows`` as they would be after ``claims`` more machines of ``want`` each (no
+        GPUs: their choice is the worker's), holding ``app`` machines of the app asking: the
+        book as a batch's later claims see it, for all the claims ahead at once."""
+        assert not want.wants_gpu, "a GPU claim changes which GPUs are free: claim it row by row"
+        out = OfferTable.__new__(OfferTable)
+        # Ids only for a stage with no column form (it reads row i's offer): an object array
+        # indexes as the list does, at numpy's cost.
+        out.ids = cast("list[str]", np.asarray(self.ids, dtype=object)[rows])
+        out.regions, out.states = self.regions[rows], self.states[rows]
+        out.cpu_cap, out.mem_cap, out.disk_cap = (
+            self.cpu_cap[rows],
+            self.mem_cap[rows],
+            self.disk_cap[rows],
+        )
+        out.cpu_used = self.cpu_used[rows] + claims * want.millicpus
+        out.mem_used = self.mem_used[rows] + claims * want.memory_mb
+        out.disk_used = self.disk_used[rows] + claims * want.disk_mb
+        out.ngpu, out.gpu_free, out.models = self.ngpu[rows], self.gpu_free[rows], self.models[rows]
+        out.shapes, out.app_machines = self.shapes[rows], app
+        out.version, out.closed = self.version[rows], self.closed[rows]
+        out.only_region = self.only_region
+        return out
 
     def offer(self, i: int) -> Offer:
         """Row ``i`` as the offer the row-by-row pipeline reads."""
@@ -356,6 +388,9 @@ def _picked(want: Resources, free: Ints) -> Ints:
 
 
 def _fgd(s: gpu_scorers.FgdScorer, want: Resources, t: OfferTable, rows: Ints) -> Floats:
+    none = np.nan if s.gpu_workers_only else 0.0
+    if not (t.ngpu[rows] > 0).any():
+        return np.full(len(rows), none)  # no GPU worker among them: nothing to fragment
     cpus = t.cpu_cap[rows] - t.cpu_used[rows]
     free, models = t.gpu_free[rows], t.models[rows]
     left = _picked(want, free)
@@ -366,7 +401,6 @@ def _fgd(s: gpu_scorers.FgdScorer, want: Resources, t: OfferTable, rows: Ints) -
         after += _stranded(cpus - want.millicpus, left.sum(axis=1), s.cpu_per_gpu)
     delta = np.clip(-(before - after) / 1000, -700.0, 700.0)
     out = np.floor(100.0 / (1.0 + np.exp(delta))) / 100
-    none = np.nan if s.gpu_workers_only else 0.0
     return np.where(t.ngpu[rows] > 0, out, none)
 
 
@@ -526,6 +560,15 @@ def rank_table(
             rows = rows[: pipeline.limit]
         if first:
             rows = np.sort(rows)
+    final = _weighted(pipeline, request, table, rows, memo)
+    best = np.argsort(-final, kind="stable")
+    return TableRanking(rows[best], final[best], dict(counts))
+
+
+def _weighted(
+    pipeline: Pipeline, request: PlacementRequest, table: OfferTable, rows: Ints, memo: Memo | None
+) -> Floats:
+    """The pipeline's final score of each row: its scorers' weighted mean (0 with no opinion)."""
     total = np.zeros(len(rows))
     weight = np.zeros(len(rows))
     key = _shape_key(request)
@@ -539,6 +582,41 @@ def rank_table(
         has = ~np.isnan(values)
         total += np.where(has, values, 0.0) * s.weight
         weight += has * s.weight
-    final = np.divide(total, weight, out=np.zeros(len(rows)), where=weight > 0)
-    best = np.argsort(-final, kind="stable")
-    return TableRanking(rows[best], final[best], dict(counts))
+    return np.divide(total, weight, out=np.zeros(len(rows)), where=weight > 0)
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """Every row of a table judged for one request: whether it passes the filters, the code of
+    the first filter's reason where it does not (:func:`reason_name`), and its final score
+    (``-inf`` where it does not pass). No sample and no order: the caller picks."""
+
+    ok: Bools
+    reason: Ints
+    score: Floats
+
+
+def reason_name(code: int) -> str:
+    """The rejection reason an :class:`Evaluation` codes as ``code`` (0: none)."""
+    return _REASONS[code]
+
+
+def evaluate(pipeline: Pipeline, request: PlacementRequest, table: OfferTable) -> Evaluation:
+    """:meth:`Pipeline.rank`'s filters and scorers over every row of ``table``, each row
+    judged on its own (the stages are pure functions of the request and the row)."""
+    n = len(table)
+    rows = np.arange(n, dtype=np.int64)
+    reason = np.zeros(n, dtype=np.int64)
+    for f in pipeline.filters:
+        ok, why = _filter_verdict(f, request, table, rows)
+        if why is not _NO_REASON and not ok.all():
+            reason[rows[~ok]] = why[~ok]
+            rows = rows[ok]
+        if not len(rows):
+            break
+    passed = np.zeros(n, dtype=bool)
+    passed[rows] = True
+    score = np.full(n, -np.inf)
+    if len(rows):
+        score[rows] = _weighted(pipeline, request, table, rows, None)
+    return Evaluation(passed, reason, score)

@@ -43,6 +43,8 @@ class Curve:
 
 
 # Utility rises while a worker fills towards a comfortable 75 %, then falls steeply: an empty
-# worker (0.4) beats one that the placement would push past ~88 %, so nothing becomes a hot spot
-# while there is room elsewhere, yet workers fill before new ones are touched.
+# worker (0.4) beats one that the placement would push past about 92 % (a little less for a
+# large machine), yet workers fill before new ones are touched. Best-fit averages the CPU and
+# memory curves, so the other resource near its peak can carry a worker past the knee in one:
+# docs/placement.md, "Where the knee holds".
 DEFAULT_CURVE = Curve(((0.0, 0.4), (0.75, 1.0), (0.9, 0.5), (1.0, 0.0)))

@@ -1,11 +1,13 @@
 """Replaying a generic trace with departures on virtual time, through Souq's own placement.
 
-Each task of the trace (:class:`~souq.sim.traces.Task`) is a create of one machine sized from
-it, started at ``arrival_s`` on a :class:`~souq.sim.cluster.VirtualCluster` (the real book,
-auction and pipeline in one broker; the real admission in every worker); a placed task is
-destroyed at ``arrival_s + duration_s`` (its worker's admission gives its resources back), and
-a task that cannot be placed fails for good (no retry), counted under one reason from its
-placement record (:func:`failure_reason`: ``insufficient_cpu``, ``wrong_gpu_model`` ...).
+Each task of the trace (:class:`~souq.sim.traces.Task`) is a create of its ``instances``
+machines sized from it, started at ``arrival_s`` on a :class:`~souq.sim.cluster.VirtualCluster`
+(the real book, auction and pipeline in one broker; the real admission in every worker): one
+batch create (the broker's batch path, all or none), or with ``batch=False`` (and for a
+staggered task) one create per instance; a placed machine is destroyed at ``arrival_s +
+duration_s`` (its worker's admission gives its resources back), and a create that cannot be
+placed fails for good (no retry), counted under one reason from its placement record
+(:func:`failure_reason`: ``insufficient_cpu``, ``wrong_gpu_model`` ...).
 
 As a task asks: ``cpu_milli`` millicores, ``memory_mib`` MiB; ``num_gpu`` whole GPUs, or a share
 of one (``gpu_milli`` thousandths) when ``num_gpu == 1`` and ``gpu_milli < 1000``; a
@@ -23,6 +25,7 @@ Pure: the caller reads the trace and prints the report.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections import Counter
@@ -52,7 +55,9 @@ __all__ = [
     "Replay",
     "Report",
     "Sample",
+    "closest_reason",
     "failure_reason",
+    "one_by_one",
     "parse_workers",
     "percentile",
     "replay",
@@ -194,27 +199,38 @@ class Report:
     failed_by_reason: dict[str, int]
     samples: list[Sample]
     outcomes: list[Outcome] = field(repr=False)
+    has_gpus: bool = False  # whether the workers have GPUs (else no GPU figure is told)
 
     @property
     def failed(self) -> int:
         return sum(self.failed_by_reason.values())
 
     def summary(self) -> dict[str, float]:
-        """Over the samples: the mean allocation %, and the mean and peak of the workers'
-        p95 and max CPU utilisation."""
+        """Over the samples, weighted by time (each holds until the next; all alike when they
+        share one instant): the mean allocation %, and the mean and peak of the workers' p95
+        and max CPU utilisation. No ``gpu_mean`` when the workers have no GPUs."""
         if not self.samples:
             return {}
+        times = [s.t for s in self.samples]
+        held = [b - a for a, b in itertools.pairwise(times)] + [0.0]
+        span = sum(held)
+        weights = held if span > 0 else [1.0] * len(self.samples)
+        whole = span if span > 0 else float(len(self.samples))
 
         def mean(name: str) -> float:
-            return round(sum(float(getattr(s, name)) for s in self.samples) / len(self.samples), 3)
+            total = sum(
+                float(getattr(s, name)) * w for s, w in zip(self.samples, weights, strict=True)
+            )
+            return round(total / whole, 3)
 
         def peak(name: str) -> float:
             return round(max(float(getattr(s, name)) for s in self.samples), 3)
 
+        gpu = {"gpu_mean": mean("gpu")} if self.has_gpus else {}
         return {
             "cpu_mean": mean("cpu"),
             "memory_mean": mean("memory"),
-            "gpu_mean": mean("gpu"),
+            **gpu,
             "worker_cpu_p95_mean": mean("worker_cpu_p95"),
             "worker_cpu_p95_peak": peak("worker_cpu_p95"),
             "worker_cpu_max_mean": mean("worker_cpu_max"),
@@ -254,6 +270,12 @@ _DISTANCE = {
 }
 
 
+def closest_reason(rejections: dict[str, int]) -> str:
+    """Of the rejections counted by reason, the one counted most among the workers that came
+    closest (the first by name on a tie)."""
+    return min(rejections, key=lambda r: (_DISTANCE.get(r, 0), -rejections[r], r))
+
+
 def failure_reason(placed: Placed) -> str:
     """Why a create failed, in one code: the reason its record counts most among the workers
     that came closest (a full GPU worker's ``insufficient_gpus`` before the CPU workers'
@@ -262,7 +284,7 @@ def failure_reason(placed: Placed) -> str:
     record = placed.record
     rejections: dict[str, int] = getattr(record, "rejections", None) or {}
     if rejections:
-        return min(rejections, key=lambda r: (_DISTANCE.get(r, 0), -rejections[r], r))
+        return closest_reason(rejections)
     if isinstance(record, Placement) and any(not c.ok for c in record.claims):
         return "claim_refused"
     return placed.error.status if isinstance(placed.error, SouqError) else "not_placed"
@@ -281,6 +303,7 @@ class Replay:
         rules: Rules | None = None,
         sample_every_s: float | None = None,
         hop_s: float = HOP_S,
+        batch: bool = True,
     ) -> None:
         if sample_every_s is not None and not sample_every_s > 0:
             raise InvalidInput(f"sample every {sample_every_s!r} s: a number of seconds above 0")
@@ -292,7 +315,16 @@ class Replay:
             labels = {GPU_MODEL_LABEL: model} if model else None
             self.cluster.add_worker(REGION, capacity, labels=labels)
         self.broker = self.cluster.add_broker()
-        self.tasks = list(tasks)
+        # A task's instances as one batch create (the broker's batch path: all or none), or
+        # each a create of its own; a staggered task's arrive one by one either way.
+        self.tasks = [
+            t
+            for task in tasks
+            for t in ([task] if batch and task.stagger_s == 0 else one_by_one([task]))
+        ]
+        # The virtual clock starts at 0: a trace that begins before its start (negative
+        # arrivals) is run that much later, and its samples told at the trace's own times.
+        self._offset = max(0.0, -min((t.arrival_s for t in self.tasks), default=0.0))
         self._every = sample_every_s
         self._index = {w: i for i, w in enumerate(self.cluster.workers)}
         caps = list(workers)
@@ -306,27 +338,31 @@ class Replay:
         )
         self._used = [0, 0, 0]  # millicpus, MiB, milli-GPU allocated by the tasks running
         self._running = 0
-        self._outcomes: list[Outcome | None] = [None] * len(self.tasks)
+        self._outcomes: list[list[Outcome]] = [[] for _ in self.tasks]
         self._samples: list[Sample] = []
 
     def run(self) -> Report:
         clock = self.cluster.clock
         for index, task in enumerate(self.tasks):
-            clock.call_at(task.arrival_s, self._arrival(index))
-        end = max((t.arrival_s for t in self.tasks), default=0.0)
+            clock.call_at(task.arrival_s + self._offset, self._arrival(index))
+        # Through the departures: to the last arrival or departure, whichever comes last.
+        end = self._offset + max(
+            (t.arrival_s + (t.duration_s or 0.0) for t in self.tasks), default=0.0
+        )
         if self._every is not None:
             self._tick(0.0, end)
         clock.run(max_steps=None)
-        outcomes = [o for o in self._outcomes if o is not None]
+        outcomes = [o for each in self._outcomes for o in each]
         failed = Counter(o.reason for o in outcomes if o.reason is not None)
         return Report(
             policy=self.cluster.pipeline.name,
             workers=len(self.cluster.workers),
-            tasks=len(self.tasks),
+            tasks=sum(t.instances for t in self.tasks),
             placed=sum(1 for o in outcomes if o.worker is not None),
             failed_by_reason=dict(failed),
             samples=self._samples,
             outcomes=outcomes,
+            has_gpus=self._totals[2] > 0,
         )
 
     def _arrival(self, index: int) -> Callable[[], None]:
@@ -338,6 +374,7 @@ class Replay:
                 app=APP,
                 region=REGION,
                 resources=want,
+                count=task.instances,
                 constraints=constraints,
                 on_done=lambda placed: self._placed(index, want, placed),
             )
@@ -346,15 +383,22 @@ class Replay:
 
     def _placed(self, index: int, want: Resources, placed: Placed) -> None:
         task = self.tasks[index]
+        names = (
+            [task.name]
+            if task.instances == 1
+            else [f"{task.name}/{k}" for k in range(task.instances)]
+        )
         if placed.error is not None or not placed.workers:
-            self._outcomes[index] = Outcome(task.name, None, failure_reason(placed))
+            reason = failure_reason(placed)
+            self._outcomes[index] = [Outcome(name, None, reason) for name in names]
         else:
-            worker_id, machine_id = placed.workers[0], placed.machines[0]
-            self._outcomes[index] = Outcome(task.name, worker_id)
-            self._charge(worker_id, want, +1)
-            if task.duration_s is not None:
-                leave = task.arrival_s + task.duration_s
-                self.cluster.clock.call_at(leave, self._departure(worker_id, machine_id, want))
+            for k, name in enumerate(names):
+                worker_id, machine_id = placed.workers[k], placed.machines[k]
+                self._outcomes[index].append(Outcome(name, worker_id))
+                self._charge(worker_id, want, +1)
+                if task.duration_s is not None:
+                    leave = task.arrival_s + task.duration_s + self._offset
+                    self.cluster.clock.call_at(leave, self._departure(worker_id, machine_id, want))
         if self._every is None:
             self._sample()
 
@@ -388,7 +432,7 @@ class Replay:
         used, totals = self._used, self._totals
         self._samples.append(
             Sample(
-                t=round(self.cluster.clock.monotonic(), 6),
+                t=round(self.cluster.clock.monotonic() - self._offset, 6),
                 running=self._running,
                 cpu=_pct(used[0], totals[0]),
                 memory=_pct(used[1], totals[1]),
@@ -412,6 +456,7 @@ def replay(
     pipeline: Pipeline | None = None,
     rules: Rules | None = None,
     sample_every_s: float | None = None,
+    batch: bool = True,
 ) -> Report:
     """Replay ``tasks`` on ``workers`` through ``pipeline`` (default: the broker's pipeline
     for ``policy``, best-fit when none; a GPU policy measures fragmentation against the tasks'
@@ -427,8 +472,25 @@ def replay(
             workload=typical_pods(t.pod() for t in tasks) if tasks else DEFAULT_WORKLOAD,
             largest=(max(w.millicpus for w in workers) or MAX_CPU, most_gpus or MAX_GPU),
         )
-    run = Replay(workers, tasks, pipeline=pipeline, rules=rules, sample_every_s=sample_every_s)
+    run = Replay(
+        workers, tasks, pipeline=pipeline, rules=rules, sample_every_s=sample_every_s, batch=batch
+    )
     return run.run()
+
+
+def one_by_one(tasks: Iterable[Task]) -> list[Task]:
+    """Each instance of each task as a task of its own (instance ``k`` of a staggered task
+    ``k * stagger_s`` later), named ``NAME`` for one instance and ``NAME/k`` for several."""
+    out: list[Task] = []
+    for t in tasks:
+        if t.instances == 1:
+            out.append(t)
+            continue
+        out += [
+            replace(t, name=f"{t.name}/{k}", arrival_s=t.arrival_s + k * t.stagger_s, instances=1)
+            for k in range(t.instances)
+        ]
+    return out
 
 
 def speed_up(tasks: Iterable[Task], factor: float) -> list[Task]:
@@ -436,4 +498,6 @@ def speed_up(tasks: Iterable[Task], factor: float) -> list[Task]:
     ``factor`` times the load of a trace as light as openb's."""
     if not factor > 0:
         raise InvalidInput(f"speed-up {factor!r}: a number above 0", details={"field": "speedup"})
-    return [replace(t, arrival_s=t.arrival_s / factor) for t in tasks]
+    return [
+        replace(t, arrival_s=t.arrival_s / factor, stagger_s=t.stagger_s / factor) for t in tasks
+    ]

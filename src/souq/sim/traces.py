@@ -14,6 +14,7 @@ line (1 is the header) and the column (by name and 1-based position).
 from __future__ import annotations
 
 import csv
+import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,7 @@ from souq.errors import TraceInvalid
 __all__ = [
     "GENERIC_COLUMNS",
     "MILLI",
+    "TASK_REQUIRED",
     "Node",
     "Pod",
     "Task",
@@ -51,6 +53,10 @@ GENERIC_COLUMNS = (
     "gpu_milli",
     "gpu_spec",
 )
+"""The generic format's columns as the first form wrote them all (see docs/simulator.md)."""
+TASK_REQUIRED = ("name", "arrival_s", "memory_mib")
+"""What a generic trace must have: a CPU column as well (``cpu_milli`` or ``cpus``); the rest
+(``duration_s``, the GPU columns, ``instances``, ``stagger_s``, ``job``) may be left out."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +107,13 @@ class Task:
     num_gpu: int = 0
     gpu_milli: int = 0
     gpu_spec: tuple[str, ...] = ()
+    instances: int = 1  # identical machines the task asks for
+    stagger_s: float = 0.0  # instance k arrives k * stagger_s after the first
+    job: str = ""  # the job the task belongs to ("": a job of its own)
+
+    @property
+    def last_arrival_s(self) -> float:
+        return self.arrival_s + (self.instances - 1) * self.stagger_s
 
     def pod(self) -> Pod:
         return Pod(
@@ -146,30 +159,56 @@ class _Row:
             raise self.error(column, f"{value} is out of range (expected {bound})")
         return value
 
-    def seconds(self, column: str, *, optional: bool) -> float | None:
-        raw = self.text(column)
+    def has(self, column: str) -> bool:
+        return column in self.header
+
+    def seconds(self, column: str, *, optional: bool, negative: bool = False) -> float | None:
+        raw = self.text(column) if self.has(column) else ""
         if not raw and optional:
             return None
         try:
             value = float(raw)
         except ValueError:
             raise self.error(column, f"{raw!r} is not a number of seconds") from None
-        if not value >= 0:  # also rejects nan
+        if not math.isfinite(value):
+            raise self.error(column, f"{raw!r} is not a finite number of seconds")
+        if value < 0 and not negative:
             raise self.error(column, f"{raw} is negative")
         return value
+
+    def amount(self, column: str, scale: float = 1.0) -> int:
+        """A resource amount, fractions allowed, times ``scale``, rounded up to a whole unit."""
+        raw = self.text(column)
+        try:
+            value = float(raw)
+        except ValueError:
+            raise self.error(column, f"{raw!r} is not a number") from None
+        if not (math.isfinite(value) and value >= 0):
+            raise self.error(column, f"{raw} is out of range (expected a number from 0)")
+        return math.ceil(value * scale - 1e-9)
 
     def models(self, column: str) -> tuple[str, ...]:
         return tuple(m for m in (s.strip() for s in self.text(column).split("|")) if m)
 
 
-def _rows(text: str | Iterable[str], source: str, columns: tuple[str, ...]) -> Iterator[_Row]:
+def _rows(
+    text: str | Iterable[str],
+    source: str,
+    columns: tuple[str, ...],
+    *,
+    one_of: tuple[tuple[str, ...], ...] = (),
+) -> Iterator[_Row]:
     lines = text.splitlines() if isinstance(text, str) else text
     reader = csv.reader(lines)
     try:
         names = [n.strip() for n in next(reader)]
     except StopIteration:
         raise TraceInvalid(f"{source}: the file is empty", hint="expected a header line") from None
-    missing = [c for c in columns if c not in names]
+    missing = [c for c in columns if c not in names] + [
+        " or ".join(alternatives)
+        for alternatives in one_of
+        if not any(a in names for a in alternatives)
+    ]
     if missing:
         raise TraceInvalid(
             f"{source}, line 1: the header lacks {', '.join(missing)}",
@@ -239,22 +278,34 @@ def parse_pods(text: str | Iterable[str], source: str = "<pods>") -> list[Pod]:
 
 
 def parse_tasks(text: str | Iterable[str], source: str = "<tasks>") -> list[Task]:
+    """The generic format (docs/simulator.md, "Trace formats"): CPU in millicores
+    (``cpu_milli``) or cores (``cpus``), memory in MiB, fractions rounded up; arrivals before
+    the trace's start (negative) allowed; GPU columns optional (none: a CPU-only trace)."""
+
     def task(row: _Row) -> Task:
-        num_gpu = row.integer("num_gpu")
-        arrival = row.seconds("arrival_s", optional=False)
+        num_gpu = row.integer("num_gpu") if row.has("num_gpu") else 0
+        gpu_milli = _gpu_request(row, num_gpu) if row.has("gpu_milli") else MILLI * (num_gpu > 0)
+        arrival = row.seconds("arrival_s", optional=False, negative=True)
         assert arrival is not None
+        cpu = row.amount("cpu_milli") if row.has("cpu_milli") else row.amount("cpus", MILLI)
+        instances = row.integer("instances", low=1) if row.has("instances") else 1
+        stagger = row.seconds("stagger_s", optional=True) if row.has("stagger_s") else None
         return Task(
             name=row.text("name"),
             arrival_s=arrival,
             duration_s=row.seconds("duration_s", optional=True),
-            cpu_milli=row.integer("cpu_milli"),
-            memory_mib=row.integer("memory_mib"),
+            cpu_milli=cpu,
+            memory_mib=row.amount("memory_mib"),
             num_gpu=num_gpu,
-            gpu_milli=_gpu_request(row, num_gpu),
-            gpu_spec=row.models("gpu_spec"),
+            gpu_milli=gpu_milli,
+            gpu_spec=row.models("gpu_spec") if row.has("gpu_spec") else (),
+            instances=instances,
+            stagger_s=stagger or 0.0,
+            job=row.text("job") if row.has("job") else "",
         )
 
-    return [task(r) for r in _rows(text, source, GENERIC_COLUMNS)]
+    rows = _rows(text, source, TASK_REQUIRED, one_of=(("cpu_milli", "cpus"),))
+    return [task(r) for r in rows]
 
 
 def tasks_from_pods(pods: Iterable[Pod]) -> list[Task]:
