@@ -28,8 +28,7 @@ import numpy.typing as npt
 from souq.model.protocol import Offer
 from souq.model.resources import GPU_MILLI, Resources
 from souq.model.worker import WorkerInfo, WorkerState
-from souq.placement import filters, gpu_scorers, gpus, scorers
-from souq.placement.fragmentation import Shape
+from souq.placement import filters, gpu_columns, gpu_scorers, gpus, scorers
 from souq.placement.pipeline import Pipeline
 from souq.placement.request import PlacementRequest
 from souq.placement.stages import Filter, Scorer
@@ -48,12 +47,10 @@ Ints = npt.NDArray[np.int64]
 Floats = npt.NDArray[np.float64]
 Bools = npt.NDArray[np.bool_]
 
-_SHAPE_BITS = {"share": 1, "1": 2, "2": 4, "4": 8, "8": 16}
-
 
 def shape_bits(shapes: dict[str, int]) -> int:
     """The GPU shapes a worker holds as bits (GpuClustering compares them)."""
-    return sum(_SHAPE_BITS.get(s, 32) for s, n in shapes.items() if n > 0)
+    return sum(gpu_columns.SHAPE_BITS.get(s, 32) for s, n in shapes.items() if n > 0)
 
 
 @dataclass
@@ -175,7 +172,7 @@ class OfferTable:
             capacity=capacity,
             allocated=used,
             gpu_free=[int(f) for f in self.gpu_free[i, :n]],
-            gpu_shapes={s: 1 for s, b in _SHAPE_BITS.items() if bits & b},
+            gpu_shapes={s: 1 for s, b in gpu_columns.SHAPE_BITS.items() if bits & b},
         )
         return Offer(worker=worker, eligible=True, app_machines=int(self.app_machines[i]))
 
@@ -351,54 +348,18 @@ def _after(want: Resources, t: OfferTable, rows: Ints) -> tuple[Floats, Floats]:
     )
 
 
-def _frag(workload: Sequence[Shape], cpus: Ints, gpus: Ints, models: npt.NDArray[Any]) -> Floats:
-    """F(M) of each row (:mod:`souq.placement.fragmentation`) over arrays."""
-    req = np.array([s.gpu_milli for s in workload], dtype=np.int64)
-    k = np.array([s.num_gpu for s in workload], dtype=np.int64)
-    cpu = np.array([s.cpu_milli for s in workload], dtype=np.int64)
-    p = np.array([s.p for s in workload], dtype=np.float64)
-    room = gpus[:, :, None] >= req  # (n, G, M)
-    count = room.sum(axis=1)
-    below = np.where(room, 0, gpus[:, :, None]).sum(axis=1)
-    total = gpus.sum(axis=1)
-    fits = (count >= k) & (cpus[:, None] >= cpu) & (k > 0)
-    for j, s in enumerate(workload):
-        if s.model:
-            fits[:, j] &= np.isin(models, s.model.split("|"))
-    per_task = np.where(fits, below, total[:, None])
-    return np.asarray(per_task @ p, dtype=np.float64)
-
-
-def _stranded(cpus: Ints, gpu_total: Ints, ratio: float) -> Floats:
-    """:func:`souq.placement.fragmentation.stranded` over arrays."""
-    return np.maximum(0.0, gpu_total - cpus / ratio)
-
-
-def _picked(want: Resources, free: Ints) -> Ints:
-    """``free`` after the worker's own GPU choice (:func:`souq.placement.gpus.pick`)."""
-    out = free.copy()
-    rows = np.arange(len(free))
-    if want.gpus > 0:
-        idle = free >= GPU_MILLI
-        out[idle & (np.cumsum(idle, axis=1) <= want.gpus)] = 0
-    elif want.gpu_milli > 0:
-        room = np.where(free >= want.gpu_milli, free, GPU_MILLI + 1)
-        out[rows, room.argmin(axis=1)] -= want.gpu_milli
-    return out
-
-
 def _fgd(s: gpu_scorers.FgdScorer, want: Resources, t: OfferTable, rows: Ints) -> Floats:
     none = np.nan if s.gpu_workers_only else 0.0
     if not (t.ngpu[rows] > 0).any():
         return np.full(len(rows), none)  # no GPU worker among them: nothing to fragment
     cpus = t.cpu_cap[rows] - t.cpu_used[rows]
     free, models = t.gpu_free[rows], t.models[rows]
-    left = _picked(want, free)
-    before = _frag(s.workload, cpus, free, models)
-    after = _frag(s.workload, cpus - want.millicpus, left, models)
+    left = gpu_columns.picked(want, free)
+    before = gpu_columns.frag(s.workload, cpus, free, models)
+    after = gpu_columns.frag(s.workload, cpus - want.millicpus, left, models)
     if s.cpu_per_gpu > 0:
-        before += _stranded(cpus, free.sum(axis=1), s.cpu_per_gpu)
-        after += _stranded(cpus - want.millicpus, left.sum(axis=1), s.cpu_per_gpu)
+        before += gpu_columns.stranded(cpus, free.sum(axis=1), s.cpu_per_gpu)
+        after += gpu_columns.stranded(cpus - want.millicpus, left.sum(axis=1), s.cpu_per_gpu)
     delta = np.clip(-(before - after) / 1000, -700.0, 700.0)
     out = np.floor(100.0 / (1.0 + np.exp(delta))) / 100
     return np.where(t.ngpu[rows] > 0, out, none)
@@ -448,7 +409,7 @@ def _leftover(
         0.5 * (cpu_free - r.resources.millicpus) / s.max_cpu
         + 0.5 * (free.sum(axis=1) - asked) / s.max_gpu
     )
-    return _points(((1.0 - left) * 100).astype(np.int64))
+    return gpu_columns.points(((1.0 - left) * 100).astype(np.int64))
 
 
 def _dotprod(
@@ -458,7 +419,7 @@ def _dotprod(
     dot = (cpu_free / s.max_cpu) * (r.resources.millicpus / s.max_cpu) + (
         free.sum(axis=1) / s.max_gpu
     ) * (asked / s.max_gpu)
-    return _points(np.floor(100 * (1 - dot / 2)))
+    return gpu_columns.points(np.floor(100 * (1 - dot / 2)))
 
 
 _SCORERS: dict[type, Callable[[Any, PlacementRequest, OfferTable, Ints], Floats | None]] = {
@@ -471,10 +432,10 @@ _SCORERS: dict[type, Callable[[Any, PlacementRequest, OfferTable, Ints], Floats 
     gpu_scorers.FgdScorer: lambda s, r, t, rows: _fgd(s, r.resources, t, rows),
     gpu_scorers.LeftoverScorer: _leftover,
     gpu_scorers.DotProdScorer: _dotprod,
-    gpu_scorers.GpuPackingScorer: lambda s, r, t, rows: _gpupacking(
+    gpu_scorers.GpuPackingScorer: lambda s, r, t, rows: gpu_columns.gpupacking(
         r.resources, t.gpu_free[rows], t.ngpu[rows]
     ),
-    gpu_scorers.GpuClusteringScorer: lambda s, r, t, rows: _gpuclustering(
+    gpu_scorers.GpuClusteringScorer: lambda s, r, t, rows: gpu_columns.gpuclustering(
         s, r.resources, t.gpu_free[rows], t.shapes[rows]
     ),
 }
@@ -488,37 +449,6 @@ def _score(s: Scorer, request: PlacementRequest, t: OfferTable, rows: Ints) -> F
     return np.array(
         [np.nan if (v := s.score(request, t.offer(int(i)))) is None else v for i in rows]
     )
-
-
-def _gpupacking(want: Resources, free: Ints, ngpu: Ints) -> Floats:
-    if not want.wants_gpu:
-        return np.zeros(len(free))
-    nfull = (free >= GPU_MILLI).sum(axis=1)
-    idle = np.maximum(33 - nfull, nfull)
-    if want.gpus == 0:
-        tight = np.where(free >= want.gpu_milli, free, GPU_MILLI).min(axis=1)
-        used = np.where(
-            tight >= GPU_MILLI, 49, np.maximum(100 - (tight * 100 // GPU_MILLI) // 10, 50)
-        )
-    else:
-        used = np.full(len(free), max(50 - want.gpus, 33))
-    return _points(np.where(nfull == ngpu, idle, used))
-
-
-def _gpuclustering(
-    s: gpu_scorers.GpuClusteringScorer, want: Resources, free: Ints, shapes: Ints
-) -> Floats:
-    mine = _SHAPE_BITS.get(gpus.gpu_shape(want), 0) if want.wants_gpu else 0
-    if not mine:
-        return np.zeros(len(free))
-    same, others = (shapes & mine) != 0, (shapes & ~mine) != 0
-    base = np.where(same & ~others, 75, np.where(same, 50, np.where(others, 0, 25)))
-    return _points(base + 25 * (s.max_gpu - free.sum(axis=1)) // s.max_gpu)
-
-
-def _points(scores: npt.NDArray[Any]) -> Floats:
-    """Integer points 0-100 as the [0, 1] score they stand for."""
-    return np.asarray(np.clip(scores, 0, 100) / 100, dtype=np.float64)
 
 
 # -- the pipeline ------------------------------------------------------------------------------

@@ -52,7 +52,7 @@ from souq.model.resources import GPU_MILLI, Resources
 from souq.model.worker import WorkerInfo
 from souq.placement import Pipeline, PlacementRequest
 from souq.placement.columns import OfferTable, evaluate, rank_table, reason_name
-from souq.placement.columns import _picked as picked_gpus
+from souq.placement.gpu_columns import picked as picked_gpus
 from souq.sim.departures import closest_reason, request_of
 from souq.sim.fleet_report import FleetReport, Measures
 from souq.sim.traces import Task
