@@ -214,6 +214,14 @@ def agent(
             "address (docs/network.md): on, auto (where the host can), off (default).",
         ),
     ] = None,
+    underlay: Annotated[
+        str | None,
+        typer.Option(
+            "--underlay",
+            help="This host's address that other workers route its machines' private "
+            "addresses to (default: --advertise unless loopback; docs/network.md).",
+        ),
+    ] = None,
     jobs: Annotated[
         int | None,
         typer.Option(

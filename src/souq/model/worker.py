@@ -37,6 +37,11 @@ class Fingerprint(Record):
     machine_user: str = Field(
         default="", description="who machines run as: NAME (UID:GID); empty if not known"
     )
+    underlay: str = Field(
+        default="",
+        description="the host address other workers route this worker's private addresses "
+        "(its /48) to; empty: its machines are reached from its own host only",
+    )
 
 
 class Load(Record):

@@ -1,0 +1,174 @@
+"""The private network across hosts (docs/network.md), for real: two hosts as network
+namespaces (souq.multihost), each with its NATS node and a root agent with ``--private-network
+on`` and its host's address as ``--underlay``; sandboxed machines. A machine on one host opens
+a TCP connection to a machine on the other by its app's ``.internal`` name and they exchange
+bytes; a machine of an app with a network of its own finds no such name, and its packets to
+the other machine's address get no answer; the routes follow what the heartbeats say."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from souq.client.api import SouqClient
+from souq.drivers import sandbox
+from souq.model.machine import Machine, MachineState
+from souq.multihost import Host, Hosts
+from souq.netns import missing
+from souq.network import links
+from souq.network.mesh import worker_prefix
+from souq.testing import wait_until
+from tests.isolated import machines_root
+
+PYTHON = "/usr/bin/python3"
+_ECHO = (
+    "import socket\n"
+    "s=socket.socket(socket.AF_INET6);s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n"
+    "s.bind(('::',7000));s.listen()\n"
+    "print('listening',flush=True)\n"
+    "while True:\n"
+    "  c,_=s.accept();data=b''\n"
+    "  while chunk:=c.recv(65536): data+=chunk\n"
+    "  c.sendall(b'echo:'+data);c.close()\n"
+)
+_TALK = (
+    "import socket,sys\n"
+    "try:\n"
+    "  found=socket.getaddrinfo(sys.argv[1],7000,socket.AF_INET6,socket.SOCK_STREAM)\n"
+    "except OSError as e:\n"
+    "  print('NONAME',e);sys.exit()\n"
+    "try:\n"
+    "  s=socket.create_connection(found[0][4][:2],timeout=3);s.sendall(sys.argv[2].encode())\n"
+    "  s.shutdown(socket.SHUT_WR);data=b''\n"
+    "  while chunk:=s.recv(65536): data+=chunk\n"
+    "  print('OK',found[0][4][0],data.decode())\n"
+    "except OSError as e:\n"
+    "  print('FAIL',type(e).__name__)\n"
+)
+
+pytestmark = [
+    pytest.mark.skipif(missing() is not None, reason=f"hosts as namespaces: {missing()}"),
+    pytest.mark.skipif(not sandbox.available(), reason=f"{sandbox.unavailable()}"),
+    pytest.mark.skipif(links.unavailable() is not None, reason=f"{links.unavailable()}"),
+    pytest.mark.skipif(not os.access(PYTHON, os.X_OK), reason=f"no {PYTHON}"),
+]
+
+
+@pytest.fixture(scope="module")
+def hosts() -> Iterator[Hosts]:
+    with (
+        machines_root("souq-xhost-") as root,
+        Hosts(
+            root / "hosts", ["mad", "syd"], heartbeat_interval_s=0.5, private_network=True
+        ) as built,
+    ):
+        (root / "hosts").chmod(0o711)
+        yield built
+
+
+def _client(hosts: Hosts) -> SouqClient:
+    return SouqClient(hosts.api_url, token=hosts.auth.admin() if hosts.auth else None)
+
+
+def _app(hosts: Hosts, **fields: str) -> str:
+    name = "xh" + uuid.uuid4().hex[:10]
+    with _client(hosts) as client:
+        client.create_app(name, **fields)
+    return name
+
+
+def _machine(hosts: Hosts, app: str, region: str, cmd: list[str]) -> Machine:
+    config = {"guest": {"memory_mb": 64}, "cmd": cmd}
+    with _client(hosts) as client:
+        m = client.create_machine(app, region, config)
+        return client.wait(app, m.id, MachineState.STARTED, timeout=60)
+
+
+def _echo(hosts: Hosts, app: str, region: str) -> Machine:
+    m = _machine(hosts, app, region, [PYTHON, "-c", _ECHO])
+    with _client(hosts) as client:
+        wait_until(
+            lambda: "listening" in client.logs(app, m.id), timeout=30, message="the echo to listen"
+        )
+    return m
+
+
+def _talk(hosts: Hosts, app: str, m: Machine, target: str, payload: str) -> str:
+    with _client(hosts) as client:
+        reply = client.exec(
+            app, m.id, [PYTHON, "-c", _TALK, target, payload], stdin=None, timeout_s=30
+        )
+    return reply.stdout.strip()
+
+
+def _host_of(hosts: Hosts, m: Machine) -> Host:
+    (host,) = (h for h in hosts.hosts if h.worker_id == m.worker_id)
+    return host
+
+
+def test_a_machine_reaches_one_on_another_host_by_name_and_others_cannot(hosts: Hosts) -> None:
+    server_app, client_app = _app(hosts, org_slug="acme"), _app(hosts, org_slug="acme")
+    stranger_app = _app(hosts, org_slug="acme", network="own-" + uuid.uuid4().hex[:6])
+    server = _echo(hosts, server_app, "syd")
+    talker = _machine(hosts, client_app, "mad", ["sleep", "600"])
+    stranger = _machine(hosts, stranger_app, "mad", ["sleep", "600"])
+    mad, syd = _host_of(hosts, talker), _host_of(hosts, server)
+    assert mad is not syd and _host_of(hosts, stranger) is mad
+    assert server.private_ip is not None
+
+    # Each host routes the other's /48 over its VXLAN device, as the heartbeats said.
+    def routed(host: Host, other: Host) -> bool:
+        return str(worker_prefix(other.worker_id)) in host.net.exec("ip", "-6", "route", "show")
+
+    wait_until(lambda: routed(mad, syd) and routed(syd, mad), timeout=20, message="the routes")
+
+    # By name, from mad to syd: the bytes come back.
+    def talked() -> str | None:
+        got = _talk(hosts, client_app, talker, f"{server_app}.internal", "hello across")
+        return got if got.startswith("OK") else None
+
+    got = wait_until(talked, timeout=30, message=f"{server_app}.internal to answer from mad")
+    assert got == f"OK {server.private_ip} echo:hello across"
+    payload = "x" * 20_000  # more than one packet, beyond the VXLAN device's MTU
+    assert _talk(hosts, client_app, talker, server.private_ip, payload).endswith(payload)
+
+    # Another network, on the same host as the talker: no such name (once the names have
+    # the apps' records: until then both apps count as the default organization's), and no
+    # answer at the address (dropped by the worker's filter, whatever the names know).
+    wait_until(
+        lambda: _talk(hosts, stranger_app, stranger, f"{server_app}.internal", "x").startswith(
+            "NONAME"
+        ),
+        timeout=20,
+        message="the name to be out of the stranger's reach",
+    )
+    assert _talk(hosts, stranger_app, stranger, server.private_ip, "x") == "FAIL TimeoutError"
+    # And the talker still can: the stranger's drop is its own.
+    assert _talk(hosts, client_app, talker, server.private_ip, "again").endswith("echo:again")
+    with _client(hosts) as client:
+        for app, m in ((server_app, server), (client_app, talker), (stranger_app, stranger)):
+            client.destroy(app, m.id, force=True)
+
+
+def test_the_receiving_host_drops_what_comes_from_another_network(hosts: Hosts) -> None:
+    """Even a packet that got past its own worker (sent from the host itself, as a forged
+    VXLAN frame would arrive) reaches a machine only from an address of its own network."""
+    server_app = _app(hosts, org_slug="acme")
+    server = _echo(hosts, server_app, "syd")
+    mad, syd = hosts.in_region("mad")[0], _host_of(hosts, server)
+    try:
+        assert server.private_ip is not None
+        rules = syd.net.exec("ip6tables", "-S")
+        tag = links.WorkerNetwork(syd.worker_id, Path("/nonexistent")).tag
+        (accept,) = (r for r in rules.splitlines() if f"-d {server.private_ip}/128" in r)
+        assert accept.startswith(f"-A SOUQ-{tag}-TO -s fdaa:0:0:") and f"-o sx{tag}m" in accept
+        # From the mad host itself (its address is no machine's of any network): no answer.
+        done = mad.net.exec(PYTHON, "-c", _TALK, server.private_ip, "x", check=False)
+        assert done.strip() == "FAIL TimeoutError"
+    finally:
+        with _client(hosts) as client:
+            client.destroy(server_app, server.id, force=True)
