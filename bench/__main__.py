@@ -3,8 +3,8 @@
 Without names, the default suites run (``spine``, ``scale``, ``tradeoff``, ``view``,
 ``supervise``, ``creates``, ``proxy``, ``wake``, ``images``, ``isolation``, ``deploy``, ``attack``,
 ``secured``, ``logs``, ``cli``, ``names``); ``c1m`` (100,000 machines onto 5,000 hollow
-workers, a few minutes) runs only when named, as do ``hosts``, ``jobs`` and ``private_network``
-(root)."""
+workers, a few minutes) runs only when named, as do ``hosts``, ``jobs``, ``private_network`` and
+``crosshost`` (root)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from bench import (
     attack,
     cli,
     creates,
+    crosshost,
     deploy,
     hosts,
     images,
@@ -54,6 +55,7 @@ SUITES = {
     "cli": cli.main,
     "names": names.main,
     "private_network": private_network.main,
+    "crosshost": crosshost.main,
 }
 DEFAULT = [
     "spine",

@@ -9,10 +9,10 @@ its machines; nobody outside hears it until the partition heals, when the routes
 its heartbeats reach the broker again. (Listing the other nodes too would only matter when a
 host's own node dies; then the agent would fail over across the network.)
 
-With ``private_network=True`` every agent runs ``--private-network on`` with its host's
-address as its ``--underlay``: sandboxed machines (of uids of their own, so ``root`` must be
-reachable by them: mode 0711, not under pytest's base) on each host's private network, routed
-to the other hosts' over VXLAN between the hosts' addresses (docs/network.md).
+With ``private_network=True`` every agent runs ``--private-network on`` with its host's IPv6
+address as its ``--underlay`` (or what ``underlay`` says: the IPv4 one, for VXLAN): sandboxed
+machines (of uids of their own, so ``root`` must be reachable by them: mode 0711, not under
+pytest's base) on each host's private network, routed to the other hosts' (docs/network.md).
 
 Secured as ``souq cluster init`` makes a cluster: one auth directory for every host (its
 credentials made before the nodes start), ``SOUQ_AUTH_DIR`` and ``SOUQ_TOKEN`` set in this
@@ -25,7 +25,7 @@ import contextlib
 import hashlib
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
@@ -67,12 +67,13 @@ class Host:
         return self.agent.worker_id
 
 
-def _private_network(net: NetHost) -> dict[str, Any]:
-    """An agent's arguments for machines on the private network, routed over ``net``."""
+def _private_network(net: NetHost, underlay: str = "") -> dict[str, Any]:
+    """An agent's arguments for machines on the private network, routed over ``underlay``
+    (default: the host's IPv6 address, on the hosts' one segment: routed straight)."""
     return {
         "machine_user": None,  # a uid per machine
         "default_driver": None,  # the sandbox
-        "extra_args": ["--private-network", "on", "--underlay", net.address],
+        "extra_args": ["--private-network", "on", "--underlay", underlay or net.address6],
     }
 
 
@@ -104,7 +105,10 @@ class Hosts(Lifespan):
         memory_mb: int = 1024,
         auth: bool = True,
         private_network: bool = False,
+        underlay: Callable[[NetHost], str] = lambda net: net.address6,
     ) -> None:
+        """``underlay``: each host's agent's ``--underlay`` with ``private_network`` (its
+        IPv4 address: over VXLAN)."""
         self.root = root
         self.network = Network(len(regions))
         self.auth: AuthDir | None = None
@@ -131,7 +135,7 @@ class Hosts(Lifespan):
                     cpus=cpus,
                     memory_mb=memory_mb,
                     heartbeat_interval_s=heartbeat_interval_s,
-                    **(_private_network(net) if private_network else {}),
+                    **(_private_network(net, underlay(net)) if private_network else {}),
                 ),
             )
             for net, region in zip(self.network.hosts, regions, strict=True)

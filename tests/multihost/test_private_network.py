@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -18,7 +18,7 @@ from souq.client.api import SouqClient
 from souq.drivers import sandbox
 from souq.model.machine import Machine, MachineState
 from souq.multihost import Host, Hosts
-from souq.netns import missing
+from souq.netns import NetHost, missing
 from souq.network import links
 from souq.network.mesh import worker_prefix
 from souq.testing import wait_until
@@ -58,15 +58,25 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="module")
-def hosts() -> Iterator[Hosts]:
+UNDERLAYS: dict[str, Callable[[NetHost], str]] = {
+    "straight": lambda net: net.address6,  # IPv6 on the hosts' segment: routed straight
+    "vxlan": lambda net: net.address,  # IPv4: over VXLAN
+}
+
+
+@pytest.fixture(scope="module", params=sorted(UNDERLAYS))
+def hosts(request: pytest.FixtureRequest) -> Iterator[Hosts]:
+    underlay = UNDERLAYS[request.param]
     with (
         machines_root("souq-xhost-") as root,
         Hosts(
-            root / "hosts", ["mad", "syd"], heartbeat_interval_s=0.5, private_network=True
+            root / "hosts",
+            ["mad", "syd"],
+            heartbeat_interval_s=0.5,
+            private_network=True,
+            underlay=underlay,
         ) as built,
     ):
-        (root / "hosts").chmod(0o711)
         yield built
 
 
@@ -120,9 +130,11 @@ def test_a_machine_reaches_one_on_another_host_by_name_and_others_cannot(hosts: 
     assert mad is not syd and _host_of(hosts, stranger) is mad
     assert server.private_ip is not None
 
-    # Each host routes the other's /48 over its VXLAN device, as the heartbeats said.
+    # Each host routes the other's /48 as the heartbeats said: to its IPv6 address on the
+    # hosts' segment, or over the VXLAN device to its IPv4 address.
     def routed(host: Host, other: Host) -> bool:
-        return str(worker_prefix(other.worker_id)) in host.net.exec("ip", "-6", "route", "show")
+        shown = host.net.exec("ip", "-6", "route", "show", str(worker_prefix(other.worker_id)))
+        return (f"via {other.net.address6} dev eth0" in shown) or ("vx" in shown)
 
     wait_until(lambda: routed(mad, syd) and routed(syd, mad), timeout=20, message="the routes")
 

@@ -46,8 +46,8 @@ def test_changes_add_new_peers_move_moved_ones_and_remove_gone_ones() -> None:
         Peer("b", "10.0.0.9"),
         Peer("c", "10.0.0.4"),
     )
-    assert not changes("vx", {"a": a}, {"a": a})
-    todo = changes("vx", {"a": a, "b": b}, {"b": b_moved, "c": c})
+    assert not changes("vx", "eth0", {"a": a}, {"a": a})
+    todo = changes("vx", "eth0", {"a": a, "b": b}, {"b": b_moved, "c": c})
     assert todo.remove_bridge == [
         f"fdb del {mac_of('a')} dev vx dst 10.0.0.2",
         f"fdb del {mac_of('b')} dev vx dst 10.0.0.3",
@@ -71,3 +71,20 @@ def test_vxlan_is_taken_from_known_peers_only() -> None:
     assert "-A SOUQ-x-MESH -s 10.0.0.2/32 -j ACCEPT" in four and "fd00::2" not in four
     assert four.splitlines()[-2:] == ["-A SOUQ-x-MESH -j DROP", "COMMIT"]
     assert "-A SOUQ-x-MESH -s fd00::2/128 -j ACCEPT" in mesh_rules("SOUQ-x-MESH", peers, 6)
+
+
+def test_a_peer_on_this_hosts_link_is_routed_to_straight() -> None:
+    subnet = ipaddress.IPv6Network("fd5a:1::/64")
+    heard = [("a", "fd5a:1::11"), ("b", "fd5b::12"), ("c", "10.0.0.4")]
+    peers = peers_of(heard, "me", lambda address: address in subnet)
+    assert [p.direct for p in peers.values()] == [True, False, False]
+    todo = changes("vx", "eth0", {}, peers)
+    assert f"route replace {worker_prefix('a')} via fd5a:1::11 dev eth0" in todo.add_ip
+    assert not any(mac_of("a") in line for line in todo.add_bridge + todo.add_ip)
+    # Moved off the link: the straight route goes, the VXLAN entries come.
+    moved = {"a": Peer("a", "fd5c::11")}
+    todo = changes("vx", "eth0", {"a": peers["a"]}, moved)
+    assert todo.remove_ip == [f"route del {worker_prefix('a')} via fd5a:1::11 dev eth0"]
+    assert todo.add_bridge == [f"fdb replace {mac_of('a')} dev vx dst fd5c::11"]
+    # A peer routed straight sends no VXLAN: the filter does not take it from it.
+    assert "fd5a:1::11" not in mesh_rules("C", peers.values(), 6)

@@ -7,9 +7,12 @@ route per other worker carries its machines' traffic. A worker says where it is 
 fingerprint (``underlay``: an address of its host, IPv4 or IPv6); the others learn it from its
 heartbeats, as they learn its capacity. No agreement beyond that is needed.
 
-The hosts' own network may not carry the cluster's ULA prefix (an IPv4-only underlay, a
-provider's router), so the routes go over a VXLAN device per worker (the kernel's; UDP
-:data:`VXLAN_PORT` between the hosts' underlay addresses, no learning, no flooding):
+Where the other worker's underlay address is IPv6 and on this host's own link (hosts on one
+segment), its /48 is routed straight to that address (``direct``): no encapsulation, the
+kernel's forwarding alone. Elsewhere the hosts' network may not carry the cluster's ULA prefix
+(an IPv4-only underlay: the kernel routes no IPv6 via an IPv4 next hop; a provider's router),
+so the route goes over a VXLAN device per worker (the kernel's; UDP :data:`VXLAN_PORT` between
+the hosts' underlay addresses, no learning, no flooding):
 
 * the device's MAC and link-local address are the worker's (:func:`mac_of`, :func:`gateway_of`:
   its 32 worker bits), so another worker's entry for it is known from its id alone;
@@ -24,7 +27,7 @@ takes VXLAN packets from known peers only.
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from souq.network.addresses import CLUSTER_PREFIX, worker_bits
@@ -68,19 +71,26 @@ def gateway_of(worker_id: str) -> str:
 
 @dataclass(frozen=True)
 class Peer:
-    """Another worker, as far as the routes go: its id and its host's underlay address."""
+    """Another worker, as far as the routes go: its id, its host's underlay address, and
+    whether that address is on this host's link (routed to straight, not over VXLAN)."""
 
     worker_id: str
     underlay: str
+    direct: bool = False
 
     @property
     def prefix(self) -> ipaddress.IPv6Network:
         return worker_prefix(self.worker_id)
 
 
-def peers_of(workers: Iterable[tuple[str, str]], own: str) -> dict[str, Peer]:
+def peers_of(
+    workers: Iterable[tuple[str, str]],
+    own: str,
+    on_link: Callable[[ipaddress.IPv6Address], bool] = lambda _: False,
+) -> dict[str, Peer]:
     """The peers among ``(worker id, underlay)`` pairs: every worker but ``own`` that says
-    where it is reached (a valid address); the last pair of a worker wins."""
+    where it is reached (a valid address), direct where ``on_link`` says its IPv6 address is
+    on this host's link; the last pair of a worker wins."""
     peers: dict[str, Peer] = {}
     for worker_id, underlay in workers:
         if worker_id == own or not underlay:
@@ -89,7 +99,8 @@ def peers_of(workers: Iterable[tuple[str, str]], own: str) -> dict[str, Peer]:
             address = ipaddress.ip_address(underlay)
         except ValueError:
             continue
-        peers[worker_id] = Peer(worker_id, address.compressed)
+        direct = isinstance(address, ipaddress.IPv6Address) and on_link(address)
+        peers[worker_id] = Peer(worker_id, address.compressed, direct)
     return peers
 
 
@@ -107,12 +118,18 @@ class MeshChanges:
         return bool(self.remove_ip or self.remove_bridge or self.add_ip or self.add_bridge)
 
 
-def changes(device: str, now: Mapping[str, Peer], wanted: Mapping[str, Peer]) -> MeshChanges:
-    """What takes ``device``'s peers from ``now`` to ``wanted``: removals first (a peer moved
-    to another underlay address is removed, then added)."""
+def changes(
+    device: str, parent: str, now: Mapping[str, Peer], wanted: Mapping[str, Peer]
+) -> MeshChanges:
+    """What takes the peers from ``now`` to ``wanted``, over the VXLAN ``device`` or straight
+    out of the underlay device ``parent``: removals first (a peer moved to another underlay
+    address, or from one way to the other, is removed, then added)."""
     todo = MeshChanges([], [], [], [])
     for worker_id, peer in sorted(now.items()):
         if wanted.get(worker_id) == peer:
+            continue
+        if peer.direct:
+            todo.remove_ip.append(f"route del {peer.prefix} via {peer.underlay} dev {parent}")
             continue
         mac, gateway = mac_of(worker_id), gateway_of(worker_id)
         todo.remove_ip.extend(
@@ -124,6 +141,9 @@ def changes(device: str, now: Mapping[str, Peer], wanted: Mapping[str, Peer]) ->
         todo.remove_bridge.append(f"fdb del {mac} dev {device} dst {peer.underlay}")
     for worker_id, peer in sorted(wanted.items()):
         if now.get(worker_id) == peer:
+            continue
+        if peer.direct:
+            todo.add_ip.append(f"route replace {peer.prefix} via {peer.underlay} dev {parent}")
             continue
         mac, gateway = mac_of(worker_id), gateway_of(worker_id)
         todo.add_bridge.append(f"fdb replace {mac} dev {device} dst {peer.underlay}")
@@ -138,9 +158,12 @@ def changes(device: str, now: Mapping[str, Peer], wanted: Mapping[str, Peer]) ->
 
 def mesh_rules(chain: str, peers: Iterable[Peer], family: int) -> str:
     """``iptables-restore --noflush`` input (``family`` 4 or 6) that makes ``chain`` take
-    VXLAN packets from ``peers`` only (it is jumped to for UDP to :data:`VXLAN_PORT`)."""
+    VXLAN packets from ``peers`` routed over it only (it is jumped to for UDP to
+    :data:`VXLAN_PORT`)."""
     sources = sorted(
-        p.underlay for p in peers if ipaddress.ip_address(p.underlay).version == family
+        p.underlay
+        for p in peers
+        if not p.direct and ipaddress.ip_address(p.underlay).version == family
     )
     width = 32 if family == 4 else 128
     lines = ["*filter", f":{chain} - [0:0]", f"-F {chain}"]

@@ -7,8 +7,9 @@ link-local address the worker's own, its MTU the underlay device's less the VXLA
 the chain ``SOUQ-<tag>-MESH`` (jumped to from ``INPUT`` for UDP to the VXLAN port, in
 ``iptables`` or ``ip6tables`` as the underlay is): VXLAN from a known peer's underlay address
 only, so that nobody else puts frames on the cluster's network. :meth:`Overlay.peers`
-converges the peers' entries and routes on what the heartbeats now say, and the chain with
-them. :meth:`Overlay.stop` removes the device (its entries and routes go with it) and the
+converges the peers' entries and routes on what the heartbeats now say (a peer whose IPv6
+underlay address is on one of the underlay device's subnets is routed to straight), and the
+chain with them. :meth:`Overlay.stop` removes the device (its entries and routes go with it) and the
 chain.
 
 Several agents on one host would each need a port of their own: one underlay address and port
@@ -36,7 +37,7 @@ from souq.network.mesh import (
     peers_of,
 )
 
-__all__ = ["Overlay", "underlay_device"]
+__all__ = ["Overlay", "on_link_subnets", "underlay_device"]
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,18 @@ def underlay_device(address: str) -> tuple[str, int] | None:
     return None
 
 
+def on_link_subnets(device: str) -> list[ipaddress.IPv6Network]:
+    """The IPv6 subnets ``device`` is on (its global and unique-local addresses' prefixes)."""
+    subnets = []
+    for line in _run(["ip", "-o", "-6", "addr", "show", "dev", device], check=False).splitlines():
+        words = line.split()
+        if len(words) > 3 and words[2] == "inet6":
+            subnet = ipaddress.IPv6Interface(words[3]).network
+            if not subnet.is_link_local and subnet.prefixlen < 128:
+                subnets.append(subnet)
+    return subnets
+
+
 class Overlay:
     """Worker ``worker_id``'s routes to the other workers, over ``underlay`` (an address of
     this host). ``start()``, ``peers(...)`` as often as they change, ``stop()``."""
@@ -72,6 +85,8 @@ class Overlay:
         self.chain = f"SOUQ-{tag}-MESH"
         self._tool = "ip6tables" if self.family == 6 else "iptables"
         self._now: dict[str, Peer] = {}
+        self.parent = ""  # the underlay's device
+        self._link: list[ipaddress.IPv6Network] = []  # its IPv6 subnets: peers on them, direct
 
     # -- the device --------------------------------------------------------------------------
 
@@ -81,6 +96,8 @@ class Overlay:
         if found is None:
             raise OSError(f"no device of this host has the underlay address {self.underlay}")
         parent, mtu = found
+        self.parent = parent
+        self._link = on_link_subnets(parent)
         overhead = VXLAN_OVERHEAD + (20 if self.family == 6 else 0)
         if not self._made_as(parent):  # else kept: traffic between workers goes on
             self._make(parent, mtu - overhead)
@@ -142,7 +159,7 @@ class Overlay:
         it says, the others as they were; whether anything changed."""
         wanted = dict(self._now)
         wanted.pop(worker_id, None)
-        wanted.update(peers_of([(worker_id, underlay)], self.worker_id))
+        wanted.update(peers_of([(worker_id, underlay)], self.worker_id, self.on_link))
         return self.peers(wanted)
 
     def peers(self, wanted: Mapping[str, Peer]) -> bool:
@@ -153,7 +170,7 @@ class Overlay:
             for w, p in wanted.items()
             if ipaddress.ip_address(p.underlay).version == self.family
         }
-        todo = changes(self.device, self._now, usable)
+        todo = changes(self.device, self.parent, self._now, usable)
         if not todo:
             return False
         # Removals may name what is already gone: each line tried on its own.
@@ -168,9 +185,17 @@ class Overlay:
         log.info(
             "private network: routes to %d other workers (%s)",
             len(usable),
-            ", ".join(f"{p.prefix} via {p.underlay}" for p in usable.values()) or "none",
+            ", ".join(
+                f"{p.prefix} via {p.underlay}{'' if p.direct else ' (vxlan)'}"
+                for p in usable.values()
+            )
+            or "none",
         )
         return True
+
+    def on_link(self, address: ipaddress.IPv6Address) -> bool:
+        """Whether ``address`` is on the underlay device's own link."""
+        return any(address in subnet for subnet in self._link)
 
     @property
     def routed(self) -> Mapping[str, Peer]:
