@@ -3,9 +3,10 @@ root): TCP round trip and throughput between two machines on two hosts (network 
 souq.multihost, agents with ``--private-network on``: the route between them is the VXLAN
 device of each host, docs/network.md), and between two machines of one host, against the same
 two programs run straight in the two hosts' namespaces over their veth and bridge, without
-Souq (the floor), interleaved in one run. Twice: the agents' underlay the hosts' IPv6
-addresses (on one segment: each worker's /48 routed straight to the other host) and their IPv4
-addresses (over VXLAN); the floor talks over the same addresses.
+Souq (the floor), interleaved in one run. Three times: the agents' underlay the hosts' IPv6
+addresses (on one segment: each worker's /48 routed straight to the other host), their IPv4
+addresses (over VXLAN), and their IPv4 addresses with ``--underlay-encryption wireguard``; the
+floor talks over the same addresses.
 
 The programs (:data:`PEER`, one Python file, the host's ``/usr/bin/python3`` on both sides):
 a server that echoes one byte per round trip (``l``) or takes a stream to its end and answers
@@ -43,7 +44,7 @@ from souq.drivers import sandbox
 from souq.model.machine import Machine, MachineState
 from souq.multihost import Host, Hosts
 from souq.netns import NetHost, missing, netns_exec
-from souq.network import links
+from souq.network import links, wireguard
 from souq.network.mesh import worker_prefix
 from souq.testing import wait_until
 
@@ -211,9 +212,10 @@ def _summary(runs: list[dict[str, Any]]) -> dict[str, float]:
     }
 
 
-UNDERLAYS: list[tuple[str, Callable[[NetHost], str]]] = [
-    ("IPv6 on the hosts' segment: routed straight", lambda net: net.address6),
-    ("IPv4: over VXLAN", lambda net: net.address),
+UNDERLAYS: list[tuple[str, Callable[[NetHost], str], str]] = [
+    ("IPv6 on the hosts' segment: routed straight", lambda net: net.address6, "none"),
+    ("IPv4: over VXLAN", lambda net: net.address, "none"),
+    ("IPv4: WireGuard", lambda net: net.address, "wireguard"),
 ]
 
 
@@ -225,10 +227,19 @@ def main() -> None:
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     print(f"crosshost: {machine_line()}; {ROUNDS} rounds interleaved, medians; {started}")
     print(f"  {ROUND_TRIPS} one-byte TCP round trips, {STREAMS} x {STREAM_MB} MiB streams each")
-    for title, address in UNDERLAYS:
+    for title, address, encryption in UNDERLAYS:
+        if encryption == "wireguard" and wireguard.unavailable() is not None:
+            print(f"  underlay {title}: skipped ({wireguard.unavailable()})")
+            continue
         with (
             machines_root("souq-bench-xhost-") as root,
-            Hosts(root / "hosts", ["mad", "syd"], private_network=True, underlay=address) as hosts,
+            Hosts(
+                root / "hosts",
+                ["mad", "syd"],
+                private_network=True,
+                underlay=address,
+                underlay_encryption=encryption,
+            ) as hosts,
         ):
             results = _run(hosts, address)
         floor = _summary(results["floor"])

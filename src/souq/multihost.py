@@ -67,13 +67,20 @@ class Host:
         return self.agent.worker_id
 
 
-def _private_network(net: NetHost, underlay: str = "") -> dict[str, Any]:
+def _private_network(net: NetHost, underlay: str = "", encryption: str = "none") -> dict[str, Any]:
     """An agent's arguments for machines on the private network, routed over ``underlay``
     (default: the host's IPv6 address, on the hosts' one segment: routed straight)."""
     return {
         "machine_user": None,  # a uid per machine
         "default_driver": None,  # the sandbox
-        "extra_args": ["--private-network", "on", "--underlay", underlay or net.address6],
+        "extra_args": [
+            "--private-network",
+            "on",
+            "--underlay",
+            underlay or net.address6,
+            "--underlay-encryption",
+            encryption,
+        ],
     }
 
 
@@ -106,9 +113,10 @@ class Hosts(Lifespan):
         auth: bool = True,
         private_network: bool = False,
         underlay: Callable[[NetHost], str] = lambda net: net.address6,
+        underlay_encryption: str = "none",
     ) -> None:
         """``underlay``: each host's agent's ``--underlay`` with ``private_network`` (its
-        IPv4 address: over VXLAN)."""
+        IPv4 address: over VXLAN); ``underlay_encryption``: its ``--underlay-encryption``."""
         self.root = root
         self.network = Network(len(regions))
         self.auth: AuthDir | None = None
@@ -135,7 +143,11 @@ class Hosts(Lifespan):
                     cpus=cpus,
                     memory_mb=memory_mb,
                     heartbeat_interval_s=heartbeat_interval_s,
-                    **(_private_network(net, underlay(net)) if private_network else {}),
+                    **(
+                        _private_network(net, underlay(net), underlay_encryption)
+                        if private_network
+                        else {}
+                    ),
                 ),
             )
             for net, region in zip(self.network.hosts, regions, strict=True)

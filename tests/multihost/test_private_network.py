@@ -19,7 +19,7 @@ from souq.drivers import sandbox
 from souq.model.machine import Machine, MachineState
 from souq.multihost import Host, Hosts
 from souq.netns import NetHost, missing
-from souq.network import links
+from souq.network import links, wireguard
 from souq.network.mesh import worker_prefix
 from souq.testing import wait_until
 from tests.isolated import machines_root
@@ -58,15 +58,18 @@ pytestmark = [
 ]
 
 
-UNDERLAYS: dict[str, Callable[[NetHost], str]] = {
-    "straight": lambda net: net.address6,  # IPv6 on the hosts' segment: routed straight
-    "vxlan": lambda net: net.address,  # IPv4: over VXLAN
+UNDERLAYS: dict[str, tuple[Callable[[NetHost], str], str]] = {
+    "straight": (lambda net: net.address6, "none"),  # IPv6 on the hosts' segment
+    "vxlan": (lambda net: net.address, "none"),  # IPv4: over VXLAN
+    "wireguard": (lambda net: net.address, "wireguard"),  # encrypted
 }
 
 
 @pytest.fixture(scope="module", params=sorted(UNDERLAYS))
 def hosts(request: pytest.FixtureRequest) -> Iterator[Hosts]:
-    underlay = UNDERLAYS[request.param]
+    underlay, encryption = UNDERLAYS[request.param]
+    if encryption == "wireguard" and wireguard.unavailable() is not None:
+        pytest.skip(f"WireGuard: {wireguard.unavailable()}")
     with (
         machines_root("souq-xhost-") as root,
         Hosts(
@@ -75,6 +78,7 @@ def hosts(request: pytest.FixtureRequest) -> Iterator[Hosts]:
             heartbeat_interval_s=0.5,
             private_network=True,
             underlay=underlay,
+            underlay_encryption=encryption,
         ) as built,
     ):
         yield built
@@ -131,10 +135,10 @@ def test_a_machine_reaches_one_on_another_host_by_name_and_others_cannot(hosts: 
     assert server.private_ip is not None
 
     # Each host routes the other's /48 as the heartbeats said: to its IPv6 address on the
-    # hosts' segment, or over the VXLAN device to its IPv4 address.
+    # hosts' segment, or into the VXLAN or WireGuard device.
     def routed(host: Host, other: Host) -> bool:
         shown = host.net.exec("ip", "-6", "route", "show", str(worker_prefix(other.worker_id)))
-        return (f"via {other.net.address6} dev eth0" in shown) or ("vx" in shown)
+        return (f"via {other.net.address6} dev eth0" in shown) or ("dev sx" in shown)
 
     wait_until(lambda: routed(mad, syd) and routed(syd, mad), timeout=20, message="the routes")
 

@@ -7,7 +7,16 @@ from __future__ import annotations
 import ipaddress
 
 from souq.network.addresses import AddressPool
-from souq.network.mesh import Peer, changes, gateway_of, mac_of, mesh_rules, peers_of, worker_prefix
+from souq.network.mesh import (
+    Peer,
+    changes,
+    gateway_of,
+    mac_of,
+    mesh_rules,
+    peers_of,
+    wireguard_changes,
+    worker_prefix,
+)
 
 
 def test_every_address_a_worker_gives_is_in_its_prefix() -> None:
@@ -30,11 +39,11 @@ def test_a_workers_mac_and_next_hop_come_from_its_id() -> None:
 
 def test_peers_are_the_other_workers_that_say_where_they_are() -> None:
     heard = [
-        ("me", "10.0.0.1"),
-        ("a", "10.0.0.2"),
-        ("b", ""),
-        ("c", "no address"),
-        ("d", "fd00::0:4"),
+        ("me", "10.0.0.1", ""),
+        ("a", "10.0.0.2", ""),
+        ("b", "", ""),
+        ("c", "no address", ""),
+        ("d", "fd00::0:4", ""),
     ]
     assert peers_of(heard, "me") == {"a": Peer("a", "10.0.0.2"), "d": Peer("d", "fd00::4")}
 
@@ -75,7 +84,7 @@ def test_vxlan_is_taken_from_known_peers_only() -> None:
 
 def test_a_peer_on_this_hosts_link_is_routed_to_straight() -> None:
     subnet = ipaddress.IPv6Network("fd5a:1::/64")
-    heard = [("a", "fd5a:1::11"), ("b", "fd5b::12"), ("c", "10.0.0.4")]
+    heard = [("a", "fd5a:1::11", ""), ("b", "fd5b::12", ""), ("c", "10.0.0.4", "")]
     peers = peers_of(heard, "me", lambda address: address in subnet)
     assert [p.direct for p in peers.values()] == [True, False, False]
     todo = changes("vx", "eth0", {}, peers)
@@ -88,3 +97,30 @@ def test_a_peer_on_this_hosts_link_is_routed_to_straight() -> None:
     assert todo.add_bridge == [f"fdb replace {mac_of('a')} dev vx dst fd5c::11"]
     # A peer routed straight sends no VXLAN: the filter does not take it from it.
     assert "fd5a:1::11" not in mesh_rules("C", peers.values(), 6)
+
+
+def test_wireguard_peers_are_the_keyed_ones_each_allowed_its_own_prefix() -> None:
+    a, b = Peer("a", "10.0.0.2", key="KA="), Peer("b", "fd00::3", key="KB=")
+    clear = Peer("c", "10.0.0.4")
+    todo = wireguard_changes("wg", {}, {"a": a, "b": b, "c": clear})
+    assert todo.wg == [
+        ["peer", "KA=", "endpoint", "10.0.0.2:51820", "allowed-ips", str(worker_prefix("a"))],
+        ["peer", "KB=", "endpoint", "[fd00::3]:51820", "allowed-ips", str(worker_prefix("b"))],
+    ]
+    assert todo.add_ip == [
+        f"route replace {worker_prefix('a')} dev wg",
+        f"route replace {worker_prefix('b')} dev wg",
+    ]
+    # b moved: set again (same key: not removed); a's key changed: the old one removed.
+    a2, b2 = Peer("a", "10.0.0.2", key="KA2="), Peer("b", "fd00::9", key="KB=")
+    todo = wireguard_changes("wg", {"a": a, "b": b}, {"a": a2, "b": b2})
+    assert ["peer", "KA=", "remove"] in todo.wg and ["peer", "KB=", "remove"] not in todo.wg
+    assert [
+        "peer",
+        "KB=",
+        "endpoint",
+        "[fd00::9]:51820",
+        "allowed-ips",
+        str(worker_prefix("b")),
+    ] in todo.wg
+    assert not wireguard_changes("wg", {"a": a}, {"a": a})

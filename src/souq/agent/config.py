@@ -128,6 +128,12 @@ class AgentConfig(BaseModel):
         "network to (docs/network.md); empty: the advertise address unless it is loopback, "
         "else none (machines reach only this worker's)",
     )
+    underlay_encryption: Literal["none", "wireguard"] = Field(
+        default="none",
+        description="what goes between this worker's machines and other workers' over the "
+        "underlay: `none` (routed straight or over VXLAN: a trusted network) or `wireguard` "
+        "(encrypted; only to workers that encrypt too)",
+    )
     allow_root_machines: bool = Field(
         default=False, description="let machine_user be root (refused otherwise)"
     )

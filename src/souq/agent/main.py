@@ -63,6 +63,7 @@ from souq.model.worker import WorkerInfo
 from souq.network import links
 from souq.network.addresses import DNS_ADDRESS
 from souq.network.overlay import Overlay
+from souq.network.wireguard import WireGuard
 
 if TYPE_CHECKING:
     from souq.agent.metrics import MetricsServer
@@ -112,7 +113,7 @@ class Agent:
         self.jobs: JobRunner | None = None  # batch jobs (--jobs: not the hollow fleet's)
         self.metrics: MetricsServer | None = None  # --metrics-port
         self.names: NameService | None = None  # --dns: the .internal names
-        self.overlay: Overlay | None = None  # the routes to other workers' machines
+        self.overlay: Overlay | WireGuard | None = None  # the routes to other workers' machines
         self.log_rotator = LogRotator(
             config.data_dir / "machines" / RECORDS,  # each machine's log: the agent's files
             max_bytes=config.log_max_bytes,
@@ -175,18 +176,27 @@ class Agent:
         if not underlay:
             log.info("private network: no underlay address, so no routes to other workers")
             return
-        overlay = Overlay(self.worker_id, net.tag, underlay)
+        overlay: Overlay | WireGuard
+        if self.config.underlay_encryption == "wireguard":
+            overlay = WireGuard(self.worker_id, net.tag, underlay, self.config.data_dir / "network")
+        else:
+            overlay = Overlay(self.worker_id, net.tag, underlay)
         try:
             overlay.start()
         except (OSError, ValueError) as exc:
-            if self.config.underlay:
+            if self.config.underlay or self.config.underlay_encryption != "none":
                 raise InvalidInput(
-                    f"--underlay {underlay}: {exc}", hint="give an address this host has"
+                    f"--underlay {underlay}: {exc}",
+                    hint="give an address this host has (and for --underlay-encryption "
+                    "wireguard: wireguard-tools, and the kernel's WireGuard or wireguard-go)",
                 ) from exc
             log.warning("private network: no routes to other workers: %s", exc)
             return
         self.overlay = overlay
-        self.fingerprint = self.fingerprint.model_copy(update={"underlay": overlay.underlay})
+        key = overlay.public_key if isinstance(overlay, WireGuard) else ""
+        self.fingerprint = self.fingerprint.model_copy(
+            update={"underlay": overlay.underlay, "underlay_key": key}
+        )
 
     def _underlay(self) -> str:
         """Where other workers route this worker's machines' addresses: ``--underlay``, else
@@ -202,7 +212,8 @@ class Agent:
     def _heard_worker(self, info: WorkerInfo) -> None:
         """A worker's record from its heartbeat: the route to its machines as it says."""
         if self.overlay is not None and info.id != self.worker_id:
-            self.overlay.heard(info.id, info.fingerprint.underlay if info.fingerprint else "")
+            fp = info.fingerprint
+            self.overlay.heard(info.id, fp.underlay if fp else "", fp.underlay_key if fp else "")
 
     def _network_why_not(self) -> str | None:
         """Why machines here get no private network (None: they do); ``on`` and a host that

@@ -222,6 +222,14 @@ def agent(
             "addresses to (default: --advertise unless loopback; docs/network.md).",
         ),
     ] = None,
+    underlay_encryption: Annotated[
+        str | None,
+        typer.Option(
+            "--underlay-encryption",
+            help="none (default: a trusted network between hosts) or wireguard (encrypted, "
+            "to workers that encrypt too).",
+        ),
+    ] = None,
     jobs: Annotated[
         int | None,
         typer.Option(

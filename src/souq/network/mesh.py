@@ -22,13 +22,20 @@ the hosts' underlay addresses, no learning, no flooding):
 :func:`changes` turns the peers now set up and the peers wanted into the ``ip -batch`` and
 ``bridge -batch`` lines that go from one to the other; :func:`mesh_rules` is the filter that
 takes VXLAN packets from known peers only.
+
+Where the hosts' network is not trusted, each worker runs a WireGuard device instead
+(:func:`wireguard_changes`): its public key in its fingerprint too, and per other worker a
+WireGuard peer (its key, its underlay address and :data:`WG_PORT`, its /48 as the peer's only
+allowed addresses: what comes out of the tunnel from that peer is from that peer's machines,
+by cryptography) and the route of its /48 into the device. A worker without a key is not
+routed to at all from a worker that encrypts.
 """
 
 from __future__ import annotations
 
 import ipaddress
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from souq.network.addresses import CLUSTER_PREFIX, worker_bits
 
@@ -36,6 +43,7 @@ __all__ = [
     "VNI",
     "VXLAN_OVERHEAD",
     "VXLAN_PORT",
+    "WG_PORT",
     "MeshChanges",
     "Peer",
     "changes",
@@ -43,12 +51,15 @@ __all__ = [
     "mac_of",
     "mesh_rules",
     "peers_of",
+    "wireguard_changes",
     "worker_prefix",
 ]
 
 VXLAN_PORT = 4789  # IANA's
 VNI = 0x6AA  # the cluster network's VXLAN id: one for every worker
 VXLAN_OVERHEAD = 50  # bytes a VXLAN frame adds over IPv4 (70 over IPv6)
+WG_PORT = 51820  # WireGuard's usual port: every worker's
+WG_OVERHEAD = 60  # bytes WireGuard adds over IPv4 (80 over IPv6)
 _PREFIX = int(CLUSTER_PREFIX.network_address)
 
 
@@ -77,6 +88,7 @@ class Peer:
     worker_id: str
     underlay: str
     direct: bool = False
+    key: str = ""  # its WireGuard public key (empty: it has none)
 
     @property
     def prefix(self) -> ipaddress.IPv6Network:
@@ -84,15 +96,15 @@ class Peer:
 
 
 def peers_of(
-    workers: Iterable[tuple[str, str]],
+    workers: Iterable[tuple[str, str, str]],
     own: str,
     on_link: Callable[[ipaddress.IPv6Address], bool] = lambda _: False,
 ) -> dict[str, Peer]:
-    """The peers among ``(worker id, underlay)`` pairs: every worker but ``own`` that says
-    where it is reached (a valid address), direct where ``on_link`` says its IPv6 address is
-    on this host's link; the last pair of a worker wins."""
+    """The peers among ``(worker id, underlay, WireGuard key)``: every worker but ``own``
+    that says where it is reached (a valid address), direct where ``on_link`` says its IPv6
+    address is on this host's link; the last of a worker wins."""
     peers: dict[str, Peer] = {}
-    for worker_id, underlay in workers:
+    for worker_id, underlay, key in workers:
         if worker_id == own or not underlay:
             continue
         try:
@@ -100,7 +112,7 @@ def peers_of(
         except ValueError:
             continue
         direct = isinstance(address, ipaddress.IPv6Address) and on_link(address)
-        peers[worker_id] = Peer(worker_id, address.compressed, direct)
+        peers[worker_id] = Peer(worker_id, address.compressed, direct, key)
     return peers
 
 
@@ -113,9 +125,12 @@ class MeshChanges:
     remove_bridge: list[str]
     add_ip: list[str]
     add_bridge: list[str]
+    wg: list[list[str]] = field(default_factory=list)  # ``wg set DEVICE ...`` arguments
 
     def __bool__(self) -> bool:
-        return bool(self.remove_ip or self.remove_bridge or self.add_ip or self.add_bridge)
+        return bool(
+            self.remove_ip or self.remove_bridge or self.add_ip or self.add_bridge or self.wg
+        )
 
 
 def changes(
@@ -153,6 +168,41 @@ def changes(
                 f"route replace {peer.prefix} via {gateway} dev {device}",
             ]
         )
+    return todo
+
+
+def _endpoint(address: str) -> str:
+    host = f"[{address}]" if ipaddress.ip_address(address).version == 6 else address
+    return f"{host}:{WG_PORT}"
+
+
+def wireguard_changes(
+    device: str, now: Mapping[str, Peer], wanted: Mapping[str, Peer]
+) -> MeshChanges:
+    """What takes the WireGuard ``device``'s peers from ``now`` to ``wanted`` (peers without
+    a key are left out: nothing goes to them in clear)."""
+    todo = MeshChanges([], [], [], [])
+    keyed = {w: p for w, p in wanted.items() if p.key}
+    for worker_id, peer in sorted(now.items()):
+        if keyed.get(worker_id) == peer:
+            continue
+        todo.remove_ip.append(f"route del {peer.prefix} dev {device}")
+        if keyed.get(worker_id, Peer("", "")).key != peer.key:
+            todo.wg.append(["peer", peer.key, "remove"])
+    for worker_id, peer in sorted(keyed.items()):
+        if now.get(worker_id) == peer:
+            continue
+        todo.wg.append(
+            [
+                "peer",
+                peer.key,
+                "endpoint",
+                _endpoint(peer.underlay),
+                "allowed-ips",
+                str(peer.prefix),
+            ]
+        )
+        todo.add_ip.append(f"route replace {peer.prefix} dev {device}")
     return todo
 
 

@@ -154,12 +154,12 @@ class Overlay:
 
     # -- the peers ---------------------------------------------------------------------------
 
-    def heard(self, worker_id: str, underlay: str) -> bool:
+    def heard(self, worker_id: str, underlay: str, key: str = "") -> bool:
         """A worker's heartbeat said where it is reached (empty: nowhere): its peer entry as
         it says, the others as they were; whether anything changed."""
         wanted = dict(self._now)
         wanted.pop(worker_id, None)
-        wanted.update(peers_of([(worker_id, underlay)], self.worker_id, self.on_link))
+        wanted.update(peers_of([(worker_id, underlay, key)], self.worker_id, self.on_link))
         return self.peers(wanted)
 
     def peers(self, wanted: Mapping[str, Peer]) -> bool:
