@@ -16,6 +16,7 @@ import pytest
 
 from souq.client.api import SouqClient
 from souq.drivers import sandbox
+from souq.errors import MachineNotStarted
 from souq.model.machine import Machine, MachineState
 from souq.multihost import Host, Hosts
 from souq.netns import NetHost, missing
@@ -111,6 +112,19 @@ def _echo(hosts: Hosts, app: str, region: str) -> Machine:
     return m
 
 
+def _ready(hosts: Hosts, app: str, m: Machine) -> None:
+    """Until the machine runs a command (a start is reported as bwrap begins its set-up)."""
+
+    def ran() -> bool:
+        with _client(hosts) as client:
+            try:
+                return client.exec(app, m.id, ["true"], stdin=None, timeout_s=10).exit_code == 0
+            except MachineNotStarted:
+                return False
+
+    wait_until(ran, timeout=30, interval=0.05, message="the machine to run a command")
+
+
 def _talk(hosts: Hosts, app: str, m: Machine, target: str, payload: str) -> str:
     with _client(hosts) as client:
         reply = client.exec(
@@ -130,6 +144,8 @@ def test_a_machine_reaches_one_on_another_host_by_name_and_others_cannot(hosts: 
     server = _echo(hosts, server_app, "syd")
     talker = _machine(hosts, client_app, "mad", ["sleep", "600"])
     stranger = _machine(hosts, stranger_app, "mad", ["sleep", "600"])
+    _ready(hosts, client_app, talker)
+    _ready(hosts, stranger_app, stranger)
     mad, syd = _host_of(hosts, talker), _host_of(hosts, server)
     assert mad is not syd and _host_of(hosts, stranger) is mad
     assert server.private_ip is not None
@@ -188,3 +204,38 @@ def test_the_receiving_host_drops_what_comes_from_another_network(hosts: Hosts) 
     finally:
         with _client(hosts) as client:
             client.destroy(server_app, server.id, force=True)
+
+
+def test_traffic_between_hosts_outlives_an_agent_killed_and_started_again(hosts: Hosts) -> None:
+    """The routes are the kernel's: with the server's agent killed (-9) the talker still
+    reaches it, and once the agent is back (its routes rebuilt from the heartbeats) too."""
+    server_app, client_app = _app(hosts, org_slug="acme"), _app(hosts, org_slug="acme")
+    server = _echo(hosts, server_app, "syd")
+    talker = _machine(hosts, client_app, "mad", ["sleep", "600"])
+    _ready(hosts, client_app, talker)
+    syd = _host_of(hosts, server)
+    assert server.private_ip is not None
+
+    def reached(payload: str) -> bool:
+        got = _talk(hosts, client_app, talker, server.private_ip or "", payload)
+        return got.endswith(f"echo:{payload}")
+
+    try:
+        wait_until(lambda: reached("before"), timeout=30, message="the server to answer")
+        syd.agent.kill()
+        assert reached("while its agent is away")
+        # The route back lost meanwhile: the new agent makes it again from mad's heartbeats.
+        back = str(worker_prefix(talker.worker_id))
+        syd.net.exec("ip", "-6", "route", "del", back)
+        syd.agent.start()
+        hosts.wait_workers_up([syd])
+        wait_until(
+            lambda: syd.net.exec("ip", "-6", "route", "show", back).strip(),
+            timeout=20,
+            message="syd's agent to route to mad again",
+        )
+        assert reached("after")
+    finally:
+        with _client(hosts) as client:
+            client.destroy(server_app, server.id, force=True)
+            client.destroy(client_app, talker.id, force=True)

@@ -123,7 +123,7 @@ class Overlay:
             and data.get("port") == VXLAN_PORT
             and local == self.underlay
             and link.get("address") == mac_of(self.worker_id)
-            and link.get("link") == parent
+            and data.get("link") == parent
             and "UP" in link.get("flags", [])
         )
 
