@@ -51,12 +51,16 @@ oci-tools:
 
 # The tests of several hosts (tests/multihost) build network namespaces with ip and cut them off
 # with iptables: Debian's iproute2 and iptables (without them, or as non-root, those tests skip).
+# WireGuard between workers (docs/network.md): wg from wireguard-tools, and wireguard-go where the
+# kernel has no WireGuard (without recommends: they would pull a kernel image).
 netns-tools:
-	@command -v ip >/dev/null && command -v iptables >/dev/null || { \
+	@command -v ip >/dev/null && command -v iptables >/dev/null && command -v wg >/dev/null \
+	  && command -v wireguard-go >/dev/null || { \
 	  if [ "$$(id -u)" = 0 ]; then \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
-	      apt-get install -y -qq iproute2 iptables >/dev/null; \
-	  else echo "netns-tools: ip or iptables is missing and this is not root: the multihost tests skip"; fi; }
+	      apt-get install -y -qq --no-install-recommends iproute2 iptables wireguard-tools \
+	      wireguard-go >/dev/null; \
+	  else echo "netns-tools: ip, iptables, wg or wireguard-go is missing and this is not root: the multihost tests skip"; fi; }
 
 # The Fly conformance suite (tests/fly) decodes Souq's answers with Go's encoding/json into the
 # types of Fly's Machines API: Debian's golang-go (without it, as non-root, that decode step skips;

@@ -3,8 +3,8 @@
 Without names, the default suites run (``spine``, ``scale``, ``tradeoff``, ``view``,
 ``supervise``, ``creates``, ``proxy``, ``wake``, ``images``, ``isolation``, ``deploy``, ``attack``,
 ``secured``, ``logs``, ``cli``, ``names``); ``c1m`` (100,000 machines onto 5,000 hollow
-workers, a few minutes) runs only when named, as do ``hosts``, ``jobs`` and ``private_network``
-(root). At the end, every ratio the suites measured is printed as one table
+workers, a few minutes) runs only when named, as do ``hosts``, ``jobs``, ``private_network`` and
+``crosshost`` (root). At the end, every ratio the suites measured is printed as one table
 (:mod:`bench.table`)."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from bench import (
     attack,
     cli,
     creates,
+    crosshost,
     deploy,
     hosts,
     images,
@@ -59,6 +60,7 @@ SUITES = {
     "cli": cli.main,
     "names": names.main,
     "private_network": private_network.main,
+    "crosshost": crosshost.main,
 }
 DEFAULT = [
     "spine",

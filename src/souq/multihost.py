@@ -9,6 +9,11 @@ its machines; nobody outside hears it until the partition heals, when the routes
 its heartbeats reach the broker again. (Listing the other nodes too would only matter when a
 host's own node dies; then the agent would fail over across the network.)
 
+With ``private_network=True`` every agent runs ``--private-network on`` with its host's IPv6
+address as its ``--underlay`` (or what ``underlay`` says: the IPv4 one, for VXLAN): sandboxed
+machines (of uids of their own, so ``root`` must be reachable by them: mode 0711, not under
+pytest's base) on each host's private network, routed to the other hosts' (docs/network.md).
+
 Secured as ``souq cluster init`` makes a cluster: one auth directory for every host (its
 credentials made before the nodes start), ``SOUQ_AUTH_DIR`` and ``SOUQ_TOKEN`` set in this
 process's environment while the hosts run.
@@ -17,8 +22,10 @@ process's environment while the hosts run.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
@@ -30,6 +37,7 @@ from souq.auth.files import AuthDir
 from souq.lifespan import Lifespan
 from souq.natsserver import NatsServer, Peers
 from souq.netns import NetHost, Network, netns_exec
+from souq.network.links import NETNS_DIR
 from souq.testing import AgentProcess, BrokerProcess, auth_headers, environment, wait_until
 
 __all__ = ["CLIENT_PORT", "Host", "Hosts"]
@@ -59,6 +67,37 @@ class Host:
         return self.agent.worker_id
 
 
+def _private_network(net: NetHost, underlay: str = "", encryption: str = "none") -> dict[str, Any]:
+    """An agent's arguments for machines on the private network, routed over ``underlay``
+    (default: the host's IPv6 address, on the hosts' one segment: routed straight)."""
+    return {
+        "machine_user": None,  # a uid per machine
+        "default_driver": None,  # the sandbox
+        "extra_args": [
+            "--private-network",
+            "on",
+            "--underlay",
+            underlay or net.address6,
+            "--underlay-encryption",
+            encryption,
+        ],
+    }
+
+
+def _forget_machine_namespaces(hosts: Sequence[Host]) -> None:
+    """The names the hosts' agents gave their machines' namespaces: each agent bound them in
+    the mount namespace of its host's ``ip netns exec``, gone with it, so only the empty
+    files are left in ``/run/netns``."""
+    for host in hosts:
+        if host.agent.worker_id is None:
+            continue
+        tag = hashlib.blake2b(host.agent.worker_id.encode(), digest_size=3).hexdigest()
+        for path in NETNS_DIR.glob(f"souq-{tag}-*"):
+            with contextlib.suppress(OSError):
+                if not os.path.ismount(path):
+                    path.unlink()
+
+
 class Hosts(Lifespan):
     """One host per entry of ``regions`` (its region), under ``root``; a context manager that
     tears everything down (processes, namespaces, bridge, rules) however it ends."""
@@ -72,7 +111,12 @@ class Hosts(Lifespan):
         cpus: float = 2,
         memory_mb: int = 1024,
         auth: bool = True,
+        private_network: bool = False,
+        underlay: Callable[[NetHost], str] = lambda net: net.address6,
+        underlay_encryption: str = "none",
     ) -> None:
+        """``underlay``: each host's agent's ``--underlay`` with ``private_network`` (its
+        IPv4 address: over VXLAN); ``underlay_encryption``: its ``--underlay-encryption``."""
         self.root = root
         self.network = Network(len(regions))
         self.auth: AuthDir | None = None
@@ -99,6 +143,11 @@ class Hosts(Lifespan):
                     cpus=cpus,
                     memory_mb=memory_mb,
                     heartbeat_interval_s=heartbeat_interval_s,
+                    **(
+                        _private_network(net, underlay(net), underlay_encryption)
+                        if private_network
+                        else {}
+                    ),
                 ),
             )
             for net, region in zip(self.network.hosts, regions, strict=True)
@@ -163,6 +212,7 @@ class Hosts(Lifespan):
             with contextlib.suppress(Exception):
                 host.nats.stop()
         self.network.stop()
+        _forget_machine_namespaces(self.hosts)
         self._environment.close()
 
     # -- what the broker says ------------------------------------------------------------------

@@ -3,16 +3,20 @@
 :class:`Network` makes a bridge in the root namespace and one namespace per host, each joined
 to the bridge by a veth pair and given an address of its own (``eth0`` inside). The root
 namespace keeps an address on the bridge too, so that a test or a benchmark reaches every host.
+Each host has an IPv6 address on the bridge as well (``address6``, a ULA /64 of the run's), as
+hosts on one segment do: the private network routes machines' addresses over it.
 Faults, all undone by :meth:`Network.stop` (deleting a namespace takes its rules and queues
 with it):
 
-* :meth:`Network.partition` — iptables in the host's namespace drop whatever crosses its
+* :meth:`Network.partition` — iptables and ip6tables in the host's namespace drop whatever
+  crosses its
   ``eth0`` (its loopback and its own address keep working: a host cut off, not a host down);
   :meth:`Network.heal` removes those rules;
 * :meth:`Network.shape` — delay and loss on what a host sends to some others, carried out by a
   delay line (:mod:`souq.delayline`: TUN devices in the hosts' namespaces and a process between
   them), not ``tc netem``, which minimal kernels lack; :meth:`Network.delay` and
-  :meth:`Network.loss` apply it both ways between two groups of hosts.
+  :meth:`Network.loss` apply it both ways between two groups of hosts (to IPv4: the delay
+  line carries the hosts' IPv4 addresses only).
 
 Names start with ``sq<pid>`` (the pid of the process that made them), so several runs can live
 side by side and :func:`sweep` removes what a crashed run left behind: namespaces and links whose
@@ -23,6 +27,7 @@ Everything here needs root, ``ip`` and ``iptables``, and ``/dev/net/tun`` (:func
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import os
 import re
@@ -39,10 +44,18 @@ from souq.procs import pid_alive, terminate
 
 __all__ = ["NetHost", "Network", "missing", "netns_exec", "sweep"]
 
-TOOLS = ("ip", "iptables")
+TOOLS = ("ip", "iptables", "ip6tables")
 # A partition: drop what comes in or goes out on any device but loopback (eth0, and a delay
 # line's device); a host's traffic to its own address goes over loopback and stays.
 _CUT = (("INPUT", "!", "-i", "lo", "-j", "DROP"), ("OUTPUT", "!", "-o", "lo", "-j", "DROP"))
+# IPv6 (no delay line): what crosses eth0, the host's own and what it forwards (its machines'
+# on the private network), not what its machines say to the host itself.
+_CUT6 = (
+    ("INPUT", "-i", "eth0", "-j", "DROP"),
+    ("OUTPUT", "-o", "eth0", "-j", "DROP"),
+    ("FORWARD", "-i", "eth0", "-j", "DROP"),
+    ("FORWARD", "-o", "eth0", "-j", "DROP"),
+)
 _NAME = re.compile(r"^sq(\d+)(?:h\d+|br|v\d+|t\d+)$")
 
 
@@ -107,6 +120,7 @@ class NetHost:
     namespace: str
     address: str
     veth: str
+    address6: str = ""
 
     def exec(self, *args: str, check: bool = True) -> str:
         """Run a command in this host's namespace."""
@@ -125,8 +139,16 @@ class Network(Lifespan):
         net = f"10.{200 + self.tag % 50}.{(self.tag // 50) % 250}"
         self.bridge = f"{prefix}br"
         self.root_address = f"{net}.1"
+        net6 = 0xFD5A << 112 | (self.tag & 0xFFFFFFFF) << 80  # a /64 of its own
         self.hosts = [
-            NetHost(i, f"{prefix}h{i}", f"{net}.{10 + i}", f"{prefix}v{i}") for i in range(size)
+            NetHost(
+                i,
+                f"{prefix}h{i}",
+                f"{net}.{10 + i}",
+                f"{prefix}v{i}",
+                str(ipaddress.IPv6Address(net6 | 10 + i)),
+            )
+            for i in range(size)
         ]
         # (from host, to host): (delay ms, loss %), carried out by a delay line process
         self._paths: dict[tuple[int, int], tuple[float, float]] = {}
@@ -154,6 +176,7 @@ class Network(Lifespan):
             _run("ip", "link", "set", host.veth, "up")
             host.exec("ip", "link", "set", f"{host.veth}p", "name", "eth0")
             host.exec("ip", "addr", "add", f"{host.address}/24", "dev", "eth0")
+            host.exec("ip", "addr", "add", f"{host.address6}/64", "dev", "eth0", "nodad")
             host.exec("ip", "link", "set", "eth0", "up")
             host.exec("ip", "link", "set", "lo", "up")
         return self
@@ -179,6 +202,8 @@ class Network(Lifespan):
             return
         for rule in _CUT:
             host.exec("iptables", "-I", *rule)
+        for rule6 in _CUT6:
+            host.exec("ip6tables", "-I", *rule6)
         self._cut.add(host.namespace)
 
     def heal(self, host: NetHost) -> None:
@@ -187,6 +212,8 @@ class Network(Lifespan):
             return
         for rule in _CUT:
             host.exec("iptables", "-D", *rule)
+        for rule6 in _CUT6:
+            host.exec("ip6tables", "-D", *rule6)
         self._cut.discard(host.namespace)
 
     def partitioned(self, host: NetHost) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -121,6 +122,18 @@ class AgentConfig(BaseModel):
         "address on its app's network (souq.network): `on` (refused where the host cannot), "
         "`auto` (where root, ip and ip6tables work), `off`",
     )
+    underlay: str = Field(
+        default="",
+        description="this host's address that other workers route its machines' private "
+        "network to (docs/network.md); empty: the advertise address unless it is loopback, "
+        "else none (machines reach only this worker's)",
+    )
+    underlay_encryption: Literal["none", "wireguard"] = Field(
+        default="none",
+        description="what goes between this worker's machines and other workers' over the "
+        "underlay: `none` (routed straight or over VXLAN: a trusted network) or `wireguard` "
+        "(encrypted; only to workers that encrypt too)",
+    )
     allow_root_machines: bool = Field(
         default=False, description="let machine_user be root (refused otherwise)"
     )
@@ -156,6 +169,16 @@ class AgentConfig(BaseModel):
         description="where names outside `.internal` are forwarded, ADDRESS:PORT each, in "
         "order; None: the host's resolvers (/etc/resolv.conf, port 53)",
     )
+
+    @field_validator("underlay")
+    @classmethod
+    def _underlay(cls, v: str) -> str:
+        if v:
+            try:
+                return ipaddress.ip_address(v.strip("[]")).compressed
+            except ValueError:
+                raise ValueError(f"{v!r} is not an IP address") from None
+        return v
 
     @field_validator("dns", mode="before")
     @classmethod

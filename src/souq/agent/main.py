@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import signal
 import sys
@@ -58,8 +59,11 @@ from souq.limits import LOG_CHECK_INTERVAL_S
 from souq.loop_clock import LoopClock
 from souq.model.base import copy_fields
 from souq.model.resources import Resources
+from souq.model.worker import WorkerInfo
 from souq.network import links
 from souq.network.addresses import DNS_ADDRESS
+from souq.network.overlay import Overlay
+from souq.network.wireguard import WireGuard
 
 if TYPE_CHECKING:
     from souq.agent.metrics import MetricsServer
@@ -109,6 +113,7 @@ class Agent:
         self.jobs: JobRunner | None = None  # batch jobs (--jobs: not the hollow fleet's)
         self.metrics: MetricsServer | None = None  # --metrics-port
         self.names: NameService | None = None  # --dns: the .internal names
+        self.overlay: Overlay | WireGuard | None = None  # the routes to other workers' machines
         self.log_rotator = LogRotator(
             config.data_dir / "machines" / RECORDS,  # each machine's log: the agent's files
             max_bytes=config.log_max_bytes,
@@ -167,6 +172,48 @@ class Agent:
         net = links.WorkerNetwork(self.worker_id, self.config.data_dir / "network")
         net.start(executor.addresses.held())
         executor.network = net
+        underlay = self._underlay()
+        if not underlay:
+            log.info("private network: no underlay address, so no routes to other workers")
+            return
+        overlay: Overlay | WireGuard
+        if self.config.underlay_encryption == "wireguard":
+            overlay = WireGuard(self.worker_id, net.tag, underlay, self.config.data_dir / "network")
+        else:
+            overlay = Overlay(self.worker_id, net.tag, underlay)
+        try:
+            overlay.start()
+        except (OSError, ValueError) as exc:
+            if self.config.underlay or self.config.underlay_encryption != "none":
+                raise InvalidInput(
+                    f"--underlay {underlay}: {exc}",
+                    hint="give an address this host has (and for --underlay-encryption "
+                    "wireguard: wireguard-tools, and the kernel's WireGuard or wireguard-go)",
+                ) from exc
+            log.warning("private network: no routes to other workers: %s", exc)
+            return
+        self.overlay = overlay
+        key = overlay.public_key if isinstance(overlay, WireGuard) else ""
+        self.fingerprint = self.fingerprint.model_copy(
+            update={"underlay": overlay.underlay, "underlay_key": key}
+        )
+
+    def _underlay(self) -> str:
+        """Where other workers route this worker's machines' addresses: ``--underlay``, else
+        the advertise address unless it is loopback, else nowhere."""
+        if self.config.underlay:
+            return self.config.underlay
+        try:
+            advertised = ipaddress.ip_address(self.config.advertise)
+        except ValueError:
+            return ""
+        return "" if advertised.is_loopback or advertised.is_unspecified else str(advertised)
+
+    def _heard_worker(self, info: WorkerInfo) -> None:
+        """A worker's record from its heartbeat: the route to its machines as it says."""
+        if self.overlay is not None and info.id != self.worker_id:
+            fp = info.fingerprint
+            self.overlay.heard(info.id, fp.underlay if fp else "", fp.underlay_key if fp else "")
 
     def _network_why_not(self) -> str | None:
         """Why machines here get no private network (None: they do); ``on`` and a host that
@@ -350,6 +397,7 @@ class Agent:
             clock=self._clock,
             upstreams=config.dns_upstreams,
             owns_transport=transport is not self._transport,
+            on_worker=self._heard_worker,
         )
         try:
             await names.start()

@@ -214,6 +214,22 @@ def agent(
             "address (docs/network.md): on, auto (where the host can), off (default).",
         ),
     ] = None,
+    underlay: Annotated[
+        str | None,
+        typer.Option(
+            "--underlay",
+            help="This host's address that other workers route its machines' private "
+            "addresses to (default: --advertise unless loopback; docs/network.md).",
+        ),
+    ] = None,
+    underlay_encryption: Annotated[
+        str | None,
+        typer.Option(
+            "--underlay-encryption",
+            help="none (default: a trusted network between hosts) or wireguard (encrypted, "
+            "to workers that encrypt too).",
+        ),
+    ] = None,
     jobs: Annotated[
         int | None,
         typer.Option(

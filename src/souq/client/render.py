@@ -419,6 +419,9 @@ def _isolation(w: WorkerInfo) -> str:
         namespaces = str(fp.isolation.get("namespaces", ""))
         if fp.isolation.get("private_network") is True:
             namespaces += ",net: private network"
+            if fp.underlay:
+                how = "encrypted, " if fp.underlay_key else ""
+                namespaces += f", routed from other workers ({how}to {fp.underlay})"
         elif "private_network_why_not" in fp.isolation:
             namespaces += f"; no private network: {fp.isolation['private_network_why_not']}"
         return f"sandbox ({namespaces})"

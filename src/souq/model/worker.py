@@ -37,6 +37,16 @@ class Fingerprint(Record):
     machine_user: str = Field(
         default="", description="who machines run as: NAME (UID:GID); empty if not known"
     )
+    underlay: str = Field(
+        default="",
+        description="the host address other workers route this worker's private addresses "
+        "(its /48) to; empty: its machines are reached from its own host only",
+    )
+    underlay_key: str = Field(
+        default="",
+        description="its WireGuard public key when it encrypts what goes between hosts "
+        "(agent --underlay-encryption wireguard); empty: it does not",
+    )
 
 
 class Load(Record):

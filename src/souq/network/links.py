@@ -54,6 +54,7 @@ from souq.network.addresses import (
     network_mask,
     v4_block,
 )
+from souq.network.mesh import VXLAN_PORT
 
 __all__ = ["NETNS_DIR", "WorkerNetwork", "unavailable"]
 
@@ -97,7 +98,9 @@ class WorkerNetwork:
         self.v4 = v4_block(worker_id)
         self.resolv_conf = state_dir / "resolv.conf"
         self._state_dir = state_dir
-        self.fwd, self.inp, self.nat = (f"SOUQ-{self.tag}-{c}" for c in ("FWD", "IN", "NAT"))
+        self.fwd, self.inp, self.nat, self.into = (
+            f"SOUQ-{self.tag}-{c}" for c in ("FWD", "IN", "NAT", "TO")
+        )
         self.links = f"sx{self.tag}m+"  # every machine link of this worker
 
     def names(self, machine_id: str, address: PrivateAddress) -> _Names:
@@ -126,14 +129,20 @@ class WorkerNetwork:
         names = [self.names(m, a) for m, a in live]
         self.sweep({n.netns for n in names}, {n.link for n in names})
 
+    def _jumps(self, family: str) -> list[tuple[str, str, list[str]]]:
+        """``(table, chain, rule)`` of each jump to the worker's chains."""
+        jumps = [
+            ("filter", "FORWARD", ["-i", self.links, "-j", self.fwd]),
+            ("filter", "FORWARD", ["!", "-i", self.links, "-o", self.links, "-j", self.into]),
+            ("filter", "INPUT", ["-i", self.links, "-j", self.inp]),
+        ]
+        if family == "ip":
+            jumps.append(("nat", "POSTROUTING", ["-j", self.nat]))
+        return jumps
+
     def _jump(self, family: str) -> None:
         tool = f"{family}tables"
-        jumps = [("filter", "FORWARD", self.fwd), ("filter", "INPUT", self.inp)]
-        if family == "ip":
-            jumps.append(("nat", "POSTROUTING", self.nat))
-        for table, chain, target in jumps:
-            where = "-o" if chain == "POSTROUTING" else "-i"
-            spec = [where, self.links, "-j", target] if where == "-i" else ["-j", target]
+        for table, chain, spec in self._jumps(family):
             check = [tool, "-w", "-t", table, "-C", chain, *spec]
             if subprocess.run(check, capture_output=True, check=False).returncode != 0:
                 _run([tool, "-w", "-t", table, "-I", chain, "1", *spec])
@@ -144,14 +153,12 @@ class WorkerNetwork:
         _run(["ip", "route", "del", "unreachable", str(self.v4)], check=False)
         for family in ("ip", "ip6"):
             tool = f"{family}tables"
-            for table, chain, target in (
-                ("filter", "FORWARD", self.fwd),
-                ("filter", "INPUT", self.inp),
-                ("nat", "POSTROUTING", self.nat),
-            ):
-                where = "-o" if chain == "POSTROUTING" else "-i"
-                spec = [where, self.links, "-j", target] if where == "-i" else ["-j", target]
+            for table, chain, spec in self._jumps(family):
                 _run([tool, "-w", "-t", table, "-D", chain, *spec], check=False)
+            for table, target in (
+                ("filter", self.fwd), ("filter", self.into), ("filter", self.inp),
+                ("nat", self.nat),
+            ):  # fmt: skip
                 _run([tool, "-w", "-t", table, "-F", target], check=False)
                 _run([tool, "-w", "-t", table, "-X", target], check=False)
 
@@ -160,7 +167,9 @@ class WorkerNetwork:
             "*filter",
             f":{self.fwd} - [0:0]",
             f":{self.inp} - [0:0]",
+            *self._into(6, live),
             f"-A {self.fwd} -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT",
+            f"-A {self.fwd} -p udp --dport {VXLAN_PORT} -j DROP",
         ]
         lines += [f"-A {self.fwd} {r}" for m, a in live for r in self._machine6(m, a)]
         lines += [
@@ -179,7 +188,9 @@ class WorkerNetwork:
             "*filter",
             f":{self.fwd} - [0:0]",
             f":{self.inp} - [0:0]",
+            *self._into(4, live),
             f"-A {self.fwd} -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT",
+            f"-A {self.fwd} -p udp --dport {VXLAN_PORT} -j DROP",
             f"-A {self.fwd} -d {V4_RANGE} -j DROP",
             f"-A {self.fwd} -d 169.254.0.0/16 -j DROP",
         ]
@@ -195,6 +206,23 @@ class WorkerNetwork:
             "COMMIT",
         ]
         return "\n".join(lines) + "\n"
+
+    def _into(self, family: int, live: list[tuple[str, PrivateAddress]]) -> list[str]:
+        """The chain of what comes to a machine from beyond the worker (another worker's
+        machines over the routes between workers): from its own network only, or replies.
+        What comes from a machine of this worker was judged by its own chain."""
+        lines = [
+            f":{self.into} - [0:0]",
+            f"-A {self.into} -i {self.links} -j RETURN",
+            f"-A {self.into} -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT",
+        ]
+        if family == 6:
+            lines += [f"-A {self.into} {r}" for m, a in live for r in self._into6(m, a)]
+        return [*lines, f"-A {self.into} -j DROP"]
+
+    def _into6(self, machine_id: str, a: PrivateAddress) -> list[str]:
+        link = self.names(machine_id, a).link
+        return [f"-o {link} -d {a.ip6}/128 -s {network_mask(network_bits(a.network))} -j ACCEPT"]
 
     def _machine6(self, machine_id: str, a: PrivateAddress) -> list[str]:
         link = self.names(machine_id, a).link
@@ -250,13 +278,14 @@ class WorkerNetwork:
         return NETNS_DIR / ns
 
     def _machine_rules(self, machine_id: str, address: PrivateAddress, how: str) -> None:
-        """Insert (``-I``, before the chain's final DROP) or delete (``-D``) its rules."""
-        for family, rules, after in (
-            ("ip6", self._machine6(machine_id, address), 1),
-            ("ip", self._machine4(machine_id, address), 3),
+        """Insert (``-I``, after the chains' heads) or delete (``-D``) its rules."""
+        for family, chain, rules, after in (
+            ("ip6", self.fwd, self._machine6(machine_id, address), 2),
+            ("ip6", self.into, self._into6(machine_id, address), 2),
+            ("ip", self.fwd, self._machine4(machine_id, address), 4),
         ):
             where = f" {after + 1}" if how == "-I" else ""
-            body = "".join(f"{how} {self.fwd}{where} {rule}\n" for rule in rules)
+            body = "".join(f"{how} {chain}{where} {rule}\n" for rule in rules)
             _run([f"{family}tables-restore", "-w", "--noflush"], f"*filter\n{body}COMMIT\n")
 
     def remove(self, machine_id: str, address: PrivateAddress) -> None:

@@ -17,14 +17,14 @@ worker read every other's records.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from souq.broker.liveness import Liveness
 from souq.broker.outage import BusGuard
 from souq.bus import Transport
 from souq.clock import Clock, SystemClock
-from souq.model import Machine, WorkerState
+from souq.model import Machine, WorkerInfo, WorkerState
 from souq.network.app_networks import AppNetworks
 from souq.network.dns_server import DnsServer, Forwarder, host_resolvers
 from souq.network.name_feed import NameFeed, ScopeOf, default_scope
@@ -62,7 +62,11 @@ class NameService:
         scope_of: ScopeOf = default_scope,
         sync_interval_s: float = 5.0,
         owns_transport: bool = False,
+        on_worker: Callable[[WorkerInfo], None] | None = None,
     ) -> None:
+        """``on_worker``: told a worker's record as its heartbeat said, whenever its state
+        changes (it joined, went down, came back) or it restarted (the routes between
+        workers follow the underlay addresses this way)."""
         from souq.view import ClusterView
 
         self._transport = transport
@@ -85,7 +89,8 @@ class NameService:
             on_change=self.feed.changed,
             on_worker=self._worker_changed,
         )
-        self.liveness.on_rejoin = self.view.resync_worker
+        self._on_worker = on_worker
+        self.liveness.on_rejoin = self._rejoined
         # Through a NATS outage the answers stay (as the view last was): the worker table is
         # frozen meanwhile, and the view re-synced once the bus is back (the broker's guard).
         self.guard = BusGuard(transport, self.liveness, self.view, rejoin_timeout_s=5.0)
@@ -134,3 +139,16 @@ class NameService:
 
     def _worker_changed(self, worker: str, state: WorkerState, before: WorkerState | None) -> None:
         self.index.set_regions(region for _, region, _ in self.liveness.states())
+        self._tell(worker)
+
+    def _rejoined(self, worker: str) -> None:
+        self.view.resync_worker(worker)
+        self._tell(worker)
+
+    def _tell(self, worker: str) -> None:
+        info = self.liveness.info(worker)
+        if self._on_worker is not None and info is not None:
+            try:
+                self._on_worker(info)
+            except Exception:  # a failure of the listener's is its own: the names go on
+                log.exception("the worker listener failed on %s", worker)

@@ -1,0 +1,206 @@
+"""A worker's end of the routes between workers (:mod:`souq.network.mesh`): its VXLAN device,
+the entries and routes of its peers, and the filter on what reaches the device.
+
+:meth:`Overlay.start` (at the agent's start) makes the device ``sx<tag>vx`` (``local`` the
+worker's underlay address, :data:`~souq.network.mesh.VXLAN_PORT`, no learning), its MAC and
+link-local address the worker's own, its MTU the underlay device's less the VXLAN header, and
+the chain ``SOUQ-<tag>-MESH`` (jumped to from ``INPUT`` for UDP to the VXLAN port, in
+``iptables`` or ``ip6tables`` as the underlay is): VXLAN from a known peer's underlay address
+only, so that nobody else puts frames on the cluster's network. :meth:`Overlay.peers`
+converges the peers' entries and routes on what the heartbeats now say (a peer whose IPv6
+underlay address is on one of the underlay device's subnets is routed to straight), and the
+chain with them. :meth:`Overlay.stop` removes the device (its entries and routes go with it) and the
+chain.
+
+Several agents on one host would each need a port of their own: one underlay address and port
+make one device.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+
+from souq.network.mesh import (
+    VNI,
+    VXLAN_OVERHEAD,
+    VXLAN_PORT,
+    Peer,
+    changes,
+    gateway_of,
+    mac_of,
+    mesh_rules,
+    peers_of,
+)
+
+__all__ = ["Overlay", "on_link_subnets", "underlay_device"]
+
+log = logging.getLogger(__name__)
+
+
+def _run(args: list[str], stdin: str | None = None, *, check: bool = True) -> str:
+    done = subprocess.run(args, input=stdin, capture_output=True, text=True, check=False)
+    if check and done.returncode != 0:
+        raise OSError(f"{' '.join(args[:3])}: {done.stderr.strip() or done.returncode}")
+    return done.stdout
+
+
+def underlay_device(address: str) -> tuple[str, int] | None:
+    """The device holding ``address`` on this host, and its MTU; None: no device has it."""
+    family = "-6" if ipaddress.ip_address(address).version == 6 else "-4"
+    for line in _run(["ip", "-o", family, "addr", "show"], check=False).splitlines():
+        words = line.split()
+        if len(words) > 3 and words[3].split("/")[0] == address:
+            device = words[1].split("@")[0]
+            mtu = Path("/sys/class/net", device, "mtu").read_text().strip()
+            return device, int(mtu)
+    return None
+
+
+def on_link_subnets(device: str) -> list[ipaddress.IPv6Network]:
+    """The IPv6 subnets ``device`` is on (its global and unique-local addresses' prefixes)."""
+    subnets = []
+    for line in _run(["ip", "-o", "-6", "addr", "show", "dev", device], check=False).splitlines():
+        words = line.split()
+        if len(words) > 3 and words[2] == "inet6":
+            subnet = ipaddress.IPv6Interface(words[3]).network
+            if not subnet.is_link_local and subnet.prefixlen < 128:
+                subnets.append(subnet)
+    return subnets
+
+
+class Overlay:
+    """Worker ``worker_id``'s routes to the other workers, over ``underlay`` (an address of
+    this host). ``start()``, ``peers(...)`` as often as they change, ``stop()``."""
+
+    def __init__(self, worker_id: str, tag: str, underlay: str) -> None:
+        self.worker_id = worker_id
+        self.underlay = ipaddress.ip_address(underlay).compressed
+        self.family = ipaddress.ip_address(underlay).version
+        self.device = f"sx{tag}vx"
+        self.chain = f"SOUQ-{tag}-MESH"
+        self._tool = "ip6tables" if self.family == 6 else "iptables"
+        self._now: dict[str, Peer] = {}
+        self.parent = ""  # the underlay's device
+        self._link: list[ipaddress.IPv6Network] = []  # its IPv6 subnets: peers on them, direct
+
+    # -- the device --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """The device made anew (whatever a previous agent left is replaced), and its chain."""
+        found = underlay_device(self.underlay)
+        if found is None:
+            raise OSError(f"no device of this host has the underlay address {self.underlay}")
+        parent, mtu = found
+        self.parent = parent
+        self._link = on_link_subnets(parent)
+        overhead = VXLAN_OVERHEAD + (20 if self.family == 6 else 0)
+        if not self._made_as(parent):  # else kept: traffic between workers goes on
+            self._make(parent, mtu - overhead)
+        self._now = {}
+        self._rules()
+        spec = ["-p", "udp", "--dport", str(VXLAN_PORT), "-j", self.chain]
+        check = [self._tool, "-w", "-C", "INPUT", *spec]
+        if subprocess.run(check, capture_output=True, check=False).returncode != 0:
+            _run([self._tool, "-w", "-I", "INPUT", "1", *spec])
+        log.info("private network: routes to other workers over %s (%s)", self.underlay, parent)
+
+    def _made_as(self, parent: str) -> bool:
+        """Whether the device is there as :meth:`_make` makes it (an agent's before)."""
+        shown = _run(["ip", "-j", "-d", "link", "show", "dev", self.device], check=False)
+        try:
+            (link,) = json.loads(shown or "[]")
+            data = link["linkinfo"]["info_data"]
+        except (ValueError, KeyError, TypeError):
+            return False
+        local = data.get("local") or data.get("local6") or ""
+        return (
+            data.get("id") == VNI
+            and data.get("port") == VXLAN_PORT
+            and local == self.underlay
+            and link.get("address") == mac_of(self.worker_id)
+            and data.get("link") == parent
+            and "UP" in link.get("flags", [])
+        )
+
+    def _make(self, parent: str, mtu: int) -> None:
+        _run(["ip", "link", "delete", self.device], check=False)
+        _run(
+            [
+                "ip", "link", "add", self.device, "type", "vxlan", "id", str(VNI),
+                "local", self.underlay, "dstport", str(VXLAN_PORT), "nolearning", "dev", parent,
+            ]
+        )  # fmt: skip
+        batch = [
+            f"link set {self.device} address {mac_of(self.worker_id)} mtu {mtu}",
+            f"link set {self.device} addrgenmode none",
+            f"addr add {gateway_of(self.worker_id)}/64 dev {self.device} nodad",
+            f"link set {self.device} up",
+        ]
+        _run(["ip", "-batch", "-"], "\n".join(batch) + "\n")
+
+    def stop(self) -> None:
+        """The device, its peers' entries and routes, and the chain: gone."""
+        _run(["ip", "link", "delete", self.device], check=False)
+        spec = ["-p", "udp", "--dport", str(VXLAN_PORT), "-j", self.chain]
+        _run([self._tool, "-w", "-D", "INPUT", *spec], check=False)
+        _run([self._tool, "-w", "-F", self.chain], check=False)
+        _run([self._tool, "-w", "-X", self.chain], check=False)
+        self._now = {}
+
+    # -- the peers ---------------------------------------------------------------------------
+
+    def heard(self, worker_id: str, underlay: str, key: str = "") -> bool:
+        """A worker's heartbeat said where it is reached (empty: nowhere): its peer entry as
+        it says, the others as they were; whether anything changed."""
+        wanted = dict(self._now)
+        wanted.pop(worker_id, None)
+        wanted.update(peers_of([(worker_id, underlay, key)], self.worker_id, self.on_link))
+        return self.peers(wanted)
+
+    def peers(self, wanted: Mapping[str, Peer]) -> bool:
+        """Entries, routes and the filter as ``wanted`` says (peers of the underlay's family
+        only); whether anything changed."""
+        usable = {
+            w: p
+            for w, p in wanted.items()
+            if ipaddress.ip_address(p.underlay).version == self.family
+        }
+        todo = changes(self.device, self.parent, self._now, usable)
+        if not todo:
+            return False
+        # Removals may name what is already gone: each line tried on its own.
+        for tool, lines in (("ip", todo.remove_ip), ("bridge", todo.remove_bridge)):
+            if lines:
+                _run([tool, "-force", "-batch", "-"], "\n".join(lines) + "\n", check=False)
+        for tool, lines in (("bridge", todo.add_bridge), ("ip", todo.add_ip)):
+            if lines:
+                _run([tool, "-batch", "-"], "\n".join(lines) + "\n")
+        self._now = dict(usable)
+        self._rules()
+        log.info(
+            "private network: routes to %d other workers (%s)",
+            len(usable),
+            ", ".join(
+                f"{p.prefix} via {p.underlay}{'' if p.direct else ' (vxlan)'}"
+                for p in usable.values()
+            )
+            or "none",
+        )
+        return True
+
+    def on_link(self, address: ipaddress.IPv6Address) -> bool:
+        """Whether ``address`` is on the underlay device's own link."""
+        return any(address in subnet for subnet in self._link)
+
+    @property
+    def routed(self) -> Mapping[str, Peer]:
+        return dict(self._now)
+
+    def _rules(self) -> None:
+        body = mesh_rules(self.chain, self._now.values(), self.family)
+        _run([f"{self._tool}-restore", "-w", "--noflush"], body)
