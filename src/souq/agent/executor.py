@@ -32,6 +32,7 @@ from souq.agent.lifecycle import Trigger
 from souq.agent.machine_table import MachineTable
 from souq.agent.operations import Action, OpEvent, OpKind, OpState, advance
 from souq.agent.ports import PortPool
+from souq.agent.process_steps import ProcessSteps
 from souq.agent.records import RECENT_EVENTS, MachineRow, Op, OpStep, Source
 from souq.agent.restart import Backoff
 from souq.agent.secrets import AgentSecrets
@@ -40,7 +41,7 @@ from souq.agent.supervisor import Supervisor
 from souq.agent.volumes import AgentVolumes
 from souq.clock import Clock
 from souq.drivers.base import Driver, ExitStatus, Handle, SpawnError
-from souq.errors import IllegalTransition, SouqError
+from souq.errors import SouqError
 from souq.ids import new_request_id
 from souq.market.preemption import JobRuns
 from souq.model.machine import MachineEvent, MachineState
@@ -61,7 +62,7 @@ _SPEC = frozenset({"config", "placement", "address", "instance_id", "cordoned", 
 _WITH_RECORD = frozenset({"launch", "update", "metadata", "cordon", "uncordon"})
 
 
-class Executor(MachineTable):
+class Executor(MachineTable, ProcessSteps):
     def __init__(
         self,
         *,
@@ -472,62 +473,6 @@ class Executor(MachineTable):
         else:  # adopted by recover(), already watched
             self._to_starting(op)
             self._spawned(op, handle, watch=False, message="adopted after an agent restart")
-
-    def freeze(self, machine_id: str, *, frozen: bool, source: Source) -> None:
-        """Suspend a started machine (its processes frozen where they stand: memory, sockets
-        and port kept) or resume a suspended one; one step, recorded as ``suspend`` or
-        ``resume``. :class:`IllegalTransition` from any other state."""
-        row = self._rows[machine_id]
-        trigger = Trigger.SUSPEND if frozen else Trigger.START
-        lifecycle.transition(row.state, trigger, machine_id=row.id)
-        if frozen and row.state is S.SUSPENDED:
-            return  # suspended already
-        handle = self._handles.get(machine_id)
-        if handle is None or not self.driver.freeze(handle, frozen):
-            raise IllegalTransition(
-                f"machine {machine_id} has no running process to "
-                f"{'suspend' if frozen else 'resume'}",
-                hint="its exit is being recorded; start it again once it is stopped",
-            )
-        if frozen:
-            self._frozen.add(machine_id)
-        else:
-            self._frozen.discard(machine_id)
-        self.apply(machine_id, event=trigger, type="suspend" if frozen else "resume", source=source)
-
-    def _thaw(self, machine_id: str, handle: Handle) -> None:
-        """A frozen machine must run again to take a signal (a stop, a kill)."""
-        if machine_id in self._frozen:
-            self._frozen.discard(machine_id)
-            self.driver.freeze(handle, False)
-
-    def _send(self, op: Op, sig: int) -> None:
-        handle = self._handles.get(op.machine_id)
-        if handle is not None:
-            self._thaw(op.machine_id, handle)
-        if handle is None:
-            if op.state in exits.WAITING_FOR_EXIT:
-                # Nothing runs (it died while no agent watched): the operation sees the exit now.
-                exits.exited_during_op(self, op, exits.last_exit(self.driver, op.machine_id))
-            return
-        self.driver.signal(handle, sig)  # False: it is exiting, and its watcher will report
-
-    def _cleanup(self, op: Op) -> None:
-        self.driver.destroy(op.machine_id)
-        address = self._rows[op.machine_id].address
-        if self.network is not None and address is not None and address.private_ip:
-            self.network.remove(op.machine_id, private_address(address))
-        self._ran_since.pop(op.machine_id, None)
-        self.step(
-            op,
-            OpEvent.CLEANED,
-            event=Trigger.DESTROYED,
-            type="destroy",
-            pid=None,
-            pid_start_time=None,
-        )
-        if self.volumes is not None:  # its volume stays, free for the next machine
-            self.volumes.detach(op.machine_id)
 
     # -- what the supervisor reports (souq.agent.exits) ------------------------------------------
 
