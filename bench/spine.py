@@ -16,7 +16,7 @@ import httpx
 
 from bench import skeleton
 from bench.stats import machine_line, summary_ms
-from souq.testing import Cluster
+from souq.testing import Cluster, auth_headers
 
 REGION = "bench"
 CMD = ["sleep", "3600"]
@@ -74,7 +74,10 @@ async def _concurrent(
     ids: list[str] = []
     remaining = total
     limits = httpx.Limits(max_connections=CONCURRENCY, max_keepalive_connections=CONCURRENCY)
-    async with httpx.AsyncClient(base_url=api, timeout=60, limits=limits) as client:
+    headers = auth_headers()  # the test cluster runs secured, as souq dev does
+    async with httpx.AsyncClient(
+        base_url=api, timeout=60, limits=limits, headers=headers
+    ) as client:
 
         async def worker() -> None:
             nonlocal remaining
@@ -93,7 +96,7 @@ async def _concurrent(
 
 
 async def _destroy_all(api: str, app: str, ids: list[str]) -> None:
-    async with httpx.AsyncClient(base_url=api, timeout=60) as client:
+    async with httpx.AsyncClient(base_url=api, timeout=60, headers=auth_headers()) as client:
         sem = asyncio.Semaphore(16)
 
         async def one(mid: str) -> None:
@@ -112,7 +115,7 @@ def cluster(root: Path) -> Cluster:
 def create_started(api: str) -> dict[str, object]:
     """create→started on the spine's cluster at ``api``, beside its floor and the skeleton, all
     measured now: the figures of :func:`main` without the concurrent placements."""
-    with httpx.Client(base_url=api, timeout=30) as client:
+    with httpx.Client(base_url=api, timeout=30, headers=auth_headers()) as client:
         _create_started(client, "warm", WARMUP)
         _floor(client, WARMUP)
         rtt, spawn = _floor(client, SEQUENTIAL)
