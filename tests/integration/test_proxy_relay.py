@@ -418,7 +418,11 @@ def test_a_machine_that_dies_is_a_502_naming_it() -> None:
                 assert r.json()["status"] == "machine_error"
                 assert r.json()["machine_id"] == "doomed"
                 assert "doomed" in r.json()["error"]
-                # Nothing listens there any more: refused, and nowhere else to go.
+                # Once its process is gone (a dying one may still hold its listening socket,
+                # and a connection to it is reset), nothing listens there: refused, and
+                # nowhere else to go.
+                assert doomed.process is not None
+                await asyncio.to_thread(doomed.process.wait, 10)
                 r = await c.get("/")
                 assert r.status_code == 502
                 assert "refused" in r.json()["error"]

@@ -217,3 +217,50 @@ def test_a_cordoned_worker_displaces_nobody() -> None:
             "mad", res(1, 256), 0, claimant="reserved", max_victims=8, candidates=[spot(0)]
         )
     assert caught.value.details["reason"] == "cordoned"
+
+
+def test_a_create_whose_only_worker_did_not_answer_does_not_look_for_victims() -> None:
+    """Displacing machines frees room; it does not make a worker answer. A create whose claim was
+    refused as unavailable, with room on the worker, ends there: no second round of offers."""
+    book = WorkerBook()
+    book.observe(info("w1", used=0))  # room for it
+    a = Auction(
+        order(),
+        pipeline=default_pipeline(),
+        book=book,
+        rules=Rules(),
+        now=0.0,
+        up_workers=["w1"],
+        live=lambda: 1,
+    )
+    (claim,) = a.start(0.0)
+    assert isinstance(claim, SendClaim) and claim.worker_id == "w1" and claim.preempt == 0
+    actions = a.refused("w1", "unavailable", 0.01, silent=False)
+    while not isinstance(actions[0], Finished):  # the rest of the region, if it asks for it
+        assert isinstance(actions[0], AskOffers) and not actions[0].preempt, actions
+        actions = a.offers([], 0.02)
+    (done,) = actions
+    assert isinstance(done, Finished) and done.error is not None
+    assert done.record.preemption is None
+
+
+def test_a_create_refused_for_room_does_look_for_victims() -> None:
+    book = WorkerBook()
+    book.observe(info("w1", used=0))
+    a = Auction(
+        order(),
+        pipeline=default_pipeline(),
+        book=book,
+        rules=Rules(),
+        now=0.0,
+        up_workers=["w1"],
+        live=lambda: 1,
+    )
+    (claim,) = a.start(0.0)
+    assert isinstance(claim, SendClaim)
+    actions = a.refused("w1", "insufficient_cpu", 0.01, silent=False)
+    asks = [x for x in actions if isinstance(x, AskOffers)]
+    while asks and not asks[0].preempt:
+        actions = a.offers([], 0.02)
+        asks = [x for x in actions if isinstance(x, AskOffers)]
+    assert asks and asks[0].preempt, actions

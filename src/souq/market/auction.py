@@ -199,6 +199,9 @@ class Auction:
         self._unknown: dict[str, tuple[int, ...]] = {}  # unanswered twice: made, or not?
         self._ranked_base = 0
         self._preempting = False
+        # Some worker was short of room for it (an offer, or a claim refused, for that): what
+        # displacing machines can change, unlike a worker that did not answer.
+        self._short_of_room = False
         self.record = RecordKeeper(order, pipeline, started=now)
 
     @property
@@ -258,6 +261,7 @@ class Auction:
         reason), or it reached nobody (``silent``: the worker is not there to hear it)."""
         indexes = self._outstanding.pop(worker_id, ())
         self.record.claim(worker_id, len(indexes), ok=False, reason=reason)
+        self._short_of_room |= _for_room(reason)
         self._silent += silent
         self._dropped.add(worker_id)
         self._heap = [s for s in self._heap if s.offer.worker.id != worker_id]
@@ -370,7 +374,7 @@ class Auction:
         offers that say whom each worker would displace."""
         order = self.order
         short = not self._heap if order.purpose is Purpose.EXPLAIN else len(self._placed) < 1
-        if not short or not self._may_preempt():
+        if not short or not self._short_of_room or not self._may_preempt():
             return self._finish(now)
         return self._preempt("no worker had room for it as it is")
 
@@ -459,6 +463,7 @@ class Auction:
             else None
         )
         self.record.ranked(ranking, now, preempts=preempts)
+        self._short_of_room |= any(_for_room(o.rejected) for o in ranking.outcomes)
         scores = {o.worker_id: o for o in ranking.outcomes if o.score is not None}
         for i, offer in enumerate(ranking.ordered):
             if offer.worker.id in self._dropped:
@@ -523,6 +528,11 @@ class Auction:
             hint="a dry run with a used idempotency key would place nothing",
             details={"machine_id": existing.existing_machine_id},
         )
+
+
+def _for_room(reason: str | None) -> bool:
+    """Whether a refusal or rejection is for want of room (cpu, memory, disk, GPUs)."""
+    return reason is not None and reason.startswith("insufficient_")
 
 
 def _as_if_evicted(offer: Offer) -> Offer:
