@@ -5,8 +5,10 @@ SERVFAIL when none answers, truncation over UDP and the same answer over TCP."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import socket
 from collections.abc import AsyncIterator
+from typing import Any
 
 import dns.asyncquery
 import dns.flags
@@ -170,3 +172,30 @@ def test_host_resolvers_leave_out_the_servers_own_address(tmp_path: object) -> N
     conf.write_text("nameserver fdaa::3\nnameserver 10.0.0.2\nnameserver ::1\n")
     assert host_resolvers(str(conf), exclude=["fdaa:0::3"]) == [("10.0.0.2", 53), ("::1", 53)]
     assert host_resolvers(str(tmp_path) + "/missing") == []
+
+
+async def test_a_system_chosen_port_taken_for_tcp_is_chosen_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Port 0: UDP gets a port from the system and TCP must take the same number, which a TCP
+    socket may hold already. The server then tries another one instead of failing to start."""
+    real = asyncio.start_server
+    refused: list[int] = []
+
+    async def taken_once(*args: Any, **kw: Any) -> asyncio.Server:
+        if not refused:
+            refused.append(int(args[2]))
+            raise OSError(errno.EADDRINUSE, "address already in use")
+        return await real(*args, **kw)
+
+    monkeypatch.setattr(asyncio, "start_server", taken_once)
+    server = await started(NameIndex(), [])
+    try:
+        assert refused and server.address[1] != 0
+        # It answers on the port it reports, over UDP and TCP.
+        assert (await ask(server, "nope.internal")).rcode() == dns.rcode.NXDOMAIN
+        _, writer = await asyncio.open_connection(*server.address)
+        writer.close()
+        await writer.wait_closed()
+    finally:
+        await server.aclose()

@@ -85,7 +85,6 @@ Q = TypeVar("Q", bound=BaseModel)
 A = TypeVar("A")
 
 
-# The verbs to a machine's worker that change it: unanswered, one may still have taken effect.
 class BrokerService:
     def __init__(
         self,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import ipaddress
 import logging
 import time
@@ -45,6 +46,7 @@ from souq.network.names import DEFAULT_TTL_S, NameIndex, Rcode, is_internal
 __all__ = ["DEFAULT_LISTEN", "DnsServer", "Forwarder", "host_resolvers"]
 
 log = logging.getLogger(__name__)
+_BIND_TRIES = 8  # port 0: how many UDP ports to try before TCP takes the same one
 
 DEFAULT_LISTEN = ("fdaa::3", 53)
 UDP_DEFAULT_SIZE = 512  # an asker without EDNS takes this much over UDP
@@ -135,14 +137,23 @@ class DnsServer:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         host, port = self._listen
-        transport, _ = await loop.create_datagram_endpoint(
-            lambda: _Udp(self), local_addr=(host, port)
-        )
-        self._udp = transport
-        bound = transport.get_extra_info("sockname")
-        self.address = (host, int(bound[1]))
-        # TCP on the same port (the one UDP got, when the system chose it).
-        self._tcp = await asyncio.start_server(self._on_tcp, host, self.address[1])
+        # Port 0: the system chooses UDP's, and TCP takes the same number, which a TCP socket
+        # may hold already (UDP's and TCP's ports are apart): then another number is chosen.
+        for attempt in range(_BIND_TRIES if port == 0 else 1):
+            transport, _ = await loop.create_datagram_endpoint(
+                lambda: _Udp(self), local_addr=(host, port)
+            )
+            bound = int(transport.get_extra_info("sockname")[1])
+            try:
+                self._tcp = await asyncio.start_server(self._on_tcp, host, bound)
+            except OSError as exc:
+                transport.close()
+                if exc.errno != errno.EADDRINUSE or attempt == _BIND_TRIES - 1 or port != 0:
+                    raise
+                continue
+            self._udp = transport
+            self.address = (host, bound)
+            break
         log.info("the names answer on [%s]:%d (udp, tcp)", *self.address)
 
     async def aclose(self) -> None:
