@@ -43,6 +43,22 @@ def auction(o: Order) -> Auction:
     )
 
 
+def lone_worker(used: float) -> Auction:
+    """An auction for ``order()`` in a region of one worker, ``used`` of its 4 cpus taken as the
+    book last heard."""
+    book = WorkerBook()
+    book.observe(info("w1", used=used))
+    return Auction(
+        order(),
+        pipeline=default_pipeline(),
+        book=book,
+        rules=Rules(),
+        now=0.0,
+        up_workers=["w1"],
+        live=lambda: 1,
+    )
+
+
 def full(worker_id: str) -> Offer:
     return Offer(worker=info(worker_id, 4), eligible=False, reason="insufficient_cpu")
 
@@ -123,17 +139,7 @@ def test_no_preemption_when_the_broker_allows_none() -> None:
 
 
 def test_claims_refused_where_the_book_saw_room_lead_to_asking_whom_to_displace() -> None:
-    book = WorkerBook()
-    book.observe(info("w1", used=3))  # room, as the book last heard
-    a = Auction(
-        order(),
-        pipeline=default_pipeline(),
-        book=book,
-        rules=Rules(),
-        now=0.0,
-        up_workers=["w1"],
-        live=lambda: 1,
-    )
+    a = lone_worker(used=3)  # room, as the book last heard
     (claim,) = a.start(0.0)
     assert isinstance(claim, SendClaim) and claim.preempt == 0
     (ask,) = a.refused("w1", "insufficient_cpu", 0.01, silent=False)
@@ -222,17 +228,7 @@ def test_a_cordoned_worker_displaces_nobody() -> None:
 def test_a_create_whose_only_worker_did_not_answer_does_not_look_for_victims() -> None:
     """Displacing machines frees room; it does not make a worker answer. A create whose claim was
     refused as unavailable, with room on the worker, ends there: no second round of offers."""
-    book = WorkerBook()
-    book.observe(info("w1", used=0))  # room for it
-    a = Auction(
-        order(),
-        pipeline=default_pipeline(),
-        book=book,
-        rules=Rules(),
-        now=0.0,
-        up_workers=["w1"],
-        live=lambda: 1,
-    )
+    a = lone_worker(used=0)  # room for it
     (claim,) = a.start(0.0)
     assert isinstance(claim, SendClaim) and claim.worker_id == "w1" and claim.preempt == 0
     actions = a.refused("w1", "unavailable", 0.01, silent=False)
@@ -245,17 +241,7 @@ def test_a_create_whose_only_worker_did_not_answer_does_not_look_for_victims() -
 
 
 def test_a_create_refused_for_room_does_look_for_victims() -> None:
-    book = WorkerBook()
-    book.observe(info("w1", used=0))
-    a = Auction(
-        order(),
-        pipeline=default_pipeline(),
-        book=book,
-        rules=Rules(),
-        now=0.0,
-        up_workers=["w1"],
-        live=lambda: 1,
-    )
+    a = lone_worker(used=0)
     (claim,) = a.start(0.0)
     assert isinstance(claim, SendClaim)
     actions = a.refused("w1", "insufficient_cpu", 0.01, silent=False)

@@ -37,12 +37,14 @@ from souq.network.mesh import (
     peers_of,
 )
 
-__all__ = ["Overlay", "on_link_subnets", "underlay_device"]
+__all__ = ["Overlay", "on_link_subnets", "run_tool", "underlay_device"]
 
 log = logging.getLogger(__name__)
 
 
-def _run(args: list[str], stdin: str | None = None, *, check: bool = True) -> str:
+def run_tool(args: list[str], stdin: str | None = None, *, check: bool = True) -> str:
+    """Run ``ip``, ``iptables-restore``, ``wg`` ...: its output; OSError naming it when it fails
+    (``check``)."""
     done = subprocess.run(args, input=stdin, capture_output=True, text=True, check=False)
     if check and done.returncode != 0:
         raise OSError(f"{' '.join(args[:3])}: {done.stderr.strip() or done.returncode}")
@@ -52,7 +54,7 @@ def _run(args: list[str], stdin: str | None = None, *, check: bool = True) -> st
 def underlay_device(address: str) -> tuple[str, int] | None:
     """The device holding ``address`` on this host, and its MTU; None: no device has it."""
     family = "-6" if ipaddress.ip_address(address).version == 6 else "-4"
-    for line in _run(["ip", "-o", family, "addr", "show"], check=False).splitlines():
+    for line in run_tool(["ip", "-o", family, "addr", "show"], check=False).splitlines():
         words = line.split()
         if len(words) > 3 and words[3].split("/")[0] == address:
             device = words[1].split("@")[0]
@@ -64,7 +66,8 @@ def underlay_device(address: str) -> tuple[str, int] | None:
 def on_link_subnets(device: str) -> list[ipaddress.IPv6Network]:
     """The IPv6 subnets ``device`` is on (its global and unique-local addresses' prefixes)."""
     subnets = []
-    for line in _run(["ip", "-o", "-6", "addr", "show", "dev", device], check=False).splitlines():
+    shown = run_tool(["ip", "-o", "-6", "addr", "show", "dev", device], check=False)
+    for line in shown.splitlines():
         words = line.split()
         if len(words) > 3 and words[2] == "inet6":
             subnet = ipaddress.IPv6Interface(words[3]).network
@@ -106,12 +109,12 @@ class Overlay:
         spec = ["-p", "udp", "--dport", str(VXLAN_PORT), "-j", self.chain]
         check = [self._tool, "-w", "-C", "INPUT", *spec]
         if subprocess.run(check, capture_output=True, check=False).returncode != 0:
-            _run([self._tool, "-w", "-I", "INPUT", "1", *spec])
+            run_tool([self._tool, "-w", "-I", "INPUT", "1", *spec])
         log.info("private network: routes to other workers over %s (%s)", self.underlay, parent)
 
     def _made_as(self, parent: str) -> bool:
         """Whether the device is there as :meth:`_make` makes it (an agent's before)."""
-        shown = _run(["ip", "-j", "-d", "link", "show", "dev", self.device], check=False)
+        shown = run_tool(["ip", "-j", "-d", "link", "show", "dev", self.device], check=False)
         try:
             (link,) = json.loads(shown or "[]")
             data = link["linkinfo"]["info_data"]
@@ -128,8 +131,8 @@ class Overlay:
         )
 
     def _make(self, parent: str, mtu: int) -> None:
-        _run(["ip", "link", "delete", self.device], check=False)
-        _run(
+        run_tool(["ip", "link", "delete", self.device], check=False)
+        run_tool(
             [
                 "ip", "link", "add", self.device, "type", "vxlan", "id", str(VNI),
                 "local", self.underlay, "dstport", str(VXLAN_PORT), "nolearning", "dev", parent,
@@ -141,15 +144,15 @@ class Overlay:
             f"addr add {gateway_of(self.worker_id)}/64 dev {self.device} nodad",
             f"link set {self.device} up",
         ]
-        _run(["ip", "-batch", "-"], "\n".join(batch) + "\n")
+        run_tool(["ip", "-batch", "-"], "\n".join(batch) + "\n")
 
     def stop(self) -> None:
         """The device, its peers' entries and routes, and the chain: gone."""
-        _run(["ip", "link", "delete", self.device], check=False)
+        run_tool(["ip", "link", "delete", self.device], check=False)
         spec = ["-p", "udp", "--dport", str(VXLAN_PORT), "-j", self.chain]
-        _run([self._tool, "-w", "-D", "INPUT", *spec], check=False)
-        _run([self._tool, "-w", "-F", self.chain], check=False)
-        _run([self._tool, "-w", "-X", self.chain], check=False)
+        run_tool([self._tool, "-w", "-D", "INPUT", *spec], check=False)
+        run_tool([self._tool, "-w", "-F", self.chain], check=False)
+        run_tool([self._tool, "-w", "-X", self.chain], check=False)
         self._now = {}
 
     # -- the peers ---------------------------------------------------------------------------
@@ -176,10 +179,10 @@ class Overlay:
         # Removals may name what is already gone: each line tried on its own.
         for tool, lines in (("ip", todo.remove_ip), ("bridge", todo.remove_bridge)):
             if lines:
-                _run([tool, "-force", "-batch", "-"], "\n".join(lines) + "\n", check=False)
+                run_tool([tool, "-force", "-batch", "-"], "\n".join(lines) + "\n", check=False)
         for tool, lines in (("bridge", todo.add_bridge), ("ip", todo.add_ip)):
             if lines:
-                _run([tool, "-batch", "-"], "\n".join(lines) + "\n")
+                run_tool([tool, "-batch", "-"], "\n".join(lines) + "\n")
         self._now = dict(usable)
         self._rules()
         log.info(
@@ -203,4 +206,4 @@ class Overlay:
 
     def _rules(self) -> None:
         body = mesh_rules(self.chain, self._now.values(), self.family)
-        _run([f"{self._tool}-restore", "-w", "--noflush"], body)
+        run_tool([f"{self._tool}-restore", "-w", "--noflush"], body)

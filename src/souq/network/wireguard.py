@@ -25,18 +25,11 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from souq.network.mesh import WG_OVERHEAD, WG_PORT, Peer, peers_of, wireguard_changes
-from souq.network.overlay import underlay_device
+from souq.network.overlay import run_tool, underlay_device
 
 __all__ = ["WireGuard", "unavailable"]
 
 log = logging.getLogger(__name__)
-
-
-def _run(args: list[str], stdin: str | None = None, *, check: bool = True) -> str:
-    done = subprocess.run(args, input=stdin, capture_output=True, text=True, check=False)
-    if check and done.returncode != 0:
-        raise OSError(f"{' '.join(args[:3])}: {done.stderr.strip() or done.returncode}")
-    return done.stdout
 
 
 def _kernel_has_it() -> bool:
@@ -45,7 +38,7 @@ def _kernel_has_it() -> bool:
         ["ip", "link", "add", probe, "type", "wireguard"], capture_output=True, check=False
     )
     if made.returncode == 0:
-        _run(["ip", "link", "delete", probe], check=False)
+        run_tool(["ip", "link", "delete", probe], check=False)
     return made.returncode == 0
 
 
@@ -86,16 +79,16 @@ class WireGuard:
         if found is None:
             raise OSError(f"no device of this host has the underlay address {self.underlay}")
         parent, mtu = found
-        self.public_key = _run(["wg", "pubkey"], self._private_key()).strip()
+        self.public_key = run_tool(["wg", "pubkey"], self._private_key()).strip()
         if not Path("/sys/class/net", self.device).exists():
             if _kernel_has_it():
-                _run(["ip", "link", "add", self.device, "type", "wireguard"])
+                run_tool(["ip", "link", "add", self.device, "type", "wireguard"])
             else:  # it forks itself away and runs as long as its device exists
-                _run(["wireguard-go", self.device])
-        _run(["wg", "set", self.device, "private-key", str(self.key_file),
+                run_tool(["wireguard-go", self.device])
+        run_tool(["wg", "set", self.device, "private-key", str(self.key_file),
               "listen-port", str(WG_PORT)])  # fmt: skip
         overhead = WG_OVERHEAD + (20 if self.family == 6 else 0)
-        _run(["ip", "link", "set", self.device, "mtu", str(mtu - overhead), "up"])
+        run_tool(["ip", "link", "set", self.device, "mtu", str(mtu - overhead), "up"])
         self._now = {}
         log.info("private network: encrypted routes to other workers over %s (%s, %s)",
                  self.underlay, parent, self.device)  # fmt: skip
@@ -104,14 +97,14 @@ class WireGuard:
         """The worker's private key, made the first time (only root reads it)."""
         if not self.key_file.exists():
             self.key_file.parent.mkdir(parents=True, exist_ok=True)
-            key = _run(["wg", "genkey"])
+            key = run_tool(["wg", "genkey"])
             fd = os.open(self.key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "w") as out:
                 out.write(key)
         return self.key_file.read_text()
 
     def stop(self) -> None:
-        _run(["ip", "link", "delete", self.device], check=False)
+        run_tool(["ip", "link", "delete", self.device], check=False)
         self._now = {}
 
     def heard(self, worker_id: str, underlay: str, key: str = "") -> bool:
@@ -129,11 +122,11 @@ class WireGuard:
         if not todo:
             return False
         if todo.remove_ip:
-            _run(["ip", "-force", "-batch", "-"], "\n".join(todo.remove_ip) + "\n", check=False)
+            run_tool(["ip", "-force", "-batch", "-"], "\n".join(todo.remove_ip) + "\n", check=False)
         for args in todo.wg:
-            _run(["wg", "set", self.device, *args])
+            run_tool(["wg", "set", self.device, *args])
         if todo.add_ip:
-            _run(["ip", "-batch", "-"], "\n".join(todo.add_ip) + "\n")
+            run_tool(["ip", "-batch", "-"], "\n".join(todo.add_ip) + "\n")
         self._now = keyed
         routes = ", ".join(f"{p.prefix} via {p.underlay}" for p in keyed.values())
         log.info("private network: encrypted routes to %d other workers (%s)", len(keyed),
