@@ -3,6 +3,9 @@ small traces whose outcome is known exactly, and the measures of the report."""
 
 from __future__ import annotations
 
+from collections import Counter
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from bench.openb import NODES, PODS
@@ -210,3 +213,21 @@ def test_a_gpu_policy_replays_against_the_traces_own_tasks() -> None:
     for name in ("fgd", "gpupacking", "leftover"):
         report = replay(workers, tasks, policy=PlacementPolicy.model_validate({"policy": name}))
         assert report.policy == name and report.placed + report.failed == 13
+
+
+def test_a_burst_one_by_one_is_ranked_against_the_book_each_claim_charged() -> None:
+    # Eight instances arriving in the same second, one create each, spread over four workers:
+    # against the book as it was before the burst, every create would rank the same empty
+    # workers first and pile the eight onto three of them.
+    burst = [replace(task("burst", 5, 60, cpus=1), instances=8)]
+    spread = build_pipeline(PlacementPolicy(policy="spread"), PlacementDefaults())
+    report = replay(parse_workers("4x32/64G"), burst, pipeline=spread, batch=False)
+    assert report.placed == 8
+    per_worker = Counter(o.worker for o in report.outcomes)
+    assert sorted(per_worker.values()) == [2, 2, 2, 2]
+    # Best-fit onto workers of room for two each: the burst fills them two by two, every
+    # instance placed (against the stale book the first worker is sent all eight).
+    fit = build_pipeline(PlacementPolicy(policy="best-fit"), PlacementDefaults())
+    report = replay(parse_workers("4x2/4G"), burst, pipeline=fit, batch=False)
+    assert report.placed == 8
+    assert sorted(Counter(o.worker for o in report.outcomes).values()) == [2, 2, 2, 2]

@@ -4,9 +4,14 @@ Each task of the trace (:class:`~souq.sim.traces.Task`) is a create of its ``ins
 machines sized from it, started at ``arrival_s`` on a :class:`~souq.sim.cluster.VirtualCluster`
 (the real book, auction and pipeline in one broker; the real admission in every worker): one
 batch create (the broker's batch path, all or none), or with ``batch=False`` (and for a
-staggered task) one create per instance; a placed machine is destroyed at ``arrival_s +
-duration_s`` (its worker's admission gives its resources back), and a create that cannot be
-placed fails for good (no retry), counted under one reason from its placement record
+staggered task) one create per instance. The broker places one create at a time, in arrival
+order: one that arrives while another is being placed waits for it, so that it is ranked
+against a book charged with each claim before it (a burst of creates arriving in the same
+second is placed as the broker would place it, not each against the book as it was before the
+burst); a create takes a round trip or two of virtual time (``hop_s`` each way). A placed
+machine is destroyed at ``arrival_s + duration_s`` (its worker's admission gives its resources
+back; at once if its create was placed later than that), and a create that cannot be placed
+fails for good (no retry), counted under one reason from its placement record
 (:func:`failure_reason`: ``insufficient_cpu``, ``wrong_gpu_model`` ...).
 
 As a task asks: ``cpu_milli`` millicores, ``memory_mib`` MiB; ``num_gpu`` whole GPUs, or a share
@@ -28,7 +33,7 @@ from __future__ import annotations
 import itertools
 import math
 import re
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -340,6 +345,10 @@ class Replay:
         self._running = 0
         self._outcomes: list[list[Outcome]] = [[] for _ in self.tasks]
         self._samples: list[Sample] = []
+        # The broker places one create at a time: one that arrives while another is placed
+        # waits for it, so that it is ranked against a book charged with every claim before it.
+        self._placing = False
+        self._waiting: deque[int] = deque()
 
     def run(self) -> Report:
         clock = self.cluster.clock
@@ -367,19 +376,33 @@ class Replay:
 
     def _arrival(self, index: int) -> Callable[[], None]:
         def arrive() -> None:
-            task = self.tasks[index]
-            want, constraints = request_of(task)
-            self.cluster.create(
-                self.broker,
-                app=APP,
-                region=REGION,
-                resources=want,
-                count=task.instances,
-                constraints=constraints,
-                on_done=lambda placed: self._placed(index, want, placed),
-            )
+            if self._placing:
+                self._waiting.append(index)
+            else:
+                self._start(index)
 
         return arrive
+
+    def _start(self, index: int) -> None:
+        task = self.tasks[index]
+        want, constraints = request_of(task)
+        self._placing = True
+
+        def done(placed: Placed) -> None:
+            self._placed(index, want, placed)
+            self._placing = False
+            if self._waiting:
+                self._start(self._waiting.popleft())
+
+        self.cluster.create(
+            self.broker,
+            app=APP,
+            region=REGION,
+            resources=want,
+            count=task.instances,
+            constraints=constraints,
+            on_done=done,
+        )
 
     def _placed(self, index: int, want: Resources, placed: Placed) -> None:
         task = self.tasks[index]
@@ -398,6 +421,7 @@ class Replay:
                 self._charge(worker_id, want, +1)
                 if task.duration_s is not None:
                     leave = task.arrival_s + task.duration_s + self._offset
+                    leave = max(leave, self.cluster.clock.monotonic())  # placed after a wait
                     self.cluster.clock.call_at(leave, self._departure(worker_id, machine_id, want))
         if self._every is None:
             self._sample()
