@@ -3,6 +3,9 @@ small traces whose outcome is known exactly, and the measures of the report."""
 
 from __future__ import annotations
 
+from collections import Counter
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from bench.openb import NODES, PODS
@@ -210,3 +213,49 @@ def test_a_gpu_policy_replays_against_the_traces_own_tasks() -> None:
     for name in ("fgd", "gpupacking", "leftover"):
         report = replay(workers, tasks, policy=PlacementPolicy.model_validate({"policy": name}))
         assert report.policy == name and report.placed + report.failed == 13
+
+
+def test_a_burst_one_by_one_is_ranked_against_the_book_each_claim_charged() -> None:
+    # Eight instances arriving in the same second, one create each, spread over four workers:
+    # against the book as it was before the burst, every create would rank the same empty
+    # workers first and pile the eight onto three of them.
+    burst = [replace(task("burst", 5, 60, cpus=1), instances=8)]
+    spread = build_pipeline(PlacementPolicy(policy="spread"), PlacementDefaults())
+    report = replay(parse_workers("4x32/64G"), burst, pipeline=spread, batch=False)
+    assert report.placed == 8
+    per_worker = Counter(o.worker for o in report.outcomes)
+    assert sorted(per_worker.values()) == [2, 2, 2, 2]
+    # Best-fit onto workers of room for two each: the burst fills them two by two, every
+    # instance placed (against the stale book the first worker is sent all eight).
+    fit = build_pipeline(PlacementPolicy(policy="best-fit"), PlacementDefaults())
+    report = replay(parse_workers("4x2/4G"), burst, pipeline=fit, batch=False)
+    assert report.placed == 8
+    assert sorted(Counter(o.worker for o in report.outcomes).values()) == [2, 2, 2, 2]
+
+
+def test_hot_spots_are_told_per_resource_over_worker_time() -> None:
+    # A memory-bound workload: each task takes 15 of a worker's 16 GiB and one of its 16 cpus.
+    tasks = [task("a", 0, 100, cpus=1, memory_mib=15 * 1024), task("b", 0, 100, cpus=1,
+             memory_mib=15 * 1024)]  # fmt: skip
+    spread = build_pipeline(PlacementPolicy(policy="spread"), PlacementDefaults())
+    report = replay(parse_workers("2x16/16G"), tasks, pipeline=spread)
+    assert report.placed == 2
+    assert set(report.hot) == {"cpu", "memory"}  # no GPU figure without GPUs
+    assert report.hot["cpu"] == 0
+    assert report.hot["memory"] == pytest.approx(100, abs=0.01)  # from its placement on
+    hosts = report.host_utilisation
+    assert hosts["memory_p95"] == hosts["memory_max"] == pytest.approx(93.75, abs=0.01)
+    assert hosts["cpu_max"] == pytest.approx(6.25, abs=0.01)
+    assert report.as_json(samples=False)["hot"] == report.hot
+    # Above a threshold of 0.95 nothing is hot; with b gone at 50 s, 150 of 200 worker-seconds.
+    cool = replay(parse_workers("2x16/16G"), tasks, pipeline=spread, hot=0.95)
+    assert cool.hot == {"cpu": 0, "memory": 0}
+    half = replay(parse_workers("2x16/16G"), [tasks[0], replace(tasks[1], duration_s=50)],
+                  pipeline=spread)  # fmt: skip
+    assert half.hot["memory"] == pytest.approx(75, abs=0.01)
+    # GPUs where the workers have them, over the GPU workers only.
+    gpu = replay(parse_workers("1x8/8G/2+1x8/8G"), [task("g", 0, 10, num_gpu=2)])
+    assert gpu.hot["gpu"] == pytest.approx(100, abs=0.1)
+    assert gpu.host_utilisation["gpu_max"] == pytest.approx(100, abs=0.1)
+    with pytest.raises(InvalidInput):
+        replay(parse_workers("2x16/16G"), tasks, hot=1.5)

@@ -529,6 +529,10 @@ def trace_replay(r: Report) -> None:
         ("worker cpu p95", f"mean {s.get('worker_cpu_p95_mean')}, peak "
          f"{s.get('worker_cpu_p95_peak')}"),
         ("worker cpu max", f"mean {s.get('worker_cpu_max_mean')}"),
+        ("hot workers", ", ".join(f"{k} {v:g} %" for k, v in r.hot.items())
+         + f" of worker-time above {r.hot_threshold:g}"),
+        *((f"worker {k}", f"p95 {h[k + '_p95']:g} %, max {h[k + '_max']:g} % (each over time)")
+          for h in [r.host_utilisation] for k in r.hot),
     ]  # fmt: skip
     _out().print(_grid(rows, bold_names=True))
 

@@ -141,7 +141,7 @@ OneByOneOpt = Annotated[
 ]
 HotOpt = Annotated[
     float,
-    typer.Option("--hot", min=0.0, max=1.0, help="--engine fleet: a host above this share is hot."),
+    typer.Option("--hot", min=0.0, max=1.0, help="A host above this share of a resource is hot."),
 ]
 ENGINES = ("cluster", "fleet")
 
@@ -236,6 +236,7 @@ def run(
             speedup=speedup,
             as_json=as_json,
             batch=not fleet.one_by_one,
+            hot=fleet.hot,
         )
 
 
@@ -362,6 +363,7 @@ def trace(
     speedup: float,
     as_json: bool,
     batch: bool = True,
+    hot: float = 0.9,
 ) -> list["Report"]:
     """Replay the tasks on the workers, once per policy (the default pipeline's when none),
     and print the reports."""
@@ -372,7 +374,7 @@ def trace(
     arriving = speed_up(_read_tasks(tasks, cluster), speedup)
     each: list[PlacementPolicy | None] = [*policies] or [None]
     reports = [
-        replay(cluster, arriving, policy=policy, sample_every_s=sample_every, batch=batch)
+        replay(cluster, arriving, policy=policy, sample_every_s=sample_every, batch=batch, hot=hot)
         for policy in each
     ]
     if as_json:

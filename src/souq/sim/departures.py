@@ -4,9 +4,14 @@ Each task of the trace (:class:`~souq.sim.traces.Task`) is a create of its ``ins
 machines sized from it, started at ``arrival_s`` on a :class:`~souq.sim.cluster.VirtualCluster`
 (the real book, auction and pipeline in one broker; the real admission in every worker): one
 batch create (the broker's batch path, all or none), or with ``batch=False`` (and for a
-staggered task) one create per instance; a placed machine is destroyed at ``arrival_s +
-duration_s`` (its worker's admission gives its resources back), and a create that cannot be
-placed fails for good (no retry), counted under one reason from its placement record
+staggered task) one create per instance. The broker places one create at a time, in arrival
+order: one that arrives while another is being placed waits for it, so that it is ranked
+against a book charged with each claim before it (a burst of creates arriving in the same
+second is placed as the broker would place it, not each against the book as it was before the
+burst); a create takes a round trip or two of virtual time (``hop_s`` each way). A placed
+machine is destroyed at ``arrival_s + duration_s`` (its worker's admission gives its resources
+back; at once if its create was placed later than that), and a create that cannot be placed
+fails for good (no retry), counted under one reason from its placement record
 (:func:`failure_reason`: ``insufficient_cpu``, ``wrong_gpu_model`` ...).
 
 As a task asks: ``cpu_milli`` millicores, ``memory_mib`` MiB; ``num_gpu`` whole GPUs, or a share
@@ -28,7 +33,7 @@ from __future__ import annotations
 import itertools
 import math
 import re
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -46,6 +51,7 @@ from souq.placement import Pipeline, build_pipeline
 from souq.placement.fragmentation import DEFAULT_WORKLOAD
 from souq.placement.gpu_scorers import MAX_CPU, MAX_GPU
 from souq.sim.cluster import Placed, VirtualCluster
+from souq.sim.host_time import HostTime
 from souq.sim.traces import Node, Task
 from souq.sim.workload import typical_pods
 
@@ -200,6 +206,11 @@ class Report:
     samples: list[Sample]
     outcomes: list[Outcome] = field(repr=False)
     has_gpus: bool = False  # whether the workers have GPUs (else no GPU figure is told)
+    hot_threshold: float = 0.9  # a fraction of a worker's capacity
+    # Per resource (cpu, memory; gpu where the workers have GPUs): the share of worker-time
+    # above ``hot_threshold``, %; each worker's time-averaged utilisation, p95 and max, %.
+    hot: dict[str, float] = field(default_factory=dict)
+    host_utilisation: dict[str, float] = field(default_factory=dict)
 
     @property
     def failed(self) -> int:
@@ -245,6 +256,9 @@ class Report:
             "failed": self.failed,
             "failed_by_reason": dict(sorted(self.failed_by_reason.items())),
             "summary": self.summary(),
+            "hot_threshold": self.hot_threshold,
+            "hot": self.hot,
+            "host_utilisation": self.host_utilisation,
         }
         if samples:
             body["samples"] = [asdict(s) for s in self.samples]
@@ -304,6 +318,7 @@ class Replay:
         sample_every_s: float | None = None,
         hop_s: float = HOP_S,
         batch: bool = True,
+        hot: float = 0.9,
     ) -> None:
         if sample_every_s is not None and not sample_every_s > 0:
             raise InvalidInput(f"sample every {sample_every_s!r} s: a number of seconds above 0")
@@ -326,6 +341,8 @@ class Replay:
         # arrivals) is run that much later, and its samples told at the trace's own times.
         self._offset = max(0.0, -min((t.arrival_s for t in self.tasks), default=0.0))
         self._every = sample_every_s
+        first = self._offset + min((t.arrival_s for t in self.tasks), default=0.0)
+        self._host_time = HostTime(list(workers), hot=hot, start=first)
         self._index = {w: i for i, w in enumerate(self.cluster.workers)}
         caps = list(workers)
         self._cap_cpu = np.array([c.millicpus for c in caps], dtype=np.float64)
@@ -340,6 +357,10 @@ class Replay:
         self._running = 0
         self._outcomes: list[list[Outcome]] = [[] for _ in self.tasks]
         self._samples: list[Sample] = []
+        # The broker places one create at a time: one that arrives while another is placed
+        # waits for it, so that it is ranked against a book charged with every claim before it.
+        self._placing = False
+        self._waiting: deque[int] = deque()
 
     def run(self) -> Report:
         clock = self.cluster.clock
@@ -352,6 +373,8 @@ class Replay:
         if self._every is not None:
             self._tick(0.0, end)
         clock.run(max_steps=None)
+        self._host_time.advance(end)
+        hot, hosts = self._host_time.report()
         outcomes = [o for each in self._outcomes for o in each]
         failed = Counter(o.reason for o in outcomes if o.reason is not None)
         return Report(
@@ -363,23 +386,40 @@ class Replay:
             samples=self._samples,
             outcomes=outcomes,
             has_gpus=self._totals[2] > 0,
+            hot_threshold=self._host_time.hot,
+            hot=hot,
+            host_utilisation=hosts,
         )
 
     def _arrival(self, index: int) -> Callable[[], None]:
         def arrive() -> None:
-            task = self.tasks[index]
-            want, constraints = request_of(task)
-            self.cluster.create(
-                self.broker,
-                app=APP,
-                region=REGION,
-                resources=want,
-                count=task.instances,
-                constraints=constraints,
-                on_done=lambda placed: self._placed(index, want, placed),
-            )
+            if self._placing:
+                self._waiting.append(index)
+            else:
+                self._start(index)
 
         return arrive
+
+    def _start(self, index: int) -> None:
+        task = self.tasks[index]
+        want, constraints = request_of(task)
+        self._placing = True
+
+        def done(placed: Placed) -> None:
+            self._placed(index, want, placed)
+            self._placing = False
+            if self._waiting:
+                self._start(self._waiting.popleft())
+
+        self.cluster.create(
+            self.broker,
+            app=APP,
+            region=REGION,
+            resources=want,
+            count=task.instances,
+            constraints=constraints,
+            on_done=done,
+        )
 
     def _placed(self, index: int, want: Resources, placed: Placed) -> None:
         task = self.tasks[index]
@@ -398,6 +438,7 @@ class Replay:
                 self._charge(worker_id, want, +1)
                 if task.duration_s is not None:
                     leave = task.arrival_s + task.duration_s + self._offset
+                    leave = max(leave, self.cluster.clock.monotonic())  # placed after a wait
                     self.cluster.clock.call_at(leave, self._departure(worker_id, machine_id, want))
         if self._every is None:
             self._sample()
@@ -412,7 +453,9 @@ class Replay:
         return leave
 
     def _charge(self, worker_id: str, want: Resources, sign: int) -> None:
-        self._used_cpu[self._index[worker_id]] += sign * want.millicpus
+        index = self._index[worker_id]
+        self._host_time.charge(index, want, sign, self.cluster.clock.monotonic())
+        self._used_cpu[index] += sign * want.millicpus
         used = self._used
         used[0] += sign * want.millicpus
         used[1] += sign * want.memory_mb
@@ -457,6 +500,7 @@ def replay(
     rules: Rules | None = None,
     sample_every_s: float | None = None,
     batch: bool = True,
+    hot: float = 0.9,
 ) -> Report:
     """Replay ``tasks`` on ``workers`` through ``pipeline`` (default: the broker's pipeline
     for ``policy``, best-fit when none; a GPU policy measures fragmentation against the tasks'
@@ -473,7 +517,13 @@ def replay(
             largest=(max(w.millicpus for w in workers) or MAX_CPU, most_gpus or MAX_GPU),
         )
     run = Replay(
-        workers, tasks, pipeline=pipeline, rules=rules, sample_every_s=sample_every_s, batch=batch
+        workers,
+        tasks,
+        pipeline=pipeline,
+        rules=rules,
+        sample_every_s=sample_every_s,
+        batch=batch,
+        hot=hot,
     )
     return run.run()
 
