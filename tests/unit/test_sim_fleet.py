@@ -188,3 +188,20 @@ def test_backfill_lets_a_task_that_fits_pass_one_that_does_not() -> None:
     # Backfill: small starts at once beside running; big still waits for the host to empty.
     assert back.waits["max"] == 9.0 and back.span_s == (0.0, 20.0)
     assert (fifo.placed, back.placed) == (3, 3)
+
+
+def test_hosts_with_gpus_have_a_gpu_hot_figure_of_their_own() -> None:
+    # One GPU host (1 GPU) and one CPU-only host. Two half-GPU instances take the GPU host's GPU
+    # whole for 10 s of the 20 s span: hot half of the GPU hosts' time, whatever the other does.
+    tasks = [
+        Task("g", 0.0, 10.0, 1000, 64, num_gpu=1, gpu_milli=500, instances=2),
+        Task("c", 0.0, 20.0, 1000, 64),
+    ]
+    hosts = [
+        Resources(cpus=8, memory_mb=8192, gpus=1, gpu_model="T4"),
+        Resources(cpus=8, memory_mb=8192),
+    ]
+    report = replay_fleet(hosts, tasks, pipeline=_pipeline())
+    assert (report.placed, report.failed) == (3, 0)
+    assert report.hot["gpu"] == 50.0
+    assert set(report.hot) == {"cpu", "memory", "gpu"}

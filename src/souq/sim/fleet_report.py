@@ -116,6 +116,9 @@ class Measures:
         self.host_cpu = np.zeros(n)
         self.host_mem = np.zeros(n)
         self.hot_cpu = self.hot_mem = self.cpu_time = self.mem_time = self.gpu_time = 0.0
+        self._gpu_hosts = table.ngpu > 0  # the hosts a GPU figure is of
+        self._gpu_cap = (table.ngpu[self._gpu_hosts] * GPU_MILLI).astype(np.float64)
+        self.hot_gpu = 0.0
         self.span = 0.0
         self.running = 0
         self.gpu_used = 0
@@ -174,6 +177,10 @@ class Measures:
         self.host_mem += mem * dt
         self.hot_cpu += int(np.count_nonzero(cpu > self.hot)) * dt
         self.hot_mem += int(np.count_nonzero(mem > self.hot)) * dt
+        if self.gpu_total:
+            free = self.table.gpu_free[self._gpu_hosts].sum(axis=1)
+            gpu = 1.0 - free / self._gpu_cap
+            self.hot_gpu += int(np.count_nonzero(gpu > self.hot)) * dt
         self.cpu_time += float(self.table.cpu_used.sum()) * dt
         self.mem_time += float(self.table.mem_used.sum()) * dt
         self.gpu_time += self.gpu_used * dt
@@ -198,6 +205,12 @@ class Measures:
                 host_memory_max=round(100 * float(mem.max()), 3),
             )
         )
+
+    def _hot(self, n: int, span: float) -> dict[str, float]:
+        hot = {"cpu": _pct(self.hot_cpu, n * span), "memory": _pct(self.hot_mem, n * span)}
+        if self.gpu_total:  # of the hosts with GPUs
+            hot["gpu"] = _pct(self.hot_gpu, int(self._gpu_hosts.sum()) * span)
+        return hot
 
     def report(
         self,
@@ -236,10 +249,7 @@ class Measures:
             span_s=(round(self.first, 3), round(self.last, 3)),
             hot_threshold=settings.hot,
             utilisation=utilisation,
-            hot={
-                "cpu": _pct(self.hot_cpu, n * span),
-                "memory": _pct(self.hot_mem, n * span),
-            },
+            hot=self._hot(n, span),
             host_utilisation={
                 "cpu_p95": round(100 * _nearest(host_cpu, 95), 3),
                 "cpu_max": round(100 * float(host_cpu.max()), 3),
