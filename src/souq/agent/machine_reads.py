@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 
 from souq.agent.executor import Executor
-from souq.clock import Clock
 from souq.errors import Conflict, WaitTimeout
 from souq.model.machine import Machine, MachineEvent, MachineState, OpRecord
 from souq.model.protocol import LogsReply, WaitCommand
@@ -27,7 +26,6 @@ _ROTATED_PAST_TRIES = 8  # reads of the output a fast writer's rotations may cut
 
 class MachineReads:
     _ex: Executor
-    _clock: Clock
 
     async def wait(self, cmd: WaitCommand) -> Machine:
         """Answer once the machine is in ``cmd.state`` or one of ``cmd.states`` (at

@@ -16,10 +16,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from typing import TypeVar
 
 from nats.aio.client import Client
-from pydantic import BaseModel
 
 from souq.broker.app_store import AppStore
 from souq.broker.config import BrokerConfig
@@ -80,9 +78,6 @@ from souq.view.regions import default_region
 __all__ = ["BrokerService"]
 
 log = logging.getLogger(__name__)
-
-Q = TypeVar("Q", bound=BaseModel)
-A = TypeVar("A")
 
 
 class BrokerService:
