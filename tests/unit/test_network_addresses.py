@@ -9,7 +9,10 @@ from souq.network.addresses import (
     CLUSTER_PREFIX,
     AddressPool,
     PrivateAddress,
+    flycast_ip,
+    flycast_mask,
     network_bits,
+    network_bits_of,
     network_mask,
     network_of,
     worker_bits,
@@ -62,3 +65,18 @@ def test_networks_differ_and_the_mask_matches_a_network_on_any_worker() -> None:
     other = AddressPool("w1").take("m", "other")
     assert int(ipaddress.IPv6Address(other.ip6)) & mask != base
     assert isinstance(a, PrivateAddress) and a.network == "n"
+
+
+def test_an_apps_flycast_address_is_on_its_network_and_on_no_worker() -> None:
+    network = network_of("acme")
+    ip = flycast_ip(network, "web")
+    worker, bits, app = _parts(ip)
+    assert worker == 0 and bits == network_bits(network) and app
+    assert ip != flycast_ip(network, "db") and ip == flycast_ip(network, "web")
+    assert network_bits_of(ip) == network_bits(network) and network_bits_of("10.0.0.1") is None
+    address, mask = flycast_mask(network).split("/")
+    as_int = int(ipaddress.IPv6Address(mask))
+    assert int(ipaddress.IPv6Address(ip)) & as_int == int(ipaddress.IPv6Address(address))
+    # no machine's address of the network is in it: a machine's worker bits are never 0
+    machine = AddressPool("w1").take("m1", network).ip6
+    assert int(ipaddress.IPv6Address(machine)) & as_int != int(ipaddress.IPv6Address(address))

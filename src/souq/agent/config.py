@@ -12,6 +12,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 from souq.agent.restart import Backoff
 from souq.jobs.core import DEFAULT_LEASE_MS
 from souq.limits import LOG_MAX_BYTES, check_metadata
+from souq.network.addresses import FLYCAST_PORT
 
 __all__ = ["DEFAULT_DATA_DIR", "AgentConfig", "Region"]
 
@@ -133,6 +134,13 @@ class AgentConfig(BaseModel):
         description="what goes between this worker's machines and other workers' over the "
         "underlay: `none` (routed straight or over VXLAN: a trusted network) or `wireguard` "
         "(encrypted; only to workers that encrypt too)",
+    )
+    flycast_port: int = Field(
+        default=FLYCAST_PORT,
+        ge=0,
+        le=65535,
+        description="the port of the host's edge proxy at [fdaa::4] that the machines' Flycast "
+        "connections are sent to (`souq proxy --flycast`; docs/network.md); 0: no Flycast",
     )
     allow_root_machines: bool = Field(
         default=False, description="let machine_user be root (refused otherwise)"

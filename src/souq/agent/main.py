@@ -169,7 +169,9 @@ class Agent:
             if self.config.private_network != "off":
                 log.warning("machines here get no private network: %s", self.network_why_not)
             return
-        net = links.WorkerNetwork(self.worker_id, self.config.data_dir / "network")
+        net = links.WorkerNetwork(
+            self.worker_id, self.config.data_dir / "network", flycast_port=self.config.flycast_port
+        )
         net.start(executor.addresses.held())
         executor.network = net
         underlay = self._underlay()

@@ -230,6 +230,14 @@ def agent(
             "to workers that encrypt too).",
         ),
     ] = None,
+    flycast_port: Annotated[
+        int | None,
+        typer.Option(
+            "--flycast-port",
+            help="Port of this host's edge proxy at [fdaa::4] that machines' Flycast "
+            "connections go to (souq proxy --flycast; default 4282; 0: no Flycast).",
+        ),
+    ] = None,
     jobs: Annotated[
         int | None,
         typer.Option(
@@ -381,10 +389,23 @@ def proxy(
         int | None,
         typer.Option("--admin-port", help="Serve /metrics and /decisions here (0: off)."),
     ] = None,
+    flycast: Annotated[
+        str | None,
+        typer.Option(
+            "--flycast",
+            help="Take the Flycast connections of this host's machines on ADDRESS:PORT "
+            "(the workers' [fdaa::4]:4282; docs/network.md; default: off).",
+        ),
+    ] = None,
     log_format: LogFormatOpt = LogFormat.TEXT,
 ) -> None:
     """Run the edge proxy in the foreground: HTTP to apps' machines, scale from zero."""
-    given = _given(ctx, listen=_host_port(listen), log_format=None)
+    given = _given(
+        ctx,
+        listen=_host_port(listen),
+        flycast=_host_port(flycast) if flycast else None,
+        log_format=None,
+    )
     _daemon_logging(log_format.value)
     with reporting():
         from souq.proxy.daemon import ProxyConfig

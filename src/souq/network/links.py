@@ -26,6 +26,15 @@ machine's link, rebuilt from the live machines. From a machine:
 * to the outside: accepted from its own address (IPv4 masqueraded), except the shared
   address space of other machines and link-local (metadata) addresses.
 
+Flycast (``flycast_port``, 0: off): :data:`PROXY_ADDRESS` on the worker's loopback too, and in
+ip6tables' nat table the chain ``SOUQ-<tag>-FLY`` (from ``PREROUTING``, for what comes from a
+machine's link), one rule per machine: a TCP connection from its own address to a Flycast
+address of its own network is sent to ``[PROXY_ADDRESS]:flycast_port`` (DNAT), where the host's
+edge proxy reads the address asked for (``SO_ORIGINAL_DST``), starts the app's machine if it
+must, and pipes the connection. ``SOUQ-<tag>-IN`` takes, on that port, what was so sent and
+nothing else: a machine connecting to the proxy's port itself is dropped, and another network's
+Flycast addresses go the way of any other network's address (dropped).
+
 The tag is 6 hex digits of the worker id's hash, so several agents on one host keep apart.
 """
 
@@ -46,10 +55,13 @@ from pathlib import Path
 from souq.network.addresses import (
     CLUSTER_PREFIX,
     DNS_ADDRESS,
+    FLYCAST_PORT,
     GATEWAY4,
     GATEWAY6,
+    PROXY_ADDRESS,
     V4_RANGE,
     PrivateAddress,
+    flycast_mask,
     network_bits,
     network_mask,
     v4_block,
@@ -93,13 +105,16 @@ class _Names:
 
 
 class WorkerNetwork:
-    def __init__(self, worker_id: str, state_dir: Path) -> None:
+    def __init__(
+        self, worker_id: str, state_dir: Path, *, flycast_port: int = FLYCAST_PORT
+    ) -> None:
         self.tag = hashlib.blake2b(worker_id.encode(), digest_size=3).hexdigest()
         self.v4 = v4_block(worker_id)
         self.resolv_conf = state_dir / "resolv.conf"
         self._state_dir = state_dir
-        self.fwd, self.inp, self.nat, self.into = (
-            f"SOUQ-{self.tag}-{c}" for c in ("FWD", "IN", "NAT", "TO")
+        self.flycast_port = flycast_port
+        self.fwd, self.inp, self.nat, self.into, self.fly = (
+            f"SOUQ-{self.tag}-{c}" for c in ("FWD", "IN", "NAT", "TO", "FLY")
         )
         self.links = f"sx{self.tag}m+"  # every machine link of this worker
 
@@ -121,7 +136,8 @@ class WorkerNetwork:
         for path in ("ipv6/conf/all/forwarding", "ipv4/ip_forward"):
             Path("/proc/sys/net", path).write_text("1\n")
         # On loopback: every kernel has it (not every one has dummy devices).
-        _run(["ip", "addr", "replace", f"{DNS_ADDRESS}/128", "dev", DNS_DEVICE, "nodad"])
+        for address in (DNS_ADDRESS, PROXY_ADDRESS):
+            _run(["ip", "addr", "replace", f"{address}/128", "dev", DNS_DEVICE, "nodad"])
         _run(["ip", "route", "replace", "unreachable", str(self.v4)])
         for family, rules in (("ip6", self._rules6(live)), ("ip", self._rules4(live))):
             _run([f"{family}tables-restore", "-w", "--noflush"], rules)
@@ -138,6 +154,8 @@ class WorkerNetwork:
         ]
         if family == "ip":
             jumps.append(("nat", "POSTROUTING", ["-j", self.nat]))
+        else:
+            jumps.append(("nat", "PREROUTING", ["-i", self.links, "-j", self.fly]))
         return jumps
 
     def _jump(self, family: str) -> None:
@@ -157,7 +175,7 @@ class WorkerNetwork:
                 _run([tool, "-w", "-t", table, "-D", chain, *spec], check=False)
             for table, target in (
                 ("filter", self.fwd), ("filter", self.into), ("filter", self.inp),
-                ("nat", self.nat),
+                ("nat", self.nat if family == "ip" else self.fly),
             ):  # fmt: skip
                 _run([tool, "-w", "-t", table, "-F", target], check=False)
                 _run([tool, "-w", "-t", table, "-X", target], check=False)
@@ -178,9 +196,15 @@ class WorkerNetwork:
             f"-A {self.inp} -p ipv6-icmp -j ACCEPT",
             f"-A {self.inp} -d {DNS_ADDRESS}/128 -p udp --dport 53 -j ACCEPT",
             f"-A {self.inp} -d {DNS_ADDRESS}/128 -p tcp --dport 53 -j ACCEPT",
-            f"-A {self.inp} -j DROP",
-            "COMMIT",
         ]
+        if self.flycast_port:  # only what a machine's Flycast rule sent there
+            lines.append(
+                f"-A {self.inp} -d {PROXY_ADDRESS}/128 -p tcp --dport {self.flycast_port} "
+                "-m conntrack --ctstate DNAT -j ACCEPT"
+            )
+        lines += [f"-A {self.inp} -j DROP", "COMMIT", "*nat", f":{self.fly} - [0:0]"]
+        lines += [f"-A {self.fly} {r}" for m, a in live for r in self._flycast(m, a)]
+        lines.append("COMMIT")
         return "\n".join(lines) + "\n"
 
     def _rules4(self, live: list[tuple[str, PrivateAddress]]) -> str:
@@ -232,6 +256,16 @@ class WorkerNetwork:
             f"{own} ! -d {CLUSTER_PREFIX} -j ACCEPT",
         ]
 
+    def _flycast(self, machine_id: str, a: PrivateAddress) -> list[str]:
+        """Its TCP connections to its own network's Flycast addresses: to the host's proxy."""
+        if not self.flycast_port:
+            return []
+        link = self.names(machine_id, a).link
+        return [
+            f"-i {link} -s {a.ip6}/128 -d {flycast_mask(a.network)} -p tcp "
+            f"-j DNAT --to-destination [{PROXY_ADDRESS}]:{self.flycast_port}"
+        ]
+
     def _machine4(self, machine_id: str, a: PrivateAddress) -> list[str]:
         return [f"-i {self.names(machine_id, a).link} -s {a.ip4}/32 -j ACCEPT"]
 
@@ -279,14 +313,17 @@ class WorkerNetwork:
 
     def _machine_rules(self, machine_id: str, address: PrivateAddress, how: str) -> None:
         """Insert (``-I``, after the chains' heads) or delete (``-D``) its rules."""
-        for family, chain, rules, after in (
-            ("ip6", self.fwd, self._machine6(machine_id, address), 2),
-            ("ip6", self.into, self._into6(machine_id, address), 2),
-            ("ip", self.fwd, self._machine4(machine_id, address), 4),
+        for family, table, chain, rules, after in (
+            ("ip6", "filter", self.fwd, self._machine6(machine_id, address), 2),
+            ("ip6", "filter", self.into, self._into6(machine_id, address), 2),
+            ("ip6", "nat", self.fly, self._flycast(machine_id, address), 0),
+            ("ip", "filter", self.fwd, self._machine4(machine_id, address), 4),
         ):
+            if not rules:
+                continue
             where = f" {after + 1}" if how == "-I" else ""
             body = "".join(f"{how} {chain}{where} {rule}\n" for rule in rules)
-            _run([f"{family}tables-restore", "-w", "--noflush"], f"*filter\n{body}COMMIT\n")
+            _run([f"{family}tables-restore", "-w", "--noflush"], f"*{table}\n{body}COMMIT\n")
 
     def remove(self, machine_id: str, address: PrivateAddress) -> None:
         """The machine's namespace, links, routes and rules, gone."""

@@ -21,7 +21,7 @@ from dataclasses import replace
 from souq.model import Machine, Service
 from souq.proxy.table import Backend, RoutingTable
 
-__all__ = ["MachineFeed", "backend_of", "http_service", "tcp_service"]
+__all__ = ["MachineFeed", "backend_of", "http_service", "port_at", "tcp_service"]
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +42,12 @@ def tcp_service(machine: Machine) -> tuple[Service, int] | None:
             if not port.handlers and port.port is not None:
                 return service, port.port
     return None
+
+
+def port_at(machine: Machine, internal_port: int) -> int | None:
+    """The port the proxy reaches ``internal_port`` of the machine at, on its backend's host."""
+    address = machine.address
+    return None if address is None else address.port_for(internal_port)
 
 
 def backend_of(machine: Machine) -> Backend | None:

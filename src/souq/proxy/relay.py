@@ -24,6 +24,7 @@ import contextlib
 import logging
 import socket
 from bisect import bisect_left
+from collections.abc import Callable
 from time import perf_counter
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, cast
@@ -33,6 +34,7 @@ from souq.proxy.admission import Admission
 from souq.proxy.config import RelayConfig
 from souq.proxy.downstream import ClientConnection
 from souq.proxy.exchange import app_of_host
+from souq.proxy.flycast import FlycastApps, FlycastEntry, flycast_socket
 from souq.proxy.hooks import NoHooks, ProxyHooks
 from souq.proxy.metrics import BUCKETS, AppStats, ProxyStats, metrics_text
 from souq.proxy.pool import UpstreamPool
@@ -150,6 +152,17 @@ class Relay:
         sock = reuse_port_socket(host, port, backlog=self.config.backlog, reuse_port=reuse_port)
         server = await self.loop.create_server(
             lambda: TcpEntry(self, app, target_port), sock=sock, backlog=self.config.backlog
+        )
+        return self._started(server)
+
+    async def listen_flycast(
+        self, host: str, port: int, apps: FlycastApps, ports: Callable[[str, int], int | None]
+    ) -> int:
+        """Take the Flycast connections the host's workers send to ``[host]:port``
+        (:mod:`souq.proxy.flycast`); returns the port bound."""
+        sock = flycast_socket(host, port, self.config.backlog)
+        server = await self.loop.create_server(
+            lambda: FlycastEntry(self, apps, ports), sock=sock, backlog=self.config.backlog
         )
         return self._started(server)
 
