@@ -307,9 +307,22 @@ class ProxyProcess(_ServingProcess):
         return f"http://127.0.0.1:{self.admin_port}"
 
     def start(self, timeout: float = 30.0) -> None:
-        args = [*self._command(), "--region", self.region, "--listen", f"127.0.0.1:{self.port}"]
+        args = [*self._command(), "--region", self.region, "--listen", f"{self.host}:{self.port}"]
         self._spawn([*args, "--admin-port", str(self.admin_port), *self.extra_args])
-        self._wait_answering(self.admin_url + "/decisions", timeout)
+        if self.netns is None:
+            self._wait_answering(self.admin_url + "/decisions", timeout)
+            return
+
+        # In a namespace of its own its admin port is that namespace's loopback: until its
+        # HTTP port answers (an unknown app: 404).
+        def serving() -> bool:
+            self._check_started()
+            try:
+                return httpx.get(self.url + "/", timeout=1.0).status_code == 404
+            except httpx.HTTPError:
+                return False
+
+        wait_until(serving, timeout=timeout, interval=0.02, message="the proxy to answer")
 
     def __enter__(self) -> ProxyProcess:
         self.start()

@@ -170,7 +170,10 @@ class Agent:
                 log.warning("machines here get no private network: %s", self.network_why_not)
             return
         net = links.WorkerNetwork(
-            self.worker_id, self.config.data_dir / "network", flycast_port=self.config.flycast_port
+            self.worker_id,
+            self.config.data_dir / "network",
+            flycast_port=self.config.flycast_port,
+            edge_host=executor.edge_host,
         )
         net.start(executor.addresses.held())
         executor.network = net

@@ -55,6 +55,7 @@ __all__ = [
     "AddressPool",
     "PrivateAddress",
     "app_bits",
+    "edge_host",
     "flycast_ip",
     "flycast_mask",
     "machine_bits",
@@ -159,13 +160,28 @@ def v4_block(worker_id: str) -> ipaddress.IPv4Network:
     return list(V4_RANGE.subnets(new_prefix=V4_BLOCK_BITS))[index]
 
 
+def edge_host(advertise: str) -> str:
+    """Where a proxy of another host reaches a worker's machines: its advertise address when
+    that is an IPv4 address of the host's network (not loopback, not unspecified), forwarded
+    to the machines' link addresses; else nowhere ("")."""
+    try:
+        address = ipaddress.ip_address(advertise)
+    except ValueError:
+        return ""
+    if address.version != 4 or address.is_loopback or address.is_unspecified:
+        return ""
+    return str(address)
+
+
 @dataclass(frozen=True)
 class PrivateAddress:
-    """A machine's place on the private network, as recorded with it."""
+    """A machine's place on the private network, as recorded with it; ``edge``: the host
+    ports its worker forwards to it, ``(host port, internal port)`` each."""
 
     ip6: str
     ip4: str
     network: str
+    edge: tuple[tuple[int, int], ...] = ()
 
     @property
     def machine(self) -> int:
@@ -175,7 +191,10 @@ class PrivateAddress:
 
 def private_address(address: MachineAddress) -> PrivateAddress:
     """The private part of a machine's recorded address."""
-    return PrivateAddress(ip6=address.private_ip, ip4=address.ip4, network=address.network)
+    edge = tuple(sorted((outer, inner) for inner, outer in address.edge_ports.items()))
+    return PrivateAddress(
+        ip6=address.private_ip, ip4=address.ip4, network=address.network, edge=edge
+    )
 
 
 class _Values:

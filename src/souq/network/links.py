@@ -35,6 +35,14 @@ must, and pipes the connection. ``SOUQ-<tag>-IN`` takes, on that port, what was 
 nothing else: a machine connecting to the proxy's port itself is dropped, and another network's
 Flycast addresses go the way of any other network's address (dropped).
 
+Edge ports (``edge_host``: the worker's advertise address, IPv4, not loopback; "": none): in
+iptables' nat table the chain ``SOUQ-<tag>-EDGE`` (from ``PREROUTING`` and ``OUTPUT``, for TCP
+to ``edge_host``), one rule per host port a machine's services the edge routes were given:
+sent to the machine's link address and internal port (DNAT). ``SOUQ-<tag>-TO`` takes what was
+so sent, in IPv4; a machine's own connection to those ports goes the way of any of its packets
+to another machine's link address (dropped). So a proxy of any host that reaches the worker's
+address reaches its machines, whatever they listen on (``0.0.0.0`` or ``::``).
+
 The tag is 6 hex digits of the worker id's hash, so several agents on one host keep apart.
 """
 
@@ -49,7 +57,7 @@ import re
 import shutil
 import subprocess
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from souq.network.addresses import (
@@ -106,16 +114,23 @@ class _Names:
 
 class WorkerNetwork:
     def __init__(
-        self, worker_id: str, state_dir: Path, *, flycast_port: int = FLYCAST_PORT
+        self,
+        worker_id: str,
+        state_dir: Path,
+        *,
+        flycast_port: int = FLYCAST_PORT,
+        edge_host: str = "",
     ) -> None:
         self.tag = hashlib.blake2b(worker_id.encode(), digest_size=3).hexdigest()
         self.v4 = v4_block(worker_id)
         self.resolv_conf = state_dir / "resolv.conf"
         self._state_dir = state_dir
         self.flycast_port = flycast_port
-        self.fwd, self.inp, self.nat, self.into, self.fly = (
-            f"SOUQ-{self.tag}-{c}" for c in ("FWD", "IN", "NAT", "TO", "FLY")
+        self.edge_host = edge_host
+        self.fwd, self.inp, self.nat, self.into, self.fly, self.edge = (
+            f"SOUQ-{self.tag}-{c}" for c in ("FWD", "IN", "NAT", "TO", "FLY", "EDGE")
         )
+        self._edges: dict[str, tuple[tuple[int, int], ...]] = {}  # the edge rules made
         self.links = f"sx{self.tag}m+"  # every machine link of this worker
 
     def names(self, machine_id: str, address: PrivateAddress) -> _Names:
@@ -131,6 +146,7 @@ class WorkerNetwork:
         """Forwarding, the DNS address, the chains rebuilt for ``live`` machines, and what
         machines gone since left behind removed."""
         live = list(live)
+        self._edges = {m: a.edge for m, a in live}
         self._state_dir.mkdir(parents=True, exist_ok=True)
         self.resolv_conf.write_text(f"nameserver {DNS_ADDRESS}\noptions ndots:0\n")
         for path in ("ipv6/conf/all/forwarding", "ipv4/ip_forward"):
@@ -154,6 +170,9 @@ class WorkerNetwork:
         ]
         if family == "ip":
             jumps.append(("nat", "POSTROUTING", ["-j", self.nat]))
+            if self.edge_host:
+                to_edge = ["-d", f"{self.edge_host}/32", "-p", "tcp", "-j", self.edge]
+                jumps += [("nat", "PREROUTING", to_edge), ("nat", "OUTPUT", to_edge)]
         else:
             jumps.append(("nat", "PREROUTING", ["-i", self.links, "-j", self.fly]))
         return jumps
@@ -173,9 +192,10 @@ class WorkerNetwork:
             tool = f"{family}tables"
             for table, chain, spec in self._jumps(family):
                 _run([tool, "-w", "-t", table, "-D", chain, *spec], check=False)
+            nat = (self.nat, self.edge) if family == "ip" else (self.fly,)
             for table, target in (
                 ("filter", self.fwd), ("filter", self.into), ("filter", self.inp),
-                ("nat", self.nat if family == "ip" else self.fly),
+                *(("nat", chain) for chain in nat),
             ):  # fmt: skip
                 _run([tool, "-w", "-t", table, "-F", target], check=False)
                 _run([tool, "-w", "-t", table, "-X", target], check=False)
@@ -227,6 +247,8 @@ class WorkerNetwork:
             "*nat",
             f":{self.nat} - [0:0]",
             f"-A {self.nat} -s {self.v4} ! -o {self.links} -j MASQUERADE",
+            f":{self.edge} - [0:0]",
+            *(f"-A {self.edge} {r}" for m, a in live for r in self._edge(a)),
             "COMMIT",
         ]
         return "\n".join(lines) + "\n"
@@ -242,6 +264,8 @@ class WorkerNetwork:
         ]
         if family == 6:
             lines += [f"-A {self.into} {r}" for m, a in live for r in self._into6(m, a)]
+        elif self.edge_host:  # what the edge rules sent to a machine
+            lines.append(f"-A {self.into} -m conntrack --ctstate DNAT -j ACCEPT")
         return [*lines, f"-A {self.into} -j DROP"]
 
     def _into6(self, machine_id: str, a: PrivateAddress) -> list[str]:
@@ -266,6 +290,15 @@ class WorkerNetwork:
             f"-j DNAT --to-destination [{PROXY_ADDRESS}]:{self.flycast_port}"
         ]
 
+    def _edge(self, a: PrivateAddress) -> list[str]:
+        """Its host ports at the edge host: to its link address's internal ports."""
+        if not self.edge_host:
+            return []
+        return [
+            f"-p tcp --dport {outer} -j DNAT --to-destination {a.ip4}:{inner}"
+            for outer, inner in a.edge
+        ]
+
     def _machine4(self, machine_id: str, a: PrivateAddress) -> list[str]:
         return [f"-i {self.names(machine_id, a).link} -s {a.ip4}/32 -j ACCEPT"]
 
@@ -279,6 +312,7 @@ class WorkerNetwork:
         """The machine's namespace, made unless it is there whole; its path."""
         names = self.names(machine_id, address)
         if self.exists(machine_id, address):
+            self._refresh_edge(machine_id, address)
             return NETNS_DIR / names.netns
         self._remove(names)  # half made (an agent killed meanwhile)
         ns, link = names.netns, names.link
@@ -309,7 +343,21 @@ class WorkerNetwork:
         except OSError:
             self._remove(names)
             raise
+        self._edges[machine_id] = address.edge
         return NETNS_DIR / ns
+
+    def _refresh_edge(self, machine_id: str, address: PrivateAddress) -> None:
+        """Its edge rules as its record now says (an update changed its services)."""
+        made = self._edges.get(machine_id)
+        if made == address.edge:
+            return
+        for rules, how in ((self._edge(replace(address, edge=made or ())), "-D"),
+                           (self._edge(address), "-I")):  # fmt: skip
+            if rules:
+                where = " 1" if how == "-I" else ""
+                body = "".join(f"{how} {self.edge}{where} {rule}\n" for rule in rules)
+                _run(["iptables-restore", "-w", "--noflush"], f"*nat\n{body}COMMIT\n")
+        self._edges[machine_id] = address.edge
 
     def _machine_rules(self, machine_id: str, address: PrivateAddress, how: str) -> None:
         """Insert (``-I``, after the chains' heads) or delete (``-D``) its rules."""
@@ -318,6 +366,7 @@ class WorkerNetwork:
             ("ip6", "filter", self.into, self._into6(machine_id, address), 2),
             ("ip6", "nat", self.fly, self._flycast(machine_id, address), 0),
             ("ip", "filter", self.fwd, self._machine4(machine_id, address), 4),
+            ("ip", "nat", self.edge, self._edge(address), 0),
         ):
             if not rules:
                 continue
@@ -327,8 +376,9 @@ class WorkerNetwork:
 
     def remove(self, machine_id: str, address: PrivateAddress) -> None:
         """The machine's namespace, links, routes and rules, gone."""
+        made = self._edges.pop(machine_id, address.edge)
         with contextlib.suppress(OSError):
-            self._machine_rules(machine_id, address, "-D")
+            self._machine_rules(machine_id, replace(address, edge=made), "-D")
         self._remove(self.names(machine_id, address))
 
     def _remove(self, names: _Names) -> None:
