@@ -53,3 +53,10 @@ def test_a_source_of_another_network_is_refused() -> None:
     stranger = AddressPool("w2").take("s", network_of("other")).ip6
     assert apps.target(stranger, flycast_ip(ACME, "web"), 80) is None
     assert apps.target("10.0.0.1", flycast_ip(ACME, "web"), 80) is None
+
+
+def test_http_at_the_proxys_own_port_is_port_80() -> None:
+    apps = FlycastApps()
+    apps.note(_machine("web", ACME, [{"internal_port": 8080}]))  # ports: HTTP, no port named
+    me = AddressPool("w2").take("client", ACME).ip6
+    assert apps.target(me, flycast_ip(ACME, "web"), 80) == ("web", 8080)

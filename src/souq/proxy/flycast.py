@@ -10,8 +10,9 @@ machine that serves takes it, or a stopped one with ``autostart`` is started fir
 request at the edge (:mod:`souq.proxy.admission`, :mod:`souq.proxy.wake`), and the bytes are
 piped both ways (:mod:`souq.proxy.tunnel`).
 
-**Ports.** As Fly's: a service's edge ports (``services[].ports[].port``) reach its
-``internal_port``, and the internal port itself does too.
+**Ports.** As Fly's: a service's edge ports (``services[].ports[].port``; HTTP on the proxy's
+own port, the default, is port 80 here) reach its ``internal_port``, and the internal port
+itself does too.
 
 **Who may.** Only a machine of the app's network reaches the address (the worker's rule
 matches its own network's Flycast addresses only); the proxy checks it again, from the
@@ -38,12 +39,13 @@ if TYPE_CHECKING:
     from souq.proxy.relay import Relay
     from souq.proxy.table import Slot
 
-__all__ = ["FlycastApps", "FlycastEntry", "flycast_socket", "original_destination"]
+__all__ = ["HTTP_PORT", "FlycastApps", "FlycastEntry", "flycast_socket", "original_destination"]
 
 log = logging.getLogger(__name__)
 
 _SO_ORIGINAL_DST = 80  # IP6T_SO_ORIGINAL_DST (linux/netfilter_ipv6/ip6_tables.h), at SOL_IPV6
 _SOCKADDR_IN6 = 28  # family, port, flow info, address, scope id
+HTTP_PORT = 80  # a service's HTTP at the proxy's own port (no port named): 80 on Flycast
 _FREEBIND = 15  # IP_FREEBIND (linux/in.h): bind before the worker has put the address
 
 
@@ -94,8 +96,11 @@ class FlycastApps:
                 continue
             ports.setdefault(service.internal_port, service.internal_port)
             for edge in service.ports:
-                if edge.port is not None:
-                    ports[edge.port] = service.internal_port
+                port = edge.port
+                if port is None and "http" in edge.handlers:
+                    port = HTTP_PORT
+                if port is not None:
+                    ports[port] = service.internal_port
 
     def target(self, source: str, asked: str, port: int) -> tuple[str, int] | None:
         """The app and internal port a connection from ``source`` to ``[asked]:port`` goes to
