@@ -73,7 +73,7 @@ from souq.protocol import WorkerClient
 from souq.protocol import verbs as v
 from souq.secrets.store import open_bucket
 from souq.view import ClusterView, RegionSummary, summarise_regions
-from souq.view.regions import default_region
+from souq.view.regions import default_region, next_region
 
 __all__ = ["BrokerService"]
 
@@ -253,7 +253,7 @@ class BrokerService:
                     if body.quote is not None:
                         machine = await self._create_with_quote(order, body.quote)
                     else:
-                        machine = await self.market.place(
+                        machine = await self._place_somewhere(
                             order, idempotent=idempotency_key is not None, volume=volume
                         )
                     made.append(machine)
@@ -274,6 +274,37 @@ class BrokerService:
         if idempotency_key is None:
             return await place()
         return await self._creates.run(request_id, digest, place, key=idempotency_key)
+
+    async def _place_somewhere(
+        self, order: ClaimRequest, *, idempotent: bool, volume: tuple[str, str] | None
+    ) -> Machine:
+        """Place ``order``; when its create named no region (and mounts no volume) and the region
+        chosen for it had no room, in the next region with room, and so on: a create that may go
+        anywhere is refused only when no region can take it. Each region's refusal is in the
+        machine's ``region_chosen``, or in the last refusal's message."""
+        tried: list[str] = []
+        refusals: list[str] = []
+        while True:
+            try:
+                return await self.market.place(order, idempotent=idempotent, volume=volume)
+            except InsufficientCapacity as exc:
+                if order.region_chosen is None or volume is not None:
+                    raise
+                tried.append(order.region)
+                refusals.append(f"{order.region}: {exc.message}")
+                size = order.config.guest.resources()
+                chosen = next_region(summarise_regions(self.liveness.workers(), size), tried)
+                if chosen is None:
+                    if len(refusals) == 1:
+                        raise
+                    raise InsufficientCapacity(
+                        f"no region can take it: {'; '.join(refusals)}",
+                        hint=exc.hint,
+                        details=exc.details,
+                    ) from exc
+                why = f"{order.region_chosen}; {order.region} had no room, so {chosen[1]}"
+                log.info("create in %s without a region: %s", order.app, why)
+                order = order.model_copy(update={"region": chosen[0], "region_chosen": why})
 
     def _machine_event(self, msg: MachineEventMessage) -> None:
         """Every machine event the view decodes: the route to its worker, and the book's count

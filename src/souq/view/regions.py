@@ -9,7 +9,7 @@ from pydantic import Field
 
 from souq.model import Record, Resources, WorkerInfo, WorkerState
 
-__all__ = ["RegionSummary", "default_region", "fits", "summarise_regions"]
+__all__ = ["RegionSummary", "default_region", "fits", "next_region", "summarise_regions"]
 
 
 class RegionSummary(Record):
@@ -87,3 +87,15 @@ def default_region(
         return None
     best = max(sorted(up, key=lambda r: r.name), key=lambda r: r.fits)
     return best.name, f"{best.fits} machines of this size fit in {best.name}, the most"
+
+
+def next_region(regions: Iterable[RegionSummary], tried: Iterable[str]) -> tuple[str, str] | None:
+    """Where a create that named no region goes once the regions ``tried`` had no room for it
+    (as a Nomad job spans its datacenters): the untried region with a worker up where the most
+    machines of its size fit, and why. None when no other region has room."""
+    done = set(tried)
+    room = [r for r in regions if r.name not in done and r.workers_up and r.fits > 0]
+    if not room:
+        return None
+    best = max(sorted(room, key=lambda r: r.name), key=lambda r: r.fits)
+    return best.name, f"{best.fits} machines of this size fit in {best.name}, the most of the rest"
