@@ -46,19 +46,15 @@ from souq.model import (
     CordonCommand,
     DestroyCommand,
     DrainCommand,
-    EventsCommand,
     ListCommand,
     Machine,
-    MachineEvent,
     MachineEventMessage,
     MachineRef,
     MachineState,
-    OpRecord,
     Placement,
     Quote,
     QuoteRef,
     Resources,
-    SignalCommand,
     StopCommand,
     WaitCommand,
     WorkerInfo,
@@ -465,16 +461,6 @@ class BrokerService:
         ref = MachineRef(app=app, machine_id=machine_id)
         return self._seen(await self.calls.owner(machine_id, v.GET, ref))
 
-    async def ops(self, app: str, machine_id: str) -> list[OpRecord]:
-        """The machine's op log, oldest first."""
-        ref = MachineRef(app=app, machine_id=machine_id)
-        return await self.calls.owner(machine_id, v.OPS, ref)
-
-    async def events(self, app: str, machine_id: str) -> list[MachineEvent]:
-        """The machine's events, newest first."""
-        ref = EventsCommand(app=app, machine_id=machine_id)
-        return await self.calls.owner(machine_id, v.EVENTS, ref)
-
     # -- commands --------------------------------------------------------------------------
 
     # ``nonce``: the machine's lease's, when it is leased (``lease_held`` without it).
@@ -484,13 +470,6 @@ class BrokerService:
     ) -> Machine:
         ref = StartCommand(app=app, machine_id=machine_id, lease_nonce=nonce)
         return self._seen(await self.calls.owner(machine_id, v.START, ref))
-
-    async def suspend_machine(
-        self, app: str, machine_id: str, *, nonce: str | None = None
-    ) -> Machine:
-        """Freeze a started machine where it stands; a start resumes it."""
-        ref = MachineRef(app=app, machine_id=machine_id, lease_nonce=nonce)
-        return self._seen(await self.calls.owner(machine_id, v.SUSPEND, ref))
 
     async def stop_machine(self, cmd: StopCommand) -> Machine:
         """Returns once the signal is sent (the machine is ``stopping``); see :meth:`wait`."""
@@ -539,12 +518,6 @@ class BrokerService:
         if after.cpus < before.cpus or after.memory_mb < before.memory_mb:
             await self.quotas.resized(app, machine_id, after)  # a shrink counts once done
         return updated
-
-    async def signal_machine(
-        self, app: str, machine_id: str, signal: str, *, nonce: str | None = None
-    ) -> Machine:
-        cmd = SignalCommand(app=app, machine_id=machine_id, signal=signal, lease_nonce=nonce)
-        return self._seen(await self.calls.owner(machine_id, v.SIGNAL, cmd))
 
     async def destroy_machine(
         self,

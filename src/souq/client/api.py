@@ -185,9 +185,32 @@ class SouqClient(SchedCalls):
         path = _machine(app, machine_id, "start")
         return _one(records.Machine, self._call("POST", path, headers=_leased(nonce)))
 
+    def operate(
+        self,
+        name: str,
+        app: str,
+        machine_id: str,
+        *,
+        body: Mapping[str, Any] | None = None,
+        nonce: str | None = None,
+        **path: str,
+    ) -> Any:
+        """The operation ``name`` (:mod:`souq.operations`) on one machine, its answer decoded
+        as the operation declares it (None for a ``204``). ``path``: the rest of its path's
+        parameters (``key`` of ``/metadata/{key}``)."""
+        from souq.operations import operation, resolve
+
+        op = operation(name)
+        route = op.route_path.format(app=app, machine_id=machine_id, **path)
+        response = self._call(op.method, route, json=body, headers=_leased(nonce))
+        if op.status_code == 204:
+            return None
+        return TypeAdapter(resolve(op.answer or op.reply)).validate_json(response.content)
+
     def suspend(self, app: str, machine_id: str) -> Machine:
         """Freeze a started machine where it stands (:meth:`start` resumes it)."""
-        return _one(records.Machine, self._call("POST", _machine(app, machine_id, "suspend")))
+        machine: Machine = self.operate("suspend", app, machine_id)
+        return machine
 
     def stop(
         self,
@@ -388,7 +411,8 @@ class SouqClient(SchedCalls):
         )
 
     def processes(self, app: str, machine_id: str) -> list[ProcessStat]:
-        return _many(records.ProcessStat, self._call("GET", _machine(app, machine_id, "ps")))
+        rows: list[ProcessStat] = self.operate("ps", app, machine_id)
+        return rows
 
     def metadata(self, app: str, machine_id: str) -> dict[str, str]:
         got: dict[str, str] = self._call("GET", _machine(app, machine_id, "metadata")).json()
@@ -403,12 +427,12 @@ class SouqClient(SchedCalls):
             self._call("POST", path, json={"value": value})
 
     def cordon_machine(self, app: str, machine_id: str, *, cordoned: bool = True) -> Machine:
-        verb = "cordon" if cordoned else "uncordon"
-        return _one(records.Machine, self._call("POST", _machine(app, machine_id, verb)))
+        machine: Machine = self.operate("cordon" if cordoned else "uncordon", app, machine_id)
+        return machine
 
     def signal(self, app: str, machine_id: str, signal: str) -> Machine:
-        path = _machine(app, machine_id, "signal")
-        return _one(records.Machine, self._call("POST", path, json={"signal": signal}))
+        machine: Machine = self.operate("signal", app, machine_id, body={"signal": signal})
+        return machine
 
     def destroy(
         self,
@@ -458,10 +482,12 @@ class SouqClient(SchedCalls):
 
     def ops(self, app: str, machine_id: str) -> list[OpRecord]:
         """The machine's op log, oldest first."""
-        return _many(records.OpRecord, self._call("GET", _machine(app, machine_id, "ops")))
+        rows: list[OpRecord] = self.operate("ops", app, machine_id)
+        return rows
 
     def events(self, app: str, machine_id: str) -> list[MachineEvent]:
-        return _many(records.MachineEvent, self._call("GET", _machine(app, machine_id, "events")))
+        rows: list[MachineEvent] = self.operate("events", app, machine_id)
+        return rows
 
     # -- the cluster's event stream ---------------------------------------------------------
 

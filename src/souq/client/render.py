@@ -141,6 +141,12 @@ def _grid(rows: Iterable[tuple[str, Any]], *, bold_names: bool = False) -> Table
     return grid
 
 
+@_json_or
+def record(value: BaseModel) -> None:
+    """A record's fields, a line each (what an operation that names no view of its own shows)."""
+    _out().print(_grid((name, str(getattr(value, name))) for name in type(value).model_fields))
+
+
 def line(text: str) -> None:
     """One plain line on stdout."""
     sys.stdout.write(text + "\n")
