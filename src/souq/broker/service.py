@@ -24,7 +24,6 @@ from souq.broker.config import BrokerConfig
 from souq.broker.directory import Directory
 from souq.broker.idempotency import Coalescer, body_hash
 from souq.broker.images import ImageResolver
-from souq.broker.liveness import Liveness
 from souq.broker.market import Market
 from souq.broker.metrics import BrokerMetrics
 from souq.broker.networks import AppNetworks
@@ -69,6 +68,7 @@ from souq.protocol import WorkerClient
 from souq.protocol import verbs as v
 from souq.secrets.store import open_bucket
 from souq.view import ClusterView, RegionSummary, summarise_regions
+from souq.view.liveness import Liveness
 from souq.view.regions import default_region, next_region
 
 __all__ = ["BrokerService"]
