@@ -35,6 +35,7 @@ __all__ = [
     "events",
     "image_reference",
     "images",
+    "job_event_line",
     "json_value",
     "line",
     "logs",
@@ -43,6 +44,7 @@ __all__ = [
     "machine_state",
     "machines",
     "ops",
+    "record",
     "workers",
 ]
 
@@ -290,6 +292,17 @@ def events(items: Sequence[MachineEvent]) -> None:
     _out().print(_events_table(items))
 
 
+def job_event_line(event: dict[str, Any], when: str) -> str:
+    """A job event of ``souq events``: ``seq time job NAME worker=W before -> state (type)``."""
+    note = event.get("job") or {}
+    worker = f" worker={event['worker_id']}" if event.get("worker_id") else ""
+    return (
+        f"{event['seq']:>6} {when} job     {note.get('name', '?')}{worker} "
+        f"{event.get('previous') or '-'} -> {event['state']} ({note.get('type', '')}: "
+        f"{note.get('why', '')})"
+    )
+
+
 def cluster_event(event: dict[str, Any], *, as_json: bool = False) -> None:
     """One event of ``souq events``: a JSON line, or ``seq time kind who state detail``."""
     if as_json or event["kind"] == "gap":
@@ -303,8 +316,6 @@ def cluster_event(event: dict[str, Any], *, as_json: bool = False) -> None:
             f"worker={event['worker_id']} {event['state']} ({detail.get('type', '')})"
         )
     elif event["kind"] == "job":
-        from souq.client.render_jobs import job_event_line  # (it imports this module)
-
         line(job_event_line(event, when))
     else:
         line(
