@@ -9,8 +9,12 @@ import random
 import pytest
 
 from souq.errors import TraceInvalid
+from souq.model.policy import PlacementDefaults
+from souq.placement import build_pipeline
 from souq.sim.classes import class_of_qos
 from souq.sim.departures import parse_workers, replay
+from souq.sim.fleet import Settings, replay_fleet
+from souq.sim.preemption_compare import ARMS, compare
 from souq.sim.traces import Task, parse_pods, parse_tasks, tasks_from_pods
 
 
@@ -170,3 +174,83 @@ def test_preemption_keeps_reserved_refusals_and_uses_more_capacity() -> None:
     spot = on.classes["spot"]
     assert spot["placed_again"] + spot["waiting_at_end"] == spot["preempted"]
     assert spot["preempted_wait_s"]["max"] > 0
+
+
+def test_a_gpu_share_displaces_the_spot_share_that_holds_its_gpu() -> None:
+    # One GPU: a spot task holds 600 thousandths; a reserved one of 600 comes and takes them.
+    def share(name: str, at: float, klass: str) -> Task:
+        return Task(name, at, 100, 1000, 256, 1, 600, priority_class=klass)
+
+    tasks = [share("s", 0, "spot"), share("r", 10, "reserved")]
+    for report in (
+        replay(parse_workers("1x8/8G/1:T4"), tasks),
+        replay_fleet(parse_workers("1x8/8G/1:T4"), tasks, pipeline=PIPELINE),
+    ):
+        assert report.classes["reserved"]["refused"] == 0
+        assert report.classes["spot"]["preempted"] == 1
+        assert report.classes["spot"]["placed_again"] == 1
+
+
+# -- the fleet engine ---------------------------------------------------------------------------
+
+PIPELINE = build_pipeline(None, PlacementDefaults())
+
+
+def test_the_fleet_never_displaces_reserved_work() -> None:
+    tasks = [
+        task("r1", 0, 100, 4, "reserved"),
+        task("r2", 10, 50, 4, "reserved"),
+        task("s1", 20, 50, 4, "standard"),
+    ]
+    report = replay_fleet(parse_workers("1x4/4G"), tasks, pipeline=PIPELINE)
+    assert report.preemptions == 0
+    assert report.classes["reserved"]["refused"] == 1
+    assert report.classes["standard"]["refused"] == 1
+
+
+def test_the_fleet_places_a_displaced_task_again_and_counts_its_wait() -> None:
+    tasks = [task("s1", 0, 100, 4, "spot"), task("r1", 10, 50, 4, "reserved")]
+    report = replay_fleet(parse_workers("1x4/4G"), tasks, pipeline=PIPELINE)
+    spot = report.classes["spot"]
+    assert (spot["preempted"], spot["placed_again"]) == (1, 1)
+    assert spot["preempted_wait_s"]["max"] == pytest.approx(50)
+    assert spot["lost_core_s"] == pytest.approx(40)
+    assert report.classes["reserved"]["lost_core_s"] == 0
+    assert report.span_s == (0.0, 160.0)  # s1 ran again from 60 s to 160 s
+    assert report.utilisation["cpu"] == pytest.approx(100)
+    off = replay_fleet(
+        parse_workers("1x4/4G"), tasks, pipeline=PIPELINE, settings=Settings(preempt=0)
+    )
+    assert off.classes["reserved"]["refused"] == 1
+
+
+def test_the_fleet_with_preemption_keeps_reserved_refusals_and_uses_more() -> None:
+    workers = parse_workers("4x16/64G")
+    tasks = _mix(4, 160)
+    on = replay_fleet(workers, tasks, pipeline=PIPELINE)
+    off = replay_fleet(workers, tasks, pipeline=PIPELINE, settings=Settings(preempt=0))
+    alone = replay_fleet(
+        workers, [t for t in tasks if t.priority_class == "reserved"], pipeline=PIPELINE
+    )
+    refused_on, refused_off, refused_alone = (
+        r.classes["reserved"]["refused"] for r in (on, off, alone)
+    )
+    assert refused_on < refused_off
+    assert refused_on <= refused_alone
+    assert on.classes["reserved"]["preempted"] == 0
+    assert on.utilisation["cpu"] > alone.utilisation["cpu"]
+    assert on.utilisation["cpu"] >= off.utilisation["cpu"]
+
+
+def test_the_comparison_runs_the_three_arms() -> None:
+    workers = parse_workers("4x16/64G")
+    tasks = _mix(4, 160)
+    comparison = compare(lambda some, most: replay(workers, some, preempt=most), tasks, preempt=8)
+    body = comparison.as_json()
+    assert [a["arm"] for a in body["arms"]] == list(ARMS)
+    alone, off, on = body["arms"]
+    assert (alone["preemptions"], off["preemptions"]) == (0, 0)
+    assert on["preemptions"] > 0
+    assert on["reserved_refused"] == alone["reserved_refused"] < off["reserved_refused"]
+    assert on["utilisation"]["cpu"] > alone["utilisation"]["cpu"]
+    assert on["reserved_lost_core_s"] == 0

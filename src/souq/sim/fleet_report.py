@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -95,6 +95,14 @@ class FleetReport:
     jobs: dict[str, float]
     fragmentation: dict[str, float]
     timeline: list[Sample]
+    # Per priority class (souq.sim.classes.ClassTally.as_json); the most instances one create
+    # may displace.
+    classes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    preempt: int = 0
+
+    @property
+    def preemptions(self) -> int:
+        return sum(int(c["preempted"]) for c in self.classes.values())
 
     def as_json(self, *, timeline: bool = True) -> dict[str, Any]:
         body = {k: v for k, v in asdict(self).items() if k != "timeline"}
