@@ -11,7 +11,7 @@ import pytest
 from souq.errors import TraceInvalid
 from souq.model.policy import PlacementDefaults
 from souq.placement import build_pipeline
-from souq.sim.classes import class_of_qos
+from souq.sim.classes import class_of_qos, trace_window
 from souq.sim.departures import parse_workers, replay
 from souq.sim.fleet import Settings, replay_fleet
 from souq.sim.preemption_compare import ARMS, compare
@@ -168,8 +168,8 @@ def test_preemption_keeps_reserved_refusals_and_uses_more_capacity() -> None:
     # or fewer) ...
     assert refused_on == refused_alone
     # ... with more of the cluster used, and not less than without preemption.
-    assert on.summary()["cpu_mean"] > alone.summary()["cpu_mean"]
-    assert on.summary()["cpu_mean"] >= off.summary()["cpu_mean"]
+    assert on.window_utilisation["cpu"] > alone.window_utilisation["cpu"]
+    assert on.window_utilisation["cpu"] >= off.window_utilisation["cpu"]
     assert on.preemptions > 0
     spot = on.classes["spot"]
     assert spot["placed_again"] + spot["waiting_at_end"] == spot["preempted"]
@@ -227,10 +227,16 @@ def test_the_fleet_places_a_displaced_task_again_and_counts_its_wait() -> None:
 def test_the_fleet_with_preemption_keeps_reserved_refusals_and_uses_more() -> None:
     workers = parse_workers("4x16/64G")
     tasks = _mix(4, 160)
-    on = replay_fleet(workers, tasks, pipeline=PIPELINE)
-    off = replay_fleet(workers, tasks, pipeline=PIPELINE, settings=Settings(preempt=0))
+    window = trace_window(tasks)
+    on = replay_fleet(workers, tasks, pipeline=PIPELINE, settings=Settings(window=window))
+    off = replay_fleet(
+        workers, tasks, pipeline=PIPELINE, settings=Settings(preempt=0, window=window)
+    )
     alone = replay_fleet(
-        workers, [t for t in tasks if t.priority_class == "reserved"], pipeline=PIPELINE
+        workers,
+        [t for t in tasks if t.priority_class == "reserved"],
+        pipeline=PIPELINE,
+        settings=Settings(window=window),
     )
     refused_on, refused_off, refused_alone = (
         r.classes["reserved"]["refused"] for r in (on, off, alone)
@@ -238,19 +244,25 @@ def test_the_fleet_with_preemption_keeps_reserved_refusals_and_uses_more() -> No
     assert refused_on < refused_off
     assert refused_on <= refused_alone
     assert on.classes["reserved"]["preempted"] == 0
-    assert on.utilisation["cpu"] > alone.utilisation["cpu"]
-    assert on.utilisation["cpu"] >= off.utilisation["cpu"]
+    assert on.window_utilisation["cpu"] > alone.window_utilisation["cpu"]
+    assert on.window_utilisation["cpu"] >= off.window_utilisation["cpu"]
 
 
 def test_the_comparison_runs_the_three_arms() -> None:
     workers = parse_workers("4x16/64G")
     tasks = _mix(4, 160)
-    comparison = compare(lambda some, most: replay(workers, some, preempt=most), tasks, preempt=8)
+    comparison = compare(
+        lambda some, most, window: replay(workers, some, preempt=most, window=window),
+        tasks,
+        preempt=8,
+    )
     body = comparison.as_json()
     assert [a["arm"] for a in body["arms"]] == list(ARMS)
     alone, off, on = body["arms"]
     assert (alone["preemptions"], off["preemptions"]) == (0, 0)
     assert on["preemptions"] > 0
     assert on["reserved_refused"] == alone["reserved_refused"] < off["reserved_refused"]
-    assert on["utilisation"]["cpu"] > alone["utilisation"]["cpu"]
+    assert on["window_s"] == alone["window_s"] == off["window_s"]
+    assert on["window_utilisation"]["cpu"] > alone["window_utilisation"]["cpu"]
+    assert on["window_utilisation"]["cpu"] >= off["window_utilisation"]["cpu"]
     assert on["reserved_lost_core_s"] == 0

@@ -48,12 +48,16 @@ def class_rows(classes: dict[str, dict[str, Any]], preempt: int) -> list[tuple[s
 @_json_or
 def preemption_comparison(c: Comparison) -> None:
     """The three runs of one policy side by side."""
-    table = Table(title=f"What preemption buys ({c.policy})")
+    start, end = c.arms[0].report.window_s
+    table = Table(
+        title=f"What preemption buys ({c.policy}): allocated over capacity, {start:g} s to "
+        f"{end:g} s"
+    )
     columns = (
         "run",
-        "cpu used",
-        "memory used",
-        "gpu used",
+        "cpu",
+        "memory",
+        "gpu",
         "reserved refused",
         "reserved lost",
         "displaced",
@@ -63,7 +67,7 @@ def preemption_comparison(c: Comparison) -> None:
         table.add_column(column, justify="left" if column == "run" else "right")
     for arm in c.arms:
         a = arm.as_json()
-        u = a["utilisation"]
+        u = a["window_utilisation"]
         wait = "; ".join(
             f"{klass} {w['p50']:g} / {w['p95']:g} / {w['max']:g} s"
             for klass, cls in arm.classes.items()

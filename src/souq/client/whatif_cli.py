@@ -404,7 +404,12 @@ def trace(
     arriving = speed_up(_read_tasks(tasks, cluster), speedup)
     each: list[PlacementPolicy | None] = [*policies] or [None]
 
-    def run(policy: "PlacementPolicy | None", some: "Sequence[Task]", most: int) -> "Report":
+    def run(
+        policy: "PlacementPolicy | None",
+        some: "Sequence[Task]",
+        most: int,
+        window: tuple[float, float] | None = None,
+    ) -> "Report":
         return replay(
             cluster,
             some,
@@ -413,6 +418,7 @@ def trace(
             batch=batch,
             hot=hot,
             preempt=most,
+            window=window,
         )
 
     if compare:
@@ -427,7 +433,7 @@ def trace(
 
 
 def _compare(
-    runs: "list[Callable[[Sequence[Task], int], Any]]",
+    runs: "list[Callable[[Sequence[Task], int, tuple[float, float]], Any]]",
     tasks: "Sequence[Task]",
     preempt: int,
     as_json: bool,
@@ -487,12 +493,17 @@ def trace_fleet(
     )
     each: list[PlacementPolicy | None] = [*policies] or [None]
 
-    def run(policy: "PlacementPolicy | None", some: "Sequence[Task]", most: int) -> "FleetReport":
+    def run(
+        policy: "PlacementPolicy | None",
+        some: "Sequence[Task]",
+        most: int,
+        window: tuple[float, float] | None = None,
+    ) -> "FleetReport":
         return replay_fleet(
             hosts,
             some,
             pipeline=build_pipeline(policy, PlacementDefaults()),
-            settings=replace(settings, preempt=most),
+            settings=replace(settings, preempt=most, window=window),
         )
 
     if options.compare:

@@ -26,14 +26,18 @@ Pure.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from souq.model.choices import PriorityClass
 
-__all__ = ["CLASSES", "QOS_CLASSES", "ClassTally", "class_of_qos"]
+if TYPE_CHECKING:
+    from souq.sim.traces import Task
+
+__all__ = ["CLASSES", "QOS_CLASSES", "ClassTally", "Window", "class_of_qos", "trace_window"]
 
 CLASSES = (PriorityClass.RESERVED, PriorityClass.STANDARD, PriorityClass.SPOT)
 
@@ -101,6 +105,60 @@ class ClassTally:
                 "preempted_wait_s": _waits(waits),
                 "lost_core_s": round(self.lost_core_s.get(klass, 0.0), 3),
             }
+        return out
+
+
+def trace_window(tasks: Sequence[Task]) -> tuple[float, float]:
+    """The trace's own span: its first arrival to its last departure as the trace gives them
+    (a displaced task's later run left out; a task that never leaves counted as its arrival)."""
+    if not tasks:
+        return 0.0, 0.0
+    start = min(t.arrival_s for t in tasks)
+    end = max(t.last_arrival_s + (t.duration_s or 0.0) for t in tasks)
+    return start, end
+
+
+@dataclass
+class Window:
+    """What was allocated over a fixed window of time (``start`` to ``end``, the trace's
+    times), as a share of ``totals`` (millicpus, MiB, milli-GPU): runs of one trace told over
+    the same window compare, whatever their own spans (a displaced task's later run makes one
+    longer)."""
+
+    start: float
+    end: float
+    totals: tuple[int, int, int]
+    _used: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
+    _integral: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
+    _last: float = 0.0
+
+    def __post_init__(self) -> None:
+        self._last = self.start
+
+    def change(self, t: float, cpu: int, memory: int, gpu: int) -> None:
+        """At ``t``, the allocation moved by these amounts."""
+        self._advance(t)
+        for k, amount in enumerate((cpu, memory, gpu)):
+            self._used[k] += amount
+
+    def _advance(self, t: float) -> None:
+        t = min(max(t, self.start), self.end)
+        if t > self._last:
+            for k in range(3):
+                self._integral[k] += self._used[k] * (t - self._last)
+            self._last = t
+
+    def utilisation(self) -> dict[str, float]:
+        """Allocated over capacity, averaged over the window, % (no ``gpu`` without GPUs)."""
+        self._advance(self.end)
+        span = self.end - self.start
+        out: dict[str, float] = {}
+        for k, name in enumerate(("cpu", "memory", "gpu")):
+            total = self.totals[k]
+            if name == "gpu" and not total:
+                continue
+            share = self._integral[k] / (total * span) if total and span > 0 else 0.0
+            out[name] = round(100 * share, 3)
         return out
 
 

@@ -48,7 +48,7 @@ from souq.model.resources import GPU_MILLI, Resources
 from souq.placement import Pipeline, build_pipeline
 from souq.placement.fragmentation import DEFAULT_WORKLOAD
 from souq.placement.gpu_scorers import MAX_CPU, MAX_GPU
-from souq.sim.classes import ClassTally
+from souq.sim.classes import ClassTally, Window, trace_window
 from souq.sim.cluster import Evicted, Placed, VirtualCluster
 from souq.sim.departures_report import Outcome, Report, Sample, pct, percentile
 from souq.sim.host_time import HostTime
@@ -214,6 +214,7 @@ class Replay:
         batch: bool = True,
         hot: float = 0.9,
         preempt: int = DEFAULT_MAX_VICTIMS,
+        window: tuple[float, float] | None = None,
     ) -> None:
         if sample_every_s is not None and not sample_every_s > 0:
             raise InvalidInput(f"sample every {sample_every_s!r} s: a number of seconds above 0")
@@ -251,6 +252,10 @@ class Replay:
             sum(c.gpus for c in caps) * GPU_MILLI,
         )
         self._used = [0, 0, 0]  # millicpus, MiB, milli-GPU allocated by the tasks running
+        # Allocation over a fixed window (the trace's own span unless given), told at the
+        # trace's times.
+        start, stop = window or trace_window(tasks)
+        self._window = Window(start + self._offset, stop + self._offset, self._totals)
         self._running = 0
         self._outcomes: list[list[Outcome]] = [[] for _ in self.tasks]
         self._samples: list[Sample] = []
@@ -298,6 +303,8 @@ class Replay:
             host_utilisation=hosts,
             classes=self.tally.as_json(),
             preempt=self.preempt,
+            window_s=(self._window.start - self._offset, self._window.end - self._offset),
+            window_utilisation=self._window.utilisation(),
         )
 
     def _arrival(self, index: int) -> Callable[[], None]:
@@ -423,6 +430,9 @@ class Replay:
         used[0] += sign * want.millicpus
         used[1] += sign * want.memory_mb
         used[2] += sign * (want.gpus * GPU_MILLI + want.gpu_milli)
+        gpu = sign * (want.gpus * GPU_MILLI + want.gpu_milli)
+        now = self.cluster.clock.monotonic()
+        self._window.change(now, sign * want.millicpus, sign * want.memory_mb, gpu)
         self._running += sign
 
     def _tick(self, at: float, end: float) -> None:
@@ -486,12 +496,15 @@ def replay(
     batch: bool = True,
     hot: float = 0.9,
     preempt: int = DEFAULT_MAX_VICTIMS,
+    window: tuple[float, float] | None = None,
 ) -> Report:
     """Replay ``tasks`` on ``workers`` through ``pipeline`` (default: the broker's pipeline
     for ``policy``, best-fit when none; a GPU policy measures fragmentation against the tasks'
     typical shapes and scales by the largest worker); a sample after every event, or every
     ``sample_every_s`` virtual seconds. A create that fits nowhere may displace at most
-    ``preempt`` machines of a lower class (0: none), as the broker's ``preempt_max_victims``."""
+    ``preempt`` machines of a lower class (0: none), as the broker's ``preempt_max_victims``.
+    ``window``: the span (the trace's times) the report's ``window_utilisation`` is over
+    (default: the trace's own, :func:`~souq.sim.classes.trace_window`)."""
     if not workers:
         raise InvalidInput("a replay needs at least one worker", hint="give --workers")
     if pipeline is None:
@@ -511,6 +524,7 @@ def replay(
         batch=batch,
         hot=hot,
         preempt=preempt,
+        window=window,
     )
     return run.run()
 

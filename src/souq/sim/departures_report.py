@@ -68,6 +68,10 @@ class Report:
     # Per priority class (ClassTally.as_json); the most machines one create may displace.
     classes: dict[str, dict[str, Any]] = field(default_factory=dict)
     preempt: int = 0
+    # Allocated over capacity, % per resource, averaged over a fixed span (the trace's own
+    # unless the replay was given one): runs of one trace compare over it.
+    window_s: tuple[float, float] = (0.0, 0.0)
+    window_utilisation: dict[str, float] = field(default_factory=dict)
 
     @property
     def preemptions(self) -> int:
@@ -123,6 +127,8 @@ class Report:
             "preempt_max_victims": self.preempt,
             "preemptions": self.preemptions,
             "classes": self.classes,
+            "window_s": list(self.window_s),
+            "window_utilisation": self.window_utilisation,
         }
         if samples:
             body["samples"] = [asdict(s) for s in self.samples]

@@ -54,7 +54,7 @@ from souq.model.worker import WorkerInfo
 from souq.placement import Pipeline, PlacementRequest
 from souq.placement.columns import OfferTable, evaluate, rank_table, reason_name
 from souq.placement.gpu_columns import picked as picked_gpus
-from souq.sim.classes import ClassTally
+from souq.sim.classes import ClassTally, Window, trace_window
 from souq.sim.departures import closest_reason, request_of
 from souq.sim.fleet_preemption import Victim, Victims
 from souq.sim.fleet_report import FleetReport, Measures
@@ -86,6 +86,8 @@ class Settings:
     # A single create that fits nowhere may displace at most this many instances of a lower
     # priority class (souq.sim.fleet_preemption; the broker's preempt_max_victims; 0: none).
     preempt: int = DEFAULT_MAX_VICTIMS
+    # The span the report's window_utilisation is over (None: the trace's own).
+    window: tuple[float, float] | None = None
 
 
 @dataclass(slots=True)
@@ -153,6 +155,9 @@ class Fleet:
         self._requeue: deque[_Waiting] = deque()
         present = {t.priority_class for t in self.tasks}
         self._displaceable = {c for c in RANK if any(may_displace(p, c) for p in present)}
+        t = self.table
+        totals = (int(t.cpu_cap.sum()), int(t.mem_cap.sum()), int(t.ngpu.sum()) * GPU_MILLI)
+        self.window = Window(*(settings.window or trace_window(self.tasks)), totals)
 
     # -- the requests --------------------------------------------------------------------------
 
@@ -413,6 +418,7 @@ class Fleet:
         t.disk_used[row] -= want.disk_mb
         t.version[row] += 1
         self.measures.changed(rows, -1, -gpu_milli)
+        self.window.change(now, -want.millicpus, -want.memory_mb, -gpu_milli)
         klass = self.tasks[group.task].priority_class
         self.tally.displaced(klass, ran_s=now - victim.started, millicpus=want.millicpus)
         self._requeue.append(_Waiting(group.task, 1, now))
@@ -534,7 +540,11 @@ class Fleet:
                 t.gpu_free[row] -= sign * gpus
         np.add.at(t.version, rows, 1)
         gpu_milli = want.gpus * GPU_MILLI + want.gpu_milli
-        self.measures.changed(rows, sign * int(counts.sum()), sign * gpu_milli * int(counts.sum()))
+        n = sign * int(counts.sum())
+        self.measures.changed(rows, n, gpu_milli * n)
+        self.window.change(
+            self.measures.last, n * want.millicpus, n * want.memory_mb, n * gpu_milli
+        )
 
     def _leave(self, group: _Group) -> None:
         want, _ = self._want(group.task)
@@ -554,7 +564,13 @@ class Fleet:
             ends=self.ends,
             reasons=dict(self.reasons),
         )
-        return replace(report, classes=self.tally.as_json(), preempt=self.settings.preempt)
+        return replace(
+            report,
+            classes=self.tally.as_json(),
+            preempt=self.settings.preempt,
+            window_s=(self.window.start, self.window.end),
+            window_utilisation=self.window.utilisation(),
+        )
 
 
 def replay_fleet(

@@ -99,6 +99,10 @@ class FleetReport:
     # may displace.
     classes: dict[str, dict[str, Any]] = field(default_factory=dict)
     preempt: int = 0
+    # Allocated over capacity, % per resource, averaged over a fixed span (the trace's own
+    # unless the replay was given one): runs of one trace compare over it.
+    window_s: tuple[float, float] = (0.0, 0.0)
+    window_utilisation: dict[str, float] = field(default_factory=dict)
 
     @property
     def preemptions(self) -> int:

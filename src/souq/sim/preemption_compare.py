@@ -9,9 +9,10 @@
    again.
 
 Preemption pays when the third keeps the first's reserved refusals while using the second's
-capacity (or more). Either engine runs it: ``run(tasks, preempt)`` replays the tasks and
-returns its report (:class:`~souq.sim.departures.Report` or
-:class:`~souq.sim.fleet_report.FleetReport`).
+capacity (or more). Each run is measured over the same window, the whole trace's span (a run
+of the reserved tasks alone, or one whose displaced tasks run later, has a span of its own).
+Either engine runs it: ``run(tasks, preempt, window)`` replays the tasks and returns its report
+(:class:`~souq.sim.departures.Report` or :class:`~souq.sim.fleet_report.FleetReport`).
 
 Pure.
 """
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from souq.model.choices import PriorityClass
+from souq.sim.classes import trace_window
 from souq.sim.traces import Task
 
 __all__ = ["ARMS", "Arm", "Comparison", "compare"]
@@ -36,6 +38,12 @@ class _Classed(Protocol):
 
     @property
     def classes(self) -> dict[str, dict[str, Any]]: ...
+
+    @property
+    def window_s(self) -> tuple[float, float]: ...
+
+    @property
+    def window_utilisation(self) -> dict[str, float]: ...
 
 
 @dataclass(frozen=True)
@@ -57,6 +65,11 @@ class Arm:
         return {k: summary[v] for k, v in names.items() if v in summary}
 
     @property
+    def window_utilisation(self) -> dict[str, float]:
+        """The same, over the whole trace's span (each arm over the same window)."""
+        return dict(self.report.window_utilisation)
+
+    @property
     def classes(self) -> dict[str, dict[str, Any]]:
         return dict(self.report.classes)
 
@@ -66,6 +79,8 @@ class Arm:
             "arm": self.name,
             "preempt_max_victims": self.preempt,
             "utilisation": self.utilisation,
+            "window_s": list(self.report.window_s),
+            "window_utilisation": self.window_utilisation,
             "reserved_refused": reserved.get("refused", 0),
             "reserved_refused_pct": reserved.get("refused_pct", 0.0),
             "reserved_preempted": reserved.get("preempted", 0),
@@ -85,17 +100,19 @@ class Comparison:
 
 
 def compare(
-    run: Callable[[Sequence[Task], int], _Classed],
+    run: Callable[[Sequence[Task], int, tuple[float, float]], _Classed],
     tasks: Sequence[Task],
     *,
     preempt: int,
 ) -> Comparison:
     """The three runs of ``tasks`` (:data:`ARMS`), the third displacing at most ``preempt``
-    machines a create."""
+    machines a create; ``run(tasks, preempt, window)`` each, all measured over the whole
+    trace's span (``window``, :func:`~souq.sim.classes.trace_window`)."""
     reserved = [t for t in tasks if t.priority_class == PriorityClass.RESERVED]
+    window = trace_window(tasks)
     arms = [
-        Arm(ARMS[0], preempt, run(reserved, preempt)),
-        Arm(ARMS[1], 0, run(tasks, 0)),
-        Arm(ARMS[2], preempt, run(tasks, preempt)),
+        Arm(ARMS[0], preempt, run(reserved, preempt, window)),
+        Arm(ARMS[1], 0, run(tasks, 0, window)),
+        Arm(ARMS[2], preempt, run(tasks, preempt, window)),
     ]
     return Comparison(arms[2].report.policy, arms)
