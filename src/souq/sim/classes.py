@@ -109,12 +109,15 @@ class ClassTally:
 
 
 def trace_window(tasks: Sequence[Task]) -> tuple[float, float]:
-    """The trace's own span: its first arrival to its last departure as the trace gives them
-    (a displaced task's later run left out; a task that never leaves counted as its arrival)."""
+    """The span in which a trace offers work: its first arrival to its last (the drain after
+    it left out, whose length a displaced task's later run changes); to its last departure as
+    the trace gives them when every task arrives at once."""
     if not tasks:
         return 0.0, 0.0
     start = min(t.arrival_s for t in tasks)
-    end = max(t.last_arrival_s + (t.duration_s or 0.0) for t in tasks)
+    end = max(t.last_arrival_s for t in tasks)
+    if end <= start:
+        end = max(t.last_arrival_s + (t.duration_s or 0.0) for t in tasks)
     return start, end
 
 
