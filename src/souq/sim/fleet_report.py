@@ -111,6 +111,8 @@ class FleetReport:
     def as_json(self, *, timeline: bool = True) -> dict[str, Any]:
         body = {k: v for k, v in asdict(self).items() if k != "timeline"}
         body["failed_by_reason"] = dict(sorted(self.failed_by_reason.items()))
+        body["preempt_max_victims"] = body.pop("preempt")
+        body["preemptions"] = self.preemptions
         if timeline:
             body["timeline"] = [asdict(s) for s in self.timeline]
         return body
