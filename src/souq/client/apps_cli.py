@@ -266,6 +266,43 @@ def scale_count(
         )
 
 
+@scale_app.command("reconcile")
+def scale_reconcile(*, app_name: AppNameOpt, as_json: JsonOpt = False) -> None:
+    """Bring the app back to its live release's counts in each of its regions: a machine of a
+    group with services that preemption displaced is replaced by a new one elsewhere (then
+    destroyed), a missing one created; the machines that run are not touched, and an app at
+    its counts changes nothing."""
+    from souq.apps.config import AppConfig
+    from souq.apps.plan import desired_counts
+    from souq.client.deploy import Deployer
+    from souq.errors import NotFound
+    from souq.model.release import ReleaseState, Strategy
+
+    with reporting(as_json):
+        client = make_client()
+        live = next(
+            (r for r in client.releases(app_name) if r.state is ReleaseState.COMPLETE), None
+        )
+        if live is None:
+            raise NotFound(f"app {app_name} has no live release", hint="`souq deploy` it first")
+        config = AppConfig.model_validate(live.config)
+        regions = sorted({r for g in config.groups() for r in desired_counts(config, g)})
+        _deploy(
+            client,
+            app_name,
+            lambda tell: Deployer(
+                client,
+                config,
+                image=live.image,
+                strategy=Strategy.IMMEDIATE,
+                on_event=tell,
+                description="reconcile: machines preempted or missing replaced",
+                scale_regions=regions,
+            ),
+            as_json=as_json,
+        )
+
+
 NameArg = Annotated[str, typer.Argument(metavar="NAME", help="The app's name.")]
 OrgOpt = Annotated[
     str, typer.Option("--org", help="The organization slug kept with it (default: personal).")

@@ -70,7 +70,8 @@ class DeployEvent:
 
 
 def current_machines(machines: list[Machine]) -> list[Current]:
-    """The app's machines as a plan reads them (those destroyed, or on their way, left out)."""
+    """The app's machines as a plan reads them (those destroyed, or on their way, left out;
+    one displaced by preemption since its last start says so)."""
     return [
         Current(
             id=m.id,
@@ -79,10 +80,22 @@ def current_machines(machines: list[Machine]) -> list[Current]:
             state=str(m.state),
             release=int(m.config.metadata.get("souq_release", "0") or 0) or None,
             standby_for=tuple(m.config.standbys),
+            preempted=preemption(m),
         )
         for m in machines
         if m.state not in GOING
     ]
+
+
+def preemption(machine: Machine) -> str:
+    """The message of the ``preempted`` event of ``machine`` if it is newer than its last
+    start ("": it was not displaced, or it started again since)."""
+    for event in machine.events:  # newest first
+        if event.type == "preempted":
+            return event.message or "preempted"
+        if event.type in ("start", "restart", "launch"):
+            return ""
+    return ""
 
 
 def check_regions(client: SouqClient, config: AppConfig) -> None:
@@ -322,7 +335,7 @@ class Deployer:
         try:
             if step.action == "destroy":
                 assert step.machine_id is not None
-                self._destroy(step.machine_id, phase, step.region)
+                self._destroy(step.machine_id, phase, step.region, why=step.why)
                 return
             config = self.config.machine_config(step.group, image=self.image, release=self._version)
             if step.action == "update":
@@ -341,6 +354,8 @@ class Deployer:
                     self._undo.created.append((machine.id, step.region))
                 where["machine_id"] = machine.id
                 verb = "canary created" if step.canary else "created"
+                if step.why:
+                    verb += f" ({step.why})"
             self._event("step", f"machine {machine.id} {verb}", phase, step.region, machine.id)
             if phase.wait_healthy:
                 self._healthy(machine, phase, step.region)
@@ -505,13 +520,14 @@ class Deployer:
             ) from exc
         self._event("healthy", f"machine {machine.id} is healthy", phase, region, machine.id)
 
-    def _destroy(self, machine_id: str, phase: Phase | None, region: str) -> None:
+    def _destroy(self, machine_id: str, phase: Phase | None, region: str, *, why: str = "") -> None:
         """A graceful destroy: the machine leaves rotation now; its worker stops it (its
         drain, its signal) and destroys it after."""
         nonce = self._nonce(machine_id)
         self.client.destroy(self.app, machine_id, graceful=True, nonce=nonce)
         self._leases.pop(machine_id, None)
-        self._event("step", f"machine {machine_id} destroyed", phase, region, machine_id)
+        said = f" ({why})" if why else ""
+        self._event("step", f"machine {machine_id} destroyed{said}", phase, region, machine_id)
 
     def _failure(
         self, message: str, where: dict[str, str | None], *, room: bool = False
