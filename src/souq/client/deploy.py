@@ -54,6 +54,7 @@ __all__ = ["DeployEvent", "Deployer", "check_regions", "current_machines"]
 
 STOP_WAIT_S = 60.0  # a destroyed machine's graceful stop may take this (then it is killed)
 _RESTING = (MachineState.STOPPED, MachineState.SUSPENDED)  # found so: stopped again at the end
+STOP_MARGIN_S = 10.0  # a displaced machine stopped by its worker: its kill timeout and this
 
 
 @dataclass(frozen=True)
@@ -158,6 +159,7 @@ class Deployer:
         self._replaced: list[tuple[str, str]] = []  # (machine, region) a new machine replaced
         self._resting: set[str] = set()  # machines found stopped or suspended
         self._woken: set[str] = set()  # of those, the ones an update of this deploy started
+        self._displaced: set[str] = set()  # machines found displaced by preemption
 
     def run(self) -> Release:
         """Carry the release out; :class:`DeployFailed` (after the rollback) when it fails."""
@@ -184,6 +186,7 @@ class Deployer:
             "release", f"release v{release.version} of {self.app}: {self.image}{self._why()}"
         )
         self._resting = {m.id for m in machines.values() if m.state in _RESTING}
+        self._displaced = {m.id for m in machines.values() if preemption(m)}
         try:
             self._prepare(release.version, phases, list(machines.values()))
             for index, phase in enumerate(phases):
@@ -335,6 +338,8 @@ class Deployer:
         try:
             if step.action == "destroy":
                 assert step.machine_id is not None
+                if step.machine_id in self._displaced:
+                    self._stopped(machines[step.machine_id])
                 self._destroy(step.machine_id, phase, step.region, why=step.why)
                 return
             config = self.config.machine_config(step.group, image=self.image, release=self._version)
@@ -519,6 +524,14 @@ class Deployer:
                 exc.message, {"phase": phase.name, "region": region, "machine_id": machine.id}
             ) from exc
         self._event("healthy", f"machine {machine.id} is healthy", phase, region, machine.id)
+
+    def _stopped(self, machine: Machine) -> None:
+        """A displaced machine may still be stopping (its signal, its kill timeout): wait for
+        its worker to have stopped it, so that it can be destroyed."""
+        limit = machine.config.stop_config.timeout_s + STOP_MARGIN_S
+        self.client.wait(
+            self.app, machine.id, [MachineState.STOPPED, MachineState.FAILED], timeout=limit
+        )
 
     def _destroy(self, machine_id: str, phase: Phase | None, region: str, *, why: str = "") -> None:
         """A graceful destroy: the machine leaves rotation now; its worker stops it (its
