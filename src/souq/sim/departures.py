@@ -40,7 +40,7 @@ import numpy as np
 from souq.clock import VirtualClock
 from souq.errors import InvalidInput, SouqError
 from souq.market import Rules
-from souq.market.preemption import DEFAULT_MAX_VICTIMS
+from souq.market.preemption import DEFAULT_MAX_VICTIMS, RANK, may_displace
 from souq.model.constraint import Constraint, ConstraintOperator
 from souq.model.placement import Placement
 from souq.model.policy import PlacementDefaults, PlacementPolicy
@@ -228,6 +228,10 @@ class Replay:
         self.broker = self.cluster.add_broker()
         self.cluster.on_preempted = self._preempted
         self.preempt = preempt
+        # A class displaces only when the trace has a class below it (else a create that fits
+        # nowhere would ask for offers a second time to find nobody to displace).
+        present = {t.priority_class for t in tasks}
+        self._displaces = {c for c in RANK if any(may_displace(c, p) for p in present)}
         # A task's instances as one batch create (the broker's batch path: all or none), or
         # each a create of its own; a staggered task's arrive one by one either way.
         self.tasks = [
@@ -340,7 +344,7 @@ class Replay:
             on_done=done,
             priority_class=task.priority_class,
             max_price=task.max_price,
-            preempt=self.preempt,
+            preempt=self.preempt if task.priority_class in self._displaces else 0,
         )
 
     def _placed(self, create: _Create, want: Resources, placed: Placed) -> None:

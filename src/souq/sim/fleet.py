@@ -382,7 +382,7 @@ class Fleet:
         """One instance of task ``index`` on a host where displacing lower classes makes room
         (:meth:`Victims.choose`); the victims wait to be placed again. None: none would do."""
         klass = self.tasks[index].priority_class
-        if not may_preempt(klass):
+        if not may_preempt(klass) or not self.victims:
             return None
         chosen = self.victims.choose(self.pipeline, request, klass, self.settings.preempt)
         if chosen is None:

@@ -63,8 +63,14 @@ class Victims:
     _mem: Ints = field(init=False)
     _disk: Ints = field(init=False)
     _gpu: Ints = field(init=False)
+    _live: int = field(init=False)
+
+    def __len__(self) -> int:
+        """How many instances could be displaced now."""
+        return self._live
 
     def __post_init__(self) -> None:
+        self._live = 0
         n, width = len(self.table), self.table.gpu_free.shape[1]
         self._cpu = np.zeros((2, n), dtype=np.int64)
         self._mem = np.zeros((2, n), dtype=np.int64)
@@ -111,6 +117,7 @@ class Victims:
 
     def _count(self, row: int, c: Candidate, gpus: Ints | None, sign: int) -> None:
         rank = RANK[c.priority_class]
+        self._live += sign
         self._cpu[rank, row] += sign * c.resources.millicpus
         self._mem[rank, row] += sign * c.resources.memory_mb
         self._disk[rank, row] += sign * c.resources.disk_mb
