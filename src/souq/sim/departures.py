@@ -25,6 +25,14 @@ run: each worker's reserved CPU over its capacity, as percentiles over the worke
 (nearest rank: the p95 is the value 95 % of the workers are at or below). A policy that makes
 hot spots shows a p95 far above the cluster's mean.
 
+Priority classes (``Task.priority_class``, ``max_price``; :mod:`souq.sim.classes`): a create
+that fits nowhere may displace at most ``preempt`` machines of a lower class, through the
+broker's auction and the workers' admission (:mod:`souq.sim.cluster`); a displaced task waits
+in a queue of its own and starts over when room comes (tried after each departure, the longest
+waiting first, until one does not fit); the report tells per class what was placed, refused,
+displaced, how long the displaced waited and the work they lost, and the allocation over a
+fixed window (the trace's arrivals) that runs of one trace compare over.
+
 Pure: the caller reads the trace and prints the report.
 """
 

@@ -31,6 +31,13 @@ resource; each host's time-weighted utilisation, as p95 and max over hosts; wait
 start, per instance); each job's completion time and its slowdown against an infinite cluster
 (no waits); and a timeline (every ``sample_every_s``, through the departures).
 
+Priority classes (:mod:`souq.sim.classes`): a single create (one instance, or one by one; a
+batch never displaces, as the broker's does not) that fits nowhere may displace at most
+``Settings.preempt`` instances of a lower class (:mod:`souq.sim.fleet_preemption`, the workers'
+chooser); a displaced instance waits in a queue of its own, tried after each departure before
+the FIFO queue (the longest waiting first, until one does not fit), and starts over. The FIFO
+queue knows no classes.
+
 Pure: the caller reads the trace and prints the report.
 """
 
