@@ -145,9 +145,10 @@ def test_a_watching_reconcile_replaces_it_as_the_preemption_happens(
     finally:
         watcher.send_signal(signal.SIGINT)
         try:
-            watcher.wait(timeout=20)
+            code = watcher.wait(timeout=20)
         except subprocess.TimeoutExpired:
             watcher.kill()
-            watcher.wait()
+            code = watcher.wait()
         reader.join(timeout=10)
         clean(cluster, app, f"prod-{app}")
+    assert code == 0  # interrupted, the watch ends cleanly

@@ -1,7 +1,8 @@
-"""``souq deploy``, ``souq releases``, ``souq status``, ``souq rollback`` and ``souq scale
-count``: the app's policy, carried out by this client through the API (docs/apps.md); and
+"""``souq deploy``, ``souq releases``, ``souq status``, ``souq rollback``, ``souq scale count``
+and ``souq scale reconcile``: the app's policy, carried out by this client through the API (docs/apps.md); and
 ``souq apps create|show|list|destroy``: the app resource itself."""
 
+import contextlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -295,13 +296,14 @@ def scale_reconcile(
         # Events after those seen now: one displaced while the first reconcile runs is seen.
         since = max((e.get("seq", 0) for e in client.cluster_events(app=app_name)), default=0)
         _reconcile(client, app_name, as_json=as_json)
-        for event in client.cluster_events(app=app_name, follow=True, since=since):
-            if not _displaced(event):
-                continue
-            try:
-                _reconcile(client, app_name, as_json=as_json)
-            except SouqError as exc:  # told, and the watch goes on
-                render.error(exc, as_json=as_json)
+        with contextlib.suppress(KeyboardInterrupt):  # interrupted: the watch ends, exit 0
+            for event in client.cluster_events(app=app_name, follow=True, since=since):
+                if not _displaced(event):
+                    continue
+                try:
+                    _reconcile(client, app_name, as_json=as_json)
+                except SouqError as exc:  # told, and the watch goes on
+                    render.error(exc, as_json=as_json)
 
 
 def _displaced(event: dict[str, Any]) -> bool:
