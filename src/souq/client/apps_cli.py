@@ -1,6 +1,6 @@
 """``souq deploy``, ``souq releases``, ``souq status``, ``souq rollback``, ``souq scale count``
-and ``souq scale reconcile``: the app's policy, carried out by this client through the API (docs/apps.md); and
-``souq apps create|show|list|destroy``: the app resource itself."""
+and ``souq scale reconcile``: the app's policy, carried out by this client through the API
+(docs/apps.md); and ``souq apps create|show|list|destroy``: the app resource itself."""
 
 import contextlib
 from collections.abc import Callable
