@@ -551,7 +551,9 @@ def trace_replay(r: Report) -> None:
         *((f"worker {k}", f"p95 {h[k + '_p95']:g} %, max {h[k + '_max']:g} % (each over time)")
           for h in [r.host_utilisation] for k in r.hot),
     ]  # fmt: skip
-    _out().print(_grid(rows, bold_names=True))
+    from souq.client.render_classes import class_rows
+
+    _out().print(_grid([*rows, *class_rows(r.classes, r.preempt)], bold_names=True))
 
 
 @_json_or
@@ -582,4 +584,6 @@ def fleet_replay(r: FleetReport) -> None:
             f": completion p50 {j['jct_p50']:g} s, p95 {j['jct_p95']:g} s; slowdown mean "
             f"{j['slowdown_mean']:g}, p95 {j['slowdown_p95']:g}" if "jct_p50" in j else "")),
     ]  # fmt: skip
-    _out().print(_grid(rows, bold_names=True))
+    from souq.client.render_classes import class_rows
+
+    _out().print(_grid([*rows, *class_rows(r.classes, r.preempt)], bold_names=True))

@@ -81,6 +81,8 @@ def simulate(
     backfill: w.BackfillOpt = False,
     one_by_one: w.OneByOneOpt = False,
     hot: w.HotOpt = 0.9,
+    preempt: w.PreemptOpt = 8,
+    compare_preemption: w.ComparePreemptionOpt = False,
     cluster: w.FromClusterOpt = False,
     region: w.RegionOpt = None,
     cpus: w.CpusOpt = None,
@@ -122,7 +124,14 @@ def simulate(
                 policies=policy or [],
                 as_json=as_json,
                 fleet=w.FleetOptions(
-                    engine, queue, one_by_one, hot, plot if tasks else None, backfill
+                    engine,
+                    queue,
+                    one_by_one,
+                    hot,
+                    plot if tasks else None,
+                    backfill,
+                    preempt,
+                    compare_preemption,
                 ),
             )
             return

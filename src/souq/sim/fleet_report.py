@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -95,10 +95,24 @@ class FleetReport:
     jobs: dict[str, float]
     fragmentation: dict[str, float]
     timeline: list[Sample]
+    # Per priority class (souq.sim.classes.ClassTally.as_json); the most instances one create
+    # may displace.
+    classes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    preempt: int = 0
+    # Allocated over capacity, % per resource, averaged over a fixed span (the trace's own
+    # unless the replay was given one): runs of one trace compare over it.
+    window_s: tuple[float, float] = (0.0, 0.0)
+    window_utilisation: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def preemptions(self) -> int:
+        return sum(int(c["preempted"]) for c in self.classes.values())
 
     def as_json(self, *, timeline: bool = True) -> dict[str, Any]:
         body = {k: v for k, v in asdict(self).items() if k != "timeline"}
         body["failed_by_reason"] = dict(sorted(self.failed_by_reason.items()))
+        body["preempt_max_victims"] = body.pop("preempt")
+        body["preemptions"] = self.preemptions
         if timeline:
             body["timeline"] = [asdict(s) for s in self.timeline]
         return body

@@ -1,0 +1,88 @@
+"""How ``souq simulate --tasks`` prints what each priority class saw, and the comparison of
+``--compare-preemption``: a part of :mod:`souq.client.render` (the only printer)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from rich.table import Table
+
+from souq.client.render import _json_or, _out
+
+if TYPE_CHECKING:
+    from souq.sim.preemption_compare import Comparison
+
+__all__ = ["class_rows", "preemption_comparison"]
+
+
+def class_rows(classes: dict[str, dict[str, Any]], preempt: int) -> list[tuple[str, str]]:
+    """A replay report's lines for its priority classes (none when every task is standard
+    and nothing was displaced)."""
+    if set(classes) <= {"standard"} and not any(c["preempted"] for c in classes.values()):
+        return []
+    displaced = sum(int(c["preempted"]) for c in classes.values())
+    rows = [
+        (
+            "preemption",
+            f"at most {preempt} machines a create; {displaced} displaced"
+            if preempt
+            else "off (no create displaces another)",
+        )
+    ]
+    for klass, c in classes.items():
+        text = (
+            f"{c['arrived']} arrived: {c['placed']} placed, {c['refused']} refused "
+            f"({c['refused_pct']:g} %); {c['preempted']} displaced"
+        )
+        if c["preempted"]:
+            w = c["preempted_wait_s"]
+            text += (
+                f", {c['placed_again']} placed again (waited p50 {w['p50']:g} s, p95 "
+                f"{w['p95']:g} s, max {w['max']:g} s), {c['waiting_at_end']} waiting at the end"
+            )
+        text += f"; work lost {c['lost_core_s']:g} core-s"
+        rows.append((klass, text))
+    return rows
+
+
+@_json_or
+def preemption_comparison(c: Comparison) -> None:
+    """The three runs of one policy side by side."""
+    start, end = c.arms[0].report.window_s
+    table = Table(
+        title=f"What preemption buys ({c.policy}): allocated over capacity, {start:g} s to "
+        f"{end:g} s"
+    )
+    columns = (
+        "run",
+        "cpu",
+        "memory",
+        "gpu",
+        "reserved refused",
+        "reserved lost",
+        "displaced",
+        "displaced wait p50 / p95 / max",
+    )
+    for column in columns:
+        table.add_column(column, justify="left" if column == "run" else "right")
+    for arm in c.arms:
+        a = arm.as_json()
+        u = a["window_utilisation"]
+        wait = "; ".join(
+            f"{klass} {w['p50']:g} / {w['p95']:g} / {w['max']:g} s"
+            for klass, cls in arm.classes.items()
+            if cls["placed_again"]
+            for w in [cls["preempted_wait_s"]]
+        )
+        name = f"preemption (at most {arm.preempt})" if arm.name == "preemption" else arm.name
+        table.add_row(
+            name,
+            f"{u.get('cpu', 0):g} %",
+            f"{u.get('memory', 0):g} %",
+            f"{u['gpu']:g} %" if "gpu" in u else "-",
+            f"{a['reserved_refused']} ({a['reserved_refused_pct']:g} %)",
+            f"{a['reserved_preempted']} displaced, {a['reserved_lost_core_s']:g} core-s",
+            str(a["preemptions"]),
+            wait or "-",
+        )
+    _out().print(table)
