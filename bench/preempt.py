@@ -126,7 +126,7 @@ def _round(http: httpx.Client, pids: dict[str, list[int]], half: int) -> dict[st
     for i in range(half):
         r = http.post(
             f"/v1/apps/{batch}/machines",
-            json={"region": REGION, "config": _config("spot", price=i)},
+            json={"region": REGION, "config": _config("spot", price=1 + i)},  # over any spot price
         )
         r.raise_for_status()
     fits = _creates(http, web, half, "standard", pids)
