@@ -114,6 +114,9 @@ def test_the_price_rises_as_the_region_fills_in_the_api_and_the_cli(cluster: Clu
     assert history[-1] == region["spot_price"]
     assert history == sorted(history) and history[0] < history[-1]
 
+    metrics = httpx.get(f"{cluster.api_url}/metrics", headers=auth_headers(), timeout=30).text
+    assert f'souq_spot_price{{region="{REGION}",source="published"}} 0.055' in metrics
+
     shown = souq(cluster, "regions", "--json")
     assert shown.returncode == 0, shown.stderr
     [listed] = [r for r in json.loads(shown.stdout) if r["name"] == REGION]

@@ -145,6 +145,7 @@ class BrokerService:
             self.view.store.counts_by_state,
             self._clock.now_ms,
         )
+        self.metrics.registry.register(self.spot_prices.collector())
 
     async def start(self) -> None:
         await self.view.start()
@@ -237,7 +238,6 @@ class BrokerService:
         )
         digest = body_hash(body) if idempotency_key else request_id
         body, region_chosen = self.with_region(app, body)
-        self.spot_prices.check_bid(body.region or "", body.config)  # 409 bid_below_price
         order = order_of(
             app,
             body,
@@ -256,6 +256,7 @@ class BrokerService:
             nonlocal order
             try:
                 self.require_bus()
+                self.spot_prices.check_bid(order.region, order.config)  # 409 bid_below_price
                 order = await self._with_image(order)
                 order = order.model_copy(update={"network": await self.networks.of(app)})
                 order, volume = await self.volumes.mount_of(order)

@@ -22,12 +22,14 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
 from nats.js.kv import KeyValue
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 from pydantic import ValidationError
 
 from souq.bus.jetstream import BucketWatch, OnFirstUse, open_key_value, reconnects
@@ -173,6 +175,11 @@ class SpotPrices:
             out.append(r.model_copy(update=update))
         return out
 
+    def collector(self) -> Collector:
+        """``souq_spot_price{region,source}`` and ``souq_spot_prices_published`` for
+        ``GET /metrics``, read when scraped."""
+        return _PriceCollector(self)
+
     # -- publishing ------------------------------------------------------------------------
 
     async def _run(self) -> None:
@@ -210,3 +217,25 @@ class SpotPrices:
             wrote += 1
         self.writes += wrote
         return wrote
+
+
+class _PriceCollector(Collector):
+    def __init__(self, prices: SpotPrices) -> None:
+        self._prices = prices
+
+    def collect(self) -> Iterator[Metric]:
+        gauge = GaugeMetricFamily(
+            "souq_spot_price",
+            "each region's spot price, per hour (source: published, or this broker's view)",
+            labels=["region", "source"],
+        )
+        for region in sorted({w.region for w in self._prices._workers()}):
+            price, source = self._prices.price_of(region)
+            if price is not None:
+                gauge.add_metric([region, source], price.price)
+        yield gauge
+        written = CounterMetricFamily(
+            "souq_spot_prices_published", "spot price changes this broker published"
+        )
+        written.add_metric([], self._prices.writes)
+        yield written
