@@ -67,8 +67,14 @@ def price_at(rule: SpotPriceRule, used: float) -> float:
 
 def used_fraction(capacity: Resources, allocated: Resources) -> tuple[float, float]:
     """Cpus and memory promised over what there is (1 where there is none)."""
-    cpu = allocated.millicpus / capacity.millicpus if capacity.millicpus else 1.0
-    memory = allocated.memory_mb / capacity.memory_mb if capacity.memory_mb else 1.0
+    return _fractions(
+        capacity.millicpus, capacity.memory_mb, allocated.millicpus, allocated.memory_mb
+    )
+
+
+def _fractions(cpu_have: int, mem_have: int, cpu_used: int, mem_used: int) -> tuple[float, float]:
+    cpu = cpu_used / cpu_have if cpu_have else 1.0
+    memory = mem_used / mem_have if mem_have else 1.0
     return min(1.0, max(0.0, cpu)), min(1.0, max(0.0, memory))
 
 
@@ -77,16 +83,19 @@ def region_price(
 ) -> SpotPrice | None:
     """``region``'s price from ``workers`` (any region's; the others are skipped); None when
     it has no live capacity."""
-    capacity, allocated, versions = Resources.zero(), Resources.zero(), 0
+    cpu_have = mem_have = cpu_used = mem_used = versions = 0
     for w in workers:
         if w.region != region:
             continue
         versions += w.version  # down ones too: a worker going down makes no view older
         if w.state is not WorkerState.DOWN:
-            capacity, allocated = capacity.plus(w.capacity), allocated.plus(w.allocated)
-    if not capacity.millicpus and not capacity.memory_mb:
+            cpu_have += w.capacity.millicpus
+            mem_have += w.capacity.memory_mb
+            cpu_used += w.allocated.millicpus
+            mem_used += w.allocated.memory_mb
+    if not cpu_have and not mem_have:
         return None
-    cpu, memory = used_fraction(capacity, allocated)
+    cpu, memory = _fractions(cpu_have, mem_have, cpu_used, mem_used)
     used = max(cpu, memory)
     return SpotPrice(
         region=region,
