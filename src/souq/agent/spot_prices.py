@@ -84,10 +84,10 @@ class SpotWatch:
             log.warning("the spot price of %s is unreadable: %s", self._region, exc)
 
     def heard(self, price: SpotPrice) -> None:
-        """A figure for this worker's region: look at once."""
-        if self.price is None or price.at_ms >= self.price.at_ms:
-            self.price = price
-            self._moved.set()
+        """A figure for this worker's region (the bucket's order is the figures' order, not
+        their brokers' clocks): look at once."""
+        self.price = price
+        self._moved.set()
 
     async def _run(self) -> None:
         while True:
