@@ -190,6 +190,16 @@ def test_a_running_spot_machine_outbid_by_a_risen_price_is_preempted_with_its_ev
     wait_price(cluster, price_with(5))
     assert client.get_machine(spot, unlimited).state == "started"
     assert not events_of(cluster, spot, unlimited, "preempted")
+    # Started again while the price is above its bid, it is refused as its create would be.
+    run(cluster, app, "standard")
+    wait_price(cluster, price_with(6))
+    again = httpx.post(
+        f"{cluster.api_url}/v1/apps/{spot}/machines/{bidder}/start",
+        headers=auth_headers(),
+        timeout=30,
+    )
+    assert again.status_code == 409, again.text
+    assert again.json()["status"] == "bid_below_price"
     destroy_all(cluster, app, spot)
 
 

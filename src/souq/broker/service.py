@@ -466,6 +466,9 @@ class BrokerService:
         self, app: str, machine_id: str, *, nonce: str | None = None
     ) -> Machine:
         ref = StartCommand(app=app, machine_id=machine_id, lease_nonce=nonce)
+        cached = self.cached_machine(app, machine_id)  # a spot machine's bid, as for a create
+        if cached is not None and cached.state is not MachineState.STARTED:
+            self.spot_prices.check_bid(cached.region, cached.config)  # 409 bid_below_price
         return self._seen(await self.calls.owner(machine_id, v.START, ref))
 
     async def suspend_machine(
