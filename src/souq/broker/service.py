@@ -32,6 +32,7 @@ from souq.broker.orders import placement_of, worker_of_quote
 from souq.broker.outage import BusGuard
 from souq.broker.quotas import Quotas, use_of_config
 from souq.broker.schemas import CreateMachineRequest, QuoteRequest
+from souq.broker.spot_prices import SpotPrices
 from souq.broker.streams import StreamSlots
 from souq.broker.volumes import BrokerVolumes
 from souq.broker.worker_calls import WorkerCalls
@@ -110,6 +111,12 @@ class BrokerService:
         self.secrets_version = 0
         self.volumes = BrokerVolumes(self)  # souq.broker.volumes
         self.quotas = Quotas(self, self._clock, deadline_s=config.quota_reservation_s)
+        self.spot_prices = SpotPrices(  # souq.broker.spot_prices
+            config.spot_price,
+            self.liveness.workers,
+            self._clock,
+            self.nats_client if self._has_nats() else None,
+        )
         self.streams = StreamSlots(  # event and log streams open (souq.broker.streams)
             per_client=config.streams_per_client, total=config.streams_total
         )
@@ -134,6 +141,7 @@ class BrokerService:
             self.view.store.counts_by_state,
             self._clock.now_ms,
         )
+        self.metrics.registry.register(self.spot_prices.collector())
 
     async def start(self) -> None:
         await self.view.start()
@@ -141,6 +149,7 @@ class BrokerService:
         self.bus.install()
         await self._make_stores()
         self.quotas.start()
+        self.spot_prices.start()
 
     async def _make_stores(self) -> None:
         """Make the buckets agents read (images, secrets) now: agents only bind to them, so
@@ -153,6 +162,7 @@ class BrokerService:
 
     async def close(self) -> None:
         await self.quotas.close()
+        await self.spot_prices.close()
         await self.bus.close()
         await self.view.close()
         await self.liveness.close()
@@ -195,7 +205,7 @@ class BrokerService:
         table, refreshed as for :meth:`workers`."""
         self.require_bus()
         await self.liveness.refresh(timeout=self.config.offer_timeout_s)
-        return summarise_regions(self.liveness.workers(), size)
+        return self.spot_prices.annotate(summarise_regions(self.liveness.workers(), size))
 
     # -- create ----------------------------------------------------------------------------
 
@@ -242,6 +252,7 @@ class BrokerService:
             nonlocal order
             try:
                 self.require_bus()
+                self.spot_prices.check_bid(order.region, order.config)  # 409 bid_below_price
                 order = await self._with_image(order)
                 order = order.model_copy(update={"network": await self.networks.of(app)})
                 order, volume = await self.volumes.mount_of(order)
@@ -319,6 +330,7 @@ class BrokerService:
         """``count`` machines of one config in one placement (see :mod:`souq.broker.market`)."""
         self.require_bus()
         self.volumes.refuse_mounts(body.config, "a batch")
+        self.spot_prices.check_bid(body.region, body.config)
         image = await self.images.of_config(body.config, app)
         request_id = new_request_id()
         try:
@@ -366,6 +378,7 @@ class BrokerService:
                 raise NotFound(f"quote {body.quote} has no placement record")
             return quote.placement
         placed, region_chosen = self.with_region(app, body)
+        self.spot_prices.check_bid(placed.region or "", placed.config)
         order = order_of(app, placed, name=body.name, region_chosen=region_chosen)
         order, volume = await self.volumes.mount_of(await self._with_image(order))
         return await self.market.explain(order, volume=volume)
@@ -376,6 +389,7 @@ class BrokerService:
         """Hold capacity on the best worker for ``body.ttl_s``: a dry run that binds."""
         self.require_bus()
         self.volumes.refuse_mounts(body.config, "a quote")
+        self.spot_prices.check_bid(body.region, body.config)
         return await self.market.hold(await self._with_image(order_of(app, body)), ttl_s=body.ttl_s)
 
     async def get_quote(self, app: str, quote_id: str) -> Quote:
@@ -469,6 +483,9 @@ class BrokerService:
         self, app: str, machine_id: str, *, nonce: str | None = None
     ) -> Machine:
         ref = StartCommand(app=app, machine_id=machine_id, lease_nonce=nonce)
+        cached = self.cached_machine(app, machine_id)  # a spot machine's bid, as for a create
+        if cached is not None and cached.state is not MachineState.STARTED:
+            self.spot_prices.check_bid(cached.region, cached.config)  # 409 bid_below_price
         return self._seen(await self.calls.owner(machine_id, v.START, ref))
 
     async def stop_machine(self, cmd: StopCommand) -> Machine:

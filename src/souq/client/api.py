@@ -37,6 +37,7 @@ if TYPE_CHECKING:  # a record loads when a call first reads one (souq.model is l
     from souq.model.secrets import SecretInfo
     from souq.model.tokens import AuditRecord, TokenInfo
     from souq.model.volume import ExtendVolumeResponse, Volume
+    from souq.view.regions import RegionSummary
 
 __all__ = ["DEFAULT_API", "SouqClient"]
 
@@ -65,6 +66,14 @@ class SouqClient(SchedCalls):
 
     def workers(self) -> list[WorkerInfo]:
         return _many(records.WorkerInfo, self._call("GET", "/v1/workers"))
+
+    def regions(self, *, cpus: float = 1, memory_mb: int = 256) -> list[RegionSummary]:
+        """The cluster's regions (``/v1/regions``): workers, room for machines of the size given,
+        and the spot price with its recent history."""
+        from souq.view.regions import RegionSummary
+
+        params = {"cpus": f"{cpus:g}", "memory_mb": str(memory_mb)}
+        return _many(RegionSummary, self._call("GET", "/v1/regions", params=params))
 
     def region_names(self) -> list[str]:
         """The cluster's regions: every region a worker announced itself in (``/v1/regions``)."""

@@ -531,6 +531,7 @@ for _module, _register in (
         ("auth_cli", "register_auth"),
         ("cluster_cli", "register_cluster"),
         ("workers_cli", "register_workers"),  # list, cordon, drain, uncordon
+        ("regions_cli", "register_regions"),  # regions and their spot prices
         ("secrets_cli", "register_secrets"),
         ("volumes_cli", "register_volumes"),  # Fly's volumes
         ("quota_cli", "register_quota"),  # quotas of apps and organizations

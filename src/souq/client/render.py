@@ -230,6 +230,9 @@ def machine(m: Machine) -> None:
     preempted = next((e for e in m.events if e.type == "preempted"), None)
     if preempted is not None and m.state in ("stopping", "stopped"):
         rows.append(("reason", preempted.message or "preempted"))
+    latest = m.events[0] if m.events else None  # newest first
+    if latest is not None and latest.type == "preempt_notice" and m.state == "started":
+        rows.append(("notice", latest.message or "preempted soon"))
     if config.env:
         rows.append(("env", " ".join(f"{k}={v}" for k, v in sorted(config.env.items()))))
     if m.address is not None and m.address.private_ip:
