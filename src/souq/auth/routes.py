@@ -9,7 +9,7 @@ route                                             scope        of
 ``/healthz``, ``/openapi.json``, ``/ui…``, docs   none         (public: no data)
 ``/v1/apps/{app}/secrets…`` (any method)          deploy       the app
 ``POST /v1/apps/{app}/machines/{id}/exec``        deploy       the app (it sees the secrets)
-``PUT|DELETE /v1/apps/{app}/quota``               admin        the cluster (not the app's)
+``PUT|DELETE /v1/apps/{app}/quota…``              admin        the cluster (not the app's)
 ``GET /v1/apps/{app}/…``                          read         the app
 ``POST|DELETE /v1/apps/{app}/releases…|secrets…`` deploy       the app
 ``POST|PUT|DELETE /v1/apps/{app}/…`` (the rest)   write        the app (volumes too)
@@ -78,7 +78,7 @@ def _of_app(reading: bool, app: str, rest: str) -> Need:
         return Need(Scope.DEPLOY, app)  # even their names and digests
     if reading:
         return Need(Scope.READ, app)
-    if rest.rstrip("/") == "/quota":  # an app's own token may not raise its own quota
+    if rest.rstrip("/") == "/quota" or rest.startswith("/quota/"):  # an app may not raise it
         return Need(Scope.ADMIN)
     # An exec runs in the machine's environment, secrets included: as much as reading them.
     deploying = rest.startswith("/releases") or _EXEC.match(rest) is not None
