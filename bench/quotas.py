@@ -5,11 +5,15 @@ workers, one broker), side by side in one run:
 * ``none``: an app without a quota (a create reads the app's and its org's quota keys: none);
 * ``app``: an app with a quota set (limits far above what the run makes), so that every create
   reserves on its key before it claims and settles after (two compare-and-sets);
-* ``app_and_org``: the same app in an organization that has a quota too (four).
+* ``app_and_org``: the same app in an organization that has a quota too (four, the two
+  scopes at once);
+* ``app_classes``: an app whose quota has a line per class too (the create checked against its
+  class's line and the all-classes line, in the same compare-and-sets as ``app``).
 
 Each figure: creates per second, latency, and the broker's and nats-server's CPU per create.
-The runs alternate (none, app, app_and_org, twice) so that a drift of the host shows; the ledger
-of a scope grows with its machines, so each run's machine count is reported with it.
+The runs alternate (none, app, app_and_org, app_classes, twice) so that a drift of the host
+shows; the ledger of a scope grows with its machines, so each run's machine count is reported
+with it.
 
 Suite ``quotas`` (``python -m bench quotas``); ``QUOTAS_DURATION_S`` (default 5) and
 ``QUOTAS_WORKERS`` (default 100) change the run.
@@ -32,12 +36,19 @@ from bench.stats import machine_line
 __all__ = ["main", "quotas"]
 
 BIG = {"cpus": 1e9, "memory_mb": 10**12, "machines": 10**9}
+BIG_CLASSES = {
+    **BIG,
+    "volume_gb": 10**9,
+    "classes": dict.fromkeys(("reserved", "standard", "spot"), BIG),
+}
+CASES = ("none", "app", "app_and_org", "app_classes")
 
 
 def _one(stack: Any, root: Path, app: str, duration_s: int) -> dict[str, Any]:
     body = {"region": REGION, "config": CONFIG}
     path = f"/v1/apps/{app}/machines"
-    result = _drive(stack, root, path, body, SINGLE_CONNECTIONS, f"single-{app}", duration_s)
+    target = (stack.broker.url, stack.token, stack.pids())
+    result = _drive(target, root, path, body, SINGLE_CONNECTIONS, f"single-{app}", duration_s)
     result["creates_per_s"] = result.pop("ok_per_s")
     return result
 
@@ -55,13 +66,15 @@ def quotas() -> None:
     ):
         headers = {"Authorization": f"Bearer {stack.token}"}
         url = stack.broker.url
-        apps = {"none": "plain", "app": "quotaed", "app_and_org": "orged"}
+        apps = {"none": "plain", "app": "quotaed", "app_and_org": "orged", "app_classes": "classed"}
         r = httpx.post(
             f"{url}/v1/apps", json={"name": "orged", "org_slug": "benchorg"}, headers=headers
         )
         r.raise_for_status()
         for name in ("quotaed", "orged"):
             httpx.put(f"{url}/v1/apps/{name}/quota", json=BIG, headers=headers).raise_for_status()
+        quota = f"{url}/v1/apps/classed/quota"
+        httpx.put(quota, json=BIG_CLASSES, headers=headers).raise_for_status()
         httpx.put(f"{url}/v1/orgs/benchorg/quota", json=BIG, headers=headers).raise_for_status()
         for round_ in range(2):
             for case, app in apps.items():
@@ -76,7 +89,7 @@ def quotas() -> None:
                 results["runs"].append(run)
                 print(case, json.dumps(run), flush=True)
     summary: dict[str, Any] = {}
-    for case in ("none", "app", "app_and_org"):
+    for case in CASES:
         runs = [r for r in results["runs"] if r["case"] == case]
         summary[case] = {
             "creates_per_s": round(sum(r["creates_per_s"] for r in runs) / len(runs), 1),
@@ -84,13 +97,21 @@ def quotas() -> None:
             "broker_cpu_ms_per_create": round(
                 sum(r["cpu_ms_per_ok_request"]["broker"] for r in runs) / len(runs), 2
             ),
+            "broker_cpu_ms_per_create_net_of_idle": round(
+                sum(r["cpu_ms_per_ok_request_net_of_idle"]["broker"] for r in runs) / len(runs), 2
+            ),
+            "host_busy_pct": round(sum(r["host_busy_pct"] for r in runs) / len(runs), 1),
             "nats_cpu_ms_per_create": round(
                 sum(r["cpu_ms_per_ok_request"]["nats-server"] for r in runs) / len(runs), 2
             ),
         }
-    for case in ("app", "app_and_org"):
+    none = summary["none"]
+    for case in CASES[1:]:
         summary[case]["rate_vs_none"] = round(
-            summary[case]["creates_per_s"] / summary["none"]["creates_per_s"], 3
+            summary[case]["creates_per_s"] / none["creates_per_s"], 3
+        )
+        summary[case]["broker_cpu_vs_none"] = round(
+            summary[case]["broker_cpu_ms_per_create"] / none["broker_cpu_ms_per_create"], 3
         )
     results["summary"] = summary
     print(json.dumps(summary, indent=2))

@@ -3,6 +3,9 @@ settles, and what reconciliation does with a dead broker's reservation."""
 
 from __future__ import annotations
 
+import json
+import random
+
 import pytest
 from pydantic import ValidationError
 
@@ -15,6 +18,7 @@ from souq.model.quota import (
     QuotaLimits,
     QuotaRecord,
     QuotaUse,
+    encoded,
     excess,
     held,
     released,
@@ -211,3 +215,37 @@ def test_reconciling_takes_a_machines_class_as_it_is() -> None:
     assert r.held["m1"][2] == ""
     out = reconciled(r, [machine("m1", "a", klass="spot")], apps={"web"}, now_ms=0)
     assert out.held["m1"] == (1, 256, "spot")
+
+
+def test_running_sums_and_the_written_ledger_match_what_a_fresh_read_makes() -> None:
+    """A ledger changed many times (creates, batches, updates, volumes, releases) in turn sums
+    and encodes as the same ledger read afresh from its JSON does."""
+    rng = random.Random(35)
+    limits = QuotaLimits(machines=10**6, classes={SPOT: ClassLimits(cpus=10**6)})
+    r = QuotaRecord(scope="app", name="web", limits=limits)
+    made = 0
+    for step in range(400):
+        klass = rng.choice(["", "standard", "spot", "reserved"])
+        use = QuotaUse(
+            cpus=rng.choice([0.25, 1, 2.5]), memory_mb=rng.randrange(64, 512), machines=1
+        )
+        request = f"r{step}"
+        r = reserved(r, pending(request, use, klass=klass))
+        assert excess(r, use, klass) is None
+        kind = rng.random()
+        if kind < 0.5:
+            made += 1
+            r = held(r, request, {f"m{made}": use})
+        elif kind < 0.6 and r.held:
+            r = held(r, request, {rng.choice(sorted(r.held)): use})  # an update's new size
+        elif kind < 0.75:
+            r = held(r, request, {}, {f"vol_w1_{step}": rng.randrange(1, 9)})
+        elif kind < 0.9 and (r.held or r.volumes):
+            r = held(r, request, {})
+            r = released(r, rng.sample(sorted([*r.held, *r.volumes]), 1))
+        again = QuotaRecord.model_validate_json(encoded(r))
+        assert again == r
+        assert use_of_record(again) == use_of_record(r)
+        for c in ("reserved", "standard", "spot"):
+            assert use_of_class(again, c) == use_of_class(r, c), (step, c)
+    assert json.loads(encoded(r)) == json.loads(r.model_dump_json())

@@ -28,7 +28,7 @@ from nats.js.kv import KeyValue
 from souq.bus.jetstream import BucketStore, unavailable
 from souq.clock import Clock
 from souq.errors import Unavailable
-from souq.model.quota import QuotaRecord, Scope
+from souq.model.quota import QuotaRecord, Scope, encoded
 
 __all__ = ["BUCKET", "Change", "QuotaStore", "key_of"]
 
@@ -138,7 +138,7 @@ class QuotaStore(BucketStore):
 
     async def _write(self, key: str, record: QuotaRecord, revision: int) -> bool:
         """Write ``record`` if ``key`` is still at ``revision``; False: it is not."""
-        body = record.model_dump_json().encode()
+        body = encoded(record)
         self.writes += 1
         try:
             if revision == 0:

@@ -24,10 +24,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, PrivateAttr, TypeAdapter
 
 from souq.model.base import Input, Record
 from souq.model.choices import PriorityClass
+from souq.model.quota_sums import Part, Sums, held_part, moved, pending_part, summed, volume_part
 
 __all__ = [
     "ALL_CLASSES",
@@ -45,6 +46,7 @@ __all__ = [
     "QuotaView",
     "Scope",
     "class_of",
+    "encoded",
     "excess",
     "held",
     "released",
@@ -163,6 +165,50 @@ class QuotaRecord(Record):
         default_factory=dict, description="machines counted: id → (cpus, memory_mb, class)"
     )
     volumes: dict[str, int] = Field(default_factory=dict, description="volumes: id → size_gb")
+    # Derived, never written: the ledger's running sums (souq.model.quota_sums) and the JSON of
+    # ``held`` (with the dict it encodes), so that a change neither sums nor encodes it all.
+    _sums: Sums | None = PrivateAttr(default=None)
+    _held_json: tuple[dict[str, Held], bytes] | None = PrivateAttr(default=None)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, QuotaRecord):
+            return NotImplemented
+        return self.__dict__ == other.__dict__  # the fields, not what is derived from them
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+_HELD = TypeAdapter(dict[str, Held])
+
+
+def _sums_of(record: QuotaRecord) -> Sums:
+    sums = record._sums
+    if sums is None or not sums.made_of(record.pending, record.held, record.volumes):
+        sums = summed(record.pending, record.held, record.volumes)
+        record._sums = sums
+    return sums
+
+
+def _with_sums(
+    new: QuotaRecord, old: QuotaRecord, plus: list[Part], minus: list[Part]
+) -> QuotaRecord:
+    new._sums = moved(_sums_of(old), (new.pending, new.held, new.volumes), plus, minus)
+    return new
+
+
+def _held_bytes(record: QuotaRecord) -> bytes:
+    cached = record._held_json
+    if cached is None or cached[0] is not record.held:
+        cached = (record.held, _HELD.dump_json(record.held))
+        record._held_json = cached
+    return cached[1]
+
+
+def encoded(record: QuotaRecord) -> bytes:
+    """``record`` as the quotas bucket stores it (JSON; ``QuotaRecord.model_validate_json``
+    reads it), its held machines' JSON reused from the change that made them."""
+    head = record.model_dump_json(exclude={"held"}).encode()
+    return head[:-1] + b',"held":' + _held_bytes(record) + b"}"
 
 
 class QuotaView(Record):
@@ -239,19 +285,16 @@ def use_of(
 
 def use_of_record(record: QuotaRecord) -> QuotaUse:
     """What ``record``'s scope holds, its changes under way included."""
-    return use_of(record.pending.values(), record.held.values(), record.volumes.values())
+    millicpus, memory_mb, machines, volume_gb = _sums_of(record).total
+    return QuotaUse(
+        cpus=millicpus / 1000, memory_mb=memory_mb, machines=machines, volume_gb=volume_gb
+    )
 
 
 def use_of_class(record: QuotaRecord, klass: str) -> QuotaUse:
     """What ``record``'s machines of class ``klass`` hold, changes under way included."""
-    entries = [
-        e if e.class_use is None else e.model_copy(update={"use": e.class_use})
-        for e in record.pending.values()
-        if class_of(e.priority_class) == klass
-    ]
-    machines = [h for h in record.held.values() if class_of(h[2]) == klass]
-    use = use_of(entries, machines)
-    return use.model_copy(update={"volume_gb": 0})
+    millicpus, memory_mb, machines, _ = _sums_of(record).by_class.get(klass, (0, 0, 0, 0))
+    return QuotaUse(cpus=millicpus / 1000, memory_mb=memory_mb, machines=machines)
 
 
 def _over(
@@ -294,7 +337,10 @@ def excess(
 
 def reserved(record: QuotaRecord, entry: QuotaEntry) -> QuotaRecord:
     """``record`` with ``entry`` pending under its request id."""
-    return record.model_copy(update={"pending": {**record.pending, entry.request_id: entry}})
+    new = record.model_copy(update={"pending": {**record.pending, entry.request_id: entry}})
+    old = record.pending.get(entry.request_id)
+    minus = [] if old is None else [pending_part(old)]
+    return _with_sums(new, record, [pending_part(entry)], minus)
 
 
 def held(
@@ -309,25 +355,51 @@ def held(
     pending = dict(record.pending)
     entry = pending.pop(request_id, None)
     klass = entry.priority_class if entry else ""
+    minus = [] if entry is None else [pending_part(entry)]
+    plus: list[Part] = []
     kept = dict(record.held)
+    added: dict[str, Held] = {}
     for machine_id, use in machines.items():
-        kept[machine_id] = (use.cpus, use.memory_mb, klass)
+        size: Held = (use.cpus, use.memory_mb, klass)
+        if machine_id in kept:
+            minus.append(held_part(kept[machine_id]))
+        else:
+            added[machine_id] = size
+        kept[machine_id] = size
+        plus.append(held_part(size))
     update: dict[str, object] = {"pending": pending, "held": kept}
     if volumes:
         update["volumes"] = {**record.volumes, **volumes}
-    return record.model_copy(update=update)
+        for volume_id, size_gb in volumes.items():
+            if volume_id in record.volumes:
+                minus.append(volume_part(record.volumes[volume_id]))
+            plus.append(volume_part(size_gb))
+    new = _with_sums(record.model_copy(update=update), record, plus, minus)
+    cached = record._held_json
+    if cached is not None and cached[0] is record.held and len(added) == len(machines):
+        # Only machines it did not hold: their JSON after what it had (no re-encoding).
+        text = cached[1]
+        more = _HELD.dump_json(added)[1:-1] if added else b""
+        if more:
+            text = text[:-1] + (b"," if len(text) > 2 else b"") + more + b"}"
+        new._held_json = (kept, text)
+    return new
 
 
 def released(record: QuotaRecord, keys: Iterable[str]) -> QuotaRecord:
     """``record`` without the machines, volumes (or changes) of ``keys``."""
     gone = set(keys)
-    return record.model_copy(
+    minus = [pending_part(e) for k, e in record.pending.items() if k in gone]
+    minus += [held_part(h) for k, h in record.held.items() if k in gone]
+    minus += [volume_part(s) for k, s in record.volumes.items() if k in gone]
+    new = record.model_copy(
         update={
             "pending": {k: e for k, e in record.pending.items() if k not in gone},
             "held": {k: h for k, h in record.held.items() if k not in gone},
             "volumes": {k: s for k, s in record.volumes.items() if k not in gone},
         }
     )
+    return _with_sums(new, record, [], minus)
 
 
 def view_of(record: QuotaRecord) -> QuotaView:
