@@ -62,6 +62,11 @@ __all__ = ["BUCKET", "Quotas", "Reservation", "use_of_config", "use_of_volume"]
 
 log = logging.getLogger(__name__)
 
+# An app's organization, once read, is remembered this long: an app deleted and created again
+# in another organization counts in the old one's quota on this broker until then.
+ORG_REMEMBERED_S = 30.0
+_MAX_REMEMBERED = 100_000
+
 
 def use_of_config(config: MachineConfig, count: int = 1) -> QuotaUse:
     """What ``count`` machines of ``config`` count against a quota (in its class)."""
@@ -101,6 +106,7 @@ class Quotas:
         self._store = OnFirstUse(lambda: QuotaStore.open(service.nats_client())).get
         self._apps = OnFirstUse(lambda: AppStore.open(service.nats_client())).get
         self.scopes = QuotaScopes(self._bucket, lambda: reconnects(service.nats_client()))
+        self._orgs: dict[str, tuple[str, float]] = {}  # app → (its org, until when)
 
     async def _bucket(self) -> KeyValue:
         return (await self._store()).bucket
@@ -127,8 +133,20 @@ class Quotas:
         return self._clock.now_ms()
 
     async def org_of(self, app: str) -> str:
+        """The organization ``app`` counts in: its record's (remembered for
+        :data:`ORG_REMEMBERED_S`), else — never created — the default one (read each time: it
+        may be created in another organization any moment)."""
+        now = self._clock.monotonic()
+        known = self._orgs.get(app)
+        if known is not None and known[1] > now:
+            return known[0]
         record = await (await self._apps()).get(app)
-        return record.org_slug if record is not None else DEFAULT_ORG
+        if record is None:
+            return DEFAULT_ORG
+        if len(self._orgs) >= _MAX_REMEMBERED:
+            self._orgs.clear()
+        self._orgs[app] = (record.org_slug, now + ORG_REMEMBERED_S)
+        return record.org_slug
 
     def may_count(self, app: str) -> bool:
         """Whether a change of ``app`` may count against a quota (else it need not ask)."""
