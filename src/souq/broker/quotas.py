@@ -202,6 +202,7 @@ class Quotas:
 
     async def clear(self, scope: Scope, name: str) -> None:
         await (await self._store()).remove(key_of(scope, name))
+        self.scopes.applied(key_of(scope, name), "DEL")
 
     # -- a create's path -------------------------------------------------------------------
 
