@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, PrivateAttr, TypeAdapter
 
@@ -181,26 +181,34 @@ class QuotaRecord(Record):
 _HELD = TypeAdapter(dict[str, Held])
 
 
+def _derived(record: QuotaRecord) -> dict[str, Any]:
+    """``record``'s private attributes (its sums, its held machines' JSON), read and written
+    straight (pydantic's attribute lookup for them costs more than the sums they save)."""
+    private = record.__pydantic_private__
+    assert private is not None
+    return private
+
+
 def _sums_of(record: QuotaRecord) -> Sums:
-    sums = record._sums
+    sums = _derived(record).get("_sums")
     if sums is None or not sums.made_of(record.pending, record.held, record.volumes):
         sums = summed(record.pending, record.held, record.volumes)
-        record._sums = sums
+        _derived(record)["_sums"] = sums
     return sums
 
 
 def _with_sums(
     new: QuotaRecord, old: QuotaRecord, plus: list[Part], minus: list[Part]
 ) -> QuotaRecord:
-    new._sums = moved(_sums_of(old), (new.pending, new.held, new.volumes), plus, minus)
+    _derived(new)["_sums"] = moved(_sums_of(old), (new.pending, new.held, new.volumes), plus, minus)
     return new
 
 
 def _held_bytes(record: QuotaRecord) -> bytes:
-    cached = record._held_json
+    cached = _derived(record).get("_held_json")
     if cached is None or cached[0] is not record.held:
         cached = (record.held, _HELD.dump_json(record.held))
-        record._held_json = cached
+        _derived(record)["_held_json"] = cached
     return cached[1]
 
 
@@ -375,14 +383,14 @@ def held(
                 minus.append(volume_part(record.volumes[volume_id]))
             plus.append(volume_part(size_gb))
     new = _with_sums(record.model_copy(update=update), record, plus, minus)
-    cached = record._held_json
+    cached = _derived(record).get("_held_json")
     if cached is not None and cached[0] is record.held and len(added) == len(machines):
         # Only machines it did not hold: their JSON after what it had (no re-encoding).
         text = cached[1]
         more = _HELD.dump_json(added)[1:-1] if added else b""
         if more:
             text = text[:-1] + (b"," if len(text) > 2 else b"") + more + b"}"
-        new._held_json = (kept, text)
+        _derived(new)["_held_json"] = (kept, text)
     return new
 
 
