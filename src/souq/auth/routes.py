@@ -10,7 +10,7 @@ route                                             scope        of
 ``/v1/apps/{app}/secrets…`` (any method)          deploy       the app
 ``/v1/apps/{app}/machines/{id}…``                 (declared)   the app: :mod:`souq.operations`
 ``POST /v1/apps/{app}/machines/{id}/exec``        deploy       the app (it sees the secrets)
-``PUT|DELETE /v1/apps/{app}/quota``               admin        the cluster (not the app's)
+``PUT|DELETE /v1/apps/{app}/quota…``              admin        the cluster (not the app's)
 ``GET /v1/apps/{app}/…``                          read         the app
 ``POST|DELETE /v1/apps/{app}/releases…|secrets…`` deploy       the app
 ``POST|PUT|DELETE /v1/apps/{app}/…`` (the rest)   write        the app (volumes too)
@@ -92,7 +92,7 @@ def _of_app(method: str, app: str, rest: str) -> Need:
             return Need(declared, app)
     if method in _READ:
         return Need(Scope.READ, app)
-    if rest.rstrip("/") == "/quota":  # an app's own token may not raise its own quota
+    if rest.rstrip("/") == "/quota" or rest.startswith("/quota/"):  # an app may not raise it
         return Need(Scope.ADMIN)
     deploying = rest.startswith("/releases")
     return Need(Scope.DEPLOY if deploying else Scope.WRITE, app)

@@ -519,8 +519,6 @@ class BrokerService:
         config = await self.volumes.named_for(app, machine_id, config)
         current = await self.get_machine(app, machine_id)
         grace = current.config.stop_config.timeout_s
-        before, after = use_of_config(current.config), use_of_config(config)
-        await self.quotas.grow(app, machine_id, before, after)  # 403 past a quota
         cmd = UpdateCommand(
             app=app,
             machine_id=machine_id,
@@ -531,9 +529,12 @@ class BrokerService:
             min_secrets_version=min_secrets_version,
             lease_nonce=nonce,
         )
-        updated = self._seen(await self.calls.owner(machine_id, v.UPDATE, cmd, extra_s=grace + 60))
+        async with self.quotas.growing(app, machine_id, current.config, config):  # 403 past it
+            updated = await self.calls.owner(machine_id, v.UPDATE, cmd, extra_s=grace + 60)
+        updated = self._seen(updated)
+        before, after = use_of_config(current.config), use_of_config(config)
         if after.cpus < before.cpus or after.memory_mb < before.memory_mb:
-            await self.quotas.resized(app, machine_id, after)  # a shrink counts once done
+            await self.quotas.resized(app, machine_id, config)  # a shrink counts once done
         return updated
 
     async def destroy_machine(

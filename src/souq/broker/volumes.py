@@ -18,12 +18,13 @@ in the claim, or refuses it (``volume_attached``) when another machine holds it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel
 
 from souq.broker.orders import worker_named_by
-from souq.errors import InvalidInput, NotFound, VolumeAttached
+from souq.errors import InvalidInput, NotFound, SouqError, VolumeAttached
 from souq.ids import new_request_id
 from souq.model import ClaimRequest
 from souq.model.machine import MachineConfig
@@ -90,22 +91,46 @@ class BrokerVolumes:
             )
 
         request = for_volume(request_id, app, body.region, size, avoid)
-        volume, _record = await s.market.place_volume(request, claim)
-        assert isinstance(volume, Volume)
+        async with s.quotas.counting_volume(app, size) as made:  # 403 past a quota
+            volume, _record = await s.market.place_volume(request, claim)
+            assert isinstance(volume, Volume)
+            made.append(volume)
         return volume
 
     async def list_volumes(self, app: str) -> list[Volume]:
         """Every worker's live volumes of ``app``, oldest first."""
+        return (await self.listing(app))[0]
+
+    async def listing(self, app: str) -> tuple[list[Volume], bool]:
+        """Every worker's live volumes of ``app``, oldest first, and whether every live worker
+        answered."""
         s = self._service
         s.require_bus()
+        live = s.liveness.live_count()
         replies = await s.client.ask_all(
             v.VOLUME_LIST,
             VolumeListCommand(app=app),
-            expect=s.liveness.live_count() or None,
+            expect=live or None,
             timeout=s.config.gather_timeout_s,
         )
         found = {vol.id: vol for batch in replies for vol in batch}
-        return sorted(found.values(), key=lambda vol: (vol.created_at, vol.id))
+        listed = sorted(found.values(), key=lambda vol: (vol.created_at, vol.id))
+        return listed, len(replies) >= live
+
+    def listed_for(self, complete: bool) -> Callable[[str], bool]:
+        """Whether a listing (:meth:`listing`) shows all there is of a volume id: every live
+        worker answered, and the volume's worker is one of them (a worker down keeps its
+        volumes: not listed, not gone)."""
+
+        def listed(volume_id: str) -> bool:
+            if not complete:
+                return False
+            try:
+                return self._service.liveness.is_live(_worker_of(volume_id))
+            except SouqError:
+                return False
+
+        return listed
 
     # -- one volume, on its worker ---------------------------------------------------------
 
@@ -120,11 +145,18 @@ class BrokerVolumes:
 
     async def extend(self, app: str, volume_id: str, size_gb: int) -> ExtendVolumeResponse:
         cmd = VolumeExtendCommand(app=app, volume_id=volume_id, size_gb=size_gb)
-        return await self._ask(volume_id, v.VOLUME_EXTEND, cmd)
+        quotas = self._service.quotas
+        if not quotas.may_count(app):
+            return await self._ask(volume_id, v.VOLUME_EXTEND, cmd)
+        before = (await self.get(app, volume_id)).size_gb
+        async with quotas.extending(app, volume_id, before, size_gb):  # 403 past a quota
+            return await self._ask(volume_id, v.VOLUME_EXTEND, cmd)
 
     async def destroy(self, app: str, volume_id: str) -> Volume:
         ref = VolumeRef(app=app, volume_id=volume_id)
-        return await self._ask(volume_id, v.VOLUME_DESTROY, ref)
+        destroyed = await self._ask(volume_id, v.VOLUME_DESTROY, ref)
+        await self._service.quotas.release(app, [volume_id])  # its size given back
+        return destroyed
 
     async def snapshot(self, app: str, volume_id: str) -> VolumeSnapshot:
         ref = VolumeRef(app=app, volume_id=volume_id)

@@ -298,14 +298,19 @@ class SouqClient(SchedCalls):
 
         return _one(QuotaView, self._call("GET", _quota_path(app, org)))
 
-    def set_quota(self, app: str, limits: Mapping[str, Any], *, org: bool = False) -> QuotaView:
-        """Replace the limits (a key left out: none on it)."""
+    def set_quota(
+        self, app: str, limits: Mapping[str, Any], *, org: bool = False, line: str | None = None
+    ) -> QuotaView:
+        """Replace the limits (a key left out: none on it); ``line`` (``all`` or a class):
+        only that line's, the others kept."""
         from souq.model.quota import QuotaView
 
-        return _one(QuotaView, self._call("PUT", _quota_path(app, org), json=dict(limits)))
+        path = _quota_path(app, org) + ("" if line is None else f"/{line}")
+        return _one(QuotaView, self._call("PUT", path, json=dict(limits)))
 
-    def clear_quota(self, app: str, *, org: bool = False) -> None:
-        self._call("DELETE", _quota_path(app, org))
+    def clear_quota(self, app: str, *, org: bool = False, line: str | None = None) -> None:
+        """No quota any more (``line``: no limits on that line, the others kept)."""
+        self._call("DELETE", _quota_path(app, org) + ("" if line is None else f"/{line}"))
 
     def volumes(self, app: str) -> list[Volume]:
         return _many(records.Volume, self._call("GET", f"/v1/apps/{app}/volumes"))
