@@ -65,9 +65,9 @@ class Operation:
         return MACHINE + self.path
 
     @property
-    def makes_machine(self) -> bool:
-        """Its reply is the machine's record (the broker's view takes it at once)."""
-        return self.reply == "machine.Machine"
+    def summary(self) -> str:
+        """Its doc as a sentence (the route's description, the CLI verb's help)."""
+        return self.doc[:1].upper() + self.doc[1:] + "."
 
 
 def _op(  # noqa: PLR0917 (a row of the table: its columns in order)

@@ -19,6 +19,7 @@ import pytest
 
 from souq.model import Machine
 from souq.testing import Cluster, auth_headers, wait_until
+from tests.integration.priority_harness import config
 
 WORKERS = 2
 CPUS = 4  # per worker: 8 one-cpu machines fill the region
@@ -29,19 +30,6 @@ def three_brokers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]
     root = tmp_path_factory.mktemp("preempt")
     with Cluster(root, regions={"pre": WORKERS}, cpus=CPUS, memory_mb=4096, brokers=3) as c:
         yield c
-
-
-def config(klass: str, price: float | None = None, **more: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "cmd": ["sleep", "600"],
-        "guest": {"cpus": 1, "memory_mb": 64},
-        "priority_class": klass,
-        "stop_config": {"signal": "SIGTERM", "timeout_s": 2},
-        **more,
-    }
-    if price is not None:
-        body["max_price"] = price
-    return body
 
 
 def fill_with_spot(cluster: Cluster, app: str) -> list[Machine]:

@@ -24,6 +24,7 @@ import pytest
 from souq.market.prices import price_at
 from souq.model.prices import SpotPriceRule
 from souq.testing import Cluster, auth_headers, wait_until
+from tests.integration.priority_harness import config
 
 REGION = "spotr"
 WORKERS, CPUS = 2, 4
@@ -39,18 +40,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     root = tmp_path_factory.mktemp("spot-prices")
     with Cluster(root, regions={REGION: WORKERS}, cpus=CPUS, memory_mb=4096, brokers=2) as c:
         yield c
-
-
-def config(klass: str, price: float | None = None) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "cmd": ["sleep", "600"],
-        "guest": {"cpus": 1, "memory_mb": 64},
-        "priority_class": klass,
-        "stop_config": {"signal": "SIGTERM", "timeout_s": 2},
-    }
-    if price is not None:
-        body["max_price"] = price
-    return body
 
 
 def region_of(url: str, name: str = REGION) -> dict[str, Any]:

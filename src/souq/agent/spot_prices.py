@@ -31,6 +31,7 @@ from souq.agent.evictions import RUNNING, displace
 from souq.agent.executor import Executor
 from souq.bus.jetstream import BucketWatch, open_key_value, reconnects
 from souq.clock import Clock, iso_from_ms
+from souq.daemon import cancel_tasks
 from souq.market.prices import BUCKET, Bid, outbid
 from souq.model.prices import SpotPrice
 
@@ -66,11 +67,8 @@ class SpotWatch:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="souq-spot-sweep")
 
     async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_tasks([self._task])
+        self._task = None
         if self._watch is not None:
             await self._watch.close()
             self._watch = None

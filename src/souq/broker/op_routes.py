@@ -35,7 +35,7 @@ def operations_router(service: BrokerService) -> APIRouter:
             _endpoint(service, op),
             methods=[op.method],
             name=op.name,
-            description=op.doc[:1].upper() + op.doc[1:] + ".",
+            description=op.summary,
             response_model=resolve(op.answer or op.reply),
             status_code=op.status_code,
             openapi_extra=None if body is None else body_schema(body),

@@ -19,7 +19,6 @@ checked is the broker's own (``spot_price_source: view``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -34,6 +33,7 @@ from pydantic import ValidationError
 
 from souq.bus.jetstream import BucketWatch, OnFirstUse, open_key_value, reconnects
 from souq.clock import Clock
+from souq.daemon import cancel_tasks
 from souq.errors import BidBelowPrice
 from souq.market.prices import BUCKET, HISTORY, refuses, region_price, region_prices, supersedes
 from souq.model import WorkerInfo
@@ -96,11 +96,8 @@ class SpotPrices:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="souq-spot-prices")
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_tasks([self._task])
+        self._task = None
         if self._watch is not None:
             await self._watch.close()
 

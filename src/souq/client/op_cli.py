@@ -33,7 +33,7 @@ def _command(op: Operation) -> Callable[..., None]:
             answer: Any = cli.make_client().operate(op.name, app_name, machine_id)
             _renderer(op)(answer, as_json=as_json)
 
-    command.__doc__ = op.doc[:1].upper() + op.doc[1:] + "."
+    command.__doc__ = op.summary
     command.__name__ = f"machine_{op.name}"
     return command
 
