@@ -74,7 +74,6 @@ SPOT_PRICES_STREAM = "KV_souq-spot-prices"  # souq.market.prices.BUCKET's
 # Batch jobs (souq.jobs.store, souq.jobs.output): named here, the bus's layer, not imported.
 JOBS_BUCKET = "souq-jobs"
 JOBS_READY = "souq-jobs-ready"
-JOBS_READY_SUBJECT = f"{subjects.PREFIX}.jobs.ready"
 JOBS_RUNNERS = "souq-job-runners"
 JOBS_LOGS = "souq-job-logs"
 
@@ -164,7 +163,7 @@ def _job_runner() -> list[str]:
         f"{api}.CONSUMER.INFO.{ready}.{runners}",
         f"{api}.CONSUMER.MSG.NEXT.{ready}.{runners}",
         f"$JS.ACK.{ready}.{runners}.>",
-        JOBS_READY_SUBJECT,
+        subjects.JOBS_READY,
         f"{api}.STREAM.INFO.{logs}",
         f"{api}.STREAM.MSG.GET.{logs}",
         f"{api}.DIRECT.GET.{logs}",

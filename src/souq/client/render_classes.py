@@ -1,5 +1,6 @@
-"""How ``souq simulate --tasks`` prints what each priority class saw, and the comparison of
-``--compare-preemption``: a part of :mod:`souq.client.render` (the only printer)."""
+"""How ``souq simulate`` prints: the ATC'23 experiment's table, what each priority class saw
+(``--tasks``) and the comparison of ``--compare-preemption``; a part of
+:mod:`souq.client.render` (the CLI's only printer)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,43 @@ from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
-from souq.client.render import _json_or, _out
+from souq.client.render import _json_or, _out, json_value
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
+    from souq.sim.experiment import Outcome
     from souq.sim.preemption_compare import Comparison
 
-__all__ = ["class_rows", "preemption_comparison"]
+__all__ = ["class_rows", "experiment_outcomes", "preemption_comparison"]
+
+
+def experiment_outcomes(outcomes: list[Outcome], plot: Path | None, *, as_json: bool) -> None:
+    """The experiment's unallocated GPU share per policy at 100 % arrived, beside the paper's."""
+    from souq.sim.experiment import PAPER
+
+    if as_json:
+        bodies = [o.as_json() for o in outcomes]
+        json_value(bodies[0] if len(bodies) == 1 else bodies)
+        return
+    table = Table(title="Unallocated GPU % at 100 % arrived")
+    for column in ("policy", "mean", "sd", "paper", "seeds", "slowest seed"):
+        table.add_column(column, justify="left" if column == "policy" else "right")
+    for o in outcomes:
+        mean = o.mean_at_100
+        paper = PAPER.get(o.policy)
+        table.add_row(
+            o.policy,
+            "-" if mean is None else f"{mean:.2f}",
+            f"{o.sd_at_100:.2f}",
+            "" if paper is None else f"{paper:.2f}",
+            str(len(o.runs)),
+            f"{max(o.seconds):.1f} s",
+        )
+    console = _out()
+    console.print(table)
+    if plot is not None:
+        console.print(f"figure: {plot}")
 
 
 def class_rows(classes: dict[str, dict[str, Any]], preempt: int) -> list[tuple[str, str]]:
