@@ -176,7 +176,7 @@ def create_handler(service: BrokerService) -> CreateHandler:
 
 
 def _add_durability_routes(api: FastAPI, service: BrokerService) -> None:
-    """A worker's drain (docs/architecture.md, "Durability")."""
+    """A worker's drain (docs/protocol.md, "Dry runs, quotes and cordons")."""
 
     @api.post("/v1/workers/{worker_id}/drain", response_model=WorkerInfo, tags=["cluster"])
     async def drain_worker(worker_id: str) -> Response:
