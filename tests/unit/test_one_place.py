@@ -107,3 +107,15 @@ def test_of_the_cli_only_the_render_modules_print() -> None:
 def test_the_scan_finds_a_print() -> None:
     tree = ast.parse('import typer\nprint("x")\ntyper.echo("y")\n')
     assert _printing_calls(tree) == [2, 3]
+
+
+def test_the_placement_pipeline_is_wired_in_one_function() -> None:
+    """docs/placement.md: "The pipeline is wired in one function, ``build_pipeline``"."""
+    wired = {
+        f"{path.relative_to(SRC)}:{node.lineno}"
+        for path, tree in _modules()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and ast.unparse(node.func) == "Pipeline"
+    }
+    assert len(wired) == 1
+    assert next(iter(wired)).startswith("placement/policy.py:")
