@@ -79,7 +79,8 @@ def test_only_the_subjects_module_spells_a_subject() -> None:
 def test_the_scan_finds_a_subject_spelled_elsewhere() -> None:
     tree = ast.parse('S = "souq.jobs.ready"\nT = f"{subjects.PREFIX}.worker.*.*"\n')
     assert [line for line, _ in _spelled_subjects(tree)] == [1, 2]
-    assert _spelled_subjects(ast.parse('import logging\nlog = logging.getLogger("souq.audit")')) == []
+    logger = 'import logging\nlog = logging.getLogger("souq.audit")'
+    assert _spelled_subjects(ast.parse(logger)) == []
     assert _spelled_subjects(ast.parse('M = "souq.jobs.core"')) == []
 
 
