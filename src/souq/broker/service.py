@@ -432,8 +432,8 @@ class BrokerService:
 
     async def list_rows(self, app: str, *, destroyed: bool = False) -> list[tuple[str, str]]:
         """``(worker_id, machine JSON)`` of the app's machines, oldest first: from the cluster
-        view once it is complete, else by asking every live worker (see docs/view.md). Unavailable while the bus is down: the view
-        cannot be trusted then."""
+        view once it is complete, else by asking every live worker (see docs/view.md).
+        Unavailable while the bus is down: the view cannot be trusted then."""
         self.require_bus()
         if self.view.complete or destroyed:  # the destroyed: only the view keeps them
             return self.view.store.app_rows(app, destroyed=destroyed)
