@@ -11,11 +11,11 @@ import pytest
 from souq.errors import TraceInvalid
 from souq.model.policy import PlacementDefaults
 from souq.placement import build_pipeline
-from souq.sim.classes import class_of_qos, trace_window
+from souq.sim.classes import class_of_qos
 from souq.sim.departures import parse_workers, replay
 from souq.sim.fleet import Settings, replay_fleet
 from souq.sim.preemption_compare import ARMS, compare
-from souq.sim.traces import Task, parse_pods, parse_tasks, tasks_from_pods
+from souq.sim.traces import Task, parse_pods, parse_tasks, tasks_from_pods, trace_window
 
 
 def task(

@@ -155,6 +155,6 @@ def simulate(
         )
         if plot is not None:
             experiment.plot(outcomes, plot)
-        from souq.client.render_classes import experiment_outcomes
+        from souq.client.render_sim import experiment_outcomes
 
         experiment_outcomes(outcomes, plot, as_json=as_json)

@@ -397,7 +397,7 @@ def trace(
 ) -> list["Report"]:
     """Replay the tasks on the workers, once per policy (the default pipeline's when none),
     and print the reports; with ``compare``, three times per policy (what preemption buys)."""
-    from souq.client import render
+    from souq.client import render, render_sim
     from souq.sim.departures import replay, speed_up
 
     cluster = _workers(workers)
@@ -428,7 +428,7 @@ def trace(
     if as_json:
         render.json_value(reports[0] if len(reports) == 1 else reports)
     for report in [] if as_json else reports:
-        render.trace_replay(report)
+        render_sim.trace_replay(report)
     return reports
 
 
@@ -439,7 +439,7 @@ def _compare(
     as_json: bool,
 ) -> None:
     """``--compare-preemption``: the three runs of each policy, printed side by side."""
-    from souq.client import render, render_classes
+    from souq.client import render, render_sim
     from souq.sim.preemption_compare import compare
 
     comparisons = [compare(run, tasks, preempt=preempt) for run in runs]
@@ -447,7 +447,7 @@ def _compare(
         render.json_value(comparisons[0] if len(comparisons) == 1 else comparisons)
         return
     for comparison in comparisons:
-        render_classes.preemption_comparison(comparison)
+        render_sim.preemption_comparison(comparison)
 
 
 def _workers(workers: str | None) -> list["Resources"]:
@@ -475,7 +475,7 @@ def trace_fleet(
 ) -> list["FleetReport"]:
     """Replay the tasks on a fleet of the workers (:mod:`souq.sim.fleet`), once per policy,
     and print the reports (and draw the first one's timeline with ``--plot``)."""
-    from souq.client import render
+    from souq.client import render, render_sim
     from souq.model.policy import PlacementDefaults
     from souq.placement import build_pipeline
     from souq.sim.departures import speed_up
@@ -517,7 +517,7 @@ def trace_fleet(
     if as_json:
         render.json_value(reports[0] if len(reports) == 1 else reports)
     for report in [] if as_json else reports:
-        render.fleet_replay(report)
+        render_sim.fleet_replay(report)
     return reports
 
 

@@ -26,18 +26,14 @@ Pure.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from souq.model.choices import PriorityClass
 
-if TYPE_CHECKING:
-    from souq.sim.traces import Task
-
-__all__ = ["CLASSES", "QOS_CLASSES", "ClassTally", "Window", "class_of_qos", "trace_window"]
+__all__ = ["CLASSES", "QOS_CLASSES", "ClassTally", "Window", "class_of_qos"]
 
 CLASSES = (PriorityClass.RESERVED, PriorityClass.STANDARD, PriorityClass.SPOT)
 
@@ -106,19 +102,6 @@ class ClassTally:
                 "lost_core_s": round(self.lost_core_s.get(klass, 0.0), 3),
             }
         return out
-
-
-def trace_window(tasks: Sequence[Task]) -> tuple[float, float]:
-    """The span in which a trace offers work: its first arrival to its last (the drain after
-    it left out, whose length a displaced task's later run changes); to its last departure as
-    the trace gives them when every task arrives at once."""
-    if not tasks:
-        return 0.0, 0.0
-    start = min(t.arrival_s for t in tasks)
-    end = max(t.last_arrival_s for t in tasks)
-    if end <= start:
-        end = max(t.last_arrival_s + (t.duration_s or 0.0) for t in tasks)
-    return start, end
 
 
 @dataclass

@@ -56,11 +56,11 @@ from souq.model.resources import GPU_MILLI, Resources
 from souq.placement import Pipeline, build_pipeline
 from souq.placement.fragmentation import DEFAULT_WORKLOAD
 from souq.placement.gpu_scorers import MAX_CPU, MAX_GPU
-from souq.sim.classes import ClassTally, Window, trace_window
+from souq.sim.classes import ClassTally, Window
 from souq.sim.cluster import Evicted, Placed, VirtualCluster
 from souq.sim.departures_report import Outcome, Report, Sample, pct, percentile
 from souq.sim.host_time import HostTime
-from souq.sim.traces import Node, Task
+from souq.sim.traces import Node, Task, trace_window
 from souq.sim.workload import typical_pods
 
 __all__ = [
@@ -516,7 +516,7 @@ def replay(
     ``sample_every_s`` virtual seconds. A create that fits nowhere may displace at most
     ``preempt`` machines of a lower class (0: none), as the broker's ``preempt_max_victims``.
     ``window``: the span (the trace's times) the report's ``window_utilisation`` is over
-    (default: the trace's own, :func:`~souq.sim.classes.trace_window`)."""
+    (default: the trace's own, :func:`~souq.sim.traces.trace_window`)."""
     if not workers:
         raise InvalidInput("a replay needs at least one worker", hint="give --workers")
     if pipeline is None:

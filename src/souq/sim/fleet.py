@@ -61,11 +61,11 @@ from souq.model.worker import WorkerInfo
 from souq.placement import Pipeline, PlacementRequest
 from souq.placement.columns import OfferTable, evaluate, rank_table, reason_name
 from souq.placement.gpu_columns import picked as picked_gpus
-from souq.sim.classes import ClassTally, Window, trace_window
+from souq.sim.classes import ClassTally, Window
 from souq.sim.departures import closest_reason, request_of
 from souq.sim.fleet_preemption import Victim, Victims
 from souq.sim.fleet_report import FleetReport, Measures
-from souq.sim.traces import Task
+from souq.sim.traces import Task, trace_window
 
 __all__ = ["FRONTIER", "Fleet", "FleetReport", "Settings", "replay_fleet"]
 

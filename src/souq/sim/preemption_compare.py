@@ -24,8 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from souq.model.choices import PriorityClass
-from souq.sim.classes import trace_window
-from souq.sim.traces import Task
+from souq.sim.traces import Task, trace_window
 
 __all__ = ["ARMS", "Arm", "Comparison", "compare"]
 
@@ -107,7 +106,7 @@ def compare(
 ) -> Comparison:
     """The three runs of ``tasks`` (:data:`ARMS`), the third displacing at most ``preempt``
     machines a create; ``run(tasks, preempt, window)`` each, all measured over the whole
-    trace's span (``window``, :func:`~souq.sim.classes.trace_window`)."""
+    trace's span (``window``, :func:`~souq.sim.traces.trace_window`)."""
     reserved = [t for t in tasks if t.priority_class == PriorityClass.RESERVED]
     window = trace_window(tasks)
     arms = [

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import csv
 import math
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -38,6 +38,7 @@ __all__ = [
     "read_pods",
     "read_tasks",
     "tasks_from_pods",
+    "trace_window",
 ]
 
 MILLI = 1000
@@ -388,3 +389,16 @@ def read_pods(path: str | Path) -> list[Pod]:
 
 def read_tasks(path: str | Path) -> list[Task]:
     return _read(path, parse_tasks)
+
+
+def trace_window(tasks: Sequence[Task]) -> tuple[float, float]:
+    """The span in which a trace offers work: its first arrival to its last (the drain after
+    it left out, whose length a displaced task's later run changes); to its last departure as
+    the trace gives them when every task arrives at once."""
+    if not tasks:
+        return 0.0, 0.0
+    start = min(t.arrival_s for t in tasks)
+    end = max(t.last_arrival_s for t in tasks)
+    if end <= start:
+        end = max(t.last_arrival_s + (t.duration_s or 0.0) for t in tasks)
+    return start, end

@@ -1,6 +1,6 @@
-"""How ``souq simulate`` prints: the ATC'23 experiment's table, what each priority class saw
-(``--tasks``) and the comparison of ``--compare-preemption``; a part of
-:mod:`souq.client.render` (the CLI's only printer)."""
+"""How ``souq simulate`` prints: the ATC'23 experiment's table, a replay's report (``--tasks``,
+``--engine fleet``) with what each priority class saw, and the comparison of
+``--compare-preemption``; a part of the CLI's printer (:mod:`souq.client.render`)."""
 
 from __future__ import annotations
 
@@ -8,15 +8,23 @@ from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
-from souq.client.render import _json_or, _out, json_value
+from souq.client.render import _grid, _json_or, _out, json_value
 
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from souq.sim.departures import Report
     from souq.sim.experiment import Outcome
+    from souq.sim.fleet import FleetReport
     from souq.sim.preemption_compare import Comparison
 
-__all__ = ["class_rows", "experiment_outcomes", "preemption_comparison"]
+__all__ = [
+    "class_rows",
+    "experiment_outcomes",
+    "fleet_replay",
+    "preemption_comparison",
+    "trace_replay",
+]
 
 
 def experiment_outcomes(outcomes: list[Outcome], plot: Path | None, *, as_json: bool) -> None:
@@ -118,3 +126,57 @@ def preemption_comparison(c: Comparison) -> None:
             wait or "-",
         )
     _out().print(table)
+
+
+@_json_or
+def trace_replay(r: Report) -> None:
+    """A replay with departures: placed, failed by reason, allocation and the workers' CPU."""
+    failed = ", ".join(f"{n} {reason}" for reason, n in sorted(r.failed_by_reason.items()))
+    s = {k: f"{v:g} %" for k, v in r.summary().items()}
+    rows = [
+        ("policy", r.policy),
+        ("tasks", f"{r.tasks} on {r.workers} workers: {r.placed} placed, {r.failed} failed"),
+        ("failed", failed or "-"),
+        ("allocated", f"cpu {s.get('cpu_mean')}, memory {s.get('memory_mean')}"
+         + (f", gpu {s.get('gpu_mean')}" if "gpu_mean" in s else "")
+         + f" (time-weighted mean of {len(r.samples)} samples)"),
+        ("worker cpu p95", f"mean {s.get('worker_cpu_p95_mean')}, peak "
+         f"{s.get('worker_cpu_p95_peak')}"),
+        ("worker cpu max", f"mean {s.get('worker_cpu_max_mean')}"),
+        ("hot workers", ", ".join(f"{k} {v:g} %" for k, v in r.hot.items())
+         + f" of worker-time above {r.hot_threshold:g}"),
+        *((f"worker {k}", f"p95 {h[k + '_p95']:g} %, max {h[k + '_max']:g} % (each over time)")
+          for h in [r.host_utilisation] for k in r.hot),
+    ]  # fmt: skip
+    _out().print(_grid([*rows, *class_rows(r.classes, r.preempt)], bold_names=True))
+
+
+@_json_or
+def fleet_replay(r: FleetReport) -> None:
+    """A fleet replay: placed, failed by reason, utilisation and hot spots over time, the
+    hosts' p95 and max, waits and jobs."""
+    failed = ", ".join(f"{n} {reason}" for reason, n in sorted(r.failed_by_reason.items()))
+    util = ", ".join(f"{k} {v:g} %" for k, v in r.utilisation.items())
+    hot = ", ".join(f"{k} {v:g} %" for k, v in r.hot.items())
+    h = r.host_utilisation
+    w, j = r.waits, r.jobs
+    start, end = r.span_s
+    queue = ", backfilled queue" if r.backfill else ", FIFO queue" if r.queue else ", no queue"
+    mode = ("batch" if r.batch else "one by one") + queue
+    rows = [
+        ("policy", f"{r.policy} ({mode})"),
+        ("tasks", f"{r.tasks} ({r.instances} instances) on {r.hosts} hosts: {r.placed} placed, "
+         f"{r.failed} failed"),
+        ("failed", failed or "-"),
+        ("utilisation", f"{util} (time-weighted, {start:g} s to {end:g} s)"),
+        ("hot hosts", f"{hot} of host-time above {r.hot_threshold:g}"),
+        ("host cpu", f"p95 {h['cpu_p95']:g} %, max {h['cpu_max']:g} % (each host over time)"),
+        ("host memory", f"p95 {h['memory_p95']:g} %, max {h['memory_max']:g} %"),
+        ("waits", f"p50 {w['p50']:g} s, p95 {w['p95']:g} s, max {w['max']:g} s"),
+        ("fragmented", ", ".join(f"{k} {v:g} %" for k, v in r.fragmentation.items())
+         + " of the free capacity on hosts with no room for the task placed (mean)"),
+        ("jobs", f"{j.get('completed', 0)} completed" + (
+            f": completion p50 {j['jct_p50']:g} s, p95 {j['jct_p95']:g} s; slowdown mean "
+            f"{j['slowdown_mean']:g}, p95 {j['slowdown_p95']:g}" if "jct_p50" in j else "")),
+    ]  # fmt: skip
+    _out().print(_grid([*rows, *class_rows(r.classes, r.preempt)], bold_names=True))
