@@ -55,7 +55,7 @@ import numpy as np
 import numpy.typing as npt
 
 from souq.errors import InvalidInput
-from souq.market.preemption import DEFAULT_MAX_VICTIMS, RANK, may_displace, may_preempt
+from souq.market.preemption import RANK, may_displace, may_preempt
 from souq.model.resources import GPU_MILLI, Resources
 from souq.model.worker import WorkerInfo
 from souq.placement import Pipeline, PlacementRequest
@@ -64,7 +64,7 @@ from souq.placement.gpu_columns import picked as picked_gpus
 from souq.sim.classes import ClassTally, Window
 from souq.sim.departures import closest_reason, request_of
 from souq.sim.fleet_preemption import Victim, Victims
-from souq.sim.fleet_report import FleetReport, Measures
+from souq.sim.fleet_report import FleetReport, Measures, Settings
 from souq.sim.traces import Task, trace_window
 
 __all__ = ["FRONTIER", "Fleet", "FleetReport", "Settings", "replay_fleet"]
@@ -76,25 +76,7 @@ REGION = "sim"
 FRONTIER = 4  # claims ahead scored per host in a batch's first call
 EXTEND = 64  # claims ahead scored for a host that takes more (at least; doubling)
 TIMELINE_STEPS = 200  # samples over the trace's span when no step is given
-
-
-@dataclass(frozen=True, slots=True)
-class Settings:
-    """How one run places and measures."""
-
-    batch: bool = True  # a task's instances as one batch create (all or none)
-    queue: bool = False  # FIFO: a task that does not fit waits instead of failing
-    # With the queue: the batch-jobs queue's rule instead of strict FIFO: the oldest of the
-    # tasks that fit goes first; one that does not fit holds up none behind it.
-    backfill: bool = False
-    hot: float = 0.9  # a host above this share of a resource is hot
-    sample_every_s: float | None = None  # the timeline's step (None: 200 over the trace)
-    seed: int = 0  # ties in the seeded order
-    # A single create that fits nowhere may displace at most this many instances of a lower
-    # priority class (souq.sim.fleet_preemption; the broker's preempt_max_victims; 0: none).
-    preempt: int = DEFAULT_MAX_VICTIMS
-    # The span the report's window_utilisation is over (None: the trace's own).
-    window: tuple[float, float] | None = None
+DEFAULT_SETTINGS = Settings()  # frozen: one value for every default
 
 
 @dataclass(slots=True)
@@ -124,7 +106,7 @@ class Fleet:
         tasks: Sequence[Task],
         *,
         pipeline: Pipeline,
-        settings: Settings = Settings(),
+        settings: Settings = DEFAULT_SETTINGS,
     ) -> None:
         if not hosts:
             raise InvalidInput("a replay needs at least one host", hint="give --workers")
@@ -585,7 +567,7 @@ def replay_fleet(
     tasks: Sequence[Task],
     *,
     pipeline: Pipeline,
-    settings: Settings = Settings(),
+    settings: Settings = DEFAULT_SETTINGS,
 ) -> FleetReport:
     """Replay ``tasks`` on ``hosts`` through ``pipeline`` (:class:`Fleet`)."""
     return Fleet(hosts, tasks, pipeline=pipeline, settings=settings).run()

@@ -1,4 +1,5 @@
-"""What a fleet replay measures (:mod:`souq.sim.fleet`), weighted by time.
+"""What a fleet replay measures (:mod:`souq.sim.fleet`), weighted by time, and how a run is
+set to place and measure (:class:`Settings`).
 
 :class:`Measures` keeps running integrals as the run goes: between two events the fleet does
 not change, so each quantity times the interval is added when the next event comes. From them,
@@ -25,21 +26,38 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from souq.market.preemption import DEFAULT_MAX_VICTIMS
 from souq.model.resources import GPU_MILLI
 from souq.placement.columns import OfferTable
 from souq.sim.traces import Task
 
-if TYPE_CHECKING:
-    from souq.sim.fleet import Settings
-
-__all__ = ["FleetReport", "Measures", "Sample", "weighted_percentile"]
+__all__ = ["FleetReport", "Measures", "Sample", "Settings", "weighted_percentile"]
 
 Floats = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """How one run places and measures."""
+
+    batch: bool = True  # a task's instances as one batch create (all or none)
+    queue: bool = False  # FIFO: a task that does not fit waits instead of failing
+    # With the queue: the batch-jobs queue's rule instead of strict FIFO: the oldest of the
+    # tasks that fit goes first; one that does not fit holds up none behind it.
+    backfill: bool = False
+    hot: float = 0.9  # a host above this share of a resource is hot
+    sample_every_s: float | None = None  # the timeline's step (None: 200 over the trace)
+    seed: int = 0  # ties in the seeded order
+    # A single create that fits nowhere may displace at most this many instances of a lower
+    # priority class (souq.sim.fleet_preemption; the broker's preempt_max_victims; 0: none).
+    preempt: int = DEFAULT_MAX_VICTIMS
+    # The span the report's window_utilisation is over (None: the trace's own).
+    window: tuple[float, float] | None = None
 
 
 def weighted_percentile(values: Floats, weights: Floats, p: float) -> float:
