@@ -28,7 +28,16 @@ from pydantic import Field, PrivateAttr, TypeAdapter
 
 from souq.model.base import Input, Record
 from souq.model.choices import PriorityClass
-from souq.model.quota_sums import Part, Sums, held_part, moved, pending_part, summed, volume_part
+from souq.model.quota_sums import (
+    Held,
+    Part,
+    Sums,
+    held_part,
+    moved,
+    pending_part,
+    summed,
+    volume_part,
+)
 
 __all__ = [
     "ALL_CLASSES",
@@ -147,9 +156,6 @@ class QuotaEntry(Record):
         description="what it counts in its class when not ``use`` (an update "
         "that moves a machine to another class counts all of it there)",
     )
-
-
-Held = tuple[float, int, str]  # a machine's (cpus, memory_mb, priority class): compact on purpose
 
 
 class QuotaRecord(Record):

@@ -12,12 +12,46 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from souq.model.quota import Held, QuotaEntry
+__all__ = [
+    "Held",
+    "Part",
+    "Pending",
+    "Sums",
+    "held_part",
+    "moved",
+    "pending_part",
+    "summed",
+    "volume_part",
+]
 
-__all__ = ["Part", "Sums", "held_part", "moved", "pending_part", "summed", "volume_part"]
+Held = tuple[float, int, str]  # a machine's (cpus, memory_mb, priority class): compact on purpose
+
+
+class Use(Protocol):
+    """What a share of use counts (:class:`souq.model.quota.QuotaUse` is one)."""
+
+    @property
+    def cpus(self) -> float: ...
+    @property
+    def memory_mb(self) -> int: ...
+    @property
+    def machines(self) -> int: ...
+    @property
+    def volume_gb(self) -> int: ...
+
+
+class Pending(Protocol):
+    """A change under way, as the sums see it (:class:`souq.model.quota.QuotaEntry` is one)."""
+
+    @property
+    def use(self) -> Use: ...
+    @property
+    def class_use(self) -> Use | None: ...
+    @property
+    def priority_class(self) -> str: ...
+
 
 Vec = tuple[int, int, int, int]  # millicpus (exact sums), memory_mb, machines, volume_gb
 Part = tuple[str, Vec, Vec]  # (class, what it counts on the all-classes line, in its class)
@@ -36,7 +70,7 @@ class Sums:
         return a is pending and b is held and c is volumes
 
 
-def pending_part(entry: QuotaEntry) -> Part:
+def pending_part(entry: Pending) -> Part:
     use = entry.use
     total: Vec = (_milli(use.cpus), use.memory_mb, use.machines, use.volume_gb)
     in_class = use if entry.class_use is None else entry.class_use
@@ -65,7 +99,7 @@ def _add(a: Vec, b: Vec, sign: int) -> Vec:
 
 
 def summed(
-    pending: Mapping[str, QuotaEntry], held: Mapping[str, Held], volumes: Mapping[str, int]
+    pending: Mapping[str, Pending], held: Mapping[str, Held], volumes: Mapping[str, int]
 ) -> Sums:
     parts = [pending_part(e) for e in pending.values()]
     parts += [held_part(h) for h in held.values()]
