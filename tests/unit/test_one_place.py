@@ -120,3 +120,40 @@ def test_the_placement_pipeline_is_wired_in_one_function() -> None:
     }
     assert len(wired) == 1
     assert next(iter(wired)).startswith("placement/policy.py:")
+
+
+def test_the_placement_docs_name_every_reason_once_named() -> None:
+    """docs/placement.md's filter table names exactly the reasons of ``souq.model.reasons``
+    (but the worker's own: its ports and what it could displace, in docs/placement.md's text)."""
+    from souq.model.reasons import Reason
+
+    doc = (SRC.parents[1] / "docs" / "placement.md").read_text()
+    table = doc[doc.index("| order | filter |") : doc.index("### Scorers")]
+    named = set(re.findall(r"`([a-z_]+)`", table))
+    worker_own = {Reason.NO_PORTS, Reason.NO_PREEMPTIBLE, Reason.DECLINED}
+    assert {r.value for r in Reason} - worker_own <= named
+    assert named & {r.value for r in Reason} == {r.value for r in Reason} - worker_own
+
+
+def test_no_reason_is_spelled_outside_its_declaration() -> None:
+    from souq.model.reasons import Reason
+
+    codes = {r.value for r in Reason} - {"cordoned", "draining"}  # worker states too
+    spelled = {
+        f"{path.relative_to(SRC)}:{node.lineno}"
+        for path, tree in _modules()
+        if path.name != "reasons.py"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and node.value in codes and id(node) not in _exports(tree)
+    }
+    assert spelled == set()
+
+
+def _exports(tree: ast.Module) -> set[int]:
+    """The ids of the names in a module's ``__all__`` (a name, not a reason)."""
+    return {
+        id(item)
+        for node in tree.body
+        if isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "__all__"
+        for item in ast.walk(node.value)
+    }

@@ -52,6 +52,7 @@ from souq.market.preemption import DEFAULT_MAX_VICTIMS, RANK, may_displace
 from souq.model.constraint import Constraint, ConstraintOperator
 from souq.model.placement import Placement
 from souq.model.policy import PlacementDefaults, PlacementPolicy
+from souq.model.reasons import Reason
 from souq.model.resources import GPU_MILLI, Resources
 from souq.placement import Pipeline, build_pipeline
 from souq.placement.fragmentation import DEFAULT_WORKLOAD
@@ -174,15 +175,15 @@ def request_of(task: Task) -> tuple[Resources, tuple[Constraint, ...]]:
 # capacity (insufficient_cpu, _memory, _gpus, _gpu_share ..., and any reason not named here);
 # 1, ruled out by where the app's other machines are; 2, not of the kind the request asks
 # (its constraints, GPU model, driver); 3, out of play (cordoned, draining, another region).
-_DISTANCE = {
-    "distinct_workers": 1,
-    "standby_primary": 1,
-    "constraint": 2,
-    "wrong_gpu_model": 2,
-    "driver_missing": 2,
-    "cordoned": 3,
-    "draining": 3,
-    "wrong_region": 3,
+_DISTANCE: dict[str, int] = {
+    Reason.DISTINCT_WORKERS: 1,
+    Reason.STANDBY_PRIMARY: 1,
+    Reason.CONSTRAINT: 2,
+    Reason.WRONG_GPU_MODEL: 2,
+    Reason.DRIVER_MISSING: 2,
+    Reason.CORDONED: 3,
+    Reason.DRAINING: 3,
+    Reason.WRONG_REGION: 3,
 }
 
 
