@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -56,7 +56,10 @@ from souq.model.quota_reconcile import ClusterMachine, ClusterVolumes, reconcile
 from souq.model.volume import Volume
 
 if TYPE_CHECKING:
-    from souq.broker.service import BrokerService
+    from nats.aio.client import Client
+
+    from souq.broker.volume_listing import VolumeListing
+    from souq.view import ClusterView
 
 __all__ = ["BUCKET", "Quotas", "Reservation", "use_of_config", "use_of_volume"]
 
@@ -99,13 +102,28 @@ class Reservation:
 class Quotas:
     """The broker's quota use cases: set, show, reserve, settle, release, reconcile."""
 
-    def __init__(self, service: BrokerService, clock: Clock, *, deadline_s: float) -> None:
-        self._service = service
+    def __init__(
+        self,
+        nats_client: Callable[[], Client],
+        clock: Clock,
+        *,
+        deadline_s: float,
+        view: ClusterView,
+        live_rows: Callable[[str], Awaitable[list[tuple[str, str]]]],
+        volumes: VolumeListing,
+    ) -> None:
+        """``nats_client``: the bus's connection (Unavailable on another bus); ``view`` and
+        ``live_rows`` (the broker's list of an app's live machines): what reconciliation counts;
+        ``volumes``: the cluster's listing of volumes."""
+        self._nats_client = nats_client
         self._clock = clock
         self.deadline_s = deadline_s  # a reservation's: past it, reconciliation decides
-        self._store = OnFirstUse(lambda: QuotaStore.open(service.nats_client())).get
-        self._apps = OnFirstUse(lambda: AppStore.open(service.nats_client())).get
-        self.scopes = QuotaScopes(self._bucket, lambda: reconnects(service.nats_client()))
+        self._view = view
+        self._live_rows = live_rows
+        self._volumes = volumes
+        self._store = OnFirstUse(lambda: QuotaStore.open(nats_client())).get
+        self._apps = OnFirstUse(lambda: AppStore.open(nats_client())).get
+        self.scopes = QuotaScopes(self._bucket, lambda: reconnects(nats_client()))
         self._orgs: dict[str, tuple[str, float]] = {}  # app → (its org, until when)
 
     async def _bucket(self) -> KeyValue:
@@ -124,7 +142,7 @@ class Quotas:
         """Quotas are kept on a NATS bus (JetStream); on another (the in-memory bus of unit
         tests and the simulator) there are none."""
         try:
-            self._service.nats_client()
+            self._nats_client()
         except Unavailable:
             return False
         return True
@@ -418,10 +436,10 @@ class Quotas:
         sizes: dict[str, int] = {}
         complete = True
         for app in sorted(apps):
-            listed, whole = await self._service.volumes.listing(app)
+            listed, whole = await self._volumes.listing(app)
             sizes.update({vol.id: vol.size_gb for vol in listed})
             complete = complete and whole
-        return ClusterVolumes(sizes, self._service.volumes.listed_for(complete))
+        return ClusterVolumes(sizes, self._volumes.listed_for(complete))
 
     async def _apps_of(self, record: QuotaRecord) -> set[str]:
         if record.scope == "app":
@@ -430,15 +448,15 @@ class Quotas:
         apps = {r.name for r in created if r.org_slug == record.name}
         if record.name == DEFAULT_ORG:  # apps never created (only machines): the default org
             names = {r.name for r in created}
-            apps |= {c.app for c in self._service.view.store.apps() if c.app not in names}
+            apps |= {c.app for c in self._view.store.apps() if c.app not in names}
         return apps
 
     async def _cluster_machines(self, app: str) -> list[ClusterMachine]:
         """The app's machines: those the view still holds (destroyed ones too), then the live
-        ones as :meth:`BrokerService.list_rows` has them (the view once complete, else every
+        ones as the broker lists them (``live_rows``: the view once complete, else every
         worker)."""
-        rows = self._service.view.store.app_rows(app, destroyed=True)
-        rows += await self._service.list_rows(app)
+        rows = self._view.store.app_rows(app, destroyed=True)
+        rows += await self._live_rows(app)
         machines = {m.id: m for m in (Machine.model_validate_json(body) for _, body in rows)}
         return [
             ClusterMachine(

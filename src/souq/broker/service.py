@@ -34,6 +34,7 @@ from souq.broker.quotas import Quotas, use_of_config
 from souq.broker.schemas import CreateMachineRequest, QuoteRequest
 from souq.broker.spot_prices import SpotPrices
 from souq.broker.streams import StreamSlots
+from souq.broker.volume_listing import VolumeListing
 from souq.broker.volumes import BrokerVolumes
 from souq.broker.worker_calls import WorkerCalls
 from souq.bus import Transport, bus_unavailable
@@ -109,8 +110,6 @@ class BrokerService:
         # The last secrets version this broker wrote: each create asks for at least it, so a
         # secret set just before a create is in the machine (the worker waits to have read it).
         self.secrets_version = 0
-        self.volumes = BrokerVolumes(self)  # souq.broker.volumes
-        self.quotas = Quotas(self, self._clock, deadline_s=config.quota_reservation_s)
         self.spot_prices = SpotPrices(  # souq.broker.spot_prices
             config.spot_price,
             self.liveness.workers,
@@ -133,6 +132,26 @@ class BrokerService:
         self.liveness.on_rejoin = self.view.resync_worker  # a worker back from an outage
         self.bus = BusGuard(
             transport, self.liveness, self.view, rejoin_timeout_s=config.gather_timeout_s
+        )
+        listing = VolumeListing(
+            self.client, self.liveness, config.gather_timeout_s, require_bus=self.require_bus
+        )
+        self.quotas = Quotas(  # souq.broker.quotas
+            self.nats_client,
+            self._clock,
+            deadline_s=config.quota_reservation_s,
+            view=self.view,
+            live_rows=self.list_rows,
+            volumes=listing,
+        )
+        self.volumes = BrokerVolumes(  # souq.broker.volumes
+            self.client,
+            config,
+            self.market,
+            self.calls,
+            self.quotas,
+            listing,
+            require_bus=self.require_bus,
         )
         self.metrics = BrokerMetrics()
         self.metrics.watch(
