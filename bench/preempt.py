@@ -16,7 +16,13 @@ Both cases run while the same number of machines run. Per case: latency (p50, p9
 create at a time, answered when the worker took and started the machine), and the broker's and
 the agents' CPU per create. Per victim: its stop time, from its ``preempted`` event to its
 ``stopped`` one (the signal, the process's exit and its reaping). ``PREEMPT_ROUNDS`` (2).
-Figures in docs/benchmarks.md, "Preemption".
+
+First, in this process, what the spot price check costs a create (``SpotPrices.check_bid``, on
+every create): against a published price (a dict's lookup: what a running cluster does), and
+against the broker's own figure (no price published yet: worked out from the worker table, of
+2 and of 64 workers), beside a floor (the same loop calling a method that does nothing), wall
+and CPU per check. ``PREEMPT_PRICE_ONLY=1`` runs that part alone.
+Figures in docs/benchmarks.md, "Preemption" and "Spot price check".
 """
 
 from __future__ import annotations
@@ -34,6 +40,11 @@ import httpx
 import psutil
 
 from bench.stats import machine_line
+from souq.broker.spot_prices import SpotPrices
+from souq.clock import SystemClock
+from souq.model import Resources, WorkerInfo
+from souq.model.machine import MachineConfig
+from souq.model.prices import SpotPriceRule
 from souq.testing import Cluster, auth_headers, wait_until
 
 __all__ = ["main"]
@@ -45,6 +56,8 @@ ROUNDS = int(os.environ.get("PREEMPT_ROUNDS", "2"))
 # no victim exits while the create that displaced it is being answered.
 SLOW_VICTIMS = os.environ.get("PREEMPT_SLOW_VICTIMS", "0") == "1"
 REGION = "bench"
+PRICE_ONLY = os.environ.get("PREEMPT_PRICE_ONLY", "0") == "1"
+CHECKS = 200_000
 
 
 def _config(klass: str, price: float | None = None) -> dict[str, Any]:
@@ -126,7 +139,7 @@ def _round(http: httpx.Client, pids: dict[str, list[int]], half: int) -> dict[st
     for i in range(half):
         r = http.post(
             f"/v1/apps/{batch}/machines",
-            json={"region": REGION, "config": _config("spot", price=i)},
+            json={"region": REGION, "config": _config("spot", price=1 + i)},  # over any spot price
         )
         r.raise_for_status()
     fits = _creates(http, web, half, "standard", pids)
@@ -148,8 +161,65 @@ def _round(http: httpx.Client, pids: dict[str, list[int]], half: int) -> dict[st
     }
 
 
+def _per_check(call: Any, n: int) -> dict[str, float]:
+    wall, cpu = time.perf_counter(), time.process_time()
+    for _ in range(n):
+        call()
+    return {
+        "wall_us": (time.perf_counter() - wall) / n * 1e6,
+        "cpu_us": (time.process_time() - cpu) / n * 1e6,
+    }
+
+
+def _workers(n: int) -> list[WorkerInfo]:
+    return [
+        WorkerInfo(
+            id=f"w{i}",
+            region=REGION,
+            capacity=Resources(cpus=16, memory_mb=65536),
+            allocated=Resources(cpus=i % 16, memory_mb=1024),
+            version=i,
+        )
+        for i in range(n)
+    ]
+
+
+def price_check_cost() -> dict[str, Any]:
+    """What :meth:`SpotPrices.check_bid` costs a spot create that passes (it bids above)."""
+    config = MachineConfig.model_validate_json(
+        json.dumps({"cmd": ["sleep", "1"], "priority_class": "spot", "max_price": 1.0})
+    )
+    rule, clock = SpotPriceRule(), SystemClock()
+
+    class _Floor:
+        def check_bid(self, region: str, config: MachineConfig) -> None:
+            return None
+
+    floor = _Floor()
+    out: dict[str, Any] = {"floor": _per_check(lambda: floor.check_bid(REGION, config), CHECKS)}
+    for n in (2, 64):
+        workers = _workers(n)
+        prices = SpotPrices(rule, lambda w=workers: w, clock, None)
+        key = f"view_{n}_workers"
+        out[key] = _per_check(lambda p=prices: p.check_bid(REGION, config), CHECKS // n)
+        price, _ = prices.price_of(REGION)
+        assert price is not None
+        prices._took(REGION, price, 1)  # as a published figure arrives by the watch
+        out[f"published_{n}_workers"] = _per_check(
+            lambda p=prices: p.check_bid(REGION, config), CHECKS
+        )
+    base = out["floor"]["wall_us"]
+    for figures in out.values():
+        figures["ratio_to_floor"] = figures["wall_us"] / base
+    print("price check", json.dumps(out), flush=True)
+    return out
+
+
 def main() -> None:
     print(f"# preemption benchmark — {machine_line()}", flush=True)
+    price = price_check_cost()
+    if PRICE_ONLY:
+        return
     half = WORKERS * CPUS // 2
     root = Path(tempfile.mkdtemp(prefix="souq-preempt-", dir="/var/tmp"))
     with Cluster(root, regions={REGION: WORKERS}, cpus=CPUS, memory_mb=65536) as cluster:
@@ -178,6 +248,10 @@ def main() -> None:
     summary["victim_stop_p50_ms"] = statistics.fmean(
         r["victim_stop_p50_ms"] for r in rounds if r["victim_stop_p50_ms"] is not None
     )
+    # The check's share of a create that fits: a published price, then none (the worst case).
+    fit_us = summary["fits"]["p50_ms"] * 1000
+    summary["price_check_share_published"] = price["published_2_workers"]["wall_us"] / fit_us
+    summary["price_check_share_view"] = price["view_2_workers"]["wall_us"] / fit_us
     print("summary", json.dumps(summary), flush=True)
 
 

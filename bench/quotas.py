@@ -2,25 +2,40 @@
 as :mod:`bench.creates` drives them, on one stack (nats-server, ``souq fleet`` of hollow
 workers, one broker), side by side in one run:
 
-* ``none``: an app without a quota (a create reads the app's and its org's quota keys: none);
+* ``none``: an app without a quota (its organization has none either; another organization of
+  the cluster has one, so the broker cannot skip the lookup of the app's organization);
 * ``app``: an app with a quota set (limits far above what the run makes), so that every create
   reserves on its key before it claims and settles after (two compare-and-sets);
-* ``app_and_org``: the same app in an organization that has a quota too (four).
+* ``app_and_org``: an app in an organization that has a quota too (four, the two scopes at
+  once);
+* ``app_classes``: an app whose quota has a line per class too (the create checked against its
+  class's line and the all-classes line, in the same compare-and-sets as ``app``).
 
-Each figure: creates per second, latency, and the broker's and nats-server's CPU per create.
-The runs alternate (none, app, app_and_org, twice) so that a drift of the host shows; the ledger
-of a scope grows with its machines, so each run's machine count is reported with it.
+Each round makes fresh apps (created first, as a user would), so that every case's ledger
+holds only the machines of its own run; each round runs the cases in another order (each in
+each place in turn), and every case is set against the run without a quota of its own round:
+the median of those ratios is the figure, steadier than a mean on a shared, busy host. Each
+figure: creates per second, latency, and the broker's and nats-server's CPU per create.
+Beside it, in this process, what the quota work alone costs a broker, apart from everything
+else a create does (steadier than a difference of two busy runs): ``store_cost``, the CPU of a
+create's reservation and settle through the real quota store on a nats-server of its own (32 at
+once, as ``wrk`` sends them), and ``ledger_cost``, the ledger's arithmetic and encoding as a
+scope holds more machines (no I/O). Each is set against the run's CPU per create without a
+quota.
 
-Suite ``quotas`` (``python -m bench quotas``); ``QUOTAS_DURATION_S`` (default 5) and
-``QUOTAS_WORKERS`` (default 100) change the run.
+Suite ``quotas`` (``python -m bench quotas``); ``QUOTAS_DURATION_S`` (default 5),
+``QUOTAS_ROUNDS`` (default 8) and ``QUOTAS_WORKERS`` (default 100) change the run.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
+import statistics
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -28,24 +43,132 @@ import httpx
 
 from bench.creates import CONFIG, REGION, SINGLE_CONNECTIONS, _drive, _stack
 from bench.stats import machine_line
+from souq.broker.quota_store import QuotaStore
+from souq.bus.nats import connect
+from souq.model.quota import (
+    QuotaEntry,
+    QuotaLimits,
+    QuotaRecord,
+    QuotaUse,
+    encoded,
+    excess,
+    held,
+    reserved,
+)
+from souq.natsserver import NatsServer
 
-__all__ = ["main", "quotas"]
+__all__ = ["ledger_cost", "main", "quotas", "store_cost"]
 
 BIG = {"cpus": 1e9, "memory_mb": 10**12, "machines": 10**9}
+BIG_CLASSES = {
+    **BIG,
+    "volume_gb": 10**9,
+    "classes": dict.fromkeys(("reserved", "standard", "spot"), BIG),
+}
+CASES = ("none", "app", "app_and_org", "app_classes")
 
 
 def _one(stack: Any, root: Path, app: str, duration_s: int) -> dict[str, Any]:
     body = {"region": REGION, "config": CONFIG}
     path = f"/v1/apps/{app}/machines"
-    result = _drive(stack, root, path, body, SINGLE_CONNECTIONS, f"single-{app}", duration_s)
+    target = (stack.broker.url, stack.token, stack.pids())
+    result = _drive(target, root, path, body, SINGLE_CONNECTIONS, f"single-{app}", duration_s)
     result["creates_per_s"] = result.pop("ok_per_s")
     return result
+
+
+def _apps_of_round(url: str, headers: dict[str, str], round_: int) -> dict[str, str]:
+    """Fresh apps for one round, each case's quota set as it needs."""
+    apps = {case: f"{case.replace('_', '-')}-{round_}" for case in CASES}
+    org = f"benchorg{round_}"
+    for case, app in apps.items():
+        body = {"app_name": app, "org_slug": org if case == "app_and_org" else "personal"}
+        httpx.post(f"{url}/v1/apps", json=body, headers=headers).raise_for_status()
+    for case in ("app", "app_and_org"):
+        quota = f"{url}/v1/apps/{apps[case]}/quota"
+        httpx.put(quota, json=BIG, headers=headers).raise_for_status()
+    quota = f"{url}/v1/apps/{apps['app_classes']}/quota"
+    httpx.put(quota, json=BIG_CLASSES, headers=headers).raise_for_status()
+    httpx.put(f"{url}/v1/orgs/{org}/quota", json=BIG, headers=headers).raise_for_status()
+    return apps
+
+
+def ledger_cost(sizes: tuple[int, ...] = (100, 1_000, 4_000, 16_000)) -> dict[str, float]:
+    """CPU (ms) of one create's ledger work — the check, the reservation, the settle and the
+    two records written — against a scope already holding N machines, in this process."""
+    out: dict[str, float] = {}
+    use = QuotaUse(cpus=1, memory_mb=256, machines=1)
+    for size in sizes:
+        machines = {f"m{i:014x}": (1.0, 256, "standard") for i in range(size)}
+        record = QuotaRecord(
+            scope="app", name="x", limits=QuotaLimits(machines=10**9), held=machines
+        )
+        encoded(record)  # as after the broker's first write of it
+        entry = QuotaEntry(app="x", request_id="r", use=use, deadline_ms=0)
+        n = 200
+        t0 = time.process_time()
+        for _ in range(n):
+            assert excess(record, use, "standard") is None
+            taken = reserved(record, entry)
+            encoded(taken)
+            encoded(held(taken, "r", {"m-new": use}))
+        out[str(size)] = round(1000 * (time.process_time() - t0) / n, 3)
+    return out
+
+
+def store_cost(creates: int = 4_000, at_once: int = 32) -> dict[str, float]:
+    """CPU (ms, this process: the store and its NATS client, as in a broker) of one create's
+    quota work — a reservation then a settle, each a change of the scope's key — with
+    ``at_once`` creates under way at a time, against a nats-server of its own."""
+    use = QuotaUse(cpus=1, memory_mb=256, machines=1)
+
+    async def run(url: str) -> dict[str, float]:
+        bus = await connect(url, name="bench-quotas")
+        store = await QuotaStore.open(bus.client)
+
+        async def start(_: QuotaRecord | None) -> QuotaRecord:
+            return QuotaRecord(scope="app", name="x", limits=QuotaLimits(machines=10**9))
+
+        await store.change("app.x", start)
+
+        async def one(i: int) -> None:
+            entry = QuotaEntry(app="x", request_id=f"r{i}", use=use, deadline_ms=10**15)
+
+            async def reserve(record: QuotaRecord | None) -> QuotaRecord | None:
+                assert record is not None and excess(record, use) is None
+                return reserved(record, entry)
+
+            async def settle(record: QuotaRecord | None) -> QuotaRecord | None:
+                assert record is not None
+                return held(record, f"r{i}", {f"m{i:014x}": use})
+
+            await store.change("app.x", reserve)
+            await store.change("app.x", settle)
+
+        t0 = time.process_time()
+        for start_at in range(0, creates, at_once):
+            await asyncio.gather(*(one(i) for i in range(start_at, start_at + at_once)))
+        cpu = time.process_time() - t0
+        await bus.close()
+        return {
+            "cpu_ms_per_create": round(1000 * cpu / creates, 3),
+            "writes_per_create": round(store.writes / creates, 3),
+            "reads_per_create": round(store.reads / creates, 3),
+            "machines_at_end": creates,
+        }
+
+    with (
+        tempfile.TemporaryDirectory(prefix="souq-bench-nats-") as tmp,
+        NatsServer(store_dir=Path(tmp)) as nats,
+    ):
+        return asyncio.run(run(nats.url))
 
 
 def quotas() -> None:
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is not installed: `make bench` installs it (apt-get install wrk)")
     duration_s = int(os.environ.get("QUOTAS_DURATION_S", "5"))
+    rounds = int(os.environ.get("QUOTAS_ROUNDS", "8"))
     workers = int(os.environ.get("QUOTAS_WORKERS", "100"))
     print(f"# quotas benchmark — one broker, wrk — {machine_line()}", flush=True)
     results: dict[str, Any] = {"duration_s": duration_s, "workers": workers, "runs": []}
@@ -55,16 +178,12 @@ def quotas() -> None:
     ):
         headers = {"Authorization": f"Bearer {stack.token}"}
         url = stack.broker.url
-        apps = {"none": "plain", "app": "quotaed", "app_and_org": "orged"}
-        r = httpx.post(
-            f"{url}/v1/apps", json={"name": "orged", "org_slug": "benchorg"}, headers=headers
-        )
-        r.raise_for_status()
-        for name in ("quotaed", "orged"):
-            httpx.put(f"{url}/v1/apps/{name}/quota", json=BIG, headers=headers).raise_for_status()
-        httpx.put(f"{url}/v1/orgs/benchorg/quota", json=BIG, headers=headers).raise_for_status()
-        for round_ in range(2):
-            for case, app in apps.items():
+        for round_ in range(rounds):
+            apps = _apps_of_round(url, headers, round_)
+            shift = round_ % len(CASES)  # each case in each place of the round in turn
+            order = CASES[shift:] + CASES[:shift]
+            for case in order:
+                app = apps[case]
                 run = _one(stack, Path(tmp), app, duration_s)
                 made = httpx.get(f"{url}/v1/apps/{app}/quota", headers=headers).json()
                 run = {
@@ -75,28 +194,68 @@ def quotas() -> None:
                 }
                 results["runs"].append(run)
                 print(case, json.dumps(run), flush=True)
-    summary: dict[str, Any] = {}
-    for case in ("none", "app", "app_and_org"):
-        runs = [r for r in results["runs"] if r["case"] == case]
-        summary[case] = {
-            "creates_per_s": round(sum(r["creates_per_s"] for r in runs) / len(runs), 1),
-            "p50_ms": round(sum(r["latency_ms"]["p50"] for r in runs) / len(runs), 2),
-            "broker_cpu_ms_per_create": round(
-                sum(r["cpu_ms_per_ok_request"]["broker"] for r in runs) / len(runs), 2
-            ),
-            "nats_cpu_ms_per_create": round(
-                sum(r["cpu_ms_per_ok_request"]["nats-server"] for r in runs) / len(runs), 2
-            ),
-        }
-    for case in ("app", "app_and_org"):
-        summary[case]["rate_vs_none"] = round(
-            summary[case]["creates_per_s"] / summary["none"]["creates_per_s"], 3
-        )
-    results["summary"] = summary
-    print(json.dumps(summary, indent=2))
+    results["summary"] = _summary(results["runs"])
+    results["ledger_cost_ms_per_create"] = ledger_cost()
+    none_cpu = results["summary"]["none"]["broker_cpu_ms_per_create"]
+    results["store_cost"] = {}
+    for at_once, creates in ((32, 4_000), (1, 1_000)):
+        cost = store_cost(creates, at_once)
+        cost["vs_create_without_quota"] = round(cost["cpu_ms_per_create"] / none_cpu, 3)
+        results["store_cost"][f"at_once_{at_once}"] = cost
+    print("store_cost", json.dumps(results["store_cost"]))
+    print(json.dumps(results["summary"], indent=2))
+    print("ledger_cost_ms_per_create", json.dumps(results["ledger_cost_ms_per_create"]))
     out = Path("bench/results")
     out.mkdir(parents=True, exist_ok=True)
     (out / "quotas.json").write_text(json.dumps({"machine": machine_line(), **results}, indent=2))
+
+
+def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    summary: dict[str, Any] = {}
+    for case in CASES:
+        mine = [r for r in runs if r["case"] == case]
+        summary[case] = {
+            "creates_per_s": round(statistics.mean(r["creates_per_s"] for r in mine), 1),
+            "p50_ms": round(statistics.mean(r["latency_ms"]["p50"] for r in mine), 2),
+            "broker_cpu_ms_per_create": round(
+                statistics.mean(r["cpu_ms_per_ok_request"]["broker"] for r in mine), 3
+            ),
+            "broker_cpu_ms_per_create_net_of_idle": round(
+                statistics.mean(r["cpu_ms_per_ok_request_net_of_idle"]["broker"] for r in mine), 3
+            ),
+            "nats_cpu_ms_per_create": round(
+                statistics.mean(r["cpu_ms_per_ok_request"]["nats-server"] for r in mine), 3
+            ),
+            "machines_in_scope": round(statistics.mean(r["app_machines"] for r in mine)),
+            "host_busy_pct": round(statistics.mean(r["host_busy_pct"] for r in mine), 1),
+        }
+    none = summary["none"]
+    for case in CASES[1:]:
+        # Per round against that round's own run without a quota, then the median of rounds.
+        cpu = [
+            r["cpu_ms_per_ok_request"]["broker"] / n["cpu_ms_per_ok_request"]["broker"]
+            for r in runs
+            if r["case"] == case
+            for n in runs
+            if n["case"] == "none" and n["round"] == r["round"]
+        ]
+        rate = [
+            r["creates_per_s"] / n["creates_per_s"]
+            for r in runs
+            if r["case"] == case
+            for n in runs
+            if n["case"] == "none" and n["round"] == r["round"]
+        ]
+        summary[case]["broker_cpu_vs_none"] = round(
+            summary[case]["broker_cpu_ms_per_create"] / none["broker_cpu_ms_per_create"], 3
+        )
+        summary[case]["broker_cpu_vs_none_median_of_rounds"] = round(statistics.median(cpu), 3)
+        summary[case]["broker_cpu_vs_none_range"] = [round(min(cpu), 3), round(max(cpu), 3)]
+        summary[case]["rate_vs_none"] = round(
+            summary[case]["creates_per_s"] / none["creates_per_s"], 3
+        )
+        summary[case]["rate_vs_none_median_of_rounds"] = round(statistics.median(rate), 3)
+    return summary
 
 
 def main() -> None:

@@ -4,6 +4,7 @@ since each machine's uid must reach its directory, as under `souq dev`'s /var/li
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -11,7 +12,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from souq.drivers import rootfs
-from souq.testing import Cluster
+from souq.model.machine import Machine, MachineState
+from souq.testing import Cluster, wait_until
+
+APP = "iso"
 
 
 @contextmanager
@@ -34,3 +38,45 @@ def isolated_cluster(prefix: str) -> Iterator[Cluster]:
         c.add_agent("mad", machine_user=None, default_driver=None)
         c.wait_for_workers()
         yield c
+
+
+def started(cluster: Cluster, config: dict[str, object], app: str = APP) -> Machine:
+    with cluster.client() as client:
+        machine = client.create_machine(app, "mad", config)
+        return client.wait(app, machine.id, MachineState.STARTED, timeout=60)
+
+
+def output(cluster: Cluster, machine: Machine, contains: str, app: str = APP) -> str:
+    last = [""]
+
+    def seen() -> str | None:
+        with cluster.client() as client:
+            last[0] = client.logs(app, machine.id)
+        return last[0] if contains in last[0] else None
+
+    try:
+        return wait_until(seen, timeout=30, message=f"{contains!r} in the machine's output")
+    except TimeoutError as exc:
+        raise AssertionError(f"{exc}; it printed: {last[0]!r}") from exc
+
+
+def processes_of(machine_id: str) -> list[int]:
+    """Host pids of the processes whose environment names the machine (its command; bwrap
+    itself, which the agent watches, has it too)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes()
+        except OSError:
+            continue
+        if f"SOUQ_MACHINE_ID={machine_id}".encode() in environ.split(b"\0"):
+            found.append(int(entry))
+    return found
+
+
+def destroy(cluster: Cluster, *machines: Machine, app: str = APP) -> None:
+    with cluster.client() as client:
+        for machine in machines:
+            client.destroy(app, machine.id, force=True)

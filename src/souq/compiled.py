@@ -43,6 +43,7 @@ MODULES = (
     "souq/proxy/relay.py",
     "souq/proxy/hooks.py",
     "souq/market/sampling.py",
+    "souq/market/orders.py",
     "souq/market/records.py",
     "souq/market/book.py",
     "souq/market/auction.py",

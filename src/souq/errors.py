@@ -32,6 +32,7 @@ tree at the boundary that catches them, so nothing above a boundary handles fore
     │   ├── VolumeAttached         409 volume_attached    (a volume is another machine's now)
     │   └── ClaimRefused           409 claim_refused      (a worker refused a claim; internal)
     ├── InsufficientCapacity       409 insufficient_capacity (carries the placement record)
+    │   └── BidBelowPrice          409 bid_below_price   (a spot bid under the region's price)
     ├── QuoteExpired               410 quote_expired     (the hold's TTL passed or it was released)
     ├── WaitTimeout                408 timeout
     ├── Unavailable                503 unavailable       (NATS or the owning worker is unreachable)
@@ -54,6 +55,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 __all__ = [
+    "BidBelowPrice",
     "ClaimRefused",
     "CommandNotRunnable",
     "Conflict",
@@ -261,6 +263,12 @@ class QuoteUsed(Conflict, status="quote_used"): ...
 
 
 class InsufficientCapacity(SouqError, status="insufficient_capacity", http_status=409): ...
+
+
+class BidBelowPrice(InsufficientCapacity, status="bid_below_price"):
+    """A ``spot`` create whose ``max_price`` is below its region's spot price: no room at that
+    price (the CLI exits 3, as for any want of room). ``details`` name the region, its
+    ``spot_price``, the used fraction it comes from and the ``max_price`` bid."""
 
 
 class DeployNoCapacity(

@@ -1,4 +1,5 @@
-"""Every limit Souq puts on what a client sends, in one place (docs/limits.md lists them).
+"""The limits Souq puts on the size of what a client sends, in one place (docs/limits.md lists
+them; a field's own range is declared on its field in :mod:`souq.model`).
 
 Field limits are checked by the models (:mod:`souq.model`) and answer 422 ``invalid_input``
 naming the field; body limits by :mod:`souq.http_limits` (413 ``payload_too_large``); the

@@ -74,6 +74,7 @@ try {
   await page.locator("#workers tr[data-worker-id]").first().waitFor({ timeout: WAIT_MS });
   await page.locator(`#regions tr[data-region="${opt.region}"]`).waitFor({ timeout: WAIT_MS });
   step("workers and regions shown");
+  seen.spotPrice = await page.locator(`#regions tr[data-region="${opt.region}"] td.spot-price`).innerText();
 
   // Without GET /v1/apps the page learns apps from the user; with it, typing is harmless.
   await page.fill("#app-input", opt.app);

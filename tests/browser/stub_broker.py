@@ -95,6 +95,18 @@ def make_app(*, cluster_view: bool = True) -> FastAPI:
         region |= {"workers_down": 0, "machines": len(machines), "fits": 16}
         region |= {"capacity": {"cpus": 8, "memory_mb": 8192}}
         region |= {"allocated": {"cpus": len(machines), "memory_mb": 128 * len(machines)}}
+        history = [
+            {
+                "region": "mad",
+                "price": p,
+                "used": 0.5,
+                "cpu_used": 0.5,
+                "memory_used": 0.1,
+                "at_ms": 1_767_225_600_000 + i,
+            }
+            for i, p in enumerate((0.01, 0.02))
+        ]
+        region |= {"spot_price": 0.02, "spot_price_used": 0.55, "spot_price_history": history}
         return JSONResponse([region])
 
     @view_route("/v1/apps")

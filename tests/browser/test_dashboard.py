@@ -81,6 +81,7 @@ def check_dashboard(api: str, chromium: str, out: Path, *extra: str) -> dict[str
 def test_dashboard_follows_a_machine_live(cluster: Cluster, chromium: str, tmp_path: Path) -> None:
     seen = check_dashboard(cluster.api_url, chromium, tmp_path, "--jobs")
     assert seen["jobState"] == "cancelled"
+    assert seen["spotPrice"].startswith("0.01 (")  # the region's spot price: idle, at its floor
 
     machine = cluster.client().get_machine("web", seen["machine"])
     assert machine.state.value == "stopped"

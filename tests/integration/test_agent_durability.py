@@ -40,7 +40,7 @@ SLEEPER = ["sleep", "60"]
 
 
 class AgentChild:
-    """``python -m souq.agent`` as a child process."""
+    """``python -m souq agent`` as a child process."""
 
     def __init__(self, nats_url: str, data_dir: Path, *extra: str) -> None:
         self.log = data_dir.with_suffix(".log")
@@ -52,7 +52,7 @@ class AgentChild:
             args += ["--default-driver", "exec", "--machine-user", str(os.geteuid())]
             args += ["--allow-root-machines"] if os.geteuid() == 0 else []
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "souq.agent", *args],
+                [sys.executable, "-m", "souq", "agent", *args],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=err,

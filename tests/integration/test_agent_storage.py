@@ -50,7 +50,7 @@ def test_souq_agent_refuses_to_start_on_a_corrupt_state_file(tmp_path: Path) -> 
     corrupt(tmp_path / "state.db")
     args = ["--region", "mad", "--nats", "nats://127.0.0.1:1", "--data-dir", str(tmp_path)]
     done = subprocess.run(
-        [sys.executable, "-m", "souq.agent", *args],
+        [sys.executable, "-m", "souq", "agent", *args],
         capture_output=True,
         text=True,
         timeout=30,

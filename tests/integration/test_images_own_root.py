@@ -21,7 +21,7 @@ from souq.model.machine import Machine, MachineState
 from souq.testing import Cluster, ProxyProcess, wait_until
 from tests.integration.images_harness import souq
 from tests.integration.registry_harness import push_image, serve_registry, skopeo_push
-from tests.isolated import isolated_cluster
+from tests.isolated import isolated_cluster, processes_of
 from tests.rootfs_images import BUSYBOX_MARKER, DEBIAN_MARKER, busybox_image
 
 BUSYBOX = shutil.which("busybox")
@@ -146,21 +146,6 @@ def test_a_busybox_image_serves_http_from_its_own_root(
         destroy(cluster, app, machine)
 
 
-def machine_processes(machine_id: str) -> list[int]:
-    """Host pids of the processes whose environment names the machine."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            environ = Path(f"/proc/{entry}/environ").read_bytes()
-        except OSError:
-            continue
-        if f"SOUQ_MACHINE_ID={machine_id}".encode() in environ.split(b"\0"):
-            found.append(int(entry))
-    return found
-
-
 # The first run on a host builds the image (a minute or two from a Debian mirror), in its setup.
 @pytest.mark.timeout(900)
 def test_a_debian_image_serves_from_its_own_python3(
@@ -193,7 +178,7 @@ def test_a_debian_image_serves_from_its_own_python3(
         # Seen from the host: the serving process runs an interpreter file of the image's root,
         # not the host's /usr/bin/python3 (another file), in a root that is not the host's.
         pids = wait_until(
-            lambda: [p for p in machine_processes(machine.id) if _runs_python(p)],
+            lambda: [p for p in processes_of(machine.id) if _runs_python(p)],
             timeout=10,
             message="the machine's python3 process",
         )

@@ -17,11 +17,9 @@ import pytest
 from souq.drivers import sandbox
 from souq.drivers.identity import BASE, COUNT
 from souq.images import layout_tar, pack_directory
-from souq.model.machine import Machine, MachineState
 from souq.testing import AgentProcess, Cluster, auth_headers, wait_until
-from tests.isolated import isolated_cluster
+from tests.isolated import APP, destroy, isolated_cluster, output, processes_of, started
 
-APP = "iso"
 BUSYBOX = shutil.which("busybox")
 APPLETS = ("sh", "id", "ls", "cat", "echo", "sleep", "test", "hostname", "kill", "true", "grep")
 
@@ -62,53 +60,11 @@ def agent(cluster: Cluster) -> AgentProcess:
     return cluster.agents[0]
 
 
-def started(cluster: Cluster, config: dict[str, object], app: str = APP) -> Machine:
-    with cluster.client() as client:
-        machine = client.create_machine(app, "mad", config)
-        return client.wait(app, machine.id, MachineState.STARTED, timeout=60)
-
-
-def output(cluster: Cluster, machine: Machine, contains: str, app: str = APP) -> str:
-    last = [""]
-
-    def seen() -> str | None:
-        with cluster.client() as client:
-            last[0] = client.logs(app, machine.id)
-        return last[0] if contains in last[0] else None
-
-    try:
-        return wait_until(seen, timeout=30, message=f"{contains!r} in the machine's output")
-    except TimeoutError as exc:
-        raise AssertionError(f"{exc}; it printed: {last[0]!r}") from exc
-
-
-def processes_of(machine_id: str) -> list[int]:
-    """Host pids of the processes whose environment names the machine (its command; bwrap
-    itself, which the agent watches, has it too)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            environ = Path(f"/proc/{entry}/environ").read_bytes()
-        except OSError:
-            continue
-        if f"SOUQ_MACHINE_ID={machine_id}".encode() in environ.split(b"\0"):
-            found.append(int(entry))
-    return found
-
-
 def host_uid(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("Uid:"):
             return int(line.split()[1])
     raise AssertionError(f"no Uid line for pid {pid}")
-
-
-def destroy(cluster: Cluster, *machines: Machine, app: str = APP) -> None:
-    with cluster.client() as client:
-        for machine in machines:
-            client.destroy(app, machine.id, force=True)
 
 
 def test_the_worker_says_it_isolates_by_default(cluster: Cluster) -> None:
@@ -182,53 +138,6 @@ def test_writes_go_to_the_machine_own_layer_and_start_afresh_unless_kept(
     )
     mounts = Path("/proc/self/mountinfo").read_text()
     assert str(rootfs) not in mounts
-
-
-def test_from_inside_a_machine_nothing_of_another_machine_or_the_worker_is_reachable(
-    cluster: Cluster,
-) -> None:
-    """Under every driver the worker offers: a plain process (exec) and the sandbox, each of
-    a uid of its own."""
-    data = agent(cluster).data_dir
-    victim = started(
-        cluster,
-        {"driver": "exec", "cmd": ["sleep", "600"], "env": {"BRAVO_SECRET": "s3cr3t"}},
-        app="bravo",
-    )
-    try:
-        (pid,) = wait_until(lambda: processes_of(victim.id), timeout=10, message="bravo's pid")
-        probes = {
-            "environ": f"cat /proc/{pid}/environ",
-            "memory": f"cat /proc/{pid}/mem",
-            "signal": f"kill -0 {pid}",
-            "cwd": f"ls /proc/{pid}/cwd/",
-            "state": f"ls {data}/",
-            "machines": f"ls {data}/machines/{victim.id}/",
-            "records": f"ls {data}/machines/.agent/",
-            "auth": f"ls {cluster.root / 'auth'}/",
-            "nats-credentials": f"cat {cluster.root / 'auth' / 'nats' / 'broker.nk'}",
-            "admin-token": f"cat {cluster.root / 'auth' / 'admin.token'}",
-            "agent-log": f"cat {agent(cluster).log_path}",
-            "victim-output": f"cat {data}/machines/.agent/{victim.id}/output.log",
-        }
-        for path in (cluster.root / "auth" / "nats" / "broker.nk", agent(cluster).log_path):
-            assert path.exists(), path  # the probes below are real
-        script = "; ".join(
-            f"if {probe} >/dev/null 2>&1; then echo {name}=OPEN; else echo {name}=closed; fi"
-            for name, probe in probes.items()
-        )
-        for driver in ("exec", "sandbox"):
-            spy = started(
-                cluster, {"driver": driver, "cmd": ["sh", "-c", f"{script}; echo done; sleep 600"]}
-            )
-            try:
-                text = output(cluster, spy, "done")
-                assert "OPEN" not in text, (driver, text)
-                assert "s3cr3t" not in text
-            finally:
-                destroy(cluster, spy)
-    finally:
-        destroy(cluster, victim, app="bravo")
 
 
 def test_a_program_its_user_cannot_run_fails_the_create_at_once(cluster: Cluster) -> None:

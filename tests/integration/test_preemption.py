@@ -19,6 +19,7 @@ import pytest
 
 from souq.model import Machine
 from souq.testing import Cluster, auth_headers, wait_until
+from tests.integration.priority_harness import config
 
 WORKERS = 2
 CPUS = 4  # per worker: 8 one-cpu machines fill the region
@@ -31,24 +32,13 @@ def three_brokers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]
         yield c
 
 
-def config(klass: str, price: float | None = None, **more: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "cmd": ["sleep", "600"],
-        "guest": {"cpus": 1, "memory_mb": 64},
-        "priority_class": klass,
-        "stop_config": {"signal": "SIGTERM", "timeout_s": 2},
-        **more,
-    }
-    if price is not None:
-        body["max_price"] = price
-    return body
-
-
 def fill_with_spot(cluster: Cluster, app: str) -> list[Machine]:
-    """Fill the region with running spot machines, each bidding its index."""
+    """Fill the region with running spot machines, each bidding 1 + its index (above the
+    default spot price rule's highest, 0.1: the region's price preempts none of them)."""
     client = cluster.client()
     made = [
-        client.create_machine(app, "pre", config("spot", price=i)) for i in range(WORKERS * CPUS)
+        client.create_machine(app, "pre", config("spot", price=1 + i))
+        for i in range(WORKERS * CPUS)
     ]
     for m in made:
         client.wait(app, m.id, "started", timeout=30)
@@ -234,7 +224,9 @@ def test_a_restarted_agent_counts_a_victim_as_giving_its_room_back(tmp_path: Pat
         agent = c.add_agent("solo", cpus=2, stop_machines_on_exit=False)
         c.wait_for_workers()
         client = c.client()
-        spot = [client.create_machine("batch", "solo", config("spot", price=i)) for i in range(2)]
+        spot = [
+            client.create_machine("batch", "solo", config("spot", price=1 + i)) for i in range(2)
+        ]
         made = client.create_machine("web", "solo", config("standard"))
         assert made.placement is not None
         [victim] = [v.machine_id for v in made.placement.preempted]

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from souq.broker.liveness import Liveness
 from souq.bus import subjects
 from souq.bus.codec import ok_reply, unwrap
 from souq.bus.nats import connect
@@ -19,6 +18,7 @@ from souq.errors import InvalidInput, UnknownVerb
 from souq.model import MachineRef, MachineState
 from souq.protocol import PROTOCOL_MINOR, Verb, WorkerClient
 from souq.protocol import verbs as v
+from souq.view.liveness import Liveness
 from tests.integration.agent_harness import APP, eventually, running_agent
 
 

@@ -31,11 +31,15 @@ def three_brokers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]
         yield c
 
 
-def machine_body(cpus: int = 1) -> dict[str, Any]:
+def machine_body(cpus: int = 1, klass: str = "standard") -> dict[str, Any]:
     return {
         "region": REGION,
         "skip_launch": True,
-        "config": {"cmd": ["sleep", "600"], "guest": {"cpus": cpus, "memory_mb": 64}},
+        "config": {
+            "cmd": ["sleep", "600"],
+            "guest": {"cpus": cpus, "memory_mb": 64},
+            "priority_class": klass,
+        },
     }
 
 
@@ -104,22 +108,29 @@ def test_a_bad_limit_is_422_naming_the_field(three_brokers: Cluster) -> None:
         ({"machines": -1}, "machines"),
         ({"cpus": "lots"}, "cpus"),
         ({"memory_mb": 1.5}, "memory_mb"),
-        ({"gpus": 1}, "gpus"),
+        ({"gpus": 1}, "gpus"),  # an unknown resource
+        ({"classes": {"gold": {"cpus": 1}}}, "classes.gold"),  # an unknown class
+        ({"classes": {"spot": {"volume_gb": 1}}}, "classes.spot.volume_gb"),
     ):
         r = _set(url, app, body)
         assert r.status_code == 422, (body, r.text)
         assert field in r.json()["error"], r.text
-    assert _quota(url, app)["limits"] == {"cpus": None, "memory_mb": None, "machines": None}
+    line = httpx.put(f"{url}/v1/apps/{app}/quota/gold", json={"cpus": 1}, headers=auth_headers())
+    assert line.status_code == 422 and "class" in line.json()["error"], line.text
+    none = {"cpus": None, "memory_mb": None, "machines": None, "volume_gb": None, "classes": {}}
+    assert _quota(url, app)["limits"] == none
 
 
-async def _storm(urls: list[str], app: str, n: int) -> list[httpx.Response]:
+async def _storm(
+    urls: list[str], app: str, n: int, klass: str = "standard"
+) -> list[httpx.Response]:
     limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
     async with httpx.AsyncClient(timeout=120, limits=limits) as client:
         return await asyncio.gather(
             *(
                 client.post(
                     f"{urls[i % len(urls)]}/v1/apps/{app}/machines",
-                    json=machine_body(),
+                    json=machine_body(klass=klass),
                     headers=auth_headers(),
                 )
                 for i in range(n)
@@ -129,16 +140,22 @@ async def _storm(urls: list[str], app: str, n: int) -> list[httpx.Response]:
 
 def test_three_brokers_racing_make_exactly_the_quota(three_brokers: Cluster) -> None:
     urls = [b.url for b in three_brokers.brokers]
-    for quota in (1, 5):
+    for quota, klass in ((1, "standard"), (5, "standard"), (3, "spot")):
         app = new_app()
-        assert _set(urls[0], app, {"machines": quota}).status_code == 200
-        answers = asyncio.run(_storm(urls, app, 30))
+        limits = (
+            {"machines": quota}
+            if klass == "standard"
+            else {"classes": {klass: {"machines": quota}}}
+        )
+        assert _set(urls[0], app, limits).status_code == 200
+        answers = asyncio.run(_storm(urls, app, 30, klass))
         codes = Counter(r.status_code for r in answers)
         assert codes == {201: quota, 403: 30 - quota}, [r.text for r in answers]
         assert {r.json()["status"] for r in answers if r.status_code == 403} == {"quota_exceeded"}
         assert len(three_brokers.client().list_machines(app)) == quota
         for url in urls:
             assert _quota(url, app)["use"]["machines"] == quota
+            assert _quota(url, app)["use_by_class"][klass]["machines"] == quota
         _destroy_all(three_brokers, app)
 
 
@@ -278,7 +295,8 @@ def test_a_broker_killed_mid_create_leaks_no_quota(three_brokers: Cluster) -> No
         asyncio.run(create_and_kill())
         # Never over the limit: the reservation stands until its deadline.
         refused = _create(url, app)
-        assert refused.status_code == 403 and refused.json()["status"] == "quota_exceeded"
+        assert refused.status_code == 403, refused.text
+        assert refused.json()["status"] == "quota_exceeded"
     finally:
         for agent in agents:
             os.kill(agent.pid, signal.SIGCONT)
@@ -320,6 +338,15 @@ def test_the_cli_sets_and_shows_a_quota(three_brokers: Cluster) -> None:
     assert as_json["use"]["machines"] == 1
     bad = souq("set", app, "--machines", "-3")
     assert bad.returncode == 2 and "machines" in bad.stderr, bad.stderr
+    spot = souq("set", app, "--class", "spot", "--machines", "0")
+    assert spot.returncode == 0, spot.stderr
+    limits = _quota(three_brokers.api_url, app)["limits"]
+    assert limits["machines"] == 1 and limits["classes"]["spot"]["machines"] == 0  # kept
+    assert "spot machines" in souq("show", app).stdout
+    assert souq("set", app, "--class", "gold", "--cpus", "1").returncode == 2
+    assert souq("set", app, "--class", "spot", "--volume-gb", "1").returncode == 2
+    assert souq("clear", app, "--class", "spot").returncode == 0
+    assert _quota(three_brokers.api_url, app)["limits"]["classes"] == {}
     deploy = three_brokers.client().create_token(app=app, scope="deploy", name="d").token
     refused = subprocess.run(
         [sys.executable, "-m", "souq", "quota", "set", app, "--machines", "9"],
@@ -330,3 +357,101 @@ def test_the_cli_sets_and_shows_a_quota(three_brokers: Cluster) -> None:
     )
     assert refused.returncode == 1 and "may not admin" in refused.stderr, refused.stderr
     _destroy_all(three_brokers, app)
+
+
+def test_a_class_line_holds_its_class_and_the_all_line_every_class(
+    three_brokers: Cluster,
+) -> None:
+    url = three_brokers.api_url
+    app = new_app()
+    limits = {"machines": 4, "classes": {"spot": {"machines": 1}, "standard": {"cpus": 2}}}
+    assert _set(url, app, limits).status_code == 200
+    first_spot = _create(url, app, klass="spot")
+    assert first_spot.status_code == 201, first_spot.text
+    over = _create(three_brokers.brokers[1].url, app, klass="spot")
+    assert over.status_code == 403, over.text
+    err = over.json()
+    assert (err["quota"], err["class"], err["resource"]) == ("spot.machines", "spot", "machines")
+    assert (err["limit"], err["use"], err["asked"]) == (1, 1, 1)
+    assert "over its spot machines quota: limit 1 machines, in use 1" in err["error"]
+    assert _create(url, app).status_code == 201  # standard: its own line, 1 of 2 cpus
+    assert _create(url, app).status_code == 201
+    cpus = _create(url, app)
+    assert cpus.status_code == 403 and cpus.json()["quota"] == "standard.cpus", cpus.text
+    assert _create(url, app, klass="reserved").status_code == 201  # no line: all's, 4 of 4
+    full = _create(url, app, klass="reserved")
+    assert full.status_code == 403, full.text
+    assert (full.json()["quota"], full.json()["class"]) == ("machines", "all")
+    shown = _quota(url, app)
+    assert shown["use"]["machines"] == 4
+    by_class = {k: u["machines"] for k, u in shown["use_by_class"].items()}
+    assert by_class == {"reserved": 1, "standard": 2, "spot": 1}
+    three_brokers.client().destroy(app, first_spot.json()["id"], force=True)
+    assert _create(url, app, klass="spot").status_code == 201  # its quota freed
+    # One line replaced alone: the others are kept.
+    line = httpx.put(
+        f"{url}/v1/apps/{app}/quota/spot", json={"machines": 2}, headers=auth_headers()
+    )
+    assert line.status_code == 200, line.text
+    kept = line.json()["limits"]
+    assert kept["machines"] == 4 and kept["classes"]["standard"]["cpus"] == 2
+    assert kept["classes"]["spot"]["machines"] == 2
+    _destroy_all(three_brokers, app)
+
+
+def test_an_update_into_a_full_class_is_refused(three_brokers: Cluster) -> None:
+    url = three_brokers.api_url
+    app = new_app()
+    assert _set(url, app, {"classes": {"spot": {"machines": 1}}}).status_code == 200
+    assert _create(url, app, klass="spot").status_code == 201
+    made = _create(url, app)
+    assert made.status_code == 201, made.text
+    moved = {"config": machine_body(klass="spot")["config"], "skip_launch": True}
+    r = httpx.post(
+        f"{url}/v1/apps/{app}/machines/{made.json()['id']}",
+        json=moved,
+        headers=auth_headers(),
+        timeout=60,
+    )
+    assert r.status_code == 403 and r.json()["quota"] == "spot.machines", r.text
+    assert _quota(url, app)["use_by_class"]["spot"]["machines"] == 1
+    _destroy_all(three_brokers, app)
+
+
+def _volume(url: str, app: str, size_gb: int) -> httpx.Response:
+    body = {"name": "data", "region": REGION, "size_gb": size_gb}
+    return httpx.post(f"{url}/v1/apps/{app}/volumes", json=body, headers=auth_headers(), timeout=60)
+
+
+def test_volumes_count_their_size(three_brokers: Cluster) -> None:
+    url = three_brokers.api_url
+    app = new_app()
+    assert _set(url, app, {"volume_gb": 3}).status_code == 200
+    first = _volume(url, app, 2)
+    assert first.status_code == 200, first.text
+    over = _volume(three_brokers.brokers[1].url, app, 2)
+    assert over.status_code == 403, over.text
+    err = over.json()
+    assert (err["status"], err["quota"], err["limit"], err["use"], err["asked"]) == (
+        "quota_exceeded",
+        "volume_gb",
+        3,
+        2,
+        2,
+    )
+    assert "volume_gb quota: limit 3 GB, in use 2" in err["error"]
+    volume_id = first.json()["id"]
+    extend = f"{url}/v1/apps/{app}/volumes/{volume_id}/extend"
+    grown = httpx.put(extend, json={"size_gb": 4}, headers=auth_headers(), timeout=60)
+    assert grown.status_code == 403 and grown.json()["asked"] == 2, grown.text
+    fits = httpx.put(extend, json={"size_gb": 3}, headers=auth_headers(), timeout=60)
+    assert fits.status_code == 200, fits.text
+    shown = _quota(url, app)
+    assert shown["use"]["volume_gb"] == 3 and shown["pending_creates"] == 0
+    assert _volume(url, app, 1).status_code == 403
+    gone = httpx.delete(f"{url}/v1/apps/{app}/volumes/{volume_id}", headers=auth_headers())
+    assert gone.status_code == 200, gone.text
+    assert _quota(url, app)["use"]["volume_gb"] == 0
+    again = _volume(url, app, 3)
+    assert again.status_code == 200, again.text
+    httpx.delete(f"{url}/v1/apps/{app}/volumes/{again.json()['id']}", headers=auth_headers())

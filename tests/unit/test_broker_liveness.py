@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from souq.broker.liveness import Liveness
 from souq.bus import MemoryTransport, encode, subjects
 from souq.clock import ManualClock
 from souq.model import Heartbeat, Resources, WorkerInfo, WorkerState
+from souq.view.liveness import Liveness
 
 from .broker_fakes import FakeWorker, started_service
 

@@ -100,6 +100,7 @@ def test_pure_modules_import_no_io(path: Path) -> None:
 
 PUBLIC = {
     "souq.errors": {
+        "BidBelowPrice",
         "ClaimRefused",
         "CommandNotRunnable",
         "Conflict",

@@ -14,7 +14,6 @@ from souq.agent.config import AgentConfig
 from souq.agent.main import Agent
 from souq.agent.outbox import Outbox
 from souq.broker.config import BrokerConfig
-from souq.broker.liveness import Liveness
 from souq.broker.service import BrokerService
 from souq.bus import MemoryTransport, decode, subjects
 from souq.bus.codec import decode_one_or_many, encode
@@ -36,6 +35,7 @@ from souq.model import (
     WorkerState,
 )
 from souq.view import ViewStore
+from souq.view.liveness import Liveness
 from souq.view.seen import SeenEvents
 
 from .test_view import T0, ViewWorker, Workers, machine, wait_for

@@ -68,3 +68,20 @@ def test_the_taker_shows_whom_it_displaced(capsys: pytest.CaptureFixture[str]) -
     out = " ".join(capsys.readouterr().out.split())
     assert "preemption: no room; standard may displace spot (at most 8 machines)" in out
     assert "displaced m1 (app batch, spot, bid 0.5, 1 cpus / 256 MiB)" in out
+
+
+def test_a_machine_under_notice_shows_when_it_stops(capsys: pytest.CaptureFixture[str]) -> None:
+    notice = "the spot price in region mad rose to 0.6 an hour (90% used), above its max_price 0.5"
+    events = [
+        MachineEvent(
+            type="preempt_notice",
+            status=MachineState.STARTED,
+            source="agent",
+            timestamp=2,
+            message=f"{notice}: it stops in 120 s, at 1970-01-01T00:02:00.002Z",
+        ),
+        MachineEvent(type="start", status=MachineState.STARTED, source="agent", timestamp=1),
+    ]
+    render.machine(machine(MachineState.STARTED, events))
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"notice {notice}: it stops in 120 s" in out

@@ -62,6 +62,7 @@ from souq.errors import (
 from souq.market.preemption import Candidate, Eviction, plan_eviction
 from souq.model.machine import MachineState
 from souq.model.protocol import QuoteState
+from souq.model.reasons import Reason
 from souq.model.resources import GPU_MILLI, Resources
 from souq.model.worker import WorkerState, WorkerUsage
 from souq.placement import gpus
@@ -168,7 +169,7 @@ class Admission:
         if got is None:
             raise InsufficientCapacity(
                 f"no room on the GPUs of worker {self.worker_id}",
-                details={"reason": "insufficient_gpus"},
+                details={"reason": Reason.INSUFFICIENT_GPUS},
             )
         return got
 
@@ -244,7 +245,7 @@ class Admission:
                 "would not make room",
                 hint="another claim took the capacity first; try another worker",
                 details={
-                    "reason": "no_preemptible",
+                    "reason": Reason.NO_PREEMPTIBLE,
                     "usage": self.usage(now_ms).model_dump(mode="json"),
                 },
             )
@@ -276,7 +277,7 @@ class Admission:
         short = self.shortfall(want, now_ms)
         free = self.gpu_free(now_ms)
         if short is None and any(free[i] < gpus.per_gpu(want) for i in gpu_ids if i < len(free)):
-            reason, detail = "insufficient_gpus", "its GPUs are taken"
+            reason, detail = Reason.INSUFFICIENT_GPUS, "its GPUs are taken"
         elif short is not None:
             reason, detail = short.reason, short.detail
         else:
@@ -310,7 +311,7 @@ class Admission:
     def offer_refusal(self, want: Resources, now_ms: int) -> tuple[str, str] | None:
         """``(reason, detail)`` when an offer must say no; None when the worker can take it."""
         if self.cordoned:
-            return "cordoned", f"worker {self.worker_id} is cordoned: it takes no new machines"
+            return Reason.CORDONED, f"worker {self.worker_id} is cordoned: it takes no new machines"
         short = self.shortfall(want, now_ms)
         return None if short is None else (short.reason, short.detail)
 
@@ -318,7 +319,7 @@ class Admission:
         if region != self.region:
             raise ClaimRefused(
                 f"worker {self.worker_id} is in region {self.region}, not {region}",
-                details={"reason": "wrong_region"},
+                details={"reason": Reason.WRONG_REGION},
             )
 
     def _check_open(self) -> None:
@@ -326,7 +327,7 @@ class Admission:
             raise ClaimRefused(
                 f"worker {self.worker_id} is cordoned",
                 hint="it takes no new machines; try another worker",
-                details={"reason": "cordoned"},
+                details={"reason": Reason.CORDONED},
             )
 
     def _check_fits(self, want: Resources, now_ms: int, what: str, *, count: int = 1) -> None:

@@ -46,6 +46,7 @@ from souq.model.protocol import (
     StopCommand,
     UpdateCommand,
 )
+from souq.model.reasons import Reason
 from souq.model.resources import Resources
 from souq.model.services import MachineAddress
 from souq.network.addresses import UNKNOWN_NETWORK, network_of
@@ -56,7 +57,7 @@ S = MachineState
 _RESTARTABLE = (S.STARTED, S.SUSPENDED, S.STOPPED, S.CREATED, S.FAILED, S.STARTING)
 _RUNNING = (S.STARTED, S.SUSPENDED, S.STOPPING)  # a process is there (frozen or not)
 _UP = (S.STARTED, S.SUSPENDED, S.STARTING)  # what stopping every machine stops
-_FINAL = ("wrong_region", "cordoned")  # refusals that displacing machines does not change
+_FINAL = (Reason.WRONG_REGION, Reason.CORDONED)  # refusals that displacing machines does not change
 
 
 class Commands(MachineReads):

@@ -91,6 +91,14 @@ class AgentConfig(BaseModel):
         default=0, ge=0, le=65535, description="serve Prometheus /metrics here; 0: off"
     )
     stop_machines_on_exit: bool = False
+    spot_notice_s: float = Field(
+        default=0.0,
+        ge=0,
+        le=3600,
+        description="when its region's spot price rises above a running spot machine's bid, "
+        "the machine is told (an event `preempt_notice`) and stopped this long after (AWS "
+        "gives two minutes); 0: stopped at once (its stop signal, then its kill timeout)",
+    )
     restart_backoff_base_s: float = Field(default=0.1, ge=0)
     restart_backoff_max_s: float = Field(default=30.0, ge=0)
     restart_reset_after_s: float = Field(default=10.0, ge=0)

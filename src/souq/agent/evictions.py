@@ -19,11 +19,11 @@ from souq.market.preemption import JOB_VICTIM, Candidate, Eviction, JobRuns, may
 from souq.model.machine import MachineState
 from souq.model.placement import PreemptedMachine
 
-__all__ = ["candidates", "evict"]
+__all__ = ["RUNNING", "candidates", "displace", "evict"]
 
 S = MachineState
 _DISPLACEABLE = (S.STARTED, S.SUSPENDED, S.STOPPED, S.CREATED)
-_RUNNING = (S.STARTED, S.SUSPENDED)
+RUNNING = (S.STARTED, S.SUSPENDED)
 
 
 def candidates(ex: Executor, claimant: str) -> list[Candidate]:
@@ -48,7 +48,7 @@ def candidates(ex: Executor, claimant: str) -> list[Candidate]:
                 priority_class=klass,
                 resources=row.resources,
                 price=row.config.max_price,
-                running=row.state in _RUNNING,
+                running=row.state in RUNNING,
                 created_at=row.created_at,
                 gpu_ids=tuple(row.gpu_ids),
             )
@@ -81,7 +81,7 @@ def evict(
             jobs.preempt(victim.machine_id.removeprefix(JOB_VICTIM), by)
         else:
             row = ex.row_by_id(victim.machine_id)
-            _displace(ex, row, f"preempted by machine {by} of app {app}: {reason}")
+            displace(ex, row, f"preempted by machine {by} of app {app}: {reason}")
         told.append(
             PreemptedMachine(
                 machine_id=victim.machine_id,
@@ -97,7 +97,9 @@ def evict(
     return told
 
 
-def _displace(ex: Executor, row: MachineRow, message: str) -> None:
+def displace(ex: Executor, row: MachineRow, message: str, *, durable: bool = False) -> None:
+    """Preempt ``row``: an event ``preempted`` saying ``message``, its reservation given back,
+    and, if it runs, its stop. ``durable=False``: the caller syncs the store (a claim's)."""
     if row.state is S.STOPPED:
         ex.apply(
             row.id,
@@ -105,11 +107,11 @@ def _displace(ex: Executor, row: MachineRow, message: str) -> None:
             source="agent",
             message=message,
             give_back=True,
-            durable=False,
+            durable=durable,
         )
         return
     lifecycle.transition(row.state, Trigger.STOP, machine_id=row.id)
-    running = row.state in _RUNNING
+    running = row.state in RUNNING
     stop = row.config.stop_config
     drain = stop.drain_s if running and row.config.services and row.state is S.STARTED else 0.0
     op = ex.new_op(
@@ -129,5 +131,5 @@ def _displace(ex: Executor, row: MachineRow, message: str) -> None:
         signal=stop.signal if running else None,
         message=message,
         give_back=True,
-        durable=False,  # the new machine's record syncs it, before the claim is answered
+        durable=durable,  # a claim's: the new machine's record syncs it, before its answer
     )

@@ -33,7 +33,7 @@ import os
 import shutil
 import signal
 import socket
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -58,6 +58,7 @@ from souq.model.machine_tools import (
     ExecCommand,
     ExecReply,
     MachineCordonCommand,
+    MachineMemory,
     MetadataCommand,
     ProcessSnapshot,
     ProcessStat,
@@ -65,6 +66,7 @@ from souq.model.machine_tools import (
     exit_code_of,
     process_stat,
 )
+from souq.model.protocol import MachineRef
 
 __all__ = ["MachineTools"]
 
@@ -83,6 +85,21 @@ class MachineTools:
     def __init__(self, executor: Executor, clock: Clock) -> None:
         self._ex = executor
         self._clock = clock
+
+    def answers(self) -> dict[str, Callable[[Any], Awaitable[Any]]]:
+        """The verbs these handlers answer (of the operations :mod:`souq.operations` declares),
+        by name: the worker's dispatcher routes each to its handler."""
+        return {"exec": self.exec, "ps": self._ps, "memory": self._memory}
+
+    async def _ps(self, ref: MachineRef) -> list[ProcessStat]:
+        return await self.ps(ref.app, ref.machine_id)
+
+    async def _memory(self, ref: MachineRef) -> MachineMemory:
+        """Its limit, and the resident memory of the processes ``ps`` lists."""
+        rows = await self.ps(ref.app, ref.machine_id, what="memory")
+        limit = self._ex.row(ref.app, ref.machine_id).config.guest.memory_mb
+        rss = sum(r.rss for r in rows) / 2**20
+        return MachineMemory(limit_mb=limit, rss_mb=round(rss, 1), processes=len(rows))
 
     def _running(
         self, app: str, machine_id: str, what: str, *states: S
@@ -194,10 +211,11 @@ class MachineTools:
 
     # -- ps --------------------------------------------------------------------------------
 
-    async def ps(self, app: str, machine_id: str) -> list[ProcessStat]:
+    async def ps(self, app: str, machine_id: str, *, what: str = "ps") -> list[ProcessStat]:
         """The machine's processes by pid: an exec machine's process, then every descendant;
-        every process in a sandboxed machine's pid namespace, by the pid it has there."""
-        row, handle = self._running(app, machine_id, "ps", S.STARTED, S.SUSPENDED)
+        every process in a sandboxed machine's pid namespace, by the pid it has there.
+        ``what``: the command asking, for the refusal of a machine not started."""
+        row, handle = self._running(app, machine_id, what, S.STARTED, S.SUSPENDED)
         now = self._clock.now_ms() / 1000
         if row.config.driver == "sandbox":
             try:

@@ -40,6 +40,7 @@ from souq.agent.reaper import Reaper, make_subreaper
 from souq.agent.schedule import Scheduler
 from souq.agent.secrets import AgentSecrets
 from souq.agent.service import AgentService
+from souq.agent.spot_prices import SpotWatch
 from souq.agent.store import Store
 from souq.agent.volume_disk import VolumeDisks
 from souq.agent.volumes import AgentVolumes
@@ -121,6 +122,7 @@ class Agent:
         )
         self._rotating: asyncio.Task[None] | None = None
         self._scheduler: Scheduler | None = None
+        self.spot: SpotWatch | None = None  # spot machines outbid by the region's price
         self._host_driver = (
             None
             if driver is not None
@@ -324,8 +326,8 @@ class Agent:
             client = getattr(self._transport, "client", None)  # NATS: JetStream holds images
             if self._executor.images is not None and client is not None:
                 self._executor.images.attach(client)
-            if self._secrets is not None and client is not None:
-                self._secrets.attach(client)
+            if client is not None:
+                self._follow_buckets(self._executor, client)
             self._service = AgentService(
                 self._executor,
                 self._commands,
@@ -442,6 +444,16 @@ class Agent:
         pids: set[int] = owned() if owned is not None else set()
         return pids | (self.jobs.owned_pids() if self.jobs is not None else set())
 
+    def _follow_buckets(self, executor: Executor, client: Client) -> None:
+        """What the agent reads from JetStream: app secrets, and its region's spot price (to
+        preempt the spot machines it outbids: souq.agent.spot_prices). Not the hollow fleet's."""
+        if self._secrets is not None:
+            self._secrets.attach(client)
+        if self._given_driver is None:
+            notice_s = self.config.spot_notice_s
+            self.spot = SpotWatch(executor, self.config.region, self._clock, notice_s=notice_s)
+            self.spot.attach(client)
+
     def _credential(self, store: Store) -> NatsCredential | None:
         """With an auth directory, the agent's own credential: the worker id it speaks as
         (adopted by a new data dir; a data dir of another worker is refused)."""
@@ -474,11 +486,14 @@ class Agent:
         if self.jobs is not None:
             await self.jobs.aclose()  # given back to the queue while the bus is still there
             self.jobs = None
+        if self.spot is not None:
+            await self.spot.aclose()
+            self.spot = None
         if self._commands is not None and self.config.stop_machines_on_exit:
             await self._stop_machines(self._commands)
-        if self._executor is not None and self._executor.network is not None:
-            self._leave_network(self._executor, self._executor.network)
         if self._executor is not None:
+            if self._executor.network is not None:
+                self._leave_network(self._executor, self._executor.network)
             await self._executor.shutdown()
             self._executor = self._commands = None
         if self._service is not None:

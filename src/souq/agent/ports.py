@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from souq.errors import ClaimRefused
 from souq.model.machine import MachineConfig
+from souq.model.reasons import Reason
 from souq.model.services import MachineAddress
 
 __all__ = ["DEFAULT_RANGE", "PortPool", "can_bind", "edge_ports", "port_env"]
@@ -86,7 +87,7 @@ class PortPool:
                 f"no free host port for the machine's {len(internal_ports)} internal port(s) "
                 f"in {self.low}-{self.high}",
                 hint="try another worker, or give this one a wider --ports range",
-                details={"reason": "no_ports"},
+                details={"reason": Reason.NO_PORTS},
             )
         if given:
             self._ports[machine_id] = list(given.values())

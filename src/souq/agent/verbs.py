@@ -28,7 +28,7 @@ from souq.errors import ClaimRefused, IllegalTransition, NotFound, Unavailable
 from souq.model import protocol as msg
 from souq.model.batch import BatchClaimReply, BatchClaimRequest
 from souq.model.machine import Machine, MachineEvent, MachineState, OpRecord
-from souq.model.machine_tools import MachineCordonCommand, MetadataCommand, ProcessStat
+from souq.model.machine_tools import MachineCordonCommand, MetadataCommand
 from souq.model.resources import Resources
 from souq.model.worker import Fingerprint, WorkerInfo, WorkerState, WorkerUsage
 from souq.protocol import verbs as v
@@ -103,8 +103,8 @@ class WorkerVerbs:
         d.route(v.LIST, self._list)
         d.route(v.DIGEST, self._digest)
         d.route(v.LOCATE, self._locate)
-        d.route(v.EXEC, self.tools.exec)
-        d.route(v.PS, self._ps)
+        for name, handler in self.tools.answers().items():
+            d.route(v.VERBS[name], handler)
         d.route(v.METADATA, self._metadata)
         d.route(v.MACHINE_CORDON, self._machine_cordon)
         if self._ex.volumes is not None:
@@ -375,9 +375,6 @@ class WorkerVerbs:
         return await self._cmd.destroy(
             cmd.app, cmd.machine_id, force=cmd.force, graceful=cmd.graceful
         )
-
-    async def _ps(self, ref: msg.MachineRef) -> list[ProcessStat]:
-        return await self.tools.ps(ref.app, ref.machine_id)
 
     async def _metadata(self, cmd: MetadataCommand) -> dict[str, str]:
         return self.tools.metadata(cmd)  # Fly's SetMetadata sends no lease nonce

@@ -25,6 +25,15 @@ Existing standbys are updated (they stay stopped) after the other phases; the st
 machines that go, go too; :func:`standbys_wanted` says which machines still lack one once the
 phases are done (the deploy makes them then: a new machine's id is known only once it is made).
 
+A machine of a group with services that a create of a higher priority class displaced (an
+event ``preempted`` newer than its last start: ``Current.preempted`` holds its message) is not
+counted as one of its group's: a new machine is created in its place, kept off the workers of
+its group's machines as any new one is (the displaced one's among them), and the displaced one
+goes with the cleanup, once the new one is healthy; both steps say why (``Step.why``). So a
+deploy, a scale, or ``souq scale reconcile`` (a scale to the counts the app has) re-places the
+machines preemption took, as Nomad reschedules a preempted allocation. (A group without
+services has its standby started by the proxy instead.)
+
 A scale (``souq scale count``, :func:`scale`) is not a deploy of a new config: in the regions it
 names only, each group's missing machines are created and its extras destroyed (the stopped
 ones first, with their standbys); no machine that stays is updated or restarted, and a scale to
@@ -54,6 +63,7 @@ class Current:
     state: str
     release: int | None = None
     standby_for: tuple[str, ...] = ()  # a standby: the machines it stands by for
+    preempted: str = ""  # displaced by a higher class since its last start: the event's message
 
 
 @dataclass(frozen=True)
@@ -64,6 +74,7 @@ class Step:
     machine_id: str | None = None  # update and destroy: the machine
     canary: bool = False  # a canary: destroyed once it proved healthy
     standby_for: tuple[str, ...] = ()  # a standby's update: it stays stopped
+    why: str = ""  # what the step is for, when the plan has more to say than its action
 
 
 @dataclass(frozen=True)
@@ -86,6 +97,7 @@ class _Group:
     region: str
     want: int
     have: list[Current] = field(default_factory=list)
+    displaced: list[Current] = field(default_factory=list)  # preempted: replaced, then gone
 
     @property
     def keep(self) -> list[Current]:
@@ -98,6 +110,34 @@ class _Group:
     @property
     def missing(self) -> int:
         return max(0, self.want - len(self.have))
+
+    def creates(self, region: str) -> list[Step]:
+        """The machines it lacks; the first in the place of its displaced ones."""
+        places = [m.id for m in self.displaced]
+        return [
+            Step(
+                "create",
+                self.group,
+                region,
+                why=f"in the place of machine {places[k]}, preempted" if k < len(places) else "",
+            )
+            for k in range(self.missing)
+        ]
+
+    def gone(self) -> list[Step]:
+        """Its displaced machines go (once their replacements are up)."""
+        return [
+            Step("destroy", self.group, self.region, m.id, why=f"replaced: {m.preempted}")
+            for m in self.displaced
+        ]
+
+
+def _group(config: AppConfig, group: str, region: str, want: int, have: list[Current]) -> _Group:
+    """A group in a region: what it wants, the machines it keeps (started first), and those of
+    a group with services that preemption displaced (re-placed)."""
+    displaced = [m for m in have if m.preempted] if config.served(group) else []
+    kept = [m for m in have if m not in displaced]
+    return _Group(group, region, want, sorted(kept, key=_started_first), displaced)
 
 
 def desired_counts(config: AppConfig, group: str) -> dict[str, int]:
@@ -124,12 +164,13 @@ def plan(config: AppConfig, machines: list[Current], strategy: str | None = None
     for group in config.groups():
         for region, want in desired_counts(config, group).items():
             have = [m for m in machines if m.group == group and m.region == region]
-            groups.append(_Group(group, region, want, sorted(have, key=_started_first)))
+            groups.append(_group(config, group, region, want, have))
     # Machines of a group the config no longer has, or of a region it no longer names, go.
     placed = {(g.group, g.region) for g in groups}
     orphans = [m for m in machines if (m.group, m.region) not in placed or m.group not in known]
     cleanup = [
         *(Step("destroy", g.group, g.region, m.id) for g in groups for m in g.extra),
+        *(step for g in groups for step in g.gone()),
         *(Step("destroy", m.group, m.region, m.id) for m in orphans),
     ]
     if strategy == "bluegreen":
@@ -163,18 +204,19 @@ def scale(config: AppConfig, machines: list[Current], regions: Iterable[str]) ->
     machines = [m for m in machines if not m.standby_for]
     creates: list[Step] = []
     going: list[Current] = []
+    replaced: list[Step] = []
     for region in regions:
         for group in config.groups():
             have = [m for m in machines if m.group == group and m.region == region]
-            g = _Group(group, region, desired_counts(config, group).get(region, 0))
-            g.have = sorted(have, key=_started_first)
-            creates += [Step("create", group, region) for _ in range(g.missing)]
+            g = _group(config, group, region, desired_counts(config, group).get(region, 0), have)
+            creates += g.creates(region)
             going += g.extra
+            replaced += g.gone()
     gone = {m.id for m in going}
     going += [s for s in standbys if set(s.standby_for) & gone]
     phases = [Phase("scale", tuple(creates))] if creates else []
-    if going:
-        steps = tuple(Step("destroy", m.group, m.region, m.id) for m in going)
+    steps = (*(Step("destroy", m.group, m.region, m.id) for m in going), *replaced)
+    if steps:
         phases.append(Phase("cleanup", steps, wait_healthy=False))
     return phases
 
@@ -205,7 +247,7 @@ def _at_rest_first(m: Current) -> tuple[int, str]:
 def _immediate(groups: list[_Group]) -> list[Phase]:
     steps = [
         *(Step("update", g.group, g.region, m.id) for g in groups for m in g.keep),
-        *(Step("create", g.group, g.region) for g in groups for _ in range(g.missing)),
+        *(step for g in groups for step in g.creates(g.region)),
     ]
     return [Phase("immediate", tuple(steps), wait_healthy=False)] if steps else []
 
@@ -231,6 +273,6 @@ def _rolling(config: AppConfig, groups: list[_Group]) -> list[Phase]:
                 steps = tuple(Step("update", g.group, region, m.id) for m in part)
                 phases.append(Phase(name, steps, region=region))
             if g.missing:
-                steps = tuple(Step("create", g.group, region) for _ in range(g.missing))
+                steps = tuple(g.creates(region))
                 phases.append(Phase(f"new {g.group} in {region}", steps, region=region))
     return phases

@@ -8,8 +8,9 @@ route                                             scope        of
 ================================================  ===========  ===========================
 ``/healthz``, ``/openapi.json``, ``/ui…``, docs   none         (public: no data)
 ``/v1/apps/{app}/secrets…`` (any method)          deploy       the app
+``/v1/apps/{app}/machines/{id}…``                 (declared)   the app: :mod:`souq.operations`
 ``POST /v1/apps/{app}/machines/{id}/exec``        deploy       the app (it sees the secrets)
-``PUT|DELETE /v1/apps/{app}/quota``               admin        the cluster (not the app's)
+``PUT|DELETE /v1/apps/{app}/quota…``              admin        the cluster (not the app's)
 ``GET /v1/apps/{app}/…``                          read         the app
 ``POST|DELETE /v1/apps/{app}/releases…|secrets…`` deploy       the app
 ``POST|PUT|DELETE /v1/apps/{app}/…`` (the rest)   write        the app (volumes too)
@@ -40,6 +41,7 @@ import re
 from dataclasses import dataclass
 
 from souq.auth.tokens import Scope
+from souq.operations import OPERATIONS
 
 __all__ = ["Need", "need_of"]
 
@@ -48,7 +50,15 @@ _APP = re.compile(r"^/v1/apps/([^/]+)(/.*)?$")
 _ANY_APP_READS = ("/v1/images", "/v1/regions", "/v1/tokens/key", "/v1/tokens/self")
 _PROXY_APP_READS = ("/backends", "/decisions")  # the proxy's admin port: the route scopes them
 _READ = {"GET", "HEAD"}
-_EXEC = re.compile(r"^/machines/[^/]+/exec/?$")
+# Each route under one machine, with the scope its operation declares (souq.operations).
+_MACHINE_ROUTES = tuple(
+    (
+        op.method,
+        re.compile("^/machines/[^/]+" + re.sub(r"\{[^}]+\}", "[^/]+", op.path) + "/?$"),
+        Scope(op.scope),
+    )
+    for op in OPERATIONS
+)
 
 
 @dataclass(frozen=True)
@@ -69,20 +79,33 @@ def need_of(method: str, path: str) -> Need | None:
     reading = method in _READ
     match = _APP.match(path)
     if match is not None:
-        return _of_app(reading, match.group(1), match.group(2) or "")
+        return _of_app(method, match.group(1), match.group(2) or "")
     return _of_cluster(reading, path)
 
 
-def _of_app(reading: bool, app: str, rest: str) -> Need:
+def _of_app(method: str, app: str, rest: str) -> Need:
     if rest.startswith("/secrets"):
         return Need(Scope.DEPLOY, app)  # even their names and digests
-    if reading:
+    if rest.startswith("/machines/"):
+        declared = _declared(method, rest)
+        if declared is not None:
+            return Need(declared, app)
+    if method in _READ:
         return Need(Scope.READ, app)
-    if rest.rstrip("/") == "/quota":  # an app's own token may not raise its own quota
+    if rest.rstrip("/") == "/quota" or rest.startswith("/quota/"):  # an app may not raise it
         return Need(Scope.ADMIN)
-    # An exec runs in the machine's environment, secrets included: as much as reading them.
-    deploying = rest.startswith("/releases") or _EXEC.match(rest) is not None
+    deploying = rest.startswith("/releases")
     return Need(Scope.DEPLOY if deploying else Scope.WRITE, app)
+
+
+def _declared(method: str, rest: str) -> Scope | None:
+    """The scope of the machine route ``method rest`` (``/machines/{id}…``) as its operation
+    declares it; None for a route no operation declares."""
+    method = "GET" if method == "HEAD" else method
+    for declared_method, pattern, scope in _MACHINE_ROUTES:
+        if declared_method == method and pattern.match(rest):
+            return scope
+    return None
 
 
 def _of_cluster(reading: bool, path: str) -> Need:

@@ -1,12 +1,12 @@
 """The broker: the public HTTP API. It places machines through the market (solicit offers →
 rank → claim), forwards commands to the worker that owns each machine, and serves the worker
-table it learns from heartbeats. It holds no state of record.
+table it learns from heartbeats (:mod:`souq.view.liveness`, which the proxy stands on too).
+It holds no state of record.
 
 =================  ===========================================================================
 module             holds
 =================  ===========================================================================
 ``config``         :class:`BrokerConfig`
-``liveness``       the worker table, from heartbeats (up / down / cordoned)
 ``market``         placement: solicit, rank, claim, explain
 ``directory``      which worker owns which machine
 ``idempotency``    request ids, body hashes, coalescing of identical creates
@@ -20,8 +20,8 @@ module             holds
 
 from souq.broker.app import create_app
 from souq.broker.config import BrokerConfig
-from souq.broker.liveness import Liveness
 from souq.broker.market import Market
 from souq.broker.service import BrokerService
+from souq.view.liveness import Liveness
 
 __all__ = ["BrokerConfig", "BrokerService", "Liveness", "Market", "create_app"]

@@ -46,6 +46,7 @@ from souq.broker.http_errors import install_error_handlers
 from souq.broker.image_routes import images_router
 from souq.broker.lifecycle_routes import lifecycle_router
 from souq.broker.machine_tools_routes import machine_tools_router
+from souq.broker.op_routes import operations_router
 from souq.broker.quota_routes import quotas_router
 from souq.broker.release_routes import releases_router
 from souq.broker.request_context import RequestContext
@@ -73,8 +74,6 @@ from souq.jobs.queue import JobQueue
 from souq.limits import BODY_IMAGE_BYTES
 from souq.model import (
     Machine,
-    MachineEvent,
-    OpRecord,
     Quote,
     WorkerInfo,
 )
@@ -177,17 +176,12 @@ def create_handler(service: BrokerService) -> CreateHandler:
 
 
 def _add_durability_routes(api: FastAPI, service: BrokerService) -> None:
-    """A worker's drain and a machine's op log (docs/architecture.md, "Durability")."""
+    """A worker's drain (docs/protocol.md, "Dry runs, quotes and cordons")."""
 
     @api.post("/v1/workers/{worker_id}/drain", response_model=WorkerInfo, tags=["cluster"])
     async def drain_worker(worker_id: str) -> Response:
         """Cordon the worker and stop its machines gracefully; ``uncordon`` ends the drain."""
         return json_response(await service.drain(worker_id))
-
-    @api.get(MACHINE + "/ops", response_model=list[OpRecord], tags=["machines"])
-    async def machine_ops(app: AppName, machine_id: str) -> Response:
-        """The machine's op log: each step of each operation, oldest first."""
-        return json_response(await service.ops(app, machine_id))
 
 
 def create_app(
@@ -202,7 +196,7 @@ def create_app(
     auth = guard.auth if guard is not None else None
     api.include_router(secrets_router(service, auth))  # an app's secrets (JetStream, sealed)
     api.include_router(apps_router(service))  # /v1/apps, /v1/apps/{app}: the app resource
-    api.include_router(machine_tools_router(service))  # a machine's exec, ps, metadata, cordon
+    api.include_router(machine_tools_router(service))  # a machine's exec and metadata
     api.include_router(volumes_router(service))  # /v1/apps/{app}/volumes: Fly's volumes
     api.include_router(quotas_router(service))  # /v1/apps/{app}/quota, /v1/orgs/{org}/quota
     inner: ASGIApp = CreateFastPath(api, create)
@@ -381,14 +375,11 @@ def _routes(service: BrokerService, create: CreateHandler) -> FastAPI:
             client=client,
         )
 
-    @api.get(MACHINE + "/events", response_model=list[MachineEvent], tags=["machines"])
-    async def machine_events(app: AppName, machine_id: str) -> Response:
-        return json_response(await service.events(app, machine_id))
-
     _add_durability_routes(api, service)
     api.include_router(cluster_router(service))  # /v1/regions, /v1/events
     api.include_router(images_router(service))  # /v1/images: the cluster's image store
-    api.include_router(changes_router(service))  # a machine's update, its signals
+    api.include_router(changes_router(service))  # a machine's update, its lease
+    api.include_router(operations_router(service))  # souq.operations: the routes made
     api.include_router(releases_router(service))  # an app's releases (JetStream)
 
     from souq.broker.ui import router as dashboard

@@ -23,6 +23,7 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import PubAck, StorageType, StreamConfig
 
+from souq.bus import subjects
 from souq.bus.jetstream import OnFirstUse, stream, unavailable
 from souq.model.tokens import AuditRecord
 
@@ -31,7 +32,7 @@ __all__ = ["STREAM", "AuditLog"]
 log = logging.getLogger(__name__)
 
 STREAM = "souq-audit"
-SUBJECT = "souq.audit"
+SUBJECT = subjects.AUDIT
 _MAX_AGE_S = 90 * 24 * 3600
 _MAX_MSGS = 1_000_000
 _PENDING = 10_000  # entries waiting to be stored, at most (then the oldest are only logged)

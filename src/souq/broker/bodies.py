@@ -15,6 +15,7 @@ from pydantic import BaseModel, ValidationError
 from souq.broker.http_errors import invalid_input
 from souq.broker.schemas import check_app_name
 from souq.errors import InvalidInput, MalformedRequest
+from souq.operations import MACHINE  # the path of one machine's routes
 
 __all__ = [
     "MACHINE",
@@ -28,7 +29,6 @@ __all__ = [
     "with_fields",
 ]
 
-MACHINE = "/v1/apps/{app}/machines/{machine_id}"  # the path of one machine's routes
 M = TypeVar("M", bound=BaseModel)
 
 

@@ -1,10 +1,10 @@
 """The routes that change a machine in place: ``POST /v1/apps/{app}/machines/{id}`` replaces
-its config (it keeps its worker and gets a new ``instance_id``), ``.../signal`` signals its
-process, and ``.../lease`` takes, shows and ends the machine's lease (:mod:`souq.agent.leases`):
-while one lasts, every change needs its nonce in the ``souq-lease-nonce`` header (or Fly's
-``fly-machine-lease-nonce``). A lease is answered in Souq's form and Fly's at once: Souq's
-fields, and Fly's ``{"status", "data": {"nonce", "expires_at" (seconds), "owner",
-"version"}}``."""
+its config (it keeps its worker and gets a new ``instance_id``), and ``.../lease`` takes, shows
+and ends the machine's lease (:mod:`souq.agent.leases`): while one lasts, every change needs its
+nonce in the ``souq-lease-nonce`` header (or Fly's ``fly-machine-lease-nonce``). A lease is
+answered in Souq's form and Fly's at once: Souq's fields, and Fly's ``{"status", "data":
+{"nonce", "expires_at" (seconds), "owner", "version"}}``. A signal's route is made from its
+declaration (:mod:`souq.operations`)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from souq.broker.bodies import (
     parse_body,
     with_fields,
 )
-from souq.broker.schemas import LeaseBody, SignalRequest, UpdateMachineRequest
+from souq.broker.schemas import LeaseBody, UpdateMachineRequest
 from souq.broker.secret_routes import skips_secrets
 from souq.broker.service import BrokerService
 from souq.model import Machine
@@ -82,16 +82,6 @@ def changes_router(service: BrokerService) -> APIRouter:
         )
         answer = with_fields(machine.model_dump_json(), {"nonce": lease.nonce})
         return Response(answer, media_type="application/json")
-
-    @router.post(
-        MACHINE + "/signal", response_model=Machine, openapi_extra=body_schema(SignalRequest)
-    )
-    async def signal_machine(
-        app: AppName, machine_id: str, request: Request, nonce: LeaseNonce = None
-    ) -> Response:
-        body = await parse_body(request, SignalRequest)
-        machine = await service.signal_machine(app, machine_id, body.signal, nonce=nonce)
-        return json_response(machine)
 
     @router.post(MACHINE + "/lease", response_model=Lease, openapi_extra=body_schema(LeaseBody))
     async def take_lease(

@@ -11,6 +11,7 @@ from souq.limits import HttpLimits
 from souq.market.preemption import DEFAULT_MAX_VICTIMS
 from souq.model.base import copy_fields
 from souq.model.policy import PlacementDefaults
+from souq.model.prices import SpotPriceRule
 
 __all__ = ["BrokerConfig"]
 
@@ -68,6 +69,11 @@ class BrokerConfig(BaseModel):
         le=64,
         description="the most machines one create may displace when it fits nowhere and its "
         "priority class allows (0: never preempt); see docs/placement.md",
+    )
+    spot_price: SpotPriceRule = Field(
+        default_factory=SpotPriceRule,
+        description="how a region's spot price follows its utilisation (floor, knee, peak, "
+        "interval_s); give every broker the same (docs/placement.md, Spot prices)",
     )
     down_after_missed: AtLeastOne = Field(
         default=3, description="missed heartbeats after which a worker is down"

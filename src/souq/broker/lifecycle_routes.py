@@ -1,5 +1,5 @@
 """The routes that move a machine through its states: ``DELETE`` (destroy), ``.../start``,
-``.../suspend``, ``.../stop``, ``.../restart`` and ``.../wait``, each in Souq's form and in
+``.../stop``, ``.../restart`` and ``.../wait``, each in Souq's form and in
 Fly's (``?kill=true``, a stop body ``{"id", "signal", "timeout": "5s"}``, a restart's
 ``force_stop``, ``timeout`` and ``signal`` query, a wait for several states and a
 ``version``, a start's ``previous_state``)."""
@@ -95,12 +95,6 @@ def lifecycle_router(service: BrokerService) -> APIRouter:
         return Response(
             with_fields(machine.model_dump_json(), extra), media_type="application/json"
         )
-
-    @router.post(machine_path + "/suspend", response_model=Machine, tags=["machines"])
-    async def suspend_machine(app: AppName, machine_id: str, nonce: LeaseNonce = None) -> Response:
-        """Freeze a started machine: it keeps its memory and its port, and a start (or a
-        request through the proxy) resumes it."""
-        return json_response(await service.suspend_machine(app, machine_id, nonce=nonce))
 
     # Stop and restart take the same optional body: the signal and the grace before SIGKILL.
     stop_route: dict[str, Any] = {

@@ -5,15 +5,14 @@ Go client ``flaps`` sends and decodes; docs/fly-compat.md):
 route (under ``/v1/apps/{app}/machines``)  answer
 ========================================  =============================================
 ``POST {id}/exec``                         ``{exit_code, stdout, stderr}``
-``GET {id}/ps``                            ``[{pid, stime, rtime, command, directory, …}]``
 ``GET {id}/metadata``                      ``{key: value}``
 ``POST {id}/metadata/{key}``               ``204`` (body ``{"value": STRING}``)
 ``DELETE {id}/metadata/{key}``             ``204``
-``POST {id}/cordon``, ``{id}/uncordon``    the machine (Fly's client ignores the body)
 ========================================  =============================================
 
 Each is one verb to the machine's worker (:mod:`souq.agent.machine_tools` answers); none
-restarts the machine. An exec's bus request is given its ``timeout`` on top of the command
+restarts the machine. ``ps``, ``cordon`` and ``uncordon`` are made from their declarations
+(:mod:`souq.broker.op_routes`). An exec's bus request is given its ``timeout`` on top of the command
 timeout, so the worker's ``408 timeout`` reaches the caller before the bus gives up.
 """
 
@@ -25,24 +24,19 @@ from fastapi.responses import JSONResponse, Response
 from souq.broker.bodies import (
     MACHINE,
     AppName,
-    LeaseNonce,
     body_schema,
     json_response,
     parse_body,
 )
 from souq.broker.service import BrokerService
 from souq.errors import InvalidInput
-from souq.model import Machine
 from souq.model.machine_tools import (
     ExecBody,
     ExecCommand,
     ExecReply,
-    MachineCordonCommand,
     MetadataBody,
     MetadataCommand,
-    ProcessStat,
 )
-from souq.model.protocol import MachineRef
 from souq.protocol import verbs as v
 
 __all__ = ["machine_tools_router"]
@@ -68,13 +62,6 @@ def machine_tools_router(service: BrokerService) -> APIRouter:
         reply = await service.calls.owner(machine_id, v.EXEC, cmd, extra_s=cmd.timeout_s)
         return json_response(reply)
 
-    @router.get(MACHINE + "/ps", response_model=list[ProcessStat])
-    async def machine_processes(app: AppName, machine_id: str) -> Response:
-        """The processes of a started (or suspended) machine: its own, then its descendants."""
-        ref = MachineRef(app=app, machine_id=machine_id)
-        rows: list[ProcessStat] = await service.calls.owner(machine_id, v.PS, ref)
-        return json_response(rows)
-
     @router.get(MACHINE + "/metadata", response_model=dict[str, str])
     async def get_metadata(app: AppName, machine_id: str) -> Response:
         """The machine's `config.metadata`, as a map."""
@@ -97,17 +84,6 @@ def machine_tools_router(service: BrokerService) -> APIRouter:
         await _metadata(service, app, machine_id, key, None)
         return Response(status_code=204)
 
-    @router.post(MACHINE + "/cordon", response_model=Machine)
-    async def cordon_machine(app: AppName, machine_id: str, nonce: LeaseNonce = None) -> Response:
-        """Take the machine out of the edge proxies' rotation: it keeps running and gets no
-        new requests until `uncordon`."""
-        return json_response(await _cordon(service, app, machine_id, nonce, cordoned=True))
-
-    @router.post(MACHINE + "/uncordon", response_model=Machine)
-    async def uncordon_machine(app: AppName, machine_id: str, nonce: LeaseNonce = None) -> Response:
-        """Put a cordoned machine back in the edge proxies' rotation."""
-        return json_response(await _cordon(service, app, machine_id, nonce, cordoned=False))
-
     return router
 
 
@@ -121,12 +97,3 @@ async def _metadata(
             f"metadata key {key[:32]!r}: 1 to 128 characters", details={"field": "key"}
         ) from None
     return await service.calls.owner(machine_id, v.METADATA, cmd)
-
-
-async def _cordon(
-    service: BrokerService, app: str, machine_id: str, nonce: str | None, *, cordoned: bool
-) -> Machine:
-    cmd = MachineCordonCommand(app=app, machine_id=machine_id, lease_nonce=nonce, cordoned=cordoned)
-    machine = await service.calls.owner(machine_id, v.MACHINE_CORDON, cmd)
-    service.view.apply(machine)  # read-your-writes on this broker
-    return machine

@@ -25,7 +25,6 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 from souq.broker.config import BrokerConfig
-from souq.broker.liveness import Liveness
 from souq.clock import Clock
 from souq.errors import (
     ClaimRefused,
@@ -62,6 +61,7 @@ from souq.model.image import ImageRecord
 from souq.placement import Pipeline, PipelineCache, PlacementRequest
 from souq.protocol import WorkerClient
 from souq.protocol.verbs import CLAIM, CLAIM_BATCH, DESTROY, HOLD, OFFER, Verb
+from souq.view.liveness import Liveness
 
 __all__ = ["Market"]
 

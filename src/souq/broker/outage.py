@@ -20,11 +20,11 @@ from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
-from souq.broker.liveness import Liveness
 from souq.bus import Transport, bus_unavailable
 from souq.daemon import cancel_tasks
 from souq.errors import SouqError, Unavailable
 from souq.view import ClusterView
+from souq.view.liveness import Liveness
 
 __all__ = ["BusGuard"]
 

@@ -1,5 +1,7 @@
 """Quotas (docs/quotas.md): ``GET|PUT|DELETE /v1/apps/{app}/quota`` and
-``GET|PUT|DELETE /v1/orgs/{org}/quota``.
+``GET|PUT|DELETE /v1/orgs/{org}/quota``; ``PUT|DELETE …/quota/{line}`` replaces (or drops)
+one line of limits — ``all`` (every class, volumes' size included) or a priority class —
+keeping the others.
 
 Reading an app's quota needs the app's ``read`` scope; setting or clearing one needs the
 cluster's ``admin`` (an app's own token, even its deploy token, may not raise its quota:
@@ -17,7 +19,15 @@ from fastapi.responses import Response
 from souq.broker.bodies import AppName, body_schema, json_response, parse_body
 from souq.broker.service import BrokerService
 from souq.errors import InvalidInput
-from souq.model.quota import QuotaLimits, QuotaView
+from souq.model.quota import (
+    ALL_CLASSES,
+    CLASSES,
+    AllLimits,
+    ClassLimits,
+    QuotaLimits,
+    QuotaView,
+    Scope,
+)
 
 __all__ = ["quotas_router"]
 
@@ -36,6 +46,24 @@ async def _org_slug(org: str) -> str:
 
 
 OrgSlug = Annotated[str, Depends(_org_slug)]
+LINES = (ALL_CLASSES, *CLASSES)
+
+
+async def _line(line: str) -> str:
+    if line not in LINES:
+        raise InvalidInput(
+            f"class: {line!r} is not a quota line: one of {', '.join(LINES)}",
+            details={"field": "class", "fields": [{"field": "class", "message": "unknown"}]},
+        )
+    return line
+
+
+Line = Annotated[str, Depends(_line)]
+
+
+async def _line_body(request: Request, line: str) -> ClassLimits:
+    """A line's limits: ``all`` takes ``volume_gb`` too (volumes have no class)."""
+    return await parse_body(request, AllLimits if line == ALL_CLASSES else ClassLimits)
 
 
 def quotas_router(service: BrokerService) -> APIRouter:
@@ -59,6 +87,33 @@ def quotas_router(service: BrokerService) -> APIRouter:
         """No quota on the app any more (its ledger is dropped)."""
         await quotas.clear("app", app)
         return Response(status_code=204)
+
+    async def set_line(scope: Scope, name: str, line: str, request: Request) -> Response:
+        given = await _line_body(request, line)
+        return json_response(await quotas.set_line(scope, name, line, given))
+
+    async def clear_line(scope: Scope, name: str, line: str) -> Response:
+        return json_response(await quotas.set_line(scope, name, line, ClassLimits()))
+
+    line_schema = body_schema(AllLimits)
+
+    @router.put(APP_QUOTA + "/{line}", response_model=QuotaView, openapi_extra=line_schema)
+    async def set_app_quota_line(app: AppName, line: Line, request: Request) -> Response:
+        """Replace one line of the app's limits (``all`` or a class), keeping the others."""
+        return await set_line("app", app, line, request)
+
+    @router.delete(APP_QUOTA + "/{line}", response_model=QuotaView)
+    async def clear_app_quota_line(app: AppName, line: Line) -> Response:
+        """No limits on one line of the app's (the others kept)."""
+        return await clear_line("app", app, line)
+
+    @router.put(ORG_QUOTA + "/{line}", response_model=QuotaView, openapi_extra=line_schema)
+    async def set_org_quota_line(org: OrgSlug, line: Line, request: Request) -> Response:
+        return await set_line("org", org, line, request)
+
+    @router.delete(ORG_QUOTA + "/{line}", response_model=QuotaView)
+    async def clear_org_quota_line(org: OrgSlug, line: Line) -> Response:
+        return await clear_line("org", org, line)
 
     @router.get(ORG_QUOTA, response_model=QuotaView)
     async def show_org_quota(org: OrgSlug) -> Response:

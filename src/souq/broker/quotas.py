@@ -20,25 +20,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-import nats.errors
-import nats.js.errors
 from nats.js.kv import KeyValue
 
 from souq.broker.app_store import AppStore
 from souq.broker.quota_scopes import QuotaScopes
-from souq.bus.jetstream import BucketStore, OnFirstUse, reconnects, unavailable
+from souq.broker.quota_store import BUCKET, QuotaStore, key_of
+from souq.bus.jetstream import OnFirstUse, reconnects
 from souq.clock import Clock
 from souq.errors import QuotaExceeded, Unavailable
+from souq.ids import new_request_id
 from souq.model import Machine, MachineState
 from souq.model.app import DEFAULT_ORG
 from souq.model.machine import MachineConfig
 from souq.model.quota import (
-    ClusterMachine,
+    ClassLimits,
     Excess,
     QuotaEntry,
     QuotaLimits,
@@ -48,38 +47,43 @@ from souq.model.quota import (
     Scope,
     excess,
     held,
-    reconciled,
     released,
     reserved,
-    use_of,
-    use_of_record,
+    view_of,
+    with_line,
 )
+from souq.model.quota_reconcile import ClusterMachine, ClusterVolumes, reconciled
+from souq.model.volume import Volume
 
 if TYPE_CHECKING:
-    from souq.broker.service import BrokerService
+    from nats.aio.client import Client
 
-__all__ = ["BUCKET", "QuotaStore", "Quotas", "Reservation", "use_of_config"]
+    from souq.broker.volume_listing import VolumeListing
+    from souq.view import ClusterView
+
+__all__ = ["BUCKET", "Quotas", "Reservation", "use_of_config", "use_of_volume"]
 
 log = logging.getLogger(__name__)
 
-BUCKET = "souq-quotas"
-_WHAT = "the quota store"
-_ATTEMPTS = 200  # compare-and-set rounds before a change gives up (503): contention, not a loop
+# An app's organization, once read, is remembered this long: an app deleted and created again
+# in another organization counts in the old one's quota on this broker until then.
+ORG_REMEMBERED_S = 30.0
+_MAX_REMEMBERED = 100_000
 
 
 def use_of_config(config: MachineConfig, count: int = 1) -> QuotaUse:
-    """What ``count`` machines of ``config`` count against a quota."""
+    """What ``count`` machines of ``config`` count against a quota (in its class)."""
     size = config.guest.resources()
     return QuotaUse(
         cpus=round(size.cpus * count, 3), memory_mb=size.memory_mb * count, machines=count
     )
 
 
-def key_of(scope: Scope, name: str) -> str:
-    return f"{scope}.{name}"
+def use_of_volume(size_gb: int) -> QuotaUse:
+    return QuotaUse(volume_gb=size_gb)
 
 
-_Seen = dict[str, tuple[set[str], list[ClusterMachine]]]  # the cluster's machines, read once
+_Seen = dict[str, tuple[set[str], list[ClusterMachine], ClusterVolumes | None]]  # read once
 
 
 class _Refused(Exception):
@@ -87,121 +91,9 @@ class _Refused(Exception):
         self.over = over
 
 
-_Change = Callable[[QuotaRecord | None], Awaitable[QuotaRecord | None]]
-
-
-class QuotaStore(BucketStore):
-    BUCKET = BUCKET
-    DESCRIPTION = "souq quotas: each scope's limits and ledger"
-    WHAT = _WHAT
-
-    def __init__(self, kv: KeyValue, clock: Clock | None = None) -> None:
-        super().__init__(kv, clock)
-        self._queues: dict[str, list[tuple[_Change, asyncio.Future[QuotaRecord | None]]]] = {}
-        self._draining: set[str] = set()
-        self._parsed: dict[str, tuple[int, QuotaRecord]] = {}  # the last read, by revision
-
-    async def read(self, key: str) -> tuple[QuotaRecord | None, int]:
-        """The record of ``key`` and its revision (0: none)."""
-        try:
-            entry = await self._kv.get(key)
-        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
-            return None, 0
-        except (nats.errors.Error, nats.js.errors.Error) as exc:
-            raise unavailable(_WHAT, exc) from exc
-        revision = entry.revision or 0
-        if not entry.value:
-            return None, revision
-        seen = self._parsed.get(key)
-        if seen is not None and seen[0] == revision:
-            return seen[1], revision  # unchanged since: not parsed again
-        record = QuotaRecord.model_validate_json(entry.value)
-        self._parsed[key] = (revision, record)
-        return record, revision
-
-    async def change(self, key: str, change: _Change) -> QuotaRecord | None:
-        """Apply ``change`` to the record of ``key`` by compare-and-set; ``change`` returning
-        the record it was given (or None for none) writes nothing.
-
-        Group commit: the changes this broker asks of one key while a write of it is under way
-        wait, then go in one compare-and-set, each applied to the record as the ones before it
-        left it (a change that raises is left out, and its caller gets the error). Another
-        broker having written first, the batch is re-read and re-applied: exact, and one write
-        per batch rather than one per create racing on the key."""
-        future: asyncio.Future[QuotaRecord | None] = asyncio.get_running_loop().create_future()
-        self._queues.setdefault(key, []).append((change, future))
-        if key not in self._draining:
-            self._draining.add(key)
-            asyncio.get_running_loop().create_task(self._drain(key))
-        return await future
-
-    async def _drain(self, key: str) -> None:
-        try:
-            while self._queues.get(key):
-                batch = self._queues.pop(key)
-                try:
-                    await self._commit(key, batch)
-                except BaseException as exc:  # the store failed: every change of the batch
-                    for _, future in batch:
-                        if not future.done():
-                            future.set_exception(exc)
-                    if not isinstance(exc, Exception):
-                        raise
-        finally:
-            self._draining.discard(key)
-
-    async def _commit(
-        self, key: str, batch: list[tuple[_Change, asyncio.Future[QuotaRecord | None]]]
-    ) -> None:
-        for attempt in range(_ATTEMPTS):
-            record, revision = await self.read(key)
-            current = record
-            outcomes: list[tuple[asyncio.Future[QuotaRecord | None], Any]] = []
-            for change, future in batch:
-                try:
-                    new = await change(current)
-                except Exception as exc:  # this change's own refusal: the others go on
-                    outcomes.append((future, exc))
-                    continue
-                current = current if new is None else new
-                outcomes.append((future, current))
-            if current is not record and current is not None:
-                body = current.model_dump_json().encode()
-                try:
-                    if revision == 0:
-                        written = await self._kv.create(key, body)
-                    else:
-                        written = await self._kv.update(key, body, last=revision)
-                    self._parsed[key] = (written, current)
-                except nats.js.errors.KeyWrongLastSequenceError:
-                    # Another broker wrote first: back off a little, at random, and re-apply.
-                    await asyncio.sleep(random.uniform(0, 0.002 * min(attempt + 1, 10)))
-                    continue
-                except (nats.errors.Error, nats.js.errors.Error) as exc:
-                    raise unavailable(_WHAT, exc) from exc
-            for future, outcome in outcomes:
-                if future.done():
-                    continue
-                if isinstance(outcome, Exception):
-                    future.set_exception(outcome)
-                else:
-                    future.set_result(outcome)
-            return
-        raise Unavailable(
-            f"{_WHAT}: key {key} changed under every one of {_ATTEMPTS} tries",
-            hint="too many creates race on one quota; try again",
-        )
-
-    async def remove(self, key: str) -> None:
-        try:
-            await self._kv.delete(key)
-        except (nats.errors.Error, nats.js.errors.Error) as exc:
-            raise unavailable(_WHAT, exc) from exc
-
-
 @dataclass
 class Reservation:
-    """What one create took: the keys it reserved on, under its request id."""
+    """What one change took: the keys it reserved on, under its request id."""
 
     request_id: str
     keys: list[str] = field(default_factory=list)
@@ -210,13 +102,29 @@ class Reservation:
 class Quotas:
     """The broker's quota use cases: set, show, reserve, settle, release, reconcile."""
 
-    def __init__(self, service: BrokerService, clock: Clock, *, deadline_s: float) -> None:
-        self._service = service
+    def __init__(
+        self,
+        nats_client: Callable[[], Client],
+        clock: Clock,
+        *,
+        deadline_s: float,
+        view: ClusterView,
+        live_rows: Callable[[str], Awaitable[list[tuple[str, str]]]],
+        volumes: VolumeListing,
+    ) -> None:
+        """``nats_client``: the bus's connection (Unavailable on another bus); ``view`` and
+        ``live_rows`` (the broker's list of an app's live machines): what reconciliation counts;
+        ``volumes``: the cluster's listing of volumes."""
+        self._nats_client = nats_client
         self._clock = clock
         self.deadline_s = deadline_s  # a reservation's: past it, reconciliation decides
-        self._store = OnFirstUse(lambda: QuotaStore.open(service.nats_client())).get
-        self._apps = OnFirstUse(lambda: AppStore.open(service.nats_client())).get
-        self.scopes = QuotaScopes(self._bucket, lambda: reconnects(service.nats_client()))
+        self._view = view
+        self._live_rows = live_rows
+        self._volumes = volumes
+        self._store = OnFirstUse(lambda: QuotaStore.open(nats_client())).get
+        self._apps = OnFirstUse(lambda: AppStore.open(nats_client())).get
+        self.scopes = QuotaScopes(self._bucket, lambda: reconnects(nats_client()))
+        self._orgs: dict[str, tuple[str, float]] = {}  # app → (its org, until when)
 
     async def _bucket(self) -> KeyValue:
         return (await self._store()).bucket
@@ -234,7 +142,7 @@ class Quotas:
         """Quotas are kept on a NATS bus (JetStream); on another (the in-memory bus of unit
         tests and the simulator) there are none."""
         try:
-            self._service.nats_client()
+            self._nats_client()
         except Unavailable:
             return False
         return True
@@ -243,44 +151,76 @@ class Quotas:
         return self._clock.now_ms()
 
     async def org_of(self, app: str) -> str:
+        """The organization ``app`` counts in: its record's (remembered for
+        :data:`ORG_REMEMBERED_S`), else — never created — the default one (read each time: it
+        may be created in another organization any moment)."""
+        now = self._clock.monotonic()
+        known = self._orgs.get(app)
+        if known is not None and known[1] > now:
+            return known[0]
         record = await (await self._apps()).get(app)
-        return record.org_slug if record is not None else DEFAULT_ORG
+        if record is None:
+            return DEFAULT_ORG
+        if len(self._orgs) >= _MAX_REMEMBERED:
+            self._orgs.clear()
+        self._orgs[app] = (record.org_slug, now + ORG_REMEMBERED_S)
+        return record.org_slug
+
+    def may_count(self, app: str) -> bool:
+        """Whether a change of ``app`` may count against a quota (else it need not ask)."""
+        return self.enabled and not self._none_for(app)
 
     def _none_for(self, app: str) -> bool:
         """Known (the watch) that no scope ``app`` counts in has a quota."""
         return self.scopes.without_quota(key_of("app", app))
 
     async def _keys_of(self, app: str) -> list[str]:
-        """The scopes ``app`` counts in, the org's first."""
-        return [key_of("org", await self.org_of(app)), key_of("app", app)]
+        """The scopes ``app`` counts in that may have a quota, the org's first (the watch
+        known: only those it has; else both, and a key without a record counts nothing)."""
+        keys = [key_of("org", await self.org_of(app)), key_of("app", app)]
+        if self.scopes.known:
+            keys = [k for k in keys if k in self.scopes.keys]
+        return keys
 
     # -- limits ----------------------------------------------------------------------------
 
     async def set_limits(self, scope: Scope, name: str, limits: QuotaLimits) -> QuotaView:
         """Set (replace) the scope's limits; the first time, its ledger counts what it holds."""
+        return await self._set(scope, name, lambda _: limits)
+
+    async def set_line(self, scope: Scope, name: str, line: str, given: ClassLimits) -> QuotaView:
+        """Replace one line of the scope's limits (``all`` or a class), keeping the others."""
+        return await self._set(scope, name, lambda old: with_line(old, line, given))
+
+    async def _set(
+        self, scope: Scope, name: str, limits_of: Callable[[QuotaLimits], QuotaLimits]
+    ) -> QuotaView:
         store = await self._store()
 
         async def change(record: QuotaRecord | None) -> QuotaRecord:
+            fresh = record is None
             if record is None:
-                record = await self._reconciled(QuotaRecord(scope=scope, name=name, limits=limits))
+                record = QuotaRecord(scope=scope, name=name, limits=QuotaLimits())
+            limits = limits_of(record.limits)
+            if fresh or (record.limits.volume_gb is None and limits.volume_gb is not None):
+                record = await self._reconciled(record, volumes=True)  # what it holds, now
             return record.model_copy(update={"limits": limits})
 
         record = await store.change(key_of(scope, name), change)
         assert record is not None
+        self.scopes.applied(key_of(scope, name), "PUT")  # this broker counts it from now on
         return view_of(record)
 
     async def show(self, scope: Scope, name: str) -> QuotaView:
         """The scope's limits and use; no quota set: no limits, and the use counted now."""
         record, _ = await (await self._store()).read(key_of(scope, name))
         if record is None:
-            record = await self._reconciled(
-                QuotaRecord(scope=scope, name=name, limits=QuotaLimits())
-            )
-            return view_of(record)
-        return view_of(await self._reconciled(record))
+            record = QuotaRecord(scope=scope, name=name, limits=QuotaLimits())
+        return view_of(await self._reconciled(record, volumes=True))
 
     async def clear(self, scope: Scope, name: str) -> None:
         await (await self._store()).remove(key_of(scope, name))
+        self.scopes.applied(key_of(scope, name), "DEL")
 
     # -- a create's path -------------------------------------------------------------------
 
@@ -290,27 +230,84 @@ class Quotas:
     ) -> AsyncIterator[list[Machine]]:
         """Around a create: ``count`` machines of ``config`` reserved first (403
         ``quota_exceeded`` before anything is claimed); the machines the body appends to the
-        list it is given are held once it is done. Failed, the reservation is given back, but
-        for :class:`Unavailable` (a claim's answer lost: the machine may exist), after which it
-        waits for its deadline and reconciliation."""
-        taken = await self.reserve(
-            app, request_id, use_of_config(config, count), deadline_s=self.deadline_s
-        )
+        list it is given are held once it is done."""
+        klass = config.priority_class.value
+        taken = await self.reserve(app, request_id, use_of_config(config, count), klass=klass)
         made: list[Machine] = []
-        try:
+        async with self._settling(taken):
             yield made
+        await self.settle(taken, {m.id: use_of_config(m.config) for m in made})
+
+    @contextlib.asynccontextmanager
+    async def _settling(self, taken: Reservation) -> AsyncIterator[None]:
+        """Failed, the reservation is given back — but for :class:`Unavailable` (an answer
+        lost: what it asked may have been made), after which it waits for its deadline and
+        reconciliation."""
+        try:
+            yield
         except Unavailable:
             raise
         except BaseException:
-            await self.settle(taken, {m.id: use_of_config(m.config) for m in made})
+            await self.settle(taken, {})
             raise
-        await self.settle(taken, {m.id: use_of_config(m.config) for m in made})
+
+    @contextlib.asynccontextmanager
+    async def growing(
+        self, app: str, machine_id: str, before: MachineConfig, after: MachineConfig
+    ) -> AsyncIterator[None]:
+        """Around an update of ``machine_id`` from ``before`` to ``after``: the growth reserved
+        (403 past a limit: the machine is unchanged), then the machine held at its new size.
+        A machine moved to another class counts all of it in the new class's line. A shrink
+        changes nothing until it is done (:meth:`resized`)."""
+        old, new = use_of_config(before), use_of_config(after)
+        klass = after.priority_class.value
+        moved = klass != before.priority_class.value
+        growth = old.growth_to(new).model_copy(update={"machines": 0})
+        if growth.is_zero() and not moved:
+            yield
+            return
+        taken = await self.reserve(
+            app, new_request_id(), growth, klass=klass, class_use=new if moved else None
+        )
+        async with self._settling(taken):
+            yield
+        await self.settle(taken, {machine_id: new})
+
+    @contextlib.asynccontextmanager
+    async def counting_volume(self, app: str, size_gb: int) -> AsyncIterator[list[Volume]]:
+        """Around a volume's create: its size reserved, the volume held once made."""
+        taken = await self.reserve(app, new_request_id(), use_of_volume(size_gb))
+        made: list[Volume] = []
+        async with self._settling(taken):
+            yield made
+        await self.settle(taken, {}, {vol.id: vol.size_gb for vol in made})
+
+    @contextlib.asynccontextmanager
+    async def extending(
+        self, app: str, volume_id: str, before_gb: int, after_gb: int
+    ) -> AsyncIterator[None]:
+        """Around a volume's extension: the growth reserved, the volume held at its size."""
+        if after_gb <= before_gb:
+            yield
+            return
+        taken = await self.reserve(app, new_request_id(), use_of_volume(after_gb - before_gb))
+        async with self._settling(taken):
+            yield
+        await self.settle(taken, {}, {volume_id: after_gb})
 
     async def reserve(
-        self, app: str, request_id: str, use: QuotaUse, *, deadline_s: float
+        self,
+        app: str,
+        request_id: str,
+        use: QuotaUse,
+        *,
+        klass: str = "",
+        class_use: QuotaUse | None = None,
     ) -> Reservation:
-        """Reserve ``use`` for the create ``request_id`` on every scope of ``app`` with a
-        quota; :class:`QuotaExceeded` (nothing kept) when one would pass a limit."""
+        """Reserve ``use`` for the change ``request_id`` on every scope of ``app`` with a
+        quota, all at once; :class:`QuotaExceeded` (nothing kept) when one would pass a limit.
+        A reservation another scope's refusal gives back may, for that moment, have refused
+        another change: never one too many admitted, at worst one too few."""
         taken = Reservation(request_id)
         if not self.enabled or self._none_for(app):
             return taken
@@ -319,15 +316,19 @@ class Quotas:
             app=app,
             request_id=request_id,
             use=use,
-            deadline_ms=self._now_ms() + int(deadline_s * 1000),
+            deadline_ms=self._now_ms() + int(self.deadline_s * 1000),
+            priority_class=klass,
+            class_use=class_use,
         )
-        try:
-            for key in await self._keys_of(app):
-                if await self._reserve_on(store, key, entry):
-                    taken.keys.append(key)
-        except BaseException:
+        keys = await self._keys_of(app)
+        results = await asyncio.gather(
+            *(self._reserve_on(store, key, entry) for key in keys), return_exceptions=True
+        )
+        taken.keys = [k for k, r in zip(keys, results, strict=True) if r is True]
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:
             await self.settle(taken, {})
-            raise
+            raise failed[0]
         return taken
 
     async def _reserve_on(self, store: QuotaStore, key: str, entry: QuotaEntry) -> bool:
@@ -336,12 +337,12 @@ class Quotas:
         async def change(record: QuotaRecord | None) -> QuotaRecord | None:
             if record is None:
                 return None  # no quota: nothing to count
-            over = excess(record, entry.use)
+            over = excess(record, entry.use, entry.priority_class, entry.class_use)
             if over is not None:
                 # Before refusing: the ledger against the machines the cluster has (pending
                 # entries of crashed brokers, machines destroyed without this broker).
                 record = await self._reconciled(record, seen)
-                over = excess(record, entry.use)
+                over = excess(record, entry.use, entry.priority_class, entry.class_use)
             if over is not None:
                 raise _Refused(over)
             return reserved(record, entry)
@@ -351,8 +352,13 @@ class Quotas:
         except _Refused as refused:
             raise quota_exceeded(refused.over) from None
 
-    async def settle(self, taken: Reservation, machines: dict[str, QuotaUse]) -> None:
-        """The create ``taken`` is for answered: its machines held (none: all given back).
+    async def settle(
+        self,
+        taken: Reservation,
+        machines: dict[str, QuotaUse],
+        volumes: dict[str, int] | None = None,
+    ) -> None:
+        """The change ``taken`` is for answered: what it made held (nothing: all given back).
         A failure here leaves the pending entries to their deadline (and reconciliation)."""
         if not taken.keys:
             return
@@ -361,87 +367,79 @@ class Quotas:
         async def change(record: QuotaRecord | None) -> QuotaRecord | None:
             if record is None or taken.request_id not in record.pending:
                 return record
-            return held(record, taken.request_id, machines)
+            return held(record, taken.request_id, machines, volumes)
 
         async def settle_on(key: str) -> None:
             try:
                 await store.change(key, change)
             except Unavailable as exc:
-                log.warning("quota %s: create %s left pending: %s", key, taken.request_id, exc)
+                log.warning("quota %s: change %s left pending: %s", key, taken.request_id, exc)
 
         await asyncio.gather(*(settle_on(key) for key in taken.keys))  # the scopes at once
 
-    async def release(self, app: str, machine_ids: list[str]) -> None:
-        """Machines of ``app`` destroyed: their use given back (best effort: reconciliation
-        drops what a failure here leaves)."""
+    async def release(self, app: str, ids: list[str]) -> None:
+        """Machines (or volumes) of ``app`` destroyed: their use given back (best effort:
+        reconciliation drops what a failure here leaves)."""
         if not self.enabled or self._none_for(app):
             return
         store = await self._store()
 
         async def change(record: QuotaRecord | None) -> QuotaRecord | None:
-            if record is None or not any(m in record.held for m in machine_ids):
+            if record is None or not any(i in record.held or i in record.volumes for i in ids):
                 return record
-            return released(record, machine_ids)
+            return released(record, ids)
 
         try:
-            for key in await self._keys_of(app):
-                await store.change(key, change)
+            keys = await self._keys_of(app)
+            await asyncio.gather(*(store.change(key, change) for key in keys))
         except Unavailable as exc:
-            log.warning("quota of %s: release of %s left to reconciling: %s", app, machine_ids, exc)
+            log.warning("quota of %s: release of %s left to reconciling: %s", app, ids, exc)
 
-    async def grow(self, app: str, machine_id: str, before: QuotaUse, after: QuotaUse) -> None:
-        """An update of ``machine_id`` from ``before`` to ``after``: the growth reserved as
-        the machine's (its entry takes the new size; :class:`QuotaExceeded` if a limit would
-        pass). A shrink changes nothing until it is done (:meth:`resized`)."""
-        growth = QuotaUse(
-            cpus=max(0.0, round(after.cpus - before.cpus, 3)),
-            memory_mb=max(0, after.memory_mb - before.memory_mb),
-        )
-        if growth.cpus <= 0 and growth.memory_mb <= 0:
-            return
-        await self.resized(app, machine_id, after, growth=growth)
-
-    async def resized(
-        self, app: str, machine_id: str, size: QuotaUse, *, growth: QuotaUse | None = None
-    ) -> None:
+    async def resized(self, app: str, machine_id: str, after: MachineConfig) -> None:
+        """A machine's update that shrank it done: held at its new size."""
         if not self.enabled or self._none_for(app):
             return
         store = await self._store()
+        size = use_of_config(after)
+        now = (size.cpus, size.memory_mb, after.priority_class.value)
 
-        def change_for() -> Callable[[QuotaRecord | None], Awaitable[QuotaRecord | None]]:
-            async def change(record: QuotaRecord | None) -> QuotaRecord | None:
-                if record is None:
-                    return None
-                if growth is not None:
-                    over = excess(record, growth)
-                    if over is not None:
-                        raise _Refused(over)
-                old = record.held.get(machine_id)
-                now = (size.cpus, size.memory_mb, old[2] if old else "")
-                return record.model_copy(update={"held": {**record.held, machine_id: now}})
+        async def change(record: QuotaRecord | None) -> QuotaRecord | None:
+            if record is None or record.held.get(machine_id) == now:
+                return record
+            return record.model_copy(update={"held": {**record.held, machine_id: now}})
 
-            return change
-
-        try:
-            for key in await self._keys_of(app):
-                await store.change(key, change_for())
-        except _Refused as refused:
-            raise quota_exceeded(refused.over) from None
+        keys = await self._keys_of(app)
+        await asyncio.gather(*(store.change(key, change) for key in keys))
 
     # -- reconciliation --------------------------------------------------------------------
 
-    async def _reconciled(self, record: QuotaRecord, seen: _Seen | None = None) -> QuotaRecord:
-        """``record`` reconciled with the cluster's machines of its scope (read once per
-        ``seen``: a compare-and-set that goes round again reuses them)."""
+    async def _reconciled(
+        self, record: QuotaRecord, seen: _Seen | None = None, *, volumes: bool = False
+    ) -> QuotaRecord:
+        """``record`` reconciled with the cluster's machines of its scope, and its volumes when
+        it has a limit on their size (or ``volumes``: a quota set or shown) — read once per
+        ``seen``: a compare-and-set that goes round again reuses them. The time that decides
+        which reservations are past their deadline is taken before the cluster is read."""
+        now_ms = self._now_ms()
         seen = {} if seen is None else seen
+        volumes = volumes or record.limits.volume_gb is not None
         if "" not in seen:
             apps = await self._apps_of(record)
             machines: list[ClusterMachine] = []
             for app in sorted(apps):
                 machines.extend(await self._cluster_machines(app))
-            seen[""] = (apps, machines)
-        apps, machines = seen[""]
-        return reconciled(record, machines, apps=apps, now_ms=self._now_ms())
+            seen[""] = (apps, machines, await self._cluster_volumes(apps) if volumes else None)
+        apps, machines, listed = seen[""]
+        return reconciled(record, machines, apps=apps, now_ms=now_ms, volumes=listed)
+
+    async def _cluster_volumes(self, apps: set[str]) -> ClusterVolumes:
+        sizes: dict[str, int] = {}
+        complete = True
+        for app in sorted(apps):
+            listed, whole = await self._volumes.listing(app)
+            sizes.update({vol.id: vol.size_gb for vol in listed})
+            complete = complete and whole
+        return ClusterVolumes(sizes, self._volumes.listed_for(complete))
 
     async def _apps_of(self, record: QuotaRecord) -> set[str]:
         if record.scope == "app":
@@ -450,15 +448,15 @@ class Quotas:
         apps = {r.name for r in created if r.org_slug == record.name}
         if record.name == DEFAULT_ORG:  # apps never created (only machines): the default org
             names = {r.name for r in created}
-            apps |= {c.app for c in self._service.view.store.apps() if c.app not in names}
+            apps |= {c.app for c in self._view.store.apps() if c.app not in names}
         return apps
 
     async def _cluster_machines(self, app: str) -> list[ClusterMachine]:
         """The app's machines: those the view still holds (destroyed ones too), then the live
-        ones as :meth:`BrokerService.list_rows` has them (the view once complete, else every
+        ones as the broker lists them (``live_rows``: the view once complete, else every
         worker)."""
-        rows = self._service.view.store.app_rows(app, destroyed=True)
-        rows += await self._service.list_rows(app)
+        rows = self._view.store.app_rows(app, destroyed=True)
+        rows += await self._live_rows(app)
         machines = {m.id: m for m in (Machine.model_validate_json(body) for _, body in rows)}
         return [
             ClusterMachine(
@@ -467,32 +465,23 @@ class Quotas:
                 request_id=machine.placement.request_id if machine.placement else "",
                 use=use_of_config(machine.config),
                 destroyed=machine.state is MachineState.DESTROYED,
+                priority_class=machine.config.priority_class.value,
             )
             for machine in machines.values()
         ]
 
 
-def view_of(record: QuotaRecord) -> QuotaView:
-    pending = list(record.pending.values())
-    return QuotaView(
-        scope=record.scope,
-        name=record.name,
-        limits=record.limits,
-        use=use_of_record(record),
-        pending=use_of(pending),
-        pending_creates=len(pending),
-    )
-
-
 def quota_exceeded(over: Excess) -> QuotaExceeded:
     return QuotaExceeded(
         over.message(),
-        hint=f"destroy machines of {over.scope} {over.name}, or ask an operator to raise its "
-        f"quota (`souq quota show {over.name}`)",
+        hint=f"destroy machines or volumes of {over.scope} {over.name}, or ask an operator to "
+        f"raise its quota (`souq quota show {over.name}`)",
         details={
             "scope": over.scope,
             "name": over.name,
-            "quota": over.dimension,
+            "quota": over.quota,
+            "resource": over.dimension,
+            "class": over.priority_class,
             "limit": over.limit,
             "use": over.use,
             "asked": over.asked,

@@ -24,7 +24,6 @@ from souq.broker.config import BrokerConfig
 from souq.broker.directory import Directory
 from souq.broker.idempotency import Coalescer, body_hash
 from souq.broker.images import ImageResolver
-from souq.broker.liveness import Liveness
 from souq.broker.market import Market
 from souq.broker.metrics import BrokerMetrics
 from souq.broker.networks import AppNetworks
@@ -33,7 +32,9 @@ from souq.broker.orders import placement_of, worker_of_quote
 from souq.broker.outage import BusGuard
 from souq.broker.quotas import Quotas, use_of_config
 from souq.broker.schemas import CreateMachineRequest, QuoteRequest
+from souq.broker.spot_prices import SpotPrices
 from souq.broker.streams import StreamSlots
+from souq.broker.volume_listing import VolumeListing
 from souq.broker.volumes import BrokerVolumes
 from souq.broker.worker_calls import WorkerCalls
 from souq.bus import Transport, bus_unavailable
@@ -46,19 +47,15 @@ from souq.model import (
     CordonCommand,
     DestroyCommand,
     DrainCommand,
-    EventsCommand,
     ListCommand,
     Machine,
-    MachineEvent,
     MachineEventMessage,
     MachineRef,
     MachineState,
-    OpRecord,
     Placement,
     Quote,
     QuoteRef,
     Resources,
-    SignalCommand,
     StopCommand,
     WaitCommand,
     WorkerInfo,
@@ -73,7 +70,8 @@ from souq.protocol import WorkerClient
 from souq.protocol import verbs as v
 from souq.secrets.store import open_bucket
 from souq.view import ClusterView, RegionSummary, summarise_regions
-from souq.view.regions import default_region
+from souq.view.liveness import Liveness
+from souq.view.regions import default_region, next_region
 
 __all__ = ["BrokerService"]
 
@@ -112,8 +110,12 @@ class BrokerService:
         # The last secrets version this broker wrote: each create asks for at least it, so a
         # secret set just before a create is in the machine (the worker waits to have read it).
         self.secrets_version = 0
-        self.volumes = BrokerVolumes(self)  # souq.broker.volumes
-        self.quotas = Quotas(self, self._clock, deadline_s=config.quota_reservation_s)
+        self.spot_prices = SpotPrices(  # souq.broker.spot_prices
+            config.spot_price,
+            self.liveness.workers,
+            self._clock,
+            self.nats_client if self._has_nats() else None,
+        )
         self.streams = StreamSlots(  # event and log streams open (souq.broker.streams)
             per_client=config.streams_per_client, total=config.streams_total
         )
@@ -131,6 +133,26 @@ class BrokerService:
         self.bus = BusGuard(
             transport, self.liveness, self.view, rejoin_timeout_s=config.gather_timeout_s
         )
+        listing = VolumeListing(
+            self.client, self.liveness, config.gather_timeout_s, require_bus=self.require_bus
+        )
+        self.quotas = Quotas(  # souq.broker.quotas
+            self.nats_client,
+            self._clock,
+            deadline_s=config.quota_reservation_s,
+            view=self.view,
+            live_rows=self.list_rows,
+            volumes=listing,
+        )
+        self.volumes = BrokerVolumes(  # souq.broker.volumes
+            self.client,
+            config,
+            self.market,
+            self.calls,
+            self.quotas,
+            listing,
+            require_bus=self.require_bus,
+        )
         self.metrics = BrokerMetrics()
         self.metrics.watch(
             self.liveness.workers,
@@ -138,6 +160,7 @@ class BrokerService:
             self.view.store.counts_by_state,
             self._clock.now_ms,
         )
+        self.metrics.registry.register(self.spot_prices.collector())
 
     async def start(self) -> None:
         await self.view.start()
@@ -145,6 +168,7 @@ class BrokerService:
         self.bus.install()
         await self._make_stores()
         self.quotas.start()
+        self.spot_prices.start()
 
     async def _make_stores(self) -> None:
         """Make the buckets agents read (images, secrets) now: agents only bind to them, so
@@ -157,6 +181,7 @@ class BrokerService:
 
     async def close(self) -> None:
         await self.quotas.close()
+        await self.spot_prices.close()
         await self.bus.close()
         await self.view.close()
         await self.liveness.close()
@@ -199,7 +224,7 @@ class BrokerService:
         table, refreshed as for :meth:`workers`."""
         self.require_bus()
         await self.liveness.refresh(timeout=self.config.offer_timeout_s)
-        return summarise_regions(self.liveness.workers(), size)
+        return self.spot_prices.annotate(summarise_regions(self.liveness.workers(), size))
 
     # -- create ----------------------------------------------------------------------------
 
@@ -246,6 +271,7 @@ class BrokerService:
             nonlocal order
             try:
                 self.require_bus()
+                self.spot_prices.check_bid(order.region, order.config)  # 409 bid_below_price
                 order = await self._with_image(order)
                 order = order.model_copy(update={"network": await self.networks.of(app)})
                 order, volume = await self.volumes.mount_of(order)
@@ -253,7 +279,7 @@ class BrokerService:
                     if body.quote is not None:
                         machine = await self._create_with_quote(order, body.quote)
                     else:
-                        machine = await self.market.place(
+                        machine = await self._place_somewhere(
                             order, idempotent=idempotency_key is not None, volume=volume
                         )
                     made.append(machine)
@@ -275,6 +301,37 @@ class BrokerService:
             return await place()
         return await self._creates.run(request_id, digest, place, key=idempotency_key)
 
+    async def _place_somewhere(
+        self, order: ClaimRequest, *, idempotent: bool, volume: tuple[str, str] | None
+    ) -> Machine:
+        """Place ``order``; when its create named no region (and mounts no volume) and the region
+        chosen for it had no room, in the next region with room, and so on: a create that may go
+        anywhere is refused only when no region can take it. Each region's refusal is in the
+        machine's ``region_chosen``, or in the last refusal's message."""
+        tried: list[str] = []
+        refusals: list[str] = []
+        while True:
+            try:
+                return await self.market.place(order, idempotent=idempotent, volume=volume)
+            except InsufficientCapacity as exc:
+                if order.region_chosen is None or volume is not None:
+                    raise
+                tried.append(order.region)
+                refusals.append(f"{order.region}: {exc.message}")
+                size = order.config.guest.resources()
+                chosen = next_region(summarise_regions(self.liveness.workers(), size), tried)
+                if chosen is None:
+                    if len(refusals) == 1:
+                        raise
+                    raise InsufficientCapacity(
+                        f"no region can take it: {'; '.join(refusals)}",
+                        hint=exc.hint,
+                        details=exc.details,
+                    ) from exc
+                why = f"{order.region_chosen}; {order.region} had no room, so {chosen[1]}"
+                log.info("create in %s without a region: %s", order.app, why)
+                order = order.model_copy(update={"region": chosen[0], "region_chosen": why})
+
     def _machine_event(self, msg: MachineEventMessage) -> None:
         """Every machine event the view decodes: the route to its worker, and the book's count
         of the app's machines there."""
@@ -292,6 +349,7 @@ class BrokerService:
         """``count`` machines of one config in one placement (see :mod:`souq.broker.market`)."""
         self.require_bus()
         self.volumes.refuse_mounts(body.config, "a batch")
+        self.spot_prices.check_bid(body.region, body.config)
         image = await self.images.of_config(body.config, app)
         request_id = new_request_id()
         try:
@@ -339,6 +397,7 @@ class BrokerService:
                 raise NotFound(f"quote {body.quote} has no placement record")
             return quote.placement
         placed, region_chosen = self.with_region(app, body)
+        self.spot_prices.check_bid(placed.region or "", placed.config)
         order = order_of(app, placed, name=body.name, region_chosen=region_chosen)
         order, volume = await self.volumes.mount_of(await self._with_image(order))
         return await self.market.explain(order, volume=volume)
@@ -349,6 +408,7 @@ class BrokerService:
         """Hold capacity on the best worker for ``body.ttl_s``: a dry run that binds."""
         self.require_bus()
         self.volumes.refuse_mounts(body.config, "a quote")
+        self.spot_prices.check_bid(body.region, body.config)
         return await self.market.hold(await self._with_image(order_of(app, body)), ttl_s=body.ttl_s)
 
     async def get_quote(self, app: str, quote_id: str) -> Quote:
@@ -391,8 +451,8 @@ class BrokerService:
 
     async def list_rows(self, app: str, *, destroyed: bool = False) -> list[tuple[str, str]]:
         """``(worker_id, machine JSON)`` of the app's machines, oldest first: from the cluster
-        view once it is complete, else by asking every live worker (see docs/architecture.md,
-        "The cluster view"). Unavailable while the bus is down: the view cannot be trusted then."""
+        view once it is complete, else by asking every live worker (see docs/view.md).
+        Unavailable while the bus is down: the view cannot be trusted then."""
         self.require_bus()
         if self.view.complete or destroyed:  # the destroyed: only the view keeps them
             return self.view.store.app_rows(app, destroyed=destroyed)
@@ -434,16 +494,6 @@ class BrokerService:
         ref = MachineRef(app=app, machine_id=machine_id)
         return self._seen(await self.calls.owner(machine_id, v.GET, ref))
 
-    async def ops(self, app: str, machine_id: str) -> list[OpRecord]:
-        """The machine's op log, oldest first."""
-        ref = MachineRef(app=app, machine_id=machine_id)
-        return await self.calls.owner(machine_id, v.OPS, ref)
-
-    async def events(self, app: str, machine_id: str) -> list[MachineEvent]:
-        """The machine's events, newest first."""
-        ref = EventsCommand(app=app, machine_id=machine_id)
-        return await self.calls.owner(machine_id, v.EVENTS, ref)
-
     # -- commands --------------------------------------------------------------------------
 
     # ``nonce``: the machine's lease's, when it is leased (``lease_held`` without it).
@@ -452,14 +502,10 @@ class BrokerService:
         self, app: str, machine_id: str, *, nonce: str | None = None
     ) -> Machine:
         ref = StartCommand(app=app, machine_id=machine_id, lease_nonce=nonce)
+        cached = self.cached_machine(app, machine_id)  # a spot machine's bid, as for a create
+        if cached is not None and cached.state is not MachineState.STARTED:
+            self.spot_prices.check_bid(cached.region, cached.config)  # 409 bid_below_price
         return self._seen(await self.calls.owner(machine_id, v.START, ref))
-
-    async def suspend_machine(
-        self, app: str, machine_id: str, *, nonce: str | None = None
-    ) -> Machine:
-        """Freeze a started machine where it stands; a start resumes it."""
-        ref = MachineRef(app=app, machine_id=machine_id, lease_nonce=nonce)
-        return self._seen(await self.calls.owner(machine_id, v.SUSPEND, ref))
 
     async def stop_machine(self, cmd: StopCommand) -> Machine:
         """Returns once the signal is sent (the machine is ``stopping``); see :meth:`wait`."""
@@ -492,8 +538,6 @@ class BrokerService:
         config = await self.volumes.named_for(app, machine_id, config)
         current = await self.get_machine(app, machine_id)
         grace = current.config.stop_config.timeout_s
-        before, after = use_of_config(current.config), use_of_config(config)
-        await self.quotas.grow(app, machine_id, before, after)  # 403 past a quota
         cmd = UpdateCommand(
             app=app,
             machine_id=machine_id,
@@ -504,16 +548,13 @@ class BrokerService:
             min_secrets_version=min_secrets_version,
             lease_nonce=nonce,
         )
-        updated = self._seen(await self.calls.owner(machine_id, v.UPDATE, cmd, extra_s=grace + 60))
+        async with self.quotas.growing(app, machine_id, current.config, config):  # 403 past it
+            updated = await self.calls.owner(machine_id, v.UPDATE, cmd, extra_s=grace + 60)
+        updated = self._seen(updated)
+        before, after = use_of_config(current.config), use_of_config(config)
         if after.cpus < before.cpus or after.memory_mb < before.memory_mb:
-            await self.quotas.resized(app, machine_id, after)  # a shrink counts once done
+            await self.quotas.resized(app, machine_id, config)  # a shrink counts once done
         return updated
-
-    async def signal_machine(
-        self, app: str, machine_id: str, signal: str, *, nonce: str | None = None
-    ) -> Machine:
-        cmd = SignalCommand(app=app, machine_id=machine_id, signal=signal, lease_nonce=nonce)
-        return self._seen(await self.calls.owner(machine_id, v.SIGNAL, cmd))
 
     async def destroy_machine(
         self,

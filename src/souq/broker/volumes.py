@@ -18,24 +18,24 @@ in the claim, or refuses it (``volume_attached``) when another machine holds it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel
 
-from souq.broker.orders import worker_named_by
+from souq.broker.volume_listing import worker_of
 from souq.errors import InvalidInput, NotFound, VolumeAttached
 from souq.ids import new_request_id
 from souq.model import ClaimRequest
 from souq.model.machine import MachineConfig
 from souq.model.volume import (
-    VOLUME_PREFIX,
     CreateVolumeRequest,
     ExtendVolumeResponse,
     UpdateVolumeRequest,
     Volume,
     VolumeCreateCommand,
     VolumeExtendCommand,
-    VolumeListCommand,
     VolumeRef,
     VolumeSnapshot,
     VolumeUpdateCommand,
@@ -45,7 +45,12 @@ from souq.protocol import verbs as v
 from souq.protocol.verbs import Verb
 
 if TYPE_CHECKING:
-    from souq.broker.service import BrokerService
+    from souq.broker.config import BrokerConfig
+    from souq.broker.market import Market
+    from souq.broker.quotas import Quotas
+    from souq.broker.volume_listing import VolumeListing
+    from souq.broker.worker_calls import WorkerCalls
+    from souq.protocol import WorkerClient
 
 __all__ = ["BrokerVolumes"]
 
@@ -55,16 +60,25 @@ A = TypeVar("A")
 DEFAULT_SIZE_GB = 1  # Fly's default
 
 
+@dataclass(frozen=True)
 class BrokerVolumes:
-    def __init__(self, service: BrokerService) -> None:
-        self._service = service
+    """The volume use cases, given what they stand on: the workers (``client``, ``calls``),
+    the market that places a volume, the quotas a volume counts against, the cluster's
+    listing of volumes."""
+
+    client: WorkerClient
+    config: BrokerConfig
+    market: Market
+    calls: WorkerCalls
+    quotas: Quotas
+    listing: VolumeListing
+    require_bus: Callable[[], None]
 
     # -- create and list -------------------------------------------------------------------
 
     async def create(self, app: str, body: CreateVolumeRequest) -> Volume:
         """Place the volume on a worker of ``body.region`` with the disk for it."""
-        s = self._service
-        s.require_bus()
+        self.require_bus()
         avoid: frozenset[str] = frozenset()
         if body.require_unique_zone or body.unique_zone_app_wide:
             siblings = await self.list_volumes(app)
@@ -85,27 +99,20 @@ class BrokerVolumes:
         )
 
         async def claim(worker_id: str) -> Volume:
-            return await s.client.call(
-                worker_id, v.VOLUME_CREATE, cmd, timeout=s.config.claim_timeout_s
+            return await self.client.call(
+                worker_id, v.VOLUME_CREATE, cmd, timeout=self.config.claim_timeout_s
             )
 
         request = for_volume(request_id, app, body.region, size, avoid)
-        volume, _record = await s.market.place_volume(request, claim)
-        assert isinstance(volume, Volume)
+        async with self.quotas.counting_volume(app, size) as made:  # 403 past a quota
+            volume, _record = await self.market.place_volume(request, claim)
+            assert isinstance(volume, Volume)
+            made.append(volume)
         return volume
 
     async def list_volumes(self, app: str) -> list[Volume]:
         """Every worker's live volumes of ``app``, oldest first."""
-        s = self._service
-        s.require_bus()
-        replies = await s.client.ask_all(
-            v.VOLUME_LIST,
-            VolumeListCommand(app=app),
-            expect=s.liveness.live_count() or None,
-            timeout=s.config.gather_timeout_s,
-        )
-        found = {vol.id: vol for batch in replies for vol in batch}
-        return sorted(found.values(), key=lambda vol: (vol.created_at, vol.id))
+        return (await self.listing.listing(app))[0]
 
     # -- one volume, on its worker ---------------------------------------------------------
 
@@ -120,11 +127,18 @@ class BrokerVolumes:
 
     async def extend(self, app: str, volume_id: str, size_gb: int) -> ExtendVolumeResponse:
         cmd = VolumeExtendCommand(app=app, volume_id=volume_id, size_gb=size_gb)
-        return await self._ask(volume_id, v.VOLUME_EXTEND, cmd)
+        quotas = self.quotas
+        if not quotas.may_count(app):
+            return await self._ask(volume_id, v.VOLUME_EXTEND, cmd)
+        before = (await self.get(app, volume_id)).size_gb
+        async with quotas.extending(app, volume_id, before, size_gb):  # 403 past a quota
+            return await self._ask(volume_id, v.VOLUME_EXTEND, cmd)
 
     async def destroy(self, app: str, volume_id: str) -> Volume:
         ref = VolumeRef(app=app, volume_id=volume_id)
-        return await self._ask(volume_id, v.VOLUME_DESTROY, ref)
+        destroyed = await self._ask(volume_id, v.VOLUME_DESTROY, ref)
+        await self.quotas.release(app, [volume_id])  # its size given back
+        return destroyed
 
     async def snapshot(self, app: str, volume_id: str) -> VolumeSnapshot:
         ref = VolumeRef(app=app, volume_id=volume_id)
@@ -135,8 +149,8 @@ class BrokerVolumes:
         return await self._ask(volume_id, v.VOLUME_SNAPSHOTS, ref)
 
     async def _ask(self, volume_id: str, verb: Verb[Q, A], body: Q) -> A:
-        worker_id = _worker_of(volume_id)
-        return await self._service.calls.worker(worker_id, verb, body, what=f"volume {volume_id}")
+        worker_id = worker_of(volume_id)
+        return await self.calls.worker(worker_id, verb, body, what=f"volume {volume_id}")
 
     # -- machines that mount one -----------------------------------------------------------
 
@@ -204,10 +218,6 @@ class BrokerVolumes:
                 f"mounts: {what} cannot mount a volume",
                 hint="create each machine that mounts a volume on its own",
             )
-
-
-def _worker_of(volume_id: str) -> str:
-    return worker_named_by(volume_id, "volume", VOLUME_PREFIX, "list them with GET .../volumes")
 
 
 def _attached(volume: Volume) -> VolumeAttached:

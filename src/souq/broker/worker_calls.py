@@ -13,11 +13,11 @@ from pydantic import BaseModel
 
 from souq.broker.config import BrokerConfig
 from souq.broker.directory import Directory
-from souq.broker.liveness import Liveness
 from souq.bus import Transport
 from souq.errors import Unavailable
 from souq.protocol import Verb, WorkerClient
 from souq.protocol import verbs as v
+from souq.view.liveness import Liveness
 
 __all__ = ["WorkerCalls"]
 

@@ -134,11 +134,11 @@ def unavailable(what: str, exc: BaseException) -> Unavailable:
 
 
 async def key_value(
-    js: JetStreamContext, bucket: str, description: str, *, make: bool = True
+    js: JetStreamContext, bucket: str, description: str, *, make: bool = True, history: int = 1
 ) -> KeyValue:
-    """The bucket (made on first use: file storage, one value per key, :func:`replicas_for`
-    copies); without ``make``, the one a broker made (an agent's: it may not make a store, whose
-    subjects would be its to choose)."""
+    """The bucket (made on first use: file storage, ``history`` values kept per key (one by
+    default), :func:`replicas_for` copies); without ``make``, the one a broker made (an
+    agent's: it may not make a store, whose subjects would be its to choose)."""
     if not make:
         return await js.key_value(bucket)
     replicas = replicas_for(js._nc)
@@ -147,7 +147,7 @@ async def key_value(
         description=description,
         storage=StorageType.FILE,
         replicas=replicas,
-        history=1,
+        history=history,
     )
 
     async def create() -> KeyValue:
@@ -160,12 +160,18 @@ async def key_value(
 
 
 async def open_key_value(
-    nc: Client, bucket: str, description: str, *, what: str, make: bool = True
+    nc: Client,
+    bucket: str,
+    description: str,
+    *,
+    what: str,
+    make: bool = True,
+    history: int = 1,
 ) -> KeyValue:
     """The bucket of ``what`` (a store), as :func:`key_value` makes it (or, without ``make``,
     finds it); :func:`unavailable` when NATS does not answer or runs without JetStream."""
     try:
-        return await key_value(nc.jetstream(), bucket, description, make=make)
+        return await key_value(nc.jetstream(), bucket, description, make=make, history=history)
     except (nats.errors.Error, nats.js.errors.Error) as exc:
         raise unavailable(what, exc) from exc
 
@@ -256,7 +262,8 @@ class BucketWatch:
     ``on_entry``, the end of the first pass over what the bucket holds to ``on_synced``, and
     ``on_lost`` when the watch stops (NATS down, no JetStream, no bucket yet), after which it
     starts again ``retry_s`` later, from the bucket's present values. ``meta_only``: keys and
-    operations, no values.
+    operations, no values. ``include_history``: the first pass gives every value the bucket
+    keeps of each key (its ``history``), oldest first, not only the latest.
 
     A watch that outlives a reconnection of its connection delivers nothing more (its ordered
     consumer is gone with the server's state), and says nothing of it: so every ``check_s`` an
@@ -273,6 +280,7 @@ class BucketWatch:
         reconnects: Callable[[], int],
         on_lost: Callable[[Exception | None], None] = lambda _exc: None,
         meta_only: bool = False,
+        include_history: bool = False,
         retry_s: float = 1.0,
         check_s: float = 2.0,
     ) -> None:
@@ -281,6 +289,7 @@ class BucketWatch:
         self._on_synced = on_synced
         self._on_lost = on_lost
         self._meta_only = meta_only
+        self._include_history = include_history
         self._retry_s = retry_s
         self._reconnects = reconnects
         self._check_s = check_s
@@ -301,7 +310,9 @@ class BucketWatch:
             try:
                 started_at = self._reconnects()
                 kv = await self._bucket()
-                watcher = await kv.watchall(meta_only=self._meta_only)
+                watcher = await kv.watchall(
+                    meta_only=self._meta_only, include_history=self._include_history
+                )
                 try:
                     while True:
                         try:

@@ -13,10 +13,11 @@ writes the file.
 * ``view``: the view's sync verbs only; heartbeats, events and usage; reads the apps' bucket
   (an agent's ``.internal`` names scope each app by its network: souq.network).
 * ``agent-<W>`` publishes heartbeats, events, usage and job run events *as W* and reads the
-  image and secrets buckets; runs batch jobs (:func:`_job_runner`): reads and changes the
-  ``souq-jobs`` bucket and watches its keys, pulls names from ``souq-jobs-ready`` through the
-  ``souq-job-runners`` consumer alone (a broker makes it; no agent may create or change it),
-  puts a job back with ``souq.jobs.ready`` and writes runs' output to ``souq-job-logs``;
+  image, secrets and spot prices buckets; runs batch jobs (:func:`_job_runner`): reads and
+  changes the ``souq-jobs`` bucket and watches its keys, pulls names from ``souq-jobs-ready``
+  through the ``souq-job-runners`` consumer alone (a broker makes it; no agent may create or
+  change it), puts a job back with ``souq.jobs.ready`` and writes runs' output to
+  ``souq-job-logs``;
   subscribes to ``souq.worker.W.*``, offers, ``souq.all.*`` and ``souq.discover``.
 * ``fleet`` (hollow workers, for scale tests only) speaks as any worker: every worker's verbs,
   offers, broadcasts; heartbeats, events and usage of any worker.
@@ -69,10 +70,10 @@ IMAGE_STREAMS = ("KV_souq-images", "OBJ_souq-image-blobs")
 SECRETS_STREAM = "KV_souq-secrets"
 REVOKED_STREAM = "KV_souq-revoked"
 APPS_STREAM = "KV_souq-apps"
+SPOT_PRICES_STREAM = "KV_souq-spot-prices"  # souq.market.prices.BUCKET's
 # Batch jobs (souq.jobs.store, souq.jobs.output): named here, the bus's layer, not imported.
 JOBS_BUCKET = "souq-jobs"
 JOBS_READY = "souq-jobs-ready"
-JOBS_READY_SUBJECT = f"{subjects.PREFIX}.jobs.ready"
 JOBS_RUNNERS = "souq-job-runners"
 JOBS_LOGS = "souq-job-logs"
 
@@ -162,7 +163,7 @@ def _job_runner() -> list[str]:
         f"{api}.CONSUMER.INFO.{ready}.{runners}",
         f"{api}.CONSUMER.MSG.NEXT.{ready}.{runners}",
         f"$JS.ACK.{ready}.{runners}.>",
-        JOBS_READY_SUBJECT,
+        subjects.JOBS_READY,
         f"{api}.STREAM.INFO.{logs}",
         f"{api}.STREAM.MSG.GET.{logs}",
         f"{api}.DIRECT.GET.{logs}",
@@ -187,7 +188,7 @@ def permissions_of(user: str) -> Permissions:
                 f"{P}.evt.*.{w}",
                 f"{P}.use.*.{w}",
                 f"{P}.jobevt.*.{w}",
-                *_read_streams((*IMAGE_STREAMS, SECRETS_STREAM)),
+                *_read_streams((*IMAGE_STREAMS, SECRETS_STREAM, SPOT_PRICES_STREAM)),
                 *_job_runner(),
             ),
             subscribe=(

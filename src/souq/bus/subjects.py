@@ -11,7 +11,11 @@ subject                            pattern                what travels
 ``souq.use.<region>.<worker>``     publish                the worker's usage, when it changes
 ``souq.jobevt.<region>.<worker>``  publish                batch job runs started and stopped
 ``souq.discover``                  publish                "heartbeat now": a new broker asks
+``souq.jobs.ready``                JetStream stream       the names of batch jobs ready to claim
+``souq.audit.<app>``               JetStream stream       the audit log's entries, by app
 =================================  =====================  ==========================================
+
+Nothing else in Souq spells one of these (``tests/unit/test_one_place.py`` pins it).
 """
 
 from __future__ import annotations
@@ -19,7 +23,10 @@ from __future__ import annotations
 __all__ = [
     "ALL_HEARTBEATS",
     "ALL_JOB_EVENTS",
+    "ALL_WORKER_VERBS",
+    "AUDIT",
     "DISCOVER",
+    "JOBS_READY",
     "all_workers",
     "events",
     "heartbeat",
@@ -36,6 +43,9 @@ ALL_HEARTBEATS = f"{PREFIX}.hb.>"
 ALL_EVENTS = f"{PREFIX}.evt.>"
 ALL_USAGE = f"{PREFIX}.use.>"
 ALL_JOB_EVENTS = f"{PREFIX}.jobevt.>"
+ALL_WORKER_VERBS = f"{PREFIX}.worker.*.*"  # every verb to every worker (the hollow fleet's one)
+JOBS_READY = f"{PREFIX}.jobs.ready"  # the subject of the batch queue's ready stream
+AUDIT = f"{PREFIX}.audit"  # the audit log's stream takes AUDIT.<app>
 
 
 def _token(value: str) -> str:

@@ -37,6 +37,7 @@ if TYPE_CHECKING:  # a record loads when a call first reads one (souq.model is l
     from souq.model.secrets import SecretInfo
     from souq.model.tokens import AuditRecord, TokenInfo
     from souq.model.volume import ExtendVolumeResponse, Volume
+    from souq.view.regions import RegionSummary
 
 __all__ = ["DEFAULT_API", "SouqClient"]
 
@@ -65,6 +66,14 @@ class SouqClient(SchedCalls):
 
     def workers(self) -> list[WorkerInfo]:
         return _many(records.WorkerInfo, self._call("GET", "/v1/workers"))
+
+    def regions(self, *, cpus: float = 1, memory_mb: int = 256) -> list[RegionSummary]:
+        """The cluster's regions (``/v1/regions``): workers, room for machines of the size given,
+        and the spot price with its recent history."""
+        from souq.view.regions import RegionSummary
+
+        params = {"cpus": f"{cpus:g}", "memory_mb": str(memory_mb)}
+        return _many(RegionSummary, self._call("GET", "/v1/regions", params=params))
 
     def region_names(self) -> list[str]:
         """The cluster's regions: every region a worker announced itself in (``/v1/regions``)."""
@@ -185,9 +194,32 @@ class SouqClient(SchedCalls):
         path = _machine(app, machine_id, "start")
         return _one(records.Machine, self._call("POST", path, headers=_leased(nonce)))
 
+    def operate(
+        self,
+        name: str,
+        app: str,
+        machine_id: str,
+        *,
+        body: Mapping[str, Any] | None = None,
+        nonce: str | None = None,
+        **path: str,
+    ) -> Any:
+        """The operation ``name`` (:mod:`souq.operations`) on one machine, its answer decoded
+        as the operation declares it (None for a ``204``). ``path``: the rest of its path's
+        parameters (``key`` of ``/metadata/{key}``)."""
+        from souq.operations import operation, resolve
+
+        op = operation(name)
+        route = op.route_path.format(app=app, machine_id=machine_id, **path)
+        response = self._call(op.method, route, json=body, headers=_leased(nonce))
+        if op.status_code == 204:
+            return None
+        return TypeAdapter(resolve(op.answer or op.reply)).validate_json(response.content)
+
     def suspend(self, app: str, machine_id: str) -> Machine:
         """Freeze a started machine where it stands (:meth:`start` resumes it)."""
-        return _one(records.Machine, self._call("POST", _machine(app, machine_id, "suspend")))
+        machine: Machine = self.operate("suspend", app, machine_id)
+        return machine
 
     def stop(
         self,
@@ -266,14 +298,19 @@ class SouqClient(SchedCalls):
 
         return _one(QuotaView, self._call("GET", _quota_path(app, org)))
 
-    def set_quota(self, app: str, limits: Mapping[str, Any], *, org: bool = False) -> QuotaView:
-        """Replace the limits (a key left out: none on it)."""
+    def set_quota(
+        self, app: str, limits: Mapping[str, Any], *, org: bool = False, line: str | None = None
+    ) -> QuotaView:
+        """Replace the limits (a key left out: none on it); ``line`` (``all`` or a class):
+        only that line's, the others kept."""
         from souq.model.quota import QuotaView
 
-        return _one(QuotaView, self._call("PUT", _quota_path(app, org), json=dict(limits)))
+        path = _quota_path(app, org) + ("" if line is None else f"/{line}")
+        return _one(QuotaView, self._call("PUT", path, json=dict(limits)))
 
-    def clear_quota(self, app: str, *, org: bool = False) -> None:
-        self._call("DELETE", _quota_path(app, org))
+    def clear_quota(self, app: str, *, org: bool = False, line: str | None = None) -> None:
+        """No quota any more (``line``: no limits on that line, the others kept)."""
+        self._call("DELETE", _quota_path(app, org) + ("" if line is None else f"/{line}"))
 
     def volumes(self, app: str) -> list[Volume]:
         return _many(records.Volume, self._call("GET", f"/v1/apps/{app}/volumes"))
@@ -388,7 +425,8 @@ class SouqClient(SchedCalls):
         )
 
     def processes(self, app: str, machine_id: str) -> list[ProcessStat]:
-        return _many(records.ProcessStat, self._call("GET", _machine(app, machine_id, "ps")))
+        rows: list[ProcessStat] = self.operate("ps", app, machine_id)
+        return rows
 
     def metadata(self, app: str, machine_id: str) -> dict[str, str]:
         got: dict[str, str] = self._call("GET", _machine(app, machine_id, "metadata")).json()
@@ -403,12 +441,12 @@ class SouqClient(SchedCalls):
             self._call("POST", path, json={"value": value})
 
     def cordon_machine(self, app: str, machine_id: str, *, cordoned: bool = True) -> Machine:
-        verb = "cordon" if cordoned else "uncordon"
-        return _one(records.Machine, self._call("POST", _machine(app, machine_id, verb)))
+        machine: Machine = self.operate("cordon" if cordoned else "uncordon", app, machine_id)
+        return machine
 
     def signal(self, app: str, machine_id: str, signal: str) -> Machine:
-        path = _machine(app, machine_id, "signal")
-        return _one(records.Machine, self._call("POST", path, json={"signal": signal}))
+        machine: Machine = self.operate("signal", app, machine_id, body={"signal": signal})
+        return machine
 
     def destroy(
         self,
@@ -458,10 +496,12 @@ class SouqClient(SchedCalls):
 
     def ops(self, app: str, machine_id: str) -> list[OpRecord]:
         """The machine's op log, oldest first."""
-        return _many(records.OpRecord, self._call("GET", _machine(app, machine_id, "ops")))
+        rows: list[OpRecord] = self.operate("ops", app, machine_id)
+        return rows
 
     def events(self, app: str, machine_id: str) -> list[MachineEvent]:
-        return _many(records.MachineEvent, self._call("GET", _machine(app, machine_id, "events")))
+        rows: list[MachineEvent] = self.operate("events", app, machine_id)
+        return rows
 
     # -- the cluster's event stream ---------------------------------------------------------
 

@@ -1,10 +1,11 @@
-"""``souq deploy``, ``souq releases``, ``souq status``, ``souq rollback`` and ``souq scale
-count``: the app's policy, carried out by this client through the API (docs/apps.md); and
-``souq apps create|show|list|destroy``: the app resource itself."""
+"""``souq deploy``, ``souq releases``, ``souq status``, ``souq rollback``, ``souq scale count``
+and ``souq scale reconcile``: the app's policy, carried out by this client through the API
+(docs/apps.md); and ``souq apps create|show|list|destroy``: the app resource itself."""
 
+import contextlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -264,6 +265,82 @@ def scale_count(
             ),
             as_json=as_json,
         )
+
+
+@scale_app.command("reconcile")
+def scale_reconcile(
+    *,
+    app_name: AppNameOpt,
+    watch: Annotated[
+        bool,
+        typer.Option(
+            "--watch",
+            help="Go on: reconcile again after each `preempted` event of the app's machines "
+            "(the cluster's event stream), until interrupted.",
+        ),
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Bring the app back to its live release's counts in each of its regions: a machine of a
+    group with services that preemption displaced is replaced by a new one elsewhere (then
+    destroyed), a missing one created; the machines that run are not touched, and an app at
+    its counts changes nothing."""
+    from souq.client import render
+    from souq.errors import SouqError
+
+    with reporting(as_json):
+        client = make_client()
+        if not watch:
+            _reconcile(client, app_name, as_json=as_json)
+            return
+        # Events after those seen now: one displaced while the first reconcile runs is seen.
+        since = max((e.get("seq", 0) for e in client.cluster_events(app=app_name)), default=0)
+        _reconcile(client, app_name, as_json=as_json)
+        with contextlib.suppress(KeyboardInterrupt):  # interrupted: the watch ends, exit 0
+            for event in client.cluster_events(app=app_name, follow=True, since=since):
+                if not _displaced(event):
+                    continue
+                try:
+                    _reconcile(client, app_name, as_json=as_json)
+                except SouqError as exc:  # told, and the watch goes on
+                    render.error(exc, as_json=as_json)
+
+
+def _displaced(event: dict[str, Any]) -> bool:
+    """Whether a cluster event calls for a reconcile: a machine of the app preempted, or
+    events missed (a gap)."""
+    if event.get("kind") == "gap":
+        return True
+    told = event.get("event") or {}
+    return event.get("kind") == "machine" and told.get("type") == "preempted"
+
+
+def _reconcile(client: "SouqClient", app_name: str, *, as_json: bool) -> None:
+    from souq.apps.config import AppConfig
+    from souq.apps.plan import desired_counts
+    from souq.client.deploy import Deployer
+    from souq.errors import NotFound
+    from souq.model.release import ReleaseState, Strategy
+
+    live = next((r for r in client.releases(app_name) if r.state is ReleaseState.COMPLETE), None)
+    if live is None:
+        raise NotFound(f"app {app_name} has no live release", hint="`souq deploy` it first")
+    config = AppConfig.model_validate(live.config)
+    regions = sorted({r for g in config.groups() for r in desired_counts(config, g)})
+    _deploy(
+        client,
+        app_name,
+        lambda tell: Deployer(
+            client,
+            config,
+            image=live.image,
+            strategy=Strategy.IMMEDIATE,
+            on_event=tell,
+            description="reconcile: machines preempted or missing replaced",
+            scale_regions=regions,
+        ),
+        as_json=as_json,
+    )
 
 
 NameArg = Annotated[str, typer.Argument(metavar="NAME", help="The app's name.")]

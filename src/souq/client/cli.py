@@ -371,13 +371,6 @@ def machine_start(machine_id: IdArg, app_name: AppOpt, as_json: JsonOpt = False)
         render.machine_state(make_client().start(app_name, machine_id), as_json=as_json)
 
 
-@machine_app.command("suspend")
-def machine_suspend(machine_id: IdArg, app_name: AppOpt, as_json: JsonOpt = False) -> None:
-    """Freeze a started machine: it keeps its memory and its port; `start` resumes it."""
-    with reporting(as_json):
-        render.machine_state(make_client().suspend(app_name, machine_id), as_json=as_json)
-
-
 @machine_app.command("stop")
 def machine_stop(
     machine_id: IdArg,
@@ -501,20 +494,6 @@ def machine_logs(
             render.logs(chunk, as_json=as_json)
 
 
-@machine_app.command("ops")
-def machine_ops(machine_id: IdArg, app_name: AppOpt, as_json: JsonOpt = False) -> None:
-    """List a machine's op log: each step of each operation, oldest first."""
-    with reporting(as_json):
-        render.ops(make_client().ops(app_name, machine_id), as_json=as_json)
-
-
-@machine_app.command("events")
-def machine_events(machine_id: IdArg, app_name: AppOpt, as_json: JsonOpt = False) -> None:
-    """List a machine's events, newest first."""
-    with reporting(as_json):
-        render.events(make_client().events(app_name, machine_id), as_json=as_json)
-
-
 @app.command("events")
 def cluster_events(
     app_name: Annotated[str | None, typer.Option("--app", help="Only this app's machines.")] = None,
@@ -552,12 +531,14 @@ for _module, _register in (
         ("auth_cli", "register_auth"),
         ("cluster_cli", "register_cluster"),
         ("workers_cli", "register_workers"),  # list, cordon, drain, uncordon
+        ("regions_cli", "register_regions"),  # regions and their spot prices
         ("secrets_cli", "register_secrets"),
         ("volumes_cli", "register_volumes"),  # Fly's volumes
         ("quota_cli", "register_quota"),  # quotas of apps and organizations
         ("jobs_cli", "register_jobs"),  # batch jobs: the /sched API
         ("simulate_cli", "register_simulate"),
-        ("machine_tools_cli", "register_machine_tools"),  # machine exec, ps, metadata, cordon
+        ("machine_tools_cli", "register_machine_tools"),  # machine exec, metadata
+        ("op_cli", "register_operations"),  # souq.operations: ps, ops, events, suspend, cordon
     )
 ):
     getattr(importlib.import_module(f"souq.client.{_module}"), _register)(app)

@@ -171,6 +171,14 @@ def agent(
         float | None,
         typer.Option("--heartbeat-interval", help="Seconds between heartbeats (default 1)."),
     ] = None,
+    spot_notice_s: Annotated[
+        float | None,
+        typer.Option(
+            "--spot-notice",
+            help="Seconds of notice a spot machine outbid by its region's price gets before "
+            "its stop (default 0: at once; AWS gives 120).",
+        ),
+    ] = None,
     metrics_port: Annotated[
         int | None,
         typer.Option("--metrics-port", help="Serve Prometheus /metrics on this port (0: off)."),
@@ -332,6 +340,14 @@ def broker(
             help="Seconds a create's quota reservation stands unsettled (default 120).",
         ),
     ] = None,
+    spot_price: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--spot-price",
+            help="The spot price rule, KEY=VALUE, repeatable: floor (0.01 an hour), knee "
+            "(0.5), peak (10), interval_s (1); give every broker the same (docs/placement.md).",
+        ),
+    ] = None,
     log_format: LogFormatOpt = LogFormat.TEXT,
 ) -> None:
     """Run a broker (the HTTP API) in the foreground."""
@@ -350,6 +366,7 @@ def broker(
             listen_port=port,
             candidates_from=candidates,
             placement=None if placement is None else _placement(placement),
+            spot_price=pairs(spot_price, "spot-price") if spot_price else None,
         )
         run_broker(BrokerConfig(**given))
 

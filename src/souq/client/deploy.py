@@ -54,6 +54,7 @@ __all__ = ["DeployEvent", "Deployer", "check_regions", "current_machines"]
 
 STOP_WAIT_S = 60.0  # a destroyed machine's graceful stop may take this (then it is killed)
 _RESTING = (MachineState.STOPPED, MachineState.SUSPENDED)  # found so: stopped again at the end
+STOP_MARGIN_S = 10.0  # a displaced machine stopped by its worker: its kill timeout and this
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,8 @@ class DeployEvent:
 
 
 def current_machines(machines: list[Machine]) -> list[Current]:
-    """The app's machines as a plan reads them (those destroyed, or on their way, left out)."""
+    """The app's machines as a plan reads them (those destroyed, or on their way, left out;
+    one displaced by preemption since its last start says so)."""
     return [
         Current(
             id=m.id,
@@ -79,10 +81,22 @@ def current_machines(machines: list[Machine]) -> list[Current]:
             state=str(m.state),
             release=int(m.config.metadata.get("souq_release", "0") or 0) or None,
             standby_for=tuple(m.config.standbys),
+            preempted=preemption(m),
         )
         for m in machines
         if m.state not in GOING
     ]
+
+
+def preemption(machine: Machine) -> str:
+    """The message of the ``preempted`` event of ``machine`` if it is newer than its last
+    start ("": it was not displaced, or it started again since)."""
+    for event in machine.events:  # newest first
+        if event.type == "preempted":
+            return event.message or "preempted"
+        if event.type in ("start", "restart", "launch"):
+            return ""
+    return ""
 
 
 def check_regions(client: SouqClient, config: AppConfig) -> None:
@@ -145,6 +159,7 @@ class Deployer:
         self._replaced: list[tuple[str, str]] = []  # (machine, region) a new machine replaced
         self._resting: set[str] = set()  # machines found stopped or suspended
         self._woken: set[str] = set()  # of those, the ones an update of this deploy started
+        self._displaced: set[str] = set()  # machines found displaced by preemption
 
     def run(self) -> Release:
         """Carry the release out; :class:`DeployFailed` (after the rollback) when it fails."""
@@ -171,6 +186,7 @@ class Deployer:
             "release", f"release v{release.version} of {self.app}: {self.image}{self._why()}"
         )
         self._resting = {m.id for m in machines.values() if m.state in _RESTING}
+        self._displaced = {m.id for m in machines.values() if preemption(m)}
         try:
             self._prepare(release.version, phases, list(machines.values()))
             for index, phase in enumerate(phases):
@@ -322,7 +338,9 @@ class Deployer:
         try:
             if step.action == "destroy":
                 assert step.machine_id is not None
-                self._destroy(step.machine_id, phase, step.region)
+                if step.machine_id in self._displaced:
+                    self._stopped(machines[step.machine_id])
+                self._destroy(step.machine_id, phase, step.region, why=step.why)
                 return
             config = self.config.machine_config(step.group, image=self.image, release=self._version)
             if step.action == "update":
@@ -341,6 +359,8 @@ class Deployer:
                     self._undo.created.append((machine.id, step.region))
                 where["machine_id"] = machine.id
                 verb = "canary created" if step.canary else "created"
+                if step.why:
+                    verb += f" ({step.why})"
             self._event("step", f"machine {machine.id} {verb}", phase, step.region, machine.id)
             if phase.wait_healthy:
                 self._healthy(machine, phase, step.region)
@@ -505,13 +525,22 @@ class Deployer:
             ) from exc
         self._event("healthy", f"machine {machine.id} is healthy", phase, region, machine.id)
 
-    def _destroy(self, machine_id: str, phase: Phase | None, region: str) -> None:
+    def _stopped(self, machine: Machine) -> None:
+        """A displaced machine may still be stopping (its signal, its kill timeout): wait for
+        its worker to have stopped it, so that it can be destroyed."""
+        limit = machine.config.stop_config.timeout_s + STOP_MARGIN_S
+        self.client.wait(
+            self.app, machine.id, [MachineState.STOPPED, MachineState.FAILED], timeout=limit
+        )
+
+    def _destroy(self, machine_id: str, phase: Phase | None, region: str, *, why: str = "") -> None:
         """A graceful destroy: the machine leaves rotation now; its worker stops it (its
         drain, its signal) and destroys it after."""
         nonce = self._nonce(machine_id)
         self.client.destroy(self.app, machine_id, graceful=True, nonce=nonce)
         self._leases.pop(machine_id, None)
-        self._event("step", f"machine {machine_id} destroyed", phase, region, machine_id)
+        said = f" ({why})" if why else ""
+        self._event("step", f"machine {machine_id} destroyed{said}", phase, region, machine_id)
 
     def _failure(
         self, message: str, where: dict[str, str | None], *, room: bool = False

@@ -1,4 +1,4 @@
-"""``souq machine exec|ps|metadata|cordon|uncordon``: act on one machine in place (the routes of
+"""``souq machine exec|metadata``: act on one machine in place (the routes of
 :mod:`souq.broker.machine_tools_routes`). ``exec`` exits with the command's own exit code."""
 
 import sys
@@ -47,15 +47,6 @@ def machine_exec(
     raise typer.Exit(reply.exit_code)
 
 
-@machine_app.command("ps")
-def machine_ps(machine_id: IdArg, app_name: AppOpt, as_json: JsonOpt = False) -> None:
-    """The processes of a started machine."""
-    from souq.client import render_tools
-
-    with reporting(as_json):
-        render_tools.processes(make_client().processes(app_name, machine_id), as_json=as_json)
-
-
 @machine_app.command("metadata")
 def machine_metadata(
     machine_id: IdArg,
@@ -82,23 +73,3 @@ def machine_metadata(
             else:
                 raise InvalidInput(f"{pair!r}: give KEY=VALUE to set a key, or KEY- to delete it")
         render_tools.metadata(client.metadata(app_name, machine_id), as_json=as_json)
-
-
-@machine_app.command("cordon")
-def machine_cordon(machine_id: IdArg, app_name: AppOpt, as_json: JsonOpt = False) -> None:
-    """Take a machine out of the edge proxies' rotation (it keeps running)."""
-    from souq.client import render_tools
-
-    with reporting(as_json):
-        machine = make_client().cordon_machine(app_name, machine_id)
-        render_tools.cordon(machine, as_json=as_json)
-
-
-@machine_app.command("uncordon")
-def machine_uncordon(machine_id: IdArg, app_name: AppOpt, as_json: JsonOpt = False) -> None:
-    """Put a cordoned machine back in the edge proxies' rotation."""
-    from souq.client import render_tools
-
-    with reporting(as_json):
-        machine = make_client().cordon_machine(app_name, machine_id, cordoned=False)
-        render_tools.cordon(machine, as_json=as_json)

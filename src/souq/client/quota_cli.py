@@ -1,6 +1,9 @@
 """``souq quota set|show|clear APP``: an app's quota (``--org``: an organization's, over all
-its apps), docs/quotas.md. Setting one needs an admin token of the cluster."""
+its apps), docs/quotas.md. A quota's limits are lines: ``all`` (every class, volumes' size
+included) and one per priority class (``--class spot``); ``set`` replaces one line and keeps
+the others. Setting one needs an admin token of the cluster."""
 
+from enum import StrEnum
 from typing import Annotated, Any
 
 import typer
@@ -14,9 +17,23 @@ quota_app = typer.Typer(
     help="Set, show and clear the quota of an app or an organization.", no_args_is_help=True
 )
 
+
+class Line(StrEnum):
+    ALL = "all"
+    RESERVED = "reserved"
+    STANDARD = "standard"
+    SPOT = "spot"
+
+
 NameArg = Annotated[str, typer.Argument(metavar="APP", help="The app (with --org: the org).")]
 OrgOpt = Annotated[bool, typer.Option("--org", help="APP names an organization.")]
-_MODEL = "souq.model.quota.QuotaLimits"
+LineOpt = Annotated[
+    Line,
+    typer.Option(
+        "--class", help="The line of limits: all classes (the default) or one priority class."
+    ),
+]
+_MODEL = "souq.model.quota.AllLimits"
 
 
 def register_quota(app: typer.Typer) -> None:
@@ -40,24 +57,36 @@ def set_quota(
         int | None,
         checked_option("--machines", help="Machines not destroyed.", checks=f"{_MODEL}.machines"),
     ] = None,
+    volume_gb: Annotated[
+        int | None,
+        checked_option(
+            "--volume-gb",
+            help="GB of volumes not destroyed (all classes only).",
+            checks=f"{_MODEL}.volume_gb",
+        ),
+    ] = None,
+    line: LineOpt = Line.ALL,
     org: OrgOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Replace the limits (a limit not given: none on it)."""
+    """Replace one line of the limits (a limit not given: none on it); the others are kept."""
     from souq.client import render_quota
 
-    limits: dict[str, Any] = {
-        k: v
-        for k, v in {"cpus": cpus, "memory_mb": memory_mb, "machines": machines}.items()
-        if v is not None
-    }
+    if volume_gb is not None and line is not Line.ALL:
+        raise typer.BadParameter(
+            "volumes have no priority class: give --volume-gb without --class",
+            param_hint="--volume-gb",
+        )
+    given = {"cpus": cpus, "memory_mb": memory_mb, "machines": machines, "volume_gb": volume_gb}
+    limits: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
     with reporting(as_json):
-        render_quota.quota(make_client().set_quota(name, limits, org=org), as_json=as_json)
+        view = make_client().set_quota(name, limits, org=org, line=line.value)
+        render_quota.quota(view, as_json=as_json)
 
 
 @quota_app.command("show")
 def show_quota(name: NameArg, *, org: OrgOpt = False, as_json: JsonOpt = False) -> None:
-    """The limits, and the use against them (creates under way included)."""
+    """The limits, and the use against them (creates under way included), per class too."""
     from souq.client import render_quota
 
     with reporting(as_json):
@@ -65,7 +94,15 @@ def show_quota(name: NameArg, *, org: OrgOpt = False, as_json: JsonOpt = False) 
 
 
 @quota_app.command("clear")
-def clear_quota(name: NameArg, *, org: OrgOpt = False) -> None:
-    """No quota any more."""
+def clear_quota(
+    name: NameArg,
+    *,
+    line: Annotated[
+        Line | None,
+        typer.Option("--class", help="Clear only this line of limits (all, or a class)."),
+    ] = None,
+    org: OrgOpt = False,
+) -> None:
+    """No quota any more (``--class C``: no limits on that line, the others kept)."""
     with reporting():
-        make_client().clear_quota(name, org=org)
+        make_client().clear_quota(name, org=org, line=None if line is None else line.value)

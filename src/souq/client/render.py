@@ -26,8 +26,6 @@ if TYPE_CHECKING:  # records load as a command reads them; the simulator's (nump
     from souq.model.image import ImageRecord
     from souq.model.secrets import SecretInfo
     from souq.model.tokens import AuditRecord, TokenInfo
-    from souq.sim.departures import Report
-    from souq.sim.fleet import FleetReport
     from souq.sim.whatif import WhatIf
 
 __all__ = [
@@ -35,6 +33,7 @@ __all__ = [
     "events",
     "image_reference",
     "images",
+    "job_event_line",
     "json_value",
     "line",
     "logs",
@@ -43,6 +42,7 @@ __all__ = [
     "machine_state",
     "machines",
     "ops",
+    "record",
     "workers",
 ]
 
@@ -141,6 +141,12 @@ def _grid(rows: Iterable[tuple[str, Any]], *, bold_names: bool = False) -> Table
     return grid
 
 
+@_json_or
+def record(value: BaseModel) -> None:
+    """A record's fields, a line each (what an operation that names no view of its own shows)."""
+    _out().print(_grid((name, str(getattr(value, name))) for name in type(value).model_fields))
+
+
 def line(text: str) -> None:
     """One plain line on stdout."""
     sys.stdout.write(text + "\n")
@@ -222,6 +228,9 @@ def machine(m: Machine) -> None:
     preempted = next((e for e in m.events if e.type == "preempted"), None)
     if preempted is not None and m.state in ("stopping", "stopped"):
         rows.append(("reason", preempted.message or "preempted"))
+    latest = m.events[0] if m.events else None  # newest first
+    if latest is not None and latest.type == "preempt_notice" and m.state == "started":
+        rows.append(("notice", latest.message or "preempted soon"))
     if config.env:
         rows.append(("env", " ".join(f"{k}={v}" for k, v in sorted(config.env.items()))))
     if m.address is not None and m.address.private_ip:
@@ -284,6 +293,17 @@ def events(items: Sequence[MachineEvent]) -> None:
     _out().print(_events_table(items))
 
 
+def job_event_line(event: dict[str, Any], when: str) -> str:
+    """A job event of ``souq events``: ``seq time job NAME worker=W before -> state (type)``."""
+    note = event.get("job") or {}
+    worker = f" worker={event['worker_id']}" if event.get("worker_id") else ""
+    return (
+        f"{event['seq']:>6} {when} job     {note.get('name', '?')}{worker} "
+        f"{event.get('previous') or '-'} -> {event['state']} ({note.get('type', '')}: "
+        f"{note.get('why', '')})"
+    )
+
+
 def cluster_event(event: dict[str, Any], *, as_json: bool = False) -> None:
     """One event of ``souq events``: a JSON line, or ``seq time kind who state detail``."""
     if as_json or event["kind"] == "gap":
@@ -297,8 +317,6 @@ def cluster_event(event: dict[str, Any], *, as_json: bool = False) -> None:
             f"worker={event['worker_id']} {event['state']} ({detail.get('type', '')})"
         )
     elif event["kind"] == "job":
-        from souq.client.render_jobs import job_event_line  # (it imports this module)
-
         line(job_event_line(event, when))
     else:
         line(
@@ -512,57 +530,3 @@ def what_if(w: WhatIf) -> None:
         + (f"; {w.unplaced} would not fit: {reasons}" if w.unplaced else "")
         + f"{skipped}. Nothing was created."
     )
-
-
-@_json_or
-def trace_replay(r: Report) -> None:
-    """A replay with departures: placed, failed by reason, allocation and the workers' CPU."""
-    failed = ", ".join(f"{n} {reason}" for reason, n in sorted(r.failed_by_reason.items()))
-    s = {k: f"{v:g} %" for k, v in r.summary().items()}
-    rows = [
-        ("policy", r.policy),
-        ("tasks", f"{r.tasks} on {r.workers} workers: {r.placed} placed, {r.failed} failed"),
-        ("failed", failed or "-"),
-        ("allocated", f"cpu {s.get('cpu_mean')}, memory {s.get('memory_mean')}"
-         + (f", gpu {s.get('gpu_mean')}" if "gpu_mean" in s else "")
-         + f" (time-weighted mean of {len(r.samples)} samples)"),
-        ("worker cpu p95", f"mean {s.get('worker_cpu_p95_mean')}, peak "
-         f"{s.get('worker_cpu_p95_peak')}"),
-        ("worker cpu max", f"mean {s.get('worker_cpu_max_mean')}"),
-        ("hot workers", ", ".join(f"{k} {v:g} %" for k, v in r.hot.items())
-         + f" of worker-time above {r.hot_threshold:g}"),
-        *((f"worker {k}", f"p95 {h[k + '_p95']:g} %, max {h[k + '_max']:g} % (each over time)")
-          for h in [r.host_utilisation] for k in r.hot),
-    ]  # fmt: skip
-    _out().print(_grid(rows, bold_names=True))
-
-
-@_json_or
-def fleet_replay(r: FleetReport) -> None:
-    """A fleet replay: placed, failed by reason, utilisation and hot spots over time, the
-    hosts' p95 and max, waits and jobs."""
-    failed = ", ".join(f"{n} {reason}" for reason, n in sorted(r.failed_by_reason.items()))
-    util = ", ".join(f"{k} {v:g} %" for k, v in r.utilisation.items())
-    hot = ", ".join(f"{k} {v:g} %" for k, v in r.hot.items())
-    h = r.host_utilisation
-    w, j = r.waits, r.jobs
-    start, end = r.span_s
-    queue = ", backfilled queue" if r.backfill else ", FIFO queue" if r.queue else ", no queue"
-    mode = ("batch" if r.batch else "one by one") + queue
-    rows = [
-        ("policy", f"{r.policy} ({mode})"),
-        ("tasks", f"{r.tasks} ({r.instances} instances) on {r.hosts} hosts: {r.placed} placed, "
-         f"{r.failed} failed"),
-        ("failed", failed or "-"),
-        ("utilisation", f"{util} (time-weighted, {start:g} s to {end:g} s)"),
-        ("hot hosts", f"{hot} of host-time above {r.hot_threshold:g}"),
-        ("host cpu", f"p95 {h['cpu_p95']:g} %, max {h['cpu_max']:g} % (each host over time)"),
-        ("host memory", f"p95 {h['memory_p95']:g} %, max {h['memory_max']:g} %"),
-        ("waits", f"p50 {w['p50']:g} s, p95 {w['p95']:g} s, max {w['max']:g} s"),
-        ("fragmented", ", ".join(f"{k} {v:g} %" for k, v in r.fragmentation.items())
-         + " of the free capacity on hosts with no room for the task placed (mean)"),
-        ("jobs", f"{j.get('completed', 0)} completed" + (
-            f": completion p50 {j['jct_p50']:g} s, p95 {j['jct_p95']:g} s; slowdown mean "
-            f"{j['slowdown_mean']:g}, p95 {j['slowdown_p95']:g}" if "jct_p50" in j else "")),
-    ]  # fmt: skip
-    _out().print(_grid(rows, bold_names=True))

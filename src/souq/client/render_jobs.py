@@ -17,7 +17,6 @@ from souq.model.job import Job, PeriodicJob
 __all__ = [
     "age",
     "job",
-    "job_event_line",
     "job_state",
     "jobs",
     "periodic",
@@ -104,17 +103,6 @@ def job(j: Job) -> None:
     if j.error:
         rows.append(("error", j.error))
     _out().print(_grid(rows, bold_names=True))
-
-
-def job_event_line(event: dict[str, Any], when: str) -> str:
-    """A job event of ``souq events``: ``seq time job NAME worker=W before -> state (type)``."""
-    note = event.get("job") or {}
-    worker = f" worker={event['worker_id']}" if event.get("worker_id") else ""
-    return (
-        f"{event['seq']:>6} {when} job     {note.get('name', '?')}{worker} "
-        f"{event.get('previous') or '-'} -> {event['state']} ({note.get('type', '')}: "
-        f"{note.get('why', '')})"
-    )
 
 
 def _next(p: PeriodicJob) -> str:

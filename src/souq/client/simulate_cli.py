@@ -8,18 +8,14 @@ a trace with departures, ``--from-cluster`` a planned batch on the live cluster
 (:mod:`souq.client.whatif_cli`).
 """
 
-import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
 from souq.client import whatif_cli as w
 from souq.client.cli import JsonOpt, reporting
-
-if TYPE_CHECKING:
-    from souq.sim.experiment import Outcome
 
 __all__ = ["register_simulate"]
 
@@ -81,6 +77,8 @@ def simulate(
     backfill: w.BackfillOpt = False,
     one_by_one: w.OneByOneOpt = False,
     hot: w.HotOpt = 0.9,
+    preempt: w.PreemptOpt = 8,
+    compare_preemption: w.ComparePreemptionOpt = False,
     cluster: w.FromClusterOpt = False,
     region: w.RegionOpt = None,
     cpus: w.CpusOpt = None,
@@ -122,7 +120,14 @@ def simulate(
                 policies=policy or [],
                 as_json=as_json,
                 fleet=w.FleetOptions(
-                    engine, queue, one_by_one, hot, plot if tasks else None, backfill
+                    engine,
+                    queue,
+                    one_by_one,
+                    hot,
+                    plot if tasks else None,
+                    backfill,
+                    preempt,
+                    compare_preemption,
                 ),
             )
             return
@@ -150,34 +155,6 @@ def simulate(
         )
         if plot is not None:
             experiment.plot(outcomes, plot)
-        if as_json:
-            bodies = [o.as_json() for o in outcomes]
-            typer.echo(json.dumps(bodies[0] if len(bodies) == 1 else bodies))
-            return
-        _table(outcomes, plot)
+        from souq.client.render_sim import experiment_outcomes
 
-
-def _table(outcomes: list["Outcome"], plot: Path | None) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    from souq.sim.experiment import PAPER
-
-    table = Table(title="Unallocated GPU % at 100 % arrived")
-    for column in ("policy", "mean", "sd", "paper", "seeds", "slowest seed"):
-        table.add_column(column, justify="left" if column == "policy" else "right")
-    for o in outcomes:
-        mean = o.mean_at_100
-        paper = PAPER.get(o.policy)
-        table.add_row(
-            o.policy,
-            "-" if mean is None else f"{mean:.2f}",
-            f"{o.sd_at_100:.2f}",
-            "" if paper is None else f"{paper:.2f}",
-            str(len(o.runs)),
-            f"{max(o.seconds):.1f} s",
-        )
-    console = Console()
-    console.print(table)
-    if plot is not None:
-        console.print(f"figure: {plot}")
+        experiment_outcomes(outcomes, plot, as_json=as_json)

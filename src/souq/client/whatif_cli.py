@@ -12,10 +12,11 @@ command (:mod:`souq.client.simulate_cli`) takes the options declared here and ha
   workers ran. ``--policy`` repeated: one replay per policy.
 """
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -143,6 +144,24 @@ HotOpt = Annotated[
     float,
     typer.Option("--hot", min=0.0, max=1.0, help="A host above this share of a resource is hot."),
 ]
+PreemptOpt = Annotated[
+    int,
+    typer.Option(
+        "--preempt",
+        min=0,
+        max=64,
+        help="--tasks: a create that fits nowhere may displace at most this many machines of "
+        "a lower priority class (the broker's preempt_max_victims; 0: none).",
+    ),
+]
+ComparePreemptionOpt = Annotated[
+    bool,
+    typer.Option(
+        "--compare-preemption",
+        help="--tasks: replay three ways per policy (the reserved tasks alone; every task "
+        "without preemption; with it) and print them side by side.",
+    ),
+]
 ENGINES = ("cluster", "fleet")
 
 
@@ -156,6 +175,8 @@ class FleetOptions:
     hot: float = 0.9
     plot: Path | None = None
     backfill: bool = False
+    preempt: int = 8  # the broker's preempt_max_victims (souq.market.preemption)
+    compare: bool = False  # --compare-preemption
 
     def check(self) -> None:
         if self.engine not in ENGINES:
@@ -173,6 +194,11 @@ class FleetOptions:
         if self.backfill and not self.queue:
             raise InvalidInput(
                 "--backfill is a rule of the queue", hint="add --queue", details={"field": "queue"}
+            )
+        if self.compare and self.plot:
+            raise InvalidInput(
+                "--compare-preemption prints a table: not with --plot",
+                details={"field": "plot"},
             )
 
 
@@ -237,6 +263,8 @@ def run(
             as_json=as_json,
             batch=not fleet.one_by_one,
             hot=fleet.hot,
+            preempt=fleet.preempt,
+            compare=fleet.compare,
         )
 
 
@@ -364,24 +392,62 @@ def trace(
     as_json: bool,
     batch: bool = True,
     hot: float = 0.9,
+    preempt: int = 8,
+    compare: bool = False,
 ) -> list["Report"]:
     """Replay the tasks on the workers, once per policy (the default pipeline's when none),
-    and print the reports."""
-    from souq.client import render
+    and print the reports; with ``compare``, three times per policy (what preemption buys)."""
+    from souq.client import render, render_sim
     from souq.sim.departures import replay, speed_up
 
     cluster = _workers(workers)
     arriving = speed_up(_read_tasks(tasks, cluster), speedup)
     each: list[PlacementPolicy | None] = [*policies] or [None]
-    reports = [
-        replay(cluster, arriving, policy=policy, sample_every_s=sample_every, batch=batch, hot=hot)
-        for policy in each
-    ]
+
+    def run(
+        policy: "PlacementPolicy | None",
+        some: "Sequence[Task]",
+        most: int,
+        window: tuple[float, float] | None = None,
+    ) -> "Report":
+        return replay(
+            cluster,
+            some,
+            policy=policy,
+            sample_every_s=sample_every,
+            batch=batch,
+            hot=hot,
+            preempt=most,
+            window=window,
+        )
+
+    if compare:
+        _compare([partial(run, policy) for policy in each], arriving, preempt, as_json)
+        return []
+    reports = [run(policy, arriving, preempt) for policy in each]
     if as_json:
         render.json_value(reports[0] if len(reports) == 1 else reports)
     for report in [] if as_json else reports:
-        render.trace_replay(report)
+        render_sim.trace_replay(report)
     return reports
+
+
+def _compare(
+    runs: "list[Callable[[Sequence[Task], int, tuple[float, float]], Any]]",
+    tasks: "Sequence[Task]",
+    preempt: int,
+    as_json: bool,
+) -> None:
+    """``--compare-preemption``: the three runs of each policy, printed side by side."""
+    from souq.client import render, render_sim
+    from souq.sim.preemption_compare import compare
+
+    comparisons = [compare(run, tasks, preempt=preempt) for run in runs]
+    if as_json:
+        render.json_value(comparisons[0] if len(comparisons) == 1 else comparisons)
+        return
+    for comparison in comparisons:
+        render_sim.preemption_comparison(comparison)
 
 
 def _workers(workers: str | None) -> list["Resources"]:
@@ -409,7 +475,7 @@ def trace_fleet(
 ) -> list["FleetReport"]:
     """Replay the tasks on a fleet of the workers (:mod:`souq.sim.fleet`), once per policy,
     and print the reports (and draw the first one's timeline with ``--plot``)."""
-    from souq.client import render
+    from souq.client import render, render_sim
     from souq.model.policy import PlacementDefaults
     from souq.placement import build_pipeline
     from souq.sim.departures import speed_up
@@ -423,17 +489,27 @@ def trace_fleet(
         backfill=options.backfill,
         hot=options.hot,
         sample_every_s=sample_every,
+        preempt=options.preempt,
     )
     each: list[PlacementPolicy | None] = [*policies] or [None]
-    reports = [
-        replay_fleet(
+
+    def run(
+        policy: "PlacementPolicy | None",
+        some: "Sequence[Task]",
+        most: int,
+        window: tuple[float, float] | None = None,
+    ) -> "FleetReport":
+        return replay_fleet(
             hosts,
-            arriving,
+            some,
             pipeline=build_pipeline(policy, PlacementDefaults()),
-            settings=settings,
+            settings=replace(settings, preempt=most, window=window),
         )
-        for policy in each
-    ]
+
+    if options.compare:
+        _compare([partial(run, policy) for policy in each], arriving, options.preempt, as_json)
+        return []
+    reports = [run(policy, arriving, options.preempt) for policy in each]
     if options.plot is not None:
         from souq.sim.fleet_plot import plot_timeline
 
@@ -441,7 +517,7 @@ def trace_fleet(
     if as_json:
         render.json_value(reports[0] if len(reports) == 1 else reports)
     for report in [] if as_json else reports:
-        render.fleet_replay(report)
+        render_sim.fleet_replay(report)
     return reports
 
 

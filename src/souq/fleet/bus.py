@@ -37,7 +37,6 @@ __all__ = ["FleetBus", "WorkerPort"]
 
 log = logging.getLogger(__name__)
 
-_VERBS = f"{subjects.PREFIX}.worker.*.*"
 # Verbs whose answer never waits (no timer, no other message): the bulk of a broker's traffic,
 # answered in the subscription's own task rather than one task each. Any other verb (a wait,
 # a destroy that waits for its process...) gets a task of its own, so that it holds nothing up.
@@ -64,7 +63,9 @@ class FleetBus:
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     async def start(self) -> None:
-        self._subs[_VERBS] = await self.transport.client.subscribe(_VERBS, cb=self._on_verb)
+        self._subs[subjects.ALL_WORKER_VERBS] = await self.transport.client.subscribe(
+            subjects.ALL_WORKER_VERBS, cb=self._on_verb
+        )
 
     def port(self) -> WorkerPort:
         return WorkerPort(self)

@@ -35,6 +35,7 @@ from nats.js.client import JetStreamContext
 from nats.js.kv import KeyValue
 from pydantic import ValidationError
 
+from souq.bus import subjects
 from souq.bus.jetstream import key_value, live_keys, stream, unavailable
 from souq.clock import Clock, SystemClock
 from souq.errors import IllegalTransition, JobExists, JobNotFound
@@ -56,7 +57,7 @@ log = logging.getLogger(__name__)
 BUCKET = "souq-jobs"
 WORKERS = "souq-sched-workers"  # the push model's registered workers and what they have free
 READY = "souq-jobs-ready"  # the stream of claimable job names
-READY_SUBJECT = "souq.jobs.ready"
+READY_SUBJECT = subjects.JOBS_READY
 # A watch's consumer outlives its watcher by this long: a run's watch and a listing each make
 # one, and a stream holds at most a thousand (the server deletes a consumer nobody listens to
 # after its inactivity threshold, minutes by default).

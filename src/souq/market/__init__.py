@@ -5,6 +5,7 @@ machine, events in and actions out.
   by heartbeats, usage messages and refusals; draws candidates without asking anyone;
 * :mod:`~souq.market.auction` — :class:`Auction`: candidates → rank → assign → claim → finish,
   for single creates, batches, quotes and dry runs alike;
+* :mod:`~souq.market.orders` — what one auction places, and what for;
 * :mod:`~souq.market.records` — the placement record each auction writes as it goes.
 
 The broker's shell (:mod:`souq.broker.market`) drives auctions over the bus; the simulator and
@@ -23,12 +24,11 @@ from souq.market.auction import (
     AskOffers,
     Auction,
     Finished,
-    Order,
-    Purpose,
     Rules,
     SendClaim,
 )
 from souq.market.book import Candidates, WorkerBook
+from souq.market.orders import Order, Purpose
 from souq.market.records import RecordKeeper
 
 __all__ = [

@@ -38,53 +38,23 @@ from typing import Any
 
 from souq.errors import IdempotencyConflict, SouqError, Unavailable
 from souq.market.book import WorkerBook
+from souq.market.orders import Order, Purpose
 from souq.market.preemption import RANK, may_displace
 from souq.market.records import RecordKeeper
 from souq.market.sampling import plan_sample
 from souq.model.placement import Preemption
 from souq.model.protocol import Offer
 from souq.model.resources import Resources
-from souq.placement import Pipeline, PlacementRequest
+from souq.placement import Pipeline
 
 __all__ = [
     "Action",
     "AskOffers",
     "Auction",
     "Finished",
-    "Order",
-    "Purpose",
     "Rules",
     "SendClaim",
 ]
-
-
-class Purpose(StrEnum):
-    CLAIM = "claim"  # make the machines
-    HOLD = "hold"  # hold the capacity for a while (a quote)
-    EXPLAIN = "explain"  # a dry run: rank, claim nothing
-
-
-@dataclass(frozen=True)
-class Order:
-    """What to place: ``count`` machines like ``request`` (its resources, constraints,
-    policy), at least ``min_count`` of them or none."""
-
-    request: PlacementRequest
-    count: int = 1
-    min_count: int = 1
-    purpose: Purpose = Purpose.CLAIM
-    find_existing: bool = False  # an idempotent retry: ask offers to meet the earlier machine
-    batch: bool = False  # a batch create (claim_batch, a batch record), whatever its count
-    preempt: int = 0  # fitting nowhere, it may displace this many machines of a lower class
-    priority_class: str = "standard"
-
-    @property
-    def request_id(self) -> str:
-        return self.request.request_id
-
-    @property
-    def region(self) -> str:
-        return self.request.region
 
 
 @dataclass(frozen=True)

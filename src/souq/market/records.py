@@ -11,9 +11,10 @@ worker stores with each machine (:meth:`RecordKeeper.share`), the record the cal
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from souq.errors import InsufficientCapacity
+from souq.market.orders import Order
 from souq.model.batch import BatchClaim, BatchPlacement
 from souq.model.placement import (
     ClaimAttempt,
@@ -24,9 +25,6 @@ from souq.model.placement import (
     Timings,
 )
 from souq.placement import Pipeline, Ranking
-
-if TYPE_CHECKING:
-    from souq.market.auction import Order
 
 __all__ = ["RECORD_OFFERS", "RecordKeeper"]
 

@@ -26,6 +26,7 @@ __all__ = [
     "ExecReply",
     "ListenSocket",
     "MachineCordonCommand",
+    "MachineMemory",
     "MetadataBody",
     "MetadataCommand",
     "ProcessSnapshot",
@@ -126,6 +127,14 @@ def exit_code_of(returncode: int) -> int:
 class ListenSocket(Record):
     proto: str = Field(description="tcp, tcp6, udp or udp6")
     address: str = Field(description="HOST:PORT it listens on")
+
+
+class MachineMemory(Record):
+    """``GET .../machines/{id}/memory``: a started machine's memory, as its worker reads it."""
+
+    limit_mb: int = Field(description="its limit: the config's `guest.memory_mb`, MiB")
+    rss_mb: float = Field(description="resident memory of its processes now, summed, MiB")
+    processes: int = Field(description="how many processes it has")
 
 
 class ProcessStat(Record):

@@ -26,6 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from souq.model.protocol import Offer
+from souq.model.reasons import Reason
 from souq.model.resources import GPU_MILLI, Resources
 from souq.model.worker import WorkerInfo, WorkerState
 from souq.placement import filters, gpu_columns, gpu_scorers, gpus, scorers
@@ -241,13 +242,13 @@ def _gpu_verdict(want: Resources, t: OfferTable, rows: Ints) -> Verdict:
     if want.gpu_model is not None:
         bad = t.models[rows] != want.gpu_model
         ok &= ~bad
-        reason[bad] = _code("wrong_gpu_model")
+        reason[bad] = _code(Reason.WRONG_GPU_MODEL)
     if want.gpus > 0:
         short = (free >= GPU_MILLI).sum(axis=1) < want.gpus
-        code = "insufficient_gpus"
+        code = Reason.INSUFFICIENT_GPUS
     else:
         short = free.max(axis=1) < want.gpu_milli
-        code = "insufficient_gpu_share"
+        code = Reason.INSUFFICIENT_GPU_SHARE
     reason[ok & short] = _code(code)
     return ok & ~short, reason
 
@@ -257,9 +258,9 @@ def _resources_verdict(want: Resources, t: OfferTable, rows: Ints) -> Verdict:
     ok = np.ones(n, dtype=bool)
     reason = _reasons(n)
     for code, need, cap, used in (
-        ("insufficient_cpu", want.millicpus, t.cpu_cap, t.cpu_used),
-        ("insufficient_memory", want.memory_mb, t.mem_cap, t.mem_used),
-        ("insufficient_disk", want.disk_mb, t.disk_cap, t.disk_used),
+        (Reason.INSUFFICIENT_CPU, want.millicpus, t.cpu_cap, t.cpu_used),
+        (Reason.INSUFFICIENT_MEMORY, want.memory_mb, t.mem_cap, t.mem_used),
+        (Reason.INSUFFICIENT_DISK, want.disk_mb, t.disk_cap, t.disk_used),
     ):
         short = ok & (cap[rows] - used[rows] < need)
         reason[short] = _code(code)
@@ -281,7 +282,7 @@ def _region(f: Filter, request: PlacementRequest, t: OfferTable, rows: Ints) -> 
     if t.only_region == request.region:
         return None  # one region, the one asked for: all pass
     wrong = t.regions[rows] != request.region
-    return ~wrong, np.where(wrong, _code("wrong_region"), 0)
+    return ~wrong, np.where(wrong, _code(Reason.WRONG_REGION), 0)
 
 
 def _passes(f: Filter, request: PlacementRequest, t: OfferTable, rows: Ints) -> Verdict | None:

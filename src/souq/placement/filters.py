@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from souq.model.protocol import Offer
+from souq.model.reasons import Reason
 from souq.placement.constraints import unmet
 from souq.placement.gpus import free_on, gpu_misfit
 from souq.placement.request import PlacementRequest
@@ -69,7 +70,7 @@ class RegionFilter:
         region = offer.worker.region
         if region == request.region:
             return None
-        return Rejection("wrong_region", f"worker is in region {region}, not {request.region}")
+        return Rejection(Reason.WRONG_REGION, f"worker is in region {region}, not {request.region}")
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,7 @@ class DriverFilter:
         if fp is None or request.driver is None or request.driver in fp.drivers:
             return None
         return Rejection(
-            "driver_missing",
+            Reason.DRIVER_MISSING,
             f"worker has drivers {', '.join(fp.drivers) or 'none'}, not {request.driver}",
             unmet=f"driver {request.driver}",
         )
@@ -101,7 +102,7 @@ class ConstraintFilter:
             why = unmet(constraint, offer)
             if why is not None:
                 text = str(constraint)
-                return Rejection("constraint", f"{text}: {why}", unmet=text)
+                return Rejection(Reason.CONSTRAINT, f"{text}: {why}", unmet=text)
         return None
 
 
@@ -116,7 +117,7 @@ class DistinctWorkersFilter:
             return None
         n = offer.app_machines
         return Rejection(
-            "distinct_workers",
+            Reason.DISTINCT_WORKERS,
             f"worker already runs {n} machine{'s' if n > 1 else ''} of app {request.app}",
             unmet="distinct_workers_for: app",
         )
@@ -133,7 +134,7 @@ class StandbyFilter:
         if offer.worker.id not in request.avoid_workers:
             return None
         return Rejection(
-            "standby_primary",
+            Reason.STANDBY_PRIMARY,
             "worker runs a machine this standby stands by for",
             unmet="standbys: another worker",
         )
@@ -151,13 +152,13 @@ class VolumeFilter:
         pinned = request.volume_worker
         if pinned is not None and worker != pinned:
             return Rejection(
-                "volume_elsewhere",
+                Reason.VOLUME_ELSEWHERE,
                 f"the machine mounts volume {request.volume_id}, held by worker {pinned}",
                 unmet=f"worker {pinned} (volume {request.volume_id})",
             )
         if worker in request.volume_avoid:
             return Rejection(
-                "volume_zone_taken",
+                Reason.VOLUME_ZONE_TAKEN,
                 "the worker holds another volume of the app this one must not share it with",
                 unmet="require_unique_zone",
             )
@@ -182,7 +183,7 @@ class GpuFilter:
         if misfit is None:
             return None
         reason, detail = misfit
-        asked = f"gpu_model {want.gpu_model}" if reason == "wrong_gpu_model" else None
+        asked = f"gpu_model {want.gpu_model}" if reason == Reason.WRONG_GPU_MODEL else None
         return Rejection(reason, detail, unmet=asked)
 
 
@@ -196,7 +197,7 @@ class EligibleFilter:
     def check(self, request: PlacementRequest, offer: Offer) -> Rejection | None:
         if offer.eligible:
             return None
-        reason = offer.reason or "declined"
+        reason = offer.reason or Reason.DECLINED
         return Rejection(reason, offer.detail or f"worker declined: {reason}")
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from souq.model.reasons import Reason
 from souq.model.resources import GPU_MILLI, Resources
 from souq.model.worker import WorkerInfo
 
@@ -43,7 +44,7 @@ __all__ = [
     "take",
 ]
 
-GPU_REASONS = ("wrong_gpu_model", "insufficient_gpus", "insufficient_gpu_share")
+GPU_REASONS = (Reason.WRONG_GPU_MODEL, Reason.INSUFFICIENT_GPUS, Reason.INSUFFICIENT_GPU_SHARE)
 
 
 def per_gpu(want: Resources) -> int:
@@ -145,7 +146,7 @@ def fits_count(want: Resources, free: Sequence[int], limit: int) -> int:
 
 def gpu_misfit(
     want: Resources, capacity: Resources, free: Sequence[int], count: int = 1
-) -> tuple[str, str] | None:
+) -> tuple[Reason, str] | None:
     """``(reason, detail)`` when ``count`` machines of ``want`` do not fit the worker's GPUs
     (of ``capacity``, ``free`` per GPU); None when they do, or ask for no GPU."""
     if not want.wants_gpu:
@@ -157,19 +158,19 @@ def gpu_misfit(
             if capacity.gpus == 0
             else f"{capacity.gpus} GPUs of model {model or 'unknown'}"
         )
-        return "wrong_gpu_model", f"needs GPUs of model {want.gpu_model}; the worker has {has}"
+        return Reason.WRONG_GPU_MODEL, f"needs GPUs of model {want.gpu_model}; the worker has {has}"
     if pick_many(want, free, count) is not None:
         return None
     machines = "" if count == 1 else f" for each of {count} machines"
     if want.gpus > 0:
         idle = sum(1 for f in free if f >= GPU_MILLI)
         return (
-            "insufficient_gpus",
+            Reason.INSUFFICIENT_GPUS,
             f"needs {want.gpus} whole gpus free{machines}; {idle} of {capacity.gpus}",
         )
     most = max(free, default=0)
     return (
-        "insufficient_gpu_share",
+        Reason.INSUFFICIENT_GPU_SHARE,
         f"needs {want.gpu_milli}/{GPU_MILLI} of one gpu free{machines}; the freest of its "
         f"{capacity.gpus} gpus has {most}",
     )

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from souq.model.protocol import Offer
+from souq.model.reasons import Reason
 from souq.model.resources import Resources
 from souq.placement.gpus import free_of, gpu_misfit
 from souq.placement.request import PlacementRequest
@@ -34,7 +35,7 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Rejection:
-    reason: str  # a stable code, e.g. "insufficient_cpu", "cordoned", "constraint"
+    reason: str  # a stable code: a souq.model.reasons.Reason (or what a worker's offer said)
     detail: str  # human words about this worker
     unmet: str | None = None  # what the request asked that this worker lacks, e.g. "label.a = b"
 
@@ -58,7 +59,7 @@ class Scorer(Protocol):
 
 @dataclass(frozen=True)
 class Shortfall:
-    reason: str  # insufficient_cpu, _memory, _disk, _gpus, _gpu_share, or wrong_gpu_model
+    reason: Reason  # INSUFFICIENT_CPU, _MEMORY, _DISK, _GPUS, _GPU_SHARE, or WRONG_GPU_MODEL
     detail: str  # human words
 
 
@@ -66,10 +67,10 @@ class Shortfall:
 # millicores, so that sums are exact) and how the shortfall reads, as "needs {...} free" with w:
 # what the machine wants, c: the worker's capacity, free: what is left of it (cores: in cores).
 # GPUs come last, GPU by GPU (:mod:`souq.placement.gpus`).
-_FITS: tuple[tuple[str, str, str], ...] = (
-    ("insufficient_cpu", "millicpus", "{w.cpus:g} cpus; {cores:g} of {c.cpus:g}"),
-    ("insufficient_memory", "memory_mb", "{w.memory_mb} MiB; {free} of {c.memory_mb} MiB"),
-    ("insufficient_disk", "disk_mb", "{w.disk_mb} MiB of disk; {free} of {c.disk_mb} MiB"),
+_FITS: tuple[tuple[Reason, str, str], ...] = (
+    (Reason.INSUFFICIENT_CPU, "millicpus", "{w.cpus:g} cpus; {cores:g} of {c.cpus:g}"),
+    (Reason.INSUFFICIENT_MEMORY, "memory_mb", "{w.memory_mb} MiB; {free} of {c.memory_mb} MiB"),
+    (Reason.INSUFFICIENT_DISK, "disk_mb", "{w.disk_mb} MiB of disk; {free} of {c.disk_mb} MiB"),
 )
 
 

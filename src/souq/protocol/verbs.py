@@ -64,6 +64,7 @@ from souq.model.machine_tools import (
     ProcessStat,
 )
 from souq.model.worker import WorkerInfo
+from souq.operations import OPERATIONS, resolve
 
 __all__ = [
     "CLAIM",
@@ -116,7 +117,8 @@ PROTOCOL_MAJOR = 1
 # 3: `update` and leases; machines have an `instance_id`; claims and offers may name an image.
 # 4: `exec`, `ps`, `metadata` and `machine_cordon`; machines may be `cordoned`.
 # 5: volumes (`volume_*` verbs); a claim's config may mount one.
-PROTOCOL_MINOR = 5
+# 6 and later: as operations declare them (souq.operations: an operation's `since`).
+PROTOCOL_MINOR = max(5, *(op.since for op in OPERATIONS))
 
 Q = TypeVar("Q", bound=BaseModel)
 A = TypeVar("A")
@@ -152,6 +154,31 @@ def _verb(name: str, request: type[Q], reply: type[A], doc: str, *, since: int =
     return verb
 
 
+def _from_operations() -> None:
+    """The verb of every operation on one machine (:mod:`souq.operations`), made from its
+    declaration."""
+    for op in OPERATIONS:
+        request, reply = resolve(op.request), resolve(op.reply)
+        made = VERBS.get(op.verb)
+        if made is None:
+            VERBS[op.verb] = Verb(op.verb, request, reply, op.since, op.doc)
+        elif (made.request, made.reply, made.since) != (request, reply, op.since):
+            raise AssertionError(
+                f"operation {op.name}: verb {op.verb} is ({made.request.__name__}, "
+                f"{made.reply}, since {made.since}), declared otherwise by another operation"
+            )
+
+
+def _declared(name: str, request: type[Q], reply: Any) -> Verb[Q, Any]:
+    """The declared verb ``name``, checked to carry ``request`` and ``reply``."""
+    verb = VERBS[name]
+    assert (verb.request, verb.reply) == (request, reply), f"verb {name}: {verb} is declared"
+    return verb
+
+
+_from_operations()
+
+
 OFFER = _verb(
     "offer", msg.OfferRequest, msg.Offer, "what the worker can offer a machine of this size"
 )
@@ -161,31 +188,6 @@ CLAIM = _verb(
 CLAIM_BATCH = _verb(
     "claim_batch", BatchClaimRequest, BatchClaimReply, "several machines of one config, all or none"
 )
-GET = _verb("get", msg.MachineRef, Machine, "one machine's record")
-START = _verb("start", msg.StartCommand, Machine, "start a machine")
-STOP = _verb("stop", msg.StopCommand, Machine, "send the stop signal")
-SUSPEND = _verb(
-    "suspend", msg.MachineRef, Machine, "freeze a started machine (a start resumes it)", since=2
-)
-RESTART = _verb(
-    "restart", msg.StopCommand, Machine, "stop, then start again; answered once started"
-)
-SIGNAL = _verb("signal", msg.SignalCommand, Machine, "send a signal to the machine's process")
-UPDATE = _verb(
-    "update", msg.UpdateCommand, Machine, "replace a machine's config on its worker", since=3
-)
-LEASE = _verb("lease", msg.LeaseRequest, msg.Lease, "take or extend a machine's lease", since=3)
-LEASE_GET = _verb("lease_get", msg.MachineRef, msg.Lease, "a machine's live lease", since=3)
-LEASE_RELEASE = _verb(
-    "lease_release", msg.MachineRef, msg.Lease, "end a machine's lease (its nonce)", since=3
-)
-DESTROY = _verb("destroy", msg.DestroyCommand, Machine, "destroy and release the reservation")
-WAIT = _verb("wait", msg.WaitCommand, Machine, "answer once the machine reaches a state")
-LOGS = _verb("logs", msg.LogsCommand, msg.LogsReply, "output from an offset")
-EVENTS = _verb(
-    "events", msg.EventsCommand, list[MachineEvent], "every event of a machine, newest first"
-)
-OPS = _verb("ops", msg.MachineRef, list[OpRecord], "the machine's op log, oldest first")
 HOLD = _verb("hold", msg.HoldRequest, msg.Quote, "hold capacity (a quote)")
 QUOTE = _verb("quote", msg.QuoteRef, msg.Quote, "one quote")
 RELEASE = _verb("release", msg.QuoteRef, msg.Quote, "give a quote's hold back")
@@ -196,19 +198,34 @@ DIGEST = _verb(
     "digest", msg.DigestCommand, msg.WorkerDigest, "a hash of the worker's machines (anti-entropy)"
 )
 LOCATE = _verb("locate", msg.LocateCommand, msg.LocateReply, "whether the worker holds a machine")
-EXEC = _verb(
-    "exec", ExecCommand, ExecReply, "run a command in a started machine's context", since=4
+# The verbs of the operations on one machine: declared in souq.operations (their types, docs and
+# versions), made there and checked here against the types these names carry.
+GET: Verb[msg.MachineRef, Machine] = _declared("get", msg.MachineRef, Machine)
+START: Verb[msg.StartCommand, Machine] = _declared("start", msg.StartCommand, Machine)
+STOP: Verb[msg.StopCommand, Machine] = _declared("stop", msg.StopCommand, Machine)
+SUSPEND: Verb[msg.MachineRef, Machine] = _declared("suspend", msg.MachineRef, Machine)
+RESTART: Verb[msg.StopCommand, Machine] = _declared("restart", msg.StopCommand, Machine)
+SIGNAL: Verb[msg.SignalCommand, Machine] = _declared("signal", msg.SignalCommand, Machine)
+UPDATE: Verb[msg.UpdateCommand, Machine] = _declared("update", msg.UpdateCommand, Machine)
+LEASE: Verb[msg.LeaseRequest, msg.Lease] = _declared("lease", msg.LeaseRequest, msg.Lease)
+LEASE_GET: Verb[msg.MachineRef, msg.Lease] = _declared("lease_get", msg.MachineRef, msg.Lease)
+LEASE_RELEASE: Verb[msg.MachineRef, msg.Lease] = _declared(
+    "lease_release", msg.MachineRef, msg.Lease
 )
-PS = _verb("ps", msg.MachineRef, list[ProcessStat], "a started machine's processes", since=4)
-METADATA = _verb(
-    "metadata", MetadataCommand, dict[str, str], "set or delete one metadata key", since=4
+DESTROY: Verb[msg.DestroyCommand, Machine] = _declared("destroy", msg.DestroyCommand, Machine)
+WAIT: Verb[msg.WaitCommand, Machine] = _declared("wait", msg.WaitCommand, Machine)
+LOGS: Verb[msg.LogsCommand, msg.LogsReply] = _declared("logs", msg.LogsCommand, msg.LogsReply)
+EVENTS: Verb[msg.EventsCommand, list[MachineEvent]] = _declared(
+    "events", msg.EventsCommand, list[MachineEvent]
 )
-MACHINE_CORDON = _verb(
-    "machine_cordon",
-    MachineCordonCommand,
-    Machine,
-    "take a machine out of the proxies' rotation, or back in",
-    since=4,
+OPS: Verb[msg.MachineRef, list[OpRecord]] = _declared("ops", msg.MachineRef, list[OpRecord])
+EXEC: Verb[ExecCommand, ExecReply] = _declared("exec", ExecCommand, ExecReply)
+PS: Verb[msg.MachineRef, list[ProcessStat]] = _declared("ps", msg.MachineRef, list[ProcessStat])
+METADATA: Verb[MetadataCommand, dict[str, str]] = _declared(
+    "metadata", MetadataCommand, dict[str, str]
+)
+MACHINE_CORDON: Verb[MachineCordonCommand, Machine] = _declared(
+    "machine_cordon", MachineCordonCommand, Machine
 )
 VOLUME_CREATE = _verb(
     "volume_create",

@@ -26,7 +26,6 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from souq.auth.access import permit_of
-from souq.broker.liveness import Liveness
 from souq.bus import Transport
 from souq.clock import Clock, SystemClock
 from souq.daemon import cancel_tasks
@@ -41,6 +40,7 @@ from souq.proxy.standby import Failover
 from souq.proxy.table import Backend, RoutingTable
 from souq.proxy.wake import Waker
 from souq.view import ClusterView
+from souq.view.liveness import Liveness
 
 __all__ = ["ControlPlane", "ProxyConfig"]
 

@@ -13,6 +13,14 @@ broker does: each asked worker answers after a round trip (two hops) with its ad
 verdict, so that a refused create's record counts the reasons of real offers. A sampling broker
 (past ``Rules.sample_above`` up workers) asks a seeded sample of the region.
 
+Priority classes (:mod:`souq.market.preemption`): a create carries its class and bid; when it
+may displace (``preempt``: at most that many machines, as the broker's
+``preempt_max_victims``) and fits nowhere, the auction asks for offers again, each worker
+answering with the eviction its admission plans (``Admission.plan_preemption``, the broker's and
+the agent's chooser), and the chosen worker judges the claim again on its ledger
+(``Admission.check_preempting_claim``), gives the victims' reservations back and tells
+``on_preempted`` (an :class:`Evicted` each) before it records the new machine.
+
 What it leaves out: processes (a machine is its reservation), heartbeats (the book is filled at
 start and kept by usage messages) and the app's machines per worker (the book counts only what
 its caller tells it with ``book.placed``). The simulator and the tests of the market core stand
@@ -31,13 +39,15 @@ from souq.agent.admission import Admission
 from souq.clock import VirtualClock
 from souq.errors import ClaimRefused, SouqError
 from souq.market import AskOffers, Auction, Finished, Order, Purpose, Rules, SendClaim, WorkerBook
+from souq.market.preemption import Candidate, Eviction, may_displace
+from souq.model.choices import PriorityClass
 from souq.model.constraint import Constraint
-from souq.model.protocol import Offer
+from souq.model.protocol import Offer, OfferedEviction
 from souq.model.resources import Resources
 from souq.model.worker import Fingerprint, Load, WorkerInfo, WorkerState, WorkerUsage
 from souq.placement import Pipeline, PlacementRequest, default_pipeline
 
-__all__ = ["Placed", "SimBroker", "SimMachine", "SimWorker", "VirtualCluster"]
+__all__ = ["Evicted", "Placed", "SimBroker", "SimMachine", "SimWorker", "VirtualCluster"]
 
 
 @dataclass
@@ -52,6 +62,12 @@ class SimWorker:
     gpu_ids: dict[str, tuple[int, ...]] = field(default_factory=dict)  # machines' GPUs
     fingerprint: Fingerprint | None = None  # what constraints on fingerprint.* read
     load: Load | None = None  # the host's measured load, as its heartbeats would tell it
+    # Each machine as a victim would be (its class, bid, reservation, GPUs, when it came).
+    victims: dict[str, Candidate] = field(default_factory=dict)
+
+    def candidates(self, claimant: str) -> list[Candidate]:
+        """The machines here that one of class ``claimant`` could displace."""
+        return [c for c in self.victims.values() if may_displace(claimant, c.priority_class)]
 
     @property
     def state(self) -> WorkerState:
@@ -78,15 +94,33 @@ class SimWorker:
             gpu_shapes=a.gpu_shapes(),
         )
 
-    def offer(self, want: Resources, now_ms: int) -> Offer:
-        """Its answer to a request for offers, as the agent makes it: the admission's verdict."""
+    def offer(
+        self, want: Resources, now_ms: int, *, claimant: str | None = None, max_victims: int = 0
+    ) -> Offer:
+        """Its answer to a request for offers, as the agent makes it: the admission's verdict;
+        for a create that may displace (``claimant``'s class, ``max_victims``) and does not
+        fit as it is, whom the worker would displace."""
         refusal = self.admission.offer_refusal(want, now_ms)
+        eviction = None
+        if refusal is not None and refusal[0] != "cordoned" and claimant and max_victims:
+            plan = self.admission.plan_preemption(
+                want,
+                now_ms,
+                claimant=claimant,
+                max_victims=max_victims,
+                candidates=self.candidates(claimant),
+            )
+            if plan is not None:
+                eviction, refusal = _offered(plan), None
+            else:
+                refusal = (refusal[0], f"{refusal[1]}, and displacing machines would not do")
         return Offer(
             worker=self.info(now_ms),
             eligible=refusal is None,
             reason=None if refusal is None else refusal[0],
             detail=None if refusal is None else refusal[1],
             load=self.load,
+            eviction=eviction,
         )
 
 
@@ -100,6 +134,16 @@ class SimBroker:
 class SimMachine:
     id: str
     worker_id: str
+
+
+@dataclass(frozen=True)
+class Evicted:
+    """A machine displaced on ``worker_id`` at ``at`` (virtual seconds) to make room for ``by``."""
+
+    worker_id: str
+    machine_id: str
+    by: str
+    at: float
 
 
 @dataclass(frozen=True)
@@ -132,6 +176,8 @@ class VirtualCluster:
         self.brokers: list[SimBroker] = []
         self._ids = itertools.count(1)
         self._up: dict[str, list[str]] = {}  # region -> its up workers, sorted (made when asked)
+        self._bids: dict[str, float | None] = {}  # a create's max_price, by its request id
+        self.on_preempted: Callable[[Evicted], None] | None = None
 
     # -- the cluster -----------------------------------------------------------------------
 
@@ -203,10 +249,15 @@ class VirtualCluster:
         request_id: str | None = None,
         purpose: Purpose = Purpose.CLAIM,
         on_done: Callable[[Placed], None] | None = None,
+        priority_class: str = PriorityClass.STANDARD,
+        max_price: float | None = None,
+        preempt: int = 0,
     ) -> None:
         """Start a create on ``broker`` now; ``on_done`` is called when it ends (in virtual
         time: run the clock). ``purpose=Purpose.EXPLAIN`` is a dry run: the record, no claim.
-        ``request_id`` seeds the draws and ties (default: the next of a counter)."""
+        ``request_id`` seeds the draws and ties (default: the next of a counter). Its
+        ``priority_class`` and bid (``max_price``); fitting nowhere, it may displace at most
+        ``preempt`` machines of a lower class (0: none)."""
         request = PlacementRequest(
             request_id=request_id or f"r{next(self._ids):08d}",
             app=app,
@@ -221,7 +272,10 @@ class VirtualCluster:
             min_count=count if min_count is None else min_count,
             purpose=purpose,
             batch=count > 1,
+            preempt=preempt,
+            priority_class=priority_class,
         )
+        self._bids[request.request_id] = max_price
         started = self.clock.monotonic()
         auction = Auction(
             order,
@@ -234,6 +288,7 @@ class VirtualCluster:
         )
 
         def finish(done: Finished) -> None:
+            self._bids.pop(request.request_id, None)
             if on_done is not None:
                 workers = {i: m.worker_id for i, m in done.placed.items()}
                 machines = {i: m.id for i, m in done.placed.items()}
@@ -253,8 +308,13 @@ class VirtualCluster:
     def destroy(self, worker_id: str, machine_id: str) -> None:
         worker = self.workers[worker_id]
         freed = worker.machines.pop(machine_id)
+        worker.victims.pop(machine_id, None)
         worker.admission.release(freed, worker.gpu_ids.pop(machine_id, ()))
         self._tell_usage(worker)
+
+    def holds(self, worker_id: str, machine_id: str) -> bool:
+        """Whether the machine is still on the worker (not destroyed, not displaced)."""
+        return machine_id in self.workers[worker_id].machines
 
     # -- messages --------------------------------------------------------------------------
 
@@ -289,8 +349,12 @@ class VirtualCluster:
             asked = [w for w in self.workers.values() if w.region == region]
         else:
             asked = [self.workers[w] for w in action.workers if w in self.workers]
-        want, now_ms = auction.order.request.resources, self.clock.now_ms()
-        offers = [w.offer(want, now_ms) for w in asked]
+        order = auction.order
+        want, now_ms = order.request.resources, self.clock.now_ms()
+        claimant = order.priority_class if action.preempt else None
+        offers = [
+            w.offer(want, now_ms, claimant=claimant, max_victims=order.preempt) for w in asked
+        ]
         self._perform(broker, auction, auction.offers(offers, self.clock.monotonic()), finish)
 
     def _claim(
@@ -302,22 +366,34 @@ class VirtualCluster:
     ) -> None:
         """The worker judges the claim on arrival; its answer travels back one hop."""
         worker = self.workers[action.worker_id]
-        want = auction.order.request.resources
+        order = auction.order
+        want = order.request.resources
         now_ms = self.clock.now_ms()
         answer: list[SimMachine] | ClaimRefused
         ledger = None
         try:
-            worker.admission.check_batch(worker.region, want, len(action.indexes), now_ms)
+            eviction = self._admit(worker, order, action, now_ms)
         except ClaimRefused as exc:
             answer = exc
         else:
             answer = []
             for _ in action.indexes:
                 machine_id = f"m{next(self._ids):08d}"
+                if eviction is not None:
+                    self._evict(worker, eviction, by=machine_id)
                 worker.machines[machine_id] = want
                 got = worker.admission.reserve(want)
                 if got:
                     worker.gpu_ids[machine_id] = got
+                worker.victims[machine_id] = Candidate(
+                    machine_id=machine_id,
+                    app=order.request.app,
+                    priority_class=order.priority_class,
+                    resources=want,
+                    price=self._bids.get(order.request_id),
+                    created_at=now_ms,
+                    gpu_ids=got,
+                )
                 answer.append(SimMachine(machine_id, worker.id))
             ledger = worker.admission.version
             self._tell_usage(worker)
@@ -336,12 +412,57 @@ class VirtualCluster:
 
         self.clock.call_later(self.hop_s, back)
 
+    def _admit(
+        self, worker: SimWorker, order: Order, action: SendClaim, now_ms: int
+    ) -> Eviction | None:
+        """The worker's word on a claim, as the agent's: it fits (None), or the machines it
+        displaces (a single machine that may), or the refusal raised."""
+        admission, want = worker.admission, order.request.resources
+        try:
+            admission.check_batch(worker.region, want, len(action.indexes), now_ms)
+        except ClaimRefused:
+            if not action.preempt or len(action.indexes) != 1:
+                raise
+            return admission.check_preempting_claim(
+                worker.region,
+                want,
+                now_ms,
+                claimant=order.priority_class,
+                max_victims=action.preempt,
+                candidates=worker.candidates(order.priority_class),
+            )
+        return None
+
+    def _evict(self, worker: SimWorker, eviction: Eviction, *, by: str) -> None:
+        """Give the victims' reservations back, and tell whoever listens."""
+        at = self.clock.monotonic()
+        for victim in eviction.victims:
+            freed = worker.machines.pop(victim.machine_id)
+            worker.victims.pop(victim.machine_id, None)
+            worker.admission.release(freed, worker.gpu_ids.pop(victim.machine_id, ()))
+            if self.on_preempted is not None:
+                self.on_preempted(Evicted(worker.id, victim.machine_id, by, at))
+
     def _tell_usage(self, worker: SimWorker) -> None:
         usage = worker.admission.usage(
             self.clock.now_ms(), state=worker.state, machines=len(worker.machines)
         )
         for broker in self.brokers:
             self.clock.call_later(self.hop_s, _tell(broker.book, usage))
+
+
+def _offered(plan: Eviction) -> OfferedEviction:
+    """An eviction as an offer tells it (what the agent's offer says)."""
+    unbounded, priced = plan.cost
+    return OfferedEviction(
+        victims=len(plan.victims),
+        freed=plan.freed,
+        gpu_free=list(plan.gpu_free),
+        top_class=plan.top_class,
+        unbounded=unbounded,
+        priced=priced,
+        running=sum(1 for v in plan.victims if v.running),
+    )
 
 
 def _tell(book: WorkerBook, usage: WorkerUsage) -> Callable[[], None]:

@@ -25,34 +25,43 @@ run: each worker's reserved CPU over its capacity, as percentiles over the worke
 (nearest rank: the p95 is the value 95 % of the workers are at or below). A policy that makes
 hot spots shows a p95 far above the cluster's mean.
 
+Priority classes (``Task.priority_class``, ``max_price``; :mod:`souq.sim.classes`): a create
+that fits nowhere may displace at most ``preempt`` machines of a lower class, through the
+broker's auction and the workers' admission (:mod:`souq.sim.cluster`); a displaced task waits
+in a queue of its own and starts over when room comes (tried after each departure, the longest
+waiting first, until one does not fit); the report tells per class what was placed, refused,
+displaced, how long the displaced waited and the work they lost, and the allocation over a
+fixed window (the trace's arrivals) that runs of one trace compare over.
+
 Pure: the caller reads the trace and prints the report.
 """
 
 from __future__ import annotations
 
-import itertools
-import math
 import re
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from souq.clock import VirtualClock
 from souq.errors import InvalidInput, SouqError
 from souq.market import Rules
+from souq.market.preemption import DEFAULT_MAX_VICTIMS, RANK, may_displace
 from souq.model.constraint import Constraint, ConstraintOperator
 from souq.model.placement import Placement
 from souq.model.policy import PlacementDefaults, PlacementPolicy
+from souq.model.reasons import Reason
 from souq.model.resources import GPU_MILLI, Resources
 from souq.placement import Pipeline, build_pipeline
 from souq.placement.fragmentation import DEFAULT_WORKLOAD
 from souq.placement.gpu_scorers import MAX_CPU, MAX_GPU
-from souq.sim.cluster import Placed, VirtualCluster
+from souq.sim.classes import ClassTally, Window
+from souq.sim.cluster import Evicted, Placed, VirtualCluster
+from souq.sim.departures_report import Outcome, Report, Sample, pct, percentile
 from souq.sim.host_time import HostTime
-from souq.sim.traces import Node, Task
+from souq.sim.traces import Node, Task, trace_window
 from souq.sim.workload import typical_pods
 
 __all__ = [
@@ -159,112 +168,6 @@ def request_of(task: Task) -> tuple[Resources, tuple[Constraint, ...]]:
     return want, constraints
 
 
-# -- what is reported -------------------------------------------------------------------------
-
-
-def percentile(values: np.ndarray[Any, Any], p: float) -> float:
-    """The nearest-rank ``p``-th percentile: the smallest value with at least ``p`` % of the
-    values at or below it (0 for no values)."""
-    n = len(values)
-    if n == 0:
-        return 0.0
-    k = max(1, math.ceil(p / 100 * n)) - 1
-    return float(np.partition(values, k)[k])
-
-
-@dataclass(frozen=True, slots=True)
-class Sample:
-    """The cluster at virtual time ``t`` (seconds from the trace's start): allocation %, and
-    the workers' CPU utilisation (reserved / capacity, %) as percentiles over the workers."""
-
-    t: float
-    running: int
-    cpu: float
-    memory: float
-    gpu: float
-    worker_cpu_p50: float
-    worker_cpu_p95: float
-    worker_cpu_max: float
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    """One task: the worker that took it, or why none did."""
-
-    task: str
-    worker: str | None
-    reason: str | None = None
-
-
-@dataclass(frozen=True)
-class Report:
-    policy: str
-    workers: int
-    tasks: int
-    placed: int
-    failed_by_reason: dict[str, int]
-    samples: list[Sample]
-    outcomes: list[Outcome] = field(repr=False)
-    has_gpus: bool = False  # whether the workers have GPUs (else no GPU figure is told)
-    hot_threshold: float = 0.9  # a fraction of a worker's capacity
-    # Per resource (cpu, memory; gpu where the workers have GPUs): the share of worker-time
-    # above ``hot_threshold``, %; each worker's time-averaged utilisation, p95 and max, %.
-    hot: dict[str, float] = field(default_factory=dict)
-    host_utilisation: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def failed(self) -> int:
-        return sum(self.failed_by_reason.values())
-
-    def summary(self) -> dict[str, float]:
-        """Over the samples, weighted by time (each holds until the next; all alike when they
-        share one instant): the mean allocation %, and the mean and peak of the workers' p95
-        and max CPU utilisation. No ``gpu_mean`` when the workers have no GPUs."""
-        if not self.samples:
-            return {}
-        times = [s.t for s in self.samples]
-        held = [b - a for a, b in itertools.pairwise(times)] + [0.0]
-        span = sum(held)
-        weights = held if span > 0 else [1.0] * len(self.samples)
-        whole = span if span > 0 else float(len(self.samples))
-
-        def mean(name: str) -> float:
-            total = sum(
-                float(getattr(s, name)) * w for s, w in zip(self.samples, weights, strict=True)
-            )
-            return round(total / whole, 3)
-
-        def peak(name: str) -> float:
-            return round(max(float(getattr(s, name)) for s in self.samples), 3)
-
-        gpu = {"gpu_mean": mean("gpu")} if self.has_gpus else {}
-        return {
-            "cpu_mean": mean("cpu"),
-            "memory_mean": mean("memory"),
-            **gpu,
-            "worker_cpu_p95_mean": mean("worker_cpu_p95"),
-            "worker_cpu_p95_peak": peak("worker_cpu_p95"),
-            "worker_cpu_max_mean": mean("worker_cpu_max"),
-        }
-
-    def as_json(self, *, samples: bool = True) -> dict[str, Any]:
-        body: dict[str, Any] = {
-            "policy": self.policy,
-            "workers": self.workers,
-            "tasks": self.tasks,
-            "placed": self.placed,
-            "failed": self.failed,
-            "failed_by_reason": dict(sorted(self.failed_by_reason.items())),
-            "summary": self.summary(),
-            "hot_threshold": self.hot_threshold,
-            "hot": self.hot,
-            "host_utilisation": self.host_utilisation,
-        }
-        if samples:
-            body["samples"] = [asdict(s) for s in self.samples]
-        return body
-
-
 # -- the replay -------------------------------------------------------------------------------
 
 
@@ -272,15 +175,15 @@ class Report:
 # capacity (insufficient_cpu, _memory, _gpus, _gpu_share ..., and any reason not named here);
 # 1, ruled out by where the app's other machines are; 2, not of the kind the request asks
 # (its constraints, GPU model, driver); 3, out of play (cordoned, draining, another region).
-_DISTANCE = {
-    "distinct_workers": 1,
-    "standby_primary": 1,
-    "constraint": 2,
-    "wrong_gpu_model": 2,
-    "driver_missing": 2,
-    "cordoned": 3,
-    "draining": 3,
-    "wrong_region": 3,
+_DISTANCE: dict[str, int] = {
+    Reason.DISTINCT_WORKERS: 1,
+    Reason.STANDBY_PRIMARY: 1,
+    Reason.CONSTRAINT: 2,
+    Reason.WRONG_GPU_MODEL: 2,
+    Reason.DRIVER_MISSING: 2,
+    Reason.CORDONED: 3,
+    Reason.DRAINING: 3,
+    Reason.WRONG_REGION: 3,
 }
 
 
@@ -319,6 +222,8 @@ class Replay:
         hop_s: float = HOP_S,
         batch: bool = True,
         hot: float = 0.9,
+        preempt: int = DEFAULT_MAX_VICTIMS,
+        window: tuple[float, float] | None = None,
     ) -> None:
         if sample_every_s is not None and not sample_every_s > 0:
             raise InvalidInput(f"sample every {sample_every_s!r} s: a number of seconds above 0")
@@ -330,6 +235,12 @@ class Replay:
             labels = {GPU_MODEL_LABEL: model} if model else None
             self.cluster.add_worker(REGION, capacity, labels=labels)
         self.broker = self.cluster.add_broker()
+        self.cluster.on_preempted = self._preempted
+        self.preempt = preempt
+        # A class displaces only when the trace has a class below it (else a create that fits
+        # nowhere would ask for offers a second time to find nobody to displace).
+        present = {t.priority_class for t in tasks}
+        self._displaces = {c for c in RANK if any(may_displace(c, p) for p in present)}
         # A task's instances as one batch create (the broker's batch path: all or none), or
         # each a create of its own; a staggered task's arrive one by one either way.
         self.tasks = [
@@ -354,13 +265,25 @@ class Replay:
             sum(c.gpus for c in caps) * GPU_MILLI,
         )
         self._used = [0, 0, 0]  # millicpus, MiB, milli-GPU allocated by the tasks running
+        # Allocation over a fixed window (the trace's own span unless given), told at the
+        # trace's times.
+        start, stop = window or trace_window(tasks)
+        self._window = Window(start + self._offset, stop + self._offset, self._totals)
         self._running = 0
         self._outcomes: list[list[Outcome]] = [[] for _ in self.tasks]
         self._samples: list[Sample] = []
         # The broker places one create at a time: one that arrives while another is placed
         # waits for it, so that it is ranked against a book charged with every claim before it.
         self._placing = False
-        self._waiting: deque[int] = deque()
+        self._waiting: deque[_Create] = deque()
+        # Priority classes: what each class saw; the machines running (to find a displaced
+        # one's task); the displaced tasks waiting to be placed again, FIFO, with when each
+        # was displaced; whether one of them is being tried (and whether room came meanwhile).
+        self.tally = ClassTally()
+        self._live: dict[str, _Live] = {}
+        self._requeue: deque[tuple[int, float]] = deque()
+        self._retrying = False
+        self._freed_meanwhile = False
 
     def run(self) -> Report:
         clock = self.cluster.clock
@@ -373,7 +296,9 @@ class Replay:
         if self._every is not None:
             self._tick(0.0, end)
         clock.run(max_steps=None)
-        self._host_time.advance(end)
+        for index, _ in self._requeue:  # displaced, and not placed again before the end
+            self.tally.waiting_at_end[self.tasks[index].priority_class] += 1
+        self._host_time.advance(max(end, clock.monotonic()))
         hot, hosts = self._host_time.report()
         outcomes = [o for each in self._outcomes for o in each]
         failed = Counter(o.reason for o in outcomes if o.reason is not None)
@@ -389,24 +314,31 @@ class Replay:
             hot_threshold=self._host_time.hot,
             hot=hot,
             host_utilisation=hosts,
+            classes=self.tally.as_json(),
+            preempt=self.preempt,
+            window_s=(self._window.start - self._offset, self._window.end - self._offset),
+            window_utilisation=self._window.utilisation(),
         )
 
     def _arrival(self, index: int) -> Callable[[], None]:
         def arrive() -> None:
-            if self._placing:
-                self._waiting.append(index)
-            else:
-                self._start(index)
+            self._submit(_Create(index, self.tasks[index].instances))
 
         return arrive
 
-    def _start(self, index: int) -> None:
-        task = self.tasks[index]
+    def _submit(self, create: _Create) -> None:
+        if self._placing:
+            self._waiting.append(create)
+        else:
+            self._start(create)
+
+    def _start(self, create: _Create) -> None:
+        task = self.tasks[create.index]
         want, constraints = request_of(task)
         self._placing = True
 
         def done(placed: Placed) -> None:
-            self._placed(index, want, placed)
+            self._placed(create, want, placed)
             self._placing = False
             if self._waiting:
                 self._start(self._waiting.popleft())
@@ -416,41 +348,92 @@ class Replay:
             app=APP,
             region=REGION,
             resources=want,
-            count=task.instances,
+            count=create.count,
             constraints=constraints,
             on_done=done,
+            priority_class=task.priority_class,
+            max_price=task.max_price,
+            preempt=self.preempt if task.priority_class in self._displaces else 0,
         )
 
-    def _placed(self, index: int, want: Resources, placed: Placed) -> None:
+    def _placed(self, create: _Create, want: Resources, placed: Placed) -> None:
+        index = create.index
         task = self.tasks[index]
-        names = (
-            [task.name]
-            if task.instances == 1
-            else [f"{task.name}/{k}" for k in range(task.instances)]
-        )
-        if placed.error is not None or not placed.workers:
+        now = self.cluster.clock.monotonic()
+        failed = placed.error is not None or not placed.workers
+        if create.since is not None:  # a displaced task, tried again
+            self._retried(create, failed, now)
+        if failed and create.since is None:
             reason = failure_reason(placed)
+            names = _names(task)
             self._outcomes[index] = [Outcome(name, None, reason) for name in names]
-        else:
+            self.tally.arrived[task.priority_class] += len(names)
+            self.tally.refused[task.priority_class] += len(names)
+        elif not failed:
+            names = _names(task) if create.since is None else [task.name] * create.count
             for k, name in enumerate(names):
                 worker_id, machine_id = placed.workers[k], placed.machines[k]
-                self._outcomes[index].append(Outcome(name, worker_id))
+                if create.since is None:
+                    self._outcomes[index].append(Outcome(name, worker_id))
+                    self.tally.arrived[task.priority_class] += 1
+                    self.tally.placed[task.priority_class] += 1
                 self._charge(worker_id, want, +1)
+                self._live[machine_id] = _Live(index, want, now)
                 if task.duration_s is not None:
-                    leave = task.arrival_s + task.duration_s + self._offset
-                    leave = max(leave, self.cluster.clock.monotonic())  # placed after a wait
+                    if create.since is None:
+                        leave = task.arrival_s + task.duration_s + self._offset
+                        leave = max(leave, now)  # placed after a wait
+                    else:
+                        leave = now + task.duration_s  # it starts over
                     self.cluster.clock.call_at(leave, self._departure(worker_id, machine_id, want))
         if self._every is None:
             self._sample()
 
     def _departure(self, worker_id: str, machine_id: str, want: Resources) -> Callable[[], None]:
         def leave() -> None:
+            if self._live.pop(machine_id, None) is None:
+                return  # displaced before its end: it left then
             self.cluster.destroy(worker_id, machine_id)
             self._charge(worker_id, want, -1)
             if self._every is None:
                 self._sample()
+            self._freed_meanwhile = True
+            self._retry()
 
         return leave
+
+    # -- priority classes ----------------------------------------------------------------------
+
+    def _preempted(self, evicted: Evicted) -> None:
+        """A worker displaced one of the trace's machines: it gives its room back now, its
+        work is lost, and its task waits to be placed again."""
+        live = self._live.pop(evicted.machine_id, None)
+        if live is None:
+            return
+        task = self.tasks[live.index]
+        self._charge(evicted.worker_id, live.want, -1)
+        ran = evicted.at - live.started
+        self.tally.displaced(task.priority_class, ran_s=ran, millicpus=live.want.millicpus)
+        self._requeue.append((live.index, evicted.at))
+
+    def _retry(self) -> None:
+        """Room came: try the displaced task that waited longest (one create at a time)."""
+        if self._retrying or not self._requeue:
+            return
+        self._retrying, self._freed_meanwhile = True, False
+        index, since = self._requeue.popleft()
+        self._submit(_Create(index, 1, since))
+
+    def _retried(self, create: _Create, failed: bool, now: float) -> None:
+        self._retrying = False
+        assert create.since is not None
+        if failed:
+            self._requeue.appendleft((create.index, create.since))
+            if not self._freed_meanwhile:
+                return  # no room came while it was tried: wait for the next departure
+        else:
+            self.tally.placed_again(self.tasks[create.index].priority_class, now - create.since)
+        self.cluster.clock.call_later(0, self._retry)
 
     def _charge(self, worker_id: str, want: Resources, sign: int) -> None:
         index = self._index[worker_id]
@@ -460,6 +443,9 @@ class Replay:
         used[0] += sign * want.millicpus
         used[1] += sign * want.memory_mb
         used[2] += sign * (want.gpus * GPU_MILLI + want.gpu_milli)
+        gpu = sign * (want.gpus * GPU_MILLI + want.gpu_milli)
+        now = self.cluster.clock.monotonic()
+        self._window.change(now, sign * want.millicpus, sign * want.memory_mb, gpu)
         self._running += sign
 
     def _tick(self, at: float, end: float) -> None:
@@ -477,9 +463,9 @@ class Replay:
             Sample(
                 t=round(self.cluster.clock.monotonic() - self._offset, 6),
                 running=self._running,
-                cpu=_pct(used[0], totals[0]),
-                memory=_pct(used[1], totals[1]),
-                gpu=_pct(used[2], totals[2]),
+                cpu=pct(used[0], totals[0]),
+                memory=pct(used[1], totals[1]),
+                gpu=pct(used[2], totals[2]),
                 worker_cpu_p50=round(percentile(util, 50), 3),
                 worker_cpu_p95=round(percentile(util, 95), 3),
                 worker_cpu_max=round(float(util.max()) if len(util) else 0.0, 3),
@@ -487,8 +473,29 @@ class Replay:
         )
 
 
-def _pct(used: int, total: int) -> float:
-    return round(100 * used / total, 3) if total else 0.0
+@dataclass(frozen=True, slots=True)
+class _Create:
+    """A create the broker places: ``count`` machines of task ``index``; ``since``: when the
+    task was displaced (None: it arrives)."""
+
+    index: int
+    count: int
+    since: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Live:
+    """A machine of the trace that runs: its task, size and start."""
+
+    index: int
+    want: Resources
+    started: float
+
+
+def _names(task: Task) -> list[str]:
+    if task.instances == 1:
+        return [task.name]
+    return [f"{task.name}/{k}" for k in range(task.instances)]
 
 
 def replay(
@@ -501,11 +508,16 @@ def replay(
     sample_every_s: float | None = None,
     batch: bool = True,
     hot: float = 0.9,
+    preempt: int = DEFAULT_MAX_VICTIMS,
+    window: tuple[float, float] | None = None,
 ) -> Report:
     """Replay ``tasks`` on ``workers`` through ``pipeline`` (default: the broker's pipeline
     for ``policy``, best-fit when none; a GPU policy measures fragmentation against the tasks'
     typical shapes and scales by the largest worker); a sample after every event, or every
-    ``sample_every_s`` virtual seconds."""
+    ``sample_every_s`` virtual seconds. A create that fits nowhere may displace at most
+    ``preempt`` machines of a lower class (0: none), as the broker's ``preempt_max_victims``.
+    ``window``: the span (the trace's times) the report's ``window_utilisation`` is over
+    (default: the trace's own, :func:`~souq.sim.traces.trace_window`)."""
     if not workers:
         raise InvalidInput("a replay needs at least one worker", hint="give --workers")
     if pipeline is None:
@@ -524,6 +536,8 @@ def replay(
         sample_every_s=sample_every_s,
         batch=batch,
         hot=hot,
+        preempt=preempt,
+        window=window,
     )
     return run.run()
 

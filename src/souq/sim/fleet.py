@@ -31,6 +31,13 @@ resource; each host's time-weighted utilisation, as p95 and max over hosts; wait
 start, per instance); each job's completion time and its slowdown against an infinite cluster
 (no waits); and a timeline (every ``sample_every_s``, through the departures).
 
+Priority classes (:mod:`souq.sim.classes`): a single create (one instance, or one by one; a
+batch never displaces, as the broker's does not) that fits nowhere may displace at most
+``Settings.preempt`` instances of a lower class (:mod:`souq.sim.fleet_preemption`, the workers'
+chooser); a displaced instance waits in a queue of its own, tried after each departure before
+the FIFO queue (the longest waiting first, until one does not fit), and starts over. The FIFO
+queue knows no classes.
+
 Pure: the caller reads the trace and prints the report.
 """
 
@@ -41,21 +48,24 @@ import math
 import random
 from collections import Counter, deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from souq.errors import InvalidInput
+from souq.market.preemption import RANK, may_displace, may_preempt
 from souq.model.resources import GPU_MILLI, Resources
 from souq.model.worker import WorkerInfo
 from souq.placement import Pipeline, PlacementRequest
 from souq.placement.columns import OfferTable, evaluate, rank_table, reason_name
 from souq.placement.gpu_columns import picked as picked_gpus
+from souq.sim.classes import ClassTally, Window
 from souq.sim.departures import closest_reason, request_of
-from souq.sim.fleet_report import FleetReport, Measures
-from souq.sim.traces import Task
+from souq.sim.fleet_preemption import Victim, Victims
+from souq.sim.fleet_report import FleetReport, Measures, Settings
+from souq.sim.traces import Task, trace_window
 
 __all__ = ["FRONTIER", "Fleet", "FleetReport", "Settings", "replay_fleet"]
 
@@ -66,20 +76,7 @@ REGION = "sim"
 FRONTIER = 4  # claims ahead scored per host in a batch's first call
 EXTEND = 64  # claims ahead scored for a host that takes more (at least; doubling)
 TIMELINE_STEPS = 200  # samples over the trace's span when no step is given
-
-
-@dataclass(frozen=True, slots=True)
-class Settings:
-    """How one run places and measures."""
-
-    batch: bool = True  # a task's instances as one batch create (all or none)
-    queue: bool = False  # FIFO: a task that does not fit waits instead of failing
-    # With the queue: the batch-jobs queue's rule instead of strict FIFO: the oldest of the
-    # tasks that fit goes first; one that does not fit holds up none behind it.
-    backfill: bool = False
-    hot: float = 0.9  # a host above this share of a resource is hot
-    sample_every_s: float | None = None  # the timeline's step (None: 200 over the trace)
-    seed: int = 0  # ties in the seeded order
+DEFAULT_SETTINGS = Settings()  # frozen: one value for every default
 
 
 @dataclass(slots=True)
@@ -90,6 +87,7 @@ class _Group:
     rows: Ints
     counts: Ints
     gpus: list[Ints] | None = None  # a GPU task's GPUs taken, per claim (rows repeat)
+    victims: dict[str, int] = field(default_factory=dict)  # its displaceable instances' hosts
 
 
 @dataclass(slots=True)
@@ -108,7 +106,7 @@ class Fleet:
         tasks: Sequence[Task],
         *,
         pipeline: Pipeline,
-        settings: Settings = Settings(),
+        settings: Settings = DEFAULT_SETTINGS,
     ) -> None:
         if not hosts:
             raise InvalidInput("a replay needs at least one host", hint="give --workers")
@@ -139,6 +137,16 @@ class Fleet:
         self.failed = np.zeros(n, dtype=np.int64)
         self.ends = np.full(n, -np.inf)  # each task's last instance's end
         self.reasons: Counter[str] = Counter()
+        # Priority classes: the instances that can be displaced (only of a class below one the
+        # trace has), the displaced instances waiting to be placed again (FIFO), per class.
+        self.victims = Victims(self.table, list(hosts))
+        self.tally = ClassTally()
+        self._requeue: deque[_Waiting] = deque()
+        present = {t.priority_class for t in self.tasks}
+        self._displaceable = {c for c in RANK if any(may_displace(p, c) for p in present)}
+        t = self.table
+        totals = (int(t.cpu_cap.sum()), int(t.mem_cap.sum()), int(t.ngpu.sum()) * GPU_MILLI)
+        self.window = Window(*(settings.window or trace_window(self.tasks)), totals)
 
     # -- the requests --------------------------------------------------------------------------
 
@@ -178,14 +186,16 @@ class Fleet:
                 self.measures.advance(now, *self._waiting())
                 while self._departures and self._departures[0][0] == now:
                     self._leave(heapq.heappop(self._departures)[2])
+                self._retry(now)
                 self._drain(now)
                 continue
             self.measures.advance(arrival, *self._waiting())
             self._arrive(int(order[k]), int(counts[k]), arrival)
             k += 1
         for waiting in self._queue:  # never placed: the trace ended first
-            self.failed[waiting.task] += waiting.count
-            self.reasons["queued_at_end"] += waiting.count
+            self._fail(waiting.task, waiting.count, "queued_at_end")
+        for waiting in self._requeue:  # displaced, and not placed again before the end
+            self.tally.waiting_at_end[self.tasks[waiting.task].priority_class] += waiting.count
         return self._report()
 
     def _waiting(self) -> tuple[int, float | None]:
@@ -213,6 +223,7 @@ class Fleet:
         return at[sort], who[sort], np.array(counts, dtype=np.int64)[sort]
 
     def _arrive(self, index: int, count: int, now: float) -> None:
+        self.tally.arrived[self.tasks[index].priority_class] += count
         if not self.settings.queue:
             placed = self._place(index, count, now, now)
             self._fail(index, count - placed)
@@ -252,6 +263,7 @@ class Fleet:
             return
         self.failed[index] += count
         self.reasons[reason or self._why(index)] += count
+        self.tally.refused[self.tasks[index].priority_class] += count
 
     def _why(self, index: int) -> str:
         ev = evaluate(self.pipeline, self._request(index), self.table)
@@ -285,22 +297,45 @@ class Fleet:
             self._empty_fits[key] = int(self._fits(want, free=True).sum())
         return self._empty_fits[key] < need
 
-    def _place(self, index: int, count: int, now: float, arrival: float) -> int:
+    def _place(
+        self, index: int, count: int, now: float, arrival: float, *, again: bool = False
+    ) -> int:
         """Place up to ``count`` instances of task ``index`` (all or none in a batch); the
-        number placed."""
+        number placed. A single create (one instance, or one by one) that fits nowhere may
+        displace lower classes. ``again``: a displaced instance placed again (``arrival``:
+        when it was displaced)."""
         want, _ = self._want(index)
         request = self._request(index)
         if want.wants_gpu:
             group = self._claim_gpus(request, index, count)
         else:
             group = self._claim(request, index, count)
-        placed = int(group.counts.sum()) if group is not None else 0
-        if group is None or placed == 0:
-            return 0
+        placed = 0
+        if group is not None and int(group.counts.sum()) > 0:
+            placed = self._start(group, want, now, arrival, again)
+        single = count == 1 or not self.settings.batch
+        while placed < count and single and self.settings.preempt > 0:
+            group = self._displace(index, request, now)
+            if group is None:
+                break
+            placed += self._start(group, want, now, arrival, again)
+        return placed
+
+    def _start(
+        self, group: _Group, want: Resources, now: float, arrival: float, again: bool
+    ) -> int:
+        index = group.task
+        placed = int(group.counts.sum())
         self._apply(group, want, +1)
         task = self.tasks[index]
-        self.placed[index] += placed
-        self.measures.started(now - arrival, placed)
+        if again:
+            self.tally.placed_again(task.priority_class, now - arrival, placed)
+        else:
+            self.placed[index] += placed
+            self.measures.started(now - arrival, placed)
+            self.tally.placed[task.priority_class] += placed
+        if task.priority_class in self._displaceable:
+            self._enlist(group, want, now)
         if task.duration_s is not None:
             end = now + task.duration_s
             self.ends[index] = max(self.ends[index], end)
@@ -309,6 +344,82 @@ class Fleet:
         else:
             self.ends[index] = math.inf
         return placed
+
+    # -- priority classes ----------------------------------------------------------------------
+
+    def _enlist(self, group: _Group, want: Resources, now: float) -> None:
+        """The group's instances as machines a higher class may displace."""
+        task = self.tasks[group.task]
+        for position, (row, count) in enumerate(zip(group.rows, group.counts, strict=True)):
+            gpus = group.gpus[position] if group.gpus is not None else None
+            for _ in range(int(count)):
+                victim_id = self.victims.add(
+                    int(row),
+                    app=f"task-{group.task}",
+                    klass=task.priority_class,
+                    want=want,
+                    price=task.max_price,
+                    now=now,
+                    group=group,
+                    position=position,
+                    gpus=gpus,
+                )
+                if victim_id is not None:
+                    group.victims[victim_id] = int(row)
+
+    def _displace(self, index: int, request: PlacementRequest, now: float) -> _Group | None:
+        """One instance of task ``index`` on a host where displacing lower classes makes room
+        (:meth:`Victims.choose`); the victims wait to be placed again. None: none would do."""
+        klass = self.tasks[index].priority_class
+        if not may_preempt(klass) or not self.victims:
+            return None
+        chosen = self.victims.choose(self.pipeline, request, klass, self.settings.preempt)
+        if chosen is None:
+            return None
+        row, plan = chosen
+        for candidate in plan.victims:
+            victim = self.victims.remove(row, candidate.machine_id)
+            assert victim is not None
+            self._evict(row, candidate.machine_id, victim, now)
+        want = request.resources
+        gpus = None
+        if want.wants_gpu:
+            before = self.table.gpu_free[row].copy()
+            gpus = [before - picked_gpus(want, before[None, :])[0]]
+        one = np.ones(1, dtype=np.int64)
+        return _Group(index, np.array([row], dtype=np.int64), one, gpus)
+
+    def _evict(self, row: int, victim_id: str, victim: Victim, now: float) -> None:
+        """Give a displaced instance's room back; it waits to be placed again."""
+        group: _Group = victim.group
+        group.counts[victim.position] -= 1
+        group.victims.pop(victim_id, None)
+        want, _ = self._want(group.task)
+        rows = np.array([row], dtype=np.int64)
+        gpu_milli = 0
+        if victim.gpus is not None and group.gpus is not None:
+            self.table.gpu_free[row] += victim.gpus
+            gpu_milli = int(victim.gpus.sum())
+            group.gpus[victim.position] = np.zeros_like(victim.gpus)
+        t = self.table
+        t.cpu_used[row] -= want.millicpus
+        t.mem_used[row] -= want.memory_mb
+        t.disk_used[row] -= want.disk_mb
+        t.version[row] += 1
+        self.measures.changed(rows, -1, -gpu_milli)
+        self.window.change(now, -want.millicpus, -want.memory_mb, -gpu_milli)
+        klass = self.tasks[group.task].priority_class
+        self.tally.displaced(klass, ran_s=now - victim.started, millicpus=want.millicpus)
+        self._requeue.append(_Waiting(group.task, 1, now))
+
+    def _retry(self, now: float) -> None:
+        """Room came: place the displaced instances again, the longest waiting first, until
+        one does not fit."""
+        while self._requeue:
+            waiting = self._requeue[0]
+            if self._place(waiting.task, 1, now, waiting.arrival, again=True) < 1:
+                return
+            self._requeue.popleft()
 
     def _claim(self, request: PlacementRequest, index: int, count: int) -> _Group | None:
         """A CPU, memory and disk request: the claims one after another on the book each
@@ -418,16 +529,22 @@ class Fleet:
                 t.gpu_free[row] -= sign * gpus
         np.add.at(t.version, rows, 1)
         gpu_milli = want.gpus * GPU_MILLI + want.gpu_milli
-        self.measures.changed(rows, sign * int(counts.sum()), sign * gpu_milli * int(counts.sum()))
+        n = sign * int(counts.sum())
+        self.measures.changed(rows, n, gpu_milli * n)
+        self.window.change(
+            self.measures.last, n * want.millicpus, n * want.memory_mb, n * gpu_milli
+        )
 
     def _leave(self, group: _Group) -> None:
         want, _ = self._want(group.task)
         self._apply(group, want, -1)
+        for victim_id, row in group.victims.items():
+            self.victims.remove(row, victim_id)
 
     # -- the report ---------------------------------------------------------------------------
 
     def _report(self) -> FleetReport:
-        return self.measures.report(
+        report = self.measures.report(
             policy=self.pipeline.name,
             settings=self.settings,
             tasks=self.tasks,
@@ -436,6 +553,13 @@ class Fleet:
             ends=self.ends,
             reasons=dict(self.reasons),
         )
+        return replace(
+            report,
+            classes=self.tally.as_json(),
+            preempt=self.settings.preempt,
+            window_s=(self.window.start, self.window.end),
+            window_utilisation=self.window.utilisation(),
+        )
 
 
 def replay_fleet(
@@ -443,7 +567,7 @@ def replay_fleet(
     tasks: Sequence[Task],
     *,
     pipeline: Pipeline,
-    settings: Settings = Settings(),
+    settings: Settings = DEFAULT_SETTINGS,
 ) -> FleetReport:
     """Replay ``tasks`` on ``hosts`` through ``pipeline`` (:class:`Fleet`)."""
     return Fleet(hosts, tasks, pipeline=pipeline, settings=settings).run()

@@ -1,4 +1,5 @@
-"""What a fleet replay measures (:mod:`souq.sim.fleet`), weighted by time.
+"""What a fleet replay measures (:mod:`souq.sim.fleet`), weighted by time, and how a run is
+set to place and measure (:class:`Settings`).
 
 :class:`Measures` keeps running integrals as the run goes: between two events the fleet does
 not change, so each quantity times the interval is added when the next event comes. From them,
@@ -24,22 +25,39 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from souq.market.preemption import DEFAULT_MAX_VICTIMS
 from souq.model.resources import GPU_MILLI
 from souq.placement.columns import OfferTable
 from souq.sim.traces import Task
 
-if TYPE_CHECKING:
-    from souq.sim.fleet import Settings
-
-__all__ = ["FleetReport", "Measures", "Sample", "weighted_percentile"]
+__all__ = ["FleetReport", "Measures", "Sample", "Settings", "weighted_percentile"]
 
 Floats = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """How one run places and measures."""
+
+    batch: bool = True  # a task's instances as one batch create (all or none)
+    queue: bool = False  # FIFO: a task that does not fit waits instead of failing
+    # With the queue: the batch-jobs queue's rule instead of strict FIFO: the oldest of the
+    # tasks that fit goes first; one that does not fit holds up none behind it.
+    backfill: bool = False
+    hot: float = 0.9  # a host above this share of a resource is hot
+    sample_every_s: float | None = None  # the timeline's step (None: 200 over the trace)
+    seed: int = 0  # ties in the seeded order
+    # A single create that fits nowhere may displace at most this many instances of a lower
+    # priority class (souq.sim.fleet_preemption; the broker's preempt_max_victims; 0: none).
+    preempt: int = DEFAULT_MAX_VICTIMS
+    # The span the report's window_utilisation is over (None: the trace's own).
+    window: tuple[float, float] | None = None
 
 
 def weighted_percentile(values: Floats, weights: Floats, p: float) -> float:
@@ -95,10 +113,24 @@ class FleetReport:
     jobs: dict[str, float]
     fragmentation: dict[str, float]
     timeline: list[Sample]
+    # Per priority class (souq.sim.classes.ClassTally.as_json); the most instances one create
+    # may displace.
+    classes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    preempt: int = 0
+    # Allocated over capacity, % per resource, averaged over a fixed span (the trace's own
+    # unless the replay was given one): runs of one trace compare over it.
+    window_s: tuple[float, float] = (0.0, 0.0)
+    window_utilisation: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def preemptions(self) -> int:
+        return sum(int(c["preempted"]) for c in self.classes.values())
 
     def as_json(self, *, timeline: bool = True) -> dict[str, Any]:
         body = {k: v for k, v in asdict(self).items() if k != "timeline"}
         body["failed_by_reason"] = dict(sorted(self.failed_by_reason.items()))
+        body["preempt_max_victims"] = body.pop("preempt")
+        body["preemptions"] = self.preemptions
         if timeline:
             body["timeline"] = [asdict(s) for s in self.timeline]
         return body

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import csv
 import math
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
 from souq.errors import TraceInvalid
+from souq.model.choices import PriorityClass
+from souq.sim.classes import QOS_CLASSES, class_of_qos
 
 __all__ = [
     "GENERIC_COLUMNS",
@@ -36,6 +38,7 @@ __all__ = [
     "read_pods",
     "read_tasks",
     "tasks_from_pods",
+    "trace_window",
 ]
 
 MILLI = 1000
@@ -56,7 +59,8 @@ GENERIC_COLUMNS = (
 """The generic format's columns as the first form wrote them all (see docs/simulator.md)."""
 TASK_REQUIRED = ("name", "arrival_s", "memory_mib")
 """What a generic trace must have: a CPU column as well (``cpu_milli`` or ``cpus``); the rest
-(``duration_s``, the GPU columns, ``instances``, ``stagger_s``, ``job``) may be left out."""
+(``duration_s``, the GPU columns, ``instances``, ``stagger_s``, ``job``, ``priority_class`` or
+``qos``, ``max_price``) may be left out."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +87,7 @@ class Pod:
     gpu_spec: tuple[str, ...] = ()
     creation_time: int = 0
     deletion_time: int | None = None
+    qos: str = ""  # its QoS class as the trace gives it (LS, BE ...; souq.sim.classes)
 
     @property
     def gpu_request_milli(self) -> int:
@@ -110,6 +115,8 @@ class Task:
     instances: int = 1  # identical machines the task asks for
     stagger_s: float = 0.0  # instance k arrives k * stagger_s after the first
     job: str = ""  # the job the task belongs to ("": a job of its own)
+    priority_class: str = PriorityClass.STANDARD  # reserved, standard or spot
+    max_price: float | None = None  # its bid (None: no limit)
 
     @property
     def last_arrival_s(self) -> float:
@@ -186,6 +193,38 @@ class _Row:
         if not (math.isfinite(value) and value >= 0):
             raise self.error(column, f"{raw} is out of range (expected a number from 0)")
         return math.ceil(value * scale - 1e-9)
+
+    def priority_class(self) -> str:
+        """The row's class: its ``priority_class`` cell, else its ``qos`` mapped
+        (:data:`~souq.sim.classes.QOS_CLASSES`), else ``standard`` (empty cells too)."""
+        for column in ("priority_class", "qos"):
+            raw = self.text(column) if self.has(column) else ""
+            if not raw:
+                continue
+            if column == "priority_class":
+                if raw not in PriorityClass.__members__.values():
+                    known = ", ".join(PriorityClass)
+                    raise self.error(column, f"{raw!r} is not a priority class ({known})")
+                return raw
+            klass = class_of_qos(raw)
+            if klass is None:
+                known = ", ".join(QOS_CLASSES)
+                raise self.error(column, f"{raw!r} is not a QoS class this replay knows ({known})")
+            return klass
+        return PriorityClass.STANDARD
+
+    def price(self, column: str) -> float | None:
+        """A bid: a number from 0, or empty (no limit)."""
+        raw = self.text(column) if self.has(column) else ""
+        if not raw:
+            return None
+        try:
+            value = float(raw)
+        except ValueError:
+            raise self.error(column, f"{raw!r} is not a price") from None
+        if not (math.isfinite(value) and value >= 0):
+            raise self.error(column, f"{raw} is out of range (expected a price from 0)")
+        return value
 
     def models(self, column: str) -> tuple[str, ...]:
         return tuple(m for m in (s.strip() for s in self.text(column).split("|")) if m)
@@ -272,6 +311,7 @@ def parse_pods(text: str | Iterable[str], source: str = "<pods>") -> list[Pod]:
             gpu_spec=row.models("gpu_spec"),
             creation_time=int(created or 0),
             deletion_time=None if deleted is None else int(deleted),
+            qos=row.text("qos") if row.has("qos") else "",
         )
 
     return [pod(r) for r in _rows(text, source, POD_COLUMNS)]
@@ -302,6 +342,8 @@ def parse_tasks(text: str | Iterable[str], source: str = "<tasks>") -> list[Task
             instances=instances,
             stagger_s=stagger or 0.0,
             job=row.text("job") if row.has("job") else "",
+            priority_class=row.priority_class(),
+            max_price=row.price("max_price"),
         )
 
     rows = _rows(text, source, TASK_REQUIRED, one_of=(("cpu_milli", "cpus"),))
@@ -309,7 +351,9 @@ def parse_tasks(text: str | Iterable[str], source: str = "<tasks>") -> list[Task
 
 
 def tasks_from_pods(pods: Iterable[Pod]) -> list[Task]:
-    """The openb pods as generic tasks: arrival at creation, duration until deletion."""
+    """The openb pods as generic tasks: arrival at creation, duration until deletion; the
+    class their QoS maps to (:func:`~souq.sim.classes.class_of_qos`; ``standard`` when the pod
+    has none, or one the mapping does not know)."""
     return [
         Task(
             p.name,
@@ -320,6 +364,7 @@ def tasks_from_pods(pods: Iterable[Pod]) -> list[Task]:
             p.num_gpu,
             p.gpu_milli,
             p.gpu_spec,
+            priority_class=class_of_qos(p.qos) or PriorityClass.STANDARD,
         )
         for p in pods
     ]
@@ -344,3 +389,16 @@ def read_pods(path: str | Path) -> list[Pod]:
 
 def read_tasks(path: str | Path) -> list[Task]:
     return _read(path, parse_tasks)
+
+
+def trace_window(tasks: Sequence[Task]) -> tuple[float, float]:
+    """The span in which a trace offers work: its first arrival to its last (the drain after
+    it left out, whose length a displaced task's later run changes); to its last departure as
+    the trace gives them when every task arrives at once."""
+    if not tasks:
+        return 0.0, 0.0
+    start = min(t.arrival_s for t in tasks)
+    end = max(t.last_arrival_s for t in tasks)
+    if end <= start:
+        end = max(t.last_arrival_s + (t.duration_s or 0.0) for t in tasks)
+    return start, end

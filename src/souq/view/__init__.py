@@ -1,6 +1,7 @@
 """The cluster view: an eventually consistent, queryable SQLite view of the cluster's machines,
-materialised from worker events and healed by anti-entropy; the broker's event stream; region
-summaries. See docs/architecture.md, "The cluster view"."""
+materialised from worker events and healed by anti-entropy; the worker table from heartbeats
+(:mod:`souq.view.liveness`); the broker's event stream; region summaries. See
+docs/view.md."""
 
 from souq.view.digest import machines_digest
 from souq.view.events import ClusterEvent, EventLog

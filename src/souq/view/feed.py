@@ -8,7 +8,7 @@
   listed (``souq.worker.<id>.list``) and its rows are replaced — at once if it was not synced
   yet, else when it differs in two rounds running (a single difference is usually events still
   in flight). A missed or reordered event heals within two rounds.
-* Worker liveness comes from :class:`souq.broker.liveness.Liveness`; a watcher turns changes of a
+* Worker liveness comes from :class:`souq.view.liveness.Liveness`; a watcher turns changes of a
   worker's state into worker events.
 * Outages: after the broker's own reconnection every worker is compared again (:meth:`resync`);
   a worker that reconnected (:meth:`resync_worker`, from its heartbeat) is re-listed whatever

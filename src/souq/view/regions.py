@@ -1,5 +1,6 @@
-"""Regions as a caller sizing a deploy sees them: workers up and down, and how many more machines
-of a given size fit. Pure: computed from the worker table."""
+"""Regions as a caller sizing a deploy sees them: workers up and down, how many more machines
+of a given size fit, and the spot price (filled in by the broker, :mod:`souq.market.prices`).
+Pure: computed from the worker table."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from collections.abc import Iterable, Mapping
 from pydantic import Field
 
 from souq.model import Record, Resources, WorkerInfo, WorkerState
+from souq.model.prices import SpotPrice
 
-__all__ = ["RegionSummary", "default_region", "fits", "summarise_regions"]
+__all__ = ["RegionSummary", "default_region", "fits", "next_region", "summarise_regions"]
 
 
 class RegionSummary(Record):
@@ -24,6 +26,27 @@ class RegionSummary(Record):
     fits: int = Field(
         description="machines of the asked size that fit: over up workers, floor(free / size) "
         "per resource, the least across resources, summed"
+    )
+    spot_price: float | None = Field(
+        default=None,
+        description="what a spot machine pays here, per hour: a spot create bidding less "
+        "(`max_price`) is refused, a running spot machine bidding less is preempted "
+        "(docs/placement.md, Spot prices); none: no live capacity",
+    )
+    spot_price_used: float | None = Field(
+        default=None, description="the used fraction (0 … 1) the spot price comes from"
+    )
+    spot_price_at_ms: int | None = Field(
+        default=None, description="when the spot price was worked out (ms since the epoch)"
+    )
+    spot_price_source: str | None = Field(
+        default=None,
+        description="`published`: the figure in the cluster's bucket, which the workers "
+        "enforce; `view`: this broker's own figure, none published yet",
+    )
+    spot_price_history: list[SpotPrice] = Field(
+        default_factory=list,
+        description="the region's recent published prices, oldest first (each change, the last 64)",
     )
 
 
@@ -87,3 +110,15 @@ def default_region(
         return None
     best = max(sorted(up, key=lambda r: r.name), key=lambda r: r.fits)
     return best.name, f"{best.fits} machines of this size fit in {best.name}, the most"
+
+
+def next_region(regions: Iterable[RegionSummary], tried: Iterable[str]) -> tuple[str, str] | None:
+    """Where a create that named no region goes once the regions ``tried`` had no room for it
+    (as a Nomad job spans its datacenters): the untried region with a worker up where the most
+    machines of its size fit, and why. None when no other region has room."""
+    done = set(tried)
+    room = [r for r in regions if r.name not in done and r.workers_up and r.fits > 0]
+    if not room:
+        return None
+    best = max(sorted(room, key=lambda r: r.name), key=lambda r: r.fits)
+    return best.name, f"{best.fits} machines of this size fit in {best.name}, the most of the rest"

@@ -457,6 +457,32 @@
     $("workers").replaceChildren(...(rows.length ? rows : [emptyRow(7, "no workers yet")]));
   }
 
+  // A region's spot price (GET /v1/regions: spot_price, spot_price_used and the recent
+  // spot_price_history, oldest first), with its history drawn as a row of bars.
+  const SPOT_FIELDS = ["spot_price", "spot_price_used", "spot_price_at_ms", "spot_price_source"];
+  const BARS = "▁▂▃▄▅▆▇█";
+  const price = (x) => String(Number(Number(x).toPrecision(4)));
+
+  function sparkline(values) {
+    if (!values.length) return "";
+    const low = Math.min(...values);
+    const span = Math.max(...values) - low;
+    return values.map((v) => BARS[span ? Math.round(((v - low) / span) * (BARS.length - 1)) : 0]).join("");
+  }
+
+  function spotPrice(item) {
+    if (!item) return "—";
+    const history = (item.spot_price_history || []).slice(-24);
+    const used = item.spot_price_used === null || item.spot_price_used === undefined ? "" : ` (${(item.spot_price_used * 100).toFixed(0)}% used)`;
+    const trail = history.map((p) => `${price(p.price)} at ${new Date(p.at_ms).toISOString()}`).join("\n");
+    return el(
+      "span",
+      { title: trail || "no published history yet" },
+      `${price(item.spot_price)}${used} `,
+      el("span", { class: "sparkline" }, sparkline(history.map((p) => p.price))),
+    );
+  }
+
   function renderRegions() {
     const byRegion = new Map();
     for (const w of state.workers) {
@@ -473,6 +499,7 @@
     // GET /v1/regions, when the broker has it, is the better source: it counts cordoned and
     // down workers apart and says how many machines of a default size still fit.
     const details = new Map();
+    const prices = new Map(); // region -> its /v1/regions item, when it has a spot price
     for (const item of state.regions || []) {
       const name = typeof item === "string" ? item : item.name || item.region || item.id;
       if (!name) continue;
@@ -488,7 +515,9 @@
         });
       } else if (!byRegion.has(name)) byRegion.set(name, null);
       if (typeof item === "object") {
-        details.set(name, scalars(item, ["name", "region", "id", "workers", "workers_up", "machines"]));
+        const shown = ["name", "region", "id", "workers", "workers_up", "machines"];
+        details.set(name, scalars(item, [...shown, ...SPOT_FIELDS]));
+        if (item.spot_price !== undefined && item.spot_price !== null) prices.set(name, item);
       }
     }
     const rows = [...byRegion.keys()].sort().map((name) => {
@@ -501,10 +530,11 @@
         el("td", {}, r ? meter(r.cpusUsed, r.cpus, "") : "—"),
         el("td", {}, r ? meter(r.memUsed, r.mem, " MiB") : "—"),
         el("td", {}, r ? r.machines : "—"),
+        el("td", { class: "spot-price" }, spotPrice(prices.get(name))),
         el("td", { class: "mono" }, details.get(name) || ""),
       );
     });
-    $("regions").replaceChildren(...(rows.length ? rows : [emptyRow(6, "no regions yet")]));
+    $("regions").replaceChildren(...(rows.length ? rows : [emptyRow(7, "no regions yet")]));
   }
 
   function scalars(object, skip) {

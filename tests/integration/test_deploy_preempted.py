@@ -1,0 +1,154 @@
+"""A deploy's served machine displaced by a create of a higher priority class is re-placed by
+``souq scale reconcile`` (run once, or watching the app's events): a new machine on another
+worker, the displaced one destroyed, and the deploy's record says why (a real cluster, the
+CLI)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from souq.model.machine import Machine, MachineState
+from souq.testing import Cluster, wait_until
+from tests.integration.images_harness import SOUQ, souq
+
+APP = "served"
+TOML = f"""\
+app = "{APP}"
+primary_region = "mad"
+[build]
+dir = "."
+[processes]
+app = "sleep 600"
+[http_service]
+internal_port = 8080
+[[vm]]
+cpus = 1
+memory_mb = 64
+[regions]
+mad = 1
+"""
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    root = tmp_path_factory.mktemp("preempted")
+    with Cluster(root, regions={"mad": 2}, cpus=1, memory_mb=1024) as c:
+        yield c
+
+
+def toml(app: str) -> str:
+    return TOML.replace(f'app = "{APP}"', f'app = "{app}"', 1)
+
+
+def deploy(cluster: Cluster, app: str, root: Path) -> None:
+    """Deploy ``app``: one machine of a served group."""
+    (root / "souq.toml").write_text(toml(app))
+    run = souq(cluster, "deploy", "--config", str(root / "souq.toml"), "--json")
+    assert run.returncode == 0, run.stderr
+
+
+def preempt(cluster: Cluster, app: str) -> tuple[Machine, Machine]:
+    """Displace the app's machine with a reserved one pinned to its worker: (the displaced
+    machine, the one that took its room)."""
+    with cluster.client() as client:
+        (old,) = client.list_machines(app)
+        taker = client.create_machine(
+            f"prod-{app}",
+            "mad",
+            {
+                "cmd": ["sleep", "600"],
+                "guest": {"cpus": 1, "memory_mb": 64},
+                "priority_class": "reserved",
+                "constraints": [
+                    {"attribute": "worker.id", "operator": "=", "value": old.worker_id}
+                ],
+            },
+        )
+    assert taker.placement is not None
+    assert [v.machine_id for v in taker.placement.preempted] == [old.id]
+    return old, taker
+
+
+def wait_replaced(cluster: Cluster, app: str, old: Machine) -> Machine:
+    """The app's machine that replaced ``old``, once ``old`` is destroyed."""
+    with cluster.client() as client:
+
+        def replaced() -> bool:
+            states = {m.id: m.state for m in client.list_machines(app)}
+            return states.get(old.id, MachineState.DESTROYED) is MachineState.DESTROYED
+
+        wait_until(replaced, timeout=60, message="the displaced machine to be destroyed")
+        (new,) = [m for m in client.list_machines(app) if m.state is MachineState.STARTED]
+    assert new.id != old.id and new.worker_id != old.worker_id
+    assert new.config.metadata["souq_process_group"] == "app"
+    return new
+
+
+def clean(cluster: Cluster, *apps: str) -> None:
+    with cluster.client() as client:
+        for app in apps:
+            for machine in client.list_machines(app):
+                client.destroy(app, machine.id, force=True)
+
+
+def test_a_preempted_served_machine_is_replaced_elsewhere(cluster: Cluster, tmp_path: Path) -> None:
+    app = APP
+    deploy(cluster, app, tmp_path)
+    old, taker = preempt(cluster, app)
+    with cluster.client() as client:
+        client.wait(app, old.id, "stopped", timeout=30)
+    run = souq(cluster, "scale", "reconcile", "--app", app, "--json")
+    assert run.returncode == 0, run.stderr
+    events = [json.loads(line) for line in run.stdout.splitlines() if line.strip()]
+    said = " / ".join(e["message"] for e in events)
+    assert f"in the place of machine {old.id}, preempted" in said
+    assert f"machine {old.id} destroyed (replaced: preempted by machine {taker.id}" in said
+    wait_replaced(cluster, app, old)
+    with cluster.client() as client:
+        (release, *_) = client.releases(app)
+    assert str(release.state) == "complete" and "reconcile" in release.description
+    # At its counts again: a second reconcile changes nothing.
+    again = souq(cluster, "scale", "reconcile", "--app", app, "--json")
+    assert again.returncode == 0, again.stderr
+    assert "nothing changed" in again.stdout
+    clean(cluster, app, f"prod-{app}")
+
+
+def test_a_watching_reconcile_replaces_it_as_the_preemption_happens(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    app = "watched"
+    deploy(cluster, app, tmp_path)
+    env = {**os.environ, "SOUQ_API": cluster.api_url}
+    args = [SOUQ, "scale", "reconcile", "--app", app, "--watch", "--json"]
+    watcher = subprocess.Popen(args, stdout=subprocess.PIPE, text=True, env=env)
+    lines: list[str] = []
+    out = watcher.stdout
+    assert out is not None
+    reader = threading.Thread(target=lambda: lines.extend(iter(out.readline, "")))
+    reader.start()
+    try:
+        wait_until(lambda: any("nothing changed" in line for line in lines), message="reconcile")
+        old, taker = preempt(cluster, app)
+        new = wait_replaced(cluster, app, old)
+        said = " / ".join(json.loads(line)["message"] for line in lines if line.strip())
+        assert f"machine {new.id} created (in the place of machine {old.id}, preempted)" in said
+        assert f"preempted by machine {taker.id}" in said
+    finally:
+        watcher.send_signal(signal.SIGINT)
+        try:
+            code = watcher.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            watcher.kill()
+            code = watcher.wait()
+        reader.join(timeout=10)
+        clean(cluster, app, f"prod-{app}")
+    assert code == 0  # interrupted, the watch ends cleanly
