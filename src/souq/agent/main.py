@@ -468,8 +468,8 @@ class Agent:
             await self.names.aclose()
             self.names = None
 
-    async def aclose(self) -> None:
-        await self._close_names()
+    async def _close_side_tasks(self) -> None:
+        """The machines' schedule, the key rotation and the metrics server, stopped."""
         if self._scheduler is not None:
             await self._scheduler.aclose()
             self._scheduler = None
@@ -481,6 +481,10 @@ class Agent:
         if self.metrics is not None:
             self.metrics.close()
             self.metrics = None
+
+    async def aclose(self) -> None:
+        await self._close_names()
+        await self._close_side_tasks()
         if self._service is not None:
             await self._service.stop_listening()
         if self.jobs is not None:
