@@ -21,7 +21,6 @@ connection's source: an address of the cluster whose network bits are the Flycas
 
 from __future__ import annotations
 
-import contextlib
 import ipaddress
 import logging
 import socket
@@ -39,14 +38,13 @@ if TYPE_CHECKING:
     from souq.proxy.relay import Relay
     from souq.proxy.table import Slot
 
-__all__ = ["HTTP_PORT", "FlycastApps", "FlycastEntry", "flycast_socket", "original_destination"]
+__all__ = ["HTTP_PORT", "FlycastApps", "FlycastEntry", "original_destination"]
 
 log = logging.getLogger(__name__)
 
 _SO_ORIGINAL_DST = 80  # IP6T_SO_ORIGINAL_DST (linux/netfilter_ipv6/ip6_tables.h), at SOL_IPV6
 _SOCKADDR_IN6 = 28  # family, port, flow info, address, scope id
 HTTP_PORT = 80  # a service's HTTP at the proxy's own port (no port named): 80 on Flycast
-_FREEBIND = 15  # IP_FREEBIND (linux/in.h): bind before the worker has put the address
 
 
 def original_destination(sock: socket.socket) -> tuple[str, int] | None:
@@ -57,23 +55,6 @@ def original_destination(sock: socket.socket) -> tuple[str, int] | None:
         return None
     (port,) = struct.unpack_from("!H", raw, 2)
     return socket.inet_ntop(socket.AF_INET6, raw[8:24]), port
-
-
-def flycast_socket(host: str, port: int, backlog: int) -> socket.socket:
-    """The proxy's Flycast listener: bound even while the address is not the host's yet (the
-    worker puts it on its loopback as its network starts)."""
-    sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.IPPROTO_IP, _FREEBIND, 1)
-        sock.bind((host, port))
-        sock.listen(backlog)
-        sock.setblocking(False)
-    except OSError:
-        sock.close()
-        raise
-    return sock
 
 
 class FlycastApps:
