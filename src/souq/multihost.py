@@ -74,6 +74,8 @@ def _private_network(net: NetHost, underlay: str = "", encryption: str = "none")
         "machine_user": None,  # a uid per machine
         "default_driver": None,  # the sandbox
         "extra_args": [
+            "--advertise",  # where a proxy of another host reaches its machines (edge ports)
+            net.address,
             "--private-network",
             "on",
             "--underlay",

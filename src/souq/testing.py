@@ -129,6 +129,20 @@ class _WorkerProcess(_ChildProcess):
     memory_mb: int | None = None
 
 
+STARTED_WORKERS: set[str] = set()  # every worker an AgentProcess of this process started
+
+
+def forget_network(worker_id: str) -> None:
+    """What a worker's private network left on this host when its agent did not leave it
+    (killed, or gone with machines left running): its machines' namespaces and links, its
+    chains. Nothing where the host has no private networks."""
+    from souq.network import links
+
+    if links.unavailable() is None:
+        with contextlib.suppress(OSError):
+            links.WorkerNetwork(worker_id, Path("/nonexistent")).leave([])
+
+
 @dataclass(kw_only=True, eq=False)
 class AgentProcess(_WorkerProcess):
     """One ``souq agent`` child process. Its machines run as the test's own user by default
@@ -189,7 +203,10 @@ class AgentProcess(_WorkerProcess):
                     return words[2]
             return None
 
-        self.worker_id = wait_until(ready, timeout=timeout, message="the agent to be ready")
+        worker_id = wait_until(ready, timeout=timeout, message="the agent to be ready")
+        assert worker_id is not None
+        STARTED_WORKERS.add(worker_id)
+        self.worker_id = worker_id
 
     def machine_pids(self) -> list[int]:
         """Pids of the agent's machines' processes and their souq-waiters: the agent's
@@ -307,9 +324,22 @@ class ProxyProcess(_ServingProcess):
         return f"http://127.0.0.1:{self.admin_port}"
 
     def start(self, timeout: float = 30.0) -> None:
-        args = [*self._command(), "--region", self.region, "--listen", f"127.0.0.1:{self.port}"]
+        args = [*self._command(), "--region", self.region, "--listen", f"{self.host}:{self.port}"]
         self._spawn([*args, "--admin-port", str(self.admin_port), *self.extra_args])
-        self._wait_answering(self.admin_url + "/decisions", timeout)
+        if self.netns is None:
+            self._wait_answering(self.admin_url + "/decisions", timeout)
+            return
+
+        # In a namespace of its own its admin port is that namespace's loopback: until its
+        # HTTP port answers (an unknown app: 404).
+        def serving() -> bool:
+            self._check_started()
+            try:
+                return httpx.get(self.url + "/", timeout=1.0).status_code == 404
+            except httpx.HTTPError:
+                return False
+
+        wait_until(serving, timeout=timeout, interval=0.02, message="the proxy to answer")
 
     def __enter__(self) -> ProxyProcess:
         self.start()

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from souq.network.names import NameIndex, NameRow, Rcode, Scope
+from souq.network.addresses import flycast_ip, network_of
+from souq.network.names import NameIndex, NameRow, Rcode, Scope, is_internal
 
 OTHER = Scope("acme")
 OURS = Scope("personal")
@@ -231,3 +232,18 @@ def test_an_apps_record_moves_its_machines_to_its_network() -> None:
     assert changed == ["web"]
     networks.apply("web", None)  # deleted: back on the default network
     assert aaaa(index, "web.internal", "fdaa::me") == ["fdaa::a1"]
+
+
+def test_an_apps_flycast_name_is_its_flycast_address_started_or_not() -> None:
+    index = snapshot(
+        row("a1", state="stopped"), row("me", app="client"), row("x1", app="secret", scope=OTHER)
+    )
+    web = flycast_ip(network_of("personal"), "web")
+    assert aaaa(index, "web.flycast", "fdaa::me") == [web]
+    assert aaaa(index, "secret.flycast") == [flycast_ip(network_of("acme"), "secret")]
+    # another network's app does not exist for the asker; nor does an unknown app or form
+    assert index.resolve("secret.flycast", "AAAA", asker="fdaa::me").rcode is Rcode.NXDOMAIN
+    for name in ("nosuch.flycast", "a1.web.flycast"):
+        assert index.resolve(name, "AAAA").rcode is Rcode.NXDOMAIN
+    assert index.resolve("web.flycast", "A").values == ()
+    assert is_internal("web.flycast") and not is_internal("web.flycastx")

@@ -19,6 +19,7 @@ from souq.agent.leases import Leases
 from souq.agent.lifecycle import Trigger
 from souq.agent.machine_reads import MachineReads
 from souq.agent.operations import OpEvent, OpKind, advance
+from souq.agent.ports import edge_ports
 from souq.agent.records import MachineRow, Source
 from souq.clock import Clock
 from souq.errors import (
@@ -222,13 +223,14 @@ class Commands(MachineReads):
     ) -> MachineAddress | None:
         """Where the machine is reached. On a worker with a private network, a sandboxed
         machine's addresses on ``network`` (:mod:`souq.network`; its own again if it has them)
-        and its internal ports as they are: it has a network namespace of its own. Otherwise
+        and its internal ports as they are: it has a network namespace of its own (not one
+        that asked for no network, ``sandbox.network: false``: it sees only ``lo``). Otherwise
         host ports for its internal ports (:class:`ClaimRefused` ``no_ports`` when the worker's
         range has too few); an exec machine shares the host's network, and has no private
         address."""
         internal = config.internal_ports()
         ex = self._ex
-        if ex.addresses is not None and config.driver == "sandbox":
+        if ex.addresses is not None and config.driver == "sandbox" and config.sandbox.network:
             if network == UNKNOWN_NETWORK:
                 raise ClaimRefused(
                     "the app's private network is not known (its broker could not read the "
@@ -236,13 +238,20 @@ class Commands(MachineReads):
                     hint="retry once JetStream answers, or use a worker without a private network",
                     details={"reason": "network_unknown"},
                 )
-            private = ex.addresses.take(machine_id, network or network_of(DEFAULT_ORG))
+            edge = ex.ports.take(machine_id, edge_ports(config)) if ex.edge_host else {}
+            try:
+                private = ex.addresses.take(machine_id, network or network_of(DEFAULT_ORG))
+            except BaseException:
+                ex.ports.give_back(machine_id)
+                raise
             return MachineAddress(
                 host=private.ip4,
                 ports={port: port for port in internal},
                 private_ip=private.ip6,
                 ip4=private.ip4,
                 network=private.network,
+                edge_host=ex.edge_host if edge else "",
+                edge_ports=edge,
             )
         if not internal:
             return None
@@ -386,7 +395,16 @@ class Commands(MachineReads):
         address = row.address
         if address is not None and address.private_ip and config.driver == "sandbox":
             ports = {port: port for port in config.internal_ports()}
-            address = address.model_copy(update={"ports": ports})
+            edge = address.edge_ports
+            if ex.edge_host and list(edge) != edge_ports(config):
+                ex.ports.give_back(row.id)
+                try:
+                    edge = ex.ports.take(row.id, edge_ports(config))
+                except BaseException:
+                    ex.ports.restore(row.id, address.edge_ports.values())
+                    raise
+            update = {"ports": ports, "edge_ports": edge, "edge_host": ex.edge_host if edge else ""}
+            address = address.model_copy(update=update)
         elif config.internal_ports() != row.config.internal_ports():
             ex.ports.give_back(row.id)
             try:

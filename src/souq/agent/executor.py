@@ -47,7 +47,7 @@ from souq.market.preemption import JobRuns
 from souq.model.machine import MachineEvent, MachineState
 from souq.model.protocol import MachineEventMessage
 from souq.model.resources import Resources
-from souq.network.addresses import AddressPool, private_address
+from souq.network.addresses import AddressPool, edge_host, private_address
 from souq.network.links import WorkerNetwork
 
 __all__ = ["Executor", "Op", "Source"]
@@ -97,6 +97,9 @@ class Executor(MachineTable, ProcessSteps):
         self.admission = admission  # the ledger: reservations are recorded there too
         self.ports = ports or PortPool()  # host ports, given at claims (souq.agent.ports)
         self.advertise = advertise
+        # Where a proxy of another host reaches a private-network machine: the advertise
+        # address, forwarded into the machine (an IPv4 one that is not loopback; else none).
+        self.edge_host = edge_host(advertise) if private_network else ""
         # Private addresses, given at claims (souq.network), when the worker has the network.
         self.addresses = AddressPool(worker_id) if private_network else None
         self.network: WorkerNetwork | None = None  # their namespaces and rules (the agent's)
@@ -110,6 +113,7 @@ class Executor(MachineTable, ProcessSteps):
                 admission.adopt_gpus(r.resources, r.gpu_ids)
             if r.address is not None and r.address.private_ip and self.addresses is not None:
                 self.addresses.restore(r.id, private_address(r.address))
+                self.ports.restore(r.id, r.address.edge_ports.values())
             elif r.address is not None:
                 self.ports.restore(r.id, r.address.ports.values())
             if images is not None and (ref := image_of(r.placement)) is not None:

@@ -62,7 +62,7 @@ from souq.model.base import copy_fields
 from souq.model.resources import Resources
 from souq.model.worker import WorkerInfo
 from souq.network import links
-from souq.network.addresses import DNS_ADDRESS
+from souq.network.addresses import DNS_ADDRESS, private_address
 from souq.network.overlay import Overlay
 from souq.network.wireguard import WireGuard
 
@@ -171,7 +171,12 @@ class Agent:
             if self.config.private_network != "off":
                 log.warning("machines here get no private network: %s", self.network_why_not)
             return
-        net = links.WorkerNetwork(self.worker_id, self.config.data_dir / "network")
+        net = links.WorkerNetwork(
+            self.worker_id,
+            self.config.data_dir / "network",
+            flycast_port=self.config.flycast_port,
+            edge_host=executor.edge_host,
+        )
         net.start(executor.addresses.held())
         executor.network = net
         underlay = self._underlay()
@@ -463,8 +468,8 @@ class Agent:
             await self.names.aclose()
             self.names = None
 
-    async def aclose(self) -> None:
-        await self._close_names()
+    async def _close_side_tasks(self) -> None:
+        """The machines' schedule, the key rotation and the metrics server, stopped."""
         if self._scheduler is not None:
             await self._scheduler.aclose()
             self._scheduler = None
@@ -476,6 +481,10 @@ class Agent:
         if self.metrics is not None:
             self.metrics.close()
             self.metrics = None
+
+    async def aclose(self) -> None:
+        await self._close_names()
+        await self._close_side_tasks()
         if self._service is not None:
             await self._service.stop_listening()
         if self.jobs is not None:
@@ -487,6 +496,8 @@ class Agent:
         if self._commands is not None and self.config.stop_machines_on_exit:
             await self._stop_machines(self._commands)
         if self._executor is not None:
+            if self._executor.network is not None:
+                self._leave_network(self._executor, self._executor.network)
             await self._executor.shutdown()
             self._executor = self._commands = None
         if self._service is not None:
@@ -500,6 +511,22 @@ class Agent:
         if self._transport is not None and self._own_transport:
             await self._transport.close()
             self._transport = None
+
+    @staticmethod
+    def _leave_network(executor: Executor, network: links.WorkerNetwork) -> None:
+        """What the private network holds for machines that do not run, removed (made again
+        at their next start): nothing is left of a worker whose machines are all stopped."""
+        running = [
+            (row.id, private_address(row.address))
+            for row in executor.rows()
+            if executor.handle(row.id) is not None
+            and row.address is not None
+            and row.address.private_ip
+        ]
+        try:
+            network.leave(running)
+        except OSError as exc:
+            log.warning("private network: could not remove what stopped machines hold: %s", exc)
 
     async def _stop_machines(self, commands: Commands) -> None:
         """Stop every machine, then take down what their mounts left in the host's table: the

@@ -18,10 +18,11 @@ import socket
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from souq.errors import ClaimRefused
+from souq.model.machine import MachineConfig
 from souq.model.reasons import Reason
 from souq.model.services import MachineAddress
 
-__all__ = ["DEFAULT_RANGE", "PortPool", "can_bind", "port_env"]
+__all__ = ["DEFAULT_RANGE", "PortPool", "can_bind", "edge_ports", "port_env"]
 
 DEFAULT_RANGE = (20000, 29999)
 
@@ -100,6 +101,13 @@ class PortPool:
 
     def owner(self, port: int) -> str | None:
         return self._owner.get(port)
+
+
+def edge_ports(config: MachineConfig) -> list[int]:
+    """The internal ports of a machine's services that the edge routes (those with edge
+    ports): on a private network, the ones its worker forwards host ports to, so that a proxy
+    on another host reaches it (souq.network.links)."""
+    return list(dict.fromkeys(s.internal_port for s in config.services if s.ports))
 
 
 def port_env(env: Mapping[str, str], address: MachineAddress | None) -> dict[str, str]:

@@ -219,7 +219,7 @@ def agent(
         typer.Option(
             "--private-network",
             help="Each sandboxed machine in a network namespace of its own with a private "
-            "address (docs/network.md): on, auto (where the host can), off (default).",
+            "address (docs/network.md): auto (default: where the host can), on, off.",
         ),
     ] = None,
     underlay: Annotated[
@@ -236,6 +236,14 @@ def agent(
             "--underlay-encryption",
             help="none (default: a trusted network between hosts) or wireguard (encrypted, "
             "to workers that encrypt too).",
+        ),
+    ] = None,
+    flycast_port: Annotated[
+        int | None,
+        typer.Option(
+            "--flycast-port",
+            help="Port of this host's edge proxy at [fdaa::4] that machines' Flycast "
+            "connections go to (souq proxy --flycast; default 4282; 0: no Flycast).",
         ),
     ] = None,
     jobs: Annotated[
@@ -398,10 +406,23 @@ def proxy(
         int | None,
         typer.Option("--admin-port", help="Serve /metrics and /decisions here (0: off)."),
     ] = None,
+    flycast: Annotated[
+        str | None,
+        typer.Option(
+            "--flycast",
+            help="Take the Flycast connections of this host's machines on ADDRESS:PORT "
+            "(the workers' [fdaa::4]:4282; docs/network.md; default: off).",
+        ),
+    ] = None,
     log_format: LogFormatOpt = LogFormat.TEXT,
 ) -> None:
     """Run the edge proxy in the foreground: HTTP to apps' machines, scale from zero."""
-    given = _given(ctx, listen=_host_port(listen), log_format=None)
+    given = _given(
+        ctx,
+        listen=_host_port(listen),
+        flycast=_host_port(flycast) if flycast else None,
+        log_format=None,
+    )
     _daemon_logging(log_format.value)
     with reporting():
         from souq.proxy.daemon import ProxyConfig

@@ -149,13 +149,32 @@ class MachineAddress(Record):
     own: ``private_ip`` is its IPv6 address on its app's network (Fly's ``private_ip``),
     ``ip4`` its IPv4 link address on the worker, ``network`` the network's name; it listens on
     its internal ports themselves, so ``host`` is ``ip4`` and each port maps to itself. All
-    three are given at the claim and kept for the machine's life."""
+    three are given at the claim and kept for the machine's life. The link address is the
+    worker's own: a proxy on another host reaches the machine at ``edge_host`` (the worker's
+    advertise address, when it is not loopback) on ``edge_ports``, a host port per internal
+    port of a service the edge routes, forwarded into the machine by the worker."""
 
     host: str
     ports: dict[int, int] = Field(default_factory=dict)
     private_ip: str = Field(default="", description="its IPv6 address on its private network")
     ip4: str = Field(default="", description="its IPv4 link address on its worker")
     network: str = Field(default="", description="the private network it is on")
+    edge_host: str = Field(
+        default="", description="where a proxy of any host reaches it (its worker's address)"
+    )
+    edge_ports: dict[int, int] = Field(
+        default_factory=dict,
+        description="{internal_port: port at edge_host} of the services the edge routes",
+    )
 
     def port_for(self, internal_port: int) -> int | None:
         return self.ports.get(internal_port)
+
+    def reached_at(self, internal_port: int) -> tuple[str, int] | None:
+        """Where a proxy reaches ``internal_port``: at ``edge_host`` when the worker forwards
+        it there (from any host), else at ``host``."""
+        edge = self.edge_ports.get(internal_port)
+        if edge is not None and self.edge_host:
+            return self.edge_host, edge
+        port = self.ports.get(internal_port)
+        return None if port is None else (self.host, port)

@@ -22,7 +22,16 @@ same hash-then-next-free allocation over the worker's /20 of it (:func:`v4_block
 is never routed beyond the worker.
 
 Well-known addresses: :data:`DNS_ADDRESS` (``fdaa::3``) is the worker's DNS server, seen from
-every machine; :data:`GATEWAY6` and :data:`GATEWAY4` are the host side of every machine's link.
+every machine; :data:`PROXY_ADDRESS` (``fdaa::4``) is where the host's edge proxy takes the
+connections of the worker's machines to Flycast addresses; :data:`GATEWAY6` and
+:data:`GATEWAY4` are the host side of every machine's link.
+
+**Flycast** (Fly's name): each app has one more address on its network, answered by the edge
+proxy, which starts a stopped machine of the app (``autostart``) and pipes the connection to
+it. It is laid out as a machine's, with the worker bits 0 (no worker's: a worker's bits are
+never 0) and an app's hash in the machine bits (:func:`flycast_ip`), so one rule per machine
+(:func:`flycast_mask`) sends its own network's Flycast connections to the proxy, and the
+proxy tells the app from the address alone.
 """
 
 from __future__ import annotations
@@ -37,14 +46,21 @@ from souq.model.services import MachineAddress
 __all__ = [
     "CLUSTER_PREFIX",
     "DNS_ADDRESS",
+    "FLYCAST_PORT",
     "GATEWAY4",
     "GATEWAY6",
+    "PROXY_ADDRESS",
     "UNKNOWN_NETWORK",
     "V4_RANGE",
     "AddressPool",
     "PrivateAddress",
+    "app_bits",
+    "edge_host",
+    "flycast_ip",
+    "flycast_mask",
     "machine_bits",
     "network_bits",
+    "network_bits_of",
     "network_mask",
     "network_of",
     "private_address",
@@ -58,6 +74,8 @@ CLUSTER_PREFIX = ipaddress.IPv6Network("fdaa::/16")
 # a worker without a private network takes the machine; one with it refuses it, never guessing.
 UNKNOWN_NETWORK = "?"
 DNS_ADDRESS = "fdaa::3"  # the worker's DNS server: one address on every worker
+PROXY_ADDRESS = "fdaa::4"  # the host's edge proxy, for the machines' Flycast connections
+FLYCAST_PORT = 4282  # its port there (souq proxy --flycast, souq agent --flycast-port)
 GATEWAY6 = "fe80::1"  # the host side of every machine's link
 GATEWAY4 = "169.254.0.1"  # likewise for IPv4 (link-local: never routed)
 V4_RANGE = ipaddress.IPv4Network("100.64.0.0/10")  # RFC 6598 shared space, split per worker
@@ -107,6 +125,34 @@ def network_mask(network: int) -> str:
     return f"{ipaddress.IPv6Address(value)}/{ipaddress.IPv6Address(mask)}"
 
 
+def app_bits(app: str) -> int:
+    """An app's 48 bits in its Flycast address (never 0)."""
+    return _hash("app:" + app, _MACHINE_BITS) or 1
+
+
+def flycast_ip(network: str, app: str) -> str:
+    """The app's Flycast address on its network: worker bits 0, the network's, the app's."""
+    return private_ip(0, network_bits(network), app_bits(app))
+
+
+def flycast_mask(network: str) -> str:
+    """``address/mask`` for ip6tables matching every Flycast address of ``network``."""
+    value = _PREFIX | network_bits(network) << 48
+    mask = (0xFFFF_FFFF_FFFF_FFFF_FFFF << 48) & ((1 << 128) - 1)
+    return f"{ipaddress.IPv6Address(value)}/{ipaddress.IPv6Address(mask)}"
+
+
+def network_bits_of(ip6: str) -> int | None:
+    """The network bits of an address of the cluster (None: not in :data:`CLUSTER_PREFIX`)."""
+    try:
+        address = ipaddress.IPv6Address(ip6)
+    except ValueError:
+        return None
+    if address not in CLUSTER_PREFIX:
+        return None
+    return int(address) >> 48 & 0xFFFFFFFF
+
+
 def v4_block(worker_id: str) -> ipaddress.IPv4Network:
     """The worker's /20 of :data:`V4_RANGE` (from a hash of its id)."""
     count = 1 << (V4_BLOCK_BITS - V4_RANGE.prefixlen)
@@ -114,13 +160,28 @@ def v4_block(worker_id: str) -> ipaddress.IPv4Network:
     return list(V4_RANGE.subnets(new_prefix=V4_BLOCK_BITS))[index]
 
 
+def edge_host(advertise: str) -> str:
+    """Where a proxy of another host reaches a worker's machines: its advertise address when
+    that is an IPv4 address of the host's network (not loopback, not unspecified), forwarded
+    to the machines' link addresses; else nowhere ("")."""
+    try:
+        address = ipaddress.ip_address(advertise)
+    except ValueError:
+        return ""
+    if address.version != 4 or address.is_loopback or address.is_unspecified:
+        return ""
+    return str(address)
+
+
 @dataclass(frozen=True)
 class PrivateAddress:
-    """A machine's place on the private network, as recorded with it."""
+    """A machine's place on the private network, as recorded with it; ``edge``: the host
+    ports its worker forwards to it, ``(host port, internal port)`` each."""
 
     ip6: str
     ip4: str
     network: str
+    edge: tuple[tuple[int, int], ...] = ()
 
     @property
     def machine(self) -> int:
@@ -130,7 +191,10 @@ class PrivateAddress:
 
 def private_address(address: MachineAddress) -> PrivateAddress:
     """The private part of a machine's recorded address."""
-    return PrivateAddress(ip6=address.private_ip, ip4=address.ip4, network=address.network)
+    edge = tuple(sorted((outer, inner) for inner, outer in address.edge_ports.items()))
+    return PrivateAddress(
+        ip6=address.private_ip, ip4=address.ip4, network=address.network, edge=edge
+    )
 
 
 class _Values:

@@ -26,6 +26,23 @@ machine's link, rebuilt from the live machines. From a machine:
 * to the outside: accepted from its own address (IPv4 masqueraded), except the shared
   address space of other machines and link-local (metadata) addresses.
 
+Flycast (``flycast_port``, 0: off): :data:`PROXY_ADDRESS` on the worker's loopback too, and in
+ip6tables' nat table the chain ``SOUQ-<tag>-FLY`` (from ``PREROUTING``, for what comes from a
+machine's link), one rule per machine: a TCP connection from its own address to a Flycast
+address of its own network is sent to ``[PROXY_ADDRESS]:flycast_port`` (DNAT), where the host's
+edge proxy reads the address asked for (``SO_ORIGINAL_DST``), starts the app's machine if it
+must, and pipes the connection. ``SOUQ-<tag>-IN`` takes, on that port, what was so sent and
+nothing else: a machine connecting to the proxy's port itself is dropped, and another network's
+Flycast addresses go the way of any other network's address (dropped).
+
+Edge ports (``edge_host``: the worker's advertise address, IPv4, not loopback; "": none): in
+iptables' nat table the chain ``SOUQ-<tag>-EDGE`` (from ``PREROUTING`` and ``OUTPUT``, for TCP
+to ``edge_host``), one rule per host port a machine's services the edge routes were given:
+sent to the machine's link address and internal port (DNAT). ``SOUQ-<tag>-TO`` takes what was
+so sent, in IPv4; a machine's own connection to those ports goes the way of any of its packets
+to another machine's link address (dropped). So a proxy of any host that reaches the worker's
+address reaches its machines, whatever they listen on (``0.0.0.0`` or ``::``).
+
 The tag is 6 hex digits of the worker id's hash, so several agents on one host keep apart.
 """
 
@@ -40,16 +57,19 @@ import re
 import shutil
 import subprocess
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from souq.network.addresses import (
     CLUSTER_PREFIX,
     DNS_ADDRESS,
+    FLYCAST_PORT,
     GATEWAY4,
     GATEWAY6,
+    PROXY_ADDRESS,
     V4_RANGE,
     PrivateAddress,
+    flycast_mask,
     network_bits,
     network_mask,
     v4_block,
@@ -93,14 +113,24 @@ class _Names:
 
 
 class WorkerNetwork:
-    def __init__(self, worker_id: str, state_dir: Path) -> None:
+    def __init__(
+        self,
+        worker_id: str,
+        state_dir: Path,
+        *,
+        flycast_port: int = FLYCAST_PORT,
+        edge_host: str = "",
+    ) -> None:
         self.tag = hashlib.blake2b(worker_id.encode(), digest_size=3).hexdigest()
         self.v4 = v4_block(worker_id)
         self.resolv_conf = state_dir / "resolv.conf"
         self._state_dir = state_dir
-        self.fwd, self.inp, self.nat, self.into = (
-            f"SOUQ-{self.tag}-{c}" for c in ("FWD", "IN", "NAT", "TO")
+        self.flycast_port = flycast_port
+        self.edge_host = edge_host
+        self.fwd, self.inp, self.nat, self.into, self.fly, self.edge = (
+            f"SOUQ-{self.tag}-{c}" for c in ("FWD", "IN", "NAT", "TO", "FLY", "EDGE")
         )
+        self._edges: dict[str, tuple[tuple[int, int], ...]] = {}  # the edge rules made
         self.links = f"sx{self.tag}m+"  # every machine link of this worker
 
     def names(self, machine_id: str, address: PrivateAddress) -> _Names:
@@ -116,12 +146,14 @@ class WorkerNetwork:
         """Forwarding, the DNS address, the chains rebuilt for ``live`` machines, and what
         machines gone since left behind removed."""
         live = list(live)
+        self._edges = {m: a.edge for m, a in live}
         self._state_dir.mkdir(parents=True, exist_ok=True)
         self.resolv_conf.write_text(f"nameserver {DNS_ADDRESS}\noptions ndots:0\n")
         for path in ("ipv6/conf/all/forwarding", "ipv4/ip_forward"):
             Path("/proc/sys/net", path).write_text("1\n")
         # On loopback: every kernel has it (not every one has dummy devices).
-        _run(["ip", "addr", "replace", f"{DNS_ADDRESS}/128", "dev", DNS_DEVICE, "nodad"])
+        for address in (DNS_ADDRESS, PROXY_ADDRESS):
+            _run(["ip", "addr", "replace", f"{address}/128", "dev", DNS_DEVICE, "nodad"])
         _run(["ip", "route", "replace", "unreachable", str(self.v4)])
         for family, rules in (("ip6", self._rules6(live)), ("ip", self._rules4(live))):
             _run([f"{family}tables-restore", "-w", "--noflush"], rules)
@@ -138,6 +170,11 @@ class WorkerNetwork:
         ]
         if family == "ip":
             jumps.append(("nat", "POSTROUTING", ["-j", self.nat]))
+            if self.edge_host:
+                to_edge = ["-d", f"{self.edge_host}/32", "-p", "tcp", "-j", self.edge]
+                jumps += [("nat", "PREROUTING", to_edge), ("nat", "OUTPUT", to_edge)]
+        else:
+            jumps.append(("nat", "PREROUTING", ["-i", self.links, "-j", self.fly]))
         return jumps
 
     def _jump(self, family: str) -> None:
@@ -148,16 +185,17 @@ class WorkerNetwork:
                 _run([tool, "-w", "-t", table, "-I", chain, "1", *spec])
 
     def stop_rules(self) -> None:
-        """Remove the worker's chains and its block's route (tests, benchmarks; an agent keeps
-        them for its machines)."""
+        """Remove the worker's chains and its block's route (an agent leaving with no machine
+        running; tests, benchmarks)."""
         _run(["ip", "route", "del", "unreachable", str(self.v4)], check=False)
         for family in ("ip", "ip6"):
             tool = f"{family}tables"
             for table, chain, spec in self._jumps(family):
                 _run([tool, "-w", "-t", table, "-D", chain, *spec], check=False)
+            nat = (self.nat, self.edge) if family == "ip" else (self.fly,)
             for table, target in (
                 ("filter", self.fwd), ("filter", self.into), ("filter", self.inp),
-                ("nat", self.nat),
+                *(("nat", chain) for chain in nat),
             ):  # fmt: skip
                 _run([tool, "-w", "-t", table, "-F", target], check=False)
                 _run([tool, "-w", "-t", table, "-X", target], check=False)
@@ -178,9 +216,15 @@ class WorkerNetwork:
             f"-A {self.inp} -p ipv6-icmp -j ACCEPT",
             f"-A {self.inp} -d {DNS_ADDRESS}/128 -p udp --dport 53 -j ACCEPT",
             f"-A {self.inp} -d {DNS_ADDRESS}/128 -p tcp --dport 53 -j ACCEPT",
-            f"-A {self.inp} -j DROP",
-            "COMMIT",
         ]
+        if self.flycast_port:  # only what a machine's Flycast rule sent there
+            lines.append(
+                f"-A {self.inp} -d {PROXY_ADDRESS}/128 -p tcp --dport {self.flycast_port} "
+                "-m conntrack --ctstate DNAT -j ACCEPT"
+            )
+        lines += [f"-A {self.inp} -j DROP", "COMMIT", "*nat", f":{self.fly} - [0:0]"]
+        lines += [f"-A {self.fly} {r}" for m, a in live for r in self._flycast(m, a)]
+        lines.append("COMMIT")
         return "\n".join(lines) + "\n"
 
     def _rules4(self, live: list[tuple[str, PrivateAddress]]) -> str:
@@ -203,6 +247,8 @@ class WorkerNetwork:
             "*nat",
             f":{self.nat} - [0:0]",
             f"-A {self.nat} -s {self.v4} ! -o {self.links} -j MASQUERADE",
+            f":{self.edge} - [0:0]",
+            *(f"-A {self.edge} {r}" for m, a in live for r in self._edge(a)),
             "COMMIT",
         ]
         return "\n".join(lines) + "\n"
@@ -218,6 +264,8 @@ class WorkerNetwork:
         ]
         if family == 6:
             lines += [f"-A {self.into} {r}" for m, a in live for r in self._into6(m, a)]
+        elif self.edge_host:  # what the edge rules sent to a machine
+            lines.append(f"-A {self.into} -m conntrack --ctstate DNAT -j ACCEPT")
         return [*lines, f"-A {self.into} -j DROP"]
 
     def _into6(self, machine_id: str, a: PrivateAddress) -> list[str]:
@@ -230,6 +278,25 @@ class WorkerNetwork:
         return [
             f"{own} -d {network_mask(network_bits(a.network))} -j ACCEPT",
             f"{own} ! -d {CLUSTER_PREFIX} -j ACCEPT",
+        ]
+
+    def _flycast(self, machine_id: str, a: PrivateAddress) -> list[str]:
+        """Its TCP connections to its own network's Flycast addresses: to the host's proxy."""
+        if not self.flycast_port:
+            return []
+        link = self.names(machine_id, a).link
+        return [
+            f"-i {link} -s {a.ip6}/128 -d {flycast_mask(a.network)} -p tcp "
+            f"-j DNAT --to-destination [{PROXY_ADDRESS}]:{self.flycast_port}"
+        ]
+
+    def _edge(self, a: PrivateAddress) -> list[str]:
+        """Its host ports at the edge host: to its link address's internal ports."""
+        if not self.edge_host:
+            return []
+        return [
+            f"-p tcp --dport {outer} -j DNAT --to-destination {a.ip4}:{inner}"
+            for outer, inner in a.edge
         ]
 
     def _machine4(self, machine_id: str, a: PrivateAddress) -> list[str]:
@@ -245,6 +312,7 @@ class WorkerNetwork:
         """The machine's namespace, made unless it is there whole; its path."""
         names = self.names(machine_id, address)
         if self.exists(machine_id, address):
+            self._refresh_edge(machine_id, address)
             return NETNS_DIR / names.netns
         self._remove(names)  # half made (an agent killed meanwhile)
         ns, link = names.netns, names.link
@@ -271,27 +339,77 @@ class WorkerNetwork:
         try:
             _run(["ip", "-batch", "-"], "\n".join(outside) + "\n")
             _run(["ip", "-n", ns, "-batch", "-"], "\n".join(inside) + "\n")
-            self._machine_rules(machine_id, address, "-I")
+            self._to_loopback(ns, address)
+            if machine_id in self._edges:  # its rules are made (at the worker's start)
+                self._refresh_edge(machine_id, address)
+            else:
+                self._machine_rules(machine_id, address, "-I")
         except OSError:
             self._remove(names)
             raise
+        self._edges[machine_id] = address.edge
         return NETNS_DIR / ns
+
+    def leave(self, running: Iterable[tuple[str, PrivateAddress]]) -> list[str]:
+        """The agent goes away: the namespaces of its machines that do not run are removed
+        (a start makes them again, with the same addresses), and with none running the
+        worker's chains too (the next agent's start makes them again): nothing is left of
+        a worker without running machines. The names of the namespaces removed."""
+        running = list(running)
+        keep = [self.names(m, a) for m, a in running]
+        gone = self.sweep({n.netns for n in keep}, {n.link for n in keep})
+        if not running:
+            self.stop_rules()
+            self._edges.clear()
+        return gone
+
+    @staticmethod
+    def _to_loopback(ns: str, address: PrivateAddress) -> None:
+        """Inside the machine's namespace: TCP over IPv4 to its link address goes to its
+        loopback (DNAT, ``route_localnet`` on ``eth0``), so that a program listening on
+        ``127.0.0.1``, as ``PORT`` has always said, is reached by the proxy and the checks,
+        as one listening on ``0.0.0.0`` or ``::`` is. Over IPv6 (the private network)
+        nothing changes: a program meant for other machines listens on ``::``."""
+        inside = ["ip", "netns", "exec", ns]
+        _run([*inside, "sysctl", "-qw", "net.ipv4.conf.eth0.route_localnet=1"])
+        rule = (
+            f"-A PREROUTING -i eth0 -d {address.ip4}/32 -p tcp -j DNAT --to-destination 127.0.0.1"
+        )
+        _run([*inside, "iptables-restore", "-w"], f"*nat\n{rule}\nCOMMIT\n")
+
+    def _refresh_edge(self, machine_id: str, address: PrivateAddress) -> None:
+        """Its edge rules as its record now says (an update changed its services)."""
+        made = self._edges.get(machine_id)
+        if made == address.edge:
+            return
+        for rules, how in ((self._edge(replace(address, edge=made or ())), "-D"),
+                           (self._edge(address), "-I")):  # fmt: skip
+            if rules:
+                where = " 1" if how == "-I" else ""
+                body = "".join(f"{how} {self.edge}{where} {rule}\n" for rule in rules)
+                _run(["iptables-restore", "-w", "--noflush"], f"*nat\n{body}COMMIT\n")
+        self._edges[machine_id] = address.edge
 
     def _machine_rules(self, machine_id: str, address: PrivateAddress, how: str) -> None:
         """Insert (``-I``, after the chains' heads) or delete (``-D``) its rules."""
-        for family, chain, rules, after in (
-            ("ip6", self.fwd, self._machine6(machine_id, address), 2),
-            ("ip6", self.into, self._into6(machine_id, address), 2),
-            ("ip", self.fwd, self._machine4(machine_id, address), 4),
+        for family, table, chain, rules, after in (
+            ("ip6", "filter", self.fwd, self._machine6(machine_id, address), 2),
+            ("ip6", "filter", self.into, self._into6(machine_id, address), 2),
+            ("ip6", "nat", self.fly, self._flycast(machine_id, address), 0),
+            ("ip", "filter", self.fwd, self._machine4(machine_id, address), 4),
+            ("ip", "nat", self.edge, self._edge(address), 0),
         ):
+            if not rules:
+                continue
             where = f" {after + 1}" if how == "-I" else ""
             body = "".join(f"{how} {chain}{where} {rule}\n" for rule in rules)
-            _run([f"{family}tables-restore", "-w", "--noflush"], f"*filter\n{body}COMMIT\n")
+            _run([f"{family}tables-restore", "-w", "--noflush"], f"*{table}\n{body}COMMIT\n")
 
     def remove(self, machine_id: str, address: PrivateAddress) -> None:
         """The machine's namespace, links, routes and rules, gone."""
+        made = self._edges.pop(machine_id, address.edge)
         with contextlib.suppress(OSError):
-            self._machine_rules(machine_id, address, "-D")
+            self._machine_rules(machine_id, replace(address, edge=made), "-D")
         self._remove(self.names(machine_id, address))
 
     def _remove(self, names: _Names) -> None:

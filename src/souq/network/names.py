@@ -14,6 +14,8 @@ Names, as Fly's 6PN DNS has them (every address is the machine's ``private_ip``,
     vms.<app>.internal                  TXT   "<machine id> <region>" of the started machines
     regions.<app>.internal              TXT   the regions of the app's started machines
     _apps.internal                      TXT   the names of the apps, comma separated
+    <app>.flycast                       AAAA  the app's Flycast address (answered by the edge
+                                              proxy, which starts a machine if it must)
 
 **Which names exist.** An app exists while it has a machine that is not destroyed; a region
 name exists when Souq knows the region (a worker or a machine is in it); a machine name while
@@ -39,6 +41,8 @@ import enum
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from souq.network.addresses import flycast_ip, network_of
+
 __all__ = [
     "DEFAULT_TTL_S",
     "TXT_CHUNK",
@@ -51,6 +55,7 @@ __all__ = [
 ]
 
 ZONE = "internal"
+FLYCAST_ZONE = "flycast"
 DEFAULT_TTL_S = 5  # Fly's answers live 5 s or less: a stopped machine is gone from caches soon
 TXT_CHUNK = 255  # the longest string one TXT record's part holds
 _STARTED = "started"
@@ -106,8 +111,9 @@ EMPTY = Answer(Rcode.NOERROR)
 
 
 def is_internal(name: str) -> bool:
-    """Whether a name (lowercase, without its final dot) is under ``.internal``."""
-    return name == ZONE or name.endswith("." + ZONE)
+    """Whether a name (lowercase, without its final dot) is under ``.internal`` or
+    ``.flycast`` (the names answered here)."""
+    return any(name == zone or name.endswith("." + zone) for zone in (ZONE, FLYCAST_ZONE))
 
 
 def _order(row: NameRow) -> tuple[bool, str, str]:
@@ -216,6 +222,8 @@ class NameIndex:
         row = self.asker(asker)
         scope = row.scope if row is not None else None
         labels = name.split(".")
+        if labels[-1] == FLYCAST_ZONE:
+            return self._flycast(labels[:-1], rdtype, scope)
         if labels[-1] != ZONE:
             return NXDOMAIN
         labels = labels[:-1]
@@ -264,6 +272,19 @@ class NameIndex:
         if asked not in (holds, "ANY"):
             return EMPTY
         return Answer(Rcode.NOERROR, holds, values)
+
+    def _flycast(self, labels: list[str], rdtype: str, scope: Scope | None) -> Answer:
+        """``<app>.flycast``: the app's Flycast address, whether a machine of it runs or not."""
+        if not labels:
+            return EMPTY
+        machines = self._apps.get(labels[0])
+        if len(labels) != 1 or not machines:
+            return NXDOMAIN
+        own = next(iter(machines.values())).scope
+        if scope is not None and own != scope:
+            return NXDOMAIN
+        address = flycast_ip(network_of(own.org, own.network), labels[0])
+        return self._typed(rdtype, "AAAA", (address,))
 
     # -- inside ----------------------------------------------------------------------------------
 

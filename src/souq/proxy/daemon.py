@@ -32,6 +32,7 @@ from souq.daemon import cancel_tasks
 from souq.model import Machine
 from souq.protocol import WorkerClient
 from souq.proxy.decisions import Decisions
+from souq.proxy.flycast import FlycastApps
 from souq.proxy.health import HealthChecks
 from souq.proxy.idle import Autostop
 from souq.proxy.machines import MachineFeed, http_service, tcp_service
@@ -58,6 +59,11 @@ class ProxyConfig(BaseModel):
     region: str = Field(min_length=1, max_length=64, description="the proxy's own region")
     listen: tuple[str, int] = ("127.0.0.1", 4281)
     domain: str = Field(default="localhost", description="APP.<domain> routes to app APP")
+    flycast: tuple[str, int] | None = Field(
+        default=None,
+        description="where the host's machines' Flycast connections come (the workers' "
+        "[fdaa::4]:4282, souq.proxy.flycast); None: no Flycast",
+    )
     admin_port: int = Field(default=0, ge=0, le=65535, description="/metrics, /decisions; 0: off")
     autostop_interval_s: float = Field(default=60.0, gt=0, le=86_400)
     wake_timeout_s: float = Field(default=10.0, gt=0, le=600, description="a request's wait")
@@ -113,6 +119,7 @@ class ControlPlane:
             timeout_s=config.wake_timeout_s,
         )
         self.hooks = Hooks(self.waker, self.autostop)
+        self.flycast = FlycastApps()  # the apps' Flycast addresses, from their machines
         self._tasks: list[asyncio.Task[None]] = []
         # Raw TCP services: edge port -> app, and how to listen (set by the process's main).
         self.tcp_ports: dict[int, str] = {}
@@ -147,6 +154,7 @@ class ControlPlane:
             self.health.forget(machine.id)
             return
         self.health.follow(machine)
+        self.flycast.note(machine)
         if http_service(machine) is None and (tcp := tcp_service(machine)) is not None:
             self._tcp_port(machine.app, tcp[1])
 

@@ -21,7 +21,7 @@ from dataclasses import replace
 from souq.model import Machine, Service
 from souq.proxy.table import Backend, RoutingTable
 
-__all__ = ["MachineFeed", "backend_of", "http_service", "tcp_service"]
+__all__ = ["MachineFeed", "backend_of", "http_service", "port_at", "tcp_service"]
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,13 @@ def tcp_service(machine: Machine) -> tuple[Service, int] | None:
     return None
 
 
+def port_at(machine: Machine, internal_port: int) -> int | None:
+    """The port the proxy reaches ``internal_port`` of the machine at, on its backend's host."""
+    address = machine.address
+    reached = None if address is None else address.reached_at(internal_port)
+    return None if reached is None else reached[1]
+
+
 def backend_of(machine: Machine) -> Backend | None:
     """The machine as the routing table sees it (its HTTP service's, else its raw TCP
     service's port), or None when it serves neither."""
@@ -53,15 +60,15 @@ def backend_of(machine: Machine) -> Backend | None:
     address = machine.address
     if service is None or address is None:
         return None
-    port = address.port_for(service.internal_port)
-    if port is None:
+    reached = address.reached_at(service.internal_port)
+    if reached is None:
         return None
     return Backend(
         machine_id=machine.id,
         app=machine.app,
         region=machine.region,
-        host=address.host,
-        port=port,
+        host=reached[0],
+        port=reached[1],
         worker_id=machine.worker_id,
         state=machine.state.value,
         kind=service.concurrency.type,

@@ -24,6 +24,7 @@ from souq.http_limits import BodyLimit
 from souq.http_server import EmbeddedServer, server_config
 from souq.proxy.config import RelayConfig
 from souq.proxy.daemon import ControlPlane, ProxyConfig
+from souq.proxy.machines import port_at
 from souq.proxy.relay import Relay
 
 __all__ = ["run", "serve"]
@@ -74,6 +75,8 @@ async def serve(
                 log.info("app %s: raw TCP on %s:%d", app, host, edge_port)
 
             plane.listen_tcp = listen_tcp
+            if config.flycast is not None:
+                await _listen_flycast(plane, relay, *config.flycast)
             if config.admin_port:
                 auth = AuthDir.from_env(config.auth_dir)
                 admin = asyncio.create_task(
@@ -95,6 +98,24 @@ async def serve(
                 await admin
         await plane.aclose()
         await transport.close()
+
+
+async def _listen_flycast(plane: ControlPlane, relay: Relay, host: str, port: int) -> None:
+    """The Flycast listener (souq.proxy.flycast): a machine's connection, at the port of the
+    machine the relay claims for it."""
+
+    def port_of(machine_id: str, internal: int) -> int | None:
+        machine = plane.feed.machines.get(machine_id)
+        return None if machine is None else port_at(machine, internal)
+
+    try:
+        await relay.listen_flycast(host, port, plane.flycast, port_of)
+    except OSError as exc:
+        raise Unavailable(
+            f"--flycast [{host}]:{port}: cannot listen there: {exc.strerror or exc}",
+            hint="give the address the workers send Flycast to ([fdaa::4]:4282) and a free port",
+        ) from exc
+    log.info("souq proxy takes Flycast connections on [%s]:%d", host, port)
 
 
 async def _admin(

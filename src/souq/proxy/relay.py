@@ -24,6 +24,7 @@ import contextlib
 import logging
 import socket
 from bisect import bisect_left
+from collections.abc import Callable
 from time import perf_counter
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, cast
@@ -33,6 +34,7 @@ from souq.proxy.admission import Admission
 from souq.proxy.config import RelayConfig
 from souq.proxy.downstream import ClientConnection
 from souq.proxy.exchange import app_of_host
+from souq.proxy.flycast import FlycastApps, FlycastEntry
 from souq.proxy.hooks import NoHooks, ProxyHooks
 from souq.proxy.metrics import BUCKETS, AppStats, ProxyStats, metrics_text
 from souq.proxy.pool import UpstreamPool
@@ -52,17 +54,30 @@ _HOSTS_KEPT = 4096
 _MISSING = object()
 
 
+_FREEBIND = 15  # IP_FREEBIND (linux/in.h): bind an address the host does not hold yet
+
+
 def reuse_port_socket(
-    host: str, port: int, *, backlog: int = 1024, reuse_port: bool = True
+    host: str,
+    port: int,
+    *,
+    backlog: int = 1024,
+    reuse_port: bool = True,
+    freebind: bool = False,
 ) -> socket.socket:
     """A listening TCP socket; with ``SO_REUSEPORT`` other processes may bind the same port
-    and the kernel spreads new connections between them."""
+    and the kernel spreads new connections between them; with ``freebind`` it is bound even
+    while the address is not the host's yet (Flycast's, which the worker puts on its loopback
+    as its network starts)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         if reuse_port:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        if freebind:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_IP, _FREEBIND, 1)
         sock.bind((host, port))
         sock.listen(backlog)
         sock.setblocking(False)
@@ -150,6 +165,19 @@ class Relay:
         sock = reuse_port_socket(host, port, backlog=self.config.backlog, reuse_port=reuse_port)
         server = await self.loop.create_server(
             lambda: TcpEntry(self, app, target_port), sock=sock, backlog=self.config.backlog
+        )
+        return self._started(server)
+
+    async def listen_flycast(
+        self, host: str, port: int, apps: FlycastApps, ports: Callable[[str, int], int | None]
+    ) -> int:
+        """Take the Flycast connections the host's workers send to ``[host]:port``
+        (:mod:`souq.proxy.flycast`); returns the port bound."""
+        sock = reuse_port_socket(
+            host, port, backlog=self.config.backlog, reuse_port=False, freebind=True
+        )
+        server = await self.loop.create_server(
+            lambda: FlycastEntry(self, apps, ports), sock=sock, backlog=self.config.backlog
         )
         return self._started(server)
 

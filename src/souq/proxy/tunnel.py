@@ -22,6 +22,7 @@ from souq.errors import SouqError
 
 if TYPE_CHECKING:
     from souq.proxy.relay import Relay
+    from souq.proxy.table import Slot
 
 __all__ = ["TcpEntry", "Tunnel", "TunnelEnd"]
 
@@ -134,6 +135,10 @@ class TcpEntry(asyncio.Protocol):
         # uvloop may hand over what it read with the connection, before the pause took hold.
         self.early.append(data)
 
+    def port_of(self, slot: Slot) -> int:
+        """The machine's port the connection goes to."""
+        return self.target_port if self.target_port is not None else slot.address[1]
+
     def connection_lost(self, exc: Exception | None) -> None:
         if self.task is not None:
             self.task.cancel()
@@ -149,7 +154,7 @@ class TcpEntry(asyncio.Protocol):
             client.close()
             return
         while True:
-            port = self.target_port if self.target_port is not None else slot.address[1]
+            port = self.port_of(slot)
             try:
                 async with asyncio.timeout(relay.config.connect_timeout_s):
                     machine, held = await relay.loop.create_connection(_Held, slot.address[0], port)
