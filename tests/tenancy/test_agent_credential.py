@@ -22,10 +22,10 @@ from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StreamConfig
 
 from souq.auth.bus import credential
+from souq.bus import subjects
 from souq.bus.permissions import (
     JOBS_BUCKET,
     JOBS_READY,
-    JOBS_READY_SUBJECT,
     JOBS_RUNNERS,
     agent_user,
 )
@@ -167,7 +167,7 @@ def test_an_agent_cannot_change_or_replace_the_shared_job_consumer(cluster: Clus
                     ConsumerConfig(
                         name=JOBS_RUNNERS,
                         durable_name=JOBS_RUNNERS,
-                        filter_subject=JOBS_READY_SUBJECT,
+                        filter_subject=subjects.JOBS_READY,
                         ack_policy=AckPolicy.EXPLICIT,
                         ack_wait=1.0,
                         max_ack_pending=1,
