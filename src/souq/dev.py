@@ -48,8 +48,6 @@ from souq.daemon import loop_factory
 from souq.errors import Conflict, SouqError, Unavailable
 from souq.natscluster import NatsCluster
 from souq.natsserver import NatsServer, free_port
-from souq.network import links
-from souq.network.addresses import PROXY_ADDRESS
 from souq.portledger import next_block
 from souq.procs import terminate
 
@@ -311,10 +309,7 @@ async def _serve_locked(
     proxy_task: asyncio.Task[None] | None = None
     try:
         nats.start()
-        # Flycast where the workers can have the private network: a port of this cluster's
-        # own at the workers' proxy address, for its agents to send to and its proxy to take.
-        flycast = free_port() if links.unavailable() is None else 0
-        names = _start_agents(config, nats.url, data_dir, agents, lock, flycast_port=flycast)
+        names = _start_agents(config, nats.url, data_dir, agents, lock)
         port = config.port or free_port(config.host)
         broker = BrokerConfig(
             nats_url=nats.url, listen_host=config.host, listen_port=port, auth_dir=auth.path
@@ -324,13 +319,7 @@ async def _serve_locked(
         proxy_port = config.proxy_port or free_port(config.host)
         proxy_ready = asyncio.Event()
         proxy_task = _start_proxy(
-            config,
-            nats.url,
-            proxy_port,
-            proxy_ready,
-            broker_stop,
-            auth_dir=auth.path,
-            flycast=(PROXY_ADDRESS, flycast) if flycast else None,
+            config, nats.url, proxy_port, proxy_ready, broker_stop, auth_dir=auth.path
         )
         ready = asyncio.create_task(
             _wait_ready(
@@ -417,13 +406,10 @@ def _start_agents(
     data_dir: Path,
     agents: list[subprocess.Popen[bytes]],
     lock: int,
-    *,
-    flycast_port: int = 0,
 ) -> list[tuple[str, str]]:
     """Start the workers (into ``agents`` as they start); their (region, name)s. Each inherits
     the directory's ``lock``: while an agent of this cluster lives (this process killed with
-    -9, say), no other ``souq dev`` starts agents on its workers' files. Each has the private
-    network where the host can (the agent's default), with ``flycast_port`` (0: none)."""
+    -9, say), no other ``souq dev`` starts agents on its workers' files."""
     from souq.agent.fingerprint import host_cpus, host_memory_mb
 
     names = _worker_names(config)
@@ -444,7 +430,6 @@ def _start_agents(
                 worker_id=_credential_for(data_dir, name),
                 machine_user=config.machine_user,
                 pass_fds=(lock,),
-                extra_args=["--flycast-port", str(flycast_port)],
             )
         )
     return names
@@ -490,13 +475,11 @@ def _credential_for(data_dir: Path, name: str) -> str:
 
 
 def _agent_auth(data_dir: Path, name: str) -> Path:
-    """The auth directory the agent ``name`` is given: its own seed, the secrets key and the
-    read-only ``view`` seed (its machines' ``.internal`` names: docs/names.md) only
+    """The auth directory the agent ``name`` is given: its own seed and the secrets key only
     (``DATA_DIR/agent-auth/NAME``), not the cluster's whole directory: no token key, admin
     token, nor another daemon's seed."""
     auth = AuthDir(data_dir)
-    dest = data_dir / AGENT_AUTH / name
-    return agent_dir(auth, _credential_for(data_dir, name), dest, view=True).path
+    return agent_dir(auth, _credential_for(data_dir, name), data_dir / AGENT_AUTH / name).path
 
 
 def _start_proxy(
@@ -507,7 +490,6 @@ def _start_proxy(
     stop: asyncio.Event,
     *,
     auth_dir: Path,
-    flycast: tuple[str, int] | None = None,
 ) -> asyncio.Task[None]:
     """The edge proxy, in this process: its region is the cluster's first."""
     from souq.proxy.daemon import ProxyConfig
@@ -520,7 +502,6 @@ def _start_proxy(
         domain=config.domain,
         autostop_interval_s=config.autostop_interval_s,
         auth_dir=auth_dir,
-        flycast=flycast,
     )
     return asyncio.create_task(serve_proxy(proxy, ready=ready, stop=stop), name="souq-proxy")
 

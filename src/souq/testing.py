@@ -129,20 +129,6 @@ class _WorkerProcess(_ChildProcess):
     memory_mb: int | None = None
 
 
-STARTED_WORKERS: set[str] = set()  # every worker an AgentProcess of this process started
-
-
-def forget_network(worker_id: str) -> None:
-    """What a worker's private network left on this host when its agent did not leave it
-    (killed, or gone with machines left running): its machines' namespaces and links, its
-    chains. Nothing where the host has no private networks."""
-    from souq.network import links
-
-    if links.unavailable() is None:
-        with contextlib.suppress(OSError):
-            links.WorkerNetwork(worker_id, Path("/nonexistent")).leave([])
-
-
 @dataclass(kw_only=True, eq=False)
 class AgentProcess(_WorkerProcess):
     """One ``souq agent`` child process. Its machines run as the test's own user by default
@@ -203,10 +189,7 @@ class AgentProcess(_WorkerProcess):
                     return words[2]
             return None
 
-        worker_id = wait_until(ready, timeout=timeout, message="the agent to be ready")
-        assert worker_id is not None
-        STARTED_WORKERS.add(worker_id)
-        self.worker_id = worker_id
+        self.worker_id = wait_until(ready, timeout=timeout, message="the agent to be ready")
 
     def machine_pids(self) -> list[int]:
         """Pids of the agent's machines' processes and their souq-waiters: the agent's

@@ -126,11 +126,10 @@ class AgentConfig(BaseModel):
         "(`sandbox`) where this host can, `exec` runs plain processes unless asked",
     )
     private_network: Literal["auto", "on", "off"] = Field(
-        default="auto",
+        default="off",
         description="each sandboxed machine in a network namespace of its own with a private "
-        "address on its app's network (souq.network): `auto` (the default: where root, ip, "
-        "iptables and ip6tables, the sandbox and souq-waiter work; the worker says why not "
-        "elsewhere), `on` (refused where the host cannot), `off`",
+        "address on its app's network (souq.network): `on` (refused where the host cannot), "
+        "`auto` (where root, ip and ip6tables work), `off`",
     )
     underlay: str = Field(
         default="",

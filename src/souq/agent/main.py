@@ -62,7 +62,7 @@ from souq.model.base import copy_fields
 from souq.model.resources import Resources
 from souq.model.worker import WorkerInfo
 from souq.network import links
-from souq.network.addresses import DNS_ADDRESS, private_address
+from souq.network.addresses import DNS_ADDRESS
 from souq.network.overlay import Overlay
 from souq.network.wireguard import WireGuard
 
@@ -496,8 +496,6 @@ class Agent:
         if self._commands is not None and self.config.stop_machines_on_exit:
             await self._stop_machines(self._commands)
         if self._executor is not None:
-            if self._executor.network is not None:
-                self._leave_network(self._executor, self._executor.network)
             await self._executor.shutdown()
             self._executor = self._commands = None
         if self._service is not None:
@@ -511,22 +509,6 @@ class Agent:
         if self._transport is not None and self._own_transport:
             await self._transport.close()
             self._transport = None
-
-    @staticmethod
-    def _leave_network(executor: Executor, network: links.WorkerNetwork) -> None:
-        """What the private network holds for machines that do not run, removed (made again
-        at their next start): nothing is left of a worker whose machines are all stopped."""
-        running = [
-            (row.id, private_address(row.address))
-            for row in executor.rows()
-            if executor.handle(row.id) is not None
-            and row.address is not None
-            and row.address.private_ip
-        ]
-        try:
-            network.leave(running)
-        except OSError as exc:
-            log.warning("private network: could not remove what stopped machines hold: %s", exc)
 
     async def _stop_machines(self, commands: Commands) -> None:
         """Stop every machine, then take down what their mounts left in the host's table: the

@@ -236,21 +236,17 @@ def choose_worker(available: Sequence[str], stored: str | None, asked: str | Non
     return chosen
 
 
-def agent_dir(auth: AuthDir, worker_id: str, dest: Path, *, view: bool = False) -> AuthDir:
+def agent_dir(auth: AuthDir, worker_id: str, dest: Path) -> AuthDir:
     """An auth directory (0700) holding what one agent needs and nothing more: its own NATS seed
     (``dest/nats/agent-<worker id>.nk``), the bus's CA when it runs TLS, and the secrets key (it
-    opens its machines' secrets); with ``view``, the read-only ``view`` seed too (the names it
-    answers for its machines read the cluster's view: docs/names.md). Not the token keys, the
-    admin token, nor any other role's or agent's seed. What it holds already stays (a seed is
-    never rewritten)."""
+    opens its machines' secrets). Not the token keys, the admin token, nor any other role's or
+    agent's seed. What it holds already stays (a seed is never rewritten)."""
     user = agent_user(worker_id)
     seed = credential(auth, user).seed
     dest.mkdir(parents=True, exist_ok=True, mode=0o700)
     dest.chmod(0o700)
     own = AuthDir(dest)
     write_private(_seed_path(own, user), seed + "\n")
-    if view:
-        write_private(_seed_path(own, "view"), credential(auth, "view").seed + "\n")
     if auth.secrets_key.exists():
         write_private(own.secrets_key, auth.secrets_key.read_text())
     ca = _ca(auth)

@@ -219,7 +219,7 @@ def agent(
         typer.Option(
             "--private-network",
             help="Each sandboxed machine in a network namespace of its own with a private "
-            "address (docs/network.md): auto (default: where the host can), on, off.",
+            "address (docs/network.md): on, auto (where the host can), off (default).",
         ),
     ] = None,
     underlay: Annotated[

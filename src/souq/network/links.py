@@ -185,8 +185,8 @@ class WorkerNetwork:
                 _run([tool, "-w", "-t", table, "-I", chain, "1", *spec])
 
     def stop_rules(self) -> None:
-        """Remove the worker's chains and its block's route (an agent leaving with no machine
-        running; tests, benchmarks)."""
+        """Remove the worker's chains and its block's route (tests, benchmarks; an agent keeps
+        them for its machines)."""
         _run(["ip", "route", "del", "unreachable", str(self.v4)], check=False)
         for family in ("ip", "ip6"):
             tool = f"{family}tables"
@@ -339,43 +339,12 @@ class WorkerNetwork:
         try:
             _run(["ip", "-batch", "-"], "\n".join(outside) + "\n")
             _run(["ip", "-n", ns, "-batch", "-"], "\n".join(inside) + "\n")
-            self._to_loopback(ns, address)
-            if machine_id in self._edges:  # its rules are made (at the worker's start)
-                self._refresh_edge(machine_id, address)
-            else:
-                self._machine_rules(machine_id, address, "-I")
+            self._machine_rules(machine_id, address, "-I")
         except OSError:
             self._remove(names)
             raise
         self._edges[machine_id] = address.edge
         return NETNS_DIR / ns
-
-    def leave(self, running: Iterable[tuple[str, PrivateAddress]]) -> list[str]:
-        """The agent goes away: the namespaces of its machines that do not run are removed
-        (a start makes them again, with the same addresses), and with none running the
-        worker's chains too (the next agent's start makes them again): nothing is left of
-        a worker without running machines. The names of the namespaces removed."""
-        running = list(running)
-        keep = [self.names(m, a) for m, a in running]
-        gone = self.sweep({n.netns for n in keep}, {n.link for n in keep})
-        if not running:
-            self.stop_rules()
-            self._edges.clear()
-        return gone
-
-    @staticmethod
-    def _to_loopback(ns: str, address: PrivateAddress) -> None:
-        """Inside the machine's namespace: TCP over IPv4 to its link address goes to its
-        loopback (DNAT, ``route_localnet`` on ``eth0``), so that a program listening on
-        ``127.0.0.1``, as ``PORT`` has always said, is reached by the proxy and the checks,
-        as one listening on ``0.0.0.0`` or ``::`` is. Over IPv6 (the private network)
-        nothing changes: a program meant for other machines listens on ``::``."""
-        inside = ["ip", "netns", "exec", ns]
-        _run([*inside, "sysctl", "-qw", "net.ipv4.conf.eth0.route_localnet=1"])
-        rule = (
-            f"-A PREROUTING -i eth0 -d {address.ip4}/32 -p tcp -j DNAT --to-destination 127.0.0.1"
-        )
-        _run([*inside, "iptables-restore", "-w"], f"*nat\n{rule}\nCOMMIT\n")
 
     def _refresh_edge(self, machine_id: str, address: PrivateAddress) -> None:
         """Its edge rules as its record now says (an update changed its services)."""
