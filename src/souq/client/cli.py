@@ -290,6 +290,23 @@ def _run_config(
     return config
 
 
+def _record_command(
+    group: typer.Typer, verb: str, arg: object, *, call: str, view: str, summary: str
+) -> None:
+    """Add ``souq <group> <verb> ID --app APP``: the client's ``call`` on the record, its answer
+    through ``render.<view>`` (JSON with ``--json``); commands that differ only in these."""
+
+    def command(record_id: str, app_name: AppOpt, as_json: JsonOpt = False) -> None:
+        with reporting(as_json):
+            answer = getattr(make_client(), call)(app_name, record_id)
+            getattr(render, view)(answer, as_json=as_json)
+
+    command.__annotations__["record_id"] = arg
+    command.__doc__ = summary
+    command.__name__ = f"{call}_command"
+    group.command(verb)(command)
+
+
 @machine_app.command("explain")
 def machine_explain(machine_id: IdArg, app_name: AppOpt, as_json: JsonOpt = False) -> None:
     """Why the machine landed where it did: offers, rejections, scores per stage, claims."""
@@ -336,18 +353,24 @@ def quote_create(
         render.quote(quote, as_json=as_json)
 
 
-@quote_app.command("show")
-def quote_show(quote_id: QuoteArg, app_name: AppOpt, as_json: JsonOpt = False) -> None:
-    """Show a quote: what it holds, where, until when, and why there."""
-    with reporting(as_json):
-        render.quote(make_client().get_quote(app_name, quote_id), as_json=as_json)
+_record_command(
+    quote_app,
+    "show",
+    QuoteArg,
+    call="get_quote",
+    view="quote",
+    summary="Show a quote: what it holds, where, until when, and why there.",
+)
 
 
-@quote_app.command("release")
-def quote_release(quote_id: QuoteArg, app_name: AppOpt, as_json: JsonOpt = False) -> None:
-    """Give a quote's capacity back before its TTL."""
-    with reporting(as_json):
-        render.quote(make_client().release_quote(app_name, quote_id), as_json=as_json)
+_record_command(
+    quote_app,
+    "release",
+    QuoteArg,
+    call="release_quote",
+    view="quote",
+    summary="Give a quote's capacity back before its TTL.",
+)
 
 
 @machine_app.command("list")
@@ -357,18 +380,24 @@ def machine_list(app_name: AppOpt, as_json: JsonOpt = False) -> None:
         render.machines(make_client().list_machines(app_name), as_json=as_json)
 
 
-@machine_app.command("show")
-def machine_show(machine_id: IdArg, app_name: AppOpt, as_json: JsonOpt = False) -> None:
-    """Show a machine: config, state, events and placement."""
-    with reporting(as_json):
-        render.machine(make_client().get_machine(app_name, machine_id), as_json=as_json)
+_record_command(
+    machine_app,
+    "show",
+    IdArg,
+    call="get_machine",
+    view="machine",
+    summary="Show a machine: config, state, events and placement.",
+)
 
 
-@machine_app.command("start")
-def machine_start(machine_id: IdArg, app_name: AppOpt, as_json: JsonOpt = False) -> None:
-    """Start a stopped machine, or resume a suspended one."""
-    with reporting(as_json):
-        render.machine_state(make_client().start(app_name, machine_id), as_json=as_json)
+_record_command(
+    machine_app,
+    "start",
+    IdArg,
+    call="start",
+    view="machine_state",
+    summary="Start a stopped machine, or resume a suspended one.",
+)
 
 
 @machine_app.command("stop")
@@ -436,11 +465,14 @@ def machine_update(
         render.machine_state(machine, as_json=as_json)
 
 
-@machine_app.command("restart")
-def machine_restart(machine_id: IdArg, app_name: AppOpt, as_json: JsonOpt = False) -> None:
-    """Stop a machine and start it again."""
-    with reporting(as_json):
-        render.machine_state(make_client().restart(app_name, machine_id), as_json=as_json)
+_record_command(
+    machine_app,
+    "restart",
+    IdArg,
+    call="restart",
+    view="machine_state",
+    summary="Stop a machine and start it again.",
+)
 
 
 @machine_app.command("destroy")
