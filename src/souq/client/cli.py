@@ -290,11 +290,46 @@ def _run_config(
     return config
 
 
-def _record_command(
-    group: typer.Typer, verb: str, arg: object, *, call: str, view: str, summary: str
-) -> None:
+# The commands that differ only in data: (group, verb) -> the argument, the client's call, the
+# view of its answer, the summary; each is added where it stands in its group's help.
+_RECORD_COMMANDS: dict[tuple[str, str], tuple[object, str, str, str]] = {
+    ("quote", "show"): (
+        QuoteArg,
+        "get_quote",
+        "quote",
+        "Show a quote: what it holds, where, until when, and why there.",
+    ),
+    ("quote", "release"): (
+        QuoteArg,
+        "release_quote",
+        "quote",
+        "Give a quote's capacity back before its TTL.",
+    ),
+    ("machine", "show"): (
+        IdArg,
+        "get_machine",
+        "machine",
+        "Show a machine: config, state, events and placement.",
+    ),
+    ("machine", "start"): (
+        IdArg,
+        "start",
+        "machine_state",
+        "Start a stopped machine, or resume a suspended one.",
+    ),
+    ("machine", "restart"): (
+        IdArg,
+        "restart",
+        "machine_state",
+        "Stop a machine and start it again.",
+    ),
+}
+
+
+def _record_command(group: str, verb: str) -> None:
     """Add ``souq <group> <verb> ID --app APP``: the client's ``call`` on the record, its answer
-    through ``render.<view>`` (JSON with ``--json``); commands that differ only in these."""
+    through ``render.<view>`` (JSON with ``--json``), as :data:`_RECORD_COMMANDS` has them."""
+    arg, call, view, summary = _RECORD_COMMANDS[group, verb]
 
     def command(record_id: str, app_name: AppOpt, as_json: JsonOpt = False) -> None:
         with reporting(as_json):
@@ -304,7 +339,7 @@ def _record_command(
     command.__annotations__["record_id"] = arg
     command.__doc__ = summary
     command.__name__ = f"{call}_command"
-    group.command(verb)(command)
+    {"machine": machine_app, "quote": quote_app}[group].command(verb)(command)
 
 
 @machine_app.command("explain")
@@ -353,24 +388,10 @@ def quote_create(
         render.quote(quote, as_json=as_json)
 
 
-_record_command(
-    quote_app,
-    "show",
-    QuoteArg,
-    call="get_quote",
-    view="quote",
-    summary="Show a quote: what it holds, where, until when, and why there.",
-)
+_record_command("quote", "show")
 
 
-_record_command(
-    quote_app,
-    "release",
-    QuoteArg,
-    call="release_quote",
-    view="quote",
-    summary="Give a quote's capacity back before its TTL.",
-)
+_record_command("quote", "release")
 
 
 @machine_app.command("list")
@@ -380,24 +401,10 @@ def machine_list(app_name: AppOpt, as_json: JsonOpt = False) -> None:
         render.machines(make_client().list_machines(app_name), as_json=as_json)
 
 
-_record_command(
-    machine_app,
-    "show",
-    IdArg,
-    call="get_machine",
-    view="machine",
-    summary="Show a machine: config, state, events and placement.",
-)
+_record_command("machine", "show")
 
 
-_record_command(
-    machine_app,
-    "start",
-    IdArg,
-    call="start",
-    view="machine_state",
-    summary="Start a stopped machine, or resume a suspended one.",
-)
+_record_command("machine", "start")
 
 
 @machine_app.command("stop")
@@ -465,14 +472,7 @@ def machine_update(
         render.machine_state(machine, as_json=as_json)
 
 
-_record_command(
-    machine_app,
-    "restart",
-    IdArg,
-    call="restart",
-    view="machine_state",
-    summary="Stop a machine and start it again.",
-)
+_record_command("machine", "restart")
 
 
 @machine_app.command("destroy")
