@@ -290,6 +290,58 @@ def _run_config(
     return config
 
 
+# The commands that differ only in data: (group, verb) -> the argument, the client's call, the
+# view of its answer, the summary; each is added where it stands in its group's help.
+_RECORD_COMMANDS: dict[tuple[str, str], tuple[object, str, str, str]] = {
+    ("quote", "show"): (
+        QuoteArg,
+        "get_quote",
+        "quote",
+        "Show a quote: what it holds, where, until when, and why there.",
+    ),
+    ("quote", "release"): (
+        QuoteArg,
+        "release_quote",
+        "quote",
+        "Give a quote's capacity back before its TTL.",
+    ),
+    ("machine", "show"): (
+        IdArg,
+        "get_machine",
+        "machine",
+        "Show a machine: config, state, events and placement.",
+    ),
+    ("machine", "start"): (
+        IdArg,
+        "start",
+        "machine_state",
+        "Start a stopped machine, or resume a suspended one.",
+    ),
+    ("machine", "restart"): (
+        IdArg,
+        "restart",
+        "machine_state",
+        "Stop a machine and start it again.",
+    ),
+}
+
+
+def _record_command(group: str, verb: str) -> None:
+    """Add ``souq <group> <verb> ID --app APP``: the client's ``call`` on the record, its answer
+    through ``render.<view>`` (JSON with ``--json``), as :data:`_RECORD_COMMANDS` has them."""
+    arg, call, view, summary = _RECORD_COMMANDS[group, verb]
+
+    def command(record_id: str, app_name: AppOpt, as_json: JsonOpt = False) -> None:
+        with reporting(as_json):
+            answer = getattr(make_client(), call)(app_name, record_id)
+            getattr(render, view)(answer, as_json=as_json)
+
+    command.__annotations__["record_id"] = arg
+    command.__doc__ = summary
+    command.__name__ = f"{call}_command"
+    {"machine": machine_app, "quote": quote_app}[group].command(verb)(command)
+
+
 @machine_app.command("explain")
 def machine_explain(machine_id: IdArg, app_name: AppOpt, as_json: JsonOpt = False) -> None:
     """Why the machine landed where it did: offers, rejections, scores per stage, claims."""
@@ -336,18 +388,10 @@ def quote_create(
         render.quote(quote, as_json=as_json)
 
 
-@quote_app.command("show")
-def quote_show(quote_id: QuoteArg, app_name: AppOpt, as_json: JsonOpt = False) -> None:
-    """Show a quote: what it holds, where, until when, and why there."""
-    with reporting(as_json):
-        render.quote(make_client().get_quote(app_name, quote_id), as_json=as_json)
+_record_command("quote", "show")
 
 
-@quote_app.command("release")
-def quote_release(quote_id: QuoteArg, app_name: AppOpt, as_json: JsonOpt = False) -> None:
-    """Give a quote's capacity back before its TTL."""
-    with reporting(as_json):
-        render.quote(make_client().release_quote(app_name, quote_id), as_json=as_json)
+_record_command("quote", "release")
 
 
 @machine_app.command("list")
@@ -357,18 +401,10 @@ def machine_list(app_name: AppOpt, as_json: JsonOpt = False) -> None:
         render.machines(make_client().list_machines(app_name), as_json=as_json)
 
 
-@machine_app.command("show")
-def machine_show(machine_id: IdArg, app_name: AppOpt, as_json: JsonOpt = False) -> None:
-    """Show a machine: config, state, events and placement."""
-    with reporting(as_json):
-        render.machine(make_client().get_machine(app_name, machine_id), as_json=as_json)
+_record_command("machine", "show")
 
 
-@machine_app.command("start")
-def machine_start(machine_id: IdArg, app_name: AppOpt, as_json: JsonOpt = False) -> None:
-    """Start a stopped machine, or resume a suspended one."""
-    with reporting(as_json):
-        render.machine_state(make_client().start(app_name, machine_id), as_json=as_json)
+_record_command("machine", "start")
 
 
 @machine_app.command("stop")
@@ -436,11 +472,7 @@ def machine_update(
         render.machine_state(machine, as_json=as_json)
 
 
-@machine_app.command("restart")
-def machine_restart(machine_id: IdArg, app_name: AppOpt, as_json: JsonOpt = False) -> None:
-    """Stop a machine and start it again."""
-    with reporting(as_json):
-        render.machine_state(make_client().restart(app_name, machine_id), as_json=as_json)
+_record_command("machine", "restart")
 
 
 @machine_app.command("destroy")

@@ -397,12 +397,11 @@ def trace(
 ) -> list["Report"]:
     """Replay the tasks on the workers, once per policy (the default pipeline's when none),
     and print the reports; with ``compare``, three times per policy (what preemption buys)."""
-    from souq.client import render, render_sim
+    from souq.client import render_sim
     from souq.sim.departures import replay, speed_up
 
     cluster = _workers(workers)
     arriving = speed_up(_read_tasks(tasks, cluster), speedup)
-    each: list[PlacementPolicy | None] = [*policies] or [None]
 
     def run(
         policy: "PlacementPolicy | None",
@@ -421,15 +420,38 @@ def trace(
             window=window,
         )
 
+    reports = _each_policy(run, policies, arriving, preempt, compare=compare, as_json=as_json)
+    _print_reports(reports, render_sim.trace_replay, as_json)
+    return reports
+
+
+def _each_policy(
+    run: "Callable[..., Any]",
+    policies: list["PlacementPolicy"],
+    tasks: "Sequence[Task]",
+    preempt: int,
+    *,
+    compare: bool,
+    as_json: bool,
+) -> list[Any]:
+    """``run`` once per policy (the default pipeline's when none), its reports; with
+    ``compare``, the three runs of each printed side by side, and no reports."""
+    each: list[PlacementPolicy | None] = [*policies] or [None]
     if compare:
-        _compare([partial(run, policy) for policy in each], arriving, preempt, as_json)
+        _compare([partial(run, policy) for policy in each], tasks, preempt, as_json)
         return []
-    reports = [run(policy, arriving, preempt) for policy in each]
-    if as_json:
+    return [run(policy, tasks, preempt) for policy in each]
+
+
+def _print_reports(reports: list[Any], view: "Callable[[Any], None]", as_json: bool) -> None:
+    """The reports through ``view``, or as JSON (one report alone, not in a list); none when
+    they were compared (printed already)."""
+    from souq.client import render
+
+    if reports and as_json:
         render.json_value(reports[0] if len(reports) == 1 else reports)
     for report in [] if as_json else reports:
-        render_sim.trace_replay(report)
-    return reports
+        view(report)
 
 
 def _compare(
@@ -475,7 +497,7 @@ def trace_fleet(
 ) -> list["FleetReport"]:
     """Replay the tasks on a fleet of the workers (:mod:`souq.sim.fleet`), once per policy,
     and print the reports (and draw the first one's timeline with ``--plot``)."""
-    from souq.client import render, render_sim
+    from souq.client import render_sim
     from souq.model.policy import PlacementDefaults
     from souq.placement import build_pipeline
     from souq.sim.departures import speed_up
@@ -491,7 +513,6 @@ def trace_fleet(
         sample_every_s=sample_every,
         preempt=options.preempt,
     )
-    each: list[PlacementPolicy | None] = [*policies] or [None]
 
     def run(
         policy: "PlacementPolicy | None",
@@ -506,18 +527,14 @@ def trace_fleet(
             settings=replace(settings, preempt=most, window=window),
         )
 
-    if options.compare:
-        _compare([partial(run, policy) for policy in each], arriving, options.preempt, as_json)
-        return []
-    reports = [run(policy, arriving, options.preempt) for policy in each]
-    if options.plot is not None:
+    reports = _each_policy(
+        run, policies, arriving, options.preempt, compare=options.compare, as_json=as_json
+    )
+    if reports and options.plot is not None:
         from souq.sim.fleet_plot import plot_timeline
 
         plot_timeline(reports, options.plot)
-    if as_json:
-        render.json_value(reports[0] if len(reports) == 1 else reports)
-    for report in [] if as_json else reports:
-        render_sim.fleet_replay(report)
+    _print_reports(reports, render_sim.fleet_replay, as_json)
     return reports
 
 
