@@ -7,23 +7,19 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import biscuit_auth as biscuit
 import httpx
-import pytest
 
 from souq.auth.tokens import Scope, generate_key, mint, narrow, public_key_from_text
 from souq.testing import Cluster, wait_until
+from tests.clusters import ClusterSpec
 
 SLEEPER = {"region": "mad", "config": {"cmd": ["sleep", "600"]}}
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with Cluster(tmp_path_factory.mktemp("auth"), regions={"mad": 1}) as c:
-        yield c
+CLUSTER = ClusterSpec("auth", regions={"mad": 1})
 
 
 def _http(cluster: Cluster, token: str | None) -> httpx.Client:

@@ -12,16 +12,12 @@ import pytest
 
 from souq.model.machine import MachineState
 from souq.testing import Cluster, ProxyProcess, wait_until
+from tests.clusters import ClusterSpec
 from tests.integration.images_harness import souq
 from tests.integration.services_harness import edge_proxy
 from tests.integration.test_deploy import APP, SERVER, toml
 
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    root = tmp_path_factory.mktemp("deploy-traffic")
-    with Cluster(root, regions={"mad": 2}, cpus=4, memory_mb=2048) as c:
-        yield c
+CLUSTER = ClusterSpec("deploy-traffic", regions={"mad": 2}, cpus=4, memory_mb=2048)
 
 
 @pytest.fixture(scope="module")

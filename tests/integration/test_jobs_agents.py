@@ -22,6 +22,7 @@ from souq.jobs.output import JobOutputs
 from souq.jobs.store import READY_SUBJECT, JobStore
 from souq.model.job import JobEvent, JobSubmit
 from souq.testing import AgentProcess, Cluster, auth_headers, wait_until
+from tests.clusters import ClusterSpec, agent
 
 SLOTS = 2  # each agent's --jobs
 LEASE_S = 4.0  # each agent's --job-lease: a killed agent's job is back this soon
@@ -29,13 +30,9 @@ JSON_LOGS = ["--log-format", "json"]  # the agents' INFO lines too, for a failur
 AGENT_ARGS = ["--jobs", str(SLOTS), "--job-lease", f"{LEASE_S:g}", *JSON_LOGS]
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with Cluster(tmp_path_factory.mktemp("jobs-agents"), regions={"mad": 0}) as c:
-        for _ in range(2):
-            c.add_agent("mad", extra_args=AGENT_ARGS)
-        c.wait_for_workers()
-        yield c
+CLUSTER = ClusterSpec(
+    "jobs-agents", regions={"mad": 0}, agents=(agent("mad", extra_args=AGENT_ARGS),) * 2
+)
 
 
 @pytest.fixture

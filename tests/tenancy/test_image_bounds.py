@@ -10,7 +10,7 @@ import select
 import socket
 import tarfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -22,6 +22,7 @@ import pytest
 from souq.images import layout_tar, pack_directory
 from souq.model.machine import MachineState
 from souq.testing import Cluster, wait_until
+from tests.clusters import ClusterSpec, agent
 from tests.tenancy.image_layouts import (
     add_entry,
     add_file,
@@ -36,12 +37,9 @@ MiB = 1 << 20
 CACHE_MB = 32
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with Cluster(tmp_path_factory.mktemp("tenancy-bounds"), regions={}, cpus=16) as c:
-        c.add_agent("mad", image_cache_mb=CACHE_MB)
-        c.wait_for_workers()
-        yield c
+CLUSTER = ClusterSpec(
+    "tenancy-bounds", regions={}, cpus=16, agents=(agent("mad", image_cache_mb=CACHE_MB),)
+)
 
 
 def _token(cluster: Cluster, app: str, name: str = "") -> str:
