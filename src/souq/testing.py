@@ -6,13 +6,15 @@ processes on loopback ports; :func:`wait_until` waits on a condition with a dead
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import inspect
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Self, TypeVar
@@ -59,6 +61,28 @@ def wait_until(
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {timeout:g}s waiting for {message}")
         time.sleep(interval)
+
+
+async def eventually(
+    predicate: Callable[[], Awaitable[T] | T],
+    *,
+    timeout: float = 10.0,
+    interval: float = 0.01,
+    message: str = "condition",
+) -> T:
+    """:func:`wait_until` for a test on an event loop: ``predicate`` (plain or a coroutine
+    function) is called until it returns something truthy, which is returned, with the loop
+    free between calls; ``TimeoutError`` naming ``message`` once ``timeout`` seconds passed."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:g}s waiting for {message}")
+        await asyncio.sleep(interval)
 
 
 @dataclass(kw_only=True, eq=False)

@@ -118,7 +118,7 @@ def test_always_restarts_until_stopped_and_stop_cancels_the_restart(
             m = await h.claim(
                 ["sh", "-c", f"echo run >> {log}; exit 0"], restart={"policy": "always"}
             )
-            await eventually(lambda: runs(log) >= 3, what="three runs")
+            await eventually(lambda: runs(log) >= 3, message="three runs")
             await h.call(v.STOP, StopCommand(app=APP, machine_id=m.id))
             stopped = await h.wait(m.id, S.STOPPED)
             assert stopped.state is S.STOPPED
@@ -173,7 +173,7 @@ def test_the_restart_counter_resets_after_a_long_run(nats_url: str, tmp_path: Pa
                 restart={"policy": "on-failure", "max_retries": 1},
             )
             # Each run outlasts reset_after_s, so one retry allowed is never used up.
-            await eventually(lambda: runs(log) >= 3, what="a third run")
+            await eventually(lambda: runs(log) >= 3, message="a third run")
             machine = await h.get(m.id)
             assert machine.restarts <= 1
             await h.call(v.DESTROY, DestroyCommand(app=APP, machine_id=m.id, force=True))
