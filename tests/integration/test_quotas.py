@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from souq.testing import BrokerProcess, Cluster, auth_headers, wait_until
+from souq.testing import BrokerProcess, Cluster, auth_headers, eventually, wait_until
 from tests.clusters import ClusterSpec
 
 REGION = "quota"
@@ -278,11 +278,11 @@ def test_a_broker_killed_mid_create_leaks_no_quota(cluster: Cluster) -> None:
                         headers=auth_headers(),
                     )
                 )
-                loop = asyncio.get_running_loop()
-                deadline = loop.time() + 20
-                while _quota(url, app)["pending_creates"] != 1:
-                    assert loop.time() < deadline, "the create never reserved"
-                    await asyncio.sleep(0.01)
+                await eventually(
+                    lambda: _quota(url, app)["pending_creates"] == 1,
+                    timeout=20,
+                    message="the create to reserve",
+                )
                 os.kill(doomed.pid, signal.SIGKILL)  # between reserving and the claim's answer
                 with pytest.raises(httpx.HTTPError):
                     await pending
