@@ -93,9 +93,11 @@ def test_suspend_freezes_the_process_and_start_resumes_it(cluster: Cluster) -> N
     client.destroy(app, m.id)
 
 
-def test_a_standby_is_made_stopped_on_another_worker_than_its_primary(tmp_path: Path) -> None:
-    with Cluster(tmp_path, regions={"mad": 2}) as c:
-        client = c.client()
+def test_a_standby_is_made_stopped_on_another_worker_than_its_primary(cluster: Cluster) -> None:
+    second = cluster.add_agent("mad")  # for this test: the others see one worker
+    try:
+        cluster.wait_for_workers()
+        client = cluster.client()
         app = app_name("s")
         primary = client.create_machine(app, "mad", config())
         standby = client.create_machine(app, "mad", config(standbys=[primary.id]))
@@ -108,6 +110,11 @@ def test_a_standby_is_made_stopped_on_another_worker_than_its_primary(tmp_path: 
         port = standby.address.ports[8080]
         got = wait_until(lambda: served(port), message="the standby to serve")
         assert got["machine_id"] == standby.id
+        for machine in (standby, primary):
+            client.destroy(app, machine.id, force=True)
+    finally:
+        second.stop()
+        cluster.agents.remove(second)
 
 
 def test_a_standby_needs_a_known_primary_and_another_worker(cluster: Cluster) -> None:
