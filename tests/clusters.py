@@ -81,6 +81,19 @@ def isolated(prefix: str, **kwargs: Any) -> ClusterSpec:
     return ClusterSpec(prefix, regions={}, agents=(ISOLATED_AGENT,), isolated=True, **kwargs)
 
 
+def cluster_fixture(spec: ClusterSpec, scope: str = "module") -> Any:
+    """A fixture of a cluster besides the module's ``cluster``, named as it is assigned
+    (``small = cluster_fixture(ClusterSpec("small", ...))``): a second cluster of other sizes, or
+    one of each test's own (``scope="function"``) for a test that takes it down."""
+
+    @pytest.fixture(scope=scope)
+    def made(request: pytest.FixtureRequest) -> Iterator[Cluster]:
+        with running(spec, request) as c:
+            yield c
+
+    return made
+
+
 def spec_of(request: pytest.FixtureRequest) -> ClusterSpec:
     spec = getattr(request, "param", None) or getattr(request.module, "CLUSTER", DEFAULT)
     assert isinstance(spec, ClusterSpec), f"{request.module.__name__}.CLUSTER is not a ClusterSpec"

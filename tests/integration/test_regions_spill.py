@@ -8,13 +8,11 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 
 import httpx
-import pytest
 
 from souq.testing import Cluster, auth_headers
-from tests.clusters import ClusterSpec
+from tests.clusters import ClusterSpec, cluster_fixture
 
 SIZE = 0.01
 PER_REGION = 5  # machines of SIZE that fit in each region's one worker
@@ -75,11 +73,9 @@ def test_a_create_without_a_region_goes_on_to_a_region_with_room(cluster: Cluste
 BURST = 400  # 0.01 cpus each: 4 cpus, in two regions of 2.1 cpus (0.2 to spare)
 
 
-@pytest.fixture(scope="module")
-def two_small_regions(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    root = tmp_path_factory.mktemp("spillburst")
-    with Cluster(root, regions={"ams": 1, "lhr": 1}, cpus=2.1, memory_mb=65536) as c:
-        yield c
+two_small_regions = cluster_fixture(
+    ClusterSpec("spillburst", regions={"ams": 1, "lhr": 1}, cpus=2.1, memory_mb=65536)
+)
 
 
 def test_a_burst_without_a_region_fills_every_region_before_refusing(
