@@ -11,12 +11,15 @@ import importlib.util
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from souq.portledger import LEDGER_ENV
+from souq.testing import Cluster
+from tests.clusters import running, spec_of
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -29,6 +32,14 @@ def pytest_configure(config: pytest.Config) -> None:
         dev_dir.chmod(0o755)  # machines' users reach it, as they reach /var/lib/souq/dev
         os.environ["SOUQ_DEV_DIR"] = str(dev_dir)
         config.add_cleanup(lambda: shutil.rmtree(dev_dir, ignore_errors=True))
+
+
+@pytest.fixture(scope="module")
+def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
+    """A real cluster, once per module: the module's ``CLUSTER`` recipe (tests/clusters.py), or
+    the parametrised one, or nats-server, two agents in ``mad`` and one broker."""
+    with running(spec_of(request), request) as c:
+        yield c
 
 
 # Tests that share a package-scoped fixture (the Fly suite's one cluster) run in one process.

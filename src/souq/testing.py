@@ -6,13 +6,15 @@ processes on loopback ports; :func:`wait_until` waits on a condition with a dead
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import inspect
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Self, TypeVar
@@ -42,6 +44,21 @@ __all__ = [
 T = TypeVar("T")
 
 
+# The longest pause between two calls of a waited-for predicate: a predicate that makes an HTTP
+# client (tens of ms of CPU for its TLS context alone) polled every 10 ms for a minute would
+# keep a core busy; the pauses double from ``interval`` to this instead.
+MAX_INTERVAL_S = 0.1
+
+
+def _pauses(interval: float) -> Iterator[float]:
+    """``interval``, then twice as long each time, up to MAX_INTERVAL_S (or ``interval``)."""
+    cap = max(interval, MAX_INTERVAL_S)
+    pause = interval
+    while True:
+        yield pause
+        pause = min(pause * 2, cap)
+
+
 def wait_until(
     predicate: Callable[[], T],
     *,
@@ -50,15 +67,41 @@ def wait_until(
     message: str = "condition",
 ) -> T:
     """Call ``predicate`` until it returns something truthy, and return that; raise
-    ``TimeoutError`` naming ``message`` once ``timeout`` seconds have passed."""
+    ``TimeoutError`` naming ``message`` once ``timeout`` seconds have passed. The pause between
+    calls starts at ``interval`` and doubles up to :data:`MAX_INTERVAL_S` (or ``interval``,
+    if longer)."""
     deadline = time.monotonic() + timeout
+    pauses = _pauses(interval)
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {timeout:g}s waiting for {message}")
-        time.sleep(interval)
+        time.sleep(next(pauses))
+
+
+async def eventually(
+    predicate: Callable[[], Awaitable[T] | T],
+    *,
+    timeout: float = 10.0,
+    interval: float = 0.01,
+    message: str = "condition",
+) -> T:
+    """:func:`wait_until` for a test on an event loop: ``predicate`` (plain or a coroutine
+    function) is called until it returns something truthy, which is returned, with the loop
+    free between calls; ``TimeoutError`` naming ``message`` once ``timeout`` seconds passed."""
+    deadline = time.monotonic() + timeout
+    pauses = _pauses(interval)
+    while True:
+        value = predicate()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:g}s waiting for {message}")
+        await asyncio.sleep(next(pauses))
 
 
 @dataclass(kw_only=True, eq=False)
@@ -264,14 +307,19 @@ class _ServingProcess(_ChildProcess):
     def _wait_answering(self, url: str, timeout: float) -> None:
         """Until ``url`` answers 200 (:class:`RuntimeError` if the process exits first)."""
 
-        def answering() -> bool:
-            self._check_started()
-            try:
-                return httpx.get(url, timeout=1.0, headers=auth_headers()).status_code == 200
-            except httpx.HTTPError:
-                return False
+        # One client for every try (each new one costs its TLS context: tens of ms of CPU).
+        with httpx.Client(timeout=1.0, headers=auth_headers()) as http:
 
-        wait_until(answering, timeout=timeout, interval=0.02, message=f"the {self.what} to answer")
+            def answering() -> bool:
+                self._check_started()
+                try:
+                    return http.get(url).status_code == 200
+                except httpx.HTTPError:
+                    return False
+
+            wait_until(
+                answering, timeout=timeout, interval=0.02, message=f"the {self.what} to answer"
+            )
 
     def stop(self, timeout: float = 10.0) -> None:
         self._terminate(timeout=timeout)

@@ -15,7 +15,6 @@ import json
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from typing import Any
 import pytest
 
 from souq.testing import Cluster, auth_headers
+from tests.clusters import ClusterSpec
 
 from .stub_broker import running_stub
 
@@ -50,10 +50,7 @@ def chromium() -> str:
     return path
 
 
-@pytest.fixture(scope="module")
-def cluster(chromium: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with Cluster(tmp_path_factory.mktemp("cluster"), regions={"mad": 2}) as c:
-        yield c
+CLUSTER = ClusterSpec("cluster", regions={"mad": 2}, needs=("chromium",))
 
 
 def _iso(ms: int) -> str:

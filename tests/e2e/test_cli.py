@@ -7,20 +7,15 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 from souq.testing import Cluster
+from tests.clusters import ClusterSpec
 
 SOUQ = str(Path(sys.executable).with_name("souq"))
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with Cluster(tmp_path_factory.mktemp("cli"), regions={"mad": 1, "syd": 1}, cpus=2) as c:
-        yield c
+CLUSTER = ClusterSpec("cli", regions={"mad": 1, "syd": 1}, cpus=2)
 
 
 def souq(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:

@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from souq.testing import Cluster, wait_until
+from tests.clusters import ClusterSpec, running
 from tests.fly.decode import GoDecoder
 from tests.fly.flaps import Flaps, launch_input, machine_config, machine_init
 from tests.integration.services_harness import app_name
@@ -17,9 +18,13 @@ from tests.integration.services_harness import app_name
 __all__ = ["fly_error", "ok"]
 
 
+# One cluster for the whole Fly suite (tests/conftest.py runs the package in one process).
+FLY = ClusterSpec("fly", regions={"mad": 2}, cpus=16)
+
+
 @pytest.fixture(scope="package")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with Cluster(tmp_path_factory.mktemp("fly"), regions={"mad": 2}, cpus=16) as c:
+def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
+    with running(FLY, request) as c:
         yield c
 
 

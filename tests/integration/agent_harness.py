@@ -3,13 +3,11 @@ nats-server, and a bus connection playing the broker."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import hashlib
 import json
 import os
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -32,6 +30,7 @@ from souq.model import (
 )
 from souq.protocol import Verb, WorkerClient
 from souq.protocol import verbs as v
+from souq.testing import eventually
 
 APP = "demo"
 T = TypeVar("T")
@@ -43,22 +42,6 @@ A = TypeVar("A")
 def load(model: type[M], result: Any) -> M:
     """A model from a reply's result, validated as JSON (as it travelled)."""
     return model.model_validate_json(json.dumps(result))
-
-
-async def eventually(
-    probe: Callable[[], Awaitable[T] | T], *, timeout: float = 5.0, what: str = "condition"
-) -> T:
-    """Poll ``probe`` (every 20 ms) until it returns something truthy; fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value  # type: ignore[return-value]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 @dataclass
@@ -119,7 +102,7 @@ class Harness:
             text = (await self.logs(machine_id)).data
             return text if contains in text else ""
 
-        return await eventually(probe, timeout=timeout, what=f"{contains!r} in the output")
+        return await eventually(probe, timeout=timeout, message=f"{contains!r} in the output")
 
 
 @contextlib.asynccontextmanager

@@ -11,7 +11,6 @@ import pytest
 
 from souq.images import Image
 from souq.natsserver import NatsServer
-from souq.testing import Cluster
 from tests import rootfs_images
 
 _PREBUILD = "from tests import rootfs_images; rootfs_images.debian_python_layout()"
@@ -41,13 +40,6 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 
 _BUILDER = pytest.StashKey[subprocess.Popen[bytes]]()
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """A real cluster: nats-server, two agents in `mad` (4 cpus, 4096 MiB each), one broker."""
-    with Cluster(tmp_path_factory.mktemp("cluster"), regions={"mad": 2}) as c:
-        yield c
 
 
 @pytest.fixture(scope="module")

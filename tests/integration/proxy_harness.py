@@ -8,8 +8,7 @@ import json
 import os
 import subprocess
 import sys
-import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -28,22 +27,6 @@ def run(body: Callable[[], Coroutine[Any, Any, T]]) -> T:
     """Run ``body`` on uvloop, as the proxy runs."""
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         return runner.run(body())
-
-
-async def eventually(
-    predicate: Callable[[], Any], *, timeout: float = 5.0, what: str = "a condition"
-) -> Any:
-    """Wait for ``predicate()`` to be truthy (sync or async), up to ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if isinstance(value, Awaitable):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.005)
 
 
 @dataclass

@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -19,6 +18,7 @@ from souq.drivers.waiter import waiter_path
 from souq.errors import SouqError
 from souq.model import Machine, MachineState
 from souq.testing import AgentProcess, Cluster, wait_until
+from tests.clusters import ClusterSpec
 from tests.integration.agent_harness import pid_alive
 
 S = MachineState
@@ -32,10 +32,7 @@ def until_file(name: str, then: str) -> list[str]:
     return ["sh", "-c", f"while [ ! -e {name} ]; do sleep 0.01; done; {then}"]
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with Cluster(tmp_path_factory.mktemp("crash"), regions={"mad": 1}) as c:
-        yield c
+CLUSTER = ClusterSpec("crash", regions={"mad": 1})
 
 
 def machine_dir(agent: AgentProcess, machine_id: str) -> Path:

@@ -277,7 +277,7 @@ def test_no_op_is_left_unfinished_in_normal_use(nats_url: str, tmp_path: Path) -
             m = await h.claim(SLEEPER)
             await h.call(v.RESTART, StopCommand(app=APP, machine_id=m.id))
             await h.call(v.STOP, StopCommand(app=APP, machine_id=m.id))
-            await eventually(lambda: not h.agent.store.unfinished_ops(), what="ops to finish")
+            await eventually(lambda: not h.agent.store.unfinished_ops(), message="ops to finish")
             kinds = {(s.kind, s.state) for s in h.agent.store.op_log(m.id)}
             assert (OpKind.CREATE, OpState.DONE) in kinds
             assert (OpKind.RESTART, OpState.DONE) in kinds

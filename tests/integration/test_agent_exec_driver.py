@@ -53,7 +53,7 @@ def test_an_exit_before_anyone_waits_is_not_lost(tmp_path: Path) -> None:
         handle = driver.start(spec("sh", "-c", "exit 3"))
         # Let the loop run the exit callback (and reap) before anyone waits.
         watch = driver._watches[handle.pid]
-        await eventually(lambda: watch.status is not None, what="the exit callback")
+        await eventually(lambda: watch.status is not None, message="the exit callback")
         assert await driver.wait(handle) == ExitStatus(code=3)
         # Delivered once: the watch is gone, and a later watch learns nothing more.
         assert handle.pid not in driver._watches
@@ -71,7 +71,7 @@ def test_every_watcher_of_an_exit_is_told_once(tmp_path: Path) -> None:
         driver.watch(handle, lambda status: seen.append(("supervisor", status)))
         driver.watch(handle, lambda status: seen.append(("stop", status)))
         assert driver.signal(handle, signal.SIGTERM)
-        await eventually(lambda: len(seen) == 2, what="both watchers")
+        await eventually(lambda: len(seen) == 2, message="both watchers")
         killed = ExitStatus(signal="SIGTERM")
         assert seen == [("supervisor", killed), ("stop", killed)]
         driver.close()
@@ -214,7 +214,7 @@ def test_ready_waiters_start_machines_and_go_quietly(tmp_path: Path) -> None:
         driver = ExecDriver(tmp_path)
         first = driver.start(spec("sleep", "60", env={"GREETING": "hi"}))
         # A waiter is kept ready after a spawn; the next machine takes it.
-        await eventually(lambda: len(driver.waiters.ready()) == 2, what="ready waiters")
+        await eventually(lambda: len(driver.waiters.ready()) == 2, message="ready waiters")
         ready = {idle.pid for idle in driver.waiters.ready()}
         assert ready <= driver.owned_pids()  # the agent's reaper leaves them be
         echo = driver.start(
@@ -243,12 +243,12 @@ def test_a_ready_waiter_killed_while_it_waited_is_passed_over(tmp_path: Path) ->
     async def body() -> None:
         driver = ExecDriver(tmp_path)
         first = driver.start(spec("sleep", "60"))
-        await eventually(lambda: len(driver.waiters.ready()) == 2, what="ready waiters")
+        await eventually(lambda: len(driver.waiters.ready()) == 2, message="ready waiters")
         killed = [idle.pid for idle in driver.waiters.ready()]
         for pid in killed:
             os.kill(pid, signal.SIGKILL)
         await eventually(
-            lambda: not any(pid_alive(pid) for pid in killed), what="the killed waiters to die"
+            lambda: not any(pid_alive(pid) for pid in killed), message="the killed waiters to die"
         )
         second = driver.start(spec("sleep", "60", machine_id="m2"))
         assert pid_alive(second.pid)
@@ -393,7 +393,7 @@ def test_a_failing_meanwhile_leaves_no_process(tmp_path: Path, use_waiter: bool)
         pid_file = tmp_path / "m1" / "pid.txt"
         if pid_file.exists() and pid_file.read_text().strip():  # it got as far as its exec
             pid = int(pid_file.read_text())
-            await eventually(lambda: not pid_alive(pid), what="the process to be gone")
+            await eventually(lambda: not pid_alive(pid), message="the process to be gone")
         assert driver.find("m1") is None
         driver.close()
 

@@ -32,7 +32,7 @@ from souq.model.protocol import CordonCommand
 from souq.natsserver import NatsServer
 from souq.protocol import Verb, WorkerClient
 from souq.protocol import verbs as v
-from souq.testing import AgentProcess, environment
+from souq.testing import AgentProcess, environment, eventually
 
 S = MachineState
 APP = "faults"
@@ -166,20 +166,14 @@ def test_a_crash_after_each_step_recovers(
                 m = await ask(bus, wid, v.GET, MachineRef(app=APP, machine_id=mid))
                 return m if m.state is FINAL[kind] else None
 
-            deadline = asyncio.get_running_loop().time() + 10
-            while (m := await settled()) is None:
-                assert asyncio.get_running_loop().time() < deadline, f"not {FINAL[kind]}"
-                await asyncio.sleep(0.02)
+            m = await eventually(settled, message=f"the machine {FINAL[kind]}")
             # Exactly one process per started machine, and it is the recorded one. A process
             # settles a moment after its state: a new one runs `sh` (its cgroup wrapper) until it
             # execs `sleep`, and a killed one takes a moment to exit.
             want = [m.pid] if m.state is S.STARTED else []
-            settle = asyncio.get_running_loop().time() + 5
-            while (procs := sleepers(agent, m.id)) != want:
-                if asyncio.get_running_loop().time() > settle:
-                    break
-                await asyncio.sleep(0.02)
-            assert procs == want
+            await eventually(
+                lambda: sleepers(agent, m.id) == want, timeout=5, message=f"processes {want}"
+            )
             if m.state is S.STARTED and kind is OpKind.RESTART:
                 assert before is not None
                 assert m.pid != before.pid

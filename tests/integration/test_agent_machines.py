@@ -321,7 +321,7 @@ def test_destroy_without_force_after_stop_and_no_orphans(nats_url: str, tmp_path
             os_kill(m.pid or 0, signal.SIGTERM)  # an exit the agent did not ask for
             stopped = await h.wait(m.id, S.STOPPED)
             assert stopped.events[0].signal == "SIGTERM"
-            await eventually(lambda: not pid_alive(child), what="the orphan to be killed")
+            await eventually(lambda: not pid_alive(child), message="the orphan to be killed")
             gone = await h.call(v.DESTROY, DestroyCommand(app=APP, machine_id=m.id))
             assert gone.state is S.DESTROYED
 

@@ -159,17 +159,17 @@ def test_heartbeats_discover_and_events(nats_url: str, tmp_path: Path) -> None:
             await h.bus.subscribe(subjects.events("mad", h.worker_id), on_event)
             await h.bus.flush()
             await h.bus.publish(subjects.DISCOVER, b"")
-            beat = (await eventually(lambda: beats, what="a heartbeat"))[0]
+            beat = (await eventually(lambda: beats, message="a heartbeat"))[0]
             assert beat.worker.id == h.worker_id
             assert beat.interval_s == 60
             assert (beat.worker.capacity.cpus, beat.worker.capacity.memory_mb) == (4, 4096)
             m = await h.claim(SLEEPER, skip_launch=True)
             await h.bus.publish(subjects.DISCOVER, b"")
-            latest = await eventually(lambda: len(beats) >= 2 and beats[-1], what="a beat")
+            latest = await eventually(lambda: len(beats) >= 2 and beats[-1], message="a beat")
             assert latest.seq > beat.seq
             assert latest.worker.allocated == Resources(cpus=1, memory_mb=256)
             await h.call(v.DESTROY, DestroyCommand(app=APP, machine_id=m.id))
-            await eventually(lambda: len(events) >= 3, what="three events")
+            await eventually(lambda: len(events) >= 3, message="three events")
             assert [(e.event.type, e.state) for e in events] == [
                 ("launch", S.CREATED),
                 ("destroy", S.DESTROYING),
@@ -191,7 +191,7 @@ def test_heartbeats_flow_every_interval(nats_url: str, tmp_path: Path) -> None:
                 beats.append(Heartbeat.model_validate_json(data).seq)
 
             await h.bus.subscribe(subjects.ALL_HEARTBEATS, on_beat)
-            await eventually(lambda: len(beats) >= 3, what="three heartbeats")
+            await eventually(lambda: len(beats) >= 3, message="three heartbeats")
             assert beats == sorted(beats)
 
     asyncio.run(body())
@@ -211,13 +211,13 @@ def test_the_worker_tells_its_usage_when_a_claim_or_destroy_changes_it(
             await h.bus.flush()
             m = await h.claim(SLEEPER, cpus=1.5, memory_mb=256)
             claimed = await eventually(
-                lambda: [u for u in told if u.allocated.cpus == 1.5], what="the usage"
+                lambda: [u for u in told if u.allocated.cpus == 1.5], message="the usage"
             )
             assert claimed[-1].worker_id == h.worker_id
             assert claimed[-1].capacity.cpus == 2
             await h.call(v.DESTROY, DestroyCommand(app=APP, machine_id=m.id, force=True))
             freed = await eventually(
-                lambda: [u for u in told if u.allocated.cpus == 0], what="the freed usage"
+                lambda: [u for u in told if u.allocated.cpus == 0], message="the freed usage"
             )
             assert freed[-1].version > claimed[-1].version
             # Refused claims carry it too, so that a broker corrects its book at once.

@@ -27,6 +27,7 @@ from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
 from souq.testing import Cluster, auth_headers
+from tests.clusters import ClusterSpec
 from tests.fly.flaps import (
     go_json,
     launch_input,
@@ -55,15 +56,12 @@ SKIPPED = {"/v1/events"}  # a followed stream never ends by itself
 _SETTINGS = settings(deadline=None, database=None, suppress_health_check=list(HealthCheck))
 
 
-@pytest.fixture(scope="module")
-def fuzzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with Cluster(tmp_path_factory.mktemp("fuzz"), regions={"mad": 1}) as c:
-        yield c
+CLUSTER = ClusterSpec("fuzz", regions={"mad": 1})
 
 
 @pytest.fixture(scope="module")
-def http(fuzzed: Cluster) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=fuzzed.api_url, headers=auth_headers(), timeout=30) as client:
+def http(cluster: Cluster) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=cluster.api_url, headers=auth_headers(), timeout=30) as client:
         yield client
 
 
@@ -149,22 +147,43 @@ def _schema(cluster: Cluster) -> Any:
     return schema.exclude(path=sorted(SKIPPED))
 
 
-# Every operation of the API fed a few requests each: about 45 s alone, and past the suite's 120 s
+def _can_be_malformed(operation: Any) -> bool:
+    """Whether a request of the operation can break its schema: it takes a body, a query,
+    header or cookie parameter, or a path parameter with more to it than being a string. (A
+    path segment is a string whatever it holds: asked for a malformed one, the generator draws
+    for about a second and gives up, having sent nothing.)"""
+    if list(operation.body):
+        return True
+    for parameter in operation.iter_parameters():
+        if parameter.definition.get("in") != "path":
+            return True
+        schema = parameter.definition.get("schema", {})
+        if set(schema) - {"type", "title", "description"} or schema.get("type") != "string":
+            return True
+    return False
+
+
+# Every operation of the API fed a few requests each: about 10 s alone, and past the suite's 120 s
 # per test when the box runs three workers and more operations come (a bound, not a hang).
 @pytest.mark.timeout(480)
-def test_no_operation_answers_a_server_error(fuzzed: Cluster) -> None:
-    """Every operation, fed requests derived from its schema: well formed and malformed."""
-    tried = 0
-    for found in _schema(fuzzed).get_all_operations():
+def test_no_operation_answers_a_server_error(cluster: Cluster) -> None:
+    """Every operation, fed requests derived from its schema: well formed and malformed (each
+    that can be: its body, its query, a path parameter with a format)."""
+    tried = malformed = 0
+    for found in _schema(cluster).get_all_operations():
         operation = found.ok()
         many = (operation.method.upper(), operation.path) in MACHINE_BODIES
-        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+        modes = [GenerationMode.POSITIVE]
+        if _can_be_malformed(operation):
+            modes.append(GenerationMode.NEGATIVE)
+            malformed += 1
+        for mode in modes:
             examples = 20 if many else 2
 
             @given(case=operation.as_strategy(generation_mode=mode))
             @settings(_SETTINGS, max_examples=examples)
             def answers(case: schemathesis.Case) -> None:
-                response = case.call(base_url=fuzzed.api_url, headers=auth_headers(), timeout=30)
+                response = case.call(base_url=cluster.api_url, headers=auth_headers(), timeout=30)
                 assert response.status_code < 500, (
                     f"{case.method} {case.formatted_path} {case.query} answered "
                     f"{response.status_code}: {response.text[:500]}"
@@ -176,13 +195,14 @@ def test_no_operation_answers_a_server_error(fuzzed: Cluster) -> None:
                 assert mode is GenerationMode.NEGATIVE, operation.label
         tried += 1
     assert tried >= 30  # every operation of the API was fed
+    assert malformed >= 10  # the machines, quotas, audit, secrets ... operations, malformed too
 
 
 NESTED = ("[" * 100_000 + "]" * 100_000, '{"values":' * 100_000 + "1" + "}" * 100_000)
 
 
 def test_a_body_nested_past_any_decoder_is_a_4xx_on_every_operation(
-    fuzzed: Cluster, http: httpx.Client
+    cluster: Cluster, http: httpx.Client
 ) -> None:
     """JSON nested deeper than a recursive decoder goes (100,000 levels): malformed, never a 500,
     on every operation that takes a body."""
@@ -209,14 +229,14 @@ def test_a_body_nested_past_any_decoder_is_a_4xx_on_every_operation(
     assert tried >= 20, tried  # the secrets, machines, volumes, apps ... bodies were all fed
 
 
-def test_no_sequence_of_linked_calls_answers_a_server_error(fuzzed: Cluster) -> None:
+def test_no_sequence_of_linked_calls_answers_a_server_error(cluster: Cluster) -> None:
     """Calls chained along the links between operations (a machine made, then acted on)."""
-    base = _schema(fuzzed).as_state_machine()
+    base = _schema(cluster).as_state_machine()
     answered: list[int] = []
 
     class Links(base):  # type: ignore[valid-type, misc]
         def get_call_kwargs(self, case: schemathesis.Case) -> dict[str, Any]:
-            return {"base_url": fuzzed.api_url, "headers": auth_headers(), "timeout": 30}
+            return {"base_url": cluster.api_url, "headers": auth_headers(), "timeout": 30}
 
         def validate_response(self, response: Any, case: schemathesis.Case, **kwargs: Any) -> None:
             answered.append(response.status_code)

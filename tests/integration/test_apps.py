@@ -11,25 +11,21 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 
 from souq.model import MachineState
 from souq.testing import Cluster, wait_until
+from tests.clusters import ClusterSpec
 
 GO_DECODER = Path(__file__).parents[1] / "fly" / "fly_decode.go"
 SLEEPER = {"region": "mad", "config": {"cmd": ["sleep", "600"]}}
 INT32_MAX = 2**31 - 1
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with Cluster(tmp_path_factory.mktemp("apps"), regions={"mad": 1}) as c:
-        yield c
+CLUSTER = ClusterSpec("apps", regions={"mad": 1})
 
 
 def fly(cluster: Cluster, token: str | None = None) -> httpx.Client:

@@ -7,23 +7,19 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import biscuit_auth as biscuit
 import httpx
-import pytest
 
 from souq.auth.tokens import Scope, generate_key, mint, narrow, public_key_from_text
 from souq.testing import Cluster, wait_until
+from tests.clusters import ClusterSpec
 
 SLEEPER = {"region": "mad", "config": {"cmd": ["sleep", "600"]}}
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with Cluster(tmp_path_factory.mktemp("auth"), regions={"mad": 1}) as c:
-        yield c
+CLUSTER = ClusterSpec("auth", regions={"mad": 1}, brokers=2)  # two: a revocation reaches both
 
 
 def _http(cluster: Cluster, token: str | None) -> httpx.Client:
@@ -209,40 +205,37 @@ def test_cli_token_create_narrow_show(cluster: Cluster, tmp_path: Path) -> None:
     assert "needs a token" in anonymous.stderr
 
 
-def test_a_revoked_token_and_its_copies_are_refused_by_every_broker(tmp_path: Path) -> None:
-    with Cluster(tmp_path, regions={"mad": 1}, brokers=2) as two:
-        with two.client() as admin:
-            info = admin.create_token(app="web", scope="write", name="leaked")
-            key = public_key_from_text(admin.token_key())
-        assert info.token
-        copy = narrow(info.token, key, scope=Scope.READ)
-        brokers = [b.url for b in two.brokers]
+def test_a_revoked_token_and_its_copies_are_refused_by_every_broker(cluster: Cluster) -> None:
+    with cluster.client() as admin:
+        info = admin.create_token(app="web", scope="write", name="leaked")
+        key = public_key_from_text(admin.token_key())
+    assert info.token
+    copy = narrow(info.token, key, scope=Scope.READ)
+    brokers = [b.url for b in cluster.brokers]
+    for url in brokers:
+        r = httpx.get(f"{url}/v1/apps/web/machines", headers={"Authorization": f"Bearer {copy}"})
+        assert r.status_code == 200
+    subprocess.run(
+        [sys.executable, "-m", "souq", "token", "revoke", info.id],
+        env={**os.environ, "SOUQ_API": brokers[0]},
+        check=True,
+        capture_output=True,
+    )
+
+    def refused_everywhere() -> bool:
         for url in brokers:
-            r = httpx.get(
-                f"{url}/v1/apps/web/machines", headers={"Authorization": f"Bearer {copy}"}
-            )
-            assert r.status_code == 200
-        subprocess.run(
-            [sys.executable, "-m", "souq", "token", "revoke", info.id],
-            env={**os.environ, "SOUQ_API": brokers[0]},
-            check=True,
-            capture_output=True,
-        )
+            for token in (info.token, copy):
+                r = httpx.get(
+                    f"{url}/v1/apps/web/machines", headers={"Authorization": f"Bearer {token}"}
+                )
+                if r.status_code != 401 or "revoked" not in r.json()["error"]:
+                    return False
+        return True
 
-        def refused_everywhere() -> bool:
-            for url in brokers:
-                for token in (info.token, copy):
-                    r = httpx.get(
-                        f"{url}/v1/apps/web/machines", headers={"Authorization": f"Bearer {token}"}
-                    )
-                    if r.status_code != 401 or "revoked" not in r.json()["error"]:
-                        return False
-            return True
-
-        wait_until(refused_everywhere, timeout=15, message="every broker to refuse the token")
-        with two.client(broker=1) as admin:
-            assert info.id in admin.revoked_tokens()
-            assert admin.workers()  # other tokens unaffected
+    wait_until(refused_everywhere, timeout=15, message="every broker to refuse the token")
+    with cluster.client(broker=1) as admin:
+        assert info.id in admin.revoked_tokens()
+        assert admin.workers()  # other tokens unaffected
 
 
 def test_an_entry_made_while_nats_is_down_is_stored_once_when_it_is_back(tmp_path: Path) -> None:

@@ -27,7 +27,7 @@ from souq.errors import Unauthorized, Unavailable
 from souq.images.store import ImageStore
 from souq.natsserver import NatsServer
 from souq.procs import terminate
-from souq.testing import wait_until
+from souq.testing import eventually, wait_until
 
 SETTLE_S = 0.3  # for a message that should not arrive, or for a refusal the server sends
 
@@ -72,10 +72,11 @@ class Conn:
 async def settle(*expected: tuple[Conn, int]) -> None:
     """Until each connection was told of its expected number of refusals (they come apart
     from the calls that caused them), then a moment for anything else that should not come."""
-    for _ in range(100):
-        if all(len(c.violations()) >= n for c, n in expected):
-            break
-        await asyncio.sleep(0.05)
+    await eventually(
+        lambda: all(len(c.violations()) >= n for c, n in expected),
+        timeout=5,
+        message=f"the refusals {[n for _, n in expected]}",
+    )
     await asyncio.sleep(SETTLE_S)
 
 
@@ -255,15 +256,17 @@ def test_an_agent_added_later_connects_after_a_reload(server: Server) -> None:
 
     async def main() -> None:
         cred = credential(server.auth, f"agent-{late}")
-        for _ in range(50):  # the reload is a signal: the server reads the file soon after
+
+        async def let_in() -> bool:
             try:
                 t = await connect(server.nats.url, name="late", connect_timeout=1, credential=cred)
             except Unauthorized:
-                await asyncio.sleep(0.1)
-                continue
+                return False
             await t.close()
-            return
-        raise AssertionError("the added agent was never let in")
+            return True
+
+        # The reload is a signal: the server reads the file soon after.
+        await eventually(let_in, timeout=5, interval=0.1, message="the added agent let in")
 
     asyncio.run(main())
 

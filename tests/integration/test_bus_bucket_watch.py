@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import time
+from collections.abc import Callable
 
 from souq.bus.jetstream import BucketWatch, reconnects
 from souq.bus.nats import connect
 from souq.natsserver import NatsServer
+from souq.testing import eventually
 
 
-async def _until(condition, what: str, timeout: float = 15.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, what
-        await asyncio.sleep(0.02)
+async def _until(condition: Callable[[], object], what: str) -> None:
+    await eventually(condition, timeout=15.0, message=what)
 
 
 def test_a_watch_sees_what_is_written_after_nats_restarted() -> None:

@@ -4,7 +4,6 @@ by destroy; creates are idempotent."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -12,21 +11,18 @@ import pytest
 
 from souq.errors import IdempotencyConflict, InsufficientCapacity
 from souq.testing import Cluster, auth_headers
+from tests.clusters import ClusterSpec
 
-
-@pytest.fixture(scope="module")
-def small(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """Region `cap`: two workers of 2 cpus and 1024 MiB each (4 cpus, 2048 MiB in all)."""
-    with Cluster(tmp_path_factory.mktemp("small"), regions={"cap": 2}, cpus=2, memory_mb=1024) as c:
-        yield c
+# Region `cap`: two workers of 2 cpus and 1024 MiB each (4 cpus, 2048 MiB in all).
+CLUSTER = ClusterSpec("small", regions={"cap": 2}, cpus=2, memory_mb=1024)
 
 
 def one_cpu(mem: int = 256) -> dict[str, object]:
     return {"cmd": ["sleep", "600"], "guest": {"cpus": 1, "memory_mb": mem}}
 
 
-def test_capacity_to_the_exact_limit_then_refused_then_released(small: Cluster) -> None:
-    client = small.client()
+def test_capacity_to_the_exact_limit_then_refused_then_released(cluster: Cluster) -> None:
+    client = cluster.client()
     app = "cap" + uuid.uuid4().hex[:8]
     made = [client.create_machine(app, "cap", one_cpu()) for _ in range(4)]
     # Four one-cpu machines fill both workers exactly: two each.
@@ -55,8 +51,8 @@ def test_capacity_to_the_exact_limit_then_refused_then_released(small: Cluster) 
     assert all(w.allocated.cpus == 0 for w in client.workers())
 
 
-def test_memory_is_accounted_too(small: Cluster) -> None:
-    client = small.client()
+def test_memory_is_accounted_too(cluster: Cluster) -> None:
+    client = cluster.client()
     app = "mem" + uuid.uuid4().hex[:8]
     big = {"cmd": ["sleep", "600"], "guest": {"cpus": 0.5, "memory_mb": 1024}}
     a = client.create_machine(app, "cap", big)
@@ -69,16 +65,16 @@ def test_memory_is_accounted_too(small: Cluster) -> None:
         client.destroy(app, m.id, force=True)
 
 
-def test_too_big_for_any_worker_is_refused(small: Cluster, tmp_path: Path) -> None:
-    client = small.client()
+def test_too_big_for_any_worker_is_refused(cluster: Cluster, tmp_path: Path) -> None:
+    client = cluster.client()
     app = "big" + uuid.uuid4().hex[:8]
     with pytest.raises(InsufficientCapacity):
         client.create_machine(app, "cap", {"cmd": ["sleep", "1"], "guest": {"cpus": 3}})
     assert client.list_machines(app) == []
 
 
-def test_idempotent_create_makes_one_machine(small: Cluster) -> None:
-    client = small.client()
+def test_idempotent_create_makes_one_machine(cluster: Cluster) -> None:
+    client = cluster.client()
     app = "idem" + uuid.uuid4().hex[:8]
     key = uuid.uuid4().hex
     first = client.create_machine(app, "cap", one_cpu(), idempotency_key=key)
@@ -92,14 +88,14 @@ def test_idempotent_create_makes_one_machine(small: Cluster) -> None:
     client.destroy(app, first.id, force=True)
 
 
-def test_idempotency_key_over_raw_http(small: Cluster) -> None:
+def test_idempotency_key_over_raw_http(cluster: Cluster) -> None:
     app = "raw" + uuid.uuid4().hex[:8]
     body = {"region": "cap", "config": one_cpu()}
     headers = {"Idempotency-Key": uuid.uuid4().hex, **auth_headers()}
-    url = f"{small.api_url}/v1/apps/{app}/machines"
+    url = f"{cluster.api_url}/v1/apps/{app}/machines"
     r1 = httpx.post(url, json=body, headers=headers, timeout=30)
     r2 = httpx.post(url, json=body, headers=headers, timeout=30)
     assert r1.status_code == 201
     assert r2.status_code in (200, 201)
     assert r1.json()["id"] == r2.json()["id"]
-    small.client().destroy(app, r1.json()["id"], force=True)
+    cluster.client().destroy(app, r1.json()["id"], force=True)

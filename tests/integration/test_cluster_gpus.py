@@ -6,22 +6,24 @@ the GPU reason."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 
 import pytest
 
 from souq.errors import InsufficientCapacity
 from souq.testing import Cluster, wait_until
+from tests.clusters import ClusterSpec, agent
 
-
-@pytest.fixture(scope="module")
-def gpus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """Region `gpu`: one worker with 2 V100M16 GPUs, one with 1 T4."""
-    with Cluster(tmp_path_factory.mktemp("gpus"), regions={"gpu": 0}, cpus=4, memory_mb=2048) as c:
-        c.add_agent("gpu", extra_args=["--gpus", "2", "--gpu-model", "V100M16"])
-        c.add_agent("gpu", extra_args=["--gpus", "1", "--gpu-model", "T4"])
-        c.wait_for_workers()
-        yield c
+# Region `gpu`: one worker with 2 V100M16 GPUs, one with 1 T4.
+CLUSTER = ClusterSpec(
+    "gpus",
+    regions={"gpu": 0},
+    cpus=4,
+    memory_mb=2048,
+    agents=(
+        agent("gpu", extra_args=["--gpus", "2", "--gpu-model", "V100M16"]),
+        agent("gpu", extra_args=["--gpus", "1", "--gpu-model", "T4"]),
+    ),
+)
 
 
 def config(**guest: object) -> dict[str, object]:
@@ -29,9 +31,9 @@ def config(**guest: object) -> dict[str, object]:
     return {"cmd": cmd, "guest": {"cpus": 0.5, "memory_mb": 64, **guest}}
 
 
-def test_gpu_machines_land_where_they_fit(gpus: Cluster) -> None:
-    client = gpus.client()
-    v100, t4 = (a.worker_id for a in gpus.agents)
+def test_gpu_machines_land_where_they_fit(cluster: Cluster) -> None:
+    client = cluster.client()
+    v100, t4 = (a.worker_id for a in cluster.agents)
     app = "gpu" + uuid.uuid4().hex[:8]
 
     whole = client.create_machine(app, "gpu", config(gpus=2))

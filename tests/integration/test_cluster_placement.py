@@ -5,7 +5,6 @@ different workers; the create body chooses the policy."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -13,18 +12,17 @@ import pytest
 
 from souq.errors import InsufficientCapacity
 from souq.testing import Cluster, auth_headers
+from tests.clusters import ClusterSpec, agent
 
 REGION = "lab"
 
 
-@pytest.fixture(scope="module")
-def labelled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """Region `lab`: a worker labelled disk=ssd and one labelled disk=hdd (4 cpus each)."""
-    with Cluster(tmp_path_factory.mktemp("labelled"), regions={REGION: 0}) as c:
-        c.add_agent(REGION, labels={"disk": "ssd"})
-        c.add_agent(REGION, labels={"disk": "hdd"})
-        c.wait_for_workers()
-        yield c
+# Region `lab`: a worker labelled disk=ssd and one labelled disk=hdd (4 cpus each).
+CLUSTER = ClusterSpec(
+    "labelled",
+    regions={REGION: 0},
+    agents=(agent(REGION, labels={"disk": "ssd"}), agent(REGION, labels={"disk": "hdd"})),
+)
 
 
 def sleeper(**config: Any) -> dict[str, Any]:
@@ -41,12 +39,12 @@ def worker_with(cluster: Cluster, disk: str) -> str:
     return agent.worker_id
 
 
-def test_a_label_constraint_steers_placement(labelled: Cluster) -> None:
-    client = labelled.client()
+def test_a_label_constraint_steers_placement(cluster: Cluster) -> None:
+    client = cluster.client()
     app = app_name()
     ssd_only = sleeper(constraints=[{"attribute": "label.disk", "operator": "=", "value": "ssd"}])
     made = [client.create_machine(app, REGION, ssd_only, skip_launch=True) for _ in range(3)]
-    assert {m.worker_id for m in made} == {worker_with(labelled, "ssd")}
+    assert {m.worker_id for m in made} == {worker_with(cluster, "ssd")}
     record = made[0].placement
     assert record is not None
     assert record.rejections == {"constraint": 1}
@@ -56,13 +54,13 @@ def test_a_label_constraint_steers_placement(labelled: Cluster) -> None:
         constraints=[{"attribute": "label.disk", "operator": "not_in", "value": ["ssd"]}]
     )
     other = client.create_machine(app, REGION, not_ssd, skip_launch=True)
-    assert other.worker_id == worker_with(labelled, "hdd")
+    assert other.worker_id == worker_with(cluster, "hdd")
     for m in [*made, other]:
         client.destroy(app, m.id, force=True)
 
 
-def test_an_unsatisfiable_constraint_is_refused_naming_it(labelled: Cluster) -> None:
-    client = labelled.client()
+def test_an_unsatisfiable_constraint_is_refused_naming_it(cluster: Cluster) -> None:
+    client = cluster.client()
     app = app_name()
     nvme = sleeper(constraints=[{"attribute": "label.disk", "value": "nvme"}])
     with pytest.raises(InsufficientCapacity) as caught:
@@ -75,13 +73,13 @@ def test_an_unsatisfiable_constraint_is_refused_naming_it(labelled: Cluster) -> 
     assert client.list_machines(app) == []
 
 
-def test_distinct_workers_for_app_spreads_then_refuses_a_third(labelled: Cluster) -> None:
-    client = labelled.client()
+def test_distinct_workers_for_app_spreads_then_refuses_a_third(cluster: Cluster) -> None:
+    client = cluster.client()
     app = app_name()
     distinct = sleeper(distinct_workers_for="app")
     first = client.create_machine(app, REGION, distinct, skip_launch=True)
     second = client.create_machine(app, REGION, distinct, skip_launch=True)
-    assert {first.worker_id, second.worker_id} == {a.worker_id for a in labelled.agents}
+    assert {first.worker_id, second.worker_id} == {a.worker_id for a in cluster.agents}
     with pytest.raises(InsufficientCapacity) as caught:
         client.create_machine(app, REGION, distinct, skip_launch=True)
     assert "2 distinct_workers" in caught.value.message
@@ -93,9 +91,9 @@ def test_distinct_workers_for_app_spreads_then_refuses_a_third(labelled: Cluster
         client.destroy(app, m.id, force=True)
 
 
-def test_the_create_body_chooses_the_policy(labelled: Cluster) -> None:
+def test_the_create_body_chooses_the_policy(cluster: Cluster) -> None:
     app = app_name()
-    url = f"{labelled.api_url}/v1/apps/{app}/machines"
+    url = f"{cluster.api_url}/v1/apps/{app}/machines"
     body = {
         "region": REGION,
         "skip_launch": True,

@@ -9,21 +9,18 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
 from souq.testing import AgentProcess, Cluster, auth_headers, wait_until
+from tests.clusters import ClusterSpec
 
 BEAT_S = 0.2  # the short-lived agents beat fast, so that three missed beats take 0.6 s
 
 
-@pytest.fixture(scope="module")
-def view_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with Cluster(tmp_path_factory.mktemp("view"), regions={"vw": 1}, cpus=2) as c:
-        yield c
+CLUSTER = ClusterSpec("view", regions={"vw": 1}, cpus=2)
 
 
 def machines(cluster: Cluster, app: str) -> httpx.Response:
@@ -56,55 +53,55 @@ def listed_worker_state(cluster: Cluster, app: str) -> str | None:
     return str(found[0]["worker_state"]) if found else None
 
 
-def test_lists_come_from_the_view_once_it_has_synced(view_cluster: Cluster) -> None:
+def test_lists_come_from_the_view_once_it_has_synced(cluster: Cluster) -> None:
     app = "v" + uuid.uuid4().hex[:8]
     r = httpx.post(
-        f"{view_cluster.api_url}/v1/apps/{app}/machines",
+        f"{cluster.api_url}/v1/apps/{app}/machines",
         json={"region": "vw", "config": {"cmd": ["sleep", "600"]}},
         headers=auth_headers(),
         timeout=30,
     )
     assert r.status_code == 201, r.text
     mid = r.json()["id"]
-    listed = machines(view_cluster, app)
+    listed = machines(cluster, app)
     assert [m["id"] for m in listed.json()] == [mid]  # read-your-writes on this broker
     wait_until(
-        lambda: machines(view_cluster, app).headers.get("X-Souq-View") == "view",
+        lambda: machines(cluster, app).headers.get("X-Souq-View") == "view",
         timeout=15,
         message="the view to be complete",
     )
-    fresh = machines(view_cluster, app)
+    fresh = machines(cluster, app)
     assert "X-Souq-View-As-Of" in fresh.headers and "X-Souq-View-Lag-Ms" in fresh.headers
     apps = {
         a["name"]: a
-        for a in httpx.get(f"{view_cluster.api_url}/v1/apps", headers=auth_headers()).json()["apps"]
+        for a in httpx.get(f"{cluster.api_url}/v1/apps", headers=auth_headers()).json()["apps"]
     }
     assert apps[app]["machines"] == 1
     regions = httpx.get(
-        f"{view_cluster.api_url}/v1/regions?cpus=1&memory_mb=128", headers=auth_headers()
+        f"{cluster.api_url}/v1/regions?cpus=1&memory_mb=128", headers=auth_headers()
     ).json()
     (vw,) = [r for r in regions if r["name"] == "vw"]
     assert vw["workers_up"] == 1 and vw["fits"] == 1  # 2 cpus, one taken
     # a stop made through the worker shows in the view, and in the event stream
     httpx.post(
-        f"{view_cluster.api_url}/v1/apps/{app}/machines/{mid}/stop",
+        f"{cluster.api_url}/v1/apps/{app}/machines/{mid}/stop",
         timeout=30,
         headers=auth_headers(),
     )
 
     def stopped() -> bool:
-        return any(m["state"] == "stopped" for m in machines(view_cluster, app).json())
+        return any(m["state"] == "stopped" for m in machines(cluster, app).json())
 
     wait_until(stopped, timeout=15, message="the stop to reach the view")
     text = httpx.get(
-        f"{view_cluster.api_url}/v1/events?app={app}", timeout=10, headers=auth_headers()
+        f"{cluster.api_url}/v1/events?app={app}", timeout=10, headers=auth_headers()
     ).text
     events = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ")]
     assert {e["machine_id"] for e in events} == {mid}
     assert "stopped" in {e["state"] for e in events}
     cli = subprocess.run(
         [sys.executable, "-m", "souq", "events", "--app", app, "--json"],
-        env={**os.environ, "SOUQ_API": view_cluster.api_url},
+        env={**os.environ, "SOUQ_API": cluster.api_url},
         capture_output=True,
         text=True,
         timeout=60,
@@ -112,28 +109,26 @@ def test_lists_come_from_the_view_once_it_has_synced(view_cluster: Cluster) -> N
     )
     assert [json.loads(x)["seq"] for x in cli.stdout.splitlines()] == [e["seq"] for e in events]
     httpx.delete(
-        f"{view_cluster.api_url}/v1/apps/{app}/machines/{mid}?force=true",
+        f"{cluster.api_url}/v1/apps/{app}/machines/{mid}?force=true",
         timeout=30,
         headers=auth_headers(),
     )
-    assert machines(view_cluster, app).json() == []
+    assert machines(cluster, app).json() == []
 
 
 @pytest.mark.parametrize("how", ["freeze", "kill"])
-def test_a_silent_worker_turns_down_and_its_machines_say_so(
-    view_cluster: Cluster, how: str
-) -> None:
+def test_a_silent_worker_turns_down_and_its_machines_say_so(cluster: Cluster, how: str) -> None:
     region = "vz" + how
-    agent = view_cluster.add_agent(region, heartbeat_interval_s=BEAT_S, cpus=1)
+    agent = cluster.add_agent(region, heartbeat_interval_s=BEAT_S, cpus=1)
     assert agent.worker_id is not None
     wid = agent.worker_id
-    wait_until(lambda: worker_state(view_cluster, wid) == "up", message="the worker to be up")
+    wait_until(lambda: worker_state(cluster, wid) == "up", message="the worker to be up")
     app = "v" + uuid.uuid4().hex[:8]
-    run_on(view_cluster, agent, app)
-    assert listed_worker_state(view_cluster, app) == "up"
+    run_on(cluster, agent, app)
+    assert listed_worker_state(cluster, app) == "up"
     follow = httpx.stream(
         "GET",
-        f"{view_cluster.api_url}/v1/events?follow=true&worker={wid}",
+        f"{cluster.api_url}/v1/events?follow=true&worker={wid}",
         headers=auth_headers(),
         timeout=30,
     )
@@ -144,11 +139,11 @@ def test_a_silent_worker_turns_down_and_its_machines_say_so(
             agent.kill()
         try:
             wait_until(
-                lambda: worker_state(view_cluster, wid) == "down",
+                lambda: worker_state(cluster, wid) == "down",
                 timeout=10,
                 message="the worker to be down",
             )
-            assert listed_worker_state(view_cluster, app) == "down"
+            assert listed_worker_state(cluster, app) == "down"
             seen = []
             for line in stream.iter_lines():
                 if line.startswith("data: "):
@@ -161,15 +156,15 @@ def test_a_silent_worker_turns_down_and_its_machines_say_so(
                 os.kill(agent.pid, signal.SIGCONT)
             else:
                 agent.start()
-    wait_until(lambda: worker_state(view_cluster, wid) == "up", message="the worker back up")
+    wait_until(lambda: worker_state(cluster, wid) == "up", message="the worker back up")
     wait_until(
-        lambda: listed_worker_state(view_cluster, app) == "up",
+        lambda: listed_worker_state(cluster, app) == "up",
         timeout=10,
         message="its machines to say so",
     )
-    for m in machines(view_cluster, app).json():
+    for m in machines(cluster, app).json():
         httpx.delete(
-            f"{view_cluster.api_url}/v1/apps/{app}/machines/{m['id']}?force=true",
+            f"{cluster.api_url}/v1/apps/{app}/machines/{m['id']}?force=true",
             headers=auth_headers(),
             timeout=30,
         )

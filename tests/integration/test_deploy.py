@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ import pytest
 from souq.errors import NotFound
 from souq.model.machine import Machine, MachineState
 from souq.testing import Cluster, wait_until
+from tests.clusters import ClusterSpec
 from tests.integration.images_harness import souq
 
 APP = "shop"
@@ -73,11 +73,7 @@ syd = 1
 """
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    root = tmp_path_factory.mktemp("deploy")
-    with Cluster(root, regions={"mad": 2, "syd": 1}, cpus=4, memory_mb=2048) as c:
-        yield c
+CLUSTER = ClusterSpec("deploy", regions={"mad": 2, "syd": 1}, cpus=4, memory_mb=2048)
 
 
 @pytest.fixture(scope="module")

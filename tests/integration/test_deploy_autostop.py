@@ -15,6 +15,7 @@ import pytest
 
 from souq.model.machine import Machine, MachineState
 from souq.testing import Cluster, ProxyProcess, auth_headers, wait_until
+from tests.clusters import ClusterSpec
 from tests.integration.images_harness import souq
 from tests.integration.test_deploy import SERVER
 from tests.integration.test_deploy_traffic import Traffic
@@ -62,11 +63,7 @@ mad = {count}
 """
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    root = tmp_path_factory.mktemp("deploy-autostop")
-    with Cluster(root, regions={"mad": 2}, cpus=2, memory_mb=2048) as c:
-        yield c
+CLUSTER = ClusterSpec("deploy-autostop", regions={"mad": 2}, cpus=2, memory_mb=2048)
 
 
 @pytest.fixture(scope="module")

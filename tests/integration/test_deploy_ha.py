@@ -5,22 +5,15 @@ counts `[regions]` names, and those `souq scale count` adds."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from souq.images import layout_tar, pack_directory
 from souq.model.machine import MachineState
 from souq.testing import Cluster, wait_until
+from tests.clusters import ClusterSpec
 from tests.integration.images_harness import souq
 
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    root = tmp_path_factory.mktemp("ha")
-    with Cluster(root, regions={"mad": 2}, cpus=2, memory_mb=2048) as c:
-        yield c
+CLUSTER = ClusterSpec("ha", regions={"mad": 2}, cpus=2, memory_mb=2048)
 
 
 def cached_on_one_worker(cluster: Cluster, tmp_path: Path, text: str) -> str:

@@ -10,13 +10,11 @@ import os
 import signal
 import subprocess
 import threading
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from souq.model.machine import Machine, MachineState
 from souq.testing import Cluster, wait_until
+from tests.clusters import ClusterSpec
 from tests.integration.images_harness import SOUQ, souq
 
 APP = "served"
@@ -37,11 +35,7 @@ mad = 1
 """
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    root = tmp_path_factory.mktemp("preempted")
-    with Cluster(root, regions={"mad": 2}, cpus=1, memory_mb=1024) as c:
-        yield c
+CLUSTER = ClusterSpec("preempted", regions={"mad": 2}, cpus=1, memory_mb=1024)
 
 
 def toml(app: str) -> str:

@@ -5,13 +5,11 @@ replacement has room fails before it changed anything (a real cluster, the CLI).
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from souq.model.machine import MachineState
 from souq.testing import Cluster, wait_until
+from tests.clusters import ClusterSpec
 from tests.integration.images_harness import souq
 
 APP = "grow"
@@ -36,11 +34,7 @@ mad = 1
 """
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    root = tmp_path_factory.mktemp("replace")
-    with Cluster(root, regions={"mad": 2}, cpus=2, memory_mb=2048) as c:
-        yield c
+CLUSTER = ClusterSpec("replace", regions={"mad": 2}, cpus=2, memory_mb=2048)
 
 
 def test_an_update_that_does_not_fit_is_a_replacement(cluster: Cluster, tmp_path: Path) -> None:

@@ -12,16 +12,12 @@ import pytest
 
 from souq.model.machine import MachineState
 from souq.testing import Cluster, ProxyProcess, wait_until
+from tests.clusters import ClusterSpec
 from tests.integration.images_harness import souq
 from tests.integration.services_harness import edge_proxy
 from tests.integration.test_deploy import APP, SERVER, toml
 
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    root = tmp_path_factory.mktemp("deploy-traffic")
-    with Cluster(root, regions={"mad": 2}, cpus=4, memory_mb=2048) as c:
-        yield c
+CLUSTER = ClusterSpec("deploy-traffic", regions={"mad": 2}, cpus=4, memory_mb=2048)
 
 
 @pytest.fixture(scope="module")
@@ -32,10 +28,16 @@ def proxy(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 
 class Traffic:
     """Requests through the proxy, one after another on each of a few threads, until stopped;
-    every answer that is not a 200 (or no answer) is kept."""
+    every answer that is not a 200 (or no answer) is kept.
 
-    def __init__(self, proxy: ProxyProcess, threads: int = 3) -> None:
+    Each thread sends one request every ``every_s`` at most (100 a second from three): closer
+    together than any moment the app could be without a machine that serves (a machine's stop,
+    start or update takes longer), without the thousands a second back-to-back requests cost the
+    test, the proxy and the machines in CPU."""
+
+    def __init__(self, proxy: ProxyProcess, threads: int = 3, every_s: float = 0.03) -> None:
         self._url = proxy.url
+        self._every_s = every_s
         self._stop = threading.Event()
         self.ok = 0
         self.failures: list[str] = []
@@ -55,7 +57,7 @@ class Traffic:
     def _run(self) -> None:
         headers = {"Host": f"{APP}.localhost"}
         with httpx.Client(base_url=self._url, headers=headers, timeout=15) as http:
-            while not self._stop.is_set():
+            while not self._stop.wait(self._every_s):
                 try:
                     r = http.get("/")
                     problem = None if r.status_code == 200 else f"{r.status_code} {r.text[:200]}"

@@ -85,7 +85,7 @@ def test_a_cpu_limited_busy_loop_is_throttled_by_the_kernel(tmp_path: Path) -> N
         stat = await eventually(
             lambda: d.cgroups.cpu_stat(mid).get("nr_throttled", 0) >= 2 and d.cgroups.cpu_stat(mid),
             timeout=10,
-            what="the kernel to throttle the machine",
+            message="the kernel to throttle the machine",
         )
         assert stat["nr_throttled"] >= 2
         await d.stop(handle, signal.SIGKILL, 5)
@@ -144,7 +144,7 @@ def test_on_v1_a_ready_waiters_spare_cgroup_becomes_the_machines_own(tmp_path: P
         first = d.start(spec("true", machine_id="warm", limits=Limits(64)))  # fills the pool
         await asyncio.wait_for(d.wait(first), 10)
         for run in range(2):  # a first start, then a restart in the cgroup the first one left
-            await eventually(lambda: _spares_ready(d), what="ready waiters in spare cgroups")
+            await eventually(lambda: _spares_ready(d), message="ready waiters in spare cgroups")
             spare = d.exec.waiters.ready()[0].spare
             assert spare is not None
             waiter = d.exec.waiters.ready()[0].pid
@@ -166,7 +166,7 @@ def test_on_v1_a_ready_waiters_spare_cgroup_becomes_the_machines_own(tmp_path: P
                     (b / "kept" / "cgroup.procs").read_text().split() == alone  # noqa: B023
                     for b in bases.values()
                 ),
-                what="the waiter to move out of the machine's cgroup",
+                message="the waiter to move out of the machine's cgroup",
             )
             assert str(waiter) in (bases["memory"] / WAITERS / "cgroup.procs").read_text().split()
             assert (await d.stop(handle, signal.SIGTERM, 5)).signal == "SIGTERM"
@@ -369,9 +369,9 @@ def test_without_a_freezer_a_sandboxed_machines_command_is_stopped_and_continued
         command = await eventually(lambda: enter.machine_command(handle.pid), timeout=10)
         assert command is not None
         assert d.freeze(handle, True)
-        await eventually(lambda: _state(command) == "T", timeout=10, what="the command stopped")
+        await eventually(lambda: _state(command) == "T", timeout=10, message="the command stopped")
         assert d.freeze(handle, False)
-        await eventually(lambda: _state(command) != "T", timeout=10, what="it continued")
+        await eventually(lambda: _state(command) != "T", timeout=10, message="it continued")
         status = await d.stop(handle, signal.SIGTERM, 10)
         assert status.signal == "SIGTERM" or status.code == 128 + signal.SIGTERM, status
         d.destroy(mid)

@@ -14,15 +14,13 @@ import httpx
 import pytest
 
 from souq.testing import Cluster, wait_until
+from tests.clusters import ClusterSpec
 from tests.integration.services_harness import ECHO, app_name, fly_client
 
 NONCE = "fly-machine-lease-nonce"
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with Cluster(tmp_path_factory.mktemp("flym"), regions={"mad": 2}) as c:
-        yield c
+CLUSTER = ClusterSpec("flym", regions={"mad": 2})
 
 
 @pytest.fixture

@@ -10,13 +10,15 @@ import httpx
 import pytest
 
 from souq.testing import Cluster
+from tests.clusters import ClusterSpec
 from tests.integration.services_harness import app_name, fly_client
+
+CLUSTER = ClusterSpec("flysecrets", regions={"mad": 1})
 
 
 @pytest.fixture(scope="module")
-def fly(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
-    root = tmp_path_factory.mktemp("flysecrets")
-    with Cluster(root, regions={"mad": 1}) as cluster, fly_client(cluster, timeout=30) as c:
+def fly(cluster: Cluster) -> Iterator[httpx.Client]:
+    with fly_client(cluster, timeout=30) as c:
         yield c
 
 

@@ -4,19 +4,15 @@ one a later image of the same name took it over from (real nats-server, broker a
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from souq.testing import Cluster
+from tests.clusters import ClusterSpec
 from tests.integration.images_harness import souq
 
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with Cluster(tmp_path_factory.mktemp("image-names"), regions={"mad": 1}) as c:
-        yield c
+CLUSTER = ClusterSpec("image-names", regions={"mad": 1})
 
 
 def build(cluster: Cluster, root: Path, content: str, name: str) -> str:

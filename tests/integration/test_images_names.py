@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -20,6 +19,7 @@ from souq.images.store import ImageStore
 from souq.model.machine import MachineState
 from souq.natsserver import free_port
 from souq.testing import Cluster, auth_headers
+from tests.clusters import ClusterSpec
 from tests.integration.images_harness import souq
 
 APP = "named"
@@ -31,10 +31,7 @@ SPELLINGS = (
 )
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with Cluster(tmp_path_factory.mktemp("names"), regions={"mad": 1}, cpus=16) as c:
-        yield c
+CLUSTER = ClusterSpec("names", regions={"mad": 1}, cpus=16)
 
 
 def _image(root: Path, greeting: str) -> Image:

@@ -19,6 +19,7 @@ from souq.drivers import sandbox
 from souq.images import Image
 from souq.model.machine import Machine, MachineState
 from souq.testing import Cluster, ProxyProcess, wait_until
+from tests.clusters import isolated
 from tests.integration.images_harness import souq
 from tests.integration.registry_harness import push_image, serve_registry, skopeo_push
 from tests.isolated import isolated_cluster, processes_of
@@ -41,10 +42,7 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
-    with isolated_cluster("souq-own-root-") as c:
-        yield c
+CLUSTER = isolated("own-root")
 
 
 @pytest.fixture(scope="module")

@@ -5,23 +5,17 @@ stays within ``--image-cache-mb``, least recently used out first, never an image
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from souq.images import layout_tar, pack_directory
 from souq.model.machine import Machine, MachineState
 from souq.testing import Cluster, wait_until
+from tests.clusters import ClusterSpec
 
 ONE_SHOT = {"restart": {"policy": "no"}}
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    root = tmp_path_factory.mktemp("images-placement")
-    with Cluster(root, regions={"mad": 3}, cpus=16, memory_mb=16384) as c:
-        yield c
+CLUSTER = ClusterSpec("images-placement", regions={"mad": 3}, cpus=16, memory_mb=16384)
 
 
 def build(cluster: Cluster, root: Path, noise: int) -> str:

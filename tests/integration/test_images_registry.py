@@ -20,6 +20,7 @@ from souq.images import Image, pack_directory
 from souq.model.machine import MachineState
 from souq.natsserver import free_port
 from souq.testing import Cluster, auth_headers, wait_until
+from tests.clusters import ClusterSpec
 from tests.integration.images_harness import souq
 from tests.integration.registry_harness import push_image, serve_registry
 
@@ -35,10 +36,7 @@ def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield url
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with Cluster(tmp_path_factory.mktemp("pull"), regions={"mad": 1}) as c:
-        yield c
+CLUSTER = ClusterSpec("pull", regions={"mad": 1})
 
 
 def test_pull_by_tag_and_by_digest_keeps_the_reference(

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -21,17 +20,14 @@ from souq.images.store import ImageStore
 from souq.model.batch import BatchResult
 from souq.model.machine import Machine, MachineState
 from souq.testing import Cluster, auth_headers, wait_until
+from tests.clusters import ClusterSpec
 from tests.integration.images_harness import souq
 
 APP = "img"
 ONE_SHOT = {"restart": {"policy": "no"}}
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    root = tmp_path_factory.mktemp("images-run")
-    with Cluster(root, regions={"mad": 1}, cpus=64, memory_mb=65536) as c:
-        yield c
+CLUSTER = ClusterSpec("images-run", regions={"mad": 1}, cpus=64, memory_mb=65536)
 
 
 def build(cluster: Cluster, root: Path, *, greeting: str, size: int = 0, **run: object) -> str:

@@ -7,7 +7,6 @@ import asyncio
 import io
 import json
 import tarfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -19,13 +18,10 @@ from souq.images.cache import ImageCache
 from souq.images.store import ImageStore
 from souq.model.image import ImageRecord
 from souq.testing import Cluster, auth_headers
+from tests.clusters import ClusterSpec
 from tests.integration.images_harness import souq
 
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with Cluster(tmp_path_factory.mktemp("images"), regions={"mad": 1}) as c:
-        yield c
+CLUSTER = ClusterSpec("images", regions={"mad": 1})
 
 
 def app_dir(root: Path, greeting: str = "hello") -> Path:

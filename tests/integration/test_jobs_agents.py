@@ -21,7 +21,8 @@ from souq.auth.bus import add_agent, credential
 from souq.jobs.output import JobOutputs
 from souq.jobs.store import READY_SUBJECT, JobStore
 from souq.model.job import JobEvent, JobSubmit
-from souq.testing import AgentProcess, Cluster, auth_headers, wait_until
+from souq.testing import AgentProcess, Cluster, auth_headers, eventually, wait_until
+from tests.clusters import ClusterSpec, agent
 
 SLOTS = 2  # each agent's --jobs
 LEASE_S = 4.0  # each agent's --job-lease: a killed agent's job is back this soon
@@ -29,13 +30,9 @@ JSON_LOGS = ["--log-format", "json"]  # the agents' INFO lines too, for a failur
 AGENT_ARGS = ["--jobs", str(SLOTS), "--job-lease", f"{LEASE_S:g}", *JSON_LOGS]
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with Cluster(tmp_path_factory.mktemp("jobs-agents"), regions={"mad": 0}) as c:
-        for _ in range(2):
-            c.add_agent("mad", extra_args=AGENT_ARGS)
-        c.wait_for_workers()
-        yield c
+CLUSTER = ClusterSpec(
+    "jobs-agents", regions={"mad": 0}, agents=(agent("mad", extra_args=AGENT_ARGS),) * 2
+)
 
 
 @pytest.fixture
@@ -295,9 +292,8 @@ def test_an_agent_may_do_what_running_jobs_needs_and_no_more(cluster: Cluster) -
             ):
                 await agent.publish(subject, b"{}")
             await agent.flush()
-            async with asyncio.timeout(5):  # the server's errors may come after the flush
-                while len(violations) < 8:
-                    await asyncio.sleep(0.01)
+            # The server's errors may come after the flush.
+            await eventually(lambda: len(violations) >= 8, timeout=5, message="8 violations")
             assert len(violations) == 8, violations
             await (await JobStore.open(broker)).change("perms", JobEvent.CANCEL)
         finally:

@@ -8,20 +8,14 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from datetime import datetime
 from zoneinfo import ZoneInfo
 
-import pytest
-
 from souq.client import SouqClient
 from souq.testing import Cluster
+from tests.clusters import ClusterSpec
 
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with Cluster(tmp_path_factory.mktemp("jobs-cli"), regions={}) as c:
-        yield c
+CLUSTER = ClusterSpec("jobs-cli", regions={})
 
 
 def souq(cluster: Cluster, *args: str, **env: str) -> subprocess.CompletedProcess[str]:

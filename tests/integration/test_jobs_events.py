@@ -9,23 +9,18 @@ import asyncio
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 import nats
-import pytest
 
 from souq.client import SouqClient
 from souq.errors import Unavailable
 from souq.jobs.store import JobStore
 from souq.model.job import JobEvent
 from souq.testing import Cluster, wait_until
+from tests.clusters import ClusterSpec
 
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with Cluster(tmp_path_factory.mktemp("jobs-events"), regions={}) as c:
-        yield c
+CLUSTER = ClusterSpec("jobs-events", regions={})
 
 
 def _job_events(client: SouqClient, name: str) -> list[dict[str, Any]]:

@@ -6,23 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import nats
-import pytest
 
 from souq.jobs.output import JobOutputs
 from souq.testing import Cluster, auth_headers, wait_until
+from tests.clusters import ClusterSpec
 
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    # No agents: they would pull and run the jobs these tests claim over HTTP (their own
-    # runs are tests/integration/test_jobs_agents.py's).
-    with Cluster(tmp_path_factory.mktemp("sched"), regions={"mad": 0}, brokers=2) as c:
-        yield c
+# No agents: they would pull and run the jobs these tests claim over HTTP (their own
+# runs are tests/integration/test_jobs_agents.py's).
+CLUSTER = ClusterSpec("sched", regions={"mad": 0}, brokers=2)
 
 
 def _http(cluster: Cluster, broker: int = 0) -> httpx.Client:

@@ -5,7 +5,6 @@ failing check otherwise), and an update runs the new config's checks."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -13,6 +12,7 @@ import pytest
 from souq.errors import SouqError
 from souq.model.machine import CheckStatus, MachineState
 from souq.testing import Cluster, wait_until
+from tests.clusters import ClusterSpec
 
 APP = "chk"
 # Answers GET with the status in $STATUS (200 by default) on $PORT.
@@ -30,10 +30,7 @@ HTTPServer(("127.0.0.1", int(os.environ["PORT"])), H).serve_forever()
 """
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with Cluster(tmp_path_factory.mktemp("checks"), regions={"mad": 1}) as c:
-        yield c
+CLUSTER = ClusterSpec("checks", regions={"mad": 1})
 
 
 def served(status: int, **checks: dict[str, Any]) -> dict[str, Any]:

@@ -164,7 +164,7 @@ def test_ps_lists_the_machines_pid_namespace_by_the_pids_it_sees(
                 return rows if left in rows and rows[left].command == "sleep 3602" else None
 
             rows = await eventually(
-                listed, what="ps to list the process exec left (once setsid exec'd sleep)"
+                listed, message="ps to list the process exec left (once setsid exec'd sleep)"
             )
             assert min(rows) == 1 and rows[1].command.split()[0].endswith("bwrap")
             program, _, args = rows[2].command.partition(" ")

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ from souq.drivers.waiter import waiter_path
 from souq.limits import LOG_MAX_BYTES
 from souq.model import MachineState
 from souq.testing import Cluster, wait_until
+from tests.clusters import ClusterSpec
 from tests.integration.agent_harness import pid_alive
 
 APP = "chatty"
@@ -28,10 +28,7 @@ SLACK = 16 * 1024  # output.log.state (and its .tmp, for an instant): a block ea
 pytestmark = pytest.mark.skipif(waiter_path() is None, reason="no C compiler for souq-waiter")
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with Cluster(tmp_path_factory.mktemp("logbound"), regions={"mad": 1}) as c:
-        yield c
+CLUSTER = ClusterSpec("logbound", regions={"mad": 1})
 
 
 def on_disk(workdir: Path) -> int:

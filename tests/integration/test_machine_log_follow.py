@@ -6,22 +6,17 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from souq.model import MachineState
 from souq.testing import Cluster
+from tests.clusters import ClusterSpec
 from tests.integration.images_harness import SOUQ
 
 APP = "follow"
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with Cluster(tmp_path_factory.mktemp("logfollow"), regions={"mad": 1}) as c:
-        yield c
+CLUSTER = ClusterSpec("logfollow", regions={"mad": 1})
 
 
 def follow(cluster: Cluster, machine_id: str) -> subprocess.CompletedProcess[str]:

@@ -106,13 +106,13 @@ def test_a_real_agent_bounds_a_machine_s_log(nats_url: str, tmp_path: Path) -> N
                 reply = await h.logs(m.id, offset=start)
                 return reply.next_offset > start and "done" in read_all(workdir).decode()
 
-            await eventually(done, timeout=60, what="the machine's last line")
+            await eventually(done, timeout=60, message="the machine's last line")
 
             def bounded() -> bool:  # (without a waiter, checked every second)
                 current = (workdir / logfile.LOG).stat().st_size
                 return (by_waiter or h.agent.log_rotator.rotations >= 1) and current <= BOUND
 
-            await eventually(bounded, timeout=10, what="the log back within its bound")
+            await eventually(bounded, timeout=10, message="the log back within its bound")
             assert (workdir / logfile.ROTATED).stat().st_size <= BOUND
             # Read through the agent, as `souq machine logs` does, from the start.
             text, offset = "", 0

@@ -7,13 +7,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import Iterator
 
 import pytest
 
 from souq.errors import InsufficientCapacity
 from souq.model import MachineState
 from souq.testing import Cluster, wait_until
+from tests.clusters import ClusterSpec
 from tests.integration.images_harness import SOUQ
 
 S = MachineState
@@ -21,10 +21,7 @@ APP = "broken"
 CPUS = 2  # the one worker's
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with Cluster(tmp_path_factory.mktemp("runfail"), regions={"mad": 1}, cpus=CPUS) as c:
-        yield c
+CLUSTER = ClusterSpec("runfail", regions={"mad": 1}, cpus=CPUS)
 
 
 def souq(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:

@@ -17,6 +17,7 @@ import pytest
 from souq.errors import IllegalTransition, InsufficientCapacity, InvalidInput
 from souq.model import MachineState
 from souq.testing import Cluster, auth_headers, wait_until
+from tests.clusters import ClusterSpec
 from tests.integration.services_harness import ECHO, app_name
 
 
@@ -38,14 +39,11 @@ def config(**extra: object) -> dict[str, object]:
     }
 
 
-@pytest.fixture(scope="module")
-def one_worker(tmp_path_factory: pytest.TempPathFactory) -> Cluster:
-    with Cluster(tmp_path_factory.mktemp("services"), regions={"mad": 1}) as c:
-        yield c
+CLUSTER = ClusterSpec("services", regions={"mad": 1})
 
 
-def test_each_machine_gets_its_own_port_and_serves_on_it(one_worker: Cluster) -> None:
-    client = one_worker.client()
+def test_each_machine_gets_its_own_port_and_serves_on_it(cluster: Cluster) -> None:
+    client = cluster.client()
     app = app_name("s")
     a = client.create_machine(app, "mad", config())
     b = client.create_machine(app, "mad", config())
@@ -66,8 +64,8 @@ def test_each_machine_gets_its_own_port_and_serves_on_it(one_worker: Cluster) ->
     client.destroy(app, b.id, force=True)
 
 
-def test_suspend_freezes_the_process_and_start_resumes_it(one_worker: Cluster) -> None:
-    client = one_worker.client()
+def test_suspend_freezes_the_process_and_start_resumes_it(cluster: Cluster) -> None:
+    client = cluster.client()
     app = app_name("s")
     m = client.create_machine(app, "mad", config())
     port = m.address.ports[8080] if m.address else 0
@@ -95,9 +93,11 @@ def test_suspend_freezes_the_process_and_start_resumes_it(one_worker: Cluster) -
     client.destroy(app, m.id)
 
 
-def test_a_standby_is_made_stopped_on_another_worker_than_its_primary(tmp_path: Path) -> None:
-    with Cluster(tmp_path, regions={"mad": 2}) as c:
-        client = c.client()
+def test_a_standby_is_made_stopped_on_another_worker_than_its_primary(cluster: Cluster) -> None:
+    second = cluster.add_agent("mad")  # for this test: the others see one worker
+    try:
+        cluster.wait_for_workers()
+        client = cluster.client()
         app = app_name("s")
         primary = client.create_machine(app, "mad", config())
         standby = client.create_machine(app, "mad", config(standbys=[primary.id]))
@@ -110,10 +110,15 @@ def test_a_standby_is_made_stopped_on_another_worker_than_its_primary(tmp_path: 
         port = standby.address.ports[8080]
         got = wait_until(lambda: served(port), message="the standby to serve")
         assert got["machine_id"] == standby.id
+        for machine in (standby, primary):
+            client.destroy(app, machine.id, force=True)
+    finally:
+        second.stop()
+        cluster.agents.remove(second)
 
 
-def test_a_standby_needs_a_known_primary_and_another_worker(one_worker: Cluster) -> None:
-    client = one_worker.client()
+def test_a_standby_needs_a_known_primary_and_another_worker(cluster: Cluster) -> None:
+    client = cluster.client()
     app = app_name("s")
     with pytest.raises(InvalidInput) as err:
         client.create_machine(app, "mad", config(standbys=["m0000000000000"]))
@@ -125,9 +130,9 @@ def test_a_standby_needs_a_known_primary_and_another_worker(one_worker: Cluster)
     client.destroy(app, primary.id, force=True)
 
 
-def test_bad_services_are_refused_with_the_field_named(one_worker: Cluster) -> None:
+def test_bad_services_are_refused_with_the_field_named(cluster: Cluster) -> None:
     r = httpx.post(
-        f"{one_worker.api_url}/v1/apps/{app_name('s')}/machines",
+        f"{cluster.api_url}/v1/apps/{app_name('s')}/machines",
         json={
             "region": "mad",
             "config": config(
@@ -142,7 +147,7 @@ def test_bad_services_are_refused_with_the_field_named(one_worker: Cluster) -> N
     assert r.json()["status"] == "invalid_input"
     assert "soft_limit (9) must not exceed hard_limit (3)" in r.json()["error"]
     r = httpx.post(
-        f"{one_worker.api_url}/v1/apps/{app_name('s')}/machines",
+        f"{cluster.api_url}/v1/apps/{app_name('s')}/machines",
         json={"region": "mad", "config": config(checks={"c": {"type": "http", "port": 0}})},
         headers=auth_headers(),
     )
@@ -170,8 +175,8 @@ def test_ports_survive_an_agent_restart(tmp_path: Path) -> None:
         client.destroy(app, other.id, force=True)
 
 
-def test_a_stop_leaves_rotation_before_its_signal(one_worker: Cluster) -> None:
-    client = one_worker.client()
+def test_a_stop_leaves_rotation_before_its_signal(cluster: Cluster) -> None:
+    client = cluster.client()
     app = app_name("s")
     m = client.create_machine(app, "mad", config(stop_config={"drain_s": 30, "timeout_s": 5}))
     port = m.address.ports[8080] if m.address else 0

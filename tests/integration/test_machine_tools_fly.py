@@ -16,16 +16,14 @@ import pytest
 from souq.drivers import sandbox
 from souq.model import Machine, MachineState
 from souq.testing import Cluster, ProxyProcess, auth_headers, wait_until
+from tests.clusters import ClusterSpec
 from tests.integration.services_harness import app_name, echo_config, edge_proxy
 
 INT32 = 2**31
 FLY_HEADERS = {"Content-Type": "application/json", "User-Agent": "fly-go/test"}
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with Cluster(tmp_path_factory.mktemp("tools"), regions={"mad": 2}) as c:
-        yield c
+CLUSTER = ClusterSpec("tools", regions={"mad": 2})
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ restart."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,15 +13,12 @@ from souq.errors import SouqError
 from souq.images import layout_tar, pack_directory
 from souq.model.machine import Machine, MachineState
 from souq.testing import Cluster, auth_headers, wait_until
+from tests.clusters import ClusterSpec
 
 APP = "upd"
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    root = tmp_path_factory.mktemp("update")
-    with Cluster(root, regions={"mad": 1}, cpus=2, memory_mb=2048) as c:
-        yield c
+CLUSTER = ClusterSpec("update", regions={"mad": 1}, cpus=2, memory_mb=2048)
 
 
 def says(word: str) -> list[str]:

@@ -18,6 +18,7 @@ from souq.drivers.identity import BASE, COUNT
 from souq.drivers.waiter import waiter_path
 from souq.model import MachineState
 from souq.testing import AgentProcess, Cluster, environment, wait_until
+from tests.clusters import ClusterSpec, agent
 
 S = MachineState
 APP = "users"
@@ -39,16 +40,21 @@ def root() -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
-def cluster(root: Path) -> Iterator[Cluster]:
-    """A secured cluster (its agents see ``SOUQ_AUTH_DIR`` and ``SOUQ_TOKEN``) whose agent also
-    has a marker variable in its environment."""
-    cluster = Cluster(root / "cluster", regions={"mad": 0})
-    with cluster, environment(SOUQ_LEAK_MARKER="agent-only-7f3a"):
-        assert os.environ["SOUQ_AUTH_DIR"] and os.environ["SOUQ_TOKEN"]
-        cluster.add_agent("mad", machine_user=None)  # the agent's own default
-        cluster.wait_for_workers()
-        yield cluster
+def _secured(cluster: Cluster) -> None:
+    assert os.environ["SOUQ_AUTH_DIR"] and os.environ["SOUQ_TOKEN"]
+
+
+# A secured cluster (its agents see ``SOUQ_AUTH_DIR`` and ``SOUQ_TOKEN``) whose agent also has a
+# marker variable in its environment, and the agent's own default machine user.
+CLUSTER = ClusterSpec(
+    "users",
+    regions={"mad": 0},
+    root_fixture="root",
+    subdir="cluster",
+    env={"SOUQ_LEAK_MARKER": "agent-only-7f3a"},
+    agents=(agent("mad", machine_user=None),),
+    ready=_secured,
+)
 
 
 def logs_of(cluster: Cluster, machine_id: str, *, until: str) -> str:

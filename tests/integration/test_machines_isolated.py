@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -18,7 +17,8 @@ from souq.drivers import sandbox
 from souq.drivers.identity import BASE, COUNT
 from souq.images import layout_tar, pack_directory
 from souq.testing import AgentProcess, Cluster, auth_headers, wait_until
-from tests.isolated import APP, destroy, isolated_cluster, output, processes_of, started
+from tests.clusters import isolated
+from tests.isolated import APP, destroy, output, processes_of, started
 
 BUSYBOX = shutil.which("busybox")
 APPLETS = ("sh", "id", "ls", "cat", "echo", "sleep", "test", "hostname", "kill", "true", "grep")
@@ -43,10 +43,7 @@ def busybox_root(root: Path) -> Path:
     return root
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
-    with isolated_cluster("souq-isolated-") as c:
-        yield c
+CLUSTER = isolated("isolated")
 
 
 @pytest.fixture(scope="module")

@@ -25,6 +25,7 @@ from souq.bus.jetstream import replicas_for
 from souq.model import MachineState
 from souq.natscluster import NatsCluster
 from souq.testing import Cluster, ProxyProcess, auth_headers, wait_until
+from tests.clusters import ClusterSpec
 from tests.integration.services_harness import app_name, edge_proxy
 from tests.integration.services_harness import echo_config as config
 from tests.integration.test_nats_outage import agent_rows
@@ -35,11 +36,7 @@ PACE_S = 0.3  # between two creates: load, not a flood of processes on a 2-core 
 CREATORS = 3  # creates in flight at once
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    root = tmp_path_factory.mktemp("natscluster")
-    with Cluster(root, regions={"mad": 2}, nats_nodes=3) as c:
-        yield c
+CLUSTER = ClusterSpec("natscluster", regions={"mad": 2}, nats_nodes=3)
 
 
 @pytest.fixture(scope="module")

@@ -14,15 +14,13 @@ import signal
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 
 from souq.testing import AgentProcess, Cluster, auth_headers, wait_until
+from tests.clusters import ClusterSpec, cluster_fixture
 
 APP = "outage"
 LOAD_APP = "load"
@@ -127,11 +125,8 @@ class Load:
         return any(code == 201 for _, what, code, _ in self.answers[mark:] if what == "create")
 
 
-@pytest.fixture
-def own_cluster(tmp_path: Path) -> Iterator[Cluster]:
-    """A cluster of its own: the module-wide one must not lose its NATS server."""
-    with Cluster(tmp_path / "cluster", regions={"mad": 2}) as c:
-        yield c
+# A cluster of its own: the module-wide one must not lose its NATS server.
+own_cluster = cluster_fixture(ClusterSpec("outage", regions={"mad": 2}), scope="function")
 
 
 def test_a_nats_outage_under_load_loses_nothing(own_cluster: Cluster) -> None:

@@ -11,6 +11,7 @@ import pytest
 from souq.bus.nats import connect, nats_servers
 from souq.errors import InvalidInput, Unavailable
 from souq.natsserver import NatsServer, free_port
+from souq.testing import eventually
 
 
 def test_a_list_of_servers_is_read_and_an_empty_one_refused() -> None:
@@ -31,15 +32,15 @@ def test_the_connection_takes_a_live_server_and_moves_when_it_dies(tmp_path: Pat
                 (a if a.url.endswith(first) else b).stop()
                 other = b if a.url.endswith(first) else a
 
-                async def moved() -> None:
-                    while not (
+                await eventually(
+                    lambda: (
                         nc.is_connected
                         and nc.connected_url is not None
                         and other.url.endswith(str(nc.connected_url.netloc))
-                    ):
-                        await asyncio.sleep(0.05)
-
-                await asyncio.wait_for(moved(), timeout=20)
+                    ),
+                    timeout=20,
+                    message="the client moved to the other server",
+                )
                 sub = await nc.subscribe("t.ping")
                 await nc.publish("t.ping", b"after")
                 assert (await sub.next_msg(timeout=5)).data == b"after"

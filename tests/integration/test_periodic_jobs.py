@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 
 import httpx
 import nats
@@ -20,15 +19,13 @@ from souq.jobs.periodic import PeriodicJobs, run_name
 from souq.jobs.store import JobStore
 from souq.model.job import JobEvent, JobState, JobSubmit, PeriodicJob
 from souq.testing import Cluster, auth_headers, wait_until
+from tests.clusters import ClusterSpec
 
 HOUR_MS = 3_600_000
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    # No agents: they would run the runs these tests look at while they wait.
-    with Cluster(tmp_path_factory.mktemp("periodic"), regions={"mad": 0}, brokers=2) as c:
-        yield c
+# No agents: they would run the runs these tests look at while they wait.
+CLUSTER = ClusterSpec("periodic", regions={"mad": 0}, brokers=2)
 
 
 def _http(cluster: Cluster, broker: int = 0) -> httpx.Client:

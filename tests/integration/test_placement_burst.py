@@ -13,12 +13,11 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 
 import httpx
-import pytest
 
 from souq.testing import Cluster, auth_headers
+from tests.clusters import ClusterSpec
 
 WORKERS = 3
 CPUS = 1.2  # per worker
@@ -26,11 +25,7 @@ SIZE = 0.01  # cpus per machine: 120 fit on a worker, 360 in the region
 BURST = 300  # room for all of them, and 0.6 cpus to spare
 
 
-@pytest.fixture(scope="module")
-def burst_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    root = tmp_path_factory.mktemp("burst")
-    with Cluster(root, regions={"burst": WORKERS}, cpus=CPUS, memory_mb=65536) as c:
-        yield c
+CLUSTER = ClusterSpec("burst", regions={"burst": WORKERS}, cpus=CPUS, memory_mb=65536)
 
 
 def body(*, launch: bool) -> dict[str, object]:
@@ -90,8 +85,7 @@ def _destroy_all(cluster: Cluster, app: str) -> None:
     assert all(w.allocated.cpus == 0 for w in cluster.client().workers())
 
 
-def test_a_burst_with_room_for_all_places_every_create(burst_cluster: Cluster) -> None:
-    cluster = burst_cluster
+def test_a_burst_with_room_for_all_places_every_create(cluster: Cluster) -> None:
     app = "burst" + uuid.uuid4().hex[:8]
     answers = asyncio.run(_burst(cluster.api_url, app, BURST, launch=True))
 
@@ -111,8 +105,7 @@ def test_a_burst_with_room_for_all_places_every_create(burst_cluster: Cluster) -
     _destroy_all(cluster, app)
 
 
-def test_a_burst_past_the_room_refuses_only_the_excess(burst_cluster: Cluster) -> None:
-    cluster = burst_cluster
+def test_a_burst_past_the_room_refuses_only_the_excess(cluster: Cluster) -> None:
     app = "full" + uuid.uuid4().hex[:8]
     fits = WORKERS * round(CPUS / SIZE)
     excess = 40

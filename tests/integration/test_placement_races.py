@@ -7,12 +7,11 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 
 import httpx
-import pytest
 
 from souq.testing import Cluster, auth_headers
+from tests.clusters import ClusterSpec
 
 WORKERS = 4
 CPUS = 2  # per worker: 8 one-cpu machines fit in the region, exactly
@@ -20,11 +19,7 @@ FITS = WORKERS * CPUS
 CREATES = 200
 
 
-@pytest.fixture(scope="module")
-def three_brokers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    root = tmp_path_factory.mktemp("races")
-    with Cluster(root, regions={"race": WORKERS}, cpus=CPUS, memory_mb=4096, brokers=3) as c:
-        yield c
+CLUSTER = ClusterSpec("races", regions={"race": WORKERS}, cpus=CPUS, memory_mb=4096, brokers=3)
 
 
 def body() -> dict[str, object]:
@@ -60,9 +55,8 @@ def _destroy_all(cluster: Cluster, app: str) -> None:
 
 
 def test_concurrent_creates_on_three_brokers_fill_exactly_the_capacity(
-    three_brokers: Cluster,
+    cluster: Cluster,
 ) -> None:
-    cluster = three_brokers
     app = "race" + uuid.uuid4().hex[:8]
     urls = [b.url for b in cluster.brokers]
     answers = asyncio.run(_storm(urls, app, CREATES))
@@ -86,9 +80,8 @@ def test_concurrent_creates_on_three_brokers_fill_exactly_the_capacity(
 
 
 def test_the_same_idempotency_key_on_every_broker_makes_one_machine(
-    three_brokers: Cluster,
+    cluster: Cluster,
 ) -> None:
-    cluster = three_brokers
     urls = [b.url for b in cluster.brokers]
     for _ in range(3):  # a few rounds: each a fresh key, sent 4 times to each broker at once
         app = "idem" + uuid.uuid4().hex[:8]

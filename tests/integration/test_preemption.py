@@ -10,26 +10,21 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 
 from souq.model import Machine
 from souq.testing import Cluster, auth_headers, wait_until
+from tests.clusters import ClusterSpec
 from tests.integration.priority_harness import config
 
 WORKERS = 2
 CPUS = 4  # per worker: 8 one-cpu machines fill the region
 
 
-@pytest.fixture(scope="module")
-def three_brokers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    root = tmp_path_factory.mktemp("preempt")
-    with Cluster(root, regions={"pre": WORKERS}, cpus=CPUS, memory_mb=4096, brokers=3) as c:
-        yield c
+CLUSTER = ClusterSpec("preempt", regions={"pre": WORKERS}, cpus=CPUS, memory_mb=4096, brokers=3)
 
 
 def fill_with_spot(cluster: Cluster, app: str) -> list[Machine]:
@@ -79,9 +74,8 @@ def preempted_event(cluster: Cluster, app: str, machine_id: str) -> dict[str, An
 
 
 def test_a_standard_create_in_a_full_region_displaces_the_cheapest_spot_machine(
-    three_brokers: Cluster,
+    cluster: Cluster,
 ) -> None:
-    cluster = three_brokers
     batch, web = "batch" + uuid.uuid4().hex[:6], "web" + uuid.uuid4().hex[:6]
     spot = fill_with_spot(cluster, batch)
     client = cluster.client()
@@ -119,8 +113,7 @@ def test_a_standard_create_in_a_full_region_displaces_the_cheapest_spot_machine(
     destroy_all(cluster, batch, web)
 
 
-def test_spot_and_standard_never_displace_their_own_class(three_brokers: Cluster) -> None:
-    cluster = three_brokers
+def test_spot_and_standard_never_displace_their_own_class(cluster: Cluster) -> None:
     batch, web = "batch" + uuid.uuid4().hex[:6], "web" + uuid.uuid4().hex[:6]
     fill_with_spot(cluster, batch)
     url = cluster.brokers[0].url
@@ -136,9 +129,9 @@ def test_spot_and_standard_never_displace_their_own_class(three_brokers: Cluster
 
 
 def test_a_machine_of_a_class_that_does_not_exist_or_a_negative_bid_is_refused_naming_it(
-    three_brokers: Cluster,
+    cluster: Cluster,
 ) -> None:
-    url = three_brokers.brokers[0].url
+    url = cluster.brokers[0].url
     for field, bad in (("priority_class", "gold"), ("max_price", -1)):
         body = {"region": "pre", "config": {**config("standard"), field: bad}}
         answer = httpx.post(
@@ -153,9 +146,8 @@ def test_a_machine_of_a_class_that_does_not_exist_or_a_negative_bid_is_refused_n
 
 
 def test_three_brokers_racing_displace_no_more_than_their_machines_need(
-    three_brokers: Cluster,
+    cluster: Cluster,
 ) -> None:
-    cluster = three_brokers
     batch, web = "batch" + uuid.uuid4().hex[:6], "web" + uuid.uuid4().hex[:6]
     spot = fill_with_spot(cluster, batch)
     urls = [b.url for b in cluster.brokers]

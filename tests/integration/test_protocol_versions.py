@@ -137,7 +137,7 @@ def test_a_broker_reads_a_newer_agents_heartbeats_and_records(nats_url: str) -> 
             await agent_bus.subscribe(subjects.worker("w-newer", "get"), get)
             await agent_bus.flush()
             await agent_bus.publish(subjects.heartbeat("mad", "w-newer"), json.dumps(beat).encode())
-            info = await eventually(lambda: liveness.info("w-newer"), what="the heartbeat")
+            info = await eventually(lambda: liveness.info("w-newer"), message="the heartbeat")
             assert info.capacity.cpus == 4
             machine = await WorkerClient(broker_bus).call(
                 "w-newer", v.GET, MachineRef(app=APP, machine_id="m1"), timeout=5

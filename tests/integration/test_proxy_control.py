@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import signal
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -19,7 +20,8 @@ import pytest
 from souq.bus.nats import connect
 from souq.model import MachineState
 from souq.proxy.daemon import ControlPlane, ProxyConfig
-from souq.testing import Cluster
+from souq.testing import Cluster, eventually
+from tests.clusters import ClusterSpec
 from tests.integration.services_harness import app_name
 from tests.integration.services_harness import echo_config as config
 
@@ -31,10 +33,7 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with Cluster(tmp_path_factory.mktemp("proxy"), regions={"mad": 2}) as c:
-        yield c
+CLUSTER = ClusterSpec("proxy", regions={"mad": 2})
 
 
 @pytest.fixture
@@ -54,14 +53,8 @@ async def control(cluster: Cluster) -> AsyncIterator[ControlPlane]:
         await transport.close()
 
 
-async def until(check: object, timeout: float = 15.0, what: str = "a condition") -> object:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = check() if callable(check) else None  # type: ignore[operator]
-        if got:
-            return got
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
+# Conditions on a real cluster under the box's load: more room than the default.
+until = functools.partial(eventually, timeout=15.0)
 
 
 def serves(port: int) -> dict[str, object] | None:
@@ -81,15 +74,15 @@ async def test_the_table_follows_machine_events(cluster: Cluster, control: Contr
     client = cluster.client()
     app = app_name("p")
     m = await asyncio.to_thread(client.create_machine, app, "mad", config())
-    backend = await until(lambda: control.table.get(m.id), what="the machine in the table")
+    backend = await until(lambda: control.table.get(m.id), message="the machine in the table")
     assert backend.state == "started" and backend.port == m.address.ports[8080]
     await asyncio.to_thread(client.stop, app, m.id)
     await until(
         lambda: (b := control.table.get(m.id)) is not None and b.state == "stopped",
-        what="the table to see it stopped",
+        message="the table to see it stopped",
     )
     await asyncio.to_thread(client.destroy, app, m.id)
-    await until(lambda: control.table.get(m.id) is None, what="the machine to leave the table")
+    await until(lambda: control.table.get(m.id) is None, message="the machine to leave the table")
 
 
 async def test_a_wake_up_starts_a_stopped_machine_and_waits_for_its_port(
@@ -100,7 +93,7 @@ async def test_a_wake_up_starts_a_stopped_machine_and_waits_for_its_port(
     m = await asyncio.to_thread(client.create_machine, app, "mad", config())
     await asyncio.to_thread(client.stop, app, m.id)
     await asyncio.to_thread(client.wait, app, m.id, "stopped")
-    await until(lambda: (b := control.table.get(m.id)) and b.state == "stopped", what="stopped")
+    await until(lambda: (b := control.table.get(m.id)) and b.state == "stopped", message="stopped")
     # Three requests need a machine at once: one wake-up serves them all.
     woken = await asyncio.gather(*(control.hooks.wake(app, "mad") for _ in range(3)))
     assert {b.machine_id for b in woken if b is not None} == {m.id}
@@ -116,9 +109,9 @@ async def test_a_wake_up_resumes_a_suspended_machine(
     client = cluster.client()
     app = app_name("p")
     m = await asyncio.to_thread(client.create_machine, app, "mad", config(autostop="suspend"))
-    await until(lambda: control.table.get(m.id), what="the machine in the table")
+    await until(lambda: control.table.get(m.id), message="the machine in the table")
     await asyncio.to_thread(client.suspend, app, m.id)
-    await until(lambda: (b := control.table.get(m.id)) and b.state == "suspended", what="frozen")
+    await until(lambda: (b := control.table.get(m.id)) and b.state == "suspended", message="frozen")
     woken = await control.hooks.wake(app, "mad")
     assert woken is not None and woken.machine_id == m.id and woken.state == "started"
     assert (await get(m.address.ports[8080]))["machine_id"] == m.id
@@ -132,7 +125,7 @@ async def test_nothing_to_wake_is_none(cluster: Cluster, control: ControlPlane) 
     app = app_name("p")
     m = await asyncio.to_thread(client.create_machine, app, "mad", config(autostart=False))
     await asyncio.to_thread(client.stop, app, m.id)
-    await until(lambda: (b := control.table.get(m.id)) and b.state == "stopped", what="stopped")
+    await until(lambda: (b := control.table.get(m.id)) and b.state == "stopped", message="stopped")
     assert await control.hooks.wake(app, "mad") is None  # autostart is off
     await asyncio.to_thread(client.destroy, app, m.id, force=True)
 
@@ -144,7 +137,7 @@ async def test_autostop_drains_then_stops_the_machine_the_load_does_not_need(
     app = app_name("p")
     a = await asyncio.to_thread(client.create_machine, app, "mad", config())
     b = await asyncio.to_thread(client.create_machine, app, "mad", config())
-    await until(lambda: control.table.get(a.id) and control.table.get(b.id), what="both")
+    await until(lambda: control.table.get(a.id) and control.table.get(b.id), message="both")
     busy = control.table.claim_machine(a.id)  # one request in flight on a
     assert busy is not None
     stopped = await control.autostop.round()
@@ -169,17 +162,17 @@ async def test_a_failing_check_takes_the_machine_out_of_rotation(
     cfg = config()
     cfg["checks"] = {"ready": {"type": "http", "port": 8080, "path": "/", "interval": "0.2s"}}
     m = await asyncio.to_thread(client.create_machine, app, "mad", cfg)
-    await until(lambda: (b := control.table.get(m.id)) and b.healthy, what="healthy")
+    await until(lambda: (b := control.table.get(m.id)) and b.healthy, message="healthy")
     # Stopped in its tracks (not suspended: the proxy would not route to that anyway), the
     # machine still counts as started, and its check times out.
     await asyncio.to_thread(client.signal, app, m.id, "SIGSTOP")
-    await until(lambda: (b := control.table.get(m.id)) and not b.healthy, what="unhealthy")
+    await until(lambda: (b := control.table.get(m.id)) and not b.healthy, message="unhealthy")
     # (Its first check may have failed too, while the app was still starting.)
     bad = [d for d in control.decisions.recent(app) if d["kind"] == "unhealthy"][-1]
     assert not control.table.pick(app, region="mad")  # nothing to route to
     assert "check ready failed" in bad["reason"]
     await asyncio.to_thread(client.signal, app, m.id, "SIGCONT")
-    await until(lambda: (b := control.table.get(m.id)) and b.healthy, what="healthy again")
+    await until(lambda: (b := control.table.get(m.id)) and b.healthy, message="healthy again")
     await asyncio.to_thread(client.destroy, app, m.id, force=True)
 
 
@@ -204,18 +197,18 @@ async def test_a_standby_starts_when_its_primarys_worker_is_lost(tmp_path: Path)
                 client.create_machine, app, "mad", {**config(), "standbys": [primary.id]}
             )
             assert standby.state == MachineState.STOPPED
-            await until(lambda: plane.table.get(standby.id), what="the standby in the table")
+            await until(lambda: plane.table.get(standby.id), message="the standby in the table")
             [lost] = [a for a in c.agents if a.worker_id == primary.worker_id]
             t0 = time.monotonic()
             orphans = lost.machine_pids()
             lost.kill()  # kill -9: the worker's heartbeats stop
             await until(
                 lambda: (b := plane.table.get(standby.id)) and b.state == "started",
-                what="the standby to be started",
+                message="the standby to be started",
             )
             took = time.monotonic() - t0
             port = standby.address.ports[8080]
-            served = await until(lambda: serves(port), what="the standby to serve")
+            served = await until(lambda: serves(port), message="the standby to serve")
             assert served["machine_id"] == standby.id
             assert plane.table.get(primary.id).healthy is False  # out of rotation
             [failover] = [d for d in plane.decisions.recent(app) if d["kind"] == "failover"]
@@ -262,7 +255,7 @@ async def test_a_standby_starts_when_its_primary_is_preempted(tmp_path: Path) ->
                 {**config(), "guest": size, "standbys": [primary.id]},
             )
             assert standby.state == MachineState.STOPPED
-            await until(lambda: plane.table.get(standby.id), what="the standby in the table")
+            await until(lambda: plane.table.get(standby.id), message="the standby in the table")
             # A standard machine of another app fits nowhere: it displaces the spot primary.
             taker = await asyncio.to_thread(
                 client.create_machine,
@@ -274,9 +267,9 @@ async def test_a_standby_starts_when_its_primary_is_preempted(tmp_path: Path) ->
             assert [v.machine_id for v in taker.placement.preempted] == [primary.id]
             await until(
                 lambda: (b := plane.table.get(standby.id)) and b.state == "started",
-                what="the standby to be started",
+                message="the standby to be started",
             )
-            served = await until(lambda: serves(standby.address.ports[8080]), what="serving")
+            served = await until(lambda: serves(standby.address.ports[8080]), message="serving")
             assert served["machine_id"] == standby.id
             [failover] = [d for d in plane.decisions.recent(app) if d["kind"] == "failover"]
             assert f"machine {primary.id} was preempted: started its standby" in failover["reason"]

@@ -15,15 +15,12 @@ from souq.compiled import compiled
 from souq.model import MachineState
 from souq.natsserver import free_port
 from souq.testing import Cluster, ProxyProcess, auth_headers, wait_until
+from tests.clusters import ClusterSpec
 from tests.integration.images_harness import souq
 from tests.integration.services_harness import app_name, edge_proxy
 from tests.integration.services_harness import echo_config as config
 
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with Cluster(tmp_path_factory.mktemp("edge"), regions={"mad": 2}) as c:
-        yield c
+CLUSTER = ClusterSpec("edge", regions={"mad": 2})
 
 
 @pytest.fixture(scope="module")

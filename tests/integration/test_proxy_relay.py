@@ -15,11 +15,11 @@ import httpx
 import pytest
 
 from souq.proxy import Backend, Relay, RelayConfig, RoutingTable, reuse_port_socket
+from souq.testing import eventually
 from tests.integration.proxy_harness import (
     Machine,
     RawClient,
     chunked,
-    eventually,
     head,
     run,
 )
@@ -123,7 +123,7 @@ def test_no_machine_that_can_serve_is_503_no_machines(machines: dict[str, Machin
         # A machine whose checks pass again while a request waits takes it.
         async with relay_of(unhealthy) as (relay, port), client(port, "api.localhost") as c:
             waiting = asyncio.ensure_future(c.get("/"))
-            await eventually(lambda: relay.admission.queued().get("api") == 1, what="the wait")
+            await eventually(lambda: relay.admission.queued().get("api") == 1, message="the wait")
             relay.table.set_healthy(unhealthy.machine_id, True)
             assert (await waiting).status_code == 200
 
@@ -297,7 +297,7 @@ def test_an_upgrade_pipes_bytes_both_ways(machines: dict[str, Machine]) -> None:
             assert got == b"early bytes"
             assert relay.table.load("m1") == 1  # the tunnel holds the machine
             await raw.close()
-            await eventually(lambda: relay.table.load("m1") == 0, what="the tunnel to close")
+            await eventually(lambda: relay.table.load("m1") == 0, message="the tunnel to close")
             assert not relay.tunnels
 
     run(body)
@@ -316,7 +316,7 @@ def test_a_raw_tcp_service_is_piped_to_a_machine(machines: dict[str, Machine]) -
             assert await asyncio.wait_for(reader.readexactly(4), 5) == b"pong"
             assert relay.table.load("t1") == 1
             writer.close()
-            await eventually(lambda: relay.table.load("t1") == 0, what="the pipe to close")
+            await eventually(lambda: relay.table.load("t1") == 0, message="the pipe to close")
 
     run(body)
 
@@ -330,9 +330,9 @@ def test_at_the_hard_limit_a_request_waits_for_room(machines: dict[str, Machine]
         one = m1.backend("web", soft_limit=1, hard_limit=1)
         async with relay_of(one) as (relay, port), client(port) as c:
             holding = asyncio.ensure_future(c.get("/hold?key=room"))
-            await eventually(lambda: held(m1), what="the first request to reach m1")
+            await eventually(lambda: held(m1), message="the first request to reach m1")
             waiting = asyncio.ensure_future(c.get("/after"))
-            await eventually(lambda: relay.admission.queued() == {"web": 1}, what="the queue")
+            await eventually(lambda: relay.admission.queued() == {"web": 1}, message="the queue")
             assert not waiting.done()
             await release(m1, "room")
             assert (await holding).status_code == 200
@@ -350,7 +350,7 @@ def test_at_the_hard_limit_a_request_gets_503_at_its_deadline(
         one = m1.backend("web", soft_limit=1, hard_limit=1)
         async with relay_of(one, queue_timeout_s=0.2) as (_, port), client(port) as c:
             holding = asyncio.ensure_future(c.get("/hold?key=deadline"))
-            await eventually(lambda: held(m1), what="the first request to reach m1")
+            await eventually(lambda: held(m1), message="the first request to reach m1")
             started = asyncio.get_running_loop().time()
             late = await c.get("/late")
             assert asyncio.get_running_loop().time() - started >= 0.19
@@ -370,9 +370,9 @@ def test_past_the_soft_limit_requests_spread(machines: dict[str, Machine]) -> No
         far = m3.backend("web", soft_limit=1, hard_limit=5)
         async with relay_of(near, far) as (relay, port), client(port) as c:
             first = asyncio.ensure_future(c.get("/hold?key=spread"))
-            await eventually(lambda: relay.table.load("m1") == 1, what="m1 to take the first")
+            await eventually(lambda: relay.table.load("m1") == 1, message="m1 to take the first")
             second = asyncio.ensure_future(c.get("/hold?key=spread"))
-            await eventually(lambda: relay.table.load("m3") == 1, what="m3 to take the second")
+            await eventually(lambda: relay.table.load("m3") == 1, message="m3 to take the second")
             await release(m1, "spread")
             await release(m3, "spread")
             assert [(await f).json()["machine"] for f in (first, second)] == ["m1", "m3"]
@@ -390,7 +390,7 @@ def test_a_draining_machine_takes_nothing_new_and_finishes_what_it_has(
             inflight = asyncio.ensure_future(c.get("/hold?key=drain"))
             busy = await eventually(
                 lambda: next((m for m in ("m1", "m2") if relay.table.load(m)), None),
-                what="a machine to take the request",
+                message="a machine to take the request",
             )
             other = "m2" if busy == "m1" else "m1"
             assert relay.table.draining(busy) == 1

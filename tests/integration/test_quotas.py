@@ -13,22 +13,18 @@ import subprocess
 import sys
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
-from souq.testing import BrokerProcess, Cluster, auth_headers, wait_until
+from souq.testing import BrokerProcess, Cluster, auth_headers, eventually, wait_until
+from tests.clusters import ClusterSpec
 
 REGION = "quota"
 
 
-@pytest.fixture(scope="module")
-def three_brokers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    root = tmp_path_factory.mktemp("quotas")
-    with Cluster(root, regions={REGION: 2}, cpus=16, memory_mb=8192, brokers=3) as c:
-        yield c
+CLUSTER = ClusterSpec("quotas", regions={REGION: 2}, cpus=16, memory_mb=8192, brokers=3)
 
 
 def machine_body(cpus: int = 1, klass: str = "standard") -> dict[str, Any]:
@@ -71,15 +67,15 @@ def _destroy_all(cluster: Cluster, app: str) -> None:
 
 
 def test_creates_fit_the_quota_the_next_is_refused_and_a_destroy_frees_it(
-    three_brokers: Cluster,
+    cluster: Cluster,
 ) -> None:
-    url = three_brokers.api_url
+    url = cluster.api_url
     app = new_app()
     assert _set(url, app, {"machines": 2, "cpus": 3}).status_code == 200
     first = _create(url, app)
     assert first.status_code == 201, first.text
-    assert _create(three_brokers.brokers[1].url, app).status_code == 201
-    over = _create(three_brokers.brokers[2].url, app)
+    assert _create(cluster.brokers[1].url, app).status_code == 201
+    over = _create(cluster.brokers[2].url, app)
     assert over.status_code == 403, over.text
     err = over.json()
     assert err["status"] == "quota_exceeded"
@@ -90,19 +86,19 @@ def test_creates_fit_the_quota_the_next_is_refused_and_a_destroy_frees_it(
     assert shown["limits"]["machines"] == 2 and shown["use"]["machines"] == 2
     assert shown["use"]["cpus"] == 2 and shown["pending_creates"] == 0
 
-    three_brokers.client().destroy(app, first.json()["id"], force=True)
+    cluster.client().destroy(app, first.json()["id"], force=True)
     assert _quota(url, app)["use"]["machines"] == 1
     # cpus: 1 held + 2 asked passes 3: the refusal names the cpus quota.
     big = _create(url, app, cpus=3)
     assert big.status_code == 403 and big.json()["quota"] == "cpus", big.text
     assert _create(url, app).status_code == 201
-    assert len(three_brokers.client().list_machines(app)) == 2
-    _destroy_all(three_brokers, app)
+    assert len(cluster.client().list_machines(app)) == 2
+    _destroy_all(cluster, app)
     assert _quota(url, app)["use"]["machines"] == 0
 
 
-def test_a_bad_limit_is_422_naming_the_field(three_brokers: Cluster) -> None:
-    url = three_brokers.api_url
+def test_a_bad_limit_is_422_naming_the_field(cluster: Cluster) -> None:
+    url = cluster.api_url
     app = new_app()
     for body, field in (
         ({"machines": -1}, "machines"),
@@ -138,8 +134,8 @@ async def _storm(
         )
 
 
-def test_three_brokers_racing_make_exactly_the_quota(three_brokers: Cluster) -> None:
-    urls = [b.url for b in three_brokers.brokers]
+def test_three_brokers_racing_make_exactly_the_quota(cluster: Cluster) -> None:
+    urls = [b.url for b in cluster.brokers]
     for quota, klass in ((1, "standard"), (5, "standard"), (3, "spot")):
         app = new_app()
         limits = (
@@ -152,15 +148,15 @@ def test_three_brokers_racing_make_exactly_the_quota(three_brokers: Cluster) -> 
         codes = Counter(r.status_code for r in answers)
         assert codes == {201: quota, 403: 30 - quota}, [r.text for r in answers]
         assert {r.json()["status"] for r in answers if r.status_code == 403} == {"quota_exceeded"}
-        assert len(three_brokers.client().list_machines(app)) == quota
+        assert len(cluster.client().list_machines(app)) == quota
         for url in urls:
             assert _quota(url, app)["use"]["machines"] == quota
             assert _quota(url, app)["use_by_class"][klass]["machines"] == quota
-        _destroy_all(three_brokers, app)
+        _destroy_all(cluster, app)
 
 
-def test_a_batch_counts_all_its_machines(three_brokers: Cluster) -> None:
-    url = three_brokers.api_url
+def test_a_batch_counts_all_its_machines(cluster: Cluster) -> None:
+    url = cluster.api_url
     app = new_app()
     assert _set(url, app, {"machines": 3}).status_code == 200
     batch = {"count": 4, **machine_body()}
@@ -173,12 +169,12 @@ def test_a_batch_counts_all_its_machines(three_brokers: Cluster) -> None:
     shown = _quota(url, app)
     assert shown["use"]["machines"] == 3 and shown["pending_creates"] == 0
     assert _create(url, app).status_code == 403
-    _destroy_all(three_brokers, app)
+    _destroy_all(cluster, app)
     assert _quota(url, app)["use"]["machines"] == 0
 
 
-def test_an_update_that_grows_a_machine_counts_the_growth(three_brokers: Cluster) -> None:
-    url = three_brokers.api_url
+def test_an_update_that_grows_a_machine_counts_the_growth(cluster: Cluster) -> None:
+    url = cluster.api_url
     app = new_app()
     assert _set(url, app, {"cpus": 3}).status_code == 200
     made = _create(url, app, cpus=2)
@@ -199,37 +195,37 @@ def test_an_update_that_grows_a_machine_counts_the_growth(three_brokers: Cluster
     )
     assert r.status_code == 200, r.text
     assert _quota(url, app)["use"]["cpus"] == 3
-    _destroy_all(three_brokers, app)
+    _destroy_all(cluster, app)
 
 
-def test_an_org_quota_counts_all_its_apps(three_brokers: Cluster) -> None:
-    url = three_brokers.api_url
+def test_an_org_quota_counts_all_its_apps(cluster: Cluster) -> None:
+    url = cluster.api_url
     org = "org" + uuid.uuid4().hex[:8]
     one, two = new_app(), new_app()
-    client = three_brokers.client()
+    client = cluster.client()
     client.create_app(one, org_slug=org)
     assert _create(url, one).status_code == 201  # before the quota: counted when it is set
     client.create_app(two, org_slug=org)
     r = _set(url, org, {"machines": 3}, path="orgs")
     assert r.status_code == 200 and r.json()["use"]["machines"] == 1, r.text
-    assert _create(three_brokers.brokers[1].url, two).status_code == 201
-    assert _create(three_brokers.brokers[2].url, one).status_code == 201
+    assert _create(cluster.brokers[1].url, two).status_code == 201
+    assert _create(cluster.brokers[2].url, one).status_code == 201
     over = _create(url, two)
     assert over.status_code == 403, over.text
     assert (over.json()["scope"], over.json()["name"]) == ("org", org)
     assert f"org {org}" in over.json()["error"] and "limit 3" in over.json()["error"]
     assert _quota(url, org, path="orgs")["use"]["machines"] == 3
-    _destroy_all(three_brokers, one)
+    _destroy_all(cluster, one)
     assert _create(url, two).status_code == 201
     assert _quota(url, org, path="orgs")["use"]["machines"] == 2
-    _destroy_all(three_brokers, two)
+    _destroy_all(cluster, two)
 
 
-def test_an_apps_own_tokens_may_read_its_quota_but_not_raise_it(three_brokers: Cluster) -> None:
-    url = three_brokers.api_url
+def test_an_apps_own_tokens_may_read_its_quota_but_not_raise_it(cluster: Cluster) -> None:
+    url = cluster.api_url
     app = new_app()
     assert _set(url, app, {"machines": 1}).status_code == 200
-    with three_brokers.client() as admin:
+    with cluster.client() as admin:
         tokens = {
             s: admin.create_token(app=app, scope=s, name=s).token
             for s in ("read", "write", "deploy")
@@ -250,8 +246,7 @@ def test_an_apps_own_tokens_may_read_its_quota_but_not_raise_it(three_brokers: C
     assert org_put.status_code == 403
 
 
-def test_a_broker_killed_mid_create_leaks_no_quota(three_brokers: Cluster) -> None:
-    cluster = three_brokers
+def test_a_broker_killed_mid_create_leaks_no_quota(cluster: Cluster) -> None:
     app = new_app()
     url = cluster.api_url
     assert _set(url, app, {"machines": 1}).status_code == 200
@@ -283,11 +278,11 @@ def test_a_broker_killed_mid_create_leaks_no_quota(three_brokers: Cluster) -> No
                         headers=auth_headers(),
                     )
                 )
-                loop = asyncio.get_running_loop()
-                deadline = loop.time() + 20
-                while _quota(url, app)["pending_creates"] != 1:
-                    assert loop.time() < deadline, "the create never reserved"
-                    await asyncio.sleep(0.01)
+                await eventually(
+                    lambda: _quota(url, app)["pending_creates"] == 1,
+                    timeout=20,
+                    message="the create to reserve",
+                )
                 os.kill(doomed.pid, signal.SIGKILL)  # between reserving and the claim's answer
                 with pytest.raises(httpx.HTTPError):
                     await pending
@@ -319,9 +314,9 @@ def test_a_broker_killed_mid_create_leaks_no_quota(three_brokers: Cluster) -> No
     assert _quota(url, app)["use"]["machines"] == 0
 
 
-def test_the_cli_sets_and_shows_a_quota(three_brokers: Cluster) -> None:
+def test_the_cli_sets_and_shows_a_quota(cluster: Cluster) -> None:
     app = new_app()
-    env = {**os.environ, "SOUQ_API": three_brokers.api_url}
+    env = {**os.environ, "SOUQ_API": cluster.api_url}
 
     def souq(*args: str) -> subprocess.CompletedProcess[str]:
         cmd = [sys.executable, "-m", "souq", "quota", *args]
@@ -329,8 +324,8 @@ def test_the_cli_sets_and_shows_a_quota(three_brokers: Cluster) -> None:
 
     done = souq("set", app, "--cpus", "2", "--machines", "1")
     assert done.returncode == 0, done.stderr
-    assert _quota(three_brokers.api_url, app)["limits"]["machines"] == 1
-    assert _create(three_brokers.api_url, app).status_code == 201
+    assert _quota(cluster.api_url, app)["limits"]["machines"] == 1
+    assert _create(cluster.api_url, app).status_code == 201
     shown = souq("show", app)
     assert shown.returncode == 0, shown.stderr
     assert "1 of 1" in shown.stdout and "no limit" in shown.stdout  # machines; memory_mb
@@ -340,14 +335,14 @@ def test_the_cli_sets_and_shows_a_quota(three_brokers: Cluster) -> None:
     assert bad.returncode == 2 and "machines" in bad.stderr, bad.stderr
     spot = souq("set", app, "--class", "spot", "--machines", "0")
     assert spot.returncode == 0, spot.stderr
-    limits = _quota(three_brokers.api_url, app)["limits"]
+    limits = _quota(cluster.api_url, app)["limits"]
     assert limits["machines"] == 1 and limits["classes"]["spot"]["machines"] == 0  # kept
     assert "spot machines" in souq("show", app).stdout
     assert souq("set", app, "--class", "gold", "--cpus", "1").returncode == 2
     assert souq("set", app, "--class", "spot", "--volume-gb", "1").returncode == 2
     assert souq("clear", app, "--class", "spot").returncode == 0
-    assert _quota(three_brokers.api_url, app)["limits"]["classes"] == {}
-    deploy = three_brokers.client().create_token(app=app, scope="deploy", name="d").token
+    assert _quota(cluster.api_url, app)["limits"]["classes"] == {}
+    deploy = cluster.client().create_token(app=app, scope="deploy", name="d").token
     refused = subprocess.run(
         [sys.executable, "-m", "souq", "quota", "set", app, "--machines", "9"],
         env={**env, "SOUQ_TOKEN": deploy},
@@ -356,19 +351,19 @@ def test_the_cli_sets_and_shows_a_quota(three_brokers: Cluster) -> None:
         check=False,
     )
     assert refused.returncode == 1 and "may not admin" in refused.stderr, refused.stderr
-    _destroy_all(three_brokers, app)
+    _destroy_all(cluster, app)
 
 
 def test_a_class_line_holds_its_class_and_the_all_line_every_class(
-    three_brokers: Cluster,
+    cluster: Cluster,
 ) -> None:
-    url = three_brokers.api_url
+    url = cluster.api_url
     app = new_app()
     limits = {"machines": 4, "classes": {"spot": {"machines": 1}, "standard": {"cpus": 2}}}
     assert _set(url, app, limits).status_code == 200
     first_spot = _create(url, app, klass="spot")
     assert first_spot.status_code == 201, first_spot.text
-    over = _create(three_brokers.brokers[1].url, app, klass="spot")
+    over = _create(cluster.brokers[1].url, app, klass="spot")
     assert over.status_code == 403, over.text
     err = over.json()
     assert (err["quota"], err["class"], err["resource"]) == ("spot.machines", "spot", "machines")
@@ -386,7 +381,7 @@ def test_a_class_line_holds_its_class_and_the_all_line_every_class(
     assert shown["use"]["machines"] == 4
     by_class = {k: u["machines"] for k, u in shown["use_by_class"].items()}
     assert by_class == {"reserved": 1, "standard": 2, "spot": 1}
-    three_brokers.client().destroy(app, first_spot.json()["id"], force=True)
+    cluster.client().destroy(app, first_spot.json()["id"], force=True)
     assert _create(url, app, klass="spot").status_code == 201  # its quota freed
     # One line replaced alone: the others are kept.
     line = httpx.put(
@@ -396,11 +391,11 @@ def test_a_class_line_holds_its_class_and_the_all_line_every_class(
     kept = line.json()["limits"]
     assert kept["machines"] == 4 and kept["classes"]["standard"]["cpus"] == 2
     assert kept["classes"]["spot"]["machines"] == 2
-    _destroy_all(three_brokers, app)
+    _destroy_all(cluster, app)
 
 
-def test_an_update_into_a_full_class_is_refused(three_brokers: Cluster) -> None:
-    url = three_brokers.api_url
+def test_an_update_into_a_full_class_is_refused(cluster: Cluster) -> None:
+    url = cluster.api_url
     app = new_app()
     assert _set(url, app, {"classes": {"spot": {"machines": 1}}}).status_code == 200
     assert _create(url, app, klass="spot").status_code == 201
@@ -415,7 +410,7 @@ def test_an_update_into_a_full_class_is_refused(three_brokers: Cluster) -> None:
     )
     assert r.status_code == 403 and r.json()["quota"] == "spot.machines", r.text
     assert _quota(url, app)["use_by_class"]["spot"]["machines"] == 1
-    _destroy_all(three_brokers, app)
+    _destroy_all(cluster, app)
 
 
 def _volume(url: str, app: str, size_gb: int) -> httpx.Response:
@@ -423,13 +418,13 @@ def _volume(url: str, app: str, size_gb: int) -> httpx.Response:
     return httpx.post(f"{url}/v1/apps/{app}/volumes", json=body, headers=auth_headers(), timeout=60)
 
 
-def test_volumes_count_their_size(three_brokers: Cluster) -> None:
-    url = three_brokers.api_url
+def test_volumes_count_their_size(cluster: Cluster) -> None:
+    url = cluster.api_url
     app = new_app()
     assert _set(url, app, {"volume_gb": 3}).status_code == 200
     first = _volume(url, app, 2)
     assert first.status_code == 200, first.text
-    over = _volume(three_brokers.brokers[1].url, app, 2)
+    over = _volume(cluster.brokers[1].url, app, 2)
     assert over.status_code == 403, over.text
     err = over.json()
     assert (err["status"], err["quota"], err["limit"], err["use"], err["asked"]) == (

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 
 import httpx
 import psutil
@@ -12,13 +11,10 @@ import pytest
 from souq.errors import InsufficientCapacity, NotFound, QuoteExpired, QuoteUsed
 from souq.model import MachineState, QuoteState
 from souq.testing import Cluster, auth_headers, wait_until
+from tests.clusters import ClusterSpec
 
-
-@pytest.fixture(scope="module")
-def small(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """Region `q`: two workers of 2 cpus and 1024 MiB each."""
-    with Cluster(tmp_path_factory.mktemp("q"), regions={"q": 2}, cpus=2, memory_mb=1024) as c:
-        yield c
+# Region `q`: two workers of 2 cpus and 1024 MiB each.
+CLUSTER = ClusterSpec("q", regions={"q": 2}, cpus=2, memory_mb=1024)
 
 
 def app_name() -> str:
@@ -33,11 +29,11 @@ def allocated(cluster: Cluster) -> dict[str, float]:
     return {w.id: w.allocated.cpus for w in cluster.client().workers()}
 
 
-def test_dry_run_explains_and_claims_nothing(small: Cluster) -> None:
+def test_dry_run_explains_and_claims_nothing(cluster: Cluster) -> None:
     app = app_name()
-    before = allocated(small)
+    before = allocated(cluster)
     r = httpx.post(
-        f"{small.api_url}/v1/apps/{app}/machines",
+        f"{cluster.api_url}/v1/apps/{app}/machines",
         params={"dry_run": "true"},
         json={"region": "q", "config": config()},
         headers=auth_headers(),
@@ -50,26 +46,26 @@ def test_dry_run_explains_and_claims_nothing(small: Cluster) -> None:
     assert record["offers_received"] == 2
     assert {o["worker_id"] for o in record["offers"]} == set(before)
     assert all(o["score"] is not None for o in record["offers"])
-    assert small.client().list_machines(app) == []
-    assert allocated(small) == before
+    assert cluster.client().list_machines(app) == []
+    assert allocated(cluster) == before
 
 
-def test_dry_run_that_would_not_fit_says_why(small: Cluster) -> None:
+def test_dry_run_that_would_not_fit_says_why(cluster: Cluster) -> None:
     with pytest.raises(InsufficientCapacity) as err:
-        small.client().explain_create(app_name(), "q", config(cpus=3))
+        cluster.client().explain_create(app_name(), "q", config(cpus=3))
     assert err.value.details["placement"]["rejections"] == {"insufficient_cpu": 2}
 
 
-def test_quote_holds_capacity_until_used(small: Cluster) -> None:
-    client = small.client()
+def test_quote_holds_capacity_until_used(cluster: Cluster) -> None:
+    client = cluster.client()
     app = app_name()
     quote = client.create_quote(app, "q", config(cpus=2), ttl_s=60)
     assert quote.state is QuoteState.HELD
     assert quote.placement is not None
     assert quote.placement.winner == quote.worker_id
     # The hold counts against the worker: it is full for everyone else ...
-    assert allocated(small)[quote.worker_id] == 2
-    other = next(w for w in allocated(small) if w != quote.worker_id)
+    assert allocated(cluster)[quote.worker_id] == 2
+    other = next(w for w in allocated(cluster) if w != quote.worker_id)
     plain = client.create_machine(app, "q", config(cpus=1))
     assert plain.worker_id == other
     # ... and the quote's holder gets exactly that capacity.
@@ -78,7 +74,7 @@ def test_quote_holds_capacity_until_used(small: Cluster) -> None:
     assert m.state == MachineState.STARTED
     assert m.placement is not None
     assert m.placement.request_id == quote.placement.request_id
-    assert allocated(small)[quote.worker_id] == 2
+    assert allocated(cluster)[quote.worker_id] == 2
     used = client.get_quote(app, quote.id)
     assert used.state is QuoteState.USED
     assert used.machine_id == m.id
@@ -88,14 +84,14 @@ def test_quote_holds_capacity_until_used(small: Cluster) -> None:
         client.destroy(app, machine.id, force=True)
 
 
-def test_quote_expires_and_the_worker_frees_it(small: Cluster) -> None:
-    client = small.client()
+def test_quote_expires_and_the_worker_frees_it(cluster: Cluster) -> None:
+    client = cluster.client()
     app = app_name()
-    before = allocated(small)
+    before = allocated(cluster)
     quote = client.create_quote(app, "q", config(cpus=1), ttl_s=0.5)
-    assert allocated(small)[quote.worker_id] == before[quote.worker_id] + 1
+    assert allocated(cluster)[quote.worker_id] == before[quote.worker_id] + 1
     # Released by the worker itself once the TTL passes: nobody else asks it to.
-    wait_until(lambda: allocated(small) == before, timeout=10, message="the hold to expire")
+    wait_until(lambda: allocated(cluster) == before, timeout=10, message="the hold to expire")
     assert client.get_quote(app, quote.id).state is QuoteState.EXPIRED
     with pytest.raises(QuoteExpired) as err:
         client.create_machine(app, "q", config(cpus=1), quote=quote.id)
@@ -103,8 +99,8 @@ def test_quote_expires_and_the_worker_frees_it(small: Cluster) -> None:
     assert client.list_machines(app) == []
 
 
-def test_released_quote_cannot_be_used(small: Cluster) -> None:
-    client = small.client()
+def test_released_quote_cannot_be_used(cluster: Cluster) -> None:
+    client = cluster.client()
     app = app_name()
     quote = client.create_quote(app, "q", config(), ttl_s=60)
     assert client.release_quote(app, quote.id).state is QuoteState.RELEASED
@@ -112,8 +108,8 @@ def test_released_quote_cannot_be_used(small: Cluster) -> None:
         client.create_machine(app, "q", config(), quote=quote.id)
 
 
-def test_quote_of_another_app_or_made_up_is_not_found(small: Cluster) -> None:
-    client = small.client()
+def test_quote_of_another_app_or_made_up_is_not_found(cluster: Cluster) -> None:
+    client = cluster.client()
     quote = client.create_quote(app_name(), "q", config(), ttl_s=60)
     with pytest.raises(NotFound):
         client.create_machine(app_name(), "q", config(), quote=quote.id)
@@ -122,12 +118,12 @@ def test_quote_of_another_app_or_made_up_is_not_found(small: Cluster) -> None:
     client.release_quote(quote.app, quote.id)
 
 
-def test_a_bigger_machine_than_the_quote_is_refused(small: Cluster) -> None:
-    client = small.client()
+def test_a_bigger_machine_than_the_quote_is_refused(cluster: Cluster) -> None:
+    client = cluster.client()
     app = app_name()
     quote = client.create_quote(app, "q", config(cpus=1), ttl_s=60)
     r = httpx.post(
-        f"{small.api_url}/v1/apps/{app}/machines",
+        f"{cluster.api_url}/v1/apps/{app}/machines",
         json={"region": "q", "config": config(cpus=2), "quote": quote.id},
         headers=auth_headers(),
         timeout=30,
@@ -138,8 +134,8 @@ def test_a_bigger_machine_than_the_quote_is_refused(small: Cluster) -> None:
     client.release_quote(app, quote.id)
 
 
-def test_cordoned_worker_makes_no_offers_and_keeps_its_machines(small: Cluster) -> None:
-    client = small.client()
+def test_cordoned_worker_makes_no_offers_and_keeps_its_machines(cluster: Cluster) -> None:
+    client = cluster.client()
     app = app_name()
     first = client.create_machine(app, "q", config(cpus=0.5))
     cordoned = client.cordon(first.worker_id)
@@ -166,21 +162,21 @@ def test_cordoned_worker_makes_no_offers_and_keeps_its_machines(small: Cluster) 
         client.destroy(app, m.id, force=True)
 
 
-def test_cordon_survives_an_agent_restart(small: Cluster) -> None:
-    client = small.client()
-    agent = small.agents[0]
+def test_cordon_survives_an_agent_restart(cluster: Cluster) -> None:
+    client = cluster.client()
+    agent = cluster.agents[0]
     assert agent.worker_id is not None
     client.cordon(agent.worker_id)
     try:
         agent.stop()
         agent.start()
-        small.wait_for_workers()
+        cluster.wait_for_workers()
         states = {w.id: w.state.value for w in client.workers()}
         assert states[agent.worker_id] == "cordoned"
     finally:
         client.uncordon(agent.worker_id)
 
 
-def test_cordon_of_an_unknown_worker_is_not_found(small: Cluster) -> None:
+def test_cordon_of_an_unknown_worker_is_not_found(cluster: Cluster) -> None:
     with pytest.raises(NotFound):
-        small.client().cordon("wnosuchworker")
+        cluster.client().cordon("wnosuchworker")

@@ -8,22 +8,17 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 
 import httpx
-import pytest
 
 from souq.testing import Cluster, auth_headers
+from tests.clusters import ClusterSpec, cluster_fixture
 
 SIZE = 0.01
 PER_REGION = 5  # machines of SIZE that fit in each region's one worker
 
 
-@pytest.fixture(scope="module")
-def two_regions(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    root = tmp_path_factory.mktemp("spill")
-    with Cluster(root, regions={"ams": 1, "lhr": 1}, cpus=SIZE * PER_REGION) as c:
-        yield c
+CLUSTER = ClusterSpec("spill", regions={"ams": 1, "lhr": 1}, cpus=SIZE * PER_REGION)
 
 
 def create(api: httpx.Client, app: str, region: str | None = None) -> httpx.Response:
@@ -36,9 +31,9 @@ def create(api: httpx.Client, app: str, region: str | None = None) -> httpx.Resp
     return api.post(f"/v1/apps/{app}/machines", json=body)
 
 
-def test_a_create_without_a_region_goes_on_to_a_region_with_room(two_regions: Cluster) -> None:
+def test_a_create_without_a_region_goes_on_to_a_region_with_room(cluster: Cluster) -> None:
     app = "spill" + uuid.uuid4().hex[:6]
-    with httpx.Client(base_url=two_regions.api_url, headers=auth_headers(), timeout=30) as api:
+    with httpx.Client(base_url=cluster.api_url, headers=auth_headers(), timeout=30) as api:
         first = [create(api, app) for _ in range(PER_REGION)]
         assert all(r.status_code == 201 for r in first), [r.text for r in first]
         home = {r.json()["region"] for r in first}
@@ -78,11 +73,9 @@ def test_a_create_without_a_region_goes_on_to_a_region_with_room(two_regions: Cl
 BURST = 400  # 0.01 cpus each: 4 cpus, in two regions of 2.1 cpus (0.2 to spare)
 
 
-@pytest.fixture(scope="module")
-def two_small_regions(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    root = tmp_path_factory.mktemp("spillburst")
-    with Cluster(root, regions={"ams": 1, "lhr": 1}, cpus=2.1, memory_mb=65536) as c:
-        yield c
+two_small_regions = cluster_fixture(
+    ClusterSpec("spillburst", regions={"ams": 1, "lhr": 1}, cpus=2.1, memory_mb=65536)
+)
 
 
 def test_a_burst_without_a_region_fills_every_region_before_refusing(

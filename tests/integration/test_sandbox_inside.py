@@ -21,6 +21,7 @@ from souq.drivers import sandbox
 from souq.images import layout_tar, pack_directory
 from souq.model.machine import Machine, MachineState
 from souq.testing import AgentProcess, Cluster, ProxyProcess, wait_until
+from tests.clusters import ClusterSpec, agent
 from tests.isolated import machines_root
 
 ECHO = Path(__file__).with_name("echo_app.py")
@@ -43,18 +44,20 @@ def root() -> Iterator[Path]:
         yield path
 
 
-@pytest.fixture(scope="module")
-def cluster(root: Path) -> Iterator[Cluster]:
-    with Cluster(root, regions={}) as c:
-        c.add_agent(
+CLUSTER = ClusterSpec(
+    "inside",
+    regions={},
+    root_fixture="root",
+    agents=(
+        agent(
             "mad",
             machine_user=None,
             default_driver=None,
             stop_machines_on_exit=False,
             extra_args=["--gpus", "1", "--gpu-model", "T4"],
-        )
-        c.wait_for_workers()
-        yield c
+        ),
+    ),
+)
 
 
 @pytest.fixture(scope="module")

@@ -10,28 +10,23 @@ from __future__ import annotations
 import random
 import subprocess
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 
 from souq.model.job import DEFAULT_QUEUE
 from souq.testing import Cluster, auth_headers, wait_until
+from tests.clusters import ClusterSpec, agent
 
 JOBS = 40
 SEED_WORKERS = 4
 BIG = 12  # the first jobs need more cpus than an agent has: only the seed's workers run them
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with Cluster(tmp_path_factory.mktemp("seed-workers"), regions={"mad": 0}) as c:
-        for _ in range(2):
-            c.add_agent("mad", extra_args=["--jobs", "2"])
-        c.wait_for_workers()
-        yield c
+CLUSTER = ClusterSpec(
+    "seed-workers", regions={"mad": 0}, agents=(agent("mad", extra_args=["--jobs", "2"]),) * 2
+)
 
 
 class SeedWorker(threading.Thread):

@@ -13,15 +13,13 @@ from pathlib import Path
 import pytest
 
 from souq.testing import Cluster, wait_until
+from tests.clusters import ClusterSpec
 
 SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "sched-worker.sh"
 WORKER = "shell-1"
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with Cluster(tmp_path_factory.mktemp("shell-worker"), regions={}) as c:
-        yield c
+CLUSTER = ClusterSpec("shell-worker", regions={})
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ import secrets
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -23,6 +22,7 @@ from souq.errors import SouqError
 from souq.model import MachineState
 from souq.secrets.store import BUCKET
 from souq.testing import AgentProcess, Cluster, wait_until
+from tests.clusters import ClusterSpec
 
 S = MachineState
 APP = "vault"
@@ -30,10 +30,7 @@ VALUE = "s3cr3t-Value-4e1b9d77"  # what must never show
 OTHER = "second-secret-0a9c"
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with Cluster(tmp_path_factory.mktemp("secrets"), regions={"mad": 1}) as c:
-        yield c
+CLUSTER = ClusterSpec("secrets", regions={"mad": 1})
 
 
 def seen_file(cluster: Cluster, machine_id: str) -> Path:

@@ -21,16 +21,14 @@ import pytest
 
 from souq.agent.volume_disk import VolumeDisks
 from souq.testing import AgentProcess, Cluster, wait_until
+from tests.clusters import ClusterSpec
 from tests.integration.services_harness import app_name, fly_client
 
 VOLUME_DISKS_MISSING = "a volume's own filesystem needs root, loop devices and mkfs.ext4"
 RFC3339 = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)$")
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with Cluster(tmp_path_factory.mktemp("vols"), regions={"mad": 2}) as c:
-        yield c
+CLUSTER = ClusterSpec("vols", regions={"mad": 2})
 
 
 @pytest.fixture

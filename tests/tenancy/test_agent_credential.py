@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import json
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import httpx
@@ -31,17 +31,18 @@ from souq.bus.permissions import (
 )
 from souq.model import MachineState
 from souq.testing import Cluster, auth_headers, wait_until
+from tests.clusters import ClusterSpec
 
 SETTLE_S = 1.0  # for a message that must not arrive: long enough for the bus to deliver it
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with Cluster(tmp_path_factory.mktemp("tenancy-bus"), regions={"mad": 2}) as c:
-        # The queue's bucket and stream exist once a broker served a /sched route.
-        r = httpx.get(f"{c.api_url}/sched/list", headers=auth_headers(), timeout=30)
-        assert r.status_code == 200, r.text
-        yield c
+def _queue_made(c: Cluster) -> None:
+    # The queue's bucket and stream exist once a broker served a /sched route.
+    r = httpx.get(f"{c.api_url}/sched/list", headers=auth_headers(), timeout=30)
+    assert r.status_code == 200, r.text
+
+
+CLUSTER = ClusterSpec("tenancy-bus", regions={"mad": 2}, ready=_queue_made)
 
 
 @asynccontextmanager

@@ -6,7 +6,6 @@ names were the cluster's, so alpha's push of ``bravo-img:1`` was what bravo's ne
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -19,14 +18,12 @@ from souq.images import Image, layout_tar, pack_directory
 from souq.images.store import RECORDS_BUCKET, ImageStore
 from souq.model.machine import MachineState
 from souq.testing import Cluster
+from tests.clusters import ClusterSpec
 
 NO_RESTART = {"restart": {"policy": "no"}}
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with Cluster(tmp_path_factory.mktemp("tenancy-names"), regions={"mad": 1}, cpus=16) as c:
-        yield c
+CLUSTER = ClusterSpec("tenancy-names", regions={"mad": 1}, cpus=16)
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,6 @@ nothing else."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -19,16 +18,13 @@ import pytest
 
 from souq.auth.tokens import narrow, public_key_from_text
 from souq.testing import Cluster, wait_until
+from tests.clusters import ClusterSpec
 
 PASSWORD = "hunter2-bravo-db"  # the secret a hostile tenant is after
 BIG = 64  # cpus: more than the agent has, so that only the test's HTTP workers take the job
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with Cluster(tmp_path_factory.mktemp("jobs-tenancy"), regions={"mad": 1}) as c:
-        c.wait_for_workers()
-        yield c
+CLUSTER = ClusterSpec("jobs-tenancy", regions={"mad": 1})
 
 
 @pytest.fixture(scope="module")

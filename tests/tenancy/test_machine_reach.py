@@ -6,13 +6,13 @@ defaults (a uid per machine, the sandbox), real machines probing from inside."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 
 import pytest
 
 from souq.drivers import sandbox
 from souq.testing import Cluster, wait_until
-from tests.isolated import destroy, isolated_cluster, output, processes_of, started
+from tests.clusters import isolated
+from tests.isolated import destroy, output, processes_of, started
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="a uid per machine needs a root agent"),
@@ -20,10 +20,7 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
-    with isolated_cluster("souq-reach-") as c:
-        yield c
+CLUSTER = isolated("reach")
 
 
 def test_from_inside_a_machine_nothing_of_another_machine_or_the_worker_is_reachable(

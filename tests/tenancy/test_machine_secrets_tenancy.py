@@ -11,7 +11,6 @@ in its record (Fly's field, which any token may also ask for)."""
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ import httpx
 import pytest
 
 from souq.testing import Cluster, wait_until
+from tests.clusters import ClusterSpec
 
 APP = "alpha"
 SECRET = "alpha-db-pw-7c1e93"  # what the write token is after
@@ -35,13 +35,12 @@ def _printing(mark: str) -> dict[str, Any]:
     return {"region": "mad", "config": {"cmd": ["sh", "-c", script]}}
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with Cluster(tmp_path_factory.mktemp("machine-secrets"), regions={"mad": 1}) as c:
-        c.wait_for_workers()
-        with c.client() as admin:
-            admin.set_secrets(APP, {"ALPHA_DB_PASSWORD": SECRET})
-        yield c
+def _app_secret_set(c: Cluster) -> None:
+    with c.client() as admin:
+        admin.set_secrets(APP, {"ALPHA_DB_PASSWORD": SECRET})
+
+
+CLUSTER = ClusterSpec("machine-secrets", regions={"mad": 1}, ready=_app_secret_set)
 
 
 @pytest.fixture(scope="module")

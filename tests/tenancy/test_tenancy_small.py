@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -18,6 +17,7 @@ import pytest
 from souq.auth.tokens import narrow, public_key_from_text
 from souq.drivers.cgroups import detect
 from souq.testing import Cluster, wait_until
+from tests.clusters import ClusterSpec
 from tests.integration.services_harness import edge_proxy
 
 needs_cgroups = pytest.mark.skipif(detect() is None, reason="no usable cgroups on this host")
@@ -25,11 +25,7 @@ needs_cgroups = pytest.mark.skipif(detect() is None, reason="no usable cgroups o
 SLEEPER: dict[str, Any] = {"cmd": ["sleep", "600"], "guest": {"cpus": 0.1, "memory_mb": 32}}
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with Cluster(tmp_path_factory.mktemp("tenancy-small"), regions={"mad": 1}) as c:
-        c.wait_for_workers()
-        yield c
+CLUSTER = ClusterSpec("tenancy-small", regions={"mad": 1})
 
 
 @pytest.fixture(scope="module")

@@ -3,9 +3,7 @@ machine is fetched, worker state changes become events, and the broker serves li
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
-from typing import Any
 
 import httpx
 import pytest
@@ -27,6 +25,7 @@ from souq.model import (
     WorkerInfo,
     WorkerState,
 )
+from souq.testing import eventually
 from souq.view import (
     ClusterView,
     EventLog,
@@ -237,10 +236,7 @@ async def view() -> AsyncIterator[tuple[ClusterView, ViewWorker, Workers]]:
     await v.close()
 
 
-async def wait_for(predicate: Any, timeout: float = 5.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.005)
+wait_for = eventually
 
 
 async def test_anti_entropy_heals_a_missed_event(
