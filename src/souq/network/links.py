@@ -37,9 +37,8 @@ import ipaddress
 import logging
 import os
 import re
-import shutil
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,6 +54,7 @@ from souq.network.addresses import (
     v4_block,
 )
 from souq.network.mesh import VXLAN_PORT
+from souq.procs import root_tools_missing
 
 __all__ = ["NETNS_DIR", "WorkerNetwork", "unavailable"]
 
@@ -74,11 +74,11 @@ def _run(args: list[str], stdin: str | None = None, *, check: bool = True) -> st
 
 def unavailable() -> str | None:
     """Why this host cannot give machines a private network (None: it can)."""
-    if os.geteuid() != 0:
-        return "a private network needs root (network namespaces, ip6tables)"
-    absent = [t for t in TOOLS if shutil.which(t) is None]
-    if absent:
-        return f"{', '.join(absent)} not installed (Debian: apt-get install iproute2 iptables)"
+    lacking = root_tools_missing(
+        TOOLS, not_root="a private network needs root (network namespaces, ip6tables)"
+    )
+    if lacking:
+        return lacking
     for tool in ("iptables", "ip6tables"):
         done = subprocess.run([tool, "-w", "-S", "FORWARD"], capture_output=True, check=False)
         if done.returncode != 0:
@@ -163,49 +163,51 @@ class WorkerNetwork:
                 _run([tool, "-w", "-t", table, "-X", target], check=False)
 
     def _rules6(self, live: list[tuple[str, PrivateAddress]]) -> str:
-        lines = [
-            "*filter",
-            f":{self.fwd} - [0:0]",
-            f":{self.inp} - [0:0]",
-            *self._into(6, live),
-            f"-A {self.fwd} -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT",
-            f"-A {self.fwd} -p udp --dport {VXLAN_PORT} -j DROP",
-        ]
-        lines += [f"-A {self.fwd} {r}" for m, a in live for r in self._machine6(m, a)]
-        lines += [
-            f"-A {self.fwd} -j DROP",
-            f"-A {self.inp} -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT",
-            f"-A {self.inp} -p ipv6-icmp -j ACCEPT",
-            f"-A {self.inp} -d {DNS_ADDRESS}/128 -p udp --dport 53 -j ACCEPT",
-            f"-A {self.inp} -d {DNS_ADDRESS}/128 -p tcp --dport 53 -j ACCEPT",
-            f"-A {self.inp} -j DROP",
-            "COMMIT",
-        ]
+        dns = [f"-d {DNS_ADDRESS}/128 -p {proto} --dport 53 -j ACCEPT" for proto in ("udp", "tcp")]
+        lines = self._filter(
+            6, live, self._machine6, dropped=(), accepted=("-p ipv6-icmp -j ACCEPT", *dns)
+        )
         return "\n".join(lines) + "\n"
 
     def _rules4(self, live: list[tuple[str, PrivateAddress]]) -> str:
-        lines = [
-            "*filter",
-            f":{self.fwd} - [0:0]",
-            f":{self.inp} - [0:0]",
-            *self._into(4, live),
-            f"-A {self.fwd} -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT",
-            f"-A {self.fwd} -p udp --dport {VXLAN_PORT} -j DROP",
-            f"-A {self.fwd} -d {V4_RANGE} -j DROP",
-            f"-A {self.fwd} -d 169.254.0.0/16 -j DROP",
-        ]
-        lines += [f"-A {self.fwd} {r}" for m, a in live for r in self._machine4(m, a)]
+        lines = self._filter(
+            4, live, self._machine4, dropped=(V4_RANGE, "169.254.0.0/16"), accepted=()
+        )
         lines += [
-            f"-A {self.fwd} -j DROP",
-            f"-A {self.inp} -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT",
-            f"-A {self.inp} -j DROP",
-            "COMMIT",
             "*nat",
             f":{self.nat} - [0:0]",
             f"-A {self.nat} -s {self.v4} ! -o {self.links} -j MASQUERADE",
             "COMMIT",
         ]
         return "\n".join(lines) + "\n"
+
+    def _filter(
+        self,
+        family: int,
+        live: list[tuple[str, PrivateAddress]],
+        machine: Callable[[str, PrivateAddress], list[str]],
+        *,
+        dropped: Sequence[object],
+        accepted: Sequence[str],
+    ) -> list[str]:
+        """The filter table of one family: what is forwarded (replies, not the tunnel's port,
+        never to ``dropped``, each machine's own rules, nothing else) and what the worker takes
+        in (replies, ``accepted``, nothing else)."""
+        return [
+            "*filter",
+            f":{self.fwd} - [0:0]",
+            f":{self.inp} - [0:0]",
+            *self._into(family, live),
+            f"-A {self.fwd} -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT",
+            f"-A {self.fwd} -p udp --dport {VXLAN_PORT} -j DROP",
+            *(f"-A {self.fwd} -d {target} -j DROP" for target in dropped),
+            *(f"-A {self.fwd} {r}" for m, a in live for r in machine(m, a)),
+            f"-A {self.fwd} -j DROP",
+            f"-A {self.inp} -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT",
+            *(f"-A {self.inp} {rule}" for rule in accepted),
+            f"-A {self.inp} -j DROP",
+            "COMMIT",
+        ]
 
     def _into(self, family: int, live: list[tuple[str, PrivateAddress]]) -> list[str]:
         """The chain of what comes to a machine from beyond the worker (another worker's
