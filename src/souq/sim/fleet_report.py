@@ -31,6 +31,7 @@ import numpy as np
 import numpy.typing as npt
 
 from souq.model.resources import GPU_MILLI
+from souq.placement.arrays import Floats
 from souq.placement.columns import OfferTable
 from souq.sim.traces import Task
 
@@ -38,8 +39,6 @@ if TYPE_CHECKING:
     from souq.sim.fleet import Settings
 
 __all__ = ["FleetReport", "Measures", "Sample", "weighted_percentile"]
-
-Floats = npt.NDArray[np.float64]
 
 
 def weighted_percentile(values: Floats, weights: Floats, p: float) -> float:
