@@ -31,7 +31,6 @@ import ipaddress
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -40,35 +39,42 @@ from dataclasses import dataclass
 from typing import Self
 
 from souq.lifespan import Lifespan
-from souq.procs import pid_alive, terminate
+from souq.procs import pid_alive, root_tools_missing, terminate
 
 __all__ = ["NetHost", "Network", "missing", "netns_exec", "sweep"]
 
 TOOLS = ("ip", "iptables", "ip6tables")
-# A partition: drop what comes in or goes out on any device but loopback (eth0, and a delay
-# line's device); a host's traffic to its own address goes over loopback and stays.
-_CUT = (("INPUT", "!", "-i", "lo", "-j", "DROP"), ("OUTPUT", "!", "-o", "lo", "-j", "DROP"))
+# A partition, as (tool, rule): drop what comes in or goes out on any device but loopback (eth0,
+# and a delay line's device); a host's traffic to its own address goes over loopback and stays.
 # IPv6 (no delay line): what crosses eth0, the host's own and what it forwards (its machines'
 # on the private network), not what its machines say to the host itself.
-_CUT6 = (
-    ("INPUT", "-i", "eth0", "-j", "DROP"),
-    ("OUTPUT", "-o", "eth0", "-j", "DROP"),
-    ("FORWARD", "-i", "eth0", "-j", "DROP"),
-    ("FORWARD", "-o", "eth0", "-j", "DROP"),
+_CUT = (
+    ("iptables", "INPUT", "!", "-i", "lo", "-j", "DROP"),
+    ("iptables", "OUTPUT", "!", "-o", "lo", "-j", "DROP"),
+    ("ip6tables", "INPUT", "-i", "eth0", "-j", "DROP"),
+    ("ip6tables", "OUTPUT", "-o", "eth0", "-j", "DROP"),
+    ("ip6tables", "FORWARD", "-i", "eth0", "-j", "DROP"),
+    ("ip6tables", "FORWARD", "-o", "eth0", "-j", "DROP"),
 )
 _NAME = re.compile(r"^sq(\d+)(?:h\d+|br|v\d+|t\d+)$")
 
 
 def missing() -> str | None:
     """Why hosts cannot be built here (not root, a tool missing), or None."""
-    if os.geteuid() != 0:
-        return "network namespaces need root (ip netns, iptables, TUN devices)"
-    absent = [t for t in TOOLS if shutil.which(t) is None]
-    if absent:
-        return f"{', '.join(absent)} not installed (Debian: apt-get install iproute2 iptables)"
+    lacking = root_tools_missing(
+        TOOLS, not_root="network namespaces need root (ip netns, iptables, TUN devices)"
+    )
+    if lacking:
+        return lacking
     if not os.path.exists("/dev/net/tun"):
         return "/dev/net/tun is missing: no delay line between hosts"
     return None
+
+
+def _cut_rules(host: NetHost, action: str) -> None:
+    """Insert (``-I``) or delete (``-D``) the partition's rules in ``host``."""
+    for tool, *rule in _CUT:
+        host.exec(tool, action, *rule)
 
 
 def _run(*args: str, check: bool = True) -> str:
@@ -198,23 +204,15 @@ class Network(Lifespan):
     def partition(self, host: NetHost) -> None:
         """Cut ``host`` off: drop every packet in or out of its ``eth0``. Its processes run on
         and reach each other (loopback, its own address); nobody else reaches them."""
-        if host.namespace in self._cut:
-            return
-        for rule in _CUT:
-            host.exec("iptables", "-I", *rule)
-        for rule6 in _CUT6:
-            host.exec("ip6tables", "-I", *rule6)
-        self._cut.add(host.namespace)
+        if host.namespace not in self._cut:
+            _cut_rules(host, "-I")
+            self._cut.add(host.namespace)
 
     def heal(self, host: NetHost) -> None:
         """Undo :meth:`partition`."""
-        if host.namespace not in self._cut:
-            return
-        for rule in _CUT:
-            host.exec("iptables", "-D", *rule)
-        for rule6 in _CUT6:
-            host.exec("ip6tables", "-D", *rule6)
-        self._cut.discard(host.namespace)
+        if host.namespace in self._cut:
+            _cut_rules(host, "-D")
+            self._cut.discard(host.namespace)
 
     def partitioned(self, host: NetHost) -> bool:
         return host.namespace in self._cut

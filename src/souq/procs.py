@@ -1,14 +1,17 @@
-"""Stopping child processes: a signal, a deadline, then SIGKILL; and whether a pid runs."""
+"""Stopping child processes: a signal, a deadline, then SIGKILL; whether a pid runs; and whether
+this host can run the root tools a feature needs."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["pid_alive", "terminate"]
+__all__ = ["pid_alive", "root_tools_missing", "terminate"]
 
 
 def terminate(
@@ -37,3 +40,14 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def root_tools_missing(tools: Sequence[str], *, not_root: str) -> str | None:
+    """Why ``tools`` cannot run here: ``not_root`` when this process is not root, else the ones
+    not installed; None when they can."""
+    if os.geteuid() != 0:
+        return not_root
+    absent = [t for t in tools if shutil.which(t) is None]
+    if absent:
+        return f"{', '.join(absent)} not installed (Debian: apt-get install iproute2 iptables)"
+    return None

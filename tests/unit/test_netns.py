@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from souq import netns
@@ -16,7 +18,7 @@ def test_not_root_is_a_clear_reason_to_skip(monkeypatch: pytest.MonkeyPatch) -> 
 
 def test_a_missing_tool_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(netns.os, "geteuid", lambda: 0)
-    monkeypatch.setattr(netns.shutil, "which", lambda t: None if t == "iptables" else "/bin/" + t)
+    monkeypatch.setattr(shutil, "which", lambda t: None if t == "iptables" else "/bin/" + t)
     reason = netns.missing()
     assert reason is not None and "iptables" in reason and "apt-get install" in reason
 

@@ -30,6 +30,7 @@ from souq.model.reasons import Reason
 from souq.model.resources import GPU_MILLI, Resources
 from souq.model.worker import WorkerInfo, WorkerState
 from souq.placement import filters, gpu_columns, gpu_scorers, gpus, scorers
+from souq.placement.arrays import Bools, Floats, Ints
 from souq.placement.pipeline import Pipeline
 from souq.placement.request import PlacementRequest
 from souq.placement.stages import Filter, Scorer
@@ -43,10 +44,6 @@ __all__ = [
     "rank_table",
     "reason_name",
 ]
-
-Ints = npt.NDArray[np.int64]
-Floats = npt.NDArray[np.float64]
-Bools = npt.NDArray[np.bool_]
 
 
 def shape_bits(shapes: dict[str, int]) -> int:

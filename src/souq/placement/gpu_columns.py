@@ -13,12 +13,11 @@ import numpy.typing as npt
 
 from souq.model.resources import GPU_MILLI, Resources
 from souq.placement import gpu_scorers, gpus
+from souq.placement.arrays import Floats, Ints
 from souq.placement.fragmentation import Shape
 
 __all__ = ["SHAPE_BITS", "frag", "gpuclustering", "gpupacking", "picked", "points", "stranded"]
 
-Ints = npt.NDArray[np.int64]
-Floats = npt.NDArray[np.float64]
 
 # A worker's GPU shapes as bits of one integer column (a share of one GPU, 1, 2, 4, 8; other: 32).
 SHAPE_BITS = {"share": 1, "1": 2, "2": 4, "4": 8, "8": 16}

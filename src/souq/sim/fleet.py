@@ -52,13 +52,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 from souq.errors import InvalidInput
 from souq.market.preemption import RANK, may_displace, may_preempt
 from souq.model.resources import GPU_MILLI, Resources
 from souq.model.worker import WorkerInfo
 from souq.placement import Pipeline, PlacementRequest
+from souq.placement.arrays import Floats, Ints
 from souq.placement.columns import OfferTable, evaluate, rank_table, reason_name
 from souq.placement.gpu_columns import picked as picked_gpus
 from souq.sim.classes import ClassTally, Window
@@ -69,8 +69,6 @@ from souq.sim.traces import Task, trace_window
 
 __all__ = ["FRONTIER", "Fleet", "FleetReport", "Settings", "replay_fleet"]
 
-Ints = npt.NDArray[np.int64]
-Floats = npt.NDArray[np.float64]
 
 REGION = "sim"
 FRONTIER = 4  # claims ahead scored per host in a batch's first call

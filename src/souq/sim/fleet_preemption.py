@@ -26,17 +26,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 from souq.market.preemption import RANK, Candidate, Eviction, may_displace, plan_eviction
 from souq.model.choices import PriorityClass
 from souq.model.resources import Resources
 from souq.placement import Pipeline, PlacementRequest
+from souq.placement.arrays import Ints
 from souq.placement.columns import OfferTable, evaluate
 
 __all__ = ["Victim", "Victims"]
 
-Ints = npt.NDArray[np.int64]
 _DISPLACEABLE = (PriorityClass.SPOT, PriorityClass.STANDARD)
 
 

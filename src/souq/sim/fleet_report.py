@@ -33,12 +33,11 @@ import numpy.typing as npt
 
 from souq.market.preemption import DEFAULT_MAX_VICTIMS
 from souq.model.resources import GPU_MILLI
+from souq.placement.arrays import Floats
 from souq.placement.columns import OfferTable
 from souq.sim.traces import Task
 
 __all__ = ["FleetReport", "Measures", "Sample", "Settings", "weighted_percentile"]
-
-Floats = npt.NDArray[np.float64]
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,8 +21,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-import numpy.typing as npt
 
+from souq.placement.arrays import Floats, Ints
 from souq.placement.fragmentation import node_frag, squash, task_frag
 from souq.sim.traces import MILLI
 from souq.sim.workload import PodSpec
@@ -35,9 +35,6 @@ __all__ = [
     "squash_all",
     "task_frag",
 ]
-
-Ints = npt.NDArray[np.int64]
-Floats = npt.NDArray[np.float64]
 
 
 def fgd_score(

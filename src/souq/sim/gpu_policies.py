@@ -15,6 +15,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
+from souq.placement.arrays import Ints
 from souq.sim.frag import Workload, squash_all
 from souq.sim.traces import MILLI, Pod
 
@@ -29,7 +30,6 @@ __all__ = [
     "score",
 ]
 
-Ints = npt.NDArray[np.int64]
 Policy = Literal["random", "dotprod", "gpuclustering", "gpupacking", "bestfit", "fgd"]
 POLICIES: tuple[Policy, ...] = (
     "random",
