@@ -13,7 +13,7 @@ from souq.model.policy import PlacementDefaults, PlacementPolicy
 from souq.model.resources import Resources
 from souq.model.worker import WorkerInfo
 from souq.placement import PlacementRequest, build_pipeline
-from souq.placement.columns import OfferTable, evaluate
+from souq.sim.columns import OfferTable, evaluate
 from souq.sim.fleet import Fleet, Settings, replay_fleet
 from souq.sim.traces import Task
 

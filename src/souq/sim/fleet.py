@@ -10,9 +10,9 @@ machines. Per run (:class:`Settings`) they are placed
 * **one by one**: each instance a create of its own, placed as it comes, in order.
 
 Each claim is ranked by the pipeline a broker builds for the policy (``souq.placement``):
-:func:`~souq.placement.columns.evaluate` runs its filters and scorers over every host at once.
+:func:`~souq.sim.columns.evaluate` runs its filters and scorers over every host at once.
 A batch's later claims are ranked in the same call: the book after ``k`` more claims on a host is
-one more row (:meth:`~souq.placement.columns.OfferTable.after_claims`), so a host's next
+one more row (:meth:`~souq.sim.columns.OfferTable.after_claims`), so a host's next
 ``FRONTIER`` claims are scored ahead, and further ones (2x, 4x ... at a time) when a host takes
 more. Each claim then goes to the best host as the book stands after the claims before it: the
 same winners as ranking the whole book again after every claim. A GPU request is ranked again
@@ -58,13 +58,13 @@ from souq.market.preemption import RANK, may_displace, may_preempt
 from souq.model.resources import GPU_MILLI, Resources
 from souq.model.worker import WorkerInfo
 from souq.placement import Pipeline, PlacementRequest
-from souq.placement.arrays import Floats, Ints
-from souq.placement.columns import OfferTable, evaluate, rank_table, reason_name
-from souq.placement.gpu_columns import picked as picked_gpus
+from souq.sim.arrays import Floats, Ints
 from souq.sim.classes import ClassTally, Window
+from souq.sim.columns import OfferTable, evaluate, rank_table, reason_name
 from souq.sim.departures import closest_reason, request_of
 from souq.sim.fleet_preemption import Victim, Victims
 from souq.sim.fleet_report import FleetReport, Measures, Settings
+from souq.sim.gpu_columns import picked as picked_gpus
 from souq.sim.traces import Task, trace_window
 
 __all__ = ["FRONTIER", "Fleet", "FleetReport", "Settings", "replay_fleet"]

@@ -31,8 +31,8 @@ from souq.market.preemption import RANK, Candidate, Eviction, may_displace, plan
 from souq.model.choices import PriorityClass
 from souq.model.resources import Resources
 from souq.placement import Pipeline, PlacementRequest
-from souq.placement.arrays import Ints
-from souq.placement.columns import OfferTable, evaluate
+from souq.sim.arrays import Ints
+from souq.sim.columns import OfferTable, evaluate
 
 __all__ = ["Victim", "Victims"]
 

@@ -33,8 +33,8 @@ import numpy.typing as npt
 
 from souq.market.preemption import DEFAULT_MAX_VICTIMS
 from souq.model.resources import GPU_MILLI
-from souq.placement.arrays import Floats
-from souq.placement.columns import OfferTable
+from souq.sim.arrays import Floats
+from souq.sim.columns import OfferTable
 from souq.sim.traces import Task
 
 __all__ = ["FleetReport", "Measures", "Sample", "Settings", "weighted_percentile"]

@@ -22,8 +22,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from souq.placement.arrays import Floats, Ints
 from souq.placement.fragmentation import node_frag, squash, task_frag
+from souq.sim.arrays import Floats, Ints
 from souq.sim.traces import MILLI
 from souq.sim.workload import PodSpec
 

@@ -15,7 +15,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from souq.placement.arrays import Ints
+from souq.sim.arrays import Ints
 from souq.sim.frag import Workload, squash_all
 from souq.sim.traces import MILLI, Pod
 

@@ -3,7 +3,7 @@ policy, over every worker as the book offers them, and each worker's admission c
 recording the claim.
 
 Per pod, in the paper's arrival order (:mod:`souq.sim.workload`): a :class:`PlacementRequest`
-for the pod's size; :func:`souq.placement.columns.rank_table` runs the policy's
+for the pod's size; :func:`souq.sim.columns.rank_table` runs the policy's
 :class:`~souq.placement.Pipeline` (filters, scorers, weights, tie rule) over every worker; the
 winner's :class:`~souq.agent.admission.Admission` checks the claim as a worker would and
 reserves it (choosing the GPUs by the worker's own rule); the worker's row is read back from
@@ -25,7 +25,7 @@ from souq.model.policy import PlacementDefaults, PlacementPolicy
 from souq.model.resources import GPU_MILLI, Resources
 from souq.model.worker import WorkerInfo
 from souq.placement import PlacementRequest, build_pipeline
-from souq.placement.columns import Memo, OfferTable, rank_table
+from souq.sim.columns import Memo, OfferTable, rank_table
 from souq.sim.replay import Run
 from souq.sim.traces import Node, Pod
 from souq.sim.workload import (

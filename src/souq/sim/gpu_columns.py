@@ -1,4 +1,4 @@
-"""The GPU parts of the column form (:mod:`souq.placement.columns`) that need only arrays: the
+"""The GPU parts of the column form (:mod:`souq.sim.columns`) that need only arrays: the
 fragmentation measure F(M) and stranded GPUs, a worker's own GPU choice, and the GPU-packing and
 GPU-clustering points, each for every row at once.
 """
@@ -13,8 +13,8 @@ import numpy.typing as npt
 
 from souq.model.resources import GPU_MILLI, Resources
 from souq.placement import gpu_scorers, gpus
-from souq.placement.arrays import Floats, Ints
 from souq.placement.fragmentation import Shape
+from souq.sim.arrays import Floats, Ints
 
 __all__ = ["SHAPE_BITS", "frag", "gpuclustering", "gpupacking", "picked", "points", "stranded"]
 

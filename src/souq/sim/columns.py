@@ -7,7 +7,7 @@ experiment does. :func:`rank_table` runs a :class:`~souq.placement.pipeline.Pipe
 :class:`OfferTable` (one row per worker, as the book would offer it): each filter gives a mask
 and its reasons, each scorer an array (NaN: no opinion), then the weighted mean and the order.
 A stage without a column form here runs row by row on :meth:`OfferTable.offer`, so nothing is
-skipped, only slower. tests/unit/test_placement_columns.py pins both forms to the same answers.
+skipped, only slower. tests/unit/test_sim_columns.py pins both forms to the same answers.
 
 A :class:`Memo` keeps scorer results per request shape and worker until the worker changes (a
 placement changes one worker): the stages are pure functions of the request and the worker.
@@ -29,11 +29,12 @@ from souq.model.protocol import Offer
 from souq.model.reasons import Reason
 from souq.model.resources import GPU_MILLI, Resources
 from souq.model.worker import WorkerInfo, WorkerState
-from souq.placement import filters, gpu_columns, gpu_scorers, gpus, scorers
-from souq.placement.arrays import Bools, Floats, Ints
+from souq.placement import filters, gpu_scorers, gpus, scorers
 from souq.placement.pipeline import Pipeline
 from souq.placement.request import PlacementRequest
 from souq.placement.stages import Filter, Scorer
+from souq.sim import gpu_columns
+from souq.sim.arrays import Bools, Floats, Ints
 
 __all__ = [
     "Evaluation",

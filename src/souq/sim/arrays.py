@@ -1,4 +1,4 @@
-"""The typed numpy arrays the columnar placement (:mod:`souq.placement.columns`) and the
+"""The typed numpy arrays the columnar placement (:mod:`souq.sim.columns`) and the
 simulator hold: one row per worker (or host), one column per figure."""
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ from souq.model.policy import FIT_SCORERS, PlacementDefaults, PlacementPolicy
 from souq.model.resources import Resources
 from souq.model.worker import WorkerInfo, WorkerState
 from souq.placement import PlacementRequest, build_pipeline
-from souq.placement.columns import Memo, OfferTable, rank_table
 from souq.placement.fragmentation import Shape
+from souq.sim.columns import Memo, OfferTable, rank_table
 
 MODELS = ("A100", "T4")
 WORKLOAD = (
