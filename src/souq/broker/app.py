@@ -181,7 +181,7 @@ def _add_durability_routes(api: FastAPI, service: BrokerService) -> None:
     @api.post("/v1/workers/{worker_id}/drain", response_model=WorkerInfo, tags=["cluster"])
     async def drain_worker(worker_id: str) -> Response:
         """Cordon the worker and stop its machines gracefully; ``uncordon`` ends the drain."""
-        return json_response(await service.drain(worker_id))
+        return json_response(await service.calls.drain(worker_id))
 
 
 def create_app(
@@ -315,11 +315,11 @@ def _routes(service: BrokerService, create: CreateHandler) -> FastAPI:
 
     @api.post("/v1/workers/{worker_id}/cordon", response_model=WorkerInfo, tags=["cluster"])
     async def cordon_worker(worker_id: str) -> Response:
-        return json_response(await service.cordon(worker_id, cordoned=True))
+        return json_response(await service.calls.cordon(worker_id, cordoned=True))
 
     @api.post("/v1/workers/{worker_id}/uncordon", response_model=WorkerInfo, tags=["cluster"])
     async def uncordon_worker(worker_id: str) -> Response:
-        return json_response(await service.cordon(worker_id, cordoned=False))
+        return json_response(await service.calls.cordon(worker_id, cordoned=False))
 
     @api.get("/v1/apps/{app}/machines", response_model=list[ListedMachine], tags=["machines"])
     async def list_machines(

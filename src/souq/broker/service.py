@@ -44,9 +44,7 @@ from souq.errors import InsufficientCapacity, NotFound, SouqError, Unavailable
 from souq.ids import idempotent_request_id, new_request_id
 from souq.model import (
     ClaimRequest,
-    CordonCommand,
     DestroyCommand,
-    DrainCommand,
     ListCommand,
     Machine,
     MachineEventMessage,
@@ -421,27 +419,6 @@ class BrokerService:
         ref = QuoteRef(app=app, quote_id=quote_id)
         worker_id = worker_of_quote(quote_id)
         return await self.calls.worker(worker_id, v.RELEASE, ref, what=f"quote {quote_id}")
-
-    # -- workers ---------------------------------------------------------------------------
-
-    async def cordon(self, worker_id: str, *, cordoned: bool) -> WorkerInfo:
-        """Cordon (or uncordon) a worker: it makes no offers; its machines keep running."""
-        self._known_worker(worker_id)
-        cmd = CordonCommand(cordoned=cordoned)
-        return await self.calls.worker(worker_id, v.CORDON, cmd, what="the worker")
-
-    async def drain(self, worker_id: str) -> WorkerInfo:
-        """Drain a worker: cordon it and stop its machines gracefully (each with its stop
-        config). Answers once the stops are sent; the worker reports ``draining`` meanwhile."""
-        self._known_worker(worker_id)
-        return await self.calls.worker(worker_id, v.DRAIN, DrainCommand(), what="the worker")
-
-    def _known_worker(self, worker_id: str) -> None:
-        if self.liveness.state_of(worker_id) is None:
-            raise NotFound(
-                f"worker {worker_id} not found",
-                hint="list the workers with `souq workers`",
-            )
 
     # -- read ------------------------------------------------------------------------------
 

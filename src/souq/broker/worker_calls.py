@@ -1,5 +1,6 @@
-"""A broker's requests to one worker: to a worker by its id, or to the worker that holds a machine
-(found through the broker's :class:`~souq.broker.directory.Directory`). A worker that does not
+"""A broker's requests to one worker: to a worker by its id (its cordon and drain too), or to
+the worker that holds a machine (found through the broker's
+:class:`~souq.broker.directory.Directory`). A worker that does not
 answer while the bus is up is :class:`~souq.errors.Unavailable`, naming what was asked, why, and
 what to check; a change to a machine that went unanswered says it may have been applied.
 """
@@ -14,7 +15,9 @@ from pydantic import BaseModel
 from souq.broker.config import BrokerConfig
 from souq.broker.directory import Directory
 from souq.bus import Transport
-from souq.errors import Unavailable
+from souq.errors import NotFound, Unavailable
+from souq.model import WorkerInfo
+from souq.model.protocol import CordonCommand, DrainCommand
 from souq.protocol import Verb, WorkerClient
 from souq.protocol import verbs as v
 from souq.view.liveness import Liveness
@@ -100,3 +103,24 @@ class WorkerCalls:
             if not self._transport.connected:
                 raise
             raise Unavailable(f"{unanswered}: {exc.message}", hint=hint) from exc
+
+    # -- a worker itself -------------------------------------------------------------------
+
+    async def cordon(self, worker_id: str, *, cordoned: bool) -> WorkerInfo:
+        """Cordon (or uncordon) a worker: it makes no offers; its machines keep running."""
+        self._known_worker(worker_id)
+        cmd = CordonCommand(cordoned=cordoned)
+        return await self.worker(worker_id, v.CORDON, cmd, what="the worker")
+
+    async def drain(self, worker_id: str) -> WorkerInfo:
+        """Drain a worker: cordon it and stop its machines gracefully (each with its stop
+        config). Answers once the stops are sent; the worker reports ``draining`` meanwhile."""
+        self._known_worker(worker_id)
+        return await self.worker(worker_id, v.DRAIN, DrainCommand(), what="the worker")
+
+    def _known_worker(self, worker_id: str) -> None:
+        if self._liveness.state_of(worker_id) is None:
+            raise NotFound(
+                f"worker {worker_id} not found",
+                hint="list the workers with `souq workers`",
+            )
