@@ -232,7 +232,11 @@ class AgentProcess(_WorkerProcess):
                     return words[2]
             return None
 
-        self.worker_id = wait_until(ready, timeout=timeout, message="the agent to be ready")
+        try:
+            self.worker_id = wait_until(ready, timeout=timeout, message="the agent to be ready")
+        except BaseException:
+            self.stop()  # an agent that never got ready is not left running behind the test
+            raise
 
     def machine_pids(self) -> list[int]:
         """Pids of the agent's machines' processes and their souq-waiters: the agent's
