@@ -208,16 +208,7 @@ class WorkerVerbs:
         )
         if plan is None:
             return None
-        unbounded, priced = plan.cost
-        return msg.OfferedEviction(
-            victims=len(plan.victims),
-            freed=plan.freed,
-            gpu_free=list(plan.gpu_free),
-            top_class=plan.top_class,
-            unbounded=unbounded,
-            priced=priced,
-            running=sum(1 for v in plan.victims if v.running),
-        )
+        return plan.offered()
 
     # -- placement -------------------------------------------------------------------------
 

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from souq.model.choices import PriorityClass
+from souq.model.protocol import OfferedEviction
 from souq.model.resources import Resources
 from souq.placement import gpus
 from souq.placement.stages import shortfall
@@ -126,6 +127,19 @@ class Eviction:
         unbounded, priced = self.cost
         running = sum(1 for v in self.victims if v.running)
         return self.top_class, len(self.victims), unbounded, priced, running
+
+    def offered(self) -> OfferedEviction:
+        """This eviction as a worker's offer tells it to the broker."""
+        unbounded, priced = self.cost
+        return OfferedEviction(
+            victims=len(self.victims),
+            freed=self.freed,
+            gpu_free=list(self.gpu_free),
+            top_class=self.top_class,
+            unbounded=unbounded,
+            priced=priced,
+            running=sum(1 for v in self.victims if v.running),
+        )
 
 
 def _order(c: Candidate) -> tuple[int, float, bool, int, str]:

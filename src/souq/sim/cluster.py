@@ -42,7 +42,7 @@ from souq.market import AskOffers, Auction, Finished, Order, Purpose, Rules, Sen
 from souq.market.preemption import Candidate, Eviction, may_displace
 from souq.model.choices import PriorityClass
 from souq.model.constraint import Constraint
-from souq.model.protocol import Offer, OfferedEviction
+from souq.model.protocol import Offer
 from souq.model.resources import Resources
 from souq.model.worker import Fingerprint, Load, WorkerInfo, WorkerState, WorkerUsage
 from souq.placement import Pipeline, PlacementRequest, default_pipeline
@@ -111,7 +111,7 @@ class SimWorker:
                 candidates=self.candidates(claimant),
             )
             if plan is not None:
-                eviction, refusal = _offered(plan), None
+                eviction, refusal = plan.offered(), None
             else:
                 refusal = (refusal[0], f"{refusal[1]}, and displacing machines would not do")
         return Offer(
@@ -449,20 +449,6 @@ class VirtualCluster:
         )
         for broker in self.brokers:
             self.clock.call_later(self.hop_s, _tell(broker.book, usage))
-
-
-def _offered(plan: Eviction) -> OfferedEviction:
-    """An eviction as an offer tells it (what the agent's offer says)."""
-    unbounded, priced = plan.cost
-    return OfferedEviction(
-        victims=len(plan.victims),
-        freed=plan.freed,
-        gpu_free=list(plan.gpu_free),
-        top_class=plan.top_class,
-        unbounded=unbounded,
-        priced=priced,
-        running=sum(1 for v in plan.victims if v.running),
-    )
 
 
 def _tell(book: WorkerBook, usage: WorkerUsage) -> Callable[[], None]:
