@@ -3,7 +3,9 @@ root): TCP round trip and throughput between two machines on two hosts (network 
 souq.multihost, agents with ``--private-network on``: the route between them is the VXLAN
 device of each host, docs/network.md), and between two machines of one host, against the same
 two programs run straight in the two hosts' namespaces over their veth and bridge, without
-Souq (the floor), interleaved in one run. Three times: the agents' underlay the hosts' IPv6
+Souq (the floor), interleaved in one run; and the machines across hosts once more with each
+host's fast path (souq.network.fastpath) taken away for the arm, the hosts' routing and chains
+alone (``kernel's``). Three times: the agents' underlay the hosts' IPv6
 addresses (on one segment: each worker's /48 routed straight to the other host), their IPv4
 addresses (over VXLAN), and their IPv4 addresses with ``--underlay-encryption wireguard``; the
 floor talks over the same addresses.
@@ -14,8 +16,9 @@ one byte (``t``), and a client that times ``ROUND_TRIPS`` one-byte round trips (
 after a warm-up) and ``STREAM_MB`` MiB sent in 1 MiB writes, ``STREAMS`` times. In a machine the
 client runs by ``exec`` and prints its figures; the timing is its own, inside the machine.
 
-Nothing is pinned: on a box shared with other work a pinned process waits for its CPU (a round
-trip of 75 µs instead of 11-20). Round trips come in two modes (the two processes on one CPU
+Nothing is pinned unless ``SOUQ_BENCH_CPU`` says on which CPU: on a box shared with other
+work a pinned process waits for its CPU (a round trip of 75 µs instead of 11-20), and on an
+idle one the wake-ups across CPUs are what is slow (120 µs on loopback, 12 pinned). Round trips come in two modes (the two processes on one CPU
 or on two: about 10.5 against 15.5 µs for the floor here), so there are many short rounds and
 the table gives the median of their medians and the best round. CPU per operation beside the
 rates: the whole box's busy CPU time (``/proc/stat``, which no namespace narrows: the
@@ -26,6 +29,7 @@ the floor's figure, measured alongside, is the yardstick.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
@@ -34,6 +38,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from tests.isolated import machines_root
@@ -54,6 +59,13 @@ ROUND_TRIPS = int(os.environ.get("SOUQ_BENCH_ROUND_TRIPS", "10000"))
 STREAM_MB = int(os.environ.get("SOUQ_BENCH_STREAM_MB", "256"))
 STREAMS = 3
 ROUNDS = int(os.environ.get("SOUQ_BENCH_ROUNDS", "11"))
+# SOUQ_BENCH_CPU=N: every server and client on CPU N alone (the round trip's whole work on one
+# CPU, none of the wake-ups across CPUs that an idle VM makes slow: 120 µs a round trip on
+# loopback here, against 12 pinned); default: nothing pinned.
+CPU = os.environ.get("SOUQ_BENCH_CPU", "")
+PINNED = ["/usr/bin/env", f"PIN={CPU}"] if CPU else []
+KERNEL = "kernel's"  # across, the fast path taken away: the hosts' routing and chains
+ARMS = ("floor", "across", KERNEL, "one host")
 
 PEER = r"""
 import json, os, socket, struct, sys, time
@@ -111,6 +123,7 @@ def client(host, port, phase, count, streams):
         out["gbit_s"] = sorted(rates)[len(rates) // 2]
     out["cpu_s"] = cpu
     print(json.dumps(out), flush=True)
+if os.environ.get("PIN"): os.sched_setaffinity(0, {int(os.environ["PIN"])})
 if sys.argv[1] == "serve": serve(int(sys.argv[2]))
 else: client(sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5]), int(sys.argv[6]))
 """
@@ -123,7 +136,8 @@ def _measured(run: Runner, server: str) -> dict[str, Any]:
     """Both phases, each with the box's CPU over its timed part (read by the client)."""
     got: dict[str, Any] = {}
     for phase, count in (("rtt", ROUND_TRIPS), ("stream", STREAM_MB)):
-        argv = [PYTHON, "-c", PEER, "client", server, str(PORT), phase, str(count), str(STREAMS)]
+        argv = [*PINNED, PYTHON, "-c", PEER, "client", server, str(PORT), phase, str(count)]
+        argv.append(str(STREAMS))
         out = json.loads(run(argv).strip().splitlines()[-1])
         got[f"cpu_{phase}_s"] = out.pop("cpu_s")
         got.update(out)
@@ -148,6 +162,29 @@ def _in_machine(api: SouqClient, app: str, m: Machine) -> Runner:
     return run
 
 
+class _KernelPath:
+    """For the arm "across, kernel's path": each host's fast path table (its listing kept)
+    taken away while it runs, then put back as it was (souq.network.fastpath)."""
+
+    def __init__(self, hosts: Hosts) -> None:
+        self.hosts = hosts
+        self.saved: dict[str, str] = {}
+
+    def __enter__(self) -> None:
+        for host in self.hosts.hosts:
+            table = ("netdev", f"souq-{links.WorkerNetwork(host.worker_id, Path('/')).tag}")
+            shown = host.net.exec("nft", "list", "table", *table, check=False)
+            if "table netdev" in shown:
+                self.saved[host.name] = shown
+                host.net.exec("nft", "delete", "table", *table)
+
+    def __exit__(self, *_: object) -> None:
+        for name, shown in self.saved.items():
+            subprocess.run([*netns_exec(name), "nft", "-f", "-"], input=shown, text=True,
+                           check=True)  # fmt: skip
+        self.saved = {}
+
+
 def _machine(api: SouqClient, app: str, region: str, cmd: list[str]) -> Machine:
     m = api.create_machine(app, region, {"guest": {"cpus": 1, "memory_mb": 256}, "cmd": cmd})
     return api.wait(app, m.id, MachineState.STARTED, timeout=60)
@@ -160,7 +197,7 @@ def _run(hosts: Hosts, address: Callable[[NetHost], str]) -> dict[str, list[dict
     api = SouqClient(hosts.api_url, token=hosts.auth.admin() if hosts.auth else None)
     app = "xb" + uuid.uuid4().hex[:8]
     api.create_app(app)
-    server = _machine(api, app, "syd", [PYTHON, "-c", PEER, "serve", str(PORT)])
+    server = _machine(api, app, "syd", [*PINNED, PYTHON, "-c", PEER, "serve", str(PORT)])
     wait_until(lambda: "listening" in api.logs(app, server.id), timeout=30, message="listen")
     far = _machine(api, app, "mad", ["sleep", "3600"])
     near = _machine(api, app, "syd", ["sleep", "3600"])
@@ -172,20 +209,22 @@ def _run(hosts: Hosts, address: Callable[[NetHost], str]) -> dict[str, list[dict
         message="the route to syd's machines",
     )
     floor_server = subprocess.Popen(
-        [*netns_exec(syd.name), PYTHON, "-c", PEER, "serve", str(PORT)],
+        [*netns_exec(syd.name), *PINNED, PYTHON, "-c", PEER, "serve", str(PORT)],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
     )  # fmt: skip
-    results: dict[str, list[dict[str, Any]]] = {"floor": [], "across": [], "one host": []}
+    results: dict[str, list[dict[str, Any]]] = {name: [] for name in ARMS}
     try:
         assert floor_server.stdout is not None and floor_server.stdout.readline()
         for i in range(ROUNDS):
             arms = [
                 ("floor", _on_host(mad), address(syd.net)),
                 ("across", _in_machine(api, app, far), server.private_ip),
+                (KERNEL, _in_machine(api, app, far), server.private_ip),
                 ("one host", _in_machine(api, app, near), server.private_ip),
             ]
             for name, run, to in arms if i % 2 == 0 else arms[::-1]:
-                results[name].append(_measured(run, to))
+                with _KernelPath(hosts) if name == KERNEL else contextlib.nullcontext():
+                    results[name].append(_measured(run, to))
                 print(f"  round {i + 1} {name}: {results[name][-1]}", file=sys.stderr)
     finally:
         floor_server.kill()
@@ -212,11 +251,13 @@ def _summary(runs: list[dict[str, Any]]) -> dict[str, float]:
     }
 
 
-UNDERLAYS: list[tuple[str, Callable[[NetHost], str], str]] = [
-    ("IPv6 on the hosts' segment: routed straight", lambda net: net.address6, "none"),
-    ("IPv4: over VXLAN", lambda net: net.address, "none"),
-    ("IPv4: WireGuard", lambda net: net.address, "wireguard"),
+UNDERLAYS: list[tuple[str, str, Callable[[NetHost], str], str]] = [
+    ("straight", "IPv6 on the hosts' segment: routed straight", lambda net: net.address6, "none"),
+    ("vxlan", "IPv4: over VXLAN", lambda net: net.address, "none"),
+    ("wireguard", "IPv4: WireGuard", lambda net: net.address, "wireguard"),
 ]
+# Which of them (SOUQ_BENCH_UNDERLAYS=straight,vxlan: those two alone); default: all.
+CHOSEN = os.environ.get("SOUQ_BENCH_UNDERLAYS", "straight,vxlan,wireguard").split(",")
 
 
 def main() -> None:
@@ -227,7 +268,9 @@ def main() -> None:
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     print(f"crosshost: {machine_line()}; {ROUNDS} rounds interleaved, medians; {started}")
     print(f"  {ROUND_TRIPS} one-byte TCP round trips, {STREAMS} x {STREAM_MB} MiB streams each")
-    for title, address, encryption in UNDERLAYS:
+    for key, title, address, encryption in UNDERLAYS:
+        if key not in CHOSEN:
+            continue
         if encryption == "wireguard" and wireguard.unavailable() is not None:
             print(f"  underlay {title}: skipped ({wireguard.unavailable()})")
             continue
@@ -249,7 +292,7 @@ def main() -> None:
             f" {'p99 µs':>8} {'Gbit/s':>8}"
             f" {'x floor':>8} {'CPU µs/rtt':>11} {'CPU ms/MiB':>11}"
         )
-        for name in ("floor", "across", "one host"):
+        for name in ARMS:
             s = _summary(results[name])
             print(
                 f"    {name:10} {s['rtt_us']:8.1f} {s['rtt_us'] / floor['rtt_us']:8.2f}"

@@ -8,6 +8,7 @@ the other machine's address get no answer; the routes follow what the heartbeats
 from __future__ import annotations
 
 import os
+import re
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -133,6 +134,17 @@ def _talk(hosts: Hosts, app: str, m: Machine, target: str, payload: str) -> str:
     return reply.stdout.strip()
 
 
+def _tag(host: Host) -> str:
+    return links.WorkerNetwork(host.worker_id, Path("/nonexistent")).tag
+
+
+def _fast_packets(host: Host) -> int:
+    """Packets the host's fast path sent on to other workers (souq.network.fastpath)."""
+    chain = ("netdev", f"souq-{_tag(host)}", "peers")
+    shown = host.net.exec("nft", "list", "chain", *chain, check=False)
+    return sum(int(n) for n in re.findall(r"counter packets (\d+)", shown))
+
+
 def _host_of(hosts: Hosts, m: Machine) -> Host:
     (host,) = (h for h in hosts.hosts if h.worker_id == m.worker_id)
     return host
@@ -163,10 +175,15 @@ def test_a_machine_reaches_one_on_another_host_by_name_and_others_cannot(hosts: 
         got = _talk(hosts, client_app, talker, f"{server_app}.internal", "hello across")
         return got if got.startswith("OK") else None
 
+    before = _fast_packets(mad)
     got = wait_until(talked, timeout=30, message=f"{server_app}.internal to answer from mad")
     assert got == f"OK {server.private_ip} echo:hello across"
     payload = "x" * 20_000  # more than one packet, beyond the VXLAN device's MTU
     assert _talk(hosts, client_app, talker, server.private_ip, payload).endswith(payload)
+    # Routed straight or over VXLAN, past the hosts' IP stacks (over WireGuard: none).
+    fast = _fast_packets(mad) - before
+    encrypted = f"sx{_tag(mad)}wg" in mad.net.exec("ip", "link")
+    assert (fast == 0) if encrypted else fast > 0
 
     # Another network, on the same host as the talker: no such name (once the names have
     # the apps' records: until then both apps count as the default organization's), and no
@@ -178,7 +195,9 @@ def test_a_machine_reaches_one_on_another_host_by_name_and_others_cannot(hosts: 
         timeout=20,
         message="the name to be out of the stranger's reach",
     )
+    before = _fast_packets(mad)
     assert _talk(hosts, stranger_app, stranger, server.private_ip, "x") == "FAIL TimeoutError"
+    assert _fast_packets(mad) == before  # none of the stranger's went the fast way
     # And the talker still can: the stranger's drop is its own.
     assert _talk(hosts, client_app, talker, server.private_ip, "again").endswith("echo:again")
     with _client(hosts) as client:
@@ -195,7 +214,7 @@ def test_the_receiving_host_drops_what_comes_from_another_network(hosts: Hosts) 
     try:
         assert server.private_ip is not None
         rules = syd.net.exec("ip6tables", "-S")
-        tag = links.WorkerNetwork(syd.worker_id, Path("/nonexistent")).tag
+        tag = _tag(syd)
         (accept,) = (r for r in rules.splitlines() if f"-d {server.private_ip}/128" in r)
         assert accept.startswith(f"-A SOUQ-{tag}-TO -s fdaa:0:0:") and f"-o sx{tag}m" in accept
         # From the mad host itself (its address is no machine's of any network): no answer.

@@ -187,7 +187,7 @@ class Agent:
         if self.config.underlay_encryption == "wireguard":
             overlay = WireGuard(self.worker_id, net.tag, underlay, self.config.data_dir / "network")
         else:
-            overlay = Overlay(self.worker_id, net.tag, underlay)
+            overlay = Overlay(self.worker_id, net.tag, underlay, fast=net.fast)
         try:
             overlay.start()
         except (OSError, ValueError) as exc:

@@ -74,6 +74,7 @@ from souq.network.addresses import (
     network_mask,
     v4_block,
 )
+from souq.network.fastpath import FastPath, MachineLink
 from souq.network.mesh import VXLAN_PORT
 
 __all__ = ["NETNS_DIR", "WorkerNetwork", "unavailable"]
@@ -132,10 +133,15 @@ class WorkerNetwork:
         )
         self._edges: dict[str, tuple[tuple[int, int], ...]] = {}  # the edge rules made
         self.links = f"sx{self.tag}m+"  # every machine link of this worker
+        self.fast = FastPath(self.tag)  # between machines of two workers (its docstring)
 
     def names(self, machine_id: str, address: PrivateAddress) -> _Names:
         index = int(ipaddress.IPv4Address(address.ip4)) - int(self.v4.network_address)
         return _Names(f"souq-{self.tag}-{machine_id}", f"sx{self.tag}m{index:03x}")
+
+    def fast_link(self, machine_id: str, address: PrivateAddress) -> MachineLink:
+        """The machine as the fast path sees it."""
+        return MachineLink(self.names(machine_id, address).link, address.ip6, address.network)
 
     def netns_path(self, machine_id: str, address: PrivateAddress) -> Path:
         return NETNS_DIR / self.names(machine_id, address).netns
@@ -160,6 +166,8 @@ class WorkerNetwork:
             self._jump(family)
         names = [self.names(m, a) for m, a in live]
         self.sweep({n.netns for n in names}, {n.link for n in names})
+        fast = [self.fast_link(m, a) for m, a in live]
+        self.fast.start(f for f in fast if Path("/sys/class/net", f.link).exists())
 
     def _jumps(self, family: str) -> list[tuple[str, str, list[str]]]:
         """``(table, chain, rule)`` of each jump to the worker's chains."""
@@ -188,6 +196,7 @@ class WorkerNetwork:
         """Remove the worker's chains and its block's route (tests, benchmarks; an agent keeps
         them for its machines)."""
         _run(["ip", "route", "del", "unreachable", str(self.v4)], check=False)
+        self.fast.stop()
         for family in ("ip", "ip6"):
             tool = f"{family}tables"
             for table, chain, spec in self._jumps(family):
@@ -313,6 +322,7 @@ class WorkerNetwork:
         names = self.names(machine_id, address)
         if self.exists(machine_id, address):
             self._refresh_edge(machine_id, address)
+            self.fast.add(self.fast_link(machine_id, address))
             return NETNS_DIR / names.netns
         self._remove(names)  # half made (an agent killed meanwhile)
         ns, link = names.netns, names.link
@@ -340,6 +350,7 @@ class WorkerNetwork:
             _run(["ip", "-batch", "-"], "\n".join(outside) + "\n")
             _run(["ip", "-n", ns, "-batch", "-"], "\n".join(inside) + "\n")
             self._machine_rules(machine_id, address, "-I")
+            self.fast.add(self.fast_link(machine_id, address))
         except OSError:
             self._remove(names)
             raise
@@ -377,6 +388,7 @@ class WorkerNetwork:
     def remove(self, machine_id: str, address: PrivateAddress) -> None:
         """The machine's namespace, links, routes and rules, gone."""
         made = self._edges.pop(machine_id, address.edge)
+        self.fast.remove(self.fast_link(machine_id, address))
         with contextlib.suppress(OSError):
             self._machine_rules(machine_id, replace(address, edge=made), "-D")
         self._remove(self.names(machine_id, address))

@@ -25,6 +25,7 @@ import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
+from souq.network.fastpath import FastPath, hops_of
 from souq.network.mesh import (
     VNI,
     VXLAN_OVERHEAD,
@@ -63,6 +64,13 @@ def underlay_device(address: str) -> tuple[str, int] | None:
     return None
 
 
+def _mtu(device: str) -> int:
+    try:
+        return int(Path("/sys/class/net", device, "mtu").read_text())
+    except (OSError, ValueError):
+        return 0
+
+
 def on_link_subnets(device: str) -> list[ipaddress.IPv6Network]:
     """The IPv6 subnets ``device`` is on (its global and unique-local addresses' prefixes)."""
     subnets = []
@@ -80,8 +88,11 @@ class Overlay:
     """Worker ``worker_id``'s routes to the other workers, over ``underlay`` (an address of
     this host). ``start()``, ``peers(...)`` as often as they change, ``stop()``."""
 
-    def __init__(self, worker_id: str, tag: str, underlay: str) -> None:
+    def __init__(
+        self, worker_id: str, tag: str, underlay: str, fast: FastPath | None = None
+    ) -> None:
         self.worker_id = worker_id
+        self.fast = fast  # told the routes too (souq.network.fastpath)
         self.underlay = ipaddress.ip_address(underlay).compressed
         self.family = ipaddress.ip_address(underlay).version
         self.device = f"sx{tag}vx"
@@ -106,6 +117,7 @@ class Overlay:
             self._make(parent, mtu - overhead)
         self._now = {}
         self._rules()
+        self._fast()
         spec = ["-p", "udp", "--dport", str(VXLAN_PORT), "-j", self.chain]
         check = [self._tool, "-w", "-C", "INPUT", *spec]
         if subprocess.run(check, capture_output=True, check=False).returncode != 0:
@@ -154,6 +166,8 @@ class Overlay:
         run_tool([self._tool, "-w", "-F", self.chain], check=False)
         run_tool([self._tool, "-w", "-X", self.chain], check=False)
         self._now = {}
+        if self.fast is not None:
+            self.fast.route([])
 
     # -- the peers ---------------------------------------------------------------------------
 
@@ -185,6 +199,7 @@ class Overlay:
                 run_tool([tool, "-batch", "-"], "\n".join(lines) + "\n")
         self._now = dict(usable)
         self._rules()
+        self._fast()
         log.info(
             "private network: routes to %d other workers (%s)",
             len(usable),
@@ -203,6 +218,16 @@ class Overlay:
     @property
     def routed(self) -> Mapping[str, Peer]:
         return dict(self._now)
+
+    def _fast(self) -> None:
+        """The fast path's routes as the kernel's now are (IPv6 peers: straight out of the
+        underlay device; the others: into the VXLAN device)."""
+        if self.fast is None:
+            return
+        parent = self.parent if self.family == 6 else ""  # no IPv6 next hop on IPv4
+        self.fast.route(
+            hops_of(self._now, parent, _mtu(self.parent), self.device, _mtu(self.device))
+        )
 
     def _rules(self) -> None:
         body = mesh_rules(self.chain, self._now.values(), self.family)
