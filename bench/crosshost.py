@@ -16,16 +16,15 @@ one byte (``t``), and a client that times ``ROUND_TRIPS`` one-byte round trips (
 after a warm-up) and ``STREAM_MB`` MiB sent in 1 MiB writes, ``STREAMS`` times. In a machine the
 client runs by ``exec`` and prints its figures; the timing is its own, inside the machine.
 
-Nothing is pinned unless ``SOUQ_BENCH_CPU`` says on which CPU: on a box shared with other
-work a pinned process waits for its CPU (a round trip of 75 µs instead of 11-20), and on an
-idle one the wake-ups across CPUs are what is slow (120 µs on loopback, 12 pinned). Round trips come in two modes (the two processes on one CPU
-or on two: about 10.5 against 15.5 µs for the floor here), so there are many short rounds and
-the table gives the median of their medians and the best round. CPU per operation beside the
-rates: the whole box's busy CPU time (``/proc/stat``, which no namespace narrows: the
-forwarding, VXLAN and filter work is the kernel's, in no process) over the client's timed
-loop, divided by its round trips or MiB; on a shared box it holds the neighbours' work too, so
-the floor's figure, measured alongside, is the yardstick.
-"""
+Nothing is pinned unless ``SOUQ_BENCH_CPU`` says on which CPU: on a box shared with other work a
+pinned process waits for its CPU (a round trip of 75 µs instead of 11-20), and on an idle one the
+wake-ups across CPUs are what is slow (120 µs on loopback, 12 pinned). Round trips come in two modes
+(the two processes on one CPU or on two: about 10.5 against 15.5 µs for the floor here), so there
+are many short rounds and the table gives the median of their medians and the best round. CPU per
+operation beside the rates: the whole box's busy CPU time (``/proc/stat``, which no namespace
+narrows: the forwarding, VXLAN and filter work is the kernel's, in no process) over the client's
+timed loop, divided by its round trips or MiB; on a shared box it holds the neighbours' work too, so
+the floor's figure, measured alongside, is the yardstick. """
 
 from __future__ import annotations
 
