@@ -17,8 +17,9 @@ from typing import Any
 
 import pytest
 
+from souq.auth.bus import worker_id_for
 from souq.portledger import LEDGER_ENV
-from souq.testing import Cluster
+from souq.testing import STARTED_WORKERS, Cluster, forget_network
 from tests.clusters import running, spec_of
 
 
@@ -65,3 +66,19 @@ if importlib.util.find_spec("xdist") is not None:
         """Under ``-n N`` each test file is one unit of work, so that its module-scoped
         fixtures are made once, in one process."""
         return FileScheduling(config, log)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_network_left(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """At the end, what the private networks of this process's workers left on the host
+    (an agent killed, or one that left machines running to the test's own clean-up): the
+    workers its agents started, and those of the ``souq dev`` clusters under its temporary
+    directory."""
+    yield
+    if os.geteuid() != 0:
+        return
+    workers = set(STARTED_WORKERS)
+    base = tmp_path_factory.getbasetemp()
+    workers |= {worker_id_for(d) for d in base.glob("**/workers/*") if d.is_dir()}
+    for worker in workers:
+        forget_network(worker)

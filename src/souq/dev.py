@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import httpx
 import psutil
@@ -48,8 +48,13 @@ from souq.daemon import loop_factory
 from souq.errors import Conflict, SouqError, Unavailable
 from souq.natscluster import NatsCluster
 from souq.natsserver import NatsServer, free_port
+from souq.network import links
+from souq.network.addresses import DNS_ADDRESS, PROXY_ADDRESS
 from souq.portledger import next_block
 from souq.procs import terminate
+
+if TYPE_CHECKING:
+    from souq.network.name_service import NameService
 
 __all__ = [
     "LOCK_FILE",
@@ -307,9 +312,14 @@ async def _serve_locked(
     broker_task: asyncio.Task[None] | None = None
     broker_stop = asyncio.Event()
     proxy_task: asyncio.Task[None] | None = None
+    name_service: NameService | None = None
     try:
         nats.start()
-        names = _start_agents(config, nats.url, data_dir, agents, lock)
+        host = await _host_network(nats.url, auth)
+        name_service = host.names
+        names = _start_agents(
+            config, nats.url, data_dir, agents, lock, agent_args=host.agent_args()
+        )
         port = config.port or free_port(config.host)
         broker = BrokerConfig(
             nats_url=nats.url, listen_host=config.host, listen_port=port, auth_dir=auth.path
@@ -319,7 +329,13 @@ async def _serve_locked(
         proxy_port = config.proxy_port or free_port(config.host)
         proxy_ready = asyncio.Event()
         proxy_task = _start_proxy(
-            config, nats.url, proxy_port, proxy_ready, broker_stop, auth_dir=auth.path
+            config,
+            nats.url,
+            proxy_port,
+            proxy_ready,
+            broker_stop,
+            auth_dir=auth.path,
+            flycast=(PROXY_ADDRESS, host.flycast_port) if host.flycast_port else None,
         )
         ready = asyncio.create_task(
             _wait_ready(
@@ -358,8 +374,62 @@ async def _serve_locked(
             if daemon_task is not None:
                 with contextlib.suppress(Exception, asyncio.CancelledError):
                     await asyncio.wait_for(daemon_task, 10)
-        await asyncio.to_thread(_stop_agents, agents)
-        nats.stop()
+        await _stop_behind_broker(agents, name_service, nats)
+
+
+async def _stop_behind_broker(
+    agents: list[subprocess.Popen[bytes]],
+    name_service: NameService | None,
+    nats: NatsServer | NatsCluster,
+) -> None:
+    """What stops once the broker and the proxy have: the agents, the names, then NATS."""
+    await asyncio.to_thread(_stop_agents, agents)
+    if name_service is not None:
+        await name_service.aclose()
+    nats.stop()
+
+
+@dataclass
+class _HostNetwork:
+    """What this process runs for its workers' private network: the machines' names and
+    Flycast's port (each this cluster's own, so that two clusters of one host stay apart)."""
+
+    names: NameService | None = None
+    flycast_port: int = 0  # 0: no Flycast
+
+    def agent_args(self) -> list[str]:
+        args = ["--flycast-port", str(self.flycast_port)]
+        if self.names is not None:
+            args += ["--names-port", str(self.names.address[1])]
+        return args
+
+
+async def _host_network(nats_url: str, auth: AuthDir) -> _HostNetwork:
+    """Where the workers can have the private network: the names (answered by this process)
+    and a port of this cluster's own at the workers' proxy address for Flycast, for its agents
+    to send to and its proxy to take; elsewhere neither."""
+    if links.unavailable() is not None:
+        return _HostNetwork()
+    return _HostNetwork(await _start_names(nats_url, auth), free_port())
+
+
+async def _start_names(nats_url: str, auth: AuthDir) -> NameService | None:
+    """The machines' ``.internal`` names, answered by this process at the address every
+    machine's ``resolv.conf`` names (docs/names.md) on a port of this cluster's own (its
+    agents send their machines' questions there), from its own replica of the cluster view as
+    the bus's read-only ``view`` role: the workers' agents are not given that credential."""
+    from souq.network.name_service import NameService, connect_view
+
+    await asyncio.to_thread(links.host_addresses)
+    transport = await connect_view(nats_url, auth.path, name="souq-dev-names")
+    names = NameService(transport, listen=(DNS_ADDRESS, 0), owns_transport=True)
+    try:
+        await names.start()
+    except OSError as exc:
+        await names.aclose()
+        print(f"souq dev: the machines get no .internal names: {exc}", file=sys.stderr)
+        return None
+    return names
 
 
 LOCK_FILE = "souq-dev.lock"
@@ -406,10 +476,14 @@ def _start_agents(
     data_dir: Path,
     agents: list[subprocess.Popen[bytes]],
     lock: int,
+    *,
+    agent_args: Sequence[str] = (),
 ) -> list[tuple[str, str]]:
     """Start the workers (into ``agents`` as they start); their (region, name)s. Each inherits
     the directory's ``lock``: while an agent of this cluster lives (this process killed with
-    -9, say), no other ``souq dev`` starts agents on its workers' files."""
+    -9, say), no other ``souq dev`` starts agents on its workers' files. Each has the private
+    network where the host can (the agent's default), with ``agent_args``
+    (:class:`_HostNetwork`)."""
     from souq.agent.fingerprint import host_cpus, host_memory_mb
 
     names = _worker_names(config)
@@ -430,6 +504,7 @@ def _start_agents(
                 worker_id=_credential_for(data_dir, name),
                 machine_user=config.machine_user,
                 pass_fds=(lock,),
+                extra_args=list(agent_args),
             )
         )
     return names
@@ -477,7 +552,8 @@ def _credential_for(data_dir: Path, name: str) -> str:
 def _agent_auth(data_dir: Path, name: str) -> Path:
     """The auth directory the agent ``name`` is given: its own seed and the secrets key only
     (``DATA_DIR/agent-auth/NAME``), not the cluster's whole directory: no token key, admin
-    token, nor another daemon's seed."""
+    token, nor another daemon's seed (so no ``view`` seed either: the machines' names are
+    answered by this process, :func:`_start_names`)."""
     auth = AuthDir(data_dir)
     return agent_dir(auth, _credential_for(data_dir, name), data_dir / AGENT_AUTH / name).path
 
@@ -490,6 +566,7 @@ def _start_proxy(
     stop: asyncio.Event,
     *,
     auth_dir: Path,
+    flycast: tuple[str, int] | None = None,
 ) -> asyncio.Task[None]:
     """The edge proxy, in this process: its region is the cluster's first."""
     from souq.proxy.daemon import ProxyConfig
@@ -502,6 +579,7 @@ def _start_proxy(
         domain=config.domain,
         autostop_interval_s=config.autostop_interval_s,
         auth_dir=auth_dir,
+        flycast=flycast,
     )
     return asyncio.create_task(serve_proxy(proxy, ready=ready, stop=stop), name="souq-proxy")
 

@@ -172,6 +172,20 @@ class _WorkerProcess(_ChildProcess):
     memory_mb: int | None = None
 
 
+STARTED_WORKERS: set[str] = set()  # every worker an AgentProcess of this process started
+
+
+def forget_network(worker_id: str) -> None:
+    """What a worker's private network left on this host when its agent did not leave it
+    (killed, or gone with machines left running): its machines' namespaces and links, its
+    chains. Nothing where the host has no private networks."""
+    from souq.network import links
+
+    if links.unavailable() is None:
+        with contextlib.suppress(OSError):
+            links.WorkerNetwork(worker_id, Path("/nonexistent")).leave([])
+
+
 @dataclass(kw_only=True, eq=False)
 class AgentProcess(_WorkerProcess):
     """One ``souq agent`` child process. Its machines run as the test's own user by default
@@ -233,10 +247,13 @@ class AgentProcess(_WorkerProcess):
             return None
 
         try:
-            self.worker_id = wait_until(ready, timeout=timeout, message="the agent to be ready")
+            worker_id = wait_until(ready, timeout=timeout, message="the agent to be ready")
         except BaseException:
             self.stop()  # an agent that never got ready is not left running behind the test
             raise
+        assert worker_id is not None
+        STARTED_WORKERS.add(worker_id)
+        self.worker_id = worker_id
 
     def machine_pids(self) -> list[int]:
         """Pids of the agent's machines' processes and their souq-waiters: the agent's
@@ -426,6 +443,9 @@ class Cluster(Lifespan):
         self._cpus = cpus
         self._memory_mb = memory_mb
         self._broker_count = brokers
+        # The machines' names at a port of this cluster's own (--names-port): another cluster
+        # of this host (a test beside this one) answers at its own.
+        self.names_port = free_port()
 
     @property
     def api_url(self) -> str:
@@ -452,12 +472,16 @@ class Cluster(Lifespan):
 
     def add_agent(self, region: str, **kwargs: object) -> AgentProcess:
         n = sum(1 for a in self.agents if a.region == region) + 1
+        extra = [str(arg) for arg in kwargs.pop("extra_args", ())]  # type: ignore[attr-defined]
+        if "--names-port" not in extra:
+            extra += ["--names-port", str(self.names_port)]
         agent = AgentProcess(
             region=region,
             nats_url=self.nats.url,
             data_dir=self.root / "workers" / f"{region}-{n}",
             cpus=kwargs.pop("cpus", self._cpus),  # type: ignore[arg-type]
             memory_mb=kwargs.pop("memory_mb", self._memory_mb),  # type: ignore[arg-type]
+            extra_args=extra,
             **kwargs,  # type: ignore[arg-type]
         )
         agent.start()

@@ -2,7 +2,8 @@
 ``--private-network on``, real sandboxes, ip6tables and a real edge proxy: machines of one app
 reach each other's private_ip, a machine of another organization and the worker's own ports
 are out of reach, the address survives a restart and a kill -9 of the agent, the proxy reaches
-a machine listening on 0.0.0.0 and one on ::, and a destroy leaves no namespace or link."""
+a machine listening on 0.0.0.0, one on :: and one on 127.0.0.1 (what PORT says), and a destroy
+leaves no namespace or link."""
 
 from __future__ import annotations
 
@@ -241,10 +242,10 @@ def test_the_address_survives_a_restart_and_an_agent_kill(cluster: Cluster) -> N
         _destroy(cluster, app, a, b)
 
 
-def test_the_proxy_reaches_machines_on_0000_and_on_ipv6_any(
+def test_the_proxy_reaches_machines_on_0000_on_ipv6_any_and_on_loopback(
     cluster: Cluster, proxy: ProxyProcess
 ) -> None:
-    for bind in ("0.0.0.0", "::"):
+    for bind in ("0.0.0.0", "::", "127.0.0.1"):
         app = _app(cluster)
         m = _server(cluster, app, bind=bind)
         try:

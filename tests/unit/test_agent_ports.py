@@ -70,3 +70,22 @@ def test_a_state_file_without_addresses_gains_the_column(tmp_path: Path) -> None
         assert row.id == "m1" and row.address is None
     finally:
         store.close()
+
+
+def test_edge_ports_are_the_internal_ports_of_the_services_the_edge_routes() -> None:
+    from souq.agent.ports import edge_ports
+    from souq.model.machine import MachineConfig
+
+    config = MachineConfig.model_validate(
+        {
+            "cmd": ["x"],
+            "services": [
+                {"internal_port": 8080},  # HTTP on the proxy's port (the default)
+                {"internal_port": 5432, "ports": []},  # the private network's only
+                {"internal_port": 6379, "ports": [{"port": 6379}]},  # raw TCP at the edge
+                {"internal_port": 8080, "ports": [{"port": 443, "handlers": ["http"]}]},
+            ],
+            "checks": {"up": {"type": "tcp", "port": 9000}},
+        }
+    )
+    assert edge_ports(config) == [8080, 6379]

@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import ipaddress
 
+from souq.model.services import MachineAddress
 from souq.network.addresses import (
     CLUSTER_PREFIX,
     AddressPool,
     PrivateAddress,
+    edge_host,
     flycast_ip,
     flycast_mask,
     network_bits,
     network_bits_of,
     network_mask,
     network_of,
+    private_address,
     worker_bits,
 )
 
@@ -80,3 +83,25 @@ def test_an_apps_flycast_address_is_on_its_network_and_on_no_worker() -> None:
     # no machine's address of the network is in it: a machine's worker bits are never 0
     machine = AddressPool("w1").take("m1", network).ip6
     assert int(ipaddress.IPv6Address(machine)) & as_int != int(ipaddress.IPv6Address(address))
+
+
+def test_edge_ports_go_on_an_ipv4_advertise_address_of_the_hosts_network_only() -> None:
+    assert edge_host("10.1.2.3") == "10.1.2.3"
+    for advertise in ("127.0.0.1", "0.0.0.0", "::1", "fd00::1", "worker.example", ""):
+        assert edge_host(advertise) == "", advertise
+
+
+def test_a_proxy_reaches_a_machine_at_its_edge_port_when_it_has_one() -> None:
+    address = MachineAddress(
+        host="100.64.0.5",
+        ports={8080: 8080, 9090: 9090},
+        private_ip="fdaa::5",
+        ip4="100.64.0.5",
+        network="org:acme",
+        edge_host="10.1.2.3",
+        edge_ports={8080: 20001},
+    )
+    assert address.reached_at(8080) == ("10.1.2.3", 20001)
+    assert address.reached_at(9090) == ("100.64.0.5", 9090)  # not routed by the edge
+    assert address.reached_at(1) is None
+    assert private_address(address).edge == ((20001, 8080),)

@@ -223,13 +223,14 @@ class Commands(MachineReads):
     ) -> MachineAddress | None:
         """Where the machine is reached. On a worker with a private network, a sandboxed
         machine's addresses on ``network`` (:mod:`souq.network`; its own again if it has them)
-        and its internal ports as they are: it has a network namespace of its own. Otherwise
+        and its internal ports as they are: it has a network namespace of its own (not one
+        that asked for no network, ``sandbox.network: false``: it sees only ``lo``). Otherwise
         host ports for its internal ports (:class:`ClaimRefused` ``no_ports`` when the worker's
         range has too few); an exec machine shares the host's network, and has no private
         address."""
         internal = config.internal_ports()
         ex = self._ex
-        if ex.addresses is not None and config.driver == "sandbox":
+        if ex.addresses is not None and config.driver == "sandbox" and config.sandbox.network:
             if network == UNKNOWN_NETWORK:
                 raise ClaimRefused(
                     "the app's private network is not known (its broker could not read the "

@@ -12,7 +12,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 from souq.agent.restart import Backoff
 from souq.jobs.core import DEFAULT_LEASE_MS
 from souq.limits import LOG_MAX_BYTES, check_metadata
-from souq.network.addresses import FLYCAST_PORT
+from souq.network.addresses import DNS_PORT, FLYCAST_PORT
 
 __all__ = ["DEFAULT_DATA_DIR", "AgentConfig", "Region"]
 
@@ -126,10 +126,11 @@ class AgentConfig(BaseModel):
         "(`sandbox`) where this host can, `exec` runs plain processes unless asked",
     )
     private_network: Literal["auto", "on", "off"] = Field(
-        default="off",
+        default="auto",
         description="each sandboxed machine in a network namespace of its own with a private "
-        "address on its app's network (souq.network): `on` (refused where the host cannot), "
-        "`auto` (where root, ip and ip6tables work), `off`",
+        "address on its app's network (souq.network): `auto` (the default: where root, ip, "
+        "iptables and ip6tables, the sandbox and souq-waiter work; the worker says why not "
+        "elsewhere), `on` (refused where the host cannot), `off`",
     )
     underlay: str = Field(
         default="",
@@ -149,6 +150,15 @@ class AgentConfig(BaseModel):
         le=65535,
         description="the port of the host's edge proxy at [fdaa::4] that the machines' Flycast "
         "connections are sent to (`souq proxy --flycast`; docs/network.md); 0: no Flycast",
+    )
+    names_port: int = Field(
+        default=DNS_PORT,
+        ge=1,
+        le=65535,
+        description="the port at [fdaa::3] where this cluster's name server answers the "
+        "machines' `.internal` names: their questions to port 53 are sent there, and an agent "
+        "holding the `view` credential answers there itself unless another of this cluster "
+        "does (docs/names.md); another port than 53 keeps two clusters of one host apart",
     )
     allow_root_machines: bool = Field(
         default=False, description="let machine_user be root (refused otherwise)"

@@ -32,7 +32,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -40,6 +39,7 @@ from typing import Any, TypeVar
 import psutil
 
 from souq.agent.executor import Executor
+from souq.agent.listening import listening as sockets_of
 from souq.agent.records import MachineRow
 from souq.clock import Clock
 from souq.drivers import enter
@@ -73,12 +73,6 @@ __all__ = ["MachineTools"]
 S = MachineState
 T = TypeVar("T")
 _CHUNK = 65536
-_PROTO = {
-    (socket.AF_INET, socket.SOCK_STREAM): "tcp",
-    (socket.AF_INET6, socket.SOCK_STREAM): "tcp6",
-    (socket.AF_INET, socket.SOCK_DGRAM): "udp",
-    (socket.AF_INET6, socket.SOCK_DGRAM): "udp6",
-}
 
 
 class MachineTools:
@@ -382,15 +376,7 @@ def _snapshot(p: psutil.Process, pid: int) -> ProcessSnapshot | None:
             rss = p.memory_info().rss
             cmdline: tuple[str, ...] = tuple(_or(p.cmdline, []))
             cwd = _or(p.cwd, "")
-            conns: list[Any] = _or(lambda: p.net_connections(kind="inet"), [])
-            listening = tuple(
-                (_PROTO.get((c.family, c.type), "tcp"), c.laddr.ip, c.laddr.port)
-                for c in conns
-                if c.laddr
-                and (
-                    c.status == psutil.CONN_LISTEN or (c.type == socket.SOCK_DGRAM and not c.raddr)
-                )
-            )
+            listening: tuple[tuple[str, str, int], ...] = _or(lambda: sockets_of(p.pid), ())
     except psutil.NoSuchProcess:
         return None
     return ProcessSnapshot(

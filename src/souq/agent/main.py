@@ -44,7 +44,7 @@ from souq.agent.spot_prices import SpotWatch
 from souq.agent.store import Store
 from souq.agent.volume_disk import VolumeDisks
 from souq.agent.volumes import AgentVolumes
-from souq.auth.bus import NatsCredential, agent_credential
+from souq.auth.bus import NatsCredential, agent_credential, holds
 from souq.auth.files import AuthDir
 from souq.bus.transport import Transport
 from souq.clock import Clock
@@ -62,7 +62,7 @@ from souq.model.base import copy_fields
 from souq.model.resources import Resources
 from souq.model.worker import WorkerInfo
 from souq.network import links
-from souq.network.addresses import DNS_ADDRESS
+from souq.network.addresses import DNS_ADDRESS, private_address
 from souq.network.overlay import Overlay
 from souq.network.wireguard import WireGuard
 
@@ -175,6 +175,7 @@ class Agent:
             self.worker_id,
             self.config.data_dir / "network",
             flycast_port=self.config.flycast_port,
+            names_port=self.config.names_port,
             edge_host=executor.edge_host,
         )
         net.start(executor.addresses.held())
@@ -375,14 +376,24 @@ class Agent:
 
     async def _names_for_machines(self) -> NameService | None:
         """A private-network worker answers its machines' names at the address their
-        ``resolv.conf`` names, ``[fdaa::3]:53``, unless ``--dns`` says elsewhere. Several agents
-        of one host share that address: the first one up answers for all (each answers from
-        the whole cluster's view), and the others say so."""
+        ``resolv.conf`` names, ``[fdaa::3]`` at ``--names-port`` (53 unless the cluster has a
+        port of its own there), unless ``--dns`` says elsewhere. Several agents of one host
+        and cluster share that address: the first one up takes it and answers for all (from
+        the whole cluster's view), the others leave it be without reading the view. An agent
+        that holds no ``view`` credential (``souq dev``'s, whose own process answers the
+        names; one made by ``souq cluster add-agent``) answers none."""
+        auth = AuthDir.from_env(self.config.auth_dir)
+        if auth is not None and not holds(auth, "view"):
+            log.info(
+                "machines' names here are not answered by this agent: it holds no view "
+                "credential (the host's name server answers them: souq dev runs one)"
+            )
+            return None
         try:
-            return await self._start_names((DNS_ADDRESS, 53))
+            return await self._start_names((DNS_ADDRESS, self.config.names_port))
         except InvalidInput as exc:
             log.info("machines' names here are answered by another agent of this host: %s", exc)
-        except (SouqError, OSError) as exc:  # e.g. no view credential (nats/view.nk) here
+        except (SouqError, OSError) as exc:
             log.warning("machines here get no .internal names: %s", exc)
         return None
 
@@ -496,6 +507,8 @@ class Agent:
         if self._commands is not None and self.config.stop_machines_on_exit:
             await self._stop_machines(self._commands)
         if self._executor is not None:
+            if self._executor.network is not None:
+                self._leave_network(self._executor, self._executor.network)
             await self._executor.shutdown()
             self._executor = self._commands = None
         if self._service is not None:
@@ -509,6 +522,22 @@ class Agent:
         if self._transport is not None and self._own_transport:
             await self._transport.close()
             self._transport = None
+
+    @staticmethod
+    def _leave_network(executor: Executor, network: links.WorkerNetwork) -> None:
+        """What the private network holds for machines that do not run, removed (made again
+        at their next start): nothing is left of a worker whose machines are all stopped."""
+        running = [
+            (row.id, private_address(row.address))
+            for row in executor.rows()
+            if executor.handle(row.id) is not None
+            and row.address is not None
+            and row.address.private_ip
+        ]
+        try:
+            network.leave(running)
+        except OSError as exc:
+            log.warning("private network: could not remove what stopped machines hold: %s", exc)
 
     async def _stop_machines(self, commands: Commands) -> None:
         """Stop every machine, then take down what their mounts left in the host's table: the

@@ -46,6 +46,7 @@ __all__ = [
     "choose_worker",
     "credential",
     "daemon_credential",
+    "holds",
     "init_bus",
     "reload_server",
     "worker_id_for",
@@ -182,6 +183,11 @@ def reload_server(auth: AuthDir) -> bool:
             continue
         told = True
     return told
+
+
+def holds(auth: AuthDir, user: str) -> bool:
+    """Whether the auth directory holds ``user``'s NATS credential."""
+    return _seed_path(auth, user).is_file()
 
 
 def credential(auth: AuthDir, user: str) -> NatsCredential:

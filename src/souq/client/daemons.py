@@ -219,7 +219,7 @@ def agent(
         typer.Option(
             "--private-network",
             help="Each sandboxed machine in a network namespace of its own with a private "
-            "address (docs/network.md): on, auto (where the host can), off (default).",
+            "address (docs/network.md): auto (default: where the host can), on, off.",
         ),
     ] = None,
     underlay: Annotated[
@@ -244,6 +244,14 @@ def agent(
             "--flycast-port",
             help="Port of this host's edge proxy at [fdaa::4] that machines' Flycast "
             "connections go to (souq proxy --flycast; default 4282; 0: no Flycast).",
+        ),
+    ] = None,
+    names_port: Annotated[
+        int | None,
+        typer.Option(
+            "--names-port",
+            help="Port at [fdaa::3] where this cluster's name server answers the machines' "
+            "names (their questions to port 53 are sent there; default 53; docs/names.md).",
         ),
     ] = None,
     jobs: Annotated[

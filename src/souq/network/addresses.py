@@ -46,6 +46,7 @@ from souq.model.services import MachineAddress
 __all__ = [
     "CLUSTER_PREFIX",
     "DNS_ADDRESS",
+    "DNS_PORT",
     "FLYCAST_PORT",
     "GATEWAY4",
     "GATEWAY6",
@@ -74,6 +75,7 @@ CLUSTER_PREFIX = ipaddress.IPv6Network("fdaa::/16")
 # a worker without a private network takes the machine; one with it refuses it, never guessing.
 UNKNOWN_NETWORK = "?"
 DNS_ADDRESS = "fdaa::3"  # the worker's DNS server: one address on every worker
+DNS_PORT = 53  # what machines ask there (a cluster's name server may listen on another port)
 PROXY_ADDRESS = "fdaa::4"  # the host's edge proxy, for the machines' Flycast connections
 FLYCAST_PORT = 4282  # its port there (souq proxy --flycast, souq agent --flycast-port)
 GATEWAY6 = "fe80::1"  # the host side of every machine's link

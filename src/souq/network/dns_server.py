@@ -132,6 +132,9 @@ class DnsServer:
         self.address: tuple[str, int] = listen
         self._rrsets: dict[tuple[dns.name.Name, str, tuple[str, ...]], dns.rrset.RRset] = {}
         self.answered = 0  # questions answered from the index
+        # False while the index is not yet filled (its view not yet read): questions under
+        # .internal get SERVFAIL then, which a resolver tries again, never a false NXDOMAIN.
+        self.synced = True
         self.forwarded = 0  # questions sent to the host's resolvers
 
     async def start(self) -> None:
@@ -181,6 +184,9 @@ class DnsServer:
         response.flags |= dns.flags.AA | dns.flags.RA
         if question.rdclass != dns.rdataclass.IN:
             response.set_rcode(dns.rcode.REFUSED)
+            return response
+        if not self.synced:
+            response.set_rcode(dns.rcode.SERVFAIL)
             return response
         answer = self.index.resolve(
             name, dns.rdatatype.to_text(question.rdtype), asker=_normal(asker) if asker else None

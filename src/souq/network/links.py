@@ -20,7 +20,8 @@ machine's link, rebuilt from the live machines. From a machine:
 
 * to a machine of its own network (any worker: a non-contiguous mask of the network bits),
   from its own address only: accepted; to any other ``fdaa::/16`` address: dropped;
-* to the worker itself: only the DNS (udp/tcp 53 on ``fdaa::3``) and ICMPv6 (neighbour
+* to the worker itself: only the DNS (udp/tcp 53 on ``fdaa::3``: at ``names_port`` there,
+  where the cluster's name server answers, DNAT in ``SOUQ-<tag>-FLY``) and ICMPv6 (neighbour
   discovery); replies to what the worker opened (the proxy, checks) pass by conntrack; the
   agent's, NATS's and any other port of the host: dropped;
 * to the outside: accepted from its own address (IPv4 masqueraded), except the shared
@@ -63,6 +64,7 @@ from pathlib import Path
 from souq.network.addresses import (
     CLUSTER_PREFIX,
     DNS_ADDRESS,
+    DNS_PORT,
     FLYCAST_PORT,
     GATEWAY4,
     GATEWAY6,
@@ -107,6 +109,14 @@ def unavailable() -> str | None:
     return None
 
 
+def host_addresses() -> None:
+    """The host's addresses every machine is given: the names' :data:`DNS_ADDRESS` and the
+    proxy's :data:`PROXY_ADDRESS` (Flycast), on loopback (every kernel has it, not every one
+    has dummy devices). Made again at will."""
+    for address in (DNS_ADDRESS, PROXY_ADDRESS):
+        _run(["ip", "addr", "replace", f"{address}/128", "dev", DNS_DEVICE, "nodad"])
+
+
 @dataclass(frozen=True)
 class _Names:
     netns: str
@@ -121,6 +131,7 @@ class WorkerNetwork:
         *,
         flycast_port: int = FLYCAST_PORT,
         edge_host: str = "",
+        names_port: int = DNS_PORT,
     ) -> None:
         self.tag = hashlib.blake2b(worker_id.encode(), digest_size=3).hexdigest()
         self.v4 = v4_block(worker_id)
@@ -128,6 +139,7 @@ class WorkerNetwork:
         self._state_dir = state_dir
         self.flycast_port = flycast_port
         self.edge_host = edge_host
+        self.names_port = names_port
         self.fwd, self.inp, self.nat, self.into, self.fly, self.edge = (
             f"SOUQ-{self.tag}-{c}" for c in ("FWD", "IN", "NAT", "TO", "FLY", "EDGE")
         )
@@ -157,9 +169,7 @@ class WorkerNetwork:
         self.resolv_conf.write_text(f"nameserver {DNS_ADDRESS}\noptions ndots:0\n")
         for path in ("ipv6/conf/all/forwarding", "ipv4/ip_forward"):
             Path("/proc/sys/net", path).write_text("1\n")
-        # On loopback: every kernel has it (not every one has dummy devices).
-        for address in (DNS_ADDRESS, PROXY_ADDRESS):
-            _run(["ip", "addr", "replace", f"{address}/128", "dev", DNS_DEVICE, "nodad"])
+        host_addresses()
         _run(["ip", "route", "replace", "unreachable", str(self.v4)])
         for family, rules in (("ip6", self._rules6(live)), ("ip", self._rules4(live))):
             _run([f"{family}tables-restore", "-w", "--noflush"], rules)
@@ -193,8 +203,8 @@ class WorkerNetwork:
                 _run([tool, "-w", "-t", table, "-I", chain, "1", *spec])
 
     def stop_rules(self) -> None:
-        """Remove the worker's chains and its block's route (tests, benchmarks; an agent keeps
-        them for its machines)."""
+        """Remove the worker's chains and its block's route (an agent leaving with no machine
+        running; tests, benchmarks)."""
         _run(["ip", "route", "del", "unreachable", str(self.v4)], check=False)
         self.fast.stop()
         for family in ("ip", "ip6"):
@@ -223,8 +233,10 @@ class WorkerNetwork:
             f"-A {self.fwd} -j DROP",
             f"-A {self.inp} -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT",
             f"-A {self.inp} -p ipv6-icmp -j ACCEPT",
-            f"-A {self.inp} -d {DNS_ADDRESS}/128 -p udp --dport 53 -j ACCEPT",
-            f"-A {self.inp} -d {DNS_ADDRESS}/128 -p tcp --dport 53 -j ACCEPT",
+            *(
+                f"-A {self.inp} -d {DNS_ADDRESS}/128 -p {proto} --dport {self.names_port} -j ACCEPT"
+                for proto in ("udp", "tcp")
+            ),
         ]
         if self.flycast_port:  # only what a machine's Flycast rule sent there
             lines.append(
@@ -233,6 +245,12 @@ class WorkerNetwork:
             )
         lines += [f"-A {self.inp} -j DROP", "COMMIT", "*nat", f":{self.fly} - [0:0]"]
         lines += [f"-A {self.fly} {r}" for m, a in live for r in self._flycast(m, a)]
+        if self.names_port != DNS_PORT:  # the names of this worker's cluster, at their port
+            lines += [
+                f"-A {self.fly} -d {DNS_ADDRESS}/128 -p {proto} --dport {DNS_PORT} "
+                f"-j DNAT --to-destination [{DNS_ADDRESS}]:{self.names_port}"
+                for proto in ("udp", "tcp")
+            ]
         lines.append("COMMIT")
         return "\n".join(lines) + "\n"
 
@@ -349,13 +367,44 @@ class WorkerNetwork:
         try:
             _run(["ip", "-batch", "-"], "\n".join(outside) + "\n")
             _run(["ip", "-n", ns, "-batch", "-"], "\n".join(inside) + "\n")
-            self._machine_rules(machine_id, address, "-I")
+            self._to_loopback(ns, address)
+            if machine_id in self._edges:  # its rules are made (at the worker's start)
+                self._refresh_edge(machine_id, address)
+            else:
+                self._machine_rules(machine_id, address, "-I")
             self.fast.add(self.fast_link(machine_id, address))
         except OSError:
             self._remove(names)
             raise
         self._edges[machine_id] = address.edge
         return NETNS_DIR / ns
+
+    def leave(self, running: Iterable[tuple[str, PrivateAddress]]) -> list[str]:
+        """The agent goes away: the namespaces of its machines that do not run are removed
+        (a start makes them again, with the same addresses), and with none running the
+        worker's chains too (the next agent's start makes them again): nothing is left of
+        a worker without running machines. The names of the namespaces removed."""
+        running = list(running)
+        keep = [self.names(m, a) for m, a in running]
+        gone = self.sweep({n.netns for n in keep}, {n.link for n in keep})
+        if not running:
+            self.stop_rules()
+            self._edges.clear()
+        return gone
+
+    @staticmethod
+    def _to_loopback(ns: str, address: PrivateAddress) -> None:
+        """Inside the machine's namespace: TCP over IPv4 to its link address goes to its
+        loopback (DNAT, ``route_localnet`` on ``eth0``), so that a program listening on
+        ``127.0.0.1``, as ``PORT`` has always said, is reached by the proxy and the checks,
+        as one listening on ``0.0.0.0`` or ``::`` is. Over IPv6 (the private network)
+        nothing changes: a program meant for other machines listens on ``::``."""
+        inside = ["ip", "netns", "exec", ns]
+        _run([*inside, "sysctl", "-qw", "net.ipv4.conf.eth0.route_localnet=1"])
+        rule = (
+            f"-A PREROUTING -i eth0 -d {address.ip4}/32 -p tcp -j DNAT --to-destination 127.0.0.1"
+        )
+        _run([*inside, "iptables-restore", "-w"], f"*nat\n{rule}\nCOMMIT\n")
 
     def _refresh_edge(self, machine_id: str, address: PrivateAddress) -> None:
         """Its edge rules as its record now says (an update changed its services)."""

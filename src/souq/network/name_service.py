@@ -109,16 +109,22 @@ class NameService:
         return self.server.address
 
     async def start(self) -> None:
-        self.guard.install()
-        if self.networks is not None:
-            self.networks.start()
-        await self.view.start()
-        await self.liveness.start()
+        """Its address first (an :class:`OSError` where it is taken: another server of this
+        host answers there, and nothing of the view was read), then the view; until it is
+        read, ``.internal`` questions are answered SERVFAIL (tried again), never NXDOMAIN."""
+        self.server.synced = False
+        await self.server.start()
         try:
-            await self.server.start()
+            self.guard.install()
+            if self.networks is not None:
+                self.networks.start()
+            await self.view.start()
+            await self.liveness.start()
         except BaseException:
+            await self.server.aclose()
             await self._close_view()
             raise
+        self.server.synced = True
 
     async def aclose(self) -> None:
         await self.server.aclose()
