@@ -24,6 +24,11 @@ from the request until the program's ``execve`` completed, as the kernel reports
   busybox root with the same namespaces (pid, ipc, uts, mount, user: ``runc spec
   --rootless``), rootless as the uid, and as root mapping the uid (as containerd runs it).
 
+Every agent runs with ``--private-network off``: what is timed is the isolation of issue 32
+(mount, PID, IPC, UTS and user namespaces, the image's root); a machine's own network
+namespace, the private network's default where the host can, is timed on top of this by
+``bench private_network`` (docs/benchmarks.md).
+
 Rounds are interleaved (each round starts every variant once, in an order that rotates) so
 that drift on a shared machine falls on all alike; each sample is stopped and reaped before
 the next starts. CPU per start: each Souq variant has an agent of its own, and each floor a
@@ -81,6 +86,7 @@ IDLE_S = 3.0
 TABLE_EXTRA = (0, 500, 2000)  # mounts more in the table: as 250 and 1,000 machines of images add
 TABLE_ROUNDS = 15
 GUEST = {"cpus": 1, "memory_mb": 64}  # the default cpu (1), so the quota never throttles a start
+_NO_NETWORK = {"private_network": "off"}  # the isolation alone (the docstring)
 SMALL_CPUS = 0.01  # a machine's share that its start does feel: 1 ms of CPU per 100 ms
 BUSYBOX = shutil.which("busybox") or "/bin/busybox"  # busybox-static: the image's only program
 APPLETS = ("sh", "sleep", "true")
@@ -342,7 +348,7 @@ class _AgentFrom(SouqAgent):
     """An agent of another checkout's code (``src``, a ``src`` directory)."""
 
     def __init__(self, root: Path, marker: str, nats_url: str, src: str) -> None:
-        super().__init__(root, marker, nats_url)
+        super().__init__(root, marker, nats_url, options=_NO_NETWORK)
         self.src = src
 
     def _spawn(self, args: list[str], log: Path) -> None:
@@ -495,7 +501,7 @@ def _run(root: Path, nats_url: str, events: ProcEvents, uid: int, rounds: int) -
     images = _images(root, nats_url)
     hostbin = busybox_root(root / "host")  # the exec machine's busybox: the same binary
     agents: dict[str, SouqAgent] = {
-        label: SouqAgent(root / f"agent{i}", marker, nats_url)
+        label: SouqAgent(root / f"agent{i}", marker, nats_url, options=_NO_NETWORK)
         for i, label in enumerate(
             [
                 "souq exec",
