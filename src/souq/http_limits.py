@@ -19,6 +19,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from souq.errors import PayloadTooLarge
+from souq.http_layer import HttpLayer, answer_before_start
 from souq.limits import BODY_DEFAULT_BYTES, size_text
 
 __all__ = ["BodyLimit", "RouteLimit"]
@@ -35,7 +36,7 @@ class RouteLimit:
     route: str
 
 
-class BodyLimit:
+class BodyLimit(HttpLayer):
     def __init__(
         self,
         app: ASGIApp,
@@ -43,7 +44,7 @@ class BodyLimit:
         default: int = BODY_DEFAULT_BYTES,
         routes: Sequence[RouteLimit] = (),
     ) -> None:
-        self.app = app
+        super().__init__(app)
         self.default = default
         self._routes = [(r.method, re.compile(r.path), r) for r in routes]
 
@@ -54,10 +55,7 @@ class BodyLimit:
                 return route.limit, route.route
         return self.default, "this API's routes"
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         limit, route = self.limit_for(scope["method"], scope["path"])
         declared = _content_length(scope)
         if declared is not None and declared > limit:
@@ -65,7 +63,6 @@ class BodyLimit:
             return
         received = 0
         complete = declared == 0
-        started = False
 
         async def counted(  # the body as the app reads it, refused past the limit
         ) -> Message:
@@ -79,19 +76,17 @@ class BodyLimit:
             return message
 
         async def closing(message: Message) -> None:  # a refused body: close, unread
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-                if message["status"] == 413 and not complete:
-                    message = {**message, "headers": [*message.get("headers", ()), _CLOSE]}
+            start = message["type"] == "http.response.start"
+            if start and message["status"] == 413 and not complete:
+                message = {**message, "headers": [*message.get("headers", ()), _CLOSE]}
             await send(message)
 
-        try:
-            await self.app(scope, counted, closing)
-        except PayloadTooLarge as exc:
-            if started:
-                raise
+        async def refuse(exc: PayloadTooLarge) -> None:
             await _refuse(exc, scope, receive, send)
+
+        await answer_before_start(
+            lambda noting: self.app(scope, counted, noting), closing, PayloadTooLarge, refuse
+        )
 
 
 _CLOSE = (b"connection", b"close")

@@ -11,9 +11,10 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from souq.errors import InvalidInput, MalformedRequest, NotFound, SouqError
+from souq.http_layer import HttpLayer, answer_before_start
 
 __all__ = [
     "AnswerUnexpected",
@@ -80,34 +81,21 @@ def unexpected_error_response(method: str, path: str, exc: Exception) -> JSONRes
     return souq_error_response(err)
 
 
-class AnswerUnexpected:
+class AnswerUnexpected(HttpLayer):
     """An exception no handler expected becomes a 500 ``internal`` here, and goes no further.
     Starlette's last handler answers it and then raises it again, and the server, seeing an
     exception after a response, closes the connection: a keep-alive client's next request on
     it was reset. Only an exception after the response began is raised on (the connection
     cannot carry on after half a response)."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def answer(exc: Exception) -> None:
+            response = unexpected_error_response(scope["method"], scope["path"], exc)
+            await response(scope, receive, send)
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = False
-
-        async def send_noting_start(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_noting_start)
-        except Exception as exc:
-            if started:
-                raise
-            answer = unexpected_error_response(scope["method"], scope["path"], exc)
-            await answer(scope, receive, send)
+        await answer_before_start(
+            lambda noting: self.app(scope, receive, noting), send, Exception, answer
+        )
 
 
 def install_error_handlers(app: FastAPI) -> None:

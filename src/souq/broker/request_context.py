@@ -7,8 +7,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
+from souq.http_layer import HttpLayer
 from souq.ids import new_request_id
 from souq.logs import log_context
 
@@ -18,14 +19,8 @@ _PATH = re.compile(r"^/v1/apps/([^/]+)(?:/machines/([^/]+))?")
 _HEADER = b"x-request-id"
 
 
-class RequestContext:
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+class RequestContext(HttpLayer):
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         given = dict(scope.get("headers") or []).get(_HEADER)
         request_id = given.decode("latin-1")[:128] if given else new_request_id()
         match = _PATH.match(str(scope.get("path", "")))
