@@ -40,6 +40,7 @@ __all__ = [
     "check_env",
     "check_metadata",
     "dns_label_problem",
+    "require_positive",
     "size_text",
 ]
 
@@ -75,6 +76,14 @@ LOG_MAX_BYTES: Final = 4 * MiB  # the current file, and the one rotated file kep
 LOG_CHECK_INTERVAL_S: Final = 1.0  # how often the agent looks at the logs' sizes
 
 
+def require_positive(settings: object, *names: str) -> None:
+    """Raise ValueError naming the first of the attributes ``names`` of ``settings`` that is
+    not above zero (a dataclass's ``__post_init__`` check of its timeouts and sizes)."""
+    for name in names:
+        if getattr(settings, name) <= 0:
+            raise ValueError(f"{name} must be positive")
+
+
 @dataclass(frozen=True, slots=True)
 class HttpLimits:
     """How long a connection may take to send its request, and how many streams it may hold.
@@ -96,9 +105,7 @@ class HttpLimits:
     streams_total: int = 1024
 
     def __post_init__(self) -> None:
-        for name in ("header_timeout_s", "body_grace_s", "write_stall_s"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive")
+        require_positive(self, "header_timeout_s", "body_grace_s", "write_stall_s")
         if self.max_header_bytes < 1024:
             raise ValueError("max_header_bytes must be at least 1024")
         if self.body_min_rate < 1 or self.streams_per_client < 1 or self.streams_total < 1:

@@ -234,6 +234,22 @@ def test_an_apps_record_moves_its_machines_to_its_network() -> None:
     assert aaaa(index, "web.internal", "fdaa::me") == ["fdaa::a1"]
 
 
+def test_a_record_the_names_cannot_read_leaves_its_row_as_it_was(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from souq.network.name_feed import NameFeed
+
+    def unreadable(machine_id: str) -> None:
+        raise ValueError("a field this worker does not know")
+
+    index = snapshot(row("a1"))
+    feed = NameFeed(index, unreadable)
+    with caplog.at_level("WARNING", logger="souq.network.name_feed"):
+        feed.changed("a1")
+    assert feed.changes == 0 and aaaa(index, "web.internal", "fdaa::me") == ["fdaa::a1"]
+    assert "the names cannot read machine a1: a field" in caplog.text
+
+
 def test_an_apps_flycast_name_is_its_flycast_address_started_or_not() -> None:
     index = snapshot(
         row("a1", state="stopped"), row("me", app="client"), row("x1", app="secret", scope=OTHER)

@@ -57,7 +57,7 @@ import os
 import re
 import shutil
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -220,30 +220,20 @@ class WorkerNetwork:
                 _run([tool, "-w", "-t", table, "-X", target], check=False)
 
     def _rules6(self, live: list[tuple[str, PrivateAddress]]) -> str:
-        lines = [
-            "*filter",
-            f":{self.fwd} - [0:0]",
-            f":{self.inp} - [0:0]",
-            *self._into(6, live),
-            f"-A {self.fwd} -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT",
-            f"-A {self.fwd} -p udp --dport {VXLAN_PORT} -j DROP",
-        ]
-        lines += [f"-A {self.fwd} {r}" for m, a in live for r in self._machine6(m, a)]
-        lines += [
-            f"-A {self.fwd} -j DROP",
-            f"-A {self.inp} -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT",
-            f"-A {self.inp} -p ipv6-icmp -j ACCEPT",
+        inputs = [
+            "-p ipv6-icmp -j ACCEPT",
             *(
-                f"-A {self.inp} -d {DNS_ADDRESS}/128 -p {proto} --dport {self.names_port} -j ACCEPT"
+                f"-d {DNS_ADDRESS}/128 -p {proto} --dport {self.names_port} -j ACCEPT"
                 for proto in ("udp", "tcp")
             ),
         ]
         if self.flycast_port:  # only what a machine's Flycast rule sent there
-            lines.append(
-                f"-A {self.inp} -d {PROXY_ADDRESS}/128 -p tcp --dport {self.flycast_port} "
+            inputs.append(
+                f"-d {PROXY_ADDRESS}/128 -p tcp --dport {self.flycast_port} "
                 "-m conntrack --ctstate DNAT -j ACCEPT"
             )
-        lines += [f"-A {self.inp} -j DROP", "COMMIT", "*nat", f":{self.fly} - [0:0]"]
+        lines = self._filter(6, live, [], self._machine6, inputs)
+        lines += ["*nat", f":{self.fly} - [0:0]"]
         lines += [f"-A {self.fly} {r}" for m, a in live for r in self._flycast(m, a)]
         if self.names_port != DNS_PORT:  # the names of this worker's cluster, at their port
             lines += [
@@ -255,22 +245,9 @@ class WorkerNetwork:
         return "\n".join(lines) + "\n"
 
     def _rules4(self, live: list[tuple[str, PrivateAddress]]) -> str:
-        lines = [
-            "*filter",
-            f":{self.fwd} - [0:0]",
-            f":{self.inp} - [0:0]",
-            *self._into(4, live),
-            f"-A {self.fwd} -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT",
-            f"-A {self.fwd} -p udp --dport {VXLAN_PORT} -j DROP",
-            f"-A {self.fwd} -d {V4_RANGE} -j DROP",
-            f"-A {self.fwd} -d 169.254.0.0/16 -j DROP",
-        ]
-        lines += [f"-A {self.fwd} {r}" for m, a in live for r in self._machine4(m, a)]
+        guards = [f"-d {V4_RANGE} -j DROP", "-d 169.254.0.0/16 -j DROP"]
+        lines = self._filter(4, live, guards, self._machine4, [])
         lines += [
-            f"-A {self.fwd} -j DROP",
-            f"-A {self.inp} -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT",
-            f"-A {self.inp} -j DROP",
-            "COMMIT",
             "*nat",
             f":{self.nat} - [0:0]",
             f"-A {self.nat} -s {self.v4} ! -o {self.links} -j MASQUERADE",
@@ -279,6 +256,33 @@ class WorkerNetwork:
             "COMMIT",
         ]
         return "\n".join(lines) + "\n"
+
+    def _filter(
+        self,
+        family: int,
+        live: list[tuple[str, PrivateAddress]],
+        guards: list[str],
+        machine: Callable[[str, PrivateAddress], list[str]],
+        inputs: list[str],
+    ) -> list[str]:
+        """The filter table of one family: the chain into machines; the forward chain (replies,
+        no VXLAN from a machine, the family's ``guards``, each live machine's own rules, then
+        drop); the input chain (replies, the family's ``inputs``, then drop)."""
+        return [
+            "*filter",
+            f":{self.fwd} - [0:0]",
+            f":{self.inp} - [0:0]",
+            *self._into(family, live),
+            f"-A {self.fwd} -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT",
+            f"-A {self.fwd} -p udp --dport {VXLAN_PORT} -j DROP",
+            *(f"-A {self.fwd} {r}" for r in guards),
+            *(f"-A {self.fwd} {r}" for m, a in live for r in machine(m, a)),
+            f"-A {self.fwd} -j DROP",
+            f"-A {self.inp} -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT",
+            *(f"-A {self.inp} {r}" for r in inputs),
+            f"-A {self.inp} -j DROP",
+            "COMMIT",
+        ]
 
     def _into(self, family: int, live: list[tuple[str, PrivateAddress]]) -> list[str]:
         """The chain of what comes to a machine from beyond the worker (another worker's

@@ -34,7 +34,7 @@ routed to at all from a worker that encrypts.
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from souq.network.addresses import CLUSTER_PREFIX, worker_bits
@@ -140,9 +140,7 @@ def changes(
     out of the underlay device ``parent``: removals first (a peer moved to another underlay
     address, or from one way to the other, is removed, then added)."""
     todo = MeshChanges([], [], [], [])
-    for worker_id, peer in sorted(now.items()):
-        if wanted.get(worker_id) == peer:
-            continue
+    for worker_id, peer in _differing(now, wanted):
         if peer.direct:
             todo.remove_ip.append(f"route del {peer.prefix} via {peer.underlay} dev {parent}")
             continue
@@ -154,9 +152,7 @@ def changes(
             ]
         )
         todo.remove_bridge.append(f"fdb del {mac} dev {device} dst {peer.underlay}")
-    for worker_id, peer in sorted(wanted.items()):
-        if now.get(worker_id) == peer:
-            continue
+    for worker_id, peer in _differing(wanted, now):
         if peer.direct:
             todo.add_ip.append(f"route replace {peer.prefix} via {peer.underlay} dev {parent}")
             continue
@@ -169,6 +165,11 @@ def changes(
             ]
         )
     return todo
+
+
+def _differing(peers: Mapping[str, Peer], other: Mapping[str, Peer]) -> Iterator[tuple[str, Peer]]:
+    """The peers of ``peers`` that ``other`` does not hold as they are, by worker id."""
+    return ((w, peer) for w, peer in sorted(peers.items()) if other.get(w) != peer)
 
 
 def _endpoint(address: str) -> str:

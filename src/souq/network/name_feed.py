@@ -11,17 +11,15 @@ index alone: no lookup per query.
 from __future__ import annotations
 
 import ipaddress
-import logging
 from collections.abc import Callable
 from dataclasses import replace
 
 from souq.model import Machine, MachineState
 from souq.model.app import DEFAULT_ORG
 from souq.network.names import NameIndex, NameRow, Scope
+from souq.view.rows import RowFollower
 
 __all__ = ["NameFeed", "ScopeOf", "default_scope", "name_row", "private_address"]
-
-log = logging.getLogger(__name__)
 
 ScopeOf = Callable[[str], Scope]  # an app's private network
 
@@ -67,10 +65,12 @@ def name_row(machine: Machine, scope: Scope) -> NameRow | None:
     )
 
 
-class NameFeed:
+class NameFeed(RowFollower):
     """Keeps ``index`` in step with the view: :meth:`changed` after a machine's row changed
     (the view's ``on_change``). ``read`` gives the view's record of a machine (None: destroyed
     or unknown); ``scope_of`` an app's private network."""
+
+    reader = "the names"
 
     def __init__(
         self,
@@ -84,12 +84,7 @@ class NameFeed:
         self.scope_of = scope_of
         self.changes = 0  # rows changed (a counter for metrics and tests)
 
-    def changed(self, machine_id: str) -> None:
-        try:
-            machine = self._read(machine_id)
-        except ValueError as exc:  # a record this worker cannot read (a newer peer's)
-            log.warning("the names cannot read machine %s: %s", machine_id, exc)
-            return
+    def follow(self, machine_id: str, machine: Machine | None) -> None:
         self.changes += 1
         row = None if machine is None else name_row(machine, self.scope_of(machine.app))
         if row is None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from souq.limits import HttpLimits
+from souq.limits import HttpLimits, require_positive
 
 __all__ = ["RelayConfig"]
 
@@ -46,16 +46,15 @@ class RelayConfig:
     def __post_init__(self) -> None:
         if not self.domain or self.domain.startswith(".") or self.domain != self.domain.lower():
             raise ValueError(f"domain {self.domain!r}: lower case, without a leading dot")
-        for name in (
+        require_positive(
+            self,
             "queue_timeout_s",
             "connect_timeout_s",
             "upstream_idle_s",
             "client_idle_s",
             "header_timeout_s",
             "body_grace_s",
-        ):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive")
+        )
         if self.body_min_rate < 1:
             raise ValueError("body_min_rate must be at least 1")
         if self.queue_limit < 0 or self.replay_body_bytes < 0 or self.idle_per_machine < 0:

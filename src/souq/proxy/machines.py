@@ -14,16 +14,14 @@ machines stand by for which others.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import replace
 
 from souq.model import Machine, Service
 from souq.proxy.table import Backend, RoutingTable
+from souq.view.rows import RowFollower
 
 __all__ = ["MachineFeed", "backend_of", "http_service", "port_at", "tcp_service"]
-
-log = logging.getLogger(__name__)
 
 
 def http_service(machine: Machine) -> Service | None:
@@ -79,10 +77,12 @@ def backend_of(machine: Machine) -> Backend | None:
     )
 
 
-class MachineFeed:
+class MachineFeed(RowFollower):
     """Keeps ``table`` in step with the view: call :meth:`changed` with a machine's id after its
     row changed (the view's ``on_change``), and :meth:`seen` with a record fresh from a worker.
     ``read`` gives the view's record of a machine (None: destroyed or unknown)."""
+
+    reader = "the proxy"
 
     def __init__(
         self,
@@ -97,12 +97,7 @@ class MachineFeed:
         self.machines: dict[str, Machine] = {}  # the records behind the table's backends
         self.standbys: dict[str, set[str]] = {}  # machine id -> the standbys for it
 
-    def changed(self, machine_id: str) -> None:
-        try:
-            machine = self._read(machine_id)
-        except ValueError as exc:  # a record this proxy cannot read (a newer peer's)
-            log.warning("the proxy cannot read machine %s: %s", machine_id, exc)
-            return
+    def follow(self, machine_id: str, machine: Machine | None) -> None:
         if machine is None:
             self._forget(machine_id)
         else:
