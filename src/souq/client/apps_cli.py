@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from souq.client.api import SouqClient
     from souq.client.deploy import Deployer, DeployEvent
     from souq.model.machine import Machine
+    from souq.model.release import Release
 
 __all__ = ["register_apps"]
 
@@ -232,39 +233,18 @@ def scale_count(
     """Run COUNT machines of each process group (in REGION, or in each region of the app), from
     the app's current release: a new release that says so, whose only changes are machines
     created or destroyed in those regions (those that stay are not touched)."""
-    from souq.apps.config import AppConfig
-    from souq.client.deploy import Deployer
-    from souq.errors import NotFound
-    from souq.model.release import ReleaseState, Strategy
-
     with reporting(as_json):
         client = make_client()
-        live = next(
-            (r for r in client.releases(app_name) if r.state is ReleaseState.COMPLETE), None
-        )
-        if live is None:
-            raise NotFound(f"app {app_name} has no live release", hint="`souq deploy` it first")
-        config = AppConfig.model_validate(live.config)
+        live, config = _live_release(client, app_name)
         regions = dict(config.regions) or {config.primary_region: 1}
         if region is None:
             regions = dict.fromkeys(regions, count)
         else:
             regions[region] = count
         scaled = config.model_copy(update={"regions": regions})
-        _deploy(
-            client,
-            app_name,
-            lambda tell: Deployer(
-                client,
-                scaled,
-                image=live.image,
-                strategy=Strategy.IMMEDIATE,
-                on_event=tell,
-                description=f"scale to {count}" + (f" in {region}" if region else ""),
-                scale_regions=[region] if region else list(regions),
-            ),
-            as_json=as_json,
-        )
+        why = f"scale to {count}" + (f" in {region}" if region else "")
+        build = _scaling(client, live, scaled, [region] if region else list(regions), why)
+        _deploy(client, app_name, build, as_json=as_json)
 
 
 @scale_app.command("reconcile")
@@ -315,32 +295,46 @@ def _displaced(event: dict[str, Any]) -> bool:
     return event.get("kind") == "machine" and told.get("type") == "preempted"
 
 
-def _reconcile(client: "SouqClient", app_name: str, *, as_json: bool) -> None:
+def _live_release(client: "SouqClient", app_name: str) -> tuple["Release", "AppConfig"]:
+    """The app's live release (its newest complete one) and the app config it carries; not
+    found when the app has none yet."""
     from souq.apps.config import AppConfig
-    from souq.apps.plan import desired_counts
-    from souq.client.deploy import Deployer
     from souq.errors import NotFound
-    from souq.model.release import ReleaseState, Strategy
+    from souq.model.release import ReleaseState
 
     live = next((r for r in client.releases(app_name) if r.state is ReleaseState.COMPLETE), None)
     if live is None:
         raise NotFound(f"app {app_name} has no live release", hint="`souq deploy` it first")
-    config = AppConfig.model_validate(live.config)
-    regions = sorted({r for g in config.groups() for r in desired_counts(config, g)})
-    _deploy(
+    return live, AppConfig.model_validate(live.config)
+
+
+def _scaling(
+    client: "SouqClient", live: "Release", config: "AppConfig", regions: list[str], why: str
+) -> Callable[[Callable[["DeployEvent"], None]], "Deployer"]:
+    """The deploy of a scale: a new release of the live one's image with ``config``, carried
+    out at once and only in ``regions`` (the machines those need created or destroyed, the
+    others not touched); ``why`` is its description."""
+    from souq.client.deploy import Deployer
+    from souq.model.release import Strategy
+
+    return lambda tell: Deployer(
         client,
-        app_name,
-        lambda tell: Deployer(
-            client,
-            config,
-            image=live.image,
-            strategy=Strategy.IMMEDIATE,
-            on_event=tell,
-            description="reconcile: machines preempted or missing replaced",
-            scale_regions=regions,
-        ),
-        as_json=as_json,
+        config,
+        image=live.image,
+        strategy=Strategy.IMMEDIATE,
+        on_event=tell,
+        description=why,
+        scale_regions=regions,
     )
+
+
+def _reconcile(client: "SouqClient", app_name: str, *, as_json: bool) -> None:
+    from souq.apps.plan import desired_counts
+
+    live, config = _live_release(client, app_name)
+    regions = sorted({r for g in config.groups() for r in desired_counts(config, g)})
+    why = "reconcile: machines preempted or missing replaced"
+    _deploy(client, app_name, _scaling(client, live, config, regions, why), as_json=as_json)
 
 
 NameArg = Annotated[str, typer.Argument(metavar="NAME", help="The app's name.")]

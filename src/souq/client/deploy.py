@@ -157,6 +157,7 @@ class Deployer:
             tell=lambda kind, message, region: self._event(kind, message, region=region),
         )
         self._replaced: list[tuple[str, str]] = []  # (machine, region) a new machine replaced
+        self._found: dict[str, Machine] = {}  # the app's machines as the run found them, by id
         self._resting: set[str] = set()  # machines found stopped or suspended
         self._woken: set[str] = set()  # of those, the ones an update of this deploy started
         self._displaced: set[str] = set()  # machines found displaced by preemption
@@ -164,7 +165,7 @@ class Deployer:
     def run(self) -> Release:
         """Carry the release out; :class:`DeployFailed` (after the rollback) when it fails."""
         check_regions(self.client, self.config)
-        machines = {
+        self._found = machines = {
             m.id: m
             for m in self.client.list_machines(self.app)
             if m.state not in GOING  # a machine on its way out is not the deploy's to change
@@ -190,10 +191,10 @@ class Deployer:
         try:
             self._prepare(release.version, phases, list(machines.values()))
             for index, phase in enumerate(phases):
-                self._phase(index, phase, machines)
+                self._phase(index, phase)
             if self._replaced:  # the machines others replaced go once the release is live
                 steps = tuple(Step("destroy", "", r, m) for m, r in self._replaced)
-                self._phase(len(phases), Phase("replaced", steps, wait_healthy=False), machines)
+                self._phase(len(phases), Phase("replaced", steps, wait_healthy=False))
             self._rest_again()
             self._standbys()
         except DeployFailed as failed:
@@ -311,11 +312,11 @@ class Deployer:
 
     # -- phases ----------------------------------------------------------------------------
 
-    def _phase(self, index: int, phase: Phase, machines: dict[str, Machine]) -> None:
+    def _phase(self, index: int, phase: Phase) -> None:
         self._event("phase", f"{phase.name}: {phase.describe()}", phase=phase)
         with ThreadPoolExecutor(max_workers=min(WORKERS, len(phase.steps) or 1)) as pool:
             futures = [
-                pool.submit(self._step, phase, step, machines, (index, j))
+                pool.submit(self._step, phase, step, (index, j))
                 for j, step in enumerate(phase.steps)
             ]
             errors = [f.exception() for f in futures]
@@ -326,9 +327,7 @@ class Deployer:
                 raise first
             raise DeployFailed(f"phase {phase.name}: {first}", details={"phase": phase.name})
 
-    def _step(
-        self, phase: Phase, step: Step, machines: dict[str, Machine], key: tuple[int, int]
-    ) -> None:
+    def _step(self, phase: Phase, step: Step, key: tuple[int, int]) -> None:
         capacity = self._capacity
         with self._undo.lock:  # the step's room, held before the deploy began
             quote = capacity.quotes.pop(key, None)
@@ -339,7 +338,7 @@ class Deployer:
             if step.action == "destroy":
                 assert step.machine_id is not None
                 if step.machine_id in self._displaced:
-                    self._stopped(machines[step.machine_id])
+                    self._stopped(self._found[step.machine_id])
                 self._destroy(step.machine_id, phase, step.region, why=step.why)
                 return
             config = self.config.machine_config(step.group, image=self.image, release=self._version)
@@ -347,7 +346,7 @@ class Deployer:
                 assert step.machine_id is not None
                 if step.standby_for:
                     config["standbys"] = list(step.standby_for)
-                machine, verb = self._in_place(step, config, machines, growth, replacing)
+                machine, verb = self._in_place(step, config, growth, replacing)
                 where["machine_id"] = machine.id
                 if step.standby_for:
                     verb += " (standby)"
@@ -375,12 +374,7 @@ class Deployer:
             raise self._failure(exc.message, where, room=room) from exc
 
     def _in_place(
-        self,
-        step: Step,
-        config: dict[str, Any],
-        machines: dict[str, Machine],
-        growth: Quote | None,
-        replacing: Quote | None,
+        self, step: Step, config: dict[str, Any], growth: Quote | None, replacing: Quote | None
     ) -> tuple[Machine, str]:
         """``step``'s machine updated in place (on the growth its worker held for it), or,
         where its worker had no room for the new size, a new machine elsewhere (on the room
@@ -391,13 +385,13 @@ class Deployer:
                 self._capacity.let_go(growth)  # the room it held is the update's now
             # (Taken by another in the instant between: replaced as below.)
             with contextlib.suppress(InsufficientCapacity):
-                return self._update(step, config, machines), "updated"
-        machine = self._replacement(step, config, machines, replacing)
+                return self._update(step, config), "updated"
+        machine = self._replacement(step, config, replacing)
         return machine, "replaces " + step.machine_id
 
-    def _update(self, step: Step, config: dict[str, Any], machines: dict[str, Machine]) -> Machine:
+    def _update(self, step: Step, config: dict[str, Any]) -> Machine:
         assert step.machine_id is not None
-        before = machines[step.machine_id].config.model_dump(mode="json")
+        before = self._found[step.machine_id].config.model_dump(mode="json")
         with self._undo.lock:
             self._undo.updated[step.machine_id] = before
         try:
@@ -417,13 +411,7 @@ class Deployer:
                 del self._undo.updated[step.machine_id]  # refused: nothing changed
             raise
 
-    def _replacement(
-        self,
-        step: Step,
-        config: dict[str, Any],
-        machines: dict[str, Machine],
-        quote: Quote | None,
-    ) -> Machine:
+    def _replacement(self, step: Step, config: dict[str, Any], quote: Quote | None) -> Machine:
         """A new machine in the place of ``step``'s, whose worker has no room for the new size:
         on ``quote``'s room (held away from the workers of its group's other machines in the
         region, as a new one's), or, without one, placed so now."""
@@ -439,7 +427,7 @@ class Deployer:
             return machine
         siblings = {
             m.worker_id
-            for m in current_of(list(machines.values()), step.group, step.region)
+            for m in current_of(list(self._found.values()), step.group, step.region)
             if m.id != step.machine_id
         }
 

@@ -3,6 +3,7 @@
 ``wait`` exits 0 when it succeeded and 1 otherwise, so a script or a CI step can run a job as it
 would run a command."""
 
+import importlib
 from typing import Annotated, Any
 
 import typer
@@ -176,31 +177,49 @@ def periodic(
             render_jobs.periodic_list(client.periodic_jobs(app=app_name), as_json=as_json)
 
 
-@job_app.command("periodic-delete")
-def periodic_delete(name: NameArg, as_json: JsonOpt = False) -> None:
-    """Stop queuing runs of a periodic job (the runs already queued stay)."""
-    from souq.client import render_jobs
+# The commands on one job (or periodic job) by its name that differ only in data: verb -> the
+# client's call, the view of its answer (module.function), the summary; each is added where it
+# stands in the group's help.
+_BY_NAME_COMMANDS: dict[str, tuple[str, str, str]] = {
+    "periodic-delete": (
+        "delete_periodic",
+        "render_jobs.periodic_state",
+        "Stop queuing runs of a periodic job (the runs already queued stay).",
+    ),
+    "status": (
+        "job",
+        "render_jobs.job",
+        "Show a job: its state and why, its worker, its attempts, how it ended.",
+    ),
+    "cancel": (
+        "cancel_job",
+        "render_jobs.job_state",
+        "Cancel a job: a waiting one at once; a running one once its worker has stopped it.",
+    ),
+    "logs": ("job_logs", "render.logs", "Print what a job's runs printed."),
+}
 
-    with reporting(as_json):
-        render_jobs.periodic_state(cli.make_client().delete_periodic(name), as_json=as_json)
+
+def _by_name_command(verb: str) -> None:
+    """Add ``souq job <verb> NAME``: the client's ``call`` with the name, its answer through
+    the view (JSON with ``--json``), as :data:`_BY_NAME_COMMANDS` has them."""
+    call, view, summary = _BY_NAME_COMMANDS[verb]
+    module, _, function = view.partition(".")
+
+    def command(name: NameArg, as_json: JsonOpt = False) -> None:
+        with reporting(as_json):
+            answer = getattr(cli.make_client(), call)(name)
+            printer = getattr(importlib.import_module(f"souq.client.{module}"), function)
+            printer(answer, as_json=as_json)
+
+    command.__doc__ = summary
+    command.__name__ = verb.replace("-", "_")
+    job_app.command(verb)(command)
 
 
-@job_app.command("status")
-def status(name: NameArg, as_json: JsonOpt = False) -> None:
-    """Show a job: its state and why, its worker, its attempts, how it ended."""
-    from souq.client import render_jobs
-
-    with reporting(as_json):
-        render_jobs.job(cli.make_client().job(name), as_json=as_json)
-
-
-@job_app.command("cancel")
-def cancel(name: NameArg, as_json: JsonOpt = False) -> None:
-    """Cancel a job: a waiting one at once; a running one once its worker has stopped it."""
-    from souq.client import render_jobs
-
-    with reporting(as_json):
-        render_jobs.job_state(cli.make_client().cancel_job(name), as_json=as_json)
+_by_name_command("periodic-delete")
+_by_name_command("status")
+_by_name_command("cancel")
 
 
 @job_app.command("list")
@@ -223,13 +242,7 @@ def list_jobs(
         render_jobs.jobs(items, as_json=as_json)
 
 
-@job_app.command("logs")
-def logs(name: NameArg, as_json: JsonOpt = False) -> None:
-    """Print what a job's runs printed."""
-    from souq.client import render
-
-    with reporting(as_json):
-        render.logs(cli.make_client().job_logs(name), as_json=as_json)
+_by_name_command("logs")
 
 
 @job_app.command("wait")
