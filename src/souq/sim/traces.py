@@ -185,14 +185,7 @@ class _Row:
 
     def amount(self, column: str, scale: float = 1.0) -> int:
         """A resource amount, fractions allowed, times ``scale``, rounded up to a whole unit."""
-        raw = self.text(column)
-        try:
-            value = float(raw)
-        except ValueError:
-            raise self.error(column, f"{raw!r} is not a number") from None
-        if not (math.isfinite(value) and value >= 0):
-            raise self.error(column, f"{raw} is out of range (expected a number from 0)")
-        return math.ceil(value * scale - 1e-9)
+        return math.ceil(self._from_zero(column, self.text(column), "number") * scale - 1e-9)
 
     def priority_class(self) -> str:
         """The row's class: its ``priority_class`` cell, else its ``qos`` mapped
@@ -218,12 +211,16 @@ class _Row:
         raw = self.text(column) if self.has(column) else ""
         if not raw:
             return None
+        return self._from_zero(column, raw, "price")
+
+    def _from_zero(self, column: str, raw: str, what: str) -> float:
+        """``raw`` as a finite number from 0, else the row's error calling it not a ``what``."""
         try:
             value = float(raw)
         except ValueError:
-            raise self.error(column, f"{raw!r} is not a price") from None
+            raise self.error(column, f"{raw!r} is not a {what}") from None
         if not (math.isfinite(value) and value >= 0):
-            raise self.error(column, f"{raw} is out of range (expected a price from 0)")
+            raise self.error(column, f"{raw} is out of range (expected a {what} from 0)")
         return value
 
     def models(self, column: str) -> tuple[str, ...]:
