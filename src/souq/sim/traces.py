@@ -18,11 +18,14 @@ import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from souq.errors import TraceInvalid
 from souq.model.choices import PriorityClass
 from souq.sim.classes import QOS_CLASSES, class_of_qos
+
+if TYPE_CHECKING:
+    from _csv import Reader as CsvReader
 
 __all__ = [
     "GENERIC_COLUMNS",
@@ -252,14 +255,36 @@ def _rows(
             details={"file": source, "line": 1},
         )
     header = {n: i for i, n in enumerate(names)}
+    yield from _lines_as_rows(
+        reader,
+        source,
+        header,
+        width=len(names),
+        width_is=f"the header has {len(names)}",
+        hint="every row needs one cell per header column",
+    )
+
+
+def _lines_as_rows(
+    reader: CsvReader,
+    source: str,
+    header: dict[str, int],
+    *,
+    width: int,
+    width_is: str,
+    hint: str,
+) -> Iterator[_Row]:
+    """The lines ``reader`` has left that are not blank, as rows of ``header``'s columns; a line
+    of other than ``width`` cells raises TraceInvalid, ``width_is`` saying how many it should
+    have and ``hint`` what to fix."""
     for cells in reader:
         if not cells or all(not c.strip() for c in cells):
             continue
         row = _Row(source, reader.line_num, header, cells)
-        if len(cells) != len(names):
+        if len(cells) != width:
             raise TraceInvalid(
-                f"{source}, line {row.line}: {len(cells)} cells, the header has {len(names)}",
-                hint="every row needs one cell per header column",
+                f"{source}, line {row.line}: {len(cells)} cells, {width_is}",
+                hint=hint,
                 details={"file": source, "line": row.line},
             )
         yield row
