@@ -55,33 +55,28 @@ def write_private(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+class _Entry:
+    """A file of the auth directory, by its name there: ``auth.token_key`` is
+    ``auth.path / "token.key"``."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, auth: AuthDir, owner: type[AuthDir] | None = None) -> Path:
+        return auth.path / self.name
+
+
 @dataclass(frozen=True)
 class AuthDir:
     path: Path
 
-    @property
-    def token_key(self) -> Path:
-        return self.path / "token.key"
-
-    @property
-    def token_pub(self) -> Path:
-        return self.path / "token.pub"
-
-    @property
-    def admin_token(self) -> Path:
-        return self.path / "admin.token"
-
-    @property
-    def secrets_key(self) -> Path:
-        return self.path / "secrets.key"
-
-    @property
-    def nats_conf(self) -> Path:
-        return self.path / "nats.conf"
-
-    @property
-    def nats_dir(self) -> Path:
-        return self.path / "nats"
+    # What the directory holds (the module's docstring says what each is).
+    token_key = _Entry("token.key")
+    token_pub = _Entry("token.pub")
+    admin_token = _Entry("admin.token")
+    secrets_key = _Entry("secrets.key")
+    nats_conf = _Entry("nats.conf")
+    nats_dir = _Entry("nats")
 
     @classmethod
     def create(cls, path: Path, *, private: bool = True) -> AuthDir:

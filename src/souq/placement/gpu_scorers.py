@@ -94,12 +94,18 @@ class FgdScorer:
 
 
 @dataclass(frozen=True)
-class LeftoverScorer:
-    """The paper's BestFit: ``1 - (½ CPU left / max CPU + ½ GPU left / max GPU)``, floored to
-    hundredths."""
+class _OverLargestWorker:
+    """The scale of the paper's scores that divide by the largest worker's capacity."""
 
     max_cpu: int = MAX_CPU
     max_gpu: int = MAX_GPU
+
+
+@dataclass(frozen=True)
+class LeftoverScorer(_OverLargestWorker):
+    """The paper's BestFit: ``1 - (½ CPU left / max CPU + ½ GPU left / max GPU)``, floored to
+    hundredths."""
+
     weight: float = 1.0
     name: str = "leftover"
 
@@ -114,12 +120,10 @@ class LeftoverScorer:
 
 
 @dataclass(frozen=True)
-class DotProdScorer:
+class DotProdScorer(_OverLargestWorker):
     """The paper's DotProd: ``1 - (free · asked) / 2`` over (CPU, GPU), each over the largest
     worker's: the worker with the least free of what the machine asks for."""
 
-    max_cpu: int = MAX_CPU
-    max_gpu: int = MAX_GPU
     weight: float = 1.0
     name: str = "dotprod"
 

@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from souq.errors import TraceInvalid
-from souq.sim.traces import MILLI, Task, _Row
+from souq.sim.traces import MILLI, Task, _lines_as_rows
 
 __all__ = [
     "BATCH_TASK_COLUMNS",
@@ -78,17 +78,15 @@ def parse_batch_tasks(
     lines = text.splitlines() if isinstance(text, str) else text
     reader = csv.reader(lines)
     tasks: list[Task] = []
-    for cells in reader:
-        if not cells or all(not c.strip() for c in cells):
-            continue
-        row = _Row(source, reader.line_num, header, cells)
-        if len(cells) != len(columns):
-            raise TraceInvalid(
-                f"{source}, line {row.line}: {len(cells)} cells, a v{version} batch task has "
-                f"{len(columns)} ({', '.join(columns)})",
-                hint="the trace's batch_task.csv as published, without a header",
-                details={"file": source, "line": row.line},
-            )
+    rows = _lines_as_rows(
+        reader,
+        source,
+        header,
+        width=len(columns),
+        width_is=f"a v{version} batch task has {len(columns)} ({', '.join(columns)})",
+        hint="the trace's batch_task.csv as published, without a header",
+    )
+    for row in rows:
         if not row.text("plan_cpu") or not row.text("plan_mem"):
             continue
         start = row.seconds(start_col, optional=False, negative=True)

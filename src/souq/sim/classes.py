@@ -33,7 +33,7 @@ import numpy as np
 
 from souq.model.choices import PriorityClass
 
-__all__ = ["CLASSES", "QOS_CLASSES", "ClassTally", "Window", "class_of_qos"]
+__all__ = ["CLASSES", "QOS_CLASSES", "ClassTally", "ClassesTold", "Window", "class_of_qos"]
 
 CLASSES = (PriorityClass.RESERVED, PriorityClass.STANDARD, PriorityClass.SPOT)
 
@@ -102,6 +102,17 @@ class ClassTally:
                 "lost_core_s": round(self.lost_core_s.get(klass, 0.0), 3),
             }
         return out
+
+
+class ClassesTold:
+    """What a replay's report derives from its ``classes`` (:meth:`ClassTally.as_json`); the
+    report declares the field (the fleet's and the departures replay's both do)."""
+
+    classes: dict[str, dict[str, Any]]
+
+    @property
+    def preemptions(self) -> int:
+        return sum(int(c["preempted"]) for c in self.classes.values())
 
 
 @dataclass

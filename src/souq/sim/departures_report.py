@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from souq.sim.classes import ClassesTold
+
 __all__ = ["Outcome", "Report", "Sample", "pct", "percentile"]
 
 
@@ -51,7 +53,7 @@ class Outcome:
 
 
 @dataclass(frozen=True)
-class Report:
+class Report(ClassesTold):
     policy: str
     workers: int
     tasks: int
@@ -72,10 +74,6 @@ class Report:
     # unless the replay was given one): runs of one trace compare over it.
     window_s: tuple[float, float] = (0.0, 0.0)
     window_utilisation: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def preemptions(self) -> int:
-        return sum(int(c["preempted"]) for c in self.classes.values())
 
     @property
     def failed(self) -> int:

@@ -34,6 +34,7 @@ import numpy.typing as npt
 from souq.market.preemption import DEFAULT_MAX_VICTIMS
 from souq.model.resources import GPU_MILLI
 from souq.sim.arrays import Floats
+from souq.sim.classes import ClassesTold
 from souq.sim.columns import OfferTable
 from souq.sim.traces import Task
 
@@ -92,7 +93,7 @@ class Sample:
 
 
 @dataclass(frozen=True)
-class FleetReport:
+class FleetReport(ClassesTold):
     policy: str
     batch: bool
     queue: bool
@@ -120,10 +121,6 @@ class FleetReport:
     # unless the replay was given one): runs of one trace compare over it.
     window_s: tuple[float, float] = (0.0, 0.0)
     window_utilisation: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def preemptions(self) -> int:
-        return sum(int(c["preempted"]) for c in self.classes.values())
 
     def as_json(self, *, timeline: bool = True) -> dict[str, Any]:
         body = {k: v for k, v in asdict(self).items() if k != "timeline"}

@@ -18,11 +18,14 @@ import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from souq.errors import TraceInvalid
 from souq.model.choices import PriorityClass
 from souq.sim.classes import QOS_CLASSES, class_of_qos
+
+if TYPE_CHECKING:
+    from _csv import Reader as CsvReader
 
 __all__ = [
     "GENERIC_COLUMNS",
@@ -185,14 +188,7 @@ class _Row:
 
     def amount(self, column: str, scale: float = 1.0) -> int:
         """A resource amount, fractions allowed, times ``scale``, rounded up to a whole unit."""
-        raw = self.text(column)
-        try:
-            value = float(raw)
-        except ValueError:
-            raise self.error(column, f"{raw!r} is not a number") from None
-        if not (math.isfinite(value) and value >= 0):
-            raise self.error(column, f"{raw} is out of range (expected a number from 0)")
-        return math.ceil(value * scale - 1e-9)
+        return math.ceil(self._from_zero(column, self.text(column), "number") * scale - 1e-9)
 
     def priority_class(self) -> str:
         """The row's class: its ``priority_class`` cell, else its ``qos`` mapped
@@ -218,12 +214,16 @@ class _Row:
         raw = self.text(column) if self.has(column) else ""
         if not raw:
             return None
+        return self._from_zero(column, raw, "price")
+
+    def _from_zero(self, column: str, raw: str, what: str) -> float:
+        """``raw`` as a finite number from 0, else the row's error calling it not a ``what``."""
         try:
             value = float(raw)
         except ValueError:
-            raise self.error(column, f"{raw!r} is not a price") from None
+            raise self.error(column, f"{raw!r} is not a {what}") from None
         if not (math.isfinite(value) and value >= 0):
-            raise self.error(column, f"{raw} is out of range (expected a price from 0)")
+            raise self.error(column, f"{raw} is out of range (expected a {what} from 0)")
         return value
 
     def models(self, column: str) -> tuple[str, ...]:
@@ -255,14 +255,36 @@ def _rows(
             details={"file": source, "line": 1},
         )
     header = {n: i for i, n in enumerate(names)}
+    yield from _lines_as_rows(
+        reader,
+        source,
+        header,
+        width=len(names),
+        width_is=f"the header has {len(names)}",
+        hint="every row needs one cell per header column",
+    )
+
+
+def _lines_as_rows(
+    reader: CsvReader,
+    source: str,
+    header: dict[str, int],
+    *,
+    width: int,
+    width_is: str,
+    hint: str,
+) -> Iterator[_Row]:
+    """The lines ``reader`` has left that are not blank, as rows of ``header``'s columns; a line
+    of other than ``width`` cells raises TraceInvalid, ``width_is`` saying how many it should
+    have and ``hint`` what to fix."""
     for cells in reader:
         if not cells or all(not c.strip() for c in cells):
             continue
         row = _Row(source, reader.line_num, header, cells)
-        if len(cells) != len(names):
+        if len(cells) != width:
             raise TraceInvalid(
-                f"{source}, line {row.line}: {len(cells)} cells, the header has {len(names)}",
-                hint="every row needs one cell per header column",
+                f"{source}, line {row.line}: {len(cells)} cells, {width_is}",
+                hint=hint,
                 details={"file": source, "line": row.line},
             )
         yield row
