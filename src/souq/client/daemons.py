@@ -4,10 +4,10 @@ foreground; the component is imported only then, so the client's commands never 
 
 from __future__ import annotations
 
+import importlib
 import logging
-from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import typer
 
@@ -24,22 +24,13 @@ def register_daemons(app: typer.Typer) -> None:
         app.registered_commands.append(command)
 
 
-class LogFormat(StrEnum):
-    TEXT = "text"
-    JSON = "json"
-
-
-class Candidates(StrEnum):
-    BOOK = "book"
-    OFFERS = "offers"
-
-
-class Cgroups(StrEnum):
-    AUTO = "auto"
-    V2 = "v2"
-    V1 = "v1"
-    NONE = "none"
-
+# The fixed sets of values the daemons' options take: each option offers exactly the values of
+# the config field it sets.
+LogFormat = Literal["text", "json"]
+Candidates = Literal["book", "offers"]
+Cgroups = Literal["auto", "v2", "v1", "none"]
+DefaultDriver = Literal["auto", "exec", "sandbox"]
+PrivateNetwork = Literal["auto", "on", "off"]
 
 NatsOpt = Annotated[
     str,
@@ -79,18 +70,6 @@ MachineUserOpt = Annotated[
 ]
 
 
-class DefaultDriver(StrEnum):
-    AUTO = "auto"
-    EXEC = "exec"
-    SANDBOX = "sandbox"
-
-
-class PrivateNetwork(StrEnum):
-    AUTO = "auto"
-    ON = "on"
-    OFF = "off"
-
-
 DefaultDriverOpt = Annotated[
     DefaultDriver | None,
     typer.Option(
@@ -124,6 +103,20 @@ def _given(ctx: typer.Context, **converted: Any) -> dict[str, Any]:
     option left out (None) keeps the config's own default."""
     options = ctx.params | converted
     return {k: v for k, v in options.items() if v is not None}
+
+
+def _run_component(config: str, run: str, given: dict[str, Any]) -> None:
+    """Run a component in the foreground: its config class (``config``, ``module.Class``) built
+    from ``given``, handed to its ``run`` (``module.function``). Both are imported only now, so
+    that the command line loads no component; an error of the config or the component is
+    reported as every command reports one (its message, exit 1)."""
+
+    def load(name: str) -> Any:
+        module, _, attribute = name.rpartition(".")
+        return getattr(importlib.import_module(module), attribute)
+
+    with reporting():
+        load(run)(load(config)(**given))
 
 
 def _host_port(text: str) -> tuple[str, int]:
@@ -190,7 +183,7 @@ def agent(
             envvar="SOUQ_CGROUPS",
             help="How machine limits are enforced: auto (v2, else v1, else none), v2, v1, none.",
         ),
-    ] = Cgroups.AUTO,
+    ] = "auto",
     advertise: Annotated[
         str | None,
         typer.Option("--advertise", help="The address machines are reached at (127.0.0.1)."),
@@ -286,24 +279,13 @@ def agent(
             "(default: the host's resolvers, /etc/resolv.conf).",
         ),
     ] = None,
-    log_format: LogFormatOpt = LogFormat.TEXT,
+    log_format: LogFormatOpt = "text",
 ) -> None:
     """Run a worker agent in the foreground."""
-    given = _given(
-        ctx,
-        labels=pairs(labels, "label"),
-        cgroups=cgroups.value,
-        default_driver=default_driver.value if default_driver else None,
-        private_network=private_network.value if private_network else None,
-        log_format=None,
-    )
-    if log_format is LogFormat.JSON:
+    given = _given(ctx, labels=pairs(labels, "label"), log_format=None)
+    if log_format == "json":
         _daemon_logging("json")
-    with reporting():
-        from souq.agent.config import AgentConfig
-        from souq.agent.main import run as run_agent
-
-        run_agent(AgentConfig(**given))
+    _run_component("souq.agent.config.AgentConfig", "souq.agent.main.run", given)
 
 
 @daemons.command("broker")
@@ -356,27 +338,22 @@ def broker(
             "(0.5), peak (10), interval_s (1); give every broker the same (docs/placement.md).",
         ),
     ] = None,
-    log_format: LogFormatOpt = LogFormat.TEXT,
+    log_format: LogFormatOpt = "text",
 ) -> None:
     """Run a broker (the HTTP API) in the foreground."""
     host, port = _host_port(listen)
-    candidates = candidates_from.value if candidates_from else None
-    _daemon_logging(log_format.value)
-    with reporting():
-        from souq.broker.config import BrokerConfig
-        from souq.broker.main import run as run_broker
-
+    _daemon_logging(log_format)
+    with reporting():  # the placement file's errors
         given = _given(
             ctx,
             listen=None,
             log_format=None,
             listen_host=host,
             listen_port=port,
-            candidates_from=candidates,
             placement=None if placement is None else _placement(placement),
             spot_price=pairs(spot_price, "spot-price") if spot_price else None,
         )
-        run_broker(BrokerConfig(**given))
+    _run_component("souq.broker.config.BrokerConfig", "souq.broker.main.run", given)
 
 
 def _placement(path: Path) -> Any:
@@ -422,7 +399,7 @@ def proxy(
             "(the workers' [fdaa::4]:4282; docs/network.md; default: off).",
         ),
     ] = None,
-    log_format: LogFormatOpt = LogFormat.TEXT,
+    log_format: LogFormatOpt = "text",
 ) -> None:
     """Run the edge proxy in the foreground: HTTP to apps' machines, scale from zero."""
     given = _given(
@@ -431,12 +408,8 @@ def proxy(
         flycast=_host_port(flycast) if flycast else None,
         log_format=None,
     )
-    _daemon_logging(log_format.value)
-    with reporting():
-        from souq.proxy.daemon import ProxyConfig
-        from souq.proxy.main import run as run_proxy
-
-        run_proxy(ProxyConfig(**given))
+    _daemon_logging(log_format)
+    _run_component("souq.proxy.daemon.ProxyConfig", "souq.proxy.main.run", given)
 
 
 @daemons.command("fleet")
@@ -462,11 +435,7 @@ def fleet(
     given = _given(ctx)
     _daemon_logging()
     logging.getLogger().setLevel(logging.WARNING)  # one line per worker would drown the rest
-    with reporting():
-        from souq.fleet import FleetConfig
-        from souq.fleet import run as run_fleet
-
-        run_fleet(FleetConfig(**given))
+    _run_component("souq.fleet.FleetConfig", "souq.fleet.run", given)
 
 
 @daemons.command("dev")
@@ -514,19 +483,15 @@ def dev(
     domain: DomainOpt = None,
     autostop_interval_s: AutostopOpt = None,
     machine_user: MachineUserOpt = None,
-    log_format: LogFormatOpt = LogFormat.TEXT,
+    log_format: LogFormatOpt = "text",
 ) -> None:
     """Run a whole local cluster: NATS, a broker, an edge proxy and workers, on loopback."""
-    if log_format is LogFormat.JSON:
+    if log_format == "json":
         _daemon_logging("json")
     names = tuple(r.strip() for r in regions.split(",") if r.strip())
     if not names:
         raise typer.BadParameter("name at least one region", param_hint="--regions")
     # The cluster's processes log in the format asked for (text: their default).
-    log_as = None if log_format is LogFormat.TEXT else log_format.value
+    log_as = None if log_format == "text" else log_format
     given = _given(ctx, regions=names, log_format=log_as)
-    with reporting():
-        from souq.dev import DevConfig
-        from souq.dev import run as run_dev
-
-        run_dev(DevConfig(**given))
+    _run_component("souq.dev.DevConfig", "souq.dev.run", given)

@@ -5,8 +5,10 @@ set or its bounds is a usage error (exit 2) that names what it takes, the same i
   (:mod:`souq.model.choices`, the one the model validates with): the CLI offers exactly its
   choices.
 - A number is checked by :func:`as_field`, with the bounds of the model field it becomes (the
-  bound is written once, in the model). The model is named, and imported only when a value is
-  checked: building the command line (all of it, for any command) imports no record.
+  bound is written once, in the model): :func:`checked_option` names the field,
+  :func:`field_option` takes it from the option's name, :func:`size_option` for a machine's
+  size. The model is named, and imported only when a value is checked: building the command
+  line (all of it, for any command) imports no record.
 - A constraint is parsed by :func:`constraint` (``label.disk=ssd``), a release's version by
   :func:`release_version` (``v3``, ``V3`` or ``3``), a signal by :func:`signal_name`
   (``term``, ``SIGTERM`` or ``15``).
@@ -43,8 +45,10 @@ __all__ = [
     "as_field",
     "checked_option",
     "constraint",
+    "field_option",
     "release_version",
     "signal_name",
+    "size_option",
 ]
 
 
@@ -77,6 +81,19 @@ def checked_option(*flags: str, help: str, checks: str) -> Any:
     (``module.Class.field``) checks it (:func:`as_field`)."""
     model, _, field = checks.rpartition(".")
     return typer.Option(*flags, help=help, parser=as_field(model, field))
+
+
+def field_option(model: str, *flags: str, help: str) -> Any:
+    """A typer option named ``flags`` whose value is checked as the field of ``model`` that the
+    first flag names checks it: ``--memory-mb``, ``model.memory_mb`` (:func:`checked_option`)."""
+    field = flags[0].removeprefix("--").replace("-", "_")
+    return checked_option(*flags, help=help, checks=f"{model}.{field}")
+
+
+def size_option(*flags: str, help: str) -> Any:
+    """An option of a machine's size (``--cpus``, ``--memory-mb``, ``--gpus``, ...), checked as
+    the field of the machine's guest config it names (:func:`field_option`)."""
+    return field_option("souq.model.machine.GuestConfig", *flags, help=help)
 
 
 _CONSTRAINT = re.compile(
@@ -129,16 +146,8 @@ def release_version(text: str) -> int:
 
 # The options of a machine's config, as `machine run`, `machine update` and `quote create` take
 # them.
-CpusOpt = Annotated[
-    float | None,
-    checked_option("--cpus", help="CPU cores.", checks="souq.model.machine.GuestConfig.cpus"),
-]
-MemoryOpt = Annotated[
-    int | None,
-    checked_option(
-        "--memory-mb", help="Memory in MiB.", checks="souq.model.machine.GuestConfig.memory_mb"
-    ),
-]
+CpusOpt = Annotated[float | None, size_option("--cpus", help="CPU cores.")]
+MemoryOpt = Annotated[int | None, size_option("--memory-mb", help="Memory in MiB.")]
 ConstraintOpt = Annotated[
     list[Any] | None,  # each a constraint's dict: typer takes no element type of its own
     typer.Option(

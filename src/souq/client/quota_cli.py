@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from souq.client.cli import JsonOpt, make_client, reporting
-from souq.client.options import checked_option
+from souq.client.options import field_option
 
 __all__ = ["register_quota"]
 
@@ -33,7 +33,11 @@ LineOpt = Annotated[
         "--class", help="The line of limits: all classes (the default) or one priority class."
     ),
 ]
-_MODEL = "souq.model.quota.AllLimits"
+
+
+def _limit(*flags: str, help: str) -> Any:
+    """An option of one limit, checked as the field of a quota's limits it names."""
+    return field_option("souq.model.quota.AllLimits", *flags, help=help)
 
 
 def register_quota(app: typer.Typer) -> None:
@@ -45,25 +49,11 @@ def register_quota(app: typer.Typer) -> None:
 def set_quota(
     name: NameArg,
     *,
-    cpus: Annotated[
-        float | None,
-        checked_option("--cpus", help="CPU cores over all machines.", checks=f"{_MODEL}.cpus"),
-    ] = None,
-    memory_mb: Annotated[
-        int | None,
-        checked_option("--memory-mb", help="Memory in MiB.", checks=f"{_MODEL}.memory_mb"),
-    ] = None,
-    machines: Annotated[
-        int | None,
-        checked_option("--machines", help="Machines not destroyed.", checks=f"{_MODEL}.machines"),
-    ] = None,
+    cpus: Annotated[float | None, _limit("--cpus", help="CPU cores over all machines.")] = None,
+    memory_mb: Annotated[int | None, _limit("--memory-mb", help="Memory in MiB.")] = None,
+    machines: Annotated[int | None, _limit("--machines", help="Machines not destroyed.")] = None,
     volume_gb: Annotated[
-        int | None,
-        checked_option(
-            "--volume-gb",
-            help="GB of volumes not destroyed (all classes only).",
-            checks=f"{_MODEL}.volume_gb",
-        ),
+        int | None, _limit("--volume-gb", help="GB of volumes not destroyed (all classes only).")
     ] = None,
     line: LineOpt = Line.ALL,
     org: OrgOpt = False,

@@ -22,7 +22,7 @@ import typer
 
 from souq.client import cli
 from souq.client.cli import EXIT_NO_CAPACITY
-from souq.client.options import checked_option
+from souq.client.options import size_option
 from souq.errors import InvalidInput
 
 if TYPE_CHECKING:
@@ -50,34 +50,13 @@ RegionOpt = Annotated[
     str | None, typer.Option("--region", "-r", help="Where the planned machines would go.")
 ]
 # Each machine's size is checked as a machine's guest config is (souq.client.options).
-CpusOpt = Annotated[
-    float | None,
-    checked_option(
-        "--cpus", help="CPU cores of each machine.", checks="souq.model.machine.GuestConfig.cpus"
-    ),
-]
+CpusOpt = Annotated[float | None, size_option("--cpus", help="CPU cores of each machine.")]
 MemoryOpt = Annotated[
-    int | None,
-    checked_option(
-        "--memory-mb",
-        "--memory",
-        help="Memory of each machine, in MiB.",
-        checks="souq.model.machine.GuestConfig.memory_mb",
-    ),
+    int | None, size_option("--memory-mb", "--memory", help="Memory of each machine, in MiB.")
 ]
-GpusOpt = Annotated[
-    int | None,
-    checked_option(
-        "--gpus", help="Whole GPUs of each machine.", checks="souq.model.machine.GuestConfig.gpus"
-    ),
-]
+GpusOpt = Annotated[int | None, size_option("--gpus", help="Whole GPUs of each machine.")]
 GpuMilliOpt = Annotated[
-    int | None,
-    checked_option(
-        "--gpu-milli",
-        help="A share of one GPU, in thousandths.",
-        checks="souq.model.machine.GuestConfig.gpu_milli",
-    ),
+    int | None, size_option("--gpu-milli", help="A share of one GPU, in thousandths.")
 ]
 GpuModelOpt = Annotated[str | None, typer.Option("--gpu-model", help="The GPU model it needs.")]
 CountOpt = Annotated[
