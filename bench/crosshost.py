@@ -24,7 +24,7 @@ are many short rounds and the table gives the median of their medians and the be
 operation beside the rates: the whole box's busy CPU time (``/proc/stat``, which no namespace
 narrows: the forwarding, VXLAN and filter work is the kernel's, in no process) over the client's
 timed loop, divided by its round trips or MiB; on a shared box it holds the neighbours' work too, so
-the floor's figure, measured alongside, is the yardstick. """
+the floor's figure, measured alongside, is the yardstick."""
 
 from __future__ import annotations
 

@@ -17,9 +17,9 @@ import psutil
 import pytest
 from pydantic import BaseModel
 
-from souq.agent.operations import OpEvent, OpKind, OpState
-from souq.agent.records import OpStep
-from souq.agent.store import Store
+from souq.agent.state.operations import OpEvent, OpKind, OpState
+from souq.agent.state.records import OpStep
+from souq.agent.state.store import Store
 from souq.bus.nats import NatsTransport, connect
 from souq.errors import StorageError
 from souq.model import (

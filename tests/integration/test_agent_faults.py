@@ -1,5 +1,5 @@
-"""Crash the agent at every step of every operation (``souq.agent.faults``): right after the
-step is in the op log and before its actions run. After a restart on the same data dir every
+"""Crash the agent at every step of every operation (``souq.agent.machines.faults``): right after
+the step is in the op log and before its actions run. After a restart on the same data dir every
 machine ends in a consistent state, no reservation leaks and no process is lost or doubled.
 
 The steps come from the operation tables, so a new step is covered without touching this file.
@@ -15,7 +15,7 @@ import psutil
 import pytest
 from pydantic import BaseModel
 
-from souq.agent.operations import TABLES, OpKind, OpState
+from souq.agent.state.operations import TABLES, OpKind, OpState
 from souq.bus.nats import NatsTransport, connect
 from souq.ids import new_request_id
 from souq.model import (

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from souq.agent.store import Store
+from souq.agent.state.store import Store
 from souq.errors import StorageError
 from souq.fleet.store import memory_store
 from souq.model import MachineState, StopCommand

@@ -17,8 +17,8 @@ import pytest
 from nats.aio.client import Client
 from nats.js.kv import KeyValue
 
-from souq.agent import secrets as agent_secrets
-from souq.agent.secrets import AgentSecrets
+from souq.agent.machines import secrets as agent_secrets
+from souq.agent.machines.secrets import AgentSecrets
 from souq.auth.files import AuthDir
 from souq.bus.jetstream import keys_written, live_keys
 from souq.secrets.store import SecretStore, open_bucket, secrets_key

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from souq.agent.volume_disk import VolumeDisks
+from souq.agent.volumes.disks import VolumeDisks
 from souq.testing import AgentProcess, Cluster, wait_until
 from tests.clusters import ClusterSpec
 from tests.integration.services_harness import app_name, fly_client

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from souq.agent.admission import Admission, HeldQuote, reserves
+from souq.agent.capacity.admission import Admission, HeldQuote, reserves
 from souq.errors import ClaimRefused, InvalidInput, NotFound, QuoteExpired, QuoteUsed
 from souq.model import MachineState, Resources
 from souq.model.protocol import QuoteState

@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from souq.agent.config import DEFAULT_DATA_DIR, AgentConfig
-from souq.agent.restart import Backoff
+from souq.agent.machines.restart import Backoff
 
 
 def test_defaults() -> None:

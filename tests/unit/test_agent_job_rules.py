@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from souq.agent.job_rules import (
+from souq.agent.jobs.rules import (
     RENEWING,
     TRANSITIONS,
     Action,

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from souq.agent.images import Pulled
-from souq.agent.launch import machine_spec, pulled_record
-from souq.agent.records import MachineRow
+from souq.agent.machines.images import Pulled
+from souq.agent.machines.launch import machine_spec, pulled_record
+from souq.agent.state.records import MachineRow
 from souq.model.image import ImageLayer, ImageRecord, ImageRun
 from souq.model.machine import MachineConfig, MachineState
 from souq.model.placement import ImagePull, Placement

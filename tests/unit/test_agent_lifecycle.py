@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from souq.agent.lifecycle import TRANSITIONS, Trigger, legal_events, transition
+from souq.agent.machines.lifecycle import TRANSITIONS, Trigger, legal_events, transition
 from souq.errors import IllegalTransition
 from souq.model import MachineState
 

@@ -1,12 +1,12 @@
 """What ``ps`` shows a process listening on, read from its own network namespace's tables
-(souq.agent.listening): this process's own sockets, bound for the test."""
+(souq.agent.machines.listening): this process's own sockets, bound for the test."""
 
 from __future__ import annotations
 
 import os
 import socket
 
-from souq.agent.listening import listening
+from souq.agent.machines.listening import listening
 
 
 def test_the_sockets_a_process_listens_on_and_not_the_others() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from souq.agent.operations import TABLES, Action, OpEvent, OpKind, OpState, Step, advance
+from souq.agent.state.operations import TABLES, Action, OpEvent, OpKind, OpState, Step, advance
 from souq.errors import IllegalTransition
 
 K, St, Ev, A = OpKind, OpState, OpEvent, Action

@@ -1,4 +1,4 @@
-"""Host ports as a worker resource (souq.agent.ports), and a state file from an older agent
+"""Host ports as a worker resource (souq.agent.capacity.ports), and a state file from an older agent
 that gains the column the addresses live in."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from souq.agent.ports import PortPool
-from souq.agent.store import Store
+from souq.agent.capacity.ports import PortPool
+from souq.agent.state.store import Store
 from souq.errors import ClaimRefused
 
 
@@ -73,7 +73,7 @@ def test_a_state_file_without_addresses_gains_the_column(tmp_path: Path) -> None
 
 
 def test_edge_ports_are_the_internal_ports_of_the_services_the_edge_routes() -> None:
-    from souq.agent.ports import edge_ports
+    from souq.agent.capacity.ports import edge_ports
     from souq.model.machine import MachineConfig
 
     config = MachineConfig.model_validate(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from souq.agent.restart import Backoff, Decision, decide
+from souq.agent.machines.restart import Backoff, Decision, decide
 from souq.model import RestartConfig, RestartPolicy
 
 BACKOFF = Backoff(base_s=0.1, max_s=1.0, reset_after_s=10.0)

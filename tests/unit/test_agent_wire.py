@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from souq.agent.operations import OpEvent, OpKind, OpState
-from souq.agent.records import MachineRow, OpStep
-from souq.agent.store import Store
+from souq.agent.state.operations import OpEvent, OpKind, OpState
+from souq.agent.state.records import MachineRow, OpStep
+from souq.agent.state.store import Store
 from souq.agent.wire import event_json, machine_json
 from souq.errors import IdempotencyConflict
 from souq.fleet.store import memory_store

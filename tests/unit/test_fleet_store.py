@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from souq.agent.store import Store
+from souq.agent.state.store import Store
 from souq.fleet.store import file_store, memory_store
 
 

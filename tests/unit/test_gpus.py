@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from souq.agent.admission import Admission
-from souq.agent.store import Store
+from souq.agent.capacity.admission import Admission
+from souq.agent.state.store import Store
 from souq.errors import ClaimRefused, InvalidInput
 from souq.market.book import WorkerBook
 from souq.model import MachineConfig, Resources

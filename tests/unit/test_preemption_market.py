@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from souq.agent.admission import Admission
+from souq.agent.capacity.admission import Admission
 from souq.errors import ClaimRefused, InsufficientCapacity
 from souq.market import AskOffers, Auction, Finished, Order, Purpose, Rules, SendClaim, WorkerBook
 from souq.market.preemption import Candidate

@@ -1,4 +1,4 @@
-"""Scheduled runs (souq.model.schedule, souq.agent.schedule): next times of Fly's words and
+"""Scheduled runs (souq.model.schedule, souq.agent.machines.schedule): next times of Fly's words and
 cron expressions, time zones across a daylight-saving change, missed runs (one catch-up), the
 bad inputs, and the agent's scheduler starting a machine at its time on the virtual clock."""
 
@@ -12,8 +12,8 @@ from zoneinfo import ZoneInfo
 import pytest
 from pydantic import ValidationError
 
-from souq.agent.records import MachineRow
-from souq.agent.schedule import Scheduler, anchor_ms, plans
+from souq.agent.machines.schedule import Scheduler, anchor_ms, plans
+from souq.agent.state.records import MachineRow
 from souq.clock import VirtualClock
 from souq.model.machine import MachineConfig, MachineEvent, MachineState
 from souq.model.schedule import parse_schedule, plan

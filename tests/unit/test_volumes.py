@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from souq.agent.admission import Admission
-from souq.agent.launch import volume_env
-from souq.agent.store import Store
-from souq.agent.volumes import AgentVolumes
+from souq.agent.capacity.admission import Admission
+from souq.agent.machines.launch import volume_env
+from souq.agent.state.store import Store
+from souq.agent.volumes.worker_volumes import AgentVolumes
 from souq.clock import VirtualClock
 from souq.drivers.host import link_volumes
 from souq.drivers.sandbox import Image, bwrap_argv, mount_points_to_open

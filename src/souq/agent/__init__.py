@@ -1,9 +1,11 @@
 """The worker agent: one per host, the source of truth about its machines.
 
-Pure parts: :mod:`~souq.agent.lifecycle` (the machine state table), :mod:`~souq.agent.operations`
-(operation tables) and :mod:`~souq.agent.restart` (restart policy). Edge parts: the SQLite
-:mod:`~souq.agent.store`, the :mod:`~souq.agent.executor` that runs operations, the
-:mod:`~souq.agent.supervisor`, the bus :mod:`~souq.agent.service` and :mod:`~souq.agent.main`.
+Pure parts: :mod:`~souq.agent.machines.lifecycle` (the machine state table),
+:mod:`~souq.agent.state.operations` (operation tables) and :mod:`~souq.agent.machines.restart`
+(restart policy). Edge parts: the SQLite :mod:`~souq.agent.state.store`, the
+:mod:`~souq.agent.machines.executor` that runs operations, the
+:mod:`~souq.agent.machines.supervisor`, the bus :mod:`~souq.agent.service` and
+:mod:`~souq.agent.main`.
 
 The exports load lazily, so importing a pure module never pulls in the I/O ones.
 """

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
-from souq.agent.restart import Backoff
+from souq.agent.machines.restart import Backoff
 from souq.jobs.core import DEFAULT_LEASE_MS
 from souq.limits import LOG_MAX_BYTES, check_metadata
 from souq.network.addresses import DNS_PORT, FLYCAST_PORT

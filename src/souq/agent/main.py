@@ -3,7 +3,7 @@
 
 Start-up order: open the store (which locks the data dir), fingerprint the host, re-adopt running
 machines and resume unfinished operations, connect to NATS, subscribe, announce a heartbeat,
-start pulling batch jobs (:mod:`souq.agent.jobs`; what an earlier agent's job runs left is
+start pulling batch jobs (:mod:`souq.agent.jobs.runner`; what an earlier agent's job runs left is
 killed first). Shutdown order: stop taking requests, stop the batch jobs and give them back to
 the queue, stop the machines (only with ``stop_machines_on_exit``; otherwise they keep running
 for the next agent to re-adopt), publish the last events, close the store and the connection.
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 import signal
 import sys
@@ -23,32 +22,32 @@ from typing import TYPE_CHECKING, Any
 from nats.aio.client import Client
 
 from souq import daemon
-from souq.agent.admission import Admission
-from souq.agent.commands import Commands
+from souq.agent import network
+from souq.agent.capacity.admission import Admission
+from souq.agent.capacity.load import LoadGauge
+from souq.agent.capacity.ports import PortPool
 from souq.agent.config import AgentConfig
-from souq.agent.executor import Executor
-from souq.agent.faults import fault_point
 from souq.agent.fingerprint import fingerprint
-from souq.agent.images import AgentImages
-from souq.agent.job_process import JobProcesses, Runs
-from souq.agent.jobs import JobRunner
-from souq.agent.load import LoadGauge
+from souq.agent.jobs.process import JobProcesses, Runs
+from souq.agent.jobs.runner import JobRunner
+from souq.agent.machines.commands import Commands
+from souq.agent.machines.executor import Executor
+from souq.agent.machines.faults import fault_point
+from souq.agent.machines.images import AgentImages
+from souq.agent.machines.schedule import Scheduler
+from souq.agent.machines.secrets import AgentSecrets
+from souq.agent.machines.spot_prices import SpotWatch
 from souq.agent.outbox import Outbox
-from souq.agent.ports import PortPool
 from souq.agent.publisher import Pacer
 from souq.agent.reaper import Reaper, make_subreaper
-from souq.agent.schedule import Scheduler
-from souq.agent.secrets import AgentSecrets
 from souq.agent.service import AgentService
-from souq.agent.spot_prices import SpotWatch
-from souq.agent.store import Store
-from souq.agent.volume_disk import VolumeDisks
-from souq.agent.volumes import AgentVolumes
+from souq.agent.state.store import Store
+from souq.agent.volumes.disks import VolumeDisks
+from souq.agent.volumes.worker_volumes import AgentVolumes
 from souq.auth.bus import NatsCredential, agent_credential, holds
 from souq.auth.files import AuthDir
 from souq.bus.transport import Transport
 from souq.clock import Clock
-from souq.drivers import sandbox
 from souq.drivers.base import Driver
 from souq.drivers.exec import RECORDS
 from souq.drivers.host import HostDriver
@@ -62,7 +61,7 @@ from souq.model.base import copy_fields
 from souq.model.resources import Resources
 from souq.model.worker import WorkerInfo
 from souq.network import links
-from souq.network.addresses import DNS_ADDRESS, private_address
+from souq.network.addresses import DNS_ADDRESS, edge_host
 from souq.network.overlay import Overlay
 from souq.network.wireguard import WireGuard
 
@@ -147,7 +146,7 @@ class Agent:
                 log.warning("%s: %s", unreachable.message, unreachable.hint)
         if host is not None and host.user.is_root:
             log.warning("machines run as root (--allow-root-machines): they own this host")
-        self.network_why_not = self._network_why_not()
+        self.network_why_not = network.why_not(config.private_network, self._host_driver)
         isolation = host.isolation if host else None
         if isolation is not None and config.private_network != "off":
             isolation["private_network"] = self.network_why_not is None
@@ -164,81 +163,51 @@ class Agent:
         # App secrets (not the hollow fleet's: it runs nothing).
         self._secrets = None if driver is not None else AgentSecrets(config.auth_dir)
 
-    def _start_network(self, executor: Executor) -> None:
-        """The worker's private network: its rules for the machines it has, and what gone
-        ones left removed (souq.network.links)."""
-        if executor.addresses is None:
+    def _worker_network(self) -> links.WorkerNetwork | None:
+        """The worker's private network (souq.network.links), where its machines have one."""
+        if self.network_why_not is not None:
             if self.config.private_network != "off":
                 log.warning("machines here get no private network: %s", self.network_why_not)
-            return
-        net = links.WorkerNetwork(
+            return None
+        return links.WorkerNetwork(
             self.worker_id,
             self.config.data_dir / "network",
             flycast_port=self.config.flycast_port,
             names_port=self.config.names_port,
-            edge_host=executor.edge_host,
-        )
-        net.start(executor.addresses.held())
-        executor.network = net
-        underlay = self._underlay()
-        if not underlay:
-            log.info("private network: no underlay address, so no routes to other workers")
-            return
-        overlay: Overlay | WireGuard
-        if self.config.underlay_encryption == "wireguard":
-            overlay = WireGuard(self.worker_id, net.tag, underlay, self.config.data_dir / "network")
-        else:
-            overlay = Overlay(self.worker_id, net.tag, underlay, fast=net.fast)
-        try:
-            overlay.start()
-        except (OSError, ValueError) as exc:
-            if self.config.underlay or self.config.underlay_encryption != "none":
-                raise InvalidInput(
-                    f"--underlay {underlay}: {exc}",
-                    hint="give an address this host has (and for --underlay-encryption "
-                    "wireguard: wireguard-tools, and the kernel's WireGuard or wireguard-go)",
-                ) from exc
-            log.warning("private network: no routes to other workers: %s", exc)
-            return
-        self.overlay = overlay
-        key = overlay.public_key if isinstance(overlay, WireGuard) else ""
-        self.fingerprint = self.fingerprint.model_copy(
-            update={"underlay": overlay.underlay, "underlay_key": key}
+            edge_host=edge_host(self.config.advertise),
         )
 
-    def _underlay(self) -> str:
-        """Where other workers route this worker's machines' addresses: ``--underlay``, else
-        the advertise address unless it is loopback, else nowhere."""
-        if self.config.underlay:
-            return self.config.underlay
-        try:
-            advertised = ipaddress.ip_address(self.config.advertise)
-        except ValueError:
-            return ""
-        return "" if advertised.is_loopback or advertised.is_unspecified else str(advertised)
+    def _volumes(self, store: Store, admission: Admission) -> AgentVolumes | None:
+        """This worker's volumes (a hollow worker keeps none)."""
+        if self._given_driver is not None:
+            return None
+        return AgentVolumes(
+            store,
+            self.config.data_dir / "volumes",
+            admission,
+            self._clock,
+            worker_id=self.worker_id,
+            disks=VolumeDisks(self.config.data_dir / "volumes"),
+        )
+
+    def _start_network(self, executor: Executor) -> None:
+        """The worker's private network started, and the routes to other workers where it has
+        an underlay address (the fingerprint then says it, for the others to route here)."""
+        if executor.network is None or executor.addresses is None:
+            return
+        executor.network.start(executor.addresses.held())
+        self.overlay = network.start_overlay(self.config, self.worker_id, executor.network)
+        if self.overlay is not None:
+            key = self.overlay.public_key if isinstance(self.overlay, WireGuard) else ""
+            self.fingerprint = self.fingerprint.model_copy(
+                update={"underlay": self.overlay.underlay, "underlay_key": key}
+            )
 
     def _heard_worker(self, info: WorkerInfo) -> None:
         """A worker's record from its heartbeat: the route to its machines as it says."""
         if self.overlay is not None and info.id != self.worker_id:
             fp = info.fingerprint
             self.overlay.heard(info.id, fp.underlay if fp else "", fp.underlay_key if fp else "")
-
-    def _network_why_not(self) -> str | None:
-        """Why machines here get no private network (None: they do); ``on`` and a host that
-        cannot: refused."""
-        host = self._host_driver
-        if self.config.private_network == "off":
-            return "the private network is off on this worker (--private-network)"
-        why = links.unavailable()
-        if why is None and host is not None and not host.sandbox:
-            why = "the sandbox driver is unavailable here: " + (sandbox.unavailable() or "off")
-        if why is None and host is not None and host.exec.waiter is None:
-            why = "souq-waiter (built with the host's C compiler) is needed to join namespaces"
-        if host is None:
-            why = "a hollow worker runs no machines"
-        if why is not None and self.config.private_network == "on":
-            raise InvalidInput(f"--private-network on: {why}", hint="use auto, or off")
-        return why
 
     def _images(self) -> AgentImages | None:
         """The image cache (not the hollow fleet's: it runs nothing)."""
@@ -291,21 +260,14 @@ class Agent:
                 admission=admission,
                 ports=PortPool(*config.ports),
                 advertise=config.advertise,
-                private_network=self.network_why_not is None,
+                network=self._worker_network(),
                 images=self._images(),
                 secrets=self._secrets,
+                volumes=self._volumes(self._store, admission),
+                fault=fault_point(config.data_dir),
             )
-            self._executor.fault = fault_point(config.data_dir)
-            self._start_network(self._executor)  # before any machine is re-adopted
-            if self._given_driver is None:  # a hollow worker keeps no volumes
-                self._executor.volumes = AgentVolumes(
-                    self._store,
-                    config.data_dir / "volumes",
-                    admission,
-                    self._clock,
-                    worker_id=self.worker_id,
-                    disks=VolumeDisks(config.data_dir / "volumes"),
-                )
+            # Before any machine is re-adopted: their rules, then the routes to other workers.
+            self._start_network(self._executor)
             if self._host_driver is not None:  # machine output logs: bounded, rotated
                 self.log_rotator.recover_all()  # a rotation of the agent's, interrupted
                 if not self._host_driver.exec.bounds_logs:  # each souq-waiter bounds its own
@@ -429,7 +391,8 @@ class Agent:
         return names
 
     def _job_runner(self, runs: Runs, admission: Admission, service: AgentService) -> JobRunner:
-        """The batch job runner; preemption may displace its runs (souq.agent.evictions)."""
+        """The batch job runner; preemption may displace its runs
+        (souq.agent.machines.evictions)."""
         transport = self._transport
         assert transport is not None
         runner = JobRunner(
@@ -456,8 +419,8 @@ class Agent:
         return pids | (self.jobs.owned_pids() if self.jobs is not None else set())
 
     def _follow_buckets(self, executor: Executor, client: Client) -> None:
-        """What the agent reads from JetStream: app secrets, and its region's spot price (to
-        preempt the spot machines it outbids: souq.agent.spot_prices). Not the hollow fleet's."""
+        """What the agent reads from JetStream: app secrets, and its region's spot price (to preempt
+        the spot machines it outbids: souq.agent.machines.spot_prices). Not the hollow fleet's."""
         if self._secrets is not None:
             self._secrets.attach(client)
         if self._given_driver is None:
@@ -508,7 +471,7 @@ class Agent:
             await self._stop_machines(self._commands)
         if self._executor is not None:
             if self._executor.network is not None:
-                self._leave_network(self._executor, self._executor.network)
+                network.leave(self._executor, self._executor.network)
             await self._executor.shutdown()
             self._executor = self._commands = None
         if self._service is not None:
@@ -522,22 +485,6 @@ class Agent:
         if self._transport is not None and self._own_transport:
             await self._transport.close()
             self._transport = None
-
-    @staticmethod
-    def _leave_network(executor: Executor, network: links.WorkerNetwork) -> None:
-        """What the private network holds for machines that do not run, removed (made again
-        at their next start): nothing is left of a worker whose machines are all stopped."""
-        running = [
-            (row.id, private_address(row.address))
-            for row in executor.rows()
-            if executor.handle(row.id) is not None
-            and row.address is not None
-            and row.address.private_ip
-        ]
-        try:
-            network.leave(running)
-        except OSError as exc:
-            log.warning("private network: could not remove what stopped machines hold: %s", exc)
 
     async def _stop_machines(self, commands: Commands) -> None:
         """Stop every machine, then take down what their mounts left in the host's table: the

@@ -16,9 +16,9 @@ from __future__ import annotations
 import logging
 import re
 
-from souq.agent.commands import Commands
-from souq.agent.executor import Executor
-from souq.agent.load import LoadGauge
+from souq.agent.capacity.load import LoadGauge
+from souq.agent.machines.commands import Commands
+from souq.agent.machines.executor import Executor
 from souq.agent.outbox import Outbox
 from souq.agent.publisher import Pacer, Publisher
 from souq.agent.stats import AgentStats

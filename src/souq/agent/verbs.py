@@ -1,9 +1,9 @@
 """The agent's answer to each verb of the protocol (:mod:`souq.protocol.verbs`).
 
-:meth:`WorkerVerbs.dispatcher` is the table the bus shell (:mod:`souq.agent.service`) and the
-hollow fleet hand every request to. Each handler takes the verb's typed request and returns its
-typed reply; the rules of who may claim what live in :mod:`souq.agent.admission`, the machine
-commands in :mod:`souq.agent.commands`.
+:meth:`WorkerVerbs.dispatcher` is the table the bus shell (:mod:`souq.agent.service`) and the hollow
+fleet hand every request to. Each handler takes the verb's typed request and returns its typed
+reply; the rules of who may claim what live in :mod:`souq.agent.capacity.admission`, the machine
+commands in :mod:`souq.agent.machines.commands`.
 """
 
 from __future__ import annotations
@@ -11,16 +11,16 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from souq.agent import evictions
-from souq.agent.batch import claim_batch
-from souq.agent.commands import Commands
-from souq.agent.executor import Executor
-from souq.agent.load import LoadGauge
-from souq.agent.machine_tools import MachineTools
+from souq.agent.capacity.load import LoadGauge
+from souq.agent.machines import evictions
+from souq.agent.machines.batch import claim_batch
+from souq.agent.machines.commands import Commands
+from souq.agent.machines.executor import Executor
+from souq.agent.machines.quotes import Quotes
+from souq.agent.machines.tools import MachineTools
 from souq.agent.publisher import Publisher
-from souq.agent.quotes import Quotes
 from souq.agent.stats import AgentStats
-from souq.agent.volume_verbs import route_volumes
+from souq.agent.volumes.verbs import route_volumes
 from souq.agent.wire import machine_json
 from souq.bus.codec import Encoded
 from souq.clock import Clock, iso_from_ms
@@ -327,7 +327,7 @@ class WorkerVerbs:
     async def _get(self, ref: msg.MachineRef) -> Machine:
         return self._ex.machine(ref.app, ref.machine_id)
 
-    # Every change of a machine checks its lease first (:mod:`souq.agent.leases`).
+    # Every change of a machine checks its lease first (:mod:`souq.agent.machines.leases`).
 
     def _leased(self, ref: msg.MachineRef) -> None:
         self._ex.row(ref.app, ref.machine_id)  # another app's machine is not found

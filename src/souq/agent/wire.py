@@ -4,7 +4,7 @@ once.
 A claim's config and placement record (most of a machine record's bytes: the placement alone is
 about 1.7 kB with eight offers) were encoded three times: into the store, into the reply and
 into the launch event. Here a machine record is encoded without them, and they are spliced in as
-``json_of`` gives them, which is the store's :meth:`~souq.agent.store.Store.json_of`: the very
+``json_of`` gives them, which is the store's :meth:`~souq.agent.state.store.Store.json_of`: the very
 text it recorded, remembered for the same objects. The result is the JSON object that
 ``model_dump_json()`` makes, its keys in another order.
 """

@@ -1,10 +1,10 @@
-"""The routes that change a machine in place: ``POST /v1/apps/{app}/machines/{id}`` replaces
-its config (it keeps its worker and gets a new ``instance_id``), and ``.../lease`` takes, shows
-and ends the machine's lease (:mod:`souq.agent.leases`): while one lasts, every change needs its
-nonce in the ``souq-lease-nonce`` header (or Fly's ``fly-machine-lease-nonce``). A lease is
-answered in Souq's form and Fly's at once: Souq's fields, and Fly's ``{"status", "data":
-{"nonce", "expires_at" (seconds), "owner", "version"}}``. A signal's route is made from its
-declaration (:mod:`souq.operations`)."""
+"""The routes that change a machine in place: ``POST /v1/apps/{app}/machines/{id}`` replaces its
+config (it keeps its worker and gets a new ``instance_id``), and ``.../lease`` takes, shows and ends
+the machine's lease (:mod:`souq.agent.machines.leases`): while one lasts, every change needs its
+nonce in the ``souq-lease-nonce`` header (or Fly's ``fly-machine-lease-nonce``). A lease is answered
+in Souq's form and Fly's at once: Souq's fields, and Fly's ``{"status", "data": {"nonce",
+"expires_at" (seconds), "owner", "version"}}``. A signal's route is made from its declaration
+(:mod:`souq.operations`)."""
 
 from __future__ import annotations
 

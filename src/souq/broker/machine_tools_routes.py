@@ -10,7 +10,7 @@ route (under ``/v1/apps/{app}/machines``)  answer
 ``DELETE {id}/metadata/{key}``             ``204``
 ========================================  =============================================
 
-Each is one verb to the machine's worker (:mod:`souq.agent.machine_tools` answers); none
+Each is one verb to the machine's worker (:mod:`souq.agent.machines.tools` answers); none
 restarts the machine. ``ps``, ``cordon`` and ``uncordon`` are made from their declarations
 (:mod:`souq.broker.op_routes`). An exec's bus request is given its ``timeout`` on top of the command
 timeout, so the worker's ``408 timeout`` reaches the caller before the bus gives up.

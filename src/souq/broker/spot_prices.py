@@ -4,13 +4,12 @@ workers (:mod:`souq.market.prices`, pure), publishes a change in JetStream's
 the recent history), watches the bucket for what other brokers publish, refuses a spot create
 that bids below the published price, and shows the price in ``GET /v1/regions``.
 
-Nobody coordinates the publishing: every broker works the figure out every
-``spot_price.interval_s`` and writes it by compare-and-set on the key's last revision, when it
-differs from the figure there and its view is not older than the one that figure came from
-(:func:`~souq.market.prices.supersedes`). A write that loses a race is dropped (the watch
-brings the winner's). The workers, not the brokers, preempt their spot machines when the
-published price passes their bids (:mod:`souq.agent.spot_prices`), so no two brokers can act
-on one machine.
+Nobody coordinates the publishing: every broker works the figure out every ``spot_price.interval_s``
+and writes it by compare-and-set on the key's last revision, when it differs from the figure there
+and its view is not older than the one that figure came from
+(:func:`~souq.market.prices.supersedes`). A write that loses a race is dropped (the watch brings the
+winner's). The workers, not the brokers, preempt their spot machines when the published price passes
+their bids (:mod:`souq.agent.machines.spot_prices`), so no two brokers can act on one machine.
 
 Until a figure is published for a region (a new cluster, JetStream away), the price shown and
 checked is the broker's own (``spot_price_source: view``).

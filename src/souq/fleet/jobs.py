@@ -1,5 +1,5 @@
 """Hollow batch-job runs: a hollow worker pulls, claims, renews and reports jobs exactly as an
-agent does (the same :class:`~souq.agent.jobs.JobRunner`), but a run starts no process: it
+agent does (the same :class:`~souq.agent.jobs.runner.JobRunner`), but a run starts no process: it
 lasts as long as the job's ``sleep`` says (``["sleep", "0.7"]`` or ``"sleep 0.7"``; anything
 else ends at once, exit 0). For measuring the queue at scale (``souq fleet --jobs N``)."""
 
@@ -9,7 +9,7 @@ import asyncio
 import shlex
 import signal as signals
 
-from souq.agent.job_process import RunRecord
+from souq.agent.jobs.process import RunRecord
 from souq.drivers.base import ExitStatus
 from souq.model.job import Job
 

@@ -28,8 +28,8 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from souq import daemon
+from souq.agent.capacity.load import LoadGauge
 from souq.agent.config import AgentConfig, Region
-from souq.agent.load import LoadGauge
 from souq.agent.main import Agent
 from souq.auth.bus import daemon_credential
 from souq.bus.nats import NatsTransport, connect

@@ -1,4 +1,4 @@
-"""Cheap stores for hollow workers: the agent's own :class:`~souq.agent.store.Store` (same
+"""Cheap stores for hollow workers: the agent's own :class:`~souq.agent.state.store.Store` (same
 schema, same transactions), kept where durability costs nothing.
 
 * :func:`memory_store` (the default): SQLite ``:memory:``, one small database per worker. No
@@ -14,7 +14,7 @@ schema, same transactions), kept where durability costs nothing.
 
 A hollow worker measures the control plane, not durability: the claim's SQLite transaction is
 still there, only its fsync is gone. Each store compiles the statements of a claim when it is
-made (:meth:`~souq.agent.store.Store.prepare`), not during its first claim: with thousands of
+made (:meth:`~souq.agent.state.store.Store.prepare`), not during its first claim: with thousands of
 workers, most claims of a short run are some worker's first.
 """
 
@@ -23,8 +23,8 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from souq.agent import schema as _schema
-from souq.agent.store import Store
+from souq.agent.state import schema as _schema
+from souq.agent.state.store import Store
 
 __all__ = ["file_store", "memory_store"]
 

@@ -1,7 +1,7 @@
 """What a job printed, kept where the queue is: JetStream's object store ``souq-job-logs``, one
 object per run (``<name>/<attempt>``), so that a run's output outlives the worker that ran it.
 
-The worker that ran it writes the object when the run ends (:mod:`souq.agent.jobs`): the last
+The worker that ran it writes the object when the run ends (:mod:`souq.agent.jobs.runner`): the last
 :data:`OUTPUT_MAX_BYTES` of stdout and stderr together, the head cut off and said so on the
 first line. A broker reads the last run's for ``GET /sched/logs/{name}``. Objects go after
 :data:`OUTPUT_TTL_S` (a week, the longest deadline a job may have). A broker makes the bucket

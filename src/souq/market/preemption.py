@@ -66,7 +66,7 @@ RANK: dict[str, int] = {
 
 
 class JobRuns(Protocol):
-    """A worker's batch job runs, as preemption sees them (``souq.agent.jobs.JobRunner``)."""
+    """A worker's batch job runs, as preemption sees them (``souq.agent.jobs.runner.JobRunner``)."""
 
     def preemptible(self, claimant: str) -> list[Candidate]:
         """The runs a machine of class ``claimant`` could displace (``JOB_VICTIM + name``)."""

@@ -3,7 +3,7 @@
 
 The placement stages (:mod:`souq.placement.filters`, :mod:`souq.placement.gpus`), the column
 form the simulator runs (:mod:`souq.sim.columns`) and the worker's admission core
-(:mod:`souq.agent.admission`) say a reason by its name here; the codes on the wire are the
+(:mod:`souq.agent.capacity.admission`) say a reason by its name here; the codes on the wire are the
 values, which do not change (docs/placement.md lists each with the stage that gives it).
 Pure.
 """

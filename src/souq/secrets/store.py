@@ -1,7 +1,7 @@
 """App secrets where the cluster keeps state: JetStream's key-value bucket ``souq-secrets``, one
 key per secret, ``<app>.<NAME>``, each value a :class:`~souq.secrets.sealed.Sealed` record (the
 value encrypted; never in clear). Brokers set, list and unset them (:class:`SecretStore`);
-agents read them when a machine starts (:mod:`souq.agent.secrets`).
+agents read them when a machine starts (:mod:`souq.agent.machines.secrets`).
 """
 
 from __future__ import annotations

@@ -2,11 +2,11 @@
 
 Pure and deterministic. Each broker is a :class:`~souq.market.WorkerBook` and the
 :class:`~souq.market.Auction` s it runs; each worker is an
-:class:`~souq.agent.admission.Admission`, the worker's own admission core. Messages between them
-are timers on a :class:`~souq.clock.VirtualClock` (``hop_s`` each way), so that races happen
-as they would on a network: two brokers may send claims for the last capacity at the same time,
-and the worker judges them in the order they arrive. Workers tell every broker their usage after
-each change, as agents do on ``souq.use.<region>.<worker>``.
+:class:`~souq.agent.capacity.admission.Admission`, the worker's own admission core. Messages between
+them are timers on a :class:`~souq.clock.VirtualClock` (``hop_s`` each way), so that races happen as
+they would on a network: two brokers may send claims for the last capacity at the same time, and the
+worker judges them in the order they arrive. Workers tell every broker their usage after each
+change, as agents do on ``souq.use.<region>.<worker>``.
 
 When a broker's book has no candidate with room, it asks the workers for offers, as a real
 broker does: each asked worker answers after a round trip (two hops) with its admission's
@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from souq.agent.admission import Admission
+from souq.agent.capacity.admission import Admission
 from souq.clock import VirtualClock
 from souq.errors import ClaimRefused, SouqError
 from souq.market import AskOffers, Auction, Finished, Order, Purpose, Rules, SendClaim, WorkerBook

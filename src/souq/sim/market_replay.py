@@ -5,7 +5,7 @@ recording the claim.
 Per pod, in the paper's arrival order (:mod:`souq.sim.workload`): a :class:`PlacementRequest`
 for the pod's size; :func:`souq.sim.columns.rank_table` runs the policy's
 :class:`~souq.placement.Pipeline` (filters, scorers, weights, tie rule) over every worker; the
-winner's :class:`~souq.agent.admission.Admission` checks the claim as a worker would and
+winner's :class:`~souq.agent.capacity.admission.Admission` checks the claim as a worker would and
 reserves it (choosing the GPUs by the worker's own rule); the worker's row is read back from
 what its admission now says. Worker ids follow the seeded node order, so ties that go to the
 smallest id go where the paper's go (its scheduler takes the smallest prefixed node name).
@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from souq.agent.admission import Admission
+from souq.agent.capacity.admission import Admission
 from souq.errors import InvalidInput
 from souq.model.policy import PlacementDefaults, PlacementPolicy
 from souq.model.resources import GPU_MILLI, Resources

@@ -1,0 +1,135 @@
+"""The agent's side of preemption: which of its machines a new one could displace, and their
+eviction once admission chose them (:mod:`souq.market.preemption` decides, purely).
+
+A victim gets an event ``preempted`` (``source: agent``) naming the machine that took its room,
+and gives its reservation back in the same step; a running one is stopped as a user's stop
+would be (its stop signal, SIGKILL after its ``kill_timeout``), so it leaves the proxies'
+rotation at once and ends ``stopped``; a stopped one (holding room) just gives the room back. A
+later start takes room again, judged as a new machine is (as for a failed one).
+"""
+
+from __future__ import annotations
+
+from souq.agent.machines import lifecycle
+from souq.agent.machines.executor import Executor
+from souq.agent.machines.lifecycle import Trigger
+from souq.agent.state.operations import OpEvent, OpKind
+from souq.agent.state.records import MachineRow
+from souq.market.preemption import JOB_VICTIM, Candidate, Eviction, JobRuns, may_displace
+from souq.model.machine import MachineState
+from souq.model.placement import PreemptedMachine
+
+__all__ = ["RUNNING", "candidates", "displace", "evict"]
+
+S = MachineState
+_DISPLACEABLE = (S.STARTED, S.SUSPENDED, S.STOPPED, S.CREATED)
+RUNNING = (S.STARTED, S.SUSPENDED)
+
+
+def candidates(ex: Executor, claimant: str) -> list[Candidate]:
+    """The machines here that a machine of class ``claimant`` could displace: of a lower class,
+    holding a reservation, settled (no operation under way); and the batch jobs running here
+    of a lower class (``ex.job_runs``)."""
+    jobs: JobRuns | None = ex.job_runs
+    found = [] if jobs is None else jobs.preemptible(claimant)
+    for row in ex.rows():
+        klass = row.config.priority_class
+        if (
+            row.state not in _DISPLACEABLE
+            or not may_displace(claimant, klass)
+            or row.id in ex.unreserved
+            or ex.current_op(row.id) is not None
+        ):
+            continue
+        found.append(
+            Candidate(
+                machine_id=row.id,
+                app=row.app,
+                priority_class=klass,
+                resources=row.resources,
+                price=row.config.max_price,
+                running=row.state in RUNNING,
+                created_at=row.created_at,
+                gpu_ids=tuple(row.gpu_ids),
+            )
+        )
+    return found
+
+
+def evict(
+    ex: Executor,
+    eviction: Eviction,
+    *,
+    by: str,
+    app: str,
+    claimant: str,
+) -> list[PreemptedMachine]:
+    """Displace ``eviction``'s victims for machine ``by`` of ``app`` (class ``claimant``): each
+    gives its reservation back now and, if it runs, is stopped. Their steps commit unsynced:
+    the new machine's record, which follows, is synced before the claim is answered (and
+    syncs every write before it). Returns what the new machine's placement record says of
+    them."""
+    told = []
+    for victim in eviction.victims:
+        reason = (
+            f"priority_class {claimant} displaces {victim.priority_class}: no worker had room "
+            f"for machine {by} of app {app}"
+        )
+        if victim.machine_id.startswith(JOB_VICTIM):
+            jobs: JobRuns | None = ex.job_runs
+            assert jobs is not None  # only its runner proposed it
+            jobs.preempt(victim.machine_id.removeprefix(JOB_VICTIM), by)
+        else:
+            row = ex.row_by_id(victim.machine_id)
+            displace(ex, row, f"preempted by machine {by} of app {app}: {reason}")
+        told.append(
+            PreemptedMachine(
+                machine_id=victim.machine_id,
+                app=victim.app,
+                priority_class=victim.priority_class,
+                max_price=victim.price,
+                cpus=victim.resources.cpus,
+                memory_mb=victim.resources.memory_mb,
+                running=victim.running,
+                reason=reason,
+            )
+        )
+    return told
+
+
+def displace(ex: Executor, row: MachineRow, message: str, *, durable: bool = False) -> None:
+    """Preempt ``row``: an event ``preempted`` saying ``message``, its reservation given back,
+    and, if it runs, its stop. ``durable=False``: the caller syncs the store (a claim's)."""
+    if row.state is S.STOPPED:
+        ex.apply(
+            row.id,
+            type="preempted",
+            source="agent",
+            message=message,
+            give_back=True,
+            durable=durable,
+        )
+        return
+    lifecycle.transition(row.state, Trigger.STOP, machine_id=row.id)
+    running = row.state in RUNNING
+    stop = row.config.stop_config
+    drain = stop.drain_s if running and row.config.services and row.state is S.STARTED else 0.0
+    op = ex.new_op(
+        OpKind.STOP,
+        row.id,
+        source="agent",
+        signal=stop.signal,
+        timeout_s=stop.timeout_s,
+        drain_s=drain,
+    )
+    ex.step(
+        op,
+        (OpEvent.DRAIN if drain else OpEvent.BEGIN) if running else OpEvent.IDLE,
+        event=Trigger.STOP,
+        type="preempted",
+        source="agent",
+        signal=stop.signal if running else None,
+        message=message,
+        give_back=True,
+        durable=durable,  # a claim's: the new machine's record syncs it, before its answer
+    )
