@@ -57,6 +57,7 @@ class FakeWorker:
     allocated: Resources = field(default_factory=Resources.zero)
     cordoned: bool = False
     refuse_claims: bool = False  # as if another broker won every race
+    refusal_reason: str | None = None  # the reason its refusals give (None: none)
     silent_claims: bool = False  # claims get no answer
     slow_claims: int = 0  # the first ones are answered (made) only after this long, in ms
     silent_offers: bool = False
@@ -180,7 +181,10 @@ class FakeWorker:
             return self.machines[known[1]]
         want = claim.config.guest.resources()
         if self.refuse_claims or not want.fits_within(self._free()):
-            raise ClaimRefused(f"worker {self.id} has no room")
+            raise ClaimRefused(
+                f"worker {self.id} has no room",
+                details={"reason": self.refusal_reason} if self.refusal_reason else None,
+            )
         self.allocated = self.allocated.plus(want)
         machine_id = f"m{len(self.claims):02d}{self.id}"
         state = MachineState.CREATED if claim.skip_launch else MachineState.STARTED

@@ -9,6 +9,7 @@ import pytest
 from souq.bus import MemoryTransport
 from souq.errors import IdempotencyConflict, InsufficientCapacity, Unavailable, UnknownRegion
 from souq.model import MachineState, Placement, Resources
+from souq.network.addresses import NETWORK_UNKNOWN
 
 from .broker_fakes import FakeWorker, create_body, started_service
 
@@ -134,6 +135,33 @@ async def test_refused_claims_go_down_the_ranking_then_capacity_is_refused() -> 
     assert not any(c.ok for c in record.claims)
     assert record.winner is None
     assert sum(len(w.claims) for w in racers) == 3
+
+
+async def test_claims_refused_for_an_unknown_network_are_unavailable_not_no_capacity() -> None:
+    """While the broker cannot read the app's network (JetStream down), private-network workers
+    refuse the claim (``network_unknown``): that is 503, retry, not 409; one refusal of another
+    kind beside them keeps the 409."""
+    bus = MemoryTransport()
+    workers = [
+        FakeWorker(bus, f"w{i}", refuse_claims=True, refusal_reason=NETWORK_UNKNOWN)
+        for i in range(2)
+    ]
+    service = await started_service(bus, *workers, preempt_max_victims=0)
+    with pytest.raises(Unavailable) as caught:
+        await service.create_machine("web", create_body())
+    assert caught.value.http_status == 503
+    assert "private network cannot be read" in caught.value.message
+    record = Placement.model_validate(caught.value.details["placement"])
+    assert [c.reason for c in record.claims] == [NETWORK_UNKNOWN, NETWORK_UNKNOWN]
+
+    bus = MemoryTransport()
+    mixed = [
+        FakeWorker(bus, "w0", refuse_claims=True, refusal_reason=NETWORK_UNKNOWN),
+        FakeWorker(bus, "w1", refuse_claims=True),
+    ]
+    service = await started_service(bus, *mixed, preempt_max_victims=0)
+    with pytest.raises(InsufficientCapacity):
+        await service.create_machine("web", create_body())
 
 
 async def test_insufficient_capacity_names_the_reasons_with_counts() -> None:

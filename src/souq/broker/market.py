@@ -58,6 +58,7 @@ from souq.model.batch import (
 )
 from souq.model.choices import PriorityClass
 from souq.model.image import ImageRecord
+from souq.network.addresses import NETWORK_UNKNOWN
 from souq.placement import Pipeline, PipelineCache, PlacementRequest
 from souq.protocol import WorkerClient
 from souq.protocol.verbs import CLAIM, CLAIM_BATCH, DESTROY, HOLD, OFFER, Verb
@@ -525,6 +526,17 @@ class Market:
             return done
         if auction.record.considered == 0:
             raise self._nobody(auction, done)
+        claims = done.record.claims if isinstance(done.record, Placement) else []
+        if claims and all(c.reason == NETWORK_UNKNOWN for c in claims):
+            # Not a want of room: the app's record could not be read (JetStream unavailable),
+            # and every worker that could take the machine would give it a private address.
+            raise Unavailable(
+                "the app's private network cannot be read now (JetStream does not answer), "
+                "and the workers with room give every sandboxed machine a private address: "
+                "none takes it on a guess",
+                hint="retry shortly",
+                details={"placement": done.record.model_dump(mode="json")},
+            ) from done.error
         raise done.error
 
     def _nobody(self, auction: Auction, done: Finished) -> SouqError:
