@@ -246,12 +246,16 @@ def agent_dir(auth: AuthDir, worker_id: str, dest: Path) -> AuthDir:
     """An auth directory (0700) holding what one agent needs and nothing more: its own NATS seed
     (``dest/nats/agent-<worker id>.nk``), the bus's CA when it runs TLS, and the secrets key (it
     opens its machines' secrets). Not the token keys, the admin token, nor any other role's or
-    agent's seed. What it holds already stays (a seed is never rewritten)."""
+    agent's seed: another seed found there (one an earlier Souq gave, the ``view``'s say) is
+    removed. Its own seed is written as the cluster has it."""
     user = agent_user(worker_id)
     seed = credential(auth, user).seed
     dest.mkdir(parents=True, exist_ok=True, mode=0o700)
     dest.chmod(0o700)
     own = AuthDir(dest)
+    for other in own.nats_dir.glob("*.nk") if own.nats_dir.is_dir() else ():
+        if other.stem != user:
+            other.unlink()
     write_private(_seed_path(own, user), seed + "\n")
     if auth.secrets_key.exists():
         write_private(own.secrets_key, auth.secrets_key.read_text())

@@ -547,33 +547,36 @@ def cluster_events(
             render.cluster_event(event, as_json=as_json)
 
 
-# -- daemons -----------------------------------------------------------------------------------
+# -- the other commands ------------------------------------------------------------------------
 
 
 # The other commands live in their own modules; each adds itself to ``app`` (they use the helpers
-# above, so they come after them). Run as ``python -m souq.client.cli`` this file is
-# ``__main__`` and the modules import it again as ``souq.client.cli``: that one registers them.
+# above, so they come after them). The daemons' commands stand outside the client, in
+# ``souq.daemon_commands``: they build a component's config and run it, calling no API. Run as
+# ``python -m souq.client.cli`` this file is ``__main__`` and the modules import it again as
+# ``souq.client.cli``: that one registers them.
 for _module, _register in (
     ()
     if __name__ == "__main__"
     else (
-        ("daemons", "register_daemons"),  # agent, broker, fleet, dev
-        ("images", "register_images"),
-        ("apps_cli", "register_apps"),
-        ("auth_cli", "register_auth"),
-        ("cluster_cli", "register_cluster"),
-        ("workers_cli", "register_workers"),  # list, cordon, drain, uncordon
-        ("regions_cli", "register_regions"),  # regions and their spot prices
-        ("secrets_cli", "register_secrets"),
-        ("volumes_cli", "register_volumes"),  # Fly's volumes
-        ("quota_cli", "register_quota"),  # quotas of apps and organizations
-        ("jobs_cli", "register_jobs"),  # batch jobs: the /sched API
-        ("simulate_cli", "register_simulate"),
-        ("machine_tools_cli", "register_machine_tools"),  # machine exec, metadata
-        ("op_cli", "register_operations"),  # souq.operations: ps, ops, events, suspend, cordon
+        ("souq.daemon_commands", "register_daemons"),  # agent, broker, proxy, fleet, dev
+        ("souq.client.images", "register_images"),
+        ("souq.client.apps_cli", "register_apps"),
+        ("souq.client.auth_cli", "register_auth"),
+        ("souq.client.cluster_cli", "register_cluster"),
+        ("souq.client.workers_cli", "register_workers"),  # list, cordon, drain, uncordon
+        ("souq.client.regions_cli", "register_regions"),  # regions and their spot prices
+        ("souq.client.secrets_cli", "register_secrets"),
+        ("souq.client.volumes_cli", "register_volumes"),  # Fly's volumes
+        ("souq.client.quota_cli", "register_quota"),  # quotas of apps and organizations
+        ("souq.client.jobs_cli", "register_jobs"),  # batch jobs: the /sched API
+        ("souq.client.simulate_cli", "register_simulate"),
+        ("souq.client.machine_tools_cli", "register_machine_tools"),  # machine exec, metadata
+        # souq.operations: ps, ops, events, suspend, cordon
+        ("souq.client.op_cli", "register_operations"),
     )
 ):
-    getattr(importlib.import_module(f"souq.client.{_module}"), _register)(app)
+    getattr(importlib.import_module(_module), _register)(app)
 
 
 def main() -> None:
