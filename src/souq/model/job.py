@@ -11,6 +11,7 @@ from pydantic import Field, field_validator, model_validator
 from souq.model.base import Input, Record
 from souq.model.choices import JobRestart, JobState, PriorityClass
 from souq.model.machine import APP_NAME_PATTERN
+from souq.model.prices import MaxPrice
 from souq.model.schedule import Schedule, ScheduleText, TimeZoneName, parse_schedule
 
 __all__ = [
@@ -120,11 +121,8 @@ class JobSubmit(Input):
         default=PriorityClass.STANDARD,
         description="`reserved`, `standard` or `spot`, as a machine's (docs/placement.md)",
     )
-    max_price: float | None = Field(
+    max_price: MaxPrice = Field(
         default=None,
-        ge=0,
-        le=1e9,
-        allow_inf_nan=False,
         description="the most it bids, per hour (none: no limit)",
     )
 

@@ -39,6 +39,7 @@ from souq.model.fly_fields import (
 )
 from souq.model.machine_parts import GuestConfig, RestartConfig, StopConfig, normalise_signal
 from souq.model.placement import Placement
+from souq.model.prices import MaxPrice
 from souq.model.schedule import Schedule, ScheduleText, TimeZoneName, parse_schedule
 from souq.model.services import Check, MachineAddress, Service
 from souq.model.volume import MachineMount
@@ -218,11 +219,8 @@ class MachineConfig(Input):
         description="`reserved` (never displaced), `standard` or `spot` (displaced first): a "
         "create that fits nowhere may displace machines of a lower class (docs/placement.md)",
     )
-    max_price: float | None = Field(
+    max_price: MaxPrice = Field(
         default=None,
-        ge=0,
-        le=1e9,
-        allow_inf_nan=False,
         description="the most it bids, per hour (none: no limit); among machines of one class "
         "the cheapest bids are displaced first",
     )
