@@ -16,6 +16,7 @@ from souq.model.base import Input, Record
 from souq.model.image import ImageRecord
 from souq.model.machine import Machine, MachineConfig
 from souq.model.placement import OfferOutcome, Placement, Sampling, Timings
+from souq.model.secrets import MinSecretsVersion, SkipSecrets
 
 __all__ = [
     "BatchClaim",
@@ -72,12 +73,8 @@ class BatchClaimRequest(Input):
     region: str
     config: MachineConfig
     skip_launch: bool = False
-    skip_secrets: bool = False
-    min_secrets_version: int = Field(
-        default=0,
-        ge=0,
-        description="the worker takes it once it has read the app's secrets this far",
-    )
+    skip_secrets: SkipSecrets = False
+    min_secrets_version: MinSecretsVersion = 0
     request_ids: list[str] = Field(min_length=1, description="one per machine")
     placement: Placement | None = None
     image: ImageRecord | None = Field(default=None, description="the image `config.image` names")

@@ -11,7 +11,8 @@ from pydantic import Field, field_validator, model_validator
 from souq.model.base import Input, Record
 from souq.model.choices import JobRestart, JobState, PriorityClass
 from souq.model.machine import APP_NAME_PATTERN
-from souq.model.schedule import Schedule, parse_schedule, time_zone
+from souq.model.prices import MaxPrice
+from souq.model.schedule import Schedule, ScheduleText, TimeZoneName, parse_schedule
 
 __all__ = [
     "DEFAULT_QUEUE",
@@ -102,13 +103,13 @@ class JobSubmit(Input):
     cpus: float = Field(default=0.1, ge=0, le=1024)
     memory_mb: int = Field(default=64, ge=0, le=4 * 2**20)
     env: dict[str, str] = Field(default_factory=dict, max_length=256)
-    cron: str | None = Field(
+    cron: ScheduleText = Field(
         default=None,
         description="a periodic job (Nomad's `periodic.cron`): a run of it is queued at each "
         "time the cron expression names (or Fly's `hourly`, `daily`, `weekly`, `monthly`), "
         f"named `NAME-YYYYMMDDTHHMMSSZ`; the name may then have {PERIODIC_NAME_MAX} characters",
     )
-    time_zone: str | None = Field(
+    time_zone: TimeZoneName = Field(
         default=None, description="the IANA time zone `cron` is read in (default UTC)"
     )
     prohibit_overlap: bool = Field(
@@ -120,26 +121,10 @@ class JobSubmit(Input):
         default=PriorityClass.STANDARD,
         description="`reserved`, `standard` or `spot`, as a machine's (docs/placement.md)",
     )
-    max_price: float | None = Field(
+    max_price: MaxPrice = Field(
         default=None,
-        ge=0,
-        le=1e9,
-        allow_inf_nan=False,
         description="the most it bids, per hour (none: no limit)",
     )
-
-    @field_validator("cron")
-    @classmethod
-    def _cron(cls, v: str | None) -> str | None:
-        if v is not None:
-            parse_schedule(v)
-        return v
-
-    @field_validator("time_zone")
-    @classmethod
-    def _time_zone(cls, v: str | None) -> str | None:
-        time_zone(v)
-        return v
 
     @model_validator(mode="after")
     def _periodic(self) -> JobSubmit:

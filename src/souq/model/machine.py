@@ -39,7 +39,8 @@ from souq.model.fly_fields import (
 )
 from souq.model.machine_parts import GuestConfig, RestartConfig, StopConfig, normalise_signal
 from souq.model.placement import Placement
-from souq.model.schedule import Schedule, parse_schedule, time_zone
+from souq.model.prices import MaxPrice
+from souq.model.schedule import Schedule, ScheduleText, TimeZoneName, parse_schedule
 from souq.model.services import Check, MachineAddress, Service
 from souq.model.volume import MachineMount
 
@@ -192,13 +193,13 @@ class MachineConfig(Input):
     auto_destroy: bool = Field(
         default=False, description="destroy it when it exits and its restart policy says stay"
     )
-    schedule: str | None = Field(
+    schedule: ScheduleText = Field(
         default=None,
         description="start it while it is stopped: Fly's `hourly`, `daily`, `weekly`, "
         "`monthly` (30 days) or a duration such as `90s` (that long after it last started), "
         "or a cron expression such as `0 3 * * *` (at those times, in `schedule_time_zone`)",
     )
-    schedule_time_zone: str | None = Field(
+    schedule_time_zone: TimeZoneName = Field(
         default=None,
         description="the IANA time zone a cron `schedule` is read in (Nomad's "
         "`periodic.time_zone`; default UTC)",
@@ -218,11 +219,8 @@ class MachineConfig(Input):
         description="`reserved` (never displaced), `standard` or `spot` (displaced first): a "
         "create that fits nowhere may displace machines of a lower class (docs/placement.md)",
     )
-    max_price: float | None = Field(
+    max_price: MaxPrice = Field(
         default=None,
-        ge=0,
-        le=1e9,
-        allow_inf_nan=False,
         description="the most it bids, per hour (none: no limit); among machines of one class "
         "the cheapest bids are displaced first",
     )
@@ -284,19 +282,6 @@ class MachineConfig(Input):
         for name in v:
             if not _NAME.match(name):
                 raise ValueError(f"check name {name!r}: 1-63 letters, digits, '-', '_' or '.'")
-        return v
-
-    @field_validator("schedule")
-    @classmethod
-    def _schedule(cls, v: str | None) -> str | None:
-        if v is not None:
-            parse_schedule(v)
-        return v
-
-    @field_validator("schedule_time_zone")
-    @classmethod
-    def _schedule_time_zone(cls, v: str | None) -> str | None:
-        time_zone(v)
         return v
 
     @property

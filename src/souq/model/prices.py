@@ -7,11 +7,18 @@ arithmetic is :mod:`souq.market.prices`' (pure)."""
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from souq.model.base import Record
 
-__all__ = ["SpotPrice", "SpotPriceRule"]
+__all__ = ["MAX_PRICE", "MaxPrice", "SpotPrice", "SpotPriceRule"]
+
+MAX_PRICE = 1e9  # the largest bid, per hour
+# A machine's or a job's bid (``max_price``), per hour, in the unit of the spot price; None bids
+# without limit.
+MaxPrice = Annotated[float | None, Field(ge=0, le=MAX_PRICE, allow_inf_nan=False)]
 
 
 class SpotPriceRule(BaseModel):
@@ -50,7 +57,7 @@ class SpotPriceRule(BaseModel):
 
     @model_validator(mode="after")
     def _bounded(self) -> SpotPriceRule:
-        if self.floor * self.peak > 1e9:
+        if self.floor * self.peak > MAX_PRICE:
             raise ValueError("floor * peak must stay within 1e9 (the largest `max_price`)")
         return self
 

@@ -15,6 +15,7 @@ from souq.model.machine import Machine, MachineConfig, MachineEvent, MachineStat
 from souq.model.placement import Placement
 from souq.model.policy import PlacementPolicy
 from souq.model.resources import Resources
+from souq.model.secrets import MinSecretsVersion, SkipSecrets
 from souq.model.worker import Load, WorkerInfo
 
 __all__ = [
@@ -121,15 +122,8 @@ class ClaimRequest(Input):
     region: str
     config: MachineConfig
     skip_launch: bool = False
-    skip_secrets: bool = Field(
-        default=False,
-        description="start it without its app's secrets, now and at every later start",
-    )
-    min_secrets_version: int = Field(
-        default=0,
-        ge=0,
-        description="the worker claims it once it has read the app's secrets this far",
-    )
+    skip_secrets: SkipSecrets = False
+    min_secrets_version: MinSecretsVersion = 0
     placement: Placement | None = None
     region_chosen: str | None = Field(
         default=None, description="why the broker chose the region (the create named none)"
@@ -205,15 +199,8 @@ class UpdateCommand(MachineRef):
     config: MachineConfig
     image: ImageRecord | None = Field(default=None, description="the image `config.image` names")
     skip_launch: bool = False
-    skip_secrets: bool = Field(
-        default=False,
-        description="start it without its app's secrets, now and at every later start",
-    )
-    min_secrets_version: int = Field(
-        default=0,
-        ge=0,
-        description="the worker takes it once it has read the app's secrets this far",
-    )
+    skip_secrets: SkipSecrets = False
+    min_secrets_version: MinSecretsVersion = 0
 
 
 class SignalCommand(MachineRef):

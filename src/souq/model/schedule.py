@@ -24,9 +24,11 @@ import functools
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, tzinfo
+from typing import Annotated
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 from cronsim import CronSim, CronSimError
+from pydantic import AfterValidator
 
 from souq.clock import iso_from_ms
 from souq.model.durations import seconds_of
@@ -36,6 +38,8 @@ __all__ = [
     "MIN_INTERVAL_S",
     "Due",
     "Schedule",
+    "ScheduleText",
+    "TimeZoneName",
     "parse_schedule",
     "plan",
     "time_zone",
@@ -152,6 +156,24 @@ def parse_schedule(text: str, zone: str | None = None) -> Schedule:
     except (StopIteration, OverflowError, ValueError) as exc:
         raise ValueError(f"schedule {text!r} never fires") from exc
     return Schedule(text, cron=cron, zone=zone or "UTC")
+
+
+def _schedule_text(text: str | None) -> str | None:
+    if text is not None:
+        parse_schedule(text)
+    return text
+
+
+def _time_zone_name(name: str | None) -> str | None:
+    time_zone(name)
+    return name
+
+
+# A model's schedule as written (checked with :func:`parse_schedule`, kept as text) and the IANA
+# zone a cron one is read in (checked with :func:`time_zone`): a machine's ``config.schedule``
+# and ``schedule_time_zone``, a periodic job's ``cron`` and ``time_zone``.
+ScheduleText = Annotated[str | None, AfterValidator(_schedule_text)]
+TimeZoneName = Annotated[str | None, AfterValidator(_time_zone_name)]
 
 
 def plan(schedule: Schedule, anchor_ms: int, now_ms: int) -> tuple[Due | None, int]:

@@ -1,10 +1,23 @@
-"""What the API shows of an app's secret: never its value (see :mod:`souq.secrets`)."""
+"""What the API shows of an app's secret: never its value (see :mod:`souq.secrets`); what a
+create or an update tells the worker about its app's secrets."""
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
-__all__ = ["SecretInfo"]
+__all__ = ["MinSecretsVersion", "SecretInfo", "SkipSecrets"]
+
+# A claim's, a batch claim's and an update's: whether the machine starts without its app's
+# secrets, and the version of them the worker must have read before it takes the message.
+SkipSecrets = Annotated[
+    bool, Field(description="start it without its app's secrets, now and at every later start")
+]
+MinSecretsVersion = Annotated[
+    int,
+    Field(ge=0, description="the worker takes it once it has read the app's secrets this far"),
+]
 
 
 class SecretInfo(BaseModel):
