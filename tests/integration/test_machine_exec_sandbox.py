@@ -331,9 +331,12 @@ def test_a_worker_without_nsenter_says_so(
             mid = await sandboxed(h)
             empty = tmp_path / "empty"
             empty.mkdir()
-            monkeypatch.setenv("PATH", str(empty))  # the agent's own PATH: no nsenter on it
-            with pytest.raises(ExecUnavailable, match="nsenter") as refused:
-                await exec_in(h, mid, "true")
+            # The agent's own PATH without nsenter, for the exec alone (its clean-up at the
+            # end needs `ip` again, to remove the machine's network namespace).
+            with monkeypatch.context() as patched:
+                patched.setenv("PATH", str(empty))
+                with pytest.raises(ExecUnavailable, match="nsenter") as refused:
+                    await exec_in(h, mid, "true")
             assert refused.value.hint is not None and "util-linux" in refused.value.hint
             assert refused.value.status == "exec_unavailable"
 
