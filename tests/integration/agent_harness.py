@@ -30,7 +30,7 @@ from souq.model import (
 )
 from souq.protocol import Verb, WorkerClient
 from souq.protocol import verbs as v
-from souq.testing import eventually
+from souq.testing import STARTED_WORKERS, eventually
 
 APP = "demo"
 T = TypeVar("T")
@@ -120,6 +120,7 @@ async def running_agent(nats_url: str, data_dir: Path, **settings: Any) -> Async
     settings.setdefault("default_driver", "exec")  # tests of isolation ask for the default
     agent = Agent(AgentConfig(nats_url=nats_url, data_dir=data_dir, **settings))
     await agent.start()
+    STARTED_WORKERS.add(agent.worker_id)  # what its private network leaves, swept at the end
     bus = await connect(nats_url, name="test-broker")
     try:
         yield Harness(agent, bus)
