@@ -33,9 +33,9 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import httpx
 import psutil
@@ -45,16 +45,13 @@ from souq.auth.bus import add_agent, agent_dir, init_bus, worker_id_for
 from souq.auth.files import AuthDir
 from souq.auth.locate import default_dev_dir
 from souq.daemon import loop_factory
+from souq.dev_network import HostNetwork, host_network
 from souq.errors import Conflict, SouqError, Unavailable
 from souq.natscluster import NatsCluster
 from souq.natsserver import NatsServer, free_port
-from souq.network import links
-from souq.network.addresses import DNS_ADDRESS, PROXY_ADDRESS
+from souq.network.addresses import PROXY_ADDRESS
 from souq.portledger import next_block
 from souq.procs import terminate
-
-if TYPE_CHECKING:
-    from souq.network.name_service import NameService
 
 __all__ = [
     "LOCK_FILE",
@@ -312,11 +309,10 @@ async def _serve_locked(
     broker_task: asyncio.Task[None] | None = None
     broker_stop = asyncio.Event()
     proxy_task: asyncio.Task[None] | None = None
-    name_service: NameService | None = None
+    host = HostNetwork()  # none until NATS is up
     try:
         nats.start()
-        host = await _host_network(nats.url, auth)
-        name_service = host.names
+        host = await host_network(nats.url, auth)
         names = _start_agents(
             config, nats.url, data_dir, agents, lock, agent_args=host.agent_args()
         )
@@ -359,8 +355,9 @@ async def _serve_locked(
             )
             if not proxy_task.done():
                 proxy_url = f"http://{config.host}:{proxy_port}"
-                cluster = DevCluster(api_url, nats.url, data_dir, tuple(names), proxy_url)
-                report(replace(cluster, domain=config.domain))
+                report(
+                    DevCluster(api_url, nats.url, data_dir, tuple(names), proxy_url, config.domain)
+                )
                 await asyncio.wait({stopped, *daemons}, return_when=asyncio.FIRST_COMPLETED)
         else:
             ready.cancel()
@@ -374,62 +371,9 @@ async def _serve_locked(
             if daemon_task is not None:
                 with contextlib.suppress(Exception, asyncio.CancelledError):
                     await asyncio.wait_for(daemon_task, 10)
-        await _stop_behind_broker(agents, name_service, nats)
-
-
-async def _stop_behind_broker(
-    agents: list[subprocess.Popen[bytes]],
-    name_service: NameService | None,
-    nats: NatsServer | NatsCluster,
-) -> None:
-    """What stops once the broker and the proxy have: the agents, the names, then NATS."""
-    await asyncio.to_thread(_stop_agents, agents)
-    if name_service is not None:
-        await name_service.aclose()
-    nats.stop()
-
-
-@dataclass
-class _HostNetwork:
-    """What this process runs for its workers' private network: the machines' names and
-    Flycast's port (each this cluster's own, so that two clusters of one host stay apart)."""
-
-    names: NameService | None = None
-    flycast_port: int = 0  # 0: no Flycast
-
-    def agent_args(self) -> list[str]:
-        args = ["--flycast-port", str(self.flycast_port)]
-        if self.names is not None:
-            args += ["--names-port", str(self.names.address[1])]
-        return args
-
-
-async def _host_network(nats_url: str, auth: AuthDir) -> _HostNetwork:
-    """Where the workers can have the private network: the names (answered by this process)
-    and a port of this cluster's own at the workers' proxy address for Flycast, for its agents
-    to send to and its proxy to take; elsewhere neither."""
-    if links.unavailable() is not None:
-        return _HostNetwork()
-    return _HostNetwork(await _start_names(nats_url, auth), free_port())
-
-
-async def _start_names(nats_url: str, auth: AuthDir) -> NameService | None:
-    """The machines' ``.internal`` names, answered by this process at the address every
-    machine's ``resolv.conf`` names (docs/names.md) on a port of this cluster's own (its
-    agents send their machines' questions there), from its own replica of the cluster view as
-    the bus's read-only ``view`` role: the workers' agents are not given that credential."""
-    from souq.network.name_service import NameService, connect_view
-
-    await asyncio.to_thread(links.host_addresses)
-    transport = await connect_view(nats_url, auth.path, name="souq-dev-names")
-    names = NameService(transport, listen=(DNS_ADDRESS, 0), owns_transport=True)
-    try:
-        await names.start()
-    except OSError as exc:
-        await names.aclose()
-        print(f"souq dev: the machines get no .internal names: {exc}", file=sys.stderr)
-        return None
-    return names
+        await asyncio.to_thread(_stop_agents, agents)
+        await host.aclose()  # the names, once no agent is left to ask
+        nats.stop()
 
 
 LOCK_FILE = "souq-dev.lock"
@@ -483,7 +427,7 @@ def _start_agents(
     the directory's ``lock``: while an agent of this cluster lives (this process killed with
     -9, say), no other ``souq dev`` starts agents on its workers' files. Each has the private
     network where the host can (the agent's default), with ``agent_args``
-    (:class:`_HostNetwork`)."""
+    (:class:`souq.dev_network.HostNetwork`)."""
     from souq.agent.fingerprint import host_cpus, host_memory_mb
 
     names = _worker_names(config)
@@ -553,7 +497,7 @@ def _agent_auth(data_dir: Path, name: str) -> Path:
     """The auth directory the agent ``name`` is given: its own seed and the secrets key only
     (``DATA_DIR/agent-auth/NAME``), not the cluster's whole directory: no token key, admin
     token, nor another daemon's seed (so no ``view`` seed either: the machines' names are
-    answered by this process, :func:`_start_names`)."""
+    answered by this process, :func:`souq.dev_network.start_names`)."""
     auth = AuthDir(data_dir)
     return agent_dir(auth, _credential_for(data_dir, name), data_dir / AGENT_AUTH / name).path
 
