@@ -179,8 +179,12 @@ def test_three_brokers_racing_displace_no_more_than_their_machines_need(
     refused = [r.json() for r in answers if r.status_code == 409]
     assert {r["status"] for r in refused} == {"insufficient_capacity"}
     later = [Machine.model_validate_json(r.content) for r in answers if r.status_code == 201]
-    assert sum(len(m.placement.preempted) for m in later if m.placement) == 3
-    assert not [m for m in client.list_machines(batch) if m.state == "started"]
+    victims = [v.machine_id for m in later for v in (m.placement.preempted if m.placement else [])]
+    assert len(victims) == 3 == len(set(victims)) and not set(victims) & set(displaced)
+    for victim in victims:  # as above: a displaced machine is stopping when the create answers
+        client.wait(batch, victim, "stopped", timeout=30)
+    left = [(m.id, m.worker_id) for m in client.list_machines(batch) if m.state == "started"]
+    assert not left, (left, victims, displaced)
     assert free_cpus(cluster) == 0
     destroy_all(cluster, batch, web)
 
