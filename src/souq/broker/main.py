@@ -80,7 +80,7 @@ async def serve(
     sock: socket.socket | None = None
     try:
         sock = _bind(config.listen_host, config.listen_port)
-        await service.start()  # (it hooks itself to the transport's outages: broker.outage)
+        await service.start()  # (it hooks itself to the transport's outages: souq.view.outage)
         if guard is not None:
             guard.revocations.start()
         jobs.start()

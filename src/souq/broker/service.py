@@ -6,7 +6,7 @@ worker's typed errors (``not_found``, ``illegal_transition``, ``timeout``) reach
 unchanged.
 
 While the bus is down (and until the workers are back on it) every use case that needs it fails
-at once with 503 ``unavailable`` (:class:`souq.broker.outage.BusGuard`); one cut short by the
+at once with 503 ``unavailable`` (:class:`souq.view.outage.BusGuard`); one cut short by the
 outage fails the same way, whatever error it would otherwise have ended with (a placement whose
 claims all went unanswered is not a lack of capacity).
 """
@@ -29,7 +29,6 @@ from souq.broker.metrics import BrokerMetrics
 from souq.broker.networks import AppNetworks
 from souq.broker.orders import order as order_of
 from souq.broker.orders import placement_of, worker_of_quote
-from souq.broker.outage import BusGuard
 from souq.broker.quotas import Quotas, use_of_config
 from souq.broker.schemas import CreateMachineRequest, QuoteRequest
 from souq.broker.spot_prices import SpotPrices
@@ -69,6 +68,7 @@ from souq.protocol import verbs as v
 from souq.secrets.store import open_bucket
 from souq.view import ClusterView, RegionSummary, summarise_regions
 from souq.view.liveness import Liveness
+from souq.view.outage import BusGuard
 from souq.view.regions import default_region, next_region
 
 __all__ = ["BrokerService"]

@@ -20,7 +20,6 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from souq.broker.outage import BusGuard
 from souq.bus import Transport
 from souq.clock import Clock, SystemClock
 from souq.model import Machine, WorkerInfo, WorkerState
@@ -29,6 +28,7 @@ from souq.network.dns_server import DnsServer, Forwarder, host_resolvers
 from souq.network.name_feed import NameFeed, ScopeOf, default_scope
 from souq.network.names import DEFAULT_TTL_S, NameIndex
 from souq.view.liveness import Liveness
+from souq.view.outage import BusGuard
 
 __all__ = ["NameService", "connect_view"]
 

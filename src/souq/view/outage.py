@@ -1,4 +1,5 @@
-"""The broker through a NATS outage: refuse at once while the bus is down, recover by itself.
+"""A reader of the cluster view through a NATS outage (the broker, a cluster's name server):
+refuse at once while the bus is down, recover by itself.
 
 * **Down** (:meth:`BusGuard.lost`, the transport's ``on_disconnect``): every use case that needs
   the bus fails at once with :func:`souq.bus.bus_unavailable` (503 ``unavailable``), checked by
