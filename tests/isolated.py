@@ -11,11 +11,24 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from souq.drivers import rootfs
+import pytest
+
+from souq.drivers import rootfs, sandbox
 from souq.model.machine import Machine, MachineState
+from souq.network import links
 from souq.testing import Cluster, wait_until
 
 APP = "iso"
+PYTHON = "/usr/bin/python3"  # the host's, which a machine's own uid can run
+
+# What a test of the private network needs of the host (a module's ``pytestmark``): a root
+# agent, the sandbox, the network's tools and a Python for the machines' programs.
+PRIVATE_NETWORK = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="a private network needs a root agent"),
+    pytest.mark.skipif(not sandbox.available(), reason=f"{sandbox.unavailable()}"),
+    pytest.mark.skipif(links.unavailable() is not None, reason=f"{links.unavailable()}"),
+    pytest.mark.skipif(not os.access(PYTHON, os.X_OK), reason=f"no {PYTHON}"),
+]
 
 
 @contextmanager

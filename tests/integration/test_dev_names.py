@@ -7,7 +7,6 @@ name; a second `souq dev` on the same host answers its own machines' names, not 
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import signal
 import subprocess
@@ -21,13 +20,11 @@ import psutil
 import pytest
 
 from souq.client.api import SouqClient
-from souq.drivers import sandbox
 from souq.model.machine import Machine, MachineState
 from souq.natsserver import free_port
-from souq.network import links
 from souq.testing import wait_until
+from tests.isolated import PRIVATE_NETWORK, PYTHON
 
-PYTHON = "/usr/bin/python3"
 _SERVE = (
     "import os,socket\n"
     "s=socket.socket(socket.AF_INET6);s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n"
@@ -50,12 +47,7 @@ _ASK = (
     "print(' '.join(said))\n"
 )
 
-pytestmark = [
-    pytest.mark.skipif(os.geteuid() != 0, reason="the private network needs root"),
-    pytest.mark.skipif(not sandbox.available(), reason=f"{sandbox.unavailable()}"),
-    pytest.mark.skipif(links.unavailable() is not None, reason=f"{links.unavailable()}"),
-    pytest.mark.skipif(not os.access(PYTHON, os.X_OK), reason=f"no {PYTHON}"),
-]
+pytestmark = PRIVATE_NETWORK
 
 
 class _Dev:

@@ -7,23 +7,20 @@ Flycast port itself."""
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from souq.drivers import sandbox
 from souq.errors import MachineNotStarted
 from souq.model.machine import Machine, MachineState
 from souq.natsserver import free_port
 from souq.network import links
 from souq.network.addresses import PROXY_ADDRESS, flycast_ip, network_of
 from souq.testing import Cluster, ProxyProcess, wait_until
-from tests.isolated import machines_root
+from tests.isolated import PRIVATE_NETWORK, PYTHON, machines_root
 
-PYTHON = "/usr/bin/python3"
 _SERVE = (
     "import os,socket\n"
     "s=socket.socket(socket.AF_INET6);s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n"
@@ -52,12 +49,7 @@ _CONNECT = (
     "  print('FAIL',where[0],type(e).__name__)\n"
 )
 
-pytestmark = [
-    pytest.mark.skipif(os.geteuid() != 0, reason="a private network needs a root agent"),
-    pytest.mark.skipif(not sandbox.available(), reason=f"{sandbox.unavailable()}"),
-    pytest.mark.skipif(links.unavailable() is not None, reason=f"{links.unavailable()}"),
-    pytest.mark.skipif(not os.access(PYTHON, os.X_OK), reason=f"no {PYTHON}"),
-]
+pytestmark = PRIVATE_NETWORK
 
 FLYCAST_PORT = free_port()  # this run's own, beside other runs' agents and proxies
 

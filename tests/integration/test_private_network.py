@@ -16,14 +16,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from souq.drivers import sandbox
 from souq.model.machine import Machine, MachineState
 from souq.network import links
 from souq.network.addresses import CLUSTER_PREFIX, network_bits, network_of
 from souq.testing import Cluster, ProxyProcess, wait_until
-from tests.isolated import machines_root
+from tests.isolated import PRIVATE_NETWORK, PYTHON, machines_root
 
-PYTHON = "/usr/bin/python3"
 _SERVE = (
     "import os,socket\n"
     "fam=socket.AF_INET6 if ':' in os.environ['BIND'] else socket.AF_INET\n"
@@ -46,12 +44,7 @@ _CONNECT = (
     "  print('FAIL',type(e).__name__)\n"
 )
 
-pytestmark = [
-    pytest.mark.skipif(os.geteuid() != 0, reason="a private network needs a root agent"),
-    pytest.mark.skipif(not sandbox.available(), reason=f"{sandbox.unavailable()}"),
-    pytest.mark.skipif(links.unavailable() is not None, reason=f"{links.unavailable()}"),
-    pytest.mark.skipif(not os.access(PYTHON, os.X_OK), reason=f"no {PYTHON}"),
-]
+pytestmark = PRIVATE_NETWORK
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ connection from a machine on ``mad``."""
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -16,17 +15,14 @@ import httpx
 import pytest
 
 from souq.client.api import SouqClient
-from souq.drivers import sandbox
 from souq.errors import MachineNotStarted
 from souq.model.machine import Machine, MachineState
 from souq.multihost import Host, Hosts
 from souq.netns import missing
-from souq.network import links
 from souq.network.addresses import FLYCAST_PORT, PROXY_ADDRESS, flycast_ip, network_of
 from souq.testing import ProxyProcess, wait_until
-from tests.isolated import machines_root
+from tests.isolated import PRIVATE_NETWORK, PYTHON, machines_root
 
-PYTHON = "/usr/bin/python3"
 _SERVE = (
     "import os,socket\n"
     "fam=socket.AF_INET6 if ':' in os.environ['BIND'] else socket.AF_INET\n"
@@ -52,9 +48,7 @@ _GET = (
 
 pytestmark = [
     pytest.mark.skipif(missing() is not None, reason=f"hosts as namespaces: {missing()}"),
-    pytest.mark.skipif(not sandbox.available(), reason=f"{sandbox.unavailable()}"),
-    pytest.mark.skipif(links.unavailable() is not None, reason=f"{links.unavailable()}"),
-    pytest.mark.skipif(not os.access(PYTHON, os.X_OK), reason=f"no {PYTHON}"),
+    *PRIVATE_NETWORK[1:],  # the root check is missing()'s
 ]
 
 

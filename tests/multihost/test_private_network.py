@@ -7,7 +7,6 @@ the other machine's address get no answer; the routes follow what the heartbeats
 
 from __future__ import annotations
 
-import os
 import re
 import uuid
 from collections.abc import Callable, Iterator
@@ -16,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from souq.client.api import SouqClient
-from souq.drivers import sandbox
 from souq.errors import MachineNotStarted
 from souq.model.machine import Machine, MachineState
 from souq.multihost import Host, Hosts
@@ -24,9 +22,8 @@ from souq.netns import NetHost, missing
 from souq.network import links, wireguard
 from souq.network.mesh import worker_prefix
 from souq.testing import wait_until
-from tests.isolated import machines_root
+from tests.isolated import PRIVATE_NETWORK, PYTHON, machines_root
 
-PYTHON = "/usr/bin/python3"
 _ECHO = (
     "import socket\n"
     "s=socket.socket(socket.AF_INET6);s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n"
@@ -54,9 +51,7 @@ _TALK = (
 
 pytestmark = [
     pytest.mark.skipif(missing() is not None, reason=f"hosts as namespaces: {missing()}"),
-    pytest.mark.skipif(not sandbox.available(), reason=f"{sandbox.unavailable()}"),
-    pytest.mark.skipif(links.unavailable() is not None, reason=f"{links.unavailable()}"),
-    pytest.mark.skipif(not os.access(PYTHON, os.X_OK), reason=f"no {PYTHON}"),
+    *PRIVATE_NETWORK[1:],  # the root check is missing()'s
 ]
 
 
