@@ -54,7 +54,8 @@ _MAX_REPLICAS = 5
 
 def replicas_for(nc: Client) -> int:
     """How many copies a new stream keeps: ``SOUQ_NATS_REPLICAS`` if set, else 3 when the
-    server this client is connected to names three nodes or more in its cluster, else 1."""
+    client knows three nodes or more of its cluster (named by the server it is connected to,
+    or given to it), else 1."""
     raw = os.environ.get(REPLICAS_ENV, "").strip()
     if raw:
         if not raw.isdigit() or not 1 <= int(raw) <= _MAX_REPLICAS:
@@ -63,9 +64,13 @@ def replicas_for(nc: Client) -> int:
                 hint=f"set it to 1 ... {_MAX_REPLICAS}, or unset it",
             )
         return int(raw)
-    # The server's INFO lists the client URLs of its cluster's nodes (itself included).
-    nodes = len(nc._server_info.get("connect_urls") or ())
-    return 3 if nodes >= 3 else 1
+    # The server's INFO lists the client URLs of its cluster's nodes (itself included), but
+    # only those up when the client last connected: after a node's loss, two of three. The
+    # client's pool keeps every node it was given or told of, the lost one included; so the
+    # larger of the two counts, lest a stream made while a node is down keep one copy.
+    listed = len(nc._server_info.get("connect_urls") or ())
+    pooled = len({(url.hostname, url.port) for url in nc.servers})
+    return 3 if max(listed, pooled) >= 3 else 1
 
 
 async def _made(
