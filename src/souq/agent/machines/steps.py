@@ -9,9 +9,9 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from souq.agent.machines.checks import MachineChecks
-from souq.agent.machines.lifecycle import Trigger
 from souq.agent.machines.supervisor import Supervisor
-from souq.agent.state.operations import Action, OpEvent, OpKind
+from souq.agent.state.events import Event
+from souq.agent.state.operations import Action, OpKind
 from souq.agent.state.records import MachineRow, Op, OpStep, Source
 from souq.agent.state.store import Store
 from souq.drivers.base import Driver, Handle
@@ -40,12 +40,12 @@ class Steps(Protocol):
 
     # a step: the transition, its event and the op step in one transaction, then its actions
     def apply(self, machine_id: str, **args: Any) -> tuple[Action, ...]: ...
-    def step(self, op: Op, op_event: OpEvent, **apply_args: Any) -> None: ...
+    def step(self, op: Op, op_event: Event, **apply_args: Any) -> None: ...
     def begin_destroy(
         self,
         machine_id: str,
-        first: OpEvent,
-        event: Trigger,
+        first: Event,
+        event: Event,
         *,
         source: Source,
         message: str | None = None,

@@ -8,7 +8,8 @@ from functools import cached_property
 from typing import Any, Literal, Protocol, TypeVar
 
 from souq.agent.capacity.admission import HeldQuote
-from souq.agent.state.operations import OpEvent, OpKind, OpState
+from souq.agent.state.events import Event
+from souq.agent.state.operations import OpKind, OpState
 from souq.clock import iso_from_ms
 from souq.errors import NotFound
 from souq.model.machine import Machine, MachineConfig, MachineEvent, MachineState
@@ -97,7 +98,7 @@ class OpStep:
     machine_id: str
     kind: OpKind
     state: OpState
-    event: OpEvent
+    event: Event
     ts: int
     detail: dict[str, Any] = field(default_factory=dict)
 
