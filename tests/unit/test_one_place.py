@@ -125,13 +125,14 @@ def test_the_placement_pipeline_is_wired_in_one_function() -> None:
 
 def test_the_placement_docs_name_every_reason_once_named() -> None:
     """docs/placement.md's filter table names exactly the reasons of ``souq.model.reasons``
-    (but the worker's own: its ports and what it could displace, in docs/placement.md's text)."""
+    (but the worker's own: its ports, what it could displace (in docs/placement.md's text), an
+    app's network it cannot know (docs/network.md))."""
     from souq.model.reasons import Reason
 
     doc = (SRC.parents[1] / "docs" / "placement.md").read_text()
     table = doc[doc.index("| order | filter |") : doc.index("### Scorers")]
     named = set(re.findall(r"`([a-z_]+)`", table))
-    worker_own = {Reason.NO_PORTS, Reason.NO_PREEMPTIBLE, Reason.DECLINED}
+    worker_own = {Reason.NO_PORTS, Reason.NO_PREEMPTIBLE, Reason.DECLINED, Reason.NETWORK_UNKNOWN}
     assert {r.value for r in Reason} - worker_own <= named
     assert named & {r.value for r in Reason} == {r.value for r in Reason} - worker_own
 

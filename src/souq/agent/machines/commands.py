@@ -50,7 +50,7 @@ from souq.model.protocol import (
 from souq.model.reasons import Reason
 from souq.model.resources import Resources
 from souq.model.services import MachineAddress
-from souq.network.addresses import NETWORK_UNKNOWN, UNKNOWN_NETWORK, network_of
+from souq.network.addresses import UNKNOWN_NETWORK, network_of
 
 __all__ = ["Commands"]
 
@@ -237,7 +237,7 @@ class Commands(MachineReads):
                     "the app's private network is not known (its broker could not read the "
                     "app's record) and every sandboxed machine here gets a private address",
                     hint="retry once JetStream answers, or use a worker without a private network",
-                    details={"reason": NETWORK_UNKNOWN},
+                    details={"reason": Reason.NETWORK_UNKNOWN},
                 )
             edge = ex.ports.take(machine_id, edge_ports(config)) if ex.edge_host else {}
             try:

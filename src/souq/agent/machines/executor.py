@@ -268,7 +268,7 @@ class Executor(MachineTable, ProcessSteps):
                     exit_code=status.code if status else None,
                     signal=signal or (status.signal if status else None),
                     message=message,
-                    oom_killed=status is not None and status.reason == "oom",
+                    oom_killed=status is not None and status.oom_killed,
                 )
             )
         new = replace(
