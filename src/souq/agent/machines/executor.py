@@ -21,7 +21,7 @@ import logging
 import signal as _signal
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, Unpack
 
 from souq.agent.capacity.admission import Admission, reserves
 from souq.agent.capacity.ports import PortPool
@@ -37,7 +37,16 @@ from souq.agent.machines.supervisor import Supervisor
 from souq.agent.machines.table import MachineTable
 from souq.agent.state.events import PUBLISHED, Event
 from souq.agent.state.operations import Action, OpKind, OpState, advance
-from souq.agent.state.records import RECENT_EVENTS, MachineRow, Op, OpStep, Source
+from souq.agent.state.records import (
+    RECENT_EVENTS,
+    MachineRow,
+    Op,
+    OpParams,
+    OpStep,
+    Source,
+    StopParams,
+    checked_params,
+)
 from souq.agent.state.store import Store
 from souq.agent.volumes.worker_volumes import AgentVolumes
 from souq.clock import Clock
@@ -465,7 +474,7 @@ class Executor(MachineTable, ProcessSteps):
         try:
             actions = self.apply(
                 mid,
-                type=EventType(op.params.get("type", EventType.START)),
+                type=op.spawn_type,
                 message=message,
                 op=op,
                 op_event=Event.SPAWNED,
@@ -519,7 +528,7 @@ class Executor(MachineTable, ProcessSteps):
 
     def resume(self, last: OpStep) -> None:
         """Go on with an operation the op log left unfinished, from its last step."""
-        op = Op(last.op_id, last.kind, last.machine_id, dict(last.detail), last.state)
+        op = Op.resumed(last)
         self._ops[op.machine_id] = op
         self.step(op, Event.RECOVER)
 
@@ -539,8 +548,9 @@ class Executor(MachineTable, ProcessSteps):
 
     # -- helpers -------------------------------------------------------------------------------
 
-    def new_op(self, kind: OpKind, machine_id: str, **params: Any) -> Op:
-        return Op(new_request_id(), kind, machine_id, params)
+    def new_op(self, kind: OpKind, machine_id: str, **params: Unpack[OpParams]) -> Op:
+        """A new operation of ``kind`` on the machine, with the parameters its kind takes."""
+        return Op(new_request_id(), kind, machine_id, checked_params(kind, params))
 
     def begin_destroy(
         self,
@@ -550,7 +560,7 @@ class Executor(MachineTable, ProcessSteps):
         *,
         source: Source,
         message: str | None = None,
-        **params: Any,
+        **params: Unpack[StopParams],
     ) -> Op:
         """A destroy of the machine by ``source``: its operation (with ``params``, e.g. the
         stop's signal and times of a graceful one) and its first step, ``first`` on ``event``."""

@@ -34,7 +34,7 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -367,7 +367,7 @@ class Store:
             return str(found[0])
         return None
 
-    def json_of(self, value: BaseModel | dict[str, Any]) -> str:
+    def json_of(self, value: BaseModel | Mapping[str, Any]) -> str:
         """``value`` (a model, or an operation's params) as JSON, remembered for the same
         object: a batch's machines share one config and one placement record, serialised once;
         a claim's reply and launch event reuse them (:mod:`souq.agent.wire`); every step of an
