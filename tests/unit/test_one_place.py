@@ -151,6 +151,43 @@ def test_no_reason_is_spelled_outside_its_declaration() -> None:
     assert spelled == set()
 
 
+def test_no_event_type_is_spelled_where_an_event_is_made_or_read() -> None:
+    """An event's ``type`` is made (``type=...``) and read (``.type == ...``, ``.get("type")``)
+    by its name in ``souq.model.choices.EventType``, never by its string."""
+    from souq.model.choices import EventType
+
+    types = {t.value for t in EventType}
+
+    def spelled(node: ast.AST) -> bool:
+        return isinstance(node, ast.Constant) and node.value in types
+
+    def spelled_in(node: ast.AST) -> bool:
+        return spelled(node) or (
+            isinstance(node, ast.Tuple | ast.List | ast.Set) and any(map(spelled, node.elts))
+        )
+
+    def reads_type(node: ast.AST) -> bool:
+        return (isinstance(node, ast.Attribute) and node.attr == "type") or (
+            isinstance(node, ast.Call)
+            and ast.unparse(node.func).endswith(".get")
+            and bool(node.args)
+            and ast.unparse(node.args[0]) == "'type'"
+        )
+
+    found = {
+        f"{path.relative_to(SRC)}:{node.lineno}"
+        for path, tree in _modules()
+        for node in ast.walk(tree)
+        if (isinstance(node, ast.keyword) and node.arg == "type" and spelled_in(node.value))
+        or (
+            isinstance(node, ast.Compare)
+            and reads_type(node.left)
+            and any(map(spelled_in, node.comparators))
+        )
+    }
+    assert found == set()
+
+
 def _exports(tree: ast.Module) -> set[int]:
     """The ids of the names in a module's ``__all__`` (a name, not a reason)."""
     return {
