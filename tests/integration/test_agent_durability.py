@@ -17,7 +17,8 @@ import psutil
 import pytest
 from pydantic import BaseModel
 
-from souq.agent.state.operations import OpEvent, OpKind, OpState
+from souq.agent.state.events import Event
+from souq.agent.state.operations import OpKind, OpState
 from souq.agent.state.records import OpStep
 from souq.agent.state.store import Store
 from souq.bus.nats import NatsTransport, connect
@@ -168,7 +169,7 @@ def test_an_unfinished_stop_resumes_after_a_crash(nats_url: str, tmp_path: Path)
                     m.id,
                     OpKind.STOP,
                     OpState.SIGNALLING,
-                    OpEvent.BEGIN,
+                    Event.BEGIN,
                     now,
                     {"signal": "SIGTERM", "timeout_s": 5.0, "source": "user"},
                 )
@@ -181,9 +182,9 @@ def test_an_unfinished_stop_resumes_after_a_crash(nats_url: str, tmp_path: Path)
             assert not pid_alive(m.pid)
             steps = [(s.op_id, s.state, s.event) for s in h.agent.store.op_log(m.id)]
             assert steps[-3:] == [
-                ("op-1", OpState.SIGNALLING, OpEvent.BEGIN),
-                ("op-1", OpState.SIGNALLING, OpEvent.RECOVER),
-                ("op-1", OpState.DONE, OpEvent.EXITED),
+                ("op-1", OpState.SIGNALLING, Event.BEGIN),
+                ("op-1", OpState.SIGNALLING, Event.RECOVER),
+                ("op-1", OpState.DONE, Event.EXITED),
             ]
             assert h.agent.store.unfinished_ops() == []
 
@@ -201,7 +202,7 @@ def test_a_spawn_not_yet_recorded_is_adopted_not_repeated(nats_url: str, tmp_pat
         store.commit(
             dataclasses.replace(row, state=S.STARTING, pid=None, pid_start_time=None),
             [],
-            [OpStep("op-2", m.id, OpKind.START, OpState.SPAWNING, OpEvent.BEGIN, now, {})],
+            [OpStep("op-2", m.id, OpKind.START, OpState.SPAWNING, Event.BEGIN, now, {})],
         )
         store.close()
         async with running_agent(nats_url, tmp_path) as h:
@@ -232,7 +233,7 @@ def test_a_restart_that_crashed_after_spawning_is_adopted(nats_url: str, tmp_pat
                     m.id,
                     OpKind.RESTART,
                     OpState.SPAWNING,
-                    OpEvent.EXITED,
+                    Event.EXITED,
                     now,
                     {"signal": "SIGINT", "timeout_s": 5.0, "source": "user", "type": "restart"},
                 )

@@ -6,12 +6,13 @@ import itertools
 
 import pytest
 
-from souq.agent.machines.lifecycle import TRANSITIONS, Trigger, legal_events, transition
+from souq.agent.machines.lifecycle import TRANSITIONS, legal_events, transition
+from souq.agent.state.events import Event
 from souq.errors import IllegalTransition
 from souq.model import MachineState
 
 S = MachineState
-E = Trigger
+E = Event
 
 LEGAL = [
     (S.CREATED, E.START, S.STARTING),
@@ -26,19 +27,19 @@ LEGAL = [
     (S.STARTING, E.FORCE_DESTROY, S.DESTROYING),
     (S.STARTED, E.STOP, S.STOPPING),
     (S.STARTED, E.SIGNAL, S.STARTED),
-    (S.STARTED, E.EXITED_STAY, S.STOPPED),
+    (S.STARTED, E.EXITED, S.STOPPED),
     (S.STARTED, E.EXITED_RESTART, S.STARTING),
     (S.STARTED, E.FORCE_DESTROY, S.DESTROYING),
     (S.STARTED, E.SUSPEND, S.SUSPENDED),
     (S.SUSPENDED, E.START, S.STARTED),
     (S.SUSPENDED, E.SUSPEND, S.SUSPENDED),
     (S.SUSPENDED, E.STOP, S.STOPPING),
-    (S.SUSPENDED, E.EXITED_STAY, S.STOPPED),
+    (S.SUSPENDED, E.EXITED, S.STOPPED),
     (S.SUSPENDED, E.EXITED_RESTART, S.STARTING),
     (S.SUSPENDED, E.FORCE_DESTROY, S.DESTROYING),
     (S.STOPPING, E.STOP, S.STOPPING),
     (S.STOPPING, E.SIGNAL, S.STOPPING),
-    (S.STOPPING, E.EXITED_STAY, S.STOPPED),
+    (S.STOPPING, E.EXITED, S.STOPPED),
     (S.STOPPING, E.FORCE_DESTROY, S.DESTROYING),
     (S.STOPPED, E.START, S.STARTING),
     (S.STOPPED, E.STOP, S.STOPPED),
@@ -50,13 +51,13 @@ LEGAL = [
     (S.FAILED, E.FORCE_DESTROY, S.DESTROYING),
     (S.DESTROYING, E.DESTROY, S.DESTROYING),
     (S.DESTROYING, E.FORCE_DESTROY, S.DESTROYING),
-    (S.DESTROYING, E.EXITED_STAY, S.DESTROYING),
-    (S.DESTROYING, E.DESTROYED, S.DESTROYED),
+    (S.DESTROYING, E.EXITED, S.DESTROYING),
+    (S.DESTROYING, E.CLEANED, S.DESTROYED),
 ]
 
 
 @pytest.mark.parametrize(("state", "event", "after"), LEGAL)
-def test_legal_transitions(state: MachineState, event: Trigger, after: MachineState) -> None:
+def test_legal_transitions(state: MachineState, event: Event, after: MachineState) -> None:
     assert transition(state, event) is after
 
 
@@ -65,13 +66,13 @@ def test_the_table_is_exactly_the_legal_list() -> None:
 
 
 ILLEGAL = sorted(
-    set(itertools.product(MachineState, Trigger)) - set(TRANSITIONS),
+    set(itertools.product(MachineState, Event)) - set(TRANSITIONS),
     key=lambda pair: (pair[0].value, pair[1].value),
 )
 
 
 @pytest.mark.parametrize(("state", "event"), ILLEGAL)
-def test_everything_else_is_illegal(state: MachineState, event: Trigger) -> None:
+def test_everything_else_is_illegal(state: MachineState, event: Event) -> None:
     with pytest.raises(IllegalTransition) as info:
         transition(state, event, machine_id="m1")
     err = info.value

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from souq.agent.state.operations import TABLES, Action, OpEvent, OpKind, OpState, Step, advance
+from souq.agent.state.events import Event
+from souq.agent.state.operations import TABLES, Action, OpKind, OpState, Step, advance
 from souq.errors import IllegalTransition
 
-K, St, Ev, A = OpKind, OpState, OpEvent, Action
+K, St, Ev, A = OpKind, OpState, Event, Action
 
 
-def walk(kind: OpKind, *events: OpEvent) -> list[Step]:
+def walk(kind: OpKind, *events: Event) -> list[Step]:
     state, steps = St.NEW, []
     for event in events:
         step = advance(kind, state, event)
@@ -107,7 +108,7 @@ def test_stops_waiting_for_an_exit_can_be_aborted() -> None:
 
 def test_done_takes_no_event() -> None:
     for kind in OpKind:
-        for event in OpEvent:
+        for event in Event:
             with pytest.raises(IllegalTransition):
                 advance(kind, St.DONE, event)
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from souq.agent.state.operations import OpEvent, OpKind, OpState
+from souq.agent.state.events import Event
+from souq.agent.state.operations import OpKind, OpState
 from souq.agent.state.records import MachineRow, OpStep
 from souq.agent.state.store import Store
 from souq.agent.wire import event_json, machine_json
@@ -105,7 +106,7 @@ def a_row(request_id: str = "r1", body_hash: str = "h") -> MachineRow:
     )
 
 
-STEP = OpStep("op1", "m1", OpKind.CREATE, OpState.SPAWNING, OpEvent.BEGIN, 1, {"a": "b"})
+STEP = OpStep("op1", "m1", OpKind.CREATE, OpState.SPAWNING, Event.BEGIN, 1, {"a": "b"})
 
 
 def test_a_claim_serialises_its_config_and_placement_once(tmp_path: Path) -> None:
@@ -146,7 +147,7 @@ def test_a_memory_store_writes_only_what_the_agent_reads_back() -> None:
     row = a_row()
     assert store.claim(row, [STEP]) is None
     started = MachineEvent(type="start", status=S.STARTED, source="user", timestamp=3)
-    done = OpStep("op1", "m1", OpKind.CREATE, OpState.DONE, OpEvent.SPAWNED, 3, STEP.detail)
+    done = OpStep("op1", "m1", OpKind.CREATE, OpState.DONE, Event.SPAWNED, 3, STEP.detail)
     store.commit(replace(row, state=S.STARTED), [started], [done])
     tables = {
         name: store._db.execute(f"SELECT COUNT(*) FROM {name}").fetchone()[0]

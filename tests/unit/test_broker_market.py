@@ -9,7 +9,7 @@ import pytest
 from souq.bus import MemoryTransport
 from souq.errors import IdempotencyConflict, InsufficientCapacity, Unavailable, UnknownRegion
 from souq.model import MachineState, Placement, Resources
-from souq.network.addresses import NETWORK_UNKNOWN
+from souq.model.reasons import Reason
 
 from .broker_fakes import FakeWorker, create_body, started_service
 
@@ -143,7 +143,7 @@ async def test_claims_refused_for_an_unknown_network_are_unavailable_not_no_capa
     kind beside them keeps the 409."""
     bus = MemoryTransport()
     workers = [
-        FakeWorker(bus, f"w{i}", refuse_claims=True, refusal_reason=NETWORK_UNKNOWN)
+        FakeWorker(bus, f"w{i}", refuse_claims=True, refusal_reason=Reason.NETWORK_UNKNOWN)
         for i in range(2)
     ]
     service = await started_service(bus, *workers, preempt_max_victims=0)
@@ -152,11 +152,11 @@ async def test_claims_refused_for_an_unknown_network_are_unavailable_not_no_capa
     assert caught.value.http_status == 503
     assert "private network cannot be read" in caught.value.message
     record = Placement.model_validate(caught.value.details["placement"])
-    assert [c.reason for c in record.claims] == [NETWORK_UNKNOWN, NETWORK_UNKNOWN]
+    assert [c.reason for c in record.claims] == [Reason.NETWORK_UNKNOWN, Reason.NETWORK_UNKNOWN]
 
     bus = MemoryTransport()
     mixed = [
-        FakeWorker(bus, "w0", refuse_claims=True, refusal_reason=NETWORK_UNKNOWN),
+        FakeWorker(bus, "w0", refuse_claims=True, refusal_reason=Reason.NETWORK_UNKNOWN),
         FakeWorker(bus, "w1", refuse_claims=True),
     ]
     service = await started_service(bus, *mixed, preempt_max_victims=0)

@@ -125,13 +125,14 @@ def test_the_placement_pipeline_is_wired_in_one_function() -> None:
 
 def test_the_placement_docs_name_every_reason_once_named() -> None:
     """docs/placement.md's filter table names exactly the reasons of ``souq.model.reasons``
-    (but the worker's own: its ports and what it could displace, in docs/placement.md's text)."""
+    (but the worker's own: its ports, what it could displace (in docs/placement.md's text), an
+    app's network it cannot know (docs/network.md))."""
     from souq.model.reasons import Reason
 
     doc = (SRC.parents[1] / "docs" / "placement.md").read_text()
     table = doc[doc.index("| order | filter |") : doc.index("### Scorers")]
     named = set(re.findall(r"`([a-z_]+)`", table))
-    worker_own = {Reason.NO_PORTS, Reason.NO_PREEMPTIBLE, Reason.DECLINED}
+    worker_own = {Reason.NO_PORTS, Reason.NO_PREEMPTIBLE, Reason.DECLINED, Reason.NETWORK_UNKNOWN}
     assert {r.value for r in Reason} - worker_own <= named
     assert named & {r.value for r in Reason} == {r.value for r in Reason} - worker_own
 
@@ -148,6 +149,43 @@ def test_no_reason_is_spelled_outside_its_declaration() -> None:
         if isinstance(node, ast.Constant) and node.value in codes and id(node) not in _exports(tree)
     }
     assert spelled == set()
+
+
+def test_no_event_type_is_spelled_where_an_event_is_made_or_read() -> None:
+    """An event's ``type`` is made (``type=...``) and read (``.type == ...``, ``.get("type")``)
+    by its name in ``souq.model.choices.EventType``, never by its string."""
+    from souq.model.choices import EventType
+
+    types = {t.value for t in EventType}
+
+    def spelled(node: ast.AST) -> bool:
+        return isinstance(node, ast.Constant) and node.value in types
+
+    def spelled_in(node: ast.AST) -> bool:
+        return spelled(node) or (
+            isinstance(node, ast.Tuple | ast.List | ast.Set) and any(map(spelled, node.elts))
+        )
+
+    def reads_type(node: ast.AST) -> bool:
+        return (isinstance(node, ast.Attribute) and node.attr == "type") or (
+            isinstance(node, ast.Call)
+            and ast.unparse(node.func).endswith(".get")
+            and bool(node.args)
+            and ast.unparse(node.args[0]) == "'type'"
+        )
+
+    found = {
+        f"{path.relative_to(SRC)}:{node.lineno}"
+        for path, tree in _modules()
+        for node in ast.walk(tree)
+        if (isinstance(node, ast.keyword) and node.arg == "type" and spelled_in(node.value))
+        or (
+            isinstance(node, ast.Compare)
+            and reads_type(node.left)
+            and any(map(spelled_in, node.comparators))
+        )
+    }
+    assert found == set()
 
 
 def _exports(tree: ast.Module) -> set[int]:

@@ -241,13 +241,14 @@ class Agent:
             credential = self._credential(self._store)
             self.worker_id = self._store.worker_id(credential.worker_id if credential else None)
             outbox = Outbox()  # events wait here while the bus is down
+            cordoned, draining = self._store.flags()
             admission = Admission(
                 worker_id=self.worker_id,
                 region=config.region,
                 capacity=self.capacity,
                 reserved=self._store.allocated(),
-                cordoned=self._store.meta("cordoned") == "1",
-                draining=self._store.meta("draining") == "1",
+                cordoned=cordoned,
+                draining=draining,
             )
             self._executor = Executor(
                 worker_id=self.worker_id,

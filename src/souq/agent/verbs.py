@@ -29,6 +29,7 @@ from souq.model import protocol as msg
 from souq.model.batch import BatchClaimReply, BatchClaimRequest
 from souq.model.machine import Machine, MachineEvent, MachineState, OpRecord
 from souq.model.machine_tools import MachineCordonCommand, MetadataCommand
+from souq.model.reasons import Reason
 from souq.model.resources import Resources
 from souq.model.worker import Fingerprint, WorkerInfo, WorkerState, WorkerUsage
 from souq.protocol import verbs as v
@@ -169,7 +170,7 @@ class WorkerVerbs:
         if existing is not None:
             return msg.Offer(worker=info, eligible=True, existing_machine_id=existing)
         refusal = self.admission.offer_refusal(req.resources, self._clock.now_ms())
-        if refusal is not None and refusal[0] == "cordoned":
+        if refusal is not None and refusal[0] is Reason.CORDONED:
             return msg.Offer(worker=info, eligible=False, reason=refusal[0], detail=refusal[1])
         eviction = None
         if refusal is not None and req.priority_class is not None and req.max_victims:
@@ -287,10 +288,8 @@ class WorkerVerbs:
         machines keep running. Kept across agent restarts."""
         a = self.admission
         if cmd.cordoned != a.cordoned or (a.draining and not cmd.cordoned):
-            self._ex.store.set_meta("cordoned", "1" if cmd.cordoned else "0")
             draining = a.draining and cmd.cordoned
-            if not draining:
-                self._ex.store.set_meta("draining", "0")
+            self._ex.store.set_flags(cordoned=cmd.cordoned, draining=draining)
             a.set_flags(cordoned=cmd.cordoned, draining=draining)
             await self._heartbeat()
         return self.worker_info()
@@ -300,8 +299,7 @@ class WorkerVerbs:
         Answers at once; the worker reports ``draining`` until none runs, then ``cordoned``.
         ``uncordon`` ends a drain (stopped machines stay stopped)."""
         if not (self.admission.cordoned and self.admission.draining):
-            self._ex.store.set_meta("cordoned", "1")
-            self._ex.store.set_meta("draining", "1")
+            self._ex.store.set_flags(cordoned=True, draining=True)
             self.admission.set_flags(cordoned=True, draining=True)
         stopped = self._cmd.stop_every()
         log.info("draining worker %s: stopping %d machines", self.worker_id, len(stopped))

@@ -58,7 +58,7 @@ from souq.model.batch import (
 )
 from souq.model.choices import PriorityClass
 from souq.model.image import ImageRecord
-from souq.network.addresses import NETWORK_UNKNOWN
+from souq.model.reasons import Reason
 from souq.placement import Pipeline, PipelineCache, PlacementRequest
 from souq.protocol import WorkerClient
 from souq.protocol.verbs import CLAIM, CLAIM_BATCH, DESTROY, HOLD, OFFER, Verb
@@ -527,7 +527,7 @@ class Market:
         if auction.record.considered == 0:
             raise self._nobody(auction, done)
         claims = done.record.claims if isinstance(done.record, Placement) else []
-        if claims and all(c.reason == NETWORK_UNKNOWN for c in claims):
+        if claims and all(c.reason == Reason.NETWORK_UNKNOWN for c in claims):
             # Not a want of room: the app's record could not be read (JetStream unavailable),
             # and every worker that could take the machine would give it a private address.
             raise Unavailable(

@@ -11,6 +11,7 @@ import typer
 
 from souq.client.cli import JsonOpt, make_client, reporting
 from souq.client.options import StrategyOpt, release_version
+from souq.model.choices import EventType
 
 if TYPE_CHECKING:
     from souq.apps.config import AppConfig
@@ -292,7 +293,7 @@ def _displaced(event: dict[str, Any]) -> bool:
     if event.get("kind") == "gap":
         return True
     told = event.get("event") or {}
-    return event.get("kind") == "machine" and told.get("type") == "preempted"
+    return event.get("kind") == "machine" and told.get("type") == EventType.PREEMPTED
 
 
 def _live_release(client: "SouqClient", app_name: str) -> tuple["Release", "AppConfig"]:

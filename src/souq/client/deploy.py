@@ -46,6 +46,7 @@ from souq.errors import (
     SouqError,
     UnknownRegion,
 )
+from souq.model.choices import RUN_STARTS, EventType
 from souq.model.machine import Machine, MachineState
 from souq.model.protocol import Lease, Quote
 from souq.model.release import NewRelease, Release, ReleaseState, Strategy
@@ -92,9 +93,9 @@ def preemption(machine: Machine) -> str:
     """The message of the ``preempted`` event of ``machine`` if it is newer than its last
     start ("": it was not displaced, or it started again since)."""
     for event in machine.events:  # newest first
-        if event.type == "preempted":
+        if event.type == EventType.PREEMPTED:
             return event.message or "preempted"
-        if event.type in ("start", "restart", "launch"):
+        if event.type in RUN_STARTS:
             return ""
     return ""
 

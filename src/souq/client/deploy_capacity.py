@@ -33,6 +33,7 @@ from souq.client.api import SouqClient
 from souq.errors import DeployNoCapacity, InsufficientCapacity, SouqError
 from souq.model.machine import GuestConfig, Machine, MachineState
 from souq.model.protocol import Quote
+from souq.model.reasons import CLOSED
 from souq.model.resources import Resources
 from souq.model.worker import WorkerInfo, WorkerState
 
@@ -88,7 +89,7 @@ def _closed(refusal: SouqError, worker_id: str) -> bool:
     """Whether a refused placement says ``worker_id`` takes no new machines."""
     placement = refusal.details.get("placement") or {}
     return any(
-        o.get("worker_id") == worker_id and o.get("rejected") in ("cordoned", "draining")
+        o.get("worker_id") == worker_id and o.get("rejected") in CLOSED
         for o in placement.get("offers", ())
     )
 

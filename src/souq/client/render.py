@@ -20,6 +20,7 @@ from rich.text import Text
 
 from souq.clock import iso_from_ms
 from souq.errors import InsufficientCapacity, SouqError
+from souq.model.choices import EventType
 
 if TYPE_CHECKING:  # records load as a command reads them; the simulator's (numpy) with `simulate`
     from souq.model import Machine, MachineEvent, OpRecord, Placement, Quote, WorkerInfo
@@ -225,11 +226,11 @@ def machine(m: Machine) -> None:
     ]
     bid = "" if config.max_price is None else f", bids at most {config.max_price:g}"
     rows.append(("class", f"{config.priority_class}{bid}"))
-    preempted = next((e for e in m.events if e.type == "preempted"), None)
+    preempted = next((e for e in m.events if e.type == EventType.PREEMPTED), None)
     if preempted is not None and m.state in ("stopping", "stopped"):
         rows.append(("reason", preempted.message or "preempted"))
     latest = m.events[0] if m.events else None  # newest first
-    if latest is not None and latest.type == "preempt_notice" and m.state == "started":
+    if latest is not None and latest.type == EventType.PREEMPT_NOTICE and m.state == "started":
         rows.append(("notice", latest.message or "preempted soon"))
     if config.env:
         rows.append(("env", " ".join(f"{k}={v}" for k, v in sorted(config.env.items()))))

@@ -6,6 +6,7 @@ from __future__ import annotations
 from souq.client.api import SouqClient
 from souq.errors import MachineFailed
 from souq.model import Machine, MachineState
+from souq.model.choices import EventType
 
 __all__ = ["until_started"]
 
@@ -19,7 +20,8 @@ def until_started(client: SouqClient, machine: Machine, *, timeout: float) -> Ma
     if machine.state not in _SETTLED:
         machine = client.wait(machine.app, machine.id, _SETTLED, timeout=timeout)
     if machine.state is S.FAILED:
-        why = next((e.message for e in machine.events if e.type == "fail" and e.message), None)
+        fails = (e.message for e in machine.events if e.type == EventType.FAIL and e.message)
+        why = next(fails, None)
         raise MachineFailed(
             f"machine {machine.id} could not be started: {why or 'no reason recorded'}",
             hint=f"fix its command or image (`souq machine update`), or destroy it "

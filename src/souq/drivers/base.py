@@ -19,8 +19,10 @@ if TYPE_CHECKING:
 
 # How an exit's message says the OOM killer ended it (an event read back is known by it).
 OOM_NOTE = "out of memory (oom)"
+OOM = "oom"  # an ExitStatus's reason: the kernel's OOM killer ended the process
 
 __all__ = [
+    "OOM",
     "OOM_NOTE",
     "ChoosesDrivers",
     "Driver",
@@ -92,7 +94,7 @@ class ExitStatus:
 
     code: int | None = None
     signal: str | None = None
-    reason: str | None = None  # why, when the driver knows: "oom" (killed by the OOM killer)
+    reason: str | None = None  # why, when the driver knows: OOM (killed by the OOM killer)
 
     @classmethod
     def from_returncode(cls, returncode: int) -> ExitStatus:
@@ -104,11 +106,15 @@ class ExitStatus:
             return cls(signal=f"signal {-returncode}")
 
     @property
+    def oom_killed(self) -> bool:
+        return self.reason == OOM
+
+    @property
     def known(self) -> bool:
         return self.code is not None or self.signal is not None
 
     def describe(self) -> str:
-        if self.reason == "oom":
+        if self.oom_killed:
             how = f"killed by {self.signal}" if self.signal else f"exited with code {self.code}"
             return f"{how}: {OOM_NOTE}"
         if self.code is not None:

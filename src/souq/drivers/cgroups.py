@@ -52,7 +52,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
-from souq.drivers.base import ExitStatus, Limits
+from souq.drivers.base import OOM, ExitStatus, Limits
 from souq.procs import pid_alive
 
 __all__ = [
@@ -394,7 +394,7 @@ class Cgroups:
         if b is None or machine_id not in self._oom_at_start:
             return status
         if b.oom_kills(machine_id) > self._oom_at_start[machine_id]:
-            return ExitStatus(code=status.code, signal=status.signal, reason="oom")
+            return ExitStatus(code=status.code, signal=status.signal, reason=OOM)
         return status
 
     def cpu_stat(self, machine_id: str) -> dict[str, int]:

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from souq.errors import IdempotencyConflict, SouqError, Unavailable
+from souq.errors import IdempotencyConflict, InsufficientCapacity, SouqError, Unavailable
 from souq.market.book import WorkerBook
 from souq.market.orders import Order, Purpose
 from souq.market.preemption import RANK, may_displace
@@ -44,6 +44,7 @@ from souq.market.records import RecordKeeper
 from souq.market.sampling import plan_sample
 from souq.model.placement import Preemption
 from souq.model.protocol import Offer
+from souq.model.reasons import SHORT_OF_ROOM
 from souq.model.resources import Resources
 from souq.placement import Pipeline
 
@@ -501,8 +502,9 @@ class Auction:
 
 
 def _for_room(reason: str | None) -> bool:
-    """Whether a refusal or rejection is for want of room (cpu, memory, disk, GPUs)."""
-    return reason is not None and reason.startswith("insufficient_")
+    """Whether a refusal or rejection is for want of room (cpu, memory, disk, GPUs; a refusal
+    that names no reason: its status)."""
+    return reason in SHORT_OF_ROOM or reason == InsufficientCapacity.status
 
 
 def _as_if_evicted(offer: Offer) -> Offer:

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from souq.model.protocol import Offer
+from souq.model.reasons import Reason
 from souq.model.resources import Resources
 from souq.model.worker import Load, WorkerInfo, WorkerState, WorkerUsage
 from souq.placement import gpus
@@ -212,7 +213,7 @@ class WorkerBook:
         worker = e.as_now()
         reason = detail = None
         if e.state in (WorkerState.CORDONED, WorkerState.DRAINING):
-            reason, detail = "cordoned", f"worker {worker_id} takes no new machines"
+            reason, detail = Reason.CORDONED, f"worker {worker_id} takes no new machines"
         else:
             short = shortfall(want, e.info.capacity, e.allocated, e.gpu_free)
             if short is not None:

@@ -8,8 +8,10 @@ from enum import StrEnum
 from typing import Literal
 
 __all__ = [
+    "RUN_STARTS",
     "Autostop",
     "Driver",
+    "EventType",
     "FitPolicy",
     "JobRestart",
     "JobState",
@@ -31,6 +33,35 @@ class MachineState(StrEnum):
     DESTROYING = "destroying"
     DESTROYED = "destroyed"
     FAILED = "failed"
+
+
+class EventType(StrEnum):
+    """What a machine's event record says happened (its ``type``, as Fly's machine events name
+    them): what the agent publishes, keeps in its ``events`` table and shows in the API. The
+    agent's steps name them through one table (:data:`souq.agent.state.events.PUBLISHED`)."""
+
+    LAUNCH = "launch"  # the machine was made
+    STANDBY = "standby"  # made stopped: it waits until a primary's worker is lost
+    START = "start"
+    STOP = "stop"
+    RESTART = "restart"  # a user's restart, or the restart policy's
+    SUSPEND = "suspend"
+    RESUME = "resume"
+    SIGNAL = "signal"  # a user's signal, or the SIGKILL after a stop's timeout
+    EXIT = "exit"  # its process ended
+    FAIL = "fail"  # its process could not be started
+    PULL = "pull"  # its image was pulled
+    UPDATE = "update"  # its config was replaced
+    METADATA = "metadata"
+    CORDON = "cordon"  # out of the proxies' rotation
+    UNCORDON = "uncordon"
+    PREEMPT_NOTICE = "preempt_notice"  # a spot machine priced out: it stops after a notice
+    PREEMPTED = "preempted"  # displaced by another machine, or priced out
+    DESTROY = "destroy"  # a destroy began, or ended
+
+
+# The events that begin a run of a machine (its making counts as one): "since its last start".
+RUN_STARTS = (EventType.LAUNCH, EventType.START, EventType.RESTART)
 
 
 class PriorityClass(StrEnum):

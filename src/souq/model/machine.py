@@ -26,7 +26,7 @@ from souq.limits import (
     dns_label_problem,
 )
 from souq.model.base import Input, Record
-from souq.model.choices import MachineState, PriorityClass, RestartPolicy
+from souq.model.choices import EventType, MachineState, PriorityClass, RestartPolicy
 from souq.model.constraint import Constraint
 from souq.model.fly_fields import (
     CONFIG_UNSUPPORTED,
@@ -341,7 +341,9 @@ def validate_name(v: str | None) -> str | None:
 
 
 class MachineEvent(Record):
-    type: str = Field(description="launch, start, exit, stop, restart, signal, destroy, fail")
+    # A string, not the enum: a record from a newer agent, of a type this side does not know
+    # yet, still reads.
+    type: str = Field(description=", ".join(EventType))
     status: MachineState = Field(description="the machine's state after the event")
     source: Literal["agent", "user"]
     timestamp: int = Field(description="milliseconds since the epoch")
@@ -357,7 +359,7 @@ class MachineEvent(Record):
     def request(self) -> dict[str, Any] | None:
         """Fly's form of an exit: ``{"exit_event": {exit_code, signal (a number), exited_at,
         restarting}}``; none for other events."""
-        if self.type != "exit":
+        if self.type != EventType.EXIT:
             return None
         number = _signal.Signals[self.signal].value if self.signal in _SIGNALS else -1
         return {

@@ -11,8 +11,9 @@ Pure.
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Final
 
-__all__ = ["Reason"]
+__all__ = ["CLOSED", "SHORT_OF_ROOM", "Reason"]
 
 
 class Reason(StrEnum):
@@ -38,3 +39,22 @@ class Reason(StrEnum):
     DRAINING = "draining"
     WRONG_REGION = "wrong_region"
     DECLINED = "declined"  # the worker's offer said no and gave no reason
+    # The app's private network is not known (its broker could not read the app's record): a
+    # worker that gives every sandboxed machine a private address refuses the claim, never
+    # guessing (docs/network.md).
+    NETWORK_UNKNOWN = "network_unknown"
+
+
+# For want of room: the worker is of the right kind, but too full for the machine (cpu, memory,
+# disk, GPUs). Another worker, or this one later, may take it.
+SHORT_OF_ROOM: Final = frozenset(
+    {
+        Reason.INSUFFICIENT_CPU,
+        Reason.INSUFFICIENT_MEMORY,
+        Reason.INSUFFICIENT_DISK,
+        Reason.INSUFFICIENT_GPUS,
+        Reason.INSUFFICIENT_GPU_SHARE,
+    }
+)
+# The worker takes no new machines (its state: souq.model.worker.WorkerState, of the same names).
+CLOSED: Final = frozenset({Reason.CORDONED, Reason.DRAINING})

@@ -50,7 +50,6 @@ __all__ = [
     "FLYCAST_PORT",
     "GATEWAY4",
     "GATEWAY6",
-    "NETWORK_UNKNOWN",
     "PROXY_ADDRESS",
     "UNKNOWN_NETWORK",
     "V4_RANGE",
@@ -74,8 +73,7 @@ __all__ = [
 CLUSTER_PREFIX = ipaddress.IPv6Network("fdaa::/16")
 # A claim's network when its broker could not read the app's record (JetStream unavailable):
 # a worker without a private network takes the machine; one with it refuses it, never guessing.
-UNKNOWN_NETWORK = "?"
-NETWORK_UNKNOWN = "network_unknown"  # the reason a private-network worker refuses such a claim
+UNKNOWN_NETWORK = "?"  # (its refusal: souq.model.reasons.Reason.NETWORK_UNKNOWN)
 DNS_ADDRESS = "fdaa::3"  # the worker's DNS server: one address on every worker
 DNS_PORT = 53  # what machines ask there (a cluster's name server may listen on another port)
 PROXY_ADDRESS = "fdaa::4"  # the host's edge proxy, for the machines' Flycast connections

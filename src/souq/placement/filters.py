@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from souq.model.protocol import Offer
 from souq.model.reasons import Reason
+from souq.model.worker import WorkerState
 from souq.placement.constraints import unmet
 from souq.placement.gpus import free_on, gpu_misfit
 from souq.placement.request import PlacementRequest
@@ -47,6 +48,13 @@ __all__ = [
 ]
 
 
+# A worker in these states takes no new machines: its state is the reason.
+_CLOSED: dict[WorkerState, Reason] = {
+    WorkerState.CORDONED: Reason.CORDONED,
+    WorkerState.DRAINING: Reason.DRAINING,
+}
+
+
 @dataclass(frozen=True)
 class StateFilter:
     """A worker that takes no new machines (cordoned, draining) is out, whatever else it says."""
@@ -54,9 +62,9 @@ class StateFilter:
     name: str = "state"
 
     def check(self, request: PlacementRequest, offer: Offer) -> Rejection | None:
-        state = str(offer.worker.state)
-        if state in ("cordoned", "draining"):
-            return Rejection(state, f"worker {offer.worker.id} is {state}: no new machines")
+        reason = _CLOSED.get(offer.worker.state)
+        if reason is not None:
+            return Rejection(reason, f"worker {offer.worker.id} is {reason}: no new machines")
         return None
 
 

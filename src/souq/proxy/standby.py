@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from souq.errors import SouqError
 from souq.model import Machine, WorkerState
+from souq.model.choices import RUN_STARTS, EventType
 from souq.model.protocol import StartCommand
 from souq.protocol import WorkerClient
 from souq.protocol.verbs import START
@@ -126,8 +127,8 @@ def preempted_at(machine: Machine) -> int | None:
     """When ``machine`` was preempted, if that is newer than its last start (None: it was not,
     or it started again since)."""
     for event in machine.events:  # newest first
-        if event.type == "preempted":
+        if event.type == EventType.PREEMPTED:
             return event.timestamp
-        if event.type in ("start", "restart", "launch"):
+        if event.type in RUN_STARTS:
             return None
     return None

@@ -43,6 +43,7 @@ from souq.market.preemption import Candidate, Eviction, may_displace
 from souq.model.choices import PriorityClass
 from souq.model.constraint import Constraint
 from souq.model.protocol import Offer
+from souq.model.reasons import Reason
 from souq.model.resources import Resources
 from souq.model.worker import Fingerprint, Load, WorkerInfo, WorkerState, WorkerUsage
 from souq.placement import Pipeline, PlacementRequest, default_pipeline
@@ -102,7 +103,7 @@ class SimWorker:
         fit as it is, whom the worker would displace."""
         refusal = self.admission.offer_refusal(want, now_ms)
         eviction = None
-        if refusal is not None and refusal[0] != "cordoned" and claimant and max_victims:
+        if refusal is not None and refusal[0] is not Reason.CORDONED and claimant and max_victims:
             plan = self.admission.plan_preemption(
                 want,
                 now_ms,

@@ -76,7 +76,7 @@ class OfferTable:
 
     def __post_init__(self) -> None:
         self.version = np.zeros(len(self.ids), dtype=np.int64)
-        self.closed = np.isin(self.states, ["cordoned", "draining"])
+        self.closed = np.isin(self.states, _CLOSED)
         regions = set(self.regions.tolist())
         self.only_region = regions.pop() if len(regions) == 1 else None
 
@@ -121,7 +121,7 @@ class OfferTable:
         self.gpu_free[i, : len(free)] = free
         self.shapes[i] = shape_bits(worker.gpu_shapes)
         self.states[i] = str(worker.state)
-        self.closed[i] = self.states[i] in ("cordoned", "draining")
+        self.closed[i] = self.states[i] in _CLOSED
         self.version[i] += 1
 
     def after_claims(self, rows: Ints, claims: Ints, want: Resources, app: Ints) -> OfferTable:
@@ -214,6 +214,8 @@ class Memo:
 
 Verdict = tuple[Bools, Ints]  # (passes, the code of the reason where it does not)
 _NO_REASON: Ints = np.zeros(0, dtype=np.int64)  # with a mask that passes every row
+# The states of a worker that takes no new machines (cordoned; draining too).
+_CLOSED = [str(WorkerState.CORDONED), str(WorkerState.DRAINING)]
 _REASONS: list[str] = [""]  # reasons by code (0: none), counted with bincount
 _CODES: dict[str, int] = {"": 0}
 
@@ -272,8 +274,9 @@ def _state(f: Filter, request: PlacementRequest, t: OfferTable, rows: Ints) -> V
     if not t.closed.any():
         return None  # every worker takes machines: all pass
     out = t.closed[rows]
-    draining = t.states[rows] == "draining"
-    return ~out, np.where(out, np.where(draining, _code("draining"), _code("cordoned")), 0)
+    draining = t.states[rows] == str(WorkerState.DRAINING)
+    closed = np.where(draining, _code(Reason.DRAINING), _code(Reason.CORDONED))
+    return ~out, np.where(out, closed, 0)
 
 
 def _region(f: Filter, request: PlacementRequest, t: OfferTable, rows: Ints) -> Verdict | None:

@@ -308,7 +308,7 @@ class Admission:
         self._check_open()
         self._check_fits(want, now_ms, "the quote")
 
-    def offer_refusal(self, want: Resources, now_ms: int) -> tuple[str, str] | None:
+    def offer_refusal(self, want: Resources, now_ms: int) -> tuple[Reason, str] | None:
         """``(reason, detail)`` when an offer must say no; None when the worker can take it."""
         if self.cordoned:
             return Reason.CORDONED, f"worker {self.worker_id} is cordoned: it takes no new machines"

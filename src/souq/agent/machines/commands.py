@@ -17,9 +17,9 @@ from souq.agent.capacity.ports import edge_ports
 from souq.agent.machines import evictions, launch, lifecycle
 from souq.agent.machines.executor import Executor
 from souq.agent.machines.leases import Leases
-from souq.agent.machines.lifecycle import Trigger
 from souq.agent.machines.reads import MachineReads
-from souq.agent.state.operations import OpEvent, OpKind, advance
+from souq.agent.state.events import Event
+from souq.agent.state.operations import OpKind, advance
 from souq.agent.state.records import MachineRow, Source
 from souq.clock import Clock
 from souq.errors import (
@@ -32,6 +32,7 @@ from souq.errors import (
 from souq.ids import new_instance_id, new_machine_id
 from souq.market.preemption import Eviction
 from souq.model.app import DEFAULT_ORG
+from souq.model.choices import EventType
 from souq.model.image import ImageRecord
 from souq.model.machine import (
     Machine,
@@ -49,7 +50,7 @@ from souq.model.protocol import (
 from souq.model.reasons import Reason
 from souq.model.resources import Resources
 from souq.model.services import MachineAddress
-from souq.network.addresses import NETWORK_UNKNOWN, UNKNOWN_NETWORK, network_of
+from souq.network.addresses import UNKNOWN_NETWORK, network_of
 
 __all__ = ["Commands"]
 
@@ -107,16 +108,16 @@ class Commands(MachineReads):
         except BaseException:
             ex.give_back_addresses(machine_id)
             raise
-        op = ex.new_op(OpKind.CREATE, machine_id, source="user", type="start")
-        events = [MachineEvent(type="launch", status=S.CREATED, source="user", timestamp=now)]
+        op = ex.new_op(OpKind.CREATE, machine_id, source="user", type=EventType.START)
+        events = [_made(EventType.LAUNCH, S.CREATED, now)]
         if req.config.standbys:  # a standby waits, stopped, until a primary's worker is lost
-            op_event, state = OpEvent.SKIP, lifecycle.transition(S.CREATED, Trigger.STOP)
-            events.append(MachineEvent(type="standby", status=state, source="user", timestamp=now))
+            op_event, state = Event.SKIP, lifecycle.transition(S.CREATED, Event.STOP)
+            events.append(_made(EventType.STANDBY, state, now))
         elif req.skip_launch:
-            op_event, state = OpEvent.SKIP, S.CREATED
+            op_event, state = Event.SKIP, S.CREATED
         else:
-            op_event, state = OpEvent.BEGIN, lifecycle.transition(S.CREATED, Trigger.START)
-            events.append(MachineEvent(type="start", status=state, source="user", timestamp=now))
+            op_event, state = Event.BEGIN, lifecycle.transition(S.CREATED, Event.START)
+            events.append(_made(EventType.START, state, now))
         step = advance(op.kind, op.state, op_event)
         row = MachineRow(
             id=op.machine_id,
@@ -236,7 +237,7 @@ class Commands(MachineReads):
                     "the app's private network is not known (its broker could not read the "
                     "app's record) and every sandboxed machine here gets a private address",
                     hint="retry once JetStream answers, or use a worker without a private network",
-                    details={"reason": NETWORK_UNKNOWN},
+                    details={"reason": Reason.NETWORK_UNKNOWN},
                 )
             edge = ex.ports.take(machine_id, edge_ports(config)) if ex.edge_host else {}
             try:
@@ -281,19 +282,11 @@ class Commands(MachineReads):
     def _begin_start(self, row: MachineRow, source: Source, message: str | None = None) -> None:
         """Start a stopped machine: the start operation begun, by ``source``."""
         ex = self._ex
-        lifecycle.transition(row.state, Trigger.START, machine_id=row.id)
+        lifecycle.transition(row.state, Event.START, machine_id=row.id)
         self._check_idle(row)
-        op = ex.new_op(OpKind.START, row.id, source=source, type="start")
+        op = ex.new_op(OpKind.START, row.id, source=source, type=EventType.START)
         # restarts=0: a start is a fresh start for the restart policy
-        ex.step(
-            op,
-            OpEvent.BEGIN,
-            event=Trigger.START,
-            type="start",
-            source=source,
-            restarts=0,
-            message=message,
-        )
+        ex.step(op, Event.BEGIN, event=Event.START, source=source, restarts=0, message=message)
 
     def suspend(self, app: str, machine_id: str, *, source: Source = "user") -> Machine:
         """Freeze a started machine where it stands; :meth:`start` resumes it."""
@@ -313,14 +306,14 @@ class Commands(MachineReads):
             return ex.shown(row)  # stopped, or a stop is already under way
         if current is not None and ex.pulls is not None and ex.pulls.waiting(row.id):
             # Its start waits for its image: called off (the pull goes on, for the cache).
-            ex.apply(row.id, op=current, op_event=OpEvent.ABORT)
+            ex.apply(row.id, op=current, op_event=Event.ABORT)
             current = None
         if current is not None and current.kind is OpKind.RESTART:
             raise IllegalTransition(
                 f"machine {row.id} is restarting; it cannot be stopped now",
                 hint="wait for the restart to finish, then stop it",
             )
-        lifecycle.transition(row.state, Trigger.STOP, machine_id=row.id)
+        lifecycle.transition(row.state, Event.STOP, machine_id=row.id)
         self._check_idle(row)
         sig, timeout = _stop_params(row, cmd.signal, cmd.timeout_s)
         running = row.state in _RUNNING
@@ -330,9 +323,8 @@ class Commands(MachineReads):
         )
         ex.step(
             op,
-            (OpEvent.DRAIN if drain else OpEvent.BEGIN) if running else OpEvent.IDLE,
-            event=Trigger.STOP,
-            type="stop",
+            (Event.DRAIN if drain else Event.BEGIN) if running else Event.IDLE,
+            event=Event.STOP,
             source=source,
             signal=sig if running else None,
             message=f"out of rotation {drain:g}s before the signal" if drain else None,
@@ -356,17 +348,17 @@ class Commands(MachineReads):
             OpKind.RESTART,
             row.id,
             source="user",
-            type="restart",
+            type=EventType.RESTART,
             signal=sig,
             timeout_s=timeout,
             drain_s=_drain_s(row),
         )
         if row.state in (S.STARTED, S.SUSPENDED):
-            begin = OpEvent.DRAIN if _drain_s(row) else OpEvent.BEGIN
-            ex.step(op, begin, event=Trigger.STOP, type="restart", source="user", signal=sig)
+            begin = Event.DRAIN if _drain_s(row) else Event.BEGIN
+            ex.step(op, begin, event=Event.STOP, type=EventType.RESTART, source="user", signal=sig)
         else:
             ex.step(
-                op, OpEvent.IDLE, event=Trigger.START, type="restart", source="user", restarts=0
+                op, Event.IDLE, event=Event.START, type=EventType.RESTART, source="user", restarts=0
             )
         await op.done
         return ex.machine(cmd.app, cmd.machine_id)
@@ -415,7 +407,7 @@ class Commands(MachineReads):
         instance = new_instance_id(now)
         ex.apply(
             row.id,
-            type="update",
+            type=EventType.UPDATE,
             source="user",
             message=f"config updated: instance {instance}",
             config=config,
@@ -437,14 +429,14 @@ class Commands(MachineReads):
     def signal(self, app: str, machine_id: str, signal: str) -> Machine:
         ex = self._ex
         row = ex.row(app, machine_id)
-        lifecycle.transition(row.state, Trigger.SIGNAL, machine_id=row.id)
+        lifecycle.transition(row.state, Event.SIGNAL, machine_id=row.id)
         name = _signal_name(signal)
         if ex.handle(row.id) is None:
             raise IllegalTransition(
                 f"machine {row.id} has no running process to signal", hint="start it first"
             )
         op = ex.new_op(OpKind.SIGNAL, row.id, source="user", signal=name)
-        ex.step(op, OpEvent.BEGIN, event=Trigger.SIGNAL, type="signal", source="user", signal=name)
+        ex.step(op, Event.BEGIN, event=Event.SIGNAL, source="user", signal=name)
         return ex.machine(app, machine_id)
 
     async def destroy(
@@ -458,7 +450,7 @@ class Commands(MachineReads):
         row = ex.row(app, machine_id)
         if graceful and row.state in _RUNNING and ex.current_op(row.id) is None:
             return self._retire(row)
-        event = Trigger.FORCE_DESTROY if force else Trigger.DESTROY
+        event = Event.FORCE_DESTROY if force else Event.DESTROY
         lifecycle.transition(row.state, event, machine_id=row.id)
         current = ex.current_op(row.id)
         if current is not None and current.kind is OpKind.DESTROY:
@@ -466,8 +458,8 @@ class Commands(MachineReads):
             return ex.machine(app, machine_id)
         if current is not None:  # a stop or restart waiting for its process: superseded
             ex.supervisor.disarm_kill(row.id)
-            ex.apply(row.id, op=current, op_event=OpEvent.ABORT)
-        op_event = OpEvent.BEGIN if ex.handle(row.id) else OpEvent.IDLE
+            ex.apply(row.id, op=current, op_event=Event.ABORT)
+        op_event = Event.BEGIN if ex.handle(row.id) else Event.IDLE
         op = ex.begin_destroy(row.id, op_event, event, source="user")
         await op.done
         self.leases.drop(row.id)
@@ -480,8 +472,8 @@ class Commands(MachineReads):
         drain = _drain_s(row)
         op = ex.begin_destroy(
             row.id,
-            OpEvent.DRAIN,
-            Trigger.FORCE_DESTROY,
+            Event.DRAIN,
+            Event.FORCE_DESTROY,
             source="user",
             message=f"stopping first ({sig}, {drain:g}s out of rotation before it)",
             signal=sig,
@@ -545,3 +537,8 @@ def _signal_name(value: str) -> str:
         return normalise_signal(value)
     except ValueError as exc:
         raise InvalidInput(str(exc), details={"field": "signal"}) from None
+
+
+def _made(type: EventType, state: MachineState, now: int) -> MachineEvent:
+    """An event of a claim's new machine (the user's)."""
+    return MachineEvent(type=type, status=state, source="user", timestamp=now)

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 from souq.agent.machines import lifecycle
 from souq.agent.machines.executor import Executor
-from souq.agent.machines.lifecycle import Trigger
-from souq.agent.state.operations import OpEvent, OpKind
+from souq.agent.state.events import Event
+from souq.agent.state.operations import OpKind
 from souq.agent.state.records import MachineRow
 from souq.market.preemption import JOB_VICTIM, Candidate, Eviction, JobRuns, may_displace
+from souq.model.choices import EventType
 from souq.model.machine import MachineState
 from souq.model.placement import PreemptedMachine
 
@@ -103,14 +104,14 @@ def displace(ex: Executor, row: MachineRow, message: str, *, durable: bool = Fal
     if row.state is S.STOPPED:
         ex.apply(
             row.id,
-            type="preempted",
+            type=EventType.PREEMPTED,
             source="agent",
             message=message,
             give_back=True,
             durable=durable,
         )
         return
-    lifecycle.transition(row.state, Trigger.STOP, machine_id=row.id)
+    lifecycle.transition(row.state, Event.STOP, machine_id=row.id)
     running = row.state in RUNNING
     stop = row.config.stop_config
     drain = stop.drain_s if running and row.config.services and row.state is S.STARTED else 0.0
@@ -124,9 +125,9 @@ def displace(ex: Executor, row: MachineRow, message: str, *, durable: bool = Fal
     )
     ex.step(
         op,
-        (OpEvent.DRAIN if drain else OpEvent.BEGIN) if running else OpEvent.IDLE,
-        event=Trigger.STOP,
-        type="preempted",
+        (Event.DRAIN if drain else Event.BEGIN) if running else Event.IDLE,
+        event=Event.STOP,
+        type=EventType.PREEMPTED,
         source="agent",
         signal=stop.signal if running else None,
         message=message,

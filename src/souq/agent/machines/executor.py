@@ -21,7 +21,7 @@ import logging
 import signal as _signal
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, Unpack
 
 from souq.agent.capacity.admission import Admission, reserves
 from souq.agent.capacity.ports import PortPool
@@ -30,14 +30,23 @@ from souq.agent.machines.checks import MachineChecks
 from souq.agent.machines.faults import FaultPoint
 from souq.agent.machines.images import AgentImages, Pulled, image_of, image_source
 from souq.agent.machines.launch import Pulls, machine_spec, pulled_record
-from souq.agent.machines.lifecycle import Trigger
 from souq.agent.machines.process_steps import ProcessSteps
 from souq.agent.machines.restart import Backoff
 from souq.agent.machines.secrets import AgentSecrets
 from souq.agent.machines.supervisor import Supervisor
 from souq.agent.machines.table import MachineTable
-from souq.agent.state.operations import Action, OpEvent, OpKind, OpState, advance
-from souq.agent.state.records import RECENT_EVENTS, MachineRow, Op, OpStep, Source
+from souq.agent.state.events import PUBLISHED, Event
+from souq.agent.state.operations import Action, OpKind, OpState, advance
+from souq.agent.state.records import (
+    RECENT_EVENTS,
+    MachineRow,
+    Op,
+    OpParams,
+    OpStep,
+    Source,
+    StopParams,
+    checked_params,
+)
 from souq.agent.state.store import Store
 from souq.agent.volumes.worker_volumes import AgentVolumes
 from souq.clock import Clock
@@ -45,6 +54,7 @@ from souq.drivers.base import Driver, ExitStatus, Handle, SpawnError
 from souq.errors import SouqError
 from souq.ids import new_request_id
 from souq.market.preemption import JobRuns
+from souq.model.choices import EventType
 from souq.model.machine import MachineEvent, MachineState
 from souq.model.protocol import MachineEventMessage
 from souq.model.resources import Resources
@@ -60,7 +70,9 @@ S = MachineState
 _SPEC = frozenset({"config", "placement", "address", "instance_id", "cordoned", "skip_secrets"})
 # Events whose message carries the machine's record: what the event alone does not say (a new
 # machine; a config, metadata or cordon changed in place) reaches every view with it.
-_WITH_RECORD = frozenset({"launch", "update", "metadata", "cordon", "uncordon"})
+_WITH_RECORD = frozenset(
+    {EventType.LAUNCH, EventType.UPDATE, EventType.METADATA, EventType.CORDON, EventType.UNCORDON}
+)
 
 
 class Executor(MachineTable, ProcessSteps):
@@ -171,7 +183,7 @@ class Executor(MachineTable, ProcessSteps):
         self,
         row: MachineRow,
         op: Op,
-        op_event: OpEvent,
+        op_event: Event,
         op_state: OpState,
         *,
         quote_id: str | None = None,
@@ -211,21 +223,28 @@ class Executor(MachineTable, ProcessSteps):
         self,
         machine_id: str,
         *,
-        event: Trigger | None = None,
-        type: str | None = None,
+        event: Event | None = None,
+        type: EventType | None = None,
+        published: bool = True,
         source: Source = "agent",
         status: ExitStatus | None = None,
         signal: str | None = None,
         message: str | None = None,
         op: Op | None = None,
-        op_event: OpEvent | None = None,
+        op_event: Event | None = None,
         durable: bool = True,
         give_back: bool = False,
         **changes: Any,
     ) -> tuple[Action, ...]:
-        """One step: the machine's transition (if ``event``), its event record (if ``type``)
-        and the operation's step (if ``op``), written in one transaction; then memory, waiters
-        and the bus. Returns the operation step's actions for :meth:`execute`.
+        """One step: the machine's transition, its event record and the operation's step (if
+        ``op``), written in one transaction; then memory, waiters and the bus. Returns the
+        operation step's actions for :meth:`execute`.
+
+        A happening is named once (:mod:`souq.agent.state.events`): ``event`` is the machine's
+        transition, or, when none is given, ``op_event`` is, if the life cycle takes it (the
+        process ``spawned``, ``exited``, its files ``cleaned``). The record's type is
+        ``type``, else what the event is published as (none for an operation's own steps);
+        ``published=False``: no record.
 
         An exit ``status`` means the process is gone: the row forgets its pid and keeps its exit
         code, and the event's message says how it ended unless ``message`` says more.
@@ -239,8 +258,13 @@ class Executor(MachineTable, ProcessSteps):
             message = status.describe() if message is None else message
             changes = {"pid": None, "pid_start_time": None, "exit_code": status.code, **changes}
         row = self._rows[machine_id]
+        if event is None and op_event in lifecycle.EVENTS:
+            event = op_event
         state = lifecycle.transition(row.state, event, machine_id=row.id) if event else row.state
         step = advance(op.kind, op.state, op_event) if op is not None and op_event else None
+        happening = event or op_event
+        if type is None and published and happening is not None:
+            type = PUBLISHED.get(happening)
         now = self._clock.now_ms()
         recorded: list[MachineEvent] = []
         if type is not None:
@@ -253,7 +277,7 @@ class Executor(MachineTable, ProcessSteps):
                     exit_code=status.code if status else None,
                     signal=signal or (status.signal if status else None),
                     message=message,
-                    oom_killed=status is not None and status.reason == "oom",
+                    oom_killed=status is not None and status.oom_killed,
                 )
             )
         new = replace(
@@ -344,7 +368,7 @@ class Executor(MachineTable, ProcessSteps):
         else:
             self._ops[op.machine_id] = op
 
-    def step(self, op: Op, op_event: OpEvent, **apply_args: Any) -> None:
+    def step(self, op: Op, op_event: Event, **apply_args: Any) -> None:
         """One step of ``op`` (:meth:`apply` with ``apply_args``), then its actions."""
         self.execute(op, self.apply(op.machine_id, op=op, op_event=op_event, **apply_args))
 
@@ -376,7 +400,7 @@ class Executor(MachineTable, ProcessSteps):
     def _to_starting(self, op: Op) -> MachineRow:
         row = self._rows[op.machine_id]
         if row.state is not S.STARTING:  # a restart whose stop has just finished
-            self.apply(row.id, event=Trigger.START, type="start", source=op.source)
+            self.apply(row.id, event=Event.START, source=op.source)
         return self._rows[op.machine_id]
 
     def _spawn(self, op: Op) -> None:
@@ -422,15 +446,7 @@ class Executor(MachineTable, ProcessSteps):
             self._spawn(op)  # else destroyed or stopped meanwhile
 
     def _spawn_failed(self, op: Op, message: str) -> None:
-        self.step(
-            op,
-            OpEvent.SPAWN_FAILED,
-            event=Trigger.SPAWN_FAILED,
-            type="fail",
-            message=message,
-            pid=None,
-            pid_start_time=None,
-        )
+        self.step(op, Event.SPAWN_FAILED, message=message, pid=None, pid_start_time=None)
 
     def _pull(self, op: Op, ref: str) -> None:
         if self.pulls is None:
@@ -444,7 +460,7 @@ class Executor(MachineTable, ProcessSteps):
                 self._spawn_failed(op, f"image {ref}: {outcome}")
                 return
             placement, message = pulled_record(self._rows[op.machine_id], outcome)
-            self.apply(op.machine_id, type="pull", message=message, placement=placement)
+            self.apply(op.machine_id, type=EventType.PULL, message=message, placement=placement)
             self._spawn(op)
 
         source = image_source(self._rows[op.machine_id].placement)
@@ -458,11 +474,10 @@ class Executor(MachineTable, ProcessSteps):
         try:
             actions = self.apply(
                 mid,
-                event=Trigger.SPAWNED,
-                type=str(op.params.get("type", "start")),
+                type=op.spawn_type,
                 message=message,
                 op=op,
-                op_event=OpEvent.SPAWNED,
+                op_event=Event.SPAWNED,
                 durable=False,  # lost only with the process itself: see souq.agent.state.store
                 pid=handle.pid,
                 pid_start_time=handle.start_time,
@@ -513,9 +528,9 @@ class Executor(MachineTable, ProcessSteps):
 
     def resume(self, last: OpStep) -> None:
         """Go on with an operation the op log left unfinished, from its last step."""
-        op = Op(last.op_id, last.kind, last.machine_id, dict(last.detail), last.state)
+        op = Op.resumed(last)
         self._ops[op.machine_id] = op
-        self.step(op, OpEvent.RECOVER)
+        self.step(op, Event.RECOVER)
 
     def exited_unwatched(self, machine_id: str) -> None:
         """The machine's process died while no agent watched: its exit, as the driver kept it."""
@@ -533,23 +548,24 @@ class Executor(MachineTable, ProcessSteps):
 
     # -- helpers -------------------------------------------------------------------------------
 
-    def new_op(self, kind: OpKind, machine_id: str, **params: Any) -> Op:
-        return Op(new_request_id(), kind, machine_id, params)
+    def new_op(self, kind: OpKind, machine_id: str, **params: Unpack[OpParams]) -> Op:
+        """A new operation of ``kind`` on the machine, with the parameters its kind takes."""
+        return Op(new_request_id(), kind, machine_id, checked_params(kind, params))
 
     def begin_destroy(
         self,
         machine_id: str,
-        first: OpEvent,
-        event: Trigger,
+        first: Event,
+        event: Event,
         *,
         source: Source,
         message: str | None = None,
-        **params: Any,
+        **params: Unpack[StopParams],
     ) -> Op:
         """A destroy of the machine by ``source``: its operation (with ``params``, e.g. the
         stop's signal and times of a graceful one) and its first step, ``first`` on ``event``."""
         op = self.new_op(OpKind.DESTROY, machine_id, source=source, **params)
-        self.step(op, first, event=event, type="destroy", source=source, message=message)
+        self.step(op, first, event=event, source=source, message=message)
         return op
 
     def changed(self, machine_id: str) -> asyncio.Event:

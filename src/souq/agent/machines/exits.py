@@ -14,10 +14,11 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from souq.agent.machines.lifecycle import Trigger
-from souq.agent.state.operations import OpEvent, OpKind, OpState
+from souq.agent.state.events import Event
+from souq.agent.state.operations import OpKind, OpState
 from souq.agent.state.records import Op
 from souq.drivers.base import Driver, ExitStatus, records_exits
+from souq.model.choices import EventType
 from souq.model.machine import MachineState
 
 if TYPE_CHECKING:
@@ -51,7 +52,7 @@ def on_exit(ex: Steps, machine_id: str, status: ExitStatus) -> None:
         return
     if row.state not in _RUNNING:
         log.warning("machine %s exited while %s", machine_id, row.state)
-        ex.apply(machine_id, type="exit", status=status)
+        ex.apply(machine_id, type=EventType.EXIT, status=status)
         return
     decision = ex.supervisor.decide(
         row.config.restart,
@@ -62,8 +63,7 @@ def on_exit(ex: Steps, machine_id: str, status: ExitStatus) -> None:
     )
     ex.apply(
         machine_id,
-        event=Trigger.EXITED_RESTART if decision.restart else Trigger.EXITED_STAY,
-        type="exit",
+        event=Event.EXITED_RESTART if decision.restart else Event.EXITED,
         status=status,
         message=f"{status.describe()}; {decision.reason}",
         restarts=decision.restarts,
@@ -73,8 +73,8 @@ def on_exit(ex: Steps, machine_id: str, status: ExitStatus) -> None:
     elif row.config.auto_destroy:
         ex.begin_destroy(
             machine_id,
-            OpEvent.IDLE,
-            Trigger.DESTROY,
+            Event.IDLE,
+            Event.DESTROY,
             source="agent",
             message="auto_destroy: it exited and its restart policy keeps it down",
         )
@@ -83,21 +83,20 @@ def on_exit(ex: Steps, machine_id: str, status: ExitStatus) -> None:
 def exited_during_op(ex: Steps, op: Op, status: ExitStatus) -> None:
     """The exit ``op`` waited for: the operation advances."""
     ex.drop_handle(op.machine_id)
-    ex.step(op, OpEvent.EXITED, event=Trigger.EXITED_STAY, type="exit", status=status)
+    ex.step(op, Event.EXITED, status=status)
 
 
 def on_kill_due(ex: Steps, machine_id: str) -> None:
     """A stop's timer: its drain is over, or the machine outlived its stop's timeout."""
     op = ex.current_op(machine_id)
     if op is not None and op.state is OpState.DRAINING:
-        ex.step(op, OpEvent.DRAINED)
+        ex.step(op, Event.DRAINED)
         return
     if op is None or op.state is not OpState.SIGNALLING:
         return
     ex.step(
         op,
-        OpEvent.TIMEOUT,
-        type="signal",
+        Event.TIMEOUT,
         signal="SIGKILL",
         message=f"still running {op.params['timeout_s']:g}s after {op.params['signal']}",
     )
@@ -109,8 +108,8 @@ def on_restart_due(ex: Steps, machine_id: str) -> None:
         return
     if ex.row_by_id(machine_id).state is not S.STARTING:
         return
-    op = ex.new_op(OpKind.START, machine_id, source="agent", type="restart")
-    ex.step(op, OpEvent.BEGIN)
+    op = ex.new_op(OpKind.START, machine_id, source="agent", type=EventType.RESTART)
+    ex.step(op, Event.BEGIN)
 
 
 def last_exit(driver: Driver, machine_id: str) -> ExitStatus:

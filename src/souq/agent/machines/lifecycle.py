@@ -1,17 +1,19 @@
 """The machine life cycle: one table of legal transitions. Pure.
 
-States follow Fly's Machines API (:class:`souq.model.MachineState`). Events are what happens to a
-machine: a user asks (``start``, ``stop``, ``signal``, ``destroy``, ``force_destroy``) or the agent
-observes (``spawned``, ``spawn_failed``, ``exited_stay``, ``exited_restart``, ``destroyed``)::
+States follow Fly's Machines API (:class:`souq.model.MachineState`). Events
+(:class:`souq.agent.state.events.Event`, which the op log takes too) are what happens to a
+machine: a user asks (``start``, ``stop``, ``suspend``, ``signal``, ``destroy``,
+``force_destroy``) or the agent observes (``spawned``, ``spawn_failed``, ``exited``,
+``exited_restart``, ``cleaned``)::
 
-    created ──start──▶ starting ──spawned──▶ started ──stop──▶ stopping ──exited_stay──▶ stopped
-                        │   ▲                  │                                          │
-           spawn_failed │   └─exited_restart───┤ (the restart policy says restart)       │
-                        ▼                      └──exited_stay──▶ stopped ──start──▶ starting
+    created ──start──▶ starting ──spawned──▶ started ──stop──▶ stopping ──exited──▶ stopped
+                        │   ▲                  │                                     │
+           spawn_failed │   └─exited_restart───┤ (the restart policy says restart)  │
+                        ▼                      └──exited──▶ stopped ──start──▶ starting
                       failed ──start──▶ starting
     started ──suspend──▶ suspended ──start──▶ started   (frozen, then thawed: the same process)
                            └──stop──▶ stopping (thawed, then signalled)
-    any state but destroyed ──destroy──▶ destroying ──destroyed──▶ destroyed
+    any state but destroyed ──destroy──▶ destroying ──cleaned──▶ destroyed
     (a running machine needs force_destroy: it is killed first)
 
 Anything not in the table raises :class:`souq.errors.IllegalTransition` naming the machine, its
@@ -21,37 +23,20 @@ state and the event, with a hint saying what to do instead.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from enum import StrEnum
 from types import MappingProxyType
 from typing import Final
 
+from souq.agent.state.events import Event
 from souq.errors import IllegalTransition
 from souq.model.machine import MachineState
 
-__all__ = ["TRANSITIONS", "Trigger", "legal_events", "transition"]
-
-
-class Trigger(StrEnum):
-    """What moves a machine from one state to another (the table's input). A transition that
-    happens is recorded as a :class:`~souq.model.MachineEvent`."""
-
-    START = "start"
-    SPAWNED = "spawned"
-    SPAWN_FAILED = "spawn_failed"
-    STOP = "stop"
-    SUSPEND = "suspend"
-    SIGNAL = "signal"
-    EXITED_STAY = "exited_stay"
-    EXITED_RESTART = "exited_restart"
-    DESTROY = "destroy"
-    FORCE_DESTROY = "force_destroy"
-    DESTROYED = "destroyed"
+__all__ = ["EVENTS", "TRANSITIONS", "legal_events", "transition"]
 
 
 S = MachineState
-E = Trigger
+E = Event
 
-TRANSITIONS: Final[Mapping[tuple[MachineState, Trigger], MachineState]] = MappingProxyType(
+TRANSITIONS: Final[Mapping[tuple[MachineState, Event], MachineState]] = MappingProxyType(
     {
         (S.CREATED, E.START): S.STARTING,
         (S.CREATED, E.STOP): S.STOPPED,  # nothing runs: it is simply stopped
@@ -66,7 +51,7 @@ TRANSITIONS: Final[Mapping[tuple[MachineState, Trigger], MachineState]] = Mappin
         (S.STARTING, E.FORCE_DESTROY): S.DESTROYING,
         (S.STARTED, E.STOP): S.STOPPING,
         (S.STARTED, E.SIGNAL): S.STARTED,
-        (S.STARTED, E.EXITED_STAY): S.STOPPED,
+        (S.STARTED, E.EXITED): S.STOPPED,
         (S.STARTED, E.EXITED_RESTART): S.STARTING,
         (S.STARTED, E.FORCE_DESTROY): S.DESTROYING,
         (S.STARTED, E.SUSPEND): S.SUSPENDED,
@@ -75,12 +60,12 @@ TRANSITIONS: Final[Mapping[tuple[MachineState, Trigger], MachineState]] = Mappin
         (S.SUSPENDED, E.START): S.STARTED,
         (S.SUSPENDED, E.SUSPEND): S.SUSPENDED,
         (S.SUSPENDED, E.STOP): S.STOPPING,
-        (S.SUSPENDED, E.EXITED_STAY): S.STOPPED,
+        (S.SUSPENDED, E.EXITED): S.STOPPED,
         (S.SUSPENDED, E.EXITED_RESTART): S.STARTING,
         (S.SUSPENDED, E.FORCE_DESTROY): S.DESTROYING,
         (S.STOPPING, E.STOP): S.STOPPING,
         (S.STOPPING, E.SIGNAL): S.STOPPING,
-        (S.STOPPING, E.EXITED_STAY): S.STOPPED,  # a user stop never restarts
+        (S.STOPPING, E.EXITED): S.STOPPED,  # a user stop never restarts
         (S.STOPPING, E.FORCE_DESTROY): S.DESTROYING,
         (S.STOPPED, E.START): S.STARTING,
         (S.STOPPED, E.STOP): S.STOPPED,
@@ -92,10 +77,13 @@ TRANSITIONS: Final[Mapping[tuple[MachineState, Trigger], MachineState]] = Mappin
         (S.FAILED, E.FORCE_DESTROY): S.DESTROYING,
         (S.DESTROYING, E.DESTROY): S.DESTROYING,
         (S.DESTROYING, E.FORCE_DESTROY): S.DESTROYING,
-        (S.DESTROYING, E.EXITED_STAY): S.DESTROYING,  # the kill of a forced destroy landed
-        (S.DESTROYING, E.DESTROYED): S.DESTROYED,
+        (S.DESTROYING, E.EXITED): S.DESTROYING,  # the kill of a forced destroy landed
+        (S.DESTROYING, E.CLEANED): S.DESTROYED,
     }
 )
+
+# The events the table takes (the others are an operation's own: souq.agent.state.events).
+EVENTS: Final[frozenset[Event]] = frozenset(event for _, event in TRANSITIONS)
 
 # How a user-facing event reads in "it cannot be ...".
 _PARTICIPLE = {
@@ -108,12 +96,12 @@ _PARTICIPLE = {
 }
 
 
-def legal_events(state: MachineState) -> list[Trigger]:
+def legal_events(state: MachineState) -> list[Event]:
     """The events the table accepts in ``state``, in table order."""
     return [event for (s, event) in TRANSITIONS if s is state]
 
 
-def transition(state: MachineState, event: Trigger, *, machine_id: str = "") -> MachineState:
+def transition(state: MachineState, event: Event, *, machine_id: str = "") -> MachineState:
     """The state after ``event``, or :class:`IllegalTransition` when the table has no entry."""
     try:
         return TRANSITIONS[(state, event)]
@@ -121,7 +109,7 @@ def transition(state: MachineState, event: Trigger, *, machine_id: str = "") -> 
         raise _illegal(state, event, machine_id) from None
 
 
-def _illegal(state: MachineState, event: Trigger, machine_id: str) -> IllegalTransition:
+def _illegal(state: MachineState, event: Event, machine_id: str) -> IllegalTransition:
     who = f"machine {machine_id}" if machine_id else "the machine"
     if event in _PARTICIPLE:
         message = f"{who} is {state}; it cannot be {_PARTICIPLE[event]}"
@@ -134,7 +122,7 @@ def _illegal(state: MachineState, event: Trigger, machine_id: str) -> IllegalTra
     )
 
 
-_HINTS: Mapping[tuple[MachineState | None, Trigger | None], str] = {
+_HINTS: Mapping[tuple[MachineState | None, Event | None], str] = {
     (S.DESTROYED, None): "it is gone; create a new machine",
     (S.DESTROYING, None): "it is being destroyed",
     (S.STARTED, E.DESTROY): "stop it first, or destroy it with force",
@@ -147,7 +135,7 @@ _HINTS: Mapping[tuple[MachineState | None, Trigger | None], str] = {
 }
 
 
-def _hint(state: MachineState, event: Trigger) -> str:
+def _hint(state: MachineState, event: Event) -> str:
     for key in ((state, event), (state, None), (None, event)):
         if key in _HINTS:
             return _HINTS[key]

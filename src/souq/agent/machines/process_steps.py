@@ -9,12 +9,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, cast
 
 from souq.agent.machines import exits, lifecycle
-from souq.agent.machines.lifecycle import Trigger
-from souq.agent.state.operations import OpEvent
+from souq.agent.state.events import Event
 from souq.agent.state.records import MachineRow, Op, Source
 from souq.agent.volumes.worker_volumes import AgentVolumes
 from souq.drivers.base import Driver, Handle
 from souq.errors import IllegalTransition
+from souq.model.choices import EventType
 from souq.model.machine import MachineState
 from souq.network.addresses import private_address
 from souq.network.links import WorkerNetwork
@@ -38,15 +38,15 @@ class ProcessSteps:
 
     def apply(self, machine_id: str, **changes: Any) -> Any: ...  # the executor's
 
-    def step(self, op: Op, op_event: OpEvent, **apply_args: Any) -> None: ...  # the executor's
+    def step(self, op: Op, op_event: Event, **apply_args: Any) -> None: ...  # the executor's
 
     def freeze(self, machine_id: str, *, frozen: bool, source: Source) -> None:
         """Suspend a started machine (its processes frozen where they stand: memory, sockets
         and port kept) or resume a suspended one; one step, recorded as ``suspend`` or
         ``resume``. :class:`IllegalTransition` from any other state."""
         row = self._rows[machine_id]
-        trigger = Trigger.SUSPEND if frozen else Trigger.START
-        lifecycle.transition(row.state, trigger, machine_id=row.id)
+        event = Event.SUSPEND if frozen else Event.START
+        lifecycle.transition(row.state, event, machine_id=row.id)
         if frozen and row.state is S.SUSPENDED:
             return  # suspended already
         handle = self._handles.get(machine_id)
@@ -60,7 +60,10 @@ class ProcessSteps:
             self._frozen.add(machine_id)
         else:
             self._frozen.discard(machine_id)
-        self.apply(machine_id, event=trigger, type="suspend" if frozen else "resume", source=source)
+        # (published as suspend, or as resume: a start of the same process)
+        self.apply(
+            machine_id, event=event, type=None if frozen else EventType.RESUME, source=source
+        )
 
     def _thaw(self, machine_id: str, handle: Handle) -> None:
         """A frozen machine must run again to take a signal (a stop, a kill)."""
@@ -87,13 +90,6 @@ class ProcessSteps:
         if self.network is not None and address is not None and address.private_ip:
             self.network.remove(op.machine_id, private_address(address))
         self._ran_since.pop(op.machine_id, None)
-        self.step(
-            op,
-            OpEvent.CLEANED,
-            event=Trigger.DESTROYED,
-            type="destroy",
-            pid=None,
-            pid_start_time=None,
-        )
+        self.step(op, Event.CLEANED, pid=None, pid_start_time=None)
         if self.volumes is not None:  # its volume stays, free for the next machine
             self.volumes.detach(op.machine_id)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from souq.agent.machines.lifecycle import Trigger
-from souq.agent.state.operations import OpEvent, OpKind
+from souq.agent.state.events import Event
+from souq.agent.state.operations import OpKind
 from souq.agent.state.records import MachineRow
 from souq.drivers.base import Handle
 from souq.model.machine import MachineState
@@ -44,7 +44,8 @@ def recover(ex: Steps) -> None:
             ex.supervisor.schedule_restart(row.id, 0.0)
         elif row.state is S.DESTROYING:
             op = ex.new_op(OpKind.DESTROY, row.id, source="agent")
-            ex.step(op, OpEvent.IDLE, event=Trigger.DESTROY)
+            # (its destroy was published before the agent's restart)
+            ex.step(op, Event.IDLE, event=Event.DESTROY, published=False)
     for row in ex.rows():
         ex.checks.follow(row)  # the re-adopted machines' health checks run again
 

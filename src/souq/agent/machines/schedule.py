@@ -24,21 +24,21 @@ from souq.agent.state.records import MachineRow
 from souq.clock import Clock
 from souq.errors import SouqError
 from souq.model import MachineState
+from souq.model.choices import RUN_STARTS, EventType
 from souq.model.schedule import Due, plan
 
 __all__ = ["Scheduler", "anchor_ms", "plans"]
 
 log = logging.getLogger(__name__)
 TICK_S = 1.0  # the longest the scheduler waits: a new or changed machine is seen this late
-_STARTS = ("launch", "start", "restart")
-_ENDS = ("exit", "stop")
+_ENDS = (EventType.EXIT, EventType.STOP)
 _IDLE = (MachineState.CREATED, MachineState.STOPPED)  # made without a start, or stopped
 
 
 def anchor_ms(row: MachineRow) -> int:
     """Where the machine's schedule counts from: an interval from its last start; a cron
     expression from its last start or stop (times while it ran are skipped). Else its making."""
-    kinds = _STARTS if row.config.schedule_period_s is not None else (*_STARTS, *_ENDS)
+    kinds = RUN_STARTS if row.config.schedule_period_s is not None else (*RUN_STARTS, *_ENDS)
     return max((e.timestamp for e in row.events if e.type in kinds), default=row.created_at)
 
 

@@ -33,6 +33,7 @@ from souq.bus.jetstream import BucketWatch, open_key_value, reconnects
 from souq.clock import Clock, iso_from_ms
 from souq.daemon import cancel_tasks
 from souq.market.prices import BUCKET, Bid, outbid
+from souq.model.choices import EventType
 from souq.model.prices import SpotPrice
 
 __all__ = ["SpotWatch"]
@@ -142,7 +143,7 @@ class SpotWatch:
             self._noticed[loser.machine_id] = (due, price, bid)
             self._ex.apply(
                 loser.machine_id,
-                type="preempt_notice",
+                type=EventType.PREEMPT_NOTICE,
                 source="agent",
                 message=f"{_rose(self._region, price, bid)}: it stops in {self.notice_s:g} s, "
                 f"at {iso_from_ms(due)}",

@@ -6,13 +6,13 @@ executor imports each of them (no circle)."""
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Protocol, Unpack
 
 from souq.agent.machines.checks import MachineChecks
-from souq.agent.machines.lifecycle import Trigger
 from souq.agent.machines.supervisor import Supervisor
-from souq.agent.state.operations import Action, OpEvent, OpKind
-from souq.agent.state.records import MachineRow, Op, OpStep, Source
+from souq.agent.state.events import Event
+from souq.agent.state.operations import Action, OpKind
+from souq.agent.state.records import MachineRow, Op, OpParams, OpStep, Source, StopParams
 from souq.agent.state.store import Store
 from souq.drivers.base import Driver, Handle
 
@@ -36,20 +36,20 @@ class Steps(Protocol):
     def row_by_id(self, machine_id: str) -> MachineRow: ...
     def rows(self) -> list[MachineRow]: ...
     def current_op(self, machine_id: str) -> Op | None: ...
-    def new_op(self, kind: OpKind, machine_id: str, **params: Any) -> Op: ...
+    def new_op(self, kind: OpKind, machine_id: str, **params: Unpack[OpParams]) -> Op: ...
 
     # a step: the transition, its event and the op step in one transaction, then its actions
     def apply(self, machine_id: str, **args: Any) -> tuple[Action, ...]: ...
-    def step(self, op: Op, op_event: OpEvent, **apply_args: Any) -> None: ...
+    def step(self, op: Op, op_event: Event, **apply_args: Any) -> None: ...
     def begin_destroy(
         self,
         machine_id: str,
-        first: OpEvent,
-        event: Trigger,
+        first: Event,
+        event: Event,
         *,
         source: Source,
         message: str | None = None,
-        **params: Any,
+        **params: Unpack[StopParams],
     ) -> Op: ...
     def resume(self, last: OpStep) -> None: ...
 

@@ -52,6 +52,7 @@ from souq.errors import (
     WaitTimeout,
 )
 from souq.limits import check_metadata
+from souq.model.choices import EventType
 from souq.model.machine import Machine, MachineState
 from souq.model.machine_tools import (
     EXEC_OUTPUT_MAX_BYTES,
@@ -262,7 +263,9 @@ class MachineTools:
                 raise InvalidInput(f"metadata: {exc}", details={"field": "metadata"}) from None
             message = f"metadata {cmd.key} set"
         config = row.config.model_copy(update={"metadata": metadata})
-        self._ex.apply(row.id, type="metadata", source="user", message=message, config=config)
+        self._ex.apply(
+            row.id, type=EventType.METADATA, source="user", message=message, config=config
+        )
         return metadata
 
     def cordon(self, cmd: MachineCordonCommand) -> Machine:
@@ -272,7 +275,7 @@ class MachineTools:
         if row.cordoned != cmd.cordoned:
             self._ex.apply(
                 row.id,
-                type="cordon" if cmd.cordoned else "uncordon",
+                type=EventType.CORDON if cmd.cordoned else EventType.UNCORDON,
                 source="user",
                 message="out of the proxies' rotation"
                 if cmd.cordoned

@@ -1,7 +1,8 @@
 """Operations as state machines. Pure.
 
 Every command the agent runs on a machine (create, start, stop, restart, signal, destroy) is an
-*operation* with its own small table ``(op state, event) -> (next op state, actions)``. The agent
+*operation* with its own small table ``(op state, event) -> (next op state, actions)``, over the
+events the machine's life cycle takes too (:class:`souq.agent.state.events.Event`). The agent
 appends each step to its op log (the ``ops`` table) *before* it runs the step's actions, so an
 agent that crashed mid-operation finds the last step of every unfinished operation at start-up and
 feeds it the ``recover`` event: the table then says what to do again. Actions are idempotent or
@@ -32,9 +33,10 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Final
 
+from souq.agent.state.events import Event
 from souq.errors import IllegalTransition
 
-__all__ = ["TABLES", "Action", "OpEvent", "OpKind", "OpState", "Step", "advance"]
+__all__ = ["TABLES", "Action", "OpKind", "OpState", "Step", "advance"]
 
 
 class OpKind(StrEnum):
@@ -56,21 +58,6 @@ class OpState(StrEnum):
     DONE = "done"
 
 
-class OpEvent(StrEnum):
-    BEGIN = "begin"
-    DRAIN = "drain"  # begin, but let the proxies stop routing to it first
-    DRAINED = "drained"  # the drain's time is up: the signal goes out
-    IDLE = "idle"  # begin, but the machine has no process
-    SKIP = "skip"  # create with skip_launch
-    SPAWNED = "spawned"
-    SPAWN_FAILED = "spawn_failed"
-    TIMEOUT = "timeout"  # the stop timeout passed and the process still runs
-    EXITED = "exited"
-    CLEANED = "cleaned"
-    ABORT = "abort"
-    RECOVER = "recover"  # the agent restarted with this operation unfinished
-
-
 class Action(StrEnum):
     SPAWN = "spawn"
     ADOPT_OR_SPAWN = "adopt_or_spawn"  # after a crash: the process may already be running
@@ -89,9 +76,9 @@ class Step:
 
 
 St = OpState
-Ev = OpEvent
+Ev = Event
 A = Action
-_Table = dict[tuple[OpState, OpEvent], Step]
+_Table = dict[tuple[OpState, Event], Step]
 
 _SPAWNING: _Table = {
     (St.SPAWNING, Ev.SPAWNED): Step(St.DONE),
@@ -117,7 +104,7 @@ _STOPPING: _Table = {
     (St.KILLING, Ev.ABORT): Step(St.DONE),
 }
 
-TABLES: Final[Mapping[OpKind, Mapping[tuple[OpState, OpEvent], Step]]] = MappingProxyType(
+TABLES: Final[Mapping[OpKind, Mapping[tuple[OpState, Event], Step]]] = MappingProxyType(
     {
         OpKind.CREATE: MappingProxyType(
             {
@@ -173,7 +160,7 @@ TABLES: Final[Mapping[OpKind, Mapping[tuple[OpState, OpEvent], Step]]] = Mapping
 )
 
 
-def advance(kind: OpKind, state: OpState, event: OpEvent) -> Step:
+def advance(kind: OpKind, state: OpState, event: Event) -> Step:
     """The next step of an operation, or :class:`IllegalTransition` for a step the table lacks
     (a bug in the agent, never a user's mistake)."""
     try:

@@ -3,21 +3,37 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Literal, Protocol, TypeVar
+from types import MappingProxyType
+from typing import Any, Final, Literal, Protocol, TypedDict, TypeVar, cast
 
 from souq.agent.capacity.admission import HeldQuote
-from souq.agent.state.operations import OpEvent, OpKind, OpState
+from souq.agent.state.events import Event
+from souq.agent.state.operations import OpKind, OpState
 from souq.clock import iso_from_ms
 from souq.errors import NotFound
+from souq.model.choices import EventType
 from souq.model.machine import Machine, MachineConfig, MachineEvent, MachineState
 from souq.model.placement import Placement
 from souq.model.protocol import Quote, QuoteState
 from souq.model.resources import Resources
 from souq.model.services import MachineAddress
 
-__all__ = ["RECENT_EVENTS", "HoldRow", "MachineRow", "Op", "OpStep", "Source", "of_app"]
+__all__ = [
+    "OP_PARAMS",
+    "RECENT_EVENTS",
+    "HoldRow",
+    "MachineRow",
+    "Op",
+    "OpParams",
+    "OpStep",
+    "Source",
+    "StopParams",
+    "checked_params",
+    "of_app",
+]
 
 Source = Literal["agent", "user"]  # who asked for an operation
 
@@ -97,9 +113,9 @@ class OpStep:
     machine_id: str
     kind: OpKind
     state: OpState
-    event: OpEvent
+    event: Event
     ts: int
-    detail: dict[str, Any] = field(default_factory=dict)
+    detail: Mapping[str, Any] = field(default_factory=dict)  # its operation's OpParams
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -139,6 +155,46 @@ def _shown(row: MachineRow | HoldRow, worker_id: str) -> dict[str, Any]:
     }
 
 
+class StopParams(TypedDict, total=False):
+    """How an operation stops a machine's process (a stop, a restart, a graceful destroy)."""
+
+    signal: str  # the stop's (or a signal operation's) signal: SEND_SIGNAL
+    timeout_s: float  # SIGKILL after this long: ARM_KILL_TIMER
+    drain_s: float  # out of the proxies' rotation this long before the signal: ARM_DRAIN_TIMER
+
+
+class OpParams(StopParams, total=False):
+    """An operation's parameters: what its actions read, kept with each of its steps in the op
+    log (a step's ``detail``, which ``GET .../ops`` shows), in the order given. Which kinds
+    carry which: :data:`OP_PARAMS`."""
+
+    source: Source  # who asked: its events' source
+    type: EventType  # what its spawn is published as (start; restart)
+
+
+_STOPS = frozenset({"source", "signal", "timeout_s", "drain_s"})
+# The parameters each kind of operation takes (a destroy takes a stop's when it is graceful).
+OP_PARAMS: Final[Mapping[OpKind, frozenset[str]]] = MappingProxyType(
+    {
+        OpKind.CREATE: frozenset({"source", "type"}),
+        OpKind.START: frozenset({"source", "type"}),
+        OpKind.STOP: _STOPS,
+        OpKind.RESTART: _STOPS | {"type"},
+        OpKind.SIGNAL: frozenset({"source", "signal"}),
+        OpKind.DESTROY: _STOPS,
+    }
+)
+
+
+def checked_params(kind: OpKind, params: OpParams) -> OpParams:
+    """``params``, if an operation of ``kind`` takes them all (:data:`OP_PARAMS`); else
+    ``ValueError``, a bug in the agent."""
+    extra = set(params) - OP_PARAMS[kind]
+    if extra:
+        raise ValueError(f"a {kind} operation takes no {', '.join(sorted(extra))}")
+    return params
+
+
 @dataclass
 class Op:
     """An operation in progress (its steps are in the op log)."""
@@ -146,12 +202,23 @@ class Op:
     id: str
     kind: OpKind
     machine_id: str
-    params: dict[str, Any]
+    params: OpParams
     state: OpState = OpState.NEW
     done: asyncio.Future[None] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
 
+    @classmethod
+    def resumed(cls, last: OpStep) -> Op:
+        """The operation the op log left unfinished, at its last step ``last``."""
+        params = cast("OpParams", dict(last.detail))  # as the agent that began it wrote them
+        return cls(last.op_id, last.kind, last.machine_id, params, last.state)
+
     @property
     def source(self) -> Source:
         return "agent" if self.params.get("source") == "agent" else "user"
+
+    @property
+    def spawn_type(self) -> EventType:
+        """What its spawn is published as: a start, or a restart."""
+        return EventType(self.params.get("type", EventType.START))

@@ -8,9 +8,11 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from souq.agent.state.operations import OpEvent, OpKind, OpState
+from souq.agent.state.events import Event
+from souq.agent.state.operations import OpKind, OpState
 from souq.agent.state.records import HoldRow, OpStep
 from souq.drivers.base import OOM_NOTE
+from souq.model.choices import EventType
 from souq.model.machine import MachineConfig, MachineEvent, MachineState
 from souq.model.placement import Placement
 from souq.model.protocol import QuoteState
@@ -201,7 +203,7 @@ def event_of(r: Sequence[Any]) -> MachineEvent:
         exit_code=int_or_none(r[4]),
         signal=str(r[5]) if r[5] is not None else None,
         message=str(r[6]) if r[6] is not None else None,
-        oom_killed=r[0] == "exit" and r[6] is not None and OOM_NOTE in str(r[6]),
+        oom_killed=r[0] == EventType.EXIT and r[6] is not None and OOM_NOTE in str(r[6]),
     )
 
 
@@ -253,9 +255,7 @@ def hold_of(r: Sequence[Any]) -> HoldRow:
 def op_step_of(r: Sequence[Any]) -> OpStep:
     """An op step from :data:`OP_COLUMNS` (the record's fields, in order)."""
     detail = json.loads(str(r[6])) if r[6] else {}
-    return OpStep(
-        str(r[0]), str(r[1]), OpKind(r[2]), OpState(r[3]), OpEvent(r[4]), int(r[5]), detail
-    )
+    return OpStep(str(r[0]), str(r[1]), OpKind(r[2]), OpState(r[3]), Event(r[4]), int(r[5]), detail)
 
 
 def int_or_none(v: Any) -> int | None:

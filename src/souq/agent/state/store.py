@@ -34,7 +34,7 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +70,7 @@ def _fail(exc: sqlite3.Error) -> StorageError:
 
 _SYNC_LEVELS = {"OFF": 0, "NORMAL": 1, "FULL": 2, "EXTRA": 3}
 _JSON_MEMO = 8  # JSON texts remembered (Store.json_of)
+_CORDONED, _DRAINING = "cordoned", "draining"  # the worker's flags' keys in `meta`
 _NORMAL = _SYNC_LEVELS["NORMAL"]
 
 
@@ -255,6 +256,18 @@ class Store:
         with self._write() as db:
             db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
 
+    def flags(self) -> tuple[bool, bool]:
+        """The worker's flags, kept across agent restarts: whether it is cordoned, and whether
+        it is draining."""
+        return self.meta(_CORDONED) == "1", self.meta(_DRAINING) == "1"
+
+    def set_flags(self, *, cordoned: bool, draining: bool) -> None:
+        with self._write() as db:
+            db.executemany(
+                "INSERT OR REPLACE INTO meta VALUES (?, ?)",
+                [(_CORDONED, "1" if cordoned else "0"), (_DRAINING, "1" if draining else "0")],
+            )
+
     def unreserved(self) -> set[str]:
         """The machines that hold no reservation (a failed one, or one stopped or being destroyed
         since it failed: souq.agent.capacity.admission.reserves), destroyed ones left out."""
@@ -354,7 +367,7 @@ class Store:
             return str(found[0])
         return None
 
-    def json_of(self, value: BaseModel | dict[str, Any]) -> str:
+    def json_of(self, value: BaseModel | Mapping[str, Any]) -> str:
         """``value`` (a model, or an operation's params) as JSON, remembered for the same
         object: a batch's machines share one config and one placement record, serialised once;
         a claim's reply and launch event reuse them (:mod:`souq.agent.wire`); every step of an
