@@ -139,15 +139,16 @@ class SpotWatch:
                 self._preempt(loser.machine_id, price, bid, noticed=False)
                 stopped.append(loser.machine_id)
                 continue
-            due = now + int(self.notice_s * 1000)
-            self._noticed[loser.machine_id] = (due, price, bid)
+            notice_ms = int(self.notice_s * 1000)
             self._ex.apply(
                 loser.machine_id,
                 type=EventType.PREEMPT_NOTICE,
                 source="agent",
                 message=f"{_rose(self._region, price, bid)}: it stops in {self.notice_s:g} s, "
-                f"at {iso_from_ms(due)}",
+                f"at {iso_from_ms(self._clock.now_ms() + notice_ms)}",
             )
+            # Counted from a time read after the notice's own: never less notice than promised.
+            self._noticed[loser.machine_id] = (self._clock.now_ms() + notice_ms, price, bid)
         return stopped
 
     def _preempt(self, machine_id: str, price: SpotPrice, bid: float, *, noticed: bool) -> None:
