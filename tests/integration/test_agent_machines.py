@@ -213,7 +213,8 @@ def test_wait_answers_on_the_transition_or_times_out(nats_url: str, tmp_path: Pa
             assert info.value.http_status == 408
             assert "started" in info.value.message
             waiter = asyncio.create_task(h.wait(m.id, S.STOPPED, timeout_s=5))
-            await asyncio.sleep(0)  # let the wait reach the agent before the stop
+            # The wait has reached the agent (it asked to hear of the machine's next change).
+            await eventually(lambda: m.id in h.agent.executor._changed, message="the wait")
             await h.call(v.STOP, StopCommand(app=APP, machine_id=m.id))
             assert (await waiter).state is S.STOPPED
             assert (await h.wait(m.id, S.STOPPED, timeout_s=0.1)).state is S.STOPPED
@@ -255,7 +256,8 @@ def test_logs_offsets_long_poll_and_finish(nats_url: str, tmp_path: Path) -> Non
             await h.call(v.START, MachineRef(app=APP, machine_id=m.id))
             await h.output(m.id, "one\ntwo\none\n")
             poll = asyncio.create_task(h.logs(m.id, offset=12, wait_s=10))
-            await asyncio.sleep(0.05)
+            # The poll is waiting at the agent: it asked to hear of the machine's next change.
+            await eventually(lambda: m.id in h.agent.executor._changed, message="the long poll")
             await h.call(v.DESTROY, DestroyCommand(app=APP, machine_id=m.id, force=True))
             done = await asyncio.wait_for(poll, 5)
             assert done.finished

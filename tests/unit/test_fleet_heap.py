@@ -46,6 +46,10 @@ def test_claims_leave_no_reference_cycle() -> None:
         subject = f"souq.worker.{agent.worker_id}.claim"
         body = {"app": "web", "region": "mad", "config": {"cmd": ["serve"]}}
 
+        async def flushed() -> None:
+            assert agent._service is not None
+            await agent._service.publisher.flush()
+
         async def claim(n: int) -> None:
             data = json.dumps({**body, "request_id": f"r{n}", "body_hash": f"r{n}"}).encode()
             assert (await bus.request(subject, data, 5)).startswith(b'{"ok":true')
@@ -53,12 +57,12 @@ def test_claims_leave_no_reference_cycle() -> None:
         try:
             for n in range(5):  # the first claims warm caches up
                 await claim(n)
-            await asyncio.sleep(0.01)
+            await flushed()
             gc.collect()
             gc.disable()
             for n in range(5, 55):
                 await claim(n)
-            await asyncio.sleep(0.01)  # their events are published
+            await flushed()  # their events are published
             return gc.collect()
         finally:
             gc.enable()
