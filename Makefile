@@ -147,10 +147,11 @@ test-packages:
 # The suite runs in 3 worker processes (pytest-xdist; tests/conftest.py gives each worker whole
 # test files, the Fly suite whole, so that a module's fixtures are made once), as measured on a
 # 2-core machine in docs/benchmarks.md ("Test suite"). PYTEST_ARGS="-n 0" runs it in one process.
+# It ends by naming its 30 slowest tests (setup, call and teardown apart), what to make cheaper.
 PYTEST_ARGS ?= -n 3
 
 test: $(TSTAMP) build test-packages browser-deps oci-tools netns-tools go-toolchain bwrap isolation-tools lint typecheck
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(PYTEST_ARGS) --durations=30
 
 unit: $(TSTAMP) build
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
