@@ -104,6 +104,9 @@ class NatsCluster:
         """Until every running node (or those given) says it is healthy."""
         deadline = time.monotonic() + timeout
         while True:
+            dead = [n for n in (nodes or self.nodes) if n.process is not None and not n.running]
+            if dead:  # the others would wait out the timeout for it
+                raise Unavailable(f"NATS node {dead[0].url} exited: {dead[0].log_tail()}")
             sick = [n.url for n in (nodes or self.nodes) if n.running and not n.healthy()]
             if not sick:
                 return

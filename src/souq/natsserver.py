@@ -177,14 +177,26 @@ class NatsServer:
             "--log",
             str(log_path),
         ]
+        # Another program on the port would answer the connection below for this server,
+        # which then exits: say so now.
+        with socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((self.host, self.port))
+            except OSError as exc:
+                raise Unavailable(
+                    f"nats-server cannot listen on {self.host}:{self.port}: {exc.strerror}",
+                    hint="another program holds that port: choose another one",
+                ) from exc
         self.process = subprocess.Popen(
             args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                tail = log_path.read_text(errors="replace")[-500:] if log_path.exists() else ""
-                raise Unavailable(f"nats-server exited at start (port {self.port}): {tail}")
+                raise Unavailable(
+                    f"nats-server exited at start (port {self.port}): {self.log_tail()}"
+                )
             try:
                 with socket.create_connection((self.host, self.port), timeout=0.2):
                     return
@@ -192,6 +204,11 @@ class NatsServer:
                 time.sleep(0.01)
         self.stop()
         raise Unavailable(f"nats-server did not accept connections on port {self.port}")
+
+    def log_tail(self, size: int = 500) -> str:
+        """The end of the server's log (where it says why it stopped)."""
+        log_path = self.store_dir / "nats-server.log"
+        return log_path.read_text(errors="replace")[-size:] if log_path.exists() else ""
 
     @property
     def running(self) -> bool:

@@ -4,12 +4,14 @@ dies, moves to another: real nats-servers on loopback."""
 from __future__ import annotations
 
 import asyncio
+import socket
 from pathlib import Path
 
 import pytest
 
 from souq.bus.nats import connect, nats_servers
 from souq.errors import InvalidInput, Unavailable
+from souq.natscluster import NatsCluster
 from souq.natsserver import NatsServer, free_port
 from souq.testing import eventually
 
@@ -50,3 +52,35 @@ def test_the_connection_takes_a_live_server_and_moves_when_it_dies(tmp_path: Pat
             await connect(dead, name="test", connect_timeout=2)
 
     asyncio.run(scenario())
+
+
+def test_a_port_another_program_holds_is_refused_at_once(tmp_path: Path) -> None:
+    """Another program listens on the port: the server is not started (it would exit, and that
+    program would answer in its place), and the error names the port."""
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        server = NatsServer(port=port, store_dir=tmp_path / "n")
+        with pytest.raises(Unavailable, match=f"cannot listen on 127.0.0.1:{port}"):
+            server.start()
+        assert server.process is None
+
+
+def test_a_cluster_whose_node_exits_says_so_without_waiting_out_its_timeout(
+    tmp_path: Path,
+) -> None:
+    """A node of a cluster that exits while the cluster forms (its port taken after the check,
+    or its store unreadable) is named with what its log says, long before the timeout."""
+    cluster = NatsCluster(tmp_path / "nats", 3)
+    cluster.launch()
+    try:
+        first = cluster.nodes[0]
+        assert first.process is not None
+        first.process.kill()
+        first.process.wait()
+        # (Waited out, the error would name the others as not healthy.)
+        with pytest.raises(Unavailable, match=f"NATS node {first.url} exited"):
+            cluster.wait_healthy(timeout=120)
+    finally:
+        cluster.stop()
