@@ -28,9 +28,13 @@ $(BSTAMP): pyproject.toml | $(BIN)/python
 	touch $(STAMP) $(TSTAMP) $@
 
 # The proxy's relay (and the other modules souq.compiled names) compiled in place with mypyc;
-# a no-op when no source changed, and plain Python where there is no C compiler.
+# a no-op when no source changed, and plain Python where there is no C compiler. Then every
+# source to bytecode, once: where the environment sets PYTHONDONTWRITEBYTECODE, Python writes
+# none and each process compiles what it imports again (a third of a daemon's start, measured in
+# docs/benchmarks.md, "Test suite").
 build: $(STAMP)
 	$(BIN)/python -m souq.compiled
+	@$(BIN)/python -m compileall -q -j 0 src tests bench >/dev/null
 
 # The sandbox driver needs bubblewrap; without it (or without root) workers offer exec only.
 bwrap:
