@@ -15,7 +15,10 @@ protocol, per connection, what :class:`~souq.limits.HttpLimits` sets:
   buffer stays full) for ``write_stall_s`` is dropped, e.g. a dead reader of an event stream.
 
 A connection past a deadline is answered ``408 request_timeout`` when nothing else is being answered
-on it, and closed. These are timers on the event loop: no task per connection.
+on it, and closed. These are timers on the event loop: no task per connection. The close lingers
+(as nginx's does): the answer is sent with the end of this side's stream, and what the client
+still sends is read and dropped for ``LINGER_S``, since a byte arriving at a closed socket resets
+the connection, and a reset can discard the answer before the client has read it.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ __all__ = ["GuardedHttpProtocol", "guarded_protocol"]
 
 log = logging.getLogger(__name__)
 
+LINGER_S = 2.0  # how long a dropped connection's late bytes are read and thrown away
+
 
 class GuardedHttpProtocol(HttpToolsProtocol):
     limits: ClassVar[HttpLimits] = HttpLimits()
@@ -44,6 +49,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._head_bytes = 0
         self._body_since = 0.0
         self._body_bytes = 0
+        self._lingering: asyncio.TimerHandle | None = None
 
     # -- the connection ----------------------------------------------------------------------
 
@@ -53,10 +59,21 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
-        if self._stall is not None:
-            self._stall.cancel()
-            self._stall = None
+        for timer in (self._stall, self._lingering):
+            if timer is not None:
+                timer.cancel()
+        self._stall = self._lingering = None
         super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._lingering is None:
+            super().data_received(data)  # (else a dropped connection's late bytes: dropped)
+
+    def eof_received(self) -> None:
+        if self._lingering is None:
+            super().eof_received()
+        else:
+            self.transport.close()  # the client has sent all it will: the linger ends
 
     def pause_writing(self) -> None:
         super().pause_writing()
@@ -153,8 +170,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._drop(408, "request_timeout", message)
 
     def _drop(self, status: int, code: str, message: str) -> None:
-        """Answer ``status`` if nothing else is being answered here, then close."""
-        if self.transport.is_closing():
+        """Answer ``status`` if nothing else is being answered here, then close (lingering)."""
+        if self.transport.is_closing() or self._lingering is not None:
             return
         log.info("closed %s: %s", self._peer(), message)
         cycle = self.cycle
@@ -163,7 +180,11 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             cycle.disconnected = True  # the app (if it runs) gets http.disconnect
         if not answering:
             self.transport.write(_answer(status, code, message))
-        self.transport.close()
+        if not self.transport.can_write_eof():
+            self.transport.close()
+            return
+        self.transport.write_eof()
+        self._lingering = self.loop.call_later(LINGER_S, self.transport.close)
 
     def _peer(self) -> str:
         return f"{self.client[0]}:{self.client[1]}" if self.client else "a client"

@@ -9,6 +9,7 @@ includes ``config``; :mod:`souq.natscluster` starts whole clusters of them."""
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import signal
@@ -177,17 +178,7 @@ class NatsServer:
             "--log",
             str(log_path),
         ]
-        # Another program on the port would answer the connection below for this server,
-        # which then exits: say so now.
-        with socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                probe.bind((self.host, self.port))
-            except OSError as exc:
-                raise Unavailable(
-                    f"nats-server cannot listen on {self.host}:{self.port}: {exc.strerror}",
-                    hint="another program holds that port: choose another one",
-                ) from exc
+        self._refuse_a_taken_port()
         self.process = subprocess.Popen(
             args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
@@ -204,6 +195,24 @@ class NatsServer:
                 time.sleep(0.01)
         self.stop()
         raise Unavailable(f"nats-server did not accept connections on port {self.port}")
+
+    def _refuse_a_taken_port(self) -> None:
+        """Another program on the port would answer the start's connection for this server,
+        which then exits: say so first. Only where the server runs in this network namespace
+        (no ``prefix`` such as ``ip netns exec``); any other error is the server's to tell."""
+        if self.prefix:
+            return
+        with socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((self.host, self.port))
+            except OSError as exc:
+                if exc.errno != errno.EADDRINUSE:
+                    return
+                raise Unavailable(
+                    f"nats-server cannot listen on {self.host}:{self.port}: {exc.strerror}",
+                    hint="another program holds that port: choose another one",
+                ) from exc
 
     def log_tail(self, size: int = 500) -> str:
         """The end of the server's log (where it says why it stopped)."""
