@@ -35,7 +35,7 @@ from souq.errors import QuotaExceeded, Unavailable
 from souq.ids import new_request_id
 from souq.model import Machine, MachineState
 from souq.model.app import DEFAULT_ORG
-from souq.model.machine import MachineConfig
+from souq.model.machine import MachineConfig, preempted_event
 from souq.model.quota import (
     ClassLimits,
     Excess,
@@ -61,7 +61,7 @@ if TYPE_CHECKING:
     from souq.broker.volume_listing import VolumeListing
     from souq.view import ClusterView
 
-__all__ = ["BUCKET", "Quotas", "Reservation", "use_of_config", "use_of_volume"]
+__all__ = ["BUCKET", "Quotas", "Reservation", "use_of_config", "use_of_machine", "use_of_volume"]
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +77,15 @@ def use_of_config(config: MachineConfig, count: int = 1) -> QuotaUse:
     return QuotaUse(
         cpus=round(size.cpus * count, 3), memory_mb=size.memory_mb * count, machines=count
     )
+
+
+def use_of_machine(machine: Machine) -> QuotaUse:
+    """What ``machine`` counts against a quota as it is: one machine, and its size but when a
+    preemption displaced it (then it holds no room on its worker, until a start takes some:
+    :meth:`Quotas.regaining`)."""
+    if preempted_event(machine) is not None:
+        return QuotaUse(machines=1)
+    return use_of_config(machine.config)
 
 
 def use_of_volume(size_gb: int) -> QuotaUse:
@@ -253,13 +262,22 @@ class Quotas:
 
     @contextlib.asynccontextmanager
     async def growing(
-        self, app: str, machine_id: str, before: MachineConfig, after: MachineConfig
+        self,
+        app: str,
+        machine_id: str,
+        before: MachineConfig,
+        after: MachineConfig,
+        *,
+        displaced: bool = False,
     ) -> AsyncIterator[None]:
         """Around an update of ``machine_id`` from ``before`` to ``after``: the growth reserved
         (403 past a limit: the machine is unchanged), then the machine held at its new size.
         A machine moved to another class counts all of it in the new class's line. A shrink
-        changes nothing until it is done (:meth:`resized`)."""
-        old, new = use_of_config(before), use_of_config(after)
+        changes nothing until it is done (:meth:`resized`). ``displaced``: the machine holds no
+        room (preempted) and the change takes it again (a start, an update that launches it):
+        all its size is the growth."""
+        old = QuotaUse(machines=1) if displaced else use_of_config(before)
+        new = use_of_config(after)
         klass = after.priority_class.value
         moved = klass != before.priority_class.value
         growth = old.growth_to(new).model_copy(update={"machines": 0})
@@ -272,6 +290,14 @@ class Quotas:
         async with self._settling(taken):
             yield
         await self.settle(taken, {machine_id: new})
+
+    def regaining(self, app: str, machine: Machine) -> contextlib.AbstractAsyncContextManager[None]:
+        """Around a start of ``machine``: one that preemption displaced takes room again, so
+        its size is reserved first (403 ``quota_exceeded``: it stays stopped), then held; any
+        other counts already."""
+        displaced = preempted_event(machine) is not None
+        config = machine.config
+        return self.growing(app, machine.id, config, config, displaced=displaced)
 
     @contextlib.asynccontextmanager
     async def counting_volume(self, app: str, size_gb: int) -> AsyncIterator[list[Volume]]:
@@ -463,7 +489,7 @@ class Quotas:
                 machine_id=machine.id,
                 app=machine.app,
                 request_id=machine.placement.request_id if machine.placement else "",
-                use=use_of_config(machine.config),
+                use=use_of_machine(machine),
                 destroyed=machine.state is MachineState.DESTROYED,
                 priority_class=machine.config.priority_class.value,
             )

@@ -59,6 +59,7 @@ __all__ = [
     "SandboxConfig",
     "StopConfig",
     "normalise_signal",
+    "preempted_event",
     "schedule_period_s",
 ]
 
@@ -467,6 +468,18 @@ class Machine(Record):
     def host_status(self) -> str:
         """Fly's: ``ok`` (its worker answered for it)."""
         return "ok"
+
+
+def preempted_event(machine: Machine) -> MachineEvent | None:
+    """The event ``preempted`` of ``machine`` if it is newer than its last start (None: it was
+    never displaced, or it started again since): displaced, it holds no room on its worker until
+    a start takes some again."""
+    for event in machine.events:  # newest first
+        if event.type == "preempted":
+            return event
+        if event.type in ("start", "restart", "launch"):
+            return None
+    return None
 
 
 def image_ref_of(image: str | None) -> dict[str, Any]:

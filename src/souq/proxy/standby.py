@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from souq.errors import SouqError
 from souq.model import Machine, WorkerState
+from souq.model.machine import preempted_event
 from souq.model.protocol import StartCommand
 from souq.protocol import WorkerClient
 from souq.protocol.verbs import START
@@ -58,13 +59,13 @@ class Failover:
 
     def machine_changed(self, machine: Machine) -> None:
         """A machine's record changed: a primary that was preempted starts its standbys."""
-        at = preempted_at(machine)
-        if at is None:
+        event = preempted_event(machine)
+        if event is None:
             self._preempted.pop(machine.id, None)
             return
-        if self._preempted.get(machine.id) == at:
+        if self._preempted.get(machine.id) == event.timestamp:
             return
-        self._preempted[machine.id] = at
+        self._preempted[machine.id] = event.timestamp
         self._start_standbys(machine, machine.worker_id, f"machine {machine.id} was preempted")
 
     def _lost(self, worker_id: str) -> None:
@@ -120,14 +121,3 @@ class Failover:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-
-
-def preempted_at(machine: Machine) -> int | None:
-    """When ``machine`` was preempted, if that is newer than its last start (None: it was not,
-    or it started again since)."""
-    for event in machine.events:  # newest first
-        if event.type == "preempted":
-            return event.timestamp
-        if event.type in ("start", "restart", "launch"):
-            return None
-    return None
