@@ -28,7 +28,7 @@ from nats.js.kv import KeyValue
 from souq.bus.jetstream import BucketStore, unavailable
 from souq.clock import Clock
 from souq.errors import Unavailable
-from souq.model.quota import QuotaRecord, Scope, encoded
+from souq.model.quota import QuotaRecord, Scope, drafted, edited, encoded, sealed
 
 __all__ = ["BUCKET", "Change", "QuotaStore", "key_of"]
 
@@ -165,8 +165,12 @@ async def _applied(
     record: QuotaRecord | None, batch: _Waiting
 ) -> tuple[QuotaRecord | None, list[tuple[asyncio.Future[QuotaRecord | None], Any]]]:
     """The batch's changes applied in turn to ``record``: the record they leave, and each
-    change's outcome (the record after it, or its own error: the others go on)."""
-    current = record
+    change's outcome (the record after it, or its own error: the others go on). A batch of
+    more than one works on a draft of ``record`` (:func:`souq.model.quota.drafted`: its
+    ledger copied once, not at each change); ``record`` itself is never changed, and a batch
+    that changed nothing leaves it as it is."""
+    draft = drafted(record) if record is not None and len(batch) > 1 else None
+    current = record if draft is None else draft
     outcomes: list[tuple[asyncio.Future[QuotaRecord | None], Any]] = []
     for change, future in batch:
         try:
@@ -176,4 +180,13 @@ async def _applied(
             continue
         current = current if new is None else new
         outcomes.append((future, current))
+    if draft is None:
+        return current, outcomes
+    for _, outcome in outcomes:
+        if isinstance(outcome, QuotaRecord):
+            sealed(outcome)  # whoever holds it: changed in place no more
+    if current is not None:
+        sealed(current)
+    if current is draft and not edited(draft):
+        return record, [(f, record if o is draft else o) for f, o in outcomes]
     return current, outcomes

@@ -240,12 +240,22 @@ class Quotas:
         """Around a create: ``count`` machines of ``config`` reserved first (403
         ``quota_exceeded`` before anything is claimed); the machines the body appends to the
         list it is given are held once it is done."""
+        if not self.may_count(app):
+            yield []
+            return
         klass = config.priority_class.value
-        taken = await self.reserve(app, request_id, use_of_config(config, count), klass=klass)
+        one = use_of_config(config)
+        asked = one if count == 1 else use_of_config(config, count)
+        taken = await self.reserve(app, request_id, asked, klass=klass)
         made: list[Machine] = []
         async with self._settling(taken):
             yield made
-        await self.settle(taken, {m.id: use_of_config(m.config) for m in made})
+        if taken.keys:  # each machine at its size (a create's: its config's, as reserved)
+            sizes = {
+                m.id: one if m.config.guest == config.guest else use_of_config(m.config)
+                for m in made
+            }
+            await self.settle(taken, sizes)
 
     @contextlib.asynccontextmanager
     async def _settling(self, taken: Reservation) -> AsyncIterator[None]:
@@ -337,6 +347,9 @@ class Quotas:
         taken = Reservation(request_id)
         if not self.enabled or self._none_for(app):
             return taken
+        keys = await self._keys_of(app)
+        if not keys:
+            return taken
         store = await self._store()
         entry = QuotaEntry(
             app=app,
@@ -346,7 +359,9 @@ class Quotas:
             priority_class=klass,
             class_use=class_use,
         )
-        keys = await self._keys_of(app)
+        if len(keys) == 1:  # (no task to make)
+            taken.keys = keys if await self._reserve_on(store, keys[0], entry) else []
+            return taken
         results = await asyncio.gather(
             *(self._reserve_on(store, key, entry) for key in keys), return_exceptions=True
         )
@@ -401,7 +416,10 @@ class Quotas:
             except Unavailable as exc:
                 log.warning("quota %s: change %s left pending: %s", key, taken.request_id, exc)
 
-        await asyncio.gather(*(settle_on(key) for key in taken.keys))  # the scopes at once
+        if len(taken.keys) == 1:
+            await settle_on(taken.keys[0])
+        else:
+            await asyncio.gather(*(settle_on(key) for key in taken.keys))  # the scopes at once
 
     async def release(self, app: str, ids: list[str]) -> None:
         """Machines (or volumes) of ``app`` destroyed: their use given back (best effort:
