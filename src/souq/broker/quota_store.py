@@ -53,6 +53,7 @@ class QuotaStore(BucketStore):
         super().__init__(kv, clock)
         self._queues: dict[str, _Waiting] = {}
         self._draining: set[str] = set()
+        self._drains: set[asyncio.Task[None]] = set()  # (held: a task nobody holds may vanish)
         self._parsed: dict[str, tuple[int, QuotaRecord]] = {}  # the last read or write
         self.reads = 0  # JetStream reads of a key (the benchmark reports them)
         self.writes = 0
@@ -82,12 +83,20 @@ class QuotaStore(BucketStore):
         """Apply ``change`` to the record of ``key`` by compare-and-set; ``change`` returning
         the record it was given (or None for none) writes nothing. Exact: another broker
         having written first, the batch is computed again on what it wrote."""
-        future: asyncio.Future[QuotaRecord | None] = asyncio.get_running_loop().create_future()
+        return await self.submit(key, change)
+
+    def submit(self, key: str, change: Change) -> asyncio.Future[QuotaRecord | None]:
+        """:meth:`change`, under way once this returns: the future of its outcome (changes of
+        several keys awaited together without a task each)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[QuotaRecord | None] = loop.create_future()
         self._queues.setdefault(key, []).append((change, future))
         if key not in self._draining:
             self._draining.add(key)
-            asyncio.get_running_loop().create_task(self._drain(key))
-        return await future
+            task = loop.create_task(self._drain(key))
+            self._drains.add(task)
+            task.add_done_callback(self._drains.discard)
+        return future
 
     async def _drain(self, key: str) -> None:
         try:

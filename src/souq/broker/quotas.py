@@ -28,7 +28,7 @@ from nats.js.kv import KeyValue
 
 from souq.broker.app_store import AppStore
 from souq.broker.quota_scopes import QuotaScopes
-from souq.broker.quota_store import BUCKET, QuotaStore, key_of
+from souq.broker.quota_store import BUCKET, Change, QuotaStore, key_of
 from souq.bus.jetstream import OnFirstUse, reconnects
 from souq.clock import Clock
 from souq.errors import QuotaExceeded, Unavailable
@@ -359,20 +359,25 @@ class Quotas:
             priority_class=klass,
             class_use=class_use,
         )
-        if len(keys) == 1:  # (no task to make)
-            taken.keys = keys if await self._reserve_on(store, keys[0], entry) else []
-            return taken
-        results = await asyncio.gather(
-            *(self._reserve_on(store, key, entry) for key in keys), return_exceptions=True
-        )
-        taken.keys = [k for k, r in zip(keys, results, strict=True) if r is True]
-        failed = [r for r in results if isinstance(r, BaseException)]
+        # Every scope at once: each one's change under way before the first is awaited.
+        futures = [store.submit(key, self._reserving(entry)) for key in keys]
+        failed: list[BaseException] = []
+        for key, future in zip(keys, futures, strict=True):
+            try:
+                if await future is not None:
+                    taken.keys.append(key)
+            except _Refused as refused:
+                failed.append(quota_exceeded(refused.over))
+            except Exception as exc:
+                failed.append(exc)
         if failed:
             await self.settle(taken, {})
             raise failed[0]
         return taken
 
-    async def _reserve_on(self, store: QuotaStore, key: str, entry: QuotaEntry) -> bool:
+    def _reserving(self, entry: QuotaEntry) -> Change:
+        """The change that reserves ``entry`` on a scope's record: refused (:class:`_Refused`)
+        past a limit once the record is reconciled with the cluster."""
         seen: _Seen = {}
 
         async def change(record: QuotaRecord | None) -> QuotaRecord | None:
@@ -388,10 +393,7 @@ class Quotas:
                 raise _Refused(over)
             return reserved(record, entry)
 
-        try:
-            return await store.change(key, change) is not None
-        except _Refused as refused:
-            raise quota_exceeded(refused.over) from None
+        return change
 
     async def settle(
         self,
@@ -410,16 +412,12 @@ class Quotas:
                 return record
             return held(record, taken.request_id, machines, volumes)
 
-        async def settle_on(key: str) -> None:
+        futures = [store.submit(key, change) for key in taken.keys]  # the scopes at once
+        for key, future in zip(taken.keys, futures, strict=True):
             try:
-                await store.change(key, change)
+                await future
             except Unavailable as exc:
                 log.warning("quota %s: change %s left pending: %s", key, taken.request_id, exc)
-
-        if len(taken.keys) == 1:
-            await settle_on(taken.keys[0])
-        else:
-            await asyncio.gather(*(settle_on(key) for key in taken.keys))  # the scopes at once
 
     async def release(self, app: str, ids: list[str]) -> None:
         """Machines (or volumes) of ``app`` destroyed: their use given back (best effort:
