@@ -479,8 +479,8 @@ class BrokerService:
     async def start_machine(
         self, app: str, machine_id: str, *, nonce: str | None = None
     ) -> Machine:
-        """One preemption displaced takes room again: its app's quota counts it first (read
-        fresh, then: :meth:`Quotas.regaining`)."""
+        """A machine that preemption displaced takes room again when it starts: its app's
+        quota counts it first (its record read fresh then: :meth:`Quotas.regaining`)."""
         ref = StartCommand(app=app, machine_id=machine_id, lease_nonce=nonce)
         counted = self.quotas.may_count(app)
         known = await self.get_machine(app, machine_id) if counted else None
@@ -532,7 +532,7 @@ class BrokerService:
             min_secrets_version=min_secrets_version,
             lease_nonce=nonce,
         )
-        # One preemption displaced takes its room again if the update launches it.
+        # A machine preemption displaced takes room again if the update launches it.
         displaced = not skip_launch and preempted_event(current) is not None
         growing = self.quotas.growing(app, machine_id, current.config, config, displaced=displaced)
         async with growing:  # 403 past it

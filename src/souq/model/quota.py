@@ -16,6 +16,10 @@ machines, or a volume) counted against the limits —
   Answered, it becomes held (or is dropped, refused).
 * **held**: machines keyed by id (their size and class only: the whole record is written at
   every change), volumes keyed by id (their size); a destroy drops it.
+
+Every change makes a new record, and leaves the one it was given as it was — but a draft
+(:func:`drafted`), which one batch of changes (the store's group commit) owns alone: the
+changes of a create change it in place, so a batch copies its ledger once, not at each change.
 """
 
 from __future__ import annotations
