@@ -23,6 +23,10 @@ once, as ``wrk`` sends them), and ``ledger_cost``, the ledger's arithmetic and e
 scope holds more machines (no I/O). Each is set against the run's CPU per create without a
 quota.
 
+And ``path_cost``: the broker's whole quota path of a create (``Quotas.counting``: the entry,
+the scopes, the reservation and the settle through the store), per case, in this process —
+the figure a busy host blurs least. ``QUOTAS_PATH_ONLY=1`` runs that part alone.
+
 Suite ``quotas`` (``python -m bench quotas``); ``QUOTAS_DURATION_S`` (default 5),
 ``QUOTAS_ROUNDS`` (default 8) and ``QUOTAS_WORKERS`` (default 100) change the run.
 """
@@ -30,6 +34,7 @@ Suite ``quotas`` (``python -m bench quotas``); ``QUOTAS_DURATION_S`` (default 5)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -37,7 +42,8 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import httpx
 
@@ -57,7 +63,7 @@ from souq.model.quota import (
 )
 from souq.natsserver import NatsServer
 
-__all__ = ["ledger_cost", "main", "quotas", "store_cost"]
+__all__ = ["ledger_cost", "main", "path_cost", "path_costs", "quotas", "store_cost"]
 
 BIG = {"cpus": 1e9, "memory_mb": 10**12, "machines": 10**9}
 BIG_CLASSES = {
@@ -164,7 +170,88 @@ def store_cost(creates: int = 4_000, at_once: int = 32) -> dict[str, float]:
         return asyncio.run(run(nats.url))
 
 
+def path_cost(case: str, creates: int = 3_000, at_once: int = 32) -> float:
+    """CPU (ms, this process) of the broker's whole quota path of one create — the
+    reservation and the settle of :meth:`souq.broker.quotas.Quotas.counting` on the scopes of
+    ``case`` (a :data:`CASES` name), through the real quota store on a nats-server of its own,
+    ``at_once`` creates under way at a time, the ledger growing to ``creates`` machines: what a
+    broker does for a quota beyond what a create does without one (nothing else of the create
+    runs)."""
+    from souq.broker.quotas import Quotas
+    from souq.clock import SystemClock
+    from souq.model import Machine
+    from souq.model.machine import MachineConfig
+
+    config = MachineConfig.model_validate(CONFIG)
+    limits = QuotaLimits.model_validate_json(
+        json.dumps(BIG_CLASSES if case == "app_classes" else BIG)
+    )
+
+    async def run(url: str) -> float:
+        bus = await connect(url, name="bench-quotas")
+        quotas = Quotas(
+            lambda: bus.client,
+            SystemClock(),
+            deadline_s=120,
+            view=None,  # type: ignore[arg-type]  # read only to reconcile: never here
+            live_rows=None,  # type: ignore[arg-type]
+            volumes=None,  # type: ignore[arg-type]
+        )
+        quotas.start()
+        store = await QuotaStore.open(bus.client)
+        org = "benchorg" if case == "app_and_org" else "personal"
+        # none: another organization has a quota (the broker looks up the app's).
+        keys = {"none": ["org.other"], "app_and_org": ["app.a", "org.benchorg"]}.get(
+            case, ["app.a"]
+        )
+        for key in keys:
+            scope, name = key.split(".")
+
+            async def start(_: QuotaRecord | None, s: str = scope, n: str = name) -> QuotaRecord:
+                return QuotaRecord(scope=s, name=n, limits=limits)  # type: ignore[arg-type]
+
+            await store.change(key, start)
+        quotas._orgs["a"] = (org, time.monotonic() + 10**6)  # as a create's read of the app
+        while not quotas.scopes.known or len(quotas.scopes.keys) < len(keys):
+            await asyncio.sleep(0.01)
+
+        async def one(i: int) -> None:
+            async with quotas.counting("a", f"r{i}", config) as made:
+                # What settling reads of a machine (a record costs more than the path itself).
+                made.append(cast(Machine, SimpleNamespace(id=f"m{i:014x}", config=config)))
+
+        await asyncio.gather(*(one(i) for i in range(-at_once, 0)))  # warm
+        t0 = time.process_time()
+        for start_at in range(0, creates, at_once):
+            await asyncio.gather(*(one(i) for i in range(start_at, start_at + at_once)))
+        cpu = time.process_time() - t0
+        with contextlib.suppress(TimeoutError):  # (the scopes' watch may linger: not timed)
+            await asyncio.wait_for(quotas.close(), 5)
+        await bus.close()
+        return round(1000 * cpu / creates, 3)
+
+    with (
+        tempfile.TemporaryDirectory(prefix="souq-bench-nats-") as tmp,
+        NatsServer(store_dir=Path(tmp)) as nats,
+    ):
+        return asyncio.run(run(nats.url))
+
+
+def path_costs(repeats: int = 3) -> dict[str, float]:
+    """:func:`path_cost` of each case, the least of ``repeats`` runs interleaved (the CPU a
+    busy host adds only ever adds)."""
+    runs: dict[str, list[float]] = {case: [] for case in CASES}
+    for _ in range(repeats):
+        for case in CASES:
+            runs[case].append(path_cost(case))
+    return {case: min(values) for case, values in runs.items()}
+
+
 def quotas() -> None:
+    if os.environ.get("QUOTAS_PATH_ONLY") == "1":
+        print(f"# quota path — {machine_line()}", flush=True)
+        print("path_cost_ms_per_create", json.dumps(path_costs()), flush=True)
+        return
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is not installed: `make bench` installs it (apt-get install wrk)")
     duration_s = int(os.environ.get("QUOTAS_DURATION_S", "5"))
@@ -203,6 +290,12 @@ def quotas() -> None:
         cost["vs_create_without_quota"] = round(cost["cpu_ms_per_create"] / none_cpu, 3)
         results["store_cost"][f"at_once_{at_once}"] = cost
     print("store_cost", json.dumps(results["store_cost"]))
+    paths = path_costs()
+    results["path_cost"] = {
+        case: {"cpu_ms_per_create": cpu, "vs_create_without_quota": round(cpu / none_cpu, 3)}
+        for case, cpu in paths.items()
+    }
+    print("path_cost", json.dumps(results["path_cost"]))
     print(json.dumps(results["summary"], indent=2))
     print("ledger_cost_ms_per_create", json.dumps(results["ledger_cost_ms_per_create"]))
     out = Path("bench/results")

@@ -1,7 +1,8 @@
 """A deploy's served machine displaced by a create of a higher priority class is re-placed by
 ``souq scale reconcile`` (run once, or watching the app's events): a new machine on another
 worker, the displaced one destroyed, and the deploy's record says why (a real cluster, the
-CLI)."""
+CLI); and, with a machine of its group at rest, a ``souq proxy`` starts that one in its place
+at once, its decisions saying why."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ import subprocess
 import threading
 from pathlib import Path
 
+import httpx
+
 from souq.model.machine import Machine, MachineState
-from souq.testing import Cluster, wait_until
+from souq.testing import Cluster, ProxyProcess, auth_headers, wait_until
 from tests.clusters import ClusterSpec
 from tests.integration.images_harness import SOUQ, souq
 
@@ -42,18 +45,18 @@ def toml(app: str) -> str:
     return TOML.replace(f'app = "{APP}"', f'app = "{app}"', 1)
 
 
-def deploy(cluster: Cluster, app: str, root: Path) -> None:
-    """Deploy ``app``: one machine of a served group."""
-    (root / "souq.toml").write_text(toml(app))
+def deploy(cluster: Cluster, app: str, root: Path, count: int = 1) -> None:
+    """Deploy ``app``: ``count`` machines of a served group."""
+    (root / "souq.toml").write_text(toml(app).replace("mad = 1", f"mad = {count}"))
     run = souq(cluster, "deploy", "--config", str(root / "souq.toml"), "--json")
     assert run.returncode == 0, run.stderr
 
 
 def preempt(cluster: Cluster, app: str) -> tuple[Machine, Machine]:
-    """Displace the app's machine with a reserved one pinned to its worker: (the displaced
-    machine, the one that took its room)."""
+    """Displace the app's started machine with a reserved one pinned to its worker: (the
+    displaced machine, the one that took its room)."""
     with cluster.client() as client:
-        (old,) = client.list_machines(app)
+        (old,) = [m for m in client.list_machines(app) if m.state is MachineState.STARTED]
         taker = client.create_machine(
             f"prod-{app}",
             "mad",
@@ -146,3 +149,55 @@ def test_a_watching_reconcile_replaces_it_as_the_preemption_happens(
         reader.join(timeout=10)
         clean(cluster, app, f"prod-{app}")
     assert code == 0  # interrupted, the watch ends cleanly
+
+
+def test_a_proxy_starts_a_machine_of_its_group_at_rest_in_a_preempted_ones_place(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    app = "atrest"
+    deploy(cluster, app, tmp_path, count=2)  # one machine on each worker (1 cpu each)
+    with cluster.client() as client:
+        first, second = sorted(client.list_machines(app), key=lambda m: m.id)
+        client.stop(app, second.id)  # at rest, holding its room on its worker
+        client.wait(app, second.id, "stopped", timeout=30)
+    proxy = ProxyProcess(
+        nats_url=cluster.nats.url,
+        log_path=tmp_path / "proxy.log",
+        extra_args=["--autostop-interval", "3600"],
+    )
+    with proxy:
+
+        def decisions() -> list[dict[str, str]]:
+            answer = httpx.get(
+                proxy.admin_url + "/decisions", params={"app": app}, headers=auth_headers()
+            )
+            return [d for d in answer.json() if d["kind"] == "failover"]
+
+        def known() -> bool:
+            answer = httpx.get(proxy.admin_url + "/backends", headers=auth_headers())
+            return second.id in answer.text
+
+        wait_until(known, timeout=30, message="the proxy to know the machine at rest")
+        old, _ = preempt(cluster, app)
+        assert old.id == first.id
+        with cluster.client() as client:
+            client.wait(app, second.id, "started", timeout=30)
+            assert client.get_machine(app, first.id).state in (
+                MachineState.STOPPING,
+                MachineState.STOPPED,
+            )
+        [said] = wait_until(decisions, timeout=30, message="the failover's decision")
+        assert said["machine_id"] == second.id
+        assert said["reason"] == (
+            f"machine {first.id} was preempted: started machine {second.id} of its group in "
+            "its place"
+        )
+        # Nothing else at rest: the next preemption is recorded as left to a deploy.
+        again, _ = preempt(cluster, app)
+        assert again.id == second.id
+
+        def told() -> bool:
+            return any("no machine of its group at rest" in d["reason"] for d in decisions())
+
+        wait_until(told, timeout=30, message="the decision that nothing was at rest")
+    clean(cluster, app, f"prod-{app}")

@@ -242,3 +242,75 @@ def test_a_restarted_agent_counts_a_victim_as_giving_its_room_back(tmp_path: Pat
         )
         assert started.status_code == 409, started.text  # its room is taken
         assert started.json()["status"] == "insufficient_capacity"
+
+
+def _quota(url: str, app: str) -> dict[str, Any]:
+    answer = httpx.get(f"{url}/v1/apps/{app}/quota", headers=auth_headers(), timeout=30)
+    assert answer.status_code == 200, answer.text
+    body: dict[str, Any] = answer.json()
+    return body
+
+
+def _limit(url: str, app: str, **limits: int) -> None:
+    answer = httpx.put(
+        f"{url}/v1/apps/{app}/quota/all", json=limits, headers=auth_headers(), timeout=30
+    )
+    assert answer.status_code == 200, answer.text
+
+
+def test_a_preempted_machine_gives_its_cpus_quota_back_and_its_start_takes_them_again(
+    cluster: Cluster,
+) -> None:
+    batch, web = "batch" + uuid.uuid4().hex[:6], "web" + uuid.uuid4().hex[:6]
+    url, other = cluster.brokers[0].url, cluster.brokers[1].url
+    _limit(url, batch, cpus=8, memory_mb=512, machines=8)
+    fill_with_spot(cluster, batch)
+    assert _quota(url, batch)["use"] == {"cpus": 8, "memory_mb": 512, "machines": 8, "volume_gb": 0}
+    client = cluster.client()
+    made = client.create_machine(web, "pre", config("standard"))
+    assert made.placement is not None
+    [victim] = [v.machine_id for v in made.placement.preempted]
+    client.wait(batch, victim, "stopped", timeout=30)
+
+    # Displaced, it holds no room: its cpus and memory leave the quota's use (its class's too);
+    # it is still a machine of the app, counted as one until it is destroyed.
+    def use() -> dict[str, Any]:
+        return dict(_quota(other, batch)["use"])
+
+    wait_until(lambda: use()["cpus"] == 7, timeout=30, message="the victim's cpus given back")
+    shown = _quota(url, batch)
+    assert shown["use"] == {"cpus": 7, "memory_mb": 448, "machines": 8, "volume_gb": 0}
+    assert shown["use_by_class"]["spot"]["cpus"] == 7
+    ninth = httpx.post(
+        f"{url}/v1/apps/{batch}/machines",
+        json={"region": "pre", "config": config("spot", price=50)},
+        headers=auth_headers(),
+        timeout=30,
+    )
+    assert ninth.status_code == 403 and ninth.json()["quota"] == "machines", ninth.text
+
+    # Its room back on its worker, a start takes the cpus again: judged against the quota first.
+    client.destroy(web, made.id, force=True)
+    _limit(url, batch, cpus=7, machines=8)
+    start = f"/v1/apps/{batch}/machines/{victim}/start"
+    refused = httpx.post(other + start, headers=auth_headers(), timeout=30)
+    assert refused.status_code == 403, refused.text
+    err = refused.json()
+    assert (err["quota"], err["limit"], err["use"], err["asked"]) == ("cpus", 7, 7, 1), err
+    assert client.get_machine(batch, victim).state == "stopped"
+    _limit(url, batch, cpus=8, machines=8)
+    started = httpx.post(other + start, headers=auth_headers(), timeout=30)
+    assert started.status_code == 200, started.text
+    client.wait(batch, victim, "started", timeout=30)
+    wait_until(lambda: use()["cpus"] == 8, timeout=30, message="the victim counted again")
+    # Counted: with room for a ninth machine, its cpu is over the quota.
+    _limit(url, batch, cpus=8, machines=9)
+    over = httpx.post(
+        f"{url}/v1/apps/{batch}/machines",
+        json={"region": "pre", "config": config("spot", price=50)},
+        headers=auth_headers(),
+        timeout=30,
+    )
+    assert over.status_code == 403, over.text
+    assert (over.json()["quota"], over.json()["use"]) == ("cpus", 8), over.text
+    destroy_all(cluster, batch, web)

@@ -15,7 +15,7 @@ from souq.protocol import WorkerClient
 from souq.proxy import RoutingTable
 from souq.proxy.decisions import Decisions
 from souq.proxy.machines import MachineFeed
-from souq.proxy.standby import Failover
+from souq.proxy.standby import Failover, in_its_place
 
 SERVICE = {"internal_port": 8080}
 
@@ -118,3 +118,33 @@ def test_a_preempted_primary_starts_its_standby_once() -> None:
     starts, reasons = asyncio.run(main())
     assert starts == 1
     assert reasons == ["machine p1 was preempted: started its standby"]
+
+
+def test_in_its_place_is_a_machine_at_rest_of_the_same_group_release_and_region() -> None:
+    def of(
+        mid: str, state: MachineState, group: str = "app", release: str = "3", **more: object
+    ) -> Machine:
+        m = machine(mid, "w2", state)
+        meta = {"souq_process_group": group, "souq_release": release}
+        config = m.config.model_copy(update={"metadata": meta})
+        return m.model_copy(update={"config": config, **more})
+
+    preempted = MachineEvent(
+        type="preempted", status=MachineState.STOPPED, source="agent", timestamp=2
+    )
+    displaced = of("p1", MachineState.STOPPING)
+    others = [
+        of("a1", MachineState.STARTED),  # running already
+        of("a2", MachineState.STOPPED, group="worker"),
+        of("a3", MachineState.STOPPED, release="2"),
+        of("a4", MachineState.STOPPED, region="syd"),
+        of("a5", MachineState.STOPPED, events=[preempted]),  # displaced itself: no room
+        of("a6", MachineState.STOPPED, cordoned=True),
+        of("b2", MachineState.STOPPED),
+        of("b1", MachineState.STOPPED),
+    ]
+    assert in_its_place(displaced, others) == others[-1]  # the smallest id
+    assert in_its_place(displaced, others, starting={"b1"}) == others[-2]
+    resting = of("c9", MachineState.SUSPENDED)
+    assert in_its_place(displaced, [*others, resting]) == resting  # a resume is faster
+    assert in_its_place(displaced, others[:6]) is None

@@ -18,11 +18,13 @@ from souq.model.quota import (
     QuotaLimits,
     QuotaRecord,
     QuotaUse,
+    drafted,
     encoded,
     excess,
     held,
     released,
     reserved,
+    sealed,
     use_of_class,
     use_of_record,
     view_of,
@@ -217,14 +219,25 @@ def test_reconciling_takes_a_machines_class_as_it_is() -> None:
     assert out.held["m1"] == (1, 256, "spot")
 
 
-def test_running_sums_and_the_written_ledger_match_what_a_fresh_read_makes() -> None:
+@pytest.mark.parametrize("batch", [0, 1, 7])
+def test_running_sums_and_the_written_ledger_match_what_a_fresh_read_makes(batch: int) -> None:
     """A ledger changed many times (creates, batches, updates, volumes, releases) in turn sums
-    and encodes as the same ledger read afresh from its JSON does."""
+    and encodes as the same ledger read afresh from its JSON does — changed record by record,
+    or in drafts of ``batch`` steps (a group commit's), which leave the record they were made
+    of as it was."""
     rng = random.Random(35)
     limits = QuotaLimits(machines=10**6, classes={SPOT: ClassLimits(cpus=10**6)})
     r = QuotaRecord(scope="app", name="web", limits=limits)
     made = 0
+    base, base_json = r, encoded(r)
     for step in range(400):
+        if batch and step % batch == 0:
+            # A draft never changes what it was made of: its ledger, its sums.
+            before = QuotaRecord.model_validate_json(base_json)
+            assert base == before and use_of_record(base) == use_of_record(before)
+            r = sealed(r)
+            base, base_json = r, encoded(r)
+            r = drafted(r)
         klass = rng.choice(["", "standard", "spot", "reserved"])
         use = QuotaUse(
             cpus=rng.choice([0.25, 1, 2.5]), memory_mb=rng.randrange(64, 512), machines=1

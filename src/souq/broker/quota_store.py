@@ -28,7 +28,7 @@ from nats.js.kv import KeyValue
 from souq.bus.jetstream import BucketStore, unavailable
 from souq.clock import Clock
 from souq.errors import Unavailable
-from souq.model.quota import QuotaRecord, Scope, encoded
+from souq.model.quota import QuotaRecord, Scope, drafted, edited, encoded, sealed
 
 __all__ = ["BUCKET", "Change", "QuotaStore", "key_of"]
 
@@ -53,6 +53,7 @@ class QuotaStore(BucketStore):
         super().__init__(kv, clock)
         self._queues: dict[str, _Waiting] = {}
         self._draining: set[str] = set()
+        self._drains: set[asyncio.Task[None]] = set()  # (held: a task nobody holds may vanish)
         self._parsed: dict[str, tuple[int, QuotaRecord]] = {}  # the last read or write
         self.reads = 0  # JetStream reads of a key (the benchmark reports them)
         self.writes = 0
@@ -82,12 +83,20 @@ class QuotaStore(BucketStore):
         """Apply ``change`` to the record of ``key`` by compare-and-set; ``change`` returning
         the record it was given (or None for none) writes nothing. Exact: another broker
         having written first, the batch is computed again on what it wrote."""
-        future: asyncio.Future[QuotaRecord | None] = asyncio.get_running_loop().create_future()
+        return await self.submit(key, change)
+
+    def submit(self, key: str, change: Change) -> asyncio.Future[QuotaRecord | None]:
+        """:meth:`change`, under way once this returns: the future of its outcome (changes of
+        several keys awaited together without a task each)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[QuotaRecord | None] = loop.create_future()
         self._queues.setdefault(key, []).append((change, future))
         if key not in self._draining:
             self._draining.add(key)
-            asyncio.get_running_loop().create_task(self._drain(key))
-        return await future
+            task = loop.create_task(self._drain(key))
+            self._drains.add(task)
+            task.add_done_callback(self._drains.discard)
+        return future
 
     async def _drain(self, key: str) -> None:
         try:
@@ -165,8 +174,12 @@ async def _applied(
     record: QuotaRecord | None, batch: _Waiting
 ) -> tuple[QuotaRecord | None, list[tuple[asyncio.Future[QuotaRecord | None], Any]]]:
     """The batch's changes applied in turn to ``record``: the record they leave, and each
-    change's outcome (the record after it, or its own error: the others go on)."""
-    current = record
+    change's outcome (the record after it, or its own error: the others go on). A batch of
+    more than one works on a draft of ``record`` (:func:`souq.model.quota.drafted`: its
+    ledger copied once, not at each change); ``record`` itself is never changed, and a batch
+    that changed nothing leaves it as it is."""
+    draft = drafted(record) if record is not None and len(batch) > 1 else None
+    current = record if draft is None else draft
     outcomes: list[tuple[asyncio.Future[QuotaRecord | None], Any]] = []
     for change, future in batch:
         try:
@@ -176,4 +189,13 @@ async def _applied(
             continue
         current = current if new is None else new
         outcomes.append((future, current))
+    if draft is None:
+        return current, outcomes
+    for _, outcome in outcomes:
+        if isinstance(outcome, QuotaRecord):
+            sealed(outcome)  # whoever holds it: changed in place no more
+    if current is not None:
+        sealed(current)
+    if current is draft and not edited(draft):
+        return record, [(f, record if o is draft else o) for f, o in outcomes]
     return current, outcomes

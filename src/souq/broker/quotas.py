@@ -28,14 +28,14 @@ from nats.js.kv import KeyValue
 
 from souq.broker.app_store import AppStore
 from souq.broker.quota_scopes import QuotaScopes
-from souq.broker.quota_store import BUCKET, QuotaStore, key_of
+from souq.broker.quota_store import BUCKET, Change, QuotaStore, key_of
 from souq.bus.jetstream import OnFirstUse, reconnects
 from souq.clock import Clock
 from souq.errors import QuotaExceeded, Unavailable
 from souq.ids import new_request_id
 from souq.model import Machine, MachineState
 from souq.model.app import DEFAULT_ORG
-from souq.model.machine import MachineConfig
+from souq.model.machine import MachineConfig, preempted_event
 from souq.model.quota import (
     ClassLimits,
     Excess,
@@ -61,7 +61,7 @@ if TYPE_CHECKING:
     from souq.broker.volume_listing import VolumeListing
     from souq.view import ClusterView
 
-__all__ = ["BUCKET", "Quotas", "Reservation", "use_of_config", "use_of_volume"]
+__all__ = ["BUCKET", "Quotas", "Reservation", "use_of_config", "use_of_machine", "use_of_volume"]
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +77,15 @@ def use_of_config(config: MachineConfig, count: int = 1) -> QuotaUse:
     return QuotaUse(
         cpus=round(size.cpus * count, 3), memory_mb=size.memory_mb * count, machines=count
     )
+
+
+def use_of_machine(machine: Machine) -> QuotaUse:
+    """What ``machine`` counts against a quota as it is: one machine, and its size but when a
+    preemption displaced it (then it holds no room on its worker, until a start takes some:
+    :meth:`Quotas.regaining`)."""
+    if preempted_event(machine) is not None:
+        return QuotaUse(machines=1)
+    return use_of_config(machine.config)
 
 
 def use_of_volume(size_gb: int) -> QuotaUse:
@@ -231,12 +240,22 @@ class Quotas:
         """Around a create: ``count`` machines of ``config`` reserved first (403
         ``quota_exceeded`` before anything is claimed); the machines the body appends to the
         list it is given are held once it is done."""
+        if not self.may_count(app):
+            yield []
+            return
         klass = config.priority_class.value
-        taken = await self.reserve(app, request_id, use_of_config(config, count), klass=klass)
+        one = use_of_config(config)
+        asked = one if count == 1 else use_of_config(config, count)
+        taken = await self.reserve(app, request_id, asked, klass=klass)
         made: list[Machine] = []
         async with self._settling(taken):
             yield made
-        await self.settle(taken, {m.id: use_of_config(m.config) for m in made})
+        if taken.keys:  # each machine at its size (a create's: its config's, as reserved)
+            sizes = {
+                m.id: one if m.config.guest == config.guest else use_of_config(m.config)
+                for m in made
+            }
+            await self.settle(taken, sizes)
 
     @contextlib.asynccontextmanager
     async def _settling(self, taken: Reservation) -> AsyncIterator[None]:
@@ -253,13 +272,22 @@ class Quotas:
 
     @contextlib.asynccontextmanager
     async def growing(
-        self, app: str, machine_id: str, before: MachineConfig, after: MachineConfig
+        self,
+        app: str,
+        machine_id: str,
+        before: MachineConfig,
+        after: MachineConfig,
+        *,
+        displaced: bool = False,
     ) -> AsyncIterator[None]:
         """Around an update of ``machine_id`` from ``before`` to ``after``: the growth reserved
         (403 past a limit: the machine is unchanged), then the machine held at its new size.
         A machine moved to another class counts all of it in the new class's line. A shrink
-        changes nothing until it is done (:meth:`resized`)."""
-        old, new = use_of_config(before), use_of_config(after)
+        changes nothing until it is done (:meth:`resized`). ``displaced``: the machine holds no
+        room (preempted) and the change takes it again (a start, an update that launches it):
+        all its size is the growth."""
+        old = QuotaUse(machines=1) if displaced else use_of_config(before)
+        new = use_of_config(after)
         klass = after.priority_class.value
         moved = klass != before.priority_class.value
         growth = old.growth_to(new).model_copy(update={"machines": 0})
@@ -272,6 +300,14 @@ class Quotas:
         async with self._settling(taken):
             yield
         await self.settle(taken, {machine_id: new})
+
+    def regaining(self, app: str, machine: Machine) -> contextlib.AbstractAsyncContextManager[None]:
+        """Around a start of ``machine``: one that preemption displaced takes room again, so
+        its size is reserved first (403 ``quota_exceeded``: it stays stopped), then held; any
+        other counts already."""
+        displaced = preempted_event(machine) is not None
+        config = machine.config
+        return self.growing(app, machine.id, config, config, displaced=displaced)
 
     @contextlib.asynccontextmanager
     async def counting_volume(self, app: str, size_gb: int) -> AsyncIterator[list[Volume]]:
@@ -311,6 +347,9 @@ class Quotas:
         taken = Reservation(request_id)
         if not self.enabled or self._none_for(app):
             return taken
+        keys = await self._keys_of(app)
+        if not keys:
+            return taken
         store = await self._store()
         entry = QuotaEntry(
             app=app,
@@ -320,18 +359,25 @@ class Quotas:
             priority_class=klass,
             class_use=class_use,
         )
-        keys = await self._keys_of(app)
-        results = await asyncio.gather(
-            *(self._reserve_on(store, key, entry) for key in keys), return_exceptions=True
-        )
-        taken.keys = [k for k, r in zip(keys, results, strict=True) if r is True]
-        failed = [r for r in results if isinstance(r, BaseException)]
+        # Every scope at once: each one's change under way before the first is awaited.
+        futures = [store.submit(key, self._reserving(entry)) for key in keys]
+        failed: list[BaseException] = []
+        for key, future in zip(keys, futures, strict=True):
+            try:
+                if await future is not None:
+                    taken.keys.append(key)
+            except _Refused as refused:
+                failed.append(quota_exceeded(refused.over))
+            except Exception as exc:
+                failed.append(exc)
         if failed:
             await self.settle(taken, {})
             raise failed[0]
         return taken
 
-    async def _reserve_on(self, store: QuotaStore, key: str, entry: QuotaEntry) -> bool:
+    def _reserving(self, entry: QuotaEntry) -> Change:
+        """The change that reserves ``entry`` on a scope's record: refused (:class:`_Refused`)
+        past a limit once the record is reconciled with the cluster."""
         seen: _Seen = {}
 
         async def change(record: QuotaRecord | None) -> QuotaRecord | None:
@@ -347,10 +393,7 @@ class Quotas:
                 raise _Refused(over)
             return reserved(record, entry)
 
-        try:
-            return await store.change(key, change) is not None
-        except _Refused as refused:
-            raise quota_exceeded(refused.over) from None
+        return change
 
     async def settle(
         self,
@@ -369,13 +412,12 @@ class Quotas:
                 return record
             return held(record, taken.request_id, machines, volumes)
 
-        async def settle_on(key: str) -> None:
+        futures = [store.submit(key, change) for key in taken.keys]  # the scopes at once
+        for key, future in zip(taken.keys, futures, strict=True):
             try:
-                await store.change(key, change)
+                await future
             except Unavailable as exc:
                 log.warning("quota %s: change %s left pending: %s", key, taken.request_id, exc)
-
-        await asyncio.gather(*(settle_on(key) for key in taken.keys))  # the scopes at once
 
     async def release(self, app: str, ids: list[str]) -> None:
         """Machines (or volumes) of ``app`` destroyed: their use given back (best effort:
@@ -463,7 +505,7 @@ class Quotas:
                 machine_id=machine.id,
                 app=machine.app,
                 request_id=machine.placement.request_id if machine.placement else "",
-                use=use_of_config(machine.config),
+                use=use_of_machine(machine),
                 destroyed=machine.state is MachineState.DESTROYED,
                 priority_class=machine.config.priority_class.value,
             )

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
+from contextlib import nullcontext
 
 from nats.aio.client import Client
 
@@ -59,7 +60,7 @@ from souq.model import (
     WorkerState,
 )
 from souq.model.batch import BatchCreateRequest, BatchResult
-from souq.model.machine import MachineConfig
+from souq.model.machine import MachineConfig, preempted_event
 from souq.model.protocol import Lease, LeaseRequest, StartCommand, UpdateCommand
 from souq.model.quota import BATCH_MARK
 from souq.placement import Pipeline
@@ -478,11 +479,17 @@ class BrokerService:
     async def start_machine(
         self, app: str, machine_id: str, *, nonce: str | None = None
     ) -> Machine:
+        """A machine that preemption displaced takes room again when it starts: its app's
+        quota counts it first (its record read fresh then: :meth:`Quotas.regaining`)."""
         ref = StartCommand(app=app, machine_id=machine_id, lease_nonce=nonce)
-        cached = self.cached_machine(app, machine_id)  # a spot machine's bid, as for a create
-        if cached is not None and cached.state is not MachineState.STARTED:
-            self.spot_prices.check_bid(cached.region, cached.config)  # 409 bid_below_price
-        return self._seen(await self.calls.owner(machine_id, v.START, ref))
+        counted = self.quotas.may_count(app)
+        known = await self.get_machine(app, machine_id) if counted else None
+        known = known or self.cached_machine(app, machine_id)
+        if known is not None and known.state is not MachineState.STARTED:
+            self.spot_prices.check_bid(known.region, known.config)  # 409 bid_below_price
+        regaining = self.quotas.regaining(app, known) if counted and known else nullcontext()
+        async with regaining:  # 403 past its quota: it stays stopped
+            return self._seen(await self.calls.owner(machine_id, v.START, ref))
 
     async def stop_machine(self, cmd: StopCommand) -> Machine:
         """Returns once the signal is sent (the machine is ``stopping``); see :meth:`wait`."""
@@ -525,7 +532,10 @@ class BrokerService:
             min_secrets_version=min_secrets_version,
             lease_nonce=nonce,
         )
-        async with self.quotas.growing(app, machine_id, current.config, config):  # 403 past it
+        # A machine preemption displaced takes room again if the update launches it.
+        displaced = not skip_launch and preempted_event(current) is not None
+        growing = self.quotas.growing(app, machine_id, current.config, config, displaced=displaced)
+        async with growing:  # 403 past it
             updated = await self.calls.owner(machine_id, v.UPDATE, cmd, extra_s=grace + 60)
         updated = self._seen(updated)
         before, after = use_of_config(current.config), use_of_config(config)

@@ -46,8 +46,7 @@ from souq.errors import (
     SouqError,
     UnknownRegion,
 )
-from souq.model.choices import RUN_STARTS, EventType
-from souq.model.machine import Machine, MachineState
+from souq.model.machine import Machine, MachineState, preempted_event
 from souq.model.protocol import Lease, Quote
 from souq.model.release import NewRelease, Release, ReleaseState, Strategy
 
@@ -92,12 +91,8 @@ def current_machines(machines: list[Machine]) -> list[Current]:
 def preemption(machine: Machine) -> str:
     """The message of the ``preempted`` event of ``machine`` if it is newer than its last
     start ("": it was not displaced, or it started again since)."""
-    for event in machine.events:  # newest first
-        if event.type == EventType.PREEMPTED:
-            return event.message or "preempted"
-        if event.type in RUN_STARTS:
-            return ""
-    return ""
+    event = preempted_event(machine)
+    return "" if event is None else event.message or "preempted"
 
 
 def check_regions(client: SouqClient, config: AppConfig) -> None:

@@ -26,7 +26,13 @@ from souq.limits import (
     dns_label_problem,
 )
 from souq.model.base import Input, Record
-from souq.model.choices import EventType, MachineState, PriorityClass, RestartPolicy
+from souq.model.choices import (
+    RUN_STARTS,
+    EventType,
+    MachineState,
+    PriorityClass,
+    RestartPolicy,
+)
 from souq.model.constraint import Constraint
 from souq.model.fly_fields import (
     CONFIG_UNSUPPORTED,
@@ -59,6 +65,7 @@ __all__ = [
     "SandboxConfig",
     "StopConfig",
     "normalise_signal",
+    "preempted_event",
     "schedule_period_s",
 ]
 
@@ -469,6 +476,18 @@ class Machine(Record):
     def host_status(self) -> str:
         """Fly's: ``ok`` (its worker answered for it)."""
         return "ok"
+
+
+def preempted_event(machine: Machine) -> MachineEvent | None:
+    """The event ``preempted`` of ``machine`` if it is newer than its last start (None: it was
+    never displaced, or it started again since): displaced, it holds no room on its worker until
+    a start takes some again."""
+    for event in machine.events:  # newest first
+        if event.type == EventType.PREEMPTED:
+            return event
+        if event.type in RUN_STARTS:
+            return None
+    return None
 
 
 def image_ref_of(image: str | None) -> dict[str, Any]:

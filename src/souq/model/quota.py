@@ -16,6 +16,10 @@ machines, or a volume) counted against the limits —
   Answered, it becomes held (or is dropped, refused).
 * **held**: machines keyed by id (their size and class only: the whole record is written at
   every change), volumes keyed by id (their size); a destroy drops it.
+
+Every change makes a new record, and leaves the one it was given as it was — but a draft
+(:func:`drafted`), which one batch of changes (the store's group commit) owns alone: the
+changes of a create change it in place, so a batch copies its ledger once, not at each change.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from souq.model.quota_sums import (
     Held,
     Part,
     Sums,
+    Vec,
     held_part,
     moved,
     pending_part,
@@ -55,11 +60,14 @@ __all__ = [
     "QuotaView",
     "Scope",
     "class_of",
+    "drafted",
+    "edited",
     "encoded",
     "excess",
     "held",
     "released",
     "reserved",
+    "sealed",
     "use_of",
     "use_of_class",
     "use_of_record",
@@ -175,6 +183,10 @@ class QuotaRecord(Record):
     # ``held`` (with the dict it encodes), so that a change neither sums nor encodes it all.
     _sums: Sums | None = PrivateAttr(default=None)
     _held_json: tuple[dict[str, Held], bytes] | None = PrivateAttr(default=None)
+    # A draft (:func:`drafted`) is private to one batch of changes, which change it in place;
+    # ``_edits`` counts them.
+    _draft: bool = PrivateAttr(default=False)
+    _edits: int = PrivateAttr(default=0)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, QuotaRecord):
@@ -311,15 +323,24 @@ def use_of_class(record: QuotaRecord, klass: str) -> QuotaUse:
     return QuotaUse(cpus=millicpus / 1000, memory_mb=memory_mb, machines=machines)
 
 
+_VEC_INDEX = {"cpus": 0, "memory_mb": 1, "machines": 2, "volume_gb": 3}
+
+
 def _over(
-    limits: ClassLimits, dimensions: tuple[str, ...], use: QuotaUse, asked: QuotaUse
+    limits: ClassLimits, dimensions: tuple[str, ...], use: Vec, asked: QuotaUse
 ) -> tuple[str, float, float, float] | None:
+    """The first of ``dimensions`` where ``use`` (the ledger's sums: cpus in thousandths) plus
+    ``asked`` passes ``limits``."""
     for dimension in dimensions:
         limit = getattr(limits, dimension)
-        want = getattr(asked, dimension)
-        if limit is None or want <= 0:
+        if limit is None:
             continue
-        have = getattr(use, dimension)
+        want = getattr(asked, dimension)
+        if want <= 0:
+            continue
+        have: float = use[_VEC_INDEX[dimension]]
+        if dimension == "cpus":
+            have /= 1000
         if have + want > limit + 1e-9:
             return dimension, limit, have, want
     return None
@@ -334,8 +355,9 @@ def excess(
     """The first limit of ``record`` that its use plus ``asked`` would pass — the all-classes
     line's, then the line of ``priority_class`` (with ``class_asked``, when the change asks its
     class another amount than all: an update moving a machine between classes); None: it
-    fits."""
-    over = _over(record.limits, DIMENSIONS, use_of_record(record), asked)
+    fits. Checked on the ledger's running sums (no sum, no record of use made)."""
+    sums = _sums_of(record)
+    over = _over(record.limits, DIMENSIONS, sums.total, asked)
     if over is not None:
         return Excess(record.scope, record.name, *over)
     klass = class_of(priority_class)
@@ -343,18 +365,68 @@ def excess(
     if line is None:
         return None
     in_class = asked if class_asked is None else class_asked
-    over = _over(line, CLASS_DIMENSIONS, use_of_class(record, klass), in_class)
+    use = sums.by_class.get(klass, (0, 0, 0, 0))
+    over = _over(line, CLASS_DIMENSIONS, use, in_class)
     if over is not None:
         return Excess(record.scope, record.name, *over, priority_class=klass)
     return None
 
 
+def drafted(record: QuotaRecord) -> QuotaRecord:
+    """A copy of ``record`` private to one batch of changes (the quota store's group commit):
+    :func:`reserved` and :func:`held` change a draft in place — its dicts copied once for the
+    batch, not at every change — and :func:`sealed` ends it. Any other change of a draft makes
+    a new record, as of any record."""
+    sums = _sums_of(record)
+    new = record.model_copy(
+        update={
+            "pending": dict(record.pending),
+            "held": dict(record.held),
+            "volumes": dict(record.volumes),
+        }
+    )
+    private = _derived(new)
+    private["_sums"] = Sums((new.pending, new.held, new.volumes), sums.total, sums.by_class)
+    cached = _derived(record).get("_held_json")
+    spliced = cached is not None and cached[0] is record.held
+    private["_held_json"] = (new.held, cached[1]) if cached is not None and spliced else None
+    private["_draft"], private["_edits"] = True, 0
+    return new
+
+
+def edited(record: QuotaRecord) -> bool:
+    """Whether a draft was changed in place since :func:`drafted` made it."""
+    return bool(_derived(record).get("_edits"))
+
+
+def sealed(record: QuotaRecord) -> QuotaRecord:
+    """``record`` no longer a draft: the next change copies it, as any record."""
+    _derived(record)["_draft"] = False
+    return record
+
+
+def _in_place(record: QuotaRecord) -> bool:
+    private = _derived(record)
+    if not private.get("_draft"):
+        return False
+    private["_edits"] = private.get("_edits", 0) + 1
+    return True
+
+
 def reserved(record: QuotaRecord, entry: QuotaEntry) -> QuotaRecord:
     """``record`` with ``entry`` pending under its request id."""
-    new = record.model_copy(update={"pending": {**record.pending, entry.request_id: entry}})
+    sums = _sums_of(record)  # before any change
     old = record.pending.get(entry.request_id)
     minus = [] if old is None else [pending_part(old)]
-    return _with_sums(new, record, [pending_part(entry)], minus)
+    if _in_place(record):
+        new = record
+        new.pending[entry.request_id] = entry
+    else:
+        new = record.model_copy(update={"pending": {**record.pending, entry.request_id: entry}})
+    _derived(new)["_sums"] = moved(
+        sums, (new.pending, new.held, new.volumes), [pending_part(entry)], minus
+    )
+    return new
 
 
 def held(
@@ -366,12 +438,16 @@ def held(
     """The pending ``request_id`` turned into what it made: one held machine per machine (its
     size as given: a create's, an update's new one), each volume at its size; none made: it is
     dropped."""
-    pending = dict(record.pending)
+    sums = _sums_of(record)  # before any change
+    cached = _derived(record).get("_held_json")
+    spliceable = cached is not None and cached[0] is record.held
+    own = _in_place(record)
+    pending = record.pending if own else dict(record.pending)
     entry = pending.pop(request_id, None)
     klass = entry.priority_class if entry else ""
     minus = [] if entry is None else [pending_part(entry)]
     plus: list[Part] = []
-    kept = dict(record.held)
+    kept = record.held if own else dict(record.held)
     added: dict[str, Held] = {}
     for machine_id, use in machines.items():
         size: Held = (use.cpus, use.memory_mb, klass)
@@ -381,22 +457,26 @@ def held(
             added[machine_id] = size
         kept[machine_id] = size
         plus.append(held_part(size))
-    update: dict[str, object] = {"pending": pending, "held": kept}
+    kept_volumes = record.volumes
     if volumes:
-        update["volumes"] = {**record.volumes, **volumes}
+        kept_volumes = record.volumes if own else dict(record.volumes)
         for volume_id, size_gb in volumes.items():
-            if volume_id in record.volumes:
-                minus.append(volume_part(record.volumes[volume_id]))
+            if volume_id in kept_volumes:
+                minus.append(volume_part(kept_volumes[volume_id]))
+            kept_volumes[volume_id] = size_gb
             plus.append(volume_part(size_gb))
-    new = _with_sums(record.model_copy(update=update), record, plus, minus)
-    cached = _derived(record).get("_held_json")
-    if cached is not None and cached[0] is record.held and len(added) == len(machines):
+    update = {"pending": pending, "held": kept, "volumes": kept_volumes}
+    new = record if own else record.model_copy(update=update)
+    _derived(new)["_sums"] = moved(sums, (new.pending, new.held, new.volumes), plus, minus)
+    if cached is not None and spliceable and len(added) == len(machines):
         # Only machines it did not hold: their JSON after what it had (no re-encoding).
         text = cached[1]
         more = _HELD.dump_json(added)[1:-1] if added else b""
         if more:
             text = text[:-1] + (b"," if len(text) > 2 else b"") + more + b"}"
         _derived(new)["_held_json"] = (kept, text)
+    elif own:
+        _derived(new)["_held_json"] = None  # its held machines changed in place
     return new
 
 

@@ -6,10 +6,11 @@ A pending entry whose deadline passed (its broker crashed between reserving and 
 held for the machines of its request id that exist and dropped otherwise. A held machine that is
 destroyed (a destroy this broker did not make: ``auto_destroy``, a worker's clean-up) is dropped;
 one the ledger lacks (made before the quota was set) is added; each takes its size and class as
-they are. Volumes: the live volumes are the truth where their worker answered — a held volume
-its worker no longer lists is dropped, a live volume the ledger lacks is added. So the ledger
-never leaks for good, and never admits a change past a limit: nothing still within its deadline
-is dropped.
+they are (the caller's ``ClusterMachine.use``: a machine preemption displaced holds no room,
+``souq.broker.quotas.use_of_machine``). Volumes: the live volumes are the truth where their
+worker answered — a held volume its worker no longer lists is dropped, a live volume the
+ledger lacks is added. So the ledger never leaks for good, and never admits a change past a
+limit: nothing still within its deadline is dropped.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ __all__ = [
     "Part",
     "Pending",
     "Sums",
+    "Vec",
     "held_part",
     "moved",
     "pending_part",
