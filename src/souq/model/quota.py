@@ -24,7 +24,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import Field, PrivateAttr, TypeAdapter
+import msgspec
+from pydantic import Field, PrivateAttr
 
 from souq.model.base import Input, Record
 from souq.model.choices import PriorityClass
@@ -174,7 +175,7 @@ class QuotaRecord(Record):
     # Derived, never written: the ledger's running sums (souq.model.quota_sums) and the JSON of
     # ``held`` (with the dict it encodes), so that a change neither sums nor encodes it all.
     _sums: Sums | None = PrivateAttr(default=None)
-    _held_json: tuple[dict[str, Held], bytes] | None = PrivateAttr(default=None)
+    _held_json: tuple[dict[str, Held], dict[str, msgspec.Raw]] | None = PrivateAttr(default=None)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, QuotaRecord):
@@ -184,7 +185,7 @@ class QuotaRecord(Record):
     __hash__ = None  # type: ignore[assignment]
 
 
-_HELD = TypeAdapter(dict[str, Held])
+_ENCODER = msgspec.json.Encoder()
 
 
 def _derived(record: QuotaRecord) -> dict[str, Any]:
@@ -210,19 +211,26 @@ def _with_sums(
     return new
 
 
-def _held_bytes(record: QuotaRecord) -> bytes:
+def _held_json(record: QuotaRecord) -> dict[str, msgspec.Raw]:
+    """Each held machine's JSON, by id (``record.held`` as the bucket stores it, encoded)."""
     cached = _derived(record).get("_held_json")
     if cached is None or cached[0] is not record.held:
-        cached = (record.held, _HELD.dump_json(record.held))
+        cached = (record.held, {key: _raw(size) for key, size in record.held.items()})
         _derived(record)["_held_json"] = cached
     return cached[1]
 
 
+def _raw(size: Held) -> msgspec.Raw:
+    return msgspec.Raw(_ENCODER.encode(size))
+
+
 def encoded(record: QuotaRecord) -> bytes:
     """``record`` as the quotas bucket stores it (JSON; ``QuotaRecord.model_validate_json``
-    reads it), its held machines' JSON reused from the change that made them."""
-    head = record.model_dump_json(exclude={"held"}).encode()
-    return head[:-1] + b',"held":' + _held_bytes(record) + b"}"
+    reads it), its held machines' JSON reused from the changes that made them (embedded as
+    :class:`msgspec.Raw`, not encoded again)."""
+    fields = record.model_dump(mode="json", exclude={"held"})
+    fields["held"] = _held_json(record)
+    return _ENCODER.encode(fields)
 
 
 class QuotaView(Record):
@@ -372,13 +380,10 @@ def held(
     minus = [] if entry is None else [pending_part(entry)]
     plus: list[Part] = []
     kept = dict(record.held)
-    added: dict[str, Held] = {}
     for machine_id, use in machines.items():
         size: Held = (use.cpus, use.memory_mb, klass)
         if machine_id in kept:
             minus.append(held_part(kept[machine_id]))
-        else:
-            added[machine_id] = size
         kept[machine_id] = size
         plus.append(held_part(size))
     update: dict[str, object] = {"pending": pending, "held": kept}
@@ -390,13 +395,12 @@ def held(
             plus.append(volume_part(size_gb))
     new = _with_sums(record.model_copy(update=update), record, plus, minus)
     cached = _derived(record).get("_held_json")
-    if cached is not None and cached[0] is record.held and len(added) == len(machines):
-        # Only machines it did not hold: their JSON after what it had (no re-encoding).
-        text = cached[1]
-        more = _HELD.dump_json(added)[1:-1] if added else b""
-        if more:
-            text = text[:-1] + (b"," if len(text) > 2 else b"") + more + b"}"
-        _derived(new)["_held_json"] = (kept, text)
+    if cached is not None and cached[0] is record.held:
+        # What it held keeps its JSON; only the machines of this change are encoded.
+        parts = dict(cached[1])
+        for machine_id in machines:
+            parts[machine_id] = _raw(kept[machine_id])
+        _derived(new)["_held_json"] = (kept, parts)
     return new
 
 

@@ -26,6 +26,10 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+import msgspec
+from pydantic import TypeAdapter
+
+from souq.bus.codec import with_members
 from souq.clock import iso_from_ms
 from souq.model import Machine, MachineEvent, MachineEventMessage, MachineState
 from souq.view.digest import machines_digest
@@ -55,13 +59,13 @@ CREATE INDEX machines_by_worker ON machines (worker_id);
 
 
 _MUTABLE: set[str] = {"state", "updated_at", "events"}
+_EVENTS = TypeAdapter(list[MachineEvent])
 
 
 def _joined(state: str, updated_at: str, events: str, body: str) -> str:
     """The machine's JSON from a row's parts (``body`` is an object without those three)."""
-    rest = body[1:] if body != "{}" else "}"
-    sep = "," if rest != "}" else ""
-    return f'{{"state":"{state}","updated_at":"{updated_at}","events":{events}{sep}{rest}'
+    head = {"state": state, "updated_at": updated_at, "events": msgspec.Raw(events)}
+    return with_members(body, head, first=True).decode()
 
 
 def _ms(iso: str) -> int:
@@ -74,7 +78,7 @@ def version_of(machine: Machine) -> int:
 
 
 def _events_json(events: list[MachineEvent]) -> str:
-    return "[" + ",".join(e.model_dump_json() for e in events) + "]"
+    return _EVENTS.dump_json(events).decode()
 
 
 @dataclass(frozen=True)
