@@ -3,9 +3,11 @@ machine is fetched, worker state changes become events, and the broker serves li
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 
 import httpx
+import msgspec
 import pytest
 
 from souq.broker.app import create_app
@@ -25,6 +27,7 @@ from souq.model import (
     WorkerInfo,
     WorkerState,
 )
+from souq.model.wire import MachineEventNote, note_of
 from souq.testing import eventually
 from souq.view import (
     ClusterView,
@@ -58,15 +61,20 @@ def machine(mid: str, state: MachineState, at: int, *, worker: str = "w1", app: 
     )
 
 
-def event(mid: str, state: MachineState, at: int, *, worker: str = "w1") -> MachineEventMessage:
-    return MachineEventMessage(
+def event(
+    mid: str, state: MachineState, at: int, *, worker: str = "w1", record: Machine | None = None
+) -> MachineEventNote:
+    """An event as the view reads it off the bus."""
+    msg = MachineEventMessage(
         machine_id=mid,
         app="web",
         worker_id=worker,
         region="mad",
         state=state,
         event=MachineEvent(type="x", status=state, source="agent", timestamp=at),
+        machine=record,
     )
+    return note_of(msg)
 
 
 def test_a_stale_event_is_dropped_and_an_equal_time_one_applied() -> None:
@@ -370,7 +378,7 @@ async def test_lists_events_apps_and_regions_over_http() -> None:
 def test_a_machines_events_in_one_message_are_applied_in_one_write() -> None:
     store = ViewStore()
     record = machine("m1", MachineState.STARTING, T0)
-    launch = event("m1", MachineState.STARTING, T0).model_copy(update={"machine": record})
+    launch = event("m1", MachineState.STARTING, T0, record=record)
     started = event("m1", MachineState.STARTED, T0 + 2)
     stale = event("m1", MachineState.CREATED, T0 - 5)
     assert store.apply_events([launch, started]) is True
@@ -386,3 +394,27 @@ def test_a_machines_events_in_one_message_are_applied_in_one_write() -> None:
     got = Machine.model_validate_json(store.machine_json("m1") or "")
     assert [e.status for e in got.events] == statuses
     assert store.apply_events([event("m9", MachineState.STARTED, T0)]) is None
+
+
+def test_a_record_the_row_holds_is_not_decoded_again() -> None:
+    """A launch event carries the machine's record; the broker that made the machine applied
+    the claim's answer first, so the event's copy is left undecoded (a copy that would not
+    even validate is never looked at), and a newer copy is decoded and taken."""
+    store = ViewStore()
+    record = machine("m1", MachineState.STARTING, T0)
+    store.apply_machine(record)
+
+    def launch(at: int, config: object) -> MachineEventNote:
+        note = event("m1", MachineState.STARTING, at, record=record)
+        body = json.loads(bytes(note.machine_json))
+        body.update(config=config, updated_at=iso_from_ms(at))
+        return msgspec.structs.replace(note, machine_json=msgspec.Raw(json.dumps(body).encode()))
+
+    assert launch(T0, {"guest": "no such guest"}).record_version() == T0
+    store.apply_events([launch(T0, {"guest": "no such guest"})])  # its event only
+    assert Machine.model_validate_json(store.machine_json("m1") or "").config == record.config
+    with pytest.raises(ValueError, match="guest"):
+        store.apply_events([launch(T0 + 5, {"guest": "no such guest"})])
+    assert store.apply_events([launch(T0 + 5, {"cmd": ["sleep", "2"]})]) is True
+    got = Machine.model_validate_json(store.machine_json("m1") or "")
+    assert got.config.cmd == ["sleep", "2"]

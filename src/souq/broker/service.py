@@ -46,7 +46,6 @@ from souq.model import (
     DestroyCommand,
     ListCommand,
     Machine,
-    MachineEventMessage,
     MachineRef,
     MachineState,
     Placement,
@@ -62,6 +61,7 @@ from souq.model.batch import BatchCreateRequest, BatchResult
 from souq.model.machine import MachineConfig
 from souq.model.protocol import Lease, LeaseRequest, StartCommand, UpdateCommand
 from souq.model.quota import BATCH_MARK
+from souq.model.wire import MachineEventNote
 from souq.placement import Pipeline
 from souq.protocol import WorkerClient
 from souq.protocol import verbs as v
@@ -330,7 +330,7 @@ class BrokerService:
                 log.info("create in %s without a region: %s", order.app, why)
                 order = order.model_copy(update={"region": chosen[0], "region_chosen": why})
 
-    def _machine_event(self, msg: MachineEventMessage) -> None:
+    def _machine_event(self, msg: MachineEventNote) -> None:
         """Every machine event the view decodes: the route to its worker, and the book's count
         of the app's machines there."""
         self.directory.remember(msg.machine_id, msg.worker_id)

@@ -31,7 +31,8 @@ from pydantic import TypeAdapter
 
 from souq.bus.codec import with_members
 from souq.clock import iso_from_ms
-from souq.model import Machine, MachineEvent, MachineEventMessage, MachineState
+from souq.model import Machine, MachineEvent, MachineState
+from souq.model.wire import MachineEventNote
 from souq.view.digest import machines_digest
 
 __all__ = ["AppCount", "ViewStore", "version_of"]
@@ -142,7 +143,7 @@ class ViewStore:
         )
         return False
 
-    def apply_events(self, msgs: Sequence[MachineEventMessage]) -> bool | None:
+    def apply_events(self, msgs: Sequence[MachineEventNote]) -> bool | None:
         """Apply events of one machine, oldest first, in one write: the newest that is not
         stale sets the state, and every one that is not stale joins the recent events. A
         record one of them carries (a new machine's first event) is taken first, unless the
@@ -154,10 +155,11 @@ class ViewStore:
         row = self._db.execute(
             "SELECT version, events FROM machines WHERE id = ?", (machine_id,)
         ).fetchone()
-        record = next((m.machine for m in msgs if m.machine is not None), None)
+        carrier = next((m for m in msgs if m.carries_record), None)
         took = False  # a record that changed the row (a config, metadata or cordon change)
-        if record is not None and (row is None or version_of(record) > row[0]):
-            took = self.apply_machine(record)
+        # The record is decoded only if the row does not have it already.
+        if carrier is not None and (row is None or carrier.record_version() > row[0]):
+            took = self.apply_machine(carrier.record())
             row = self._db.execute(
                 "SELECT version, events FROM machines WHERE id = ?", (machine_id,)
             ).fetchone()
