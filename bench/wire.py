@@ -6,8 +6,9 @@ placement record of eight offers) encoded by the broker and decoded by the worke
 answer (the machine record without its placement) and the launch event (with its whole record)
 encoded by the worker; the answer unwrapped by the broker; the launch event decoded and applied
 by the broker's cluster view, which holds the machine already (it applied the answer first).
-Each step is timed as the best of ``WIRE_REPEATS`` (default 5) rounds of ``WIRE_N`` (default
-2,000) calls, in µs a call.
+Each step is timed in CPU time (the process's, so that other work on a shared machine does not
+count) as the best of ``WIRE_REPEATS`` (default 5) rounds of ``WIRE_N`` (default 2,000) calls,
+in µs a call.
 
 The CPU benchmarks (``creates``) are the figure; this one isolates the steps that changed, and
 it runs against any tree of the project (``PYTHONPATH=<tree>/src python -m bench.wire``), so
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import timeit
 from collections.abc import Callable
 from typing import Any
@@ -112,7 +114,8 @@ def wire() -> dict[str, float]:
     repeats = int(os.environ.get("WIRE_REPEATS", "5"))
     out: dict[str, float] = {}
     for name, step in steps().items():
-        best = min(timeit.repeat(step, number=n, repeat=repeats)) / n
+        # CPU time, not wall time: a shared machine's other work does not count.
+        best = min(timeit.repeat(step, number=n, repeat=repeats, timer=time.process_time)) / n
         out[name] = round(best * 1e6, 1)
     out["total"] = round(sum(out.values()), 1)
     return out

@@ -20,7 +20,6 @@ Destroyed machines stay as tombstones (so a late event cannot bring one back) un
 from __future__ import annotations
 
 import contextlib
-import json
 import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -61,6 +60,7 @@ CREATE INDEX machines_by_worker ON machines (worker_id);
 
 _MUTABLE: set[str] = {"state", "updated_at", "events"}
 _EVENTS = TypeAdapter(list[MachineEvent])
+_ENCODER = msgspec.json.Encoder()
 
 
 def _joined(state: str, updated_at: str, events: str, body: str) -> str:
@@ -169,7 +169,7 @@ class ViewStore:
         fresh = [m for m in msgs if m.event.timestamp >= version]
         if not fresh:
             return took
-        held = json.loads(events)
+        held = msgspec.json.decode(events)
         known = {(e["timestamp"], e["type"], e["status"]) for e in held}
         new = [
             e
@@ -186,7 +186,7 @@ class ViewStore:
                 last.state.value,
                 ts,
                 iso_from_ms(ts),
-                json.dumps([*new, *held][:RECENT_EVENTS]),
+                _ENCODER.encode([*new, *held][:RECENT_EVENTS]).decode(),
                 machine_id,
             ),
         )
