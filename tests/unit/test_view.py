@@ -22,6 +22,7 @@ from souq.model import (
     MachineEventMessage,
     MachineRef,
     MachineState,
+    Placement,
     Resources,
     WorkerDigest,
     WorkerInfo,
@@ -418,3 +419,39 @@ def test_a_record_the_row_holds_is_not_decoded_again() -> None:
     assert store.apply_events([launch(T0 + 5, {"cmd": ["sleep", "2"]})]) is True
     got = Machine.model_validate_json(store.machine_json("m1") or "")
     assert got.config.cmd == ["sleep", "2"]
+
+
+async def test_the_events_of_a_machine_this_broker_is_claiming_wait_for_the_answer(
+    view: tuple[ClusterView, ViewWorker, Workers],
+) -> None:
+    """While this broker claims a create, its machine's launch event (and any later event)
+    waits; the answer is applied first and the events after it, the record not decoded from
+    the event. A claim that ends without an answer applies what waited, record and all."""
+    v, worker, _ = view
+    await wait_for(lambda: v.complete)
+    asked = len(worker.asked)
+
+    def made_by(mid: str, request_id: str, at: int) -> Machine:
+        placement = Placement(request_id=request_id, region="mad")
+        return machine(mid, MachineState.STARTING, at).model_copy(update={"placement": placement})
+
+    answer = made_by("m5", "r5", T0 + 5)
+    v.hold_launch("r5")
+    v.on_events([event("m5", MachineState.STARTING, T0 + 5, record=answer)])
+    v.on_events([event("m5", MachineState.STARTED, T0 + 6)])  # no record: waits too
+    other = made_by("m7", "r7", T0 + 5)  # another broker's create: applied at once
+    v.on_events([event("m7", MachineState.STARTING, T0 + 5, record=other)])
+    assert v.store.machine_json("m5") is None and v.store.machine_json("m7") is not None
+    assert [e.machine_id for e in v.events.since(0)][-3:] == ["m5", "m5", "m7"]  # told at once
+    v.release("r5", answer)
+    got = Machine.model_validate_json(v.store.machine_json("m5") or "")
+    assert got.state == MachineState.STARTED and got.placement == answer.placement
+    assert len(worker.asked) == asked  # nothing fetched from the worker
+
+    unanswered = made_by("m6", "r6", T0 + 5)
+    v.hold_launch("r6")
+    v.on_events([event("m6", MachineState.STARTING, T0 + 5, record=unanswered)])
+    v.release("r6")  # the claim failed at this broker, yet the worker made it
+    assert Machine.model_validate_json(v.store.machine_json("m6") or "").id == "m6"
+    v.on_events([event("m6", MachineState.STARTED, T0 + 9)])  # released: applied at once
+    assert Machine.model_validate_json(v.store.machine_json("m6") or "").state.value == "started"

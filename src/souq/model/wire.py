@@ -32,14 +32,20 @@ class _Stamp(msgspec.Struct):
     timestamp: int
 
 
-class _Version(msgspec.Struct):
-    """What of a machine record says how new it is (souq.view.store.version_of)."""
+class _Made(msgspec.Struct):
+    request_id: str = ""
+
+
+class _Head(msgspec.Struct):
+    """What of a machine record says how new it is (souq.view.store.version_of), and which
+    create made it."""
 
     updated_at: str
     events: list[_Stamp] = []
+    placement: _Made | None = None
 
 
-_VERSION = msgspec.json.Decoder(_Version)
+_HEAD = msgspec.json.Decoder(_Head)
 
 
 def _decoded(kind: type, obj: Any) -> Any:
@@ -68,9 +74,15 @@ class MachineEventNote(msgspec.Struct, frozen=True):
     def record_version(self) -> int:
         """The version of the record it carries (the newest time, in ms, it speaks for),
         read without decoding the record."""
-        head = _VERSION.decode(self.machine_json)
+        head = _HEAD.decode(self.machine_json)
         updated = int(datetime.fromisoformat(head.updated_at).timestamp() * 1000)
         return max(updated, *(e.timestamp for e in head.events)) if head.events else updated
+
+    def made_by(self) -> str:
+        """The request id of the create that made the machine of the record it carries ("":
+        none said), read without decoding the record."""
+        placement = _HEAD.decode(self.machine_json).placement
+        return "" if placement is None else placement.request_id
 
     def record(self) -> Machine:
         """The record it carries, validated (call once: nothing is kept)."""

@@ -48,6 +48,7 @@ from souq.protocol import WorkerClient
 from souq.protocol.verbs import DIGEST, GET, LIST
 from souq.view.digest import machines_digest
 from souq.view.events import EventLog
+from souq.view.held import LaunchHolds
 from souq.view.seen import SeenEvents
 from souq.view.store import ViewStore
 
@@ -138,6 +139,7 @@ class ClusterView:
         self._as_of_ms: int | None = None
         self._lag_ms = 0
         self.applied = 0  # events applied (a counter for metrics and tests)
+        self._holds = LaunchHolds()
 
     async def start(self) -> None:
         on_event = decoding(
@@ -213,6 +215,25 @@ class ClusterView:
                     event=msg.event,
                 )
         self._lag_ms = max(0, self._clock.now_ms() - msgs[-1].event.timestamp)
+        if self._holds and self._holds.take(msgs):
+            return  # its machine's create is this broker's: applied with the claim's answer
+        self._store(msgs)
+
+    def hold_launch(self, request_id: str) -> None:
+        """This broker is placing ``request_id``: its machine's events wait for the claim's
+        answer (:mod:`souq.view.held`); :meth:`release` must follow, whatever the claim ends
+        as."""
+        self._holds.hold(request_id)
+
+    def release(self, request_id: str, machine: Machine | None = None) -> None:
+        """The claim of ``request_id`` ended: its answer (``machine``, None if there is none)
+        applied, then the events held for it."""
+        if machine is not None:
+            self.apply(machine)
+        for run in self._holds.release(request_id):
+            self._store(run)
+
+    def _store(self, msgs: list[MachineEventNote]) -> None:
         applied = self.store.apply_events(msgs)
         if applied is None:
             self._fetch(msgs[-1])
