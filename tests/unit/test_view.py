@@ -39,6 +39,7 @@ from souq.view import (
     machines_digest,
     summarise_regions,
 )
+from souq.view.store import machine_text
 
 from .broker_fakes import FakeWorker, started_service
 
@@ -455,3 +456,18 @@ async def test_the_events_of_a_machine_this_broker_is_claiming_wait_for_the_answ
     assert Machine.model_validate_json(v.store.machine_json("m6") or "").id == "m6"
     v.on_events([event("m6", MachineState.STARTED, T0 + 9)])  # released: applied at once
     assert Machine.model_validate_json(v.store.machine_json("m6") or "").state.value == "started"
+
+
+def test_a_record_this_process_answered_with_is_not_encoded_again() -> None:
+    """The broker answers a create with the machine's JSON (machine_text) and then applies the
+    same record to its view: the row is made of that text, and is what encoding it gives."""
+    record = machine("m1", MachineState.STARTED, T0).model_copy(
+        update={"placement": Placement(request_id="r1", region="mad")}
+    )
+    text = machine_text(record)
+    assert text == record.model_dump_json() and machine_text(record) is text  # remembered
+    store, fresh = ViewStore(), ViewStore()
+    store.apply_machine(record)
+    fresh.apply_machine(record.model_copy())  # an equal record not remembered: encoded
+    assert store.machine_json("m1") == fresh.machine_json("m1")
+    assert json.loads(store.machine_json("m1") or "") == json.loads(text)

@@ -43,6 +43,7 @@ __all__ = [
     "unwrap_typed",
     "unwrap_with_ledger",
     "with_members",
+    "without_members",
 ]
 
 M = TypeVar("M", bound=BaseModel)
@@ -96,6 +97,13 @@ def encode_many(encoded: Sequence[bytes | str]) -> bytes:
 
 
 _MEMBERS = msgspec.json.Decoder(dict[str, msgspec.Raw])
+
+
+def without_members(obj: bytes | str, names: set[str]) -> bytes:
+    """A JSON object's text without the members ``names``, read one level deep only: the
+    others copied as they are, in their order."""
+    parts = _MEMBERS.decode(obj)
+    return _ENCODER.encode({k: v for k, v in parts.items() if k not in names})
 
 
 def with_members(obj: bytes | str, members: dict[str, Any], *, first: bool = False) -> bytes:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -28,13 +29,13 @@ from datetime import datetime
 import msgspec
 from pydantic import TypeAdapter
 
-from souq.bus.codec import with_members
+from souq.bus.codec import with_members, without_members
 from souq.clock import iso_from_ms
 from souq.model import Machine, MachineEvent, MachineState
 from souq.model.wire import MachineEventNote
 from souq.view.digest import machines_digest
 
-__all__ = ["AppCount", "ViewStore", "version_of"]
+__all__ = ["AppCount", "ViewStore", "machine_text", "version_of"]
 
 RECENT_EVENTS = 10  # events kept on a row changed by events alone (the worker keeps them all)
 DESTROYED = MachineState.DESTROYED.value
@@ -67,6 +68,23 @@ def _joined(state: str, updated_at: str, events: str, body: str) -> str:
     """The machine's JSON from a row's parts (``body`` is an object without those three)."""
     head = {"state": state, "updated_at": updated_at, "events": msgspec.Raw(events)}
     return with_members(body, head, first=True).decode()
+
+
+_TEXTS: OrderedDict[int, tuple[Machine, str]] = OrderedDict()
+_TEXTS_KEPT = 64
+
+
+def machine_text(machine: Machine) -> str:
+    """``machine.model_dump_json()``, remembered for the same object (the last few): a
+    broker's answer to a create and its view's row of the machine encode the record once."""
+    held = _TEXTS.get(id(machine))
+    if held is not None and held[0] is machine:
+        return held[1]
+    text = machine.model_dump_json()
+    _TEXTS[id(machine)] = (machine, text)
+    if len(_TEXTS) > _TEXTS_KEPT:
+        _TEXTS.popitem(last=False)
+    return text
 
 
 def _ms(iso: str) -> int:
@@ -112,7 +130,11 @@ class ViewStore:
     def apply_machine(self, machine: Machine) -> bool:
         """Take a worker's record of a machine, unless the row is newer. True if applied."""
         version = version_of(machine)
-        body = machine.model_dump_json(exclude=_MUTABLE)
+        text = _TEXTS.get(id(machine))
+        if text is not None and text[0] is machine:  # this process answered with it already
+            body = without_members(text[1], _MUTABLE).decode()
+        else:
+            body = machine.model_dump_json(exclude=_MUTABLE)
         cur = self._db.execute(
             "INSERT INTO machines (id, app, worker_id, region, state, version, body_version,"
             " updated_at, created_at, events, body) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
