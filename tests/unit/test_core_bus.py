@@ -3,6 +3,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+import msgspec
 import pytest
 
 from souq.bus import MemoryTransport, error_reply, ok_reply, subject_matches, subjects, unwrap
@@ -62,6 +63,21 @@ def test_reply_envelopes_are_the_bytes_peers_read() -> None:
         unwrap_as(b'{"ok":tru', LocateReply)
     with pytest.raises(NotFound):  # an error whatever its result says
         unwrap_as(b'{"ok":false,"result":{"bad":1},"error":{"status":"not_found"}}', LocateReply)
+
+
+class Pong(msgspec.Struct):
+    worker_id: str
+    seq: int = 0
+
+
+def test_a_struct_travels_in_the_envelope_and_is_read_by_msgspec() -> None:
+    reply = ok_reply(Pong("w1", 3))
+    assert reply == b'{"ok":true,"result":{"worker_id":"w1","seq":3}}'
+    assert unwrap_as(reply, Pong) == Pong("w1", 3)  # type: ignore[type-var]
+    newer = b'{"ok":true,"result":{"worker_id":"w1","more":[1]}}'  # a newer peer's key: dropped
+    assert unwrap_with_ledger(newer, Pong) == (Pong("w1"), None)
+    with pytest.raises(InvalidInput, match="malformed reply"):
+        unwrap_with_ledger(b'{"ok":true,"result":{"seq":1}}', Pong)
 
 
 def test_json_parts_are_embedded_not_spliced() -> None:

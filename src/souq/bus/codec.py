@@ -7,9 +7,9 @@ or a model's own JSON) without parsing or re-encoding it, and :func:`unwrap_as` 
 envelope without parsing the result, which is then decoded once, as the expected type.
 
 A type is a pydantic model (validated with ``extra=FROM_PEER``: keys a newer peer added are
-dropped, not refused, see :mod:`souq.model.base`) or a msgspec struct (:mod:`souq.model.wire`:
-the messages of the create path, decoded without a second validation; msgspec drops unknown
-keys too).
+dropped, not refused, see :mod:`souq.model.base`) or a msgspec struct (decoded by msgspec, which
+drops unknown keys too; the machine events a view reads are such structs, :mod:`souq.model.wire`).
+A malformed envelope or result is :class:`InvalidInput`.
 """
 
 from __future__ import annotations

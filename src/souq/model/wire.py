@@ -3,8 +3,9 @@ one pass, with what a reader may not need left as the JSON it came as (:class:`m
 
 A machine's launch event carries its whole record (config and placement: most of its bytes) so
 that a view learns a new machine from its events alone. But the broker that made the machine
-has its record already (the claim's answer, applied first): validating it again from the event
-cost about seven times the rest of the event. :class:`MachineEventNote` is
+has its record already (the claim's answer, which its view applies first, holding the events
+until then: :mod:`souq.view.held`): validating it again from the event cost about seven times
+the rest of the event. :class:`MachineEventNote` is
 :class:`~souq.model.protocol.MachineEventMessage` as the view reads it: the record stays undecoded
 until :meth:`MachineEventNote.record_version` says it is newer than what the view holds, and is
 then validated once (:meth:`MachineEventNote.record`).
