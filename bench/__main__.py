@@ -4,7 +4,8 @@ Without names, the default suites run (``spine``, ``scale``, ``tradeoff``, ``vie
 ``supervise``, ``creates``, ``proxy``, ``wake``, ``images``, ``isolation``, ``deploy``, ``attack``,
 ``secured``, ``logs``, ``cli``, ``names``); ``c1m`` (100,000 machines onto 5,000 hollow
 workers, a few minutes) runs only when named, as do ``hosts``, ``jobs``, ``private_network`` and
-``crosshost`` (root). At the end, every ratio the suites measured is printed as one table
+``crosshost`` (root), and ``wire`` (one create's bus messages encoded and decoded, timed
+apart). At the end, every ratio the suites measured is printed as one table
 (:mod:`bench.table`)."""
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from bench import (
     table,
     view,
     wake,
+    wire,
 )
 
 SUITES = {
@@ -61,6 +63,7 @@ SUITES = {
     "names": names.main,
     "private_network": private_network.main,
     "crosshost": crosshost.main,
+    "wire": wire.main,
 }
 DEFAULT = [
     "spine",

@@ -111,7 +111,7 @@ STEP = OpStep("op1", "m1", OpKind.CREATE, OpState.SPAWNING, Event.BEGIN, 1, {"a"
 
 def test_a_claim_serialises_its_config_and_placement_once(tmp_path: Path) -> None:
     """The store records the claim's config and placement as JSON and remembers that text for
-    the same objects: the reply and the launch event are spliced with it, not encoded again."""
+    the same objects: the reply and the launch event embed it, not encoded again."""
     store = Store(tmp_path)
     row = a_row()
     assert store.claim(row, [STEP]) is None
@@ -120,7 +120,7 @@ def test_a_claim_serialises_its_config_and_placement_once(tmp_path: Path) -> Non
     assert stored == (config, placement)
     assert store.json_of(CONFIG) is config  # remembered, not made again
     reply = machine_json(row.to_machine("w1"), store.json_of)
-    assert f'"config":{config},"placement":{placement}' in reply
+    assert f'"config":{config},"placement":{placement}'.encode() in reply
     copy = MachineConfig.model_validate_json(config)
     assert store.json_of(copy) == config  # an equal object gets its own (equal) text
     for n in range(20):  # the memo is bounded, and right whatever it forgot

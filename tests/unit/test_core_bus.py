@@ -1,11 +1,15 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
+import msgspec
 import pytest
 
 from souq.bus import MemoryTransport, error_reply, ok_reply, subject_matches, subjects, unwrap
-from souq.errors import NotFound, Unavailable
+from souq.bus.codec import Encoded, encode_many, unwrap_as, unwrap_with_ledger, with_members
+from souq.errors import InvalidInput, NotFound, Unavailable
+from souq.model import LocateReply
 
 
 @pytest.mark.parametrize(
@@ -34,6 +38,56 @@ def test_reply_envelope_carries_typed_errors() -> None:
     assert unwrap(ok_reply({"a": 1})) == {"a": 1}
     with pytest.raises(NotFound, match="machine x"):
         unwrap(error_reply(NotFound("machine x is not here")))
+
+
+def test_reply_envelopes_are_the_bytes_peers_read() -> None:
+    """The wire of docs/protocol.md: compact, ``ledger`` only when there is one, an encoded
+    result embedded as it is, and ``result: null`` beside an error (as older peers wrote it)."""
+    offer = LocateReply(worker_id="w1", found=True)
+    assert ok_reply(offer) == b'{"ok":true,"result":{"worker_id":"w1","found":true}}'
+    assert ok_reply(Encoded(b'{"x": [1,  2]}'), ledger=7) == (
+        b'{"ok":true,"result":{"x": [1,  2]},"ledger":7}'
+    )
+    assert ok_reply([offer, {"a": None}]) == (
+        b'{"ok":true,"result":[{"worker_id":"w1","found":true},{"a":null}]}'
+    )
+    failed = json.loads(error_reply(NotFound("gone")))
+    assert failed["ok"] is False and failed["result"] is None
+    assert failed["error"]["status"] == "not_found"
+    # Read in one pass: the result decoded once as the caller's type, unknown keys dropped.
+    newer = b'{"ok":true,"result":{"worker_id":"w1","found":false,"new":1},"ledger":3,"x":0}'
+    assert unwrap_with_ledger(newer, LocateReply) == (LocateReply(worker_id="w1", found=False), 3)
+    with pytest.raises(InvalidInput, match="malformed reply"):
+        unwrap_as(b'{"ok":true,"result":{"worker_id":"w1"}}', LocateReply)
+    with pytest.raises(InvalidInput, match="malformed reply"):
+        unwrap_as(b'{"ok":tru', LocateReply)
+    with pytest.raises(NotFound):  # an error whatever its result says
+        unwrap_as(b'{"ok":false,"result":{"bad":1},"error":{"status":"not_found"}}', LocateReply)
+
+
+class Pong(msgspec.Struct):
+    worker_id: str
+    seq: int = 0
+
+
+def test_a_struct_travels_in_the_envelope_and_is_read_by_msgspec() -> None:
+    reply = ok_reply(Pong("w1", 3))
+    assert reply == b'{"ok":true,"result":{"worker_id":"w1","seq":3}}'
+    assert unwrap_as(reply, Pong) == Pong("w1", 3)  # type: ignore[type-var]
+    newer = b'{"ok":true,"result":{"worker_id":"w1","more":[1]}}'  # a newer peer's key: dropped
+    assert unwrap_with_ledger(newer, Pong) == (Pong("w1"), None)
+    with pytest.raises(InvalidInput, match="malformed reply"):
+        unwrap_with_ledger(b'{"ok":true,"result":{"seq":1}}', Pong)
+
+
+def test_json_parts_are_embedded_not_spliced() -> None:
+    assert encode_many([b'{"a":1}', "[2]"]) == b'[{"a":1},[2]]' and encode_many([]) == b"[]"
+    parts = {"a": {"x": [1, 2]}, "b": 'q"\\'}
+    body = json.dumps(parts)
+    assert json.loads(with_members(body, {"c": 3})) == {**parts, "c": 3}
+    assert with_members("{}", {"c": "d"}) == b'{"c":"d"}'
+    first = with_members('{"b":1,"s":0}', {"s": "new", "a": 0}, first=True)
+    assert first == b'{"s":"new","a":0,"b":1}'
 
 
 def test_memory_gather_stops_at_expected_count() -> None:

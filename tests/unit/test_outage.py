@@ -34,6 +34,7 @@ from souq.model import (
     WorkerInfo,
     WorkerState,
 )
+from souq.model.wire import decode_notes, note_of
 from souq.view import ViewStore
 from souq.view.liveness import Liveness
 from souq.view.seen import SeenEvents
@@ -227,7 +228,7 @@ def test_a_record_overtaken_by_an_event_still_refreshes_the_body() -> None:
     store = ViewStore()
     store.apply_machine(machine("m1", MachineState.STARTED, T0))
     newer = MachineEvent(type="x", status=MachineState.STARTING, source="agent", timestamp=T0 + 20)
-    store.apply_events([message("m1", T0 + 20, event=newer)])
+    store.apply_events([note_of(message("m1", T0 + 20, event=newer))])
     record = machine("m1", MachineState.STARTED, T0 + 10).model_copy(
         update={"restarts": 3, "pid": 42}
     )
@@ -298,7 +299,7 @@ async def test_a_rejoined_worker_is_relisted_and_its_missed_events_told_once(
     told = [e.event.type for e in v.events.since(0) if e.event is not None]
     assert told == ["launch", "restart"]
     # The agent's held copy arrives after the re-list: not told twice.
-    v.on_events([message("m1", restart.timestamp, event=restart)])
+    v.on_events([note_of(message("m1", restart.timestamp, event=restart))])
     assert [e.event.type for e in v.events.since(0) if e.event is not None] == told
 
 
@@ -308,6 +309,9 @@ def test_events_ready_together_go_in_one_message_up_to_a_size(
     msgs = [message(f"m{i}", T0 + i, record=i == 0) for i in range(5)]
     ((n, payload),) = list(publisher_module._event_messages(msgs))
     assert n == 5 and decode_one_or_many(payload, MachineEventMessage) == msgs
+    notes = decode_notes(payload)  # as the view reads them: each record decoded on demand
+    assert [(n.machine_id, n.event) for n in notes] == [(m.machine_id, m.event) for m in msgs]
+    assert [n.record() if n.carries_record else None for n in notes] == [m.machine for m in msgs]
     (one,) = list(publisher_module._event_messages(msgs[1:2]))
     assert one == (1, encode(msgs[1]))  # a lone event is sent as itself
     monkeypatch.setattr(publisher_module, "MESSAGE_BYTES", len(encode(msgs[1])) * 2 + 2)

@@ -3,9 +3,11 @@ machine is fetched, worker state changes become events, and the broker serves li
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 
 import httpx
+import msgspec
 import pytest
 
 from souq.broker.app import create_app
@@ -20,11 +22,13 @@ from souq.model import (
     MachineEventMessage,
     MachineRef,
     MachineState,
+    Placement,
     Resources,
     WorkerDigest,
     WorkerInfo,
     WorkerState,
 )
+from souq.model.wire import MachineEventNote, note_of
 from souq.testing import eventually
 from souq.view import (
     ClusterView,
@@ -35,6 +39,7 @@ from souq.view import (
     machines_digest,
     summarise_regions,
 )
+from souq.view.store import machine_text
 
 from .broker_fakes import FakeWorker, started_service
 
@@ -58,15 +63,20 @@ def machine(mid: str, state: MachineState, at: int, *, worker: str = "w1", app: 
     )
 
 
-def event(mid: str, state: MachineState, at: int, *, worker: str = "w1") -> MachineEventMessage:
-    return MachineEventMessage(
+def event(
+    mid: str, state: MachineState, at: int, *, worker: str = "w1", record: Machine | None = None
+) -> MachineEventNote:
+    """An event as the view reads it off the bus."""
+    msg = MachineEventMessage(
         machine_id=mid,
         app="web",
         worker_id=worker,
         region="mad",
         state=state,
         event=MachineEvent(type="x", status=state, source="agent", timestamp=at),
+        machine=record,
     )
+    return note_of(msg)
 
 
 def test_a_stale_event_is_dropped_and_an_equal_time_one_applied() -> None:
@@ -370,7 +380,7 @@ async def test_lists_events_apps_and_regions_over_http() -> None:
 def test_a_machines_events_in_one_message_are_applied_in_one_write() -> None:
     store = ViewStore()
     record = machine("m1", MachineState.STARTING, T0)
-    launch = event("m1", MachineState.STARTING, T0).model_copy(update={"machine": record})
+    launch = event("m1", MachineState.STARTING, T0, record=record)
     started = event("m1", MachineState.STARTED, T0 + 2)
     stale = event("m1", MachineState.CREATED, T0 - 5)
     assert store.apply_events([launch, started]) is True
@@ -386,3 +396,78 @@ def test_a_machines_events_in_one_message_are_applied_in_one_write() -> None:
     got = Machine.model_validate_json(store.machine_json("m1") or "")
     assert [e.status for e in got.events] == statuses
     assert store.apply_events([event("m9", MachineState.STARTED, T0)]) is None
+
+
+def test_a_record_the_row_holds_is_not_decoded_again() -> None:
+    """A launch event carries the machine's record; the broker that made the machine applied
+    the claim's answer first, so the event's copy is left undecoded (a copy that would not
+    even validate is never looked at), and a newer copy is decoded and taken."""
+    store = ViewStore()
+    record = machine("m1", MachineState.STARTING, T0)
+    store.apply_machine(record)
+
+    def launch(at: int, config: object) -> MachineEventNote:
+        note = event("m1", MachineState.STARTING, at, record=record)
+        body = json.loads(bytes(note.machine_json))
+        body.update(config=config, updated_at=iso_from_ms(at))
+        return msgspec.structs.replace(note, machine_json=msgspec.Raw(json.dumps(body).encode()))
+
+    assert launch(T0, {"guest": "no such guest"}).record_version() == T0
+    store.apply_events([launch(T0, {"guest": "no such guest"})])  # its event only
+    assert Machine.model_validate_json(store.machine_json("m1") or "").config == record.config
+    with pytest.raises(ValueError, match="guest"):
+        store.apply_events([launch(T0 + 5, {"guest": "no such guest"})])
+    assert store.apply_events([launch(T0 + 5, {"cmd": ["sleep", "2"]})]) is True
+    got = Machine.model_validate_json(store.machine_json("m1") or "")
+    assert got.config.cmd == ["sleep", "2"]
+
+
+async def test_the_events_of_a_machine_this_broker_is_claiming_wait_for_the_answer(
+    view: tuple[ClusterView, ViewWorker, Workers],
+) -> None:
+    """While this broker claims a create, its machine's launch event (and any later event)
+    waits; the answer is applied first and the events after it, the record not decoded from
+    the event. A claim that ends without an answer applies what waited, record and all."""
+    v, worker, _ = view
+    await wait_for(lambda: v.complete)
+    asked = len(worker.asked)
+
+    def made_by(mid: str, request_id: str, at: int) -> Machine:
+        placement = Placement(request_id=request_id, region="mad")
+        return machine(mid, MachineState.STARTING, at).model_copy(update={"placement": placement})
+
+    answer = made_by("m5", "r5", T0 + 5)
+    v.hold_launch("r5")
+    v.on_events([event("m5", MachineState.STARTING, T0 + 5, record=answer)])
+    v.on_events([event("m5", MachineState.STARTED, T0 + 6)])  # no record: waits too
+    other = made_by("m7", "r7", T0 + 5)  # another broker's create: applied at once
+    v.on_events([event("m7", MachineState.STARTING, T0 + 5, record=other)])
+    assert v.store.machine_json("m5") is None and v.store.machine_json("m7") is not None
+    assert [e.machine_id for e in v.events.since(0)][-3:] == ["m5", "m5", "m7"]  # told at once
+    v.release("r5", answer)
+    got = Machine.model_validate_json(v.store.machine_json("m5") or "")
+    assert got.state == MachineState.STARTED and got.placement == answer.placement
+    assert len(worker.asked) == asked  # nothing fetched from the worker
+
+    unanswered = made_by("m6", "r6", T0 + 5)
+    v.hold_launch("r6")
+    v.on_events([event("m6", MachineState.STARTING, T0 + 5, record=unanswered)])
+    v.release("r6")  # the claim failed at this broker, yet the worker made it
+    assert Machine.model_validate_json(v.store.machine_json("m6") or "").id == "m6"
+    v.on_events([event("m6", MachineState.STARTED, T0 + 9)])  # released: applied at once
+    assert Machine.model_validate_json(v.store.machine_json("m6") or "").state.value == "started"
+
+
+def test_a_record_this_process_answered_with_is_not_encoded_again() -> None:
+    """The broker answers a create with the machine's JSON (machine_text) and then applies the
+    same record to its view: the row is made of that text, and is what encoding it gives."""
+    record = machine("m1", MachineState.STARTED, T0).model_copy(
+        update={"placement": Placement(request_id="r1", region="mad")}
+    )
+    text = machine_text(record)
+    assert text == record.model_dump_json() and machine_text(record) is text  # remembered
+    store, fresh = ViewStore(), ViewStore()
+    store.apply_machine(record)
+    fresh.apply_machine(record.model_copy())  # an equal record not remembered: encoded
+    assert store.machine_json("m1") == fresh.machine_json("m1")
+    assert json.loads(store.machine_json("m1") or "") == json.loads(text)

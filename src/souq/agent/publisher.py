@@ -267,7 +267,7 @@ def _event_messages(
     group: list[bytes] = []
     size = 0
     for msg in batch:
-        data = event_json(msg, json_of).encode()
+        data = event_json(msg, json_of)
         if group and size + len(data) > MESSAGE_BYTES:
             yield len(group), group[0] if len(group) == 1 else encode_many(group)
             group, size = [], 0

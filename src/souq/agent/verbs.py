@@ -231,7 +231,7 @@ class WorkerVerbs:
         # does one that displaced machines (whom).
         preempted = machine.placement is not None and bool(machine.placement.preempted)
         keep = not new or req.image is not None or preempted
-        return Encoded(machine_json(machine, json_of, placement=keep).encode())
+        return Encoded(machine_json(machine, json_of, placement=keep))
 
     async def _secrets_read(
         self, req: msg.ClaimRequest | BatchClaimRequest | msg.UpdateCommand

@@ -81,6 +81,7 @@ from souq.model.app import NewApp
 from souq.model.batch import BatchCreateRequest, BatchResult
 from souq.model.protocol import LeaseRequest
 from souq.model.release import NewRelease, ReleaseUpdate
+from souq.view.store import machine_text
 
 __all__ = ["BODY_LIMITS", "create_app"]
 
@@ -165,7 +166,7 @@ def create_handler(service: BrokerService) -> CreateHandler:
             return 200, DryRun(placement=await service.explain(app, body)).model_dump_json()
         machine = await service.create_machine(app, body, idempotency_key=idempotency_key)
         if body.lease_ttl is None:
-            return 201, machine.model_dump_json()
+            return 201, machine_text(machine)  # the view's row of it is made of the same text
         # Fly's lease_ttl: the machine is made leased; its nonce is in the answer.
         lease = await service.take_lease(
             LeaseRequest(app=app, machine_id=machine.id, ttl_s=float(body.lease_ttl))

@@ -4,7 +4,6 @@ the routes of a machine share in their path (:data:`MACHINE`, :data:`AppName`)."
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, TypeVar
 
@@ -14,6 +13,7 @@ from pydantic import BaseModel, ValidationError
 
 from souq.broker.http_errors import invalid_input
 from souq.broker.schemas import check_app_name
+from souq.bus.codec import encode_many, with_members
 from souq.errors import InvalidInput, MalformedRequest
 from souq.operations import MACHINE  # the path of one machine's routes
 
@@ -57,17 +57,16 @@ def parsed_body(raw: bytes, model: type[M], *, optional: bool = False) -> M:
 
 def json_response(value: BaseModel | Sequence[BaseModel], status_code: int = 200) -> Response:
     if isinstance(value, BaseModel):
-        content = value.model_dump_json()
+        content = value.model_dump_json().encode()
     else:
-        content = "[" + ",".join(v.model_dump_json() for v in value) + "]"
+        content = encode_many([v.model_dump_json() for v in value])
     return Response(content, status_code=status_code, media_type="application/json")
 
 
 def with_fields(body: str, fields: Mapping[str, Any]) -> str:
-    """A JSON object's text (a model's dump) with ``fields`` added at its end, without parsing
-    it again: Fly's extra fields on a Souq answer."""
-    extra = json.dumps(fields, separators=(",", ":"))
-    return extra if body.strip() == "{}" else body[:-1] + "," + extra[1:]
+    """A JSON object's text (a model's dump) with ``fields`` added at its end, its members read
+    one level deep only: Fly's extra fields on a Souq answer."""
+    return with_members(body, dict(fields)).decode()
 
 
 async def app_name(app: str) -> str:

@@ -15,6 +15,7 @@ from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 from souq.broker.metrics import CONTENT_TYPE
 from souq.broker.service import BrokerService
 from souq.broker.streams import SlotResponse
+from souq.bus.codec import encode_many, with_members
 from souq.clock import iso_from_ms
 from souq.model import Resources, WorkerState
 from souq.view import ClusterEvent, RegionSummary
@@ -80,7 +81,7 @@ async def machines_response(
     if only.region is not None or only.states:
         rows = [(w, b) for w, b in rows if only.keeps(json.loads(b))]
     states = {w: service.liveness.state_of(w) for w in {w for w, _ in rows}}
-    content = "[" + ",".join(_with_worker_state(only.shown(b), states[w]) for w, b in rows) + "]"
+    content = encode_many([_with_worker_state(only.shown(b), states[w]) for w, b in rows])
     return Response(
         content, media_type="application/json", headers=view_headers(service, from_view=from_view)
     )
@@ -98,10 +99,9 @@ def stale_machine_response(service: BrokerService, app: str, machine_id: str) ->
     )
 
 
-def _with_worker_state(body: str, state: WorkerState | None) -> str:
+def _with_worker_state(body: str, state: WorkerState | None) -> bytes:
     """A machine's JSON with ``worker_state`` added (``down`` when its worker is unknown)."""
-    value = (state or WorkerState.DOWN).value
-    return body[:-1] + f',"worker_state":"{value}"}}'
+    return with_members(body, {"worker_state": (state or WorkerState.DOWN).value})
 
 
 def client_address(request: Request) -> str:
@@ -133,7 +133,7 @@ def cluster_router(service: BrokerService) -> APIRouter:
         """Regions, their workers, and how many more machines of the size given fit."""
         size = Resources(cpus=cpus, memory_mb=memory_mb)
         regions = await service.regions(size)
-        content = "[" + ",".join(r.model_dump_json() for r in regions) + "]"
+        content = encode_many([r.model_dump_json() for r in regions])
         return Response(content, media_type="application/json")
 
     @router.get(

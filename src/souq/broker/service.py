@@ -47,7 +47,6 @@ from souq.model import (
     DestroyCommand,
     ListCommand,
     Machine,
-    MachineEventMessage,
     MachineRef,
     MachineState,
     Placement,
@@ -63,6 +62,7 @@ from souq.model.batch import BatchCreateRequest, BatchResult
 from souq.model.machine import MachineConfig, preempted_event
 from souq.model.protocol import Lease, LeaseRequest, StartCommand, UpdateCommand
 from souq.model.quota import BATCH_MARK
+from souq.model.wire import MachineEventNote
 from souq.placement import Pipeline
 from souq.protocol import WorkerClient
 from souq.protocol import verbs as v
@@ -268,6 +268,7 @@ class BrokerService:
 
         async def place() -> Machine:
             nonlocal order
+            self.view.hold_launch(request_id)  # released with the answer, or as it fails
             try:
                 self.require_bus()
                 self.spot_prices.check_bid(order.region, order.config)  # 409 bid_below_price
@@ -282,7 +283,10 @@ class BrokerService:
                             order, idempotent=idempotency_key is not None, volume=volume
                         )
                     made.append(machine)
-            except SouqError as exc:
+            except BaseException as exc:
+                self.view.release(request_id)
+                if not isinstance(exc, SouqError):
+                    raise
                 # Cut short by an outage, a placement is unavailable, whatever it ended as.
                 err = exc if self.connected else bus_unavailable()
                 self.metrics.placed(err.status, placement_of(err))
@@ -293,7 +297,7 @@ class BrokerService:
             self.book.placed(machine.id, machine.worker_id, machine.app)
             # After the answer is on its way (the next turn of the loop, still before any
             # later request is read): read-your-writes on this broker, off the create's path.
-            asyncio.get_running_loop().call_soon(self._placed, machine)
+            asyncio.get_running_loop().call_soon(self._placed, machine, request_id)
             return machine
 
         if idempotency_key is None:
@@ -331,7 +335,7 @@ class BrokerService:
                 log.info("create in %s without a region: %s", order.app, why)
                 order = order.model_copy(update={"region": chosen[0], "region_chosen": why})
 
-    def _machine_event(self, msg: MachineEventMessage) -> None:
+    def _machine_event(self, msg: MachineEventNote) -> None:
         """Every machine event the view decodes: the route to its worker, and the book's count
         of the app's machines there."""
         self.directory.remember(msg.machine_id, msg.worker_id)
@@ -340,9 +344,9 @@ class BrokerService:
         else:
             self.book.placed(msg.machine_id, msg.worker_id, msg.app)
 
-    def _placed(self, machine: Machine) -> None:
+    def _placed(self, machine: Machine, request_id: str) -> None:
         self.metrics.placed("placed", machine.placement)
-        self.view.apply(machine)
+        self.view.release(request_id, machine)
 
     async def create_batch(self, app: str, body: BatchCreateRequest) -> BatchResult:
         """``count`` machines of one config in one placement (see :mod:`souq.broker.market`)."""

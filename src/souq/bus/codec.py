@@ -1,11 +1,15 @@
 """JSON on the wire: typed models in, bytes out, and the reply envelope carrying typed errors.
 
-A reply is ``{"ok": true, "result": ...}`` or ``{"ok": false, "error": {...}}``. Replies are
-written and read in one pass each: :func:`ok_reply` splices the result's JSON into the envelope,
-and :func:`unwrap_as` validates envelope and result together into the expected model.
+A reply is ``{"ok": true, "result": ...}`` or ``{"ok": false, "error": {...}}``. Each is
+written in one pass and read in one: the envelope is a msgspec struct whose ``result`` is
+:class:`msgspec.Raw`, so :func:`ok_reply` embeds a result already encoded (:class:`Encoded`,
+or a model's own JSON) without parsing or re-encoding it, and :func:`unwrap_as` reads the
+envelope without parsing the result, which is then decoded once, as the expected type.
 
-Everything read here comes from another process, so it is validated with ``extra=FROM_PEER``:
-keys a newer peer added are dropped, not refused (see :mod:`souq.model.base`).
+A type is a pydantic model (validated with ``extra=FROM_PEER``: keys a newer peer added are
+dropped, not refused, see :mod:`souq.model.base`) or a msgspec struct (decoded by msgspec, which
+drops unknown keys too; the machine events a view reads are such structs, :mod:`souq.model.wire`).
+A malformed envelope or result is :class:`InvalidInput`.
 """
 
 from __future__ import annotations
@@ -14,15 +18,15 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
+import msgspec
 import pydantic_core
-from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from souq.bus.transport import Handler
 from souq.errors import InvalidInput, SouqError, error_from_body
 from souq.model.base import FROM_PEER, as_peer
-from souq.model.protocol import Reply
 
 __all__ = [
     "Encoded",
@@ -38,13 +42,21 @@ __all__ = [
     "unwrap_list_as",
     "unwrap_typed",
     "unwrap_with_ledger",
+    "with_members",
+    "without_members",
 ]
 
 M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")
 
+# A value msgspec does not know (a pydantic model inside a plain result, a path ...) is encoded
+# as pydantic would.
+_ENCODER = msgspec.json.Encoder(enc_hook=pydantic_core.to_jsonable_python)
 
-def encode(model: BaseModel) -> bytes:
+
+def encode(model: BaseModel | msgspec.Struct) -> bytes:
+    if isinstance(model, msgspec.Struct):
+        return _ENCODER.encode(model)
     return model.model_dump_json().encode()
 
 
@@ -78,9 +90,29 @@ def decoding(
     return handler
 
 
-def encode_many(encoded: Sequence[bytes]) -> bytes:
-    """Already encoded models as one JSON array (a batch in one message)."""
-    return b"[" + b",".join(encoded) + b"]"
+def encode_many(encoded: Sequence[bytes | str]) -> bytes:
+    """Already encoded models as one JSON array (a batch in one message, a list's answer),
+    each embedded as it is."""
+    return _ENCODER.encode([msgspec.Raw(item) for item in encoded])
+
+
+_MEMBERS = msgspec.json.Decoder(dict[str, msgspec.Raw])
+
+
+def without_members(obj: bytes | str, names: set[str]) -> bytes:
+    """A JSON object's text without the members ``names``, read one level deep only: the
+    others copied as they are, in their order."""
+    parts = _MEMBERS.decode(obj)
+    return _ENCODER.encode({k: v for k, v in parts.items() if k not in names})
+
+
+def with_members(obj: bytes | str, members: dict[str, Any], *, first: bool = False) -> bytes:
+    """A JSON object's text with ``members`` added (or replaced; at its end, or its start with
+    ``first``), read one level deep only: its other members' values are copied as they are."""
+    parts = _MEMBERS.decode(obj)
+    if first:
+        return _ENCODER.encode({**members, **{k: v for k, v in parts.items() if k not in members}})
+    return _ENCODER.encode({**parts, **members})
 
 
 @cache
@@ -107,60 +139,108 @@ class Encoded:
     json: bytes
 
 
+class _Ok(msgspec.Struct, omit_defaults=True):
+    """A successful reply as written: ``ledger`` only when there is one."""
+
+    ok: bool
+    result: msgspec.Raw
+    ledger: int | None = None
+
+
+class _Failed(msgspec.Struct):
+    """A failed reply as written (``result`` is ``null``, as older peers wrote it)."""
+
+    ok: bool
+    result: None
+    error: dict[str, Any]
+
+
+class _Envelope(msgspec.Struct):
+    """A reply as read: its result left as it came, to be decoded as the caller expects."""
+
+    ok: bool
+    result: msgspec.Raw = msgspec.Raw()  # empty when the reply has none
+    error: dict[str, Any] | None = None
+    ledger: int | None = None
+
+    def empty(self) -> bool:
+        return not self.result or (len(self.result) == 4 and bytes(self.result) == b"null")
+
+
+_ENVELOPE = msgspec.json.Decoder(_Envelope)
+
+
 def ok_reply(
-    result: BaseModel | Encoded | list[Any] | dict[str, Any] | None, *, ledger: int | None = None
+    result: BaseModel | msgspec.Struct | Encoded | list[Any] | dict[str, Any] | None,
+    *,
+    ledger: int | None = None,
 ) -> bytes:
     """``{"ok": true, "result": ...}``; ``ledger``: the worker's ledger version once the request
     was done (what a broker's book needs to count its own claim exactly once)."""
     if isinstance(result, Encoded):
-        payload = result.json
-    elif isinstance(result, BaseModel):
-        payload = result.model_dump_json().encode()
+        payload = msgspec.Raw(result.json)
     elif isinstance(result, list):
-        payload = b"[" + b",".join(_json(item) for item in result) + b"]"
+        payload = msgspec.Raw(_ENCODER.encode([_raw(item) for item in result]))
     else:
-        payload = pydantic_core.to_json(result)
-    tail = b"}" if ledger is None else b',"ledger":' + str(ledger).encode() + b"}"
-    return b'{"ok":true,"result":' + payload + tail
+        payload = _raw(result)
+    return _ENCODER.encode(_Ok(True, payload, ledger))
 
 
-def _json(item: Any) -> bytes:
-    return (
-        item.model_dump_json().encode()
-        if isinstance(item, BaseModel)
-        else pydantic_core.to_json(item)
-    )
+def _raw(value: Any) -> msgspec.Raw:
+    """One value's JSON, as a part of a larger message."""
+    if isinstance(value, BaseModel):
+        return msgspec.Raw(value.model_dump_json().encode())
+    if isinstance(value, msgspec.Struct):
+        return msgspec.Raw(_ENCODER.encode(value))
+    return msgspec.Raw(pydantic_core.to_json(value))
 
 
 def error_reply(err: SouqError) -> bytes:
-    return Reply(ok=False, error=err.to_body()).model_dump_json().encode()
+    return _ENCODER.encode(_Failed(False, None, err.to_body()))
+
+
+def _envelope(data: bytes) -> _Envelope:
+    try:
+        return _ENVELOPE.decode(data)
+    except msgspec.DecodeError as exc:
+        raise InvalidInput(f"malformed reply: {exc}") from exc
+
+
+def _raised(reply: _Envelope) -> SouqError:
+    return error_from_body(reply.error or {"error": "empty reply"})
 
 
 def unwrap(data: bytes) -> Any:
     """The result of a reply envelope as plain JSON values, or its error raised as the typed
     error it was."""
-    reply = Reply.model_validate_json(data)
+    reply = _envelope(data)
     if not reply.ok:
         raise error_from_body(reply.error or {})
-    return reply.result
-
-
-class _Envelope(BaseModel, Generic[T]):
-    model_config = ConfigDict(extra="ignore")
-
-    ok: bool
-    result: T | None = None
-    error: dict[str, Any] | None = None
-    ledger: int | None = None
+    return None if reply.empty() else msgspec.json.decode(reply.result)
 
 
 @cache
-def _envelope(kind: Any) -> type[_Envelope[Any]]:
-    return _Envelope[kind]
+def _reader(kind: Any) -> Callable[[bytes], Any]:
+    """How a result of type ``kind`` (a model, a struct, ``list[model]`` ...) is decoded."""
+    if isinstance(kind, type) and issubclass(kind, msgspec.Struct):
+        return msgspec.json.Decoder(kind).decode
+    if isinstance(kind, type) and issubclass(kind, BaseModel):
+        model = kind
+
+        def validated(raw: bytes) -> Any:
+            return model.model_validate_json(bytes(raw), extra=FROM_PEER)
+
+        return validated
+    adapter: TypeAdapter[Any] = TypeAdapter(kind)
+
+    def adapted(raw: bytes) -> Any:
+        return adapter.validate_json(bytes(raw), extra=FROM_PEER)
+
+    return adapted
 
 
 def unwrap_typed(data: bytes, kind: Any) -> Any:
-    """The result of a reply envelope validated as ``kind`` (a model, ``list[model]`` ...), or
+    """The result of a reply envelope decoded as ``kind`` (a model, ``list[model]`` ...), or
     the reply's error raised as the typed error it was."""
     return unwrap_with_ledger(data, kind)[0]
 
@@ -168,18 +248,16 @@ def unwrap_typed(data: bytes, kind: Any) -> Any:
 def unwrap_with_ledger(data: bytes, kind: Any) -> tuple[Any, int | None]:
     """:func:`unwrap_typed`, and the ledger version the reply names (None when it names
     none)."""
+    reply = _envelope(data)
+    if not reply.ok or reply.empty():
+        raise _raised(reply)
     try:
         with as_peer():
-            reply = _envelope(kind).model_validate_json(data, extra=FROM_PEER)
+            return _reader(kind)(reply.result), reply.ledger
     except ValidationError as exc:
-        # A malformed result may still be a well-formed error: let the error speak first.
-        plain = Reply.model_validate_json(data)
-        if not plain.ok:
-            raise error_from_body(plain.error or {}) from exc
         raise InvalidInput(f"malformed reply: {exc.errors()[0]['msg']}") from exc
-    if not reply.ok or reply.result is None:
-        raise error_from_body(reply.error or {"error": "empty reply"})
-    return reply.result, reply.ledger
+    except msgspec.DecodeError as exc:
+        raise InvalidInput(f"malformed reply: {exc}") from exc
 
 
 def unwrap_as(data: bytes, model: type[M]) -> M:

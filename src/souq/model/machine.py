@@ -257,7 +257,14 @@ class MachineConfig(Input):
     @classmethod
     def _fly_fields(cls, data: Any) -> Any:
         data = drop_unset(data, CONFIG_UNSUPPORTED)
-        return _fly_services(data) if isinstance(data, dict) else data
+        if not isinstance(data, dict):
+            return data
+        init = data.get("init")
+        if isinstance(init, dict) and init.get("exec") and init.get("exec") == data.get("cmd"):
+            # The command in both forms, as the serializer writes it for Fly's clients (and so
+            # every peer's message): one kept, before validation rather than by copies after.
+            data = {**data, "init": {**init, "exec": []}}
+        return _fly_services(data)
 
     @model_validator(mode="after")
     def _runs_something(self) -> MachineConfig:

@@ -132,6 +132,9 @@ class StopConfig(Input):
         if isinstance(data, dict) and "timeout" in data:
             data = dict(data)
             given = data.pop("timeout")
+            seconds = data.get("timeout_s")
+            if type(seconds) in (int, float) and given == format_go_duration(seconds):
+                return data  # what the serializer wrote beside it (a peer's message)
             seconds = None if given is None else seconds_of(given, key="timeout")
             set_timeout_s(data, seconds, where="stop_config: ")
         return data

@@ -28,7 +28,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import Field, PrivateAttr, TypeAdapter
+import msgspec
+from pydantic import Field, PrivateAttr
 
 from souq.model.base import Input, Record
 from souq.model.choices import PriorityClass
@@ -182,7 +183,7 @@ class QuotaRecord(Record):
     # Derived, never written: the ledger's running sums (souq.model.quota_sums) and the JSON of
     # ``held`` (with the dict it encodes), so that a change neither sums nor encodes it all.
     _sums: Sums | None = PrivateAttr(default=None)
-    _held_json: tuple[dict[str, Held], bytes] | None = PrivateAttr(default=None)
+    _held_json: tuple[dict[str, Held], dict[str, msgspec.Raw]] | None = PrivateAttr(default=None)
     # A draft (:func:`drafted`) is private to one batch of changes, which change it in place;
     # ``_edits`` counts them.
     _draft: bool = PrivateAttr(default=False)
@@ -196,7 +197,7 @@ class QuotaRecord(Record):
     __hash__ = None  # type: ignore[assignment]
 
 
-_HELD = TypeAdapter(dict[str, Held])
+_ENCODER = msgspec.json.Encoder()
 
 
 def _derived(record: QuotaRecord) -> dict[str, Any]:
@@ -222,19 +223,26 @@ def _with_sums(
     return new
 
 
-def _held_bytes(record: QuotaRecord) -> bytes:
+def _held_json(record: QuotaRecord) -> dict[str, msgspec.Raw]:
+    """Each held machine's JSON, by id (``record.held`` as the bucket stores it, encoded)."""
     cached = _derived(record).get("_held_json")
     if cached is None or cached[0] is not record.held:
-        cached = (record.held, _HELD.dump_json(record.held))
+        cached = (record.held, {key: _raw(size) for key, size in record.held.items()})
         _derived(record)["_held_json"] = cached
     return cached[1]
 
 
+def _raw(size: Held) -> msgspec.Raw:
+    return msgspec.Raw(_ENCODER.encode(size))
+
+
 def encoded(record: QuotaRecord) -> bytes:
     """``record`` as the quotas bucket stores it (JSON; ``QuotaRecord.model_validate_json``
-    reads it), its held machines' JSON reused from the change that made them."""
-    head = record.model_dump_json(exclude={"held"}).encode()
-    return head[:-1] + b',"held":' + _held_bytes(record) + b"}"
+    reads it), its held machines' JSON reused from the changes that made them (embedded as
+    :class:`msgspec.Raw`, not encoded again)."""
+    fields = record.model_dump(mode="json", exclude={"held"})
+    fields["held"] = _held_json(record)
+    return _ENCODER.encode(fields)
 
 
 class QuotaView(Record):
@@ -389,7 +397,8 @@ def drafted(record: QuotaRecord) -> QuotaRecord:
     private["_sums"] = Sums((new.pending, new.held, new.volumes), sums.total, sums.by_class)
     cached = _derived(record).get("_held_json")
     spliced = cached is not None and cached[0] is record.held
-    private["_held_json"] = (new.held, cached[1]) if cached is not None and spliced else None
+    # (Its own dict of the JSON: held changes the draft's in place.)
+    private["_held_json"] = (new.held, dict(cached[1])) if cached is not None and spliced else None
     private["_draft"], private["_edits"] = True, 0
     return new
 
@@ -448,13 +457,10 @@ def held(
     minus = [] if entry is None else [pending_part(entry)]
     plus: list[Part] = []
     kept = record.held if own else dict(record.held)
-    added: dict[str, Held] = {}
     for machine_id, use in machines.items():
         size: Held = (use.cpus, use.memory_mb, klass)
         if machine_id in kept:
             minus.append(held_part(kept[machine_id]))
-        else:
-            added[machine_id] = size
         kept[machine_id] = size
         plus.append(held_part(size))
     kept_volumes = record.volumes
@@ -468,13 +474,13 @@ def held(
     update = {"pending": pending, "held": kept, "volumes": kept_volumes}
     new = record if own else record.model_copy(update=update)
     _derived(new)["_sums"] = moved(sums, (new.pending, new.held, new.volumes), plus, minus)
-    if cached is not None and spliceable and len(added) == len(machines):
-        # Only machines it did not hold: their JSON after what it had (no re-encoding).
-        text = cached[1]
-        more = _HELD.dump_json(added)[1:-1] if added else b""
-        if more:
-            text = text[:-1] + (b"," if len(text) > 2 else b"") + more + b"}"
-        _derived(new)["_held_json"] = (kept, text)
+    if cached is not None and spliceable:
+        # What it held keeps its JSON; only the machines of this change are encoded (in place
+        # in a draft's own dict of them).
+        parts = cached[1] if own else dict(cached[1])
+        for machine_id in machines:
+            parts[machine_id] = _raw(kept[machine_id])
+        _derived(new)["_held_json"] = (kept, parts)
     elif own:
         _derived(new)["_held_json"] = None  # its held machines changed in place
     return new

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from souq.bus import Subscription, Transport, subjects
-from souq.bus.codec import decode_one_or_many, decoding
+from souq.bus.codec import decoding
 from souq.clock import Clock
 from souq.daemon import cancel_tasks
 from souq.errors import SouqError
@@ -39,15 +39,16 @@ from souq.model import (
     DigestCommand,
     ListCommand,
     Machine,
-    MachineEventMessage,
     MachineRef,
     WorkerDigest,
     WorkerState,
 )
+from souq.model.wire import MachineEventNote, decode_notes
 from souq.protocol import WorkerClient
 from souq.protocol.verbs import DIGEST, GET, LIST
 from souq.view.digest import machines_digest
 from souq.view.events import EventLog
+from souq.view.held import LaunchHolds
 from souq.view.seen import SeenEvents
 from souq.view.store import ViewStore
 
@@ -82,9 +83,9 @@ class ViewStatus:
     bytes: int  # what the view's SQLite database holds
 
 
-def _by_machine(msgs: list[MachineEventMessage]) -> list[list[MachineEventMessage]]:
+def _by_machine(msgs: list[MachineEventNote]) -> list[list[MachineEventNote]]:
     """Consecutive runs of one machine's events, in order."""
-    runs: list[list[MachineEventMessage]] = []
+    runs: list[list[MachineEventNote]] = []
     for msg in msgs:
         if runs and runs[-1][0].machine_id == msg.machine_id:
             runs[-1].append(msg)
@@ -104,7 +105,7 @@ class ClusterView:
         tick_s: float = 0.25,
         request_timeout_s: float = 2.0,
         events_capacity: int = 10_000,
-        on_machine_event: Callable[[MachineEventMessage], None] | None = None,
+        on_machine_event: Callable[[MachineEventNote], None] | None = None,
         on_change: Callable[[str], None] | None = None,
         on_worker: Callable[[str, WorkerState, WorkerState | None], None] | None = None,
     ) -> None:
@@ -138,10 +139,11 @@ class ClusterView:
         self._as_of_ms: int | None = None
         self._lag_ms = 0
         self.applied = 0  # events applied (a counter for metrics and tests)
+        self._holds = LaunchHolds()
 
     async def start(self) -> None:
         on_event = decoding(
-            lambda data: decode_one_or_many(data, MachineEventMessage),
+            decode_notes,
             self._on_message,
             ignoring="the view ignores an event",
             log=log,
@@ -190,7 +192,7 @@ class ClusterView:
         if self._on_change is not None:
             self._on_change(machine_id)
 
-    def _on_message(self, msgs: list[MachineEventMessage]) -> None:
+    def _on_message(self, msgs: list[MachineEventNote]) -> None:
         """One event message: one event, or a worker's batch of them."""
         if len(msgs) == 1:
             self.on_events(msgs)
@@ -199,7 +201,7 @@ class ClusterView:
             for run in _by_machine(msgs):
                 self.on_events(run)
 
-    def on_events(self, msgs: list[MachineEventMessage]) -> None:
+    def on_events(self, msgs: list[MachineEventNote]) -> None:
         """Events of one machine, oldest first: told in the event log, applied to its row."""
         for msg in msgs:
             if self._on_machine_event is not None:
@@ -213,6 +215,25 @@ class ClusterView:
                     event=msg.event,
                 )
         self._lag_ms = max(0, self._clock.now_ms() - msgs[-1].event.timestamp)
+        if self._holds and self._holds.take(msgs):
+            return  # its machine's create is this broker's: applied with the claim's answer
+        self._store(msgs)
+
+    def hold_launch(self, request_id: str) -> None:
+        """This broker is placing ``request_id``: its machine's events wait for the claim's
+        answer (:mod:`souq.view.held`); :meth:`release` must follow, whatever the claim ends
+        as."""
+        self._holds.hold(request_id)
+
+    def release(self, request_id: str, machine: Machine | None = None) -> None:
+        """The claim of ``request_id`` ended: its answer (``machine``, None if there is none)
+        applied, then the events held for it."""
+        if machine is not None:
+            self.apply(machine)
+        for run in self._holds.release(request_id):
+            self._store(run)
+
+    def _store(self, msgs: list[MachineEventNote]) -> None:
         applied = self.store.apply_events(msgs)
         if applied is None:
             self._fetch(msgs[-1])
@@ -220,7 +241,7 @@ class ClusterView:
             self.applied += 1
             self._changed(msgs[-1].machine_id)
 
-    def _fetch(self, msg: MachineEventMessage) -> None:
+    def _fetch(self, msg: MachineEventNote) -> None:
         if msg.machine_id in self._fetching:
             return
         self._fetching.add(msg.machine_id)
@@ -228,7 +249,7 @@ class ClusterView:
         self._fetches.add(task)
         task.add_done_callback(self._fetches.discard)
 
-    async def _get(self, msg: MachineEventMessage) -> None:
+    async def _get(self, msg: MachineEventNote) -> None:
         ref = MachineRef(app=msg.app, machine_id=msg.machine_id)
         try:
             machine = await self._client.call(msg.worker_id, GET, ref, timeout=self._timeout)

@@ -20,17 +20,22 @@ Destroyed machines stay as tombstones (so a late event cannot bring one back) un
 from __future__ import annotations
 
 import contextlib
-import json
 import sqlite3
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+import msgspec
+from pydantic import TypeAdapter
+
+from souq.bus.codec import with_members, without_members
 from souq.clock import iso_from_ms
-from souq.model import Machine, MachineEvent, MachineEventMessage, MachineState
+from souq.model import Machine, MachineEvent, MachineState
+from souq.model.wire import MachineEventNote
 from souq.view.digest import machines_digest
 
-__all__ = ["AppCount", "ViewStore", "version_of"]
+__all__ = ["AppCount", "ViewStore", "machine_text", "version_of"]
 
 RECENT_EVENTS = 10  # events kept on a row changed by events alone (the worker keeps them all)
 DESTROYED = MachineState.DESTROYED.value
@@ -55,13 +60,31 @@ CREATE INDEX machines_by_worker ON machines (worker_id);
 
 
 _MUTABLE: set[str] = {"state", "updated_at", "events"}
+_EVENTS = TypeAdapter(list[MachineEvent])
+_ENCODER = msgspec.json.Encoder()
 
 
 def _joined(state: str, updated_at: str, events: str, body: str) -> str:
     """The machine's JSON from a row's parts (``body`` is an object without those three)."""
-    rest = body[1:] if body != "{}" else "}"
-    sep = "," if rest != "}" else ""
-    return f'{{"state":"{state}","updated_at":"{updated_at}","events":{events}{sep}{rest}'
+    head = {"state": state, "updated_at": updated_at, "events": msgspec.Raw(events)}
+    return with_members(body, head, first=True).decode()
+
+
+_TEXTS: OrderedDict[int, tuple[Machine, str]] = OrderedDict()
+_TEXTS_KEPT = 64
+
+
+def machine_text(machine: Machine) -> str:
+    """``machine.model_dump_json()``, remembered for the same object (the last few): a
+    broker's answer to a create and its view's row of the machine encode the record once."""
+    held = _TEXTS.get(id(machine))
+    if held is not None and held[0] is machine:
+        return held[1]
+    text = machine.model_dump_json()
+    _TEXTS[id(machine)] = (machine, text)
+    if len(_TEXTS) > _TEXTS_KEPT:
+        _TEXTS.popitem(last=False)
+    return text
 
 
 def _ms(iso: str) -> int:
@@ -74,7 +97,7 @@ def version_of(machine: Machine) -> int:
 
 
 def _events_json(events: list[MachineEvent]) -> str:
-    return "[" + ",".join(e.model_dump_json() for e in events) + "]"
+    return _EVENTS.dump_json(events).decode()
 
 
 @dataclass(frozen=True)
@@ -107,7 +130,11 @@ class ViewStore:
     def apply_machine(self, machine: Machine) -> bool:
         """Take a worker's record of a machine, unless the row is newer. True if applied."""
         version = version_of(machine)
-        body = machine.model_dump_json(exclude=_MUTABLE)
+        text = _TEXTS.get(id(machine))
+        if text is not None and text[0] is machine:  # this process answered with it already
+            body = without_members(text[1], _MUTABLE).decode()
+        else:
+            body = machine.model_dump_json(exclude=_MUTABLE)
         cur = self._db.execute(
             "INSERT INTO machines (id, app, worker_id, region, state, version, body_version,"
             " updated_at, created_at, events, body) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
@@ -138,7 +165,7 @@ class ViewStore:
         )
         return False
 
-    def apply_events(self, msgs: Sequence[MachineEventMessage]) -> bool | None:
+    def apply_events(self, msgs: Sequence[MachineEventNote]) -> bool | None:
         """Apply events of one machine, oldest first, in one write: the newest that is not
         stale sets the state, and every one that is not stale joins the recent events. A
         record one of them carries (a new machine's first event) is taken first, unless the
@@ -150,10 +177,11 @@ class ViewStore:
         row = self._db.execute(
             "SELECT version, events FROM machines WHERE id = ?", (machine_id,)
         ).fetchone()
-        record = next((m.machine for m in msgs if m.machine is not None), None)
+        carrier = next((m for m in msgs if m.carries_record), None)
         took = False  # a record that changed the row (a config, metadata or cordon change)
-        if record is not None and (row is None or version_of(record) > row[0]):
-            took = self.apply_machine(record)
+        # The record is decoded only if the row does not have it already.
+        if carrier is not None and (row is None or carrier.record_version() > row[0]):
+            took = self.apply_machine(carrier.record())
             row = self._db.execute(
                 "SELECT version, events FROM machines WHERE id = ?", (machine_id,)
             ).fetchone()
@@ -163,7 +191,7 @@ class ViewStore:
         fresh = [m for m in msgs if m.event.timestamp >= version]
         if not fresh:
             return took
-        held = json.loads(events)
+        held = msgspec.json.decode(events)
         known = {(e["timestamp"], e["type"], e["status"]) for e in held}
         new = [
             e
@@ -180,7 +208,7 @@ class ViewStore:
                 last.state.value,
                 ts,
                 iso_from_ms(ts),
-                json.dumps([*new, *held][:RECENT_EVENTS]),
+                _ENCODER.encode([*new, *held][:RECENT_EVENTS]).decode(),
                 machine_id,
             ),
         )
