@@ -222,5 +222,6 @@ def test_an_agent_leaving_for_good_takes_its_machines_roots_out_of_the_mount_tab
         machine = serving(leaving, "bbgone", "busybox-gone:v1")
         data_dir = leaving.agents[0].data_dir
         assert any(machine.id in p for p in mounts_under(data_dir))  # its root is mounted
-        leaving.agents[0].stop()
-        assert mounts_under(data_dir) == []
+        agent = leaving.agents[0]
+        code = agent.stop()
+        assert (code, mounts_under(data_dir)) == (0, []), agent.log_tail()

@@ -333,8 +333,8 @@ class BucketWatch:
                             self._on_entry(entry)
                 finally:
                     self._on_lost(None)
-                    with contextlib.suppress(Exception):
-                        await watcher.stop()  # type: ignore[no-untyped-call]
+                    with contextlib.suppress(Exception):  # (bounded: a closing bus may not answer)
+                        await asyncio.wait_for(watcher.stop(), self._check_s)  # type: ignore[no-untyped-call]
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # NATS down, no JetStream, no bucket yet: again later
