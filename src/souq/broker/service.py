@@ -502,8 +502,7 @@ class BrokerService:
     async def restart_machine(self, cmd: StopCommand) -> Machine:
         """Returns once the machine has stopped and started again."""
         grace = cmd.timeout_s
-        if grace is None:
-            grace = await self._stop_timeout(cmd.app, cmd.machine_id)
+        grace = await self._stop_timeout(cmd.app, cmd.machine_id) if grace is None else grace
         return self._seen(await self.calls.owner(cmd.machine_id, v.RESTART, cmd, extra_s=grace))
 
     async def update_machine(
