@@ -74,12 +74,19 @@ _TEXTS: OrderedDict[int, tuple[Machine, str]] = OrderedDict()
 _TEXTS_KEPT = 64
 
 
-def machine_text(machine: Machine) -> str:
-    """``machine.model_dump_json()``, remembered for the same object (the last few): a
-    broker's answer to a create and its view's row of the machine encode the record once."""
+def _remembered(machine: Machine) -> str | None:
+    """The JSON :func:`machine_text` made of this very object, if it is still kept."""
     held = _TEXTS.get(id(machine))
-    if held is not None and held[0] is machine:
-        return held[1]
+    return held[1] if held is not None and held[0] is machine else None
+
+
+def machine_text(machine: Machine) -> str:
+    """``machine.model_dump_json()``, remembered for the same object (the last few made, first
+    in first out): a broker's answer to a create and its view's row of the machine encode the
+    record once."""
+    text = _remembered(machine)
+    if text is not None:
+        return text
     text = machine.model_dump_json()
     _TEXTS[id(machine)] = (machine, text)
     if len(_TEXTS) > _TEXTS_KEPT:
@@ -130,9 +137,9 @@ class ViewStore:
     def apply_machine(self, machine: Machine) -> bool:
         """Take a worker's record of a machine, unless the row is newer. True if applied."""
         version = version_of(machine)
-        text = _TEXTS.get(id(machine))
-        if text is not None and text[0] is machine:  # this process answered with it already
-            body = without_members(text[1], _MUTABLE).decode()
+        text = _remembered(machine)  # this process answered with it already
+        if text is not None:
+            body = without_members(text, _MUTABLE).decode()
         else:
             body = machine.model_dump_json(exclude=_MUTABLE)
         cur = self._db.execute(
