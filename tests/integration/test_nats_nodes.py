@@ -18,11 +18,13 @@ import pytest
 
 from souq.auth.bus import credential, init_bus
 from souq.auth.files import AuthDir
+from souq.bus.subjects import PREFIX
 from souq.natsserver import free_port, nats_server_binary
 from souq.procs import terminate
 from souq.testing import wait_until
 
 NODES = ("n1", "n2", "n3")
+SUBJECT = f"{PREFIX}.hb.rogue-test"  # one the fleet publishes and the broker reads
 
 
 class Node:
@@ -53,12 +55,15 @@ class Node:
     def write(self, *extra: str) -> subprocess.CompletedProcess[str]:
         return souq("cluster", "nats-node", str(self.auth.path), *self.args, *extra)
 
-    def start(self) -> None:
+    def start(self, log: Path | None = None) -> None:
+        out = log.open("wb") if log is not None else subprocess.DEVNULL
         self.process = subprocess.Popen(
             [str(nats_server_binary()), "-c", str(self.conf)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
         )
+        if log is not None:
+            out.close()  # type: ignore[union-attr]
 
     def stop(self) -> None:
         if self.process is not None:
@@ -177,25 +182,60 @@ def _retrying(step: object) -> object:
 def test_a_node_without_the_route_secret_is_refused(
     cluster: tuple[AuthDir, list[Node], bool], tmp_path: Path
 ) -> None:
-    auth, nodes, _tls = cluster
+    auth, nodes, tls = cluster
     routes = ",".join(f"nats://127.0.0.1:{n.route_port}" for n in nodes)
     rogue = Node(auth, "n9", routes, tmp_path)
     done = rogue.write()
     assert done.returncode == 0, done.stderr
     secret = (auth.nats_dir / "route.secret").read_text().strip()
     rogue.conf.write_text(rogue.conf.read_text().replace(secret, "not-the-secret"))
-    rogue.start()
+    rogue.start(log=tmp_path / "n9.log")
     try:
         wait_until(lambda: _serving(rogue), timeout=10, message="the rogue node serving")
-        deadline_checks = 0
-        while deadline_checks < 20:  # two seconds of attempts: never routed
-            assert rogue.routed_to() == set()
+
+        # each node's refusal shows in the rogue's log; until then, and after, no node of the
+        # cluster ever lists the rogue as a route
+        def refused() -> bool:
             for node in nodes:
                 assert "n9" not in node.routed_to()
-            deadline_checks += 1
-            asyncio.run(asyncio.sleep(0.1))
+            return "authorization violation" in (tmp_path / "n9.log").read_text().lower()
+
+        wait_until(refused, timeout=20, message="the rogue's routes refused")
+        servers = [f"{'tls' if tls else 'nats'}://127.0.0.1:{n.client_port}" for n in nodes]
+        rogue_url = f"{'tls' if tls else 'nats'}://127.0.0.1:{rogue.client_port}"
+        assert asyncio.run(_crosses(auth, servers, rogue_url)) == (True, False)
+        for node in nodes:
+            assert "n9" not in node.routed_to()
     finally:
         rogue.stop()
+
+
+async def _crosses(auth: AuthDir, servers: list[str], rogue_url: str) -> tuple[bool, bool]:
+    """Whether a message published on n1 reaches a subscriber on n2, and one on the rogue:
+    n2's copy arrives first, so the rogue had as long to receive its own."""
+    options = credential(auth, "broker").options()  # may read what the fleet publishes
+    pub = await nats.connect(servers=servers[:1], **credential(auth, "fleet").options())
+    member = await nats.connect(servers=servers[1:2], **options)
+    rogue = await nats.connect(servers=[rogue_url], **options)
+    try:
+        at_member, at_rogue = await member.subscribe(SUBJECT), await rogue.subscribe(SUBJECT)
+        await member.flush()
+        await rogue.flush()
+        reached = False
+        for _ in range(50):  # interest in n2 spreads to n1 over the route: publish until seen
+            await pub.publish(SUBJECT, b"x")
+            await pub.flush()
+            try:
+                await at_member.next_msg(timeout=0.2)
+            except nats.errors.TimeoutError:
+                continue
+            reached = True
+            break
+        await rogue.flush()
+        return reached, bool(at_rogue.pending_msgs)
+    finally:
+        for nc in (pub, member, rogue):
+            await nc.close()
 
 
 def _serving(node: Node) -> bool:
