@@ -54,6 +54,25 @@ async def test_cordoned_is_as_the_worker_reports_and_still_answers() -> None:
     assert table.state_of("nope") is None
 
 
+async def test_as_heard_copies_only_a_worker_whose_state_is_not_the_one_it_sent() -> None:
+    clock = ManualClock()
+    table = Liveness(MemoryTransport(), clock, down_after_missed=3)
+    sent = beat("w1", cordoned=True)
+    table.observe(sent)
+    [same] = table.as_heard()
+    assert same is sent.worker and same.state == WorkerState.CORDONED
+    table.observe(beat("w2", region="syd"))
+    clock.advance(3.1)
+    table.observe(beat("w2", region="syd"))
+    by_id = {w.id: w for w in table.as_heard()}
+    assert by_id["w1"].state == WorkerState.DOWN and by_id["w1"] is not sent.worker
+    assert sent.worker.state == WorkerState.CORDONED  # the record heard is left as it was
+    assert by_id["w2"].state == WorkerState.UP
+    assert {(w.id, w.state) for w in table.workers()} == {
+        (w.id, w.state) for w in by_id.values()
+    }
+
+
 async def test_heartbeats_on_the_bus_fill_the_table_with_last_seen() -> None:
     bus = MemoryTransport()
     clock = ManualClock(start_ms=1_000)

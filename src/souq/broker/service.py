@@ -111,7 +111,7 @@ class BrokerService:
         self.secrets_version = 0
         self.spot_prices = SpotPrices(  # souq.broker.spot_prices
             config.spot_price,
-            self.liveness.workers,
+            self.liveness.as_heard,
             self._clock,
             self.nats_client if self._has_nats() else None,
         )
@@ -223,7 +223,7 @@ class BrokerService:
         table, refreshed as for :meth:`workers`."""
         self.require_bus()
         await self.liveness.refresh(timeout=self.config.offer_timeout_s)
-        return self.spot_prices.annotate(summarise_regions(self.liveness.workers(), size))
+        return self.spot_prices.annotate(summarise_regions(self.liveness.as_heard(), size))
 
     # -- create ----------------------------------------------------------------------------
 
@@ -234,7 +234,7 @@ class BrokerService:
         why, for the placement record)."""
         if body.region is not None:
             return body, None
-        workers = self.liveness.workers()
+        workers = self.liveness.as_heard()
         held = Counter(w.region for w in workers for _ in range(self.book.app_machines(w.id, app)))
         chosen = default_region(held, summarise_regions(workers, body.config.guest.resources()))
         if chosen is None:
@@ -322,7 +322,7 @@ class BrokerService:
                 tried.append(order.region)
                 refusals.append(f"{order.region}: {exc.message}")
                 size = order.config.guest.resources()
-                chosen = next_region(summarise_regions(self.liveness.workers(), size), tried)
+                chosen = next_region(summarise_regions(self.liveness.as_heard(), size), tried)
                 if chosen is None:
                     if len(refusals) == 1:
                         raise
@@ -441,7 +441,7 @@ class BrokerService:
         gathered = await self._gather_machines(app)
         # A worker that cannot answer (down: crashed, or cut off) still has its machines: the
         # view's last copies stand for them, as in a list from a complete view.
-        live = {w.id for w in self.liveness.workers() if w.state is not WorkerState.DOWN}
+        live = {wid for wid, _, state in self.liveness.states() if state is not WorkerState.DOWN}
         have = {m.id for m in gathered}
         kept = self.view.store.app_rows(app)
         silent = [Machine.model_validate_json(body) for w, body in kept if w not in live]

@@ -225,6 +225,19 @@ class Liveness:
         ]
         return sorted(out, key=lambda w: (w.region, w.id))
 
+    def as_heard(self) -> list[WorkerInfo]:
+        """Every worker ever heard of, in no order, with its state now but not its
+        ``last_seen``: each worker's own record where its state is the one it sent (no copy),
+        a copy only where it differs (down). What summaries of the table read: the spot price
+        round, a region chosen for a create, the metrics' counts."""
+        out = []
+        for e in self._workers.values():
+            state = self._state(e)
+            out.append(
+                e.info if state is e.info.state else e.info.model_copy(update={"state": state})
+            )
+        return out
+
     def info(self, worker_id: str) -> WorkerInfo | None:
         """The worker as its last heartbeat described it (capacity, allocation, labels)."""
         entry = self._workers.get(worker_id)
