@@ -19,6 +19,7 @@ from souq.errors import IdempotencyConflict
 from souq.fleet.store import memory_store
 from souq.model import Machine, MachineConfig, MachineEvent, MachineEventMessage, MachineState
 from souq.model.placement import ClaimAttempt, ImagePull, OfferOutcome, Placement, Sampling
+from souq.model.services import MachineAddress
 
 S = MachineState
 
@@ -156,4 +157,44 @@ def test_a_memory_store_writes_only_what_the_agent_reads_back() -> None:
     assert tables == {"machines": 0, "reservations": 0, "events": 3, "ops": 2}
     assert [e.type for e in store.events("m1")] == ["start", "start", "launch"]
     assert [s.state for s in store.op_log("m1")] == [OpState.SPAWNING, OpState.DONE]
+    store.close()
+
+
+def test_every_field_of_a_machine_row_is_kept_by_its_columns(tmp_path: Path) -> None:
+    """The table is made from the record (souq.agent.state.machine_columns): a row whose every
+    field differs from its default reads back equal, through the claim's insert and through
+    the updates of its run and of its spec."""
+    store = Store(tmp_path)
+    row = replace(
+        a_row(),
+        pid=4242,
+        pid_start_time=12.5,
+        restarts=3,
+        exit_code=137,
+        address=MachineAddress(host="127.0.0.1", ports={8080: 20001}),
+        instance_id="i1",
+        gpu_ids=(0, 3),
+        cordoned=True,
+        skip_secrets=True,
+    )
+    assert store.claim(row, [STEP]) is None
+    [read] = store.load_machines()
+    assert read == row
+    changed = replace(
+        row,
+        state=S.STOPPED,
+        pid=None,
+        exit_code=0,
+        restarts=4,
+        updated_at=9,
+        instance_id="i2",
+        cordoned=False,
+        config=CONFIG.model_copy(update={"metadata": {"k": "v"}}),
+    )
+    store.commit(changed, [], spec=True)
+    [read] = store.load_machines()
+    assert read == replace(changed, events=row.events)  # the new events: none
+    store.commit(replace(changed, instance_id="i3", restarts=5), [])  # not the spec: kept
+    [read] = store.load_machines()
+    assert (read.instance_id, read.restarts) == ("i2", 5)
     store.close()

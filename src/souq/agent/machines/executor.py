@@ -36,6 +36,7 @@ from souq.agent.machines.secrets import AgentSecrets
 from souq.agent.machines.supervisor import Supervisor
 from souq.agent.machines.table import MachineTable
 from souq.agent.state.events import PUBLISHED, Event
+from souq.agent.state.machine_columns import SPEC_FIELDS  # written by a statement of their own
 from souq.agent.state.operations import Action, OpKind, OpState, advance
 from souq.agent.state.records import (
     RECENT_EVENTS,
@@ -66,8 +67,6 @@ __all__ = ["Executor", "Op", "Source"]
 log = logging.getLogger(__name__)
 
 S = MachineState
-# Rarely changed, and written by a statement of their own.
-_SPEC = frozenset({"config", "placement", "address", "instance_id", "cordoned", "skip_secrets"})
 # Events whose message carries the machine's record: what the event alone does not say (a new
 # machine; a config, metadata or cordon changed in place) reaches every view with it.
 _WITH_RECORD = frozenset(
@@ -290,7 +289,7 @@ class Executor(MachineTable, ProcessSteps):
         steps = []
         if op is not None and step is not None and op_event is not None:
             steps.append(OpStep(op.id, row.id, op.kind, step.next, op_event, now, op.params))
-        spec = not _SPEC.isdisjoint(changes)  # an update, or a pull's record
+        spec = not SPEC_FIELDS.isdisjoint(changes)  # an update, or a pull's record
         held = row.id not in self.unreserved
         holds = reserves(held, state) and not give_back
         release, regain = held and not holds, holds and not held

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from souq.agent.state.events import Event
+from souq.agent.state.machine_columns import COLUMNS, column_names
 from souq.agent.state.operations import OpKind, OpState
 from souq.agent.state.records import HoldRow, OpStep
 from souq.drivers.base import OOM_NOTE
@@ -38,8 +39,6 @@ __all__ = [
     "UPDATE_SPEC",
     "amounts_of",
     "event_of",
-    "gpu_ids_of",
-    "gpu_ids_text",
     "hold_of",
     "int_or_none",
     "op_step_of",
@@ -48,28 +47,7 @@ __all__ = [
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS machines (
-    id TEXT PRIMARY KEY,
-    app TEXT NOT NULL,
-    name TEXT NOT NULL,
-    region TEXT NOT NULL,
-    request_id TEXT NOT NULL UNIQUE,
-    body_hash TEXT NOT NULL,
-    state TEXT NOT NULL,
-    config TEXT NOT NULL,
-    placement TEXT,
-    pid INTEGER,
-    pid_start_time REAL,
-    restarts INTEGER NOT NULL DEFAULT 0,
-    exit_code INTEGER,
-    created_at INTEGER NOT NULL,
-    updated_at INTEGER NOT NULL,
-    address TEXT,
-    instance_id TEXT,
-    gpu_ids TEXT,
-    cordoned INTEGER NOT NULL DEFAULT 0,
-    skip_secrets INTEGER NOT NULL DEFAULT 0
-);
+{machines}
 CREATE TABLE IF NOT EXISTS leases (
     machine_id TEXT PRIMARY KEY,
     nonce TEXT NOT NULL,
@@ -137,21 +115,16 @@ CREATE TABLE IF NOT EXISTS ops (
     ts INTEGER NOT NULL,
     detail TEXT
 );
-"""
-
-MACHINE_COLUMNS = (
-    "id, app, name, region, request_id, body_hash, state, config, placement, pid, "
-    "pid_start_time, restarts, exit_code, created_at, updated_at, address, instance_id, gpu_ids, "
-    "cordoned, skip_secrets"
+""".replace(
+    "{machines}",
+    "CREATE TABLE IF NOT EXISTS machines (\n"
+    + ",\n".join(f"    {c.name} {c.sql}" for c in COLUMNS)
+    + "\n);",
 )
+
+MACHINE_COLUMNS = ", ".join(column_names())
 # Columns added since the first schema, for a state file an older agent made.
-ADDED_MACHINE_COLUMNS = {
-    "address": "TEXT",  # the host and the host ports it was given
-    "instance_id": "TEXT",  # the version of its config (none: made before updates were)
-    "gpu_ids": "TEXT",  # the GPUs it got, by index: "0,3" (none: no GPU)
-    "cordoned": "INTEGER NOT NULL DEFAULT 0",  # out of the proxies' rotation
-    "skip_secrets": "INTEGER NOT NULL DEFAULT 0",  # started without its app's secrets
-}
+ADDED_MACHINE_COLUMNS = {c.name: c.sql for c in COLUMNS if c.added}
 ADDED_RESERVATION_COLUMNS = {"gpu_milli": "INTEGER NOT NULL DEFAULT 0"}  # GPU shares
 EVENT_COLUMNS = "type, status, source, ts, exit_code, signal, message"
 HOLD_COLUMNS = (
@@ -164,7 +137,7 @@ OP_COLUMNS = "op_id, machine_id, kind, state, event, ts, detail"
 # The statements of a claim and of a machine's start (:meth:`Store.prepare` compiles them).
 INSERT_MACHINE = (
     f"INSERT INTO machines ({MACHINE_COLUMNS}) "  # noqa: S608 (constant columns)
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    f"VALUES ({', '.join('?' * len(COLUMNS))})"
 )
 INSERT_RESERVATION = (
     "INSERT INTO reservations (machine_id, millicpus, memory_mb, disk_mb, gpus, gpu_milli) "
@@ -179,14 +152,14 @@ INSERT_EVENT = (
     "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
 )
 INSERT_OP = f"INSERT INTO ops ({OP_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)"  # noqa: S608
-UPDATE_MACHINE = (
-    "UPDATE machines SET state = ?, pid = ?, pid_start_time = ?, restarts = ?, "
-    "exit_code = ?, updated_at = ? WHERE id = ?"
+UPDATE_MACHINE = (  # what every change of its run writes
+    f"UPDATE machines SET {', '.join(f'{n} = ?' for n in column_names('run'))} "  # noqa: S608
+    "WHERE id = ?"
 )
 # What changes only now and then (an update, a pull's record): written when it changed.
 UPDATE_SPEC = (
-    "UPDATE machines SET config = ?, placement = ?, address = ?, instance_id = ?, cordoned = ?, "
-    "skip_secrets = ? WHERE id = ?"
+    f"UPDATE machines SET {', '.join(f'{n} = ?' for n in column_names('spec'))} "  # noqa: S608
+    "WHERE id = ?"
 )
 UPDATE_RESERVATION = (
     "UPDATE reservations SET millicpus = ?, memory_mb = ?, disk_mb = ?, gpus = ?, gpu_milli = ? "
@@ -224,15 +197,6 @@ def resources_of(r: Sequence[Any]) -> Resources:
         gpus=int(r[3]),
         gpu_milli=int(r[4]) if len(r) > 4 else 0,
     )
-
-
-def gpu_ids_text(ids: Sequence[int]) -> str | None:
-    """A machine's GPUs as its row keeps them: "0,3" (None: no GPU)."""
-    return ",".join(str(i) for i in ids) or None
-
-
-def gpu_ids_of(text: Any) -> tuple[int, ...]:
-    return tuple(int(i) for i in str(text).split(",")) if text else ()
 
 
 def hold_of(r: Sequence[Any]) -> HoldRow:

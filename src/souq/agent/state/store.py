@@ -40,6 +40,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from souq.agent.state import machine_columns as columns
 from souq.agent.state import schema as sql
 from souq.agent.state.file import SET_ASIDE_HINT, lock, private, refuse_set_aside
 from souq.agent.state.operations import OpState
@@ -49,10 +50,8 @@ from souq.errors import (
     StorageError,
 )
 from souq.ids import new_worker_id
-from souq.model.machine import MachineConfig, MachineEvent, MachineState
-from souq.model.placement import Placement
+from souq.model.machine import MachineEvent, MachineState
 from souq.model.resources import Resources
-from souq.model.services import MachineAddress
 
 __all__ = ["Store"]
 
@@ -195,34 +194,12 @@ class Store:
         """Compile the statements of a claim and of a machine's start now (in a transaction
         that is rolled back), rather than at the first claim: a hollow fleet's worker makes its
         first claim long after it started, in the middle of the fleet's load."""
-        machine = (
-            "-",
-            "",
-            "",
-            "",
-            "-",
-            "",
-            "",
-            "",
-            None,
-            None,
-            None,
-            0,
-            None,
-            0,
-            0,
-            None,
-            None,
-            None,
-            0,
-            0,
-        )
         try:
             with self._write() as db:
                 if self.keeps_machines:
-                    db.execute(sql.INSERT_MACHINE, machine)
+                    db.execute(sql.INSERT_MACHINE, columns.placeholders())
                     db.execute(sql.INSERT_RESERVATION, ("-", 0, 0, 0, 0, 0))
-                    db.execute(sql.UPDATE_MACHINE, ("", None, None, 0, None, 0, "-"))
+                    db.execute(sql.UPDATE_MACHINE, (*columns.placeholders("run"), "-"))
                 db.executemany(sql.INSERT_EVENT, [("-", "", "", "", 0, None, None, None)])
                 db.executemany(sql.INSERT_OP, [("", "-", "", "", "", 0, None)])
                 raise _Prepared
@@ -331,28 +308,7 @@ class Store:
         try:
             db.execute(
                 sql.INSERT_MACHINE,
-                (
-                    row.id,
-                    row.app,
-                    row.name,
-                    row.region,
-                    row.request_id,
-                    row.body_hash,
-                    str(row.state),
-                    self.json_of(row.config),
-                    self.json_of(row.placement) if row.placement else None,
-                    row.pid,
-                    row.pid_start_time,
-                    row.restarts,
-                    row.exit_code,
-                    row.created_at,
-                    row.updated_at,
-                    row.address.model_dump_json() if row.address else None,
-                    row.instance_id,
-                    sql.gpu_ids_text(row.gpu_ids),
-                    int(row.cordoned),
-                    int(row.skip_secrets),
-                ),
+                columns.values_of(row, self.json_of),
             )
         except sqlite3.IntegrityError:
             # request_id is UNIQUE: the insert itself finds a known request (one statement
@@ -423,28 +379,12 @@ class Store:
             if self.keeps_machines:
                 db.execute(
                     sql.UPDATE_MACHINE,
-                    (
-                        str(row.state),
-                        row.pid,
-                        row.pid_start_time,
-                        row.restarts,
-                        row.exit_code,
-                        row.updated_at,
-                        row.id,
-                    ),
+                    (*columns.values_of(row, self.json_of, "run"), row.id),
                 )
             if spec and self.keeps_machines:
                 db.execute(
                     sql.UPDATE_SPEC,
-                    (
-                        self.json_of(row.config),
-                        self.json_of(row.placement) if row.placement else None,
-                        row.address.model_dump_json() if row.address else None,
-                        row.instance_id,
-                        int(row.cordoned),
-                        int(row.skip_secrets),
-                        row.id,
-                    ),
+                    (*columns.values_of(row, self.json_of, "spec"), row.id),
                 )
             if reserve is not None and regain and self.keeps_machines:
                 db.execute(sql.REPLACE_RESERVATION, (row.id, *sql.amounts_of(reserve)))
@@ -505,32 +445,7 @@ class Store:
             recent.setdefault(str(r[0]), []).append(sql.event_of(r[1:]))
         rows: list[MachineRow] = []
         for r in self._read(f"SELECT {sql.MACHINE_COLUMNS} FROM machines ORDER BY created_at"):  # noqa: S608
-            mid = str(r[0])
-            rows.append(
-                MachineRow(
-                    id=mid,
-                    app=str(r[1]),
-                    name=str(r[2]),
-                    region=str(r[3]),
-                    request_id=str(r[4]),
-                    body_hash=str(r[5]),
-                    state=MachineState(r[6]),
-                    config=MachineConfig.model_validate_json(str(r[7])),
-                    placement=Placement.model_validate_json(str(r[8])) if r[8] else None,
-                    pid=sql.int_or_none(r[9]),
-                    pid_start_time=float(r[10]) if r[10] is not None else None,
-                    restarts=int(r[11]),
-                    exit_code=sql.int_or_none(r[12]),
-                    created_at=int(r[13]),
-                    updated_at=int(r[14]),
-                    address=MachineAddress.model_validate_json(str(r[15])) if r[15] else None,
-                    events=tuple(recent.get(mid, ())),
-                    instance_id=str(r[16]) if r[16] else mid,
-                    gpu_ids=sql.gpu_ids_of(r[17]),
-                    cordoned=bool(r[18]),
-                    skip_secrets=bool(r[19]),
-                )
-            )
+            rows.append(columns.row_of(r, recent.get(str(r[0]), ())))
         return rows
 
     def events(self, machine_id: str) -> list[MachineEvent]:
