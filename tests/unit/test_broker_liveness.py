@@ -68,9 +68,7 @@ async def test_as_heard_copies_only_a_worker_whose_state_is_not_the_one_it_sent(
     assert by_id["w1"].state == WorkerState.DOWN and by_id["w1"] is not sent.worker
     assert sent.worker.state == WorkerState.CORDONED  # the record heard is left as it was
     assert by_id["w2"].state == WorkerState.UP
-    assert {(w.id, w.state) for w in table.workers()} == {
-        (w.id, w.state) for w in by_id.values()
-    }
+    assert {(w.id, w.state) for w in table.workers()} == {(w.id, w.state) for w in by_id.values()}
 
 
 async def test_heartbeats_on_the_bus_fill_the_table_with_last_seen() -> None:
