@@ -79,6 +79,18 @@ def event(
     return note_of(msg)
 
 
+def test_an_event_note_declares_the_fields_of_an_event_message() -> None:
+    """MachineEventNote is MachineEventMessage as msgspec reads it (two declarations of one
+    message, as each library needs its own): the same fields, in order, of the same types, but
+    the record, kept as the JSON it came as."""
+    note = {f.encode_name: f.type for f in msgspec.structs.fields(MachineEventNote)}
+    message = {name: f.annotation for name, f in MachineEventMessage.model_fields.items()}
+    assert list(note) == list(message)
+    assert note.pop("machine") is msgspec.Raw
+    assert message.pop("machine") == Machine | None
+    assert note == message
+
+
 def test_a_stale_event_is_dropped_and_an_equal_time_one_applied() -> None:
     store = ViewStore()
     store.apply_machine(machine("m1", MachineState.STARTED, T0 + 10))

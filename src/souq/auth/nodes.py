@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import secrets
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from souq.auth.files import AuthDir, write_private
@@ -29,19 +29,20 @@ ROUTE_USER = "souq-route"
 
 @dataclass(frozen=True)
 class NodeSpec:
-    """What the operator says about one node (``souq cluster nats-node``'s options)."""
+    """What the operator says about one node: ``souq cluster nats-node``'s options, whose
+    defaults are the command's."""
 
     name: str
     routes: Sequence[str]
-    cluster: str = "souq"
-    route_listen: str = "0.0.0.0:6222"
-    client_listen: str = "0.0.0.0:4222"
-    monitor: str = "127.0.0.1:8222"
-    store_dir: str = "/var/lib/souq/nats"
-    advertise: str = ""
-    gateway_listen: str = ""
-    gateways: Mapping[str, Sequence[str]] = field(default_factory=dict)
-    tls_hosts: Sequence[str] = ()
+    cluster: str
+    route_listen: str
+    client_listen: str
+    monitor: str
+    store_dir: str
+    advertise: str
+    gateway_listen: str
+    gateways: Mapping[str, Sequence[str]]
+    tls_hosts: Sequence[str]
 
 
 def route_auth(auth: AuthDir) -> RouteAuth:

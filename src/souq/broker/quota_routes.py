@@ -76,17 +76,24 @@ def quotas_router(service: BrokerService) -> APIRouter:
         """The app's limits (null: none) and its use, pending reservations included."""
         return json_response(await quotas.show("app", app))
 
+    # An app's quota and an organization's take the same changes, of their scope.
+    async def set_limits(scope: Scope, name: str, request: Request) -> Response:
+        limits = await parse_body(request, QuotaLimits)
+        return json_response(await quotas.set_limits(scope, name, limits))
+
+    async def clear(scope: Scope, name: str) -> Response:
+        await quotas.clear(scope, name)
+        return Response(status_code=204)
+
     @router.put(APP_QUOTA, response_model=QuotaView, openapi_extra=schema)
     async def set_app_quota(app: AppName, request: Request) -> Response:
         """Replace the app's limits (a field left out: no limit on it)."""
-        limits = await parse_body(request, QuotaLimits)
-        return json_response(await quotas.set_limits("app", app, limits))
+        return await set_limits("app", app, request)
 
     @router.delete(APP_QUOTA, status_code=204)
     async def clear_app_quota(app: AppName) -> Response:
         """No quota on the app any more (its ledger is dropped)."""
-        await quotas.clear("app", app)
-        return Response(status_code=204)
+        return await clear("app", app)
 
     async def set_line(scope: Scope, name: str, line: str, request: Request) -> Response:
         given = await _line_body(request, line)
@@ -122,12 +129,10 @@ def quotas_router(service: BrokerService) -> APIRouter:
     @router.put(ORG_QUOTA, response_model=QuotaView, openapi_extra=schema)
     async def set_org_quota(org: OrgSlug, request: Request) -> Response:
         """Replace the organization's limits: over all its apps together."""
-        limits = await parse_body(request, QuotaLimits)
-        return json_response(await quotas.set_limits("org", org, limits))
+        return await set_limits("org", org, request)
 
     @router.delete(ORG_QUOTA, status_code=204)
     async def clear_org_quota(org: OrgSlug) -> Response:
-        await quotas.clear("org", org)
-        return Response(status_code=204)
+        return await clear("org", org)
 
     return router

@@ -8,6 +8,7 @@ what to check; a change to a machine that went unanswered says it may have been 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass
 from typing import TypeVar
 
 from pydantic import BaseModel
@@ -33,33 +34,25 @@ _CHANGES_A_MACHINE = frozenset(
 )
 
 
+@dataclass(frozen=True)
 class WorkerCalls:
-    def __init__(
-        self,
-        client: WorkerClient,
-        transport: Transport,
-        directory: Directory,
-        liveness: Liveness,
-        config: BrokerConfig,
-        *,
-        require_bus: Callable[[], None],
-    ) -> None:
-        self._client = client
-        self._transport = transport
-        self._directory = directory
-        self._liveness = liveness
-        self._config = config
-        self._require_bus = require_bus
+    client: WorkerClient
+    transport: Transport
+    directory: Directory
+    liveness: Liveness
+    config: BrokerConfig
+    _: KW_ONLY
+    require_bus: Callable[[], None]  # 503 at once while the bus is down (BrokerService)
 
     async def worker(self, worker_id: str, verb: Verb[Q, A], body: Q, *, what: str) -> A:
         """``verb`` on worker ``worker_id``; ``what`` names the thing asked about (a quote, a
         volume, the worker) in the error when it does not answer."""
-        self._require_bus()
+        self.require_bus()
         return await self._call(
             worker_id,
             verb,
             body,
-            timeout=self._config.command_timeout_s,
+            timeout=self.config.command_timeout_s,
             unanswered=f"worker {worker_id} did not answer ({verb.name} of {what})",
             hint="check `souq workers`; is the worker up?",
         )
@@ -67,11 +60,11 @@ class WorkerCalls:
     async def owner(self, machine_id: str, verb: Verb[Q, A], body: Q, *, extra_s: float = 0.0) -> A:
         """``verb`` on the worker that holds machine ``machine_id``, allowed ``extra_s`` past
         the command timeout (a wait, an exec)."""
-        self._require_bus()
-        worker_id = await self._directory.owner(
+        self.require_bus()
+        worker_id = await self.directory.owner(
             machine_id,
-            expect=self._liveness.live_count(),
-            timeout=self._config.gather_timeout_s,
+            expect=self.liveness.live_count(),
+            timeout=self.config.gather_timeout_s,
         )
         unanswered = f"worker {worker_id}, which holds machine {machine_id}, did not answer"
         hint = "check `souq workers`; the machine is back when its worker is"
@@ -82,7 +75,7 @@ class WorkerCalls:
             worker_id,
             verb,
             body,
-            timeout=self._config.command_timeout_s + extra_s,
+            timeout=self.config.command_timeout_s + extra_s,
             unanswered=unanswered,
             hint=hint,
         )
@@ -98,9 +91,9 @@ class WorkerCalls:
         hint: str,
     ) -> A:
         try:
-            return await self._client.call(worker_id, verb, body, timeout=timeout)
+            return await self.client.call(worker_id, verb, body, timeout=timeout)
         except Unavailable as exc:
-            if not self._transport.connected:
+            if not self.transport.connected:
                 raise
             raise Unavailable(f"{unanswered}: {exc.message}", hint=hint) from exc
 
@@ -119,7 +112,7 @@ class WorkerCalls:
         return await self.worker(worker_id, v.DRAIN, DrainCommand(), what="the worker")
 
     def _known_worker(self, worker_id: str) -> None:
-        if self._liveness.state_of(worker_id) is None:
+        if self.liveness.state_of(worker_id) is None:
             raise NotFound(
                 f"worker {worker_id} not found",
                 hint="list the workers with `souq workers`",

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from souq.client.cli import JsonOpt, make_client, reporting
+from souq.client.cli import AppNameOpt, JsonOpt, make_client, reporting
 from souq.client.options import StrategyOpt, release_version
 from souq.model.choices import EventType
 
@@ -27,8 +27,6 @@ apps_group = typer.Typer(
     help="Create, show, list and destroy apps (an app with machines exists without a create).",
     no_args_is_help=True,
 )
-
-AppNameOpt = Annotated[str, typer.Option("--app", "-a", help="The app.")]
 
 
 def register_apps(app: typer.Typer) -> None:

@@ -25,7 +25,12 @@ __all__ = [
     "drop_unset",
 ]
 
+# The reasons more than one field is refused for.
 _NO_TLS = "Souq's edge proxy serves plain HTTP and TCP; terminate TLS in front of it"
+_NO_VM = "machines are processes on the worker's kernel, not VMs"
+_NO_ROOTFS_SIZE = "a machine's writable layer is bounded by its worker's disk, not by a size"
+_NO_PINNING = "requests cannot be pinned to one machine"
+_NO_PORT_RANGE = "port ranges are not supported; give one port"
 
 CONFIG_UNSUPPORTED: Mapping[str, str] = {
     "statics": "the edge proxy serves no static files; serve them from the app",
@@ -43,24 +48,24 @@ GUEST_UNSUPPORTED: Mapping[str, str] = {
     "max_memory_mb": "memory is a hard limit of guest.memory_mb; there is no burst above it",
     "host_dedication_id": "dedicated hosts are not supported; use constraints on labels",
     "persist_rootfs": "give `rootfs.persist` (`never` or `always`)",
-    "kernel_args": "machines are processes on the worker's kernel, not VMs",
+    "kernel_args": _NO_VM,
 }
 ROOTFS_UNSUPPORTED: Mapping[str, str] = {
-    "size_gb": "a machine's writable layer is bounded by its worker's disk, not by a size",
-    "fs_size_gb": "a machine's writable layer is bounded by its worker's disk, not by a size",
+    "size_gb": _NO_ROOTFS_SIZE,
+    "fs_size_gb": _NO_ROOTFS_SIZE,
 }
 INIT_UNSUPPORTED: Mapping[str, str] = {
     "tty": "machines have no terminal",
     "swap_size_mb": "machines get no swap of their own",
-    "kernel_args": "machines are processes on the worker's kernel, not VMs",
+    "kernel_args": _NO_VM,
 }
 SERVICE_UNSUPPORTED: Mapping[str, str] = {
-    "force_instance_key": "requests cannot be pinned to one machine",
-    "force_instance_description": "requests cannot be pinned to one machine",
+    "force_instance_key": _NO_PINNING,
+    "force_instance_description": _NO_PINNING,
 }
 PORT_UNSUPPORTED: Mapping[str, str] = {
-    "start_port": "port ranges are not supported; give one port",
-    "end_port": "port ranges are not supported; give one port",
+    "start_port": _NO_PORT_RANGE,
+    "end_port": _NO_PORT_RANGE,
     "force_https": _NO_TLS,
     "tls_options": _NO_TLS,
     "http_options": "per-port HTTP options are not supported",
