@@ -22,7 +22,7 @@ from souq.model.choices import EventType
 from souq.model.machine import MachineState
 
 if TYPE_CHECKING:
-    from souq.agent.machines.executor import Executor
+    from souq.agent.machines.steps import Steps
 
 __all__ = [
     "WAITING_FOR_EXIT",
@@ -40,7 +40,7 @@ WAITING_FOR_EXIT = (OpState.DRAINING, OpState.SIGNALLING, OpState.KILLING)
 _RUNNING = (S.STARTED, S.STOPPING, S.SUSPENDED)
 
 
-def on_exit(ex: Executor, machine_id: str, status: ExitStatus) -> None:
+def on_exit(ex: Steps, machine_id: str, status: ExitStatus) -> None:
     """The machine's process exited with ``status``."""
     ran_for = ex.process_gone(machine_id)
     if not ex.has(machine_id):
@@ -80,13 +80,13 @@ def on_exit(ex: Executor, machine_id: str, status: ExitStatus) -> None:
         )
 
 
-def exited_during_op(ex: Executor, op: Op, status: ExitStatus) -> None:
+def exited_during_op(ex: Steps, op: Op, status: ExitStatus) -> None:
     """The exit ``op`` waited for: the operation advances."""
     ex.drop_handle(op.machine_id)
     ex.step(op, Event.EXITED, status=status)
 
 
-def on_kill_due(ex: Executor, machine_id: str) -> None:
+def on_kill_due(ex: Steps, machine_id: str) -> None:
     """A stop's timer: its drain is over, or the machine outlived its stop's timeout."""
     op = ex.current_op(machine_id)
     if op is not None and op.state is OpState.DRAINING:
@@ -102,7 +102,7 @@ def on_kill_due(ex: Executor, machine_id: str) -> None:
     )
 
 
-def on_restart_due(ex: Executor, machine_id: str) -> None:
+def on_restart_due(ex: Steps, machine_id: str) -> None:
     """A restart's backoff is over: the restart begins, unless something else came first."""
     if not ex.has(machine_id) or ex.current_op(machine_id) is not None:
         return

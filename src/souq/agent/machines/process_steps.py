@@ -1,7 +1,7 @@
 """What the executor does to a machine's process itself: freeze and thaw it (suspend, resume),
 send it a signal, and clean up after it (its sandbox, its private address, its volume's
-attachment). Part of :class:`~souq.agent.machines.executor.Executor`, whose state it uses
-(and which it hands on as itself).
+attachment). Part of :class:`~souq.agent.machines.executor.Executor`, whose state it uses (as
+:class:`~souq.agent.machines.steps.Steps` where it hands itself on).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from souq.network.addresses import private_address
 from souq.network.links import WorkerNetwork
 
 if TYPE_CHECKING:
-    from souq.agent.machines.executor import Executor
+    from souq.agent.machines.steps import Steps
 
 __all__ = ["ProcessSteps"]
 
@@ -79,7 +79,7 @@ class ProcessSteps:
             if op.state in exits.WAITING_FOR_EXIT:
                 # Nothing runs (it died while no agent watched): the operation sees the exit now.
                 exits.exited_during_op(
-                    cast("Executor", self), op, exits.last_exit(self.driver, op.machine_id)
+                    cast("Steps", self), op, exits.last_exit(self.driver, op.machine_id)
                 )
             return
         self.driver.signal(handle, sig)  # False: it is exiting, and its watcher will report

@@ -14,7 +14,7 @@ from souq.drivers.base import Handle
 from souq.model.machine import MachineState
 
 if TYPE_CHECKING:
-    from souq.agent.machines.executor import Executor
+    from souq.agent.machines.steps import Steps
 
 __all__ = ["recover"]
 
@@ -24,7 +24,7 @@ S = MachineState
 _RUNNING = (S.STARTED, S.STOPPING, S.SUSPENDED)
 
 
-def recover(ex: Executor) -> None:
+def recover(ex: Steps) -> None:
     pending = ex.store.unfinished_ops()
     with_ops = {s.machine_id for s in pending}
     for row in ex.rows():
@@ -50,7 +50,7 @@ def recover(ex: Executor) -> None:
         ex.checks.follow(row)  # the re-adopted machines' health checks run again
 
 
-def _last_handle(ex: Executor, row: MachineRow, has_op: bool) -> Handle | None:
+def _last_handle(ex: Steps, row: MachineRow, has_op: bool) -> Handle | None:
     if row.state is S.DESTROYED:
         return None
     if row.pid is not None and row.pid_start_time is not None:
