@@ -88,11 +88,19 @@ def test_a_standard_create_in_a_full_region_displaces_the_cheapest_spot_machine(
     assert not dry.preempted
     assert all(m.state == "started" for m in client.list_machines(batch))
 
+    # Each worker tells what its spot machines could free: the book sends the create straight
+    # to a claim that preempts, no worker asked whom it would displace.
+    def spot_room() -> list[float]:
+        rooms = [w.preemptible or [] for w in client.workers() if w.region == "pre"]
+        return [x.resources.cpus for r in rooms for x in r if x.priority_class == "spot"]
+
+    wait_until(lambda: spot_room() == [CPUS] * WORKERS, message="heartbeats say the spot room")
     made = client.create_machine(web, "pre", config("standard"))
 
     record = made.placement
     assert record is not None and record.preemption is not None
     assert record.preemption.displaces == ["spot"]
+    assert record.source == "book" and record.offers_received == record.expected_offers
     (victim,) = record.preempted
     # The cheapest bid on the chosen worker went (bids are the spot machines' indexes).
     on_worker = [m for m in spot if m.worker_id == made.worker_id]

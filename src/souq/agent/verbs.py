@@ -118,7 +118,9 @@ class WorkerVerbs:
     def capacity(self) -> Resources:
         return self.admission.capacity
 
-    def worker_info(self) -> WorkerInfo:
+    def worker_info(self, *, room: bool = True) -> WorkerInfo:
+        """The worker as a heartbeat tells it; ``room=False``: without what lower classes could
+        free (an offer's: a preempting create's offer says whom it would displace instead)."""
         now = self._clock.now_ms()
         return WorkerInfo(
             id=self.worker_id,
@@ -135,12 +137,16 @@ class WorkerVerbs:
             images=self.images(),
             gpu_free=list(self.admission.gpu_free(now)),
             gpu_shapes=self.admission.gpu_shapes(),
+            preemptible=evictions.room(self._ex) if room else None,
         )
 
     def usage(self) -> WorkerUsage:
         """What the worker has promised now (sent whenever it changes)."""
         return self.admission.usage(
-            self._clock.now_ms(), state=self.state(), machines=self._ex.machine_count()
+            self._clock.now_ms(),
+            state=self.state(),
+            machines=self._ex.machine_count(),
+            preemptible=evictions.room(self._ex),
         )
 
     def images(self) -> list[str]:
@@ -165,7 +171,7 @@ class WorkerVerbs:
             await self.publisher.heartbeat()
 
     def offer(self, req: msg.OfferRequest) -> msg.Offer:
-        info = self.worker_info()
+        info = self.worker_info(room=False)
         existing = self._ex.machine_for_request(req.request_id)
         if existing is not None:
             return msg.Offer(worker=info, eligible=True, existing_machine_id=existing)

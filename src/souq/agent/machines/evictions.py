@@ -6,9 +6,15 @@ and gives its reservation back in the same step; a running one is stopped as a u
 would be (its stop signal, SIGKILL after its ``kill_timeout``), so it leaves the proxies'
 rotation at once and ends ``stopped``; a stopped one (holding room) just gives the room back. A
 later start takes room again, judged as a new machine is (as for a failed one).
+
+What each lower class could free (:func:`room`) goes out with every heartbeat and usage
+message, so that a broker's book can send a create that fits nowhere straight to a claim that
+preempts (no round of offers asking whom each worker would displace).
 """
 
 from __future__ import annotations
+
+from collections import defaultdict
 
 from souq.agent.machines import lifecycle
 from souq.agent.machines.executor import Executor
@@ -16,11 +22,13 @@ from souq.agent.state.events import Event
 from souq.agent.state.operations import OpKind
 from souq.agent.state.records import MachineRow
 from souq.market.preemption import JOB_VICTIM, Candidate, Eviction, JobRuns, may_displace
-from souq.model.choices import EventType
+from souq.model.choices import EventType, PriorityClass
 from souq.model.machine import MachineState
 from souq.model.placement import PreemptedMachine
+from souq.model.resources import Resources
+from souq.model.worker import PreemptibleRoom
 
-__all__ = ["RUNNING", "candidates", "displace", "evict"]
+__all__ = ["RUNNING", "candidates", "displace", "evict", "room"]
 
 S = MachineState
 _DISPLACEABLE = (S.STARTED, S.SUSPENDED, S.STOPPED, S.CREATED)
@@ -55,6 +63,32 @@ def candidates(ex: Executor, claimant: str) -> list[Candidate]:
             )
         )
     return found
+
+
+def room(ex: Executor) -> list[PreemptibleRoom]:
+    """What the machines (and batch job runs) of each class below ``reserved`` could free here,
+    by the same rule as :func:`candidates`: lowest class first, classes with none left out."""
+    found: dict[str, list[Candidate]] = defaultdict(list)
+    for c in candidates(ex, PriorityClass.RESERVED):
+        found[c.priority_class].append(c)
+    out = []
+    for klass in (PriorityClass.SPOT, PriorityClass.STANDARD):
+        these = found.get(klass)
+        if not these:
+            continue
+        total = Resources.zero()
+        for c in these:
+            total = total.plus(c.resources)
+        bids = [c.price for c in these if c.price is not None]
+        out.append(
+            PreemptibleRoom(
+                priority_class=klass,
+                resources=total,
+                machines=len(these),
+                cheapest=min(bids) if bids else None,
+            )
+        )
+    return out
 
 
 def evict(
