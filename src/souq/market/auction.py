@@ -244,7 +244,11 @@ class Auction:
 
     def refused(self, worker_id: str, reason: str, now: float, *, silent: bool) -> list[Action]:
         """The claim on ``worker_id`` was refused (``reason``: the status or the refusal's
-        reason), or it reached nobody (``silent``: the worker is not there to hear it)."""
+        reason), or it reached nobody (``silent``: the worker is not there to hear it). A claim
+        sent again after it went unanswered that reaches nobody (the worker died meanwhile) is
+        unanswered still: the first may have been carried out all the same."""
+        if silent and worker_id in self._asked_again and worker_id in self._outstanding:
+            return self.unanswered(worker_id, reason, now)
         indexes = self._outstanding.pop(worker_id, ())
         self.record.claim(worker_id, len(indexes), ok=False, reason=reason)
         self._short_of_room |= _for_room(reason)

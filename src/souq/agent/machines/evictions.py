@@ -15,9 +15,10 @@ preempts (no round of offers asking whom each worker would displace).
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from souq.agent.machines import lifecycle
-from souq.agent.machines.executor import Executor
 from souq.agent.state.events import Event
 from souq.agent.state.operations import OpKind
 from souq.agent.state.records import MachineRow
@@ -28,7 +29,11 @@ from souq.model.placement import PreemptedMachine
 from souq.model.resources import Resources
 from souq.model.worker import PreemptibleRoom
 
-__all__ = ["RUNNING", "candidates", "displace", "evict", "room"]
+if TYPE_CHECKING:  # the executor's recovery finishes a claim's evictions (finish)
+    from souq.agent.machines.executor import Executor
+    from souq.agent.machines.steps import Steps
+
+__all__ = ["RUNNING", "candidates", "displace", "evict", "finish", "room", "told"]
 
 S = MachineState
 _DISPLACEABLE = (S.STARTED, S.SUSPENDED, S.STOPPED, S.CREATED)
@@ -91,48 +96,63 @@ def room(ex: Executor) -> list[PreemptibleRoom]:
     return out
 
 
-def evict(
-    ex: Executor,
-    eviction: Eviction,
-    *,
-    by: str,
-    app: str,
-    claimant: str,
-) -> list[PreemptedMachine]:
-    """Displace ``eviction``'s victims for machine ``by`` of ``app`` (class ``claimant``): each
-    gives its reservation back now and, if it runs, is stopped. Their steps commit unsynced:
-    the new machine's record, which follows, is synced before the claim is answered (and
-    syncs every write before it). Returns what the new machine's placement record says of
-    them."""
-    told = []
-    for victim in eviction.victims:
-        reason = (
-            f"priority_class {claimant} displaces {victim.priority_class}: no worker had room "
-            f"for machine {by} of app {app}"
+def told(eviction: Eviction, *, by: str, app: str, claimant: str) -> list[PreemptedMachine]:
+    """What the placement record of machine ``by`` of ``app`` (class ``claimant``) says of the
+    victims it displaces, and why."""
+    return [
+        PreemptedMachine(
+            machine_id=victim.machine_id,
+            app=victim.app,
+            priority_class=victim.priority_class,
+            max_price=victim.price,
+            cpus=victim.resources.cpus,
+            memory_mb=victim.resources.memory_mb,
+            running=victim.running,
+            reason=(
+                f"priority_class {claimant} displaces {victim.priority_class}: no worker had "
+                f"room for machine {by} of app {app}"
+            ),
         )
+        for victim in eviction.victims
+    ]
+
+
+def evict(ex: Executor, victims: Sequence[PreemptedMachine], *, by: str, app: str) -> None:
+    """Displace ``victims`` (:func:`told`) for machine ``by`` of ``app``, once its record is
+    written (a claim that fails before that displaces nobody): each gives its reservation
+    back now and, if it runs, is stopped. Their steps commit unsynced, after the new
+    machine's; the claim syncs the store before it answers (a sync makes every write before
+    it durable)."""
+    for victim in victims:
         if victim.machine_id.startswith(JOB_VICTIM):
             jobs: JobRuns | None = ex.job_runs
             assert jobs is not None  # only its runner proposed it
             jobs.preempt(victim.machine_id.removeprefix(JOB_VICTIM), by)
         else:
             row = ex.row_by_id(victim.machine_id)
-            displace(ex, row, f"preempted by machine {by} of app {app}: {reason}")
-        told.append(
-            PreemptedMachine(
-                machine_id=victim.machine_id,
-                app=victim.app,
-                priority_class=victim.priority_class,
-                max_price=victim.price,
-                cpus=victim.resources.cpus,
-                memory_mb=victim.resources.memory_mb,
-                running=victim.running,
-                reason=reason,
-            )
-        )
-    return told
+            displace(ex, row, f"preempted by machine {by} of app {app}: {victim.reason}")
 
 
-def displace(ex: Executor, row: MachineRow, message: str, *, durable: bool = False) -> None:
+def finish(ex: Steps, machine_id: str) -> None:
+    """After an agent restart, before the create of ``machine_id`` resumes: the victims its
+    claim named that still hold their room (the agent died between the new machine's record
+    and theirs) are displaced now, as the claim would have; a batch job's run went with the
+    agent."""
+    row = ex.row_by_id(machine_id)
+    for victim in row.placement.preempted if row.placement is not None else ():
+        if victim.machine_id.startswith(JOB_VICTIM) or not ex.has(victim.machine_id):
+            continue
+        left = ex.row_by_id(victim.machine_id)
+        if (
+            left.state in _DISPLACEABLE
+            and left.id not in ex.unreserved
+            and ex.current_op(left.id) is None
+        ):
+            message = f"preempted by machine {row.id} of app {row.app}: {victim.reason}"
+            displace(ex, left, message, durable=True)
+
+
+def displace(ex: Steps, row: MachineRow, message: str, *, durable: bool = False) -> None:
     """Preempt ``row``: an event ``preempted`` saying ``message``, its reservation given back,
     and, if it runs, its stop. ``durable=False``: the caller syncs the store (a claim's)."""
     if row.state is S.STOPPED:
