@@ -19,15 +19,16 @@ from souq.agent.machines.executor import Executor
 from souq.agent.machines.quotes import Quotes
 from souq.agent.machines.tools import MachineTools
 from souq.agent.publisher import Publisher
+from souq.agent.state.records import MachineRow
 from souq.agent.stats import AgentStats
 from souq.agent.volumes.verbs import route_volumes
 from souq.agent.wire import machine_json
 from souq.bus.codec import Encoded
 from souq.clock import Clock, iso_from_ms
-from souq.errors import ClaimRefused, IllegalTransition, NotFound, Unavailable
+from souq.errors import ClaimRefused, Conflict, IllegalTransition, NotFound, Unavailable
 from souq.model import protocol as msg
 from souq.model.batch import BatchClaimReply, BatchClaimRequest
-from souq.model.machine import Machine, MachineEvent, MachineState, OpRecord
+from souq.model.machine import Machine, MachineEvent, MachineState, OpRecord, preempted_event
 from souq.model.machine_tools import MachineCordonCommand, MetadataCommand
 from souq.model.reasons import Reason
 from souq.model.resources import Resources
@@ -339,10 +340,24 @@ class WorkerVerbs:
 
     async def _start(self, ref: msg.StartCommand) -> Machine:
         if ref.wake:  # the proxy's, for traffic: a lease never takes the app offline
-            self._ex.row(ref.app, ref.machine_id)
+            self._displaced(self._ex.row(ref.app, ref.machine_id))
         else:
             self._leased(ref)
         return self._cmd.start(ref.app, ref.machine_id)
+
+    def _displaced(self, row: MachineRow) -> None:
+        """Refuse the proxy's start of a machine that preemption displaced (it holds no room):
+        its start takes room again, which its app's quota counts first, and only a broker's
+        start (the API's) asks the quota."""
+        if row.id in self._ex.unreserved:
+            machine = self._ex.machine(row.app, row.id)
+            if preempted_event(machine) is not None:
+                raise Conflict(
+                    f"machine {row.id} was displaced by preemption: starting it takes its room "
+                    "again, which its app's quota counts first; the proxy does not wake it",
+                    hint=f"start it through the API (POST /v1/apps/{row.app}/machines/{row.id}"
+                    "/start, `souq machine start`)",
+                )
 
     async def _suspend(self, ref: msg.MachineRef) -> Machine:
         self._leased(ref)
