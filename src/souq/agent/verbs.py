@@ -71,6 +71,7 @@ class WorkerVerbs:
         self.publisher: Publisher | None = None  # set by the shell once it is on the bus
         self._load = load or LoadGauge(clock)
         self.tools = MachineTools(executor, clock)
+        self._room = evictions.Room(executor)  # what lower classes could free, as told
         # Claims, batch claims and holds take turns, one per turn of the event loop: a burst of
         # hundreds (each one a transaction and a spawn) would otherwise run back to back in one
         # turn, and the heartbeats, offers and answers due meanwhile would wait for all of them
@@ -138,7 +139,7 @@ class WorkerVerbs:
             images=self.images(),
             gpu_free=list(self.admission.gpu_free(now)),
             gpu_shapes=self.admission.gpu_shapes(),
-            preemptible=evictions.room(self._ex) if room else None,
+            preemptible=self._room.now() if room else None,
         )
 
     def usage(self) -> WorkerUsage:
@@ -147,7 +148,7 @@ class WorkerVerbs:
             self._clock.now_ms(),
             state=self.state(),
             machines=self._ex.machine_count(),
-            preemptible=evictions.room(self._ex),
+            preemptible=self._room.now(),
         )
 
     def images(self) -> list[str]:

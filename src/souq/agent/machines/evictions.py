@@ -14,7 +14,7 @@ preempts (no round of offers asking whom each worker would displace).
 
 from __future__ import annotations
 
-from collections import defaultdict
+import copy
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -33,33 +33,38 @@ if TYPE_CHECKING:  # the executor's recovery finishes a claim's evictions (finis
     from souq.agent.machines.executor import Executor
     from souq.agent.machines.steps import Steps
 
-__all__ = ["RUNNING", "candidates", "displace", "evict", "finish", "room", "told"]
+__all__ = ["RUNNING", "Room", "candidates", "displace", "evict", "finish", "told"]
 
 S = MachineState
 _DISPLACEABLE = (S.STARTED, S.SUSPENDED, S.STOPPED, S.CREATED)
 RUNNING = (S.STARTED, S.SUSPENDED)
 
 
+def _displaceable(ex: Executor, row: MachineRow, claimant: str) -> bool:
+    """Whether ``row`` may be displaced by a machine of class ``claimant``: of a lower class,
+    holding a reservation, settled (no operation under way)."""
+    return (
+        row.state in _DISPLACEABLE
+        and may_displace(claimant, row.config.priority_class)
+        and row.id not in ex.unreserved
+        and ex.current_op(row.id) is None
+    )
+
+
 def candidates(ex: Executor, claimant: str) -> list[Candidate]:
-    """The machines here that a machine of class ``claimant`` could displace: of a lower class,
-    holding a reservation, settled (no operation under way); and the batch jobs running here
-    of a lower class (``ex.job_runs``)."""
+    """The machines here that a machine of class ``claimant`` could displace
+    (:func:`_displaceable`), and the batch jobs running here of a lower class
+    (``ex.job_runs``)."""
     jobs: JobRuns | None = ex.job_runs
     found = [] if jobs is None else jobs.preemptible(claimant)
     for row in ex.rows():
-        klass = row.config.priority_class
-        if (
-            row.state not in _DISPLACEABLE
-            or not may_displace(claimant, klass)
-            or row.id in ex.unreserved
-            or ex.current_op(row.id) is not None
-        ):
+        if not _displaceable(ex, row, claimant):
             continue
         found.append(
             Candidate(
                 machine_id=row.id,
                 app=row.app,
-                priority_class=klass,
+                priority_class=row.config.priority_class,
                 resources=row.resources,
                 price=row.config.max_price,
                 running=row.state in RUNNING,
@@ -70,30 +75,71 @@ def candidates(ex: Executor, claimant: str) -> list[Candidate]:
     return found
 
 
-def room(ex: Executor) -> list[PreemptibleRoom]:
-    """What the machines (and batch job runs) of each class below ``reserved`` could free here,
-    by the same rule as :func:`candidates`: lowest class first, classes with none left out."""
-    found: dict[str, list[Candidate]] = defaultdict(list)
-    for c in candidates(ex, PriorityClass.RESERVED):
-        found[c.priority_class].append(c)
-    out = []
-    for klass in (PriorityClass.SPOT, PriorityClass.STANDARD):
-        these = found.get(klass)
-        if not these:
-            continue
-        total = Resources.zero()
-        for c in these:
-            total = total.plus(c.resources)
-        bids = [c.price for c in these if c.price is not None]
-        out.append(
-            PreemptibleRoom(
-                priority_class=klass,
-                resources=total,
-                machines=len(these),
-                cheapest=min(bids) if bids else None,
-            )
+class _Sum:
+    """What one class's candidates reserve, how many they are and their lowest bid."""
+
+    def __init__(self) -> None:
+        self.millicpus = self.memory_mb = self.disk_mb = self.gpus = self.gpu_milli = 0
+        self.machines = 0
+        self.cheapest: float | None = None
+
+    def add(self, resources: Resources, price: float | None) -> None:
+        self.millicpus += resources.millicpus
+        self.memory_mb += resources.memory_mb
+        self.disk_mb += resources.disk_mb
+        self.gpus += resources.gpus
+        self.gpu_milli += resources.gpu_milli
+        self.machines += 1
+        if price is not None and (self.cheapest is None or price < self.cheapest):
+            self.cheapest = price
+
+    def room(self, klass: str) -> PreemptibleRoom:
+        reserved = Resources(
+            cpus=self.millicpus / 1000,
+            memory_mb=self.memory_mb,
+            disk_mb=self.disk_mb,
+            gpus=self.gpus,
+            gpu_milli=self.gpu_milli,
         )
-    return out
+        return PreemptibleRoom(
+            priority_class=klass, resources=reserved, machines=self.machines, cheapest=self.cheapest
+        )
+
+
+class Room:
+    """What the machines (and batch job runs) of each class below ``reserved`` could free here,
+    by the same rule as :func:`candidates`, lowest class first, classes with none left out
+    (:meth:`now`). Heartbeats and usage messages carry it, so the machines are summed again only
+    after something changed (the ledger's version, a machine's step or its operation's
+    progress); the job runs, few, are read each time."""
+
+    def __init__(self, ex: Executor) -> None:
+        self._ex = ex
+        self._seen: tuple[int, int] | None = None
+        self._machines: dict[str, _Sum] = {}
+
+    def now(self) -> list[PreemptibleRoom]:
+        ex = self._ex
+        key = (ex.admission.version, ex.changes)
+        if key != self._seen:
+            self._seen, self._machines = key, {}
+            for row in ex.rows():
+                if _displaceable(ex, row, PriorityClass.RESERVED):
+                    total = self._machines.setdefault(row.config.priority_class, _Sum())
+                    total.add(row.resources, row.config.max_price)
+        jobs: JobRuns | None = ex.job_runs
+        runs = [] if jobs is None else jobs.preemptible(PriorityClass.RESERVED)
+        out = []
+        for klass in (PriorityClass.SPOT, PriorityClass.STANDARD):
+            summed = self._machines.get(klass)
+            these = [r for r in runs if r.priority_class == klass]
+            if these:
+                summed = copy.copy(summed) if summed is not None else _Sum()
+                for run in these:
+                    summed.add(run.resources, run.price)
+            if summed is not None:
+                out.append(summed.room(klass))
+        return out
 
 
 def told(eviction: Eviction, *, by: str, app: str, claimant: str) -> list[PreemptedMachine]:
