@@ -151,7 +151,7 @@ class Admission:
         preemptible: list[PreemptibleRoom] | None = None,
     ) -> WorkerUsage:
         """What is promised now; ``preemptible``: what lower classes could free (the shell's
-        word, :func:`souq.agent.machines.evictions.room`; None: not said)."""
+        word, :class:`souq.agent.machines.evictions.Room`; None: not said)."""
         return WorkerUsage(
             worker_id=self.worker_id,
             region=self.region,
