@@ -268,6 +268,9 @@ class WorkerVerbs:
             machine = self._cmd.claim(req, quote=quote)
         except ClaimRefused as exc:
             self.stats.claimed(str(exc.details.get("reason", exc.status)))
+            if req.preempt and "usage" in exc.details:
+                # The broker's book corrects itself from it: what lower classes could free too.
+                exc.details["usage"] = self.usage().model_dump(mode="json")
             raise
         self.stats.claimed("accepted")
         if req.quote_id is not None:
