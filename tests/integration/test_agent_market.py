@@ -251,3 +251,50 @@ def test_a_claims_reply_leaves_out_the_record_it_brought_but_keeps_it(
             assert again.id == made.id and again.placement == stored.placement
 
     asyncio.run(body())
+
+
+def test_usage_says_what_lower_classes_could_free_and_a_preempting_refusal_carries_it(
+    nats_url: str, tmp_path: Path
+) -> None:
+    """What a broker's book preempts from: per class below ``reserved``, what its settled
+    machines reserve, how many, their lowest bid; and a preempting claim refused carries it,
+    so that the book stops sending creates to room that went."""
+
+    async def body() -> None:
+        async with running_agent(nats_url, tmp_path, cpus=2, memory_mb=1024) as h:
+            told: list[WorkerUsage] = []
+
+            async def on_usage(subject: str, data: bytes) -> None:
+                told.append(decode(data, WorkerUsage))
+
+            await h.bus.subscribe(subjects.ALL_USAGE, on_usage)
+            await h.bus.flush()
+            await h.claim(SLEEPER, cpus=1, priority_class="spot", max_price=3)
+            await h.claim(SLEEPER, cpus=1, priority_class="standard")
+            said = await eventually(
+                lambda: [u for u in told if u.preemptible and len(u.preemptible) == 2],
+                message="the room of both classes",
+            )
+            spot, standard = said[-1].preemptible or []
+            assert (spot.priority_class, spot.resources.cpus, spot.machines) == ("spot", 1, 1)
+            assert spot.cheapest == 3
+            assert (standard.priority_class, standard.machines, standard.cheapest) == (
+                "standard",
+                1,
+                None,
+            )
+            # Two cpus for a standard machine: its one spot victim frees one. Refused, with the
+            # worker's usage saying so.
+            config = MachineConfig.model_validate(
+                {"cmd": SLEEPER, "guest": {"cpus": 2, "memory_mb": 256}}
+            )
+            req = ClaimRequest(
+                request_id="r-big", body_hash="h", app=APP, region="mad", config=config, preempt=8
+            )
+            with pytest.raises(ClaimRefused) as caught:
+                await h.call(v.CLAIM, req)
+            assert caught.value.details["reason"] == "no_preemptible"
+            usage = WorkerUsage.model_validate(caught.value.details["usage"])
+            assert [r.priority_class for r in usage.preemptible or []] == ["spot", "standard"]
+
+    asyncio.run(body())

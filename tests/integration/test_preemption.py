@@ -8,6 +8,7 @@ displace more than their machines need."""
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any
 import httpx
 
 from souq.model import Machine
-from souq.testing import Cluster, auth_headers, wait_until
+from souq.testing import Cluster, auth_headers, environment, wait_until
 from tests.clusters import ClusterSpec
 from tests.integration.priority_harness import config
 
@@ -88,11 +89,19 @@ def test_a_standard_create_in_a_full_region_displaces_the_cheapest_spot_machine(
     assert not dry.preempted
     assert all(m.state == "started" for m in client.list_machines(batch))
 
+    # Each worker tells what its spot machines could free: the book sends the create straight
+    # to a claim that preempts, no worker asked whom it would displace.
+    def spot_room() -> list[float]:
+        rooms = [w.preemptible or [] for w in client.workers() if w.region == "pre"]
+        return [x.resources.cpus for r in rooms for x in r if x.priority_class == "spot"]
+
+    wait_until(lambda: spot_room() == [CPUS] * WORKERS, message="heartbeats say the spot room")
     made = client.create_machine(web, "pre", config("standard"))
 
     record = made.placement
     assert record is not None and record.preemption is not None
     assert record.preemption.displaces == ["spot"]
+    assert record.source == "book" and record.offers_received == record.expected_offers
     (victim,) = record.preempted
     # The cheapest bid on the chosen worker went (bids are the spot machines' indexes).
     on_worker = [m for m in spot if m.worker_id == made.worker_id]
@@ -242,6 +251,65 @@ def test_a_restarted_agent_counts_a_victim_as_giving_its_room_back(tmp_path: Pat
         )
         assert started.status_code == 409, started.text  # its room is taken
         assert started.json()["status"] == "insufficient_capacity"
+
+
+def test_an_agent_dead_between_a_claim_and_its_evictions_displaces_them_at_its_restart(
+    tmp_path: Path,
+) -> None:
+    """The claim records the new machine first, then displaces: the agent killed between the two
+    (its fault point right after the new machine's record) leaves every victim running, and the
+    restarted agent displaces the one the record names before it starts the new machine."""
+    with Cluster(tmp_path, regions={"solo": 0}) as c:
+        with environment(SOUQ_FAULT_INJECTION="1"):
+            agent = c.add_agent("solo", cpus=2, stop_machines_on_exit=False)
+        c.wait_for_workers()
+        client = c.client()
+        spot = [
+            client.create_machine("batch", "solo", config("spot", price=1 + i)) for i in range(2)
+        ]
+        (agent.data_dir / "fault").write_text("create:spawning")
+        proc = agent.process
+        assert proc is not None
+
+        async def create_across_the_crash() -> httpx.Response:
+            async with httpx.AsyncClient(base_url=c.api_url, timeout=120) as http:
+                answer = asyncio.ensure_future(
+                    http.post(
+                        "/v1/apps/web/machines",
+                        json={"region": "solo", "config": config("standard")},
+                        headers=auth_headers(),
+                    )
+                )
+                for _ in range(500):
+                    if proc.poll() is not None:
+                        break
+                    await asyncio.sleep(0.02)
+                assert proc.poll() == 137, "the fault did not fire"
+                restarted.append(time.time() * 1000)
+                await asyncio.to_thread(agent.start)
+                return await answer
+
+        restarted: list[float] = []
+        answer = asyncio.run(create_across_the_crash())
+        assert answer.status_code in (201, 503), answer.text  # the claim sent again, or not
+        [made] = client.list_machines("web")
+        assert made.placement is not None
+        [victim] = [v.machine_id for v in made.placement.preempted]
+        assert victim == spot[0].id  # the cheaper bid, as the claim chose it
+        event = wait_until(
+            lambda: preempted_event(c, "batch", victim), message="displaced at the restart"
+        )
+        assert made.id in event["message"]
+        assert event["timestamp"] >= restarted[0]  # nothing was displaced before the crash
+        client.wait("batch", victim, "stopped", timeout=30)
+        client.wait("web", made.id, "started", timeout=30)
+        assert client.get_machine("batch", spot[1].id).state == "started"
+        assert preempted_event(c, "batch", spot[1].id) is None
+        worker = wait_until(
+            lambda: next((w for w in client.workers() if w.machines == 3), None),
+            message="a heartbeat of the restarted agent",
+        )
+        assert worker.allocated.cpus == 2  # full, not over
 
 
 def _quota(url: str, app: str) -> dict[str, Any]:

@@ -18,7 +18,10 @@ import httpx
 import pytest
 
 from souq.bus.nats import connect
+from souq.errors import Conflict
 from souq.model import MachineState
+from souq.model.protocol import StartCommand
+from souq.protocol.verbs import START
 from souq.proxy.daemon import ControlPlane, ProxyConfig
 from souq.testing import Cluster, eventually
 from tests.clusters import ClusterSpec
@@ -276,6 +279,62 @@ async def test_a_standby_starts_when_its_primary_is_preempted(tmp_path: Path) ->
             assert (await asyncio.to_thread(client.get_machine, app, primary.id)).state in (
                 MachineState.STOPPING,
                 MachineState.STOPPED,
+            )
+        finally:
+            await plane.aclose()
+            await transport.close()
+
+
+async def test_a_preempted_machine_is_not_woken_for_a_request(tmp_path: Path) -> None:
+    """Displaced, a machine holds no room: its start takes some again, which its app's quota
+    counts first, and only the API's start asks the quota. The proxy leaves it stopped (and its
+    worker refuses a wake-up that tries), until the API starts it."""
+    with Cluster(tmp_path, regions={"mad": 1}, cpus=1) as c:
+        transport = await connect(
+            c.nats.url, name="test-proxy", credential=c.nats_credential("proxy")
+        )
+        plane = ControlPlane(
+            ProxyConfig(nats_url=c.nats.url, region="mad", autostop_interval_s=3600), transport
+        )
+        await plane.start()
+        try:
+            client = c.client()
+            app, other = app_name("p"), app_name("q")
+            size = {"cpus": 1, "memory_mb": 64}
+            spot = await asyncio.to_thread(
+                client.create_machine,
+                app,
+                "mad",
+                {**config(), "guest": size, "priority_class": "spot"},
+            )
+            taker = await asyncio.to_thread(
+                client.create_machine, other, "mad", {"cmd": ["sleep", "600"], "guest": size}
+            )
+            assert taker.placement is not None
+            assert [v.machine_id for v in taker.placement.preempted] == [spot.id]
+            await asyncio.to_thread(client.wait, app, spot.id, "stopped", timeout=30)
+            backend = await until(
+                lambda: (b := plane.table.get(spot.id)) and b.state == "stopped" and b,
+                message="the victim stopped in the table",
+            )
+            assert not backend.autostart
+            assert await plane.waker.wake(app, "mad") is None  # nothing to wake
+            with pytest.raises(Conflict) as refused:  # the worker says no to a wake-up too
+                await plane.waker.workers.call(
+                    spot.worker_id,
+                    START,
+                    StartCommand(app=app, machine_id=spot.id, wake=True),
+                    timeout=10,
+                )
+            assert "displaced by preemption" in refused.value.message
+            assert (await asyncio.to_thread(client.get_machine, app, spot.id)).state == "stopped"
+            # Its room back, the API's start takes it (and would ask the quota first).
+            await asyncio.to_thread(client.destroy, other, taker.id, force=True)
+            started = await asyncio.to_thread(client.start, app, spot.id)
+            assert started.state in (MachineState.STARTING, MachineState.STARTED)
+            await until(
+                lambda: (b := plane.table.get(spot.id)) and b.autostart,
+                message="woken by the proxy again once it started",
             )
         finally:
             await plane.aclose()

@@ -1,11 +1,16 @@
 """The pure parts of entering a sandboxed machine: which namespaces differ from the worker's,
 ids through a user namespace's map, a process's pid inside, whether an entered root would hold
-more than the machine's command, and the nsenter command line."""
+more than the machine's command, and the nsenter command line; and how a process's children
+are found (a stop signal's lookup of a sandboxed command)."""
 
 from __future__ import annotations
 
+import subprocess
+
+import psutil
 import pytest
 
+from souq.drivers import enter
 from souq.drivers.enter import (
     Entry,
     all_caps,
@@ -16,6 +21,7 @@ from souq.drivers.enter import (
     parse_status,
     widens,
 )
+from souq.testing import wait_until
 
 HOST = {"user": 1, "mnt": 2, "pid": 3, "ipc": 4, "uts": 5, "net": 6, "cgroup": 7, "time": 8}
 
@@ -103,3 +109,30 @@ def test_the_nsenter_line_enters_what_differs_and_takes_the_ids() -> None:
     plain = nsenter_argv(Entry(7, ("ipc", "net", "pid", "mnt")))
     assert plain[:6] == ["nsenter", "--target=7", "--ipc", "--net", "--pid", "--mount"]
     assert plain[6:] == ["--root", "--wd", "--"]  # no ids: it keeps nsenter's own
+
+
+def test_a_process_children_are_read_from_its_own_proc_entry_as_psutil_finds_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The children a stop signal's lookup walks: the kernel's list of each thread's children
+    (no scan of every process), the same as psutil's scan; where the kernel keeps no list,
+    psutil's scan itself."""
+    shell = subprocess.Popen(["sh", "-c", "sleep 30 & sleep 30 & wait"])
+    try:
+        found = wait_until(
+            lambda: (
+                len(kids := [k.pid for k in psutil.Process(shell.pid).children()]) == 2 and kids
+            ),
+            message="two children",
+        )
+        assert sorted(enter._children(shell.pid)) == sorted(found)
+        assert enter._oldest_child(shell.pid) in found
+        monkeypatch.setattr(enter.os, "access", lambda *_: False)  # a kernel without the list
+        assert sorted(enter._children(shell.pid)) == sorted(found)
+    finally:
+        for kid in psutil.Process(shell.pid).children():
+            kid.kill()
+        shell.kill()
+        shell.wait()
+    with pytest.raises(enter.CannotEnter):
+        enter._children(shell.pid)

@@ -367,6 +367,20 @@ def test_an_unanswered_claim_is_sent_again_to_its_worker_and_never_made_elsewher
     assert not done.placed
 
 
+def test_a_repeated_claim_that_reaches_nobody_is_unanswered_not_refused() -> None:
+    """The worker died after the first claim reached it: the one sent again finds no subscriber,
+    which says nothing of the first (it may have made the machine)."""
+    book = WorkerBook()
+    for i in range(3):
+        book.observe(info(f"w{i}"))
+    a = auction(book, Order(request()), use_book=True)
+    (claim,) = a.start(0.0)
+    (again,) = a.unanswered(claim.worker_id, "unavailable", 1.0)
+    (done,) = a.refused(again.worker_id, "unavailable", 2.0, silent=True)
+    assert isinstance(done, Finished) and isinstance(done.error, Unavailable)
+    assert claim.worker_id in done.error.message and not done.placed
+
+
 def test_an_answer_to_the_repeated_claim_places_the_machine() -> None:
     book = WorkerBook()
     book.observe(info("w1"))

@@ -34,7 +34,7 @@ from souq.bus.transport import Transport
 from souq.daemon import cancel_tasks
 from souq.errors import Unavailable
 from souq.model.protocol import MachineEventMessage
-from souq.model.worker import Heartbeat, WorkerInfo, WorkerUsage
+from souq.model.worker import Heartbeat, PreemptibleRoom, WorkerInfo, WorkerUsage
 from souq.protocol.verbs import PROTOCOL_MINOR
 
 __all__ = ["EVENTS_LINGER_S", "MESSAGE_BYTES", "Pacer", "Publisher"]
@@ -88,7 +88,9 @@ class Publisher:
         self._worker_info = worker_info
         self._usage = usage
         self._layers = layers
-        self._usage_sent = -1  # the ledger version last told (heartbeats tell it too)
+        # The ledger version and what lower classes could free, as last told (heartbeats tell
+        # them too).
+        self._usage_sent: tuple[int, list[PreemptibleRoom] | None] = (-1, None)
         self._stats = stats
         self._seq = 0
         self.reconnects = 0  # times the bus came back (sent in heartbeats)
@@ -162,7 +164,8 @@ class Publisher:
             protocol=PROTOCOL_MINOR,
             layers=self._layers(),
         )
-        self._usage_sent = max(self._usage_sent, info.version)
+        if info.version >= self._usage_sent[0]:
+            self._usage_sent = (info.version, info.preemptible)
         try:
             await self._transport.publish(self._heartbeat_subject, encode(beat))
         except Unavailable as exc:
@@ -224,16 +227,19 @@ class Publisher:
 
     async def _send_usage(self) -> None:
         """Tell what the worker has promised, if that changed since it was last told: a claim
-        or a destroy moves it, and brokers choose workers by it between heartbeats."""
+        or a destroy moves it, and brokers choose workers by it between heartbeats. What lower
+        classes could free changes without it too (a machine's create, done, makes it one a
+        create of a higher class may displace)."""
         usage = self._usage()
-        if usage.version == self._usage_sent or not self._transport.connected:
+        told = (usage.version, usage.preemptible)
+        if told == self._usage_sent or not self._transport.connected:
             return
         try:
             await self._transport.publish(self._usage_subject, encode(usage))
         except Unavailable as exc:
             log.debug("usage not sent: %s", exc)
         else:
-            self._usage_sent = usage.version
+            self._usage_sent = told
 
     async def _send_events(self) -> None:
         """Send what the outbox holds, in order, several events to a message (a claim makes

@@ -19,15 +19,16 @@ from souq.agent.machines.executor import Executor
 from souq.agent.machines.quotes import Quotes
 from souq.agent.machines.tools import MachineTools
 from souq.agent.publisher import Publisher
+from souq.agent.state.records import MachineRow
 from souq.agent.stats import AgentStats
 from souq.agent.volumes.verbs import route_volumes
 from souq.agent.wire import machine_json
 from souq.bus.codec import Encoded
 from souq.clock import Clock, iso_from_ms
-from souq.errors import ClaimRefused, IllegalTransition, NotFound, Unavailable
+from souq.errors import ClaimRefused, Conflict, IllegalTransition, NotFound, Unavailable
 from souq.model import protocol as msg
 from souq.model.batch import BatchClaimReply, BatchClaimRequest
-from souq.model.machine import Machine, MachineEvent, MachineState, OpRecord
+from souq.model.machine import Machine, MachineEvent, MachineState, OpRecord, preempted_event
 from souq.model.machine_tools import MachineCordonCommand, MetadataCommand
 from souq.model.reasons import Reason
 from souq.model.resources import Resources
@@ -70,6 +71,7 @@ class WorkerVerbs:
         self.publisher: Publisher | None = None  # set by the shell once it is on the bus
         self._load = load or LoadGauge(clock)
         self.tools = MachineTools(executor, clock)
+        self._room = evictions.Room(executor)  # what lower classes could free, as told
         # Claims, batch claims and holds take turns, one per turn of the event loop: a burst of
         # hundreds (each one a transaction and a spawn) would otherwise run back to back in one
         # turn, and the heartbeats, offers and answers due meanwhile would wait for all of them
@@ -118,7 +120,9 @@ class WorkerVerbs:
     def capacity(self) -> Resources:
         return self.admission.capacity
 
-    def worker_info(self) -> WorkerInfo:
+    def worker_info(self, *, room: bool = True) -> WorkerInfo:
+        """The worker as a heartbeat tells it; ``room=False``: without what lower classes could
+        free (an offer's: a preempting create's offer says whom it would displace instead)."""
         now = self._clock.now_ms()
         return WorkerInfo(
             id=self.worker_id,
@@ -135,12 +139,16 @@ class WorkerVerbs:
             images=self.images(),
             gpu_free=list(self.admission.gpu_free(now)),
             gpu_shapes=self.admission.gpu_shapes(),
+            preemptible=self._room.now() if room else None,
         )
 
     def usage(self) -> WorkerUsage:
         """What the worker has promised now (sent whenever it changes)."""
         return self.admission.usage(
-            self._clock.now_ms(), state=self.state(), machines=self._ex.machine_count()
+            self._clock.now_ms(),
+            state=self.state(),
+            machines=self._ex.machine_count(),
+            preemptible=self._room.now(),
         )
 
     def images(self) -> list[str]:
@@ -165,7 +173,7 @@ class WorkerVerbs:
             await self.publisher.heartbeat()
 
     def offer(self, req: msg.OfferRequest) -> msg.Offer:
-        info = self.worker_info()
+        info = self.worker_info(room=False)
         existing = self._ex.machine_for_request(req.request_id)
         if existing is not None:
             return msg.Offer(worker=info, eligible=True, existing_machine_id=existing)
@@ -260,6 +268,9 @@ class WorkerVerbs:
             machine = self._cmd.claim(req, quote=quote)
         except ClaimRefused as exc:
             self.stats.claimed(str(exc.details.get("reason", exc.status)))
+            if req.preempt and "usage" in exc.details:
+                # The broker's book corrects itself from it: what lower classes could free too.
+                exc.details["usage"] = self.usage().model_dump(mode="json")
             raise
         self.stats.claimed("accepted")
         if req.quote_id is not None:
@@ -333,10 +344,24 @@ class WorkerVerbs:
 
     async def _start(self, ref: msg.StartCommand) -> Machine:
         if ref.wake:  # the proxy's, for traffic: a lease never takes the app offline
-            self._ex.row(ref.app, ref.machine_id)
+            self._displaced(self._ex.row(ref.app, ref.machine_id))
         else:
             self._leased(ref)
         return self._cmd.start(ref.app, ref.machine_id)
+
+    def _displaced(self, row: MachineRow) -> None:
+        """Refuse the proxy's start of a machine that preemption displaced (it holds no room):
+        its start takes room again, which its app's quota counts first, and only a broker's
+        start (the API's) asks the quota."""
+        if row.id in self._ex.unreserved:
+            machine = self._ex.machine(row.app, row.id)
+            if preempted_event(machine) is not None:
+                raise Conflict(
+                    f"machine {row.id} was displaced by preemption: starting it takes its room "
+                    "again, which its app's quota counts first; the proxy does not wake it",
+                    hint=f"start it through the API (POST /v1/apps/{row.app}/machines/{row.id}"
+                    "/start, `souq machine start`)",
+                )
 
     async def _suspend(self, ref: msg.MachineRef) -> Machine:
         self._leased(ref)

@@ -182,15 +182,35 @@ def _status(pid: int) -> dict[str, str]:
         raise CannotEnter(f"process {pid} has exited", "gone") from None
 
 
-def _oldest_child(pid: int) -> int | None:
+def _children(pid: int) -> list[int]:
+    """The pids of ``pid``'s children, as each of its threads' ``/proc/PID/task/TID/children``
+    lists them: a read of its own, where psutil's ``children()`` reads the status of every
+    process on the host (a preempted machine's stop signal looks its command up, inside the
+    claim that displaced it). Where the kernel keeps no such list, psutil's way."""
     try:
-        kids = psutil.Process(pid).children()
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        raise CannotEnter(f"process {pid} has exited", "gone") from None
+    if tasks and os.access(f"/proc/{pid}/task/{tasks[0]}/children", os.R_OK):
+        kids: list[int] = []
+        for tid in tasks:
+            with (
+                contextlib.suppress(FileNotFoundError),  # a thread that ended meanwhile
+                open(f"/proc/{pid}/task/{tid}/children", encoding="ascii") as f,
+            ):
+                kids.extend(int(kid) for kid in f.read().split())
+        return kids
+    try:
+        return [kid.pid for kid in psutil.Process(pid).children()]
     except psutil.Error:
         raise CannotEnter(f"process {pid} has exited", "gone") from None
+
+
+def _oldest_child(pid: int) -> int | None:
     ages: list[tuple[float, int]] = []
-    for kid in kids:
+    for kid in _children(pid):
         with contextlib.suppress(psutil.Error):
-            ages.append((kid.create_time(), kid.pid))
+            ages.append((psutil.Process(kid).create_time(), kid))
     return min(ages)[1] if ages else None
 
 

@@ -19,10 +19,15 @@ Phases:
    re-assigns its machines to the next; when the ranking runs out, more candidates are drawn (or
    offers asked); unanswered claims and claim rounds are bounded by the :class:`Rules`;
 5. **preempt** — a single machine (a create or a dry run) that fits nowhere and whose class may
-   displace others (``Order.preempt``: at most that many machines) asks for offers once more,
-   each saying whom the worker would displace (:mod:`souq.market.preemption`); the ranking then
-   puts first the fewest, lowest-class, cheapest victims, and the pipeline's score among equals,
-   and the claim tells the worker it may displace (it judges again on its own ledger);
+   displace others (``Order.preempt``: at most that many machines) looks again at the workers
+   as they would stand once lower classes gave their room back. A create whose book knew no
+   worker with room draws from the book once more, each worker's room including what its lower
+   classes could free (as its heartbeats and usage say), and claims at once: no offers asked.
+   Otherwise (a dry run, a book that does not say, a region whose room the book got wrong) it
+   asks for offers once more, each saying whom the worker would displace
+   (:mod:`souq.market.preemption`). Either way the ranking puts first the fewest, lowest-class,
+   cheapest victims (the book's an estimate), and the pipeline's score among equals, and the
+   claim tells the worker it may displace: it chooses the victims on its own ledger;
 6. **finish** — :class:`Finished` with what was placed, the placement record, and the error when
    fewer than ``min_count`` were placed (immediate-or-cancel: nothing waits).
 """
@@ -173,6 +178,8 @@ class Auction:
         # Some worker was short of room for it (an offer, or a claim refused, for that): what
         # displacing machines can change, unlike a worker that did not answer.
         self._short_of_room = False
+        # The classes a machine of this order may displace, lowest first.
+        self._displace = tuple(c for c in RANK if may_displace(order.priority_class, c))
         self.record = RecordKeeper(order, pipeline, started=now)
 
     @property
@@ -188,9 +195,17 @@ class Auction:
             return [self._ask_offers()]
         if not self._draw(now):
             # Nobody in the book has room: ask, it may be stale. A create that may displace
-            # asks at once whom each worker would displace (one with room says so too).
+            # draws again, each worker with what lower classes could free there, and claims;
+            # a dry run (or a book that cannot tell) asks whom each worker would displace
+            # (one with room says so too).
             if self._may_preempt():
-                return [self._preempt("the book knew no worker with room for it as it is")]
+                reason = "the book knew no worker with room for it as it is"
+                if order.purpose is Purpose.CLAIM:
+                    self._begin_preempting(reason)
+                    if self._draw(now):
+                        return self._next(now)
+                    return [self._ask_offers(preempt=True)]
+                return [self._preempt(reason)]
             return [self._ask_offers()]
         return self._next(now)
 
@@ -229,7 +244,11 @@ class Auction:
 
     def refused(self, worker_id: str, reason: str, now: float, *, silent: bool) -> list[Action]:
         """The claim on ``worker_id`` was refused (``reason``: the status or the refusal's
-        reason), or it reached nobody (``silent``: the worker is not there to hear it)."""
+        reason), or it reached nobody (``silent``: the worker is not there to hear it). A claim
+        sent again after it went unanswered that reaches nobody (the worker died meanwhile) is
+        unanswered still: the first may have been carried out all the same."""
+        if silent and worker_id in self._asked_again and worker_id in self._outstanding:
+            return self.unanswered(worker_id, reason, now)
         indexes = self._outstanding.pop(worker_id, ())
         self.record.claim(worker_id, len(indexes), ok=False, reason=reason)
         self._short_of_room |= _for_room(reason)
@@ -314,7 +333,7 @@ class Auction:
             and self._rules.use_book
             and self.order.purpose is not (Purpose.EXPLAIN)
         ):
-            return [self._ask_offers()]
+            return [self._ask_offers(preempt=self._preempting)]
         return None
 
     def _draw(self, now: float) -> bool:
@@ -333,6 +352,7 @@ class Auction:
             max_draw=rules.max_draw,
             image=order.request.image,
             pinned=order.request.volume_worker,
+            displace=self._displace if self._preempting else (),
         )
         if not found.feasible:
             return False
@@ -364,6 +384,13 @@ class Auction:
 
     def _preempt(self, reason: str) -> AskOffers:
         """Ask for offers that say whom each worker would displace."""
+        self._begin_preempting(reason)
+        return self._ask_offers(preempt=True)
+
+    def _begin_preempting(self, reason: str) -> None:
+        """From here on, workers are ranked as they would stand once lower classes gave their
+        room back, and claims may displace; the candidates and claims so far are forgotten
+        (but unanswered ones: their machines may have been made)."""
         order = self.order
         self._preempting = True
         self._dropped -= {w for w in self._dropped if w not in self._asked_again}
@@ -373,12 +400,11 @@ class Auction:
         self.record.preempting(
             Preemption(
                 priority_class=order.priority_class,
-                displaces=[c for c in RANK if may_displace(order.priority_class, c)],
+                displaces=list(self._displace),
                 max_victims=order.preempt,
                 reason=reason,
             )
         )
-        return self._ask_offers(preempt=True)
 
     def _ask_offers(self, *, preempt: bool = False) -> AskOffers:
         self._asked_offers = True
@@ -428,8 +454,13 @@ class Auction:
                 if o.eviction is not None:
                     evictions[o.worker.id] = o.eviction.key()
         ranking = self._pipeline.rank(self.order.request, fresh)
+        # How many each would displace, as the worker said (the book's guess is not recorded).
         preempts = (
-            {o.worker.id: o.eviction.victims for o in fresh if o.eviction is not None}
+            {
+                o.worker.id: o.eviction.victims
+                for o in fresh
+                if o.eviction is not None and not o.eviction.estimated
+            }
             if self._preempting
             else None
         )

@@ -19,6 +19,14 @@ knows what each worker's image cache holds (its images and the short digests of 
 its heartbeats say): an offer says how much of the wanted image the worker would pull, and the
 draw for an image starts with workers that hold it, so that cache locality is never missed for
 want of drawing them.
+
+A create that fits nowhere but may displace machines of a lower class draws the same way, with
+each worker seen as it would stand once those classes gave their room back (``displace``):
+every heartbeat and usage message says what each class could free there
+(:class:`~souq.model.worker.PreemptibleRoom`). Such an offer carries an *estimated* eviction
+(the lowest class that must give, a guess at how many machines, the cheapest bid among them);
+the worker's claim chooses the victims on its own ledger, and refuses (``no_preemptible``) when
+the book was wrong.
 """
 
 from __future__ import annotations
@@ -28,10 +36,11 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from souq.model.protocol import Offer
+from souq.market.preemption import RANK
+from souq.model.protocol import Offer, OfferedEviction
 from souq.model.reasons import Reason
 from souq.model.resources import Resources
-from souq.model.worker import Load, WorkerInfo, WorkerState, WorkerUsage
+from souq.model.worker import Load, PreemptibleRoom, WorkerInfo, WorkerState, WorkerUsage
 from souq.placement import gpus
 from souq.placement.request import WantedImage
 from souq.placement.stages import shortfall
@@ -57,6 +66,8 @@ class _Entry:
     load: Load | None = None
     layers: frozenset[str] = frozenset()  # short digests of the image layers it holds
     shown: WorkerInfo | None = None  # ``info`` with ``allocated`` and ``state`` as they are now
+    # What each lower class could free, lowest first, as of ``version`` (None: never said).
+    preemptible: list[PreemptibleRoom] | None = None
 
     def as_now(self) -> WorkerInfo:
         """The worker as the book sees it now (built again only after it changed)."""
@@ -117,7 +128,14 @@ class WorkerBook:
         entry.load = info.load
         if layers is not None:
             entry.layers = frozenset(layers)
-        self._take(entry, info.allocated, info.version, info.state, info.gpu_free)
+        self._take(
+            entry,
+            info.allocated,
+            info.version,
+            info.state,
+            info.gpu_free,
+            preemptible=info.preemptible,
+        )
 
     def _index_images(self, worker_id: str, before: Sequence[str], now: Sequence[str]) -> None:
         for ref in set(before) - set(now):
@@ -136,7 +154,14 @@ class WorkerBook:
     def observe_usage(self, usage: WorkerUsage) -> None:
         entry = self._workers.get(usage.worker_id)
         if entry is not None:
-            self._take(entry, usage.allocated, usage.version, usage.state, usage.gpu_free)
+            self._take(
+                entry,
+                usage.allocated,
+                usage.version,
+                usage.state,
+                usage.gpu_free,
+                preemptible=usage.preemptible,
+            )
 
     @staticmethod
     def _take(
@@ -145,10 +170,15 @@ class WorkerBook:
         version: int,
         state: WorkerState,
         gpu_free: Sequence[int],
+        *,
+        preemptible: list[PreemptibleRoom] | None,
     ) -> None:
-        # Version 0 is a peer that does not number its ledger: its newest word counts.
+        # Version 0 is a peer that does not number its ledger: its newest word counts. A word
+        # that does not say what lower classes could free (a refusal's) leaves that as it was.
         if version == 0 or version >= entry.version:
             entry.base, entry.version, entry.state = allocated, version, state
+            if preemptible is not None:
+                entry.preemptible = preemptible
             entry.gpu_base = gpus.free_of(entry.info.capacity, allocated, gpu_free)
             entry.pending = [p for p in entry.pending if p[0] > version]
             _estimate(entry)
@@ -203,20 +233,28 @@ class WorkerBook:
     # -- candidates ------------------------------------------------------------------------
 
     def offer(
-        self, worker_id: str, app: str, want: Resources, image: WantedImage | None = None
+        self,
+        worker_id: str,
+        app: str,
+        want: Resources,
+        image: WantedImage | None = None,
+        displace: tuple[str, ...] = (),
     ) -> Offer | None:
         """The worker's offer for a machine of ``want`` (running ``image``), as the book sees
-        it."""
+        it; ``displace``: the classes it may displace, when it does not fit as it is."""
         e = self._workers.get(worker_id)
         if e is None:
             return None
         worker = e.as_now()
         reason = detail = None
+        eviction = None
         if e.state in (WorkerState.CORDONED, WorkerState.DRAINING):
             reason, detail = Reason.CORDONED, f"worker {worker_id} takes no new machines"
         else:
             short = shortfall(want, e.info.capacity, e.allocated, e.gpu_free)
-            if short is not None:
+            if short is not None and displace:
+                eviction = _could_free(e, want, displace)
+            if short is not None and eviction is None:
                 reason, detail = short.reason, short.detail
         held = pull = None
         if image is not None:
@@ -230,6 +268,7 @@ class WorkerBook:
             image_layers=held,
             image_bytes=pull,
             app_machines=self.app_machines(worker_id, app),
+            eviction=eviction,
         )
 
     def candidates(
@@ -246,12 +285,14 @@ class WorkerBook:
         max_draw: int = 256,
         image: WantedImage | None = None,
         pinned: str | None = None,
+        displace: tuple[str, ...] = (),
     ) -> Candidates:
         """Draw workers of ``region`` at random (seeded) until ``wanted`` of them have room for
         ``want`` and, together, for ``slots`` machines of it; at most ``max_draw`` workers.
         Workers in ``exclude`` (asked already) and those ``alive`` says are gone are skipped.
         For an ``image``, up to ``wanted`` workers that cache it are drawn first; ``pinned``
-        (the worker holding a volume the machine mounts) before them."""
+        (the worker holding a volume the machine mounts) before them. ``displace``: the classes
+        the machine may displace; a worker with room once they gave theirs back has room."""
         ids = self._regions.get(region, [])
         rng = random.Random(seed)
         offers: list[Offer] = []
@@ -273,7 +314,7 @@ class WorkerBook:
         for worker_id in _chain_unique(first, ids, drawn):
             if worker_id in exclude or not alive(worker_id):
                 continue
-            offer = self.offer(worker_id, app, want, image)
+            offer = self.offer(worker_id, app, want, image, displace)
             if offer is None:
                 continue
             offers.append(offer)
@@ -285,6 +326,58 @@ class WorkerBook:
             if len(offers) >= max_draw or (feasible >= wanted and room >= slots):
                 break
         return Candidates(offers=offers, feasible=feasible, population=len(ids))
+
+
+def _could_free(
+    entry: _Entry, want: Resources, displace: tuple[str, ...]
+) -> OfferedEviction | None:
+    """The eviction the book estimates would make room for ``want`` on ``entry``'s worker:
+    the classes in ``displace`` give their room back, the lowest first, until it fits; None
+    when all of them would not do (or the worker never said, or it wants GPUs, which the
+    book does not follow machine by machine)."""
+    rooms = entry.preemptible
+    if not rooms or want.wants_gpu:
+        return None
+    capacity, allocated = entry.info.capacity, entry.allocated
+    freed = Resources.zero()
+    lower = 0  # machines of the classes below, all of them displaced
+    for room in sorted(rooms, key=lambda r: RANK.get(r.priority_class, len(RANK))):
+        if room.priority_class not in displace or room.machines <= 0:
+            continue
+        left = allocated.minus(freed)
+        freed = freed.plus(room.resources)
+        if shortfall(want, capacity, allocated.minus(freed), ()) is not None:
+            lower += room.machines
+            continue
+        # How many machines of the class's average size the missing room takes, at least one.
+        victims = lower + min(room.machines, _share(want, capacity, left, room))
+        unbounded = victims if room.cheapest is None else 0
+        return OfferedEviction(
+            victims=victims,
+            freed=freed,
+            top_class=RANK[room.priority_class],
+            unbounded=unbounded,
+            priced=room.cheapest or 0.0,
+            running=victims,
+            estimated=True,
+        )
+    return None
+
+
+def _share(
+    want: Resources, capacity: Resources, allocated: Resources, room: PreemptibleRoom
+) -> int:
+    """How many of ``room``'s machines (of their average size) give back what ``want`` lacks."""
+    most = 1
+    for need, total, used, held in (
+        (want.millicpus, capacity.millicpus, allocated.millicpus, room.resources.millicpus),
+        (want.memory_mb, capacity.memory_mb, allocated.memory_mb, room.resources.memory_mb),
+        (want.disk_mb, capacity.disk_mb, allocated.disk_mb, room.resources.disk_mb),
+    ):
+        lack = need - max(0, total - used)
+        if lack > 0 and held > 0:
+            most = max(most, -(-lack * room.machines // held))
+    return most
 
 
 def _chain_unique(first: list[str], ids: list[str], then: Iterator[int]) -> Iterator[str]:

@@ -80,6 +80,11 @@ class OfferedEviction(Record):
     unbounded: int = Field(default=0, description="victims that bid without limit")
     priced: float = Field(default=0.0, description="the sum of the other victims' bids")
     running: int = Field(default=0, description="victims that run")
+    estimated: bool = Field(
+        default=False,
+        description="the broker's estimate from its book (what each lower class could free "
+        "there, as the worker last said), not the worker's own plan: the claim chooses",
+    )
 
     def key(self) -> tuple[int, int, int, float, int]:
         """Smaller is better (souq.market.preemption.Eviction.key)."""

@@ -10,7 +10,15 @@ from pydantic import Field
 from souq.model.base import Record
 from souq.model.resources import Resources
 
-__all__ = ["Fingerprint", "Heartbeat", "Load", "WorkerInfo", "WorkerState", "WorkerUsage"]
+__all__ = [
+    "Fingerprint",
+    "Heartbeat",
+    "Load",
+    "PreemptibleRoom",
+    "WorkerInfo",
+    "WorkerState",
+    "WorkerUsage",
+]
 
 
 class WorkerState(StrEnum):
@@ -57,6 +65,27 @@ class Load(Record):
     memory_percent: float = Field(default=0.0, description="host memory in use, 0-100")
 
 
+class PreemptibleRoom(Record):
+    """What the machines of one priority class on a worker reserve that a create of a higher
+    class could take (souq.market.preemption: displaceable, holding a reservation, settled): a
+    broker's book reads it to send a create that fits nowhere straight to a claim that
+    preempts, without asking whom each worker would displace. An estimate: the worker's claim
+    chooses the victims on its own ledger."""
+
+    priority_class: str
+    resources: Resources = Field(description="what they reserve together")
+    machines: int = Field(description="how many (batch job runs among them)")
+    cheapest: float | None = Field(
+        default=None, description="the lowest bid (max_price) among them; null: none has one"
+    )
+
+
+_PREEMPTIBLE = (
+    "what each lower priority class could free here (spot, then standard); null from a "
+    "worker that does not say"
+)
+
+
 class WorkerInfo(Record):
     id: str
     region: str
@@ -86,6 +115,7 @@ class WorkerInfo(Record):
         description="its GPU machines by shape: 'share' (a share of one GPU) or the count of "
         "whole GPUs ('1', '2', ...); GPU placement policies read it",
     )
+    preemptible: list[PreemptibleRoom] | None = Field(default=None, description=_PREEMPTIBLE)
 
 
 class Heartbeat(Record):
@@ -124,3 +154,4 @@ class WorkerUsage(Record):
         description="free thousandths of each of its GPUs, by index (1000: a whole GPU free); "
         "empty from a worker that does not say",
     )
+    preemptible: list[PreemptibleRoom] | None = Field(default=None, description=_PREEMPTIBLE)

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from souq.model import Machine, Service
+from souq.model.machine import preempted_event
 from souq.proxy.table import Backend, RoutingTable
 from souq.view.rows import RowFollower
 
@@ -51,7 +52,9 @@ def port_at(machine: Machine, internal_port: int) -> int | None:
 
 def backend_of(machine: Machine) -> Backend | None:
     """The machine as the routing table sees it (its HTTP service's, else its raw TCP
-    service's port), or None when it serves neither."""
+    service's port), or None when it serves neither. One that preemption displaced is not
+    started for a request (``autostart`` off until it starts again): its start takes room again,
+    which its app's quota counts first, and only the API's start asks it."""
     service = http_service(machine)
     if service is None and (tcp := tcp_service(machine)) is not None:
         service = tcp[0]
@@ -72,7 +75,7 @@ def backend_of(machine: Machine) -> Backend | None:
         kind=service.concurrency.type,
         soft_limit=service.concurrency.soft_limit,
         hard_limit=service.concurrency.hard_limit,
-        autostart=service.autostart,
+        autostart=service.autostart and preempted_event(machine) is None,
         cordoned=machine.cordoned,
     )
 

@@ -64,7 +64,7 @@ from souq.model.machine import MachineState
 from souq.model.protocol import QuoteState
 from souq.model.reasons import Reason
 from souq.model.resources import GPU_MILLI, Resources
-from souq.model.worker import WorkerState, WorkerUsage
+from souq.model.worker import PreemptibleRoom, WorkerState, WorkerUsage
 from souq.placement import gpus
 from souq.placement.gpus import gpu_shape
 from souq.placement.stages import Shortfall, shortfall
@@ -143,8 +143,15 @@ class Admission:
         return self.reserved.plus(self.held(now_ms))
 
     def usage(
-        self, now_ms: int, *, state: WorkerState = WorkerState.UP, machines: int = 0
+        self,
+        now_ms: int,
+        *,
+        state: WorkerState = WorkerState.UP,
+        machines: int = 0,
+        preemptible: list[PreemptibleRoom] | None = None,
     ) -> WorkerUsage:
+        """What is promised now; ``preemptible``: what lower classes could free (the shell's
+        word, :class:`souq.agent.machines.evictions.Room`; None: not said)."""
         return WorkerUsage(
             worker_id=self.worker_id,
             region=self.region,
@@ -154,6 +161,7 @@ class Admission:
             version=self.version,
             machines=machines,
             gpu_free=list(self.gpu_free(now_ms)),
+            preemptible=preemptible,
         )
 
     # -- the rules -------------------------------------------------------------------------

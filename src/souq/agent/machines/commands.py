@@ -27,6 +27,7 @@ from souq.errors import (
     Conflict,
     IdempotencyConflict,
     IllegalTransition,
+    InsufficientCapacity,
     InvalidInput,
 )
 from souq.ids import new_instance_id, new_machine_id
@@ -51,6 +52,7 @@ from souq.model.reasons import Reason
 from souq.model.resources import Resources
 from souq.model.services import MachineAddress
 from souq.network.addresses import UNKNOWN_NETWORK, network_of
+from souq.placement import gpus
 
 __all__ = ["Commands"]
 
@@ -81,8 +83,9 @@ class Commands(MachineReads):
         (:mod:`souq.agent.capacity.admission`), with ``quote``'s hold when it names one;
         ``admitted``: it already did (a batch, judged as a whole). A claim that does not fit but may
         displace (``req.preempt``) displaces the victims admission chose
-        (:mod:`souq.agent.machines.evictions`) once every other check has passed, in the same turn
-        of the event loop as its record: no other claim sees the room in between."""
+        (:mod:`souq.agent.machines.evictions`) once its own record is written (a claim refused or
+        failed before that displaces nobody), in the same turn of the event loop as that record:
+        no other claim sees the room in between."""
         ex = self._ex
         known = ex.machine_for_request(req.request_id)
         if known is not None:
@@ -97,14 +100,17 @@ class Commands(MachineReads):
         placement = self._image_noted(config, req.image, placement, req.request_id, req.region)
         machine_id = new_machine_id()
         address = self._address(machine_id, config, req.network)
+        victims = []
         try:
             if eviction is not None and eviction.victims:
-                told = evictions.evict(
-                    ex, eviction, by=machine_id, app=req.app, claimant=config.priority_class
+                victims = evictions.told(
+                    eviction, by=machine_id, app=req.app, claimant=config.priority_class
                 )
                 placement = placement or Placement(request_id=req.request_id, region=req.region)
-                placement = placement.model_copy(update={"preempted": told})
-            gpu_ids = ex.admission.gpus_for(want, now, quote_id=req.quote_id)
+                placement = placement.model_copy(update={"preempted": victims})
+                gpu_ids = self._gpus_once_evicted(want, eviction)
+            else:
+                gpu_ids = ex.admission.gpus_for(want, now, quote_id=req.quote_id)
         except BaseException:
             ex.give_back_addresses(machine_id)
             raise
@@ -147,6 +153,10 @@ class Commands(MachineReads):
         if existing is not None:
             ex.give_back_addresses(row.id)
             return self._claimed_before(req, existing)
+        # Displaced once the new machine is recorded (its ledger over its capacity until then,
+        # within this turn of the loop: no other claim sees it), so that a claim that fails
+        # leaves every victim as it was; stopped before the new machine's process starts.
+        evictions.evict(ex, victims, by=row.id, app=req.app)
         if ex.volumes is not None and req.config.mounts:
             ex.volumes.attach(row.id, req.config)
         ex.execute(op, step.actions)
@@ -174,6 +184,17 @@ class Commands(MachineReads):
                 candidates=evictions.candidates(self._ex, klass),
             )
         return None
+
+    def _gpus_once_evicted(self, want: Resources, eviction: Eviction) -> tuple[int, ...]:
+        """The GPUs a machine of ``want`` gets on the room its victims give back, chosen before
+        they go (:class:`InsufficientCapacity` if none would do: nobody is displaced)."""
+        got = gpus.pick(want, eviction.gpu_free) if want.wants_gpu else ()
+        if got is None:
+            raise InsufficientCapacity(
+                f"no room on the GPUs of worker {self._ex.worker_id}, even with its victims gone",
+                details={"reason": Reason.INSUFFICIENT_GPUS},
+            )
+        return got
 
     def _check_mounts(self, app: str, config: MachineConfig, machine_id: str | None = None) -> None:
         """The volumes ``config`` mounts are here and free (or ``machine_id``'s already)."""

@@ -143,6 +143,7 @@ class Executor(MachineTable, ProcessSteps):
         self._ran_since: dict[str, float] = {}
         self._changed: dict[str, asyncio.Event] = {}
         self._unsynced = False  # a claim was recorded and is not yet durable (see create)
+        self.changes = 0  # grows with every step and every operation's progress
         self.fault = fault
         self.volumes = volumes
         self.supervisor = Supervisor(
@@ -359,6 +360,7 @@ class Executor(MachineTable, ProcessSteps):
 
     def _op_reached(self, op: Op, state: OpState) -> None:
         op.state = state
+        self.changes += 1
         if state is OpState.DONE:
             if self._ops.get(op.machine_id) is op:
                 del self._ops[op.machine_id]
@@ -574,6 +576,7 @@ class Executor(MachineTable, ProcessSteps):
         return event
 
     def _notify(self, machine_id: str) -> None:
+        self.changes += 1
         event = self._changed.pop(machine_id, None)
         if event is not None:
             event.set()
