@@ -160,6 +160,14 @@ class WarmSandboxes:
         """The slots' waiters: the driver's to reap."""
         return {slot.waiter.pid for slot in self._slots.values()}
 
+    def ready(self) -> list[Slot]:
+        """The slots ready now."""
+        return list(self._slots.values())
+
+    def forget(self) -> None:
+        """Drop the slots without ending them: what an agent that is killed leaves (tests)."""
+        self._slots.clear()
+
     def key_of(self, spec: MachineSpec, image: sandbox.Image, inner: tuple[int, int]) -> Key | None:
         """The slot a machine would fit (None: none could: it has volumes, a network
         namespace of its own, or a root from an earlier run)."""
