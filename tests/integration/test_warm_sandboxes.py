@@ -23,6 +23,10 @@ from souq.drivers.base import Handle, Limits, MachineSpec
 from souq.drivers.host import HostDriver
 from souq.drivers.identity import MachineIds
 from souq.drivers.warm import PREFIX
+from souq.images import layout_tar, pack_directory
+from souq.model.machine import MachineState
+from souq.testing import Cluster, wait_until
+from tests import isolated
 from tests.integration.agent_harness import eventually
 from tests.isolated import machines_root
 
@@ -202,3 +206,69 @@ def test_a_machine_that_does_not_fit_the_slot_starts_cold(root: Path) -> None:
         assert slots(root) == []
 
     asyncio.run(body())
+
+
+def _stub_roots() -> list[str]:
+    """The roots of the stubs waiting in sandboxes made ahead: what their bwrap binds as /."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and Path(f"/proc/{entry}/cmdline").read_bytes() == STUB:
+                parent = Path(f"/proc/{entry}/stat").read_text().split(") ", 1)[1].split()[1]
+                argv = Path(f"/proc/{parent}/cmdline").read_bytes().decode().split("\0")
+                found.append(argv[argv.index("--bind") + 1])
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+STUB = b"/proc/self/fd/4\0stub\0"
+
+
+def _bwrap_command(pid: int) -> list[str]:
+    """What follows ``--`` on the command line of the machine's bwrap (its handle's pid)."""
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1]
+    return argv[argv.index("--") + 1 :]
+
+
+def test_a_killed_agent_readopts_a_machine_that_started_warm_and_sweeps_its_slot() -> None:
+    with machines_root("souq-warm-agent-") as root, Cluster(root, regions={}) as cluster:
+        agent = cluster.add_agent(
+            "mad", machine_user=None, default_driver=None, stop_machines_on_exit=False,
+            extra_args=["--private-network", "off"],
+        )  # fmt: skip
+        cluster.wait_for_workers()
+        files = image(root / "files")
+        with cluster.client() as client:
+            ref = client.push_image(layout_tar(pack_directory(files, cmd=["sh"]))).reference
+        data = root / "workers" / "mad-1" / "machines"
+        config = {
+            "image": ref,
+            "guest": {"memory_mb": 64},
+            "cmd": ["sh", "-c", "echo up; exec sleep 600"],
+        }
+
+        def warm_names() -> list[str]:
+            """The slots whose sandbox is made: its stub waits in the slot's root."""
+            return sorted({root.split("/")[-2] for root in _stub_roots() if str(data) in root})
+
+        first = isolated.started(cluster, config)
+        wait_until(warm_names, timeout=30, message="a slot made after the image's first machine")
+        (slot,) = warm_names()
+        second = isolated.started(cluster, config)
+        try:
+            pid = int((data / ".agent" / second.id / "pid").read_text().split()[0])
+            assert _bwrap_command(pid) == ["/proc/self/fd/4", "stub"]  # it took the slot
+            assert slot not in warm_names()
+            before = sorted(isolated.processes_of(second.id))
+            wait_until(warm_names, timeout=30, message="the next slot")
+            (left,) = warm_names()
+            agent.stop(signal.SIGKILL)
+            agent.start()
+            with cluster.client() as client:
+                client.wait(isolated.APP, second.id, MachineState.STARTED, timeout=30)
+            assert sorted(isolated.processes_of(second.id)) == before  # adopted, not restarted
+            assert left not in warm_names()  # the slot the killed agent left is swept
+            assert isolated.output(cluster, second, "up")
+        finally:
+            isolated.destroy(cluster, first, second)

@@ -200,6 +200,7 @@ class WarmSandboxes:
         if slot is None:
             return None
         if not self._alive(slot) or not self._cgroup(slot, spec):
+            log.info("a sandbox made ahead (%s) could not be the machine's", slot.name)
             self._discard(slot)
             return None
         spec = self._hand_over(slot, spec)
