@@ -46,7 +46,6 @@ overlay; the overlay alone), and bwrap and rootless runc started from mount tabl
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
@@ -61,11 +60,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import nats
 import psutil
 
-from bench import isolation_parts
+from bench import isolation_images, isolation_parts
 from bench.bare import Bare, runc_bundle
+from bench.isolation_images import Images, busybox_root
 from bench.isolation_parts import ms as _ms
 from bench.mount_table import MountTable
 from bench.procevents import ProcEvents
@@ -76,9 +75,8 @@ from souq.bus.codec import encode, unwrap_as
 from souq.drivers import rootfs, sandbox
 from souq.drivers.identity import MachineIds
 from souq.drivers.programs import DEFAULT_PATH
-from souq.images import Image, pack_directory
+from souq.images import Image
 from souq.images.manifest import record_of
-from souq.images.store import ImageStore
 from souq.model import Machine
 from souq.model.image import ImageRecord
 from souq.model.machine import MachineConfig
@@ -88,7 +86,6 @@ from souq.natsserver import NatsServer
 ROUNDS = 40
 WARMUP = 3
 PARTS_ROUNDS = 30
-LARGE_FILES, LARGE_FILE_BYTES = 1000, 100_000  # 100 MB in 1,000 files
 IDLE_S = 3.0
 TABLE_EXTRA = (0, 500, 2000)  # mounts more in the table: as 250 and 1,000 machines of images add
 TABLE_ROUNDS = 15
@@ -97,8 +94,6 @@ _NO_NETWORK = {"private_network": "off"}  # the isolation alone (the docstring)
 COLD = "souq sandbox, no slot made ahead"  # every start cold, as before souq.drivers.warm
 _NO_SLOTS = {"SOUQ_WARM_SANDBOXES": "off"}
 SMALL_CPUS = 0.01  # a machine's share that its start does feel: 1 ms of CPU per 100 ms
-BUSYBOX = shutil.which("busybox") or "/bin/busybox"  # busybox-static: the image's only program
-APPLETS = ("sh", "sleep", "true")
 
 
 @dataclass
@@ -115,25 +110,6 @@ class Variant:
     answers: list[float] = field(default_factory=list)  # request -> claim answered, s
     idle_cpu_per_s: float = 0.0
     cpu_used_s: float = 0.0
-
-
-def busybox_root(root: Path, extra: int = 0) -> Path:
-    """A whole root file system of busybox alone (its applets, and the mount points a runtime
-    mounts on), with ``extra`` files of random bytes under /data."""
-    for d in ("bin", "etc", "proc", "dev", "sys", "tmp"):
-        (root / d).mkdir(parents=True, mode=0o755)
-    shutil.copy(BUSYBOX, root / "bin" / "busybox")
-    for applet in APPLETS:
-        (root / "bin" / applet).symlink_to("busybox")
-    for i in range(extra):
-        sub = root / "data" / f"{i // 100:02d}"
-        sub.mkdir(parents=True, exist_ok=True)
-        (sub / f"{i:04d}.bin").write_bytes(os.urandom(LARGE_FILE_BYTES))
-    return root
-
-
-def _size(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
 
 
 # -- Souq ------------------------------------------------------------------------------------
@@ -286,42 +262,6 @@ def isolation() -> None:
     path = Path("bench/results")
     path.mkdir(parents=True, exist_ok=True)
     (path / "isolation.json").write_text(json.dumps(out, indent=2) + "\n")
-
-
-@dataclass(frozen=True)
-class Images:
-    """The images of the run: busybox alone, and with 100 MB more; their files on this host."""
-
-    small_root: Path
-    small: Image
-    large: Image
-    sizes: dict[str, dict[str, int]]
-
-
-def _images(root: Path, nats_url: str) -> Images:
-    """Both images built and put in the cluster's store (the agents pull them from there)."""
-    small_root = busybox_root(root / "images" / "busybox")
-    large_root = busybox_root(root / "images" / "busybox-100mb", extra=LARGE_FILES)
-    small, large = pack_directory(small_root), pack_directory(large_root)
-
-    async def push() -> None:
-        nc = await nats.connect(nats_url)
-        try:
-            store = await ImageStore.open(nc)
-            await store.put(small)
-            await store.put(large)
-        finally:
-            await nc.close()
-
-    asyncio.run(push())
-    sizes = {
-        name: {"layer_bytes": image.layers_size, "files_bytes": _size(files)}
-        for name, image, files in (
-            ("busybox", small, small_root),
-            ("busybox + 100 MB", large, large_root),
-        )
-    }
-    return Images(small_root, small, large, sizes)
 
 
 class _AgentFrom(SouqAgent):
@@ -482,7 +422,7 @@ def _mount_tables(floors: Floors, events: ProcEvents, marker: str) -> dict[str, 
 def _run(root: Path, nats_url: str, events: ProcEvents, uid: int, rounds: int) -> dict[str, Any]:
     marker = str(1_000_000_000 + int.from_bytes(os.urandom(3)))
     events.track(marker)
-    images = _images(root, nats_url)
+    images = isolation_images.images(root, nats_url)
     hostbin = busybox_root(root / "host")  # the exec machine's busybox: the same binary
     agents: dict[str, SouqAgent] = {
         label: SouqAgent(root / f"agent{i}", marker, nats_url, options=_NO_NETWORK)
