@@ -270,5 +270,11 @@ def test_a_killed_agent_readopts_a_machine_that_started_warm_and_sweeps_its_slot
             assert sorted(isolated.processes_of(second.id)) == before  # adopted, not restarted
             assert left not in warm_names()  # the slot the killed agent left is swept
             assert isolated.output(cluster, second, "up")
+            with cluster.client() as client:  # an exec enters it as it enters a cold one
+                reply = client.exec(
+                    isolated.APP, second.id, ["sh", "-c", "hostname; id -u; cat /proc/1/comm"],
+                    stdin=None, timeout_s=30,
+                )  # fmt: skip
+            assert (reply.exit_code, reply.stdout) == (0, "sandbox\n0\nbwrap\n")
         finally:
             isolated.destroy(cluster, first, second)
