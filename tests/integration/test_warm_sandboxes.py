@@ -22,7 +22,7 @@ from souq.drivers import enter, rootfs, sandbox
 from souq.drivers.base import Handle, Limits, MachineSpec
 from souq.drivers.host import HostDriver
 from souq.drivers.identity import MachineIds
-from souq.drivers.warm import PREFIX
+from souq.drivers.warm import SLOT_PREFIX
 from souq.images import layout_tar, pack_directory
 from souq.model.machine import MachineState
 from souq.testing import Cluster, wait_until
@@ -86,16 +86,21 @@ def slots(root: Path) -> list[str]:
     names = set()
     for parent in (root / "data" / ".rootfs", root / "data" / ".agent"):
         if parent.is_dir():
-            names |= {p.name for p in parent.iterdir() if p.name.startswith(PREFIX)}
+            names |= {p.name for p in parent.iterdir() if p.name.startswith(SLOT_PREFIX)}
     return sorted(names)
 
 
 async def output(d: HostDriver, mid: str, text: str) -> str:
-    async def seen() -> str | None:
-        out = d.read_output(mid, 0, 1 << 16)[0].decode()
-        return out if text in out else None
+    last = [""]
 
-    return await eventually(seen, timeout=20, message=f"{text!r} in {mid}'s output")
+    async def seen() -> str | None:
+        last[0] = d.read_output(mid, 0, 1 << 16)[0].decode()
+        return last[0] if text in last[0] else None
+
+    try:
+        return await eventually(seen, timeout=60, message=f"{text!r} in {mid}'s output")
+    except TimeoutError as exc:
+        raise AssertionError(f"{exc}; it printed: {last[0]!r}") from exc
 
 
 SCRIPT = (

@@ -58,11 +58,11 @@ from souq.drivers.waiter_pool import IdleWaiter
 if TYPE_CHECKING:
     from souq.drivers.host import HostDriver
 
-__all__ = ["PREFIX", "Key", "Slot", "WarmSandboxes"]
+__all__ = ["SLOT_PREFIX", "Key", "Slot", "WarmSandboxes"]
 
 log = logging.getLogger(__name__)
 
-PREFIX = "warm-"  # a slot's name: its records, its root and its uid's holder
+SLOT_PREFIX = "warm-"  # a slot's name: its records, its root and its uid's holder
 _KEYS = 4  # images with a slot kept; the one used longest ago gives its slot up first
 _numbers = itertools.count()
 _STUB = ("/proc/self/fd/4", "stub")  # souq-waiter itself, as the sandbox's command (waiter.c)
@@ -288,7 +288,7 @@ class WarmSandboxes:
         """A slot's uid, root and sandbox (in the maker's thread)."""
         d = self.driver
         assert d.ids is not None
-        name = f"{PREFIX}{os.getpid()}-{next(_numbers)}"
+        name = f"{SLOT_PREFIX}{os.getpid()}-{next(_numbers)}"
         records = d.exec.records_dir(name)
         user = d.ids.take_ahead(name, records)
         waiter: IdleWaiter | None = None
@@ -350,7 +350,7 @@ class WarmSandboxes:
         found = set()
         for parent in (d.rootfs_of("x").parent, d.exec.records_dir("x").parent):
             with contextlib.suppress(OSError):
-                found |= {p.name for p in parent.iterdir() if p.name.startswith(PREFIX)}
+                found |= {p.name for p in parent.iterdir() if p.name.startswith(SLOT_PREFIX)}
         for name in sorted(found):
             self._remove(name)
         return sorted(found)
