@@ -14,9 +14,23 @@
  * setuid), checks that it can no longer get its old ids back, and only then sets its
  * parent-death signal (a change of credentials clears it).
  *
- * At start it closes every descriptor but 0-2 and REPORT_FD (what the agent inherited must not
- * reach a machine). NOFILE, if given, is the soft RLIMIT_NOFILE the machine gets (the agent
- * raises its own, see souq.drivers.exec.machine_nofile). An empty job (the agent went away)
+ * A sandbox made ahead of its machine (souq.drivers.warm) is a waiter with a second job pipe:
+ *
+ *   souq-waiter REPORT_FD NOFILE WARM_FD < JOB
+ *
+ * Its JOB's EXIT_FILE and LOG_FILE are empty and its command is the sandbox (bwrap) whose own
+ * command is this program, as "/proc/self/fd/4 stub": the child gets a socket at 3 and this
+ * binary at 4 (static: it runs in an image's root, which has none of the host's libraries).
+ * Once the stub runs and says so ("R" on the socket) the waiter writes "W <pid>" to REPORT_FD
+ * ("E <errno>" if the sandbox ended first) and waits on WARM_FD for its machine: "EXIT_FILE
+ * LOG_FILE LOG_MAX", then the stub's "CWD ARGC ARG*ARGC ENVC ENV*ENVC", then end of file. It
+ * opens the log, passes the rest to the stub, which execs the command, and writes "P <pid>";
+ * from there it is any machine's waiter. End of file with nothing (the agent went away, or gave
+ * the sandbox up) ends the sandbox and the waiter.
+ *
+ * At start it closes every descriptor but 0-2, REPORT_FD and WARM_FD (what the agent inherited
+ * must not reach a machine). NOFILE, if given, is the soft RLIMIT_NOFILE the machine gets (the
+ * agent raises its own, see souq.drivers.exec.machine_nofile). An empty job (the agent went away)
  * ends the waiter quietly. Otherwise the waiter opens WORKDIR, /dev/null and LOG_FILE
  * (appended to) and makes a pipe, then starts the command in a new session (its own process
  * group), with
@@ -71,6 +85,7 @@
 #include <grp.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -318,12 +333,14 @@ static int run(char **cmdv, char **envv) {
     return 127;
 }
 
-/* "souq-waiter stub", inside a sandbox made ahead of its machine: it reads "CWD ARGC ARG*ARGC
- * ENVC ENV*ENVC" on descriptor 3 (its waiter's, see await_machine), keeps no descriptor above 2,
- * and becomes the machine's command. End of file with nothing read: the sandbox was given up. */
+/* "souq-waiter stub", inside a sandbox made ahead of its machine: it says "R" on descriptor 3
+ * (its waiter's socket, see await_machine: the sandbox is made), reads "CWD ARGC ARG*ARGC ENVC
+ * ENV*ENVC" there, keeps no descriptor above 2, and becomes the machine's command. End of file
+ * with nothing read: the sandbox was given up. */
 static int stub(void) {
     static char buf[MAX_JOB];
     static char *fields[MAX_FIELDS + 1];
+    if (write(3, "R", 1) != 1) return 0; /* ready; no waiter: nothing to wait for */
     int n = read_job(3, buf, fields), at = 1, cmdc = 0, envc = 0;
     close_others(2);
     if (n == 0) return 0;
@@ -436,7 +453,8 @@ int main(int argc, char **argv) {
     int e = 0;
     if (warm_fd < 0) /* else the log comes with the machine */
         e = log_open(&lg, log, log_max);
-    else if (pipe2(stub, O_CLOEXEC) < 0 || (exe = open("/proc/self/exe", O_RDONLY | O_CLOEXEC)) < 0)
+    else if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, stub) < 0 ||
+             (exe = open("/proc/self/exe", O_RDONLY | O_CLOEXEC)) < 0)
         e = errno;
     if (e == 0) e = open_streams(workdir, &dir, &in, out);
     if (e != 0) {
@@ -503,8 +521,17 @@ int main(int argc, char **argv) {
     close(in);
     close(out[1]);
     int status;
+    char ready = 0;
     if (warm_fd < 0) report(report_fd, 'P', pid);
-    else if (dprintf(report_fd, "W %ld\n", (long)pid) < 0) { /* the agent is gone: see below */ }
+    else if (close(stub[0]) == 0 && read(stub[1], &ready, 1) == 1 && ready == 'R')
+        dprintf(report_fd, "W %ld\n", (long)pid); /* the sandbox is made: its stub waits */
+    else { /* bwrap failed: no stub */
+        report(report_fd, 'E', ECHILD);
+        kill(-pid, SIGKILL);
+        kill(pid, SIGKILL);
+        while (waitpid(pid, NULL, 0) < 0 && errno == EINTR) {}
+        return 127;
+    }
     for (int i = 0; i < ncgroups; i++) /* out of the machine's cgroup, off its way */
         if (cgroups[i][0] == 'l') join(cgroups[i] + 2);
     signal(SIGINT, SIG_IGN);
@@ -513,7 +540,6 @@ int main(int argc, char **argv) {
     signal(SIGQUIT, SIG_IGN);
     signal(SIGPIPE, SIG_IGN);
     if (warm_fd >= 0) {
-        close(stub[0]);
         close(exe);
         exit_path = await_machine(warm_fd, report_fd, pid, stub[1], &lg);
         if (exit_path == NULL) return 0;

@@ -12,7 +12,8 @@ its own, up to the point where only the machine is missing:
    job pipe (``souq-waiter 3 NOFILE 4``), given a first job that runs ``bwrap``, as the
    slot's uid, with the machine's command line (:func:`souq.drivers.sandbox.bwrap_argv`) but
    for the command: the waiter's own static binary, ``/proc/self/fd/4 stub``, which waits
-   inside the sandbox, as the command would run, for its command on a pipe (waiter.c).
+   inside the sandbox, as the command would run, for its command on a socket (waiter.c); the
+   slot is ready once the stub says it runs.
 
 A claim whose machine fits a slot (a fresh machine of that image, the same user inside and
 network, no volumes, no network namespace of its own) takes it: the slot's uid is handed to
