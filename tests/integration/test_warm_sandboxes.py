@@ -283,3 +283,29 @@ def test_a_killed_agent_readopts_a_machine_that_started_warm_and_sweeps_its_slot
             assert (reply.exit_code, reply.stdout) == (0, "sandbox\n0\nbwrap\n")
         finally:
             isolated.destroy(cluster, first, second)
+
+
+def test_a_driver_told_to_make_no_slot_starts_every_machine_cold(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SOUQ_WARM_SANDBOXES", "off")
+    files = image(root)
+    one, two = ids_of("first", "second")
+
+    async def body() -> None:
+        d = HostDriver(root / "data", ids=MachineIds(registry=root / "uids"))
+        assert not d.warm.enabled
+        async with started(d, machine(one, files, "echo one; exec sleep 600")):
+            await output(d, one, "one")
+            async with started(d, machine(two, files, "echo two; exec sleep 600")) as second:
+                await output(d, two, "two")
+                assert d.warm.taken == 0
+                assert _bwrap_command(second.pid)[-3:] == [
+                    "/bin/sh",
+                    "-c",
+                    "echo two; exec sleep 600",
+                ]
+        assert slots(root) == []
+        d.close()
+
+    asyncio.run(body())
