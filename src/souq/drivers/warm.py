@@ -202,7 +202,7 @@ class WarmSandboxes:
             return None
         if not self._alive(slot) or not self._cgroup(slot, spec):
             log.info("a sandbox made ahead (%s) could not be the machine's", slot.name)
-            self._discard(slot)
+            self._discard_later(slot)
             return None
         spec = self._hand_over(slot, spec)
         d = self.driver
@@ -261,20 +261,24 @@ class WarmSandboxes:
 
     def keep(self, key: Key, image: sandbox.Image) -> None:
         """Have a slot for ``key`` made, off the event loop, if there is none nor one being made."""
-        if key in self._slots or key in self._making:
+        if key in self._slots or key in self._making or self._closed:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # a driver used outside an event loop makes no slot
             return
         if self._maker is None:
             self._maker = concurrent.futures.ThreadPoolExecutor(1, "souq-warm")
         making = self._maker.submit(self._make, key, image)
         self._making[key] = making
-        task = asyncio.get_running_loop().create_task(self._made(key, making))
+        task = loop.create_task(self._made(key, making))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     async def _made(self, key: Key, making: concurrent.futures.Future[Slot]) -> None:
         try:
             slot = await asyncio.wrap_future(making)
-        except (SpawnError, OSError) as exc:
+        except Exception as exc:  # a slot is an optimisation: a start without one is cold
             log.warning("cannot make a sandbox ahead for %s: %s", key.image, exc)
             return
         finally:
@@ -283,7 +287,7 @@ class WarmSandboxes:
             return
         self._slots[key] = slot
         while len(self._slots) > _KEYS:
-            self._discard(self._slots.pop(next(iter(self._slots))))
+            self._discard_later(self._slots.pop(next(iter(self._slots))))
 
     def _make(self, key: Key, image: sandbox.Image) -> Slot:
         """A slot's uid, root and sandbox (in the maker's thread)."""
@@ -329,6 +333,14 @@ class WarmSandboxes:
 
     # -- giving slots up -------------------------------------------------------------------------
 
+    def _discard_later(self, slot: Slot) -> None:
+        """:meth:`_discard` in the maker's thread: its unmounts each wait out an RCU grace
+        period, and the waiter's end is waited for, neither of which the event loop should."""
+        if self._maker is None:
+            self._discard(slot)
+        else:
+            self._maker.submit(self._discard, slot)
+
     def _discard(self, slot: Slot) -> None:
         """End a slot's sandbox (its waiter reads an empty job) and remove its root and uid."""
         self.driver.exec.waiters.discard(slot.waiter)
@@ -365,6 +377,6 @@ class WarmSandboxes:
         for slot in self._slots.values():
             self._discard(slot)
         self._slots.clear()
-        if self._maker is not None:
-            self._maker.shutdown(wait=False)
+        if self._maker is not None:  # slots given up in it meanwhile are ended by then
+            self._maker.shutdown(wait=True)
             self._maker = None
