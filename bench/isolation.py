@@ -16,6 +16,10 @@ from the request until the program's ``execve`` completed, as the kernel reports
   1,000 files: a warm start must not grow with the image (its files are never copied);
 * **souq sandbox, 0.01 cpu** — the same with a small cpu share, whose quota bwrap's own setup
   is charged to (every other variant has 1 cpu, whose quota no start reaches);
+* **souq sandbox, no slot made ahead** — the same on an agent that makes no sandbox ahead of
+  its machines (``SOUQ_WARM_SANDBOXES=off``): every start cold, as before
+  :mod:`souq.drivers.warm` (the other sandboxed variants take the slot their agent made after
+  the machine before: each round claims one machine of each, so one is always ready);
 * **souq sandbox, before** — with ``SOUQ_BENCH_BEFORE=DIR`` (a ``src`` directory of another
   checkout), the sandbox variant on an agent of that code, in the same rounds;
 * **floors**, from a warm Python launcher (``subprocess.Popen``, :mod:`bench.bare`): the
@@ -42,7 +46,7 @@ overlay; the overlay alone), and bwrap and rootless runc started from mount tabl
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -56,22 +60,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import nats
 import psutil
 
+from bench import isolation_images, isolation_parts
 from bench.bare import Bare, runc_bundle
+from bench.isolation_images import Images, busybox_root
+from bench.isolation_parts import ms as _ms
 from bench.mount_table import MountTable
 from bench.procevents import ProcEvents
-from bench.stats import machine_line, percentile
+from bench.stats import machine_line
 from bench.supervisors import REGION, SouqAgent
 from souq.bus import subjects
 from souq.bus.codec import encode, unwrap_as
-from souq.drivers import rootfs, sandbox, userns
+from souq.drivers import rootfs, sandbox
 from souq.drivers.identity import MachineIds
 from souq.drivers.programs import DEFAULT_PATH
-from souq.images import Image, pack_directory
+from souq.images import Image
 from souq.images.manifest import record_of
-from souq.images.store import ImageStore
 from souq.model import Machine
 from souq.model.image import ImageRecord
 from souq.model.machine import MachineConfig
@@ -81,15 +86,14 @@ from souq.natsserver import NatsServer
 ROUNDS = 40
 WARMUP = 3
 PARTS_ROUNDS = 30
-LARGE_FILES, LARGE_FILE_BYTES = 1000, 100_000  # 100 MB in 1,000 files
 IDLE_S = 3.0
 TABLE_EXTRA = (0, 500, 2000)  # mounts more in the table: as 250 and 1,000 machines of images add
 TABLE_ROUNDS = 15
 GUEST = {"cpus": 1, "memory_mb": 64}  # the default cpu (1), so the quota never throttles a start
 _NO_NETWORK = {"private_network": "off"}  # the isolation alone (the docstring)
+COLD = "souq sandbox, no slot made ahead"  # every start cold, as before souq.drivers.warm
+_NO_SLOTS = {"SOUQ_WARM_SANDBOXES": "off"}
 SMALL_CPUS = 0.01  # a machine's share that its start does feel: 1 ms of CPU per 100 ms
-BUSYBOX = shutil.which("busybox") or "/bin/busybox"  # busybox-static: the image's only program
-APPLETS = ("sh", "sleep", "true")
 
 
 @dataclass
@@ -108,25 +112,6 @@ class Variant:
     cpu_used_s: float = 0.0
 
 
-def busybox_root(root: Path, extra: int = 0) -> Path:
-    """A whole root file system of busybox alone (its applets, and the mount points a runtime
-    mounts on), with ``extra`` files of random bytes under /data."""
-    for d in ("bin", "etc", "proc", "dev", "sys", "tmp"):
-        (root / d).mkdir(parents=True, mode=0o755)
-    shutil.copy(BUSYBOX, root / "bin" / "busybox")
-    for applet in APPLETS:
-        (root / "bin" / applet).symlink_to("busybox")
-    for i in range(extra):
-        sub = root / "data" / f"{i // 100:02d}"
-        sub.mkdir(parents=True, exist_ok=True)
-        (sub / f"{i:04d}.bin").write_bytes(os.urandom(LARGE_FILE_BYTES))
-    return root
-
-
-def _size(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
-
-
 # -- Souq ------------------------------------------------------------------------------------
 
 
@@ -138,6 +123,7 @@ class Claims:
         self.config = MachineConfig.model_validate_json(json.dumps(config))
         self.image = image
         self.answered: dict[str, int] = {}  # the claims' answers: how many in each state
+        self.warm = 0  # of those, machines started in a sandbox made ahead (souq.drivers.warm)
 
     def start(self, _key: str) -> tuple[str, Any]:
         req = ClaimRequest(
@@ -158,6 +144,15 @@ class Claims:
         self.agent.ids.append(machine.id)
         self.answered[machine.state.value] = self.answered.get(machine.state.value, 0) + 1
         return machine.id, machine.id
+
+    def seen(self, pid: int) -> None:
+        """The program ``pid`` runs: count it if its bwrap ran the stub of a slot."""
+        with contextlib.suppress(psutil.Error, ValueError):
+            bwrap = psutil.Process(pid).parent()
+            while bwrap is not None and bwrap.name() != "bwrap":
+                bwrap = bwrap.parent()
+            argv = [] if bwrap is None else bwrap.cmdline()
+            self.warm += argv[argv.index("--") + 1 :] == ["/proc/self/fd/4", "stub"]
 
     def stop(self, machine_id: str) -> None:
         assert self.agent._bus is not None
@@ -183,6 +178,8 @@ def _sample(variant: Variant, events: ProcEvents, marker: str, key: str) -> tupl
     key, handle = variant.start(key)
     answered = time.monotonic_ns()
     start = events.wait_start(marker, key, t0, 60)
+    if variant.claims is not None:
+        variant.claims.seen(start.pid)
     variant.stop(handle)
     events.wait_gone([start.pid], 60)
     return (start.at_ns - t0) / 1e9, (answered - t0) / 1e9
@@ -219,47 +216,6 @@ def _idle(variants: list[Variant]) -> None:
     time.sleep(IDLE_S)
     for v in variants:
         v.idle_cpu_per_s = max(0.0, (v.cpu_s() - before[v.label]) / IDLE_S)
-
-
-def _ms(values: list[float]) -> dict[str, float]:
-    ms = [v * 1000 for v in values]
-    return {
-        "n": len(ms),
-        "p50": round(statistics.median(ms), 2),
-        "p90": round(percentile(ms, 90), 2),
-        "min": round(min(ms), 2),
-    }
-
-
-def _parts(image_root: Path, root: Path, uid: int, rounds: int) -> dict[str, Any]:
-    """A sandboxed start's parts, each alone, interleaved: a user namespace of ``uid`` made
-    then and taken ready-made (:mod:`souq.drivers.userns`), a machine's root mounted whole
-    (user namespace, idmapped mount, overlay) and the overlay without the idmap; each then
-    taken down."""
-    times: dict[str, list[float]] = {
-        "userns": [],
-        "userns_ready": [],
-        "root_mount": [],
-        "overlay_alone": [],
-    }
-    for r in range(rounds):
-        t0 = time.perf_counter()
-        fd = userns._mapped(userns._unshared(), uid)
-        times["userns"].append(time.perf_counter() - t0)
-        os.close(fd)
-        userns.USERNS.wait_ready(5)
-        t0 = time.perf_counter()
-        fd = userns.USERNS.take(uid)
-        times["userns_ready"].append(time.perf_counter() - t0)
-        os.close(fd)
-        userns.USERNS.wait_ready(5)
-        for name, owner in (("root_mount", uid), ("overlay_alone", None)):
-            machine_root = rootfs.MachineRoot(root / f"part-{name}-{r}", image_root, owner)
-            t0 = time.perf_counter()
-            machine_root.mount(persist=False)
-            times[name].append(time.perf_counter() - t0)
-            machine_root.remove()
-    return {name: _ms(values) for name, values in times.items()}
 
 
 def _mounts_under(root: Path) -> list[str]:
@@ -308,52 +264,19 @@ def isolation() -> None:
     (path / "isolation.json").write_text(json.dumps(out, indent=2) + "\n")
 
 
-@dataclass(frozen=True)
-class Images:
-    """The images of the run: busybox alone, and with 100 MB more; their files on this host."""
-
-    small_root: Path
-    small: Image
-    large: Image
-    sizes: dict[str, dict[str, int]]
-
-
-def _images(root: Path, nats_url: str) -> Images:
-    """Both images built and put in the cluster's store (the agents pull them from there)."""
-    small_root = busybox_root(root / "images" / "busybox")
-    large_root = busybox_root(root / "images" / "busybox-100mb", extra=LARGE_FILES)
-    small, large = pack_directory(small_root), pack_directory(large_root)
-
-    async def push() -> None:
-        nc = await nats.connect(nats_url)
-        try:
-            store = await ImageStore.open(nc)
-            await store.put(small)
-            await store.put(large)
-        finally:
-            await nc.close()
-
-    asyncio.run(push())
-    sizes = {
-        name: {"layer_bytes": image.layers_size, "files_bytes": _size(files)}
-        for name, image, files in (
-            ("busybox", small, small_root),
-            ("busybox + 100 MB", large, large_root),
-        )
-    }
-    return Images(small_root, small, large, sizes)
-
-
 class _AgentFrom(SouqAgent):
-    """An agent of another checkout's code (``src``, a ``src`` directory)."""
+    """An agent of another checkout's code (``src``, a ``src`` directory), or of this one with
+    more in its environment (``env``)."""
 
-    def __init__(self, root: Path, marker: str, nats_url: str, src: str) -> None:
+    def __init__(
+        self, root: Path, marker: str, nats_url: str, src: str | None, env: dict[str, str]
+    ) -> None:
         super().__init__(root, marker, nats_url, options=_NO_NETWORK)
-        self.src = src
+        self.src, self.env = src, env
 
     def _spawn(self, args: list[str], log: Path) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "PYTHONPATH": self.src}
+        env = {**os.environ, **self.env, **({"PYTHONPATH": self.src} if self.src else {})}
         with open(log, "ab") as err:
             self.proc = subprocess.Popen(
                 args, stdin=subprocess.DEVNULL, stdout=err, stderr=err, env=env,
@@ -379,6 +302,7 @@ def _souq_variants(
         "souq sandbox, 100 MB image": of_image(images.large),
         f"souq sandbox, {SMALL_CPUS} cpu": of_image(images.small, guest=small_cpu),
         "souq sandbox, before": of_image(images.small),
+        COLD: of_image(images.small),
     }
     variants = []
     for label, agent in agents.items():
@@ -498,7 +422,7 @@ def _mount_tables(floors: Floors, events: ProcEvents, marker: str) -> dict[str, 
 def _run(root: Path, nats_url: str, events: ProcEvents, uid: int, rounds: int) -> dict[str, Any]:
     marker = str(1_000_000_000 + int.from_bytes(os.urandom(3)))
     events.track(marker)
-    images = _images(root, nats_url)
+    images = isolation_images.images(root, nats_url)
     hostbin = busybox_root(root / "host")  # the exec machine's busybox: the same binary
     agents: dict[str, SouqAgent] = {
         label: SouqAgent(root / f"agent{i}", marker, nats_url, options=_NO_NETWORK)
@@ -513,7 +437,10 @@ def _run(root: Path, nats_url: str, events: ProcEvents, uid: int, rounds: int) -
     }
     before = os.environ.get("SOUQ_BENCH_BEFORE")
     if before:
-        agents["souq sandbox, before"] = _AgentFrom(root / "agent-before", marker, nats_url, before)
+        agents["souq sandbox, before"] = _AgentFrom(
+            root / "agent-before", marker, nats_url, before, {}
+        )
+    agents[COLD] = _AgentFrom(root / "agent-cold", marker, nats_url, None, _NO_SLOTS)
     floors: Floors | None = None
     try:
         for agent in agents.values():
@@ -529,11 +456,15 @@ def _run(root: Path, nats_url: str, events: ProcEvents, uid: int, rounds: int) -
         for variant in variants:
             if variant.claims is not None:
                 variant.claims.answered.clear()
+                variant.claims.warm = 0
         _idle(variants)
         _cpu_rounds(variants, rounds, lambda r: _round(variants, events, marker, r, keep=True))
         for agent in agents.values():  # only the floors from here on
             agent.close()
-        parts = _parts(images.small_root, root / "parts", uid, PARTS_ROUNDS)
+        parts = isolation_parts.parts(images.small_root, root / "parts", uid, PARTS_ROUNDS)
+        parts["in_the_driver"] = isolation_parts.in_the_driver(
+            images.small_root, root / "driver", hostbin, marker, events, PARTS_ROUNDS
+        )
         tables = _mount_tables(floors, events, marker)
         same_argv = _options(argv_seen) == _options(floors.bwrap_argv)
         if not same_argv:
@@ -576,6 +507,7 @@ def _results(
         if v.claims is not None:
             row["claim_answered_ms"] = _ms(v.answers)
             row["claims_answered_in_state"] = v.claims.answered
+            row["claims_started_warm"] = v.claims.warm
         row["cpu_ms_per_start"] = round(v.cpu_used_s / rounds * 1000, 2)
         row["samples_ms"] = [round(x * 1000, 2) for x in v.starts]
         results[v.label] = row
@@ -586,6 +518,8 @@ def _results(
     ratios = {
         "sandbox - exec, p50 ms": round((p50("souq sandbox") - p50("souq exec")) * 1000, 2),
         "souq sandbox / floor bwrap, p50": round(p50("souq sandbox") / p50("floor: bwrap"), 2),
+        "no slot - exec, p50 ms": round((p50(COLD) - p50("souq exec")) * 1000, 2),
+        "no slot / floor bwrap, p50": round(p50(COLD) / p50("floor: bwrap"), 2),
         "souq exec / floor spawn, p50": round(p50("souq exec") / p50("floor: spawn"), 2),
         "100 MB image / busybox image, p50": round(
             p50("souq sandbox, 100 MB image") / p50("souq sandbox"), 2

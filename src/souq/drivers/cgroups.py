@@ -300,7 +300,7 @@ class Cgroups:
         if spare is not None:
             if self._adopt(spare, machine_id, limits):
                 self._oom_at_start[machine_id] = 0
-                return CgroupEntry(leave=self._procs(WAITERS))
+                return CgroupEntry(leave=self.procs_of(WAITERS))
             self._stale.append(spare)  # removed once its waiter has moved out
         if b.create(machine_id, limits):  # a new cgroup: empty, and no OOM kill counted yet
             self._oom_at_start[machine_id] = 0
@@ -309,10 +309,10 @@ class Cgroups:
             self._oom_at_start[machine_id] = b.oom_kills(machine_id)
         if isinstance(b, V2Backend):  # no spares on v2: nothing to leave
             return CgroupEntry(clone_into=b.base / machine_id)
-        leave = self._procs(WAITERS) if spare is not None else ()
-        return CgroupEntry(join=self._procs(machine_id), leave=leave)
+        leave = self.procs_of(WAITERS) if spare is not None else ()
+        return CgroupEntry(join=self.procs_of(machine_id), leave=leave)
 
-    def _procs(self, name: str) -> tuple[Path, ...]:
+    def procs_of(self, name: str) -> tuple[Path, ...]:
         assert self.backend is not None
         return tuple(d / "cgroup.procs" for d in self.backend.dirs(name))
 

@@ -166,6 +166,16 @@ class ExecDriver:
         """The machine's own directory: its working directory, owned by its user."""
         return self.root / machine_id
 
+    def record_paths(self, machine_id: str) -> tuple[Path, Path]:
+        """The exit file and the output log souq-waiter writes for the machine."""
+        records = self.records_dir(machine_id)
+        return records / _EXIT, records / _LOG
+
+    def prepare_records(self, machine_id: str, user: MachineUser) -> None:
+        """The machine's directory and its records' before a start (no exit of a last run)."""
+        workdir = self.machine_dir(machine_id)
+        processes.prepare_workdir(workdir, self.records_dir(machine_id), _EXIT, user)
+
     def records_dir(self, machine_id: str) -> Path:
         """The agent's files of the machine (pid file, exit file): root-owned, apart."""
         return self.root / RECORDS / machine_id
@@ -193,7 +203,7 @@ class ExecDriver:
         cwd = Path(spec.cwd) if spec.cwd else workdir  # an image's files, or its own directory
         if self.waiter is not None:  # the waiter reports before its child's exec: check first
             resolve_as(spec.cmd[0], spec.env, cwd, user)
-        env = self._env(spec, workdir)
+        env = self.env_of(spec, workdir)
         processes.prepare_workdir(workdir, self.records_dir(spec.machine_id), _EXIT, user)
         waiter_start = 0.0
         proc: processes.Child
@@ -217,8 +227,15 @@ class ExecDriver:
             processes.kill_group(pid)
             processes.reap(proc)
             raise failure
+        return self.running(spec.machine_id, proc, pid, waiter_start)
+
+    def running(
+        self, machine_id: str, proc: processes.Child, pid: int, waiter_start: float
+    ) -> Handle:
+        """The machine's process ``pid`` is spawned (``proc``, its waiter or itself): watch it
+        and record it for a later agent."""
         self._children[pid] = proc
-        handle = Handle(spec.machine_id, pid, processes.start_time(pid) or 0.0)
+        handle = Handle(machine_id, pid, processes.start_time(pid) or 0.0)
         try:
             fd = os.pidfd_open(processes.pid_of(proc))  # the waiter's, or the process's own
         except OSError as exc:  # e.g. out of file descriptors: do not run it unwatched
@@ -231,10 +248,10 @@ class ExecDriver:
         if self.waiter is not None:
             line += f" {processes.pid_of(proc)} {waiter_start!r}"
         with contextlib.suppress(OSError):
-            (self.records_dir(spec.machine_id) / _PIDFILE).write_text(line + "\n")
+            (self.records_dir(machine_id) / _PIDFILE).write_text(line + "\n")
         return handle
 
-    def _env(self, spec: MachineSpec, workdir: Path) -> dict[str, str]:
+    def env_of(self, spec: MachineSpec, workdir: Path) -> dict[str, str]:
         """Its environment: PATH and LANG of the agent's, HOME its own directory (the
         sandbox's mount of it), then its config's (over the image's) and Souq's own."""
         home = sandbox.WORKDIR if spec.driver == "sandbox" else str(workdir)

@@ -43,6 +43,7 @@ from souq.drivers.identity import BASE, MachineIds
 from souq.drivers.programs import DEFAULT_PATH, resolve_as, resolve_in_image
 from souq.drivers.userns import USERNS
 from souq.drivers.users import MachineUser
+from souq.drivers.warm import WarmSandboxes
 from souq.limits import LOG_MAX_BYTES
 
 __all__ = ["HostDriver"]
@@ -81,6 +82,9 @@ class HostDriver:
         prune(self.cgroups.backend)
         if self.sandbox and ids is not None and rootfs.can_mount():
             USERNS.warm()  # machines of images mount their root through one (idmapped)
+        self.warm = WarmSandboxes(self)  # sandboxes made ahead of machines of images
+        if self.warm.enabled:
+            self.warm.sweep()
         self._pending_removal: set[asyncio.TimerHandle] = set()
 
     @property
@@ -136,13 +140,25 @@ class HostDriver:
     def start(self, spec: MachineSpec, *, meanwhile: Callable[[], None] | None = None) -> Handle:
         if spec.driver not in self.drivers:
             raise SpawnError(f"this worker has no {spec.driver!r} driver")
-        user = self.machine_user(spec.machine_id, take=True)
-        spec = replace(spec, user=user)
-        workdir = self.exec.machine_dir(spec.machine_id)
         image = sandbox.Image.of(spec.image_root, spec.cwd) if spec.driver == "sandbox" else None
         whole = image is not None and image.is_root
         if whole:  # its own userland: the image's PATH (Docker's default), root's HOME
             spec = replace(spec, env={"PATH": DEFAULT_PATH, "HOME": "/root", **spec.env})
+        warm = None
+        if image is not None and whole and self.warm.enabled:
+            ids = sandbox.inner_ids(image.root, spec.image_user)
+            warm = self.warm.key_of(spec, image, ids)
+        if warm is not None and image is not None:  # a sandbox made ahead, if one is ready
+            own = MachineUser("a machine's own uid", BASE, BASE)
+            program = self._resolve(spec, Path(image.root), image, own)
+            handle = self.warm.start(warm, spec, (program, *spec.cmd[1:]), meanwhile)
+            if handle is not None:
+                self._started(handle)
+                self.warm.keep(warm, image)  # the next machine's
+                return handle
+        user = self.machine_user(spec.machine_id, take=True)
+        spec = replace(spec, user=user)
+        workdir = self.exec.machine_dir(spec.machine_id)
         program = self._resolve(spec, Path(spec.cwd) if spec.cwd else workdir, image, user)
         cmd: tuple[str, ...] = (program, *spec.cmd[1:])
         self._own_volumes(spec, user)
@@ -150,7 +166,7 @@ class HostDriver:
             overlay = None
             if image is not None and whole and rootfs.can_mount():
                 uid = user.uid if user.switch else None
-                machine_root = rootfs.MachineRoot(self._rootfs(spec.machine_id), image.root, uid)
+                machine_root = rootfs.MachineRoot(self.rootfs_of(spec.machine_id), image.root, uid)
                 overlay = machine_root.mount(persist=spec.persist_rootfs)
             inner = None
             if user.switch:  # root inside, or the image's User
@@ -180,12 +196,17 @@ class HostDriver:
             return replace(prepare(spare), netns=netns)
 
         handle = self.exec.start(replace(spec, cmd=cmd), place=place, meanwhile=meanwhile)
+        self._started(handle)
+        if warm is not None and image is not None:
+            self.warm.keep(warm, image)  # the next machine of its image starts warm
+        return handle
+
+    def _started(self, handle: Handle) -> None:
         try:
-            self.cgroups.started(spec.machine_id)
+            self.cgroups.started(handle.machine_id)
         except OSError as exc:  # it must not run without its cpu limit
             self.exec.signal(handle, signal.SIGKILL)
             raise SpawnError(f"cannot set the machine's cpu limit: {exc}") from exc
-        return handle
 
     def machine_user(self, machine_id: str, *, take: bool = False) -> MachineUser:
         """Who the machine runs as on the host: its own uid when this worker gives each
@@ -199,7 +220,7 @@ class HostDriver:
         uid = self.ids.recorded(records)
         return self.user if uid is None else MachineUser(f"machine {machine_id}", uid, uid)
 
-    def _rootfs(self, machine_id: str) -> Path:
+    def rootfs_of(self, machine_id: str) -> Path:
         return self.root / ROOTFS / machine_id
 
     def unmount_roots(self) -> list[str]:
@@ -252,10 +273,10 @@ class HostDriver:
         """The placement shell that moves a command into the machine's cgroup (an exec)."""
         if self.cgroups.backend is None:
             return ()
-        return placement_shell(self.cgroups._procs(machine_id))
+        return placement_shell(self.cgroups.procs_of(machine_id))
 
     def owned_pids(self) -> set[int]:
-        return self.exec.owned_pids()
+        return self.exec.owned_pids() | self.warm.pids
 
     def prepare_spawns(self, count: int) -> None:
         self.exec.prepare_spawns(count)
@@ -296,7 +317,7 @@ class HostDriver:
         return self.exec.output_start(machine_id)
 
     def destroy(self, machine_id: str) -> None:
-        base = self._rootfs(machine_id)
+        base = self.rootfs_of(machine_id)
         if base.exists():
             rootfs.MachineRoot(base, base, None).remove()
         if self.ids is not None:
@@ -323,6 +344,7 @@ class HostDriver:
         for timer in self._pending_removal:
             timer.cancel()
         self._pending_removal.clear()
+        self.warm.close()
         self.exec.close()
 
 

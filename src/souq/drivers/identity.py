@@ -22,6 +22,7 @@ import contextlib
 import errno
 import logging
 import os
+import shutil
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,16 +67,53 @@ class MachineIds:
 
     def recorded(self, records: Path) -> int | None:
         """The uid recorded for a machine, if it has one."""
+        found = self._record(records)
+        return None if found is None else found[0]
+
+    def _record(self, records: Path) -> tuple[int, str | None] | None:
+        """The recorded uid, and who holds it in the registry when that is not the machine
+        itself (a sandbox made ahead whose uid the machine was handed)."""
         try:
-            return int((records / _RECORD).read_text())
-        except (OSError, ValueError):
+            words = (records / _RECORD).read_text().split()
+            return int(words[0]), words[1] if len(words) > 1 else None
+        except (OSError, ValueError, IndexError):
             return None
+
+    def take_ahead(self, holder: str, records: Path) -> MachineUser:
+        """A uid for ``holder``, a sandbox made ahead (:mod:`souq.drivers.warm`), recorded as
+        held under that name, so that the machine it is handed to gives it back."""
+        user = self.user(holder, records)
+        try:
+            (records / _RECORD).write_text(f"{user.uid} {holder}\n")
+        except OSError as exc:
+            self.release(holder, records)
+            raise SpawnError(f"cannot record the uid: {exc}") from exc
+        return user
+
+    def hand_over(self, holder: str, machine_id: str, records: Path, to: Path) -> MachineUser:
+        """Give the uid :meth:`take_ahead` took for ``holder`` to ``machine_id``, which has
+        none: the holder's records become the machine's, ``to`` (moved there whole when the
+        machine has none yet). The registry's file still names ``holder``, as the record says
+        (rewriting that file can wait out the file system's journal: milliseconds)."""
+        uid = self.recorded(records)
+        if uid is None:
+            raise SpawnError(f"no uid recorded for {holder}")
+        try:
+            try:
+                os.rename(records, to)
+            except OSError:  # the machine has records already: the uid joins them
+                to.mkdir(parents=True, exist_ok=True, mode=0o700)
+                (to / _RECORD).write_text(f"{uid} {holder}\n")
+                shutil.rmtree(records, ignore_errors=True)
+        except OSError as exc:
+            raise SpawnError(f"cannot record the machine's uid: {exc}") from exc
+        return MachineUser(f"machine {machine_id}", uid, uid)
 
     def release(self, machine_id: str, records: Path) -> None:
         """Give the machine's uid back (it is destroyed)."""
-        uid = self.recorded(records)
-        if uid is not None:
-            self._give_back(machine_id, uid)
+        found = self._record(records)
+        if found is not None:
+            self._give_back(machine_id, found[0], also=found[1])
 
     # -- the registry --------------------------------------------------------------------------
 
@@ -109,9 +147,9 @@ class MachineIds:
             os.close(fd)
         return True
 
-    def _give_back(self, machine_id: str, uid: int) -> None:
+    def _give_back(self, machine_id: str, uid: int, also: str | None = None) -> None:
         path = self.registry / str(uid)
-        if self._holder(path) == machine_id:
+        if self._holder(path) in (machine_id, also or machine_id):
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
 

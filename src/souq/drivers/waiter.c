@@ -14,9 +14,23 @@
  * setuid), checks that it can no longer get its old ids back, and only then sets its
  * parent-death signal (a change of credentials clears it).
  *
- * At start it closes every descriptor but 0-2 and REPORT_FD (what the agent inherited must not
- * reach a machine). NOFILE, if given, is the soft RLIMIT_NOFILE the machine gets (the agent
- * raises its own, see souq.drivers.exec.machine_nofile). An empty job (the agent went away)
+ * A sandbox made ahead of its machine (souq.drivers.warm) is a waiter with a second job pipe:
+ *
+ *   souq-waiter REPORT_FD NOFILE WARM_FD < JOB
+ *
+ * Its JOB's EXIT_FILE and LOG_FILE are empty and its command is the sandbox (bwrap) whose own
+ * command is this program, as "/proc/self/fd/4 stub": the child gets a socket at 3 and this
+ * binary at 4 (static: it runs in an image's root, which has none of the host's libraries).
+ * Once the stub runs and says so ("R" on the socket) the waiter writes "W <pid>" to REPORT_FD
+ * ("E <errno>" if the sandbox ended first) and waits on WARM_FD for its machine: "EXIT_FILE
+ * LOG_FILE LOG_MAX", then the stub's "CWD ARGC ARG*ARGC ENVC ENV*ENVC", then end of file. It
+ * opens the log, passes the rest to the stub, which execs the command, and writes "P <pid>";
+ * from there it is any machine's waiter. End of file with nothing (the agent went away, or gave
+ * the sandbox up) ends the sandbox and the waiter.
+ *
+ * At start it closes every descriptor but 0-2, REPORT_FD and WARM_FD (what the agent inherited
+ * must not reach a machine). NOFILE, if given, is the soft RLIMIT_NOFILE the machine gets (the
+ * agent raises its own, see souq.drivers.exec.machine_nofile). An empty job (the agent went away)
  * ends the waiter quietly. Otherwise the waiter opens WORKDIR, /dev/null and LOG_FILE
  * (appended to) and makes a pipe, then starts the command in a new session (its own process
  * group), with
@@ -71,16 +85,18 @@
 #include <grp.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <linux/sched.h>
 
+#include "waiter_log.h"
+
 #define MAX_JOB (1 << 20)
 #define MAX_FIELDS 8192
 #define MAX_GROUPS 256
-#define CHUNK (1 << 20) /* the most one splice moves */
 #define PIPE_SIZE (256 << 10) /* the output pipe's, if the kernel lets us (fewer wake-ups) */
 #define DRAIN_MAX (16LL << 20) /* copied after the exit at most: a stray writer cannot hold it */
 
@@ -107,17 +123,24 @@ static int write_status(const char *path, int status) {
     return ok && rename(tmp, path) == 0 ? 0 : -1;
 }
 
-/* The whole job from stdin, split at NULs into fields; the count, or -1 if malformed. */
-static int read_job(char *buf, char **fields) {
+/* Everything FD holds until end of file, into BUF: its length, or -1. */
+static long read_all(int fd, char *buf) {
     size_t len = 0;
     for (;;) {
-        ssize_t got = read(0, buf + len, MAX_JOB - 1 - len);
+        ssize_t got = read(fd, buf + len, MAX_JOB - 1 - len);
         if (got < 0 && errno == EINTR) continue;
         if (got < 0) return -1;
-        if (got == 0) break;
+        if (got == 0) return (long)len;
         len += (size_t)got;
         if (len >= MAX_JOB - 1) return -1;
     }
+}
+
+/* The whole job from FD, split at NULs into fields; the count, or -1 if malformed. */
+static int read_job(int fd, char *buf, char **fields) {
+    long got = read_all(fd, buf);
+    if (got < 0) return -1;
+    size_t len = (size_t)got;
     int n = 0;
     for (size_t at = 0; at < len; n++) {
         if (n == MAX_FIELDS) return -1;
@@ -150,13 +173,11 @@ static int join(const char *path) {
     return e;
 }
 
-/* Close every descriptor but 0-2 and KEEP: os.posix_spawn, which starts the waiter, closes only
+/* Close every descriptor above KEEP: os.posix_spawn, which starts the waiter, closes only
  * close-on-exec ones, and whatever the agent inherited must not reach a machine. */
 static void close_others(int keep) {
 #ifdef SYS_close_range
-    if ((keep <= 3 || syscall(SYS_close_range, 3U, (unsigned)keep - 1, 0U) == 0) &&
-        syscall(SYS_close_range, (unsigned)keep + 1, ~0U, 0U) == 0)
-        return;
+    if (syscall(SYS_close_range, (unsigned)keep + 1, ~0U, 0U) == 0) return;
 #endif
     DIR *fds = opendir("/proc/self/fd");
     if (fds == NULL) return;
@@ -164,7 +185,7 @@ static void close_others(int keep) {
     struct dirent *entry;
     while ((entry = readdir(fds)) != NULL) {
         int fd = atoi(entry->d_name);
-        if (fd > 2 && fd != keep && fd != self) close(fd);
+        if (fd > keep && fd != self) close(fd);
     }
     closedir(fds);
 }
@@ -215,136 +236,6 @@ static pid_t spawn(const char *into, int *placed) {
     (void)into;
 #endif
     return fork();
-}
-
-/* -- the output log ------------------------------------------------------------------------ */
-
-struct out_log {
-    const char *path;   /* LOG_FILE, the current file */
-    char rotated[4096]; /* LOG_FILE.1, the one before it */
-    char state[4096];   /* LOG_FILE.state */
-    int fd;             /* the current file's, or -1 while it cannot be had (output is dropped) */
-    long long size, max, base;
-    int splice;         /* 0 once the file system refused a splice */
-};
-
-/* A plain file of the waiter's own at PATH, for writing: never a link the machine left, nor
- * another name of some file (O_NONBLOCK: nor a FIFO it could block the open on). */
-static int open_plain(const char *path, int flags) {
-    int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | flags, 0644);
-    if (fd < 0) return -errno;
-    struct stat st;
-    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1) {
-        close(fd);
-        return -EPERM;
-    }
-    return fd;
-}
-
-/* The number after "KEY": in the state file's text, or -1. */
-static long long state_field(const char *text, const char *key) {
-    char quoted[16];
-    snprintf(quoted, sizeof quoted, "\"%s\":", key);
-    const char *at = strstr(text, quoted);
-    if (at == NULL) return -1;
-    char *end;
-    long long n = strtoll(at + strlen(quoted), &end, 10);
-    return end == at + strlen(quoted) || n < 0 ? -1 : n;
-}
-
-static void log_write_state(struct out_log *lg) {
-    struct stat st;
-    char tmp[4200], line[96];
-    if (lg->fd < 0 || fstat(lg->fd, &st) < 0) return;
-    int n = snprintf(line, sizeof line, "{\"base\": %lld, \"ino\": %llu}\n", lg->base,
-                     (unsigned long long)st.st_ino);
-    snprintf(tmp, sizeof tmp, "%s.tmp", lg->state);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
-    if (fd < 0) return;
-    int ok = write(fd, line, (size_t)n) == n;
-    close(fd);
-    if (!ok || rename(tmp, lg->state) < 0) unlink(tmp);
-}
-
-/* Begin a new current file: the full one becomes LOG_FILE.1. If that fails the output is
- * dropped (and counted in the stream) until a later rotation succeeds: the bound holds. */
-static void log_rotate(struct out_log *lg) {
-    lg->base += lg->size;
-    lg->size = 0;
-    if (lg->fd >= 0 && rename(lg->path, lg->rotated) < 0) { /* begin this one again */
-        if (ftruncate(lg->fd, 0) == 0 && lseek(lg->fd, 0, SEEK_SET) == 0) {
-            log_write_state(lg);
-            return;
-        }
-    }
-    if (lg->fd >= 0) close(lg->fd);
-    int fd = open_plain(lg->path, O_TRUNC);
-    lg->fd = fd < 0 ? -1 : fd;
-    log_write_state(lg);
-}
-
-/* Open LOG_FILE at its end and carry on its stream: 0 or an errno. */
-static int log_open(struct out_log *lg, const char *path, const char *max) {
-    char *end;
-    lg->path = path;
-    lg->max = strtoll(max, &end, 10);
-    lg->splice = 1;
-    if (*end != '\0' || lg->max <= 0) return EINVAL;
-    if (snprintf(lg->rotated, sizeof lg->rotated, "%s.1", path) >= (int)sizeof lg->rotated ||
-        snprintf(lg->state, sizeof lg->state, "%s.state", path) >= (int)sizeof lg->state)
-        return ENAMETOOLONG;
-    int fd = open_plain(path, 0);
-    if (fd < 0) return -fd;
-    lg->fd = fd;
-    struct stat st, old;
-    if (fstat(fd, &st) < 0) return errno;
-    lg->size = (long long)st.st_size;
-    if (lseek(fd, 0, SEEK_END) < 0) return errno;
-    char text[256] = "";
-    int sfd = open(lg->state, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-    if (sfd >= 0) {
-        ssize_t got = read(sfd, text, sizeof text - 1);
-        text[got > 0 ? got : 0] = '\0';
-        close(sfd);
-    }
-    lg->base = state_field(text, "base") < 0 ? 0 : state_field(text, "base");
-    long long ino = state_field(text, "ino");
-    /* The state names LOG_FILE.1: a waiter was killed between a rotation's rename and its
-     * state. The current file begins where that one ends. */
-    if (ino >= 0 && (unsigned long long)ino != (unsigned long long)st.st_ino &&
-        stat(lg->rotated, &old) == 0 && (unsigned long long)old.st_ino == (unsigned long long)ino)
-        lg->base += (long long)old.st_size;
-    log_write_state(lg);
-    if (lg->size >= lg->max) log_rotate(lg);
-    return 0;
-}
-
-/* Move what the pipe holds into the log, up to the current file's room: the bytes moved, 0 at
- * end of file (no writer left), -1 when the pipe is empty. */
-static long long log_pump(struct out_log *lg, int pipe_r) {
-    static char buf[CHUNK];
-    long long room = lg->max - lg->size;
-    size_t want = room < CHUNK ? (size_t)room : CHUNK;
-    ssize_t n = -1;
-    if (lg->fd >= 0 && lg->splice) {
-        n = splice(pipe_r, NULL, lg->fd, NULL, want, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
-        if (n < 0 && errno == EINVAL) lg->splice = 0; /* this file system cannot: copy */
-        if (n < 0 && (errno == EAGAIN || errno == EINTR)) return -1;
-    }
-    if (n < 0) { /* no splice, no file, or a write error (a full disk): copy, or drop */
-        n = read(pipe_r, buf, want);
-        if (n < 0) return -1;
-        for (ssize_t done = 0; lg->fd >= 0 && done < n;) {
-            ssize_t w = write(lg->fd, buf + done, (size_t)(n - done));
-            if (w < 0 && errno == EINTR) continue;
-            if (w <= 0) break; /* lost, but counted: the stream's offsets stay true */
-            done += w;
-        }
-        if (lg->fd >= 0) lseek(lg->fd, lg->size + n, SEEK_SET);
-    }
-    lg->size += n;
-    if (lg->size >= lg->max || (lg->fd < 0 && n > 0)) log_rotate(lg);
-    return n;
 }
 
 /* Before the fork: the child's working directory, stdin and the pipe of its output, opened by
@@ -424,15 +315,98 @@ static int become(uid_t uid, gid_t gid, const gid_t *groups, int ngroups) {
     return 0;
 }
 
+/* A list of COUNT fields as an argv or environment array ending with NULL (moved down over its
+ * count field). */
+static char **terminated(char **list, int count) {
+    memmove(list - 1, list, (size_t)count * sizeof *list);
+    list[count - 1] = NULL;
+    return list - 1;
+}
+
+/* The exec of the machine's command, with what it failed of in its log: execvpe searches the
+ * caller's PATH, so the machine's is set first. */
+static int run(char **cmdv, char **envv) {
+    for (int i = 0; envv[i] != NULL; i++)
+        if (strncmp(envv[i], "PATH=", 5) == 0) setenv("PATH", envv[i] + 5, 1);
+    execvpe(cmdv[0], cmdv, envv);
+    dprintf(2, "souq-waiter: cannot run %s: %s\n", cmdv[0], strerror(errno));
+    return 127;
+}
+
+/* "souq-waiter stub", inside a sandbox made ahead of its machine: it says "R" on descriptor 3
+ * (its waiter's socket, see await_machine: the sandbox is made), reads "CWD ARGC ARG*ARGC ENVC
+ * ENV*ENVC" there, keeps no descriptor above 2, and becomes the machine's command. End of file
+ * with nothing read: the sandbox was given up. */
+static int stub(void) {
+    static char buf[MAX_JOB];
+    static char *fields[MAX_FIELDS + 1];
+    if (write(3, "R", 1) != 1) return 0; /* ready; no waiter: nothing to wait for */
+    int n = read_job(3, buf, fields), at = 1, cmdc = 0, envc = 0;
+    close_others(2);
+    if (n == 0) return 0;
+    char **cmd = n > 1 ? take(fields, n, &at, &cmdc) : NULL;
+    char **env = cmd && cmdc > 0 ? take(fields, n, &at, &envc) : NULL;
+    if (env == NULL || at != n) {
+        dprintf(2, "souq-waiter: a malformed command for the sandbox\n");
+        return 127;
+    }
+    if (fields[0][0] != '\0' && chdir(fields[0]) < 0) {
+        dprintf(2, "souq-waiter: cannot enter %s: %s\n", fields[0], strerror(errno));
+        return 127;
+    }
+    default_signals();
+    return run(terminated(cmd, cmdc), terminated(env, envc));
+}
+
+/* A warm waiter's child is a sandbox whose command is the stub, reading STUB_W's other end.
+ * Wait for the machine on WARM_FD: "EXIT_FILE LOG_FILE LOG_MAX", then the stub's fields, then
+ * end of file. Open the log, pass the rest to the stub and return EXIT_FILE; NULL when the
+ * sandbox is given up (an empty job: the agent went away or let it go) or ended (it is then
+ * reaped, and the agent reads no "P" line). */
+static const char *await_machine(int warm_fd, int report_fd, pid_t pid, int stub_w,
+                                 struct out_log *lg) {
+    static char buf[MAX_JOB];
+    int pidfd = -1;
+#ifdef SYS_pidfd_open
+    pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+#endif
+    struct pollfd fds[2] = {{.fd = warm_fd, .events = POLLIN}, {.fd = pidfd, .events = POLLIN}};
+    while (poll(fds, 2, -1) < 0 && errno == EINTR) {}
+    if (pidfd >= 0) close(pidfd);
+    long len = fds[1].revents ? -1 : read_all(warm_fd, buf), at = 0;
+    const char *fields[3];
+    int found = 0, e = len < 0 ? ESRCH : 0;
+    for (; found < 3 && len > 0; found++) {
+        const char *end = memchr(buf + at, '\0', (size_t)(len - at));
+        if (end == NULL) break;
+        fields[found] = buf + at;
+        at = end - buf + 1;
+    }
+    if (e == 0 && len > 0) e = found < 3 ? EINVAL : log_open(lg, fields[1], fields[2]);
+    for (long done = 0, w; e == 0 && done < len - at; done += w)
+        if ((w = write(stub_w, buf + at + done, (size_t)(len - at - done))) < 0) e = errno;
+    close(stub_w);
+    if (e != 0 || len == 0) {
+        if (len != 0) report(report_fd, 'E', e);
+        kill(-pid, SIGKILL);
+        kill(pid, SIGKILL);
+        while (waitpid(pid, NULL, 0) < 0 && errno == EINTR) {}
+        return NULL;
+    }
+    report(report_fd, 'P', pid);
+    return fields[0];
+}
+
 int main(int argc, char **argv) {
-    if (argc != 2 && argc != 3) {
-        fprintf(stderr, "usage: souq-waiter REPORT_FD [NOFILE] < JOB\n");
+    if (argc == 2 && strcmp(argv[1], "stub") == 0) return stub();
+    if (argc < 2 || argc > 4) {
+        fprintf(stderr, "usage: souq-waiter REPORT_FD [NOFILE [WARM_FD]] < JOB\n");
         return 2;
     }
-    int report_fd = atoi(argv[1]);
-    close_others(report_fd);
+    int report_fd = atoi(argv[1]), warm_fd = argc == 4 ? atoi(argv[3]) : -1;
+    close_others(warm_fd > report_fd ? warm_fd : report_fd);
     struct rlimit nofile;
-    if (argc == 3 && getrlimit(RLIMIT_NOFILE, &nofile) == 0) {
+    if (argc >= 3 && getrlimit(RLIMIT_NOFILE, &nofile) == 0) {
         rlim_t soft = (rlim_t)strtoull(argv[2], NULL, 10);
         if (soft > 0 && soft < nofile.rlim_cur) {
             nofile.rlim_cur = soft;
@@ -442,7 +416,7 @@ int main(int argc, char **argv) {
     if (chdir("/") < 0) { /* keep no directory of the agent's busy; the child moves anyway */ }
     static char buf[MAX_JOB];
     static char *fields[MAX_FIELDS + 1];
-    int nfields = read_job(buf, fields);
+    int nfields = read_job(0, buf, fields);
     if (nfields == 0) return 0; /* an idle waiter whose agent went away */
     int at = 5, ncgroups = 0, cmdc = 0, envc = 0;
     char **cgroups = nfields > 5 ? take(fields, nfields, &at, &ncgroups) : NULL;
@@ -471,17 +445,17 @@ int main(int argc, char **argv) {
         }
         if (kind == 'c') into = cgroups[i] + 2;
     }
-    /* The argv and environment arrays end with NULL: move each list down over its count. */
-    char **cmdv = cmd - 1, **envv = env - 1;
-    memmove(cmdv, cmd, (size_t)cmdc * sizeof *cmd);
-    cmdv[cmdc] = NULL;
-    memmove(envv, env, (size_t)envc * sizeof *env);
-    envv[envc] = NULL;
+    char **cmdv = terminated(cmd, cmdc), **envv = terminated(env, envc);
 
     pid_t parent = getpid();
-    int dir = -1, in = -1, out[2] = {-1, -1};
+    int dir = -1, in = -1, out[2] = {-1, -1}, stub[2] = {-1, -1}, exe = -1;
     static struct out_log lg;
-    int e = log_open(&lg, log, log_max);
+    int e = 0;
+    if (warm_fd < 0) /* else the log comes with the machine */
+        e = log_open(&lg, log, log_max);
+    else if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, stub) < 0 ||
+             (exe = open("/proc/self/exe", O_RDONLY | O_CLOEXEC)) < 0)
+        e = errno;
     if (e == 0) e = open_streams(workdir, &dir, &in, out);
     if (e != 0) {
         report(report_fd, 'E', e);
@@ -500,6 +474,8 @@ int main(int argc, char **argv) {
         if (getppid() != parent) _exit(127); /* the waiter died before the prctl */
         if (fchdir(dir) < 0 || dup2(in, 0) < 0 || dup2(out[1], 1) < 0 || dup2(out[1], 2) < 0)
             _exit(127);
+        /* A warm sandbox's stub: its job's pipe at 3, this program at 4 (/proc/self/fd/4) */
+        if (warm_fd >= 0 && (dup2(stub[0], 3) < 0 || dup2(exe, 4) < 0)) _exit(127);
         default_signals();
         for (int i = 0; i < ncgroups; i++) {
             char procs[4096];
@@ -539,17 +515,23 @@ int main(int argc, char **argv) {
             prctl(PR_SET_PDEATHSIG, SIGKILL); /* the switch cleared it */
             if (getppid() != parent) _exit(127);
         }
-        for (int i = 0; i < envc; i++) /* execvpe searches the caller's PATH: the machine's */
-            if (strncmp(envv[i], "PATH=", 5) == 0) setenv("PATH", envv[i] + 5, 1);
-        execvpe(cmdv[0], cmdv, envv);
-        dprintf(2, "souq-waiter: cannot run %s: %s\n", cmdv[0], strerror(errno));
-        _exit(127);
+        _exit(run(cmdv, envv));
     }
     close(dir);
     close(in);
     close(out[1]);
     int status;
-    report(report_fd, 'P', pid);
+    char ready = 0;
+    if (warm_fd < 0) report(report_fd, 'P', pid);
+    else if (close(stub[0]) == 0 && read(stub[1], &ready, 1) == 1 && ready == 'R')
+        dprintf(report_fd, "W %ld\n", (long)pid); /* the sandbox is made: its stub waits */
+    else { /* bwrap failed: no stub */
+        report(report_fd, 'E', ECHILD);
+        kill(-pid, SIGKILL);
+        kill(pid, SIGKILL);
+        while (waitpid(pid, NULL, 0) < 0 && errno == EINTR) {}
+        return 127;
+    }
     for (int i = 0; i < ncgroups; i++) /* out of the machine's cgroup, off its way */
         if (cgroups[i][0] == 'l') join(cgroups[i] + 2);
     signal(SIGINT, SIG_IGN);
@@ -557,6 +539,11 @@ int main(int argc, char **argv) {
     signal(SIGHUP, SIG_IGN);
     signal(SIGQUIT, SIG_IGN);
     signal(SIGPIPE, SIG_IGN);
+    if (warm_fd >= 0) {
+        close(exe);
+        exit_path = await_machine(warm_fd, report_fd, pid, stub[1], &lg);
+        if (exit_path == NULL) return 0;
+    }
     copy_output(&lg, out[0], pid);
     while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
     return write_status(exit_path, status) == 0 ? 0 : 1;

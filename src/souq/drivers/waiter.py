@@ -18,12 +18,15 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Literal
 
-__all__ = ["parse_exit_file", "waiter_path"]
+__all__ = ["is_static", "parse_exit_file", "waiter_path"]
 
 log = logging.getLogger(__name__)
 
-_SOURCE = Path(__file__).with_name("waiter.c")
+_PT_INTERP = 3  # an ELF program header naming the loader a dynamic executable needs
+_SOURCES = tuple(Path(__file__).with_name(name) for name in ("waiter.c", "waiter_log.c"))
+_HEADERS = (Path(__file__).with_name("waiter_log.h"),)
 
 
 def _cache_dir() -> Path:
@@ -43,7 +46,7 @@ def waiter_path() -> Path | None:
     if setting:
         return Path(setting)
     try:
-        source = _SOURCE.read_bytes()
+        source = b"".join(path.read_bytes() for path in (*_SOURCES, *_HEADERS))
     except OSError:
         return None
     target = _cache_dir() / f"souq-waiter-{hashlib.sha256(source).hexdigest()[:16]}"
@@ -67,7 +70,7 @@ def _build(target: Path) -> Path | None:
     # Static when the toolchain can (it starts ~0.2 ms faster); dynamic otherwise.
     for extra in (["-static"], []):
         done = subprocess.run(
-            [cc, "-O2", *extra, "-o", str(tmp), str(_SOURCE)],
+            [cc, "-O2", *extra, "-o", str(tmp), *map(str, _SOURCES)],
             capture_output=True,
             timeout=120,
             check=False,
@@ -90,3 +93,23 @@ def parse_exit_file(text: str) -> int | None:
     if words[0] == "signal":
         return -int(words[1])
     return None
+
+
+def is_static(binary: Path) -> bool:
+    """Whether ``binary`` (an ELF executable) needs no loader: a static souq-waiter can also be
+    a sandbox's first program inside an image's root, which has none of the host's libraries
+    (see :mod:`souq.drivers.warm`)."""
+    try:
+        with open(binary, "rb") as f:
+            head = f.read(64)
+            if head[:5] != b"\x7fELF\x02":  # 64-bit ELF only
+                return False
+            order: Literal["little", "big"] = "little" if head[5] == 1 else "big"
+            phoff = int.from_bytes(head[32:40], order)
+            size, count = int.from_bytes(head[54:56], order), int.from_bytes(head[56:58], order)
+            f.seek(phoff)
+            table = f.read(size * count)
+    except OSError:
+        return False
+    kinds = (int.from_bytes(table[i : i + 4], order) for i in range(0, len(table), size))
+    return _PT_INTERP not in kinds

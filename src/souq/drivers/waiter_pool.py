@@ -31,6 +31,7 @@ class IdleWaiter:
     report: int  # the read end of its report pipe
     start_time: float
     spare: str | None = None  # the spare cgroup it sits in (see souq.drivers.cgroups)
+    warm: int | None = None  # a warm waiter's: the write end its machine's job comes through
 
 
 class WaiterPool:
@@ -46,7 +47,13 @@ class WaiterPool:
         self._starter: concurrent.futures.ThreadPoolExecutor | None = None  # starts waiters
         self._starting: concurrent.futures.Future[IdleWaiter] | None = None
 
-    def _new(self, waiter: Path, spare: bool = False) -> IdleWaiter:
+    def new_warm(self) -> IdleWaiter:
+        """A waiter for a sandbox made ahead of its machine (:mod:`souq.drivers.warm`), in a
+        spare cgroup: its ``job`` is its first job's pipe, and its ``warm`` the machine's."""
+        assert self._waiter is not None
+        return self._new(self._waiter, spare=True, warm=True)
+
+    def _new(self, waiter: Path, spare: bool = False, *, warm: bool = False) -> IdleWaiter:
         """Start a waiter, which blocks reading its job; with ``spare``, in a spare cgroup.
         ``os.posix_spawn`` (a vfork: about half the CPU of ``Popen``, and no Popen object to
         keep per machine) returns once the waiter is exec'd, about 0.7 ms here, and a move into
@@ -54,29 +61,38 @@ class WaiterPool:
         (see :meth:`_fill`)."""
         job_r, job_w = os.pipe()
         report_r, report_w = os.pipe()
+        warm_r, warm_w = os.pipe2(os.O_CLOEXEC) if warm else (-1, -1)
+        argv, actions = [str(waiter), "3", str(self._nofile)], []
+        if warm:
+            argv.append("4")
+            actions.append((os.POSIX_SPAWN_DUP2, warm_r, 4))
         try:
             pid = os.posix_spawn(
                 waiter,
-                [str(waiter), "3", str(self._nofile)],
+                argv,
                 {},
                 file_actions=[
                     (os.POSIX_SPAWN_DUP2, job_r, 0),
                     (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
                     (os.POSIX_SPAWN_DUP2, 1, 2),
                     (os.POSIX_SPAWN_DUP2, report_w, 3),
+                    *actions,
                 ],
                 setsid=True,
             )
         except OSError as exc:
-            os.close(job_w)
-            os.close(report_r)
+            for fd in (job_w, report_r, warm_w):
+                if fd >= 0:
+                    os.close(fd)
             raise SpawnError(f"cannot run souq-waiter: {exc.strerror or exc}") from exc
         finally:
-            os.close(job_r)
-            os.close(report_w)
+            for fd in (job_r, report_w, warm_r):
+                if fd >= 0:
+                    os.close(fd)
         self.pids.add(pid)
         cgroup = self._spares.make_spare(pid) if spare and self._spares is not None else None
-        return IdleWaiter(pid, job_w, report_r, processes.start_time(pid) or 0.0, cgroup)
+        started = processes.start_time(pid) or 0.0
+        return IdleWaiter(pid, job_w, report_r, started, cgroup, warm_w if warm else None)
 
     def ready(self) -> list[IdleWaiter]:
         """The waiters ready now, first taken first."""
@@ -129,9 +145,9 @@ class WaiterPool:
     def discard(self, idle: IdleWaiter) -> None:
         """End a ready waiter (an empty job: it exits at once) and drop its spare cgroup."""
         self.pids.discard(idle.pid)
-        for fd in (idle.job, idle.report):
+        for fd in (idle.job, idle.report, -1 if idle.warm is None else idle.warm):
             with contextlib.suppress(OSError):
-                os.close(fd)
+                os.close(fd)  # -1: none (a warm waiter's first job is sent and closed)
         try:
             pidfd = os.pidfd_open(idle.pid)
         except OSError:
