@@ -5,6 +5,10 @@ machine: the client's headers less the hop-by-hop ones, then ``X-Forwarded-For``
 address appended), ``X-Forwarded-Proto``, ``X-Forwarded-Host``, ``Via: 1.1 souq`` (appended)
 and ``X-Request-Id`` (the client's, or a new one), and the body's framing. Everything here is
 plain data and byte strings: no I/O.
+
+Both sides of an exchange stand on this module: :class:`ClientSide` is what the machine's
+connection (:mod:`souq.proxy.upstream`) tells the client's connection
+(:mod:`souq.proxy.downstream`) about the answer, so neither side imports the other.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import itertools
 import os
 from collections.abc import Callable
 from time import perf_counter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from souq.errors import SouqError
 from souq.proxy.errors import BadRequest
@@ -23,9 +27,18 @@ if TYPE_CHECKING:
 
     from souq.proxy.metrics import AppStats
     from souq.proxy.table import Slot
-    from souq.proxy.upstream import UpstreamConnection
 
-__all__ = ["HOP_BY_HOP", "IDEMPOTENT", "Exchange", "app_of_host", "new_request_id"]
+__all__ = [
+    "HOP_BY_HOP",
+    "IDEMPOTENT",
+    "ClientSide",
+    "Exchange",
+    "Replay",
+    "app_of_host",
+    "new_request_id",
+]
+
+Replay = tuple[str, str]  # where a machine's ``souq-replay`` sends: ("region", R), ("instance", id)
 
 IDEMPOTENT = frozenset({b"GET", b"HEAD", b"OPTIONS", b"TRACE", b"PUT", b"DELETE"})
 
@@ -113,7 +126,6 @@ class Exchange:
     attempts = 0
     replays = 0
     slot: Slot | None = None
-    upstream: UpstreamConnection | None = None
     task: asyncio.Task[Any] | None = None
     tunnel_tail = b""
     replayable = True  # every body byte so far is kept (or there is none)
@@ -216,6 +228,24 @@ class Exchange:
                 pieces.append(b"0\r\n\r\n")
             return b"".join(pieces)
         return b"".join((self.head, *kept)) if kept else self.head
+
+
+class ClientSide(Protocol):
+    """The client's connection as the machine's connection answering it sees it (the one is
+    :class:`~souq.proxy.downstream.ClientConnection`): where the answer's bytes go, and what
+    became of the answer."""
+
+    transport: asyncio.Transport
+    writing_paused: bool
+
+    def write(self, data: bytes) -> None: ...
+    def pause_for_machine(self) -> None: ...
+    def resume_for_machine(self) -> None: ...
+    def response_done(self, ex: Exchange) -> None: ...
+    def upstream_failed(self, ex: Exchange, what: str, *, reused: bool) -> None: ...
+    def upstream_broke(self, ex: Exchange) -> None: ...
+    def replay(self, ex: Exchange, target: Replay) -> None: ...
+    def switch(self, ex: Exchange, machine: asyncio.Transport, tail: bytes) -> None: ...
 
 
 def _scan(
