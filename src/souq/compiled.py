@@ -34,6 +34,7 @@ __all__ = ["MODULES", "StaleBuild", "build", "clean", "compiled", "refuse_stale"
 # (every HTTP request), then the market's core and the placement pipeline (every placement).
 MODULES = (
     "souq/proxy/exchange.py",
+    "souq/proxy/sides.py",
     "souq/proxy/table.py",
     "souq/proxy/upstream.py",
     "souq/proxy/downstream.py",

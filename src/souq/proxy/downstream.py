@@ -30,6 +30,7 @@ from souq.proxy import dispatch
 from souq.proxy.core import RelayCore
 from souq.proxy.errors import AppNotFound, BadRequest, HeadersTooLarge, answer
 from souq.proxy.exchange import Exchange, Replay
+from souq.proxy.sides import ClientSide
 from souq.proxy.table import Slot
 from souq.proxy.upstream import UpstreamConnection
 
@@ -44,7 +45,7 @@ PAUSE_UPGRADE = 8  # what follows an upgrade request waits for the machine's 101
 PAUSE_BROKEN = 16  # the bytes could not be parsed: nothing more is read
 
 
-class ClientConnection(asyncio.Protocol):
+class ClientConnection(ClientSide):
     __slots__ = (
         "active",
         "body_since",
@@ -62,13 +63,9 @@ class ClientConnection(asyncio.Protocol):
         "peer_ip",
         "queue",
         "relay",
-        "transport",
         "up_out",
         "upstream",
-        "writing_paused",
     )
-
-    transport: asyncio.Transport
 
     def __init__(self, relay: RelayCore, clients: set[ClientConnection]) -> None:
         self.relay = relay

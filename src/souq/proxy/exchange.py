@@ -5,10 +5,6 @@ machine: the client's headers less the hop-by-hop ones, then ``X-Forwarded-For``
 address appended), ``X-Forwarded-Proto``, ``X-Forwarded-Host``, ``Via: 1.1 souq`` (appended)
 and ``X-Request-Id`` (the client's, or a new one), and the body's framing. Everything here is
 plain data and byte strings: no I/O.
-
-Both sides of an exchange stand on this module: :class:`ClientSide` is what the machine's
-connection (:mod:`souq.proxy.upstream`) tells the client's connection
-(:mod:`souq.proxy.downstream`) about the answer, so neither side imports the other.
 """
 
 from __future__ import annotations
@@ -17,7 +13,7 @@ import itertools
 import os
 from collections.abc import Callable
 from time import perf_counter
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from souq.errors import SouqError
 from souq.proxy.errors import BadRequest
@@ -31,7 +27,6 @@ if TYPE_CHECKING:
 __all__ = [
     "HOP_BY_HOP",
     "IDEMPOTENT",
-    "ClientSide",
     "Exchange",
     "Replay",
     "app_of_host",
@@ -228,24 +223,6 @@ class Exchange:
                 pieces.append(b"0\r\n\r\n")
             return b"".join(pieces)
         return b"".join((self.head, *kept)) if kept else self.head
-
-
-class ClientSide(Protocol):
-    """The client's connection as the machine's connection answering it sees it (the one is
-    :class:`~souq.proxy.downstream.ClientConnection`): where the answer's bytes go, and what
-    became of the answer."""
-
-    transport: asyncio.Transport
-    writing_paused: bool
-
-    def write(self, data: bytes) -> None: ...
-    def pause_for_machine(self) -> None: ...
-    def resume_for_machine(self) -> None: ...
-    def response_done(self, ex: Exchange) -> None: ...
-    def upstream_failed(self, ex: Exchange, what: str, *, reused: bool) -> None: ...
-    def upstream_broke(self, ex: Exchange) -> None: ...
-    def replay(self, ex: Exchange, target: Replay) -> None: ...
-    def switch(self, ex: Exchange, machine: asyncio.Transport, tail: bytes) -> None: ...
 
 
 def _scan(

@@ -6,7 +6,7 @@ comes: the head rebuilt (hop-by-hop headers out; ``Via`` and ``X-Request-Id`` in
 ``souq-replay`` header caught), the body streamed with the framing the client needs
 (``Content-Length`` passed on, otherwise chunked, or delimited by the close for HTTP/1.0). What
 one read of the socket produced goes to the client in one write, and what became of the answer
-is told to the client's side through :class:`~souq.proxy.exchange.ClientSide`.
+is told to the client's side (:class:`~souq.proxy.sides.ClientSide`).
 
 When the response ends the connection goes back to the :class:`UpstreamPool` unless the machine
 or the request said otherwise: idle connections per machine, last in first out, bounded
@@ -24,7 +24,8 @@ from typing import cast
 
 from httptools import HttpParserError, HttpParserUpgrade, HttpResponseParser
 
-from souq.proxy.exchange import HOP_BY_HOP, ClientSide, Exchange, Replay
+from souq.proxy.exchange import HOP_BY_HOP, Exchange, Replay
+from souq.proxy.sides import ClientSide
 
 __all__ = ["Address", "UpstreamConnection", "UpstreamPool", "parse_replay"]
 
