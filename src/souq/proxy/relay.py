@@ -1,4 +1,4 @@
-"""The proxy's data plane in one process: listeners, the machines' pool, the queue, the metrics.
+"""The proxy's data plane in one process: the listeners and the sweeper, over what they share.
 
 A :class:`Relay` is the top of the data plane: the :class:`~souq.proxy.core.RelayCore` that its
 connections share, with the listeners that make the connections and the sweeper that closes the
