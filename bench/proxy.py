@@ -437,7 +437,7 @@ def in_process(requests: int = 200_000, rounds: int = 5) -> dict[str, Any]:
         machine = UpstreamConnection(relay.pool, ("127.0.0.1", 1))
         machine.connection_made(_FakeTransport())  # type: ignore[arg-type]
         relay.pool.checkin(machine)
-        client = ClientConnection(relay)
+        client = ClientConnection(relay, relay.clients)
         client.connection_made(_FakeTransport())  # type: ignore[arg-type]
         best = float("inf")
         for _ in range(rounds):

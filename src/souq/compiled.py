@@ -34,12 +34,13 @@ __all__ = ["MODULES", "StaleBuild", "build", "clean", "compiled", "refuse_stale"
 # (every HTTP request), then the market's core and the placement pipeline (every placement).
 MODULES = (
     "souq/proxy/exchange.py",
+    "souq/proxy/sides.py",
     "souq/proxy/table.py",
-    "souq/proxy/pool.py",
     "souq/proxy/upstream.py",
     "souq/proxy/downstream.py",
     "souq/proxy/admission.py",
     "souq/proxy/metrics.py",
+    "souq/proxy/core.py",
     "souq/proxy/relay.py",
     "souq/proxy/hooks.py",
     "souq/market/sampling.py",

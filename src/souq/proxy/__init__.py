@@ -1,20 +1,26 @@
 """The edge proxy's data plane: a request with ``Host: APP.<domain>`` reaches a machine of APP.
 
-Modules, one concept each::
+Modules, one concept each, in layers: of these, each imports only ones listed below it, so
+there is no import circle (``tests/unit/test_proxy_surface.py`` holds the order)::
 
-    table       the routing table: machines per app, their load, the balancing (pure)
-    exchange    one request: its state and the head sent to the machine
-    errors      the proxy's errors and their JSON answers
-    hooks       what the relay asks of the control plane (wake, on_request_done)
-    config      the relay's settings
-    admission   the queue at the hard limit, shared wake-ups, drains
+    relay       the data plane of one process: a RelayCore with its listeners (SO_REUSEPORT),
+                the sweeper, serve()
+    deadlines   when a client's request is late (the sweeper asks)
     downstream  a client's connection: HTTP/1.1 keep-alive, pipelining, the fast path
-    upstream    a connection to a machine: the answer, streamed back
-    pool        idle keep-alive connections per machine
+    flycast     machines' connections to an app's private address
     dispatch    the slow path (waiting, connecting), retries, souq-replay
-    tunnel      upgraded connections and raw TCP services: two sockets piped
+    tcp         a raw TCP service's connection, piped to a machine
+    core        what the connections of one relay share: table, admission, pool, metrics, clock
+    upstream    a connection to a machine (the answer, streamed back) and the keep-alive pool
+    sides       the client's connection as the machine's connection sees it
+    admission   the queue at the hard limit, shared wake-ups, drains
+    exchange    one request: its state and the head sent to the machine
+    hooks       what the relay asks of the control plane (wake, on_request_done)
+    tunnel      two sockets piped: upgraded connections and raw TCP services
+    table       the routing table: machines per app, their load, the balancing (pure)
     metrics     per-app counters, exposed to Prometheus when scraped
-    relay       the data plane of one process: listeners (SO_REUSEPORT), serve()
+    errors      the proxy's errors and their JSON answers
+    config      the relay's settings
 
 The control plane that keeps the table true (``daemon`` and the modules it names) is described
 with the rest in docs/proxy.md. The modules a request runs through are compiled with mypyc where

@@ -13,25 +13,26 @@
   already closed.
 * :func:`replay_slot`: the machine answered ``souq-replay``: the machine it names, or one in
   the region it names, takes the request (once), if it can at once.
+
+These stand on the relay's core (:class:`~souq.proxy.core.RelayCore`); the client's connection
+calls them, and is known here only as the :class:`Client` the slow path answers through.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from souq.errors import SouqError
+from souq.proxy.core import RelayCore
 from souq.proxy.errors import MachineError, NoMachines
-from souq.proxy.exchange import Exchange
+from souq.proxy.exchange import Exchange, Replay
 from souq.proxy.table import Slot
-from souq.proxy.upstream import Replay, UpstreamConnection
+from souq.proxy.upstream import UpstreamConnection
 from souq.proxy.wake import port_accepts
-
-if TYPE_CHECKING:
-    from souq.proxy.downstream import ClientConnection
-    from souq.proxy.relay import Relay
 
 __all__ = [
     "CONNECT_TRIES",
+    "Client",
     "connect",
     "replay",
     "replay_slot",
@@ -47,8 +48,20 @@ CONNECT_TRIES = 4
 _LISTEN_SLICE_S = 0.25  # waiting for a port: how often the table is looked at again
 
 
+class Client(Protocol):
+    """A client's connection as the slow path sees it (the one is
+    :class:`~souq.proxy.downstream.ClientConnection`)."""
+
+    relay: RelayCore
+
+    def attach(self, ex: Exchange, slot: Slot, conn: UpstreamConnection) -> None: ...
+    def later(self, ex: Exchange, slot: Slot | None, *, fresh: bool = False) -> None: ...
+    def answer(self, ex: Exchange, err: SouqError) -> None: ...
+    def release(self, ex: Exchange) -> Slot | None: ...
+
+
 async def connect(
-    relay: Relay, ex: Exchange, slot: Slot | None, *, fresh: bool = False
+    relay: RelayCore, ex: Exchange, slot: Slot | None, *, fresh: bool = False
 ) -> tuple[Slot, UpstreamConnection]:
     """A machine for ``ex`` (claimed) and a connection to it; raises a :class:`SouqError` to
     answer with. ``fresh`` skips the idle connections."""
@@ -91,7 +104,7 @@ async def connect(
     return slot, conn
 
 
-async def _until_listening(relay: Relay, slot: Slot, deadline: float) -> bool:
+async def _until_listening(relay: RelayCore, slot: Slot, deadline: float) -> bool:
     """Whether ``slot``'s machine accepts a connection before ``deadline`` while the table
     still has it serving (not stopped, removed or drained meanwhile)."""
     loop = relay.loop
@@ -105,7 +118,7 @@ async def _until_listening(relay: Relay, slot: Slot, deadline: float) -> bool:
 
 
 def retry_slot(
-    relay: Relay, ex: Exchange, machine_id: str, reused: bool
+    relay: RelayCore, ex: Exchange, machine_id: str, reused: bool
 ) -> tuple[Slot | None, bool]:
     """Where ``ex`` goes after ``machine_id`` failed it: (a claimed slot, whether to use a new
     connection), or (None, False) for no retry."""
@@ -120,7 +133,7 @@ def retry_slot(
     return retry, False
 
 
-def replay_slot(relay: Relay, ex: Exchange, target: Replay, origin: str) -> Slot:
+def replay_slot(relay: RelayCore, ex: Exchange, target: Replay, origin: str) -> Slot:
     """The machine a ``souq-replay`` names, claimed; raises :class:`NoMachines`."""
     kind, value = target
     table = relay.table
@@ -140,7 +153,7 @@ def replay_slot(relay: Relay, ex: Exchange, target: Replay, origin: str) -> Slot
 
 
 async def serve_later(
-    client: ClientConnection, ex: Exchange, slot: Slot | None, *, fresh: bool = False
+    client: Client, ex: Exchange, slot: Slot | None, *, fresh: bool = False
 ) -> None:
     """The slow path of :class:`~souq.proxy.downstream.ClientConnection`: :func:`connect`,
     then attach, or answer the error."""
@@ -160,23 +173,20 @@ async def serve_later(
     client.attach(ex, slot, conn)
 
 
-def retry_or_fail(
-    client: ClientConnection, ex: Exchange, conn: UpstreamConnection, what: str
-) -> None:
-    """The machine behind ``conn`` failed ``ex`` before the client got a byte."""
-    ex.upstream = None
+def retry_or_fail(client: Client, ex: Exchange, what: str, *, reused: bool) -> None:
+    """The machine failed ``ex`` before the client got a byte (on a connection ``reused``
+    from the pool, or a new one)."""
     slot = client.release(ex)
     machine_id = slot.machine_id if slot is not None else "?"
-    retry, fresh = retry_slot(client.relay, ex, machine_id, conn.uses > 1)
+    retry, fresh = retry_slot(client.relay, ex, machine_id, reused)
     if retry is not None:
         client.later(ex, retry, fresh=fresh)
     else:
         client.answer(ex, MachineError.of(machine_id, ex.app or "?", what))
 
 
-def replay(client: ClientConnection, ex: Exchange, target: Replay) -> None:
+def replay(client: Client, ex: Exchange, target: Replay) -> None:
     """Send ``ex`` where the machine's ``souq-replay`` said."""
-    ex.upstream = None
     slot = client.release(ex)
     ex.replays += 1
     try:

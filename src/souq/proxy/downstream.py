@@ -16,7 +16,7 @@ import asyncio
 import logging
 from collections import deque
 from time import perf_counter
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 from httptools import (
     HttpParserCallbackError,
@@ -27,13 +27,12 @@ from httptools import (
 
 from souq.errors import SouqError
 from souq.proxy import dispatch
+from souq.proxy.core import RelayCore
 from souq.proxy.errors import AppNotFound, BadRequest, HeadersTooLarge, answer
-from souq.proxy.exchange import Exchange
+from souq.proxy.exchange import Exchange, Replay
+from souq.proxy.sides import ClientSide
 from souq.proxy.table import Slot
-from souq.proxy.upstream import Replay, UpstreamConnection
-
-if TYPE_CHECKING:
-    from souq.proxy.relay import Relay
+from souq.proxy.upstream import UpstreamConnection
 
 __all__ = ["ClientConnection"]
 
@@ -46,10 +45,11 @@ PAUSE_UPGRADE = 8  # what follows an upgrade request waits for the machine's 101
 PAUSE_BROKEN = 16  # the bytes could not be parsed: nothing more is read
 
 
-class ClientConnection(asyncio.Protocol):
+class ClientConnection(ClientSide):
     __slots__ = (
         "active",
         "body_since",
+        "clients",
         "closed",
         "eof",
         "feeding",
@@ -63,15 +63,14 @@ class ClientConnection(asyncio.Protocol):
         "peer_ip",
         "queue",
         "relay",
-        "transport",
         "up_out",
-        "writing_paused",
+        "upstream",
     )
 
-    transport: asyncio.Transport
-
-    def __init__(self, relay: Relay) -> None:
+    def __init__(self, relay: RelayCore, clients: set[ClientConnection]) -> None:
         self.relay = relay
+        self.clients = clients  # the relay's open ones, this among them while it is open
+        self.upstream: UpstreamConnection | None = None  # the active exchange's machine
         self.parser = HttpRequestParser(self)
         self.parsing: Exchange | None = None
         self.last: Exchange | None = None
@@ -92,7 +91,7 @@ class ClientConnection(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         self.peer_ip = str(peer[0]).encode() if isinstance(peer, tuple) else b"unknown"
         self.last_used = self.head_since = self.relay.now
-        self.relay.clients.add(self)
+        self.clients.add(self)
 
     def data_received(self, data: bytes) -> None:
         if self.paused & PAUSE_UPGRADE:  # bytes for the tunnel, read before the pause held
@@ -117,8 +116,7 @@ class ClientConnection(asyncio.Protocol):
         out = self.up_out
         if out:
             self.up_out = []
-            ex = self.active
-            up = ex.upstream if ex is not None else None
+            up = self.upstream
             if up is not None and up.transport is not None:
                 up.transport.write(out[0] if len(out) == 1 else b"".join(out))
 
@@ -130,20 +128,18 @@ class ClientConnection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.writing_paused = True
-        ex = self.active
-        if ex is not None and ex.upstream is not None:
-            ex.upstream.pause_reading()
+        if self.upstream is not None:
+            self.upstream.pause_reading()
 
     def resume_writing(self) -> None:
         self.writing_paused = False
-        ex = self.active
-        if ex is not None and ex.upstream is not None:
-            ex.upstream.resume_reading()
+        if self.upstream is not None:
+            self.upstream.resume_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         relay = self.relay
-        relay.clients.discard(self)
+        self.clients.discard(self)
         ex = self.active
         if ex is not None and not ex.response_done:
             ex.closed = ex.response_done = True
@@ -204,7 +200,7 @@ class ClientConnection(asyncio.Protocol):
         if ex.discard:
             return
         size = ex.body_size = ex.body_size + len(data)
-        up = ex.upstream
+        up = self.upstream if ex is self.active else None
         if ex.replayable:
             keep = self.relay.keep_bytes
             if up is None or size <= keep:
@@ -226,7 +222,7 @@ class ClientConnection(asyncio.Protocol):
         self.parsing = None
         self.last = ex
         ex.request_done = True
-        if ex.upstream is not None and ex.chunked and not ex.discard:
+        if ex.chunked and not ex.discard and ex is self.active and self.upstream is not None:
             self._send_up(ex, b"0\r\n\r\n")
         if ex is self.active:
             if ex.response_done:
@@ -259,7 +255,7 @@ class ClientConnection(asyncio.Protocol):
 
     def attach(self, ex: Exchange, slot: Slot, conn: UpstreamConnection) -> None:
         ex.slot = slot
-        ex.upstream = conn
+        self.upstream = conn
         conn.attach(ex, self)
         if ex.expect_continue and not ex.sent_continue and not ex.body_size:
             ex.sent_continue = True
@@ -277,8 +273,8 @@ class ClientConnection(asyncio.Protocol):
     def _send_up(self, ex: Exchange, data: bytes) -> None:
         if self.feeding and ex is self.active:
             self.up_out.append(data)
-        elif ex.upstream is not None and ex.upstream.transport is not None:
-            ex.upstream.transport.write(data)
+        elif self.upstream is not None and self.upstream.transport is not None:
+            self.upstream.transport.write(data)
 
     def answer(self, ex: Exchange, err: SouqError) -> None:
         """Answer ``ex`` with an error of the proxy's own."""
@@ -327,9 +323,9 @@ class ClientConnection(asyncio.Protocol):
         if ex.task is not None:
             ex.task.cancel()
             ex.task = None
-        if ex.upstream is not None:
-            ex.upstream.abandon()
-            ex.upstream = None
+        if self.upstream is not None:
+            self.upstream.abandon()
+            self.upstream = None
         return self.release(ex)
 
     def _close(self) -> None:
@@ -391,7 +387,7 @@ class ClientConnection(asyncio.Protocol):
 
     def response_done(self, ex: Exchange) -> None:
         ex.response_done = True
-        ex.upstream = None
+        self.upstream = None
         relay = self.relay
         slot = ex.slot
         if slot is None:
@@ -407,13 +403,14 @@ class ClientConnection(asyncio.Protocol):
             ex.replayable = False
             ex.kept = None
 
-    def upstream_failed(self, ex: Exchange, conn: UpstreamConnection, what: str) -> None:
+    def upstream_failed(self, ex: Exchange, what: str, *, reused: bool) -> None:
         """The machine failed before the client got a byte: retry once, or answer 502."""
-        dispatch.retry_or_fail(self, ex, conn, what)
+        self.upstream = None
+        dispatch.retry_or_fail(self, ex, what, reused=reused)
 
     def upstream_broke(self, ex: Exchange) -> None:
         """The machine failed in the middle of its answer: the client's connection is cut."""
-        ex.upstream = None
+        self.upstream = None
         ex.response_done = True
         slot = self.release(ex)
         self.relay.record(ex, 502, slot.backend if slot is not None else None)
@@ -422,19 +419,19 @@ class ClientConnection(asyncio.Protocol):
 
     def replay(self, ex: Exchange, target: Replay) -> None:
         """The machine asked (``souq-replay``) for the request to go elsewhere."""
+        self.upstream = None
         dispatch.replay(self, ex, target)
 
-    def switch(self, ex: Exchange, conn: UpstreamConnection, tail: bytes) -> None:
+    def switch(self, ex: Exchange, machine: asyncio.Transport, tail: bytes) -> None:
         """The machine answered 101: from now on the two sockets are piped to each other."""
         relay = self.relay
-        ex.upstream = None
+        self.upstream = None
         ex.response_done = True
         slot = ex.slot
         ex.slot = None
         relay.record(ex, 101, slot.backend if slot is not None else None)
         self.active = None
         self.closed = True
-        relay.clients.discard(self)
-        assert conn.transport is not None
+        self.clients.discard(self)
         assert slot is not None
-        relay.pipe(self.transport, conn.transport, slot, to_machine=ex.tunnel_tail, to_client=tail)
+        relay.pipe(self.transport, machine, slot, to_machine=ex.tunnel_tail, to_client=tail)

@@ -23,9 +23,17 @@ if TYPE_CHECKING:
 
     from souq.proxy.metrics import AppStats
     from souq.proxy.table import Slot
-    from souq.proxy.upstream import UpstreamConnection
 
-__all__ = ["HOP_BY_HOP", "IDEMPOTENT", "Exchange", "app_of_host", "new_request_id"]
+__all__ = [
+    "HOP_BY_HOP",
+    "IDEMPOTENT",
+    "Exchange",
+    "Replay",
+    "app_of_host",
+    "new_request_id",
+]
+
+Replay = tuple[str, str]  # where a machine's ``souq-replay`` sends: ("region", R), ("instance", id)
 
 IDEMPOTENT = frozenset({b"GET", b"HEAD", b"OPTIONS", b"TRACE", b"PUT", b"DELETE"})
 
@@ -113,7 +121,6 @@ class Exchange:
     attempts = 0
     replays = 0
     slot: Slot | None = None
-    upstream: UpstreamConnection | None = None
     task: asyncio.Task[Any] | None = None
     tunnel_tail = b""
     replayable = True  # every body byte so far is kept (or there is none)

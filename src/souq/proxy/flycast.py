@@ -8,7 +8,7 @@ address and port the machine asked for (``SO_ORIGINAL_DST``), finds the app and 
 (:class:`FlycastApps`), and hands it to the relay as a raw TCP connection of that app: a
 machine that serves takes it, or a stopped one with ``autostart`` is started first, as for a
 request at the edge (:mod:`souq.proxy.admission`, :mod:`souq.proxy.wake`), and the bytes are
-piped both ways (:mod:`souq.proxy.tunnel`).
+piped both ways (:mod:`souq.proxy.tcp`, :mod:`souq.proxy.tunnel`).
 
 **Ports.** As Fly's: a service's edge ports (``services[].ports[].port``; HTTP on the proxy's
 own port, the default, is port 80 here) reach its ``internal_port``, and the internal port
@@ -30,12 +30,12 @@ from typing import TYPE_CHECKING, cast
 
 from souq.model import Machine
 from souq.network.addresses import flycast_ip, network_bits_of
-from souq.proxy.tunnel import TcpEntry
+from souq.proxy.core import RelayCore
+from souq.proxy.tcp import TcpEntry
 
 if TYPE_CHECKING:
     import asyncio
 
-    from souq.proxy.relay import Relay
     from souq.proxy.table import Slot
 
 __all__ = ["HTTP_PORT", "FlycastApps", "FlycastEntry", "original_destination"]
@@ -104,7 +104,7 @@ class FlycastEntry(TcpEntry):
     __slots__ = ("apps", "internal", "ports")
 
     def __init__(
-        self, relay: Relay, apps: FlycastApps, ports: Callable[[str, int], int | None]
+        self, relay: RelayCore, apps: FlycastApps, ports: Callable[[str, int], int | None]
     ) -> None:
         super().__init__(relay, "", None)
         self.apps = apps

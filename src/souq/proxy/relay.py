@@ -1,7 +1,9 @@
-"""The proxy's data plane in one process: listeners, the machines' pool, the queue, the metrics.
+"""The proxy's data plane in one process: the listeners and the sweeper, over what they share.
 
-A :class:`Relay` serves one :class:`~souq.proxy.table.RoutingTable` (which the control plane
-keeps up to date) through any number of listeners: HTTP ones (:meth:`Relay.listen_http`,
+A :class:`Relay` is the top of the data plane: the :class:`~souq.proxy.core.RelayCore` that its
+connections share, with the listeners that make the connections and the sweeper that closes the
+idle and the late ones. It serves one :class:`~souq.proxy.table.RoutingTable` (which the control
+plane keeps up to date) through any number of listeners: HTTP ones (:meth:`Relay.listen_http`,
 ``Host: APP.<domain>`` picks the app) and raw TCP ones (:meth:`Relay.listen_tcp`, one app per
 port). Every listening socket is bound with ``SO_REUSEPORT``, so several proxy processes can
 share a port and the kernel spreads connections between them. :func:`serve` is the whole thing
@@ -23,35 +25,25 @@ import asyncio
 import contextlib
 import logging
 import socket
-from bisect import bisect_left
 from collections.abc import Callable
-from time import perf_counter
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from souq.proxy import deadlines
-from souq.proxy.admission import Admission
 from souq.proxy.config import RelayConfig
+from souq.proxy.core import RelayCore
 from souq.proxy.downstream import ClientConnection
-from souq.proxy.exchange import app_of_host
 from souq.proxy.flycast import FlycastApps, FlycastEntry
-from souq.proxy.hooks import NoHooks, ProxyHooks
-from souq.proxy.metrics import BUCKETS, AppStats, ProxyStats, metrics_text
-from souq.proxy.pool import UpstreamPool
-from souq.proxy.table import Backend, RoutingTable, Slot
-from souq.proxy.tunnel import TcpEntry, Tunnel
-
-if TYPE_CHECKING:
-    from souq.proxy.exchange import Exchange
-
+from souq.proxy.hooks import ProxyHooks
+from souq.proxy.metrics import ProxyStats, metrics_text
+from souq.proxy.table import RoutingTable
+from souq.proxy.tcp import TcpEntry
 
 __all__ = ["Relay", "reuse_port_socket", "serve"]
 
 log = logging.getLogger(__name__)
 
 _SWEEP_EVERY_S = 1.0
-_HOSTS_KEPT = 4096
-_MISSING = object()
 
 
 _FREEBIND = 15  # IP_FREEBIND (linux/in.h): bind an address the host does not hold yet
@@ -87,7 +79,7 @@ def reuse_port_socket(
     return sock
 
 
-class Relay:
+class Relay(RelayCore):
     """The data plane of one proxy process. Make it inside the running event loop."""
 
     def __init__(
@@ -98,36 +90,11 @@ class Relay:
         config: RelayConfig | None = None,
         stats: ProxyStats | None = None,
     ) -> None:
-        self.config = config = config or RelayConfig()
-        self.loop = asyncio.get_running_loop()
-        self.table = table
-        self.hooks: ProxyHooks = hooks or NoHooks()
-        self.region = config.region
-        self.suffix = b"." + config.domain.encode("ascii")
-        self.keep_bytes = config.replay_body_bytes
-        self.max_header_bytes = config.max_header_bytes
-        self.stats = stats or ProxyStats()
-        self.admission = Admission(
-            table,
-            self.hooks,
-            region=config.region,
-            queue_limit=config.queue_limit,
-            timeout_s=config.queue_timeout_s,
-        )
-        self.pool = UpstreamPool(
-            per_machine=config.idle_per_machine,
-            idle_s=config.upstream_idle_s,
-            connect_timeout_s=config.connect_timeout_s,
-        )
+        super().__init__(table, hooks, config=config, stats=stats)
         self.clients: set[ClientConnection] = set()
-        self.tunnels: set[Tunnel] = set()
         self._servers: list[asyncio.Server] = []
         self.port = 0  # the first HTTP port bound
-        self.now = self.loop.time()  # a coarse clock for idle times, set every second
-        self._hosts: dict[bytes, str | object | None] = {}
-        self._on_done = self.hooks.on_request_done
         self._sweeper: asyncio.Task[None] | None = None
-        self.stats.queued = self.admission.queued
         self.stats.gauges.update(
             {
                 "client_connections": lambda: len(self.clients),
@@ -145,7 +112,7 @@ class Relay:
         default) other processes may listen on the same port and share its connections."""
         sock = reuse_port_socket(host, port, backlog=self.config.backlog, reuse_port=reuse_port)
         server = await self.loop.create_server(
-            lambda: ClientConnection(self), sock=sock, backlog=self.config.backlog
+            lambda: ClientConnection(self, self.clients), sock=sock, backlog=self.config.backlog
         )
         bound = self._started(server)
         self.port = self.port or bound
@@ -229,60 +196,6 @@ class Relay:
         tb: TracebackType | None,
     ) -> None:
         await self.close()
-
-    def pipe(
-        self,
-        client: asyncio.Transport,
-        machine: asyncio.Transport,
-        slot: Slot,
-        *,
-        to_machine: bytes = b"",
-        to_client: bytes = b"",
-    ) -> None:
-        """Make the two connections a tunnel that holds ``slot`` until it is over."""
-        tunnels = self.tunnels
-        release = self.admission.release
-
-        def over() -> None:
-            release(slot)
-            tunnels.discard(tunnel)
-
-        tunnel = Tunnel(client, machine, over, to_machine=to_machine, to_client=to_client)
-        tunnels.add(tunnel)
-
-    # -- what the connections call -----------------------------------------------------------------
-
-    def app_for(self, host: bytes) -> str | None:
-        """The app a ``Host`` names (remembered: a client sends the same few hosts)."""
-        app = self._hosts.get(host, _MISSING)
-        if app is _MISSING:
-            app = app_of_host(host, self.suffix)
-            if len(self._hosts) >= _HOSTS_KEPT:
-                self._hosts.clear()
-            self._hosts[host] = app
-        return app  # type: ignore[return-value]
-
-    def stats_for(self, app: str | None) -> AppStats:
-        stats = self.stats
-        if app is not None:
-            found = stats.apps.get(app)
-            if found is not None:
-                return found
-            if self.table.backends(app):
-                return stats.app(app)
-        return stats.unrouted
-
-    def record(self, ex: Exchange, status: int, backend: Backend | None) -> None:
-        """``ex`` is answered: its app's counters (as :meth:`AppStats.done`, inline: this runs
-        for every request) and the control plane's hook."""
-        seconds = perf_counter() - ex.t0
-        stats = ex.stats
-        if stats is not None:
-            stats.in_flight -= 1
-            stats.classes[status // 100 if 100 <= status < 600 else 5] += 1
-            stats.buckets[bisect_left(BUCKETS, seconds)] += 1
-            stats.seconds += seconds
-        self._on_done(ex.app or "", backend, status, seconds)
 
     async def _sweep(self) -> None:
         """Close keep-alive connections nobody used for a while, both sides, and a client's

@@ -5,9 +5,14 @@ parses the machine's response with httptools, turning it into the client's respo
 comes: the head rebuilt (hop-by-hop headers out; ``Via`` and ``X-Request-Id`` in; a
 ``souq-replay`` header caught), the body streamed with the framing the client needs
 (``Content-Length`` passed on, otherwise chunked, or delimited by the close for HTTP/1.0). What
-one read of the socket produced goes to the client in one write. When the response ends the
-connection goes back to the :class:`UpstreamPool` (last in, first out, ``idle_per_machine``
-per machine, :mod:`souq.proxy.pool`) unless the machine or the request said otherwise.
+one read of the socket produced goes to the client in one write, and what became of the answer
+is told to the client's side (:class:`~souq.proxy.sides.ClientSide`).
+
+When the response ends the connection goes back to the :class:`UpstreamPool` unless the machine
+or the request said otherwise: idle connections per machine, last in first out, bounded
+(``idle_per_machine``). Last in, first out keeps the warm connections busy and lets the cold
+ones reach ``idle_s`` and close (:meth:`UpstreamPool.sweep`, called every second by the relay).
+A connection the machine closes while idle leaves the pool at once.
 """
 
 from __future__ import annotations
@@ -15,21 +20,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from http import HTTPStatus
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 from httptools import HttpParserError, HttpParserUpgrade, HttpResponseParser
 
-from souq.proxy.exchange import HOP_BY_HOP
+from souq.proxy.exchange import HOP_BY_HOP, Exchange, Replay
+from souq.proxy.sides import ClientSide
 
-if TYPE_CHECKING:
-    from souq.proxy.downstream import ClientConnection
-    from souq.proxy.exchange import Exchange
-    from souq.proxy.pool import UpstreamPool
-
-__all__ = ["Address", "Replay", "UpstreamConnection", "parse_replay"]
+__all__ = ["Address", "UpstreamConnection", "UpstreamPool", "parse_replay"]
 
 Address = tuple[str, int]
-Replay = tuple[str, str]  # ("region", R) or ("instance", machine id)
 
 # The status line of every status Python names; the machine's own reason phrase is not kept
 # (HTTP/1.1 clients ignore it, and HTTP/2 has none).
@@ -83,7 +83,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.parser = HttpResponseParser(self)
         self.ex: Exchange | None = None
-        self.client: ClientConnection | None = None
+        self.client: ClientSide | None = None
         self.client_transport: asyncio.Transport | None = None
         self.out: list[bytes] = []
         self.lines: list[bytes] = [b""]  # the status line goes first, once it is known
@@ -115,7 +115,8 @@ class UpstreamConnection(asyncio.Protocol):
             assert client is not None
             self.ex = self.client = None
             self.client_transport = None
-            client.switch(ex, self, data[upgrade.args[0] :])
+            assert self.transport is not None
+            client.switch(ex, self.transport, data[upgrade.args[0] :])
             return
         except HttpParserError:
             self._fail("sent a response that is not HTTP/1.1")
@@ -161,11 +162,11 @@ class UpstreamConnection(asyncio.Protocol):
             client.upstream_broke(ex)
         else:
             what = "reset the connection" if exc is not None else "closed the connection"
-            client.upstream_failed(ex, self, f"{what} before answering")
+            client.upstream_failed(ex, f"{what} before answering", reused=self.uses > 1)
 
     # -- what the client side calls ----------------------------------------------------------------
 
-    def attach(self, ex: Exchange, client: ClientConnection) -> None:
+    def attach(self, ex: Exchange, client: ClientSide) -> None:
         self.ex = ex
         self.client = client
         self.client_transport = client.transport
@@ -316,7 +317,7 @@ class UpstreamConnection(asyncio.Protocol):
         else:
             self.out.clear()
 
-    def _flush_to(self, client: ClientConnection) -> None:
+    def _flush_to(self, client: ClientSide) -> None:
         out = self.out
         client.transport.write(out[0] if len(out) == 1 else b"".join(out))
         out.clear()
@@ -368,4 +369,71 @@ class UpstreamConnection(asyncio.Protocol):
             client.upstream_broke(ex)
         else:
             self.out.clear()
-            client.upstream_failed(ex, self, what)
+            client.upstream_failed(ex, what, reused=self.uses > 1)
+
+
+class UpstreamPool:
+    """Idle keep-alive connections per machine address, last in first out."""
+
+    def __init__(self, *, per_machine: int, idle_s: float, connect_timeout_s: float) -> None:
+        self.per_machine = per_machine
+        self.idle_s = idle_s
+        self.connect_timeout_s = connect_timeout_s
+        self.idle: dict[Address, list[UpstreamConnection]] = {}
+        self._loop = asyncio.get_running_loop()
+        self.now = self._loop.time()  # a coarse clock, set by every sweep: idle times need no more
+
+    def checkout(self, address: Address) -> UpstreamConnection | None:
+        conns = self.idle.get(address)
+        while conns:
+            conn = conns.pop()
+            if not conn.closed:
+                return conn
+        return None
+
+    async def connect(self, address: Address) -> UpstreamConnection:
+        """A new connection (raises OSError or TimeoutError)."""
+        async with asyncio.timeout(self.connect_timeout_s):
+            _, conn = await self._loop.create_connection(
+                lambda: UpstreamConnection(self, address), address[0], address[1]
+            )
+        return conn
+
+    def checkin(self, conn: UpstreamConnection) -> None:
+        conns = self.idle.get(conn.address)
+        if conns is None:
+            conns = self.idle[conn.address] = []
+        if len(conns) >= self.per_machine:
+            conn.close()
+            return
+        conn.idle_since = self.now
+        conns.append(conn)
+
+    def forget(self, conn: UpstreamConnection) -> None:
+        conns = self.idle.get(conn.address)
+        if conns and conn in conns:
+            conns.remove(conn)
+
+    def sweep(self) -> None:
+        """Close the connections idle for longer than ``idle_s``."""
+        self.now = now = self._loop.time()
+        limit = now - self.idle_s
+        for address, conns in list(self.idle.items()):
+            for conn in [c for c in conns if c.idle_since < limit or c.closed]:
+                conns.remove(conn)
+                conn.close()
+            if not conns:
+                del self.idle[address]
+
+    def has_idle(self, address: Address) -> bool:
+        """Whether an idle kept-alive connection to ``address`` is here."""
+        return any(not conn.closed for conn in self.idle.get(address, ()))
+
+    def idle_count(self) -> int:
+        return sum(len(conns) for conns in self.idle.values())
+
+    def close(self) -> None:
+        for conns in self.idle.values():
+            for conn in conns:
+                conn.close()
+        self.idle.clear()
