@@ -18,33 +18,28 @@ import copy
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from souq.agent.machines import lifecycle
-from souq.agent.state.events import Event
-from souq.agent.state.operations import OpKind
+from souq.agent.machines.displacing import DISPLACEABLE, RUNNING, displace
 from souq.agent.state.records import MachineRow
 from souq.market.preemption import JOB_VICTIM, Candidate, Eviction, JobRuns, may_displace
-from souq.model.choices import EventType, PriorityClass
+from souq.model.choices import PriorityClass
 from souq.model.machine import MachineState
 from souq.model.placement import PreemptedMachine
 from souq.model.resources import Resources
 from souq.model.worker import PreemptibleRoom
 
-if TYPE_CHECKING:  # the executor's recovery finishes a claim's evictions (finish)
+if TYPE_CHECKING:
     from souq.agent.machines.executor import Executor
-    from souq.agent.machines.steps import Steps
 
-__all__ = ["RUNNING", "Room", "candidates", "displace", "evict", "finish", "told"]
+__all__ = ["Room", "candidates", "evict", "told"]
 
 S = MachineState
-_DISPLACEABLE = (S.STARTED, S.SUSPENDED, S.STOPPED, S.CREATED)
-RUNNING = (S.STARTED, S.SUSPENDED)
 
 
 def _displaceable(ex: Executor, row: MachineRow, claimant: str) -> bool:
     """Whether ``row`` may be displaced by a machine of class ``claimant``: of a lower class,
     holding a reservation, settled (no operation under way)."""
     return (
-        row.state in _DISPLACEABLE
+        row.state in DISPLACEABLE
         and may_displace(claimant, row.config.priority_class)
         and row.id not in ex.unreserved
         and ex.current_op(row.id) is None
@@ -177,60 +172,3 @@ def evict(ex: Executor, victims: Sequence[PreemptedMachine], *, by: str, app: st
         else:
             row = ex.row_by_id(victim.machine_id)
             displace(ex, row, f"preempted by machine {by} of app {app}: {victim.reason}")
-
-
-def finish(ex: Steps, machine_id: str) -> None:
-    """After an agent restart, before the create of ``machine_id`` resumes: the victims its
-    claim named that still hold their room (the agent died between the new machine's record
-    and theirs) are displaced now, as the claim would have; a batch job's run went with the
-    agent."""
-    row = ex.row_by_id(machine_id)
-    for victim in row.placement.preempted if row.placement is not None else ():
-        if victim.machine_id.startswith(JOB_VICTIM) or not ex.has(victim.machine_id):
-            continue
-        left = ex.row_by_id(victim.machine_id)
-        if (
-            left.state in _DISPLACEABLE
-            and left.id not in ex.unreserved
-            and ex.current_op(left.id) is None
-        ):
-            message = f"preempted by machine {row.id} of app {row.app}: {victim.reason}"
-            displace(ex, left, message, durable=True)
-
-
-def displace(ex: Steps, row: MachineRow, message: str, *, durable: bool = False) -> None:
-    """Preempt ``row``: an event ``preempted`` saying ``message``, its reservation given back,
-    and, if it runs, its stop. ``durable=False``: the caller syncs the store (a claim's)."""
-    if row.state is S.STOPPED:
-        ex.apply(
-            row.id,
-            type=EventType.PREEMPTED,
-            source="agent",
-            message=message,
-            give_back=True,
-            durable=durable,
-        )
-        return
-    lifecycle.transition(row.state, Event.STOP, machine_id=row.id)
-    running = row.state in RUNNING
-    stop = row.config.stop_config
-    drain = stop.drain_s if running and row.config.services and row.state is S.STARTED else 0.0
-    op = ex.new_op(
-        OpKind.STOP,
-        row.id,
-        source="agent",
-        signal=stop.signal,
-        timeout_s=stop.timeout_s,
-        drain_s=drain,
-    )
-    ex.step(
-        op,
-        (Event.DRAIN if drain else Event.BEGIN) if running else Event.IDLE,
-        event=Event.STOP,
-        type=EventType.PREEMPTED,
-        source="agent",
-        signal=stop.signal if running else None,
-        message=message,
-        give_back=True,
-        durable=durable,  # a claim's: the new machine's record syncs it, before its answer
-    )

@@ -1,6 +1,6 @@
 """After an agent restart: the machines' processes re-adopted, unfinished operations resumed
 from their last logged step (an unfinished create first displaces the victims its claim named
-and could not displace before the agent died: :func:`souq.agent.machines.evictions.finish`), and
+and could not displace before the agent died: :func:`souq.agent.machines.displacing.finish`), and
 the exits of processes that died while no agent watched reported (then the restart policy
 applies to them as to any exit)."""
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from souq.agent.machines import evictions
+from souq.agent.machines import displacing
 from souq.agent.state.events import Event
 from souq.agent.state.operations import OpKind
 from souq.agent.state.records import MachineRow
@@ -38,7 +38,7 @@ def recover(ex: Steps) -> None:
     for last in pending:
         if ex.has(last.machine_id) and ex.current_op(last.machine_id) is None:
             if last.kind is OpKind.CREATE:
-                evictions.finish(ex, last.machine_id)
+                displacing.finish(ex, last.machine_id)
             ex.resume(last)
     for row in ex.rows():
         if ex.current_op(row.id) is not None or ex.handle(row.id) is not None:

@@ -7,7 +7,7 @@ The worker is the authority over its machines, so it alone decides: no broker ac
 brokers that publish at once cannot stop a machine twice. With ``--spot-notice N`` a machine outbid
 gets an event ``preempt_notice`` (the price, its bid, when it stops) and is stopped N seconds later,
 whatever the price does meanwhile (as AWS's two-minute notice); with none (the default) at once. The
-stop is a preemption's (:func:`souq.agent.machines.evictions.displace`): an event ``preempted``
+stop is a preemption's (:func:`souq.agent.machines.displacing.displace`): an event ``preempted``
 saying the price rose and to what, the stop signal, SIGKILL after the machine's ``kill_timeout``,
 its reservation given back (its room lowers the price).
 
@@ -27,7 +27,7 @@ from nats.aio.client import Client
 from nats.js.kv import KeyValue
 from pydantic import ValidationError
 
-from souq.agent.machines.evictions import RUNNING, displace
+from souq.agent.machines.displacing import RUNNING, displace
 from souq.agent.machines.executor import Executor
 from souq.bus.jetstream import BucketWatch, open_key_value, reconnects
 from souq.clock import Clock, iso_from_ms
