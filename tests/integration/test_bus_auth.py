@@ -212,6 +212,45 @@ def test_replies_reach_only_the_requester(server: Server) -> None:
     asyncio.run(main())
 
 
+def test_a_workers_names_read_the_view_and_nothing_more(server: Server) -> None:
+    """``names-<W>`` (made with the agent): heartbeats, events and the view's sync verbs; not
+    usage, not a command, not another bucket, not another user's inbox."""
+    a, b = server.workers
+
+    async def main() -> None:
+        async with (
+            conn(server, f"names-{a}") as names,
+            conn(server, agent(server, 1)) as worker,
+        ):
+            beats = await names.collect("souq.hb.>")
+            events = await names.collect("souq.evt.>")
+
+            async def answer(msg: Msg) -> None:
+                await worker.nc.publish(msg.reply, b"the list")
+
+            await worker.nc.subscribe(f"souq.worker.{b}.*", cb=answer)
+            await flush_subscriptions(worker.nc)
+            await worker.nc.publish(f"souq.hb.mad.{b}", b"{}")
+            await worker.nc.publish(f"souq.evt.mad.{b}", b"{}")
+            reply = await names.nc.request(f"souq.worker.{b}.list", b"{}", timeout=2)
+            assert reply.data == b"the list"
+            await eventually(lambda: len(beats) == len(events) == 1, timeout=5, message="both")
+            for subject in ("souq.use.>", "souq.worker.*.*", "_INBOX.broker.>"):
+                await names.nc.subscribe(subject)
+            for subject in (
+                f"souq.worker.{b}.start",
+                f"souq.worker.{b}.destroy",
+                f"souq.hb.mad.{b}",
+                "$JS.API.STREAM.INFO.KV_souq-secrets",
+            ):
+                await names.nc.publish(subject, b"{}")
+            await flush_subscriptions(names.nc)
+            await settle((names, 7))
+            assert len(names.violations()) == 7, names.errors
+
+    asyncio.run(main())
+
+
 def test_brokers_own_the_stores_and_agents_read_images(server: Server) -> None:
     data = os.urandom(300_000)
     digest = "sha256:" + __import__("hashlib").sha256(data).hexdigest()

@@ -44,7 +44,7 @@ from souq.agent.service import AgentService
 from souq.agent.state.store import Store
 from souq.agent.volumes.disks import VolumeDisks
 from souq.agent.volumes.worker_volumes import AgentVolumes
-from souq.auth.bus import NatsCredential, agent_credential, holds
+from souq.auth.bus import NatsCredential, agent_credential
 from souq.auth.files import AuthDir
 from souq.bus.transport import Transport
 from souq.clock import Clock
@@ -343,13 +343,16 @@ class Agent:
         port of its own there), unless ``--dns`` says elsewhere. Several agents of one host
         and cluster share that address: the first one up takes it and answers for all (from
         the whole cluster's view), the others leave it be without reading the view. An agent
-        that holds no ``view`` credential (``souq dev``'s, whose own process answers the
-        names; one made by ``souq cluster add-agent``) answers none."""
-        auth = AuthDir.from_env(self.config.auth_dir)
-        if auth is not None and not holds(auth, "view"):
+        that holds neither its ``names-<W>`` credential (``souq cluster add-agent`` makes it)
+        nor the ``view``'s (``souq dev``'s, whose own process answers the names) answers none."""
+        from souq.network.name_service import names_role
+
+        if names_role(self.config.auth_dir, self.worker_id) is None:
             log.info(
-                "machines' names here are not answered by this agent: it holds no view "
-                "credential (the host's name server answers them: souq dev runs one)"
+                "machines' names here are not answered by this agent: it holds no names "
+                "credential (nats/names-%s.nk, from souq cluster add-agent; under souq dev, "
+                "the host's name server answers them)",
+                self.worker_id,
             )
             return None
         try:
@@ -362,14 +365,17 @@ class Agent:
 
     async def _start_names(self, listen: tuple[str, int]) -> NameService:
         """The worker's DNS server (--dns), in this process: its view of the cluster on a
-        connection of its own, as the bus's read-only ``view`` role (the agent's credential
-        sees only its own worker), or on the transport the agent was given."""
+        connection of its own, as this worker's ``names-<W>`` user or the bus's read-only
+        ``view`` role (the agent's credential sees only its own worker), or on the transport
+        the agent was given."""
         from souq.network.name_service import NameService, connect_view
 
         config = self.config
         if self._own_transport or self._transport is None:
             name = f"souq-names-{self.worker_id}"
-            transport = await connect_view(config.nats_url, config.auth_dir, name=name)
+            transport = await connect_view(
+                config.nats_url, config.auth_dir, name=name, worker_id=self.worker_id
+            )
         else:
             transport = self._transport
         names = NameService(
