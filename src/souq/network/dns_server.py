@@ -15,6 +15,13 @@ message.
   (TC): the asker asks again over TCP. A message that does not parse gets no answer.
 * Records go in the index's order (healthy first), not shuffled as dnspython would by default:
   a client that takes the first address takes a healthy one.
+* **Answers kept rendered.** A UDP answer from the index depends on the question's bytes after
+  its id (its flags, name, type, EDNS size and options), on the asker's address (its network,
+  its region) and on the index as it stands; so dnspython's rendering of it is kept by those
+  (at most :data:`ANSWER_CACHE`, all dropped whenever the index's ``version`` moves: a machine
+  started, stopped, a region known), and the next same question from the same asker is that
+  rendering with its own id in the first two bytes, nothing parsed. A question of another
+  asker, or after a change, is parsed and answered as above, once.
 """
 
 from __future__ import annotations
@@ -52,6 +59,7 @@ DEFAULT_LISTEN = ("fdaa::3", 53)
 UDP_DEFAULT_SIZE = 512  # an asker without EDNS takes this much over UDP
 MAX_TCP_MESSAGE = 65535
 RRSET_CACHE = 4096  # answers' records kept ready (each an app's answer as it stands)
+ANSWER_CACHE = 8192  # UDP answers kept rendered, by question and asker (see the module)
 
 
 def host_resolvers(
@@ -132,10 +140,23 @@ class DnsServer:
         self.address: tuple[str, int] = listen
         self._rrsets: dict[tuple[dns.name.Name, str, tuple[str, ...]], dns.rrset.RRset] = {}
         self.answered = 0  # questions answered from the index
-        # False while the index is not yet filled (its view not yet read): questions under
-        # .internal get SERVFAIL then, which a resolver tries again, never a false NXDOMAIN.
-        self.synced = True
+        self._synced = True
         self.forwarded = 0  # questions sent to the host's resolvers
+        # Rendered UDP answers without their id, by (the question after its id, the asker),
+        # as of the index's version _rendered_at (see the module).
+        self._rendered: dict[tuple[bytes, str], bytes] = {}
+        self._rendered_at = index.version
+
+    @property
+    def synced(self) -> bool:
+        """False while the index is not yet filled (its view not yet read): questions under
+        .internal get SERVFAIL then, which a resolver tries again, never a false NXDOMAIN."""
+        return self._synced
+
+    @synced.setter
+    def synced(self, value: bool) -> None:
+        self._synced = value
+        self._rendered.clear()
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -236,7 +257,17 @@ class DnsServer:
         task.add_done_callback(self._tasks.discard)
 
     def on_datagram(self, data: bytes, peer: tuple[str, int]) -> None:
-        """A UDP question: answered at once when it is ours, else in a task (forwarded)."""
+        """A UDP question: answered at once when it is ours (from its kept rendering when the
+        same asker asked it since the index last changed), else in a task (forwarded)."""
+        if self._rendered_at != self.index.version:
+            self._rendered.clear()
+            self._rendered_at = self.index.version
+        key = (data[2:], peer[0])
+        kept = self._rendered.get(key)
+        if kept is not None and self._udp is not None:
+            self.answered += 1
+            self._udp.sendto(data[:2] + kept, peer)
+            return
         try:
             query = dns.message.from_wire(data)
         except dns.exception.DNSException:
@@ -245,7 +276,11 @@ class DnsServer:
             return
         local = self.local(query, peer[0])
         if local is not None:
-            self._send_udp(local, query, peer)
+            wire = self._send_udp(local, query, peer)
+            if wire is not None and wire[:2] == data[:2]:
+                if len(self._rendered) >= ANSWER_CACHE:
+                    self._rendered.clear()  # many askers or questions: start again
+                self._rendered[key] = wire[2:]
             return
         self.forwarded += 1
         self._spawn(self._forward_udp(query, peer))
@@ -256,13 +291,15 @@ class DnsServer:
 
     def _send_udp(
         self, response: dns.message.Message, query: dns.message.Message, peer: tuple[str, int]
-    ) -> None:
+    ) -> bytes | None:
+        """Sends the answer; returns its wire (None: the socket is closed)."""
         if self._udp is None:
-            return
+            return None
         size = max(query.payload, UDP_DEFAULT_SIZE) if query.edns >= 0 else UDP_DEFAULT_SIZE
         # Too large: the answer goes without the records that do not fit, and TC set.
-        wire = response.to_wire(max_size=size, prefer_truncation=True, want_shuffle=False)
+        wire: bytes = response.to_wire(max_size=size, prefer_truncation=True, want_shuffle=False)
         self._udp.sendto(wire, peer)
+        return wire
 
     async def _on_tcp(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
