@@ -12,6 +12,9 @@ side with a floor, on a real cluster (nats-server, a broker, one root agent with
   the very bytes the agent answered (taken from it once with dnspython), its id copied: the
   path and a socket's round trip, nothing of a name server. It listens at ``[fdaa::3]`` on a
   port of its own, let in for the run by one rule at the head of the worker's ``INPUT`` chain.
+* **alone**: the agent's DNS server code (:class:`~souq.network.dns_server.DnsServer`) in a
+  process of its own, as a daemon runs (uvloop), its index holding the same three machines,
+  reached the same way: the server without the rest of the agent beside it in its process.
 
 Two loads, each arm's rounds alternating (the order swapped each round), ``DNSPERF_SECONDS``
 each: **one at a time** (``-c 1 -q 1``: a client asking in a loop, as a program resolving a
@@ -23,6 +26,7 @@ of the rounds' p99.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -33,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import uuid
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +53,7 @@ from souq.testing import Cluster, wait_until
 SECONDS = int(os.environ.get("DNSPERF_SECONDS", "5"))
 ROUNDS = int(os.environ.get("DNSPERF_ROUNDS", "6"))
 CONFIG = {"guest": {"memory_mb": 64}, "cmd": ["/bin/sleep", "600"]}
+RT = "20"  # the SCHED_FIFO priority of the "scheduled first" rounds
 LOADS = {"1,000 qps": ["-Q", "1000", "-q", "10"], "5,000 qps": ["-Q", "5000", "-q", "50"]}
 
 
@@ -64,20 +70,44 @@ def serve_floor(port: int, answer_hex: str) -> None:
             send(data[:2] + tail, peer)
 
 
-def _ask(netns: str, port: int, datafile: Path, *options: str) -> str:
+def serve_alone(port: int, app: str, addresses: list[str]) -> None:
+    """The agent's DNS server (:class:`~souq.network.dns_server.DnsServer`, the same code)
+    alone in a process of its own, as a daemon runs (uvloop, the daemons' collector), its index
+    holding the app's machines: what the server costs without the rest of the agent."""
+    import asyncio
+
+    from souq import daemon
+    from souq.network.dns_server import DnsServer, Forwarder
+    from souq.network.names import NameIndex, NameRow
+
+    async def main() -> None:
+        index = NameIndex()
+        for i, ip in enumerate(addresses):
+            index.put(NameRow(f"m{i}", app, "mad", "started", True, ip, created_at=str(i)))
+        server = DnsServer(index, Forwarder([]), listen=(DNS_ADDRESS, port))
+        await server.start()
+        print("listening", flush=True)
+        await asyncio.Event().wait()
+
+    daemon.run(main())
+
+
+def _ask(netns: str, port: int, datafile: Path, *options: str, prefix: Sequence[str] = ()) -> str:
     """dnsperf's report, run in ``netns`` against ``[fdaa::3]:port`` for SECONDS."""
     command = ["dnsperf", "-s", DNS_ADDRESS, "-p", str(port), "-d", str(datafile)]
     return subprocess.run(
-        ["ip", "netns", "exec", netns, *command, "-l", str(SECONDS), *options],
+        ["ip", "netns", "exec", netns, *prefix, *command, "-l", str(SECONDS), *options],
         capture_output=True,
         text=True,
         check=True,
     ).stdout
 
 
-def _latencies(netns: str, port: int, datafile: Path, load: list[str]) -> list[float]:
-    """Each query's latency (s), as dnsperf saw it."""
-    out = _ask(netns, port, datafile, "-v", *load)
+def _latencies(
+    netns: str, port: int, datafile: Path, load: list[str], prefix: list[str]
+) -> list[float]:
+    """Each query's latency (s), as dnsperf saw it (run under ``prefix``: chrt)."""
+    out = _ask(netns, port, datafile, "-v", *load, prefix=prefix)
     times = []
     for line in out.splitlines():
         parts = line.split()
@@ -114,26 +144,51 @@ def _summary(rounds: list[list[float]]) -> dict[str, Any]:
     }
 
 
-def _measure(netns: str, ports: dict[str, int], datafile: Path) -> dict[str, Any]:
+def _measure(netns: str, ports: dict[str, int], datafile: Path, pids: list[int]) -> dict[str, Any]:
     results: dict[str, Any] = {}
     for load_name, load in LOADS.items():
-        got: dict[str, list[list[float]]] = {arm: [] for arm in ports}
-        for i in range(ROUNDS):
-            for arm in list(ports) if i % 2 == 0 else list(ports)[::-1]:
-                got[arm].append(_latencies(netns, ports[arm], datafile, load))
-        arms = {arm: _summary(rounds) for arm, rounds in got.items()}
-        souq, floor = arms["souq"], arms["floor"]
-        arms["p99_ratio"] = round(souq["p99_us"] / floor["p99_us"], 2)
-        arms["median_round_p99_ratio"] = round(
-            souq["median_round_p99_us"] / floor["median_round_p99_us"], 2
-        )
-        results[load_name] = arms
+        for first in (False, True):
+            with _scheduled_first(pids) if first else contextlib.nullcontext():
+                got = _rounds(netns, ports, datafile, ["chrt", "-f", RT] if first else [], load)
+            arms: dict[str, Any] = {arm: _summary(rounds) for arm, rounds in got.items()}
+            floor = arms["floor"]
+            for arm in ("souq", "alone"):
+                arms[f"{arm}_p99_ratio"] = round(arms[arm]["p99_us"] / floor["p99_us"], 2)
+                arms[f"{arm}_median_round_p99_ratio"] = round(
+                    arms[arm]["median_round_p99_us"] / floor["median_round_p99_us"], 2
+                )
+            results[load_name + (", scheduled first" if first else "")] = arms
     most: dict[str, list[float]] = {arm: [] for arm in ports}
     for i in range(2):
         for arm in list(ports) if i % 2 == 0 else list(ports)[::-1]:
             most[arm].append(_qps(netns, ports[arm], datafile))
     results["most qps"] = {arm: round(max(v)) for arm, v in most.items()}
     return results
+
+
+def _rounds(
+    netns: str, ports: dict[str, int], datafile: Path, prefix: list[str], load: list[str]
+) -> dict[str, list[list[float]]]:
+    """ROUNDS of each arm, alternating (the order reversed every other round)."""
+    got: dict[str, list[list[float]]] = {arm: [] for arm in ports}
+    for i in range(ROUNDS):
+        for arm in list(ports) if i % 2 == 0 else list(ports)[::-1]:
+            got[arm].append(_latencies(netns, ports[arm], datafile, load, prefix))
+    return got
+
+
+@contextlib.contextmanager
+def _scheduled_first(pids: list[int]) -> Iterator[None]:
+    """Every thread of ``pids`` (the agent, the floor, the server alone) at SCHED_FIFO for the
+    block, as dnsperf is then run: the box's other work waits behind all of them alike, so
+    what is left of the tail is the path's and the servers' own."""
+    for pid in pids:
+        subprocess.run(["chrt", "-a", "-f", "-p", RT, str(pid)], check=True)
+    try:
+        yield
+    finally:
+        for pid in pids:
+            subprocess.run(["chrt", "-a", "-o", "-p", "0", str(pid)], check=False)
 
 
 def _answer(port: int, name: str) -> bytes:
@@ -167,26 +222,46 @@ def _run(root: Path) -> dict[str, Any]:
         net = links.WorkerNetwork(worker, root / "x")
         netns = Path(glob.glob(f"/run/netns/souq-{net.tag}-{made[0].id}")[0]).name
         floor_port = free_port()
-        rule = ["-d", f"{DNS_ADDRESS}/128", "-p", "udp", "--dport", str(floor_port), "-j", "ACCEPT"]
-        floor = subprocess.Popen(
-            [sys.executable, "-c", "import sys; from bench.dnsperf import serve_floor; "
-             f"serve_floor({floor_port}, {wire.hex()!r})"],
-            stdout=subprocess.PIPE,
-            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
-        )  # fmt: skip
-        subprocess.run(["ip6tables", "-w", "-I", net.inp, "1", *rule], check=True)
+        alone_port = free_port()
+        addresses = [rd.to_text() for rd in dns.message.from_wire(wire).answer[0]]
+        others = [
+            _python(f"serve_floor({floor_port}, {wire.hex()!r})"),
+            _python(f"serve_alone({alone_port}, {app!r}, {addresses!r})"),
+        ]
+        rules = [_rule(floor_port), _rule(alone_port)]
+        for rule in rules:
+            subprocess.run(["ip6tables", "-w", "-I", net.inp, "1", *rule], check=True)
         try:
-            assert floor.stdout is not None
-            floor.stdout.readline()
+            for other in others:
+                assert other.stdout is not None
+                other.stdout.readline()
             datafile = root / "queries.txt"
             datafile.write_text(f"{name} AAAA\n")
-            return _measure(netns, {"souq": c.names_port, "floor": floor_port}, datafile)
+            ports = {"souq": c.names_port, "floor": floor_port, "alone": alone_port}
+            pids = [c.agents[0].pid, *(other.pid for other in others)]
+            return _measure(netns, ports, datafile, pids)
         finally:
-            subprocess.run(["ip6tables", "-w", "-D", net.inp, *rule], check=False)
-            floor.terminate()
-            floor.wait()
+            for rule in rules:
+                subprocess.run(["ip6tables", "-w", "-D", net.inp, *rule], check=False)
+            for other in others:
+                other.terminate()
+                other.wait()
             for m in made:
                 client.destroy(app, m.id, force=True)
+
+
+def _python(call: str) -> subprocess.Popen[bytes]:
+    """``call`` of this module in a process of its own (it prints once it listens)."""
+    return subprocess.Popen(
+        [sys.executable, "-c", f"from bench.dnsperf import *; {call}"],
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+
+
+def _rule(port: int) -> list[str]:
+    """What lets a machine reach ``[fdaa::3]:port`` for the run (the worker's INPUT chain)."""
+    return ["-d", f"{DNS_ADDRESS}/128", "-p", "udp", "--dport", str(port), "-j", "ACCEPT"]
 
 
 def _try_answer(port: int, name: str) -> bytes | None:
