@@ -199,15 +199,20 @@ class Agent:
         self.overlay = network.start_overlay(self.config, self.worker_id, executor.network)
         if self.overlay is not None:
             key = self.overlay.public_key if isinstance(self.overlay, WireGuard) else ""
+            link = "" if isinstance(self.overlay, WireGuard) else self.overlay.link_local
             self.fingerprint = self.fingerprint.model_copy(
-                update={"underlay": self.overlay.underlay, "underlay_key": key}
-            )
+                update={"underlay": self.overlay.underlay, "underlay_key": key,
+                        "underlay_link": link}
+            )  # fmt: skip
 
     def _heard_worker(self, info: WorkerInfo) -> None:
         """A worker's record from its heartbeat: the route to its machines as it says."""
         if self.overlay is not None and info.id != self.worker_id:
             fp = info.fingerprint
-            self.overlay.heard(info.id, fp.underlay if fp else "", fp.underlay_key if fp else "")
+            if fp is None:
+                self.overlay.heard(info.id, "")
+            else:
+                self.overlay.heard(info.id, fp.underlay, fp.underlay_key, fp.underlay_link)
 
     def _images(self) -> AgentImages | None:
         """The image cache (not the hollow fleet's: it runs nothing)."""
