@@ -16,12 +16,13 @@ side with a floor, on a real cluster (nats-server, a broker, one root agent with
   process of its own, as a daemon runs (uvloop), its index holding the same three machines,
   reached the same way: the server without the rest of the agent beside it in its process.
 
-Two loads, each arm's rounds alternating (the order swapped each round), ``DNSPERF_SECONDS``
-each: **one at a time** (``-c 1 -q 1``: a client asking in a loop, as a program resolving a
-name does) and **1,000 qps** (``-Q 1000 -q 100``: a steady load, many askers' worth); and the
-most each answers (``-q 100``, no limit: queries per second, no latency target). Latency is
-dnsperf's own per query (``-v``); p50 / p99 / p99.9 over all rounds' queries, and the median
-of the rounds' p99.
+Two steady loads, **1,000 qps** (``-Q 1000 -q 10``) and **5,000 qps** (``-Q 5000 -q 50``)
+(dnsperf's ``-q 1`` sends about 40 queries a second: no closed loop of one), ``DNSPERF_ROUNDS``
+rounds of ``DNSPERF_SECONDS`` per arm, the arms alternating (the order reversed every other
+round); then both again **scheduled first**: every thread of the three servers' processes and
+dnsperf at SCHED_FIFO (``chrt``), so that the box's other work waits behind all of them alike;
+last the most each answers (``-q 100``, no limit). Latency is dnsperf's own per query
+(``-v``); p50 / p99 / p99.9 over all rounds' queries, and the median of the rounds' p99.
 """
 
 from __future__ import annotations
