@@ -6,7 +6,7 @@ side with a floor, on a real cluster (nats-server, a broker, one root agent with
 * **souq**: ``<app>.internal`` AAAA (an app of 3 started machines) asked at ``[fdaa::3]`` on
   the cluster's names port, the way every machine's ``resolv.conf`` sends it: from the
   machine's namespace, over its veth link, into the worker's ``INPUT`` chain, to the agent's
-  server (in the agent's event loop).
+  server (its UDP thread; the agent's event loop for a question it has no answer kept for).
 * **floor**: the same question, the same path, to a minimal responder in a process of its own
   on the worker (a blocking ``recvfrom``/``sendto`` loop; :func:`serve_floor`) that answers
   the very bytes the agent answered (taken from it once with dnspython), its id copied: the
