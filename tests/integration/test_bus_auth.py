@@ -358,3 +358,19 @@ def test_tls_is_one_flag(tmp_path: Path) -> None:
                 await connect(nats_server.url, name="no-ca", connect_timeout=2, credential=bare)
 
         asyncio.run(main())
+
+
+def test_add_agent_again_gives_an_older_worker_its_names_user(tmp_path: Path) -> None:
+    """A worker added before the names' users existed: adding it again keeps its agent's seed
+    and adds the names' one, and nats.conf then knows both."""
+    auth = AuthDir.create(tmp_path / "auth")
+    init_bus(auth)
+    add_agent(auth, "old", reload=False)
+    seed = credential(auth, "agent-old").seed
+    (auth.nats_dir / "names-old.nk").unlink()  # as an earlier Souq left it
+    assert add_agent(auth, "old", reload=False) == "old"
+    assert credential(auth, "agent-old").seed == seed
+    names = credential(auth, "names-old")
+    assert names.seed != seed and (auth.nats_dir / "names-old.nk").stat().st_mode & 0o777 == 0o600
+    conf = auth.nats_conf.read_text()
+    assert "# names-old" in conf and "# agent-old" in conf
