@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import socket
 import threading
@@ -81,8 +82,18 @@ class UdpReceiver:
     def close(self) -> None:
         self._stop.set()
         if self._thread.is_alive():
+            self._wake()
             self._thread.join(timeout=2 * POLL_S + 1)
         self.sock.close()
+
+    def _wake(self) -> None:
+        """An empty datagram to the socket, so that the thread sees it was told to stop now
+        rather than at its next poll."""
+        host, port = self.address
+        if ipaddress.ip_address(host).is_unspecified:
+            host = "::1" if self.sock.family == socket.AF_INET6 else "127.0.0.1"
+        with contextlib.suppress(OSError), socket.socket(self.sock.family, socket.SOCK_DGRAM) as s:
+            s.sendto(b"", (host, port))
 
     def _run(self) -> None:
         recv, send, kept = self.sock.recvfrom, self.sock.sendto, self._kept
@@ -94,6 +105,8 @@ class UdpReceiver:
             except OSError as exc:
                 if not self._stop.is_set():
                     log.warning("the names' UDP socket: %s", exc)
+                return
+            if self._stop.is_set():
                 return
             answer = kept(data, str(peer[0]))
             if answer is not None:
