@@ -239,3 +239,35 @@ async def test_a_system_chosen_port_taken_for_tcp_is_chosen_again(
         await writer.wait_closed()
     finally:
         await server.aclose()
+
+
+async def test_an_answer_kept_is_sent_while_the_event_loop_is_busy(upstream: int) -> None:
+    """The UDP socket's thread sends a kept answer itself: an agent's loop held by other work
+    (here 1 s of a blocking call) does not hold it up."""
+    import threading
+    import time
+
+    import dns.query
+
+    index = NameIndex()
+    index.put(row("a1"))
+    server = await started(index, [("127.0.0.1", upstream)])
+    host, port = server.address
+    try:
+        assert addresses(await ask(server, "web.internal")) == ["fdaa::a1"]  # now kept
+        got: list[tuple[float, list[str]]] = []
+
+        def ask_blocking() -> None:
+            t0 = time.monotonic()
+            query = dns.message.make_query("web.internal", "AAAA")
+            answer = dns.query.udp(query, host, port=port, timeout=5)
+            got.append((time.monotonic() - t0, addresses(answer)))
+
+        asker = threading.Thread(target=ask_blocking)
+        asker.start()
+        time.sleep(1.0)  # the loop held: nothing of it runs meanwhile
+        asker.join()
+        ((elapsed, answered),) = got
+        assert answered == ["fdaa::a1"] and elapsed < 0.5, elapsed
+    finally:
+        await server.aclose()
