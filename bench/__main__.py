@@ -3,9 +3,9 @@
 Without names, the default suites run (``spine``, ``scale``, ``tradeoff``, ``view``,
 ``supervise``, ``creates``, ``proxy``, ``wake``, ``images``, ``isolation``, ``deploy``, ``attack``,
 ``secured``, ``logs``, ``cli``, ``names``); ``c1m`` (100,000 machines onto 5,000 hollow
-workers, a few minutes) runs only when named, as do ``hosts``, ``jobs``, ``private_network`` and
-``crosshost`` (root), and ``wire`` (one create's bus messages encoded and decoded, timed
-apart). At the end, every ratio the suites measured is printed as one table
+workers, a few minutes) runs only when named, as do ``hosts``, ``jobs``, ``private_network``,
+``crosshost`` and ``dnsperf`` (root), and ``wire`` (one create's bus messages encoded and
+decoded, timed apart). At the end, every ratio the suites measured is printed as one table
 (:mod:`bench.table`)."""
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from bench import (
     creates,
     crosshost,
     deploy,
+    dnsperf,
     hosts,
     images,
     isolation,
@@ -61,6 +62,7 @@ SUITES = {
     "logs": logs.main,
     "cli": cli.main,
     "names": names.main,
+    "dnsperf": dnsperf.main,
     "private_network": private_network.main,
     "crosshost": crosshost.main,
     "wire": wire.main,

@@ -5,10 +5,11 @@ device of each host, docs/network.md), and between two machines of one host, aga
 two programs run straight in the two hosts' namespaces over their veth and bridge, without
 Souq (the floor), interleaved in one run; and the machines across hosts once more with each
 host's fast path (souq.network.fastpath) taken away for the arm, the hosts' routing and chains
-alone (``kernel's``). Three times: the agents' underlay the hosts' IPv6
+alone (``kernel's``). Four times: the agents' underlay the hosts' IPv6
 addresses (on one segment: each worker's /48 routed straight to the other host), their IPv4
-addresses (over VXLAN), and their IPv4 addresses with ``--underlay-encryption wireguard``; the
-floor talks over the same addresses.
+addresses (over VXLAN), their IPv4 addresses with ``--underlay-link direct`` (on one segment:
+IPv6 routed straight via the hosts' link-local addresses, no VXLAN), and their IPv4 addresses
+with ``--underlay-encryption wireguard``; the floor talks over the same addresses.
 
 The programs (:data:`PEER`, one Python file, the host's ``/usr/bin/python3`` on both sides):
 a server that echoes one byte per round trip (``l``) or takes a stream to its end and answers
@@ -250,13 +251,16 @@ def _summary(runs: list[dict[str, Any]]) -> dict[str, float]:
     }
 
 
-UNDERLAYS: list[tuple[str, str, Callable[[NetHost], str], str]] = [
-    ("straight", "IPv6 on the hosts' segment: routed straight", lambda net: net.address6, "none"),
-    ("vxlan", "IPv4: over VXLAN", lambda net: net.address, "none"),
-    ("wireguard", "IPv4: WireGuard", lambda net: net.address, "wireguard"),
-]
+UNDERLAYS: list[tuple[str, str, Callable[[NetHost], str], str, str]] = [
+    ("straight", "IPv6 on the hosts' segment: routed straight", lambda net: net.address6, "none",
+     "vxlan"),
+    ("vxlan", "IPv4: over VXLAN", lambda net: net.address, "none", "vxlan"),
+    ("link", "IPv4 on the hosts' segment, --underlay-link direct: IPv6 via link-locals",
+     lambda net: net.address, "none", "direct"),
+    ("wireguard", "IPv4: WireGuard", lambda net: net.address, "wireguard", "vxlan"),
+]  # fmt: skip
 # Which of them (SOUQ_BENCH_UNDERLAYS=straight,vxlan: those two alone); default: all.
-CHOSEN = os.environ.get("SOUQ_BENCH_UNDERLAYS", "straight,vxlan,wireguard").split(",")
+CHOSEN = os.environ.get("SOUQ_BENCH_UNDERLAYS", "straight,vxlan,link,wireguard").split(",")
 
 
 def main() -> None:
@@ -267,7 +271,7 @@ def main() -> None:
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     print(f"crosshost: {machine_line()}; {ROUNDS} rounds interleaved, medians; {started}")
     print(f"  {ROUND_TRIPS} one-byte TCP round trips, {STREAMS} x {STREAM_MB} MiB streams each")
-    for key, title, address, encryption in UNDERLAYS:
+    for key, title, address, encryption, link in UNDERLAYS:
         if key not in CHOSEN:
             continue
         if encryption == "wireguard" and wireguard.unavailable() is not None:
@@ -281,6 +285,7 @@ def main() -> None:
                 private_network=True,
                 underlay=address,
                 underlay_encryption=encryption,
+                underlay_link=link,
             ) as hosts,
         ):
             results = _run(hosts, address)

@@ -231,6 +231,14 @@ def agent(
             "to workers that encrypt too).",
         ),
     ] = None,
+    underlay_link: Annotated[
+        str | None,
+        typer.Option(
+            "--underlay-link",
+            help="vxlan (default) or direct: to workers on this host's IPv4 subnet that say "
+            "direct too, IPv6 routed straight over the link, no VXLAN (docs/network.md).",
+        ),
+    ] = None,
     flycast_port: Annotated[
         int | None,
         typer.Option(

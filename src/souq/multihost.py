@@ -67,9 +67,12 @@ class Host:
         return self.agent.worker_id
 
 
-def _private_network(net: NetHost, underlay: str = "", encryption: str = "none") -> dict[str, Any]:
+def _private_network(
+    net: NetHost, underlay: str = "", encryption: str = "none", link: str = "vxlan"
+) -> dict[str, Any]:
     """An agent's arguments for machines on the private network, routed over ``underlay``
-    (default: the host's IPv6 address, on the hosts' one segment: routed straight)."""
+    (default: the host's IPv6 address, on the hosts' one segment: routed straight), with
+    ``--underlay-link link``."""
     return {
         "machine_user": None,  # a uid per machine
         "default_driver": None,  # the sandbox
@@ -82,6 +85,8 @@ def _private_network(net: NetHost, underlay: str = "", encryption: str = "none")
             underlay or net.address6,
             "--underlay-encryption",
             encryption,
+            "--underlay-link",
+            link,
         ],
     }
 
@@ -116,9 +121,11 @@ class Hosts(Lifespan):
         private_network: bool = False,
         underlay: Callable[[NetHost], str] = lambda net: net.address6,
         underlay_encryption: str = "none",
+        underlay_link: str = "vxlan",
     ) -> None:
         """``underlay``: each host's agent's ``--underlay`` with ``private_network`` (its
-        IPv4 address: over VXLAN); ``underlay_encryption``: its ``--underlay-encryption``."""
+        IPv4 address: over VXLAN); ``underlay_encryption``, ``underlay_link``: its
+        ``--underlay-encryption``, ``--underlay-link``."""
         self.root = root
         self.network = Network(len(regions))
         self.auth: AuthDir | None = None
@@ -146,7 +153,7 @@ class Hosts(Lifespan):
                     memory_mb=memory_mb,
                     heartbeat_interval_s=heartbeat_interval_s,
                     **(
-                        _private_network(net, underlay(net), underlay_encryption)
+                        _private_network(net, underlay(net), underlay_encryption, underlay_link)
                         if private_network
                         else {}
                     ),

@@ -212,6 +212,45 @@ def test_replies_reach_only_the_requester(server: Server) -> None:
     asyncio.run(main())
 
 
+def test_a_workers_names_read_the_view_and_nothing_more(server: Server) -> None:
+    """``names-<W>`` (made with the agent): heartbeats, events and the view's sync verbs; not
+    usage, not a command, not another bucket, not another user's inbox."""
+    a, b = server.workers
+
+    async def main() -> None:
+        async with (
+            conn(server, f"names-{a}") as names,
+            conn(server, agent(server, 1)) as worker,
+        ):
+            beats = await names.collect("souq.hb.>")
+            events = await names.collect("souq.evt.>")
+
+            async def answer(msg: Msg) -> None:
+                await worker.nc.publish(msg.reply, b"the list")
+
+            await worker.nc.subscribe(f"souq.worker.{b}.*", cb=answer)
+            await flush_subscriptions(worker.nc)
+            await worker.nc.publish(f"souq.hb.mad.{b}", b"{}")
+            await worker.nc.publish(f"souq.evt.mad.{b}", b"{}")
+            reply = await names.nc.request(f"souq.worker.{b}.list", b"{}", timeout=2)
+            assert reply.data == b"the list"
+            await eventually(lambda: len(beats) == len(events) == 1, timeout=5, message="both")
+            for subject in ("souq.use.>", "souq.worker.*.*", "_INBOX.broker.>"):
+                await names.nc.subscribe(subject)
+            for subject in (
+                f"souq.worker.{b}.start",
+                f"souq.worker.{b}.destroy",
+                f"souq.hb.mad.{b}",
+                "$JS.API.STREAM.INFO.KV_souq-secrets",
+            ):
+                await names.nc.publish(subject, b"{}")
+            await flush_subscriptions(names.nc)
+            await settle((names, 7))
+            assert len(names.violations()) == 7, names.errors
+
+    asyncio.run(main())
+
+
 def test_brokers_own_the_stores_and_agents_read_images(server: Server) -> None:
     data = os.urandom(300_000)
     digest = "sha256:" + __import__("hashlib").sha256(data).hexdigest()
@@ -319,3 +358,19 @@ def test_tls_is_one_flag(tmp_path: Path) -> None:
                 await connect(nats_server.url, name="no-ca", connect_timeout=2, credential=bare)
 
         asyncio.run(main())
+
+
+def test_add_agent_again_gives_an_older_worker_its_names_user(tmp_path: Path) -> None:
+    """A worker added before the names' users existed: adding it again keeps its agent's seed
+    and adds the names' one, and nats.conf then knows both."""
+    auth = AuthDir.create(tmp_path / "auth")
+    init_bus(auth)
+    add_agent(auth, "old", reload=False)
+    seed = credential(auth, "agent-old").seed
+    (auth.nats_dir / "names-old.nk").unlink()  # as an earlier Souq left it
+    assert add_agent(auth, "old", reload=False) == "old"
+    assert credential(auth, "agent-old").seed == seed
+    names = credential(auth, "names-old")
+    assert names.seed != seed and (auth.nats_dir / "names-old.nk").stat().st_mode & 0o777 == 0o600
+    conf = auth.nats_conf.read_text()
+    assert "# names-old" in conf and "# agent-old" in conf

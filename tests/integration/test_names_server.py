@@ -165,6 +165,46 @@ async def test_an_asker_known_by_its_address_is_scoped(upstream: int) -> None:
         await server.aclose()
 
 
+async def test_an_answer_asked_again_is_sent_as_rendered_until_the_index_changes(
+    upstream: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    index = NameIndex()
+    index.put(row("a1"))
+    index.put(row("me", app="client", private_ip="127.0.0.1"))
+    index.put(row("x1", app="theirs", scope=Scope("acme"), private_ip="fdaa::99"))
+    server = await started(index, [("127.0.0.1", upstream)])
+    parsed: list[str] = []
+    local = server.local
+
+    def counting(query: dns.message.Message, asker: str | None) -> dns.message.Message | None:
+        parsed.append(query.question[0].name.to_text())
+        return local(query, asker)
+
+    monkeypatch.setattr(server, "local", counting)
+    host, port = server.address
+
+    async def udp(name: str, qid: int, source: str = "127.0.0.1") -> dns.message.Message:
+        query = dns.message.make_query(name, "AAAA", id=qid)
+        return await dns.asyncquery.udp(query, host, port=port, timeout=5, source=source)
+
+    try:
+        first, again = await udp("web.internal", 1), await udp("web.internal", 2)
+        assert (first.id, again.id) == (1, 2)  # each its own id
+        assert addresses(first) == addresses(again) == ["fdaa::a1"]
+        assert len(parsed) == 1 and server.answered == 2  # the second was not made again
+        index.put(row("a2"))  # a change: the next answer is made again, with it
+        assert addresses(await udp("web.internal", 3)) == ["fdaa::a1", "fdaa::a2"]
+        assert len(parsed) == 2
+        # The same question from another asker: its own answer (its own network's names).
+        assert (await udp("theirs.internal", 4)).rcode() == dns.rcode.NXDOMAIN
+        assert (await udp("theirs.internal", 4, "127.0.0.2")).rcode() == dns.rcode.NOERROR
+        assert (await udp("theirs.internal", 5)).rcode() == dns.rcode.NXDOMAIN
+        server.synced = False  # the view read again: nothing kept holds
+        assert (await udp("web.internal", 6)).rcode() == dns.rcode.SERVFAIL
+    finally:
+        await server.aclose()
+
+
 def test_host_resolvers_leave_out_the_servers_own_address(tmp_path: object) -> None:
     from pathlib import Path
 
@@ -197,5 +237,37 @@ async def test_a_system_chosen_port_taken_for_tcp_is_chosen_again(
         _, writer = await asyncio.open_connection(*server.address)
         writer.close()
         await writer.wait_closed()
+    finally:
+        await server.aclose()
+
+
+async def test_an_answer_kept_is_sent_while_the_event_loop_is_busy(upstream: int) -> None:
+    """The UDP socket's thread sends a kept answer itself: an agent's loop held by other work
+    (here 1 s of a blocking call) does not hold it up."""
+    import threading
+    import time
+
+    import dns.query
+
+    index = NameIndex()
+    index.put(row("a1"))
+    server = await started(index, [("127.0.0.1", upstream)])
+    host, port = server.address
+    try:
+        assert addresses(await ask(server, "web.internal")) == ["fdaa::a1"]  # now kept
+        got: list[tuple[float, list[str]]] = []
+
+        def ask_blocking() -> None:
+            t0 = time.monotonic()
+            query = dns.message.make_query("web.internal", "AAAA")
+            answer = dns.query.udp(query, host, port=port, timeout=5)
+            got.append((time.monotonic() - t0, addresses(answer)))
+
+        asker = threading.Thread(target=ask_blocking)
+        asker.start()
+        time.sleep(1.0)  # the loop held: nothing of it runs meanwhile
+        asker.join()
+        ((elapsed, answered),) = got
+        assert answered == ["fdaa::a1"] and elapsed < 0.5, elapsed
     finally:
         await server.aclose()

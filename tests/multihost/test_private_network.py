@@ -55,16 +55,18 @@ pytestmark = [
 ]
 
 
-UNDERLAYS: dict[str, tuple[Callable[[NetHost], str], str]] = {
-    "straight": (lambda net: net.address6, "none"),  # IPv6 on the hosts' segment
-    "vxlan": (lambda net: net.address, "none"),  # IPv4: over VXLAN
-    "wireguard": (lambda net: net.address, "wireguard"),  # encrypted
+UNDERLAYS: dict[str, tuple[Callable[[NetHost], str], str, str]] = {
+    "straight": (lambda net: net.address6, "none", "vxlan"),  # IPv6 on the hosts' segment
+    "vxlan": (lambda net: net.address, "none", "vxlan"),  # IPv4: over VXLAN
+    # IPv4 on the hosts' segment, both saying --underlay-link direct: IPv6 via link-locals
+    "link": (lambda net: net.address, "none", "direct"),
+    "wireguard": (lambda net: net.address, "wireguard", "vxlan"),  # encrypted
 }
 
 
 @pytest.fixture(scope="module", params=sorted(UNDERLAYS))
 def hosts(request: pytest.FixtureRequest) -> Iterator[Hosts]:
-    underlay, encryption = UNDERLAYS[request.param]
+    underlay, encryption, link = UNDERLAYS[request.param]
     if encryption == "wireguard" and wireguard.unavailable() is not None:
         pytest.skip(f"WireGuard: {wireguard.unavailable()}")
     with (
@@ -76,6 +78,7 @@ def hosts(request: pytest.FixtureRequest) -> Iterator[Hosts]:
             private_network=True,
             underlay=underlay,
             underlay_encryption=encryption,
+            underlay_link=link,
         ) as built,
     ):
         yield built
@@ -158,9 +161,15 @@ def test_a_machine_reaches_one_on_another_host_by_name_and_others_cannot(hosts: 
     assert server.private_ip is not None
 
     # Each host routes the other's /48 as the heartbeats said: to its IPv6 address on the
-    # hosts' segment, or into the VXLAN or WireGuard device.
+    # hosts' segment (or, both saying --underlay-link direct, its link-local address there),
+    # or into the VXLAN or WireGuard device.
+    over_link = "--underlay-link direct" in " ".join(mad.agent.extra_args)
+
     def routed(host: Host, other: Host) -> bool:
         shown = host.net.exec("ip", "-6", "route", "show", str(worker_prefix(other.worker_id)))
+        if over_link:
+            local = other.net.exec("ip", "-6", "-o", "addr", "show", "dev", "eth0", "scope", "link")
+            return f"via {local.split()[3].split('/')[0]} dev eth0" in shown
         return (f"via {other.net.address6} dev eth0" in shown) or ("dev sx" in shown)
 
     wait_until(lambda: routed(mad, syd) and routed(syd, mad), timeout=20, message="the routes")

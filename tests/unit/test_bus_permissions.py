@@ -32,11 +32,20 @@ def test_only_brokers_send_every_verb_and_the_proxy_only_its_own() -> None:
     assert "souq.worker.*.get" in view and "souq.worker.*.start" not in view
 
 
+def test_a_workers_names_read_what_the_view_reads_but_usage() -> None:
+    names, view = permissions_of("names-w1"), permissions_of("view")
+    assert names.publish == view.publish
+    assert set(names.subscribe) == {"souq.hb.>", "souq.evt.>", "_INBOX.names-w1.>"}
+    assert "souq.use.>" in view.subscribe
+
+
 def test_a_name_that_is_no_role_is_refused() -> None:
     with pytest.raises(ValueError):
         permissions_of("admin")
     with pytest.raises(ValueError):
         permissions_of("agent-a.b")
+    with pytest.raises(ValueError):
+        permissions_of("names-a>")
 
 
 def test_the_configuration_names_every_user_by_nkey() -> None:

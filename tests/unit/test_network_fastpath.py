@@ -88,3 +88,9 @@ def test_the_table_is_made_whole_in_one_transaction() -> None:
     # The peers' chain comes before the machines' chains that go to it.
     peers = lines.index("add chain netdev souq-abcdef peers")
     assert peers < next(i for i, line in enumerate(lines) if "goto peers" in line)
+
+
+def test_a_peer_over_an_ipv4_link_goes_out_of_the_underlay_device_to_its_link_local() -> None:
+    peers = {"w2": Peer("w2", "10.0.0.2", direct=True, link="fe80::b")}
+    (straight, _) = hops_of(peers, "eth0", 1500, "sxabcdefvx", 1450)
+    assert straight == Hop("eth0", 1500, {str(worker_prefix("w2")): "fe80::b"})

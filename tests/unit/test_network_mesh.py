@@ -124,3 +124,29 @@ def test_wireguard_peers_are_the_keyed_ones_each_allowed_its_own_prefix() -> Non
         str(worker_prefix("b")),
     ] in todo.wg
     assert not wireguard_changes("wg", {"a": a}, {"a": a})
+
+
+def test_a_peer_over_an_ipv4_link_is_routed_to_straight_via_its_link_local() -> None:
+    over = Peer("a", "10.0.0.2", direct=True, link="fe80::a")
+    assert over.next_hop == "fe80::a" and Peer("b", "fd5a::b", direct=True).next_hop == "fd5a::b"
+    todo = changes("vx", "eth0", {}, {"a": over})
+    assert todo.add_ip == [f"route replace {worker_prefix('a')} via fe80::a dev eth0"]
+    assert not todo.add_bridge  # no VXLAN entry for it
+    # Off the link again (it said vxlan): the straight route goes, the VXLAN entries come.
+    todo = changes("vx", "eth0", {"a": over}, {"a": Peer("a", "10.0.0.2")})
+    assert todo.remove_ip == [f"route del {worker_prefix('a')} via fe80::a dev eth0"]
+    assert todo.add_bridge == [f"fdb replace {mac_of('a')} dev vx dst 10.0.0.2"]
+    assert "10.0.0.2" not in mesh_rules("C", [over], 4)  # it sends no VXLAN: none taken
+
+
+def test_only_both_saying_direct_on_one_ipv4_subnet_go_straight() -> None:
+    from souq.network.overlay import Overlay
+
+    overlay = Overlay("me", "abcdef", "10.0.0.1", link_direct=True)
+    overlay._link = [ipaddress.IPv4Network("10.0.0.0/24")]  # as start() reads the device's
+    peer, far = Peer("a", "10.0.0.2"), Peer("b", "10.9.0.2")
+    assert overlay._over_link(peer, "fe80::a") == peer  # this host published no link-local
+    overlay.link_local = "fe80::1"
+    assert overlay._over_link(peer, "fe80::a") == Peer("a", "10.0.0.2", True, link="fe80::a")
+    assert overlay._over_link(peer, "") == peer  # it says vxlan: VXLAN both ways
+    assert overlay._over_link(far, "fe80::b") == far  # another subnet: routers between

@@ -144,6 +144,13 @@ class AgentConfig(BaseModel):
         "underlay: `none` (routed straight or over VXLAN: a trusted network) or `wireguard` "
         "(encrypted; only to workers that encrypt too)",
     )
+    underlay_link: Literal["vxlan", "direct"] = Field(
+        default="vxlan",
+        description="between this worker and another whose IPv4 underlay address is on this "
+        "host's own IPv4 subnet, when both say `direct`: routed straight over that link by "
+        "IPv6 link-local next hops, no encapsulation (the segment must carry IPv6); "
+        "`vxlan` (the default): over VXLAN, which any IPv4 network carries",
+    )
     flycast_port: int = Field(
         default=FLYCAST_PORT,
         ge=0,

@@ -44,7 +44,7 @@ from souq.agent.service import AgentService
 from souq.agent.state.store import Store
 from souq.agent.volumes.disks import VolumeDisks
 from souq.agent.volumes.worker_volumes import AgentVolumes
-from souq.auth.bus import NatsCredential, agent_credential, holds
+from souq.auth.bus import NatsCredential, agent_credential
 from souq.auth.files import AuthDir
 from souq.bus.transport import Transport
 from souq.clock import Clock
@@ -199,15 +199,20 @@ class Agent:
         self.overlay = network.start_overlay(self.config, self.worker_id, executor.network)
         if self.overlay is not None:
             key = self.overlay.public_key if isinstance(self.overlay, WireGuard) else ""
+            link = "" if isinstance(self.overlay, WireGuard) else self.overlay.link_local
             self.fingerprint = self.fingerprint.model_copy(
-                update={"underlay": self.overlay.underlay, "underlay_key": key}
-            )
+                update={"underlay": self.overlay.underlay, "underlay_key": key,
+                        "underlay_link": link}
+            )  # fmt: skip
 
     def _heard_worker(self, info: WorkerInfo) -> None:
         """A worker's record from its heartbeat: the route to its machines as it says."""
         if self.overlay is not None and info.id != self.worker_id:
             fp = info.fingerprint
-            self.overlay.heard(info.id, fp.underlay if fp else "", fp.underlay_key if fp else "")
+            if fp is None:
+                self.overlay.heard(info.id, "")
+            else:
+                self.overlay.heard(info.id, fp.underlay, fp.underlay_key, fp.underlay_link)
 
     def _images(self) -> AgentImages | None:
         """The image cache (not the hollow fleet's: it runs nothing)."""
@@ -343,13 +348,16 @@ class Agent:
         port of its own there), unless ``--dns`` says elsewhere. Several agents of one host
         and cluster share that address: the first one up takes it and answers for all (from
         the whole cluster's view), the others leave it be without reading the view. An agent
-        that holds no ``view`` credential (``souq dev``'s, whose own process answers the
-        names; one made by ``souq cluster add-agent``) answers none."""
-        auth = AuthDir.from_env(self.config.auth_dir)
-        if auth is not None and not holds(auth, "view"):
+        that holds neither its ``names-<W>`` credential (``souq cluster add-agent`` makes it)
+        nor the ``view``'s (``souq dev``'s, whose own process answers the names) answers none."""
+        from souq.network.name_service import names_role
+
+        if names_role(self.config.auth_dir, self.worker_id) is None:
             log.info(
-                "machines' names here are not answered by this agent: it holds no view "
-                "credential (the host's name server answers them: souq dev runs one)"
+                "machines' names here are not answered by this agent: it holds no names "
+                "credential (nats/names-%s.nk, from souq cluster add-agent; under souq dev, "
+                "the host's name server answers them)",
+                self.worker_id,
             )
             return None
         try:
@@ -362,14 +370,17 @@ class Agent:
 
     async def _start_names(self, listen: tuple[str, int]) -> NameService:
         """The worker's DNS server (--dns), in this process: its view of the cluster on a
-        connection of its own, as the bus's read-only ``view`` role (the agent's credential
-        sees only its own worker), or on the transport the agent was given."""
+        connection of its own, as this worker's ``names-<W>`` user or the bus's read-only
+        ``view`` role (the agent's credential sees only its own worker), or on the transport
+        the agent was given."""
         from souq.network.name_service import NameService, connect_view
 
         config = self.config
         if self._own_transport or self._transport is None:
             name = f"souq-names-{self.worker_id}"
-            transport = await connect_view(config.nats_url, config.auth_dir, name=name)
+            transport = await connect_view(
+                config.nats_url, config.auth_dir, name=name, worker_id=self.worker_id
+            )
         else:
             transport = self._transport
         names = NameService(

@@ -66,7 +66,13 @@ def start_overlay(
     if config.underlay_encryption == "wireguard":
         overlay = WireGuard(worker_id, net.tag, address, config.data_dir / "network")
     else:
-        overlay = Overlay(worker_id, net.tag, address, fast=net.fast)
+        overlay = Overlay(
+            worker_id,
+            net.tag,
+            address,
+            fast=net.fast,
+            link_direct=config.underlay_link == "direct",
+        )
     try:
         overlay.start()
     except (OSError, ValueError) as exc:

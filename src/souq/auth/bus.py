@@ -3,7 +3,8 @@ per agent, nats-server's configuration made from them, and the credential a daem
 with. The permissions themselves are :mod:`souq.bus.permissions`.
 
 ``DIR/nats/ROLE.nk`` (0600) holds a role's seed: ``broker``, ``proxy``, ``view``, ``fleet``, and
-``agent-<worker id>`` for each worker. ``DIR/nats.conf`` is derived from them (and from
+for each worker ``agent-<worker id>`` (the agent) and ``names-<worker id>`` (what its
+``.internal`` names read of the cluster view). ``DIR/nats.conf`` is derived from them (and from
 ``DIR/tls/`` when there): it is written again whenever an agent is added, and a nats-server
 running from it on this host is told to reload it (its pid is in ``DIR/nats-server.pid``).
 """
@@ -26,11 +27,13 @@ from souq.auth.files import AuthDir, write_private
 from souq.auth.tls import client_context, make_tls
 from souq.bus.permissions import (
     AGENT_PREFIX,
+    NAMES_PREFIX,
     ROLES,
     TlsFiles,
     User,
     agent_user,
     inbox_prefix,
+    names_user,
     nats_conf,
     worker_of_user,
 )
@@ -128,19 +131,22 @@ def agent_ids(auth: AuthDir) -> list[str]:
 
 
 def add_agent(auth: AuthDir, worker_id: str | None = None, *, reload: bool = True) -> str:
-    """A credential for one more agent (its worker id: ``worker_id`` or a new one; an existing
-    credential is kept), nats.conf written again and, with ``reload``, a nats-server running
-    from it on this host reloaded. Returns the worker id."""
+    """A credential for one more agent, and one for what its names read (``agent-<W>`` and
+    ``names-<W>``; its worker id: ``worker_id`` or a new one; existing credentials are kept),
+    nats.conf written again and, with ``reload``, a nats-server running from it on this host
+    reloaded. Returns the worker id."""
     wid = worker_id or new_worker_id()
     try:
-        user = agent_user(wid)
+        users = (agent_user(wid), names_user(wid))
     except ValueError:
         raise InvalidInput(
             f"{wid!r} cannot be a worker id", hint="use letters, digits, '-' and '_'"
         ) from None
-    if _seed_path(auth, user).exists():
+    missing = [user for user in users if not _seed_path(auth, user).exists()]
+    if not missing:
         return wid
-    write_private(_seed_path(auth, user), _new_seed() + "\n")
+    for user in missing:
+        write_private(_seed_path(auth, user), _new_seed() + "\n")
     write_conf(auth)
     if reload:
         reload_server(auth)
@@ -152,7 +158,7 @@ def write_conf(auth: AuthDir) -> None:
     users = [
         User(p.stem, _public(p.read_text()))
         for p in sorted(auth.nats_dir.glob("*.nk"))
-        if p.stem in ROLES or p.stem.startswith(AGENT_PREFIX)
+        if p.stem in ROLES or p.stem.startswith((AGENT_PREFIX, NAMES_PREFIX))
     ]
     tls_dir = _tls_dir(auth).resolve()
     tls = (

@@ -12,6 +12,10 @@ writes the file.
   events and usage.
 * ``view``: the view's sync verbs only; heartbeats, events and usage; reads the apps' bucket
   (an agent's ``.internal`` names scope each app by its network: souq.network).
+* ``names-<W>``: what one worker's ``.internal`` names read (``souq cluster add-agent`` makes it
+  beside ``agent-<W>``): the view's sync verbs, heartbeats and events (not usage), the apps'
+  bucket. Its own key per worker: a worker holds no credential another shares, and one taken
+  over is revoked alone.
 * ``agent-<W>`` publishes heartbeats, events, usage and job run events *as W* and reads the
   image, secrets and spot prices buckets; runs batch jobs (:func:`_job_runner`): reads and
   changes the ``souq-jobs`` bucket and watches its keys, pulls names from ``souq-jobs-ready``
@@ -48,12 +52,14 @@ from souq.bus.memory import subject_matches
 
 __all__ = [
     "AGENT_PREFIX",
+    "NAMES_PREFIX",
     "ROLES",
     "Permissions",
     "TlsFiles",
     "User",
     "agent_user",
     "inbox_prefix",
+    "names_user",
     "nats_conf",
     "permissions_of",
     "sent_by_a_role",
@@ -61,8 +67,9 @@ __all__ = [
 ]
 
 P = subjects.PREFIX
-ROLES = ("broker", "proxy", "view", "fleet")  # and one agent-<worker id> per worker
+ROLES = ("broker", "proxy", "view", "fleet")  # and agent-<worker id>, names-<worker id>
 AGENT_PREFIX = "agent-"
+NAMES_PREFIX = "names-"  # a worker's names: the view as they read it (souq.network)
 FLEET_RESPONSES = 1_000_000  # one fleet connection answers a broadcast for every hollow worker
 
 # JetStream streams behind the buckets (nats-py names them KV_<bucket> and OBJ_<bucket>).
@@ -81,6 +88,7 @@ JOBS_LOGS = "souq-job-logs"
 VIEW_VERBS = ("get", "list", "digest", "locate")
 PROXY_VERBS = (*VIEW_VERBS, "start", "stop", "suspend", "wait")
 OBSERVED = (f"{P}.hb.>", f"{P}.evt.>", f"{P}.use.>")
+NAMES_OBSERVED = OBSERVED[:2]
 
 
 @dataclass(frozen=True)
@@ -104,6 +112,10 @@ class TlsFiles:
 
 def agent_user(worker_id: str) -> str:
     return AGENT_PREFIX + subjects._token(worker_id)
+
+
+def names_user(worker_id: str) -> str:
+    return NAMES_PREFIX + subjects._token(worker_id)
 
 
 def worker_of_user(name: str) -> str | None:
@@ -224,14 +236,17 @@ def permissions_of(user: str) -> Permissions:
             ),
             subscribe=(*OBSERVED, inbox),
         )
-    if user == "view":
+    if user == "view" or user.startswith(NAMES_PREFIX):
+        if user != "view":
+            subjects._token(user[len(NAMES_PREFIX) :])  # a worker id, else ValueError
         return Permissions(
             publish=(
                 *_verbs(VIEW_VERBS, broadcast=VIEW_VERBS),
                 subjects.DISCOVER,
                 *_read_streams((APPS_STREAM,)),  # the apps' networks (the worker's names)
             ),
-            subscribe=(*OBSERVED, inbox),
+            # The names follow the workers (heartbeats) and machines (events); usage is not theirs.
+            subscribe=(*(OBSERVED if user == "view" else NAMES_OBSERVED), inbox),
         )
     if user == "fleet":
         return Permissions(
@@ -245,7 +260,9 @@ def permissions_of(user: str) -> Permissions:
             ),
             responses=FLEET_RESPONSES,
         )
-    raise ValueError(f"{user!r} is not a role on the bus (one of {', '.join(ROLES)}, agent-ID)")
+    raise ValueError(
+        f"{user!r} is not a role on the bus (one of {', '.join(ROLES)}, agent-ID, names-ID)"
+    )
 
 
 def _inbox_owner(reply: str) -> str | None:

@@ -58,7 +58,8 @@ def add_agent(
         str | None, typer.Option("--name", help="The worker's id (default: a new one).")
     ] = None,
 ) -> None:
-    """Add an agent's NATS user (DIR/nats/agent-ID.nk) and reload a nats-server running from
+    """Add an agent's NATS users (DIR/nats/agent-ID.nk, and DIR/nats/names-ID.nk: what its
+    .internal names read of the cluster view) and reload a nats-server running from
     DIR/nats.conf on this host. Prints the worker id."""
     with reporting():
         from souq.auth.bus import add_agent as add
@@ -77,9 +78,10 @@ def add_agent(
         reloaded = reload_server(auth)
         render.line(worker_id)
         where = "reloaded" if reloaded else "not running here: reload it with nats-server --signal"
+        seeds = " and ".join(str(auth.nats_dir / f"{u}-{worker_id}.nk") for u in ("agent", "names"))
         render.note(
-            f"credential: {auth.nats_dir / ('agent-' + worker_id + '.nk')} (copy it to the "
-            f"agent's host, with tls/ca.pem if any); nats-server {where}"
+            f"credentials: {seeds} (copy both to the agent's host, with tls/ca.pem if any: the "
+            f"second lets its .internal names read the cluster view); nats-server {where}"
         )
 
 

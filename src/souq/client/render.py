@@ -440,6 +440,8 @@ def _isolation(w: WorkerInfo) -> str:
             namespaces += ",net: private network"
             if fp.underlay:
                 how = "encrypted, " if fp.underlay_key else ""
+                if fp.underlay_link:
+                    how = f"over its link to {fp.underlay_link}, else "
                 namespaces += f", routed from other workers ({how}to {fp.underlay})"
         elif "private_network_why_not" in fp.isolation:
             namespaces += f"; no private network: {fp.isolation['private_network_why_not']}"

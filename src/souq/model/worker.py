@@ -55,6 +55,12 @@ class Fingerprint(Record):
         description="its WireGuard public key when it encrypts what goes between hosts "
         "(agent --underlay-encryption wireguard); empty: it does not",
     )
+    underlay_link: str = Field(
+        default="",
+        description="the IPv6 link-local address of its underlay device, when it takes its "
+        "machines' traffic straight from workers on its IPv4 link (agent --underlay-link "
+        "direct); empty: over VXLAN",
+    )
 
 
 class Load(Record):

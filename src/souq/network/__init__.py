@@ -5,8 +5,9 @@ namespace and the worker's rules (root, ``ip``, ``ip6tables``); :mod:`~souq.netw
 :mod:`~souq.network.fastpath` their fast path (``nft``); see docs/network.md.
 Names: :mod:`~souq.network.names` (what each ``.internal`` name answers, pure),
 :mod:`~souq.network.name_feed` (from the cluster view to the name index),
-:mod:`~souq.network.dns_server` (the DNS server) and :mod:`~souq.network.name_service` (the
-three on one worker); see docs/names.md."""
+:mod:`~souq.network.dns_server` (the DNS server; its UDP socket read by
+:mod:`~souq.network.dns_udp`) and :mod:`~souq.network.name_service` (the three on one worker);
+see docs/names.md."""
 
 from souq.network.addresses import (
     CLUSTER_PREFIX,

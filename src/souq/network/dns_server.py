@@ -1,10 +1,11 @@
 """The worker's DNS server: ``.internal`` answered from the name index, the rest forwarded.
 
 UDP and TCP on one address (``[fdaa::3]:53`` on a worker with a private network: every
-machine's ``resolv.conf`` names it), asyncio's own servers. Wire format by dnspython alone
-(``dns.message.from_wire``, ``make_response``, rrsets, ``to_wire``); nothing here packs a DNS
-message by hand. TCP's two-byte length prefix is the stream's framing (RFC 7766), not a
-message.
+machine's ``resolv.conf`` names it): TCP by asyncio's server, UDP read in a thread of its own
+(:mod:`souq.network.dns_udp`) that sends kept answers at once and hands the rest to the loop.
+Wire format by dnspython alone (``dns.message.from_wire``, ``make_response``, rrsets,
+``to_wire``); nothing here packs a DNS message by hand. TCP's two-byte length prefix is the
+stream's framing (RFC 7766), not a message.
 
 * A question under ``.internal`` is answered by :class:`~souq.network.names.NameIndex` at once
   (authoritative, TTL ``ttl_s``), scoped by the asker's source address.
@@ -15,6 +16,14 @@ message.
   (TC): the asker asks again over TCP. A message that does not parse gets no answer.
 * Records go in the index's order (healthy first), not shuffled as dnspython would by default:
   a client that takes the first address takes a healthy one.
+* **Answers kept rendered.** A UDP answer from the index depends on the question's bytes after
+  its id (its flags, name, type, EDNS size and options), on the asker's address (its network,
+  its region) and on the index as it stands; so dnspython's rendering of it is kept by those
+  (at most :data:`ANSWER_CACHE`, all dropped whenever the index's ``version`` moves: a machine
+  started, stopped, a region known), and the next same question from the same asker is that
+  rendering with its own id in the first two bytes, nothing parsed, sent from the UDP thread
+  without waiting on the event loop. A question of another asker, or after a change, is
+  parsed and answered as above (in the loop), once.
 """
 
 from __future__ import annotations
@@ -41,6 +50,7 @@ import dns.resolver
 import dns.rrset
 
 from souq.daemon import cancel_tasks
+from souq.network.dns_udp import UdpReceiver, bound_udp
 from souq.network.names import DEFAULT_TTL_S, NameIndex, Rcode, is_internal
 
 __all__ = ["DEFAULT_LISTEN", "DnsServer", "Forwarder", "host_resolvers"]
@@ -52,6 +62,7 @@ DEFAULT_LISTEN = ("fdaa::3", 53)
 UDP_DEFAULT_SIZE = 512  # an asker without EDNS takes this much over UDP
 MAX_TCP_MESSAGE = 65535
 RRSET_CACHE = 4096  # answers' records kept ready (each an app's answer as it stands)
+ANSWER_CACHE = 8192  # UDP answers kept rendered, by question and asker (see the module)
 
 
 def host_resolvers(
@@ -126,16 +137,34 @@ class DnsServer:
         self.forwarder = forwarder
         self._listen = listen
         self._ttl = ttl_s
-        self._udp: asyncio.DatagramTransport | None = None
+        self._udp: UdpReceiver | None = None
         self._tcp: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.address: tuple[str, int] = listen
         self._rrsets: dict[tuple[dns.name.Name, str, tuple[str, ...]], dns.rrset.RRset] = {}
-        self.answered = 0  # questions answered from the index
-        # False while the index is not yet filled (its view not yet read): questions under
-        # .internal get SERVFAIL then, which a resolver tries again, never a false NXDOMAIN.
-        self.synced = True
+        self._answered = 0  # questions answered from the index, in the loop
+        self._synced = True
         self.forwarded = 0  # questions sent to the host's resolvers
+        # Rendered UDP answers without their id, by (the question after its id, the asker),
+        # as of the index's version _rendered_at (see the module).
+        self._rendered: dict[tuple[bytes, str], bytes] = {}
+        self._rendered_at = index.version
+
+    @property
+    def answered(self) -> int:
+        """Questions answered from the index (in the loop, and kept ones by the UDP thread)."""
+        return self._answered + (self._udp.sent if self._udp is not None else 0)
+
+    @property
+    def synced(self) -> bool:
+        """False while the index is not yet filled (its view not yet read): questions under
+        .internal get SERVFAIL then, which a resolver tries again, never a false NXDOMAIN."""
+        return self._synced
+
+    @synced.setter
+    def synced(self, value: bool) -> None:
+        self._synced = value
+        self._rendered.clear()
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -143,18 +172,17 @@ class DnsServer:
         # Port 0: the system chooses UDP's, and TCP takes the same number, which a TCP socket
         # may hold already (UDP's and TCP's ports are apart): then another number is chosen.
         for attempt in range(_BIND_TRIES if port == 0 else 1):
-            transport, _ = await loop.create_datagram_endpoint(
-                lambda: _Udp(self), local_addr=(host, port)
-            )
-            bound = int(transport.get_extra_info("sockname")[1])
+            sock = bound_udp(host, port)
+            bound = int(sock.getsockname()[1])
             try:
                 self._tcp = await asyncio.start_server(self._on_tcp, host, bound)
             except OSError as exc:
-                transport.close()
+                sock.close()
                 if exc.errno != errno.EADDRINUSE or attempt == _BIND_TRIES - 1 or port != 0:
                     raise
                 continue
-            self._udp = transport
+            self._udp = UdpReceiver(sock, self.kept, self.on_datagram, loop)
+            self._udp.start()
             self.address = (host, bound)
             break
         log.info("the names answer on [%s]:%d (udp, tcp)", *self.address)
@@ -164,8 +192,9 @@ class DnsServer:
             self._tcp.close()
             self._tcp = None
         if self._udp is not None:
-            self._udp.close()
-            self._udp = None
+            udp, self._udp = self._udp, None
+            self._answered += udp.sent
+            await asyncio.to_thread(udp.close)
         await cancel_tasks(list(self._tasks))
 
     # -- answers ---------------------------------------------------------------------------------
@@ -191,7 +220,7 @@ class DnsServer:
         answer = self.index.resolve(
             name, dns.rdatatype.to_text(question.rdtype), asker=_normal(asker) if asker else None
         )
-        self.answered += 1
+        self._answered += 1
         if answer.rcode is Rcode.NXDOMAIN:
             response.set_rcode(dns.rcode.NXDOMAIN)
         elif answer.values:
@@ -235,34 +264,60 @@ class DnsServer:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def on_datagram(self, data: bytes, peer: tuple[str, int]) -> None:
-        """A UDP question: answered at once when it is ours, else in a task (forwarded)."""
+    def kept(self, data: bytes, asker: str) -> bytes | None:
+        """The kept rendering of the answer to ``data`` from ``asker``, with its id (None:
+        none kept as the index now stands). Read from the UDP thread: it only reads."""
+        if self._rendered_at != self.index.version:
+            return None
+        kept = self._rendered.get((data[2:], asker))
+        return None if kept is None else data[:2] + kept
+
+    def on_datagram(self, data: bytes, peer: Any) -> None:
+        """A UDP question (in the loop): answered at once when it is ours (from its kept
+        rendering when the same asker asked it since the index last changed), else in a task
+        (forwarded)."""
+        if self._rendered_at != self.index.version:
+            self._rendered.clear()
+            self._rendered_at = self.index.version
+        asker = str(peer[0])
+        key = (data[2:], asker)
+        kept = self.kept(data, asker)
+        if kept is not None and self._udp is not None:
+            self._answered += 1
+            self._udp.sendto(kept, peer)
+            return
         try:
             query = dns.message.from_wire(data)
         except dns.exception.DNSException:
             return
         if query.flags & dns.flags.QR:
             return
-        local = self.local(query, peer[0])
+        local = self.local(query, asker)
         if local is not None:
-            self._send_udp(local, query, peer)
+            wire = self._send_udp(local, query, peer)
+            if wire is not None and wire[:2] == data[:2]:
+                if len(self._rendered) >= ANSWER_CACHE:
+                    self._rendered.clear()  # many askers or questions: start again
+                self._rendered[key] = wire[2:]
             return
         self.forwarded += 1
         self._spawn(self._forward_udp(query, peer))
 
-    async def _forward_udp(self, query: dns.message.Message, peer: tuple[str, int]) -> None:
+    async def _forward_udp(self, query: dns.message.Message, peer: Any) -> None:
         response = await self.forwarder.ask(query, tcp=False)
         self._send_udp(response, query, peer)
 
     def _send_udp(
-        self, response: dns.message.Message, query: dns.message.Message, peer: tuple[str, int]
-    ) -> None:
+        self, response: dns.message.Message, query: dns.message.Message, peer: Any
+    ) -> bytes | None:
+        """Sends the answer; returns its wire (None: the socket is closed)."""
         if self._udp is None:
-            return
+            return None
         size = max(query.payload, UDP_DEFAULT_SIZE) if query.edns >= 0 else UDP_DEFAULT_SIZE
         # Too large: the answer goes without the records that do not fit, and TC set.
-        wire = response.to_wire(max_size=size, prefer_truncation=True, want_shuffle=False)
+        wire: bytes = response.to_wire(max_size=size, prefer_truncation=True, want_shuffle=False)
         self._udp.sendto(wire, peer)
+        return wire
 
     async def _on_tcp(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
@@ -284,14 +339,3 @@ class DnsServer:
             writer.close()
             with contextlib.suppress(ConnectionError):
                 await writer.wait_closed()
-
-
-class _Udp(asyncio.DatagramProtocol):
-    def __init__(self, server: DnsServer) -> None:
-        self._server = server
-
-    def datagram_received(self, data: bytes, addr: tuple[str | Any, ...]) -> None:
-        self._server.on_datagram(data, (str(addr[0]), int(addr[1])))
-
-    def error_received(self, exc: Exception) -> None:
-        log.debug("the names' UDP socket: %s", exc)

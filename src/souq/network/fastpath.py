@@ -177,8 +177,9 @@ def hops_of(
     peers: Mapping[str, Peer], parent: str, parent_mtu: int, vxlan: str, vxlan_mtu: int
 ) -> list[Hop]:
     """The devices and next hops of ``peers`` (straight: the underlay device and the peer's
-    address; else the VXLAN device and the peer's link-local address on it)."""
-    straight = {str(p.prefix): p.underlay for p in peers.values() if p.direct}
+    address, or its link-local address there; else the VXLAN device and the peer's
+    link-local address on it)."""
+    straight = {str(p.prefix): p.next_hop for p in peers.values() if p.direct}
     over = {str(p.prefix): gateway_of(w) for w, p in peers.items() if not p.direct}
     hops = [Hop(parent, parent_mtu, straight)] if parent else []
     if vxlan:

@@ -9,10 +9,14 @@ heartbeats, as they learn its capacity. No agreement beyond that is needed.
 
 Where the other worker's underlay address is IPv6 and on this host's own link (hosts on one
 segment), its /48 is routed straight to that address (``direct``): no encapsulation, the
-kernel's forwarding alone. Elsewhere the hosts' network may not carry the cluster's ULA prefix
-(an IPv4-only underlay: the kernel routes no IPv6 via an IPv4 next hop; a provider's router),
-so the route goes over a VXLAN device per worker (the kernel's; UDP :data:`VXLAN_PORT` between
-the hosts' underlay addresses, no learning, no flooding):
+kernel's forwarding alone. Where it is IPv4 on this host's own IPv4 subnet and both workers
+say so (``--underlay-link direct``: each then publishes its underlay device's IPv6 link-local
+address, ``underlay_link``), the same, via that link-local address (:attr:`Peer.link`): the
+segment carries the IPv6 frames as it carries the IPv4 ones. Elsewhere the hosts' network may
+not carry the cluster's ULA prefix (an IPv4-only underlay: the kernel routes no IPv6 via an
+IPv4 next hop; a provider's router), so the route goes over a VXLAN device per worker (the
+kernel's; UDP :data:`VXLAN_PORT` between the hosts' underlay addresses, no learning, no
+flooding):
 
 * the device's MAC and link-local address are the worker's (:func:`mac_of`, :func:`gateway_of`:
   its 32 worker bits), so another worker's entry for it is known from its id alone;
@@ -89,10 +93,16 @@ class Peer:
     underlay: str
     direct: bool = False
     key: str = ""  # its WireGuard public key (empty: it has none)
+    link: str = ""  # direct over an IPv4 link: its underlay device's IPv6 link-local address
 
     @property
     def prefix(self) -> ipaddress.IPv6Network:
         return worker_prefix(self.worker_id)
+
+    @property
+    def next_hop(self) -> str:
+        """Where its /48 goes when it is routed straight: its link-local or IPv6 address."""
+        return self.link or self.underlay
 
 
 def peers_of(
@@ -142,7 +152,7 @@ def changes(
     todo = MeshChanges([], [], [], [])
     for worker_id, peer in _differing(now, wanted):
         if peer.direct:
-            todo.remove_ip.append(f"route del {peer.prefix} via {peer.underlay} dev {parent}")
+            todo.remove_ip.append(f"route del {peer.prefix} via {peer.next_hop} dev {parent}")
             continue
         mac, gateway = mac_of(worker_id), gateway_of(worker_id)
         todo.remove_ip.extend(
@@ -154,7 +164,7 @@ def changes(
         todo.remove_bridge.append(f"fdb del {mac} dev {device} dst {peer.underlay}")
     for worker_id, peer in _differing(wanted, now):
         if peer.direct:
-            todo.add_ip.append(f"route replace {peer.prefix} via {peer.underlay} dev {parent}")
+            todo.add_ip.append(f"route replace {peer.prefix} via {peer.next_hop} dev {parent}")
             continue
         mac, gateway = mac_of(worker_id), gateway_of(worker_id)
         todo.add_bridge.append(f"fdb replace {mac} dev {device} dst {peer.underlay}")

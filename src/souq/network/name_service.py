@@ -8,10 +8,11 @@ the answers by the time its event is applied. The workers' regions are the regio
 know (``<region>.<app>.internal`` of a known region without machines is empty, not
 NXDOMAIN).
 
-On a locked-down bus the replica connects as the ``view`` role (the cluster's read-only view:
-heartbeats, events, the sync verbs, the apps' bucket for their networks), not as the agent: an
-agent's own credential sees its own worker's subjects only, and widening it would let every
-worker read every other's records.
+On a locked-down bus the replica connects as the worker's ``names-<W>`` user (``souq cluster
+add-agent`` makes it: heartbeats, events, the view's sync verbs, the apps' bucket for their
+networks; not usage), or as the ``view`` role where the host holds that instead, not as the
+agent: an agent's own credential sees its own worker's subjects only, and widening it would let
+every worker read every other's records.
 """
 
 from __future__ import annotations
@@ -30,17 +31,36 @@ from souq.network.names import DEFAULT_TTL_S, NameIndex
 from souq.view.liveness import Liveness
 from souq.view.outage import BusGuard
 
-__all__ = ["NameService", "connect_view"]
+__all__ = ["NameService", "connect_view", "names_role"]
 
 log = logging.getLogger(__name__)
 
 
-async def connect_view(nats_url: str, auth_dir: Path | None, *, name: str) -> Transport:
-    """A connection to the bus as the ``view`` role (the bus is open without an auth dir)."""
+def names_role(auth_dir: Path | None, worker_id: str | None) -> str | None:
+    """The bus user a worker's names read the view as: its own ``names-<W>`` when the auth
+    directory holds it, else ``view`` when it holds that; None when it holds neither (and
+    ``view`` when there is no auth directory: the bus is open)."""
+    from souq.auth.bus import holds
+    from souq.auth.files import AuthDir
+    from souq.bus.permissions import names_user
+
+    auth = AuthDir.from_env(auth_dir)
+    if auth is None:
+        return "view"
+    if worker_id is not None and holds(auth, names_user(worker_id)):
+        return names_user(worker_id)
+    return "view" if holds(auth, "view") else None
+
+
+async def connect_view(
+    nats_url: str, auth_dir: Path | None, *, name: str, worker_id: str | None = None
+) -> Transport:
+    """A connection to the bus as :func:`names_role` says (open without an auth dir)."""
     from souq.auth.bus import daemon_credential
     from souq.bus.nats import connect
 
-    return await connect(nats_url, name=name, credential=daemon_credential(auth_dir, "view"))
+    role = names_role(auth_dir, worker_id) or "view"  # none held: the missing view.nk is said
+    return await connect(nats_url, name=name, credential=daemon_credential(auth_dir, role))
 
 
 class NameService:
@@ -80,7 +100,7 @@ class NameService:
         if client is not None and scope_of is default_scope:
             self.networks = AppNetworks(client, on_change=self.feed.app_changed)
             self.feed.scope_of = self.networks.scope_of
-        self.liveness = Liveness(transport, clock)
+        self.liveness = Liveness(transport, clock, usage=False)
         self.view = ClusterView(
             transport,
             self.liveness,

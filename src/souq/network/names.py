@@ -160,6 +160,9 @@ class NameIndex:
         self._nearby = {r: tuple(n) for r, n in (nearby or {}).items()}
         self._regions: set[str] = set(regions)
         self._apps_txt: dict[Scope | None, tuple[str, ...]] = {}
+        # Counts the changes: an answer made at one version holds until the next (the DNS
+        # server keeps its rendered answers this long).
+        self.version = 0
 
     # -- changes -------------------------------------------------------------------------------
 
@@ -184,7 +187,10 @@ class NameIndex:
             self._changed(old.app, new_app=True)
 
     def set_regions(self, regions: Iterable[str]) -> None:
-        self._regions = set(regions)
+        regions = set(regions)
+        if regions != self._regions:
+            self._regions = regions
+            self.version += 1
 
     def _unlink(self, row: NameRow) -> None:
         machines = self._apps.get(row.app)
@@ -197,6 +203,7 @@ class NameIndex:
         self._changed(row.app, new_app=True)
 
     def _changed(self, app: str, *, new_app: bool) -> None:
+        self.version += 1
         self._names.pop(app, None)
         if new_app:
             self._apps_txt.clear()

@@ -8,9 +8,10 @@ the chain ``SOUQ-<tag>-MESH`` (jumped to from ``INPUT`` for UDP to the VXLAN por
 ``iptables`` or ``ip6tables`` as the underlay is): VXLAN from a known peer's underlay address
 only, so that nobody else puts frames on the cluster's network. :meth:`Overlay.peers`
 converges the peers' entries and routes on what the heartbeats now say (a peer whose IPv6
-underlay address is on one of the underlay device's subnets is routed to straight), and the
-chain with them. :meth:`Overlay.stop` removes the device (its entries and routes go with it) and the
-chain.
+underlay address is on one of the underlay device's subnets is routed to straight; with
+``link_direct``, so is one whose IPv4 address is on one of its IPv4 subnets and that published
+its device's link-local address, via that address), and the chain with them.
+:meth:`Overlay.stop` removes the device (its entries and routes go with it) and the chain.
 
 Several agents on one host would each need a port of their own: one underlay address and port
 make one device.
@@ -23,6 +24,7 @@ import json
 import logging
 import subprocess
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
 from souq.network.fastpath import FastPath, hops_of
@@ -71,17 +73,32 @@ def _mtu(device: str) -> int:
         return 0
 
 
-def on_link_subnets(device: str) -> list[ipaddress.IPv6Network]:
-    """The IPv6 subnets ``device`` is on (its global and unique-local addresses' prefixes)."""
-    subnets = []
-    shown = run_tool(["ip", "-o", "-6", "addr", "show", "dev", device], check=False)
+Subnet = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def on_link_subnets(device: str, family: int = 6) -> list[Subnet]:
+    """The subnets ``device`` is on (its addresses' prefixes; of IPv6, the global and
+    unique-local ones)."""
+    subnets: list[Subnet] = []
+    shown = run_tool(["ip", "-o", f"-{family}", "addr", "show", "dev", device], check=False)
+    for line in shown.splitlines():
+        words = line.split()
+        if len(words) > 3 and words[2] in ("inet", "inet6"):
+            subnet = ipaddress.ip_interface(words[3]).network
+            if not subnet.is_link_local and subnet.prefixlen < subnet.max_prefixlen:
+                subnets.append(subnet)
+    return subnets
+
+
+def link_local(device: str) -> str:
+    """The IPv6 link-local address of ``device`` (empty: it has none, IPv6 being off there)."""
+    shown = run_tool(["ip", "-o", "-6", "addr", "show", "dev", device, "scope", "link"],
+                     check=False)  # fmt: skip
     for line in shown.splitlines():
         words = line.split()
         if len(words) > 3 and words[2] == "inet6":
-            subnet = ipaddress.IPv6Interface(words[3]).network
-            if not subnet.is_link_local and subnet.prefixlen < 128:
-                subnets.append(subnet)
-    return subnets
+            return words[3].split("/")[0]
+    return ""
 
 
 class Overlay:
@@ -89,9 +106,19 @@ class Overlay:
     this host). ``start()``, ``peers(...)`` as often as they change, ``stop()``."""
 
     def __init__(
-        self, worker_id: str, tag: str, underlay: str, fast: FastPath | None = None
+        self,
+        worker_id: str,
+        tag: str,
+        underlay: str,
+        fast: FastPath | None = None,
+        *,
+        link_direct: bool = False,
     ) -> None:
+        """``link_direct``: peers on this host's IPv4 link that publish a link-local address
+        are routed to straight (``--underlay-link direct``)."""
         self.worker_id = worker_id
+        self.link_direct = link_direct
+        self.link_local = ""  # what this worker publishes for them (set at the start)
         self.fast = fast  # told the routes too (souq.network.fastpath)
         self.underlay = ipaddress.ip_address(underlay).compressed
         self.family = ipaddress.ip_address(underlay).version
@@ -100,7 +127,8 @@ class Overlay:
         self._tool = "ip6tables" if self.family == 6 else "iptables"
         self._now: dict[str, Peer] = {}
         self.parent = ""  # the underlay's device
-        self._link: list[ipaddress.IPv6Network] = []  # its IPv6 subnets: peers on them, direct
+        # its subnets: peers on them are direct (IPv6; IPv4 when link_direct)
+        self._link: list[Subnet] = []
 
     # -- the device --------------------------------------------------------------------------
 
@@ -112,6 +140,13 @@ class Overlay:
         parent, mtu = found
         self.parent = parent
         self._link = on_link_subnets(parent)
+        if self.link_direct and self.family == 4:
+            self.link_local = link_local(parent)
+            if self.link_local:
+                self._link += on_link_subnets(parent, 4)
+            else:
+                log.warning("private network: %s has no IPv6 link-local address: no "
+                            "--underlay-link direct, VXLAN to every worker", parent)  # fmt: skip
         overhead = VXLAN_OVERHEAD + (20 if self.family == 6 else 0)
         if not self._made_as(parent):  # else kept: traffic between workers goes on
             self._make(parent, mtu - overhead)
@@ -171,13 +206,26 @@ class Overlay:
 
     # -- the peers ---------------------------------------------------------------------------
 
-    def heard(self, worker_id: str, underlay: str, key: str = "") -> bool:
-        """A worker's heartbeat said where it is reached (empty: nowhere): its peer entry as
-        it says, the others as they were; whether anything changed."""
+    def heard(self, worker_id: str, underlay: str, key: str = "", link: str = "") -> bool:
+        """A worker's heartbeat said where it is reached (empty: nowhere) and, taking its
+        machines' traffic straight over its IPv4 link, its link-local address there
+        (``link``): its peer entry as it says, the others as they were; whether anything
+        changed."""
         wanted = dict(self._now)
         wanted.pop(worker_id, None)
-        wanted.update(peers_of([(worker_id, underlay, key)], self.worker_id, self.on_link))
+        found = peers_of([(worker_id, underlay, key)], self.worker_id, self.on_link)
+        wanted.update((wid, self._over_link(peer, link)) for wid, peer in found.items())
         return self.peers(wanted)
+
+    def _over_link(self, peer: Peer, link: str) -> Peer:
+        """``peer`` straight via ``link`` when both say so and its IPv4 address is on this
+        host's link; else as it is."""
+        if not (self.link_local and link) or peer.direct:
+            return peer
+        address = ipaddress.ip_address(peer.underlay)
+        if address.version == 4 and self.on_link(address):
+            return replace(peer, direct=True, link=link)
+        return peer
 
     def peers(self, wanted: Mapping[str, Peer]) -> bool:
         """Entries, routes and the filter as ``wanted`` says (peers of the underlay's family
@@ -211,9 +259,9 @@ class Overlay:
         )
         return True
 
-    def on_link(self, address: ipaddress.IPv6Address) -> bool:
+    def on_link(self, address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
         """Whether ``address`` is on the underlay device's own link."""
-        return any(address in subnet for subnet in self._link)
+        return any(address in subnet for subnet in self._link if subnet.version == address.version)
 
     @property
     def routed(self) -> Mapping[str, Peer]:
@@ -224,7 +272,9 @@ class Overlay:
         underlay device; the others: into the VXLAN device)."""
         if self.fast is None:
             return
-        parent = self.parent if self.family == 6 else ""  # no IPv6 next hop on IPv4
+        # An IPv4 underlay has IPv6 next hops on its device only for peers over the link.
+        straight = self.family == 6 or any(p.direct for p in self._now.values())
+        parent = self.parent if straight else ""
         self.fast.route(
             hops_of(self._now, parent, _mtu(self.parent), self.device, _mtu(self.device))
         )

@@ -107,8 +107,9 @@ class WireGuard:
         run_tool(["ip", "link", "delete", self.device], check=False)
         self._now = {}
 
-    def heard(self, worker_id: str, underlay: str, key: str = "") -> bool:
-        """A worker's heartbeat said where it is reached and its key: its peer as it says."""
+    def heard(self, worker_id: str, underlay: str, key: str = "", link: str = "") -> bool:
+        """A worker's heartbeat said where it is reached and its key: its peer as it says
+        (``link``: nothing goes straight in clear, so not used)."""
         wanted = dict(self._now)
         wanted.pop(worker_id, None)
         wanted.update(peers_of([(worker_id, underlay, key)], self.worker_id))

@@ -56,8 +56,11 @@ class Liveness:
         *,
         down_after_missed: int = 3,
         book: WorkerBook | None = None,
+        usage: bool = True,
     ) -> None:
+        """``usage``: listen to the workers' usage too (a reader of names needs none)."""
         self._transport = transport
+        self._usage = usage
         # What every worker has promised (souq.market.book): heartbeats and usage messages
         # keep it fresh, and placements draw their candidates from it.
         self.book = book if book is not None else WorkerBook()
@@ -88,7 +91,8 @@ class Liveness:
             log=log,
         )
         self._sub = await self._transport.subscribe(subjects.ALL_HEARTBEATS, on_heartbeat)
-        self._usage_sub = await self._transport.subscribe(subjects.ALL_USAGE, on_usage)
+        if self._usage:
+            self._usage_sub = await self._transport.subscribe(subjects.ALL_USAGE, on_usage)
         await self.discover()
 
     async def discover(self) -> None:
