@@ -4,9 +4,9 @@ Without names, the default suites run (``spine``, ``scale``, ``tradeoff``, ``vie
 ``supervise``, ``creates``, ``proxy``, ``wake``, ``images``, ``isolation``, ``deploy``, ``attack``,
 ``secured``, ``logs``, ``cli``, ``names``); ``c1m`` (100,000 machines onto 5,000 hollow
 workers, a few minutes) runs only when named, as do ``hosts``, ``jobs``, ``private_network``,
-``crosshost`` and ``dnsperf`` (root), and ``wire`` (one create's bus messages encoded and
-decoded, timed apart). At the end, every ratio the suites measured is printed as one table
-(:mod:`bench.table`)."""
+``network_take``, ``crosshost`` and ``dnsperf`` (root), and ``wire`` (one create's bus
+messages encoded and decoded, timed apart). At the end, every ratio the suites measured is
+printed as one table (:mod:`bench.table`)."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from bench import (
     jobs,
     logs,
     names,
+    network_take,
     preempt,
     private_network,
     proxy,
@@ -64,6 +65,7 @@ SUITES = {
     "names": names.main,
     "dnsperf": dnsperf.main,
     "private_network": private_network.main,
+    "network_take": network_take.main,
     "crosshost": crosshost.main,
     "wire": wire.main,
 }

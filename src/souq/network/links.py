@@ -10,7 +10,8 @@ agent restarts; removed by :meth:`WorkerNetwork.remove` at its destroy):
   gateway addresses, and the routes ``private_ip/128`` and ``ip4/32`` to it.
 
 Two ``ip -batch`` runs make it (the worker's side, then the machine's), and one
-``iptables-restore``/``ip6tables-restore --noflush`` each adds its rules.
+``ip6tables-restore --noflush`` and one ``iptables-restore --noflush`` add its rules (each
+table of the family in the one input).
 
 Per worker (:meth:`WorkerNetwork.start`, at the agent's start): forwarding on, the DNS
 address :data:`DNS_ADDRESS` on the worker's loopback, a blackhole for the worker's IPv4
@@ -346,7 +347,8 @@ class WorkerNetwork:
             self._refresh_edge(machine_id, address)
             self.fast.add(self.fast_link(machine_id, address))
             return NETNS_DIR / names.netns
-        self._remove(names)  # half made (an agent killed meanwhile)
+        if (NETNS_DIR / names.netns).exists() or Path("/sys/class/net", names.link).exists():
+            self._remove(names)  # half made (an agent killed meanwhile)
         ns, link = names.netns, names.link
         outside = [
             f"netns add {ns}",
@@ -424,7 +426,9 @@ class WorkerNetwork:
         self._edges[machine_id] = address.edge
 
     def _machine_rules(self, machine_id: str, address: PrivateAddress, how: str) -> None:
-        """Insert (``-I``, after the chains' heads) or delete (``-D``) its rules."""
+        """Insert (``-I``, after the chains' heads) or delete (``-D``) its rules: one
+        ``-restore`` per family, its tables one after the other in its input."""
+        inputs: dict[str, dict[str, str]] = {"ip6": {}, "ip": {}}
         for family, table, chain, rules, after in (
             ("ip6", "filter", self.fwd, self._machine6(machine_id, address), 2),
             ("ip6", "filter", self.into, self._into6(machine_id, address), 2),
@@ -432,11 +436,15 @@ class WorkerNetwork:
             ("ip", "filter", self.fwd, self._machine4(machine_id, address), 4),
             ("ip", "nat", self.edge, self._edge(address), 0),
         ):
-            if not rules:
-                continue
             where = f" {after + 1}" if how == "-I" else ""
             body = "".join(f"{how} {chain}{where} {rule}\n" for rule in rules)
-            _run([f"{family}tables-restore", "-w", "--noflush"], f"*{table}\n{body}COMMIT\n")
+            if body:
+                tables = inputs[family]
+                tables[table] = tables.get(table, "") + body
+        for family, tables in inputs.items():
+            if tables:
+                text = "".join(f"*{t}\n{body}COMMIT\n" for t, body in tables.items())
+                _run([f"{family}tables-restore", "-w", "--noflush"], text)
 
     def remove(self, machine_id: str, address: PrivateAddress) -> None:
         """The machine's namespace, links, routes and rules, gone."""
