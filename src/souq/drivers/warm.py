@@ -46,7 +46,7 @@ import shutil
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from souq.drivers import processes, rootfs, sandbox
 from souq.drivers.base import Handle, MachineSpec, SpawnError
@@ -57,7 +57,11 @@ from souq.drivers.waiter import is_static
 from souq.drivers.waiter_pool import IdleWaiter
 
 if TYPE_CHECKING:
-    from souq.drivers.host import HostDriver
+    from pathlib import Path
+
+    from souq.drivers.cgroups import Cgroups
+    from souq.drivers.exec import ExecDriver
+    from souq.drivers.identity import MachineIds
 
 __all__ = ["SLOT_PREFIX", "Key", "Slot", "WarmSandboxes"]
 
@@ -133,10 +137,23 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
+class HostParts(Protocol):
+    """What of its host driver (:class:`souq.drivers.host.HostDriver`, which holds the slots)
+    a slot is made of: the driver is given, not imported, so that it may import this."""
+
+    root: Path
+    exec: ExecDriver
+    cgroups: Cgroups
+    sandbox: bool
+    ids: MachineIds | None
+
+    def rootfs_of(self, machine_id: str) -> Path: ...
+
+
 class WarmSandboxes:
     """The slots of one host driver."""
 
-    def __init__(self, driver: HostDriver) -> None:
+    def __init__(self, driver: HostParts) -> None:
         self.driver = driver
         waiter = driver.exec.waiter
         backend = driver.cgroups.backend
