@@ -3,6 +3,7 @@ app (``echo_app.py``: it serves on ``PORT`` and says which machine answered) beh
 
 from __future__ import annotations
 
+import os
 import sys
 import uuid
 from pathlib import Path
@@ -17,6 +18,27 @@ ECHO = str(Path(__file__).with_name("echo_app.py"))
 
 def app_name(prefix: str = "a") -> str:
     return prefix + uuid.uuid4().hex[:10]
+
+
+# Debian's interpreter, which a sandboxed machine sees wherever the checkout is: a sandbox's /tmp
+# and /run are its own, so a checkout under /tmp (its venv, its scripts) is out of its sight.
+HOST_PYTHON = "/usr/bin/python3"
+
+
+def visible_echo() -> list[str]:
+    """The echo app's command for a sandboxed machine: the app copied once under /var/tmp
+    (readable by every machine's uid) and run by :data:`HOST_PYTHON`."""
+    home = Path("/var/tmp") / f"souq-test-echo-{os.getuid()}"
+    home.mkdir(mode=0o755, exist_ok=True)
+    home.chmod(0o755)
+    copy = home / "echo_app.py"
+    text = Path(ECHO).read_text()
+    if not copy.exists() or copy.read_text() != text:
+        staged = home / f".echo_app.{os.getpid()}"
+        staged.write_text(text)
+        staged.chmod(0o644)
+        staged.replace(copy)  # whole, for the other test processes reading it
+    return [HOST_PYTHON, str(copy)]
 
 
 def echo_config(**service: object) -> dict[str, object]:

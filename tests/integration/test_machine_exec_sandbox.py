@@ -9,7 +9,6 @@ import asyncio
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +24,7 @@ from souq.model.machine_tools import ExecCommand, ExecReply, ProcessStat
 from souq.model.protocol import MachineRef
 from souq.protocol import verbs as v
 from tests.integration.agent_harness import APP, Harness, eventually, running_agent
+from tests.integration.services_harness import HOST_PYTHON
 
 
 def _static(path: str) -> bool:
@@ -133,9 +133,9 @@ def test_an_exec_counts_against_the_machines_memory_limit(nats_url: str, tmp_pat
     async def body() -> None:
         async with running_agent(nats_url, tmp_path) as h:
             mid = await sandboxed(h, memory_mb=64)
-            reply = await exec_in(h, mid, f"exec {sys.executable} -c '{hog}'")
+            reply = await exec_in(h, mid, f"exec {HOST_PYTHON} -c '{hog}'")
             assert reply.exit_code == 128 + 9, reply  # the kernel's OOM killer: SIGKILL
-            small = await exec_in(h, mid, f"exec {sys.executable} -c 'print(len(bytearray(8)))'")
+            small = await exec_in(h, mid, f"exec {HOST_PYTHON} -c 'print(len(bytearray(8)))'")
             assert small.stdout == "8\n"
             assert (await h.get(mid)).state is MachineState.STARTED  # the hog went, not it
 

@@ -17,7 +17,7 @@ from souq.drivers import sandbox
 from souq.model import Machine, MachineState
 from souq.testing import Cluster, ProxyProcess, auth_headers, wait_until
 from tests.clusters import ClusterSpec
-from tests.integration.services_harness import app_name, echo_config, edge_proxy
+from tests.integration.services_harness import app_name, echo_config, edge_proxy, visible_echo
 
 INT32 = 2**31
 FLY_HEADERS = {"Content-Type": "application/json", "User-Agent": "fly-go/test"}
@@ -221,7 +221,7 @@ def test_the_cli_execs_lists_sets_metadata_and_cordons(cluster: Cluster) -> None
 @pytest.mark.skipif(not sandbox.available(), reason="bubblewrap cannot run here")
 def test_exec_and_ps_enter_a_sandboxed_machine(cluster: Cluster) -> None:
     app = app_name("s")
-    m = started(cluster, app, driver="sandbox")
+    m = started(cluster, app, driver="sandbox", cmd=visible_echo())
     assert m.address is not None
     port = m.address.port_for(8080)
     script = "hostname; echo $PORT; echo $$; pwd"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import httpx
@@ -157,6 +158,32 @@ def test_a_program_its_user_cannot_run_fails_the_create_at_once(cluster: Cluster
         assert body["path"] == str(program) and body["program"] == str(program)
     finally:
         shutil.rmtree(hidden)
+
+
+def test_a_program_under_tmp_fails_a_sandboxed_create_and_runs_as_exec(cluster: Cluster) -> None:
+    """A sandbox's /tmp is its own: a host program there, which the machine's user could run
+    as a plain process, is out of a sandboxed machine's sight, so its create fails at once."""
+    home = Path(tempfile.mkdtemp(prefix="souq-test-tool-", dir="/tmp"))
+    home.chmod(0o755)
+    program = home / "tool"
+    program.write_text("#!/bin/sh\necho hi; sleep 600\n")
+    program.chmod(0o755)
+    try:
+        response = httpx.post(
+            f"{cluster.api_url}/v1/apps/{APP}/machines",
+            json={"region": "mad", "config": {"cmd": [str(program)], "driver": "sandbox"}},
+            headers=auth_headers(),
+            timeout=30,
+        )
+        assert response.status_code == 422, response.text
+        body = response.json()
+        assert body["status"] == "command_not_runnable"
+        assert "under /tmp" in body["error"] and body["path"] == str(program)
+        machine = started(cluster, {"driver": "exec", "cmd": [str(program)]})
+        assert machine.state.value == "started"  # as a plain process it is in sight
+        destroy(cluster, machine)
+    finally:
+        shutil.rmtree(home)
 
 
 def test_a_program_on_root_only_path_entries_is_found_where_its_user_can_run_it(

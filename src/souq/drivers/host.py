@@ -40,7 +40,7 @@ from souq.drivers.cgroups import (
 )
 from souq.drivers.exec import ExecDriver
 from souq.drivers.identity import BASE, MachineIds
-from souq.drivers.programs import DEFAULT_PATH, resolve_as, resolve_in_image
+from souq.drivers.programs import DEFAULT_PATH, ProgramNotRunnable, resolve_as, resolve_in_image
 from souq.drivers.userns import USERNS
 from souq.drivers.users import MachineUser
 from souq.drivers.warm import WarmSandboxes
@@ -109,7 +109,14 @@ class HostDriver:
         if "/" in program and not os.path.isabs(program):
             return  # relative to its own directory, which does not exist yet
         user = self.user if self.ids is None else MachineUser("a machine's own uid", BASE, BASE)
-        resolve_as(program, {**self.exec.base_env, **env}, self.root, user)
+        path = resolve_as(program, {**self.exec.base_env, **env}, self.root, user)
+        if driver != "sandbox":
+            return
+        for seen in (path, os.path.realpath(path)):  # a sandbox's /tmp and /run are its own
+            hidden = sandbox.hidden_under(seen)
+            if hidden is not None:
+                why = f"it is under {hidden}, which a sandboxed machine sees as its own, empty"
+                raise ProgramNotRunnable(program, user.describe(), seen, why)
 
     @property
     def user(self) -> MachineUser:

@@ -46,10 +46,12 @@ from souq.drivers.programs import in_image
 
 __all__ = [
     "IMAGE_DIR",
+    "PRIVATE_DIRS",
     "WORKDIR",
     "Image",
     "available",
     "bwrap_argv",
+    "hidden_under",
     "inner_ids",
     "unavailable",
 ]
@@ -195,7 +197,7 @@ def bwrap_argv(
             "--tmpfs", "/tmp",  # noqa: S108 - a private, empty /tmp inside the sandbox
             "--tmpfs", "/run",
         ]  # fmt: skip
-    hidden = ("/tmp", "/run")  # noqa: S108 - already private inside the sandbox
+    hidden = PRIVATE_DIRS
     if (
         not whole
         and machines_root is not None
@@ -246,6 +248,16 @@ def _process_argv(
     if not network:
         argv.append("--unshare-net")
     return argv
+
+
+# A sandbox's own, empty at its start: what the host keeps there is out of a machine's sight.
+PRIVATE_DIRS = ("/tmp", "/run")  # noqa: S108
+
+
+def hidden_under(path: str) -> str | None:
+    """The directory of :data:`PRIVATE_DIRS` that hides the host's ``path`` from a sandboxed
+    machine (it sees its own there), or None."""
+    return next((d for d in PRIVATE_DIRS if path == d or path.startswith(d + "/")), None)
 
 
 _PRIVATE = ("/dev", "/proc", "/tmp", "/run")  # noqa: S108 - the sandbox's own, whatever the root
