@@ -197,18 +197,24 @@ def test_heartbeats_flow_every_interval(nats_url: str, tmp_path: Path) -> None:
     asyncio.run(body())
 
 
+async def usage_heard(h: Harness) -> list[WorkerUsage]:
+    """Every usage message the bus carries from now on, decoded, in the list returned."""
+    told: list[WorkerUsage] = []
+
+    async def on_usage(subject: str, data: bytes) -> None:
+        told.append(decode(data, WorkerUsage))
+
+    await h.bus.subscribe(subjects.ALL_USAGE, on_usage)
+    await h.bus.flush()
+    return told
+
+
 def test_the_worker_tells_its_usage_when_a_claim_or_destroy_changes_it(
     nats_url: str, tmp_path: Path
 ) -> None:
     async def body() -> None:
         async with running_agent(nats_url, tmp_path, cpus=2, memory_mb=1024) as h:
-            told: list[WorkerUsage] = []
-
-            async def on_usage(subject: str, data: bytes) -> None:
-                told.append(decode(data, WorkerUsage))
-
-            await h.bus.subscribe(subjects.ALL_USAGE, on_usage)
-            await h.bus.flush()
+            told = await usage_heard(h)
             m = await h.claim(SLEEPER, cpus=1.5, memory_mb=256)
             claimed = await eventually(
                 lambda: [u for u in told if u.allocated.cpus == 1.5], message="the usage"
@@ -262,13 +268,7 @@ def test_usage_says_what_lower_classes_could_free_and_a_preempting_refusal_carri
 
     async def body() -> None:
         async with running_agent(nats_url, tmp_path, cpus=2, memory_mb=1024) as h:
-            told: list[WorkerUsage] = []
-
-            async def on_usage(subject: str, data: bytes) -> None:
-                told.append(decode(data, WorkerUsage))
-
-            await h.bus.subscribe(subjects.ALL_USAGE, on_usage)
-            await h.bus.flush()
+            told = await usage_heard(h)
             await h.claim(SLEEPER, cpus=1, priority_class="spot", max_price=3)
             await h.claim(SLEEPER, cpus=1, priority_class="standard")
             said = await eventually(

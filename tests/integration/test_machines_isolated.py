@@ -138,6 +138,20 @@ def test_writes_go_to_the_machine_own_layer_and_start_afresh_unless_kept(
     assert str(rootfs) not in mounts
 
 
+def refused(cluster: Cluster, config: dict[str, object]) -> dict[str, object]:
+    """The body of a create of ``config`` refused as ``422 command_not_runnable``."""
+    response = httpx.post(
+        f"{cluster.api_url}/v1/apps/{APP}/machines",
+        json={"region": "mad", "config": config},
+        headers=auth_headers(),
+        timeout=30,
+    )
+    assert response.status_code == 422, response.text
+    body: dict[str, object] = response.json()
+    assert body["status"] == "command_not_runnable"
+    return body
+
+
 def test_a_program_its_user_cannot_run_fails_the_create_at_once(cluster: Cluster) -> None:
     hidden = Path("/root/.souq-test-hidden")
     hidden.mkdir(mode=0o700, exist_ok=True)
@@ -145,15 +159,7 @@ def test_a_program_its_user_cannot_run_fails_the_create_at_once(cluster: Cluster
     program.write_text("#!/bin/sh\necho hi\n")
     program.chmod(0o755)
     try:
-        response = httpx.post(
-            f"{cluster.api_url}/v1/apps/{APP}/machines",
-            json={"region": "mad", "config": {"cmd": [str(program)]}},
-            headers=auth_headers(),
-            timeout=30,
-        )
-        assert response.status_code == 422, response.text
-        body = response.json()
-        assert body["status"] == "command_not_runnable"
+        body = refused(cluster, {"cmd": [str(program)]})
         assert str(program) in body["error"] and "a machine's own uid" in body["error"]
         assert body["path"] == str(program) and body["program"] == str(program)
     finally:
@@ -169,15 +175,7 @@ def test_a_program_under_tmp_fails_a_sandboxed_create_and_runs_as_exec(cluster: 
     program.write_text("#!/bin/sh\necho hi; sleep 600\n")
     program.chmod(0o755)
     try:
-        response = httpx.post(
-            f"{cluster.api_url}/v1/apps/{APP}/machines",
-            json={"region": "mad", "config": {"cmd": [str(program)], "driver": "sandbox"}},
-            headers=auth_headers(),
-            timeout=30,
-        )
-        assert response.status_code == 422, response.text
-        body = response.json()
-        assert body["status"] == "command_not_runnable"
+        body = refused(cluster, {"cmd": [str(program)], "driver": "sandbox"})
         assert "under /tmp" in body["error"] and body["path"] == str(program)
         machine = started(cluster, {"driver": "exec", "cmd": [str(program)]})
         assert machine.state.value == "started"  # as a plain process it is in sight

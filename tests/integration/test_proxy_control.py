@@ -39,8 +39,9 @@ def anyio_backend() -> str:
 CLUSTER = ClusterSpec("proxy", regions={"mad": 2})
 
 
-@pytest.fixture
-async def control(cluster: Cluster) -> AsyncIterator[ControlPlane]:
+@contextlib.asynccontextmanager
+async def control_plane(cluster: Cluster) -> AsyncIterator[ControlPlane]:
+    """A proxy's control plane (no edge listener) on the cluster's bus, as the proxy's user."""
     transport = await connect(
         cluster.nats.url, name="test-proxy", credential=cluster.nats_credential("proxy")
     )
@@ -54,6 +55,12 @@ async def control(cluster: Cluster) -> AsyncIterator[ControlPlane]:
     finally:
         await plane.aclose()
         await transport.close()
+
+
+@pytest.fixture
+async def control(cluster: Cluster) -> AsyncIterator[ControlPlane]:
+    async with control_plane(cluster) as plane:
+        yield plane
 
 
 # Conditions on a real cluster under the box's load: more room than the default.
@@ -184,42 +191,34 @@ async def test_a_standby_starts_when_its_primarys_worker_is_lost(tmp_path: Path)
         for _ in range(2):
             c.add_agent("mad", heartbeat_interval_s=0.2, stop_machines_on_exit=False)
         c.wait_for_workers()
-        transport = await connect(
-            c.nats.url, name="test-proxy", credential=c.nats_credential("proxy")
-        )
-        plane = ControlPlane(
-            ProxyConfig(nats_url=c.nats.url, region="mad", autostop_interval_s=3600), transport
-        )
-        await plane.start()
         orphans: list[int] = []  # the lost worker's machine runs on, as a crash leaves it
         try:
-            client = c.client()
-            app = app_name("p")
-            primary = await asyncio.to_thread(client.create_machine, app, "mad", config())
-            standby = await asyncio.to_thread(
-                client.create_machine, app, "mad", {**config(), "standbys": [primary.id]}
-            )
-            assert standby.state == MachineState.STOPPED
-            await until(lambda: plane.table.get(standby.id), message="the standby in the table")
-            [lost] = [a for a in c.agents if a.worker_id == primary.worker_id]
-            t0 = time.monotonic()
-            orphans = lost.machine_pids()
-            lost.kill()  # kill -9: the worker's heartbeats stop
-            await until(
-                lambda: (b := plane.table.get(standby.id)) and b.state == "started",
-                message="the standby to be started",
-            )
-            took = time.monotonic() - t0
-            port = standby.address.ports[8080]
-            served = await until(lambda: serves(port), message="the standby to serve")
-            assert served["machine_id"] == standby.id
-            assert plane.table.get(primary.id).healthy is False  # out of rotation
-            [failover] = [d for d in plane.decisions.recent(app) if d["kind"] == "failover"]
-            assert f"machine {primary.id} is down: started its standby" in failover["reason"]
-            assert took < 10
+            async with control_plane(c) as plane:
+                client = c.client()
+                app = app_name("p")
+                primary = await asyncio.to_thread(client.create_machine, app, "mad", config())
+                standby = await asyncio.to_thread(
+                    client.create_machine, app, "mad", {**config(), "standbys": [primary.id]}
+                )
+                assert standby.state == MachineState.STOPPED
+                await until(lambda: plane.table.get(standby.id), message="the standby in the table")
+                [lost] = [a for a in c.agents if a.worker_id == primary.worker_id]
+                t0 = time.monotonic()
+                orphans = lost.machine_pids()
+                lost.kill()  # kill -9: the worker's heartbeats stop
+                await until(
+                    lambda: (b := plane.table.get(standby.id)) and b.state == "started",
+                    message="the standby to be started",
+                )
+                took = time.monotonic() - t0
+                port = standby.address.ports[8080]
+                served = await until(lambda: serves(port), message="the standby to serve")
+                assert served["machine_id"] == standby.id
+                assert plane.table.get(primary.id).healthy is False  # out of rotation
+                [failover] = [d for d in plane.decisions.recent(app) if d["kind"] == "failover"]
+                assert f"machine {primary.id} is down: started its standby" in failover["reason"]
+                assert took < 10
         finally:
-            await plane.aclose()
-            await transport.close()
             # Nothing of the test outlives it: the lost worker's machine, and the standby the
             # other worker runs (neither agent stops its machines when it exits; the living one
             # is stopped first, so that its restart policy does not start the standby again).
@@ -234,14 +233,7 @@ async def test_a_standby_starts_when_its_primarys_worker_is_lost(tmp_path: Path)
 async def test_a_standby_starts_when_its_primary_is_preempted(tmp_path: Path) -> None:
     # Two workers of 1 cpu: the spot primary fills one, its (standard) standby the other.
     with Cluster(tmp_path, regions={"mad": 2}, cpus=1) as c:
-        transport = await connect(
-            c.nats.url, name="test-proxy", credential=c.nats_credential("proxy")
-        )
-        plane = ControlPlane(
-            ProxyConfig(nats_url=c.nats.url, region="mad", autostop_interval_s=3600), transport
-        )
-        await plane.start()
-        try:
+        async with control_plane(c) as plane:
             client = c.client()
             app = app_name("p")
             size = {"cpus": 1, "memory_mb": 64}
@@ -280,9 +272,6 @@ async def test_a_standby_starts_when_its_primary_is_preempted(tmp_path: Path) ->
                 MachineState.STOPPING,
                 MachineState.STOPPED,
             )
-        finally:
-            await plane.aclose()
-            await transport.close()
 
 
 async def test_a_preempted_machine_is_not_woken_for_a_request(tmp_path: Path) -> None:
@@ -290,14 +279,7 @@ async def test_a_preempted_machine_is_not_woken_for_a_request(tmp_path: Path) ->
     counts first, and only the API's start asks the quota. The proxy leaves it stopped (and its
     worker refuses a wake-up that tries), until the API starts it."""
     with Cluster(tmp_path, regions={"mad": 1}, cpus=1) as c:
-        transport = await connect(
-            c.nats.url, name="test-proxy", credential=c.nats_credential("proxy")
-        )
-        plane = ControlPlane(
-            ProxyConfig(nats_url=c.nats.url, region="mad", autostop_interval_s=3600), transport
-        )
-        await plane.start()
-        try:
+        async with control_plane(c) as plane:
             client = c.client()
             app, other = app_name("p"), app_name("q")
             size = {"cpus": 1, "memory_mb": 64}
@@ -336,6 +318,3 @@ async def test_a_preempted_machine_is_not_woken_for_a_request(tmp_path: Path) ->
                 lambda: (b := plane.table.get(spot.id)) and b.autostart,
                 message="woken by the proxy again once it started",
             )
-        finally:
-            await plane.aclose()
-            await transport.close()
