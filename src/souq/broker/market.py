@@ -28,6 +28,7 @@ from souq.broker.config import BrokerConfig
 from souq.clock import Clock
 from souq.errors import (
     ClaimRefused,
+    IdempotencyConflict,
     InsufficientCapacity,
     InvalidInput,
     NoReply,
@@ -117,10 +118,30 @@ class Market:
         *,
         idempotent: bool = False,
         volume: tuple[str, str] | None = None,
+        made_on: str | None = None,
     ) -> Machine:
         """Place ``order`` (a claim without its placement record yet) and return the machine.
         ``idempotent``: the request id may have made a machine already; find it first.
-        ``volume``: the volume it mounts and the worker holding it (only that one will do)."""
+        ``volume``: the volume it mounts and the worker holding it (only that one will do).
+        ``made_on``: the worker that made the request's machine, as an earlier placement of it
+        said (:mod:`souq.broker.key_turns`): claimed there first, which answers with it."""
+        if made_on is not None:
+            try:
+                machine: Machine = (await self._claim_call(made_on, CLAIM, order))[0]
+                return machine
+            except IdempotencyConflict:
+                raise
+            except NoReply:
+                if self._liveness.is_live(made_on):  # busy, not gone: it may have it still
+                    raise
+                log.info("request %s: %s, where it was made, is gone", order.request_id, made_on)
+            except SouqError as exc:  # it refused (it forgot it): placed as any retry is
+                log.info(
+                    "request %s: %s, where it was made, answered %s",
+                    order.request_id,
+                    made_on,
+                    exc.status,
+                )
 
         async def claim(action: SendClaim) -> Answer:
             body = (
@@ -135,7 +156,7 @@ class Market:
 
         auction = self._auction(order, Purpose.CLAIM, find_existing=idempotent, volume=volume)
         done = self._outcome(auction, await self._run(auction, claim))
-        machine: Machine = done.placed[0]
+        machine = done.placed[0]
         if auction.existing is None:  # an earlier machine keeps the record it was made with
             record: Placement = _noted(done.record, order)
             told = machine.placement  # a machine of an image: what the worker had of it

@@ -25,6 +25,7 @@ from souq.broker.config import BrokerConfig
 from souq.broker.directory import Directory
 from souq.broker.idempotency import Coalescer, body_hash
 from souq.broker.images import ImageResolver
+from souq.broker.key_turns import KeyStore, KeyTurns
 from souq.broker.market import Market
 from souq.broker.metrics import BrokerMetrics
 from souq.broker.networks import AppNetworks
@@ -119,6 +120,12 @@ class BrokerService:
             per_client=config.streams_per_client, total=config.streams_total
         )
         self._creates: Coalescer[Machine] = Coalescer()
+        # An Idempotency-Key's placements take turns across brokers (souq.broker.key_turns).
+        self.key_turns = KeyTurns(
+            OnFirstUse(lambda: KeyStore.open(self.nats_client())).get if self._has_nats() else None,
+            f"broker-{new_request_id()}",
+            clock=self._clock,
+        )
         self.view = ClusterView(
             transport,
             self.liveness,
@@ -266,7 +273,7 @@ class BrokerService:
         if self.secrets_version > order.min_secrets_version:
             order = order.model_copy(update={"min_secrets_version": self.secrets_version})
 
-        async def place() -> Machine:
+        async def place(made_on: str | None = None) -> Machine:
             nonlocal order
             self.view.hold_launch(request_id)  # released with the answer, or as it fails
             try:
@@ -280,7 +287,10 @@ class BrokerService:
                         machine = await self._create_with_quote(order, body.quote)
                     else:
                         machine = await self._place_somewhere(
-                            order, idempotent=idempotency_key is not None, volume=volume
+                            order,
+                            idempotent=idempotency_key is not None,
+                            volume=volume,
+                            made_on=made_on,
                         )
                     made.append(machine)
             except BaseException as exc:
@@ -302,10 +312,22 @@ class BrokerService:
 
         if idempotency_key is None:
             return await place()
-        return await self._creates.run(request_id, digest, place, key=idempotency_key)
+
+        async def place_in_turn() -> Machine:
+            async with self.key_turns.turn(request_id, digest, idempotency_key) as turn:
+                machine = await place(turn.made_on)
+                turn.made_on = machine.worker_id
+                return machine
+
+        return await self._creates.run(request_id, digest, place_in_turn, key=idempotency_key)
 
     async def _place_somewhere(
-        self, order: ClaimRequest, *, idempotent: bool, volume: tuple[str, str] | None
+        self,
+        order: ClaimRequest,
+        *,
+        idempotent: bool,
+        volume: tuple[str, str] | None,
+        made_on: str | None = None,
     ) -> Machine:
         """Place ``order``; when its create named no region (and mounts no volume) and the region
         chosen for it had no room, in the next region with room, and so on: a create that may go
@@ -315,7 +337,9 @@ class BrokerService:
         refusals: list[str] = []
         while True:
             try:
-                return await self.market.place(order, idempotent=idempotent, volume=volume)
+                return await self.market.place(
+                    order, idempotent=idempotent, volume=volume, made_on=made_on
+                )
             except InsufficientCapacity as exc:
                 if order.region_chosen is None or volume is not None:
                     raise

@@ -139,11 +139,18 @@ def unavailable(what: str, exc: BaseException) -> Unavailable:
 
 
 async def key_value(
-    js: JetStreamContext, bucket: str, description: str, *, make: bool = True, history: int = 1
+    js: JetStreamContext,
+    bucket: str,
+    description: str,
+    *,
+    make: bool = True,
+    history: int = 1,
+    ttl_s: float | None = None,
 ) -> KeyValue:
     """The bucket (made on first use: file storage, ``history`` values kept per key (one by
-    default), :func:`replicas_for` copies); without ``make``, the one a broker made (an
-    agent's: it may not make a store, whose subjects would be its to choose)."""
+    default), each kept ``ttl_s`` seconds (forever by default), :func:`replicas_for` copies);
+    without ``make``, the one a broker made (an agent's: it may not make a store, whose
+    subjects would be its to choose)."""
     if not make:
         return await js.key_value(bucket)
     replicas = replicas_for(js._nc)
@@ -153,6 +160,7 @@ async def key_value(
         storage=StorageType.FILE,
         replicas=replicas,
         history=history,
+        ttl=ttl_s,
     )
 
     async def create() -> KeyValue:
@@ -172,11 +180,13 @@ async def open_key_value(
     what: str,
     make: bool = True,
     history: int = 1,
+    ttl_s: float | None = None,
 ) -> KeyValue:
     """The bucket of ``what`` (a store), as :func:`key_value` makes it (or, without ``make``,
     finds it); :func:`unavailable` when NATS does not answer or runs without JetStream."""
     try:
-        return await key_value(nc.jetstream(), bucket, description, make=make, history=history)
+        js = nc.jetstream()
+        return await key_value(js, bucket, description, make=make, history=history, ttl_s=ttl_s)
     except (nats.errors.Error, nats.js.errors.Error) as exc:
         raise unavailable(what, exc) from exc
 
@@ -218,6 +228,7 @@ class BucketStore:
     BUCKET: ClassVar[str]
     DESCRIPTION: ClassVar[str]
     WHAT: ClassVar[str]
+    TTL_S: ClassVar[float | None] = None  # how long a value is kept (None: for ever)
 
     def __init__(self, kv: KeyValue, clock: Clock | None = None) -> None:
         self._kv = kv
@@ -230,7 +241,8 @@ class BucketStore:
     @classmethod
     async def open(cls, nc: Client) -> Self:
         """The store, its bucket made on first use (:func:`open_key_value`)."""
-        return cls(await open_key_value(nc, cls.BUCKET, cls.DESCRIPTION, what=cls.WHAT))
+        kv = await open_key_value(nc, cls.BUCKET, cls.DESCRIPTION, what=cls.WHAT, ttl_s=cls.TTL_S)
+        return cls(kv)
 
     async def _keys(self) -> list[str]:
         """Every key of the bucket (none when it is empty)."""
