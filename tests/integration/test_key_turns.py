@@ -9,6 +9,7 @@ import json
 import secrets
 
 import nats
+import nats.errors
 import nats.js.errors
 import pytest
 
@@ -144,3 +145,23 @@ def test_a_turn_that_made_the_machine_tells_the_next_where(nats_url: str) -> Non
             await nc.close()
 
     asyncio.run(body())
+
+
+def test_a_create_does_not_wait_on_a_store_that_does_not_answer() -> None:
+    """JetStream out of reach (a partition, no JetStream): the placement goes on without its
+    turn, and the store is left alone a while rather than waited for on every create."""
+    asked = 0
+
+    async def unreachable() -> KeyStore:
+        nonlocal asked
+        asked += 1
+        raise nats.errors.TimeoutError
+
+    async def body() -> None:
+        turns = KeyTurns(unreachable, "broker-0")
+        for _ in range(3):
+            async with turns.turn("k" + secrets.token_hex(7), "same") as turn:
+                assert turn.made_on is None
+
+    asyncio.run(body())
+    assert asked == 1

@@ -19,7 +19,10 @@ So the placement of a key takes turns, and each turn leaves word of where it mad
   waiter that sees the same revision for ``lease_s`` (by its own clock: brokers' clocks need not
   agree) takes the turn over with a compare-and-set on that revision, and its placement finds
   what the crashed one made as any retry would;
-* **the store unreachable** (NATS without JetStream): the create is ``503 unavailable``.
+* **the store unreachable** (NATS without JetStream, a partition that cut its stream's leader
+  off, waited for ``_TIMEOUT_S``): a create never waits on it; it places as it would without
+  turns (offers, ``find_existing``), and the brokers skip the store for ``_RETRY_AFTER_S``.
+  Then, and only then, a key sent to two brokers at the same moment may make two machines.
 
 Inside one broker, identical requests already share one placement
 (:class:`souq.broker.idempotency.Coalescer`): a turn is taken once per broker, not per request.
@@ -30,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
@@ -39,15 +43,19 @@ from nats.js.kv import KeyValue
 
 from souq.bus.jetstream import BucketStore, unavailable
 from souq.clock import Clock, SystemClock
-from souq.errors import IdempotencyConflict
+from souq.errors import IdempotencyConflict, Unavailable
 
 __all__ = ["BUCKET", "KeyStore", "KeyTurns", "Turn"]
+
+log = logging.getLogger(__name__)
 
 BUCKET = "souq-idempotency"
 WHAT = "the idempotency store"
 _FIRST_WAIT_S = 0.01  # a waiter reads the entry again after this, doubling up to _LAST_WAIT_S
 _LAST_WAIT_S = 0.25
 KEPT_S = 24 * 3600.0  # how long a key's entry says where its machine is (Stripe's 24 h)
+_RETRY_AFTER_S = 5.0  # the store did not answer: creates place without turns for this long
+_TIMEOUT_S = 1.0  # what a create waits for one answer of the store
 _NATS_ERRORS = (nats.errors.Error, nats.js.errors.Error)
 
 
@@ -68,6 +76,7 @@ class KeyStore(BucketStore):
     DESCRIPTION = "souq idempotent creates: which broker places each key, where it was made"
     WHAT = WHAT
     TTL_S = KEPT_S
+    TIMEOUT_S = _TIMEOUT_S
 
 
 class KeyTurns:
@@ -85,17 +94,26 @@ class KeyTurns:
         self._holder = holder  # who holds a turn (the broker), as its entry says
         self._clock = clock or SystemClock()
         self._lease_s = lease_s
+        self._unanswered_until = 0.0  # the store did not answer: turns skipped until then
 
     @contextlib.asynccontextmanager
     async def turn(self, request_id: str, digest: str, key: str = "") -> AsyncIterator[Turn]:
         """Wait for ``request_id``'s turn and hold it for the block (``digest``: the body's
         hash; another body with the same key is an :class:`IdempotencyConflict`). The turn
         says where an earlier one made the key's machine; the block says where it did."""
-        if self._bucket is None:
+        if self._bucket is None or self._clock.monotonic() < self._unanswered_until:
             yield Turn()
             return
-        kv = await self._kv()
-        turn, revision = await self._take(kv, request_id, digest, key)
+        try:
+            kv = await self._kv()
+            turn, revision = await self._take(kv, request_id, digest, key)
+        except Unavailable as exc:
+            # A create does not wait on JetStream: it places as it would without turns (its
+            # offers still meet a machine the key made), and the store is left alone a while.
+            self._unanswered_until = self._clock.monotonic() + _RETRY_AFTER_S
+            log.warning("request %s placed without its turn: %s", request_id, exc.message)
+            yield Turn()
+            return
         value = _value(digest, self._holder, turn.made_on)
         done = asyncio.Event()
         renewing = asyncio.get_running_loop().create_task(

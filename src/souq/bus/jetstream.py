@@ -181,11 +181,13 @@ async def open_key_value(
     make: bool = True,
     history: int = 1,
     ttl_s: float | None = None,
+    timeout_s: float = 5.0,
 ) -> KeyValue:
     """The bucket of ``what`` (a store), as :func:`key_value` makes it (or, without ``make``,
-    finds it); :func:`unavailable` when NATS does not answer or runs without JetStream."""
+    finds it), each of its requests waiting ``timeout_s`` for JetStream's answer;
+    :func:`unavailable` when NATS does not answer or runs without JetStream."""
     try:
-        js = nc.jetstream()
+        js = nc.jetstream(timeout=timeout_s)
         return await key_value(js, bucket, description, make=make, history=history, ttl_s=ttl_s)
     except (nats.errors.Error, nats.js.errors.Error) as exc:
         raise unavailable(what, exc) from exc
@@ -229,6 +231,7 @@ class BucketStore:
     DESCRIPTION: ClassVar[str]
     WHAT: ClassVar[str]
     TTL_S: ClassVar[float | None] = None  # how long a value is kept (None: for ever)
+    TIMEOUT_S: ClassVar[float] = 5.0  # how long a request waits for JetStream's answer
 
     def __init__(self, kv: KeyValue, clock: Clock | None = None) -> None:
         self._kv = kv
@@ -241,7 +244,9 @@ class BucketStore:
     @classmethod
     async def open(cls, nc: Client) -> Self:
         """The store, its bucket made on first use (:func:`open_key_value`)."""
-        kv = await open_key_value(nc, cls.BUCKET, cls.DESCRIPTION, what=cls.WHAT, ttl_s=cls.TTL_S)
+        kv = await open_key_value(
+            nc, cls.BUCKET, cls.DESCRIPTION, what=cls.WHAT, ttl_s=cls.TTL_S, timeout_s=cls.TIMEOUT_S
+        )
         return cls(kv)
 
     async def _keys(self) -> list[str]:
