@@ -8,8 +8,11 @@ module             holds
 =================  ===========================================================================
 ``config``         :class:`BrokerConfig`
 ``market``         placement: solicit, rank, claim, explain
+``claims``         a claim sent to one worker, patiently; a machine claimed where it was made
+``region_choice``  a create's region when it names none, and the next one when that is full
 ``directory``      which worker owns which machine
 ``idempotency``    request ids, body hashes, coalescing of identical creates
+``key_turns``      an ``Idempotency-Key``'s placements taking turns across brokers (JetStream)
 ``service``        the use cases (:class:`BrokerService`)
 ``schemas``        the HTTP request bodies and the error body
 ``http_errors``    errors → ``{error, status, hint?}`` with their HTTP status

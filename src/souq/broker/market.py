@@ -18,17 +18,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
-from pydantic import BaseModel
-
+from souq.broker.claims import Claims
 from souq.broker.config import BrokerConfig
 from souq.clock import Clock
 from souq.errors import (
     ClaimRefused,
-    IdempotencyConflict,
     InsufficientCapacity,
     InvalidInput,
     NoReply,
@@ -62,7 +59,7 @@ from souq.model.image import ImageRecord
 from souq.model.reasons import Reason
 from souq.placement import Pipeline, PipelineCache, PlacementRequest
 from souq.protocol import WorkerClient
-from souq.protocol.verbs import CLAIM, CLAIM_BATCH, DESTROY, HOLD, OFFER, Verb
+from souq.protocol.verbs import CLAIM, CLAIM_BATCH, DESTROY, HOLD, OFFER
 from souq.view.liveness import Liveness
 
 __all__ = ["Market"]
@@ -75,8 +72,6 @@ DEFAULT_MAX_PAYLOAD = 1024 * 1024  # NATS's default, for a bus that does not say
 # A claim's answers (one per machine) and the worker's ledger version once it was done.
 Answer = tuple[list[Any], int | None]
 Claimer = Callable[[SendClaim], Coroutine[Any, Any, Answer]]
-Q = TypeVar("Q", bound=BaseModel)
-R = TypeVar("R")
 
 
 class Market:
@@ -93,6 +88,8 @@ class Market:
         self._workers = workers
         self._liveness = liveness
         self._config = config
+        self._claims = Claims(workers, liveness, config, clock)  # souq.broker.claims
+        self._claim_call = self._claims.send
         self._clock = clock
         self.book = book if book is not None else liveness.book
         # Pipelines by placement policy (a create's, over the broker's default); ``pipeline``
@@ -126,22 +123,9 @@ class Market:
         ``made_on``: the worker that made the request's machine, as an earlier placement of it
         said (:mod:`souq.broker.key_turns`): claimed there first, which answers with it."""
         if made_on is not None:
-            try:
-                machine: Machine = (await self._claim_call(made_on, CLAIM, order))[0]
-                return machine
-            except IdempotencyConflict:
-                raise
-            except NoReply:
-                if self._liveness.is_live(made_on):  # busy, not gone: it may have it still
-                    raise
-                log.info("request %s: %s, where it was made, is gone", order.request_id, made_on)
-            except SouqError as exc:  # it refused (it forgot it): placed as any retry is
-                log.info(
-                    "request %s: %s, where it was made, answered %s",
-                    order.request_id,
-                    made_on,
-                    exc.status,
-                )
+            found = await self._claims.where_made(order, made_on)
+            if found is not None:
+                return found
 
         async def claim(action: SendClaim) -> Answer:
             body = (
@@ -156,7 +140,7 @@ class Market:
 
         auction = self._auction(order, Purpose.CLAIM, find_existing=idempotent, volume=volume)
         done = self._outcome(auction, await self._run(auction, claim))
-        machine = done.placed[0]
+        machine: Machine = done.placed[0]
         if auction.existing is None:  # an earlier machine keeps the record it was made with
             record: Placement = _noted(done.record, order)
             told = machine.placement  # a machine of an image: what the worker had of it
@@ -336,49 +320,6 @@ class Market:
         timeout = self._config.claim_timeout_s + CLAIM_S_PER_MACHINE * len(req.request_ids)
         reply, ledger = await self._claim_call(worker_id, CLAIM_BATCH, req, timeout=timeout)
         return list(reply.machines), ledger
-
-    async def _claim_call(
-        self, worker_id: str, verb: Verb[Q, R], body: Q, *, timeout: float | None = None
-    ) -> tuple[R, int | None]:
-        """Send a claim (a hold, a batch claim) and return the worker's answer and its ledger
-        version. One unanswered within ``timeout`` (``claim_timeout_s``) is sent again, the same
-        claim, for as long as the worker is heard (a heartbeat, a usage message or an answer
-        within the last two such deadlines: one busy with a burst of claims, and starved of CPU
-        by the processes they spawn, may be silent for seconds), up to ``claim_patience_s`` in
-        all: a busy worker is slow, not gone. A claim is idempotent
-        (per request id, per quote id), so the answer to the one sent again names what the first
-        made, and the machine is made once, where it was claimed, instead of once there (late,
-        unseen) and once more on the next worker. A silent worker is given up: :class:`NoReply`."""
-        timeout = timeout or self._config.claim_timeout_s
-        clock, liveness = self._clock, self._liveness
-        give_up = clock.monotonic() + self._config.claim_patience_s
-        sends = max(1, math.ceil(self._config.claim_patience_s / timeout))  # a bound in sends too
-        while True:
-            sent = clock.monotonic()
-            sends -= 1
-            try:
-                answer = await self._workers.call_with_ledger(
-                    worker_id, verb, body, timeout=timeout
-                )
-            except NoReply:
-                now = clock.monotonic()
-                if (
-                    now >= give_up
-                    or sends <= 0
-                    or not liveness.heard_since(worker_id, sent - timeout)
-                ):
-                    raise
-                log.info(
-                    "claim on %s unanswered for %.1fs; it is heard: sent again",
-                    worker_id,
-                    now - sent,
-                )
-                continue
-            except SouqError:
-                liveness.heard(worker_id)  # a refusal is word from it too
-                raise
-            liveness.heard(worker_id)
-            return answer
 
     def _max_payload(self) -> int:
         """The largest message the bus carries (NATS's ``max_payload``, from the server)."""

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import Counter
 from contextlib import nullcontext
 
 from nats.aio.client import Client
@@ -32,6 +31,7 @@ from souq.broker.networks import AppNetworks
 from souq.broker.orders import order as order_of
 from souq.broker.orders import placement_of, worker_of_quote
 from souq.broker.quotas import Quotas, use_of_config
+from souq.broker.region_choice import place_somewhere, with_region
 from souq.broker.schemas import CreateMachineRequest, QuoteRequest
 from souq.broker.spot_prices import SpotPrices
 from souq.broker.streams import StreamSlots
@@ -41,7 +41,7 @@ from souq.broker.worker_calls import WorkerCalls
 from souq.bus import Transport, bus_unavailable
 from souq.bus.jetstream import OnFirstUse
 from souq.clock import Clock, SystemClock
-from souq.errors import InsufficientCapacity, NotFound, SouqError, Unavailable
+from souq.errors import NotFound, SouqError, Unavailable
 from souq.ids import idempotent_request_id, new_request_id
 from souq.model import (
     ClaimRequest,
@@ -71,7 +71,6 @@ from souq.secrets.store import open_bucket
 from souq.view import ClusterView, RegionSummary, summarise_regions
 from souq.view.liveness import Liveness
 from souq.view.outage import BusGuard
-from souq.view.regions import default_region, next_region
 
 __all__ = ["BrokerService"]
 
@@ -234,21 +233,6 @@ class BrokerService:
 
     # -- create ----------------------------------------------------------------------------
 
-    def with_region(
-        self, app: str, body: CreateMachineRequest
-    ) -> tuple[CreateMachineRequest, str | None]:
-        """``body`` with a region: its own, else :func:`souq.view.regions.default_region` (and
-        why, for the placement record)."""
-        if body.region is not None:
-            return body, None
-        workers = self.liveness.as_heard()
-        held = Counter(w.region for w in workers for _ in range(self.book.app_machines(w.id, app)))
-        chosen = default_region(held, summarise_regions(workers, body.config.guest.resources()))
-        if chosen is None:
-            raise InsufficientCapacity("no region has a worker up", hint="name a region")
-        log.info("create in %s without a region: %s", app, chosen[1])
-        return body.model_copy(update={"region": chosen[0]}), chosen[1]
-
     async def create_machine(
         self, app: str, body: CreateMachineRequest, *, idempotency_key: str | None = None
     ) -> Machine:
@@ -258,7 +242,7 @@ class BrokerService:
             idempotent_request_id(app, idempotency_key) if idempotency_key else new_request_id()
         )
         digest = body_hash(body) if idempotency_key else request_id
-        body, region_chosen = self.with_region(app, body)
+        body, region_chosen = with_region(self.liveness, app, body)
         order = order_of(
             app,
             body,
@@ -286,7 +270,9 @@ class BrokerService:
                     if body.quote is not None:
                         machine = await self._create_with_quote(order, body.quote)
                     else:
-                        machine = await self._place_somewhere(
+                        machine = await place_somewhere(
+                            self.market,
+                            self.liveness,
                             order,
                             idempotent=idempotency_key is not None,
                             volume=volume,
@@ -320,44 +306,6 @@ class BrokerService:
                 return machine
 
         return await self._creates.run(request_id, digest, place_in_turn, key=idempotency_key)
-
-    async def _place_somewhere(
-        self,
-        order: ClaimRequest,
-        *,
-        idempotent: bool,
-        volume: tuple[str, str] | None,
-        made_on: str | None = None,
-    ) -> Machine:
-        """Place ``order``; when its create named no region (and mounts no volume) and the region
-        chosen for it had no room, in the next region with room, and so on: a create that may go
-        anywhere is refused only when no region can take it. Each region's refusal is in the
-        machine's ``region_chosen``, or in the last refusal's message."""
-        tried: list[str] = []
-        refusals: list[str] = []
-        while True:
-            try:
-                return await self.market.place(
-                    order, idempotent=idempotent, volume=volume, made_on=made_on
-                )
-            except InsufficientCapacity as exc:
-                if order.region_chosen is None or volume is not None:
-                    raise
-                tried.append(order.region)
-                refusals.append(f"{order.region}: {exc.message}")
-                size = order.config.guest.resources()
-                chosen = next_region(summarise_regions(self.liveness.as_heard(), size), tried)
-                if chosen is None:
-                    if len(refusals) == 1:
-                        raise
-                    raise InsufficientCapacity(
-                        f"no region can take it: {'; '.join(refusals)}",
-                        hint=exc.hint,
-                        details=exc.details,
-                    ) from exc
-                why = f"{order.region_chosen}; {order.region} had no room, so {chosen[1]}"
-                log.info("create in %s without a region: %s", order.app, why)
-                order = order.model_copy(update={"region": chosen[0], "region_chosen": why})
 
     def _machine_event(self, msg: MachineEventNote) -> None:
         """Every machine event the view decodes: the route to its worker, and the book's count
@@ -423,7 +371,7 @@ class BrokerService:
             if quote.placement is None:
                 raise NotFound(f"quote {body.quote} has no placement record")
             return quote.placement
-        placed, region_chosen = self.with_region(app, body)
+        placed, region_chosen = with_region(self.liveness, app, body)
         self.spot_prices.check_bid(placed.region or "", placed.config)
         order = order_of(app, placed, name=body.name, region_chosen=region_chosen)
         order, volume = await self.volumes.mount_of(await self._with_image(order))
