@@ -27,6 +27,7 @@ to any other they are ``[redacted]``, as a machine's secrets are never shown.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Path, Query, Request
@@ -82,6 +83,23 @@ Attempt = Annotated[int | None, Query(ge=1, description="which run (default: the
 LeaseS = Annotated[float, Query(gt=0, le=3600, description="the claim's lease, seconds")]
 
 
+@dataclass(frozen=True, slots=True)
+class _Step:
+    """A step on one job: the job's name, the worker that takes it (None: anyone, as in the
+    seed) and the token's permit."""
+
+    name: str
+    worker: str | None
+    permit: Permit
+
+
+async def _step(name: JobName, who: Claimant, permit: Allowed) -> _Step:
+    return _Step(name, who, permit)
+
+
+WorkerStep = Annotated[_Step, Depends(_step)]  # a worker's route on /sched/<verb>/{name}
+
+
 def sched_router(queue: JobQueue) -> APIRouter:
     router = APIRouter(prefix="/sched", tags=["jobs"])
     _users_routes(router, queue)
@@ -91,21 +109,19 @@ def sched_router(queue: JobQueue) -> APIRouter:
 
 async def _change(
     queue: JobQueue,
-    name: str,
+    step: _Step,
     event: JobEvent,
-    worker: str | None,
-    permit: Permit,
     *,
     needs: Scope = Scope.QUEUE,
     lease_s: float = DEFAULT_LEASE_MS / 1000,
     stopped: JobStopped | None = None,
 ) -> Response:
     store = await queue.store()
-    await job_of(store, name, permit, needs)  # a job's app never changes
+    await job_of(store, step.name, step.permit, needs)  # a job's app never changes
     job = await store.change(
-        name, event, worker=worker, lease_ms=int(lease_s * 1000), stopped=stopped
+        step.name, event, worker=step.worker, lease_ms=int(lease_s * 1000), stopped=stopped
     )
-    return json_response(shown(job, permit))
+    return json_response(shown(job, step.permit))
 
 
 def _users_routes(router: APIRouter, queue: JobQueue) -> None:
@@ -137,7 +153,7 @@ def _users_routes(router: APIRouter, queue: JobQueue) -> None:
     @router.post("/cancel/{name}", response_model=Job)
     async def cancel(name: JobName, permit: Allowed) -> Response:
         """A waiting job is cancelled at once; a running one when its worker has stopped it."""
-        return await _change(queue, name, JobEvent.CANCEL, None, permit, needs=Scope.WRITE)
+        return await _change(queue, _Step(name, None, permit), JobEvent.CANCEL, needs=Scope.WRITE)
 
     @router.get(
         "/logs/{name}",
@@ -198,39 +214,29 @@ def _users_routes(router: APIRouter, queue: JobQueue) -> None:
 
 def _workers_routes(router: APIRouter, queue: JobQueue) -> None:
     @router.post("/claim/{name}", response_model=Job)
-    async def claim(
-        name: JobName,
-        who: Claimant,
-        permit: Allowed,
-        lease_s: LeaseS = 30,
-    ) -> Response:
+    async def claim(step: WorkerStep, lease_s: LeaseS = 30) -> Response:
         """200 to exactly one claimant; 409 ``illegal_transition`` to every other."""
-        return await _change(queue, name, JobEvent.CLAIM, who, permit, lease_s=lease_s)
+        return await _change(queue, step, JobEvent.CLAIM, lease_s=lease_s)
 
     @router.post(
         "/release/{name}",
         response_model=Job,
         openapi_extra=body_schema(JobStopped, required=False),
     )
-    async def release(name: JobName, request: Request, who: Claimant, permit: Allowed) -> Response:
+    async def release(step: WorkerStep, request: Request) -> Response:
         """The claimant's run ended, as the seed's worker says it: ``{"exit_code": N}`` (no
         body: it succeeded). The job does not run again unless its restart policy asks."""
         body = await parse_body(request, JobStopped, optional=True)
-        return await _change(queue, name, JobEvent.RELEASE, who, permit, stopped=body)
+        return await _change(queue, step, JobEvent.RELEASE, stopped=body)
 
     @router.post("/return/{name}", response_model=Job)
-    async def give_back(name: JobName, who: Claimant, permit: Allowed) -> Response:
+    async def give_back(step: WorkerStep) -> Response:
         """The claimant gives the job back untouched: waiting again, no run counted."""
-        return await _change(queue, name, JobEvent.RETURN, who, permit)
+        return await _change(queue, step, JobEvent.RETURN)
 
     @router.post("/renew/{name}", response_model=Job)
-    async def renew(
-        name: JobName,
-        who: Claimant,
-        permit: Allowed,
-        lease_s: LeaseS = 30,
-    ) -> Response:
-        return await _change(queue, name, JobEvent.RENEW, who, permit, lease_s=lease_s)
+    async def renew(step: WorkerStep, lease_s: LeaseS = 30) -> Response:
+        return await _change(queue, step, JobEvent.RENEW, lease_s=lease_s)
 
     @router.get("/cancellations", response_model=list[Job])
     async def cancellations(who: Claimant, permit: Allowed) -> Response:
@@ -265,18 +271,18 @@ def _workers_routes(router: APIRouter, queue: JobQueue) -> None:
         return json_response([shown(j, permit) for j in await store.assign(who or "")])
 
     @router.post("/started/{name}", response_model=Job)
-    async def started(name: JobName, who: Claimant, permit: Allowed) -> Response:
-        return await _change(queue, name, JobEvent.START, who, permit)
+    async def started(step: WorkerStep) -> Response:
+        return await _change(queue, step, JobEvent.START)
 
     @router.post(
         "/stopped/{name}",
         response_model=Job,
         openapi_extra=body_schema(JobStopped, required=False),
     )
-    async def stopped(name: JobName, request: Request, who: Claimant, permit: Allowed) -> Response:
+    async def stopped(step: WorkerStep, request: Request) -> Response:
         """How the run ended: ``{"exit_code": N, "error": "..."}`` (no body: it succeeded)."""
         body = await parse_body(request, JobStopped, optional=True)
-        return await _change(queue, name, JobEvent.STOP, who, permit, stopped=body)
+        return await _change(queue, step, JobEvent.STOP, stopped=body)
 
 
 def app_of(permit: Permit, given: str | None, needs: Scope) -> str:
