@@ -3,14 +3,19 @@ proxy on the same host taking the machines' Flycast connections (``--flycast``).
 machine of the app, a connection to ``<app>.flycast`` starts the app's stopped machine
 (``autostart``) and reaches it; a machine of another organization finds no such name, and its
 connection to the address gets no answer and starts nothing; nobody reaches the proxy's
-Flycast port itself."""
+Flycast port itself. The name is the address the worker routes even while the worker's names
+have not heard of the app's record (its organisation) yet: the machines' records name their
+network."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import nats
 import pytest
 
 from souq.errors import MachineNotStarted
@@ -50,6 +55,8 @@ _CONNECT = (
 )
 
 pytestmark = PRIVATE_NETWORK
+
+APPS_STREAM = "KV_souq-apps"  # the apps' records (souq.broker.app_store), as JetStream holds them
 
 FLYCAST_PORT = free_port()  # this run's own, beside other runs' agents and proxies
 
@@ -134,6 +141,27 @@ def _stop(cluster: Cluster, app: str, m: Machine) -> None:
         client.wait(app, m.id, MachineState.STOPPED, timeout=60)
 
 
+def _hold_back_app_records(cluster: Cluster) -> None:
+    """The worker's names hear of no app record for a while: the consumer of their watch of
+    the apps' bucket is deleted on the server (nats-py's ordered consumer notices after two
+    missed heartbeats, 10 s, and makes another)."""
+
+    async def delete() -> None:
+        bus = await nats.connect(cluster.nats.url, **cluster.nats_options())
+        try:
+            js = bus.jetstream()
+            deadline = time.monotonic() + 30
+            while not (consumers := await js.consumers_info(APPS_STREAM)):
+                assert time.monotonic() < deadline, "no watch of the apps' records"
+                await asyncio.sleep(0.05)
+            for consumer in consumers:
+                await js.delete_consumer(APPS_STREAM, consumer.name)
+        finally:
+            await bus.close()
+
+    asyncio.run(delete())
+
+
 def _state(cluster: Cluster, app: str, m: Machine) -> MachineState:
     with cluster.client() as client:
         return client.get_machine(app, m.id).state
@@ -195,6 +223,28 @@ def test_another_network_cannot_wake_it_nor_reach_the_proxy_port(
         got = _connect(cluster, app, talker, address, 9999, timeout_s=5)
         assert got in (f"OK {address}", f"FAIL {address} ConnectionResetError"), got
         assert _state(cluster, app, server) is MachineState.STOPPED
+    finally:
+        with cluster.client() as client:
+            for a, m in ((app, server), (app, talker), (stranger_app, stranger)):
+                client.destroy(a, m.id, force=True)
+
+
+def test_the_name_is_the_address_the_worker_routes_while_the_apps_records_are_late(
+    cluster: Cluster, proxy: ProxyProcess
+) -> None:
+    _app(cluster, "acme")  # the apps' bucket, and the names' watch of it
+    _hold_back_app_records(cluster)
+    app, stranger_app = _app(cluster, "acme"), _app(cluster, "other")
+    server = _server(cluster, app)
+    talker = _machine(cluster, app, {"cmd": ["sleep", "600"]})
+    stranger = _machine(cluster, stranger_app, {"cmd": ["sleep", "600"]})
+    address = flycast_ip(network_of("acme"), app)
+    try:
+        # The names take both apps for the default organisation's; the machines' records
+        # say which network each is on, and the name follows them.
+        got = _connect(cluster, app, talker, f"{app}.flycast", 80)
+        assert got == f"OK {address} {server.id}", got
+        assert _connect(cluster, stranger_app, stranger, f"{app}.flycast", 80) == "NONAME"
     finally:
         with cluster.client() as client:
             for a, m in ((app, server), (app, talker), (stranger_app, stranger)):

@@ -21,6 +21,7 @@ def row(
     ip: str | None = None,
     created: str = "",
     scope: Scope = OURS,
+    network: str = "",
 ) -> NameRow:
     return NameRow(
         machine_id=mid,
@@ -31,6 +32,7 @@ def row(
         private_ip=ip if ip is not None else f"fdaa::{mid}",
         created_at=created or f"2026-01-01T00:00:0{len(mid) % 10}",
         scope=scope,
+        network=network,
     )
 
 
@@ -263,3 +265,24 @@ def test_an_apps_flycast_name_is_its_flycast_address_started_or_not() -> None:
         assert index.resolve(name, "AAAA").rcode is Rcode.NXDOMAIN
     assert index.resolve("web.flycast", "A").values == ()
     assert is_internal("web.flycast") and not is_internal("web.flycastx")
+
+
+def test_an_apps_flycast_address_is_on_the_network_its_machines_records_name() -> None:
+    # The apps' records (the scopes) not in yet: every machine on the default scope, while
+    # each record names the network its claim put it on, which the worker routes.
+    acme, other = network_of("acme"), network_of("other")
+    index = snapshot(
+        row("a1", state="stopped", network=acme),
+        row("me", app="client", network=acme),
+        row("x1", app="secret", network=other),
+    )
+    assert aaaa(index, "web.flycast", "fdaa::me") == [flycast_ip(acme, "web")]
+    assert aaaa(index, "web.flycast") == [flycast_ip(acme, "web")]
+    # Another network's app, by the records, does not exist for the asker, whatever the scopes
+    for name in ("secret.flycast", "secret.internal", "x1.vm.secret.internal"):
+        assert index.resolve(name, "AAAA", asker="fdaa::me").rcode is Rcode.NXDOMAIN
+    assert index.resolve("_apps.internal", "TXT", asker="fdaa::me").values == ("client,web",)
+    assert index.resolve("_apps.internal", "TXT", asker="fdaa::x1").values == ("secret",)
+    # A machine whose record names none (no private network) leaves it to the scope.
+    index.put(row("b1", app="db"))
+    assert aaaa(index, "db.flycast", "fdaa::me") == [flycast_ip(network_of("personal"), "db")]

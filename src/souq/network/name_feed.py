@@ -62,6 +62,7 @@ def name_row(machine: Machine, scope: Scope) -> NameRow | None:
         private_ip=private_address(machine.private_ip),
         created_at=machine.created_at,
         scope=scope,
+        network=machine.address.network if machine.address is not None else "",
     )
 
 

@@ -26,7 +26,13 @@ any other name under ``.internal`` is NXDOMAIN.
 **Scope.** Every machine is in one network: its app's organisation and, when the app asked for
 one of its own, its network. An asker known by its source address (a machine's private IP)
 sees only its own network's apps and machines; an asker the index does not know (the worker
-itself, a test) sees every network.
+itself, a test) sees every network. The scope comes from the app's record, which reaches the
+worker on a watch of its own and may come late; a machine's record names its network too (its
+address's, given at its claim: the network the worker's firewall holds it to and the proxy
+reads). So an app whose machines' records name another network than the asker's is another
+network's whatever the scopes say, and an app's Flycast address is on the network its
+machines' records name (its scope's only while none names one): never an address the worker
+does not send to the proxy.
 
 **Order.** Within an answer, healthy machines (as the feed tells: no check failing) come
 before unhealthy ones, then older before newer (``created_at``, then id): the same order for
@@ -86,6 +92,7 @@ class NameRow:
     private_ip: str | None  # IPv6; None: it has no private address (it is in no AAAA answer)
     created_at: str = ""
     scope: Scope = Scope("personal")
+    network: str = ""  # the network its record names (its address's); "": none (not private)
 
     @property
     def answers(self) -> bool:
@@ -159,7 +166,8 @@ class NameIndex:
         self._names: dict[str, _AppNames] = {}  # apps whose answers are computed
         self._nearby = {r: tuple(n) for r, n in (nearby or {}).items()}
         self._regions: set[str] = set(regions)
-        self._apps_txt: dict[Scope | None, tuple[str, ...]] = {}
+        self._apps_txt: dict[tuple[Scope, str] | None, tuple[str, ...]] = {}
+        self._networks: dict[str, str] = {}  # app -> the network its records name ("": none)
         # Counts the changes: an answer made at one version holds until the next (the DNS
         # server keeps its rendered answers this long).
         self.version = 0
@@ -177,7 +185,8 @@ class NameIndex:
         self._apps.setdefault(row.app, {})[row.machine_id] = row
         if row.private_ip is not None:
             self._by_ip[row.private_ip] = row
-        self._changed(row.app, new_app=old is None or old.app != row.app or old.scope != row.scope)
+        where = (row.app, row.scope, row.network)
+        self._changed(row.app, new_app=old is None or (old.app, old.scope, old.network) != where)
 
     def remove(self, machine_id: str) -> None:
         """Forget a machine (destroyed, or no longer in the view)."""
@@ -205,6 +214,7 @@ class NameIndex:
     def _changed(self, app: str, *, new_app: bool) -> None:
         self.version += 1
         self._names.pop(app, None)
+        self._networks.pop(app, None)
         if new_app:
             self._apps_txt.clear()
 
@@ -227,19 +237,18 @@ class NameIndex:
         """What ``name`` (lowercase, no final dot, under ``.internal``) answers to a query of
         ``rdtype`` ("AAAA", "A", "TXT", "ANY"...) from the address ``asker``."""
         row = self.asker(asker)
-        scope = row.scope if row is not None else None
         labels = name.split(".")
         if labels[-1] == FLYCAST_ZONE:
-            return self._flycast(labels[:-1], rdtype, scope)
+            return self._flycast(labels[:-1], rdtype, row)
         if labels[-1] != ZONE:
             return NXDOMAIN
         labels = labels[:-1]
         if not labels:
             return EMPTY  # the zone itself
         if labels == ["_apps"]:
-            return self._typed(rdtype, "TXT", self._apps_answer(scope))
+            return self._typed(rdtype, "TXT", self._apps_answer(row))
         app = labels[-1]
-        names = self._app_names(app, scope)
+        names = self._app_names(app, row)
         if names is None:
             return NXDOMAIN
         return self._under_app(app, names, labels[:-1], rdtype, row)
@@ -280,41 +289,58 @@ class NameIndex:
             return EMPTY
         return Answer(Rcode.NOERROR, holds, values)
 
-    def _flycast(self, labels: list[str], rdtype: str, scope: Scope | None) -> Answer:
-        """``<app>.flycast``: the app's Flycast address, whether a machine of it runs or not."""
+    def _flycast(self, labels: list[str], rdtype: str, asker: NameRow | None) -> Answer:
+        """``<app>.flycast``: the app's Flycast address, whether a machine of it runs or not, on
+        the network its machines' records name (where the worker routes it), else its scope's."""
         if not labels:
             return EMPTY
-        machines = self._apps.get(labels[0])
-        if len(labels) != 1 or not machines:
+        app = labels[0]
+        machines = self._apps.get(app)
+        if len(labels) != 1 or not machines or not self._sees(asker, app):
             return NXDOMAIN
-        own = next(iter(machines.values())).scope
-        if scope is not None and own != scope:
-            return NXDOMAIN
-        address = flycast_ip(network_of(own.org, own.network), labels[0])
-        return self._typed(rdtype, "AAAA", (address,))
+        network = self._network(app)
+        if not network:
+            own = next(iter(machines.values())).scope
+            network = network_of(own.org, own.network)
+        return self._typed(rdtype, "AAAA", (flycast_ip(network, app),))
 
     # -- inside ----------------------------------------------------------------------------------
 
-    def _app_names(self, app: str, scope: Scope | None) -> _AppNames | None:
+    def _network(self, app: str) -> str:
+        """The network the records of ``app``'s machines name ("": none does)."""
+        network = self._networks.get(app)
+        if network is None:
+            machines = self._apps.get(app, {}).values()
+            network = self._networks[app] = next((r.network for r in machines if r.network), "")
+        return network
+
+    def _sees(self, asker: NameRow | None, app: str) -> bool:
+        """Whether ``asker`` (None: no machine's address) sees ``app``, which has machines: the
+        same scope and, where both records name a network, the same network."""
+        if asker is None:
+            return True
+        if next(iter(self._apps[app].values())).scope != asker.scope:
+            return False
+        network = self._network(app)
+        return not asker.network or not network or network == asker.network
+
+    def _app_names(self, app: str, asker: NameRow | None) -> _AppNames | None:
         machines = self._apps.get(app)
         if not machines:
             return None
-        if scope is not None and next(iter(machines.values())).scope != scope:
+        if not self._sees(asker, app):
             return None  # another network's app: it does not exist for this asker
         names = self._names.get(app)
         if names is None:
             names = self._names[app] = _compute(machines.values())
         return names
 
-    def _apps_answer(self, scope: Scope | None) -> tuple[str, ...]:
-        got = self._apps_txt.get(scope)
+    def _apps_answer(self, asker: NameRow | None) -> tuple[str, ...]:
+        key = None if asker is None else (asker.scope, asker.network)
+        got = self._apps_txt.get(key)
         if got is None:
-            apps = sorted(
-                app
-                for app, machines in self._apps.items()
-                if scope is None or next(iter(machines.values())).scope == scope
-            )
-            got = self._apps_txt[scope] = txt_strings(",".join(apps))
+            apps = sorted(app for app in self._apps if self._sees(asker, app))
+            got = self._apps_txt[key] = txt_strings(",".join(apps))
         return got
 
     def _nearest(self, names: _AppNames, region: str | None) -> tuple[str, ...]:
