@@ -16,7 +16,11 @@ import pytest
 from souq.natsserver import free_port
 from souq.testing import Cluster, wait_until
 
-CONFIG = {"cmd": ["sleep", "600"], "services": [{"internal_port": 8080}]}
+CONFIG = {
+    "cmd": ["sleep", "600"],
+    "services": [{"internal_port": 8080}],
+    "guest": {"cpus": 0.25, "memory_mb": 64},
+}
 
 
 @pytest.fixture(scope="module")
@@ -44,10 +48,14 @@ def test_an_asker_sees_only_its_own_network(cluster: tuple[Cluster, int]) -> Non
     client = c.client()
     tag = uuid.uuid4().hex[:6]
     blue, blue_peer, plain = f"blue-{tag}", f"peer-{tag}", f"plain-{tag}"
+    rival = f"rival-{tag}"
     client.create_app(blue, network=f"net-{tag}")
     client.create_app(blue_peer, network=f"net-{tag}")
+    # Another organisation naming its network alike is on another network.
+    client.create_app(rival, org_slug=f"org-{tag}", network=f"net-{tag}")
     # the other apps run on the other worker: the asker (::1) stays blue's machine
     client.wait(plain, client.create_machine(plain, "lhr", CONFIG).id, "started")
+    client.wait(rival, client.create_machine(rival, "lhr", CONFIG).id, "started")
     client.wait(blue_peer, client.create_machine(blue_peer, "lhr", CONFIG).id, "started")
     me = client.wait(blue, client.create_machine(blue, "mad", CONFIG).id, "started")
     assert me.private_ip == "::1"
@@ -57,5 +65,6 @@ def test_an_asker_sees_only_its_own_network(cluster: tuple[Cluster, int]) -> Non
         message="the blue network's apps alone",
     )
     assert ask(port, f"{plain}.internal").rcode() == dns.rcode.NXDOMAIN
+    assert ask(port, f"{rival}.internal").rcode() == dns.rcode.NXDOMAIN
     peer = ask(port, f"{blue_peer}.internal")
     assert [rd.to_text() for rrset in peer.answer for rd in rrset] == ["fdaa:0:0:2::1"]

@@ -75,10 +75,10 @@ def proxy(cluster: Cluster, root: Path) -> Iterator[ProxyProcess]:
         yield p
 
 
-def _app(cluster: Cluster, org: str = "") -> str:
+def _app(cluster: Cluster, org: str = "", network: str = "") -> str:
     name = "pn" + uuid.uuid4().hex[:10]
     with cluster.client() as client:
-        client.create_app(name, org_slug=org)
+        client.create_app(name, org_slug=org, network=network)
     return name
 
 
@@ -144,6 +144,24 @@ def test_machines_of_one_app_reach_each_other_and_others_cannot(cluster: Cluster
     finally:
         _destroy(cluster, app, a, b)
         _destroy(cluster, stranger, c)
+
+
+def test_a_network_named_alike_in_another_organization_is_another_network(
+    cluster: Cluster,
+) -> None:
+    """Fly's ``network`` on app create is the organization's: a rival organization that names
+    its app's network as another's does gets a network of its own, and no way in."""
+    name = "db" + uuid.uuid4().hex[:6]
+    app, rival = _app(cluster, "acme", network=name), _app(cluster, "rival", network=name)
+    a, r = _server(cluster, app), _server(cluster, rival)
+    try:
+        assert a.address is not None and r.address is not None
+        assert a.address.network != r.address.network
+        assert _connect(cluster, rival, r, a.private_ip or "", 8080).startswith("FAIL")
+        assert _connect(cluster, app, a, r.private_ip or "", 8080).startswith("FAIL")
+    finally:
+        _destroy(cluster, app, a)
+        _destroy(cluster, rival, r)
 
 
 _RESOLVE = (

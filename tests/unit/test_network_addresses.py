@@ -60,7 +60,11 @@ def test_a_collision_takes_the_next_free_value_and_a_restore_keeps_it() -> None:
 
 def test_networks_differ_and_the_mask_matches_a_network_on_any_worker() -> None:
     assert network_bits(network_of("acme")) != network_bits(network_of("other"))
-    assert network_of("acme", "own") == "own" and network_of("") == network_of("personal")
+    assert network_of("") == network_of("personal")
+    # An app's own network is its organization's: another organization naming one alike
+    # gets another network, never a way into the first's.
+    assert network_bits(network_of("acme", "db")) != network_bits(network_of("other", "db"))
+    assert network_of("acme", "db") != network_of("acme")
     a = AddressPool("w1").take("m", "n")
     b = AddressPool("w2").take("m", "n")
     base, mask = (int(ipaddress.IPv6Address(x)) for x in network_mask(network_bits("n")).split("/"))

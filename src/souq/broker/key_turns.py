@@ -185,7 +185,8 @@ class KeyTurns:
         it is held; the last revision written."""
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(done.wait(), self._lease_s / 3)
+                async with asyncio.timeout(self._lease_s / 3):
+                    await done.wait()
                 return revision
             with contextlib.suppress(*_NATS_ERRORS):  # missed once: the next one may land
                 revision = await kv.update(request_id, value, last=revision)

@@ -99,8 +99,11 @@ def worker_bits(worker_id: str) -> int:
 
 
 def network_of(org_slug: str, network: str = "") -> str:
-    """The network an app's machines are on: its own ``network``, else its organization's."""
-    return network or ("org:" + (org_slug or "personal"))
+    """The network an app's machines are on: its organization's, or, when the app asked for
+    one of its own (Fly's ``network`` on app create), that one within its organization: two
+    organizations that name a network alike are two networks."""
+    org = "org:" + (org_slug or "personal")
+    return f"{org}/{network}" if network else org
 
 
 def network_bits(name: str) -> int:
