@@ -367,13 +367,20 @@ async def _serve_locked(
         stopped.cancel()
     finally:
         broker_stop.set()
-        for daemon_task in (broker_task, proxy_task):
-            if daemon_task is not None:
-                with contextlib.suppress(Exception, asyncio.CancelledError):
-                    await asyncio.wait_for(daemon_task, 10)
+        await _daemons_ended(broker_task, proxy_task)
         await asyncio.to_thread(_stop_agents, agents)
         await host.aclose()  # the names, once no agent is left to ask
         nats.stop()
+
+
+async def _daemons_ended(*tasks: asyncio.Task[None] | None) -> None:
+    """The broker's and the proxy's tasks, told to stop, each given 10 s to end (why one
+    failed was surfaced already)."""
+    for task in tasks:
+        if task is not None:
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                async with asyncio.timeout(10):
+                    await task
 
 
 LOCK_FILE = "souq-dev.lock"

@@ -117,3 +117,25 @@ def test_memory_gather_stops_at_expected_count() -> None:
         await bus.close()
 
     asyncio.run(main())
+
+
+def test_a_memory_request_cancelled_as_its_reply_arrives_stays_cancelled() -> None:
+    """The cancellation lands after the handler has answered and before the requester resumes
+    (one turn of the loop): the requester ends cancelled, it does not go on with the reply."""
+
+    async def main() -> None:
+        bus = MemoryTransport()
+        requester: asyncio.Task[bytes] | None = None
+
+        async def answer_then_cancel(subject: str, data: bytes) -> bytes:
+            assert requester is not None
+            asyncio.get_running_loop().call_soon(requester.cancel)  # runs once this has replied
+            return b"reply"
+
+        await bus.subscribe("souq.worker.w1.get", answer_then_cancel)
+        requester = asyncio.create_task(bus.request("souq.worker.w1.get", b"", timeout=5))
+        with pytest.raises(asyncio.CancelledError):
+            await requester
+        assert requester.cancelled()
+
+    asyncio.run(main())

@@ -16,6 +16,7 @@ from souq.proxy import RoutingTable
 from souq.proxy.decisions import Decisions
 from souq.proxy.machines import MachineFeed
 from souq.proxy.standby import Failover, in_its_place
+from souq.testing import eventually
 
 SERVICE = {"internal_port": 8080}
 
@@ -65,9 +66,14 @@ def test_a_worker_down_twice_starts_its_standby_once() -> None:
         for _ in range(10):
             await asyncio.sleep(0)
         answer.set()
+
+        def failovers() -> list[str]:
+            return [d["reason"] for d in decisions.recent("web") if d["kind"] == "failover"]
+
+        # The start answered before the close (a close cancels the starts still on the way).
+        await eventually(failovers, message="the failover's decision")
         await failover.aclose()
-        reasons = [d["reason"] for d in decisions.recent("web") if d["kind"] == "failover"]
-        return starts, reasons
+        return starts, failovers()
 
     starts, reasons = asyncio.run(main())
     assert starts == 1

@@ -132,9 +132,8 @@ class AuditLog:
             try:
                 js = await self._jetstream()
                 acks = [await _publish(js, entry, data) for entry, data in pending]
-                answers = await asyncio.wait_for(
-                    asyncio.gather(*acks, return_exceptions=True), ACK_TIMEOUT_S
-                )
+                async with asyncio.timeout(ACK_TIMEOUT_S):
+                    answers = await asyncio.gather(*acks, return_exceptions=True)
                 for item, answer in zip(pending, answers, strict=True):
                     if isinstance(answer, BaseException):
                         failed.append(item)

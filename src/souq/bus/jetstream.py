@@ -351,7 +351,8 @@ class BucketWatch:
                 finally:
                     self._on_lost(None)
                     with contextlib.suppress(Exception):  # (bounded: a closing bus may not answer)
-                        await asyncio.wait_for(watcher.stop(), self._check_s)  # type: ignore[no-untyped-call]
+                        async with asyncio.timeout(self._check_s):
+                            await watcher.stop()  # type: ignore[no-untyped-call]
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # NATS down, no JetStream, no bucket yet: again later

@@ -94,8 +94,13 @@ class MemoryTransport:
         targets = self._targets(subject)
         if not targets:
             raise NobodySubscribed(f"nobody answers on {subject}")
+        handling = self._spawn(targets[0], subject, data)
         try:
-            reply = await asyncio.wait_for(self._spawn(targets[0], subject, data), timeout)
+            # Awaited in a deadline, not through asyncio.wait_for: on Python 3.11 that returns the
+            # reply and drops a cancellation that arrives in the same turn as the reply (the
+            # cancelled caller goes on, e.g. a view's loop that then never ends).
+            async with asyncio.timeout(timeout):
+                reply = await handling
         except TimeoutError as exc:
             raise NoReply(f"no reply on {subject} within {timeout:g}s") from exc
         if reply is None:  # a handler that never answers: the requester's deadline passes

@@ -473,7 +473,8 @@ class ExecDriver:
         exited = _exit_of(self, handle)
         deliver(handle, sig)
         try:
-            return await asyncio.wait_for(asyncio.shield(exited), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                return await asyncio.shield(exited)
         except TimeoutError:
             deliver(handle, signal.SIGKILL)
             return await exited

@@ -132,7 +132,8 @@ class Admission:
         fut = asyncio.get_running_loop().create_future()
         self._drains.setdefault(machine_id, []).append(fut)
         try:
-            await asyncio.wait_for(fut, timeout)
+            async with asyncio.timeout(timeout):
+                await fut
         except TimeoutError:
             return False
         return True
@@ -174,7 +175,8 @@ class Admission:
         fut = asyncio.get_running_loop().create_future()
         queue.append(fut)
         try:
-            await asyncio.wait_for(fut, timeout)
+            async with asyncio.timeout(timeout):
+                await fut
         except TimeoutError:
             return False
         finally:

@@ -36,7 +36,8 @@ async def run_check(client: httpx.AsyncClient, host: str, port: int, check: Chec
     """None if the check passes, else what it saw."""
     try:
         if check.type == "tcp":
-            _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), check.timeout)
+            async with asyncio.timeout(check.timeout):
+                _, writer = await asyncio.open_connection(host, port)
             writer.close()
             with contextlib.suppress(OSError):
                 await writer.wait_closed()

@@ -183,7 +183,8 @@ class Relay(RelayCore):
         self.pool.close()
         for server in self._servers:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(server.wait_closed(), 1.0)
+                async with asyncio.timeout(1.0):
+                    await server.wait_closed()
         self._servers.clear()
 
     async def __aenter__(self) -> Relay:

@@ -41,9 +41,8 @@ async def port_accepts(host: str, port: int, deadline: float) -> bool:
     pause = _FIRST_POLL_S
     while True:
         try:
-            _, writer = await asyncio.wait_for(
-                asyncio.open_connection(host, port), max(0.001, deadline - loop.time())
-            )
+            async with asyncio.timeout(max(0.001, deadline - loop.time())):
+                _, writer = await asyncio.open_connection(host, port)
         except (OSError, TimeoutError):
             if loop.time() + pause >= deadline:
                 return False

@@ -172,7 +172,8 @@ class JobRunner:
             while len(self._runs) >= self._slots or self._admission.cordoned:
                 self._room.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._room.wait(), RETRY_S)
+                    async with asyncio.timeout(RETRY_S):
+                        await self._room.wait()
             try:
                 msgs = await sub.fetch(1, timeout=FETCH_S)
             except TimeoutError:  # nats-py's too

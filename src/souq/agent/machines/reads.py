@@ -86,7 +86,8 @@ class MachineReads:
             if text or finished or remaining <= 0:
                 break
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(ex.changed(machine_id).wait(), min(LOG_POLL_S, remaining))
+                async with asyncio.timeout(min(LOG_POLL_S, remaining)):
+                    await ex.changed(machine_id).wait()
         return LogsReply(data=text, next_offset=offset + used, finished=finished)
 
     def _ended(self, machine_id: str) -> bool:
