@@ -26,6 +26,7 @@ from nats.js.client import JetStreamContext
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
+from souq.bus.transport import cancellation_kept
 from souq.clock import Clock, SystemClock
 from souq.errors import InvalidInput, Unavailable
 
@@ -338,7 +339,8 @@ class BucketWatch:
                 try:
                     while True:
                         try:
-                            entry = await watcher.updates(timeout=self._check_s)  # type: ignore[no-untyped-call]
+                            with cancellation_kept():  # (nats-py's updates is a wait_for)
+                                entry = await watcher.updates(timeout=self._check_s)  # type: ignore[no-untyped-call]
                         except nats.errors.TimeoutError:
                             if self._reconnects() == started_at:
                                 continue

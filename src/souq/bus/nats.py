@@ -25,7 +25,7 @@ from nats.aio.msg import Msg
 
 from souq.bus.codec import error_reply
 from souq.bus.permissions import sent_by_a_role
-from souq.bus.transport import Handler, bus_unavailable
+from souq.bus.transport import Handler, bus_unavailable, cancellation_kept
 from souq.errors import (
     InvalidInput,
     NobodySubscribed,
@@ -130,13 +130,14 @@ class NatsTransport:
         if not self._nc.is_connected:
             raise bus_unavailable()
         try:
-            async with asyncio.timeout(timeout) as deadline:
-                self._waits.add(deadline)
-                try:
-                    # nats-py's own deadline is a fallback: ours (cut short on a disconnect) wins
-                    msg = await self._nc.request(subject, data, timeout=timeout + 1)
-                finally:
-                    self._waits.discard(deadline)
+            with cancellation_kept():  # (nats-py's request is a wait_for)
+                async with asyncio.timeout(timeout) as deadline:
+                    self._waits.add(deadline)
+                    try:
+                        # nats-py's own deadline is a fallback: ours (cut short on a disconnect)
+                        msg = await self._nc.request(subject, data, timeout=timeout + 1)
+                    finally:
+                        self._waits.discard(deadline)
         except nats.errors.NoRespondersError as exc:
             raise NobodySubscribed(f"nobody answers on {subject}") from exc
         except (nats.errors.TimeoutError, TimeoutError) as exc:

@@ -7,12 +7,14 @@ transport, so a slow handler (a ``wait``) never holds up the next message.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine, Sequence
+import asyncio
+import contextlib
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from typing import Any, Protocol
 
 from souq.errors import Unavailable
 
-__all__ = ["Handler", "Subscription", "Transport", "bus_unavailable"]
+__all__ = ["Handler", "Subscription", "Transport", "bus_unavailable", "cancellation_kept"]
 
 Handler = Callable[[str, bytes], Coroutine[Any, Any, bytes | None]]
 
@@ -24,6 +26,20 @@ def bus_unavailable() -> Unavailable:
         "the message bus (NATS) is unreachable; retry shortly",
         hint="the connection is re-established by itself once the NATS server is back",
     )
+
+
+@contextlib.contextmanager
+def cancellation_kept() -> Iterator[None]:
+    """Around an await of nats-py (its requests, flushes and watches use ``asyncio.wait_for``):
+    on Python 3.11 ``wait_for`` returns the result and drops a cancellation that lands in the
+    turn its awaitable completes, and a cancelled loop (a view, a watch) would then go on and a
+    close never return. A cancellation asked of the task during the block (its ``cancelling()``
+    count went up, and nothing took it back) is raised when the block ends."""
+    task = asyncio.current_task()
+    before = task.cancelling() if task is not None else 0
+    yield
+    if task is not None and task.cancelling() > before:
+        raise asyncio.CancelledError
 
 
 class Subscription(Protocol):
