@@ -56,15 +56,16 @@ oci-tools:
 # The tests of several hosts (tests/multihost) build network namespaces with ip and cut them off
 # with iptables: Debian's iproute2 and iptables (without them, or as non-root, those tests skip).
 # WireGuard between workers (docs/network.md): wg from wireguard-tools, and wireguard-go where the
-# kernel has no WireGuard (without recommends: they would pull a kernel image).
+# kernel has no WireGuard (without recommends: they would pull a kernel image). The probes of a
+# path straight over an IPv4 link (--underlay-link auto) are iputils' ping.
 netns-tools:
 	@command -v ip >/dev/null && command -v iptables >/dev/null && command -v wg >/dev/null \
-	  && command -v wireguard-go >/dev/null || { \
+	  && command -v wireguard-go >/dev/null && command -v ping >/dev/null || { \
 	  if [ "$$(id -u)" = 0 ]; then \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 	      apt-get install -y -qq --no-install-recommends iproute2 iptables wireguard-tools \
-	      wireguard-go >/dev/null; \
-	  else echo "netns-tools: ip, iptables, wg or wireguard-go is missing and this is not root: the multihost tests skip"; fi; }
+	      wireguard-go iputils-ping >/dev/null; \
+	  else echo "netns-tools: ip, iptables, wg, wireguard-go or ping is missing and this is not root: the multihost tests skip"; fi; }
 
 # The Fly conformance suite (tests/fly) decodes Souq's answers with Go's encoding/json into the
 # types of Fly's Machines API: Debian's golang-go (without it, as non-root, that decode step skips;
@@ -144,7 +145,7 @@ $(PLAYWRIGHT): $(BROWSER)/package-lock.json
 # update the package lists again), so on a fresh machine the targets after it find them all.
 TEST_PACKAGES := chromium:chromium skopeo:skopeo umoci:umoci docker-registry:docker-registry \
 	mmdebstrap:mmdebstrap ip:iproute2 iptables:iptables go:golang-go bwrap:bubblewrap \
-	busybox:busybox-static runc:runc
+	busybox:busybox-static runc:runc ping:iputils-ping
 
 test-packages:
 	@missing=""; for pair in $(TEST_PACKAGES); do \

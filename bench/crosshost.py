@@ -5,11 +5,14 @@ device of each host, docs/network.md), and between two machines of one host, aga
 two programs run straight in the two hosts' namespaces over their veth and bridge, without
 Souq (the floor), interleaved in one run; and the machines across hosts once more with each
 host's fast path (souq.network.fastpath) taken away for the arm, the hosts' routing and chains
-alone (``kernel's``). Four times: the agents' underlay the hosts' IPv6
+alone (``kernel's``). Five times: the agents' underlay the hosts' IPv6
 addresses (on one segment: each worker's /48 routed straight to the other host), their IPv4
-addresses (over VXLAN), their IPv4 addresses with ``--underlay-link direct`` (on one segment:
-IPv6 routed straight via the hosts' link-local addresses, no VXLAN), and their IPv4 addresses
-with ``--underlay-encryption wireguard``; the floor talks over the same addresses.
+addresses with ``--underlay-link vxlan`` (over VXLAN), their IPv4 addresses as default agents
+run (``link``: ``--underlay-link auto``, on one segment: IPv6 routed straight via the hosts'
+link-local addresses once a probe over the link was answered, no VXLAN; the run waits for
+that route and says how long it took), the same with ``--underlay-link direct`` (no probe),
+and their IPv4 addresses with ``--underlay-encryption wireguard``; the floor talks over the
+same addresses.
 
 The programs (:data:`PEER`, one Python file, the host's ``/usr/bin/python3`` on both sides):
 a server that echoes one byte per round trip (``l``) or takes a stream to its end and answers
@@ -190,9 +193,23 @@ def _machine(api: SouqClient, app: str, region: str, cmd: list[str]) -> Machine:
     return api.wait(app, m.id, MachineState.STARTED, timeout=60)
 
 
-def _run(hosts: Hosts, address: Callable[[NetHost], str]) -> dict[str, list[dict[str, Any]]]:
-    """The three arms, interleaved; the floor's client reaches the server at ``address`` of
-    its host (the underlay the agents route over)."""
+def _over_link(host: Host, other: Host) -> bool:
+    """Whether ``host`` routes ``other``'s /48 via its link-local address on ``eth0``."""
+    local = other.net.exec("ip", "-6", "-o", "addr", "show", "dev", "eth0", "scope", "link")
+    route = host.net.exec("ip", "-6", "route", "show", str(worker_prefix(other.worker_id)))
+    return f"via {local.split()[3].split('/')[0]} dev eth0" in route
+
+
+def _run(
+    hosts: Hosts,
+    address: Callable[[NetHost], str],
+    *,
+    straight_over_link: bool = False,
+    since: float = 0.0,
+) -> dict[str, list[dict[str, Any]]]:
+    """The arms, interleaved; the floor's client reaches the server at ``address`` of its host
+    (the underlay the agents route over); ``straight_over_link``: first until both route
+    straight via the other's link-local (``since``: when the hosts started)."""
     mad, syd = hosts.hosts
     api = SouqClient(hosts.api_url, token=hosts.auth.admin() if hosts.auth else None)
     app = "xb" + uuid.uuid4().hex[:8]
@@ -208,6 +225,14 @@ def _run(hosts: Hosts, address: Callable[[NetHost], str]) -> dict[str, list[dict
         timeout=30,
         message="the route to syd's machines",
     )
+    if straight_over_link:  # the default agents' way: only once their probes are answered
+        wait_until(
+            lambda: _over_link(mad, syd) and _over_link(syd, mad),
+            timeout=60,
+            message="both routed straight over the link",
+        )
+        print(f"  routed straight over the link {time.monotonic() - since:.1f} s after the "
+              "hosts started", file=sys.stderr)  # fmt: skip
     floor_server = subprocess.Popen(
         [*netns_exec(syd.name), *PINNED, PYTHON, "-c", PEER, "serve", str(PORT)],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
@@ -251,16 +276,20 @@ def _summary(runs: list[dict[str, Any]]) -> dict[str, float]:
     }
 
 
+# key, title, the agents' --underlay, --underlay-encryption, --underlay-link ("": the default)
 UNDERLAYS: list[tuple[str, str, Callable[[NetHost], str], str, str]] = [
     ("straight", "IPv6 on the hosts' segment: routed straight", lambda net: net.address6, "none",
+     ""),
+    ("vxlan", "IPv4, --underlay-link vxlan: over VXLAN", lambda net: net.address, "none",
      "vxlan"),
-    ("vxlan", "IPv4: over VXLAN", lambda net: net.address, "none", "vxlan"),
-    ("link", "IPv4 on the hosts' segment, --underlay-link direct: IPv6 via link-locals",
+    ("link", "IPv4 on the hosts' segment, default agents (--underlay-link auto): IPv6 via "
+     "link-locals once probed", lambda net: net.address, "none", ""),
+    ("direct", "IPv4 on the hosts' segment, --underlay-link direct: IPv6 via link-locals",
      lambda net: net.address, "none", "direct"),
-    ("wireguard", "IPv4: WireGuard", lambda net: net.address, "wireguard", "vxlan"),
+    ("wireguard", "IPv4: WireGuard", lambda net: net.address, "wireguard", ""),
 ]  # fmt: skip
 # Which of them (SOUQ_BENCH_UNDERLAYS=straight,vxlan: those two alone); default: all.
-CHOSEN = os.environ.get("SOUQ_BENCH_UNDERLAYS", "straight,vxlan,link,wireguard").split(",")
+CHOSEN = os.environ.get("SOUQ_BENCH_UNDERLAYS", "straight,vxlan,link,direct,wireguard").split(",")
 
 
 def main() -> None:
@@ -277,6 +306,7 @@ def main() -> None:
         if encryption == "wireguard" and wireguard.unavailable() is not None:
             print(f"  underlay {title}: skipped ({wireguard.unavailable()})")
             continue
+        since = time.monotonic()
         with (
             machines_root("souq-bench-xhost-") as root,
             Hosts(
@@ -288,7 +318,8 @@ def main() -> None:
                 underlay_link=link,
             ) as hosts,
         ):
-            results = _run(hosts, address)
+            over_link = key == "link"  # IPv4 on one segment, the default: straight once probed
+            results = _run(hosts, address, straight_over_link=over_link, since=since)
         floor = _summary(results["floor"])
         print(f"  underlay {title}")
         print(

@@ -235,8 +235,10 @@ def agent(
         str | None,
         typer.Option(
             "--underlay-link",
-            help="vxlan (default) or direct: to workers on this host's IPv4 subnet that say "
-            "direct too, IPv6 routed straight over the link, no VXLAN (docs/network.md).",
+            help="auto (default), direct or vxlan: to workers on this host's IPv4 subnet that "
+            "publish their link-local too, IPv6 routed straight over the link once a ping "
+            "over it is answered (auto, else VXLAN), without one (direct), or always over "
+            "VXLAN (vxlan; docs/network.md).",
         ),
     ] = None,
     flycast_port: Annotated[

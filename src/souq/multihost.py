@@ -68,11 +68,11 @@ class Host:
 
 
 def _private_network(
-    net: NetHost, underlay: str = "", encryption: str = "none", link: str = "vxlan"
+    net: NetHost, underlay: str = "", encryption: str = "none", link: str = ""
 ) -> dict[str, Any]:
     """An agent's arguments for machines on the private network, routed over ``underlay``
     (default: the host's IPv6 address, on the hosts' one segment: routed straight), with
-    ``--underlay-link link``."""
+    ``--underlay-link link`` (empty: the agent's default)."""
     return {
         "machine_user": None,  # a uid per machine
         "default_driver": None,  # the sandbox
@@ -85,8 +85,7 @@ def _private_network(
             underlay or net.address6,
             "--underlay-encryption",
             encryption,
-            "--underlay-link",
-            link,
+            *(["--underlay-link", link] if link else []),
         ],
     }
 
@@ -121,11 +120,12 @@ class Hosts(Lifespan):
         private_network: bool = False,
         underlay: Callable[[NetHost], str] = lambda net: net.address6,
         underlay_encryption: str = "none",
-        underlay_link: str = "vxlan",
+        underlay_link: str = "",
     ) -> None:
         """``underlay``: each host's agent's ``--underlay`` with ``private_network`` (its
-        IPv4 address: over VXLAN); ``underlay_encryption``, ``underlay_link``: its
-        ``--underlay-encryption``, ``--underlay-link``."""
+        IPv4 address: over VXLAN, or straight over the hosts' segment once probed);
+        ``underlay_encryption``, ``underlay_link``: its ``--underlay-encryption``,
+        ``--underlay-link`` (empty: the agent's default, ``auto``)."""
         self.root = root
         self.network = Network(len(regions))
         self.auth: AuthDir | None = None

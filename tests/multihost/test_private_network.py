@@ -56,11 +56,13 @@ pytestmark = [
 
 
 UNDERLAYS: dict[str, tuple[Callable[[NetHost], str], str, str]] = {
-    "straight": (lambda net: net.address6, "none", "vxlan"),  # IPv6 on the hosts' segment
-    "vxlan": (lambda net: net.address, "none", "vxlan"),  # IPv4: over VXLAN
-    # IPv4 on the hosts' segment, both saying --underlay-link direct: IPv6 via link-locals
+    "straight": (lambda net: net.address6, "none", ""),  # IPv6 on the hosts' segment
+    "vxlan": (lambda net: net.address, "none", "vxlan"),  # IPv4, --underlay-link vxlan
+    # IPv4 on the hosts' segment, the default (auto): IPv6 via link-locals once probed
+    "auto": (lambda net: net.address, "none", ""),
+    # ... and both saying --underlay-link direct: the same, without a probe
     "link": (lambda net: net.address, "none", "direct"),
-    "wireguard": (lambda net: net.address, "wireguard", "vxlan"),  # encrypted
+    "wireguard": (lambda net: net.address, "wireguard", ""),  # encrypted
 }
 
 
@@ -161,9 +163,12 @@ def test_a_machine_reaches_one_on_another_host_by_name_and_others_cannot(hosts: 
     assert server.private_ip is not None
 
     # Each host routes the other's /48 as the heartbeats said: to its IPv6 address on the
-    # hosts' segment (or, both saying --underlay-link direct, its link-local address there),
-    # or into the VXLAN or WireGuard device.
-    over_link = "--underlay-link direct" in " ".join(mad.agent.extra_args)
+    # hosts' segment (or, over IPv4, by default once probed or with --underlay-link direct,
+    # its link-local address there), or into the VXLAN or WireGuard device.
+    args = list(mad.agent.extra_args)
+    link = args[args.index("--underlay-link") + 1] if "--underlay-link" in args else "auto"
+    ipv4 = ":" not in args[args.index("--underlay") + 1]
+    over_link = ipv4 and link != "vxlan" and "wireguard" not in args
 
     def routed(host: Host, other: Host) -> bool:
         shown = host.net.exec("ip", "-6", "route", "show", str(worker_prefix(other.worker_id)))

@@ -144,12 +144,15 @@ class AgentConfig(BaseModel):
         "underlay: `none` (routed straight or over VXLAN: a trusted network) or `wireguard` "
         "(encrypted; only to workers that encrypt too)",
     )
-    underlay_link: Literal["vxlan", "direct"] = Field(
-        default="vxlan",
+    underlay_link: Literal["auto", "vxlan", "direct"] = Field(
+        default="auto",
         description="between this worker and another whose IPv4 underlay address is on this "
-        "host's own IPv4 subnet, when both say `direct`: routed straight over that link by "
-        "IPv6 link-local next hops, no encapsulation (the segment must carry IPv6); "
-        "`vxlan` (the default): over VXLAN, which any IPv4 network carries",
+        "host's own IPv4 subnet and that publishes its link-local address too: `auto` (the "
+        "default) routes straight over that link by IPv6 link-local next hops, no "
+        "encapsulation, once a probe (ping from this worker's /48 to the other's over the "
+        "link) is answered, else and whenever it stops being answered over VXLAN, said in "
+        "the log; `direct`: straight without a probe (the segment must carry IPv6); `vxlan`: "
+        "over VXLAN, which any IPv4 network carries, publishing no link-local",
     )
     flycast_port: int = Field(
         default=FLYCAST_PORT,

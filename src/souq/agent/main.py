@@ -62,6 +62,7 @@ from souq.model.resources import Resources
 from souq.model.worker import WorkerInfo
 from souq.network import links
 from souq.network.addresses import DNS_ADDRESS, edge_host
+from souq.network.link_probes import LinkProber
 from souq.network.overlay import Overlay
 from souq.network.wireguard import WireGuard
 
@@ -114,6 +115,8 @@ class Agent:
         self.metrics: MetricsServer | None = None  # --metrics-port
         self.names: NameService | None = None  # --dns: the .internal names
         self.overlay: Overlay | WireGuard | None = None  # the routes to other workers' machines
+        self.link_prober: LinkProber | None = None  # probes of the paths over an IPv4 link
+        self._probing: asyncio.Task[None] | None = None
         self.log_rotator = LogRotator(
             config.data_dir / "machines" / RECORDS,  # each machine's log: the agent's files
             max_bytes=config.log_max_bytes,
@@ -204,6 +207,9 @@ class Agent:
                 update={"underlay": self.overlay.underlay, "underlay_key": key,
                         "underlay_link": link}
             )  # fmt: skip
+        if isinstance(self.overlay, Overlay) and self.overlay.probing:
+            self.link_prober = LinkProber(self.overlay)
+            self._probing = asyncio.create_task(self.link_prober.run(), name="souq-link-probes")
 
     def _heard_worker(self, info: WorkerInfo) -> None:
         """A worker's record from its heartbeat: the route to its machines as it says."""
@@ -213,6 +219,8 @@ class Agent:
                 self.overlay.heard(info.id, "")
             else:
                 self.overlay.heard(info.id, fp.underlay, fp.underlay_key, fp.underlay_link)
+            if self.link_prober is not None:  # its path probed again (Overlay.heard)
+                self.link_prober.wake()
 
     def _images(self) -> AgentImages | None:
         """The image cache (not the hollow fleet's: it runs nothing)."""
@@ -455,15 +463,17 @@ class Agent:
             self.names = None
 
     async def _close_side_tasks(self) -> None:
-        """The machines' schedule, the key rotation and the metrics server, stopped."""
+        """The machines' schedule, the key rotation, the link probes and the metrics server,
+        stopped."""
         if self._scheduler is not None:
             await self._scheduler.aclose()
             self._scheduler = None
-        if self._rotating is not None:
-            self._rotating.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._rotating
-            self._rotating = None
+        for task in (self._rotating, self._probing):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._rotating = self._probing = self.link_prober = None
         if self.metrics is not None:
             self.metrics.close()
             self.metrics = None

@@ -71,7 +71,7 @@ def start_overlay(
             net.tag,
             address,
             fast=net.fast,
-            link_direct=config.underlay_link == "direct",
+            link=config.underlay_link,
         )
     try:
         overlay.start()

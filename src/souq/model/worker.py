@@ -59,7 +59,7 @@ class Fingerprint(Record):
         default="",
         description="the IPv6 link-local address of its underlay device, when it takes its "
         "machines' traffic straight from workers on its IPv4 link (agent --underlay-link "
-        "direct); empty: over VXLAN",
+        "auto, the default, or direct); empty: over VXLAN",
     )
 
 

@@ -8,10 +8,15 @@ the chain ``SOUQ-<tag>-MESH`` (jumped to from ``INPUT`` for UDP to the VXLAN por
 ``iptables`` or ``ip6tables`` as the underlay is): VXLAN from a known peer's underlay address
 only, so that nobody else puts frames on the cluster's network. :meth:`Overlay.peers`
 converges the peers' entries and routes on what the heartbeats now say (a peer whose IPv6
-underlay address is on one of the underlay device's subnets is routed to straight; with
-``link_direct``, so is one whose IPv4 address is on one of its IPv4 subnets and that published
-its device's link-local address, via that address), and the chain with them.
-:meth:`Overlay.stop` removes the device (its entries and routes go with it) and the chain.
+underlay address is on one of the underlay device's subnets is routed to straight; one whose
+IPv4 address is on one of its IPv4 subnets and that published its device's link-local address
+is a link peer, routed straight via that address under ``--underlay-link direct``, and under
+``auto`` once :meth:`Overlay.proved` says a probe of that path was answered:
+:mod:`souq.network.link_probes` runs them), and the chain with them. Publishing its
+link-local, the worker holds its own probe address (:func:`~souq.network.mesh.probe_address`)
+on ``lo``, deprecated so that the kernel never picks it as a source of its own, for the link
+peers' probes to be answered. :meth:`Overlay.stop` removes the device (its entries and routes
+go with it), the routes out of the underlay device, the probe address and the chain.
 
 Several agents on one host would each need a port of their own: one underlay address and port
 make one device.
@@ -22,6 +27,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import logging
+import shutil
 import subprocess
 from collections.abc import Mapping
 from dataclasses import replace
@@ -29,15 +35,22 @@ from pathlib import Path
 
 from souq.network.fastpath import FastPath, hops_of
 from souq.network.mesh import (
+    PROBE_INTERVAL_S,
     VNI,
     VXLAN_OVERHEAD,
     VXLAN_PORT,
+    LinkProbe,
     Peer,
+    UnderlayLink,
     changes,
     gateway_of,
     mac_of,
     mesh_rules,
+    next_probe_at,
+    over_link,
     peers_of,
+    probe_address,
+    probes_due,
 )
 
 __all__ = ["Overlay", "on_link_subnets", "run_tool", "underlay_device"]
@@ -112,13 +125,20 @@ class Overlay:
         underlay: str,
         fast: FastPath | None = None,
         *,
-        link_direct: bool = False,
+        link: UnderlayLink = "vxlan",
     ) -> None:
-        """``link_direct``: peers on this host's IPv4 link that publish a link-local address
-        are routed to straight (``--underlay-link direct``)."""
+        """``link``: what to do with peers on this host's IPv4 link that publish a link-local
+        address (``--underlay-link``): straight once probed (``auto``), straight
+        (``direct``), over VXLAN (``vxlan``: and this worker publishes none)."""
         self.worker_id = worker_id
-        self.link_direct = link_direct
+        self.link_mode: UnderlayLink = link
         self.link_local = ""  # what this worker publishes for them (set at the start)
+        self.probe_source = probe_address(worker_id)
+        self._probes: dict[str, LinkProbe] = {}  # the last probe of each link peer's path
+        self._why: dict[str, str] = {}  # why each peer goes the way it goes (logged anew)
+        # Why link peers go over VXLAN before any probe answered (no prober: said here).
+        self.unprobed = "not probed yet"
+        self._can_probe = False
         self.fast = fast  # told the routes too (souq.network.fastpath)
         self.underlay = ipaddress.ip_address(underlay).compressed
         self.family = ipaddress.ip_address(underlay).version
@@ -140,13 +160,20 @@ class Overlay:
         parent, mtu = found
         self.parent = parent
         self._link = on_link_subnets(parent)
-        if self.link_direct and self.family == 4:
+        if self.link_mode != "vxlan" and self.family == 4:
             self.link_local = link_local(parent)
             if self.link_local:
                 self._link += on_link_subnets(parent, 4)
+                run_tool(["ip", "addr", "replace", f"{self.probe_source}/128", "dev", "lo",
+                          "nodad", "preferred_lft", "0"])  # fmt: skip
+                self._can_probe = shutil.which("ping") is not None
+                if self.link_mode == "auto" and not self._can_probe:
+                    self.unprobed = "ping (Debian: iputils-ping) is not installed: no probe"
+                    log.warning("private network: %s: VXLAN to every worker", self.unprobed)
             else:
                 log.warning("private network: %s has no IPv6 link-local address: no "
-                            "--underlay-link direct, VXLAN to every worker", parent)  # fmt: skip
+                            "--underlay-link %s, VXLAN to every worker", parent,
+                            self.link_mode)  # fmt: skip
         overhead = VXLAN_OVERHEAD + (20 if self.family == 6 else 0)
         if not self._made_as(parent):  # else kept: traffic between workers goes on
             self._make(parent, mtu - overhead)
@@ -194,13 +221,18 @@ class Overlay:
         run_tool(["ip", "-batch", "-"], "\n".join(batch) + "\n")
 
     def stop(self) -> None:
-        """The device, its peers' entries and routes, and the chain: gone."""
+        """The device, its peers' entries and routes, the probe address and the chain: gone."""
+        straight = changes(self.device, self.parent, self._now, {}).remove_ip
+        if straight:  # the routes out of the underlay device (the device's go with it)
+            run_tool(["ip", "-force", "-batch", "-"], "\n".join(straight) + "\n", check=False)
+        if self.link_local:
+            run_tool(["ip", "addr", "del", f"{self.probe_source}/128", "dev", "lo"], check=False)
         run_tool(["ip", "link", "delete", self.device], check=False)
         spec = ["-p", "udp", "--dport", str(VXLAN_PORT), "-j", self.chain]
         run_tool([self._tool, "-w", "-D", "INPUT", *spec], check=False)
         run_tool([self._tool, "-w", "-F", self.chain], check=False)
         run_tool([self._tool, "-w", "-X", self.chain], check=False)
-        self._now = {}
+        self._now, self._probes, self._why = {}, {}, {}
         if self.fast is not None:
             self.fast.route([])
 
@@ -209,23 +241,65 @@ class Overlay:
     def heard(self, worker_id: str, underlay: str, key: str = "", link: str = "") -> bool:
         """A worker's heartbeat said where it is reached (empty: nowhere) and, taking its
         machines' traffic straight over its IPv4 link, its link-local address there
-        (``link``): its peer entry as it says, the others as they were; whether anything
-        changed."""
+        (``link``): its peer entry as it says, the others as they were, its path due to be
+        probed again; whether anything changed."""
         wanted = dict(self._now)
         wanted.pop(worker_id, None)
+        probe = self._probes.get(worker_id)
+        if probe is not None:
+            self._probes[worker_id] = replace(probe, recheck=True)
         found = peers_of([(worker_id, underlay, key)], self.worker_id, self.on_link)
-        wanted.update((wid, self._over_link(peer, link)) for wid, peer in found.items())
+        wanted.update((wid, self._way(peer, link)) for wid, peer in found.items())
         return self.peers(wanted)
 
-    def _over_link(self, peer: Peer, link: str) -> Peer:
-        """``peer`` straight via ``link`` when both say so and its IPv4 address is on this
-        host's link; else as it is."""
-        if not (self.link_local and link) or peer.direct:
-            return peer
-        address = ipaddress.ip_address(peer.underlay)
-        if address.version == 4 and self.on_link(address):
-            return replace(peer, direct=True, link=link)
-        return peer
+    def _way(self, peer: Peer, link: str) -> Peer:
+        """``peer`` as it is to be routed (:func:`~souq.network.mesh.over_link`); the reason
+        logged when it changed."""
+        routed, why = over_link(
+            peer,
+            link,
+            mode=self.link_mode,
+            own_link=self.link_local,
+            on_link=self.on_link,
+            probe=self._probes.get(peer.worker_id),
+            unprobed=self.unprobed,
+        )
+        if self.family == 4 and self._why.get(peer.worker_id) != why:
+            self._why[peer.worker_id] = why
+            how = f"straight via {routed.link} on {self.parent}" if routed.direct else "over VXLAN"
+            probe = self._probes.get(peer.worker_id)
+            unanswered = bool(routed.link and not routed.direct and probe and not probe.answered)
+            log.log(logging.WARNING if unanswered else logging.INFO,
+                    "private network: worker %s (%s) %s: %s", peer.worker_id, peer.underlay,
+                    how, why)  # fmt: skip
+        return routed
+
+    # -- the probes of link peers (souq.network.link_probes runs them) -----------------------
+
+    @property
+    def probing(self) -> bool:
+        """Whether link peers' paths are to be probed (``auto``, a link-local published, and
+        ``ping`` at hand)."""
+        return self.link_mode == "auto" and bool(self.link_local) and self._can_probe
+
+    def probes_due(self, now: float, interval_s: float = PROBE_INTERVAL_S) -> list[Peer]:
+        return probes_due(self._now, self._probes, now, interval_s) if self.probing else []
+
+    def next_probe_at(self, interval_s: float = PROBE_INTERVAL_S) -> float | None:
+        return next_probe_at(self._now, self._probes, interval_s) if self.probing else None
+
+    def proved(self, worker_id: str, link: str, answered: bool, at: float) -> bool:
+        """A probe of the path to ``worker_id`` over the link to ``link`` was answered or not,
+        at ``at``: its /48 routed accordingly (a probe of a link it no longer publishes
+        changes nothing); whether anything changed."""
+        peer = self._now.get(worker_id)
+        if peer is None or peer.link != link:
+            return False
+        before = self._probes.get(worker_id)
+        failures = 0 if answered else (before.failures if before else 0) + 1
+        self._probes[worker_id] = LinkProbe(link, at, answered, failures)
+        base = replace(peer, direct=False, link="")
+        return self.peers({**self._now, worker_id: self._way(base, link)})
 
     def peers(self, wanted: Mapping[str, Peer]) -> bool:
         """Entries, routes and the filter as ``wanted`` says (peers of the underlay's family
@@ -246,13 +320,18 @@ class Overlay:
             if lines:
                 run_tool([tool, "-batch", "-"], "\n".join(lines) + "\n")
         self._now = dict(usable)
+        for gone in set(self._probes) - set(usable):
+            del self._probes[gone]
+        for gone in set(self._why) - set(usable):
+            del self._why[gone]
         self._rules()
         self._fast()
         log.info(
             "private network: routes to %d other workers (%s)",
             len(usable),
             ", ".join(
-                f"{p.prefix} via {p.underlay}{'' if p.direct else ' (vxlan)'}"
+                f"{p.prefix} via {p.next_hop if p.direct else p.underlay}"
+                f"{'' if p.direct else ' (vxlan)'}"
                 for p in usable.values()
             )
             or "none",
@@ -272,8 +351,9 @@ class Overlay:
         underlay device; the others: into the VXLAN device)."""
         if self.fast is None:
             return
-        # An IPv4 underlay has IPv6 next hops on its device only for peers over the link.
-        straight = self.family == 6 or any(p.direct for p in self._now.values())
+        # An IPv4 underlay has IPv6 on its device only for link peers (one routed over VXLAN
+        # from here may send straight: its packets come in there too).
+        straight = self.family == 6 or any(p.direct or p.link for p in self._now.values())
         parent = self.parent if straight else ""
         self.fast.route(
             hops_of(self._now, parent, _mtu(self.parent), self.device, _mtu(self.device))
