@@ -71,7 +71,8 @@ class LinkProber:
             at = self.overlay.next_probe_at(self.interval_s)
             timeout = None if at is None else max(0.0, at - self.clock())
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await self._wake.wait()
 
     async def _probe(self, peer: Peer) -> bool:
         """Whether the probe of ``peer``'s path was answered (the process killed if the task
