@@ -242,6 +242,8 @@ def _command(handle_pid: int) -> int:
         raise CannotEnter(f"process {handle_pid} has no sandbox under it (yet)", "setting_up")
     child = _oldest_child(init)
     if child is not None:
+        if _same_program(child, init):  # forked by bwrap, its command not yet exec'd
+            raise CannotEnter("bwrap is still setting up the sandbox", "setting_up")
         return child
     try:
         parent = psutil.Process(init).ppid()

@@ -74,6 +74,9 @@ __all__ = ["MachineTools"]
 S = MachineState
 T = TypeVar("T")
 _CHUNK = 65536
+SETUP_WAIT_S = 10.0  # how long an exec waits for a sandbox bwrap is still making
+_FIRST_SETUP_POLL_S = 0.005
+_LAST_SETUP_POLL_S = 0.1
 
 
 class MachineTools:
@@ -114,7 +117,7 @@ class MachineTools:
     async def exec(self, cmd: ExecCommand) -> ExecReply:
         row, handle = self._running(cmd.app, cmd.machine_id, "exec")
         if row.config.driver == "sandbox":
-            env, cwd, prefix = self._sandbox_context(row, handle)
+            env, cwd, prefix = await self._sandbox_context(row, handle)
         else:
             env, cwd, prefix = self._context(row, handle)
         env = host_safe(env)  # the prefix runs as the worker's root before the command
@@ -175,31 +178,41 @@ class MachineTools:
             prefix += [setpriv, *switch, "--"]
         return env, cwd, prefix
 
-    def _sandbox_context(
+    async def _sandbox_context(
         self, row: MachineRow, handle: Handle
     ) -> tuple[dict[str, str], str, list[str]]:
         """The environment of the sandboxed machine's command, and the argv prefix that puts a
-        command in its cgroup (first, as the worker) and then in its namespaces."""
+        command in its cgroup (first, as the worker) and then in its namespaces. A machine
+        started a moment ago may still be in bwrap's hands (its command not yet exec'd): that
+        is waited for, up to ``SETUP_WAIT_S``, as a user who saw it started expects."""
         nsenter = _tool(
             "nsenter",
             f"exec on machine {row.id} must enter its sandbox's namespaces",
             details={"driver": "sandbox", "missing": "nsenter"},
         )
-        try:
-            entry = enter.entry_of(handle.pid)
-            env = psutil.Process(entry.target).environ()
-        except psutil.Error as exc:
-            raise _not_running(row, str(exc)) from None
-        except enter.CannotEnter as exc:
-            if exc.reason in ("gone", "setting_up"):
+        loop = asyncio.get_running_loop()
+        give_up, pause = loop.time() + SETUP_WAIT_S, _FIRST_SETUP_POLL_S
+        while True:
+            try:
+                entry = enter.entry_of(handle.pid)
+                env = psutil.Process(entry.target).environ()
+                break
+            except psutil.Error as exc:
                 raise _not_running(row, str(exc)) from None
-            raise ExecUnavailable(
-                f"exec cannot enter machine {row.id}: {exc}",
-                hint="run its sandbox with `bwrap --disable-userns`"
-                if exc.reason == "wider"
-                else "check how the worker runs the machine's sandbox",
-                details={"driver": "sandbox", "reason": exc.reason},
-            ) from None
+            except enter.CannotEnter as exc:
+                if exc.reason == "setting_up" and loop.time() < give_up:
+                    await asyncio.sleep(pause)  # bwrap is making the sandbox: soon there
+                    pause = min(pause * 2, _LAST_SETUP_POLL_S)
+                    continue
+                if exc.reason in ("gone", "setting_up"):
+                    raise _not_running(row, str(exc)) from None
+                raise ExecUnavailable(
+                    f"exec cannot enter machine {row.id}: {exc}",
+                    hint="run its sandbox with `bwrap --disable-userns`"
+                    if exc.reason == "wider"
+                    else "check how the worker runs the machine's sandbox",
+                    details={"driver": "sandbox", "reason": exc.reason},
+                ) from None
         driver = self._ex.driver
         prefix = list(driver.join_prefix(row.id)) if joins_cgroups(driver) else []
         return env, "/", [*prefix, *enter.nsenter_argv(entry, nsenter)]
