@@ -426,9 +426,11 @@ class Executor(MachineTable, ProcessSteps):
             return
         mounts = self.volumes.host_mounts(row.config) if self.volumes is not None else ()
         spec = machine_spec(row, self.worker_id, image, values, mounts)
+        private = None
         if self.network is not None and row.address is not None and row.address.private_ip:
+            private = private_address(row.address)
             try:  # its own network namespace, made at its first start and kept
-                netns = self.network.ensure(row.id, private_address(row.address))
+                netns = self.network.ensure(row.id, private)
             except OSError as exc:
                 self._spawn_failed(op, f"cannot make the machine's network: {exc}")
                 return
@@ -441,6 +443,8 @@ class Executor(MachineTable, ProcessSteps):
             self._spawn_failed(op, str(exc))
             return
         self._spawned(op, handle, watch=True)
+        if private is not None and self.network is not None:
+            self.network.started(row.id, private)  # its fast path entry, in the background
 
     def _spawn_if_waiting(self, op: Op) -> None:
         if self._ops.get(op.machine_id) is op and op.state is OpState.SPAWNING:
