@@ -1,7 +1,8 @@
 """A worker's private network on its host: a network namespace per machine, joined to the
 worker's namespace by a veth pair, and the firewall that keeps networks apart.
 
-Per machine (:meth:`WorkerNetwork.ensure`, before its first spawn; kept across restarts and
+Per machine (:meth:`WorkerNetwork.ensure`, before its first spawn, or ahead of its claim for
+a sandbox made ahead, :mod:`souq.agent.machines.network_slots`; kept across restarts and
 agent restarts; removed by :meth:`WorkerNetwork.remove` at its destroy):
 
 * a namespace ``souq-<tag>-<machine id>`` (``/run/netns``), with ``lo`` up;

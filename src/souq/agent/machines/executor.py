@@ -30,6 +30,7 @@ from souq.agent.machines.checks import MachineChecks
 from souq.agent.machines.faults import FaultPoint
 from souq.agent.machines.images import AgentImages, Pulled, image_of, image_source
 from souq.agent.machines.launch import Pulls, machine_spec, pulled_record
+from souq.agent.machines.network_slots import NetworkSlots
 from souq.agent.machines.process_steps import ProcessSteps
 from souq.agent.machines.restart import Backoff
 from souq.agent.machines.secrets import AgentSecrets
@@ -121,6 +122,12 @@ class Executor(MachineTable, ProcessSteps):
         # Private addresses, given at claims (souq.network), when the worker has the network.
         self.addresses = AddressPool(worker_id) if network is not None else None
         self.network = network  # their namespaces and rules
+        # Machines of the private network made ahead of their claims, to start warm.
+        self.network_slots = (
+            NetworkSlots(driver, network, self.addresses)
+            if network is not None and self.addresses is not None
+            else None
+        )
         # The batch jobs running here, which preemption may displace (the agent's, if it runs
         # jobs: souq.agent.machines.evictions).
         self.job_runs: JobRuns | None = None
@@ -157,6 +164,8 @@ class Executor(MachineTable, ProcessSteps):
     def give_back_addresses(self, machine_id: str) -> None:
         """The machine's host ports and private addresses are free again."""
         self.ports.give_back(machine_id)
+        if self.network_slots is not None:
+            self.network_slots.unused(machine_id)
         if self.addresses is not None:
             self.addresses.give_back(machine_id)
 
@@ -429,7 +438,9 @@ class Executor(MachineTable, ProcessSteps):
         private = None
         if self.network is not None and row.address is not None and row.address.private_ip:
             private = private_address(row.address)
-            try:  # its own network namespace, made at its first start and kept
+            if self.network_slots is not None:
+                self.network_slots.spawning(row.id)
+            try:  # its own network namespace, made at its first start (or ahead) and kept
                 netns = self.network.ensure(row.id, private)
             except OSError as exc:
                 self._spawn_failed(op, f"cannot make the machine's network: {exc}")
@@ -445,6 +456,8 @@ class Executor(MachineTable, ProcessSteps):
         self._spawned(op, handle, watch=True)
         if private is not None and self.network is not None:
             self.network.started(row.id, private)  # its fast path entry, in the background
+            if self.network_slots is not None and ref is not None:  # the next one's, made ahead
+                self.network_slots.keep(spec, private.network, ref)
 
     def _spawn_if_waiting(self, op: Op) -> None:
         if self._ops.get(op.machine_id) is op and op.state is OpState.SPAWNING:
