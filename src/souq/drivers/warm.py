@@ -359,6 +359,8 @@ class WarmSandboxes:
             slot = await asyncio.wrap_future(making)
         except Exception as exc:  # a slot is an optimisation: a start without one is cold
             log.warning("cannot make a sandbox ahead for %s: %s", key.image, exc)
+            for mid in [m for m, k in self._ahead.items() if k == key]:
+                del self._ahead[mid]  # (its state is then "": its maker gives up the rest)
             return
         finally:
             self._making.pop(key, None)
