@@ -1,10 +1,10 @@
 """Machines of the private network started warm (souq.agent.machines.network_slots): after a
-machine of an image starts on an agent of the default config (a network namespace per
-machine), the next machine of its network and image has its namespace, address and sandbox
-made before its claim; the machine that takes it is a machine like a cold one (reaches and is
-reached, its name once it runs and not before, its address kept across a restart), and what a
-slot holds is swept by the next agent after a kill -9 and removed by one that leaves. Real
-agent, bubblewrap, namespaces, ip6tables."""
+machine of an image starts (or is re-adopted) on an agent of the default config (a network
+namespace per machine), the next machine of its network and image has its namespace, address
+and sandbox made before its claim; the machine that takes it is a machine like a cold one
+(reaches and is reached, its name once it runs and not before, its address kept across a
+restart), and what a slot holds is swept by the next agent after a kill -9 and removed by one
+that leaves. Real agent, bubblewrap, namespaces, ip6tables."""
 
 from __future__ import annotations
 
@@ -211,7 +211,7 @@ def test_the_next_machine_of_a_network_takes_a_slot_and_is_a_machine_like_a_cold
         isolated.destroy(cluster, *machines, app=app)
 
 
-def test_a_killed_agents_slots_are_swept_and_a_leaving_one_removes_them(
+def test_a_killed_agents_slots_are_swept_made_again_and_removed_by_a_leaving_one(
     cluster: Cluster, image: str
 ) -> None:
     app = _app(cluster)
@@ -219,19 +219,25 @@ def test_a_killed_agents_slots_are_swept_and_a_leaving_one_removes_them(
     agent = cluster.agents[0]
     try:
         (slot,) = wait_until(lambda: _slots(cluster, [a]), timeout=30, message="a slot made")
+        stub_ns = _namespaces(cluster)[slot]
         agent.kill()
         agent.start()
         cluster.wait_for_workers()
 
         def swept() -> bool:
-            return slot not in _namespaces(cluster) and not _slots(cluster, [a])
+            return slot not in _namespaces(cluster) and stub_ns not in _stub_namespaces()
 
         wait_until(swept, timeout=30, message="the killed agent's slot swept")
         with cluster.client() as client:
             assert client.get_machine(app, a.id).state is MachineState.STARTED
-        b = _started(cluster, app, image)  # cold: the new agent's first of the network
-        assert b.id != slot and b.private_ip != a.private_ip
+        # The machine it re-adopted has the next one's slot made again, of another id.
+        (again,) = wait_until(lambda: _slots(cluster, [a]), timeout=30, message="a new slot")
+        assert again != slot
+        b = _started(cluster, app, image)
+        assert b.id == again and _bwrap_command(cluster, b.id) == ["/proc/self/fd/4", "stub"]
+        assert b.private_ip != a.private_ip
         assert _fetch(cluster, app, b, a.private_ip) == a.id
+        assert _fetch(cluster, app, a, b.private_ip) == b.id
         (left,) = wait_until(lambda: _slots(cluster, [a, b]), timeout=30, message="a slot")
         isolated.destroy(cluster, a, b, app=app)
         agent.stop(signal.SIGTERM)

@@ -52,7 +52,7 @@ from souq.agent.state.records import (
 from souq.agent.state.store import Store
 from souq.agent.volumes.worker_volumes import AgentVolumes
 from souq.clock import Clock
-from souq.drivers.base import Driver, ExitStatus, Handle, SpawnError
+from souq.drivers.base import Driver, ExitStatus, Handle, MachineSpec, SpawnError
 from souq.errors import SouqError
 from souq.ids import new_request_id
 from souq.market.preemption import JobRuns
@@ -456,8 +456,24 @@ class Executor(MachineTable, ProcessSteps):
         self._spawned(op, handle, watch=True)
         if private is not None and self.network is not None:
             self.network.started(row.id, private)  # its fast path entry, in the background
-            if self.network_slots is not None and ref is not None:  # the next one's, made ahead
-                self.network_slots.keep(spec, private.network, ref)
+            self._keep_ahead(row, spec)
+
+    def _keep_ahead(self, row: MachineRow, spec: MachineSpec | None = None) -> None:
+        """A machine of the private network and of an image runs (started, or re-adopted from
+        ``spec``, else its record): the next one of its network and image gets a slot made
+        ahead (souq.agent.machines.network_slots)."""
+        ref = image_of(row.placement)
+        if self.network_slots is None or ref is None or row.address is None:
+            return
+        if not row.address.private_ip:
+            return
+        if spec is None:  # re-adopted: its spec as its start made it (the env aside)
+            image = None if self.images is None else self.images.ready(ref)
+            if image is None:
+                return
+            mounts = self.volumes.host_mounts(row.config) if self.volumes is not None else ()
+            spec = machine_spec(row, self.worker_id, image, None, mounts)
+        self.network_slots.keep(spec, row.address.network, ref)
 
     def _spawn_if_waiting(self, op: Op) -> None:
         if self._ops.get(op.machine_id) is op and op.state is OpState.SPAWNING:
@@ -543,6 +559,7 @@ class Executor(MachineTable, ProcessSteps):
         self._handles[machine_id] = handle
         self._ran_since[machine_id] = self._clock.monotonic()
         self.supervisor.watch(machine_id, handle)
+        self._keep_ahead(self._rows[machine_id])
 
     def resume(self, last: OpStep) -> None:
         """Go on with an operation the op log left unfinished, from its last step."""

@@ -6,10 +6,10 @@ the machine in it. A machine of the private network has something of its own tha
 sandbox is in: its network namespace, holding its address. So its slot is made for a machine
 id chosen ahead (:func:`souq.ids.new_machine_id`), on its network:
 
-1. after a machine of network N and image I starts, unless N and I have a slot made or being
-   made (at most :data:`_MOST` in all), a machine id is chosen and its address taken from the
-   worker's pool (:class:`~souq.network.addresses.AddressPool`, held for that id as a
-   machine's is: no machine gets it meanwhile);
+1. after a machine of network N and image I starts (or is re-adopted), unless N and I have a
+   slot made or being made (at most :data:`_MOST` in all), a machine id is chosen and its
+   address taken from the worker's pool (:class:`~souq.network.addresses.AddressPool`, held
+   for that id as a machine's is: no machine gets it meanwhile);
 2. the driver makes the slot in its maker's thread (:meth:`MakesAhead.keep_ahead`): first the
    namespace, its links, routes, rules and DNAT (:meth:`WorkerNetwork.ensure`), then the
    sandbox, which joins it;
