@@ -30,6 +30,7 @@ from souq.agent.machines.checks import MachineChecks
 from souq.agent.machines.faults import FaultPoint
 from souq.agent.machines.images import AgentImages, Pulled, image_of, image_source
 from souq.agent.machines.launch import Pulls, machine_spec, pulled_record
+from souq.agent.machines.network_slots import NetworkSlots
 from souq.agent.machines.process_steps import ProcessSteps
 from souq.agent.machines.restart import Backoff
 from souq.agent.machines.secrets import AgentSecrets
@@ -51,7 +52,7 @@ from souq.agent.state.records import (
 from souq.agent.state.store import Store
 from souq.agent.volumes.worker_volumes import AgentVolumes
 from souq.clock import Clock
-from souq.drivers.base import Driver, ExitStatus, Handle, SpawnError
+from souq.drivers.base import Driver, ExitStatus, Handle, MachineSpec, SpawnError
 from souq.errors import SouqError
 from souq.ids import new_request_id
 from souq.market.preemption import JobRuns
@@ -121,6 +122,12 @@ class Executor(MachineTable, ProcessSteps):
         # Private addresses, given at claims (souq.network), when the worker has the network.
         self.addresses = AddressPool(worker_id) if network is not None else None
         self.network = network  # their namespaces and rules
+        # Machines of the private network made ahead of their claims, to start warm.
+        self.network_slots = (
+            NetworkSlots(driver, network, self.addresses)
+            if network is not None and self.addresses is not None
+            else None
+        )
         # The batch jobs running here, which preemption may displace (the agent's, if it runs
         # jobs: souq.agent.machines.evictions).
         self.job_runs: JobRuns | None = None
@@ -157,6 +164,8 @@ class Executor(MachineTable, ProcessSteps):
     def give_back_addresses(self, machine_id: str) -> None:
         """The machine's host ports and private addresses are free again."""
         self.ports.give_back(machine_id)
+        if self.network_slots is not None:
+            self.network_slots.unused(machine_id)
         if self.addresses is not None:
             self.addresses.give_back(machine_id)
 
@@ -426,9 +435,13 @@ class Executor(MachineTable, ProcessSteps):
             return
         mounts = self.volumes.host_mounts(row.config) if self.volumes is not None else ()
         spec = machine_spec(row, self.worker_id, image, values, mounts)
+        private = None
         if self.network is not None and row.address is not None and row.address.private_ip:
-            try:  # its own network namespace, made at its first start and kept
-                netns = self.network.ensure(row.id, private_address(row.address))
+            private = private_address(row.address)
+            if self.network_slots is not None:
+                self.network_slots.spawning(row.id)
+            try:  # its own network namespace, made at its first start (or ahead) and kept
+                netns = self.network.ensure(row.id, private)
             except OSError as exc:
                 self._spawn_failed(op, f"cannot make the machine's network: {exc}")
                 return
@@ -441,6 +454,26 @@ class Executor(MachineTable, ProcessSteps):
             self._spawn_failed(op, str(exc))
             return
         self._spawned(op, handle, watch=True)
+        if private is not None and self.network is not None:
+            self.network.started(row.id, private)  # its fast path entry, in the background
+            self._keep_ahead(row, spec)
+
+    def _keep_ahead(self, row: MachineRow, spec: MachineSpec | None = None) -> None:
+        """A machine of the private network and of an image runs (started, or re-adopted from
+        ``spec``, else its record): the next one of its network and image gets a slot made
+        ahead (souq.agent.machines.network_slots)."""
+        ref = image_of(row.placement)
+        if self.network_slots is None or ref is None or row.address is None:
+            return
+        if not row.address.private_ip:
+            return
+        if spec is None:  # re-adopted: its spec as its start made it (the env aside)
+            image = None if self.images is None else self.images.ready(ref)
+            if image is None:
+                return
+            mounts = self.volumes.host_mounts(row.config) if self.volumes is not None else ()
+            spec = machine_spec(row, self.worker_id, image, None, mounts)
+        self.network_slots.keep(spec, row.address.network, ref)
 
     def _spawn_if_waiting(self, op: Op) -> None:
         if self._ops.get(op.machine_id) is op and op.state is OpState.SPAWNING:
@@ -526,6 +559,7 @@ class Executor(MachineTable, ProcessSteps):
         self._handles[machine_id] = handle
         self._ran_since[machine_id] = self._clock.monotonic()
         self.supervisor.watch(machine_id, handle)
+        self._keep_ahead(self._rows[machine_id])
 
     def resume(self, last: OpStep) -> None:
         """Go on with an operation the op log left unfinished, from its last step."""
