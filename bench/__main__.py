@@ -4,7 +4,8 @@ Without names, the default suites run (``spine``, ``scale``, ``tradeoff``, ``vie
 ``supervise``, ``creates``, ``proxy``, ``wake``, ``images``, ``isolation``, ``deploy``, ``attack``,
 ``secured``, ``logs``, ``cli``, ``names``); ``c1m`` (100,000 machines onto 5,000 hollow
 workers, a few minutes) runs only when named, as do ``hosts``, ``jobs``, ``private_network``,
-``network_take``, ``crosshost`` and ``dnsperf`` (root), and ``wire`` (one create's bus
+``network_take``, ``crosshost`` and ``dnsperf`` (root), ``keyed`` (creates with and without
+an ``Idempotency-Key``), and ``wire`` (one create's bus
 messages encoded and decoded, timed apart). At the end, every ratio the suites measured is
 printed as one table (:mod:`bench.table`)."""
 
@@ -24,6 +25,7 @@ from bench import (
     images,
     isolation,
     jobs,
+    keyed,
     logs,
     names,
     network_take,
@@ -60,6 +62,7 @@ SUITES = {
     "secured": secured.main,
     "hosts": hosts.main,
     "jobs": jobs.main,
+    "keyed": keyed.main,
     "logs": logs.main,
     "cli": cli.main,
     "names": names.main,

@@ -348,7 +348,8 @@ def test_a_volume_holds_its_size_and_no_more_until_extended(
     if grown.json()["needs_restart"]:  # the kernel cannot grow it mounted: at the next start
         assert fill(1200)["exit_code"] != 0
         path = f"/apps/{app}/machines/{m['id']}"
-        assert fly.post(f"{path}/restart", params={"force_stop": "false"}).status_code == 200
+        restarted = fly.post(f"{path}/restart", params={"force_stop": "false"})
+        assert restarted.status_code == 200, restarted.text
         r = fly.get(f"{path}/wait", params={"state": "started", "timeout": "60"})
         assert r.status_code == 200, r.text
     assert fill(1200)["exit_code"] == 0  # room now

@@ -472,10 +472,12 @@ class BrokerService:
         return self._seen(await self.calls.owner(cmd.machine_id, v.STOP, cmd))
 
     async def restart_machine(self, cmd: StopCommand) -> Machine:
-        """Returns once the machine has stopped and started again."""
+        """Returns once the machine has stopped and started again: allowed its stop's grace and
+        a command's time for each half (a start may mount and grow its volumes first)."""
         grace = cmd.timeout_s
         grace = await self._stop_timeout(cmd.app, cmd.machine_id) if grace is None else grace
-        return self._seen(await self.calls.owner(cmd.machine_id, v.RESTART, cmd, extra_s=grace))
+        extra_s = grace + self.config.command_timeout_s
+        return self._seen(await self.calls.owner(cmd.machine_id, v.RESTART, cmd, extra_s=extra_s))
 
     async def update_machine(
         self,

@@ -14,7 +14,7 @@ import contextlib
 
 from souq.agent.capacity.admission import HeldQuote
 from souq.agent.capacity.ports import edge_ports
-from souq.agent.machines import evictions, launch, lifecycle
+from souq.agent.machines import evictions, launch, lifecycle, machine_network
 from souq.agent.machines.executor import Executor
 from souq.agent.machines.images import image_of
 from souq.agent.machines.leases import Leases
@@ -112,7 +112,7 @@ class Commands(MachineReads):
             else:
                 gpu_ids = ex.admission.gpus_for(want, now, quote_id=req.quote_id)
         except BaseException:
-            ex.give_back_addresses(machine_id)
+            machine_network.give_back(ex, machine_id)
             raise
         op = ex.new_op(OpKind.CREATE, machine_id, source="user", type=EventType.START)
         events = [_made(EventType.LAUNCH, S.CREATED, now)]
@@ -148,10 +148,10 @@ class Commands(MachineReads):
                 row, op, op_event, step.next, quote_id=req.quote_id, durable=durable
             )
         except BaseException:
-            ex.give_back_addresses(row.id)
+            machine_network.give_back(ex, row.id)
             raise
         if existing is not None:
-            ex.give_back_addresses(row.id)
+            machine_network.give_back(ex, row.id)
             return self._claimed_before(req, existing)
         # Displaced once the new machine is recorded (its ledger over its capacity until then,
         # within this turn of the loop: no other claim sees it), so that a claim that fails

@@ -25,7 +25,7 @@ from typing import Any, Unpack
 
 from souq.agent.capacity.admission import Admission, reserves
 from souq.agent.capacity.ports import PortPool
-from souq.agent.machines import exits, lifecycle, recovery
+from souq.agent.machines import exits, lifecycle, machine_network, recovery
 from souq.agent.machines.checks import MachineChecks
 from souq.agent.machines.faults import FaultPoint
 from souq.agent.machines.images import AgentImages, Pulled, image_of, image_source
@@ -52,7 +52,7 @@ from souq.agent.state.records import (
 from souq.agent.state.store import Store
 from souq.agent.volumes.worker_volumes import AgentVolumes
 from souq.clock import Clock
-from souq.drivers.base import Driver, ExitStatus, Handle, MachineSpec, SpawnError
+from souq.drivers.base import Driver, ExitStatus, Handle, SpawnError
 from souq.errors import SouqError
 from souq.ids import new_request_id
 from souq.market.preemption import JobRuns
@@ -160,14 +160,6 @@ class Executor(MachineTable, ProcessSteps):
             on_kill_due=functools.partial(exits.on_kill_due, self),
             on_restart_due=functools.partial(exits.on_restart_due, self),
         )
-
-    def give_back_addresses(self, machine_id: str) -> None:
-        """The machine's host ports and private addresses are free again."""
-        self.ports.give_back(machine_id)
-        if self.network_slots is not None:
-            self.network_slots.unused(machine_id)
-        if self.addresses is not None:
-            self.addresses.give_back(machine_id)
 
     # -- queries -------------------------------------------------------------------------------
 
@@ -348,7 +340,7 @@ class Executor(MachineTable, ProcessSteps):
         """What a committed step changes beyond the row: ports, pins, the app count and the
         ledger."""
         if new.state is S.DESTROYED and row.state is not S.DESTROYED:
-            self.give_back_addresses(row.id)
+            machine_network.give_back(self, row.id)
             if self.images is not None and (ref := image_of(row.placement)) is not None:
                 self.images.release(ref)
             self._live_by_app[row.app] -= 1
@@ -435,45 +427,19 @@ class Executor(MachineTable, ProcessSteps):
             return
         mounts = self.volumes.host_mounts(row.config) if self.volumes is not None else ()
         spec = machine_spec(row, self.worker_id, image, values, mounts)
-        private = None
-        if self.network is not None and row.address is not None and row.address.private_ip:
-            private = private_address(row.address)
-            if self.network_slots is not None:
-                self.network_slots.spawning(row.id)
-            try:  # its own network namespace, made at its first start (or ahead) and kept
-                netns = self.network.ensure(row.id, private)
-            except OSError as exc:
-                self._spawn_failed(op, f"cannot make the machine's network: {exc}")
-                return
-            spec = replace(
-                spec, netns=str(netns), resolv_conf=str(self.network.resolv_conf), network=True
-            )
+        try:  # its own network namespace, made at its first start (or ahead) and kept
+            spec, private = machine_network.joined(self, row, spec)
+        except OSError as exc:
+            self._spawn_failed(op, f"cannot make the machine's network: {exc}")
+            return
         try:
             handle = self.driver.start(spec, meanwhile=self.sync)
         except SpawnError as exc:
             self._spawn_failed(op, str(exc))
             return
         self._spawned(op, handle, watch=True)
-        if private is not None and self.network is not None:
-            self.network.started(row.id, private)  # its fast path entry, in the background
-            self._keep_ahead(row, spec)
-
-    def _keep_ahead(self, row: MachineRow, spec: MachineSpec | None = None) -> None:
-        """A machine of the private network and of an image runs (started, or re-adopted from
-        ``spec``, else its record): the next one of its network and image gets a slot made
-        ahead (souq.agent.machines.network_slots)."""
-        ref = image_of(row.placement)
-        if self.network_slots is None or ref is None or row.address is None:
-            return
-        if not row.address.private_ip:
-            return
-        if spec is None:  # re-adopted: its spec as its start made it (the env aside)
-            image = None if self.images is None else self.images.ready(ref)
-            if image is None:
-                return
-            mounts = self.volumes.host_mounts(row.config) if self.volumes is not None else ()
-            spec = machine_spec(row, self.worker_id, image, None, mounts)
-        self.network_slots.keep(spec, row.address.network, ref)
+        if private is not None:
+            machine_network.started(self, row, spec, private)
 
     def _spawn_if_waiting(self, op: Op) -> None:
         if self._ops.get(op.machine_id) is op and op.state is OpState.SPAWNING:
@@ -559,7 +525,7 @@ class Executor(MachineTable, ProcessSteps):
         self._handles[machine_id] = handle
         self._ran_since[machine_id] = self._clock.monotonic()
         self.supervisor.watch(machine_id, handle)
-        self._keep_ahead(self._rows[machine_id])
+        machine_network.keep_ahead(self, self._rows[machine_id])
 
     def resume(self, last: OpStep) -> None:
         """Go on with an operation the op log left unfinished, from its last step."""
