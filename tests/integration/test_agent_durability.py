@@ -4,6 +4,7 @@ operations resume from the op log."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import signal
@@ -253,11 +254,12 @@ def test_a_restart_that_crashed_after_spawning_is_adopted(nats_url: str, tmp_pat
 
 
 def _children_named(name: str, *, exclude: int) -> list[int]:
-    return [
-        p.pid
-        for p in psutil.Process().children(recursive=True)
-        if p.name() == name and p.pid != exclude and p.status() != psutil.STATUS_ZOMBIE
-    ]
+    found = []
+    for p in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):  # one that ended meanwhile is not one of them
+            if p.name() == name and p.pid != exclude and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p.pid)
+    return found
 
 
 def test_the_data_dir_is_locked_and_the_worker_id_kept(nats_url: str, tmp_path: Path) -> None:

@@ -42,6 +42,15 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _name(p: psutil.Process) -> str:
+    """A process's name; "" for one that ended meanwhile (the agents run short-lived programs:
+    ``ip``, ``ping``, ``nft``)."""
+    try:
+        return str(p.name())
+    except psutil.Error:
+        return ""
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_dev_runs_machines_and_stops_everything(
     tmp_path: Path, sig: int, request: pytest.FixtureRequest
@@ -141,14 +150,14 @@ def test_dev_runs_machines_and_stops_everything(
         tree = wait_until(
             lambda: (
                 (d := psutil.Process(dev.pid).children(recursive=True))
-                and sum(1 for p in d if p.name() == "sleep") == 4
+                and sum(1 for p in d if _name(p) == "sleep") == 4
                 and d
             ),
             timeout=10,
             message="both machines and their children",
         )
         pids = [p.pid for p in tree]
-        assert any(p.name() == "nats-server" for p in tree)
+        assert any(_name(p) == "nats-server" for p in tree)
 
         dev.send_signal(sig)
         assert dev.wait(60) == 0
@@ -190,7 +199,7 @@ def test_dev_on_a_nats_cluster_survives_a_node(
         )
         urls = banner.split("NATS:", 1)[1].strip().split(",")
         assert len(urls) == 3 and urls[0] == f"nats://127.0.0.1:{nats_port}", banner
-        servers = [p for p in psutil.Process(dev.pid).children() if p.name() == "nats-server"]
+        servers = [p for p in psutil.Process(dev.pid).children() if _name(p) == "nats-server"]
         assert len(servers) == 3
         auth = {"Authorization": f"Bearer {(data / 'admin.token').read_text().strip()}"}
         broker_node = httpx.get(f"{api}/healthz", headers=auth).json()["nats_server"]
