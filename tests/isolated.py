@@ -53,6 +53,27 @@ def isolated_cluster(prefix: str) -> Iterator[Cluster]:
         yield c
 
 
+@contextmanager
+def private_network_cluster(root: Path, flycast_port: int | None = None) -> Iterator[Cluster]:
+    """A cluster of one root agent in ``mad`` with its private network on (its machines left
+    running when it stops, as a restart would), the worker's rules taken down afterwards."""
+    extra = ["--private-network", "on"]
+    extra += ["--flycast-port", str(flycast_port)] if flycast_port is not None else []
+    with Cluster(root, regions={}) as c:
+        c.add_agent(
+            "mad",
+            machine_user=None,
+            default_driver=None,
+            stop_machines_on_exit=False,
+            extra_args=extra,
+        )
+        c.wait_for_workers()
+        yield c
+        worker = c.agents[0].worker_id or ""
+    ports = {"flycast_port": flycast_port} if flycast_port is not None else {}
+    links.WorkerNetwork(worker, root / "unused", **ports).stop_rules()
+
+
 def started(cluster: Cluster, config: dict[str, object], app: str = APP) -> Machine:
     with cluster.client() as client:
         machine = client.create_machine(app, "mad", config)

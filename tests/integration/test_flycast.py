@@ -21,10 +21,9 @@ import pytest
 from souq.errors import MachineNotStarted
 from souq.model.machine import Machine, MachineState
 from souq.natsserver import free_port
-from souq.network import links
 from souq.network.addresses import PROXY_ADDRESS, flycast_ip, network_of
 from souq.testing import Cluster, ProxyProcess, wait_until
-from tests.isolated import PRIVATE_NETWORK, PYTHON, machines_root
+from tests.isolated import PRIVATE_NETWORK, PYTHON, machines_root, private_network_cluster
 
 _SERVE = (
     "import os,socket\n"
@@ -69,18 +68,8 @@ def root() -> Iterator[Path]:
 
 @pytest.fixture(scope="module")
 def cluster(root: Path) -> Iterator[Cluster]:
-    with Cluster(root, regions={}) as c:
-        c.add_agent(
-            "mad",
-            machine_user=None,
-            default_driver=None,
-            stop_machines_on_exit=False,
-            extra_args=["--private-network", "on", "--flycast-port", str(FLYCAST_PORT)],
-        )
-        c.wait_for_workers()
+    with private_network_cluster(root, FLYCAST_PORT) as c:
         yield c
-        worker = c.agents[0].worker_id or ""
-    links.WorkerNetwork(worker, root / "unused", flycast_port=FLYCAST_PORT).stop_rules()
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ from souq.model.machine import Machine, MachineState
 from souq.network import links
 from souq.testing import Cluster, wait_until
 from tests import isolated
-from tests.isolated import PRIVATE_NETWORK, machines_root
+from tests.isolated import PRIVATE_NETWORK, machines_root, private_network_cluster
 
 BUSYBOX = shutil.which("busybox")
 APPLETS = ("sh", "cat", "echo", "printf", "mkdir", "sleep", "httpd", "nc", "nslookup", "ip")
@@ -46,15 +46,7 @@ def root() -> Iterator[Path]:
 
 @pytest.fixture(scope="module")
 def cluster(root: Path) -> Iterator[Cluster]:
-    with Cluster(root, regions={}) as c:
-        c.add_agent(
-            "mad",
-            machine_user=None,
-            default_driver=None,
-            stop_machines_on_exit=False,
-            extra_args=["--private-network", "on"],
-        )
-        c.wait_for_workers()
+    with private_network_cluster(root) as c:
         yield c
 
 

@@ -20,7 +20,7 @@ from souq.model.machine import Machine, MachineState
 from souq.network import links
 from souq.network.addresses import CLUSTER_PREFIX, network_bits, network_of
 from souq.testing import Cluster, ProxyProcess, wait_until
-from tests.isolated import PRIVATE_NETWORK, PYTHON, machines_root
+from tests.isolated import PRIVATE_NETWORK, PYTHON, machines_root, private_network_cluster
 
 _SERVE = (
     "import os,socket\n"
@@ -55,18 +55,8 @@ def root() -> Iterator[Path]:
 
 @pytest.fixture(scope="module")
 def cluster(root: Path) -> Iterator[Cluster]:
-    with Cluster(root, regions={}) as c:
-        c.add_agent(
-            "mad",
-            machine_user=None,
-            default_driver=None,
-            stop_machines_on_exit=False,
-            extra_args=["--private-network", "on"],
-        )
-        c.wait_for_workers()
+    with private_network_cluster(root) as c:
         yield c
-        worker = c.agents[0].worker_id or ""
-    links.WorkerNetwork(worker, root / "unused").stop_rules()
 
 
 @pytest.fixture(scope="module")
