@@ -23,6 +23,7 @@ from souq.model import MachineState, StopCommand
 from souq.model.machine_tools import ExecCommand, ExecReply, ProcessStat
 from souq.model.protocol import MachineRef
 from souq.protocol import verbs as v
+from souq.testing import wait_until
 from tests.integration.agent_harness import APP, Harness, eventually, running_agent
 from tests.integration.services_harness import HOST_PYTHON
 
@@ -255,7 +256,13 @@ def test_exec_into_a_user_namespace_is_root_inside_and_the_machines_uid_outside(
             assert status["Gid"].split() == [str(MACHINE_UID)] * 4
             assert status["Groups"] == ""
             assert (enter.inside_pid(status) or 0) < 20
-            assert child.environ()["MACHINE_VAR"] == "set"
+            # (read once it has exec'd its sleep: mid-exec, /proc says no environment at all)
+            slept = wait_until(
+                lambda: child.name() == "sleep" and child.environ(),
+                timeout=10,
+                message="the entered command's sleep",
+            )
+            assert slept["MACHINE_VAR"] == "set"
             assert (workdir / "made").stat().st_uid == MACHINE_UID
         finally:
             inside.kill()
