@@ -70,8 +70,8 @@ def private_network_cluster(root: Path, flycast_port: int | None = None) -> Iter
         c.wait_for_workers()
         yield c
         worker = c.agents[0].worker_id or ""
-    ports = {"flycast_port": flycast_port} if flycast_port is not None else {}
-    links.WorkerNetwork(worker, root / "unused", **ports).stop_rules()
+    port = links.FLYCAST_PORT if flycast_port is None else flycast_port
+    links.WorkerNetwork(worker, root / "unused", flycast_port=port).stop_rules()
 
 
 def started(cluster: Cluster, config: dict[str, object], app: str = APP) -> Machine:

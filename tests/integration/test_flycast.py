@@ -191,13 +191,20 @@ def test_a_connection_by_name_starts_the_apps_stopped_machine(
                 client.destroy(app, m.id, force=True)
 
 
-def test_another_network_cannot_wake_it_nor_reach_the_proxy_port(
-    cluster: Cluster, proxy: ProxyProcess
-) -> None:
+def _with_a_stranger(cluster: Cluster) -> tuple[str, str, Machine, Machine, Machine]:
+    """An app of acme with its (stopped) server and a machine to talk from, and another
+    organisation's app with a machine of its own."""
     app, stranger_app = _app(cluster, "acme"), _app(cluster, "other")
     server = _server(cluster, app)
     talker = _machine(cluster, app, {"cmd": ["sleep", "600"]})
     stranger = _machine(cluster, stranger_app, {"cmd": ["sleep", "600"]})
+    return app, stranger_app, server, talker, stranger
+
+
+def test_another_network_cannot_wake_it_nor_reach_the_proxy_port(
+    cluster: Cluster, proxy: ProxyProcess
+) -> None:
+    app, stranger_app, server, talker, stranger = _with_a_stranger(cluster)
     address = flycast_ip(network_of("acme"), app)
     try:
         # Another organization's machine: no such name, and no answer at the address.
@@ -223,10 +230,7 @@ def test_the_name_is_the_address_the_worker_routes_while_the_apps_records_are_la
 ) -> None:
     _app(cluster, "acme")  # the apps' bucket, and the names' watch of it
     _hold_back_app_records(cluster)
-    app, stranger_app = _app(cluster, "acme"), _app(cluster, "other")
-    server = _server(cluster, app)
-    talker = _machine(cluster, app, {"cmd": ["sleep", "600"]})
-    stranger = _machine(cluster, stranger_app, {"cmd": ["sleep", "600"]})
+    app, stranger_app, server, talker, stranger = _with_a_stranger(cluster)
     address = flycast_ip(network_of("acme"), app)
     try:
         # The names take both apps for the default organisation's; the machines' records

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from souq.model.machine import Machine
 from souq.multihost import Host, Hosts
 from souq.netns import missing
 from souq.network.mesh import PROBE_DEADLINE_S, PROBE_INTERVAL_S, probe_address, worker_prefix
@@ -104,6 +105,17 @@ class _DropOnTheBridge:
         subprocess.run(["nft", "delete", "table", "bridge", self.table], check=False)
 
 
+def _echo_and_talker(hosts: Hosts) -> tuple[str, str, Machine, Machine]:
+    """Two apps of one organisation: an echo server on syd, a machine to talk to it on mad."""
+    server_app, client_app = ("ln" + uuid.uuid4().hex[:10] for _ in range(2))
+    with _client(hosts) as client:
+        client.create_app(server_app, org_slug="acme")
+        client.create_app(client_app, org_slug="acme")
+    server = _echo(hosts, server_app, "syd")
+    talker = _machine(hosts, client_app, "mad", ["sleep", "600"])
+    return server_app, client_app, server, talker
+
+
 def test_default_agents_on_one_ipv4_subnet_route_straight_once_probed(hosts: Hosts) -> None:
     mad, syd = hosts.hosts
     wait_until(
@@ -112,12 +124,7 @@ def test_default_agents_on_one_ipv4_subnet_route_straight_once_probed(hosts: Hos
         message="each /48 routed via the other's link-local on eth0",
     )
     assert "vx" not in _route(mad, syd) and "vx" not in _route(syd, mad)
-    server_app, client_app = ("ln" + uuid.uuid4().hex[:10] for _ in range(2))
-    with _client(hosts) as client:
-        client.create_app(server_app, org_slug="acme")
-        client.create_app(client_app, org_slug="acme")
-    server = _echo(hosts, server_app, "syd")
-    talker = _machine(hosts, client_app, "mad", ["sleep", "600"])
+    server_app, client_app, server, talker = _echo_and_talker(hosts)
     try:
         _ready(hosts, client_app, talker)
         assert server.private_ip is not None
@@ -191,12 +198,7 @@ def test_each_worker_goes_the_way_its_own_probes_proved(hosts: Hosts) -> None:
     wait_until(
         lambda: _straight(mad, syd) and _straight(syd, mad), timeout=FALLBACK_S, message="straight"
     )
-    server_app, client_app = ("ln" + uuid.uuid4().hex[:10] for _ in range(2))
-    with _client(hosts) as client:
-        client.create_app(server_app, org_slug="acme")
-        client.create_app(client_app, org_slug="acme")
-    server = _echo(hosts, server_app, "syd")
-    talker = _machine(hosts, client_app, "mad", ["sleep", "600"])
+    server_app, client_app, server, talker = _echo_and_talker(hosts)
     requests = f"ip6 daddr {probe_address(syd.worker_id)} icmpv6 type echo-request"
     try:
         _ready(hosts, client_app, talker)
