@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import logging
 import signal as _signal
 from collections.abc import Callable
 from dataclasses import replace
@@ -62,8 +61,6 @@ from souq.network.addresses import AddressPool, private_address
 from souq.network.links import WorkerNetwork
 
 __all__ = ["Executor", "Op", "Source"]
-
-log = logging.getLogger(__name__)
 
 S = MachineState
 # Events whose message carries the machine's record: what the event alone does not say (a new
