@@ -13,7 +13,6 @@ verb this agent does not know is answered with ``unknown_verb``.
 
 from __future__ import annotations
 
-import logging
 import re
 
 from souq.agent.capacity.load import LoadGauge
@@ -31,8 +30,6 @@ from souq.model.worker import Fingerprint
 from souq.protocol.verbs import CLAIM, CLAIM_BATCH, DIGEST, LIST, LOCATE, OFFER, VOLUME_LIST
 
 __all__ = ["AgentService"]
-
-log = logging.getLogger(__name__)
 
 _MACHINE_ID = re.compile(rb'"machine_id":\s*"([^"]{1,64})"')  # for log lines (souq.logs)
 _NEW_MACHINES = frozenset({CLAIM.name, CLAIM_BATCH.name})

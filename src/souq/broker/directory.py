@@ -4,7 +4,6 @@ Machines never move, so a cached route stays true until the machine's worker is 
 
 from __future__ import annotations
 
-import logging
 from collections import OrderedDict
 
 from souq.errors import NotFound
@@ -13,8 +12,6 @@ from souq.protocol import WorkerClient
 from souq.protocol.verbs import LOCATE
 
 __all__ = ["Directory"]
-
-log = logging.getLogger(__name__)
 
 
 class Directory:

@@ -65,9 +65,8 @@ def fly_restart(
 
 def lifecycle_router(service: BrokerService) -> APIRouter:
     router = APIRouter(tags=["machines"])
-    machine_path = MACHINE
 
-    @router.delete(machine_path, response_model=Machine, tags=["machines"])
+    @router.delete(MACHINE, response_model=Machine)
     async def destroy_machine(
         app: AppName,
         machine_id: str,
@@ -85,7 +84,7 @@ def lifecycle_router(service: BrokerService) -> APIRouter:
         )
         return json_response(machine)
 
-    @router.post(machine_path + "/start", response_model=Machine, tags=["machines"])
+    @router.post(MACHINE + "/start", response_model=Machine)
     async def start_machine(app: AppName, machine_id: str, nonce: LeaseNonce = None) -> Response:
         """Start a stopped machine, or resume a suspended one. The answer is the machine, with
         Fly's `previous_state` (what it was) and `status` too."""
@@ -100,14 +99,13 @@ def lifecycle_router(service: BrokerService) -> APIRouter:
     stop_route: dict[str, Any] = {
         "response_model": Machine,
         "openapi_extra": body_schema(StopRequest, required=False),
-        "tags": ["machines"],
     }
 
-    @router.post(machine_path + "/stop", **stop_route)
+    @router.post(MACHINE + "/stop", **stop_route)
     async def stop_machine(cmd: StopCmd) -> Response:
         return json_response(await service.stop_machine(cmd))
 
-    @router.post(machine_path + "/restart", **stop_route)
+    @router.post(MACHINE + "/restart", **stop_route)
     async def restart_machine(
         cmd: StopCmd,
         force_stop: Annotated[
@@ -125,10 +123,9 @@ def lifecycle_router(service: BrokerService) -> APIRouter:
         )
 
     @router.get(
-        machine_path + "/wait",
+        MACHINE + "/wait",
         response_model=Machine,
         responses={408: {"model": ErrorBody, "description": "not reached in time (`timeout`)"}},
-        tags=["machines"],
     )
     async def wait_machine(
         app: AppName,

@@ -9,14 +9,17 @@ cluster's ``admin`` (an app's own token, even its deploy token, may not raise it
 are :class:`souq.broker.quotas.Quotas`.
 """
 
-from __future__ import annotations
+# No ``from __future__ import annotations``: a scope's routes take its path parameter by a
+# dependency given to :func:`_scope_routes`, which FastAPI finds only in an evaluated annotation.
 
+from collections.abc import Awaitable, Callable
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
-from souq.broker.bodies import AppName, body_schema, json_response, parse_body
+from souq.broker.bodies import app_name, body_schema, json_response, parse_body
+from souq.broker.quotas import Quotas
 from souq.broker.service import BrokerService
 from souq.errors import InvalidInput
 from souq.model.quota import (
@@ -45,7 +48,6 @@ async def _org_slug(org: str) -> str:
     return org
 
 
-OrgSlug = Annotated[str, Depends(_org_slug)]
 LINES = (ALL_CLASSES, *CLASSES)
 
 
@@ -68,71 +70,84 @@ async def _line_body(request: Request, line: str) -> ClassLimits:
 
 def quotas_router(service: BrokerService) -> APIRouter:
     router = APIRouter(tags=["quotas"])
+    # An app's quota and an organization's take the same routes, each of its own scope.
     quotas = service.quotas
-    schema = body_schema(QuotaLimits)
+    _scope_routes(router, quotas, "app", APP_QUOTA, checked=app_name, who="the app")
+    _scope_routes(
+        router,
+        quotas,
+        "org",
+        ORG_QUOTA,
+        checked=_org_slug,
+        who="the organization",
+        over=", over all its apps together",
+    )
+    return router
 
-    @router.get(APP_QUOTA, response_model=QuotaView)
-    async def show_app_quota(app: AppName) -> Response:
-        """The app's limits (null: none) and its use, pending reservations included."""
-        return json_response(await quotas.show("app", app))
 
-    # An app's quota and an organization's take the same changes, of their scope.
-    async def set_limits(scope: Scope, name: str, request: Request) -> Response:
+def _scope_routes(
+    router: APIRouter,
+    quotas: Quotas,
+    scope: Scope,
+    path: str,
+    *,
+    checked: Callable[[str], Awaitable[str]],
+    who: str,
+    over: str = "",
+) -> None:
+    """``GET|PUT|DELETE`` of ``path`` and ``PUT|DELETE`` of its lines, on ``scope``'s quota of
+    the name ``checked`` takes from the path (and checks); ``who`` and ``over`` (what its
+    limits hold together) in their descriptions."""
+    Name = Annotated[str, Depends(checked)]  # noqa: N806 (a type, as FastAPI reads it)
+    whose = f"{who}'s"
+
+    @router.get(
+        path,
+        response_model=QuotaView,
+        name=f"show_{scope}_quota",
+        description=f"{whose.capitalize()} limits (null: none) and its use, pending "
+        "reservations included.",
+    )
+    async def show(name: Name) -> Response:
+        return json_response(await quotas.show(scope, name))
+
+    @router.put(
+        path,
+        response_model=QuotaView,
+        openapi_extra=body_schema(QuotaLimits),
+        name=f"set_{scope}_quota",
+        description=f"Replace {whose} limits{over} (a field left out: no limit on it).",
+    )
+    async def set_limits(name: Name, request: Request) -> Response:
         limits = await parse_body(request, QuotaLimits)
         return json_response(await quotas.set_limits(scope, name, limits))
 
-    async def clear(scope: Scope, name: str) -> Response:
+    @router.delete(
+        path,
+        status_code=204,
+        name=f"clear_{scope}_quota",
+        description=f"No quota on {who} any more (its ledger is dropped).",
+    )
+    async def clear(name: Name) -> Response:
         await quotas.clear(scope, name)
         return Response(status_code=204)
 
-    @router.put(APP_QUOTA, response_model=QuotaView, openapi_extra=schema)
-    async def set_app_quota(app: AppName, request: Request) -> Response:
-        """Replace the app's limits (a field left out: no limit on it)."""
-        return await set_limits("app", app, request)
-
-    @router.delete(APP_QUOTA, status_code=204)
-    async def clear_app_quota(app: AppName) -> Response:
-        """No quota on the app any more (its ledger is dropped)."""
-        return await clear("app", app)
-
-    async def set_line(scope: Scope, name: str, line: str, request: Request) -> Response:
+    @router.put(
+        path + "/{line}",
+        response_model=QuotaView,
+        openapi_extra=body_schema(AllLimits),
+        name=f"set_{scope}_quota_line",
+        description=f"Replace one line of {whose} limits (`all` or a class), keeping the others.",
+    )
+    async def set_line(name: Name, line: Line, request: Request) -> Response:
         given = await _line_body(request, line)
         return json_response(await quotas.set_line(scope, name, line, given))
 
-    async def clear_line(scope: Scope, name: str, line: str) -> Response:
+    @router.delete(
+        path + "/{line}",
+        response_model=QuotaView,
+        name=f"clear_{scope}_quota_line",
+        description=f"No limits on one line of {whose} (the others kept).",
+    )
+    async def clear_line(name: Name, line: Line) -> Response:
         return json_response(await quotas.set_line(scope, name, line, ClassLimits()))
-
-    line_schema = body_schema(AllLimits)
-
-    @router.put(APP_QUOTA + "/{line}", response_model=QuotaView, openapi_extra=line_schema)
-    async def set_app_quota_line(app: AppName, line: Line, request: Request) -> Response:
-        """Replace one line of the app's limits (``all`` or a class), keeping the others."""
-        return await set_line("app", app, line, request)
-
-    @router.delete(APP_QUOTA + "/{line}", response_model=QuotaView)
-    async def clear_app_quota_line(app: AppName, line: Line) -> Response:
-        """No limits on one line of the app's (the others kept)."""
-        return await clear_line("app", app, line)
-
-    @router.put(ORG_QUOTA + "/{line}", response_model=QuotaView, openapi_extra=line_schema)
-    async def set_org_quota_line(org: OrgSlug, line: Line, request: Request) -> Response:
-        return await set_line("org", org, line, request)
-
-    @router.delete(ORG_QUOTA + "/{line}", response_model=QuotaView)
-    async def clear_org_quota_line(org: OrgSlug, line: Line) -> Response:
-        return await clear_line("org", org, line)
-
-    @router.get(ORG_QUOTA, response_model=QuotaView)
-    async def show_org_quota(org: OrgSlug) -> Response:
-        return json_response(await quotas.show("org", org))
-
-    @router.put(ORG_QUOTA, response_model=QuotaView, openapi_extra=schema)
-    async def set_org_quota(org: OrgSlug, request: Request) -> Response:
-        """Replace the organization's limits: over all its apps together."""
-        return await set_limits("org", org, request)
-
-    @router.delete(ORG_QUOTA, status_code=204)
-    async def clear_org_quota(org: OrgSlug) -> Response:
-        return await clear("org", org)
-
-    return router

@@ -11,7 +11,6 @@ so they go with it. A revocation is never taken back: make a new token instead.
 from __future__ import annotations
 
 import json
-import logging
 import time
 from collections.abc import Callable
 
@@ -31,8 +30,6 @@ from souq.bus.jetstream import (
 )
 
 __all__ = ["BUCKET", "Revocations"]
-
-log = logging.getLogger(__name__)
 
 BUCKET = "souq-revoked"
 _WHAT = "the revocation list"

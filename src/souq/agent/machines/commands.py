@@ -18,6 +18,7 @@ from souq.agent.machines import evictions, launch, lifecycle, machine_network
 from souq.agent.machines.executor import Executor
 from souq.agent.machines.leases import Leases
 from souq.agent.machines.reads import MachineReads
+from souq.agent.machines.steps import begin_destroy
 from souq.agent.state.events import Event
 from souq.agent.state.operations import OpKind, advance
 from souq.agent.state.records import MachineRow, Source
@@ -481,7 +482,7 @@ class Commands(MachineReads):
             ex.supervisor.disarm_kill(row.id)
             ex.apply(row.id, op=current, op_event=Event.ABORT)
         op_event = Event.BEGIN if ex.handle(row.id) else Event.IDLE
-        op = ex.begin_destroy(row.id, op_event, event, source="user")
+        op = begin_destroy(ex, row.id, op_event, event, source="user")
         await op.done
         self.leases.drop(row.id)
         return ex.machine(app, machine_id)
@@ -491,7 +492,8 @@ class Commands(MachineReads):
         ex = self._ex
         sig, timeout = _stop_params(row, None, None)
         drain = _drain_s(row)
-        op = ex.begin_destroy(
+        op = begin_destroy(
+            ex,
             row.id,
             Event.DRAIN,
             Event.FORCE_DESTROY,

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import logging
 import signal as _signal
 from collections.abc import Callable
 from dataclasses import replace
@@ -45,7 +44,6 @@ from souq.agent.state.records import (
     OpParams,
     OpStep,
     Source,
-    StopParams,
     checked_params,
 )
 from souq.agent.state.store import Store
@@ -63,8 +61,6 @@ from souq.network.addresses import AddressPool, private_address
 from souq.network.links import WorkerNetwork
 
 __all__ = ["Executor", "Op", "Source"]
-
-log = logging.getLogger(__name__)
 
 S = MachineState
 # Events whose message carries the machine's record: what the event alone does not say (a new
@@ -542,22 +538,6 @@ class Executor(MachineTable, ProcessSteps):
     def new_op(self, kind: OpKind, machine_id: str, **params: Unpack[OpParams]) -> Op:
         """A new operation of ``kind`` on the machine, with the parameters its kind takes."""
         return Op(new_request_id(), kind, machine_id, checked_params(kind, params))
-
-    def begin_destroy(
-        self,
-        machine_id: str,
-        first: Event,
-        event: Event,
-        *,
-        source: Source,
-        message: str | None = None,
-        **params: Unpack[StopParams],
-    ) -> Op:
-        """A destroy of the machine by ``source``: its operation (with ``params``, e.g. the
-        stop's signal and times of a graceful one) and its first step, ``first`` on ``event``."""
-        op = self.new_op(OpKind.DESTROY, machine_id, source=source, **params)
-        self.step(op, first, event=event, source=source, message=message)
-        return op
 
     def changed(self, machine_id: str) -> asyncio.Event:
         event = self._changed.get(machine_id)

@@ -12,17 +12,14 @@ transaction), so they are recorded as any command's are.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
+from souq.agent.machines.steps import Steps, begin_destroy
 from souq.agent.state.events import Event
 from souq.agent.state.operations import OpKind, OpState
 from souq.agent.state.records import Op
 from souq.drivers.base import Driver, ExitStatus, records_exits
 from souq.model.choices import EventType
 from souq.model.machine import MachineState
-
-if TYPE_CHECKING:
-    from souq.agent.machines.steps import Steps
 
 __all__ = [
     "WAITING_FOR_EXIT",
@@ -71,7 +68,8 @@ def on_exit(ex: Steps, machine_id: str, status: ExitStatus) -> None:
     if decision.restart:
         ex.supervisor.schedule_restart(machine_id, decision.delay_s)
     elif row.config.auto_destroy:
-        ex.begin_destroy(
+        begin_destroy(
+            ex,
             machine_id,
             Event.IDLE,
             Event.DESTROY,

@@ -2,7 +2,8 @@
 recovery after a restart (:mod:`souq.agent.machines.recovery`) and the process steps
 (:mod:`souq.agent.machines.process_steps`) take a :class:`Steps`, which
 :class:`souq.agent.machines.executor.Executor` is, so that none of them imports the executor and the
-executor imports each of them (no circle)."""
+executor imports each of them (no circle). :func:`begin_destroy` is a destroy's start, made of
+two of those primitives, for the commands and the exit handlers alike."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from souq.agent.state.records import MachineRow, Op, OpParams, OpStep, Source, S
 from souq.agent.state.store import Store
 from souq.drivers.base import Driver, Handle
 
-__all__ = ["Steps"]
+__all__ = ["Steps", "begin_destroy"]
 
 
 class Steps(Protocol):
@@ -43,16 +44,6 @@ class Steps(Protocol):
     # a step: the transition, its event and the op step in one transaction, then its actions
     def apply(self, machine_id: str, **args: Any) -> tuple[Action, ...]: ...
     def step(self, op: Op, op_event: Event, **apply_args: Any) -> None: ...
-    def begin_destroy(
-        self,
-        machine_id: str,
-        first: Event,
-        event: Event,
-        *,
-        source: Source,
-        message: str | None = None,
-        **params: Unpack[StopParams],
-    ) -> Op: ...
     def resume(self, last: OpStep) -> None: ...
 
     # the machines' processes
@@ -61,3 +52,20 @@ class Steps(Protocol):
     def drop_handle(self, machine_id: str) -> None: ...
     def process_gone(self, machine_id: str) -> float: ...
     def exited_unwatched(self, machine_id: str) -> None: ...
+
+
+def begin_destroy(
+    ex: Steps,
+    machine_id: str,
+    first: Event,
+    event: Event,
+    *,
+    source: Source,
+    message: str | None = None,
+    **params: Unpack[StopParams],
+) -> Op:
+    """A destroy of the machine by ``source``: its operation (with ``params``, e.g. the stop's
+    signal and times of a graceful one) and its first step, ``first`` on ``event``."""
+    op = ex.new_op(OpKind.DESTROY, machine_id, source=source, **params)
+    ex.step(op, first, event=event, source=source, message=message)
+    return op
