@@ -16,7 +16,7 @@ import dataclasses
 import logging
 import os
 from collections.abc import Awaitable, Callable
-from typing import ClassVar, Generic, Self, TypeVar
+from typing import ClassVar, Generic, Self, TypedDict, TypeVar, Unpack
 
 import nats.errors
 import nats.js.errors
@@ -32,6 +32,7 @@ from souq.errors import InvalidInput, Unavailable
 
 __all__ = [
     "REPLICAS_ENV",
+    "BucketOptions",
     "BucketStore",
     "BucketWatch",
     "OnFirstUse",
@@ -139,6 +140,14 @@ def unavailable(what: str, exc: BaseException) -> Unavailable:
     )
 
 
+class BucketOptions(TypedDict, total=False):
+    """How :func:`key_value` opens a bucket: its keyword arguments, as a caller hands them on."""
+
+    make: bool
+    history: int
+    ttl_s: float | None
+
+
 async def key_value(
     js: JetStreamContext,
     bucket: str,
@@ -179,17 +188,15 @@ async def open_key_value(
     description: str,
     *,
     what: str,
-    make: bool = True,
-    history: int = 1,
-    ttl_s: float | None = None,
     timeout_s: float = 5.0,
+    **options: Unpack[BucketOptions],
 ) -> KeyValue:
-    """The bucket of ``what`` (a store), as :func:`key_value` makes it (or, without ``make``,
-    finds it), each of its requests waiting ``timeout_s`` for JetStream's answer;
-    :func:`unavailable` when NATS does not answer or runs without JetStream."""
+    """The bucket of ``what`` (a store), as :func:`key_value` makes it with ``options`` (or,
+    without ``make``, finds it), each of its requests waiting ``timeout_s`` for JetStream's
+    answer; :func:`unavailable` when NATS does not answer or runs without JetStream."""
     try:
         js = nc.jetstream(timeout=timeout_s)
-        return await key_value(js, bucket, description, make=make, history=history, ttl_s=ttl_s)
+        return await key_value(js, bucket, description, **options)
     except (nats.errors.Error, nats.js.errors.Error) as exc:
         raise unavailable(what, exc) from exc
 
