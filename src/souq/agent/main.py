@@ -16,6 +16,7 @@ import contextlib
 import logging
 import signal
 import sys
+import time
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
@@ -73,6 +74,7 @@ if TYPE_CHECKING:
 __all__ = ["Agent", "run", "serve"]
 
 log = logging.getLogger(__name__)
+SLOW_EXIT_S = 5.0  # an exit's machine stops that take longer are explained in the log
 
 
 class Agent:
@@ -510,12 +512,21 @@ class Agent:
 
     async def _stop_machines(self, commands: Commands) -> None:
         """Stop every machine, then take down what their mounts left in the host's table: the
-        volumes' file systems and the machines' roots (a later start mounts them again)."""
+        volumes' file systems and the machines' roots (a later start mounts them again). Says
+        how long each part took when that was long (:data:`SLOW_EXIT_S`)."""
+        began = time.monotonic()
         await commands.stop_all()
+        stopped = time.monotonic()
         if self._executor is not None and self._executor.volumes is not None:
             self._executor.volumes.unmount_all()
         if self._host_driver is not None:
             self._host_driver.unmount_roots()
+        took = (stopped - began, time.monotonic() - stopped)
+        if sum(took) > SLOW_EXIT_S:
+            log.warning(
+                "leaving took long: machines stopped in %.2f s, their mounts taken down in %.2f s",
+                *took,
+            )
 
     def ready_line(self) -> str:
         return (
