@@ -154,37 +154,37 @@ __all__ = [
     "normalise_signal",
 ]
 
-# Where each export lives: a module of the package, and the names it hands on.
+# Where each export lives: the module, and the names it hands on.
 _WHERE = {
-    name: f"souq.model.{module}"
+    name: module
     for module, names in (
-        ("app", "App AppDeleted AppList"),
-        ("base", "Input Record"),
-        ("constraint", "Constraint ConstraintOperator"),
-        ("image", "ImageRecord"),
-        ("job", "Job JobStopped JobSubmit Registration"),
+        ("souq.model.app", "App AppDeleted AppList"),
+        ("souq.model.base", "Input Record"),
+        ("souq.model.constraint", "Constraint ConstraintOperator"),
+        ("souq.model.image", "ImageRecord"),
+        ("souq.model.job", "Job JobStopped JobSubmit Registration"),
         (
-            "machine",
+            "souq.model.machine",
             "APP_NAME_PATTERN GuestConfig Machine MachineConfig MachineEvent MachineState "
             "OpRecord RestartConfig RestartPolicy StopConfig normalise_signal",
         ),
-        ("machine_tools", "ExecReply ProcessStat"),
-        ("placement", "ClaimAttempt OfferOutcome Placement Timings"),
-        ("policy", "Curves PlacementDefaults PlacementPolicy"),
+        ("souq.model.machine_tools", "ExecReply ProcessStat"),
+        ("souq.model.placement", "ClaimAttempt OfferOutcome Placement Timings"),
+        ("souq.model.policy", "Curves PlacementDefaults PlacementPolicy"),
         (
-            "protocol",
+            "souq.model.protocol",
             "ClaimRequest CordonCommand DestroyCommand DigestCommand DrainCommand EventsCommand "
             "HoldRequest Lease ListCommand LocateCommand LocateReply LogsCommand LogsReply "
             "MachineEventMessage MachineRef Offer OfferRequest Quote QuoteRef QuoteState Reply "
             "SignalCommand StopCommand WaitCommand WorkerDigest",
         ),
-        ("release", "NewRelease Release ReleaseState"),
-        ("resources", "Resources"),
-        ("secrets", "SecretInfo"),
-        ("services", "Check Concurrency MachineAddress Service ServicePort"),
-        ("tokens", "AuditRecord NewToken TokenInfo TokenKey"),
-        ("volume", "ExtendVolumeResponse Volume"),
-        ("worker", "Fingerprint Heartbeat Load WorkerInfo WorkerState WorkerUsage"),
+        ("souq.model.release", "NewRelease Release ReleaseState"),
+        ("souq.model.resources", "Resources"),
+        ("souq.model.secrets", "SecretInfo"),
+        ("souq.model.services", "Check Concurrency MachineAddress Service ServicePort"),
+        ("souq.model.tokens", "AuditRecord NewToken TokenInfo TokenKey"),
+        ("souq.model.volume", "ExtendVolumeResponse Volume"),
+        ("souq.model.worker", "Fingerprint Heartbeat Load WorkerInfo WorkerState WorkerUsage"),
     )
     for name in names.split()
 }
