@@ -2,28 +2,41 @@
 
 A machine may leave a grandchild behind (a double fork, a daemon whose parent exited). With
 ``PR_SET_CHILD_SUBREAPER`` such orphans become the agent's children instead of init's, so they
-stay in the agent's process tree; when they exit, :class:`Reaper` reaps them at once (on
-``SIGCHLD``, through the event loop: no thread). It only reaps children nobody else will: the
-driver's own children (its waiters or machine processes) are reaped by the driver, which needs
-their status.
+stay in the agent's process tree; when they exit, :class:`Reaper` reaps them (on ``SIGCHLD``,
+through the event loop: no thread). It only reaps children nobody else will: the driver's own
+children (its waiters or machine processes) are reaped by the driver, which needs their status.
+
+The agent's other children are its own code's too, and that code waits for them: the ``ip``,
+``iptables-restore`` and ``nft`` that threads run, and the commands ``exec`` runs (the event
+loop's subprocesses). A child reaped by the reaper is lost to its waiter: ``subprocess`` takes
+the lost status for 0, and the event loop's wait for it never returns (an ``exec`` that ran its
+command and still timed out). The threads' commands are in the agent's own process group,
+where no machine's process is (each machine has a session of its own): those are never
+reaped here. ``exec``'s commands have sessions of their own, like an orphan's; an exited child
+of that kind is left :data:`GRACE_S` to whoever waits for it (they reap within milliseconds of
+its exit) and reaped only if it is still there after that: an orphan, which nobody else waits
+for, is a zombie for about a second at most.
 
 Only ``souq agent`` (one agent per process) turns this on: it is a property of the process.
 """
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import logging
 import os
 import signal
+import time
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["Reaper", "make_subreaper"]
+__all__ = ["GRACE_S", "Reaper", "make_subreaper"]
 
 log = logging.getLogger(__name__)
 
 _PR_SET_CHILD_SUBREAPER = 36
+GRACE_S = 1.0  # what an exited child is left to its own waiter before the reaper takes it
 
 
 def make_subreaper() -> bool:
@@ -53,36 +66,57 @@ def _children() -> set[int]:
 class Reaper:
     """Reaps exited children that are not ``owned()`` (orphans re-parented to the agent)."""
 
-    def __init__(self, owned: Callable[[], set[int]]) -> None:
+    def __init__(
+        self, owned: Callable[[], set[int]], clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._owned = owned
+        self._clock = clock
+        self._exited: dict[int, float] = {}  # exited children not yet reaped: first seen at
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._again: asyncio.TimerHandle | None = None
         self.reaped = 0
         self._previous: signal._HANDLER = signal.SIG_DFL
 
     def reap(self) -> list[int]:
-        """Reap every exited child that nobody else will; return their pids."""
-        done = []
+        """Reap every child that nobody else will: exited, not the driver's, and still there
+        :data:`GRACE_S` after it was first seen exited. Returns their pids; a check again is
+        set for those not yet due (when installed)."""
+        now = self._clock()
+        done, waiting = [], {}
         for pid in _children() - self._owned():
+            if not _exited(pid) or _ours(pid):
+                continue
+            first = self._exited.get(pid, now)
+            if now - first < GRACE_S:  # its own waiter's, if it has one
+                waiting[pid] = first
+                continue
             try:
                 got, _ = os.waitpid(pid, os.WNOHANG)
             except ChildProcessError:
                 continue
             if got:
                 done.append(got)
+        self._exited = waiting
         self.reaped += len(done)
         if done:
             log.debug("reaped orphans %s", done)
+        if waiting and self._loop is not None and self._again is None:
+            due = min(waiting.values()) + GRACE_S - now
+            self._again = self._loop.call_later(max(due, 0.0) + 0.01, self._check_again)
         return done
+
+    def _check_again(self) -> None:
+        self._again = None
+        self.reap()
 
     def install(self) -> None:
         """Reap soon after every SIGCHLD (the handler only schedules :meth:`reap` on the event
         loop, so a reap never interrupts the driver between two steps), and once now.
 
-        uvloop keeps ``add_signal_handler(SIGCHLD)`` for its own subprocesses, which the agent
-        does not use; the handler is therefore installed with :func:`signal.signal`.
+        uvloop keeps ``add_signal_handler(SIGCHLD)`` for its own subprocesses (the commands
+        ``exec`` runs); the handler is therefore installed with :func:`signal.signal`.
         """
-        import asyncio
-
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
 
         def on_sigchld(signum: int, frame: object) -> None:
             loop.call_soon_threadsafe(self.reap)
@@ -93,3 +127,25 @@ class Reaper:
 
     def uninstall(self) -> None:
         signal.signal(signal.SIGCHLD, self._previous)
+        if self._again is not None:
+            self._again.cancel()
+            self._again = None
+        self._loop = None
+
+
+def _ours(pid: int) -> bool:
+    """``pid`` is in this process's own process group: the agent's code made it (a thread's
+    ``ip`` or ``iptables-restore``) and waits for it; a machine's processes, and so its
+    orphans, are in sessions of their own."""
+    try:
+        return os.getpgid(pid) == os.getpgid(0)
+    except ProcessLookupError:
+        return False
+
+
+def _exited(pid: int) -> bool:
+    """``pid``, a child of this process, has exited and is not reaped yet (left as it is)."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:  # reaped meanwhile, or not a child
+        return False
