@@ -348,3 +348,26 @@ def test_a_worker_without_nsenter_says_so(
             assert refused.value.status == "exec_unavailable"
 
     asyncio.run(body())
+
+
+def test_an_exec_s_command_is_the_agent_s_own_while_it_runs(nats_url: str, tmp_path: Path) -> None:
+    """The reaper leaves an exec's command to the exec that waits for it (its status would
+    otherwise be lost, and the exec's wait never end): the agent names it as its own until the
+    exec has its answer, and no longer."""
+
+    async def body() -> None:
+        async with running_agent(nats_url, tmp_path / "agent") as h:
+            mid = await sandboxed(h, sandbox={"network": False})
+            tools = h.agent._service.verbs.tools  # type: ignore[union-attr]
+            waiting = asyncio.create_task(
+                exec_in(h, mid, "while [ ! -e /tmp/go ]; do sleep 0.02; done; echo done")
+            )
+            running = await eventually(lambda: set(tools.running), message="the exec running")
+            assert running <= h.agent.owned_pids()
+            assert (await exec_in(h, mid, "touch /tmp/go")).exit_code == 0
+            reply = await waiting
+            assert (reply.exit_code, reply.stdout) == (0, "done\n")
+            assert not tools.running & h.agent.owned_pids()
+            assert tools.running == set()
+
+    asyncio.run(body())

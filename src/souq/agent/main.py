@@ -433,11 +433,13 @@ class Agent:
         return runner
 
     def owned_pids(self) -> set[int]:
-        """Pids of the children the agent reaps itself: its machines' (the driver's) and its
-        batch jobs'."""
+        """Pids of the children the agent reaps itself: its machines' (the driver's), its
+        batch jobs' and the commands ``exec`` runs."""
         driver = self._executor.driver if self._executor is not None else self._host_driver
         owned = getattr(driver, "owned_pids", None)
         pids: set[int] = owned() if owned is not None else set()
+        if self._service is not None:
+            pids |= self._service.verbs.tools.running
         return pids | (self.jobs.owned_pids() if self.jobs is not None else set())
 
     def _follow_buckets(self, executor: Executor, client: Client) -> None:

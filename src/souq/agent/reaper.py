@@ -10,12 +10,14 @@ The agent's other children are its own code's too, and that code waits for them:
 ``iptables-restore`` and ``nft`` that threads run, and the commands ``exec`` runs (the event
 loop's subprocesses). A child reaped by the reaper is lost to its waiter: ``subprocess`` takes
 the lost status for 0, and the event loop's wait for it never returns (an ``exec`` that ran its
-command and still timed out). The threads' commands are in the agent's own process group,
-where no machine's process is (each machine has a session of its own): those are never
-reaped here. ``exec``'s commands have sessions of their own, like an orphan's; an exited child
-of that kind is left :data:`GRACE_S` to whoever waits for it (they reap within milliseconds of
-its exit) and reaped only if it is still there after that: an orphan, which nobody else waits
-for, is a zombie for about a second at most.
+command and still timed out).
+
+The threads' commands are in the agent's own process group, where no machine's process is
+(each machine has a session of its own): those are never reaped here. ``exec``'s commands have
+sessions of their own, like an orphan's: the agent names them as its own while it waits for
+them. Any other exited child is left :data:`GRACE_S` to whoever waits for it (they reap within
+milliseconds of its exit), and reaped only if it is still there after that: an orphan, which
+nobody else waits for, is a zombie for about a second at most.
 
 Only ``souq agent`` (one agent per process) turns this on: it is a property of the process.
 """

@@ -83,6 +83,7 @@ class MachineTools:
     def __init__(self, executor: Executor, clock: Clock) -> None:
         self._ex = executor
         self._clock = clock
+        self.running: set[int] = set()  # exec's commands, waited for here (not the reaper's)
 
     def answers(self) -> dict[str, Callable[[Any], Awaitable[Any]]]:
         """The verbs these handlers answer (of the operations :mod:`souq.operations` declares),
@@ -134,6 +135,7 @@ class MachineTools:
             )
         except OSError as exc:  # no such program (without a prefix, nothing runs a shell)
             return ExecReply(exit_code=127, stdout="", stderr=f"{cmd.argv[0]}: {exc.strerror}\n")
+        self.running.add(proc.pid)
         try:
             async with asyncio.timeout(cmd.timeout_s):
                 out, err, _ = await asyncio.gather(
@@ -151,6 +153,7 @@ class MachineTools:
             ) from None
         finally:
             _kill_group(proc)  # what it left running in its session goes with it
+            self.running.discard(proc.pid)
         stdout, cut_out = bounded(out)
         stderr, cut_err = bounded(err)
         return ExecReply(
