@@ -167,9 +167,7 @@ def test_heartbeats_discover_and_events(nats_url: str, tmp_path: Path) -> None:
             after_claim = len(beats)  # a beat sent before the claim may still arrive late
             await h.bus.publish(subjects.DISCOVER, b"")
             latest = await eventually(
-                lambda: next(
-                    (b for b in beats[after_claim:] if b.worker.allocated.cpus > 0), None
-                ),
+                lambda: next((b for b in beats[after_claim:] if b.worker.allocated.cpus > 0), None),
                 message="a beat that counts the claim",
             )
             assert latest.seq > beat.seq
