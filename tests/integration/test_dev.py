@@ -21,6 +21,14 @@ from souq.natsserver import free_port
 from souq.testing import wait_until
 
 
+def _cmdline(proc: psutil.Process) -> list[str]:
+    """``proc``'s command line; none for one that has exited meanwhile (a zombie has none)."""
+    try:
+        return proc.cmdline()
+    except psutil.Error:
+        return []
+
+
 def _kill_tree(dev: subprocess.Popen[bytes]) -> None:
     """A test that failed before `souq dev` stopped: kill it and all it started (NATS nodes,
     agents, machines), so that nothing outlives the test."""
@@ -351,7 +359,7 @@ def test_the_workers_of_a_killed_dev_keep_its_directory_locked(
     try:
         _wait_banner(dev, tmp_path / "dev.out")
         tree = psutil.Process(dev.pid).children(recursive=True)
-        agents = [p for p in tree if "agent" in p.cmdline()]
+        agents = [p for p in tree if "agent" in _cmdline(p)]
         assert len(agents) == 1
         os.kill(dev.pid, signal.SIGKILL)
         dev.wait()
