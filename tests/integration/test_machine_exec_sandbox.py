@@ -367,7 +367,7 @@ def test_an_exec_s_command_is_the_agent_s_own_while_it_runs(nats_url: str, tmp_p
             assert (await exec_in(h, mid, "touch /tmp/go")).exit_code == 0
             reply = await waiting
             assert (reply.exit_code, reply.stdout) == (0, "done\n")
-            assert not tools.running & h.agent.owned_pids()
+            assert not running & h.agent.owned_pids()  # the exec's command, no longer its own
             assert tools.running == set()
 
     asyncio.run(body())
