@@ -31,8 +31,9 @@ from the request until the program's ``execve`` completed, as the kernel reports
 Every agent but one runs with ``--private-network off``: what is timed is the isolation of
 issue 32 (mount, PID, IPC, UTS and user namespaces, the image's root). The one, ``souq
 sandbox, private network``, has the default config (``--private-network auto``: on, as root):
-its machine's own network namespace, made at the claim, is in its start (where its time goes:
-``bench network_take``; docs/benchmarks.md).
+its machine's own network namespace, made with the slot its machine takes (for a machine id
+chosen ahead: :mod:`souq.agent.machines.network_slots`; before, made at the claim: where its
+time went, ``bench network_take``; docs/benchmarks.md).
 
 Rounds are interleaved (each round starts every variant once, in an order that rotates) so
 that drift on a shared machine falls on all alike; each sample is stopped and reaped before

@@ -129,13 +129,14 @@ def test_writes_go_to_the_machine_own_layer_and_start_afresh_unless_kept(
     finally:
         destroy(cluster, one, two, kept)
     rootfs = agent(cluster).data_dir / "machines" / ".rootfs"
+    machines = [one.id, two.id, kept.id]  # (the slot made for the next machine keeps its own)
     wait_until(
-        lambda: not any(rootfs.glob("*")) if rootfs.exists() else True,
+        lambda: not any((rootfs / mid).exists() for mid in machines),
         timeout=20,
         message="the machines' layers removed with them",
     )
     mounts = Path("/proc/self/mountinfo").read_text()
-    assert str(rootfs) not in mounts
+    assert not any(f"{rootfs / mid}/" in mounts for mid in machines)
 
 
 def refused(cluster: Cluster, config: dict[str, object]) -> dict[str, object]:

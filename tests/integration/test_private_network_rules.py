@@ -6,6 +6,7 @@ made again whole."""
 from __future__ import annotations
 
 import subprocess
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -77,3 +78,40 @@ def test_a_namespace_half_made_is_made_again(
     assert address.ip6 in inside and address.ip4 in inside
     assert path == links.NETNS_DIR / names.netns
     net.remove("m2", address)
+
+
+def _fast_entries(net: links.WorkerNetwork) -> str:
+    """The fast path's table as nft lists it ("" when it has none)."""
+    done = subprocess.run(
+        ["nft", "list", "table", "netdev", f"souq-{net.tag}"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    return done.stdout
+
+
+def test_the_fast_path_entry_is_added_once_started_and_never_after_a_removal(
+    network: tuple[links.WorkerNetwork, AddressPool],
+) -> None:
+    net, pool = network
+    if not net.fast.on:
+        pytest.skip(f"no fast path here: {net.fast.why_not}")
+    address = pool.take("m3", "net")
+    link = net.names("m3", address).link
+    net.ensure("m3", address)
+    assert f"in-{link}" not in _fast_entries(net)  # made without it: the claim's path is shorter
+    net.started("m3", address)
+    net.fast.settled(timeout=30)
+    assert f"in-{link}" in _fast_entries(net) and address.ip6 in _fast_entries(net)
+    net.remove("m3", address)
+    assert f"in-{link}" not in _fast_entries(net)
+    # Removed before its entry is added (the thread busy): the entry is never added.
+    again = pool.take("m4", "net")
+    net.ensure("m4", again)
+    busy = threading.Event()
+    assert net.fast._adder is not None  # (the thread the first entry was added in)
+    net.fast._adder.submit(busy.wait, 30)
+    net.started("m4", again)
+    net.remove("m4", again)
+    busy.set()
+    net.fast.settled(timeout=30)
+    assert f"in-{net.names('m4', again).link}" not in _fast_entries(net)

@@ -11,6 +11,7 @@ import contextlib
 import os
 import shutil
 import signal
+import subprocess
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
@@ -309,3 +310,72 @@ def test_a_driver_told_to_make_no_slot_starts_every_machine_cold(
         d.close()
 
     asyncio.run(body())
+
+
+@pytest.mark.skipif(shutil.which("ip") is None, reason="iproute2 is missing")
+def test_a_slot_made_ahead_in_a_namespace_is_only_its_machines_and_given_up_if_it_does_not_fit(
+    root: Path,
+) -> None:
+    """A slot made ahead of its claim (the private network's, souq.agent.machines.network_slots)
+    joins the namespace ``prepare`` made; its machine starts in it, warm; a machine of that id
+    that does not fit its sandbox (another working directory) gives it up and starts cold, in
+    the same namespace; a machine of any other id never takes it."""
+    files = image(root)
+    (files / "work").mkdir()
+    run = uuid.uuid4().hex[:8]
+    ahead, misfit, stranger = (f"ahead-{run}", f"misfit-{run}", f"stranger-{run}")
+    resolv = root / "resolv.conf"
+    resolv.write_text("nameserver fdaa::3\n")
+    made: list[str] = []
+
+    def in_netns(mid: str, script: str, cwd: str | None = None) -> MachineSpec:
+        spec = machine(mid, files, script)
+        return replace(spec, netns=f"/run/netns/souq-t-{mid}", resolv_conf=str(resolv), cwd=cwd)
+
+    def prepare(mid: str) -> None:
+        subprocess.run(["ip", "netns", "add", f"souq-t-{mid}"], check=True)
+        made.append(mid)
+
+    def netns_of(pid: int) -> int:
+        return os.stat(f"/proc/{pid}/ns/net").st_ino
+
+    async def body() -> None:
+        d = driver(root)
+        try:
+            for mid in (ahead, misfit):
+                spec = in_netns(mid, "exec sleep 600")
+                assert d.keep_ahead(spec, lambda mid=mid: prepare(mid))
+            await eventually(
+                lambda: all(d.ahead_state(m) == "ready" for m in (ahead, misfit)),
+                timeout=30, message="the slots made ahead",
+            )  # fmt: skip
+            assert made == [ahead, misfit]
+            other = in_netns(stranger, "echo stranger; exec sleep 600")
+            subprocess.run(["ip", "netns", "add", f"souq-t-{stranger}"], check=True)
+            async with started(d, other):  # no slot names its namespace: cold
+                await output(d, stranger, "stranger")
+                assert d.warm.taken == 0
+            async with started(d, in_netns(ahead, "cat /etc/resolv.conf; exec sleep 600")) as h:
+                assert d.warm.taken == 1 and d.ahead_state(ahead) == ""
+                assert "nameserver fdaa::3" in await output(d, ahead, "nameserver")
+                ns = os.stat(f"/run/netns/souq-t-{ahead}").st_ino
+                assert netns_of(h.pid) == ns  # its sandbox joined the namespace made ahead
+            spec = in_netns(misfit, "echo misfit; exec sleep 600", cwd=str(files / "work"))
+            async with started(d, spec) as h:
+                assert d.warm.taken == 1 and d.ahead_state(misfit) == ""  # given up: cold
+                await output(d, misfit, "misfit")
+                assert netns_of(h.pid) == os.stat(f"/run/netns/souq-t-{misfit}").st_ino
+            await eventually(
+                lambda: not _stub_roots_under(root), timeout=20, message="the misfit's slot ended"
+            )
+        finally:
+            d.close()
+            for mid in (ahead, misfit, stranger):
+                subprocess.run(["ip", "netns", "delete", f"souq-t-{mid}"], check=False)
+        assert slots(root) == []
+
+    asyncio.run(body())
+
+
+def _stub_roots_under(root: Path) -> list[str]:
+    return [r for r in _stub_roots() if r.startswith(str(root))]

@@ -5,10 +5,12 @@ from __future__ import annotations
 from souq.drivers.base import (
     ChoosesDrivers,
     JoinsCgroups,
+    MakesAhead,
     PreparesSpawns,
     RecordsExits,
     chooses_drivers,
     joins_cgroups,
+    makes_ahead,
     prepares_spawns,
     records_exits,
 )
@@ -35,6 +37,7 @@ def test_each_guard_answers_as_isinstance_does_for_souqs_drivers_and_others() ->
         prepares_spawns: PreparesSpawns,
         records_exits: RecordsExits,
         joins_cgroups: JoinsCgroups,
+        makes_ahead: MakesAhead,
     }
     for kind in (HostDriver, ExecDriver, Plain, Joins, JoinsToo):
         driver = object.__new__(kind)
@@ -47,3 +50,4 @@ def test_a_class_that_offers_nothing_is_told_so_and_one_that_does_is_not() -> No
     assert not joins_cgroups(Plain())
     assert joins_cgroups(Joins()) and joins_cgroups(JoinsToo())
     assert chooses_drivers(object.__new__(HostDriver))
+    assert makes_ahead(object.__new__(HostDriver)) and not makes_ahead(object.__new__(ExecDriver))

@@ -89,7 +89,10 @@ def start_overlay(
 
 def leave(executor: Executor, network: links.WorkerNetwork) -> None:
     """What the private network holds for machines that do not run, removed (made again at
-    their next start): nothing is left of a worker whose machines are all stopped."""
+    their next start): nothing is left of a worker whose machines are all stopped. Slots made
+    ahead of their claims are ended first (souq.agent.machines.network_slots)."""
+    if executor.network_slots is not None:
+        executor.network_slots.close()
     running = [
         (row.id, private_address(row.address))
         for row in executor.rows()

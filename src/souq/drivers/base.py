@@ -31,11 +31,13 @@ __all__ = [
     "JoinsCgroups",
     "Limits",
     "MachineSpec",
+    "MakesAhead",
     "PreparesSpawns",
     "RecordsExits",
     "SpawnError",
     "chooses_drivers",
     "joins_cgroups",
+    "makes_ahead",
     "prepares_spawns",
     "records_exits",
 ]
@@ -226,6 +228,21 @@ class ChoosesDrivers(Protocol):
     def check_program(self, program: str, env: Mapping[str, str], driver: str) -> None: ...
 
 
+@runtime_checkable
+class MakesAhead(Protocol):
+    """A driver that makes a machine's sandbox ahead of its claim, for a machine id chosen
+    ahead, in a network namespace made for it (:mod:`souq.drivers.warm`): the machine a claim
+    then makes with that id starts in it."""
+
+    def keep_ahead(self, spec: MachineSpec, prepare: Callable[[], None]) -> bool: ...
+
+    def ahead_state(self, machine_id: str) -> str: ...
+
+    def give_up_ahead(self, machine_id: str) -> None: ...
+
+    def end_ahead(self) -> list[str]: ...
+
+
 _OFFERED: dict[tuple[type, Any], bool] = {}
 
 
@@ -247,6 +264,10 @@ def chooses_drivers(driver: object) -> TypeGuard[ChoosesDrivers]:
 
 def prepares_spawns(driver: object) -> TypeGuard[PreparesSpawns]:
     return _offers(type(driver), PreparesSpawns)
+
+
+def makes_ahead(driver: object) -> TypeGuard[MakesAhead]:
+    return _offers(type(driver), MakesAhead)
 
 
 def records_exits(driver: object) -> TypeGuard[RecordsExits]:

@@ -43,7 +43,7 @@ from souq.drivers.identity import BASE, MachineIds
 from souq.drivers.programs import DEFAULT_PATH, ProgramNotRunnable, resolve_as, resolve_in_image
 from souq.drivers.userns import USERNS
 from souq.drivers.users import MachineUser
-from souq.drivers.warm import WarmSandboxes
+from souq.drivers.warm import Key, WarmSandboxes
 from souq.limits import LOG_MAX_BYTES
 
 __all__ = ["HostDriver"]
@@ -151,17 +151,15 @@ class HostDriver:
         whole = image is not None and image.is_root
         if whole:  # its own userland: the image's PATH (Docker's default), root's HOME
             spec = replace(spec, env={"PATH": DEFAULT_PATH, "HOME": "/root", **spec.env})
-        warm = None
-        if image is not None and whole and self.warm.enabled:
-            ids = sandbox.inner_ids(image.root, spec.image_user)
-            warm = self.warm.key_of(spec, image, ids)
+        warm = self._warm_key(spec, image if whole else None)
         if warm is not None and image is not None:  # a sandbox made ahead, if one is ready
             own = MachineUser("a machine's own uid", BASE, BASE)
             program = self._resolve(spec, Path(image.root), image, own)
             handle = self.warm.start(warm, spec, (program, *spec.cmd[1:]), meanwhile)
             if handle is not None:
                 self._started(handle)
-                self.warm.keep(warm, image)  # the next machine's
+                if not warm.netns:  # (one of a namespace of its own is made ahead of its claim)
+                    self.warm.keep(warm, image)  # the next machine's
                 return handle
         user = self.machine_user(spec.machine_id, take=True)
         spec = replace(spec, user=user)
@@ -204,9 +202,44 @@ class HostDriver:
 
         handle = self.exec.start(replace(spec, cmd=cmd), place=place, meanwhile=meanwhile)
         self._started(handle)
-        if warm is not None and image is not None:
+        if warm is not None and image is not None and not warm.netns:
             self.warm.keep(warm, image)  # the next machine of its image starts warm
         return handle
+
+    # -- sandboxes made ahead of their claim (souq.drivers.warm) --------------------------------
+
+    def keep_ahead(self, spec: MachineSpec, prepare: Callable[[], None]) -> bool:
+        """Have a sandbox made for ``spec``'s machine, not yet claimed, in its network
+        namespace (``spec.netns``), which ``prepare`` makes first, in the maker's thread; False:
+        none can be (nothing was run)."""
+        if spec.driver != "sandbox" or spec.netns is None or not self.warm.enabled:
+            return False
+        image = sandbox.Image.of(spec.image_root, spec.cwd)
+        if image is None or not image.is_root:
+            return False
+        key = self.warm.key_of(spec, image, sandbox.inner_ids(image.root, spec.image_user))
+        if key is None:
+            return False
+        return self.warm.keep(key, image, prepare=prepare, ahead=spec.machine_id)
+
+    def ahead_state(self, machine_id: str) -> str:
+        return self.warm.ahead_state(machine_id)
+
+    def give_up_ahead(self, machine_id: str) -> None:
+        self.warm.give_up_ahead(machine_id)
+
+    def end_ahead(self) -> list[str]:
+        return self.warm.end_ahead()
+
+    def _warm_key(self, spec: MachineSpec, image: sandbox.Image | None) -> Key | None:
+        """The slot a machine of an image (its own root) would fit; a slot made ahead for it
+        that it does not fit is given up."""
+        warm = None
+        if image is not None and self.warm.enabled:
+            warm = self.warm.key_of(spec, image, sandbox.inner_ids(image.root, spec.image_user))
+        if spec.netns is not None:
+            self.warm.give_up_ahead(spec.machine_id, fits=warm)
+        return warm
 
     def _started(self, handle: Handle) -> None:
         try:

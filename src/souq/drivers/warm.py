@@ -16,7 +16,7 @@ its own, up to the point where only the machine is missing:
    slot is ready once the stub says it runs.
 
 A claim whose machine fits a slot (a fresh machine of that image, the same user inside and
-network, no volumes, no network namespace of its own) takes it: the slot's uid is handed to
+network, no volumes) takes it: the slot's uid is handed to
 the machine (recorded with it, the registry's file names it), its root's directory renamed to
 the machine's (the mounts under it move with it), its spare cgroup renamed to the machine's
 and limited; then the waiter gets the machine's exit file and log, and the stub its command,
@@ -29,6 +29,17 @@ sandbox runs nothing but the stub, blocked in a read. If the agent goes away, th
 end of file on its machine pipe and kills the sandbox; the next agent removes what is left
 (:meth:`WarmSandboxes.sweep`). A slot's image files are checked at the take: an image unpacked
 again since (another inode) is not the one the slot mounted.
+
+**A machine of the private network** has a network namespace of its own, which its sandbox
+joins (the waiter's ``n:`` entry) and its address in it: its slot cannot be made without
+knowing which machine it is for. So such a slot is made *ahead of its claim*, for a machine id
+chosen for it (:mod:`souq.agent.machines.network_slots` keeps them, one per network and image,
+and takes the address and makes the namespace, its links, routes and rules: ``prepare``, run
+first in the maker's thread); its key names the namespace (and the ``resolv.conf`` bound
+over the image's), so only that machine fits it: :meth:`WarmSandboxes.keep` with ``ahead``,
+never the "next machine's" slot after a start. A claim that takes it uses its machine id; if
+its machine does not fit the slot after all (another image, user or working directory), the
+slot is given up at the spawn and the machine starts cold, in the namespace made for it.
 
 On cgroup v2 (no spare cgroups to rename) or without a static souq-waiter (an image's root has
 none of the host's libraries), there are no slots.
@@ -46,6 +57,7 @@ import shutil
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from souq.drivers import processes, rootfs, sandbox
@@ -57,8 +69,6 @@ from souq.drivers.waiter import is_static
 from souq.drivers.waiter_pool import IdleWaiter
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     from souq.drivers.cgroups import Cgroups
     from souq.drivers.exec import ExecDriver
     from souq.drivers.identity import MachineIds
@@ -82,6 +92,8 @@ class Key:
     start: str  # the working directory inside
     inner: tuple[int, int]  # the uid and gid inside
     network: bool
+    netns: str = ""  # the network namespace it joins (a machine of the private network's)
+    resolv_conf: str = ""  # bound at /etc/resolv.conf with it
 
 
 @dataclass(frozen=True)
@@ -168,6 +180,7 @@ class WarmSandboxes:
         )
         self._slots: dict[Key, Slot] = {}  # insertion order: the key used longest ago first
         self._making: dict[Key, concurrent.futures.Future[Slot]] = {}
+        self._ahead: dict[str, Key] = {}  # slots made ahead of a claim: by their machine's id
         self._maker: concurrent.futures.ThreadPoolExecutor | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.taken = 0  # starts that took a slot (for tests and the benchmark)
@@ -187,10 +200,10 @@ class WarmSandboxes:
         self._slots.clear()
 
     def key_of(self, spec: MachineSpec, image: sandbox.Image, inner: tuple[int, int]) -> Key | None:
-        """The slot a machine would fit (None: none could: it has volumes, a network
-        namespace of its own, or a root from an earlier run)."""
+        """The slot a machine would fit (None: none could: it has volumes, or a root from an
+        earlier run)."""
         d = self.driver
-        if not self.enabled or spec.mounts or spec.netns is not None or spec.resolv_conf:
+        if not self.enabled or spec.mounts or (spec.netns is None) != (spec.resolv_conf is None):
             return None
         if d.rootfs_of(spec.machine_id).exists() or d.ids is None:
             return None
@@ -201,7 +214,8 @@ class WarmSandboxes:
         except OSError:
             return None
         inode = (st.st_dev, st.st_ino)
-        return Key(str(image.root), inode, image.start_dir(), inner, spec.network)
+        netns, resolv = spec.netns or "", spec.resolv_conf or ""
+        return Key(str(image.root), inode, image.start_dir(), inner, spec.network, netns, resolv)
 
     # -- the take --------------------------------------------------------------------------------
 
@@ -217,6 +231,8 @@ class WarmSandboxes:
         slot = self._slots.pop(key, None)
         if slot is None:
             return None
+        if key.netns:
+            self._ahead.pop(spec.machine_id, None)
         if not self._alive(slot) or not self._cgroup(slot, spec):
             log.info("a sandbox made ahead (%s) could not be the machine's", slot.name)
             self._discard_later(slot)
@@ -276,40 +292,93 @@ class WarmSandboxes:
 
     # -- making slots ----------------------------------------------------------------------------
 
-    def keep(self, key: Key, image: sandbox.Image) -> None:
-        """Have a slot for ``key`` made, off the event loop, if there is none nor one being made."""
+    def keep(
+        self,
+        key: Key,
+        image: sandbox.Image,
+        *,
+        prepare: Callable[[], None] | None = None,
+        ahead: str | None = None,
+    ) -> bool:
+        """Have a slot for ``key`` made, off the event loop, if there is none nor one being made
+        (False: none is). ``ahead``: the id of the machine not yet claimed it is made for (its
+        key names its network namespace), which ``prepare`` makes first, in the maker's thread."""
         if key in self._slots or key in self._making or self._closed:
-            return
+            return False
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # a driver used outside an event loop makes no slot
-            return
+            return False
         if self._maker is None:
             self._maker = concurrent.futures.ThreadPoolExecutor(1, "souq-warm")
-        making = self._maker.submit(self._make, key, image)
+        making = self._maker.submit(self._make, key, image, prepare)
         self._making[key] = making
+        if ahead is not None:
+            self._ahead[ahead] = key
         task = loop.create_task(self._made(key, making))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return True
+
+    def ahead_state(self, machine_id: str) -> str:
+        """The slot made ahead for ``machine_id``: ``ready``, ``making``, or "" (none: given up,
+        or its making failed)."""
+        key = self._ahead.get(machine_id)
+        if key is None:
+            return ""
+        if key in self._slots:
+            return "ready"
+        return "making" if key in self._making else ""
+
+    def give_up_ahead(self, machine_id: str, fits: Key | None = None) -> None:
+        """The slot made ahead for ``machine_id`` given up (its claim failed, or it starts
+        without it), unless it is the one for ``fits``. One still being made is ended once made."""
+        key = self._ahead.get(machine_id)
+        if key is None or key == fits:
+            return
+        del self._ahead[machine_id]
+        slot = self._slots.pop(key, None)
+        if slot is not None:
+            self._discard_later(slot)
+
+    def end_ahead(self) -> list[str]:
+        """Every slot made ahead of a claim ended, now (the agent leaves); their machines' ids."""
+        ids = list(self._ahead)
+        for key in [self._ahead.pop(mid) for mid in ids]:
+            making = self._making.get(key)
+            if making is not None:  # let it finish: _made ends it, but its namespace is made now
+                with contextlib.suppress(Exception):
+                    making.result(timeout=10)
+            slot = self._slots.pop(key, None)
+            if slot is not None:
+                self._discard(slot)
+        return ids
 
     async def _made(self, key: Key, making: concurrent.futures.Future[Slot]) -> None:
         try:
             slot = await asyncio.wrap_future(making)
         except Exception as exc:  # a slot is an optimisation: a start without one is cold
             log.warning("cannot make a sandbox ahead for %s: %s", key.image, exc)
+            for mid in [m for m, k in self._ahead.items() if k == key]:
+                del self._ahead[mid]  # (its state is then "": its maker gives up the rest)
             return
         finally:
             self._making.pop(key, None)
         if self._closed:  # close() ended it
             return
+        if key.netns and key not in self._ahead.values():  # given up meanwhile
+            self._discard_later(slot)
+            return
         self._slots[key] = slot
-        while len(self._slots) > _KEYS:
-            self._discard_later(self._slots.pop(next(iter(self._slots))))
+        while len(kept := [k for k in self._slots if not k.netns]) > _KEYS:
+            self._discard_later(self._slots.pop(kept[0]))  # (slots made ahead: bounded by theirs)
 
-    def _make(self, key: Key, image: sandbox.Image) -> Slot:
-        """A slot's uid, root and sandbox (in the maker's thread)."""
+    def _make(self, key: Key, image: sandbox.Image, prepare: Callable[[], None] | None) -> Slot:
+        """A slot's uid, root and sandbox (in the maker's thread), after ``prepare``."""
         d = self.driver
         assert d.ids is not None
+        if prepare is not None:
+            prepare()
         name = f"{SLOT_PREFIX}{os.getpid()}-{next(_numbers)}"
         records = d.exec.records_dir(name)
         user = d.ids.take_ahead(name, records)
@@ -325,9 +394,12 @@ class WarmSandboxes:
                 inner=key.inner,
                 die_with_parent=True,
             )
+            if key.resolv_conf:  # as a cold start binds it (the last bind: over the root's)
+                argv[-1:-1] = ["--ro-bind", key.resolv_conf, "/etc/resolv.conf"]
             waiter = d.exec.waiters.new_warm()
             leave = d.cgroups.procs_of(WAITERS) if waiter.spare else ()
-            cgroups = CgroupEntry(leave=leave).waiter_fields()
+            netns = Path(key.netns) if key.netns else None
+            cgroups = CgroupEntry(leave=leave, netns=netns).waiter_fields()
             cmd = [*argv, *_STUB]
             job = _nul_fields(
                 ["", "/", "", str(d.exec.log_max_bytes), user.waiter_field(),
@@ -387,6 +459,7 @@ class WarmSandboxes:
 
     def close(self) -> None:
         self._closed = True
+        self._ahead.clear()
         for making in list(self._making.values()):  # a slot being made: let it finish, end it
             with contextlib.suppress(Exception):
                 self._discard(making.result(timeout=10))

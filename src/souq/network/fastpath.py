@@ -29,7 +29,10 @@ fast path (the tunnel is the cost there).
 
 One table per worker, ``netdev souq-<tag>``: made whole at the agent's start
 (:meth:`FastPath.start`, in one transaction, so traffic never sees it half made), a machine's
-two chains and its map element added at its link's making and removed at its destroy, the
+two chains and its map element added once it has started (:meth:`FastPath.add_later`, in a
+thread of the fast path's own: ``nft -f`` reads the whole ruleset, 12-13 ms, which a start
+need not wait for, since the kernel's routes and the worker's chains carry the machine's
+traffic meanwhile) and removed at its destroy, the
 peers' maps replaced as the routes change (:meth:`FastPath.route`). A host whose kernel or
 ``nft`` lacks any of it (``CONFIG_NF_TABLES_NETDEV``, ``CONFIG_NFT_FWD_NETDEV``) keeps the
 kernel's path alone, said once in the agent's log. The ``fwd`` rules count what they pass
@@ -38,9 +41,11 @@ kernel's path alone, said once in the agent's log. The ``fwd`` rules count what 
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import shutil
 import subprocess
+import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -197,13 +202,20 @@ def _nft(script: str) -> None:
 
 class FastPath:
     """The worker's table (:func:`table_script`) kept as its machines and routes change. Off
-    (``why_not`` says why) where the host cannot make it; then every call does nothing."""
+    (``why_not`` says why) where the host cannot make it; then every call does nothing.
+
+    A machine's entry is added in a thread of its own (:meth:`add_later`); every change to
+    the table holds one lock, and a machine removed before its entry was added gets none (what
+    is wanted is noted first, and the thread adds only what is still wanted)."""
 
     def __init__(self, tag: str) -> None:
         self.tag = tag
         self.why_not: str | None = None if shutil.which("nft") else "nft not installed"
         self._machines: dict[str, MachineLink] = {}  # by link
+        self._wanted: dict[str, MachineLink] = {}  # by link: added by the thread unless removed
         self._hops: list[Hop] = []
+        self._lock = threading.Lock()
+        self._adder: concurrent.futures.ThreadPoolExecutor | None = None
 
     @property
     def on(self) -> bool:
@@ -214,24 +226,48 @@ class FastPath:
         if not self.on:
             log.info("private network: no fast path between workers (%s)", self.why_not)
             return
-        self._machines = {m.link: m for m in machines}
-        self._hops = []
-        try:
-            _nft(table_script(self.tag, self._machines.values()))
-        except OSError as exc:
-            self.why_not = str(exc)
-            self._machines = {}
-            log.warning(
-                "private network: no fast path between workers, the kernel's routes alone: %s",
-                exc,
-            )
+        with self._lock:
+            self._machines = {m.link: m for m in machines}
+            self._wanted = dict(self._machines)
+            self._hops = []
+            try:
+                _nft(table_script(self.tag, self._machines.values()))
+            except OSError as exc:
+                self.why_not = str(exc)
+                self._machines = {}
+                log.warning(
+                    "private network: no fast path between workers, the kernel's routes alone: %s",
+                    exc,
+                )
+
+    def add_later(self, m: MachineLink) -> concurrent.futures.Future[None] | None:
+        """A machine that has started: :meth:`add` in the fast path's thread (None: nothing
+        to do, it is in the table as it is, or there is no fast path)."""
+        if not self.on or self._machines.get(m.link) == m:
+            return None
+        self._wanted[m.link] = m
+        if self._adder is None:
+            self._adder = concurrent.futures.ThreadPoolExecutor(1, f"souq-fast-{self.tag}")
+        return self._adder.submit(self._add_wanted, m)
+
+    def _add_wanted(self, m: MachineLink) -> None:
+        with self._lock:
+            if self._wanted.get(m.link) == m:  # not removed meanwhile
+                self._add(m)
 
     def add(self, m: MachineLink) -> None:
         """A machine whose link is there: in the table unless it is already, as it is."""
-        if not self.on or self._machines.get(m.link) == m:
+        if not self.on:
+            return
+        with self._lock:
+            self._wanted[m.link] = m
+            self._add(m)
+
+    def _add(self, m: MachineLink) -> None:
+        if self._machines.get(m.link) == m:
             return
         if m.link in self._machines:
-            self.remove(self._machines[m.link])
+            self._remove(self._machines[m.link])
         try:
             _nft(machine_script(self.tag, m))
         except OSError as exc:  # it goes the kernel's way: slower, as safe
@@ -240,8 +276,17 @@ class FastPath:
         self._machines[m.link] = m
 
     def remove(self, m: MachineLink) -> None:
-        if not self.on or self._machines.pop(m.link, None) is None:
+        if not self.on:
             return
+        with self._lock:
+            self._wanted.pop(m.link, None)
+            self._remove(m)
+
+    def _remove(self, m: MachineLink) -> None:
+        made = self._machines.pop(m.link, None)
+        if made is None:
+            return
+        m = made
         try:
             _nft(machine_removal(self.tag, m))
         except OSError as exc:  # the table is made anew at the next start
@@ -251,20 +296,35 @@ class FastPath:
         """The routes to other workers now ``hops``."""
         if not self.on or hops == self._hops:
             return
-        before = [h.device for h in self._hops]
-        try:
-            _nft(route_script(self.tag, hops, before))
-        except OSError as exc:
-            log.warning("private network: the fast path's routes: %s", exc)
-            return
-        self._hops = list(hops)
+        with self._lock:
+            before = [h.device for h in self._hops]
+            try:
+                _nft(route_script(self.tag, hops, before))
+            except OSError as exc:
+                log.warning("private network: the fast path's routes: %s", exc)
+                return
+            self._hops = list(hops)
+
+    def settled(self, timeout: float | None = None) -> None:
+        """Wait for the entries asked for so far to be added (tests, benchmarks, close)."""
+        with self._lock:
+            adder = self._adder
+        if adder is not None:
+            adder.submit(lambda: None).result(timeout)
+
+    def close(self) -> None:
+        """The thread ended, once what it was asked is done."""
+        adder, self._adder = self._adder, None
+        if adder is not None:
+            adder.shutdown(wait=True)
 
     def stop(self) -> None:
         """The table gone (tests, benchmarks; an agent keeps it for its machines)."""
+        self.close()
         if self.on:
             subprocess.run(
                 ["nft", "delete", "table", "netdev", f"souq-{self.tag}"],
                 capture_output=True,
                 check=False,
             )
-        self._machines, self._hops = {}, []
+        self._machines, self._wanted, self._hops = {}, {}, []

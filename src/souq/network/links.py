@@ -1,7 +1,8 @@
 """A worker's private network on its host: a network namespace per machine, joined to the
 worker's namespace by a veth pair, and the firewall that keeps networks apart.
 
-Per machine (:meth:`WorkerNetwork.ensure`, before its first spawn; kept across restarts and
+Per machine (:meth:`WorkerNetwork.ensure`, before its first spawn, or ahead of its claim for
+a sandbox made ahead, :mod:`souq.agent.machines.network_slots`; kept across restarts and
 agent restarts; removed by :meth:`WorkerNetwork.remove` at its destroy):
 
 * a namespace ``souq-<tag>-<machine id>`` (``/run/netns``), with ``lo`` up;
@@ -345,7 +346,6 @@ class WorkerNetwork:
         names = self.names(machine_id, address)
         if self.exists(machine_id, address):
             self._refresh_edge(machine_id, address)
-            self.fast.add(self.fast_link(machine_id, address))
             return NETNS_DIR / names.netns
         if (NETNS_DIR / names.netns).exists() or Path("/sys/class/net", names.link).exists():
             self._remove(names)  # half made (an agent killed meanwhile)
@@ -378,12 +378,16 @@ class WorkerNetwork:
                 self._refresh_edge(machine_id, address)
             else:
                 self._machine_rules(machine_id, address, "-I")
-            self.fast.add(self.fast_link(machine_id, address))
         except OSError:
             self._remove(names)
             raise
         self._edges[machine_id] = address.edge
         return NETNS_DIR / ns
+
+    def started(self, machine_id: str, address: PrivateAddress) -> None:
+        """The machine has started: its fast path entry, in the background (the kernel's route
+        and the chains carry its traffic until then: :mod:`souq.network.fastpath`)."""
+        self.fast.add_later(self.fast_link(machine_id, address))
 
     def leave(self, running: Iterable[tuple[str, PrivateAddress]]) -> list[str]:
         """The agent goes away: the namespaces of its machines that do not run are removed
@@ -393,6 +397,7 @@ class WorkerNetwork:
         running = list(running)
         keep = [self.names(m, a) for m, a in running]
         gone = self.sweep({n.netns for n in keep}, {n.link for n in keep})
+        self.fast.close()
         if not running:
             self.stop_rules()
             self._edges.clear()

@@ -16,6 +16,7 @@ from souq.agent.capacity.admission import HeldQuote
 from souq.agent.capacity.ports import edge_ports
 from souq.agent.machines import evictions, launch, lifecycle, machine_network
 from souq.agent.machines.executor import Executor
+from souq.agent.machines.images import image_of
 from souq.agent.machines.leases import Leases
 from souq.agent.machines.reads import MachineReads
 from souq.agent.machines.steps import begin_destroy
@@ -99,8 +100,7 @@ class Commands(MachineReads):
         self._check_mounts(req.app, req.config)
         config, placement = self._driver_noted(req.config, req.placement)
         placement = self._image_noted(config, req.image, placement, req.request_id, req.region)
-        machine_id = new_machine_id()
-        address = self._address(machine_id, config, req.network)
+        machine_id, address = self._id_and_address(req, config, placement)
         victims = []
         try:
             if eviction is not None and eviction.victims:
@@ -240,6 +240,35 @@ class Commands(MachineReads):
         placement = placement or Placement(request_id=request_id, region=region)
         images = self._ex.images
         return placement if images is None else images.claimed(image, placement)
+
+    def _id_and_address(
+        self, req: ClaimRequest, config: MachineConfig, placement: Placement | None
+    ) -> tuple[str, MachineAddress | None]:
+        """A new machine's id (a slot's made ahead for it, if it takes one) and address."""
+        ex = self._ex
+        machine_id = self._slot_id(req, config, placement) or new_machine_id()
+        try:
+            return machine_id, self._address(machine_id, config, req.network)
+        except BaseException:
+            if ex.network_slots is not None:
+                ex.network_slots.unused(machine_id)
+            raise
+
+    def _slot_id(
+        self, req: ClaimRequest, config: MachineConfig, placement: Placement | None
+    ) -> str | None:
+        """The id of the machine a slot was made ahead for that this claim's machine takes
+        (:mod:`souq.agent.machines.network_slots`): one of the private network, of an image,
+        started at once; None: it starts cold, with an id of its own."""
+        ex = self._ex
+        slots = ex.network_slots
+        if slots is None or req.skip_launch or req.config.standbys or req.config.mounts:
+            return None
+        if config.driver != "sandbox" or not config.sandbox.network:
+            return None
+        if req.network == UNKNOWN_NETWORK:
+            return None
+        return slots.take(req.network or network_of(DEFAULT_ORG), image_of(placement))
 
     def _address(
         self, machine_id: str, config: MachineConfig, network: str

@@ -29,6 +29,7 @@ from souq.agent.machines.checks import MachineChecks
 from souq.agent.machines.faults import FaultPoint
 from souq.agent.machines.images import AgentImages, Pulled, image_of, image_source
 from souq.agent.machines.launch import Pulls, machine_spec, pulled_record
+from souq.agent.machines.network_slots import NetworkSlots
 from souq.agent.machines.process_steps import ProcessSteps
 from souq.agent.machines.restart import Backoff
 from souq.agent.machines.secrets import AgentSecrets
@@ -117,6 +118,12 @@ class Executor(MachineTable, ProcessSteps):
         # Private addresses, given at claims (souq.network), when the worker has the network.
         self.addresses = AddressPool(worker_id) if network is not None else None
         self.network = network  # their namespaces and rules
+        # Machines of the private network made ahead of their claims, to start warm.
+        self.network_slots = (
+            NetworkSlots(driver, network, self.addresses)
+            if network is not None and self.addresses is not None
+            else None
+        )
         # The batch jobs running here, which preemption may displace (the agent's, if it runs
         # jobs: souq.agent.machines.evictions).
         self.job_runs: JobRuns | None = None
@@ -416,8 +423,8 @@ class Executor(MachineTable, ProcessSteps):
             return
         mounts = self.volumes.host_mounts(row.config) if self.volumes is not None else ()
         spec = machine_spec(row, self.worker_id, image, values, mounts)
-        try:  # its own network namespace, made at its first start and kept
-            spec = machine_network.joined(self, row, spec)
+        try:  # its own network namespace, made at its first start (or ahead) and kept
+            spec, private = machine_network.joined(self, row, spec)
         except OSError as exc:
             self._spawn_failed(op, f"cannot make the machine's network: {exc}")
             return
@@ -427,6 +434,8 @@ class Executor(MachineTable, ProcessSteps):
             self._spawn_failed(op, str(exc))
             return
         self._spawned(op, handle, watch=True)
+        if private is not None:
+            machine_network.started(self, row, spec, private)
 
     def _spawn_if_waiting(self, op: Op) -> None:
         if self._ops.get(op.machine_id) is op and op.state is OpState.SPAWNING:
@@ -512,6 +521,7 @@ class Executor(MachineTable, ProcessSteps):
         self._handles[machine_id] = handle
         self._ran_since[machine_id] = self._clock.monotonic()
         self.supervisor.watch(machine_id, handle)
+        machine_network.keep_ahead(self, self._rows[machine_id])
 
     def resume(self, last: OpStep) -> None:
         """Go on with an operation the op log left unfinished, from its last step."""
