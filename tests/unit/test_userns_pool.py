@@ -77,3 +77,24 @@ def test_no_ready_process_outlives_the_pool() -> None:
     pool.close()
     for pid in pids:
         assert not os.path.exists(f"/proc/{pid}")
+
+
+def test_a_ready_one_holds_no_descriptor_of_the_agent_s_even_an_inheritable_one() -> None:
+    """A ready process lives until it is taken: a descriptor the agent has made inheritable
+    for a moment (uvloop does, for the far end of an exec's output pipe while it spawns the
+    command) must not stay open in it, or the exec never sees the end of its output."""
+    read_end, write_end = os.pipe()
+    os.set_inheritable(write_end, True)
+    pool = UsernsPool(size=1)
+    try:
+        assert pool.wait_ready(10)
+        (made,) = pool._ready
+        held = {
+            os.readlink(f"/proc/{made.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{made.pid}/fd")
+        }
+        assert os.readlink(f"/proc/self/fd/{write_end}") not in held
+        os.close(write_end)
+        assert os.read(read_end, 1) == b""  # the pipe's only writer was ours: closed, it ends
+    finally:
+        pool.close()
+        os.close(read_end)

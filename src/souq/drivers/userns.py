@@ -2,12 +2,12 @@
 
 An idmapped mount (:mod:`souq.drivers.rootfs`) maps through a user namespace in which 0 is the
 machine's uid outside. Making one takes a process: ``unshare --user cat``, spawned with
-``posix_spawn`` (the agent is not forked), which has unshared once ``cat`` echoes a byte back;
-its maps are then written from outside and its namespace is kept by a descriptor after it is
-killed. Spawning it is most of a sandboxed start's root mount (about 3.7 ms of 4.4 on a quiet
-box), so :class:`UsernsPool` keeps a few such processes ready, unshared but with no maps yet (a
-map can be written once, so a ready one serves any uid), and makes the next ones in a thread
-of its own after each take. A start that finds none ready makes its own, as before.
+``Popen`` (a vfork, every other descriptor closed), which has unshared once ``cat`` echoes a
+byte back; its maps are then written from outside and its namespace is kept by a descriptor
+after it is killed. Spawning it is most of a sandboxed start's root mount (about 3.7 ms of 4.4
+on a quiet box), so :class:`UsernsPool` keeps a few such processes ready, unshared but with no
+maps yet (a map can be written once, so a ready one serves any uid), and makes the next ones in
+a thread of its own after each take. A start that finds none ready makes its own, as before.
 
 A ready process holds nothing: its namespace has no map and so no rights, and it reads a pipe
 the agent holds, so it exits when the agent does.
@@ -20,6 +20,7 @@ import contextlib
 import errno
 import os
 import signal
+import subprocess
 import threading
 from dataclasses import dataclass
 
@@ -32,40 +33,46 @@ __all__ = ["USERNS", "UsernsPool"]
 class _Unshared:
     """One ``unshare --user cat`` that has unshared; its maps are not written yet."""
 
-    pid: int
+    proc: subprocess.Popen[bytes]
     to_cat: int  # its stdin: closed, it exits
     from_cat: int
 
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
     def close(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.pid, signal.SIGKILL)
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(self.pid, 0)
+        self.proc.kill()  # nothing when it is gone, or reaped already
+        self.proc.wait()
         for fd in (self.to_cat, self.from_cat):
             os.close(fd)
 
 
 def _unshared() -> _Unshared:
+    """A ready process. ``Popen`` (a vfork, and every other descriptor closed in the child),
+    not ``posix_spawn``: a ready one lives until it is taken, and a descriptor the event loop
+    has made inheritable for a moment (the far end of an ``exec``'s output pipe while uvloop
+    spawns its command) would stay open in it as long, and the ``exec`` would never see the
+    end of its output."""
     to_cat, cat_in = os.pipe2(os.O_CLOEXEC)
     cat_out, from_cat = os.pipe2(os.O_CLOEXEC)
     try:
-        pid = os.posix_spawnp(
-            "unshare",
+        proc = subprocess.Popen(
             ["unshare", "--user", "--", "cat"],
-            {"PATH": os.environ.get("PATH", os.defpath)},
-            file_actions=[
-                (os.POSIX_SPAWN_DUP2, to_cat, 0),
-                (os.POSIX_SPAWN_DUP2, from_cat, 1),
-                (os.POSIX_SPAWN_OPEN, 2, os.devnull, os.O_WRONLY, 0),
-            ],
+            stdin=to_cat,
+            stdout=from_cat,
+            stderr=subprocess.DEVNULL,
+            env={"PATH": os.environ.get("PATH", os.defpath)},
+            close_fds=True,
         )
     except OSError:
-        for fd in (to_cat, cat_in, cat_out, from_cat):
-            os.close(fd)
+        os.close(cat_in)
+        os.close(cat_out)
         raise
-    os.close(to_cat)
-    os.close(from_cat)
-    made = _Unshared(pid, cat_in, cat_out)
+    finally:
+        os.close(to_cat)
+        os.close(from_cat)
+    made = _Unshared(proc, cat_in, cat_out)
     try:
         os.write(cat_in, b"\n")
         if os.read(cat_out, 1) != b"\n":
