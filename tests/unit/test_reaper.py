@@ -3,11 +3,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
+import time
+
+import uvloop
 
 from souq.agent import reaper
-from souq.agent.reaper import GRACE_S, Reaper
+from souq.agent.reaper import GRACE_S, SWEEP_S, Reaper
 
 
 def _exited(child: subprocess.Popen[bytes]) -> None:
@@ -55,3 +59,27 @@ def test_a_child_of_the_agents_own_process_group_is_never_reaped() -> None:
     now[0] += GRACE_S * 10
     assert r.reap() == []
     assert child.wait(timeout=10) == 4
+
+
+def test_an_orphan_is_still_reaped_once_the_event_loop_has_run_a_command() -> None:
+    """uvloop's libuv owns SIGCHLD for its commands (exec's): it puts the default back once its
+    last one has ended, so a reaper that waited for SIGCHLD was deaf from the first exec on."""
+    seen: list[int] = []
+
+    async def main() -> int:
+        r = Reaper(lambda: reaper._children() - set(seen))
+        r.install()
+        try:
+            command = await asyncio.create_subprocess_exec("true")
+            assert await command.wait() == 0
+            orphan = subprocess.Popen(["true"], start_new_session=True)
+            seen.append(orphan.pid)
+            orphan.returncode = 0  # the reaper's, not Popen's, to wait for
+            give_up = time.monotonic() + 10 * (GRACE_S + SWEEP_S)
+            while r.reaped == 0 and time.monotonic() < give_up:
+                await asyncio.sleep(0.05)
+            return r.reaped
+        finally:
+            r.uninstall()
+
+    assert uvloop.run(main()) == 1

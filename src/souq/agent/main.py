@@ -569,7 +569,7 @@ def _main(config: AgentConfig) -> Coroutine[Any, Any, None]:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        # Orphans of machines become ours, not init's, and are reaped at once (souq.agent.reaper).
+        # Orphans of machines become ours, not init's, and are reaped (souq.agent.reaper).
         if not make_subreaper():
             log.warning("cannot become a child subreaper: orphans of machines go to init")
         agent = Agent(config)
