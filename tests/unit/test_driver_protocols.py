@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from souq.drivers.base import (
     ChoosesDrivers,
+    HasMachineDirs,
     JoinsCgroups,
     MakesAhead,
     PreparesSpawns,
     RecordsExits,
     chooses_drivers,
+    has_machine_dirs,
     joins_cgroups,
     makes_ahead,
     prepares_spawns,
@@ -38,6 +40,7 @@ def test_each_guard_answers_as_isinstance_does_for_souqs_drivers_and_others() ->
         records_exits: RecordsExits,
         joins_cgroups: JoinsCgroups,
         makes_ahead: MakesAhead,
+        has_machine_dirs: HasMachineDirs,
     }
     for kind in (HostDriver, ExecDriver, Plain, Joins, JoinsToo):
         driver = object.__new__(kind)
@@ -51,3 +54,6 @@ def test_a_class_that_offers_nothing_is_told_so_and_one_that_does_is_not() -> No
     assert joins_cgroups(Joins()) and joins_cgroups(JoinsToo())
     assert chooses_drivers(object.__new__(HostDriver))
     assert makes_ahead(object.__new__(HostDriver)) and not makes_ahead(object.__new__(ExecDriver))
+    assert has_machine_dirs(object.__new__(HostDriver)) and has_machine_dirs(
+        object.__new__(ExecDriver)
+    )

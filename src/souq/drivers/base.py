@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeGuard, runtime_checkable
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from souq.drivers.users import MachineUser
 
 # How an exit's message says the OOM killer ended it (an event read back is known by it).
@@ -28,6 +30,7 @@ __all__ = [
     "Driver",
     "ExitStatus",
     "Handle",
+    "HasMachineDirs",
     "JoinsCgroups",
     "Limits",
     "MachineSpec",
@@ -36,6 +39,7 @@ __all__ = [
     "RecordsExits",
     "SpawnError",
     "chooses_drivers",
+    "has_machine_dirs",
     "joins_cgroups",
     "makes_ahead",
     "prepares_spawns",
@@ -209,6 +213,14 @@ class JoinsCgroups(Protocol):
 
 
 @runtime_checkable
+class HasMachineDirs(Protocol):
+    """A driver whose machines each have a directory of their own on the host, the working
+    directory of a machine of no image (an exec in the machine runs there)."""
+
+    def machine_dir(self, machine_id: str) -> Path: ...
+
+
+@runtime_checkable
 class PreparesSpawns(Protocol):
     """A driver that can get ready for several spawns at once (the exec driver starts that many
     souq-waiters together, so that they start up in parallel rather than one after another)."""
@@ -276,3 +288,7 @@ def records_exits(driver: object) -> TypeGuard[RecordsExits]:
 
 def joins_cgroups(driver: object) -> TypeGuard[JoinsCgroups]:
     return _offers(type(driver), JoinsCgroups)
+
+
+def has_machine_dirs(driver: object) -> TypeGuard[HasMachineDirs]:
+    return _offers(type(driver), HasMachineDirs)

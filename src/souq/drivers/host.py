@@ -309,6 +309,9 @@ class HostDriver:
         status = inner.last_exit(machine_id) if isinstance(inner, RecordsExits) else ExitStatus()
         return self.cgroups.annotate(machine_id, status)
 
+    def machine_dir(self, machine_id: str) -> Path:
+        return self.exec.machine_dir(machine_id)
+
     def join_prefix(self, machine_id: str) -> tuple[str, ...]:
         """The placement shell that moves a command into the machine's cgroup (an exec)."""
         if self.cgroups.backend is None:
