@@ -111,6 +111,12 @@ def test_the_nsenter_line_enters_what_differs_and_takes_the_ids() -> None:
     assert plain[6:] == ["--root", "--wd", "--"]  # no ids: it keeps nsenter's own
 
 
+def test_the_nsenter_line_names_the_working_directory_inside_when_given() -> None:
+    entry = Entry(7, ("pid", "mnt"))
+    assert nsenter_argv(entry, wd="/run/souq")[-3:] == ["--root", "--wdns=/run/souq", "--"]
+    assert "--wd" not in nsenter_argv(entry, wd="/app")  # not the target's: nsenter refuses both
+
+
 def test_a_process_children_are_read_from_its_own_proc_entry_as_psutil_finds_them(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

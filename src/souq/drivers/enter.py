@@ -5,10 +5,15 @@ machine's own command runs. ``exec`` uses it; ``ps`` uses :func:`pid_namespace_m
 **Which process.** The process the agent watches is ``bwrap``. With ``--unshare-pid`` it forks a
 child in the new namespaces that is pid 1 there (the machine's init, which reaps orphans), and
 that child forks the command (pid 2). The command is the one entered: its namespaces are its
-init's, and its environment (bwrap's ``--setenv`` reaches the command alone), working directory
-and root are the machine's. Until the init has forked the command, bwrap is still building the
-sandbox (its mounts are not all in place) and nothing enters it (:class:`CannotEnter`,
-``setting_up``). Under ``--as-pid-1`` the init is the command itself (it no longer runs bwrap).
+init's, and its environment (bwrap's ``--setenv`` reaches the command alone) and root are the
+machine's. Until the init has forked the command, bwrap is still building the sandbox (its
+mounts are not all in place) and nothing enters it (:class:`CannotEnter`, ``setting_up``).
+Under ``--as-pid-1`` the init is the command itself (it no longer runs bwrap).
+
+**Where.** The entered command runs in the machine's own working directory, the one bwrap
+started its command in, given as a path inside (``--wdns``: looked up once nsenter is in the
+machine's mount namespace and root), whatever directory the command has moved to since. An
+nsenter older than util-linux 2.38 has no ``--wdns``: there it takes the command's (``--wd``).
 
 **Credentials.** ``nsenter`` runs as root. As root it enters every namespace but the user
 namespace first, then the user namespace; then it takes the command's uid and gid as that user
@@ -29,7 +34,9 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import os
+import subprocess
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +59,7 @@ __all__ = [
     "nsenter_argv",
     "parse_status",
     "pid_namespace_members",
+    "sets_wd_inside",
     "widens",
 ]
 
@@ -151,19 +159,33 @@ def widens(entry: Entry, owned: Iterable[str], command_bounding: int, every: int
     return bool(set(owned) & (set(entry.namespaces) - {"user"}))
 
 
-def nsenter_argv(entry: Entry, nsenter: str = "nsenter") -> list[str]:
+def nsenter_argv(entry: Entry, nsenter: str = "nsenter", wd: str | None = None) -> list[str]:
     """The argv prefix that runs a command (append it) in ``entry``'s namespaces, with its
-    root and working directory those of the target (``--root``, ``--wd``: taken from
-    ``/proc/PID`` as nsenter starts, not paths looked up again)."""
+    root the target's (``--root``: taken from ``/proc/PID`` as nsenter starts, not a path
+    looked up again) and its working directory ``wd``, a path inside the machine looked up
+    there (``--wdns``); None: the target's own (``--wd``)."""
     argv = [nsenter, f"--target={entry.target}", *(NAMESPACES[k] for k in entry.namespaces)]
     if entry.uid is not None:
         argv.append(f"--setuid={entry.uid}")
     if entry.gid is not None:
         argv.append(f"--setgid={entry.gid}")
-    return [*argv, "--root", "--wd", "--"]
+    return [*argv, "--root", "--wd" if wd is None else f"--wdns={wd}", "--"]
 
 
 # -- reading /proc ----------------------------------------------------------------------------
+
+
+@functools.cache
+def sets_wd_inside(nsenter: str) -> bool:
+    """Whether this ``nsenter`` takes a working directory inside the entered namespaces
+    (``--wdns``, util-linux 2.38 and later), as its usage says."""
+    try:
+        usage = subprocess.run(
+            [nsenter, "--help"], capture_output=True, timeout=10, check=False, text=True
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "--wdns" in usage
 
 
 def namespaces_of(pid: int | Literal["self"]) -> dict[str, int]:
