@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 
 from souq.drivers import sandbox
@@ -82,6 +83,50 @@ def test_exec_runs_in_the_machines_context(cluster: Cluster) -> None:
     own = sorted(Path(f"/proc/{m.pid}/cgroup").read_text().splitlines())
     assert lines[3 : 3 + len(own)] == own  # the machine's cgroup: its limits hold
     assert lines[-1] == "fed"
+
+
+MOVED = "echo here > marker; cd /; exec sleep 600"  # a file of its own, then elsewhere
+
+
+@pytest.mark.parametrize("driver", ["exec", "sandbox"])
+def test_exec_runs_in_the_machines_working_directory_wherever_its_process_went(
+    cluster: Cluster, driver: str
+) -> None:
+    if driver == "sandbox" and not sandbox.available():
+        pytest.skip("bubblewrap cannot run here")
+    app = app_name("w")
+    config = {"cmd": ["sh", "-c", MOVED], "driver": driver, "guest": {"cpus": 0.1, "memory_mb": 64}}
+    m = started(cluster, app, **config)
+    agent = next(a for a in cluster.agents if a.worker_id == m.worker_id)
+    own = agent.data_dir / "machines" / m.id  # its directory on the host
+    assert m.pid is not None
+    watched = psutil.Process(m.pid)  # its process, or its sandbox's bwrap
+
+    def moved() -> bool:  # its shell went to / and then became sleep
+        return any(p.name() == "sleep" for p in [watched, *watched.children(recursive=True)])
+
+    wait_until(moved, message="the machine's command to move to / and sleep")
+    r = flaps(cluster, "POST", app, f"/{m.id}/exec", {"cmd": "sh -c 'pwd; cat marker'"})
+    assert r.status_code == 200, r.text
+    seen = r.json()["stdout"].splitlines()
+    assert seen == [str(own) if driver == "exec" else sandbox.WORKDIR, "here"], r.json()
+
+
+def test_exec_right_after_the_start_finds_the_machine_as_it_runs(cluster: Cluster) -> None:
+    """souq-waiter reports a machine's process (and it is started) as soon as it is forked:
+    an exec at once must still find it in its own directory, environment and user."""
+    app = app_name("a")
+    for _ in range(5):
+        config = {**echo_config(), "env": {"MINE": "yes"}}
+        with cluster.client() as client:
+            m = client.create_machine(app, "mad", config)
+        assert m.state is MachineState.STARTED, m.state
+        agent = next(a for a in cluster.agents if a.worker_id == m.worker_id)
+        r = flaps(cluster, "POST", app, f"/{m.id}/exec", {"cmd": "sh -c 'pwd; echo $MINE; id -u'"})
+        assert r.status_code == 200, r.text
+        uid = status(m.pid, "Uid") if m.pid is not None else None
+        assert r.json()["stdout"].split() == [str(agent.data_dir / "machines" / m.id), "yes", uid]
+        flaps(cluster, "DELETE", app, f"/{m.id}?force=true")
 
 
 def test_exec_exit_codes_argv_and_timeouts(cluster: Cluster) -> None:

@@ -121,6 +121,12 @@ class AgentImages:
             return None
         return rootfs, record
 
+    def held(self, reference: str) -> tuple[Path, ImageRecord] | None:
+        """The files and record of a cached image, as :meth:`ready` gives them, without
+        counting a use (a running machine's image, looked at)."""
+        record = self.cache.record(reference)
+        return None if record is None else (self.cache.rootfs(reference), record)
+
     async def pull(self, reference: str, source: str | None = None) -> Pulled:
         """Fetch, check and unpack the image (one pull for every machine waiting on it), from
         the cluster's store or its ``source`` registry. Raises ImageInvalid on a digest

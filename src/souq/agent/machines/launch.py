@@ -31,6 +31,7 @@ __all__ = [
     "check_command",
     "default_driver",
     "image_command",
+    "image_workdir",
     "machine_spec",
     "pulled_record",
     "volume_env",
@@ -58,7 +59,7 @@ def machine_spec(
         run = record.run
         cmd = cmd or image_command(config.init, run)
         env = {**run.env, **config.env}
-        cwd = str(rootfs / run.workdir.lstrip("/")) if run.workdir else str(rootfs)
+        cwd = image_workdir(rootfs, run)
         user = getattr(run, "user", "") or ""
     env.update(secrets or {})
     if row.gpu_ids:  # which of the worker's GPUs are its own, and its share of them
@@ -83,6 +84,12 @@ def machine_spec(
         image_root=None if image is None else str(image[0]),
         mounts=tuple((host_dir, path) for host_dir, path, _ in mounts),
     )
+
+
+def image_workdir(rootfs: Path, run: ImageRun) -> str:
+    """Where a machine of an image runs, on the host: the image's working directory in its
+    files (their top when it names none)."""
+    return str(rootfs / run.workdir.lstrip("/")) if run.workdir else str(rootfs)
 
 
 def default_driver(driver: Driver) -> tuple[str, str | None]:

@@ -4,17 +4,21 @@ deletes one key of its config's metadata, ``machine_cordon`` takes it out of the
 rotation or puts it back. None is an operation of the life cycle: none restarts the machine.
 
 **Exec** runs the command where the machine runs, as its process sees the world: the machine
-process's own environment (``PORT``, secrets, the image's env), working directory, user and
-groups (read from ``/proc`` of the machine's process), inside its cgroup (so it counts against
-its memory, CPU and pid limits: the driver's placement shell, :class:`~souq.drivers.base.
-JoinsCgroups`), in a session of its own. stdout and stderr are kept up to
+process's own environment (``PORT``, secrets, the image's env), user and groups (read from
+``/proc`` of the machine's process, once it runs its own program: souq-waiter reports its child,
+and the machine is ``started``, before the child's exec), in the machine's working directory
+(its image's ``WorkingDir``, else its own directory: where its process started, wherever that
+process went since, as on Fly.io), inside its cgroup (so it counts against its memory, CPU and
+pid limits: the driver's placement shell, :class:`~souq.drivers.base.JoinsCgroups`), in a
+session of its own. stdout and stderr are kept up to
 :data:`~souq.model.machine_tools.EXEC_OUTPUT_MAX_BYTES` each (the rest is read and dropped).
 Past its timeout the command's whole process group is killed and the answer is
 :class:`~souq.errors.WaitTimeout` (``408 timeout``). A machine of the ``sandbox`` driver lives
 in namespaces of its own: the command joins the machine's cgroup first (as the worker, on the
 host), then ``nsenter`` enters the namespaces of the machine's command and takes its ids there
 (:mod:`souq.drivers.enter`), so it sees the machine's hostname, ``/proc``, files and network;
-its environment is the machine command's.
+its environment is the machine command's, its working directory the one the sandbox started
+the command in.
 
 **Ps** lists an exec machine's process and its descendants, by host pid (they are the pids the
 machine sees). A sandboxed machine's are every process in its pid namespace (exec'd ones too),
@@ -39,11 +43,13 @@ from typing import Any, TypeVar
 import psutil
 
 from souq.agent.machines.executor import Executor
+from souq.agent.machines.images import image_of
+from souq.agent.machines.launch import image_workdir
 from souq.agent.machines.listening import listening as sockets_of
 from souq.agent.state.records import MachineRow
 from souq.clock import Clock
-from souq.drivers import enter
-from souq.drivers.base import Handle, joins_cgroups
+from souq.drivers import enter, sandbox
+from souq.drivers.base import Handle, has_machine_dirs, joins_cgroups
 from souq.errors import (
     ExecUnavailable,
     IllegalTransition,
@@ -74,7 +80,7 @@ __all__ = ["MachineTools"]
 S = MachineState
 T = TypeVar("T")
 _CHUNK = 65536
-SETUP_WAIT_S = 10.0  # how long an exec waits for a sandbox bwrap is still making
+SETUP_WAIT_S = 10.0  # how long an exec waits for a machine's process to run its program
 _FIRST_SETUP_POLL_S = 0.005
 _LAST_SETUP_POLL_S = 0.1
 
@@ -120,7 +126,7 @@ class MachineTools:
         if row.config.driver == "sandbox":
             env, cwd, prefix = await self._sandbox_context(row, handle)
         else:
-            env, cwd, prefix = self._context(row, handle)
+            env, cwd, prefix = await self._context(row, handle)
         env = host_safe(env)  # the prefix runs as the worker's root before the command
         try:
             proc = await asyncio.create_subprocess_exec(
@@ -133,8 +139,9 @@ class MachineTools:
                 cwd=cwd,
                 start_new_session=True,
             )
-        except OSError as exc:  # no such program (without a prefix, nothing runs a shell)
-            return ExecReply(exit_code=127, stdout="", stderr=f"{cmd.argv[0]}: {exc.strerror}\n")
+        except OSError as exc:  # no such program or directory (without a prefix, no shell)
+            what = cmd.argv[0] if exc.filename is None else exc.filename
+            return ExecReply(exit_code=127, stdout="", stderr=f"{what}: {exc.strerror}\n")
         self.running.add(proc.pid)
         try:
             async with asyncio.timeout(cmd.timeout_s):
@@ -160,13 +167,37 @@ class MachineTools:
             exit_code=exit_code_of(code), stdout=stdout, stderr=stderr, truncated=cut_out or cut_err
         )
 
-    def _context(self, row: MachineRow, handle: Handle) -> tuple[dict[str, str], str, list[str]]:
-        """The machine process's environment and working directory, and the argv prefix that
-        puts the command in its cgroup and under its user and groups."""
+    def _workdir(self, row: MachineRow) -> str | None:
+        """Where an exec's command runs: the machine's own working directory, the one its
+        process started in (whichever it has moved to since): its image's working directory
+        for a machine of an image, else its own directory; for a sandboxed machine, that path
+        as the machine sees it. None when it cannot be told here (its image's files are no
+        longer cached, a driver that keeps no directory per machine): the process's own."""
+        ref = image_of(row.placement)
+        held = None if ref is None or self._ex.images is None else self._ex.images.held(ref)
+        if ref is not None and held is None:
+            return None
+        if held is not None:
+            rootfs, record = held
+            workdir = image_workdir(rootfs, record.run)
+            image = sandbox.Image.of(str(rootfs), workdir)  # where bwrap starts its command
+            if row.config.driver != "sandbox" or image is None:
+                return workdir
+            return image.start_dir()
+        if row.config.driver == "sandbox":
+            return sandbox.WORKDIR
+        driver = self._ex.driver
+        return str(driver.machine_dir(row.id)) if has_machine_dirs(driver) else None
+
+    async def _context(
+        self, row: MachineRow, handle: Handle
+    ) -> tuple[dict[str, str], str, list[str]]:
+        """The machine process's environment, the machine's working directory, and the argv
+        prefix that puts the command in its cgroup and under its user and groups."""
+        proc = await _own_program(row, handle.pid)
         try:
-            proc = psutil.Process(handle.pid)
             env = proc.environ()
-            cwd = proc.cwd()
+            cwd = self._workdir(row) or proc.cwd()
         except (psutil.Error, OSError) as exc:
             raise _not_running(row, str(exc)) from None
         driver = self._ex.driver
@@ -193,8 +224,7 @@ class MachineTools:
             f"exec on machine {row.id} must enter its sandbox's namespaces",
             details={"driver": "sandbox", "missing": "nsenter"},
         )
-        loop = asyncio.get_running_loop()
-        give_up, pause = loop.time() + SETUP_WAIT_S, _FIRST_SETUP_POLL_S
+        setup = _SetupWait()
         while True:
             try:
                 entry = enter.entry_of(handle.pid)
@@ -203,10 +233,8 @@ class MachineTools:
             except psutil.Error as exc:
                 raise _not_running(row, str(exc)) from None
             except enter.CannotEnter as exc:
-                if exc.reason == "setting_up" and loop.time() < give_up:
-                    await asyncio.sleep(pause)  # bwrap is making the sandbox: soon there
-                    pause = min(pause * 2, _LAST_SETUP_POLL_S)
-                    continue
+                if exc.reason == "setting_up" and await setup.pause():
+                    continue  # bwrap is making the sandbox: soon there
                 if exc.reason in ("gone", "setting_up"):
                     raise _not_running(row, str(exc)) from None
                 raise ExecUnavailable(
@@ -218,7 +246,8 @@ class MachineTools:
                 ) from None
         driver = self._ex.driver
         prefix = list(driver.join_prefix(row.id)) if joins_cgroups(driver) else []
-        return env, "/", [*prefix, *enter.nsenter_argv(entry, nsenter)]
+        wd = self._workdir(row) if enter.sets_wd_inside(nsenter) else None
+        return env, "/", [*prefix, *enter.nsenter_argv(entry, nsenter, wd)]
 
     # -- ps --------------------------------------------------------------------------------
 
@@ -345,6 +374,45 @@ def _credentials(pid: int) -> tuple[int, int, tuple[int, ...]]:
     return uid, gid, groups
 
 
+class _SetupWait:
+    """The pauses of a wait for a machine a moment old to be ready (``SETUP_WAIT_S`` in all),
+    each longer than the last."""
+
+    def __init__(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._loop, self._give_up = loop, loop.time() + SETUP_WAIT_S
+        self._pause = _FIRST_SETUP_POLL_S
+
+    async def pause(self) -> bool:
+        """Wait a little more; False, without waiting, once the wait is over."""
+        if self._loop.time() >= self._give_up:
+            return False
+        await asyncio.sleep(self._pause)  # nothing tells of an exec: looked at again
+        self._pause = min(self._pause * 2, _LAST_SETUP_POLL_S)
+        return True
+
+
+def _waiters_copy(proc: psutil.Process) -> bool:
+    """Whether the machine's process is still souq-waiter's fork, its own program not yet
+    exec'd (the waiter's environment, user and working directory, ``/``, still)."""
+    return str(proc.name()).startswith("souq-waiter")
+
+
+async def _own_program(row: MachineRow, pid: int) -> psutil.Process:
+    """The machine's process once it runs its own program: souq-waiter reports its child as
+    soon as it is forked (the machine is ``started`` then), and a user who saw it started
+    expects an exec to find it as it runs. Waited for up to ``SETUP_WAIT_S``."""
+    setup = _SetupWait()
+    try:
+        proc = psutil.Process(pid)
+        while _waiters_copy(proc):
+            if not await setup.pause():
+                raise _not_running(row, f"it has not run its program in {SETUP_WAIT_S:.0f}s")
+    except psutil.Error as exc:
+        raise _not_running(row, str(exc)) from None
+    return proc
+
+
 def _not_running(row: MachineRow, why: str) -> MachineNotStarted:
     return MachineNotStarted(
         f"machine {row.id}'s process cannot be read ({why}): is it still running?",
@@ -371,7 +439,7 @@ async def _past_exec(proc: psutil.Process, timeout_s: float = 1.0) -> None:
     still a copy of the waiter."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
-    while proc.name().startswith("souq-waiter") and loop.time() < deadline:  # noqa: ASYNC110 - nothing tells of an exec
+    while _waiters_copy(proc) and loop.time() < deadline:  # noqa: ASYNC110 - nothing tells of an exec
         await asyncio.sleep(0.005)
 
 
