@@ -194,9 +194,8 @@ class MachineTools:
     ) -> tuple[dict[str, str], str, list[str]]:
         """The machine process's environment, the machine's working directory, and the argv
         prefix that puts the command in its cgroup and under its user and groups."""
-        proc = await _own_program(row, handle.pid)
+        proc, env = await _own_program(row, handle.pid)
         try:
-            env = proc.environ()
             cwd = self._workdir(row) or proc.cwd()
         except (psutil.Error, OSError) as exc:
             raise _not_running(row, str(exc)) from None
@@ -229,7 +228,9 @@ class MachineTools:
             try:
                 entry = enter.entry_of(handle.pid)
                 env = psutil.Process(entry.target).environ()
-                break
+                if env or not await setup.pause():
+                    break
+                continue  # read in the midst of an exec of the command's (none yet, then)
             except psutil.Error as exc:
                 raise _not_running(row, str(exc)) from None
             except enter.CannotEnter as exc:
@@ -398,19 +399,23 @@ def _waiters_copy(proc: psutil.Process) -> bool:
     return str(proc.name()).startswith("souq-waiter")
 
 
-async def _own_program(row: MachineRow, pid: int) -> psutil.Process:
-    """The machine's process once it runs its own program: souq-waiter reports its child as
-    soon as it is forked (the machine is ``started`` then), and a user who saw it started
-    expects an exec to find it as it runs. Waited for up to ``SETUP_WAIT_S``."""
+async def _own_program(row: MachineRow, pid: int) -> tuple[psutil.Process, dict[str, str]]:
+    """The machine's process once it runs its own program, and its environment: souq-waiter
+    reports its child as soon as it is forked (the machine is ``started`` then), and a user
+    who saw it started expects an exec to find it as it runs. Read in the midst of an exec
+    (a shell's ``exec``), ``/proc`` gives no environment at all: read again. Waited for up to
+    ``SETUP_WAIT_S``."""
     setup = _SetupWait()
     try:
         proc = psutil.Process(pid)
         while _waiters_copy(proc):
             if not await setup.pause():
                 raise _not_running(row, f"it has not run its program in {SETUP_WAIT_S:.0f}s")
+        while not (env := proc.environ()) and await setup.pause():
+            pass
     except psutil.Error as exc:
         raise _not_running(row, str(exc)) from None
-    return proc
+    return proc, env
 
 
 def _not_running(row: MachineRow, why: str) -> MachineNotStarted:
