@@ -222,6 +222,16 @@ def _jail(workdir: Path, *userns: str, image: sandbox.Image | None = None) -> su
     return proc
 
 
+def command_env(entry: enter.Entry) -> dict[str, str]:
+    """The environment of the jail's command, as an exec passes it on: read again while the
+    command is in the midst of its ``exec sleep`` (``/proc`` gives none then)."""
+    return wait_until(
+        lambda: psutil.Process(entry.target).environ(),
+        timeout=10,
+        message="the jail command's environment",
+    )
+
+
 @pytest.fixture
 def workdir(open_dir: Path) -> Path:
     path = open_dir / "machine"
@@ -245,7 +255,7 @@ def test_exec_into_a_user_namespace_is_root_inside_and_the_machines_uid_outside(
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             text=True,
-            env=psutil.Process(entry.target).environ(),
+            env=command_env(entry),
         )
         try:
             assert inside.stdout is not None
@@ -296,7 +306,7 @@ def test_exec_into_a_machine_of_a_whole_image_runs_the_images_programs(
             [*enter.nsenter_argv(entry, NSENTER), "sh", "-c", script],
             capture_output=True,
             text=True,
-            env=psutil.Process(entry.target).environ(),
+            env=command_env(entry),
             check=False,
         )
         assert ran.returncode == 0, ran.stderr
