@@ -85,10 +85,18 @@ class RunawayTimers(RuntimeError):
 
 
 class SystemClock:
-    """Real time. Its timers need an event loop: see the module docstring and ``LoopClock``."""
+    """Real time. Its timers need an event loop: see the module docstring and ``LoopClock``.
+
+    ``offset_ms`` sets its wall clock ahead (or behind) real time by that much; ``monotonic`` and
+    the timers are untouched. A test's daemons run so (``SOUQ_CLOCK_OFFSET_MS``,
+    :func:`souq.loop_clock.daemon_clock`) to find a minute's start a few seconds after they are
+    up, instead of waiting for a real one."""
+
+    def __init__(self, *, offset_ms: int = 0) -> None:
+        self.offset_ms = offset_ms
 
     def now_ms(self) -> int:
-        return time.time_ns() // 1_000_000
+        return time.time_ns() // 1_000_000 + self.offset_ms
 
     def monotonic(self) -> float:
         return time.monotonic()

@@ -18,7 +18,8 @@ from souq.clock import (
     Timer,
     VirtualClock,
 )
-from souq.loop_clock import LoopClock
+from souq.errors import InvalidInput
+from souq.loop_clock import CLOCK_OFFSET_ENV, LoopClock, daemon_clock
 from souq.virtual_loop import VirtualEventLoop, run_virtual
 
 # Each clock satisfies the protocol (checked by mypy on this file).
@@ -293,6 +294,32 @@ def test_loop_clock_given_a_loop_schedules_on_it() -> None:
         loop.close()
 
 
+def test_an_offset_moves_the_wall_clock_and_nothing_else() -> None:
+    plain, ahead = SystemClock(), LoopClock(offset_ms=45_000)
+    before = plain.now_ms()
+    at = ahead.now_ms()
+    after = plain.now_ms()
+    assert before + 45_000 <= at <= after + 45_000
+    assert abs(ahead.monotonic() - plain.monotonic()) < 1.0  # deadlines on one scale
+
+
+@pytest.mark.parametrize(
+    ("environ", "offset_ms"),
+    [({}, 0), ({CLOCK_OFFSET_ENV: ""}, 0), ({CLOCK_OFFSET_ENV: "45000"}, 45_000)],
+)
+def test_a_daemons_clock_is_set_ahead_by_its_environment(
+    environ: dict[str, str], offset_ms: int
+) -> None:
+    assert daemon_clock(environ).offset_ms == offset_ms
+
+
+@pytest.mark.parametrize(("raw", "says"), [("1.5", "whole number"), ("86400001", "a day")])
+def test_a_bad_clock_offset_is_refused_naming_the_variable(raw: str, says: str) -> None:
+    with pytest.raises(InvalidInput, match=f"{CLOCK_OFFSET_ENV}.*{says}") as caught:
+        daemon_clock({CLOCK_OFFSET_ENV: raw})
+    assert caught.value.hint and "tests" in caught.value.hint
+
+
 # -- asyncio on virtual time ----------------------------------------------------------------------
 
 
@@ -405,3 +432,12 @@ def test_without_a_threshold_a_virtual_timeout_can_beat_real_io() -> None:
 
     assert run_virtual(main(), clock=clock) == "timed out"
     assert clock.monotonic() == 10.0
+
+
+@pytest.mark.parametrize("now_ms", [1_765_000_000_000, 1_765_000_059_999, 1_765_000_030_500])
+def test_a_test_daemons_offset_puts_a_minute_where_asked(now_ms: int) -> None:
+    from tests.clocks import MINUTE_MS, ahead
+
+    clock = ahead(4.5, now_ms=now_ms)
+    assert 0 <= clock.offset_ms < MINUTE_MS and clock.minute_ms % MINUTE_MS == 0
+    assert clock.minute_ms - clock.offset_ms == now_ms + 4_500  # on the real clock, 4.5 s on

@@ -57,7 +57,7 @@ from souq.drivers.logfile import LogRotator
 from souq.drivers.users import check_reachable, machine_user, shut_in
 from souq.errors import InvalidInput, SouqError
 from souq.limits import LOG_CHECK_INTERVAL_S
-from souq.loop_clock import LoopClock
+from souq.loop_clock import daemon_clock
 from souq.model.base import copy_fields
 from souq.model.resources import Resources
 from souq.model.worker import WorkerInfo
@@ -108,7 +108,7 @@ class Agent:
         self._pacer = pacer
         self._transport = transport
         self._own_transport = transport is None
-        self._clock = clock or LoopClock()
+        self._clock = clock or daemon_clock()  # real time (a test's: set ahead, souq.loop_clock)
         self._store: Store | None = None
         self._executor: Executor | None = None
         self._commands: Commands | None = None

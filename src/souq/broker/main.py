@@ -23,6 +23,7 @@ from souq.http_server import EmbeddedServer, server_config
 from souq.jobs.changes import JobMark
 from souq.jobs.queue import JobQueue
 from souq.jobs.watch import JobListener
+from souq.loop_clock import daemon_clock
 from souq.model.job import Job, JobChange
 from souq.view import EventLog
 
@@ -74,9 +75,10 @@ async def serve(
     socket listens and the broker has asked the workers to announce themselves."""
     auth = AuthDir.from_env(config.auth_dir)
     transport = await _connect(config, daemon_credential(config.auth_dir, "broker"))
-    service = BrokerService(transport, config)
+    clock = daemon_clock()  # real time (a test's broker: set ahead, souq.loop_clock)
+    service = BrokerService(transport, config, clock=clock)
     guard = Guard.of(auth, service.nats_client) if auth is not None else None
-    jobs = JobQueue(service.nats_client, listener=_tell_jobs(service.view.events))
+    jobs = JobQueue(service.nats_client, clock=clock, listener=_tell_jobs(service.view.events))
     sock: socket.socket | None = None
     try:
         sock = _bind(config.listen_host, config.listen_port)
