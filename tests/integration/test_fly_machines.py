@@ -6,6 +6,7 @@ answers whose JSON types Fly's Go types accept."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
@@ -13,7 +14,8 @@ from typing import Any
 import httpx
 import pytest
 
-from souq.testing import Cluster, wait_until
+from souq.testing import AgentProcess, Cluster, wait_until
+from tests.clocks import before_a_minute
 from tests.clusters import ClusterSpec
 from tests.integration.services_harness import ECHO, app_name, fly_client
 
@@ -265,38 +267,57 @@ def test_a_scheduled_machine_runs_again_when_its_period_has_passed(fly: httpx.Cl
     fly.delete(path, params={"kill": "true"})
 
 
-def test_a_machine_with_a_cron_schedule_starts_at_its_minute(fly: httpx.Client) -> None:
+@contextlib.contextmanager
+def _agent_ahead(cluster: Cluster) -> Iterator[AgentProcess]:
+    """One more agent, alone in ``bom``, for :func:`tests.clocks.before_a_minute`."""
+    agent = cluster.add_agent("bom")
+    try:
+        cluster.wait_for_workers()
+        yield agent
+    finally:
+        cluster.agents.remove(agent)
+        agent.stop()
+
+
+def test_a_machine_with_a_cron_schedule_starts_at_its_minute(
+    cluster: Cluster, fly: httpx.Client
+) -> None:
     """A stopped machine of `* * * * *` is started by its agent at the next minute (within a
-    second of it), its event saying why; the schedule reads back in the config."""
-    app = app_name("f")
-    body = {
-        "config": {
-            "init": {"exec": ["true"]},
-            "schedule": "* * * * *",
-            "schedule_time_zone": "Asia/Kolkata",
-            "restart": {"policy": "no"},
-        },
-        "region": "mad",
-        "skip_launch": True,
-    }
-    r = fly.post(f"/apps/{app}/machines", json=body)
-    assert r.status_code == 201, r.text
-    assert r.json()["config"]["schedule_time_zone"] == "Asia/Kolkata"
-    path = f"/apps/{app}/machines/{r.json()['id']}"
+    second of it), its event saying why; the schedule reads back in the config. The agent's
+    clock is set a few seconds before a minute (tests/clocks.py)."""
+    with before_a_minute(lambda: _agent_ahead(cluster), budget_s=4) as (_, clock):
+        app = app_name("f")
+        body = {
+            "config": {
+                "init": {"exec": ["true"]},
+                "schedule": "* * * * *",
+                "schedule_time_zone": "Asia/Kolkata",
+                "restart": {"policy": "no"},
+            },
+            "region": "bom",
+            "skip_launch": True,
+        }
+        r = fly.post(f"/apps/{app}/machines", json=body)
+        assert r.status_code == 201, r.text
+        assert r.json()["config"]["schedule_time_zone"] == "Asia/Kolkata"
+        path = f"/apps/{app}/machines/{r.json()['id']}"
 
-    def scheduled() -> list[dict[str, Any]]:
-        events = fly.get(f"{path}/events").json()
-        return [e for e in events if e["type"] == "start" and e["source"] == "agent"]
+        def scheduled() -> list[dict[str, Any]]:
+            events = fly.get(f"{path}/events").json()
+            return [e for e in events if e["type"] == "start" and e["source"] == "agent"]
 
-    wait_until(scheduled, timeout=70, message="the start at the next minute")
-    start = scheduled()[-1]
-    prefix = "cron '* * * * *' (Asia/Kolkata): due at "
-    assert start["message"].startswith(prefix), start
-    due = datetime.fromisoformat(start["message"][len(prefix) :].split(" ")[0])
-    assert due.second == 0
-    late_ms = start["timestamp"] - due.timestamp() * 1000
-    assert 0 <= late_ms < 1000, late_ms
-    fly.delete(path, params={"kill": "true"})
+        wait_until(
+            scheduled, timeout=clock.seconds_left() + 10, message="the start at the agent's minute"
+        )
+        start = scheduled()[-1]
+        prefix = "cron '* * * * *' (Asia/Kolkata): due at "
+        assert start["message"].startswith(prefix), start
+        due = datetime.fromisoformat(start["message"][len(prefix) :].split(" ")[0])
+        assert due.second == 0
+        assert int(due.timestamp() * 1000) == clock.minute_ms
+        late_ms = start["timestamp"] - clock.minute_ms
+        assert 0 <= late_ms < 1000, late_ms
+        fly.delete(path, params={"kill": "true"})
 
 
 def test_a_list_takes_flys_filters(fly: httpx.Client) -> None:

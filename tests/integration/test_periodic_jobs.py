@@ -2,13 +2,17 @@
 two brokers. Two periodic loops race on one bucket and queue exactly one run per time (driven
 by a virtual clock set a year ahead, where the cluster's own brokers find nothing due);
 missed times give one catch-up run; ``prohibit_overlap`` skips a time while the last run
-lives; over HTTP, a ``* * * * *`` job is queued at its minute, once, whichever broker; and the
-bad inputs are 422s naming the field."""
+lives; over HTTP, a ``* * * * *`` job is queued at its minute, once, whichever broker (two
+brokers set a few seconds before a minute: tests/clocks.py); and the bad inputs are 422s naming
+the field."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import nats
@@ -18,7 +22,8 @@ from souq.clock import VirtualClock
 from souq.jobs.periodic import PeriodicJobs, run_name
 from souq.jobs.store import JobStore
 from souq.model.job import JobEvent, JobState, JobSubmit, PeriodicJob
-from souq.testing import Cluster, auth_headers, wait_until
+from souq.testing import BrokerProcess, Cluster, auth_headers, wait_until
+from tests.clocks import before_a_minute
 from tests.clusters import ClusterSpec
 
 HOUR_MS = 3_600_000
@@ -29,7 +34,11 @@ CLUSTER = ClusterSpec("periodic", regions={"mad": 0}, brokers=2)
 
 
 def _http(cluster: Cluster, broker: int = 0) -> httpx.Client:
-    return httpx.Client(base_url=cluster.brokers[broker].url, headers=auth_headers(), timeout=30)
+    return _http_to(cluster.brokers[broker])
+
+
+def _http_to(broker: BrokerProcess) -> httpx.Client:
+    return httpx.Client(base_url=broker.url, headers=auth_headers(), timeout=30)
 
 
 def _next_hour_a_year_on() -> int:
@@ -107,8 +116,33 @@ def test_prohibit_overlap_skips_a_time_while_the_last_run_lives(cluster: Cluster
     asyncio.run(main())
 
 
+@contextlib.contextmanager
+def _brokers_ahead(cluster: Cluster) -> Iterator[list[BrokerProcess]]:
+    """Two more brokers of the cluster's bus, started side by side, for
+    :func:`tests.clocks.before_a_minute`."""
+    brokers = [
+        BrokerProcess(nats_url=cluster.nats.url, log_path=cluster.root / f"broker-ahead-{i}.log")
+        for i in range(2)
+    ]
+    try:
+        with ThreadPoolExecutor(len(brokers)) as pool:
+            for started in [pool.submit(b.start) for b in brokers]:
+                started.result()
+        yield brokers
+    finally:
+        for broker in brokers:
+            broker.stop()
+
+
 def test_a_cron_job_is_queued_at_its_minute_once_whichever_broker(cluster: Cluster) -> None:
-    with _http(cluster, 0) as zero, _http(cluster, 1) as one:
+    """Two brokers whose clocks are set a few seconds before a minute (tests/clocks.py) race to
+    queue a ``* * * * *`` job's run at that minute: one run, named by it, queued within a second
+    of it. (The cluster's own brokers, on real time and so behind them, race too.)"""
+    with (
+        before_a_minute(lambda: _brokers_ahead(cluster), budget_s=8) as (brokers, clock),
+        _http_to(brokers[0]) as zero,
+        _http_to(brokers[1]) as one,
+    ):
         r = zero.post(
             "/sched/submit",
             json={
@@ -120,15 +154,19 @@ def test_a_cron_job_is_queued_at_its_minute_once_whichever_broker(cluster: Clust
         )
         assert r.status_code == 201, r.text
         assert r.json()["explained"] == "Every minute (Europe/Madrid)"
-        assert one.get("/sched/periodic/every-minute").status_code == 200  # in the cluster's KV
+        assert r.json()["next_ms"] == clock.minute_ms
+        assert one.get("/sched/periodic/every-minute").status_code == 200  # the cluster's KV
 
         def runs() -> list[dict[str, object]]:
             return [j for j in one.get("/sched/list").json() if j["periodic"] == "every-minute"]
 
-        wait_until(runs, timeout=70, message="the run at the next minute")
+        wait_until(
+            runs, timeout=clock.seconds_left() + 10, message="the run at the brokers' minute"
+        )
         (run,) = runs()
-        assert run["name"] == run_name("every-minute", int(run["scheduled_ms"]))  # type: ignore[arg-type]
-        late_ms = int(run["submitted_ms"]) - int(run["scheduled_ms"])  # type: ignore[arg-type]
+        assert run["scheduled_ms"] == clock.minute_ms
+        assert run["name"] == run_name("every-minute", clock.minute_ms)
+        late_ms = int(run["submitted_ms"]) - clock.minute_ms  # type: ignore[call-overload]
         assert 0 <= late_ms < 1000, late_ms
         wait_until(
             lambda: zero.get("/sched/periodic/every-minute").json()["runs"],
