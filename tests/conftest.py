@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import signal
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +25,12 @@ from tests.clusters import running, spec_of
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # A run started in the background of a script (`cmd &` without job control) ignores SIGINT,
+    # and so would every process it starts: Python then installs no KeyboardInterrupt handler,
+    # and the tests that end a CLI's watch with SIGINT (as a terminal's Ctrl-C does) would wait
+    # for nothing. The run's processes take SIGINT as a terminal's would.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     # Set before xdist starts its workers (they inherit it), and kept if the caller set one.
     os.environ.setdefault(LEDGER_ENV, str(Path("/tmp") / f"souq-port-ledger-{os.getuid()}"))
     # `souq dev`'s default data directory, for the suite alone: a dev cluster running on this
