@@ -23,7 +23,7 @@ from souq.agent.publisher import Pacer, Publisher
 from souq.agent.stats import AgentStats
 from souq.agent.verbs import WorkerVerbs
 from souq.bus import subjects
-from souq.bus.transport import Subscription, Transport
+from souq.bus.transport import Handler, Subscription, Transport
 from souq.clock import Clock
 from souq.logs import log_context
 from souq.model.worker import Fingerprint
@@ -33,6 +33,7 @@ __all__ = ["AgentService"]
 
 _MACHINE_ID = re.compile(rb'"machine_id":\s*"([^"]{1,64})"')  # for log lines (souq.logs)
 _NEW_MACHINES = frozenset({CLAIM.name, CLAIM_BATCH.name})
+_TO_ALL = (LIST, LOCATE, DIGEST, VOLUME_LIST)  # asked of every worker: souq.all.<verb>
 
 
 class AgentService:
@@ -91,12 +92,12 @@ class AgentService:
     async def start(self) -> None:
         t = self._transport
         self._subs = [
-            await t.subscribe(subjects.offers(self.region), self._on_offer),
+            await t.subscribe(subjects.offers(self.region), self._answering(OFFER.name)),
             await t.subscribe(subjects.worker_verbs(self.worker_id), self._on_worker),
-            await t.subscribe(subjects.all_workers(LIST.name), self._on_list),
-            await t.subscribe(subjects.all_workers(LOCATE.name), self._on_locate),
-            await t.subscribe(subjects.all_workers(DIGEST.name), self._on_digest),
-            await t.subscribe(subjects.all_workers(VOLUME_LIST.name), self._on_volume_list),
+            *[
+                await t.subscribe(subjects.all_workers(verb.name), self._answering(verb.name))
+                for verb in _TO_ALL
+            ],
             await t.subscribe(subjects.DISCOVER, self._on_discover),
         ]
         flush = getattr(t, "flush", None)
@@ -126,20 +127,13 @@ class AgentService:
         with log_context(worker_id=self.worker_id, machine_id=machine_id):
             return await self.dispatcher.answer(verb, data)
 
-    async def _on_offer(self, subject: str, data: bytes) -> bytes:
-        return await self.dispatcher.answer(OFFER.name, data)
+    def _answering(self, verb: str) -> Handler:
+        """The handler of a subject whose every request is ``verb``."""
 
-    async def _on_list(self, subject: str, data: bytes) -> bytes:
-        return await self.dispatcher.answer(LIST.name, data)
+        async def answer(subject: str, data: bytes) -> bytes:
+            return await self.dispatcher.answer(verb, data)
 
-    async def _on_locate(self, subject: str, data: bytes) -> bytes:
-        return await self.dispatcher.answer(LOCATE.name, data)
-
-    async def _on_digest(self, subject: str, data: bytes) -> bytes:
-        return await self.dispatcher.answer(DIGEST.name, data)
-
-    async def _on_volume_list(self, subject: str, data: bytes) -> bytes:
-        return await self.dispatcher.answer(VOLUME_LIST.name, data)
+        return answer
 
     async def _on_discover(self, subject: str, data: bytes) -> None:
         await self.publisher.heartbeat()

@@ -55,9 +55,16 @@ def parsed_body(raw: bytes, model: type[M], *, optional: bool = False) -> M:
         raise invalid_input(exc.errors()) from exc
 
 
-def json_response(value: BaseModel | Sequence[BaseModel], status_code: int = 200) -> Response:
+def json_response(
+    value: BaseModel | Sequence[BaseModel],
+    status_code: int = 200,
+    *,
+    extra: Mapping[str, Any] | None = None,
+) -> Response:
+    """``extra``: fields added at the end of one model's object (:func:`with_fields`)."""
     if isinstance(value, BaseModel):
-        content = value.model_dump_json().encode()
+        body = value.model_dump_json()
+        content = with_members(body, dict(extra)) if extra else body.encode()
     else:
         content = encode_many([v.model_dump_json() for v in value])
     return Response(content, status_code=status_code, media_type="application/json")

@@ -14,15 +14,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 
 from souq.auth.access import permit_of
-from souq.broker.bodies import (
-    MACHINE,
-    AppName,
-    LeaseNonce,
-    body_schema,
-    json_response,
-    parse_body,
-    with_fields,
-)
+from souq.broker.bodies import MACHINE, AppName, LeaseNonce, body_schema, json_response, parse_body
 from souq.broker.schemas import LeaseBody, UpdateMachineRequest
 from souq.broker.secret_routes import skips_secrets
 from souq.broker.service import BrokerService
@@ -80,8 +72,7 @@ def changes_router(service: BrokerService) -> APIRouter:
                 app=app, machine_id=machine_id, lease_nonce=nonce, ttl_s=float(body.lease_ttl)
             )
         )
-        answer = with_fields(machine.model_dump_json(), {"nonce": lease.nonce})
-        return Response(answer, media_type="application/json")
+        return json_response(machine, extra={"nonce": lease.nonce})
 
     @router.post(MACHINE + "/lease", response_model=Lease, openapi_extra=body_schema(LeaseBody))
     async def take_lease(

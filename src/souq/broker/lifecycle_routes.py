@@ -12,15 +12,7 @@ from typing import Annotated, Any, TypeVar
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response
 
-from souq.broker.bodies import (
-    MACHINE,
-    AppName,
-    LeaseNonce,
-    body_schema,
-    json_response,
-    parse_body,
-    with_fields,
-)
+from souq.broker.bodies import MACHINE, AppName, LeaseNonce, body_schema, json_response, parse_body
 from souq.broker.schemas import ErrorBody, StopRequest, fly_stop_timeout
 from souq.broker.service import BrokerService
 from souq.errors import InvalidInput
@@ -90,9 +82,8 @@ def lifecycle_router(service: BrokerService) -> APIRouter:
         Fly's `previous_state` (what it was) and `status` too."""
         before = await service.get_machine(app, machine_id)
         machine = await service.start_machine(app, machine_id, nonce=nonce)
-        extra = {"previous_state": before.state.value, "status": "success"}
-        return Response(
-            with_fields(machine.model_dump_json(), extra), media_type="application/json"
+        return json_response(
+            machine, extra={"previous_state": before.state.value, "status": "success"}
         )
 
     # Stop and restart take the same optional body: the signal and the grace before SIGKILL.
