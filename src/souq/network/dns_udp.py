@@ -110,9 +110,12 @@ class UdpReceiver:
                 return
             answer = kept(data, str(peer[0]))
             if answer is not None:
-                with contextlib.suppress(OSError):
+                # Counted before it leaves, so that whoever has it sees it counted.
+                self.sent += 1
+                try:
                     send(answer, peer)
-                    self.sent += 1
+                except OSError:
+                    self.sent -= 1
                 continue
             try:
                 self._loop.call_soon_threadsafe(self._on_miss, data, peer)
