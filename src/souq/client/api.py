@@ -258,12 +258,7 @@ class SouqClient(SchedCalls):
         nonce: str | None = None,
     ) -> Machine:
         """Replace a machine's config; a started machine restarts with it (new ``instance_id``)."""
-        raw = (
-            config.model_dump(mode="json")
-            if isinstance(config, records.MachineConfig)
-            else dict(config)
-        )
-        body = {"config": raw, "skip_launch": skip_launch}
+        body = {"config": _config_body(config), "skip_launch": skip_launch}
         path = _machine(app, machine_id)
         response = self._call("POST", path, json=body, headers=_leased(nonce), timeout=LONG_CALL_S)
         return _one(records.Machine, response)
@@ -559,6 +554,13 @@ def _many(model: type[M], response: httpx.Response) -> list[M]:
     return adapter.validate_json(response.content)
 
 
+def _config_body(config: Mapping[str, Any] | MachineConfig) -> dict[str, Any]:
+    """A machine config as a request carries it: the record's JSON, or the mapping given."""
+    if isinstance(config, records.MachineConfig):
+        return config.model_dump(mode="json")
+    return dict(config)
+
+
 def _create_body(
     region: str,
     config: Mapping[str, Any] | MachineConfig,
@@ -568,12 +570,7 @@ def _create_body(
     quote: str | None = None,
     placement: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "region": region,
-        "config": config.model_dump(mode="json")
-        if isinstance(config, records.MachineConfig)
-        else dict(config),
-    }
+    body: dict[str, Any] = {"region": region, "config": _config_body(config)}
     if name is not None:
         body["name"] = name
     if skip_launch:

@@ -23,11 +23,13 @@ from souq.client.options import (
     ConstraintOpt,
     CpusOpt,
     DistinctOpt,
+    EnvOpt,
     ImageOpt,
     MaxPriceOpt,
     MemoryOpt,
     PolicyOpt,
     PortOpt,
+    TimeoutOpt,
     checked_option,
     signal_name,
 )
@@ -169,7 +171,7 @@ def machine_run(
             checks="souq.model.machine.RestartConfig.max_retries",
         ),
     ] = None,
-    env: Annotated[list[str] | None, typer.Option("--env", "-e", help="K=V, repeatable.")] = None,
+    env: EnvOpt = None,
     port: PortOpt = None,
     autostop: AutostopOpt = None,
     name: Annotated[str | None, typer.Option("--name", help="The machine's name.")] = None,
@@ -496,7 +498,7 @@ def machine_wait(
     machine_id: IdArg,
     app_name: AppOpt,
     state: Annotated[MachineState, typer.Option("--state", help="The state to wait for.")],
-    timeout: Annotated[float, typer.Option("--timeout", min=0, help="Seconds.")] = 60.0,
+    timeout: TimeoutOpt = 60.0,
     as_json: JsonOpt = False,
 ) -> None:
     """Wait until a machine reaches a state."""

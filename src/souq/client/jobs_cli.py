@@ -10,7 +10,7 @@ import typer
 
 from souq.client import cli
 from souq.client.cli import JsonOpt, pairs, reporting
-from souq.client.options import checked_option
+from souq.client.options import EnvOpt, TimeoutOpt, checked_option
 from souq.model.choices import JobRestart, JobState
 
 AppOpt = Annotated[
@@ -22,6 +22,8 @@ AppOpt = Annotated[
         "app, the default queue's).",
     ),
 ]
+# `job list` and `job periodic`: a filter.
+OnlyAppOpt = Annotated[str | None, typer.Option("--app", "-a", help="Only this app's jobs.")]
 
 __all__ = ["register_jobs", "submit_body"]
 
@@ -108,9 +110,7 @@ def submit(
             "--memory-mb", help="Memory it needs, MiB.", checks="souq.model.job.JobSubmit.memory_mb"
         ),
     ] = None,
-    env: Annotated[
-        list[str] | None, typer.Option("--env", "-e", help="K=V in its environment; repeatable.")
-    ] = None,
+    env: EnvOpt = None,
     cron: Annotated[
         str | None,
         typer.Option(
@@ -162,7 +162,7 @@ def submit(
 @job_app.command("periodic")
 def periodic(
     name: Annotated[str | None, typer.Argument(help="Show this one and its runs.")] = None,
-    app_name: Annotated[str | None, typer.Option("--app", "-a", help="Only this app's.")] = None,
+    app_name: OnlyAppOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """List the periodic jobs (their schedule, next time, last run and why), or show one
@@ -227,9 +227,7 @@ def list_jobs(
     state: Annotated[
         JobState | None, typer.Option("--state", help="Only jobs in this state.")
     ] = None,
-    app_name: Annotated[
-        str | None, typer.Option("--app", "-a", help="Only this app's jobs.")
-    ] = None,
+    app_name: OnlyAppOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """List the queue's jobs your token may read, newest first (ended ones too)."""
@@ -248,7 +246,7 @@ _by_name_command("logs")
 @job_app.command("wait")
 def wait(
     name: NameArg,
-    timeout: Annotated[float, typer.Option("--timeout", min=0, help="Seconds.")] = 600.0,
+    timeout: TimeoutOpt = 600.0,
     as_json: JsonOpt = False,
 ) -> None:
     """Wait until a job has ended; exit 0 if it succeeded, else 1 (and at --timeout)."""

@@ -37,11 +37,13 @@ __all__ = [
     "ConstraintOpt",
     "CpusOpt",
     "DistinctOpt",
+    "EnvOpt",
     "ImageOpt",
     "MemoryOpt",
     "PolicyOpt",
     "PortOpt",
     "StrategyOpt",
+    "TimeoutOpt",
     "as_field",
     "checked_option",
     "constraint",
@@ -203,3 +205,10 @@ AutostopOpt = Annotated[
 StrategyOpt = Annotated[
     Strategy | None, typer.Option("--strategy", help="How to deploy (default: souq.toml's).")
 ]
+
+# Options more than one command takes alike: `machine run` and `job submit` set an environment,
+# `machine wait` and `job wait` wait (each with its own default).
+EnvOpt = Annotated[
+    list[str] | None, typer.Option("--env", "-e", help="K=V in its environment; repeatable.")
+]
+TimeoutOpt = Annotated[float, typer.Option("--timeout", min=0, help="Seconds.")]
