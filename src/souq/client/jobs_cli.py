@@ -10,7 +10,7 @@ import typer
 
 from souq.client import cli
 from souq.client.cli import JsonOpt, pairs, reporting
-from souq.client.options import EnvOpt, TimeoutOpt, checked_option
+from souq.client.options import EnvOpt, TimeoutOpt, checked_option, field_option
 from souq.model.choices import JobRestart, JobState
 
 AppOpt = Annotated[
@@ -32,6 +32,8 @@ job_app = typer.Typer(
 )
 
 
+# `job submit` checks its numbers as the record it sends checks them.
+_JOB = "souq.model.job.JobSubmit"
 NameArg = Annotated[str, typer.Argument(metavar="NAME", help="The job's name (unique).")]
 
 
@@ -75,19 +77,14 @@ def submit(
         typer.Option("--restart", help="on-failure: run it again after a non-zero exit."),
     ] = None,
     max_retries: Annotated[
-        int | None,
-        checked_option(
-            "--max-retries",
-            help="Runs after the first (default 3).",
-            checks="souq.model.job.JobSubmit.max_retries",
-        ),
+        int | None, field_option(_JOB, "--max-retries", help="Runs after the first (default 3).")
     ] = None,
     backoff: Annotated[
         float | None,
         checked_option(
             "--backoff",
             help="Seconds before a retry, doubling each time (default 1).",
-            checks="souq.model.job.JobSubmit.backoff_s",
+            checks=f"{_JOB}.backoff_s",
         ),
     ] = None,
     deadline: Annotated[
@@ -95,20 +92,12 @@ def submit(
         checked_option(
             "--deadline",
             help="Fail it if not finished this many seconds after now.",
-            checks="souq.model.job.JobSubmit.deadline_s",
+            checks=f"{_JOB}.deadline_s",
         ),
     ] = None,
-    cpus: Annotated[
-        float | None,
-        checked_option(
-            "--cpus", help="CPU cores it needs.", checks="souq.model.job.JobSubmit.cpus"
-        ),
-    ] = None,
+    cpus: Annotated[float | None, field_option(_JOB, "--cpus", help="CPU cores it needs.")] = None,
     memory_mb: Annotated[
-        int | None,
-        checked_option(
-            "--memory-mb", help="Memory it needs, MiB.", checks="souq.model.job.JobSubmit.memory_mb"
-        ),
+        int | None, field_option(_JOB, "--memory-mb", help="Memory it needs, MiB.")
     ] = None,
     env: EnvOpt = None,
     cron: Annotated[
