@@ -158,6 +158,13 @@ def test_exec_exit_codes_argv_and_timeouts(cluster: Cluster) -> None:
     r = flaps(cluster, "POST", app, f"/{m.id}/exec", {"cmd": "true"})
     assert r.status_code == 409 and r.json()["status"] == "machine_not_started"
     assert "stopped" in r.json()["error"]
+    assert f"souq machine start --app {app} {m.id}" in r.json()["hint"]  # a command that runs
+    with cluster.client() as client:
+        client.destroy(app, m.id, force=True)
+        client.wait(app, m.id, MachineState.DESTROYED, timeout=20)
+    r = flaps(cluster, "POST", app, f"/{m.id}/exec", {"cmd": "true"})
+    assert r.status_code == 409 and "destroyed" in r.json()["error"], r.text
+    assert r.json()["hint"] == "it is gone: create a new machine"  # not a start that fails
 
 
 def test_ps_lists_the_machines_processes_as_go_decodes_them(cluster: Cluster) -> None:

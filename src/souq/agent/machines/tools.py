@@ -112,9 +112,12 @@ class MachineTools:
         row = self._ex.row(app, machine_id)
         handle = self._ex.handle(row.id)
         if row.state not in (states or (S.STARTED,)) or handle is None:
+            gone = row.state in (S.DESTROYING, S.DESTROYED)
             raise MachineNotStarted(
                 f"machine {row.id} is {row.state}: {what} needs a started machine",
-                hint=f"start it (`souq machine start {row.id}`), then {what} again",
+                hint="it is gone: create a new machine"
+                if gone
+                else f"start it (`souq machine start --app {app} {row.id}`), then {what} again",
                 details={"state": str(row.state)},
             )
         return row, handle
