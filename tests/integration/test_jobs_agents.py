@@ -171,7 +171,8 @@ def test_a_running_job_is_cancelled_within_seconds(http: httpx.Client) -> None:
     took = time.monotonic() - asked
     assert job["state"] == "cancelled" and job["exit_code"] == -15, job
     assert took < 10, f"cancelled in {took:.1f} s"
-    assert _marked(marker) == [], "the job's processes are gone"
+    # Killed as it was reported: the kernel may take a moment to end the rest of its group.
+    wait_until(lambda: not _marked(marker), timeout=5, message="the job's processes to be gone")
     assert http.get("/sched/logs/endless").text == "started\n"
 
 
@@ -184,7 +185,9 @@ def test_a_job_that_fits_nowhere_waits_and_a_deadline_fails_it(http: httpx.Clien
     assert (job["state"], job["why"], job["attempts"]) == ("failed", "its deadline passed", 0)
     job = _ended(http, "slow-due", timeout=15)
     assert (job["state"], job["why"], job["attempts"]) == ("failed", "its deadline passed", 1)
-    assert _marked(marker) == []
+    # Failed by its worker's stop, or by the sweep once its lease ran out (a worker late to
+    # renew under load), and then fenced by the worker: gone within the fence's grace.
+    wait_until(lambda: not _marked(marker), timeout=5, message="the late run to be stopped")
     # It waited all this while, never taken.
     huge = _job(http, "huge")
     assert (huge["state"], huge["attempts"], huge["worker"]) == ("pending", 0, None)
