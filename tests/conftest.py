@@ -20,7 +20,7 @@ import pytest
 
 from souq.auth.bus import worker_id_for
 from souq.portledger import LEDGER_ENV
-from souq.testing import STARTED_WORKERS, Cluster, forget_network
+from souq.testing import STARTED_WORKERS, Cluster, forget_networks
 from tests.clusters import running, spec_of
 
 
@@ -87,5 +87,4 @@ def _no_network_left(tmp_path_factory: pytest.TempPathFactory) -> Any:
     workers = set(STARTED_WORKERS)
     base = tmp_path_factory.getbasetemp()
     workers |= {worker_id_for(d) for d in base.glob("**/workers/*") if d.is_dir()}
-    for worker in workers:
-        forget_network(worker)
+    forget_networks(workers)

@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Self, TypeVar
@@ -175,15 +175,39 @@ class _WorkerProcess(_ChildProcess):
 STARTED_WORKERS: set[str] = set()  # every worker an AgentProcess of this process started
 
 
-def forget_network(worker_id: str) -> None:
-    """What a worker's private network left on this host when its agent did not leave it
-    (killed, or gone with machines left running): its machines' namespaces and links, its
-    chains. Nothing where the host has no private networks."""
+def forget_networks(worker_ids: Iterable[str]) -> None:
+    """What the private networks of ``worker_ids`` left on this host when their agents did not
+    leave them (killed, or gone with machines left running): their machines' namespaces and
+    links, their chains and tables. What the host holds is read once, and only the workers
+    that left something are cleaned (some twenty commands each). Nothing where the host has
+    no private networks."""
     from souq.network import links
 
-    if links.unavailable() is None:
-        with contextlib.suppress(OSError):
-            links.WorkerNetwork(worker_id, Path("/nonexistent")).leave([])
+    if links.unavailable() is not None:
+        return
+    held = _network_names()
+    for worker_id in worker_ids:
+        tag = links.worker_tag(worker_id)
+        if held is None or any(
+            mark in held for mark in (f"souq-{tag}", f"SOUQ-{tag}-", f"sx{tag}m")
+        ):
+            with contextlib.suppress(OSError):
+                links.WorkerNetwork(worker_id, Path("/nonexistent")).leave([])
+
+
+def _network_names() -> str | None:
+    """The names of the host's network namespaces, links, iptables chains and nft tables, as
+    one text (None: one of them could not be read)."""
+    from souq.network import links
+
+    try:
+        names = [*os.listdir(links.NETNS_DIR)] if links.NETNS_DIR.exists() else []
+        names += os.listdir("/sys/class/net")
+        for command in (["iptables-save"], ["ip6tables-save"], ["nft", "list", "tables"]):
+            names.append(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return "\n".join(names)
 
 
 @dataclass(kw_only=True, eq=False)

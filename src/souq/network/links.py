@@ -125,6 +125,12 @@ class _Names:
     link: str
 
 
+def worker_tag(worker_id: str) -> str:
+    """What names a worker's namespaces (``souq-TAG-…``), links (``sxTAGm…``), chains
+    (``SOUQ-TAG-…``) and table (``souq-TAG``) on its host."""
+    return hashlib.blake2b(worker_id.encode(), digest_size=3).hexdigest()
+
+
 class WorkerNetwork:
     def __init__(
         self,
@@ -135,7 +141,7 @@ class WorkerNetwork:
         edge_host: str = "",
         names_port: int = DNS_PORT,
     ) -> None:
-        self.tag = hashlib.blake2b(worker_id.encode(), digest_size=3).hexdigest()
+        self.tag = worker_tag(worker_id)
         self.v4 = v4_block(worker_id)
         self.resolv_conf = state_dir / "resolv.conf"
         self._state_dir = state_dir
