@@ -20,7 +20,8 @@ import pytest
 
 from souq.auth.bus import worker_id_for
 from souq.portledger import LEDGER_ENV
-from souq.testing import STARTED_WORKERS, Cluster, forget_networks
+from souq.testing import STARTED_WORKERS, Cluster
+from souq.testing_host import forget_networks
 from tests.clusters import running, spec_of
 
 

@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Self, TypeVar
@@ -31,6 +31,7 @@ from souq.lifespan import Lifespan
 from souq.natscluster import NatsCluster
 from souq.natsserver import NatsServer, free_port
 from souq.procs import terminate
+from souq.testing_host import kill_left_machines
 
 __all__ = [
     "AgentProcess",
@@ -173,41 +174,6 @@ class _WorkerProcess(_ChildProcess):
 
 
 STARTED_WORKERS: set[str] = set()  # every worker an AgentProcess of this process started
-
-
-def forget_networks(worker_ids: Iterable[str]) -> None:
-    """What the private networks of ``worker_ids`` left on this host when their agents did not
-    leave them (killed, or gone with machines left running): their machines' namespaces and
-    links, their chains and tables. What the host holds is read once, and only the workers
-    that left something are cleaned (some twenty commands each). Nothing where the host has
-    no private networks."""
-    from souq.network import links
-
-    if links.unavailable() is not None:
-        return
-    held = _network_names()
-    for worker_id in worker_ids:
-        tag = links.worker_tag(worker_id)
-        if held is None or any(
-            mark in held for mark in (f"souq-{tag}", f"SOUQ-{tag}-", f"sx{tag}m")
-        ):
-            with contextlib.suppress(OSError):
-                links.WorkerNetwork(worker_id, Path("/nonexistent")).leave([])
-
-
-def _network_names() -> str | None:
-    """The names of the host's network namespaces, links, iptables chains and nft tables, as
-    one text (None: one of them could not be read)."""
-    from souq.network import links
-
-    try:
-        names = [*os.listdir(links.NETNS_DIR)] if links.NETNS_DIR.exists() else []
-        names += os.listdir("/sys/class/net")
-        for command in (["iptables-save"], ["ip6tables-save"], ["nft", "list", "tables"]):
-            names.append(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return "\n".join(names)
 
 
 @dataclass(kw_only=True, eq=False)
@@ -550,6 +516,8 @@ class Cluster(Lifespan):
             broker.stop()
         for agent in self.agents:
             agent.stop()
+        for agent in self.agents:  # what an agent left running (killed, or told to)
+            kill_left_machines(agent.data_dir)
         self.nats.stop()
         if self._environment is not None:
             self._environment.close()
