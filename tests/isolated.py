@@ -7,9 +7,10 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -72,6 +73,34 @@ def private_network_cluster(root: Path, flycast_port: int | None = None) -> Iter
         worker = c.agents[0].worker_id or ""
     port = links.FLYCAST_PORT if flycast_port is None else flycast_port
     links.WorkerNetwork(worker, root / "unused", flycast_port=port).stop_rules()
+
+
+def private_network_fixtures(prefix: str, flycast_port: int | None = None) -> tuple[Any, Any]:
+    """A module's ``root`` and ``cluster`` fixtures: a machines root named ``prefix`` and a
+    :func:`private_network_cluster` on it (``root, cluster = private_network_fixtures(...)``)."""
+
+    @pytest.fixture(scope="module")
+    def root() -> Iterator[Path]:
+        with machines_root(prefix) as path:
+            yield path
+
+    @pytest.fixture(scope="module")
+    def cluster(root: Path) -> Iterator[Cluster]:
+        with private_network_cluster(root, flycast_port) as c:
+            yield c
+
+    return root, cluster
+
+
+def busybox_tree(files: Path, applets: Iterable[str]) -> Path:
+    """A whole root file system of busybox alone at ``files``: /bin/busybox with ``applets``
+    linked to it, and empty /etc, /proc, /dev and /tmp."""
+    for d in ("bin", "etc", "proc", "dev", "tmp"):
+        (files / d).mkdir(parents=True)
+    shutil.copy(shutil.which("busybox") or "", files / "bin" / "busybox")
+    for applet in applets:
+        (files / "bin" / applet).symlink_to("busybox")
+    return files
 
 
 def started(cluster: Cluster, config: dict[str, object], app: str = APP) -> Machine:

@@ -23,7 +23,7 @@ from souq.model.machine import Machine, MachineState
 from souq.natsserver import free_port
 from souq.network.addresses import PROXY_ADDRESS, flycast_ip, network_of
 from souq.testing import Cluster, ProxyProcess, wait_until
-from tests.isolated import PRIVATE_NETWORK, PYTHON, machines_root, private_network_cluster
+from tests.isolated import PRIVATE_NETWORK, PYTHON, private_network_fixtures
 
 _SERVE = (
     "import os,socket\n"
@@ -60,16 +60,7 @@ APPS_STREAM = "KV_souq-apps"  # the apps' records (souq.broker.app_store), as Je
 FLYCAST_PORT = free_port()  # this run's own, beside other runs' agents and proxies
 
 
-@pytest.fixture(scope="module")
-def root() -> Iterator[Path]:
-    with machines_root("souq-flycast-") as path:
-        yield path
-
-
-@pytest.fixture(scope="module")
-def cluster(root: Path) -> Iterator[Cluster]:
-    with private_network_cluster(root, FLYCAST_PORT) as c:
-        yield c
+root, cluster = private_network_fixtures("souq-flycast-", FLYCAST_PORT)
 
 
 @pytest.fixture(scope="module")

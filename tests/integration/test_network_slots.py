@@ -14,7 +14,6 @@ import shutil
 import signal
 import subprocess
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -25,7 +24,7 @@ from souq.model.machine import Machine, MachineState
 from souq.network import links
 from souq.testing import Cluster, wait_until
 from tests import isolated
-from tests.isolated import PRIVATE_NETWORK, machines_root, private_network_cluster
+from tests.isolated import PRIVATE_NETWORK, busybox_tree, private_network_fixtures
 
 BUSYBOX = shutil.which("busybox")
 APPLETS = ("sh", "cat", "echo", "printf", "mkdir", "sleep", "httpd", "nc", "nslookup", "ip")
@@ -40,27 +39,13 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="module")
-def root() -> Iterator[Path]:
-    with machines_root("souq-netslot-") as path:
-        yield path
-
-
-@pytest.fixture(scope="module")
-def cluster(root: Path) -> Iterator[Cluster]:
-    with private_network_cluster(root) as c:
-        yield c
+root, cluster = private_network_fixtures("souq-netslot-")
 
 
 @pytest.fixture(scope="module")
 def image(cluster: Cluster, root: Path) -> str:
     """A busybox image with a web server and a client."""
-    files = root / "image"
-    for d in ("bin", "etc", "proc", "dev", "tmp"):
-        (files / d).mkdir(parents=True)
-    shutil.copy(BUSYBOX or "", files / "bin" / "busybox")
-    for applet in APPLETS:
-        (files / "bin" / applet).symlink_to("busybox")
+    files = busybox_tree(root / "image", APPLETS)
     with cluster.client() as client:
         return client.push_image(layout_tar(pack_directory(files, cmd=["sh"]))).reference
 

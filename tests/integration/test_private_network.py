@@ -20,7 +20,7 @@ from souq.model.machine import Machine, MachineState
 from souq.network import links
 from souq.network.addresses import CLUSTER_PREFIX, network_bits, network_of
 from souq.testing import Cluster, ProxyProcess, wait_until
-from tests.isolated import PRIVATE_NETWORK, PYTHON, machines_root, private_network_cluster
+from tests.isolated import PRIVATE_NETWORK, PYTHON, private_network_fixtures
 
 _SERVE = (
     "import os,socket\n"
@@ -47,16 +47,7 @@ _CONNECT = (
 pytestmark = PRIVATE_NETWORK
 
 
-@pytest.fixture(scope="module")
-def root() -> Iterator[Path]:
-    with machines_root("souq-pnet-") as path:
-        yield path
-
-
-@pytest.fixture(scope="module")
-def cluster(root: Path) -> Iterator[Cluster]:
-    with private_network_cluster(root) as c:
-        yield c
+root, cluster = private_network_fixtures("souq-pnet-")
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,7 @@ from souq.model.machine import MachineState
 from souq.testing import Cluster, wait_until
 from tests import isolated
 from tests.integration.agent_harness import eventually
-from tests.isolated import machines_root
+from tests.isolated import busybox_tree, machines_root
 
 BUSYBOX = shutil.which("busybox")
 APPLETS = ("sh", "cat", "echo", "ls", "id", "sleep", "touch", "test")
@@ -49,13 +49,7 @@ def root() -> Iterator[Path]:
 
 def image(root: Path) -> Path:
     """A whole root file system of busybox alone."""
-    files = root / "image"
-    for d in ("bin", "etc", "proc", "dev", "tmp"):
-        (files / d).mkdir(parents=True)
-    shutil.copy(BUSYBOX or "", files / "bin" / "busybox")
-    for applet in APPLETS:
-        (files / "bin" / applet).symlink_to("busybox")
-    return files
+    return busybox_tree(root / "image", APPLETS)
 
 
 def driver(root: Path) -> HostDriver:
