@@ -379,12 +379,12 @@ def _credentials(pid: int) -> tuple[int, int, tuple[int, ...]]:
 
 
 class _SetupWait:
-    """The pauses of a wait for a machine a moment old to be ready (``SETUP_WAIT_S`` in all),
-    each longer than the last."""
+    """The pauses of a wait for a machine a moment old to be ready (``for_s`` in all), each
+    longer than the last."""
 
-    def __init__(self) -> None:
+    def __init__(self, for_s: float = SETUP_WAIT_S) -> None:
         loop = asyncio.get_running_loop()
-        self._loop, self._give_up = loop, loop.time() + SETUP_WAIT_S
+        self._loop, self._give_up = loop, loop.time() + for_s
         self._pause = _FIRST_SETUP_POLL_S
 
     async def pause(self) -> bool:
@@ -445,10 +445,9 @@ async def _past_exec(proc: psutil.Process, timeout_s: float = 1.0) -> None:
     """Until the machine's process has exec'd its program: souq-waiter reports its child as
     soon as it is forked (the machine is ``started`` then), and for a moment the child is
     still a copy of the waiter."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while _waiters_copy(proc) and loop.time() < deadline:  # noqa: ASYNC110 - nothing tells of an exec
-        await asyncio.sleep(0.005)
+    setup = _SetupWait(timeout_s)
+    while _waiters_copy(proc) and await setup.pause():
+        pass
 
 
 def _processes(members: list[tuple[int, int]]) -> list[tuple[psutil.Process, int]]:
